@@ -1,0 +1,43 @@
+# nfsrdma — the plain entry points. Each target does its own set-up (scripts/setup.sh).
+EXPORT ?= ./export
+PY := .venv/bin/python
+SERVE_ARGS ?=
+
+.PHONY: serve test test-host test-testbed bench lint gen setup-serve setup-test
+
+serve: setup-serve
+	mkdir -p $(EXPORT)
+	$(PY) -m nfsrdma serve $(EXPORT) $(SERVE_ARGS)
+
+test: setup-test
+	$(PY) -m nfsrdma.xdr.regen --check
+	$(PY) -m ruff check nfsrdma tests bench
+	$(PY) -m ruff format --check nfsrdma tests bench
+	$(PY) -m mypy
+	$(PY) -m pytest -q tests/unit tests/fuzz
+	$(PY) -m nfsrdma testbed run --knfsd --out testbed-out -- \
+	  $(PY) -m pytest -q -p no:cacheprovider -m testbed tests/testbed
+
+test-host: setup-test
+	$(PY) -m pytest -q tests/unit tests/fuzz
+
+test-testbed: setup-test
+	$(PY) -m nfsrdma testbed run --knfsd --out testbed-out -- \
+	  $(PY) -m pytest -q -p no:cacheprovider -m testbed tests/testbed
+
+bench: setup-test
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+lint: setup-test
+	$(PY) -m ruff check nfsrdma tests bench
+	$(PY) -m ruff format --check nfsrdma tests bench
+	$(PY) -m mypy
+
+gen: setup-test
+	$(PY) -m nfsrdma.xdr.regen
+
+setup-serve:
+	@scripts/setup.sh serve
+
+setup-test:
+	@scripts/setup.sh test

@@ -1,0 +1,5 @@
+import sys
+
+from nfsrdma.cli import main
+
+sys.exit(main())

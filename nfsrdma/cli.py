@@ -1,0 +1,34 @@
+"""The `nfsrdma` command. Each command family lives in its own module that exposes
+``register(subparsers)``; a registered sub-parser sets ``func(args) -> int``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+# Modules that contribute sub-commands, imported lazily so one broken optional
+# dependency never stops the others.
+COMMAND_MODULES = (
+    "nfsrdma.server_cli",
+    "nfsrdma.testbed.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nfsrdma", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose + 1, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    rc: int = args.func(args)
+    return rc

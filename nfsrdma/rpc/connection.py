@@ -1,0 +1,152 @@
+"""One RPC endpoint on one transport connection, in both roles.
+
+Outbound calls get an XID, wait for the reply with that XID, and are released at the
+transport whatever happens (reply, error, timeout, cancellation, disconnect). Inbound calls go to
+a ``Dispatcher``. NFSv4.1 needs both on the same connection: the server sends callbacks on
+the client's connection, and the client answers them there (RFC 8881 section 2.10.3.1)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from nfsrdma.rpc import message
+from nfsrdma.rpc.errors import RpcAcceptError, RpcConnectionLost, RpcDenied, RpcTimeout
+from nfsrdma.transport.base import Connection, Inbound, ReplyExpectation
+from nfsrdma.xdr.gen import rpc
+from nfsrdma.xdr.runtime import Reader, Writer, XdrError
+
+if TYPE_CHECKING:
+    from nfsrdma.rpc.server import Dispatcher
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class RpcResult:
+    """A successful reply: decode the results from ``reader`` at ``offset``."""
+
+    xid: int
+    reader: Reader
+    offset: int
+    inbound: Inbound
+
+
+class RpcConnection:
+    def __init__(self, conn: Connection, dispatcher: Dispatcher | None = None) -> None:
+        self.conn = conn
+        self.dispatcher = dispatcher
+        self.pending: dict[int, asyncio.Future[Inbound]] = {}
+        self._xid = random.getrandbits(32)
+        self.closed = asyncio.Event()
+        self.context: dict[str, object] = {}  # upper layers keep per-connection state here
+        conn.set_receiver(self._on_message)
+        conn.on_closed(self._on_closed)
+
+    @property
+    def peer(self) -> str:
+        return self.conn.peer
+
+    # -- requester ---------------------------------------------------------------------
+    def next_xid(self) -> int:
+        xid = self._xid = (self._xid + 1) & 0xFFFFFFFF
+        while xid in self.pending:
+            xid = self._xid = (self._xid + 1) & 0xFFFFFFFF
+        return xid
+
+    async def call(
+        self,
+        prog: int,
+        vers: int,
+        proc: int,
+        encode_args: Callable[[Writer], None] | None = None,
+        *,
+        cred: rpc.opaque_auth = message.AUTH_NONE_VERF,
+        timeout: float | None = None,
+        expect: ReplyExpectation | None = None,
+    ) -> RpcResult:
+        """Send a call and wait for its reply. Raises RpcAcceptError, RpcDenied, RpcTimeout,
+        RpcConnectionLost; XdrError if the reply header is malformed."""
+        if self.conn.closed:
+            raise RpcConnectionLost(f"connection to {self.peer} is closed")
+        await self.conn.reserve()
+        xid = self.next_xid()
+        w = Writer()
+        message.encode_call(w, xid, prog, vers, proc, cred)
+        if encode_args is not None:
+            encode_args(w)
+        fut: asyncio.Future[Inbound] = asyncio.get_running_loop().create_future()
+        self.pending[xid] = fut
+        try:
+            self.conn.send_call(xid, w, expect)
+            if timeout is None:
+                inbound = await fut
+            else:
+                try:
+                    inbound = await asyncio.wait_for(fut, timeout)
+                except TimeoutError:
+                    raise RpcTimeout(f"no reply to xid {xid:#x} in {timeout} s") from None
+        finally:
+            self.pending.pop(xid, None)
+            self.conn.call_done(xid)
+        return _result(xid, inbound)
+
+    # -- inbound -------------------------------------------------------------------------
+    def _on_message(self, conn: Connection, inbound: Inbound) -> None:
+        try:
+            xid, mtype = message.peek(inbound.reader.buf)
+        except XdrError:
+            log.warning("%s %s: runt message dropped", conn.kind, conn.peer)
+            return
+        if mtype == rpc.REPLY:
+            fut = self.pending.pop(xid, None)
+            if fut is None or fut.done():
+                log.info("%s %s: reply with unknown xid %#x dropped", conn.kind, conn.peer, xid)
+                return
+            fut.set_result(inbound)
+        elif mtype == rpc.CALL and self.dispatcher is not None:
+            self.dispatcher.dispatch(self, inbound)
+        else:
+            log.info("%s %s: message type %d dropped", conn.kind, conn.peer, mtype)
+
+    def _on_closed(self, conn: Connection, exc: BaseException | None) -> None:
+        pending, self.pending = self.pending, {}
+        for xid, fut in pending.items():
+            if not fut.done():
+                fut.set_exception(RpcConnectionLost(f"connection lost before reply to {xid:#x}"))
+        self.closed.set()
+
+    def send_reply(self, inbound: Inbound, w: Writer) -> None:
+        try:
+            self.conn.send_reply(inbound, w)
+        except ConnectionError as e:
+            log.info("%s %s: reply not sent: %s", self.conn.kind, self.peer, e)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _result(xid: int, inbound: Inbound) -> RpcResult:
+    header, off = message.decode_reply(inbound.reader)
+    body = header.body
+    if body.stat == rpc.MSG_DENIED:
+        rej = body.value
+        assert isinstance(rej, rpc.rejected_reply)
+        if rej.stat == rpc.AUTH_ERROR:
+            assert isinstance(rej.value, int)
+            raise RpcDenied(rej.stat, rpc.auth_stat(rej.value), None)
+        assert isinstance(rej.value, rpc.mismatch_info)
+        raise RpcDenied(rej.stat, None, (rej.value.low, rej.value.high))
+    acc = body.value
+    assert isinstance(acc, rpc.accepted_reply)
+    data = acc.reply_data
+    if data.stat != rpc.SUCCESS:
+        mm = data.value
+        raise RpcAcceptError(
+            data.stat, (mm.low, mm.high) if isinstance(mm, rpc.mismatch_info) else None
+        )
+    return RpcResult(xid, inbound.reader, off, inbound)

@@ -1,0 +1,152 @@
+"""Dispatch of inbound calls by (program, version, procedure), as RFC 5531 section 9 says.
+
+- RPC version other than 2: MSG_DENIED / RPC_MISMATCH (2, 2).
+- Refused credential: MSG_DENIED / AUTH_ERROR.
+- Unknown program: PROG_UNAVAIL; unknown version: PROG_MISMATCH (lowest, highest);
+  unknown procedure: PROC_UNAVAIL.
+- Arguments that do not decode (the handler raises XdrError): GARBAGE_ARGS.
+- Anything else going wrong in a handler: SYSTEM_ERR (logged); the server carries on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from nfsrdma.rpc import message
+from nfsrdma.rpc.auth import AuthError, Credential, credential_of
+from nfsrdma.rpc.connection import RpcConnection
+from nfsrdma.rpc.errors import RpcAcceptError
+from nfsrdma.transport.base import Inbound
+from nfsrdma.xdr.gen import rpc
+from nfsrdma.xdr.runtime import Reader, Writer, XdrError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class RpcCall:
+    """An inbound call, for its handler: arguments are in ``reader`` from ``offset``."""
+
+    xid: int
+    prog: int
+    vers: int
+    proc: int
+    cred: Credential
+    reader: Reader
+    offset: int
+    conn: RpcConnection
+    inbound: Inbound
+
+
+# A handler appends the results to the Writer (after the reply header written for it).
+# It may be a plain function (for quick procedures) or a coroutine function.
+Handler = Callable[[RpcCall, Writer], Awaitable[None] | None]
+
+
+class Dispatcher:
+    def __init__(self) -> None:
+        self.programs: dict[int, dict[int, dict[int, Handler]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def add(self, prog: int, vers: int, procedures: dict[int, Handler]) -> None:
+        self.programs.setdefault(prog, {})[vers] = dict(procedures)
+
+    def dispatch(self, conn: RpcConnection, inbound: Inbound) -> None:
+        """Handle one inbound call; the reply goes back on ``conn``."""
+        r = inbound.reader
+        try:
+            xid, _mtype = message.peek(r.buf)
+        except XdrError:
+            return  # nothing to answer to
+        w = Writer()
+        try:
+            xid, body, off = message.decode_call(r)
+        except XdrError as e:
+            log.info("%s: undecodable call header xid %#x: %s", conn.peer, xid, e)
+            message.encode_accepted(w, xid, rpc.GARBAGE_ARGS)
+            conn.send_reply(inbound, w)
+            return
+        if body.rpcvers != message.RPC_VERSION:
+            message.encode_denied(w, xid, mismatch=(message.RPC_VERSION, message.RPC_VERSION))
+            conn.send_reply(inbound, w)
+            return
+        try:
+            cred = credential_of(body.cred, body.verf)
+        except AuthError as e:
+            log.info("%s: xid %#x denied: %s", conn.peer, xid, e)
+            message.encode_denied(w, xid, auth=e.stat)
+            conn.send_reply(inbound, w)
+            return
+        handler = self._lookup(body, w, xid)
+        if handler is None:
+            conn.send_reply(inbound, w)
+            return
+        call = RpcCall(xid, body.prog, body.vers, body.proc, cred, r, off, conn, inbound)
+        mark = len(w)
+        message.encode_accepted(w, xid)
+        try:
+            result = handler(call, w)
+        except Exception as e:
+            self._failed(call, w, mark, e)
+            conn.send_reply(inbound, w)
+            return
+        if result is None:
+            conn.send_reply(inbound, w)
+            return
+        task = asyncio.ensure_future(self._finish(call, w, mark, result))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _finish(self, call: RpcCall, w: Writer, mark: int, pending: Awaitable[None]) -> None:
+        try:
+            await pending
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self._failed(call, w, mark, e)
+        call.conn.send_reply(call.inbound, w)
+
+    def _lookup(self, body: rpc.call_body, w: Writer, xid: int) -> Handler | None:
+        versions = self.programs.get(body.prog)
+        if versions is None:
+            message.encode_accepted(w, xid, rpc.PROG_UNAVAIL)
+            return None
+        procs = versions.get(body.vers)
+        if procs is None:
+            message.encode_accepted(w, xid, rpc.PROG_MISMATCH, (min(versions), max(versions)))
+            return None
+        handler = procs.get(body.proc)
+        if handler is None:
+            message.encode_accepted(w, xid, rpc.PROC_UNAVAIL)
+        return handler
+
+    def _failed(self, call: RpcCall, w: Writer, mark: int, e: Exception) -> None:
+        """Replace whatever the handler wrote with the error reply its failure calls for."""
+        del w[mark:]
+        w.ddp.clear()
+        if isinstance(e, XdrError):
+            log.info("%s: xid %#x: garbage arguments: %s", call.conn.peer, call.xid, e)
+            message.encode_accepted(w, call.xid, rpc.GARBAGE_ARGS)
+        elif isinstance(e, RpcAcceptError):
+            message.encode_accepted(w, call.xid, e.stat, e.mismatch)
+        elif isinstance(e, AuthError):
+            message.encode_denied(w, call.xid, auth=e.stat)
+        else:
+            log.exception(
+                "%s: xid %#x prog %d proc %d failed", call.conn.peer, call.xid, call.prog, call.proc
+            )
+            message.encode_accepted(w, call.xid, rpc.SYSTEM_ERR)
+
+    async def drain(self) -> None:
+        """Wait for the calls in progress."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+def null_procedure(call: RpcCall, w: Writer) -> None:
+    """Procedure 0 of every program: no arguments, no results."""
+    if call.offset != len(call.reader.buf):
+        raise XdrError("NULL takes no arguments", call.offset)

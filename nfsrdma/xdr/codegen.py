@@ -1,0 +1,808 @@
+"""Generate typed Python codecs from a parsed XDR specification.
+
+For every type T the output has a class (``@dataclass(slots=True)`` for structs and unions,
+``IntEnum`` for enums, an alias for typedefs) and two functions::
+
+    enc_T(w: Writer, v: T) -> None
+    dec_T(r: Reader, off: int) -> tuple[T, int]
+
+Speed comes from doing per-type work once, at generation time:
+- runs of consecutive fixed-size fields (integers, bools, enums, fixed opaques, and structs made
+  only of those) are packed and unpacked with one precompiled ``struct.Struct``;
+- variable-length items are coded inline, with bounds checked before anything is allocated;
+- unions dispatch through dictionaries built at import time;
+- the linked-list idiom ``struct S { ...; S *next; }`` becomes a Python ``list`` and is coded
+  with a loop, never recursion.
+
+Decoders raise ``XdrError`` (and nothing else) on bad input; encoders raise ``XdrError`` on values
+that cannot be encoded (bounds, lengths, integer ranges).
+"""
+
+from __future__ import annotations
+
+import keyword
+from dataclasses import dataclass, field
+
+from nfsrdma.xdr.ast import Arm, Decl, Enum_, Kind, Spec, Struct, Typedef, Union
+
+_INT_FMT = {"int": "i", "unsigned int": "I", "hyper": "q", "unsigned hyper": "Q"}
+_FIXED_ARRAY_FUSE_LIMIT = 16
+
+
+def pyname(name: str) -> str:
+    return name + "_" if keyword.iskeyword(name) or name in ("value",) else name
+
+
+@dataclass(slots=True)
+class Fixed:
+    """A fixed-size layout: one struct format and the number of values it yields."""
+
+    fmt: str
+    size: int
+    items: int
+
+
+@dataclass
+class Options:
+    """Per-spec generation options."""
+
+    # (type name, field or arm name) pairs whose variable-length opaque is DDP-eligible.
+    ddp_fields: set[tuple[str, str]] = field(default_factory=set)
+    module_doc: str = ""
+
+
+class Generator:
+    def __init__(self, spec: Spec, options: Options | None = None) -> None:
+        self.spec = spec
+        self.opts = options or Options()
+        self.out: list[str] = []
+        self.structs_fmt: dict[str, str] = {}  # format string -> Struct variable name
+        self.list_nodes = self._find_list_nodes()
+        self._fixed_cache: dict[str, Fixed | None] = {}
+        self._min_cache: dict[str, int] = {}
+        self.helpers: list[str] = []  # extra functions (union arms), emitted after their users
+        self.helper_names: set[str] = set()
+        self._tmp = 0
+
+    # -- type analysis -----------------------------------------------------------------
+    def _find_list_nodes(self) -> set[str]:
+        nodes = set()
+        for t in self.spec.types.values():
+            if isinstance(t, Struct) and len(t.fields) >= 2:
+                last = t.fields[-1]
+                if last.kind is Kind.OPTIONAL and last.type == t.name:
+                    nodes.add(t.name)
+        return nodes
+
+    def resolve(self, d: Decl) -> Decl:
+        """Follow PLAIN typedef chains so that codecs can be inlined."""
+        seen = 0
+        while d.kind is Kind.PLAIN:
+            t = self.spec.types.get(d.type)
+            if not isinstance(t, Typedef):
+                return d
+            td = t.decl
+            d = Decl(d.name, td.type, td.kind, td.size, d.line)
+            seen += 1
+            if seen > 64:
+                raise ValueError(f"typedef loop at {d.type}")
+        return d
+
+    def base_kind(self, typ: str) -> str:
+        """'prim', 'enum', 'struct', 'union' or 'typedef' for a type name."""
+        if typ in _INT_FMT or typ in ("bool", "opaque", "string", "void"):
+            return "prim"
+        t = self.spec.types[typ]
+        return {Enum_: "enum", Struct: "struct", Union: "union", Typedef: "typedef"}[type(t)]
+
+    def fixed_of_type(self, typ: str) -> Fixed | None:
+        """The fixed layout of a whole named type, if it has one."""
+        if typ in self._fixed_cache:
+            return self._fixed_cache[typ]
+        self._fixed_cache[typ] = None  # recursion guard
+        res: Fixed | None = None
+        if typ in _INT_FMT:
+            res = Fixed(_INT_FMT[typ], 8 if "hyper" in typ else 4, 1)
+        elif typ == "bool":
+            res = Fixed("I", 4, 1)
+        elif typ not in ("opaque", "string", "void"):
+            t = self.spec.types[typ]
+            if isinstance(t, Enum_):
+                res = Fixed("i", 4, 1)
+            elif isinstance(t, Typedef):
+                res = self.fixed_of_decl(t.decl)
+            elif isinstance(t, Struct) and t.name not in self.list_nodes:
+                parts = [self.fixed_of_decl(f) for f in t.fields]
+                if all(p is not None for p in parts):
+                    fixed = [p for p in parts if p is not None]
+                    res = Fixed(
+                        "".join(p.fmt for p in fixed),
+                        sum(p.size for p in fixed),
+                        sum(p.items for p in fixed),
+                    )
+        self._fixed_cache[typ] = res
+        return res
+
+    def fixed_of_decl(self, d: Decl) -> Fixed | None:
+        d = self.resolve(d)
+        if d.kind is Kind.PLAIN:
+            return self.fixed_of_type(d.type)
+        if d.kind is Kind.FIXED:
+            assert d.size is not None
+            if d.type == "opaque":
+                pad = -d.size & 3
+                return Fixed(f"{d.size}s" + "x" * pad, d.size + pad, 1)
+            elem = self.fixed_of_type(d.type)
+            if elem is not None and d.size <= _FIXED_ARRAY_FUSE_LIMIT:
+                return Fixed(elem.fmt * d.size, elem.size * d.size, elem.items * d.size)
+        return None
+
+    def min_size(self, d: Decl) -> int:
+        """The fewest bytes a value of this declaration can occupy (for allocation guards)."""
+        d = self.resolve(d)
+        if d.kind is Kind.OPTIONAL:
+            return 4
+        if d.kind is Kind.VARIABLE:
+            return 4
+        if d.kind is Kind.FIXED:
+            assert d.size is not None
+            if d.type == "opaque":
+                return d.size + (-d.size & 3)
+            return d.size * self.min_size_type(d.type)
+        return self.min_size_type(d.type)
+
+    def min_size_type(self, typ: str) -> int:
+        if typ in self._min_cache:
+            return self._min_cache[typ]
+        self._min_cache[typ] = 4
+        fx = self.fixed_of_type(typ)
+        if fx is not None:
+            n = fx.size
+        elif typ == "void":
+            n = 0
+        else:
+            t = self.spec.types[typ]
+            if isinstance(t, Struct):
+                fields = t.fields[:-1] if t.name in self.list_nodes else t.fields
+                n = sum(self.min_size(f) for f in fields)
+            elif isinstance(t, Union):
+                n = 4
+            elif isinstance(t, Typedef):
+                n = self.min_size(t.decl)
+            else:
+                n = 4
+        self._min_cache[typ] = n
+        return n
+
+    # -- python names and annotations --------------------------------------------------
+    def list_elem(self, node: str) -> tuple[str, Decl | None]:
+        """A list node's element annotation; the single remaining field if it unwraps."""
+        t = self.spec.types[node]
+        assert isinstance(t, Struct)
+        rest = t.fields[:-1]
+        if len(rest) == 1:
+            return self.annotation(rest[0]), rest[0]
+        return node, None
+
+    def annotation(self, d: Decl, ddp: bool = False) -> str:
+        r = self.resolve(d)
+        if r.kind is Kind.OPTIONAL:
+            if r.type in self.list_nodes:
+                return f"list[{self.list_elem(r.type)[0]}]"
+            return f"{self.base_annotation(r.type)} | None"
+        if r.type == "opaque":
+            return "_Buffer" if ddp else "bytes"
+        if r.type == "string":
+            return "str"
+        if r.kind in (Kind.FIXED, Kind.VARIABLE):
+            return f"list[{self.base_annotation(r.type)}]"
+        return self.base_annotation(r.type)
+
+    def base_annotation(self, typ: str) -> str:
+        if typ in _INT_FMT:
+            return "int"
+        if typ == "bool":
+            return "bool"
+        if typ == "opaque":
+            return "bytes"
+        if typ == "string":
+            return "str"
+        if typ == "void":
+            return "None"
+        t = self.spec.types[typ]
+        if isinstance(t, Typedef):
+            return self.annotation(t.decl)
+        if isinstance(t, Struct) and t.name in self.list_nodes:
+            return f"list[{self.list_elem(t.name)[0]}]"
+        return typ
+
+    def struct_var(self, fmt: str) -> str:
+        if fmt not in self.structs_fmt:
+            self.structs_fmt[fmt] = f"_S{len(self.structs_fmt)}"
+        return self.structs_fmt[fmt]
+
+    # -- fixed layouts: building and flattening ----------------------------------------
+    def build_fixed(self, d: Decl, t: str, i: int) -> str:
+        """A Python expression building declaration ``d``'s value from tuple ``t`` at ``i``."""
+        d = self.resolve(d)
+        if d.kind is Kind.FIXED:
+            assert d.size is not None
+            if d.type == "opaque":
+                return f"{t}[{i}]"
+            elem = self.fixed_of_type(d.type)
+            assert elem is not None
+            parts = []
+            for k in range(d.size):
+                parts.append(self.build_type(d.type, t, i + k * elem.items))
+            return "[" + ", ".join(parts) + "]"
+        return self.build_type(d.type, t, i)
+
+    def build_type(self, typ: str, t: str, i: int) -> str:
+        if typ in _INT_FMT:
+            return f"{t}[{i}]"
+        if typ == "bool":
+            return f"_BOOL[{t}[{i}]]"
+        td = self.spec.types[typ]
+        if isinstance(td, Enum_):
+            return f"_{typ}_MAP[{t}[{i}]]"
+        if isinstance(td, Typedef):
+            return self.build_fixed(td.decl, t, i)
+        assert isinstance(td, Struct)
+        args = []
+        for f in td.fields:
+            fx = self.fixed_of_decl(f)
+            assert fx is not None
+            args.append(self.build_fixed(f, t, i))
+            i += fx.items
+        return f"{typ}({', '.join(args)})"
+
+    def flatten_fixed(self, d: Decl, expr: str, checks: list[str]) -> list[str]:
+        """Pack arguments for declaration ``d`` whose value is ``expr``; adds length checks."""
+        d = self.resolve(d)
+        if d.kind is Kind.FIXED:
+            assert d.size is not None
+            if d.type == "opaque":
+                checks.append(
+                    f"if len({expr}) != {d.size}: "
+                    f"raise _XdrError('fixed opaque {d.name} must be {d.size} bytes', len(w))"
+                )
+                return [expr]
+            checks.append(
+                f"if len({expr}) != {d.size}: "
+                f"raise _XdrError('array {d.name} must have {d.size} elements', len(w))"
+            )
+            out: list[str] = []
+            for k in range(d.size):
+                out += self.flatten_type(d.type, f"{expr}[{k}]", checks)
+            return out
+        return self.flatten_type(d.type, expr, checks)
+
+    def flatten_type(self, typ: str, expr: str, checks: list[str]) -> list[str]:
+        if typ in _INT_FMT or typ == "bool":
+            return [expr]
+        td = self.spec.types[typ]
+        if isinstance(td, Enum_):
+            return [expr]
+        if isinstance(td, Typedef):
+            return self.flatten_fixed(td.decl, expr, checks)
+        assert isinstance(td, Struct)
+        out: list[str] = []
+        for f in td.fields:
+            out += self.flatten_fixed(f, f"{expr}.{pyname(f.name)}", checks)
+        return out
+
+    # -- statements for one declaration ------------------------------------------------
+    def dec_stmts(self, d: Decl, target: str, ddp: bool, ind: str) -> list[str]:
+        """Statements decoding declaration ``d`` at ``off`` into local ``target``."""
+        r = self.resolve(d)
+        lines: list[str] = []
+        bound = "None" if r.size is None else str(r.size)
+        if r.kind is Kind.OPTIONAL:
+            if r.type in self.list_nodes:
+                lines.append(f"{target}, off = _dec_list_{r.type}(r, off)")
+                return [ind + x for x in lines]
+            lines += [
+                "(_p,) = _U32.unpack_from(buf, off)",
+                "off += 4",
+                "if _p == 1:",
+                f"    {target}, off = dec_{r.type}(r, off)",
+                "elif _p == 0:",
+                f"    {target} = None",
+                "else:",
+                "    raise _XdrError('optional-data flag is not a bool', off - 4)",
+            ]
+            return [ind + x for x in lines]
+        fx = self.fixed_of_decl(r)
+        if fx is not None:
+            sv = self.struct_var(fx.fmt)
+            lines.append(f"_t = {sv}.unpack_from(buf, off)")
+            lines.append(f"off += {fx.size}")
+            lines.append(f"{target} = {self.build_fixed(r, '_t', 0)}")
+            return [ind + x for x in lines]
+        if r.type == "opaque" and r.kind is Kind.VARIABLE:
+            if ddp:
+                lines.append(f"{target}, off = r.take_ddp(off, {bound})")
+                return [ind + x for x in lines]
+            lines += self._dec_len(r, bound)
+            lines += [
+                "_e = off + _n",
+                "if _e > len(buf):",
+                "    raise _XdrError('opaque runs past the end', off)",
+                f"{target} = bytes(buf[off:_e])",
+                "off = _e + (-_n & 3)",
+            ]
+            return [ind + x for x in lines]
+        if r.type == "string":
+            lines += self._dec_len(r, bound)
+            lines += [
+                "_e = off + _n",
+                "if _e > len(buf):",
+                "    raise _XdrError('string runs past the end', off)",
+                f"{target} = str(buf[off:_e], 'utf-8', 'surrogateescape')",
+                "off = _e + (-_n & 3)",
+            ]
+            return [ind + x for x in lines]
+        if r.kind is Kind.PLAIN:
+            if r.type in self.list_nodes:
+                raise ValueError(f"{r.type} (a list node) used without '*' at line {r.line}")
+            lines.append(f"{target}, off = dec_{r.type}(r, off)")
+            return [ind + x for x in lines]
+        # Arrays (fixed that could not be fused, or variable).
+        if r.kind is Kind.VARIABLE:
+            lines += self._dec_len(r, bound, elem_min=self.min_size_type(r.type))
+        else:
+            lines.append(f"_n = {r.size}")
+        elem = self.fixed_of_type(r.type)
+        if elem is not None and elem.items == 1 and r.type in _INT_FMT:
+            lines += [
+                f"_t = _struct.unpack_from('>%d{elem.fmt}' % _n, buf, off)",
+                f"off += {elem.size} * _n",
+                f"{target} = list(_t)",
+            ]
+        else:
+            self._tmp += 1
+            x = f"_x{self._tmp}"
+            lines.append(f"{target} = []")
+            lines.append("for _ in range(_n):")
+            lines += self.dec_stmts(Decl("", r.type), x, False, "    ")
+            lines.append(f"    {target}.append({x})")
+        return [ind + x for x in lines]
+
+    def _dec_len(self, d: Decl, bound: str, elem_min: int = 1) -> list[str]:
+        lines = ["(_n,) = _U32.unpack_from(buf, off)"]
+        if bound != "None":
+            lines += [
+                f"if _n > {bound}:",
+                f"    raise _XdrError('{d.name or d.type}: length %d exceeds {bound}' % _n, off)",
+            ]
+        lines.append("off += 4")
+        guard = max(elem_min, 1)
+        lines += [
+            f"if _n * {guard} > len(buf) - off:" if guard > 1 else "if _n > len(buf) - off:",
+            "    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)",
+        ]
+        return lines
+
+    def enc_stmts(self, d: Decl, expr: str, ddp: bool, ind: str) -> list[str]:
+        """Statements encoding declaration ``d`` whose value is ``expr`` onto ``w``."""
+        r = self.resolve(d)
+        bound = "None" if r.size is None else str(r.size)
+        lines: list[str] = []
+        if r.kind is Kind.OPTIONAL:
+            if r.type in self.list_nodes:
+                lines.append(f"_enc_list_{r.type}(w, {expr})")
+                return [ind + x for x in lines]
+            lines += [
+                f"if {expr} is None:",
+                "    w += _FALSE",
+                "else:",
+                "    w += _TRUE",
+                f"    enc_{r.type}(w, {expr})",
+            ]
+            return [ind + x for x in lines]
+        fx = self.fixed_of_decl(r)
+        if fx is not None:
+            checks: list[str] = []
+            args = self.flatten_fixed(r, expr, checks)
+            lines += checks
+            lines.append(f"w += {self.struct_var(fx.fmt)}.pack({', '.join(args)})")
+            return [ind + x for x in lines]
+        if r.type == "opaque" and r.kind is Kind.VARIABLE:
+            if ddp:
+                lines.append(f"w.put_ddp({expr}, {bound})")
+                return [ind + x for x in lines]
+            lines += [f"_v = {expr}", "_n = len(_v)"]
+            lines += self._enc_bound(r, bound)
+            lines += ["w += _U32.pack(_n)", "w += _v", "w += _PAD[_n & 3]"]
+            return [ind + x for x in lines]
+        if r.type == "string":
+            lines += [f"_v = {expr}.encode('utf-8', 'surrogateescape')", "_n = len(_v)"]
+            lines += self._enc_bound(r, bound)
+            lines += ["w += _U32.pack(_n)", "w += _v", "w += _PAD[_n & 3]"]
+            return [ind + x for x in lines]
+        if r.kind is Kind.PLAIN:
+            lines.append(f"enc_{r.type}(w, {expr})")
+            return [ind + x for x in lines]
+        lines += [f"_a = {expr}", "_n = len(_a)"]
+        if r.kind is Kind.VARIABLE:
+            lines += self._enc_bound(r, bound)
+            lines.append("w += _U32.pack(_n)")
+        else:
+            lines += [
+                f"if _n != {r.size}:",
+                f"    raise _XdrError('array {r.name} must have {r.size} elements', len(w))",
+            ]
+        elem = self.fixed_of_type(r.type)
+        if elem is not None and elem.items == 1 and r.type in _INT_FMT:
+            lines.append(f"w += _struct.pack('>%d{elem.fmt}' % _n, *_a)")
+        else:
+            lines.append("for _x in _a:")
+            lines += self.enc_stmts(Decl("", r.type), "_x", False, "    ")
+        return [ind + x for x in lines]
+
+    def _enc_bound(self, d: Decl, bound: str) -> list[str]:
+        if bound == "None":
+            return []
+        return [
+            f"if _n > {bound}:",
+            f"    raise _XdrError('{d.name or d.type}: length %d exceeds {bound}' % _n, len(w))",
+        ]
+
+    # -- definitions ---------------------------------------------------------------------
+    def field_groups(self, fields: list[Decl]) -> list[list[Decl]]:
+        """Consecutive fixed-size fields grouped for one struct operation each."""
+        groups: list[list[Decl]] = []
+        run: list[Decl] = []
+        for f in fields:
+            if self.fixed_of_decl(f) is not None:
+                run.append(f)
+                continue
+            if run:
+                groups.append(run)
+                run = []
+            groups.append([f])
+        if run:
+            groups.append(run)
+        return groups
+
+    def gen_struct_body_dec(self, name: str, fields: list[Decl], ind: str) -> list[str]:
+        lines: list[str] = []
+        for group in self.field_groups(fields):
+            fxs = [self.fixed_of_decl(f) for f in group]
+            if all(fx is not None for fx in fxs) and len(group) > 1:
+                fmts = "".join(fx.fmt for fx in fxs if fx is not None)
+                size = sum(fx.size for fx in fxs if fx is not None)
+                lines.append(f"{ind}_t = {self.struct_var(fmts)}.unpack_from(buf, off)")
+                lines.append(f"{ind}off += {size}")
+                i = 0
+                for f, fx in zip(group, fxs, strict=True):
+                    assert fx is not None
+                    lines.append(f"{ind}f_{f.name} = {self.build_fixed(f, '_t', i)}")
+                    i += fx.items
+            else:
+                f = group[0]
+                lines += self.dec_stmts(
+                    f, f"f_{f.name}", (name, f.name) in self.opts.ddp_fields, ind
+                )
+        return lines
+
+    def gen_struct_body_enc(self, name: str, fields: list[Decl], v: str, ind: str) -> list[str]:
+        lines: list[str] = []
+        for group in self.field_groups(fields):
+            fxs = [self.fixed_of_decl(f) for f in group]
+            if all(fx is not None for fx in fxs) and len(group) > 1:
+                checks: list[str] = []
+                args: list[str] = []
+                for f in group:
+                    args += self.flatten_fixed(f, f"{v}.{pyname(f.name)}", checks)
+                fmts = "".join(fx.fmt for fx in fxs if fx is not None)
+                lines += [ind + c for c in checks]
+                lines.append(f"{ind}w += {self.struct_var(fmts)}.pack({', '.join(args)})")
+            else:
+                f = group[0]
+                ddp = (name, f.name) in self.opts.ddp_fields
+                lines += self.enc_stmts(f, f"{v}.{pyname(f.name)}", ddp, ind)
+        return lines
+
+    def wrap(self, kind: str, name: str, body: list[str], ret: str | None) -> list[str]:
+        """Wrap a codec body so that low-level errors become XdrError at the value's offset."""
+        if kind == "dec":
+            head = ["    buf = r.buf", "    o0 = off", "    try:"]
+            tail = [
+                "    except (_struct.error, KeyError, IndexError, UnicodeError):",
+                f"        raise _XdrError('invalid or truncated {name}', o0) from None",
+            ]
+            if ret:
+                tail.append(f"    return {ret}, off")
+        else:
+            head = ["    try:"]
+            tail = [
+                "    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:",
+                f"        raise _XdrError(f'cannot encode {name}: {{_e}}', len(w)) from None",
+            ]
+        if not body:
+            body = ["        pass"]
+        return head + body + tail
+
+    def gen_struct(self, s: Struct) -> None:
+        node = s.name in self.list_nodes
+        fields = s.fields[:-1] if node else s.fields
+        o = self.out
+        o.append("@_dataclass(slots=True)")
+        o.append(f"class {s.name}:")
+        for f in fields:
+            o.append(
+                f"    {pyname(f.name)}: {self.annotation(f, (s.name, f.name) in self.opts.ddp_fields)}"
+            )
+        o.append("")
+        o.append("")
+        names = ", ".join(f"f_{f.name}" for f in fields)
+        # The node codecs (one element, without the link).
+        o.append(f"def enc_{s.name}(w: _Writer, v: {s.name}) -> None:")
+        o += self.wrap(
+            "enc", s.name, self.gen_struct_body_enc(s.name, fields, "v", "        "), None
+        )
+        o.append("")
+        o.append("")
+        o.append(f"def dec_{s.name}(r: _Reader, off: int) -> tuple[{s.name}, int]:")
+        body = self.gen_struct_body_dec(s.name, fields, "        ")
+        o += self.wrap("dec", s.name, body, f"{s.name}({names})")
+        o.append("")
+        o.append("")
+        if node:
+            self.gen_list_codecs(s, fields)
+
+    def gen_list_codecs(self, s: Struct, fields: list[Decl]) -> None:
+        ann, single = self.list_elem(s.name)
+        o = self.out
+        o.append(f"def _enc_list_{s.name}(w: _Writer, items: list[{ann}]) -> None:")
+        o.append("    for _i in items:")
+        o.append("        w += _TRUE")
+        if single is not None:
+            o += self.enc_stmts(single, "_i", False, "        ")
+        else:
+            o.append(f"        enc_{s.name}(w, _i)")
+        o.append("    w += _FALSE")
+        o.append("")
+        o.append("")
+        o.append(f"def _dec_list_{s.name}(r: _Reader, off: int) -> tuple[list[{ann}], int]:")
+        o.append("    buf = r.buf")
+        o.append(f"    items: list[{ann}] = []")
+        o.append("    while True:")
+        o.append("        if off + 4 > len(buf):")
+        o.append(f"            raise _XdrError('truncated list of {s.name}', off)")
+        o.append("        (_p,) = _U32.unpack_from(buf, off)")
+        o.append("        off += 4")
+        o.append("        if _p == 0:")
+        o.append("            return items, off")
+        o.append("        if _p != 1:")
+        o.append("            raise _XdrError('list link is not a bool', off - 4)")
+        if single is not None:
+            o.append("        o0 = off")
+            o.append("        try:")
+            o += self.dec_stmts(single, "_x", False, "            ")
+            o.append("        except (_struct.error, KeyError, IndexError, UnicodeError):")
+            o.append(f"            raise _XdrError('invalid or truncated {s.name}', o0) from None")
+            o.append("        items.append(_x)")
+        else:
+            o.append(f"        _x, off = dec_{s.name}(r, off)")
+            o.append("        items.append(_x)")
+        o.append("")
+        o.append("")
+
+    def gen_enum(self, e: Enum_) -> None:
+        o = self.out
+        o.append(f"class {e.name}(_IntEnum):")
+        for m, v in e.members:
+            o.append(f"    {m} = {v}")
+        o.append("")
+        o.append("")
+        o.append(f"_{e.name}_MAP: dict[int, {e.name}] = {{m.value: m for m in {e.name}}}")
+        for m, _ in e.members:
+            o.append(f"{m} = {e.name}.{m}")
+        o.append("")
+        o.append("")
+        o.append(f"def enc_{e.name}(w: _Writer, v: {e.name}) -> None:")
+        o.append("    try:")
+        o.append(f"        w += _I32.pack(_{e.name}_MAP[v])")
+        o.append("    except (KeyError, TypeError, _struct.error):")
+        o.append(f"        raise _XdrError(f'{{v!r}} is not a {e.name}', len(w)) from None")
+        o.append("")
+        o.append("")
+        o.append(f"def dec_{e.name}(r: _Reader, off: int) -> tuple[{e.name}, int]:")
+        o.append("    try:")
+        o.append(f"        return _{e.name}_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4")
+        o.append("    except (KeyError, _struct.error):")
+        o.append(f"        raise _XdrError('invalid or truncated {e.name}', off) from None")
+        o.append("")
+        o.append("")
+
+    def gen_typedef(self, t: Typedef) -> None:
+        o = self.out
+        d = t.decl
+        o.append(f'{t.name}: _TypeAlias = "{self.annotation(d)}"')
+        o.append("")
+        o.append("")
+        o.append(f"def enc_{t.name}(w: _Writer, v: {t.name}) -> None:")
+        o += self.wrap("enc", t.name, self.enc_stmts(d, "v", False, "        "), None)
+        o.append("")
+        o.append("")
+        o.append(f"def dec_{t.name}(r: _Reader, off: int) -> tuple[{t.name}, int]:")
+        body = self.dec_stmts(d, "_v", False, "        ")
+        o += self.wrap("dec", t.name, body, "_v")
+        o.append("")
+        o.append("")
+
+    def arm_codec(self, u: Union, arm_decl: Decl) -> tuple[str, str, str]:
+        """(encoder, decoder, annotation) names for a union arm."""
+        if arm_decl.is_void:
+            return "_void_encode", "_void_decode", "None"
+        ddp = (u.name, arm_decl.name) in self.opts.ddp_fields
+        r = self.resolve(arm_decl)
+        ann = self.annotation(arm_decl, ddp)
+        named = r.kind is Kind.PLAIN and self.base_kind(r.type) in ("struct", "union")
+        if named and not ddp and r.type not in self.list_nodes:
+            return f"enc_{r.type}", f"dec_{r.type}", ann
+        if arm_decl.kind is Kind.PLAIN and not ddp and arm_decl.type in self.spec.types:
+            td = self.spec.types[arm_decl.type]
+            if isinstance(td, Typedef | Enum_):
+                return f"enc_{arm_decl.type}", f"dec_{arm_decl.type}", ann
+        base = f"_{u.name}_{arm_decl.name}"
+        if base not in self.helper_names:
+            self.helper_names.add(base)
+            h = self.helpers
+            h.append(f"def enc{base}(w: _Writer, v: {ann}) -> None:")
+            h += self.wrap(
+                "enc",
+                f"{u.name}.{arm_decl.name}",
+                self.enc_stmts(arm_decl, "v", ddp, "        "),
+                None,
+            )
+            h.append("")
+            h.append("")
+            h.append(f"def dec{base}(r: _Reader, off: int) -> tuple[{ann}, int]:")
+            body = self.dec_stmts(arm_decl, "_v", ddp, "        ")
+            h += self.wrap("dec", f"{u.name}.{arm_decl.name}", body, "_v")
+            h.append("")
+            h.append("")
+        return f"enc{base}", f"dec{base}", ann
+
+    def gen_union(self, u: Union) -> None:
+        o = self.out
+        disc = self.resolve(u.discriminant)
+        disc_ann = self.annotation(u.discriminant)
+        codecs: list[tuple[Arm | None, tuple[str, str, str]]] = [
+            (arm, self.arm_codec(u, arm.decl)) for arm in u.arms
+        ]
+        default = self.arm_codec(u, u.default) if u.default is not None else None
+        anns = []
+        for _, (_, _, a) in codecs + ([(None, default)] if default else []):
+            for part in a.split(" | "):
+                if part != "None" and part not in anns:
+                    anns.append(part)
+        value_ann = " | ".join([*anns, "None"])
+        dname = pyname(u.discriminant.name)
+        o.append("@_dataclass(slots=True)")
+        o.append(f"class {u.name}:")
+        o.append(f"    {dname}: {disc_ann}")
+        o.append(f"    value: {value_ann} = None")
+        o.append("")
+        o.append("")
+        enc_map = ", ".join(f"{c}: {e}" for arm, (e, _, _) in codecs if arm for c in arm.cases)
+        dec_map = ", ".join(f"{c}: {d}" for arm, (_, d, _) in codecs if arm for c in arm.cases)
+        o.append(f"_{u.name}_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {{{enc_map}}}")
+        o.append(
+            f"_{u.name}_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {{{dec_map}}}"
+        )
+        o.append("")
+        o.append("")
+        # Discriminant coding: an enum is validated, bool must be 0/1, ints are as they are.
+        disc_fx = self.fixed_of_decl(disc)
+        assert disc_fx is not None and disc_fx.items == 1, f"bad discriminant in {u.name}"
+        sv = self.struct_var(disc_fx.fmt)
+        o.append(f"def enc_{u.name}(w: _Writer, v: {u.name}) -> None:")
+        o.append("    try:")
+        o.append(f"        _d = v.{dname}")
+        if default:
+            o.append(f"        _f = _{u.name}_ENC.get(_d, {default[0]})")
+        else:
+            o.append(f"        _f = _{u.name}_ENC.get(_d)")
+            o.append("        if _f is None:")
+            o.append(f"            raise _XdrError(f'{{_d!r}} is not a case of {u.name}', len(w))")
+        if self.base_kind(disc.type) == "enum":
+            o.append(f"        _d = _{disc.type}_MAP[_d]")
+        o.append(f"        w += {sv}.pack(_d)")
+        o.append("        _f(w, v.value)")
+        o.append("    except (_struct.error, TypeError, AttributeError, KeyError) as _e:")
+        o.append(f"        raise _XdrError(f'cannot encode {u.name}: {{_e!r}}', len(w)) from None")
+        o.append("")
+        o.append("")
+        o.append(f"def dec_{u.name}(r: _Reader, off: int) -> tuple[{u.name}, int]:")
+        o.append("    o0 = off")
+        o.append("    try:")
+        o.append(f"        _d = {self.build_fixed(disc, sv + '.unpack_from(r.buf, off)', 0)}")
+        o.append("    except (_struct.error, KeyError, IndexError):")
+        o.append(
+            f"        raise _XdrError('invalid or truncated {u.name} discriminant', o0) from None"
+        )
+        if default:
+            o.append(f"    _f = _{u.name}_DEC.get(_d, {default[1]})")
+        else:
+            o.append(f"    _f = _{u.name}_DEC.get(_d)")
+            o.append("    if _f is None:")
+            o.append(f"        raise _XdrError('%r is not a case of {u.name}' % (_d,), o0)")
+        o.append(f"    _v, off = _f(r, off + {disc_fx.size})")
+        o.append(f"    return {u.name}(_d, _v), off")
+        o.append("")
+        o.append("")
+
+    def generate(self) -> str:
+        body: list[str] = []
+        for d in self.spec.definitions:
+            self.out = []
+            self.helpers = []
+            if isinstance(d, Struct):
+                self.gen_struct(d)
+            elif isinstance(d, Union):
+                self.gen_union(d)
+            elif isinstance(d, Enum_):
+                self.gen_enum(d)
+            elif isinstance(d, Typedef):
+                self.gen_typedef(d)
+            else:
+                continue
+            body += self.helpers + self.out
+        consts: list[str] = []
+        enum_members = {
+            m for t in self.spec.types.values() if isinstance(t, Enum_) for m, _ in t.members
+        }
+        for name, value in self.spec.constants.items():
+            if name not in enum_members:
+                consts.append(f"{name} = {value}")
+        for prog in self.spec.programs:
+            consts.append(f"{prog.name} = {prog.number}")
+            for ver in prog.versions:
+                consts.append(f"{ver.name} = {ver.number}")
+                for proc in ver.procedures:
+                    consts.append(f"{proc.name} = {proc.number}")
+        head = [
+            "# Generated by nfsrdma.xdr.codegen from the .x specification named below.",
+            "# Do not edit: change the specification and run `python -m nfsrdma.xdr.regen`.",
+            f'"""{self.opts.module_doc}"""',
+            "# ruff: noqa",
+            '# mypy: disable-error-code="no-redef,assignment,misc"',
+            "",
+            "from __future__ import annotations",
+            "",
+            "import struct as _struct",
+            "from collections.abc import Callable as _Callable",
+            "from dataclasses import dataclass as _dataclass",
+            "from enum import IntEnum as _IntEnum",
+            "from typing import Any as _Any, TypeAlias as _TypeAlias",
+            "",
+            "from nfsrdma.xdr.runtime import (",
+            "    BOOL as _BOOL,",
+            "    FALSE as _FALSE,",
+            "    I32 as _I32,",
+            "    PAD as _PAD,",
+            "    TRUE as _TRUE,",
+            "    U32 as _U32,",
+            "    Buffer as _Buffer,",
+            "    Reader as _Reader,",
+            "    Writer as _Writer,",
+            "    XdrError as _XdrError,",
+            "    void_decode as _void_decode,",
+            "    void_encode as _void_encode,",
+            ")",
+            "",
+            "",
+        ]
+        head += [*consts, ""]
+        for fmt, var in self.structs_fmt.items():
+            head.append(f"{var} = _struct.Struct('>{fmt}')")
+        head += ["", ""]
+        return "\n".join(head + body).rstrip() + "\n"
+
+
+def generate(spec: Spec, options: Options | None = None) -> str:
+    return Generator(spec, options).generate()

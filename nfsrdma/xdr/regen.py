@@ -1,0 +1,81 @@
+"""Regenerate the committed XDR codecs from the specifications: ``python -m nfsrdma.xdr.regen``.
+
+``--check`` regenerates in memory and fails if a committed module differs (the test suite and
+``make test`` run it), so the generated code can never drift from its specification.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from nfsrdma.xdr.codegen import Options, generate
+from nfsrdma.xdr.parser import parse
+
+HERE = Path(__file__).parent
+SPECS = HERE / "specs"
+GEN = HERE / "gen"
+
+
+@dataclass(frozen=True)
+class Target:
+    spec: str  # file under specs/
+    module: str  # module under gen/
+    doc: str
+    ddp_fields: frozenset[tuple[str, str]] = frozenset()
+
+
+# The DDP-eligible items of NFSv4 (RFC 8267 section 6.1): WRITE data and symlink text in
+# calls, READ data and READLINK text in replies. Only these may ever move into chunks (UL-1).
+NFS4_DDP = frozenset(
+    {
+        ("WRITE4args", "data"),
+        ("createtype4", "linkdata"),
+        ("READ4resok", "data"),
+        ("READLINK4resok", "link"),
+    }
+)
+
+TARGETS = (
+    Target("rpc.x", "rpc", "ONC RPC version 2 messages (RFC 5531)."),
+    Target("rpcrdma.x", "rpcrdma", "RPC-over-RDMA version 1 transport header (RFC 8166)."),
+    Target("nfs4.x", "nfs4", "NFSv4.1 protocol and callback program (RFC 5662).", NFS4_DDP),
+)
+
+
+def render(t: Target) -> str:
+    spec = parse((SPECS / t.spec).read_text(encoding="utf-8"))
+    doc = f"{t.doc} Generated from nfsrdma/xdr/specs/{t.spec}."
+    return generate(spec, Options(ddp_fields=set(t.ddp_fields), module_doc=doc))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--check", action="store_true", help="fail if a generated module is stale")
+    ap.add_argument("targets", nargs="*", help="spec files to process (default: all present)")
+    args = ap.parse_args(argv)
+    stale = []
+    for t in TARGETS:
+        if args.targets and t.spec not in args.targets:
+            continue
+        if not (SPECS / t.spec).exists():
+            print(f"missing specification {SPECS / t.spec}", file=sys.stderr)
+            return 1
+        text = render(t)
+        out = GEN / f"{t.module}.py"
+        if args.check:
+            if not out.exists() or out.read_text(encoding="utf-8") != text:
+                stale.append(str(out))
+        else:
+            out.write_text(text, encoding="utf-8")
+            print(f"wrote {out}")
+    if stale:
+        print("stale generated modules (run python -m nfsrdma.xdr.regen): " + ", ".join(stale))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
