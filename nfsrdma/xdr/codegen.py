@@ -423,7 +423,9 @@ class Generator:
         if r.kind is Kind.PLAIN:
             lines.append(f"enc_{r.type}(w, {expr})")
             return [ind + x for x in lines]
-        lines += [f"_a = {expr}", "_n = len(_a)"]
+        self._tmp += 1
+        a, x = f"_a{self._tmp}", f"_x{self._tmp}"
+        lines += [f"{a} = {expr}", f"_n = len({a})"]
         if r.kind is Kind.VARIABLE:
             lines += self._enc_bound(r, bound)
             lines.append("w += _U32.pack(_n)")
@@ -434,10 +436,10 @@ class Generator:
             ]
         elem = self.fixed_of_type(r.type)
         if elem is not None and elem.items == 1 and r.type in _INT_FMT:
-            lines.append(f"w += _struct.pack('>%d{elem.fmt}' % _n, *_a)")
+            lines.append(f"w += _struct.pack('>%d{elem.fmt}' % _n, *{a})")
         else:
-            lines.append("for _x in _a:")
-            lines += self.enc_stmts(Decl("", r.type), "_x", False, "    ")
+            lines.append(f"for {x} in {a}:")
+            lines += self.enc_stmts(Decl("", r.type), x, False, "    ")
         return [ind + x for x in lines]
 
     def _enc_bound(self, d: Decl, bound: str) -> list[str]:

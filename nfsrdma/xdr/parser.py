@@ -51,6 +51,8 @@ _TOKEN = re.compile(
 
 # A value as written: a number, or a name to resolve once everything is known.
 Value = int | str
+# Names every XDR compiler knows: the bool values (usable as case labels of a bool union).
+_BUILTIN_VALUES = {"TRUE": 1, "FALSE": 0}
 
 
 @dataclass(slots=True)
@@ -328,6 +330,8 @@ def _resolve(spec: Spec, p: _Parser, defs: list[Definition]) -> None:
             return raw
         if raw in names:
             return names[raw]
+        if raw in _BUILTIN_VALUES and raw not in raw_consts:
+            return _BUILTIN_VALUES[raw]
         if raw in raw_consts and raw not in resolving:
             resolving.add(raw)
             names[raw] = value_of(*raw_consts[raw])

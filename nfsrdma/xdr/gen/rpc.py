@@ -536,12 +536,12 @@ def enc_authsys_parms(w: _Writer, v: authsys_parms) -> None:
         w += _v
         w += _PAD[_n & 3]
         w += _S1.pack(v.uid, v.gid)
-        _a = v.gids
-        _n = len(_a)
+        _a1 = v.gids
+        _n = len(_a1)
         if _n > 16:
             raise _XdrError('gids: length %d exceeds 16' % _n, len(w))
         w += _U32.pack(_n)
-        w += _struct.pack('>%dI' % _n, *_a)
+        w += _struct.pack('>%dI' % _n, *_a1)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode authsys_parms: {_e}', len(w)) from None
 

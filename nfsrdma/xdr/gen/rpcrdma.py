@@ -196,11 +196,11 @@ class xdr_write_chunk:
 
 def enc_xdr_write_chunk(w: _Writer, v: xdr_write_chunk) -> None:
     try:
-        _a = v.target
-        _n = len(_a)
+        _a1 = v.target
+        _n = len(_a1)
         w += _U32.pack(_n)
-        for _x in _a:
-            w += _S2.pack(_x.handle, _x.length, _x.offset)
+        for _x1 in _a1:
+            w += _S2.pack(_x1.handle, _x1.length, _x1.offset)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode xdr_write_chunk: {_e}', len(w)) from None
 
@@ -217,8 +217,8 @@ def dec_xdr_write_chunk(r: _Reader, off: int) -> tuple[xdr_write_chunk, int]:
         for _ in range(_n):
             _t = _S2.unpack_from(buf, off)
             off += 16
-            _x1 = xdr_rdma_segment(_t[0], _t[1], _t[2])
-            f_target.append(_x1)
+            _x2 = xdr_rdma_segment(_t[0], _t[1], _t[2])
+            f_target.append(_x2)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xdr_write_chunk', o0) from None
     return xdr_write_chunk(f_target), off
