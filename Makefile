@@ -2,6 +2,15 @@
 EXPORT ?= ./export
 PY := .venv/bin/python
 SERVE_ARGS ?=
+# The test-bed stage: two VM boots. tests/vmhost proves a failure in the guest fails the host
+# (one boot, no knfsd); then every tests/testbed test runs in ONE boot with knfsd, output
+# streamed, junit in testbed-out/. TESTBED_TIMEOUT bounds that boot (seconds).
+TESTBED_TIMEOUT ?= 780
+define TESTBED_STAGE
+$(PY) -m pytest -q -p no:cacheprovider tests/vmhost
+$(PY) -m nfsrdma testbed run --knfsd --out testbed-out --timeout $(TESTBED_TIMEOUT) -- \
+  $(PY) -m pytest -q -p no:cacheprovider -p no:hypothesispytest -m testbed tests/testbed
+endef
 
 .PHONY: serve test test-host test-testbed bench lint gen setup-serve setup-test
 
@@ -15,15 +24,13 @@ test: setup-test
 	$(PY) -m ruff format --check nfsrdma tests bench
 	$(PY) -m mypy
 	$(PY) -m pytest -q tests/unit tests/fuzz
-	$(PY) -m nfsrdma testbed run --knfsd --out testbed-out -- \
-	  $(PY) -m pytest -q -p no:cacheprovider -m testbed tests/testbed
+	$(TESTBED_STAGE)
 
 test-host: setup-test
 	$(PY) -m pytest -q tests/unit tests/fuzz
 
 test-testbed: setup-test
-	$(PY) -m nfsrdma testbed run --knfsd --out testbed-out -- \
-	  $(PY) -m pytest -q -p no:cacheprovider -m testbed tests/testbed
+	$(TESTBED_STAGE)
 
 bench: setup-test
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

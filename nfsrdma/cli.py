@@ -28,7 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    level = logging.WARNING - 10 * min(args.verbose + 1, 2)
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    # Our own loggers follow -v; everything else (pyverbs logs every object at INFO) stays at
+    # WARNING.
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    logging.getLogger("nfsrdma").setLevel(logging.WARNING - 10 * min(args.verbose, 2))
     rc: int = args.func(args)
     return rc

@@ -45,6 +45,7 @@ class RpcConnection:
         self.closed = asyncio.Event()
         self.context: dict[str, object] = {}  # upper layers keep per-connection state here
         conn.set_receiver(self._on_message)
+        conn.call_failed = self._on_call_failed
         conn.on_closed(self._on_closed)
 
     @property
@@ -112,6 +113,11 @@ class RpcConnection:
             self.dispatcher.dispatch(self, inbound)
         else:
             log.info("%s %s: message type %d dropped", conn.kind, conn.peer, mtype)
+
+    def _on_call_failed(self, xid: int, exc: BaseException) -> None:
+        fut = self.pending.pop(xid, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(exc)
 
     def _on_closed(self, conn: Connection, exc: BaseException | None) -> None:
         pending, self.pending = self.pending, {}

@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from nfsrdma.xdr.runtime import Buffer, Reader, Writer
+from nfsrdma.xdr.runtime import Reader, Writer
 
 _conn_ids = itertools.count(1)
 
@@ -52,6 +52,8 @@ class Connection(abc.ABC):
         self.id = next(_conn_ids)
         self.peer = peer
         self.receiver: Callable[[Connection, Inbound], None] | None = None
+        # Fails one outstanding call (RPC-over-RDMA: an RDMA_ERROR answered it, UL-25).
+        self.call_failed: Callable[[int, BaseException], None] | None = None
         self.closed_callbacks: list[Callable[[Connection, BaseException | None], None]] = []
         self.closed = False
 
@@ -101,6 +103,6 @@ class Connection(abc.ABC):
         """Start closing; ``on_closed`` callbacks run when it is done."""
 
 
-def splice(msg: Writer) -> list[Buffer]:
-    """A message as buffers for a byte stream: DDP items back in their places, padded."""
-    return msg.pieces()
+class TransportCallError(ConnectionError):
+    """The transport refused a call (RPC-over-RDMA RDMA_ERROR). The RPC did not complete; the
+    connection may still be up (UL-20, UL-25)."""

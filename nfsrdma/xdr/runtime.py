@@ -111,16 +111,25 @@ class Writer(bytearray):
 class Reader:
     """XDR input: a buffer, and the chunks that carry DDP-eligible items.
 
-    ``chunks`` maps an item's position in the XDR stream (counted from the start of ``buf`` as
-    if every chunk were inline) to its data; ``shift`` is how many stream bytes have come from
-    chunks so far, so that ``inline offset + shift`` is the stream position.
+    Calls name their chunks by position (RPC-over-RDMA Read chunks): ``chunks`` maps an item's
+    position in the XDR stream (counted from the start of ``buf`` as if every chunk were
+    inline) to its data, and ``shift`` is how many stream bytes have come from chunks so far,
+    so that ``inline offset + shift`` is the stream position. Replies carry Write chunks, which
+    pair with DDP-eligible items in order (RFC 8267 section 6.4.1): ``ordered[n]`` holds the
+    data the responder wrote for the n-th item, or None where that item came inline.
     """
 
-    __slots__ = ("buf", "chunks", "shift")
+    __slots__ = ("buf", "chunks", "ordered", "shift")
 
-    def __init__(self, data: Buffer, chunks: dict[int, Buffer] | None = None) -> None:
+    def __init__(
+        self,
+        data: Buffer,
+        chunks: dict[int, Buffer] | None = None,
+        ordered: list[Buffer | None] | None = None,
+    ) -> None:
         self.buf = data if isinstance(data, memoryview) else memoryview(data)
         self.chunks = chunks
+        self.ordered = ordered
         self.shift = 0
 
     def take_ddp(self, off: int, maxlen: int | None) -> tuple[Buffer, int]:
@@ -132,15 +141,19 @@ class Reader:
         if maxlen is not None and n > maxlen:
             raise XdrError(f"opaque of {n} bytes exceeds its bound {maxlen}", off)
         off += 4
-        chunks = self.chunks
-        if chunks:
-            data = chunks.pop(off + self.shift, None)
-            if data is not None:
-                if len(data) < n:
-                    raise XdrError(f"chunk of {len(data)} bytes for an opaque of {n}", off)
-                self.shift += n + (-n & 3)
-                view = data if isinstance(data, memoryview) else memoryview(data)
-                return view[:n], off
+        data: Buffer | None = None
+        if self.ordered:
+            data = self.ordered.pop(0)
+            if data is not None and len(data) == 0 and n:
+                data = None  # an unused Write chunk: the item came inline (RFC 8267 6.4.1)
+        elif self.chunks:
+            data = self.chunks.pop(off + self.shift, None)
+        if data is not None:
+            if len(data) < n:
+                raise XdrError(f"chunk of {len(data)} bytes for an opaque of {n}", off)
+            self.shift += n + (-n & 3)
+            view = data if isinstance(data, memoryview) else memoryview(data)
+            return view[:n], off
         end = off + n
         if end + (-n & 3) > len(buf):
             raise XdrError(f"opaque of {n} bytes runs past the end", off)

@@ -3,6 +3,7 @@ decoders. Only XdrError may come out; nothing hangs; memory stays proportional t
 
 from __future__ import annotations
 
+import contextlib
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -31,10 +32,8 @@ SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=list(
 
 
 def _decode(dec: Decoder, data: bytes) -> None:
-    try:
+    with contextlib.suppress(XdrError):
         unpack(dec, data)
-    except XdrError:
-        pass
 
 
 @st.composite
@@ -71,10 +70,8 @@ def test_mutated_messages(name: str, data: st.DataObject) -> None:
 @given(blob=st.binary(min_size=8, max_size=256))
 def test_call_header_decoder(blob: bytes) -> None:
     call = (0x42).to_bytes(4, "big") + (0).to_bytes(4, "big") + blob
-    try:
+    with contextlib.suppress(XdrError):
         message.decode_call(Reader(call))
-    except XdrError:
-        pass
 
 
 @pytest.mark.parametrize("name", list(TARGETS))

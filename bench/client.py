@@ -1,0 +1,196 @@
+"""Our NFSv4.1 client against the Linux kernel client, both talking to knfsd in one test-bed
+boot: 64 MiB written and read over RDMA and over TCP, and stat of 500 files.
+
+- Ours: ``nfsrdma.connect(...)``; the file is written with one ``write`` call and read back
+  with one ``readinto`` call (each split by wsize/rsize and pipelined across the session's
+  slots); the close COMMITs. The 500 stats run 32 at a time (one COMPOUND each: PUTFH, LOOKUP,
+  GETATTR).
+- Kernel: ``dd bs=1M`` through a mount (``conv=fsync`` when writing; caches dropped before
+  reading); the 500 ``os.stat`` calls come from one process, in order, on a fresh mount.
+
+MB/s is 10**6 bytes per second. Under qemu TCG only the ratios mean something. The last line is
+``rdma_read=… rdma_write=… tcp_read=… tcp_write=… meta=…``, each ours / kernel (``n/a`` when
+a transport is unavailable to our client). Target: every ratio >= 0.7.
+
+On the host this takes the test-bed lock (/tmp/nfsrdma-vm.lock), boots the test bed with
+knfsd and runs itself inside."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import nfsrdma.client as nc
+from nfsrdma.client.bench import transfer_read, transfer_write
+from nfsrdma.client.fs import gather_limited
+from nfsrdma.testbed.constants import KNFSD_RDMA_PORT, KNFSD_TCP_PORT
+from nfsrdma.testbed.helpers import (
+    Knfsd,
+    Proto,
+    drop_caches,
+    export_dir,
+    in_testbed,
+    mount_nfs,
+    out_dir,
+    testbed_addr,
+)
+
+MOUNT_ROOT = Path("/tmp/bench-client-mnt")
+VM_LOCK = "/tmp/nfsrdma-vm.lock"
+
+
+def step(what: str) -> None:
+    print(f"... {what}", file=sys.stderr, flush=True)
+
+
+# -- ours ----------------------------------------------------------------------------------------
+def _url(addr: str, proto: Proto) -> str:
+    if proto == "rdma":
+        return f"rdma://{addr}:{KNFSD_RDMA_PORT}/"
+    return f"nfs://{addr}:{KNFSD_TCP_PORT}/"
+
+
+async def ours_io(addr: str, proto: Proto, size: int) -> tuple[float, float] | None:
+    data = memoryview(os.urandom(size))
+    try:
+        async with nc.connect(_url(addr, proto), uid=0, gid=0) as fs:
+            name = f"bench-ours-{proto}.bin"
+            write = await transfer_write(fs, name, data, size)
+            drop_caches()
+            read = await transfer_read(fs, name, size, size)
+            await fs.remove(name)
+            return write, read
+    except nc.RdmaUnavailable as e:
+        step(f"our client over {proto}: {e}")
+        return None
+
+
+async def ours_stat(addr: str, proto: Proto, names: list[str]) -> float:
+    async with nc.connect(_url(addr, proto), uid=0, gid=0) as fs:
+        t = time.perf_counter()
+        stats = await gather_limited([fs.stat(n) for n in names], 32)
+        secs = time.perf_counter() - t
+    assert all(s.is_file() for s in stats)
+    return len(names) / secs
+
+
+# -- kernel --------------------------------------------------------------------------------------
+def dd(args: list[str]) -> float:
+    t = time.perf_counter()
+    subprocess.run(["dd", *args, "status=none"], check=True)
+    return time.perf_counter() - t
+
+
+def kernel_io(knfsd: Knfsd, proto: Proto, size: int) -> tuple[float, float]:
+    mib = size >> 20
+    with mount_nfs(knfsd.server(proto), MOUNT_ROOT / proto) as mnt:
+        path = mnt.mountpoint / f"bench-kernel-{proto}.bin"
+        w = dd(["if=/dev/zero", f"of={path}", "bs=1M", f"count={mib}", "conv=fsync"])
+        drop_caches()
+        r = dd([f"if={path}", "of=/dev/null", "bs=1M"])
+        path.unlink()
+    return size / w / 1e6, size / r / 1e6
+
+
+def kernel_stat(knfsd: Knfsd, proto: Proto, names: list[str]) -> float:
+    with mount_nfs(knfsd.server(proto), MOUNT_ROOT / f"meta-{proto}") as mnt:
+        drop_caches()
+        t = time.perf_counter()
+        for n in names:
+            os.stat(mnt.mountpoint / n)
+        secs = time.perf_counter() - t
+    return len(names) / secs
+
+
+# -- the run -------------------------------------------------------------------------------------
+def in_guest(args: argparse.Namespace) -> int:
+    addr = testbed_addr()
+    knfsd = Knfsd(addr=addr, export=export_dir())
+    size = args.size_mib << 20
+    figures: dict[str, dict[str, float]] = {}
+    ratios: dict[str, str] = {}
+    for proto in ("rdma", "tcp"):
+        step(f"our client over {proto}")
+        ours = asyncio.run(ours_io(addr, proto, size))
+        step(f"kernel client over {proto}")
+        kw, kr = kernel_io(knfsd, proto, size)
+        figures[proto] = {"kernel_write": kw, "kernel_read": kr}
+        if ours is None:
+            ratios[f"{proto}_read"] = ratios[f"{proto}_write"] = "n/a"
+            continue
+        ow, orr = ours
+        figures[proto].update(ours_write=ow, ours_read=orr)
+        ratios[f"{proto}_read"] = f"{orr / kr:.2f}"
+        ratios[f"{proto}_write"] = f"{ow / kw:.2f}"
+
+    step(f"stat of {args.files} files")
+    meta_dir = Path(knfsd.export) / "bench-meta"
+    meta_dir.mkdir(exist_ok=True)
+    names = []
+    for i in range(args.files):
+        (meta_dir / f"f{i:04d}").write_bytes(b"x")
+        names.append(f"bench-meta/f{i:04d}")
+    meta_proto: Proto = "rdma" if ratios["rdma_read"] != "n/a" else "tcp"
+    ours_rate = asyncio.run(ours_stat(addr, meta_proto, names))
+    kernel_rate = kernel_stat(knfsd, meta_proto, names)
+    for p in meta_dir.iterdir():
+        p.unlink()
+    meta_dir.rmdir()
+    figures["meta"] = {"ours_stat_per_s": ours_rate, "kernel_stat_per_s": kernel_rate}
+    ratios["meta"] = f"{ours_rate / kernel_rate:.2f}"
+
+    (out_dir() / "client-bench.json").write_text(
+        json.dumps({"figures": figures, "ratios": ratios, "size_mib": args.size_mib,
+                    "files": args.files, "meta_transport": meta_proto}, indent=2) + "\n"
+    )  # fmt: skip
+    print(f"our client vs the Linux client against knfsd, {args.size_mib} MiB, qemu TCG")
+    print(f"{'':8} {'ours write':>11} {'kernel write':>13} {'ours read':>10} {'kernel read':>12}")
+    for proto in ("rdma", "tcp"):
+        f = figures[proto]
+        print(
+            f"{proto:8} {f.get('ours_write', float('nan')):11.1f} {f['kernel_write']:13.1f} "
+            f"{f.get('ours_read', float('nan')):10.1f} {f['kernel_read']:12.1f}"
+        )
+    print(
+        f"stat ({meta_proto}): ours {ours_rate:.0f}/s (32 in flight), "
+        f"kernel {kernel_rate:.0f}/s (sequential)"
+    )
+    keys = ("rdma_read", "rdma_write", "tcp_read", "tcp_write", "meta")
+    print(" ".join(f"{k}={ratios[k]}" for k in keys), flush=True)
+    return 0
+
+
+def on_host(args: argparse.Namespace) -> int:
+    """Take the test-bed lock, boot it once with knfsd, run this file inside."""
+    here = Path(__file__).resolve()
+    argv = [
+        sys.executable, "-m", "nfsrdma.testbed", "run", "--knfsd", "--out", str(args.out),
+        "--timeout", str(args.timeout), "--",
+        sys.executable, str(here), "--size-mib", str(args.size_mib), "--files", str(args.files),
+    ]  # fmt: skip
+    with open(VM_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return subprocess.call(argv, cwd=here.parent.parent)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size-mib", type=int, default=64, help="transfer size (default 64)")
+    parser.add_argument("--files", type=int, default=500, help="files to stat (default 500)")
+    parser.add_argument("--out", type=Path, default=Path("testbed-out/client-bench"))
+    parser.add_argument("--timeout", type=float, default=1500.0, help="host only: VM limit")
+    args = parser.parse_args()
+    return in_guest(args) if in_testbed() else on_host(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""fattr4 for the client: bitmaps, attribute values through the generated codecs, and the
+``FileStat`` that ``stat`` returns (RFC 8881 section 5).
+
+Each attribute's value is encoded and decoded by the generated ``enc_fattr4_<name>`` /
+``dec_fattr4_<name>`` of its XDR typedef, so nothing here is encoded by hand.
+"""
+
+from __future__ import annotations
+
+import grp
+import pwd
+import stat as stat_mod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from nfsrdma.xdr.gen import nfs4
+from nfsrdma.xdr.runtime import Reader, Writer, XdrError
+
+
+def _codecs() -> dict[int, tuple[Callable[[Writer, Any], None], Callable[[Reader, int], Any]]]:
+    table = {}
+    for name in dir(nfs4):
+        if not name.startswith("FATTR4_"):
+            continue
+        bit = getattr(nfs4, name)
+        suffix = name.removeprefix("FATTR4_").lower()
+        enc = getattr(nfs4, f"enc_fattr4_{suffix}", None)
+        dec = getattr(nfs4, f"dec_fattr4_{suffix}", None)
+        if isinstance(bit, int) and enc is not None and dec is not None:
+            table[bit] = (enc, dec)
+    return table
+
+
+CODECS = _codecs()
+
+# What ``stat`` and ``scandir`` ask for.
+STAT_ATTRS = (
+    nfs4.FATTR4_TYPE,
+    nfs4.FATTR4_CHANGE,
+    nfs4.FATTR4_SIZE,
+    nfs4.FATTR4_FSID,
+    nfs4.FATTR4_FILEID,
+    nfs4.FATTR4_MODE,
+    nfs4.FATTR4_NUMLINKS,
+    nfs4.FATTR4_OWNER,
+    nfs4.FATTR4_OWNER_GROUP,
+    nfs4.FATTR4_RAWDEV,
+    nfs4.FATTR4_SPACE_USED,
+    nfs4.FATTR4_TIME_ACCESS,
+    nfs4.FATTR4_TIME_METADATA,
+    nfs4.FATTR4_TIME_MODIFY,
+)
+
+
+def encode_bitmap(bits: Iterable[int]) -> list[int]:
+    words: list[int] = []
+    for bit in bits:
+        i = bit // 32
+        while len(words) <= i:
+            words.append(0)
+        words[i] |= 1 << (bit % 32)
+    return words
+
+
+def decode_bitmap(words: list[int]) -> list[int]:
+    return [i * 32 + b for i, w in enumerate(words) for b in range(32) if w >> b & 1]
+
+
+def decode_attrs(f: nfs4.fattr4) -> dict[int, Any]:
+    """The values of a fattr4, by attribute number. Decoding stops at an attribute this codec
+    does not know (its length is unknown, so nothing after it can be found)."""
+    r = Reader(f.attr_vals)
+    off = 0
+    out: dict[int, Any] = {}
+    for bit in decode_bitmap(f.attrmask):
+        codec = CODECS.get(bit)
+        if codec is None:
+            break
+        value, off = codec[1](r, off)
+        out[bit] = value
+    return out
+
+
+def encode_attrs(values: dict[int, Any]) -> nfs4.fattr4:
+    """A fattr4 from values by attribute number (encoded in attribute order)."""
+    w = Writer()
+    for bit in sorted(values):
+        codec = CODECS.get(bit)
+        if codec is None:
+            raise XdrError(f"attribute {bit} has no codec", len(w))
+        codec[0](w, values[bit])
+    return nfs4.fattr4(encode_bitmap(values), bytes(w))
+
+
+# -- owners ------------------------------------------------------------------------------------
+NOBODY = 65534
+
+
+def owner_to_id(owner: bytes, group: bool = False) -> int:
+    """An owner string as a number: "1000", or "name@domain" looked up locally."""
+    text = owner.decode("utf-8", "replace")
+    if text.isdigit():
+        return int(text)
+    name = text.split("@", 1)[0]
+    try:
+        return grp.getgrnam(name).gr_gid if group else pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return NOBODY
+
+
+def id_to_owner(n: int) -> bytes:
+    """Numeric owner strings (RFC 8881 section 5.9: servers accept them with AUTH_SYS)."""
+    return str(n).encode()
+
+
+# -- stat ----------------------------------------------------------------------------------------
+_IFMT = {
+    nfs4.NF4REG: stat_mod.S_IFREG,
+    nfs4.NF4DIR: stat_mod.S_IFDIR,
+    nfs4.NF4BLK: stat_mod.S_IFBLK,
+    nfs4.NF4CHR: stat_mod.S_IFCHR,
+    nfs4.NF4LNK: stat_mod.S_IFLNK,
+    nfs4.NF4SOCK: stat_mod.S_IFSOCK,
+    nfs4.NF4FIFO: stat_mod.S_IFIFO,
+}
+
+
+def _ns(t: nfs4.nfstime4 | None) -> int:
+    return 0 if t is None else t.seconds * 1_000_000_000 + t.nseconds
+
+
+@dataclass(frozen=True, slots=True)
+class FileStat:
+    """A file's attributes, named as ``os.stat_result`` names them (plus NFS extras)."""
+
+    st_mode: int
+    st_ino: int
+    st_dev: int
+    st_nlink: int
+    st_uid: int
+    st_gid: int
+    st_size: int
+    st_atime_ns: int
+    st_mtime_ns: int
+    st_ctime_ns: int
+    st_blocks: int
+    st_rdev: int
+    type: int  # nfs_ftype4
+    change: int
+    owner: str
+    group: str
+
+    @property
+    def st_atime(self) -> float:
+        return self.st_atime_ns / 1e9
+
+    @property
+    def st_mtime(self) -> float:
+        return self.st_mtime_ns / 1e9
+
+    @property
+    def st_ctime(self) -> float:
+        return self.st_ctime_ns / 1e9
+
+    def is_dir(self) -> bool:
+        return self.type == nfs4.NF4DIR
+
+    def is_file(self) -> bool:
+        return self.type == nfs4.NF4REG
+
+    def is_symlink(self) -> bool:
+        return self.type == nfs4.NF4LNK
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "mode": oct(self.st_mode),
+            "type": nfs4.nfs_ftype4(self.type).name if self.type in _IFMT else self.type,
+            "size": self.st_size,
+            "ino": self.st_ino,
+            "dev": self.st_dev,
+            "nlink": self.st_nlink,
+            "uid": self.st_uid,
+            "gid": self.st_gid,
+            "owner": self.owner,
+            "group": self.group,
+            "atime_ns": self.st_atime_ns,
+            "mtime_ns": self.st_mtime_ns,
+            "ctime_ns": self.st_ctime_ns,
+            "blocks": self.st_blocks,
+            "change": self.change,
+        }
+
+
+def file_stat(values: dict[int, Any]) -> FileStat:
+    ftype = int(values.get(nfs4.FATTR4_TYPE, nfs4.NF4REG))
+    mode = int(values.get(nfs4.FATTR4_MODE, 0)) & 0o7777
+    fsid = values.get(nfs4.FATTR4_FSID)
+    rawdev = values.get(nfs4.FATTR4_RAWDEV)
+    owner = bytes(values.get(nfs4.FATTR4_OWNER, b""))
+    group = bytes(values.get(nfs4.FATTR4_OWNER_GROUP, b""))
+    return FileStat(
+        st_mode=_IFMT.get(nfs4.nfs_ftype4(ftype), 0) | mode if ftype in _IFMT else mode,
+        st_ino=int(values.get(nfs4.FATTR4_FILEID, 0)),
+        st_dev=((fsid.major & 0xFFFFFFFF) << 32 | (fsid.minor & 0xFFFFFFFF)) if fsid else 0,
+        st_nlink=int(values.get(nfs4.FATTR4_NUMLINKS, 1)),
+        st_uid=owner_to_id(owner) if owner else NOBODY,
+        st_gid=owner_to_id(group, group=True) if group else NOBODY,
+        st_size=int(values.get(nfs4.FATTR4_SIZE, 0)),
+        st_atime_ns=_ns(values.get(nfs4.FATTR4_TIME_ACCESS)),
+        st_mtime_ns=_ns(values.get(nfs4.FATTR4_TIME_MODIFY)),
+        st_ctime_ns=_ns(values.get(nfs4.FATTR4_TIME_METADATA)),
+        st_blocks=(int(values.get(nfs4.FATTR4_SPACE_USED, 0)) + 511) // 512,
+        st_rdev=(rawdev.specdata1 << 8 | rawdev.specdata2) if rawdev else 0,
+        type=ftype,
+        change=int(values.get(nfs4.FATTR4_CHANGE, 0)),
+        owner=owner.decode("utf-8", "replace"),
+        group=group.decode("utf-8", "replace"),
+    )
+
+
+def settime(ns: int | None) -> nfs4.settime4:
+    """A time to set: ``None`` means the server's clock."""
+    if ns is None:
+        return nfs4.settime4(nfs4.SET_TO_SERVER_TIME4)
+    sec, nsec = divmod(ns, 1_000_000_000)
+    return nfs4.settime4(nfs4.SET_TO_CLIENT_TIME4, nfs4.nfstime4(sec, nsec))

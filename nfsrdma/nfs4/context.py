@@ -1,0 +1,102 @@
+"""What every NFSv4.1 operation handler sees: the COMPOUND's context, and how it fails.
+
+A handler is ``handler(ctx, args) -> result`` where ``args`` is the operation's decoded
+``XXX4args`` (``None`` for operations without arguments) and ``result`` the operation's
+``XXX4res`` for success. Handlers for operations that do file I/O may be coroutine functions.
+
+A handler fails by raising:
+- ``Nfs4Error(status)`` — the result becomes the operation's error arm with that status;
+  ``Nfs4Error(status, result)`` when the error arm carries data (LOCK's NFS4ERR_DENIED);
+- ``OSError`` from the VFS — mapped to a status by ``nfsrdma.nfs4.errors``;
+- ``BadHandle`` / ``StaleHandle`` / ``BadCookie`` from the VFS — NFS4ERR_BADHANDLE / STALE /
+  BAD_COOKIE;
+- ``XdrError`` (e.g. a malformed attribute list) — NFS4ERR_BADXDR.
+Anything else is a server bug: NFS4ERR_SERVERFAULT, logged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from nfsrdma.vfs.base import Cred
+from nfsrdma.xdr.gen import nfs4
+
+if TYPE_CHECKING:
+    from nfsrdma.nfs4.server_state import ServerState
+    from nfsrdma.rpc.auth import Credential
+    from nfsrdma.rpc.connection import RpcConnection
+    from nfsrdma.session.server import SequenceResult, Session
+
+
+class Nfs4Error(Exception):
+    def __init__(self, status: int, result: object | None = None) -> None:
+        super().__init__(_status_name(status))
+        self.status = status
+        self.result = result
+
+
+def _status_name(status: int) -> str:
+    try:
+        return nfs4.nfsstat4(status).name
+    except ValueError:
+        return f"nfsstat4 {status}"
+
+
+# The special stateids of RFC 8881 section 8.2.3.
+ANONYMOUS_STATEID = nfs4.stateid4(0, bytes(12))
+BYPASS_STATEID = nfs4.stateid4(0xFFFFFFFF, b"\xff" * 12)
+CURRENT_STATEID = nfs4.stateid4(1, bytes(12))
+INVALID_STATEID = nfs4.stateid4(0xFFFFFFFF, bytes(12))
+
+
+@dataclass(slots=True)
+class CompoundContext:
+    """The state of one COMPOUND while its operations run (RFC 8881 section 16.2.3)."""
+
+    server: ServerState
+    cred: Cred  # the file-system identity (AUTH_SYS as sent; squashing is the VFS's job)
+    principal: Credential  # the RPC credential, for client-id and session ownership checks
+    conn: RpcConnection  # the connection the COMPOUND came on
+    now: float  # monotonic seconds at the start of the COMPOUND
+    op_count: int = 0
+    op_index: int = 0
+    request_size: int = 0
+    current_fh: bytes | None = None
+    saved_fh: bytes | None = None
+    current_stateid: nfs4.stateid4 | None = None
+    saved_stateid: nfs4.stateid4 | None = None
+    session: Session | None = None  # set by SEQUENCE
+    sequence: SequenceResult | None = None  # set by SEQUENCE (the slot held by this COMPOUND)
+    cachethis: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def fh(self) -> bytes:
+        """The current filehandle, or NFS4ERR_NOFILEHANDLE."""
+        if self.current_fh is None:
+            raise Nfs4Error(nfs4.NFS4ERR_NOFILEHANDLE)
+        return self.current_fh
+
+    def set_fh(self, fh: bytes) -> None:
+        """A new current filehandle; the current stateid no longer applies (16.2.3.1.2)."""
+        self.current_fh = fh
+        self.current_stateid = None
+
+    def resolve_stateid(self, sid: nfs4.stateid4) -> nfs4.stateid4:
+        """Replace the special 'current stateid' (seqid 1, other all zero) by the current one."""
+        if sid.seqid == 1 and sid.other == CURRENT_STATEID.other:
+            if self.current_stateid is None:
+                raise Nfs4Error(nfs4.NFS4ERR_BAD_STATEID)
+            return self.current_stateid
+        return sid
+
+    @property
+    def clientid(self) -> int:
+        """The client id of the COMPOUND's session (NFS4ERR_OP_NOT_IN_SESSION without one)."""
+        if self.session is None:
+            raise Nfs4Error(nfs4.NFS4ERR_OP_NOT_IN_SESSION)
+        return self.session.clientid
+
+
+OpHandler = Callable[[CompoundContext, Any], Any | Awaitable[Any]]

@@ -1,0 +1,96 @@
+"""GETATTR, SETATTR, VERIFY, NVERIFY, ACCESS (RFC 8881 sections 18.7, 18.30, 18.31, 18.15,
+18.1)."""
+
+from __future__ import annotations
+
+from nfsrdma.nfs4.attrs import (
+    check_readable,
+    check_verifiable,
+    decode_settable,
+    object_attrs,
+)
+from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, OpHandler
+from nfsrdma.vfs.base import (
+    ACCESS4_ALL,
+    ACCESS4_DELETE,
+    ACCESS4_EXECUTE,
+    ACCESS4_EXTEND,
+    ACCESS4_LOOKUP,
+    ACCESS4_MODIFY,
+    ACCESS4_READ,
+    FileType,
+)
+from nfsrdma.xdr.gen import nfs4
+
+_OK = nfs4.NFS4_OK
+# The ACCESS4 bits that mean something for each kind of object (as knfsd answers).
+DIRECTORY_ACCESS = ACCESS4_READ | ACCESS4_LOOKUP | ACCESS4_MODIFY | ACCESS4_EXTEND | ACCESS4_DELETE
+OTHER_ACCESS = ACCESS4_READ | ACCESS4_MODIFY | ACCESS4_EXTEND | ACCESS4_EXECUTE
+
+
+def getattr_(ctx: CompoundContext, args: nfs4.GETATTR4args) -> nfs4.GETATTR4res:
+    fh = ctx.fh()
+    check_readable(args.attr_request)
+    fattr = object_attrs(ctx.server.vfs, fh, args.attr_request, ctx.server.config)
+    return nfs4.GETATTR4res(_OK, nfs4.GETATTR4resok(fattr))
+
+
+def setattr_(ctx: CompoundContext, args: nfs4.SETATTR4args) -> nfs4.SETATTR4res:
+    fh = ctx.fh()
+    s = decode_settable(args.obj_attributes)
+    if s.size is not None:
+        # A size change is a write: the open state decides (RFC 8881 section 18.30.3).
+        ctx.server.state.check_setattr_size(ctx, args.stateid, fh)
+    if s:
+        ctx.server.vfs.setattr(
+            ctx.cred,
+            fh,
+            mode=s.mode,
+            uid=s.uid,
+            gid=s.gid,
+            size=s.size,
+            atime=s.atime,
+            mtime=s.mtime,
+        )
+    return nfs4.SETATTR4res(_OK, s.attrset)
+
+
+def _same(ctx: CompoundContext, fattr: nfs4.fattr4) -> bool:
+    """Whether the object's attributes encode exactly as the client's (knfsd compares the
+    same way: attribute values have one canonical XDR form, owners are numeric)."""
+    fh = ctx.fh()
+    check_verifiable(fattr.attrmask)
+    ours = object_attrs(ctx.server.vfs, fh, fattr.attrmask, ctx.server.config)
+    return ours.attr_vals == bytes(fattr.attr_vals)
+
+
+def verify(ctx: CompoundContext, args: nfs4.VERIFY4args) -> nfs4.VERIFY4res:
+    if not _same(ctx, args.obj_attributes):
+        raise Nfs4Error(nfs4.NFS4ERR_NOT_SAME)
+    return nfs4.VERIFY4res(_OK)
+
+
+def nverify(ctx: CompoundContext, args: nfs4.NVERIFY4args) -> nfs4.NVERIFY4res:
+    if _same(ctx, args.obj_attributes):
+        raise Nfs4Error(nfs4.NFS4ERR_SAME)
+    return nfs4.NVERIFY4res(_OK)
+
+
+def access(ctx: CompoundContext, args: nfs4.ACCESS4args) -> nfs4.ACCESS4res:
+    fh = ctx.fh()
+    if args.access & ~ACCESS4_ALL:
+        raise Nfs4Error(nfs4.NFS4ERR_INVAL)  # NFSv4.2 xattr bits, or garbage
+    vfs = ctx.server.vfs
+    kind = DIRECTORY_ACCESS if vfs.getattr(fh).type == FileType.NF4DIR else OTHER_ACCESS
+    supported = args.access & kind
+    allowed = vfs.access(ctx.cred, fh, supported) & supported if supported else 0
+    return nfs4.ACCESS4res(_OK, nfs4.ACCESS4resok(supported, allowed))
+
+
+HANDLERS: dict[int, OpHandler] = {
+    nfs4.OP_GETATTR: getattr_,
+    nfs4.OP_SETATTR: setattr_,
+    nfs4.OP_VERIFY: verify,
+    nfs4.OP_NVERIFY: nverify,
+    nfs4.OP_ACCESS: access,
+}

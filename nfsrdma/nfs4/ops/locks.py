@@ -1,0 +1,105 @@
+"""LOCK, LOCKT, LOCKU (RFC 8881 sections 18.10-18.12), TEST_STATEID and FREE_STATEID
+(sections 18.48, 18.38).
+
+Byte-range locks are held by the server (advisory, POSIX semantics, see ``state_locks.py``).
+The blocking lock types are answered like the others: a conflict is NFS4ERR_DENIED with the
+conflicting lock, and the client polls (we never set OPEN4_RESULT_MAY_NOTIFY_LOCK). Lock seqids
+and the reclaim flag of 4.0 are ignored except that a reclaim gets NFS4ERR_NO_GRACE.
+"""
+
+from __future__ import annotations
+
+from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, OpHandler
+from nfsrdma.nfs4.state import ACCESS_READ, ACCESS_WRITE, LockState, OpenState, StateManager
+from nfsrdma.nfs4.state_locks import READ, byte_range, lock_kind
+from nfsrdma.vfs.base import FileType
+from nfsrdma.xdr.gen import nfs4
+
+
+def op_lock(ctx: CompoundContext, args: nfs4.LOCK4args) -> nfs4.LOCK4res:
+    fh = ctx.fh()
+    kind = lock_kind(args.locktype)
+    start, end = byte_range(args.offset, args.length)
+    if args.reclaim:
+        raise Nfs4Error(nfs4.NFS4ERR_NO_GRACE)
+    clientid = ctx.clientid
+    sm: StateManager = ctx.server.state
+    locker = args.locker
+    open_state: OpenState
+    ls: LockState | None
+    if locker.new_lock_owner:
+        assert isinstance(locker.value, nfs4.open_to_lock_owner4)
+        sid = ctx.resolve_stateid(locker.value.open_stateid)
+        open_state = sm.find_open(clientid, sid, fh)
+        owner = locker.value.lock_owner.owner
+        ls = sm.lock_state_of(clientid, owner, fh)
+    else:
+        assert isinstance(locker.value, nfs4.exist_lock_owner4)
+        sid = ctx.resolve_stateid(locker.value.lock_stateid)
+        ls = sm.find_lock(clientid, sid, fh)
+        open_state, owner = ls.open, ls.owner
+    # A read lock needs an open for reading, a write lock one for writing (18.10.4).
+    needed = ACCESS_READ if kind == READ else ACCESS_WRITE
+    if not open_state.access & needed:
+        raise Nfs4Error(nfs4.NFS4ERR_OPENMODE)
+    conflict = sm.find_conflict(fh, (clientid, owner), start, end, kind)
+    if conflict is not None:
+        denied = conflict.denied()
+        raise Nfs4Error(nfs4.NFS4ERR_DENIED, nfs4.LOCK4res(nfs4.NFS4ERR_DENIED, denied))
+    if ls is None:
+        ls = sm.new_lock_state(open_state, owner)
+    sm.set_lock(ls, start, end, kind)
+    ctx.current_stateid = ls.stateid
+    return nfs4.LOCK4res(nfs4.NFS4_OK, nfs4.LOCK4resok(ls.stateid))
+
+
+def op_lockt(ctx: CompoundContext, args: nfs4.LOCKT4args) -> nfs4.LOCKT4res:
+    fh = ctx.fh()
+    kind = lock_kind(args.locktype)
+    start, end = byte_range(args.offset, args.length)
+    clientid = ctx.clientid
+    ftype = ctx.server.vfs.getattr(fh).type
+    if ftype == FileType.NF4DIR:
+        raise Nfs4Error(nfs4.NFS4ERR_ISDIR)
+    if ftype != FileType.NF4REG:
+        raise Nfs4Error(nfs4.NFS4ERR_INVAL)
+    sm: StateManager = ctx.server.state
+    conflict = sm.find_conflict(fh, (clientid, args.owner.owner), start, end, kind)
+    if conflict is not None:
+        denied = conflict.denied()
+        raise Nfs4Error(nfs4.NFS4ERR_DENIED, nfs4.LOCKT4res(nfs4.NFS4ERR_DENIED, denied))
+    return nfs4.LOCKT4res(nfs4.NFS4_OK)
+
+
+def op_locku(ctx: CompoundContext, args: nfs4.LOCKU4args) -> nfs4.LOCKU4res:
+    fh = ctx.fh()
+    lock_kind(args.locktype)
+    start, end = byte_range(args.offset, args.length)
+    sid = ctx.resolve_stateid(args.lock_stateid)
+    sm: StateManager = ctx.server.state
+    ls = sm.find_lock(ctx.clientid, sid, fh)
+    sm.unlock(ls, start, end)
+    ctx.current_stateid = ls.stateid
+    return nfs4.LOCKU4res(nfs4.NFS4_OK, ls.stateid)
+
+
+def op_test_stateid(ctx: CompoundContext, args: nfs4.TEST_STATEID4args) -> nfs4.TEST_STATEID4res:
+    clientid = ctx.clientid
+    sm: StateManager = ctx.server.state
+    codes = [nfs4.nfsstat4(sm.test_stateid(clientid, sid)) for sid in args.ts_stateids]
+    return nfs4.TEST_STATEID4res(nfs4.NFS4_OK, nfs4.TEST_STATEID4resok(codes))
+
+
+def op_free_stateid(ctx: CompoundContext, args: nfs4.FREE_STATEID4args) -> nfs4.FREE_STATEID4res:
+    sid = ctx.resolve_stateid(args.fsa_stateid)
+    ctx.server.state.free_stateid(ctx.clientid, sid)
+    return nfs4.FREE_STATEID4res(nfs4.NFS4_OK)
+
+
+HANDLERS: dict[int, OpHandler] = {
+    nfs4.OP_LOCK: op_lock,
+    nfs4.OP_LOCKT: op_lockt,
+    nfs4.OP_LOCKU: op_locku,
+    nfs4.OP_TEST_STATEID: op_test_stateid,
+    nfs4.OP_FREE_STATEID: op_free_stateid,
+}

@@ -1,0 +1,109 @@
+"""LOOKUP, LOOKUPP, SECINFO, SECINFO_NO_NAME (RFC 8881 sections 18.13, 18.14, 18.29, 18.45),
+and the component-name checks every name-taking operation shares.
+"""
+
+from __future__ import annotations
+
+import errno
+
+from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, OpHandler
+from nfsrdma.vfs.base import NAME_MAX, FileType
+from nfsrdma.xdr.gen import nfs4
+
+_OK = nfs4.NFS4_OK
+# Offered to every client, strongest first (RFC 8881 section 2.6.3.1: AUTH_SYS is what the
+# server accepts; AUTH_NONE callers are mapped to the anonymous identity).
+FLAVORS = (nfs4.secinfo4(nfs4.AUTH_SYS), nfs4.secinfo4(nfs4.AUTH_NONE))
+
+
+def check_component(name: bytes | memoryview) -> bytes:
+    """A component4 as RFC 8881 section 14 wants it, or the error it calls for.
+
+    Empty → NFS4ERR_INVAL; longer than 255 octets → NFS4ERR_NAMETOOLONG; not UTF-8 →
+    NFS4ERR_INVAL (section 14.5); "." and "..", or names holding "/" or NUL, which the file
+    system does not allow as names → NFS4ERR_BADNAME.
+    """
+    b = bytes(name)
+    if not b:
+        raise Nfs4Error(nfs4.NFS4ERR_INVAL)
+    if len(b) > NAME_MAX:
+        raise Nfs4Error(nfs4.NFS4ERR_NAMETOOLONG)
+    try:
+        b.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Nfs4Error(nfs4.NFS4ERR_INVAL) from None
+    if b in (b".", b"..") or b"/" in b or b"\0" in b:
+        raise Nfs4Error(nfs4.NFS4ERR_BADNAME)
+    return b
+
+
+def _not_a_directory(ctx: CompoundContext, fh: bytes) -> Nfs4Error:
+    """NFS4ERR_SYMLINK for a symbolic link, NFS4ERR_NOTDIR for anything else (18.13.4)."""
+    if ctx.server.vfs.getattr(fh).type == FileType.NF4LNK:
+        return Nfs4Error(nfs4.NFS4ERR_SYMLINK)
+    return Nfs4Error(nfs4.NFS4ERR_NOTDIR)
+
+
+def lookup_fh(ctx: CompoundContext, dir_fh: bytes, name: bytes) -> bytes:
+    """vfs.lookup with the RFC's error for a current filehandle that is not a directory."""
+    try:
+        return ctx.server.vfs.lookup(ctx.cred, dir_fh, name)
+    except NotADirectoryError:
+        raise _not_a_directory(ctx, dir_fh) from None
+
+
+def lookup(ctx: CompoundContext, args: nfs4.LOOKUP4args) -> nfs4.LOOKUP4res:
+    dir_fh = ctx.fh()
+    name = check_component(args.objname)
+    ctx.set_fh(lookup_fh(ctx, dir_fh, name))
+    return nfs4.LOOKUP4res(_OK)
+
+
+def lookupp(ctx: CompoundContext, args: None) -> nfs4.LOOKUPP4res:
+    fh = ctx.fh()
+    try:
+        parent = ctx.server.vfs.lookupp(ctx.cred, fh)
+    except NotADirectoryError:
+        raise _not_a_directory(ctx, fh) from None
+    ctx.set_fh(parent)
+    return nfs4.LOOKUPP4res(_OK)
+
+
+def _flavors() -> nfs4.SECINFO4res:
+    return nfs4.SECINFO4res(_OK, list(FLAVORS))
+
+
+def secinfo(ctx: CompoundContext, args: nfs4.SECINFO4args) -> nfs4.SECINFO4res:
+    dir_fh = ctx.fh()
+    name = check_component(args.name)
+    lookup_fh(ctx, dir_fh, name)  # the object must exist
+    # A successful SECINFO consumes the current filehandle (18.29.3).
+    ctx.current_fh = None
+    ctx.current_stateid = None
+    return _flavors()
+
+
+def secinfo_no_name(ctx: CompoundContext, args: nfs4.SECINFO_NO_NAME4args) -> nfs4.SECINFO4res:
+    fh = ctx.fh()
+    if args == nfs4.SECINFO_STYLE4_PARENT:
+        # The current filehandle must be a directory (RFC 5661 erratum 2299); the root has no
+        # parent (NFS4ERR_NOENT).
+        try:
+            ctx.server.vfs.lookupp(ctx.cred, fh)
+        except NotADirectoryError:
+            raise _not_a_directory(ctx, fh) from None
+    elif args != nfs4.SECINFO_STYLE4_CURRENT_FH:
+        raise OSError(errno.EINVAL, "secinfo style")
+    else:
+        ctx.server.vfs.getattr(fh)
+    ctx.current_fh = None
+    ctx.current_stateid = None
+    return _flavors()
+
+
+HANDLERS: dict[int, OpHandler] = {
+    nfs4.OP_LOOKUP: lookup,
+    nfs4.OP_LOOKUPP: lookupp,
+    nfs4.OP_SECINFO: secinfo,
+    nfs4.OP_SECINFO_NO_NAME: secinfo_no_name,
+}

@@ -1,0 +1,329 @@
+"""OPEN, OPEN_DOWNGRADE, CLOSE, DELEGRETURN and DELEGPURGE (RFC 8881 sections 18.16, 18.18,
+18.2, 18.6, 18.5).
+
+We grant no delegations and keep no state across restarts: reclaims (CLAIM_PREVIOUS) get
+NFS4ERR_NO_GRACE, CLAIM_DELEGATE_PREV / CLAIM_DELEG_PREV_FH and DELEGPURGE NFS4ERR_NOTSUPP, and
+a delegation stateid (CLAIM_DELEGATE_CUR / CLAIM_DELEG_CUR_FH, DELEGRETURN) is never one of
+ours. OPEN is synchronous: it runs on the event loop from the share check to the state
+update, so two OPENs of one file never interleave.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from nfsrdma.nfs4.attrs import (
+    SUPPATTR_EXCLCREAT,
+    Settable,
+    attr_numbers,
+    bitmap_of,
+    decode_settable,
+)
+from nfsrdma.nfs4.context import INVALID_STATEID, CompoundContext, Nfs4Error, OpHandler
+from nfsrdma.nfs4.ops.lookup import check_component
+from nfsrdma.nfs4.state import ACCESS_READ, ACCESS_WRITE, OpenState, StateManager, is_special
+from nfsrdma.vfs.base import CreateMode, FileType, OpenFile
+from nfsrdma.xdr.gen import nfs4
+
+DEFAULT_CREATE_MODE: Final = 0o644  # createattrs without a mode
+_ACCESS_BITS: Final = nfs4.OPEN4_SHARE_ACCESS_BOTH
+_WANT_MASK: Final = nfs4.OPEN4_SHARE_ACCESS_WANT_DELEG_MASK
+_WANT_FLAGS: Final = (
+    nfs4.OPEN4_SHARE_ACCESS_WANT_SIGNAL_DELEG_WHEN_RESRC_AVAIL
+    | nfs4.OPEN4_SHARE_ACCESS_WANT_PUSH_DELEG_WHEN_UNCONTENDED
+)
+_WANTS: Final = frozenset(
+    {
+        nfs4.OPEN4_SHARE_ACCESS_WANT_NO_PREFERENCE,
+        nfs4.OPEN4_SHARE_ACCESS_WANT_READ_DELEG,
+        nfs4.OPEN4_SHARE_ACCESS_WANT_WRITE_DELEG,
+        nfs4.OPEN4_SHARE_ACCESS_WANT_ANY_DELEG,
+        nfs4.OPEN4_SHARE_ACCESS_WANT_NO_DELEG,
+        nfs4.OPEN4_SHARE_ACCESS_WANT_CANCEL,
+    }
+)
+
+
+# ---------------------------------------------------------------- argument checks
+
+
+def share_args(share_access: int, share_deny: int) -> tuple[int, int, int]:
+    """``(access, deny, want)`` of OPEN's share words; NFS4ERR_INVAL for values outside
+    RFC 8881 section 18.16.3 (no access bit, unknown low bits or want value, deny > BOTH).
+    Unknown flag bits above the want byte (later minor versions) are ignored."""
+    access = share_access & _ACCESS_BITS
+    want = share_access & _WANT_MASK
+    stray = share_access & 0xFF & ~_ACCESS_BITS
+    if not access or stray or want not in _WANTS or share_deny & ~nfs4.OPEN4_SHARE_DENY_BOTH:
+        raise Nfs4Error(nfs4.NFS4ERR_INVAL)
+    return access, share_deny, want
+
+
+def check_regular(ftype: int) -> None:
+    """OPEN of something that is not a regular file: NFS4ERR_ISDIR for a directory,
+    NFS4ERR_SYMLINK for a symbolic link and (as knfsd, which the Linux client expects) for
+    the other types."""
+    if ftype == FileType.NF4REG:
+        return
+    if ftype == FileType.NF4DIR:
+        raise Nfs4Error(nfs4.NFS4ERR_ISDIR)
+    raise Nfs4Error(nfs4.NFS4ERR_SYMLINK)
+
+
+def check_directory(ftype: int) -> None:
+    """The current filehandle of a CLAIM_NULL OPEN must be a directory."""
+    if ftype == FileType.NF4DIR:
+        return
+    if ftype == FileType.NF4LNK:
+        raise Nfs4Error(nfs4.NFS4ERR_SYMLINK)
+    raise Nfs4Error(nfs4.NFS4ERR_NOTDIR)
+
+
+def no_delegation(want: int) -> nfs4.open_delegation4:
+    """We never delegate; say why when the client expressed a want (section 18.16.3)."""
+    if want == nfs4.OPEN4_SHARE_ACCESS_WANT_NO_PREFERENCE:
+        return nfs4.open_delegation4(nfs4.OPEN_DELEGATE_NONE)
+    if want == nfs4.OPEN4_SHARE_ACCESS_WANT_NO_DELEG:
+        why = nfs4.open_none_delegation4(nfs4.WND4_NOT_WANTED)
+    elif want == nfs4.OPEN4_SHARE_ACCESS_WANT_CANCEL:
+        why = nfs4.open_none_delegation4(nfs4.WND4_CANCELLED)
+    else:
+        why = nfs4.open_none_delegation4(nfs4.WND4_CONTENTION, False)
+    return nfs4.open_delegation4(nfs4.OPEN_DELEGATE_NONE_EXT, why)
+
+
+# ---------------------------------------------------------------- OPEN
+
+
+@dataclass(slots=True)
+class _Target:
+    """The file an OPEN resolved to."""
+
+    fh: bytes
+    openfile: OpenFile | None = None  # opened for this OPEN's access (create path)
+    created: bool = False
+    truncate: bool = False  # UNCHECKED4 of an existing file with size 0 in createattrs
+    attrset: list[int] | None = None
+
+
+def _covers(of: OpenFile, access: int) -> bool:
+    return (not access & ACCESS_READ or of.readable) and (not access & ACCESS_WRITE or of.writable)
+
+
+def _create(
+    ctx: CompoundContext, dir_fh: bytes, name: bytes, how: nfs4.createhow4, access: int
+) -> _Target:
+    vfs = ctx.server.vfs
+    verifier: bytes | None = None
+    if how.mode in (nfs4.UNCHECKED4, nfs4.GUARDED4):
+        assert isinstance(how.value, nfs4.fattr4)
+        settable = decode_settable(how.value)
+        mode = CreateMode.UNCHECKED if how.mode == nfs4.UNCHECKED4 else CreateMode.GUARDED
+    elif how.mode == nfs4.EXCLUSIVE4_1:
+        assert isinstance(how.value, nfs4.creatverfattr)
+        settable = decode_settable(how.value.cva_attrs)
+        if any(n not in SUPPATTR_EXCLCREAT for n in attr_numbers(settable.attrset)):
+            raise Nfs4Error(nfs4.NFS4ERR_INVAL)
+        verifier = how.value.cva_verf
+        mode = CreateMode.EXCLUSIVE
+    else:  # EXCLUSIVE4 is NFSv4.0's; a 4.1 client uses EXCLUSIVE4_1 (section 18.16.3)
+        raise Nfs4Error(nfs4.NFS4ERR_INVAL)
+    perm = DEFAULT_CREATE_MODE if settable.mode is None else settable.mode
+    fh, of, created = vfs.create_file(
+        ctx.cred,
+        dir_fh,
+        name,
+        perm,
+        mode,
+        verifier,
+        read=bool(access & ACCESS_READ),
+        write=bool(access & ACCESS_WRITE),
+    )
+    target = _Target(fh, of, created)
+    if created:
+        try:
+            _apply_createattrs(ctx, fh, settable)
+        except BaseException:
+            of.close()
+            raise
+        target.attrset = list(settable.attrset)
+    elif settable.size == 0:
+        target.truncate = True
+    return target
+
+
+def _apply_createattrs(ctx: CompoundContext, fh: bytes, s: Settable) -> None:
+    """The createattrs the create itself did not set (mode went to create_file)."""
+    if s.uid is None and s.gid is None and not s.size and s.atime is None and s.mtime is None:
+        return
+    ctx.server.vfs.setattr(
+        ctx.cred,
+        fh,
+        uid=s.uid,
+        gid=s.gid,
+        size=s.size or None,
+        atime=s.atime,
+        mtime=s.mtime,
+    )
+
+
+def _resolve(ctx: CompoundContext, args: nfs4.OPEN4args, access: int) -> tuple[_Target, int, int]:
+    """The target of the OPEN, and the parent directory's change before/after (0, 0 when
+    the claim names the file itself)."""
+    claim = args.claim
+    vfs = ctx.server.vfs
+    creating = args.openhow.opentype == nfs4.OPEN4_CREATE
+    if claim.claim == nfs4.CLAIM_NULL:
+        dir_fh = ctx.fh()
+        assert isinstance(claim.value, bytes)
+        name = check_component(claim.value)
+        dir_attrs = vfs.getattr(dir_fh)
+        check_directory(dir_attrs.type)
+        if creating:
+            assert isinstance(args.openhow.value, nfs4.createhow4)
+            target = _create(ctx, dir_fh, name, args.openhow.value, access)
+            after = vfs.getattr(dir_fh).change if target.created else dir_attrs.change
+            return target, dir_attrs.change, after
+        fh = vfs.lookup(ctx.cred, dir_fh, name)
+        check_regular(vfs.getattr(fh).type)
+        return _Target(fh), dir_attrs.change, dir_attrs.change
+    if claim.claim == nfs4.CLAIM_FH:
+        fh = ctx.fh()
+        if creating:
+            raise Nfs4Error(nfs4.NFS4ERR_INVAL)
+        check_regular(vfs.getattr(fh).type)
+        return _Target(fh), 0, 0
+    if claim.claim == nfs4.CLAIM_PREVIOUS:
+        ctx.fh()
+        raise Nfs4Error(nfs4.NFS4ERR_NO_GRACE)
+    if claim.claim in (nfs4.CLAIM_DELEGATE_CUR, nfs4.CLAIM_DELEG_CUR_FH):
+        ctx.fh()
+        if isinstance(claim.value, nfs4.open_claim_delegate_cur4):
+            deleg = claim.value.delegate_stateid
+        else:
+            assert isinstance(claim.value, nfs4.stateid4)
+            deleg = claim.value
+        ctx.server.state.find_delegation(ctx.clientid, deleg)
+    # CLAIM_DELEGATE_PREV, CLAIM_DELEG_PREV_FH: no delegations survive a client restart here.
+    raise Nfs4Error(nfs4.NFS4ERR_NOTSUPP)
+
+
+def op_open(ctx: CompoundContext, args: nfs4.OPEN4args) -> nfs4.OPEN4res:
+    access, deny, want = share_args(args.share_access, args.share_deny)
+    clientid = ctx.clientid
+    sm: StateManager = ctx.server.state
+    vfs = ctx.server.vfs
+    target, before, after = _resolve(ctx, args, access)
+    fh = target.fh
+    fresh = target.openfile  # the OpenFile this OPEN made, until the state owns it
+    keep: OpenFile | None = None
+    try:
+        existing = sm.open_of(clientid, args.owner.owner, fh)
+        union = access | (existing.access if existing else 0)
+        sm.check_share(fh, union, deny | (existing.deny if existing else 0), existing)
+        if target.truncate and not union & ACCESS_WRITE:
+            sm.check_share(fh, ACCESS_WRITE, 0, existing)
+        if fresh is None:  # also the permission check of this OPEN's access
+            fresh = vfs.open(
+                ctx.cred, fh, read=bool(access & ACCESS_READ), write=bool(access & ACCESS_WRITE)
+            )
+        if existing is not None and _covers(existing.openfile, union):
+            keep = None
+        elif _covers(fresh, union):
+            keep = fresh
+        else:
+            keep = vfs.open(
+                ctx.cred, fh, read=bool(union & ACCESS_READ), write=bool(union & ACCESS_WRITE)
+            )
+        if target.truncate:
+            vfs.setattr(ctx.cred, fh, size=0)
+            target.attrset = bitmap_of([nfs4.FATTR4_SIZE])
+    except BaseException:
+        for of in (fresh, keep):
+            if of is not None:
+                of.close()
+        raise
+    if fresh is not keep:
+        fresh.close()
+    state: OpenState
+    if existing is not None:
+        sm.upgrade_open(existing, access, deny, keep)
+        state = existing
+    else:
+        assert keep is not None
+        state = sm.add_open(clientid, args.owner.owner, fh, access, deny, keep)
+    ctx.set_fh(fh)
+    ctx.current_stateid = state.stateid
+    return nfs4.OPEN4res(
+        nfs4.NFS4_OK,
+        nfs4.OPEN4resok(
+            stateid=state.stateid,
+            cinfo=nfs4.change_info4(False, before, after),
+            rflags=nfs4.OPEN4_RESULT_LOCKTYPE_POSIX,
+            attrset=target.attrset or [],
+            delegation=no_delegation(want),
+        ),
+    )
+
+
+# ---------------------------------------------------------------- OPEN_DOWNGRADE, CLOSE
+
+
+def op_open_downgrade(
+    ctx: CompoundContext, args: nfs4.OPEN_DOWNGRADE4args
+) -> nfs4.OPEN_DOWNGRADE4res:
+    fh = ctx.fh()
+    sid = ctx.resolve_stateid(args.open_stateid)
+    sm: StateManager = ctx.server.state
+    state = sm.find_open(ctx.clientid, sid, fh)
+    access = args.share_access & ~(_WANT_MASK | _WANT_FLAGS)
+    deny = args.share_deny
+    if (
+        access & ~_ACCESS_BITS
+        or not access
+        or deny & ~nfs4.OPEN4_SHARE_DENY_BOTH
+        or access & ~state.access
+        or deny & ~state.deny
+    ):
+        raise Nfs4Error(nfs4.NFS4ERR_INVAL)
+    sm.downgrade_open(state, access, deny)
+    ctx.current_stateid = state.stateid
+    return nfs4.OPEN_DOWNGRADE4res(nfs4.NFS4_OK, nfs4.OPEN_DOWNGRADE4resok(state.stateid))
+
+
+def op_close(ctx: CompoundContext, args: nfs4.CLOSE4args) -> nfs4.CLOSE4res:
+    fh = ctx.fh()
+    sid = ctx.resolve_stateid(args.open_stateid)
+    sm: StateManager = ctx.server.state
+    sm.close_open(sm.find_open(ctx.clientid, sid, fh))
+    # The stateid CLOSE returns is useless to the client: NFSv4.1 servers return the
+    # special invalid stateid (RFC 8881 section 18.2.4).
+    ctx.current_stateid = INVALID_STATEID
+    return nfs4.CLOSE4res(nfs4.NFS4_OK, INVALID_STATEID)
+
+
+# ---------------------------------------------------------------- delegations (none)
+
+
+def op_delegreturn(ctx: CompoundContext, args: nfs4.DELEGRETURN4args) -> nfs4.DELEGRETURN4res:
+    ctx.fh()
+    sid = ctx.resolve_stateid(args.deleg_stateid)
+    if is_special(sid):
+        raise Nfs4Error(nfs4.NFS4ERR_BAD_STATEID)
+    ctx.server.state.find_delegation(ctx.clientid, sid)
+    raise AssertionError("unreachable: find_delegation always raises")  # pragma: no cover
+
+
+def op_delegpurge(ctx: CompoundContext, args: nfs4.DELEGPURGE4args) -> nfs4.DELEGPURGE4res:
+    # Only meaningful with CLAIM_DELEGATE_PREV, which we do not support (section 18.5.3).
+    raise Nfs4Error(nfs4.NFS4ERR_NOTSUPP)
+
+
+HANDLERS: dict[int, OpHandler] = {
+    nfs4.OP_OPEN: op_open,
+    nfs4.OP_OPEN_DOWNGRADE: op_open_downgrade,
+    nfs4.OP_CLOSE: op_close,
+    nfs4.OP_DELEGRETURN: op_delegreturn,
+    nfs4.OP_DELEGPURGE: op_delegpurge,
+}

@@ -1,0 +1,136 @@
+"""The session operations: EXCHANGE_ID, CREATE_SESSION, SEQUENCE, BIND_CONN_TO_SESSION,
+DESTROY_SESSION, DESTROY_CLIENTID, RECLAIM_COMPLETE, BACKCHANNEL_CTL (RFC 8881 sections 18.33-18.37,
+18.46, 18.50, 18.51).
+
+Thin glue from the COMPOUND context to ``nfsrdma.session.server.ServerSessions``; the rules live
+there. COMPOUND processing (compound.py) enforces the positions: SEQUENCE first, the sessionless
+operations alone."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, OpHandler
+from nfsrdma.rpc.auth import Credential
+from nfsrdma.session.errors import SessionError
+from nfsrdma.session.server import ServerSessions
+from nfsrdma.xdr.gen import nfs4
+
+OK = nfs4.NFS4_OK
+
+
+def principal_of(cred: Credential) -> Hashable:
+    """The principal of 18.35.4 for AUTH_NONE / AUTH_SYS: the identity claimed (the machine
+    name is left out: it is not part of who the caller is)."""
+    return (cred.flavor != 0, cred.uid, cred.gid, tuple(sorted(cred.gids)))
+
+
+@contextmanager
+def _nfs4_errors() -> Iterator[None]:
+    try:
+        yield
+    except SessionError as e:
+        raise Nfs4Error(e.status) from None
+
+
+def _sessions(ctx: CompoundContext) -> ServerSessions:
+    return ctx.server.sessions
+
+
+def exchange_id(ctx: CompoundContext, args: nfs4.EXCHANGE_ID4args) -> nfs4.EXCHANGE_ID4res:
+    with _nfs4_errors():
+        resok = _sessions(ctx).exchange_id(args, principal=principal_of(ctx.principal), now=ctx.now)
+    return nfs4.EXCHANGE_ID4res(OK, resok)
+
+
+def create_session(ctx: CompoundContext, args: nfs4.CREATE_SESSION4args) -> nfs4.CREATE_SESSION4res:
+    with _nfs4_errors():
+        resok = _sessions(ctx).create_session(
+            args, conn=ctx.conn, principal=principal_of(ctx.principal), now=ctx.now
+        )
+    return nfs4.CREATE_SESSION4res(OK, resok)
+
+
+def sequence(ctx: CompoundContext, args: nfs4.SEQUENCE4args) -> nfs4.SEQUENCE4res:
+    with _nfs4_errors():
+        seq = _sessions(ctx).sequence(
+            args,
+            conn=ctx.conn,
+            now=ctx.now,
+            op_count=ctx.op_count,
+            request_size=ctx.request_size,
+        )
+    ctx.session = seq.session
+    ctx.sequence = seq
+    ctx.cachethis = seq.cachethis
+    return nfs4.SEQUENCE4res(OK, seq.resok)
+
+
+def bind_conn_to_session(
+    ctx: CompoundContext, args: nfs4.BIND_CONN_TO_SESSION4args
+) -> nfs4.BIND_CONN_TO_SESSION4res:
+    with _nfs4_errors():
+        resok = _sessions(ctx).bind_conn_to_session(args, conn=ctx.conn, now=ctx.now)
+    return nfs4.BIND_CONN_TO_SESSION4res(OK, resok)
+
+
+def destroy_session(
+    ctx: CompoundContext, args: nfs4.DESTROY_SESSION4args
+) -> nfs4.DESTROY_SESSION4res:
+    with _nfs4_errors():
+        _sessions(ctx).destroy_session(
+            args.dsa_sessionid,
+            conn=ctx.conn,
+            current=ctx.session,
+            last_op=ctx.op_index == ctx.op_count - 1,
+        )
+    return nfs4.DESTROY_SESSION4res(OK)
+
+
+def destroy_clientid(
+    ctx: CompoundContext, args: nfs4.DESTROY_CLIENTID4args
+) -> nfs4.DESTROY_CLIENTID4res:
+    with _nfs4_errors():
+        _sessions(ctx).destroy_clientid(args.dca_clientid, current=ctx.session, now=ctx.now)
+    return nfs4.DESTROY_CLIENTID4res(OK)
+
+
+def reclaim_complete(
+    ctx: CompoundContext, args: nfs4.RECLAIM_COMPLETE4args
+) -> nfs4.RECLAIM_COMPLETE4res:
+    if args.rca_one_fs:
+        # Per file system completion is optional to act on; the current filehandle must exist.
+        ctx.fh()
+        return nfs4.RECLAIM_COMPLETE4res(OK)
+    with _nfs4_errors():
+        _sessions(ctx).reclaim_complete(ctx.clientid)
+    return nfs4.RECLAIM_COMPLETE4res(OK)
+
+
+def backchannel_ctl(
+    ctx: CompoundContext, args: nfs4.BACKCHANNEL_CTL4args
+) -> nfs4.BACKCHANNEL_CTL4res:
+    session = ctx.session
+    if session is None:
+        raise Nfs4Error(nfs4.NFS4ERR_OP_NOT_IN_SESSION)
+    with _nfs4_errors():
+        _sessions(ctx).backchannel_ctl(session, args.bca_cb_program, args.bca_sec_parms)
+    return nfs4.BACKCHANNEL_CTL4res(OK)
+
+
+def _handler(fn: Callable[[CompoundContext, Any], Any]) -> OpHandler:
+    return fn
+
+
+HANDLERS: dict[int, OpHandler] = {
+    nfs4.OP_EXCHANGE_ID: _handler(exchange_id),
+    nfs4.OP_CREATE_SESSION: _handler(create_session),
+    nfs4.OP_SEQUENCE: _handler(sequence),
+    nfs4.OP_BIND_CONN_TO_SESSION: _handler(bind_conn_to_session),
+    nfs4.OP_DESTROY_SESSION: _handler(destroy_session),
+    nfs4.OP_DESTROY_CLIENTID: _handler(destroy_clientid),
+    nfs4.OP_RECLAIM_COMPLETE: _handler(reclaim_complete),
+    nfs4.OP_BACKCHANNEL_CTL: _handler(backchannel_ctl),
+}

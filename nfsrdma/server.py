@@ -1,0 +1,202 @@
+"""NFSServer: an exported directory served over NFSv4.1 on TCP (and RPC-over-RDMA).
+
+Wires the layers together: listeners → RPC dispatch (program 100003 version 4: NULL and
+COMPOUND) → COMPOUND processing with the session registry, open/lock state and the VFS.
+Logs one line per connection and one per client session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from dataclasses import replace
+from typing import Any
+
+from nfsrdma.nfs4.compound import compound
+from nfsrdma.nfs4.server_state import ServerConfig, ServerState
+from nfsrdma.nfs4.state import StateManager
+from nfsrdma.rpc.connection import RpcConnection
+from nfsrdma.rpc.server import Dispatcher, RpcCall, null_procedure
+from nfsrdma.session.server import ServerSessions
+from nfsrdma.transport.base import Connection
+from nfsrdma.transport.rdma.endpoint import RdmaListener, RdmaOptions
+from nfsrdma.transport.rdma.provider import Device
+from nfsrdma.transport.tcp import listen_tcp
+from nfsrdma.vfs.base import Export
+from nfsrdma.vfs.local import LocalVfs
+from nfsrdma.xdr.gen import nfs4
+from nfsrdma.xdr.runtime import Writer
+
+log = logging.getLogger("nfsrdma.server")
+
+NFS_TCP_PORT = 2049
+NFS_RDMA_PORT = 20049  # RFC 8267 section 6.3 (UL-9)
+
+
+class NFSServer:
+    """Serve ``export`` (a directory). Use ``await start()`` then ``await close()``, or
+    ``async with NFSServer(...)``."""
+
+    def __init__(
+        self,
+        export: str,
+        *,
+        bind: str | None = None,
+        tcp_port: int = NFS_TCP_PORT,
+        rdma_port: int | None = NFS_RDMA_PORT,
+        rdma_device: str | Device | None = None,
+        rdma_options: RdmaOptions | None = None,
+        read_only: bool = False,
+        root_squash: bool = True,
+        anon_uid: int = 65534,
+        anon_gid: int = 65534,
+        state_dir: str | None = None,
+        lease_time: int | None = None,
+        slots: int | None = None,
+        config: ServerConfig | None = None,
+    ) -> None:
+        cfg = config or ServerConfig()
+        if lease_time is not None:
+            cfg = replace(cfg, lease_time=lease_time)
+        if slots is not None:
+            cfg = replace(cfg, slots=slots)
+        host = socket.gethostname().encode()
+        if not cfg.server_owner:
+            cfg = replace(cfg, server_owner=b"nfsrdma:" + host)
+        if not cfg.server_scope:
+            cfg = replace(cfg, server_scope=host)
+        self.config = cfg
+        self.export = Export(
+            root=export,
+            read_only=read_only,
+            root_squash=root_squash,
+            anon_uid=anon_uid,
+            anon_gid=anon_gid,
+            state_dir=state_dir,
+        )
+        self.bind = bind
+        self.requested_tcp_port = tcp_port
+        self.rdma_port = rdma_port  # None: no RDMA listener
+        self.rdma_device = rdma_device  # a name ("rxe0"), a provider Device, or None: any
+        self.rdma_options = rdma_options or RdmaOptions()
+        self.rdma: RdmaListener | None = None
+        self._own_device: Device | None = None
+        self.state: ServerState | None = None
+        self.dispatcher = Dispatcher()
+        self.connections: set[RpcConnection] = set()
+        self._servers: list[asyncio.Server] = []
+        self._reaper: asyncio.Task[None] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        cfg = self.config
+        vfs = LocalVfs(self.export)
+        state = StateManager(vfs)
+        sessions = ServerSessions.from_config(
+            cfg, on_client_expired=state.client_expired, has_state=state.client_has_state
+        )
+        self.state = ServerState(cfg, vfs, sessions, state)
+        self.dispatcher.add(
+            nfs4.NFS4_PROGRAM,
+            nfs4.NFS_V4,
+            {nfs4.NFSPROC4_NULL: null_procedure, nfs4.NFSPROC4_COMPOUND: self._compound},
+        )
+        srv = await listen_tcp(self.bind, self.requested_tcp_port, self._accept)
+        self._servers.append(srv)
+        rdma = await self._start_rdma() if self.rdma_port is not None else "off"
+        log.info(
+            "serving %s over NFSv4.1: tcp %s:%d, rdma %s%s",
+            vfs.export.root,
+            self.bind or "*",
+            self.tcp_port,
+            rdma,
+            " (read-only)" if self.export.read_only else "",
+        )
+        self._reaper = asyncio.create_task(self._reap_leases())
+
+    async def _start_rdma(self) -> str:
+        """Listen for RPC-over-RDMA when a device exists (UL-9); say where, or why not."""
+        assert self.rdma_port is not None
+        device = self.rdma_device
+        if device is None or isinstance(device, str):
+            from nfsrdma.transport.rdma.devices import find_address
+
+            found = find_address(device, self.bind)
+            if found is None:
+                return "off (no RDMA device" + (f" {device})" if device else ")")
+            try:
+                from nfsrdma.transport.rdma.pyverbs_provider import open_device
+            except ImportError as e:
+                return f"off (pyverbs unavailable: {e})"
+            name, address = found
+            device = self._own_device = await open_device(address)
+            where = f"{address}:%d on {name}"
+        else:
+            where = f"{device.address}:%d"
+        self.rdma = RdmaListener(device, self.rdma_port, self._accept, self.rdma_options)
+        await self.rdma.start()
+        return where % self.rdma.port
+
+    @property
+    def tcp_port(self) -> int:
+        for srv in self._servers:
+            for sock in srv.sockets:
+                return int(sock.getsockname()[1])
+        return self.requested_tcp_port
+
+    async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        for srv in self._servers:
+            srv.close()
+        if self.rdma is not None:
+            await self.rdma.close()
+        for conn in list(self.connections):
+            conn.close()
+        for srv in self._servers:
+            await srv.wait_closed()
+        await self.dispatcher.drain()
+        if self._own_device is not None:
+            self._own_device.close()
+        if self.state is not None:
+            self.state.close()
+
+    async def serve_forever(self) -> None:
+        await asyncio.gather(*(srv.serve_forever() for srv in self._servers))
+
+    async def __aenter__(self) -> NFSServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    # -- connections and calls -------------------------------------------------------------
+    def _accept(self, conn: Connection) -> None:
+        rpc = RpcConnection(conn, self.dispatcher)
+        self.connections.add(rpc)
+        log.info("%s connection from %s", conn.kind, conn.peer)
+
+        def closed(c: Connection, exc: BaseException | None) -> None:
+            self.connections.discard(rpc)
+            if self.state is not None:
+                self.state.sessions.connection_closed(rpc)
+            log.info("%s connection from %s closed%s", c.kind, c.peer, f": {exc}" if exc else "")
+
+        conn.on_closed(closed)
+
+    async def _compound(self, call: RpcCall, w: Writer) -> None:
+        assert self.state is not None
+        await compound(self.state, call, w)
+
+    async def _reap_leases(self) -> None:
+        assert self.state is not None
+        period = max(1.0, self.config.lease_time / 4)
+        while True:
+            await asyncio.sleep(period)
+            self.state.sessions.reap(time.monotonic())

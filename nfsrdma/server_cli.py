@@ -1,0 +1,75 @@
+"""`nfsrdma serve DIR`: export a directory over NFSv4.1."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+
+from nfsrdma.aio import run
+from nfsrdma.server import NFS_RDMA_PORT, NFS_TCP_PORT, NFSServer
+
+log = logging.getLogger("nfsrdma.server")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("serve", help="export a directory over NFSv4.1 (TCP and RDMA)")
+    p.add_argument("directory", help="the directory to export (the NFSv4 pseudo-root)")
+    p.add_argument("--bind", metavar="ADDR", default=None, help="address to listen on (all)")
+    p.add_argument("--tcp-port", type=int, default=NFS_TCP_PORT, metavar="PORT")
+    p.add_argument(
+        "--rdma-port", type=int, default=NFS_RDMA_PORT, metavar="PORT", help="RPC-over-RDMA port"
+    )
+    p.add_argument("--rdma-device", default=None, metavar="DEV", help="RDMA device (any)")
+    p.add_argument("--no-rdma", action="store_true", help="do not listen for RPC-over-RDMA")
+    p.add_argument("--read-only", action="store_true", help="refuse every modification")
+    p.add_argument("--no-root-squash", dest="root_squash", action="store_false", help="trust uid 0")
+    p.add_argument("--anon-uid", type=int, default=65534, metavar="N")
+    p.add_argument("--anon-gid", type=int, default=65534, metavar="N")
+    p.add_argument("--lease-time", type=int, default=90, metavar="S", help="lease seconds")
+    p.add_argument("--slots", type=int, default=64, metavar="N", help="slots per session")
+    p.add_argument("--state-dir", default=None, help="where the file-handle key is kept")
+    p.set_defaults(func=serve)
+
+
+def serve(args: argparse.Namespace) -> int:
+    if not os.path.isdir(args.directory):
+        log.error("%s is not a directory", args.directory)
+        return 2
+    root = logging.getLogger("nfsrdma")
+    root.setLevel(min(logging.INFO, root.getEffectiveLevel()))  # one line per connection/session
+    server = NFSServer(
+        args.directory,
+        bind=args.bind,
+        tcp_port=args.tcp_port,
+        rdma_port=None if args.no_rdma else args.rdma_port,
+        rdma_device=args.rdma_device,
+        read_only=args.read_only,
+        root_squash=args.root_squash,
+        anon_uid=args.anon_uid,
+        anon_gid=args.anon_gid,
+        state_dir=args.state_dir,
+        lease_time=args.lease_time,
+        slots=args.slots,
+    )
+
+    async def main() -> None:
+        try:
+            await server.start()
+        except OSError as e:
+            log.error("cannot start: %s", e)
+            raise SystemExit(1) from None
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("stopping")
+        await server.close()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        run(main())
+    return 0

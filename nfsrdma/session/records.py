@@ -1,0 +1,100 @@
+"""What the server keeps per client and per session (RFC 8881 sections 2.4, 2.10, 18.35.4).
+
+A ``Client`` is the client record of 18.35.4 (owner, verifier, principal, client id, confirmed)
+plus its lease, its CREATE_SESSION reply cache (one slot, 18.36.4) and its sessions.
+A ``Session`` holds the negotiated channel attributes, the fore-channel slot table and reply
+cache, the back-channel slot table, and the connections bound to it with their directions.
+Connections are opaque hashable objects here (the RPC layer's ``RpcConnection`` in practice).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from nfsrdma.session.backchannel import BackchannelSlots
+from nfsrdma.session.slots import SlotTable
+from nfsrdma.xdr.gen import nfs4
+
+FORE = 0x1  # channel_dir_from_server4 bits
+BACK = 0x2
+BOTH = FORE | BACK
+
+AUTH_NONE = 0
+AUTH_SYS = 1
+CB_AUTH_NONE = nfs4.callback_sec_parms4(AUTH_NONE)
+
+
+@dataclass(slots=True, eq=False)
+class Client:
+    clientid: int
+    owner: bytes  # co_ownerid
+    verifier: bytes  # co_verifier
+    principal: Hashable
+    created: float
+    last_renewed: float  # lease renewal (for an unconfirmed record: its EXCHANGE_ID)
+    confirmed: bool = False
+    eia_flags: int = 0
+    impl_id: list[nfs4.nfs_impl_id4] = field(default_factory=list)
+    cs_seqid: int = 0  # the CREATE_SESSION slot: last csa_sequence accepted
+    cs_reply: nfs4.CREATE_SESSION4resok | None = None  # ... and its result, for a replay
+    sessions: dict[bytes, Session] = field(default_factory=dict)
+    reclaim_complete: bool = False
+    status_flags: int = 0  # SEQ4_STATUS_* bits set by the state layer (revoked state...)
+    removed: bool = False
+
+    def lease_expired(self, now: float, lease_time: float) -> bool:
+        return now - self.last_renewed > lease_time
+
+    @property
+    def busy(self) -> bool:
+        """A COMPOUND is executing on one of its sessions."""
+        return any(s.slots.busy for s in self.sessions.values())
+
+
+@dataclass(slots=True, eq=False)
+class Session:
+    sessionid: bytes  # 16 random octets (SEC-11)
+    client: Client
+    fore: nfs4.channel_attrs4  # as negotiated
+    back: nfs4.channel_attrs4
+    flags: int  # csr_flags
+    cb_program: int
+    cb_sec_parms: list[nfs4.callback_sec_parms4]
+    slots: SlotTable
+    backchannel: BackchannelSlots
+    created: float
+    drc_reserved: int = 0  # bytes of the server's reply-cache budget held by this session
+    connections: dict[Hashable, int] = field(default_factory=dict)  # conn -> FORE|BACK bits
+    wants_back_channel: bool = False  # CONN_BACK_CHAN, a BACK binding or BACKCHANNEL_CTL seen
+    back_fault: bool = False  # a callback on the back channel failed; cleared by a new binding
+    destroyed: bool = False
+
+    @property
+    def clientid(self) -> int:
+        return self.client.clientid
+
+    @property
+    def fore_connections(self) -> list[Hashable]:
+        return [c for c, d in self.connections.items() if d & FORE]
+
+    @property
+    def back_connections(self) -> list[Hashable]:
+        """Bound for the back channel, oldest first."""
+        return [c for c, d in self.connections.items() if d & BACK]
+
+    @property
+    def back_path_up(self) -> bool:
+        return not self.back_fault and any(d & BACK for d in self.connections.values())
+
+    @property
+    def cb_security(self) -> nfs4.callback_sec_parms4:
+        """The credential to send callbacks with: the first AUTH_NONE / AUTH_SYS entry."""
+        return usable_cb_sec(self.cb_sec_parms) or CB_AUTH_NONE
+
+
+def usable_cb_sec(parms: list[nfs4.callback_sec_parms4]) -> nfs4.callback_sec_parms4 | None:
+    for p in parms:
+        if p.cb_secflavor in (AUTH_NONE, AUTH_SYS):
+            return p
+    return None

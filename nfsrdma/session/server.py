@@ -1,0 +1,611 @@
+"""The server's session registry (RFC 8881 sections 2.4, 2.10, 18.33-18.37, 18.46, 18.49-18.51).
+
+``ServerSessions`` is pure: operations take their decoded arguments, the connection they came on
+(an opaque hashable: the RPC layer's ``RpcConnection``) and the clock (``now``, monotonic
+seconds), and return results or raise ``SessionError``. The NFSv4.1 operation handlers in
+``nfsrdma.nfs4.ops.session_ops`` are thin glue; COMPOUND processing calls ``sequence`` through
+SEQUENCE and ``finish`` when the COMPOUND is done; the server calls ``connection_closed`` and,
+periodically, ``reap``.
+
+Only SP4_NONE state protection exists (AUTH_SYS has nothing to protect with): a SEQUENCE on a
+connection not yet bound to its session binds it to the fore channel (SS-12, 18.34.3).
+
+Resource bounds (SEC-12, SS-33): client records and sessions are capped, their creation is rate
+limited, and every session reserves slots x ca_maxresponsesize_cached of a server-wide reply
+cache budget (fewer slots are granted when the budget runs low). Unconfirmed records and clients
+whose lease expired are reaped.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import socket
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Protocol
+
+from nfsrdma.session.backchannel import BackchannelSlots
+from nfsrdma.session.channels import (
+    MIN_SERVER_REQUEST_SIZE,
+    ForeLimits,
+    negotiate_back,
+    negotiate_fore,
+)
+from nfsrdma.session.errors import SessionError
+from nfsrdma.session.ratelimit import TokenBucket
+from nfsrdma.session.records import BACK, BOTH, FORE, Client, Session, usable_cb_sec
+from nfsrdma.session.registry import ClientRegistry
+from nfsrdma.session.slots import SEQID_MASK, CachedReply, Disposition, Slot, SlotTable
+from nfsrdma.xdr.gen import nfs4
+
+__all__ = [
+    "Client",
+    "SequenceResult",
+    "ServerSessions",
+    "Session",
+    "SessionCaps",
+    "SessionConfig",
+    "SessionError",
+]
+
+log = logging.getLogger("nfsrdma.session")
+
+MiB = 1 << 20
+
+EIA_FLAGS_ALLOWED = (
+    nfs4.EXCHGID4_FLAG_SUPP_MOVED_REFER
+    | nfs4.EXCHGID4_FLAG_SUPP_MOVED_MIGR
+    | nfs4.EXCHGID4_FLAG_BIND_PRINC_STATEID
+    | nfs4.EXCHGID4_FLAG_MASK_PNFS
+    | nfs4.EXCHGID4_FLAG_UPD_CONFIRMED_REC_A
+)
+CSA_FLAGS_KNOWN = (
+    nfs4.CREATE_SESSION4_FLAG_PERSIST
+    | nfs4.CREATE_SESSION4_FLAG_CONN_BACK_CHAN
+    | nfs4.CREATE_SESSION4_FLAG_CONN_RDMA
+)
+SLOT_OVERHEAD = 256  # bytes per slot charged to the reply-cache budget besides its reply
+IMPL_DOMAIN = b"nfsrdma.invalid"
+
+_DIRECTIONS = {
+    nfs4.CDFC4_FORE: FORE,
+    nfs4.CDFC4_BACK: BACK,
+    nfs4.CDFC4_FORE_OR_BOTH: BOTH,
+    nfs4.CDFC4_BACK_OR_BOTH: BOTH,
+}
+
+
+class SessionConfig(Protocol):
+    """The ServerConfig fields the session layer uses."""
+
+    @property
+    def lease_time(self) -> int: ...
+    @property
+    def slots(self) -> int: ...
+    @property
+    def max_request_size(self) -> int: ...
+    @property
+    def max_response_size(self) -> int: ...
+    @property
+    def max_response_size_cached(self) -> int: ...
+    @property
+    def max_operations(self) -> int: ...
+    @property
+    def back_slots(self) -> int: ...
+    @property
+    def server_owner(self) -> bytes: ...
+    @property
+    def server_scope(self) -> bytes: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SessionCaps:
+    """Bounds on what clients can make the server hold (SEC-12)."""
+
+    max_clients: int = 4096  # client records, confirmed and unconfirmed
+    max_sessions: int = 1024
+    max_sessions_per_client: int = 16
+    max_connections_per_session: int = 64
+    creation_rate: float = 50.0  # new client records + sessions per second, server-wide
+    creation_burst: float = 200.0
+    drc_budget: int = 256 * MiB  # reply cache, all sessions together
+
+
+@dataclass(slots=True, eq=False)
+class SequenceResult:
+    """What SEQUENCE found: the session and slot this COMPOUND holds (when ``replay`` is None
+    and ``uncached_retry`` is false), or the retry to answer."""
+
+    session: Session
+    slot: Slot
+    seqid: int
+    resok: nfs4.SEQUENCE4resok
+    cachethis: bool = False
+    replay: object | None = None  # the cached reply of the request this one retries
+    uncached_retry: bool = False  # a retry whose reply was not cached
+
+
+class ServerSessions:
+    def __init__(
+        self,
+        *,
+        lease_time: float = 90,
+        slots: int = 64,
+        max_request_size: int = MiB + 16 * 1024,
+        max_response_size: int = MiB + 16 * 1024,
+        max_response_size_cached: int = 64 * 1024,
+        max_operations: int = 64,
+        back_slots: int = 4,
+        server_owner: bytes = b"",
+        server_scope: bytes = b"",
+        on_client_expired: Callable[[int], None] | None = None,
+        has_state: Callable[[int], bool] | None = None,
+        caps: SessionCaps | None = None,
+        lease_slack: float | None = None,
+        random_bytes: Callable[[int], bytes] = os.urandom,
+    ) -> None:
+        if max_request_size < MIN_SERVER_REQUEST_SIZE:
+            raise ValueError(f"max_request_size below {MIN_SERVER_REQUEST_SIZE}")
+        if slots < 1 or max_operations < 2:
+            raise ValueError("a session needs at least one slot and two operations")
+        self.lease_time = float(lease_time)
+        # A client is reaped this long after its lease ran out (clocks and networks are slow).
+        self.lease_slack = lease_time / 2 if lease_slack is None else lease_slack
+        self.fore_limits = ForeLimits(
+            max_request_size,
+            max_response_size,
+            max_response_size_cached,
+            max_operations,
+            slots,
+        )
+        self.max_request_size = max_request_size
+        self.back_slots = back_slots
+        host = socket.gethostname().encode()
+        self.server_owner = server_owner or b"nfsrdma:" + host
+        self.server_scope = server_scope or host
+        self.impl_id = nfs4.nfs_impl_id4(
+            IMPL_DOMAIN, f"nfsrdma {_version()}".encode(), nfs4.nfstime4(0, 0)
+        )
+        self.on_client_expired = on_client_expired or (lambda clientid: None)
+        self.has_state = has_state or (lambda clientid: False)
+        self.caps = caps or SessionCaps()
+        self.random_bytes = random_bytes
+        self.clients = ClientRegistry(random_bytes)
+        self.sessions: dict[bytes, Session] = {}
+        self._conn_sessions: dict[Hashable, set[bytes]] = {}
+        self._creations = TokenBucket(self.caps.creation_rate, self.caps.creation_burst)
+        self.drc_reserved = 0
+
+    @classmethod
+    def from_config(
+        cls,
+        config: SessionConfig,
+        on_client_expired: Callable[[int], None] | None = None,
+        **kwargs: object,
+    ) -> ServerSessions:
+        return cls(
+            lease_time=config.lease_time,
+            slots=config.slots,
+            max_request_size=config.max_request_size,
+            max_response_size=config.max_response_size,
+            max_response_size_cached=config.max_response_size_cached,
+            max_operations=config.max_operations,
+            back_slots=config.back_slots,
+            server_owner=config.server_owner,
+            server_scope=config.server_scope,
+            on_client_expired=on_client_expired,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    # -- lookups and hooks for other parts of the server ----------------------------------
+    def session(self, sessionid: bytes) -> Session | None:
+        return self.sessions.get(sessionid)
+
+    def client(self, clientid: int) -> Client | None:
+        return self.clients.get(clientid)
+
+    def callback_path(self, clientid: int) -> tuple[Session, Hashable] | None:
+        """A session of the client with a working back channel, and the connection to send
+        its callbacks on (the most recently bound); None when there is none (SS-26: then the
+        server must not hand out recallable state)."""
+        client = self.clients.get(clientid)
+        if client is None or not client.confirmed:
+            return None
+        for session in reversed(list(client.sessions.values())):
+            if session.back_path_up and session.backchannel.count:
+                return session, session.back_connections[-1]
+        return None
+
+    def backchannel_failed(self, session: Session) -> None:
+        """A callback got no answer: report the path down until the client binds again."""
+        session.back_fault = True
+
+    def set_status_flags(self, clientid: int, flags: int, on: bool = True) -> None:
+        """Set (or clear) SEQ4_STATUS_* bits reported to the client in every SEQUENCE, e.g.
+        SEQ4_STATUS_RECALLABLE_STATE_REVOKED while revoked delegations are not freed."""
+        client = self.clients.get(clientid)
+        if client is not None:
+            client.status_flags = (
+                client.status_flags | flags if on else client.status_flags & ~flags
+            )
+
+    def reclaim_done(self, clientid: int) -> bool:
+        """Has the client sent RECLAIM_COMPLETE (rca_one_fs false)?"""
+        client = self.clients.get(clientid)
+        return client is not None and client.reclaim_complete
+
+    @property
+    def cached_bytes(self) -> int:
+        return sum(s.slots.cached_bytes for s in self.sessions.values())
+
+    # -- EXCHANGE_ID (18.35) ---------------------------------------------------------------
+    def exchange_id(
+        self, args: nfs4.EXCHANGE_ID4args, *, principal: Hashable, now: float
+    ) -> nfs4.EXCHANGE_ID4resok:
+        flags = args.eia_flags
+        if flags & ~EIA_FLAGS_ALLOWED:
+            raise SessionError(nfs4.NFS4ERR_INVAL, f"eia_flags {flags:#x}")
+        how = args.eia_state_protect.spa_how
+        if how == nfs4.SP4_MACH_CRED:
+            raise SessionError(nfs4.NFS4ERR_INVAL, "SP4_MACH_CRED needs RPCSEC_GSS")
+        if how == nfs4.SP4_SSV:
+            raise SessionError(nfs4.NFS4ERR_ENCR_ALG_UNSUPP, "SP4_SSV is not supported")
+        owner = args.eia_clientowner
+        client, new, dropped = self.clients.exchange_id(
+            owner.co_ownerid,
+            owner.co_verifier,
+            principal,
+            bool(flags & nfs4.EXCHGID4_FLAG_UPD_CONFIRMED_REC_A),
+            now,
+            in_use=lambda c: self._in_use(c, now),
+            admit=lambda replacing: self._admit_client(now, replacing),
+        )
+        for old in dropped:
+            self._expire(old, "its owner was taken by another principal")
+        if new or flags & nfs4.EXCHGID4_FLAG_UPD_CONFIRMED_REC_A:
+            client.eia_flags = flags & ~nfs4.EXCHGID4_FLAG_UPD_CONFIRMED_REC_A
+            client.impl_id = list(args.eia_client_impl_id)
+        if client.confirmed:
+            client.last_renewed = now
+        return nfs4.EXCHANGE_ID4resok(
+            eir_clientid=client.clientid,
+            eir_sequenceid=(client.cs_seqid + 1) & SEQID_MASK,
+            eir_flags=nfs4.EXCHGID4_FLAG_USE_NON_PNFS
+            | (nfs4.EXCHGID4_FLAG_CONFIRMED_R if client.confirmed else 0),
+            eir_state_protect=nfs4.state_protect4_r(nfs4.SP4_NONE),
+            eir_server_owner=nfs4.server_owner4(0, self.server_owner),
+            eir_server_scope=self.server_scope,
+            eir_server_impl_id=[self.impl_id],
+        )
+
+    def _in_use(self, client: Client, now: float) -> bool:
+        if client.lease_expired(now, self.lease_time):
+            return False
+        return bool(client.sessions) or self.has_state(client.clientid)
+
+    def _admit_client(self, now: float, replacing: bool) -> None:
+        if not replacing and len(self.clients) >= self.caps.max_clients:
+            self._reap_unconfirmed(now)
+            if len(self.clients) >= self.caps.max_clients:
+                raise SessionError(nfs4.NFS4ERR_DELAY, "too many client records")
+        if not self._creations.allow(now):
+            raise SessionError(nfs4.NFS4ERR_DELAY, "client records created too fast")
+
+    # -- CREATE_SESSION (18.36) ------------------------------------------------------------
+    def create_session(
+        self,
+        args: nfs4.CREATE_SESSION4args,
+        *,
+        conn: Hashable,
+        principal: Hashable,
+        now: float,
+    ) -> nfs4.CREATE_SESSION4resok:
+        client = self.clients.get(args.csa_clientid)
+        if client is None:
+            raise SessionError(nfs4.NFS4ERR_STALE_CLIENTID, f"client id {args.csa_clientid:#x}")
+        seq = args.csa_sequence
+        if seq == client.cs_seqid:
+            if client.cs_reply is not None:
+                return client.cs_reply  # a retry: the same session (SS-10)
+            raise SessionError(nfs4.NFS4ERR_SEQ_MISORDERED, f"csa_sequence {seq} before any")
+        if seq != (client.cs_seqid + 1) & SEQID_MASK:
+            raise SessionError(
+                nfs4.NFS4ERR_SEQ_MISORDERED, f"csa_sequence {seq} after {client.cs_seqid}"
+            )
+        if args.csa_flags & ~CSA_FLAGS_KNOWN:
+            raise SessionError(nfs4.NFS4ERR_INVAL, f"csa_flags {args.csa_flags:#x}")
+        back_chan = bool(args.csa_flags & nfs4.CREATE_SESSION4_FLAG_CONN_BACK_CHAN)
+        fore = negotiate_fore(args.csa_fore_chan_attrs, self.fore_limits)
+        back = negotiate_back(args.csa_back_chan_attrs, self.max_request_size, back_chan)
+        sec = list(args.csa_sec_parms)
+        _check_cb_sec(sec)
+        if not client.confirmed and client.principal != principal:
+            raise SessionError(nfs4.NFS4ERR_CLID_INUSE, "confirmation by another principal")
+        if len(client.sessions) >= self.caps.max_sessions_per_client:
+            raise SessionError(nfs4.NFS4ERR_NOSPC, "too many sessions for this client")
+        if len(self.sessions) >= self.caps.max_sessions:
+            raise SessionError(nfs4.NFS4ERR_NOSPC, "too many sessions")
+        per_slot = fore.ca_maxresponsesize_cached + SLOT_OVERHEAD
+        room = (self.caps.drc_budget - self.drc_reserved) // per_slot
+        if room < 1:
+            raise SessionError(nfs4.NFS4ERR_NOSPC, "reply cache budget exhausted")
+        if not self._creations.allow(now):
+            raise SessionError(nfs4.NFS4ERR_DELAY, "sessions created too fast")
+        fore.ca_maxrequests = min(fore.ca_maxrequests, room)
+
+        sessionid = self._new_sessionid()
+        session = Session(
+            sessionid=sessionid,
+            client=client,
+            fore=fore,
+            back=back,
+            flags=args.csa_flags & nfs4.CREATE_SESSION4_FLAG_CONN_BACK_CHAN,
+            cb_program=args.csa_cb_program,
+            cb_sec_parms=sec,
+            slots=SlotTable(fore.ca_maxrequests, fore.ca_maxresponsesize_cached),
+            backchannel=BackchannelSlots(sessionid, min(back.ca_maxrequests, self.back_slots)),
+            created=now,
+            drc_reserved=fore.ca_maxrequests * per_slot,
+            wants_back_channel=back_chan,
+        )
+        if not client.confirmed:
+            old = self.clients.confirm(client)
+            if old is not None:
+                self._expire(old, f"replaced by client {client.clientid:#x}")
+            log.info("client %#x confirmed (%d client records)", client.clientid, len(self.clients))
+        self.sessions[sessionid] = session
+        client.sessions[sessionid] = session
+        self.drc_reserved += session.drc_reserved
+        self._bind(session, conn, BOTH if back_chan else FORE)
+        resok = nfs4.CREATE_SESSION4resok(
+            csr_sessionid=sessionid,
+            csr_sequence=seq,
+            csr_flags=session.flags,
+            csr_fore_chan_attrs=fore,
+            csr_back_chan_attrs=back,
+        )
+        client.cs_seqid = seq
+        client.cs_reply = resok
+        client.last_renewed = now
+        log.info(
+            "session %s for client %#x: %d slots, back channel %s",
+            sessionid.hex(),
+            client.clientid,
+            fore.ca_maxrequests,
+            "bound" if back_chan else "not requested",
+        )
+        return resok
+
+    def _new_sessionid(self) -> bytes:
+        while True:
+            sessionid = self.random_bytes(16)
+            if len(sessionid) == 16 and sessionid not in self.sessions:
+                return sessionid
+
+    # -- SEQUENCE (18.46) ------------------------------------------------------------------
+    def sequence(
+        self,
+        args: nfs4.SEQUENCE4args,
+        *,
+        conn: Hashable,
+        now: float,
+        op_count: int,
+        request_size: int,
+    ) -> SequenceResult:
+        session = self.sessions.get(args.sa_sessionid)
+        if session is None:
+            raise SessionError(nfs4.NFS4ERR_BADSESSION, args.sa_sessionid.hex())
+        fore = session.fore
+        if op_count > fore.ca_maxoperations:
+            raise SessionError(nfs4.NFS4ERR_TOO_MANY_OPS, f"{op_count} operations")
+        if request_size > fore.ca_maxrequestsize:
+            raise SessionError(nfs4.NFS4ERR_REQ_TOO_BIG, f"request of {request_size} bytes")
+        bound = session.connections.get(conn, 0)
+        if not bound & FORE:
+            if not bound and len(session.connections) >= self.caps.max_connections_per_session:
+                raise SessionError(nfs4.NFS4ERR_CONN_NOT_BOUND_TO_SESSION, "too many connections")
+            self._bind(session, conn, bound | FORE)  # SP4_NONE: bound by use (SS-12)
+        slots = session.slots
+        slot, disposition = slots.classify(args.sa_slotid, args.sa_sequenceid)
+        session.client.last_renewed = now
+        slots.client_highest(args.sa_highest_slotid)
+        resok = nfs4.SEQUENCE4resok(
+            sr_sessionid=session.sessionid,
+            sr_sequenceid=args.sa_sequenceid,
+            sr_slotid=args.sa_slotid,
+            sr_highest_slotid=slots.highest_slotid,
+            sr_target_highest_slotid=slots.target_highest_slotid,
+            sr_status_flags=self._status_flags(session),
+        )
+        result = SequenceResult(session, slot, args.sa_sequenceid, resok)
+        if disposition is Disposition.REPLAY:
+            result.replay = slot.reply
+        elif disposition is Disposition.UNCACHED_RETRY:
+            result.uncached_retry = True
+        else:
+            slots.begin(slot, args.sa_sequenceid)
+            result.cachethis = args.sa_cachethis
+        return result
+
+    def finish(self, seq: SequenceResult, cached: CachedReply | None, now: float) -> None:
+        """The COMPOUND that holds ``seq``'s slot is done: keep its reply (when the client
+        asked and it fits) and free the slot."""
+        if seq.replay is not None or seq.uncached_retry:
+            return
+        session = seq.session
+        if session.destroyed:
+            return
+        session.slots.complete(seq.slot, seq.seqid, cached if seq.cachethis else None)
+        if not session.client.removed:
+            session.client.last_renewed = max(session.client.last_renewed, now)
+
+    def _status_flags(self, session: Session) -> int:
+        client = session.client
+        flags = client.status_flags
+        wanting = [s for s in client.sessions.values() if s.wants_back_channel]
+        if session.wants_back_channel and not session.back_path_up:
+            flags |= nfs4.SEQ4_STATUS_CB_PATH_DOWN_SESSION
+        if wanting and not any(s.back_path_up for s in wanting):
+            flags |= nfs4.SEQ4_STATUS_CB_PATH_DOWN
+        return flags
+
+    # -- connections (BIND_CONN_TO_SESSION 18.34) --------------------------------------------
+    def bind_conn_to_session(
+        self, args: nfs4.BIND_CONN_TO_SESSION4args, *, conn: Hashable, now: float
+    ) -> nfs4.BIND_CONN_TO_SESSION4resok:
+        session = self.sessions.get(args.bctsa_sessid)
+        if session is None:
+            raise SessionError(nfs4.NFS4ERR_BADSESSION, args.bctsa_sessid.hex())
+        want = _DIRECTIONS.get(args.bctsa_dir)
+        if want is None:
+            raise SessionError(nfs4.NFS4ERR_INVAL, f"bctsa_dir {args.bctsa_dir}")
+        bound = session.connections.get(conn, 0)
+        if bound and want != BOTH and bound != want:
+            # Already bound, and the client demands a set of channels without one it has.
+            raise SessionError(nfs4.NFS4ERR_INVAL, f"connection bound {bound}, asked {want}")
+        if not bound and len(session.connections) >= self.caps.max_connections_per_session:
+            raise SessionError(nfs4.NFS4ERR_DELAY, "too many connections")
+        dirs = bound | want
+        if dirs & BACK:
+            session.wants_back_channel = True
+            session.back_fault = False
+        self._bind(session, conn, dirs)
+        return nfs4.BIND_CONN_TO_SESSION4resok(
+            bctsr_sessid=session.sessionid,
+            bctsr_dir=nfs4.channel_dir_from_server4(dirs),
+            bctsr_use_conn_in_rdma_mode=False,  # UL-39: an RDMA connection already is
+        )
+
+    def connection_closed(self, conn: Hashable) -> None:
+        for sessionid in self._conn_sessions.pop(conn, ()):
+            session = self.sessions.get(sessionid)
+            if session is not None:
+                session.connections.pop(conn, None)
+
+    def _bind(self, session: Session, conn: Hashable, dirs: int) -> None:
+        if dirs & BACK and not session.connections.get(conn, 0) & BACK:
+            # Most recently bound last: callbacks go on the newest back connection.
+            session.connections.pop(conn, None)
+        session.connections[conn] = dirs
+        self._conn_sessions.setdefault(conn, set()).add(session.sessionid)
+
+    def _unbind_all(self, session: Session) -> None:
+        for conn in session.connections:
+            ids = self._conn_sessions.get(conn)
+            if ids is not None:
+                ids.discard(session.sessionid)
+                if not ids:
+                    del self._conn_sessions[conn]
+        session.connections.clear()
+
+    # -- DESTROY_SESSION (18.37), DESTROY_CLIENTID (18.50) -----------------------------------
+    def destroy_session(
+        self,
+        sessionid: bytes,
+        *,
+        conn: Hashable,
+        current: Session | None,
+        last_op: bool,
+    ) -> None:
+        session = self.sessions.get(sessionid)
+        if session is None:
+            raise SessionError(nfs4.NFS4ERR_BADSESSION, sessionid.hex())
+        busy = session.slots.busy
+        if current is session:
+            if not last_op:
+                raise SessionError(nfs4.NFS4ERR_NOT_ONLY_OP, "DESTROY_SESSION of its own session")
+            busy -= 1
+        elif conn not in session.connections:
+            raise SessionError(nfs4.NFS4ERR_CONN_NOT_BOUND_TO_SESSION, sessionid.hex())
+        if busy > 0:
+            raise SessionError(nfs4.NFS4ERR_DELAY, f"{busy} requests executing")
+        if session.backchannel.outstanding:
+            if not session.back_path_up:
+                raise SessionError(nfs4.NFS4ERR_CB_PATH_DOWN, "callbacks outstanding")
+            raise SessionError(nfs4.NFS4ERR_BACK_CHAN_BUSY, "callbacks outstanding")
+        self._destroy_session(session)
+        log.info("session %s of client %#x destroyed", sessionid.hex(), session.clientid)
+
+    def _destroy_session(self, session: Session) -> None:
+        if session.destroyed:
+            return
+        session.destroyed = True
+        self.sessions.pop(session.sessionid, None)
+        session.client.sessions.pop(session.sessionid, None)
+        self.drc_reserved -= session.drc_reserved
+        session.slots.clear()
+        self._unbind_all(session)
+
+    def destroy_clientid(self, clientid: int, *, current: Session | None, now: float) -> None:
+        client = self.clients.get(clientid)
+        if client is None:
+            raise SessionError(nfs4.NFS4ERR_STALE_CLIENTID, f"client id {clientid:#x}")
+        if current is not None and current.client is client:
+            raise SessionError(nfs4.NFS4ERR_CLIENTID_BUSY, "destroying the COMPOUND's own client")
+        if client.sessions:
+            raise SessionError(nfs4.NFS4ERR_CLIENTID_BUSY, f"{len(client.sessions)} sessions")
+        if client.confirmed and self._in_use(client, now):
+            raise SessionError(nfs4.NFS4ERR_CLIENTID_BUSY, "the client holds state")
+        if client.confirmed:
+            self._expire(client, "DESTROY_CLIENTID")
+        else:
+            self.clients.remove(client)
+
+    # -- RECLAIM_COMPLETE (18.51), BACKCHANNEL_CTL (18.33) --------------------------------------
+    def reclaim_complete(self, clientid: int) -> None:
+        client = self.clients.get(clientid)
+        if client is None:
+            raise SessionError(nfs4.NFS4ERR_STALE_CLIENTID, f"client id {clientid:#x}")
+        if client.reclaim_complete:
+            raise SessionError(nfs4.NFS4ERR_COMPLETE_ALREADY)
+        client.reclaim_complete = True
+
+    def backchannel_ctl(
+        self, session: Session, cb_program: int, sec_parms: list[nfs4.callback_sec_parms4]
+    ) -> None:
+        _check_cb_sec(sec_parms)
+        session.cb_program = cb_program
+        session.cb_sec_parms = list(sec_parms)
+
+    # -- leases (8.3) ----------------------------------------------------------------------
+    def reap(self, now: float) -> list[int]:
+        """Drop unconfirmed records older than a lease and clients whose lease ran out (with
+        nothing executing); returns the client ids whose state was dropped."""
+        expired: list[int] = []
+        for client in self.clients:
+            if not client.confirmed:
+                if client.lease_expired(now, self.lease_time):
+                    self.clients.remove(client)
+            elif client.lease_expired(now, self.lease_time + self.lease_slack) and not client.busy:
+                self._expire(client, "lease expired")
+                expired.append(client.clientid)
+        return expired
+
+    def _reap_unconfirmed(self, now: float) -> None:
+        for client in self.clients:
+            if not client.confirmed and client.lease_expired(now, self.lease_time):
+                self.clients.remove(client)
+
+    def _expire(self, client: Client, why: str) -> None:
+        """Forget a client record with its sessions, and have its state dropped."""
+        for session in list(client.sessions.values()):
+            self._destroy_session(session)
+        self.clients.remove(client)
+        if client.confirmed:
+            log.info("client %#x dropped: %s", client.clientid, why)
+            self.on_client_expired(client.clientid)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("nfsrdma")
+    except importlib.metadata.PackageNotFoundError:
+        return "dev"
+
+
+def _check_cb_sec(parms: list[nfs4.callback_sec_parms4]) -> None:
+    """The back channel needs a flavour we can send with: AUTH_NONE or AUTH_SYS (no GSS)."""
+    if parms and usable_cb_sec(parms) is None:
+        raise SessionError(nfs4.NFS4ERR_ENCR_ALG_UNSUPP, "only RPCSEC_GSS offered for callbacks")

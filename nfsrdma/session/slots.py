@@ -1,0 +1,139 @@
+"""The server's fore-channel slot table and reply cache (RFC 8881 section 2.10.6), sans-IO.
+
+Each slot remembers the sequence id of the last request it accepted and, when the client asked
+for it (sa_cachethis) and it fitted, that request's reply as encoded. A request is classified
+against its slot (2.10.6.1, SS-6):
+
+- seqid = cached + 1 (mod 2^32): a new request; the slot is busy until the COMPOUND finishes;
+- seqid = cached: a retry, answered from the cache, or NFS4ERR_RETRY_UNCACHED_REP when the
+  reply was not kept, or NFS4ERR_DELAY while the original is still executing;
+- anything else, and a retry on a slot that never ran a request: NFS4ERR_SEQ_MISORDERED;
+- a slot id beyond the table: NFS4ERR_BADSLOT.
+
+The cache holds at most one reply per slot, each no larger than ca_maxresponsesize_cached, so it
+is bounded by slots x ca_maxresponsesize_cached (SS-7). The table can be asked to shrink
+(sr_target_highest_slotid, SS-9): the cached replies of slots above the target are dropped once
+the client's sa_highest_slotid shows it no longer uses them; their sequence ids are kept, so a
+late retry there is answered NFS4ERR_RETRY_UNCACHED_REP, never executed twice.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from nfsrdma.session.errors import SessionError
+from nfsrdma.xdr.gen import nfs4
+
+SEQID_MASK = 0xFFFFFFFF
+
+
+class CachedReply(Protocol):
+    """What the reply cache stores: an encoded COMPOUND4res (opaque here) and its size."""
+
+    @property
+    def size(self) -> int: ...
+
+
+class Disposition(enum.Enum):
+    NEW = "new"  # execute it
+    REPLAY = "replay"  # send the cached reply
+    UNCACHED_RETRY = "uncached retry"  # answer NFS4ERR_RETRY_UNCACHED_REP
+
+
+@dataclass(slots=True, eq=False)
+class Slot:
+    slotid: int
+    seqid: int = 0  # the last request accepted on this slot (0: none yet)
+    used: bool = False  # a request has been accepted on this slot
+    busy: bool = False  # that request is still executing
+    reply: CachedReply | None = None  # its reply, when cached
+
+
+@dataclass(slots=True)
+class SlotTable:
+    """Slots 0..count-1 of one session's fore channel (count = ca_maxrequests)."""
+
+    count: int
+    max_cached: int  # ca_maxresponsesize_cached
+    slots: list[Slot] = field(default_factory=list)
+    target_highest_slotid: int = -1  # -1: count - 1
+    cached_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError("a slot table needs at least one slot")
+        self.slots = [Slot(i) for i in range(self.count)]
+        if self.target_highest_slotid < 0:
+            self.target_highest_slotid = self.count - 1
+
+    @property
+    def highest_slotid(self) -> int:
+        """sr_highest_slotid: the highest slot id the server accepts."""
+        return self.count - 1
+
+    @property
+    def busy(self) -> int:
+        return sum(1 for s in self.slots if s.busy)
+
+    def classify(self, slotid: int, seqid: int) -> tuple[Slot, Disposition]:
+        if not 0 <= slotid < self.count:
+            raise SessionError(nfs4.NFS4ERR_BADSLOT, f"slot {slotid} of {self.count}")
+        slot = self.slots[slotid]
+        if seqid == slot.seqid:
+            if slot.busy:
+                raise SessionError(nfs4.NFS4ERR_DELAY, f"slot {slotid} seqid {seqid} executing")
+            if not slot.used:
+                raise SessionError(nfs4.NFS4ERR_SEQ_MISORDERED, f"slot {slotid} never used")
+            return (
+                slot,
+                Disposition.REPLAY if slot.reply is not None else Disposition.UNCACHED_RETRY,
+            )
+        if seqid == (slot.seqid + 1) & SEQID_MASK and not slot.busy:
+            return slot, Disposition.NEW
+        raise SessionError(
+            nfs4.NFS4ERR_SEQ_MISORDERED, f"slot {slotid}: seqid {seqid} after {slot.seqid}"
+        )
+
+    def begin(self, slot: Slot, seqid: int) -> None:
+        """A new request takes the slot: the previous reply is no longer needed."""
+        self._drop(slot)
+        slot.seqid = seqid
+        slot.used = True
+        slot.busy = True
+
+    def complete(self, slot: Slot, seqid: int, reply: CachedReply | None) -> bool:
+        """The request finished; keep its reply when given and small enough. Returns whether
+        the reply is cached."""
+        if not slot.busy or slot.seqid != seqid:
+            return False
+        slot.busy = False
+        if reply is None or reply.size > self.max_cached:
+            return False
+        slot.reply = reply
+        self.cached_bytes += reply.size
+        return True
+
+    def set_target(self, target_highest_slotid: int) -> None:
+        """Ask the client to use slots 0..target only (sr_target_highest_slotid)."""
+        self.target_highest_slotid = max(0, min(target_highest_slotid, self.count - 1))
+
+    def client_highest(self, sa_highest_slotid: int) -> None:
+        """The client's sa_highest_slotid: when it is at or below the target, the slots above
+        the target are idle and their cached replies can go."""
+        target = self.target_highest_slotid
+        if target >= self.count - 1 or sa_highest_slotid > target:
+            return
+        for slot in self.slots[target + 1 :]:
+            if not slot.busy:
+                self._drop(slot)
+
+    def clear(self) -> None:
+        for slot in self.slots:
+            self._drop(slot)
+
+    def _drop(self, slot: Slot) -> None:
+        if slot.reply is not None:
+            self.cached_bytes -= slot.reply.size
+            slot.reply = None

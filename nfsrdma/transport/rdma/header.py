@@ -1,0 +1,225 @@
+"""The RPC-over-RDMA version 1 transport header (RFC 8166 section 4), checked.
+
+``parse`` turns received bytes into a ``Header`` whose chunk lists are grouped the way the
+protocol means them (Read segments with one position form one Read chunk), or raises
+``HeaderError`` saying which RDMA_ERROR answers it (TR-3 ERR_VERS, TR-17 ERR_CHUNK).
+``check_call`` applies a responder's limits to a call's chunks (UL-18 baseline and beyond).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from nfsrdma.xdr.gen import rpcrdma
+from nfsrdma.xdr.runtime import Reader, Writer, XdrError
+
+VERSION = 1
+MIN_INLINE = 1024  # the default and minimum inline threshold (RFC 8166 section 3.3.3)
+_FIXED = struct.Struct(">IIII")  # xid, vers, credit, proc
+
+RDMA_MSG = rpcrdma.RDMA_MSG
+RDMA_NOMSG = rpcrdma.RDMA_NOMSG
+RDMA_ERROR = rpcrdma.RDMA_ERROR
+ERR_VERS = rpcrdma.ERR_VERS
+ERR_CHUNK = rpcrdma.ERR_CHUNK
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A plain RDMA segment: ``length`` bytes at ``offset`` in the peer's memory ``handle``."""
+
+    handle: int
+    length: int
+    offset: int
+
+
+@dataclass(slots=True)
+class ReadChunk:
+    """One Read chunk: the segments that carry the XDR data item at ``position``."""
+
+    position: int
+    segments: list[Segment]
+
+    @property
+    def length(self) -> int:
+        return sum(s.length for s in self.segments)
+
+
+@dataclass(slots=True)
+class Header:
+    xid: int
+    vers: int
+    credit: int
+    proc: int
+    reads: list[ReadChunk] = field(default_factory=list)
+    writes: list[list[Segment]] = field(default_factory=list)
+    reply: list[Segment] | None = None
+    error: int | None = None  # RDMA_ERROR: ERR_VERS or ERR_CHUNK
+    vers_range: tuple[int, int] | None = None  # RDMA_ERROR / ERR_VERS
+    size: int = 0  # bytes of header; for RDMA_MSG the RPC message starts here
+
+    def rkeys(self) -> set[int]:
+        keys = {s.handle for c in self.reads for s in c.segments}
+        keys |= {s.handle for c in self.writes for s in c}
+        if self.reply:
+            keys |= {s.handle for s in self.reply}
+        return keys
+
+
+class HeaderError(Exception):
+    """A header that cannot be processed. ``err`` is the RDMA_ERROR to answer with (when the
+    XID is known), or None when the message must be dropped."""
+
+    def __init__(self, reason: str, xid: int | None, err: int | None) -> None:
+        super().__init__(reason)
+        self.xid = xid
+        self.err = err
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkLimits:
+    """What a responder accepts. The defaults are above RFC 8267's baseline (UL-18): a
+    position-zero Read chunk plus one other, one Write chunk, 16 segments per chunk."""
+
+    max_segments: int = 16  # per chunk
+    max_read_chunks: int = 2  # distinct non-zero positions
+    max_write_chunks: int = 1
+    max_segment_length: int = 1 << 24
+    max_chunk_bytes: int = 4 << 20  # per chunk, and all Read chunks together
+
+
+def _segment(s: rpcrdma.xdr_rdma_segment) -> Segment:
+    return Segment(s.handle, s.length, s.offset)
+
+
+def parse(buf: memoryview | bytes) -> Header:
+    """Decode a transport header. Raises HeaderError (TR-3, TR-4, TR-17)."""
+    if len(buf) < 4:
+        raise HeaderError("message shorter than an XID", None, None)
+    if len(buf) < 16:
+        xid = struct.unpack_from(">I", buf)[0]
+        raise HeaderError("truncated transport header", xid, ERR_CHUNK)
+    xid, vers, credit, proc = _FIXED.unpack_from(buf)
+    if vers != VERSION:
+        raise HeaderError(f"RPC-over-RDMA version {vers}", xid, ERR_VERS)
+    try:
+        body, end = rpcrdma.dec_rdma_body(Reader(buf), 12)
+    except XdrError as e:
+        raise HeaderError(f"malformed transport header: {e}", xid, ERR_CHUNK) from None
+    h = Header(xid, vers, credit, proc, size=end)
+    v = body.value
+    if proc == RDMA_ERROR:
+        assert isinstance(v, rpcrdma.rpc_rdma_error)
+        h.error = int(v.err)
+        if isinstance(v.value, rpcrdma.rpc_rdma_errvers):
+            h.vers_range = (v.value.rdma_vers_low, v.value.rdma_vers_high)
+        return h
+    if proc not in (RDMA_MSG, RDMA_NOMSG):
+        raise HeaderError(f"transport procedure {proc} is not to be used", xid, ERR_CHUNK)
+    assert isinstance(v, rpcrdma.rpc_rdma_header | rpcrdma.rpc_rdma_header_nomsg)
+    for rc in v.rdma_reads:
+        if h.reads and h.reads[-1].position == rc.position:
+            h.reads[-1].segments.append(_segment(rc.target))
+        else:
+            h.reads.append(ReadChunk(rc.position, [_segment(rc.target)]))
+    h.writes = [[_segment(s) for s in wc.target] for wc in v.rdma_writes]
+    if v.rdma_reply is not None:
+        h.reply = [_segment(s) for s in v.rdma_reply.target]
+    return h
+
+
+def check_call(h: Header, inline_len: int, limits: ChunkLimits) -> None:
+    """A responder's checks of a call's chunks before any RDMA operation (TR-17, TR-21,
+    SEC-7, SEC-8). ``inline_len`` is the RPC message's length (inline, or for RDMA_NOMSG the
+    position-zero chunk's). Raises HeaderError(ERR_CHUNK)."""
+
+    def fail(reason: str) -> HeaderError:
+        return HeaderError(reason, h.xid, ERR_CHUNK)
+
+    chunks = [c.segments for c in h.reads] + h.writes + ([h.reply] if h.reply else [])
+    for segs in chunks:
+        if len(segs) > limits.max_segments:
+            raise fail(f"a chunk of {len(segs)} segments (limit {limits.max_segments})")
+        if any(s.length > limits.max_segment_length for s in segs):
+            raise fail("a segment longer than the limit")
+        if sum(s.length for s in segs) > limits.max_chunk_bytes:
+            raise fail("a chunk larger than the limit")
+    if len(h.writes) > limits.max_write_chunks:
+        raise fail(f"{len(h.writes)} Write chunks (limit {limits.max_write_chunks})")
+    positions = [c.position for c in h.reads]
+    if len(set(positions)) != len(positions) or positions != sorted(positions):
+        raise fail("Read chunks out of order")
+    zero = [c for c in h.reads if c.position == 0]
+    others = [c for c in h.reads if c.position != 0]
+    if h.proc == RDMA_NOMSG and not zero and h.reply is None:
+        raise fail("RDMA_NOMSG call without a position-zero Read chunk")
+    if h.proc == RDMA_MSG and zero:
+        raise fail("RDMA_MSG with a position-zero Read chunk")
+    if len(others) > limits.max_read_chunks:
+        raise fail(f"{len(others)} Read chunks (limit {limits.max_read_chunks})")
+    if sum(c.length for c in h.reads) > limits.max_chunk_bytes:
+        raise fail("Read chunks larger than the limit")
+    stream_len = inline_len  # the XDR stream so far, with earlier chunks' data in place
+    for c in others:
+        if c.position % 4:
+            raise fail(f"Read chunk position {c.position} is not a multiple of 4")
+        if c.position > stream_len:
+            raise fail(f"Read chunk position {c.position} is beyond the message")
+        stream_len += c.length + (-c.length & 3)
+
+
+def encode(
+    xid: int,
+    credit: int,
+    proc: int,
+    reads: list[ReadChunk] | None = None,
+    writes: list[list[Segment]] | None = None,
+    reply: list[Segment] | None = None,
+) -> bytes:
+    """An RDMA_MSG or RDMA_NOMSG header (TR-1, TR-5, TR-6); never RDMA_MSGP/DONE (TR-4)."""
+    seg = rpcrdma.xdr_rdma_segment
+    read_list = [
+        rpcrdma.xdr_read_chunk(c.position, seg(s.handle, s.length, s.offset))
+        for c in reads or ()
+        for s in c.segments
+    ]
+    write_list = [
+        rpcrdma.xdr_write_chunk([seg(s.handle, s.length, s.offset) for s in c])
+        for c in writes or ()
+    ]
+    reply_chunk = (
+        None
+        if reply is None
+        else rpcrdma.xdr_write_chunk([seg(s.handle, s.length, s.offset) for s in reply])
+    )
+    lists: rpcrdma.rpc_rdma_header | rpcrdma.rpc_rdma_header_nomsg
+    if proc == RDMA_MSG:
+        lists = rpcrdma.rpc_rdma_header(read_list, write_list, reply_chunk)
+    elif proc == RDMA_NOMSG:
+        lists = rpcrdma.rpc_rdma_header_nomsg(read_list, write_list, reply_chunk)
+    else:
+        raise ValueError(f"transport procedure {proc} is not to be sent")
+    w = Writer()
+    w += _FIXED.pack(xid, VERSION, credit, proc)[:12]
+    rpcrdma.enc_rdma_body(w, rpcrdma.rdma_body(rpcrdma.rdma_proc(proc), lists))
+    return bytes(w)
+
+
+def encode_error(xid: int, credit: int, err: int) -> bytes:
+    """RDMA_ERROR: ERR_VERS carries our range (1, 1) (TR-3, TR-16); ERR_CHUNK nothing."""
+    w = Writer()
+    w += _FIXED.pack(xid, VERSION, credit, RDMA_ERROR)[:12]
+    rng = rpcrdma.rpc_rdma_errvers(VERSION, VERSION) if err == ERR_VERS else None
+    error = rpcrdma.rpc_rdma_error(rpcrdma.rpc_rdma_errcode(err), rng)
+    rpcrdma.enc_rdma_body(w, rpcrdma.rdma_body(RDMA_ERROR, error))
+    return bytes(w)
+
+
+def header_size(reads: int, write_segments: list[int], reply_segments: int | None) -> int:
+    """The encoded size of a header with these lists (for inline budgeting, TR-6)."""
+    size = 16 + 4  # fixed words, read list terminator
+    size += 24 * reads  # each read segment: link, position, segment
+    size += 4 + sum(8 + 16 * n for n in write_segments)  # write list
+    size += 4 + (0 if reply_segments is None else 4 + 16 * reply_segments)
+    return size

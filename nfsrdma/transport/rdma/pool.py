@@ -1,0 +1,145 @@
+"""Pre-registered buffer pools: the steady-state inline path never registers memory.
+
+A pool registers one region once and carves it into fixed-size buffers. Taking and returning a
+buffer touches only a free list; the ``PooledBuffer`` objects themselves are made up front.
+
+- send pool: Send buffers (transport header + inline RPC message); local access only;
+- receive pool: one buffer per posted Receive, each at least the advertised Receive Size
+  (PD-6: ``PrivateData.for_buffers(send.buffer_size, receive.buffer_size)``);
+- data pool: larger buffers for RDMA Read sinks and RDMA Write sources; with
+  ``windows=True`` they may also be exposed to the peer through per-RPC memory windows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nfsrdma.transport.rdma.provider import (
+    Access,
+    MemoryRegion,
+    ProtectionDomain,
+    ProviderError,
+    Sge,
+)
+
+
+class PoolExhausted(ProviderError):
+    """No free buffer in the pool."""
+
+
+@dataclass(slots=True, eq=False)
+class PooledBuffer:
+    """One buffer of a pool: ``view`` is its bytes inside the pool's registered region."""
+
+    pool: BufferPool
+    index: int
+    offset: int  # within the pool's region
+    view: memoryview = field(repr=False)
+    in_use: bool = False
+
+    @property
+    def size(self) -> int:
+        return len(self.view)
+
+    @property
+    def addr(self) -> int:
+        return self.pool.region.addr + self.offset
+
+    @property
+    def lkey(self) -> int:
+        return self.pool.region.lkey
+
+    def sge(self, length: int | None = None, offset: int = 0) -> Sge:
+        """The element for ``length`` bytes (default: the rest of the buffer) from ``offset``."""
+        if length is None:
+            length = len(self.view) - offset
+        if offset < 0 or length < 0 or offset + length > len(self.view):
+            raise ProviderError(f"{offset}+{length} outside a {len(self.view)}-byte buffer")
+        return Sge(self.addr + offset, length, self.pool.region.lkey)
+
+    def release(self) -> None:
+        self.pool.put(self)
+
+
+class BufferPool:
+    """``count`` buffers of ``buffer_size`` bytes in one registered region."""
+
+    def __init__(
+        self,
+        pd: ProtectionDomain,
+        count: int,
+        buffer_size: int,
+        access: Access,
+        *,
+        name: str = "pool",
+    ) -> None:
+        if count < 1 or buffer_size < 1:
+            raise ProviderError("a pool needs at least one buffer of at least one byte")
+        self.name = name
+        self.buffer_size = buffer_size
+        self.region: MemoryRegion = pd.register(count * buffer_size, access)
+        memory = self.region.buffer
+        self._buffers = [
+            PooledBuffer(self, i, i * buffer_size, memory[i * buffer_size : (i + 1) * buffer_size])
+            for i in range(count)
+        ]
+        self._free = list(reversed(range(count)))  # a stack: recently used buffers first
+
+    @property
+    def count(self) -> int:
+        return len(self._buffers)
+
+    @property
+    def available(self) -> int:
+        return len(self._free)
+
+    @property
+    def in_use(self) -> int:
+        return len(self._buffers) - len(self._free)
+
+    def try_get(self) -> PooledBuffer | None:
+        if not self._free:
+            return None
+        buf = self._buffers[self._free.pop()]
+        buf.in_use = True
+        return buf
+
+    def get(self) -> PooledBuffer:
+        buf = self.try_get()
+        if buf is None:
+            raise PoolExhausted(f"{self.name}: all {len(self._buffers)} buffers in use")
+        return buf
+
+    def put(self, buf: PooledBuffer) -> None:
+        if buf.pool is not self:
+            raise ProviderError(f"buffer does not belong to {self.name}")
+        if not buf.in_use:
+            raise ProviderError(f"{self.name}: buffer {buf.index} returned twice")
+        buf.in_use = False
+        self._free.append(buf.index)
+
+    def by_addr(self, addr: int) -> PooledBuffer:
+        """The buffer that ``addr`` (e.g. from an ``Sge``) falls in."""
+        offset = addr - self.region.addr
+        if not 0 <= offset < len(self._buffers) * self.buffer_size:
+            raise ProviderError(f"address {addr:#x} is not in {self.name}")
+        return self._buffers[offset // self.buffer_size]
+
+    def close(self) -> None:
+        """Deregister the region (buffers stay readable, but no longer usable for verbs)."""
+        self.region.deregister()
+
+
+def send_pool(pd: ProtectionDomain, count: int, buffer_size: int) -> BufferPool:
+    return BufferPool(pd, count, buffer_size, Access.LOCAL_WRITE, name="send")
+
+
+def receive_pool(pd: ProtectionDomain, count: int, buffer_size: int) -> BufferPool:
+    return BufferPool(pd, count, buffer_size, Access.LOCAL_WRITE, name="receive")
+
+
+def data_pool(
+    pd: ProtectionDomain, count: int, buffer_size: int, *, windows: bool = False
+) -> BufferPool:
+    access = Access.LOCAL_WRITE | (Access.MW_BIND if windows else Access(0))
+    return BufferPool(pd, count, buffer_size, access, name="data")

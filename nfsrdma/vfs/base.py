@@ -1,0 +1,402 @@
+"""The VFS interface: the only layer of nfsrdma that touches the file system.
+
+The NFS operation layer (``nfsrdma.nfs4``) calls a :class:`Vfs`; it never calls ``os.*`` itself.
+Path confinement, file-handle validation and permission checks live behind this interface, once.
+Everything here uses plain Python types; nothing imports the XDR or RPC layers.
+
+Conventions
+-----------
+* **File handles** are opaque ``bytes`` of at most :data:`NFS4_FHSIZE` (128) octets. A backend
+  authenticates them: a forged, truncated or foreign handle raises :class:`BadHandle`; a handle of
+  an object that no longer exists (or is no longer reachable inside the export) raises
+  :class:`StaleHandle`.
+* **Names** are single path components, ``bytes`` (a ``str`` is accepted and encoded with
+  :func:`os.fsencode`). ``b""``, ``b"."``, ``b".."`` and names containing ``b"/"`` or NUL raise
+  ``OSError(EINVAL)``; names longer than 255 octets raise ``OSError(ENAMETOOLONG)``.
+* **Errors** are ``OSError`` with the errno the NFS layer maps to an nfsstat4 (``EACCES`` →
+  NFS4ERR_ACCESS, ``EROFS`` → NFS4ERR_ROFS, ``ENOTEMPTY`` → NFS4ERR_NOTEMPTY, ...), plus
+  :class:`BadHandle`, :class:`StaleHandle` and :class:`BadCookie`, which are *not* ``OSError``
+  subclasses (catch them first).
+* **Identity.** Every identity-dependent call takes a :class:`Cred` (the AUTH_SYS credential as
+  sent). The backend applies the export's squashing and lets the file system check permissions
+  with that identity (see ``identity.py``). Calls that need no permission (GETATTR, STATFS) take
+  no ``cred``.
+* **Threads.** Every method is synchronous and thread-safe. The NFS layer calls metadata
+  operations directly from the event loop and runs large READ/WRITE/COMMIT in a thread pool.
+  Identity switching is per *thread* and cached; a thread that has called the VFS keeps the last
+  caller's file-system identity until its next VFS call. Code that opens files itself in such a
+  thread should call :meth:`Vfs.release_identity` first.
+* **Read-only exports** refuse every modification with ``OSError(EROFS)``.
+
+Operation summary (RFC 8881 operation in brackets)::
+
+    root_handle()                                   -> fh                  [PUTROOTFH]
+    lookup(cred, dir_fh, name)                      -> fh                  [LOOKUP]
+    lookupp(cred, fh)                               -> fh  (ENOENT at root)[LOOKUPP]
+    getattr(fh)                                     -> Attributes          [GETATTR]
+    setattr(cred, fh, mode=, uid=, gid=, size=, atime=, mtime=) -> Attributes [SETATTR]
+    access(cred, fh, mask)                          -> allowed mask        [ACCESS]
+    open(cred, fh, read, write, truncate)           -> OpenFile            [OPEN, no create]
+    create_file(cred, dir_fh, name, mode, how, verifier) -> (fh, OpenFile, created) [OPEN create]
+    anonymous_read / anonymous_write                (special stateids)     [READ, WRITE]
+    create(cred, dir_fh, name, type, mode, linkdata=, rdev=) -> fh         [CREATE]
+    remove(cred, dir_fh, name)                                             [REMOVE]
+    rename(cred, src_dir, src_name, dst_dir, dst_name)                     [RENAME]
+    link(cred, fh, dir_fh, name)                                           [LINK]
+    readlink(cred, fh)                              -> bytes               [READLINK]
+    readdir(cred, dir_fh, cookie, verifier, max_entries) -> DirListing     [READDIR]
+    statfs(fh)                                      -> FsStats             [GETATTR space_*/files_*]
+    write_verifier                                  8 octets, random per server instance
+
+Exclusive create
+----------------
+``CreateMode.EXCLUSIVE`` covers EXCLUSIVE4 and EXCLUSIVE4_1 (RFC 8881 §18.16.3). The 8-octet
+verifier is stored in the new file's atime and mtime; a retried create with the same verifier
+succeeds (``created`` is ``True`` again, as knfsd does) and a different verifier gets ``EEXIST``.
+Consequently the NFS layer must not list ``time_access_set``/``time_modify_set`` in
+``suppattr_exclcreat``. A file created by the caller is always returned writable, whatever its
+mode (§18.16: the owner may write through the open that created it).
+
+Change attribute
+----------------
+``Attributes.change`` is ``ctime_ns`` plus a per-file counter the backend bumps after every
+modification it makes itself. ctime alone has jiffy granularity on tmpfs and older ext4, so two
+writes in the same tick would otherwise look like one. The value never decreases while the
+server runs. The counters live in memory (a bounded table): after a restart, or when an entry is
+dropped, the value falls back to ctime. So if a file was modified twice within one timestamp tick
+just before a restart, a client may see again the value it saw between those two modifications.
+
+READDIR cookies
+---------------
+A cookie is a keyed 63-bit hash of the entry name (key derived from the export secret), moved
+past the reserved values 0, 1 and 2, and a directory is listed in cookie order. A cookie names a
+position, not an index, so it stays valid while the directory changes and across server
+restarts: entries created or removed elsewhere in the directory shift nothing. Two names in one
+directory share a cookie with probability about n²/2⁶⁴. The cookie verifier is a constant of the
+export and is not checked (cookies never expire); cookies 1 and 2 raise :class:`BadCookie`.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass
+from typing import Final, Literal
+
+NFS4_FHSIZE: Final = 128
+NAME_MAX: Final = 255
+NFS4_VERIFIER_SIZE: Final = 8
+
+# ACCESS4 bits (RFC 8881 §18.1).
+ACCESS4_READ: Final = 0x01
+ACCESS4_LOOKUP: Final = 0x02
+ACCESS4_MODIFY: Final = 0x04
+ACCESS4_EXTEND: Final = 0x08
+ACCESS4_DELETE: Final = 0x10
+ACCESS4_EXECUTE: Final = 0x20
+ACCESS4_ALL: Final = 0x3F
+
+
+class HandleError(Exception):
+    """A file handle the backend cannot use (base class; not an ``OSError``)."""
+
+
+class BadHandle(HandleError):
+    """Forged, truncated, corrupted or foreign handle (NFS4ERR_BADHANDLE)."""
+
+
+class StaleHandle(HandleError):
+    """The handle was valid but its object is gone or outside the export (NFS4ERR_STALE)."""
+
+
+class BadCookie(Exception):
+    """A READDIR cookie the server never hands out (1 or 2) (NFS4ERR_BAD_COOKIE)."""
+
+
+class FileType(enum.IntEnum):
+    """nfs_ftype4 values (RFC 8881 §3.3.11)."""
+
+    NF4REG = 1
+    NF4DIR = 2
+    NF4BLK = 3
+    NF4CHR = 4
+    NF4LNK = 5
+    NF4SOCK = 6
+    NF4FIFO = 7
+    NF4ATTRDIR = 8
+    NF4NAMEDATTR = 9
+
+
+class CreateMode(enum.IntEnum):
+    """How OPEN creates a regular file (createmode4; EXCLUSIVE covers EXCLUSIVE4 and _4_1)."""
+
+    UNCHECKED = 0
+    GUARDED = 1
+    EXCLUSIVE = 2
+
+
+class _ServerTime(enum.Enum):
+    SET_TO_SERVER_TIME = "SET_TO_SERVER_TIME"
+
+
+SET_TO_SERVER_TIME: Final = _ServerTime.SET_TO_SERVER_TIME
+"""Pass as ``atime``/``mtime`` to :meth:`Vfs.setattr` for time_how4 SET_TO_SERVER_TIME4."""
+
+TimeSet = int | Literal[_ServerTime.SET_TO_SERVER_TIME]
+"""A time to set: nanoseconds since the epoch, or :data:`SET_TO_SERVER_TIME`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cred:
+    """An AUTH_SYS identity as the client sent it (squashing is the backend's job)."""
+
+    uid: int
+    gid: int
+    gids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Export:
+    """One exported directory and its options.
+
+    ``root``: the directory (resolved with ``realpath`` by the backend).
+    ``root_squash``: map uid 0 to ``anon_uid`` and gid 0 (also in ``gids``) to ``anon_gid``.
+    ``state_dir``: where the per-export handle secret lives; must be outside the export.
+    ``None`` means ``$XDG_STATE_HOME/nfsrdma`` or ``~/.local/state/nfsrdma``.
+    """
+
+    root: str
+    read_only: bool = False
+    root_squash: bool = True
+    anon_uid: int = 65534
+    anon_gid: int = 65534
+    state_dir: str | None = None
+
+    def anonymous_cred(self) -> Cred:
+        """The identity for AUTH_NONE callers."""
+        return Cred(self.anon_uid, self.anon_gid, ())
+
+
+@dataclass(frozen=True, slots=True)
+class Attributes:
+    """What one ``fstat`` says about an object, in NFS terms.
+
+    ``mode`` holds the permission bits (0o7777) only; ``rdev`` and ``fsid`` are
+    ``(major, minor)``; times are nanoseconds since the epoch; ``space_used`` is in octets.
+    ``mounted_on_fileid`` equals ``fileid``: the backend never crosses into other file systems,
+    and the export root is the root of what it serves.
+    """
+
+    type: FileType
+    mode: int
+    nlink: int
+    uid: int
+    gid: int
+    size: int
+    space_used: int
+    rdev: tuple[int, int]
+    fsid: tuple[int, int]
+    fileid: int
+    mounted_on_fileid: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    change: int
+
+
+@dataclass(frozen=True, slots=True)
+class FsStats:
+    """File-system statistics for GETATTR files_*, space_*, maxname and maxlink."""
+
+    files_total: int
+    files_free: int
+    files_avail: int
+    bytes_total: int
+    bytes_free: int
+    bytes_avail: int
+    max_name: int
+    max_link: int
+
+
+@dataclass(frozen=True, slots=True)
+class DirEntry:
+    """One READDIR entry. ``error`` is an errno (0 if ``fh`` and ``attrs`` are present).
+
+    An entry the caller may not look up (e.g. search permission missing on the directory) comes
+    back with ``fh``/``attrs`` ``None`` and ``error`` set, for rdattr_error.
+    """
+
+    cookie: int
+    name: bytes
+    fh: bytes | None
+    attrs: Attributes | None
+    error: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DirListing:
+    """A page of READDIR results. ``eof`` is true when no entries follow the last one."""
+
+    entries: list[DirEntry]
+    verifier: bytes
+    eof: bool
+
+
+class OpenFile(abc.ABC):
+    """An open regular file: the data path of READ, WRITE and COMMIT.
+
+    Permission was checked when it was opened; I/O on it needs no identity and may run on any
+    thread. ``close`` waits for nothing: I/O racing with ``close`` fails with ``EBADF``.
+    """
+
+    fh: bytes
+    fileid: int
+    readable: bool
+    writable: bool
+
+    @abc.abstractmethod
+    def read(self, offset: int, count: int) -> tuple[bytes, bool]:
+        """Read up to ``count`` octets at ``offset``; returns ``(data, eof)``."""
+
+    @abc.abstractmethod
+    def readinto(self, offset: int, buf: memoryview | bytearray) -> tuple[int, bool]:
+        """Read into the caller's buffer (no extra copy); returns ``(n, eof)``."""
+
+    @abc.abstractmethod
+    def write(self, offset: int, data: bytes | memoryview | bytearray, stable: bool = False) -> int:
+        """Write at ``offset``; ``stable`` means FILE_SYNC/DATA_SYNC (data on disk on return)."""
+
+    @abc.abstractmethod
+    def commit(self) -> None:
+        """Flush everything written so far to stable storage (COMMIT)."""
+
+    @abc.abstractmethod
+    def getattr(self) -> Attributes:
+        """Attributes of the open file."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close; idempotent."""
+
+
+class Vfs(abc.ABC):
+    """A served directory tree. See the module docstring for the conventions."""
+
+    export: Export
+    write_verifier: bytes
+    """8 octets for WRITE/COMMIT, random per server instance (changes on restart)."""
+
+    @abc.abstractmethod
+    def root_handle(self) -> bytes: ...
+
+    @abc.abstractmethod
+    def lookup(self, cred: Cred, dir_fh: bytes, name: bytes | str) -> bytes: ...
+
+    @abc.abstractmethod
+    def lookupp(self, cred: Cred, fh: bytes) -> bytes: ...
+
+    @abc.abstractmethod
+    def getattr(self, fh: bytes) -> Attributes: ...
+
+    @abc.abstractmethod
+    def setattr(
+        self,
+        cred: Cred,
+        fh: bytes,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        size: int | None = None,
+        atime: TimeSet | None = None,
+        mtime: TimeSet | None = None,
+    ) -> Attributes: ...
+
+    @abc.abstractmethod
+    def access(self, cred: Cred, fh: bytes, mask: int) -> int: ...
+
+    @abc.abstractmethod
+    def open(
+        self, cred: Cred, fh: bytes, read: bool, write: bool, truncate: bool = False
+    ) -> OpenFile: ...
+
+    @abc.abstractmethod
+    def create_file(
+        self,
+        cred: Cred,
+        dir_fh: bytes,
+        name: bytes | str,
+        mode: int,
+        how: CreateMode = CreateMode.UNCHECKED,
+        verifier: bytes | None = None,
+        *,
+        read: bool = True,
+        write: bool = True,
+    ) -> tuple[bytes, OpenFile, bool]: ...
+
+    @abc.abstractmethod
+    def anonymous_read(
+        self, cred: Cred, fh: bytes, offset: int, count: int
+    ) -> tuple[bytes, bool]: ...
+
+    @abc.abstractmethod
+    def anonymous_write(
+        self,
+        cred: Cred,
+        fh: bytes,
+        offset: int,
+        data: bytes | memoryview | bytearray,
+        stable: bool = False,
+    ) -> int: ...
+
+    @abc.abstractmethod
+    def create(
+        self,
+        cred: Cred,
+        dir_fh: bytes,
+        name: bytes | str,
+        ftype: FileType,
+        mode: int,
+        linkdata: bytes | None = None,
+        rdev: tuple[int, int] | None = None,
+    ) -> bytes: ...
+
+    @abc.abstractmethod
+    def remove(self, cred: Cred, dir_fh: bytes, name: bytes | str) -> None: ...
+
+    @abc.abstractmethod
+    def rename(
+        self,
+        cred: Cred,
+        src_dir_fh: bytes,
+        src_name: bytes | str,
+        dst_dir_fh: bytes,
+        dst_name: bytes | str,
+    ) -> None: ...
+
+    @abc.abstractmethod
+    def link(self, cred: Cred, fh: bytes, dir_fh: bytes, name: bytes | str) -> None: ...
+
+    @abc.abstractmethod
+    def readlink(self, cred: Cred, fh: bytes) -> bytes: ...
+
+    @abc.abstractmethod
+    def readdir(
+        self,
+        cred: Cred,
+        dir_fh: bytes,
+        cookie: int = 0,
+        verifier: bytes = b"",
+        max_entries: int = 1024,
+    ) -> DirListing: ...
+
+    @abc.abstractmethod
+    def statfs(self, fh: bytes) -> FsStats: ...
+
+    @abc.abstractmethod
+    def release_identity(self) -> None:
+        """Give the calling thread back the server's own file-system identity."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release every descriptor the backend holds."""

@@ -1,0 +1,106 @@
+"""Whose permissions apply: AUTH_SYS squashing and per-thread file-system identity.
+
+When the server runs as root, each VFS call sets the calling *thread's* fsuid, fsgid and
+supplementary groups with raw system calls (glibc's ``setgroups`` would change every thread);
+the kernel then checks permissions itself, ACLs included. Setting a non-zero fsuid also drops
+the file-system capabilities (CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_CHOWN, CAP_MKNOD, ...) from the
+thread, so a squashed root is an ordinary user. The identity is cached per thread: repeated calls
+by the same identity cost a thread-local lookup. A new thread inherits its creator's identity, so
+the cache starts empty and the first call always sets it.
+
+When the server does not run as root, switching is impossible: every client acts as the server's
+own user (logged once).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import threading
+from typing import Final
+
+from nfsrdma.vfs import syscalls
+from nfsrdma.vfs.base import Cred, Export
+
+log = logging.getLogger("nfsrdma.vfs")
+
+NGROUPS_MAX: Final = 65536
+_warned_unprivileged = False
+# What each thread's fs identity is, shared by every FsIdentity: the credentials belong to the
+# thread, not to an export.
+_thread = threading.local()
+
+
+def squash(export: Export, cred: Cred) -> Cred:
+    """Apply root squashing (knfsd semantics: uid 0, gid 0 and group 0 in gids are mapped)."""
+    if not export.root_squash:
+        return cred
+    if cred.uid != 0 and cred.gid != 0 and 0 not in cred.gids:
+        return cred
+    uid = export.anon_uid if cred.uid == 0 else cred.uid
+    gid = export.anon_gid if cred.gid == 0 else cred.gid
+    gids = tuple(export.anon_gid if g == 0 else g for g in cred.gids)
+    return Cred(uid, gid, gids)
+
+
+class FsIdentity:
+    """Sets the calling thread's fs identity; a no-op when the process is not root."""
+
+    def __init__(self, enabled: bool | None = None) -> None:
+        nrs = syscalls.cred_syscalls()
+        can = os.geteuid() == 0 and nrs is not None
+        if enabled is None:
+            if os.geteuid() == 0 and nrs is None:
+                # Fail closed: root that cannot switch would serve every client as root.
+                raise PermissionError(errno.EPERM, "no fs-identity syscalls known for this CPU")
+            enabled = can
+        elif enabled and not can:
+            raise PermissionError(errno.EPERM, "identity switching needs root on x86_64/aarch64")
+        self.enabled = enabled
+        self._nr = nrs or (0, 0, 0)
+        self.server = Cred(os.geteuid(), os.getegid(), tuple(os.getgroups()))
+        if not enabled:
+            _warn_unprivileged()
+
+    def apply(self, cred: Cred) -> None:
+        """Make the calling thread act as ``cred`` (already squashed) for file-system access."""
+        if not self.enabled or getattr(_thread, "current", None) == cred:
+            return
+        _thread.current = None  # unknown until every call below succeeded
+        setfsuid, setfsgid, setgroups = self._nr
+        gids = cred.gids[:NGROUPS_MAX]
+        arr = (ctypes.c_uint * max(1, len(gids)))(*gids)
+        if syscalls.raw_syscall(setgroups, len(gids), arr) != 0:
+            err = syscalls.last_errno()
+            raise OSError(err, f"setgroups: {os.strerror(err)}")
+        # setfsuid/setfsgid return the previous value and never fail visibly: verify with -1.
+        syscalls.raw_syscall(setfsgid, cred.gid)
+        if syscalls.raw_syscall(setfsgid, -1) != cred.gid:
+            raise PermissionError(errno.EPERM, f"setfsgid({cred.gid}) did not take effect")
+        syscalls.raw_syscall(setfsuid, cred.uid)
+        if syscalls.raw_syscall(setfsuid, -1) != cred.uid:
+            raise PermissionError(errno.EPERM, f"setfsuid({cred.uid}) did not take effect")
+        _thread.current = cred
+
+    def apply_server(self) -> None:
+        """Give the calling thread back the server's own identity."""
+        self.apply(self.server)
+
+    def current(self) -> Cred:
+        """The identity the calling thread acts as (the server's if unknown)."""
+        cur = getattr(_thread, "current", None)
+        return cur if isinstance(cur, Cred) else self.server
+
+
+def _warn_unprivileged() -> None:
+    global _warned_unprivileged
+    if not _warned_unprivileged:
+        _warned_unprivileged = True
+        log.warning(
+            "not running as root: every NFS client acts as uid %d gid %d; "
+            "AUTH_SYS identities and root squashing are not applied",
+            os.geteuid(),
+            os.getegid(),
+        )

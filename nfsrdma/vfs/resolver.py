@@ -1,0 +1,261 @@
+"""From file handle to open O_PATH descriptor, confined to the export.
+
+*kernel mode* (the server has CAP_DAC_READ_SEARCH, i.e. runs as root): a handle carries the
+kernel's file handle, resolved with open_by_handle_at(2) against the export's mount, so handles
+survive server restarts. The resolved object must have the handle's fileid (the kernel checks the
+generation); a directory must still lie under the export root, otherwise the handle is stale.
+
+*cache mode* (not root, or a file system without kernel handles): the resolver remembers where it
+found each object (parent handle, name) in a bounded in-memory table and re-walks that path with
+``O_PATH | O_NOFOLLOW``, checking that the object found is the same one (same handle, i.e. same
+fileid and kernel handle). Handles go stale when the server restarts, or when another process
+renames an object. Logged at start-up.
+
+Both modes keep a bounded LRU of O_PATH descriptors keyed by handle (``fdcache.py``): the hot path
+costs a dictionary lookup. As root, the export is served from a detached clone of its mount made
+with open_tree(2) without submounts, so other file systems mounted below are never entered and a
+mount point shows the directory it covers, as knfsd without ``crossmnt`` does. Without that
+privilege an object on another mount (mount ID from name_to_handle_at or statx; st_dev on kernels
+older than 5.8) gets ``EACCES`` (see :meth:`Resolver.make_handle`).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import resource
+import stat
+import threading
+from collections import OrderedDict
+from typing import Final, Literal
+
+from nfsrdma.vfs import confine, syscalls
+from nfsrdma.vfs.base import BadHandle, StaleHandle
+from nfsrdma.vfs.confine import open_component
+from nfsrdma.vfs.fdcache import FdCache, Pin
+from nfsrdma.vfs.handles import NO_KERNEL_HANDLE, HandleCodec
+from nfsrdma.vfs.identity import FsIdentity
+
+log = logging.getLogger("nfsrdma.vfs")
+
+HandleMode = Literal["auto", "kernel", "cache"]
+RESOURCE_ERRNOS: Final = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
+_NO_KHANDLE_ERRNOS: Final = (errno.EOPNOTSUPP, errno.ENOSYS, errno.EOVERFLOW)
+
+
+def default_fd_cache_size() -> int:
+    """A quarter of the descriptor limit, between 64 and 4096."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(64, min(4096, soft // 4))
+
+
+class Resolver:
+    """Handles of one export: making them, and turning them back into descriptors."""
+
+    def __init__(
+        self,
+        root_path: str,
+        codec: HandleCodec,
+        ident: FsIdentity,
+        *,
+        handle_mode: HandleMode = "auto",
+        clone_mount: bool = True,
+        fd_cache_size: int | None = None,
+        location_cache_size: int = 1 << 18,
+    ) -> None:
+        self._codec = codec
+        self._ident = ident
+        self._loc_lock = threading.Lock()
+        self._locations: OrderedDict[bytes, tuple[bytes, bytes]] = OrderedDict()
+        self._location_capacity = location_cache_size
+        self.cloned = False
+        root_fd = -1
+        if clone_mount and os.geteuid() == 0:
+            try:
+                root_fd = syscalls.open_tree_clone(root_path)
+                self.cloned = True
+            except OSError as e:
+                log.warning("open_tree(%s): %s: objects on other mounts are refused", root_path, e)
+        if root_fd < 0:
+            root_fd = os.open(root_path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            self._mount_fd = os.open(
+                ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=root_fd
+            )
+            rst = os.fstat(root_fd)
+            self.dev = rst.st_dev
+            self.root_key = (rst.st_dev, rst.st_ino)
+            try:
+                ktype, khandle, mnt = syscalls.fd_handle(root_fd)
+                self._root_mnt: int | None = mnt
+            except OSError as e:
+                if e.errno not in _NO_KHANDLE_ERRNOS:
+                    raise
+                ktype, khandle = NO_KERNEL_HANDLE, b""
+                self._root_mnt = syscalls.mount_id(root_fd)
+            self._khandles = ktype != NO_KERNEL_HANDLE
+            self.root_fh = codec.pack(rst.st_ino, ktype, khandle)
+            self.kernel_handles = self._choose_mode(root_path, handle_mode, ktype, khandle)
+        except BaseException:
+            os.close(root_fd)
+            if getattr(self, "_mount_fd", -1) >= 0:
+                os.close(self._mount_fd)
+            raise
+        self.fds = FdCache(fd_cache_size or default_fd_cache_size())
+        self.fds.add_permanent(self.root_fh, root_fd, rst.st_ino)
+
+    def _choose_mode(self, root_path: str, mode: HandleMode, ktype: int, khandle: bytes) -> bool:
+        if mode == "cache":
+            return False
+        why = "the file system has no kernel file handles"
+        if ktype != NO_KERNEL_HANDLE:
+            try:
+                flags = os.O_PATH | os.O_CLOEXEC
+                os.close(syscalls.open_by_handle_at(self._mount_fd, ktype, khandle, flags))
+                return True
+            except OSError as e:
+                why = f"open_by_handle_at: {e.strerror} (needs CAP_DAC_READ_SEARCH)"
+        if mode == "kernel":
+            raise PermissionError(errno.EPERM, f"kernel file handles unavailable: {why}")
+        log.warning(
+            "%s: file handles are kept in memory only (%s); clients get stale handles after "
+            "a server restart",
+            root_path,
+            why,
+        )
+        return False
+
+    def close(self) -> None:
+        self.fds.close_all()
+        if self._mount_fd >= 0:
+            os.close(self._mount_fd)
+            self._mount_fd = -1
+
+    # ----------------------------------------------------------------- handle → descriptor
+
+    def pin(self, fh: bytes) -> Pin:
+        """The object of ``fh``, pinned in the descriptor cache (resolved on a miss)."""
+        if not isinstance(fh, bytes):
+            if not isinstance(fh, bytearray | memoryview):
+                raise BadHandle("handle must be bytes")
+            fh = bytes(fh)
+        pin = self.fds.acquire(fh)
+        if pin is not None:
+            return pin
+        info = self._codec.unpack(fh)
+        self._ident.apply_server()
+        if not self.kernel_handles or info.ktype == NO_KERNEL_HANDLE:
+            return self._walk(fh)
+        try:
+            flags = os.O_PATH | os.O_CLOEXEC
+            fd = syscalls.open_by_handle_at(self._mount_fd, info.ktype, info.khandle, flags)
+        except OSError as e:
+            if e.errno in RESOURCE_ERRNOS:
+                raise
+            raise StaleHandle(f"open_by_handle_at: {e.strerror}") from e
+        try:
+            st = os.fstat(fd)
+            if st.st_ino != info.fileid:
+                raise StaleHandle("handle resolves to another object")
+            if stat.S_ISDIR(st.st_mode) and not confine.within_root(fd, self.root_key):
+                raise StaleHandle("directory is no longer inside the export")
+        except BaseException:
+            os.close(fd)
+            raise
+        return self.fds.insert(fh, fd, st.st_ino)
+
+    def _walk(self, fh: bytes) -> Pin:
+        """Cache mode: re-open ``fh`` from the nearest cached ancestor by remembered names."""
+        path: list[tuple[bytes, bytes]] = []
+        cur = fh
+        while True:
+            with self._loc_lock:
+                loc = self._locations.get(cur)
+            if loc is None or len(path) > confine.MAX_DEPTH:
+                raise StaleHandle("unknown or forgotten handle")
+            parent_fh, name = loc
+            path.append((cur, name))
+            pin = self.fds.acquire(parent_fh)
+            if pin is not None:
+                break
+            cur = parent_fh
+        for child_fh, name in reversed(path):
+            try:
+                try:
+                    fd = open_component(pin.fd, name)
+                except OSError as e:
+                    if e.errno in RESOURCE_ERRNOS:
+                        raise
+                    raise StaleHandle(f"{name!r}: {e.strerror}") from e
+                try:
+                    found, st = self.make_handle(fd)
+                    if found != child_fh:
+                        raise StaleHandle("name now refers to another object")
+                except BaseException:
+                    os.close(fd)
+                    raise
+            finally:
+                pin.release()
+            pin = self.fds.insert(child_fh, fd, st.st_ino)
+        return pin
+
+    def stat(self, pin: Pin) -> os.stat_result:
+        """fstat of a pinned object; a removed object (no links left) is stale."""
+        st = os.fstat(pin.fd)
+        if st.st_nlink == 0 and pin.key != self.root_fh:
+            self.forget(pin.key)
+            raise StaleHandle("object was removed")
+        return st
+
+    # ----------------------------------------------------------------- descriptor → handle
+
+    def make_handle(
+        self, fd: int, st: os.stat_result | None = None
+    ) -> tuple[bytes, os.stat_result]:
+        """The handle of the object ``fd`` refers to; EACCES if it lies on another mount."""
+        if st is None:
+            st = os.fstat(fd)
+        ktype, khandle, mnt = NO_KERNEL_HANDLE, b"", None
+        if self._khandles:
+            try:
+                ktype, khandle, mnt = syscalls.fd_handle(fd)
+            except OSError as e:
+                if e.errno not in _NO_KHANDLE_ERRNOS:
+                    raise
+        if mnt is None:
+            mnt = syscalls.mount_id(fd)
+        if mnt is not None and self._root_mnt is not None:
+            if mnt != self._root_mnt:
+                raise OSError(errno.EACCES, "object on another mount (not crossed)")
+        elif st.st_dev != self.dev:  # no mount IDs (kernel < 5.8): compare devices
+            raise OSError(errno.EACCES, "object on another file system (not crossed)")
+        return self._codec.pack(st.st_ino, ktype, khandle), st
+
+    # ----------------------------------------------------------------- bookkeeping
+
+    def remember(self, fh: bytes, parent_fh: bytes, name: bytes, replace: bool = True) -> None:
+        """Cache mode: note that ``fh`` is called ``name`` in ``parent_fh``."""
+        if self.kernel_handles or fh == self.root_fh:
+            return
+        with self._loc_lock:
+            if not replace and fh in self._locations:
+                return
+            self._locations[fh] = (parent_fh, name)
+            self._locations.move_to_end(fh)
+            while len(self._locations) > self._location_capacity:
+                self._locations.popitem(last=False)
+
+    def unname(self, fh: bytes, parent_fh: bytes, name: bytes) -> None:
+        """Cache mode: ``name`` in ``parent_fh`` no longer refers to ``fh``."""
+        with self._loc_lock:
+            if self._locations.get(fh) == (parent_fh, name):
+                del self._locations[fh]
+
+    def forget(self, fh: bytes) -> None:
+        """The object is gone: drop its descriptor and location."""
+        self.fds.discard(fh)
+        with self._loc_lock:
+            self._locations.pop(fh, None)

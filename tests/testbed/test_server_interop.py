@@ -1,0 +1,48 @@
+"""The Linux NFS client against our server and against knfsd, same workload, same results
+(issue 4 over TCP; issue 5 over RDMA, mountstats showing ``xprt: rdma``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import asdict
+
+import pytest
+
+from nfsrdma.testbed.helpers import Knfsd, MountFactory, Proto, sha256_file
+from tests.testbed.ours import OurServer, our_server
+from tests.testbed.workload import Result, run_workload
+
+pytestmark = pytest.mark.testbed
+
+
+@pytest.fixture(scope="module")
+def ours(knfsd: Knfsd) -> Iterator[OurServer]:
+    with our_server() as srv:
+        yield srv
+
+
+def _save(name: str, result: Result) -> None:
+    from nfsrdma.testbed.helpers import out_dir
+
+    (out_dir() / f"workload-{name}.json").write_text(json.dumps(asdict(result), indent=1))
+
+
+@pytest.mark.parametrize("proto", ["tcp", "rdma"])
+def test_linux_client_workload_same_as_knfsd(
+    proto: Proto, knfsd: Knfsd, ours: OurServer, nfs_mount: MountFactory
+) -> None:
+    """SS-*/UL-9: the Linux client (vers=4.1) runs the workload on knfsd and on our server
+    over the same transport; listings, checksums and lock behaviour are identical."""
+    with nfs_mount(knfsd.server(proto)) as m:
+        reference = run_workload(m.mountpoint)
+    _save(f"knfsd-{proto}", reference)
+    with nfs_mount(ours.server(proto)) as m:
+        assert m.stats().xprt == proto
+        result = run_workload(m.mountpoint)
+        on_server = ours.export / "workload" / "size8388608"
+        assert sha256_file(on_server) == result.checksums["size8388608"]
+    _save(f"ours-{proto}", result)
+    assert result.lock_conflict_seen and result.flock_conflict_seen
+    assert result.locked_records == {"fcntl": 80, "flock": 80}
+    assert result.comparable() == reference.comparable()

@@ -1,0 +1,135 @@
+"""Small pure pieces of the client: URLs (UL-9 default port), fattr4 values through the
+generated codecs, NFS4ERR_* to Python exceptions, open modes, buffer identity for RDMA sinks."""
+
+from __future__ import annotations
+
+import errno
+import stat
+
+import pytest
+
+from nfsrdma.client.attrs import (
+    STAT_ATTRS,
+    decode_attrs,
+    decode_bitmap,
+    encode_attrs,
+    encode_bitmap,
+    file_stat,
+    owner_to_id,
+)
+from nfsrdma.client.errors import NfsError, nfs_error
+from nfsrdma.client.file import parse_mode, same_memory
+from nfsrdma.client.url import parse_url
+from nfsrdma.session.client_setup import SessionOptions, create_session_args, negotiated
+from nfsrdma.xdr.gen import nfs4
+
+
+def test_urls() -> None:
+    u = parse_url("rdma://server/export/dir/")
+    assert (u.scheme, u.host, u.port, u.path, u.transport) == (
+        "rdma",
+        "server",
+        20049,
+        "/export/dir",
+        "rdma",
+    )
+    u = parse_url("nfs://[fe80::1]:2050")
+    assert (u.host, u.port, u.path, str(u)) == ("fe80::1", 2050, "/", "nfs://[fe80::1]:2050/")
+    assert parse_url("NFS://h/a/../b").path == "/b"
+    assert parse_url("nfs://h/x%20y").path == "/x y"
+    for bad in ("http://h/", "nfs:///path", "nfs://h:99999/"):
+        with pytest.raises(ValueError):
+            parse_url(bad)
+
+
+def test_bitmaps_and_attribute_round_trip() -> None:
+    assert encode_bitmap([0, 33, 55]) == [1, (1 << 1) | (1 << 23)]
+    assert decode_bitmap(encode_bitmap(STAT_ATTRS)) == sorted(STAT_ATTRS)
+    values = {
+        nfs4.FATTR4_TYPE: nfs4.NF4DIR,
+        nfs4.FATTR4_SIZE: 4096,
+        nfs4.FATTR4_MODE: 0o750,
+        nfs4.FATTR4_OWNER: b"1000",
+        nfs4.FATTR4_OWNER_GROUP: b"100",
+        nfs4.FATTR4_TIME_MODIFY: nfs4.nfstime4(12, 345),
+        nfs4.FATTR4_FSID: nfs4.fsid4(1, 2),
+    }
+    back = decode_attrs(encode_attrs(values))
+    assert back == values
+    st = file_stat(back)
+    assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o750
+    assert (st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns) == (1000, 100, 4096, 12_000_000_345)
+    assert st.st_dev == (1 << 32) | 2 and st.is_dir()
+
+
+def test_unknown_attribute_stops_decoding() -> None:
+    f = nfs4.fattr4(encode_bitmap([nfs4.FATTR4_SIZE, 90]), (7).to_bytes(8, "big") + b"????")
+    assert decode_attrs(f) == {nfs4.FATTR4_SIZE: 7}
+
+
+def test_owner_strings() -> None:
+    assert owner_to_id(b"42") == 42
+    assert owner_to_id(b"root@example.org") == 0
+    assert owner_to_id(b"no-such-user-xyz@x") == 65534
+
+
+@pytest.mark.parametrize(
+    ("status", "cls", "code"),
+    [
+        (nfs4.NFS4ERR_NOENT, FileNotFoundError, errno.ENOENT),
+        (nfs4.NFS4ERR_ACCESS, PermissionError, errno.EACCES),
+        (nfs4.NFS4ERR_PERM, PermissionError, errno.EPERM),
+        (nfs4.NFS4ERR_EXIST, FileExistsError, errno.EEXIST),
+        (nfs4.NFS4ERR_ISDIR, IsADirectoryError, errno.EISDIR),
+        (nfs4.NFS4ERR_NOTDIR, NotADirectoryError, errno.ENOTDIR),
+        (nfs4.NFS4ERR_DENIED, BlockingIOError, errno.EAGAIN),
+        (nfs4.NFS4ERR_NOTEMPTY, OSError, errno.ENOTEMPTY),
+        (nfs4.NFS4ERR_NOSPC, OSError, errno.ENOSPC),
+        (nfs4.NFS4ERR_SERVERFAULT, OSError, errno.EIO),
+    ],
+)
+def test_errors_map_to_python_exceptions(status: int, cls: type[OSError], code: int) -> None:
+    e = nfs_error(status, "LOOKUP", "/a/b")
+    assert isinstance(e, cls) and isinstance(e, NfsError)
+    assert e.errno == code and e.status == status and e.filename == "/a/b"
+    assert nfs4.nfsstat4(status).name in str(e)
+
+
+def test_open_modes() -> None:
+    r = parse_mode("rb")
+    assert r.readable and not r.writable and r.create is None
+    w = parse_mode("w")
+    assert w.writable and not w.readable and w.truncate and w.create == nfs4.UNCHECKED4
+    assert parse_mode("xb").create == nfs4.GUARDED4
+    a = parse_mode("a+")
+    assert a.append and a.readable and a.writable
+    for bad in ("rt", "rw", "", "q", "rr", "r+t"):
+        with pytest.raises(ValueError):
+            parse_mode(bad)
+
+
+def test_same_memory_detects_data_placed_in_the_sink() -> None:
+    buf = bytearray(64)
+    sink = memoryview(buf)[16:48]
+    assert same_memory(sink[:10], sink)  # RDMA placed it: no copy needed
+    assert not same_memory(memoryview(buf)[17:27], sink)
+    assert not same_memory(bytes(10), sink)
+    assert not same_memory(memoryview(b"x" * 10), sink)
+
+
+def test_channel_attributes_and_negotiation() -> None:
+    """UL-33..UL-36: headerpadsize 0, empty ca_rdma_ird, no CONN_RDMA; sizes follow the
+    server's grant (the smaller of sent and returned, UL-6)."""
+    opts = SessionOptions(slots=64, rsize=1 << 20, wsize=1 << 20)
+    args = create_session_args(opts, 7, 1)
+    fore = args.csa_fore_chan_attrs
+    assert fore.ca_headerpadsize == 0 and fore.ca_rdma_ird == [] and fore.ca_maxrequests == 64
+    assert not args.csa_flags & nfs4.CREATE_SESSION4_FLAG_CONN_RDMA
+    assert args.csa_flags & nfs4.CREATE_SESSION4_FLAG_CONN_BACK_CHAN
+    assert args.csa_back_chan_attrs.ca_maxrequestsize <= 4096
+    granted = nfs4.channel_attrs4(0, 262144 + 300, 131072 + 300, 2048, 8, 16, [])
+    res = nfs4.CREATE_SESSION4resok(b"s" * 16, 1, 0, granted, args.csa_back_chan_attrs)
+    n = negotiated(opts, res)
+    assert (n.slots, n.max_operations, n.backchannel) == (16, 8, False)
+    assert n.rsize == 126976 - 126976 % 4096 and n.rsize % 4096 == 0 and n.rsize <= 131072
+    assert n.wsize <= 262144 and n.wsize % 4096 == 0

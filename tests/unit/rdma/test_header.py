@@ -1,0 +1,107 @@
+"""RPC-over-RDMA v1 transport header: parsing, checks and errors (RFC 8166, RFC 8267)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from nfsrdma.transport.rdma import header as H
+from nfsrdma.transport.rdma.header import ChunkLimits, HeaderError, ReadChunk, Segment
+
+
+def words(*ws: int) -> bytes:
+    return b"".join(struct.pack(">I", w) for w in ws)
+
+
+def seg(i: int, length: int = 4096) -> Segment:
+    return Segment(0x100 + i, length, 0x10000 * (i + 1))
+
+
+def test_tr1_tr5_round_trip_and_read_chunk_grouping() -> None:
+    reads = [ReadChunk(0, [seg(0)]), ReadChunk(148, [seg(1), seg(2, 100)])]
+    data = H.encode(7, 32, H.RDMA_NOMSG, reads, [[seg(3)]], [seg(4), seg(5)])
+    h = H.parse(data)
+    assert (h.xid, h.vers, h.credit, h.proc) == (7, 1, 32, H.RDMA_NOMSG)
+    assert h.reads == reads and h.writes == [[seg(3)]] and h.reply == [seg(4), seg(5)]
+    assert h.size == len(data) == H.header_size(3, [1], 2)
+    assert h.rkeys() == {0x100, 0x101, 0x102, 0x103, 0x104, 0x105}
+
+
+def test_tr3_other_version_gets_err_vers_with_our_range() -> None:
+    bad = words(0xA1, 2, 1, 0, 0, 0, 0)
+    with pytest.raises(HeaderError) as e:
+        H.parse(bad)
+    assert (e.value.xid, e.value.err) == (0xA1, H.ERR_VERS)
+    assert H.encode_error(0xA1, 5, H.ERR_VERS) == words(0xA1, 1, 5, 4, 1, 1, 1)
+    err = H.parse(H.encode_error(0xA1, 5, H.ERR_VERS))
+    assert (err.proc, err.error, err.vers_range) == (H.RDMA_ERROR, H.ERR_VERS, (1, 1))
+
+
+@pytest.mark.parametrize("proc", [2, 3, 5, 0xFFFF])
+def test_tr4_obsolete_and_unknown_procedures_get_err_chunk(proc: int) -> None:
+    body = words(0, 0) if proc == 2 else b""
+    with pytest.raises(HeaderError) as e:
+        H.parse(words(9, 1, 1, proc) + body + words(0, 0, 0))
+    assert e.value.err == H.ERR_CHUNK and e.value.xid == 9
+
+
+def test_tr17_truncated_and_malformed_headers() -> None:
+    with pytest.raises(HeaderError) as e:
+        H.parse(words(0x55, 1))
+    assert (e.value.xid, e.value.err) == (0x55, H.ERR_CHUNK)
+    with pytest.raises(HeaderError) as e:
+        H.parse(b"\x01\x02")
+    assert e.value.xid is None and e.value.err is None  # nothing to answer to: dropped
+    with pytest.raises(HeaderError) as e:
+        H.parse(words(0x56, 1, 1, 0, 5))  # a list link that is not a bool
+    assert e.value.err == H.ERR_CHUNK
+    with pytest.raises(HeaderError):
+        H.parse(words(0x57, 1, 1, 0, 1, 0, 1))  # a read list cut short
+
+
+def _checked(
+    reads: list[ReadChunk],
+    writes: list[list[Segment]],
+    proc: int = H.RDMA_MSG,
+    inline_len: int = 512,
+    limits: ChunkLimits | None = None,
+) -> None:
+    h = H.parse(H.encode(1, 1, proc, reads, writes, None))
+    H.check_call(h, inline_len, limits or ChunkLimits())
+
+
+def test_ul18_baseline_is_accepted() -> None:
+    segs16 = [seg(i, 256) for i in range(16)]
+    _checked([ReadChunk(0, segs16), ReadChunk(100, segs16)], [segs16], H.RDMA_NOMSG)
+
+
+@pytest.mark.parametrize(
+    ("reads", "writes", "proc", "why"),
+    [
+        ([], [[seg(i) for i in range(17)]], H.RDMA_MSG, "17 segments"),
+        ([], [[seg(0)], [seg(1)]], H.RDMA_MSG, "2 Write chunks"),
+        ([ReadChunk(102, [seg(0)])], [], H.RDMA_MSG, "position not a multiple of 4"),
+        ([ReadChunk(4096, [seg(0)])], [], H.RDMA_MSG, "position beyond the message"),
+        ([], [[Segment(1, 1 << 30, 0)]], H.RDMA_MSG, "segment over the limit"),
+        ([ReadChunk(0, [seg(0)])], [], H.RDMA_MSG, "position zero in RDMA_MSG"),
+        ([ReadChunk(8, [seg(0)])], [], H.RDMA_NOMSG, "RDMA_NOMSG without position zero"),
+        (
+            [ReadChunk(8, [seg(0)]), ReadChunk(16, [seg(1)]), ReadChunk(24, [seg(2)])],
+            [],
+            H.RDMA_MSG,
+            "three Read chunks",
+        ),
+    ],
+)
+def test_tr17_sec8_over_the_limits_is_err_chunk(
+    reads: list[ReadChunk], writes: list[list[Segment]], proc: int, why: str
+) -> None:
+    with pytest.raises(HeaderError) as e:
+        _checked(reads, writes, proc)
+    assert e.value.err == H.ERR_CHUNK, why
+
+
+def test_limits_are_configurable_beyond_the_baseline() -> None:
+    two = [[seg(0)], [seg(1)]]
+    _checked([], two, limits=ChunkLimits(max_write_chunks=2))

@@ -1,0 +1,289 @@
+"""ONC RPC over RPC-over-RDMA v1 end to end on the in-process provider: chunks, long
+messages, DDP placement, errors, credits and invalidation (RFC 8166, 8267, 8797)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import struct
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from nfsrdma.rpc.connection import RpcConnection
+from nfsrdma.rpc.server import Dispatcher, RpcCall, null_procedure
+from nfsrdma.transport.base import ReplyExpectation, TransportCallError
+from nfsrdma.transport.rdma.endpoint import RdmaConnection, RdmaListener, RdmaOptions, connect_rdma
+from nfsrdma.transport.rdma.inproc import InprocFabric
+from nfsrdma.xdr.gen import nfs4
+from nfsrdma.xdr.runtime import U32, Writer, XdrError, unpack_from
+
+PROG, VERS = 400200, 1
+P_WRITE, P_READ, P_READLINK, P_BLOB, P_SLOW = 1, 2, 3, 4, 5
+STATEID = nfs4.stateid4(0, bytes(12))
+
+
+def _write(call: RpcCall, w: Writer) -> None:
+    args, off = unpack_from(nfs4.dec_WRITE4args, call.reader, call.offset)
+    if off != len(call.reader.buf):
+        raise XdrError("trailing bytes", off)
+    w += U32.pack(len(args.data))
+    w += hashlib.sha256(args.data).digest()
+
+
+def _read(call: RpcCall, w: Writer) -> None:
+    (n,) = struct.unpack_from(">I", call.reader.buf, call.offset)
+    w.ddp_tag = 0
+    data = bytes(i % 251 for i in range(n))
+    nfs4.enc_READ4res(w, nfs4.READ4res(nfs4.NFS4_OK, nfs4.READ4resok(True, data)))
+
+
+def _readlink(call: RpcCall, w: Writer) -> None:
+    (n,) = struct.unpack_from(">I", call.reader.buf, call.offset)
+    nfs4.enc_utf8str_cs(w, b"L" * n)  # not DDP-eligible: a long reply needs the Reply chunk
+
+
+def _blob(call: RpcCall, w: Writer) -> None:
+    blob, _ = nfs4.dec_utf8str_cs(call.reader, call.offset)
+    w += hashlib.sha256(blob).digest()
+
+
+@dataclass
+class Rig:
+    server: list[RdmaConnection] = field(default_factory=list)
+    client: RdmaConnection | None = None
+    rpc: RpcConnection | None = None
+    in_flight: int = 0
+    max_in_flight: int = 0
+
+
+@contextlib.asynccontextmanager
+async def rig(
+    server_opts: RdmaOptions | None = None, client_opts: RdmaOptions | None = None
+) -> AsyncIterator[Rig]:
+    fabric = InprocFabric()
+    sdev, cdev = fabric.device("10.0.0.1"), fabric.device("10.0.0.2")
+    r = Rig()
+
+    async def slow(call: RpcCall, w: Writer) -> None:
+        r.in_flight += 1
+        r.max_in_flight = max(r.max_in_flight, r.in_flight)
+        await asyncio.sleep(0.01)
+        r.in_flight -= 1
+
+    disp = Dispatcher()
+    disp.add(
+        PROG,
+        VERS,
+        {
+            0: null_procedure,
+            P_WRITE: _write,
+            P_READ: _read,
+            P_READLINK: _readlink,
+            P_BLOB: _blob,
+            P_SLOW: slow,
+        },
+    )
+
+    def accepted(c: RdmaConnection) -> None:
+        r.server.append(c)
+        RpcConnection(c, disp)
+
+    listener = RdmaListener(sdev, 20049, accepted, server_opts)
+    await listener.start()
+    r.client = await connect_rdma(cdev, "10.0.0.1", 20049, client_opts)
+    r.rpc = RpcConnection(r.client)
+    while not r.server:
+        await asyncio.sleep(0)
+    try:
+        yield r
+    finally:
+        r.client.close()
+        await listener.close()
+        await asyncio.sleep(0.01)
+        sdev.close()
+        cdev.close()
+
+
+def write_args(data: bytes) -> Writer:
+    w = Writer()
+    nfs4.enc_WRITE4args(w, nfs4.WRITE4args(STATEID, 0, nfs4.UNSTABLE4, data))
+    return w
+
+
+async def call_write(r: Rig, data: bytes) -> tuple[int, bytes]:
+    assert r.rpc is not None
+    res = await r.rpc.call(PROG, VERS, P_WRITE, lambda w: _extend(w, write_args(data)))
+    n = struct.unpack_from(">I", res.reader.buf, res.offset)[0]
+    return n, bytes(res.reader.buf[res.offset + 4 : res.offset + 36])
+
+
+def _extend(w: Writer, part: Writer) -> None:
+    base = len(w)
+    w += part
+    for item in part.ddp:
+        item.offset += base
+        w.ddp.append(item)
+
+
+async def test_pd7_thresholds_and_null_call() -> None:
+    async with rig() as r:
+        assert r.client is not None and r.rpc is not None
+        assert r.client.thresholds.client_to_server == 4096
+        assert r.server[0].thresholds.server_to_client == 4096
+        await r.rpc.call(PROG, VERS, 0)
+        assert r.client.stats["registrations"] == 0  # the inline path registers nothing
+
+
+async def test_pd14_thresholds_follow_each_connections_private_data() -> None:
+    async with rig(RdmaOptions(inline_size=2048), RdmaOptions(inline_size=8192)) as r:
+        assert r.client is not None
+        t = r.client.thresholds
+        assert (t.client_to_server, t.server_to_client) == (2048, 2048)
+
+
+@pytest.mark.parametrize("size", [0, 1000, 4097, 200_000])
+async def test_tr7_ul1_write_data_by_read_chunk(size: int) -> None:
+    data = bytes((i * 7) % 256 for i in range(size))
+    async with rig() as r:
+        n, digest = await call_write(r, data)
+        assert (n, digest) == (size, hashlib.sha256(data).digest())
+        assert r.server[0].stats["registrations"] == (1 if size > 4000 else 0)
+
+
+@pytest.mark.parametrize("size", [10, 3000, 70_000])
+async def test_ul14_read_data_lands_in_the_callers_buffer(size: int) -> None:
+    async with rig() as r:
+        assert r.rpc is not None
+        sink = memoryview(bytearray(size + 100))
+        res = await r.rpc.call(
+            PROG,
+            VERS,
+            P_READ,
+            lambda w: w.extend(U32.pack(size)),
+            expect=ReplyExpectation([sink], max_size=512),
+        )
+        out, _ = nfs4.dec_READ4res(res.reader, res.offset)
+        assert bytes(out.value.data) == bytes(i % 251 for i in range(size))
+        assert out.value.data.obj is sink.obj  # placed directly: no copy
+        assert bytes(sink[:size]) == bytes(out.value.data)
+
+
+async def test_tr10_long_reply_through_the_reply_chunk() -> None:
+    async with rig() as r:
+        assert r.rpc is not None
+        res = await r.rpc.call(
+            PROG,
+            VERS,
+            P_READLINK,
+            lambda w: w.extend(U32.pack(20_000)),
+            expect=ReplyExpectation([], max_size=32_768),
+        )
+        text, _ = nfs4.dec_utf8str_cs(res.reader, res.offset)
+        assert text == b"L" * 20_000
+
+
+async def test_tr21_reply_without_resources_fails_with_err_chunk_and_connection_lives() -> None:
+    async with rig() as r:
+        assert r.rpc is not None
+        with pytest.raises(TransportCallError, match="ERR_CHUNK"):
+            await r.rpc.call(PROG, VERS, P_READLINK, lambda w: w.extend(U32.pack(20_000)))
+        await r.rpc.call(PROG, VERS, 0)
+
+
+async def test_tr9_long_call_by_position_zero_chunk() -> None:
+    blob = b"b" * 30_000  # not DDP-eligible: the whole call goes by a position-zero chunk
+    async with rig() as r:
+        assert r.rpc is not None
+        res = await r.rpc.call(PROG, VERS, P_BLOB, lambda w: nfs4.enc_utf8str_cs(w, blob))
+        assert bytes(res.reader.buf[res.offset :]) == hashlib.sha256(blob).digest()
+
+
+async def test_tr18_bad_arguments_in_a_good_header_get_garbage_args() -> None:
+    from nfsrdma.rpc.errors import RpcAcceptError
+
+    async with rig() as r:
+        assert r.rpc is not None
+        with pytest.raises(RpcAcceptError, match="GARBAGE_ARGS"):
+            await r.rpc.call(PROG, VERS, P_WRITE, lambda w: w.extend(b"\0" * 8))
+
+
+async def _raw(r: Rig, message: bytes, xid: int) -> Exception:
+    """Send a raw transport message for ``xid`` and wait for the transport's verdict."""
+    assert r.client is not None and r.rpc is not None
+    fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+    r.rpc.pending[xid] = fut  # type: ignore[assignment]
+    r.client._out[xid] = __import__(
+        "nfsrdma.transport.rdma.endpoint", fromlist=["_OutCall"]
+    )._OutCall(xid, counted=False)
+    r.client._send([message])
+    with pytest.raises(TransportCallError) as e:
+        await asyncio.wait_for(fut, 2)
+    return e.value
+
+
+def words(*ws: int) -> bytes:
+    return b"".join(struct.pack(">I", w) for w in ws)
+
+
+@pytest.mark.parametrize(
+    ("message", "err"),
+    [
+        (words(0x77, 2, 1, 0, 0, 0, 0) + words(0x77, 0, 2), "ERR_VERS"),  # TR-3
+        (words(0x77, 1, 1, 2, 0, 0, 0, 0, 0), "ERR_CHUNK"),  # TR-4 RDMA_MSGP
+        (words(0x77, 1, 1), "ERR_CHUNK"),  # truncated
+        (words(0x77, 1, 1, 0, 0, 1, 17) + words(1, 8, 0, 0) * 17 + words(0, 0), "ERR_CHUNK"),
+        (words(0x77, 1, 1, 0, 0, 1, 1, 1, 8, 0, 0, 1, 1, 2, 8, 0, 0, 0, 0), "ERR_CHUNK"),
+        (words(0x77, 1, 1, 0, 1, 6, 1, 8, 0, 0, 0, 0, 0), "ERR_CHUNK"),  # position 6
+    ],
+)
+async def test_tr17_bad_headers_get_rdma_error_and_the_connection_survives(
+    message: bytes, err: str
+) -> None:
+    async with rig() as r:
+        exc = await _raw(r, message, 0x77)
+        assert err in str(exc)
+        assert r.rpc is not None
+        await r.rpc.call(PROG, VERS, 0)
+
+
+async def test_tr14_ul24_client_never_exceeds_the_servers_grant() -> None:
+    async with rig(RdmaOptions(credits=3)) as r:
+        assert r.rpc is not None
+        await asyncio.gather(*[r.rpc.call(PROG, VERS, P_SLOW) for _ in range(20)])
+        assert r.max_in_flight <= 2  # three credits, one kept back for the probe (UL-26)
+        assert r.client is not None and r.client.credits.granted == 3
+
+
+async def test_tr20_memory_is_invalidated_on_every_path() -> None:
+    async with rig() as r:
+        assert r.rpc is not None and r.client is not None
+        client = r.client
+        regions: list[object] = []
+        orig = client._register
+
+        def spy(length: int, access: object) -> object:
+            region = orig(length, access)  # type: ignore[arg-type]
+            regions.append(region)
+            return region
+
+        client._register = spy  # type: ignore[method-assign,assignment]
+        await call_write(r, b"x" * 10_000)  # reply path
+        task = asyncio.create_task(
+            r.rpc.call(PROG, VERS, P_SLOW, lambda w: _extend(w, write_args(b"y" * 9000)))
+        )
+        await asyncio.sleep(0.001)
+        task.cancel()  # cancellation path
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        from nfsrdma.rpc.errors import RpcTimeout
+
+        with pytest.raises(RpcTimeout):  # timeout path
+            await r.rpc.call(
+                PROG, VERS, P_SLOW, lambda w: _extend(w, write_args(b"z" * 9000)), timeout=0.001
+            )
+        assert len(regions) == 3
+        assert all(not reg.registered for reg in regions)  # type: ignore[attr-defined]
+        assert client._out == {}

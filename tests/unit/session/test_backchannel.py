@@ -1,0 +1,59 @@
+"""The server's back-channel slot table: CB_SEQUENCE arguments and sequence ids (20.9)."""
+
+from __future__ import annotations
+
+from nfsrdma.session.backchannel import BackchannelSlots
+from nfsrdma.xdr.gen import nfs4
+
+SID = bytes(range(16))
+
+
+def test_first_cb_sequence_on_each_slot_carries_1() -> None:
+    b = BackchannelSlots(SID, 2)
+    a0 = b.acquire()
+    a1 = b.acquire()
+    assert a0 is not None and a1 is not None
+    assert (a0.csa_slotid, a0.csa_sequenceid) == (0, 1)
+    assert (a1.csa_slotid, a1.csa_sequenceid) == (1, 1)
+    assert a1.csa_highest_slotid == 1 and a0.csa_sessionid == SID
+    assert a0.csa_cachethis is False
+    assert b.acquire() is None  # all busy: the caller waits
+    assert b.outstanding == 2
+
+
+def test_success_advances_and_failure_without_processing_does_not() -> None:
+    b = BackchannelSlots(SID, 1)
+    a = b.acquire()
+    assert a is not None
+    b.release(0, nfs4.NFS4_OK)
+    a = b.acquire()
+    assert a is not None and a.csa_sequenceid == 2
+    b.release(0, None)  # no reply: same seqid again (a retry for the client)
+    a = b.acquire()
+    assert a is not None and a.csa_sequenceid == 2
+    b.release(0, nfs4.NFS4ERR_DELAY)
+    a = b.acquire()
+    assert a is not None and a.csa_sequenceid == 2
+    b.release(0, nfs4.NFS4ERR_RETRY_UNCACHED_REP)  # the client had seen it: consumed
+    a = b.acquire()
+    assert a is not None and a.csa_sequenceid == 3
+    b.release(0, nfs4.NFS4ERR_SEQ_MISORDERED)  # out of step: start over at 1
+    a = b.acquire()
+    assert a is not None and a.csa_sequenceid == 1
+
+
+def test_referring_calls_and_client_target() -> None:
+    b = BackchannelSlots(SID, 4)
+    ref = [nfs4.referring_call_list4(SID, [nfs4.referring_call4(7, 3)])]
+    a = b.acquire(referring=ref)
+    assert a is not None and a.csa_referring_call_lists == ref
+    resok = nfs4.CB_SEQUENCE4resok(SID, 1, 0, 3, 0)
+    b.release(0, nfs4.NFS4_OK, resok)  # the client wants slot 0 only
+    assert b.acquire() is not None
+    assert b.acquire() is None
+
+
+def test_no_back_slots() -> None:
+    b = BackchannelSlots(SID, 0)
+    assert b.acquire() is None
+    b.release(0, nfs4.NFS4_OK)  # ignored

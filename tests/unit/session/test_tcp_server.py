@@ -1,0 +1,89 @@
+"""The session layer in the real server over TCP: mount steps, a reconnect that loses the back
+channel (SS-2, SS-13, SS-26), the retry answered from the reply cache on the new connection,
+and the Linux-style BIND_CONN_TO_SESSION repair (UL-39)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from nfsrdma.rpc.auth import auth_sys
+from nfsrdma.rpc.connection import RpcConnection
+from nfsrdma.server import NFSServer
+from nfsrdma.transport.tcp import connect_tcp
+from nfsrdma.xdr.gen import nfs4
+from nfsrdma.xdr.runtime import Writer
+
+from .helpers import (
+    op,
+    op_create_session,
+    op_exchange_id,
+    op_reclaim_complete,
+    op_sequence,
+    resok,
+    statuses,
+)
+
+CRED = auth_sys(0, 0, (), "tcp-client")
+OK = nfs4.NFS4_OK
+
+
+async def compound(conn: RpcConnection, ops: list[nfs4.nfs_argop4]) -> tuple[Any, bytes]:
+    def enc(w: Writer) -> None:
+        nfs4.enc_COMPOUND4args(w, nfs4.COMPOUND4args(b"", 1, ops))
+
+    r = await conn.call(nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 1, enc, cred=CRED, timeout=10)
+    body = bytes(r.reader.buf[r.offset :])
+    res, _ = nfs4.dec_COMPOUND4res(r.reader, r.offset)
+    return res, body
+
+
+async def test_reconnect_replay_and_back_channel_repair(tmp_path: Path) -> None:
+    export = tmp_path / "export"
+    export.mkdir()
+    server = NFSServer(
+        str(export), bind="127.0.0.1", tcp_port=0, state_dir=str(tmp_path / "state"), slots=4
+    )
+    await server.start()
+    try:
+        port = server.tcp_port
+        c1 = RpcConnection(await connect_tcp("127.0.0.1", port))
+        res, _ = await compound(c1, [op_exchange_id(b"tcp-client")])
+        eir = resok(res, 0)
+        res, _ = await compound(c1, [op_create_session(eir.eir_clientid, eir.eir_sequenceid)])
+        sid = resok(res, 0).csr_sessionid
+        ops = [op_sequence(sid, 1), op_reclaim_complete()]
+        res, first = await compound(c1, ops)
+        assert statuses(res) == [OK, OK]
+        assert resok(res, 0).sr_status_flags == 0
+
+        c1.close()
+        await c1.closed.wait()
+        state = server.state
+        assert state is not None
+        session = state.sessions.session(sid)
+        assert session is not None
+        for _ in range(100):  # the server learns of the close asynchronously
+            if not session.connections:
+                break
+            await asyncio.sleep(0.01)
+        assert session.connections == {}
+
+        c2 = RpcConnection(await connect_tcp("127.0.0.1", port))
+        # The retry on the new connection: answered from the cache, executed once.
+        res, again = await compound(c2, ops)
+        assert again == first
+        res, _ = await compound(c2, [op_sequence(sid, 2)])
+        assert resok(res, 0).sr_status_flags & nfs4.SEQ4_STATUS_CB_PATH_DOWN
+        bind = nfs4.BIND_CONN_TO_SESSION4args(sid, nfs4.CDFC4_BACK_OR_BOTH, False)
+        res, _ = await compound(c2, [op(nfs4.OP_BIND_CONN_TO_SESSION, bind)])
+        assert resok(res, 0) == nfs4.BIND_CONN_TO_SESSION4resok(sid, nfs4.CDFS4_BOTH, False)
+        res, _ = await compound(c2, [op_sequence(sid, 3)])
+        assert resok(res, 0).sr_status_flags == 0
+        path = state.sessions.callback_path(session.clientid)
+        assert path is not None and path[0] is session
+        assert isinstance(path[1], RpcConnection)
+        c2.close()
+    finally:
+        await server.close()
