@@ -15,6 +15,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from nfsrdma.nfs4.callback import Callbacks
 from nfsrdma.nfs4.compound import compound
 from nfsrdma.nfs4.server_state import ServerConfig, ServerState
 from nfsrdma.nfs4.state import StateManager
@@ -88,6 +89,7 @@ class NFSServer:
         self.dispatcher = Dispatcher()
         self.connections: set[RpcConnection] = set()
         self._servers: list[asyncio.Server] = []
+        self.callbacks: Callbacks | None = None
         self._reaper: asyncio.Task[None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -99,6 +101,8 @@ class NFSServer:
             cfg, on_client_expired=state.client_expired, has_state=state.client_has_state
         )
         self.state = ServerState(cfg, vfs, sessions, state)
+        self.callbacks = Callbacks(sessions)
+        state.notify_lock = self._notify_lock
         self.dispatcher.add(
             nfs4.NFS4_PROGRAM,
             nfs4.NFS_V4,
@@ -161,6 +165,8 @@ class NFSServer:
         for srv in self._servers:
             await srv.wait_closed()
         await self.dispatcher.drain()
+        if self.callbacks is not None:
+            await self.callbacks.close()
         if self._own_device is not None:
             self._own_device.close()
         if self.state is not None:
@@ -193,6 +199,10 @@ class NFSServer:
     async def _compound(self, call: RpcCall, w: Writer) -> None:
         assert self.state is not None
         await compound(self.state, call, w)
+
+    def _notify_lock(self, clientid: int, fh: bytes, owner: bytes) -> None:
+        if self.callbacks is not None:
+            self.callbacks.notify_lock(clientid, fh, nfs4.lock_owner4(clientid, owner))
 
     async def _reap_leases(self) -> None:
         assert self.state is not None

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import errno
 import posixpath
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, TypeVar
@@ -34,6 +34,9 @@ from nfsrdma.xdr.gen import nfs4
 
 MAX_SYMLINKS = 40
 READDIR_MAXCOUNT = 64 << 10
+# Operations that never change, built once.
+GETFH = ops.getfh()
+GETATTR_STAT = ops.getattr_(STAT_ATTRS)
 T = TypeVar("T")
 
 
@@ -180,7 +183,7 @@ class NfsClient:
                 comps = comps[room:]
                 continue
             res = await self.session.compound(
-                [ops.putfh(here), *map(ops.lookup, comps), ops.getfh(), ops.getattr_(STAT_ATTRS)]
+                [ops.putfh(here), *map(ops.lookup, comps), GETFH, GETATTR_STAT]
             )
             if res.status == nfs4.NFS4_OK:
                 got = ops.results(res)
@@ -276,6 +279,81 @@ class NfsClient:
         res = await self.session.compound([ops.putfh(fh), ops.getattr_(STAT_ATTRS)])
         ok = ops.results(res, "GETATTR", path)[-1]
         return file_stat(decode_attrs(ok.obj_attributes))
+
+    async def stat_many(
+        self, paths: Sequence[str], *, follow_symlinks: bool = True, in_flight: int = 8
+    ) -> list[FileStat | OSError]:
+        """``stat`` of many paths, several per COMPOUND (PUTFH, LOOKUP, GETATTR for each, as
+        many as ``ca_maxoperations`` allows) with ``in_flight`` COMPOUNDs at a time. Each result
+        is a FileStat or the OSError that ``stat`` would have raised for that path."""
+        out: list[FileStat | OSError | None] = [None] * len(paths)
+        split = [split_path(p) for p in paths]
+        parents: dict[tuple[bytes, ...], bytes | OSError] = {}
+        for comps in split:
+            if comps:
+                parents.setdefault(tuple(comps[:-1]), b"")
+        for parent in parents:
+            if not parent:
+                parents[parent] = self.base_fh
+                continue
+            try:
+                fh, st = await self._lookup(list(parent))
+                parents[parent] = fh if st.is_dir() else nfs_error(nfs4.NFS4ERR_NOTDIR, "LOOKUP")
+            except OSError as e:
+                parents[parent] = e
+        todo: list[int] = []
+        for i, comps in enumerate(split):
+            dir_fh = parents.get(tuple(comps[:-1]), b"")
+            if not comps:
+                out[i] = await self._stat_or_error(paths[i], follow_symlinks)  # the base
+            elif isinstance(dir_fh, OSError):
+                out[i] = dir_fh
+            else:
+                todo.append(i)
+        per = max(1, (self.max_ops - 1) // 3)
+        batches = [todo[k : k + per] for k in range(0, len(todo), per)]
+
+        async def run(batch: list[int]) -> None:
+            while batch:
+                body: list[nfs4.nfs_argop4] = []
+                for i in batch:
+                    dir_fh = parents[tuple(split[i][:-1])]
+                    assert isinstance(dir_fh, bytes)
+                    body += [ops.putfh(dir_fh), ops.lookup(split[i][-1]), GETATTR_STAT]
+                res = await self.session.compound(body)
+                got = res.resarray
+                # On failure the last result is the failing operation's: item (len - 1) // 3.
+                done = (len(got) - 1) // 3 if res.status != nfs4.NFS4_OK else len(batch)
+                for k in range(done):
+                    ga = got[3 * k + 2].value
+                    assert isinstance(ga, nfs4.GETATTR4res) and ga.value is not None
+                    st = file_stat(decode_attrs(ga.value.obj_attributes))
+                    i = batch[k]
+                    if follow_symlinks and st.is_symlink():
+                        out[i] = await self._stat_or_error(paths[i], True)
+                    else:
+                        out[i] = st
+                if res.status == nfs4.NFS4_OK:
+                    return
+                # The item at ``done`` failed; the rest go in the next COMPOUND.
+                i = batch[done]
+                if res.status == nfs4.NFS4ERR_SYMLINK:
+                    out[i] = await self._stat_or_error(paths[i], follow_symlinks)
+                else:
+                    out[i] = nfs_error(res.status, ops._failed_op(res), paths[i])
+                batch = batch[done + 1 :]
+
+        await gather_limited([run(b) for b in batches], in_flight)
+        return [
+            r if r is not None else OSError(errno.EIO, "no result", p)
+            for r, p in zip(out, paths, strict=True)
+        ]
+
+    async def _stat_or_error(self, path: str, follow: bool) -> FileStat | OSError:
+        try:
+            return await self.stat(path, follow_symlinks=follow)
+        except OSError as e:
+            return e
 
     async def exists(self, path: str) -> bool:
         try:

@@ -48,5 +48,6 @@ class ServerState:
     instance: bytes = field(default_factory=lambda: os.urandom(8))
 
     def close(self) -> None:
+        self.state.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.vfs.close()

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -56,6 +56,7 @@ SEQID_MAX: Final = 0xFFFFFFFF
 _ZEROS: Final = bytes(12)
 _ONES: Final = b"\xff" * 12
 _INSTANCE_LEN: Final = 4
+_MAX_WAITERS_PER_FILE: Final = 64
 
 OwnerKey = tuple[int, bytes]  # (client id, owner octets)
 
@@ -176,6 +177,10 @@ class StateManager:
         self._states: dict[bytes, State] = {}
         self._files: dict[bytes, FileState] = {}
         self._by_client: dict[int, set[bytes]] = {}
+        # Lock-owners refused a blocking lock, by file: when a lock there goes, they are told
+        # with CB_NOTIFY_LOCK (section 20.11) instead of polling. The server sets the sender.
+        self._waiters: dict[bytes, dict[OwnerKey, None]] = {}
+        self.notify_lock: Callable[[int, bytes, bytes], None] | None = None
 
     # ------------------------------------------------------------------ stateids
 
@@ -415,14 +420,44 @@ class StateManager:
 
     def set_lock(self, ls: LockState, start: int, end: int, kind: int) -> None:
         """Lock ``[start, end)`` for ``ls``'s owner (the caller checked conflicts)."""
+        held = ls.ranges
         ls.ranges = state_locks.lock(ls.ranges, start, end, kind)
         ls.seqid = next_seqid(ls.seqid)
+        waiters = self._waiters.get(ls.file.fh)
+        if waiters:
+            waiters.pop(ls.key, None)
+        if held and kind == state_locks.READ:
+            self._released(ls.file.fh)  # a downgrade may let readers in
 
     def unlock(self, ls: LockState, start: int, end: int) -> None:
         ls.ranges = state_locks.unlock(ls.ranges, start, end)
         ls.seqid = next_seqid(ls.seqid)
+        self._released(ls.file.fh)
+
+    def add_waiter(self, fh: bytes, key: OwnerKey) -> bool:
+        """A blocking lock (READW_LT/WRITEW_LT) was refused: remember to notify its owner.
+        True when notifications will be sent (then OPEN says OPEN4_RESULT_MAY_NOTIFY_LOCK)."""
+        if self.notify_lock is None:
+            return False
+        waiters = self._waiters.setdefault(fh, {})
+        if len(waiters) < _MAX_WAITERS_PER_FILE:
+            waiters[key] = None
+        return True
+
+    @property
+    def notifies_locks(self) -> bool:
+        return self.notify_lock is not None
+
+    def _released(self, fh: bytes) -> None:
+        waiters = self._waiters.pop(fh, None)
+        if waiters and self.notify_lock is not None:
+            for clientid, owner in waiters:
+                self.notify_lock(clientid, fh, owner)
 
     def _drop_lock_state(self, ls: LockState) -> None:
+        if ls.ranges:
+            ls.ranges = []
+            self._released(ls.file.fh)
         f = ls.file
         if f.locks.get(ls.key) is ls:
             del f.locks[ls.key]
@@ -496,6 +531,7 @@ class StateManager:
 
     def close(self) -> None:
         """Server shutdown: close every open file."""
+        self.notify_lock = None
         for clientid in list(self._by_client):
             self.client_expired(clientid)
 

@@ -324,6 +324,11 @@ class ClientSession:
                 action = after_compound(res.status, idempotent=idempotent, reclaim=reclaim)
                 if action is Action.DONE:
                     return res
+                if action is Action.RETRY_UNCACHED and cachethis:
+                    # The server would not keep this reply: ask again without the cache (the
+                    # operation that did not fit was not run, RFC 8881 section 15.1.10.3).
+                    cachethis = False
+                    continue
                 if action is Action.RETRY:
                     self._release(slot)
                     slot = None

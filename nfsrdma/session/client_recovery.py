@@ -17,6 +17,7 @@ class Action(enum.Enum):
     DONE = "done"  # hand the result to the caller (success or an error the caller maps)
     RETRY_SAME_SEQID = "retry-same-seqid"  # same slot, same seqid, after a delay
     RETRY = "retry"  # a new request (the server processed this one), after a delay
+    RETRY_UNCACHED = "retry-uncached"  # the reply is too big for the slot's cache: no cachethis
     RESET_SLOT = "reset-slot"  # SEQ_MISORDERED: ask the slot table what next
     PICK_OTHER_SLOT = "pick-other-slot"  # BADSLOT / BAD_HIGH_SLOT: the table shrank
     NEW_SESSION = "new-session"  # the session is gone; the client id may still be good
@@ -60,6 +61,8 @@ def after_compound(status: int, *, idempotent: bool, reclaim: bool = False) -> A
         # The original ran but its reply was not kept: an idempotent request is simply run
         # again; for anything else the outcome cannot be known (the caller sees the error).
         return Action.RETRY if idempotent else Action.DONE
+    if status == nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE:
+        return Action.RETRY_UNCACHED
     if status in _CLIENT_GONE:
         return Action.NEW_CLIENT
     if status in (nfs4.NFS4ERR_BADSESSION, nfs4.NFS4ERR_DEADSESSION):

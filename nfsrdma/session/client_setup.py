@@ -24,7 +24,9 @@ class SessionOptions:
     back_slots: int = 4
     rsize: int = 1 << 20
     wsize: int = 1 << 20
-    max_response_size_cached: int = 4096  # our largest cached reply (OPEN) is far smaller
+    # Our largest cached reply (OPEN + GETFH + GETATTR) is a few hundred bytes; servers size
+    # their slot tables by this (knfsd: 64 KiB of reply cache per session).
+    max_response_size_cached: int = 1024
     max_operations: int = 32
     backchannel: bool = True
     cb_program: int = DEFAULT_CB_PROGRAM

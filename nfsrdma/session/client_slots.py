@@ -45,6 +45,7 @@ class SlotTable:
     limit: int = 0  # usable slots are 0..limit-1 (0 means: all of ``size``)
     slots: list[Slot] = field(default_factory=list)
     stats: SlotStats = field(default_factory=SlotStats)
+    _busy: set[int] = field(default_factory=set)  # ids of this table's slots in use
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -57,23 +58,25 @@ class SlotTable:
     # -- handing out -----------------------------------------------------------------------
     @property
     def in_flight(self) -> int:
-        return sum(1 for s in self.slots if s.in_use)
+        return len(self._busy)
 
     def acquire(self) -> Slot | None:
         """The lowest free slot the server lets us use now, or None (wait for a release)."""
+        if len(self._busy) >= self.limit:
+            return None
         for slot in self.slots[: self.limit]:
             if not slot.in_use and not slot.broken:
                 slot.in_use = True
+                self._busy.add(slot.slotid)
                 self.stats.acquired += 1
-                n = self.in_flight
-                if n > self.stats.max_in_flight:
-                    self.stats.max_in_flight = n
+                if len(self._busy) > self.stats.max_in_flight:
+                    self.stats.max_in_flight = len(self._busy)
                 return slot
         return None
 
     def highest_slotid(self) -> int:
         """sa_highest_slotid: the highest slot id with a request outstanding (or 0)."""
-        return max((s.slotid for s in self.slots if s.in_use), default=0)
+        return max(self._busy, default=0)
 
     @property
     def usable(self) -> int:
@@ -87,12 +90,14 @@ class SlotTable:
 
     def release(self, slot: Slot) -> None:
         slot.in_use = False
+        if self.owns(slot):
+            self._busy.discard(slot.slotid)
 
     def abandon(self, slot: Slot) -> None:
         """The request's outcome is unknown and it will not be resent: before this slot carries
         another request, a SEQUENCE-only probe with the same seqid must bring it in step."""
         slot.needs_probe = True
-        slot.in_use = False
+        self.release(slot)
 
     def misordered(self, slot: Slot) -> bool:
         """NFS4ERR_SEQ_MISORDERED: the server's idea of the seqid differs. Try once from 1
@@ -130,6 +135,7 @@ class SlotTable:
                 raise ValueError("a slot table needs at least one slot")
             self.size = size
         self.slots = [Slot(i) for i in range(self.size)]
+        self._busy = set()
         self.limit = self.size
 
     def owns(self, slot: Slot) -> bool:

@@ -79,6 +79,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return vm.run_command(cfg, command, knfsd=args.knfsd)
     except vm.TestbedError as exc:
         return _fail(str(exc), vm.EXIT_MISSING)
+    except KeyboardInterrupt:  # run_vm has already taken the guest down
+        return _fail("interrupted; guest killed", 130)
 
 
 def cmd_shell(args: argparse.Namespace) -> int:

@@ -52,6 +52,8 @@ RXE_MODULES = ("dummy", "rdma_rxe", "ib_uverbs", "rdma_ucm")
 KNFSD_MODULES = ("nfsd", "rpcrdma", "nfsv4")
 TRACE_INSTANCE = Path("/sys/kernel/tracing/instances/nfsrdma-testbed")
 GRACE_EVENT = "nfsd_grace_complete"
+# A fresh (empty) client database on every boot, whatever the host's /var holds.
+NFSDCLD_STORAGE = "/run/nfsrdma-nfsdcld"
 
 
 class SetupError(RuntimeError):
@@ -118,8 +120,10 @@ class KernelLog:
                 record = os.read(fd, 8192)
             except BlockingIOError:
                 break
-            except OSError:  # EPIPE: records overwritten before we read them
+            except BrokenPipeError:  # records overwritten before we read them: skip ahead
                 continue
+            except OSError:
+                break
             if not record:
                 break
             out.write(format_kmsg(record.decode(errors="replace")))
@@ -235,11 +239,11 @@ def start_knfsd() -> KnfsdState:
     _mount_once("rpc_pipefs", "sunrpc", RPC_PIPEFS)
     _mount_once("tmpfs", "tmpfs", EXPORT_DIR, f"size={EXPORT_SIZE},mode=1777")
     Path("/etc/exports").write_text(f"{EXPORT_DIR} *({EXPORT_OPTIONS})\n")
-    Path("/var/lib/nfs/nfsdcld").mkdir(parents=True, exist_ok=True)
+    Path(NFSDCLD_STORAGE).mkdir(parents=True, exist_ok=True)
     _run(["exportfs", "-ra"])
     _run(["rpc.mountd", "-N", "2", "-N", "3"])
     # nfsdcld tracks clients; with an empty database knfsd skips the grace period.
-    _run(["nfsdcld", "-p", RPC_PIPEFS])
+    _run(["nfsdcld", "-p", RPC_PIPEFS, "-s", NFSDCLD_STORAGE])
     Path("/proc/fs/nfsd/nfsv4leasetime").write_text(f"{KNFSD_LEASE_TIME}\n")
     Path("/proc/fs/nfsd/nfsv4gracetime").write_text(f"{KNFSD_GRACE_TIME}\n")
     watch = GraceWatch()
@@ -347,7 +351,7 @@ def session(spec: GuestSpec) -> int:
                 )
             timings["setup_done_uptime_s"] = round(uptime(), 2)
             say(msg)
-        except SetupError as exc:
+        except (SetupError, OSError) as exc:
             say(f"set-up FAILED: {exc}")
             timings["setup_error"] = str(exc)
             write_timings(out, timings)

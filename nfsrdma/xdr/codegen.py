@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from nfsrdma.xdr.ast import Arm, Decl, Enum_, Kind, Spec, Struct, Typedef, Union
 
 _INT_FMT = {"int": "i", "unsigned int": "I", "hyper": "q", "unsigned hyper": "Q"}
+INLINE_DEPTH = 3  # how deep struct/union codecs are inlined into their users
 _FIXED_ARRAY_FUSE_LIMIT = 16
 
 
@@ -62,6 +63,7 @@ class Generator:
         self._min_cache: dict[str, int] = {}
         self.helpers: list[str] = []  # extra functions (union arms), emitted after their users
         self.helper_names: set[str] = set()
+        self.classes: set[str] = set()  # classes generated so far (aliases may name them)
         self._tmp = 0
 
     # -- type analysis -----------------------------------------------------------------
@@ -292,8 +294,11 @@ class Generator:
         return out
 
     # -- statements for one declaration ------------------------------------------------
-    def dec_stmts(self, d: Decl, target: str, ddp: bool, ind: str) -> list[str]:
-        """Statements decoding declaration ``d`` at ``off`` into local ``target``."""
+    def dec_stmts(self, d: Decl, target: str, ddp: bool, ind: str, depth: int = 0) -> list[str]:
+        """Statements decoding declaration ``d`` at ``off`` into local ``target``.
+
+        Structs and unions used by value are decoded inline (no call, no tuple) up to
+        ``INLINE_DEPTH`` levels deep."""
         r = self.resolve(d)
         lines: list[str] = []
         bound = "None" if r.size is None else str(r.size)
@@ -345,6 +350,11 @@ class Generator:
         if r.kind is Kind.PLAIN:
             if r.type in self.list_nodes:
                 raise ValueError(f"{r.type} (a list node) used without '*' at line {r.line}")
+            t = self.spec.types.get(r.type)
+            if depth < INLINE_DEPTH and isinstance(t, Struct):
+                return self.inline_struct_dec(t, target, ind, depth)
+            if depth < INLINE_DEPTH and isinstance(t, Union):
+                return [ind + x for x in self.union_dec_lines(t, target)]
             lines.append(f"{target}, off = dec_{r.type}(r, off)")
             return [ind + x for x in lines]
         # Arrays (fixed that could not be fused, or variable).
@@ -364,7 +374,7 @@ class Generator:
             x = f"_x{self._tmp}"
             lines.append(f"{target} = []")
             lines.append("for _ in range(_n):")
-            lines += self.dec_stmts(Decl("", r.type), x, False, "    ")
+            lines += self.dec_stmts(Decl("", r.type), x, False, "    ", depth + 1)
             lines.append(f"    {target}.append({x})")
         return [ind + x for x in lines]
 
@@ -383,7 +393,7 @@ class Generator:
         ]
         return lines
 
-    def enc_stmts(self, d: Decl, expr: str, ddp: bool, ind: str) -> list[str]:
+    def enc_stmts(self, d: Decl, expr: str, ddp: bool, ind: str, depth: int = 0) -> list[str]:
         """Statements encoding declaration ``d`` whose value is ``expr`` onto ``w``."""
         r = self.resolve(d)
         bound = "None" if r.size is None else str(r.size)
@@ -421,6 +431,13 @@ class Generator:
             lines += ["w += _U32.pack(_n)", "w += _v", "w += _PAD[_n & 3]"]
             return [ind + x for x in lines]
         if r.kind is Kind.PLAIN:
+            t = self.spec.types.get(r.type)
+            if depth < INLINE_DEPTH and isinstance(t, Struct) and r.type not in self.list_nodes:
+                self._tmp += 1
+                v = f"_s{self._tmp}"
+                lines.append(f"{v} = {expr}")
+                body = self.gen_struct_body_enc(t.name, t.fields, v, "", depth + 1)
+                return [ind + x for x in lines + body]
             lines.append(f"enc_{r.type}(w, {expr})")
             return [ind + x for x in lines]
         self._tmp += 1
@@ -439,7 +456,7 @@ class Generator:
             lines.append(f"w += _struct.pack('>%d{elem.fmt}' % _n, *{a})")
         else:
             lines.append(f"for {x} in {a}:")
-            lines += self.enc_stmts(Decl("", r.type), x, False, "    ")
+            lines += self.enc_stmts(Decl("", r.type), x, False, "    ", depth + 1)
         return [ind + x for x in lines]
 
     def _enc_bound(self, d: Decl, bound: str) -> list[str]:
@@ -467,7 +484,18 @@ class Generator:
             groups.append(run)
         return groups
 
-    def gen_struct_body_dec(self, name: str, fields: list[Decl], ind: str) -> list[str]:
+    def inline_struct_dec(self, t: Struct, target: str, ind: str, depth: int) -> list[str]:
+        self._tmp += 1
+        prefix = f"_i{self._tmp}_"
+        fields = t.fields
+        lines = self.gen_struct_body_dec(t.name, fields, ind, prefix, depth + 1)
+        args = ", ".join(prefix + f.name for f in fields)
+        lines.append(f"{ind}{target} = {t.name}({args})")
+        return lines
+
+    def gen_struct_body_dec(
+        self, name: str, fields: list[Decl], ind: str, prefix: str = "f_", depth: int = 0
+    ) -> list[str]:
         lines: list[str] = []
         for group in self.field_groups(fields):
             fxs = [self.fixed_of_decl(f) for f in group]
@@ -479,16 +507,17 @@ class Generator:
                 i = 0
                 for f, fx in zip(group, fxs, strict=True):
                     assert fx is not None
-                    lines.append(f"{ind}f_{f.name} = {self.build_fixed(f, '_t', i)}")
+                    lines.append(f"{ind}{prefix}{f.name} = {self.build_fixed(f, '_t', i)}")
                     i += fx.items
             else:
                 f = group[0]
-                lines += self.dec_stmts(
-                    f, f"f_{f.name}", (name, f.name) in self.opts.ddp_fields, ind
-                )
+                ddp = (name, f.name) in self.opts.ddp_fields
+                lines += self.dec_stmts(f, f"{prefix}{f.name}", ddp, ind, depth)
         return lines
 
-    def gen_struct_body_enc(self, name: str, fields: list[Decl], v: str, ind: str) -> list[str]:
+    def gen_struct_body_enc(
+        self, name: str, fields: list[Decl], v: str, ind: str, depth: int = 0
+    ) -> list[str]:
         lines: list[str] = []
         for group in self.field_groups(fields):
             fxs = [self.fixed_of_decl(f) for f in group]
@@ -503,7 +532,7 @@ class Generator:
             else:
                 f = group[0]
                 ddp = (name, f.name) in self.opts.ddp_fields
-                lines += self.enc_stmts(f, f"{v}.{pyname(f.name)}", ddp, ind)
+                lines += self.enc_stmts(f, f"{v}.{pyname(f.name)}", ddp, ind, depth)
         return lines
 
     def wrap(self, kind: str, name: str, body: list[str], ret: str | None) -> list[str]:
@@ -622,7 +651,11 @@ class Generator:
     def gen_typedef(self, t: Typedef) -> None:
         o = self.out
         d = t.decl
-        o.append(f'{t.name}: _TypeAlias = "{self.annotation(d)}"')
+        ann = self.annotation(d)
+        if ann in self.classes:
+            o.append(f"{t.name} = {ann}")  # a real alias: the class can be built under this name
+        else:
+            o.append(f'{t.name}: _TypeAlias = "{ann}"')
         o.append("")
         o.append("")
         o.append(f"def enc_{t.name}(w: _Writer, v: {t.name}) -> None:")
@@ -696,6 +729,14 @@ class Generator:
         o.append(
             f"_{u.name}_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {{{dec_map}}}"
         )
+        disc_t = self.resolve(u.discriminant)
+        arms_map = ", ".join(
+            f"{c}: ({self.build_fixed(disc_t, f'({c},)', 0)}, {d})"
+            for arm, (_, d, _) in codecs
+            if arm
+            for c in arm.cases
+        )
+        o.append(f"_{u.name}_ARMS: dict[int, tuple[_Any, _Any]] = {{{arms_map}}}")
         o.append("")
         o.append("")
         # Discriminant coding: an enum is validated, bool must be 0/1, ints are as they are.
@@ -720,23 +761,37 @@ class Generator:
         o.append("")
         o.append("")
         o.append(f"def dec_{u.name}(r: _Reader, off: int) -> tuple[{u.name}, int]:")
-        o.append("    o0 = off")
-        o.append("    try:")
-        o.append(f"        _d = {self.build_fixed(disc, sv + '.unpack_from(r.buf, off)', 0)}")
-        o.append("    except (_struct.error, KeyError, IndexError):")
-        o.append(
-            f"        raise _XdrError('invalid or truncated {u.name} discriminant', o0) from None"
-        )
-        if default:
-            o.append(f"    _f = _{u.name}_DEC.get(_d, {default[1]})")
+        body = ["        " + x for x in self.union_dec_lines(u, "_u")]
+        o += self.wrap("dec", u.name, body, "_u")
+        o.append("")
+        o.append("")
+
+    def union_dec_lines(self, u: Union, target: str) -> list[str]:
+        """Decode union ``u`` at ``off`` into ``target``: one lookup gives the validated
+        discriminant and the arm's decoder; unknown values take the default arm or fail."""
+        disc = self.resolve(u.discriminant)
+        fx = self.fixed_of_decl(disc)
+        assert fx is not None
+        sv = self.struct_var(fx.fmt)
+        self._tmp += 1
+        d, a, f, v = (f"_{x}{self._tmp}" for x in "dafv")
+        lines = [
+            f"({d},) = {sv}.unpack_from(buf, off)",
+            f"{a} = _{u.name}_ARMS.get({d})",
+            f"if {a} is None:",
+        ]
+        if u.default is not None:
+            default = self.arm_codec(u, u.default)[1]
+            lines += [f"    {d} = {self.build_fixed(disc, f'({d},)', 0)}", f"    {f} = {default}"]
         else:
-            o.append(f"    _f = _{u.name}_DEC.get(_d)")
-            o.append("    if _f is None:")
-            o.append(f"        raise _XdrError('%r is not a case of {u.name}' % (_d,), o0)")
-        o.append(f"    _v, off = _f(r, off + {disc_fx.size})")
-        o.append(f"    return {u.name}(_d, _v), off")
-        o.append("")
-        o.append("")
+            lines.append(f"    raise _XdrError('%r is not a case of {u.name}' % ({d},), off)")
+        lines += [
+            "else:",
+            f"    {d}, {f} = {a}",
+            f"{v}, off = {f}(r, off + {fx.size})",
+            f"{target} = {u.name}({d}, {v})",
+        ]
+        return lines
 
     def generate(self) -> str:
         body: list[str] = []
@@ -745,10 +800,13 @@ class Generator:
             self.helpers = []
             if isinstance(d, Struct):
                 self.gen_struct(d)
+                self.classes.add(d.name)
             elif isinstance(d, Union):
                 self.gen_union(d)
+                self.classes.add(d.name)
             elif isinstance(d, Enum_):
                 self.gen_enum(d)
+                self.classes.add(d.name)
             elif isinstance(d, Typedef):
                 self.gen_typedef(d)
             else:

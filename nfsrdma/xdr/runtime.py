@@ -127,7 +127,10 @@ class Reader:
         chunks: dict[int, Buffer] | None = None,
         ordered: list[Buffer | None] | None = None,
     ) -> None:
-        self.buf = data if isinstance(data, memoryview) else memoryview(data)
+        # bytes stay bytes (slicing them is cheapest); anything else is viewed, not copied.
+        self.buf: bytes | memoryview = (
+            data if isinstance(data, bytes | memoryview) else memoryview(data)
+        )
         self.chunks = chunks
         self.ordered = ordered
         self.shift = 0
@@ -157,7 +160,8 @@ class Reader:
         end = off + n
         if end + (-n & 3) > len(buf):
             raise XdrError(f"opaque of {n} bytes runs past the end", off)
-        return buf[off:end], end + (-n & 3)
+        view = buf if isinstance(buf, memoryview) else memoryview(buf)
+        return view[off:end], end + (-n & 3)
 
 
 def pack(encode: Callable[[Writer, T], None], value: T) -> bytes:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import asdict
 
@@ -46,3 +47,8 @@ def test_linux_client_workload_same_as_knfsd(
     assert result.lock_conflict_seen and result.flock_conflict_seen
     assert result.locked_records == {"fcntl": 80, "flock": 80}
     assert result.comparable() == reference.comparable()
+    # The blocked lock-owners were woken by CB_NOTIFY_LOCK on the back channel, which over
+    # RDMA shares the client's connection (RFC 8167, UL-22).
+    log = ours.proc.log.read_text()
+    notified = rf"callback OP_CB_SEQUENCE\+OP_CB_NOTIFY_LOCK to client \S+ over {proto}: NFS4_OK"
+    assert re.search(notified, log), "no CB_NOTIFY_LOCK reached the client"

@@ -2,8 +2,9 @@
 (sections 18.48, 18.38).
 
 Byte-range locks are held by the server (advisory, POSIX semantics, see ``state_locks.py``).
-The blocking lock types are answered like the others: a conflict is NFS4ERR_DENIED with the
-conflicting lock, and the client polls (we never set OPEN4_RESULT_MAY_NOTIFY_LOCK). Lock seqids
+The blocking lock types are answered like the others, NFS4ERR_DENIED with the conflicting lock;
+the refused lock-owner is then told by CB_NOTIFY_LOCK when a lock on the file goes, so it can
+retry at once (OPEN said OPEN4_RESULT_MAY_NOTIFY_LOCK; RFC 8881 section 20.11). Lock seqids
 and the reclaim flag of 4.0 are ignored except that a reclaim gets NFS4ERR_NO_GRACE.
 """
 
@@ -44,6 +45,8 @@ def op_lock(ctx: CompoundContext, args: nfs4.LOCK4args) -> nfs4.LOCK4res:
         raise Nfs4Error(nfs4.NFS4ERR_OPENMODE)
     conflict = sm.find_conflict(fh, (clientid, owner), start, end, kind)
     if conflict is not None:
+        if args.locktype in (nfs4.READW_LT, nfs4.WRITEW_LT):
+            sm.add_waiter(fh, (clientid, owner))  # told by CB_NOTIFY_LOCK when it may retry
         denied = conflict.denied()
         raise Nfs4Error(nfs4.NFS4ERR_DENIED, nfs4.LOCK4res(nfs4.NFS4ERR_DENIED, denied))
     if ls is None:

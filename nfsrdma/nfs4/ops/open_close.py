@@ -260,7 +260,8 @@ def op_open(ctx: CompoundContext, args: nfs4.OPEN4args) -> nfs4.OPEN4res:
         nfs4.OPEN4resok(
             stateid=state.stateid,
             cinfo=nfs4.change_info4(False, before, after),
-            rflags=nfs4.OPEN4_RESULT_LOCKTYPE_POSIX,
+            rflags=nfs4.OPEN4_RESULT_LOCKTYPE_POSIX
+            | (nfs4.OPEN4_RESULT_MAY_NOTIFY_LOCK if sm.notifies_locks else 0),
             attrset=target.attrset or [],
             delegation=no_delegation(want),
         ),

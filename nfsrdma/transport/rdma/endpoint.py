@@ -322,9 +322,15 @@ class RdmaConnection(Connection):
                 call.chunks[chunk.position] = data
         self._assembling[id(call)] = call
 
+    @property
+    def max_reads(self) -> int:
+        """RDMA Reads outstanding at once: our option, within the negotiated ORD (TR-26)."""
+        ord_ = self.qp.initiator_depth if self.qp is not None else 0
+        return max(1, min(self.options.max_reads, ord_ or self.options.max_reads))
+
     def _read(self, call: _InCall, sge: Sge, seg: Segment) -> None:
         wr = self._wr_id("read", call)
-        if self._reads_in_flight >= self.options.max_reads:
+        if self._reads_in_flight >= self.max_reads:
             self._read_backlog.append((wr, sge, seg.offset, seg.handle))
             return
         self._reads_in_flight += 1
@@ -333,7 +339,7 @@ class RdmaConnection(Connection):
 
     def _on_read_done(self, ev: Completion, call: _InCall) -> None:
         self._reads_in_flight -= 1
-        while self._read_backlog and self._reads_in_flight < self.options.max_reads:
+        while self._read_backlog and self._reads_in_flight < self.max_reads:
             wr, sge, addr, rkey = self._read_backlog.popleft()
             self._reads_in_flight += 1
             assert self.qp is not None
@@ -617,9 +623,8 @@ class RdmaListener:
             await qp.establish(
                 privdata.encode(conn.local_pd),
                 responder_resources=0,
-                initiator_depth=max(
-                    1, min(req.initiator_depth or 16, caps.max_qp_init_rd_atom, 16)
-                ),
+                # RDMA Reads we may have outstanding: no more than the peer allows (TR-26).
+                initiator_depth=min(req.initiator_depth, caps.max_qp_init_rd_atom, 16),
             )
         except Exception as e:
             log.warning("rdma: accepting a connection failed: %s", e)

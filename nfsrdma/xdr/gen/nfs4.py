@@ -1517,6 +1517,7 @@ class settime4:
 
 _settime4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_nfstime4}
 _settime4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_nfstime4}
+_settime4_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_time_how4_MAP[(1,)[0]], dec_nfstime4)}
 
 
 def enc_settime4(w: _Writer, v: settime4) -> None:
@@ -1531,14 +1532,21 @@ def enc_settime4(w: _Writer, v: settime4) -> None:
 
 
 def dec_settime4(r: _Reader, off: int) -> tuple[settime4, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _time_how4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated settime4 discriminant', o0) from None
-    _f = _settime4_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return settime4(_d, _v), off
+        (_d6,) = _S2.unpack_from(buf, off)
+        _a6 = _settime4_ARMS.get(_d6)
+        if _a6 is None:
+            _d6 = _time_how4_MAP[(_d6,)[0]]
+            _f6 = _void_decode
+        else:
+            _d6, _f6 = _a6
+        _v6, off = _f6(r, off + 4)
+        _u = settime4(_d6, _v6)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated settime4', o0) from None
+    return _u, off
 
 
 nfs_lease4: _TypeAlias = "int"
@@ -1623,20 +1631,20 @@ class fs_location4:
 
 def enc_fs_location4(w: _Writer, v: fs_location4) -> None:
     try:
-        _a6 = v.server
-        _n = len(_a6)
-        w += _U32.pack(_n)
-        for _x6 in _a6:
-            _v = _x6
-            _n = len(_v)
-            w += _U32.pack(_n)
-            w += _v
-            w += _PAD[_n & 3]
-        _a7 = v.rootpath
+        _a7 = v.server
         _n = len(_a7)
         w += _U32.pack(_n)
         for _x7 in _a7:
             _v = _x7
+            _n = len(_v)
+            w += _U32.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        _a8 = v.rootpath
+        _n = len(_a8)
+        w += _U32.pack(_n)
+        for _x8 in _a8:
+            _v = _x8
             _n = len(_v)
             w += _U32.pack(_n)
             w += _v
@@ -1662,9 +1670,9 @@ def dec_fs_location4(r: _Reader, off: int) -> tuple[fs_location4, int]:
             _e = off + _n
             if _e > len(buf):
                 raise _XdrError('opaque runs past the end', off)
-            _x8 = bytes(buf[off:_e])
+            _x9 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_server.append(_x8)
+            f_server.append(_x9)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -1678,9 +1686,9 @@ def dec_fs_location4(r: _Reader, off: int) -> tuple[fs_location4, int]:
             _e = off + _n
             if _e > len(buf):
                 raise _XdrError('opaque runs past the end', off)
-            _x9 = bytes(buf[off:_e])
+            _x10 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_rootpath.append(_x9)
+            f_rootpath.append(_x10)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fs_location4', o0) from None
     return fs_location4(f_server, f_rootpath), off
@@ -1694,20 +1702,38 @@ class fs_locations4:
 
 def enc_fs_locations4(w: _Writer, v: fs_locations4) -> None:
     try:
-        _a10 = v.fs_root
-        _n = len(_a10)
+        _a11 = v.fs_root
+        _n = len(_a11)
         w += _U32.pack(_n)
-        for _x10 in _a10:
-            _v = _x10
+        for _x11 in _a11:
+            _v = _x11
             _n = len(_v)
             w += _U32.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        _a11 = v.locations
-        _n = len(_a11)
+        _a12 = v.locations
+        _n = len(_a12)
         w += _U32.pack(_n)
-        for _x11 in _a11:
-            enc_fs_location4(w, _x11)
+        for _x12 in _a12:
+            _s13 = _x12
+            _a14 = _s13.server
+            _n = len(_a14)
+            w += _U32.pack(_n)
+            for _x14 in _a14:
+                _v = _x14
+                _n = len(_v)
+                w += _U32.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+            _a15 = _s13.rootpath
+            _n = len(_a15)
+            w += _U32.pack(_n)
+            for _x15 in _a15:
+                _v = _x15
+                _n = len(_v)
+                w += _U32.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fs_locations4: {_e}', len(w)) from None
 
@@ -1729,17 +1755,49 @@ def dec_fs_locations4(r: _Reader, off: int) -> tuple[fs_locations4, int]:
             _e = off + _n
             if _e > len(buf):
                 raise _XdrError('opaque runs past the end', off)
-            _x12 = bytes(buf[off:_e])
+            _x16 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_fs_root.append(_x12)
+            f_fs_root.append(_x16)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_locations = []
         for _ in range(_n):
-            _x13, off = dec_fs_location4(r, off)
-            f_locations.append(_x13)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i18_server = []
+            for _ in range(_n):
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                if _e > len(buf):
+                    raise _XdrError('opaque runs past the end', off)
+                _x19 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _i18_server.append(_x19)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i18_rootpath = []
+            for _ in range(_n):
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                if _e > len(buf):
+                    raise _XdrError('opaque runs past the end', off)
+                _x20 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _i18_rootpath.append(_x20)
+            _x17 = fs_location4(_i18_server, _i18_rootpath)
+            f_locations.append(_x17)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fs_locations4', o0) from None
     return fs_locations4(f_fs_root, f_locations), off
@@ -1885,11 +1943,17 @@ class nfsacl41:
 def enc_nfsacl41(w: _Writer, v: nfsacl41) -> None:
     try:
         w += _S0.pack(v.na41_flag)
-        _a14 = v.na41_aces
-        _n = len(_a14)
+        _a21 = v.na41_aces
+        _n = len(_a21)
         w += _U32.pack(_n)
-        for _x14 in _a14:
-            enc_nfsace4(w, _x14)
+        for _x21 in _a21:
+            _s22 = _x21
+            w += _S9.pack(_s22.type, _s22.flag, _s22.access_mask)
+            _v = _s22.who
+            _n = len(_v)
+            w += _U32.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfsacl41: {_e}', len(w)) from None
 
@@ -1907,8 +1971,22 @@ def dec_nfsacl41(r: _Reader, off: int) -> tuple[nfsacl41, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_na41_aces = []
         for _ in range(_n):
-            _x15, off = dec_nfsace4(r, off)
-            f_na41_aces.append(_x15)
+            _t = _S9.unpack_from(buf, off)
+            off += 12
+            _i24_type = _t[0]
+            _i24_flag = _t[1]
+            _i24_access_mask = _t[2]
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            if _e > len(buf):
+                raise _XdrError('opaque runs past the end', off)
+            _i24_who = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _x23 = nfsace4(_i24_type, _i24_flag, _i24_access_mask, _i24_who)
+            f_na41_aces.append(_x23)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfsacl41', o0) from None
     return nfsacl41(f_na41_flag, f_na41_aces), off
@@ -2237,7 +2315,13 @@ class layout4:
 def enc_layout4(w: _Writer, v: layout4) -> None:
     try:
         w += _S11.pack(v.lo_offset, v.lo_length, v.lo_iomode)
-        enc_layout_content4(w, v.lo_content)
+        _s25 = v.lo_content
+        w += _S2.pack(_s25.loc_type)
+        _v = _s25.loc_body
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode layout4: {_e}', len(w)) from None
 
@@ -2251,7 +2335,19 @@ def dec_layout4(r: _Reader, off: int) -> tuple[layout4, int]:
         f_lo_offset = _t[0]
         f_lo_length = _t[1]
         f_lo_iomode = _layoutiomode4_MAP[_t[2]]
-        f_lo_content, off = dec_layout_content4(r, off)
+        _t = _S2.unpack_from(buf, off)
+        off += 4
+        _i26_loc_type = _layouttype4_MAP[_t[0]]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i26_loc_body = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_lo_content = layout_content4(_i26_loc_type, _i26_loc_body)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated layout4', o0) from None
     return layout4(f_lo_offset, f_lo_length, f_lo_iomode, f_lo_content), off
@@ -2436,6 +2532,7 @@ class layoutreturn4:
 
 _layoutreturn4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_layoutreturn_file4}
 _layoutreturn4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_layoutreturn_file4}
+_layoutreturn4_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_layoutreturn_type4_MAP[(1,)[0]], dec_layoutreturn_file4)}
 
 
 def enc_layoutreturn4(w: _Writer, v: layoutreturn4) -> None:
@@ -2450,14 +2547,21 @@ def enc_layoutreturn4(w: _Writer, v: layoutreturn4) -> None:
 
 
 def dec_layoutreturn4(r: _Reader, off: int) -> tuple[layoutreturn4, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _layoutreturn_type4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated layoutreturn4 discriminant', o0) from None
-    _f = _layoutreturn4_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return layoutreturn4(_d, _v), off
+        (_d27,) = _S2.unpack_from(buf, off)
+        _a27 = _layoutreturn4_ARMS.get(_d27)
+        if _a27 is None:
+            _d27 = _layoutreturn_type4_MAP[(_d27,)[0]]
+            _f27 = _void_decode
+        else:
+            _d27, _f27 = _a27
+        _v27, off = _f27(r, off + 4)
+        _u = layoutreturn4(_d27, _v27)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated layoutreturn4', o0) from None
+    return _u, off
 
 
 class fs4_status_type(_IntEnum):
@@ -2651,11 +2755,11 @@ class threshold_item4:
 def enc_threshold_item4(w: _Writer, v: threshold_item4) -> None:
     try:
         w += _S2.pack(v.thi_layout_type)
-        _a16 = v.thi_hintset
-        _n = len(_a16)
+        _a28 = v.thi_hintset
+        _n = len(_a28)
         w += _U32.pack(_n)
-        for _x16 in _a16:
-            w += _S0.pack(_x16)
+        for _x28 in _a28:
+            w += _S0.pack(_x28)
         _v = v.thi_hintlist
         _n = len(_v)
         w += _U32.pack(_n)
@@ -2680,8 +2784,8 @@ def dec_threshold_item4(r: _Reader, off: int) -> tuple[threshold_item4, int]:
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x17 = _t[0]
-            f_thi_hintset.append(_x17)
+            _x29 = _t[0]
+            f_thi_hintset.append(_x29)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2703,11 +2807,22 @@ class mdsthreshold4:
 
 def enc_mdsthreshold4(w: _Writer, v: mdsthreshold4) -> None:
     try:
-        _a18 = v.mth_hints
-        _n = len(_a18)
+        _a30 = v.mth_hints
+        _n = len(_a30)
         w += _U32.pack(_n)
-        for _x18 in _a18:
-            enc_threshold_item4(w, _x18)
+        for _x30 in _a30:
+            _s31 = _x30
+            w += _S2.pack(_s31.thi_layout_type)
+            _a32 = _s31.thi_hintset
+            _n = len(_a32)
+            w += _U32.pack(_n)
+            for _x32 in _a32:
+                w += _S0.pack(_x32)
+            _v = _s31.thi_hintlist
+            _n = len(_v)
+            w += _U32.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode mdsthreshold4: {_e}', len(w)) from None
 
@@ -2722,8 +2837,30 @@ def dec_mdsthreshold4(r: _Reader, off: int) -> tuple[mdsthreshold4, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_mth_hints = []
         for _ in range(_n):
-            _x19, off = dec_threshold_item4(r, off)
-            f_mth_hints.append(_x19)
+            _t = _S2.unpack_from(buf, off)
+            off += 4
+            _i34_thi_layout_type = _layouttype4_MAP[_t[0]]
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i34_thi_hintset = []
+            for _ in range(_n):
+                _t = _S0.unpack_from(buf, off)
+                off += 4
+                _x35 = _t[0]
+                _i34_thi_hintset.append(_x35)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            if _e > len(buf):
+                raise _XdrError('opaque runs past the end', off)
+            _i34_thi_hintlist = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _x33 = threshold_item4(_i34_thi_layout_type, _i34_thi_hintset, _i34_thi_hintlist)
+            f_mth_hints.append(_x33)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated mdsthreshold4', o0) from None
     return mdsthreshold4(f_mth_hints), off
@@ -2738,13 +2875,13 @@ class retention_get4:
 def enc_retention_get4(w: _Writer, v: retention_get4) -> None:
     try:
         w += _S4.pack(v.rg_duration)
-        _a20 = v.rg_begin_time
-        _n = len(_a20)
+        _a36 = v.rg_begin_time
+        _n = len(_a36)
         if _n > 1:
             raise _XdrError('rg_begin_time: length %d exceeds 1' % _n, len(w))
         w += _U32.pack(_n)
-        for _x20 in _a20:
-            w += _S7.pack(_x20.seconds, _x20.nseconds)
+        for _x36 in _a36:
+            w += _S7.pack(_x36.seconds, _x36.nseconds)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode retention_get4: {_e}', len(w)) from None
 
@@ -2766,8 +2903,8 @@ def dec_retention_get4(r: _Reader, off: int) -> tuple[retention_get4, int]:
         for _ in range(_n):
             _t = _S7.unpack_from(buf, off)
             off += 12
-            _x21 = nfstime4(_t[0], _t[1])
-            f_rg_begin_time.append(_x21)
+            _x37 = nfstime4(_t[0], _t[1])
+            f_rg_begin_time.append(_x37)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated retention_get4', o0) from None
     return retention_get4(f_rg_duration, f_rg_begin_time), off
@@ -2782,13 +2919,13 @@ class retention_set4:
 def enc_retention_set4(w: _Writer, v: retention_set4) -> None:
     try:
         w += _S0.pack(v.rs_enable)
-        _a22 = v.rs_duration
-        _n = len(_a22)
+        _a38 = v.rs_duration
+        _n = len(_a38)
         if _n > 1:
             raise _XdrError('rs_duration: length %d exceeds 1' % _n, len(w))
         w += _U32.pack(_n)
-        for _x22 in _a22:
-            w += _S4.pack(_x22)
+        for _x38 in _a38:
+            w += _S4.pack(_x38)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode retention_set4: {_e}', len(w)) from None
 
@@ -2810,8 +2947,8 @@ def dec_retention_set4(r: _Reader, off: int) -> tuple[retention_set4, int]:
         for _ in range(_n):
             _t = _S4.unpack_from(buf, off)
             off += 8
-            _x23 = _t[0]
-            f_rs_duration.append(_x23)
+            _x39 = _t[0]
+            f_rs_duration.append(_x39)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated retention_set4', o0) from None
     return retention_set4(f_rs_enable, f_rs_duration), off
@@ -2901,16 +3038,27 @@ class fs_locations_item4:
 
 def enc_fs_locations_item4(w: _Writer, v: fs_locations_item4) -> None:
     try:
-        _a24 = v.fli_entries
-        _n = len(_a24)
+        _a40 = v.fli_entries
+        _n = len(_a40)
         w += _U32.pack(_n)
-        for _x24 in _a24:
-            enc_fs_locations_server4(w, _x24)
-        _a25 = v.fli_rootpath
-        _n = len(_a25)
+        for _x40 in _a40:
+            _s41 = _x40
+            w += _S2.pack(_s41.fls_currency)
+            _v = _s41.fls_info
+            _n = len(_v)
+            w += _U32.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            _v = _s41.fls_server
+            _n = len(_v)
+            w += _U32.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        _a42 = v.fli_rootpath
+        _n = len(_a42)
         w += _U32.pack(_n)
-        for _x25 in _a25:
-            _v = _x25
+        for _x42 in _a42:
+            _v = _x42
             _n = len(_v)
             w += _U32.pack(_n)
             w += _v
@@ -2929,8 +3077,29 @@ def dec_fs_locations_item4(r: _Reader, off: int) -> tuple[fs_locations_item4, in
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_fli_entries = []
         for _ in range(_n):
-            _x26, off = dec_fs_locations_server4(r, off)
-            f_fli_entries.append(_x26)
+            _t = _S2.unpack_from(buf, off)
+            off += 4
+            _i44_fls_currency = _t[0]
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            if _e > len(buf):
+                raise _XdrError('opaque runs past the end', off)
+            _i44_fls_info = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            if _e > len(buf):
+                raise _XdrError('opaque runs past the end', off)
+            _i44_fls_server = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _x43 = fs_locations_server4(_i44_fls_currency, _i44_fls_info, _i44_fls_server)
+            f_fli_entries.append(_x43)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -2944,9 +3113,9 @@ def dec_fs_locations_item4(r: _Reader, off: int) -> tuple[fs_locations_item4, in
             _e = off + _n
             if _e > len(buf):
                 raise _XdrError('opaque runs past the end', off)
-            _x27 = bytes(buf[off:_e])
+            _x45 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_fli_rootpath.append(_x27)
+            f_fli_rootpath.append(_x45)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fs_locations_item4', o0) from None
     return fs_locations_item4(f_fli_entries, f_fli_rootpath), off
@@ -2963,20 +3132,34 @@ class fs_locations_info4:
 def enc_fs_locations_info4(w: _Writer, v: fs_locations_info4) -> None:
     try:
         w += _S13.pack(v.fli_flags, v.fli_valid_for)
-        _a28 = v.fli_fs_root
-        _n = len(_a28)
+        _a46 = v.fli_fs_root
+        _n = len(_a46)
         w += _U32.pack(_n)
-        for _x28 in _a28:
-            _v = _x28
+        for _x46 in _a46:
+            _v = _x46
             _n = len(_v)
             w += _U32.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        _a29 = v.fli_items
-        _n = len(_a29)
+        _a47 = v.fli_items
+        _n = len(_a47)
         w += _U32.pack(_n)
-        for _x29 in _a29:
-            enc_fs_locations_item4(w, _x29)
+        for _x47 in _a47:
+            _s48 = _x47
+            _a49 = _s48.fli_entries
+            _n = len(_a49)
+            w += _U32.pack(_n)
+            for _x49 in _a49:
+                enc_fs_locations_server4(w, _x49)
+            _a50 = _s48.fli_rootpath
+            _n = len(_a50)
+            w += _U32.pack(_n)
+            for _x50 in _a50:
+                _v = _x50
+                _n = len(_v)
+                w += _U32.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fs_locations_info4: {_e}', len(w)) from None
 
@@ -3002,17 +3185,41 @@ def dec_fs_locations_info4(r: _Reader, off: int) -> tuple[fs_locations_info4, in
             _e = off + _n
             if _e > len(buf):
                 raise _XdrError('opaque runs past the end', off)
-            _x30 = bytes(buf[off:_e])
+            _x51 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_fli_fs_root.append(_x30)
+            f_fli_fs_root.append(_x51)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_fli_items = []
         for _ in range(_n):
-            _x31, off = dec_fs_locations_item4(r, off)
-            f_fli_items.append(_x31)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 12 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i53_fli_entries = []
+            for _ in range(_n):
+                _x54, off = dec_fs_locations_server4(r, off)
+                _i53_fli_entries.append(_x54)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i53_fli_rootpath = []
+            for _ in range(_n):
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                if _e > len(buf):
+                    raise _XdrError('opaque runs past the end', off)
+                _x55 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _i53_fli_rootpath.append(_x55)
+            _x52 = fs_locations_item4(_i53_fli_entries, _i53_fli_rootpath)
+            f_fli_items.append(_x52)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fs_locations_info4', o0) from None
     return fs_locations_info4(f_fli_flags, f_fli_valid_for, f_fli_fs_root, f_fli_items), off
@@ -3023,11 +3230,11 @@ fattr4_supported_attrs: _TypeAlias = "list[int]"
 
 def enc_fattr4_supported_attrs(w: _Writer, v: fattr4_supported_attrs) -> None:
     try:
-        _a32 = v
-        _n = len(_a32)
+        _a56 = v
+        _n = len(_a56)
         w += _U32.pack(_n)
-        for _x32 in _a32:
-            w += _S0.pack(_x32)
+        for _x56 in _a56:
+            w += _S0.pack(_x56)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_supported_attrs: {_e}', len(w)) from None
 
@@ -3044,14 +3251,14 @@ def dec_fattr4_supported_attrs(r: _Reader, off: int) -> tuple[fattr4_supported_a
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x33 = _t[0]
-            _v.append(_x33)
+            _x57 = _t[0]
+            _v.append(_x57)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_supported_attrs', o0) from None
     return _v, off
 
 
-fattr4_type: _TypeAlias = "nfs_ftype4"
+fattr4_type = nfs_ftype4
 
 
 def enc_fattr4_type(w: _Writer, v: fattr4_type) -> None:
@@ -3205,7 +3412,7 @@ def dec_fattr4_named_attr(r: _Reader, off: int) -> tuple[fattr4_named_attr, int]
     return _v, off
 
 
-fattr4_fsid: _TypeAlias = "fsid4"
+fattr4_fsid = fsid4
 
 
 def enc_fattr4_fsid(w: _Writer, v: fattr4_fsid) -> None:
@@ -3271,7 +3478,7 @@ def dec_fattr4_lease_time(r: _Reader, off: int) -> tuple[fattr4_lease_time, int]
     return _v, off
 
 
-fattr4_rdattr_error: _TypeAlias = "nfsstat4"
+fattr4_rdattr_error = nfsstat4
 
 
 def enc_fattr4_rdattr_error(w: _Writer, v: fattr4_rdattr_error) -> None:
@@ -3298,11 +3505,17 @@ fattr4_acl: _TypeAlias = "list[nfsace4]"
 
 def enc_fattr4_acl(w: _Writer, v: fattr4_acl) -> None:
     try:
-        _a34 = v
-        _n = len(_a34)
+        _a58 = v
+        _n = len(_a58)
         w += _U32.pack(_n)
-        for _x34 in _a34:
-            enc_nfsace4(w, _x34)
+        for _x58 in _a58:
+            _s59 = _x58
+            w += _S9.pack(_s59.type, _s59.flag, _s59.access_mask)
+            _v = _s59.who
+            _n = len(_v)
+            w += _U32.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_acl: {_e}', len(w)) from None
 
@@ -3317,8 +3530,22 @@ def dec_fattr4_acl(r: _Reader, off: int) -> tuple[fattr4_acl, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
         for _ in range(_n):
-            _x35, off = dec_nfsace4(r, off)
-            _v.append(_x35)
+            _t = _S9.unpack_from(buf, off)
+            off += 12
+            _i61_type = _t[0]
+            _i61_flag = _t[1]
+            _i61_access_mask = _t[2]
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            if _e > len(buf):
+                raise _XdrError('opaque runs past the end', off)
+            _i61_who = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _x60 = nfsace4(_i61_type, _i61_flag, _i61_access_mask, _i61_who)
+            _v.append(_x60)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_acl', o0) from None
     return _v, off
@@ -3580,12 +3807,44 @@ def dec_fattr4_files_total(r: _Reader, off: int) -> tuple[fattr4_files_total, in
     return _v, off
 
 
-fattr4_fs_locations: _TypeAlias = "fs_locations4"
+fattr4_fs_locations = fs_locations4
 
 
 def enc_fattr4_fs_locations(w: _Writer, v: fattr4_fs_locations) -> None:
     try:
-        enc_fs_locations4(w, v)
+        _s62 = v
+        _a63 = _s62.fs_root
+        _n = len(_a63)
+        w += _U32.pack(_n)
+        for _x63 in _a63:
+            _v = _x63
+            _n = len(_v)
+            w += _U32.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        _a64 = _s62.locations
+        _n = len(_a64)
+        w += _U32.pack(_n)
+        for _x64 in _a64:
+            _s65 = _x64
+            _a66 = _s65.server
+            _n = len(_a66)
+            w += _U32.pack(_n)
+            for _x66 in _a66:
+                _v = _x66
+                _n = len(_v)
+                w += _U32.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+            _a67 = _s65.rootpath
+            _n = len(_a67)
+            w += _U32.pack(_n)
+            for _x67 in _a67:
+                _v = _x67
+                _n = len(_v)
+                w += _U32.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_fs_locations: {_e}', len(w)) from None
 
@@ -3594,7 +3853,63 @@ def dec_fattr4_fs_locations(r: _Reader, off: int) -> tuple[fattr4_fs_locations, 
     buf = r.buf
     o0 = off
     try:
-        _v, off = dec_fs_locations4(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i68_fs_root = []
+        for _ in range(_n):
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            if _e > len(buf):
+                raise _XdrError('opaque runs past the end', off)
+            _x69 = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i68_fs_root.append(_x69)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 8 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i68_locations = []
+        for _ in range(_n):
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i71_server = []
+            for _ in range(_n):
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                if _e > len(buf):
+                    raise _XdrError('opaque runs past the end', off)
+                _x72 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _i71_server.append(_x72)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i71_rootpath = []
+            for _ in range(_n):
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                if _e > len(buf):
+                    raise _XdrError('opaque runs past the end', off)
+                _x73 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _i71_rootpath.append(_x73)
+            _x70 = fs_location4(_i71_server, _i71_rootpath)
+            _i68_locations.append(_x70)
+        _v = fs_locations4(_i68_fs_root, _i68_locations)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_fs_locations', o0) from None
     return _v, off
@@ -3808,7 +4123,7 @@ def dec_fattr4_mode(r: _Reader, off: int) -> tuple[fattr4_mode, int]:
     return _v, off
 
 
-fattr4_mode_set_masked: _TypeAlias = "mode_masked4"
+fattr4_mode_set_masked = mode_masked4
 
 
 def enc_fattr4_mode_set_masked(w: _Writer, v: fattr4_mode_set_masked) -> None:
@@ -4026,7 +4341,7 @@ def dec_fattr4_quota_used(r: _Reader, off: int) -> tuple[fattr4_quota_used, int]
     return _v, off
 
 
-fattr4_rawdev: _TypeAlias = "specdata4"
+fattr4_rawdev = specdata4
 
 
 def enc_fattr4_rawdev(w: _Writer, v: fattr4_rawdev) -> None:
@@ -4158,7 +4473,7 @@ def dec_fattr4_system(r: _Reader, off: int) -> tuple[fattr4_system, int]:
     return _v, off
 
 
-fattr4_time_access: _TypeAlias = "nfstime4"
+fattr4_time_access = nfstime4
 
 
 def enc_fattr4_time_access(w: _Writer, v: fattr4_time_access) -> None:
@@ -4180,7 +4495,7 @@ def dec_fattr4_time_access(r: _Reader, off: int) -> tuple[fattr4_time_access, in
     return _v, off
 
 
-fattr4_time_access_set: _TypeAlias = "settime4"
+fattr4_time_access_set = settime4
 
 
 def enc_fattr4_time_access_set(w: _Writer, v: fattr4_time_access_set) -> None:
@@ -4194,13 +4509,21 @@ def dec_fattr4_time_access_set(r: _Reader, off: int) -> tuple[fattr4_time_access
     buf = r.buf
     o0 = off
     try:
-        _v, off = dec_settime4(r, off)
+        (_d74,) = _S2.unpack_from(buf, off)
+        _a74 = _settime4_ARMS.get(_d74)
+        if _a74 is None:
+            _d74 = _time_how4_MAP[(_d74,)[0]]
+            _f74 = _void_decode
+        else:
+            _d74, _f74 = _a74
+        _v74, off = _f74(r, off + 4)
+        _v = settime4(_d74, _v74)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_time_access_set', o0) from None
     return _v, off
 
 
-fattr4_time_backup: _TypeAlias = "nfstime4"
+fattr4_time_backup = nfstime4
 
 
 def enc_fattr4_time_backup(w: _Writer, v: fattr4_time_backup) -> None:
@@ -4222,7 +4545,7 @@ def dec_fattr4_time_backup(r: _Reader, off: int) -> tuple[fattr4_time_backup, in
     return _v, off
 
 
-fattr4_time_create: _TypeAlias = "nfstime4"
+fattr4_time_create = nfstime4
 
 
 def enc_fattr4_time_create(w: _Writer, v: fattr4_time_create) -> None:
@@ -4244,7 +4567,7 @@ def dec_fattr4_time_create(r: _Reader, off: int) -> tuple[fattr4_time_create, in
     return _v, off
 
 
-fattr4_time_delta: _TypeAlias = "nfstime4"
+fattr4_time_delta = nfstime4
 
 
 def enc_fattr4_time_delta(w: _Writer, v: fattr4_time_delta) -> None:
@@ -4266,7 +4589,7 @@ def dec_fattr4_time_delta(r: _Reader, off: int) -> tuple[fattr4_time_delta, int]
     return _v, off
 
 
-fattr4_time_metadata: _TypeAlias = "nfstime4"
+fattr4_time_metadata = nfstime4
 
 
 def enc_fattr4_time_metadata(w: _Writer, v: fattr4_time_metadata) -> None:
@@ -4288,7 +4611,7 @@ def dec_fattr4_time_metadata(r: _Reader, off: int) -> tuple[fattr4_time_metadata
     return _v, off
 
 
-fattr4_time_modify: _TypeAlias = "nfstime4"
+fattr4_time_modify = nfstime4
 
 
 def enc_fattr4_time_modify(w: _Writer, v: fattr4_time_modify) -> None:
@@ -4310,7 +4633,7 @@ def dec_fattr4_time_modify(r: _Reader, off: int) -> tuple[fattr4_time_modify, in
     return _v, off
 
 
-fattr4_time_modify_set: _TypeAlias = "settime4"
+fattr4_time_modify_set = settime4
 
 
 def enc_fattr4_time_modify_set(w: _Writer, v: fattr4_time_modify_set) -> None:
@@ -4324,7 +4647,15 @@ def dec_fattr4_time_modify_set(r: _Reader, off: int) -> tuple[fattr4_time_modify
     buf = r.buf
     o0 = off
     try:
-        _v, off = dec_settime4(r, off)
+        (_d75,) = _S2.unpack_from(buf, off)
+        _a75 = _settime4_ARMS.get(_d75)
+        if _a75 is None:
+            _d75 = _time_how4_MAP[(_d75,)[0]]
+            _f75 = _void_decode
+        else:
+            _d75, _f75 = _a75
+        _v75, off = _f75(r, off + 4)
+        _v = settime4(_d75, _v75)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_time_modify_set', o0) from None
     return _v, off
@@ -4335,11 +4666,11 @@ fattr4_suppattr_exclcreat: _TypeAlias = "list[int]"
 
 def enc_fattr4_suppattr_exclcreat(w: _Writer, v: fattr4_suppattr_exclcreat) -> None:
     try:
-        _a36 = v
-        _n = len(_a36)
+        _a76 = v
+        _n = len(_a76)
         w += _U32.pack(_n)
-        for _x36 in _a36:
-            w += _S0.pack(_x36)
+        for _x76 in _a76:
+            w += _S0.pack(_x76)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_suppattr_exclcreat: {_e}', len(w)) from None
 
@@ -4356,14 +4687,14 @@ def dec_fattr4_suppattr_exclcreat(r: _Reader, off: int) -> tuple[fattr4_suppattr
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x37 = _t[0]
-            _v.append(_x37)
+            _x77 = _t[0]
+            _v.append(_x77)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_suppattr_exclcreat', o0) from None
     return _v, off
 
 
-fattr4_dir_notif_delay: _TypeAlias = "nfstime4"
+fattr4_dir_notif_delay = nfstime4
 
 
 def enc_fattr4_dir_notif_delay(w: _Writer, v: fattr4_dir_notif_delay) -> None:
@@ -4385,7 +4716,7 @@ def dec_fattr4_dir_notif_delay(r: _Reader, off: int) -> tuple[fattr4_dir_notif_d
     return _v, off
 
 
-fattr4_dirent_notif_delay: _TypeAlias = "nfstime4"
+fattr4_dirent_notif_delay = nfstime4
 
 
 def enc_fattr4_dirent_notif_delay(w: _Writer, v: fattr4_dirent_notif_delay) -> None:
@@ -4412,11 +4743,11 @@ fattr4_fs_layout_types: _TypeAlias = "list[layouttype4]"
 
 def enc_fattr4_fs_layout_types(w: _Writer, v: fattr4_fs_layout_types) -> None:
     try:
-        _a38 = v
-        _n = len(_a38)
+        _a78 = v
+        _n = len(_a78)
         w += _U32.pack(_n)
-        for _x38 in _a38:
-            w += _S2.pack(_x38)
+        for _x78 in _a78:
+            w += _S2.pack(_x78)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_fs_layout_types: {_e}', len(w)) from None
 
@@ -4433,19 +4764,31 @@ def dec_fattr4_fs_layout_types(r: _Reader, off: int) -> tuple[fattr4_fs_layout_t
         for _ in range(_n):
             _t = _S2.unpack_from(buf, off)
             off += 4
-            _x39 = _layouttype4_MAP[_t[0]]
-            _v.append(_x39)
+            _x79 = _layouttype4_MAP[_t[0]]
+            _v.append(_x79)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_fs_layout_types', o0) from None
     return _v, off
 
 
-fattr4_fs_status: _TypeAlias = "fs4_status"
+fattr4_fs_status = fs4_status
 
 
 def enc_fattr4_fs_status(w: _Writer, v: fattr4_fs_status) -> None:
     try:
-        enc_fs4_status(w, v)
+        _s80 = v
+        w += _S13.pack(_s80.fss_absent, _s80.fss_type)
+        _v = _s80.fss_source
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _v = _s80.fss_current
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        w += _S14.pack(_s80.fss_age, _s80.fss_version.seconds, _s80.fss_version.nseconds)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_fs_status: {_e}', len(w)) from None
 
@@ -4454,7 +4797,33 @@ def dec_fattr4_fs_status(r: _Reader, off: int) -> tuple[fattr4_fs_status, int]:
     buf = r.buf
     o0 = off
     try:
-        _v, off = dec_fs4_status(r, off)
+        _t = _S13.unpack_from(buf, off)
+        off += 8
+        _i81_fss_absent = _BOOL[_t[0]]
+        _i81_fss_type = _fs4_status_type_MAP[_t[1]]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i81_fss_source = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i81_fss_current = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        _t = _S14.unpack_from(buf, off)
+        off += 16
+        _i81_fss_age = _t[0]
+        _i81_fss_version = nfstime4(_t[1], _t[2])
+        _v = fs4_status(_i81_fss_absent, _i81_fss_type, _i81_fss_source, _i81_fss_current, _i81_fss_age, _i81_fss_version)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_fs_status', o0) from None
     return _v, off
@@ -4526,12 +4895,18 @@ def dec_fattr4_layout_blksize(r: _Reader, off: int) -> tuple[fattr4_layout_blksi
     return _v, off
 
 
-fattr4_layout_hint: _TypeAlias = "layouthint4"
+fattr4_layout_hint = layouthint4
 
 
 def enc_fattr4_layout_hint(w: _Writer, v: fattr4_layout_hint) -> None:
     try:
-        enc_layouthint4(w, v)
+        _s82 = v
+        w += _S2.pack(_s82.loh_type)
+        _v = _s82.loh_body
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_layout_hint: {_e}', len(w)) from None
 
@@ -4540,7 +4915,19 @@ def dec_fattr4_layout_hint(r: _Reader, off: int) -> tuple[fattr4_layout_hint, in
     buf = r.buf
     o0 = off
     try:
-        _v, off = dec_layouthint4(r, off)
+        _t = _S2.unpack_from(buf, off)
+        off += 4
+        _i83_loh_type = _layouttype4_MAP[_t[0]]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i83_loh_body = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        _v = layouthint4(_i83_loh_type, _i83_loh_body)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_layout_hint', o0) from None
     return _v, off
@@ -4551,11 +4938,11 @@ fattr4_layout_types: _TypeAlias = "list[layouttype4]"
 
 def enc_fattr4_layout_types(w: _Writer, v: fattr4_layout_types) -> None:
     try:
-        _a40 = v
-        _n = len(_a40)
+        _a84 = v
+        _n = len(_a84)
         w += _U32.pack(_n)
-        for _x40 in _a40:
-            w += _S2.pack(_x40)
+        for _x84 in _a84:
+            w += _S2.pack(_x84)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_layout_types: {_e}', len(w)) from None
 
@@ -4572,19 +4959,35 @@ def dec_fattr4_layout_types(r: _Reader, off: int) -> tuple[fattr4_layout_types, 
         for _ in range(_n):
             _t = _S2.unpack_from(buf, off)
             off += 4
-            _x41 = _layouttype4_MAP[_t[0]]
-            _v.append(_x41)
+            _x85 = _layouttype4_MAP[_t[0]]
+            _v.append(_x85)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_layout_types', o0) from None
     return _v, off
 
 
-fattr4_mdsthreshold: _TypeAlias = "mdsthreshold4"
+fattr4_mdsthreshold = mdsthreshold4
 
 
 def enc_fattr4_mdsthreshold(w: _Writer, v: fattr4_mdsthreshold) -> None:
     try:
-        enc_mdsthreshold4(w, v)
+        _s86 = v
+        _a87 = _s86.mth_hints
+        _n = len(_a87)
+        w += _U32.pack(_n)
+        for _x87 in _a87:
+            _s88 = _x87
+            w += _S2.pack(_s88.thi_layout_type)
+            _a89 = _s88.thi_hintset
+            _n = len(_a89)
+            w += _U32.pack(_n)
+            for _x89 in _a89:
+                w += _S0.pack(_x89)
+            _v = _s88.thi_hintlist
+            _n = len(_v)
+            w += _U32.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_mdsthreshold: {_e}', len(w)) from None
 
@@ -4593,18 +4996,56 @@ def dec_fattr4_mdsthreshold(r: _Reader, off: int) -> tuple[fattr4_mdsthreshold, 
     buf = r.buf
     o0 = off
     try:
-        _v, off = dec_mdsthreshold4(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 12 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i90_mth_hints = []
+        for _ in range(_n):
+            _t = _S2.unpack_from(buf, off)
+            off += 4
+            _i92_thi_layout_type = _layouttype4_MAP[_t[0]]
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i92_thi_hintset = []
+            for _ in range(_n):
+                _t = _S0.unpack_from(buf, off)
+                off += 4
+                _x93 = _t[0]
+                _i92_thi_hintset.append(_x93)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            if _e > len(buf):
+                raise _XdrError('opaque runs past the end', off)
+            _i92_thi_hintlist = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _x91 = threshold_item4(_i92_thi_layout_type, _i92_thi_hintset, _i92_thi_hintlist)
+            _i90_mth_hints.append(_x91)
+        _v = mdsthreshold4(_i90_mth_hints)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_mdsthreshold', o0) from None
     return _v, off
 
 
-fattr4_retention_get: _TypeAlias = "retention_get4"
+fattr4_retention_get = retention_get4
 
 
 def enc_fattr4_retention_get(w: _Writer, v: fattr4_retention_get) -> None:
     try:
-        enc_retention_get4(w, v)
+        _s94 = v
+        w += _S4.pack(_s94.rg_duration)
+        _a95 = _s94.rg_begin_time
+        _n = len(_a95)
+        if _n > 1:
+            raise _XdrError('rg_begin_time: length %d exceeds 1' % _n, len(w))
+        w += _U32.pack(_n)
+        for _x95 in _a95:
+            w += _S7.pack(_x95.seconds, _x95.nseconds)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_retention_get: {_e}', len(w)) from None
 
@@ -4613,18 +5054,41 @@ def dec_fattr4_retention_get(r: _Reader, off: int) -> tuple[fattr4_retention_get
     buf = r.buf
     o0 = off
     try:
-        _v, off = dec_retention_get4(r, off)
+        _t = _S4.unpack_from(buf, off)
+        off += 8
+        _i96_rg_duration = _t[0]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1:
+            raise _XdrError('rg_begin_time: length %d exceeds 1' % _n, off)
+        off += 4
+        if _n * 12 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i96_rg_begin_time = []
+        for _ in range(_n):
+            _t = _S7.unpack_from(buf, off)
+            off += 12
+            _x97 = nfstime4(_t[0], _t[1])
+            _i96_rg_begin_time.append(_x97)
+        _v = retention_get4(_i96_rg_duration, _i96_rg_begin_time)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_retention_get', o0) from None
     return _v, off
 
 
-fattr4_retention_set: _TypeAlias = "retention_set4"
+fattr4_retention_set = retention_set4
 
 
 def enc_fattr4_retention_set(w: _Writer, v: fattr4_retention_set) -> None:
     try:
-        enc_retention_set4(w, v)
+        _s98 = v
+        w += _S0.pack(_s98.rs_enable)
+        _a99 = _s98.rs_duration
+        _n = len(_a99)
+        if _n > 1:
+            raise _XdrError('rs_duration: length %d exceeds 1' % _n, len(w))
+        w += _U32.pack(_n)
+        for _x99 in _a99:
+            w += _S4.pack(_x99)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_retention_set: {_e}', len(w)) from None
 
@@ -4633,18 +5097,41 @@ def dec_fattr4_retention_set(r: _Reader, off: int) -> tuple[fattr4_retention_set
     buf = r.buf
     o0 = off
     try:
-        _v, off = dec_retention_set4(r, off)
+        _t = _S0.unpack_from(buf, off)
+        off += 4
+        _i100_rs_enable = _BOOL[_t[0]]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1:
+            raise _XdrError('rs_duration: length %d exceeds 1' % _n, off)
+        off += 4
+        if _n * 8 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i100_rs_duration = []
+        for _ in range(_n):
+            _t = _S4.unpack_from(buf, off)
+            off += 8
+            _x101 = _t[0]
+            _i100_rs_duration.append(_x101)
+        _v = retention_set4(_i100_rs_enable, _i100_rs_duration)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_retention_set', o0) from None
     return _v, off
 
 
-fattr4_retentevt_get: _TypeAlias = "retention_get4"
+fattr4_retentevt_get = retention_get4
 
 
 def enc_fattr4_retentevt_get(w: _Writer, v: fattr4_retentevt_get) -> None:
     try:
-        enc_retention_get4(w, v)
+        _s102 = v
+        w += _S4.pack(_s102.rg_duration)
+        _a103 = _s102.rg_begin_time
+        _n = len(_a103)
+        if _n > 1:
+            raise _XdrError('rg_begin_time: length %d exceeds 1' % _n, len(w))
+        w += _U32.pack(_n)
+        for _x103 in _a103:
+            w += _S7.pack(_x103.seconds, _x103.nseconds)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_retentevt_get: {_e}', len(w)) from None
 
@@ -4653,18 +5140,41 @@ def dec_fattr4_retentevt_get(r: _Reader, off: int) -> tuple[fattr4_retentevt_get
     buf = r.buf
     o0 = off
     try:
-        _v, off = dec_retention_get4(r, off)
+        _t = _S4.unpack_from(buf, off)
+        off += 8
+        _i104_rg_duration = _t[0]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1:
+            raise _XdrError('rg_begin_time: length %d exceeds 1' % _n, off)
+        off += 4
+        if _n * 12 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i104_rg_begin_time = []
+        for _ in range(_n):
+            _t = _S7.unpack_from(buf, off)
+            off += 12
+            _x105 = nfstime4(_t[0], _t[1])
+            _i104_rg_begin_time.append(_x105)
+        _v = retention_get4(_i104_rg_duration, _i104_rg_begin_time)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_retentevt_get', o0) from None
     return _v, off
 
 
-fattr4_retentevt_set: _TypeAlias = "retention_set4"
+fattr4_retentevt_set = retention_set4
 
 
 def enc_fattr4_retentevt_set(w: _Writer, v: fattr4_retentevt_set) -> None:
     try:
-        enc_retention_set4(w, v)
+        _s106 = v
+        w += _S0.pack(_s106.rs_enable)
+        _a107 = _s106.rs_duration
+        _n = len(_a107)
+        if _n > 1:
+            raise _XdrError('rs_duration: length %d exceeds 1' % _n, len(w))
+        w += _U32.pack(_n)
+        for _x107 in _a107:
+            w += _S4.pack(_x107)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_retentevt_set: {_e}', len(w)) from None
 
@@ -4673,7 +5183,22 @@ def dec_fattr4_retentevt_set(r: _Reader, off: int) -> tuple[fattr4_retentevt_set
     buf = r.buf
     o0 = off
     try:
-        _v, off = dec_retention_set4(r, off)
+        _t = _S0.unpack_from(buf, off)
+        off += 4
+        _i108_rs_enable = _BOOL[_t[0]]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1:
+            raise _XdrError('rs_duration: length %d exceeds 1' % _n, off)
+        off += 4
+        if _n * 8 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i108_rs_duration = []
+        for _ in range(_n):
+            _t = _S4.unpack_from(buf, off)
+            off += 8
+            _x109 = _t[0]
+            _i108_rs_duration.append(_x109)
+        _v = retention_set4(_i108_rs_enable, _i108_rs_duration)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_retentevt_set', o0) from None
     return _v, off
@@ -4701,12 +5226,24 @@ def dec_fattr4_retention_hold(r: _Reader, off: int) -> tuple[fattr4_retention_ho
     return _v, off
 
 
-fattr4_dacl: _TypeAlias = "nfsacl41"
+fattr4_dacl = nfsacl41
 
 
 def enc_fattr4_dacl(w: _Writer, v: fattr4_dacl) -> None:
     try:
-        enc_nfsacl41(w, v)
+        _s110 = v
+        w += _S0.pack(_s110.na41_flag)
+        _a111 = _s110.na41_aces
+        _n = len(_a111)
+        w += _U32.pack(_n)
+        for _x111 in _a111:
+            _s112 = _x111
+            w += _S9.pack(_s112.type, _s112.flag, _s112.access_mask)
+            _v = _s112.who
+            _n = len(_v)
+            w += _U32.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_dacl: {_e}', len(w)) from None
 
@@ -4715,18 +5252,55 @@ def dec_fattr4_dacl(r: _Reader, off: int) -> tuple[fattr4_dacl, int]:
     buf = r.buf
     o0 = off
     try:
-        _v, off = dec_nfsacl41(r, off)
+        _t = _S0.unpack_from(buf, off)
+        off += 4
+        _i113_na41_flag = _t[0]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 16 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i113_na41_aces = []
+        for _ in range(_n):
+            _t = _S9.unpack_from(buf, off)
+            off += 12
+            _i115_type = _t[0]
+            _i115_flag = _t[1]
+            _i115_access_mask = _t[2]
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            if _e > len(buf):
+                raise _XdrError('opaque runs past the end', off)
+            _i115_who = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _x114 = nfsace4(_i115_type, _i115_flag, _i115_access_mask, _i115_who)
+            _i113_na41_aces.append(_x114)
+        _v = nfsacl41(_i113_na41_flag, _i113_na41_aces)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_dacl', o0) from None
     return _v, off
 
 
-fattr4_sacl: _TypeAlias = "nfsacl41"
+fattr4_sacl = nfsacl41
 
 
 def enc_fattr4_sacl(w: _Writer, v: fattr4_sacl) -> None:
     try:
-        enc_nfsacl41(w, v)
+        _s116 = v
+        w += _S0.pack(_s116.na41_flag)
+        _a117 = _s116.na41_aces
+        _n = len(_a117)
+        w += _U32.pack(_n)
+        for _x117 in _a117:
+            _s118 = _x117
+            w += _S9.pack(_s118.type, _s118.flag, _s118.access_mask)
+            _v = _s118.who
+            _n = len(_v)
+            w += _U32.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_sacl: {_e}', len(w)) from None
 
@@ -4735,13 +5309,38 @@ def dec_fattr4_sacl(r: _Reader, off: int) -> tuple[fattr4_sacl, int]:
     buf = r.buf
     o0 = off
     try:
-        _v, off = dec_nfsacl41(r, off)
+        _t = _S0.unpack_from(buf, off)
+        off += 4
+        _i119_na41_flag = _t[0]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 16 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i119_na41_aces = []
+        for _ in range(_n):
+            _t = _S9.unpack_from(buf, off)
+            off += 12
+            _i121_type = _t[0]
+            _i121_flag = _t[1]
+            _i121_access_mask = _t[2]
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            if _e > len(buf):
+                raise _XdrError('opaque runs past the end', off)
+            _i121_who = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _x120 = nfsace4(_i121_type, _i121_flag, _i121_access_mask, _i121_who)
+            _i119_na41_aces.append(_x120)
+        _v = nfsacl41(_i119_na41_flag, _i119_na41_aces)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_sacl', o0) from None
     return _v, off
 
 
-fattr4_change_policy: _TypeAlias = "change_policy4"
+fattr4_change_policy = change_policy4
 
 
 def enc_fattr4_change_policy(w: _Writer, v: fattr4_change_policy) -> None:
@@ -4763,12 +5362,41 @@ def dec_fattr4_change_policy(r: _Reader, off: int) -> tuple[fattr4_change_policy
     return _v, off
 
 
-fattr4_fs_locations_info: _TypeAlias = "fs_locations_info4"
+fattr4_fs_locations_info = fs_locations_info4
 
 
 def enc_fattr4_fs_locations_info(w: _Writer, v: fattr4_fs_locations_info) -> None:
     try:
-        enc_fs_locations_info4(w, v)
+        _s122 = v
+        w += _S13.pack(_s122.fli_flags, _s122.fli_valid_for)
+        _a123 = _s122.fli_fs_root
+        _n = len(_a123)
+        w += _U32.pack(_n)
+        for _x123 in _a123:
+            _v = _x123
+            _n = len(_v)
+            w += _U32.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        _a124 = _s122.fli_items
+        _n = len(_a124)
+        w += _U32.pack(_n)
+        for _x124 in _a124:
+            _s125 = _x124
+            _a126 = _s125.fli_entries
+            _n = len(_a126)
+            w += _U32.pack(_n)
+            for _x126 in _a126:
+                enc_fs_locations_server4(w, _x126)
+            _a127 = _s125.fli_rootpath
+            _n = len(_a127)
+            w += _U32.pack(_n)
+            for _x127 in _a127:
+                _v = _x127
+                _n = len(_v)
+                w += _U32.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_fs_locations_info: {_e}', len(w)) from None
 
@@ -4777,7 +5405,59 @@ def dec_fattr4_fs_locations_info(r: _Reader, off: int) -> tuple[fattr4_fs_locati
     buf = r.buf
     o0 = off
     try:
-        _v, off = dec_fs_locations_info4(r, off)
+        _t = _S13.unpack_from(buf, off)
+        off += 8
+        _i128_fli_flags = _t[0]
+        _i128_fli_valid_for = _t[1]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i128_fli_fs_root = []
+        for _ in range(_n):
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            if _e > len(buf):
+                raise _XdrError('opaque runs past the end', off)
+            _x129 = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i128_fli_fs_root.append(_x129)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 8 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i128_fli_items = []
+        for _ in range(_n):
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 12 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i131_fli_entries = []
+            for _ in range(_n):
+                _x132, off = dec_fs_locations_server4(r, off)
+                _i131_fli_entries.append(_x132)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i131_fli_rootpath = []
+            for _ in range(_n):
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                if _e > len(buf):
+                    raise _XdrError('opaque runs past the end', off)
+                _x133 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _i131_fli_rootpath.append(_x133)
+            _x130 = fs_locations_item4(_i131_fli_entries, _i131_fli_rootpath)
+            _i128_fli_items.append(_x130)
+        _v = fs_locations_info4(_i128_fli_flags, _i128_fli_valid_for, _i128_fli_fs_root, _i128_fli_items)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_fs_locations_info', o0) from None
     return _v, off
@@ -4791,11 +5471,11 @@ class fattr4:
 
 def enc_fattr4(w: _Writer, v: fattr4) -> None:
     try:
-        _a42 = v.attrmask
-        _n = len(_a42)
+        _a134 = v.attrmask
+        _n = len(_a134)
         w += _U32.pack(_n)
-        for _x42 in _a42:
-            w += _S0.pack(_x42)
+        for _x134 in _a134:
+            w += _S0.pack(_x134)
         _v = v.attr_vals
         _n = len(_v)
         w += _U32.pack(_n)
@@ -4817,8 +5497,8 @@ def dec_fattr4(r: _Reader, off: int) -> tuple[fattr4, int]:
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x43 = _t[0]
-            f_attrmask.append(_x43)
+            _x135 = _t[0]
+            f_attrmask.append(_x135)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -4861,12 +5541,22 @@ def dec_change_info4(r: _Reader, off: int) -> tuple[change_info4, int]:
     return change_info4(f_atomic, f_before, f_after), off
 
 
-clientaddr4: _TypeAlias = "netaddr4"
+clientaddr4 = netaddr4
 
 
 def enc_clientaddr4(w: _Writer, v: clientaddr4) -> None:
     try:
-        enc_netaddr4(w, v)
+        _s136 = v
+        _v = _s136.na_r_netid.encode('utf-8', 'surrogateescape')
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _v = _s136.na_r_addr.encode('utf-8', 'surrogateescape')
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode clientaddr4: {_e}', len(w)) from None
 
@@ -4875,7 +5565,25 @@ def dec_clientaddr4(r: _Reader, off: int) -> tuple[clientaddr4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v, off = dec_netaddr4(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('string runs past the end', off)
+        _i137_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('string runs past the end', off)
+        _i137_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+        off = _e + (-_n & 3)
+        _v = netaddr4(_i137_na_r_netid, _i137_na_r_addr)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated clientaddr4', o0) from None
     return _v, off
@@ -4890,7 +5598,17 @@ class cb_client4:
 def enc_cb_client4(w: _Writer, v: cb_client4) -> None:
     try:
         w += _S0.pack(v.cb_program)
-        enc_netaddr4(w, v.cb_location)
+        _s138 = v.cb_location
+        _v = _s138.na_r_netid.encode('utf-8', 'surrogateescape')
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _v = _s138.na_r_addr.encode('utf-8', 'surrogateescape')
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode cb_client4: {_e}', len(w)) from None
 
@@ -4902,7 +5620,25 @@ def dec_cb_client4(r: _Reader, off: int) -> tuple[cb_client4, int]:
         _t = _S0.unpack_from(buf, off)
         off += 4
         f_cb_program = _t[0]
-        f_cb_location, off = dec_netaddr4(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('string runs past the end', off)
+        _i139_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('string runs past the end', off)
+        _i139_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+        off = _e + (-_n & 3)
+        f_cb_location = netaddr4(_i139_na_r_netid, _i139_na_r_addr)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated cb_client4', o0) from None
     return cb_client4(f_cb_program, f_cb_location), off
@@ -5082,12 +5818,20 @@ def dec_state_owner4(r: _Reader, off: int) -> tuple[state_owner4, int]:
     return state_owner4(f_clientid, f_owner), off
 
 
-open_owner4: _TypeAlias = "state_owner4"
+open_owner4 = state_owner4
 
 
 def enc_open_owner4(w: _Writer, v: open_owner4) -> None:
     try:
-        enc_state_owner4(w, v)
+        _s140 = v
+        w += _S4.pack(_s140.clientid)
+        _v = _s140.owner
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode open_owner4: {_e}', len(w)) from None
 
@@ -5096,18 +5840,40 @@ def dec_open_owner4(r: _Reader, off: int) -> tuple[open_owner4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v, off = dec_state_owner4(r, off)
+        _t = _S4.unpack_from(buf, off)
+        off += 8
+        _i141_clientid = _t[0]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i141_owner = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        _v = state_owner4(_i141_clientid, _i141_owner)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated open_owner4', o0) from None
     return _v, off
 
 
-lock_owner4: _TypeAlias = "state_owner4"
+lock_owner4 = state_owner4
 
 
 def enc_lock_owner4(w: _Writer, v: lock_owner4) -> None:
     try:
-        enc_state_owner4(w, v)
+        _s142 = v
+        w += _S4.pack(_s142.clientid)
+        _v = _s142.owner
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode lock_owner4: {_e}', len(w)) from None
 
@@ -5116,7 +5882,21 @@ def dec_lock_owner4(r: _Reader, off: int) -> tuple[lock_owner4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v, off = dec_state_owner4(r, off)
+        _t = _S4.unpack_from(buf, off)
+        off += 8
+        _i143_clientid = _t[0]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i143_owner = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        _v = state_owner4(_i143_clientid, _i143_owner)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated lock_owner4', o0) from None
     return _v, off
@@ -5477,11 +6257,21 @@ multipath_list4: _TypeAlias = "list[netaddr4]"
 
 def enc_multipath_list4(w: _Writer, v: multipath_list4) -> None:
     try:
-        _a44 = v
-        _n = len(_a44)
+        _a144 = v
+        _n = len(_a144)
         w += _U32.pack(_n)
-        for _x44 in _a44:
-            enc_netaddr4(w, _x44)
+        for _x144 in _a144:
+            _s145 = _x144
+            _v = _s145.na_r_netid.encode('utf-8', 'surrogateescape')
+            _n = len(_v)
+            w += _U32.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            _v = _s145.na_r_addr.encode('utf-8', 'surrogateescape')
+            _n = len(_v)
+            w += _U32.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode multipath_list4: {_e}', len(w)) from None
 
@@ -5496,8 +6286,26 @@ def dec_multipath_list4(r: _Reader, off: int) -> tuple[multipath_list4, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
         for _ in range(_n):
-            _x45, off = dec_netaddr4(r, off)
-            _v.append(_x45)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            if _e > len(buf):
+                raise _XdrError('string runs past the end', off)
+            _i147_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+            off = _e + (-_n & 3)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            if _e > len(buf):
+                raise _XdrError('string runs past the end', off)
+            _i147_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+            off = _e + (-_n & 3)
+            _x146 = netaddr4(_i147_na_r_netid, _i147_na_r_addr)
+            _v.append(_x146)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated multipath_list4', o0) from None
     return _v, off
@@ -5511,20 +6319,30 @@ class nfsv4_1_file_layout_ds_addr4:
 
 def enc_nfsv4_1_file_layout_ds_addr4(w: _Writer, v: nfsv4_1_file_layout_ds_addr4) -> None:
     try:
-        _a46 = v.nflda_stripe_indices
-        _n = len(_a46)
+        _a148 = v.nflda_stripe_indices
+        _n = len(_a148)
         w += _U32.pack(_n)
-        for _x46 in _a46:
-            w += _S0.pack(_x46)
-        _a47 = v.nflda_multipath_ds_list
-        _n = len(_a47)
+        for _x148 in _a148:
+            w += _S0.pack(_x148)
+        _a149 = v.nflda_multipath_ds_list
+        _n = len(_a149)
         w += _U32.pack(_n)
-        for _x47 in _a47:
-            _a48 = _x47
-            _n = len(_a48)
+        for _x149 in _a149:
+            _a150 = _x149
+            _n = len(_a150)
             w += _U32.pack(_n)
-            for _x48 in _a48:
-                enc_netaddr4(w, _x48)
+            for _x150 in _a150:
+                _s151 = _x150
+                _v = _s151.na_r_netid.encode('utf-8', 'surrogateescape')
+                _n = len(_v)
+                w += _U32.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+                _v = _s151.na_r_addr.encode('utf-8', 'surrogateescape')
+                _n = len(_v)
+                w += _U32.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfsv4_1_file_layout_ds_addr4: {_e}', len(w)) from None
 
@@ -5541,8 +6359,8 @@ def dec_nfsv4_1_file_layout_ds_addr4(r: _Reader, off: int) -> tuple[nfsv4_1_file
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x49 = _t[0]
-            f_nflda_stripe_indices.append(_x49)
+            _x152 = _t[0]
+            f_nflda_stripe_indices.append(_x152)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -5553,11 +6371,29 @@ def dec_nfsv4_1_file_layout_ds_addr4(r: _Reader, off: int) -> tuple[nfsv4_1_file
             off += 4
             if _n * 8 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _x50 = []
+            _x153 = []
             for _ in range(_n):
-                _x51, off = dec_netaddr4(r, off)
-                _x50.append(_x51)
-            f_nflda_multipath_ds_list.append(_x50)
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                if _e > len(buf):
+                    raise _XdrError('string runs past the end', off)
+                _i155_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+                off = _e + (-_n & 3)
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                if _e > len(buf):
+                    raise _XdrError('string runs past the end', off)
+                _i155_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+                off = _e + (-_n & 3)
+                _x154 = netaddr4(_i155_na_r_netid, _i155_na_r_addr)
+                _x153.append(_x154)
+            f_nflda_multipath_ds_list.append(_x153)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfsv4_1_file_layout_ds_addr4', o0) from None
     return nfsv4_1_file_layout_ds_addr4(f_nflda_stripe_indices, f_nflda_multipath_ds_list), off
@@ -5576,11 +6412,11 @@ def enc_nfsv4_1_file_layout4(w: _Writer, v: nfsv4_1_file_layout4) -> None:
     try:
         if len(v.nfl_deviceid) != 16: raise _XdrError('fixed opaque nfl_deviceid must be 16 bytes', len(w))
         w += _S16.pack(v.nfl_deviceid, v.nfl_util, v.nfl_first_stripe_index, v.nfl_pattern_offset)
-        _a52 = v.nfl_fh_list
-        _n = len(_a52)
+        _a156 = v.nfl_fh_list
+        _n = len(_a156)
         w += _U32.pack(_n)
-        for _x52 in _a52:
-            _v = _x52
+        for _x156 in _a156:
+            _v = _x156
             _n = len(_v)
             if _n > 128:
                 raise _XdrError('opaque: length %d exceeds 128' % _n, len(w))
@@ -5616,9 +6452,9 @@ def dec_nfsv4_1_file_layout4(r: _Reader, off: int) -> tuple[nfsv4_1_file_layout4
             _e = off + _n
             if _e > len(buf):
                 raise _XdrError('opaque runs past the end', off)
-            _x53 = bytes(buf[off:_e])
+            _x157 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_nfl_fh_list.append(_x53)
+            f_nfl_fh_list.append(_x157)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfsv4_1_file_layout4', o0) from None
     return nfsv4_1_file_layout4(f_nfl_deviceid, f_nfl_util, f_nfl_first_stripe_index, f_nfl_pattern_offset, f_nfl_fh_list), off
@@ -5682,6 +6518,7 @@ class ACCESS4res:
 
 _ACCESS4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_ACCESS4resok}
 _ACCESS4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_ACCESS4resok}
+_ACCESS4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_ACCESS4resok)}
 
 
 def enc_ACCESS4res(w: _Writer, v: ACCESS4res) -> None:
@@ -5696,14 +6533,21 @@ def enc_ACCESS4res(w: _Writer, v: ACCESS4res) -> None:
 
 
 def dec_ACCESS4res(r: _Reader, off: int) -> tuple[ACCESS4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated ACCESS4res discriminant', o0) from None
-    _f = _ACCESS4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return ACCESS4res(_d, _v), off
+        (_d158,) = _S2.unpack_from(buf, off)
+        _a158 = _ACCESS4res_ARMS.get(_d158)
+        if _a158 is None:
+            _d158 = _nfsstat4_MAP[(_d158,)[0]]
+            _f158 = _void_decode
+        else:
+            _d158, _f158 = _a158
+        _v158, off = _f158(r, off + 4)
+        _u = ACCESS4res(_d158, _v158)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated ACCESS4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -5741,6 +6585,7 @@ class CLOSE4res:
 
 _CLOSE4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_stateid4}
 _CLOSE4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_stateid4}
+_CLOSE4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_stateid4)}
 
 
 def enc_CLOSE4res(w: _Writer, v: CLOSE4res) -> None:
@@ -5755,14 +6600,21 @@ def enc_CLOSE4res(w: _Writer, v: CLOSE4res) -> None:
 
 
 def dec_CLOSE4res(r: _Reader, off: int) -> tuple[CLOSE4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated CLOSE4res discriminant', o0) from None
-    _f = _CLOSE4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return CLOSE4res(_d, _v), off
+        (_d159,) = _S2.unpack_from(buf, off)
+        _a159 = _CLOSE4res_ARMS.get(_d159)
+        if _a159 is None:
+            _d159 = _nfsstat4_MAP[(_d159,)[0]]
+            _f159 = _void_decode
+        else:
+            _d159, _f159 = _a159
+        _v159, off = _f159(r, off + 4)
+        _u = CLOSE4res(_d159, _v159)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated CLOSE4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -5824,6 +6676,7 @@ class COMMIT4res:
 
 _COMMIT4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_COMMIT4resok}
 _COMMIT4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_COMMIT4resok}
+_COMMIT4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_COMMIT4resok)}
 
 
 def enc_COMMIT4res(w: _Writer, v: COMMIT4res) -> None:
@@ -5838,14 +6691,21 @@ def enc_COMMIT4res(w: _Writer, v: COMMIT4res) -> None:
 
 
 def dec_COMMIT4res(r: _Reader, off: int) -> tuple[COMMIT4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated COMMIT4res discriminant', o0) from None
-    _f = _COMMIT4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return COMMIT4res(_d, _v), off
+        (_d160,) = _S2.unpack_from(buf, off)
+        _a160 = _COMMIT4res_ARMS.get(_d160)
+        if _a160 is None:
+            _d160 = _nfsstat4_MAP[(_d160,)[0]]
+            _f160 = _void_decode
+        else:
+            _d160, _f160 = _a160
+        _v160, off = _f160(r, off + 4)
+        _u = COMMIT4res(_d160, _v160)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated COMMIT4res', o0) from None
+    return _u, off
 
 
 def enc_createtype4_linkdata(w: _Writer, v: _Buffer) -> None:
@@ -5873,6 +6733,7 @@ class createtype4:
 
 _createtype4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {5: enc_createtype4_linkdata, 3: enc_specdata4, 4: enc_specdata4, 6: _void_encode, 7: _void_encode, 2: _void_encode}
 _createtype4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {5: dec_createtype4_linkdata, 3: dec_specdata4, 4: dec_specdata4, 6: _void_decode, 7: _void_decode, 2: _void_decode}
+_createtype4_ARMS: dict[int, tuple[_Any, _Any]] = {5: (_nfs_ftype4_MAP[(5,)[0]], dec_createtype4_linkdata), 3: (_nfs_ftype4_MAP[(3,)[0]], dec_specdata4), 4: (_nfs_ftype4_MAP[(4,)[0]], dec_specdata4), 6: (_nfs_ftype4_MAP[(6,)[0]], _void_decode), 7: (_nfs_ftype4_MAP[(7,)[0]], _void_decode), 2: (_nfs_ftype4_MAP[(2,)[0]], _void_decode)}
 
 
 def enc_createtype4(w: _Writer, v: createtype4) -> None:
@@ -5887,14 +6748,21 @@ def enc_createtype4(w: _Writer, v: createtype4) -> None:
 
 
 def dec_createtype4(r: _Reader, off: int) -> tuple[createtype4, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfs_ftype4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated createtype4 discriminant', o0) from None
-    _f = _createtype4_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return createtype4(_d, _v), off
+        (_d161,) = _S2.unpack_from(buf, off)
+        _a161 = _createtype4_ARMS.get(_d161)
+        if _a161 is None:
+            _d161 = _nfs_ftype4_MAP[(_d161,)[0]]
+            _f161 = _void_decode
+        else:
+            _d161, _f161 = _a161
+        _v161, off = _f161(r, off + 4)
+        _u = createtype4(_d161, _v161)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated createtype4', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -5912,7 +6780,17 @@ def enc_CREATE4args(w: _Writer, v: CREATE4args) -> None:
         w += _U32.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        enc_fattr4(w, v.createattrs)
+        _s162 = v.createattrs
+        _a163 = _s162.attrmask
+        _n = len(_a163)
+        w += _U32.pack(_n)
+        for _x163 in _a163:
+            w += _S0.pack(_x163)
+        _v = _s162.attr_vals
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CREATE4args: {_e}', len(w)) from None
 
@@ -5921,7 +6799,15 @@ def dec_CREATE4args(r: _Reader, off: int) -> tuple[CREATE4args, int]:
     buf = r.buf
     o0 = off
     try:
-        f_objtype, off = dec_createtype4(r, off)
+        (_d164,) = _S2.unpack_from(buf, off)
+        _a164 = _createtype4_ARMS.get(_d164)
+        if _a164 is None:
+            _d164 = _nfs_ftype4_MAP[(_d164,)[0]]
+            _f164 = _void_decode
+        else:
+            _d164, _f164 = _a164
+        _v164, off = _f164(r, off + 4)
+        f_objtype = createtype4(_d164, _v164)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -5931,7 +6817,26 @@ def dec_CREATE4args(r: _Reader, off: int) -> tuple[CREATE4args, int]:
             raise _XdrError('opaque runs past the end', off)
         f_objname = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_createattrs, off = dec_fattr4(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i165_attrmask = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x166 = _t[0]
+            _i165_attrmask.append(_x166)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i165_attr_vals = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_createattrs = fattr4(_i165_attrmask, _i165_attr_vals)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CREATE4args', o0) from None
     return CREATE4args(f_objtype, f_objname, f_createattrs), off
@@ -5946,11 +6851,11 @@ class CREATE4resok:
 def enc_CREATE4resok(w: _Writer, v: CREATE4resok) -> None:
     try:
         w += _S15.pack(v.cinfo.atomic, v.cinfo.before, v.cinfo.after)
-        _a54 = v.attrset
-        _n = len(_a54)
+        _a167 = v.attrset
+        _n = len(_a167)
         w += _U32.pack(_n)
-        for _x54 in _a54:
-            w += _S0.pack(_x54)
+        for _x167 in _a167:
+            w += _S0.pack(_x167)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CREATE4resok: {_e}', len(w)) from None
 
@@ -5970,8 +6875,8 @@ def dec_CREATE4resok(r: _Reader, off: int) -> tuple[CREATE4resok, int]:
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x55 = _t[0]
-            f_attrset.append(_x55)
+            _x168 = _t[0]
+            f_attrset.append(_x168)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CREATE4resok', o0) from None
     return CREATE4resok(f_cinfo, f_attrset), off
@@ -5985,6 +6890,7 @@ class CREATE4res:
 
 _CREATE4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_CREATE4resok}
 _CREATE4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_CREATE4resok}
+_CREATE4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_CREATE4resok)}
 
 
 def enc_CREATE4res(w: _Writer, v: CREATE4res) -> None:
@@ -5999,14 +6905,21 @@ def enc_CREATE4res(w: _Writer, v: CREATE4res) -> None:
 
 
 def dec_CREATE4res(r: _Reader, off: int) -> tuple[CREATE4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated CREATE4res discriminant', o0) from None
-    _f = _CREATE4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return CREATE4res(_d, _v), off
+        (_d169,) = _S2.unpack_from(buf, off)
+        _a169 = _CREATE4res_ARMS.get(_d169)
+        if _a169 is None:
+            _d169 = _nfsstat4_MAP[(_d169,)[0]]
+            _f169 = _void_decode
+        else:
+            _d169, _f169 = _a169
+        _v169, off = _f169(r, off + 4)
+        _u = CREATE4res(_d169, _v169)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated CREATE4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -6113,11 +7026,11 @@ class GETATTR4args:
 
 def enc_GETATTR4args(w: _Writer, v: GETATTR4args) -> None:
     try:
-        _a56 = v.attr_request
-        _n = len(_a56)
+        _a170 = v.attr_request
+        _n = len(_a170)
         w += _U32.pack(_n)
-        for _x56 in _a56:
-            w += _S0.pack(_x56)
+        for _x170 in _a170:
+            w += _S0.pack(_x170)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode GETATTR4args: {_e}', len(w)) from None
 
@@ -6134,8 +7047,8 @@ def dec_GETATTR4args(r: _Reader, off: int) -> tuple[GETATTR4args, int]:
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x57 = _t[0]
-            f_attr_request.append(_x57)
+            _x171 = _t[0]
+            f_attr_request.append(_x171)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GETATTR4args', o0) from None
     return GETATTR4args(f_attr_request), off
@@ -6148,7 +7061,17 @@ class GETATTR4resok:
 
 def enc_GETATTR4resok(w: _Writer, v: GETATTR4resok) -> None:
     try:
-        enc_fattr4(w, v.obj_attributes)
+        _s172 = v.obj_attributes
+        _a173 = _s172.attrmask
+        _n = len(_a173)
+        w += _U32.pack(_n)
+        for _x173 in _a173:
+            w += _S0.pack(_x173)
+        _v = _s172.attr_vals
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode GETATTR4resok: {_e}', len(w)) from None
 
@@ -6157,7 +7080,26 @@ def dec_GETATTR4resok(r: _Reader, off: int) -> tuple[GETATTR4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        f_obj_attributes, off = dec_fattr4(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i174_attrmask = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x175 = _t[0]
+            _i174_attrmask.append(_x175)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i174_attr_vals = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_obj_attributes = fattr4(_i174_attrmask, _i174_attr_vals)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GETATTR4resok', o0) from None
     return GETATTR4resok(f_obj_attributes), off
@@ -6171,6 +7113,7 @@ class GETATTR4res:
 
 _GETATTR4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_GETATTR4resok}
 _GETATTR4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_GETATTR4resok}
+_GETATTR4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_GETATTR4resok)}
 
 
 def enc_GETATTR4res(w: _Writer, v: GETATTR4res) -> None:
@@ -6185,14 +7128,21 @@ def enc_GETATTR4res(w: _Writer, v: GETATTR4res) -> None:
 
 
 def dec_GETATTR4res(r: _Reader, off: int) -> tuple[GETATTR4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated GETATTR4res discriminant', o0) from None
-    _f = _GETATTR4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return GETATTR4res(_d, _v), off
+        (_d176,) = _S2.unpack_from(buf, off)
+        _a176 = _GETATTR4res_ARMS.get(_d176)
+        if _a176 is None:
+            _d176 = _nfsstat4_MAP[(_d176,)[0]]
+            _f176 = _void_decode
+        else:
+            _d176, _f176 = _a176
+        _v176, off = _f176(r, off + 4)
+        _u = GETATTR4res(_d176, _v176)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GETATTR4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -6241,6 +7191,7 @@ class GETFH4res:
 
 _GETFH4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_GETFH4resok}
 _GETFH4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_GETFH4resok}
+_GETFH4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_GETFH4resok)}
 
 
 def enc_GETFH4res(w: _Writer, v: GETFH4res) -> None:
@@ -6255,14 +7206,21 @@ def enc_GETFH4res(w: _Writer, v: GETFH4res) -> None:
 
 
 def dec_GETFH4res(r: _Reader, off: int) -> tuple[GETFH4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated GETFH4res discriminant', o0) from None
-    _f = _GETFH4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return GETFH4res(_d, _v), off
+        (_d177,) = _S2.unpack_from(buf, off)
+        _a177 = _GETFH4res_ARMS.get(_d177)
+        if _a177 is None:
+            _d177 = _nfsstat4_MAP[(_d177,)[0]]
+            _f177 = _void_decode
+        else:
+            _d177, _f177 = _a177
+        _v177, off = _f177(r, off + 4)
+        _u = GETFH4res(_d177, _v177)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GETFH4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -6331,6 +7289,7 @@ class LINK4res:
 
 _LINK4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_LINK4resok}
 _LINK4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_LINK4resok}
+_LINK4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_LINK4resok)}
 
 
 def enc_LINK4res(w: _Writer, v: LINK4res) -> None:
@@ -6345,14 +7304,21 @@ def enc_LINK4res(w: _Writer, v: LINK4res) -> None:
 
 
 def dec_LINK4res(r: _Reader, off: int) -> tuple[LINK4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated LINK4res discriminant', o0) from None
-    _f = _LINK4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return LINK4res(_d, _v), off
+        (_d178,) = _S2.unpack_from(buf, off)
+        _a178 = _LINK4res_ARMS.get(_d178)
+        if _a178 is None:
+            _d178 = _nfsstat4_MAP[(_d178,)[0]]
+            _f178 = _void_decode
+        else:
+            _d178, _f178 = _a178
+        _v178, off = _f178(r, off + 4)
+        _u = LINK4res(_d178, _v178)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LINK4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -6367,7 +7333,15 @@ def enc_open_to_lock_owner4(w: _Writer, v: open_to_lock_owner4) -> None:
     try:
         if len(v.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S19.pack(v.open_seqid, v.open_stateid.seqid, v.open_stateid.other, v.lock_seqid)
-        enc_state_owner4(w, v.lock_owner)
+        _s179 = v.lock_owner
+        w += _S4.pack(_s179.clientid)
+        _v = _s179.owner
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode open_to_lock_owner4: {_e}', len(w)) from None
 
@@ -6381,7 +7355,21 @@ def dec_open_to_lock_owner4(r: _Reader, off: int) -> tuple[open_to_lock_owner4, 
         f_open_seqid = _t[0]
         f_open_stateid = stateid4(_t[1], _t[2])
         f_lock_seqid = _t[3]
-        f_lock_owner, off = dec_state_owner4(r, off)
+        _t = _S4.unpack_from(buf, off)
+        off += 8
+        _i180_clientid = _t[0]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i180_owner = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_lock_owner = state_owner4(_i180_clientid, _i180_owner)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated open_to_lock_owner4', o0) from None
     return open_to_lock_owner4(f_open_seqid, f_open_stateid, f_lock_seqid, f_lock_owner), off
@@ -6422,6 +7410,7 @@ class locker4:
 
 _locker4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_open_to_lock_owner4, 0: enc_exist_lock_owner4}
 _locker4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_open_to_lock_owner4, 0: dec_exist_lock_owner4}
+_locker4_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_BOOL[(1,)[0]], dec_open_to_lock_owner4), 0: (_BOOL[(0,)[0]], dec_exist_lock_owner4)}
 
 
 def enc_locker4(w: _Writer, v: locker4) -> None:
@@ -6437,16 +7426,20 @@ def enc_locker4(w: _Writer, v: locker4) -> None:
 
 
 def dec_locker4(r: _Reader, off: int) -> tuple[locker4, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _BOOL[_S0.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated locker4 discriminant', o0) from None
-    _f = _locker4_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of locker4' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return locker4(_d, _v), off
+        (_d181,) = _S0.unpack_from(buf, off)
+        _a181 = _locker4_ARMS.get(_d181)
+        if _a181 is None:
+            raise _XdrError('%r is not a case of locker4' % (_d181,), off)
+        else:
+            _d181, _f181 = _a181
+        _v181, off = _f181(r, off + 4)
+        _u = locker4(_d181, _v181)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated locker4', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -6476,7 +7469,14 @@ def dec_LOCK4args(r: _Reader, off: int) -> tuple[LOCK4args, int]:
         f_reclaim = _BOOL[_t[1]]
         f_offset = _t[2]
         f_length = _t[3]
-        f_locker, off = dec_locker4(r, off)
+        (_d182,) = _S0.unpack_from(buf, off)
+        _a182 = _locker4_ARMS.get(_d182)
+        if _a182 is None:
+            raise _XdrError('%r is not a case of locker4' % (_d182,), off)
+        else:
+            _d182, _f182 = _a182
+        _v182, off = _f182(r, off + 4)
+        f_locker = locker4(_d182, _v182)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LOCK4args', o0) from None
     return LOCK4args(f_locktype, f_reclaim, f_offset, f_length, f_locker), off
@@ -6493,7 +7493,15 @@ class LOCK4denied:
 def enc_LOCK4denied(w: _Writer, v: LOCK4denied) -> None:
     try:
         w += _S11.pack(v.offset, v.length, v.locktype)
-        enc_state_owner4(w, v.owner)
+        _s183 = v.owner
+        w += _S4.pack(_s183.clientid)
+        _v = _s183.owner
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode LOCK4denied: {_e}', len(w)) from None
 
@@ -6507,7 +7515,21 @@ def dec_LOCK4denied(r: _Reader, off: int) -> tuple[LOCK4denied, int]:
         f_offset = _t[0]
         f_length = _t[1]
         f_locktype = _nfs_lock_type4_MAP[_t[2]]
-        f_owner, off = dec_state_owner4(r, off)
+        _t = _S4.unpack_from(buf, off)
+        off += 8
+        _i184_clientid = _t[0]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i184_owner = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_owner = state_owner4(_i184_clientid, _i184_owner)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LOCK4denied', o0) from None
     return LOCK4denied(f_offset, f_length, f_locktype, f_owner), off
@@ -6546,6 +7568,7 @@ class LOCK4res:
 
 _LOCK4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_LOCK4resok, 10010: enc_LOCK4denied}
 _LOCK4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_LOCK4resok, 10010: dec_LOCK4denied}
+_LOCK4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_LOCK4resok), 10010: (_nfsstat4_MAP[(10010,)[0]], dec_LOCK4denied)}
 
 
 def enc_LOCK4res(w: _Writer, v: LOCK4res) -> None:
@@ -6560,14 +7583,21 @@ def enc_LOCK4res(w: _Writer, v: LOCK4res) -> None:
 
 
 def dec_LOCK4res(r: _Reader, off: int) -> tuple[LOCK4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated LOCK4res discriminant', o0) from None
-    _f = _LOCK4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return LOCK4res(_d, _v), off
+        (_d185,) = _S2.unpack_from(buf, off)
+        _a185 = _LOCK4res_ARMS.get(_d185)
+        if _a185 is None:
+            _d185 = _nfsstat4_MAP[(_d185,)[0]]
+            _f185 = _void_decode
+        else:
+            _d185, _f185 = _a185
+        _v185, off = _f185(r, off + 4)
+        _u = LOCK4res(_d185, _v185)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LOCK4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -6581,7 +7611,15 @@ class LOCKT4args:
 def enc_LOCKT4args(w: _Writer, v: LOCKT4args) -> None:
     try:
         w += _S22.pack(v.locktype, v.offset, v.length)
-        enc_state_owner4(w, v.owner)
+        _s186 = v.owner
+        w += _S4.pack(_s186.clientid)
+        _v = _s186.owner
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode LOCKT4args: {_e}', len(w)) from None
 
@@ -6595,7 +7633,21 @@ def dec_LOCKT4args(r: _Reader, off: int) -> tuple[LOCKT4args, int]:
         f_locktype = _nfs_lock_type4_MAP[_t[0]]
         f_offset = _t[1]
         f_length = _t[2]
-        f_owner, off = dec_state_owner4(r, off)
+        _t = _S4.unpack_from(buf, off)
+        off += 8
+        _i187_clientid = _t[0]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i187_owner = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_owner = state_owner4(_i187_clientid, _i187_owner)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LOCKT4args', o0) from None
     return LOCKT4args(f_locktype, f_offset, f_length, f_owner), off
@@ -6609,6 +7661,7 @@ class LOCKT4res:
 
 _LOCKT4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {10010: enc_LOCK4denied, 0: _void_encode}
 _LOCKT4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {10010: dec_LOCK4denied, 0: _void_decode}
+_LOCKT4res_ARMS: dict[int, tuple[_Any, _Any]] = {10010: (_nfsstat4_MAP[(10010,)[0]], dec_LOCK4denied), 0: (_nfsstat4_MAP[(0,)[0]], _void_decode)}
 
 
 def enc_LOCKT4res(w: _Writer, v: LOCKT4res) -> None:
@@ -6623,14 +7676,21 @@ def enc_LOCKT4res(w: _Writer, v: LOCKT4res) -> None:
 
 
 def dec_LOCKT4res(r: _Reader, off: int) -> tuple[LOCKT4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated LOCKT4res discriminant', o0) from None
-    _f = _LOCKT4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return LOCKT4res(_d, _v), off
+        (_d188,) = _S2.unpack_from(buf, off)
+        _a188 = _LOCKT4res_ARMS.get(_d188)
+        if _a188 is None:
+            _d188 = _nfsstat4_MAP[(_d188,)[0]]
+            _f188 = _void_decode
+        else:
+            _d188, _f188 = _a188
+        _v188, off = _f188(r, off + 4)
+        _u = LOCKT4res(_d188, _v188)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LOCKT4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -6674,6 +7734,7 @@ class LOCKU4res:
 
 _LOCKU4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_stateid4}
 _LOCKU4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_stateid4}
+_LOCKU4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_stateid4)}
 
 
 def enc_LOCKU4res(w: _Writer, v: LOCKU4res) -> None:
@@ -6688,14 +7749,21 @@ def enc_LOCKU4res(w: _Writer, v: LOCKU4res) -> None:
 
 
 def dec_LOCKU4res(r: _Reader, off: int) -> tuple[LOCKU4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated LOCKU4res discriminant', o0) from None
-    _f = _LOCKU4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return LOCKU4res(_d, _v), off
+        (_d189,) = _S2.unpack_from(buf, off)
+        _a189 = _LOCKU4res_ARMS.get(_d189)
+        if _a189 is None:
+            _d189 = _nfsstat4_MAP[(_d189,)[0]]
+            _f189 = _void_decode
+        else:
+            _d189, _f189 = _a189
+        _v189, off = _f189(r, off + 4)
+        _u = LOCKU4res(_d189, _v189)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LOCKU4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -6787,7 +7855,17 @@ class NVERIFY4args:
 
 def enc_NVERIFY4args(w: _Writer, v: NVERIFY4args) -> None:
     try:
-        enc_fattr4(w, v.obj_attributes)
+        _s190 = v.obj_attributes
+        _a191 = _s190.attrmask
+        _n = len(_a191)
+        w += _U32.pack(_n)
+        for _x191 in _a191:
+            w += _S0.pack(_x191)
+        _v = _s190.attr_vals
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode NVERIFY4args: {_e}', len(w)) from None
 
@@ -6796,7 +7874,26 @@ def dec_NVERIFY4args(r: _Reader, off: int) -> tuple[NVERIFY4args, int]:
     buf = r.buf
     o0 = off
     try:
-        f_obj_attributes, off = dec_fattr4(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i192_attrmask = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x193 = _t[0]
+            _i192_attrmask.append(_x193)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i192_attr_vals = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_obj_attributes = fattr4(_i192_attrmask, _i192_attr_vals)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated NVERIFY4args', o0) from None
     return NVERIFY4args(f_obj_attributes), off
@@ -6864,7 +7961,17 @@ def enc_creatverfattr(w: _Writer, v: creatverfattr) -> None:
     try:
         if len(v.cva_verf) != 8: raise _XdrError('fixed opaque cva_verf must be 8 bytes', len(w))
         w += _S6.pack(v.cva_verf)
-        enc_fattr4(w, v.cva_attrs)
+        _s194 = v.cva_attrs
+        _a195 = _s194.attrmask
+        _n = len(_a195)
+        w += _U32.pack(_n)
+        for _x195 in _a195:
+            w += _S0.pack(_x195)
+        _v = _s194.attr_vals
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode creatverfattr: {_e}', len(w)) from None
 
@@ -6876,7 +7983,26 @@ def dec_creatverfattr(r: _Reader, off: int) -> tuple[creatverfattr, int]:
         _t = _S6.unpack_from(buf, off)
         off += 8
         f_cva_verf = _t[0]
-        f_cva_attrs, off = dec_fattr4(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i196_attrmask = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x197 = _t[0]
+            _i196_attrmask.append(_x197)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i196_attr_vals = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_cva_attrs = fattr4(_i196_attrmask, _i196_attr_vals)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated creatverfattr', o0) from None
     return creatverfattr(f_cva_verf, f_cva_attrs), off
@@ -6890,6 +8016,7 @@ class createhow4:
 
 _createhow4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_fattr4, 1: enc_fattr4, 2: enc_verifier4, 3: enc_creatverfattr}
 _createhow4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_fattr4, 1: dec_fattr4, 2: dec_verifier4, 3: dec_creatverfattr}
+_createhow4_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_createmode4_MAP[(0,)[0]], dec_fattr4), 1: (_createmode4_MAP[(1,)[0]], dec_fattr4), 2: (_createmode4_MAP[(2,)[0]], dec_verifier4), 3: (_createmode4_MAP[(3,)[0]], dec_creatverfattr)}
 
 
 def enc_createhow4(w: _Writer, v: createhow4) -> None:
@@ -6906,16 +8033,20 @@ def enc_createhow4(w: _Writer, v: createhow4) -> None:
 
 
 def dec_createhow4(r: _Reader, off: int) -> tuple[createhow4, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _createmode4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated createhow4 discriminant', o0) from None
-    _f = _createhow4_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of createhow4' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return createhow4(_d, _v), off
+        (_d198,) = _S2.unpack_from(buf, off)
+        _a198 = _createhow4_ARMS.get(_d198)
+        if _a198 is None:
+            raise _XdrError('%r is not a case of createhow4' % (_d198,), off)
+        else:
+            _d198, _f198 = _a198
+        _v198, off = _f198(r, off + 4)
+        _u = createhow4(_d198, _v198)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated createhow4', o0) from None
+    return _u, off
 
 
 class opentype4(_IntEnum):
@@ -6950,6 +8081,7 @@ class openflag4:
 
 _openflag4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_createhow4}
 _openflag4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_createhow4}
+_openflag4_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_opentype4_MAP[(1,)[0]], dec_createhow4)}
 
 
 def enc_openflag4(w: _Writer, v: openflag4) -> None:
@@ -6964,14 +8096,21 @@ def enc_openflag4(w: _Writer, v: openflag4) -> None:
 
 
 def dec_openflag4(r: _Reader, off: int) -> tuple[openflag4, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _opentype4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated openflag4 discriminant', o0) from None
-    _f = _openflag4_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return openflag4(_d, _v), off
+        (_d199,) = _S2.unpack_from(buf, off)
+        _a199 = _openflag4_ARMS.get(_d199)
+        if _a199 is None:
+            _d199 = _opentype4_MAP[(_d199,)[0]]
+            _f199 = _void_decode
+        else:
+            _d199, _f199 = _a199
+        _v199, off = _f199(r, off + 4)
+        _u = openflag4(_d199, _v199)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated openflag4', o0) from None
+    return _u, off
 
 
 class limit_by4(_IntEnum):
@@ -7032,6 +8171,7 @@ class nfs_space_limit4:
 
 _nfs_space_limit4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_uint64_t, 2: enc_nfs_modified_limit4}
 _nfs_space_limit4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_uint64_t, 2: dec_nfs_modified_limit4}
+_nfs_space_limit4_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_limit_by4_MAP[(1,)[0]], dec_uint64_t), 2: (_limit_by4_MAP[(2,)[0]], dec_nfs_modified_limit4)}
 
 
 def enc_nfs_space_limit4(w: _Writer, v: nfs_space_limit4) -> None:
@@ -7048,16 +8188,20 @@ def enc_nfs_space_limit4(w: _Writer, v: nfs_space_limit4) -> None:
 
 
 def dec_nfs_space_limit4(r: _Reader, off: int) -> tuple[nfs_space_limit4, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _limit_by4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated nfs_space_limit4 discriminant', o0) from None
-    _f = _nfs_space_limit4_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of nfs_space_limit4' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return nfs_space_limit4(_d, _v), off
+        (_d200,) = _S2.unpack_from(buf, off)
+        _a200 = _nfs_space_limit4_ARMS.get(_d200)
+        if _a200 is None:
+            raise _XdrError('%r is not a case of nfs_space_limit4' % (_d200,), off)
+        else:
+            _d200, _f200 = _a200
+        _v200, off = _f200(r, off + 4)
+        _u = nfs_space_limit4(_d200, _v200)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated nfs_space_limit4', o0) from None
+    return _u, off
 
 
 class open_delegation_type4(_IntEnum):
@@ -7170,6 +8314,7 @@ class open_claim4:
 
 _open_claim4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_component4, 1: enc_open_delegation_type4, 2: enc_open_claim_delegate_cur4, 3: enc_component4, 4: _void_encode, 6: _void_encode, 5: enc_stateid4}
 _open_claim4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_component4, 1: dec_open_delegation_type4, 2: dec_open_claim_delegate_cur4, 3: dec_component4, 4: _void_decode, 6: _void_decode, 5: dec_stateid4}
+_open_claim4_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_open_claim_type4_MAP[(0,)[0]], dec_component4), 1: (_open_claim_type4_MAP[(1,)[0]], dec_open_delegation_type4), 2: (_open_claim_type4_MAP[(2,)[0]], dec_open_claim_delegate_cur4), 3: (_open_claim_type4_MAP[(3,)[0]], dec_component4), 4: (_open_claim_type4_MAP[(4,)[0]], _void_decode), 6: (_open_claim_type4_MAP[(6,)[0]], _void_decode), 5: (_open_claim_type4_MAP[(5,)[0]], dec_stateid4)}
 
 
 def enc_open_claim4(w: _Writer, v: open_claim4) -> None:
@@ -7186,16 +8331,20 @@ def enc_open_claim4(w: _Writer, v: open_claim4) -> None:
 
 
 def dec_open_claim4(r: _Reader, off: int) -> tuple[open_claim4, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _open_claim_type4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated open_claim4 discriminant', o0) from None
-    _f = _open_claim4_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of open_claim4' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return open_claim4(_d, _v), off
+        (_d201,) = _S2.unpack_from(buf, off)
+        _a201 = _open_claim4_ARMS.get(_d201)
+        if _a201 is None:
+            raise _XdrError('%r is not a case of open_claim4' % (_d201,), off)
+        else:
+            _d201, _f201 = _a201
+        _v201, off = _f201(r, off + 4)
+        _u = open_claim4(_d201, _v201)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated open_claim4', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -7211,7 +8360,15 @@ class OPEN4args:
 def enc_OPEN4args(w: _Writer, v: OPEN4args) -> None:
     try:
         w += _S9.pack(v.seqid, v.share_access, v.share_deny)
-        enc_state_owner4(w, v.owner)
+        _s202 = v.owner
+        w += _S4.pack(_s202.clientid)
+        _v = _s202.owner
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
         enc_openflag4(w, v.openhow)
         enc_open_claim4(w, v.claim)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -7227,9 +8384,38 @@ def dec_OPEN4args(r: _Reader, off: int) -> tuple[OPEN4args, int]:
         f_seqid = _t[0]
         f_share_access = _t[1]
         f_share_deny = _t[2]
-        f_owner, off = dec_state_owner4(r, off)
-        f_openhow, off = dec_openflag4(r, off)
-        f_claim, off = dec_open_claim4(r, off)
+        _t = _S4.unpack_from(buf, off)
+        off += 8
+        _i203_clientid = _t[0]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i203_owner = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_owner = state_owner4(_i203_clientid, _i203_owner)
+        (_d204,) = _S2.unpack_from(buf, off)
+        _a204 = _openflag4_ARMS.get(_d204)
+        if _a204 is None:
+            _d204 = _opentype4_MAP[(_d204,)[0]]
+            _f204 = _void_decode
+        else:
+            _d204, _f204 = _a204
+        _v204, off = _f204(r, off + 4)
+        f_openhow = openflag4(_d204, _v204)
+        (_d205,) = _S2.unpack_from(buf, off)
+        _a205 = _open_claim4_ARMS.get(_d205)
+        if _a205 is None:
+            raise _XdrError('%r is not a case of open_claim4' % (_d205,), off)
+        else:
+            _d205, _f205 = _a205
+        _v205, off = _f205(r, off + 4)
+        f_claim = open_claim4(_d205, _v205)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OPEN4args', o0) from None
     return OPEN4args(f_seqid, f_share_access, f_share_deny, f_owner, f_openhow, f_claim), off
@@ -7246,7 +8432,13 @@ def enc_open_read_delegation4(w: _Writer, v: open_read_delegation4) -> None:
     try:
         if len(v.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S20.pack(v.stateid.seqid, v.stateid.other, v.recall)
-        enc_nfsace4(w, v.permissions)
+        _s206 = v.permissions
+        w += _S9.pack(_s206.type, _s206.flag, _s206.access_mask)
+        _v = _s206.who
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode open_read_delegation4: {_e}', len(w)) from None
 
@@ -7259,7 +8451,21 @@ def dec_open_read_delegation4(r: _Reader, off: int) -> tuple[open_read_delegatio
         off += 20
         f_stateid = stateid4(_t[0], _t[1])
         f_recall = _BOOL[_t[2]]
-        f_permissions, off = dec_nfsace4(r, off)
+        _t = _S9.unpack_from(buf, off)
+        off += 12
+        _i207_type = _t[0]
+        _i207_flag = _t[1]
+        _i207_access_mask = _t[2]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i207_who = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_permissions = nfsace4(_i207_type, _i207_flag, _i207_access_mask, _i207_who)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated open_read_delegation4', o0) from None
     return open_read_delegation4(f_stateid, f_recall, f_permissions), off
@@ -7278,7 +8484,13 @@ def enc_open_write_delegation4(w: _Writer, v: open_write_delegation4) -> None:
         if len(v.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S20.pack(v.stateid.seqid, v.stateid.other, v.recall)
         enc_nfs_space_limit4(w, v.space_limit)
-        enc_nfsace4(w, v.permissions)
+        _s208 = v.permissions
+        w += _S9.pack(_s208.type, _s208.flag, _s208.access_mask)
+        _v = _s208.who
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode open_write_delegation4: {_e}', len(w)) from None
 
@@ -7291,8 +8503,29 @@ def dec_open_write_delegation4(r: _Reader, off: int) -> tuple[open_write_delegat
         off += 20
         f_stateid = stateid4(_t[0], _t[1])
         f_recall = _BOOL[_t[2]]
-        f_space_limit, off = dec_nfs_space_limit4(r, off)
-        f_permissions, off = dec_nfsace4(r, off)
+        (_d209,) = _S2.unpack_from(buf, off)
+        _a209 = _nfs_space_limit4_ARMS.get(_d209)
+        if _a209 is None:
+            raise _XdrError('%r is not a case of nfs_space_limit4' % (_d209,), off)
+        else:
+            _d209, _f209 = _a209
+        _v209, off = _f209(r, off + 4)
+        f_space_limit = nfs_space_limit4(_d209, _v209)
+        _t = _S9.unpack_from(buf, off)
+        off += 12
+        _i210_type = _t[0]
+        _i210_flag = _t[1]
+        _i210_access_mask = _t[2]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i210_who = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_permissions = nfsace4(_i210_type, _i210_flag, _i210_access_mask, _i210_who)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated open_write_delegation4', o0) from None
     return open_write_delegation4(f_stateid, f_recall, f_space_limit, f_permissions), off
@@ -7382,6 +8615,7 @@ class open_none_delegation4:
 
 _open_none_delegation4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_open_none_delegation4_ond_server_will_push_deleg, 2: enc_open_none_delegation4_ond_server_will_signal_avail}
 _open_none_delegation4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_open_none_delegation4_ond_server_will_push_deleg, 2: dec_open_none_delegation4_ond_server_will_signal_avail}
+_open_none_delegation4_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_why_no_delegation4_MAP[(1,)[0]], dec_open_none_delegation4_ond_server_will_push_deleg), 2: (_why_no_delegation4_MAP[(2,)[0]], dec_open_none_delegation4_ond_server_will_signal_avail)}
 
 
 def enc_open_none_delegation4(w: _Writer, v: open_none_delegation4) -> None:
@@ -7396,14 +8630,21 @@ def enc_open_none_delegation4(w: _Writer, v: open_none_delegation4) -> None:
 
 
 def dec_open_none_delegation4(r: _Reader, off: int) -> tuple[open_none_delegation4, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _why_no_delegation4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated open_none_delegation4 discriminant', o0) from None
-    _f = _open_none_delegation4_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return open_none_delegation4(_d, _v), off
+        (_d211,) = _S2.unpack_from(buf, off)
+        _a211 = _open_none_delegation4_ARMS.get(_d211)
+        if _a211 is None:
+            _d211 = _why_no_delegation4_MAP[(_d211,)[0]]
+            _f211 = _void_decode
+        else:
+            _d211, _f211 = _a211
+        _v211, off = _f211(r, off + 4)
+        _u = open_none_delegation4(_d211, _v211)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated open_none_delegation4', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -7414,6 +8655,7 @@ class open_delegation4:
 
 _open_delegation4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: _void_encode, 1: enc_open_read_delegation4, 2: enc_open_write_delegation4, 3: enc_open_none_delegation4}
 _open_delegation4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: _void_decode, 1: dec_open_read_delegation4, 2: dec_open_write_delegation4, 3: dec_open_none_delegation4}
+_open_delegation4_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_open_delegation_type4_MAP[(0,)[0]], _void_decode), 1: (_open_delegation_type4_MAP[(1,)[0]], dec_open_read_delegation4), 2: (_open_delegation_type4_MAP[(2,)[0]], dec_open_write_delegation4), 3: (_open_delegation_type4_MAP[(3,)[0]], dec_open_none_delegation4)}
 
 
 def enc_open_delegation4(w: _Writer, v: open_delegation4) -> None:
@@ -7430,16 +8672,20 @@ def enc_open_delegation4(w: _Writer, v: open_delegation4) -> None:
 
 
 def dec_open_delegation4(r: _Reader, off: int) -> tuple[open_delegation4, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _open_delegation_type4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated open_delegation4 discriminant', o0) from None
-    _f = _open_delegation4_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of open_delegation4' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return open_delegation4(_d, _v), off
+        (_d212,) = _S2.unpack_from(buf, off)
+        _a212 = _open_delegation4_ARMS.get(_d212)
+        if _a212 is None:
+            raise _XdrError('%r is not a case of open_delegation4' % (_d212,), off)
+        else:
+            _d212, _f212 = _a212
+        _v212, off = _f212(r, off + 4)
+        _u = open_delegation4(_d212, _v212)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated open_delegation4', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -7455,11 +8701,11 @@ def enc_OPEN4resok(w: _Writer, v: OPEN4resok) -> None:
     try:
         if len(v.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S24.pack(v.stateid.seqid, v.stateid.other, v.cinfo.atomic, v.cinfo.before, v.cinfo.after, v.rflags)
-        _a58 = v.attrset
-        _n = len(_a58)
+        _a213 = v.attrset
+        _n = len(_a213)
         w += _U32.pack(_n)
-        for _x58 in _a58:
-            w += _S0.pack(_x58)
+        for _x213 in _a213:
+            w += _S0.pack(_x213)
         enc_open_delegation4(w, v.delegation)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode OPEN4resok: {_e}', len(w)) from None
@@ -7482,9 +8728,16 @@ def dec_OPEN4resok(r: _Reader, off: int) -> tuple[OPEN4resok, int]:
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x59 = _t[0]
-            f_attrset.append(_x59)
-        f_delegation, off = dec_open_delegation4(r, off)
+            _x214 = _t[0]
+            f_attrset.append(_x214)
+        (_d215,) = _S2.unpack_from(buf, off)
+        _a215 = _open_delegation4_ARMS.get(_d215)
+        if _a215 is None:
+            raise _XdrError('%r is not a case of open_delegation4' % (_d215,), off)
+        else:
+            _d215, _f215 = _a215
+        _v215, off = _f215(r, off + 4)
+        f_delegation = open_delegation4(_d215, _v215)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OPEN4resok', o0) from None
     return OPEN4resok(f_stateid, f_cinfo, f_rflags, f_attrset, f_delegation), off
@@ -7498,6 +8751,7 @@ class OPEN4res:
 
 _OPEN4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_OPEN4resok}
 _OPEN4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_OPEN4resok}
+_OPEN4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_OPEN4resok)}
 
 
 def enc_OPEN4res(w: _Writer, v: OPEN4res) -> None:
@@ -7512,14 +8766,21 @@ def enc_OPEN4res(w: _Writer, v: OPEN4res) -> None:
 
 
 def dec_OPEN4res(r: _Reader, off: int) -> tuple[OPEN4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated OPEN4res discriminant', o0) from None
-    _f = _OPEN4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return OPEN4res(_d, _v), off
+        (_d216,) = _S2.unpack_from(buf, off)
+        _a216 = _OPEN4res_ARMS.get(_d216)
+        if _a216 is None:
+            _d216 = _nfsstat4_MAP[(_d216,)[0]]
+            _f216 = _void_decode
+        else:
+            _d216, _f216 = _a216
+        _v216, off = _f216(r, off + 4)
+        _u = OPEN4res(_d216, _v216)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated OPEN4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -7630,6 +8891,7 @@ class OPEN_CONFIRM4res:
 
 _OPEN_CONFIRM4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_OPEN_CONFIRM4resok}
 _OPEN_CONFIRM4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_OPEN_CONFIRM4resok}
+_OPEN_CONFIRM4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_OPEN_CONFIRM4resok)}
 
 
 def enc_OPEN_CONFIRM4res(w: _Writer, v: OPEN_CONFIRM4res) -> None:
@@ -7644,14 +8906,21 @@ def enc_OPEN_CONFIRM4res(w: _Writer, v: OPEN_CONFIRM4res) -> None:
 
 
 def dec_OPEN_CONFIRM4res(r: _Reader, off: int) -> tuple[OPEN_CONFIRM4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated OPEN_CONFIRM4res discriminant', o0) from None
-    _f = _OPEN_CONFIRM4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return OPEN_CONFIRM4res(_d, _v), off
+        (_d217,) = _S2.unpack_from(buf, off)
+        _a217 = _OPEN_CONFIRM4res_ARMS.get(_d217)
+        if _a217 is None:
+            _d217 = _nfsstat4_MAP[(_d217,)[0]]
+            _f217 = _void_decode
+        else:
+            _d217, _f217 = _a217
+        _v217, off = _f217(r, off + 4)
+        _u = OPEN_CONFIRM4res(_d217, _v217)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated OPEN_CONFIRM4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -7718,6 +8987,7 @@ class OPEN_DOWNGRADE4res:
 
 _OPEN_DOWNGRADE4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_OPEN_DOWNGRADE4resok}
 _OPEN_DOWNGRADE4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_OPEN_DOWNGRADE4resok}
+_OPEN_DOWNGRADE4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_OPEN_DOWNGRADE4resok)}
 
 
 def enc_OPEN_DOWNGRADE4res(w: _Writer, v: OPEN_DOWNGRADE4res) -> None:
@@ -7732,14 +9002,21 @@ def enc_OPEN_DOWNGRADE4res(w: _Writer, v: OPEN_DOWNGRADE4res) -> None:
 
 
 def dec_OPEN_DOWNGRADE4res(r: _Reader, off: int) -> tuple[OPEN_DOWNGRADE4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated OPEN_DOWNGRADE4res discriminant', o0) from None
-    _f = _OPEN_DOWNGRADE4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return OPEN_DOWNGRADE4res(_d, _v), off
+        (_d218,) = _S2.unpack_from(buf, off)
+        _a218 = _OPEN_DOWNGRADE4res_ARMS.get(_d218)
+        if _a218 is None:
+            _d218 = _nfsstat4_MAP[(_d218,)[0]]
+            _f218 = _void_decode
+        else:
+            _d218, _f218 = _a218
+        _v218, off = _f218(r, off + 4)
+        _u = OPEN_DOWNGRADE4res(_d218, _v218)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated OPEN_DOWNGRADE4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -7916,6 +9193,7 @@ class READ4res:
 
 _READ4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_READ4resok}
 _READ4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_READ4resok}
+_READ4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_READ4resok)}
 
 
 def enc_READ4res(w: _Writer, v: READ4res) -> None:
@@ -7930,14 +9208,21 @@ def enc_READ4res(w: _Writer, v: READ4res) -> None:
 
 
 def dec_READ4res(r: _Reader, off: int) -> tuple[READ4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated READ4res discriminant', o0) from None
-    _f = _READ4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return READ4res(_d, _v), off
+        (_d219,) = _S2.unpack_from(buf, off)
+        _a219 = _READ4res_ARMS.get(_d219)
+        if _a219 is None:
+            _d219 = _nfsstat4_MAP[(_d219,)[0]]
+            _f219 = _void_decode
+        else:
+            _d219, _f219 = _a219
+        _v219, off = _f219(r, off + 4)
+        _u = READ4res(_d219, _v219)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated READ4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -7953,11 +9238,11 @@ def enc_READDIR4args(w: _Writer, v: READDIR4args) -> None:
     try:
         if len(v.cookieverf) != 8: raise _XdrError('fixed opaque cookieverf must be 8 bytes', len(w))
         w += _S27.pack(v.cookie, v.cookieverf, v.dircount, v.maxcount)
-        _a60 = v.attr_request
-        _n = len(_a60)
+        _a220 = v.attr_request
+        _n = len(_a220)
         w += _U32.pack(_n)
-        for _x60 in _a60:
-            w += _S0.pack(_x60)
+        for _x220 in _a220:
+            w += _S0.pack(_x220)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode READDIR4args: {_e}', len(w)) from None
 
@@ -7980,8 +9265,8 @@ def dec_READDIR4args(r: _Reader, off: int) -> tuple[READDIR4args, int]:
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x61 = _t[0]
-            f_attr_request.append(_x61)
+            _x221 = _t[0]
+            f_attr_request.append(_x221)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated READDIR4args', o0) from None
     return READDIR4args(f_cookie, f_cookieverf, f_dircount, f_maxcount, f_attr_request), off
@@ -8002,7 +9287,17 @@ def enc_entry4(w: _Writer, v: entry4) -> None:
         w += _U32.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        enc_fattr4(w, v.attrs)
+        _s222 = v.attrs
+        _a223 = _s222.attrmask
+        _n = len(_a223)
+        w += _U32.pack(_n)
+        for _x223 in _a223:
+            w += _S0.pack(_x223)
+        _v = _s222.attr_vals
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode entry4: {_e}', len(w)) from None
 
@@ -8023,7 +9318,26 @@ def dec_entry4(r: _Reader, off: int) -> tuple[entry4, int]:
             raise _XdrError('opaque runs past the end', off)
         f_name = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_attrs, off = dec_fattr4(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i224_attrmask = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x225 = _t[0]
+            _i224_attrmask.append(_x225)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i224_attr_vals = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_attrs = fattr4(_i224_attrmask, _i224_attr_vals)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated entry4', o0) from None
     return entry4(f_cookie, f_name, f_attrs), off
@@ -8089,7 +9403,9 @@ def enc_READDIR4resok(w: _Writer, v: READDIR4resok) -> None:
     try:
         if len(v.cookieverf) != 8: raise _XdrError('fixed opaque cookieverf must be 8 bytes', len(w))
         w += _S6.pack(v.cookieverf)
-        enc_dirlist4(w, v.reply)
+        _s226 = v.reply
+        _enc_list_entry4(w, _s226.entries)
+        w += _S0.pack(_s226.eof)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode READDIR4resok: {_e}', len(w)) from None
 
@@ -8101,7 +9417,11 @@ def dec_READDIR4resok(r: _Reader, off: int) -> tuple[READDIR4resok, int]:
         _t = _S6.unpack_from(buf, off)
         off += 8
         f_cookieverf = _t[0]
-        f_reply, off = dec_dirlist4(r, off)
+        _i227_entries, off = _dec_list_entry4(r, off)
+        _t = _S0.unpack_from(buf, off)
+        off += 4
+        _i227_eof = _BOOL[_t[0]]
+        f_reply = dirlist4(_i227_entries, _i227_eof)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated READDIR4resok', o0) from None
     return READDIR4resok(f_cookieverf, f_reply), off
@@ -8115,6 +9435,7 @@ class READDIR4res:
 
 _READDIR4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_READDIR4resok}
 _READDIR4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_READDIR4resok}
+_READDIR4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_READDIR4resok)}
 
 
 def enc_READDIR4res(w: _Writer, v: READDIR4res) -> None:
@@ -8129,14 +9450,21 @@ def enc_READDIR4res(w: _Writer, v: READDIR4res) -> None:
 
 
 def dec_READDIR4res(r: _Reader, off: int) -> tuple[READDIR4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated READDIR4res discriminant', o0) from None
-    _f = _READDIR4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return READDIR4res(_d, _v), off
+        (_d228,) = _S2.unpack_from(buf, off)
+        _a228 = _READDIR4res_ARMS.get(_d228)
+        if _a228 is None:
+            _d228 = _nfsstat4_MAP[(_d228,)[0]]
+            _f228 = _void_decode
+        else:
+            _d228, _f228 = _a228
+        _v228, off = _f228(r, off + 4)
+        _u = READDIR4res(_d228, _v228)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated READDIR4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -8169,6 +9497,7 @@ class READLINK4res:
 
 _READLINK4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_READLINK4resok}
 _READLINK4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_READLINK4resok}
+_READLINK4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_READLINK4resok)}
 
 
 def enc_READLINK4res(w: _Writer, v: READLINK4res) -> None:
@@ -8183,14 +9512,21 @@ def enc_READLINK4res(w: _Writer, v: READLINK4res) -> None:
 
 
 def dec_READLINK4res(r: _Reader, off: int) -> tuple[READLINK4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated READLINK4res discriminant', o0) from None
-    _f = _READLINK4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return READLINK4res(_d, _v), off
+        (_d229,) = _S2.unpack_from(buf, off)
+        _a229 = _READLINK4res_ARMS.get(_d229)
+        if _a229 is None:
+            _d229 = _nfsstat4_MAP[(_d229,)[0]]
+            _f229 = _void_decode
+        else:
+            _d229, _f229 = _a229
+        _v229, off = _f229(r, off + 4)
+        _u = READLINK4res(_d229, _v229)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated READLINK4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -8259,6 +9595,7 @@ class REMOVE4res:
 
 _REMOVE4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_REMOVE4resok}
 _REMOVE4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_REMOVE4resok}
+_REMOVE4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_REMOVE4resok)}
 
 
 def enc_REMOVE4res(w: _Writer, v: REMOVE4res) -> None:
@@ -8273,14 +9610,21 @@ def enc_REMOVE4res(w: _Writer, v: REMOVE4res) -> None:
 
 
 def dec_REMOVE4res(r: _Reader, off: int) -> tuple[REMOVE4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated REMOVE4res discriminant', o0) from None
-    _f = _REMOVE4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return REMOVE4res(_d, _v), off
+        (_d230,) = _S2.unpack_from(buf, off)
+        _a230 = _REMOVE4res_ARMS.get(_d230)
+        if _a230 is None:
+            _d230 = _nfsstat4_MAP[(_d230,)[0]]
+            _f230 = _void_decode
+        else:
+            _d230, _f230 = _a230
+        _v230, off = _f230(r, off + 4)
+        _u = REMOVE4res(_d230, _v230)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated REMOVE4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -8366,6 +9710,7 @@ class RENAME4res:
 
 _RENAME4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_RENAME4resok}
 _RENAME4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_RENAME4resok}
+_RENAME4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_RENAME4resok)}
 
 
 def enc_RENAME4res(w: _Writer, v: RENAME4res) -> None:
@@ -8380,14 +9725,21 @@ def enc_RENAME4res(w: _Writer, v: RENAME4res) -> None:
 
 
 def dec_RENAME4res(r: _Reader, off: int) -> tuple[RENAME4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated RENAME4res discriminant', o0) from None
-    _f = _RENAME4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return RENAME4res(_d, _v), off
+        (_d231,) = _S2.unpack_from(buf, off)
+        _a231 = _RENAME4res_ARMS.get(_d231)
+        if _a231 is None:
+            _d231 = _nfsstat4_MAP[(_d231,)[0]]
+            _f231 = _void_decode
+        else:
+            _d231, _f231 = _a231
+        _v231, off = _f231(r, off + 4)
+        _u = RENAME4res(_d231, _v231)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated RENAME4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -8569,6 +9921,7 @@ class secinfo4:
 
 _secinfo4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {6: enc_rpcsec_gss_info}
 _secinfo4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {6: dec_rpcsec_gss_info}
+_secinfo4_ARMS: dict[int, tuple[_Any, _Any]] = {6: ((6,)[0], dec_rpcsec_gss_info)}
 
 
 def enc_secinfo4(w: _Writer, v: secinfo4) -> None:
@@ -8582,14 +9935,21 @@ def enc_secinfo4(w: _Writer, v: secinfo4) -> None:
 
 
 def dec_secinfo4(r: _Reader, off: int) -> tuple[secinfo4, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _S0.unpack_from(r.buf, off)[0]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated secinfo4 discriminant', o0) from None
-    _f = _secinfo4_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return secinfo4(_d, _v), off
+        (_d232,) = _S0.unpack_from(buf, off)
+        _a232 = _secinfo4_ARMS.get(_d232)
+        if _a232 is None:
+            _d232 = (_d232,)[0]
+            _f232 = _void_decode
+        else:
+            _d232, _f232 = _a232
+        _v232, off = _f232(r, off + 4)
+        _u = secinfo4(_d232, _v232)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated secinfo4', o0) from None
+    return _u, off
 
 
 SECINFO4resok: _TypeAlias = "list[secinfo4]"
@@ -8597,11 +9957,11 @@ SECINFO4resok: _TypeAlias = "list[secinfo4]"
 
 def enc_SECINFO4resok(w: _Writer, v: SECINFO4resok) -> None:
     try:
-        _a62 = v
-        _n = len(_a62)
+        _a233 = v
+        _n = len(_a233)
         w += _U32.pack(_n)
-        for _x62 in _a62:
-            enc_secinfo4(w, _x62)
+        for _x233 in _a233:
+            enc_secinfo4(w, _x233)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode SECINFO4resok: {_e}', len(w)) from None
 
@@ -8616,8 +9976,16 @@ def dec_SECINFO4resok(r: _Reader, off: int) -> tuple[SECINFO4resok, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
         for _ in range(_n):
-            _x63, off = dec_secinfo4(r, off)
-            _v.append(_x63)
+            (_d235,) = _S0.unpack_from(buf, off)
+            _a235 = _secinfo4_ARMS.get(_d235)
+            if _a235 is None:
+                _d235 = (_d235,)[0]
+                _f235 = _void_decode
+            else:
+                _d235, _f235 = _a235
+            _v235, off = _f235(r, off + 4)
+            _x234 = secinfo4(_d235, _v235)
+            _v.append(_x234)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SECINFO4resok', o0) from None
     return _v, off
@@ -8631,6 +9999,7 @@ class SECINFO4res:
 
 _SECINFO4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_SECINFO4resok}
 _SECINFO4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_SECINFO4resok}
+_SECINFO4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_SECINFO4resok)}
 
 
 def enc_SECINFO4res(w: _Writer, v: SECINFO4res) -> None:
@@ -8645,14 +10014,21 @@ def enc_SECINFO4res(w: _Writer, v: SECINFO4res) -> None:
 
 
 def dec_SECINFO4res(r: _Reader, off: int) -> tuple[SECINFO4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated SECINFO4res discriminant', o0) from None
-    _f = _SECINFO4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return SECINFO4res(_d, _v), off
+        (_d236,) = _S2.unpack_from(buf, off)
+        _a236 = _SECINFO4res_ARMS.get(_d236)
+        if _a236 is None:
+            _d236 = _nfsstat4_MAP[(_d236,)[0]]
+            _f236 = _void_decode
+        else:
+            _d236, _f236 = _a236
+        _v236, off = _f236(r, off + 4)
+        _u = SECINFO4res(_d236, _v236)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SECINFO4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -8665,7 +10041,17 @@ def enc_SETATTR4args(w: _Writer, v: SETATTR4args) -> None:
     try:
         if len(v.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S10.pack(v.stateid.seqid, v.stateid.other)
-        enc_fattr4(w, v.obj_attributes)
+        _s237 = v.obj_attributes
+        _a238 = _s237.attrmask
+        _n = len(_a238)
+        w += _U32.pack(_n)
+        for _x238 in _a238:
+            w += _S0.pack(_x238)
+        _v = _s237.attr_vals
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode SETATTR4args: {_e}', len(w)) from None
 
@@ -8677,7 +10063,26 @@ def dec_SETATTR4args(r: _Reader, off: int) -> tuple[SETATTR4args, int]:
         _t = _S10.unpack_from(buf, off)
         off += 16
         f_stateid = stateid4(_t[0], _t[1])
-        f_obj_attributes, off = dec_fattr4(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i239_attrmask = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x240 = _t[0]
+            _i239_attrmask.append(_x240)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i239_attr_vals = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_obj_attributes = fattr4(_i239_attrmask, _i239_attr_vals)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SETATTR4args', o0) from None
     return SETATTR4args(f_stateid, f_obj_attributes), off
@@ -8692,11 +10097,11 @@ class SETATTR4res:
 def enc_SETATTR4res(w: _Writer, v: SETATTR4res) -> None:
     try:
         w += _S2.pack(v.status)
-        _a64 = v.attrsset
-        _n = len(_a64)
+        _a241 = v.attrsset
+        _n = len(_a241)
         w += _U32.pack(_n)
-        for _x64 in _a64:
-            w += _S0.pack(_x64)
+        for _x241 in _a241:
+            w += _S0.pack(_x241)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode SETATTR4res: {_e}', len(w)) from None
 
@@ -8716,8 +10121,8 @@ def dec_SETATTR4res(r: _Reader, off: int) -> tuple[SETATTR4res, int]:
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x65 = _t[0]
-            f_attrsset.append(_x65)
+            _x242 = _t[0]
+            f_attrsset.append(_x242)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SETATTR4res', o0) from None
     return SETATTR4res(f_status, f_attrsset), off
@@ -8732,8 +10137,29 @@ class SETCLIENTID4args:
 
 def enc_SETCLIENTID4args(w: _Writer, v: SETCLIENTID4args) -> None:
     try:
-        enc_nfs_client_id4(w, v.client)
-        enc_cb_client4(w, v.callback)
+        _s243 = v.client
+        if len(_s243.verifier) != 8: raise _XdrError('fixed opaque verifier must be 8 bytes', len(w))
+        w += _S6.pack(_s243.verifier)
+        _v = _s243.id
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('id: length %d exceeds 1024' % _n, len(w))
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _s244 = v.callback
+        w += _S0.pack(_s244.cb_program)
+        _s245 = _s244.cb_location
+        _v = _s245.na_r_netid.encode('utf-8', 'surrogateescape')
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _v = _s245.na_r_addr.encode('utf-8', 'surrogateescape')
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
         w += _S0.pack(v.callback_ident)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode SETCLIENTID4args: {_e}', len(w)) from None
@@ -8743,8 +10169,44 @@ def dec_SETCLIENTID4args(r: _Reader, off: int) -> tuple[SETCLIENTID4args, int]:
     buf = r.buf
     o0 = off
     try:
-        f_client, off = dec_nfs_client_id4(r, off)
-        f_callback, off = dec_cb_client4(r, off)
+        _t = _S6.unpack_from(buf, off)
+        off += 8
+        _i246_verifier = _t[0]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('id: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i246_id = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_client = nfs_client_id4(_i246_verifier, _i246_id)
+        _t = _S0.unpack_from(buf, off)
+        off += 4
+        _i247_cb_program = _t[0]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('string runs past the end', off)
+        _i248_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('string runs past the end', off)
+        _i248_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+        off = _e + (-_n & 3)
+        _i247_cb_location = netaddr4(_i248_na_r_netid, _i248_na_r_addr)
+        f_callback = cb_client4(_i247_cb_program, _i247_cb_location)
         _t = _S0.unpack_from(buf, off)
         off += 4
         f_callback_ident = _t[0]
@@ -8788,6 +10250,7 @@ class SETCLIENTID4res:
 
 _SETCLIENTID4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_SETCLIENTID4resok, 10017: enc_netaddr4}
 _SETCLIENTID4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_SETCLIENTID4resok, 10017: dec_netaddr4}
+_SETCLIENTID4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_SETCLIENTID4resok), 10017: (_nfsstat4_MAP[(10017,)[0]], dec_netaddr4)}
 
 
 def enc_SETCLIENTID4res(w: _Writer, v: SETCLIENTID4res) -> None:
@@ -8802,14 +10265,21 @@ def enc_SETCLIENTID4res(w: _Writer, v: SETCLIENTID4res) -> None:
 
 
 def dec_SETCLIENTID4res(r: _Reader, off: int) -> tuple[SETCLIENTID4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated SETCLIENTID4res discriminant', o0) from None
-    _f = _SETCLIENTID4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return SETCLIENTID4res(_d, _v), off
+        (_d249,) = _S2.unpack_from(buf, off)
+        _a249 = _SETCLIENTID4res_ARMS.get(_d249)
+        if _a249 is None:
+            _d249 = _nfsstat4_MAP[(_d249,)[0]]
+            _f249 = _void_decode
+        else:
+            _d249, _f249 = _a249
+        _v249, off = _f249(r, off + 4)
+        _u = SETCLIENTID4res(_d249, _v249)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SETCLIENTID4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -8870,7 +10340,17 @@ class VERIFY4args:
 
 def enc_VERIFY4args(w: _Writer, v: VERIFY4args) -> None:
     try:
-        enc_fattr4(w, v.obj_attributes)
+        _s250 = v.obj_attributes
+        _a251 = _s250.attrmask
+        _n = len(_a251)
+        w += _U32.pack(_n)
+        for _x251 in _a251:
+            w += _S0.pack(_x251)
+        _v = _s250.attr_vals
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode VERIFY4args: {_e}', len(w)) from None
 
@@ -8879,7 +10359,26 @@ def dec_VERIFY4args(r: _Reader, off: int) -> tuple[VERIFY4args, int]:
     buf = r.buf
     o0 = off
     try:
-        f_obj_attributes, off = dec_fattr4(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i252_attrmask = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x253 = _t[0]
+            _i252_attrmask.append(_x253)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i252_attr_vals = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_obj_attributes = fattr4(_i252_attrmask, _i252_attr_vals)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated VERIFY4args', o0) from None
     return VERIFY4args(f_obj_attributes), off
@@ -9004,6 +10503,7 @@ class WRITE4res:
 
 _WRITE4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_WRITE4resok}
 _WRITE4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_WRITE4resok}
+_WRITE4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_WRITE4resok)}
 
 
 def enc_WRITE4res(w: _Writer, v: WRITE4res) -> None:
@@ -9018,14 +10518,21 @@ def enc_WRITE4res(w: _Writer, v: WRITE4res) -> None:
 
 
 def dec_WRITE4res(r: _Reader, off: int) -> tuple[WRITE4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated WRITE4res discriminant', o0) from None
-    _f = _WRITE4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return WRITE4res(_d, _v), off
+        (_d254,) = _S2.unpack_from(buf, off)
+        _a254 = _WRITE4res_ARMS.get(_d254)
+        if _a254 is None:
+            _d254 = _nfsstat4_MAP[(_d254,)[0]]
+            _f254 = _void_decode
+        else:
+            _d254, _f254 = _a254
+        _v254, off = _f254(r, off + 4)
+        _u = WRITE4res(_d254, _v254)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated WRITE4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -9035,7 +10542,15 @@ class RELEASE_LOCKOWNER4args:
 
 def enc_RELEASE_LOCKOWNER4args(w: _Writer, v: RELEASE_LOCKOWNER4args) -> None:
     try:
-        enc_state_owner4(w, v.lock_owner)
+        _s255 = v.lock_owner
+        w += _S4.pack(_s255.clientid)
+        _v = _s255.owner
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode RELEASE_LOCKOWNER4args: {_e}', len(w)) from None
 
@@ -9044,7 +10559,21 @@ def dec_RELEASE_LOCKOWNER4args(r: _Reader, off: int) -> tuple[RELEASE_LOCKOWNER4
     buf = r.buf
     o0 = off
     try:
-        f_lock_owner, off = dec_state_owner4(r, off)
+        _t = _S4.unpack_from(buf, off)
+        off += 8
+        _i256_clientid = _t[0]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i256_owner = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_lock_owner = state_owner4(_i256_clientid, _i256_owner)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated RELEASE_LOCKOWNER4args', o0) from None
     return RELEASE_LOCKOWNER4args(f_lock_owner), off
@@ -9192,6 +10721,7 @@ class callback_sec_parms4:
 
 _callback_sec_parms4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: _void_encode, 1: enc_authsys_parms, 6: enc_gss_cb_handles4}
 _callback_sec_parms4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: _void_decode, 1: dec_authsys_parms, 6: dec_gss_cb_handles4}
+_callback_sec_parms4_ARMS: dict[int, tuple[_Any, _Any]] = {0: ((0,)[0], _void_decode), 1: ((1,)[0], dec_authsys_parms), 6: ((6,)[0], dec_gss_cb_handles4)}
 
 
 def enc_callback_sec_parms4(w: _Writer, v: callback_sec_parms4) -> None:
@@ -9207,16 +10737,20 @@ def enc_callback_sec_parms4(w: _Writer, v: callback_sec_parms4) -> None:
 
 
 def dec_callback_sec_parms4(r: _Reader, off: int) -> tuple[callback_sec_parms4, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _S0.unpack_from(r.buf, off)[0]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated callback_sec_parms4 discriminant', o0) from None
-    _f = _callback_sec_parms4_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of callback_sec_parms4' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return callback_sec_parms4(_d, _v), off
+        (_d257,) = _S0.unpack_from(buf, off)
+        _a257 = _callback_sec_parms4_ARMS.get(_d257)
+        if _a257 is None:
+            raise _XdrError('%r is not a case of callback_sec_parms4' % (_d257,), off)
+        else:
+            _d257, _f257 = _a257
+        _v257, off = _f257(r, off + 4)
+        _u = callback_sec_parms4(_d257, _v257)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated callback_sec_parms4', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -9228,11 +10762,11 @@ class BACKCHANNEL_CTL4args:
 def enc_BACKCHANNEL_CTL4args(w: _Writer, v: BACKCHANNEL_CTL4args) -> None:
     try:
         w += _S0.pack(v.bca_cb_program)
-        _a66 = v.bca_sec_parms
-        _n = len(_a66)
+        _a258 = v.bca_sec_parms
+        _n = len(_a258)
         w += _U32.pack(_n)
-        for _x66 in _a66:
-            enc_callback_sec_parms4(w, _x66)
+        for _x258 in _a258:
+            enc_callback_sec_parms4(w, _x258)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode BACKCHANNEL_CTL4args: {_e}', len(w)) from None
 
@@ -9250,8 +10784,15 @@ def dec_BACKCHANNEL_CTL4args(r: _Reader, off: int) -> tuple[BACKCHANNEL_CTL4args
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_bca_sec_parms = []
         for _ in range(_n):
-            _x67, off = dec_callback_sec_parms4(r, off)
-            f_bca_sec_parms.append(_x67)
+            (_d260,) = _S0.unpack_from(buf, off)
+            _a260 = _callback_sec_parms4_ARMS.get(_d260)
+            if _a260 is None:
+                raise _XdrError('%r is not a case of callback_sec_parms4' % (_d260,), off)
+            else:
+                _d260, _f260 = _a260
+            _v260, off = _f260(r, off + 4)
+            _x259 = callback_sec_parms4(_d260, _v260)
+            f_bca_sec_parms.append(_x259)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated BACKCHANNEL_CTL4args', o0) from None
     return BACKCHANNEL_CTL4args(f_bca_cb_program, f_bca_sec_parms), off
@@ -9401,6 +10942,7 @@ class BIND_CONN_TO_SESSION4res:
 
 _BIND_CONN_TO_SESSION4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_BIND_CONN_TO_SESSION4resok}
 _BIND_CONN_TO_SESSION4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_BIND_CONN_TO_SESSION4resok}
+_BIND_CONN_TO_SESSION4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_BIND_CONN_TO_SESSION4resok)}
 
 
 def enc_BIND_CONN_TO_SESSION4res(w: _Writer, v: BIND_CONN_TO_SESSION4res) -> None:
@@ -9415,14 +10957,21 @@ def enc_BIND_CONN_TO_SESSION4res(w: _Writer, v: BIND_CONN_TO_SESSION4res) -> Non
 
 
 def dec_BIND_CONN_TO_SESSION4res(r: _Reader, off: int) -> tuple[BIND_CONN_TO_SESSION4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated BIND_CONN_TO_SESSION4res discriminant', o0) from None
-    _f = _BIND_CONN_TO_SESSION4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return BIND_CONN_TO_SESSION4res(_d, _v), off
+        (_d261,) = _S2.unpack_from(buf, off)
+        _a261 = _BIND_CONN_TO_SESSION4res_ARMS.get(_d261)
+        if _a261 is None:
+            _d261 = _nfsstat4_MAP[(_d261,)[0]]
+            _f261 = _void_decode
+        else:
+            _d261, _f261 = _a261
+        _v261, off = _f261(r, off + 4)
+        _u = BIND_CONN_TO_SESSION4res(_d261, _v261)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated BIND_CONN_TO_SESSION4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -9433,16 +10982,16 @@ class state_protect_ops4:
 
 def enc_state_protect_ops4(w: _Writer, v: state_protect_ops4) -> None:
     try:
-        _a68 = v.spo_must_enforce
-        _n = len(_a68)
+        _a262 = v.spo_must_enforce
+        _n = len(_a262)
         w += _U32.pack(_n)
-        for _x68 in _a68:
-            w += _S0.pack(_x68)
-        _a69 = v.spo_must_allow
-        _n = len(_a69)
+        for _x262 in _a262:
+            w += _S0.pack(_x262)
+        _a263 = v.spo_must_allow
+        _n = len(_a263)
         w += _U32.pack(_n)
-        for _x69 in _a69:
-            w += _S0.pack(_x69)
+        for _x263 in _a263:
+            w += _S0.pack(_x263)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode state_protect_ops4: {_e}', len(w)) from None
 
@@ -9459,8 +11008,8 @@ def dec_state_protect_ops4(r: _Reader, off: int) -> tuple[state_protect_ops4, in
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x70 = _t[0]
-            f_spo_must_enforce.append(_x70)
+            _x264 = _t[0]
+            f_spo_must_enforce.append(_x264)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -9469,8 +11018,8 @@ def dec_state_protect_ops4(r: _Reader, off: int) -> tuple[state_protect_ops4, in
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x71 = _t[0]
-            f_spo_must_allow.append(_x71)
+            _x265 = _t[0]
+            f_spo_must_allow.append(_x265)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated state_protect_ops4', o0) from None
     return state_protect_ops4(f_spo_must_enforce, f_spo_must_allow), off
@@ -9487,21 +11036,31 @@ class ssv_sp_parms4:
 
 def enc_ssv_sp_parms4(w: _Writer, v: ssv_sp_parms4) -> None:
     try:
-        enc_state_protect_ops4(w, v.ssp_ops)
-        _a72 = v.ssp_hash_algs
-        _n = len(_a72)
+        _s266 = v.ssp_ops
+        _a267 = _s266.spo_must_enforce
+        _n = len(_a267)
         w += _U32.pack(_n)
-        for _x72 in _a72:
-            _v = _x72
+        for _x267 in _a267:
+            w += _S0.pack(_x267)
+        _a268 = _s266.spo_must_allow
+        _n = len(_a268)
+        w += _U32.pack(_n)
+        for _x268 in _a268:
+            w += _S0.pack(_x268)
+        _a269 = v.ssp_hash_algs
+        _n = len(_a269)
+        w += _U32.pack(_n)
+        for _x269 in _a269:
+            _v = _x269
             _n = len(_v)
             w += _U32.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        _a73 = v.ssp_encr_algs
-        _n = len(_a73)
+        _a270 = v.ssp_encr_algs
+        _n = len(_a270)
         w += _U32.pack(_n)
-        for _x73 in _a73:
-            _v = _x73
+        for _x270 in _a270:
+            _v = _x270
             _n = len(_v)
             w += _U32.pack(_n)
             w += _v
@@ -9515,7 +11074,27 @@ def dec_ssv_sp_parms4(r: _Reader, off: int) -> tuple[ssv_sp_parms4, int]:
     buf = r.buf
     o0 = off
     try:
-        f_ssp_ops, off = dec_state_protect_ops4(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i271_spo_must_enforce = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x272 = _t[0]
+            _i271_spo_must_enforce.append(_x272)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i271_spo_must_allow = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x273 = _t[0]
+            _i271_spo_must_allow.append(_x273)
+        f_ssp_ops = state_protect_ops4(_i271_spo_must_enforce, _i271_spo_must_allow)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -9529,9 +11108,9 @@ def dec_ssv_sp_parms4(r: _Reader, off: int) -> tuple[ssv_sp_parms4, int]:
             _e = off + _n
             if _e > len(buf):
                 raise _XdrError('opaque runs past the end', off)
-            _x74 = bytes(buf[off:_e])
+            _x274 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_ssp_hash_algs.append(_x74)
+            f_ssp_hash_algs.append(_x274)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -9545,9 +11124,9 @@ def dec_ssv_sp_parms4(r: _Reader, off: int) -> tuple[ssv_sp_parms4, int]:
             _e = off + _n
             if _e > len(buf):
                 raise _XdrError('opaque runs past the end', off)
-            _x75 = bytes(buf[off:_e])
+            _x275 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_ssp_encr_algs.append(_x75)
+            f_ssp_encr_algs.append(_x275)
         _t = _S1.unpack_from(buf, off)
         off += 8
         f_ssp_window = _t[0]
@@ -9591,6 +11170,7 @@ class state_protect4_a:
 
 _state_protect4_a_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: _void_encode, 1: enc_state_protect_ops4, 2: enc_ssv_sp_parms4}
 _state_protect4_a_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: _void_decode, 1: dec_state_protect_ops4, 2: dec_ssv_sp_parms4}
+_state_protect4_a_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_state_protect_how4_MAP[(0,)[0]], _void_decode), 1: (_state_protect_how4_MAP[(1,)[0]], dec_state_protect_ops4), 2: (_state_protect_how4_MAP[(2,)[0]], dec_ssv_sp_parms4)}
 
 
 def enc_state_protect4_a(w: _Writer, v: state_protect4_a) -> None:
@@ -9607,16 +11187,20 @@ def enc_state_protect4_a(w: _Writer, v: state_protect4_a) -> None:
 
 
 def dec_state_protect4_a(r: _Reader, off: int) -> tuple[state_protect4_a, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _state_protect_how4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated state_protect4_a discriminant', o0) from None
-    _f = _state_protect4_a_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of state_protect4_a' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return state_protect4_a(_d, _v), off
+        (_d276,) = _S2.unpack_from(buf, off)
+        _a276 = _state_protect4_a_ARMS.get(_d276)
+        if _a276 is None:
+            raise _XdrError('%r is not a case of state_protect4_a' % (_d276,), off)
+        else:
+            _d276, _f276 = _a276
+        _v276, off = _f276(r, off + 4)
+        _u = state_protect4_a(_d276, _v276)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated state_protect4_a', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -9629,16 +11213,36 @@ class EXCHANGE_ID4args:
 
 def enc_EXCHANGE_ID4args(w: _Writer, v: EXCHANGE_ID4args) -> None:
     try:
-        enc_client_owner4(w, v.eia_clientowner)
+        _s277 = v.eia_clientowner
+        if len(_s277.co_verifier) != 8: raise _XdrError('fixed opaque co_verifier must be 8 bytes', len(w))
+        w += _S6.pack(_s277.co_verifier)
+        _v = _s277.co_ownerid
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('co_ownerid: length %d exceeds 1024' % _n, len(w))
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
         w += _S0.pack(v.eia_flags)
         enc_state_protect4_a(w, v.eia_state_protect)
-        _a76 = v.eia_client_impl_id
-        _n = len(_a76)
+        _a278 = v.eia_client_impl_id
+        _n = len(_a278)
         if _n > 1:
             raise _XdrError('eia_client_impl_id: length %d exceeds 1' % _n, len(w))
         w += _U32.pack(_n)
-        for _x76 in _a76:
-            enc_nfs_impl_id4(w, _x76)
+        for _x278 in _a278:
+            _s279 = _x278
+            _v = _s279.nii_domain
+            _n = len(_v)
+            w += _U32.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            _v = _s279.nii_name
+            _n = len(_v)
+            w += _U32.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            w += _S7.pack(_s279.nii_date.seconds, _s279.nii_date.nseconds)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode EXCHANGE_ID4args: {_e}', len(w)) from None
 
@@ -9647,11 +11251,32 @@ def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
     buf = r.buf
     o0 = off
     try:
-        f_eia_clientowner, off = dec_client_owner4(r, off)
+        _t = _S6.unpack_from(buf, off)
+        off += 8
+        _i280_co_verifier = _t[0]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('co_ownerid: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i280_co_ownerid = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_eia_clientowner = client_owner4(_i280_co_verifier, _i280_co_ownerid)
         _t = _S0.unpack_from(buf, off)
         off += 4
         f_eia_flags = _t[0]
-        f_eia_state_protect, off = dec_state_protect4_a(r, off)
+        (_d281,) = _S2.unpack_from(buf, off)
+        _a281 = _state_protect4_a_ARMS.get(_d281)
+        if _a281 is None:
+            raise _XdrError('%r is not a case of state_protect4_a' % (_d281,), off)
+        else:
+            _d281, _f281 = _a281
+        _v281, off = _f281(r, off + 4)
+        f_eia_state_protect = state_protect4_a(_d281, _v281)
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('eia_client_impl_id: length %d exceeds 1' % _n, off)
@@ -9660,8 +11285,29 @@ def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_eia_client_impl_id = []
         for _ in range(_n):
-            _x77, off = dec_nfs_impl_id4(r, off)
-            f_eia_client_impl_id.append(_x77)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            if _e > len(buf):
+                raise _XdrError('opaque runs past the end', off)
+            _i283_nii_domain = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            if _e > len(buf):
+                raise _XdrError('opaque runs past the end', off)
+            _i283_nii_name = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _t = _S7.unpack_from(buf, off)
+            off += 12
+            _i283_nii_date = nfstime4(_t[0], _t[1])
+            _x282 = nfs_impl_id4(_i283_nii_domain, _i283_nii_name, _i283_nii_date)
+            f_eia_client_impl_id.append(_x282)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated EXCHANGE_ID4args', o0) from None
     return EXCHANGE_ID4args(f_eia_clientowner, f_eia_flags, f_eia_state_protect, f_eia_client_impl_id), off
@@ -9679,13 +11325,23 @@ class ssv_prot_info4:
 
 def enc_ssv_prot_info4(w: _Writer, v: ssv_prot_info4) -> None:
     try:
-        enc_state_protect_ops4(w, v.spi_ops)
-        w += _S33.pack(v.spi_hash_alg, v.spi_encr_alg, v.spi_ssv_len, v.spi_window)
-        _a78 = v.spi_handles
-        _n = len(_a78)
+        _s284 = v.spi_ops
+        _a285 = _s284.spo_must_enforce
+        _n = len(_a285)
         w += _U32.pack(_n)
-        for _x78 in _a78:
-            _v = _x78
+        for _x285 in _a285:
+            w += _S0.pack(_x285)
+        _a286 = _s284.spo_must_allow
+        _n = len(_a286)
+        w += _U32.pack(_n)
+        for _x286 in _a286:
+            w += _S0.pack(_x286)
+        w += _S33.pack(v.spi_hash_alg, v.spi_encr_alg, v.spi_ssv_len, v.spi_window)
+        _a287 = v.spi_handles
+        _n = len(_a287)
+        w += _U32.pack(_n)
+        for _x287 in _a287:
+            _v = _x287
             _n = len(_v)
             w += _U32.pack(_n)
             w += _v
@@ -9698,7 +11354,27 @@ def dec_ssv_prot_info4(r: _Reader, off: int) -> tuple[ssv_prot_info4, int]:
     buf = r.buf
     o0 = off
     try:
-        f_spi_ops, off = dec_state_protect_ops4(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i288_spo_must_enforce = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x289 = _t[0]
+            _i288_spo_must_enforce.append(_x289)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i288_spo_must_allow = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x290 = _t[0]
+            _i288_spo_must_allow.append(_x290)
+        f_spi_ops = state_protect_ops4(_i288_spo_must_enforce, _i288_spo_must_allow)
         _t = _S33.unpack_from(buf, off)
         off += 16
         f_spi_hash_alg = _t[0]
@@ -9718,9 +11394,9 @@ def dec_ssv_prot_info4(r: _Reader, off: int) -> tuple[ssv_prot_info4, int]:
             _e = off + _n
             if _e > len(buf):
                 raise _XdrError('opaque runs past the end', off)
-            _x79 = bytes(buf[off:_e])
+            _x291 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_spi_handles.append(_x79)
+            f_spi_handles.append(_x291)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated ssv_prot_info4', o0) from None
     return ssv_prot_info4(f_spi_ops, f_spi_hash_alg, f_spi_encr_alg, f_spi_ssv_len, f_spi_window, f_spi_handles), off
@@ -9734,6 +11410,7 @@ class state_protect4_r:
 
 _state_protect4_r_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: _void_encode, 1: enc_state_protect_ops4, 2: enc_ssv_prot_info4}
 _state_protect4_r_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: _void_decode, 1: dec_state_protect_ops4, 2: dec_ssv_prot_info4}
+_state_protect4_r_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_state_protect_how4_MAP[(0,)[0]], _void_decode), 1: (_state_protect_how4_MAP[(1,)[0]], dec_state_protect_ops4), 2: (_state_protect_how4_MAP[(2,)[0]], dec_ssv_prot_info4)}
 
 
 def enc_state_protect4_r(w: _Writer, v: state_protect4_r) -> None:
@@ -9750,16 +11427,20 @@ def enc_state_protect4_r(w: _Writer, v: state_protect4_r) -> None:
 
 
 def dec_state_protect4_r(r: _Reader, off: int) -> tuple[state_protect4_r, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _state_protect_how4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated state_protect4_r discriminant', o0) from None
-    _f = _state_protect4_r_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of state_protect4_r' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return state_protect4_r(_d, _v), off
+        (_d292,) = _S2.unpack_from(buf, off)
+        _a292 = _state_protect4_r_ARMS.get(_d292)
+        if _a292 is None:
+            raise _XdrError('%r is not a case of state_protect4_r' % (_d292,), off)
+        else:
+            _d292, _f292 = _a292
+        _v292, off = _f292(r, off + 4)
+        _u = state_protect4_r(_d292, _v292)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated state_protect4_r', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -9777,7 +11458,15 @@ def enc_EXCHANGE_ID4resok(w: _Writer, v: EXCHANGE_ID4resok) -> None:
     try:
         w += _S34.pack(v.eir_clientid, v.eir_sequenceid, v.eir_flags)
         enc_state_protect4_r(w, v.eir_state_protect)
-        enc_server_owner4(w, v.eir_server_owner)
+        _s293 = v.eir_server_owner
+        w += _S4.pack(_s293.so_minor_id)
+        _v = _s293.so_major_id
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('so_major_id: length %d exceeds 1024' % _n, len(w))
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
         _v = v.eir_server_scope
         _n = len(_v)
         if _n > 1024:
@@ -9785,13 +11474,24 @@ def enc_EXCHANGE_ID4resok(w: _Writer, v: EXCHANGE_ID4resok) -> None:
         w += _U32.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _a80 = v.eir_server_impl_id
-        _n = len(_a80)
+        _a294 = v.eir_server_impl_id
+        _n = len(_a294)
         if _n > 1:
             raise _XdrError('eir_server_impl_id: length %d exceeds 1' % _n, len(w))
         w += _U32.pack(_n)
-        for _x80 in _a80:
-            enc_nfs_impl_id4(w, _x80)
+        for _x294 in _a294:
+            _s295 = _x294
+            _v = _s295.nii_domain
+            _n = len(_v)
+            w += _U32.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            _v = _s295.nii_name
+            _n = len(_v)
+            w += _U32.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            w += _S7.pack(_s295.nii_date.seconds, _s295.nii_date.nseconds)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode EXCHANGE_ID4resok: {_e}', len(w)) from None
 
@@ -9805,8 +11505,29 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
         f_eir_clientid = _t[0]
         f_eir_sequenceid = _t[1]
         f_eir_flags = _t[2]
-        f_eir_state_protect, off = dec_state_protect4_r(r, off)
-        f_eir_server_owner, off = dec_server_owner4(r, off)
+        (_d296,) = _S2.unpack_from(buf, off)
+        _a296 = _state_protect4_r_ARMS.get(_d296)
+        if _a296 is None:
+            raise _XdrError('%r is not a case of state_protect4_r' % (_d296,), off)
+        else:
+            _d296, _f296 = _a296
+        _v296, off = _f296(r, off + 4)
+        f_eir_state_protect = state_protect4_r(_d296, _v296)
+        _t = _S4.unpack_from(buf, off)
+        off += 8
+        _i297_so_minor_id = _t[0]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('so_major_id: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i297_so_major_id = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_eir_server_owner = server_owner4(_i297_so_minor_id, _i297_so_major_id)
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
             raise _XdrError('eir_server_scope: length %d exceeds 1024' % _n, off)
@@ -9826,8 +11547,29 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_eir_server_impl_id = []
         for _ in range(_n):
-            _x81, off = dec_nfs_impl_id4(r, off)
-            f_eir_server_impl_id.append(_x81)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            if _e > len(buf):
+                raise _XdrError('opaque runs past the end', off)
+            _i299_nii_domain = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            if _e > len(buf):
+                raise _XdrError('opaque runs past the end', off)
+            _i299_nii_name = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _t = _S7.unpack_from(buf, off)
+            off += 12
+            _i299_nii_date = nfstime4(_t[0], _t[1])
+            _x298 = nfs_impl_id4(_i299_nii_domain, _i299_nii_name, _i299_nii_date)
+            f_eir_server_impl_id.append(_x298)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated EXCHANGE_ID4resok', o0) from None
     return EXCHANGE_ID4resok(f_eir_clientid, f_eir_sequenceid, f_eir_flags, f_eir_state_protect, f_eir_server_owner, f_eir_server_scope, f_eir_server_impl_id), off
@@ -9841,6 +11583,7 @@ class EXCHANGE_ID4res:
 
 _EXCHANGE_ID4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_EXCHANGE_ID4resok}
 _EXCHANGE_ID4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_EXCHANGE_ID4resok}
+_EXCHANGE_ID4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_EXCHANGE_ID4resok)}
 
 
 def enc_EXCHANGE_ID4res(w: _Writer, v: EXCHANGE_ID4res) -> None:
@@ -9855,14 +11598,21 @@ def enc_EXCHANGE_ID4res(w: _Writer, v: EXCHANGE_ID4res) -> None:
 
 
 def dec_EXCHANGE_ID4res(r: _Reader, off: int) -> tuple[EXCHANGE_ID4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated EXCHANGE_ID4res discriminant', o0) from None
-    _f = _EXCHANGE_ID4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return EXCHANGE_ID4res(_d, _v), off
+        (_d300,) = _S2.unpack_from(buf, off)
+        _a300 = _EXCHANGE_ID4res_ARMS.get(_d300)
+        if _a300 is None:
+            _d300 = _nfsstat4_MAP[(_d300,)[0]]
+            _f300 = _void_decode
+        else:
+            _d300, _f300 = _a300
+        _v300, off = _f300(r, off + 4)
+        _u = EXCHANGE_ID4res(_d300, _v300)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated EXCHANGE_ID4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -9879,13 +11629,13 @@ class channel_attrs4:
 def enc_channel_attrs4(w: _Writer, v: channel_attrs4) -> None:
     try:
         w += _S35.pack(v.ca_headerpadsize, v.ca_maxrequestsize, v.ca_maxresponsesize, v.ca_maxresponsesize_cached, v.ca_maxoperations, v.ca_maxrequests)
-        _a82 = v.ca_rdma_ird
-        _n = len(_a82)
+        _a301 = v.ca_rdma_ird
+        _n = len(_a301)
         if _n > 1:
             raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, len(w))
         w += _U32.pack(_n)
-        for _x82 in _a82:
-            w += _S0.pack(_x82)
+        for _x301 in _a301:
+            w += _S0.pack(_x301)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode channel_attrs4: {_e}', len(w)) from None
 
@@ -9912,8 +11662,8 @@ def dec_channel_attrs4(r: _Reader, off: int) -> tuple[channel_attrs4, int]:
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x83 = _t[0]
-            f_ca_rdma_ird.append(_x83)
+            _x302 = _t[0]
+            f_ca_rdma_ird.append(_x302)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated channel_attrs4', o0) from None
     return channel_attrs4(f_ca_headerpadsize, f_ca_maxrequestsize, f_ca_maxresponsesize, f_ca_maxresponsesize_cached, f_ca_maxoperations, f_ca_maxrequests, f_ca_rdma_ird), off
@@ -9933,14 +11683,30 @@ class CREATE_SESSION4args:
 def enc_CREATE_SESSION4args(w: _Writer, v: CREATE_SESSION4args) -> None:
     try:
         w += _S34.pack(v.csa_clientid, v.csa_sequence, v.csa_flags)
-        enc_channel_attrs4(w, v.csa_fore_chan_attrs)
-        enc_channel_attrs4(w, v.csa_back_chan_attrs)
-        w += _S0.pack(v.csa_cb_program)
-        _a84 = v.csa_sec_parms
-        _n = len(_a84)
+        _s303 = v.csa_fore_chan_attrs
+        w += _S35.pack(_s303.ca_headerpadsize, _s303.ca_maxrequestsize, _s303.ca_maxresponsesize, _s303.ca_maxresponsesize_cached, _s303.ca_maxoperations, _s303.ca_maxrequests)
+        _a304 = _s303.ca_rdma_ird
+        _n = len(_a304)
+        if _n > 1:
+            raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, len(w))
         w += _U32.pack(_n)
-        for _x84 in _a84:
-            enc_callback_sec_parms4(w, _x84)
+        for _x304 in _a304:
+            w += _S0.pack(_x304)
+        _s305 = v.csa_back_chan_attrs
+        w += _S35.pack(_s305.ca_headerpadsize, _s305.ca_maxrequestsize, _s305.ca_maxresponsesize, _s305.ca_maxresponsesize_cached, _s305.ca_maxoperations, _s305.ca_maxrequests)
+        _a306 = _s305.ca_rdma_ird
+        _n = len(_a306)
+        if _n > 1:
+            raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, len(w))
+        w += _U32.pack(_n)
+        for _x306 in _a306:
+            w += _S0.pack(_x306)
+        w += _S0.pack(v.csa_cb_program)
+        _a307 = v.csa_sec_parms
+        _n = len(_a307)
+        w += _U32.pack(_n)
+        for _x307 in _a307:
+            enc_callback_sec_parms4(w, _x307)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CREATE_SESSION4args: {_e}', len(w)) from None
 
@@ -9954,8 +11720,48 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
         f_csa_clientid = _t[0]
         f_csa_sequence = _t[1]
         f_csa_flags = _t[2]
-        f_csa_fore_chan_attrs, off = dec_channel_attrs4(r, off)
-        f_csa_back_chan_attrs, off = dec_channel_attrs4(r, off)
+        _t = _S35.unpack_from(buf, off)
+        off += 24
+        _i308_ca_headerpadsize = _t[0]
+        _i308_ca_maxrequestsize = _t[1]
+        _i308_ca_maxresponsesize = _t[2]
+        _i308_ca_maxresponsesize_cached = _t[3]
+        _i308_ca_maxoperations = _t[4]
+        _i308_ca_maxrequests = _t[5]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1:
+            raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i308_ca_rdma_ird = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x309 = _t[0]
+            _i308_ca_rdma_ird.append(_x309)
+        f_csa_fore_chan_attrs = channel_attrs4(_i308_ca_headerpadsize, _i308_ca_maxrequestsize, _i308_ca_maxresponsesize, _i308_ca_maxresponsesize_cached, _i308_ca_maxoperations, _i308_ca_maxrequests, _i308_ca_rdma_ird)
+        _t = _S35.unpack_from(buf, off)
+        off += 24
+        _i310_ca_headerpadsize = _t[0]
+        _i310_ca_maxrequestsize = _t[1]
+        _i310_ca_maxresponsesize = _t[2]
+        _i310_ca_maxresponsesize_cached = _t[3]
+        _i310_ca_maxoperations = _t[4]
+        _i310_ca_maxrequests = _t[5]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1:
+            raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i310_ca_rdma_ird = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x311 = _t[0]
+            _i310_ca_rdma_ird.append(_x311)
+        f_csa_back_chan_attrs = channel_attrs4(_i310_ca_headerpadsize, _i310_ca_maxrequestsize, _i310_ca_maxresponsesize, _i310_ca_maxresponsesize_cached, _i310_ca_maxoperations, _i310_ca_maxrequests, _i310_ca_rdma_ird)
         _t = _S0.unpack_from(buf, off)
         off += 4
         f_csa_cb_program = _t[0]
@@ -9965,8 +11771,15 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_csa_sec_parms = []
         for _ in range(_n):
-            _x85, off = dec_callback_sec_parms4(r, off)
-            f_csa_sec_parms.append(_x85)
+            (_d313,) = _S0.unpack_from(buf, off)
+            _a313 = _callback_sec_parms4_ARMS.get(_d313)
+            if _a313 is None:
+                raise _XdrError('%r is not a case of callback_sec_parms4' % (_d313,), off)
+            else:
+                _d313, _f313 = _a313
+            _v313, off = _f313(r, off + 4)
+            _x312 = callback_sec_parms4(_d313, _v313)
+            f_csa_sec_parms.append(_x312)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CREATE_SESSION4args', o0) from None
     return CREATE_SESSION4args(f_csa_clientid, f_csa_sequence, f_csa_flags, f_csa_fore_chan_attrs, f_csa_back_chan_attrs, f_csa_cb_program, f_csa_sec_parms), off
@@ -9985,8 +11798,24 @@ def enc_CREATE_SESSION4resok(w: _Writer, v: CREATE_SESSION4resok) -> None:
     try:
         if len(v.csr_sessionid) != 16: raise _XdrError('fixed opaque csr_sessionid must be 16 bytes', len(w))
         w += _S36.pack(v.csr_sessionid, v.csr_sequence, v.csr_flags)
-        enc_channel_attrs4(w, v.csr_fore_chan_attrs)
-        enc_channel_attrs4(w, v.csr_back_chan_attrs)
+        _s314 = v.csr_fore_chan_attrs
+        w += _S35.pack(_s314.ca_headerpadsize, _s314.ca_maxrequestsize, _s314.ca_maxresponsesize, _s314.ca_maxresponsesize_cached, _s314.ca_maxoperations, _s314.ca_maxrequests)
+        _a315 = _s314.ca_rdma_ird
+        _n = len(_a315)
+        if _n > 1:
+            raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, len(w))
+        w += _U32.pack(_n)
+        for _x315 in _a315:
+            w += _S0.pack(_x315)
+        _s316 = v.csr_back_chan_attrs
+        w += _S35.pack(_s316.ca_headerpadsize, _s316.ca_maxrequestsize, _s316.ca_maxresponsesize, _s316.ca_maxresponsesize_cached, _s316.ca_maxoperations, _s316.ca_maxrequests)
+        _a317 = _s316.ca_rdma_ird
+        _n = len(_a317)
+        if _n > 1:
+            raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, len(w))
+        w += _U32.pack(_n)
+        for _x317 in _a317:
+            w += _S0.pack(_x317)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CREATE_SESSION4resok: {_e}', len(w)) from None
 
@@ -10000,8 +11829,48 @@ def dec_CREATE_SESSION4resok(r: _Reader, off: int) -> tuple[CREATE_SESSION4resok
         f_csr_sessionid = _t[0]
         f_csr_sequence = _t[1]
         f_csr_flags = _t[2]
-        f_csr_fore_chan_attrs, off = dec_channel_attrs4(r, off)
-        f_csr_back_chan_attrs, off = dec_channel_attrs4(r, off)
+        _t = _S35.unpack_from(buf, off)
+        off += 24
+        _i318_ca_headerpadsize = _t[0]
+        _i318_ca_maxrequestsize = _t[1]
+        _i318_ca_maxresponsesize = _t[2]
+        _i318_ca_maxresponsesize_cached = _t[3]
+        _i318_ca_maxoperations = _t[4]
+        _i318_ca_maxrequests = _t[5]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1:
+            raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i318_ca_rdma_ird = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x319 = _t[0]
+            _i318_ca_rdma_ird.append(_x319)
+        f_csr_fore_chan_attrs = channel_attrs4(_i318_ca_headerpadsize, _i318_ca_maxrequestsize, _i318_ca_maxresponsesize, _i318_ca_maxresponsesize_cached, _i318_ca_maxoperations, _i318_ca_maxrequests, _i318_ca_rdma_ird)
+        _t = _S35.unpack_from(buf, off)
+        off += 24
+        _i320_ca_headerpadsize = _t[0]
+        _i320_ca_maxrequestsize = _t[1]
+        _i320_ca_maxresponsesize = _t[2]
+        _i320_ca_maxresponsesize_cached = _t[3]
+        _i320_ca_maxoperations = _t[4]
+        _i320_ca_maxrequests = _t[5]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1:
+            raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i320_ca_rdma_ird = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x321 = _t[0]
+            _i320_ca_rdma_ird.append(_x321)
+        f_csr_back_chan_attrs = channel_attrs4(_i320_ca_headerpadsize, _i320_ca_maxrequestsize, _i320_ca_maxresponsesize, _i320_ca_maxresponsesize_cached, _i320_ca_maxoperations, _i320_ca_maxrequests, _i320_ca_rdma_ird)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CREATE_SESSION4resok', o0) from None
     return CREATE_SESSION4resok(f_csr_sessionid, f_csr_sequence, f_csr_flags, f_csr_fore_chan_attrs, f_csr_back_chan_attrs), off
@@ -10015,6 +11884,7 @@ class CREATE_SESSION4res:
 
 _CREATE_SESSION4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_CREATE_SESSION4resok}
 _CREATE_SESSION4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_CREATE_SESSION4resok}
+_CREATE_SESSION4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_CREATE_SESSION4resok)}
 
 
 def enc_CREATE_SESSION4res(w: _Writer, v: CREATE_SESSION4res) -> None:
@@ -10029,14 +11899,21 @@ def enc_CREATE_SESSION4res(w: _Writer, v: CREATE_SESSION4res) -> None:
 
 
 def dec_CREATE_SESSION4res(r: _Reader, off: int) -> tuple[CREATE_SESSION4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated CREATE_SESSION4res discriminant', o0) from None
-    _f = _CREATE_SESSION4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return CREATE_SESSION4res(_d, _v), off
+        (_d322,) = _S2.unpack_from(buf, off)
+        _a322 = _CREATE_SESSION4res_ARMS.get(_d322)
+        if _a322 is None:
+            _d322 = _nfsstat4_MAP[(_d322,)[0]]
+            _f322 = _void_decode
+        else:
+            _d322, _f322 = _a322
+        _v322, off = _f322(r, off + 4)
+        _u = CREATE_SESSION4res(_d322, _v322)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated CREATE_SESSION4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -10137,7 +12014,7 @@ def dec_FREE_STATEID4res(r: _Reader, off: int) -> tuple[FREE_STATEID4res, int]:
     return FREE_STATEID4res(f_fsr_status), off
 
 
-attr_notice4: _TypeAlias = "nfstime4"
+attr_notice4 = nfstime4
 
 
 def enc_attr_notice4(w: _Writer, v: attr_notice4) -> None:
@@ -10172,22 +12049,22 @@ class GET_DIR_DELEGATION4args:
 def enc_GET_DIR_DELEGATION4args(w: _Writer, v: GET_DIR_DELEGATION4args) -> None:
     try:
         w += _S0.pack(v.gdda_signal_deleg_avail)
-        _a86 = v.gdda_notification_types
-        _n = len(_a86)
+        _a323 = v.gdda_notification_types
+        _n = len(_a323)
         w += _U32.pack(_n)
-        for _x86 in _a86:
-            w += _S0.pack(_x86)
+        for _x323 in _a323:
+            w += _S0.pack(_x323)
         w += _S37.pack(v.gdda_child_attr_delay.seconds, v.gdda_child_attr_delay.nseconds, v.gdda_dir_attr_delay.seconds, v.gdda_dir_attr_delay.nseconds)
-        _a87 = v.gdda_child_attributes
-        _n = len(_a87)
+        _a324 = v.gdda_child_attributes
+        _n = len(_a324)
         w += _U32.pack(_n)
-        for _x87 in _a87:
-            w += _S0.pack(_x87)
-        _a88 = v.gdda_dir_attributes
-        _n = len(_a88)
+        for _x324 in _a324:
+            w += _S0.pack(_x324)
+        _a325 = v.gdda_dir_attributes
+        _n = len(_a325)
         w += _U32.pack(_n)
-        for _x88 in _a88:
-            w += _S0.pack(_x88)
+        for _x325 in _a325:
+            w += _S0.pack(_x325)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode GET_DIR_DELEGATION4args: {_e}', len(w)) from None
 
@@ -10207,8 +12084,8 @@ def dec_GET_DIR_DELEGATION4args(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATIO
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x89 = _t[0]
-            f_gdda_notification_types.append(_x89)
+            _x326 = _t[0]
+            f_gdda_notification_types.append(_x326)
         _t = _S37.unpack_from(buf, off)
         off += 24
         f_gdda_child_attr_delay = nfstime4(_t[0], _t[1])
@@ -10221,8 +12098,8 @@ def dec_GET_DIR_DELEGATION4args(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATIO
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x90 = _t[0]
-            f_gdda_child_attributes.append(_x90)
+            _x327 = _t[0]
+            f_gdda_child_attributes.append(_x327)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -10231,8 +12108,8 @@ def dec_GET_DIR_DELEGATION4args(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATIO
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x91 = _t[0]
-            f_gdda_dir_attributes.append(_x91)
+            _x328 = _t[0]
+            f_gdda_dir_attributes.append(_x328)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GET_DIR_DELEGATION4args', o0) from None
     return GET_DIR_DELEGATION4args(f_gdda_signal_deleg_avail, f_gdda_notification_types, f_gdda_child_attr_delay, f_gdda_dir_attr_delay, f_gdda_child_attributes, f_gdda_dir_attributes), off
@@ -10252,21 +12129,21 @@ def enc_GET_DIR_DELEGATION4resok(w: _Writer, v: GET_DIR_DELEGATION4resok) -> Non
         if len(v.gddr_cookieverf) != 8: raise _XdrError('fixed opaque gddr_cookieverf must be 8 bytes', len(w))
         if len(v.gddr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S38.pack(v.gddr_cookieverf, v.gddr_stateid.seqid, v.gddr_stateid.other)
-        _a92 = v.gddr_notification
-        _n = len(_a92)
+        _a329 = v.gddr_notification
+        _n = len(_a329)
         w += _U32.pack(_n)
-        for _x92 in _a92:
-            w += _S0.pack(_x92)
-        _a93 = v.gddr_child_attributes
-        _n = len(_a93)
+        for _x329 in _a329:
+            w += _S0.pack(_x329)
+        _a330 = v.gddr_child_attributes
+        _n = len(_a330)
         w += _U32.pack(_n)
-        for _x93 in _a93:
-            w += _S0.pack(_x93)
-        _a94 = v.gddr_dir_attributes
-        _n = len(_a94)
+        for _x330 in _a330:
+            w += _S0.pack(_x330)
+        _a331 = v.gddr_dir_attributes
+        _n = len(_a331)
         w += _U32.pack(_n)
-        for _x94 in _a94:
-            w += _S0.pack(_x94)
+        for _x331 in _a331:
+            w += _S0.pack(_x331)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode GET_DIR_DELEGATION4resok: {_e}', len(w)) from None
 
@@ -10287,8 +12164,8 @@ def dec_GET_DIR_DELEGATION4resok(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATI
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x95 = _t[0]
-            f_gddr_notification.append(_x95)
+            _x332 = _t[0]
+            f_gddr_notification.append(_x332)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -10297,8 +12174,8 @@ def dec_GET_DIR_DELEGATION4resok(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATI
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x96 = _t[0]
-            f_gddr_child_attributes.append(_x96)
+            _x333 = _t[0]
+            f_gddr_child_attributes.append(_x333)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -10307,8 +12184,8 @@ def dec_GET_DIR_DELEGATION4resok(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATI
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x97 = _t[0]
-            f_gddr_dir_attributes.append(_x97)
+            _x334 = _t[0]
+            f_gddr_dir_attributes.append(_x334)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GET_DIR_DELEGATION4resok', o0) from None
     return GET_DIR_DELEGATION4resok(f_gddr_cookieverf, f_gddr_stateid, f_gddr_notification, f_gddr_child_attributes, f_gddr_dir_attributes), off
@@ -10365,6 +12242,7 @@ class GET_DIR_DELEGATION4res_non_fatal:
 
 _GET_DIR_DELEGATION4res_non_fatal_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_GET_DIR_DELEGATION4resok, 1: enc_GET_DIR_DELEGATION4res_non_fatal_gddrnf_will_signal_deleg_avail}
 _GET_DIR_DELEGATION4res_non_fatal_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_GET_DIR_DELEGATION4resok, 1: dec_GET_DIR_DELEGATION4res_non_fatal_gddrnf_will_signal_deleg_avail}
+_GET_DIR_DELEGATION4res_non_fatal_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_gddrnf4_status_MAP[(0,)[0]], dec_GET_DIR_DELEGATION4resok), 1: (_gddrnf4_status_MAP[(1,)[0]], dec_GET_DIR_DELEGATION4res_non_fatal_gddrnf_will_signal_deleg_avail)}
 
 
 def enc_GET_DIR_DELEGATION4res_non_fatal(w: _Writer, v: GET_DIR_DELEGATION4res_non_fatal) -> None:
@@ -10381,16 +12259,20 @@ def enc_GET_DIR_DELEGATION4res_non_fatal(w: _Writer, v: GET_DIR_DELEGATION4res_n
 
 
 def dec_GET_DIR_DELEGATION4res_non_fatal(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATION4res_non_fatal, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _gddrnf4_status_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated GET_DIR_DELEGATION4res_non_fatal discriminant', o0) from None
-    _f = _GET_DIR_DELEGATION4res_non_fatal_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of GET_DIR_DELEGATION4res_non_fatal' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return GET_DIR_DELEGATION4res_non_fatal(_d, _v), off
+        (_d335,) = _S2.unpack_from(buf, off)
+        _a335 = _GET_DIR_DELEGATION4res_non_fatal_ARMS.get(_d335)
+        if _a335 is None:
+            raise _XdrError('%r is not a case of GET_DIR_DELEGATION4res_non_fatal' % (_d335,), off)
+        else:
+            _d335, _f335 = _a335
+        _v335, off = _f335(r, off + 4)
+        _u = GET_DIR_DELEGATION4res_non_fatal(_d335, _v335)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GET_DIR_DELEGATION4res_non_fatal', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -10401,6 +12283,7 @@ class GET_DIR_DELEGATION4res:
 
 _GET_DIR_DELEGATION4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_GET_DIR_DELEGATION4res_non_fatal}
 _GET_DIR_DELEGATION4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_GET_DIR_DELEGATION4res_non_fatal}
+_GET_DIR_DELEGATION4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_GET_DIR_DELEGATION4res_non_fatal)}
 
 
 def enc_GET_DIR_DELEGATION4res(w: _Writer, v: GET_DIR_DELEGATION4res) -> None:
@@ -10415,14 +12298,21 @@ def enc_GET_DIR_DELEGATION4res(w: _Writer, v: GET_DIR_DELEGATION4res) -> None:
 
 
 def dec_GET_DIR_DELEGATION4res(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATION4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated GET_DIR_DELEGATION4res discriminant', o0) from None
-    _f = _GET_DIR_DELEGATION4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return GET_DIR_DELEGATION4res(_d, _v), off
+        (_d336,) = _S2.unpack_from(buf, off)
+        _a336 = _GET_DIR_DELEGATION4res_ARMS.get(_d336)
+        if _a336 is None:
+            _d336 = _nfsstat4_MAP[(_d336,)[0]]
+            _f336 = _void_decode
+        else:
+            _d336, _f336 = _a336
+        _v336, off = _f336(r, off + 4)
+        _u = GET_DIR_DELEGATION4res(_d336, _v336)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GET_DIR_DELEGATION4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -10437,11 +12327,11 @@ def enc_GETDEVICEINFO4args(w: _Writer, v: GETDEVICEINFO4args) -> None:
     try:
         if len(v.gdia_device_id) != 16: raise _XdrError('fixed opaque gdia_device_id must be 16 bytes', len(w))
         w += _S32.pack(v.gdia_device_id, v.gdia_layout_type, v.gdia_maxcount)
-        _a98 = v.gdia_notify_types
-        _n = len(_a98)
+        _a337 = v.gdia_notify_types
+        _n = len(_a337)
         w += _U32.pack(_n)
-        for _x98 in _a98:
-            w += _S0.pack(_x98)
+        for _x337 in _a337:
+            w += _S0.pack(_x337)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode GETDEVICEINFO4args: {_e}', len(w)) from None
 
@@ -10463,8 +12353,8 @@ def dec_GETDEVICEINFO4args(r: _Reader, off: int) -> tuple[GETDEVICEINFO4args, in
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x99 = _t[0]
-            f_gdia_notify_types.append(_x99)
+            _x338 = _t[0]
+            f_gdia_notify_types.append(_x338)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GETDEVICEINFO4args', o0) from None
     return GETDEVICEINFO4args(f_gdia_device_id, f_gdia_layout_type, f_gdia_maxcount, f_gdia_notify_types), off
@@ -10478,12 +12368,18 @@ class GETDEVICEINFO4resok:
 
 def enc_GETDEVICEINFO4resok(w: _Writer, v: GETDEVICEINFO4resok) -> None:
     try:
-        enc_device_addr4(w, v.gdir_device_addr)
-        _a100 = v.gdir_notification
-        _n = len(_a100)
+        _s339 = v.gdir_device_addr
+        w += _S2.pack(_s339.da_layout_type)
+        _v = _s339.da_addr_body
+        _n = len(_v)
         w += _U32.pack(_n)
-        for _x100 in _a100:
-            w += _S0.pack(_x100)
+        w += _v
+        w += _PAD[_n & 3]
+        _a340 = v.gdir_notification
+        _n = len(_a340)
+        w += _U32.pack(_n)
+        for _x340 in _a340:
+            w += _S0.pack(_x340)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode GETDEVICEINFO4resok: {_e}', len(w)) from None
 
@@ -10492,7 +12388,19 @@ def dec_GETDEVICEINFO4resok(r: _Reader, off: int) -> tuple[GETDEVICEINFO4resok, 
     buf = r.buf
     o0 = off
     try:
-        f_gdir_device_addr, off = dec_device_addr4(r, off)
+        _t = _S2.unpack_from(buf, off)
+        off += 4
+        _i341_da_layout_type = _layouttype4_MAP[_t[0]]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i341_da_addr_body = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_gdir_device_addr = device_addr4(_i341_da_layout_type, _i341_da_addr_body)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -10501,8 +12409,8 @@ def dec_GETDEVICEINFO4resok(r: _Reader, off: int) -> tuple[GETDEVICEINFO4resok, 
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x101 = _t[0]
-            f_gdir_notification.append(_x101)
+            _x342 = _t[0]
+            f_gdir_notification.append(_x342)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GETDEVICEINFO4resok', o0) from None
     return GETDEVICEINFO4resok(f_gdir_device_addr, f_gdir_notification), off
@@ -10516,6 +12424,7 @@ class GETDEVICEINFO4res:
 
 _GETDEVICEINFO4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_GETDEVICEINFO4resok, 10005: enc_count4}
 _GETDEVICEINFO4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_GETDEVICEINFO4resok, 10005: dec_count4}
+_GETDEVICEINFO4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_GETDEVICEINFO4resok), 10005: (_nfsstat4_MAP[(10005,)[0]], dec_count4)}
 
 
 def enc_GETDEVICEINFO4res(w: _Writer, v: GETDEVICEINFO4res) -> None:
@@ -10530,14 +12439,21 @@ def enc_GETDEVICEINFO4res(w: _Writer, v: GETDEVICEINFO4res) -> None:
 
 
 def dec_GETDEVICEINFO4res(r: _Reader, off: int) -> tuple[GETDEVICEINFO4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated GETDEVICEINFO4res discriminant', o0) from None
-    _f = _GETDEVICEINFO4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return GETDEVICEINFO4res(_d, _v), off
+        (_d343,) = _S2.unpack_from(buf, off)
+        _a343 = _GETDEVICEINFO4res_ARMS.get(_d343)
+        if _a343 is None:
+            _d343 = _nfsstat4_MAP[(_d343,)[0]]
+            _f343 = _void_decode
+        else:
+            _d343, _f343 = _a343
+        _v343, off = _f343(r, off + 4)
+        _u = GETDEVICEINFO4res(_d343, _v343)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GETDEVICEINFO4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -10583,12 +12499,12 @@ def enc_GETDEVICELIST4resok(w: _Writer, v: GETDEVICELIST4resok) -> None:
     try:
         if len(v.gdlr_cookieverf) != 8: raise _XdrError('fixed opaque gdlr_cookieverf must be 8 bytes', len(w))
         w += _S29.pack(v.gdlr_cookie, v.gdlr_cookieverf)
-        _a102 = v.gdlr_deviceid_list
-        _n = len(_a102)
+        _a344 = v.gdlr_deviceid_list
+        _n = len(_a344)
         w += _U32.pack(_n)
-        for _x102 in _a102:
-            if len(_x102) != 16: raise _XdrError('fixed opaque  must be 16 bytes', len(w))
-            w += _S5.pack(_x102)
+        for _x344 in _a344:
+            if len(_x344) != 16: raise _XdrError('fixed opaque  must be 16 bytes', len(w))
+            w += _S5.pack(_x344)
         w += _S0.pack(v.gdlr_eof)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode GETDEVICELIST4resok: {_e}', len(w)) from None
@@ -10610,8 +12526,8 @@ def dec_GETDEVICELIST4resok(r: _Reader, off: int) -> tuple[GETDEVICELIST4resok, 
         for _ in range(_n):
             _t = _S5.unpack_from(buf, off)
             off += 16
-            _x103 = _t[0]
-            f_gdlr_deviceid_list.append(_x103)
+            _x345 = _t[0]
+            f_gdlr_deviceid_list.append(_x345)
         _t = _S0.unpack_from(buf, off)
         off += 4
         f_gdlr_eof = _BOOL[_t[0]]
@@ -10628,6 +12544,7 @@ class GETDEVICELIST4res:
 
 _GETDEVICELIST4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_GETDEVICELIST4resok}
 _GETDEVICELIST4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_GETDEVICELIST4resok}
+_GETDEVICELIST4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_GETDEVICELIST4resok)}
 
 
 def enc_GETDEVICELIST4res(w: _Writer, v: GETDEVICELIST4res) -> None:
@@ -10642,14 +12559,21 @@ def enc_GETDEVICELIST4res(w: _Writer, v: GETDEVICELIST4res) -> None:
 
 
 def dec_GETDEVICELIST4res(r: _Reader, off: int) -> tuple[GETDEVICELIST4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated GETDEVICELIST4res discriminant', o0) from None
-    _f = _GETDEVICELIST4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return GETDEVICELIST4res(_d, _v), off
+        (_d346,) = _S2.unpack_from(buf, off)
+        _a346 = _GETDEVICELIST4res_ARMS.get(_d346)
+        if _a346 is None:
+            _d346 = _nfsstat4_MAP[(_d346,)[0]]
+            _f346 = _void_decode
+        else:
+            _d346, _f346 = _a346
+        _v346, off = _f346(r, off + 4)
+        _u = GETDEVICELIST4res(_d346, _v346)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GETDEVICELIST4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -10660,6 +12584,7 @@ class newtime4:
 
 _newtime4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_nfstime4, 0: _void_encode}
 _newtime4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_nfstime4, 0: _void_decode}
+_newtime4_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_BOOL[(1,)[0]], dec_nfstime4), 0: (_BOOL[(0,)[0]], _void_decode)}
 
 
 def enc_newtime4(w: _Writer, v: newtime4) -> None:
@@ -10675,16 +12600,20 @@ def enc_newtime4(w: _Writer, v: newtime4) -> None:
 
 
 def dec_newtime4(r: _Reader, off: int) -> tuple[newtime4, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _BOOL[_S0.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated newtime4 discriminant', o0) from None
-    _f = _newtime4_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of newtime4' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return newtime4(_d, _v), off
+        (_d347,) = _S0.unpack_from(buf, off)
+        _a347 = _newtime4_ARMS.get(_d347)
+        if _a347 is None:
+            raise _XdrError('%r is not a case of newtime4' % (_d347,), off)
+        else:
+            _d347, _f347 = _a347
+        _v347, off = _f347(r, off + 4)
+        _u = newtime4(_d347, _v347)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated newtime4', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -10695,6 +12624,7 @@ class newoffset4:
 
 _newoffset4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_offset4, 0: _void_encode}
 _newoffset4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_offset4, 0: _void_decode}
+_newoffset4_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_BOOL[(1,)[0]], dec_offset4), 0: (_BOOL[(0,)[0]], _void_decode)}
 
 
 def enc_newoffset4(w: _Writer, v: newoffset4) -> None:
@@ -10710,16 +12640,20 @@ def enc_newoffset4(w: _Writer, v: newoffset4) -> None:
 
 
 def dec_newoffset4(r: _Reader, off: int) -> tuple[newoffset4, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _BOOL[_S0.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated newoffset4 discriminant', o0) from None
-    _f = _newoffset4_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of newoffset4' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return newoffset4(_d, _v), off
+        (_d348,) = _S0.unpack_from(buf, off)
+        _a348 = _newoffset4_ARMS.get(_d348)
+        if _a348 is None:
+            raise _XdrError('%r is not a case of newoffset4' % (_d348,), off)
+        else:
+            _d348, _f348 = _a348
+        _v348, off = _f348(r, off + 4)
+        _u = newoffset4(_d348, _v348)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated newoffset4', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -10739,7 +12673,13 @@ def enc_LAYOUTCOMMIT4args(w: _Writer, v: LAYOUTCOMMIT4args) -> None:
         w += _S40.pack(v.loca_offset, v.loca_length, v.loca_reclaim, v.loca_stateid.seqid, v.loca_stateid.other)
         enc_newoffset4(w, v.loca_last_write_offset)
         enc_newtime4(w, v.loca_time_modify)
-        enc_layoutupdate4(w, v.loca_layoutupdate)
+        _s349 = v.loca_layoutupdate
+        w += _S2.pack(_s349.lou_type)
+        _v = _s349.lou_body
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode LAYOUTCOMMIT4args: {_e}', len(w)) from None
 
@@ -10754,9 +12694,35 @@ def dec_LAYOUTCOMMIT4args(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4args, int]
         f_loca_length = _t[1]
         f_loca_reclaim = _BOOL[_t[2]]
         f_loca_stateid = stateid4(_t[3], _t[4])
-        f_loca_last_write_offset, off = dec_newoffset4(r, off)
-        f_loca_time_modify, off = dec_newtime4(r, off)
-        f_loca_layoutupdate, off = dec_layoutupdate4(r, off)
+        (_d350,) = _S0.unpack_from(buf, off)
+        _a350 = _newoffset4_ARMS.get(_d350)
+        if _a350 is None:
+            raise _XdrError('%r is not a case of newoffset4' % (_d350,), off)
+        else:
+            _d350, _f350 = _a350
+        _v350, off = _f350(r, off + 4)
+        f_loca_last_write_offset = newoffset4(_d350, _v350)
+        (_d351,) = _S0.unpack_from(buf, off)
+        _a351 = _newtime4_ARMS.get(_d351)
+        if _a351 is None:
+            raise _XdrError('%r is not a case of newtime4' % (_d351,), off)
+        else:
+            _d351, _f351 = _a351
+        _v351, off = _f351(r, off + 4)
+        f_loca_time_modify = newtime4(_d351, _v351)
+        _t = _S2.unpack_from(buf, off)
+        off += 4
+        _i352_lou_type = _layouttype4_MAP[_t[0]]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i352_lou_body = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_loca_layoutupdate = layoutupdate4(_i352_lou_type, _i352_lou_body)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LAYOUTCOMMIT4args', o0) from None
     return LAYOUTCOMMIT4args(f_loca_offset, f_loca_length, f_loca_reclaim, f_loca_stateid, f_loca_last_write_offset, f_loca_time_modify, f_loca_layoutupdate), off
@@ -10770,6 +12736,7 @@ class newsize4:
 
 _newsize4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_length4, 0: _void_encode}
 _newsize4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_length4, 0: _void_decode}
+_newsize4_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_BOOL[(1,)[0]], dec_length4), 0: (_BOOL[(0,)[0]], _void_decode)}
 
 
 def enc_newsize4(w: _Writer, v: newsize4) -> None:
@@ -10785,16 +12752,20 @@ def enc_newsize4(w: _Writer, v: newsize4) -> None:
 
 
 def dec_newsize4(r: _Reader, off: int) -> tuple[newsize4, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _BOOL[_S0.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated newsize4 discriminant', o0) from None
-    _f = _newsize4_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of newsize4' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return newsize4(_d, _v), off
+        (_d353,) = _S0.unpack_from(buf, off)
+        _a353 = _newsize4_ARMS.get(_d353)
+        if _a353 is None:
+            raise _XdrError('%r is not a case of newsize4' % (_d353,), off)
+        else:
+            _d353, _f353 = _a353
+        _v353, off = _f353(r, off + 4)
+        _u = newsize4(_d353, _v353)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated newsize4', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -10813,7 +12784,14 @@ def dec_LAYOUTCOMMIT4resok(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4resok, in
     buf = r.buf
     o0 = off
     try:
-        f_locr_newsize, off = dec_newsize4(r, off)
+        (_d354,) = _S0.unpack_from(buf, off)
+        _a354 = _newsize4_ARMS.get(_d354)
+        if _a354 is None:
+            raise _XdrError('%r is not a case of newsize4' % (_d354,), off)
+        else:
+            _d354, _f354 = _a354
+        _v354, off = _f354(r, off + 4)
+        f_locr_newsize = newsize4(_d354, _v354)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LAYOUTCOMMIT4resok', o0) from None
     return LAYOUTCOMMIT4resok(f_locr_newsize), off
@@ -10827,6 +12805,7 @@ class LAYOUTCOMMIT4res:
 
 _LAYOUTCOMMIT4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_LAYOUTCOMMIT4resok}
 _LAYOUTCOMMIT4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_LAYOUTCOMMIT4resok}
+_LAYOUTCOMMIT4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_LAYOUTCOMMIT4resok)}
 
 
 def enc_LAYOUTCOMMIT4res(w: _Writer, v: LAYOUTCOMMIT4res) -> None:
@@ -10841,14 +12820,21 @@ def enc_LAYOUTCOMMIT4res(w: _Writer, v: LAYOUTCOMMIT4res) -> None:
 
 
 def dec_LAYOUTCOMMIT4res(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated LAYOUTCOMMIT4res discriminant', o0) from None
-    _f = _LAYOUTCOMMIT4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return LAYOUTCOMMIT4res(_d, _v), off
+        (_d355,) = _S2.unpack_from(buf, off)
+        _a355 = _LAYOUTCOMMIT4res_ARMS.get(_d355)
+        if _a355 is None:
+            _d355 = _nfsstat4_MAP[(_d355,)[0]]
+            _f355 = _void_decode
+        else:
+            _d355, _f355 = _a355
+        _v355, off = _f355(r, off + 4)
+        _u = LAYOUTCOMMIT4res(_d355, _v355)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LAYOUTCOMMIT4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -10901,11 +12887,19 @@ def enc_LAYOUTGET4resok(w: _Writer, v: LAYOUTGET4resok) -> None:
     try:
         if len(v.logr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S17.pack(v.logr_return_on_close, v.logr_stateid.seqid, v.logr_stateid.other)
-        _a104 = v.logr_layout
-        _n = len(_a104)
+        _a356 = v.logr_layout
+        _n = len(_a356)
         w += _U32.pack(_n)
-        for _x104 in _a104:
-            enc_layout4(w, _x104)
+        for _x356 in _a356:
+            _s357 = _x356
+            w += _S11.pack(_s357.lo_offset, _s357.lo_length, _s357.lo_iomode)
+            _s358 = _s357.lo_content
+            w += _S2.pack(_s358.loc_type)
+            _v = _s358.loc_body
+            _n = len(_v)
+            w += _U32.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode LAYOUTGET4resok: {_e}', len(w)) from None
 
@@ -10924,8 +12918,26 @@ def dec_LAYOUTGET4resok(r: _Reader, off: int) -> tuple[LAYOUTGET4resok, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_logr_layout = []
         for _ in range(_n):
-            _x105, off = dec_layout4(r, off)
-            f_logr_layout.append(_x105)
+            _t = _S11.unpack_from(buf, off)
+            off += 20
+            _i360_lo_offset = _t[0]
+            _i360_lo_length = _t[1]
+            _i360_lo_iomode = _layoutiomode4_MAP[_t[2]]
+            _t = _S2.unpack_from(buf, off)
+            off += 4
+            _i361_loc_type = _layouttype4_MAP[_t[0]]
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            if _e > len(buf):
+                raise _XdrError('opaque runs past the end', off)
+            _i361_loc_body = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i360_lo_content = layout_content4(_i361_loc_type, _i361_loc_body)
+            _x359 = layout4(_i360_lo_offset, _i360_lo_length, _i360_lo_iomode, _i360_lo_content)
+            f_logr_layout.append(_x359)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LAYOUTGET4resok', o0) from None
     return LAYOUTGET4resok(f_logr_return_on_close, f_logr_stateid, f_logr_layout), off
@@ -10958,6 +12970,7 @@ class LAYOUTGET4res:
 
 _LAYOUTGET4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_LAYOUTGET4resok, 10058: enc_LAYOUTGET4res_logr_will_signal_layout_avail}
 _LAYOUTGET4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_LAYOUTGET4resok, 10058: dec_LAYOUTGET4res_logr_will_signal_layout_avail}
+_LAYOUTGET4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_LAYOUTGET4resok), 10058: (_nfsstat4_MAP[(10058,)[0]], dec_LAYOUTGET4res_logr_will_signal_layout_avail)}
 
 
 def enc_LAYOUTGET4res(w: _Writer, v: LAYOUTGET4res) -> None:
@@ -10972,14 +12985,21 @@ def enc_LAYOUTGET4res(w: _Writer, v: LAYOUTGET4res) -> None:
 
 
 def dec_LAYOUTGET4res(r: _Reader, off: int) -> tuple[LAYOUTGET4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated LAYOUTGET4res discriminant', o0) from None
-    _f = _LAYOUTGET4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return LAYOUTGET4res(_d, _v), off
+        (_d362,) = _S2.unpack_from(buf, off)
+        _a362 = _LAYOUTGET4res_ARMS.get(_d362)
+        if _a362 is None:
+            _d362 = _nfsstat4_MAP[(_d362,)[0]]
+            _f362 = _void_decode
+        else:
+            _d362, _f362 = _a362
+        _v362, off = _f362(r, off + 4)
+        _u = LAYOUTGET4res(_d362, _v362)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LAYOUTGET4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -11007,7 +13027,15 @@ def dec_LAYOUTRETURN4args(r: _Reader, off: int) -> tuple[LAYOUTRETURN4args, int]
         f_lora_reclaim = _BOOL[_t[0]]
         f_lora_layout_type = _layouttype4_MAP[_t[1]]
         f_lora_iomode = _layoutiomode4_MAP[_t[2]]
-        f_lora_layoutreturn, off = dec_layoutreturn4(r, off)
+        (_d363,) = _S2.unpack_from(buf, off)
+        _a363 = _layoutreturn4_ARMS.get(_d363)
+        if _a363 is None:
+            _d363 = _layoutreturn_type4_MAP[(_d363,)[0]]
+            _f363 = _void_decode
+        else:
+            _d363, _f363 = _a363
+        _v363, off = _f363(r, off + 4)
+        f_lora_layoutreturn = layoutreturn4(_d363, _v363)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LAYOUTRETURN4args', o0) from None
     return LAYOUTRETURN4args(f_lora_reclaim, f_lora_layout_type, f_lora_iomode, f_lora_layoutreturn), off
@@ -11021,6 +13049,7 @@ class layoutreturn_stateid:
 
 _layoutreturn_stateid_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_stateid4, 0: _void_encode}
 _layoutreturn_stateid_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_stateid4, 0: _void_decode}
+_layoutreturn_stateid_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_BOOL[(1,)[0]], dec_stateid4), 0: (_BOOL[(0,)[0]], _void_decode)}
 
 
 def enc_layoutreturn_stateid(w: _Writer, v: layoutreturn_stateid) -> None:
@@ -11036,16 +13065,20 @@ def enc_layoutreturn_stateid(w: _Writer, v: layoutreturn_stateid) -> None:
 
 
 def dec_layoutreturn_stateid(r: _Reader, off: int) -> tuple[layoutreturn_stateid, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _BOOL[_S0.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated layoutreturn_stateid discriminant', o0) from None
-    _f = _layoutreturn_stateid_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of layoutreturn_stateid' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return layoutreturn_stateid(_d, _v), off
+        (_d364,) = _S0.unpack_from(buf, off)
+        _a364 = _layoutreturn_stateid_ARMS.get(_d364)
+        if _a364 is None:
+            raise _XdrError('%r is not a case of layoutreturn_stateid' % (_d364,), off)
+        else:
+            _d364, _f364 = _a364
+        _v364, off = _f364(r, off + 4)
+        _u = layoutreturn_stateid(_d364, _v364)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated layoutreturn_stateid', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -11056,6 +13089,7 @@ class LAYOUTRETURN4res:
 
 _LAYOUTRETURN4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_layoutreturn_stateid}
 _LAYOUTRETURN4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_layoutreturn_stateid}
+_LAYOUTRETURN4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_layoutreturn_stateid)}
 
 
 def enc_LAYOUTRETURN4res(w: _Writer, v: LAYOUTRETURN4res) -> None:
@@ -11070,14 +13104,21 @@ def enc_LAYOUTRETURN4res(w: _Writer, v: LAYOUTRETURN4res) -> None:
 
 
 def dec_LAYOUTRETURN4res(r: _Reader, off: int) -> tuple[LAYOUTRETURN4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated LAYOUTRETURN4res discriminant', o0) from None
-    _f = _LAYOUTRETURN4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return LAYOUTRETURN4res(_d, _v), off
+        (_d365,) = _S2.unpack_from(buf, off)
+        _a365 = _LAYOUTRETURN4res_ARMS.get(_d365)
+        if _a365 is None:
+            _d365 = _nfsstat4_MAP[(_d365,)[0]]
+            _f365 = _void_decode
+        else:
+            _d365, _f365 = _a365
+        _v365, off = _f365(r, off + 4)
+        _u = LAYOUTRETURN4res(_d365, _v365)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LAYOUTRETURN4res', o0) from None
+    return _u, off
 
 
 class secinfo_style4(_IntEnum):
@@ -11104,7 +13145,7 @@ def dec_secinfo_style4(r: _Reader, off: int) -> tuple[secinfo_style4, int]:
         raise _XdrError('invalid or truncated secinfo_style4', off) from None
 
 
-SECINFO_NO_NAME4args: _TypeAlias = "secinfo_style4"
+SECINFO_NO_NAME4args = secinfo_style4
 
 
 def enc_SECINFO_NO_NAME4args(w: _Writer, v: SECINFO_NO_NAME4args) -> None:
@@ -11126,7 +13167,7 @@ def dec_SECINFO_NO_NAME4args(r: _Reader, off: int) -> tuple[SECINFO_NO_NAME4args
     return _v, off
 
 
-SECINFO_NO_NAME4res: _TypeAlias = "SECINFO4res"
+SECINFO_NO_NAME4res = SECINFO4res
 
 
 def enc_SECINFO_NO_NAME4res(w: _Writer, v: SECINFO_NO_NAME4res) -> None:
@@ -11140,7 +13181,15 @@ def dec_SECINFO_NO_NAME4res(r: _Reader, off: int) -> tuple[SECINFO_NO_NAME4res, 
     buf = r.buf
     o0 = off
     try:
-        _v, off = dec_SECINFO4res(r, off)
+        (_d366,) = _S2.unpack_from(buf, off)
+        _a366 = _SECINFO4res_ARMS.get(_d366)
+        if _a366 is None:
+            _d366 = _nfsstat4_MAP[(_d366,)[0]]
+            _f366 = _void_decode
+        else:
+            _d366, _f366 = _a366
+        _v366, off = _f366(r, off + 4)
+        _v = SECINFO4res(_d366, _v366)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SECINFO_NO_NAME4res', o0) from None
     return _v, off
@@ -11222,6 +13271,7 @@ class SEQUENCE4res:
 
 _SEQUENCE4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_SEQUENCE4resok}
 _SEQUENCE4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_SEQUENCE4resok}
+_SEQUENCE4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_SEQUENCE4resok)}
 
 
 def enc_SEQUENCE4res(w: _Writer, v: SEQUENCE4res) -> None:
@@ -11236,14 +13286,21 @@ def enc_SEQUENCE4res(w: _Writer, v: SEQUENCE4res) -> None:
 
 
 def dec_SEQUENCE4res(r: _Reader, off: int) -> tuple[SEQUENCE4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated SEQUENCE4res discriminant', o0) from None
-    _f = _SEQUENCE4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return SEQUENCE4res(_d, _v), off
+        (_d367,) = _S2.unpack_from(buf, off)
+        _a367 = _SEQUENCE4res_ARMS.get(_d367)
+        if _a367 is None:
+            _d367 = _nfsstat4_MAP[(_d367,)[0]]
+            _f367 = _void_decode
+        else:
+            _d367, _f367 = _a367
+        _v367, off = _f367(r, off + 4)
+        _u = SEQUENCE4res(_d367, _v367)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SEQUENCE4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -11336,7 +13393,15 @@ def dec_ssr_digest_input4(r: _Reader, off: int) -> tuple[ssr_digest_input4, int]
     buf = r.buf
     o0 = off
     try:
-        f_sdi_seqres, off = dec_SEQUENCE4res(r, off)
+        (_d368,) = _S2.unpack_from(buf, off)
+        _a368 = _SEQUENCE4res_ARMS.get(_d368)
+        if _a368 is None:
+            _d368 = _nfsstat4_MAP[(_d368,)[0]]
+            _f368 = _void_decode
+        else:
+            _d368, _f368 = _a368
+        _v368, off = _f368(r, off + 4)
+        f_sdi_seqres = SEQUENCE4res(_d368, _v368)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated ssr_digest_input4', o0) from None
     return ssr_digest_input4(f_sdi_seqres), off
@@ -11384,6 +13449,7 @@ class SET_SSV4res:
 
 _SET_SSV4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_SET_SSV4resok}
 _SET_SSV4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_SET_SSV4resok}
+_SET_SSV4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_SET_SSV4resok)}
 
 
 def enc_SET_SSV4res(w: _Writer, v: SET_SSV4res) -> None:
@@ -11398,14 +13464,21 @@ def enc_SET_SSV4res(w: _Writer, v: SET_SSV4res) -> None:
 
 
 def dec_SET_SSV4res(r: _Reader, off: int) -> tuple[SET_SSV4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated SET_SSV4res discriminant', o0) from None
-    _f = _SET_SSV4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return SET_SSV4res(_d, _v), off
+        (_d369,) = _S2.unpack_from(buf, off)
+        _a369 = _SET_SSV4res_ARMS.get(_d369)
+        if _a369 is None:
+            _d369 = _nfsstat4_MAP[(_d369,)[0]]
+            _f369 = _void_decode
+        else:
+            _d369, _f369 = _a369
+        _v369, off = _f369(r, off + 4)
+        _u = SET_SSV4res(_d369, _v369)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SET_SSV4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -11415,12 +13488,12 @@ class TEST_STATEID4args:
 
 def enc_TEST_STATEID4args(w: _Writer, v: TEST_STATEID4args) -> None:
     try:
-        _a106 = v.ts_stateids
-        _n = len(_a106)
+        _a370 = v.ts_stateids
+        _n = len(_a370)
         w += _U32.pack(_n)
-        for _x106 in _a106:
-            if len(_x106.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S10.pack(_x106.seqid, _x106.other)
+        for _x370 in _a370:
+            if len(_x370.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S10.pack(_x370.seqid, _x370.other)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode TEST_STATEID4args: {_e}', len(w)) from None
 
@@ -11437,8 +13510,8 @@ def dec_TEST_STATEID4args(r: _Reader, off: int) -> tuple[TEST_STATEID4args, int]
         for _ in range(_n):
             _t = _S10.unpack_from(buf, off)
             off += 16
-            _x107 = stateid4(_t[0], _t[1])
-            f_ts_stateids.append(_x107)
+            _x371 = stateid4(_t[0], _t[1])
+            f_ts_stateids.append(_x371)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated TEST_STATEID4args', o0) from None
     return TEST_STATEID4args(f_ts_stateids), off
@@ -11451,11 +13524,11 @@ class TEST_STATEID4resok:
 
 def enc_TEST_STATEID4resok(w: _Writer, v: TEST_STATEID4resok) -> None:
     try:
-        _a108 = v.tsr_status_codes
-        _n = len(_a108)
+        _a372 = v.tsr_status_codes
+        _n = len(_a372)
         w += _U32.pack(_n)
-        for _x108 in _a108:
-            w += _S2.pack(_x108)
+        for _x372 in _a372:
+            w += _S2.pack(_x372)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode TEST_STATEID4resok: {_e}', len(w)) from None
 
@@ -11472,8 +13545,8 @@ def dec_TEST_STATEID4resok(r: _Reader, off: int) -> tuple[TEST_STATEID4resok, in
         for _ in range(_n):
             _t = _S2.unpack_from(buf, off)
             off += 4
-            _x109 = _nfsstat4_MAP[_t[0]]
-            f_tsr_status_codes.append(_x109)
+            _x373 = _nfsstat4_MAP[_t[0]]
+            f_tsr_status_codes.append(_x373)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated TEST_STATEID4resok', o0) from None
     return TEST_STATEID4resok(f_tsr_status_codes), off
@@ -11487,6 +13560,7 @@ class TEST_STATEID4res:
 
 _TEST_STATEID4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_TEST_STATEID4resok}
 _TEST_STATEID4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_TEST_STATEID4resok}
+_TEST_STATEID4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_TEST_STATEID4resok)}
 
 
 def enc_TEST_STATEID4res(w: _Writer, v: TEST_STATEID4res) -> None:
@@ -11501,14 +13575,21 @@ def enc_TEST_STATEID4res(w: _Writer, v: TEST_STATEID4res) -> None:
 
 
 def dec_TEST_STATEID4res(r: _Reader, off: int) -> tuple[TEST_STATEID4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated TEST_STATEID4res discriminant', o0) from None
-    _f = _TEST_STATEID4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return TEST_STATEID4res(_d, _v), off
+        (_d374,) = _S2.unpack_from(buf, off)
+        _a374 = _TEST_STATEID4res_ARMS.get(_d374)
+        if _a374 is None:
+            _d374 = _nfsstat4_MAP[(_d374,)[0]]
+            _f374 = _void_decode
+        else:
+            _d374, _f374 = _a374
+        _v374, off = _f374(r, off + 4)
+        _u = TEST_STATEID4res(_d374, _v374)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated TEST_STATEID4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -11519,6 +13600,7 @@ class deleg_claim4:
 
 _deleg_claim4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {4: _void_encode, 6: _void_encode, 1: enc_open_delegation_type4}
 _deleg_claim4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {4: _void_decode, 6: _void_decode, 1: dec_open_delegation_type4}
+_deleg_claim4_ARMS: dict[int, tuple[_Any, _Any]] = {4: (_open_claim_type4_MAP[(4,)[0]], _void_decode), 6: (_open_claim_type4_MAP[(6,)[0]], _void_decode), 1: (_open_claim_type4_MAP[(1,)[0]], dec_open_delegation_type4)}
 
 
 def enc_deleg_claim4(w: _Writer, v: deleg_claim4) -> None:
@@ -11535,16 +13617,20 @@ def enc_deleg_claim4(w: _Writer, v: deleg_claim4) -> None:
 
 
 def dec_deleg_claim4(r: _Reader, off: int) -> tuple[deleg_claim4, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _open_claim_type4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated deleg_claim4 discriminant', o0) from None
-    _f = _deleg_claim4_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of deleg_claim4' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return deleg_claim4(_d, _v), off
+        (_d375,) = _S2.unpack_from(buf, off)
+        _a375 = _deleg_claim4_ARMS.get(_d375)
+        if _a375 is None:
+            raise _XdrError('%r is not a case of deleg_claim4' % (_d375,), off)
+        else:
+            _d375, _f375 = _a375
+        _v375, off = _f375(r, off + 4)
+        _u = deleg_claim4(_d375, _v375)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated deleg_claim4', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -11568,7 +13654,14 @@ def dec_WANT_DELEGATION4args(r: _Reader, off: int) -> tuple[WANT_DELEGATION4args
         _t = _S0.unpack_from(buf, off)
         off += 4
         f_wda_want = _t[0]
-        f_wda_claim, off = dec_deleg_claim4(r, off)
+        (_d376,) = _S2.unpack_from(buf, off)
+        _a376 = _deleg_claim4_ARMS.get(_d376)
+        if _a376 is None:
+            raise _XdrError('%r is not a case of deleg_claim4' % (_d376,), off)
+        else:
+            _d376, _f376 = _a376
+        _v376, off = _f376(r, off + 4)
+        f_wda_claim = deleg_claim4(_d376, _v376)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated WANT_DELEGATION4args', o0) from None
     return WANT_DELEGATION4args(f_wda_want, f_wda_claim), off
@@ -11582,6 +13675,7 @@ class WANT_DELEGATION4res:
 
 _WANT_DELEGATION4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_open_delegation4}
 _WANT_DELEGATION4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_open_delegation4}
+_WANT_DELEGATION4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_open_delegation4)}
 
 
 def enc_WANT_DELEGATION4res(w: _Writer, v: WANT_DELEGATION4res) -> None:
@@ -11596,14 +13690,21 @@ def enc_WANT_DELEGATION4res(w: _Writer, v: WANT_DELEGATION4res) -> None:
 
 
 def dec_WANT_DELEGATION4res(r: _Reader, off: int) -> tuple[WANT_DELEGATION4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated WANT_DELEGATION4res discriminant', o0) from None
-    _f = _WANT_DELEGATION4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return WANT_DELEGATION4res(_d, _v), off
+        (_d377,) = _S2.unpack_from(buf, off)
+        _a377 = _WANT_DELEGATION4res_ARMS.get(_d377)
+        if _a377 is None:
+            _d377 = _nfsstat4_MAP[(_d377,)[0]]
+            _f377 = _void_decode
+        else:
+            _d377, _f377 = _a377
+        _v377, off = _f377(r, off + 4)
+        _u = WANT_DELEGATION4res(_d377, _v377)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated WANT_DELEGATION4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -11844,6 +13945,7 @@ class nfs_argop4:
 
 _nfs_argop4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {3: enc_ACCESS4args, 4: enc_CLOSE4args, 5: enc_COMMIT4args, 6: enc_CREATE4args, 7: enc_DELEGPURGE4args, 8: enc_DELEGRETURN4args, 9: enc_GETATTR4args, 10: _void_encode, 11: enc_LINK4args, 12: enc_LOCK4args, 13: enc_LOCKT4args, 14: enc_LOCKU4args, 15: enc_LOOKUP4args, 16: _void_encode, 17: enc_NVERIFY4args, 18: enc_OPEN4args, 19: enc_OPENATTR4args, 20: enc_OPEN_CONFIRM4args, 21: enc_OPEN_DOWNGRADE4args, 22: enc_PUTFH4args, 23: _void_encode, 24: _void_encode, 25: enc_READ4args, 26: enc_READDIR4args, 27: _void_encode, 28: enc_REMOVE4args, 29: enc_RENAME4args, 30: enc_RENEW4args, 31: _void_encode, 32: _void_encode, 33: enc_SECINFO4args, 34: enc_SETATTR4args, 35: enc_SETCLIENTID4args, 36: enc_SETCLIENTID_CONFIRM4args, 37: enc_VERIFY4args, 38: enc_WRITE4args, 39: enc_RELEASE_LOCKOWNER4args, 40: enc_BACKCHANNEL_CTL4args, 41: enc_BIND_CONN_TO_SESSION4args, 42: enc_EXCHANGE_ID4args, 43: enc_CREATE_SESSION4args, 44: enc_DESTROY_SESSION4args, 45: enc_FREE_STATEID4args, 46: enc_GET_DIR_DELEGATION4args, 47: enc_GETDEVICEINFO4args, 48: enc_GETDEVICELIST4args, 49: enc_LAYOUTCOMMIT4args, 50: enc_LAYOUTGET4args, 51: enc_LAYOUTRETURN4args, 52: enc_SECINFO_NO_NAME4args, 53: enc_SEQUENCE4args, 54: enc_SET_SSV4args, 55: enc_TEST_STATEID4args, 56: enc_WANT_DELEGATION4args, 57: enc_DESTROY_CLIENTID4args, 58: enc_RECLAIM_COMPLETE4args, 10044: _void_encode}
 _nfs_argop4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {3: dec_ACCESS4args, 4: dec_CLOSE4args, 5: dec_COMMIT4args, 6: dec_CREATE4args, 7: dec_DELEGPURGE4args, 8: dec_DELEGRETURN4args, 9: dec_GETATTR4args, 10: _void_decode, 11: dec_LINK4args, 12: dec_LOCK4args, 13: dec_LOCKT4args, 14: dec_LOCKU4args, 15: dec_LOOKUP4args, 16: _void_decode, 17: dec_NVERIFY4args, 18: dec_OPEN4args, 19: dec_OPENATTR4args, 20: dec_OPEN_CONFIRM4args, 21: dec_OPEN_DOWNGRADE4args, 22: dec_PUTFH4args, 23: _void_decode, 24: _void_decode, 25: dec_READ4args, 26: dec_READDIR4args, 27: _void_decode, 28: dec_REMOVE4args, 29: dec_RENAME4args, 30: dec_RENEW4args, 31: _void_decode, 32: _void_decode, 33: dec_SECINFO4args, 34: dec_SETATTR4args, 35: dec_SETCLIENTID4args, 36: dec_SETCLIENTID_CONFIRM4args, 37: dec_VERIFY4args, 38: dec_WRITE4args, 39: dec_RELEASE_LOCKOWNER4args, 40: dec_BACKCHANNEL_CTL4args, 41: dec_BIND_CONN_TO_SESSION4args, 42: dec_EXCHANGE_ID4args, 43: dec_CREATE_SESSION4args, 44: dec_DESTROY_SESSION4args, 45: dec_FREE_STATEID4args, 46: dec_GET_DIR_DELEGATION4args, 47: dec_GETDEVICEINFO4args, 48: dec_GETDEVICELIST4args, 49: dec_LAYOUTCOMMIT4args, 50: dec_LAYOUTGET4args, 51: dec_LAYOUTRETURN4args, 52: dec_SECINFO_NO_NAME4args, 53: dec_SEQUENCE4args, 54: dec_SET_SSV4args, 55: dec_TEST_STATEID4args, 56: dec_WANT_DELEGATION4args, 57: dec_DESTROY_CLIENTID4args, 58: dec_RECLAIM_COMPLETE4args, 10044: _void_decode}
+_nfs_argop4_ARMS: dict[int, tuple[_Any, _Any]] = {3: (_nfs_opnum4_MAP[(3,)[0]], dec_ACCESS4args), 4: (_nfs_opnum4_MAP[(4,)[0]], dec_CLOSE4args), 5: (_nfs_opnum4_MAP[(5,)[0]], dec_COMMIT4args), 6: (_nfs_opnum4_MAP[(6,)[0]], dec_CREATE4args), 7: (_nfs_opnum4_MAP[(7,)[0]], dec_DELEGPURGE4args), 8: (_nfs_opnum4_MAP[(8,)[0]], dec_DELEGRETURN4args), 9: (_nfs_opnum4_MAP[(9,)[0]], dec_GETATTR4args), 10: (_nfs_opnum4_MAP[(10,)[0]], _void_decode), 11: (_nfs_opnum4_MAP[(11,)[0]], dec_LINK4args), 12: (_nfs_opnum4_MAP[(12,)[0]], dec_LOCK4args), 13: (_nfs_opnum4_MAP[(13,)[0]], dec_LOCKT4args), 14: (_nfs_opnum4_MAP[(14,)[0]], dec_LOCKU4args), 15: (_nfs_opnum4_MAP[(15,)[0]], dec_LOOKUP4args), 16: (_nfs_opnum4_MAP[(16,)[0]], _void_decode), 17: (_nfs_opnum4_MAP[(17,)[0]], dec_NVERIFY4args), 18: (_nfs_opnum4_MAP[(18,)[0]], dec_OPEN4args), 19: (_nfs_opnum4_MAP[(19,)[0]], dec_OPENATTR4args), 20: (_nfs_opnum4_MAP[(20,)[0]], dec_OPEN_CONFIRM4args), 21: (_nfs_opnum4_MAP[(21,)[0]], dec_OPEN_DOWNGRADE4args), 22: (_nfs_opnum4_MAP[(22,)[0]], dec_PUTFH4args), 23: (_nfs_opnum4_MAP[(23,)[0]], _void_decode), 24: (_nfs_opnum4_MAP[(24,)[0]], _void_decode), 25: (_nfs_opnum4_MAP[(25,)[0]], dec_READ4args), 26: (_nfs_opnum4_MAP[(26,)[0]], dec_READDIR4args), 27: (_nfs_opnum4_MAP[(27,)[0]], _void_decode), 28: (_nfs_opnum4_MAP[(28,)[0]], dec_REMOVE4args), 29: (_nfs_opnum4_MAP[(29,)[0]], dec_RENAME4args), 30: (_nfs_opnum4_MAP[(30,)[0]], dec_RENEW4args), 31: (_nfs_opnum4_MAP[(31,)[0]], _void_decode), 32: (_nfs_opnum4_MAP[(32,)[0]], _void_decode), 33: (_nfs_opnum4_MAP[(33,)[0]], dec_SECINFO4args), 34: (_nfs_opnum4_MAP[(34,)[0]], dec_SETATTR4args), 35: (_nfs_opnum4_MAP[(35,)[0]], dec_SETCLIENTID4args), 36: (_nfs_opnum4_MAP[(36,)[0]], dec_SETCLIENTID_CONFIRM4args), 37: (_nfs_opnum4_MAP[(37,)[0]], dec_VERIFY4args), 38: (_nfs_opnum4_MAP[(38,)[0]], dec_WRITE4args), 39: (_nfs_opnum4_MAP[(39,)[0]], dec_RELEASE_LOCKOWNER4args), 40: (_nfs_opnum4_MAP[(40,)[0]], dec_BACKCHANNEL_CTL4args), 41: (_nfs_opnum4_MAP[(41,)[0]], dec_BIND_CONN_TO_SESSION4args), 42: (_nfs_opnum4_MAP[(42,)[0]], dec_EXCHANGE_ID4args), 43: (_nfs_opnum4_MAP[(43,)[0]], dec_CREATE_SESSION4args), 44: (_nfs_opnum4_MAP[(44,)[0]], dec_DESTROY_SESSION4args), 45: (_nfs_opnum4_MAP[(45,)[0]], dec_FREE_STATEID4args), 46: (_nfs_opnum4_MAP[(46,)[0]], dec_GET_DIR_DELEGATION4args), 47: (_nfs_opnum4_MAP[(47,)[0]], dec_GETDEVICEINFO4args), 48: (_nfs_opnum4_MAP[(48,)[0]], dec_GETDEVICELIST4args), 49: (_nfs_opnum4_MAP[(49,)[0]], dec_LAYOUTCOMMIT4args), 50: (_nfs_opnum4_MAP[(50,)[0]], dec_LAYOUTGET4args), 51: (_nfs_opnum4_MAP[(51,)[0]], dec_LAYOUTRETURN4args), 52: (_nfs_opnum4_MAP[(52,)[0]], dec_SECINFO_NO_NAME4args), 53: (_nfs_opnum4_MAP[(53,)[0]], dec_SEQUENCE4args), 54: (_nfs_opnum4_MAP[(54,)[0]], dec_SET_SSV4args), 55: (_nfs_opnum4_MAP[(55,)[0]], dec_TEST_STATEID4args), 56: (_nfs_opnum4_MAP[(56,)[0]], dec_WANT_DELEGATION4args), 57: (_nfs_opnum4_MAP[(57,)[0]], dec_DESTROY_CLIENTID4args), 58: (_nfs_opnum4_MAP[(58,)[0]], dec_RECLAIM_COMPLETE4args), 10044: (_nfs_opnum4_MAP[(10044,)[0]], _void_decode)}
 
 
 def enc_nfs_argop4(w: _Writer, v: nfs_argop4) -> None:
@@ -11860,16 +13962,20 @@ def enc_nfs_argop4(w: _Writer, v: nfs_argop4) -> None:
 
 
 def dec_nfs_argop4(r: _Reader, off: int) -> tuple[nfs_argop4, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfs_opnum4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated nfs_argop4 discriminant', o0) from None
-    _f = _nfs_argop4_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of nfs_argop4' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return nfs_argop4(_d, _v), off
+        (_d378,) = _S2.unpack_from(buf, off)
+        _a378 = _nfs_argop4_ARMS.get(_d378)
+        if _a378 is None:
+            raise _XdrError('%r is not a case of nfs_argop4' % (_d378,), off)
+        else:
+            _d378, _f378 = _a378
+        _v378, off = _f378(r, off + 4)
+        _u = nfs_argop4(_d378, _v378)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated nfs_argop4', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -11880,6 +13986,7 @@ class nfs_resop4:
 
 _nfs_resop4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {3: enc_ACCESS4res, 4: enc_CLOSE4res, 5: enc_COMMIT4res, 6: enc_CREATE4res, 7: enc_DELEGPURGE4res, 8: enc_DELEGRETURN4res, 9: enc_GETATTR4res, 10: enc_GETFH4res, 11: enc_LINK4res, 12: enc_LOCK4res, 13: enc_LOCKT4res, 14: enc_LOCKU4res, 15: enc_LOOKUP4res, 16: enc_LOOKUPP4res, 17: enc_NVERIFY4res, 18: enc_OPEN4res, 19: enc_OPENATTR4res, 20: enc_OPEN_CONFIRM4res, 21: enc_OPEN_DOWNGRADE4res, 22: enc_PUTFH4res, 23: enc_PUTPUBFH4res, 24: enc_PUTROOTFH4res, 25: enc_READ4res, 26: enc_READDIR4res, 27: enc_READLINK4res, 28: enc_REMOVE4res, 29: enc_RENAME4res, 30: enc_RENEW4res, 31: enc_RESTOREFH4res, 32: enc_SAVEFH4res, 33: enc_SECINFO4res, 34: enc_SETATTR4res, 35: enc_SETCLIENTID4res, 36: enc_SETCLIENTID_CONFIRM4res, 37: enc_VERIFY4res, 38: enc_WRITE4res, 39: enc_RELEASE_LOCKOWNER4res, 40: enc_BACKCHANNEL_CTL4res, 41: enc_BIND_CONN_TO_SESSION4res, 42: enc_EXCHANGE_ID4res, 43: enc_CREATE_SESSION4res, 44: enc_DESTROY_SESSION4res, 45: enc_FREE_STATEID4res, 46: enc_GET_DIR_DELEGATION4res, 47: enc_GETDEVICEINFO4res, 48: enc_GETDEVICELIST4res, 49: enc_LAYOUTCOMMIT4res, 50: enc_LAYOUTGET4res, 51: enc_LAYOUTRETURN4res, 52: enc_SECINFO4res, 53: enc_SEQUENCE4res, 54: enc_SET_SSV4res, 55: enc_TEST_STATEID4res, 56: enc_WANT_DELEGATION4res, 57: enc_DESTROY_CLIENTID4res, 58: enc_RECLAIM_COMPLETE4res, 10044: enc_ILLEGAL4res}
 _nfs_resop4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {3: dec_ACCESS4res, 4: dec_CLOSE4res, 5: dec_COMMIT4res, 6: dec_CREATE4res, 7: dec_DELEGPURGE4res, 8: dec_DELEGRETURN4res, 9: dec_GETATTR4res, 10: dec_GETFH4res, 11: dec_LINK4res, 12: dec_LOCK4res, 13: dec_LOCKT4res, 14: dec_LOCKU4res, 15: dec_LOOKUP4res, 16: dec_LOOKUPP4res, 17: dec_NVERIFY4res, 18: dec_OPEN4res, 19: dec_OPENATTR4res, 20: dec_OPEN_CONFIRM4res, 21: dec_OPEN_DOWNGRADE4res, 22: dec_PUTFH4res, 23: dec_PUTPUBFH4res, 24: dec_PUTROOTFH4res, 25: dec_READ4res, 26: dec_READDIR4res, 27: dec_READLINK4res, 28: dec_REMOVE4res, 29: dec_RENAME4res, 30: dec_RENEW4res, 31: dec_RESTOREFH4res, 32: dec_SAVEFH4res, 33: dec_SECINFO4res, 34: dec_SETATTR4res, 35: dec_SETCLIENTID4res, 36: dec_SETCLIENTID_CONFIRM4res, 37: dec_VERIFY4res, 38: dec_WRITE4res, 39: dec_RELEASE_LOCKOWNER4res, 40: dec_BACKCHANNEL_CTL4res, 41: dec_BIND_CONN_TO_SESSION4res, 42: dec_EXCHANGE_ID4res, 43: dec_CREATE_SESSION4res, 44: dec_DESTROY_SESSION4res, 45: dec_FREE_STATEID4res, 46: dec_GET_DIR_DELEGATION4res, 47: dec_GETDEVICEINFO4res, 48: dec_GETDEVICELIST4res, 49: dec_LAYOUTCOMMIT4res, 50: dec_LAYOUTGET4res, 51: dec_LAYOUTRETURN4res, 52: dec_SECINFO4res, 53: dec_SEQUENCE4res, 54: dec_SET_SSV4res, 55: dec_TEST_STATEID4res, 56: dec_WANT_DELEGATION4res, 57: dec_DESTROY_CLIENTID4res, 58: dec_RECLAIM_COMPLETE4res, 10044: dec_ILLEGAL4res}
+_nfs_resop4_ARMS: dict[int, tuple[_Any, _Any]] = {3: (_nfs_opnum4_MAP[(3,)[0]], dec_ACCESS4res), 4: (_nfs_opnum4_MAP[(4,)[0]], dec_CLOSE4res), 5: (_nfs_opnum4_MAP[(5,)[0]], dec_COMMIT4res), 6: (_nfs_opnum4_MAP[(6,)[0]], dec_CREATE4res), 7: (_nfs_opnum4_MAP[(7,)[0]], dec_DELEGPURGE4res), 8: (_nfs_opnum4_MAP[(8,)[0]], dec_DELEGRETURN4res), 9: (_nfs_opnum4_MAP[(9,)[0]], dec_GETATTR4res), 10: (_nfs_opnum4_MAP[(10,)[0]], dec_GETFH4res), 11: (_nfs_opnum4_MAP[(11,)[0]], dec_LINK4res), 12: (_nfs_opnum4_MAP[(12,)[0]], dec_LOCK4res), 13: (_nfs_opnum4_MAP[(13,)[0]], dec_LOCKT4res), 14: (_nfs_opnum4_MAP[(14,)[0]], dec_LOCKU4res), 15: (_nfs_opnum4_MAP[(15,)[0]], dec_LOOKUP4res), 16: (_nfs_opnum4_MAP[(16,)[0]], dec_LOOKUPP4res), 17: (_nfs_opnum4_MAP[(17,)[0]], dec_NVERIFY4res), 18: (_nfs_opnum4_MAP[(18,)[0]], dec_OPEN4res), 19: (_nfs_opnum4_MAP[(19,)[0]], dec_OPENATTR4res), 20: (_nfs_opnum4_MAP[(20,)[0]], dec_OPEN_CONFIRM4res), 21: (_nfs_opnum4_MAP[(21,)[0]], dec_OPEN_DOWNGRADE4res), 22: (_nfs_opnum4_MAP[(22,)[0]], dec_PUTFH4res), 23: (_nfs_opnum4_MAP[(23,)[0]], dec_PUTPUBFH4res), 24: (_nfs_opnum4_MAP[(24,)[0]], dec_PUTROOTFH4res), 25: (_nfs_opnum4_MAP[(25,)[0]], dec_READ4res), 26: (_nfs_opnum4_MAP[(26,)[0]], dec_READDIR4res), 27: (_nfs_opnum4_MAP[(27,)[0]], dec_READLINK4res), 28: (_nfs_opnum4_MAP[(28,)[0]], dec_REMOVE4res), 29: (_nfs_opnum4_MAP[(29,)[0]], dec_RENAME4res), 30: (_nfs_opnum4_MAP[(30,)[0]], dec_RENEW4res), 31: (_nfs_opnum4_MAP[(31,)[0]], dec_RESTOREFH4res), 32: (_nfs_opnum4_MAP[(32,)[0]], dec_SAVEFH4res), 33: (_nfs_opnum4_MAP[(33,)[0]], dec_SECINFO4res), 34: (_nfs_opnum4_MAP[(34,)[0]], dec_SETATTR4res), 35: (_nfs_opnum4_MAP[(35,)[0]], dec_SETCLIENTID4res), 36: (_nfs_opnum4_MAP[(36,)[0]], dec_SETCLIENTID_CONFIRM4res), 37: (_nfs_opnum4_MAP[(37,)[0]], dec_VERIFY4res), 38: (_nfs_opnum4_MAP[(38,)[0]], dec_WRITE4res), 39: (_nfs_opnum4_MAP[(39,)[0]], dec_RELEASE_LOCKOWNER4res), 40: (_nfs_opnum4_MAP[(40,)[0]], dec_BACKCHANNEL_CTL4res), 41: (_nfs_opnum4_MAP[(41,)[0]], dec_BIND_CONN_TO_SESSION4res), 42: (_nfs_opnum4_MAP[(42,)[0]], dec_EXCHANGE_ID4res), 43: (_nfs_opnum4_MAP[(43,)[0]], dec_CREATE_SESSION4res), 44: (_nfs_opnum4_MAP[(44,)[0]], dec_DESTROY_SESSION4res), 45: (_nfs_opnum4_MAP[(45,)[0]], dec_FREE_STATEID4res), 46: (_nfs_opnum4_MAP[(46,)[0]], dec_GET_DIR_DELEGATION4res), 47: (_nfs_opnum4_MAP[(47,)[0]], dec_GETDEVICEINFO4res), 48: (_nfs_opnum4_MAP[(48,)[0]], dec_GETDEVICELIST4res), 49: (_nfs_opnum4_MAP[(49,)[0]], dec_LAYOUTCOMMIT4res), 50: (_nfs_opnum4_MAP[(50,)[0]], dec_LAYOUTGET4res), 51: (_nfs_opnum4_MAP[(51,)[0]], dec_LAYOUTRETURN4res), 52: (_nfs_opnum4_MAP[(52,)[0]], dec_SECINFO4res), 53: (_nfs_opnum4_MAP[(53,)[0]], dec_SEQUENCE4res), 54: (_nfs_opnum4_MAP[(54,)[0]], dec_SET_SSV4res), 55: (_nfs_opnum4_MAP[(55,)[0]], dec_TEST_STATEID4res), 56: (_nfs_opnum4_MAP[(56,)[0]], dec_WANT_DELEGATION4res), 57: (_nfs_opnum4_MAP[(57,)[0]], dec_DESTROY_CLIENTID4res), 58: (_nfs_opnum4_MAP[(58,)[0]], dec_RECLAIM_COMPLETE4res), 10044: (_nfs_opnum4_MAP[(10044,)[0]], dec_ILLEGAL4res)}
 
 
 def enc_nfs_resop4(w: _Writer, v: nfs_resop4) -> None:
@@ -11896,16 +14003,20 @@ def enc_nfs_resop4(w: _Writer, v: nfs_resop4) -> None:
 
 
 def dec_nfs_resop4(r: _Reader, off: int) -> tuple[nfs_resop4, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfs_opnum4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated nfs_resop4 discriminant', o0) from None
-    _f = _nfs_resop4_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of nfs_resop4' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return nfs_resop4(_d, _v), off
+        (_d379,) = _S2.unpack_from(buf, off)
+        _a379 = _nfs_resop4_ARMS.get(_d379)
+        if _a379 is None:
+            raise _XdrError('%r is not a case of nfs_resop4' % (_d379,), off)
+        else:
+            _d379, _f379 = _a379
+        _v379, off = _f379(r, off + 4)
+        _u = nfs_resop4(_d379, _v379)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated nfs_resop4', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -11923,11 +14034,11 @@ def enc_COMPOUND4args(w: _Writer, v: COMPOUND4args) -> None:
         w += _v
         w += _PAD[_n & 3]
         w += _S0.pack(v.minorversion)
-        _a110 = v.argarray
-        _n = len(_a110)
+        _a380 = v.argarray
+        _n = len(_a380)
         w += _U32.pack(_n)
-        for _x110 in _a110:
-            enc_nfs_argop4(w, _x110)
+        for _x380 in _a380:
+            enc_nfs_argop4(w, _x380)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode COMPOUND4args: {_e}', len(w)) from None
 
@@ -11954,8 +14065,15 @@ def dec_COMPOUND4args(r: _Reader, off: int) -> tuple[COMPOUND4args, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_argarray = []
         for _ in range(_n):
-            _x111, off = dec_nfs_argop4(r, off)
-            f_argarray.append(_x111)
+            (_d382,) = _S2.unpack_from(buf, off)
+            _a382 = _nfs_argop4_ARMS.get(_d382)
+            if _a382 is None:
+                raise _XdrError('%r is not a case of nfs_argop4' % (_d382,), off)
+            else:
+                _d382, _f382 = _a382
+            _v382, off = _f382(r, off + 4)
+            _x381 = nfs_argop4(_d382, _v382)
+            f_argarray.append(_x381)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated COMPOUND4args', o0) from None
     return COMPOUND4args(f_tag, f_minorversion, f_argarray), off
@@ -11976,11 +14094,11 @@ def enc_COMPOUND4res(w: _Writer, v: COMPOUND4res) -> None:
         w += _U32.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _a112 = v.resarray
-        _n = len(_a112)
+        _a383 = v.resarray
+        _n = len(_a383)
         w += _U32.pack(_n)
-        for _x112 in _a112:
-            enc_nfs_resop4(w, _x112)
+        for _x383 in _a383:
+            enc_nfs_resop4(w, _x383)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode COMPOUND4res: {_e}', len(w)) from None
 
@@ -12007,8 +14125,15 @@ def dec_COMPOUND4res(r: _Reader, off: int) -> tuple[COMPOUND4res, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_resarray = []
         for _ in range(_n):
-            _x113, off = dec_nfs_resop4(r, off)
-            f_resarray.append(_x113)
+            (_d385,) = _S2.unpack_from(buf, off)
+            _a385 = _nfs_resop4_ARMS.get(_d385)
+            if _a385 is None:
+                raise _XdrError('%r is not a case of nfs_resop4' % (_d385,), off)
+            else:
+                _d385, _f385 = _a385
+            _v385, off = _f385(r, off + 4)
+            _x384 = nfs_resop4(_d385, _v385)
+            f_resarray.append(_x384)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated COMPOUND4res', o0) from None
     return COMPOUND4res(f_status, f_tag, f_resarray), off
@@ -12029,11 +14154,11 @@ def enc_CB_GETATTR4args(w: _Writer, v: CB_GETATTR4args) -> None:
         w += _U32.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _a114 = v.attr_request
-        _n = len(_a114)
+        _a386 = v.attr_request
+        _n = len(_a386)
         w += _U32.pack(_n)
-        for _x114 in _a114:
-            w += _S0.pack(_x114)
+        for _x386 in _a386:
+            w += _S0.pack(_x386)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_GETATTR4args: {_e}', len(w)) from None
 
@@ -12061,8 +14186,8 @@ def dec_CB_GETATTR4args(r: _Reader, off: int) -> tuple[CB_GETATTR4args, int]:
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x115 = _t[0]
-            f_attr_request.append(_x115)
+            _x387 = _t[0]
+            f_attr_request.append(_x387)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_GETATTR4args', o0) from None
     return CB_GETATTR4args(f_fh, f_attr_request), off
@@ -12075,7 +14200,17 @@ class CB_GETATTR4resok:
 
 def enc_CB_GETATTR4resok(w: _Writer, v: CB_GETATTR4resok) -> None:
     try:
-        enc_fattr4(w, v.obj_attributes)
+        _s388 = v.obj_attributes
+        _a389 = _s388.attrmask
+        _n = len(_a389)
+        w += _U32.pack(_n)
+        for _x389 in _a389:
+            w += _S0.pack(_x389)
+        _v = _s388.attr_vals
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_GETATTR4resok: {_e}', len(w)) from None
 
@@ -12084,7 +14219,26 @@ def dec_CB_GETATTR4resok(r: _Reader, off: int) -> tuple[CB_GETATTR4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        f_obj_attributes, off = dec_fattr4(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i390_attrmask = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x391 = _t[0]
+            _i390_attrmask.append(_x391)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i390_attr_vals = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_obj_attributes = fattr4(_i390_attrmask, _i390_attr_vals)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_GETATTR4resok', o0) from None
     return CB_GETATTR4resok(f_obj_attributes), off
@@ -12098,6 +14252,7 @@ class CB_GETATTR4res:
 
 _CB_GETATTR4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_CB_GETATTR4resok}
 _CB_GETATTR4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_CB_GETATTR4resok}
+_CB_GETATTR4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_CB_GETATTR4resok)}
 
 
 def enc_CB_GETATTR4res(w: _Writer, v: CB_GETATTR4res) -> None:
@@ -12112,14 +14267,21 @@ def enc_CB_GETATTR4res(w: _Writer, v: CB_GETATTR4res) -> None:
 
 
 def dec_CB_GETATTR4res(r: _Reader, off: int) -> tuple[CB_GETATTR4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated CB_GETATTR4res discriminant', o0) from None
-    _f = _CB_GETATTR4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return CB_GETATTR4res(_d, _v), off
+        (_d392,) = _S2.unpack_from(buf, off)
+        _a392 = _CB_GETATTR4res_ARMS.get(_d392)
+        if _a392 is None:
+            _d392 = _nfsstat4_MAP[(_d392,)[0]]
+            _f392 = _void_decode
+        else:
+            _d392, _f392 = _a392
+        _v392, off = _f392(r, off + 4)
+        _u = CB_GETATTR4res(_d392, _v392)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated CB_GETATTR4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -12298,6 +14460,7 @@ class layoutrecall4:
 
 _layoutrecall4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_layoutrecall_file4, 2: enc_fsid4, 3: _void_encode}
 _layoutrecall4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_layoutrecall_file4, 2: dec_fsid4, 3: _void_decode}
+_layoutrecall4_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_layoutrecall_type4_MAP[(1,)[0]], dec_layoutrecall_file4), 2: (_layoutrecall_type4_MAP[(2,)[0]], dec_fsid4), 3: (_layoutrecall_type4_MAP[(3,)[0]], _void_decode)}
 
 
 def enc_layoutrecall4(w: _Writer, v: layoutrecall4) -> None:
@@ -12314,16 +14477,20 @@ def enc_layoutrecall4(w: _Writer, v: layoutrecall4) -> None:
 
 
 def dec_layoutrecall4(r: _Reader, off: int) -> tuple[layoutrecall4, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _layoutrecall_type4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated layoutrecall4 discriminant', o0) from None
-    _f = _layoutrecall4_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of layoutrecall4' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return layoutrecall4(_d, _v), off
+        (_d393,) = _S2.unpack_from(buf, off)
+        _a393 = _layoutrecall4_ARMS.get(_d393)
+        if _a393 is None:
+            raise _XdrError('%r is not a case of layoutrecall4' % (_d393,), off)
+        else:
+            _d393, _f393 = _a393
+        _v393, off = _f393(r, off + 4)
+        _u = layoutrecall4(_d393, _v393)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated layoutrecall4', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -12351,7 +14518,14 @@ def dec_CB_LAYOUTRECALL4args(r: _Reader, off: int) -> tuple[CB_LAYOUTRECALL4args
         f_clora_type = _layouttype4_MAP[_t[0]]
         f_clora_iomode = _layoutiomode4_MAP[_t[1]]
         f_clora_changed = _BOOL[_t[2]]
-        f_clora_recall, off = dec_layoutrecall4(r, off)
+        (_d394,) = _S2.unpack_from(buf, off)
+        _a394 = _layoutrecall4_ARMS.get(_d394)
+        if _a394 is None:
+            raise _XdrError('%r is not a case of layoutrecall4' % (_d394,), off)
+        else:
+            _d394, _f394 = _a394
+        _v394, off = _f394(r, off + 4)
+        f_clora_recall = layoutrecall4(_d394, _v394)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_LAYOUTRECALL4args', o0) from None
     return CB_LAYOUTRECALL4args(f_clora_type, f_clora_iomode, f_clora_changed, f_clora_recall), off
@@ -12426,7 +14600,17 @@ def enc_notify_entry4(w: _Writer, v: notify_entry4) -> None:
         w += _U32.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        enc_fattr4(w, v.ne_attrs)
+        _s395 = v.ne_attrs
+        _a396 = _s395.attrmask
+        _n = len(_a396)
+        w += _U32.pack(_n)
+        for _x396 in _a396:
+            w += _S0.pack(_x396)
+        _v = _s395.attr_vals
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode notify_entry4: {_e}', len(w)) from None
 
@@ -12444,7 +14628,26 @@ def dec_notify_entry4(r: _Reader, off: int) -> tuple[notify_entry4, int]:
             raise _XdrError('opaque runs past the end', off)
         f_ne_file = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_ne_attrs, off = dec_fattr4(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i397_attrmask = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x398 = _t[0]
+            _i397_attrmask.append(_x398)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i397_attr_vals = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_ne_attrs = fattr4(_i397_attrmask, _i397_attr_vals)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated notify_entry4', o0) from None
     return notify_entry4(f_ne_file, f_ne_attrs), off
@@ -12458,7 +14661,23 @@ class prev_entry4:
 
 def enc_prev_entry4(w: _Writer, v: prev_entry4) -> None:
     try:
-        enc_notify_entry4(w, v.pe_prev_entry)
+        _s399 = v.pe_prev_entry
+        _v = _s399.ne_file
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _s400 = _s399.ne_attrs
+        _a401 = _s400.attrmask
+        _n = len(_a401)
+        w += _U32.pack(_n)
+        for _x401 in _a401:
+            w += _S0.pack(_x401)
+        _v = _s400.attr_vals
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
         w += _S4.pack(v.pe_prev_entry_cookie)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode prev_entry4: {_e}', len(w)) from None
@@ -12468,7 +14687,36 @@ def dec_prev_entry4(r: _Reader, off: int) -> tuple[prev_entry4, int]:
     buf = r.buf
     o0 = off
     try:
-        f_pe_prev_entry, off = dec_notify_entry4(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i402_ne_file = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i403_attrmask = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x404 = _t[0]
+            _i403_attrmask.append(_x404)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i403_attr_vals = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        _i402_ne_attrs = fattr4(_i403_attrmask, _i403_attr_vals)
+        f_pe_prev_entry = notify_entry4(_i402_ne_file, _i402_ne_attrs)
         _t = _S4.unpack_from(buf, off)
         off += 8
         f_pe_prev_entry_cookie = _t[0]
@@ -12485,7 +14733,23 @@ class notify_remove4:
 
 def enc_notify_remove4(w: _Writer, v: notify_remove4) -> None:
     try:
-        enc_notify_entry4(w, v.nrm_old_entry)
+        _s405 = v.nrm_old_entry
+        _v = _s405.ne_file
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _s406 = _s405.ne_attrs
+        _a407 = _s406.attrmask
+        _n = len(_a407)
+        w += _U32.pack(_n)
+        for _x407 in _a407:
+            w += _S0.pack(_x407)
+        _v = _s406.attr_vals
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
         w += _S4.pack(v.nrm_old_entry_cookie)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode notify_remove4: {_e}', len(w)) from None
@@ -12495,7 +14759,36 @@ def dec_notify_remove4(r: _Reader, off: int) -> tuple[notify_remove4, int]:
     buf = r.buf
     o0 = off
     try:
-        f_nrm_old_entry, off = dec_notify_entry4(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i408_ne_file = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i409_attrmask = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x410 = _t[0]
+            _i409_attrmask.append(_x410)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i409_attr_vals = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        _i408_ne_attrs = fattr4(_i409_attrmask, _i409_attr_vals)
+        f_nrm_old_entry = notify_entry4(_i408_ne_file, _i408_ne_attrs)
         _t = _S4.unpack_from(buf, off)
         off += 8
         f_nrm_old_entry_cookie = _t[0]
@@ -12515,28 +14808,60 @@ class notify_add4:
 
 def enc_notify_add4(w: _Writer, v: notify_add4) -> None:
     try:
-        _a116 = v.nad_old_entry
-        _n = len(_a116)
+        _a411 = v.nad_old_entry
+        _n = len(_a411)
         if _n > 1:
             raise _XdrError('nad_old_entry: length %d exceeds 1' % _n, len(w))
         w += _U32.pack(_n)
-        for _x116 in _a116:
-            enc_notify_remove4(w, _x116)
-        enc_notify_entry4(w, v.nad_new_entry)
-        _a117 = v.nad_new_entry_cookie
-        _n = len(_a117)
+        for _x411 in _a411:
+            _s412 = _x411
+            _s413 = _s412.nrm_old_entry
+            _v = _s413.ne_file
+            _n = len(_v)
+            w += _U32.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            enc_fattr4(w, _s413.ne_attrs)
+            w += _S4.pack(_s412.nrm_old_entry_cookie)
+        _s414 = v.nad_new_entry
+        _v = _s414.ne_file
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _s415 = _s414.ne_attrs
+        _a416 = _s415.attrmask
+        _n = len(_a416)
+        w += _U32.pack(_n)
+        for _x416 in _a416:
+            w += _S0.pack(_x416)
+        _v = _s415.attr_vals
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _a417 = v.nad_new_entry_cookie
+        _n = len(_a417)
         if _n > 1:
             raise _XdrError('nad_new_entry_cookie: length %d exceeds 1' % _n, len(w))
         w += _U32.pack(_n)
-        for _x117 in _a117:
-            w += _S4.pack(_x117)
-        _a118 = v.nad_prev_entry
-        _n = len(_a118)
+        for _x417 in _a417:
+            w += _S4.pack(_x417)
+        _a418 = v.nad_prev_entry
+        _n = len(_a418)
         if _n > 1:
             raise _XdrError('nad_prev_entry: length %d exceeds 1' % _n, len(w))
         w += _U32.pack(_n)
-        for _x118 in _a118:
-            enc_prev_entry4(w, _x118)
+        for _x418 in _a418:
+            _s419 = _x418
+            _s420 = _s419.pe_prev_entry
+            _v = _s420.ne_file
+            _n = len(_v)
+            w += _U32.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            enc_fattr4(w, _s420.ne_attrs)
+            w += _S4.pack(_s419.pe_prev_entry_cookie)
         w += _S0.pack(v.nad_last_entry)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode notify_add4: {_e}', len(w)) from None
@@ -12554,9 +14879,52 @@ def dec_notify_add4(r: _Reader, off: int) -> tuple[notify_add4, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_nad_old_entry = []
         for _ in range(_n):
-            _x119, off = dec_notify_remove4(r, off)
-            f_nad_old_entry.append(_x119)
-        f_nad_new_entry, off = dec_notify_entry4(r, off)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            if _e > len(buf):
+                raise _XdrError('opaque runs past the end', off)
+            _i423_ne_file = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i423_ne_attrs, off = dec_fattr4(r, off)
+            _i422_nrm_old_entry = notify_entry4(_i423_ne_file, _i423_ne_attrs)
+            _t = _S4.unpack_from(buf, off)
+            off += 8
+            _i422_nrm_old_entry_cookie = _t[0]
+            _x421 = notify_remove4(_i422_nrm_old_entry, _i422_nrm_old_entry_cookie)
+            f_nad_old_entry.append(_x421)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i424_ne_file = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i425_attrmask = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x426 = _t[0]
+            _i425_attrmask.append(_x426)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i425_attr_vals = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        _i424_ne_attrs = fattr4(_i425_attrmask, _i425_attr_vals)
+        f_nad_new_entry = notify_entry4(_i424_ne_file, _i424_ne_attrs)
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('nad_new_entry_cookie: length %d exceeds 1' % _n, off)
@@ -12567,8 +14935,8 @@ def dec_notify_add4(r: _Reader, off: int) -> tuple[notify_add4, int]:
         for _ in range(_n):
             _t = _S4.unpack_from(buf, off)
             off += 8
-            _x120 = _t[0]
-            f_nad_new_entry_cookie.append(_x120)
+            _x427 = _t[0]
+            f_nad_new_entry_cookie.append(_x427)
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('nad_prev_entry: length %d exceeds 1' % _n, off)
@@ -12577,8 +14945,22 @@ def dec_notify_add4(r: _Reader, off: int) -> tuple[notify_add4, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_nad_prev_entry = []
         for _ in range(_n):
-            _x121, off = dec_prev_entry4(r, off)
-            f_nad_prev_entry.append(_x121)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            if _e > len(buf):
+                raise _XdrError('opaque runs past the end', off)
+            _i430_ne_file = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i430_ne_attrs, off = dec_fattr4(r, off)
+            _i429_pe_prev_entry = notify_entry4(_i430_ne_file, _i430_ne_attrs)
+            _t = _S4.unpack_from(buf, off)
+            off += 8
+            _i429_pe_prev_entry_cookie = _t[0]
+            _x428 = prev_entry4(_i429_pe_prev_entry, _i429_pe_prev_entry_cookie)
+            f_nad_prev_entry.append(_x428)
         _t = _S0.unpack_from(buf, off)
         off += 4
         f_nad_last_entry = _BOOL[_t[0]]
@@ -12594,7 +14976,23 @@ class notify_attr4:
 
 def enc_notify_attr4(w: _Writer, v: notify_attr4) -> None:
     try:
-        enc_notify_entry4(w, v.na_changed_entry)
+        _s431 = v.na_changed_entry
+        _v = _s431.ne_file
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _s432 = _s431.ne_attrs
+        _a433 = _s432.attrmask
+        _n = len(_a433)
+        w += _U32.pack(_n)
+        for _x433 in _a433:
+            w += _S0.pack(_x433)
+        _v = _s432.attr_vals
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode notify_attr4: {_e}', len(w)) from None
 
@@ -12603,7 +15001,36 @@ def dec_notify_attr4(r: _Reader, off: int) -> tuple[notify_attr4, int]:
     buf = r.buf
     o0 = off
     try:
-        f_na_changed_entry, off = dec_notify_entry4(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i434_ne_file = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i435_attrmask = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x436 = _t[0]
+            _i435_attrmask.append(_x436)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i435_attr_vals = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        _i434_ne_attrs = fattr4(_i435_attrmask, _i435_attr_vals)
+        f_na_changed_entry = notify_entry4(_i434_ne_file, _i434_ne_attrs)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated notify_attr4', o0) from None
     return notify_attr4(f_na_changed_entry), off
@@ -12617,8 +15044,69 @@ class notify_rename4:
 
 def enc_notify_rename4(w: _Writer, v: notify_rename4) -> None:
     try:
-        enc_notify_remove4(w, v.nrn_old_entry)
-        enc_notify_add4(w, v.nrn_new_entry)
+        _s437 = v.nrn_old_entry
+        _s438 = _s437.nrm_old_entry
+        _v = _s438.ne_file
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _s439 = _s438.ne_attrs
+        _a440 = _s439.attrmask
+        _n = len(_a440)
+        w += _U32.pack(_n)
+        for _x440 in _a440:
+            w += _S0.pack(_x440)
+        _v = _s439.attr_vals
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        w += _S4.pack(_s437.nrm_old_entry_cookie)
+        _s441 = v.nrn_new_entry
+        _a442 = _s441.nad_old_entry
+        _n = len(_a442)
+        if _n > 1:
+            raise _XdrError('nad_old_entry: length %d exceeds 1' % _n, len(w))
+        w += _U32.pack(_n)
+        for _x442 in _a442:
+            _s443 = _x442
+            enc_notify_entry4(w, _s443.nrm_old_entry)
+            w += _S4.pack(_s443.nrm_old_entry_cookie)
+        _s444 = _s441.nad_new_entry
+        _v = _s444.ne_file
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _s445 = _s444.ne_attrs
+        _a446 = _s445.attrmask
+        _n = len(_a446)
+        w += _U32.pack(_n)
+        for _x446 in _a446:
+            w += _S0.pack(_x446)
+        _v = _s445.attr_vals
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _a447 = _s441.nad_new_entry_cookie
+        _n = len(_a447)
+        if _n > 1:
+            raise _XdrError('nad_new_entry_cookie: length %d exceeds 1' % _n, len(w))
+        w += _U32.pack(_n)
+        for _x447 in _a447:
+            w += _S4.pack(_x447)
+        _a448 = _s441.nad_prev_entry
+        _n = len(_a448)
+        if _n > 1:
+            raise _XdrError('nad_prev_entry: length %d exceeds 1' % _n, len(w))
+        w += _U32.pack(_n)
+        for _x448 in _a448:
+            _s449 = _x448
+            enc_notify_entry4(w, _s449.pe_prev_entry)
+            w += _S4.pack(_s449.pe_prev_entry_cookie)
+        w += _S0.pack(_s441.nad_last_entry)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode notify_rename4: {_e}', len(w)) from None
 
@@ -12627,8 +15115,114 @@ def dec_notify_rename4(r: _Reader, off: int) -> tuple[notify_rename4, int]:
     buf = r.buf
     o0 = off
     try:
-        f_nrn_old_entry, off = dec_notify_remove4(r, off)
-        f_nrn_new_entry, off = dec_notify_add4(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i451_ne_file = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i452_attrmask = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x453 = _t[0]
+            _i452_attrmask.append(_x453)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i452_attr_vals = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        _i451_ne_attrs = fattr4(_i452_attrmask, _i452_attr_vals)
+        _i450_nrm_old_entry = notify_entry4(_i451_ne_file, _i451_ne_attrs)
+        _t = _S4.unpack_from(buf, off)
+        off += 8
+        _i450_nrm_old_entry_cookie = _t[0]
+        f_nrn_old_entry = notify_remove4(_i450_nrm_old_entry, _i450_nrm_old_entry_cookie)
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1:
+            raise _XdrError('nad_old_entry: length %d exceeds 1' % _n, off)
+        off += 4
+        if _n * 20 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i454_nad_old_entry = []
+        for _ in range(_n):
+            _i456_nrm_old_entry, off = dec_notify_entry4(r, off)
+            _t = _S4.unpack_from(buf, off)
+            off += 8
+            _i456_nrm_old_entry_cookie = _t[0]
+            _x455 = notify_remove4(_i456_nrm_old_entry, _i456_nrm_old_entry_cookie)
+            _i454_nad_old_entry.append(_x455)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i457_ne_file = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i458_attrmask = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x459 = _t[0]
+            _i458_attrmask.append(_x459)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i458_attr_vals = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        _i457_ne_attrs = fattr4(_i458_attrmask, _i458_attr_vals)
+        _i454_nad_new_entry = notify_entry4(_i457_ne_file, _i457_ne_attrs)
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1:
+            raise _XdrError('nad_new_entry_cookie: length %d exceeds 1' % _n, off)
+        off += 4
+        if _n * 8 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i454_nad_new_entry_cookie = []
+        for _ in range(_n):
+            _t = _S4.unpack_from(buf, off)
+            off += 8
+            _x460 = _t[0]
+            _i454_nad_new_entry_cookie.append(_x460)
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1:
+            raise _XdrError('nad_prev_entry: length %d exceeds 1' % _n, off)
+        off += 4
+        if _n * 20 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i454_nad_prev_entry = []
+        for _ in range(_n):
+            _i462_pe_prev_entry, off = dec_notify_entry4(r, off)
+            _t = _S4.unpack_from(buf, off)
+            off += 8
+            _i462_pe_prev_entry_cookie = _t[0]
+            _x461 = prev_entry4(_i462_pe_prev_entry, _i462_pe_prev_entry_cookie)
+            _i454_nad_prev_entry.append(_x461)
+        _t = _S0.unpack_from(buf, off)
+        off += 4
+        _i454_nad_last_entry = _BOOL[_t[0]]
+        f_nrn_new_entry = notify_add4(_i454_nad_old_entry, _i454_nad_new_entry, _i454_nad_new_entry_cookie, _i454_nad_prev_entry, _i454_nad_last_entry)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated notify_rename4', o0) from None
     return notify_rename4(f_nrn_old_entry, f_nrn_new_entry), off
@@ -12702,11 +15296,11 @@ class notify4:
 
 def enc_notify4(w: _Writer, v: notify4) -> None:
     try:
-        _a122 = v.notify_mask
-        _n = len(_a122)
+        _a463 = v.notify_mask
+        _n = len(_a463)
         w += _U32.pack(_n)
-        for _x122 in _a122:
-            w += _S0.pack(_x122)
+        for _x463 in _a463:
+            w += _S0.pack(_x463)
         _v = v.notify_vals
         _n = len(_v)
         w += _U32.pack(_n)
@@ -12728,8 +15322,8 @@ def dec_notify4(r: _Reader, off: int) -> tuple[notify4, int]:
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x123 = _t[0]
-            f_notify_mask.append(_x123)
+            _x464 = _t[0]
+            f_notify_mask.append(_x464)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -12762,11 +15356,21 @@ def enc_CB_NOTIFY4args(w: _Writer, v: CB_NOTIFY4args) -> None:
         w += _U32.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _a124 = v.cna_changes
-        _n = len(_a124)
+        _a465 = v.cna_changes
+        _n = len(_a465)
         w += _U32.pack(_n)
-        for _x124 in _a124:
-            enc_notify4(w, _x124)
+        for _x465 in _a465:
+            _s466 = _x465
+            _a467 = _s466.notify_mask
+            _n = len(_a467)
+            w += _U32.pack(_n)
+            for _x467 in _a467:
+                w += _S0.pack(_x467)
+            _v = _s466.notify_vals
+            _n = len(_v)
+            w += _U32.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_NOTIFY4args: {_e}', len(w)) from None
 
@@ -12795,8 +15399,27 @@ def dec_CB_NOTIFY4args(r: _Reader, off: int) -> tuple[CB_NOTIFY4args, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_cna_changes = []
         for _ in range(_n):
-            _x125, off = dec_notify4(r, off)
-            f_cna_changes.append(_x125)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i469_notify_mask = []
+            for _ in range(_n):
+                _t = _S0.unpack_from(buf, off)
+                off += 4
+                _x470 = _t[0]
+                _i469_notify_mask.append(_x470)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            if _e > len(buf):
+                raise _XdrError('opaque runs past the end', off)
+            _i469_notify_vals = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _x468 = notify4(_i469_notify_mask, _i469_notify_vals)
+            f_cna_changes.append(_x468)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_NOTIFY4args', o0) from None
     return CB_NOTIFY4args(f_cna_stateid, f_cna_fh, f_cna_changes), off
@@ -12861,7 +15484,14 @@ def dec_CB_PUSH_DELEG4args(r: _Reader, off: int) -> tuple[CB_PUSH_DELEG4args, in
             raise _XdrError('opaque runs past the end', off)
         f_cpda_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_cpda_delegation, off = dec_open_delegation4(r, off)
+        (_d471,) = _S2.unpack_from(buf, off)
+        _a471 = _open_delegation4_ARMS.get(_d471)
+        if _a471 is None:
+            raise _XdrError('%r is not a case of open_delegation4' % (_d471,), off)
+        else:
+            _d471, _f471 = _a471
+        _v471, off = _f471(r, off + 4)
+        f_cpda_delegation = open_delegation4(_d471, _v471)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_PUSH_DELEG4args', o0) from None
     return CB_PUSH_DELEG4args(f_cpda_fh, f_cpda_delegation), off
@@ -12900,11 +15530,11 @@ class CB_RECALL_ANY4args:
 def enc_CB_RECALL_ANY4args(w: _Writer, v: CB_RECALL_ANY4args) -> None:
     try:
         w += _S0.pack(v.craa_objects_to_keep)
-        _a126 = v.craa_type_mask
-        _n = len(_a126)
+        _a472 = v.craa_type_mask
+        _n = len(_a472)
         w += _U32.pack(_n)
-        for _x126 in _a126:
-            w += _S0.pack(_x126)
+        for _x472 in _a472:
+            w += _S0.pack(_x472)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_RECALL_ANY4args: {_e}', len(w)) from None
 
@@ -12924,8 +15554,8 @@ def dec_CB_RECALL_ANY4args(r: _Reader, off: int) -> tuple[CB_RECALL_ANY4args, in
         for _ in range(_n):
             _t = _S0.unpack_from(buf, off)
             off += 4
-            _x127 = _t[0]
-            f_craa_type_mask.append(_x127)
+            _x473 = _t[0]
+            f_craa_type_mask.append(_x473)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_RECALL_ANY4args', o0) from None
     return CB_RECALL_ANY4args(f_craa_objects_to_keep, f_craa_type_mask), off
@@ -12955,12 +15585,18 @@ def dec_CB_RECALL_ANY4res(r: _Reader, off: int) -> tuple[CB_RECALL_ANY4res, int]
     return CB_RECALL_ANY4res(f_crar_status), off
 
 
-CB_RECALLABLE_OBJ_AVAIL4args: _TypeAlias = "CB_RECALL_ANY4args"
+CB_RECALLABLE_OBJ_AVAIL4args = CB_RECALL_ANY4args
 
 
 def enc_CB_RECALLABLE_OBJ_AVAIL4args(w: _Writer, v: CB_RECALLABLE_OBJ_AVAIL4args) -> None:
     try:
-        enc_CB_RECALL_ANY4args(w, v)
+        _s474 = v
+        w += _S0.pack(_s474.craa_objects_to_keep)
+        _a475 = _s474.craa_type_mask
+        _n = len(_a475)
+        w += _U32.pack(_n)
+        for _x475 in _a475:
+            w += _S0.pack(_x475)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_RECALLABLE_OBJ_AVAIL4args: {_e}', len(w)) from None
 
@@ -12969,7 +15605,20 @@ def dec_CB_RECALLABLE_OBJ_AVAIL4args(r: _Reader, off: int) -> tuple[CB_RECALLABL
     buf = r.buf
     o0 = off
     try:
-        _v, off = dec_CB_RECALL_ANY4args(r, off)
+        _t = _S0.unpack_from(buf, off)
+        off += 4
+        _i476_craa_objects_to_keep = _t[0]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i476_craa_type_mask = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x477 = _t[0]
+            _i476_craa_type_mask.append(_x477)
+        _v = CB_RECALL_ANY4args(_i476_craa_objects_to_keep, _i476_craa_type_mask)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_RECALLABLE_OBJ_AVAIL4args', o0) from None
     return _v, off
@@ -13083,11 +15732,11 @@ def enc_referring_call_list4(w: _Writer, v: referring_call_list4) -> None:
     try:
         if len(v.rcl_sessionid) != 16: raise _XdrError('fixed opaque rcl_sessionid must be 16 bytes', len(w))
         w += _S5.pack(v.rcl_sessionid)
-        _a128 = v.rcl_referring_calls
-        _n = len(_a128)
+        _a478 = v.rcl_referring_calls
+        _n = len(_a478)
         w += _U32.pack(_n)
-        for _x128 in _a128:
-            w += _S1.pack(_x128.rc_sequenceid, _x128.rc_slotid)
+        for _x478 in _a478:
+            w += _S1.pack(_x478.rc_sequenceid, _x478.rc_slotid)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode referring_call_list4: {_e}', len(w)) from None
 
@@ -13107,8 +15756,8 @@ def dec_referring_call_list4(r: _Reader, off: int) -> tuple[referring_call_list4
         for _ in range(_n):
             _t = _S1.unpack_from(buf, off)
             off += 8
-            _x129 = referring_call4(_t[0], _t[1])
-            f_rcl_referring_calls.append(_x129)
+            _x479 = referring_call4(_t[0], _t[1])
+            f_rcl_referring_calls.append(_x479)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated referring_call_list4', o0) from None
     return referring_call_list4(f_rcl_sessionid, f_rcl_referring_calls), off
@@ -13128,11 +15777,18 @@ def enc_CB_SEQUENCE4args(w: _Writer, v: CB_SEQUENCE4args) -> None:
     try:
         if len(v.csa_sessionid) != 16: raise _XdrError('fixed opaque csa_sessionid must be 16 bytes', len(w))
         w += _S43.pack(v.csa_sessionid, v.csa_sequenceid, v.csa_slotid, v.csa_highest_slotid, v.csa_cachethis)
-        _a130 = v.csa_referring_call_lists
-        _n = len(_a130)
+        _a480 = v.csa_referring_call_lists
+        _n = len(_a480)
         w += _U32.pack(_n)
-        for _x130 in _a130:
-            enc_referring_call_list4(w, _x130)
+        for _x480 in _a480:
+            _s481 = _x480
+            if len(_s481.rcl_sessionid) != 16: raise _XdrError('fixed opaque rcl_sessionid must be 16 bytes', len(w))
+            w += _S5.pack(_s481.rcl_sessionid)
+            _a482 = _s481.rcl_referring_calls
+            _n = len(_a482)
+            w += _U32.pack(_n)
+            for _x482 in _a482:
+                w += _S1.pack(_x482.rc_sequenceid, _x482.rc_slotid)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_SEQUENCE4args: {_e}', len(w)) from None
 
@@ -13154,8 +15810,21 @@ def dec_CB_SEQUENCE4args(r: _Reader, off: int) -> tuple[CB_SEQUENCE4args, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_csa_referring_call_lists = []
         for _ in range(_n):
-            _x131, off = dec_referring_call_list4(r, off)
-            f_csa_referring_call_lists.append(_x131)
+            _t = _S5.unpack_from(buf, off)
+            off += 16
+            _i484_rcl_sessionid = _t[0]
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 8 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i484_rcl_referring_calls = []
+            for _ in range(_n):
+                _t = _S1.unpack_from(buf, off)
+                off += 8
+                _x485 = referring_call4(_t[0], _t[1])
+                _i484_rcl_referring_calls.append(_x485)
+            _x483 = referring_call_list4(_i484_rcl_sessionid, _i484_rcl_referring_calls)
+            f_csa_referring_call_lists.append(_x483)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_SEQUENCE4args', o0) from None
     return CB_SEQUENCE4args(f_csa_sessionid, f_csa_sequenceid, f_csa_slotid, f_csa_highest_slotid, f_csa_cachethis, f_csa_referring_call_lists), off
@@ -13202,6 +15871,7 @@ class CB_SEQUENCE4res:
 
 _CB_SEQUENCE4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_CB_SEQUENCE4resok}
 _CB_SEQUENCE4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_CB_SEQUENCE4resok}
+_CB_SEQUENCE4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_CB_SEQUENCE4resok)}
 
 
 def enc_CB_SEQUENCE4res(w: _Writer, v: CB_SEQUENCE4res) -> None:
@@ -13216,14 +15886,21 @@ def enc_CB_SEQUENCE4res(w: _Writer, v: CB_SEQUENCE4res) -> None:
 
 
 def dec_CB_SEQUENCE4res(r: _Reader, off: int) -> tuple[CB_SEQUENCE4res, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _nfsstat4_MAP[_S2.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated CB_SEQUENCE4res discriminant', o0) from None
-    _f = _CB_SEQUENCE4res_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return CB_SEQUENCE4res(_d, _v), off
+        (_d486,) = _S2.unpack_from(buf, off)
+        _a486 = _CB_SEQUENCE4res_ARMS.get(_d486)
+        if _a486 is None:
+            _d486 = _nfsstat4_MAP[(_d486,)[0]]
+            _f486 = _void_decode
+        else:
+            _d486, _f486 = _a486
+        _v486, off = _f486(r, off + 4)
+        _u = CB_SEQUENCE4res(_d486, _v486)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated CB_SEQUENCE4res', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -13291,7 +15968,15 @@ def enc_CB_NOTIFY_LOCK4args(w: _Writer, v: CB_NOTIFY_LOCK4args) -> None:
         w += _U32.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        enc_state_owner4(w, v.cnla_lock_owner)
+        _s487 = v.cnla_lock_owner
+        w += _S4.pack(_s487.clientid)
+        _v = _s487.owner
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_NOTIFY_LOCK4args: {_e}', len(w)) from None
 
@@ -13311,7 +15996,21 @@ def dec_CB_NOTIFY_LOCK4args(r: _Reader, off: int) -> tuple[CB_NOTIFY_LOCK4args, 
             raise _XdrError('opaque runs past the end', off)
         f_cnla_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_cnla_lock_owner, off = dec_state_owner4(r, off)
+        _t = _S4.unpack_from(buf, off)
+        off += 8
+        _i488_clientid = _t[0]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i488_owner = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_cnla_lock_owner = state_owner4(_i488_clientid, _i488_owner)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_NOTIFY_LOCK4args', o0) from None
     return CB_NOTIFY_LOCK4args(f_cnla_fh, f_cnla_lock_owner), off
@@ -13428,11 +16127,21 @@ class CB_NOTIFY_DEVICEID4args:
 
 def enc_CB_NOTIFY_DEVICEID4args(w: _Writer, v: CB_NOTIFY_DEVICEID4args) -> None:
     try:
-        _a132 = v.cnda_changes
-        _n = len(_a132)
+        _a489 = v.cnda_changes
+        _n = len(_a489)
         w += _U32.pack(_n)
-        for _x132 in _a132:
-            enc_notify4(w, _x132)
+        for _x489 in _a489:
+            _s490 = _x489
+            _a491 = _s490.notify_mask
+            _n = len(_a491)
+            w += _U32.pack(_n)
+            for _x491 in _a491:
+                w += _S0.pack(_x491)
+            _v = _s490.notify_vals
+            _n = len(_v)
+            w += _U32.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_NOTIFY_DEVICEID4args: {_e}', len(w)) from None
 
@@ -13447,8 +16156,27 @@ def dec_CB_NOTIFY_DEVICEID4args(r: _Reader, off: int) -> tuple[CB_NOTIFY_DEVICEI
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_cnda_changes = []
         for _ in range(_n):
-            _x133, off = dec_notify4(r, off)
-            f_cnda_changes.append(_x133)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i493_notify_mask = []
+            for _ in range(_n):
+                _t = _S0.unpack_from(buf, off)
+                off += 4
+                _x494 = _t[0]
+                _i493_notify_mask.append(_x494)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            if _e > len(buf):
+                raise _XdrError('opaque runs past the end', off)
+            _i493_notify_vals = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _x492 = notify4(_i493_notify_mask, _i493_notify_vals)
+            f_cnda_changes.append(_x492)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_NOTIFY_DEVICEID4args', o0) from None
     return CB_NOTIFY_DEVICEID4args(f_cnda_changes), off
@@ -13532,6 +16260,7 @@ class nfs_cb_argop4:
 
 _nfs_cb_argop4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {3: enc_CB_GETATTR4args, 4: enc_CB_RECALL4args, 5: enc_CB_LAYOUTRECALL4args, 6: enc_CB_NOTIFY4args, 7: enc_CB_PUSH_DELEG4args, 8: enc_CB_RECALL_ANY4args, 9: enc_CB_RECALL_ANY4args, 10: enc_CB_RECALL_SLOT4args, 11: enc_CB_SEQUENCE4args, 12: enc_CB_WANTS_CANCELLED4args, 13: enc_CB_NOTIFY_LOCK4args, 14: enc_CB_NOTIFY_DEVICEID4args, 10044: _void_encode}
 _nfs_cb_argop4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {3: dec_CB_GETATTR4args, 4: dec_CB_RECALL4args, 5: dec_CB_LAYOUTRECALL4args, 6: dec_CB_NOTIFY4args, 7: dec_CB_PUSH_DELEG4args, 8: dec_CB_RECALL_ANY4args, 9: dec_CB_RECALL_ANY4args, 10: dec_CB_RECALL_SLOT4args, 11: dec_CB_SEQUENCE4args, 12: dec_CB_WANTS_CANCELLED4args, 13: dec_CB_NOTIFY_LOCK4args, 14: dec_CB_NOTIFY_DEVICEID4args, 10044: _void_decode}
+_nfs_cb_argop4_ARMS: dict[int, tuple[_Any, _Any]] = {3: ((3,)[0], dec_CB_GETATTR4args), 4: ((4,)[0], dec_CB_RECALL4args), 5: ((5,)[0], dec_CB_LAYOUTRECALL4args), 6: ((6,)[0], dec_CB_NOTIFY4args), 7: ((7,)[0], dec_CB_PUSH_DELEG4args), 8: ((8,)[0], dec_CB_RECALL_ANY4args), 9: ((9,)[0], dec_CB_RECALL_ANY4args), 10: ((10,)[0], dec_CB_RECALL_SLOT4args), 11: ((11,)[0], dec_CB_SEQUENCE4args), 12: ((12,)[0], dec_CB_WANTS_CANCELLED4args), 13: ((13,)[0], dec_CB_NOTIFY_LOCK4args), 14: ((14,)[0], dec_CB_NOTIFY_DEVICEID4args), 10044: ((10044,)[0], _void_decode)}
 
 
 def enc_nfs_cb_argop4(w: _Writer, v: nfs_cb_argop4) -> None:
@@ -13547,16 +16276,20 @@ def enc_nfs_cb_argop4(w: _Writer, v: nfs_cb_argop4) -> None:
 
 
 def dec_nfs_cb_argop4(r: _Reader, off: int) -> tuple[nfs_cb_argop4, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _S0.unpack_from(r.buf, off)[0]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated nfs_cb_argop4 discriminant', o0) from None
-    _f = _nfs_cb_argop4_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of nfs_cb_argop4' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return nfs_cb_argop4(_d, _v), off
+        (_d495,) = _S0.unpack_from(buf, off)
+        _a495 = _nfs_cb_argop4_ARMS.get(_d495)
+        if _a495 is None:
+            raise _XdrError('%r is not a case of nfs_cb_argop4' % (_d495,), off)
+        else:
+            _d495, _f495 = _a495
+        _v495, off = _f495(r, off + 4)
+        _u = nfs_cb_argop4(_d495, _v495)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated nfs_cb_argop4', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -13567,6 +16300,7 @@ class nfs_cb_resop4:
 
 _nfs_cb_resop4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {3: enc_CB_GETATTR4res, 4: enc_CB_RECALL4res, 5: enc_CB_LAYOUTRECALL4res, 6: enc_CB_NOTIFY4res, 7: enc_CB_PUSH_DELEG4res, 8: enc_CB_RECALL_ANY4res, 9: enc_CB_RECALLABLE_OBJ_AVAIL4res, 10: enc_CB_RECALL_SLOT4res, 11: enc_CB_SEQUENCE4res, 12: enc_CB_WANTS_CANCELLED4res, 13: enc_CB_NOTIFY_LOCK4res, 14: enc_CB_NOTIFY_DEVICEID4res, 10044: enc_CB_ILLEGAL4res}
 _nfs_cb_resop4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {3: dec_CB_GETATTR4res, 4: dec_CB_RECALL4res, 5: dec_CB_LAYOUTRECALL4res, 6: dec_CB_NOTIFY4res, 7: dec_CB_PUSH_DELEG4res, 8: dec_CB_RECALL_ANY4res, 9: dec_CB_RECALLABLE_OBJ_AVAIL4res, 10: dec_CB_RECALL_SLOT4res, 11: dec_CB_SEQUENCE4res, 12: dec_CB_WANTS_CANCELLED4res, 13: dec_CB_NOTIFY_LOCK4res, 14: dec_CB_NOTIFY_DEVICEID4res, 10044: dec_CB_ILLEGAL4res}
+_nfs_cb_resop4_ARMS: dict[int, tuple[_Any, _Any]] = {3: ((3,)[0], dec_CB_GETATTR4res), 4: ((4,)[0], dec_CB_RECALL4res), 5: ((5,)[0], dec_CB_LAYOUTRECALL4res), 6: ((6,)[0], dec_CB_NOTIFY4res), 7: ((7,)[0], dec_CB_PUSH_DELEG4res), 8: ((8,)[0], dec_CB_RECALL_ANY4res), 9: ((9,)[0], dec_CB_RECALLABLE_OBJ_AVAIL4res), 10: ((10,)[0], dec_CB_RECALL_SLOT4res), 11: ((11,)[0], dec_CB_SEQUENCE4res), 12: ((12,)[0], dec_CB_WANTS_CANCELLED4res), 13: ((13,)[0], dec_CB_NOTIFY_LOCK4res), 14: ((14,)[0], dec_CB_NOTIFY_DEVICEID4res), 10044: ((10044,)[0], dec_CB_ILLEGAL4res)}
 
 
 def enc_nfs_cb_resop4(w: _Writer, v: nfs_cb_resop4) -> None:
@@ -13582,16 +16316,20 @@ def enc_nfs_cb_resop4(w: _Writer, v: nfs_cb_resop4) -> None:
 
 
 def dec_nfs_cb_resop4(r: _Reader, off: int) -> tuple[nfs_cb_resop4, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _S0.unpack_from(r.buf, off)[0]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated nfs_cb_resop4 discriminant', o0) from None
-    _f = _nfs_cb_resop4_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of nfs_cb_resop4' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return nfs_cb_resop4(_d, _v), off
+        (_d496,) = _S0.unpack_from(buf, off)
+        _a496 = _nfs_cb_resop4_ARMS.get(_d496)
+        if _a496 is None:
+            raise _XdrError('%r is not a case of nfs_cb_resop4' % (_d496,), off)
+        else:
+            _d496, _f496 = _a496
+        _v496, off = _f496(r, off + 4)
+        _u = nfs_cb_resop4(_d496, _v496)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated nfs_cb_resop4', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -13610,11 +16348,11 @@ def enc_CB_COMPOUND4args(w: _Writer, v: CB_COMPOUND4args) -> None:
         w += _v
         w += _PAD[_n & 3]
         w += _S1.pack(v.minorversion, v.callback_ident)
-        _a134 = v.argarray
-        _n = len(_a134)
+        _a497 = v.argarray
+        _n = len(_a497)
         w += _U32.pack(_n)
-        for _x134 in _a134:
-            enc_nfs_cb_argop4(w, _x134)
+        for _x497 in _a497:
+            enc_nfs_cb_argop4(w, _x497)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_COMPOUND4args: {_e}', len(w)) from None
 
@@ -13642,8 +16380,15 @@ def dec_CB_COMPOUND4args(r: _Reader, off: int) -> tuple[CB_COMPOUND4args, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_argarray = []
         for _ in range(_n):
-            _x135, off = dec_nfs_cb_argop4(r, off)
-            f_argarray.append(_x135)
+            (_d499,) = _S0.unpack_from(buf, off)
+            _a499 = _nfs_cb_argop4_ARMS.get(_d499)
+            if _a499 is None:
+                raise _XdrError('%r is not a case of nfs_cb_argop4' % (_d499,), off)
+            else:
+                _d499, _f499 = _a499
+            _v499, off = _f499(r, off + 4)
+            _x498 = nfs_cb_argop4(_d499, _v499)
+            f_argarray.append(_x498)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_COMPOUND4args', o0) from None
     return CB_COMPOUND4args(f_tag, f_minorversion, f_callback_ident, f_argarray), off
@@ -13664,11 +16409,11 @@ def enc_CB_COMPOUND4res(w: _Writer, v: CB_COMPOUND4res) -> None:
         w += _U32.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _a136 = v.resarray
-        _n = len(_a136)
+        _a500 = v.resarray
+        _n = len(_a500)
         w += _U32.pack(_n)
-        for _x136 in _a136:
-            enc_nfs_cb_resop4(w, _x136)
+        for _x500 in _a500:
+            enc_nfs_cb_resop4(w, _x500)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_COMPOUND4res: {_e}', len(w)) from None
 
@@ -13695,8 +16440,15 @@ def dec_CB_COMPOUND4res(r: _Reader, off: int) -> tuple[CB_COMPOUND4res, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_resarray = []
         for _ in range(_n):
-            _x137, off = dec_nfs_cb_resop4(r, off)
-            f_resarray.append(_x137)
+            (_d502,) = _S0.unpack_from(buf, off)
+            _a502 = _nfs_cb_resop4_ARMS.get(_d502)
+            if _a502 is None:
+                raise _XdrError('%r is not a case of nfs_cb_resop4' % (_d502,), off)
+            else:
+                _d502, _f502 = _a502
+            _v502, off = _f502(r, off + 4)
+            _x501 = nfs_cb_resop4(_d502, _v502)
+            f_resarray.append(_x501)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_COMPOUND4res', o0) from None
     return CB_COMPOUND4res(f_status, f_tag, f_resarray), off

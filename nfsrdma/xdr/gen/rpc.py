@@ -301,8 +301,24 @@ class call_body:
 def enc_call_body(w: _Writer, v: call_body) -> None:
     try:
         w += _S2.pack(v.rpcvers, v.prog, v.vers, v.proc)
-        enc_opaque_auth(w, v.cred)
-        enc_opaque_auth(w, v.verf)
+        _s1 = v.cred
+        w += _S0.pack(_s1.flavor)
+        _v = _s1.body
+        _n = len(_v)
+        if _n > 400:
+            raise _XdrError('body: length %d exceeds 400' % _n, len(w))
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _s2 = v.verf
+        w += _S0.pack(_s2.flavor)
+        _v = _s2.body
+        _n = len(_v)
+        if _n > 400:
+            raise _XdrError('body: length %d exceeds 400' % _n, len(w))
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode call_body: {_e}', len(w)) from None
 
@@ -317,8 +333,36 @@ def dec_call_body(r: _Reader, off: int) -> tuple[call_body, int]:
         f_prog = _t[1]
         f_vers = _t[2]
         f_proc = _t[3]
-        f_cred, off = dec_opaque_auth(r, off)
-        f_verf, off = dec_opaque_auth(r, off)
+        _t = _S0.unpack_from(buf, off)
+        off += 4
+        _i3_flavor = _t[0]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 400:
+            raise _XdrError('body: length %d exceeds 400' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i3_body = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_cred = opaque_auth(_i3_flavor, _i3_body)
+        _t = _S0.unpack_from(buf, off)
+        off += 4
+        _i4_flavor = _t[0]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 400:
+            raise _XdrError('body: length %d exceeds 400' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i4_body = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_verf = opaque_auth(_i4_flavor, _i4_body)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated call_body', o0) from None
     return call_body(f_rpcvers, f_prog, f_vers, f_proc, f_cred, f_verf), off
@@ -332,6 +376,7 @@ class accepted_reply_data:
 
 _accepted_reply_data_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: _void_encode, 2: enc_mismatch_info}
 _accepted_reply_data_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: _void_decode, 2: dec_mismatch_info}
+_accepted_reply_data_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_accept_stat_MAP[(0,)[0]], _void_decode), 2: (_accept_stat_MAP[(2,)[0]], dec_mismatch_info)}
 
 
 def enc_accepted_reply_data(w: _Writer, v: accepted_reply_data) -> None:
@@ -346,14 +391,21 @@ def enc_accepted_reply_data(w: _Writer, v: accepted_reply_data) -> None:
 
 
 def dec_accepted_reply_data(r: _Reader, off: int) -> tuple[accepted_reply_data, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _accept_stat_MAP[_S3.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated accepted_reply_data discriminant', o0) from None
-    _f = _accepted_reply_data_DEC.get(_d, _void_decode)
-    _v, off = _f(r, off + 4)
-    return accepted_reply_data(_d, _v), off
+        (_d5,) = _S3.unpack_from(buf, off)
+        _a5 = _accepted_reply_data_ARMS.get(_d5)
+        if _a5 is None:
+            _d5 = _accept_stat_MAP[(_d5,)[0]]
+            _f5 = _void_decode
+        else:
+            _d5, _f5 = _a5
+        _v5, off = _f5(r, off + 4)
+        _u = accepted_reply_data(_d5, _v5)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated accepted_reply_data', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -364,7 +416,15 @@ class accepted_reply:
 
 def enc_accepted_reply(w: _Writer, v: accepted_reply) -> None:
     try:
-        enc_opaque_auth(w, v.verf)
+        _s6 = v.verf
+        w += _S0.pack(_s6.flavor)
+        _v = _s6.body
+        _n = len(_v)
+        if _n > 400:
+            raise _XdrError('body: length %d exceeds 400' % _n, len(w))
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
         enc_accepted_reply_data(w, v.reply_data)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode accepted_reply: {_e}', len(w)) from None
@@ -374,8 +434,30 @@ def dec_accepted_reply(r: _Reader, off: int) -> tuple[accepted_reply, int]:
     buf = r.buf
     o0 = off
     try:
-        f_verf, off = dec_opaque_auth(r, off)
-        f_reply_data, off = dec_accepted_reply_data(r, off)
+        _t = _S0.unpack_from(buf, off)
+        off += 4
+        _i7_flavor = _t[0]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 400:
+            raise _XdrError('body: length %d exceeds 400' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        _i7_body = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_verf = opaque_auth(_i7_flavor, _i7_body)
+        (_d8,) = _S3.unpack_from(buf, off)
+        _a8 = _accepted_reply_data_ARMS.get(_d8)
+        if _a8 is None:
+            _d8 = _accept_stat_MAP[(_d8,)[0]]
+            _f8 = _void_decode
+        else:
+            _d8, _f8 = _a8
+        _v8, off = _f8(r, off + 4)
+        f_reply_data = accepted_reply_data(_d8, _v8)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated accepted_reply', o0) from None
     return accepted_reply(f_verf, f_reply_data), off
@@ -389,6 +471,7 @@ class rejected_reply:
 
 _rejected_reply_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_mismatch_info, 1: enc_auth_stat}
 _rejected_reply_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_mismatch_info, 1: dec_auth_stat}
+_rejected_reply_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_reject_stat_MAP[(0,)[0]], dec_mismatch_info), 1: (_reject_stat_MAP[(1,)[0]], dec_auth_stat)}
 
 
 def enc_rejected_reply(w: _Writer, v: rejected_reply) -> None:
@@ -405,16 +488,20 @@ def enc_rejected_reply(w: _Writer, v: rejected_reply) -> None:
 
 
 def dec_rejected_reply(r: _Reader, off: int) -> tuple[rejected_reply, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _reject_stat_MAP[_S3.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated rejected_reply discriminant', o0) from None
-    _f = _rejected_reply_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of rejected_reply' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return rejected_reply(_d, _v), off
+        (_d9,) = _S3.unpack_from(buf, off)
+        _a9 = _rejected_reply_ARMS.get(_d9)
+        if _a9 is None:
+            raise _XdrError('%r is not a case of rejected_reply' % (_d9,), off)
+        else:
+            _d9, _f9 = _a9
+        _v9, off = _f9(r, off + 4)
+        _u = rejected_reply(_d9, _v9)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated rejected_reply', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -425,6 +512,7 @@ class reply_body:
 
 _reply_body_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_accepted_reply, 1: enc_rejected_reply}
 _reply_body_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_accepted_reply, 1: dec_rejected_reply}
+_reply_body_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_reply_stat_MAP[(0,)[0]], dec_accepted_reply), 1: (_reply_stat_MAP[(1,)[0]], dec_rejected_reply)}
 
 
 def enc_reply_body(w: _Writer, v: reply_body) -> None:
@@ -441,16 +529,20 @@ def enc_reply_body(w: _Writer, v: reply_body) -> None:
 
 
 def dec_reply_body(r: _Reader, off: int) -> tuple[reply_body, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _reply_stat_MAP[_S3.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated reply_body discriminant', o0) from None
-    _f = _reply_body_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of reply_body' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return reply_body(_d, _v), off
+        (_d10,) = _S3.unpack_from(buf, off)
+        _a10 = _reply_body_ARMS.get(_d10)
+        if _a10 is None:
+            raise _XdrError('%r is not a case of reply_body' % (_d10,), off)
+        else:
+            _d10, _f10 = _a10
+        _v10, off = _f10(r, off + 4)
+        _u = reply_body(_d10, _v10)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated reply_body', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -461,6 +553,7 @@ class rpc_msg_body:
 
 _rpc_msg_body_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_call_body, 1: enc_reply_body}
 _rpc_msg_body_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_call_body, 1: dec_reply_body}
+_rpc_msg_body_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_msg_type_MAP[(0,)[0]], dec_call_body), 1: (_msg_type_MAP[(1,)[0]], dec_reply_body)}
 
 
 def enc_rpc_msg_body(w: _Writer, v: rpc_msg_body) -> None:
@@ -477,16 +570,20 @@ def enc_rpc_msg_body(w: _Writer, v: rpc_msg_body) -> None:
 
 
 def dec_rpc_msg_body(r: _Reader, off: int) -> tuple[rpc_msg_body, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _msg_type_MAP[_S3.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated rpc_msg_body discriminant', o0) from None
-    _f = _rpc_msg_body_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of rpc_msg_body' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return rpc_msg_body(_d, _v), off
+        (_d11,) = _S3.unpack_from(buf, off)
+        _a11 = _rpc_msg_body_ARMS.get(_d11)
+        if _a11 is None:
+            raise _XdrError('%r is not a case of rpc_msg_body' % (_d11,), off)
+        else:
+            _d11, _f11 = _a11
+        _v11, off = _f11(r, off + 4)
+        _u = rpc_msg_body(_d11, _v11)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated rpc_msg_body', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -510,7 +607,14 @@ def dec_rpc_msg(r: _Reader, off: int) -> tuple[rpc_msg, int]:
         _t = _S0.unpack_from(buf, off)
         off += 4
         f_xid = _t[0]
-        f_body, off = dec_rpc_msg_body(r, off)
+        (_d12,) = _S3.unpack_from(buf, off)
+        _a12 = _rpc_msg_body_ARMS.get(_d12)
+        if _a12 is None:
+            raise _XdrError('%r is not a case of rpc_msg_body' % (_d12,), off)
+        else:
+            _d12, _f12 = _a12
+        _v12, off = _f12(r, off + 4)
+        f_body = rpc_msg_body(_d12, _v12)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated rpc_msg', o0) from None
     return rpc_msg(f_xid, f_body), off
@@ -536,12 +640,12 @@ def enc_authsys_parms(w: _Writer, v: authsys_parms) -> None:
         w += _v
         w += _PAD[_n & 3]
         w += _S1.pack(v.uid, v.gid)
-        _a1 = v.gids
-        _n = len(_a1)
+        _a13 = v.gids
+        _n = len(_a13)
         if _n > 16:
             raise _XdrError('gids: length %d exceeds 16' % _n, len(w))
         w += _U32.pack(_n)
-        w += _struct.pack('>%dI' % _n, *_a1)
+        w += _struct.pack('>%dI' % _n, *_a13)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode authsys_parms: {_e}', len(w)) from None
 

@@ -231,7 +231,12 @@ class xdr_write_list:
 
 def enc_xdr_write_list(w: _Writer, v: xdr_write_list) -> None:
     try:
-        enc_xdr_write_chunk(w, v.entry)
+        _s3 = v.entry
+        _a4 = _s3.target
+        _n = len(_a4)
+        w += _U32.pack(_n)
+        for _x4 in _a4:
+            w += _S2.pack(_x4.handle, _x4.length, _x4.offset)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode xdr_write_list: {_e}', len(w)) from None
 
@@ -240,7 +245,17 @@ def dec_xdr_write_list(r: _Reader, off: int) -> tuple[xdr_write_list, int]:
     buf = r.buf
     o0 = off
     try:
-        f_entry, off = dec_xdr_write_chunk(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 16 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i5_target = []
+        for _ in range(_n):
+            _t = _S2.unpack_from(buf, off)
+            off += 16
+            _x6 = xdr_rdma_segment(_t[0], _t[1], _t[2])
+            _i5_target.append(_x6)
+        f_entry = xdr_write_chunk(_i5_target)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xdr_write_list', o0) from None
     return xdr_write_list(f_entry), off
@@ -249,7 +264,12 @@ def dec_xdr_write_list(r: _Reader, off: int) -> tuple[xdr_write_list, int]:
 def _enc_list_xdr_write_list(w: _Writer, items: list[xdr_write_chunk]) -> None:
     for _i in items:
         w += _TRUE
-        enc_xdr_write_chunk(w, _i)
+        _s7 = _i
+        _a8 = _s7.target
+        _n = len(_a8)
+        w += _U32.pack(_n)
+        for _x8 in _a8:
+            w += _S2.pack(_x8.handle, _x8.length, _x8.offset)
     w += _FALSE
 
 
@@ -267,7 +287,17 @@ def _dec_list_xdr_write_list(r: _Reader, off: int) -> tuple[list[xdr_write_chunk
             raise _XdrError('list link is not a bool', off - 4)
         o0 = off
         try:
-            _x, off = dec_xdr_write_chunk(r, off)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 16 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i9_target = []
+            for _ in range(_n):
+                _t = _S2.unpack_from(buf, off)
+                off += 16
+                _x10 = xdr_rdma_segment(_t[0], _t[1], _t[2])
+                _i9_target.append(_x10)
+            _x = xdr_write_chunk(_i9_target)
         except (_struct.error, KeyError, IndexError, UnicodeError):
             raise _XdrError('invalid or truncated xdr_write_list', o0) from None
         items.append(_x)
@@ -455,6 +485,7 @@ class rpc_rdma_error:
 
 _rpc_rdma_error_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_rpc_rdma_errvers, 2: _void_encode}
 _rpc_rdma_error_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_rpc_rdma_errvers, 2: _void_decode}
+_rpc_rdma_error_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_rpc_rdma_errcode_MAP[(1,)[0]], dec_rpc_rdma_errvers), 2: (_rpc_rdma_errcode_MAP[(2,)[0]], _void_decode)}
 
 
 def enc_rpc_rdma_error(w: _Writer, v: rpc_rdma_error) -> None:
@@ -471,16 +502,20 @@ def enc_rpc_rdma_error(w: _Writer, v: rpc_rdma_error) -> None:
 
 
 def dec_rpc_rdma_error(r: _Reader, off: int) -> tuple[rpc_rdma_error, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _rpc_rdma_errcode_MAP[_S5.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated rpc_rdma_error discriminant', o0) from None
-    _f = _rpc_rdma_error_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of rpc_rdma_error' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return rpc_rdma_error(_d, _v), off
+        (_d11,) = _S5.unpack_from(buf, off)
+        _a11 = _rpc_rdma_error_ARMS.get(_d11)
+        if _a11 is None:
+            raise _XdrError('%r is not a case of rpc_rdma_error' % (_d11,), off)
+        else:
+            _d11, _f11 = _a11
+        _v11, off = _f11(r, off + 4)
+        _u = rpc_rdma_error(_d11, _v11)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated rpc_rdma_error', o0) from None
+    return _u, off
 
 
 class rdma_proc(_IntEnum):
@@ -521,6 +556,7 @@ class rdma_body:
 
 _rdma_body_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_rpc_rdma_header, 1: enc_rpc_rdma_header_nomsg, 2: enc_rpc_rdma_header_padded, 3: _void_encode, 4: enc_rpc_rdma_error}
 _rdma_body_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_rpc_rdma_header, 1: dec_rpc_rdma_header_nomsg, 2: dec_rpc_rdma_header_padded, 3: _void_decode, 4: dec_rpc_rdma_error}
+_rdma_body_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_rdma_proc_MAP[(0,)[0]], dec_rpc_rdma_header), 1: (_rdma_proc_MAP[(1,)[0]], dec_rpc_rdma_header_nomsg), 2: (_rdma_proc_MAP[(2,)[0]], dec_rpc_rdma_header_padded), 3: (_rdma_proc_MAP[(3,)[0]], _void_decode), 4: (_rdma_proc_MAP[(4,)[0]], dec_rpc_rdma_error)}
 
 
 def enc_rdma_body(w: _Writer, v: rdma_body) -> None:
@@ -537,16 +573,20 @@ def enc_rdma_body(w: _Writer, v: rdma_body) -> None:
 
 
 def dec_rdma_body(r: _Reader, off: int) -> tuple[rdma_body, int]:
+    buf = r.buf
     o0 = off
     try:
-        _d = _rdma_proc_MAP[_S5.unpack_from(r.buf, off)[0]]
-    except (_struct.error, KeyError, IndexError):
-        raise _XdrError('invalid or truncated rdma_body discriminant', o0) from None
-    _f = _rdma_body_DEC.get(_d)
-    if _f is None:
-        raise _XdrError('%r is not a case of rdma_body' % (_d,), o0)
-    _v, off = _f(r, off + 4)
-    return rdma_body(_d, _v), off
+        (_d12,) = _S5.unpack_from(buf, off)
+        _a12 = _rdma_body_ARMS.get(_d12)
+        if _a12 is None:
+            raise _XdrError('%r is not a case of rdma_body' % (_d12,), off)
+        else:
+            _d12, _f12 = _a12
+        _v12, off = _f12(r, off + 4)
+        _u = rdma_body(_d12, _v12)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated rdma_body', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -574,7 +614,14 @@ def dec_rdma_msg(r: _Reader, off: int) -> tuple[rdma_msg, int]:
         f_rdma_xid = _t[0]
         f_rdma_vers = _t[1]
         f_rdma_credit = _t[2]
-        f_rdma_body, off = dec_rdma_body(r, off)
+        (_d13,) = _S5.unpack_from(buf, off)
+        _a13 = _rdma_body_ARMS.get(_d13)
+        if _a13 is None:
+            raise _XdrError('%r is not a case of rdma_body' % (_d13,), off)
+        else:
+            _d13, _f13 = _a13
+        _v13, off = _f13(r, off + 4)
+        f_rdma_body = rdma_body(_d13, _v13)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated rdma_msg', o0) from None
     return rdma_msg(f_rdma_xid, f_rdma_vers, f_rdma_credit, f_rdma_body), off

@@ -170,6 +170,30 @@ async def test_many_small_calls_in_flight(nfs_server: Server, testdir: str) -> N
         assert fs.session.slots.stats.max_in_flight >= 16
 
 
+async def test_stat_many(nfs_server: Server, testdir: str) -> None:
+    """Many stats, several per COMPOUND; failures stay with their own path."""
+    async with nc.connect(nfs_server.url(), uid=0, gid=0) as fs:
+        await fs.makedirs(f"{testdir}/sub")
+        names = [f"{testdir}/f{i}" for i in range(25)] + [f"{testdir}/sub/g{i}" for i in range(5)]
+        await asyncio.gather(*(fs.write_bytes(n, b"x" * (i % 7)) for i, n in enumerate(names)))
+        await fs.symlink("f3", f"{testdir}/link")
+        calls = fs.session.stats.calls
+        paths = [*names, f"{testdir}/missing", f"{testdir}/link", f"{testdir}/f1/x", "", testdir]
+        got = await fs.stat_many(paths)
+        for i, n in enumerate(names):
+            st = got[i]
+            assert isinstance(st, nc.FileStat) and st.st_size == i % 7, n
+        assert isinstance(got[30], FileNotFoundError)
+        link = got[31]
+        assert isinstance(link, nc.FileStat) and link.is_file() and link.st_size == 3
+        assert isinstance(got[32], NotADirectoryError)
+        assert isinstance(got[33], nc.FileStat) and got[33].is_dir()
+        assert isinstance(got[34], nc.FileStat) and got[34].is_dir()
+        assert fs.session.stats.calls - calls < len(paths) // 2  # batched
+        nofollow = await fs.stat_many([f"{testdir}/link"], follow_symlinks=False)
+        assert isinstance(nofollow[0], nc.FileStat) and nofollow[0].is_symlink()
+
+
 async def test_locks(nfs_server: Server, testdir: str) -> None:
     async with (
         nc.connect(nfs_server.url(), uid=0, gid=0) as fs1,

@@ -41,6 +41,9 @@ def test_compound_outcomes() -> None:
     # A retry whose reply was not cached: run an idempotent request again, report otherwise.
     assert after_compound(nfs4.NFS4ERR_RETRY_UNCACHED_REP, idempotent=True) is Action.RETRY
     assert after_compound(nfs4.NFS4ERR_RETRY_UNCACHED_REP, idempotent=False) is Action.DONE
+    assert after_compound(nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE, idempotent=False) is (
+        Action.RETRY_UNCACHED
+    )
     assert after_compound(nfs4.NFS4ERR_EXPIRED, idempotent=True) is Action.NEW_CLIENT
     assert after_compound(nfs4.NFS4ERR_BADSESSION, idempotent=True) is Action.NEW_SESSION
 

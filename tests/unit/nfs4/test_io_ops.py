@@ -180,7 +180,10 @@ class Nfs:
 
 @contextlib.asynccontextmanager
 async def served(
-    tmp_path: Path, clients: int = 1, config: ServerConfig | None = None
+    tmp_path: Path,
+    clients: int = 1,
+    config: ServerConfig | None = None,
+    backchannel: bool = False,
 ) -> AsyncIterator[tuple[NFSServer, list[Nfs]]]:
     export = tmp_path / "export"
     export.mkdir(exist_ok=True)
@@ -200,7 +203,7 @@ async def served(
         for i in range(clients):
             s = ClientSession(
                 lambda: connect_tcp("127.0.0.1", port),
-                SessionOptions(backchannel=False, owner=f"test-client-{i}".encode()),
+                SessionOptions(backchannel=backchannel, owner=f"test-client-{i}".encode()),
             )
             await s.start()
             sessions.append(s)
@@ -217,7 +220,9 @@ async def served(
 async def test_open_write_commit_read_close(tmp_path: Path) -> None:
     async with served(tmp_path) as (server, (c,)):
         fh, sid, ok = await c.open(b"f")
-        assert ok.stateid.seqid == 1 and ok.rflags == nfs4.OPEN4_RESULT_LOCKTYPE_POSIX
+        assert ok.stateid.seqid == 1
+        may_notify = nfs4.OPEN4_RESULT_MAY_NOTIFY_LOCK  # CB_NOTIFY_LOCK is sent (20.11)
+        assert ok.rflags == nfs4.OPEN4_RESULT_LOCKTYPE_POSIX | may_notify
         assert not ok.rflags & nfs4.OPEN4_RESULT_CONFIRM  # SS-30
         assert ok.delegation.delegation_type == nfs4.OPEN_DELEGATE_NONE
         assert ok.attrset == bitmap_of([nfs4.FATTR4_MODE])
@@ -687,3 +692,25 @@ async def test_client_expiry_through_the_session_layer(tmp_path: Path) -> None:
         assert not server.state.state.client_has_state(cid)
         _, sb, _ = await b.open(b"x", BOTH, DENY_WRITE, how=NOCREATE)
         await b.on(fh, OK, b.lock_new(sb, b"q", 0, MAX))
+
+
+async def test_blocked_lock_owner_is_notified_by_cb_notify_lock(tmp_path: Path) -> None:
+    """RFC 8881 20.11: a refused blocking lock (WRITEW_LT) gets CB_NOTIFY_LOCK, with
+    CB_SEQUENCE, on the waiter's back channel once the conflicting lock goes (UL-22)."""
+    async with served(tmp_path, clients=2, backchannel=True) as (server, (a, b)):
+        fh, sa, _ = await a.open(b"contended")
+        _, sb, _ = await b.open(b"contended")
+        res = await a.on(fh, OK, a.lock_new(sa, b"pidA", 0, 100))
+        la = res.resarray[1].value.value.lock_stateid
+        await b.on(fh, nfs4.NFS4ERR_DENIED, b.lock_new(sb, b"pidB", 0, 100, nfs4.WRITEW_LT))
+        before = b.s.stats.callbacks
+        await a.on(fh, OK, a.unlock(la, 0, 100))
+        assert server.callbacks is not None
+        for _ in range(200):
+            if b.s.stats.callbacks > before:
+                break
+            await asyncio.sleep(0.01)
+        assert b.s.stats.callbacks == before + 1
+        assert server.callbacks.sent == 1 and server.callbacks.failed == 0
+        # The waiter takes the lock now; no further notification is pending.
+        await b.on(fh, OK, b.lock_new(sb, b"pidB", 0, 100, nfs4.WRITEW_LT))

@@ -8,13 +8,20 @@ import errno
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nfsrdma.nfs4 import state_locks
-from nfsrdma.nfs4.context import ANONYMOUS_STATEID, BYPASS_STATEID, CURRENT_STATEID, Nfs4Error
+from nfsrdma.nfs4.context import (
+    ANONYMOUS_STATEID,
+    BYPASS_STATEID,
+    CURRENT_STATEID,
+    CompoundContext,
+    Nfs4Error,
+)
 from nfsrdma.nfs4.state import (
     ACCESS_READ,
     ACCESS_WRITE,
@@ -374,3 +381,37 @@ def test_client_expiry_releases_everything(sm: StateManager, vfs: LocalVfs) -> N
     assert ob.openfile.read(0, 4) == (b"data", True)  # B unaffected
     sm.client_expired(A)  # idempotent
     assert sm.stateid_count == 1
+
+
+def test_check_setattr_size(sm: StateManager, vfs: LocalVfs) -> None:
+    """SETATTR of size with a stateid (RFC 8881 18.30.3): an open allowing writes, a lock
+    stateid of such an open, or a special stateid subject to share_deny."""
+    fh = make_file(vfs, "f")
+    ctx = CompoundContext(
+        server=None,  # type: ignore[arg-type]
+        cred=ROOT,
+        principal=None,  # type: ignore[arg-type]
+        conn=None,  # type: ignore[arg-type]
+        now=0.0,
+        session=SimpleNamespace(clientid=A),  # type: ignore[arg-type]
+    )
+    w = sm.add_open(A, b"w", fh, BOTH, 0, opened(vfs, fh))
+    r = sm.add_open(A, b"r", fh, ACCESS_READ, 0, opened(vfs, fh, ACCESS_READ))
+    sm.check_setattr_size(ctx, w.stateid, fh)
+    sm.check_setattr_size(ctx, ANONYMOUS_STATEID, fh)
+    ctx.current_stateid = w.stateid
+    sm.check_setattr_size(ctx, CURRENT_STATEID, fh)
+    ls = sm.new_lock_state(w, b"l")
+    sm.set_lock(ls, 0, 1, WRITE)
+    sm.check_setattr_size(ctx, ls.stateid, fh)
+    with pytest.raises(Nfs4Error) as e:
+        sm.check_setattr_size(ctx, r.stateid, fh)
+    assert status(e) == "NFS4ERR_OPENMODE"
+    with pytest.raises(Nfs4Error) as e:
+        sm.check_setattr_size(ctx, w.stateid, make_file(vfs, "g"))
+    assert status(e) == "NFS4ERR_BAD_STATEID"
+    sm.add_open(B, b"d", fh, ACCESS_READ, DENY_WRITE, opened(vfs, fh, ACCESS_READ))
+    for special in (ANONYMOUS_STATEID, BYPASS_STATEID):
+        with pytest.raises(Nfs4Error) as e:
+            sm.check_setattr_size(ctx, special, fh)
+        assert status(e) == "NFS4ERR_LOCKED"

@@ -11,6 +11,7 @@ import pytest
 
 from nfsrdma.nfs4.compound import compound
 from nfsrdma.nfs4.server_state import ServerConfig, ServerState
+from nfsrdma.nfs4.state import StateManager
 from nfsrdma.rpc import message
 from nfsrdma.rpc.auth import auth_sys, credential_of
 from nfsrdma.rpc.connection import RpcConnection
@@ -109,7 +110,7 @@ def server(tmp_path: Path) -> Iterator[Server]:
     cfg = ServerConfig(lease_time=30, slots=8, max_response_size_cached=8192)
     srv = Server(None)  # type: ignore[arg-type]
     sessions = ServerSessions.from_config(cfg, on_client_expired=srv.expired.append)
-    srv.state = ServerState(cfg, vfs, sessions, None)  # type: ignore[arg-type]
+    srv.state = ServerState(cfg, vfs, sessions, StateManager(vfs))
     yield srv
     srv.state.close()
 

@@ -1,0 +1,122 @@
+"""The server's callbacks: CB_COMPOUND on a client's back channel (RFC 8881 sections 2.10.3.1,
+20). Each starts with CB_SEQUENCE on a slot of the session's back-channel table; the call goes
+on the connection the client bound for the back channel — over RPC-over-RDMA that is the
+client's own connection (RFC 8167, UL-22).
+
+Callbacks are advisory here (CB_NOTIFY_LOCK): one that cannot be delivered marks the back
+channel as down (reported to the client through SEQ4_STATUS_CB_PATH_DOWN) and is dropped."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from nfsrdma.rpc.connection import RpcConnection
+from nfsrdma.rpc.errors import RpcError
+from nfsrdma.session.server import ServerSessions
+from nfsrdma.xdr.gen import nfs4, rpc
+from nfsrdma.xdr.runtime import Writer, XdrError, pack
+
+log = logging.getLogger(__name__)
+
+CB_VERSION = 1
+
+
+def _credential(parms: nfs4.callback_sec_parms4) -> rpc.opaque_auth:
+    if parms.cb_secflavor == rpc.AUTH_SYS and isinstance(parms.value, nfs4.authsys_parms):
+        p = parms.value
+        body = rpc.authsys_parms(p.stamp, p.machinename, p.uid, p.gid, list(p.gids))
+        return rpc.opaque_auth(rpc.AUTH_SYS, pack(rpc.enc_authsys_parms, body))
+    return rpc.opaque_auth(rpc.AUTH_NONE, b"")
+
+
+@dataclass
+class Callbacks:
+    sessions: ServerSessions
+    timeout: float = 15.0
+    slot_wait: float = 5.0
+    tasks: set[asyncio.Task[nfs4.CB_COMPOUND4res | None]] = field(default_factory=set)
+    sent: int = 0
+    failed: int = 0
+
+    async def compound(
+        self, clientid: int, ops: list[nfs4.nfs_cb_argop4]
+    ) -> nfs4.CB_COMPOUND4res | None:
+        """Send CB_SEQUENCE + ``ops`` to the client; None when it cannot be reached."""
+        path = self.sessions.callback_path(clientid)
+        if path is None:
+            return None
+        session, conn = path
+        if not isinstance(conn, RpcConnection):
+            return None
+        seq = session.backchannel.acquire()
+        waited = 0.0
+        while seq is None:
+            if waited >= self.slot_wait:
+                return None
+            await asyncio.sleep(0.01)
+            waited += 0.01
+            seq = session.backchannel.acquire()
+        args = nfs4.CB_COMPOUND4args(
+            tag=b"",
+            minorversion=1,
+            callback_ident=0,
+            argarray=[nfs4.nfs_cb_argop4(nfs4.OP_CB_SEQUENCE, seq), *ops],
+        )
+
+        def encode(w: Writer) -> None:
+            nfs4.enc_CB_COMPOUND4args(w, args)
+
+        status: int | None = None
+        resok: nfs4.CB_SEQUENCE4resok | None = None
+        try:
+            result = await conn.call(
+                session.cb_program,
+                CB_VERSION,
+                nfs4.CB_COMPOUND,
+                encode,
+                cred=_credential(session.cb_security),
+                timeout=self.timeout,
+            )
+            res, _ = nfs4.dec_CB_COMPOUND4res(result.reader, result.offset)
+        except (RpcError, XdrError, ConnectionError) as e:
+            log.info("callback to client %#x failed: %s", clientid, e)
+            self.failed += 1
+            session.backchannel.release(seq.csa_slotid, None)
+            self.sessions.backchannel_failed(session)
+            return None
+        first = res.resarray[0].value if res.resarray else None
+        if isinstance(first, nfs4.CB_SEQUENCE4res):
+            status = first.csr_status
+            if isinstance(first.value, nfs4.CB_SEQUENCE4resok):
+                resok = first.value
+        session.backchannel.release(seq.csa_slotid, status, resok)
+        self.sent += 1
+        names = "+".join(nfs4.nfs_cb_opnum4(op.argop).name for op in args.argarray)
+        log.info(
+            "callback %s to client %#x over %s: %s",
+            names,
+            clientid,
+            conn.conn.kind,
+            nfs4.nfsstat4(res.status).name,
+        )
+        return res
+
+    def notify_lock(self, clientid: int, fh: bytes, owner: nfs4.lock_owner4) -> None:
+        """CB_NOTIFY_LOCK (RFC 8881 section 20.11): the lock the client was refused may now be
+        available, so it can retry at once instead of polling. Fire and forget."""
+        op = nfs4.nfs_cb_argop4(nfs4.OP_CB_NOTIFY_LOCK, nfs4.CB_NOTIFY_LOCK4args(fh, owner))
+        task = asyncio.get_running_loop().create_task(self.compound(clientid, [op]))
+        self.tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[nfs4.CB_COMPOUND4res | None]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("callback task failed: %r", task.exception())
+
+    async def close(self) -> None:
+        for t in list(self.tasks):
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)

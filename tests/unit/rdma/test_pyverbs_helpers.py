@@ -1,0 +1,55 @@
+"""Host-side checks of the pyverbs provider's plumbing (no RDMA device needed)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+
+import pytest
+
+pytest.importorskip("pyverbs")
+
+from nfsrdma.transport.rdma import pyverbs_provider as pv
+from nfsrdma.transport.rdma.provider import ProviderError, WcOpcode
+
+
+def test_new_channel_descriptor_is_found_and_made_non_blocking() -> None:
+    """The one new descriptor of the wanted kind is found in /proc/self/fd and set
+    O_NONBLOCK, so a spurious read fails with EAGAIN instead of blocking the loop."""
+    files: list[object] = []
+
+    def factory() -> int:
+        files.append(open(os.devnull, "rb"))  # noqa: SIM115 - kept open on purpose
+        return 1
+
+    try:
+        result, fd = pv._create_with_fd(factory, os.devnull)
+        assert result == 1
+        assert os.readlink(f"/proc/self/fd/{fd}") == os.devnull
+        assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK
+    finally:
+        for f in files:
+            f.close()  # type: ignore[attr-defined]
+
+
+def test_ambiguous_or_missing_descriptor_is_an_error() -> None:
+    with pytest.raises(ProviderError):
+        pv._create_with_fd(lambda: None, "/dev/infiniband/rdma_cm")
+    opened: list[object] = []
+
+    def two() -> None:
+        opened.extend(open(os.devnull, "rb") for _ in range(2))  # noqa: SIM115
+
+    try:
+        with pytest.raises(ProviderError):
+            pv._create_with_fd(two, os.devnull)
+    finally:
+        for f in opened:
+            f.close()  # type: ignore[attr-defined]
+
+
+def test_unknown_completion_opcodes_map_by_direction() -> None:
+    assert pv._wc_opcode(0) is WcOpcode.SEND
+    assert pv._wc_opcode(2) is WcOpcode.RDMA_READ
+    assert pv._wc_opcode(129) is WcOpcode.RECV  # IBV_WC_RECV_RDMA_WITH_IMM
+    assert pv._wc_opcode(7) is WcOpcode.SEND
