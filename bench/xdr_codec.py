@@ -20,16 +20,16 @@ from collections.abc import Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-import xdrlib3  # noqa: E402
+import xdrlib3
 
-from nfsrdma.client.attrs import decode_attrs  # noqa: E402
-from nfsrdma.nfs4.attr_bench import SAMPLE, linux_getattr_bitmap  # noqa: E402
-from nfsrdma.nfs4.attrs import encode_attrs  # noqa: E402
-from nfsrdma.nfs4.server_state import ServerConfig  # noqa: E402
-from nfsrdma.rpc import message  # noqa: E402
-from nfsrdma.rpc.auth import auth_sys  # noqa: E402
-from nfsrdma.xdr.gen import nfs4  # noqa: E402
-from nfsrdma.xdr.runtime import Reader, Writer  # noqa: E402
+from nfsrdma.client.attrs import decode_attrs
+from nfsrdma.nfs4.attr_bench import SAMPLE, linux_getattr_bitmap
+from nfsrdma.nfs4.attrs import encode_attrs
+from nfsrdma.nfs4.server_state import ServerConfig
+from nfsrdma.rpc import message
+from nfsrdma.rpc.auth import auth_sys
+from nfsrdma.xdr.gen import nfs4
+from nfsrdma.xdr.runtime import Reader, Writer
 
 SID = bytes(range(16))
 FH = bytes(range(40))
@@ -59,7 +59,7 @@ def ours_call() -> bytes:
     )
     data = bytes(w)
     r = Reader(data)
-    _, call, off = message.decode_call(r)
+    _, _call, off = message.decode_call(r)
     args, _ = nfs4.dec_COMPOUND4args(r, off)
     assert args.argarray[2].value.count == 4096
     return data
@@ -139,7 +139,7 @@ def _x_reply_head(p: xdrlib3.Packer) -> None:
 
 
 def _x_unpack_reply_head(u: xdrlib3.Unpacker) -> None:
-    xid, mtype, stat, flavor = (u.unpack_uint() for _ in range(4))
+    _xid, mtype, stat, _flavor = (u.unpack_uint() for _ in range(4))
     u.unpack_opaque()
     assert (mtype, stat, u.unpack_uint()) == (1, 0, 0)
 

@@ -9,16 +9,19 @@ import logging
 import sys
 from collections.abc import Sequence
 
-# Modules that contribute sub-commands, imported lazily so one broken optional
-# dependency never stops the others.
+# Modules that contribute sub-commands (each imports its heavy dependencies lazily).
 COMMAND_MODULES = (
     "nfsrdma.server_cli",
     "nfsrdma.testbed.cli",
+    "nfsrdma.client.cli",
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nfsrdma", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="nfsrdma",
+        description="An NFSv4.1 server and client over RPC-over-RDMA version 1 and TCP.",
+    )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:

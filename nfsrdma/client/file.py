@@ -407,7 +407,8 @@ class NfsFile:
             if res.status == nfs4.NFS4ERR_DENIED and blocking:
                 if deadline is not None and loop.time() + delay > deadline:
                     raise NfsBlockingIOError(nfs4.NFS4ERR_DENIED, "LOCK", self.path)
-                await asyncio.sleep(delay)
+                # Retry when the server says the lock may be free (CB_NOTIFY_LOCK), or poll.
+                await self.session.wait_lock_notice(self.fh, self.lock_owner, delay)
                 delay = min(delay * 2, 1.0)
                 continue
             ok = ops.results(res, "LOCK", self.path)[-1]

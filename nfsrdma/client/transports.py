@@ -16,8 +16,19 @@ from nfsrdma.transport.tcp import connect_tcp
 # Large enough for a 1 MiB READ reply and its headers.
 MAX_RECORD = 8 << 20
 
-# One opened RDMA device per event loop, shared by every client connection on it.
-_devices: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+
+class _SharedDevice:
+    """An opened RDMA device shared by the client connections of one event loop; closed when
+    the last of them is gone."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.users = 0
+
+
+_devices: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _SharedDevice] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class RdmaUnavailable(NotImplementedError):
@@ -37,19 +48,44 @@ async def connect_rdma(host: str, port: int) -> Connection:
     except ImportError as e:
         raise RdmaUnavailable(f"rdma://{host}:{port}: RPC-over-RDMA needs pyverbs ({e})") from e
     loop = asyncio.get_running_loop()
-    device = _devices.get(loop)
-    try:
-        if device is None:
-            found = find_address()
-            if found is None:
-                raise RdmaUnavailable(
-                    f"rdma://{host}:{port}: no RDMA device with an IPv4 address on this host"
-                )
+    shared = _devices.get(loop)
+    if shared is None:
+        found = find_address()
+        if found is None:
+            raise RdmaUnavailable(
+                f"rdma://{host}:{port}: no RDMA device with an IPv4 address on this host"
+            )
+        try:
             device = await open_device(found[1])
-            _devices[loop] = device
-        return await rdma_connect(device, host, port)
-    except ProviderError as e:
-        raise ConnectionError(f"rdma://{host}:{port}: {e}") from e
+        except ProviderError as e:
+            raise ConnectionError(f"rdma://{host}:{port}: {e}") from e
+        shared = _devices[loop] = _SharedDevice(device)
+    shared.users += 1  # counted while connecting, so a parallel failure does not close it
+    try:
+        conn = await rdma_connect(shared.device, host, port)
+    except BaseException as e:
+        _drop_user(loop, shared)
+        if isinstance(e, ProviderError):
+            raise ConnectionError(f"rdma://{host}:{port}: {e}") from e
+        raise
+
+    def closed(c: Connection, exc: BaseException | None) -> None:
+        loop.call_soon(_drop_user, loop, shared)  # not from inside the connection's own close
+
+    conn.on_closed(closed)
+    return conn
+
+
+def _drop_user(loop: asyncio.AbstractEventLoop, shared: _SharedDevice) -> None:
+    shared.users -= 1
+    if shared.users <= 0:
+        _release(loop, shared)
+
+
+def _release(loop: asyncio.AbstractEventLoop, shared: _SharedDevice) -> None:
+    if _devices.get(loop) is shared:
+        del _devices[loop]
+    shared.device.close()
 
 
 async def open_connection(url: NfsUrl) -> Connection:

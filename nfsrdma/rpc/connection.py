@@ -69,12 +69,14 @@ class RpcConnection:
         cred: rpc.opaque_auth = message.AUTH_NONE_VERF,
         timeout: float | None = None,
         expect: ReplyExpectation | None = None,
+        probe: bool = False,
     ) -> RpcResult:
         """Send a call and wait for its reply. Raises RpcAcceptError, RpcDenied, RpcTimeout,
-        RpcConnectionLost; XdrError if the reply header is malformed."""
+        RpcConnectionLost; XdrError if the reply header is malformed. A ``probe`` (keepalive)
+        may use the transport credit kept back for it (UL-26)."""
         if self.conn.closed:
             raise RpcConnectionLost(f"connection to {self.peer} is closed")
-        await self.conn.reserve()
+        await self.conn.reserve(probe)
         xid = self.next_xid()
         w = Writer()
         message.encode_call(w, xid, prog, vers, proc, cred)

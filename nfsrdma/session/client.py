@@ -110,6 +110,7 @@ class SessionStats:
     malformed: int = 0
     callbacks: int = 0
     recalls: int = 0
+    lock_notices: int = 0  # CB_NOTIFY_LOCK that woke a waiting LOCK
     renewals: int = 0
     reclaim_attempts: int = 0  # opens offered back with CLAIM_PREVIOUS (by the client layer)
     reclaimed: int = 0  # ... that the server accepted
@@ -167,6 +168,7 @@ class ClientSession:
         self._next_token = 0
         self._last_ping = 0.0
         self._last_renewal = 0.0
+        self._lock_notices: dict[tuple[bytes, bytes], asyncio.Event] = {}
 
     # ------------------------------------------------------------------------------------------
     # Life cycle
@@ -358,7 +360,9 @@ class ClientSession:
         if rpc is None:
             raise SessionError(errno.ENOTCONN, "no connection")
         self.stats.probes += 1
-        await rpc.call(nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 0, cred=self.cred, timeout=timeout)
+        await rpc.call(
+            nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 0, cred=self.cred, timeout=timeout, probe=True
+        )
 
     # ------------------------------------------------------------------------------------------
     # Sending
@@ -885,7 +889,26 @@ class ClientSession:
         if events:
             self.spawn(self._callback_events(events))
 
+    async def wait_lock_notice(self, fh: bytes, owner: bytes, timeout: float) -> bool:
+        """Wait up to ``timeout`` for CB_NOTIFY_LOCK about (fh, lock owner); True if it came.
+        Notifications are advisory: callers poll anyway, this only shortens the wait."""
+        key = (bytes(fh), bytes(owner))
+        event = self._lock_notices.setdefault(key, asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            if self._lock_notices.get(key) is event:
+                del self._lock_notices[key]
+
     async def _callback_events(self, events: CallbackEvents) -> None:
+        for fh, owner in events.lock_notices:
+            waiting = self._lock_notices.get((bytes(fh), bytes(owner)))
+            if waiting is not None:
+                self.stats.lock_notices += 1
+                waiting.set()
         if events.recall_slot is not None:
             self.slots.recall(events.recall_slot)
         recalls = list(events.recalls)

@@ -36,9 +36,15 @@ class CallbackEvents:
     recalls: list[Recall] = field(default_factory=list)
     recall_slot: int | None = None  # new target highest slot id for the fore channel
     recall_any: bool = False
+    lock_notices: list[tuple[bytes, bytes]] = field(default_factory=list)  # (fh, lock owner)
 
     def __bool__(self) -> bool:
-        return bool(self.recalls) or self.recall_slot is not None or self.recall_any
+        return (
+            bool(self.recalls)
+            or self.recall_slot is not None
+            or self.recall_any
+            or bool(self.lock_notices)
+        )
 
 
 @dataclass(slots=True)
@@ -180,6 +186,11 @@ class Backchannel:
         if op == nfs4.OP_CB_RECALL_ANY:
             events.recall_any = True
             return nfs4.CB_RECALL_ANY4res(nfs4.NFS4_OK)
+        if op == nfs4.OP_CB_NOTIFY_LOCK:
+            # A lock we were refused may be free now (RFC 8881 20.11): retry at once.
+            assert isinstance(args, nfs4.CB_NOTIFY_LOCK4args)
+            events.lock_notices.append((args.cnla_fh, args.cnla_lock_owner.owner))
+            return nfs4.CB_NOTIFY_LOCK4res(nfs4.NFS4_OK)
         if op == nfs4.OP_CB_ILLEGAL:
             return nfs4.CB_ILLEGAL4res(nfs4.NFS4ERR_OP_ILLEGAL)
         return _error_result(op, nfs4.NFS4ERR_NOTSUPP)

@@ -90,8 +90,9 @@ class Connection(abc.ABC):
         """The requester is finished with call ``xid`` (replied, failed or abandoned): release
         anything the transport holds for it (RDMA: invalidate its memory, TR-20)."""
 
-    async def reserve(self) -> None:  # noqa: B027 - optional hook
-        """Wait until the transport may send another call (RDMA credits, TR-14)."""
+    async def reserve(self, probe: bool = False) -> None:  # noqa: B027 - optional hook
+        """Wait until the transport may send another call (RDMA credits, TR-14). A ``probe``
+        (an idle-connection keepalive) may use the credit kept back for it (UL-26)."""
 
     @property
     def max_inline_call(self) -> int:

@@ -156,7 +156,7 @@ class TcpConnection(Connection, asyncio.Protocol):
     def send_reply(self, request: Inbound, msg: Writer) -> None:
         self._send(msg)
 
-    async def reserve(self) -> None:
+    async def reserve(self, probe: bool = False) -> None:
         await self._writable.wait()
 
     def close(self) -> None:

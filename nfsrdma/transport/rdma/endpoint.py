@@ -140,6 +140,7 @@ class RdmaConnection(Connection):
         self._read_backlog: collections.deque[tuple[int, Sge, int, int]] = collections.deque()
         self._reads_in_flight = 0
         self._inbound_calls = 0
+        self.closing = False  # close() was called: take no more messages
         self.stats: collections.Counter[str] = collections.Counter()
 
     # -- set-up ----------------------------------------------------------------------------
@@ -242,7 +243,7 @@ class RdmaConnection(Connection):
             buf.release()
             return
         data = bytes(buf.view[: ev.byte_len])
-        if self.closed:
+        if self.closed or self.closing:
             buf.release()
             return
         self._post_recv(buf)  # the message is out of the buffer: give it back at once
@@ -257,11 +258,17 @@ class RdmaConnection(Connection):
         if h.proc == hdr.RDMA_ERROR:
             self._on_reply_error(h)
             return
-        if h.proc == hdr.RDMA_NOMSG and any(c.position == 0 for c in h.reads):
-            self._on_call(h, memoryview(data)[h.size :])
-            return
         if h.proc == hdr.RDMA_NOMSG:
-            self._on_reply(h, memoryview(data)[h.size :])
+            if any(c.position == 0 for c in h.reads):
+                self._on_call(h, memoryview(data)[h.size :])
+            elif h.xid in self._out:
+                self._on_reply(h, memoryview(data)[h.size :])
+            elif self.server:
+                # Neither a Long call nor a reply to one of our callbacks: malformed.
+                why = "RDMA_NOMSG without a position-zero chunk"
+                self._bad_header(HeaderError(why, h.xid, hdr.ERR_CHUNK))
+            else:
+                log.info("rdma %s: RDMA_NOMSG for unknown xid %#x dropped", self.peer, h.xid)
             return
         if len(data) < h.size + 8:
             self._bad_header(
@@ -395,8 +402,8 @@ class RdmaConnection(Connection):
         return keys[0] if keys else None
 
     # -- requester ---------------------------------------------------------------------
-    async def reserve(self) -> None:
-        while not self.credits.may_send() and not self.closed:
+    async def reserve(self, probe: bool = False) -> None:
+        while not self.credits.may_send(probe) and not self.closed:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._credit_waiters.append(fut)
             await fut
@@ -533,6 +540,7 @@ class RdmaConnection(Connection):
 
     # -- teardown ----------------------------------------------------------------------
     def close(self) -> None:
+        self.closing = True
         if self.qp is not None and not self.closed:
             self.qp.disconnect()
         else:

@@ -57,6 +57,7 @@ class FakeServer:
     callbacks: list[nfs4.CB_COMPOUND4res] = field(default_factory=list)
     connections: list[FakeConnection] = field(default_factory=list)
     hold: list[tuple[FakeConnection, int, bytes]] | None = None  # replies held back
+    too_big_to_cache: bool = False  # RENAME with cachethis: NFS4ERR_REP_TOO_BIG_TO_CACHE
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(100))
     _stateids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -164,7 +165,10 @@ class FakeServer:
                 ctx["session"] = sess
                 res.resarray.append(nfs4.nfs_resop4(op, self._seq_ok(sess, sa)))
                 continue
-            result = self._op(conn, op, a.value, ctx)
+            if op == nfs4.OP_RENAME and cachethis and self.too_big_to_cache:
+                result = _err(op, nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE)  # not run
+            else:
+                result = self._op(conn, op, a.value, ctx)
             res.resarray.append(nfs4.nfs_resop4(op, result))
             status = getattr(result, dataclasses.fields(result)[0].name)
             if status != nfs4.NFS4_OK:

@@ -14,6 +14,7 @@ import pytest
 
 import nfsrdma.client as nc
 from nfsrdma.xdr.gen import nfs4
+from tests.unit.client.ourserver import OurServer
 
 from .conftest import Server
 
@@ -212,6 +213,8 @@ async def test_locks(nfs_server: Server, testdir: str) -> None:
             assert not waiter.done()
             await a.unlock(0, 10)
             await asyncio.wait_for(waiter, 10)
+            if isinstance(nfs_server, OurServer):  # it wakes the waiter with CB_NOTIFY_LOCK
+                assert fs2.session.stats.lock_notices == 1
             await b.unlock(0, 10)
             await a.lock(0, 10, exclusive=False)
             await b.lock(0, 10, exclusive=False)  # shared locks coexist

@@ -340,3 +340,10 @@ async def test_transport_error_ends_the_call_without_resend_and_probes_the_slot(
         server.fault = None
         assert (await s.compound([PUTROOT])).status == nfs4.NFS4_OK
         assert s.stats.slot_probes == 1
+
+
+async def test_reply_too_big_to_cache_is_asked_again_without_cachethis() -> None:
+    server = FakeServer(too_big_to_cache=True)
+    async with session(server) as s:
+        assert (await rename(s)).status == nfs4.NFS4_OK
+        assert server.renames == 1 and len(server.ops_sent(nfs4.OP_RENAME)) == 2

@@ -19,6 +19,7 @@ from nfsrdma.transport.rdma.endpoint import RdmaConnection, RdmaListener, RdmaOp
 from nfsrdma.transport.rdma.inproc import InprocFabric
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import U32, Writer, XdrError, unpack_from
+from tests.unit.rdma.faults import BAD_HEADERS, expect_rdma_error
 
 PROG, VERS = 400200, 1
 P_WRITE, P_READ, P_READLINK, P_BLOB, P_SLOW = 1, 2, 3, 4, 5
@@ -210,42 +211,13 @@ async def test_tr18_bad_arguments_in_a_good_header_get_garbage_args() -> None:
             await r.rpc.call(PROG, VERS, P_WRITE, lambda w: w.extend(b"\0" * 8))
 
 
-async def _raw(r: Rig, message: bytes, xid: int) -> Exception:
-    """Send a raw transport message for ``xid`` and wait for the transport's verdict."""
-    assert r.client is not None and r.rpc is not None
-    fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-    r.rpc.pending[xid] = fut  # type: ignore[assignment]
-    r.client._out[xid] = __import__(
-        "nfsrdma.transport.rdma.endpoint", fromlist=["_OutCall"]
-    )._OutCall(xid, counted=False)
-    r.client._send([message])
-    with pytest.raises(TransportCallError) as e:
-        await asyncio.wait_for(fut, 2)
-    return e.value
-
-
-def words(*ws: int) -> bytes:
-    return b"".join(struct.pack(">I", w) for w in ws)
-
-
-@pytest.mark.parametrize(
-    ("message", "err"),
-    [
-        (words(0x77, 2, 1, 0, 0, 0, 0) + words(0x77, 0, 2), "ERR_VERS"),  # TR-3
-        (words(0x77, 1, 1, 2, 0, 0, 0, 0, 0), "ERR_CHUNK"),  # TR-4 RDMA_MSGP
-        (words(0x77, 1, 1), "ERR_CHUNK"),  # truncated
-        (words(0x77, 1, 1, 0, 0, 1, 17) + words(1, 8, 0, 0) * 17 + words(0, 0), "ERR_CHUNK"),
-        (words(0x77, 1, 1, 0, 0, 1, 1, 1, 8, 0, 0, 1, 1, 2, 8, 0, 0, 0, 0), "ERR_CHUNK"),
-        (words(0x77, 1, 1, 0, 1, 6, 1, 8, 0, 0, 0, 0, 0), "ERR_CHUNK"),  # position 6
-    ],
-)
+@pytest.mark.parametrize(("message", "err", "why"), BAD_HEADERS)
 async def test_tr17_bad_headers_get_rdma_error_and_the_connection_survives(
-    message: bytes, err: str
+    message: bytes, err: str, why: str
 ) -> None:
     async with rig() as r:
-        exc = await _raw(r, message, 0x77)
-        assert err in str(exc)
-        assert r.rpc is not None
+        assert r.rpc is not None and r.client is not None
+        assert err in await expect_rdma_error(r.rpc, r.client, message), why
         await r.rpc.call(PROG, VERS, 0)
 
 
@@ -287,3 +259,30 @@ async def test_tr20_memory_is_invalidated_on_every_path() -> None:
         assert len(regions) == 3
         assert all(not reg.registered for reg in regions)  # type: ignore[attr-defined]
         assert client._out == {}
+
+
+async def test_tr14_calls_beyond_the_grant_end_that_connection() -> None:
+    """A requester that ignores its grant and keeps calls piling up on the responder beyond
+    its credits (plus the backchannel's) is disconnected; the responder stays up."""
+    async with rig(RdmaOptions(credits=3)) as r:
+        assert r.rpc is not None and r.client is not None
+        await r.rpc.call(PROG, VERS, 0)
+        r.client.credits.granted = r.client.credits.local_max = 100  # ignore the grant
+        done = await asyncio.gather(
+            *[r.rpc.call(PROG, VERS, P_SLOW, timeout=5) for _ in range(20)],
+            return_exceptions=True,
+        )
+        assert any(isinstance(d, Exception) for d in done)
+        assert r.client.closed and r.server[0].stats["credit_overruns"] == 1
+
+
+async def test_ul26_a_probe_uses_the_credit_kept_back() -> None:
+    """With every ordinary credit in use, a keepalive probe still goes out (UL-26)."""
+    async with rig(RdmaOptions(credits=3)) as r:
+        assert r.rpc is not None
+        await r.rpc.call(PROG, VERS, 0)  # learn the grant: 3, of which 2 for ordinary calls
+        slow = [asyncio.create_task(r.rpc.call(PROG, VERS, P_SLOW)) for _ in range(3)]
+        await asyncio.sleep(0.002)
+        assert r.in_flight == 2  # the third ordinary call waits for a credit
+        await asyncio.wait_for(r.rpc.call(PROG, VERS, 0, probe=True), 0.5)
+        await asyncio.gather(*slow)

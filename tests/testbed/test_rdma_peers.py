@@ -1,0 +1,241 @@
+"""RPC-over-RDMA against the kernel's peers on rxe (issue 5): the private data both kernel
+peers send, our requester doing DDP READ/WRITE with knfsd, and bad input against our server."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+from nfsrdma.nfs4.attr_decode import decode_values
+from nfsrdma.nfs4.attrs import bitmap_of
+from nfsrdma.rpc.connection import RpcConnection
+from nfsrdma.session.client import ClientSession
+from nfsrdma.session.client_setup import SessionOptions
+from nfsrdma.testbed.helpers import Knfsd, MountFactory
+from nfsrdma.testbed.helpers import testbed_addr as guest_addr
+from nfsrdma.transport.base import ReplyExpectation, TransportCallError
+from nfsrdma.transport.rdma import privdata
+from nfsrdma.transport.rdma.endpoint import RdmaConnection, connect_rdma
+from nfsrdma.transport.rdma.provider import Access
+from nfsrdma.transport.rdma.pyverbs_provider import PyverbsDevice, open_device
+from nfsrdma.xdr.gen import nfs4
+from nfsrdma.xdr.runtime import Writer
+from tests.testbed.ours import OURS_RDMA_PORT, OurServer, our_server
+from tests.unit.rdma.faults import BAD_HEADERS, expect_rdma_error
+
+pytestmark = pytest.mark.testbed
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def ours(knfsd: Knfsd) -> Iterator[OurServer]:
+    with our_server("rdma-peers") as srv:
+        yield srv
+
+
+@asynccontextmanager
+async def rdma_to(port: int) -> AsyncIterator[tuple[PyverbsDevice, RdmaConnection, RpcConnection]]:
+    device = await open_device(guest_addr())
+    conn = await connect_rdma(device, guest_addr(), port)
+    rpc = RpcConnection(conn)
+    try:
+        yield device, conn, rpc
+    finally:
+        conn.close()
+        await asyncio.sleep(0.1)
+        device.close()
+
+
+def test_pd2_pd7_linux_client_private_data_seen_by_our_server(
+    ours: OurServer, nfs_mount: MountFactory
+) -> None:
+    """PD-2/PD-7/PD-12: the Linux client sends the v1 block at offset 0 (R=1, 4096/4096 on
+    6.1); our server decodes it and both thresholds come out 4096."""
+    with nfs_mount(ours.server("rdma")) as m:
+        assert m.stats().xprt == "rdma"
+        (m.mountpoint / "pd").write_bytes(b"x")
+    log = ours.proc.log.read_text()
+    found = re.findall(r"inline c->s (\d+) s->c (\d+), peer R=(\w+)", log)
+    assert found, "no negotiated thresholds in the server log"
+    assert found[-1] == ("4096", "4096", "True")
+
+
+async def test_pd7_ul9_our_requester_does_ddp_read_write_with_knfsd(knfsd: Knfsd) -> None:
+    """Our requester against knfsd on 20049: knfsd's accept carries a v1 block (R=0,
+    4096/4096); EXCHANGE_ID, CREATE_SESSION, SEQUENCE, then 4 MiB written through Read
+    chunks and read back through Write chunks into our buffer, checksums compared with the
+    file knfsd stored (TR-7, TR-11, UL-13, UL-14)."""
+    device = await open_device(guest_addr())
+    conns: list[RdmaConnection] = []
+
+    async def connect() -> RdmaConnection:
+        conn = await connect_rdma(device, guest_addr(), knfsd.rdma_port)
+        conns.append(conn)
+        return conn
+
+    session = ClientSession(connect, SessionOptions(backchannel=False))
+    await session.start()
+    try:
+        conn = conns[-1]
+        assert conn.peer_pd == privdata.PrivateData(4096, 4096, remote_invalidate=False)
+        t = conn.thresholds
+        assert (t.client_to_server, t.server_to_client) == (4096, 4096)
+        data = os.urandom(4 * MiB)
+        how = nfs4.openflag4(
+            nfs4.OPEN4_CREATE,
+            nfs4.createhow4(
+                nfs4.UNCHECKED4, nfs4.fattr4([0, 1 << (nfs4.FATTR4_MODE - 32)], b"\0\0\x01\xa4")
+            ),
+        )
+        res = await session.compound(
+            [
+                nfs4.nfs_argop4(nfs4.OP_PUTROOTFH),
+                nfs4.nfs_argop4(
+                    nfs4.OP_OPEN,
+                    nfs4.OPEN4args(
+                        0,
+                        nfs4.OPEN4_SHARE_ACCESS_BOTH,
+                        nfs4.OPEN4_SHARE_DENY_NONE,
+                        nfs4.state_owner4(0, b"ddp-test"),
+                        how,
+                        nfs4.open_claim4(nfs4.CLAIM_NULL, b"ddp-4mib"),
+                    ),
+                ),
+                nfs4.nfs_argop4(nfs4.OP_GETFH),
+            ]
+        )
+        assert res.status == nfs4.NFS4_OK, res
+        sid = res.resarray[1].value.value.stateid
+        fh = res.resarray[2].value.value.object
+        # The server's I/O limits (knfsd scales them with the guest's memory).
+        res = await session.compound(
+            [
+                nfs4.nfs_argop4(nfs4.OP_PUTFH, nfs4.PUTFH4args(fh)),
+                nfs4.nfs_argop4(
+                    nfs4.OP_GETATTR,
+                    nfs4.GETATTR4args(bitmap_of([nfs4.FATTR4_MAXREAD, nfs4.FATTR4_MAXWRITE])),
+                ),
+            ]
+        )
+        limits = decode_values(res.resarray[1].value.value.obj_attributes)
+        io = min(MiB, limits[nfs4.FATTR4_MAXREAD], limits[nfs4.FATTR4_MAXWRITE])
+        assert io >= 64 * 1024
+        before = conn.stats["registrations"]
+        for off in range(0, len(data), io):
+            res = await session.compound(
+                [
+                    nfs4.nfs_argop4(nfs4.OP_PUTFH, nfs4.PUTFH4args(fh)),
+                    nfs4.nfs_argop4(
+                        nfs4.OP_WRITE,
+                        nfs4.WRITE4args(sid, off, nfs4.FILE_SYNC4, data[off : off + io]),
+                    ),
+                ]
+            )
+            assert res.status == nfs4.NFS4_OK and res.resarray[1].value.value.count == io
+        assert conn.stats["registrations"] - before == len(data) // io  # a Read chunk each
+        on_server = knfsd.export / "ddp-4mib"
+        assert hashlib.sha256(on_server.read_bytes()).digest() == hashlib.sha256(data).digest()
+        back = bytearray(4 * MiB)
+        view = memoryview(back)
+        for off in range(0, len(data), io):
+            sink = view[off : off + io]
+            res = await session.compound(
+                [
+                    nfs4.nfs_argop4(nfs4.OP_PUTFH, nfs4.PUTFH4args(fh)),
+                    nfs4.nfs_argop4(nfs4.OP_READ, nfs4.READ4args(sid, off, io)),
+                ],
+                sinks=[sink],
+                reply_size=512,
+            )
+            ok = res.resarray[1].value.value
+            assert len(ok.data) == io
+            assert ok.data.obj is back or bytes(ok.data) == bytes(sink)  # landed in our buffer
+        assert bytes(back) == data
+    finally:
+        await session.close()
+        for c in conns:
+            c.close()
+        await asyncio.sleep(0.1)
+        device.close()
+
+
+@pytest.mark.parametrize(("message", "err", "why"), BAD_HEADERS)
+async def test_bad_headers_against_our_server_get_rdma_error(
+    ours: OurServer, message: bytes, err: str, why: str
+) -> None:
+    """TR-3/TR-4/TR-17/SEC-8 on rxe: each bad header draws RDMA_ERROR with its XID and the
+    connection keeps serving."""
+    async with rdma_to(OURS_RDMA_PORT) as (_, conn, rpc):
+        assert err in await expect_rdma_error(rpc, conn, message), why
+        await rpc.call(nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 0, timeout=30)
+
+
+async def test_tr21_reply_chunk_too_small_is_err_chunk(ours: OurServer) -> None:
+    """A reply larger than the inline threshold, with a Reply chunk too small for it: the
+    server answers ERR_CHUNK (TR-21) and the connection stays up; a big enough chunk works.
+    (COMPOUND echoes its tag, so a 5000-octet tag makes a 5 KiB reply.)"""
+    tag = b"t" * 5000
+
+    def args(w: Writer) -> None:
+        nfs4.enc_COMPOUND4args(w, nfs4.COMPOUND4args(tag, 1, []))
+
+    async with rdma_to(OURS_RDMA_PORT) as (_, _conn, rpc):
+        with pytest.raises(TransportCallError, match="ERR_CHUNK"):
+            await rpc.call(
+                nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 1, args, expect=ReplyExpectation([], 4500),
+                timeout=30,
+            )  # fmt: skip
+        res = await rpc.call(
+            nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 1, args, expect=ReplyExpectation([], 8192), timeout=30
+        )
+        assert res.reader.buf[res.offset + 4 : res.offset + 8] == (5000).to_bytes(4, "big")
+
+
+async def test_sec9_inline_over_the_receive_size_breaks_only_that_connection(
+    ours: OurServer,
+) -> None:
+    """A Send larger than the server's posted receives fails at the server's RNIC and ends
+    that connection (PD-8, SEC-9); another connection keeps working."""
+    async with rdma_to(OURS_RDMA_PORT) as (device, _good, good_rpc):
+        async with rdma_to(OURS_RDMA_PORT) as (_, bad, _rpc):
+            region = device.pd.register(8192, Access.LOCAL_WRITE)
+            assert bad.qp is not None
+            bad.qp.post_send(bad._wr_id("oversized", region), [region.sge(0, 8192)])
+            for _ in range(200):
+                if bad.closed:
+                    break
+                await asyncio.sleep(0.05)
+            assert bad.closed
+            region.deregister()
+        await good_rpc.call(nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 0, timeout=30)
+
+
+async def test_tr15_a_client_flooding_past_its_credits_does_not_hurt_others(
+    ours: OurServer,
+) -> None:
+    """A requester that ignores its grant (TR-14) meets the server's posted receives (TR-15):
+    RNR flow control holds it back, and the server either answers everything or drops that
+    connection; it keeps serving everyone else."""
+
+    def args(w: Writer) -> None:
+        nfs4.enc_COMPOUND4args(w, nfs4.COMPOUND4args(b"", 1, []))
+
+    async with rdma_to(OURS_RDMA_PORT) as (_, _good, good_rpc):
+        async with rdma_to(OURS_RDMA_PORT) as (_, conn, rpc):
+            await rpc.call(nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 0, timeout=30)
+            n = 8 * conn.credits.granted
+            conn.credits.granted = conn.credits.local_max = 1000  # pretend we were granted more
+            calls = [
+                asyncio.create_task(rpc.call(nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 1, args, timeout=120))
+                for _ in range(n)
+            ]
+            done = await asyncio.gather(*calls, return_exceptions=True)
+            answered = sum(1 for d in done if not isinstance(d, BaseException))
+            assert answered == n or conn.closed
+        await good_rpc.call(nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 1, args, timeout=30)
