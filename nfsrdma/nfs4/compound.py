@@ -45,6 +45,7 @@ SESSIONLESS_OPS = frozenset(
 )
 READ_CLASS_OPS = frozenset({nfs4.OP_READ, nfs4.OP_READLINK})  # RFC 8267 section 6.4.1
 _ARG_DECODERS = nfs4._nfs_argop4_DEC
+_OPS = nfs4._nfs_opnum4_MAP  # operation number -> nfs_opnum4 member (no enum call per op)
 _NO_ARGS = frozenset(op for op, dec in _ARG_DECODERS.items() if dec.__name__ == "_void_decode")
 _STATUS_COUNT = struct.Struct(">I")
 
@@ -132,7 +133,7 @@ async def compound(server: ServerState, call: RpcCall, w: Writer) -> None:
             if op in READ_CLASS_OPS:
                 w.ddp_tag = read_class
                 read_class += 1
-            nfs4.enc_nfs_resop4(w, nfs4.nfs_resop4(nfs4.nfs_opnum4(op), res))
+            nfs4.enc_nfs_resop4(w, nfs4.nfs_resop4(_OPS[op], res))
             status = _status_of_result(res)
             too_big = _over_limit(ctx, w, head)
             if too_big:
@@ -152,7 +153,7 @@ async def compound(server: ServerState, call: RpcCall, w: Writer) -> None:
                     nfs4.enc_nfs_resop4(
                         w,
                         nfs4.nfs_resop4(
-                            nfs4.nfs_opnum4(nxt), error_result(nxt, nfs4.NFS4ERR_RETRY_UNCACHED_REP)
+                            _OPS[nxt], error_result(nxt, nfs4.NFS4ERR_RETRY_UNCACHED_REP)
                         ),
                     )
                     done += 1
@@ -177,7 +178,7 @@ async def _run_one(
     dec = _ARG_DECODERS.get(opnum)
     if dec is None or opnum == nfs4.OP_ILLEGAL:
         return nfs4.OP_ILLEGAL, error_result(nfs4.OP_ILLEGAL, nfs4.NFS4ERR_OP_ILLEGAL), off
-    op = nfs4.nfs_opnum4(opnum)
+    op = _OPS[opnum]
     try:
         args, off = dec(r, off + 4)
     except XdrError as e:
@@ -230,7 +231,9 @@ def _over_limit(ctx: CompoundContext, w: Writer, head: int) -> int:
     session = ctx.session
     if session is None:
         return 0
-    size = len(w) - head + sum(i.padded_length for i in w.ddp)
+    size = len(w) - head
+    if w.ddp:
+        size += sum(i.padded_length for i in w.ddp)
     if size > session.fore.ca_maxresponsesize:
         return nfs4.NFS4ERR_REP_TOO_BIG
     if ctx.cachethis and size > session.fore.ca_maxresponsesize_cached:

@@ -59,6 +59,11 @@ def auth_sys(
     return rpc.opaque_auth(rpc.AUTH_SYS, pack(rpc.enc_authsys_parms, parms))
 
 
+# A client sends the same credential over and over: parsed ones are kept (a bounded cache).
+_parsed: dict[bytes, Credential] = {}
+_PARSED_MAX = 4096
+
+
 def credential_of(cred: rpc.opaque_auth, verf: rpc.opaque_auth) -> Credential:
     """Validate a call's credential and verifier; raise AuthError when they are refused."""
     if verf.flavor != rpc.AUTH_NONE:
@@ -66,9 +71,16 @@ def credential_of(cred: rpc.opaque_auth, verf: rpc.opaque_auth) -> Credential:
     if cred.flavor == rpc.AUTH_NONE:
         return ANONYMOUS
     if cred.flavor == rpc.AUTH_SYS:
+        known = _parsed.get(cred.body)
+        if known is not None:
+            return known
         try:
             p = unpack(rpc.dec_authsys_parms, cred.body)
         except XdrError as e:
             raise AuthError(rpc.AUTH_BADCRED, f"malformed AUTH_SYS credential: {e}") from None
-        return Credential(rpc.AUTH_SYS, p.uid, p.gid, tuple(p.gids), p.machinename)
+        parsed = Credential(rpc.AUTH_SYS, p.uid, p.gid, tuple(p.gids), p.machinename)
+        if len(_parsed) >= _PARSED_MAX:
+            _parsed.clear()
+        _parsed[bytes(cred.body)] = parsed
+        return parsed
     raise AuthError(rpc.AUTH_BADCRED, f"credential flavour {cred.flavor} is not supported")

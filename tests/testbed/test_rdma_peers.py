@@ -19,6 +19,7 @@ from nfsrdma.session.client import ClientSession
 from nfsrdma.session.client_setup import SessionOptions
 from nfsrdma.testbed.helpers import Knfsd, MountFactory
 from nfsrdma.testbed.helpers import testbed_addr as guest_addr
+from nfsrdma.testbed.ours import OURS_RDMA_PORT, OurServer, our_server
 from nfsrdma.transport.base import ReplyExpectation, TransportCallError
 from nfsrdma.transport.rdma import privdata
 from nfsrdma.transport.rdma.endpoint import RdmaConnection, connect_rdma
@@ -26,7 +27,6 @@ from nfsrdma.transport.rdma.provider import Access
 from nfsrdma.transport.rdma.pyverbs_provider import PyverbsDevice, open_device
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Writer
-from tests.testbed.ours import OURS_RDMA_PORT, OurServer, our_server
 from tests.unit.rdma.faults import BAD_HEADERS, expect_rdma_error
 
 pytestmark = pytest.mark.testbed
@@ -126,7 +126,7 @@ async def test_pd7_ul9_our_requester_does_ddp_read_write_with_knfsd(knfsd: Knfsd
         limits = decode_values(res.resarray[1].value.value.obj_attributes)
         io = min(MiB, limits[nfs4.FATTR4_MAXREAD], limits[nfs4.FATTR4_MAXWRITE])
         assert io >= 64 * 1024
-        before = conn.stats["registrations"]
+        before = conn.stats["read_chunks"]
         for off in range(0, len(data), io):
             res = await session.compound(
                 [
@@ -138,11 +138,12 @@ async def test_pd7_ul9_our_requester_does_ddp_read_write_with_knfsd(knfsd: Knfsd
                 ]
             )
             assert res.status == nfs4.NFS4_OK and res.resarray[1].value.value.count == io
-        assert conn.stats["registrations"] - before == len(data) // io  # a Read chunk each
+        assert conn.stats["read_chunks"] - before == len(data) // io  # WRITE data by Read chunk
         on_server = knfsd.export / "ddp-4mib"
         assert hashlib.sha256(on_server.read_bytes()).digest() == hashlib.sha256(data).digest()
         back = bytearray(4 * MiB)
         view = memoryview(back)
+        before = conn.stats["write_chunks"]
         for off in range(0, len(data), io):
             sink = view[off : off + io]
             res = await session.compound(
@@ -157,6 +158,7 @@ async def test_pd7_ul9_our_requester_does_ddp_read_write_with_knfsd(knfsd: Knfsd
             assert len(ok.data) == io
             assert ok.data.obj is back or bytes(ok.data) == bytes(sink)  # landed in our buffer
         assert bytes(back) == data
+        assert conn.stats["write_chunks"] - before == len(data) // io  # READ data by Write chunk
     finally:
         await session.close()
         for c in conns:

@@ -11,7 +11,7 @@ from dataclasses import asdict
 import pytest
 
 from nfsrdma.testbed.helpers import Knfsd, MountFactory, Proto, sha256_file
-from tests.testbed.ours import OurServer, our_server
+from nfsrdma.testbed.ours import OurServer, our_server
 from tests.testbed.workload import Result, run_workload
 
 pytestmark = pytest.mark.testbed

@@ -141,6 +141,9 @@ class RdmaConnection(Connection):
         self._reads_in_flight = 0
         self._inbound_calls = 0
         self.closing = False  # close() was called: take no more messages
+        # Until our side of the handshake is complete, sends wait (a client may send as soon
+        # as its side is established, before ours is).
+        self.ready = False
         self.stats: collections.Counter[str] = collections.Counter()
 
     # -- set-up ----------------------------------------------------------------------------
@@ -160,6 +163,19 @@ class RdmaConnection(Connection):
         privdata.check_receive_provisioning(self.local_pd, self.recv_pool.buffer_size)
         while (buf := self.recv_pool.try_get()) is not None:
             self._post_recv(buf)
+
+    def established(self) -> None:
+        """Our side of the handshake is complete: send and read what waited for it."""
+        self.ready = True
+        self._pump_reads()
+        self._flush()
+
+    def _flush(self) -> None:
+        while self._send_backlog and self.ready and not self.closed:
+            if self.send_pool.available == 0:
+                return
+            pieces, inv = self._send_backlog.popleft()
+            self._send(pieces, inv)
 
     def negotiated(self, peer: bytes) -> None:
         """Thresholds from both blocks, afresh for this connection (PD-7, PD-9, PD-14)."""
@@ -197,11 +213,11 @@ class RdmaConnection(Connection):
         self.qp.post_recv(self._wr_id("recv", buf), buf.sge())
 
     def _send(self, pieces: list[Buffer], invalidate: int | None = None) -> None:
-        """Copy a transport message into a send buffer and post it (or queue it until a send
-        buffer is free)."""
+        """Copy a transport message into a send buffer and post it (or queue it until the
+        connection is established and a send buffer is free)."""
         if self.closed or self.qp is None:
             raise ConnectionError(f"rdma connection to {self.peer} is closed")
-        buf = self.send_pool.try_get()
+        buf = self.send_pool.try_get() if self.ready else None
         if buf is None:
             self._send_backlog.append((pieces, invalidate))
             return
@@ -220,6 +236,15 @@ class RdmaConnection(Connection):
 
     # -- events ------------------------------------------------------------------------------
     def on_event(self, ev: ConnectionEvent) -> None:
+        try:
+            self._on_event(ev)
+        except Exception as e:  # a bug or a dead queue pair: this connection ends, not the loop
+            log.exception("rdma %s: event handling failed", self.peer)
+            self._teardown(e)
+            if self.qp is not None:
+                self.qp.disconnect()
+
+    def _on_event(self, ev: ConnectionEvent) -> None:
         if isinstance(ev, Disconnected):
             self._teardown(ConnectionError(f"rdma connection lost: {ev.reason}"))
             return
@@ -228,9 +253,7 @@ class RdmaConnection(Connection):
             self._on_recv(ev, ctx)
         elif kind == "send":
             ctx.release()
-            if self._send_backlog and not self.closed:
-                pieces, inv = self._send_backlog.popleft()
-                self._send(pieces, inv)
+            self._flush()
         elif kind == "read":
             self._on_read_done(ev, ctx)
         elif kind == "write":
@@ -336,21 +359,20 @@ class RdmaConnection(Connection):
         return max(1, min(self.options.max_reads, ord_ or self.options.max_reads))
 
     def _read(self, call: _InCall, sge: Sge, seg: Segment) -> None:
-        wr = self._wr_id("read", call)
-        if self._reads_in_flight >= self.max_reads:
-            self._read_backlog.append((wr, sge, seg.offset, seg.handle))
-            return
-        self._reads_in_flight += 1
-        assert self.qp is not None
-        self.qp.post_rdma_read(wr, [sge], seg.offset, seg.handle)
+        self._read_backlog.append((self._wr_id("read", call), sge, seg.offset, seg.handle))
+        self._pump_reads()
 
-    def _on_read_done(self, ev: Completion, call: _InCall) -> None:
-        self._reads_in_flight -= 1
-        while self._read_backlog and self._reads_in_flight < self.max_reads:
+    def _pump_reads(self) -> None:
+        """Post queued RDMA Reads within the ORD, once the connection is established."""
+        while self._read_backlog and self.ready and self._reads_in_flight < self.max_reads:
             wr, sge, addr, rkey = self._read_backlog.popleft()
             self._reads_in_flight += 1
             assert self.qp is not None
             self.qp.post_rdma_read(wr, [sge], addr, rkey)
+
+    def _on_read_done(self, ev: Completion, call: _InCall) -> None:
+        self._reads_in_flight -= 1
+        self._pump_reads()
         if not ev.ok:
             return  # the connection breaks; teardown releases the call
         call.pending_reads -= 1
@@ -449,11 +471,13 @@ class RdmaConnection(Connection):
             out.regions.append(region)
             out.sinks.append((region, sink, direct))
             writes.append([Segment(region.rkey, capacity, region.addr)])
+            self.stats["write_chunks"] += 1
         reply = None
         if plan.reply_chunk is not None:
             out.reply_region = self._register(plan.reply_chunk, Access.REMOTE_WRITE)
             out.regions.append(out.reply_region)
             reply = [Segment(out.reply_region.rkey, plan.reply_chunk, out.reply_region.addr)]
+            self.stats["reply_chunks"] += 1
         head = hdr.encode(xid, self.options.max_requests, plan.proc, reads, writes, reply)
         self._out[xid] = out
         self.credits.sent()
@@ -512,6 +536,7 @@ class RdmaConnection(Connection):
         self._wake_credit_waiter()
 
     def _on_reply_error(self, h: Header) -> None:
+        self.stats["rdma_errors"] += 1
         self.credits.update(h.credit)
         what = "ERR_VERS" if h.error == hdr.ERR_VERS else "ERR_CHUNK"
         self._fail_call(h.xid, TransportCallError(f"RDMA_ERROR {what} for xid {h.xid:#x}"))
@@ -583,6 +608,7 @@ async def connect_rdma(
         initiator_depth=0,  # we never read (TR-26)
     )
     conn.negotiated(peer)
+    conn.established()
     return conn
 
 
@@ -634,6 +660,7 @@ class RdmaListener:
                 # RDMA Reads we may have outstanding: no more than the peer allows (TR-26).
                 initiator_depth=min(req.initiator_depth, caps.max_qp_init_rd_atom, 16),
             )
+            conn.established()
         except Exception as e:
             log.warning("rdma: accepting a connection failed: %s", e)
             conn._teardown(e)

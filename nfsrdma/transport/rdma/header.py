@@ -17,6 +17,10 @@ from nfsrdma.xdr.runtime import Reader, Writer, XdrError
 VERSION = 1
 MIN_INLINE = 1024  # the default and minimum inline threshold (RFC 8166 section 3.3.3)
 _FIXED = struct.Struct(">IIII")  # xid, vers, credit, proc
+# RDMA_MSG with three empty chunk lists: the header of nearly every inline message.
+_PLAIN = struct.Struct(">IIIIIII")
+_PLAIN_SIZE = _PLAIN.size
+_NO_CHUNKS = bytes(12)
 
 RDMA_MSG = rpcrdma.RDMA_MSG
 RDMA_NOMSG = rpcrdma.RDMA_NOMSG
@@ -103,6 +107,8 @@ def parse(buf: memoryview | bytes) -> Header:
     xid, vers, credit, proc = _FIXED.unpack_from(buf)
     if vers != VERSION:
         raise HeaderError(f"RPC-over-RDMA version {vers}", xid, ERR_VERS)
+    if proc == RDMA_MSG and buf[16:_PLAIN_SIZE] == _NO_CHUNKS:
+        return Header(xid, vers, credit, proc, size=_PLAIN_SIZE)
     try:
         body, end = rpcrdma.dec_rdma_body(Reader(buf), 12)
     except XdrError as e:
@@ -178,6 +184,8 @@ def encode(
     reply: list[Segment] | None = None,
 ) -> bytes:
     """An RDMA_MSG or RDMA_NOMSG header (TR-1, TR-5, TR-6); never RDMA_MSGP/DONE (TR-4)."""
+    if proc == RDMA_MSG and not reads and not writes and reply is None:
+        return _PLAIN.pack(xid, VERSION, credit, RDMA_MSG, 0, 0, 0)
     seg = rpcrdma.xdr_rdma_segment
     read_list = [
         rpcrdma.xdr_read_chunk(c.position, seg(s.handle, s.length, s.offset))

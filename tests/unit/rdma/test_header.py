@@ -105,3 +105,18 @@ def test_tr17_sec8_over_the_limits_is_err_chunk(
 def test_limits_are_configurable_beyond_the_baseline() -> None:
     two = [[seg(0)], [seg(1)]]
     _checked([], two, limits=ChunkLimits(max_write_chunks=2))
+
+
+def test_plain_header_shortcut_matches_the_codec() -> None:
+    """The header without chunks is produced and read without the generated codec; its
+    bytes and meaning are the codec's."""
+    from nfsrdma.xdr.gen import rpcrdma
+    from nfsrdma.xdr.runtime import pack
+
+    body = rpcrdma.rdma_body(rpcrdma.RDMA_MSG, rpcrdma.rpc_rdma_header([], [], None))
+    codec = pack(rpcrdma.enc_rdma_msg, rpcrdma.rdma_msg(0xABCD, 1, 17, body))
+    assert H.encode(0xABCD, 17, H.RDMA_MSG) == codec
+    h = H.parse(codec + b"rpc message")
+    assert (h.xid, h.credit, h.proc, h.reads, h.writes, h.reply, h.size) == (
+        0xABCD, 17, H.RDMA_MSG, [], [], None, len(codec)
+    )  # fmt: skip

@@ -15,6 +15,7 @@ import pytest
 from nfsrdma.rpc.connection import RpcConnection
 from nfsrdma.rpc.server import Dispatcher, RpcCall, null_procedure
 from nfsrdma.transport.base import ReplyExpectation, TransportCallError
+from nfsrdma.transport.rdma import header as H
 from nfsrdma.transport.rdma.endpoint import RdmaConnection, RdmaListener, RdmaOptions, connect_rdma
 from nfsrdma.transport.rdma.inproc import InprocFabric
 from nfsrdma.xdr.gen import nfs4
@@ -286,3 +287,29 @@ async def test_ul26_a_probe_uses_the_credit_kept_back() -> None:
         assert r.in_flight == 2  # the third ordinary call waits for a credit
         await asyncio.wait_for(r.rpc.call(PROG, VERS, 0, probe=True), 0.5)
         await asyncio.gather(*slow)
+
+
+async def test_pd24_a_message_before_our_side_is_established_is_answered_after() -> None:
+    """The passive side may receive before its own ESTABLISHED (the peer's side completes
+    first): anything it sends meanwhile waits for establishment instead of failing."""
+    fabric = InprocFabric()
+    sdev, cdev = fabric.device("10.0.0.1"), fabric.device("10.0.0.2")
+    early: list[RdmaConnection] = []
+
+    def accepted(c: RdmaConnection) -> None:
+        early.append(c)
+        assert not c.ready
+        c._bad_header(H.HeaderError("an early bad call", 5, H.ERR_CHUNK))  # before ESTABLISHED
+
+    listener = RdmaListener(sdev, 20049, accepted)
+    await listener.start()
+    client = await asyncio.wait_for(connect_rdma(cdev, "10.0.0.1", 20049), 5)
+    for _ in range(100):
+        if client.stats["rdma_errors"]:
+            break
+        await asyncio.sleep(0.01)
+    assert client.stats["rdma_errors"] == 1 and early and early[0].ready
+    client.close()
+    await listener.close()
+    sdev.close()
+    cdev.close()

@@ -1,4 +1,5 @@
-"""Running our own server inside the test bed, next to knfsd (on other ports)."""
+"""Running our own server inside the test bed, next to knfsd (on other ports), exporting a
+fresh tmpfs as knfsd's export is (no root squash)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,172 @@
+"""What the server benchmarks measure through a Linux NFS mount, and how they run in the VM.
+
+Used by ``server_tcp.py`` and ``server_rdma.py``: each boots the test bed once, starts our
+server next to knfsd, and measures both the same way, through the Linux client:
+
+- sequential write of one file (then fsync) and read after dropping caches, MB/s;
+- 4 KiB random reads with O_DIRECT (every read reaches the server) for a fixed time, from 4
+  threads, reads/s;
+- create + stat + remove of N files, operations/s (3 per file).
+
+Absolute numbers under qemu TCG mean little; the ratio ours / knfsd within one boot does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from nfsrdma.testbed.helpers import NfsServer, drop_caches, mount_nfs
+
+CHUNK = 1 << 20
+MOUNT_ROOT = Path("/tmp/bench-mnt")
+
+
+@dataclass
+class Figures:
+    seq_write: float = 0.0  # MB/s
+    seq_read: float = 0.0  # MB/s
+    rand_read: float = 0.0  # 4 KiB reads/s
+    meta: float = 0.0  # create/stat/remove operations/s
+
+
+def sequential(mnt: Path, size_mib: int) -> tuple[float, float]:
+    block = os.urandom(CHUNK)
+    path = mnt / "seq.bin"
+    t = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for _ in range(size_mib):
+            os.write(fd, block)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    write_s = time.perf_counter() - t
+    drop_caches()
+    t = time.perf_counter()
+    got = 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while data := os.read(fd, CHUNK):
+            got += len(data)
+    finally:
+        os.close(fd)
+    read_s = time.perf_counter() - t
+    if got != size_mib * CHUNK:
+        raise RuntimeError(f"read {got} bytes back, wrote {size_mib * CHUNK}")
+    n = size_mib * CHUNK
+    return n / write_s / 1e6, n / read_s / 1e6
+
+
+def random_reads(mnt: Path, seconds: float, threads: int = 4) -> float:
+    """4 KiB O_DIRECT reads at random aligned offsets of seq.bin, for ``seconds``."""
+    path = mnt / "seq.bin"
+    size = path.stat().st_size
+    blocks = size // 4096
+    counts = [0] * threads
+    deadline = time.perf_counter() + seconds
+
+    def worker(i: int) -> None:
+        rng = random.Random(i)
+        buf = mmap.mmap(-1, 4096)  # page-aligned, as O_DIRECT wants
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            while time.perf_counter() < deadline:
+                os.preadv(fd, [buf], rng.randrange(blocks) * 4096)
+                counts[i] += 1
+        finally:
+            os.close(fd)
+
+    t = time.perf_counter()
+    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join()
+    return sum(counts) / (time.perf_counter() - t)
+
+
+def metadata(mnt: Path, files: int) -> float:
+    d = mnt / "meta"
+    d.mkdir(exist_ok=True)
+    names = [d / f"f{i:04d}" for i in range(files)]
+    t = time.perf_counter()
+    for p in names:
+        os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    drop_caches()  # stat must ask the server
+    for p in names:
+        os.stat(p)
+    for p in names:
+        os.unlink(p)
+    return 3 * files / (time.perf_counter() - t)
+
+
+def measure(server: NfsServer, name: str, args: argparse.Namespace) -> Figures:
+    f = Figures()
+    with mount_nfs(server, MOUNT_ROOT / name) as m:
+        step(f"{name}: sequential {args.size_mib} MiB")
+        f.seq_write, f.seq_read = sequential(m.mountpoint, args.size_mib)
+        step(f"{name}: 4 KiB random reads for {args.seconds:g} s")
+        f.rand_read = random_reads(m.mountpoint, args.seconds)
+        step(f"{name}: create+stat+remove of {args.files} files")
+        f.meta = metadata(m.mountpoint, args.files)
+        (m.mountpoint / "seq.bin").unlink()
+    return f
+
+
+def table(rows: list[tuple[str, Figures]]) -> None:
+    width = max(len(n) for n, _ in rows)
+    print(
+        f"{'server'.ljust(width)}  {'write MB/s':>10} {'read MB/s':>10} {'4K rand/s':>10} {'meta op/s':>10}"
+    )
+    for name, f in rows:
+        print(
+            f"{name.ljust(width)}  {f.seq_write:10.1f} {f.seq_read:10.1f} "
+            f"{f.rand_read:10.0f} {f.meta:10.0f}"
+        )
+
+
+def step(what: str) -> None:
+    print(f"... {what}", file=sys.stderr, flush=True)
+
+
+def arguments(doc: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--size-mib", type=int, default=64, help="sequential file size (64 MiB)")
+    p.add_argument("--seconds", type=float, default=10.0, help="random-read time (10 s)")
+    p.add_argument("--files", type=int, default=500, help="files for create/stat/remove")
+    p.add_argument("--out", type=Path, default=None, help="host only: results directory")
+    p.add_argument("--timeout", type=float, default=1800.0, help="host only: VM time limit")
+    return p
+
+
+def run_in_testbed(script: str, args: argparse.Namespace, forward: list[str]) -> int:
+    """Boot the test bed (with knfsd) and run ``script`` inside it with ``forward`` arguments."""
+    here = Path(script).resolve()
+    out = args.out or Path("testbed-out") / here.stem
+    argv = [
+        sys.executable, "-m", "nfsrdma.testbed", "run", "--knfsd", "--out", str(out),
+        "--timeout", str(args.timeout), "--", sys.executable, str(here), *forward,
+    ]  # fmt: skip
+    return subprocess.call(argv, cwd=here.parent.parent)
+
+
+def forwarded(args: argparse.Namespace) -> list[str]:
+    return [
+        "--size-mib", str(args.size_mib), "--seconds", str(args.seconds),
+        "--files", str(args.files),
+    ]  # fmt: skip
+
+
+Main = Callable[[argparse.Namespace], int]
