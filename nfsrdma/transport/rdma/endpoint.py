@@ -465,6 +465,7 @@ class RdmaConnection(Connection):
             reads.append(
                 hdr.ReadChunk(exposure.position, [Segment(region.rkey, size, region.addr)])
             )
+            self.stats["read_chunks"] += 1
         writes = []
         for capacity, sink in zip(plan.write_chunks, expect.sinks, strict=False):
             region, direct = self._sink_region(sink, capacity)

@@ -153,6 +153,8 @@ async def test_tr7_ul1_write_data_by_read_chunk(size: int) -> None:
         n, digest = await call_write(r, data)
         assert (n, digest) == (size, hashlib.sha256(data).digest())
         assert r.server[0].stats["registrations"] == (1 if size > 4000 else 0)
+        assert r.client is not None
+        assert r.client.stats["read_chunks"] == (1 if size > 4000 else 0)
 
 
 @pytest.mark.parametrize("size", [10, 3000, 70_000])
@@ -170,6 +172,7 @@ async def test_ul14_read_data_lands_in_the_callers_buffer(size: int) -> None:
         out, _ = nfs4.dec_READ4res(res.reader, res.offset)
         assert bytes(out.value.data) == bytes(i % 251 for i in range(size))
         assert out.value.data.obj is sink.obj  # placed directly: no copy
+        assert r.client is not None and r.client.stats["write_chunks"] == 1
         assert bytes(sink[:size]) == bytes(out.value.data)
 
 
