@@ -12,6 +12,7 @@ import contextlib
 import logging
 import socket
 import time
+from collections.abc import Awaitable
 from dataclasses import replace
 from typing import Any
 
@@ -196,9 +197,9 @@ class NFSServer:
 
         conn.on_closed(closed)
 
-    async def _compound(self, call: RpcCall, w: Writer) -> None:
+    def _compound(self, call: RpcCall, w: Writer) -> Awaitable[None] | None:
         assert self.state is not None
-        await compound(self.state, call, w)
+        return compound(self.state, call, w)
 
     def _notify_lock(self, clientid: int, fh: bytes, owner: bytes) -> None:
         if self.callbacks is not None:

@@ -16,6 +16,7 @@ import inspect
 import logging
 import struct
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,12 +25,11 @@ from nfsrdma.nfs4.errors import error_result, status_of
 from nfsrdma.nfs4.ops import HANDLERS
 from nfsrdma.vfs.base import Cred
 from nfsrdma.xdr.gen import nfs4
-from nfsrdma.xdr.runtime import U32, DdpItem, Writer, XdrError
+from nfsrdma.xdr.runtime import U32, DdpItem, Reader, Writer, XdrError
 
 if TYPE_CHECKING:
     from nfsrdma.nfs4.server_state import ServerState
     from nfsrdma.rpc.server import RpcCall
-    from nfsrdma.session.server import SequenceResult
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +75,13 @@ def cred_of(server: ServerState, call: RpcCall) -> Cred:
     return Cred(c.uid, c.gid, c.gids)
 
 
-async def compound(server: ServerState, call: RpcCall, w: Writer) -> None:
+def compound(server: ServerState, call: RpcCall, w: Writer) -> Awaitable[None] | None:
     """NFSPROC4_COMPOUND: decode, run and encode; the RPC reply header is already in ``w``.
 
-    Raises XdrError when not even the COMPOUND header decodes (the caller answers
-    GARBAGE_ARGS)."""
+    Operations run synchronously as far as they can; only when one has to wait (file I/O in
+    the thread pool) does the rest continue as a coroutine, which is then returned for the
+    RPC layer to await. Raises XdrError when not even the COMPOUND header decodes (the
+    caller answers GARBAGE_ARGS)."""
     r = call.reader
     tag, off = nfs4.dec_utf8str_cs(r, call.offset)
     if off + 8 > len(r.buf):
@@ -93,15 +95,14 @@ async def compound(server: ServerState, call: RpcCall, w: Writer) -> None:
     w += U32.pack(0)
     if minor != MINOR_VERSION:
         _patch(w, head, count_at, nfs4.NFS4ERR_MINOR_VERS_MISMATCH, 0)
-        return
+        return None
     try:
         tag.decode("utf-8")
     except UnicodeDecodeError:
         _patch(w, head, count_at, nfs4.NFS4ERR_INVAL, 0)
-        return
+        return None
     if count * 4 > len(r.buf) - off:
         raise XdrError(f"{count} operations cannot fit in the request", off - 4)
-
     ctx = CompoundContext(
         server=server,
         cred=cred_of(server, call),
@@ -111,97 +112,148 @@ async def compound(server: ServerState, call: RpcCall, w: Writer) -> None:
         op_count=count,
         request_size=len(r.buf) - call.offset,
     )
-    seq: SequenceResult | None = None
-    status: int = nfs4.NFS4_OK
-    done = 0
-    read_class = 0
-    try:
-        for i in range(count):
-            ctx.op_index = i
-            op, res, off = await _run_one(ctx, r, off, i, count)
-            if op == nfs4.OP_SEQUENCE and ctx.sequence is not None:
-                seq = ctx.sequence
-                if seq.replay is not None:
-                    # A retry: the cached reply, as it was, whatever this request says now.
-                    del w[head:]
-                    w.ddp.clear()
-                    replay = seq.replay
-                    assert isinstance(replay, EncodedReply)
-                    replay.append_to(w)
-                    return
-            mark, ddp_mark = len(w), len(w.ddp)
-            if op in READ_CLASS_OPS:
-                w.ddp_tag = read_class
-                read_class += 1
-            nfs4.enc_nfs_resop4(w, nfs4.nfs_resop4(_OPS[op], res))
-            status = _status_of_result(res)
-            too_big = _over_limit(ctx, w, head)
-            if too_big:
-                del w[mark:]
-                del w.ddp[ddp_mark:]
-                status = too_big
-                nfs4.enc_nfs_resop4(
-                    w, nfs4.nfs_resop4(nfs4.nfs_opnum4(op), error_result(op, status))
-                )
-            done += 1
-            if status != nfs4.NFS4_OK:
-                break
-            if seq is not None and seq.uncached_retry and op == nfs4.OP_SEQUENCE:
-                # A retry of a request whose reply was not cached (sa_cachethis was false).
-                if i + 1 < count:
-                    nxt = _peek_op(r, off)
-                    nfs4.enc_nfs_resop4(
-                        w,
-                        nfs4.nfs_resop4(
-                            _OPS[nxt], error_result(nxt, nfs4.NFS4ERR_RETRY_UNCACHED_REP)
-                        ),
-                    )
-                    done += 1
-                    status = nfs4.NFS4ERR_RETRY_UNCACHED_REP
-                break
-        _patch(w, head, count_at, status, done)
-    finally:
-        if seq is not None and seq.session is not None and seq.replay is None:
-            cached = None
-            if ctx.cachethis and status != nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE:
-                cached = EncodedReply(bytes(w[head:]), [_rebase(i, head) for i in w.ddp])
-            server.sessions.finish(seq, cached, time.monotonic())
+    return _Run(ctx, r, off, w, head, count_at).run()
 
 
-async def _run_one(
-    ctx: CompoundContext, r: Any, off: int, i: int, count: int
-) -> tuple[int, Any, int]:
-    """Decode and run operation ``i``; returns (op, result, offset after its arguments)."""
-    (opnum,) = _STATUS_COUNT.unpack_from(r.buf, off) if off + 4 <= len(r.buf) else (None,)
-    if opnum is None:
-        return nfs4.OP_ILLEGAL, error_result(nfs4.OP_ILLEGAL, nfs4.NFS4ERR_BADXDR), off
-    dec = _ARG_DECODERS.get(opnum)
-    if dec is None or opnum == nfs4.OP_ILLEGAL:
-        return nfs4.OP_ILLEGAL, error_result(nfs4.OP_ILLEGAL, nfs4.NFS4ERR_OP_ILLEGAL), off
-    op = _OPS[opnum]
-    try:
-        args, off = dec(r, off + 4)
-    except XdrError as e:
-        log.info("%s: %s arguments do not decode: %s", ctx.conn.peer, op.name, e)
-        return op, error_result(op, nfs4.NFS4ERR_BADXDR), off
-    position_error = _position_error(ctx, op, i, count)
-    if position_error:
-        return op, error_result(op, position_error), off
-    handler = HANDLERS.get(op)
-    if handler is None:
-        return op, error_result(op, nfs4.NFS4ERR_NOTSUPP), off
-    try:
-        res = handler(ctx, args)
-        if inspect.isawaitable(res):
-            res = await res
-    except Exception as e:
+class _Run:
+    """One COMPOUND in progress: the operations left, and the reply so far."""
+
+    def __init__(
+        self, ctx: CompoundContext, r: Reader, off: int, w: Writer, head: int, count_at: int
+    ) -> None:
+        self.ctx = ctx
+        self.r = r
+        self.off = off
+        self.w = w
+        self.head = head
+        self.count_at = count_at
+        self.i = 0
+        self.status: int = nfs4.NFS4_OK
+        self.done = 0
+        self.read_class = 0
+        self.replayed = False
+
+    def run(self) -> Awaitable[None] | None:
+        """Run operations until the end, or until one must wait: then a coroutine goes on."""
+        try:
+            while self.i < self.ctx.op_count:
+                op, res = self._start()
+                if inspect.isawaitable(res):
+                    return self._wait(op, res)
+                if self._record(op, res):
+                    break
+        except BaseException:
+            self._finish()
+            raise
+        self._finish()
+        return None
+
+    async def _wait(self, op: int, pending: Awaitable[Any]) -> None:
+        try:
+            try:
+                res = await pending
+            except Exception as e:
+                res = self._failed(op, e)
+            if not self._record(op, res):
+                while self.i < self.ctx.op_count:
+                    op, res = self._start()
+                    if inspect.isawaitable(res):
+                        try:
+                            res = await res
+                        except Exception as e:
+                            res = self._failed(op, e)
+                    if self._record(op, res):
+                        break
+        finally:
+            self._finish()
+
+    def _start(self) -> tuple[int, Any]:
+        """Decode operation ``i`` and call its handler: its result, or an awaitable."""
+        ctx, r, off = self.ctx, self.r, self.off
+        ctx.op_index = i = self.i
+        self.i += 1
+        (opnum,) = _STATUS_COUNT.unpack_from(r.buf, off) if off + 4 <= len(r.buf) else (None,)
+        if opnum is None:
+            return nfs4.OP_ILLEGAL, error_result(nfs4.OP_ILLEGAL, nfs4.NFS4ERR_BADXDR)
+        dec = _ARG_DECODERS.get(opnum)
+        if dec is None or opnum == nfs4.OP_ILLEGAL:
+            return nfs4.OP_ILLEGAL, error_result(nfs4.OP_ILLEGAL, nfs4.NFS4ERR_OP_ILLEGAL)
+        op = _OPS[opnum]
+        try:
+            args, self.off = dec(r, off + 4)
+        except XdrError as e:
+            log.info("%s: %s arguments do not decode: %s", ctx.conn.peer, op.name, e)
+            return op, error_result(op, nfs4.NFS4ERR_BADXDR)
+        position_error = _position_error(ctx, op, i, ctx.op_count)
+        if position_error:
+            return op, error_result(op, position_error)
+        handler = HANDLERS.get(op)
+        if handler is None:
+            return op, error_result(op, nfs4.NFS4ERR_NOTSUPP)
+        try:
+            return op, handler(ctx, args)
+        except Exception as e:
+            return op, self._failed(op, e)
+
+    def _failed(self, op: int, e: Exception) -> Any:
         status = status_of(e)
         if status == nfs4.NFS4ERR_SERVERFAULT:
-            log.exception("%s: %s failed", ctx.conn.peer, op.name)
+            log.error("%s: %s failed", self.ctx.conn.peer, _OPS[op].name, exc_info=e)
         if isinstance(e, Nfs4Error) and e.result is not None:
-            return op, e.result, off
-        return op, error_result(op, status), off
-    return op, res, off
+            return e.result
+        return error_result(op, status)
+
+    def _record(self, op: int, res: Any) -> bool:
+        """Encode an operation's result; True when the COMPOUND stops here."""
+        ctx, w, head = self.ctx, self.w, self.head
+        seq = ctx.sequence
+        if op == nfs4.OP_SEQUENCE and seq is not None and seq.replay is not None:
+            # A retry: the cached reply, as it was, whatever this request says now.
+            del w[head:]
+            w.ddp.clear()
+            replay = seq.replay
+            assert isinstance(replay, EncodedReply)
+            replay.append_to(w)
+            self.replayed = True
+            return True
+        mark, ddp_mark = len(w), len(w.ddp)
+        if op in READ_CLASS_OPS:
+            w.ddp_tag = self.read_class
+            self.read_class += 1
+        nfs4.enc_nfs_resop4(w, nfs4.nfs_resop4(_OPS[op], res))
+        status = _status_of_result(res)
+        too_big = _over_limit(ctx, w, head)
+        if too_big:
+            del w[mark:]
+            del w.ddp[ddp_mark:]
+            status = too_big
+            nfs4.enc_nfs_resop4(w, nfs4.nfs_resop4(_OPS[op], error_result(op, status)))
+        self.status = status
+        self.done += 1
+        if status != nfs4.NFS4_OK:
+            return True
+        if op == nfs4.OP_SEQUENCE and seq is not None and seq.uncached_retry:
+            # A retry of a request whose reply was not cached (sa_cachethis was false).
+            if self.i < ctx.op_count:
+                nxt = _peek_op(self.r, self.off)
+                err = error_result(nxt, nfs4.NFS4ERR_RETRY_UNCACHED_REP)
+                nfs4.enc_nfs_resop4(w, nfs4.nfs_resop4(_OPS[nxt], err))
+                self.done += 1
+                self.status = nfs4.NFS4ERR_RETRY_UNCACHED_REP
+            return True
+        return False
+
+    def _finish(self) -> None:
+        """Complete the reply header and hand the reply to the slot (exactly once)."""
+        ctx, w, head = self.ctx, self.w, self.head
+        seq, ctx.sequence = ctx.sequence, None
+        if not self.replayed:
+            _patch(w, head, self.count_at, self.status, self.done)
+        if seq is not None and seq.session is not None and seq.replay is None:
+            cached = None
+            if ctx.cachethis and self.status != nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE:
+                cached = EncodedReply(bytes(w[head:]), [_rebase(i, head) for i in w.ddp])
+            ctx.server.sessions.finish(seq, cached, time.monotonic())
 
 
 def _position_error(ctx: CompoundContext, op: int, i: int, count: int) -> int:

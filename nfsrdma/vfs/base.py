@@ -299,6 +299,10 @@ class Vfs(abc.ABC):
     def getattr(self, fh: bytes) -> Attributes: ...
 
     @abc.abstractmethod
+    def check(self, fh: bytes) -> None:
+        """Raise BadHandle or StaleHandle unless ``fh`` names a live object (PUTFH)."""
+
+    @abc.abstractmethod
     def setattr(
         self,
         cred: Cred,

@@ -177,6 +177,13 @@ class LocalVfs(Vfs):
         finally:
             pin.release()
 
+    def check(self, fh: bytes) -> None:
+        pin = self._res.pin(fh)
+        try:
+            self._res.stat(pin)
+        finally:
+            pin.release()
+
     def lookup(self, cred: Cred, dir_fh: bytes, name: bytes | str) -> bytes:
         bname = check_name(name)
         pin = self._res.pin(dir_fh)

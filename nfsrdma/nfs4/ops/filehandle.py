@@ -31,7 +31,7 @@ def putfh(ctx: CompoundContext, args: nfs4.PUTFH4args) -> nfs4.PUTFH4res:
     if not fh or len(fh) > NFS4_FHSIZE:
         raise BadHandle(f"filehandle of {len(fh)} octets")
     # Validated now, so that a forged or stale handle fails on PUTFH itself, as with knfsd.
-    ctx.server.vfs.getattr(fh)
+    ctx.server.vfs.check(fh)
     ctx.set_fh(fh)
     return nfs4.PUTFH4res(_OK)
 

@@ -1,9 +1,10 @@
 """READ, WRITE and COMMIT (RFC 8881 sections 18.22, 18.32, 18.3).
 
 The stateid picks the open file (``StateManager.io_file``); the special stateids do anonymous
-I/O with the caller's credential. I/O of at least ``config.large_io`` octets (and every COMMIT,
-an fsync) runs in the server's thread pool so the event loop stays responsive; smaller I/O
-runs inline. READ fills a buffer of its own with ``readinto`` and returns a view of it (the
+I/O with the caller's credential. I/O of at least ``config.large_io`` octets, stable writes and
+COMMIT (an fsync) run in the server's thread pool so the event loop stays responsive, and
+their handlers return an awaitable; smaller I/O is done at once, and the COMPOUND goes on
+without waiting. READ fills a buffer of its own with ``readinto`` and returns a view of it (the
 RPC-over-RDMA layer sends it from there); WRITE hands the VFS the request's buffer as is.
 """
 
@@ -11,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import errno
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, OpHandler
 from nfsrdma.vfs.base import OpenFile
 from nfsrdma.xdr.gen import nfs4
+from nfsrdma.xdr.runtime import Buffer
 
 MAX_FILE_OFFSET: Final = (1 << 63) - 1  # no file on the server can extend past this
 UINT64_MAX: Final = (1 << 64) - 1
@@ -24,11 +26,9 @@ UINT64_MAX: Final = (1 << 64) - 1
 T = TypeVar("T")
 
 
-async def _run(ctx: CompoundContext, size: int, fn: Callable[[], T]) -> T:
-    if size < ctx.server.config.large_io:
-        return fn()
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(ctx.server.executor, fn)
+def _offload(ctx: CompoundContext, fn: Callable[[], T]) -> asyncio.Future[T]:
+    """``fn()`` in the server's thread pool (large I/O, fsync): the loop is not blocked."""
+    return asyncio.get_running_loop().run_in_executor(ctx.server.executor, fn)
 
 
 def _read_into(of: OpenFile, offset: int, count: int) -> tuple[memoryview, bool]:
@@ -37,7 +37,9 @@ def _read_into(of: OpenFile, offset: int, count: int) -> tuple[memoryview, bool]
     return memoryview(buf)[:n], eof
 
 
-async def op_read(ctx: CompoundContext, args: nfs4.READ4args) -> nfs4.READ4res:
+def op_read(ctx: CompoundContext, args: nfs4.READ4args) -> nfs4.READ4res | Awaitable[nfs4.READ4res]:
+    """Small reads are answered at once; large ones (and anonymous reads, which open the
+    file) continue in the thread pool, and the result is an awaitable."""
     fh = ctx.fh()
     sid = ctx.resolve_stateid(args.stateid)
     server = ctx.server
@@ -46,18 +48,25 @@ async def op_read(ctx: CompoundContext, args: nfs4.READ4args) -> nfs4.READ4res:
     offset = args.offset
     if offset > MAX_FILE_OFFSET:  # beyond any end of file
         return nfs4.READ4res(nfs4.NFS4_OK, nfs4.READ4resok(True, b""))
-    data: bytes | memoryview
     if of is None:
         cred, vfs = ctx.cred, server.vfs
-        data, eof = await _run(ctx, count, lambda: vfs.anonymous_read(cred, fh, offset, count))
-    elif count >= server.config.large_io:
-        data, eof = await _run(ctx, count, lambda: _read_into(of, offset, count))
-    else:
-        data, eof = of.read(offset, count)
+        return _read_result(_offload(ctx, lambda: vfs.anonymous_read(cred, fh, offset, count)))
+    if count >= server.config.large_io:
+        return _read_result(_offload(ctx, lambda: _read_into(of, offset, count)))
+    data, eof = of.read(offset, count)
     return nfs4.READ4res(nfs4.NFS4_OK, nfs4.READ4resok(eof, data))
 
 
-async def op_write(ctx: CompoundContext, args: nfs4.WRITE4args) -> nfs4.WRITE4res:
+async def _read_result(pending: Awaitable[tuple[Buffer, bool]]) -> nfs4.READ4res:
+    data, eof = await pending
+    return nfs4.READ4res(nfs4.NFS4_OK, nfs4.READ4resok(eof, data))
+
+
+def op_write(
+    ctx: CompoundContext, args: nfs4.WRITE4args
+) -> nfs4.WRITE4res | Awaitable[nfs4.WRITE4res]:
+    """Small unstable writes are done at once; large or stable ones (and anonymous ones)
+    continue in the thread pool, and the result is an awaitable."""
     fh = ctx.fh()
     sid = ctx.resolve_stateid(args.stateid)
     server = ctx.server
@@ -68,16 +77,25 @@ async def op_write(ctx: CompoundContext, args: nfs4.WRITE4args) -> nfs4.WRITE4re
     if offset + size > MAX_FILE_OFFSET + 1:
         raise Nfs4Error(nfs4.NFS4ERR_FBIG)
     stable = args.stable != nfs4.UNSTABLE4
+    committed = nfs4.FILE_SYNC4 if stable else nfs4.UNSTABLE4
+    verifier = server.vfs.write_verifier
     if of is None:
         cred, vfs = ctx.cred, server.vfs
-        count = await _run(ctx, size, lambda: vfs.anonymous_write(cred, fh, offset, data, stable))
-    else:
-        open_file = of
-        count = await _run(ctx, size, lambda: open_file.write(offset, data, stable))
-    committed = nfs4.FILE_SYNC4 if stable else nfs4.UNSTABLE4
-    return nfs4.WRITE4res(
-        nfs4.NFS4_OK, nfs4.WRITE4resok(count, committed, server.vfs.write_verifier)
-    )
+        pending = _offload(ctx, lambda: vfs.anonymous_write(cred, fh, offset, data, stable))
+        return _write_result(pending, committed, verifier)
+    open_file = of
+    if stable or size >= server.config.large_io:
+        pending = _offload(ctx, lambda: open_file.write(offset, data, stable))
+        return _write_result(pending, committed, verifier)
+    count = open_file.write(offset, data, stable)
+    return nfs4.WRITE4res(nfs4.NFS4_OK, nfs4.WRITE4resok(count, committed, verifier))
+
+
+async def _write_result(
+    pending: Awaitable[int], committed: nfs4.stable_how4, verifier: bytes
+) -> nfs4.WRITE4res:
+    count = await pending
+    return nfs4.WRITE4res(nfs4.NFS4_OK, nfs4.WRITE4resok(count, committed, verifier))
 
 
 def _commit_any(ctx: CompoundContext, fh: bytes, candidates: list[OpenFile]) -> None:
@@ -110,8 +128,7 @@ async def op_commit(ctx: CompoundContext, args: nfs4.COMMIT4args) -> nfs4.COMMIT
         raise Nfs4Error(nfs4.NFS4ERR_INVAL)
     server = ctx.server
     candidates = server.state.open_files(fh)
-    loop = asyncio.get_running_loop()
-    await loop.run_in_executor(server.executor, _commit_any, ctx, fh, candidates)
+    await _offload(ctx, lambda: _commit_any(ctx, fh, candidates))
     return nfs4.COMMIT4res(nfs4.NFS4_OK, nfs4.COMMIT4resok(server.vfs.write_verifier))
 
 

@@ -35,7 +35,7 @@ from nfsrdma.transport.rdma import privdata
 from nfsrdma.transport.rdma.credits import CreditPolicy, CreditWindow
 from nfsrdma.transport.rdma.header import ChunkLimits, Header, HeaderError, Segment
 from nfsrdma.transport.rdma.marshal import plan_call, plan_reply
-from nfsrdma.transport.rdma.pool import PooledBuffer, receive_pool, send_pool
+from nfsrdma.transport.rdma.pool import PooledBuffer, data_pool, receive_pool, send_pool
 from nfsrdma.transport.rdma.provider import (
     Access,
     Completion,
@@ -68,6 +68,8 @@ class RdmaOptions:
     limits: ChunkLimits = field(default_factory=ChunkLimits)
     remote_invalidate: bool = True  # offer/use Send with Invalidate when the device can
     max_reads: int = 16  # RDMA Reads outstanding as initiator (ORD, TR-26)
+    data_buffers: int = 32  # pre-registered buffers for RDMA Read sinks / RDMA Write sources
+    data_buffer_size: int = 1 << 20
     probe_reserve: bool = True  # keep one credit for a keepalive probe (UL-26)
 
 
@@ -82,6 +84,39 @@ class _OutCall:
     counted: bool = True  # holds a credit
 
 
+class _Scratch:
+    """Local memory a responder reads chunk data into or writes it from: a buffer of the
+    connection's pre-registered data pool, or (when none is free or it is too small) a region
+    registered for this one use. Never exposed to the peer (local access only)."""
+
+    __slots__ = ("buf", "region")
+
+    def __init__(self, buf: PooledBuffer | None, region: MemoryRegion | None) -> None:
+        self.buf = buf
+        self.region = region
+
+    @property
+    def view(self) -> memoryview:
+        if self.buf is not None:
+            return self.buf.view
+        assert self.region is not None
+        return self.region.buffer
+
+    def sge(self, offset: int, length: int) -> Sge:
+        if self.buf is not None:
+            return self.buf.sge(length, offset)
+        assert self.region is not None
+        return self.region.sge(offset, length)
+
+    def release(self) -> None:
+        if self.buf is not None:
+            self.buf.release()
+            self.buf = None
+        elif self.region is not None:
+            self.region.deregister()
+            self.region = None
+
+
 @dataclass(slots=True)
 class _InCall:
     """A call being assembled (RDMA Reads of its chunks) or being answered."""
@@ -90,7 +125,7 @@ class _InCall:
     message: Buffer
     chunks: dict[int, Buffer] = field(default_factory=dict)
     pending_reads: int = 0
-    regions: list[MemoryRegion] = field(default_factory=list)
+    scratch: list[_Scratch] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -98,7 +133,7 @@ class CallContext:
     """Transport state of an inbound call, handed back with its reply."""
 
     header: Header
-    regions: list[MemoryRegion]
+    scratch: list[_Scratch]
 
 
 class RdmaConnection(Connection):
@@ -116,6 +151,11 @@ class RdmaConnection(Connection):
         n_recv = (options.credits if server else options.max_requests) + options.backchannel
         self.recv_pool = receive_pool(pd, n_recv, options.inline_size)
         self.send_pool = send_pool(pd, n_recv + options.backchannel + 8, options.inline_size)
+        self.data_pool = (
+            data_pool(pd, options.data_buffers, options.data_buffer_size)
+            if server and options.data_buffers
+            else None
+        )
         self.local_pd = privdata.PrivateData.for_buffers(
             options.inline_size,
             options.inline_size,
@@ -229,6 +269,14 @@ class RdmaConnection(Connection):
         self.qp.post_send(self._wr_id("send", buf), [buf.sge(n)], invalidate_rkey=invalidate)
         self.stats["sends"] += 1
 
+    def _scratch(self, length: int) -> _Scratch:
+        pool = self.data_pool
+        if pool is not None and length <= pool.buffer_size:
+            buf = pool.try_get()
+            if buf is not None:
+                return _Scratch(buf, None)
+        return _Scratch(None, self._register(length, Access.LOCAL_WRITE))
+
     def _register(self, length: int, access: Access) -> MemoryRegion:
         region = self.device.pd.register(max(length, 1), access | Access.LOCAL_WRITE)
         self.stats["registrations"] += 1
@@ -257,7 +305,7 @@ class RdmaConnection(Connection):
         elif kind == "read":
             self._on_read_done(ev, ctx)
         elif kind == "write":
-            ctx.deregister()  # the bounce region of one RDMA Write
+            ctx.release()  # the local source of one RDMA Write
         if not ev.ok and not self.closed and ev.status is not WcStatus.WR_FLUSH_ERR:
             log.warning("rdma %s: %s completion failed: %s", self.peer, kind, ev.status.name)
 
@@ -338,14 +386,14 @@ class RdmaConnection(Connection):
             self._deliver_call(call)
             return
         for chunk in h.reads:
-            region = self._register(chunk.length, Access.LOCAL_WRITE)
-            call.regions.append(region)
+            local = self._scratch(chunk.length)
+            call.scratch.append(local)
             off = 0
             for s in chunk.segments:
                 call.pending_reads += 1
-                self._read(call, region.sge(off, s.length), s)
+                self._read(call, local.sge(off, s.length), s)
                 off += s.length
-            data = region.buffer[: chunk.length]
+            data = local.view[: chunk.length]
             if chunk.position == 0:
                 call.message = data
             else:
@@ -382,14 +430,14 @@ class RdmaConnection(Connection):
 
     def _deliver_call(self, call: _InCall) -> None:
         reader = Reader(call.message, call.chunks or None)
-        self._deliver(Inbound(reader, CallContext(call.header, call.regions)))
+        self._deliver(Inbound(reader, CallContext(call.header, call.scratch)))
 
     def send_reply(self, request: Inbound, msg: Writer) -> None:
         ctx = request.context
         assert isinstance(ctx, CallContext)
         self._inbound_calls = max(0, self._inbound_calls - 1)
-        for region in ctx.regions:
-            region.deregister()
+        for local in ctx.scratch:
+            local.release()  # the call's chunk data has been consumed by now
         h = ctx.header
         try:
             plan = plan_reply(msg, h, self.send_limit)
@@ -400,12 +448,12 @@ class RdmaConnection(Connection):
             return
         assert self.qp is not None
         for write in plan.writes:
-            region = self._register(len(write.data), Access.LOCAL_WRITE)
-            region.buffer[: len(write.data)] = write.data
+            local = self._scratch(len(write.data))
+            local.view[: len(write.data)] = write.data
             seg = write.segment
             self.qp.post_rdma_write(
-                self._wr_id("write", region),
-                [region.sge(0, len(write.data))],
+                self._wr_id("write", local),
+                [local.sge(0, len(write.data))],
                 seg.offset + write.segment_offset,
                 seg.handle,
             )
@@ -578,8 +626,8 @@ class RdmaConnection(Connection):
         for xid in list(self._out):
             self.call_done(xid)
         for call in self._assembling.values():
-            for region in call.regions:
-                region.deregister()
+            for local in call.scratch:
+                local.release()
         self._assembling.clear()
         for fut in self._credit_waiters:
             if not fut.done():
@@ -589,6 +637,8 @@ class RdmaConnection(Connection):
             self.qp.close()
         self.recv_pool.close()
         self.send_pool.close()
+        if self.data_pool is not None:
+            self.data_pool.close()
 
 
 # -- connection set-up ------------------------------------------------------------------

@@ -152,7 +152,8 @@ async def test_tr7_ul1_write_data_by_read_chunk(size: int) -> None:
     async with rig() as r:
         n, digest = await call_write(r, data)
         assert (n, digest) == (size, hashlib.sha256(data).digest())
-        assert r.server[0].stats["registrations"] == (1 if size > 4000 else 0)
+        # The responder reads chunks into its pre-registered data pool: no registration.
+        assert r.server[0].stats["registrations"] == 0
         assert r.client is not None
         assert r.client.stats["read_chunks"] == (1 if size > 4000 else 0)
 
@@ -316,3 +317,12 @@ async def test_pd24_a_message_before_our_side_is_established_is_answered_after()
     await listener.close()
     sdev.close()
     cdev.close()
+
+
+async def test_chunks_larger_than_the_data_pool_get_their_own_registration() -> None:
+    data = b"w" * 20_000
+    async with rig(RdmaOptions(data_buffer_size=8192)) as r:
+        n, digest = await call_write(r, data)
+        assert (n, digest) == (len(data), hashlib.sha256(data).digest())
+        assert r.server[0].stats["registrations"] == 1
+        assert r.server[0].data_pool is not None and r.server[0].data_pool.in_use == 0

@@ -87,7 +87,9 @@ class Server:
             Inbound(reader),
         )
         out = Writer()
-        await compound(self.state, call, out)
+        pending = compound(self.state, call, out)  # runs synchronously unless I/O must wait
+        if pending is not None:
+            await pending
         data = out.flatten()
         return unpack(nfs4.dec_COMPOUND4res, data), data
 
