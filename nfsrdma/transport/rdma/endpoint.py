@@ -44,6 +44,7 @@ from nfsrdma.transport.rdma.provider import (
     Disconnected,
     MemoryRegion,
     QueuePairConfig,
+    RdmaWriteRequest,
     Sge,
     WcStatus,
 )
@@ -176,7 +177,9 @@ class RdmaConnection(Connection):
         self._out: dict[int, _OutCall] = {}
         self._assembling: dict[int, _InCall] = {}
         self._credit_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._send_backlog: collections.deque[tuple[list[Buffer], int | None]] = collections.deque()
+        self._send_backlog: collections.deque[
+            tuple[list[Buffer], int | None, list[RdmaWriteRequest]]
+        ] = collections.deque()
         self._read_backlog: collections.deque[tuple[int, Sge, int, int]] = collections.deque()
         self._reads_in_flight = 0
         self._inbound_calls = 0
@@ -214,8 +217,8 @@ class RdmaConnection(Connection):
         while self._send_backlog and self.ready and not self.closed:
             if self.send_pool.available == 0:
                 return
-            pieces, inv = self._send_backlog.popleft()
-            self._send(pieces, inv)
+            pieces, inv, writes = self._send_backlog.popleft()
+            self._send(pieces, inv, writes)
 
     def negotiated(self, peer: bytes) -> None:
         """Thresholds from both blocks, afresh for this connection (PD-7, PD-9, PD-14)."""
@@ -252,21 +255,28 @@ class RdmaConnection(Connection):
         assert self.qp is not None
         self.qp.post_recv(self._wr_id("recv", buf), buf.sge())
 
-    def _send(self, pieces: list[Buffer], invalidate: int | None = None) -> None:
+    def _send(
+        self,
+        pieces: list[Buffer],
+        invalidate: int | None = None,
+        writes: list[RdmaWriteRequest] | None = None,
+    ) -> None:
         """Copy a transport message into a send buffer and post it (or queue it until the
         connection is established and a send buffer is free)."""
         if self.closed or self.qp is None:
             raise ConnectionError(f"rdma connection to {self.peer} is closed")
         buf = self.send_pool.try_get() if self.ready else None
         if buf is None:
-            self._send_backlog.append((pieces, invalidate))
+            self._send_backlog.append((pieces, invalidate, writes or []))
             return
         n = 0
         for p in pieces:
             m = len(p)
             buf.view[n : n + m] = p
             n += m
-        self.qp.post_send(self._wr_id("send", buf), [buf.sge(n)], invalidate_rkey=invalidate)
+        self.qp.post_send(
+            self._wr_id("send", buf), [buf.sge(n)], invalidate_rkey=invalidate, writes=writes or ()
+        )
         self.stats["sends"] += 1
 
     def _scratch(self, length: int) -> _Scratch:
@@ -446,20 +456,23 @@ class RdmaConnection(Connection):
             self.stats["reply_overruns"] += 1
             self._send([hdr.encode_error(h.xid, self.policy.grant, hdr.ERR_CHUNK)])
             return
-        assert self.qp is not None
+        writes = []
         for write in plan.writes:
             local = self._scratch(len(write.data))
             local.view[: len(write.data)] = write.data
             seg = write.segment
-            self.qp.post_rdma_write(
-                self._wr_id("write", local),
-                [local.sge(0, len(write.data))],
-                seg.offset + write.segment_offset,
-                seg.handle,
+            writes.append(
+                RdmaWriteRequest(
+                    self._wr_id("write", local),
+                    [local.sge(0, len(write.data))],
+                    seg.offset + write.segment_offset,
+                    seg.handle,
+                )
             )
             self.stats["rdma_writes"] += 1
         head = hdr.encode(h.xid, self.policy.grant, plan.proc, [], plan.write_list, plan.reply)
-        self._send([head, *plan.inline], self._invalidate_for(h))
+        # The RDMA Writes go ahead of the Send in one post (TR-19: RC ordering).
+        self._send([head, *plan.inline], self._invalidate_for(h), writes)
 
     def _invalidate_for(self, h: Header) -> int | None:
         """Send with Invalidate of one STag of this XID's chunks, when both peers set R and

@@ -49,6 +49,7 @@ from nfsrdma.transport.rdma.provider import (
     MemoryWindow,
     ProviderError,
     QueuePairConfig,
+    RdmaWriteRequest,
     Sge,
     WcOpcode,
     WcStatus,
@@ -724,8 +725,11 @@ class InprocConnection:
         *,
         invalidate_rkey: int | None = None,
         inline: bool = False,
+        writes: Sequence[RdmaWriteRequest] = (),
     ) -> None:
         inline_data = None
+        for w in writes:  # posted in order ahead of the Send, as a linked list would be
+            self.post_rdma_write(w.wr_id, w.sges, w.remote_addr, w.rkey)
         if invalidate_rkey is not None and not self._device.caps.remote_invalidate:
             raise ProviderError("Send with Invalidate not supported by the device")
         if inline:

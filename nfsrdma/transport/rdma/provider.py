@@ -156,6 +156,16 @@ class Sge:
 
 
 @dataclass(frozen=True, slots=True)
+class RdmaWriteRequest:
+    """An RDMA Write to post ahead of a Send in the same ``post_send`` call."""
+
+    wr_id: int
+    sges: Sequence[Sge]
+    remote_addr: int
+    rkey: int
+
+
+@dataclass(frozen=True, slots=True)
 class Completion:
     """One work completion. ``invalidated_rkey`` is set on a receive completed by the peer's
     Send with Invalidate (``IBV_WC_WITH_INV``); that rkey is no longer usable (PD-17 b)."""
@@ -282,8 +292,11 @@ class Connection(Protocol):
         *,
         invalidate_rkey: int | None = None,
         inline: bool = False,
+        writes: Sequence[RdmaWriteRequest] = (),
     ) -> None:
-        """Send (or Send with Invalidate of the peer's ``invalidate_rkey``)."""
+        """Send (or Send with Invalidate of the peer's ``invalidate_rkey``), preceded by
+        ``writes`` posted in the same call (one doorbell for the lot; RC ordering delivers
+        the written data before the Send, TR-19). Each work request completes on its own."""
         ...
 
     def post_rdma_write(

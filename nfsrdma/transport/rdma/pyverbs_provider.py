@@ -35,6 +35,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import itertools
 import logging
 import mmap
 import os
@@ -65,6 +66,7 @@ from nfsrdma.transport.rdma.provider import (
     MemoryWindow,
     ProviderError,
     QueuePairConfig,
+    RdmaWriteRequest,
     Sge,
     WcOpcode,
     WcStatus,
@@ -966,6 +968,7 @@ class PyverbsConnection:
         *,
         invalidate_rkey: int | None = None,
         inline: bool = False,
+        writes: Sequence[RdmaWriteRequest] = (),
     ) -> None:
         elements = self._sges(sges)
         flags = e.IBV_SEND_SIGNALED | (e.IBV_SEND_INLINE if inline else 0)
@@ -979,12 +982,32 @@ class PyverbsConnection:
             if not self._device.caps.remote_invalidate:
                 raise ProviderError("Send with Invalidate not supported by the device")
             wr.imm_data = invalidate_rkey  # shares the union with invalidate_rkey
+        if not writes:
+            self._track(wr_id, WcOpcode.SEND, sending=True)
+            self._post_send_wr(wr_id, wr)
+            return
+        # The RDMA Writes, then the Send, linked into one list: one ibv_post_send.
+        chain = [
+            self._rdma_wr(WcOpcode.RDMA_WRITE, w.wr_id, w.sges, w.remote_addr, w.rkey)
+            for w in writes
+        ]
+        chain.append(wr)
+        for prev, nxt in itertools.pairwise(chain):
+            prev.next_wr = nxt
+        ids = [w.wr_id for w in writes]
+        for i in ids:
+            self._track(i, WcOpcode.RDMA_WRITE, sending=True)
         self._track(wr_id, WcOpcode.SEND, sending=True)
-        self._post_send_wr(wr_id, wr)
+        try:
+            self._qp.post_send(chain[0])
+        except PyverbsError as exc:
+            for i in [*ids, wr_id]:
+                self._outstanding.pop(i, None)
+            raise ProviderError(f"post_send failed: {exc}") from exc
 
-    def _post_rdma(
+    def _rdma_wr(
         self, opcode: WcOpcode, wr_id: int, sges: Sequence[Sge], remote_addr: int, rkey: int
-    ) -> None:
+    ) -> Any:
         elements = self._sges(sges)
         wr = SendWR(
             wr_id=wr_id,
@@ -994,6 +1017,12 @@ class PyverbsConnection:
             send_flags=e.IBV_SEND_SIGNALED,
         )
         wr.set_wr_rdma(rkey, remote_addr)
+        return wr
+
+    def _post_rdma(
+        self, opcode: WcOpcode, wr_id: int, sges: Sequence[Sge], remote_addr: int, rkey: int
+    ) -> None:
+        wr = self._rdma_wr(opcode, wr_id, sges, remote_addr, rkey)
         self._track(wr_id, opcode, sending=True)
         self._post_send_wr(wr_id, wr)
 
