@@ -125,6 +125,17 @@ def measure(server: NfsServer, name: str, args: argparse.Namespace) -> Figures:
     return f
 
 
+def ratio_line(mine: Figures, theirs: Figures, **extra: float) -> str:
+    """``seq_write=… seq_read=… rand_read=…`` (ours / theirs), then any ``extra`` figures."""
+    parts = {
+        "seq_write": mine.seq_write / theirs.seq_write,
+        "seq_read": mine.seq_read / theirs.seq_read,
+        "rand_read": mine.rand_read / theirs.rand_read,
+        **extra,
+    }
+    return " ".join(f"{k}={v:.2f}" for k, v in parts.items())
+
+
 def table(rows: list[tuple[str, Figures]]) -> None:
     width = max(len(n) for n, _ in rows)
     print(

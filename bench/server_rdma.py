@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nfsbench import arguments, forwarded, measure, run_in_testbed, step, table
+from nfsbench import arguments, forwarded, measure, ratio_line, run_in_testbed, step, table
 
 from nfsrdma.testbed.helpers import Knfsd, artefact_dir, export_dir, in_testbed, testbed_addr
 from nfsrdma.testbed.ours import our_server
@@ -35,13 +35,7 @@ def in_guest(args: argparse.Namespace) -> int:
         mine = measure(ours.server("rdma"), "nfsrdma rdma", args)
     print(f"rxe0 ceiling: ib_write_bw {write_bw:.1f} MB/s, ib_read_bw {read_bw:.1f} MB/s")
     table([("knfsd (RDMA 20049)", theirs), ("nfsrdma serve (RDMA 20050)", mine)])
-    print(
-        f"seq_write={mine.seq_write / theirs.seq_write:.2f} "
-        f"seq_read={mine.seq_read / theirs.seq_read:.2f} "
-        f"rand_read={mine.rand_read / theirs.rand_read:.2f} "
-        f"read_of_ceiling={mine.seq_read / read_bw:.2f}",
-        flush=True,
-    )
+    print(ratio_line(mine, theirs, read_of_ceiling=mine.seq_read / read_bw), flush=True)
     return 0
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nfsbench import arguments, forwarded, measure, run_in_testbed, table
+from nfsbench import arguments, forwarded, measure, ratio_line, run_in_testbed, table
 
 from nfsrdma.testbed.helpers import Knfsd, export_dir, in_testbed, testbed_addr
 from nfsrdma.testbed.ours import our_server
@@ -21,13 +21,7 @@ def in_guest(args: argparse.Namespace) -> int:
         theirs = measure(knfsd.server("tcp"), "knfsd tcp", args)
         mine = measure(ours.server("tcp"), "nfsrdma tcp", args)
     table([("knfsd (TCP 2049)", theirs), ("nfsrdma serve (TCP 2050)", mine)])
-    print(
-        f"seq_write={mine.seq_write / theirs.seq_write:.2f} "
-        f"seq_read={mine.seq_read / theirs.seq_read:.2f} "
-        f"rand_read={mine.rand_read / theirs.rand_read:.2f} "
-        f"meta={mine.meta / theirs.meta:.2f}",
-        flush=True,
-    )
+    print(ratio_line(mine, theirs, meta=mine.meta / theirs.meta), flush=True)
     return 0
 
 

@@ -19,16 +19,16 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from nfsbench import sequential
 
 from nfsrdma.testbed.helpers import (
     Knfsd,
     Proto,
     artefact_dir,
-    drop_caches,
     export_dir,
     in_testbed,
     mount_nfs,
@@ -58,33 +58,10 @@ def perftest_mb_s(tool: str, size_mib: int, repeat: int) -> float:
 
 def nfs_write_read_mb_s(knfsd: Knfsd, proto: Proto, size_mib: int) -> tuple[float, float]:
     """Sequential write (with fsync) then read (after dropping caches) of one file."""
-    block = os.urandom(CHUNK)
     with mount_nfs(knfsd.server(proto), MOUNT_ROOT / proto) as mnt:
-        path = mnt.mountpoint / f"baseline-{proto}.bin"
-        t = time.perf_counter()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            for _ in range(size_mib):
-                os.write(fd, block)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        write_s = time.perf_counter() - t
-        drop_caches()
-        t = time.perf_counter()
-        got = 0
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            while data := os.read(fd, CHUNK):
-                got += len(data)
-        finally:
-            os.close(fd)
-        read_s = time.perf_counter() - t
-        if got != size_mib * CHUNK:
-            raise RuntimeError(f"read {got} bytes back, wrote {size_mib * CHUNK}")
-        path.unlink()
-    nbytes = size_mib * CHUNK
-    return nbytes / write_s / 1e6, nbytes / read_s / 1e6
+        figures = sequential(mnt.mountpoint, size_mib)
+        (mnt.mountpoint / "seq.bin").unlink()
+    return figures
 
 
 def nfs_mb_s(knfsd: Knfsd, proto: Proto, size_mib: int, repeat: int) -> tuple[float, float]:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from nfsrdma.nfs4.attr_decode import decode_values
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Reader, Writer, XdrError
 
@@ -68,18 +69,9 @@ def decode_bitmap(words: list[int]) -> list[int]:
 
 
 def decode_attrs(f: nfs4.fattr4) -> dict[int, Any]:
-    """The values of a fattr4, by attribute number. Decoding stops at an attribute this codec
-    does not know (its length is unknown, so nothing after it can be found)."""
-    r = Reader(f.attr_vals)
-    off = 0
-    out: dict[int, Any] = {}
-    for bit in decode_bitmap(f.attrmask):
-        codec = CODECS.get(bit)
-        if codec is None:
-            break
-        value, off = codec[1](r, off)
-        out[bit] = value
-    return out
+    """The values of a fattr4, by attribute number (compiled per attribute mask, shared with
+    the server side: ``nfsrdma.nfs4.attr_decode``). Raises XdrError on malformed values."""
+    return decode_values(f)
 
 
 def encode_attrs(values: dict[int, Any]) -> nfs4.fattr4:

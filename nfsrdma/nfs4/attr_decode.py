@@ -134,8 +134,10 @@ def _compile(key: tuple[int, ...]) -> Decoder:
             continue
         codec = getattr(nfs4, f"dec_fattr4_{NAMES.get(n, '?')}", None)
         if codec is None:
+            # An attribute without a codec: its length is unknown, so nothing after it can be
+            # found. Keep what came before (a server should not send what was not asked).
             flush()
-            lines.append(f"        raise _XdrError('attribute {n} cannot be decoded', off)")
+            lines.append("        return out")
             break
         flush()
         env[f"_d{n}"] = codec
@@ -157,8 +159,8 @@ _cache: dict[tuple[int, ...], Decoder] = {}
 
 
 def decode_values(fattr: nfs4.fattr4) -> dict[int, Any]:
-    """The attribute values of ``fattr`` by attribute number. Raises XdrError when the values
-    do not match the mask (or a value in the mask is of an attribute no codec knows)."""
+    """The attribute values of ``fattr`` by attribute number, up to the first attribute no
+    codec knows. Raises XdrError when the values do not match the mask."""
     key = tuple(fattr.attrmask)
     fn = _cache.get(key)
     if fn is None:
