@@ -70,6 +70,9 @@ class RdmaOptions:
     remote_invalidate: bool = True  # offer/use Send with Invalidate when the device can
     max_reads: int = 16  # RDMA Reads outstanding as initiator (ORD, TR-26)
     data_buffers: int = 32  # pre-registered buffers for RDMA Read sinks / RDMA Write sources
+    # What our requester offers (UL-18/UL-19): RFC 8267's baseline by default.
+    max_read_chunks: int = 1  # non-zero-position Read chunks per call
+    max_write_chunks: int = 1  # Write chunks per call
     data_buffer_size: int = 1 << 20
     probe_reserve: bool = True  # keep one credit for a keepalive probe (UL-26)
 
@@ -512,6 +515,8 @@ class RdmaConnection(Connection):
             recv_limit=self.recv_limit,
             sinks=[len(s) for s in expect.sinks],
             max_reply=expect.max_size,
+            max_write_chunks=self.options.max_write_chunks,
+            max_read_chunks=self.options.max_read_chunks,
         )
         out = _OutCall(xid)
         reads = []

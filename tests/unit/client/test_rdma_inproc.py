@@ -98,3 +98,61 @@ async def test_rdma_connection_lost_mid_write_resends_on_the_same_slot(tmp_path:
         assert fs.session.stats.sessions == 1
         res = await fs.session.compound([nfs4.nfs_argop4(nfs4.OP_PUTROOTFH)])
         assert res.status == nfs4.NFS4_OK
+
+
+async def test_ul11_ul19_two_writes_by_read_chunks_in_one_compound(tmp_path: Path) -> None:
+    """UL-11: Read chunks are told apart by position, so a COMPOUND with two WRITEs whose data
+    both go by Read chunk (our requester allowed beyond the baseline, UL-19) writes both files
+    right. Anonymous stateids keep the COMPOUND to PUTFH/WRITE pairs."""
+    from nfsrdma.transport.rdma.endpoint import RdmaOptions
+
+    export = tmp_path / "export"
+    export.mkdir()
+    fabric = InprocFabric()
+    sdev, cdev = fabric.device(SERVER), fabric.device(CLIENT)
+    from nfsrdma.server import NFSServer
+
+    server = NFSServer(
+        str(export), bind="127.0.0.1", tcp_port=0, rdma_port=PORT, rdma_device=sdev,
+        root_squash=False,
+    )  # fmt: skip
+    await server.start()
+    conns: list[RdmaConnection] = []
+
+    async def connect() -> Connection:
+        conn = await connect_rdma(cdev, SERVER, PORT, RdmaOptions(max_read_chunks=2))
+        conns.append(conn)
+        return conn
+
+    session = ClientSession(connect, SessionOptions(uid=0, gid=0, backchannel=False))
+    await session.start()
+    try:
+        for name in ("a", "b"):
+            (export / name).write_bytes(b"")
+        fhs = []
+        for name in ("a", "b"):
+            res = await session.compound(
+                [
+                    nfs4.nfs_argop4(nfs4.OP_PUTROOTFH),
+                    nfs4.nfs_argop4(nfs4.OP_LOOKUP, nfs4.LOOKUP4args(name.encode())),
+                    nfs4.nfs_argop4(nfs4.OP_GETFH),
+                ]
+            )
+            fhs.append(res.resarray[2].value.value.object)
+        one, two = os.urandom(30_000), os.urandom(50_001)
+        anon = nfs4.stateid4(0, bytes(12))
+        before = conns[-1].stats["read_chunks"]
+        res = await session.compound(
+            [
+                nfs4.nfs_argop4(nfs4.OP_PUTFH, nfs4.PUTFH4args(fhs[0])),
+                nfs4.nfs_argop4(nfs4.OP_WRITE, nfs4.WRITE4args(anon, 0, nfs4.FILE_SYNC4, one)),
+                nfs4.nfs_argop4(nfs4.OP_PUTFH, nfs4.PUTFH4args(fhs[1])),
+                nfs4.nfs_argop4(nfs4.OP_WRITE, nfs4.WRITE4args(anon, 0, nfs4.FILE_SYNC4, two)),
+            ]
+        )
+        assert res.status == nfs4.NFS4_OK
+        assert conns[-1].stats["read_chunks"] - before == 2
+        assert (export / "a").read_bytes() == one and (export / "b").read_bytes() == two
+    finally:
+        await session.close()
+        await server.close()

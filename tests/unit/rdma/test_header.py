@@ -102,7 +102,7 @@ def test_tr17_sec8_over_the_limits_is_err_chunk(
     assert e.value.err == H.ERR_CHUNK, why
 
 
-def test_limits_are_configurable_beyond_the_baseline() -> None:
+def test_ul19_limits_are_configurable_beyond_the_baseline() -> None:
     two = [[seg(0)], [seg(1)]]
     _checked([], two, limits=ChunkLimits(max_write_chunks=2))
 

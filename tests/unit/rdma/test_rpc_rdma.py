@@ -14,9 +14,15 @@ import pytest
 
 from nfsrdma.rpc.connection import RpcConnection
 from nfsrdma.rpc.server import Dispatcher, RpcCall, null_procedure
-from nfsrdma.transport.base import ReplyExpectation, TransportCallError
+from nfsrdma.transport.base import Inbound, ReplyExpectation, TransportCallError
 from nfsrdma.transport.rdma import header as H
-from nfsrdma.transport.rdma.endpoint import RdmaConnection, RdmaListener, RdmaOptions, connect_rdma
+from nfsrdma.transport.rdma.endpoint import (
+    CallContext,
+    RdmaConnection,
+    RdmaListener,
+    RdmaOptions,
+    connect_rdma,
+)
 from nfsrdma.transport.rdma.inproc import InprocFabric
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import U32, Writer, XdrError, unpack_from
@@ -199,7 +205,7 @@ async def test_tr21_reply_without_resources_fails_with_err_chunk_and_connection_
         await r.rpc.call(PROG, VERS, 0)
 
 
-async def test_tr9_long_call_by_position_zero_chunk() -> None:
+async def test_tr9_ul37_long_call_by_position_zero_chunk() -> None:
     blob = b"b" * 30_000  # not DDP-eligible: the whole call goes by a position-zero chunk
     async with rig() as r:
         assert r.rpc is not None
@@ -326,3 +332,45 @@ async def test_chunks_larger_than_the_data_pool_get_their_own_registration() -> 
         assert (n, digest) == (len(data), hashlib.sha256(data).digest())
         assert r.server[0].stats["registrations"] == 1
         assert r.server[0].data_pool is not None and r.server[0].data_pool.in_use == 0
+
+
+async def test_tr2_transport_xid_is_the_rpc_xid() -> None:
+    async with rig() as r:
+        assert r.rpc is not None
+        seen: list[tuple[int, int]] = []
+        server = r.server[0]
+        deliver = server._deliver
+
+        def spy(inbound: Inbound) -> None:
+            ctx = inbound.context
+            assert isinstance(ctx, CallContext)
+            seen.append((ctx.header.xid, int.from_bytes(bytes(inbound.reader.buf[:4]), "big")))
+            deliver(inbound)
+
+        server._deliver = spy  # type: ignore[method-assign]
+        res = await r.rpc.call(PROG, VERS, 0)
+        await call_write(r, b"q" * 9000)  # with a Read chunk too
+        assert len(seen) == 2 and all(a == b for a, b in seen) and seen[0][0] == res.xid
+
+
+async def test_tr12_a_reply_carrying_read_chunks_fails_that_call() -> None:
+    """Replies never carry Read chunks (TR-12): such a reply fails its RPC, the connection
+    stays up."""
+    async with rig() as r:
+        assert r.rpc is not None and r.client is not None
+        from nfsrdma.transport.rdma.endpoint import _OutCall
+        from nfsrdma.transport.rdma.header import ReadChunk, Segment
+
+        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        r.rpc.pending[0x99] = fut  # type: ignore[assignment]
+        r.client._out[0x99] = _OutCall(0x99, counted=False)
+        reply = words(0x99, 1, 0, 0, 0, 0)  # an accepted RPC reply
+        head = H.encode(0x99, 1, H.RDMA_MSG, [ReadChunk(4, [Segment(1, 8, 0)])])
+        r.server[0]._send([head, reply])
+        with pytest.raises(TransportCallError, match="Read list"):
+            await asyncio.wait_for(fut, 2)
+        await r.rpc.call(PROG, VERS, 0)
+
+
+def words(*ws: int) -> bytes:
+    return b"".join(struct.pack(">I", w) for w in ws)

@@ -37,3 +37,26 @@ def test_round_trip(module: str, name: str, data: st.DataObject) -> None:
     decoded = unpack(dec, encoded)
     assert decoded == value
     assert pack(enc, decoded) == encoded
+
+
+def test_ul1_ul2_only_the_four_ddp_eligible_items_can_leave_the_stream() -> None:
+    """RFC 8267 6.1: WRITE data, symlink text, READ data and READLINK text, nothing else —
+    in particular nothing of the callback program, GETATTR or READDIR (UL-2)."""
+    import inspect
+
+    module = MODULES["nfs4"]
+    src = inspect.getsource(module)
+    users = set()
+    for block in src.split("\ndef ")[1:]:
+        name = block.split("(", 1)[0]
+        if "put_ddp(" in block or "take_ddp(" in block:
+            users.add(name)
+    assert users == {
+        "enc_WRITE4args", "dec_WRITE4args", "enc_READ4resok", "dec_READ4resok",
+        "enc_READLINK4resok", "dec_READLINK4resok",
+        "enc_createtype4_linkdata", "dec_createtype4_linkdata",
+    }  # fmt: skip
+    assert {
+        ("WRITE4args", "data"), ("createtype4", "linkdata"),
+        ("READ4resok", "data"), ("READLINK4resok", "link"),
+    } == regen.NFS4_DDP  # fmt: skip
