@@ -2,7 +2,8 @@
 
 A handler is ``handler(ctx, args) -> result`` where ``args`` is the operation's decoded
 ``XXX4args`` (``None`` for operations without arguments) and ``result`` the operation's
-``XXX4res`` for success. Handlers for operations that do file I/O may be coroutine functions.
+``XXX4res`` for success. A handler that must wait (file I/O in the thread pool) returns an
+awaitable of its result instead; the COMPOUND goes on synchronously otherwise.
 
 A handler fails by raising:
 - ``Nfs4Error(status)`` — the result becomes the operation's error arm with that status;
