@@ -14,26 +14,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from nfsrdma.nfs4.attr_decode import decode_values
+from nfsrdma.nfs4.attr_decode import NAMES, decode_values
 from nfsrdma.xdr.gen import nfs4
-from nfsrdma.xdr.runtime import Reader, Writer, XdrError
+from nfsrdma.xdr.runtime import Writer, XdrError
 
-
-def _codecs() -> dict[int, tuple[Callable[[Writer, Any], None], Callable[[Reader, int], Any]]]:
-    table = {}
-    for name in dir(nfs4):
-        if not name.startswith("FATTR4_"):
-            continue
-        bit = getattr(nfs4, name)
-        suffix = name.removeprefix("FATTR4_").lower()
-        enc = getattr(nfs4, f"enc_fattr4_{suffix}", None)
-        dec = getattr(nfs4, f"dec_fattr4_{suffix}", None)
-        if isinstance(bit, int) and enc is not None and dec is not None:
-            table[bit] = (enc, dec)
-    return table
-
-
-CODECS = _codecs()
+# The generated encoder of every attribute that has one, by attribute number (decoding goes
+# through nfs4.attr_decode, which knows the same names).
+ENCODERS: dict[int, Callable[[Writer, Any], None]] = {
+    bit: enc
+    for bit, name in NAMES.items()
+    if (enc := getattr(nfs4, f"enc_fattr4_{name}", None)) is not None
+}
 
 # What ``stat`` and ``scandir`` ask for.
 STAT_ATTRS = (
@@ -78,10 +69,10 @@ def encode_attrs(values: dict[int, Any]) -> nfs4.fattr4:
     """A fattr4 from values by attribute number (encoded in attribute order)."""
     w = Writer()
     for bit in sorted(values):
-        codec = CODECS.get(bit)
-        if codec is None:
+        encode = ENCODERS.get(bit)
+        if encode is None:
             raise XdrError(f"attribute {bit} has no codec", len(w))
-        codec[0](w, values[bit])
+        encode(w, values[bit])
     return nfs4.fattr4(encode_bitmap(values), bytes(w))
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -41,11 +39,10 @@ class ServerState:
     vfs: Vfs
     sessions: ServerSessions
     state: StateManager
-    boot_time: float = field(default_factory=time.time)
-    executor: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(8, thread_name_prefix="nfsrdma-io")
-    )
-    instance: bytes = field(default_factory=lambda: os.urandom(8))
+    executor: ThreadPoolExecutor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.executor = ThreadPoolExecutor(self.config.io_threads, thread_name_prefix="nfsrdma-io")
 
     def close(self) -> None:
         self.state.close()

@@ -39,14 +39,21 @@ class RecordParser:
         self._size = 0  # bytes of the record so far, in finished fragments
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
-        """Take received bytes; return the records they complete. Raises RecordTooLarge."""
+        """Take received bytes; return the records they complete. Raises RecordTooLarge.
+
+        With nothing pending, whole fragments are sliced straight out of ``data`` (one copy);
+        only an incomplete tail waits in the parser's buffer."""
         buf = self._buf
-        buf += data
+        if not buf and isinstance(data, bytes):
+            src: bytes | bytearray = data
+        else:
+            buf += data
+            src = buf
         records: list[bytes] = []
         pos = 0
-        end = len(buf)
+        end = len(src)
         while end - pos >= 4:
-            (mark,) = _MARK.unpack_from(buf, pos)
+            (mark,) = _MARK.unpack_from(src, pos)
             n = mark & MAX_FRAGMENT
             if self._size + n > self.max_record:
                 raise RecordTooLarge(
@@ -54,7 +61,7 @@ class RecordParser:
                 )
             if end - pos - 4 < n:
                 break
-            frag = bytes(buf[pos + 4 : pos + 4 + n])
+            frag = bytes(src[pos + 4 : pos + 4 + n])
             pos += 4 + n
             if mark & LAST_FRAGMENT:
                 if self._parts:
@@ -66,8 +73,10 @@ class RecordParser:
             else:
                 self._parts.append(frag)
                 self._size += n
-        if pos:
+        if src is buf:
             del buf[:pos]
+        else:
+            buf += src[pos:]
         return records
 
 

@@ -256,3 +256,20 @@ async def test_malformed_reply_header_raises_xdr_error() -> None:
         await c.call(PROG, VERS, 0)
     c.close()
     srv.close()
+
+
+def test_record_parser_across_arbitrary_chunking() -> None:
+    """Records split at every possible point, in fragments, come out whole and in order."""
+    from nfsrdma.transport.tcp import RecordParser, frame
+
+    records = [b"a" * 5, b"", b"xyz" * 100, bytes(range(256)) * 3]
+    stream = b"".join(
+        b"".join(bytes(p) for p in frame([r], max_fragment=7 if i % 2 else 1 << 20))
+        for i, r in enumerate(records)
+    )
+    for size in (1, 3, 4, 5, 11, 64, len(stream)):
+        parser = RecordParser()
+        got: list[bytes] = []
+        for i in range(0, len(stream), size):
+            got += parser.feed(stream[i : i + size])
+        assert got == records, size
