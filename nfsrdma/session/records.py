@@ -42,6 +42,7 @@ class Client:
     reclaim_complete: bool = False
     status_flags: int = 0  # SEQ4_STATUS_* bits set by the state layer (revoked state...)
     removed: bool = False
+    source: str = ""  # the source address its EXCHANGE_ID came from (shares.source_of)
 
     def lease_expired(self, now: float, lease_time: float) -> bool:
         return now - self.last_renewed > lease_time
@@ -65,6 +66,10 @@ class Session:
     backchannel: BackchannelSlots
     created: float
     drc_reserved: int = 0  # bytes of the server's reply-cache budget held by this session
+    drc_per_slot: int = 0  # ... per slot of its table
+    drc_from_reserve: int = 0  # ... of which out of the reserve for minimal sessions
+    source: str = ""  # the source address its CREATE_SESSION came from
+    high_slots_used: float = 0.0  # when a slot above the minimal ones was last in use
     connections: dict[Hashable, int] = field(default_factory=dict)  # conn -> FORE|BACK bits
     wants_back_channel: bool = False  # CONN_BACK_CHAN, a BACK binding or BACKCHANNEL_CTL seen
     back_fault: bool = False  # a callback on the back channel failed; cleared by a new binding

@@ -26,6 +26,7 @@ from collections.abc import Callable, Hashable, Iterator
 
 from nfsrdma.session.errors import SessionError
 from nfsrdma.session.records import Client
+from nfsrdma.session.shares import Tally
 from nfsrdma.xdr.gen import nfs4
 
 
@@ -33,7 +34,8 @@ class ClientRegistry:
     def __init__(self, random_bytes: Callable[[int], bytes]) -> None:
         self.by_id: dict[int, Client] = {}
         self.confirmed: dict[bytes, Client] = {}  # by co_ownerid
-        self.unconfirmed: dict[bytes, Client] = {}
+        self.unconfirmed: dict[bytes, Client] = {}  # oldest first
+        self.per_source: Tally[str] = Tally()  # records by source address
         # Client ids: a random boot tag above a counter, so that ids of an earlier server
         # instance are stale (NFS4ERR_STALE_CLIENTID) rather than someone else's.
         tag = int.from_bytes(random_bytes(4), "big")
@@ -56,15 +58,21 @@ class ClientRegistry:
             if self._counter and clientid not in self.by_id:
                 return clientid
 
-    def create(self, owner: bytes, verifier: bytes, principal: Hashable, now: float) -> Client:
-        client = Client(self._new_clientid(), owner, verifier, principal, now, now)
+    def create(
+        self, owner: bytes, verifier: bytes, principal: Hashable, now: float, source: str = ""
+    ) -> Client:
+        client = Client(self._new_clientid(), owner, verifier, principal, now, now, source=source)
         self.by_id[client.clientid] = client
         self.unconfirmed[owner] = client
+        self.per_source.add(source, 1)
         return client
 
     def remove(self, client: Client) -> None:
+        if client.removed:
+            return
         client.removed = True
         self.by_id.pop(client.clientid, None)
+        self.per_source.add(client.source, -1)
         table = self.confirmed if client.confirmed else self.unconfirmed
         if table.get(client.owner) is client:
             del table[client.owner]
@@ -82,6 +90,15 @@ class ClientRegistry:
         self.confirmed[client.owner] = client
         return old
 
+    def oldest_unconfirmed(self, created_before: float, source: str | None = None) -> Client | None:
+        """The oldest unconfirmed record created before ``created_before`` (of ``source``)."""
+        for client in self.unconfirmed.values():
+            if client.created >= created_before:
+                return None  # oldest first: the rest are younger
+            if source is None or client.source == source:
+                return client
+        return None
+
     def exchange_id(
         self,
         owner: bytes,
@@ -90,6 +107,7 @@ class ClientRegistry:
         update: bool,
         now: float,
         *,
+        source: str = "",
         in_use: Callable[[Client], bool],
         admit: Callable[[bool], None],
     ) -> tuple[Client, bool, list[Client]]:
@@ -123,4 +141,4 @@ class ClientRegistry:
             admit(unconf is not None)  # 1 or 4
         if unconf is not None:
             self.remove(unconf)  # 4 (and 3/5 with a stale unconfirmed record)
-        return self.create(owner, verifier, principal, now), True, dropped
+        return self.create(owner, verifier, principal, now, source), True, dropped

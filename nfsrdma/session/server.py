@@ -12,8 +12,10 @@ connection not yet bound to its session binds it to the fore channel (SS-12, 18.
 
 Resource bounds (SEC-12, SS-33): client records and sessions are capped, their creation is rate
 limited, and every session reserves slots x ca_maxresponsesize_cached of a server-wide reply
-cache budget (fewer slots are granted when the budget runs low). Unconfirmed records and clients
-whose lease expired are reaped.
+cache budget (fewer slots are granted when the budget runs low). All of these are shared out per
+source address and per client owner, a newcomer always gets at least a minimal session, and idle
+slots are taken back: the policy and its numbers are in ``nfsrdma.session.shares`` and
+``nfsrdma.session.ratelimit``. Unconfirmed records and clients whose lease expired are reaped.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ from nfsrdma.session.channels import (
     negotiate_fore,
 )
 from nfsrdma.session.errors import SessionError
-from nfsrdma.session.ratelimit import TokenBucket
+from nfsrdma.session.ratelimit import CreationLimiter
 from nfsrdma.session.records import BACK, BOTH, FORE, Client, Session, usable_cb_sec
 from nfsrdma.session.registry import ClientRegistry
+from nfsrdma.session.shares import ReplyCacheBudget, Tally
 from nfsrdma.session.slots import SEQID_MASK, CachedReply, Disposition, Slot, SlotTable
 from nfsrdma.xdr.gen import nfs4
 
@@ -102,15 +105,32 @@ class SessionConfig(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class SessionCaps:
-    """Bounds on what clients can make the server hold (SEC-12)."""
+    """Bounds on what clients can make the server hold (SEC-12), and their fair shares (the
+    reasons for the numbers are in ``nfsrdma.session.shares`` and ``nfsrdma.session.ratelimit``)."""
 
-    max_clients: int = 4096  # client records, confirmed and unconfirmed
-    max_sessions: int = 1024
+    max_clients: int = 4096  # client records, confirmed and unconfirmed (memory)
+    max_clients_per_source: int = 1024
+    unconfirmed_grace: float = 5.0  # an unconfirmed record this young is not evicted for room
+    max_sessions: int = 2048
+    max_sessions_per_source: int = 512
     max_sessions_per_client: int = 16
     max_connections_per_session: int = 64
-    creation_rate: float = 50.0  # new client records + sessions per second, server-wide
-    creation_burst: float = 200.0
+    # Creations (new client records, sessions of confirmed clients) per owner and per address.
+    owner_rate: float = 1.0
+    owner_burst: float = 16.0
+    source_rate: float = 64.0
+    source_burst: float = 512.0
+    max_rate_keys: int = 8192  # owners and addresses tracked by the limiter, each
     drc_budget: int = 256 * MiB  # reply cache, all sessions together
+    drc_source_share: float = 1 / 4  # of the general pool (the budget less the reserve)
+    drc_owner_share: float = 1 / 16
+    min_slots: int = 4  # a minimal session: always granted while sessions may be created ...
+    min_cached: int = 4096  # ... with cached replies of at most this size
+    slot_idle_time: float = 60.0  # slots above the minimal ones unused this long are taken back
+
+    @property
+    def min_session_cost(self) -> int:
+        return self.min_slots * (self.min_cached + SLOT_OVERHEAD)
 
 
 @dataclass(slots=True, eq=False)
@@ -175,8 +195,21 @@ class ServerSessions:
         self.clients = ClientRegistry(random_bytes)
         self.sessions: dict[bytes, Session] = {}
         self._conn_sessions: dict[Hashable, set[bytes]] = {}
-        self._creations = TokenBucket(self.caps.creation_rate, self.caps.creation_burst)
-        self.drc_reserved = 0
+        caps = self.caps
+        self._creations = CreationLimiter(
+            owner_rate=caps.owner_rate,
+            owner_burst=caps.owner_burst,
+            source_rate=caps.source_rate,
+            source_burst=caps.source_burst,
+            max_keys=caps.max_rate_keys,
+        )
+        self.drc = ReplyCacheBudget(
+            caps.drc_budget,
+            reserve=(caps.max_sessions + 1) * caps.min_session_cost,
+            source_share=caps.drc_source_share,
+            owner_share=caps.drc_owner_share,
+        )
+        self._source_sessions: Tally[str] = Tally()
 
     @classmethod
     def from_config(
@@ -237,13 +270,24 @@ class ServerSessions:
         return client is not None and client.reclaim_complete
 
     @property
+    def drc_reserved(self) -> int:
+        """Octets of the reply-cache budget reserved by all sessions."""
+        return self.drc.reserved
+
+    @property
     def cached_bytes(self) -> int:
         return sum(s.slots.cached_bytes for s in self.sessions.values())
 
     # -- EXCHANGE_ID (18.35) ---------------------------------------------------------------
     def exchange_id(
-        self, args: nfs4.EXCHANGE_ID4args, *, principal: Hashable, now: float
+        self,
+        args: nfs4.EXCHANGE_ID4args,
+        *,
+        principal: Hashable,
+        now: float,
+        source: str = "",
     ) -> nfs4.EXCHANGE_ID4resok:
+        """``source``: the source address of the connection (``shares.source_of``)."""
         flags = args.eia_flags
         if flags & ~EIA_FLAGS_ALLOWED:
             raise SessionError(nfs4.NFS4ERR_INVAL, f"eia_flags {flags:#x}")
@@ -259,8 +303,9 @@ class ServerSessions:
             principal,
             bool(flags & nfs4.EXCHGID4_FLAG_UPD_CONFIRMED_REC_A),
             now,
+            source=source,
             in_use=lambda c: self._in_use(c, now),
-            admit=lambda replacing: self._admit_client(now, replacing),
+            admit=lambda replacing: self._admit_client(owner.co_ownerid, source, now, replacing),
         )
         for old in dropped:
             self._expire(old, "its owner was taken by another principal")
@@ -285,13 +330,28 @@ class ServerSessions:
             return False
         return bool(client.sessions) or self.has_state(client.clientid)
 
-    def _admit_client(self, now: float, replacing: bool) -> None:
-        if not replacing and len(self.clients) >= self.caps.max_clients:
-            self._reap_unconfirmed(now)
-            if len(self.clients) >= self.caps.max_clients:
-                raise SessionError(nfs4.NFS4ERR_DELAY, "too many client records")
-        if not self._creations.allow(now):
+    def _admit_client(self, owner: bytes, source: str, now: float, replacing: bool) -> None:
+        """May ``owner`` at ``source`` get a new client record now? Rate first (a refused
+        request evicts nothing), then the memory caps: the source's share, then the server's
+        total, each making room by evicting an old unconfirmed record."""
+        if not self._creations.allow(owner, source, now):
             raise SessionError(nfs4.NFS4ERR_DELAY, "client records created too fast")
+        if replacing:
+            return
+        caps = self.caps
+        old_enough = now - caps.unconfirmed_grace
+        if self.clients.per_source[source] >= caps.max_clients_per_source:
+            victim = self.clients.oldest_unconfirmed(old_enough, source)
+            if victim is None:
+                raise SessionError(nfs4.NFS4ERR_DELAY, "too many client records from one source")
+            self.clients.remove(victim)
+        if len(self.clients) >= caps.max_clients:
+            self._reap_unconfirmed(now)
+        if len(self.clients) >= caps.max_clients:
+            victim = self.clients.oldest_unconfirmed(old_enough)
+            if victim is None:
+                raise SessionError(nfs4.NFS4ERR_DELAY, "too many client records")
+            self.clients.remove(victim)
 
     # -- CREATE_SESSION (18.36) ------------------------------------------------------------
     def create_session(
@@ -301,7 +361,9 @@ class ServerSessions:
         conn: Hashable,
         principal: Hashable,
         now: float,
+        source: str = "",
     ) -> nfs4.CREATE_SESSION4resok:
+        """``source``: the source address of ``conn`` (``shares.source_of``)."""
         client = self.clients.get(args.csa_clientid)
         if client is None:
             raise SessionError(nfs4.NFS4ERR_STALE_CLIENTID, f"client id {args.csa_clientid:#x}")
@@ -327,13 +389,23 @@ class ServerSessions:
             raise SessionError(nfs4.NFS4ERR_NOSPC, "too many sessions for this client")
         if len(self.sessions) >= self.caps.max_sessions:
             raise SessionError(nfs4.NFS4ERR_NOSPC, "too many sessions")
-        per_slot = fore.ca_maxresponsesize_cached + SLOT_OVERHEAD
-        room = (self.caps.drc_budget - self.drc_reserved) // per_slot
-        if room < 1:
-            raise SessionError(nfs4.NFS4ERR_NOSPC, "reply cache budget exhausted")
-        if not self._creations.allow(now):
+        if self._source_sessions[source] >= self.caps.max_sessions_per_source:
+            raise SessionError(nfs4.NFS4ERR_NOSPC, "too many sessions from one source")
+        # The session that confirms a record was paid for by the EXCHANGE_ID that created it.
+        if client.confirmed and not self._creations.allow(client.owner, source, now):
             raise SessionError(nfs4.NFS4ERR_DELAY, "sessions created too fast")
-        fore.ca_maxrequests = min(fore.ca_maxrequests, room)
+        count, per_slot, from_reserve = self._grant_slots(fore, source, client.owner)
+        if count < fore.ca_maxrequests:
+            log.debug(
+                "client %#x at %s: %d of %d slots (%d octets cached)",
+                client.clientid,
+                source or "?",
+                count,
+                fore.ca_maxrequests,
+                per_slot - SLOT_OVERHEAD,
+            )
+        fore.ca_maxrequests = count
+        fore.ca_maxresponsesize_cached = per_slot - SLOT_OVERHEAD
 
         sessionid = self._new_sessionid()
         session = Session(
@@ -347,7 +419,11 @@ class ServerSessions:
             slots=SlotTable(fore.ca_maxrequests, fore.ca_maxresponsesize_cached),
             backchannel=BackchannelSlots(sessionid, min(back.ca_maxrequests, self.back_slots)),
             created=now,
-            drc_reserved=fore.ca_maxrequests * per_slot,
+            drc_reserved=count * per_slot,
+            drc_per_slot=per_slot,
+            drc_from_reserve=from_reserve,
+            source=source,
+            high_slots_used=now,
             wants_back_channel=back_chan,
         )
         if not client.confirmed:
@@ -357,7 +433,7 @@ class ServerSessions:
             log.info("client %#x confirmed (%d client records)", client.clientid, len(self.clients))
         self.sessions[sessionid] = session
         client.sessions[sessionid] = session
-        self.drc_reserved += session.drc_reserved
+        self._source_sessions.add(source, 1)
         self._bind(session, conn, BOTH if back_chan else FORE)
         resok = nfs4.CREATE_SESSION4resok(
             csr_sessionid=sessionid,
@@ -377,6 +453,26 @@ class ServerSessions:
             "bound" if back_chan else "not requested",
         )
         return resok
+
+    def _grant_slots(
+        self, fore: nfs4.channel_attrs4, source: str, owner: bytes
+    ) -> tuple[int, int, int]:
+        """Reserve the reply cache of a new session: (slots, octets per slot, octets of them
+        out of the reserve). What was asked for as far as the general pool and the shares of
+        ``source`` and ``owner`` allow, or else a minimal session out of the reserve
+        (``shares``); NFS4ERR_NOSPC only when the budget is genuinely spent."""
+        caps = self.caps
+        floor = min(fore.ca_maxrequests, caps.min_slots)
+        per_slot = fore.ca_maxresponsesize_cached + SLOT_OVERHEAD
+        count = min(fore.ca_maxrequests, self.drc.room(source, owner) // per_slot)
+        if count >= floor:
+            self.drc.take(source, owner, count * per_slot)
+            return count, per_slot, 0
+        per_slot = min(fore.ca_maxresponsesize_cached, caps.min_cached) + SLOT_OVERHEAD
+        from_reserve = self.drc.take_minimal(source, owner, floor * per_slot)
+        if from_reserve is None:
+            raise SessionError(nfs4.NFS4ERR_NOSPC, "reply cache budget exhausted")
+        return floor, per_slot, from_reserve
 
     def _new_sessionid(self) -> bytes:
         while True:
@@ -411,6 +507,7 @@ class ServerSessions:
         slot, disposition = slots.classify(args.sa_slotid, args.sa_sequenceid)
         session.client.last_renewed = now
         slots.client_highest(args.sa_highest_slotid)
+        self._note_slot_use(session, max(args.sa_slotid, args.sa_highest_slotid), now)
         resok = nfs4.SEQUENCE4resok(
             sr_sessionid=session.sessionid,
             sr_sequenceid=args.sa_sequenceid,
@@ -428,6 +525,46 @@ class ServerSessions:
             slots.begin(slot, args.sa_sequenceid)
             result.cachethis = args.sa_cachethis
         return result
+
+    def _note_slot_use(self, session: Session, top: int, now: float) -> None:
+        """The client uses slots up to ``top``: remember when it last needed more than the
+        minimal ones, and grow a table it fills (after an idle shrink, or one granted short)
+        back towards what was negotiated, as far as the budget and shares allow."""
+        slots = session.slots
+        if top >= min(self.caps.min_slots, session.fore.ca_maxrequests):
+            session.high_slots_used = now
+        if top < slots.count - 1 or slots.count >= session.fore.ca_maxrequests:
+            return
+        room = self.drc.room(session.source, session.client.owner) // session.drc_per_slot
+        more = min(session.fore.ca_maxrequests - slots.count, room)
+        if more > 0:
+            self._resize(session, slots.count + more)
+
+    def _resize(self, session: Session, count: int) -> None:
+        """Give the session ``count`` slots (sr_highest_slotid count - 1) and move its
+        reservation with them."""
+        change = (count - session.slots.count) * session.drc_per_slot
+        session.slots.resize(count)
+        session.drc_reserved += change
+        self.drc.take(session.source, session.client.owner, change)
+
+    def _reclaim_idle_slots(self, now: float) -> None:
+        """Shrink sessions that used no slot above the minimal ones for ``slot_idle_time``."""
+        idle_since = now - self.caps.slot_idle_time
+        for session in self.sessions.values():
+            slots = session.slots
+            floor = min(self.caps.min_slots, slots.count)
+            if slots.count <= floor or session.high_slots_used > idle_since:
+                continue
+            if any(slot.busy for slot in slots.slots[floor:]):
+                continue
+            log.info(
+                "session %s idle: %d slots taken back, %d left",
+                session.sessionid.hex(),
+                slots.count - floor,
+                floor,
+            )
+            self._resize(session, floor)
 
     def finish(self, seq: SequenceResult, cached: CachedReply | None, now: float) -> None:
         """The COMPOUND that holds ``seq``'s slot is done: keep its reply (when the client
@@ -534,7 +671,12 @@ class ServerSessions:
         session.destroyed = True
         self.sessions.pop(session.sessionid, None)
         session.client.sessions.pop(session.sessionid, None)
-        self.drc_reserved -= session.drc_reserved
+        self.drc.give_back_reserve(session.drc_from_reserve)
+        self.drc.give_back(
+            session.source, session.client.owner, session.drc_reserved - session.drc_from_reserve
+        )
+        session.drc_reserved = session.drc_from_reserve = 0
+        self._source_sessions.add(session.source, -1)
         session.slots.clear()
         self._unbind_all(session)
 
@@ -572,8 +714,11 @@ class ServerSessions:
     # -- leases (8.3) ----------------------------------------------------------------------
     def reap(self, now: float) -> list[int]:
         """Drop unconfirmed records older than a lease and clients whose lease ran out (with
-        nothing executing); returns the client ids whose state was dropped."""
+        nothing executing), with their sessions and reservations; take back idle slots.
+        Returns the client ids whose state was dropped."""
         expired: list[int] = []
+        self._reclaim_idle_slots(now)
+        self._creations.expire(now)
         for client in self.clients:
             if not client.confirmed:
                 if client.lease_expired(now, self.lease_time):

@@ -129,6 +129,21 @@ class SlotTable:
             if not slot.busy:
                 self._drop(slot)
 
+    def resize(self, count: int) -> None:
+        """Accept slots 0..count-1 from now on (sr_highest_slotid, RFC 8881 section 2.10.6.1).
+        Slots given up lose their reply and sequence id, so one granted again starts afresh
+        (seqid 1); a busy slot cannot be given up. The target follows the new highest slot."""
+        if count < 1:
+            raise ValueError("a slot table needs at least one slot")
+        if any(slot.busy for slot in self.slots[count:]):
+            raise ValueError("cannot give up a busy slot")
+        for slot in self.slots[count:]:
+            self._drop(slot)
+        del self.slots[count:]
+        self.slots.extend(Slot(i) for i in range(len(self.slots), count))
+        self.count = count
+        self.target_highest_slotid = count - 1
+
     def clear(self) -> None:
         for slot in self.slots:
             self._drop(slot)

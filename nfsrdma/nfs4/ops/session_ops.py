@@ -16,6 +16,7 @@ from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, OpHandler
 from nfsrdma.rpc.auth import Credential
 from nfsrdma.session.errors import SessionError
 from nfsrdma.session.server import ServerSessions
+from nfsrdma.session.shares import source_of
 from nfsrdma.xdr.gen import nfs4
 
 OK = nfs4.NFS4_OK
@@ -41,14 +42,23 @@ def _sessions(ctx: CompoundContext) -> ServerSessions:
 
 def exchange_id(ctx: CompoundContext, args: nfs4.EXCHANGE_ID4args) -> nfs4.EXCHANGE_ID4res:
     with _nfs4_errors():
-        resok = _sessions(ctx).exchange_id(args, principal=principal_of(ctx.principal), now=ctx.now)
+        resok = _sessions(ctx).exchange_id(
+            args,
+            principal=principal_of(ctx.principal),
+            now=ctx.now,
+            source=source_of(ctx.conn.peer),
+        )
     return nfs4.EXCHANGE_ID4res(OK, resok)
 
 
 def create_session(ctx: CompoundContext, args: nfs4.CREATE_SESSION4args) -> nfs4.CREATE_SESSION4res:
     with _nfs4_errors():
         resok = _sessions(ctx).create_session(
-            args, conn=ctx.conn, principal=principal_of(ctx.principal), now=ctx.now
+            args,
+            conn=ctx.conn,
+            principal=principal_of(ctx.principal),
+            now=ctx.now,
+            source=source_of(ctx.conn.peer),
         )
     return nfs4.CREATE_SESSION4res(OK, resok)
 

@@ -246,7 +246,9 @@ def test_sec11_sessionids_are_16_random_bytes() -> None:
         caps=SessionCaps(
             max_sessions_per_client=10_000,
             max_sessions=10_000,
-            creation_burst=1e9,
+            max_sessions_per_source=10_000,
+            owner_burst=1e9,
+            source_burst=1e9,
             drc_budget=1 << 40,
         ),
     )
@@ -278,27 +280,42 @@ def test_sec12_sessions_per_client_and_total_are_capped() -> None:
 
 
 def test_sec12_session_creation_rate_limited() -> None:
-    s = make_sessions(caps=SessionCaps(creation_rate=1, creation_burst=2))
+    s = make_sessions(caps=SessionCaps(owner_rate=1, owner_burst=2))
     clientid, seq = new_client(s)  # one token
-    create(s, cs(clientid, seq), now=0)  # the second
-    assert fails(s, cs(clientid, seq + 1), now=0) == nfs4.NFS4ERR_DELAY
-    create(s, cs(clientid, seq + 1), now=1.5)
+    create(s, cs(clientid, seq), now=0)  # confirms the record: paid for by EXCHANGE_ID
+    create(s, cs(clientid, seq + 1), now=0)  # the second token
+    assert fails(s, cs(clientid, seq + 2), now=0) == nfs4.NFS4ERR_DELAY
+    create(s, cs(clientid, seq + 2), now=1.5)
 
 
 def test_ss7_reply_cache_budget_limits_slots_and_sessions() -> None:
     per_slot = 4096 + SLOT_OVERHEAD
-    s = make_sessions(slots=8, caps=SessionCaps(drc_budget=per_slot * 12))
+    minimal = 2 * (1024 + SLOT_OVERHEAD)  # min_slots x (min_cached + overhead)
+    caps = SessionCaps(
+        drc_budget=per_slot * 12 + 4 * minimal,  # a pool of 12 slots + a reserve of 3 + 1
+        max_sessions=3,
+        drc_source_share=1,
+        drc_owner_share=1,
+        min_slots=2,
+        min_cached=1024,
+    )
+    s = make_sessions(slots=8, caps=caps)
+    assert s.drc.pool == 12 * per_slot
     clientid, seq = new_client(s)
     a = create(s, cs(clientid, seq, fore=attrs(reqs=8, cached=4096)))
     assert a.csr_fore_chan_attrs.ca_maxrequests == 8
     b = create(s, cs(clientid, seq + 1, fore=attrs(reqs=8, cached=4096)))
-    assert b.csr_fore_chan_attrs.ca_maxrequests == 4  # what is left of the budget
-    assert fails(s, cs(clientid, seq + 2, fore=attrs(cached=4096))) == nfs4.NFS4ERR_NOSPC
-    assert s.drc_reserved == 12 * per_slot
-    s.destroy_session(a.csr_sessionid, conn=CONN, current=None, last_op=True)
-    assert s.drc_reserved == 4 * per_slot
+    assert b.csr_fore_chan_attrs.ca_maxrequests == 4  # what is left of the pool
+    # The pool is spent: a minimal session out of the reserve, not NFS4ERR_NOSPC.
     c = create(s, cs(clientid, seq + 2, fore=attrs(reqs=8, cached=4096)))
-    assert c.csr_fore_chan_attrs.ca_maxrequests == 8
+    assert c.csr_fore_chan_attrs.ca_maxrequests == 2
+    assert c.csr_fore_chan_attrs.ca_maxresponsesize_cached == 1024
+    assert s.drc_reserved == 12 * per_slot + minimal
+    assert fails(s, cs(clientid, seq + 3, fore=attrs(cached=4096))) == nfs4.NFS4ERR_NOSPC
+    s.destroy_session(a.csr_sessionid, conn=CONN, current=None, last_op=True)
+    assert s.drc_reserved == 4 * per_slot + minimal
+    d = create(s, cs(clientid, seq + 3, fore=attrs(reqs=8, cached=4096)))
+    assert d.csr_fore_chan_attrs.ca_maxrequests == 8
 
 
 def test_ss18_server_request_ceiling_fits_a_rename_of_two_long_names() -> None:

@@ -222,7 +222,7 @@ def test_state_protection_other_than_sp4_none_is_refused() -> None:
 
 
 def test_client_ids_are_unique_and_carry_a_boot_tag() -> None:
-    s = make_sessions(caps=SessionCaps(creation_burst=1000))
+    s = make_sessions()
     ids = {
         s.exchange_id(eid(b"o%d" % i), principal=PRINCIPAL, now=0).eir_clientid for i in range(500)
     }
@@ -236,7 +236,7 @@ def test_client_ids_are_unique_and_carry_a_boot_tag() -> None:
 
 
 def test_sec12_client_records_are_capped_then_reaped() -> None:
-    s = make_sessions(lease_time=10, caps=SessionCaps(max_clients=50, creation_burst=1000))
+    s = make_sessions(lease_time=10, caps=SessionCaps(max_clients=50))
     for i in range(50):
         s.exchange_id(eid(b"o%d" % i), principal=PRINCIPAL, now=0)
     st = fails(s.exchange_id, eid(b"one-more"), principal=PRINCIPAL, now=1)
@@ -250,7 +250,7 @@ def test_sec12_client_records_are_capped_then_reaped() -> None:
 
 
 def test_sec12_creation_is_rate_limited() -> None:
-    s = make_sessions(caps=SessionCaps(creation_rate=10, creation_burst=5))
+    s = make_sessions(caps=SessionCaps(source_rate=10, source_burst=5))
     for i in range(5):
         s.exchange_id(eid(b"o%d" % i), principal=PRINCIPAL, now=100)
     assert fails(s.exchange_id, eid(b"o5"), principal=PRINCIPAL, now=100) == nfs4.NFS4ERR_DELAY
@@ -266,7 +266,7 @@ def test_sec12_creation_is_rate_limited() -> None:
 def test_ss33_ten_thousand_exchange_ids_stay_bounded_and_are_reaped() -> None:
     """SS-33: 10^4 client ids created without sessions: memory stays bounded and they are
     reaped after the lease."""
-    s = make_sessions(lease_time=30, caps=SessionCaps(max_clients=1000, creation_rate=200))
+    s = make_sessions(lease_time=30, caps=SessionCaps(max_clients=1000, source_rate=200))
     refused = 0
     now = 0.0
     for i in range(10_000):
