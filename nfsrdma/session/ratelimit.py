@@ -1,22 +1,27 @@
 """Rate limits on the creation of client records and sessions (SEC-12, SS-33), sans-IO.
 
 There is no server-wide bucket: one noisy client must not be able to delay everybody else.
-Each creation is charged to two buckets, both of which must hold a token:
+Creations are charged to token buckets keyed by who asks:
 
 - the **client owner's** (co_ownerid): 16 at once, then 1 a second. An honest client creates a
   record and a session or two per mount; a client spinning EXCHANGE_ID or CREATE_SESSION with
-  one owner empties its own bucket and is then refused without touching its address's bucket;
-- the **source address's** (the peer host of the connection; see ``shares.source_of``): 512 at
-  once, then 64 a second, so that a few hundred clients behind one address (containers, NAT, a
-  cluster booting) set up without a single NFS4ERR_DELAY, while an address spinning with ever new
-  owners is refused after 512, for itself only.
+  one owner empties its own bucket and is then refused (NFS4ERR_DELAY) without touching its
+  address's bucket;
+- the **source address's** (the peer host of the connection; see ``shares.source_of``), for new
+  client records only: 512 at once, then 64 a second, so that a few hundred clients behind one
+  address (containers, NAT, a cluster booting) set up without a single NFS4ERR_DELAY, while an
+  address spinning EXCHANGE_ID with ever new owners is refused after 512, for itself only.
 
 What is charged is decided by ``ServerSessions``: a new client record (EXCHANGE_ID cases 1, 3,
-4, 5) and a session of an already confirmed client. The CREATE_SESSION that confirms a record is
-paid for by the EXCHANGE_ID that created it, and an EXCHANGE_ID that creates nothing (a retry, a
-trunking probe, an update of one's own confirmed record with EXCHGID4_FLAG_UPD_CONFIRMED_REC_A)
-is never charged: one EXCHANGE_ID, one CREATE_SESSION and an update always pass for a client
-whose own owner and address are not spinning.
+4, 5) costs a token of the owner and of the address; a session of an already confirmed client a
+token of the owner (an address cannot multiply owners without creating records, and its sessions
+are capped). The CREATE_SESSION that confirms a record is paid for by the EXCHANGE_ID that
+created it, and an EXCHANGE_ID that creates nothing (a retry, a trunking probe, an update of
+one's own confirmed record with EXCHGID4_FLAG_UPD_CONFIRMED_REC_A) is never charged. So one
+EXCHANGE_ID, one CREATE_SESSION and an update always pass for an honest client, and a client
+already known goes on working whatever its address's bucket holds. The one client that shares
+an attacker's fate is a *new* owner at the attacker's own address (the server cannot tell two
+clients of one machine apart by anything but the owner, which the attacker chooses).
 
 The limiter's own memory is bounded: a bucket that has filled up again is the same as a new one
 and is dropped (``expire``), and at most ``max_keys`` (8192) owners and as many addresses are
@@ -117,14 +122,19 @@ class CreationLimiter:
         self.sources: KeyedBuckets[str] = KeyedBuckets(source_rate, source_burst, max_keys)
 
     def allow(self, owner: bytes, source: str, now: float) -> bool:
-        """Charge one creation to both buckets, or to none when either is empty. The owner's is
-        looked at first: a spinning owner is refused without draining its address's bucket."""
+        """Charge a new client record to both buckets, or to none when either is empty. The
+        owner's is looked at first: a spinning owner is refused without draining its
+        address's bucket."""
         by_owner = self.owners.bucket(owner, now)
         if by_owner.available(now) < 1:
             return False
         if not self.sources.bucket(source, now).allow(now):
             return False
         return by_owner.allow(now)
+
+    def allow_owner(self, owner: bytes, now: float) -> bool:
+        """Charge a new session of a confirmed client to its owner's bucket."""
+        return self.owners.bucket(owner, now).allow(now)
 
     def expire(self, now: float) -> None:
         self.owners.expire(now)

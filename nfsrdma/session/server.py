@@ -392,7 +392,7 @@ class ServerSessions:
         if self._source_sessions[source] >= self.caps.max_sessions_per_source:
             raise SessionError(nfs4.NFS4ERR_NOSPC, "too many sessions from one source")
         # The session that confirms a record was paid for by the EXCHANGE_ID that created it.
-        if client.confirmed and not self._creations.allow(client.owner, source, now):
+        if client.confirmed and not self._creations.allow_owner(client.owner, now):
             raise SessionError(nfs4.NFS4ERR_DELAY, "sessions created too fast")
         count, per_slot, from_reserve = self._grant_slots(fore, source, client.owner)
         if count < fore.ca_maxrequests:
