@@ -115,7 +115,8 @@ class SessionCaps:
     max_sessions_per_source: int = 512
     max_sessions_per_client: int = 16
     max_connections_per_session: int = 64
-    # Creations (new client records, sessions of confirmed clients) per owner and per address.
+    # Creations: new client records per owner and per address, sessions of confirmed clients
+    # per owner (the CREATE_SESSION that confirms a record is paid for by its EXCHANGE_ID).
     owner_rate: float = 1.0
     owner_burst: float = 16.0
     source_rate: float = 64.0
