@@ -11,7 +11,7 @@ from typing import Any
 from nfsrdma.rpc.auth import auth_sys
 from nfsrdma.rpc.connection import RpcConnection
 from nfsrdma.server import NFSServer
-from nfsrdma.transport.tcp import connect_tcp
+from nfsrdma.transport.tcp import TcpConnection, connect_tcp
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Writer
 
@@ -85,5 +85,45 @@ async def test_reconnect_replay_and_back_channel_repair(tmp_path: Path) -> None:
         assert path is not None and path[0] is session
         assert isinstance(path[1], RpcConnection)
         c2.close()
+    finally:
+        await server.close()
+
+
+async def test_an_exchange_id_flood_from_one_address_delays_that_address_only(
+    tmp_path: Path,
+) -> None:
+    """Issue 9 hole 4a over real sockets: the source key is the peer address the TCP
+    transport reports (127.0.0.2 floods, 127.0.0.1 mounts at once)."""
+    export = tmp_path / "export"
+    export.mkdir()
+    server = NFSServer(str(export), bind="127.0.0.1", tcp_port=0, state_dir=str(tmp_path / "st"))
+    await server.start()
+    try:
+        port = server.tcp_port
+        loop = asyncio.get_running_loop()
+        _, flood_conn = await loop.create_connection(
+            lambda: TcpConnection(), "127.0.0.1", port, local_addr=("127.0.0.2", 0)
+        )
+        flood = RpcConnection(flood_conn)
+        sent = 0
+        while True:
+            res, _ = await compound(flood, [op_exchange_id(b"flood-%d" % sent)])
+            sent += 1
+            if res.status != OK:
+                break
+        assert res.status == nfs4.NFS4ERR_DELAY
+        honest = RpcConnection(await connect_tcp("127.0.0.1", port))
+        res, _ = await compound(honest, [op_exchange_id(b"honest")])
+        assert res.status == OK
+        eir = resok(res, 0)
+        res, _ = await compound(honest, [op_create_session(eir.eir_clientid, eir.eir_sequenceid)])
+        assert res.status == OK
+        state = server.state
+        assert state is not None
+        session = state.sessions.session(resok(res, 0).csr_sessionid)
+        assert session is not None and session.source == "127.0.0.1"
+        assert state.sessions.clients.per_source["127.0.0.2"] == sent - 1 >= 512
+        flood.close()
+        honest.close()
     finally:
         await server.close()
