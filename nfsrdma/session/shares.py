@@ -10,7 +10,8 @@ on: an IPv4 address, an IPv6 /64, since one host gets a whole /64; see ``source_
   source holds at most 1024 of them. At a bound, the oldest *unconfirmed* record is evicted (of
   that source, or server-wide) once older than 5 s: an honest client confirms within a round
   trip, a flood of EXCHANGE_IDs never does. Otherwise the newcomer gets NFS4ERR_DELAY.
-- Creation rates: per owner and per source address (``ratelimit``), never server-wide.
+- Creation rates: new records per owner and per source address, further sessions per owner
+  (``ratelimit``), never server-wide.
 - Sessions: 2048 server-wide, 512 per source address (a few hundred clients behind one address
   fit), 16 per client (the client's own business, NFS4ERR_NOSPC beyond).
 - Reply cache (``drc_budget``, 256 MiB): a session reserves slots x (ca_maxresponsesize_cached +
@@ -19,10 +20,14 @@ on: an IPv4 address, an IPv6 /64, since one host gets a whole /64; see ``source_
   general pool, of which one source address may reserve a quarter and one client owner a
   sixteenth. CREATE_SESSION grants the slots asked for as far as the general pool and both shares
   allow; when that is fewer than 4 slots, it grants a minimal session instead (4 slots, cached
-  replies of at most 4 KiB: what a Linux client asks for fits) out of the reserve. Since the
-  reserve holds a minimal session for every session the server may have, a CREATE_SESSION is
-  refused NFS4ERR_NOSPC for lack of reply cache only if the server is genuinely out of it; four
-  client ids with 16 large sessions each from one address take at most a quarter of the pool.
+  replies of at most 4 KiB: what a Linux client asks for fits) out of the reserve (it does not
+  count against the shares; should the reserve be spent, out of the pool regardless of shares).
+  Since the reserve holds a minimal session for every session the server may have, a
+  CREATE_SESSION is refused NFS4ERR_NOSPC for lack of reply cache only if the server is
+  genuinely out of it; four client ids with 16 large sessions each from one address take at
+  most a quarter of the pool, and a newcomer elsewhere gets all it asks for. It takes four
+  addresses at their full share (sixteen owners at theirs) to spend the pool; newcomers then
+  get minimal sessions until idle slots or expired leases give room back.
 - Idle slots are given back: a session that has used no slot above the minimal 4 for 60 s
   (``slot_idle_time``) is shrunk to 4 slots at the next reap; its SEQUENCE replies then carry
   the lower sr_highest_slotid and sr_target_highest_slotid (RFC 8881 section 2.10.6.1; the Linux
