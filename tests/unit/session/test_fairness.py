@@ -26,10 +26,20 @@ from nfsrdma.session.errors import SessionError
 from nfsrdma.session.ratelimit import KeyedBuckets
 from nfsrdma.session.server import SLOT_OVERHEAD, ServerSessions, SessionCaps
 from nfsrdma.session.shares import source_of
+from nfsrdma.session.slots import Disposition, SlotTable
 from nfsrdma.vfs import Export, LocalVfs
 from nfsrdma.xdr.gen import nfs4
 
-from .helpers import PRINCIPAL, eid, op, op_create_session, op_exchange_id, op_sequence, resok
+from .helpers import (
+    PRINCIPAL,
+    Reply,
+    eid,
+    op,
+    op_create_session,
+    op_exchange_id,
+    op_sequence,
+    resok,
+)
 from .test_ops_compound import Server
 
 OK = nfs4.NFS4_OK
@@ -346,3 +356,24 @@ def test_old_unconfirmed_records_make_room_first() -> None:
     assert len(s.clients) == 20
     s.exchange_id(eid(b"c"), principal=PRINCIPAL, now=7.5, source="203.0.113.1")
     assert len(s.clients) == 20 and s.clients.unconfirmed.get(b"stale-1") is None
+
+
+def test_a_slot_table_gives_up_slots_with_their_replies_and_takes_new_ones_fresh() -> None:
+    t = SlotTable(8, max_cached=1000)
+    for slotid in (2, 6):
+        slot, _ = t.classify(slotid, 1)
+        t.begin(slot, 1)
+        t.complete(slot, 1, Reply(300))
+    busy, _ = t.classify(7, 1)
+    t.begin(busy, 1)
+    with pytest.raises(ValueError):
+        t.resize(4)  # slot 7 is executing
+    t.complete(busy, 1, None)
+    t.resize(4)
+    assert (t.highest_slotid, t.target_highest_slotid, t.cached_bytes) == (3, 3, 300)
+    with pytest.raises(SessionError) as e:
+        t.classify(6, 2)
+    assert e.value.status == nfs4.NFS4ERR_BADSLOT
+    t.resize(8)
+    assert t.classify(6, 1)[1] is Disposition.NEW  # afresh: seqid 1 again
+    assert t.classify(2, 1)[1] is Disposition.REPLAY  # kept slots keep their reply
