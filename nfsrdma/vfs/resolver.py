@@ -12,7 +12,12 @@ fileid and kernel handle). Handles go stale when the server restarts, or when an
 renames an object. Logged at start-up.
 
 Both modes keep a bounded LRU of O_PATH descriptors keyed by handle (``fdcache.py``): the hot path
-costs a dictionary lookup plus the confinement check below.
+costs a dictionary lookup plus the confinement check below. As root, the export is served from a
+detached clone of its mount made with open_tree(2) without submounts, so other file systems
+mounted below are never entered and a mount point shows the directory it covers, as knfsd without
+``crossmnt`` does. Without that privilege an object on another mount (mount ID from
+name_to_handle_at or statx; st_dev on kernels older than 5.8) gets ``EACCES`` (see
+:meth:`Resolver.make_handle`).
 
 Confinement of every use
 ------------------------
@@ -40,12 +45,12 @@ then found again by name or the handle is stale:
   server instance never saw (after a reboot, until the client looks it up again: knfsd with
   ``subtree_check`` keeps the parent in the handle for that case; our handles do not).
 
+The export root is the directory opened at start and defines "inside": it is never checked, so a
+root renamed by a local process keeps serving its tree (its current path is read for each check
+without the clone), and a root that was removed serves an empty, unwritable directory.
+
 There is a window between the check and the use of a descriptor (the same as in knfsd): the
-check proves the object was inside after it was opened, not that it stays so during one call. As root, the export is served from a detached clone of its mount made
-with open_tree(2) without submounts, so other file systems mounted below are never entered and a
-mount point shows the directory it covers, as knfsd without ``crossmnt`` does. Without that
-privilege an object on another mount (mount ID from name_to_handle_at or statx; st_dev on kernels
-older than 5.8) gets ``EACCES`` (see :meth:`Resolver.make_handle`).
+check proves the object was inside after it was opened, not that it stays so during one call.
 """
 
 from __future__ import annotations

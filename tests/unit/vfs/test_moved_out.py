@@ -292,3 +292,29 @@ def test_cold_file_handle_after_its_parent_moved_out(
     vfs.release_identity()
     os.rename(tmp_path / "outside", export_dir / "dir")
     assert vfs.anonymous_read(ROOT, f, 0, 10) == (b"data", True)
+
+
+@pytest.mark.parametrize("vfs_options", MODES)
+def test_the_export_root_renamed_keeps_serving_its_tree(
+    make_vfs: MakeVfs, export_dir: Path, tmp_path: Path, vfs_options: dict[str, Any]
+) -> None:
+    """The root is the directory opened at start (it defines "inside"): renamed by a local
+    process, it and everything below it stay served, and a directory moved out of it (now
+    beside it under its new name) is still stale."""
+    (export_dir / "d").mkdir()
+    (export_dir / "d" / "f").write_bytes(b"data")
+    (export_dir / "e").mkdir()
+    vfs = make_vfs(root_squash=False, **vfs_options)
+    root = vfs.root_handle()
+    d = vfs.lookup(ROOT, root, b"d")
+    f = vfs.lookup(ROOT, d, b"f")
+    e = vfs.lookup(ROOT, root, b"e")
+    vfs.release_identity()
+    renamed = tmp_path / "renamed"
+    os.rename(export_dir, renamed)
+    os.rename(renamed / "e", tmp_path / "e")
+    assert vfs.getattr(root).type == FileType.NF4DIR
+    assert vfs.lookup(ROOT, d, b"f") == f
+    assert vfs.anonymous_read(ROOT, f, 0, 10) == (b"data", True)
+    with pytest.raises(StaleHandle):
+        vfs.getattr(e)
