@@ -318,3 +318,18 @@ def test_the_export_root_renamed_keeps_serving_its_tree(
     assert vfs.anonymous_read(ROOT, f, 0, 10) == (b"data", True)
     with pytest.raises(StaleHandle):
         vfs.getattr(e)
+
+
+@pytest.mark.parametrize("vfs_options", MODES)
+async def test_file_moved_out_by_itself(tmp_path: Path, vfs_options: dict[str, Any]) -> None:
+    export, outside = tmp_path / "export", tmp_path / "outside"
+    (export / "dir").mkdir(parents=True)
+    (export / "dir" / "file").write_bytes(b"data")
+    outside.mkdir()
+    async with served(tmp_path, vfs_options) as c:
+        f = await c.fh(None, "dir", "file")
+        assert await c.data(f) == b"data"
+        os.rename(export / "dir" / "file", outside / "file")
+        await c.call(STALE, putfh(f), read())
+        os.rename(outside / "file", export / "dir" / "file")
+        assert await c.data(f) == b"data"
