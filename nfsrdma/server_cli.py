@@ -11,6 +11,7 @@ import signal
 
 from nfsrdma.aio import run
 from nfsrdma.server import NFS_RDMA_PORT, NFS_TCP_PORT, NFSServer
+from nfsrdma.vfs.secret import StateDirError
 
 log = logging.getLogger("nfsrdma.server")
 
@@ -31,7 +32,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--anon-gid", type=int, default=65534, metavar="N")
     p.add_argument("--lease-time", type=int, default=90, metavar="S", help="lease seconds")
     p.add_argument("--slots", type=int, default=64, metavar="N", help="slots per session")
-    p.add_argument("--state-dir", default=None, help="where the file-handle key is kept")
+    p.add_argument(
+        "--state-dir",
+        default=None,
+        help="where the file-handle key is kept (default: /var/lib/nfsrdma as root, else "
+        "$XDG_STATE_HOME/nfsrdma or ~/.local/state/nfsrdma)",
+    )
     p.set_defaults(func=serve)
 
 
@@ -59,6 +65,13 @@ def serve(args: argparse.Namespace) -> int:
     async def main() -> None:
         try:
             await server.start()
+        except StateDirError as e:
+            log.error(
+                "cannot use the state directory %s (%s); choose a writable one with --state-dir",
+                e.state_dir,
+                e.reason,
+            )
+            raise SystemExit(1) from None
         except OSError as e:
             log.error("cannot start: %s", e)
             raise SystemExit(1) from None

@@ -42,6 +42,12 @@ ERRNO_STATUS: dict[int, int] = {
     errno.EOVERFLOW: nfs4.NFS4ERR_INVAL,
     errno.ERANGE: nfs4.NFS4ERR_INVAL,
     errno.ENODEV: nfs4.NFS4ERR_NXIO,
+    # Transient shortages of the server's own resources (descriptors, memory): the client
+    # retries after NFS4ERR_DELAY; NFS4ERR_IO would be a hard error for the application.
+    errno.EMFILE: nfs4.NFS4ERR_DELAY,
+    errno.ENFILE: nfs4.NFS4ERR_DELAY,
+    errno.ENOMEM: nfs4.NFS4ERR_DELAY,
+    errno.ENOBUFS: nfs4.NFS4ERR_DELAY,
 }
 
 

@@ -162,7 +162,8 @@ class Export:
     ``root``: the directory (resolved with ``realpath`` by the backend).
     ``root_squash``: map uid 0 to ``anon_uid`` and gid 0 (also in ``gids``) to ``anon_gid``.
     ``state_dir``: where the per-export handle secret lives; must be outside the export.
-    ``None`` means ``$XDG_STATE_HOME/nfsrdma`` or ``~/.local/state/nfsrdma``.
+    ``None`` means ``/var/lib/nfsrdma`` for root, else ``$XDG_STATE_HOME/nfsrdma`` or
+    ``~/.local/state/nfsrdma``. An unusable one raises ``secret.StateDirError`` (an OSError).
     """
 
     root: str

@@ -3,8 +3,11 @@
 * Names are single components: no ``""``, ``"."``, ``".."``, ``"/"`` or NUL, at most 255 octets.
 * Components are opened relative to a directory descriptor with ``O_PATH | O_NOFOLLOW``: the
   server never follows symlinks (clients resolve them); a symlink is an object of its own.
-* A directory reached through a kernel file handle is accepted only if walking ``..`` from it
-  reaches the export root (a directory moved out of the export by a local process is stale).
+* Every descriptor the server uses for a client (a cached one or one just resolved from a
+  handle) must still name an object inside the export; a local process may have moved it (or an
+  ancestor) out. :func:`kernel_path` reads where the kernel says the object is now (the
+  ``/proc/self/fd`` link is computed from the live dentry chain, one system call) and
+  :func:`relative_to` cuts it to a path below the export root, or says it is outside.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from nfsrdma.vfs.base import NAME_MAX
 
 O_PATH_NOFOLLOW: Final = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_DEPTH: Final = 4096
+DELETED: Final = b" (deleted)"
+"""What the kernel appends to the path of an unlinked dentry (a name may also end so)."""
 
 
 def check_name(name: bytes | str) -> bytes:
@@ -39,6 +44,54 @@ def open_component(dirfd: int, name: bytes) -> int:
 def proc_path(fd: int) -> str:
     """The /proc magic link that reopens ``fd``'s object with a permission check."""
     return f"/proc/self/fd/{fd}"
+
+
+def open_proc_fds() -> int:
+    """A descriptor of this process's ``/proc/self/fd`` for :func:`kernel_path`."""
+    return os.open("/proc/self/fd", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def kernel_path(fd: int, proc_fds: int) -> bytes:
+    """The kernel's current path of ``fd``'s object (``readlink`` of its /proc link;
+    ``proc_fds`` from :func:`open_proc_fds` saves the walk to it).
+
+    On a detached mount clone the path is relative to the clone's root, and an object whose
+    dentry is not under that root (moved out, or a disconnected dentry of a file opened by
+    handle) reads ``/``.
+    """
+    return os.readlink(b"%d" % fd, dir_fd=proc_fds)
+
+
+def relative_to(path: bytes, top: bytes) -> bytes | None:
+    """``path`` below the directory path ``top``, without the leading ``/`` (``b""`` for
+    ``top`` itself); None if ``path`` is not ``top`` or below it."""
+    if top == b"/":
+        return path[1:] if path.startswith(b"/") else None
+    if path == top:
+        return b""
+    if path.startswith(top) and path[len(top) : len(top) + 1] == b"/":
+        return path[len(top) + 1 :]
+    return None
+
+
+def same_object_at(root_fd: int, rel: bytes, st: os.stat_result) -> bool:
+    """Whether walking ``rel`` from ``root_fd`` by single components (never following a
+    symlink) reaches the object ``st`` describes."""
+    cur = os.dup(root_fd)
+    try:
+        for name in rel.split(b"/"):
+            if name in (b"", b".", b".."):
+                return False
+            try:
+                nxt = open_component(cur, name)
+            except (FileNotFoundError, NotADirectoryError):
+                return False
+            os.close(cur)
+            cur = nxt
+        found = os.fstat(cur)
+        return (found.st_dev, found.st_ino) == (st.st_dev, st.st_ino)
+    finally:
+        os.close(cur)
 
 
 def within_root(fd: int, root: tuple[int, int]) -> bool:

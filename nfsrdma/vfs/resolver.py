@@ -12,11 +12,45 @@ fileid and kernel handle). Handles go stale when the server restarts, or when an
 renames an object. Logged at start-up.
 
 Both modes keep a bounded LRU of O_PATH descriptors keyed by handle (``fdcache.py``): the hot path
-costs a dictionary lookup. As root, the export is served from a detached clone of its mount made
-with open_tree(2) without submounts, so other file systems mounted below are never entered and a
-mount point shows the directory it covers, as knfsd without ``crossmnt`` does. Without that
-privilege an object on another mount (mount ID from name_to_handle_at or statx; st_dev on kernels
-older than 5.8) gets ``EACCES`` (see :meth:`Resolver.make_handle`).
+costs a dictionary lookup plus the confinement check below. As root, the export is served from a
+detached clone of its mount made with open_tree(2) without submounts, so other file systems
+mounted below are never entered and a mount point shows the directory it covers, as knfsd without
+``crossmnt`` does. Without that privilege an object on another mount (mount ID from
+name_to_handle_at or statx; st_dev on kernels older than 5.8) gets ``EACCES`` (see
+:meth:`Resolver.make_handle`).
+
+Confinement of every use
+------------------------
+A local process may move an object, or one of its ancestors, out of the export while clients
+hold its handle and the server holds its descriptor. So :meth:`Resolver.pin` checks the
+descriptor it returns, on every call (cache hit or freshly resolved), after opening it: the
+kernel's current path of the descriptor (``/proc/self/fd``, computed from the live dentry chain;
+one ``readlink``) must lie under the export root. On the detached mount clone the path is
+relative to the clone, and any object whose dentry left the export reads ``/``. Without the
+clone the root's own current path is read too and must be a prefix. A path ending in
+`` (deleted)`` (our dentry was unlinked, or a name really ends so) is confirmed by walking it
+again from the root. A descriptor failing the check is dropped from the cache; the object is
+then found again by name or the handle is stale:
+
+* **Directories** have one dentry, so a directory whose path is outside is stale
+  (NFS4ERR_STALE), as knfsd's subtree check does. Moved back inside, its handle works again
+  (kernel mode resolves it by handle; cache mode by its remembered name).
+* **Other objects** may have several names (hard links) and a descriptor opened by handle may
+  have a *disconnected* dentry (no path) when the kernel had no cached name for it. Rule: a
+  non-directory is served while it is reachable inside the export under a name the server knows:
+  the path of the descriptor it holds, or else the last name it saw the object under (LOOKUP,
+  READDIR, CREATE, OPEN, RENAME, LINK; remembered in both modes), re-opened in that name's
+  verified parent directory and compared. A file left with links only outside the export is
+  stale; so is, in kernel mode, a file whose dentry the kernel dropped and whose name this
+  server instance never saw (after a reboot, until the client looks it up again: knfsd with
+  ``subtree_check`` keeps the parent in the handle for that case; our handles do not).
+
+The export root is the directory opened at start and defines "inside": it is never checked, so a
+root renamed by a local process keeps serving its tree (its current path is read for each check
+without the clone), and a root that was removed serves an empty, unwritable directory.
+
+There is a window between the check and the use of a descriptor (the same as in knfsd): the
+check proves the object was inside after it was opened, not that it stays so during one call.
 """
 
 from __future__ import annotations
@@ -104,6 +138,8 @@ class Resolver:
             if getattr(self, "_mount_fd", -1) >= 0:
                 os.close(self._mount_fd)
             raise
+        self._root_fd = root_fd
+        self._proc_fds = confine.open_proc_fds()
         self.fds = FdCache(fd_cache_size or default_fd_cache_size())
         self.fds.add_permanent(self.root_fh, root_fd, rst.st_ino)
 
@@ -130,6 +166,9 @@ class Resolver:
 
     def close(self) -> None:
         self.fds.close_all()
+        if self._proc_fds >= 0:
+            os.close(self._proc_fds)
+            self._proc_fds = -1
         if self._mount_fd >= 0:
             os.close(self._mount_fd)
             self._mount_fd = -1
@@ -137,12 +176,13 @@ class Resolver:
     # ----------------------------------------------------------------- handle → descriptor
 
     def pin(self, fh: bytes) -> Pin:
-        """The object of ``fh``, pinned in the descriptor cache (resolved on a miss)."""
+        """The object of ``fh``, pinned in the descriptor cache (resolved on a miss), checked to
+        be inside the export now (StaleHandle otherwise)."""
         if not isinstance(fh, bytes):
             if not isinstance(fh, bytearray | memoryview):
                 raise BadHandle("handle must be bytes")
             fh = bytes(fh)
-        pin = self.fds.acquire(fh)
+        pin = self._acquire_inside(fh)
         if pin is not None:
             return pin
         info = self._codec.unpack(fh)
@@ -160,15 +200,48 @@ class Resolver:
             st = os.fstat(fd)
             if st.st_ino != info.fileid:
                 raise StaleHandle("handle resolves to another object")
-            if stat.S_ISDIR(st.st_mode) and not confine.within_root(fd, self.root_key):
+            inside = self._inside(fd, st)
+            if not inside and stat.S_ISDIR(st.st_mode):
                 raise StaleHandle("directory is no longer inside the export")
         except BaseException:
             os.close(fd)
             raise
+        if not inside:
+            os.close(fd)
+            return self._walk(fh)  # a file's dentry outside or disconnected: its known name
         return self.fds.insert(fh, fd, st.st_ino)
 
+    def _acquire_inside(self, fh: bytes) -> Pin | None:
+        """The cached descriptor of ``fh`` if it is still inside the export, pinned; a cached
+        one that is not (moved out, or its name removed) is dropped."""
+        pin = self.fds.acquire(fh)
+        if pin is None or pin.fd == self._root_fd:
+            return pin
+        try:
+            if self._inside(pin.fd):
+                return pin
+        except BaseException:
+            pin.release()
+            raise
+        pin.release()
+        self.fds.discard(fh)
+        return None
+
+    def _inside(self, fd: int, st: os.stat_result | None = None) -> bool:
+        """Whether ``fd`` (not the root's) names an object inside the export now."""
+        path = confine.kernel_path(fd, self._proc_fds)
+        top = b"/" if self.cloned else confine.kernel_path(self._root_fd, self._proc_fds)
+        rel = confine.relative_to(path, top)
+        if not rel:  # outside; on the clone also escaped or disconnected; or the root's path
+            return False
+        if rel.endswith(confine.DELETED):  # our name was unlinked, or the name ends so
+            self._ident.apply_server()
+            return confine.same_object_at(self._root_fd, rel, st or os.fstat(fd))
+        return True
+
     def _walk(self, fh: bytes) -> Pin:
-        """Cache mode: re-open ``fh`` from the nearest cached ancestor by remembered names."""
+        """Re-open ``fh`` by the names the server saw it under, from the nearest ancestor whose
+        descriptor is inside the export (kernel mode: the parent, resolved by its handle)."""
         path: list[tuple[bytes, bytes]] = []
         cur = fh
         while True:
@@ -178,10 +251,15 @@ class Resolver:
                 raise StaleHandle("unknown or forgotten handle")
             parent_fh, name = loc
             path.append((cur, name))
-            pin = self.fds.acquire(parent_fh)
-            if pin is not None:
+            if self.kernel_handles:
+                pin = self.pin(parent_fh)  # a directory: resolved by handle, never walked
+                break
+            cached = self._acquire_inside(parent_fh)
+            if cached is not None:
+                pin = cached
                 break
             cur = parent_fh
+        self._ident.apply_server()
         for child_fh, name in reversed(path):
             try:
                 try:
@@ -237,8 +315,8 @@ class Resolver:
     # ----------------------------------------------------------------- bookkeeping
 
     def remember(self, fh: bytes, parent_fh: bytes, name: bytes, replace: bool = True) -> None:
-        """Cache mode: note that ``fh`` is called ``name`` in ``parent_fh``."""
-        if self.kernel_handles or fh == self.root_fh:
+        """Note that ``fh`` is called ``name`` in ``parent_fh`` (to find it again by name)."""
+        if fh == self.root_fh:
             return
         with self._loc_lock:
             if not replace and fh in self._locations:
@@ -249,7 +327,7 @@ class Resolver:
                 self._locations.popitem(last=False)
 
     def unname(self, fh: bytes, parent_fh: bytes, name: bytes) -> None:
-        """Cache mode: ``name`` in ``parent_fh`` no longer refers to ``fh``."""
+        """``name`` in ``parent_fh`` no longer refers to ``fh``."""
         with self._loc_lock:
             if self._locations.get(fh) == (parent_fh, name):
                 del self._locations[fh]

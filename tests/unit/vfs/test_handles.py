@@ -11,7 +11,7 @@ import pytest
 
 from nfsrdma.vfs import NFS4_FHSIZE, BadHandle, Export, FileType, LocalVfs, StaleHandle
 from nfsrdma.vfs.handles import MAC_SIZE, MIN_SIZE, HandleCodec
-from nfsrdma.vfs.secret import export_secret
+from nfsrdma.vfs.secret import StateDirError, export_secret
 
 from .conftest import ROOT, MakeVfs, needs_root
 
@@ -207,22 +207,47 @@ def test_secret_is_persisted_outside_the_export_with_mode_0600(
     make_vfs(root=str(other))
     assert len(list(state_dir.iterdir())) == 2
     # A state directory inside the export is refused.
-    with pytest.raises(ValueError):
+    with pytest.raises(StateDirError, match="outside the export"):
         make_vfs(state_dir=str(export_dir / "state"))
     # A secret readable by others is refused.
     files[0].chmod(0o644)
-    with pytest.raises(PermissionError):
+    with pytest.raises(StateDirError, match="0600") as ei:
         make_vfs()
+    assert ei.value.errno == errno.EPERM and ei.value.state_dir == str(state_dir)
+    # So are a damaged secret and a state directory that cannot be made.
+    files[0].chmod(0o600)
+    files[0].write_text("{}")
+    with pytest.raises(StateDirError, match="no secret"):
+        make_vfs()
+    with pytest.raises(StateDirError) as ei:
+        make_vfs(state_dir=str(files[0] / "below-a-file"))
+    assert ei.value.errno == errno.ENOTDIR
 
 
 def test_default_state_dir_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from nfsrdma.vfs.secret import default_state_dir
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
-    assert default_state_dir() == str(tmp_path / "xdg" / "nfsrdma")
+    assert default_state_dir(euid=1000) == str(tmp_path / "xdg" / "nfsrdma")
     monkeypatch.delenv("XDG_STATE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert default_state_dir() == str(tmp_path / "home" / ".local" / "state" / "nfsrdma")
+    assert default_state_dir(euid=1000) == str(tmp_path / "home" / ".local" / "state" / "nfsrdma")
+
+
+def test_default_state_dir_of_root_is_var_lib(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Root's home may be read-only: root keeps its secrets in /var/lib/nfsrdma (FHS), as knfsd
+    keeps its state in /var/lib/nfs, whatever HOME and XDG_STATE_HOME say."""
+    from nfsrdma.vfs.secret import default_state_dir
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_state_dir(euid=0) == "/var/lib/nfsrdma"
+    if os.geteuid() == 0:
+        assert default_state_dir() == "/var/lib/nfsrdma"
+    else:
+        assert default_state_dir() == str(tmp_path / "xdg" / "nfsrdma")
 
 
 def test_secret_race_yields_one_secret(tmp_path: Path) -> None:
