@@ -5,7 +5,8 @@
 - ``client_setup``: EXCHANGE_ID / CREATE_SESSION / BIND_CONN_TO_SESSION arguments and results.
 - ``requester_slots``: the slot table (seqids, target_highest_slotid, probes, waiting).
 - ``client_recovery``: what each outcome calls for (retry, back-off, new session, reclaim).
-- ``client_backchannel``: CB_COMPOUND processing on the client's own connection.
+- ``client_backchannel``: CB_COMPOUND processing on the client's own connection, and
+  ``client_callbacks`` acting on it (lock notices, slot recalls, DELEGRETURN).
 
 ``ClientSession.compound(ops)`` puts SEQUENCE in front of ``ops`` on a free slot and returns the
 COMPOUND4res without it. Underneath it keeps many calls in flight (one per slot), resends a call
@@ -32,9 +33,12 @@ from typing import Any
 from nfsrdma.rpc.auth import auth_sys
 from nfsrdma.rpc.connection import RpcConnection
 from nfsrdma.rpc.errors import RpcConnectionLost, RpcError
-from nfsrdma.rpc.server import Dispatcher, RpcCall, null_procedure
-from nfsrdma.session.client_backchannel import Backchannel, CallbackEvents, Recall
+from nfsrdma.rpc.server import Dispatcher, null_procedure
+from nfsrdma.session.client_backchannel import Backchannel, Recall
+from nfsrdma.session.client_callbacks import ClientCallbacks
 from nfsrdma.session.client_core import (
+    AfterBind,
+    AfterCreateSession,
     BackOff,
     CallMachine,
     Effect,
@@ -48,6 +52,9 @@ from nfsrdma.session.client_core import (
     SessionCore,
     Step,
     WaitForSlot,
+    after_bind_error,
+    after_create_session_error,
+    is_new_client,
     status_name,
 )
 from nfsrdma.session.client_recovery import Backoff
@@ -136,16 +143,18 @@ class ClientSession:
             reconnect_deadline=self.opts.reconnect_deadline,
         )
         self.backchannel = Backchannel(b"", self.opts.back_slots)
+        self.callbacks = ClientCallbacks(
+            self.backchannel, self.stats, self.compound, self.spawn, lambda: self.slots
+        )
         self.dispatcher = Dispatcher()
-        self.dispatcher.add(self.opts.cb_program, 1, {0: null_procedure, 1: self._cb_compound})
-        # Delegations the client holds: stateid.other -> (stateid, filehandle).
-        self.delegations: dict[bytes, tuple[nfs4.stateid4, bytes]] = {}
+        self.dispatcher.add(
+            self.opts.cb_program, 1, {0: null_procedure, 1: self.callbacks.cb_compound}
+        )
         # After a new client id: ``reclaim_hook`` runs before RECLAIM_COMPLETE (its calls pass
         # ``reclaim=True``: CLAIM_PREVIOUS opens, reclaim locks); ``reopen_hook`` runs after it,
         # as an ordinary task (opens that could not be reclaimed).
         self.reclaim_hook: ReclaimHook | None = None
         self.reopen_hook: ReclaimHook | None = None
-        self.recall_hook: Callable[[Recall], None] | None = None
 
         self._ready = asyncio.Event()
         self._failure: BaseException | None = None
@@ -154,7 +163,6 @@ class ClientSession:
         self._keeper_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._next_token = 0
-        self._lock_notices: dict[tuple[bytes, bytes], asyncio.Event] = {}
 
     @property
     def slots(self) -> RequesterSlots:
@@ -473,9 +481,10 @@ class ClientSession:
                 await self._bind(rpc)
                 return
             except NfsStatusError as e:
-                if e.status == nfs4.NFS4ERR_NOTSUPP or e.status == nfs4.NFS4ERR_OP_ILLEGAL:
-                    return  # SP4_NONE: the first SEQUENCE binds the connection (SS-12)
-                if e.status not in (nfs4.NFS4ERR_BADSESSION, nfs4.NFS4ERR_DEADSESSION):
+                after = after_bind_error(e.status)
+                if after is AfterBind.BOUND:
+                    return
+                if after is AfterBind.FAIL:
                     raise
                 need = Repair.SESSION
         new_client = False
@@ -484,7 +493,7 @@ class ClientSession:
         try:
             await self._create_session(rpc)
         except NfsStatusError as e:
-            if e.status not in (nfs4.NFS4ERR_STALE_CLIENTID, nfs4.NFS4ERR_EXPIRED):
+            if after_create_session_error(e.status) is not AfterCreateSession.NEW_CLIENT:
                 raise
             new_client = await self._exchange_id(rpc)
             await self._create_session(rpc)
@@ -525,11 +534,7 @@ class ClientSession:
             rpc, nfs4.OP_EXCHANGE_ID, exchange_id_args(self.opts.owner, self.verifier)
         )
         assert isinstance(res, nfs4.EXCHANGE_ID4resok)
-        # An unconfirmed record is a new client as far as the server is concerned: whatever it
-        # held for us before (opens, locks) is gone, even if the id happens to be the same.
-        new = res.eir_clientid != self.clientid or not (
-            res.eir_flags & nfs4.EXCHGID4_FLAG_CONFIRMED_R
-        )
+        new = is_new_client(res, self.clientid)
         if new:
             self.create_sequence = res.eir_sequenceid
         self.clientid = res.eir_clientid
@@ -545,7 +550,7 @@ class ClientSession:
                 res = await self._sessionless(rpc, nfs4.OP_CREATE_SESSION, args)
                 break
             except NfsStatusError as e:
-                if e.status != nfs4.NFS4ERR_DELAY:
+                if after_create_session_error(e.status) is not AfterCreateSession.BACK_OFF:
                     raise
                 backoff = backoff or Backoff(deadline=self.opts.delay_deadline)
                 delay = backoff.next_delay(self.clock())
@@ -674,58 +679,28 @@ class ClientSession:
         self._request_repair(Repair.RECONNECT, gen)
 
     # ------------------------------------------------------------------------------------------
-    # Back channel
+    # Callbacks (``client_callbacks``)
 
-    def _cb_compound(self, call: RpcCall, w: Writer) -> None:
-        self.stats.callbacks += 1
-        res, events = self.backchannel.handle(call.reader, call.offset)
-        nfs4.enc_CB_COMPOUND4res(w, res)
-        if events:
-            self.spawn(self._callback_events(events))
+    @property
+    def delegations(self) -> dict[bytes, tuple[nfs4.stateid4, bytes]]:
+        """Delegations the client holds: stateid.other -> (stateid, filehandle)."""
+        return self.callbacks.delegations
+
+    @property
+    def recall_hook(self) -> Callable[[Recall], None] | None:
+        return self.callbacks.recall_hook
+
+    @recall_hook.setter
+    def recall_hook(self, hook: Callable[[Recall], None] | None) -> None:
+        self.callbacks.recall_hook = hook
 
     async def wait_lock_notice(self, fh: bytes, owner: bytes, timeout: float) -> bool:
-        """Wait up to ``timeout`` for CB_NOTIFY_LOCK about (fh, lock owner); True if it came.
-        Notifications are advisory: callers poll anyway, this only shortens the wait."""
-        key = (bytes(fh), bytes(owner))
-        event = self._lock_notices.setdefault(key, asyncio.Event())
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
-            return True
-        except TimeoutError:
-            return False
-        finally:
-            if self._lock_notices.get(key) is event:
-                del self._lock_notices[key]
-
-    async def _callback_events(self, events: CallbackEvents) -> None:
-        for fh, owner in events.lock_notices:
-            waiting = self._lock_notices.get((bytes(fh), bytes(owner)))
-            if waiting is not None:
-                self.stats.lock_notices += 1
-                waiting.set()
-        if events.recall_slot is not None:
-            self.slots.recall(events.recall_slot)
-        recalls = list(events.recalls)
-        if events.recall_any:
-            recalls += [Recall(sid, fh, False) for sid, fh in self.delegations.values()]
-        for recall in recalls:
-            self.stats.recalls += 1
-            if self.recall_hook is not None:
-                self.recall_hook(recall)
-            await self.return_delegation(recall.stateid, recall.fh)
+        """Wait up to ``timeout`` for CB_NOTIFY_LOCK about (fh, lock owner); True if it came."""
+        return await self.callbacks.wait_lock_notice(fh, owner, timeout)
 
     async def return_delegation(self, stateid: nfs4.stateid4, fh: bytes) -> None:
         """DELEGRETURN (errors other than a lost session are ignored: the delegation is gone)."""
-        self.delegations.pop(stateid.other, None)
-        try:
-            await self.compound(
-                [
-                    nfs4.nfs_argop4(nfs4.OP_PUTFH, nfs4.PUTFH4args(fh)),
-                    nfs4.nfs_argop4(nfs4.OP_DELEGRETURN, nfs4.DELEGRETURN4args(stateid)),
-                ]
-            )
-        except OSError as e:
-            log.info("DELEGRETURN failed: %s", e)
+        await self.callbacks.return_delegation(stateid, fh)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         if self._closing:

@@ -62,6 +62,45 @@ def repair_for(action: Action) -> Repair:
     return Repair.CLIENT if action is Action.NEW_CLIENT else Repair.SESSION
 
 
+# -- establishing and repairing ------------------------------------------------------------------
+
+
+class AfterBind(enum.Enum):
+    BOUND = "bound"  # the new connection carries the session
+    NEW_SESSION = "new session"  # the session is gone: CREATE_SESSION
+    FAIL = "fail"
+
+
+def after_bind_error(status: int) -> AfterBind:
+    """BIND_CONN_TO_SESSION on a new connection failed with ``status``."""
+    if status in (nfs4.NFS4ERR_NOTSUPP, nfs4.NFS4ERR_OP_ILLEGAL):
+        return AfterBind.BOUND  # SP4_NONE: the first SEQUENCE binds the connection (SS-12)
+    if status in (nfs4.NFS4ERR_BADSESSION, nfs4.NFS4ERR_DEADSESSION):
+        return AfterBind.NEW_SESSION
+    return AfterBind.FAIL
+
+
+class AfterCreateSession(enum.Enum):
+    NEW_CLIENT = "new client"  # the client id is gone: EXCHANGE_ID, then again
+    BACK_OFF = "back off"  # NFS4ERR_DELAY: again after a delay
+    FAIL = "fail"
+
+
+def after_create_session_error(status: int) -> AfterCreateSession:
+    if status in (nfs4.NFS4ERR_STALE_CLIENTID, nfs4.NFS4ERR_EXPIRED):
+        return AfterCreateSession.NEW_CLIENT
+    if status == nfs4.NFS4ERR_DELAY:
+        return AfterCreateSession.BACK_OFF
+    return AfterCreateSession.FAIL
+
+
+def is_new_client(res: nfs4.EXCHANGE_ID4resok, clientid: int | None) -> bool:
+    """Whether EXCHANGE_ID made us a client the server did not know as confirmed: an
+    unconfirmed record is a new client as far as the server is concerned (whatever it held for
+    us before, opens and locks, is gone, even if the id happens to be the same): reclaim."""
+    return res.eir_clientid != clientid or not (res.eir_flags & nfs4.EXCHGID4_FLAG_CONFIRMED_R)
+
+
 # -- what one call does next ---------------------------------------------------------------------
 
 

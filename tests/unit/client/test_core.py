@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from nfsrdma.session.client_core import (
+    AfterBind,
+    AfterCreateSession,
     Again,
     BackOff,
     CallMachine,
@@ -19,6 +21,9 @@ from nfsrdma.session.client_core import (
     Send,
     SessionCore,
     WaitForSlot,
+    after_bind_error,
+    after_create_session_error,
+    is_new_client,
 )
 from nfsrdma.session.requester_slots import RequesterSlots
 from nfsrdma.xdr.gen import nfs4
@@ -304,3 +309,28 @@ def test_the_keeper() -> None:
     assert c.keep(50.0, **look) is KeepAction.NOTHING
     assert c.keep(152.0, **look) is KeepAction.RECONNECT
     assert c.keeper_interval(10.0) == 5.0
+
+
+def test_establishing_decisions() -> None:
+    assert after_bind_error(nfs4.NFS4ERR_NOTSUPP) is AfterBind.BOUND  # SP4_NONE (SS-12)
+    assert after_bind_error(nfs4.NFS4ERR_BADSESSION) is AfterBind.NEW_SESSION
+    assert after_bind_error(nfs4.NFS4ERR_PERM) is AfterBind.FAIL
+    assert after_create_session_error(nfs4.NFS4ERR_STALE_CLIENTID) is AfterCreateSession.NEW_CLIENT
+    assert after_create_session_error(nfs4.NFS4ERR_DELAY) is AfterCreateSession.BACK_OFF
+    assert after_create_session_error(nfs4.NFS4ERR_INVAL) is AfterCreateSession.FAIL
+    confirmed = nfs4.EXCHGID4_FLAG_CONFIRMED_R
+
+    def eir(clientid: int, flags: int) -> nfs4.EXCHANGE_ID4resok:
+        return nfs4.EXCHANGE_ID4resok(
+            clientid,
+            1,
+            flags,
+            nfs4.state_protect4_r(nfs4.SP4_NONE),
+            nfs4.server_owner4(0, b"s"),
+            b"scope",
+            [],
+        )
+
+    assert is_new_client(eir(7, confirmed), None)
+    assert not is_new_client(eir(7, confirmed), 7)
+    assert is_new_client(eir(7, 0), 7)  # unconfirmed: our state there is gone
