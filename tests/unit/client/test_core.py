@@ -36,8 +36,8 @@ def core(slots: int = 4, **kw: float) -> SessionCore:
 
 
 def reply(
-    seq_status: int = nfs4.NFS4_OK,
-    status: int = nfs4.NFS4_OK,
+    seq_status: nfs4.nfsstat4 = nfs4.NFS4_OK,
+    status: nfs4.nfsstat4 = nfs4.NFS4_OK,
     *,
     highest: int = 3,
     target: int = 3,
