@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
 from collections.abc import Awaitable
 from dataclasses import replace
@@ -65,11 +64,6 @@ class NFSServer:
             cfg = replace(cfg, lease_time=lease_time)
         if slots is not None:
             cfg = replace(cfg, slots=slots)
-        host = socket.gethostname().encode()
-        if not cfg.server_owner:
-            cfg = replace(cfg, server_owner=b"nfsrdma:" + host)
-        if not cfg.server_scope:
-            cfg = replace(cfg, server_scope=host)
         self.config = cfg
         self.export = Export(
             root=export,

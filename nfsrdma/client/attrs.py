@@ -7,14 +7,14 @@ Each attribute's value is encoded and decoded by the generated ``enc_fattr4_<nam
 
 from __future__ import annotations
 
-import grp
-import pwd
 import stat as stat_mod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from nfsrdma.nfs4.attr_decode import NAMES, decode_values
+from nfsrdma.nfs4.attrs import parse_owner
+from nfsrdma.nfs4.context import Nfs4Error
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Writer, XdrError
 
@@ -81,14 +81,11 @@ NOBODY = 65534
 
 
 def owner_to_id(owner: bytes, group: bool = False) -> int:
-    """An owner string as a number: "1000", or "name@domain" looked up locally."""
-    text = owner.decode("utf-8", "replace")
-    if text.isdigit():
-        return int(text)
-    name = text.split("@", 1)[0]
+    """An owner string as a number: "1000", or "name@domain" looked up locally (the server's
+    parser, ``nfs4.attrs.parse_owner``); nobody when it names no local user or group."""
     try:
-        return grp.getgrnam(name).gr_gid if group else pwd.getpwnam(name).pw_uid
-    except KeyError:
+        return parse_owner(owner, group=group)
+    except Nfs4Error:
         return NOBODY
 
 

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 from nfsrdma.rpc.connection import RpcConnection
 from nfsrdma.rpc.errors import RpcError
+from nfsrdma.session.backchannel import BackchannelSlots
 from nfsrdma.session.server import ServerSessions
+from nfsrdma.session.slot_wait import slot_signal
 from nfsrdma.xdr.gen import nfs4, rpc
 from nfsrdma.xdr.runtime import Writer, XdrError, pack
 
@@ -50,14 +52,9 @@ class Callbacks:
         session, conn = path
         if not isinstance(conn, RpcConnection):
             return None
-        seq = session.backchannel.acquire()
-        waited = 0.0
-        while seq is None:
-            if waited >= self.slot_wait:
-                return None
-            await asyncio.sleep(0.01)
-            waited += 0.01
-            seq = session.backchannel.acquire()
+        seq = await self._slot(session.backchannel)
+        if seq is None:
+            return None
         args = nfs4.CB_COMPOUND4args(
             tag=b"",
             minorversion=1,
@@ -102,6 +99,21 @@ class Callbacks:
             nfs4.nfsstat4(res.status).name,
         )
         return res
+
+    async def _slot(self, slots: BackchannelSlots) -> nfs4.CB_SEQUENCE4args | None:
+        """A back-channel slot: at once, or when the table signals a release, for up to
+        ``slot_wait`` seconds; None when none came free."""
+        seq = slots.acquire()
+        if seq is not None:
+            return seq
+        try:
+            async with asyncio.timeout(self.slot_wait):
+                while seq is None:
+                    await slot_signal(slots.table)
+                    seq = slots.acquire()
+        except TimeoutError:
+            return None
+        return seq
 
     def notify_lock(self, clientid: int, fh: bytes, owner: nfs4.lock_owner4) -> None:
         """CB_NOTIFY_LOCK (RFC 8881 section 20.11): the lock the client was refused may now be

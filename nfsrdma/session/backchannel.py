@@ -1,9 +1,10 @@
-"""The server's back-channel slot table (RFC 8881 sections 2.10.6 and 20.9), sans-IO.
+"""The server's back-channel slots (RFC 8881 sections 2.10.6 and 20.9), sans-IO.
 
 The server is the requester on the back channel: each CB_COMPOUND it sends starts with
-CB_SEQUENCE on a slot of this table. ``acquire`` hands out the lowest free slot (within the
-client's target) with the CB_SEQUENCE4args to send, or None when every slot is busy (the caller
-waits and tries again: no I/O here). ``release`` records the outcome:
+CB_SEQUENCE on a slot of a ``RequesterSlots`` table (the one the client uses for its fore
+channel). ``acquire`` hands out the lowest free slot (within the client's target) with the
+CB_SEQUENCE4args to send, or None when every slot is busy (the caller waits for the table's
+signal, ``slot_wait.slot_signal``). ``release`` records the outcome:
 
 - CB_SEQUENCE succeeded (or failed after the client accepted the sequence id, e.g.
   NFS4ERR_RETRY_UNCACHED_REP or NFS4ERR_SEQ_FALSE_RETRY): the slot's sequence id advances;
@@ -19,11 +20,9 @@ Every slot starts at sequence id 1 (section 18.36.3: the first CB_SEQUENCE on a 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
+from nfsrdma.session.requester_slots import RequesterSlots
 from nfsrdma.xdr.gen import nfs4
-
-SEQID_MASK = 0xFFFFFFFF
 
 # Statuses with which the client did not process the CB_SEQUENCE: the seqid is not consumed.
 _NOT_CONSUMED = frozenset(
@@ -42,34 +41,26 @@ _NOT_CONSUMED = frozenset(
 )
 
 
-@dataclass(slots=True)
-class CbSlot:
-    slotid: int
-    seqid: int = 1  # what the next CB_SEQUENCE on this slot carries
-    busy: bool = False
-
-
-@dataclass(slots=True)
 class BackchannelSlots:
-    sessionid: bytes
-    count: int  # slots we use: min(client's back ca_maxrequests, our back_slots)
-    slots: list[CbSlot] = field(default_factory=list)
-    target_highest_slotid: int = -1  # the client's csr_target_highest_slotid (-1: count - 1)
+    """The back-channel slots of one session, as CB_SEQUENCE arguments and results."""
 
-    def __post_init__(self) -> None:
-        self.count = max(0, self.count)
-        self.slots = [CbSlot(i) for i in range(self.count)]
-        if self.target_highest_slotid < 0:
-            self.target_highest_slotid = self.count - 1
+    def __init__(self, sessionid: bytes, count: int) -> None:
+        self.sessionid = sessionid
+        # slots we use: min(client's back ca_maxrequests, our back_slots)
+        self.table = RequesterSlots(max(0, count))
+
+    @property
+    def count(self) -> int:
+        return self.table.size
 
     @property
     def outstanding(self) -> int:
         """CB_COMPOUNDs sent and not yet released."""
-        return sum(1 for s in self.slots if s.busy)
+        return self.table.in_flight
 
     @property
-    def highest_busy(self) -> int:
-        return max((s.slotid for s in self.slots if s.busy), default=0)
+    def target_highest_slotid(self) -> int:
+        return self.table.limit - 1
 
     def acquire(
         self,
@@ -77,19 +68,17 @@ class BackchannelSlots:
         referring: Sequence[nfs4.referring_call_list4] = (),
     ) -> nfs4.CB_SEQUENCE4args | None:
         """Take a free slot: the CB_SEQUENCE4args to send, or None when none is free."""
-        limit = min(self.count, self.target_highest_slotid + 1)
-        for slot in self.slots[:limit]:
-            if not slot.busy:
-                slot.busy = True
-                return nfs4.CB_SEQUENCE4args(
-                    csa_sessionid=self.sessionid,
-                    csa_sequenceid=slot.seqid,
-                    csa_slotid=slot.slotid,
-                    csa_highest_slotid=self.highest_busy,
-                    csa_cachethis=False,
-                    csa_referring_call_lists=list(referring),
-                )
-        return None
+        slot = self.table.acquire()
+        if slot is None:
+            return None
+        return nfs4.CB_SEQUENCE4args(
+            csa_sessionid=self.sessionid,
+            csa_sequenceid=slot.seqid,
+            csa_slotid=slot.slotid,
+            csa_highest_slotid=self.table.highest_slotid(),
+            csa_cachethis=False,
+            csa_referring_call_lists=list(referring),
+        )
 
     def release(
         self,
@@ -100,20 +89,20 @@ class BackchannelSlots:
         """The call on ``slotid`` is over: ``status`` is the CB_SEQUENCE result's status (or
         the first failing operation's, when CB_SEQUENCE itself succeeded use NFS4_OK), None when
         no reply came. ``resok`` (when CB_SEQUENCE succeeded) updates the client's target."""
-        if not 0 <= slotid < self.count:
+        if not 0 <= slotid < self.table.size:
             return
-        slot = self.slots[slotid]
-        if not slot.busy:
+        slot = self.table.slots[slotid]
+        if not slot.in_use:
             return
-        slot.busy = False
-        if status is None or status in _NOT_CONSUMED:
-            return
-        if status == nfs4.NFS4ERR_SEQ_MISORDERED:
-            if slot.seqid != 1:
-                slot.seqid = 1
-            return
-        slot.seqid = (slot.seqid + 1) & SEQID_MASK
-        if resok is not None:
-            self.target_highest_slotid = max(
-                0, min(resok.csr_target_highest_slotid, resok.csr_highest_slotid, self.count - 1)
-            )
+        try:
+            if status is None or status in _NOT_CONSUMED:
+                return
+            if status == nfs4.NFS4ERR_SEQ_MISORDERED:
+                if slot.seqid != 1:
+                    self.table.misordered(slot)
+                return
+            self.table.completed(slot)
+            if resok is not None:
+                self.table.recall(min(resok.csr_target_highest_slotid, resok.csr_highest_slotid))
+        finally:
+            self.table.release(slot)

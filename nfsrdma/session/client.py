@@ -1,9 +1,12 @@
 """The NFSv4.1 client session: the asyncio driver around the sans-IO pieces.
 
+- ``client_core``: the decisions: one call's way (slot, probe, send, resend, back-off, repair
+  request), what a failed repair step calls for, what the lease keeper does.
 - ``client_setup``: EXCHANGE_ID / CREATE_SESSION / BIND_CONN_TO_SESSION arguments and results.
-- ``client_slots``: the slot table (seqids, target_highest_slotid, probes).
+- ``requester_slots``: the slot table (seqids, target_highest_slotid, probes, waiting).
 - ``client_recovery``: what each outcome calls for (retry, back-off, new session, reclaim).
-- ``client_backchannel``: CB_COMPOUND processing on the client's own connection.
+- ``client_backchannel``: CB_COMPOUND processing on the client's own connection, and
+  ``client_callbacks`` acting on it (lock notices, slot recalls, DELEGRETURN).
 
 ``ClientSession.compound(ops)`` puts SEQUENCE in front of ``ops`` on a free slot and returns the
 COMPOUND4res without it. Underneath it keeps many calls in flight (one per slot), resends a call
@@ -11,6 +14,7 @@ whose connection died on the same slot with the same seqid over a new connection
 BIND_CONN_TO_SESSION (the server answers from its reply cache: exactly once, SS-13), rebuilds
 the session (and the client id, with reclaim) when the server lost it, renews the lease when idle,
 and notices a server that stopped answering (a NULL probe that times out; UL-26) and reconnects.
+This module only does what the core decides: it sends, waits and runs the tasks.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import enum
 import errno
 import logging
 import os
@@ -30,16 +33,31 @@ from typing import Any
 from nfsrdma.rpc.auth import auth_sys
 from nfsrdma.rpc.connection import RpcConnection
 from nfsrdma.rpc.errors import RpcConnectionLost, RpcError
-from nfsrdma.rpc.server import Dispatcher, RpcCall, null_procedure
-from nfsrdma.session.client_backchannel import Backchannel, CallbackEvents, Recall
-from nfsrdma.session.client_recovery import (
-    Action,
-    Backoff,
-    FlagAction,
-    after_compound,
-    after_sequence_error,
-    after_status_flags,
+from nfsrdma.rpc.server import Dispatcher, null_procedure
+from nfsrdma.session.client_backchannel import Backchannel, Recall
+from nfsrdma.session.client_callbacks import ClientCallbacks
+from nfsrdma.session.client_core import (
+    AfterBind,
+    AfterCreateSession,
+    BackOff,
+    CallMachine,
+    Effect,
+    Fail,
+    Finish,
+    KeepAction,
+    NfsStatusError,
+    Repair,
+    RequestRepair,
+    Send,
+    SessionCore,
+    Step,
+    WaitForSlot,
+    after_bind_error,
+    after_create_session_error,
+    is_new_client,
+    status_name,
 )
+from nfsrdma.session.client_recovery import Backoff
 from nfsrdma.session.client_setup import (
     Negotiated,
     SessionOptions,
@@ -48,17 +66,18 @@ from nfsrdma.session.client_setup import (
     exchange_id_args,
     negotiated,
 )
-from nfsrdma.session.client_slots import Slot, SlotTable
+from nfsrdma.session.requester_slots import RequesterSlot, RequesterSlots
+from nfsrdma.session.slot_wait import slot_signal
 from nfsrdma.transport.base import Connection, ReplyExpectation, TransportCallError
-from nfsrdma.transport.tcp import TcpConnection
 from nfsrdma.xdr.gen import nfs4
-from nfsrdma.xdr.runtime import U32, Writer, XdrError
+from nfsrdma.xdr.runtime import Writer, XdrError
+
+__all__ = ["ClientSession", "NfsStatusError", "SessionError", "SessionStats"]
 
 log = logging.getLogger(__name__)
 
 ConnectFn = Callable[[], Awaitable[Connection]]
 DEFAULT_REPLY_SIZE = 8192
-MAX_MALFORMED = 3
 
 
 def result_status(result: Any) -> int:
@@ -66,30 +85,8 @@ def result_status(result: Any) -> int:
     return int(getattr(result, dataclasses.fields(result)[0].name))
 
 
-def status_name(status: int) -> str:
-    try:
-        return nfs4.nfsstat4(status).name
-    except ValueError:
-        return str(status)
-
-
 class SessionError(OSError):
     """The session cannot carry calls (closed, or it could not be re-established)."""
-
-
-class NfsStatusError(OSError):
-    """A session-level operation failed with an NFS status (EXCHANGE_ID, CREATE_SESSION...)."""
-
-    def __init__(self, status: int, what: str) -> None:
-        super().__init__(errno.EIO, f"{what}: {status_name(status)}")
-        self.status = status
-
-
-class _Repair(enum.IntEnum):
-    NONE = 0
-    RECONNECT = 1  # a new connection, bound to the same session
-    SESSION = 2  # a new session for the same client id
-    CLIENT = 3  # a new client id (EXCHANGE_ID), a new session, reclaim
 
 
 class _RepairNeeded(Exception):
@@ -140,42 +137,48 @@ class ClientSession:
         self.clientid: int | None = None
         self.create_sequence = 0
         self.session: Negotiated | None = None
-        self.lease_time = 90.0
-        self.slots = SlotTable(self.opts.slots)
+        self.core = SessionCore(
+            RequesterSlots(self.opts.slots),
+            delay_deadline=self.opts.delay_deadline,
+            reconnect_deadline=self.opts.reconnect_deadline,
+        )
         self.backchannel = Backchannel(b"", self.opts.back_slots)
+        self.callbacks = ClientCallbacks(
+            self.backchannel, self.stats, self.compound, self.spawn, lambda: self.slots
+        )
         self.dispatcher = Dispatcher()
-        self.dispatcher.add(self.opts.cb_program, 1, {0: null_procedure, 1: self._cb_compound})
-        # Delegations the client holds: stateid.other -> (stateid, filehandle).
-        self.delegations: dict[bytes, tuple[nfs4.stateid4, bytes]] = {}
+        self.dispatcher.add(
+            self.opts.cb_program, 1, {0: null_procedure, 1: self.callbacks.cb_compound}
+        )
         # After a new client id: ``reclaim_hook`` runs before RECLAIM_COMPLETE (its calls pass
         # ``reclaim=True``: CLAIM_PREVIOUS opens, reclaim locks); ``reopen_hook`` runs after it,
         # as an ordinary task (opens that could not be reclaimed).
         self.reclaim_hook: ReclaimHook | None = None
         self.reopen_hook: ReclaimHook | None = None
-        self.recall_hook: Callable[[Recall], None] | None = None
 
         self._ready = asyncio.Event()
-        self._slot_waiters: list[asyncio.Future[None]] = []
         self._failure: BaseException | None = None
         self._closing = False
-        self._need = _Repair.NONE
         self._repair_task: asyncio.Task[None] | None = None
         self._keeper_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._conn_gen = 0
-        self._session_gen = 0
-        self._on_wire: dict[int, float] = {}  # calls sent and not yet answered: when sent
         self._next_token = 0
-        self._last_ping = 0.0
-        self._last_renewal = 0.0
-        self._lock_notices: dict[tuple[bytes, bytes], asyncio.Event] = {}
+
+    @property
+    def slots(self) -> RequesterSlots:
+        """The fore channel's slot table."""
+        return self.core.slots
+
+    @property
+    def lease_time(self) -> float:
+        return self.core.lease_time
 
     # ------------------------------------------------------------------------------------------
     # Life cycle
 
     async def start(self) -> None:
         """Connect, EXCHANGE_ID, CREATE_SESSION, RECLAIM_COMPLETE; then keep the lease."""
-        self._need = _Repair.CLIENT
+        self.core.need = Repair.CLIENT
         await self._repair_once(first=True)
         self._ready.set()
         self._keeper_task = asyncio.create_task(self._keeper(), name="nfs4 session keeper")
@@ -186,6 +189,7 @@ class ClientSession:
         if self._closing:
             return
         self._closing = True
+        self.core.closing = True
         for task in [self._keeper_task, self._repair_task, *self._tasks]:
             if task is not None and not task.done():
                 task.cancel()
@@ -246,113 +250,79 @@ class ClientSession:
         the session is gone for good, TimeoutError when NFS4ERR_DELAY outlasts the deadline."""
         self.stats.calls += 1
         expect = ReplyExpectation(list(sinks or ()), reply_size or DEFAULT_REPLY_SIZE)
-        backoff: Backoff | None = None
-        malformed = 0
-        slot: Slot | None = None
-        in_doubt = False  # the request went out on ``slot`` and its outcome is unknown
-        token = self._next_token = self._next_token + 1
+        call = CallMachine(self.core, cachethis=cachethis, idempotent=idempotent, reclaim=reclaim)
+        self._next_token += 1
+        token = self._next_token
         try:
             while True:
                 await self._wait_ready(reclaim)
-                if slot is not None and not self.slots.owns(slot):
-                    slot, in_doubt = None, False  # a new session: the old slot is gone
-                if slot is None:
-                    slot = await self._acquire_slot(reclaim)
-                if slot.needs_probe:
-                    try:
-                        await self._probe_slot(slot, reclaim)
-                    except _SlotGone:
-                        self._release(slot)  # broken now: another slot, or a new session
-                        slot = None
-                    continue  # look again: the session may have changed meanwhile
-                rpc = self.rpc
-                assert rpc is not None
-                conn_gen = self._conn_gen
-                try:
-                    if in_doubt:
-                        self.stats.resends += 1
-                    in_doubt = True
-                    self._on_wire[token] = self.clock()
-                    try:
-                        res = await self._send(rpc, slot, ops, cachethis, expect, tag)
-                    finally:
-                        self._on_wire.pop(token, None)
-                except TransportCallError as e:
-                    # RDMA_ERROR: the transaction ends here and is not resent (UL-20); whether
-                    # the server ran it is unknown, so the slot is probed before reuse (UL-25).
-                    raise OSError(errno.EIO, f"the transport refused the call: {e}") from e
-                except (RpcConnectionLost, ConnectionError) as e:
-                    # The outcome is unknown: the same slot and seqid go out again on the next
-                    # connection, and the server's reply cache answers if it ran (SS-13).
-                    log.info("connection lost during a call (%s); resending after reconnect", e)
-                    self._request_repair(_Repair.RECONNECT, conn_gen)
-                    if reclaim:
-                        raise _RepairNeeded() from e
-                    continue
-                except XdrError as e:
-                    self.stats.malformed += 1
-                    malformed += 1
-                    log.warning("malformed reply (%s); reconnecting to get it again", e)
-                    if malformed > MAX_MALFORMED:
-                        raise OSError(errno.EIO, f"malformed replies from the server: {e}") from e
-                    if rpc is self.rpc:
-                        self._abort(rpc)
-                    self._request_repair(_Repair.RECONNECT, conn_gen)
-                    if reclaim:
-                        raise _RepairNeeded() from e
-                    continue
-                except RpcError as e:
-                    # Accepted-but-not-run or denied: the slot's seqid was not used.
-                    in_doubt = False
-                    raise OSError(errno.EIO, f"RPC call failed: {e}") from e
-                in_doubt = False
-                seq = res.resarray[0].value if res.resarray else None
-                if not isinstance(seq, nfs4.SEQUENCE4res) or res.resarray[0].resop != (
-                    nfs4.OP_SEQUENCE
-                ):
-                    raise OSError(errno.EIO, "reply without a SEQUENCE result")
-                if seq.sr_status != nfs4.NFS4_OK:
-                    action = after_sequence_error(seq.sr_status)
-                    slot, again = await self._sequence_failed(action, seq.sr_status, slot, reclaim)
-                    if again is not None:
-                        backoff = backoff or Backoff(deadline=self.opts.delay_deadline)
-                        await self._back_off(backoff, seq.sr_status)
-                        if again:
-                            in_doubt = True  # same seqid: the original may still be running
-                    continue
-                assert isinstance(seq.value, nfs4.SEQUENCE4resok)
-                self._sequence_done(slot, seq.value)
-                del res.resarray[0]
-                action = after_compound(res.status, idempotent=idempotent, reclaim=reclaim)
-                if action is Action.DONE:
-                    return res
-                if action is Action.RETRY_UNCACHED and cachethis:
-                    # The server would not keep this reply: ask again without the cache (the
-                    # operation that did not fit was not run, RFC 8881 section 15.1.10.3).
-                    cachethis = False
-                    continue
-                if action is Action.RETRY:
-                    self._release(slot)
-                    slot = None
-                    backoff = backoff or Backoff(deadline=self.opts.delay_deadline)
-                    await self._back_off(backoff, res.status)
-                    continue
-                if action in (Action.NEW_SESSION, Action.NEW_CLIENT):
-                    level = _Repair.CLIENT if action is Action.NEW_CLIENT else _Repair.SESSION
-                    self._request_repair(level, self._session_gen)
-                    if reclaim:
-                        raise _RepairNeeded()
-                    continue
-                return res
-        except BaseException:
-            if slot is not None and in_doubt and self.slots.owns(slot):
-                self.slots.abandon(slot)  # cancelled or failed mid-call (UL-25)
-                self._wake_slot_waiter()
-                slot = None
-            raise
+                step: Step = call.next_step()
+                conn_gen = self.core.conn_gen
+                if isinstance(step, Send):
+                    step = await self._transmit(call, step, ops, expect, tag, token)
+                if isinstance(step, Finish):
+                    return step.res
+                if isinstance(step, Fail):
+                    raise step.error
+                if isinstance(step, WaitForSlot):
+                    await slot_signal(self.slots)
+                elif isinstance(step, BackOff):
+                    self.stats.delays += 1
+                    await asyncio.sleep(step.delay)
+                elif isinstance(step, RequestRepair):
+                    self._do_repair_request(step, conn_gen)
         finally:
-            if slot is not None:
-                self._release(slot)
+            call.close()
+
+    async def _transmit(
+        self,
+        call: CallMachine,
+        send: Send,
+        ops: list[nfs4.nfs_argop4],
+        expect: ReplyExpectation,
+        tag: bytes,
+        token: int,
+    ) -> Step:
+        """Do a Send; the core's answer to its outcome."""
+        rpc = self.rpc
+        assert rpc is not None
+        reply: ReplyExpectation | None = expect
+        if send.probe:
+            if not send.resend:
+                self.stats.slot_probes += 1
+            ops, tag, reply = [], b"", None
+        else:
+            if send.resend:
+                self.stats.resends += 1
+            self.core.on_wire[token] = self.clock()
+        try:
+            res = await self._send(rpc, send.slot, ops, send.cachethis, reply, tag)
+        except TransportCallError as e:
+            return call.on_transport_refused(str(e))
+        except (RpcConnectionLost, ConnectionError) as e:
+            if not send.probe:
+                log.info("connection lost during a call (%s); resending after reconnect", e)
+            return call.on_connection_lost()
+        except XdrError as e:
+            if not send.probe:
+                self.stats.malformed += 1
+                log.warning("malformed reply (%s); reconnecting to get it again", e)
+            return call.on_malformed(str(e))
+        except RpcError as e:
+            return call.on_rpc_error(str(e))
+        finally:
+            self.core.on_wire.pop(token, None)
+        step = call.on_reply(res, self.clock())
+        self._apply_effects()
+        return step
+
+    def _do_repair_request(self, step: RequestRepair, conn_gen: int) -> None:
+        if step.abort and self.rpc is not None and self.core.conn_gen == conn_gen:
+            self._abort(self.rpc)
+        seen = conn_gen if step.level is Repair.RECONNECT else self.core.session_gen
+        self._request_repair(step.level, seen)
+        if step.give_up:
+            raise _RepairNeeded()
 
     async def null(self, timeout: float | None = None) -> None:
         """NFSv4 NULL (a liveness probe outside the slot table)."""
@@ -370,7 +340,7 @@ class ClientSession:
     async def _send(
         self,
         rpc: RpcConnection,
-        slot: Slot,
+        slot: RequesterSlot,
         ops: list[nfs4.nfs_argop4],
         cachethis: bool,
         expect: ReplyExpectation | None,
@@ -391,9 +361,11 @@ class ClientSession:
         tag: bytes = b"",
     ) -> nfs4.COMPOUND4res:
         def encode(w: Writer) -> None:
+            # COMPOUND4args piece by piece: each operation's DDP-eligible items are tagged
+            # with its position (RFC 8267: which READ-class result goes to which sink).
             nfs4.enc_utf8str_cs(w, tag)
-            w += U32.pack(1)  # minorversion
-            w += U32.pack(len(ops))
+            nfs4.enc_uint32_t(w, 1)  # minorversion
+            nfs4.enc_uint32_t(w, len(ops))
             for i, op in enumerate(ops):
                 w.ddp_tag = i
                 nfs4.enc_nfs_argop4(w, op)
@@ -421,153 +393,15 @@ class ClientSession:
             raise NfsStatusError(status, nfs4.nfs_opnum4(op).name)
         return getattr(value, "value", value)
 
-    # ------------------------------------------------------------------------------------------
-    # Slots
-
-    async def _acquire_slot(self, reclaim: bool) -> Slot:
-        while True:
-            slot = self.slots.acquire()
-            if slot is not None:
-                return slot
-            if self.slots.usable == 0:
-                self._request_repair(_Repair.SESSION, self._session_gen)
-                if reclaim:
-                    raise _RepairNeeded()
-                await self._wait_ready(reclaim)
-                continue
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._slot_waiters.append(fut)
-            try:
-                await fut
-            except BaseException:
-                if fut in self._slot_waiters:
-                    self._slot_waiters.remove(fut)
-                elif fut.done() and not fut.cancelled():
-                    self._wake_slot_waiter()  # pass the wake-up on
-                raise
-
-    def _release(self, slot: Slot) -> None:
-        if self.slots.owns(slot):
-            self.slots.release(slot)
-        self._wake_slot_waiter()
-
-    def _wake_slot_waiter(self) -> None:
-        while self._slot_waiters:
-            fut = self._slot_waiters.pop(0)
-            if not fut.done():
-                fut.set_result(None)
-                return
-
-    def _wake_all_slot_waiters(self) -> None:
-        waiters, self._slot_waiters = self._slot_waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
-
-    async def _probe_slot(self, slot: Slot, reclaim: bool) -> None:
-        """Bring an abandoned slot in step: SEQUENCE alone with the slot's current seqid. A
-        reply (cached or fresh) means the server has now used that seqid (UL-25)."""
-        self.stats.slot_probes += 1
-        self.slots.stats.probes += 1
-        while slot.needs_probe and self.slots.owns(slot):
-            await self._wait_ready(reclaim)
-            rpc = self.rpc
-            assert rpc is not None
-            conn_gen = self._conn_gen
-            try:
-                res = await self._send(rpc, slot, [], False, None, b"")  # SEQUENCE alone
-            except (RpcConnectionLost, ConnectionError, XdrError):
-                self._request_repair(_Repair.RECONNECT, conn_gen)
-                if reclaim:
-                    raise _RepairNeeded() from None
-                continue
-            except RpcError as e:
-                raise OSError(errno.EIO, f"slot probe failed: {e}") from e
-            seq = res.resarray[0].value if res.resarray else None
-            if isinstance(seq, nfs4.SEQUENCE4res) and seq.sr_status == nfs4.NFS4_OK:
-                assert isinstance(seq.value, nfs4.SEQUENCE4resok)
-                self._sequence_done(slot, seq.value)
-                return
-            status = seq.sr_status if isinstance(seq, nfs4.SEQUENCE4res) else res.status
-            if status == nfs4.NFS4ERR_DELAY:
-                await asyncio.sleep(0.05)
-                continue
-            if status == nfs4.NFS4ERR_SEQ_MISORDERED:
-                # Nothing of ours is outstanding on the slot: start it again from 1, or give up.
-                if not self.slots.misordered(slot):
-                    raise _SlotGone()
-                slot.needs_probe = True
-                continue
-            if after_sequence_error(status) in (Action.NEW_SESSION, Action.NEW_CLIENT):
-                level = (
-                    _Repair.CLIENT
-                    if after_sequence_error(status) is Action.NEW_CLIENT
-                    else _Repair.SESSION
-                )
-                self._request_repair(level, self._session_gen)
-                if reclaim:
-                    raise _RepairNeeded()
-                return  # the slot is detached by the new session
-            raise NfsStatusError(status, "SEQUENCE probe")
-
-    def _sequence_done(self, slot: Slot, ok: nfs4.SEQUENCE4resok) -> None:
-        if self.slots.owns(slot):
-            self.slots.completed(slot)
-            before = self.slots.limit
-            self.slots.server_limits(ok.sr_highest_slotid, ok.sr_target_highest_slotid)
-            if self.slots.limit > before:
-                self._wake_all_slot_waiters()
-        self._last_renewal = self.clock()
-        if ok.sr_status_flags:
-            self._status_flags(ok.sr_status_flags)
-
-    async def _sequence_failed(
-        self, action: Action, status: int, slot: Slot, reclaim: bool
-    ) -> tuple[Slot | None, bool | None]:
-        """Handle a failed SEQUENCE. Returns (slot to keep, retry mode): retry mode True means
-        back off and resend with the same seqid, False back off and resend, None no back-off."""
-        if action is Action.RETRY_SAME_SEQID:
-            return slot, True
-        if action is Action.RESET_SLOT:
-            if self.slots.misordered(slot):
-                return slot, None
-            self._release(slot)
-            return None, None
-        if action is Action.PICK_OTHER_SLOT:
-            if slot.slotid == 0:
-                raise NfsStatusError(status, "SEQUENCE")
-            self.slots.recall(slot.slotid - 1)
-            self._release(slot)
-            return None, None
-        if action in (Action.NEW_SESSION, Action.NEW_CLIENT):
-            level = _Repair.CLIENT if action is Action.NEW_CLIENT else _Repair.SESSION
-            self._release(slot)
-            self._request_repair(level, self._session_gen)
-            if reclaim:
-                raise _RepairNeeded()
-            return None, None
-        raise NfsStatusError(status, "SEQUENCE")
-
-    async def _back_off(self, backoff: Backoff, status: int) -> None:
-        delay = backoff.next_delay(self.clock())
-        if delay is None:
-            raise TimeoutError(
-                errno.ETIMEDOUT,
-                f"the server kept answering {status_name(status)} for {backoff.deadline} s",
-            )
-        self.stats.delays += 1
-        await asyncio.sleep(delay)
-
-    def _status_flags(self, flags: int) -> None:
-        actions = after_status_flags(
-            flags, want_backchannel=bool(self.session and self.session.backchannel)
-        )
-        if FlagAction.REBIND_BACKCHANNEL in actions and self.rpc is not None:
-            self.spawn(self._rebind_backchannel(self.rpc))
-        if FlagAction.RECLAIM in actions:
-            self._request_repair(_Repair.CLIENT, self._session_gen)
-        if FlagAction.STATE_LOST in actions:
-            log.warning("the server revoked some of our state (flags %#x)", flags)
+    def _apply_effects(self) -> None:
+        """Do what the last SEQUENCE results' status flags asked for."""
+        for effect, flags in self.core.take_effects():
+            if effect is Effect.REBIND_BACKCHANNEL and self.rpc is not None:
+                self.spawn(self._rebind_backchannel(self.rpc))
+            elif effect is Effect.RECLAIM:
+                self._request_repair(Repair.CLIENT, self.core.session_gen)
+            elif effect is Effect.STATE_LOST:
+                log.warning("the server revoked some of our state (flags %#x)", flags)
 
     async def _rebind_backchannel(self, rpc: RpcConnection) -> None:
         if self.session is None or rpc.conn.closed:
@@ -594,16 +428,10 @@ class ClientSession:
             if self._failure is not None:
                 raise self._failure
 
-    def _request_repair(self, level: _Repair, seen_gen: int) -> None:
-        """Ask for a repair of at least ``level``; ``seen_gen`` is the connection (RECONNECT)
-        or session (SESSION, CLIENT) generation the caller saw fail: when it has changed since,
-        the repair has already happened."""
-        if self._closing or self._failure is not None:
+    def _request_repair(self, level: Repair, seen_gen: int) -> None:
+        """Ask for a repair of at least ``level`` (see ``SessionCore.want_repair``)."""
+        if self._failure is not None or not self.core.want_repair(level, seen_gen):
             return
-        current = self._conn_gen if level is _Repair.RECONNECT else self._session_gen
-        if seen_gen != current:
-            return
-        self._need = max(self._need, level)
         self._ready.clear()
         if self._repair_task is None or self._repair_task.done():
             self._repair_task = asyncio.create_task(self._repair(), name="nfs4 session repair")
@@ -619,52 +447,33 @@ class ClientSession:
             err.__cause__ = e
             self._fail(err)
             return
-        self._wake_all_slot_waiters()
+        self.slots.wake_all()
         self._ready.set()
 
     async def _repair_once(self, first: bool) -> None:
-        backoff = Backoff(initial=0.05, cap=2.0, deadline=self.opts.reconnect_deadline)
-        while self._need is not _Repair.NONE:
-            need = self._need
-            self._need = _Repair.NONE
+        backoff = self.core.repair_backoff()
+        while self.core.need is not Repair.NONE:
+            need = self.core.take_need()
             try:
                 await self._repair_step(need, first)
-            except (OSError, RpcError, XdrError, _RepairNeeded, _SlotGone) as e:
-                self._need = max(self._need, need)
+            except (OSError, RpcError, XdrError, _RepairNeeded) as e:
                 status = e.status if isinstance(e, NfsStatusError) else None
-                if status in (nfs4.NFS4ERR_BADSESSION, nfs4.NFS4ERR_DEADSESSION):
-                    self._need = max(self._need, _Repair.SESSION)
-                    continue
-                if status in (
-                    nfs4.NFS4ERR_STALE_CLIENTID,
-                    nfs4.NFS4ERR_EXPIRED,
-                    nfs4.NFS4ERR_SEQ_MISORDERED,
-                ):
-                    self._need = _Repair.CLIENT
-                    continue
-                if isinstance(e, _SlotGone):
-                    self._need = max(self._need, _Repair.SESSION)
-                if status is not None and status not in (
-                    nfs4.NFS4ERR_DELAY,
-                    nfs4.NFS4ERR_GRACE,
-                    nfs4.NFS4ERR_RESOURCE,
-                ):
-                    raise
-                if first and self.rpc is None:
-                    raise  # the very first connection failed: tell the caller now
-                delay = backoff.next_delay(self.clock())
+                delay = self.core.after_repair_failure(
+                    need, status, backoff, self.clock(), never_connected=first and self.rpc is None
+                )
                 if delay is None:
                     raise
-                log.info("session repair failed (%s); again in %.2f s", e, delay)
-                await asyncio.sleep(delay)
+                if delay:
+                    log.info("session repair failed (%s); again in %.2f s", e, delay)
+                    await asyncio.sleep(delay)
 
-    async def _repair_step(self, need: _Repair, first: bool) -> None:
+    async def _repair_step(self, need: Repair, first: bool) -> None:
         rpc = self.rpc
         fresh_conn = False
         if rpc is None or rpc.conn.closed or rpc.context.get("aborted"):
             rpc = await self._new_connection()
             fresh_conn = True
-        if need is _Repair.RECONNECT:
+        if need is Repair.RECONNECT:
             if not fresh_conn:
                 return  # the connection is fine after all
             assert self.session is not None
@@ -672,18 +481,19 @@ class ClientSession:
                 await self._bind(rpc)
                 return
             except NfsStatusError as e:
-                if e.status == nfs4.NFS4ERR_NOTSUPP or e.status == nfs4.NFS4ERR_OP_ILLEGAL:
-                    return  # SP4_NONE: the first SEQUENCE binds the connection (SS-12)
-                if e.status not in (nfs4.NFS4ERR_BADSESSION, nfs4.NFS4ERR_DEADSESSION):
+                after = after_bind_error(e.status)
+                if after is AfterBind.BOUND:
+                    return
+                if after is AfterBind.FAIL:
                     raise
-                need = _Repair.SESSION
+                need = Repair.SESSION
         new_client = False
-        if need is _Repair.CLIENT or self.clientid is None:
+        if need is Repair.CLIENT or self.clientid is None:
             new_client = await self._exchange_id(rpc)
         try:
             await self._create_session(rpc)
         except NfsStatusError as e:
-            if e.status not in (nfs4.NFS4ERR_STALE_CLIENTID, nfs4.NFS4ERR_EXPIRED):
+            if after_create_session_error(e.status) is not AfterCreateSession.NEW_CLIENT:
                 raise
             new_client = await self._exchange_id(rpc)
             await self._create_session(rpc)
@@ -696,18 +506,17 @@ class ClientSession:
         rpc = RpcConnection(conn, self.dispatcher)
         old = self.rpc
         self.rpc = rpc
-        self._conn_gen += 1
-        gen = self._conn_gen
+        gen = self.core.connected()
         conn.on_closed(lambda c, exc: self._connection_closed(gen, exc))
         if old is not None and not old.conn.closed:
             old.close()
         return rpc
 
     def _connection_closed(self, gen: int, exc: BaseException | None) -> None:
-        if self._closing or gen != self._conn_gen:
+        if self._closing or gen != self.core.conn_gen:
             return
         log.info("connection %d to the server closed (%s)", gen, exc)
-        self._request_repair(_Repair.RECONNECT, gen)
+        self._request_repair(Repair.RECONNECT, gen)
 
     async def _bind(self, rpc: RpcConnection) -> None:
         assert self.session is not None
@@ -725,11 +534,7 @@ class ClientSession:
             rpc, nfs4.OP_EXCHANGE_ID, exchange_id_args(self.opts.owner, self.verifier)
         )
         assert isinstance(res, nfs4.EXCHANGE_ID4resok)
-        # An unconfirmed record is a new client as far as the server is concerned: whatever it
-        # held for us before (opens, locks) is gone, even if the id happens to be the same.
-        new = res.eir_clientid != self.clientid or not (
-            res.eir_flags & nfs4.EXCHGID4_FLAG_CONFIRMED_R
-        )
+        new = is_new_client(res, self.clientid)
         if new:
             self.create_sequence = res.eir_sequenceid
         self.clientid = res.eir_clientid
@@ -739,22 +544,26 @@ class ClientSession:
     async def _create_session(self, rpc: RpcConnection) -> None:
         assert self.clientid is not None
         args = create_session_args(self.opts, self.clientid, self.create_sequence)
+        backoff: Backoff | None = None
         while True:
             try:
                 res = await self._sessionless(rpc, nfs4.OP_CREATE_SESSION, args)
                 break
             except NfsStatusError as e:
-                if e.status != nfs4.NFS4ERR_DELAY:
+                if after_create_session_error(e.status) is not AfterCreateSession.BACK_OFF:
                     raise
-                await asyncio.sleep(0.1)
+                backoff = backoff or Backoff(deadline=self.opts.delay_deadline)
+                delay = backoff.next_delay(self.clock())
+                if delay is None:
+                    raise
+                await asyncio.sleep(delay)
         assert isinstance(res, nfs4.CREATE_SESSION4resok)
         self.create_sequence = (res.csr_sequence + 1) & 0xFFFFFFFF
         self.session = negotiated(self.opts, res)
-        self._session_gen += 1
-        self.slots.reset(self.session.slots)
+        self.core.want_backchannel = self.session.backchannel
+        self.core.new_session(self.session.slots, self.clock())
         self.backchannel.reset(self.session.sessionid, self.session.back.ca_maxrequests)
         self.stats.sessions += 1
-        self._last_renewal = self.clock()
         log.debug(
             "session %s: %d slots, rsize %d, wsize %d, back channel %s",
             self.session.sessionid.hex(),
@@ -783,24 +592,15 @@ class ClientSession:
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:
             self._failure = exc
+        self.core.failed = True
         self._ready.set()  # wake every waiter: they see the failure
-        waiters, self._slot_waiters = self._slot_waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_exception(exc)
+        self.slots.wake_all()
 
     @staticmethod
     def _abort(rpc: RpcConnection) -> None:
         """Drop the connection now, without waiting to flush (the peer may not be reading)."""
-        conn = rpc.conn
         rpc.context["aborted"] = True
-        abort = getattr(conn, "abort", None)
-        if callable(abort):
-            abort()
-        elif isinstance(conn, TcpConnection) and conn.transport is not None:
-            conn.transport.abort()
-        else:
-            conn.close()
+        rpc.conn.abort()
 
     # ------------------------------------------------------------------------------------------
     # Keeping the lease and noticing a silent server
@@ -824,12 +624,11 @@ class ClientSession:
             assert isinstance(ga, nfs4.GETATTR4res) and ga.value is not None
             vals = ga.value.obj_attributes.attr_vals
             if len(vals) >= 4:
-                self.lease_time = float(max(1, int.from_bytes(vals[:4], "big")))
+                self.core.lease_time = float(max(1, int.from_bytes(vals[:4], "big")))
 
     async def _keeper(self) -> None:
         while True:
-            tick = max(0.05, min(self.lease_time / 4, self.opts.probe_interval / 2))
-            await asyncio.sleep(tick)
+            await asyncio.sleep(self.core.keeper_interval(self.opts.probe_interval))
             if not self._ready.is_set() or self._failure is not None:
                 continue
             try:
@@ -840,98 +639,68 @@ class ClientSession:
                 log.info("session keeper: %s", e)
 
     async def _keep(self) -> None:
-        """One look: a call unanswered for too long (ping; reconnect if the ping is not
-        answered either, or the call is older than ``call_timeout``), or an idle lease."""
+        """One look: do what the core's keeper says."""
         rpc = self.rpc
         if rpc is None:
             return
-        now = self.clock()
-        oldest = min(self._on_wire.values(), default=None)
-        if oldest is not None:
-            age = now - oldest
-            if age > self.opts.call_timeout:
-                log.warning("a call has waited %.1f s for its reply; reconnecting", age)
+        action = self.core.keep(
+            self.clock(),
+            probe_interval=self.opts.probe_interval,
+            call_timeout=self.opts.call_timeout,
+        )
+        if action is KeepAction.RECONNECT:
+            log.warning(
+                "a call has waited over %.1f s for its reply; reconnecting", self.opts.call_timeout
+            )
+            self._reconnect_now(rpc)
+        elif action is KeepAction.PING:
+            try:
+                await self.null(self.opts.probe_timeout)
+            except (TimeoutError, RpcError, OSError) as e:
+                log.warning("the server does not answer (%s); reconnecting", e)
                 self._reconnect_now(rpc)
                 return
-            if age > self.opts.probe_interval and now - self._last_ping > self.opts.probe_interval:
-                try:
-                    await self.null(self.opts.probe_timeout)
-                except (TimeoutError, RpcError, OSError) as e:
-                    log.warning("the server does not answer (%s); reconnecting", e)
-                    self._reconnect_now(rpc)
-                    return
-                self._last_ping = self.clock()
-            return
-        if now - self._last_renewal >= self.lease_time / 2:
+            self.core.last_ping = self.clock()
+        elif action is KeepAction.RENEW:
             self.stats.renewals += 1
-            conn_gen = self._conn_gen
+            conn_gen = self.core.conn_gen
             try:
                 await asyncio.wait_for(self.compound([]), self.opts.probe_timeout)
             except TimeoutError:
                 log.warning("lease renewal not answered; reconnecting")
-                if conn_gen == self._conn_gen:
+                if conn_gen == self.core.conn_gen:
                     self._reconnect_now(rpc)
 
     def _reconnect_now(self, rpc: RpcConnection) -> None:
         if rpc is not self.rpc:
             return
-        gen = self._conn_gen
+        gen = self.core.conn_gen
         self._abort(rpc)
-        self._request_repair(_Repair.RECONNECT, gen)
+        self._request_repair(Repair.RECONNECT, gen)
 
     # ------------------------------------------------------------------------------------------
-    # Back channel
+    # Callbacks (``client_callbacks``)
 
-    def _cb_compound(self, call: RpcCall, w: Writer) -> None:
-        self.stats.callbacks += 1
-        res, events = self.backchannel.handle(call.reader, call.offset)
-        nfs4.enc_CB_COMPOUND4res(w, res)
-        if events:
-            self.spawn(self._callback_events(events))
+    @property
+    def delegations(self) -> dict[bytes, tuple[nfs4.stateid4, bytes]]:
+        """Delegations the client holds: stateid.other -> (stateid, filehandle)."""
+        return self.callbacks.delegations
+
+    @property
+    def recall_hook(self) -> Callable[[Recall], None] | None:
+        return self.callbacks.recall_hook
+
+    @recall_hook.setter
+    def recall_hook(self, hook: Callable[[Recall], None] | None) -> None:
+        self.callbacks.recall_hook = hook
 
     async def wait_lock_notice(self, fh: bytes, owner: bytes, timeout: float) -> bool:
-        """Wait up to ``timeout`` for CB_NOTIFY_LOCK about (fh, lock owner); True if it came.
-        Notifications are advisory: callers poll anyway, this only shortens the wait."""
-        key = (bytes(fh), bytes(owner))
-        event = self._lock_notices.setdefault(key, asyncio.Event())
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
-            return True
-        except TimeoutError:
-            return False
-        finally:
-            if self._lock_notices.get(key) is event:
-                del self._lock_notices[key]
-
-    async def _callback_events(self, events: CallbackEvents) -> None:
-        for fh, owner in events.lock_notices:
-            waiting = self._lock_notices.get((bytes(fh), bytes(owner)))
-            if waiting is not None:
-                self.stats.lock_notices += 1
-                waiting.set()
-        if events.recall_slot is not None:
-            self.slots.recall(events.recall_slot)
-        recalls = list(events.recalls)
-        if events.recall_any:
-            recalls += [Recall(sid, fh, False) for sid, fh in self.delegations.values()]
-        for recall in recalls:
-            self.stats.recalls += 1
-            if self.recall_hook is not None:
-                self.recall_hook(recall)
-            await self.return_delegation(recall.stateid, recall.fh)
+        """Wait up to ``timeout`` for CB_NOTIFY_LOCK about (fh, lock owner); True if it came."""
+        return await self.callbacks.wait_lock_notice(fh, owner, timeout)
 
     async def return_delegation(self, stateid: nfs4.stateid4, fh: bytes) -> None:
         """DELEGRETURN (errors other than a lost session are ignored: the delegation is gone)."""
-        self.delegations.pop(stateid.other, None)
-        try:
-            await self.compound(
-                [
-                    nfs4.nfs_argop4(nfs4.OP_PUTFH, nfs4.PUTFH4args(fh)),
-                    nfs4.nfs_argop4(nfs4.OP_DELEGRETURN, nfs4.DELEGRETURN4args(stateid)),
-                ]
-            )
-        except OSError as e:
-            log.info("DELEGRETURN failed: %s", e)
+        await self.callbacks.return_delegation(stateid, fh)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         if self._closing:
@@ -940,7 +709,3 @@ class ClientSession:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-class _SlotGone(Exception):
-    """A probed slot cannot be brought in step; the session must be renewed."""

@@ -2,7 +2,8 @@
 2.10.6, 20.9, 20.2, 20.8).
 
 The server's callbacks arrive on the client's own connection. CB_SEQUENCE comes first and is
-checked against the back-channel slot table (a replay gets the cached reply, a misordered seqid
+checked against the back-channel slot table (the responder's table, ``slots.ResponderSlots``,
+the same the server uses for its fore channel) (a replay gets the cached reply, a misordered seqid
 NFS4ERR_SEQ_MISORDERED); then CB_RECALL (a delegation to give back: the result is OK at once and
 DELEGRETURN follows from the client, as RFC 8881 section 20.2.3 describes), CB_RECALL_SLOT (a
 lower target for the fore channel's slot table) and CB_RECALL_ANY are turned into
@@ -12,14 +13,16 @@ lower target for the fore channel's slot table) and CB_RECALL_ANY are turned int
 from __future__ import annotations
 
 import dataclasses
-import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+from nfsrdma.session.errors import SessionError
+from nfsrdma.session.slots import Disposition, ResponderSlot, ResponderSlots
 from nfsrdma.xdr.gen import nfs4
-from nfsrdma.xdr.runtime import Reader, XdrError
+from nfsrdma.xdr.runtime import Reader, Writer, XdrError
 
-_HEAD = struct.Struct(">III")  # minorversion, callback_ident, count
+# A reply is cached whenever the server asks (csa_cachethis), whatever its size.
+_CACHE_ANY = 1 << 62
 
 
 @dataclass(slots=True)
@@ -48,14 +51,41 @@ class CallbackEvents:
 
 
 @dataclass(slots=True)
-class _CbSlot:
-    seqid: int = 0  # the last seqid seen; a new request carries seqid + 1
-    reply: nfs4.CB_COMPOUND4res | None = None
+class CachedCallbackReply:
+    """A CB_COMPOUND4res kept in the back channel's reply cache, with its encoded size."""
+
+    res: nfs4.CB_COMPOUND4res
+    size: int
+
+    @classmethod
+    def of(cls, res: nfs4.CB_COMPOUND4res) -> CachedCallbackReply:
+        w = Writer()
+        nfs4.enc_CB_COMPOUND4res(w, res)
+        return cls(res, len(w))
+
+
+_CbSlot = ResponderSlot[CachedCallbackReply]
+
+# The result type of each callback operation (for answering one with an error status).
+_CB_RESULTS: dict[int, type[Any]] = {
+    nfs4.OP_CB_GETATTR: nfs4.CB_GETATTR4res,
+    nfs4.OP_CB_RECALL: nfs4.CB_RECALL4res,
+    nfs4.OP_CB_LAYOUTRECALL: nfs4.CB_LAYOUTRECALL4res,
+    nfs4.OP_CB_NOTIFY: nfs4.CB_NOTIFY4res,
+    nfs4.OP_CB_PUSH_DELEG: nfs4.CB_PUSH_DELEG4res,
+    nfs4.OP_CB_RECALL_ANY: nfs4.CB_RECALL_ANY4res,
+    nfs4.OP_CB_RECALLABLE_OBJ_AVAIL: nfs4.CB_RECALLABLE_OBJ_AVAIL4res,
+    nfs4.OP_CB_RECALL_SLOT: nfs4.CB_RECALL_SLOT4res,
+    nfs4.OP_CB_SEQUENCE: nfs4.CB_SEQUENCE4res,
+    nfs4.OP_CB_WANTS_CANCELLED: nfs4.CB_WANTS_CANCELLED4res,
+    nfs4.OP_CB_NOTIFY_LOCK: nfs4.CB_NOTIFY_LOCK4res,
+    nfs4.OP_CB_NOTIFY_DEVICEID: nfs4.CB_NOTIFY_DEVICEID4res,
+    nfs4.OP_CB_ILLEGAL: nfs4.CB_ILLEGAL4res,
+}
 
 
 def _error_result(op: int, status: int) -> Any:
-    dec = nfs4._nfs_cb_resop4_DEC.get(op, nfs4.dec_CB_ILLEGAL4res)
-    cls = getattr(nfs4, dec.__name__.removeprefix("dec_"))
+    cls = _CB_RESULTS.get(op, nfs4.CB_ILLEGAL4res)
     if len(dataclasses.fields(cls)) == 1:
         return cls(status)
     return cls(status, None)
@@ -66,23 +96,22 @@ class Backchannel:
 
     def __init__(self, sessionid: bytes = b"", slots: int = 1) -> None:
         self.sessionid = sessionid
-        self.slots = [_CbSlot() for _ in range(max(1, slots))]
+        self.slots: ResponderSlots[CachedCallbackReply] = ResponderSlots(max(1, slots), _CACHE_ANY)
         self.calls = 0
 
     def reset(self, sessionid: bytes, slots: int) -> None:
         """A new session: fresh slots."""
         self.sessionid = sessionid
-        self.slots = [_CbSlot() for _ in range(max(1, slots))]
+        self.slots = ResponderSlots(max(1, slots), _CACHE_ANY)
 
     def handle(self, r: Reader, off: int) -> tuple[nfs4.CB_COMPOUND4res, CallbackEvents]:
         """Process CB_COMPOUND4args from ``r`` at ``off``. Raises XdrError when not even the
         header decodes (the RPC layer answers GARBAGE_ARGS)."""
         self.calls += 1
         tag, off = nfs4.dec_utf8str_cs(r, off)
-        if off + _HEAD.size > len(r.buf):
-            raise XdrError("truncated CB_COMPOUND header", off)
-        minor, _ident, count = _HEAD.unpack_from(r.buf, off)
-        off += _HEAD.size
+        minor, off = nfs4.dec_uint32_t(r, off)
+        _ident, off = nfs4.dec_uint32_t(r, off)
+        count, off = nfs4.dec_uint32_t(r, off)
         events = CallbackEvents()
         res = nfs4.CB_COMPOUND4res(nfs4.NFS4_OK, tag, [])
         if minor != 1:
@@ -90,50 +119,58 @@ class Backchannel:
             return res, events
         slot: _CbSlot | None = None
         cachethis = False
-        for i in range(count):
-            try:
-                argop, off = nfs4.dec_nfs_cb_argop4(r, off)
-            except XdrError:
-                self._append(res, nfs4.OP_CB_ILLEGAL, nfs4.CB_ILLEGAL4res(nfs4.NFS4ERR_OP_ILLEGAL))
-                break
-            op = argop.argop
-            if op == nfs4.OP_CB_SEQUENCE:
-                if i != 0:
-                    self._append(res, op, _error_result(op, nfs4.NFS4ERR_SEQUENCE_POS))
+        try:
+            for i in range(count):
+                try:
+                    argop, off = nfs4.dec_nfs_cb_argop4(r, off)
+                except XdrError:
+                    self._append(
+                        res, nfs4.OP_CB_ILLEGAL, nfs4.CB_ILLEGAL4res(nfs4.NFS4ERR_OP_ILLEGAL)
+                    )
                     break
-                assert isinstance(argop.value, nfs4.CB_SEQUENCE4args)
-                seq_res, slot, retry_of = self._sequence(argop.value)
-                if retry_of is not None:
-                    if retry_of.reply is not None:
-                        return retry_of.reply, CallbackEvents()
-                    # A retry of a request whose reply was not kept (RFC 8881 2.10.6.1.3).
+                op = argop.argop
+                if op == nfs4.OP_CB_SEQUENCE:
+                    if i != 0:
+                        self._append(res, op, _error_result(op, nfs4.NFS4ERR_SEQUENCE_POS))
+                        break
+                    assert isinstance(argop.value, nfs4.CB_SEQUENCE4args)
+                    seq_res, slot, retry_of = self._sequence(argop.value)
+                    if retry_of is not None:
+                        if retry_of.reply is not None:
+                            return retry_of.reply.res, CallbackEvents()
+                        # A retry of a request whose reply was not kept (RFC 8881 2.10.6.1.3).
+                        self._append(res, op, seq_res)
+                        if i + 1 < count:
+                            nxt = self._peek_op(r, off)
+                            self._append(
+                                res, nxt, _error_result(nxt, nfs4.NFS4ERR_RETRY_UNCACHED_REP)
+                            )
+                        return res, CallbackEvents()
                     self._append(res, op, seq_res)
-                    if i + 1 < count:
-                        nxt = self._peek_op(r, off)
-                        self._append(res, nxt, _error_result(nxt, nfs4.NFS4ERR_RETRY_UNCACHED_REP))
-                    return res, CallbackEvents()
-                self._append(res, op, seq_res)
-                if seq_res.csr_status != nfs4.NFS4_OK:
+                    if seq_res.csr_status != nfs4.NFS4_OK:
+                        break
+                    cachethis = argop.value.csa_cachethis
+                    continue
+                if i == 0:
+                    self._append(res, op, _error_result(op, nfs4.NFS4ERR_OP_NOT_IN_SESSION))
                     break
-                cachethis = argop.value.csa_cachethis
-                continue
-            if i == 0:
-                self._append(res, op, _error_result(op, nfs4.NFS4ERR_OP_NOT_IN_SESSION))
-                break
-            result = self._operation(op, argop.value, events)
-            self._append(res, op, result)
-            if res.status != nfs4.NFS4_OK:
-                break
-        if slot is not None:
-            slot.reply = res if cachethis else None
+                result = self._operation(op, argop.value, events)
+                self._append(res, op, result)
+                if res.status != nfs4.NFS4_OK:
+                    break
+        finally:
+            if slot is not None:
+                reply = CachedCallbackReply.of(res) if cachethis else None
+                self.slots.complete(slot, slot.seqid, reply)
         return res, events
 
     @staticmethod
     def _peek_op(r: Reader, off: int) -> int:
-        if off + 4 > len(r.buf):
+        try:
+            op, _ = nfs4.dec_nfs_cb_opnum4(r, off)
+        except XdrError:
             return int(nfs4.OP_CB_ILLEGAL)
-        (op,) = struct.unpack_from(">I", r.buf, off)
-        return op if op in nfs4._nfs_cb_resop4_DEC else int(nfs4.OP_CB_ILLEGAL)
+        return int(op)
 
     # -- pieces --------------------------------------------------------------------------------
     @staticmethod
@@ -152,25 +189,20 @@ class Backchannel:
 
         if a.csa_sessionid != self.sessionid:
             return fail(nfs4.NFS4ERR_BADSESSION)
-        if a.csa_slotid >= len(self.slots):
-            return fail(nfs4.NFS4ERR_BADSLOT)
-        slot = self.slots[a.csa_slotid]
+        highest = self.slots.highest_slotid
+        try:
+            slot, disposition = self.slots.classify(a.csa_slotid, a.csa_sequenceid)
+        except SessionError as e:
+            return fail(nfs4.nfsstat4(e.status))
         ok = nfs4.CB_SEQUENCE4res(
             nfs4.NFS4_OK,
             nfs4.CB_SEQUENCE4resok(
-                self.sessionid,
-                a.csa_sequenceid,
-                a.csa_slotid,
-                len(self.slots) - 1,
-                len(self.slots) - 1,
+                self.sessionid, a.csa_sequenceid, a.csa_slotid, highest, highest
             ),
         )
-        if a.csa_sequenceid == slot.seqid and slot.seqid != 0:
+        if disposition is not Disposition.NEW:
             return ok, None, slot
-        if a.csa_sequenceid != (slot.seqid + 1) & 0xFFFFFFFF:
-            return fail(nfs4.NFS4ERR_SEQ_MISORDERED)
-        slot.seqid = a.csa_sequenceid
-        slot.reply = None
+        self.slots.begin(slot, a.csa_sequenceid)
         return ok, slot, None
 
     @staticmethod

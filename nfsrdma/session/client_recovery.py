@@ -117,15 +117,3 @@ class Backoff:
         delay = min(self.cap, self.initial * 2.0 ** min(self.attempts, 60))
         self.attempts += 1
         return min(delay, max(0.0, self.deadline - elapsed))
-
-
-@dataclass(slots=True)
-class ReconnectPolicy:
-    """How long a lost connection is retried before pending calls fail."""
-
-    initial: float = 0.05
-    cap: float = 2.0
-    deadline: float = 60.0
-
-    def backoff(self) -> Backoff:
-        return Backoff(self.initial, self.cap, self.deadline)

@@ -1,4 +1,5 @@
-"""The server's fore-channel slot table and reply cache (RFC 8881 section 2.10.6), sans-IO.
+"""The responder's slot table and reply cache (RFC 8881 section 2.10.6), sans-IO: the server's
+fore channel and the client's back channel use this one table.
 
 Each slot remembers the sequence id of the last request it accepted and, when the client asked
 for it (sa_cachethis) and it fitted, that request's reply as encoded. A request is classified
@@ -21,12 +22,21 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from nfsrdma.session.errors import SessionError
+from nfsrdma.session.seqid import SEQID_MASK, next_seqid
 from nfsrdma.xdr.gen import nfs4
 
-SEQID_MASK = 0xFFFFFFFF
+__all__ = [
+    "SEQID_MASK",
+    "CachedReply",
+    "Disposition",
+    "ResponderSlot",
+    "ResponderSlots",
+    "Slot",
+    "SlotTable",
+]
 
 
 class CachedReply(Protocol):
@@ -42,29 +52,33 @@ class Disposition(enum.Enum):
     UNCACHED_RETRY = "uncached retry"  # answer NFS4ERR_RETRY_UNCACHED_REP
 
 
+ReplyT = TypeVar("ReplyT", bound=CachedReply)
+
+
 @dataclass(slots=True, eq=False)
-class Slot:
+class ResponderSlot(Generic[ReplyT]):
     slotid: int
     seqid: int = 0  # the last request accepted on this slot (0: none yet)
     used: bool = False  # a request has been accepted on this slot
     busy: bool = False  # that request is still executing
-    reply: CachedReply | None = None  # its reply, when cached
+    reply: ReplyT | None = None  # its reply, when cached
 
 
 @dataclass(slots=True)
-class SlotTable:
-    """Slots 0..count-1 of one session's fore channel (count = ca_maxrequests)."""
+class ResponderSlots(Generic[ReplyT]):
+    """Slots 0..count-1 of one session's channel as its responder sees them (count =
+    ca_maxrequests of that channel)."""
 
     count: int
     max_cached: int  # ca_maxresponsesize_cached
-    slots: list[Slot] = field(default_factory=list)
+    slots: list[ResponderSlot[ReplyT]] = field(default_factory=list)
     target_highest_slotid: int = -1  # -1: count - 1
     cached_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.count < 1:
             raise ValueError("a slot table needs at least one slot")
-        self.slots = [Slot(i) for i in range(self.count)]
+        self.slots = [ResponderSlot(i) for i in range(self.count)]
         if self.target_highest_slotid < 0:
             self.target_highest_slotid = self.count - 1
 
@@ -77,7 +91,7 @@ class SlotTable:
     def busy(self) -> int:
         return sum(1 for s in self.slots if s.busy)
 
-    def classify(self, slotid: int, seqid: int) -> tuple[Slot, Disposition]:
+    def classify(self, slotid: int, seqid: int) -> tuple[ResponderSlot[ReplyT], Disposition]:
         if not 0 <= slotid < self.count:
             raise SessionError(nfs4.NFS4ERR_BADSLOT, f"slot {slotid} of {self.count}")
         slot = self.slots[slotid]
@@ -90,20 +104,20 @@ class SlotTable:
                 slot,
                 Disposition.REPLAY if slot.reply is not None else Disposition.UNCACHED_RETRY,
             )
-        if seqid == (slot.seqid + 1) & SEQID_MASK and not slot.busy:
+        if seqid == next_seqid(slot.seqid) and not slot.busy:
             return slot, Disposition.NEW
         raise SessionError(
             nfs4.NFS4ERR_SEQ_MISORDERED, f"slot {slotid}: seqid {seqid} after {slot.seqid}"
         )
 
-    def begin(self, slot: Slot, seqid: int) -> None:
+    def begin(self, slot: ResponderSlot[ReplyT], seqid: int) -> None:
         """A new request takes the slot: the previous reply is no longer needed."""
         self._drop(slot)
         slot.seqid = seqid
         slot.used = True
         slot.busy = True
 
-    def complete(self, slot: Slot, seqid: int, reply: CachedReply | None) -> bool:
+    def complete(self, slot: ResponderSlot[ReplyT], seqid: int, reply: ReplyT | None) -> bool:
         """The request finished; keep its reply when given and small enough. Returns whether
         the reply is cached."""
         if not slot.busy or slot.seqid != seqid:
@@ -148,7 +162,12 @@ class SlotTable:
         for slot in self.slots:
             self._drop(slot)
 
-    def _drop(self, slot: Slot) -> None:
+    def _drop(self, slot: ResponderSlot[ReplyT]) -> None:
         if slot.reply is not None:
             self.cached_bytes -= slot.reply.size
             slot.reply = None
+
+
+# The server's names for its fore channel (``session/server.py`` uses these).
+Slot = ResponderSlot[CachedReply]
+SlotTable = ResponderSlots[CachedReply]

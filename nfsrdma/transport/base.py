@@ -103,6 +103,11 @@ class Connection(abc.ABC):
     def close(self) -> None:
         """Start closing; ``on_closed`` callbacks run when it is done."""
 
+    def abort(self) -> None:
+        """Drop the connection now, without flushing what is queued (the peer may not be
+        reading). A transport whose ``close`` already drops at once need not override this."""
+        self.close()
+
 
 class TransportCallError(ConnectionError):
     """The transport refused a call (RPC-over-RDMA RDMA_ERROR). The RPC did not complete; the

@@ -174,6 +174,12 @@ class TcpConnection(Connection, asyncio.Protocol):
         else:
             self._closed(None)
 
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()  # connection_lost follows and closes
+        else:
+            self._closed(None)
+
     def _abort(self, exc: BaseException) -> None:
         if self.transport is not None:
             self.transport.abort()

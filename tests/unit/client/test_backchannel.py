@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from nfsrdma.session.client_backchannel import Backchannel
+from nfsrdma.session.client_backchannel import Backchannel, CallbackEvents, Recall
+from nfsrdma.session.client_callbacks import recalls_of
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Reader, Writer
 
@@ -76,3 +77,13 @@ def test_recall_slot_and_unsupported_callbacks() -> None:
     getattr_op = nfs4.nfs_cb_argop4(nfs4.OP_CB_GETATTR, nfs4.CB_GETATTR4args(b"fh", []))
     res, ev = bc.handle(cb(seq(2), getattr_op), 0)
     assert res.status == nfs4.NFS4ERR_NOTSUPP and not ev
+
+
+def test_recall_any_returns_every_delegation_held() -> None:
+    """RFC 8881 20.6: CB_RECALL_ANY; what to give back is decided without I/O."""
+    other = nfs4.stateid4(1, b"E" * 12)
+    held = {STATEID.other: (STATEID, b"fh"), other.other: (other, b"fh2")}
+    events = CallbackEvents(recalls=[Recall(STATEID, b"fh", False)])
+    assert [r.stateid for r in recalls_of(events, held)] == [STATEID]
+    events.recall_any = True
+    assert {r.stateid.other for r in recalls_of(events, held)} == set(held)

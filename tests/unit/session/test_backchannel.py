@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
+from nfsrdma.nfs4.callback import Callbacks
 from nfsrdma.session.backchannel import BackchannelSlots
 from nfsrdma.xdr.gen import nfs4
+
+from .helpers import make_sessions
 
 SID = bytes(range(16))
 
@@ -57,3 +62,25 @@ def test_no_back_slots() -> None:
     b = BackchannelSlots(SID, 0)
     assert b.acquire() is None
     b.release(0, nfs4.NFS4_OK)  # ignored
+
+
+async def test_a_callback_waiting_for_a_slot_goes_on_the_release() -> None:
+    """The server's callback sender waits for the table's signal (no polling timer)."""
+    b = BackchannelSlots(SID, 1)
+    held = b.acquire()
+    assert held is not None
+    callbacks = Callbacks(make_sessions(), slot_wait=3600.0)
+    waiting = asyncio.ensure_future(callbacks._slot(b))
+    while b.table.waiting == 0:
+        await asyncio.sleep(0)  # let it register (a yield, no timer)
+    b.release(held.csa_slotid, nfs4.NFS4_OK)
+    got = await waiting
+    assert got is not None and (got.csa_slotid, got.csa_sequenceid) == (0, 2)
+
+
+async def test_a_callback_gives_up_when_no_slot_frees_in_time() -> None:
+    b = BackchannelSlots(SID, 1)
+    assert b.acquire() is not None
+    callbacks = Callbacks(make_sessions(), slot_wait=0.0)
+    assert await callbacks._slot(b) is None
+    assert b.table.waiting == 0

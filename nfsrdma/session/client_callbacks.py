@@ -1,0 +1,110 @@
+"""The client's side of callbacks under asyncio: answering CB_COMPOUND (the sans-IO
+``client_backchannel.Backchannel`` decides the answer), waking a LOCK that waits for
+CB_NOTIFY_LOCK, lowering the slot limit on CB_RECALL_SLOT and giving delegations back
+(DELEGRETURN) when recalled (RFC 8881 sections 20.2, 20.6, 20.8, 20.11)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
+
+from nfsrdma.rpc.server import RpcCall
+from nfsrdma.session.client_backchannel import Backchannel, CallbackEvents, Recall
+from nfsrdma.session.requester_slots import RequesterSlots
+from nfsrdma.xdr.gen import nfs4
+from nfsrdma.xdr.runtime import Writer
+
+log = logging.getLogger(__name__)
+
+
+class CallbackStats(Protocol):
+    callbacks: int
+    recalls: int
+    lock_notices: int
+
+
+class Compound(Protocol):
+    def __call__(self, ops: list[nfs4.nfs_argop4]) -> Coroutine[Any, Any, nfs4.COMPOUND4res]: ...
+
+
+def recalls_of(
+    events: CallbackEvents, held: dict[bytes, tuple[nfs4.stateid4, bytes]]
+) -> list[Recall]:
+    """The delegations to give back: those recalled, and every one held on CB_RECALL_ANY."""
+    recalls = list(events.recalls)
+    if events.recall_any:
+        recalls += [Recall(sid, fh, False) for sid, fh in held.values()]
+    return recalls
+
+
+class ClientCallbacks:
+    """The back channel of one client session and the delegations it holds."""
+
+    def __init__(
+        self,
+        backchannel: Backchannel,
+        stats: CallbackStats,
+        compound: Compound,
+        spawn: Callable[[Coroutine[Any, Any, Any]], None],
+        slots: Callable[[], RequesterSlots],
+    ) -> None:
+        self.backchannel = backchannel
+        self.stats = stats
+        self.compound = compound
+        self.spawn = spawn
+        self.slots = slots
+        # Delegations the client holds: stateid.other -> (stateid, filehandle).
+        self.delegations: dict[bytes, tuple[nfs4.stateid4, bytes]] = {}
+        self.recall_hook: Callable[[Recall], None] | None = None
+        self._lock_notices: dict[tuple[bytes, bytes], asyncio.Event] = {}
+
+    def cb_compound(self, call: RpcCall, w: Writer) -> None:
+        """The RPC procedure CB_COMPOUND."""
+        self.stats.callbacks += 1
+        res, events = self.backchannel.handle(call.reader, call.offset)
+        nfs4.enc_CB_COMPOUND4res(w, res)
+        if events:
+            self.spawn(self.act_on(events))
+
+    async def wait_lock_notice(self, fh: bytes, owner: bytes, timeout: float) -> bool:
+        """Wait up to ``timeout`` for CB_NOTIFY_LOCK about (fh, lock owner); True if it came.
+        Notifications are advisory: callers poll anyway, this only shortens the wait."""
+        key = (bytes(fh), bytes(owner))
+        event = self._lock_notices.setdefault(key, asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            if self._lock_notices.get(key) is event:
+                del self._lock_notices[key]
+
+    async def act_on(self, events: CallbackEvents) -> None:
+        for fh, owner in events.lock_notices:
+            waiting = self._lock_notices.get((bytes(fh), bytes(owner)))
+            if waiting is not None:
+                self.stats.lock_notices += 1
+                waiting.set()
+        if events.recall_slot is not None:
+            self.slots().recall(events.recall_slot)
+        for recall in recalls_of(events, self.delegations):
+            self.stats.recalls += 1
+            if self.recall_hook is not None:
+                self.recall_hook(recall)
+            await self.return_delegation(recall.stateid, recall.fh)
+
+    async def return_delegation(self, stateid: nfs4.stateid4, fh: bytes) -> None:
+        """DELEGRETURN (errors other than a lost session are ignored: the delegation is gone)."""
+        self.delegations.pop(stateid.other, None)
+        try:
+            await self.compound(
+                [
+                    nfs4.nfs_argop4(nfs4.OP_PUTFH, nfs4.PUTFH4args(fh)),
+                    nfs4.nfs_argop4(nfs4.OP_DELEGRETURN, nfs4.DELEGRETURN4args(stateid)),
+                ]
+            )
+        except OSError as e:
+            log.info("DELEGRETURN failed: %s", e)
