@@ -154,7 +154,7 @@ class ResponderSlots(Generic[ReplyT]):
         for slot in self.slots[count:]:
             self._drop(slot)
         del self.slots[count:]
-        self.slots.extend(Slot(i) for i in range(len(self.slots), count))
+        self.slots.extend(ResponderSlot(i) for i in range(len(self.slots), count))
         self.count = count
         self.target_highest_slotid = count - 1
 
