@@ -56,6 +56,7 @@ class Connection(abc.ABC):
         self.call_failed: Callable[[int, BaseException], None] | None = None
         self.closed_callbacks: list[Callable[[Connection, BaseException | None], None]] = []
         self.closed = False
+        self.messages_received = 0  # whole messages delivered so far
 
     def set_receiver(self, receiver: Callable[[Connection, Inbound], None]) -> None:
         self.receiver = receiver
@@ -67,6 +68,7 @@ class Connection(abc.ABC):
             self.closed_callbacks.append(cb)
 
     def _deliver(self, msg: Inbound) -> None:
+        self.messages_received += 1
         if self.receiver is not None:
             self.receiver(self, msg)
 
@@ -93,6 +95,11 @@ class Connection(abc.ABC):
     async def reserve(self, probe: bool = False) -> None:  # noqa: B027 - optional hook
         """Wait until the transport may send another call (RDMA credits, TR-14). A ``probe``
         (an idle-connection keepalive) may use the credit kept back for it (UL-26)."""
+
+    @property
+    def receiving(self) -> bool:
+        """Part of a message has arrived and the rest has not (a byte stream's partial record)."""
+        return False
 
     @property
     def max_inline_call(self) -> int:
