@@ -211,7 +211,7 @@ class NFSServer:
                 conn.peer,
                 refused,
             )
-            conn.close()
+            conn.abort()
             return
         rpc = RpcConnection(conn, self.dispatcher)
         self.connections.add(rpc)
@@ -227,7 +227,7 @@ class NFSServer:
             self.connections.discard(rpc)
             if self.state is not None:
                 self.state.sessions.connection_closed(rpc)
-            why = exc or (watch.reason if watch is not None else None)
+            why = (watch.reason if watch is not None else None) or exc
             if watch is not None:
                 watch.stop()
             if why:
@@ -244,7 +244,7 @@ class NFSServer:
 
     def _expired(self, rpc: RpcConnection, why: str) -> None:
         self.idle_closed += 1
-        rpc.close()
+        rpc.conn.abort(ConnectionAbortedError(why))
 
     def _now(self) -> float:
         return time.monotonic()

@@ -110,6 +110,11 @@ class Connection(abc.ABC):
     def close(self) -> None:
         """Start closing; ``on_closed`` callbacks run when it is done."""
 
+    def abort(self, exc: BaseException | None = None) -> None:
+        """Close without waiting for what is not yet sent (the peer may not be reading); the
+        ``on_closed`` callbacks get ``exc``, the reason, when given."""
+        self.close()
+
 
 class TransportCallError(ConnectionError):
     """The transport refused a call (RPC-over-RDMA RDMA_ERROR). The RPC did not complete; the

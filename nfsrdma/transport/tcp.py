@@ -150,6 +150,7 @@ class TcpConnection(Connection, asyncio.Protocol):
         self._on_made = on_made
         self._writable = asyncio.Event()
         self._writable.set()
+        self._abort_reason: BaseException | None = None
 
     # -- asyncio.Protocol --------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -178,7 +179,7 @@ class TcpConnection(Connection, asyncio.Protocol):
         self._writable.set()
         self.parser.reset()
         self.transport = None
-        self._closed(exc)
+        self._closed(exc or self._abort_reason)
 
     @property
     def receiving(self) -> bool:
@@ -216,6 +217,13 @@ class TcpConnection(Connection, asyncio.Protocol):
             self.transport.close()
         else:
             self._closed(None)
+
+    def abort(self, exc: BaseException | None = None) -> None:
+        self._abort_reason = exc
+        if self.transport is not None:
+            self.transport.abort()
+        else:
+            self._closed(exc)
 
     def _abort(self, exc: BaseException) -> None:
         self.parser.reset()

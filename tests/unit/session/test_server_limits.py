@@ -293,3 +293,39 @@ async def test_rdma_connections_are_admitted_by_the_same_limits(tmp_path: Path) 
         extra[1].close()
     finally:
         await server.close()
+
+
+# -- logging under a flood, and in ordinary operation ----------------------------------------
+def _lines(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if text in r.getMessage()]
+
+
+async def test_connection_lines_are_rate_limited_under_a_flood(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="nfsrdma")
+    async with serving(tmp_path, max_connections=4, max_connections_per_source=4) as server:
+        # Ordinary operation: one line for a connection the client opens and closes.
+        client = await honest_client(server.tcp_port)
+        await assert_served(client)
+        host, port = client.conn.transport.get_extra_info("sockname")[:2]  # type: ignore[union-attr]
+        client.close()
+        await client.closed.wait()
+        admitted = await raw(server.tcp_port)
+        await null_round_trip(admitted)  # the server has seen the client's close by now
+        assert len(_lines(caplog, f"{host}:{port}")) == 1
+        # A flood of 200 connections over the limit: every one refused and closed, a few lines.
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        flood = [await raw(server.tcp_port) for _ in range(3 + 200)]
+        for s in flood[3:]:
+            await closed_by_server(s)
+        seconds = loop.time() - start
+        refusals = _lines(caplog, "refused")
+        burst = server._refusal_lines.burst
+        assert server.admission.refused == 200
+        assert len(refusals) <= burst * (int(seconds) + 2)
+        reported = sum(int(m.rsplit("(", 1)[1].split()[0]) for m in refusals if "suppressed)" in m)
+        # Every refusal is either a line, or counted in a later line or the pending summary.
+        assert len(refusals) + reported + server._refusal_lines.suppressed == 200
+        close_all([admitted, *flood])
