@@ -102,8 +102,10 @@ class RecordParser:
                     self._record = bytearray()
                     self._cost = 0
                     self._fragments = 0
+                elif isinstance(src, bytes):
+                    records.append(src[start:pos])  # a slice of bytes is its one copy
                 else:
-                    records.append(bytes(src[start:pos]))
+                    records.append(bytes(memoryview(src)[start:pos]))  # one copy
             else:
                 self._record += memoryview(src)[start:pos]
                 self._cost = cost
