@@ -2,7 +2,14 @@
 
 Wires the layers together: listeners → RPC dispatch (program 100003 version 4: NULL and
 COMPOUND) → COMPOUND processing with the session registry, open/lock state and the VFS.
-Logs one line per connection and one per client session.
+
+Connections are admitted up to ``ServerConfig.max_connections`` in all and
+``connections_per_source`` from one address (TCP and RDMA alike); one over a limit is closed as
+soon as it is accepted. A connection without session and without calls in progress is closed
+when it stays idle, or leaves a record incomplete, too long (``rpc.idle``). Logs one line per
+connection (and one more when the server closes it, with the reason), and one per client
+session; lines a flood of connections would provoke are rate-limited, with a count of those
+suppressed.
 """
 
 from __future__ import annotations
@@ -19,8 +26,12 @@ from nfsrdma.nfs4.callback import Callbacks
 from nfsrdma.nfs4.compound import compound
 from nfsrdma.nfs4.server_state import ServerConfig, ServerState
 from nfsrdma.nfs4.state import StateManager
+from nfsrdma.rpc.admission import ConnectionAdmission, source_of
 from nfsrdma.rpc.connection import RpcConnection
+from nfsrdma.rpc.idle import IdleTimeouts
+from nfsrdma.rpc.ratelog import LineRateLimiter
 from nfsrdma.rpc.server import Dispatcher, RpcCall, null_procedure
+from nfsrdma.rpc.watch import IdleWatch
 from nfsrdma.session.server import ServerSessions
 from nfsrdma.transport.base import Connection
 from nfsrdma.transport.rdma.endpoint import RdmaListener, RdmaOptions
@@ -86,6 +97,11 @@ class NFSServer:
         self._servers: list[asyncio.Server] = []
         self.callbacks: Callbacks | None = None
         self._reaper: asyncio.Task[None] | None = None
+        self.admission = ConnectionAdmission(cfg.max_connections, cfg.connections_per_source)
+        self.idle_timeouts = IdleTimeouts(cfg.idle_timeout, cfg.record_timeout)
+        self.idle_closed = 0  # connections closed by the idle and record timeouts
+        self._conn_lines = LineRateLimiter()  # connection opened/closed
+        self._refusal_lines = LineRateLimiter()  # connection refused
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -179,17 +195,70 @@ class NFSServer:
 
     # -- connections and calls -------------------------------------------------------------
     def _accept(self, conn: Connection) -> None:
+        source = source_of(conn.peer)
+        refused = self.admission.admit(source)
+        if refused is not None:
+            self._log_limited(
+                self._refusal_lines,
+                "%s connection from %s refused: %s",
+                conn.kind,
+                conn.peer,
+                refused,
+            )
+            conn.abort()
+            return
         rpc = RpcConnection(conn, self.dispatcher)
         self.connections.add(rpc)
-        log.info("%s connection from %s", conn.kind, conn.peer)
+        watch = (
+            IdleWatch(rpc, self.idle_timeouts, has_session=self._has_session, expired=self._expired)
+            if self.idle_timeouts.enabled
+            else None
+        )
+        self._log_limited(self._conn_lines, "%s connection from %s", conn.kind, conn.peer)
 
         def closed(c: Connection, exc: BaseException | None) -> None:
+            self.admission.release(source)
             self.connections.discard(rpc)
             if self.state is not None:
                 self.state.sessions.connection_closed(rpc)
-            log.info("%s connection from %s closed%s", c.kind, c.peer, f": {exc}" if exc else "")
+            why = (watch.reason if watch is not None else None) or exc
+            if watch is not None:
+                watch.stop()
+            if why:
+                self._log_limited(
+                    self._conn_lines, "%s connection from %s closed: %s", c.kind, c.peer, why
+                )
+            else:
+                log.debug("%s connection from %s closed", c.kind, c.peer)
 
         conn.on_closed(closed)
+
+    def _has_session(self, rpc: RpcConnection) -> bool:
+        return self.state is not None and self.state.sessions.bound_to_session(rpc)
+
+    def _expired(self, rpc: RpcConnection, why: str) -> None:
+        self.idle_closed += 1
+        rpc.conn.abort(ConnectionAbortedError(why))
+
+    def _now(self) -> float:
+        return time.monotonic()
+
+    def _log_limited(self, limiter: LineRateLimiter, fmt: str, *args: object) -> None:
+        """Log a line a peer can provoke, unless too many of its kind came lately."""
+        suppressed = limiter.allow(self._now())
+        if suppressed is None:
+            return
+        if suppressed:
+            fmt += " (%d similar lines suppressed)"
+            args = (*args, suppressed)
+        log.info(fmt, *args)
+
+    def _report_suppressed(self) -> None:
+        now = self._now()
+        for what, limiter in (("connection", self._conn_lines), ("refusal", self._refusal_lines)):
+            suppressed = limiter.flush(now)
+            if suppressed:
+                log.info("%d %s lines suppressed", suppressed, what)
 
     def _compound(self, call: RpcCall, w: Writer) -> Awaitable[None] | None:
         assert self.state is not None
@@ -205,3 +274,4 @@ class NFSServer:
         while True:
             await asyncio.sleep(period)
             self.state.sessions.reap(time.monotonic())
+            self._report_suppressed()

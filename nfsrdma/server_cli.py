@@ -8,8 +8,10 @@ import contextlib
 import logging
 import os
 import signal
+from dataclasses import replace
 
 from nfsrdma.aio import run
+from nfsrdma.nfs4.server_state import ServerConfig
 from nfsrdma.server import NFS_RDMA_PORT, NFS_TCP_PORT, NFSServer
 from nfsrdma.vfs.secret import StateDirError
 
@@ -38,7 +40,59 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="where the file-handle key is kept (default: /var/lib/nfsrdma as root, else "
         "$XDG_STATE_HOME/nfsrdma or ~/.local/state/nfsrdma)",
     )
+    p.add_argument(
+        "--max-connections",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="connections admitted in all (default: from the descriptor limit)",
+    )
+    p.add_argument(
+        "--max-connections-per-source",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="connections admitted from one address (default: a quarter of all, at least 16)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=_seconds,
+        default=300.0,
+        metavar="S",
+        help="close a connection without session or call after S idle seconds (0: never)",
+    )
+    p.add_argument(
+        "--record-timeout",
+        type=_seconds,
+        default=30.0,
+        metavar="S",
+        help="... or when its first record, or one begun, is not complete in S seconds (0: never)",
+    )
     p.set_defaults(func=serve)
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return n
+
+
+def _seconds(text: str) -> float:
+    s = float(text)
+    if not s >= 0:
+        raise argparse.ArgumentTypeError("must be 0 or more seconds")
+    return s
+
+
+def config_of(args: argparse.Namespace) -> ServerConfig:
+    """The service limits the command line asks for."""
+    cfg = ServerConfig(idle_timeout=args.idle_timeout, record_timeout=args.record_timeout)
+    if args.max_connections is not None:
+        cfg = replace(cfg, max_connections=args.max_connections)
+    if args.max_connections_per_source is not None:
+        cfg = replace(cfg, max_connections_per_source=args.max_connections_per_source)
+    return cfg
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -60,6 +114,7 @@ def serve(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         lease_time=args.lease_time,
         slots=args.slots,
+        config=config_of(args),
     )
 
     async def main() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -13,6 +14,16 @@ if TYPE_CHECKING:
     from nfsrdma.session.server import ServerSessions
 
 MiB = 1 << 20
+
+
+def default_max_connections() -> int:
+    """Connections the server admits by default: what the descriptor limit (RLIMIT_NOFILE)
+    allows after keeping a quarter of it, and at least 256 descriptors, for the VFS (open
+    files, cached directories) and everything else the process opens."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft > 1 << 20:
+        soft = 1 << 20
+    return max(16, soft - max(256, soft // 4))
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +42,19 @@ class ServerConfig:
     large_io: int = 64 * 1024  # I/O at least this large runs in the thread pool
     server_owner: bytes = b""  # so_major_id; default: derived from the host name
     server_scope: bytes = b""  # default: the host name
+    # Connections (TCP and RDMA together); over either limit a new one is closed at once.
+    max_connections: int = field(default_factory=default_max_connections)
+    max_connections_per_source: int = 0  # per source address; 0: see connections_per_source
+    idle_timeout: float = 300.0  # close a connection without session or call idle this long
+    record_timeout: float = 30.0  # ... or whose first/current record is not complete this long
+
+    @property
+    def connections_per_source(self) -> int:
+        """The share of one source address: as configured, else a quarter of all (at least 16,
+        at most all)."""
+        if self.max_connections_per_source > 0:
+            return self.max_connections_per_source
+        return min(self.max_connections, max(16, self.max_connections // 4))
 
 
 @dataclass

@@ -44,6 +44,7 @@ class RpcConnection:
         self._xid = random.getrandbits(32)
         self.closed = asyncio.Event()
         self.context: dict[str, object] = {}  # upper layers keep per-connection state here
+        self.calls_in_progress = 0  # inbound calls the dispatcher has not answered yet
         conn.set_receiver(self._on_message)
         conn.call_failed = self._on_call_failed
         conn.on_closed(self._on_closed)
@@ -51,6 +52,11 @@ class RpcConnection:
     @property
     def peer(self) -> str:
         return self.conn.peer
+
+    @property
+    def busy(self) -> bool:
+        """Calls outstanding in either direction."""
+        return self.calls_in_progress > 0 or bool(self.pending)
 
     # -- requester ---------------------------------------------------------------------
     def next_xid(self) -> int:
@@ -122,6 +128,9 @@ class RpcConnection:
             fut.set_exception(exc)
 
     def _on_closed(self, conn: Connection, exc: BaseException | None) -> None:
+        # Nothing more arrives: let go of the connection's hooks (no reference cycle remains).
+        conn.receiver = None
+        conn.call_failed = None
         pending, self.pending = self.pending, {}
         for xid, fut in pending.items():
             if not fut.done():

@@ -98,7 +98,13 @@ class Dispatcher:
             return
         task = asyncio.ensure_future(self._finish(call, w, mark, result))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        conn.calls_in_progress += 1
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._tasks.discard(t)
+            conn.calls_in_progress -= 1
+
+        task.add_done_callback(done)
 
     async def _finish(self, call: RpcCall, w: Writer, mark: int, pending: Awaitable[None]) -> None:
         try:

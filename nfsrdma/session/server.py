@@ -616,6 +616,10 @@ class ServerSessions:
             bctsr_use_conn_in_rdma_mode=False,  # UL-39: an RDMA connection already is
         )
 
+    def bound_to_session(self, conn: Hashable) -> bool:
+        """A session's fore or back channel is bound to ``conn``."""
+        return bool(self._conn_sessions.get(conn))
+
     def connection_closed(self, conn: Hashable) -> None:
         for sessionid in self._conn_sessions.pop(conn, ()):
             session = self.sessions.get(sessionid)

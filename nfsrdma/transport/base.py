@@ -56,6 +56,7 @@ class Connection(abc.ABC):
         self.call_failed: Callable[[int, BaseException], None] | None = None
         self.closed_callbacks: list[Callable[[Connection, BaseException | None], None]] = []
         self.closed = False
+        self.messages_received = 0  # whole messages delivered so far
 
     def set_receiver(self, receiver: Callable[[Connection, Inbound], None]) -> None:
         self.receiver = receiver
@@ -67,6 +68,7 @@ class Connection(abc.ABC):
             self.closed_callbacks.append(cb)
 
     def _deliver(self, msg: Inbound) -> None:
+        self.messages_received += 1
         if self.receiver is not None:
             self.receiver(self, msg)
 
@@ -95,6 +97,11 @@ class Connection(abc.ABC):
         (an idle-connection keepalive) may use the credit kept back for it (UL-26)."""
 
     @property
+    def receiving(self) -> bool:
+        """Part of a message has arrived and the rest has not (a byte stream's partial record)."""
+        return False
+
+    @property
     def max_inline_call(self) -> int:
         """How large a call may be before transport-level measures are needed."""
         return 1 << 30
@@ -103,9 +110,10 @@ class Connection(abc.ABC):
     def close(self) -> None:
         """Start closing; ``on_closed`` callbacks run when it is done."""
 
-    def abort(self) -> None:
+    def abort(self, exc: BaseException | None = None) -> None:
         """Drop the connection now, without flushing what is queued (the peer may not be
-        reading). A transport whose ``close`` already drops at once need not override this."""
+        reading); the ``on_closed`` callbacks get ``exc``, the reason, when given. A transport
+        whose ``close`` already drops at once need not override this."""
         self.close()
 
 

@@ -2,14 +2,20 @@
 
 A record is a sequence of fragments, each behind a 4-byte mark: the high bit says "last
 fragment", the other 31 bits give the fragment's length. Records larger than ``max_record``
-close the connection that sent them (the listener keeps serving everyone else). Reading pauses
-while the peer is not draining our replies, so a client cannot make us buffer without bound.
+close the connection that sent them (the listener keeps serving everyone else). The marks count
+against that limit too (every fragment after the first costs its 4 bytes), and a record may have
+at most ``max_fragments`` fragments (``MAX_FRAGMENTS``, 1024, by default: Linux sends one
+fragment per record, libtirpc fragments of 9000 bytes and glibc's sunrpc of 4000, so 1024
+fragments carry 4 MB, more than the largest request an NFS server accepts). A stream of empty
+or tiny fragments is therefore cut off after a few KiB, and what the parser holds never exceeds
+the record limit: fragments are gathered into one buffer, with no bookkeeping per fragment.
+Reading pauses while the peer is not draining our replies, so a client cannot make us buffer
+without bound.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 import struct
 from collections.abc import Callable
@@ -17,32 +23,55 @@ from collections.abc import Callable
 from nfsrdma.transport.base import Connection, Inbound, ReplyExpectation
 from nfsrdma.xdr.runtime import Reader, Writer
 
-log = logging.getLogger(__name__)
-
 LAST_FRAGMENT = 0x80000000
 MAX_FRAGMENT = 0x7FFFFFFF
 DEFAULT_MAX_RECORD = 4 << 20
+MAX_FRAGMENTS = 1024
+MARK_SIZE = 4
 _MARK = struct.Struct(">I")
 
 
 class RecordTooLarge(ConnectionError):
-    pass
+    """A record exceeds the size limit, or has too many fragments."""
 
 
 class RecordParser:
     """Sans-IO record-marking decoder: feed bytes, get whole records."""
 
-    def __init__(self, max_record: int = DEFAULT_MAX_RECORD) -> None:
+    def __init__(
+        self, max_record: int = DEFAULT_MAX_RECORD, max_fragments: int = MAX_FRAGMENTS
+    ) -> None:
+        if max_fragments < 1:
+            raise ValueError("a record needs at least one fragment")
         self.max_record = max_record
+        self.max_fragments = max_fragments
+        self._buf = bytearray()  # received bytes not yet consumed: a mark, or a partial fragment
+        self._record = bytearray()  # the finished fragments of the record in progress
+        self._cost = 0  # the record so far: payload, plus a mark for every fragment but the first
+        self._fragments = 0  # finished fragments of the record in progress
+
+    @property
+    def buffered(self) -> int:
+        """Bytes the parser holds for an incomplete record."""
+        return len(self._buf) + len(self._record)
+
+    @property
+    def in_record(self) -> bool:
+        """Part of a record has arrived (at least one byte of it)."""
+        return bool(self._buf) or self._fragments > 0
+
+    def reset(self) -> None:
+        """Drop whatever is buffered (the connection is gone)."""
         self._buf = bytearray()
-        self._parts: list[bytes] = []
-        self._size = 0  # bytes of the record so far, in finished fragments
+        self._record = bytearray()
+        self._cost = 0
+        self._fragments = 0
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
         """Take received bytes; return the records they complete. Raises RecordTooLarge.
 
-        With nothing pending, whole fragments are sliced straight out of ``data`` (one copy);
-        only an incomplete tail waits in the parser's buffer."""
+        With nothing pending, whole single-fragment records are sliced straight out of ``data``
+        (one copy); only an incomplete tail waits in the parser's buffer."""
         buf = self._buf
         if not buf and isinstance(data, bytes):
             src: bytes | bytearray = data
@@ -52,27 +81,35 @@ class RecordParser:
         records: list[bytes] = []
         pos = 0
         end = len(src)
-        while end - pos >= 4:
+        while end - pos >= MARK_SIZE:
             (mark,) = _MARK.unpack_from(src, pos)
             n = mark & MAX_FRAGMENT
-            if self._size + n > self.max_record:
+            cost = self._cost + n + (MARK_SIZE if self._fragments else 0)
+            if cost > self.max_record:
                 raise RecordTooLarge(
-                    f"record of at least {self._size + n} bytes exceeds {self.max_record}"
+                    f"record of at least {cost} bytes (marks included) exceeds {self.max_record}"
                 )
-            if end - pos - 4 < n:
+            if not mark & LAST_FRAGMENT and self._fragments + 1 >= self.max_fragments:
+                raise RecordTooLarge(f"record of more than {self.max_fragments} fragments")
+            if end - pos - MARK_SIZE < n:
                 break
-            frag = bytes(src[pos + 4 : pos + 4 + n])
-            pos += 4 + n
+            start = pos + MARK_SIZE
+            pos = start + n
             if mark & LAST_FRAGMENT:
-                if self._parts:
-                    self._parts.append(frag)
-                    frag = b"".join(self._parts)
-                    self._parts = []
-                    self._size = 0
-                records.append(frag)
+                if self._fragments:
+                    self._record += memoryview(src)[start:pos]
+                    records.append(bytes(self._record))
+                    self._record = bytearray()
+                    self._cost = 0
+                    self._fragments = 0
+                elif isinstance(src, bytes):
+                    records.append(src[start:pos])  # a slice of bytes is its one copy
+                else:
+                    records.append(bytes(memoryview(src)[start:pos]))  # one copy
             else:
-                self._parts.append(frag)
-                self._size += n
+                self._record += memoryview(src)[start:pos]
+                self._cost = cost
+                self._fragments += 1
         if src is buf:
             del buf[:pos]
         else:
@@ -105,15 +142,17 @@ class TcpConnection(Connection, asyncio.Protocol):
         *,
         max_record: int = DEFAULT_MAX_RECORD,
         max_fragment: int = MAX_FRAGMENT,
+        max_fragments: int = MAX_FRAGMENTS,
         on_made: Callable[[TcpConnection], None] | None = None,
     ) -> None:
         Connection.__init__(self, peer)
-        self.parser = RecordParser(max_record)
+        self.parser = RecordParser(max_record, max_fragments)
         self.max_fragment = max_fragment
         self.transport: asyncio.Transport | None = None
         self._on_made = on_made
         self._writable = asyncio.Event()
         self._writable.set()
+        self._abort_reason: BaseException | None = None
 
     # -- asyncio.Protocol --------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -131,15 +170,22 @@ class TcpConnection(Connection, asyncio.Protocol):
         try:
             records = self.parser.feed(data)
         except RecordTooLarge as e:
-            log.warning("tcp %s: %s; closing the connection", self.peer, e)
-            self._abort(e)
+            # Logged once, by whoever watches the connection close (with this reason). Without
+            # its traceback, the reason does not keep this connection's frames alive.
+            self._abort(e.with_traceback(None))
             return
         for rec in records:
             self._deliver(Inbound(Reader(rec)))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._writable.set()
-        self._closed(exc)
+        self.parser.reset()
+        self.transport = None
+        self._closed(exc or self._abort_reason)
+
+    @property
+    def receiving(self) -> bool:
+        return self.parser.in_record
 
     def pause_writing(self) -> None:
         # The peer is not reading what we send: stop reading its requests until it does.
@@ -174,13 +220,15 @@ class TcpConnection(Connection, asyncio.Protocol):
         else:
             self._closed(None)
 
-    def abort(self) -> None:
+    def abort(self, exc: BaseException | None = None) -> None:
+        self._abort_reason = exc
         if self.transport is not None:
-            self.transport.abort()  # connection_lost follows and closes
+            self.transport.abort()
         else:
-            self._closed(None)
+            self._closed(exc)
 
     def _abort(self, exc: BaseException) -> None:
+        self.parser.reset()
         if self.transport is not None:
             self.transport.abort()
         self._closed(exc)
@@ -204,12 +252,16 @@ async def listen_tcp(
     on_connection: Callable[[TcpConnection], None],
     *,
     max_record: int = DEFAULT_MAX_RECORD,
+    max_fragments: int = MAX_FRAGMENTS,
     reuse_port: bool = False,
 ) -> asyncio.Server:
-    """Accept connections; ``on_connection`` runs for each (set its receiver there)."""
+    """Accept connections; ``on_connection`` runs for each (set its receiver there, or close
+    the connection to refuse it)."""
     loop = asyncio.get_running_loop()
     return await loop.create_server(
-        lambda: TcpConnection(max_record=max_record, on_made=on_connection),
+        lambda: TcpConnection(
+            max_record=max_record, max_fragments=max_fragments, on_made=on_connection
+        ),
         host,
         port,
         reuse_address=True,
