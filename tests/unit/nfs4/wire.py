@@ -21,6 +21,7 @@ from nfsrdma.nfs4.state import StateManager
 from nfsrdma.rpc.connection import RpcConnection
 from nfsrdma.session.server import ServerSessions, SessionCaps
 from nfsrdma.vfs import Export, LocalVfs
+from nfsrdma.vfs.resolver import HandleMode
 from nfsrdma.xdr.gen import nfs4
 
 from ..session.helpers import op, op_create_session, op_exchange_id, op_sequence, resok
@@ -46,10 +47,18 @@ def install_clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     return clock
 
 
-def build(tmp_path: Path, caps: SessionCaps | None = None, lease: int = LEASE) -> Server:
+def build(
+    tmp_path: Path,
+    caps: SessionCaps | None = None,
+    lease: int = LEASE,
+    handle_mode: HandleMode = "auto",
+) -> Server:
     export = tmp_path / "export"
     export.mkdir(parents=True)
-    vfs = LocalVfs(Export(root=str(export), root_squash=False, state_dir=str(tmp_path / "state")))
+    vfs = LocalVfs(
+        Export(root=str(export), root_squash=False, state_dir=str(tmp_path / "state")),
+        handle_mode=handle_mode,
+    )
     cfg = ServerConfig(lease_time=lease, slots=8, max_response_size_cached=8192)
     state = StateManager(vfs)
     sessions = ServerSessions.from_config(
