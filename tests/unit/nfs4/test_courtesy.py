@@ -246,3 +246,24 @@ async def test_a_courteous_client_makes_room_for_a_new_one(tmp_path: Path, clock
         assert srv.sessions.client(a.clientid) is None
     finally:
         close(srv)
+
+
+async def test_special_stateid_io_refused_only_by_a_courteous_deny(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """READ with the anonymous stateid, refused by another
+    client's share deny (NFS4ERR_LOCKED), go ahead once that client is courteous."""
+    srv = build(tmp_path)
+    try:
+        a = await Client(srv, b"client-a").mount()
+        b = await Client(srv, b"client-b").mount()
+        fh, sa = await open_file(a, b"s", BOTH, nfs4.OPEN4_SHARE_DENY_BOTH)
+        await a.expect(OK, putfh(fh), op(nfs4.OP_WRITE, nfs4.WRITE4args(sa, 0, 0, b"secret")))
+        anonymous = nfs4.stateid4(0, bytes(12))
+        await b.expect(nfs4.NFS4ERR_LOCKED, putfh(fh), read(anonymous))
+        clock.now += LEASE + 1
+        res = await b.expect(OK, putfh(fh), read(anonymous))
+        assert bytes(b.value(res, 2).data) == b"secret"
+        assert srv.sessions.client(a.clientid) is None
+    finally:
+        close(srv)
