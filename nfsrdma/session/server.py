@@ -19,8 +19,9 @@ slots are taken back: the policy and its numbers are in ``nfsrdma.session.shares
 
 Courteous expiry (RFC 8881 section 8.3 lets a server keep an expired client's state; knfsd does
 since Linux 5.19). A confirmed client whose lease ran out while it held open or lock state is not
-dropped: from the moment its lease has run out it is *courteous*, keeping its record, its sessions and its state. If it
-comes back (any SEQUENCE, or EXCHANGE_ID, renews the lease) it carries on as if nothing happened.
+dropped: from the moment its lease has run out it is *courteous*, keeping its record, its
+sessions and its state. If it comes back (any SEQUENCE, or EXCHANGE_ID, renews the lease) it
+carries on as if nothing happened.
 If another client's request conflicts with its state first, the state layer calls
 ``expire_courteous``: the client is then expired at once, exactly as a lease expiry without
 courtesy would (sessions destroyed, record removed, all its state released), and the conflicting

@@ -59,9 +59,14 @@ def read(sid: nfs4.stateid4, count: int = 16) -> nfs4.nfs_argop4:
 
 
 async def open_file(
-    c: Client, name: bytes, access: int = BOTH, deny: int = DENY_NONE, **kw: object
+    c: Client,
+    name: bytes,
+    access: int = BOTH,
+    deny: int = DENY_NONE,
+    how: nfs4.openflag4 | None = None,
 ) -> tuple[bytes, nfs4.stateid4]:
-    res = await c.expect(OK, ROOT, open_op(name, access, deny, **kw), GETFH)  # type: ignore[arg-type]
+    """OPEN (creating by default) ``name`` in the root: its filehandle and open stateid."""
+    res = await c.expect(OK, ROOT, open_op(name, access, deny, how), GETFH)
     return c.value(res, 3).object, c.value(res, 2).stateid
 
 
@@ -251,8 +256,8 @@ async def test_a_courteous_client_makes_room_for_a_new_one(tmp_path: Path, clock
 async def test_special_stateid_io_refused_only_by_a_courteous_deny(
     tmp_path: Path, clock: Clock
 ) -> None:
-    """READ with the anonymous stateid, refused by another
-    client's share deny (NFS4ERR_LOCKED), go ahead once that client is courteous."""
+    """READ with the anonymous stateid, refused by another client's share deny
+    (NFS4ERR_LOCKED), goes ahead once that client is courteous."""
     srv = build(tmp_path)
     try:
         a = await Client(srv, b"client-a").mount()
