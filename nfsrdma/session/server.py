@@ -288,13 +288,15 @@ class ServerSessions:
 
     def courteous(self, clientid: int) -> bool:
         """Is the client courteous: its lease ran out (by the clock of the latest request or
-        reap, ``now``), nothing of it executing, its state kept until someone conflicts?"""
+        reap, ``now``) while it holds state, kept until someone conflicts, and nothing of it is
+        executing?"""
         client = self.clients.get(clientid)
         if client is None or not client.confirmed:
             return False
         if client.courteous:
             return True
-        return not client.busy and client.lease_expired(self.now, self.lease_time)
+        expired = not client.busy and client.lease_expired(self.now, self.lease_time)
+        return expired and self.has_state(clientid)
 
     def expire_courteous(self, clientid: int) -> bool:
         """Another client's request conflicts with this courteous client's state: expire it
