@@ -5,8 +5,9 @@ sections 18.25, 18.26.4).
   does nothing: NFS4_OK, change_info with before == after, the directories' change attributes
   unmoved, both names still there.
 * REMOVE of, or RENAME over, a file a client holds open: the opener's stateid keeps working
-  (READ, WRITE, LOCK, LOCKU, GETATTR, CLOSE) until its CLOSE, as local POSIX semantics keep an
-  unlinked file for its openers; after the last CLOSE the handle is NFS4ERR_STALE.
+  (READ, WRITE, LOCK, LOCKU, GETATTR, SETATTR of size, COMMIT, CLOSE) until its CLOSE, as local
+  POSIX semantics keep an unlinked file for its openers; after the last CLOSE the handle is
+  NFS4ERR_STALE.
 
 Two clients are two client IDs with their own sessions on one server, through the real COMPOUND
 path (``wire.py``).
@@ -119,7 +120,7 @@ def _attrs() -> nfs4.fattr4:
 
 async def _still_usable(c: Client, fh: bytes, sid: nfs4.stateid4, content: bytes) -> None:
     """The opener's stateid works on the unlinked file: READ, WRITE, LOCK, LOCKU, GETATTR,
-    CLOSE; afterwards its handle is stale."""
+    SETATTR of size, COMMIT, FREE_STATEID, CLOSE; afterwards its handle is stale."""
     res = await c.expect(OK, putfh(fh), read(sid))
     assert bytes(c.value(res, 2).data) == content
     await c.expect(OK, putfh(fh), write(sid, len(content), b"+more"))
@@ -130,6 +131,12 @@ async def _still_usable(c: Client, fh: bytes, sid: nfs4.stateid4, content: bytes
     await c.expect(OK, putfh(fh), op(nfs4.OP_LOCKU, nfs4.LOCKU4args(nfs4.WRITE_LT, 0, lsid, 0, 10)))
     res = await c.expect(OK, putfh(fh), getattr_op(nfs4.FATTR4_NUMLINKS))
     assert c.value(res, 2).obj_attributes.attr_vals == (0).to_bytes(4, "big")
+    # ftruncate through the open (SETATTR of size with its stateid), then COMMIT.
+    size = nfs4.fattr4(bitmap_of([nfs4.FATTR4_SIZE]), (3).to_bytes(8, "big"))
+    await c.expect(OK, putfh(fh), op(nfs4.OP_SETATTR, nfs4.SETATTR4args(sid, size)))
+    await c.expect(OK, putfh(fh), op(nfs4.OP_COMMIT, nfs4.COMMIT4args(0, 0)))
+    res = await c.expect(OK, putfh(fh), read(sid))
+    assert bytes(c.value(res, 2).data) == content[:3]
     await c.expect(OK, putfh(fh), op(nfs4.OP_FREE_STATEID, nfs4.FREE_STATEID4args(lsid)))
     await c.expect(OK, putfh(fh), close_op(sid))
     await c.expect(nfs4.NFS4ERR_STALE, putfh(fh))
