@@ -115,7 +115,9 @@ async def test_a_courteous_client_that_comes_back_keeps_its_state(
         a = await Client(srv, b"client-a").mount()
         b = await Client(srv, b"client-b").mount()
         fh, sa = await open_file(a, b"g", BOTH, DENY_WRITE)
-        await a.expect(OK, putfh(fh), op(nfs4.OP_WRITE, nfs4.WRITE4args(sa, 0, 0, b"kept")))
+        await a.expect(
+            OK, putfh(fh), op(nfs4.OP_WRITE, nfs4.WRITE4args(sa, 0, nfs4.UNSTABLE4, b"kept"))
+        )
         res = await a.expect(OK, putfh(fh), lock_new(sa, b"pa", 0, 10))
         la = a.value(res, 2).lock_stateid
         for _ in range(10):  # the reaper runs, B stays active, A does not renew
@@ -129,7 +131,7 @@ async def test_a_courteous_client_that_comes_back_keeps_its_state(
         assert not srv.sessions.courteous(a.clientid)  # renewed: active again
         # Its state still refuses B: a lock through LOCKT, its deny through OPEN.
         res = await b.expect(nfs4.NFS4ERR_DENIED, putfh(fh), lockt(b"pb", 5, 1))
-        assert res.resarray[2].value.value.owner.clientid == a.clientid
+        assert b.value(res, 2).owner.clientid == a.clientid
         await b.expect(nfs4.NFS4ERR_SHARE_DENIED, ROOT, open_op(b"g", WRITE, how=NOCREATE))
         await a.expect(
             OK, putfh(fh), op(nfs4.OP_LOCKU, nfs4.LOCKU4args(nfs4.WRITE_LT, 0, la, 0, 10))
@@ -263,7 +265,9 @@ async def test_special_stateid_io_refused_only_by_a_courteous_deny(
         a = await Client(srv, b"client-a").mount()
         b = await Client(srv, b"client-b").mount()
         fh, sa = await open_file(a, b"s", BOTH, nfs4.OPEN4_SHARE_DENY_BOTH)
-        await a.expect(OK, putfh(fh), op(nfs4.OP_WRITE, nfs4.WRITE4args(sa, 0, 0, b"secret")))
+        await a.expect(
+            OK, putfh(fh), op(nfs4.OP_WRITE, nfs4.WRITE4args(sa, 0, nfs4.UNSTABLE4, b"secret"))
+        )
         anonymous = nfs4.stateid4(0, bytes(12))
         await b.expect(nfs4.NFS4ERR_LOCKED, putfh(fh), read(anonymous))
         clock.now += LEASE + 1

@@ -78,9 +78,12 @@ def name_of(status: int) -> str:
 
 
 def status_list(res: nfs4.COMPOUND4res) -> list[str]:
-    return [
-        f"{r.resop.name}:{name_of(getattr(r.value, r.value.__slots__[0]))}" for r in res.resarray
-    ]
+    """``OP_NAME:STATUS`` of each result, for assertion messages."""
+    out = []
+    for r in res.resarray:
+        v: Any = r.value
+        out.append(f"{r.resop.name}:{name_of(getattr(v, v.__slots__[0]))}")
+    return out
 
 
 class Client:
