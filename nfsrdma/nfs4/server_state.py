@@ -66,6 +66,7 @@ class ServerState:
     executor: ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
+        self.state.leases = self.sessions  # courteous clients (nfsrdma.session.server)
         self.executor = ThreadPoolExecutor(self.config.io_threads, thread_name_prefix="nfsrdma-io")
 
     def close(self) -> None:

@@ -26,6 +26,16 @@ Locks
 One :class:`LockState` per (lock-owner, file), derived from an open of the file (section
 9.1.4); its ranges follow POSIX semantics (``state_locks.py``). Locks conflict only between
 different lock owners. All of a client's state goes with it (:meth:`StateManager.client_expired`).
+
+Courteous clients
+-----------------
+A client whose lease ran out while it held state keeps it, *courteous* (``leases``: the session
+layer, ``ServerSessions.courteous``; see ``nfsrdma.session.server``). When a request of another
+client is refused only by courteous clients' state (a share reservation for OPEN, a byte-range
+lock for LOCK and LOCKT, a share deny for I/O with a special stateid and SETATTR of size), those
+clients are expired on the spot, all their state released, and the request is granted at once, as
+knfsd does. If an active client's state is in the way too, the request is refused and no
+courteous client loses anything.
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from nfsrdma.nfs4 import state_locks
 from nfsrdma.nfs4.context import ANONYMOUS_STATEID, BYPASS_STATEID, Nfs4Error
@@ -77,6 +87,13 @@ def is_anonymous(sid: nfs4.stateid4) -> bool:
 
 def is_bypass(sid: nfs4.stateid4) -> bool:
     return sid.seqid == BYPASS_STATEID.seqid and sid.other == BYPASS_STATEID.other
+
+
+class Leases(Protocol):
+    """What the state layer asks the session layer about clients' leases."""
+
+    def courteous(self, clientid: int) -> bool: ...
+    def expire_courteous(self, clientid: int) -> bool: ...
 
 
 @dataclass(eq=False, slots=True)
@@ -181,6 +198,8 @@ class StateManager:
         # with CB_NOTIFY_LOCK (section 20.11) instead of polling. The server sets the sender.
         self._waiters: dict[bytes, dict[OwnerKey, None]] = {}
         self.notify_lock: Callable[[int, bytes, bytes], None] | None = None
+        # Which clients are courteous, and expiring them (ServerState wires the sessions).
+        self.leases: Leases | None = None
 
     # ------------------------------------------------------------------ stateids
 
@@ -294,11 +313,26 @@ class StateManager:
         f = self._files.get(fh)
         if f is None:
             return
-        for o in f.opens.values():
-            if o is mine:
-                continue
-            if (access & o.deny) or (deny & o.access):
-                raise Nfs4Error(nfs4.NFS4ERR_SHARE_DENIED)
+        holders = {
+            o.clientid
+            for o in f.opens.values()
+            if o is not mine and ((access & o.deny) or (deny & o.access))
+        }
+        if holders and not self._make_way(holders):
+            raise Nfs4Error(nfs4.NFS4ERR_SHARE_DENIED)
+
+    def _make_way(self, holders: set[int]) -> bool:
+        """The clients ``holders`` hold state refusing a request: if all of them are
+        courteous, expire them (their state goes) and return True; else False, and nothing
+        changes."""
+        leases = self.leases
+        if leases is None or not all(leases.courteous(c) for c in holders):
+            return False
+        for clientid in holders:
+            leases.expire_courteous(clientid)
+            self.client_expired(clientid)  # done by the expiry already, when wired
+        log.info("courteous clients %s expired: their state refused a request", holders)
+        return True
 
     def add_open(
         self,
@@ -387,12 +421,14 @@ class StateManager:
         if f is None:
             return None
         found: tuple[LockState, LockRange] | None = None
+        holders: set[int] = set()
         for ls, r in f.lock_ranges():
             if ls.key == key or not r.conflicts(start, end, kind):
                 continue
+            holders.add(ls.clientid)
             if found is None or r.start < found[1].start:
                 found = (ls, r)
-        if found is None:
+        if found is None or self._make_way(holders):
             return None
         ls, r = found
         return Conflict(r.start, r.end, r.kind, ls.clientid, ls.owner)
@@ -475,7 +511,8 @@ class StateManager:
         if f is None:
             return
         bit = DENY_WRITE if write else DENY_READ
-        if any(o.deny & bit for o in f.opens.values()):
+        holders = {o.clientid for o in f.opens.values() if o.deny & bit}
+        if holders and not self._make_way(holders):
             raise Nfs4Error(nfs4.NFS4ERR_LOCKED)
 
     def io_file(self, clientid: int, sid: nfs4.stateid4, fh: bytes, write: bool) -> OpenFile | None:

@@ -43,9 +43,17 @@ class Client:
     status_flags: int = 0  # SEQ4_STATUS_* bits set by the state layer (revoked state...)
     removed: bool = False
     source: str = ""  # the source address its EXCHANGE_ID came from (shares.source_of)
+    # Courtesy (``ServerSessions.reap``): the ``last_renewed`` of when the lease ran out with
+    # state held; the client is courteous while it has not renewed since.
+    courtesy_mark: float | None = None
 
     def lease_expired(self, now: float, lease_time: float) -> bool:
         return now - self.last_renewed > lease_time
+
+    @property
+    def courteous(self) -> bool:
+        """Its lease ran out while it held state, which it keeps until someone conflicts."""
+        return self.courtesy_mark is not None and self.courtesy_mark == self.last_renewed
 
     @property
     def busy(self) -> bool:

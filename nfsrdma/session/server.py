@@ -16,6 +16,24 @@ cache budget (fewer slots are granted when the budget runs low). All of these ar
 source address and per client owner, a newcomer always gets at least a minimal session, and idle
 slots are taken back: the policy and its numbers are in ``nfsrdma.session.shares`` and
 ``nfsrdma.session.ratelimit``. Unconfirmed records and clients whose lease expired are reaped.
+
+Courteous expiry (RFC 8881 section 8.3 lets a server keep an expired client's state; knfsd does
+since Linux 5.19). A confirmed client whose lease ran out while it held open or lock state is not
+dropped: from the moment its lease has run out it is *courteous*, keeping its record, its
+sessions and its state. If it comes back (any SEQUENCE, or EXCHANGE_ID, renews the lease) it
+carries on as if nothing happened.
+If another client's request conflicts with its state first, the state layer calls
+``expire_courteous``: the client is then expired at once, exactly as a lease expiry without
+courtesy would (sessions destroyed, record removed, all its state released), and the conflicting
+request goes ahead in the same COMPOUND. Coming back later, it finds its client ID expired, the
+RFC's answer for a client whose lease ran out (section 8.3): SEQUENCE on its old session gets
+NFS4ERR_BADSESSION, CREATE_SESSION or DESTROY_CLIENTID with its client ID NFS4ERR_STALE_CLIENTID,
+and it recovers through EXCHANGE_ID as after a lease loss. (Revoking only the conflicting state and
+reporting SEQ4_STATUS_EXPIRED_SOME_STATE_REVOKED, section 18.46.3, was the alternative; expiring
+the whole client is what knfsd does, needs no revoked-stateid bookkeeping, and every client
+already handles it.) Courtesy is bounded: a courteous client is expired after ``courtesy_time``
+(24 h, as knfsd), the oldest courteous clients beyond ``max_courteous_clients`` are expired, and
+a courteous client is evicted to make room when the client-record cap is reached.
 """
 
 from __future__ import annotations
@@ -128,6 +146,8 @@ class SessionCaps:
     min_slots: int = 4  # a minimal session: always granted while sessions may be created ...
     min_cached: int = 4096  # ... with cached replies of at most this size
     slot_idle_time: float = 60.0  # slots above the minimal ones unused this long are taken back
+    courtesy_time: float = 24 * 3600.0  # a courteous client is expired this long after its lease
+    max_courteous_clients: int = 1024  # beyond this, the longest-expired ones are expired
 
     @property
     def min_session_cost(self) -> int:
@@ -211,6 +231,7 @@ class ServerSessions:
             owner_share=caps.drc_owner_share,
         )
         self._source_sessions: Tally[str] = Tally()
+        self.now = 0.0  # the latest clock reading seen (requests, reap): for ``courteous``
 
     @classmethod
     def from_config(
@@ -265,6 +286,28 @@ class ServerSessions:
                 client.status_flags | flags if on else client.status_flags & ~flags
             )
 
+    def courteous(self, clientid: int) -> bool:
+        """Is the client courteous: its lease ran out (by the clock of the latest request or
+        reap, ``now``) while it holds state, kept until someone conflicts, and nothing of it is
+        executing?"""
+        client = self.clients.get(clientid)
+        if client is None or not client.confirmed:
+            return False
+        if client.courteous:
+            return True
+        expired = not client.busy and client.lease_expired(self.now, self.lease_time)
+        return expired and self.has_state(clientid)
+
+    def expire_courteous(self, clientid: int) -> bool:
+        """Another client's request conflicts with this courteous client's state: expire it
+        now (its state is released through ``on_client_expired``). False if the client is
+        not courteous (it renewed its lease, or is gone): then nothing is done."""
+        client = self.clients.get(clientid)
+        if client is None or not self.courteous(clientid):
+            return False
+        self._expire(client, "courteous client in the way of another client's request")
+        return True
+
     def reclaim_done(self, clientid: int) -> bool:
         """Has the client sent RECLAIM_COMPLETE (rca_one_fs false)?"""
         client = self.clients.get(clientid)
@@ -289,6 +332,7 @@ class ServerSessions:
         source: str = "",
     ) -> nfs4.EXCHANGE_ID4resok:
         """``source``: the source address of the connection (``shares.source_of``)."""
+        self.now = max(self.now, now)
         flags = args.eia_flags
         if flags & ~EIA_FLAGS_ALLOWED:
             raise SessionError(nfs4.NFS4ERR_INVAL, f"eia_flags {flags:#x}")
@@ -334,25 +378,33 @@ class ServerSessions:
     def _admit_client(self, owner: bytes, source: str, now: float, replacing: bool) -> None:
         """May ``owner`` at ``source`` get a new client record now? Rate first (a refused
         request evicts nothing), then the memory caps: the source's share, then the server's
-        total, each making room by evicting an old unconfirmed record."""
+        total, each making room by evicting an old unconfirmed record or a courteous client."""
         if not self._creations.allow(owner, source, now):
             raise SessionError(nfs4.NFS4ERR_DELAY, "client records created too fast")
         if replacing:
             return
         caps = self.caps
         old_enough = now - caps.unconfirmed_grace
-        if self.clients.per_source[source] >= caps.max_clients_per_source:
-            victim = self.clients.oldest_unconfirmed(old_enough, source)
-            if victim is None:
-                raise SessionError(nfs4.NFS4ERR_DELAY, "too many client records from one source")
-            self.clients.remove(victim)
+        full = self.clients.per_source[source] >= caps.max_clients_per_source
+        if full and not self._make_room(old_enough, source):
+            raise SessionError(nfs4.NFS4ERR_DELAY, "too many client records from one source")
         if len(self.clients) >= caps.max_clients:
             self._reap_unconfirmed(now)
-        if len(self.clients) >= caps.max_clients:
-            victim = self.clients.oldest_unconfirmed(old_enough)
-            if victim is None:
-                raise SessionError(nfs4.NFS4ERR_DELAY, "too many client records")
+        if len(self.clients) >= caps.max_clients and not self._make_room(old_enough, None):
+            raise SessionError(nfs4.NFS4ERR_DELAY, "too many client records")
+
+    def _make_room(self, old_enough: float, source: str | None) -> bool:
+        """Evict one record (of ``source``): the oldest unconfirmed one created before
+        ``old_enough``, else the longest-expired courteous client. False if there is none."""
+        victim = self.clients.oldest_unconfirmed(old_enough, source)
+        if victim is not None:
             self.clients.remove(victim)
+            return True
+        for client in self._courteous_clients():
+            if source is None or client.source == source:
+                self._expire(client, "courtesy ended: room needed for a new client")
+                return True
+        return False
 
     # -- CREATE_SESSION (18.36) ------------------------------------------------------------
     def create_session(
@@ -365,6 +417,7 @@ class ServerSessions:
         source: str = "",
     ) -> nfs4.CREATE_SESSION4resok:
         """``source``: the source address of ``conn`` (``shares.source_of``)."""
+        self.now = max(self.now, now)
         client = self.clients.get(args.csa_clientid)
         if client is None:
             raise SessionError(nfs4.NFS4ERR_STALE_CLIENTID, f"client id {args.csa_clientid:#x}")
@@ -491,6 +544,7 @@ class ServerSessions:
         op_count: int,
         request_size: int,
     ) -> SequenceResult:
+        self.now = max(self.now, now)
         session = self.sessions.get(args.sa_sessionid)
         if session is None:
             raise SessionError(nfs4.NFS4ERR_BADSESSION, args.sa_sessionid.hex())
@@ -506,6 +560,9 @@ class ServerSessions:
             self._bind(session, conn, bound | FORE)  # SP4_NONE: bound by use (SS-12)
         slots = session.slots
         slot, disposition = slots.classify(args.sa_slotid, args.sa_sequenceid)
+        if session.client.courteous:
+            log.info("client %#x is back, its state intact (courtesy)", session.clientid)
+            session.client.courtesy_mark = None
         session.client.last_renewed = now
         slots.client_highest(args.sa_highest_slotid)
         self._note_slot_use(session, max(args.sa_slotid, args.sa_highest_slotid), now)
@@ -719,8 +776,10 @@ class ServerSessions:
     # -- leases (8.3) ----------------------------------------------------------------------
     def reap(self, now: float) -> list[int]:
         """Drop unconfirmed records older than a lease and clients whose lease ran out (with
-        nothing executing), with their sessions and reservations; take back idle slots.
-        Returns the client ids whose state was dropped."""
+        nothing executing), with their sessions and reservations, except that clients holding
+        state become courteous (see the module docstring) until their courtesy ends; take back
+        idle slots. Returns the client ids whose state was dropped."""
+        self.now = max(self.now, now)
         expired: list[int] = []
         self._reclaim_idle_slots(now)
         self._creations.expire(now)
@@ -728,10 +787,36 @@ class ServerSessions:
             if not client.confirmed:
                 if client.lease_expired(now, self.lease_time):
                     self.clients.remove(client)
-            elif client.lease_expired(now, self.lease_time + self.lease_slack) and not client.busy:
-                self._expire(client, "lease expired")
-                expired.append(client.clientid)
+            elif client.lease_expired(now, self.lease_time) and not client.busy:
+                why = self._courtesy_over(client, now)
+                if why is not None:
+                    self._expire(client, why)
+                    expired.append(client.clientid)
+        courteous = self._courteous_clients()
+        for client in courteous[: max(0, len(courteous) - self.caps.max_courteous_clients)]:
+            self._expire(client, "courtesy ended: too many courteous clients")
+            expired.append(client.clientid)
         return expired
+
+    def _courtesy_over(self, client: Client, now: float) -> str | None:
+        """Why a client whose lease ran out must go now, or None: it stays (courteous if it
+        holds state; one without state gets ``lease_slack`` more before it goes)."""
+        if not self.has_state(client.clientid):
+            if client.lease_expired(now, self.lease_time + self.lease_slack):
+                return "lease expired"
+            return None
+        if now - client.last_renewed > self.lease_time + self.caps.courtesy_time:
+            return "courtesy time over"
+        if not client.courteous:
+            client.courtesy_mark = client.last_renewed
+            log.info("client %#x: lease expired, state kept until it conflicts", client.clientid)
+        return None
+
+    def _courteous_clients(self) -> list[Client]:
+        """The courteous clients, longest expired first."""
+        found = [c for c in self.clients if self.courteous(c.clientid)]
+        found.sort(key=lambda c: c.last_renewed)
+        return found
 
     def _reap_unconfirmed(self, now: float) -> None:
         for client in self.clients:

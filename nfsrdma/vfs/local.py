@@ -11,6 +11,14 @@ the retry of an exclusive create gets a writable open, as the first attempt did;
 the caller may execute may be opened for reading (NFSD_MAY_READ_IF_EXEC: clients READ to exec).
 A file created by OPEN is returned writable whatever its mode, because open(2) with O_CREAT does.
 
+Removal and rename
+------------------
+REMOVE of the last name of a file that is open (a ``LocalOpenFile`` of it is not closed yet), or
+RENAME over it, leaves the file usable through its handle until its last open file is closed, as
+POSIX keeps an unlinked file for its openers (see "Open files removed through this server" in
+``resolver.py``). RENAME of a name onto itself, or onto another hard link of the same file, does
+nothing (rename(2) does nothing either): the change attributes of the directories do not move.
+
 Other file systems mounted under the export are not crossed (see ``resolver.py``).
 Only regular files are ever opened for I/O (opening a FIFO or a device would block or act on the
 server); symlinks are objects of their own and are never followed.
@@ -22,6 +30,7 @@ import contextlib
 import errno
 import os
 import stat
+import threading
 from typing import Final
 
 from nfsrdma.vfs import attrs, confine, syscalls
@@ -109,6 +118,8 @@ class LocalVfs(Vfs):
         secret = export_secret(self.root_path, st, export.state_dir)
         self._cookies = CookieJar(secret)
         self._changes = ChangeCounter()
+        self._open_lock = threading.Lock()
+        self._open_counts: dict[bytes, int] = {}  # fh -> LocalOpenFiles not closed yet
         self._umask = _process_umask()
         self._res = Resolver(
             self.root_path,
@@ -147,10 +158,40 @@ class LocalVfs(Vfs):
         except OSError:
             return
         if st.st_nlink == 0:
-            self._res.forget(fh)
+            with self._open_lock:
+                still_open = fh in self._open_counts
+                if still_open:  # under the lock: the last close cannot slip in between
+                    self._res.keep_orphan(fh, fd, st.st_ino)
+            if not still_open:
+                self._res.forget(fh)
             return
         self._changes.bump(st.st_ino)
         self._res.unname(fh, parent_fh, name)
+
+    def _open_file(
+        self, fd: int, fh: bytes, fileid: int, *, readable: bool, writable: bool
+    ) -> LocalOpenFile:
+        """A LocalOpenFile owning ``fd``, counted among the open files of ``fh``."""
+        with self._open_lock:
+            self._open_counts[fh] = self._open_counts.get(fh, 0) + 1
+        return LocalOpenFile(
+            fd,
+            fh,
+            fileid,
+            readable=readable,
+            writable=writable,
+            changes=self._changes,
+            on_close=self._file_closed,
+        )
+
+    def _file_closed(self, fh: bytes) -> None:
+        with self._open_lock:
+            left = self._open_counts.get(fh, 0) - 1
+            if left > 0:
+                self._open_counts[fh] = left
+                return
+            self._open_counts.pop(fh, None)
+            self._res.drop_orphan(fh)
 
     def _fix_mode(self, fd: int, st: os.stat_result, mode: int) -> None:
         """Give a new object the bits the process umask stripped (knfsd creates with umask 0)."""
@@ -421,9 +462,7 @@ class LocalVfs(Vfs):
             pin.release()
         if truncate:
             self._changes.bump(st.st_ino)
-        return LocalOpenFile(
-            fd, pin.key, st.st_ino, readable=read, writable=write, changes=self._changes
-        )
+        return self._open_file(fd, pin.key, st.st_ino, readable=read, writable=write)
 
     def create_file(
         self,
@@ -501,7 +540,7 @@ class LocalVfs(Vfs):
         self._changes.bump(pin.fileid)
         self._res.remember(fh, pin.key, name)
         self._res.fds.put(fh, path_fd, st.st_ino)
-        of = LocalOpenFile(fd, fh, st.st_ino, readable=True, writable=True, changes=self._changes)
+        of = self._open_file(fd, fh, st.st_ino, readable=True, writable=True)
         return fh, of, True
 
     def _open_existing(
@@ -535,7 +574,7 @@ class LocalVfs(Vfs):
             raise
         self._res.remember(fh, pin.key, name)
         self._res.fds.put(fh, path_fd, st.st_ino)
-        of = LocalOpenFile(fd, fh, st.st_ino, readable=read, writable=write, changes=self._changes)
+        of = self._open_file(fd, fh, st.st_ino, readable=read, writable=write)
         return fh, of, created
 
     def anonymous_read(self, cred: Cred, fh: bytes, offset: int, count: int) -> tuple[bytes, bool]:
@@ -743,6 +782,8 @@ class LocalVfs(Vfs):
         try:
             with contextlib.suppress(FileNotFoundError):
                 dst_fd = open_component(dpin.fd, dname)
+            if dst_fd >= 0 and _same_object(os.fstat(src_fd), os.fstat(dst_fd)):
+                return  # one name, or two links of one file: rename(2) would do nothing
             os.rename(sname, dname, src_dir_fd=spin.fd, dst_dir_fd=dpin.fd)
             self._changes.bump(spin.fileid)
             self._changes.bump(dpin.fileid)
@@ -778,6 +819,10 @@ class LocalVfs(Vfs):
         finally:
             opin.release()
         self._res.remember(opin.key, dpin.key, bname, replace=False)
+
+
+def _same_object(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def _timespec(t: TimeSet | None) -> syscalls.TimeSpec:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from collections.abc import Callable
 
 from nfsrdma.vfs import attrs
 from nfsrdma.vfs.base import Attributes, OpenFile
@@ -14,7 +15,8 @@ from nfsrdma.vfs.changes import ChangeCounter
 class LocalOpenFile(OpenFile):
     """Owns one descriptor. I/O is pread/pwrite (thread-safe, no shared file offset); an
     in-flight counter makes ``close`` wait for no one yet never close a descriptor under a
-    running call (the last call out closes it)."""
+    running call (the last call out closes it). ``on_close(fh)`` is called once, by the first
+    ``close`` (the backend counts the open files of each object, see ``LocalVfs``)."""
 
     def __init__(
         self,
@@ -25,6 +27,7 @@ class LocalOpenFile(OpenFile):
         readable: bool,
         writable: bool,
         changes: ChangeCounter,
+        on_close: Callable[[bytes], None] | None = None,
     ) -> None:
         self._fd = fd
         self.fh = fh
@@ -35,6 +38,7 @@ class LocalOpenFile(OpenFile):
         self._lock = threading.Lock()
         self._busy = 0
         self._closing = False
+        self._on_close = on_close
 
     def _enter(self) -> int:
         with self._lock:
@@ -114,6 +118,8 @@ class LocalOpenFile(OpenFile):
                 self._fd = -1
         if fd >= 0:
             os.close(fd)
+        if self._on_close is not None:
+            self._on_close(self.fh)
 
     def __del__(self) -> None:
         if getattr(self, "_fd", -1) >= 0 and not getattr(self, "_closing", True):

@@ -51,6 +51,20 @@ without the clone), and a root that was removed serves an empty, unwritable dire
 
 There is a window between the check and the use of a descriptor (the same as in knfsd): the
 check proves the object was inside after it was opened, not that it stays so during one call.
+
+Open files removed through this server
+--------------------------------------
+A regular file whose last name a client removed through this server (REMOVE, or RENAME over it)
+while it is open (an OPEN of any client holds it) is not "outside the export": it is deleted, and
+POSIX keeps a deleted file usable by whoever has it open. The backend hands the resolver an
+O_PATH descriptor of it (:meth:`Resolver.keep_orphan`); until the last open file of the object is
+closed (:meth:`Resolver.drop_orphan`) its handle resolves to that descriptor without the
+confinement check and without the "removed, so stale" rule, so its openers' READ, WRITE, LOCK,
+GETATTR, SETATTR and CLOSE keep working; anyone holding the handle may use it meanwhile, as with
+knfsd, where a handle works as long as the inode lives. After the last close the handle is stale
+(NFS4ERR_STALE). A file removed by a local process, not through this server, is not kept: the
+server cannot tell whether it was deleted inside the export or moved out first, so its handle is
+stale as before (its opens' stateids remain, but PUTFH of the handle fails).
 """
 
 from __future__ import annotations
@@ -104,6 +118,7 @@ class Resolver:
         self._ident = ident
         self._loc_lock = threading.Lock()
         self._locations: OrderedDict[bytes, tuple[bytes, bytes]] = OrderedDict()
+        self._orphans: dict[bytes, tuple[int, int]] = {}  # fh -> (O_PATH fd, fileid)
         self._location_capacity = location_cache_size
         self.cloned = False
         root_fd = -1
@@ -165,6 +180,10 @@ class Resolver:
         return False
 
     def close(self) -> None:
+        with self._loc_lock:
+            orphans, self._orphans = list(self._orphans.values()), {}
+        for fd, _ in orphans:
+            os.close(fd)
         self.fds.close_all()
         if self._proc_fds >= 0:
             os.close(self._proc_fds)
@@ -182,6 +201,10 @@ class Resolver:
             if not isinstance(fh, bytearray | memoryview):
                 raise BadHandle("handle must be bytes")
             fh = bytes(fh)
+        if self._orphans:
+            orphan = self._pin_orphan(fh)
+            if orphan is not None:
+                return orphan
         pin = self._acquire_inside(fh)
         if pin is not None:
             return pin
@@ -210,6 +233,39 @@ class Resolver:
             os.close(fd)
             return self._walk(fh)  # a file's dentry outside or disconnected: its known name
         return self.fds.insert(fh, fd, st.st_ino)
+
+    def _pin_orphan(self, fh: bytes) -> Pin | None:
+        """The descriptor of ``fh`` if it is an open file removed through this server."""
+        with self._loc_lock:
+            orphan = self._orphans.get(fh)
+            if orphan is None:
+                return None
+            fd = os.dup(orphan[0])
+        return self.fds.insert(fh, fd, orphan[1])
+
+    def keep_orphan(self, fh: bytes, fd: int, fileid: int) -> None:
+        """``fh`` lost its last name through this server while open: keep serving it from
+        ``fd`` (duplicated; the caller keeps its own) until :meth:`drop_orphan`."""
+        dup = os.dup(fd)
+        with self._loc_lock:
+            old = self._orphans.get(fh)
+            self._orphans[fh] = (dup, fileid)
+            self._locations.pop(fh, None)
+        if old is not None:
+            os.close(old[0])
+        self.fds.discard(fh)  # a cached descriptor would read as " (deleted)": use the orphan
+
+    def drop_orphan(self, fh: bytes) -> None:
+        """The last open file of ``fh`` was closed: if it was removed, its handle is stale now."""
+        with self._loc_lock:
+            orphan = self._orphans.pop(fh, None)
+        if orphan is not None:
+            os.close(orphan[0])
+            self.forget(fh)
+
+    def is_orphan(self, fh: bytes) -> bool:
+        with self._loc_lock:
+            return fh in self._orphans
 
     def _acquire_inside(self, fh: bytes) -> Pin | None:
         """The cached descriptor of ``fh`` if it is still inside the export, pinned; a cached
@@ -283,7 +339,7 @@ class Resolver:
     def stat(self, pin: Pin) -> os.stat_result:
         """fstat of a pinned object; a removed object (no links left) is stale."""
         st = os.fstat(pin.fd)
-        if st.st_nlink == 0 and pin.key != self.root_fh:
+        if st.st_nlink == 0 and pin.key != self.root_fh and not self.is_orphan(pin.key):
             self.forget(pin.key)
             raise StaleHandle("object was removed")
         return st

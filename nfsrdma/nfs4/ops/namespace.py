@@ -111,7 +111,10 @@ def remove(ctx: CompoundContext, args: nfs4.REMOVE4args) -> nfs4.REMOVE4res:
 
 
 def rename(ctx: CompoundContext, args: nfs4.RENAME4args) -> nfs4.RENAME4res:
-    """Source directory: the saved filehandle; target directory: the current one."""
+    """Source directory: the saved filehandle; target directory: the current one. Source and
+    target naming one file (the same name, or two hard links) is a no-op (section 18.26.4): the
+    VFS renames nothing, so each change_info has before == after. A file renamed over (or
+    removed) while open stays usable by its openers until their CLOSE (``vfs/resolver.py``)."""
     src_dir = _saved(ctx)
     dst_dir = ctx.fh()
     oldname = check_component(args.oldname)

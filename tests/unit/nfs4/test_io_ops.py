@@ -714,3 +714,19 @@ async def test_blocked_lock_owner_is_notified_by_cb_notify_lock(tmp_path: Path) 
         assert server.callbacks.sent == 1 and server.callbacks.failed == 0
         # The waiter takes the lock now; no further notification is pending.
         await b.on(fh, OK, b.lock_new(sb, b"pidB", 0, 100, nfs4.WRITEW_LT))
+
+
+async def test_courteous_expiry_is_wired_in_the_real_server(tmp_path: Path) -> None:
+    """NFSServer wires courtesy (issue 11 section 3): the reaper, run past A's lease, keeps
+    A's state; B's OPEN refused only by it expires A and succeeds."""
+    async with served(tmp_path, clients=2) as (server, (a, b)):
+        assert server.state is not None
+        sessions = server.state.sessions
+        await a.open(b"c", BOTH, DENY_WRITE)
+        lease = server.config.lease_time
+        assert sessions.reap(time.monotonic() + lease + 1) == []  # B: within its slack
+        assert sessions.courteous(a.clientid) and not sessions.courteous(b.clientid)
+        assert server.state.state.client_has_state(a.clientid)
+        await b.open(b"c", WRITE, how=NOCREATE)
+        assert sessions.client(a.clientid) is None
+        assert not server.state.state.client_has_state(a.clientid)

@@ -60,6 +60,42 @@ def test_a_client_with_a_request_executing_is_not_reaped() -> None:
     assert s.reap(111) == [session.clientid]
 
 
+def test_a_client_holding_state_is_courteous_instead_of_reaped() -> None:
+    """Courteous expiry in the session layer alone (issue 11 section 3): with state, a lapsed
+    client is kept; it is courteous from the end of its lease by the latest clock seen; a
+    SEQUENCE makes it active again; ``expire_courteous`` refuses an active client and expires
+    a courteous one (its state through ``on_client_expired``)."""
+    expired: list[int] = []
+    holding: set[int] = set()
+    s = make_sessions(
+        lease_time=10,
+        lease_slack=2,
+        on_client_expired=expired.append,
+        has_state=holding.__contains__,
+    )
+    a = new_session(s, A, owner=b"a", now=0)
+    b = new_session(s, B, owner=b"b", now=0)
+    holding.add(a.clientid)
+    assert not s.courteous(a.clientid)
+    r = s.sequence(seq(b.sessionid, 1), conn=B, now=10.5, op_count=1, request_size=100)
+    assert s.courteous(a.clientid)  # by B's clock: A's lease ran out, nothing reaped yet
+    assert not s.courteous(b.clientid)  # B holds nothing
+    s.finish(r, None, now=10.5)
+    assert s.reap(100) == [b.clientid]  # B without state goes; A stays, courteous
+    assert s.courteous(a.clientid) and expired == [b.clientid]
+    r = s.sequence(seq(a.sessionid, 1), conn=A, now=101, op_count=1, request_size=100)
+    s.finish(r, None, now=101)
+    assert not s.courteous(a.clientid)
+    assert not s.expire_courteous(a.clientid) and s.client(a.clientid) is not None
+    assert s.reap(112) == [] and s.courteous(a.clientid)
+    assert s.expire_courteous(a.clientid)
+    assert expired == [b.clientid, a.clientid] and s.client(a.clientid) is None
+    assert (
+        raises(s.sequence, seq(a.sessionid, 2), conn=A, now=113, op_count=1, request_size=100)
+        == nfs4.NFS4ERR_BADSESSION
+    )
+
+
 def test_unconfirmed_records_reaped_after_a_lease_without_callbacks() -> None:
     expired: list[int] = []
     s = make_sessions(lease_time=10, on_client_expired=expired.append)
