@@ -231,12 +231,13 @@ async def test_cancel_mid_read_releases_slots(nfs_server: Server, testdir: str) 
         proxy.rules.append(Rule(on_reply=hold))
         buf = _Buffer(size)
         released = weakref.ref(buf)
+        reads_before = len(proxy.find(nfs4.OP_READ))
         task = asyncio.create_task(f.readinto(buf))
-        for _ in range(100):
-            await asyncio.sleep(0.02)
-            if fs.session.slots.in_flight >= 8:
-                break
-        assert fs.session.slots.in_flight >= 8
+        # Eight READs reached the server and their replies were held back: eight slots busy.
+        await proxy.until(
+            lambda: len(proxy.find(nfs4.OP_READ)) - reads_before >= 8, what="8 READs in flight"
+        )
+        assert fs.session.slots.in_flight >= 8 and not task.done()
         task.cancel()
         await asyncio.wait([task])
         assert task.cancelled()
