@@ -36,3 +36,13 @@ class Changes:
             raise AssertionError(f"{what} not reached within {timeout:g} s") from None
         finally:
             self._waiters.remove(entry)
+
+
+async def loop_turn() -> None:
+    """Let every callback already queued on the event loop run (the loop runs them in FIFO
+    order), then resume: e.g. an event a provider queued with ``call_soon`` has been delivered.
+    A barrier in the loop's order, not a pause in time."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[None] = loop.create_future()
+    loop.call_soon(fut.set_result, None)
+    await fut
