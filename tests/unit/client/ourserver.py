@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import select
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -106,4 +106,6 @@ async def _serve(directory: str, port: int, ready_fd: int | None) -> None:
 
 if __name__ == "__main__":
     os.umask(0o022)
-    asyncio.run(_serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None))
+    asyncio.run(
+        _serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)
+    )
