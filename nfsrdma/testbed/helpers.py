@@ -392,16 +392,6 @@ def rdma_listening(port: int) -> bool:
     return port in rdma_listening_ports(out)
 
 
-def wait_until(
-    predicate: Callable[[], bool], *, timeout: float, interval: float = 0.1, what: str = "condition"
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached within {timeout:.0f} s")
-        time.sleep(interval)
-
-
 # ---------------------------------------------------------------------------------------------
 # Background processes (servers run next to the test)
 

@@ -5,8 +5,8 @@ Run them with ``make test-testbed``, i.e.
 
 - Every test here gets the ``testbed`` marker.
 - Outside the guest (``TESTBED_ADDR`` unset) they skip.
-- Inside the guest a skip is a FAILURE (a missing rxe0 or knfsd must not pass silently),
-  unless the test is marked ``testbed_allow_skip``. A junit XML goes to ``TESTBED_OUT``.
+- Inside the guest a skip is a FAILURE, always (a missing rxe0, knfsd or RDMA transport must
+  not pass silently: the test bed has them all). A junit XML goes to ``TESTBED_OUT``.
 
 Fixtures: ``testbed`` (addresses, out dir), ``rxe`` (the device, checked), ``knfsd``
 (checked listeners and export), ``nfs_mount`` (mount any server, unmounted at teardown),
@@ -53,9 +53,6 @@ _mount_seq = itertools.count()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "testbed_allow_skip: a test-bed test that may legitimately skip in the VM"
-    )
     if in_testbed() and getattr(config.option, "xmlpath", None) is None:
         # Picked up by the junitxml plugin's own pytest_configure, which runs after this one.
         config.option.xmlpath = str(out_dir() / JUNIT_FILE)
@@ -79,12 +76,7 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
-    if (
-        in_testbed()
-        and report.skipped
-        and not hasattr(report, "wasxfail")
-        and item.get_closest_marker("testbed_allow_skip") is None
-    ):
+    if in_testbed() and report.skipped and not hasattr(report, "wasxfail"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
         report.longrepr = f"skipped inside the test bed, which counts as a failure: {reason}"

@@ -39,6 +39,13 @@ def ours(knfsd: Knfsd) -> Iterator[OurServer]:
         yield srv
 
 
+def closed(conn: RdmaConnection) -> asyncio.Future[BaseException | None]:
+    """Resolves (with the cause) once ``conn`` has finished closing, for whatever reason."""
+    fut: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+    conn.on_closed(lambda c, exc: fut.done() or fut.set_result(exc))
+    return fut
+
+
 @asynccontextmanager
 async def rdma_to(port: int) -> AsyncIterator[tuple[PyverbsDevice, RdmaConnection, RpcConnection]]:
     device = await open_device(guest_addr())
@@ -47,8 +54,9 @@ async def rdma_to(port: int) -> AsyncIterator[tuple[PyverbsDevice, RdmaConnectio
     try:
         yield device, conn, rpc
     finally:
+        done = closed(conn)
         conn.close()
-        await asyncio.sleep(0.1)
+        await asyncio.wait_for(done, 30)  # its resources are released before the device goes
         device.close()
 
 
@@ -156,14 +164,15 @@ async def test_pd7_ul9_our_requester_does_ddp_read_write_with_knfsd(knfsd: Knfsd
             )
             ok = res.resarray[1].value.value
             assert len(ok.data) == io
-            assert ok.data.obj is back or bytes(ok.data) == bytes(sink)  # landed in our buffer
+            assert ok.data.obj is back  # placed by knfsd's RDMA Write into our buffer (UL-14)
         assert bytes(back) == data
         assert conn.stats["write_chunks"] - before == len(data) // io  # READ data by Write chunk
     finally:
         await session.close()
+        ends = [closed(c) for c in conns]
         for c in conns:
             c.close()
-        await asyncio.sleep(0.1)
+        await asyncio.wait_for(asyncio.gather(*ends), 30)
         device.close()
 
 
@@ -208,36 +217,63 @@ async def test_sec9_inline_over_the_receive_size_breaks_only_that_connection(
         async with rdma_to(OURS_RDMA_PORT) as (_, bad, _rpc):
             region = device.pd.register(8192, Access.LOCAL_WRITE)
             assert bad.qp is not None
+            broken = closed(bad)
             bad.qp.post_send(bad._wr_id("oversized", region), [region.sge(0, 8192)])
-            for _ in range(200):
-                if bad.closed:
-                    break
-                await asyncio.sleep(0.05)
-            assert bad.closed
+            cause = await asyncio.wait_for(broken, 30)
+            assert bad.closed and isinstance(cause, ConnectionError), cause
             region.deregister()
         await good_rpc.call(nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 0, timeout=30)
 
 
-async def test_tr15_a_client_flooding_past_its_credits_does_not_hurt_others(
+async def test_tr14_a_client_flooding_past_its_credits_is_disconnected_others_are_not(
     ours: OurServer,
 ) -> None:
-    """A requester that ignores its grant (TR-14) meets the server's posted receives (TR-15):
-    RNR flow control holds it back, and the server either answers everything or drops that
-    connection; it keeps serving everyone else."""
+    """TR-14 / SS-24: a requester must never have more calls outstanding than its grant; our
+    responder ends the connection of one that does (RFC 8166 section 3.3.1 allows it) and keeps
+    serving everyone else (TR-15). The flood is eight times the grant of Long calls (a 6 KiB
+    tag goes by a position-zero Read chunk), which stay outstanding at the server while it
+    RDMA-Reads them, so the overrun really happens there. Exactly: that connection is closed,
+    the server logged the credit overrun as the reason, every call that was answered got its
+    right reply and every other one failed with the lost connection, and another connection
+    is served as before."""
+    tag = b"f" * 6000
 
     def args(w: Writer) -> None:
+        nfs4.enc_COMPOUND4args(w, nfs4.COMPOUND4args(tag, 1, []))
+
+    def empty(w: Writer) -> None:
         nfs4.enc_COMPOUND4args(w, nfs4.COMPOUND4args(b"", 1, []))
 
+    log_before = len(ours.proc.log.read_text())
     async with rdma_to(OURS_RDMA_PORT) as (_, _good, good_rpc):
         async with rdma_to(OURS_RDMA_PORT) as (_, conn, rpc):
             await rpc.call(nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 0, timeout=30)
             n = 8 * conn.credits.granted
             conn.credits.granted = conn.credits.local_max = 1000  # pretend we were granted more
+            ended = closed(conn)
             calls = [
-                asyncio.create_task(rpc.call(nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 1, args, timeout=120))
+                asyncio.create_task(
+                    rpc.call(
+                        nfs4.NFS4_PROGRAM,
+                        nfs4.NFS_V4,
+                        1,
+                        args,
+                        expect=ReplyExpectation([], 16384),
+                        timeout=120,
+                    )
+                )
                 for _ in range(n)
             ]
             done = await asyncio.gather(*calls, return_exceptions=True)
-            answered = sum(1 for d in done if not isinstance(d, BaseException))
-            assert answered == n or conn.closed
-        await good_rpc.call(nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 1, args, timeout=30)
+            await asyncio.wait_for(ended, 30)
+            assert conn.closed
+            failed = [d for d in done if isinstance(d, BaseException)]
+            answered = [d for d in done if not isinstance(d, BaseException)]
+            assert failed and all(isinstance(e, ConnectionError) for e in failed), failed
+            for res in answered:  # status NFS4_OK, then the tag echoed
+                assert res.reader.buf[res.offset : res.offset + 8] == bytes(4) + (6000).to_bytes(
+                    4, "big"
+                )
+        res = await good_rpc.call(nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 1, empty, timeout=30)
+        assert res.reader.buf[res.offset : res.offset + 4] == bytes(4)  # NFS4_OK
+    assert "calls beyond the" in ours.proc.log.read_text()[log_before:]

@@ -37,8 +37,9 @@ def test_rping_loopback(testbed: GuestEnv, rxe: str, background: BackgroundFacto
 
 @pytest.mark.parametrize("tool", ["ib_write_bw"])
 def test_perftest_loopback(tool: str, rxe: str, artefacts: Path) -> None:
-    """perftest bandwidth in loopback over rxe0 (RDMA-CM connection, RC QP)."""
+    """perftest bandwidth in loopback over rxe0 (RDMA-CM connection, RC QP): it completes and
+    reports moving what it was asked to. The bandwidth figure itself is bench material
+    (bench/testbed_baseline.py), not asserted here."""
     result = loopback_bw(tool, log_dir=artefacts, size=65536, iterations=200)
     assert result.msg_bytes == 65536
     assert result.iterations == 200
-    assert result.average_mib_s > 0

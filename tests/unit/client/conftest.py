@@ -1,6 +1,10 @@
 """Fixtures for the client tests: an NFSv4.1 server on the host, started once per test session
 (``nfs_server``: NFS-Ganesha, a third-party server, and our own ``nfsrdma.server``, each in a
-child process), and a fresh directory name for each test."""
+child process), and a fresh directory name for each test.
+
+Neither server may be missing: ``scripts/setup.sh`` installs NFS-Ganesha with both FSALs, and our
+own server is the thing under test. A server that is not installed or does not start FAILS the
+tests that use it (a skip would let a broken set-up or a broken server pass silently)."""
 
 from __future__ import annotations
 
@@ -25,14 +29,14 @@ def nfs_server(
     if request.param == "ganesha":
         why = g.available()
         if why is not None:
-            pytest.skip(why)
+            pytest.fail(f"{why}; scripts/setup.sh installs it")
         server = g.Ganesha(work, g.free_port(), "/export", work / "export")
     else:
         server = OurServer(work, g.free_port(), work / "export")
     try:
         server.start()
     except RuntimeError as e:
-        pytest.skip(f"{request.param} does not start here: {e}")
+        pytest.fail(f"{request.param} did not start: {e}")
     yield server
     server.stop()
 

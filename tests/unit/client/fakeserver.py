@@ -4,7 +4,8 @@
 and just enough operations (RENAME counts executions, WRITE/READ a byte array, OPEN hands out
 stateids). ``FakeConnection`` is a ``Connection`` whose calls go straight to the server; a
 ``fault`` hook decides per call: drop the connection before or after executing it, never
-answer, answer NFS4ERR_DELAY, or send garbage."""
+answer, answer NFS4ERR_DELAY, or send garbage. Tests wait for the server's state by event:
+``await server.until(lambda: ...)`` resumes after the call, reply or callback that made it true."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from nfsrdma.rpc import message
 from nfsrdma.transport.base import Connection, Inbound, ReplyExpectation
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import U32, Reader, Writer
+from tests.unit.conditions import Changes
 
 Fault = Callable[["FakeConnection", int, list[int]], str | None]
 
@@ -60,6 +62,13 @@ class FakeServer:
     too_big_to_cache: bool = False  # RENAME with cachethis: NFS4ERR_REP_TOO_BIG_TO_CACHE
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(100))
     _stateids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    changes: Changes = field(default_factory=Changes)
+
+    async def until(
+        self, predicate: Callable[[], bool], *, timeout: float = 10.0, what: str = "condition"
+    ) -> None:
+        """Wait until ``predicate()`` holds, re-checked after every call, reply and callback."""
+        await self.changes.until(predicate, timeout=timeout, what=what)
 
     # -- test controls -------------------------------------------------------------------------
     def connect(self) -> FakeConnection:
@@ -84,6 +93,12 @@ class FakeServer:
 
     # -- calls -----------------------------------------------------------------------------------
     def on_call(self, conn: FakeConnection, data: bytes) -> None:
+        try:
+            self._on_call(conn, data)
+        finally:
+            self.changes.notify()
+
+    def _on_call(self, conn: FakeConnection, data: bytes) -> None:
         r = Reader(data)
         xid, body, off = message.decode_call(r)
         if body.proc == 0:
@@ -316,6 +331,7 @@ class FakeServer:
         _header, off = message.decode_reply(Reader(data))
         res, _ = nfs4.dec_CB_COMPOUND4res(Reader(data), off)
         self.callbacks.append(res)
+        self.changes.notify()
 
 
 def _err(op: int, status: int) -> Any:

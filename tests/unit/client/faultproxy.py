@@ -3,7 +3,9 @@ things on purpose: drop a connection after the server executed a call (its reply
 stop forwarding replies, inject a reply with an unknown XID, corrupt a reply, or answer a call
 itself (NFS4ERR_DELAY storms).
 
-Rules are plain callables run for each call and each reply; they return a ``Verdict``."""
+Rules are plain callables run for each call and each reply; they return a ``Verdict``. Tests wait
+for what the proxy saw by event: ``await proxy.until(lambda: ...)`` is re-checked after every call
+and reply that passes through."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from nfsrdma.rpc import message
 from nfsrdma.transport.tcp import RecordParser, frame
 from nfsrdma.xdr.gen import nfs4, rpc
 from nfsrdma.xdr.runtime import Reader, Writer, XdrError
+from tests.unit.conditions import Changes
 
 
 class Verdict(enum.Enum):
@@ -135,6 +138,13 @@ class FaultProxy:
     _server: asyncio.Server | None = None
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    changes: Changes = field(default_factory=Changes)
+
+    async def until(
+        self, predicate: Callable[[], bool], *, timeout: float = 10.0, what: str = "condition"
+    ) -> None:
+        """Wait until ``predicate()`` holds, re-checked after every call and reply seen."""
+        await self.changes.until(predicate, timeout=timeout, what=what)
 
     async def start(self) -> FaultProxy:
         self._server = await asyncio.start_server(self._accept, self.host, 0)
@@ -201,9 +211,11 @@ class FaultProxy:
                                 break
                 if verdict is Verdict.DROP_CONNECTION:
                     link.close()
+                    self.changes.notify()
                     return
                 if verdict is Verdict.FORWARD:
                     link.to_server(rec)
+                self.changes.notify()
 
     async def _pump_replies(self, link: Link, reader: asyncio.StreamReader) -> None:
         parser = RecordParser(64 << 20)
@@ -217,6 +229,7 @@ class FaultProxy:
                     reply = self._parse_reply(link, rec)
                     self.replies.append(reply)
                     if link.frozen:
+                        self.changes.notify()
                         continue
                     verdict = Verdict.FORWARD
                     for rule in list(self.rules):
@@ -226,9 +239,11 @@ class FaultProxy:
                                 break
                     if verdict is Verdict.DROP_CONNECTION:
                         link.close()
+                        self.changes.notify()
                         return
                     if verdict is Verdict.FORWARD:
                         link.to_client(rec)
+                    self.changes.notify()
         except (ConnectionError, asyncio.IncompleteReadError):
             link.close()
 

@@ -17,6 +17,7 @@ from pathlib import Path
 GANESHA = shutil.which("ganesha.nfsd") or "/usr/bin/ganesha.nfsd"
 PLUGINS = Path("/usr/lib/x86_64-linux-gnu/ganesha")
 MEM_MAX_FILE = 2 << 20
+READY = "NFS SERVER INITIALIZED"  # logged once the exports are set up
 
 
 def available() -> str | None:
@@ -32,6 +33,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 @dataclass
@@ -89,20 +107,20 @@ EXPORT {{ Export_Id = 1; {export} Access_Type = RW; Squash = No_Root_Squash;
         ]
         if not vfs and os.geteuid() == 0:
             argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
+        log = self.workdir / "ganesha.log"
+        seen = log.stat().st_size if log.exists() else 0  # a restart appends to the same log
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+        # Ready means: Ganesha says it finished initialising (exports included, which it sets
+        # up after it starts listening) and the port accepts. It is a third-party process
+        # with no readiness channel, so its log and its port are probed until a deadline.
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"ganesha exited: {self.log_tail()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            raise RuntimeError(f"ganesha did not listen: {self.log_tail()}")
-        time.sleep(0.3)  # the export is set up just after the listener
-        return self
+            if READY in _read_from(log, seen) and _accepts(self.port):
+                return self
+            time.sleep(0.05)
+        raise RuntimeError(f"ganesha did not become ready: {self.log_tail()}")
 
     def log_tail(self, n: int = 20) -> str:
         try:

@@ -1,21 +1,24 @@
 """Our own NFSv4.1 server (nfsrdma.server) in a child process, for the client tests.
 
-``python -m tests.unit.client.ourserver DIR PORT`` serves DIR (as the pseudo-root, no root
-squashing, 10 s leases) on 127.0.0.1:PORT until killed."""
+``python -m tests.unit.client.ourserver DIR PORT [FD]`` serves DIR (as the pseudo-root, no root
+squashing, 10 s leases) on 127.0.0.1:PORT until killed; once it listens it writes ``ready`` to the
+pipe FD, which is how ``OurServer.start`` knows (no polling). A server that exits or does not
+become ready within the deadline makes ``start`` raise, and the fixtures then FAIL."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import select
 import signal
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
+READY = b"ready\n"
+START_TIMEOUT = 30.0  # a guard only: start() returns as soon as the server says it listens
 
 
 @dataclass
@@ -34,30 +37,40 @@ class OurServer:
     def start(self) -> OurServer:
         self.export_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.workdir / "server.log", "wb")  # noqa: SIM115 - the child keeps it
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.unit.client.ourserver",
-                str(self.export_dir),
-                str(self.port),
-            ],
-            cwd=REPO,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"our server exited: {self.log_tail()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return self
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"our server did not listen: {self.log_tail()}")
+        ready_r, ready_w = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.unit.client.ourserver",
+                    str(self.export_dir),
+                    str(self.port),
+                    str(ready_w),
+                ],
+                cwd=REPO,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=(ready_w,),
+            )
+            os.close(ready_w)
+            ready_w = -1
+            # Readable when the server wrote "ready", or at EOF when it exited first.
+            readable, _, _ = select.select([ready_r], [], [], START_TIMEOUT)
+            said = os.read(ready_r, 64) if readable else None
+        finally:
+            os.close(ready_r)
+            if ready_w >= 0:
+                os.close(ready_w)
+        if said == READY:
+            return self
+        if said is None:
+            self.stop()
+            raise RuntimeError(f"our server not ready within {START_TIMEOUT} s: {self.log_tail()}")
+        self.proc.wait(5)
+        raise RuntimeError(f"our server exited ({self.proc.returncode}): {self.log_tail()}")
 
     def log_tail(self, n: int = 20) -> str:
         try:
@@ -76,11 +89,14 @@ class OurServer:
             self.proc.wait(5)
 
 
-async def _serve(directory: str, port: int) -> None:
+async def _serve(directory: str, port: int, ready_fd: int | None) -> None:
     from nfsrdma.server import NFSServer
 
     server = NFSServer(directory, bind="127.0.0.1", tcp_port=port, root_squash=False, lease_time=10)
     await server.start()
+    if ready_fd is not None:
+        os.write(ready_fd, READY)
+        os.close(ready_fd)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -90,4 +106,6 @@ async def _serve(directory: str, port: int) -> None:
 
 if __name__ == "__main__":
     os.umask(0o022)
-    asyncio.run(_serve(sys.argv[1], int(sys.argv[2])))
+    asyncio.run(
+        _serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)
+    )

@@ -9,6 +9,7 @@ import hashlib
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -195,6 +196,22 @@ async def test_stat_many(nfs_server: Server, testdir: str) -> None:
         assert isinstance(nofollow[0], nc.FileStat) and nofollow[0].is_symlink()
 
 
+def _watch_denied_locks(fs: nc.NfsClient) -> asyncio.Event:
+    """An event set when a LOCK through ``fs`` is answered NFS4ERR_DENIED (a spy on the public
+    ``session.compound``; the call itself is unchanged)."""
+    denied = asyncio.Event()
+    compound = fs.session.compound
+
+    async def spy(ops: list[nfs4.nfs_argop4], **kw: Any) -> nfs4.COMPOUND4res:
+        res = await compound(ops, **kw)
+        if res.status == nfs4.NFS4ERR_DENIED and any(o.argop == nfs4.OP_LOCK for o in ops):
+            denied.set()
+        return res
+
+    fs.session.compound = spy  # type: ignore[method-assign]
+    return denied
+
+
 async def test_locks(nfs_server: Server, testdir: str) -> None:
     async with (
         nc.connect(nfs_server.url(), uid=0, gid=0) as fs1,
@@ -208,8 +225,9 @@ async def test_locks(nfs_server: Server, testdir: str) -> None:
                 await b.lock(5, 10)
             assert ei.value.status == nfs4.NFS4ERR_DENIED
             await b.lock(20, 10)  # no overlap
+            denied = _watch_denied_locks(fs2)
             waiter = asyncio.create_task(b.lock(0, 10, blocking=True, timeout=10))
-            await asyncio.sleep(0.2)
+            await asyncio.wait_for(denied.wait(), 10)  # the server refused it: a's lock holds
             assert not waiter.done()
             await a.unlock(0, 10)
             await asyncio.wait_for(waiter, 10)

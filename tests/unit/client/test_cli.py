@@ -70,13 +70,16 @@ def test_cli_bench_json(
     rc, out, _ = run(
         capsys, "bench", *ids, "--json", "--size", "2", "--block", "1", "--files", "20", base
     )
-    assert rc == 0
+    assert rc == 0  # the bench fails when a read returns fewer bytes than were written
     r = json.loads(out)
-    assert r["write_mb_s"] > 0 and r["read_mb_s"] > 0
+    # Speed figures are reported, not judged here (speed belongs in bench/); what is checked
+    # is the work done: 2 MiB moved each way, 20 of each small operation.
+    assert r["size"] == 2 << 20
+    assert isinstance(r["write_mb_s"], float) and isinstance(r["read_mb_s"], float)
     assert set(r["ops"]) == {"create", "stat", "remove"}
-    assert (
-        r["ops"]["stat"]["ops"] == 20 and r["ops"]["stat"]["p99_ms"] >= r["ops"]["stat"]["p50_ms"]
-    )
+    assert all(r["ops"][name]["ops"] == 20 for name in r["ops"])
+    assert r["ops"]["stat"]["p99_ms"] >= r["ops"]["stat"]["p50_ms"]
+    assert r["session"]["transport"] == "tcp"
     rc, out, _ = run(capsys, "ls", *ids, base)
     assert out == ""  # the scratch directory is gone
 

@@ -160,34 +160,67 @@ async def test_server_that_stops_answering_is_detected(nfs_server: Server, testd
 async def test_connection_killed_mid_write(
     nfs_server: Server, testdir: str, server_path: Path | None
 ) -> None:
-    """SS-13: the server executes a WRITE, the connection dies before its reply; the client
-    binds a new connection and resends on the same slot and seqid; the content is right."""
+    """SS-13 / UL-27, killed exactly mid-WRITE: the server has received and run a WRITE, and the
+    connection is cut the moment its reply reaches the proxy, before the client has it. The
+    client binds a new connection (BIND_CONN_TO_SESSION, same session) and sends the WRITE
+    again on the same slot and seqid; the server answers from its reply cache with the very
+    reply that was lost. The WRITE ran exactly once: right after it ran, a local process put
+    other bytes in its range on the server's disk, and they are still there at the end (running
+    the WRITE again would have put the client's bytes back)."""
+    assert server_path is not None, "the test needs the server's directory (VFS Ganesha: root)"
     size = min(4 << 20, nfs_server.max_file)
     data = os.urandom(size)
+    target = server_path / "w"
+    cut: list[Reply] = []
+    local: list[tuple[int, bytes]] = []
+
+    def kill(reply: Reply, link: Link) -> Verdict:
+        call = reply.call
+        if cut or call is None or not call.has(nfs4.OP_WRITE) or call.args is None:
+            return Verdict.FORWARD
+        write = call.args.argarray[2].value
+        assert isinstance(write, nfs4.WRITE4args)
+        if write.offset < size // 2 or reply.res is None or reply.res.status != nfs4.NFS4_OK:
+            return Verdict.FORWARD
+        cut.append(reply)
+        other = bytes(b ^ 0xFF for b in write.data[:64]) * (len(write.data) // 64 + 1)
+        other = other[: len(write.data)]
+        with open(target, "r+b") as f:  # the WRITE has run: overwrite what it wrote
+            f.seek(write.offset)
+            f.write(other)
+        local.append((write.offset, other))
+        return Verdict.DROP_CONNECTION
+
     async with through_proxy(nfs_server, wsize=256 << 10, rsize=256 << 10) as (fs, proxy):
         await fs.mkdir(testdir)
-        kill = once(
-            lambda r: (
-                r.call is not None
-                and r.call.has(nfs4.OP_WRITE)
-                and r.call.args.argarray[2].value.offset >= size // 2
-            )
-        )
         proxy.rules.append(Rule(on_reply=kill))
         await fs.write_bytes(f"{testdir}/w", data)
-        assert kill.fired
-        killed = kill.fired[0].call
+        assert len(cut) == 1, "no WRITE reply was cut"
+        lost = cut[0]
+        assert lost.call is not None
+        # The same slot and seqid went out once more, on a new connection, and the server
+        # answered it with the reply that was lost (its reply cache), not with a new one.
         again = [
-            c for c in proxy.find(nfs4.OP_WRITE) if (c.slot, c.seqid) == (killed.slot, killed.seqid)
+            c
+            for c in proxy.find(nfs4.OP_WRITE)
+            if (c.slot, c.seqid) == (lost.call.slot, lost.call.seqid)
         ]
-        assert len(again) == 2 and again[1].conn != again[0].conn
-        assert proxy.find(nfs4.OP_BIND_CONN_TO_SESSION)
+        assert len(again) == 2 and again[0] is lost.call
+        assert again[1].conn != again[0].conn
+        assert again[1].args is not None
+        assert again[1].args.argarray[2].value == lost.call.args.argarray[2].value
+        binds = proxy.find(nfs4.OP_BIND_CONN_TO_SESSION)
+        assert binds and binds[0].conn == again[1].conn
+        answer = [r for r in proxy.replies if r.call is again[1]]
+        assert len(answer) == 1 and answer[0].res == lost.res
         s = fs.session.stats
-        assert s.binds == 1 and s.sessions == 1 and s.resends >= 1
+        assert s.binds == 1 and s.sessions == 1 and s.clients == 1 and s.resends >= 1
+        # Written exactly once: the local bytes put in after the WRITE ran are still there.
+        offset, other = local[0]
+        want = data[:offset] + other + data[offset + len(other) :]
         back = await fs.read_bytes(f"{testdir}/w")
-        assert hashlib.sha256(back).digest() == hashlib.sha256(data).digest()
-        if server_path is not None:
-            assert (server_path / "w").read_bytes() == data
+        assert hashlib.sha256(back).digest() == hashlib.sha256(want).digest()
+        assert target.read_bytes() == want
 
 
 async def test_connection_killed_mid_rename_renames_once(nfs_server: Server, testdir: str) -> None:
@@ -231,12 +264,13 @@ async def test_cancel_mid_read_releases_slots(nfs_server: Server, testdir: str) 
         proxy.rules.append(Rule(on_reply=hold))
         buf = _Buffer(size)
         released = weakref.ref(buf)
+        reads_before = len(proxy.find(nfs4.OP_READ))
         task = asyncio.create_task(f.readinto(buf))
-        for _ in range(100):
-            await asyncio.sleep(0.02)
-            if fs.session.slots.in_flight >= 8:
-                break
-        assert fs.session.slots.in_flight >= 8
+        # Eight READs reached the server and their replies were held back: eight slots busy.
+        await proxy.until(
+            lambda: len(proxy.find(nfs4.OP_READ)) - reads_before >= 8, what="8 READs in flight"
+        )
+        assert fs.session.slots.in_flight >= 8 and not task.done()
         task.cancel()
         await asyncio.wait([task])
         assert task.cancelled()

@@ -57,18 +57,16 @@ async def test_32_calls_in_flight_on_32_slots() -> None:
     server = FakeServer()
     async with session(server, slots=32) as s:
         server.hold = []
+        before = len(server.ops_sent(nfs4.OP_PUTROOTFH))
         calls = [asyncio.create_task(s.compound([PUTROOT])) for _ in range(40)]
-        for _ in range(50):
-            await asyncio.sleep(0.01)
-            if len(server.hold) == 32:
-                break
-        assert len(server.hold) == 32 and s.slots.in_flight == 32  # 8 wait for a slot
+        await server.until(lambda: len(server.hold or ()) == 32, what="32 calls held")
+        assert s.slots.in_flight == 32  # 8 wait for a slot
         slots = {e[2] for e in server.log[-32:]}
         assert slots == set(range(32))
-        server.release_held()
-        await asyncio.sleep(0.05)
-        server.release_held()
+        assert not any(c.done() for c in calls)
+        server.release_held()  # answers the 32; the other 8 then go out and are answered
         await asyncio.gather(*calls)
+        assert len(server.ops_sent(nfs4.OP_PUTROOTFH)) - before == 40
         assert s.slots.stats.max_in_flight == 32 and s.slots.in_flight == 0
 
 
@@ -149,8 +147,11 @@ async def test_expired_client_reclaims_then_reclaim_complete_then_reopens() -> N
             )
             assert res.status == nfs4.NFS4_OK
 
+        reopened = asyncio.Event()
+
         async def reopen() -> None:
             order.append("reopen")
+            reopened.set()
 
         s.reclaim_hook = reclaim
         s.reopen_hook = reopen
@@ -158,7 +159,7 @@ async def test_expired_client_reclaims_then_reclaim_complete_then_reopens() -> N
         reclaim_completes = len(server.ops_sent(nfs4.OP_RECLAIM_COMPLETE))
         server.forget_clients()
         assert (await rename(s)).status == nfs4.NFS4_OK
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(reopened.wait(), 10)  # the reopen runs after RECLAIM_COMPLETE
         assert s.clientid != old_client and s.stats.clients == 2
         assert order == ["reclaim", "reopen"]
         assert server.claims == [nfs4.CLAIM_PREVIOUS]
@@ -201,7 +202,8 @@ async def test_cancellation_releases_slot_and_transport_and_probes_before_reuse(
     async with session(server, slots=1, probe_interval=60) as s:
         server.fault = fault
         task = asyncio.create_task(rename(s))
-        await asyncio.sleep(0.05)
+        await server.until(lambda: bool(server.ops_sent(nfs4.OP_RENAME)), what="RENAME sent")
+        assert not task.done()  # the server stays silent: the call is in flight
         conn = server.connections[-1]
         sent = server.ops_sent(nfs4.OP_RENAME)[-1]
         task.cancel()
@@ -293,10 +295,7 @@ async def test_callbacks_recall_and_recall_slot() -> None:
         server.callback(
             conn, [nfs4.nfs_cb_argop4(nfs4.OP_CB_RECALL, nfs4.CB_RECALL4args(deleg, False, b"fh"))]
         )
-        for _ in range(50):
-            await asyncio.sleep(0.01)
-            if server.delegreturns:
-                break
+        await server.until(lambda: bool(server.delegreturns), what="DELEGRETURN")
         assert server.callbacks and server.callbacks[0].status == nfs4.NFS4_OK
         assert server.delegreturns == [deleg] and not s.delegations
         server.callback(
@@ -304,7 +303,8 @@ async def test_callbacks_recall_and_recall_slot() -> None:
             [nfs4.nfs_cb_argop4(nfs4.OP_CB_RECALL_SLOT, nfs4.CB_RECALL_SLOT4args(1))],
             seqid=2,
         )
-        await asyncio.sleep(0.05)
+        # The client schedules the slot recall before it sends the CB reply we wait for.
+        await server.until(lambda: len(server.callbacks) == 2, what="CB_RECALL_SLOT reply")
         assert server.callbacks[1].status == nfs4.NFS4_OK and s.slots.limit == 2
         assert s.stats.callbacks == 2 and s.stats.recalls == 1
 

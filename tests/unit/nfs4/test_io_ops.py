@@ -704,12 +704,10 @@ async def test_blocked_lock_owner_is_notified_by_cb_notify_lock(tmp_path: Path) 
         la = res.resarray[1].value.value.lock_stateid
         await b.on(fh, nfs4.NFS4ERR_DENIED, b.lock_new(sb, b"pidB", 0, 100, nfs4.WRITEW_LT))
         before = b.s.stats.callbacks
+        notified = asyncio.ensure_future(b.s.wait_lock_notice(fh, b"pidB", 10))
         await a.on(fh, OK, a.unlock(la, 0, 100))
         assert server.callbacks is not None
-        for _ in range(200):
-            if b.s.stats.callbacks > before:
-                break
-            await asyncio.sleep(0.01)
+        assert await notified, "no CB_NOTIFY_LOCK for (fh, pidB) within 10 s"
         assert b.s.stats.callbacks == before + 1
         assert server.callbacks.sent == 1 and server.callbacks.failed == 0
         # The waiter takes the lock now; no further notification is pending.

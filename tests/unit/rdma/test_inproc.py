@@ -19,6 +19,7 @@ from nfsrdma.transport.rdma.provider import (
     WcOpcode,
     WcStatus,
 )
+from tests.unit.conditions import loop_turn
 from tests.unit.rdma.helpers import ALL, CONFIG, PORT, Events, connect_pair
 
 
@@ -231,13 +232,16 @@ async def test_rnr_retry_zero_fails_the_sender_only_with_rnr_retry_exc() -> None
 
 
 async def test_rnr_retry_finite_succeeds_if_a_receive_arrives_in_time() -> None:
-    p = await connect_pair(rnr_retry=3, fabric=InprocFabric(rnr_timer=0.01))
+    """A Send that found no receive (RNR) goes through when one is posted within its retry
+    budget, and the Send queued behind it follows in order. The RNR timer is far longer than
+    the test may take, so only the receive's arrival can complete the Sends."""
+    p = await connect_pair(rnr_retry=3, fabric=InprocFabric(rnr_timer=60.0))
     region = p.client_dev.pd.register(64, Access.LOCAL_WRITE)
+    rbuf = p.server_dev.pd.register(64, Access.LOCAL_WRITE)
     p.client.post_send(1, [region.sge(0, 8)])
     p.client.post_send(2, [region.sge(8, 8)])  # waits behind the first, in order
-    await asyncio.sleep(0.015)
-    assert p.client_events.items == []
-    rbuf = p.server_dev.pd.register(64, Access.LOCAL_WRITE)
+    await loop_turn()  # the first Send has been tried and met an empty receive queue
+    assert p.client_events.items == [] and p.server_events.items == []
     p.server.post_recv(7, rbuf.sge(0, 32))
     p.server.post_recv(8, rbuf.sge(32, 32))
     assert (await p.client_events.wait_completion(1)).ok
@@ -246,11 +250,18 @@ async def test_rnr_retry_finite_succeeds_if_a_receive_arrives_in_time() -> None:
 
 
 async def test_rnr_retry_forever_waits_for_a_receive() -> None:
-    p = await connect_pair(rnr_retry=7)
+    """rnr_retry 7 waits for a receive however long it takes: it outlives the longest finite
+    budget (6 retries), shown by a finite sender on the same RNR timer failing meanwhile."""
+    timer = 0.001
+    p = await connect_pair(rnr_retry=7, fabric=InprocFabric(rnr_timer=timer))
+    finite = await connect_pair(rnr_retry=6, fabric=InprocFabric(rnr_timer=timer))
     region = p.client_dev.pd.register(64, Access.LOCAL_WRITE)
     p.client.post_send(1, [region.sge(0, 8)])
-    await asyncio.sleep(0.02)
-    assert p.client_events.items == []
+    control = finite.client_dev.pd.register(64, Access.LOCAL_WRITE)
+    finite.client.post_send(1, [control.sge(0, 8)])
+    failed = await finite.client_events.wait_completion(1)
+    assert failed.status is WcStatus.RNR_RETRY_EXC_ERR  # the finite budget has run out ...
+    assert p.client_events.items == []  # ... and the patient Send is still waiting
     p.server.post_recv(5, p.server_dev.pd.register(64, Access.LOCAL_WRITE).sge())
     assert (await p.client_events.wait_completion(1)).ok
 
@@ -400,7 +411,7 @@ async def test_disconnect_flushes_and_reports_both_sides_once() -> None:
     p.client.disconnect()
     assert (await p.client_events.wait_disconnect()).reason == "local disconnect"
     assert (await p.server_events.wait_disconnect()).reason == "peer disconnected"
-    await asyncio.sleep(0)
+    await loop_turn()  # a second report, had one been queued, would have arrived by now
     assert len(p.client_events.disconnects) == 1 and len(p.server_events.disconnects) == 1
     assert [c.status for c in p.client_events.completions] == [WcStatus.WR_FLUSH_ERR] * 3
     assert [c.status for c in p.server_events.completions] == [WcStatus.WR_FLUSH_ERR] * 2
@@ -414,7 +425,7 @@ async def test_close_delivers_nothing_more_and_disconnects_the_peer() -> None:
     p.server.close()
     p.server.close()
     await p.client_events.wait_disconnect()
-    await asyncio.sleep(0)
+    await loop_turn()  # anything queued for the closed side would have arrived by now
     assert p.server_events.items == []
 
 

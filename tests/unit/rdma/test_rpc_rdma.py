@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import hashlib
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -26,6 +26,7 @@ from nfsrdma.transport.rdma.endpoint import (
 from nfsrdma.transport.rdma.inproc import InprocFabric
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import U32, Writer, XdrError, unpack_from
+from tests.unit.conditions import Changes
 from tests.unit.rdma.faults import BAD_HEADERS, expect_rdma_error
 
 PROG, VERS = 400200, 1
@@ -60,11 +61,19 @@ def _blob(call: RpcCall, w: Writer) -> None:
 
 @dataclass
 class Rig:
+    """A server and a client on the in-process fabric. P_SLOW calls are held at the server
+    until ``gate`` is set; ``until(...)`` waits for the server-side counts by event."""
+
     server: list[RdmaConnection] = field(default_factory=list)
     client: RdmaConnection | None = None
     rpc: RpcConnection | None = None
     in_flight: int = 0
     max_in_flight: int = 0
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    changes: Changes = field(default_factory=Changes)
+
+    async def until(self, predicate: Callable[[], bool], what: str) -> None:
+        await self.changes.until(predicate, timeout=5, what=what)
 
 
 @contextlib.asynccontextmanager
@@ -78,8 +87,12 @@ async def rig(
     async def slow(call: RpcCall, w: Writer) -> None:
         r.in_flight += 1
         r.max_in_flight = max(r.max_in_flight, r.in_flight)
-        await asyncio.sleep(0.01)
-        r.in_flight -= 1
+        r.changes.notify()
+        try:
+            await r.gate.wait()
+        finally:
+            r.in_flight -= 1
+            r.changes.notify()
 
     disp = Dispatcher()
     disp.add(
@@ -98,21 +111,29 @@ async def rig(
     def accepted(c: RdmaConnection) -> None:
         r.server.append(c)
         RpcConnection(c, disp)
+        r.changes.notify()
 
     listener = RdmaListener(sdev, 20049, accepted, server_opts)
     await listener.start()
     r.client = await connect_rdma(cdev, "10.0.0.1", 20049, client_opts)
     r.rpc = RpcConnection(r.client)
-    while not r.server:
-        await asyncio.sleep(0)
+    await r.until(lambda: bool(r.server), "the server side accepted")
     try:
         yield r
     finally:
+        r.gate.set()
         r.client.close()
         await listener.close()
-        await asyncio.sleep(0.01)
+        await asyncio.gather(*(closed(c) for c in [r.client, *r.server]))
         sdev.close()
         cdev.close()
+
+
+async def closed(conn: RdmaConnection) -> None:
+    """Wait until ``conn`` has finished closing (its ``on_closed`` callbacks ran)."""
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    conn.on_closed(lambda c, e: fut.done() or fut.set_result(None))
+    await asyncio.wait_for(fut, 5)
 
 
 def write_args(data: bytes) -> Writer:
@@ -233,11 +254,21 @@ async def test_tr17_bad_headers_get_rdma_error_and_the_connection_survives(
 
 
 async def test_tr14_ul24_client_never_exceeds_the_servers_grant() -> None:
+    """Three credits, one kept back for the probe (UL-26): with 20 calls waiting, exactly two
+    are at the server, and no third arrives while they are held there."""
     async with rig(RdmaOptions(credits=3)) as r:
-        assert r.rpc is not None
-        await asyncio.gather(*[r.rpc.call(PROG, VERS, P_SLOW) for _ in range(20)])
-        assert r.max_in_flight <= 2  # three credits, one kept back for the probe (UL-26)
-        assert r.client is not None and r.client.credits.granted == 3
+        assert r.rpc is not None and r.client is not None
+        await r.rpc.call(PROG, VERS, 0)  # learn the grant
+        calls = [asyncio.create_task(r.rpc.call(PROG, VERS, P_SLOW)) for _ in range(20)]
+        await r.until(lambda: r.in_flight == 2, "two calls at the server")
+        # The probe's reply comes after anything sent before it (one connection, in order):
+        # had a third ordinary call gone out, the server would hold it by now.
+        await asyncio.wait_for(r.rpc.call(PROG, VERS, 0, probe=True), 5)
+        assert r.in_flight == 2 and not any(c.done() for c in calls)
+        r.gate.set()
+        await asyncio.gather(*calls)
+        assert r.max_in_flight == 2
+        assert r.client.credits.granted == 3
 
 
 async def test_tr20_memory_is_invalidated_on_every_path() -> None:
@@ -257,8 +288,8 @@ async def test_tr20_memory_is_invalidated_on_every_path() -> None:
         task = asyncio.create_task(
             r.rpc.call(PROG, VERS, P_SLOW, lambda w: _extend(w, write_args(b"y" * 9000)))
         )
-        await asyncio.sleep(0.001)
-        task.cancel()  # cancellation path
+        await r.until(lambda: r.in_flight == 1, "the call at the server")
+        task.cancel()  # cancellation path, while the server holds the call
         with contextlib.suppress(asyncio.CancelledError):
             await task
         from nfsrdma.rpc.errors import RpcTimeout
@@ -283,7 +314,9 @@ async def test_tr14_calls_beyond_the_grant_end_that_connection() -> None:
             *[r.rpc.call(PROG, VERS, P_SLOW, timeout=5) for _ in range(20)],
             return_exceptions=True,
         )
-        assert any(isinstance(d, Exception) for d in done)
+        # The server holds every call: the fifth outstanding one (3 credits + 1 for the
+        # backchannel) ends the connection, and every call fails with it.
+        assert all(isinstance(d, ConnectionError) for d in done), done
         assert r.client.closed and r.server[0].stats["credit_overruns"] == 1
 
 
@@ -293,9 +326,11 @@ async def test_ul26_a_probe_uses_the_credit_kept_back() -> None:
         assert r.rpc is not None
         await r.rpc.call(PROG, VERS, 0)  # learn the grant: 3, of which 2 for ordinary calls
         slow = [asyncio.create_task(r.rpc.call(PROG, VERS, P_SLOW)) for _ in range(3)]
-        await asyncio.sleep(0.002)
-        assert r.in_flight == 2  # the third ordinary call waits for a credit
-        await asyncio.wait_for(r.rpc.call(PROG, VERS, 0, probe=True), 0.5)
+        await r.until(lambda: r.in_flight == 2, "two calls at the server")
+        # Both ordinary credits are held at the server; the probe still gets through.
+        await asyncio.wait_for(r.rpc.call(PROG, VERS, 0, probe=True), 5)
+        assert r.in_flight == 2 and not any(t.done() for t in slow)  # the third one waits
+        r.gate.set()
         await asyncio.gather(*slow)
 
 
@@ -305,19 +340,21 @@ async def test_pd24_a_message_before_our_side_is_established_is_answered_after()
     fabric = InprocFabric()
     sdev, cdev = fabric.device("10.0.0.1"), fabric.device("10.0.0.2")
     early: list[RdmaConnection] = []
+    disp = Dispatcher()
+    disp.add(PROG, VERS, {0: null_procedure})
 
     def accepted(c: RdmaConnection) -> None:
         early.append(c)
         assert not c.ready
         c._bad_header(H.HeaderError("an early bad call", 5, H.ERR_CHUNK))  # before ESTABLISHED
+        RpcConnection(c, disp)
 
     listener = RdmaListener(sdev, 20049, accepted)
     await listener.start()
     client = await asyncio.wait_for(connect_rdma(cdev, "10.0.0.1", 20049), 5)
-    for _ in range(100):
-        if client.stats["rdma_errors"]:
-            break
-        await asyncio.sleep(0.01)
+    # The server's early RDMA_ERROR was sent before the reply to this call: one connection
+    # delivers in order, so once the reply is here, so is the error.
+    await asyncio.wait_for(RpcConnection(client).call(PROG, VERS, 0), 5)
     assert client.stats["rdma_errors"] == 1 and early and early[0].ready
     client.close()
     await listener.close()

@@ -29,8 +29,21 @@ def _echo(call: RpcCall, w: Writer) -> None:
     w += U32.pack(n * 2)
 
 
+class _Together:
+    """Procedure 2 answers only once ``expected`` calls are being served at the same time:
+    proof that the server runs a connection's calls concurrently."""
+
+    expected = 1
+    barrier: asyncio.Barrier | None = None
+
+    @classmethod
+    def reset(cls, expected: int) -> None:
+        cls.expected, cls.barrier = expected, asyncio.Barrier(expected)
+
+
 async def _slow(call: RpcCall, w: Writer) -> None:
-    await asyncio.sleep(0.01)
+    if _Together.barrier is not None:
+        await _Together.barrier.wait()
     w += U32.pack(call.cred.uid or 0)
 
 
@@ -99,7 +112,13 @@ async def test_many_concurrent_calls_with_auth_sys() -> None:
 async def _test_many_concurrent_calls_with_auth_sys(port: int) -> None:
     c = await _client(port)
     cred = auth_sys(uid=1234, gid=5, gids=list(range(16)), machinename="m" * 255)
-    results = await asyncio.gather(*[c.call(PROG, VERS, 2, cred=cred) for _ in range(200)])
+    _Together.reset(200)  # no reply before all 200 calls are in the server at once
+    try:
+        results = await asyncio.wait_for(
+            asyncio.gather(*[c.call(PROG, VERS, 2, cred=cred) for _ in range(200)]), 30
+        )
+    finally:
+        _Together.barrier = None
     assert all(struct.unpack_from(">I", r.reader.buf, r.offset) == (1234,) for r in results)
     assert len({r.xid for r in results}) == 200
     c.close()

@@ -58,16 +58,18 @@ async def test_reconnect_replay_and_back_channel_repair(tmp_path: Path) -> None:
         assert statuses(res) == [OK, OK]
         assert resok(res, 0).sr_status_flags == 0
 
-        c1.close()
-        await c1.closed.wait()
         state = server.state
         assert state is not None
         session = state.sessions.session(sid)
         assert session is not None
-        for _ in range(100):  # the server learns of the close asynchronously
-            if not session.connections:
-                break
-            await asyncio.sleep(0.01)
+        (server_side,) = session.connections
+        assert isinstance(server_side, RpcConnection)
+        # Our callback runs after the server's own close handling (callbacks run in order).
+        gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        server_side.conn.on_closed(lambda c, e: gone.done() or gone.set_result(None))
+        c1.close()
+        await c1.closed.wait()
+        await asyncio.wait_for(gone, 10)  # the server saw the close
         assert session.connections == {}
 
         c2 = RpcConnection(await connect_tcp("127.0.0.1", port))
