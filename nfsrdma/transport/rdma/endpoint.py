@@ -40,8 +40,10 @@ from nfsrdma.transport.rdma.provider import (
     Access,
     Completion,
     ConnectionEvent,
+    ConnectRequest,
     Device,
     Disconnected,
+    Listener,
     MemoryRegion,
     QueuePairConfig,
     RdmaWriteRequest,
@@ -695,7 +697,7 @@ class RdmaListener:
         self.requested_port = port
         self.on_connection = on_connection
         self.options = options or RdmaOptions()
-        self.listener: Any = None
+        self.listener: Listener | None = None
         self._task: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[None]] = set()
 
@@ -705,17 +707,18 @@ class RdmaListener:
 
     @property
     def port(self) -> int:
-        return int(self.listener.port) if self.listener is not None else self.requested_port
+        return self.listener.port if self.listener is not None else self.requested_port
 
     async def _accept_loop(self) -> None:
+        assert self.listener is not None
         while True:
             req = await self.listener.get_request()
             task = asyncio.create_task(self._accept(req))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
 
-    async def _accept(self, req: Any) -> None:
-        conn = RdmaConnection(self.device, self.options, server=True, peer="rdma-peer")
+    async def _accept(self, req: ConnectRequest) -> None:
+        conn = RdmaConnection(self.device, self.options, server=True, peer=req.peer)
         try:
             qp = req.create_connection(conn.qp_config(), conn.on_event)
             conn.attach(qp)

@@ -42,6 +42,7 @@ from nfsrdma.transport.rdma.provider import (
     ConnectError,
     ConnectionEvent,
     ConnectionRejected,
+    ConnectRequestBase,
     DeviceCaps,
     Disconnected,
     EventHandler,
@@ -50,11 +51,15 @@ from nfsrdma.transport.rdma.provider import (
     ProviderError,
     QueuePairConfig,
     RdmaWriteRequest,
+    RegionBase,
     Sge,
     WcOpcode,
     WcStatus,
+    check_accept,
     check_config,
+    check_length,
     check_rd_atomic,
+    registrable,
 )
 
 __all__ = [
@@ -126,66 +131,23 @@ class InprocFabric:
         return dev
 
 
-class InprocRegion:
+class InprocRegion(RegionBase):
     """A registered region; ``buffer`` is the backing memory itself (no copies)."""
 
     def __init__(
         self, pd: InprocPD, memory: memoryview, addr: int, key: int, access: Access
     ) -> None:
+        super().__init__(memory, addr, key, key, access)
         self._pd = pd
-        self._memory = memory
-        self._addr = addr
-        self._key = key
-        self._access = access
-        self._registered = True
 
-    @property
-    def addr(self) -> int:
-        return self._addr
-
-    @property
-    def length(self) -> int:
-        return len(self._memory)
-
-    @property
-    def lkey(self) -> int:
-        return self._key
-
-    @property
-    def rkey(self) -> int:
-        return self._key
-
-    @property
-    def access(self) -> Access:
-        return self._access
-
-    @property
-    def buffer(self) -> memoryview:
-        return self._memory
-
-    @property
-    def registered(self) -> bool:
-        return self._registered
-
-    def sge(self, offset: int = 0, length: int | None = None) -> Sge:
-        if length is None:
-            length = len(self._memory) - offset
-        if offset < 0 or length < 0 or offset + length > len(self._memory):
-            raise ProviderError(
-                f"slice {offset}+{length} outside a {len(self._memory)}-byte region"
-            )
-        return Sge(self._addr + offset, length, self._key)
-
-    def deregister(self) -> None:
-        if self._registered:
-            self._registered = False
-            self._pd._forget(self._key)
+    def _release(self) -> None:
+        self._pd._forget(self._lkey)
 
     def _slice(self, addr: int, length: int) -> memoryview | None:
         start = addr - self._addr
-        if start < 0 or length < 0 or start + length > len(self._memory):
+        if start < 0 or length < 0 or start + length > len(self._view):
             return None
-        return self._memory[start : start + length]
+        return self._view[start : start + length]
 
 
 class InprocWindow:
@@ -248,17 +210,11 @@ class InprocPD:
         return addr
 
     def register(self, length: int, access: Access) -> InprocRegion:
-        if length <= 0:
-            raise ProviderError("cannot register an empty region")
+        check_length(length)
         return self.register_buffer(memoryview(bytearray(length)), access)
 
     def register_buffer(self, buffer: memoryview, access: Access) -> InprocRegion:
-        view = memoryview(buffer)
-        if view.readonly or not view.contiguous:
-            raise ProviderError("registered memory must be writable and contiguous")
-        view = view.cast("B")
-        if len(view) == 0:
-            raise ProviderError("cannot register an empty region")
+        view = registrable(buffer)
         if access & (Access.REMOTE_WRITE) and not access & Access.LOCAL_WRITE:
             raise ProviderError("REMOTE_WRITE requires LOCAL_WRITE (EINVAL)")
         region = InprocRegion(self, view, self._place(len(view)), self._new_key(), access)
@@ -387,7 +343,8 @@ class InprocDevice:
         await asyncio.sleep(0)
         if address not in self._fabric._devices:
             raise ConnectError(f"cannot resolve {address} (RDMA_CM_EVENT_ADDR_ERROR)")
-        conn = InprocConnection(self, config, on_event, target=(address, port))
+        local = (self._address, next(self._fabric._ephemeral))
+        conn = InprocConnection(self, config, on_event, target=(address, port), local=local)
         self._connections.add(conn)
         return conn
 
@@ -439,7 +396,7 @@ def _pad(data: bytes, size: int) -> bytes:
     return data + bytes(size - len(data))
 
 
-class InprocConnectRequest:
+class InprocConnectRequest(ConnectRequestBase):
     def __init__(
         self,
         listener: InprocListener,
@@ -449,26 +406,17 @@ class InprocConnectRequest:
         initiator_depth: int,
         rnr_retry: int,
     ) -> None:
+        # The peer's offer as seen from this side (rdma_cm swaps them the same way).
+        super().__init__(
+            _pad(private_data, IB_CONNECT_PRIVATE_DATA_MAX),
+            initiator_depth,
+            responder_resources,
+            active.local,
+        )
         self._listener = listener
         self._active = active
-        self._private_data = _pad(private_data, IB_CONNECT_PRIVATE_DATA_MAX)
-        # The peer's offer as seen from this side (rdma_cm swaps them the same way).
-        self._responder_resources = initiator_depth
-        self._initiator_depth = responder_resources
         self._rnr_retry = rnr_retry
         self._used = False
-
-    @property
-    def private_data(self) -> bytes:
-        return self._private_data
-
-    @property
-    def responder_resources(self) -> int:
-        return self._responder_resources
-
-    @property
-    def initiator_depth(self) -> int:
-        return self._initiator_depth
 
     def create_connection(
         self, config: QueuePairConfig, on_event: EventHandler
@@ -532,6 +480,7 @@ class InprocConnection:
         on_event: EventHandler,
         *,
         target: tuple[str, int] | None = None,
+        local: tuple[str, int] | None = None,
         request: InprocConnectRequest | None = None,
     ) -> None:
         self._device = device
@@ -539,6 +488,7 @@ class InprocConnection:
         self._config = config
         self._on_event = on_event
         self._target = target
+        self._local = local
         self._request = request
         self._loop = asyncio.get_running_loop()
         self._state = _State.INIT
@@ -560,6 +510,21 @@ class InprocConnection:
     @property
     def config(self) -> QueuePairConfig:
         return self._config
+
+    @property
+    def local(self) -> str:
+        """``host:port`` of this end (the active side's is an ephemeral port)."""
+        if self._local is not None:
+            return f"{self._local[0]}:{self._local[1]}"
+        assert self._request is not None
+        return f"{self._device.address}:{self._request._listener.port}"
+
+    @property
+    def peer(self) -> str:
+        if self._target is not None:
+            return f"{self._target[0]}:{self._target[1]}"
+        assert self._request is not None
+        return self._request.peer
 
     @property
     def responder_resources(self) -> int:
@@ -638,11 +603,7 @@ class InprocConnection:
         assert request is not None
         if len(private_data) > self._device.caps.max_accept_private_data:
             raise ProviderError("accept private data too long")
-        if initiator_depth > request.initiator_depth:
-            raise ProviderError(
-                f"initiator_depth {initiator_depth} exceeds the peer's responder resources "
-                f"{request.initiator_depth}"
-            )
+        check_accept(request, initiator_depth)
         active = request._active
         if not request._active_waiting() or active._state is not _State.CONNECTING:
             raise ConnectError("the connecting peer went away (RDMA_CM_EVENT_CONNECT_ERROR)")
