@@ -20,7 +20,7 @@ import itertools
 import logging
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeAlias
 
 from nfsrdma.transport.base import Connection, TransportCallError
 from nfsrdma.transport.rdma import header as hdr
@@ -47,6 +47,10 @@ from nfsrdma.xdr.runtime import Buffer
 __all__ = ["CALL", "REPLY", "RdmaConnectionBase", "RdmaOptions"]
 
 log = logging.getLogger(__name__)
+
+# What a posted work request was for: a receive or send buffer, a call whose chunk an RDMA
+# Read fetches, or the local source of an RDMA Write.
+WrContext: TypeAlias = PooledBuffer | InCall | Scratch | None
 
 _MSG_TYPE = struct.Struct(">I")
 CALL, REPLY = 0, 1
@@ -108,7 +112,7 @@ class RdmaConnectionBase(Connection):
         self.credits = CreditWindow(options.max_requests)
         self.policy = CreditPolicy(options.credits, options.backchannel)
         self._wr = itertools.count(1)
-        self._wr_ctx: dict[int, tuple[str, Any]] = {}
+        self._wr_ctx: dict[int, tuple[str, WrContext]] = {}
         self._out: dict[int, OutCall] = {}
         self._assembling: dict[int, InCall] = {}
         self._credit_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -181,7 +185,7 @@ class RdmaConnectionBase(Connection):
         return t.client_to_server if self.server else t.server_to_client
 
     # -- work requests -------------------------------------------------------------------
-    def _wr_id(self, kind: str, ctx: Any) -> int:
+    def _wr_id(self, kind: str, ctx: WrContext) -> int:
         wr = next(self._wr)
         self._wr_ctx[wr] = (kind, ctx)
         return wr
@@ -242,14 +246,14 @@ class RdmaConnectionBase(Connection):
             self._teardown(ConnectionError(f"rdma connection lost: {ev.reason}"))
             return
         kind, ctx = self._wr_ctx.pop(ev.wr_id, ("?", None))
-        if kind == "recv":
+        if kind == "recv" and isinstance(ctx, PooledBuffer):
             self._on_recv(ev, ctx)
-        elif kind == "send":
+        elif kind == "send" and isinstance(ctx, PooledBuffer):
             ctx.release()
             self._flush()
-        elif kind == "read":
+        elif kind == "read" and isinstance(ctx, InCall):
             self._on_read_done(ev, ctx)
-        elif kind == "write":
+        elif kind == "write" and isinstance(ctx, Scratch):
             ctx.release()  # the local source of one RDMA Write
         if not ev.ok and not self.closed and ev.status is not WcStatus.WR_FLUSH_ERR:
             log.warning("rdma %s: %s completion failed: %s", self.peer, kind, ev.status.name)
