@@ -231,7 +231,10 @@ class PyverbsConnection(PyverbsQueuePair):
         self._closed = True
         self._state = "closed"
         self._release_verbs()
-        self._cmid.destroy()
+        try:
+            self._cmid.destroy()
+        except CmError as exc:
+            log.warning("%s", exc)
         if self._channel is not None:
             self._channel.close()
         if self._request is not None:

@@ -13,6 +13,7 @@ flag bit (``IB_WC_WITH_INVALIDATE``, which is ``IBV_WC_IP_CSUM_OK`` in user spac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import itertools
 import logging
@@ -169,9 +170,11 @@ class PyverbsQueuePair:
         self._comp, self._comp_fd = create_with_descriptor(
             lambda: CompChannel(context), COMPLETION_CHANNEL
         )
+        created: list[CompChannel | CQ | QP] = [self._comp]
         try:
             cqe = config.max_send_wr + config.max_recv_wr + 1
             self._cq = CQ(context, cqe, None, self._comp, 0)
+            created.insert(0, self._cq)
             self._cq.req_notify()
             cap = QPCap(
                 max_send_wr=config.max_send_wr,
@@ -182,9 +185,12 @@ class PyverbsQueuePair:
             )
             init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self._cq, rcq=self._cq, cap=cap)
             self._qp = QP(device.pd.pd, init)
+            created.insert(0, self._qp)
             self._modify(e.IBV_QPS_INIT)
         except (PyverbsError, ProviderError) as exc:
-            self._comp.close()
+            for obj in created:  # the queue pair, then its CQ, then the channel
+                with contextlib.suppress(PyverbsError):
+                    obj.close()
             raise ProviderError(f"cannot create the queue pair: {exc}") from exc
         self._loop.add_reader(self._comp_fd, self._on_cq_readable)
 
