@@ -19,6 +19,7 @@ import errno
 import fcntl
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +69,8 @@ class CmError(ProviderError):
         self.errno = err
 
 
-# Structs of <infiniband/verbs.h> and <rdma/rdma_cma.h> (x86-64 and every LP64 ABI).
+# Structs of <infiniband/verbs.h> and <rdma/rdma_cma.h>, laid out by ctypes with the platform's
+# C rules (pointer sizes and alignment included).
 
 
 class ibv_global_route(ctypes.Structure):
@@ -302,7 +304,7 @@ def sockaddr(address: str, port: int) -> ctypes.Array[ctypes.c_char]:
         family = socket.AF_INET6
         offset = 8
     raw = bytearray(ctypes.sizeof(_sockaddr_storage))
-    raw[0:2] = family.to_bytes(2, "little")  # sa_family_t, host order (x86-64, arm64)
+    raw[0:2] = family.to_bytes(2, sys.byteorder)  # sa_family_t, host order
     raw[2:4] = port.to_bytes(2, "big")
     raw[offset : offset + len(packed)] = packed
     return ctypes.create_string_buffer(bytes(raw), len(raw))
@@ -312,7 +314,7 @@ def sockaddr_text(raw: bytes) -> str:
     """``host:port`` of a ``struct sockaddr`` (IPv4 or IPv6), or ``?`` for anything else."""
     if len(raw) < 4:
         return "?"
-    family = int.from_bytes(raw[0:2], "little")
+    family = int.from_bytes(raw[0:2], sys.byteorder)
     port = int.from_bytes(raw[2:4], "big")
     if family == socket.AF_INET and len(raw) >= 8:
         return f"{socket.inet_ntop(socket.AF_INET, raw[4:8])}:{port}"
