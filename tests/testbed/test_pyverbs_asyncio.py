@@ -345,8 +345,14 @@ async def test_events_reach_the_right_connection(testbed: GuestEnv, rxe: str) ->
             server.post_recv(100, buf.sge(n * 4096, 4096))
             await step(server.establish(initiator_depth=1))
             await step(connecting)
+            # Both ends name the other as host:port, read from the rdma_cm identifier.
+            assert client.peer == f"{testbed.addr}:{PORT + 4}"
+            host, _, port = server.peer.rpartition(":")
+            assert host == testbed.addr and 0 < int(port) != PORT + 4, server.peer
+            assert request.peer == server.peer
             pairs.append((client, server, ce, se))
         (c0, s0, _ce0, se0), (c1, s1, ce1, se1) = pairs
+        assert s0.peer != s1.peer  # two connections from one host: two source ports
         c0.disconnect()
         await step(se0.wait_disconnect())
         assert not se1.disconnects and not ce1.disconnects

@@ -43,3 +43,15 @@ def test_perftest_loopback(tool: str, rxe: str, artefacts: Path) -> None:
     result = loopback_bw(tool, log_dir=artefacts, size=65536, iterations=200)
     assert result.msg_bytes == 65536
     assert result.iterations == 200
+
+
+def test_rdmacm_binding_finds_the_device(testbed: GuestEnv, rxe: str) -> None:
+    """The provider's librdmacm binding (ctypes, no pyverbs internals) binds an identifier to
+    the guest address and reads the device it landed on; an address no device has is refused
+    with a clear error instead of a crash."""
+    from nfsrdma.transport.rdma.provider import ProviderError
+    from nfsrdma.transport.rdma.pyverbs_provider import device_of
+
+    assert device_of(testbed.addr) == rxe
+    with pytest.raises(ProviderError, match="no RDMA device has address"):
+        device_of("10.99.99.99")

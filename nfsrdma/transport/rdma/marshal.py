@@ -25,7 +25,6 @@ from nfsrdma.transport.rdma.header import (
     RDMA_NOMSG,
     Header,
     HeaderError,
-    ReadChunk,
     Segment,
     header_size,
 )
@@ -93,11 +92,6 @@ def plan_call(
         return CallPlan(RDMA_MSG, inline, reads, write_chunks, reply_chunk)
     # Long call: the rest of the message goes in a position-zero Read chunk (TR-9).
     return CallPlan(RDMA_NOMSG, [], [ReadExposure(0, inline), *reads], write_chunks, reply_chunk)
-
-
-def call_reads(plan: CallPlan, segments: list[list[Segment]]) -> list[ReadChunk]:
-    """The header's Read chunks, given the segments registered for ``plan.reads``."""
-    return [ReadChunk(r.position, segs) for r, segs in zip(plan.reads, segments, strict=True)]
 
 
 # -- responder ---------------------------------------------------------------------------

@@ -253,6 +253,11 @@ class Connection(Protocol):
     @property
     def config(self) -> QueuePairConfig: ...
     @property
+    def peer(self) -> str:
+        """``host:port`` of the remote end (known once the route is resolved)."""
+        ...
+
+    @property
     def responder_resources(self) -> int:
         """IRD: RDMA Reads the peer may have outstanding against us (known once established)."""
         ...
@@ -343,6 +348,10 @@ class ConnectRequest(Protocol):
     def responder_resources(self) -> int: ...
     @property
     def initiator_depth(self) -> int: ...
+    @property
+    def peer(self) -> str:
+        """``host:port`` of the connecting end."""
+        ...
 
     def create_connection(self, config: QueuePairConfig, on_event: EventHandler) -> Connection:
         """The queue pair for this request, ready for ``post_recv`` and then ``establish``."""
@@ -398,3 +407,117 @@ def check_rd_atomic(caps: DeviceCaps, responder_resources: int, initiator_depth:
         raise ProviderError(f"responder_resources must be 0..{caps.max_qp_rd_atom}")
     if not 0 <= initiator_depth <= min(caps.max_qp_init_rd_atom, 255):
         raise ProviderError(f"initiator_depth must be 0..{caps.max_qp_init_rd_atom}")
+
+
+# What the providers share.
+
+
+def registrable(buffer: memoryview) -> memoryview:
+    """The byte view of caller memory to register: writable, contiguous and not empty."""
+    view = memoryview(buffer)
+    if view.readonly or not view.contiguous:
+        raise ProviderError("registered memory must be writable and contiguous")
+    view = view.cast("B")
+    if len(view) == 0:
+        raise ProviderError("cannot register an empty region")
+    return view
+
+
+def check_length(length: int) -> None:
+    """Refuse to allocate and register an empty region."""
+    if length <= 0:
+        raise ProviderError("cannot register an empty region")
+
+
+class RegionBase:
+    """A registered region's keys, bounds and zero-copy view; a provider says how to release
+    the registration (``_release``, called once by ``deregister``)."""
+
+    def __init__(self, view: memoryview, addr: int, lkey: int, rkey: int, access: Access) -> None:
+        self._view = view
+        self._addr = addr
+        self._lkey = lkey
+        self._rkey = rkey
+        self._access = access
+        self._registered = True
+
+    @property
+    def addr(self) -> int:
+        return self._addr
+
+    @property
+    def length(self) -> int:
+        return len(self._view)
+
+    @property
+    def lkey(self) -> int:
+        return self._lkey
+
+    @property
+    def rkey(self) -> int:
+        return self._rkey
+
+    @property
+    def access(self) -> Access:
+        return self._access
+
+    @property
+    def buffer(self) -> memoryview:
+        return self._view
+
+    @property
+    def registered(self) -> bool:
+        return self._registered
+
+    def sge(self, offset: int = 0, length: int | None = None) -> Sge:
+        size = len(self._view)
+        if length is None:
+            length = size - offset
+        if offset < 0 or length < 0 or offset + length > size:
+            raise ProviderError(f"slice {offset}+{length} outside a {size}-byte region")
+        return Sge(self._addr + offset, length, self._lkey)
+
+    def deregister(self) -> None:
+        if self._registered:
+            self._registered = False
+            self._release()
+
+    def _release(self) -> None:
+        raise NotImplementedError
+
+
+class ConnectRequestBase:
+    """What an incoming connection request offers, as seen from the passive side."""
+
+    def __init__(
+        self, private_data: bytes, responder_resources: int, initiator_depth: int, peer: str
+    ) -> None:
+        self._private_data = private_data
+        self._responder_resources = responder_resources
+        self._initiator_depth = initiator_depth
+        self._peer = peer
+
+    @property
+    def private_data(self) -> bytes:
+        return self._private_data
+
+    @property
+    def responder_resources(self) -> int:
+        return self._responder_resources
+
+    @property
+    def initiator_depth(self) -> int:
+        return self._initiator_depth
+
+    @property
+    def peer(self) -> str:
+        return self._peer
+
+
+def check_accept(request: ConnectRequest, initiator_depth: int) -> None:
+    """Accept with no more RDMA Reads outstanding than the peer's responder resources (TR-26)."""
+    if initiator_depth > request.initiator_depth:
+        raise ProviderError(
+            f"initiator_depth {initiator_depth} exceeds the peer's responder resources "
+            f"{request.initiator_depth}"
+        )

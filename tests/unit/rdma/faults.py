@@ -11,7 +11,8 @@ import pytest
 
 from nfsrdma.rpc.connection import RpcConnection
 from nfsrdma.transport.base import TransportCallError
-from nfsrdma.transport.rdma.endpoint import RdmaConnection, _OutCall
+from nfsrdma.transport.rdma.calls import OutCall
+from nfsrdma.transport.rdma.endpoint import RdmaConnection
 
 XID = 0x77
 
@@ -56,7 +57,7 @@ async def expect_rdma_error(rpc: RpcConnection, conn: RdmaConnection, message: b
     """Send ``message`` (which claims XID) raw and return the RDMA_ERROR it draws."""
     fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
     rpc.pending[XID] = fut  # type: ignore[assignment]
-    conn._out[XID] = _OutCall(XID, counted=False)
+    conn._out[XID] = OutCall(XID, counted=False)
     conn._send([message])
     with pytest.raises(TransportCallError) as e:
         await asyncio.wait_for(fut, 30)

@@ -6,7 +6,8 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nfsrdma.transport.rdma.inproc import InprocConnection, InprocDevice, InprocFabric
+from nfsrdma.transport.rdma.inproc import InprocDevice, InprocFabric
+from nfsrdma.transport.rdma.inproc_qp import InprocConnection
 from nfsrdma.transport.rdma.provider import (
     Access,
     Completion,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nfsrdma.transport.rdma.inproc import InprocFabric, InprocPD, InprocRegion
+from nfsrdma.transport.rdma.inproc import InprocFabric
+from nfsrdma.transport.rdma.inproc_memory import InprocPD, InprocRegion
 from nfsrdma.transport.rdma.pool import (
     BufferPool,
     PoolExhausted,

@@ -10,8 +10,9 @@ import os
 
 import pytest
 
-from nfsrdma.transport.rdma import pyverbs_provider as pv
+from nfsrdma.transport.rdma.descriptors import create_with_descriptor
 from nfsrdma.transport.rdma.provider import ProviderError, WcOpcode
+from nfsrdma.transport.rdma.pyverbs_qp import wc_opcode
 
 
 def test_new_channel_descriptor_is_found_and_made_non_blocking() -> None:
@@ -24,7 +25,7 @@ def test_new_channel_descriptor_is_found_and_made_non_blocking() -> None:
         return 1
 
     try:
-        result, fd = pv._create_with_fd(factory, os.devnull)
+        result, fd = create_with_descriptor(factory, os.devnull)
         assert result == 1
         assert os.readlink(f"/proc/self/fd/{fd}") == os.devnull
         assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK
@@ -35,7 +36,7 @@ def test_new_channel_descriptor_is_found_and_made_non_blocking() -> None:
 
 def test_ambiguous_or_missing_descriptor_is_an_error() -> None:
     with pytest.raises(ProviderError):
-        pv._create_with_fd(lambda: None, "/dev/infiniband/rdma_cm")
+        create_with_descriptor(lambda: None, "/dev/infiniband/rdma_cm")
     opened: list[object] = []
 
     def two() -> None:
@@ -43,14 +44,14 @@ def test_ambiguous_or_missing_descriptor_is_an_error() -> None:
 
     try:
         with pytest.raises(ProviderError):
-            pv._create_with_fd(two, os.devnull)
+            create_with_descriptor(two, os.devnull)
     finally:
         for f in opened:
             f.close()  # type: ignore[attr-defined]
 
 
 def test_unknown_completion_opcodes_map_by_direction() -> None:
-    assert pv._wc_opcode(0) is WcOpcode.SEND
-    assert pv._wc_opcode(2) is WcOpcode.RDMA_READ
-    assert pv._wc_opcode(129) is WcOpcode.RECV  # IBV_WC_RECV_RDMA_WITH_IMM
-    assert pv._wc_opcode(7) is WcOpcode.SEND
+    assert wc_opcode(0) is WcOpcode.SEND
+    assert wc_opcode(2) is WcOpcode.RDMA_READ
+    assert wc_opcode(129) is WcOpcode.RECV  # IBV_WC_RECV_RDMA_WITH_IMM
+    assert wc_opcode(7) is WcOpcode.SEND

@@ -1,0 +1,77 @@
+"""What an RPC-over-RDMA connection holds per call: a requester's outstanding call (its
+registrations and sinks), a responder's call being assembled or answered, and the local
+scratch memory chunk data passes through."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nfsrdma.transport.rdma.header import Header
+from nfsrdma.transport.rdma.pool import PooledBuffer
+from nfsrdma.transport.rdma.provider import MemoryRegion, Sge
+from nfsrdma.xdr.runtime import Buffer
+
+__all__ = ["CallContext", "InCall", "OutCall", "Scratch"]
+
+
+@dataclass(slots=True)
+class OutCall:
+    """What a requester holds for one outstanding call."""
+
+    xid: int
+    regions: list[MemoryRegion] = field(default_factory=list)
+    sinks: list[tuple[MemoryRegion, memoryview, bool]] = field(default_factory=list)
+    reply_region: MemoryRegion | None = None
+    counted: bool = True  # holds a credit
+
+
+class Scratch:
+    """Local memory a responder reads chunk data into or writes it from: a buffer of the
+    connection's pre-registered data pool, or (when none is free or it is too small) a region
+    registered for this one use. Never exposed to the peer (local access only)."""
+
+    __slots__ = ("buf", "region")
+
+    def __init__(self, buf: PooledBuffer | None, region: MemoryRegion | None) -> None:
+        self.buf = buf
+        self.region = region
+
+    @property
+    def view(self) -> memoryview:
+        if self.buf is not None:
+            return self.buf.view
+        assert self.region is not None
+        return self.region.buffer
+
+    def sge(self, offset: int, length: int) -> Sge:
+        if self.buf is not None:
+            return self.buf.sge(length, offset)
+        assert self.region is not None
+        return self.region.sge(offset, length)
+
+    def release(self) -> None:
+        if self.buf is not None:
+            self.buf.release()
+            self.buf = None
+        elif self.region is not None:
+            self.region.deregister()
+            self.region = None
+
+
+@dataclass(slots=True)
+class InCall:
+    """A call being assembled (RDMA Reads of its chunks) or being answered."""
+
+    header: Header
+    message: Buffer
+    chunks: dict[int, Buffer] = field(default_factory=dict)
+    pending_reads: int = 0
+    scratch: list[Scratch] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class CallContext:
+    """Transport state of an inbound call, handed back with its reply."""
+
+    header: Header
+    scratch: list[Scratch]

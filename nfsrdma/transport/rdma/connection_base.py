@@ -1,0 +1,366 @@
+"""One RPC-over-RDMA version 1 connection: what both directions share.
+
+One connection carries RPC messages in both directions (RFC 8167: the server's callbacks share
+the client's connection), playing requester for its own calls (``requester``) and responder
+for the peer's (``responder``); ``endpoint.RdmaConnection`` is both. This part holds the
+buffers and credits, the connection's set-up steps (receives posted before establishment,
+PD-24; thresholds from both private data blocks), the work request bookkeeping, the receive
+path that tells calls from replies, and teardown. The protocol decisions are made by the
+sans-IO modules (``header``, ``marshal``, ``credits``, ``privdata``).
+
+Receives are reposted as soon as a message has been copied out of its buffer; the responder
+keeps at least its grant plus the backchannel's receives posted (TR-15).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import struct
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+from nfsrdma.transport.base import Connection, TransportCallError
+from nfsrdma.transport.rdma import header as hdr
+from nfsrdma.transport.rdma import privdata
+from nfsrdma.transport.rdma.calls import InCall, OutCall, Scratch
+from nfsrdma.transport.rdma.credits import CreditPolicy, CreditWindow
+from nfsrdma.transport.rdma.header import ChunkLimits, Header, HeaderError
+from nfsrdma.transport.rdma.pool import PooledBuffer, data_pool, receive_pool, send_pool
+from nfsrdma.transport.rdma.provider import (
+    Access,
+    Completion,
+    ConnectionEvent,
+    Device,
+    Disconnected,
+    MemoryRegion,
+    QueuePairConfig,
+    RdmaWriteRequest,
+    Sge,
+    WcStatus,
+)
+from nfsrdma.transport.rdma.provider import Connection as QueuePair
+from nfsrdma.xdr.runtime import Buffer
+
+__all__ = ["CALL", "REPLY", "RdmaConnectionBase", "RdmaOptions"]
+
+log = logging.getLogger(__name__)
+
+# What a posted work request was for: a receive or send buffer, a call whose chunk an RDMA
+# Read fetches, or the local source of an RDMA Write.
+WrContext: TypeAlias = PooledBuffer | InCall | Scratch | None
+
+_MSG_TYPE = struct.Struct(">I")
+CALL, REPLY = 0, 1
+
+
+@dataclass(frozen=True, slots=True)
+class RdmaOptions:
+    """Per-connection provisioning. ``inline_size`` is the size of our Send and Receive
+    buffers, advertised in the private data (PD-6)."""
+
+    inline_size: int = 4096
+    credits: int = 32  # what a responder grants (TR-14)
+    max_requests: int = 32  # calls a requester may have outstanding (its reply receives)
+    backchannel: int = 2  # receives for the other direction's calls (RFC 8167)
+    limits: ChunkLimits = field(default_factory=ChunkLimits)
+    remote_invalidate: bool = True  # offer/use Send with Invalidate when the device can
+    max_reads: int = 16  # RDMA Reads outstanding as initiator (ORD, TR-26)
+    data_buffers: int = 32  # pre-registered buffers for RDMA Read sinks / RDMA Write sources
+    # What our requester offers (UL-18/UL-19): RFC 8267's baseline by default.
+    max_read_chunks: int = 1  # non-zero-position Read chunks per call
+    max_write_chunks: int = 1  # Write chunks per call
+    data_buffer_size: int = 1 << 20
+    probe_reserve: bool = True  # keep one credit for a keepalive probe (UL-26)
+
+
+class RdmaConnectionBase(Connection):
+    kind = "rdma"
+
+    def __init__(
+        self, device: Device, options: RdmaOptions, *, server: bool, peer: str = ""
+    ) -> None:
+        super().__init__(peer)
+        self.device = device
+        self.options = options
+        self.server = server
+        self.qp: QueuePair | None = None
+        pd = device.pd
+        n_recv = (options.credits if server else options.max_requests) + options.backchannel
+        self.recv_pool = receive_pool(pd, n_recv, options.inline_size)
+        self.send_pool = send_pool(pd, n_recv + options.backchannel + 8, options.inline_size)
+        self.data_pool = (
+            data_pool(pd, options.data_buffers, options.data_buffer_size)
+            if server and options.data_buffers
+            else None
+        )
+        self.local_pd = privdata.PrivateData.for_buffers(
+            options.inline_size,
+            options.inline_size,
+            remote_invalidate=(
+                privdata.responder_advertises_r(
+                    device.caps.remote_invalidate, enabled=options.remote_invalidate
+                )
+                if server
+                else False  # our requester exposes plain regions, never windows (PD-17)
+            ),
+        )
+        self.peer_pd: privdata.PrivateData | None = None
+        self.thresholds = privdata.inline_thresholds(None, None)
+        self.credits = CreditWindow(options.max_requests)
+        self.policy = CreditPolicy(options.credits, options.backchannel)
+        self._wr = itertools.count(1)
+        self._wr_ctx: dict[int, tuple[str, WrContext]] = {}
+        self._out: dict[int, OutCall] = {}
+        self._assembling: dict[int, InCall] = {}
+        self._credit_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._send_backlog: collections.deque[
+            tuple[list[Buffer], int | None, list[RdmaWriteRequest]]
+        ] = collections.deque()
+        self._read_backlog: collections.deque[tuple[int, Sge, int, int]] = collections.deque()
+        self._reads_in_flight = 0
+        self._inbound_calls = 0
+        self.closing = False  # close() was called: take no more messages
+        # Until our side of the handshake is complete, sends wait (a client may send as soon
+        # as its side is established, before ours is).
+        self.ready = False
+        self.stats: collections.Counter[str] = collections.Counter()
+
+    # -- set-up ----------------------------------------------------------------------------
+    def qp_config(self) -> QueuePairConfig:
+        caps = self.device.caps
+        depth = self.recv_pool.count + self.send_pool.count + 64
+        return QueuePairConfig(
+            max_send_wr=min(depth, caps.max_qp_wr),
+            max_recv_wr=min(self.recv_pool.count, caps.max_qp_wr),
+            max_send_sge=min(2, caps.max_send_sge),
+            max_recv_sge=1,
+        )
+
+    def attach(self, qp: QueuePair) -> None:
+        """Take the queue pair and post every receive before it is established (PD-24)."""
+        self.qp = qp
+        privdata.check_receive_provisioning(self.local_pd, self.recv_pool.buffer_size)
+        while (buf := self.recv_pool.try_get()) is not None:
+            self._post_recv(buf)
+
+    def established(self) -> None:
+        """Our side of the handshake is complete: send and read what waited for it."""
+        self.ready = True
+        self._pump_reads()
+        self._flush()
+
+    def _flush(self) -> None:
+        while self._send_backlog and self.ready and not self.closed:
+            if self.send_pool.available == 0:
+                return
+            pieces, inv, writes = self._send_backlog.popleft()
+            self._send(pieces, inv, writes)
+
+    def negotiated(self, peer: bytes) -> None:
+        """Thresholds from both blocks, afresh for this connection (PD-7, PD-9, PD-14)."""
+        self.peer_pd = privdata.decode(peer)
+        if self.server:
+            self.thresholds = privdata.inline_thresholds(self.peer_pd, self.local_pd)
+        else:
+            self.thresholds = privdata.inline_thresholds(self.local_pd, self.peer_pd)
+        log.info(
+            "rdma %s: inline c->s %d s->c %d, peer R=%s",
+            self.peer,
+            self.thresholds.client_to_server,
+            self.thresholds.server_to_client,
+            self.peer_pd.remote_invalidate if self.peer_pd else "none",
+        )
+
+    @property
+    def send_limit(self) -> int:
+        t = self.thresholds
+        return t.server_to_client if self.server else t.client_to_server
+
+    @property
+    def recv_limit(self) -> int:
+        t = self.thresholds
+        return t.client_to_server if self.server else t.server_to_client
+
+    # -- work requests -------------------------------------------------------------------
+    def _wr_id(self, kind: str, ctx: WrContext) -> int:
+        wr = next(self._wr)
+        self._wr_ctx[wr] = (kind, ctx)
+        return wr
+
+    def _post_recv(self, buf: PooledBuffer) -> None:
+        assert self.qp is not None
+        self.qp.post_recv(self._wr_id("recv", buf), buf.sge())
+
+    def _send(
+        self,
+        pieces: list[Buffer],
+        invalidate: int | None = None,
+        writes: list[RdmaWriteRequest] | None = None,
+    ) -> None:
+        """Copy a transport message into a send buffer and post it (or queue it until the
+        connection is established and a send buffer is free)."""
+        if self.closed or self.qp is None:
+            raise ConnectionError(f"rdma connection to {self.peer} is closed")
+        buf = self.send_pool.try_get() if self.ready else None
+        if buf is None:
+            self._send_backlog.append((pieces, invalidate, writes or []))
+            return
+        n = 0
+        for p in pieces:
+            m = len(p)
+            buf.view[n : n + m] = p
+            n += m
+        self.qp.post_send(
+            self._wr_id("send", buf), [buf.sge(n)], invalidate_rkey=invalidate, writes=writes or ()
+        )
+        self.stats["sends"] += 1
+
+    def _scratch(self, length: int) -> Scratch:
+        pool = self.data_pool
+        if pool is not None and length <= pool.buffer_size:
+            buf = pool.try_get()
+            if buf is not None:
+                return Scratch(buf, None)
+        return Scratch(None, self._register(length, Access.LOCAL_WRITE))
+
+    def _register(self, length: int, access: Access) -> MemoryRegion:
+        region = self.device.pd.register(max(length, 1), access | Access.LOCAL_WRITE)
+        self.stats["registrations"] += 1
+        return region
+
+    # -- events ------------------------------------------------------------------------------
+    def on_event(self, ev: ConnectionEvent) -> None:
+        try:
+            self._on_event(ev)
+        except Exception as e:  # a bug or a dead queue pair: this connection ends, not the loop
+            log.exception("rdma %s: event handling failed", self.peer)
+            self._teardown(e)
+            if self.qp is not None:
+                self.qp.disconnect()
+
+    def _on_event(self, ev: ConnectionEvent) -> None:
+        if isinstance(ev, Disconnected):
+            self._teardown(ConnectionError(f"rdma connection lost: {ev.reason}"))
+            return
+        kind, ctx = self._wr_ctx.pop(ev.wr_id, ("?", None))
+        if kind == "recv" and isinstance(ctx, PooledBuffer):
+            self._on_recv(ev, ctx)
+        elif kind == "send" and isinstance(ctx, PooledBuffer):
+            ctx.release()
+            self._flush()
+        elif kind == "read" and isinstance(ctx, InCall):
+            self._on_read_done(ev, ctx)
+        elif kind == "write" and isinstance(ctx, Scratch):
+            ctx.release()  # the local source of one RDMA Write
+        if not ev.ok and not self.closed and ev.status is not WcStatus.WR_FLUSH_ERR:
+            log.warning("rdma %s: %s completion failed: %s", self.peer, kind, ev.status.name)
+
+    def _on_recv(self, ev: Completion, buf: PooledBuffer) -> None:
+        if not ev.ok:
+            buf.release()
+            return
+        data = bytes(buf.view[: ev.byte_len])
+        if self.closed or self.closing:
+            buf.release()
+            return
+        self._post_recv(buf)  # the message is out of the buffer: give it back at once
+        if ev.invalidated_rkey is not None:
+            self.stats["remote_invalidations"] += 1
+            self._forget_rkey(ev.invalidated_rkey)
+        try:
+            h = hdr.parse(data)
+        except HeaderError as e:
+            self._bad_header(e)
+            return
+        if h.proc == hdr.RDMA_ERROR:
+            self._on_reply_error(h)
+            return
+        if h.proc == hdr.RDMA_NOMSG:
+            if any(c.position == 0 for c in h.reads):
+                self._on_call(h, memoryview(data)[h.size :])
+            elif h.xid in self._out:
+                self._on_reply(h, memoryview(data)[h.size :])
+            elif self.server:
+                # Neither a Long call nor a reply to one of our callbacks: malformed.
+                why = "RDMA_NOMSG without a position-zero chunk"
+                self._bad_header(HeaderError(why, h.xid, hdr.ERR_CHUNK))
+            else:
+                log.info("rdma %s: RDMA_NOMSG for unknown xid %#x dropped", self.peer, h.xid)
+            return
+        if len(data) < h.size + 8:
+            self._bad_header(
+                HeaderError("message too short for an RPC header", h.xid, hdr.ERR_CHUNK)
+            )
+            return
+        (mtype,) = _MSG_TYPE.unpack_from(data, h.size + 4)
+        if mtype == CALL:
+            self._on_call(h, memoryview(data)[h.size :])
+        else:
+            self._on_reply(h, memoryview(data)[h.size :])
+
+    def _bad_header(self, e: HeaderError) -> None:
+        self.stats["bad_headers"] += 1
+        log.info("rdma %s: %s", self.peer, e)
+        if e.xid is None or e.err is None:
+            return  # nothing to answer to
+        if e.xid in self._out:
+            # A reply we cannot parse: the call fails; the connection lives on.
+            self._fail_call(e.xid, TransportCallError(f"unparsable reply: {e}"))
+            return
+        self._send([hdr.encode_error(e.xid, self.policy.grant, e.err)])
+
+    # -- what the requester and responder halves provide ----------------------------------
+    def _on_call(self, h: Header, inline: memoryview) -> None:
+        raise NotImplementedError
+
+    def _on_read_done(self, ev: Completion, call: InCall) -> None:
+        raise NotImplementedError
+
+    def _pump_reads(self) -> None:
+        raise NotImplementedError
+
+    def _on_reply(self, h: Header, inline: memoryview) -> None:
+        raise NotImplementedError
+
+    def _on_reply_error(self, h: Header) -> None:
+        raise NotImplementedError
+
+    def _fail_call(self, xid: int, exc: BaseException) -> None:
+        raise NotImplementedError
+
+    def call_done(self, xid: int) -> None:
+        raise NotImplementedError
+
+    def _forget_rkey(self, rkey: int) -> None:
+        raise NotImplementedError
+
+    # -- teardown ----------------------------------------------------------------------
+    def close(self) -> None:
+        self.closing = True
+        if self.qp is not None and not self.closed:
+            self.qp.disconnect()
+        else:
+            self._teardown(None)
+
+    def _teardown(self, exc: BaseException | None) -> None:
+        if self.closed:
+            return
+        for xid in list(self._out):
+            self.call_done(xid)
+        for call in self._assembling.values():
+            for local in call.scratch:
+                local.release()
+        self._assembling.clear()
+        for fut in self._credit_waiters:
+            if not fut.done():
+                fut.set_result(None)
+        self._closed(exc)
+        if self.qp is not None:
+            self.qp.close()
+        self.recv_pool.close()
+        self.send_pool.close()
+        if self.data_pool is not None:
+            self.data_pool.close()

@@ -1,0 +1,435 @@
+"""Verbs resources of one pyverbs connection: its RC queue pair, completion queue and
+completion channel; posting work requests and turning completions into provider events.
+
+The queue pair is created by us (not by rdma_cm) on the device's protection domain, with one
+CQ and completion channel per connection, and moved through INIT/RTR/RTS with the attributes
+librdmacm's ``rdma_init_qp_attr`` returns (``qp_attributes``). The completion channel's
+descriptor is watched by the loop: on readable, ``get_cq_event``, ``ack_events``,
+``req_notify``, then drain ``poll()``. rxe reports a remote invalidation with the kernel's
+flag bit (``IB_WC_WITH_INVALIDATE``, which is ``IBV_WC_IP_CSUM_OK`` in user space) rather than
+``IBV_WC_WITH_INV``; the device's ``with_inv_mask`` covers both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import itertools
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+import pyverbs.enums as e
+from pyverbs.addr import GID, AHAttr, GlobalRoute
+from pyverbs.cq import CQ, WC, CompChannel
+from pyverbs.device import Context
+from pyverbs.mr import MWBindInfo
+from pyverbs.pyverbs_error import PyverbsError, PyverbsRDMAError
+from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+from pyverbs.wr import SGE, RecvWR, SendWR
+
+from nfsrdma.transport.rdma.descriptors import create_with_descriptor
+from nfsrdma.transport.rdma.provider import (
+    Access,
+    Completion,
+    ConnectionEvent,
+    DeviceCaps,
+    Disconnected,
+    EventHandler,
+    MemoryRegion,
+    MemoryWindow,
+    ProviderError,
+    QueuePairConfig,
+    RdmaWriteRequest,
+    Sge,
+    WcOpcode,
+    WcStatus,
+)
+from nfsrdma.transport.rdma.pyverbs_memory import PyverbsPD, PyverbsRegion, PyverbsWindow
+from nfsrdma.transport.rdma.rdmacm import QpAttr
+
+__all__ = ["PyverbsQueuePair", "VerbsDevice", "qp_attributes", "wc_opcode"]
+
+log = logging.getLogger(__name__)
+
+_POLL_BATCH = 32
+_AGAIN = (errno.EAGAIN, errno.EWOULDBLOCK)
+COMPLETION_CHANNEL = "anon_inode:[infinibandevent]"
+
+_SEND_OPCODES = {
+    WcOpcode.SEND: e.IBV_WR_SEND,
+    WcOpcode.RDMA_WRITE: e.IBV_WR_RDMA_WRITE,
+    WcOpcode.RDMA_READ: e.IBV_WR_RDMA_READ,
+}
+
+
+class VerbsDevice(Protocol):
+    """What a queue pair needs of its device."""
+
+    @property
+    def caps(self) -> DeviceCaps: ...
+    @property
+    def pd(self) -> PyverbsPD: ...
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def context(self) -> Context: ...
+    @property
+    def with_inv_mask(self) -> int: ...
+
+
+def is_again(exc: PyverbsError) -> bool:
+    return getattr(exc, "error_code", None) in _AGAIN
+
+
+def wc_opcode(value: int) -> WcOpcode:
+    try:
+        return WcOpcode(value)
+    except ValueError:
+        return WcOpcode.RECV if value & 0x80 else WcOpcode.SEND
+
+
+def _gid_text(raw: bytes) -> str:
+    hexed = raw.hex()
+    return ":".join(hexed[i : i + 4] for i in range(0, 32, 4))
+
+
+def qp_attributes(source: QpAttr) -> tuple[QPAttr, int]:
+    """A pyverbs ``QPAttr`` carrying the fields ``rdma_init_qp_attr`` filled in (its mask)."""
+    c, mask = source.attr, source.mask
+    attr = QPAttr()
+    attr.qp_state = c.qp_state
+    if mask & e.IBV_QP_ACCESS_FLAGS:
+        attr.qp_access_flags = c.qp_access_flags
+    if mask & e.IBV_QP_PKEY_INDEX:
+        attr.pkey_index = c.pkey_index
+    if mask & e.IBV_QP_PORT:
+        attr.port_num = c.port_num
+    if mask & e.IBV_QP_QKEY:
+        attr.qkey = c.qkey
+    if mask & e.IBV_QP_AV:
+        ah = c.ah_attr
+        grh = GlobalRoute(
+            dgid=GID(_gid_text(bytes(ah.grh.dgid))),
+            flow_label=ah.grh.flow_label,
+            sgid_index=ah.grh.sgid_index,
+            hop_limit=ah.grh.hop_limit,
+            traffic_class=ah.grh.traffic_class,
+        )
+        attr.ah_attr = AHAttr(
+            dlid=ah.dlid,
+            sl=ah.sl,
+            src_path_bits=ah.src_path_bits,
+            static_rate=ah.static_rate,
+            is_global=ah.is_global,
+            port_num=ah.port_num,
+            gr=grh if ah.is_global else None,
+        )
+    if mask & e.IBV_QP_PATH_MTU:
+        attr.path_mtu = c.path_mtu
+    if mask & e.IBV_QP_DEST_QPN:
+        attr.dest_qp_num = c.dest_qp_num
+    if mask & e.IBV_QP_RQ_PSN:
+        attr.rq_psn = c.rq_psn
+    if mask & e.IBV_QP_SQ_PSN:
+        attr.sq_psn = c.sq_psn
+    if mask & e.IBV_QP_MAX_DEST_RD_ATOMIC:
+        attr.max_dest_rd_atomic = c.max_dest_rd_atomic
+    if mask & e.IBV_QP_MAX_QP_RD_ATOMIC:
+        attr.max_rd_atomic = c.max_rd_atomic
+    if mask & e.IBV_QP_MIN_RNR_TIMER:
+        attr.min_rnr_timer = c.min_rnr_timer
+    if mask & e.IBV_QP_TIMEOUT:
+        attr.timeout = c.timeout
+    if mask & e.IBV_QP_RETRY_CNT:
+        attr.retry_cnt = c.retry_cnt
+    if mask & e.IBV_QP_RNR_RETRY:
+        attr.rnr_retry = c.rnr_retry
+    return attr, mask
+
+
+class PyverbsQueuePair:
+    """One RC queue pair with its own CQ and completion channel, driven by the loop.
+
+    A subclass supplies the state transitions' attributes (``_transition``, usable from
+    construction on) and what breaking the connection does to the peer (``_disconnect_peer``)."""
+
+    def __init__(
+        self, device: VerbsDevice, config: QueuePairConfig, on_event: EventHandler
+    ) -> None:
+        self._device = device
+        self._loop = device.loop
+        self._config = config
+        self._on_event = on_event
+        self._outstanding: dict[int, WcOpcode] = {}
+        self._state = "init"
+        self._disconnected = False
+        self._closed = False
+        context = device.context
+        self._comp, self._comp_fd = create_with_descriptor(
+            lambda: CompChannel(context), COMPLETION_CHANNEL
+        )
+        created: list[CompChannel | CQ | QP] = [self._comp]
+        try:
+            cqe = config.max_send_wr + config.max_recv_wr + 1
+            self._cq = CQ(context, cqe, None, self._comp, 0)
+            created.insert(0, self._cq)
+            self._cq.req_notify()
+            cap = QPCap(
+                max_send_wr=config.max_send_wr,
+                max_recv_wr=config.max_recv_wr,
+                max_send_sge=config.max_send_sge,
+                max_recv_sge=config.max_recv_sge,
+                max_inline_data=config.max_inline_data,
+            )
+            init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self._cq, rcq=self._cq, cap=cap)
+            self._qp = QP(device.pd.pd, init)
+            created.insert(0, self._qp)
+            self._modify(e.IBV_QPS_INIT)
+        except (PyverbsError, ProviderError) as exc:
+            for obj in created:  # the queue pair, then its CQ, then the channel
+                with contextlib.suppress(PyverbsError):
+                    obj.close()
+            raise ProviderError(f"cannot create the queue pair: {exc}") from exc
+        self._loop.add_reader(self._comp_fd, self._on_cq_readable)
+
+    @property
+    def config(self) -> QueuePairConfig:
+        return self._config
+
+    @property
+    def established(self) -> bool:
+        return self._state == "rts"
+
+    @property
+    def broken(self) -> bool:
+        return self._state in ("error", "closed")
+
+    @property
+    def qp_num(self) -> int:
+        return int(self._qp.qp_num)
+
+    def _transition(self, state: int) -> tuple[QPAttr, int]:
+        raise NotImplementedError
+
+    def _disconnect_peer(self) -> None:
+        raise NotImplementedError
+
+    def _modify(
+        self, state: int, *, responder_resources: int = 0, initiator_depth: int = 0
+    ) -> None:
+        attr, mask = self._transition(state)
+        if state == e.IBV_QPS_INIT:
+            attr.qp_access_flags = (
+                e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
+            )
+            mask |= e.IBV_QP_ACCESS_FLAGS
+        elif state == e.IBV_QPS_RTR:
+            attr.max_dest_rd_atomic = responder_resources
+            mask |= e.IBV_QP_MAX_DEST_RD_ATOMIC
+        elif state == e.IBV_QPS_RTS:
+            attr.max_rd_atomic = initiator_depth
+            mask |= e.IBV_QP_MAX_QP_RD_ATOMIC
+        self._qp.modify(attr, mask)
+
+    def _release_verbs(self) -> None:
+        self._loop.remove_reader(self._comp_fd)
+        for obj in (self._qp, self._cq, self._comp):
+            try:
+                obj.close()
+            except PyverbsError as exc:
+                log.warning("closing %s: %s", type(obj).__name__, exc)
+
+    def _break(self, reason: str, status: WcStatus | None) -> None:
+        """Error state (all outstanding work flushes), disconnect the peer, report once."""
+        if self._disconnected or self._closed:
+            return
+        self._disconnected = True
+        self._state = "error"
+        try:
+            attr = QPAttr()
+            attr.qp_state = e.IBV_QPS_ERR
+            self._qp.modify(attr, e.IBV_QP_STATE)
+        except PyverbsError as exc:
+            log.warning("cannot move the queue pair to the error state: %s", exc)
+        self._disconnect_peer()
+        self._loop.call_soon(self._deliver, Disconnected(reason, status))
+
+    def _deliver(self, event: ConnectionEvent) -> None:
+        if not self._closed:
+            self._on_event(event)
+
+    # Completions.
+
+    def _on_cq_readable(self) -> None:
+        try:
+            self._comp.get_cq_event(self._cq)
+        except PyverbsRDMAError as exc:
+            if not is_again(exc):
+                log.error("ibv_get_cq_event failed: %s", exc)
+            return
+        self._cq.ack_events(1)
+        self._cq.req_notify()
+        completions: list[Completion] = []
+        while True:
+            count, wcs = self._cq.poll(_POLL_BATCH)
+            completions.extend(self._completion(wc) for wc in wcs)
+            if count < _POLL_BATCH:
+                break
+        failure: Completion | None = None
+        for completion in completions:
+            if self._closed:
+                return
+            self._on_event(completion)
+            if failure is None and not completion.ok:
+                failure = completion
+        if failure is not None:
+            self._break(
+                f"{failure.opcode.name} completed with {failure.status.name}", failure.status
+            )
+
+    def _completion(self, wc: WC) -> Completion:
+        wr_id = int(wc.wr_id)
+        opcode = self._outstanding.pop(wr_id, None)
+        if opcode is None:
+            opcode = wc_opcode(int(wc.opcode))
+        status = WcStatus.of(int(wc.status))
+        invalidated = None
+        ok = status is WcStatus.SUCCESS
+        if ok and opcode is WcOpcode.RECV and int(wc.wc_flags) & self._device.with_inv_mask:
+            invalidated = int(wc.imm_data)
+        return Completion(wr_id, status, opcode, int(wc.byte_len) if ok else 0, invalidated)
+
+    # Posting.
+
+    def _track(self, wr_id: int, opcode: WcOpcode, sending: bool) -> None:
+        if self._closed:
+            raise ProviderError("connection closed")
+        if sending and self._state in ("init", "connecting"):
+            raise ProviderError("queue pair not connected (EINVAL)")
+        if wr_id in self._outstanding:
+            raise ProviderError(f"wr_id {wr_id} is still outstanding")
+        self._outstanding[wr_id] = opcode
+
+    def _post_send_wr(self, wr_id: int, wr: SendWR) -> None:
+        try:
+            self._qp.post_send(wr)
+        except PyverbsError as exc:
+            self._outstanding.pop(wr_id, None)
+            raise ProviderError(f"post_send failed: {exc}") from exc
+
+    @staticmethod
+    def _sges(sges: Sequence[Sge]) -> list[SGE]:
+        if not sges:
+            raise ProviderError("a work request needs at least one SGE")
+        return [SGE(s.addr, s.length, s.lkey) for s in sges]
+
+    def post_recv(self, wr_id: int, sge: Sge) -> None:
+        self._track(wr_id, WcOpcode.RECV, sending=False)
+        try:
+            self._qp.post_recv(RecvWR(wr_id=wr_id, num_sge=1, sg=self._sges([sge])))
+        except PyverbsError as exc:
+            self._outstanding.pop(wr_id, None)
+            raise ProviderError(f"post_recv failed: {exc}") from exc
+
+    def post_send(
+        self,
+        wr_id: int,
+        sges: Sequence[Sge],
+        *,
+        invalidate_rkey: int | None = None,
+        inline: bool = False,
+        writes: Sequence[RdmaWriteRequest] = (),
+    ) -> None:
+        elements = self._sges(sges)
+        flags = e.IBV_SEND_SIGNALED | (e.IBV_SEND_INLINE if inline else 0)
+        if inline and sum(s.length for s in sges) > self._config.max_inline_data:
+            raise ProviderError("inline send exceeds max_inline_data")
+        opcode = e.IBV_WR_SEND if invalidate_rkey is None else e.IBV_WR_SEND_WITH_INV
+        wr = SendWR(
+            wr_id=wr_id, opcode=opcode, num_sge=len(elements), sg=elements, send_flags=flags
+        )
+        if invalidate_rkey is not None:
+            if not self._device.caps.remote_invalidate:
+                raise ProviderError("Send with Invalidate not supported by the device")
+            wr.imm_data = invalidate_rkey  # shares the union with invalidate_rkey
+        if not writes:
+            self._track(wr_id, WcOpcode.SEND, sending=True)
+            self._post_send_wr(wr_id, wr)
+            return
+        # The RDMA Writes, then the Send, linked into one list: one ibv_post_send.
+        chain = [
+            self._rdma_wr(WcOpcode.RDMA_WRITE, w.wr_id, w.sges, w.remote_addr, w.rkey)
+            for w in writes
+        ]
+        chain.append(wr)
+        for prev, nxt in itertools.pairwise(chain):
+            prev.next_wr = nxt
+        ids = [w.wr_id for w in writes]
+        for i in ids:
+            self._track(i, WcOpcode.RDMA_WRITE, sending=True)
+        self._track(wr_id, WcOpcode.SEND, sending=True)
+        try:
+            self._qp.post_send(chain[0])
+        except PyverbsError as exc:
+            for i in [*ids, wr_id]:
+                self._outstanding.pop(i, None)
+            raise ProviderError(f"post_send failed: {exc}") from exc
+
+    def _rdma_wr(
+        self, opcode: WcOpcode, wr_id: int, sges: Sequence[Sge], remote_addr: int, rkey: int
+    ) -> SendWR:
+        elements = self._sges(sges)
+        wr = SendWR(
+            wr_id=wr_id,
+            opcode=_SEND_OPCODES[opcode],
+            num_sge=len(elements),
+            sg=elements,
+            send_flags=e.IBV_SEND_SIGNALED,
+        )
+        wr.set_wr_rdma(rkey, remote_addr)
+        return wr
+
+    def _post_rdma(
+        self, opcode: WcOpcode, wr_id: int, sges: Sequence[Sge], remote_addr: int, rkey: int
+    ) -> None:
+        wr = self._rdma_wr(opcode, wr_id, sges, remote_addr, rkey)
+        self._track(wr_id, opcode, sending=True)
+        self._post_send_wr(wr_id, wr)
+
+    def post_rdma_write(self, wr_id: int, sges: Sequence[Sge], remote_addr: int, rkey: int) -> None:
+        self._post_rdma(WcOpcode.RDMA_WRITE, wr_id, sges, remote_addr, rkey)
+
+    def post_rdma_read(self, wr_id: int, sges: Sequence[Sge], remote_addr: int, rkey: int) -> None:
+        self._post_rdma(WcOpcode.RDMA_READ, wr_id, sges, remote_addr, rkey)
+
+    def post_bind_window(
+        self,
+        wr_id: int,
+        window: MemoryWindow,
+        region: MemoryRegion,
+        offset: int,
+        length: int,
+        access: Access,
+    ) -> int:
+        if not isinstance(window, PyverbsWindow) or not isinstance(region, PyverbsRegion):
+            raise ProviderError("window and region must come from this provider")
+        if window.rkey is not None:
+            raise ProviderError("a memory window is bound once; allocate a new one")
+        if offset < 0 or length < 0 or offset + length > region.length:
+            raise ProviderError("window outside its region")
+        info = MWBindInfo(region.mr, region.addr + offset, length, int(access))
+        wr = SendWR(wr_id=wr_id, opcode=e.IBV_WR_BIND_MW, send_flags=e.IBV_SEND_SIGNALED)
+        wr.set_bind_wr(window.mw, info)
+        rkey = int(wr.rkey)
+        self._track(wr_id, WcOpcode.BIND_MW, sending=True)
+        self._post_send_wr(wr_id, wr)
+        window.bound(rkey)
+        return rkey
+
+    def post_local_invalidate(self, wr_id: int, rkey: int) -> None:
+        wr = SendWR(wr_id=wr_id, opcode=e.IBV_WR_LOCAL_INV, send_flags=e.IBV_SEND_SIGNALED)
+        wr.imm_data = rkey  # shares the union with invalidate_rkey
+        self._track(wr_id, WcOpcode.LOCAL_INV, sending=True)
+        self._post_send_wr(wr_id, wr)

@@ -1,0 +1,170 @@
+"""The requester half of an RPC-over-RDMA connection (a client's fore channel, a server's
+back channel).
+
+It registers per-RPC memory with the least access (remote read for Read chunks, remote write
+for Write and Reply chunks) and deregisters it on every path: reply, RDMA_ERROR, timeout,
+cancellation, disconnect (TR-20). Memory registered on one connection is never offered on
+another (TR-24). It sends only within the credits the responder granted (TR-14, UL-24).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from nfsrdma.transport.base import Inbound, ReplyExpectation, TransportCallError
+from nfsrdma.transport.rdma import header as hdr
+from nfsrdma.transport.rdma.calls import OutCall
+from nfsrdma.transport.rdma.connection_base import RdmaConnectionBase
+from nfsrdma.transport.rdma.header import Header, Segment
+from nfsrdma.transport.rdma.marshal import plan_call
+from nfsrdma.transport.rdma.provider import Access, MemoryRegion
+from nfsrdma.xdr.runtime import Buffer, Reader, Writer
+
+__all__ = ["Requester"]
+
+log = logging.getLogger(__name__)
+
+
+class Requester(RdmaConnectionBase):
+    async def reserve(self, probe: bool = False) -> None:
+        while not self.credits.may_send(probe) and not self.closed:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._credit_waiters.append(fut)
+            await fut
+
+    def _wake_credit_waiter(self) -> None:
+        while self._credit_waiters and self.credits.may_send():
+            fut = self._credit_waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    @property
+    def max_inline_call(self) -> int:
+        return self.send_limit
+
+    def send_call(self, xid: int, msg: Writer, expect: ReplyExpectation | None) -> None:
+        if self.closed or self.qp is None:
+            raise ConnectionError(f"rdma connection to {self.peer} is closed")
+        expect = expect or ReplyExpectation()
+        plan = plan_call(
+            msg,
+            send_limit=self.send_limit,
+            recv_limit=self.recv_limit,
+            sinks=[len(s) for s in expect.sinks],
+            max_reply=expect.max_size,
+            max_write_chunks=self.options.max_write_chunks,
+            max_read_chunks=self.options.max_read_chunks,
+        )
+        out = OutCall(xid)
+        reads = []
+        for exposure in plan.reads:
+            size = sum(len(p) for p in exposure.data)
+            region = self._register(size, Access.REMOTE_READ)
+            pos = 0
+            for p in exposure.data:
+                region.buffer[pos : pos + len(p)] = p
+                pos += len(p)
+            out.regions.append(region)
+            reads.append(
+                hdr.ReadChunk(exposure.position, [Segment(region.rkey, size, region.addr)])
+            )
+            self.stats["read_chunks"] += 1
+        writes = []
+        for capacity, sink in zip(plan.write_chunks, expect.sinks, strict=False):
+            region, direct = self._sink_region(sink, capacity)
+            out.regions.append(region)
+            out.sinks.append((region, sink, direct))
+            writes.append([Segment(region.rkey, capacity, region.addr)])
+            self.stats["write_chunks"] += 1
+        reply = None
+        if plan.reply_chunk is not None:
+            out.reply_region = self._register(plan.reply_chunk, Access.REMOTE_WRITE)
+            out.regions.append(out.reply_region)
+            reply = [Segment(out.reply_region.rkey, plan.reply_chunk, out.reply_region.addr)]
+            self.stats["reply_chunks"] += 1
+        head = hdr.encode(xid, self.options.max_requests, plan.proc, reads, writes, reply)
+        self._out[xid] = out
+        self.credits.sent()
+        try:
+            self._send([head, *plan.inline])
+        except Exception:
+            self.call_done(xid)
+            raise
+
+    def _sink_region(self, sink: memoryview, capacity: int) -> tuple[MemoryRegion, bool]:
+        """Register the caller's buffer itself when the provider can (zero copy), else a
+        region the data is copied out of after the reply."""
+        access = Access.REMOTE_WRITE | Access.LOCAL_WRITE
+        try:
+            region = self.device.pd.register_buffer(sink[:capacity], access)
+            self.stats["registrations"] += 1
+            return region, True
+        except (NotImplementedError, TypeError, ValueError, BufferError):
+            return self._register(capacity, Access.REMOTE_WRITE), False
+
+    def _on_reply(self, h: Header, inline: memoryview) -> None:
+        out = self._out.get(h.xid)
+        if out is None:
+            log.info("rdma %s: reply to unknown xid %#x dropped", self.peer, h.xid)
+            return
+        self.credits.update(h.credit)
+        if h.reads:
+            # Replies never carry Read chunks (TR-12): this reply is malformed.
+            self._fail_call(h.xid, TransportCallError("reply with a Read list"))
+            return
+        if h.proc == hdr.RDMA_NOMSG:
+            if out.reply_region is None or h.reply is None:
+                self._fail_call(h.xid, TransportCallError("RDMA_NOMSG reply without a Reply chunk"))
+                return
+            n = sum(s.length for s in h.reply)
+            if n > out.reply_region.length:
+                self._fail_call(h.xid, TransportCallError("Reply chunk overrun"))
+                return
+            message: Buffer = bytes(out.reply_region.buffer[:n])
+        else:
+            message = inline
+        ordered: list[Buffer | None] = []
+        for i, chunk in enumerate(h.writes):
+            if i >= len(out.sinks):
+                self._fail_call(h.xid, TransportCallError("more Write chunks than offered"))
+                return
+            region, sink, direct = out.sinks[i]
+            n = sum(s.length for s in chunk)
+            if n > len(sink):
+                self._fail_call(h.xid, TransportCallError("Write chunk overrun"))
+                return
+            if not direct:
+                sink[:n] = region.buffer[:n]
+            ordered.append(sink[:n])
+        self._deliver(Inbound(Reader(message, ordered=ordered or None)))
+        self._wake_credit_waiter()
+
+    def _on_reply_error(self, h: Header) -> None:
+        self.stats["rdma_errors"] += 1
+        self.credits.update(h.credit)
+        what = "ERR_VERS" if h.error == hdr.ERR_VERS else "ERR_CHUNK"
+        self._fail_call(h.xid, TransportCallError(f"RDMA_ERROR {what} for xid {h.xid:#x}"))
+
+    def _fail_call(self, xid: int, exc: BaseException) -> None:
+        if self.call_failed is not None:
+            self.call_failed(xid, exc)
+        self.call_done(xid)
+
+    def call_done(self, xid: int) -> None:
+        out = self._out.pop(xid, None)
+        if out is None:
+            return
+        for region in out.regions:
+            region.deregister()  # TR-20: on every path
+        if out.counted:
+            self.credits.done()
+        self._wake_credit_waiter()
+
+    def _forget_rkey(self, rkey: int) -> None:
+        """The peer invalidated ``rkey`` (Send with Invalidate); nothing more to do for it."""
+        for out in self._out.values():
+            for region in out.regions:
+                if region.rkey == rkey:
+                    region.deregister()

@@ -1,0 +1,138 @@
+"""The responder half of an RPC-over-RDMA connection (a server's fore channel, a client's
+back channel).
+
+It checks chunk lists before any RDMA operation (TR-17, TR-21), pulls Read chunks with RDMA
+Reads within the negotiated ORD (TR-26), answers ERR_VERS / ERR_CHUNK with the call's XID
+(TR-3, TR-16), posts its RDMA Writes before the Send that completes the RPC (TR-19), and grants
+credits in every reply (TR-14).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from nfsrdma.transport.base import Inbound
+from nfsrdma.transport.rdma import header as hdr
+from nfsrdma.transport.rdma import privdata
+from nfsrdma.transport.rdma.calls import CallContext, InCall
+from nfsrdma.transport.rdma.connection_base import RdmaConnectionBase
+from nfsrdma.transport.rdma.header import Header, HeaderError, Segment
+from nfsrdma.transport.rdma.marshal import plan_reply
+from nfsrdma.transport.rdma.provider import Completion, RdmaWriteRequest, Sge
+from nfsrdma.xdr.runtime import Reader, Writer
+
+__all__ = ["Responder"]
+
+log = logging.getLogger(__name__)
+
+
+class Responder(RdmaConnectionBase):
+    def _on_call(self, h: Header, inline: memoryview) -> None:
+        self._inbound_calls += 1
+        if self._inbound_calls > self.policy.grant + self.options.backchannel:
+            log.warning(
+                "rdma %s: calls beyond the %d credits granted", self.peer, self.policy.grant
+            )
+            self.stats["credit_overruns"] += 1
+            self.close()
+            return
+        zero = [c for c in h.reads if c.position == 0]
+        msg_len = zero[0].length if zero else len(inline)
+        try:
+            hdr.check_call(h, msg_len, self.options.limits)
+        except HeaderError as e:
+            self._inbound_calls -= 1
+            self._bad_header(e)
+            return
+        call = InCall(h, inline)
+        if not h.reads:
+            self._deliver_call(call)
+            return
+        for chunk in h.reads:
+            local = self._scratch(chunk.length)
+            call.scratch.append(local)
+            off = 0
+            for s in chunk.segments:
+                call.pending_reads += 1
+                self._read(call, local.sge(off, s.length), s)
+                off += s.length
+            data = local.view[: chunk.length]
+            if chunk.position == 0:
+                call.message = data
+            else:
+                call.chunks[chunk.position] = data
+        self._assembling[id(call)] = call
+
+    @property
+    def max_reads(self) -> int:
+        """RDMA Reads outstanding at once: our option, within the negotiated ORD (TR-26)."""
+        ord_ = self.qp.initiator_depth if self.qp is not None else 0
+        return max(1, min(self.options.max_reads, ord_ or self.options.max_reads))
+
+    def _read(self, call: InCall, sge: Sge, seg: Segment) -> None:
+        self._read_backlog.append((self._wr_id("read", call), sge, seg.offset, seg.handle))
+        self._pump_reads()
+
+    def _pump_reads(self) -> None:
+        """Post queued RDMA Reads within the ORD, once the connection is established."""
+        while self._read_backlog and self.ready and self._reads_in_flight < self.max_reads:
+            wr, sge, addr, rkey = self._read_backlog.popleft()
+            self._reads_in_flight += 1
+            assert self.qp is not None
+            self.qp.post_rdma_read(wr, [sge], addr, rkey)
+
+    def _on_read_done(self, ev: Completion, call: InCall) -> None:
+        self._reads_in_flight -= 1
+        self._pump_reads()
+        if not ev.ok:
+            return  # the connection breaks; teardown releases the call
+        call.pending_reads -= 1
+        if call.pending_reads == 0:
+            self._assembling.pop(id(call), None)
+            self._deliver_call(call)
+
+    def _deliver_call(self, call: InCall) -> None:
+        reader = Reader(call.message, call.chunks or None)
+        self._deliver(Inbound(reader, CallContext(call.header, call.scratch)))
+
+    def send_reply(self, request: Inbound, msg: Writer) -> None:
+        ctx = request.context
+        assert isinstance(ctx, CallContext)
+        self._inbound_calls = max(0, self._inbound_calls - 1)
+        for local in ctx.scratch:
+            local.release()  # the call's chunk data has been consumed by now
+        h = ctx.header
+        try:
+            plan = plan_reply(msg, h, self.send_limit)
+        except HeaderError as e:
+            log.info("rdma %s: %s", self.peer, e)
+            self.stats["reply_overruns"] += 1
+            self._send([hdr.encode_error(h.xid, self.policy.grant, hdr.ERR_CHUNK)])
+            return
+        writes = []
+        for write in plan.writes:
+            local = self._scratch(len(write.data))
+            local.view[: len(write.data)] = write.data
+            seg = write.segment
+            writes.append(
+                RdmaWriteRequest(
+                    self._wr_id("write", local),
+                    [local.sge(0, len(write.data))],
+                    seg.offset + write.segment_offset,
+                    seg.handle,
+                )
+            )
+            self.stats["rdma_writes"] += 1
+        head = hdr.encode(h.xid, self.policy.grant, plan.proc, [], plan.write_list, plan.reply)
+        # The RDMA Writes go ahead of the Send in one post (TR-19: RC ordering).
+        self._send([head, *plan.inline], self._invalidate_for(h), writes)
+
+    def _invalidate_for(self, h: Header) -> int | None:
+        """Send with Invalidate of one STag of this XID's chunks, when both peers set R and
+        the device can (PD-15, PD-16, SEC-5)."""
+        if not privdata.responder_may_send_with_invalidate(
+            self.local_pd.remote_invalidate, self.peer_pd, self.device.caps.remote_invalidate
+        ):
+            return None
+        keys = sorted(h.rkeys())
+        return keys[0] if keys else None
