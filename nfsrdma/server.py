@@ -151,7 +151,9 @@ class NFSServer:
             where = f"{address}:%d on {name}"
         else:
             where = f"{device.address}:%d"
-        self.rdma = RdmaListener(device, self.rdma_port, self._accept, self.rdma_options)
+        self.rdma = RdmaListener(
+            device, self.rdma_port, self._accept, self.rdma_options, screen=self._screen_rdma
+        )
         await self.rdma.start()
         return where % self.rdma.port
 
@@ -198,13 +200,7 @@ class NFSServer:
         source = source_of(conn.peer)
         refused = self.admission.admit(source)
         if refused is not None:
-            self._log_limited(
-                self._refusal_lines,
-                "%s connection from %s refused: %s",
-                conn.kind,
-                conn.peer,
-                refused,
-            )
+            self._log_refusal(conn.kind, conn.peer, refused)
             conn.abort()
             return
         rpc = RpcConnection(conn, self.dispatcher)
@@ -232,6 +228,19 @@ class NFSServer:
                 log.debug("%s connection from %s closed", c.kind, c.peer)
 
         conn.on_closed(closed)
+
+    def _screen_rdma(self, peer: str) -> bool:
+        """May an RDMA connection request from ``peer`` be accepted? (Refused ones are rejected
+        by the connection manager, before any resources are made for them.)"""
+        refused = self.admission.refusal(source_of(peer))
+        if refused is None:
+            return True
+        self.admission.refused += 1
+        self._log_refusal("rdma", peer, refused)
+        return False
+
+    def _log_refusal(self, kind: str, peer: str, why: str) -> None:
+        self._log_limited(self._refusal_lines, "%s connection from %s refused: %s", kind, peer, why)
 
     def _has_session(self, rpc: RpcConnection) -> bool:
         return self.state is not None and self.state.sessions.bound_to_session(rpc)

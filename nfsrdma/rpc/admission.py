@@ -47,19 +47,28 @@ class ConnectionAdmission:
         if self.max_total < 1 or self.max_per_source < 1:
             raise ValueError("connection limits must be at least 1")
 
-    def admit(self, source: str) -> str | None:
-        """Count a new connection from ``source``; or, over a limit, say why it is refused."""
+    def refusal(self, source: str) -> str | None:
+        """Why a new connection from ``source`` would be refused now (None: it would not be).
+        Counts nothing: a transport that can refuse before accepting (RDMA-CM reject) asks
+        this first, then ``admit``s the connection it accepts."""
         held = self.by_source.get(source, 0)
         if self.total >= self.max_total:
-            why = f"{self.total} connections open, the limit is {self.max_total}"
-        elif held >= self.max_per_source:
-            why = f"{held} connections from {source}, the share per source is {self.max_per_source}"
-        else:
-            self.total += 1
-            self.by_source[source] = held + 1
-            return None
-        self.refused += 1
-        return why
+            return f"{self.total} connections open, the limit is {self.max_total}"
+        if held >= self.max_per_source:
+            return (
+                f"{held} connections from {source}, the share per source is {self.max_per_source}"
+            )
+        return None
+
+    def admit(self, source: str) -> str | None:
+        """Count a new connection from ``source``; or, over a limit, say why it is refused."""
+        why = self.refusal(source)
+        if why is not None:
+            self.refused += 1
+            return why
+        self.total += 1
+        self.by_source[source] = self.by_source.get(source, 0) + 1
+        return None
 
     def release(self, source: str) -> None:
         """An admitted connection from ``source`` has closed."""

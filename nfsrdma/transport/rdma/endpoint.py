@@ -67,11 +67,15 @@ class RdmaListener:
         port: int,
         on_connection: Callable[[RdmaConnection], None],
         options: RdmaOptions | None = None,
+        screen: Callable[[str], bool] | None = None,
     ) -> None:
+        """``screen(peer)`` is asked before a request is accepted; False rejects it at the
+        connection manager, so the peer's connect fails at once and no resources are made."""
         self.device = device
         self.requested_port = port
         self.on_connection = on_connection
         self.options = options or RdmaOptions()
+        self.screen = screen
         self.listener: Listener | None = None
         self._task: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[None]] = set()
@@ -93,6 +97,9 @@ class RdmaListener:
             task.add_done_callback(self._pending.discard)
 
     async def _accept(self, req: ConnectRequest) -> None:
+        if self.screen is not None and not self.screen(req.peer):
+            req.reject()
+            return
         conn = RdmaConnection(self.device, self.options, server=True, peer=req.peer)
         try:
             qp = req.create_connection(conn.qp_config(), conn.on_event)

@@ -22,7 +22,6 @@ from nfsrdma.rpc import message
 from nfsrdma.rpc.auth import auth_sys
 from nfsrdma.rpc.connection import RpcConnection
 from nfsrdma.server import NFSServer
-from nfsrdma.transport.base import Connection
 from nfsrdma.transport.tcp import MAX_FRAGMENTS, connect_tcp, frame
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Writer
@@ -247,6 +246,7 @@ async def test_slow_loris_is_closed(tmp_path: Path, caplog: pytest.LogCaptureFix
 async def test_rdma_connections_are_admitted_by_the_same_limits(tmp_path: Path) -> None:
     from nfsrdma.transport.rdma.endpoint import connect_rdma
     from nfsrdma.transport.rdma.inproc import InprocFabric
+    from nfsrdma.transport.rdma.provider import ConnectionRejected
 
     fabric = InprocFabric()
     sdev, cdev = fabric.device("10.9.0.1"), fabric.device("10.9.0.2")
@@ -261,26 +261,21 @@ async def test_rdma_connections_are_admitted_by_the_same_limits(tmp_path: Path) 
     try:
         first = RpcConnection(await connect_rdma(cdev, "10.9.0.1", 20049))
         await assert_served(first, b"rdma-1")
-        # The second RDMA connection from the same peer is over its share: the server closes
-        # it as soon as it is accepted. (The in-process provider does not tell a connecting
-        # client that the server dropped its request, so the server's side is watched.)
+        # The second RDMA connection from the same peer is over its share: the connection
+        # manager rejects the request, so the client's connect fails at once and the server
+        # makes no connection for it.
         assert server.rdma is not None
-        accepted: list[Connection] = []
-        second_closed = asyncio.Event()
+        accepted: list[Any] = []
         serve_connection = server.rdma.on_connection
 
         def watch(conn: Any) -> None:
             accepted.append(conn)
-            conn.on_closed(lambda c, exc: second_closed.set())
             serve_connection(conn)
 
         server.rdma.on_connection = watch
-        connecting = asyncio.create_task(connect_rdma(cdev, "10.9.0.1", 20049))
-        await asyncio.wait_for(second_closed.wait(), WAIT)
-        connecting.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
-            await connecting
-        assert len(accepted) == 1
+        with pytest.raises(ConnectionRejected):
+            await asyncio.wait_for(connect_rdma(cdev, "10.9.0.1", 20049), WAIT)
+        assert accepted == []
         assert server.admission.refused == 1
         # TCP from another source takes the last place; one more is over the total.
         honest = await honest_client(server.tcp_port)
