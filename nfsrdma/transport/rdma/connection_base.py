@@ -64,7 +64,9 @@ class RdmaOptions:
     inline_size: int = 4096
     credits: int = 32  # what a responder grants (TR-14)
     max_requests: int = 32  # calls a requester may have outstanding (its reply receives)
-    backchannel: int = 2  # receives for the other direction's calls (RFC 8167)
+    # Receives for the other direction's calls (RFC 8167): at least the back-channel slots the
+    # session uses (4 on both sides of ours; the Linux client asks for 1).
+    backchannel: int = 4
     limits: ChunkLimits = field(default_factory=ChunkLimits)
     remote_invalidate: bool = True  # offer/use Send with Invalidate when the device can
     max_reads: int = 16  # RDMA Reads outstanding as initiator (ORD, TR-26)
@@ -110,7 +112,10 @@ class RdmaConnectionBase(Connection):
         self.peer_pd: privdata.PrivateData | None = None
         self.thresholds = privdata.inline_thresholds(None, None)
         self.credits = CreditWindow(options.max_requests)
-        self.policy = CreditPolicy(options.credits, options.backchannel)
+        # A responder grants what it provisioned for that direction: the forward credits on a
+        # server's connection, the backward receives on a client's (RFC 8167).
+        grant = options.credits if server else options.backchannel
+        self.policy = CreditPolicy(grant, options.backchannel)
         self._wr = itertools.count(1)
         self._wr_ctx: dict[int, tuple[str, WrContext]] = {}
         self._out: dict[int, OutCall] = {}

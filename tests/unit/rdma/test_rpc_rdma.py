@@ -65,6 +65,7 @@ class Rig:
     until ``gate`` is set; ``until(...)`` waits for the server-side counts by event."""
 
     server: list[RdmaConnection] = field(default_factory=list)
+    server_rpc: list[RpcConnection] = field(default_factory=list)
     client: RdmaConnection | None = None
     rpc: RpcConnection | None = None
     in_flight: int = 0
@@ -110,13 +111,13 @@ async def rig(
 
     def accepted(c: RdmaConnection) -> None:
         r.server.append(c)
-        RpcConnection(c, disp)
+        r.server_rpc.append(RpcConnection(c, disp))
         r.changes.notify()
 
     listener = RdmaListener(sdev, 20049, accepted, server_opts)
     await listener.start()
     r.client = await connect_rdma(cdev, "10.0.0.1", 20049, client_opts)
-    r.rpc = RpcConnection(r.client)
+    r.rpc = RpcConnection(r.client, disp)  # answers backward calls too (RFC 8167)
     await r.until(lambda: bool(r.server), "the server side accepted")
     try:
         yield r
@@ -164,6 +165,22 @@ async def test_pd7_thresholds_and_null_call() -> None:
         assert r.server[0].thresholds.server_to_client == 4096
         await r.rpc.call(PROG, VERS, 0)
         assert r.client.stats["registrations"] == 0  # the inline path registers nothing
+
+
+async def test_tr15_a_backward_reply_grants_the_backchannel_receives_not_the_forward_credits() -> (
+    None
+):
+    """RFC 8167: the credits in a reply bound the calls its requester may have outstanding in
+    that direction. The client posts ``backchannel`` receives for the server's callbacks, so its
+    backward replies grant that many, not the forward grant (32) it never provisioned."""
+    opts = RdmaOptions(backchannel=4)
+    async with rig(client_opts=opts) as r:
+        assert r.rpc is not None
+        await r.rpc.call(PROG, VERS, 0)
+        server_side = r.server[0]
+        await r.server_rpc[0].call(PROG, VERS, 0)  # a callback on the client's connection
+        assert server_side.credits.granted == opts.backchannel
+        assert r.client is not None and r.client.credits.granted > opts.backchannel
 
 
 async def test_pd14_thresholds_follow_each_connections_private_data() -> None:
