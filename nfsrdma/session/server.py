@@ -13,9 +13,11 @@ connection not yet bound to its session binds it to the fore channel (SS-12, 18.
 Resource bounds (SEC-12, SS-33): client records and sessions are capped, their creation is rate
 limited, and every session reserves slots x ca_maxresponsesize_cached of a server-wide reply
 cache budget (fewer slots are granted when the budget runs low). All of these are shared out per
-source address and per client owner, a newcomer always gets at least a minimal session, and idle
-slots are taken back: the policy and its numbers are in ``nfsrdma.session.shares`` and
-``nfsrdma.session.ratelimit``. Unconfirmed records and clients whose lease expired are reaped.
+source address and per client owner, a newcomer always gets at least a minimal session, idle
+slots are taken back, and under reply-cache pressure the sessions most above their fair share
+are asked for slots back (sr_target_highest_slotid; CB_RECALL_SLOT, which the server sends for
+the ``SlotRecall`` actions given to ``on_slot_recall``): the policy and its numbers are in
+``nfsrdma.session.shares`` and ``nfsrdma.session.ratelimit``. Unconfirmed records and clients whose lease expired are reaped.
 
 Courteous expiry (RFC 8881 section 8.3 lets a server keep an expired client's state; knfsd does
 since Linux 5.19). A confirmed client whose lease ran out while it held open or lock state is not
