@@ -192,3 +192,22 @@ async def test_cb_recall_slot_shrinks_a_client_and_it_grows_back(tmp_path: Path)
             await a.stat("/")
             assert table.limit == 64  # grown back to what was negotiated
             assert sessions.drc.pool_used == 64 * PER_SLOT
+
+
+async def test_without_a_back_channel_the_target_alone_shrinks_the_client(tmp_path: Path) -> None:
+    async with serving(tmp_path, small_budget()) as server:
+        assert server.state is not None
+        sessions = server.state.sessions
+        url = f"nfs://127.0.0.1:{server.tcp_port}/"
+        async with nc.connect(url, uid=0, gid=0, slots=64, backchannel=False) as a:
+            table = a.session.slots
+            b = await nc.connect(url, uid=0, gid=0, slots=64)
+            try:
+                assert sessions.slot_recalls == 0  # no back channel: no CB_RECALL_SLOT
+                assert table.limit == 64 and sessions.drc.pool_used == 100 * PER_SLOT
+                await a.stat("/")  # the reply's sr_target_highest_slotid is 49; slot 0 in use
+                assert table.limit == 50 and sessions.drc.pool_used == 86 * PER_SLOT
+            finally:
+                await b.aclose()
+            await a.stat("/")
+            assert table.limit == 64 and sessions.drc.pool_used == 64 * PER_SLOT
