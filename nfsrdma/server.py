@@ -32,7 +32,7 @@ from nfsrdma.rpc.idle import IdleTimeouts
 from nfsrdma.rpc.ratelog import LineRateLimiter
 from nfsrdma.rpc.server import Dispatcher, RpcCall, null_procedure
 from nfsrdma.rpc.watch import IdleWatch
-from nfsrdma.session.server import ServerSessions
+from nfsrdma.session.server import ServerSessions, SessionCaps
 from nfsrdma.transport.base import Connection
 from nfsrdma.transport.rdma.endpoint import RdmaListener, RdmaOptions
 from nfsrdma.transport.rdma.provider import Device
@@ -69,6 +69,7 @@ class NFSServer:
         lease_time: int | None = None,
         slots: int | None = None,
         config: ServerConfig | None = None,
+        session_caps: SessionCaps | None = None,
     ) -> None:
         cfg = config or ServerConfig()
         if lease_time is not None:
@@ -76,6 +77,7 @@ class NFSServer:
         if slots is not None:
             cfg = replace(cfg, slots=slots)
         self.config = cfg
+        self.session_caps = session_caps  # None: the defaults (nfsrdma.session.shares)
         self.export = Export(
             root=export,
             read_only=read_only,
@@ -109,10 +111,14 @@ class NFSServer:
         vfs = LocalVfs(self.export)
         state = StateManager(vfs)
         sessions = ServerSessions.from_config(
-            cfg, on_client_expired=state.client_expired, has_state=state.client_has_state
+            cfg,
+            on_client_expired=state.client_expired,
+            has_state=state.client_has_state,
+            caps=self.session_caps,
         )
         self.state = ServerState(cfg, vfs, sessions, state)
         self.callbacks = Callbacks(sessions)
+        sessions.on_slot_recall = self.callbacks.recall_slot
         state.notify_lock = self._notify_lock
         self.dispatcher.add(
             nfs4.NFS4_PROGRAM,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from nfsrdma.rpc.connection import RpcConnection
 from nfsrdma.rpc.errors import RpcError
 from nfsrdma.session.backchannel import BackchannelSlots
-from nfsrdma.session.server import ServerSessions
+from nfsrdma.session.server import ServerSessions, SlotRecall
 from nfsrdma.session.slot_wait import slot_signal
 from nfsrdma.xdr.gen import nfs4, rpc
 from nfsrdma.xdr.runtime import Writer, XdrError, pack
@@ -43,10 +43,11 @@ class Callbacks:
     failed: int = 0
 
     async def compound(
-        self, clientid: int, ops: list[nfs4.nfs_cb_argop4]
+        self, clientid: int, ops: list[nfs4.nfs_cb_argop4], sessionid: bytes | None = None
     ) -> nfs4.CB_COMPOUND4res | None:
-        """Send CB_SEQUENCE + ``ops`` to the client; None when it cannot be reached."""
-        path = self.sessions.callback_path(clientid)
+        """Send CB_SEQUENCE + ``ops`` to the client (on that session's back channel, when
+        ``sessionid`` is given); None when it cannot be reached."""
+        path = self.sessions.callback_path(clientid, sessionid)
         if path is None:
             return None
         session, conn = path
@@ -120,6 +121,17 @@ class Callbacks:
         available, so it can retry at once instead of polling. Fire and forget."""
         op = nfs4.nfs_cb_argop4(nfs4.OP_CB_NOTIFY_LOCK, nfs4.CB_NOTIFY_LOCK4args(fh, owner))
         task = asyncio.get_running_loop().create_task(self.compound(clientid, [op]))
+        self.tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def recall_slot(self, recall: SlotRecall) -> None:
+        """CB_RECALL_SLOT (RFC 8881 section 20.8) on the session whose fore channel is to
+        shrink, as the session layer's pressure decision asks. Fire and forget: the server
+        takes the slots back only once the client's SEQUENCEs show it stopped using them."""
+        args = nfs4.CB_RECALL_SLOT4args(recall.target_highest_slotid)
+        op = nfs4.nfs_cb_argop4(nfs4.OP_CB_RECALL_SLOT, args)
+        coro = self.compound(recall.clientid, [op], recall.sessionid)
+        task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self._done)
 

@@ -58,6 +58,8 @@ class ClientCallbacks:
         # Delegations the client holds: stateid.other -> (stateid, filehandle).
         self.delegations: dict[bytes, tuple[nfs4.stateid4, bytes]] = {}
         self.recall_hook: Callable[[Recall], None] | None = None
+        # Called with rsa_target_highest_slotid once CB_RECALL_SLOT has lowered the limit.
+        self.slot_recall_hook: Callable[[int], None] | None = None
         self._lock_notices: dict[tuple[bytes, bytes], asyncio.Event] = {}
 
     def cb_compound(self, call: RpcCall, w: Writer) -> None:
@@ -90,6 +92,8 @@ class ClientCallbacks:
                 waiting.set()
         if events.recall_slot is not None:
             self.slots().recall(events.recall_slot)
+            if self.slot_recall_hook is not None:
+                self.slot_recall_hook(events.recall_slot)
         for recall in recalls_of(events, self.delegations):
             self.stats.recalls += 1
             if self.recall_hook is not None:

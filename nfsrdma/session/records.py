@@ -78,6 +78,10 @@ class Session:
     drc_from_reserve: int = 0  # ... of which out of the reserve for minimal sessions
     source: str = ""  # the source address its CREATE_SESSION came from
     high_slots_used: float = 0.0  # when a slot above the minimal ones was last in use
+    # Under reply-cache pressure (``shares.shed``): the slots the session is asked to make do
+    # with (sr_target_highest_slotid + 1, CB_RECALL_SLOT), and when that was last sent.
+    slot_cap: int | None = None
+    slot_recall_sent: float = 0.0
     connections: dict[Hashable, int] = field(default_factory=dict)  # conn -> FORE|BACK bits
     wants_back_channel: bool = False  # CONN_BACK_CHAN, a BACK binding or BACKCHANNEL_CTL seen
     back_fault: bool = False  # a callback on the back channel failed; cleared by a new binding

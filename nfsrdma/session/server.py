@@ -13,9 +13,11 @@ connection not yet bound to its session binds it to the fore channel (SS-12, 18.
 Resource bounds (SEC-12, SS-33): client records and sessions are capped, their creation is rate
 limited, and every session reserves slots x ca_maxresponsesize_cached of a server-wide reply
 cache budget (fewer slots are granted when the budget runs low). All of these are shared out per
-source address and per client owner, a newcomer always gets at least a minimal session, and idle
-slots are taken back: the policy and its numbers are in ``nfsrdma.session.shares`` and
-``nfsrdma.session.ratelimit``. Unconfirmed records and clients whose lease expired are reaped.
+source address and per client owner, a newcomer always gets at least a minimal session, idle
+slots are taken back, and under reply-cache pressure the sessions most above their fair share
+are asked for slots back (sr_target_highest_slotid; CB_RECALL_SLOT, which the server sends for
+the ``SlotRecall`` actions given to ``on_slot_recall``): the policy and its numbers are in
+``nfsrdma.session.shares`` and ``nfsrdma.session.ratelimit``. Unconfirmed records and clients whose lease expired are reaped.
 
 Courteous expiry (RFC 8881 section 8.3 lets a server keep an expired client's state; knfsd does
 since Linux 5.19). A confirmed client whose lease ran out while it held open or lock state is not
@@ -57,7 +59,7 @@ from nfsrdma.session.errors import SessionError
 from nfsrdma.session.ratelimit import CreationLimiter
 from nfsrdma.session.records import BACK, BOTH, FORE, Client, Session, usable_cb_sec
 from nfsrdma.session.registry import ClientRegistry
-from nfsrdma.session.shares import ReplyCacheBudget, Tally
+from nfsrdma.session.shares import DrcPressure, ReplyCacheBudget, SlotHolding, Tally, shed
 from nfsrdma.session.slots import SEQID_MASK, CachedReply, Disposition, Slot, SlotTable
 from nfsrdma.xdr.gen import nfs4
 
@@ -69,6 +71,7 @@ __all__ = [
     "SessionCaps",
     "SessionConfig",
     "SessionError",
+    "SlotRecall",
 ]
 
 log = logging.getLogger("nfsrdma.session")
@@ -146,12 +149,24 @@ class SessionCaps:
     min_slots: int = 4  # a minimal session: always granted while sessions may be created ...
     min_cached: int = 4096  # ... with cached replies of at most this size
     slot_idle_time: float = 60.0  # slots above the minimal ones unused this long are taken back
+    drc_high_water: float = 0.9  # of the pool: reserved beyond this, slots are recalled ...
+    drc_low_water: float = 0.75  # ... until below this, when recalled slots grow back
     courtesy_time: float = 24 * 3600.0  # a courteous client is expired this long after its lease
     max_courteous_clients: int = 1024  # beyond this, the longest-expired ones are expired
 
     @property
     def min_session_cost(self) -> int:
         return self.min_slots * (self.min_cached + SLOT_OVERHEAD)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotRecall:
+    """An action of the pressure decision for the server to carry out: CB_RECALL_SLOT
+    (RFC 8881 section 20.8) on the back channel of session ``sessionid`` of ``clientid``."""
+
+    clientid: int
+    sessionid: bytes
+    target_highest_slotid: int
 
 
 @dataclass(slots=True, eq=False)
@@ -184,6 +199,7 @@ class ServerSessions:
         on_client_expired: Callable[[int], None] | None = None,
         has_state: Callable[[int], bool] | None = None,
         caps: SessionCaps | None = None,
+        on_slot_recall: Callable[[SlotRecall], None] | None = None,
         lease_slack: float | None = None,
         random_bytes: Callable[[int], bytes] = os.urandom,
     ) -> None:
@@ -231,6 +247,10 @@ class ServerSessions:
             owner_share=caps.drc_owner_share,
         )
         self._source_sessions: Tally[str] = Tally()
+        self.pressure = DrcPressure(caps.drc_high_water, caps.drc_low_water)
+        # Carries out the CB_RECALL_SLOTs the pressure decision returns (``nfs4.callback``).
+        self.on_slot_recall = on_slot_recall or (lambda recall: None)
+        self.slot_recalls = 0
         self.now = 0.0  # the latest clock reading seen (requests, reap): for ``courteous``
 
     @classmethod
@@ -261,14 +281,18 @@ class ServerSessions:
     def client(self, clientid: int) -> Client | None:
         return self.clients.get(clientid)
 
-    def callback_path(self, clientid: int) -> tuple[Session, Hashable] | None:
-        """A session of the client with a working back channel, and the connection to send
-        its callbacks on (the most recently bound); None when there is none (SS-26: then the
-        server must not hand out recallable state)."""
+    def callback_path(
+        self, clientid: int, sessionid: bytes | None = None
+    ) -> tuple[Session, Hashable] | None:
+        """A session of the client (that one, when ``sessionid`` is given) with a working back
+        channel, and the connection to send its callbacks on (the most recently bound); None
+        when there is none (SS-26: then the server must not hand out recallable state)."""
         client = self.clients.get(clientid)
         if client is None or not client.confirmed:
             return None
         for session in reversed(list(client.sessions.values())):
+            if sessionid is not None and session.sessionid != sessionid:
+                continue
             if session.back_path_up and session.backchannel.count:
                 return session, session.back_connections[-1]
         return None
@@ -306,6 +330,7 @@ class ServerSessions:
         if client is None or not self.courteous(clientid):
             return False
         self._expire(client, "courteous client in the way of another client's request")
+        self._assess_pressure(self.now)
         return True
 
     def reclaim_done(self, clientid: int) -> bool:
@@ -448,6 +473,7 @@ class ServerSessions:
         # The session that confirms a record was paid for by the EXCHANGE_ID that created it.
         if client.confirmed and not self._creations.allow_owner(client.owner, now):
             raise SessionError(nfs4.NFS4ERR_DELAY, "sessions created too fast")
+        asked = fore.ca_maxrequests
         count, per_slot, from_reserve = self._grant_slots(fore, source, client.owner)
         if count < fore.ca_maxrequests:
             log.debug(
@@ -499,6 +525,7 @@ class ServerSessions:
         client.cs_seqid = seq
         client.cs_reply = resok
         client.last_renewed = now
+        self._assess_pressure(now, cut_down=count < asked)
         log.info(
             "session %s for client %#x: %d slots, back channel %s",
             sessionid.hex(),
@@ -565,7 +592,9 @@ class ServerSessions:
             session.client.courtesy_mark = None
         session.client.last_renewed = now
         slots.client_highest(args.sa_highest_slotid)
-        self._note_slot_use(session, max(args.sa_slotid, args.sa_highest_slotid), now)
+        top = max(args.sa_slotid, args.sa_highest_slotid)
+        self._reclaim_recalled(session, top)
+        self._note_slot_use(session, top, now)
         resok = nfs4.SEQUENCE4resok(
             sr_sessionid=session.sessionid,
             sr_sequenceid=args.sa_sequenceid,
@@ -593,6 +622,8 @@ class ServerSessions:
             session.high_slots_used = now
         if top < slots.count - 1 or slots.count >= session.fore.ca_maxrequests:
             return
+        if self.pressure.on or session.slot_cap is not None:
+            return  # no table grows under pressure
         room = self.drc.room(session.source, session.client.owner) // session.drc_per_slot
         more = min(session.fore.ca_maxrequests - slots.count, room)
         if more > 0:
@@ -605,6 +636,112 @@ class ServerSessions:
         session.slots.resize(count)
         session.drc_reserved += change
         self.drc.take(session.source, session.client.owner, change)
+
+    def _reclaim_recalled(self, session: Session, top: int) -> None:
+        """The client of a session asked for fewer slots uses none above ``top``: when that is
+        below what it may keep, and nothing executes there, take the slots above back."""
+        cap = session.slot_cap
+        if cap is None or session.slots.count <= cap or top >= cap:
+            return
+        if any(slot.busy for slot in session.slots.slots[cap:]):
+            return
+        log.info(
+            "session %s gave back %d recalled slots, %d left",
+            session.sessionid.hex(),
+            session.slots.count - cap,
+            cap,
+        )
+        self._resize(session, cap)
+
+    # -- reply-cache pressure (shares.DrcPressure, shares.shed) ----------------------------
+    def _assess_pressure(self, now: float, *, cut_down: bool = False) -> None:
+        """The budget changed: recall slots under pressure, let them grow back after it;
+        the CB_RECALL_SLOTs decided on go to ``on_slot_recall``."""
+        for recall in self.pressure_actions(now, cut_down=cut_down):
+            self.slot_recalls += 1
+            self.on_slot_recall(recall)
+
+    def pressure_actions(self, now: float, *, cut_down: bool = False) -> list[SlotRecall]:
+        """Assess the pool and act on the slot tables (targets lowered, or grown back); return
+        the CB_RECALL_SLOTs to send."""
+        drc = self.drc
+        if not self.pressure.assess(drc.pool_used, drc.pool, cut_down=cut_down):
+            self._regrow()
+            return []
+        pending = 0  # octets that recalled sessions have yet to give back
+        holdings: list[SlotHolding[bytes]] = []
+        for session in self.sessions.values():
+            count = session.slots.count
+            may_use = count if session.slot_cap is None else min(count, session.slot_cap)
+            pooled = session.drc_reserved - session.drc_from_reserve
+            pending += (count - may_use) * session.drc_per_slot
+            holdings.append(
+                SlotHolding(
+                    session.sessionid,
+                    may_use,
+                    session.drc_per_slot,
+                    max(0, pooled - (count - may_use) * session.drc_per_slot),
+                    min(self.caps.min_slots, count),
+                )
+            )
+        need = drc.pool_used - pending - self.pressure.low_mark(drc.pool)
+        recalls: list[SlotRecall] = []
+        for sessionid, keep in shed(holdings, pool=drc.pool, need=need).items():
+            session = self.sessions[sessionid]
+            log.info(
+                "reply cache under pressure (%d of %d octets): session %s asked to use %d of "
+                "its %d slots",
+                drc.pool_used,
+                drc.pool,
+                sessionid.hex(),
+                keep,
+                session.slots.count,
+            )
+            session.slot_cap = keep
+            session.slots.set_target(keep - 1)
+            recall = self._recall(session, now)
+            if recall is not None:
+                recalls.append(recall)
+        # A recall not yet obeyed a lease later is sent again (the callback may have been lost).
+        for session in self.sessions.values():
+            cap = session.slot_cap
+            if cap is None or session.slots.count <= cap:
+                continue
+            if now - session.slot_recall_sent >= self.lease_time:
+                recall = self._recall(session, now)
+                if recall is not None:
+                    recalls.append(recall)
+        return recalls
+
+    def _recall(self, session: Session, now: float) -> SlotRecall | None:
+        """CB_RECALL_SLOT for a session down to its cap, when its back channel works."""
+        assert session.slot_cap is not None
+        if not (session.back_path_up and session.backchannel.count):
+            return None
+        session.slot_recall_sent = now
+        return SlotRecall(session.clientid, session.sessionid, session.slot_cap - 1)
+
+    def _regrow(self) -> None:
+        """No pressure (any more): recalled sessions grow back towards what they negotiated,
+        as far as their shares allow and up to the low-water mark."""
+        ceiling = self.pressure.low_mark(self.drc.pool)
+        for session in self.sessions.values():
+            if session.slot_cap is None:
+                continue
+            session.slot_cap = None
+            slots = session.slots
+            slots.set_target(slots.count - 1)
+            want = session.fore.ca_maxrequests - slots.count
+            if want <= 0:
+                continue
+            room = min(
+                self.drc.room(session.source, session.client.owner),
+                ceiling - self.drc.pool_used,
+            )
+            more = min(want, room // session.drc_per_slot)
+            if more > 0:
+                log.info("session %s: %d recalled slots given back", session.sessionid.hex(), more)
+                self._resize(session, slots.count + more)
 
     def _reclaim_idle_slots(self, now: float) -> None:
         """Shrink sessions that used no slot above the minimal ones for ``slot_idle_time``."""
@@ -726,6 +863,7 @@ class ServerSessions:
             raise SessionError(nfs4.NFS4ERR_BACK_CHAN_BUSY, "callbacks outstanding")
         self._destroy_session(session)
         log.info("session %s of client %#x destroyed", sessionid.hex(), session.clientid)
+        self._assess_pressure(self.now)
 
     def _destroy_session(self, session: Session) -> None:
         if session.destroyed:
@@ -796,6 +934,7 @@ class ServerSessions:
         for client in courteous[: max(0, len(courteous) - self.caps.max_courteous_clients)]:
             self._expire(client, "courtesy ended: too many courteous clients")
             expired.append(client.clientid)
+        self._assess_pressure(now)
         return expired
 
     def _courtesy_over(self, client: Client, now: float) -> str | None:

@@ -35,6 +35,22 @@ on: an IPv4 address, an IPv6 /64, since one host gets a whole /64; see ``source_
   client later uses its highest slot again, the table grows back towards what was negotiated, as
   far as the pool and its shares allow.
 - Clients whose lease expired are reaped with their sessions, which returns their reservations.
+- Slots under pressure (RFC 8881 sections 2.10.6.1, 20.8; ``DrcPressure``, ``shed``). When the
+  pool's reservations reach a high-water mark (90 %), or a CREATE_SESSION had to be cut down
+  while they are above the low-water mark (75 %), the server is under pressure: the sessions
+  holding the most of the pool above their fair share (the pool divided by the number of
+  sessions) are asked, largest excess first, to make do with their fair share (never fewer
+  than the minimal 4 slots) until the reservations would be back at the low-water mark. Their
+  SEQUENCE replies carry the lower sr_target_highest_slotid, and those with a working back
+  channel get CB_RECALL_SLOT. Once a session's sa_highest_slotid shows it no longer uses the
+  slots above its target, they are reclaimed: cached replies dropped, the table shrunk
+  (sr_highest_slotid), the reservation returned. While under pressure no table grows. When
+  the reservations are below the low-water mark again, the recalled sessions grow back
+  towards what they negotiated, as far as their shares allow and only up to the low-water mark
+  (growing to the high-water mark would bring the pressure straight back); beyond that they
+  grow as any table does, when the client uses its highest slot. The pressure is assessed where
+  the budget changes (CREATE_SESSION, session destruction, reap), never by polling; a recall
+  whose slots are still not given back a lease later is sent again (the callback may be lost).
 
 Connections without a usable address (``rdma-peer`` of the RDMA listener, which does not yet
 report the CM's peer address) all share one source key.
@@ -43,7 +59,8 @@ report the CM's peer address) all share one source key.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -157,3 +174,59 @@ class ReplyCacheBudget:
 
     def give_back_reserve(self, amount: int) -> None:
         self.reserve_used -= amount
+
+
+@dataclass(slots=True)
+class DrcPressure:
+    """Is the reply-cache pool under pressure? Hysteresis between two marks (fractions of the
+    pool), so that shedding and growing back do not chase each other."""
+
+    high_water: float = 0.9
+    low_water: float = 0.75
+    on: bool = False
+
+    def assess(self, pool_used: int, pool: int, *, cut_down: bool = False) -> bool:
+        """Update from the pool's reservations; ``cut_down``: a CREATE_SESSION just got fewer
+        slots than it asked for. Returns whether the pool is under pressure."""
+        if pool_used >= self.high_water * pool or (cut_down and pool_used >= self.low_mark(pool)):
+            self.on = True
+        elif pool_used < self.low_mark(pool):
+            self.on = False
+        return self.on
+
+    def low_mark(self, pool: int) -> int:
+        return int(self.low_water * pool)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotHolding(Generic[K]):
+    """One session as the pressure decision sees it."""
+
+    key: K
+    slots: int  # slots it may use now (its target, when one is set below its table)
+    per_slot: int  # octets of the budget per slot
+    pooled: int  # octets of the general pool those slots hold
+    floor: int  # it is never asked to go below this many slots (the minimal session)
+
+
+def shed(holdings: Iterable[SlotHolding[K]], *, pool: int, need: int) -> dict[K, int]:
+    """Under pressure: which sessions to ask for fewer slots, and how many each may keep, to
+    free ``need`` octets of the pool. The sessions holding the most above their fair share
+    (``pool`` / number of sessions) go first, each down to its fair share (at least its
+    floor); sessions at or below their share are left alone, even when that frees less than
+    ``need``."""
+    holdings = list(holdings)
+    if need <= 0 or not holdings:
+        return {}
+    fair = pool // len(holdings)
+    over = sorted((h for h in holdings if h.pooled > fair), key=lambda h: fair - h.pooled)
+    targets: dict[K, int] = {}
+    for h in over:
+        if need <= 0:
+            break
+        keep = max(h.floor, min(h.slots, fair // h.per_slot))
+        if keep >= h.slots:
+            continue
+        targets[h.key] = keep
+        need -= (h.slots - keep) * h.per_slot
+    return targets
