@@ -18,6 +18,7 @@ from typing import Any
 
 from nfsrdma.nfs4.callback import Callbacks
 from nfsrdma.nfs4.compound import compound
+from nfsrdma.nfs4.grace import Grace
 from nfsrdma.nfs4.server_state import ServerConfig, ServerState
 from nfsrdma.nfs4.state import StateManager
 from nfsrdma.rpc.connection import RpcConnection
@@ -28,6 +29,7 @@ from nfsrdma.transport.rdma.endpoint import RdmaListener, RdmaOptions
 from nfsrdma.transport.rdma.provider import Device
 from nfsrdma.transport.tcp import listen_tcp
 from nfsrdma.vfs.base import Export
+from nfsrdma.vfs.clientdb import ClientDb
 from nfsrdma.vfs.local import LocalVfs
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Writer
@@ -57,12 +59,15 @@ class NFSServer:
         anon_gid: int = 65534,
         state_dir: str | None = None,
         lease_time: int | None = None,
+        grace_time: int | None = None,
         slots: int | None = None,
         config: ServerConfig | None = None,
     ) -> None:
         cfg = config or ServerConfig()
         if lease_time is not None:
             cfg = replace(cfg, lease_time=lease_time)
+        if grace_time is not None:
+            cfg = replace(cfg, grace_time=grace_time)
         if slots is not None:
             cfg = replace(cfg, slots=slots)
         host = socket.gethostname().encode()
@@ -98,10 +103,16 @@ class NFSServer:
         cfg = self.config
         vfs = LocalVfs(self.export)
         state = StateManager(vfs)
+        grace = Grace(ClientDb.for_export(self.export), cfg.grace_seconds, time.monotonic())
+
+        def client_expired(clientid: int) -> None:
+            state.client_expired(clientid)
+            grace.client_gone(clientid)
+
         sessions = ServerSessions.from_config(
-            cfg, on_client_expired=state.client_expired, has_state=state.client_has_state
+            cfg, on_client_expired=client_expired, has_state=state.client_has_state
         )
-        self.state = ServerState(cfg, vfs, sessions, state)
+        self.state = ServerState(cfg, vfs, sessions, state, grace)
         self.callbacks = Callbacks(sessions)
         state.notify_lock = self._notify_lock
         self.dispatcher.add(
@@ -211,3 +222,4 @@ class NFSServer:
         while True:
             await asyncio.sleep(period)
             self.state.sessions.reap(time.monotonic())
+            self.state.grace.tick(time.monotonic())

@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from nfsrdma.nfs4.grace import Grace, MemoryStore
 from nfsrdma.vfs.base import Vfs
 
 if TYPE_CHECKING:
@@ -31,6 +32,11 @@ class ServerConfig:
     large_io: int = 64 * 1024  # I/O at least this large runs in the thread pool
     server_owner: bytes = b""  # so_major_id; default: derived from the host name
     server_scope: bytes = b""  # default: the host name
+    grace_time: int | None = None  # seconds of grace after a restart; default: lease_time
+
+    @property
+    def grace_seconds(self) -> int:
+        return self.lease_time if self.grace_time is None else self.grace_time
 
 
 @dataclass
@@ -39,6 +45,8 @@ class ServerState:
     vfs: Vfs
     sessions: ServerSessions
     state: StateManager
+    # Client records and the grace period after a restart (none unless the server sets one).
+    grace: Grace = field(default_factory=lambda: Grace(MemoryStore(), 0, 0.0))
     executor: ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
