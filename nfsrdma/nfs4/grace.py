@@ -79,6 +79,7 @@ class Grace:
         self._reclaimed: set[bytes] = set()  # previous owners that sent RECLAIM_COMPLETE
         self._owners: dict[int, bytes] = {}  # client id -> co_ownerid, of recorded clients
         self._active = bool(self.previous)
+        self.ended_why = "" if self._active else "no clients to reclaim"
         self.ends_at = now + grace_time if self._active else now
         if self._active:
             log.info("grace period of %gs: %d clients may reclaim", grace_time, len(self.previous))
@@ -96,6 +97,7 @@ class Grace:
 
     def _end(self, why: str) -> None:
         self._active = False
+        self.ended_why = why
         gone = self.previous - self._reclaimed - set(self._owners.values())
         log.info("grace period over (%s); %d clients did not come back", why, len(gone))
         if gone & self._recorded:
