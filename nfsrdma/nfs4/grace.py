@@ -78,6 +78,8 @@ class Grace:
         self._recorded: set[bytes] = set(self.previous)
         self._reclaimed: set[bytes] = set()  # previous owners that sent RECLAIM_COMPLETE
         self._owners: dict[int, bytes] = {}  # client id -> co_ownerid, of recorded clients
+        self.reclaimed_opens = 0
+        self.reclaimed_locks = 0
         self._active = bool(self.previous)
         self.ended_why = "" if self._active else "no clients to reclaim"
         self.ends_at = now + grace_time if self._active else now
@@ -99,7 +101,13 @@ class Grace:
         self._active = False
         self.ended_why = why
         gone = self.previous - self._reclaimed - set(self._owners.values())
-        log.info("grace period over (%s); %d clients did not come back", why, len(gone))
+        log.info(
+            "grace period over (%s): %d opens and %d locks reclaimed; %d clients did not come back",
+            why,
+            self.reclaimed_opens,
+            self.reclaimed_locks,
+            len(gone),
+        )
         if gone & self._recorded:
             self._recorded -= gone
             self.store.save(self._recorded)
@@ -180,11 +188,19 @@ def check_locking(ctx: CompoundContext, reclaim: bool) -> None:
         grace.check_new_state(client.reclaim_complete, ctx.now)
 
 
-def opened(ctx: CompoundContext) -> None:
-    """A non-reclaim OPEN succeeded."""
-    session = ctx.session
-    if session is not None:
-        ctx.server.grace.took_state(session.clientid, session.client.owner)
+def opened(ctx: CompoundContext, reclaim: bool) -> None:
+    """An OPEN succeeded."""
+    session, grace = ctx.session, ctx.server.grace
+    if reclaim:
+        grace.reclaimed_opens += 1
+    elif session is not None:
+        grace.took_state(session.clientid, session.client.owner)
+
+
+def locked(ctx: CompoundContext, reclaim: bool) -> None:
+    """A LOCK succeeded."""
+    if reclaim:
+        ctx.server.grace.reclaimed_locks += 1
 
 
 def reclaim_completed(ctx: CompoundContext) -> None:

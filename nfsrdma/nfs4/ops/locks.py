@@ -53,6 +53,7 @@ def op_lock(ctx: CompoundContext, args: nfs4.LOCK4args) -> nfs4.LOCK4res:
     if ls is None:
         ls = sm.new_lock_state(open_state, owner)
     sm.set_lock(ls, start, end, kind)
+    grace.locked(ctx, args.reclaim)
     ctx.current_stateid = ls.stateid
     return nfs4.LOCK4res(nfs4.NFS4_OK, nfs4.LOCK4resok(ls.stateid))
 

@@ -262,8 +262,7 @@ def op_open(ctx: CompoundContext, args: nfs4.OPEN4args) -> nfs4.OPEN4res:
     else:
         assert keep is not None
         state = sm.add_open(clientid, args.owner.owner, fh, access, deny, keep)
-    if not reclaim:
-        grace.opened(ctx)
+    grace.opened(ctx, reclaim)
     ctx.set_fh(fh)
     ctx.current_stateid = state.stateid
     return nfs4.OPEN4res(

@@ -231,6 +231,12 @@ async def test_restart_reclaim_open_and_lock_then_carry_on(bed: Bed, clock: Cloc
     assert second.state.grace.in_grace(clock.now)
     await a2.reclaim_complete()
     assert not second.state.grace.in_grace(clock.now)  # every recorded client is back
+    grace = second.state.grace
+    assert (grace.ended_why, grace.reclaimed_opens, grace.reclaimed_locks) == (
+        "every client reclaimed",
+        1,
+        1,
+    )
     await a2.reopen(fh, NO_GRACE)  # reclaims are over
     assert status_name(await a2.write(fh, sid2, 7, b"after")) == "NFS4_OK"
     assert (bed.export / "f").read_bytes() == b"before after"
