@@ -112,7 +112,7 @@ class NFSServer:
         sessions = ServerSessions.from_config(
             cfg, on_client_expired=client_expired, has_state=state.client_has_state
         )
-        self.state = ServerState(cfg, vfs, sessions, state, grace)
+        self.state = ServerState(cfg, vfs, sessions, state, grace=grace)
         self.callbacks = Callbacks(sessions)
         state.notify_lock = self._notify_lock
         self.dispatcher.add(

@@ -4,10 +4,9 @@
 We grant no delegations. After a restart, opens are reclaimed with CLAIM_PREVIOUS (the current
 filehandle names the file) under the rules of ``nfsrdma.nfs4.grace``, which also refuses other
 OPENs in the grace period; CLAIM_DELEGATE_PREV / CLAIM_DELEG_PREV_FH and DELEGPURGE get
-NFS4ERR_NOTSUPP, and
-a delegation stateid (CLAIM_DELEGATE_CUR / CLAIM_DELEG_CUR_FH, DELEGRETURN) is never one of
-ours. OPEN is synchronous: it runs on the event loop from the share check to the state
-update, so two OPENs of one file never interleave.
+NFS4ERR_NOTSUPP, and a delegation stateid (CLAIM_DELEGATE_CUR / CLAIM_DELEG_CUR_FH, DELEGRETURN)
+is never one of ours. OPEN is synchronous: it runs on the event loop from the share check to
+the state update, so two OPENs of one file never interleave.
 """
 
 from __future__ import annotations

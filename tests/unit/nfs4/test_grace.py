@@ -99,7 +99,7 @@ class Bed:
             grace.client_gone(clientid)
 
         sessions = ServerSessions.from_config(cfg, on_client_expired=expired)
-        srv.state = ServerState(cfg, vfs, sessions, sm, grace)
+        srv.state = ServerState(cfg, vfs, sessions, sm, grace=grace)
         self.instances.append(srv)
         return srv
 
