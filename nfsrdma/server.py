@@ -24,6 +24,7 @@ from typing import Any
 
 from nfsrdma.nfs4.callback import Callbacks
 from nfsrdma.nfs4.compound import compound
+from nfsrdma.nfs4.grace import Grace
 from nfsrdma.nfs4.server_state import ServerConfig, ServerState
 from nfsrdma.nfs4.state import StateManager
 from nfsrdma.rpc.admission import ConnectionAdmission, source_of
@@ -38,6 +39,7 @@ from nfsrdma.transport.rdma.endpoint import RdmaListener, RdmaOptions
 from nfsrdma.transport.rdma.provider import Device
 from nfsrdma.transport.tcp import listen_tcp
 from nfsrdma.vfs.base import Export
+from nfsrdma.vfs.clientdb import ClientDb
 from nfsrdma.vfs.local import LocalVfs
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Writer
@@ -67,6 +69,7 @@ class NFSServer:
         anon_gid: int = 65534,
         state_dir: str | None = None,
         lease_time: int | None = None,
+        grace_time: int | None = None,
         slots: int | None = None,
         config: ServerConfig | None = None,
         session_caps: SessionCaps | None = None,
@@ -74,6 +77,8 @@ class NFSServer:
         cfg = config or ServerConfig()
         if lease_time is not None:
             cfg = replace(cfg, lease_time=lease_time)
+        if grace_time is not None:
+            cfg = replace(cfg, grace_time=grace_time)
         if slots is not None:
             cfg = replace(cfg, slots=slots)
         self.config = cfg
@@ -110,13 +115,19 @@ class NFSServer:
         cfg = self.config
         vfs = LocalVfs(self.export)
         state = StateManager(vfs)
+        grace = Grace(ClientDb.for_export(self.export), cfg.grace_seconds, time.monotonic())
+
+        def client_expired(clientid: int) -> None:
+            state.client_expired(clientid)
+            grace.client_gone(clientid)
+
         sessions = ServerSessions.from_config(
             cfg,
-            on_client_expired=state.client_expired,
+            on_client_expired=client_expired,
             has_state=state.client_has_state,
             caps=self.session_caps,
         )
-        self.state = ServerState(cfg, vfs, sessions, state)
+        self.state = ServerState(cfg, vfs, sessions, state, grace=grace)
         self.callbacks = Callbacks(sessions)
         sessions.on_slot_recall = self.callbacks.recall_slot
         state.notify_lock = self._notify_lock
@@ -290,3 +301,4 @@ class NFSServer:
             await asyncio.sleep(period)
             self.state.sessions.reap(time.monotonic())
             self._report_suppressed()
+            self.state.grace.tick(time.monotonic())

@@ -33,12 +33,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--anon-uid", type=int, default=65534, metavar="N")
     p.add_argument("--anon-gid", type=int, default=65534, metavar="N")
     p.add_argument("--lease-time", type=int, default=90, metavar="S", help="lease seconds")
+    p.add_argument(
+        "--grace-time",
+        type=int,
+        default=None,
+        metavar="S",
+        help="grace period after a restart, for clients to reclaim (default: the lease time)",
+    )
     p.add_argument("--slots", type=int, default=64, metavar="N", help="slots per session")
     p.add_argument(
         "--state-dir",
         default=None,
-        help="where the file-handle key is kept (default: /var/lib/nfsrdma as root, else "
-        "$XDG_STATE_HOME/nfsrdma or ~/.local/state/nfsrdma)",
+        help="where the file-handle key and the client records are kept (default: "
+        "/var/lib/nfsrdma as root, else $XDG_STATE_HOME/nfsrdma or ~/.local/state/nfsrdma)",
     )
     p.add_argument(
         "--max-connections",
@@ -113,6 +120,7 @@ def serve(args: argparse.Namespace) -> int:
         anon_gid=args.anon_gid,
         state_dir=args.state_dir,
         lease_time=args.lease_time,
+        grace_time=args.grace_time,
         slots=args.slots,
         config=config_of(args),
     )

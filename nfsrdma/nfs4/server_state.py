@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from nfsrdma.nfs4.grace import Grace, MemoryStore
 from nfsrdma.vfs.base import Vfs
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ class ServerConfig:
     large_io: int = 64 * 1024  # I/O at least this large runs in the thread pool
     server_owner: bytes = b""  # so_major_id; default: derived from the host name
     server_scope: bytes = b""  # default: the host name
+    grace_time: int | None = None  # seconds of grace after a restart; default: lease_time
     # Connections (TCP and RDMA together); over either limit a new one is closed at once.
     max_connections: int = field(default_factory=default_max_connections)
     max_connections_per_source: int = 0  # per source address; 0: see connections_per_source
@@ -56,6 +58,10 @@ class ServerConfig:
             return self.max_connections_per_source
         return min(self.max_connections, max(16, self.max_connections // 4))
 
+    @property
+    def grace_seconds(self) -> int:
+        return self.lease_time if self.grace_time is None else self.grace_time
+
 
 @dataclass
 class ServerState:
@@ -63,6 +69,8 @@ class ServerState:
     vfs: Vfs
     sessions: ServerSessions
     state: StateManager
+    # Client records and the grace period after a restart (none unless the server sets one).
+    grace: Grace = field(default_factory=lambda: Grace(MemoryStore(), 0, 0.0))
     executor: ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:

@@ -65,10 +65,15 @@ def export_secret(export_root: str, root_stat: os.stat_result, state_dir: str | 
         raise StateDirError(state, str(e), errno.EINVAL) from e
 
 
+def export_key(export_root: str, root_stat: os.stat_result) -> str:
+    """A name for the files kept about one export: a hash of its real path and root inode."""
+    ident = f"{export_root}\0{root_stat.st_dev}\0{root_stat.st_ino}"
+    return hashlib.sha256(ident.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
 def _export_secret(export_root: str, root_stat: os.stat_result, state: str) -> bytes:
     os.makedirs(state, mode=0o700, exist_ok=True)
-    ident = f"{export_root}\0{root_stat.st_dev}\0{root_stat.st_ino}"
-    name = "export-" + hashlib.sha256(ident.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    name = "export-" + export_key(export_root, root_stat)
     path = os.path.join(state, name + ".json")
     try:
         return _read_secret(path)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from nfsrdma.nfs4 import grace
 from nfsrdma.nfs4.attrs import (
     check_readable,
     check_verifiable,
@@ -10,6 +11,7 @@ from nfsrdma.nfs4.attrs import (
     object_attrs,
 )
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, OpHandler
+from nfsrdma.nfs4.state import is_special
 from nfsrdma.vfs.base import (
     ACCESS4_ALL,
     ACCESS4_DELETE,
@@ -41,6 +43,8 @@ def setattr_(ctx: CompoundContext, args: nfs4.SETATTR4args) -> nfs4.SETATTR4res:
     if s.size is not None:
         # A size change is a write: the open state decides (RFC 8881 section 18.30.3).
         ctx.server.state.check_setattr_size(ctx, args.stateid, fh)
+        if is_special(ctx.resolve_stateid(args.stateid)):
+            grace.check_special_stateid(ctx)
     if s:
         ctx.server.vfs.setattr(
             ctx.cred,

@@ -15,7 +15,9 @@ import errno
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
+from nfsrdma.nfs4 import grace
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, OpHandler
+from nfsrdma.nfs4.state import is_anonymous, is_special
 from nfsrdma.vfs.base import OpenFile
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Buffer
@@ -43,6 +45,8 @@ def op_read(ctx: CompoundContext, args: nfs4.READ4args) -> nfs4.READ4res | Await
     fh = ctx.fh()
     sid = ctx.resolve_stateid(args.stateid)
     server = ctx.server
+    if is_anonymous(sid):
+        grace.check_special_stateid(ctx)
     of = server.state.io_file(ctx.clientid, sid, fh, write=False)
     count = min(args.count, server.config.max_io)
     offset = args.offset
@@ -70,6 +74,8 @@ def op_write(
     fh = ctx.fh()
     sid = ctx.resolve_stateid(args.stateid)
     server = ctx.server
+    if is_special(sid):
+        grace.check_special_stateid(ctx)
     of = server.state.io_file(ctx.clientid, sid, fh, write=True)
     data = args.data
     size = memoryview(data).nbytes

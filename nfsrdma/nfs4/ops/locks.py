@@ -5,11 +5,13 @@ Byte-range locks are held by the server (advisory, POSIX semantics, see ``state_
 The blocking lock types are answered like the others, NFS4ERR_DENIED with the conflicting lock;
 the refused lock-owner is then told by CB_NOTIFY_LOCK when a lock on the file goes, so it can
 retry at once (OPEN said OPEN4_RESULT_MAY_NOTIFY_LOCK; RFC 8881 section 20.11). Lock seqids
-and the reclaim flag of 4.0 are ignored except that a reclaim gets NFS4ERR_NO_GRACE.
+are ignored; a LOCK with ``reclaim`` set re-creates a lock after our restart, under the rules of
+``nfsrdma.nfs4.grace`` (which also refuses other LOCKs in the grace period).
 """
 
 from __future__ import annotations
 
+from nfsrdma.nfs4 import grace
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, OpHandler
 from nfsrdma.nfs4.state import ACCESS_READ, ACCESS_WRITE, LockState, OpenState, StateManager
 from nfsrdma.nfs4.state_locks import READ, byte_range, lock_kind
@@ -21,8 +23,7 @@ def op_lock(ctx: CompoundContext, args: nfs4.LOCK4args) -> nfs4.LOCK4res:
     fh = ctx.fh()
     kind = lock_kind(args.locktype)
     start, end = byte_range(args.offset, args.length)
-    if args.reclaim:
-        raise Nfs4Error(nfs4.NFS4ERR_NO_GRACE)
+    grace.check_locking(ctx, args.reclaim)
     clientid = ctx.clientid
     sm: StateManager = ctx.server.state
     locker = args.locker
@@ -52,6 +53,7 @@ def op_lock(ctx: CompoundContext, args: nfs4.LOCK4args) -> nfs4.LOCK4res:
     if ls is None:
         ls = sm.new_lock_state(open_state, owner)
     sm.set_lock(ls, start, end, kind)
+    grace.locked(ctx, args.reclaim)
     ctx.current_stateid = ls.stateid
     return nfs4.LOCK4res(nfs4.NFS4_OK, nfs4.LOCK4resok(ls.stateid))
 

@@ -1,11 +1,12 @@
 """OPEN, OPEN_DOWNGRADE, CLOSE, DELEGRETURN and DELEGPURGE (RFC 8881 sections 18.16, 18.18,
 18.2, 18.6, 18.5).
 
-We grant no delegations and keep no state across restarts: reclaims (CLAIM_PREVIOUS) get
-NFS4ERR_NO_GRACE, CLAIM_DELEGATE_PREV / CLAIM_DELEG_PREV_FH and DELEGPURGE NFS4ERR_NOTSUPP, and
-a delegation stateid (CLAIM_DELEGATE_CUR / CLAIM_DELEG_CUR_FH, DELEGRETURN) is never one of
-ours. OPEN is synchronous: it runs on the event loop from the share check to the state
-update, so two OPENs of one file never interleave.
+We grant no delegations. After a restart, opens are reclaimed with CLAIM_PREVIOUS (the current
+filehandle names the file) under the rules of ``nfsrdma.nfs4.grace``, which also refuses other
+OPENs in the grace period; CLAIM_DELEGATE_PREV / CLAIM_DELEG_PREV_FH and DELEGPURGE get
+NFS4ERR_NOTSUPP, and a delegation stateid (CLAIM_DELEGATE_CUR / CLAIM_DELEG_CUR_FH, DELEGRETURN)
+is never one of ours. OPEN is synchronous: it runs on the event loop from the share check to
+the state update, so two OPENs of one file never interleave.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from nfsrdma.nfs4 import grace
 from nfsrdma.nfs4.attrs import (
     SUPPATTR_EXCLCREAT,
     Settable,
@@ -195,8 +197,12 @@ def _resolve(ctx: CompoundContext, args: nfs4.OPEN4args, access: int) -> tuple[_
         check_regular(vfs.getattr(fh).type)
         return _Target(fh), 0, 0
     if claim.claim == nfs4.CLAIM_PREVIOUS:
-        ctx.fh()
-        raise Nfs4Error(nfs4.NFS4ERR_NO_GRACE)
+        # A reclaim after our restart (grace.check_locking allowed it): the file itself.
+        fh = ctx.fh()
+        if creating:
+            raise Nfs4Error(nfs4.NFS4ERR_INVAL)
+        check_regular(vfs.getattr(fh).type)
+        return _Target(fh), 0, 0
     if claim.claim in (nfs4.CLAIM_DELEGATE_CUR, nfs4.CLAIM_DELEG_CUR_FH):
         ctx.fh()
         if isinstance(claim.value, nfs4.open_claim_delegate_cur4):
@@ -211,6 +217,8 @@ def _resolve(ctx: CompoundContext, args: nfs4.OPEN4args, access: int) -> tuple[_
 
 def op_open(ctx: CompoundContext, args: nfs4.OPEN4args) -> nfs4.OPEN4res:
     access, deny, want = share_args(args.share_access, args.share_deny)
+    reclaim = args.claim.claim == nfs4.CLAIM_PREVIOUS
+    grace.check_locking(ctx, reclaim)
     clientid = ctx.clientid
     sm: StateManager = ctx.server.state
     vfs = ctx.server.vfs
@@ -253,6 +261,7 @@ def op_open(ctx: CompoundContext, args: nfs4.OPEN4args) -> nfs4.OPEN4res:
     else:
         assert keep is not None
         state = sm.add_open(clientid, args.owner.owner, fh, access, deny, keep)
+    grace.opened(ctx, reclaim)
     ctx.set_fh(fh)
     ctx.current_stateid = state.stateid
     return nfs4.OPEN4res(

@@ -12,6 +12,7 @@ from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from nfsrdma.nfs4 import grace
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, OpHandler
 from nfsrdma.rpc.auth import Credential
 from nfsrdma.session.errors import SessionError
@@ -116,6 +117,7 @@ def reclaim_complete(
         return nfs4.RECLAIM_COMPLETE4res(OK)
     with _nfs4_errors():
         _sessions(ctx).reclaim_complete(ctx.clientid)
+    grace.reclaim_completed(ctx)
     return nfs4.RECLAIM_COMPLETE4res(OK)
 
 
