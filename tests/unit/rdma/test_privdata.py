@@ -1,4 +1,4 @@
-"""RFC 8797 private data: the acceptance checks of REQUIREMENTS.md section 1 testable here."""
+"""RFC 8797 private data: the PD- checks of docs/conformance.md that can run on the host."""
 
 from __future__ import annotations
 
