@@ -557,6 +557,28 @@ class Session:
         return ""
 
 
+def tidy(export: Path, limit: int) -> None:
+    """Keep the scratch export usable and small: COMPOUNDs may have changed its mode (SETATTR
+    on the root) or filled it; beyond ``limit`` entries everything in it goes (handles then
+    go stale, which is more input)."""
+    with contextlib.suppress(OSError):
+        os.chmod(export, 0o755)
+    entries = 0
+    for top, dirs, files in os.walk(export, onerror=lambda e: None):
+        for d in dirs:
+            with contextlib.suppress(OSError):
+                os.chmod(os.path.join(top, d), 0o755, follow_symlinks=False)
+        entries += len(dirs) + len(files)
+    if entries <= limit:
+        return
+    for child in list(export.iterdir()):
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                child.unlink()
+
+
 def decode_res(rec: bytes) -> nfs4.COMPOUND4res | None:
     try:
         header, off = message.decode_reply(Reader(rec))
@@ -736,14 +758,7 @@ async def compound_campaign(
             k += batch
             if k % 2000 < window:
                 rss.sample()
-                entries = sum(1 for _ in export.rglob("*"))
-                if entries > 3000:  # keep the scratch export small: handles go stale
-                    for child in export.iterdir():
-                        if child.is_dir() and not child.is_symlink():
-                            shutil.rmtree(child, ignore_errors=True)
-                        else:
-                            with contextlib.suppress(OSError):
-                                child.unlink()
+                tidy(export, 3000)
             if time.perf_counter() >= next_report:
                 next_report += args.progress
                 el = time.perf_counter() - t0
@@ -756,6 +771,7 @@ async def compound_campaign(
     finally:
         figs.seconds = time.perf_counter() - t0
         await server.close()
+        tidy(export, 0)
         shutil.rmtree(scratch, ignore_errors=True)
         shutil.rmtree(state, ignore_errors=True)
     return figs
