@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -60,6 +61,7 @@ class ServerProcess:
     state_dir: Path
     extra: list[str] = field(default_factory=list)
     port: int = 0
+    nofile: int | None = None  # the server's descriptor limit (RLIMIT_NOFILE), if set
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
 
@@ -72,8 +74,16 @@ class ServerProcess:
             "--state-dir", str(self.state_dir), *self.extra,
         ]  # fmt: skip
         env = dict(os.environ, PYTHONPATH=str(ROOT))
+        nofile = self.nofile
+
+        def limits() -> None:
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=log, cwd=ROOT, env=env)
+            self.proc = subprocess.Popen(
+                argv, stdout=log, stderr=log, cwd=ROOT, env=env, preexec_fn=limits
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
