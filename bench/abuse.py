@@ -457,51 +457,114 @@ class Run:
 
     # 4b -----------------------------------------------------------------------------------------
     async def session_hog(self, seconds: float) -> None:
+        """Four client IDs: 63 sessions asking for the largest cached replies, and a 64th that
+        takes exactly what is left of the reply-cache budget. Its size is found the way any
+        client can: the slots a CREATE_SESSION is granted tell how much room there is (probe
+        sessions are destroyed at once). The leases are renewed, and the 64th session is
+        re-fitted every second (an honest newcomer that got in and left frees room)."""
         conns = [await rpc_from(ATTACK_SOURCES[i], self.server.port) for i in range(4)]
-        sessions: list[tuple[RpcConnection, bytes]] = []
-        refused = 0
-        statuses: dict[str, int] = {}
+        hogs = [_Hog(rpc, b"hog-%d" % i) for i, rpc in enumerate(conns)]
+        sessions: list[tuple[_Hog, bytes]] = []
+        fills = 0
         try:
-            # Large cached replies, and at the very end two small sessions that take what is
-            # left of the reply-cache budget (as an attacker who knows the rules would).
-            sizes = [1 << 20] * 62 + [1024, 0]
-            for i, rpc in enumerate(conns):
-                res = await compound(rpc, [exchange_id(b"hog-%d" % i)])
-                if res.status != nfs4.NFS4_OK:
-                    refused += 16
-                    continue
-                ok = res.resarray[0].value.value
-                seq = ok.eir_sequenceid
-                for j in range(16):
-                    cached = sizes[i * 16 + j]
-                    for _attempt in range(50):  # NFS4ERR_DELAY (creation rate): try again
-                        res = await compound(rpc, [create_session(ok.eir_clientid, seq, cached)])
-                        if res.status != nfs4.NFS4ERR_DELAY:
-                            break
-                        await asyncio.sleep(0.1)
-                    if res.status == nfs4.NFS4_OK:
-                        seq += 1
-                        sessions.append((rpc, res.resarray[0].value.value.csr_sessionid))
-                    else:
-                        refused += 1
-                        statuses[nfs4.nfsstat4(res.status).name] = (
-                            statuses.get(nfs4.nfsstat4(res.status).name, 0) + 1
-                        )
+            for i, hog in enumerate(hogs):
+                await hog.exchange()
+                for _ in range(16 if i < 3 else 15):
+                    sid, _slots = await hog.create(1 << 20, 64)
+                    if sid is not None:
+                        sessions.append((hog, sid))
+            last = hogs[3]
+            filler: bytes | None = None
             seqids = dict.fromkeys((sid for _, sid in sessions), 1)
             end = time.monotonic() + seconds
             while time.monotonic() < end:  # keep the leases (and the reservations) alive
-                for rpc, sid in sessions:
+                if filler is not None:
+                    await last.destroy(filler)
+                filler = await last.fill()
+                fills += filler is not None
+                for hog, sid in sessions:
                     with contextlib.suppress(Exception):
-                        res = await compound(rpc, [sequence(sid, seqids[sid])], 5)
+                        res = await compound(hog.rpc, [sequence(sid, seqids[sid])], 5)
                         if res.status == nfs4.NFS4_OK:
                             seqids[sid] += 1
                 await asyncio.sleep(1.0)
         finally:
             for rpc in conns:
                 rpc.close()
+        refused: dict[str, int] = {}
+        for h in hogs:
+            for k, v in h.refused.items():
+                refused[k] = refused.get(k, 0) + v
         self.phases.setdefault("_notes", {})["4b"] = (
-            f"{len(sessions)} hog sessions made, {refused} refused {statuses}"
+            f"{len(sessions)} hog sessions with large cached replies (refused: {refused}), "
+            f"budget refilled {fills} times"
         )
+
+
+class _Hog:
+    """One attacking client ID and its CREATE_SESSION sequence."""
+
+    def __init__(self, rpc: RpcConnection, owner: bytes) -> None:
+        self.rpc = rpc
+        self.owner = owner
+        self.clientid = 0
+        self.seq = 0
+        self.refused: dict[str, int] = {}
+
+    async def exchange(self) -> None:
+        for _attempt in range(200):  # NFS4ERR_DELAY (creation rate): try again
+            res = await compound(self.rpc, [exchange_id(self.owner)])
+            if res.status != nfs4.NFS4ERR_DELAY:
+                break
+            await asyncio.sleep(0.05)
+        if res.status != nfs4.NFS4_OK:
+            raise RuntimeError(f"EXCHANGE_ID: {nfs4.nfsstat4(res.status).name}")
+        ok = res.resarray[0].value.value
+        self.clientid, self.seq = ok.eir_clientid, ok.eir_sequenceid
+
+    async def create(self, cached: int, slots: int) -> tuple[bytes | None, int]:
+        """(session id, slots granted), or (None, 0) when refused."""
+        for _attempt in range(50):  # NFS4ERR_DELAY (creation rate): try again
+            args = create_session(self.clientid, self.seq, cached)
+            args.value.csa_fore_chan_attrs.ca_maxrequests = slots
+            res = await compound(self.rpc, [args])
+            if res.status != nfs4.NFS4ERR_DELAY:
+                break
+            await asyncio.sleep(0.05)
+        if res.status != nfs4.NFS4_OK:
+            name = nfs4.nfsstat4(res.status).name
+            self.refused[name] = self.refused.get(name, 0) + 1
+            return None, 0
+        self.seq += 1
+        ok = res.resarray[0].value.value
+        return bytes(ok.csr_sessionid), int(ok.csr_fore_chan_attrs.ca_maxrequests)
+
+    async def destroy(self, sid: bytes) -> None:
+        with contextlib.suppress(Exception):
+            await compound(
+                self.rpc,
+                [nfs4.nfs_argop4(nfs4.OP_DESTROY_SESSION, nfs4.DESTROY_SESSION4args(sid))],
+            )
+
+    async def fill(self) -> bytes | None:
+        """A session reserving all but a few bytes of what is left of the budget."""
+        lo, hi = 0, (64 << 10)  # cached sizes: find the largest one granted all 64 slots
+        sid, got = await self.create(lo, 64)
+        if sid is None:
+            return None
+        await self.destroy(sid)
+        if got < 64:  # less than 64 x 256 bytes left: take what a 0-byte cache gets
+            return (await self.create(0, 64))[0]
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            sid, got = await self.create(mid, 64)
+            if sid is not None:
+                await self.destroy(sid)
+            if got == 64:
+                lo = mid
+            else:
+                hi = mid
+        return (await self.create(lo, 64))[0]
 
 
 async def _session(rpc: RpcConnection, owner: bytes, cached: int) -> bytes:
@@ -593,7 +656,10 @@ async def abuse(args: argparse.Namespace) -> int:
             continue
         _, p99, fails = summary(name, ph)
         failures += fails
-        worst = max(worst, p99 / idle_p99 if idle_p99 > 0 else float("inf"))
+        if p99 != p99 or not idle_p99 > 0:  # no honest operation completed (NaN)
+            worst = float("inf")
+        else:
+            worst = max(worst, p99 / idle_p99)
         slow = [c for c in ph.get("connect", []) if c > max(5 * idle_connect, 1.0)]
         if name.startswith("4") and (fails or slow or not ph.get("connect")):
             run.hole(f"{name}", True, f"newcomer: {fails} failures, {len(slow)} slow connects")
