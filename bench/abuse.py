@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import socket
@@ -656,10 +657,9 @@ async def abuse(args: argparse.Namespace) -> int:
             continue
         _, p99, fails = summary(name, ph)
         failures += fails
-        if p99 != p99 or not idle_p99 > 0:  # no honest operation completed (NaN)
-            worst = float("inf")
-        else:
-            worst = max(worst, p99 / idle_p99)
+        # No honest operation completed (NaN): as bad as it gets.
+        ratio = p99 / idle_p99 if idle_p99 > 0 and not math.isnan(p99) else math.inf
+        worst = max(worst, ratio)
         slow = [c for c in ph.get("connect", []) if c > max(5 * idle_connect, 1.0)]
         if name.startswith("4") and (fails or slow or not ph.get("connect")):
             run.hole(f"{name}", True, f"newcomer: {fails} failures, {len(slow)} slow connects")
