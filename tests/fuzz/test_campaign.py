@@ -69,3 +69,50 @@ def test_a_parser_raising_an_undocumented_error_counts_as_a_crash(
     assert figs.inputs == 2000
     planted = [c for c in catcher.crashes if "planted" in c.what]
     assert planted and all(len(c.data) % 7 == 3 for c in planted)
+
+
+@pytest.mark.parametrize("size", [1 << 63, (1 << 64) - 1])
+async def test_setattr_size_beyond_the_largest_file_is_fbig(tmp_path: Path, size: int) -> None:
+    """Found by the campaign (seed 1, 10**6 COMPOUNDs): SETATTR of a size above 2**63 - 1
+    reached os.truncate, whose OverflowError became NFS4ERR_SERVERFAULT with a traceback.
+    Minimised: SEQUENCE, PUTROOTFH, LOOKUP of a file, SETATTR(size) -> NFS4ERR_FBIG."""
+    import asyncio
+    import struct
+
+    from nfsrdma.rpc.auth import auth_sys
+    from nfsrdma.server import NFSServer
+    from nfsrdma.xdr.gen import nfs4
+
+    fc = _load_campaign()
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "f").write_bytes(b"data")
+    server = NFSServer(str(export), bind="127.0.0.1", tcp_port=0, rdma_port=None,
+                       root_squash=False, state_dir=str(tmp_path))  # fmt: skip
+    await server.start()
+    catcher = fc.ErrorCatcher()
+    try:
+        with catcher.installed():
+            asyncio.get_running_loop().set_exception_handler(catcher.loop_handler)
+            link = fc.Link(server, "t", fc.Figures(), catcher)
+            calls = fc.Calls(auth_sys(uid=0, gid=0, machinename="t"))
+            session = fc.Session(link, calls, b"fbig-test")
+            await session.setup(10.0)
+            size_attr = nfs4.fattr4([1 << nfs4.FATTR4_SIZE], struct.pack(">Q", size))
+            ops = [
+                session.sequence(0),
+                fc.op(nfs4.OP_PUTROOTFH),
+                fc.op(nfs4.OP_LOOKUP, nfs4.LOOKUP4args(b"f")),
+                fc.op(nfs4.OP_SETATTR, nfs4.SETATTR4args(nfs4.stateid4(0, bytes(12)), size_attr)),
+            ]
+            msg, _ = calls.compound(ops)
+            rec = await link.call(msg, 10.0)
+            link.close()
+    finally:
+        await server.close()
+    assert rec is not None
+    res = fc.decode_res(rec)
+    assert res is not None and [r.resop for r in res.resarray][-1] == nfs4.OP_SETATTR
+    assert res.status == nfs4.NFS4ERR_FBIG, nfs4.nfsstat4(res.status).name
+    assert catcher.crashes == []
+    assert (export / "f").read_bytes() == b"data"
