@@ -50,7 +50,7 @@ from killproxy import MODES, KillProxy
 from reliability import step
 
 import nfsrdma
-from nfsrdma.client import NfsClient, NfsFile
+from nfsrdma.client import NfsClient, NfsFile, parse_url
 from nfsrdma.server import NFSServer
 from nfsrdma.xdr.gen import nfs4
 
@@ -102,15 +102,22 @@ class Campaign:
         self.lf: NfsFile | None = None
         self.pf: NfsFile | None = None
         self.seq = 0
+        self.base = ""
 
     async def setup(self) -> None:
+        # Everything under a directory of this run's own (a server elsewhere may have others).
+        self.base = f"faults-{os.getpid()}-{time.time_ns()}"
+        await self.fs.mkdir(self.base)
         for d in ("r", "c"):
-            await self.fs.mkdir(d)
-        await self.fs.write_bytes("r/n0", b"walker")
-        await self.fs.write_bytes("l.bin", bytes(4096))
-        self.wf = await self.fs.open("w.bin", "w+b")
-        self.lf = await self.fs.open("l.bin", "r+b")
-        self.pf = await self.probe.open("l.bin", "r+b")
+            await self.fs.mkdir(self.p(d))
+        await self.fs.write_bytes(self.p("r/n0"), b"walker")
+        await self.fs.write_bytes(self.p("l.bin"), bytes(4096))
+        self.wf = await self.fs.open(self.p("w.bin"), "w+b")
+        self.lf = await self.fs.open(self.p("l.bin"), "r+b")
+        self.pf = await self.probe.open(self.p("l.bin"), "r+b")
+
+    def p(self, path: str) -> str:
+        return f"{self.base}/{path}"
 
     async def teardown(self) -> None:
         for f in (self.wf, self.lf, self.pf):
@@ -163,12 +170,12 @@ class Campaign:
         return True  # checked at the end, byte for byte
 
     async def _rename(self, mode: str) -> bool:
-        old = f"r/n{self.model.rename_at}"
-        new = f"r/n{self.model.rename_at + 1}"
+        old = self.p(f"r/n{self.model.rename_at}")
+        new = self.p(f"r/n{self.model.rename_at + 1}")
         await self._killed("rename", mode, self.fs.rename(old, new))
         self.model.rename_at += 1
-        names = await self.probe.listdir("r")
-        if names != [new.split("/")[1]]:
+        names = await self.probe.listdir(self.p("r"))
+        if names != [new.rsplit("/", 1)[1]]:
             self.tally.failures.append(f"rename #{self.seq} ({mode}): r/ holds {names}")
             return False
         return True
@@ -176,13 +183,13 @@ class Campaign:
     async def _create(self, mode: str) -> bool:
         if self.seq % 2:
             name = f"d{self.seq}"
-            await self._killed("create", mode, self.fs.mkdir(f"c/{name}"))
+            await self._killed("create", mode, self.fs.mkdir(self.p(f"c/{name}")))
         else:
             name = f"f{self.seq}"
-            f = await self._killed("create", mode, self.fs.open(f"c/{name}", "xb"))
+            f = await self._killed("create", mode, self.fs.open(self.p(f"c/{name}"), "xb"))
             await f.close()
         self.model.created.add(name)
-        names = set(await self.probe.listdir("c"))
+        names = set(await self.probe.listdir(self.p("c")))
         if names != self.model.created:
             extra, missing = names - self.model.created, self.model.created - names
             self.tally.failures.append(f"create #{self.seq} ({mode}): +{extra} -{missing}")
@@ -221,7 +228,7 @@ class Campaign:
         """(lost, duplicated) bytes of the written file against the model."""
         assert self.wf is not None
         await self.wf.fsync()
-        got = await self.probe.read_bytes("w.bin")
+        got = await self.probe.read_bytes(self.p("w.bin"))
         m = bytes(self.model.data)
         common = min(len(got), len(m))
         lost = sum(1 for a, b in zip(got[:common], m[:common], strict=True) if a != b)
@@ -275,7 +282,8 @@ class ClientSideKiller(Killer):
                 await asyncio.sleep(0)
             else:
                 return
-            await asyncio.sleep(self.rng.random() * self.window)
+            if self.rng.random() < 0.5:  # at once (the call is on its way), or a bit later
+                await asyncio.sleep(self.rng.random() * self.window)
             if rpc.pending and not rpc.conn.closed:
                 rpc.conn.close()
                 state["fired"] = True
@@ -320,6 +328,10 @@ async def campaign(args: argparse.Namespace) -> int:
     proxy: KillProxy | None = None
     if args.server_url:
         url = direct = args.server_url
+        target = parse_url(direct)
+        if target.scheme == "nfs" and args.killer == "proxy":  # the proxy in front of it
+            proxy = await KillProxy(target.host, target.port, args.seed).start()
+            url = f"nfs://127.0.0.1:{proxy.port}{target.path}"
     else:
         rdma = args.transport == "rdma"
         server = NFSServer(
@@ -357,7 +369,8 @@ async def campaign(args: argparse.Namespace) -> int:
             await run.setup()
             i = 0
             while tally.kills < args.kills and i < args.kills * 3:
-                kind, mode = KINDS[i % len(KINDS)], rng.choice(MODES)
+                kind = KINDS[i % len(KINDS)]
+                mode = rng.choice(MODES) if isinstance(killer, ProxyKiller) else "client-abort"
                 await run.one(kind, mode)
                 i += 1
                 if i % 20 == 0:
@@ -395,7 +408,12 @@ def main() -> int:
     ap.add_argument("--kills", type=int, default=100)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--transport", choices=("tcp", "rdma"), default="tcp")
-    ap.add_argument("--server-url", default=None, help="a server elsewhere (no state count)")
+    ap.add_argument(
+        "--server-url",
+        default=None,
+        help="a server already running (nfs:// through the kill proxy, rdma:// with the client "
+        "killer); its state cannot be counted from here: leaked_state=n/a",
+    )
     ap.add_argument("--bind", default="127.0.0.1", help="our server's address (RDMA: the rxe one)")
     ap.add_argument("--rdma-port", type=int, default=20050)
     ap.add_argument("--rdma-device", default=None)
