@@ -25,7 +25,8 @@ the server's own state objects are counted: ``leaked_state`` = stateids + sessio
 records + connections still open. With ``--server-url`` (a server elsewhere) that cannot be
 counted and is reported as ``n/a``.
 
-Last line: ``kills=… ops=… exactly_once=… lost_bytes=… dup_bytes=… leaked_state=…``."""
+Last line: ``kills=… ops=… exactly_once=… lost_bytes=… dup_bytes=… leaked_state=…``. With
+``--check`` the exit status is 1 when a target is missed."""
 
 from __future__ import annotations
 
@@ -400,7 +401,8 @@ async def campaign(args: argparse.Namespace) -> int:
         f"lost_bytes={lost} dup_bytes={dup} leaked_state={leaked_state}"
     )
     good = tally.exactly_once == tally.ops and not lost and not dup and leaked_state in ("0", "n/a")
-    return 0 if good and tally.kills >= args.kills else 1
+    missed = not (good and tally.kills >= args.kills)
+    return 1 if missed and args.check else 0
 
 
 def main() -> int:
@@ -427,6 +429,7 @@ def main() -> int:
     ap.add_argument("--lease-time", type=int, default=30)
     ap.add_argument("--client-timeout", type=float, default=5.0, help="client probe timeout")
     ap.add_argument("--op-timeout", type=float, default=60.0)
+    ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     args = ap.parse_args()
     logging.basicConfig(
         level=logging.WARNING if os.environ.get("FAULTS_VERBOSE") else logging.ERROR

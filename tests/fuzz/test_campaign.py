@@ -25,7 +25,7 @@ def figures(last_line: str) -> dict[str, str]:
 def test_short_campaign_finds_no_crash_hang_or_wrong_xid(seed: int) -> None:
     argv = [
         sys.executable, str(SCRIPT), "--seed", str(seed), "--compounds", "3000",
-        "--headers", "20000", "--privdata", "5000", "--cb", "1500", "--tcp-every", "20",
+        "--headers", "20000", "--privdata", "5000", "--cb", "1500", "--tcp-every", "20", "--check",
     ]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT)
     out = done.stdout.strip().splitlines()
