@@ -62,6 +62,7 @@ class ServerProcess:
     extra: list[str] = field(default_factory=list)
     port: int = 0
     nofile: int | None = None  # the server's descriptor limit (RLIMIT_NOFILE), if set
+    tree: Path = ROOT  # the source tree whose nfsrdma the server runs
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
 
@@ -73,7 +74,7 @@ class ServerProcess:
             "--bind", "127.0.0.1", "--tcp-port", str(self.port),
             "--state-dir", str(self.state_dir), *self.extra,
         ]  # fmt: skip
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env = dict(os.environ, PYTHONPATH=str(self.tree))
         nofile = self.nofile
 
         def limits() -> None:
@@ -82,7 +83,7 @@ class ServerProcess:
 
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                argv, stdout=log, stderr=log, cwd=ROOT, env=env, preexec_fn=limits
+                argv, stdout=log, stderr=log, cwd=self.tree, env=env, preexec_fn=limits
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
