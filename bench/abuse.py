@@ -595,7 +595,12 @@ def supported_options(tree: Path) -> set[str]:
         [sys.executable, "-m", "nfsrdma", "serve", "--help"],
         capture_output=True, text=True, cwd=tree, env=dict(os.environ, PYTHONPATH=str(tree)),
     ).stdout  # fmt: skip
-    wanted = {"--max-connections", "--max-connections-per-source", "--idle-timeout"}
+    wanted = {
+        "--max-connections",
+        "--max-connections-per-source",
+        "--idle-timeout",
+        "--record-timeout",
+    }
     return {o for o in wanted if o in out.split()}
 
 
@@ -626,6 +631,8 @@ async def abuse(args: argparse.Namespace) -> int:
         extra += ["--max-connections-per-source", str(args.max_per_source)]
     if "--idle-timeout" in have:
         extra += ["--idle-timeout", str(args.idle_timeout)]
+    if "--record-timeout" in have:  # a first record never completed (slow-loris, silent peers)
+        extra += ["--record-timeout", str(args.idle_timeout)]
     missing = {"--max-connections", "--max-connections-per-source", "--idle-timeout"} - have
     step(
         f"server options: {' '.join(extra)}"
