@@ -922,7 +922,8 @@ async def cb_campaign(
             bc = session.backchannel
             cb_link = _ClientSide(session.dispatcher, figs, catcher)
             calls = Calls(rpc.opaque_auth(rpc.AUTH_NONE, b""))
-            seq = [0] * len(bc.slots)
+            table = bc.slots  # a list of slots, or (newer) a ResponderSlots holding them
+            seq = [0] * len(getattr(table, "slots", table))
             donors: list[bytes] = []
             for k in range(n):
                 slot = rng.randrange(len(seq))
