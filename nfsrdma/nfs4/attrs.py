@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from nfsrdma.nfs4.attr_encode import WRITE_ONLY, EncoderCache, FattrConfig, Plan
+from nfsrdma.nfs4.attr_encode import MAX_FILESIZE, WRITE_ONLY, EncoderCache, FattrConfig, Plan
 from nfsrdma.nfs4.context import Nfs4Error
 from nfsrdma.vfs.base import SET_TO_SERVER_TIME, Attributes, FsStats, TimeSet, Vfs
 from nfsrdma.xdr.gen import nfs4
@@ -266,8 +266,8 @@ def decode_settable(fattr: nfs4.fattr4) -> Settable:
 
     Unsupported attributes → NFS4ERR_ATTRNOTSUPP; supported but read-only ones →
     NFS4ERR_INVAL (RFC 8881 sections 18.30.3, 18.4.3); values that do not decode exactly →
-    NFS4ERR_BADXDR (XdrError); out-of-range values → NFS4ERR_INVAL; unknown owners →
-    NFS4ERR_BADOWNER.
+    NFS4ERR_BADXDR (XdrError); out-of-range values → NFS4ERR_INVAL, a size beyond the largest
+    file NFS4ERR_FBIG; unknown owners → NFS4ERR_BADOWNER.
     """
     numbers = attr_numbers(fattr.attrmask)
     if any(n not in SUPPORTED for n in numbers):
@@ -282,6 +282,8 @@ def decode_settable(fattr: nfs4.fattr4) -> Settable:
             if n == nfs4.FATTR4_SIZE:
                 (out.size,) = _U64.unpack_from(buf, off)
                 off += 8
+                if out.size > MAX_FILESIZE:  # beyond fattr4_maxfilesize (RFC 8881 18.30.3)
+                    raise Nfs4Error(nfs4.NFS4ERR_FBIG)
             elif n == nfs4.FATTR4_MODE:
                 (mode,) = _U32.unpack_from(buf, off)
                 off += 4
