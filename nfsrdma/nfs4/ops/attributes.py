@@ -9,7 +9,7 @@ from nfsrdma.nfs4.attrs import (
     decode_settable,
     object_attrs,
 )
-from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, OpHandler
+from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
 from nfsrdma.vfs.base import (
     ACCESS4_ALL,
     ACCESS4_DELETE,
@@ -85,12 +85,3 @@ def access(ctx: CompoundContext, args: nfs4.ACCESS4args) -> nfs4.ACCESS4res:
     supported = args.access & kind
     allowed = vfs.access(ctx.cred, fh, supported) & supported if supported else 0
     return nfs4.ACCESS4res(_OK, nfs4.ACCESS4resok(supported, allowed))
-
-
-HANDLERS: dict[int, OpHandler] = {
-    nfs4.OP_GETATTR: getattr_,
-    nfs4.OP_SETATTR: setattr_,
-    nfs4.OP_VERIFY: verify,
-    nfs4.OP_NVERIFY: nverify,
-    nfs4.OP_ACCESS: access,
-}

@@ -15,7 +15,7 @@ import errno
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
-from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, OpHandler
+from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
 from nfsrdma.vfs.base import OpenFile
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Buffer
@@ -130,10 +130,3 @@ async def op_commit(ctx: CompoundContext, args: nfs4.COMMIT4args) -> nfs4.COMMIT
     candidates = server.state.open_files(fh)
     await _offload(ctx, lambda: _commit_any(ctx, fh, candidates))
     return nfs4.COMMIT4res(nfs4.NFS4_OK, nfs4.COMMIT4resok(server.vfs.write_verifier))
-
-
-HANDLERS: dict[int, OpHandler] = {
-    nfs4.OP_READ: op_read,
-    nfs4.OP_WRITE: op_write,
-    nfs4.OP_COMMIT: op_commit,
-}

@@ -10,7 +10,7 @@ and the reclaim flag of 4.0 are ignored except that a reclaim gets NFS4ERR_NO_GR
 
 from __future__ import annotations
 
-from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, OpHandler
+from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
 from nfsrdma.nfs4.state import ACCESS_READ, ACCESS_WRITE, LockState, OpenState, StateManager
 from nfsrdma.nfs4.state_locks import READ, byte_range, lock_kind
 from nfsrdma.vfs.base import FileType
@@ -97,12 +97,3 @@ def op_free_stateid(ctx: CompoundContext, args: nfs4.FREE_STATEID4args) -> nfs4.
     sid = ctx.resolve_stateid(args.fsa_stateid)
     ctx.server.state.free_stateid(ctx.clientid, sid)
     return nfs4.FREE_STATEID4res(nfs4.NFS4_OK)
-
-
-HANDLERS: dict[int, OpHandler] = {
-    nfs4.OP_LOCK: op_lock,
-    nfs4.OP_LOCKT: op_lockt,
-    nfs4.OP_LOCKU: op_locku,
-    nfs4.OP_TEST_STATEID: op_test_stateid,
-    nfs4.OP_FREE_STATEID: op_free_stateid,
-}

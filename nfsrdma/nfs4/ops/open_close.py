@@ -20,7 +20,7 @@ from nfsrdma.nfs4.attrs import (
     bitmap_of,
     decode_settable,
 )
-from nfsrdma.nfs4.context import INVALID_STATEID, CompoundContext, Nfs4Error, OpHandler
+from nfsrdma.nfs4.context import INVALID_STATEID, CompoundContext, Nfs4Error
 from nfsrdma.nfs4.ops.lookup import check_component
 from nfsrdma.nfs4.state import ACCESS_READ, ACCESS_WRITE, OpenState, StateManager, is_special
 from nfsrdma.vfs.base import CreateMode, FileType, OpenFile
@@ -319,12 +319,3 @@ def op_delegreturn(ctx: CompoundContext, args: nfs4.DELEGRETURN4args) -> nfs4.DE
 def op_delegpurge(ctx: CompoundContext, args: nfs4.DELEGPURGE4args) -> nfs4.DELEGPURGE4res:
     # Only meaningful with CLAIM_DELEGATE_PREV, which we do not support (section 18.5.3).
     raise Nfs4Error(nfs4.NFS4ERR_NOTSUPP)
-
-
-HANDLERS: dict[int, OpHandler] = {
-    nfs4.OP_OPEN: op_open,
-    nfs4.OP_OPEN_DOWNGRADE: op_open_downgrade,
-    nfs4.OP_CLOSE: op_close,
-    nfs4.OP_DELEGRETURN: op_delegreturn,
-    nfs4.OP_DELEGPURGE: op_delegpurge,
-}

@@ -10,6 +10,7 @@ import struct as _struct
 from collections.abc import Callable as _Callable
 from dataclasses import dataclass as _dataclass
 from enum import IntEnum as _IntEnum
+from operator import attrgetter as _attrgetter
 from typing import Any as _Any, TypeAlias as _TypeAlias
 
 from nfsrdma.xdr.runtime import (
@@ -19,6 +20,7 @@ from nfsrdma.xdr.runtime import (
     PAD as _PAD,
     TRUE as _TRUE,
     U32 as _U32,
+    Operation as _Operation,
     Buffer as _Buffer,
     Reader as _Reader,
     Writer as _Writer,
@@ -16452,3 +16454,419 @@ def dec_CB_COMPOUND4res(r: _Reader, off: int) -> tuple[CB_COMPOUND4res, int]:
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_COMPOUND4res', o0) from None
     return CB_COMPOUND4res(f_status, f_tag, f_resarray), off
+
+
+@_dataclass(slots=True)
+class COMPOUND4args_head:
+    tag: bytes
+    minorversion: int
+    argarray: int  # the number of elements that follow
+
+
+def peek_COMPOUND4args(r: _Reader, off: int) -> tuple[COMPOUND4args_head, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        f_tag = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        _t = _S0.unpack_from(buf, off)
+        off += 4
+        f_minorversion = _t[0]
+        (f_count,) = _U32.unpack_from(buf, off)
+        off += 4
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated COMPOUND4args header', o0) from None
+    return COMPOUND4args_head(f_tag, f_minorversion, f_count), off
+
+
+@_dataclass(slots=True)
+class CB_COMPOUND4args_head:
+    tag: bytes
+    minorversion: int
+    callback_ident: int
+    argarray: int  # the number of elements that follow
+
+
+def peek_CB_COMPOUND4args(r: _Reader, off: int) -> tuple[CB_COMPOUND4args_head, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        f_tag = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        _t = _S1.unpack_from(buf, off)
+        off += 8
+        f_minorversion = _t[0]
+        f_callback_ident = _t[1]
+        (f_count,) = _U32.unpack_from(buf, off)
+        off += 4
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated CB_COMPOUND4args header', o0) from None
+    return CB_COMPOUND4args_head(f_tag, f_minorversion, f_callback_ident, f_count), off
+
+
+def _error_ACCESS4res(status: _Any) -> ACCESS4res:
+    return ACCESS4res(status)
+
+
+def _error_CLOSE4res(status: _Any) -> CLOSE4res:
+    return CLOSE4res(status)
+
+
+def _error_COMMIT4res(status: _Any) -> COMMIT4res:
+    return COMMIT4res(status)
+
+
+def _error_CREATE4res(status: _Any) -> CREATE4res:
+    return CREATE4res(status)
+
+
+def _error_DELEGPURGE4res(status: _Any) -> DELEGPURGE4res:
+    return DELEGPURGE4res(status)
+
+
+def _error_DELEGRETURN4res(status: _Any) -> DELEGRETURN4res:
+    return DELEGRETURN4res(status)
+
+
+def _error_GETATTR4res(status: _Any) -> GETATTR4res:
+    return GETATTR4res(status)
+
+
+def _error_GETFH4res(status: _Any) -> GETFH4res:
+    return GETFH4res(status)
+
+
+def _error_LINK4res(status: _Any) -> LINK4res:
+    return LINK4res(status)
+
+
+def _error_LOCK4res(status: _Any) -> LOCK4res:
+    return LOCK4res(status)
+
+
+def _error_LOCKT4res(status: _Any) -> LOCKT4res:
+    return LOCKT4res(status)
+
+
+def _error_LOCKU4res(status: _Any) -> LOCKU4res:
+    return LOCKU4res(status)
+
+
+def _error_LOOKUP4res(status: _Any) -> LOOKUP4res:
+    return LOOKUP4res(status)
+
+
+def _error_LOOKUPP4res(status: _Any) -> LOOKUPP4res:
+    return LOOKUPP4res(status)
+
+
+def _error_NVERIFY4res(status: _Any) -> NVERIFY4res:
+    return NVERIFY4res(status)
+
+
+def _error_OPEN4res(status: _Any) -> OPEN4res:
+    return OPEN4res(status)
+
+
+def _error_OPENATTR4res(status: _Any) -> OPENATTR4res:
+    return OPENATTR4res(status)
+
+
+def _error_OPEN_CONFIRM4res(status: _Any) -> OPEN_CONFIRM4res:
+    return OPEN_CONFIRM4res(status)
+
+
+def _error_OPEN_DOWNGRADE4res(status: _Any) -> OPEN_DOWNGRADE4res:
+    return OPEN_DOWNGRADE4res(status)
+
+
+def _error_PUTFH4res(status: _Any) -> PUTFH4res:
+    return PUTFH4res(status)
+
+
+def _error_PUTPUBFH4res(status: _Any) -> PUTPUBFH4res:
+    return PUTPUBFH4res(status)
+
+
+def _error_PUTROOTFH4res(status: _Any) -> PUTROOTFH4res:
+    return PUTROOTFH4res(status)
+
+
+def _error_READ4res(status: _Any) -> READ4res:
+    return READ4res(status)
+
+
+def _error_READDIR4res(status: _Any) -> READDIR4res:
+    return READDIR4res(status)
+
+
+def _error_READLINK4res(status: _Any) -> READLINK4res:
+    return READLINK4res(status)
+
+
+def _error_REMOVE4res(status: _Any) -> REMOVE4res:
+    return REMOVE4res(status)
+
+
+def _error_RENAME4res(status: _Any) -> RENAME4res:
+    return RENAME4res(status)
+
+
+def _error_RENEW4res(status: _Any) -> RENEW4res:
+    return RENEW4res(status)
+
+
+def _error_RESTOREFH4res(status: _Any) -> RESTOREFH4res:
+    return RESTOREFH4res(status)
+
+
+def _error_SAVEFH4res(status: _Any) -> SAVEFH4res:
+    return SAVEFH4res(status)
+
+
+def _error_SECINFO4res(status: _Any) -> SECINFO4res:
+    return SECINFO4res(status)
+
+
+def _error_SETATTR4res(status: _Any) -> SETATTR4res:
+    return SETATTR4res(status, [])
+
+
+def _error_SETCLIENTID4res(status: _Any) -> SETCLIENTID4res:
+    return SETCLIENTID4res(status)
+
+
+def _error_SETCLIENTID_CONFIRM4res(status: _Any) -> SETCLIENTID_CONFIRM4res:
+    return SETCLIENTID_CONFIRM4res(status)
+
+
+def _error_VERIFY4res(status: _Any) -> VERIFY4res:
+    return VERIFY4res(status)
+
+
+def _error_WRITE4res(status: _Any) -> WRITE4res:
+    return WRITE4res(status)
+
+
+def _error_RELEASE_LOCKOWNER4res(status: _Any) -> RELEASE_LOCKOWNER4res:
+    return RELEASE_LOCKOWNER4res(status)
+
+
+def _error_BACKCHANNEL_CTL4res(status: _Any) -> BACKCHANNEL_CTL4res:
+    return BACKCHANNEL_CTL4res(status)
+
+
+def _error_BIND_CONN_TO_SESSION4res(status: _Any) -> BIND_CONN_TO_SESSION4res:
+    return BIND_CONN_TO_SESSION4res(status)
+
+
+def _error_EXCHANGE_ID4res(status: _Any) -> EXCHANGE_ID4res:
+    return EXCHANGE_ID4res(status)
+
+
+def _error_CREATE_SESSION4res(status: _Any) -> CREATE_SESSION4res:
+    return CREATE_SESSION4res(status)
+
+
+def _error_DESTROY_SESSION4res(status: _Any) -> DESTROY_SESSION4res:
+    return DESTROY_SESSION4res(status)
+
+
+def _error_FREE_STATEID4res(status: _Any) -> FREE_STATEID4res:
+    return FREE_STATEID4res(status)
+
+
+def _error_GET_DIR_DELEGATION4res(status: _Any) -> GET_DIR_DELEGATION4res:
+    return GET_DIR_DELEGATION4res(status)
+
+
+def _error_GETDEVICEINFO4res(status: _Any) -> GETDEVICEINFO4res:
+    return GETDEVICEINFO4res(status)
+
+
+def _error_GETDEVICELIST4res(status: _Any) -> GETDEVICELIST4res:
+    return GETDEVICELIST4res(status)
+
+
+def _error_LAYOUTCOMMIT4res(status: _Any) -> LAYOUTCOMMIT4res:
+    return LAYOUTCOMMIT4res(status)
+
+
+def _error_LAYOUTGET4res(status: _Any) -> LAYOUTGET4res:
+    return LAYOUTGET4res(status)
+
+
+def _error_LAYOUTRETURN4res(status: _Any) -> LAYOUTRETURN4res:
+    return LAYOUTRETURN4res(status)
+
+
+def _error_SEQUENCE4res(status: _Any) -> SEQUENCE4res:
+    return SEQUENCE4res(status)
+
+
+def _error_SET_SSV4res(status: _Any) -> SET_SSV4res:
+    return SET_SSV4res(status)
+
+
+def _error_TEST_STATEID4res(status: _Any) -> TEST_STATEID4res:
+    return TEST_STATEID4res(status)
+
+
+def _error_WANT_DELEGATION4res(status: _Any) -> WANT_DELEGATION4res:
+    return WANT_DELEGATION4res(status)
+
+
+def _error_DESTROY_CLIENTID4res(status: _Any) -> DESTROY_CLIENTID4res:
+    return DESTROY_CLIENTID4res(status)
+
+
+def _error_RECLAIM_COMPLETE4res(status: _Any) -> RECLAIM_COMPLETE4res:
+    return RECLAIM_COMPLETE4res(status)
+
+
+def _error_ILLEGAL4res(status: _Any) -> ILLEGAL4res:
+    return ILLEGAL4res(status)
+
+
+OPERATION_ACCESS: _Operation[ACCESS4args, ACCESS4res] = _Operation(OP_ACCESS, 'OP_ACCESS', True, dec_ACCESS4args, enc_ACCESS4args, dec_ACCESS4res, enc_ACCESS4res, _attrgetter('status'), _error_ACCESS4res)
+OPERATION_CLOSE: _Operation[CLOSE4args, CLOSE4res] = _Operation(OP_CLOSE, 'OP_CLOSE', True, dec_CLOSE4args, enc_CLOSE4args, dec_CLOSE4res, enc_CLOSE4res, _attrgetter('status'), _error_CLOSE4res)
+OPERATION_COMMIT: _Operation[COMMIT4args, COMMIT4res] = _Operation(OP_COMMIT, 'OP_COMMIT', True, dec_COMMIT4args, enc_COMMIT4args, dec_COMMIT4res, enc_COMMIT4res, _attrgetter('status'), _error_COMMIT4res)
+OPERATION_CREATE: _Operation[CREATE4args, CREATE4res] = _Operation(OP_CREATE, 'OP_CREATE', True, dec_CREATE4args, enc_CREATE4args, dec_CREATE4res, enc_CREATE4res, _attrgetter('status'), _error_CREATE4res)
+OPERATION_DELEGPURGE: _Operation[DELEGPURGE4args, DELEGPURGE4res] = _Operation(OP_DELEGPURGE, 'OP_DELEGPURGE', True, dec_DELEGPURGE4args, enc_DELEGPURGE4args, dec_DELEGPURGE4res, enc_DELEGPURGE4res, _attrgetter('status'), _error_DELEGPURGE4res)
+OPERATION_DELEGRETURN: _Operation[DELEGRETURN4args, DELEGRETURN4res] = _Operation(OP_DELEGRETURN, 'OP_DELEGRETURN', True, dec_DELEGRETURN4args, enc_DELEGRETURN4args, dec_DELEGRETURN4res, enc_DELEGRETURN4res, _attrgetter('status'), _error_DELEGRETURN4res)
+OPERATION_GETATTR: _Operation[GETATTR4args, GETATTR4res] = _Operation(OP_GETATTR, 'OP_GETATTR', True, dec_GETATTR4args, enc_GETATTR4args, dec_GETATTR4res, enc_GETATTR4res, _attrgetter('status'), _error_GETATTR4res)
+OPERATION_GETFH: _Operation[None, GETFH4res] = _Operation(OP_GETFH, 'OP_GETFH', False, _void_decode, _void_encode, dec_GETFH4res, enc_GETFH4res, _attrgetter('status'), _error_GETFH4res)
+OPERATION_LINK: _Operation[LINK4args, LINK4res] = _Operation(OP_LINK, 'OP_LINK', True, dec_LINK4args, enc_LINK4args, dec_LINK4res, enc_LINK4res, _attrgetter('status'), _error_LINK4res)
+OPERATION_LOCK: _Operation[LOCK4args, LOCK4res] = _Operation(OP_LOCK, 'OP_LOCK', True, dec_LOCK4args, enc_LOCK4args, dec_LOCK4res, enc_LOCK4res, _attrgetter('status'), _error_LOCK4res)
+OPERATION_LOCKT: _Operation[LOCKT4args, LOCKT4res] = _Operation(OP_LOCKT, 'OP_LOCKT', True, dec_LOCKT4args, enc_LOCKT4args, dec_LOCKT4res, enc_LOCKT4res, _attrgetter('status'), _error_LOCKT4res)
+OPERATION_LOCKU: _Operation[LOCKU4args, LOCKU4res] = _Operation(OP_LOCKU, 'OP_LOCKU', True, dec_LOCKU4args, enc_LOCKU4args, dec_LOCKU4res, enc_LOCKU4res, _attrgetter('status'), _error_LOCKU4res)
+OPERATION_LOOKUP: _Operation[LOOKUP4args, LOOKUP4res] = _Operation(OP_LOOKUP, 'OP_LOOKUP', True, dec_LOOKUP4args, enc_LOOKUP4args, dec_LOOKUP4res, enc_LOOKUP4res, _attrgetter('status'), _error_LOOKUP4res)
+OPERATION_LOOKUPP: _Operation[None, LOOKUPP4res] = _Operation(OP_LOOKUPP, 'OP_LOOKUPP', False, _void_decode, _void_encode, dec_LOOKUPP4res, enc_LOOKUPP4res, _attrgetter('status'), _error_LOOKUPP4res)
+OPERATION_NVERIFY: _Operation[NVERIFY4args, NVERIFY4res] = _Operation(OP_NVERIFY, 'OP_NVERIFY', True, dec_NVERIFY4args, enc_NVERIFY4args, dec_NVERIFY4res, enc_NVERIFY4res, _attrgetter('status'), _error_NVERIFY4res)
+OPERATION_OPEN: _Operation[OPEN4args, OPEN4res] = _Operation(OP_OPEN, 'OP_OPEN', True, dec_OPEN4args, enc_OPEN4args, dec_OPEN4res, enc_OPEN4res, _attrgetter('status'), _error_OPEN4res)
+OPERATION_OPENATTR: _Operation[OPENATTR4args, OPENATTR4res] = _Operation(OP_OPENATTR, 'OP_OPENATTR', True, dec_OPENATTR4args, enc_OPENATTR4args, dec_OPENATTR4res, enc_OPENATTR4res, _attrgetter('status'), _error_OPENATTR4res)
+OPERATION_OPEN_CONFIRM: _Operation[OPEN_CONFIRM4args, OPEN_CONFIRM4res] = _Operation(OP_OPEN_CONFIRM, 'OP_OPEN_CONFIRM', True, dec_OPEN_CONFIRM4args, enc_OPEN_CONFIRM4args, dec_OPEN_CONFIRM4res, enc_OPEN_CONFIRM4res, _attrgetter('status'), _error_OPEN_CONFIRM4res)
+OPERATION_OPEN_DOWNGRADE: _Operation[OPEN_DOWNGRADE4args, OPEN_DOWNGRADE4res] = _Operation(OP_OPEN_DOWNGRADE, 'OP_OPEN_DOWNGRADE', True, dec_OPEN_DOWNGRADE4args, enc_OPEN_DOWNGRADE4args, dec_OPEN_DOWNGRADE4res, enc_OPEN_DOWNGRADE4res, _attrgetter('status'), _error_OPEN_DOWNGRADE4res)
+OPERATION_PUTFH: _Operation[PUTFH4args, PUTFH4res] = _Operation(OP_PUTFH, 'OP_PUTFH', True, dec_PUTFH4args, enc_PUTFH4args, dec_PUTFH4res, enc_PUTFH4res, _attrgetter('status'), _error_PUTFH4res)
+OPERATION_PUTPUBFH: _Operation[None, PUTPUBFH4res] = _Operation(OP_PUTPUBFH, 'OP_PUTPUBFH', False, _void_decode, _void_encode, dec_PUTPUBFH4res, enc_PUTPUBFH4res, _attrgetter('status'), _error_PUTPUBFH4res)
+OPERATION_PUTROOTFH: _Operation[None, PUTROOTFH4res] = _Operation(OP_PUTROOTFH, 'OP_PUTROOTFH', False, _void_decode, _void_encode, dec_PUTROOTFH4res, enc_PUTROOTFH4res, _attrgetter('status'), _error_PUTROOTFH4res)
+OPERATION_READ: _Operation[READ4args, READ4res] = _Operation(OP_READ, 'OP_READ', True, dec_READ4args, enc_READ4args, dec_READ4res, enc_READ4res, _attrgetter('status'), _error_READ4res)
+OPERATION_READDIR: _Operation[READDIR4args, READDIR4res] = _Operation(OP_READDIR, 'OP_READDIR', True, dec_READDIR4args, enc_READDIR4args, dec_READDIR4res, enc_READDIR4res, _attrgetter('status'), _error_READDIR4res)
+OPERATION_READLINK: _Operation[None, READLINK4res] = _Operation(OP_READLINK, 'OP_READLINK', False, _void_decode, _void_encode, dec_READLINK4res, enc_READLINK4res, _attrgetter('status'), _error_READLINK4res)
+OPERATION_REMOVE: _Operation[REMOVE4args, REMOVE4res] = _Operation(OP_REMOVE, 'OP_REMOVE', True, dec_REMOVE4args, enc_REMOVE4args, dec_REMOVE4res, enc_REMOVE4res, _attrgetter('status'), _error_REMOVE4res)
+OPERATION_RENAME: _Operation[RENAME4args, RENAME4res] = _Operation(OP_RENAME, 'OP_RENAME', True, dec_RENAME4args, enc_RENAME4args, dec_RENAME4res, enc_RENAME4res, _attrgetter('status'), _error_RENAME4res)
+OPERATION_RENEW: _Operation[RENEW4args, RENEW4res] = _Operation(OP_RENEW, 'OP_RENEW', True, dec_RENEW4args, enc_RENEW4args, dec_RENEW4res, enc_RENEW4res, _attrgetter('status'), _error_RENEW4res)
+OPERATION_RESTOREFH: _Operation[None, RESTOREFH4res] = _Operation(OP_RESTOREFH, 'OP_RESTOREFH', False, _void_decode, _void_encode, dec_RESTOREFH4res, enc_RESTOREFH4res, _attrgetter('status'), _error_RESTOREFH4res)
+OPERATION_SAVEFH: _Operation[None, SAVEFH4res] = _Operation(OP_SAVEFH, 'OP_SAVEFH', False, _void_decode, _void_encode, dec_SAVEFH4res, enc_SAVEFH4res, _attrgetter('status'), _error_SAVEFH4res)
+OPERATION_SECINFO: _Operation[SECINFO4args, SECINFO4res] = _Operation(OP_SECINFO, 'OP_SECINFO', True, dec_SECINFO4args, enc_SECINFO4args, dec_SECINFO4res, enc_SECINFO4res, _attrgetter('status'), _error_SECINFO4res)
+OPERATION_SETATTR: _Operation[SETATTR4args, SETATTR4res] = _Operation(OP_SETATTR, 'OP_SETATTR', True, dec_SETATTR4args, enc_SETATTR4args, dec_SETATTR4res, enc_SETATTR4res, _attrgetter('status'), _error_SETATTR4res)
+OPERATION_SETCLIENTID: _Operation[SETCLIENTID4args, SETCLIENTID4res] = _Operation(OP_SETCLIENTID, 'OP_SETCLIENTID', True, dec_SETCLIENTID4args, enc_SETCLIENTID4args, dec_SETCLIENTID4res, enc_SETCLIENTID4res, _attrgetter('status'), _error_SETCLIENTID4res)
+OPERATION_SETCLIENTID_CONFIRM: _Operation[SETCLIENTID_CONFIRM4args, SETCLIENTID_CONFIRM4res] = _Operation(OP_SETCLIENTID_CONFIRM, 'OP_SETCLIENTID_CONFIRM', True, dec_SETCLIENTID_CONFIRM4args, enc_SETCLIENTID_CONFIRM4args, dec_SETCLIENTID_CONFIRM4res, enc_SETCLIENTID_CONFIRM4res, _attrgetter('status'), _error_SETCLIENTID_CONFIRM4res)
+OPERATION_VERIFY: _Operation[VERIFY4args, VERIFY4res] = _Operation(OP_VERIFY, 'OP_VERIFY', True, dec_VERIFY4args, enc_VERIFY4args, dec_VERIFY4res, enc_VERIFY4res, _attrgetter('status'), _error_VERIFY4res)
+OPERATION_WRITE: _Operation[WRITE4args, WRITE4res] = _Operation(OP_WRITE, 'OP_WRITE', True, dec_WRITE4args, enc_WRITE4args, dec_WRITE4res, enc_WRITE4res, _attrgetter('status'), _error_WRITE4res)
+OPERATION_RELEASE_LOCKOWNER: _Operation[RELEASE_LOCKOWNER4args, RELEASE_LOCKOWNER4res] = _Operation(OP_RELEASE_LOCKOWNER, 'OP_RELEASE_LOCKOWNER', True, dec_RELEASE_LOCKOWNER4args, enc_RELEASE_LOCKOWNER4args, dec_RELEASE_LOCKOWNER4res, enc_RELEASE_LOCKOWNER4res, _attrgetter('status'), _error_RELEASE_LOCKOWNER4res)
+OPERATION_BACKCHANNEL_CTL: _Operation[BACKCHANNEL_CTL4args, BACKCHANNEL_CTL4res] = _Operation(OP_BACKCHANNEL_CTL, 'OP_BACKCHANNEL_CTL', True, dec_BACKCHANNEL_CTL4args, enc_BACKCHANNEL_CTL4args, dec_BACKCHANNEL_CTL4res, enc_BACKCHANNEL_CTL4res, _attrgetter('bcr_status'), _error_BACKCHANNEL_CTL4res)
+OPERATION_BIND_CONN_TO_SESSION: _Operation[BIND_CONN_TO_SESSION4args, BIND_CONN_TO_SESSION4res] = _Operation(OP_BIND_CONN_TO_SESSION, 'OP_BIND_CONN_TO_SESSION', True, dec_BIND_CONN_TO_SESSION4args, enc_BIND_CONN_TO_SESSION4args, dec_BIND_CONN_TO_SESSION4res, enc_BIND_CONN_TO_SESSION4res, _attrgetter('bctsr_status'), _error_BIND_CONN_TO_SESSION4res)
+OPERATION_EXCHANGE_ID: _Operation[EXCHANGE_ID4args, EXCHANGE_ID4res] = _Operation(OP_EXCHANGE_ID, 'OP_EXCHANGE_ID', True, dec_EXCHANGE_ID4args, enc_EXCHANGE_ID4args, dec_EXCHANGE_ID4res, enc_EXCHANGE_ID4res, _attrgetter('eir_status'), _error_EXCHANGE_ID4res)
+OPERATION_CREATE_SESSION: _Operation[CREATE_SESSION4args, CREATE_SESSION4res] = _Operation(OP_CREATE_SESSION, 'OP_CREATE_SESSION', True, dec_CREATE_SESSION4args, enc_CREATE_SESSION4args, dec_CREATE_SESSION4res, enc_CREATE_SESSION4res, _attrgetter('csr_status'), _error_CREATE_SESSION4res)
+OPERATION_DESTROY_SESSION: _Operation[DESTROY_SESSION4args, DESTROY_SESSION4res] = _Operation(OP_DESTROY_SESSION, 'OP_DESTROY_SESSION', True, dec_DESTROY_SESSION4args, enc_DESTROY_SESSION4args, dec_DESTROY_SESSION4res, enc_DESTROY_SESSION4res, _attrgetter('dsr_status'), _error_DESTROY_SESSION4res)
+OPERATION_FREE_STATEID: _Operation[FREE_STATEID4args, FREE_STATEID4res] = _Operation(OP_FREE_STATEID, 'OP_FREE_STATEID', True, dec_FREE_STATEID4args, enc_FREE_STATEID4args, dec_FREE_STATEID4res, enc_FREE_STATEID4res, _attrgetter('fsr_status'), _error_FREE_STATEID4res)
+OPERATION_GET_DIR_DELEGATION: _Operation[GET_DIR_DELEGATION4args, GET_DIR_DELEGATION4res] = _Operation(OP_GET_DIR_DELEGATION, 'OP_GET_DIR_DELEGATION', True, dec_GET_DIR_DELEGATION4args, enc_GET_DIR_DELEGATION4args, dec_GET_DIR_DELEGATION4res, enc_GET_DIR_DELEGATION4res, _attrgetter('gddr_status'), _error_GET_DIR_DELEGATION4res)
+OPERATION_GETDEVICEINFO: _Operation[GETDEVICEINFO4args, GETDEVICEINFO4res] = _Operation(OP_GETDEVICEINFO, 'OP_GETDEVICEINFO', True, dec_GETDEVICEINFO4args, enc_GETDEVICEINFO4args, dec_GETDEVICEINFO4res, enc_GETDEVICEINFO4res, _attrgetter('gdir_status'), _error_GETDEVICEINFO4res)
+OPERATION_GETDEVICELIST: _Operation[GETDEVICELIST4args, GETDEVICELIST4res] = _Operation(OP_GETDEVICELIST, 'OP_GETDEVICELIST', True, dec_GETDEVICELIST4args, enc_GETDEVICELIST4args, dec_GETDEVICELIST4res, enc_GETDEVICELIST4res, _attrgetter('gdlr_status'), _error_GETDEVICELIST4res)
+OPERATION_LAYOUTCOMMIT: _Operation[LAYOUTCOMMIT4args, LAYOUTCOMMIT4res] = _Operation(OP_LAYOUTCOMMIT, 'OP_LAYOUTCOMMIT', True, dec_LAYOUTCOMMIT4args, enc_LAYOUTCOMMIT4args, dec_LAYOUTCOMMIT4res, enc_LAYOUTCOMMIT4res, _attrgetter('locr_status'), _error_LAYOUTCOMMIT4res)
+OPERATION_LAYOUTGET: _Operation[LAYOUTGET4args, LAYOUTGET4res] = _Operation(OP_LAYOUTGET, 'OP_LAYOUTGET', True, dec_LAYOUTGET4args, enc_LAYOUTGET4args, dec_LAYOUTGET4res, enc_LAYOUTGET4res, _attrgetter('logr_status'), _error_LAYOUTGET4res)
+OPERATION_LAYOUTRETURN: _Operation[LAYOUTRETURN4args, LAYOUTRETURN4res] = _Operation(OP_LAYOUTRETURN, 'OP_LAYOUTRETURN', True, dec_LAYOUTRETURN4args, enc_LAYOUTRETURN4args, dec_LAYOUTRETURN4res, enc_LAYOUTRETURN4res, _attrgetter('lorr_status'), _error_LAYOUTRETURN4res)
+OPERATION_SECINFO_NO_NAME: _Operation[secinfo_style4, SECINFO4res] = _Operation(OP_SECINFO_NO_NAME, 'OP_SECINFO_NO_NAME', True, dec_SECINFO_NO_NAME4args, enc_SECINFO_NO_NAME4args, dec_SECINFO4res, enc_SECINFO4res, _attrgetter('status'), _error_SECINFO4res)
+OPERATION_SEQUENCE: _Operation[SEQUENCE4args, SEQUENCE4res] = _Operation(OP_SEQUENCE, 'OP_SEQUENCE', True, dec_SEQUENCE4args, enc_SEQUENCE4args, dec_SEQUENCE4res, enc_SEQUENCE4res, _attrgetter('sr_status'), _error_SEQUENCE4res)
+OPERATION_SET_SSV: _Operation[SET_SSV4args, SET_SSV4res] = _Operation(OP_SET_SSV, 'OP_SET_SSV', True, dec_SET_SSV4args, enc_SET_SSV4args, dec_SET_SSV4res, enc_SET_SSV4res, _attrgetter('ssr_status'), _error_SET_SSV4res)
+OPERATION_TEST_STATEID: _Operation[TEST_STATEID4args, TEST_STATEID4res] = _Operation(OP_TEST_STATEID, 'OP_TEST_STATEID', True, dec_TEST_STATEID4args, enc_TEST_STATEID4args, dec_TEST_STATEID4res, enc_TEST_STATEID4res, _attrgetter('tsr_status'), _error_TEST_STATEID4res)
+OPERATION_WANT_DELEGATION: _Operation[WANT_DELEGATION4args, WANT_DELEGATION4res] = _Operation(OP_WANT_DELEGATION, 'OP_WANT_DELEGATION', True, dec_WANT_DELEGATION4args, enc_WANT_DELEGATION4args, dec_WANT_DELEGATION4res, enc_WANT_DELEGATION4res, _attrgetter('wdr_status'), _error_WANT_DELEGATION4res)
+OPERATION_DESTROY_CLIENTID: _Operation[DESTROY_CLIENTID4args, DESTROY_CLIENTID4res] = _Operation(OP_DESTROY_CLIENTID, 'OP_DESTROY_CLIENTID', True, dec_DESTROY_CLIENTID4args, enc_DESTROY_CLIENTID4args, dec_DESTROY_CLIENTID4res, enc_DESTROY_CLIENTID4res, _attrgetter('dcr_status'), _error_DESTROY_CLIENTID4res)
+OPERATION_RECLAIM_COMPLETE: _Operation[RECLAIM_COMPLETE4args, RECLAIM_COMPLETE4res] = _Operation(OP_RECLAIM_COMPLETE, 'OP_RECLAIM_COMPLETE', True, dec_RECLAIM_COMPLETE4args, enc_RECLAIM_COMPLETE4args, dec_RECLAIM_COMPLETE4res, enc_RECLAIM_COMPLETE4res, _attrgetter('rcr_status'), _error_RECLAIM_COMPLETE4res)
+OPERATION_ILLEGAL: _Operation[None, ILLEGAL4res] = _Operation(OP_ILLEGAL, 'OP_ILLEGAL', False, _void_decode, _void_encode, dec_ILLEGAL4res, enc_ILLEGAL4res, _attrgetter('status'), _error_ILLEGAL4res)
+
+OPERATIONS: dict[int, _Operation[_Any, _Any]] = {3: OPERATION_ACCESS, 4: OPERATION_CLOSE, 5: OPERATION_COMMIT, 6: OPERATION_CREATE, 7: OPERATION_DELEGPURGE, 8: OPERATION_DELEGRETURN, 9: OPERATION_GETATTR, 10: OPERATION_GETFH, 11: OPERATION_LINK, 12: OPERATION_LOCK, 13: OPERATION_LOCKT, 14: OPERATION_LOCKU, 15: OPERATION_LOOKUP, 16: OPERATION_LOOKUPP, 17: OPERATION_NVERIFY, 18: OPERATION_OPEN, 19: OPERATION_OPENATTR, 20: OPERATION_OPEN_CONFIRM, 21: OPERATION_OPEN_DOWNGRADE, 22: OPERATION_PUTFH, 23: OPERATION_PUTPUBFH, 24: OPERATION_PUTROOTFH, 25: OPERATION_READ, 26: OPERATION_READDIR, 27: OPERATION_READLINK, 28: OPERATION_REMOVE, 29: OPERATION_RENAME, 30: OPERATION_RENEW, 31: OPERATION_RESTOREFH, 32: OPERATION_SAVEFH, 33: OPERATION_SECINFO, 34: OPERATION_SETATTR, 35: OPERATION_SETCLIENTID, 36: OPERATION_SETCLIENTID_CONFIRM, 37: OPERATION_VERIFY, 38: OPERATION_WRITE, 39: OPERATION_RELEASE_LOCKOWNER, 40: OPERATION_BACKCHANNEL_CTL, 41: OPERATION_BIND_CONN_TO_SESSION, 42: OPERATION_EXCHANGE_ID, 43: OPERATION_CREATE_SESSION, 44: OPERATION_DESTROY_SESSION, 45: OPERATION_FREE_STATEID, 46: OPERATION_GET_DIR_DELEGATION, 47: OPERATION_GETDEVICEINFO, 48: OPERATION_GETDEVICELIST, 49: OPERATION_LAYOUTCOMMIT, 50: OPERATION_LAYOUTGET, 51: OPERATION_LAYOUTRETURN, 52: OPERATION_SECINFO_NO_NAME, 53: OPERATION_SEQUENCE, 54: OPERATION_SET_SSV, 55: OPERATION_TEST_STATEID, 56: OPERATION_WANT_DELEGATION, 57: OPERATION_DESTROY_CLIENTID, 58: OPERATION_RECLAIM_COMPLETE, 10044: OPERATION_ILLEGAL}
+
+
+def _error_CB_GETATTR4res(status: _Any) -> CB_GETATTR4res:
+    return CB_GETATTR4res(status)
+
+
+def _error_CB_RECALL4res(status: _Any) -> CB_RECALL4res:
+    return CB_RECALL4res(status)
+
+
+def _error_CB_LAYOUTRECALL4res(status: _Any) -> CB_LAYOUTRECALL4res:
+    return CB_LAYOUTRECALL4res(status)
+
+
+def _error_CB_NOTIFY4res(status: _Any) -> CB_NOTIFY4res:
+    return CB_NOTIFY4res(status)
+
+
+def _error_CB_PUSH_DELEG4res(status: _Any) -> CB_PUSH_DELEG4res:
+    return CB_PUSH_DELEG4res(status)
+
+
+def _error_CB_RECALL_ANY4res(status: _Any) -> CB_RECALL_ANY4res:
+    return CB_RECALL_ANY4res(status)
+
+
+def _error_CB_RECALLABLE_OBJ_AVAIL4res(status: _Any) -> CB_RECALLABLE_OBJ_AVAIL4res:
+    return CB_RECALLABLE_OBJ_AVAIL4res(status)
+
+
+def _error_CB_RECALL_SLOT4res(status: _Any) -> CB_RECALL_SLOT4res:
+    return CB_RECALL_SLOT4res(status)
+
+
+def _error_CB_SEQUENCE4res(status: _Any) -> CB_SEQUENCE4res:
+    return CB_SEQUENCE4res(status)
+
+
+def _error_CB_WANTS_CANCELLED4res(status: _Any) -> CB_WANTS_CANCELLED4res:
+    return CB_WANTS_CANCELLED4res(status)
+
+
+def _error_CB_NOTIFY_LOCK4res(status: _Any) -> CB_NOTIFY_LOCK4res:
+    return CB_NOTIFY_LOCK4res(status)
+
+
+def _error_CB_NOTIFY_DEVICEID4res(status: _Any) -> CB_NOTIFY_DEVICEID4res:
+    return CB_NOTIFY_DEVICEID4res(status)
+
+
+def _error_CB_ILLEGAL4res(status: _Any) -> CB_ILLEGAL4res:
+    return CB_ILLEGAL4res(status)
+
+
+CB_OPERATION_GETATTR: _Operation[CB_GETATTR4args, CB_GETATTR4res] = _Operation(OP_CB_GETATTR, 'OP_CB_GETATTR', True, dec_CB_GETATTR4args, enc_CB_GETATTR4args, dec_CB_GETATTR4res, enc_CB_GETATTR4res, _attrgetter('status'), _error_CB_GETATTR4res)
+CB_OPERATION_RECALL: _Operation[CB_RECALL4args, CB_RECALL4res] = _Operation(OP_CB_RECALL, 'OP_CB_RECALL', True, dec_CB_RECALL4args, enc_CB_RECALL4args, dec_CB_RECALL4res, enc_CB_RECALL4res, _attrgetter('status'), _error_CB_RECALL4res)
+CB_OPERATION_LAYOUTRECALL: _Operation[CB_LAYOUTRECALL4args, CB_LAYOUTRECALL4res] = _Operation(OP_CB_LAYOUTRECALL, 'OP_CB_LAYOUTRECALL', True, dec_CB_LAYOUTRECALL4args, enc_CB_LAYOUTRECALL4args, dec_CB_LAYOUTRECALL4res, enc_CB_LAYOUTRECALL4res, _attrgetter('clorr_status'), _error_CB_LAYOUTRECALL4res)
+CB_OPERATION_NOTIFY: _Operation[CB_NOTIFY4args, CB_NOTIFY4res] = _Operation(OP_CB_NOTIFY, 'OP_CB_NOTIFY', True, dec_CB_NOTIFY4args, enc_CB_NOTIFY4args, dec_CB_NOTIFY4res, enc_CB_NOTIFY4res, _attrgetter('cnr_status'), _error_CB_NOTIFY4res)
+CB_OPERATION_PUSH_DELEG: _Operation[CB_PUSH_DELEG4args, CB_PUSH_DELEG4res] = _Operation(OP_CB_PUSH_DELEG, 'OP_CB_PUSH_DELEG', True, dec_CB_PUSH_DELEG4args, enc_CB_PUSH_DELEG4args, dec_CB_PUSH_DELEG4res, enc_CB_PUSH_DELEG4res, _attrgetter('cpdr_status'), _error_CB_PUSH_DELEG4res)
+CB_OPERATION_RECALL_ANY: _Operation[CB_RECALL_ANY4args, CB_RECALL_ANY4res] = _Operation(OP_CB_RECALL_ANY, 'OP_CB_RECALL_ANY', True, dec_CB_RECALL_ANY4args, enc_CB_RECALL_ANY4args, dec_CB_RECALL_ANY4res, enc_CB_RECALL_ANY4res, _attrgetter('crar_status'), _error_CB_RECALL_ANY4res)
+CB_OPERATION_RECALLABLE_OBJ_AVAIL: _Operation[CB_RECALL_ANY4args, CB_RECALLABLE_OBJ_AVAIL4res] = _Operation(OP_CB_RECALLABLE_OBJ_AVAIL, 'OP_CB_RECALLABLE_OBJ_AVAIL', True, dec_CB_RECALL_ANY4args, enc_CB_RECALL_ANY4args, dec_CB_RECALLABLE_OBJ_AVAIL4res, enc_CB_RECALLABLE_OBJ_AVAIL4res, _attrgetter('croa_status'), _error_CB_RECALLABLE_OBJ_AVAIL4res)
+CB_OPERATION_RECALL_SLOT: _Operation[CB_RECALL_SLOT4args, CB_RECALL_SLOT4res] = _Operation(OP_CB_RECALL_SLOT, 'OP_CB_RECALL_SLOT', True, dec_CB_RECALL_SLOT4args, enc_CB_RECALL_SLOT4args, dec_CB_RECALL_SLOT4res, enc_CB_RECALL_SLOT4res, _attrgetter('rsr_status'), _error_CB_RECALL_SLOT4res)
+CB_OPERATION_SEQUENCE: _Operation[CB_SEQUENCE4args, CB_SEQUENCE4res] = _Operation(OP_CB_SEQUENCE, 'OP_CB_SEQUENCE', True, dec_CB_SEQUENCE4args, enc_CB_SEQUENCE4args, dec_CB_SEQUENCE4res, enc_CB_SEQUENCE4res, _attrgetter('csr_status'), _error_CB_SEQUENCE4res)
+CB_OPERATION_WANTS_CANCELLED: _Operation[CB_WANTS_CANCELLED4args, CB_WANTS_CANCELLED4res] = _Operation(OP_CB_WANTS_CANCELLED, 'OP_CB_WANTS_CANCELLED', True, dec_CB_WANTS_CANCELLED4args, enc_CB_WANTS_CANCELLED4args, dec_CB_WANTS_CANCELLED4res, enc_CB_WANTS_CANCELLED4res, _attrgetter('cwcr_status'), _error_CB_WANTS_CANCELLED4res)
+CB_OPERATION_NOTIFY_LOCK: _Operation[CB_NOTIFY_LOCK4args, CB_NOTIFY_LOCK4res] = _Operation(OP_CB_NOTIFY_LOCK, 'OP_CB_NOTIFY_LOCK', True, dec_CB_NOTIFY_LOCK4args, enc_CB_NOTIFY_LOCK4args, dec_CB_NOTIFY_LOCK4res, enc_CB_NOTIFY_LOCK4res, _attrgetter('cnlr_status'), _error_CB_NOTIFY_LOCK4res)
+CB_OPERATION_NOTIFY_DEVICEID: _Operation[CB_NOTIFY_DEVICEID4args, CB_NOTIFY_DEVICEID4res] = _Operation(OP_CB_NOTIFY_DEVICEID, 'OP_CB_NOTIFY_DEVICEID', True, dec_CB_NOTIFY_DEVICEID4args, enc_CB_NOTIFY_DEVICEID4args, dec_CB_NOTIFY_DEVICEID4res, enc_CB_NOTIFY_DEVICEID4res, _attrgetter('cndr_status'), _error_CB_NOTIFY_DEVICEID4res)
+CB_OPERATION_ILLEGAL: _Operation[None, CB_ILLEGAL4res] = _Operation(OP_CB_ILLEGAL, 'OP_CB_ILLEGAL', False, _void_decode, _void_encode, dec_CB_ILLEGAL4res, enc_CB_ILLEGAL4res, _attrgetter('status'), _error_CB_ILLEGAL4res)
+
+CB_OPERATIONS: dict[int, _Operation[_Any, _Any]] = {3: CB_OPERATION_GETATTR, 4: CB_OPERATION_RECALL, 5: CB_OPERATION_LAYOUTRECALL, 6: CB_OPERATION_NOTIFY, 7: CB_OPERATION_PUSH_DELEG, 8: CB_OPERATION_RECALL_ANY, 9: CB_OPERATION_RECALLABLE_OBJ_AVAIL, 10: CB_OPERATION_RECALL_SLOT, 11: CB_OPERATION_SEQUENCE, 12: CB_OPERATION_WANTS_CANCELLED, 13: CB_OPERATION_NOTIFY_LOCK, 14: CB_OPERATION_NOTIFY_DEVICEID, 10044: CB_OPERATION_ILLEGAL}

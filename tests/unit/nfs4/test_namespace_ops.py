@@ -85,7 +85,7 @@ class Server:
             wire = pack(nfs4.enc_nfs_argop4, nfs4.nfs_argop4(nfs4.nfs_opnum4(op), args))
             argop, _ = nfs4.dec_nfs_argop4(Reader(wire), 0)
             try:
-                res = HANDLERS[op](ctx, argop.value)
+                res = HANDLERS[op].handler(ctx, argop.value)
                 if inspect.isawaitable(res):
                     raise AssertionError("namespace handlers are synchronous")
             except Exception as e:
@@ -96,7 +96,7 @@ class Server:
             decoded, end = nfs4.dec_nfs_resop4(Reader(encoded), 0)
             assert end == len(encoded)
             results.append(decoded.value)
-            status = int(getattr(res, res.__slots__[0]))
+            status = nfs4.OPERATIONS[op].status_of(res)
             if status != OK:
                 break
         return Reply(status, results, ctx)
