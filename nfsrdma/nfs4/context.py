@@ -21,8 +21,8 @@ Anything else is a server bug: NFS4ERR_SERVERFAULT, logged.
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, Protocol, TypeAlias, TypeVar
 
 from nfsrdma.vfs.base import Cred
 from nfsrdma.xdr.gen import nfs4
@@ -75,7 +75,6 @@ class CompoundContext:
     session: Session | None = None  # set by SEQUENCE
     sequence: SequenceResult | None = None  # set by SEQUENCE (the slot held by this COMPOUND)
     cachethis: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def fh(self) -> bytes:
         """The current filehandle, or NFS4ERR_NOFILEHANDLE."""

@@ -38,13 +38,13 @@ class ServerState:
     config: ServerConfig
     vfs: Vfs
     sessions: ServerSessions
-    state: StateManager
+    state_manager: StateManager  # opens, byte-range locks, delegations and their stateids
     executor: ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
         self.executor = ThreadPoolExecutor(self.config.io_threads, thread_name_prefix="nfsrdma-io")
 
     def close(self) -> None:
-        self.state.close()
+        self.state_manager.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.vfs.close()

@@ -40,7 +40,7 @@ def setattr_(ctx: CompoundContext, args: nfs4.SETATTR4args) -> nfs4.SETATTR4res:
     s = decode_settable(args.obj_attributes)
     if s.size is not None:
         # A size change is a write: the open state decides (RFC 8881 section 18.30.3).
-        ctx.server.state.check_setattr_size(ctx, args.stateid, fh)
+        ctx.server.state_manager.check_setattr_size(ctx, args.stateid, fh)
     if s:
         ctx.server.vfs.setattr(
             ctx.cred,

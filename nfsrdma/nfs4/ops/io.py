@@ -43,7 +43,7 @@ def op_read(ctx: CompoundContext, args: nfs4.READ4args) -> nfs4.READ4res | Await
     fh = ctx.fh()
     sid = ctx.resolve_stateid(args.stateid)
     server = ctx.server
-    of = server.state.io_file(ctx.clientid, sid, fh, write=False)
+    of = server.state_manager.io_file(ctx.clientid, sid, fh, write=False)
     count = min(args.count, server.config.max_io)
     offset = args.offset
     if offset > MAX_FILE_OFFSET:  # beyond any end of file
@@ -70,7 +70,7 @@ def op_write(
     fh = ctx.fh()
     sid = ctx.resolve_stateid(args.stateid)
     server = ctx.server
-    of = server.state.io_file(ctx.clientid, sid, fh, write=True)
+    of = server.state_manager.io_file(ctx.clientid, sid, fh, write=True)
     data = args.data
     size = memoryview(data).nbytes
     offset = args.offset
@@ -127,6 +127,6 @@ async def op_commit(ctx: CompoundContext, args: nfs4.COMMIT4args) -> nfs4.COMMIT
     if args.offset + args.count > UINT64_MAX:
         raise Nfs4Error(nfs4.NFS4ERR_INVAL)
     server = ctx.server
-    candidates = server.state.open_files(fh)
+    candidates = server.state_manager.open_files(fh)
     await _offload(ctx, lambda: _commit_any(ctx, fh, candidates))
     return nfs4.COMMIT4res(nfs4.NFS4_OK, nfs4.COMMIT4resok(server.vfs.write_verifier))

@@ -24,7 +24,7 @@ def op_lock(ctx: CompoundContext, args: nfs4.LOCK4args) -> nfs4.LOCK4res:
     if args.reclaim:
         raise Nfs4Error(nfs4.NFS4ERR_NO_GRACE)
     clientid = ctx.clientid
-    sm: StateManager = ctx.server.state
+    sm: StateManager = ctx.server.state_manager
     locker = args.locker
     open_state: OpenState
     ls: LockState | None
@@ -66,7 +66,7 @@ def op_lockt(ctx: CompoundContext, args: nfs4.LOCKT4args) -> nfs4.LOCKT4res:
         raise Nfs4Error(nfs4.NFS4ERR_ISDIR)
     if ftype != FileType.NF4REG:
         raise Nfs4Error(nfs4.NFS4ERR_INVAL)
-    sm: StateManager = ctx.server.state
+    sm: StateManager = ctx.server.state_manager
     conflict = sm.find_conflict(fh, (clientid, args.owner.owner), start, end, kind)
     if conflict is not None:
         denied = conflict.denied()
@@ -79,7 +79,7 @@ def op_locku(ctx: CompoundContext, args: nfs4.LOCKU4args) -> nfs4.LOCKU4res:
     lock_kind(args.locktype)
     start, end = byte_range(args.offset, args.length)
     sid = ctx.resolve_stateid(args.lock_stateid)
-    sm: StateManager = ctx.server.state
+    sm: StateManager = ctx.server.state_manager
     ls = sm.find_lock(ctx.clientid, sid, fh)
     sm.unlock(ls, start, end)
     ctx.current_stateid = ls.stateid
@@ -88,12 +88,12 @@ def op_locku(ctx: CompoundContext, args: nfs4.LOCKU4args) -> nfs4.LOCKU4res:
 
 def op_test_stateid(ctx: CompoundContext, args: nfs4.TEST_STATEID4args) -> nfs4.TEST_STATEID4res:
     clientid = ctx.clientid
-    sm: StateManager = ctx.server.state
+    sm: StateManager = ctx.server.state_manager
     codes = [nfs4.nfsstat4(sm.test_stateid(clientid, sid)) for sid in args.ts_stateids]
     return nfs4.TEST_STATEID4res(nfs4.NFS4_OK, nfs4.TEST_STATEID4resok(codes))
 
 
 def op_free_stateid(ctx: CompoundContext, args: nfs4.FREE_STATEID4args) -> nfs4.FREE_STATEID4res:
     sid = ctx.resolve_stateid(args.fsa_stateid)
-    ctx.server.state.free_stateid(ctx.clientid, sid)
+    ctx.server.state_manager.free_stateid(ctx.clientid, sid)
     return nfs4.FREE_STATEID4res(nfs4.NFS4_OK)

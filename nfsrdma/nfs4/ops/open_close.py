@@ -204,7 +204,7 @@ def _resolve(ctx: CompoundContext, args: nfs4.OPEN4args, access: int) -> tuple[_
         else:
             assert isinstance(claim.value, nfs4.stateid4)
             deleg = claim.value
-        ctx.server.state.find_delegation(ctx.clientid, deleg)
+        ctx.server.state_manager.find_delegation(ctx.clientid, deleg)
     # CLAIM_DELEGATE_PREV, CLAIM_DELEG_PREV_FH: no delegations survive a client restart here.
     raise Nfs4Error(nfs4.NFS4ERR_NOTSUPP)
 
@@ -212,7 +212,7 @@ def _resolve(ctx: CompoundContext, args: nfs4.OPEN4args, access: int) -> tuple[_
 def op_open(ctx: CompoundContext, args: nfs4.OPEN4args) -> nfs4.OPEN4res:
     access, deny, want = share_args(args.share_access, args.share_deny)
     clientid = ctx.clientid
-    sm: StateManager = ctx.server.state
+    sm: StateManager = ctx.server.state_manager
     vfs = ctx.server.vfs
     target, before, after = _resolve(ctx, args, access)
     fh = target.fh
@@ -276,7 +276,7 @@ def op_open_downgrade(
 ) -> nfs4.OPEN_DOWNGRADE4res:
     fh = ctx.fh()
     sid = ctx.resolve_stateid(args.open_stateid)
-    sm: StateManager = ctx.server.state
+    sm: StateManager = ctx.server.state_manager
     state = sm.find_open(ctx.clientid, sid, fh)
     access = args.share_access & ~(_WANT_MASK | _WANT_FLAGS)
     deny = args.share_deny
@@ -296,7 +296,7 @@ def op_open_downgrade(
 def op_close(ctx: CompoundContext, args: nfs4.CLOSE4args) -> nfs4.CLOSE4res:
     fh = ctx.fh()
     sid = ctx.resolve_stateid(args.open_stateid)
-    sm: StateManager = ctx.server.state
+    sm: StateManager = ctx.server.state_manager
     sm.close_open(sm.find_open(ctx.clientid, sid, fh))
     # The stateid CLOSE returns is useless to the client: NFSv4.1 servers return the
     # special invalid stateid (RFC 8881 section 18.2.4).
@@ -312,7 +312,7 @@ def op_delegreturn(ctx: CompoundContext, args: nfs4.DELEGRETURN4args) -> nfs4.DE
     sid = ctx.resolve_stateid(args.deleg_stateid)
     if is_special(sid):
         raise Nfs4Error(nfs4.NFS4ERR_BAD_STATEID)
-    ctx.server.state.find_delegation(ctx.clientid, sid)
+    ctx.server.state_manager.find_delegation(ctx.clientid, sid)
     raise AssertionError("unreachable: find_delegation always raises")  # pragma: no cover
 
 

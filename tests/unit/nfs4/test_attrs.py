@@ -13,7 +13,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nfsrdma.nfs4 import attrs
-from nfsrdma.nfs4.attr_bench import bench_encode_attrs, linux_getattr_bitmap
 from nfsrdma.nfs4.attr_encode import EncoderCache
 from nfsrdma.nfs4.context import Nfs4Error
 from nfsrdma.nfs4.server_state import ServerConfig
@@ -197,6 +196,29 @@ def test_huge_request_bitmap_is_cheap() -> None:
     assert nfs4.FATTR4_TYPE in attrs.attr_numbers(f.attrmask)
 
 
+def linux_getattr_bitmap() -> list[int]:
+    """What the Linux NFSv4.1 client asks for after most operations (nfs4_fattr_bitmap)."""
+    return attrs.bitmap_of(
+        [
+            nfs4.FATTR4_TYPE,
+            nfs4.FATTR4_CHANGE,
+            nfs4.FATTR4_SIZE,
+            nfs4.FATTR4_FSID,
+            nfs4.FATTR4_FILEID,
+            nfs4.FATTR4_MODE,
+            nfs4.FATTR4_NUMLINKS,
+            nfs4.FATTR4_OWNER,
+            nfs4.FATTR4_OWNER_GROUP,
+            nfs4.FATTR4_RAWDEV,
+            nfs4.FATTR4_SPACE_USED,
+            nfs4.FATTR4_TIME_ACCESS,
+            nfs4.FATTR4_TIME_METADATA,
+            nfs4.FATTR4_TIME_MODIFY,
+            nfs4.FATTR4_MOUNTED_ON_FILEID,
+        ]
+    )
+
+
 def test_linux_getattr_bitmap() -> None:
     f = attrs.encode_attrs(linux_getattr_bitmap(), ATTRS, None, FH, CONFIG)
     got = decode_all(f)
@@ -254,12 +276,6 @@ def test_rdattr_error_alone() -> None:
         attrs.bitmap_of([nfs4.FATTR4_RDATTR_ERROR]), ATTRS, None, FH, CONFIG, nfs4.NFS4ERR_PERM
     )
     assert decode_all(f2) == {"rdattr_error": nfs4.NFS4ERR_PERM}
-
-
-def test_bench_runs() -> None:
-    result = bench_encode_attrs(iterations=2000)
-    assert result["ns_per_encode"] > 0
-    assert result["attr_vals_octets"] > 100
 
 
 # ---------------------------------------------------------------- settable attributes
