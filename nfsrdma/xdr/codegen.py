@@ -959,6 +959,7 @@ class Generator:
             "from collections.abc import Callable as _Callable",
             "from dataclasses import dataclass as _dataclass",
             "from enum import IntEnum as _IntEnum",
+            "from functools import lru_cache as _lru_cache",
             "from operator import attrgetter as _attrgetter",
             "from typing import Any as _Any, TypeAlias as _TypeAlias",
             "",

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from nfsrdma.xdr import fattrgen, nfs4_fattr
 from nfsrdma.xdr.codegen import Generator, OperationTable, Options, generate
 from nfsrdma.xdr.parser import parse
 
@@ -66,6 +67,7 @@ TARGETS = (
         NFS4_DDP,
         NFS4_OPERATIONS,
         NFS4_PEEKS,
+        (fattrgen.section(nfs4_fattr.TABLE),),
     ),
 )
 

@@ -10,6 +10,7 @@ import struct as _struct
 from collections.abc import Callable as _Callable
 from dataclasses import dataclass as _dataclass
 from enum import IntEnum as _IntEnum
+from functools import lru_cache as _lru_cache
 from operator import attrgetter as _attrgetter
 from typing import Any as _Any, TypeAlias as _TypeAlias
 
@@ -327,6 +328,149 @@ _S45 = _struct.Struct('>iiI')
 _S46 = _struct.Struct('>8s8s')
 _S47 = _struct.Struct('>i16s')
 _S48 = _struct.Struct('>i16sI')
+_S49 = _struct.Struct('>iQ')
+_S50 = _struct.Struct('>QQQ')
+_S51 = _struct.Struct('>iQQQ')
+_S52 = _struct.Struct('>QQQQ')
+_S53 = _struct.Struct('>iQQQQ')
+_S54 = _struct.Struct('>ii')
+_S55 = _struct.Struct('>Qi')
+_S56 = _struct.Struct('>iQi')
+_S57 = _struct.Struct('>iQQi')
+_S58 = _struct.Struct('>QQQi')
+_S59 = _struct.Struct('>iQQQi')
+_S60 = _struct.Struct('>QQQQi')
+_S61 = _struct.Struct('>iQQQQi')
+_S62 = _struct.Struct('>QQQQQ')
+_S63 = _struct.Struct('>iQQQQQ')
+_S64 = _struct.Struct('>iiQ')
+_S65 = _struct.Struct('>QiQ')
+_S66 = _struct.Struct('>iQiQ')
+_S67 = _struct.Struct('>QQiQ')
+_S68 = _struct.Struct('>iQQiQ')
+_S69 = _struct.Struct('>QQQiQ')
+_S70 = _struct.Struct('>iQQQiQ')
+_S71 = _struct.Struct('>QQQQiQ')
+_S72 = _struct.Struct('>iQQQQiQ')
+_S73 = _struct.Struct('>iI')
+_S74 = _struct.Struct('>iQI')
+_S75 = _struct.Struct('>QQI')
+_S76 = _struct.Struct('>iQQI')
+_S77 = _struct.Struct('>QQQI')
+_S78 = _struct.Struct('>iQQQI')
+_S79 = _struct.Struct('>QQQQI')
+_S80 = _struct.Struct('>iQQQQI')
+_S81 = _struct.Struct('>QiI')
+_S82 = _struct.Struct('>iQiI')
+_S83 = _struct.Struct('>QQiI')
+_S84 = _struct.Struct('>iQQiI')
+_S85 = _struct.Struct('>QQQiI')
+_S86 = _struct.Struct('>iQQQiI')
+_S87 = _struct.Struct('>QQQQiI')
+_S88 = _struct.Struct('>iQQQQiI')
+_S89 = _struct.Struct('>QQQQQI')
+_S90 = _struct.Struct('>iQQQQQI')
+_S91 = _struct.Struct('>iiQI')
+_S92 = _struct.Struct('>QiQI')
+_S93 = _struct.Struct('>iQiQI')
+_S94 = _struct.Struct('>QQiQI')
+_S95 = _struct.Struct('>iQQiQI')
+_S96 = _struct.Struct('>QQQiQI')
+_S97 = _struct.Struct('>iQQQiQI')
+_S98 = _struct.Struct('>QQQQiQI')
+_S99 = _struct.Struct('>iQQQQiQI')
+_S100 = _struct.Struct('>IQ')
+_S101 = _struct.Struct('>IIQ')
+_S102 = _struct.Struct('>IIIQ')
+_S103 = _struct.Struct('>IqI')
+_S104 = _struct.Struct('>IIqI')
+_S105 = _struct.Struct('>IIIqI')
+_S106 = _struct.Struct('>QqI')
+_S107 = _struct.Struct('>IQqI')
+_S108 = _struct.Struct('>IIQqI')
+_S109 = _struct.Struct('>IIIQqI')
+_S110 = _struct.Struct('>IqIqI')
+_S111 = _struct.Struct('>IIqIqI')
+_S112 = _struct.Struct('>IIIqIqI')
+_S113 = _struct.Struct('>QqIqI')
+_S114 = _struct.Struct('>IQqIqI')
+_S115 = _struct.Struct('>IIQqIqI')
+_S116 = _struct.Struct('>IIIQqIqI')
+_S117 = _struct.Struct('>qIqIqI')
+_S118 = _struct.Struct('>IqIqIqI')
+_S119 = _struct.Struct('>IIqIqIqI')
+_S120 = _struct.Struct('>IIIqIqIqI')
+_S121 = _struct.Struct('>QqIqIqI')
+_S122 = _struct.Struct('>IQqIqIqI')
+_S123 = _struct.Struct('>IIQqIqIqI')
+_S124 = _struct.Struct('>IIIQqIqIqI')
+_S125 = _struct.Struct('>IIQQ')
+_S126 = _struct.Struct('>IIIQQ')
+_S127 = _struct.Struct('>qIQ')
+_S128 = _struct.Struct('>IqIQ')
+_S129 = _struct.Struct('>IIqIQ')
+_S130 = _struct.Struct('>IIIqIQ')
+_S131 = _struct.Struct('>QqIQ')
+_S132 = _struct.Struct('>IQqIQ')
+_S133 = _struct.Struct('>IIQqIQ')
+_S134 = _struct.Struct('>IIIQqIQ')
+_S135 = _struct.Struct('>qIqIQ')
+_S136 = _struct.Struct('>IqIqIQ')
+_S137 = _struct.Struct('>IIqIqIQ')
+_S138 = _struct.Struct('>IIIqIqIQ')
+_S139 = _struct.Struct('>QqIqIQ')
+_S140 = _struct.Struct('>IQqIqIQ')
+_S141 = _struct.Struct('>IIQqIqIQ')
+_S142 = _struct.Struct('>IIIQqIqIQ')
+_S143 = _struct.Struct('>qIqIqIQ')
+_S144 = _struct.Struct('>IqIqIqIQ')
+_S145 = _struct.Struct('>IIqIqIqIQ')
+_S146 = _struct.Struct('>IIIqIqIqIQ')
+_S147 = _struct.Struct('>QqIqIqIQ')
+_S148 = _struct.Struct('>IQqIqIqIQ')
+_S149 = _struct.Struct('>IIQqIqIqIQ')
+_S150 = _struct.Struct('>IIIQqIqIqIQ')
+_S151 = _struct.Struct('>IIIIi')
+_S152 = _struct.Struct('>IIIII')
+_S153 = _struct.Struct('>IIIIiI')
+_S154 = _struct.Struct('>IIIIQ')
+_S155 = _struct.Struct('>IIIIiQ')
+_S156 = _struct.Struct('>IIIIIQ')
+_S157 = _struct.Struct('>iIQ')
+_S158 = _struct.Struct('>IIIIiIQ')
+_S159 = _struct.Struct('>IIIIQQ')
+_S160 = _struct.Struct('>IIIIiQQ')
+_S161 = _struct.Struct('>IIIIIQQ')
+_S162 = _struct.Struct('>IIIIiIQQ')
+_S163 = _struct.Struct('>IQQI')
+_S164 = _struct.Struct('>IIQQI')
+_S165 = _struct.Struct('>IIIQQI')
+_S166 = _struct.Struct('>IiI')
+_S167 = _struct.Struct('>iII')
+_S168 = _struct.Struct('>IiII')
+_S169 = _struct.Struct('>iIII')
+_S170 = _struct.Struct('>IiIII')
+_S171 = _struct.Struct('>QIQ')
+_S172 = _struct.Struct('>QQIQ')
+_S173 = _struct.Struct('>QQII')
+_S174 = _struct.Struct('>IQI')
+_S175 = _struct.Struct('>QIQI')
+_S176 = _struct.Struct('>QQIQI')
+_S177 = _struct.Struct('>IQII')
+_S178 = _struct.Struct('>IQQII')
+_S179 = _struct.Struct('>QQqI')
+_S180 = _struct.Struct('>QQQqI')
+_S181 = _struct.Struct('>QQqIqI')
+_S182 = _struct.Struct('>QQQqIqI')
+_S183 = _struct.Struct('>qIIII')
+_S184 = _struct.Struct('>qIqIIII')
+_S185 = _struct.Struct('>QIII')
+_S186 = _struct.Struct('>qIQIII')
+_S187 = _struct.Struct('>qIqIQIII')
+_S188 = _struct.Struct('>iQQQQQII')
+_S189 = _struct.Struct('>QQQQQQ')
+_S190 = _struct.Struct('>IQQQqI')
+_S191 = _struct.Struct('>IIIIIIIIIIIII')
 
 
 class auth_flavor(_IntEnum):
@@ -16870,3 +17014,4628 @@ CB_OPERATION_NOTIFY_DEVICEID: _Operation[CB_NOTIFY_DEVICEID4args, CB_NOTIFY_DEVI
 CB_OPERATION_ILLEGAL: _Operation[None, CB_ILLEGAL4res] = _Operation(OP_CB_ILLEGAL, 'OP_CB_ILLEGAL', False, _void_decode, _void_encode, dec_CB_ILLEGAL4res, enc_CB_ILLEGAL4res, _attrgetter('status'), _error_CB_ILLEGAL4res)
 
 CB_OPERATIONS: dict[int, _Operation[_Any, _Any]] = {3: CB_OPERATION_GETATTR, 4: CB_OPERATION_RECALL, 5: CB_OPERATION_LAYOUTRECALL, 6: CB_OPERATION_NOTIFY, 7: CB_OPERATION_PUSH_DELEG, 8: CB_OPERATION_RECALL_ANY, 9: CB_OPERATION_RECALLABLE_OBJ_AVAIL, 10: CB_OPERATION_RECALL_SLOT, 11: CB_OPERATION_SEQUENCE, 12: CB_OPERATION_WANTS_CANCELLED, 13: CB_OPERATION_NOTIFY_LOCK, 14: CB_OPERATION_NOTIFY_DEVICEID, 10044: CB_OPERATION_ILLEGAL}
+
+
+# -- fattr4 attribute-mask codecs (nfsrdma.xdr.fattrgen) ------------------------------
+ATTRIBUTE_NAMES: dict[int, str] = {0: 'supported_attrs', 1: 'type', 2: 'fh_expire_type', 3: 'change', 4: 'size', 5: 'link_support', 6: 'symlink_support', 7: 'named_attr', 8: 'fsid', 9: 'unique_handles', 10: 'lease_time', 11: 'rdattr_error', 12: 'acl', 13: 'aclsupport', 14: 'archive', 15: 'cansettime', 16: 'case_insensitive', 17: 'case_preserving', 18: 'chown_restricted', 19: 'filehandle', 20: 'fileid', 21: 'files_avail', 22: 'files_free', 23: 'files_total', 24: 'fs_locations', 25: 'hidden', 26: 'homogeneous', 27: 'maxfilesize', 28: 'maxlink', 29: 'maxname', 30: 'maxread', 31: 'maxwrite', 32: 'mimetype', 33: 'mode', 34: 'no_trunc', 35: 'numlinks', 36: 'owner', 37: 'owner_group', 38: 'quota_avail_hard', 39: 'quota_avail_soft', 40: 'quota_used', 41: 'rawdev', 42: 'space_avail', 43: 'space_free', 44: 'space_total', 45: 'space_used', 46: 'system', 47: 'time_access', 48: 'time_access_set', 49: 'time_backup', 50: 'time_create', 51: 'time_delta', 52: 'time_metadata', 53: 'time_modify', 54: 'time_modify_set', 55: 'mounted_on_fileid', 56: 'dir_notif_delay', 57: 'dirent_notif_delay', 58: 'dacl', 59: 'sacl', 60: 'change_policy', 61: 'fs_status', 62: 'fs_layout_types', 63: 'layout_hint', 64: 'layout_types', 65: 'layout_blksize', 66: 'layout_alignment', 67: 'fs_locations_info', 68: 'mdsthreshold', 69: 'retention_get', 70: 'retention_set', 71: 'retentevt_get', 72: 'retentevt_set', 73: 'retention_hold', 74: 'mode_set_masked', 75: 'suppattr_exclcreat', 76: 'fs_charset_cap'}
+ATTRIBUTE_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_fattr4_supported_attrs, 1: dec_fattr4_type, 2: dec_fattr4_fh_expire_type, 3: dec_fattr4_change, 4: dec_fattr4_size, 5: dec_fattr4_link_support, 6: dec_fattr4_symlink_support, 7: dec_fattr4_named_attr, 8: dec_fattr4_fsid, 9: dec_fattr4_unique_handles, 10: dec_fattr4_lease_time, 11: dec_fattr4_rdattr_error, 12: dec_fattr4_acl, 13: dec_fattr4_aclsupport, 14: dec_fattr4_archive, 15: dec_fattr4_cansettime, 16: dec_fattr4_case_insensitive, 17: dec_fattr4_case_preserving, 18: dec_fattr4_chown_restricted, 19: dec_fattr4_filehandle, 20: dec_fattr4_fileid, 21: dec_fattr4_files_avail, 22: dec_fattr4_files_free, 23: dec_fattr4_files_total, 24: dec_fattr4_fs_locations, 25: dec_fattr4_hidden, 26: dec_fattr4_homogeneous, 27: dec_fattr4_maxfilesize, 28: dec_fattr4_maxlink, 29: dec_fattr4_maxname, 30: dec_fattr4_maxread, 31: dec_fattr4_maxwrite, 32: dec_fattr4_mimetype, 33: dec_fattr4_mode, 34: dec_fattr4_no_trunc, 35: dec_fattr4_numlinks, 36: dec_fattr4_owner, 37: dec_fattr4_owner_group, 38: dec_fattr4_quota_avail_hard, 39: dec_fattr4_quota_avail_soft, 40: dec_fattr4_quota_used, 41: dec_fattr4_rawdev, 42: dec_fattr4_space_avail, 43: dec_fattr4_space_free, 44: dec_fattr4_space_total, 45: dec_fattr4_space_used, 46: dec_fattr4_system, 47: dec_fattr4_time_access, 48: dec_fattr4_time_access_set, 49: dec_fattr4_time_backup, 50: dec_fattr4_time_create, 51: dec_fattr4_time_delta, 52: dec_fattr4_time_metadata, 53: dec_fattr4_time_modify, 54: dec_fattr4_time_modify_set, 55: dec_fattr4_mounted_on_fileid, 56: dec_fattr4_dir_notif_delay, 57: dec_fattr4_dirent_notif_delay, 58: dec_fattr4_dacl, 59: dec_fattr4_sacl, 60: dec_fattr4_change_policy, 61: dec_fattr4_fs_status, 62: dec_fattr4_fs_layout_types, 63: dec_fattr4_layout_hint, 64: dec_fattr4_layout_types, 65: dec_fattr4_layout_blksize, 66: dec_fattr4_layout_alignment, 67: dec_fattr4_fs_locations_info, 68: dec_fattr4_mdsthreshold, 69: dec_fattr4_retention_get, 70: dec_fattr4_retention_set, 71: dec_fattr4_retentevt_get, 72: dec_fattr4_retentevt_set, 73: dec_fattr4_retention_hold, 74: dec_fattr4_mode_set_masked, 75: dec_fattr4_suppattr_exclcreat, 76: dec_fattr4_fs_charset_cap}
+ATTRIBUTE_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_fattr4_supported_attrs, 1: enc_fattr4_type, 2: enc_fattr4_fh_expire_type, 3: enc_fattr4_change, 4: enc_fattr4_size, 5: enc_fattr4_link_support, 6: enc_fattr4_symlink_support, 7: enc_fattr4_named_attr, 8: enc_fattr4_fsid, 9: enc_fattr4_unique_handles, 10: enc_fattr4_lease_time, 11: enc_fattr4_rdattr_error, 12: enc_fattr4_acl, 13: enc_fattr4_aclsupport, 14: enc_fattr4_archive, 15: enc_fattr4_cansettime, 16: enc_fattr4_case_insensitive, 17: enc_fattr4_case_preserving, 18: enc_fattr4_chown_restricted, 19: enc_fattr4_filehandle, 20: enc_fattr4_fileid, 21: enc_fattr4_files_avail, 22: enc_fattr4_files_free, 23: enc_fattr4_files_total, 24: enc_fattr4_fs_locations, 25: enc_fattr4_hidden, 26: enc_fattr4_homogeneous, 27: enc_fattr4_maxfilesize, 28: enc_fattr4_maxlink, 29: enc_fattr4_maxname, 30: enc_fattr4_maxread, 31: enc_fattr4_maxwrite, 32: enc_fattr4_mimetype, 33: enc_fattr4_mode, 34: enc_fattr4_no_trunc, 35: enc_fattr4_numlinks, 36: enc_fattr4_owner, 37: enc_fattr4_owner_group, 38: enc_fattr4_quota_avail_hard, 39: enc_fattr4_quota_avail_soft, 40: enc_fattr4_quota_used, 41: enc_fattr4_rawdev, 42: enc_fattr4_space_avail, 43: enc_fattr4_space_free, 44: enc_fattr4_space_total, 45: enc_fattr4_space_used, 46: enc_fattr4_system, 47: enc_fattr4_time_access, 48: enc_fattr4_time_access_set, 49: enc_fattr4_time_backup, 50: enc_fattr4_time_create, 51: enc_fattr4_time_delta, 52: enc_fattr4_time_metadata, 53: enc_fattr4_time_modify, 54: enc_fattr4_time_modify_set, 55: enc_fattr4_mounted_on_fileid, 56: enc_fattr4_dir_notif_delay, 57: enc_fattr4_dirent_notif_delay, 58: enc_fattr4_dacl, 59: enc_fattr4_sacl, 60: enc_fattr4_change_policy, 61: enc_fattr4_fs_status, 62: enc_fattr4_fs_layout_types, 63: enc_fattr4_layout_hint, 64: enc_fattr4_layout_types, 65: enc_fattr4_layout_blksize, 66: enc_fattr4_layout_alignment, 67: enc_fattr4_fs_locations_info, 68: enc_fattr4_mdsthreshold, 69: enc_fattr4_retention_get, 70: enc_fattr4_retention_set, 71: enc_fattr4_retentevt_get, 72: enc_fattr4_retentevt_set, 73: enc_fattr4_retention_hold, 74: enc_fattr4_mode_set_masked, 75: enc_fattr4_suppattr_exclcreat, 76: enc_fattr4_fs_charset_cap}
+
+
+def _fattr4_build_type(_t: _Any) -> _Any:
+    return _nfs_ftype4_MAP[_t[0]]
+
+
+def _fattr4_build_link_support(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_symlink_support(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_named_attr(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_fsid(_t: _Any) -> _Any:
+    return fsid4(_t[0], _t[1])
+
+
+def _fattr4_build_unique_handles(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_rdattr_error(_t: _Any) -> _Any:
+    return _nfsstat4_MAP[_t[0]]
+
+
+def _fattr4_build_archive(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_cansettime(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_case_insensitive(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_case_preserving(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_chown_restricted(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_hidden(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_homogeneous(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_no_trunc(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_rawdev(_t: _Any) -> _Any:
+    return specdata4(_t[0], _t[1])
+
+
+def _fattr4_build_system(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_time_access(_t: _Any) -> _Any:
+    return nfstime4(_t[0], _t[1])
+
+
+def _fattr4_build_time_backup(_t: _Any) -> _Any:
+    return nfstime4(_t[0], _t[1])
+
+
+def _fattr4_build_time_create(_t: _Any) -> _Any:
+    return nfstime4(_t[0], _t[1])
+
+
+def _fattr4_build_time_delta(_t: _Any) -> _Any:
+    return nfstime4(_t[0], _t[1])
+
+
+def _fattr4_build_time_metadata(_t: _Any) -> _Any:
+    return nfstime4(_t[0], _t[1])
+
+
+def _fattr4_build_time_modify(_t: _Any) -> _Any:
+    return nfstime4(_t[0], _t[1])
+
+
+def _fattr4_build_dir_notif_delay(_t: _Any) -> _Any:
+    return nfstime4(_t[0], _t[1])
+
+
+def _fattr4_build_dirent_notif_delay(_t: _Any) -> _Any:
+    return nfstime4(_t[0], _t[1])
+
+
+def _fattr4_build_change_policy(_t: _Any) -> _Any:
+    return change_policy4(_t[0], _t[1])
+
+
+def _fattr4_build_mode_set_masked(_t: _Any) -> _Any:
+    return mode_masked4(_t[0], _t[1])
+
+
+ATTRIBUTE_FIXED: dict[int, tuple[str, _Callable[[_Any], _Any] | None]] = {1: ('i', _fattr4_build_type), 2: ('I', None), 3: ('Q', None), 4: ('Q', None), 5: ('I', _fattr4_build_link_support), 6: ('I', _fattr4_build_symlink_support), 7: ('I', _fattr4_build_named_attr), 8: ('QQ', _fattr4_build_fsid), 9: ('I', _fattr4_build_unique_handles), 10: ('I', None), 11: ('i', _fattr4_build_rdattr_error), 13: ('I', None), 14: ('I', _fattr4_build_archive), 15: ('I', _fattr4_build_cansettime), 16: ('I', _fattr4_build_case_insensitive), 17: ('I', _fattr4_build_case_preserving), 18: ('I', _fattr4_build_chown_restricted), 20: ('Q', None), 21: ('Q', None), 22: ('Q', None), 23: ('Q', None), 25: ('I', _fattr4_build_hidden), 26: ('I', _fattr4_build_homogeneous), 27: ('Q', None), 28: ('I', None), 29: ('I', None), 30: ('Q', None), 31: ('Q', None), 33: ('I', None), 34: ('I', _fattr4_build_no_trunc), 35: ('I', None), 38: ('Q', None), 39: ('Q', None), 40: ('Q', None), 41: ('II', _fattr4_build_rawdev), 42: ('Q', None), 43: ('Q', None), 44: ('Q', None), 45: ('Q', None), 46: ('I', _fattr4_build_system), 47: ('qI', _fattr4_build_time_access), 49: ('qI', _fattr4_build_time_backup), 50: ('qI', _fattr4_build_time_create), 51: ('qI', _fattr4_build_time_delta), 52: ('qI', _fattr4_build_time_metadata), 53: ('qI', _fattr4_build_time_modify), 55: ('Q', None), 56: ('qI', _fattr4_build_dir_notif_delay), 57: ('qI', _fattr4_build_dirent_notif_delay), 60: ('QQ', _fattr4_build_change_policy), 65: ('I', None), 66: ('I', None), 73: ('Q', None), 74: ('II', _fattr4_build_mode_set_masked), 76: ('I', None)}
+
+
+def _fattr4_opaque(data: bytes) -> bytes:
+    n = len(data)
+    return _U32.pack(n) + data + _PAD[n & 3]
+
+
+@_lru_cache(maxsize=4096)
+def _fattr4_decimal(ident: int) -> bytes:
+    return _fattr4_opaque(str(ident).encode('ascii'))
+
+
+SERVER_SUPPORTED_ATTRS: frozenset[int] = frozenset({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 16, 17, 18, 19, 20, 21, 22, 23, 26, 27, 28, 29, 30, 31, 33, 34, 35, 36, 37, 41, 42, 43, 44, 45, 47, 48, 51, 52, 53, 54, 55, 75})
+SERVER_SUPPATTR_EXCLCREAT: frozenset[int] = frozenset({4, 33, 36, 37})
+SERVER_ATTRIBUTE_FS: frozenset[int] = frozenset({21, 22, 23, 28, 29, 42, 43, 44})
+
+
+def _fattr4_encode_l0g0_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S2.pack(a.type)
+
+
+def _fattr4_encode_l0g0_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(a.change)
+
+
+def _fattr4_encode_l0g0_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S49.pack(a.type, a.change)
+
+
+def _fattr4_encode_l0g0_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(a.size)
+
+
+def _fattr4_encode_l0g0_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S49.pack(a.type, a.size)
+
+
+def _fattr4_encode_l0g0_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S8.pack(a.change, a.size)
+
+
+def _fattr4_encode_l0g0_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S22.pack(a.type, a.change, a.size)
+
+
+def _fattr4_encode_l0g0_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S8.pack(*a.fsid)
+
+
+def _fattr4_encode_l0g0_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S22.pack(a.type, *a.fsid)
+
+
+def _fattr4_encode_l0g0_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S50.pack(a.change, *a.fsid)
+
+
+def _fattr4_encode_l0g0_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S51.pack(a.type, a.change, *a.fsid)
+
+
+def _fattr4_encode_l0g0_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S50.pack(a.size, *a.fsid)
+
+
+def _fattr4_encode_l0g0_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S51.pack(a.type, a.size, *a.fsid)
+
+
+def _fattr4_encode_l0g0_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S52.pack(a.change, a.size, *a.fsid)
+
+
+def _fattr4_encode_l0g0_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S53.pack(a.type, a.change, a.size, *a.fsid)
+
+
+def _fattr4_encode_l0g0_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S2.pack(err)
+
+
+def _fattr4_encode_l0g0_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S54.pack(a.type, err)
+
+
+def _fattr4_encode_l0g0_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S55.pack(a.change, err)
+
+
+def _fattr4_encode_l0g0_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S56.pack(a.type, a.change, err)
+
+
+def _fattr4_encode_l0g0_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S55.pack(a.size, err)
+
+
+def _fattr4_encode_l0g0_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S56.pack(a.type, a.size, err)
+
+
+def _fattr4_encode_l0g0_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S11.pack(a.change, a.size, err)
+
+
+def _fattr4_encode_l0g0_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S57.pack(a.type, a.change, a.size, err)
+
+
+def _fattr4_encode_l0g0_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S11.pack(*a.fsid, err)
+
+
+def _fattr4_encode_l0g0_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S57.pack(a.type, *a.fsid, err)
+
+
+def _fattr4_encode_l0g0_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S58.pack(a.change, *a.fsid, err)
+
+
+def _fattr4_encode_l0g0_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S59.pack(a.type, a.change, *a.fsid, err)
+
+
+def _fattr4_encode_l0g0_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S58.pack(a.size, *a.fsid, err)
+
+
+def _fattr4_encode_l0g0_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S59.pack(a.type, a.size, *a.fsid, err)
+
+
+def _fattr4_encode_l0g0_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S60.pack(a.change, a.size, *a.fsid, err)
+
+
+def _fattr4_encode_l0g0_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S61.pack(a.type, a.change, a.size, *a.fsid, err)
+
+
+def _fattr4_encode_l0g0_32(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_33(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S2.pack(a.type) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_34(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(a.change) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_35(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S49.pack(a.type, a.change) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_36(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(a.size) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_37(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S49.pack(a.type, a.size) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_38(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S8.pack(a.change, a.size) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_39(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S22.pack(a.type, a.change, a.size) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_40(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S8.pack(*a.fsid) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_41(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S22.pack(a.type, *a.fsid) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_42(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S50.pack(a.change, *a.fsid) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_43(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S51.pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_44(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S50.pack(a.size, *a.fsid) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_45(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S51.pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_46(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S52.pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_47(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S53.pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_48(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S2.pack(err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_49(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S54.pack(a.type, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_50(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S55.pack(a.change, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_51(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S56.pack(a.type, a.change, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_52(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S55.pack(a.size, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_53(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S56.pack(a.type, a.size, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_54(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S11.pack(a.change, a.size, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_55(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S57.pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_56(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S11.pack(*a.fsid, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_57(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S57.pack(a.type, *a.fsid, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_58(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S58.pack(a.change, *a.fsid, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_59(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S59.pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_60(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S58.pack(a.size, *a.fsid, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_61(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S59.pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_62(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S60.pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_63(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S61.pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_64(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_65(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S49.pack(a.type, a.fileid)
+
+
+def _fattr4_encode_l0g0_66(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S8.pack(a.change, a.fileid)
+
+
+def _fattr4_encode_l0g0_67(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S22.pack(a.type, a.change, a.fileid)
+
+
+def _fattr4_encode_l0g0_68(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S8.pack(a.size, a.fileid)
+
+
+def _fattr4_encode_l0g0_69(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S22.pack(a.type, a.size, a.fileid)
+
+
+def _fattr4_encode_l0g0_70(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S50.pack(a.change, a.size, a.fileid)
+
+
+def _fattr4_encode_l0g0_71(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S51.pack(a.type, a.change, a.size, a.fileid)
+
+
+def _fattr4_encode_l0g0_72(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S50.pack(*a.fsid, a.fileid)
+
+
+def _fattr4_encode_l0g0_73(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S51.pack(a.type, *a.fsid, a.fileid)
+
+
+def _fattr4_encode_l0g0_74(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S52.pack(a.change, *a.fsid, a.fileid)
+
+
+def _fattr4_encode_l0g0_75(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S53.pack(a.type, a.change, *a.fsid, a.fileid)
+
+
+def _fattr4_encode_l0g0_76(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S52.pack(a.size, *a.fsid, a.fileid)
+
+
+def _fattr4_encode_l0g0_77(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S53.pack(a.type, a.size, *a.fsid, a.fileid)
+
+
+def _fattr4_encode_l0g0_78(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S62.pack(a.change, a.size, *a.fsid, a.fileid)
+
+
+def _fattr4_encode_l0g0_79(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S63.pack(a.type, a.change, a.size, *a.fsid, a.fileid)
+
+
+def _fattr4_encode_l0g0_80(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S49.pack(err, a.fileid)
+
+
+def _fattr4_encode_l0g0_81(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S64.pack(a.type, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_82(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S65.pack(a.change, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_83(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S66.pack(a.type, a.change, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_84(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S65.pack(a.size, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_85(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S66.pack(a.type, a.size, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_86(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S67.pack(a.change, a.size, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_87(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S68.pack(a.type, a.change, a.size, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_88(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S67.pack(*a.fsid, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_89(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S68.pack(a.type, *a.fsid, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_90(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S69.pack(a.change, *a.fsid, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_91(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S70.pack(a.type, a.change, *a.fsid, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_92(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S69.pack(a.size, *a.fsid, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_93(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S70.pack(a.type, a.size, *a.fsid, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_94(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S71.pack(a.change, a.size, *a.fsid, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_95(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S72.pack(a.type, a.change, a.size, *a.fsid, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_96(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_97(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S2.pack(a.type) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_98(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(a.change) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_99(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S49.pack(a.type, a.change) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_100(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(a.size) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_101(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S49.pack(a.type, a.size) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_102(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S8.pack(a.change, a.size) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_103(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S22.pack(a.type, a.change, a.size) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_104(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S8.pack(*a.fsid) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_105(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S22.pack(a.type, *a.fsid) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_106(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S50.pack(a.change, *a.fsid) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_107(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S51.pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_108(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S50.pack(a.size, *a.fsid) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_109(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S51.pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_110(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S52.pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_111(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S53.pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_112(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S2.pack(err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_113(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S54.pack(a.type, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_114(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S55.pack(a.change, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_115(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S56.pack(a.type, a.change, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_116(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S55.pack(a.size, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_117(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S56.pack(a.type, a.size, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_118(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S11.pack(a.change, a.size, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_119(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S57.pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_120(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S11.pack(*a.fsid, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_121(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S57.pack(a.type, *a.fsid, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_122(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S58.pack(a.change, *a.fsid, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_123(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S59.pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_124(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S58.pack(a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_125(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S59.pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_126(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S60.pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_127(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S61.pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_128(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_129(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S73.pack(a.type, a.mode)
+
+
+def _fattr4_encode_l0g0_130(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S18.pack(a.change, a.mode)
+
+
+def _fattr4_encode_l0g0_131(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S74.pack(a.type, a.change, a.mode)
+
+
+def _fattr4_encode_l0g0_132(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S18.pack(a.size, a.mode)
+
+
+def _fattr4_encode_l0g0_133(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S74.pack(a.type, a.size, a.mode)
+
+
+def _fattr4_encode_l0g0_134(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S75.pack(a.change, a.size, a.mode)
+
+
+def _fattr4_encode_l0g0_135(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S76.pack(a.type, a.change, a.size, a.mode)
+
+
+def _fattr4_encode_l0g0_136(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S75.pack(*a.fsid, a.mode)
+
+
+def _fattr4_encode_l0g0_137(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S76.pack(a.type, *a.fsid, a.mode)
+
+
+def _fattr4_encode_l0g0_138(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S77.pack(a.change, *a.fsid, a.mode)
+
+
+def _fattr4_encode_l0g0_139(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S78.pack(a.type, a.change, *a.fsid, a.mode)
+
+
+def _fattr4_encode_l0g0_140(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S77.pack(a.size, *a.fsid, a.mode)
+
+
+def _fattr4_encode_l0g0_141(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S78.pack(a.type, a.size, *a.fsid, a.mode)
+
+
+def _fattr4_encode_l0g0_142(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S79.pack(a.change, a.size, *a.fsid, a.mode)
+
+
+def _fattr4_encode_l0g0_143(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S80.pack(a.type, a.change, a.size, *a.fsid, a.mode)
+
+
+def _fattr4_encode_l0g0_144(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S73.pack(err, a.mode)
+
+
+def _fattr4_encode_l0g0_145(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S45.pack(a.type, err, a.mode)
+
+
+def _fattr4_encode_l0g0_146(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S81.pack(a.change, err, a.mode)
+
+
+def _fattr4_encode_l0g0_147(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S82.pack(a.type, a.change, err, a.mode)
+
+
+def _fattr4_encode_l0g0_148(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S81.pack(a.size, err, a.mode)
+
+
+def _fattr4_encode_l0g0_149(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S82.pack(a.type, a.size, err, a.mode)
+
+
+def _fattr4_encode_l0g0_150(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S83.pack(a.change, a.size, err, a.mode)
+
+
+def _fattr4_encode_l0g0_151(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S84.pack(a.type, a.change, a.size, err, a.mode)
+
+
+def _fattr4_encode_l0g0_152(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S83.pack(*a.fsid, err, a.mode)
+
+
+def _fattr4_encode_l0g0_153(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S84.pack(a.type, *a.fsid, err, a.mode)
+
+
+def _fattr4_encode_l0g0_154(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S85.pack(a.change, *a.fsid, err, a.mode)
+
+
+def _fattr4_encode_l0g0_155(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S86.pack(a.type, a.change, *a.fsid, err, a.mode)
+
+
+def _fattr4_encode_l0g0_156(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S85.pack(a.size, *a.fsid, err, a.mode)
+
+
+def _fattr4_encode_l0g0_157(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S86.pack(a.type, a.size, *a.fsid, err, a.mode)
+
+
+def _fattr4_encode_l0g0_158(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S87.pack(a.change, a.size, *a.fsid, err, a.mode)
+
+
+def _fattr4_encode_l0g0_159(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S88.pack(a.type, a.change, a.size, *a.fsid, err, a.mode)
+
+
+def _fattr4_encode_l0g0_160(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_161(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S2.pack(a.type) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_162(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(a.change) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_163(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S49.pack(a.type, a.change) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_164(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(a.size) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_165(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S49.pack(a.type, a.size) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_166(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S8.pack(a.change, a.size) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_167(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S22.pack(a.type, a.change, a.size) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_168(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S8.pack(*a.fsid) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_169(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S22.pack(a.type, *a.fsid) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_170(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S50.pack(a.change, *a.fsid) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_171(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S51.pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_172(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S50.pack(a.size, *a.fsid) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_173(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S51.pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_174(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S52.pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_175(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S53.pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_176(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S2.pack(err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_177(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S54.pack(a.type, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_178(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S55.pack(a.change, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_179(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S56.pack(a.type, a.change, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_180(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S55.pack(a.size, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_181(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S56.pack(a.type, a.size, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_182(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S11.pack(a.change, a.size, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_183(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S57.pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_184(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S11.pack(*a.fsid, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_185(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S57.pack(a.type, *a.fsid, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_186(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S58.pack(a.change, *a.fsid, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_187(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S59.pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_188(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S58.pack(a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_189(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S59.pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_190(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S60.pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_191(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S61.pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+
+
+def _fattr4_encode_l0g0_192(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_193(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S74.pack(a.type, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_194(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S75.pack(a.change, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_195(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S76.pack(a.type, a.change, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_196(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S75.pack(a.size, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_197(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S76.pack(a.type, a.size, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_198(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S77.pack(a.change, a.size, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_199(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S78.pack(a.type, a.change, a.size, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_200(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S77.pack(*a.fsid, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_201(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S78.pack(a.type, *a.fsid, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_202(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S79.pack(a.change, *a.fsid, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_203(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S80.pack(a.type, a.change, *a.fsid, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_204(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S79.pack(a.size, *a.fsid, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_205(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S80.pack(a.type, a.size, *a.fsid, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_206(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S89.pack(a.change, a.size, *a.fsid, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_207(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S90.pack(a.type, a.change, a.size, *a.fsid, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_208(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S74.pack(err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_209(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S91.pack(a.type, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_210(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S92.pack(a.change, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_211(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S93.pack(a.type, a.change, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_212(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S92.pack(a.size, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_213(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S93.pack(a.type, a.size, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_214(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S94.pack(a.change, a.size, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_215(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S95.pack(a.type, a.change, a.size, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_216(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S94.pack(*a.fsid, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_217(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S95.pack(a.type, *a.fsid, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_218(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S96.pack(a.change, *a.fsid, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_219(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S97.pack(a.type, a.change, *a.fsid, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_220(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S96.pack(a.size, *a.fsid, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_221(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S97.pack(a.type, a.size, *a.fsid, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_222(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S98.pack(a.change, a.size, *a.fsid, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_223(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S99.pack(a.type, a.change, a.size, *a.fsid, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_224(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_225(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S2.pack(a.type) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_226(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(a.change) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_227(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S49.pack(a.type, a.change) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_228(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(a.size) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_229(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S49.pack(a.type, a.size) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_230(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S8.pack(a.change, a.size) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_231(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S22.pack(a.type, a.change, a.size) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_232(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S8.pack(*a.fsid) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_233(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S22.pack(a.type, *a.fsid) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_234(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S50.pack(a.change, *a.fsid) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_235(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S51.pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_236(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S50.pack(a.size, *a.fsid) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_237(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S51.pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_238(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S52.pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_239(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S53.pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_240(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S2.pack(err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_241(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S54.pack(a.type, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_242(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S55.pack(a.change, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_243(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S56.pack(a.type, a.change, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_244(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S55.pack(a.size, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_245(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S56.pack(a.type, a.size, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_246(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S11.pack(a.change, a.size, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_247(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S57.pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_248(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S11.pack(*a.fsid, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_249(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S57.pack(a.type, *a.fsid, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_250(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S58.pack(a.change, *a.fsid, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_251(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S59.pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_252(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S58.pack(a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_253(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S59.pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_254(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S60.pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_255(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S61.pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g1_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink)
+
+
+def _fattr4_encode_l0g1_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid)
+
+
+def _fattr4_encode_l0g1_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid)
+
+
+def _fattr4_encode_l0g1_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid)
+
+
+def _fattr4_encode_l0g1_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid)
+
+
+def _fattr4_encode_l0g1_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid)
+
+
+def _fattr4_encode_l0g1_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid)
+
+
+def _fattr4_encode_l0g1_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(*a.rdev)
+
+
+def _fattr4_encode_l0g1_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S9.pack(a.nlink, *a.rdev)
+
+
+def _fattr4_encode_l0g1_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S1.pack(*a.rdev)
+
+
+def _fattr4_encode_l0g1_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S1.pack(*a.rdev)
+
+
+def _fattr4_encode_l0g1_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S1.pack(*a.rdev)
+
+
+def _fattr4_encode_l0g1_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S1.pack(*a.rdev)
+
+
+def _fattr4_encode_l0g1_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S1.pack(*a.rdev)
+
+
+def _fattr4_encode_l0g1_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S1.pack(*a.rdev)
+
+
+def _fattr4_encode_l0g1_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(a.space_used)
+
+
+def _fattr4_encode_l0g1_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S100.pack(a.nlink, a.space_used)
+
+
+def _fattr4_encode_l0g1_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S4.pack(a.space_used)
+
+
+def _fattr4_encode_l0g1_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S4.pack(a.space_used)
+
+
+def _fattr4_encode_l0g1_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S4.pack(a.space_used)
+
+
+def _fattr4_encode_l0g1_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S4.pack(a.space_used)
+
+
+def _fattr4_encode_l0g1_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S4.pack(a.space_used)
+
+
+def _fattr4_encode_l0g1_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S4.pack(a.space_used)
+
+
+def _fattr4_encode_l0g1_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S101.pack(*a.rdev, a.space_used)
+
+
+def _fattr4_encode_l0g1_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S102.pack(a.nlink, *a.rdev, a.space_used)
+
+
+def _fattr4_encode_l0g1_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S101.pack(*a.rdev, a.space_used)
+
+
+def _fattr4_encode_l0g1_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S101.pack(*a.rdev, a.space_used)
+
+
+def _fattr4_encode_l0g1_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, a.space_used)
+
+
+def _fattr4_encode_l0g1_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, a.space_used)
+
+
+def _fattr4_encode_l0g1_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, a.space_used)
+
+
+def _fattr4_encode_l0g1_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, a.space_used)
+
+
+def _fattr4_encode_l0g1_32(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S7.pack(*divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_33(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S103.pack(a.nlink, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_34(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S7.pack(*divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_35(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S7.pack(*divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_36(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_37(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_38(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_39(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_40(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S104.pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_41(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S105.pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_42(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S104.pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_43(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S104.pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_44(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_45(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_46(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_47(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_48(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S106.pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_49(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S107.pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_50(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S106.pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_51(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S106.pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_52(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_53(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_54(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_55(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_56(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S108.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_57(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S109.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_58(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_59(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_60(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_61(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_62(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_63(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_64(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S7.pack(*divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_65(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S103.pack(a.nlink, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_66(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S7.pack(*divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_67(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S7.pack(*divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_68(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_69(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_70(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_71(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_72(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S104.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_73(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S105.pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_74(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S104.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_75(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S104.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_76(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_77(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_78(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_79(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_80(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S106.pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_81(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S107.pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_82(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S106.pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_83(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S106.pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_84(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_85(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_86(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_87(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_88(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S108.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_89(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S109.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_90(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_91(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_92(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_93(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_94(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_95(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_96(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_97(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S110.pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_98(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_99(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_100(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_101(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_102(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_103(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_104(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_105(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S112.pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_106(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_107(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_108(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_109(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_110(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_111(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_112(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_113(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S114.pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_114(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_115(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_116(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_117(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_118(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_119(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_120(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_121(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S116.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_122(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_123(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_124(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_125(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_126(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_127(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_128(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S7.pack(*divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_129(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S103.pack(a.nlink, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_130(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S7.pack(*divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_131(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S7.pack(*divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_132(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_133(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_134(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_135(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_136(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S104.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_137(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S105.pack(a.nlink, *a.rdev, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_138(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S104.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_139(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S104.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_140(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_141(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_142(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_143(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_144(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S106.pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_145(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S107.pack(a.nlink, a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_146(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S106.pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_147(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S106.pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_148(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_149(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_150(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_151(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_152(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S108.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_153(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S109.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_154(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_155(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_156(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_157(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_158(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_159(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_160(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_161(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S110.pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_162(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_163(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_164(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_165(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_166(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_167(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_168(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_169(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S112.pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_170(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_171(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_172(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_173(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_174(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_175(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_176(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_177(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S114.pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_178(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_179(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_180(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_181(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_182(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_183(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_184(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_185(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S116.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_186(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_187(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_188(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_189(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_190(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_191(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_192(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S37.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_193(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S110.pack(a.nlink, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_194(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S37.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_195(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S37.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_196(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_197(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_198(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_199(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_200(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S111.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_201(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S112.pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_202(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S111.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_203(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S111.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_204(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_205(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_206(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_207(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_208(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S113.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_209(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S114.pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_210(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S113.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_211(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S113.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_212(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_213(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_214(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_215(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_216(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S115.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_217(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S116.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_218(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_219(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_220(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_221(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_222(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_223(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_224(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S117.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_225(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S118.pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_226(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S117.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_227(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S117.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_228(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S117.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_229(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S117.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_230(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S117.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_231(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S117.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_232(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S119.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_233(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S120.pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_234(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S119.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_235(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S119.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_236(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S119.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_237(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S119.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_238(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S119.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_239(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S119.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_240(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S121.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_241(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S122.pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_242(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S121.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_243(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S121.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_244(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S121.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_245(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S121.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_246(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S121.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_247(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S121.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_248(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S123.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_249(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S124.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_250(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S123.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_251(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S123.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_252(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S123.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_253(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S123.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_254(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S123.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_255(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S123.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_256(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_257(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S100.pack(a.nlink, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_258(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S4.pack(a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_259(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S4.pack(a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_260(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S4.pack(a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_261(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S4.pack(a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_262(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S4.pack(a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_263(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S4.pack(a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_264(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S101.pack(*a.rdev, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_265(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S102.pack(a.nlink, *a.rdev, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_266(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S101.pack(*a.rdev, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_267(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S101.pack(*a.rdev, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_268(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_269(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_270(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_271(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_272(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S8.pack(a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_273(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S15.pack(a.nlink, a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_274(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S8.pack(a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_275(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S8.pack(a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_276(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S8.pack(a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_277(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S8.pack(a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_278(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S8.pack(a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_279(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S8.pack(a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_280(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S125.pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_281(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S126.pack(a.nlink, *a.rdev, a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_282(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S125.pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_283(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S125.pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_284(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S125.pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_285(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S125.pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_286(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S125.pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_287(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S125.pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_288(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S127.pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_289(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S128.pack(a.nlink, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_290(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S127.pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_291(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S127.pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_292(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_293(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_294(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_295(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_296(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S129.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_297(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S130.pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_298(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S129.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_299(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S129.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_300(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_301(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_302(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_303(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_304(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S131.pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_305(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S132.pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_306(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S131.pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_307(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S131.pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_308(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_309(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_310(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_311(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_312(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S133.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_313(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S134.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_314(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_315(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_316(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_317(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_318(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_319(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_320(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S127.pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_321(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S128.pack(a.nlink, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_322(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S127.pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_323(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S127.pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_324(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_325(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_326(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_327(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_328(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S129.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_329(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S130.pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_330(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S129.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_331(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S129.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_332(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_333(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_334(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_335(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_336(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S131.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_337(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S132.pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_338(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S131.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_339(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S131.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_340(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_341(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_342(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_343(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_344(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S133.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_345(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S134.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_346(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_347(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_348(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_349(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_350(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_351(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_352(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_353(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S136.pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_354(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_355(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_356(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_357(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_358(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_359(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_360(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_361(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S138.pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_362(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_363(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_364(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_365(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_366(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_367(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_368(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_369(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S140.pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_370(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_371(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_372(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_373(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_374(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_375(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_376(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_377(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S142.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_378(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_379(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_380(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_381(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_382(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_383(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_384(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S127.pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_385(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S128.pack(a.nlink, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_386(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S127.pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_387(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S127.pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_388(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_389(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_390(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_391(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_392(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S129.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_393(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S130.pack(a.nlink, *a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_394(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S129.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_395(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S129.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_396(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_397(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_398(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_399(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_400(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S131.pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_401(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S132.pack(a.nlink, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_402(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S131.pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_403(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S131.pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_404(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_405(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_406(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_407(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_408(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S133.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_409(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S134.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_410(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_411(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_412(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_413(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_414(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_415(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_416(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_417(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S136.pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_418(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_419(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_420(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_421(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_422(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_423(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_424(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_425(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S138.pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_426(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_427(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_428(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_429(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_430(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_431(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_432(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_433(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S140.pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_434(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_435(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_436(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_437(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_438(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_439(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_440(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_441(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S142.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_442(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_443(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_444(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_445(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_446(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_447(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_448(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S135.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_449(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S136.pack(a.nlink, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_450(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S135.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_451(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S135.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_452(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_453(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_454(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_455(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_456(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S137.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_457(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S138.pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_458(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S137.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_459(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S137.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_460(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_461(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_462(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_463(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_464(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S139.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_465(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S140.pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_466(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S139.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_467(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S139.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_468(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_469(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_470(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_471(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_472(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S141.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_473(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S142.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_474(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_475(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_476(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_477(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_478(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_479(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_480(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S143.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_481(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S144.pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_482(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S143.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_483(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S143.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_484(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S143.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_485(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S143.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_486(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S143.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_487(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S143.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_488(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S145.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_489(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S146.pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_490(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S145.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_491(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S145.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_492(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S145.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_493(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S145.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_494(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S145.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_495(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S145.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_496(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S147.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_497(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S148.pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_498(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S147.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_499(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S147.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_500(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S147.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_501(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S147.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_502(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S147.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_503(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S147.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_504(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S149.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_505(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S150.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_506(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S149.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_507(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S149.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_508(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S149.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_509(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S149.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_510(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S149.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_511(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S149.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l1g0_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S33.pack(3, 4244615167, 16367166, 2048)
+
+
+def _fattr4_encode_l1g0_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S2.pack(a.type)
+
+
+def _fattr4_encode_l1g0_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S151.pack(3, 4244615167, 16367166, 2048, a.type)
+
+
+def _fattr4_encode_l1g0_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(FH4_PERSISTENT)
+
+
+def _fattr4_encode_l1g0_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S152.pack(3, 4244615167, 16367166, 2048, FH4_PERSISTENT)
+
+
+def _fattr4_encode_l1g0_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S73.pack(a.type, FH4_PERSISTENT)
+
+
+def _fattr4_encode_l1g0_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S153.pack(3, 4244615167, 16367166, 2048, a.type, FH4_PERSISTENT)
+
+
+def _fattr4_encode_l1g0_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(a.change)
+
+
+def _fattr4_encode_l1g0_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S154.pack(3, 4244615167, 16367166, 2048, a.change)
+
+
+def _fattr4_encode_l1g0_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S49.pack(a.type, a.change)
+
+
+def _fattr4_encode_l1g0_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S155.pack(3, 4244615167, 16367166, 2048, a.type, a.change)
+
+
+def _fattr4_encode_l1g0_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S100.pack(FH4_PERSISTENT, a.change)
+
+
+def _fattr4_encode_l1g0_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S156.pack(3, 4244615167, 16367166, 2048, FH4_PERSISTENT, a.change)
+
+
+def _fattr4_encode_l1g0_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S157.pack(a.type, FH4_PERSISTENT, a.change)
+
+
+def _fattr4_encode_l1g0_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S158.pack(3, 4244615167, 16367166, 2048, a.type, FH4_PERSISTENT, a.change)
+
+
+def _fattr4_encode_l1g0_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(a.size)
+
+
+def _fattr4_encode_l1g0_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S154.pack(3, 4244615167, 16367166, 2048, a.size)
+
+
+def _fattr4_encode_l1g0_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S49.pack(a.type, a.size)
+
+
+def _fattr4_encode_l1g0_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S155.pack(3, 4244615167, 16367166, 2048, a.type, a.size)
+
+
+def _fattr4_encode_l1g0_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S100.pack(FH4_PERSISTENT, a.size)
+
+
+def _fattr4_encode_l1g0_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S156.pack(3, 4244615167, 16367166, 2048, FH4_PERSISTENT, a.size)
+
+
+def _fattr4_encode_l1g0_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S157.pack(a.type, FH4_PERSISTENT, a.size)
+
+
+def _fattr4_encode_l1g0_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S158.pack(3, 4244615167, 16367166, 2048, a.type, FH4_PERSISTENT, a.size)
+
+
+def _fattr4_encode_l1g0_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S8.pack(a.change, a.size)
+
+
+def _fattr4_encode_l1g0_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S159.pack(3, 4244615167, 16367166, 2048, a.change, a.size)
+
+
+def _fattr4_encode_l1g0_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S22.pack(a.type, a.change, a.size)
+
+
+def _fattr4_encode_l1g0_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S160.pack(3, 4244615167, 16367166, 2048, a.type, a.change, a.size)
+
+
+def _fattr4_encode_l1g0_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S15.pack(FH4_PERSISTENT, a.change, a.size)
+
+
+def _fattr4_encode_l1g0_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S161.pack(3, 4244615167, 16367166, 2048, FH4_PERSISTENT, a.change, a.size)
+
+
+def _fattr4_encode_l1g0_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S21.pack(a.type, FH4_PERSISTENT, a.change, a.size)
+
+
+def _fattr4_encode_l1g0_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S162.pack(3, 4244615167, 16367166, 2048, a.type, FH4_PERSISTENT, a.change, a.size)
+
+
+def _fattr4_encode_l1g1_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(1)
+
+
+def _fattr4_encode_l1g1_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(1)
+
+
+def _fattr4_encode_l1g1_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(1, 1)
+
+
+def _fattr4_encode_l1g1_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(0)
+
+
+def _fattr4_encode_l1g1_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(1, 0)
+
+
+def _fattr4_encode_l1g1_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(1, 0)
+
+
+def _fattr4_encode_l1g1_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S9.pack(1, 1, 0)
+
+
+def _fattr4_encode_l1g1_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S8.pack(*a.fsid)
+
+
+def _fattr4_encode_l1g1_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S15.pack(1, *a.fsid)
+
+
+def _fattr4_encode_l1g1_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S15.pack(1, *a.fsid)
+
+
+def _fattr4_encode_l1g1_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S125.pack(1, 1, *a.fsid)
+
+
+def _fattr4_encode_l1g1_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S15.pack(0, *a.fsid)
+
+
+def _fattr4_encode_l1g1_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S125.pack(1, 0, *a.fsid)
+
+
+def _fattr4_encode_l1g1_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S125.pack(1, 0, *a.fsid)
+
+
+def _fattr4_encode_l1g1_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S126.pack(1, 1, 0, *a.fsid)
+
+
+def _fattr4_encode_l1g1_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(1)
+
+
+def _fattr4_encode_l1g1_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(1, 1)
+
+
+def _fattr4_encode_l1g1_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(1, 1)
+
+
+def _fattr4_encode_l1g1_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S9.pack(1, 1, 1)
+
+
+def _fattr4_encode_l1g1_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(0, 1)
+
+
+def _fattr4_encode_l1g1_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S9.pack(1, 0, 1)
+
+
+def _fattr4_encode_l1g1_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S9.pack(1, 0, 1)
+
+
+def _fattr4_encode_l1g1_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S33.pack(1, 1, 0, 1)
+
+
+def _fattr4_encode_l1g1_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S75.pack(*a.fsid, 1)
+
+
+def _fattr4_encode_l1g1_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S163.pack(1, *a.fsid, 1)
+
+
+def _fattr4_encode_l1g1_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S163.pack(1, *a.fsid, 1)
+
+
+def _fattr4_encode_l1g1_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S164.pack(1, 1, *a.fsid, 1)
+
+
+def _fattr4_encode_l1g1_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S163.pack(0, *a.fsid, 1)
+
+
+def _fattr4_encode_l1g1_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S164.pack(1, 0, *a.fsid, 1)
+
+
+def _fattr4_encode_l1g1_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S164.pack(1, 0, *a.fsid, 1)
+
+
+def _fattr4_encode_l1g1_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S165.pack(1, 1, 0, *a.fsid, 1)
+
+
+def _fattr4_encode_l1g2_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(cfg.lease_time)
+
+
+def _fattr4_encode_l1g2_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S2.pack(err)
+
+
+def _fattr4_encode_l1g2_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S13.pack(cfg.lease_time, err)
+
+
+def _fattr4_encode_l1g2_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(0)
+
+
+def _fattr4_encode_l1g2_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(cfg.lease_time, 0)
+
+
+def _fattr4_encode_l1g2_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S73.pack(err, 0)
+
+
+def _fattr4_encode_l1g2_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S166.pack(cfg.lease_time, err, 0)
+
+
+def _fattr4_encode_l1g2_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(1)
+
+
+def _fattr4_encode_l1g2_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(cfg.lease_time, 1)
+
+
+def _fattr4_encode_l1g2_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S73.pack(err, 1)
+
+
+def _fattr4_encode_l1g2_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S166.pack(cfg.lease_time, err, 1)
+
+
+def _fattr4_encode_l1g2_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(0, 1)
+
+
+def _fattr4_encode_l1g2_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S9.pack(cfg.lease_time, 0, 1)
+
+
+def _fattr4_encode_l1g2_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S167.pack(err, 0, 1)
+
+
+def _fattr4_encode_l1g2_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S168.pack(cfg.lease_time, err, 0, 1)
+
+
+def _fattr4_encode_l1g2_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(0)
+
+
+def _fattr4_encode_l1g2_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(cfg.lease_time, 0)
+
+
+def _fattr4_encode_l1g2_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S73.pack(err, 0)
+
+
+def _fattr4_encode_l1g2_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S166.pack(cfg.lease_time, err, 0)
+
+
+def _fattr4_encode_l1g2_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(0, 0)
+
+
+def _fattr4_encode_l1g2_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S9.pack(cfg.lease_time, 0, 0)
+
+
+def _fattr4_encode_l1g2_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S167.pack(err, 0, 0)
+
+
+def _fattr4_encode_l1g2_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S168.pack(cfg.lease_time, err, 0, 0)
+
+
+def _fattr4_encode_l1g2_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(1, 0)
+
+
+def _fattr4_encode_l1g2_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S9.pack(cfg.lease_time, 1, 0)
+
+
+def _fattr4_encode_l1g2_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S167.pack(err, 1, 0)
+
+
+def _fattr4_encode_l1g2_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S168.pack(cfg.lease_time, err, 1, 0)
+
+
+def _fattr4_encode_l1g2_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S9.pack(0, 1, 0)
+
+
+def _fattr4_encode_l1g2_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S33.pack(cfg.lease_time, 0, 1, 0)
+
+
+def _fattr4_encode_l1g2_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S169.pack(err, 0, 1, 0)
+
+
+def _fattr4_encode_l1g2_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S170.pack(cfg.lease_time, err, 0, 1, 0)
+
+
+def _fattr4_encode_l1g3_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(1)
+
+
+def _fattr4_encode_l1g3_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(1)
+
+
+def _fattr4_encode_l1g3_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(1, 1)
+
+
+def _fattr4_encode_l1g3_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l1g3_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(1) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l1g3_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(1) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l1g3_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(1, 1) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l1g3_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l1g3_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S100.pack(1, a.fileid)
+
+
+def _fattr4_encode_l1g3_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S100.pack(1, a.fileid)
+
+
+def _fattr4_encode_l1g3_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S101.pack(1, 1, a.fileid)
+
+
+def _fattr4_encode_l1g3_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l1g3_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(1) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l1g3_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(1) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l1g3_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(1, 1) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+
+
+def _fattr4_encode_l1g3_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(fs.files_avail)
+
+
+def _fattr4_encode_l1g3_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S100.pack(1, fs.files_avail)
+
+
+def _fattr4_encode_l1g3_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S100.pack(1, fs.files_avail)
+
+
+def _fattr4_encode_l1g3_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S101.pack(1, 1, fs.files_avail)
+
+
+def _fattr4_encode_l1g3_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_opaque(fh) + _S4.pack(fs.files_avail)
+
+
+def _fattr4_encode_l1g3_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(1) + _fattr4_opaque(fh) + _S4.pack(fs.files_avail)
+
+
+def _fattr4_encode_l1g3_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(1) + _fattr4_opaque(fh) + _S4.pack(fs.files_avail)
+
+
+def _fattr4_encode_l1g3_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(1, 1) + _fattr4_opaque(fh) + _S4.pack(fs.files_avail)
+
+
+def _fattr4_encode_l1g3_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S8.pack(a.fileid, fs.files_avail)
+
+
+def _fattr4_encode_l1g3_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S15.pack(1, a.fileid, fs.files_avail)
+
+
+def _fattr4_encode_l1g3_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S15.pack(1, a.fileid, fs.files_avail)
+
+
+def _fattr4_encode_l1g3_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S125.pack(1, 1, a.fileid, fs.files_avail)
+
+
+def _fattr4_encode_l1g3_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_opaque(fh) + _S8.pack(a.fileid, fs.files_avail)
+
+
+def _fattr4_encode_l1g3_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(1) + _fattr4_opaque(fh) + _S8.pack(a.fileid, fs.files_avail)
+
+
+def _fattr4_encode_l1g3_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(1) + _fattr4_opaque(fh) + _S8.pack(a.fileid, fs.files_avail)
+
+
+def _fattr4_encode_l1g3_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(1, 1) + _fattr4_opaque(fh) + _S8.pack(a.fileid, fs.files_avail)
+
+
+def _fattr4_encode_l1g4_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(fs.files_free)
+
+
+def _fattr4_encode_l1g4_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(fs.files_total)
+
+
+def _fattr4_encode_l1g4_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S8.pack(fs.files_free, fs.files_total)
+
+
+def _fattr4_encode_l1g4_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(1)
+
+
+def _fattr4_encode_l1g4_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S18.pack(fs.files_free, 1)
+
+
+def _fattr4_encode_l1g4_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S18.pack(fs.files_total, 1)
+
+
+def _fattr4_encode_l1g4_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S75.pack(fs.files_free, fs.files_total, 1)
+
+
+def _fattr4_encode_l1g4_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(9223372036854775807)
+
+
+def _fattr4_encode_l1g4_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S8.pack(fs.files_free, 9223372036854775807)
+
+
+def _fattr4_encode_l1g4_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S8.pack(fs.files_total, 9223372036854775807)
+
+
+def _fattr4_encode_l1g4_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S50.pack(fs.files_free, fs.files_total, 9223372036854775807)
+
+
+def _fattr4_encode_l1g4_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S100.pack(1, 9223372036854775807)
+
+
+def _fattr4_encode_l1g4_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S171.pack(fs.files_free, 1, 9223372036854775807)
+
+
+def _fattr4_encode_l1g4_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S171.pack(fs.files_total, 1, 9223372036854775807)
+
+
+def _fattr4_encode_l1g4_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S172.pack(fs.files_free, fs.files_total, 1, 9223372036854775807)
+
+
+def _fattr4_encode_l1g4_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S18.pack(fs.files_free, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S18.pack(fs.files_total, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S75.pack(fs.files_free, fs.files_total, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(1, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S34.pack(fs.files_free, 1, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S34.pack(fs.files_total, 1, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S173.pack(fs.files_free, fs.files_total, 1, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S18.pack(9223372036854775807, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S75.pack(fs.files_free, 9223372036854775807, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S75.pack(fs.files_total, 9223372036854775807, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S77.pack(fs.files_free, fs.files_total, 9223372036854775807, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S174.pack(1, 9223372036854775807, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S175.pack(fs.files_free, 1, 9223372036854775807, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S175.pack(fs.files_total, 1, 9223372036854775807, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S176.pack(fs.files_free, fs.files_total, 1, 9223372036854775807, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g5_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(min(fs.max_name, 4294967295))
+
+
+def _fattr4_encode_l1g5_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(cfg.max_io)
+
+
+def _fattr4_encode_l1g5_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S100.pack(min(fs.max_name, 4294967295), cfg.max_io)
+
+
+def _fattr4_encode_l1g5_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(cfg.max_io)
+
+
+def _fattr4_encode_l1g5_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S100.pack(min(fs.max_name, 4294967295), cfg.max_io)
+
+
+def _fattr4_encode_l1g5_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S8.pack(cfg.max_io, cfg.max_io)
+
+
+def _fattr4_encode_l1g5_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S15.pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io)
+
+
+def _fattr4_encode_l1g5_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.mode)
+
+
+def _fattr4_encode_l1g5_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(min(fs.max_name, 4294967295), a.mode)
+
+
+def _fattr4_encode_l1g5_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S18.pack(cfg.max_io, a.mode)
+
+
+def _fattr4_encode_l1g5_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S174.pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode)
+
+
+def _fattr4_encode_l1g5_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S18.pack(cfg.max_io, a.mode)
+
+
+def _fattr4_encode_l1g5_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S174.pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode)
+
+
+def _fattr4_encode_l1g5_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S75.pack(cfg.max_io, cfg.max_io, a.mode)
+
+
+def _fattr4_encode_l1g5_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S163.pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io, a.mode)
+
+
+def _fattr4_encode_l1g5_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(1)
+
+
+def _fattr4_encode_l1g5_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(min(fs.max_name, 4294967295), 1)
+
+
+def _fattr4_encode_l1g5_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S18.pack(cfg.max_io, 1)
+
+
+def _fattr4_encode_l1g5_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S174.pack(min(fs.max_name, 4294967295), cfg.max_io, 1)
+
+
+def _fattr4_encode_l1g5_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S18.pack(cfg.max_io, 1)
+
+
+def _fattr4_encode_l1g5_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S174.pack(min(fs.max_name, 4294967295), cfg.max_io, 1)
+
+
+def _fattr4_encode_l1g5_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S75.pack(cfg.max_io, cfg.max_io, 1)
+
+
+def _fattr4_encode_l1g5_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S163.pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io, 1)
+
+
+def _fattr4_encode_l1g5_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(a.mode, 1)
+
+
+def _fattr4_encode_l1g5_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S9.pack(min(fs.max_name, 4294967295), a.mode, 1)
+
+
+def _fattr4_encode_l1g5_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S34.pack(cfg.max_io, a.mode, 1)
+
+
+def _fattr4_encode_l1g5_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S177.pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode, 1)
+
+
+def _fattr4_encode_l1g5_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S34.pack(cfg.max_io, a.mode, 1)
+
+
+def _fattr4_encode_l1g5_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S177.pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode, 1)
+
+
+def _fattr4_encode_l1g5_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S173.pack(cfg.max_io, cfg.max_io, a.mode, 1)
+
+
+def _fattr4_encode_l1g5_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S178.pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io, a.mode, 1)
+
+
+def _fattr4_encode_l1g6_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink)
+
+
+def _fattr4_encode_l1g6_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid)
+
+
+def _fattr4_encode_l1g6_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid)
+
+
+def _fattr4_encode_l1g6_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid)
+
+
+def _fattr4_encode_l1g6_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid)
+
+
+def _fattr4_encode_l1g6_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid)
+
+
+def _fattr4_encode_l1g6_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid)
+
+
+def _fattr4_encode_l1g6_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(*a.rdev)
+
+
+def _fattr4_encode_l1g6_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S9.pack(a.nlink, *a.rdev)
+
+
+def _fattr4_encode_l1g6_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S1.pack(*a.rdev)
+
+
+def _fattr4_encode_l1g6_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S1.pack(*a.rdev)
+
+
+def _fattr4_encode_l1g6_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S1.pack(*a.rdev)
+
+
+def _fattr4_encode_l1g6_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S1.pack(*a.rdev)
+
+
+def _fattr4_encode_l1g6_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S1.pack(*a.rdev)
+
+
+def _fattr4_encode_l1g6_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S1.pack(*a.rdev)
+
+
+def _fattr4_encode_l1g6_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S100.pack(a.nlink, fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S4.pack(fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S4.pack(fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S4.pack(fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S4.pack(fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S4.pack(fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S4.pack(fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S101.pack(*a.rdev, fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S102.pack(a.nlink, *a.rdev, fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _S101.pack(*a.rdev, fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S101.pack(*a.rdev, fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, fs.bytes_avail)
+
+
+def _fattr4_encode_l1g7_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(fs.bytes_free)
+
+
+def _fattr4_encode_l1g7_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(fs.bytes_total)
+
+
+def _fattr4_encode_l1g7_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S8.pack(fs.bytes_free, fs.bytes_total)
+
+
+def _fattr4_encode_l1g7_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(a.space_used)
+
+
+def _fattr4_encode_l1g7_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S8.pack(fs.bytes_free, a.space_used)
+
+
+def _fattr4_encode_l1g7_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S8.pack(fs.bytes_total, a.space_used)
+
+
+def _fattr4_encode_l1g7_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S50.pack(fs.bytes_free, fs.bytes_total, a.space_used)
+
+
+def _fattr4_encode_l1g7_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S7.pack(*divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l1g7_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S106.pack(fs.bytes_free, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l1g7_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S106.pack(fs.bytes_total, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l1g7_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S179.pack(fs.bytes_free, fs.bytes_total, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l1g7_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S106.pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l1g7_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S179.pack(fs.bytes_free, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l1g7_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S179.pack(fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l1g7_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S180.pack(fs.bytes_free, fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l1g7_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S7.pack(0, 1)
+
+
+def _fattr4_encode_l1g7_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S106.pack(fs.bytes_free, 0, 1)
+
+
+def _fattr4_encode_l1g7_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S106.pack(fs.bytes_total, 0, 1)
+
+
+def _fattr4_encode_l1g7_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S179.pack(fs.bytes_free, fs.bytes_total, 0, 1)
+
+
+def _fattr4_encode_l1g7_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S106.pack(a.space_used, 0, 1)
+
+
+def _fattr4_encode_l1g7_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S179.pack(fs.bytes_free, a.space_used, 0, 1)
+
+
+def _fattr4_encode_l1g7_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S179.pack(fs.bytes_total, a.space_used, 0, 1)
+
+
+def _fattr4_encode_l1g7_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S180.pack(fs.bytes_free, fs.bytes_total, a.space_used, 0, 1)
+
+
+def _fattr4_encode_l1g7_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S37.pack(*divmod(a.atime_ns, 1000000000), 0, 1)
+
+
+def _fattr4_encode_l1g7_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S113.pack(fs.bytes_free, *divmod(a.atime_ns, 1000000000), 0, 1)
+
+
+def _fattr4_encode_l1g7_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S113.pack(fs.bytes_total, *divmod(a.atime_ns, 1000000000), 0, 1)
+
+
+def _fattr4_encode_l1g7_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S181.pack(fs.bytes_free, fs.bytes_total, *divmod(a.atime_ns, 1000000000), 0, 1)
+
+
+def _fattr4_encode_l1g7_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
+
+
+def _fattr4_encode_l1g7_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S181.pack(fs.bytes_free, a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
+
+
+def _fattr4_encode_l1g7_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S181.pack(fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
+
+
+def _fattr4_encode_l1g7_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S182.pack(fs.bytes_free, fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
+
+
+def _fattr4_encode_l1g8_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S7.pack(*divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l1g8_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S7.pack(*divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l1g8_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S37.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l1g8_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(a.mounted_on_fileid)
+
+
+def _fattr4_encode_l1g8_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S127.pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l1g8_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S127.pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l1g8_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S135.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l1g8_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S9.pack(2, 16, 50)
+
+
+def _fattr4_encode_l1g8_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S183.pack(*divmod(a.ctime_ns, 1000000000), 2, 16, 50)
+
+
+def _fattr4_encode_l1g8_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S183.pack(*divmod(a.mtime_ns, 1000000000), 2, 16, 50)
+
+
+def _fattr4_encode_l1g8_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S184.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), 2, 16, 50)
+
+
+def _fattr4_encode_l1g8_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S185.pack(a.mounted_on_fileid, 2, 16, 50)
+
+
+def _fattr4_encode_l1g8_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S186.pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50)
+
+
+def _fattr4_encode_l1g8_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S186.pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50)
+
+
+def _fattr4_encode_l1g8_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S187.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50)
+
+
+# Layers of attribute groups, each group's subsets with their encoders: a mask is
+# coded by the first layer holding all its attributes, one call per group it touches.
+# (attribute -> (group, bit in the group's subsets), group -> subset -> encoder)
+SERVER_ATTRIBUTE_LAYERS: tuple[tuple[dict[int, tuple[int, int]], tuple[dict[int, _Callable[[_Any, _Any, bytes, _Any, int], bytes]], ...]], ...] = (({1: (0, 1), 3: (0, 2), 4: (0, 4), 8: (0, 8), 11: (0, 16), 19: (0, 32), 20: (0, 64), 33: (0, 128), 35: (1, 1), 36: (1, 2), 37: (1, 4), 41: (1, 8), 45: (1, 16), 47: (1, 32), 52: (1, 64), 53: (1, 128), 55: (1, 256)}, ({1: _fattr4_encode_l0g0_1, 2: _fattr4_encode_l0g0_2, 3: _fattr4_encode_l0g0_3, 4: _fattr4_encode_l0g0_4, 5: _fattr4_encode_l0g0_5, 6: _fattr4_encode_l0g0_6, 7: _fattr4_encode_l0g0_7, 8: _fattr4_encode_l0g0_8, 9: _fattr4_encode_l0g0_9, 10: _fattr4_encode_l0g0_10, 11: _fattr4_encode_l0g0_11, 12: _fattr4_encode_l0g0_12, 13: _fattr4_encode_l0g0_13, 14: _fattr4_encode_l0g0_14, 15: _fattr4_encode_l0g0_15, 16: _fattr4_encode_l0g0_16, 17: _fattr4_encode_l0g0_17, 18: _fattr4_encode_l0g0_18, 19: _fattr4_encode_l0g0_19, 20: _fattr4_encode_l0g0_20, 21: _fattr4_encode_l0g0_21, 22: _fattr4_encode_l0g0_22, 23: _fattr4_encode_l0g0_23, 24: _fattr4_encode_l0g0_24, 25: _fattr4_encode_l0g0_25, 26: _fattr4_encode_l0g0_26, 27: _fattr4_encode_l0g0_27, 28: _fattr4_encode_l0g0_28, 29: _fattr4_encode_l0g0_29, 30: _fattr4_encode_l0g0_30, 31: _fattr4_encode_l0g0_31, 32: _fattr4_encode_l0g0_32, 33: _fattr4_encode_l0g0_33, 34: _fattr4_encode_l0g0_34, 35: _fattr4_encode_l0g0_35, 36: _fattr4_encode_l0g0_36, 37: _fattr4_encode_l0g0_37, 38: _fattr4_encode_l0g0_38, 39: _fattr4_encode_l0g0_39, 40: _fattr4_encode_l0g0_40, 41: _fattr4_encode_l0g0_41, 42: _fattr4_encode_l0g0_42, 43: _fattr4_encode_l0g0_43, 44: _fattr4_encode_l0g0_44, 45: _fattr4_encode_l0g0_45, 46: _fattr4_encode_l0g0_46, 47: _fattr4_encode_l0g0_47, 48: _fattr4_encode_l0g0_48, 49: _fattr4_encode_l0g0_49, 50: _fattr4_encode_l0g0_50, 51: _fattr4_encode_l0g0_51, 52: _fattr4_encode_l0g0_52, 53: _fattr4_encode_l0g0_53, 54: _fattr4_encode_l0g0_54, 55: _fattr4_encode_l0g0_55, 56: _fattr4_encode_l0g0_56, 57: _fattr4_encode_l0g0_57, 58: _fattr4_encode_l0g0_58, 59: _fattr4_encode_l0g0_59, 60: _fattr4_encode_l0g0_60, 61: _fattr4_encode_l0g0_61, 62: _fattr4_encode_l0g0_62, 63: _fattr4_encode_l0g0_63, 64: _fattr4_encode_l0g0_64, 65: _fattr4_encode_l0g0_65, 66: _fattr4_encode_l0g0_66, 67: _fattr4_encode_l0g0_67, 68: _fattr4_encode_l0g0_68, 69: _fattr4_encode_l0g0_69, 70: _fattr4_encode_l0g0_70, 71: _fattr4_encode_l0g0_71, 72: _fattr4_encode_l0g0_72, 73: _fattr4_encode_l0g0_73, 74: _fattr4_encode_l0g0_74, 75: _fattr4_encode_l0g0_75, 76: _fattr4_encode_l0g0_76, 77: _fattr4_encode_l0g0_77, 78: _fattr4_encode_l0g0_78, 79: _fattr4_encode_l0g0_79, 80: _fattr4_encode_l0g0_80, 81: _fattr4_encode_l0g0_81, 82: _fattr4_encode_l0g0_82, 83: _fattr4_encode_l0g0_83, 84: _fattr4_encode_l0g0_84, 85: _fattr4_encode_l0g0_85, 86: _fattr4_encode_l0g0_86, 87: _fattr4_encode_l0g0_87, 88: _fattr4_encode_l0g0_88, 89: _fattr4_encode_l0g0_89, 90: _fattr4_encode_l0g0_90, 91: _fattr4_encode_l0g0_91, 92: _fattr4_encode_l0g0_92, 93: _fattr4_encode_l0g0_93, 94: _fattr4_encode_l0g0_94, 95: _fattr4_encode_l0g0_95, 96: _fattr4_encode_l0g0_96, 97: _fattr4_encode_l0g0_97, 98: _fattr4_encode_l0g0_98, 99: _fattr4_encode_l0g0_99, 100: _fattr4_encode_l0g0_100, 101: _fattr4_encode_l0g0_101, 102: _fattr4_encode_l0g0_102, 103: _fattr4_encode_l0g0_103, 104: _fattr4_encode_l0g0_104, 105: _fattr4_encode_l0g0_105, 106: _fattr4_encode_l0g0_106, 107: _fattr4_encode_l0g0_107, 108: _fattr4_encode_l0g0_108, 109: _fattr4_encode_l0g0_109, 110: _fattr4_encode_l0g0_110, 111: _fattr4_encode_l0g0_111, 112: _fattr4_encode_l0g0_112, 113: _fattr4_encode_l0g0_113, 114: _fattr4_encode_l0g0_114, 115: _fattr4_encode_l0g0_115, 116: _fattr4_encode_l0g0_116, 117: _fattr4_encode_l0g0_117, 118: _fattr4_encode_l0g0_118, 119: _fattr4_encode_l0g0_119, 120: _fattr4_encode_l0g0_120, 121: _fattr4_encode_l0g0_121, 122: _fattr4_encode_l0g0_122, 123: _fattr4_encode_l0g0_123, 124: _fattr4_encode_l0g0_124, 125: _fattr4_encode_l0g0_125, 126: _fattr4_encode_l0g0_126, 127: _fattr4_encode_l0g0_127, 128: _fattr4_encode_l0g0_128, 129: _fattr4_encode_l0g0_129, 130: _fattr4_encode_l0g0_130, 131: _fattr4_encode_l0g0_131, 132: _fattr4_encode_l0g0_132, 133: _fattr4_encode_l0g0_133, 134: _fattr4_encode_l0g0_134, 135: _fattr4_encode_l0g0_135, 136: _fattr4_encode_l0g0_136, 137: _fattr4_encode_l0g0_137, 138: _fattr4_encode_l0g0_138, 139: _fattr4_encode_l0g0_139, 140: _fattr4_encode_l0g0_140, 141: _fattr4_encode_l0g0_141, 142: _fattr4_encode_l0g0_142, 143: _fattr4_encode_l0g0_143, 144: _fattr4_encode_l0g0_144, 145: _fattr4_encode_l0g0_145, 146: _fattr4_encode_l0g0_146, 147: _fattr4_encode_l0g0_147, 148: _fattr4_encode_l0g0_148, 149: _fattr4_encode_l0g0_149, 150: _fattr4_encode_l0g0_150, 151: _fattr4_encode_l0g0_151, 152: _fattr4_encode_l0g0_152, 153: _fattr4_encode_l0g0_153, 154: _fattr4_encode_l0g0_154, 155: _fattr4_encode_l0g0_155, 156: _fattr4_encode_l0g0_156, 157: _fattr4_encode_l0g0_157, 158: _fattr4_encode_l0g0_158, 159: _fattr4_encode_l0g0_159, 160: _fattr4_encode_l0g0_160, 161: _fattr4_encode_l0g0_161, 162: _fattr4_encode_l0g0_162, 163: _fattr4_encode_l0g0_163, 164: _fattr4_encode_l0g0_164, 165: _fattr4_encode_l0g0_165, 166: _fattr4_encode_l0g0_166, 167: _fattr4_encode_l0g0_167, 168: _fattr4_encode_l0g0_168, 169: _fattr4_encode_l0g0_169, 170: _fattr4_encode_l0g0_170, 171: _fattr4_encode_l0g0_171, 172: _fattr4_encode_l0g0_172, 173: _fattr4_encode_l0g0_173, 174: _fattr4_encode_l0g0_174, 175: _fattr4_encode_l0g0_175, 176: _fattr4_encode_l0g0_176, 177: _fattr4_encode_l0g0_177, 178: _fattr4_encode_l0g0_178, 179: _fattr4_encode_l0g0_179, 180: _fattr4_encode_l0g0_180, 181: _fattr4_encode_l0g0_181, 182: _fattr4_encode_l0g0_182, 183: _fattr4_encode_l0g0_183, 184: _fattr4_encode_l0g0_184, 185: _fattr4_encode_l0g0_185, 186: _fattr4_encode_l0g0_186, 187: _fattr4_encode_l0g0_187, 188: _fattr4_encode_l0g0_188, 189: _fattr4_encode_l0g0_189, 190: _fattr4_encode_l0g0_190, 191: _fattr4_encode_l0g0_191, 192: _fattr4_encode_l0g0_192, 193: _fattr4_encode_l0g0_193, 194: _fattr4_encode_l0g0_194, 195: _fattr4_encode_l0g0_195, 196: _fattr4_encode_l0g0_196, 197: _fattr4_encode_l0g0_197, 198: _fattr4_encode_l0g0_198, 199: _fattr4_encode_l0g0_199, 200: _fattr4_encode_l0g0_200, 201: _fattr4_encode_l0g0_201, 202: _fattr4_encode_l0g0_202, 203: _fattr4_encode_l0g0_203, 204: _fattr4_encode_l0g0_204, 205: _fattr4_encode_l0g0_205, 206: _fattr4_encode_l0g0_206, 207: _fattr4_encode_l0g0_207, 208: _fattr4_encode_l0g0_208, 209: _fattr4_encode_l0g0_209, 210: _fattr4_encode_l0g0_210, 211: _fattr4_encode_l0g0_211, 212: _fattr4_encode_l0g0_212, 213: _fattr4_encode_l0g0_213, 214: _fattr4_encode_l0g0_214, 215: _fattr4_encode_l0g0_215, 216: _fattr4_encode_l0g0_216, 217: _fattr4_encode_l0g0_217, 218: _fattr4_encode_l0g0_218, 219: _fattr4_encode_l0g0_219, 220: _fattr4_encode_l0g0_220, 221: _fattr4_encode_l0g0_221, 222: _fattr4_encode_l0g0_222, 223: _fattr4_encode_l0g0_223, 224: _fattr4_encode_l0g0_224, 225: _fattr4_encode_l0g0_225, 226: _fattr4_encode_l0g0_226, 227: _fattr4_encode_l0g0_227, 228: _fattr4_encode_l0g0_228, 229: _fattr4_encode_l0g0_229, 230: _fattr4_encode_l0g0_230, 231: _fattr4_encode_l0g0_231, 232: _fattr4_encode_l0g0_232, 233: _fattr4_encode_l0g0_233, 234: _fattr4_encode_l0g0_234, 235: _fattr4_encode_l0g0_235, 236: _fattr4_encode_l0g0_236, 237: _fattr4_encode_l0g0_237, 238: _fattr4_encode_l0g0_238, 239: _fattr4_encode_l0g0_239, 240: _fattr4_encode_l0g0_240, 241: _fattr4_encode_l0g0_241, 242: _fattr4_encode_l0g0_242, 243: _fattr4_encode_l0g0_243, 244: _fattr4_encode_l0g0_244, 245: _fattr4_encode_l0g0_245, 246: _fattr4_encode_l0g0_246, 247: _fattr4_encode_l0g0_247, 248: _fattr4_encode_l0g0_248, 249: _fattr4_encode_l0g0_249, 250: _fattr4_encode_l0g0_250, 251: _fattr4_encode_l0g0_251, 252: _fattr4_encode_l0g0_252, 253: _fattr4_encode_l0g0_253, 254: _fattr4_encode_l0g0_254, 255: _fattr4_encode_l0g0_255}, {1: _fattr4_encode_l0g1_1, 2: _fattr4_encode_l0g1_2, 3: _fattr4_encode_l0g1_3, 4: _fattr4_encode_l0g1_4, 5: _fattr4_encode_l0g1_5, 6: _fattr4_encode_l0g1_6, 7: _fattr4_encode_l0g1_7, 8: _fattr4_encode_l0g1_8, 9: _fattr4_encode_l0g1_9, 10: _fattr4_encode_l0g1_10, 11: _fattr4_encode_l0g1_11, 12: _fattr4_encode_l0g1_12, 13: _fattr4_encode_l0g1_13, 14: _fattr4_encode_l0g1_14, 15: _fattr4_encode_l0g1_15, 16: _fattr4_encode_l0g1_16, 17: _fattr4_encode_l0g1_17, 18: _fattr4_encode_l0g1_18, 19: _fattr4_encode_l0g1_19, 20: _fattr4_encode_l0g1_20, 21: _fattr4_encode_l0g1_21, 22: _fattr4_encode_l0g1_22, 23: _fattr4_encode_l0g1_23, 24: _fattr4_encode_l0g1_24, 25: _fattr4_encode_l0g1_25, 26: _fattr4_encode_l0g1_26, 27: _fattr4_encode_l0g1_27, 28: _fattr4_encode_l0g1_28, 29: _fattr4_encode_l0g1_29, 30: _fattr4_encode_l0g1_30, 31: _fattr4_encode_l0g1_31, 32: _fattr4_encode_l0g1_32, 33: _fattr4_encode_l0g1_33, 34: _fattr4_encode_l0g1_34, 35: _fattr4_encode_l0g1_35, 36: _fattr4_encode_l0g1_36, 37: _fattr4_encode_l0g1_37, 38: _fattr4_encode_l0g1_38, 39: _fattr4_encode_l0g1_39, 40: _fattr4_encode_l0g1_40, 41: _fattr4_encode_l0g1_41, 42: _fattr4_encode_l0g1_42, 43: _fattr4_encode_l0g1_43, 44: _fattr4_encode_l0g1_44, 45: _fattr4_encode_l0g1_45, 46: _fattr4_encode_l0g1_46, 47: _fattr4_encode_l0g1_47, 48: _fattr4_encode_l0g1_48, 49: _fattr4_encode_l0g1_49, 50: _fattr4_encode_l0g1_50, 51: _fattr4_encode_l0g1_51, 52: _fattr4_encode_l0g1_52, 53: _fattr4_encode_l0g1_53, 54: _fattr4_encode_l0g1_54, 55: _fattr4_encode_l0g1_55, 56: _fattr4_encode_l0g1_56, 57: _fattr4_encode_l0g1_57, 58: _fattr4_encode_l0g1_58, 59: _fattr4_encode_l0g1_59, 60: _fattr4_encode_l0g1_60, 61: _fattr4_encode_l0g1_61, 62: _fattr4_encode_l0g1_62, 63: _fattr4_encode_l0g1_63, 64: _fattr4_encode_l0g1_64, 65: _fattr4_encode_l0g1_65, 66: _fattr4_encode_l0g1_66, 67: _fattr4_encode_l0g1_67, 68: _fattr4_encode_l0g1_68, 69: _fattr4_encode_l0g1_69, 70: _fattr4_encode_l0g1_70, 71: _fattr4_encode_l0g1_71, 72: _fattr4_encode_l0g1_72, 73: _fattr4_encode_l0g1_73, 74: _fattr4_encode_l0g1_74, 75: _fattr4_encode_l0g1_75, 76: _fattr4_encode_l0g1_76, 77: _fattr4_encode_l0g1_77, 78: _fattr4_encode_l0g1_78, 79: _fattr4_encode_l0g1_79, 80: _fattr4_encode_l0g1_80, 81: _fattr4_encode_l0g1_81, 82: _fattr4_encode_l0g1_82, 83: _fattr4_encode_l0g1_83, 84: _fattr4_encode_l0g1_84, 85: _fattr4_encode_l0g1_85, 86: _fattr4_encode_l0g1_86, 87: _fattr4_encode_l0g1_87, 88: _fattr4_encode_l0g1_88, 89: _fattr4_encode_l0g1_89, 90: _fattr4_encode_l0g1_90, 91: _fattr4_encode_l0g1_91, 92: _fattr4_encode_l0g1_92, 93: _fattr4_encode_l0g1_93, 94: _fattr4_encode_l0g1_94, 95: _fattr4_encode_l0g1_95, 96: _fattr4_encode_l0g1_96, 97: _fattr4_encode_l0g1_97, 98: _fattr4_encode_l0g1_98, 99: _fattr4_encode_l0g1_99, 100: _fattr4_encode_l0g1_100, 101: _fattr4_encode_l0g1_101, 102: _fattr4_encode_l0g1_102, 103: _fattr4_encode_l0g1_103, 104: _fattr4_encode_l0g1_104, 105: _fattr4_encode_l0g1_105, 106: _fattr4_encode_l0g1_106, 107: _fattr4_encode_l0g1_107, 108: _fattr4_encode_l0g1_108, 109: _fattr4_encode_l0g1_109, 110: _fattr4_encode_l0g1_110, 111: _fattr4_encode_l0g1_111, 112: _fattr4_encode_l0g1_112, 113: _fattr4_encode_l0g1_113, 114: _fattr4_encode_l0g1_114, 115: _fattr4_encode_l0g1_115, 116: _fattr4_encode_l0g1_116, 117: _fattr4_encode_l0g1_117, 118: _fattr4_encode_l0g1_118, 119: _fattr4_encode_l0g1_119, 120: _fattr4_encode_l0g1_120, 121: _fattr4_encode_l0g1_121, 122: _fattr4_encode_l0g1_122, 123: _fattr4_encode_l0g1_123, 124: _fattr4_encode_l0g1_124, 125: _fattr4_encode_l0g1_125, 126: _fattr4_encode_l0g1_126, 127: _fattr4_encode_l0g1_127, 128: _fattr4_encode_l0g1_128, 129: _fattr4_encode_l0g1_129, 130: _fattr4_encode_l0g1_130, 131: _fattr4_encode_l0g1_131, 132: _fattr4_encode_l0g1_132, 133: _fattr4_encode_l0g1_133, 134: _fattr4_encode_l0g1_134, 135: _fattr4_encode_l0g1_135, 136: _fattr4_encode_l0g1_136, 137: _fattr4_encode_l0g1_137, 138: _fattr4_encode_l0g1_138, 139: _fattr4_encode_l0g1_139, 140: _fattr4_encode_l0g1_140, 141: _fattr4_encode_l0g1_141, 142: _fattr4_encode_l0g1_142, 143: _fattr4_encode_l0g1_143, 144: _fattr4_encode_l0g1_144, 145: _fattr4_encode_l0g1_145, 146: _fattr4_encode_l0g1_146, 147: _fattr4_encode_l0g1_147, 148: _fattr4_encode_l0g1_148, 149: _fattr4_encode_l0g1_149, 150: _fattr4_encode_l0g1_150, 151: _fattr4_encode_l0g1_151, 152: _fattr4_encode_l0g1_152, 153: _fattr4_encode_l0g1_153, 154: _fattr4_encode_l0g1_154, 155: _fattr4_encode_l0g1_155, 156: _fattr4_encode_l0g1_156, 157: _fattr4_encode_l0g1_157, 158: _fattr4_encode_l0g1_158, 159: _fattr4_encode_l0g1_159, 160: _fattr4_encode_l0g1_160, 161: _fattr4_encode_l0g1_161, 162: _fattr4_encode_l0g1_162, 163: _fattr4_encode_l0g1_163, 164: _fattr4_encode_l0g1_164, 165: _fattr4_encode_l0g1_165, 166: _fattr4_encode_l0g1_166, 167: _fattr4_encode_l0g1_167, 168: _fattr4_encode_l0g1_168, 169: _fattr4_encode_l0g1_169, 170: _fattr4_encode_l0g1_170, 171: _fattr4_encode_l0g1_171, 172: _fattr4_encode_l0g1_172, 173: _fattr4_encode_l0g1_173, 174: _fattr4_encode_l0g1_174, 175: _fattr4_encode_l0g1_175, 176: _fattr4_encode_l0g1_176, 177: _fattr4_encode_l0g1_177, 178: _fattr4_encode_l0g1_178, 179: _fattr4_encode_l0g1_179, 180: _fattr4_encode_l0g1_180, 181: _fattr4_encode_l0g1_181, 182: _fattr4_encode_l0g1_182, 183: _fattr4_encode_l0g1_183, 184: _fattr4_encode_l0g1_184, 185: _fattr4_encode_l0g1_185, 186: _fattr4_encode_l0g1_186, 187: _fattr4_encode_l0g1_187, 188: _fattr4_encode_l0g1_188, 189: _fattr4_encode_l0g1_189, 190: _fattr4_encode_l0g1_190, 191: _fattr4_encode_l0g1_191, 192: _fattr4_encode_l0g1_192, 193: _fattr4_encode_l0g1_193, 194: _fattr4_encode_l0g1_194, 195: _fattr4_encode_l0g1_195, 196: _fattr4_encode_l0g1_196, 197: _fattr4_encode_l0g1_197, 198: _fattr4_encode_l0g1_198, 199: _fattr4_encode_l0g1_199, 200: _fattr4_encode_l0g1_200, 201: _fattr4_encode_l0g1_201, 202: _fattr4_encode_l0g1_202, 203: _fattr4_encode_l0g1_203, 204: _fattr4_encode_l0g1_204, 205: _fattr4_encode_l0g1_205, 206: _fattr4_encode_l0g1_206, 207: _fattr4_encode_l0g1_207, 208: _fattr4_encode_l0g1_208, 209: _fattr4_encode_l0g1_209, 210: _fattr4_encode_l0g1_210, 211: _fattr4_encode_l0g1_211, 212: _fattr4_encode_l0g1_212, 213: _fattr4_encode_l0g1_213, 214: _fattr4_encode_l0g1_214, 215: _fattr4_encode_l0g1_215, 216: _fattr4_encode_l0g1_216, 217: _fattr4_encode_l0g1_217, 218: _fattr4_encode_l0g1_218, 219: _fattr4_encode_l0g1_219, 220: _fattr4_encode_l0g1_220, 221: _fattr4_encode_l0g1_221, 222: _fattr4_encode_l0g1_222, 223: _fattr4_encode_l0g1_223, 224: _fattr4_encode_l0g1_224, 225: _fattr4_encode_l0g1_225, 226: _fattr4_encode_l0g1_226, 227: _fattr4_encode_l0g1_227, 228: _fattr4_encode_l0g1_228, 229: _fattr4_encode_l0g1_229, 230: _fattr4_encode_l0g1_230, 231: _fattr4_encode_l0g1_231, 232: _fattr4_encode_l0g1_232, 233: _fattr4_encode_l0g1_233, 234: _fattr4_encode_l0g1_234, 235: _fattr4_encode_l0g1_235, 236: _fattr4_encode_l0g1_236, 237: _fattr4_encode_l0g1_237, 238: _fattr4_encode_l0g1_238, 239: _fattr4_encode_l0g1_239, 240: _fattr4_encode_l0g1_240, 241: _fattr4_encode_l0g1_241, 242: _fattr4_encode_l0g1_242, 243: _fattr4_encode_l0g1_243, 244: _fattr4_encode_l0g1_244, 245: _fattr4_encode_l0g1_245, 246: _fattr4_encode_l0g1_246, 247: _fattr4_encode_l0g1_247, 248: _fattr4_encode_l0g1_248, 249: _fattr4_encode_l0g1_249, 250: _fattr4_encode_l0g1_250, 251: _fattr4_encode_l0g1_251, 252: _fattr4_encode_l0g1_252, 253: _fattr4_encode_l0g1_253, 254: _fattr4_encode_l0g1_254, 255: _fattr4_encode_l0g1_255, 256: _fattr4_encode_l0g1_256, 257: _fattr4_encode_l0g1_257, 258: _fattr4_encode_l0g1_258, 259: _fattr4_encode_l0g1_259, 260: _fattr4_encode_l0g1_260, 261: _fattr4_encode_l0g1_261, 262: _fattr4_encode_l0g1_262, 263: _fattr4_encode_l0g1_263, 264: _fattr4_encode_l0g1_264, 265: _fattr4_encode_l0g1_265, 266: _fattr4_encode_l0g1_266, 267: _fattr4_encode_l0g1_267, 268: _fattr4_encode_l0g1_268, 269: _fattr4_encode_l0g1_269, 270: _fattr4_encode_l0g1_270, 271: _fattr4_encode_l0g1_271, 272: _fattr4_encode_l0g1_272, 273: _fattr4_encode_l0g1_273, 274: _fattr4_encode_l0g1_274, 275: _fattr4_encode_l0g1_275, 276: _fattr4_encode_l0g1_276, 277: _fattr4_encode_l0g1_277, 278: _fattr4_encode_l0g1_278, 279: _fattr4_encode_l0g1_279, 280: _fattr4_encode_l0g1_280, 281: _fattr4_encode_l0g1_281, 282: _fattr4_encode_l0g1_282, 283: _fattr4_encode_l0g1_283, 284: _fattr4_encode_l0g1_284, 285: _fattr4_encode_l0g1_285, 286: _fattr4_encode_l0g1_286, 287: _fattr4_encode_l0g1_287, 288: _fattr4_encode_l0g1_288, 289: _fattr4_encode_l0g1_289, 290: _fattr4_encode_l0g1_290, 291: _fattr4_encode_l0g1_291, 292: _fattr4_encode_l0g1_292, 293: _fattr4_encode_l0g1_293, 294: _fattr4_encode_l0g1_294, 295: _fattr4_encode_l0g1_295, 296: _fattr4_encode_l0g1_296, 297: _fattr4_encode_l0g1_297, 298: _fattr4_encode_l0g1_298, 299: _fattr4_encode_l0g1_299, 300: _fattr4_encode_l0g1_300, 301: _fattr4_encode_l0g1_301, 302: _fattr4_encode_l0g1_302, 303: _fattr4_encode_l0g1_303, 304: _fattr4_encode_l0g1_304, 305: _fattr4_encode_l0g1_305, 306: _fattr4_encode_l0g1_306, 307: _fattr4_encode_l0g1_307, 308: _fattr4_encode_l0g1_308, 309: _fattr4_encode_l0g1_309, 310: _fattr4_encode_l0g1_310, 311: _fattr4_encode_l0g1_311, 312: _fattr4_encode_l0g1_312, 313: _fattr4_encode_l0g1_313, 314: _fattr4_encode_l0g1_314, 315: _fattr4_encode_l0g1_315, 316: _fattr4_encode_l0g1_316, 317: _fattr4_encode_l0g1_317, 318: _fattr4_encode_l0g1_318, 319: _fattr4_encode_l0g1_319, 320: _fattr4_encode_l0g1_320, 321: _fattr4_encode_l0g1_321, 322: _fattr4_encode_l0g1_322, 323: _fattr4_encode_l0g1_323, 324: _fattr4_encode_l0g1_324, 325: _fattr4_encode_l0g1_325, 326: _fattr4_encode_l0g1_326, 327: _fattr4_encode_l0g1_327, 328: _fattr4_encode_l0g1_328, 329: _fattr4_encode_l0g1_329, 330: _fattr4_encode_l0g1_330, 331: _fattr4_encode_l0g1_331, 332: _fattr4_encode_l0g1_332, 333: _fattr4_encode_l0g1_333, 334: _fattr4_encode_l0g1_334, 335: _fattr4_encode_l0g1_335, 336: _fattr4_encode_l0g1_336, 337: _fattr4_encode_l0g1_337, 338: _fattr4_encode_l0g1_338, 339: _fattr4_encode_l0g1_339, 340: _fattr4_encode_l0g1_340, 341: _fattr4_encode_l0g1_341, 342: _fattr4_encode_l0g1_342, 343: _fattr4_encode_l0g1_343, 344: _fattr4_encode_l0g1_344, 345: _fattr4_encode_l0g1_345, 346: _fattr4_encode_l0g1_346, 347: _fattr4_encode_l0g1_347, 348: _fattr4_encode_l0g1_348, 349: _fattr4_encode_l0g1_349, 350: _fattr4_encode_l0g1_350, 351: _fattr4_encode_l0g1_351, 352: _fattr4_encode_l0g1_352, 353: _fattr4_encode_l0g1_353, 354: _fattr4_encode_l0g1_354, 355: _fattr4_encode_l0g1_355, 356: _fattr4_encode_l0g1_356, 357: _fattr4_encode_l0g1_357, 358: _fattr4_encode_l0g1_358, 359: _fattr4_encode_l0g1_359, 360: _fattr4_encode_l0g1_360, 361: _fattr4_encode_l0g1_361, 362: _fattr4_encode_l0g1_362, 363: _fattr4_encode_l0g1_363, 364: _fattr4_encode_l0g1_364, 365: _fattr4_encode_l0g1_365, 366: _fattr4_encode_l0g1_366, 367: _fattr4_encode_l0g1_367, 368: _fattr4_encode_l0g1_368, 369: _fattr4_encode_l0g1_369, 370: _fattr4_encode_l0g1_370, 371: _fattr4_encode_l0g1_371, 372: _fattr4_encode_l0g1_372, 373: _fattr4_encode_l0g1_373, 374: _fattr4_encode_l0g1_374, 375: _fattr4_encode_l0g1_375, 376: _fattr4_encode_l0g1_376, 377: _fattr4_encode_l0g1_377, 378: _fattr4_encode_l0g1_378, 379: _fattr4_encode_l0g1_379, 380: _fattr4_encode_l0g1_380, 381: _fattr4_encode_l0g1_381, 382: _fattr4_encode_l0g1_382, 383: _fattr4_encode_l0g1_383, 384: _fattr4_encode_l0g1_384, 385: _fattr4_encode_l0g1_385, 386: _fattr4_encode_l0g1_386, 387: _fattr4_encode_l0g1_387, 388: _fattr4_encode_l0g1_388, 389: _fattr4_encode_l0g1_389, 390: _fattr4_encode_l0g1_390, 391: _fattr4_encode_l0g1_391, 392: _fattr4_encode_l0g1_392, 393: _fattr4_encode_l0g1_393, 394: _fattr4_encode_l0g1_394, 395: _fattr4_encode_l0g1_395, 396: _fattr4_encode_l0g1_396, 397: _fattr4_encode_l0g1_397, 398: _fattr4_encode_l0g1_398, 399: _fattr4_encode_l0g1_399, 400: _fattr4_encode_l0g1_400, 401: _fattr4_encode_l0g1_401, 402: _fattr4_encode_l0g1_402, 403: _fattr4_encode_l0g1_403, 404: _fattr4_encode_l0g1_404, 405: _fattr4_encode_l0g1_405, 406: _fattr4_encode_l0g1_406, 407: _fattr4_encode_l0g1_407, 408: _fattr4_encode_l0g1_408, 409: _fattr4_encode_l0g1_409, 410: _fattr4_encode_l0g1_410, 411: _fattr4_encode_l0g1_411, 412: _fattr4_encode_l0g1_412, 413: _fattr4_encode_l0g1_413, 414: _fattr4_encode_l0g1_414, 415: _fattr4_encode_l0g1_415, 416: _fattr4_encode_l0g1_416, 417: _fattr4_encode_l0g1_417, 418: _fattr4_encode_l0g1_418, 419: _fattr4_encode_l0g1_419, 420: _fattr4_encode_l0g1_420, 421: _fattr4_encode_l0g1_421, 422: _fattr4_encode_l0g1_422, 423: _fattr4_encode_l0g1_423, 424: _fattr4_encode_l0g1_424, 425: _fattr4_encode_l0g1_425, 426: _fattr4_encode_l0g1_426, 427: _fattr4_encode_l0g1_427, 428: _fattr4_encode_l0g1_428, 429: _fattr4_encode_l0g1_429, 430: _fattr4_encode_l0g1_430, 431: _fattr4_encode_l0g1_431, 432: _fattr4_encode_l0g1_432, 433: _fattr4_encode_l0g1_433, 434: _fattr4_encode_l0g1_434, 435: _fattr4_encode_l0g1_435, 436: _fattr4_encode_l0g1_436, 437: _fattr4_encode_l0g1_437, 438: _fattr4_encode_l0g1_438, 439: _fattr4_encode_l0g1_439, 440: _fattr4_encode_l0g1_440, 441: _fattr4_encode_l0g1_441, 442: _fattr4_encode_l0g1_442, 443: _fattr4_encode_l0g1_443, 444: _fattr4_encode_l0g1_444, 445: _fattr4_encode_l0g1_445, 446: _fattr4_encode_l0g1_446, 447: _fattr4_encode_l0g1_447, 448: _fattr4_encode_l0g1_448, 449: _fattr4_encode_l0g1_449, 450: _fattr4_encode_l0g1_450, 451: _fattr4_encode_l0g1_451, 452: _fattr4_encode_l0g1_452, 453: _fattr4_encode_l0g1_453, 454: _fattr4_encode_l0g1_454, 455: _fattr4_encode_l0g1_455, 456: _fattr4_encode_l0g1_456, 457: _fattr4_encode_l0g1_457, 458: _fattr4_encode_l0g1_458, 459: _fattr4_encode_l0g1_459, 460: _fattr4_encode_l0g1_460, 461: _fattr4_encode_l0g1_461, 462: _fattr4_encode_l0g1_462, 463: _fattr4_encode_l0g1_463, 464: _fattr4_encode_l0g1_464, 465: _fattr4_encode_l0g1_465, 466: _fattr4_encode_l0g1_466, 467: _fattr4_encode_l0g1_467, 468: _fattr4_encode_l0g1_468, 469: _fattr4_encode_l0g1_469, 470: _fattr4_encode_l0g1_470, 471: _fattr4_encode_l0g1_471, 472: _fattr4_encode_l0g1_472, 473: _fattr4_encode_l0g1_473, 474: _fattr4_encode_l0g1_474, 475: _fattr4_encode_l0g1_475, 476: _fattr4_encode_l0g1_476, 477: _fattr4_encode_l0g1_477, 478: _fattr4_encode_l0g1_478, 479: _fattr4_encode_l0g1_479, 480: _fattr4_encode_l0g1_480, 481: _fattr4_encode_l0g1_481, 482: _fattr4_encode_l0g1_482, 483: _fattr4_encode_l0g1_483, 484: _fattr4_encode_l0g1_484, 485: _fattr4_encode_l0g1_485, 486: _fattr4_encode_l0g1_486, 487: _fattr4_encode_l0g1_487, 488: _fattr4_encode_l0g1_488, 489: _fattr4_encode_l0g1_489, 490: _fattr4_encode_l0g1_490, 491: _fattr4_encode_l0g1_491, 492: _fattr4_encode_l0g1_492, 493: _fattr4_encode_l0g1_493, 494: _fattr4_encode_l0g1_494, 495: _fattr4_encode_l0g1_495, 496: _fattr4_encode_l0g1_496, 497: _fattr4_encode_l0g1_497, 498: _fattr4_encode_l0g1_498, 499: _fattr4_encode_l0g1_499, 500: _fattr4_encode_l0g1_500, 501: _fattr4_encode_l0g1_501, 502: _fattr4_encode_l0g1_502, 503: _fattr4_encode_l0g1_503, 504: _fattr4_encode_l0g1_504, 505: _fattr4_encode_l0g1_505, 506: _fattr4_encode_l0g1_506, 507: _fattr4_encode_l0g1_507, 508: _fattr4_encode_l0g1_508, 509: _fattr4_encode_l0g1_509, 510: _fattr4_encode_l0g1_510, 511: _fattr4_encode_l0g1_511},)), ({0: (0, 1), 1: (0, 2), 2: (0, 4), 3: (0, 8), 4: (0, 16), 5: (1, 1), 6: (1, 2), 7: (1, 4), 8: (1, 8), 9: (1, 16), 10: (2, 1), 11: (2, 2), 13: (2, 4), 15: (2, 8), 16: (2, 16), 17: (3, 1), 18: (3, 2), 19: (3, 4), 20: (3, 8), 21: (3, 16), 22: (4, 1), 23: (4, 2), 26: (4, 4), 27: (4, 8), 28: (4, 16), 29: (5, 1), 30: (5, 2), 31: (5, 4), 33: (5, 8), 34: (5, 16), 35: (6, 1), 36: (6, 2), 37: (6, 4), 41: (6, 8), 42: (6, 16), 43: (7, 1), 44: (7, 2), 45: (7, 4), 47: (7, 8), 51: (7, 16), 52: (8, 1), 53: (8, 2), 55: (8, 4), 75: (8, 8)}, ({1: _fattr4_encode_l1g0_1, 2: _fattr4_encode_l1g0_2, 3: _fattr4_encode_l1g0_3, 4: _fattr4_encode_l1g0_4, 5: _fattr4_encode_l1g0_5, 6: _fattr4_encode_l1g0_6, 7: _fattr4_encode_l1g0_7, 8: _fattr4_encode_l1g0_8, 9: _fattr4_encode_l1g0_9, 10: _fattr4_encode_l1g0_10, 11: _fattr4_encode_l1g0_11, 12: _fattr4_encode_l1g0_12, 13: _fattr4_encode_l1g0_13, 14: _fattr4_encode_l1g0_14, 15: _fattr4_encode_l1g0_15, 16: _fattr4_encode_l1g0_16, 17: _fattr4_encode_l1g0_17, 18: _fattr4_encode_l1g0_18, 19: _fattr4_encode_l1g0_19, 20: _fattr4_encode_l1g0_20, 21: _fattr4_encode_l1g0_21, 22: _fattr4_encode_l1g0_22, 23: _fattr4_encode_l1g0_23, 24: _fattr4_encode_l1g0_24, 25: _fattr4_encode_l1g0_25, 26: _fattr4_encode_l1g0_26, 27: _fattr4_encode_l1g0_27, 28: _fattr4_encode_l1g0_28, 29: _fattr4_encode_l1g0_29, 30: _fattr4_encode_l1g0_30, 31: _fattr4_encode_l1g0_31}, {1: _fattr4_encode_l1g1_1, 2: _fattr4_encode_l1g1_2, 3: _fattr4_encode_l1g1_3, 4: _fattr4_encode_l1g1_4, 5: _fattr4_encode_l1g1_5, 6: _fattr4_encode_l1g1_6, 7: _fattr4_encode_l1g1_7, 8: _fattr4_encode_l1g1_8, 9: _fattr4_encode_l1g1_9, 10: _fattr4_encode_l1g1_10, 11: _fattr4_encode_l1g1_11, 12: _fattr4_encode_l1g1_12, 13: _fattr4_encode_l1g1_13, 14: _fattr4_encode_l1g1_14, 15: _fattr4_encode_l1g1_15, 16: _fattr4_encode_l1g1_16, 17: _fattr4_encode_l1g1_17, 18: _fattr4_encode_l1g1_18, 19: _fattr4_encode_l1g1_19, 20: _fattr4_encode_l1g1_20, 21: _fattr4_encode_l1g1_21, 22: _fattr4_encode_l1g1_22, 23: _fattr4_encode_l1g1_23, 24: _fattr4_encode_l1g1_24, 25: _fattr4_encode_l1g1_25, 26: _fattr4_encode_l1g1_26, 27: _fattr4_encode_l1g1_27, 28: _fattr4_encode_l1g1_28, 29: _fattr4_encode_l1g1_29, 30: _fattr4_encode_l1g1_30, 31: _fattr4_encode_l1g1_31}, {1: _fattr4_encode_l1g2_1, 2: _fattr4_encode_l1g2_2, 3: _fattr4_encode_l1g2_3, 4: _fattr4_encode_l1g2_4, 5: _fattr4_encode_l1g2_5, 6: _fattr4_encode_l1g2_6, 7: _fattr4_encode_l1g2_7, 8: _fattr4_encode_l1g2_8, 9: _fattr4_encode_l1g2_9, 10: _fattr4_encode_l1g2_10, 11: _fattr4_encode_l1g2_11, 12: _fattr4_encode_l1g2_12, 13: _fattr4_encode_l1g2_13, 14: _fattr4_encode_l1g2_14, 15: _fattr4_encode_l1g2_15, 16: _fattr4_encode_l1g2_16, 17: _fattr4_encode_l1g2_17, 18: _fattr4_encode_l1g2_18, 19: _fattr4_encode_l1g2_19, 20: _fattr4_encode_l1g2_20, 21: _fattr4_encode_l1g2_21, 22: _fattr4_encode_l1g2_22, 23: _fattr4_encode_l1g2_23, 24: _fattr4_encode_l1g2_24, 25: _fattr4_encode_l1g2_25, 26: _fattr4_encode_l1g2_26, 27: _fattr4_encode_l1g2_27, 28: _fattr4_encode_l1g2_28, 29: _fattr4_encode_l1g2_29, 30: _fattr4_encode_l1g2_30, 31: _fattr4_encode_l1g2_31}, {1: _fattr4_encode_l1g3_1, 2: _fattr4_encode_l1g3_2, 3: _fattr4_encode_l1g3_3, 4: _fattr4_encode_l1g3_4, 5: _fattr4_encode_l1g3_5, 6: _fattr4_encode_l1g3_6, 7: _fattr4_encode_l1g3_7, 8: _fattr4_encode_l1g3_8, 9: _fattr4_encode_l1g3_9, 10: _fattr4_encode_l1g3_10, 11: _fattr4_encode_l1g3_11, 12: _fattr4_encode_l1g3_12, 13: _fattr4_encode_l1g3_13, 14: _fattr4_encode_l1g3_14, 15: _fattr4_encode_l1g3_15, 16: _fattr4_encode_l1g3_16, 17: _fattr4_encode_l1g3_17, 18: _fattr4_encode_l1g3_18, 19: _fattr4_encode_l1g3_19, 20: _fattr4_encode_l1g3_20, 21: _fattr4_encode_l1g3_21, 22: _fattr4_encode_l1g3_22, 23: _fattr4_encode_l1g3_23, 24: _fattr4_encode_l1g3_24, 25: _fattr4_encode_l1g3_25, 26: _fattr4_encode_l1g3_26, 27: _fattr4_encode_l1g3_27, 28: _fattr4_encode_l1g3_28, 29: _fattr4_encode_l1g3_29, 30: _fattr4_encode_l1g3_30, 31: _fattr4_encode_l1g3_31}, {1: _fattr4_encode_l1g4_1, 2: _fattr4_encode_l1g4_2, 3: _fattr4_encode_l1g4_3, 4: _fattr4_encode_l1g4_4, 5: _fattr4_encode_l1g4_5, 6: _fattr4_encode_l1g4_6, 7: _fattr4_encode_l1g4_7, 8: _fattr4_encode_l1g4_8, 9: _fattr4_encode_l1g4_9, 10: _fattr4_encode_l1g4_10, 11: _fattr4_encode_l1g4_11, 12: _fattr4_encode_l1g4_12, 13: _fattr4_encode_l1g4_13, 14: _fattr4_encode_l1g4_14, 15: _fattr4_encode_l1g4_15, 16: _fattr4_encode_l1g4_16, 17: _fattr4_encode_l1g4_17, 18: _fattr4_encode_l1g4_18, 19: _fattr4_encode_l1g4_19, 20: _fattr4_encode_l1g4_20, 21: _fattr4_encode_l1g4_21, 22: _fattr4_encode_l1g4_22, 23: _fattr4_encode_l1g4_23, 24: _fattr4_encode_l1g4_24, 25: _fattr4_encode_l1g4_25, 26: _fattr4_encode_l1g4_26, 27: _fattr4_encode_l1g4_27, 28: _fattr4_encode_l1g4_28, 29: _fattr4_encode_l1g4_29, 30: _fattr4_encode_l1g4_30, 31: _fattr4_encode_l1g4_31}, {1: _fattr4_encode_l1g5_1, 2: _fattr4_encode_l1g5_2, 3: _fattr4_encode_l1g5_3, 4: _fattr4_encode_l1g5_4, 5: _fattr4_encode_l1g5_5, 6: _fattr4_encode_l1g5_6, 7: _fattr4_encode_l1g5_7, 8: _fattr4_encode_l1g5_8, 9: _fattr4_encode_l1g5_9, 10: _fattr4_encode_l1g5_10, 11: _fattr4_encode_l1g5_11, 12: _fattr4_encode_l1g5_12, 13: _fattr4_encode_l1g5_13, 14: _fattr4_encode_l1g5_14, 15: _fattr4_encode_l1g5_15, 16: _fattr4_encode_l1g5_16, 17: _fattr4_encode_l1g5_17, 18: _fattr4_encode_l1g5_18, 19: _fattr4_encode_l1g5_19, 20: _fattr4_encode_l1g5_20, 21: _fattr4_encode_l1g5_21, 22: _fattr4_encode_l1g5_22, 23: _fattr4_encode_l1g5_23, 24: _fattr4_encode_l1g5_24, 25: _fattr4_encode_l1g5_25, 26: _fattr4_encode_l1g5_26, 27: _fattr4_encode_l1g5_27, 28: _fattr4_encode_l1g5_28, 29: _fattr4_encode_l1g5_29, 30: _fattr4_encode_l1g5_30, 31: _fattr4_encode_l1g5_31}, {1: _fattr4_encode_l1g6_1, 2: _fattr4_encode_l1g6_2, 3: _fattr4_encode_l1g6_3, 4: _fattr4_encode_l1g6_4, 5: _fattr4_encode_l1g6_5, 6: _fattr4_encode_l1g6_6, 7: _fattr4_encode_l1g6_7, 8: _fattr4_encode_l1g6_8, 9: _fattr4_encode_l1g6_9, 10: _fattr4_encode_l1g6_10, 11: _fattr4_encode_l1g6_11, 12: _fattr4_encode_l1g6_12, 13: _fattr4_encode_l1g6_13, 14: _fattr4_encode_l1g6_14, 15: _fattr4_encode_l1g6_15, 16: _fattr4_encode_l1g6_16, 17: _fattr4_encode_l1g6_17, 18: _fattr4_encode_l1g6_18, 19: _fattr4_encode_l1g6_19, 20: _fattr4_encode_l1g6_20, 21: _fattr4_encode_l1g6_21, 22: _fattr4_encode_l1g6_22, 23: _fattr4_encode_l1g6_23, 24: _fattr4_encode_l1g6_24, 25: _fattr4_encode_l1g6_25, 26: _fattr4_encode_l1g6_26, 27: _fattr4_encode_l1g6_27, 28: _fattr4_encode_l1g6_28, 29: _fattr4_encode_l1g6_29, 30: _fattr4_encode_l1g6_30, 31: _fattr4_encode_l1g6_31}, {1: _fattr4_encode_l1g7_1, 2: _fattr4_encode_l1g7_2, 3: _fattr4_encode_l1g7_3, 4: _fattr4_encode_l1g7_4, 5: _fattr4_encode_l1g7_5, 6: _fattr4_encode_l1g7_6, 7: _fattr4_encode_l1g7_7, 8: _fattr4_encode_l1g7_8, 9: _fattr4_encode_l1g7_9, 10: _fattr4_encode_l1g7_10, 11: _fattr4_encode_l1g7_11, 12: _fattr4_encode_l1g7_12, 13: _fattr4_encode_l1g7_13, 14: _fattr4_encode_l1g7_14, 15: _fattr4_encode_l1g7_15, 16: _fattr4_encode_l1g7_16, 17: _fattr4_encode_l1g7_17, 18: _fattr4_encode_l1g7_18, 19: _fattr4_encode_l1g7_19, 20: _fattr4_encode_l1g7_20, 21: _fattr4_encode_l1g7_21, 22: _fattr4_encode_l1g7_22, 23: _fattr4_encode_l1g7_23, 24: _fattr4_encode_l1g7_24, 25: _fattr4_encode_l1g7_25, 26: _fattr4_encode_l1g7_26, 27: _fattr4_encode_l1g7_27, 28: _fattr4_encode_l1g7_28, 29: _fattr4_encode_l1g7_29, 30: _fattr4_encode_l1g7_30, 31: _fattr4_encode_l1g7_31}, {1: _fattr4_encode_l1g8_1, 2: _fattr4_encode_l1g8_2, 3: _fattr4_encode_l1g8_3, 4: _fattr4_encode_l1g8_4, 5: _fattr4_encode_l1g8_5, 6: _fattr4_encode_l1g8_6, 7: _fattr4_encode_l1g8_7, 8: _fattr4_encode_l1g8_8, 9: _fattr4_encode_l1g8_9, 10: _fattr4_encode_l1g8_10, 11: _fattr4_encode_l1g8_11, 12: _fattr4_encode_l1g8_12, 13: _fattr4_encode_l1g8_13, 14: _fattr4_encode_l1g8_14, 15: _fattr4_encode_l1g8_15},)),)
+
+
+def _fattr4_decode_linux_fattr(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _S188.unpack_from(buf, off)
+        off += 52
+        out[1] = _nfs_ftype4_MAP[_t[0]]
+        out[3] = _t[1]
+        out[4] = _t[2]
+        out[8] = fsid4(_t[3], _t[4])
+        out[20] = _t[5]
+        out[33] = _t[6]
+        out[35] = _t[7]
+        out[36], off = dec_fattr4_owner(r, off)
+        out[37], off = dec_fattr4_owner_group(r, off)
+        _t = _S149.unpack_from(buf, off)
+        off += 60
+        out[41] = specdata4(_t[0], _t[1])
+        out[45] = _t[2]
+        out[47] = nfstime4(_t[3], _t[4])
+        out[52] = nfstime4(_t[5], _t[6])
+        out[53] = nfstime4(_t[7], _t[8])
+        out[55] = _t[9]
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_linux_fattr(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S188.pack(a.type, a.change, a.size, *a.fsid, a.fileid, a.mode, a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S149.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_decode_linux_readdir_plus(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _S61.unpack_from(buf, off)
+        off += 40
+        out[1] = _nfs_ftype4_MAP[_t[0]]
+        out[3] = _t[1]
+        out[4] = _t[2]
+        out[8] = fsid4(_t[3], _t[4])
+        out[11] = _nfsstat4_MAP[_t[5]]
+        out[19], off = dec_fattr4_filehandle(r, off)
+        _t = _S34.unpack_from(buf, off)
+        off += 16
+        out[20] = _t[0]
+        out[33] = _t[1]
+        out[35] = _t[2]
+        out[36], off = dec_fattr4_owner(r, off)
+        out[37], off = dec_fattr4_owner_group(r, off)
+        _t = _S149.unpack_from(buf, off)
+        off += 60
+        out[41] = specdata4(_t[0], _t[1])
+        out[45] = _t[2]
+        out[47] = nfstime4(_t[3], _t[4])
+        out[52] = nfstime4(_t[5], _t[6])
+        out[53] = nfstime4(_t[7], _t[8])
+        out[55] = _t[9]
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_linux_readdir_plus(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S61.pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S34.pack(a.fileid, a.mode, a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S149.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_decode_linux_readdir(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _S49.unpack_from(buf, off)
+        off += 12
+        out[11] = _nfsstat4_MAP[_t[0]]
+        out[55] = _t[1]
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_linux_readdir(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S49.pack(err, a.mounted_on_fileid)
+
+
+def _fattr4_decode_linux_cache_consistency(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _S181.unpack_from(buf, off)
+        off += 40
+        out[3] = _t[0]
+        out[4] = _t[1]
+        out[52] = nfstime4(_t[2], _t[3])
+        out[53] = nfstime4(_t[4], _t[5])
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_linux_cache_consistency(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S181.pack(a.change, a.size, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_decode_linux_open_noattr(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _S49.unpack_from(buf, off)
+        off += 12
+        out[1] = _nfs_ftype4_MAP[_t[0]]
+        out[20] = _t[1]
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_linux_open_noattr(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S49.pack(a.type, a.fileid)
+
+
+def _fattr4_decode_linux_statfs(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _S189.unpack_from(buf, off)
+        off += 48
+        out[21] = _t[0]
+        out[22] = _t[1]
+        out[23] = _t[2]
+        out[42] = _t[3]
+        out[43] = _t[4]
+        out[44] = _t[5]
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_linux_statfs(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S189.pack(fs.files_avail, fs.files_free, fs.files_total, fs.bytes_avail, fs.bytes_free, fs.bytes_total)
+
+
+def _fattr4_decode_linux_pathconf(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _S1.unpack_from(buf, off)
+        off += 8
+        out[28] = _t[0]
+        out[29] = _t[1]
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_linux_pathconf(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S1.pack(min(fs.max_link, 4294967295), min(fs.max_name, 4294967295))
+
+
+def _fattr4_decode_linux_fsinfo(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _S190.unpack_from(buf, off)
+        off += 40
+        out[10] = _t[0]
+        out[27] = _t[1]
+        out[30] = _t[2]
+        out[31] = _t[3]
+        out[51] = nfstime4(_t[4], _t[5])
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_linux_fsinfo(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S190.pack(cfg.lease_time, 9223372036854775807, cfg.max_io, cfg.max_io, 0, 1)
+
+
+def _fattr4_decode_linux_server_caps(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        out[0], off = dec_fattr4_supported_attrs(r, off)
+        _t = _S35.unpack_from(buf, off)
+        off += 24
+        out[2] = _t[0]
+        out[5] = _BOOL[_t[1]]
+        out[6] = _BOOL[_t[2]]
+        out[13] = _t[3]
+        out[16] = _BOOL[_t[4]]
+        out[17] = _BOOL[_t[5]]
+        out[75], off = dec_fattr4_suppattr_exclcreat(r, off)
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_linux_server_caps(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S191.pack(3, 4244615167, 16367166, 2048, FH4_PERSISTENT, 1, 1, 0, 0, 1, 2, 16, 50)
+
+
+def _fattr4_decode_client_stat(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _S188.unpack_from(buf, off)
+        off += 52
+        out[1] = _nfs_ftype4_MAP[_t[0]]
+        out[3] = _t[1]
+        out[4] = _t[2]
+        out[8] = fsid4(_t[3], _t[4])
+        out[20] = _t[5]
+        out[33] = _t[6]
+        out[35] = _t[7]
+        out[36], off = dec_fattr4_owner(r, off)
+        out[37], off = dec_fattr4_owner_group(r, off)
+        _t = _S123.unpack_from(buf, off)
+        off += 52
+        out[41] = specdata4(_t[0], _t[1])
+        out[45] = _t[2]
+        out[47] = nfstime4(_t[3], _t[4])
+        out[52] = nfstime4(_t[5], _t[6])
+        out[53] = nfstime4(_t[7], _t[8])
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_client_stat(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S188.pack(a.type, a.change, a.size, *a.fsid, a.fileid, a.mode, a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S123.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_decode_rdattr_error(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _S2.unpack_from(buf, off)
+        off += 4
+        out[11] = _nfsstat4_MAP[_t[0]]
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_rdattr_error(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S2.pack(err)
+
+
+def _fattr4_decode_set_mode(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _S0.unpack_from(buf, off)
+        off += 4
+        out[33] = _t[0]
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_set_mode(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S0.pack(a.mode)
+
+
+def _fattr4_decode_set_size(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _S4.unpack_from(buf, off)
+        off += 8
+        out[4] = _t[0]
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_set_size(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _S4.pack(a.size)
+
+
+def _fattr4_decode_set_owners(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        out[36], off = dec_fattr4_owner(r, off)
+        out[37], off = dec_fattr4_owner_group(r, off)
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_set_owners(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid)
+
+
+def _fattr4_decode_set_times(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        out[48], off = dec_fattr4_time_access_set(r, off)
+        out[54], off = dec_fattr4_time_modify_set(r, off)
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+ATTRIBUTE_MASK_DECODERS: dict[tuple[int, ...], _Callable[[_Buffer], dict[int, _Any]]] = {(1048858, 11575866): _fattr4_decode_linux_fattr, (1575194, 11575866): _fattr4_decode_linux_readdir_plus, (2048, 8388608): _fattr4_decode_linux_readdir, (24, 3145728): _fattr4_decode_linux_cache_consistency, (1048578,): _fattr4_decode_linux_open_noattr, (14680064, 7168): _fattr4_decode_linux_statfs, (805306368,): _fattr4_decode_linux_pathconf, (3355444224, 524288): _fattr4_decode_linux_fsinfo, (204901, 0, 2048): _fattr4_decode_linux_server_caps, (1048858, 3187258): _fattr4_decode_client_stat, (2048,): _fattr4_decode_rdattr_error, (0, 2): _fattr4_decode_set_mode, (16,): _fattr4_decode_set_size, (0, 48): _fattr4_decode_set_owners, (0, 4259840): _fattr4_decode_set_times}
+ATTRIBUTE_MASK_ENCODERS: dict[tuple[int, ...], _Callable[[_Any, _Any, bytes, _Any, int], bytes]] = {(1048858, 11575866): _fattr4_encode_linux_fattr, (1575194, 11575866): _fattr4_encode_linux_readdir_plus, (2048, 8388608): _fattr4_encode_linux_readdir, (24, 3145728): _fattr4_encode_linux_cache_consistency, (1048578,): _fattr4_encode_linux_open_noattr, (14680064, 7168): _fattr4_encode_linux_statfs, (805306368,): _fattr4_encode_linux_pathconf, (3355444224, 524288): _fattr4_encode_linux_fsinfo, (204901, 0, 2048): _fattr4_encode_linux_server_caps, (1048858, 3187258): _fattr4_encode_client_stat, (2048,): _fattr4_encode_rdattr_error, (0, 2): _fattr4_encode_set_mode, (16,): _fattr4_encode_set_size, (0, 48): _fattr4_encode_set_owners}

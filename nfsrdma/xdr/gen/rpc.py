@@ -10,6 +10,7 @@ import struct as _struct
 from collections.abc import Callable as _Callable
 from dataclasses import dataclass as _dataclass
 from enum import IntEnum as _IntEnum
+from functools import lru_cache as _lru_cache
 from operator import attrgetter as _attrgetter
 from typing import Any as _Any, TypeAlias as _TypeAlias
 
