@@ -25,7 +25,7 @@ from nfsrdma.nfs4.errors import status_of
 from nfsrdma.nfs4.ops import HANDLERS
 from nfsrdma.vfs.base import Cred
 from nfsrdma.xdr.gen import nfs4
-from nfsrdma.xdr.runtime import U32, DdpItem, Operation, Reader, Writer, XdrError
+from nfsrdma.xdr.runtime import DdpItem, Operation, Reader, Writer, XdrError
 
 if TYPE_CHECKING:
     from nfsrdma.nfs4.server_state import ServerState
@@ -87,10 +87,8 @@ def compound(server: ServerState, call: RpcCall, w: Writer) -> Awaitable[None] |
     head_args, off = nfs4.peek_COMPOUND4args(r, call.offset)
     tag, count = head_args.tag, head_args.argarray
     head = len(w)
-    w += U32.pack(0)
-    nfs4.enc_utf8str_cs(w, tag)
-    count_at = len(w)
-    w += U32.pack(0)
+    nfs4.enc_COMPOUND4res_head(w, nfs4.COMPOUND4res_head(nfs4.NFS4_OK, tag, 0))
+    count_at = len(w) - 4  # status and count are set when the COMPOUND ends (_patch)
     if head_args.minorversion != MINOR_VERSION:
         _patch(w, head, count_at, nfs4.NFS4ERR_MINOR_VERS_MISMATCH, 0)
         return None
@@ -288,6 +286,8 @@ def _over_limit(ctx: CompoundContext, w: Writer, head: int) -> int:
 
 
 def _patch(w: Writer, head: int, count_at: int, status: int, count: int) -> None:
+    """COMPOUND4res's status (its first word) and result count (the word before the results),
+    as enc_COMPOUND4res_head laid them out."""
     _STATUS_COUNT.pack_into(w, head, status)
     _STATUS_COUNT.pack_into(w, count_at, count)
 

@@ -68,8 +68,9 @@ class Options:
     ddp_fields: set[tuple[str, str]] = field(default_factory=set)
     module_doc: str = ""
     operation_tables: tuple[OperationTable, ...] = ()
-    # Structs ending in a variable-length array that get ``peek_T``: every field but the array
-    # decoded, and the array's element count, the elements left undecoded (COMPOUND headers).
+    # Structs ending in a variable-length array that get ``peek_T`` and ``enc_T_head``: every
+    # field but the array, and the array's element count, the elements coded apart (COMPOUND
+    # headers, read before the operations, written before the results).
     peeks: tuple[str, ...] = ()
     # Extra generated sections: each is given the generator and returns its lines.
     sections: tuple[Callable[[Generator], list[str]], ...] = ()
@@ -817,7 +818,8 @@ class Generator:
         return lines
 
     def gen_peek(self, name: str) -> list[str]:
-        """``peek_T(r, off) -> (T_head, off)``: the fields before the final array, and its count."""
+        """``peek_T(r, off) -> (T_head, off)`` and ``enc_T_head(w, head)``: the fields before the
+        final array, and its count."""
         t = self.spec.types.get(name)
         if not isinstance(t, Struct) or not t.fields or t.fields[-1].kind is not Kind.VARIABLE:
             raise ValueError(f"peek: {name} is not a struct ending in a variable-length array")
@@ -834,6 +836,11 @@ class Generator:
         ]
         names = ", ".join([*(f"f_{f.name}" for f in fields), "f_count"])
         o += self.wrap("dec", f"{name} header", body, f"{name}_head({names})")
+        o += ["", ""]
+        o.append(f"def enc_{name}_head(w: _Writer, v: {name}_head) -> None:")
+        enc = self.gen_struct_body_enc(name, fields, "v", "        ")
+        enc.append(f"        w += _U32.pack(v.{pyname(last.name)})")
+        o += self.wrap("enc", f"{name} header", enc, None)
         return [*o, "", ""]
 
     def gen_operations(self, table: OperationTable) -> list[str]:

@@ -55,7 +55,7 @@ NFS4_OPERATIONS = (
         "CB_OPERATION_",
     ),
 )
-NFS4_PEEKS = ("COMPOUND4args", "CB_COMPOUND4args")
+NFS4_PEEKS = ("COMPOUND4args", "COMPOUND4res", "CB_COMPOUND4args", "CB_COMPOUND4res")
 
 TARGETS = (
     Target("rpc.x", "rpc", "ONC RPC version 2 messages (RFC 5531)."),

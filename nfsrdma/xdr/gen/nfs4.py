@@ -16630,6 +16630,62 @@ def peek_COMPOUND4args(r: _Reader, off: int) -> tuple[COMPOUND4args_head, int]:
     return COMPOUND4args_head(f_tag, f_minorversion, f_count), off
 
 
+def enc_COMPOUND4args_head(w: _Writer, v: COMPOUND4args_head) -> None:
+    try:
+        _v = v.tag
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        w += _S0.pack(v.minorversion)
+        w += _U32.pack(v.argarray)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode COMPOUND4args header: {_e}', len(w)) from None
+
+
+@_dataclass(slots=True)
+class COMPOUND4res_head:
+    status: nfsstat4
+    tag: bytes
+    resarray: int  # the number of elements that follow
+
+
+def peek_COMPOUND4res(r: _Reader, off: int) -> tuple[COMPOUND4res_head, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t = _S2.unpack_from(buf, off)
+        off += 4
+        f_status = _nfsstat4_MAP[_t[0]]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        f_tag = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (f_count,) = _U32.unpack_from(buf, off)
+        off += 4
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated COMPOUND4res header', o0) from None
+    return COMPOUND4res_head(f_status, f_tag, f_count), off
+
+
+def enc_COMPOUND4res_head(w: _Writer, v: COMPOUND4res_head) -> None:
+    try:
+        w += _S2.pack(v.status)
+        _v = v.tag
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        w += _U32.pack(v.resarray)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode COMPOUND4res header: {_e}', len(w)) from None
+
+
 @_dataclass(slots=True)
 class CB_COMPOUND4args_head:
     tag: bytes
@@ -16660,6 +16716,62 @@ def peek_CB_COMPOUND4args(r: _Reader, off: int) -> tuple[CB_COMPOUND4args_head, 
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_COMPOUND4args header', o0) from None
     return CB_COMPOUND4args_head(f_tag, f_minorversion, f_callback_ident, f_count), off
+
+
+def enc_CB_COMPOUND4args_head(w: _Writer, v: CB_COMPOUND4args_head) -> None:
+    try:
+        _v = v.tag
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        w += _S1.pack(v.minorversion, v.callback_ident)
+        w += _U32.pack(v.argarray)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode CB_COMPOUND4args header: {_e}', len(w)) from None
+
+
+@_dataclass(slots=True)
+class CB_COMPOUND4res_head:
+    status: nfsstat4
+    tag: bytes
+    resarray: int  # the number of elements that follow
+
+
+def peek_CB_COMPOUND4res(r: _Reader, off: int) -> tuple[CB_COMPOUND4res_head, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t = _S2.unpack_from(buf, off)
+        off += 4
+        f_status = _nfsstat4_MAP[_t[0]]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        f_tag = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (f_count,) = _U32.unpack_from(buf, off)
+        off += 4
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated CB_COMPOUND4res header', o0) from None
+    return CB_COMPOUND4res_head(f_status, f_tag, f_count), off
+
+
+def enc_CB_COMPOUND4res_head(w: _Writer, v: CB_COMPOUND4res_head) -> None:
+    try:
+        w += _S2.pack(v.status)
+        _v = v.tag
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        w += _U32.pack(v.resarray)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode CB_COMPOUND4res header: {_e}', len(w)) from None
 
 
 def _error_ACCESS4res(status: _Any) -> ACCESS4res:
