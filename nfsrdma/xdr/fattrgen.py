@@ -91,6 +91,11 @@ class _Section:
             name: _words(sorted(self.numbers[x] for x in members))
             for name, members in table.bitmaps.items()
         }
+        for name in table.fixed:
+            self.server_items(name)  # checked against the specification's layout
+        for name in table.variable:
+            if self.fixed_layout(name) is not None:
+                raise ValueError(f"fattr table: {name} is of fixed size")
         self.out: list[str] = []
 
     # -- the layout of one attribute ---------------------------------------------------
