@@ -97,6 +97,13 @@ class _Section:
             if self.fixed_layout(name) is not None:
                 raise ValueError(f"fattr table: {name} is of fixed size")
         self.out: list[str] = []
+        self.aliases: dict[str, str] = {}  # bound Struct methods the codecs call
+
+    def bound(self, struct_var: str, method: str) -> str:
+        """A module-level name for ``struct_var.method`` (no attribute lookup per call)."""
+        name = f"_fattr4{struct_var}_{method}"
+        self.aliases[name] = f"{struct_var}.{method}"
+        return name
 
     # -- the layout of one attribute ---------------------------------------------------
     def fixed_layout(self, name: str) -> tuple[str, int] | None:
@@ -165,7 +172,8 @@ class _Section:
         o += ["", ""]
         self.server_section()
         self.mask_section()
-        return o
+        o += [f"{name} = {target}" for name, target in sorted(self.aliases.items())]
+        return [*o, "", ""]
 
     def server_section(self) -> None:
         """Encoders for any mask: the attributes the server encodes, in number order, cut into
@@ -261,9 +269,9 @@ class _Section:
         def flush() -> None:
             if not fmt:
                 return
-            sv = g.struct_var("".join(fmt))
+            sv = self.bound(g.struct_var("".join(fmt)), "unpack_from")
             size = _struct_size("".join(fmt))
-            body.append(f"        _t = {sv}.unpack_from(buf, off)")
+            body.append(f"        _t = {sv}(buf, off)")
             body.append(f"        off += {size}")
             i = 0
             for n, name in builds:
@@ -311,7 +319,9 @@ class _Section:
 
         def flush() -> None:
             if fmt:
-                pieces.append(f"{g.struct_var(''.join(fmt))}.pack({', '.join(args)})")
+                pieces.append(
+                    f"{self.bound(g.struct_var(''.join(fmt)), 'pack')}({', '.join(args)})"
+                )
                 fmt.clear()
                 args.clear()
 

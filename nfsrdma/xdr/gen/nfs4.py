@@ -17261,127 +17261,127 @@ SERVER_ATTRIBUTE_FS: frozenset[int] = frozenset({21, 22, 23, 28, 29, 42, 43, 44}
 
 
 def _fattr4_encode_l0g0_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S2.pack(a.type)
+    return _fattr4_S2_pack(a.type)
 
 
 def _fattr4_encode_l0g0_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(a.change)
+    return _fattr4_S4_pack(a.change)
 
 
 def _fattr4_encode_l0g0_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S49.pack(a.type, a.change)
+    return _fattr4_S49_pack(a.type, a.change)
 
 
 def _fattr4_encode_l0g0_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(a.size)
+    return _fattr4_S4_pack(a.size)
 
 
 def _fattr4_encode_l0g0_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S49.pack(a.type, a.size)
+    return _fattr4_S49_pack(a.type, a.size)
 
 
 def _fattr4_encode_l0g0_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S8.pack(a.change, a.size)
+    return _fattr4_S8_pack(a.change, a.size)
 
 
 def _fattr4_encode_l0g0_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S22.pack(a.type, a.change, a.size)
+    return _fattr4_S22_pack(a.type, a.change, a.size)
 
 
 def _fattr4_encode_l0g0_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S8.pack(*a.fsid)
+    return _fattr4_S8_pack(*a.fsid)
 
 
 def _fattr4_encode_l0g0_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S22.pack(a.type, *a.fsid)
+    return _fattr4_S22_pack(a.type, *a.fsid)
 
 
 def _fattr4_encode_l0g0_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S50.pack(a.change, *a.fsid)
+    return _fattr4_S50_pack(a.change, *a.fsid)
 
 
 def _fattr4_encode_l0g0_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S51.pack(a.type, a.change, *a.fsid)
+    return _fattr4_S51_pack(a.type, a.change, *a.fsid)
 
 
 def _fattr4_encode_l0g0_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S50.pack(a.size, *a.fsid)
+    return _fattr4_S50_pack(a.size, *a.fsid)
 
 
 def _fattr4_encode_l0g0_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S51.pack(a.type, a.size, *a.fsid)
+    return _fattr4_S51_pack(a.type, a.size, *a.fsid)
 
 
 def _fattr4_encode_l0g0_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S52.pack(a.change, a.size, *a.fsid)
+    return _fattr4_S52_pack(a.change, a.size, *a.fsid)
 
 
 def _fattr4_encode_l0g0_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S53.pack(a.type, a.change, a.size, *a.fsid)
+    return _fattr4_S53_pack(a.type, a.change, a.size, *a.fsid)
 
 
 def _fattr4_encode_l0g0_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S2.pack(err)
+    return _fattr4_S2_pack(err)
 
 
 def _fattr4_encode_l0g0_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S54.pack(a.type, err)
+    return _fattr4_S54_pack(a.type, err)
 
 
 def _fattr4_encode_l0g0_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S55.pack(a.change, err)
+    return _fattr4_S55_pack(a.change, err)
 
 
 def _fattr4_encode_l0g0_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S56.pack(a.type, a.change, err)
+    return _fattr4_S56_pack(a.type, a.change, err)
 
 
 def _fattr4_encode_l0g0_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S55.pack(a.size, err)
+    return _fattr4_S55_pack(a.size, err)
 
 
 def _fattr4_encode_l0g0_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S56.pack(a.type, a.size, err)
+    return _fattr4_S56_pack(a.type, a.size, err)
 
 
 def _fattr4_encode_l0g0_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S11.pack(a.change, a.size, err)
+    return _fattr4_S11_pack(a.change, a.size, err)
 
 
 def _fattr4_encode_l0g0_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S57.pack(a.type, a.change, a.size, err)
+    return _fattr4_S57_pack(a.type, a.change, a.size, err)
 
 
 def _fattr4_encode_l0g0_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S11.pack(*a.fsid, err)
+    return _fattr4_S11_pack(*a.fsid, err)
 
 
 def _fattr4_encode_l0g0_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S57.pack(a.type, *a.fsid, err)
+    return _fattr4_S57_pack(a.type, *a.fsid, err)
 
 
 def _fattr4_encode_l0g0_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S58.pack(a.change, *a.fsid, err)
+    return _fattr4_S58_pack(a.change, *a.fsid, err)
 
 
 def _fattr4_encode_l0g0_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S59.pack(a.type, a.change, *a.fsid, err)
+    return _fattr4_S59_pack(a.type, a.change, *a.fsid, err)
 
 
 def _fattr4_encode_l0g0_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S58.pack(a.size, *a.fsid, err)
+    return _fattr4_S58_pack(a.size, *a.fsid, err)
 
 
 def _fattr4_encode_l0g0_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S59.pack(a.type, a.size, *a.fsid, err)
+    return _fattr4_S59_pack(a.type, a.size, *a.fsid, err)
 
 
 def _fattr4_encode_l0g0_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S60.pack(a.change, a.size, *a.fsid, err)
+    return _fattr4_S60_pack(a.change, a.size, *a.fsid, err)
 
 
 def _fattr4_encode_l0g0_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S61.pack(a.type, a.change, a.size, *a.fsid, err)
+    return _fattr4_S61_pack(a.type, a.change, a.size, *a.fsid, err)
 
 
 def _fattr4_encode_l0g0_32(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -17389,899 +17389,899 @@ def _fattr4_encode_l0g0_32(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l0g0_33(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S2.pack(a.type) + _fattr4_opaque(fh)
+    return _fattr4_S2_pack(a.type) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_34(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(a.change) + _fattr4_opaque(fh)
+    return _fattr4_S4_pack(a.change) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_35(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S49.pack(a.type, a.change) + _fattr4_opaque(fh)
+    return _fattr4_S49_pack(a.type, a.change) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_36(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(a.size) + _fattr4_opaque(fh)
+    return _fattr4_S4_pack(a.size) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_37(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S49.pack(a.type, a.size) + _fattr4_opaque(fh)
+    return _fattr4_S49_pack(a.type, a.size) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_38(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S8.pack(a.change, a.size) + _fattr4_opaque(fh)
+    return _fattr4_S8_pack(a.change, a.size) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_39(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S22.pack(a.type, a.change, a.size) + _fattr4_opaque(fh)
+    return _fattr4_S22_pack(a.type, a.change, a.size) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_40(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S8.pack(*a.fsid) + _fattr4_opaque(fh)
+    return _fattr4_S8_pack(*a.fsid) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_41(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S22.pack(a.type, *a.fsid) + _fattr4_opaque(fh)
+    return _fattr4_S22_pack(a.type, *a.fsid) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_42(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S50.pack(a.change, *a.fsid) + _fattr4_opaque(fh)
+    return _fattr4_S50_pack(a.change, *a.fsid) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_43(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S51.pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh)
+    return _fattr4_S51_pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_44(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S50.pack(a.size, *a.fsid) + _fattr4_opaque(fh)
+    return _fattr4_S50_pack(a.size, *a.fsid) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_45(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S51.pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh)
+    return _fattr4_S51_pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_46(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S52.pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh)
+    return _fattr4_S52_pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_47(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S53.pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh)
+    return _fattr4_S53_pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_48(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S2.pack(err) + _fattr4_opaque(fh)
+    return _fattr4_S2_pack(err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_49(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S54.pack(a.type, err) + _fattr4_opaque(fh)
+    return _fattr4_S54_pack(a.type, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_50(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S55.pack(a.change, err) + _fattr4_opaque(fh)
+    return _fattr4_S55_pack(a.change, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_51(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S56.pack(a.type, a.change, err) + _fattr4_opaque(fh)
+    return _fattr4_S56_pack(a.type, a.change, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_52(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S55.pack(a.size, err) + _fattr4_opaque(fh)
+    return _fattr4_S55_pack(a.size, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_53(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S56.pack(a.type, a.size, err) + _fattr4_opaque(fh)
+    return _fattr4_S56_pack(a.type, a.size, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_54(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S11.pack(a.change, a.size, err) + _fattr4_opaque(fh)
+    return _fattr4_S11_pack(a.change, a.size, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_55(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S57.pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh)
+    return _fattr4_S57_pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_56(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S11.pack(*a.fsid, err) + _fattr4_opaque(fh)
+    return _fattr4_S11_pack(*a.fsid, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_57(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S57.pack(a.type, *a.fsid, err) + _fattr4_opaque(fh)
+    return _fattr4_S57_pack(a.type, *a.fsid, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_58(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S58.pack(a.change, *a.fsid, err) + _fattr4_opaque(fh)
+    return _fattr4_S58_pack(a.change, *a.fsid, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_59(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S59.pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh)
+    return _fattr4_S59_pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_60(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S58.pack(a.size, *a.fsid, err) + _fattr4_opaque(fh)
+    return _fattr4_S58_pack(a.size, *a.fsid, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_61(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S59.pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh)
+    return _fattr4_S59_pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_62(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S60.pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh)
+    return _fattr4_S60_pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_63(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S61.pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh)
+    return _fattr4_S61_pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_64(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(a.fileid)
+    return _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_65(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S49.pack(a.type, a.fileid)
+    return _fattr4_S49_pack(a.type, a.fileid)
 
 
 def _fattr4_encode_l0g0_66(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S8.pack(a.change, a.fileid)
+    return _fattr4_S8_pack(a.change, a.fileid)
 
 
 def _fattr4_encode_l0g0_67(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S22.pack(a.type, a.change, a.fileid)
+    return _fattr4_S22_pack(a.type, a.change, a.fileid)
 
 
 def _fattr4_encode_l0g0_68(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S8.pack(a.size, a.fileid)
+    return _fattr4_S8_pack(a.size, a.fileid)
 
 
 def _fattr4_encode_l0g0_69(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S22.pack(a.type, a.size, a.fileid)
+    return _fattr4_S22_pack(a.type, a.size, a.fileid)
 
 
 def _fattr4_encode_l0g0_70(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S50.pack(a.change, a.size, a.fileid)
+    return _fattr4_S50_pack(a.change, a.size, a.fileid)
 
 
 def _fattr4_encode_l0g0_71(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S51.pack(a.type, a.change, a.size, a.fileid)
+    return _fattr4_S51_pack(a.type, a.change, a.size, a.fileid)
 
 
 def _fattr4_encode_l0g0_72(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S50.pack(*a.fsid, a.fileid)
+    return _fattr4_S50_pack(*a.fsid, a.fileid)
 
 
 def _fattr4_encode_l0g0_73(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S51.pack(a.type, *a.fsid, a.fileid)
+    return _fattr4_S51_pack(a.type, *a.fsid, a.fileid)
 
 
 def _fattr4_encode_l0g0_74(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S52.pack(a.change, *a.fsid, a.fileid)
+    return _fattr4_S52_pack(a.change, *a.fsid, a.fileid)
 
 
 def _fattr4_encode_l0g0_75(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S53.pack(a.type, a.change, *a.fsid, a.fileid)
+    return _fattr4_S53_pack(a.type, a.change, *a.fsid, a.fileid)
 
 
 def _fattr4_encode_l0g0_76(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S52.pack(a.size, *a.fsid, a.fileid)
+    return _fattr4_S52_pack(a.size, *a.fsid, a.fileid)
 
 
 def _fattr4_encode_l0g0_77(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S53.pack(a.type, a.size, *a.fsid, a.fileid)
+    return _fattr4_S53_pack(a.type, a.size, *a.fsid, a.fileid)
 
 
 def _fattr4_encode_l0g0_78(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S62.pack(a.change, a.size, *a.fsid, a.fileid)
+    return _fattr4_S62_pack(a.change, a.size, *a.fsid, a.fileid)
 
 
 def _fattr4_encode_l0g0_79(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S63.pack(a.type, a.change, a.size, *a.fsid, a.fileid)
+    return _fattr4_S63_pack(a.type, a.change, a.size, *a.fsid, a.fileid)
 
 
 def _fattr4_encode_l0g0_80(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S49.pack(err, a.fileid)
+    return _fattr4_S49_pack(err, a.fileid)
 
 
 def _fattr4_encode_l0g0_81(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S64.pack(a.type, err, a.fileid)
+    return _fattr4_S64_pack(a.type, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_82(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S65.pack(a.change, err, a.fileid)
+    return _fattr4_S65_pack(a.change, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_83(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S66.pack(a.type, a.change, err, a.fileid)
+    return _fattr4_S66_pack(a.type, a.change, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_84(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S65.pack(a.size, err, a.fileid)
+    return _fattr4_S65_pack(a.size, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_85(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S66.pack(a.type, a.size, err, a.fileid)
+    return _fattr4_S66_pack(a.type, a.size, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_86(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S67.pack(a.change, a.size, err, a.fileid)
+    return _fattr4_S67_pack(a.change, a.size, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_87(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S68.pack(a.type, a.change, a.size, err, a.fileid)
+    return _fattr4_S68_pack(a.type, a.change, a.size, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_88(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S67.pack(*a.fsid, err, a.fileid)
+    return _fattr4_S67_pack(*a.fsid, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_89(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S68.pack(a.type, *a.fsid, err, a.fileid)
+    return _fattr4_S68_pack(a.type, *a.fsid, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_90(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S69.pack(a.change, *a.fsid, err, a.fileid)
+    return _fattr4_S69_pack(a.change, *a.fsid, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_91(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S70.pack(a.type, a.change, *a.fsid, err, a.fileid)
+    return _fattr4_S70_pack(a.type, a.change, *a.fsid, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_92(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S69.pack(a.size, *a.fsid, err, a.fileid)
+    return _fattr4_S69_pack(a.size, *a.fsid, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_93(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S70.pack(a.type, a.size, *a.fsid, err, a.fileid)
+    return _fattr4_S70_pack(a.type, a.size, *a.fsid, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_94(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S71.pack(a.change, a.size, *a.fsid, err, a.fileid)
+    return _fattr4_S71_pack(a.change, a.size, *a.fsid, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_95(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S72.pack(a.type, a.change, a.size, *a.fsid, err, a.fileid)
+    return _fattr4_S72_pack(a.type, a.change, a.size, *a.fsid, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_96(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_97(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S2.pack(a.type) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S2_pack(a.type) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_98(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(a.change) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S4_pack(a.change) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_99(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S49.pack(a.type, a.change) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S49_pack(a.type, a.change) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_100(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(a.size) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S4_pack(a.size) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_101(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S49.pack(a.type, a.size) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S49_pack(a.type, a.size) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_102(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S8.pack(a.change, a.size) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S8_pack(a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_103(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S22.pack(a.type, a.change, a.size) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S22_pack(a.type, a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_104(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S8.pack(*a.fsid) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S8_pack(*a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_105(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S22.pack(a.type, *a.fsid) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S22_pack(a.type, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_106(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S50.pack(a.change, *a.fsid) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S50_pack(a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_107(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S51.pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S51_pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_108(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S50.pack(a.size, *a.fsid) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S50_pack(a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_109(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S51.pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S51_pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_110(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S52.pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S52_pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_111(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S53.pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S53_pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_112(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S2.pack(err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S2_pack(err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_113(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S54.pack(a.type, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S54_pack(a.type, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_114(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S55.pack(a.change, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S55_pack(a.change, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_115(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S56.pack(a.type, a.change, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S56_pack(a.type, a.change, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_116(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S55.pack(a.size, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S55_pack(a.size, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_117(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S56.pack(a.type, a.size, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S56_pack(a.type, a.size, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_118(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S11.pack(a.change, a.size, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S11_pack(a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_119(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S57.pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S57_pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_120(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S11.pack(*a.fsid, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S11_pack(*a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_121(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S57.pack(a.type, *a.fsid, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S57_pack(a.type, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_122(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S58.pack(a.change, *a.fsid, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S58_pack(a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_123(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S59.pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S59_pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_124(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S58.pack(a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S58_pack(a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_125(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S59.pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S59_pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_126(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S60.pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S60_pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_127(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S61.pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S61_pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_128(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.mode)
+    return _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_129(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S73.pack(a.type, a.mode)
+    return _fattr4_S73_pack(a.type, a.mode)
 
 
 def _fattr4_encode_l0g0_130(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S18.pack(a.change, a.mode)
+    return _fattr4_S18_pack(a.change, a.mode)
 
 
 def _fattr4_encode_l0g0_131(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S74.pack(a.type, a.change, a.mode)
+    return _fattr4_S74_pack(a.type, a.change, a.mode)
 
 
 def _fattr4_encode_l0g0_132(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S18.pack(a.size, a.mode)
+    return _fattr4_S18_pack(a.size, a.mode)
 
 
 def _fattr4_encode_l0g0_133(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S74.pack(a.type, a.size, a.mode)
+    return _fattr4_S74_pack(a.type, a.size, a.mode)
 
 
 def _fattr4_encode_l0g0_134(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S75.pack(a.change, a.size, a.mode)
+    return _fattr4_S75_pack(a.change, a.size, a.mode)
 
 
 def _fattr4_encode_l0g0_135(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S76.pack(a.type, a.change, a.size, a.mode)
+    return _fattr4_S76_pack(a.type, a.change, a.size, a.mode)
 
 
 def _fattr4_encode_l0g0_136(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S75.pack(*a.fsid, a.mode)
+    return _fattr4_S75_pack(*a.fsid, a.mode)
 
 
 def _fattr4_encode_l0g0_137(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S76.pack(a.type, *a.fsid, a.mode)
+    return _fattr4_S76_pack(a.type, *a.fsid, a.mode)
 
 
 def _fattr4_encode_l0g0_138(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S77.pack(a.change, *a.fsid, a.mode)
+    return _fattr4_S77_pack(a.change, *a.fsid, a.mode)
 
 
 def _fattr4_encode_l0g0_139(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S78.pack(a.type, a.change, *a.fsid, a.mode)
+    return _fattr4_S78_pack(a.type, a.change, *a.fsid, a.mode)
 
 
 def _fattr4_encode_l0g0_140(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S77.pack(a.size, *a.fsid, a.mode)
+    return _fattr4_S77_pack(a.size, *a.fsid, a.mode)
 
 
 def _fattr4_encode_l0g0_141(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S78.pack(a.type, a.size, *a.fsid, a.mode)
+    return _fattr4_S78_pack(a.type, a.size, *a.fsid, a.mode)
 
 
 def _fattr4_encode_l0g0_142(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S79.pack(a.change, a.size, *a.fsid, a.mode)
+    return _fattr4_S79_pack(a.change, a.size, *a.fsid, a.mode)
 
 
 def _fattr4_encode_l0g0_143(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S80.pack(a.type, a.change, a.size, *a.fsid, a.mode)
+    return _fattr4_S80_pack(a.type, a.change, a.size, *a.fsid, a.mode)
 
 
 def _fattr4_encode_l0g0_144(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S73.pack(err, a.mode)
+    return _fattr4_S73_pack(err, a.mode)
 
 
 def _fattr4_encode_l0g0_145(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S45.pack(a.type, err, a.mode)
+    return _fattr4_S45_pack(a.type, err, a.mode)
 
 
 def _fattr4_encode_l0g0_146(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S81.pack(a.change, err, a.mode)
+    return _fattr4_S81_pack(a.change, err, a.mode)
 
 
 def _fattr4_encode_l0g0_147(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S82.pack(a.type, a.change, err, a.mode)
+    return _fattr4_S82_pack(a.type, a.change, err, a.mode)
 
 
 def _fattr4_encode_l0g0_148(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S81.pack(a.size, err, a.mode)
+    return _fattr4_S81_pack(a.size, err, a.mode)
 
 
 def _fattr4_encode_l0g0_149(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S82.pack(a.type, a.size, err, a.mode)
+    return _fattr4_S82_pack(a.type, a.size, err, a.mode)
 
 
 def _fattr4_encode_l0g0_150(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S83.pack(a.change, a.size, err, a.mode)
+    return _fattr4_S83_pack(a.change, a.size, err, a.mode)
 
 
 def _fattr4_encode_l0g0_151(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S84.pack(a.type, a.change, a.size, err, a.mode)
+    return _fattr4_S84_pack(a.type, a.change, a.size, err, a.mode)
 
 
 def _fattr4_encode_l0g0_152(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S83.pack(*a.fsid, err, a.mode)
+    return _fattr4_S83_pack(*a.fsid, err, a.mode)
 
 
 def _fattr4_encode_l0g0_153(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S84.pack(a.type, *a.fsid, err, a.mode)
+    return _fattr4_S84_pack(a.type, *a.fsid, err, a.mode)
 
 
 def _fattr4_encode_l0g0_154(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S85.pack(a.change, *a.fsid, err, a.mode)
+    return _fattr4_S85_pack(a.change, *a.fsid, err, a.mode)
 
 
 def _fattr4_encode_l0g0_155(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S86.pack(a.type, a.change, *a.fsid, err, a.mode)
+    return _fattr4_S86_pack(a.type, a.change, *a.fsid, err, a.mode)
 
 
 def _fattr4_encode_l0g0_156(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S85.pack(a.size, *a.fsid, err, a.mode)
+    return _fattr4_S85_pack(a.size, *a.fsid, err, a.mode)
 
 
 def _fattr4_encode_l0g0_157(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S86.pack(a.type, a.size, *a.fsid, err, a.mode)
+    return _fattr4_S86_pack(a.type, a.size, *a.fsid, err, a.mode)
 
 
 def _fattr4_encode_l0g0_158(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S87.pack(a.change, a.size, *a.fsid, err, a.mode)
+    return _fattr4_S87_pack(a.change, a.size, *a.fsid, err, a.mode)
 
 
 def _fattr4_encode_l0g0_159(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S88.pack(a.type, a.change, a.size, *a.fsid, err, a.mode)
+    return _fattr4_S88_pack(a.type, a.change, a.size, *a.fsid, err, a.mode)
 
 
 def _fattr4_encode_l0g0_160(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_161(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S2.pack(a.type) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S2_pack(a.type) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_162(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(a.change) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S4_pack(a.change) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_163(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S49.pack(a.type, a.change) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S49_pack(a.type, a.change) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_164(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(a.size) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S4_pack(a.size) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_165(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S49.pack(a.type, a.size) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S49_pack(a.type, a.size) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_166(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S8.pack(a.change, a.size) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S8_pack(a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_167(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S22.pack(a.type, a.change, a.size) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S22_pack(a.type, a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_168(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S8.pack(*a.fsid) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S8_pack(*a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_169(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S22.pack(a.type, *a.fsid) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S22_pack(a.type, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_170(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S50.pack(a.change, *a.fsid) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S50_pack(a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_171(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S51.pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S51_pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_172(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S50.pack(a.size, *a.fsid) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S50_pack(a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_173(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S51.pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S51_pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_174(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S52.pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S52_pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_175(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S53.pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S53_pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_176(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S2.pack(err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S2_pack(err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_177(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S54.pack(a.type, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S54_pack(a.type, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_178(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S55.pack(a.change, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S55_pack(a.change, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_179(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S56.pack(a.type, a.change, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S56_pack(a.type, a.change, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_180(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S55.pack(a.size, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S55_pack(a.size, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_181(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S56.pack(a.type, a.size, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S56_pack(a.type, a.size, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_182(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S11.pack(a.change, a.size, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S11_pack(a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_183(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S57.pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S57_pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_184(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S11.pack(*a.fsid, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S11_pack(*a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_185(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S57.pack(a.type, *a.fsid, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S57_pack(a.type, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_186(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S58.pack(a.change, *a.fsid, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S58_pack(a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_187(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S59.pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S59_pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_188(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S58.pack(a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S58_pack(a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_189(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S59.pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S59_pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_190(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S60.pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S60_pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_191(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S61.pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S0.pack(a.mode)
+    return _fattr4_S61_pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_192(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S18.pack(a.fileid, a.mode)
+    return _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_193(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S74.pack(a.type, a.fileid, a.mode)
+    return _fattr4_S74_pack(a.type, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_194(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S75.pack(a.change, a.fileid, a.mode)
+    return _fattr4_S75_pack(a.change, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_195(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S76.pack(a.type, a.change, a.fileid, a.mode)
+    return _fattr4_S76_pack(a.type, a.change, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_196(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S75.pack(a.size, a.fileid, a.mode)
+    return _fattr4_S75_pack(a.size, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_197(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S76.pack(a.type, a.size, a.fileid, a.mode)
+    return _fattr4_S76_pack(a.type, a.size, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_198(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S77.pack(a.change, a.size, a.fileid, a.mode)
+    return _fattr4_S77_pack(a.change, a.size, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_199(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S78.pack(a.type, a.change, a.size, a.fileid, a.mode)
+    return _fattr4_S78_pack(a.type, a.change, a.size, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_200(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S77.pack(*a.fsid, a.fileid, a.mode)
+    return _fattr4_S77_pack(*a.fsid, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_201(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S78.pack(a.type, *a.fsid, a.fileid, a.mode)
+    return _fattr4_S78_pack(a.type, *a.fsid, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_202(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S79.pack(a.change, *a.fsid, a.fileid, a.mode)
+    return _fattr4_S79_pack(a.change, *a.fsid, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_203(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S80.pack(a.type, a.change, *a.fsid, a.fileid, a.mode)
+    return _fattr4_S80_pack(a.type, a.change, *a.fsid, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_204(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S79.pack(a.size, *a.fsid, a.fileid, a.mode)
+    return _fattr4_S79_pack(a.size, *a.fsid, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_205(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S80.pack(a.type, a.size, *a.fsid, a.fileid, a.mode)
+    return _fattr4_S80_pack(a.type, a.size, *a.fsid, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_206(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S89.pack(a.change, a.size, *a.fsid, a.fileid, a.mode)
+    return _fattr4_S89_pack(a.change, a.size, *a.fsid, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_207(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S90.pack(a.type, a.change, a.size, *a.fsid, a.fileid, a.mode)
+    return _fattr4_S90_pack(a.type, a.change, a.size, *a.fsid, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_208(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S74.pack(err, a.fileid, a.mode)
+    return _fattr4_S74_pack(err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_209(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S91.pack(a.type, err, a.fileid, a.mode)
+    return _fattr4_S91_pack(a.type, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_210(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S92.pack(a.change, err, a.fileid, a.mode)
+    return _fattr4_S92_pack(a.change, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_211(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S93.pack(a.type, a.change, err, a.fileid, a.mode)
+    return _fattr4_S93_pack(a.type, a.change, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_212(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S92.pack(a.size, err, a.fileid, a.mode)
+    return _fattr4_S92_pack(a.size, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_213(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S93.pack(a.type, a.size, err, a.fileid, a.mode)
+    return _fattr4_S93_pack(a.type, a.size, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_214(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S94.pack(a.change, a.size, err, a.fileid, a.mode)
+    return _fattr4_S94_pack(a.change, a.size, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_215(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S95.pack(a.type, a.change, a.size, err, a.fileid, a.mode)
+    return _fattr4_S95_pack(a.type, a.change, a.size, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_216(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S94.pack(*a.fsid, err, a.fileid, a.mode)
+    return _fattr4_S94_pack(*a.fsid, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_217(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S95.pack(a.type, *a.fsid, err, a.fileid, a.mode)
+    return _fattr4_S95_pack(a.type, *a.fsid, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_218(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S96.pack(a.change, *a.fsid, err, a.fileid, a.mode)
+    return _fattr4_S96_pack(a.change, *a.fsid, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_219(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S97.pack(a.type, a.change, *a.fsid, err, a.fileid, a.mode)
+    return _fattr4_S97_pack(a.type, a.change, *a.fsid, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_220(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S96.pack(a.size, *a.fsid, err, a.fileid, a.mode)
+    return _fattr4_S96_pack(a.size, *a.fsid, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_221(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S97.pack(a.type, a.size, *a.fsid, err, a.fileid, a.mode)
+    return _fattr4_S97_pack(a.type, a.size, *a.fsid, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_222(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S98.pack(a.change, a.size, *a.fsid, err, a.fileid, a.mode)
+    return _fattr4_S98_pack(a.change, a.size, *a.fsid, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_223(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S99.pack(a.type, a.change, a.size, *a.fsid, err, a.fileid, a.mode)
+    return _fattr4_S99_pack(a.type, a.change, a.size, *a.fsid, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_224(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_225(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S2.pack(a.type) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S2_pack(a.type) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_226(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(a.change) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S4_pack(a.change) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_227(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S49.pack(a.type, a.change) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S49_pack(a.type, a.change) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_228(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(a.size) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S4_pack(a.size) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_229(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S49.pack(a.type, a.size) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S49_pack(a.type, a.size) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_230(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S8.pack(a.change, a.size) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S8_pack(a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_231(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S22.pack(a.type, a.change, a.size) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S22_pack(a.type, a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_232(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S8.pack(*a.fsid) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S8_pack(*a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_233(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S22.pack(a.type, *a.fsid) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S22_pack(a.type, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_234(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S50.pack(a.change, *a.fsid) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S50_pack(a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_235(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S51.pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S51_pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_236(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S50.pack(a.size, *a.fsid) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S50_pack(a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_237(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S51.pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S51_pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_238(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S52.pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S52_pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_239(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S53.pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S53_pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_240(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S2.pack(err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S2_pack(err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_241(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S54.pack(a.type, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S54_pack(a.type, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_242(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S55.pack(a.change, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S55_pack(a.change, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_243(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S56.pack(a.type, a.change, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S56_pack(a.type, a.change, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_244(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S55.pack(a.size, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S55_pack(a.size, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_245(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S56.pack(a.type, a.size, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S56_pack(a.type, a.size, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_246(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S11.pack(a.change, a.size, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S11_pack(a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_247(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S57.pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S57_pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_248(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S11.pack(*a.fsid, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S11_pack(*a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_249(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S57.pack(a.type, *a.fsid, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S57_pack(a.type, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_250(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S58.pack(a.change, *a.fsid, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S58_pack(a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_251(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S59.pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S59_pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_252(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S58.pack(a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S58_pack(a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_253(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S59.pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S59_pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_254(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S60.pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S60_pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_255(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S61.pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S18.pack(a.fileid, a.mode)
+    return _fattr4_S61_pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g1_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink)
+    return _fattr4_S0_pack(a.nlink)
 
 
 def _fattr4_encode_l0g1_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -18289,7 +18289,7 @@ def _fattr4_encode_l0g1_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l0g1_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid)
 
 
 def _fattr4_encode_l0g1_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -18297,7 +18297,7 @@ def _fattr4_encode_l0g1_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l0g1_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid)
 
 
 def _fattr4_encode_l0g1_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -18305,2407 +18305,2407 @@ def _fattr4_encode_l0g1_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l0g1_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid)
 
 
 def _fattr4_encode_l0g1_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(*a.rdev)
+    return _fattr4_S1_pack(*a.rdev)
 
 
 def _fattr4_encode_l0g1_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S9.pack(a.nlink, *a.rdev)
+    return _fattr4_S9_pack(a.nlink, *a.rdev)
 
 
 def _fattr4_encode_l0g1_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S1.pack(*a.rdev)
+    return _fattr4_decimal(a.uid) + _fattr4_S1_pack(*a.rdev)
 
 
 def _fattr4_encode_l0g1_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S1.pack(*a.rdev)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S1_pack(*a.rdev)
 
 
 def _fattr4_encode_l0g1_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S1.pack(*a.rdev)
+    return _fattr4_decimal(a.gid) + _fattr4_S1_pack(*a.rdev)
 
 
 def _fattr4_encode_l0g1_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S1.pack(*a.rdev)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S1_pack(*a.rdev)
 
 
 def _fattr4_encode_l0g1_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S1.pack(*a.rdev)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S1_pack(*a.rdev)
 
 
 def _fattr4_encode_l0g1_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S1.pack(*a.rdev)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S1_pack(*a.rdev)
 
 
 def _fattr4_encode_l0g1_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(a.space_used)
+    return _fattr4_S4_pack(a.space_used)
 
 
 def _fattr4_encode_l0g1_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S100.pack(a.nlink, a.space_used)
+    return _fattr4_S100_pack(a.nlink, a.space_used)
 
 
 def _fattr4_encode_l0g1_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S4.pack(a.space_used)
+    return _fattr4_decimal(a.uid) + _fattr4_S4_pack(a.space_used)
 
 
 def _fattr4_encode_l0g1_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S4.pack(a.space_used)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S4_pack(a.space_used)
 
 
 def _fattr4_encode_l0g1_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S4.pack(a.space_used)
+    return _fattr4_decimal(a.gid) + _fattr4_S4_pack(a.space_used)
 
 
 def _fattr4_encode_l0g1_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S4.pack(a.space_used)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S4_pack(a.space_used)
 
 
 def _fattr4_encode_l0g1_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S4.pack(a.space_used)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S4_pack(a.space_used)
 
 
 def _fattr4_encode_l0g1_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S4.pack(a.space_used)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S4_pack(a.space_used)
 
 
 def _fattr4_encode_l0g1_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S101.pack(*a.rdev, a.space_used)
+    return _fattr4_S101_pack(*a.rdev, a.space_used)
 
 
 def _fattr4_encode_l0g1_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S102.pack(a.nlink, *a.rdev, a.space_used)
+    return _fattr4_S102_pack(a.nlink, *a.rdev, a.space_used)
 
 
 def _fattr4_encode_l0g1_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S101.pack(*a.rdev, a.space_used)
+    return _fattr4_decimal(a.uid) + _fattr4_S101_pack(*a.rdev, a.space_used)
 
 
 def _fattr4_encode_l0g1_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S101.pack(*a.rdev, a.space_used)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S101_pack(*a.rdev, a.space_used)
 
 
 def _fattr4_encode_l0g1_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, a.space_used)
+    return _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, a.space_used)
 
 
 def _fattr4_encode_l0g1_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, a.space_used)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, a.space_used)
 
 
 def _fattr4_encode_l0g1_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, a.space_used)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, a.space_used)
 
 
 def _fattr4_encode_l0g1_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, a.space_used)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, a.space_used)
 
 
 def _fattr4_encode_l0g1_32(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S7.pack(*divmod(a.atime_ns, 1000000000))
+    return _fattr4_S7_pack(*divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_33(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S103.pack(a.nlink, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S103_pack(a.nlink, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_34(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S7.pack(*divmod(a.atime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S7_pack(*divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_35(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S7.pack(*divmod(a.atime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S7_pack(*divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_36(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.atime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_37(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.atime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_38(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.atime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_39(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.atime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_40(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S104.pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S104_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_41(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S105.pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S105_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_42(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S104.pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S104_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_43(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S104.pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S104_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_44(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_45(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_46(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_47(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_48(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S106.pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S106_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_49(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S107.pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S107_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_50(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S106.pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S106_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_51(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S106.pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S106_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_52(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_53(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_54(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_55(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_56(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S108.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_57(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S109.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S109_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_58(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_59(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_60(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_61(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_62(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_63(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_64(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S7.pack(*divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S7_pack(*divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_65(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S103.pack(a.nlink, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S103_pack(a.nlink, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_66(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S7.pack(*divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S7_pack(*divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_67(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S7.pack(*divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S7_pack(*divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_68(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_69(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_70(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_71(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_72(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S104.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S104_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_73(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S105.pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S105_pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_74(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S104.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S104_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_75(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S104.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S104_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_76(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_77(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_78(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_79(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_80(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S106.pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S106_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_81(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S107.pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S107_pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_82(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S106.pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S106_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_83(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S106.pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S106_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_84(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_85(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_86(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_87(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_88(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S108.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_89(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S109.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S109_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_90(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_91(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_92(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_93(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_94(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_95(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_96(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_97(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S110.pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S110_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_98(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_99(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_100(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_101(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_102(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_103(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_104(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_105(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S112.pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S112_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_106(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_107(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_108(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_109(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_110(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_111(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_112(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_113(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S114.pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S114_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_114(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_115(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_116(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_117(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_118(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_119(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_120(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_121(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S116.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S116_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_122(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_123(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_124(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_125(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_126(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_127(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_128(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S7.pack(*divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S7_pack(*divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_129(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S103.pack(a.nlink, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S103_pack(a.nlink, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_130(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S7.pack(*divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S7_pack(*divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_131(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S7.pack(*divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S7_pack(*divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_132(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_133(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_134(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_135(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S7.pack(*divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_136(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S104.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S104_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_137(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S105.pack(a.nlink, *a.rdev, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S105_pack(a.nlink, *a.rdev, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_138(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S104.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S104_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_139(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S104.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S104_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_140(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_141(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_142(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_143(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S104.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_144(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S106.pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S106_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_145(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S107.pack(a.nlink, a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S107_pack(a.nlink, a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_146(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S106.pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S106_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_147(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S106.pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S106_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_148(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_149(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_150(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_151(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S106.pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_152(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S108.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_153(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S109.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S109_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_154(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_155(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_156(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_157(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_158(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_159(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S108.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_160(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_161(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S110.pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S110_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_162(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_163(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_164(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_165(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_166(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_167(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_168(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_169(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S112.pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S112_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_170(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_171(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_172(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_173(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_174(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_175(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_176(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_177(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S114.pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S114_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_178(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_179(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_180(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_181(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_182(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_183(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_184(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_185(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S116.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S116_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_186(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_187(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_188(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_189(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_190(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_191(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_192(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S37.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_193(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S110.pack(a.nlink, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S110_pack(a.nlink, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_194(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S37.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_195(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S37.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_196(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_197(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_198(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_199(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S37.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_200(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S111.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S111_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_201(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S112.pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S112_pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_202(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S111.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S111_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_203(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S111.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S111_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_204(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_205(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_206(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_207(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S111.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_208(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S113.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S113_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_209(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S114.pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S114_pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_210(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S113.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S113_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_211(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S113.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S113_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_212(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_213(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_214(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_215(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S113.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_216(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S115.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_217(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S116.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S116_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_218(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_219(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_220(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_221(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_222(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_223(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S115.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_224(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S117.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S117_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_225(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S118.pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S118_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_226(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S117.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S117_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_227(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S117.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S117_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_228(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S117.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S117_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_229(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S117.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S117_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_230(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S117.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S117_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_231(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S117.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S117_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_232(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S119.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_233(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S120.pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S120_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_234(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S119.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_235(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S119.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_236(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S119.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_237(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S119.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_238(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S119.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_239(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S119.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_240(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S121.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_241(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S122.pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S122_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_242(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S121.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_243(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S121.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_244(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S121.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_245(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S121.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_246(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S121.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_247(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S121.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_248(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S123.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_249(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S124.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S124_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_250(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S123.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_251(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S123.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_252(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S123.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_253(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S123.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_254(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S123.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_255(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S123.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_256(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(a.mounted_on_fileid)
+    return _fattr4_S4_pack(a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_257(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S100.pack(a.nlink, a.mounted_on_fileid)
+    return _fattr4_S100_pack(a.nlink, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_258(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S4.pack(a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S4_pack(a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_259(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S4.pack(a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S4_pack(a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_260(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S4.pack(a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S4_pack(a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_261(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S4.pack(a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S4_pack(a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_262(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S4.pack(a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S4_pack(a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_263(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S4.pack(a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S4_pack(a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_264(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S101.pack(*a.rdev, a.mounted_on_fileid)
+    return _fattr4_S101_pack(*a.rdev, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_265(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S102.pack(a.nlink, *a.rdev, a.mounted_on_fileid)
+    return _fattr4_S102_pack(a.nlink, *a.rdev, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_266(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S101.pack(*a.rdev, a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S101_pack(*a.rdev, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_267(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S101.pack(*a.rdev, a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S101_pack(*a.rdev, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_268(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_269(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_270(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_271(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_272(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S8.pack(a.space_used, a.mounted_on_fileid)
+    return _fattr4_S8_pack(a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_273(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S15.pack(a.nlink, a.space_used, a.mounted_on_fileid)
+    return _fattr4_S15_pack(a.nlink, a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_274(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S8.pack(a.space_used, a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S8_pack(a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_275(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S8.pack(a.space_used, a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S8_pack(a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_276(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S8.pack(a.space_used, a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S8_pack(a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_277(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S8.pack(a.space_used, a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S8_pack(a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_278(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S8.pack(a.space_used, a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S8_pack(a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_279(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S8.pack(a.space_used, a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S8_pack(a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_280(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S125.pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+    return _fattr4_S125_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_281(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S126.pack(a.nlink, *a.rdev, a.space_used, a.mounted_on_fileid)
+    return _fattr4_S126_pack(a.nlink, *a.rdev, a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_282(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S125.pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S125_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_283(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S125.pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S125_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_284(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S125.pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S125_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_285(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S125.pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S125_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_286(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S125.pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S125_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_287(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S125.pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S125_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_288(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S127.pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S127_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_289(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S128.pack(a.nlink, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S128_pack(a.nlink, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_290(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S127.pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S127_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_291(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S127.pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S127_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_292(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_293(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_294(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_295(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_296(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S129.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S129_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_297(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S130.pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S130_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_298(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S129.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S129_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_299(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S129.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S129_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_300(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_301(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_302(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_303(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_304(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S131.pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S131_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_305(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S132.pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S132_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_306(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S131.pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S131_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_307(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S131.pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S131_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_308(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_309(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_310(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_311(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_312(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S133.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_313(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S134.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S134_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_314(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_315(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_316(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_317(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_318(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_319(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_320(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S127.pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S127_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_321(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S128.pack(a.nlink, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S128_pack(a.nlink, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_322(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S127.pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S127_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_323(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S127.pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S127_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_324(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_325(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_326(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_327(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_328(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S129.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S129_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_329(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S130.pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S130_pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_330(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S129.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S129_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_331(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S129.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S129_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_332(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_333(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_334(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_335(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_336(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S131.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S131_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_337(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S132.pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S132_pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_338(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S131.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S131_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_339(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S131.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S131_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_340(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_341(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_342(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_343(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_344(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S133.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_345(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S134.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S134_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_346(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_347(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_348(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_349(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_350(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_351(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_352(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_353(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S136.pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S136_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_354(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_355(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_356(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_357(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_358(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_359(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_360(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_361(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S138.pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S138_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_362(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_363(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_364(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_365(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_366(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_367(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_368(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_369(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S140.pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S140_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_370(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_371(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_372(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_373(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_374(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_375(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_376(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_377(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S142.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S142_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_378(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_379(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_380(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_381(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_382(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_383(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_384(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S127.pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S127_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_385(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S128.pack(a.nlink, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S128_pack(a.nlink, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_386(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S127.pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S127_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_387(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S127.pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S127_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_388(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_389(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_390(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_391(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S127.pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_392(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S129.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S129_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_393(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S130.pack(a.nlink, *a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S130_pack(a.nlink, *a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_394(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S129.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S129_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_395(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S129.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S129_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_396(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_397(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_398(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_399(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S129.pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_400(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S131.pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S131_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_401(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S132.pack(a.nlink, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S132_pack(a.nlink, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_402(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S131.pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S131_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_403(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S131.pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S131_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_404(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_405(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_406(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_407(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S131.pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_408(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S133.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_409(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S134.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S134_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_410(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_411(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_412(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_413(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_414(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_415(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S133.pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_416(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_417(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S136.pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S136_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_418(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_419(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_420(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_421(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_422(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_423(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_424(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_425(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S138.pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S138_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_426(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_427(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_428(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_429(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_430(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_431(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_432(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_433(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S140.pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S140_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_434(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_435(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_436(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_437(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_438(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_439(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_440(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_441(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S142.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S142_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_442(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_443(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_444(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_445(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_446(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_447(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_448(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S135.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_449(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S136.pack(a.nlink, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S136_pack(a.nlink, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_450(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S135.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_451(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S135.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_452(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_453(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_454(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_455(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S135.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_456(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S137.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S137_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_457(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S138.pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S138_pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_458(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S137.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S137_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_459(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S137.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S137_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_460(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_461(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_462(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_463(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S137.pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_464(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S139.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S139_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_465(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S140.pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S140_pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_466(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S139.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S139_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_467(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S139.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S139_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_468(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_469(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_470(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_471(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S139.pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_472(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S141.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_473(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S142.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S142_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_474(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_475(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_476(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_477(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_478(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_479(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S141.pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_480(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S143.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_481(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S144.pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S144_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_482(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S143.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_483(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S143.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_484(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S143.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_485(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S143.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_486(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S143.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_487(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S143.pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_488(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S145.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_489(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S146.pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S146_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_490(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S145.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_491(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S145.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_492(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S145.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_493(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S145.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_494(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S145.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_495(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S145.pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_496(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S147.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_497(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S148.pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S148_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_498(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S147.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_499(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S147.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_500(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S147.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_501(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S147.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_502(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S147.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_503(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S147.pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_504(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S149.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_505(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S150.pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S150_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_506(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S149.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_507(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S149.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_508(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S149.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_509(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S149.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_510(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S149.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_511(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S149.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l1g0_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S33.pack(3, 4244615167, 16367166, 2048)
+    return _fattr4_S33_pack(3, 4244615167, 16367166, 2048)
 
 
 def _fattr4_encode_l1g0_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S2.pack(a.type)
+    return _fattr4_S2_pack(a.type)
 
 
 def _fattr4_encode_l1g0_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S151.pack(3, 4244615167, 16367166, 2048, a.type)
+    return _fattr4_S151_pack(3, 4244615167, 16367166, 2048, a.type)
 
 
 def _fattr4_encode_l1g0_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(FH4_PERSISTENT)
+    return _fattr4_S0_pack(FH4_PERSISTENT)
 
 
 def _fattr4_encode_l1g0_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S152.pack(3, 4244615167, 16367166, 2048, FH4_PERSISTENT)
+    return _fattr4_S152_pack(3, 4244615167, 16367166, 2048, FH4_PERSISTENT)
 
 
 def _fattr4_encode_l1g0_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S73.pack(a.type, FH4_PERSISTENT)
+    return _fattr4_S73_pack(a.type, FH4_PERSISTENT)
 
 
 def _fattr4_encode_l1g0_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S153.pack(3, 4244615167, 16367166, 2048, a.type, FH4_PERSISTENT)
+    return _fattr4_S153_pack(3, 4244615167, 16367166, 2048, a.type, FH4_PERSISTENT)
 
 
 def _fattr4_encode_l1g0_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(a.change)
+    return _fattr4_S4_pack(a.change)
 
 
 def _fattr4_encode_l1g0_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S154.pack(3, 4244615167, 16367166, 2048, a.change)
+    return _fattr4_S154_pack(3, 4244615167, 16367166, 2048, a.change)
 
 
 def _fattr4_encode_l1g0_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S49.pack(a.type, a.change)
+    return _fattr4_S49_pack(a.type, a.change)
 
 
 def _fattr4_encode_l1g0_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S155.pack(3, 4244615167, 16367166, 2048, a.type, a.change)
+    return _fattr4_S155_pack(3, 4244615167, 16367166, 2048, a.type, a.change)
 
 
 def _fattr4_encode_l1g0_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S100.pack(FH4_PERSISTENT, a.change)
+    return _fattr4_S100_pack(FH4_PERSISTENT, a.change)
 
 
 def _fattr4_encode_l1g0_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S156.pack(3, 4244615167, 16367166, 2048, FH4_PERSISTENT, a.change)
+    return _fattr4_S156_pack(3, 4244615167, 16367166, 2048, FH4_PERSISTENT, a.change)
 
 
 def _fattr4_encode_l1g0_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S157.pack(a.type, FH4_PERSISTENT, a.change)
+    return _fattr4_S157_pack(a.type, FH4_PERSISTENT, a.change)
 
 
 def _fattr4_encode_l1g0_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S158.pack(3, 4244615167, 16367166, 2048, a.type, FH4_PERSISTENT, a.change)
+    return _fattr4_S158_pack(3, 4244615167, 16367166, 2048, a.type, FH4_PERSISTENT, a.change)
 
 
 def _fattr4_encode_l1g0_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(a.size)
+    return _fattr4_S4_pack(a.size)
 
 
 def _fattr4_encode_l1g0_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S154.pack(3, 4244615167, 16367166, 2048, a.size)
+    return _fattr4_S154_pack(3, 4244615167, 16367166, 2048, a.size)
 
 
 def _fattr4_encode_l1g0_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S49.pack(a.type, a.size)
+    return _fattr4_S49_pack(a.type, a.size)
 
 
 def _fattr4_encode_l1g0_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S155.pack(3, 4244615167, 16367166, 2048, a.type, a.size)
+    return _fattr4_S155_pack(3, 4244615167, 16367166, 2048, a.type, a.size)
 
 
 def _fattr4_encode_l1g0_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S100.pack(FH4_PERSISTENT, a.size)
+    return _fattr4_S100_pack(FH4_PERSISTENT, a.size)
 
 
 def _fattr4_encode_l1g0_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S156.pack(3, 4244615167, 16367166, 2048, FH4_PERSISTENT, a.size)
+    return _fattr4_S156_pack(3, 4244615167, 16367166, 2048, FH4_PERSISTENT, a.size)
 
 
 def _fattr4_encode_l1g0_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S157.pack(a.type, FH4_PERSISTENT, a.size)
+    return _fattr4_S157_pack(a.type, FH4_PERSISTENT, a.size)
 
 
 def _fattr4_encode_l1g0_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S158.pack(3, 4244615167, 16367166, 2048, a.type, FH4_PERSISTENT, a.size)
+    return _fattr4_S158_pack(3, 4244615167, 16367166, 2048, a.type, FH4_PERSISTENT, a.size)
 
 
 def _fattr4_encode_l1g0_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S8.pack(a.change, a.size)
+    return _fattr4_S8_pack(a.change, a.size)
 
 
 def _fattr4_encode_l1g0_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S159.pack(3, 4244615167, 16367166, 2048, a.change, a.size)
+    return _fattr4_S159_pack(3, 4244615167, 16367166, 2048, a.change, a.size)
 
 
 def _fattr4_encode_l1g0_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S22.pack(a.type, a.change, a.size)
+    return _fattr4_S22_pack(a.type, a.change, a.size)
 
 
 def _fattr4_encode_l1g0_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S160.pack(3, 4244615167, 16367166, 2048, a.type, a.change, a.size)
+    return _fattr4_S160_pack(3, 4244615167, 16367166, 2048, a.type, a.change, a.size)
 
 
 def _fattr4_encode_l1g0_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S15.pack(FH4_PERSISTENT, a.change, a.size)
+    return _fattr4_S15_pack(FH4_PERSISTENT, a.change, a.size)
 
 
 def _fattr4_encode_l1g0_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S161.pack(3, 4244615167, 16367166, 2048, FH4_PERSISTENT, a.change, a.size)
+    return _fattr4_S161_pack(3, 4244615167, 16367166, 2048, FH4_PERSISTENT, a.change, a.size)
 
 
 def _fattr4_encode_l1g0_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S21.pack(a.type, FH4_PERSISTENT, a.change, a.size)
+    return _fattr4_S21_pack(a.type, FH4_PERSISTENT, a.change, a.size)
 
 
 def _fattr4_encode_l1g0_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S162.pack(3, 4244615167, 16367166, 2048, a.type, FH4_PERSISTENT, a.change, a.size)
+    return _fattr4_S162_pack(3, 4244615167, 16367166, 2048, a.type, FH4_PERSISTENT, a.change, a.size)
 
 
 def _fattr4_encode_l1g1_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(1)
+    return _fattr4_S0_pack(1)
 
 
 def _fattr4_encode_l1g1_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(1)
+    return _fattr4_S0_pack(1)
 
 
 def _fattr4_encode_l1g1_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(1, 1)
+    return _fattr4_S1_pack(1, 1)
 
 
 def _fattr4_encode_l1g1_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(0)
+    return _fattr4_S0_pack(0)
 
 
 def _fattr4_encode_l1g1_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(1, 0)
+    return _fattr4_S1_pack(1, 0)
 
 
 def _fattr4_encode_l1g1_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(1, 0)
+    return _fattr4_S1_pack(1, 0)
 
 
 def _fattr4_encode_l1g1_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S9.pack(1, 1, 0)
+    return _fattr4_S9_pack(1, 1, 0)
 
 
 def _fattr4_encode_l1g1_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S8.pack(*a.fsid)
+    return _fattr4_S8_pack(*a.fsid)
 
 
 def _fattr4_encode_l1g1_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S15.pack(1, *a.fsid)
+    return _fattr4_S15_pack(1, *a.fsid)
 
 
 def _fattr4_encode_l1g1_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S15.pack(1, *a.fsid)
+    return _fattr4_S15_pack(1, *a.fsid)
 
 
 def _fattr4_encode_l1g1_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S125.pack(1, 1, *a.fsid)
+    return _fattr4_S125_pack(1, 1, *a.fsid)
 
 
 def _fattr4_encode_l1g1_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S15.pack(0, *a.fsid)
+    return _fattr4_S15_pack(0, *a.fsid)
 
 
 def _fattr4_encode_l1g1_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S125.pack(1, 0, *a.fsid)
+    return _fattr4_S125_pack(1, 0, *a.fsid)
 
 
 def _fattr4_encode_l1g1_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S125.pack(1, 0, *a.fsid)
+    return _fattr4_S125_pack(1, 0, *a.fsid)
 
 
 def _fattr4_encode_l1g1_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S126.pack(1, 1, 0, *a.fsid)
+    return _fattr4_S126_pack(1, 1, 0, *a.fsid)
 
 
 def _fattr4_encode_l1g1_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(1)
+    return _fattr4_S0_pack(1)
 
 
 def _fattr4_encode_l1g1_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(1, 1)
+    return _fattr4_S1_pack(1, 1)
 
 
 def _fattr4_encode_l1g1_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(1, 1)
+    return _fattr4_S1_pack(1, 1)
 
 
 def _fattr4_encode_l1g1_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S9.pack(1, 1, 1)
+    return _fattr4_S9_pack(1, 1, 1)
 
 
 def _fattr4_encode_l1g1_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(0, 1)
+    return _fattr4_S1_pack(0, 1)
 
 
 def _fattr4_encode_l1g1_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S9.pack(1, 0, 1)
+    return _fattr4_S9_pack(1, 0, 1)
 
 
 def _fattr4_encode_l1g1_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S9.pack(1, 0, 1)
+    return _fattr4_S9_pack(1, 0, 1)
 
 
 def _fattr4_encode_l1g1_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S33.pack(1, 1, 0, 1)
+    return _fattr4_S33_pack(1, 1, 0, 1)
 
 
 def _fattr4_encode_l1g1_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S75.pack(*a.fsid, 1)
+    return _fattr4_S75_pack(*a.fsid, 1)
 
 
 def _fattr4_encode_l1g1_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S163.pack(1, *a.fsid, 1)
+    return _fattr4_S163_pack(1, *a.fsid, 1)
 
 
 def _fattr4_encode_l1g1_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S163.pack(1, *a.fsid, 1)
+    return _fattr4_S163_pack(1, *a.fsid, 1)
 
 
 def _fattr4_encode_l1g1_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S164.pack(1, 1, *a.fsid, 1)
+    return _fattr4_S164_pack(1, 1, *a.fsid, 1)
 
 
 def _fattr4_encode_l1g1_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S163.pack(0, *a.fsid, 1)
+    return _fattr4_S163_pack(0, *a.fsid, 1)
 
 
 def _fattr4_encode_l1g1_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S164.pack(1, 0, *a.fsid, 1)
+    return _fattr4_S164_pack(1, 0, *a.fsid, 1)
 
 
 def _fattr4_encode_l1g1_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S164.pack(1, 0, *a.fsid, 1)
+    return _fattr4_S164_pack(1, 0, *a.fsid, 1)
 
 
 def _fattr4_encode_l1g1_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S165.pack(1, 1, 0, *a.fsid, 1)
+    return _fattr4_S165_pack(1, 1, 0, *a.fsid, 1)
 
 
 def _fattr4_encode_l1g2_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(cfg.lease_time)
+    return _fattr4_S0_pack(cfg.lease_time)
 
 
 def _fattr4_encode_l1g2_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S2.pack(err)
+    return _fattr4_S2_pack(err)
 
 
 def _fattr4_encode_l1g2_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S13.pack(cfg.lease_time, err)
+    return _fattr4_S13_pack(cfg.lease_time, err)
 
 
 def _fattr4_encode_l1g2_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(0)
+    return _fattr4_S0_pack(0)
 
 
 def _fattr4_encode_l1g2_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(cfg.lease_time, 0)
+    return _fattr4_S1_pack(cfg.lease_time, 0)
 
 
 def _fattr4_encode_l1g2_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S73.pack(err, 0)
+    return _fattr4_S73_pack(err, 0)
 
 
 def _fattr4_encode_l1g2_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S166.pack(cfg.lease_time, err, 0)
+    return _fattr4_S166_pack(cfg.lease_time, err, 0)
 
 
 def _fattr4_encode_l1g2_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(1)
+    return _fattr4_S0_pack(1)
 
 
 def _fattr4_encode_l1g2_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(cfg.lease_time, 1)
+    return _fattr4_S1_pack(cfg.lease_time, 1)
 
 
 def _fattr4_encode_l1g2_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S73.pack(err, 1)
+    return _fattr4_S73_pack(err, 1)
 
 
 def _fattr4_encode_l1g2_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S166.pack(cfg.lease_time, err, 1)
+    return _fattr4_S166_pack(cfg.lease_time, err, 1)
 
 
 def _fattr4_encode_l1g2_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(0, 1)
+    return _fattr4_S1_pack(0, 1)
 
 
 def _fattr4_encode_l1g2_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S9.pack(cfg.lease_time, 0, 1)
+    return _fattr4_S9_pack(cfg.lease_time, 0, 1)
 
 
 def _fattr4_encode_l1g2_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S167.pack(err, 0, 1)
+    return _fattr4_S167_pack(err, 0, 1)
 
 
 def _fattr4_encode_l1g2_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S168.pack(cfg.lease_time, err, 0, 1)
+    return _fattr4_S168_pack(cfg.lease_time, err, 0, 1)
 
 
 def _fattr4_encode_l1g2_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(0)
+    return _fattr4_S0_pack(0)
 
 
 def _fattr4_encode_l1g2_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(cfg.lease_time, 0)
+    return _fattr4_S1_pack(cfg.lease_time, 0)
 
 
 def _fattr4_encode_l1g2_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S73.pack(err, 0)
+    return _fattr4_S73_pack(err, 0)
 
 
 def _fattr4_encode_l1g2_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S166.pack(cfg.lease_time, err, 0)
+    return _fattr4_S166_pack(cfg.lease_time, err, 0)
 
 
 def _fattr4_encode_l1g2_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(0, 0)
+    return _fattr4_S1_pack(0, 0)
 
 
 def _fattr4_encode_l1g2_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S9.pack(cfg.lease_time, 0, 0)
+    return _fattr4_S9_pack(cfg.lease_time, 0, 0)
 
 
 def _fattr4_encode_l1g2_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S167.pack(err, 0, 0)
+    return _fattr4_S167_pack(err, 0, 0)
 
 
 def _fattr4_encode_l1g2_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S168.pack(cfg.lease_time, err, 0, 0)
+    return _fattr4_S168_pack(cfg.lease_time, err, 0, 0)
 
 
 def _fattr4_encode_l1g2_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(1, 0)
+    return _fattr4_S1_pack(1, 0)
 
 
 def _fattr4_encode_l1g2_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S9.pack(cfg.lease_time, 1, 0)
+    return _fattr4_S9_pack(cfg.lease_time, 1, 0)
 
 
 def _fattr4_encode_l1g2_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S167.pack(err, 1, 0)
+    return _fattr4_S167_pack(err, 1, 0)
 
 
 def _fattr4_encode_l1g2_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S168.pack(cfg.lease_time, err, 1, 0)
+    return _fattr4_S168_pack(cfg.lease_time, err, 1, 0)
 
 
 def _fattr4_encode_l1g2_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S9.pack(0, 1, 0)
+    return _fattr4_S9_pack(0, 1, 0)
 
 
 def _fattr4_encode_l1g2_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S33.pack(cfg.lease_time, 0, 1, 0)
+    return _fattr4_S33_pack(cfg.lease_time, 0, 1, 0)
 
 
 def _fattr4_encode_l1g2_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S169.pack(err, 0, 1, 0)
+    return _fattr4_S169_pack(err, 0, 1, 0)
 
 
 def _fattr4_encode_l1g2_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S170.pack(cfg.lease_time, err, 0, 1, 0)
+    return _fattr4_S170_pack(cfg.lease_time, err, 0, 1, 0)
 
 
 def _fattr4_encode_l1g3_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(1)
+    return _fattr4_S0_pack(1)
 
 
 def _fattr4_encode_l1g3_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(1)
+    return _fattr4_S0_pack(1)
 
 
 def _fattr4_encode_l1g3_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(1, 1)
+    return _fattr4_S1_pack(1, 1)
 
 
 def _fattr4_encode_l1g3_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -20713,363 +20713,363 @@ def _fattr4_encode_l1g3_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g3_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(1) + _fattr4_opaque(fh)
+    return _fattr4_S0_pack(1) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l1g3_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(1) + _fattr4_opaque(fh)
+    return _fattr4_S0_pack(1) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l1g3_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(1, 1) + _fattr4_opaque(fh)
+    return _fattr4_S1_pack(1, 1) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l1g3_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(a.fileid)
+    return _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l1g3_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S100.pack(1, a.fileid)
+    return _fattr4_S100_pack(1, a.fileid)
 
 
 def _fattr4_encode_l1g3_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S100.pack(1, a.fileid)
+    return _fattr4_S100_pack(1, a.fileid)
 
 
 def _fattr4_encode_l1g3_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S101.pack(1, 1, a.fileid)
+    return _fattr4_S101_pack(1, 1, a.fileid)
 
 
 def _fattr4_encode_l1g3_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l1g3_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(1) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S0_pack(1) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l1g3_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(1) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S0_pack(1) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l1g3_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(1, 1) + _fattr4_opaque(fh) + _S4.pack(a.fileid)
+    return _fattr4_S1_pack(1, 1) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l1g3_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(fs.files_avail)
+    return _fattr4_S4_pack(fs.files_avail)
 
 
 def _fattr4_encode_l1g3_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S100.pack(1, fs.files_avail)
+    return _fattr4_S100_pack(1, fs.files_avail)
 
 
 def _fattr4_encode_l1g3_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S100.pack(1, fs.files_avail)
+    return _fattr4_S100_pack(1, fs.files_avail)
 
 
 def _fattr4_encode_l1g3_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S101.pack(1, 1, fs.files_avail)
+    return _fattr4_S101_pack(1, 1, fs.files_avail)
 
 
 def _fattr4_encode_l1g3_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_opaque(fh) + _S4.pack(fs.files_avail)
+    return _fattr4_opaque(fh) + _fattr4_S4_pack(fs.files_avail)
 
 
 def _fattr4_encode_l1g3_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(1) + _fattr4_opaque(fh) + _S4.pack(fs.files_avail)
+    return _fattr4_S0_pack(1) + _fattr4_opaque(fh) + _fattr4_S4_pack(fs.files_avail)
 
 
 def _fattr4_encode_l1g3_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(1) + _fattr4_opaque(fh) + _S4.pack(fs.files_avail)
+    return _fattr4_S0_pack(1) + _fattr4_opaque(fh) + _fattr4_S4_pack(fs.files_avail)
 
 
 def _fattr4_encode_l1g3_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(1, 1) + _fattr4_opaque(fh) + _S4.pack(fs.files_avail)
+    return _fattr4_S1_pack(1, 1) + _fattr4_opaque(fh) + _fattr4_S4_pack(fs.files_avail)
 
 
 def _fattr4_encode_l1g3_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S8.pack(a.fileid, fs.files_avail)
+    return _fattr4_S8_pack(a.fileid, fs.files_avail)
 
 
 def _fattr4_encode_l1g3_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S15.pack(1, a.fileid, fs.files_avail)
+    return _fattr4_S15_pack(1, a.fileid, fs.files_avail)
 
 
 def _fattr4_encode_l1g3_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S15.pack(1, a.fileid, fs.files_avail)
+    return _fattr4_S15_pack(1, a.fileid, fs.files_avail)
 
 
 def _fattr4_encode_l1g3_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S125.pack(1, 1, a.fileid, fs.files_avail)
+    return _fattr4_S125_pack(1, 1, a.fileid, fs.files_avail)
 
 
 def _fattr4_encode_l1g3_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_opaque(fh) + _S8.pack(a.fileid, fs.files_avail)
+    return _fattr4_opaque(fh) + _fattr4_S8_pack(a.fileid, fs.files_avail)
 
 
 def _fattr4_encode_l1g3_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(1) + _fattr4_opaque(fh) + _S8.pack(a.fileid, fs.files_avail)
+    return _fattr4_S0_pack(1) + _fattr4_opaque(fh) + _fattr4_S8_pack(a.fileid, fs.files_avail)
 
 
 def _fattr4_encode_l1g3_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(1) + _fattr4_opaque(fh) + _S8.pack(a.fileid, fs.files_avail)
+    return _fattr4_S0_pack(1) + _fattr4_opaque(fh) + _fattr4_S8_pack(a.fileid, fs.files_avail)
 
 
 def _fattr4_encode_l1g3_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(1, 1) + _fattr4_opaque(fh) + _S8.pack(a.fileid, fs.files_avail)
+    return _fattr4_S1_pack(1, 1) + _fattr4_opaque(fh) + _fattr4_S8_pack(a.fileid, fs.files_avail)
 
 
 def _fattr4_encode_l1g4_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(fs.files_free)
+    return _fattr4_S4_pack(fs.files_free)
 
 
 def _fattr4_encode_l1g4_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(fs.files_total)
+    return _fattr4_S4_pack(fs.files_total)
 
 
 def _fattr4_encode_l1g4_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S8.pack(fs.files_free, fs.files_total)
+    return _fattr4_S8_pack(fs.files_free, fs.files_total)
 
 
 def _fattr4_encode_l1g4_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(1)
+    return _fattr4_S0_pack(1)
 
 
 def _fattr4_encode_l1g4_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S18.pack(fs.files_free, 1)
+    return _fattr4_S18_pack(fs.files_free, 1)
 
 
 def _fattr4_encode_l1g4_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S18.pack(fs.files_total, 1)
+    return _fattr4_S18_pack(fs.files_total, 1)
 
 
 def _fattr4_encode_l1g4_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S75.pack(fs.files_free, fs.files_total, 1)
+    return _fattr4_S75_pack(fs.files_free, fs.files_total, 1)
 
 
 def _fattr4_encode_l1g4_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(9223372036854775807)
+    return _fattr4_S4_pack(9223372036854775807)
 
 
 def _fattr4_encode_l1g4_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S8.pack(fs.files_free, 9223372036854775807)
+    return _fattr4_S8_pack(fs.files_free, 9223372036854775807)
 
 
 def _fattr4_encode_l1g4_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S8.pack(fs.files_total, 9223372036854775807)
+    return _fattr4_S8_pack(fs.files_total, 9223372036854775807)
 
 
 def _fattr4_encode_l1g4_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S50.pack(fs.files_free, fs.files_total, 9223372036854775807)
+    return _fattr4_S50_pack(fs.files_free, fs.files_total, 9223372036854775807)
 
 
 def _fattr4_encode_l1g4_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S100.pack(1, 9223372036854775807)
+    return _fattr4_S100_pack(1, 9223372036854775807)
 
 
 def _fattr4_encode_l1g4_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S171.pack(fs.files_free, 1, 9223372036854775807)
+    return _fattr4_S171_pack(fs.files_free, 1, 9223372036854775807)
 
 
 def _fattr4_encode_l1g4_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S171.pack(fs.files_total, 1, 9223372036854775807)
+    return _fattr4_S171_pack(fs.files_total, 1, 9223372036854775807)
 
 
 def _fattr4_encode_l1g4_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S172.pack(fs.files_free, fs.files_total, 1, 9223372036854775807)
+    return _fattr4_S172_pack(fs.files_free, fs.files_total, 1, 9223372036854775807)
 
 
 def _fattr4_encode_l1g4_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(min(fs.max_link, 4294967295))
+    return _fattr4_S0_pack(min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S18.pack(fs.files_free, min(fs.max_link, 4294967295))
+    return _fattr4_S18_pack(fs.files_free, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S18.pack(fs.files_total, min(fs.max_link, 4294967295))
+    return _fattr4_S18_pack(fs.files_total, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S75.pack(fs.files_free, fs.files_total, min(fs.max_link, 4294967295))
+    return _fattr4_S75_pack(fs.files_free, fs.files_total, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(1, min(fs.max_link, 4294967295))
+    return _fattr4_S1_pack(1, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S34.pack(fs.files_free, 1, min(fs.max_link, 4294967295))
+    return _fattr4_S34_pack(fs.files_free, 1, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S34.pack(fs.files_total, 1, min(fs.max_link, 4294967295))
+    return _fattr4_S34_pack(fs.files_total, 1, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S173.pack(fs.files_free, fs.files_total, 1, min(fs.max_link, 4294967295))
+    return _fattr4_S173_pack(fs.files_free, fs.files_total, 1, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S18.pack(9223372036854775807, min(fs.max_link, 4294967295))
+    return _fattr4_S18_pack(9223372036854775807, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S75.pack(fs.files_free, 9223372036854775807, min(fs.max_link, 4294967295))
+    return _fattr4_S75_pack(fs.files_free, 9223372036854775807, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S75.pack(fs.files_total, 9223372036854775807, min(fs.max_link, 4294967295))
+    return _fattr4_S75_pack(fs.files_total, 9223372036854775807, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S77.pack(fs.files_free, fs.files_total, 9223372036854775807, min(fs.max_link, 4294967295))
+    return _fattr4_S77_pack(fs.files_free, fs.files_total, 9223372036854775807, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S174.pack(1, 9223372036854775807, min(fs.max_link, 4294967295))
+    return _fattr4_S174_pack(1, 9223372036854775807, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S175.pack(fs.files_free, 1, 9223372036854775807, min(fs.max_link, 4294967295))
+    return _fattr4_S175_pack(fs.files_free, 1, 9223372036854775807, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S175.pack(fs.files_total, 1, 9223372036854775807, min(fs.max_link, 4294967295))
+    return _fattr4_S175_pack(fs.files_total, 1, 9223372036854775807, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S176.pack(fs.files_free, fs.files_total, 1, 9223372036854775807, min(fs.max_link, 4294967295))
+    return _fattr4_S176_pack(fs.files_free, fs.files_total, 1, 9223372036854775807, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g5_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(min(fs.max_name, 4294967295))
+    return _fattr4_S0_pack(min(fs.max_name, 4294967295))
 
 
 def _fattr4_encode_l1g5_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(cfg.max_io)
+    return _fattr4_S4_pack(cfg.max_io)
 
 
 def _fattr4_encode_l1g5_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S100.pack(min(fs.max_name, 4294967295), cfg.max_io)
+    return _fattr4_S100_pack(min(fs.max_name, 4294967295), cfg.max_io)
 
 
 def _fattr4_encode_l1g5_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(cfg.max_io)
+    return _fattr4_S4_pack(cfg.max_io)
 
 
 def _fattr4_encode_l1g5_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S100.pack(min(fs.max_name, 4294967295), cfg.max_io)
+    return _fattr4_S100_pack(min(fs.max_name, 4294967295), cfg.max_io)
 
 
 def _fattr4_encode_l1g5_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S8.pack(cfg.max_io, cfg.max_io)
+    return _fattr4_S8_pack(cfg.max_io, cfg.max_io)
 
 
 def _fattr4_encode_l1g5_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S15.pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io)
+    return _fattr4_S15_pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io)
 
 
 def _fattr4_encode_l1g5_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.mode)
+    return _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l1g5_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(min(fs.max_name, 4294967295), a.mode)
+    return _fattr4_S1_pack(min(fs.max_name, 4294967295), a.mode)
 
 
 def _fattr4_encode_l1g5_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S18.pack(cfg.max_io, a.mode)
+    return _fattr4_S18_pack(cfg.max_io, a.mode)
 
 
 def _fattr4_encode_l1g5_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S174.pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode)
+    return _fattr4_S174_pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode)
 
 
 def _fattr4_encode_l1g5_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S18.pack(cfg.max_io, a.mode)
+    return _fattr4_S18_pack(cfg.max_io, a.mode)
 
 
 def _fattr4_encode_l1g5_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S174.pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode)
+    return _fattr4_S174_pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode)
 
 
 def _fattr4_encode_l1g5_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S75.pack(cfg.max_io, cfg.max_io, a.mode)
+    return _fattr4_S75_pack(cfg.max_io, cfg.max_io, a.mode)
 
 
 def _fattr4_encode_l1g5_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S163.pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io, a.mode)
+    return _fattr4_S163_pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io, a.mode)
 
 
 def _fattr4_encode_l1g5_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(1)
+    return _fattr4_S0_pack(1)
 
 
 def _fattr4_encode_l1g5_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(min(fs.max_name, 4294967295), 1)
+    return _fattr4_S1_pack(min(fs.max_name, 4294967295), 1)
 
 
 def _fattr4_encode_l1g5_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S18.pack(cfg.max_io, 1)
+    return _fattr4_S18_pack(cfg.max_io, 1)
 
 
 def _fattr4_encode_l1g5_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S174.pack(min(fs.max_name, 4294967295), cfg.max_io, 1)
+    return _fattr4_S174_pack(min(fs.max_name, 4294967295), cfg.max_io, 1)
 
 
 def _fattr4_encode_l1g5_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S18.pack(cfg.max_io, 1)
+    return _fattr4_S18_pack(cfg.max_io, 1)
 
 
 def _fattr4_encode_l1g5_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S174.pack(min(fs.max_name, 4294967295), cfg.max_io, 1)
+    return _fattr4_S174_pack(min(fs.max_name, 4294967295), cfg.max_io, 1)
 
 
 def _fattr4_encode_l1g5_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S75.pack(cfg.max_io, cfg.max_io, 1)
+    return _fattr4_S75_pack(cfg.max_io, cfg.max_io, 1)
 
 
 def _fattr4_encode_l1g5_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S163.pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io, 1)
+    return _fattr4_S163_pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io, 1)
 
 
 def _fattr4_encode_l1g5_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(a.mode, 1)
+    return _fattr4_S1_pack(a.mode, 1)
 
 
 def _fattr4_encode_l1g5_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S9.pack(min(fs.max_name, 4294967295), a.mode, 1)
+    return _fattr4_S9_pack(min(fs.max_name, 4294967295), a.mode, 1)
 
 
 def _fattr4_encode_l1g5_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S34.pack(cfg.max_io, a.mode, 1)
+    return _fattr4_S34_pack(cfg.max_io, a.mode, 1)
 
 
 def _fattr4_encode_l1g5_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S177.pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode, 1)
+    return _fattr4_S177_pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode, 1)
 
 
 def _fattr4_encode_l1g5_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S34.pack(cfg.max_io, a.mode, 1)
+    return _fattr4_S34_pack(cfg.max_io, a.mode, 1)
 
 
 def _fattr4_encode_l1g5_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S177.pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode, 1)
+    return _fattr4_S177_pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode, 1)
 
 
 def _fattr4_encode_l1g5_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S173.pack(cfg.max_io, cfg.max_io, a.mode, 1)
+    return _fattr4_S173_pack(cfg.max_io, cfg.max_io, a.mode, 1)
 
 
 def _fattr4_encode_l1g5_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S178.pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io, a.mode, 1)
+    return _fattr4_S178_pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io, a.mode, 1)
 
 
 def _fattr4_encode_l1g6_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink)
+    return _fattr4_S0_pack(a.nlink)
 
 
 def _fattr4_encode_l1g6_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -21077,7 +21077,7 @@ def _fattr4_encode_l1g6_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g6_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid)
 
 
 def _fattr4_encode_l1g6_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -21085,7 +21085,7 @@ def _fattr4_encode_l1g6_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g6_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid)
 
 
 def _fattr4_encode_l1g6_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -21093,287 +21093,287 @@ def _fattr4_encode_l1g6_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g6_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid)
 
 
 def _fattr4_encode_l1g6_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(*a.rdev)
+    return _fattr4_S1_pack(*a.rdev)
 
 
 def _fattr4_encode_l1g6_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S9.pack(a.nlink, *a.rdev)
+    return _fattr4_S9_pack(a.nlink, *a.rdev)
 
 
 def _fattr4_encode_l1g6_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S1.pack(*a.rdev)
+    return _fattr4_decimal(a.uid) + _fattr4_S1_pack(*a.rdev)
 
 
 def _fattr4_encode_l1g6_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S1.pack(*a.rdev)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S1_pack(*a.rdev)
 
 
 def _fattr4_encode_l1g6_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S1.pack(*a.rdev)
+    return _fattr4_decimal(a.gid) + _fattr4_S1_pack(*a.rdev)
 
 
 def _fattr4_encode_l1g6_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S1.pack(*a.rdev)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S1_pack(*a.rdev)
 
 
 def _fattr4_encode_l1g6_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S1.pack(*a.rdev)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S1_pack(*a.rdev)
 
 
 def _fattr4_encode_l1g6_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S1.pack(*a.rdev)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S1_pack(*a.rdev)
 
 
 def _fattr4_encode_l1g6_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(fs.bytes_avail)
+    return _fattr4_S4_pack(fs.bytes_avail)
 
 
 def _fattr4_encode_l1g6_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S100.pack(a.nlink, fs.bytes_avail)
+    return _fattr4_S100_pack(a.nlink, fs.bytes_avail)
 
 
 def _fattr4_encode_l1g6_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S4.pack(fs.bytes_avail)
+    return _fattr4_decimal(a.uid) + _fattr4_S4_pack(fs.bytes_avail)
 
 
 def _fattr4_encode_l1g6_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S4.pack(fs.bytes_avail)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S4_pack(fs.bytes_avail)
 
 
 def _fattr4_encode_l1g6_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S4.pack(fs.bytes_avail)
+    return _fattr4_decimal(a.gid) + _fattr4_S4_pack(fs.bytes_avail)
 
 
 def _fattr4_encode_l1g6_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S4.pack(fs.bytes_avail)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S4_pack(fs.bytes_avail)
 
 
 def _fattr4_encode_l1g6_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S4.pack(fs.bytes_avail)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S4_pack(fs.bytes_avail)
 
 
 def _fattr4_encode_l1g6_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S4.pack(fs.bytes_avail)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S4_pack(fs.bytes_avail)
 
 
 def _fattr4_encode_l1g6_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S101.pack(*a.rdev, fs.bytes_avail)
+    return _fattr4_S101_pack(*a.rdev, fs.bytes_avail)
 
 
 def _fattr4_encode_l1g6_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S102.pack(a.nlink, *a.rdev, fs.bytes_avail)
+    return _fattr4_S102_pack(a.nlink, *a.rdev, fs.bytes_avail)
 
 
 def _fattr4_encode_l1g6_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _S101.pack(*a.rdev, fs.bytes_avail)
+    return _fattr4_decimal(a.uid) + _fattr4_S101_pack(*a.rdev, fs.bytes_avail)
 
 
 def _fattr4_encode_l1g6_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _S101.pack(*a.rdev, fs.bytes_avail)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S101_pack(*a.rdev, fs.bytes_avail)
 
 
 def _fattr4_encode_l1g6_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, fs.bytes_avail)
+    return _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, fs.bytes_avail)
 
 
 def _fattr4_encode_l1g6_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, fs.bytes_avail)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, fs.bytes_avail)
 
 
 def _fattr4_encode_l1g6_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, fs.bytes_avail)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, fs.bytes_avail)
 
 
 def _fattr4_encode_l1g6_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S101.pack(*a.rdev, fs.bytes_avail)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, fs.bytes_avail)
 
 
 def _fattr4_encode_l1g7_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(fs.bytes_free)
+    return _fattr4_S4_pack(fs.bytes_free)
 
 
 def _fattr4_encode_l1g7_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(fs.bytes_total)
+    return _fattr4_S4_pack(fs.bytes_total)
 
 
 def _fattr4_encode_l1g7_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S8.pack(fs.bytes_free, fs.bytes_total)
+    return _fattr4_S8_pack(fs.bytes_free, fs.bytes_total)
 
 
 def _fattr4_encode_l1g7_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(a.space_used)
+    return _fattr4_S4_pack(a.space_used)
 
 
 def _fattr4_encode_l1g7_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S8.pack(fs.bytes_free, a.space_used)
+    return _fattr4_S8_pack(fs.bytes_free, a.space_used)
 
 
 def _fattr4_encode_l1g7_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S8.pack(fs.bytes_total, a.space_used)
+    return _fattr4_S8_pack(fs.bytes_total, a.space_used)
 
 
 def _fattr4_encode_l1g7_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S50.pack(fs.bytes_free, fs.bytes_total, a.space_used)
+    return _fattr4_S50_pack(fs.bytes_free, fs.bytes_total, a.space_used)
 
 
 def _fattr4_encode_l1g7_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S7.pack(*divmod(a.atime_ns, 1000000000))
+    return _fattr4_S7_pack(*divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l1g7_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S106.pack(fs.bytes_free, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S106_pack(fs.bytes_free, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l1g7_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S106.pack(fs.bytes_total, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S106_pack(fs.bytes_total, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l1g7_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S179.pack(fs.bytes_free, fs.bytes_total, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S179_pack(fs.bytes_free, fs.bytes_total, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l1g7_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S106.pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S106_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l1g7_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S179.pack(fs.bytes_free, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S179_pack(fs.bytes_free, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l1g7_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S179.pack(fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S179_pack(fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l1g7_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S180.pack(fs.bytes_free, fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S180_pack(fs.bytes_free, fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l1g7_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S7.pack(0, 1)
+    return _fattr4_S7_pack(0, 1)
 
 
 def _fattr4_encode_l1g7_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S106.pack(fs.bytes_free, 0, 1)
+    return _fattr4_S106_pack(fs.bytes_free, 0, 1)
 
 
 def _fattr4_encode_l1g7_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S106.pack(fs.bytes_total, 0, 1)
+    return _fattr4_S106_pack(fs.bytes_total, 0, 1)
 
 
 def _fattr4_encode_l1g7_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S179.pack(fs.bytes_free, fs.bytes_total, 0, 1)
+    return _fattr4_S179_pack(fs.bytes_free, fs.bytes_total, 0, 1)
 
 
 def _fattr4_encode_l1g7_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S106.pack(a.space_used, 0, 1)
+    return _fattr4_S106_pack(a.space_used, 0, 1)
 
 
 def _fattr4_encode_l1g7_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S179.pack(fs.bytes_free, a.space_used, 0, 1)
+    return _fattr4_S179_pack(fs.bytes_free, a.space_used, 0, 1)
 
 
 def _fattr4_encode_l1g7_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S179.pack(fs.bytes_total, a.space_used, 0, 1)
+    return _fattr4_S179_pack(fs.bytes_total, a.space_used, 0, 1)
 
 
 def _fattr4_encode_l1g7_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S180.pack(fs.bytes_free, fs.bytes_total, a.space_used, 0, 1)
+    return _fattr4_S180_pack(fs.bytes_free, fs.bytes_total, a.space_used, 0, 1)
 
 
 def _fattr4_encode_l1g7_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S37.pack(*divmod(a.atime_ns, 1000000000), 0, 1)
+    return _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), 0, 1)
 
 
 def _fattr4_encode_l1g7_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S113.pack(fs.bytes_free, *divmod(a.atime_ns, 1000000000), 0, 1)
+    return _fattr4_S113_pack(fs.bytes_free, *divmod(a.atime_ns, 1000000000), 0, 1)
 
 
 def _fattr4_encode_l1g7_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S113.pack(fs.bytes_total, *divmod(a.atime_ns, 1000000000), 0, 1)
+    return _fattr4_S113_pack(fs.bytes_total, *divmod(a.atime_ns, 1000000000), 0, 1)
 
 
 def _fattr4_encode_l1g7_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S181.pack(fs.bytes_free, fs.bytes_total, *divmod(a.atime_ns, 1000000000), 0, 1)
+    return _fattr4_S181_pack(fs.bytes_free, fs.bytes_total, *divmod(a.atime_ns, 1000000000), 0, 1)
 
 
 def _fattr4_encode_l1g7_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S113.pack(a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
+    return _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
 
 
 def _fattr4_encode_l1g7_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S181.pack(fs.bytes_free, a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
+    return _fattr4_S181_pack(fs.bytes_free, a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
 
 
 def _fattr4_encode_l1g7_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S181.pack(fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
+    return _fattr4_S181_pack(fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
 
 
 def _fattr4_encode_l1g7_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S182.pack(fs.bytes_free, fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
+    return _fattr4_S182_pack(fs.bytes_free, fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
 
 
 def _fattr4_encode_l1g8_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S7.pack(*divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S7_pack(*divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l1g8_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S7.pack(*divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S7_pack(*divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l1g8_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S37.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l1g8_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(a.mounted_on_fileid)
+    return _fattr4_S4_pack(a.mounted_on_fileid)
 
 
 def _fattr4_encode_l1g8_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S127.pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S127_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l1g8_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S127.pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S127_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l1g8_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S135.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l1g8_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S9.pack(2, 16, 50)
+    return _fattr4_S9_pack(2, 16, 50)
 
 
 def _fattr4_encode_l1g8_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S183.pack(*divmod(a.ctime_ns, 1000000000), 2, 16, 50)
+    return _fattr4_S183_pack(*divmod(a.ctime_ns, 1000000000), 2, 16, 50)
 
 
 def _fattr4_encode_l1g8_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S183.pack(*divmod(a.mtime_ns, 1000000000), 2, 16, 50)
+    return _fattr4_S183_pack(*divmod(a.mtime_ns, 1000000000), 2, 16, 50)
 
 
 def _fattr4_encode_l1g8_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S184.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), 2, 16, 50)
+    return _fattr4_S184_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), 2, 16, 50)
 
 
 def _fattr4_encode_l1g8_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S185.pack(a.mounted_on_fileid, 2, 16, 50)
+    return _fattr4_S185_pack(a.mounted_on_fileid, 2, 16, 50)
 
 
 def _fattr4_encode_l1g8_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S186.pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50)
+    return _fattr4_S186_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50)
 
 
 def _fattr4_encode_l1g8_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S186.pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50)
+    return _fattr4_S186_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50)
 
 
 def _fattr4_encode_l1g8_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S187.pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50)
+    return _fattr4_S187_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50)
 
 
 # Layers of attribute groups, each group's subsets with their encoders: a mask is
@@ -21388,7 +21388,7 @@ def _fattr4_decode_linux_fattr(data: _Buffer) -> dict[int, _Any]:
     off = 0
     out: dict[int, _Any] = {}
     try:
-        _t = _S188.unpack_from(buf, off)
+        _t = _fattr4_S188_unpack_from(buf, off)
         off += 52
         out[1] = _nfs_ftype4_MAP[_t[0]]
         out[3] = _t[1]
@@ -21399,7 +21399,7 @@ def _fattr4_decode_linux_fattr(data: _Buffer) -> dict[int, _Any]:
         out[35] = _t[7]
         out[36], off = dec_fattr4_owner(r, off)
         out[37], off = dec_fattr4_owner_group(r, off)
-        _t = _S149.unpack_from(buf, off)
+        _t = _fattr4_S149_unpack_from(buf, off)
         off += 60
         out[41] = specdata4(_t[0], _t[1])
         out[45] = _t[2]
@@ -21415,7 +21415,7 @@ def _fattr4_decode_linux_fattr(data: _Buffer) -> dict[int, _Any]:
 
 
 def _fattr4_encode_linux_fattr(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S188.pack(a.type, a.change, a.size, *a.fsid, a.fileid, a.mode, a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S149.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S188_pack(a.type, a.change, a.size, *a.fsid, a.fileid, a.mode, a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_decode_linux_readdir_plus(data: _Buffer) -> dict[int, _Any]:
@@ -21424,7 +21424,7 @@ def _fattr4_decode_linux_readdir_plus(data: _Buffer) -> dict[int, _Any]:
     off = 0
     out: dict[int, _Any] = {}
     try:
-        _t = _S61.unpack_from(buf, off)
+        _t = _fattr4_S61_unpack_from(buf, off)
         off += 40
         out[1] = _nfs_ftype4_MAP[_t[0]]
         out[3] = _t[1]
@@ -21432,14 +21432,14 @@ def _fattr4_decode_linux_readdir_plus(data: _Buffer) -> dict[int, _Any]:
         out[8] = fsid4(_t[3], _t[4])
         out[11] = _nfsstat4_MAP[_t[5]]
         out[19], off = dec_fattr4_filehandle(r, off)
-        _t = _S34.unpack_from(buf, off)
+        _t = _fattr4_S34_unpack_from(buf, off)
         off += 16
         out[20] = _t[0]
         out[33] = _t[1]
         out[35] = _t[2]
         out[36], off = dec_fattr4_owner(r, off)
         out[37], off = dec_fattr4_owner_group(r, off)
-        _t = _S149.unpack_from(buf, off)
+        _t = _fattr4_S149_unpack_from(buf, off)
         off += 60
         out[41] = specdata4(_t[0], _t[1])
         out[45] = _t[2]
@@ -21455,7 +21455,7 @@ def _fattr4_decode_linux_readdir_plus(data: _Buffer) -> dict[int, _Any]:
 
 
 def _fattr4_encode_linux_readdir_plus(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S61.pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _S34.pack(a.fileid, a.mode, a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S149.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S61_pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S34_pack(a.fileid, a.mode, a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_decode_linux_readdir(data: _Buffer) -> dict[int, _Any]:
@@ -21464,7 +21464,7 @@ def _fattr4_decode_linux_readdir(data: _Buffer) -> dict[int, _Any]:
     off = 0
     out: dict[int, _Any] = {}
     try:
-        _t = _S49.unpack_from(buf, off)
+        _t = _fattr4_S49_unpack_from(buf, off)
         off += 12
         out[11] = _nfsstat4_MAP[_t[0]]
         out[55] = _t[1]
@@ -21476,7 +21476,7 @@ def _fattr4_decode_linux_readdir(data: _Buffer) -> dict[int, _Any]:
 
 
 def _fattr4_encode_linux_readdir(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S49.pack(err, a.mounted_on_fileid)
+    return _fattr4_S49_pack(err, a.mounted_on_fileid)
 
 
 def _fattr4_decode_linux_cache_consistency(data: _Buffer) -> dict[int, _Any]:
@@ -21485,7 +21485,7 @@ def _fattr4_decode_linux_cache_consistency(data: _Buffer) -> dict[int, _Any]:
     off = 0
     out: dict[int, _Any] = {}
     try:
-        _t = _S181.unpack_from(buf, off)
+        _t = _fattr4_S181_unpack_from(buf, off)
         off += 40
         out[3] = _t[0]
         out[4] = _t[1]
@@ -21499,7 +21499,7 @@ def _fattr4_decode_linux_cache_consistency(data: _Buffer) -> dict[int, _Any]:
 
 
 def _fattr4_encode_linux_cache_consistency(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S181.pack(a.change, a.size, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S181_pack(a.change, a.size, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_decode_linux_open_noattr(data: _Buffer) -> dict[int, _Any]:
@@ -21508,7 +21508,7 @@ def _fattr4_decode_linux_open_noattr(data: _Buffer) -> dict[int, _Any]:
     off = 0
     out: dict[int, _Any] = {}
     try:
-        _t = _S49.unpack_from(buf, off)
+        _t = _fattr4_S49_unpack_from(buf, off)
         off += 12
         out[1] = _nfs_ftype4_MAP[_t[0]]
         out[20] = _t[1]
@@ -21520,7 +21520,7 @@ def _fattr4_decode_linux_open_noattr(data: _Buffer) -> dict[int, _Any]:
 
 
 def _fattr4_encode_linux_open_noattr(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S49.pack(a.type, a.fileid)
+    return _fattr4_S49_pack(a.type, a.fileid)
 
 
 def _fattr4_decode_linux_statfs(data: _Buffer) -> dict[int, _Any]:
@@ -21529,7 +21529,7 @@ def _fattr4_decode_linux_statfs(data: _Buffer) -> dict[int, _Any]:
     off = 0
     out: dict[int, _Any] = {}
     try:
-        _t = _S189.unpack_from(buf, off)
+        _t = _fattr4_S189_unpack_from(buf, off)
         off += 48
         out[21] = _t[0]
         out[22] = _t[1]
@@ -21545,7 +21545,7 @@ def _fattr4_decode_linux_statfs(data: _Buffer) -> dict[int, _Any]:
 
 
 def _fattr4_encode_linux_statfs(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S189.pack(fs.files_avail, fs.files_free, fs.files_total, fs.bytes_avail, fs.bytes_free, fs.bytes_total)
+    return _fattr4_S189_pack(fs.files_avail, fs.files_free, fs.files_total, fs.bytes_avail, fs.bytes_free, fs.bytes_total)
 
 
 def _fattr4_decode_linux_pathconf(data: _Buffer) -> dict[int, _Any]:
@@ -21554,7 +21554,7 @@ def _fattr4_decode_linux_pathconf(data: _Buffer) -> dict[int, _Any]:
     off = 0
     out: dict[int, _Any] = {}
     try:
-        _t = _S1.unpack_from(buf, off)
+        _t = _fattr4_S1_unpack_from(buf, off)
         off += 8
         out[28] = _t[0]
         out[29] = _t[1]
@@ -21566,7 +21566,7 @@ def _fattr4_decode_linux_pathconf(data: _Buffer) -> dict[int, _Any]:
 
 
 def _fattr4_encode_linux_pathconf(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S1.pack(min(fs.max_link, 4294967295), min(fs.max_name, 4294967295))
+    return _fattr4_S1_pack(min(fs.max_link, 4294967295), min(fs.max_name, 4294967295))
 
 
 def _fattr4_decode_linux_fsinfo(data: _Buffer) -> dict[int, _Any]:
@@ -21575,7 +21575,7 @@ def _fattr4_decode_linux_fsinfo(data: _Buffer) -> dict[int, _Any]:
     off = 0
     out: dict[int, _Any] = {}
     try:
-        _t = _S190.unpack_from(buf, off)
+        _t = _fattr4_S190_unpack_from(buf, off)
         off += 40
         out[10] = _t[0]
         out[27] = _t[1]
@@ -21590,7 +21590,7 @@ def _fattr4_decode_linux_fsinfo(data: _Buffer) -> dict[int, _Any]:
 
 
 def _fattr4_encode_linux_fsinfo(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S190.pack(cfg.lease_time, 9223372036854775807, cfg.max_io, cfg.max_io, 0, 1)
+    return _fattr4_S190_pack(cfg.lease_time, 9223372036854775807, cfg.max_io, cfg.max_io, 0, 1)
 
 
 def _fattr4_decode_linux_server_caps(data: _Buffer) -> dict[int, _Any]:
@@ -21600,7 +21600,7 @@ def _fattr4_decode_linux_server_caps(data: _Buffer) -> dict[int, _Any]:
     out: dict[int, _Any] = {}
     try:
         out[0], off = dec_fattr4_supported_attrs(r, off)
-        _t = _S35.unpack_from(buf, off)
+        _t = _fattr4_S35_unpack_from(buf, off)
         off += 24
         out[2] = _t[0]
         out[5] = _BOOL[_t[1]]
@@ -21617,7 +21617,7 @@ def _fattr4_decode_linux_server_caps(data: _Buffer) -> dict[int, _Any]:
 
 
 def _fattr4_encode_linux_server_caps(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S191.pack(3, 4244615167, 16367166, 2048, FH4_PERSISTENT, 1, 1, 0, 0, 1, 2, 16, 50)
+    return _fattr4_S191_pack(3, 4244615167, 16367166, 2048, FH4_PERSISTENT, 1, 1, 0, 0, 1, 2, 16, 50)
 
 
 def _fattr4_decode_client_stat(data: _Buffer) -> dict[int, _Any]:
@@ -21626,7 +21626,7 @@ def _fattr4_decode_client_stat(data: _Buffer) -> dict[int, _Any]:
     off = 0
     out: dict[int, _Any] = {}
     try:
-        _t = _S188.unpack_from(buf, off)
+        _t = _fattr4_S188_unpack_from(buf, off)
         off += 52
         out[1] = _nfs_ftype4_MAP[_t[0]]
         out[3] = _t[1]
@@ -21637,7 +21637,7 @@ def _fattr4_decode_client_stat(data: _Buffer) -> dict[int, _Any]:
         out[35] = _t[7]
         out[36], off = dec_fattr4_owner(r, off)
         out[37], off = dec_fattr4_owner_group(r, off)
-        _t = _S123.unpack_from(buf, off)
+        _t = _fattr4_S123_unpack_from(buf, off)
         off += 52
         out[41] = specdata4(_t[0], _t[1])
         out[45] = _t[2]
@@ -21652,7 +21652,7 @@ def _fattr4_decode_client_stat(data: _Buffer) -> dict[int, _Any]:
 
 
 def _fattr4_encode_client_stat(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S188.pack(a.type, a.change, a.size, *a.fsid, a.fileid, a.mode, a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _S123.pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S188_pack(a.type, a.change, a.size, *a.fsid, a.fileid, a.mode, a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_decode_rdattr_error(data: _Buffer) -> dict[int, _Any]:
@@ -21661,7 +21661,7 @@ def _fattr4_decode_rdattr_error(data: _Buffer) -> dict[int, _Any]:
     off = 0
     out: dict[int, _Any] = {}
     try:
-        _t = _S2.unpack_from(buf, off)
+        _t = _fattr4_S2_unpack_from(buf, off)
         off += 4
         out[11] = _nfsstat4_MAP[_t[0]]
     except (_struct.error, KeyError, IndexError):
@@ -21672,7 +21672,7 @@ def _fattr4_decode_rdattr_error(data: _Buffer) -> dict[int, _Any]:
 
 
 def _fattr4_encode_rdattr_error(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S2.pack(err)
+    return _fattr4_S2_pack(err)
 
 
 def _fattr4_decode_set_mode(data: _Buffer) -> dict[int, _Any]:
@@ -21681,7 +21681,7 @@ def _fattr4_decode_set_mode(data: _Buffer) -> dict[int, _Any]:
     off = 0
     out: dict[int, _Any] = {}
     try:
-        _t = _S0.unpack_from(buf, off)
+        _t = _fattr4_S0_unpack_from(buf, off)
         off += 4
         out[33] = _t[0]
     except (_struct.error, KeyError, IndexError):
@@ -21692,7 +21692,7 @@ def _fattr4_decode_set_mode(data: _Buffer) -> dict[int, _Any]:
 
 
 def _fattr4_encode_set_mode(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S0.pack(a.mode)
+    return _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_decode_set_size(data: _Buffer) -> dict[int, _Any]:
@@ -21701,7 +21701,7 @@ def _fattr4_decode_set_size(data: _Buffer) -> dict[int, _Any]:
     off = 0
     out: dict[int, _Any] = {}
     try:
-        _t = _S4.unpack_from(buf, off)
+        _t = _fattr4_S4_unpack_from(buf, off)
         off += 8
         out[4] = _t[0]
     except (_struct.error, KeyError, IndexError):
@@ -21712,7 +21712,7 @@ def _fattr4_decode_set_size(data: _Buffer) -> dict[int, _Any]:
 
 
 def _fattr4_encode_set_size(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _S4.pack(a.size)
+    return _fattr4_S4_pack(a.size)
 
 
 def _fattr4_decode_set_owners(data: _Buffer) -> dict[int, _Any]:
@@ -21751,3 +21751,179 @@ def _fattr4_decode_set_times(data: _Buffer) -> dict[int, _Any]:
 
 ATTRIBUTE_MASK_DECODERS: dict[tuple[int, ...], _Callable[[_Buffer], dict[int, _Any]]] = {(1048858, 11575866): _fattr4_decode_linux_fattr, (1575194, 11575866): _fattr4_decode_linux_readdir_plus, (2048, 8388608): _fattr4_decode_linux_readdir, (24, 3145728): _fattr4_decode_linux_cache_consistency, (1048578,): _fattr4_decode_linux_open_noattr, (14680064, 7168): _fattr4_decode_linux_statfs, (805306368,): _fattr4_decode_linux_pathconf, (3355444224, 524288): _fattr4_decode_linux_fsinfo, (204901, 0, 2048): _fattr4_decode_linux_server_caps, (1048858, 3187258): _fattr4_decode_client_stat, (2048,): _fattr4_decode_rdattr_error, (0, 2): _fattr4_decode_set_mode, (16,): _fattr4_decode_set_size, (0, 48): _fattr4_decode_set_owners, (0, 4259840): _fattr4_decode_set_times}
 ATTRIBUTE_MASK_ENCODERS: dict[tuple[int, ...], _Callable[[_Any, _Any, bytes, _Any, int], bytes]] = {(1048858, 11575866): _fattr4_encode_linux_fattr, (1575194, 11575866): _fattr4_encode_linux_readdir_plus, (2048, 8388608): _fattr4_encode_linux_readdir, (24, 3145728): _fattr4_encode_linux_cache_consistency, (1048578,): _fattr4_encode_linux_open_noattr, (14680064, 7168): _fattr4_encode_linux_statfs, (805306368,): _fattr4_encode_linux_pathconf, (3355444224, 524288): _fattr4_encode_linux_fsinfo, (204901, 0, 2048): _fattr4_encode_linux_server_caps, (1048858, 3187258): _fattr4_encode_client_stat, (2048,): _fattr4_encode_rdattr_error, (0, 2): _fattr4_encode_set_mode, (16,): _fattr4_encode_set_size, (0, 48): _fattr4_encode_set_owners}
+
+
+_fattr4_S0_pack = _S0.pack
+_fattr4_S0_unpack_from = _S0.unpack_from
+_fattr4_S100_pack = _S100.pack
+_fattr4_S101_pack = _S101.pack
+_fattr4_S102_pack = _S102.pack
+_fattr4_S103_pack = _S103.pack
+_fattr4_S104_pack = _S104.pack
+_fattr4_S105_pack = _S105.pack
+_fattr4_S106_pack = _S106.pack
+_fattr4_S107_pack = _S107.pack
+_fattr4_S108_pack = _S108.pack
+_fattr4_S109_pack = _S109.pack
+_fattr4_S110_pack = _S110.pack
+_fattr4_S111_pack = _S111.pack
+_fattr4_S112_pack = _S112.pack
+_fattr4_S113_pack = _S113.pack
+_fattr4_S114_pack = _S114.pack
+_fattr4_S115_pack = _S115.pack
+_fattr4_S116_pack = _S116.pack
+_fattr4_S117_pack = _S117.pack
+_fattr4_S118_pack = _S118.pack
+_fattr4_S119_pack = _S119.pack
+_fattr4_S11_pack = _S11.pack
+_fattr4_S120_pack = _S120.pack
+_fattr4_S121_pack = _S121.pack
+_fattr4_S122_pack = _S122.pack
+_fattr4_S123_pack = _S123.pack
+_fattr4_S123_unpack_from = _S123.unpack_from
+_fattr4_S124_pack = _S124.pack
+_fattr4_S125_pack = _S125.pack
+_fattr4_S126_pack = _S126.pack
+_fattr4_S127_pack = _S127.pack
+_fattr4_S128_pack = _S128.pack
+_fattr4_S129_pack = _S129.pack
+_fattr4_S130_pack = _S130.pack
+_fattr4_S131_pack = _S131.pack
+_fattr4_S132_pack = _S132.pack
+_fattr4_S133_pack = _S133.pack
+_fattr4_S134_pack = _S134.pack
+_fattr4_S135_pack = _S135.pack
+_fattr4_S136_pack = _S136.pack
+_fattr4_S137_pack = _S137.pack
+_fattr4_S138_pack = _S138.pack
+_fattr4_S139_pack = _S139.pack
+_fattr4_S13_pack = _S13.pack
+_fattr4_S140_pack = _S140.pack
+_fattr4_S141_pack = _S141.pack
+_fattr4_S142_pack = _S142.pack
+_fattr4_S143_pack = _S143.pack
+_fattr4_S144_pack = _S144.pack
+_fattr4_S145_pack = _S145.pack
+_fattr4_S146_pack = _S146.pack
+_fattr4_S147_pack = _S147.pack
+_fattr4_S148_pack = _S148.pack
+_fattr4_S149_pack = _S149.pack
+_fattr4_S149_unpack_from = _S149.unpack_from
+_fattr4_S150_pack = _S150.pack
+_fattr4_S151_pack = _S151.pack
+_fattr4_S152_pack = _S152.pack
+_fattr4_S153_pack = _S153.pack
+_fattr4_S154_pack = _S154.pack
+_fattr4_S155_pack = _S155.pack
+_fattr4_S156_pack = _S156.pack
+_fattr4_S157_pack = _S157.pack
+_fattr4_S158_pack = _S158.pack
+_fattr4_S159_pack = _S159.pack
+_fattr4_S15_pack = _S15.pack
+_fattr4_S160_pack = _S160.pack
+_fattr4_S161_pack = _S161.pack
+_fattr4_S162_pack = _S162.pack
+_fattr4_S163_pack = _S163.pack
+_fattr4_S164_pack = _S164.pack
+_fattr4_S165_pack = _S165.pack
+_fattr4_S166_pack = _S166.pack
+_fattr4_S167_pack = _S167.pack
+_fattr4_S168_pack = _S168.pack
+_fattr4_S169_pack = _S169.pack
+_fattr4_S170_pack = _S170.pack
+_fattr4_S171_pack = _S171.pack
+_fattr4_S172_pack = _S172.pack
+_fattr4_S173_pack = _S173.pack
+_fattr4_S174_pack = _S174.pack
+_fattr4_S175_pack = _S175.pack
+_fattr4_S176_pack = _S176.pack
+_fattr4_S177_pack = _S177.pack
+_fattr4_S178_pack = _S178.pack
+_fattr4_S179_pack = _S179.pack
+_fattr4_S180_pack = _S180.pack
+_fattr4_S181_pack = _S181.pack
+_fattr4_S181_unpack_from = _S181.unpack_from
+_fattr4_S182_pack = _S182.pack
+_fattr4_S183_pack = _S183.pack
+_fattr4_S184_pack = _S184.pack
+_fattr4_S185_pack = _S185.pack
+_fattr4_S186_pack = _S186.pack
+_fattr4_S187_pack = _S187.pack
+_fattr4_S188_pack = _S188.pack
+_fattr4_S188_unpack_from = _S188.unpack_from
+_fattr4_S189_pack = _S189.pack
+_fattr4_S189_unpack_from = _S189.unpack_from
+_fattr4_S18_pack = _S18.pack
+_fattr4_S190_pack = _S190.pack
+_fattr4_S190_unpack_from = _S190.unpack_from
+_fattr4_S191_pack = _S191.pack
+_fattr4_S1_pack = _S1.pack
+_fattr4_S1_unpack_from = _S1.unpack_from
+_fattr4_S21_pack = _S21.pack
+_fattr4_S22_pack = _S22.pack
+_fattr4_S2_pack = _S2.pack
+_fattr4_S2_unpack_from = _S2.unpack_from
+_fattr4_S33_pack = _S33.pack
+_fattr4_S34_pack = _S34.pack
+_fattr4_S34_unpack_from = _S34.unpack_from
+_fattr4_S35_unpack_from = _S35.unpack_from
+_fattr4_S37_pack = _S37.pack
+_fattr4_S45_pack = _S45.pack
+_fattr4_S49_pack = _S49.pack
+_fattr4_S49_unpack_from = _S49.unpack_from
+_fattr4_S4_pack = _S4.pack
+_fattr4_S4_unpack_from = _S4.unpack_from
+_fattr4_S50_pack = _S50.pack
+_fattr4_S51_pack = _S51.pack
+_fattr4_S52_pack = _S52.pack
+_fattr4_S53_pack = _S53.pack
+_fattr4_S54_pack = _S54.pack
+_fattr4_S55_pack = _S55.pack
+_fattr4_S56_pack = _S56.pack
+_fattr4_S57_pack = _S57.pack
+_fattr4_S58_pack = _S58.pack
+_fattr4_S59_pack = _S59.pack
+_fattr4_S60_pack = _S60.pack
+_fattr4_S61_pack = _S61.pack
+_fattr4_S61_unpack_from = _S61.unpack_from
+_fattr4_S62_pack = _S62.pack
+_fattr4_S63_pack = _S63.pack
+_fattr4_S64_pack = _S64.pack
+_fattr4_S65_pack = _S65.pack
+_fattr4_S66_pack = _S66.pack
+_fattr4_S67_pack = _S67.pack
+_fattr4_S68_pack = _S68.pack
+_fattr4_S69_pack = _S69.pack
+_fattr4_S70_pack = _S70.pack
+_fattr4_S71_pack = _S71.pack
+_fattr4_S72_pack = _S72.pack
+_fattr4_S73_pack = _S73.pack
+_fattr4_S74_pack = _S74.pack
+_fattr4_S75_pack = _S75.pack
+_fattr4_S76_pack = _S76.pack
+_fattr4_S77_pack = _S77.pack
+_fattr4_S78_pack = _S78.pack
+_fattr4_S79_pack = _S79.pack
+_fattr4_S7_pack = _S7.pack
+_fattr4_S80_pack = _S80.pack
+_fattr4_S81_pack = _S81.pack
+_fattr4_S82_pack = _S82.pack
+_fattr4_S83_pack = _S83.pack
+_fattr4_S84_pack = _S84.pack
+_fattr4_S85_pack = _S85.pack
+_fattr4_S86_pack = _S86.pack
+_fattr4_S87_pack = _S87.pack
+_fattr4_S88_pack = _S88.pack
+_fattr4_S89_pack = _S89.pack
+_fattr4_S8_pack = _S8.pack
+_fattr4_S90_pack = _S90.pack
+_fattr4_S91_pack = _S91.pack
+_fattr4_S92_pack = _S92.pack
+_fattr4_S93_pack = _S93.pack
+_fattr4_S94_pack = _S94.pack
+_fattr4_S95_pack = _S95.pack
+_fattr4_S96_pack = _S96.pack
+_fattr4_S97_pack = _S97.pack
+_fattr4_S98_pack = _S98.pack
+_fattr4_S99_pack = _S99.pack
+_fattr4_S9_pack = _S9.pack
