@@ -16,6 +16,11 @@ Speed comes from doing per-type work once, at generation time:
 
 Decoders raise ``XdrError`` (and nothing else) on bad input; encoders raise ``XdrError`` on values
 that cannot be encoded (bounds, lengths, integer ranges).
+
+On request (``Options``) the generator also writes: operation tables (``OperationTable``: one
+typed ``runtime.Operation`` per case of an argument/result union pair, and the table by number);
+``peek_T`` / ``enc_T_head`` for structs ending in an array (a COMPOUND's header without its
+operations); and extra sections such as the attribute-mask codecs of ``fattrgen``.
 """
 
 from __future__ import annotations
