@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import logging
-from typing import Any
 
 from nfsrdma.nfs4.context import Nfs4Error
 from nfsrdma.vfs.base import BadCookie, BadHandle, StaleHandle
@@ -59,9 +58,3 @@ def status_of(exc: BaseException) -> int:
     if isinstance(exc, OSError) and exc.errno is not None:
         return ERRNO_STATUS.get(exc.errno, nfs4.NFS4ERR_IO)
     return nfs4.NFS4ERR_SERVERFAULT
-
-
-def error_result(op: int, status: int) -> Any:
-    """The operation's result for an error status without data (ILLEGAL's for an unknown
-    operation number)."""
-    return nfs4.OPERATIONS.get(op, nfs4.OPERATION_ILLEGAL).error(status)
