@@ -5,7 +5,9 @@ A client decodes the same few masks over and over (every GETATTR, every READDIR 
 masks clients see most have their own decoder, generated with the XDR codecs from the attribute
 table (``nfsrdma/xdr/nfs4_fattr.py``): every run of fixed-size values unpacked with one
 precompiled ``struct.Struct``, the generated codec called only for the variable-size ones
-(owner, filehandle, ACLs...). Any other mask gets a plan over the same generated tables. The
+(owner, filehandle, ACLs...). A mask of the attributes the Linux client combines is decoded by
+the generated decoders of its attribute groups (one call per group); any other mask gets a plan
+over the per-attribute tables. The
 values are exactly those the generated ``dec_fattr4_*`` functions give (a test checks it);
 plans are cached by mask. Nothing is compiled at run time.
 """
@@ -44,6 +46,14 @@ def plan(key: Sequence[int], *, specialised: bool = True) -> Decoder:
     generated = nfs4.ATTRIBUTE_MASK_DECODERS.get(tuple(words))
     if generated is not None and specialised:
         return generated
+    numbers = mask_numbers(words)
+    for group_of, groups in nfs4.ATTRIBUTE_DECODE_LAYERS if specialised else ():
+        if all(n in group_of for n in numbers):
+            subsets: dict[int, int] = {}
+            for n in numbers:
+                group, bit = group_of[n]
+                subsets[group] = subsets.get(group, 0) | bit
+            return partial(_decode_groups, tuple(groups[g][b] for g, b in sorted(subsets.items())))
     steps: list[_Step] = []
     fmt: list[str] = []
     builds: list[tuple[int, int, int, Callable[[Any], Any] | None]] = []
@@ -57,7 +67,7 @@ def plan(key: Sequence[int], *, specialised: bool = True) -> Decoder:
             builds.clear()
             items = 0
 
-    for n in mask_numbers(words):
+    for n in numbers:
         fixed = nfs4.ATTRIBUTE_FIXED.get(n)
         if fixed is not None:
             f, builder = fixed
@@ -96,6 +106,24 @@ def _decode(steps: tuple[_Step, ...], data: Buffer) -> dict[int, Any]:
                 out[n], off = dec(r, off)
             else:
                 return out
+    except (struct.error, KeyError, IndexError):
+        raise XdrError("malformed attribute values", off) from None
+    if off != len(buf):
+        raise XdrError(f"{len(buf) - off} bytes after the attribute values", off)
+    return out
+
+
+_GroupDecoder = Callable[[Reader, Any, int, dict[int, Any]], int]
+
+
+def _decode_groups(decoders: tuple[_GroupDecoder, ...], data: Buffer) -> dict[int, Any]:
+    r = Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, Any] = {}
+    try:
+        for decode in decoders:
+            off = decode(r, buf, off, out)
     except (struct.error, KeyError, IndexError):
         raise XdrError("malformed attribute values", off) from None
     if off != len(buf):

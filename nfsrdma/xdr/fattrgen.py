@@ -14,8 +14,9 @@ each coded as the specification's ``fattr4_<name>`` typedef. The section written
 * for any other mask, on the server side: layers of attribute groups, each group a few
   attributes in number order with one encoder per subset (``SERVER_ATTRIBUTE_LAYERS``), so that
   any mask is coded with one call per group it touches; the table's layers group what clients
-  combine most, and a last layer covers every encodable attribute. On the decoding side,
-  ``ATTRIBUTE_FIXED`` and ``ATTRIBUTE_DEC`` for a plan.
+  combine most, and a last layer covers every encodable attribute. On the decoding side, the
+  table's layers too (``ATTRIBUTE_DECODE_LAYERS``), and ``ATTRIBUTE_FIXED`` and
+  ``ATTRIBUTE_DEC`` for a plan of any other mask.
 
 The server's value sources are expressions over ``a`` (the object's attributes), ``fs`` (its
 file system's statistics), ``fh`` (its filehandle), ``cfg`` (the server's limits) and ``err``
@@ -249,7 +250,37 @@ class _Section:
             servable = {*t.fixed, *t.variable, *t.bitmaps}
             if all(self.names[n] in servable for n in numbers):
                 encoders.append(f"{key}: {self.mask_encoder(mask_name, numbers)}")
+        layers = []
+        for li, layer in enumerate(t.layers):
+            groups = [sorted(self.numbers[name] for name in group) for group in layer]
+            if not all(self.names[n] in self.typedefs for group in groups for n in group):
+                continue
+            group_of = []
+            tables = []
+            for gi, group in enumerate(groups):
+                subsets = []
+                for subset in range(1, 1 << len(group)):
+                    numbers = [n for k, n in enumerate(group) if subset >> k & 1]
+                    fn = f"_fattr4_decode_l{li}g{gi}_{subset}"
+                    self.out += [
+                        f"def {fn}(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:",
+                        *(line[4:] for line in self.decoder_body(numbers)),
+                        "    return off",
+                        "",
+                        "",
+                    ]
+                    subsets.append(f"{subset}: {fn}")
+                tables.append("{" + ", ".join(subsets) + "}")
+                group_of += [f"{n}: ({gi}, {1 << k})" for k, n in enumerate(group)]
+            layers.append(f"({{{', '.join(group_of)}}}, ({', '.join(tables)},))")
         o += [
+            "# The table's layers for decoding: (attribute -> (group, bit), group -> subset ->",
+            "# decoder of those values at off into out, giving the new off).",
+            "ATTRIBUTE_DECODE_LAYERS: tuple[tuple[dict[int, tuple[int, int]], "
+            "tuple[dict[int, _Callable[[_Reader, _Any, int, dict[int, _Any]], int]], ...]], ...] = ("
+            + ", ".join(layers)
+            + ("," if layers else "")
+            + ")",
             "ATTRIBUTE_MASK_DECODERS: dict[tuple[int, ...], _Callable[[_Buffer], dict[int, _Any]]] = {"
             + ", ".join(decoders)
             + "}",
@@ -259,9 +290,9 @@ class _Section:
             "",
         ]
 
-    def mask_decoder(self, mask_name: str, numbers: list[int]) -> str:
+    def decoder_body(self, numbers: list[int]) -> list[str]:
+        """Statements decoding ``numbers``' values at ``off`` of ``buf`` into ``out``."""
         g = self.g
-        fn = f"_fattr4_decode_{mask_name}"
         body: list[str] = []
         fmt: list[str] = []
         builds: list[tuple[int, str]] = []
@@ -292,6 +323,11 @@ class _Section:
             flush()
             body.append(f"        out[{n}], off = dec_fattr4_{name}(r, off)")
         flush()
+        return body
+
+    def mask_decoder(self, mask_name: str, numbers: list[int]) -> str:
+        fn = f"_fattr4_decode_{mask_name}"
+        body = self.decoder_body(numbers)
         self.out += [
             f"def {fn}(data: _Buffer) -> dict[int, _Any]:",
             "    r = _Reader(data)",

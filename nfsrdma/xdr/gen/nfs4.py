@@ -21749,6 +21749,8489 @@ def _fattr4_decode_set_times(data: _Buffer) -> dict[int, _Any]:
     return out
 
 
+def _fattr4_decode_l0g0_1(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S2_unpack_from(buf, off)
+    off += 4
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    return off
+
+
+def _fattr4_decode_l0g0_2(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[3] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_3(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_4(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[4] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_5(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_6(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[3] = _t[0]
+    out[4] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_7(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_8(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[8] = fsid4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g0_9(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g0_10(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g0_11(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g0_12(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g0_13(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g0_14(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S52_unpack_from(buf, off)
+    off += 32
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g0_15(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S53_unpack_from(buf, off)
+    off += 36
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g0_16(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S2_unpack_from(buf, off)
+    off += 4
+    out[11] = _nfsstat4_MAP[_t[0]]
+    return off
+
+
+def _fattr4_decode_l0g0_17(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S54_unpack_from(buf, off)
+    off += 8
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    return off
+
+
+def _fattr4_decode_l0g0_18(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S55_unpack_from(buf, off)
+    off += 12
+    out[3] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    return off
+
+
+def _fattr4_decode_l0g0_19(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S56_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    return off
+
+
+def _fattr4_decode_l0g0_20(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S55_unpack_from(buf, off)
+    off += 12
+    out[4] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    return off
+
+
+def _fattr4_decode_l0g0_21(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S56_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    return off
+
+
+def _fattr4_decode_l0g0_22(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S11_unpack_from(buf, off)
+    off += 20
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    return off
+
+
+def _fattr4_decode_l0g0_23(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S57_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[11] = _nfsstat4_MAP[_t[3]]
+    return off
+
+
+def _fattr4_decode_l0g0_24(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S11_unpack_from(buf, off)
+    off += 20
+    out[8] = fsid4(_t[0], _t[1])
+    out[11] = _nfsstat4_MAP[_t[2]]
+    return off
+
+
+def _fattr4_decode_l0g0_25(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S57_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    return off
+
+
+def _fattr4_decode_l0g0_26(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S58_unpack_from(buf, off)
+    off += 28
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    return off
+
+
+def _fattr4_decode_l0g0_27(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S59_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    return off
+
+
+def _fattr4_decode_l0g0_28(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S58_unpack_from(buf, off)
+    off += 28
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    return off
+
+
+def _fattr4_decode_l0g0_29(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S59_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    return off
+
+
+def _fattr4_decode_l0g0_30(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S60_unpack_from(buf, off)
+    off += 36
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    return off
+
+
+def _fattr4_decode_l0g0_31(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S61_unpack_from(buf, off)
+    off += 40
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[11] = _nfsstat4_MAP[_t[5]]
+    return off
+
+
+def _fattr4_decode_l0g0_32(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_33(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S2_unpack_from(buf, off)
+    off += 4
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_34(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[3] = _t[0]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_35(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_36(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[4] = _t[0]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_37(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_38(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_39(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_40(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[8] = fsid4(_t[0], _t[1])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_41(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_42(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_43(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_44(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_45(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_46(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S52_unpack_from(buf, off)
+    off += 32
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_47(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S53_unpack_from(buf, off)
+    off += 36
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_48(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S2_unpack_from(buf, off)
+    off += 4
+    out[11] = _nfsstat4_MAP[_t[0]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_49(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S54_unpack_from(buf, off)
+    off += 8
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_50(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S55_unpack_from(buf, off)
+    off += 12
+    out[3] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_51(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S56_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_52(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S55_unpack_from(buf, off)
+    off += 12
+    out[4] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_53(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S56_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_54(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S11_unpack_from(buf, off)
+    off += 20
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_55(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S57_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_56(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S11_unpack_from(buf, off)
+    off += 20
+    out[8] = fsid4(_t[0], _t[1])
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_57(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S57_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_58(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S58_unpack_from(buf, off)
+    off += 28
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_59(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S59_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_60(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S58_unpack_from(buf, off)
+    off += 28
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_61(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S59_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_62(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S60_unpack_from(buf, off)
+    off += 36
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_63(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S61_unpack_from(buf, off)
+    off += 40
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[11] = _nfsstat4_MAP[_t[5]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_64(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_65(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[20] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_66(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[3] = _t[0]
+    out[20] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_67(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[20] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_68(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[4] = _t[0]
+    out[20] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_69(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[20] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_70(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[20] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_71(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[20] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_72(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[8] = fsid4(_t[0], _t[1])
+    out[20] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_73(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[20] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_74(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S52_unpack_from(buf, off)
+    off += 32
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[20] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_75(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S53_unpack_from(buf, off)
+    off += 36
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[20] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_76(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S52_unpack_from(buf, off)
+    off += 32
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[20] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_77(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S53_unpack_from(buf, off)
+    off += 36
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[20] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_78(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S62_unpack_from(buf, off)
+    off += 40
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[20] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_79(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S63_unpack_from(buf, off)
+    off += 44
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[20] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_80(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[11] = _nfsstat4_MAP[_t[0]]
+    out[20] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_81(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S64_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[20] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_82(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S65_unpack_from(buf, off)
+    off += 20
+    out[3] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[20] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_83(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S66_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[20] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_84(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S65_unpack_from(buf, off)
+    off += 20
+    out[4] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[20] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_85(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S66_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[20] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_86(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S67_unpack_from(buf, off)
+    off += 28
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[20] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_87(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S68_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[20] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_88(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S67_unpack_from(buf, off)
+    off += 28
+    out[8] = fsid4(_t[0], _t[1])
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[20] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_89(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S68_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[20] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_90(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S69_unpack_from(buf, off)
+    off += 36
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[20] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_91(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S70_unpack_from(buf, off)
+    off += 40
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[20] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_92(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S69_unpack_from(buf, off)
+    off += 36
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[20] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_93(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S70_unpack_from(buf, off)
+    off += 40
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[20] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_94(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S71_unpack_from(buf, off)
+    off += 44
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[20] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_95(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S72_unpack_from(buf, off)
+    off += 48
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[11] = _nfsstat4_MAP[_t[5]]
+    out[20] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g0_96(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_97(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S2_unpack_from(buf, off)
+    off += 4
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_98(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[3] = _t[0]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_99(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_100(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[4] = _t[0]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_101(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_102(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_103(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_104(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[8] = fsid4(_t[0], _t[1])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_105(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_106(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_107(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_108(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_109(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_110(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S52_unpack_from(buf, off)
+    off += 32
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_111(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S53_unpack_from(buf, off)
+    off += 36
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_112(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S2_unpack_from(buf, off)
+    off += 4
+    out[11] = _nfsstat4_MAP[_t[0]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_113(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S54_unpack_from(buf, off)
+    off += 8
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_114(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S55_unpack_from(buf, off)
+    off += 12
+    out[3] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_115(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S56_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_116(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S55_unpack_from(buf, off)
+    off += 12
+    out[4] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_117(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S56_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_118(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S11_unpack_from(buf, off)
+    off += 20
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_119(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S57_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_120(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S11_unpack_from(buf, off)
+    off += 20
+    out[8] = fsid4(_t[0], _t[1])
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_121(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S57_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_122(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S58_unpack_from(buf, off)
+    off += 28
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_123(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S59_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_124(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S58_unpack_from(buf, off)
+    off += 28
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_125(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S59_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_126(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S60_unpack_from(buf, off)
+    off += 36
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_127(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S61_unpack_from(buf, off)
+    off += 40
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[11] = _nfsstat4_MAP[_t[5]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_128(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_129(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S73_unpack_from(buf, off)
+    off += 8
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_130(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[3] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_131(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S74_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[33] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_132(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[4] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_133(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S74_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[33] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_134(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S75_unpack_from(buf, off)
+    off += 20
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[33] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_135(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S76_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_136(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S75_unpack_from(buf, off)
+    off += 20
+    out[8] = fsid4(_t[0], _t[1])
+    out[33] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_137(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S76_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_138(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S77_unpack_from(buf, off)
+    off += 28
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_139(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S78_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_140(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S77_unpack_from(buf, off)
+    off += 28
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_141(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S78_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_142(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S79_unpack_from(buf, off)
+    off += 36
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_143(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S80_unpack_from(buf, off)
+    off += 40
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[33] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_144(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S73_unpack_from(buf, off)
+    off += 8
+    out[11] = _nfsstat4_MAP[_t[0]]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_145(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S45_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[33] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_146(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S81_unpack_from(buf, off)
+    off += 16
+    out[3] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[33] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_147(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S82_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_148(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S81_unpack_from(buf, off)
+    off += 16
+    out[4] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[33] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_149(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S82_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_150(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S83_unpack_from(buf, off)
+    off += 24
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_151(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S84_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_152(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S83_unpack_from(buf, off)
+    off += 24
+    out[8] = fsid4(_t[0], _t[1])
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_153(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S84_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_154(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S85_unpack_from(buf, off)
+    off += 32
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_155(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S86_unpack_from(buf, off)
+    off += 36
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[33] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_156(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S85_unpack_from(buf, off)
+    off += 32
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_157(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S86_unpack_from(buf, off)
+    off += 36
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[33] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_158(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S87_unpack_from(buf, off)
+    off += 40
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[33] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_159(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S88_unpack_from(buf, off)
+    off += 44
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[11] = _nfsstat4_MAP[_t[5]]
+    out[33] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g0_160(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_161(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S2_unpack_from(buf, off)
+    off += 4
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_162(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[3] = _t[0]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_163(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_164(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[4] = _t[0]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_165(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_166(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_167(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_168(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[8] = fsid4(_t[0], _t[1])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_169(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_170(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_171(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_172(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_173(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_174(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S52_unpack_from(buf, off)
+    off += 32
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_175(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S53_unpack_from(buf, off)
+    off += 36
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_176(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S2_unpack_from(buf, off)
+    off += 4
+    out[11] = _nfsstat4_MAP[_t[0]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_177(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S54_unpack_from(buf, off)
+    off += 8
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_178(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S55_unpack_from(buf, off)
+    off += 12
+    out[3] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_179(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S56_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_180(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S55_unpack_from(buf, off)
+    off += 12
+    out[4] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_181(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S56_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_182(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S11_unpack_from(buf, off)
+    off += 20
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_183(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S57_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_184(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S11_unpack_from(buf, off)
+    off += 20
+    out[8] = fsid4(_t[0], _t[1])
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_185(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S57_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_186(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S58_unpack_from(buf, off)
+    off += 28
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_187(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S59_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_188(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S58_unpack_from(buf, off)
+    off += 28
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_189(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S59_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_190(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S60_unpack_from(buf, off)
+    off += 36
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_191(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S61_unpack_from(buf, off)
+    off += 40
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[11] = _nfsstat4_MAP[_t[5]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_192(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_193(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S74_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[20] = _t[1]
+    out[33] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_194(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S75_unpack_from(buf, off)
+    off += 20
+    out[3] = _t[0]
+    out[20] = _t[1]
+    out[33] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_195(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S76_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[20] = _t[2]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_196(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S75_unpack_from(buf, off)
+    off += 20
+    out[4] = _t[0]
+    out[20] = _t[1]
+    out[33] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_197(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S76_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[20] = _t[2]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_198(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S77_unpack_from(buf, off)
+    off += 28
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[20] = _t[2]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_199(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S78_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[20] = _t[3]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_200(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S77_unpack_from(buf, off)
+    off += 28
+    out[8] = fsid4(_t[0], _t[1])
+    out[20] = _t[2]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_201(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S78_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[20] = _t[3]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_202(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S79_unpack_from(buf, off)
+    off += 36
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[20] = _t[3]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_203(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S80_unpack_from(buf, off)
+    off += 40
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[20] = _t[4]
+    out[33] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_204(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S79_unpack_from(buf, off)
+    off += 36
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[20] = _t[3]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_205(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S80_unpack_from(buf, off)
+    off += 40
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[20] = _t[4]
+    out[33] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_206(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S89_unpack_from(buf, off)
+    off += 44
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[20] = _t[4]
+    out[33] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_207(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S90_unpack_from(buf, off)
+    off += 48
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[20] = _t[5]
+    out[33] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g0_208(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S74_unpack_from(buf, off)
+    off += 16
+    out[11] = _nfsstat4_MAP[_t[0]]
+    out[20] = _t[1]
+    out[33] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_209(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S91_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[20] = _t[2]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_210(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S92_unpack_from(buf, off)
+    off += 24
+    out[3] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[20] = _t[2]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_211(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S93_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[20] = _t[3]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_212(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S92_unpack_from(buf, off)
+    off += 24
+    out[4] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[20] = _t[2]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_213(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S93_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[20] = _t[3]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_214(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S94_unpack_from(buf, off)
+    off += 32
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[20] = _t[3]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_215(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S95_unpack_from(buf, off)
+    off += 36
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[20] = _t[4]
+    out[33] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_216(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S94_unpack_from(buf, off)
+    off += 32
+    out[8] = fsid4(_t[0], _t[1])
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[20] = _t[3]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_217(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S95_unpack_from(buf, off)
+    off += 36
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[20] = _t[4]
+    out[33] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_218(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S96_unpack_from(buf, off)
+    off += 40
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[20] = _t[4]
+    out[33] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_219(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S97_unpack_from(buf, off)
+    off += 44
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[20] = _t[5]
+    out[33] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g0_220(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S96_unpack_from(buf, off)
+    off += 40
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[20] = _t[4]
+    out[33] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_221(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S97_unpack_from(buf, off)
+    off += 44
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[20] = _t[5]
+    out[33] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g0_222(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S98_unpack_from(buf, off)
+    off += 48
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[20] = _t[5]
+    out[33] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g0_223(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S99_unpack_from(buf, off)
+    off += 52
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[11] = _nfsstat4_MAP[_t[5]]
+    out[20] = _t[6]
+    out[33] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g0_224(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_225(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S2_unpack_from(buf, off)
+    off += 4
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_226(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[3] = _t[0]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_227(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_228(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[4] = _t[0]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_229(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_230(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_231(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_232(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[8] = fsid4(_t[0], _t[1])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_233(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_234(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_235(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_236(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_237(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_238(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S52_unpack_from(buf, off)
+    off += 32
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_239(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S53_unpack_from(buf, off)
+    off += 36
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_240(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S2_unpack_from(buf, off)
+    off += 4
+    out[11] = _nfsstat4_MAP[_t[0]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_241(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S54_unpack_from(buf, off)
+    off += 8
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_242(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S55_unpack_from(buf, off)
+    off += 12
+    out[3] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_243(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S56_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_244(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S55_unpack_from(buf, off)
+    off += 12
+    out[4] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_245(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S56_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_246(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S11_unpack_from(buf, off)
+    off += 20
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_247(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S57_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_248(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S11_unpack_from(buf, off)
+    off += 20
+    out[8] = fsid4(_t[0], _t[1])
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_249(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S57_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_250(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S58_unpack_from(buf, off)
+    off += 28
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_251(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S59_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_252(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S58_unpack_from(buf, off)
+    off += 28
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_253(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S59_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_254(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S60_unpack_from(buf, off)
+    off += 36
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_255(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S61_unpack_from(buf, off)
+    off += 40
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[11] = _nfsstat4_MAP[_t[5]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g1_1(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_2(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    return off
+
+
+def _fattr4_decode_l0g1_3(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    return off
+
+
+def _fattr4_decode_l0g1_4(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    return off
+
+
+def _fattr4_decode_l0g1_5(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    return off
+
+
+def _fattr4_decode_l0g1_6(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    return off
+
+
+def _fattr4_decode_l0g1_7(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    return off
+
+
+def _fattr4_decode_l0g1_8(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S1_unpack_from(buf, off)
+    off += 8
+    out[41] = specdata4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_9(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S9_unpack_from(buf, off)
+    off += 12
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_10(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S1_unpack_from(buf, off)
+    off += 8
+    out[41] = specdata4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_11(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S1_unpack_from(buf, off)
+    off += 8
+    out[41] = specdata4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_12(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S1_unpack_from(buf, off)
+    off += 8
+    out[41] = specdata4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_13(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S1_unpack_from(buf, off)
+    off += 8
+    out[41] = specdata4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_14(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S1_unpack_from(buf, off)
+    off += 8
+    out[41] = specdata4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_15(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S1_unpack_from(buf, off)
+    off += 8
+    out[41] = specdata4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_16(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[45] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_17(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S100_unpack_from(buf, off)
+    off += 12
+    out[35] = _t[0]
+    out[45] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g1_18(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[45] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_19(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[45] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_20(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[45] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_21(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[45] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_22(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[45] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_23(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[45] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_24(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_25(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S102_unpack_from(buf, off)
+    off += 20
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_26(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_27(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_28(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_29(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_30(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_31(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_32(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[47] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_33(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S103_unpack_from(buf, off)
+    off += 16
+    out[35] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_34(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[47] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_35(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[47] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_36(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[47] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_37(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[47] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_38(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[47] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_39(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[47] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_40(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_41(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S105_unpack_from(buf, off)
+    off += 24
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[47] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_42(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_43(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_44(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_45(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_46(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_47(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_48(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_49(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S107_unpack_from(buf, off)
+    off += 24
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[47] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_50(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_51(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_52(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_53(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_54(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_55(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_56(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_57(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S109_unpack_from(buf, off)
+    off += 32
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[47] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_58(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_59(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_60(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_61(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_62(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_63(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_64(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[52] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_65(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S103_unpack_from(buf, off)
+    off += 16
+    out[35] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_66(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[52] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_67(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[52] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_68(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[52] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_69(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[52] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_70(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[52] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_71(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[52] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_72(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_73(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S105_unpack_from(buf, off)
+    off += 24
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_74(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_75(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_76(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_77(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_78(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_79(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_80(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_81(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S107_unpack_from(buf, off)
+    off += 24
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_82(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_83(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_84(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_85(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_86(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_87(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_88(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_89(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S109_unpack_from(buf, off)
+    off += 32
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[52] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_90(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_91(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_92(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_93(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_94(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_95(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_96(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_97(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S110_unpack_from(buf, off)
+    off += 28
+    out[35] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_98(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_99(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_100(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_101(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_102(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_103(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_104(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_105(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S112_unpack_from(buf, off)
+    off += 36
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_106(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_107(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_108(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_109(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_110(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_111(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_112(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_113(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S114_unpack_from(buf, off)
+    off += 36
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_114(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_115(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_116(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_117(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_118(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_119(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_120(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_121(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S116_unpack_from(buf, off)
+    off += 44
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[47] = nfstime4(_t[4], _t[5])
+    out[52] = nfstime4(_t[6], _t[7])
+    return off
+
+
+def _fattr4_decode_l0g1_122(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_123(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_124(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_125(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_126(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_127(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_128(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[53] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_129(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S103_unpack_from(buf, off)
+    off += 16
+    out[35] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_130(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[53] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_131(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[53] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_132(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[53] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_133(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[53] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_134(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[53] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_135(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[53] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_136(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_137(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S105_unpack_from(buf, off)
+    off += 24
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_138(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_139(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_140(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_141(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_142(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_143(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_144(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_145(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S107_unpack_from(buf, off)
+    off += 24
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_146(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_147(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_148(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_149(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_150(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_151(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_152(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_153(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S109_unpack_from(buf, off)
+    off += 32
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_154(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_155(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_156(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_157(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_158(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_159(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_160(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_161(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S110_unpack_from(buf, off)
+    off += 28
+    out[35] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_162(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_163(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_164(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_165(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_166(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_167(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_168(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_169(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S112_unpack_from(buf, off)
+    off += 36
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_170(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_171(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_172(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_173(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_174(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_175(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_176(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_177(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S114_unpack_from(buf, off)
+    off += 36
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_178(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_179(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_180(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_181(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_182(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_183(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_184(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_185(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S116_unpack_from(buf, off)
+    off += 44
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[47] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    return off
+
+
+def _fattr4_decode_l0g1_186(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_187(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_188(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_189(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_190(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_191(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_192(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_193(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S110_unpack_from(buf, off)
+    off += 28
+    out[35] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_194(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_195(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_196(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_197(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_198(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_199(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_200(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_201(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S112_unpack_from(buf, off)
+    off += 36
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_202(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_203(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_204(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_205(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_206(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_207(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_208(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_209(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S114_unpack_from(buf, off)
+    off += 36
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_210(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_211(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_212(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_213(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_214(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_215(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_216(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_217(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S116_unpack_from(buf, off)
+    off += 44
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    return off
+
+
+def _fattr4_decode_l0g1_218(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_219(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_220(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_221(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_222(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_223(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_224(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S117_unpack_from(buf, off)
+    off += 36
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_225(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S118_unpack_from(buf, off)
+    off += 40
+    out[35] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_226(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S117_unpack_from(buf, off)
+    off += 36
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_227(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S117_unpack_from(buf, off)
+    off += 36
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_228(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S117_unpack_from(buf, off)
+    off += 36
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_229(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S117_unpack_from(buf, off)
+    off += 36
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_230(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S117_unpack_from(buf, off)
+    off += 36
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_231(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S117_unpack_from(buf, off)
+    off += 36
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_232(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S119_unpack_from(buf, off)
+    off += 44
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    return off
+
+
+def _fattr4_decode_l0g1_233(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S120_unpack_from(buf, off)
+    off += 48
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    return off
+
+
+def _fattr4_decode_l0g1_234(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S119_unpack_from(buf, off)
+    off += 44
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    return off
+
+
+def _fattr4_decode_l0g1_235(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S119_unpack_from(buf, off)
+    off += 44
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    return off
+
+
+def _fattr4_decode_l0g1_236(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S119_unpack_from(buf, off)
+    off += 44
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    return off
+
+
+def _fattr4_decode_l0g1_237(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S119_unpack_from(buf, off)
+    off += 44
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    return off
+
+
+def _fattr4_decode_l0g1_238(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S119_unpack_from(buf, off)
+    off += 44
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    return off
+
+
+def _fattr4_decode_l0g1_239(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S119_unpack_from(buf, off)
+    off += 44
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    return off
+
+
+def _fattr4_decode_l0g1_240(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S121_unpack_from(buf, off)
+    off += 44
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_241(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S122_unpack_from(buf, off)
+    off += 48
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    return off
+
+
+def _fattr4_decode_l0g1_242(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S121_unpack_from(buf, off)
+    off += 44
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_243(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S121_unpack_from(buf, off)
+    off += 44
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_244(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S121_unpack_from(buf, off)
+    off += 44
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_245(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S121_unpack_from(buf, off)
+    off += 44
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_246(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S121_unpack_from(buf, off)
+    off += 44
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_247(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S121_unpack_from(buf, off)
+    off += 44
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_248(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S123_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    return off
+
+
+def _fattr4_decode_l0g1_249(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S124_unpack_from(buf, off)
+    off += 56
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[47] = nfstime4(_t[4], _t[5])
+    out[52] = nfstime4(_t[6], _t[7])
+    out[53] = nfstime4(_t[8], _t[9])
+    return off
+
+
+def _fattr4_decode_l0g1_250(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    return off
+
+
+def _fattr4_decode_l0g1_251(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    return off
+
+
+def _fattr4_decode_l0g1_252(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    return off
+
+
+def _fattr4_decode_l0g1_253(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    return off
+
+
+def _fattr4_decode_l0g1_254(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    return off
+
+
+def _fattr4_decode_l0g1_255(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    return off
+
+
+def _fattr4_decode_l0g1_256(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[55] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_257(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S100_unpack_from(buf, off)
+    off += 12
+    out[35] = _t[0]
+    out[55] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g1_258(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[55] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_259(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[55] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_260(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[55] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_261(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[55] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_262(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[55] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_263(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[55] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_264(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_265(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S102_unpack_from(buf, off)
+    off += 20
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_266(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_267(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_268(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_269(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_270(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_271(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_272(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[45] = _t[0]
+    out[55] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g1_273(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S15_unpack_from(buf, off)
+    off += 20
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_274(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[45] = _t[0]
+    out[55] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g1_275(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[45] = _t[0]
+    out[55] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g1_276(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[45] = _t[0]
+    out[55] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g1_277(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[45] = _t[0]
+    out[55] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g1_278(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[45] = _t[0]
+    out[55] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g1_279(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[45] = _t[0]
+    out[55] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g1_280(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S125_unpack_from(buf, off)
+    off += 24
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_281(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S126_unpack_from(buf, off)
+    off += 28
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_282(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S125_unpack_from(buf, off)
+    off += 24
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_283(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S125_unpack_from(buf, off)
+    off += 24
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_284(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S125_unpack_from(buf, off)
+    off += 24
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_285(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S125_unpack_from(buf, off)
+    off += 24
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_286(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S125_unpack_from(buf, off)
+    off += 24
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_287(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S125_unpack_from(buf, off)
+    off += 24
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_288(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[47] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_289(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S128_unpack_from(buf, off)
+    off += 24
+    out[35] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_290(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[47] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_291(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[47] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_292(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[47] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_293(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[47] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_294(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[47] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_295(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[47] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_296(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_297(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S130_unpack_from(buf, off)
+    off += 32
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[47] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_298(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_299(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_300(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_301(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_302(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_303(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_304(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_305(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S132_unpack_from(buf, off)
+    off += 32
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[47] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_306(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_307(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_308(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_309(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_310(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_311(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_312(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_313(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S134_unpack_from(buf, off)
+    off += 40
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[47] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_314(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_315(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_316(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_317(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_318(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_319(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_320(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[52] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_321(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S128_unpack_from(buf, off)
+    off += 24
+    out[35] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_322(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[52] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_323(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[52] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_324(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[52] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_325(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[52] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_326(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[52] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_327(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[52] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_328(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_329(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S130_unpack_from(buf, off)
+    off += 32
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_330(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_331(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_332(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_333(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_334(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_335(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_336(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_337(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S132_unpack_from(buf, off)
+    off += 32
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_338(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_339(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_340(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_341(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_342(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_343(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_344(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_345(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S134_unpack_from(buf, off)
+    off += 40
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[52] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_346(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_347(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_348(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_349(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_350(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_351(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_352(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_353(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S136_unpack_from(buf, off)
+    off += 36
+    out[35] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_354(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_355(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_356(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_357(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_358(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_359(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_360(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_361(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S138_unpack_from(buf, off)
+    off += 44
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_362(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_363(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_364(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_365(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_366(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_367(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_368(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_369(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S140_unpack_from(buf, off)
+    off += 44
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_370(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_371(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_372(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_373(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_374(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_375(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_376(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_377(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S142_unpack_from(buf, off)
+    off += 52
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[47] = nfstime4(_t[4], _t[5])
+    out[52] = nfstime4(_t[6], _t[7])
+    out[55] = _t[8]
+    return off
+
+
+def _fattr4_decode_l0g1_378(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_379(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_380(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_381(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_382(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_383(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_384(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[53] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_385(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S128_unpack_from(buf, off)
+    off += 24
+    out[35] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_386(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[53] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_387(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[53] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_388(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[53] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_389(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[53] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_390(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[53] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_391(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[53] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_392(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_393(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S130_unpack_from(buf, off)
+    off += 32
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_394(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_395(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_396(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_397(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_398(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_399(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_400(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_401(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S132_unpack_from(buf, off)
+    off += 32
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_402(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_403(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_404(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_405(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_406(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_407(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_408(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_409(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S134_unpack_from(buf, off)
+    off += 40
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_410(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_411(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_412(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_413(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_414(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_415(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_416(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_417(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S136_unpack_from(buf, off)
+    off += 36
+    out[35] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_418(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_419(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_420(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_421(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_422(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_423(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_424(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_425(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S138_unpack_from(buf, off)
+    off += 44
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_426(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_427(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_428(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_429(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_430(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_431(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_432(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_433(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S140_unpack_from(buf, off)
+    off += 44
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_434(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_435(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_436(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_437(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_438(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_439(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_440(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_441(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S142_unpack_from(buf, off)
+    off += 52
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[47] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    out[55] = _t[8]
+    return off
+
+
+def _fattr4_decode_l0g1_442(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_443(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_444(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_445(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_446(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_447(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_448(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_449(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S136_unpack_from(buf, off)
+    off += 36
+    out[35] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_450(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_451(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_452(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_453(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_454(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_455(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_456(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_457(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S138_unpack_from(buf, off)
+    off += 44
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_458(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_459(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_460(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_461(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_462(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_463(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_464(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_465(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S140_unpack_from(buf, off)
+    off += 44
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_466(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_467(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_468(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_469(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_470(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_471(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_472(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_473(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S142_unpack_from(buf, off)
+    off += 52
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    out[55] = _t[8]
+    return off
+
+
+def _fattr4_decode_l0g1_474(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_475(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_476(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_477(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_478(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_479(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_480(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S143_unpack_from(buf, off)
+    off += 44
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_481(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S144_unpack_from(buf, off)
+    off += 48
+    out[35] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_482(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S143_unpack_from(buf, off)
+    off += 44
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_483(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S143_unpack_from(buf, off)
+    off += 44
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_484(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S143_unpack_from(buf, off)
+    off += 44
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_485(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S143_unpack_from(buf, off)
+    off += 44
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_486(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S143_unpack_from(buf, off)
+    off += 44
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_487(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S143_unpack_from(buf, off)
+    off += 44
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_488(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S145_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    out[55] = _t[8]
+    return off
+
+
+def _fattr4_decode_l0g1_489(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S146_unpack_from(buf, off)
+    off += 56
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    out[55] = _t[9]
+    return off
+
+
+def _fattr4_decode_l0g1_490(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S145_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    out[55] = _t[8]
+    return off
+
+
+def _fattr4_decode_l0g1_491(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S145_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    out[55] = _t[8]
+    return off
+
+
+def _fattr4_decode_l0g1_492(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S145_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    out[55] = _t[8]
+    return off
+
+
+def _fattr4_decode_l0g1_493(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S145_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    out[55] = _t[8]
+    return off
+
+
+def _fattr4_decode_l0g1_494(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S145_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    out[55] = _t[8]
+    return off
+
+
+def _fattr4_decode_l0g1_495(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S145_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    out[55] = _t[8]
+    return off
+
+
+def _fattr4_decode_l0g1_496(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S147_unpack_from(buf, off)
+    off += 52
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_497(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S148_unpack_from(buf, off)
+    off += 56
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    out[55] = _t[8]
+    return off
+
+
+def _fattr4_decode_l0g1_498(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S147_unpack_from(buf, off)
+    off += 52
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_499(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S147_unpack_from(buf, off)
+    off += 52
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_500(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S147_unpack_from(buf, off)
+    off += 52
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_501(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S147_unpack_from(buf, off)
+    off += 52
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_502(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S147_unpack_from(buf, off)
+    off += 52
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_503(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S147_unpack_from(buf, off)
+    off += 52
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_504(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S149_unpack_from(buf, off)
+    off += 60
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    out[55] = _t[9]
+    return off
+
+
+def _fattr4_decode_l0g1_505(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S150_unpack_from(buf, off)
+    off += 64
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[47] = nfstime4(_t[4], _t[5])
+    out[52] = nfstime4(_t[6], _t[7])
+    out[53] = nfstime4(_t[8], _t[9])
+    out[55] = _t[10]
+    return off
+
+
+def _fattr4_decode_l0g1_506(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S149_unpack_from(buf, off)
+    off += 60
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    out[55] = _t[9]
+    return off
+
+
+def _fattr4_decode_l0g1_507(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S149_unpack_from(buf, off)
+    off += 60
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    out[55] = _t[9]
+    return off
+
+
+def _fattr4_decode_l0g1_508(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S149_unpack_from(buf, off)
+    off += 60
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    out[55] = _t[9]
+    return off
+
+
+def _fattr4_decode_l0g1_509(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S149_unpack_from(buf, off)
+    off += 60
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    out[55] = _t[9]
+    return off
+
+
+def _fattr4_decode_l0g1_510(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S149_unpack_from(buf, off)
+    off += 60
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    out[55] = _t[9]
+    return off
+
+
+def _fattr4_decode_l0g1_511(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S149_unpack_from(buf, off)
+    off += 60
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    out[55] = _t[9]
+    return off
+
+
+# The table's layers for decoding: (attribute -> (group, bit), group -> subset ->
+# decoder of those values at off into out, giving the new off).
+ATTRIBUTE_DECODE_LAYERS: tuple[tuple[dict[int, tuple[int, int]], tuple[dict[int, _Callable[[_Reader, _Any, int, dict[int, _Any]], int]], ...]], ...] = (({1: (0, 1), 3: (0, 2), 4: (0, 4), 8: (0, 8), 11: (0, 16), 19: (0, 32), 20: (0, 64), 33: (0, 128), 35: (1, 1), 36: (1, 2), 37: (1, 4), 41: (1, 8), 45: (1, 16), 47: (1, 32), 52: (1, 64), 53: (1, 128), 55: (1, 256)}, ({1: _fattr4_decode_l0g0_1, 2: _fattr4_decode_l0g0_2, 3: _fattr4_decode_l0g0_3, 4: _fattr4_decode_l0g0_4, 5: _fattr4_decode_l0g0_5, 6: _fattr4_decode_l0g0_6, 7: _fattr4_decode_l0g0_7, 8: _fattr4_decode_l0g0_8, 9: _fattr4_decode_l0g0_9, 10: _fattr4_decode_l0g0_10, 11: _fattr4_decode_l0g0_11, 12: _fattr4_decode_l0g0_12, 13: _fattr4_decode_l0g0_13, 14: _fattr4_decode_l0g0_14, 15: _fattr4_decode_l0g0_15, 16: _fattr4_decode_l0g0_16, 17: _fattr4_decode_l0g0_17, 18: _fattr4_decode_l0g0_18, 19: _fattr4_decode_l0g0_19, 20: _fattr4_decode_l0g0_20, 21: _fattr4_decode_l0g0_21, 22: _fattr4_decode_l0g0_22, 23: _fattr4_decode_l0g0_23, 24: _fattr4_decode_l0g0_24, 25: _fattr4_decode_l0g0_25, 26: _fattr4_decode_l0g0_26, 27: _fattr4_decode_l0g0_27, 28: _fattr4_decode_l0g0_28, 29: _fattr4_decode_l0g0_29, 30: _fattr4_decode_l0g0_30, 31: _fattr4_decode_l0g0_31, 32: _fattr4_decode_l0g0_32, 33: _fattr4_decode_l0g0_33, 34: _fattr4_decode_l0g0_34, 35: _fattr4_decode_l0g0_35, 36: _fattr4_decode_l0g0_36, 37: _fattr4_decode_l0g0_37, 38: _fattr4_decode_l0g0_38, 39: _fattr4_decode_l0g0_39, 40: _fattr4_decode_l0g0_40, 41: _fattr4_decode_l0g0_41, 42: _fattr4_decode_l0g0_42, 43: _fattr4_decode_l0g0_43, 44: _fattr4_decode_l0g0_44, 45: _fattr4_decode_l0g0_45, 46: _fattr4_decode_l0g0_46, 47: _fattr4_decode_l0g0_47, 48: _fattr4_decode_l0g0_48, 49: _fattr4_decode_l0g0_49, 50: _fattr4_decode_l0g0_50, 51: _fattr4_decode_l0g0_51, 52: _fattr4_decode_l0g0_52, 53: _fattr4_decode_l0g0_53, 54: _fattr4_decode_l0g0_54, 55: _fattr4_decode_l0g0_55, 56: _fattr4_decode_l0g0_56, 57: _fattr4_decode_l0g0_57, 58: _fattr4_decode_l0g0_58, 59: _fattr4_decode_l0g0_59, 60: _fattr4_decode_l0g0_60, 61: _fattr4_decode_l0g0_61, 62: _fattr4_decode_l0g0_62, 63: _fattr4_decode_l0g0_63, 64: _fattr4_decode_l0g0_64, 65: _fattr4_decode_l0g0_65, 66: _fattr4_decode_l0g0_66, 67: _fattr4_decode_l0g0_67, 68: _fattr4_decode_l0g0_68, 69: _fattr4_decode_l0g0_69, 70: _fattr4_decode_l0g0_70, 71: _fattr4_decode_l0g0_71, 72: _fattr4_decode_l0g0_72, 73: _fattr4_decode_l0g0_73, 74: _fattr4_decode_l0g0_74, 75: _fattr4_decode_l0g0_75, 76: _fattr4_decode_l0g0_76, 77: _fattr4_decode_l0g0_77, 78: _fattr4_decode_l0g0_78, 79: _fattr4_decode_l0g0_79, 80: _fattr4_decode_l0g0_80, 81: _fattr4_decode_l0g0_81, 82: _fattr4_decode_l0g0_82, 83: _fattr4_decode_l0g0_83, 84: _fattr4_decode_l0g0_84, 85: _fattr4_decode_l0g0_85, 86: _fattr4_decode_l0g0_86, 87: _fattr4_decode_l0g0_87, 88: _fattr4_decode_l0g0_88, 89: _fattr4_decode_l0g0_89, 90: _fattr4_decode_l0g0_90, 91: _fattr4_decode_l0g0_91, 92: _fattr4_decode_l0g0_92, 93: _fattr4_decode_l0g0_93, 94: _fattr4_decode_l0g0_94, 95: _fattr4_decode_l0g0_95, 96: _fattr4_decode_l0g0_96, 97: _fattr4_decode_l0g0_97, 98: _fattr4_decode_l0g0_98, 99: _fattr4_decode_l0g0_99, 100: _fattr4_decode_l0g0_100, 101: _fattr4_decode_l0g0_101, 102: _fattr4_decode_l0g0_102, 103: _fattr4_decode_l0g0_103, 104: _fattr4_decode_l0g0_104, 105: _fattr4_decode_l0g0_105, 106: _fattr4_decode_l0g0_106, 107: _fattr4_decode_l0g0_107, 108: _fattr4_decode_l0g0_108, 109: _fattr4_decode_l0g0_109, 110: _fattr4_decode_l0g0_110, 111: _fattr4_decode_l0g0_111, 112: _fattr4_decode_l0g0_112, 113: _fattr4_decode_l0g0_113, 114: _fattr4_decode_l0g0_114, 115: _fattr4_decode_l0g0_115, 116: _fattr4_decode_l0g0_116, 117: _fattr4_decode_l0g0_117, 118: _fattr4_decode_l0g0_118, 119: _fattr4_decode_l0g0_119, 120: _fattr4_decode_l0g0_120, 121: _fattr4_decode_l0g0_121, 122: _fattr4_decode_l0g0_122, 123: _fattr4_decode_l0g0_123, 124: _fattr4_decode_l0g0_124, 125: _fattr4_decode_l0g0_125, 126: _fattr4_decode_l0g0_126, 127: _fattr4_decode_l0g0_127, 128: _fattr4_decode_l0g0_128, 129: _fattr4_decode_l0g0_129, 130: _fattr4_decode_l0g0_130, 131: _fattr4_decode_l0g0_131, 132: _fattr4_decode_l0g0_132, 133: _fattr4_decode_l0g0_133, 134: _fattr4_decode_l0g0_134, 135: _fattr4_decode_l0g0_135, 136: _fattr4_decode_l0g0_136, 137: _fattr4_decode_l0g0_137, 138: _fattr4_decode_l0g0_138, 139: _fattr4_decode_l0g0_139, 140: _fattr4_decode_l0g0_140, 141: _fattr4_decode_l0g0_141, 142: _fattr4_decode_l0g0_142, 143: _fattr4_decode_l0g0_143, 144: _fattr4_decode_l0g0_144, 145: _fattr4_decode_l0g0_145, 146: _fattr4_decode_l0g0_146, 147: _fattr4_decode_l0g0_147, 148: _fattr4_decode_l0g0_148, 149: _fattr4_decode_l0g0_149, 150: _fattr4_decode_l0g0_150, 151: _fattr4_decode_l0g0_151, 152: _fattr4_decode_l0g0_152, 153: _fattr4_decode_l0g0_153, 154: _fattr4_decode_l0g0_154, 155: _fattr4_decode_l0g0_155, 156: _fattr4_decode_l0g0_156, 157: _fattr4_decode_l0g0_157, 158: _fattr4_decode_l0g0_158, 159: _fattr4_decode_l0g0_159, 160: _fattr4_decode_l0g0_160, 161: _fattr4_decode_l0g0_161, 162: _fattr4_decode_l0g0_162, 163: _fattr4_decode_l0g0_163, 164: _fattr4_decode_l0g0_164, 165: _fattr4_decode_l0g0_165, 166: _fattr4_decode_l0g0_166, 167: _fattr4_decode_l0g0_167, 168: _fattr4_decode_l0g0_168, 169: _fattr4_decode_l0g0_169, 170: _fattr4_decode_l0g0_170, 171: _fattr4_decode_l0g0_171, 172: _fattr4_decode_l0g0_172, 173: _fattr4_decode_l0g0_173, 174: _fattr4_decode_l0g0_174, 175: _fattr4_decode_l0g0_175, 176: _fattr4_decode_l0g0_176, 177: _fattr4_decode_l0g0_177, 178: _fattr4_decode_l0g0_178, 179: _fattr4_decode_l0g0_179, 180: _fattr4_decode_l0g0_180, 181: _fattr4_decode_l0g0_181, 182: _fattr4_decode_l0g0_182, 183: _fattr4_decode_l0g0_183, 184: _fattr4_decode_l0g0_184, 185: _fattr4_decode_l0g0_185, 186: _fattr4_decode_l0g0_186, 187: _fattr4_decode_l0g0_187, 188: _fattr4_decode_l0g0_188, 189: _fattr4_decode_l0g0_189, 190: _fattr4_decode_l0g0_190, 191: _fattr4_decode_l0g0_191, 192: _fattr4_decode_l0g0_192, 193: _fattr4_decode_l0g0_193, 194: _fattr4_decode_l0g0_194, 195: _fattr4_decode_l0g0_195, 196: _fattr4_decode_l0g0_196, 197: _fattr4_decode_l0g0_197, 198: _fattr4_decode_l0g0_198, 199: _fattr4_decode_l0g0_199, 200: _fattr4_decode_l0g0_200, 201: _fattr4_decode_l0g0_201, 202: _fattr4_decode_l0g0_202, 203: _fattr4_decode_l0g0_203, 204: _fattr4_decode_l0g0_204, 205: _fattr4_decode_l0g0_205, 206: _fattr4_decode_l0g0_206, 207: _fattr4_decode_l0g0_207, 208: _fattr4_decode_l0g0_208, 209: _fattr4_decode_l0g0_209, 210: _fattr4_decode_l0g0_210, 211: _fattr4_decode_l0g0_211, 212: _fattr4_decode_l0g0_212, 213: _fattr4_decode_l0g0_213, 214: _fattr4_decode_l0g0_214, 215: _fattr4_decode_l0g0_215, 216: _fattr4_decode_l0g0_216, 217: _fattr4_decode_l0g0_217, 218: _fattr4_decode_l0g0_218, 219: _fattr4_decode_l0g0_219, 220: _fattr4_decode_l0g0_220, 221: _fattr4_decode_l0g0_221, 222: _fattr4_decode_l0g0_222, 223: _fattr4_decode_l0g0_223, 224: _fattr4_decode_l0g0_224, 225: _fattr4_decode_l0g0_225, 226: _fattr4_decode_l0g0_226, 227: _fattr4_decode_l0g0_227, 228: _fattr4_decode_l0g0_228, 229: _fattr4_decode_l0g0_229, 230: _fattr4_decode_l0g0_230, 231: _fattr4_decode_l0g0_231, 232: _fattr4_decode_l0g0_232, 233: _fattr4_decode_l0g0_233, 234: _fattr4_decode_l0g0_234, 235: _fattr4_decode_l0g0_235, 236: _fattr4_decode_l0g0_236, 237: _fattr4_decode_l0g0_237, 238: _fattr4_decode_l0g0_238, 239: _fattr4_decode_l0g0_239, 240: _fattr4_decode_l0g0_240, 241: _fattr4_decode_l0g0_241, 242: _fattr4_decode_l0g0_242, 243: _fattr4_decode_l0g0_243, 244: _fattr4_decode_l0g0_244, 245: _fattr4_decode_l0g0_245, 246: _fattr4_decode_l0g0_246, 247: _fattr4_decode_l0g0_247, 248: _fattr4_decode_l0g0_248, 249: _fattr4_decode_l0g0_249, 250: _fattr4_decode_l0g0_250, 251: _fattr4_decode_l0g0_251, 252: _fattr4_decode_l0g0_252, 253: _fattr4_decode_l0g0_253, 254: _fattr4_decode_l0g0_254, 255: _fattr4_decode_l0g0_255}, {1: _fattr4_decode_l0g1_1, 2: _fattr4_decode_l0g1_2, 3: _fattr4_decode_l0g1_3, 4: _fattr4_decode_l0g1_4, 5: _fattr4_decode_l0g1_5, 6: _fattr4_decode_l0g1_6, 7: _fattr4_decode_l0g1_7, 8: _fattr4_decode_l0g1_8, 9: _fattr4_decode_l0g1_9, 10: _fattr4_decode_l0g1_10, 11: _fattr4_decode_l0g1_11, 12: _fattr4_decode_l0g1_12, 13: _fattr4_decode_l0g1_13, 14: _fattr4_decode_l0g1_14, 15: _fattr4_decode_l0g1_15, 16: _fattr4_decode_l0g1_16, 17: _fattr4_decode_l0g1_17, 18: _fattr4_decode_l0g1_18, 19: _fattr4_decode_l0g1_19, 20: _fattr4_decode_l0g1_20, 21: _fattr4_decode_l0g1_21, 22: _fattr4_decode_l0g1_22, 23: _fattr4_decode_l0g1_23, 24: _fattr4_decode_l0g1_24, 25: _fattr4_decode_l0g1_25, 26: _fattr4_decode_l0g1_26, 27: _fattr4_decode_l0g1_27, 28: _fattr4_decode_l0g1_28, 29: _fattr4_decode_l0g1_29, 30: _fattr4_decode_l0g1_30, 31: _fattr4_decode_l0g1_31, 32: _fattr4_decode_l0g1_32, 33: _fattr4_decode_l0g1_33, 34: _fattr4_decode_l0g1_34, 35: _fattr4_decode_l0g1_35, 36: _fattr4_decode_l0g1_36, 37: _fattr4_decode_l0g1_37, 38: _fattr4_decode_l0g1_38, 39: _fattr4_decode_l0g1_39, 40: _fattr4_decode_l0g1_40, 41: _fattr4_decode_l0g1_41, 42: _fattr4_decode_l0g1_42, 43: _fattr4_decode_l0g1_43, 44: _fattr4_decode_l0g1_44, 45: _fattr4_decode_l0g1_45, 46: _fattr4_decode_l0g1_46, 47: _fattr4_decode_l0g1_47, 48: _fattr4_decode_l0g1_48, 49: _fattr4_decode_l0g1_49, 50: _fattr4_decode_l0g1_50, 51: _fattr4_decode_l0g1_51, 52: _fattr4_decode_l0g1_52, 53: _fattr4_decode_l0g1_53, 54: _fattr4_decode_l0g1_54, 55: _fattr4_decode_l0g1_55, 56: _fattr4_decode_l0g1_56, 57: _fattr4_decode_l0g1_57, 58: _fattr4_decode_l0g1_58, 59: _fattr4_decode_l0g1_59, 60: _fattr4_decode_l0g1_60, 61: _fattr4_decode_l0g1_61, 62: _fattr4_decode_l0g1_62, 63: _fattr4_decode_l0g1_63, 64: _fattr4_decode_l0g1_64, 65: _fattr4_decode_l0g1_65, 66: _fattr4_decode_l0g1_66, 67: _fattr4_decode_l0g1_67, 68: _fattr4_decode_l0g1_68, 69: _fattr4_decode_l0g1_69, 70: _fattr4_decode_l0g1_70, 71: _fattr4_decode_l0g1_71, 72: _fattr4_decode_l0g1_72, 73: _fattr4_decode_l0g1_73, 74: _fattr4_decode_l0g1_74, 75: _fattr4_decode_l0g1_75, 76: _fattr4_decode_l0g1_76, 77: _fattr4_decode_l0g1_77, 78: _fattr4_decode_l0g1_78, 79: _fattr4_decode_l0g1_79, 80: _fattr4_decode_l0g1_80, 81: _fattr4_decode_l0g1_81, 82: _fattr4_decode_l0g1_82, 83: _fattr4_decode_l0g1_83, 84: _fattr4_decode_l0g1_84, 85: _fattr4_decode_l0g1_85, 86: _fattr4_decode_l0g1_86, 87: _fattr4_decode_l0g1_87, 88: _fattr4_decode_l0g1_88, 89: _fattr4_decode_l0g1_89, 90: _fattr4_decode_l0g1_90, 91: _fattr4_decode_l0g1_91, 92: _fattr4_decode_l0g1_92, 93: _fattr4_decode_l0g1_93, 94: _fattr4_decode_l0g1_94, 95: _fattr4_decode_l0g1_95, 96: _fattr4_decode_l0g1_96, 97: _fattr4_decode_l0g1_97, 98: _fattr4_decode_l0g1_98, 99: _fattr4_decode_l0g1_99, 100: _fattr4_decode_l0g1_100, 101: _fattr4_decode_l0g1_101, 102: _fattr4_decode_l0g1_102, 103: _fattr4_decode_l0g1_103, 104: _fattr4_decode_l0g1_104, 105: _fattr4_decode_l0g1_105, 106: _fattr4_decode_l0g1_106, 107: _fattr4_decode_l0g1_107, 108: _fattr4_decode_l0g1_108, 109: _fattr4_decode_l0g1_109, 110: _fattr4_decode_l0g1_110, 111: _fattr4_decode_l0g1_111, 112: _fattr4_decode_l0g1_112, 113: _fattr4_decode_l0g1_113, 114: _fattr4_decode_l0g1_114, 115: _fattr4_decode_l0g1_115, 116: _fattr4_decode_l0g1_116, 117: _fattr4_decode_l0g1_117, 118: _fattr4_decode_l0g1_118, 119: _fattr4_decode_l0g1_119, 120: _fattr4_decode_l0g1_120, 121: _fattr4_decode_l0g1_121, 122: _fattr4_decode_l0g1_122, 123: _fattr4_decode_l0g1_123, 124: _fattr4_decode_l0g1_124, 125: _fattr4_decode_l0g1_125, 126: _fattr4_decode_l0g1_126, 127: _fattr4_decode_l0g1_127, 128: _fattr4_decode_l0g1_128, 129: _fattr4_decode_l0g1_129, 130: _fattr4_decode_l0g1_130, 131: _fattr4_decode_l0g1_131, 132: _fattr4_decode_l0g1_132, 133: _fattr4_decode_l0g1_133, 134: _fattr4_decode_l0g1_134, 135: _fattr4_decode_l0g1_135, 136: _fattr4_decode_l0g1_136, 137: _fattr4_decode_l0g1_137, 138: _fattr4_decode_l0g1_138, 139: _fattr4_decode_l0g1_139, 140: _fattr4_decode_l0g1_140, 141: _fattr4_decode_l0g1_141, 142: _fattr4_decode_l0g1_142, 143: _fattr4_decode_l0g1_143, 144: _fattr4_decode_l0g1_144, 145: _fattr4_decode_l0g1_145, 146: _fattr4_decode_l0g1_146, 147: _fattr4_decode_l0g1_147, 148: _fattr4_decode_l0g1_148, 149: _fattr4_decode_l0g1_149, 150: _fattr4_decode_l0g1_150, 151: _fattr4_decode_l0g1_151, 152: _fattr4_decode_l0g1_152, 153: _fattr4_decode_l0g1_153, 154: _fattr4_decode_l0g1_154, 155: _fattr4_decode_l0g1_155, 156: _fattr4_decode_l0g1_156, 157: _fattr4_decode_l0g1_157, 158: _fattr4_decode_l0g1_158, 159: _fattr4_decode_l0g1_159, 160: _fattr4_decode_l0g1_160, 161: _fattr4_decode_l0g1_161, 162: _fattr4_decode_l0g1_162, 163: _fattr4_decode_l0g1_163, 164: _fattr4_decode_l0g1_164, 165: _fattr4_decode_l0g1_165, 166: _fattr4_decode_l0g1_166, 167: _fattr4_decode_l0g1_167, 168: _fattr4_decode_l0g1_168, 169: _fattr4_decode_l0g1_169, 170: _fattr4_decode_l0g1_170, 171: _fattr4_decode_l0g1_171, 172: _fattr4_decode_l0g1_172, 173: _fattr4_decode_l0g1_173, 174: _fattr4_decode_l0g1_174, 175: _fattr4_decode_l0g1_175, 176: _fattr4_decode_l0g1_176, 177: _fattr4_decode_l0g1_177, 178: _fattr4_decode_l0g1_178, 179: _fattr4_decode_l0g1_179, 180: _fattr4_decode_l0g1_180, 181: _fattr4_decode_l0g1_181, 182: _fattr4_decode_l0g1_182, 183: _fattr4_decode_l0g1_183, 184: _fattr4_decode_l0g1_184, 185: _fattr4_decode_l0g1_185, 186: _fattr4_decode_l0g1_186, 187: _fattr4_decode_l0g1_187, 188: _fattr4_decode_l0g1_188, 189: _fattr4_decode_l0g1_189, 190: _fattr4_decode_l0g1_190, 191: _fattr4_decode_l0g1_191, 192: _fattr4_decode_l0g1_192, 193: _fattr4_decode_l0g1_193, 194: _fattr4_decode_l0g1_194, 195: _fattr4_decode_l0g1_195, 196: _fattr4_decode_l0g1_196, 197: _fattr4_decode_l0g1_197, 198: _fattr4_decode_l0g1_198, 199: _fattr4_decode_l0g1_199, 200: _fattr4_decode_l0g1_200, 201: _fattr4_decode_l0g1_201, 202: _fattr4_decode_l0g1_202, 203: _fattr4_decode_l0g1_203, 204: _fattr4_decode_l0g1_204, 205: _fattr4_decode_l0g1_205, 206: _fattr4_decode_l0g1_206, 207: _fattr4_decode_l0g1_207, 208: _fattr4_decode_l0g1_208, 209: _fattr4_decode_l0g1_209, 210: _fattr4_decode_l0g1_210, 211: _fattr4_decode_l0g1_211, 212: _fattr4_decode_l0g1_212, 213: _fattr4_decode_l0g1_213, 214: _fattr4_decode_l0g1_214, 215: _fattr4_decode_l0g1_215, 216: _fattr4_decode_l0g1_216, 217: _fattr4_decode_l0g1_217, 218: _fattr4_decode_l0g1_218, 219: _fattr4_decode_l0g1_219, 220: _fattr4_decode_l0g1_220, 221: _fattr4_decode_l0g1_221, 222: _fattr4_decode_l0g1_222, 223: _fattr4_decode_l0g1_223, 224: _fattr4_decode_l0g1_224, 225: _fattr4_decode_l0g1_225, 226: _fattr4_decode_l0g1_226, 227: _fattr4_decode_l0g1_227, 228: _fattr4_decode_l0g1_228, 229: _fattr4_decode_l0g1_229, 230: _fattr4_decode_l0g1_230, 231: _fattr4_decode_l0g1_231, 232: _fattr4_decode_l0g1_232, 233: _fattr4_decode_l0g1_233, 234: _fattr4_decode_l0g1_234, 235: _fattr4_decode_l0g1_235, 236: _fattr4_decode_l0g1_236, 237: _fattr4_decode_l0g1_237, 238: _fattr4_decode_l0g1_238, 239: _fattr4_decode_l0g1_239, 240: _fattr4_decode_l0g1_240, 241: _fattr4_decode_l0g1_241, 242: _fattr4_decode_l0g1_242, 243: _fattr4_decode_l0g1_243, 244: _fattr4_decode_l0g1_244, 245: _fattr4_decode_l0g1_245, 246: _fattr4_decode_l0g1_246, 247: _fattr4_decode_l0g1_247, 248: _fattr4_decode_l0g1_248, 249: _fattr4_decode_l0g1_249, 250: _fattr4_decode_l0g1_250, 251: _fattr4_decode_l0g1_251, 252: _fattr4_decode_l0g1_252, 253: _fattr4_decode_l0g1_253, 254: _fattr4_decode_l0g1_254, 255: _fattr4_decode_l0g1_255, 256: _fattr4_decode_l0g1_256, 257: _fattr4_decode_l0g1_257, 258: _fattr4_decode_l0g1_258, 259: _fattr4_decode_l0g1_259, 260: _fattr4_decode_l0g1_260, 261: _fattr4_decode_l0g1_261, 262: _fattr4_decode_l0g1_262, 263: _fattr4_decode_l0g1_263, 264: _fattr4_decode_l0g1_264, 265: _fattr4_decode_l0g1_265, 266: _fattr4_decode_l0g1_266, 267: _fattr4_decode_l0g1_267, 268: _fattr4_decode_l0g1_268, 269: _fattr4_decode_l0g1_269, 270: _fattr4_decode_l0g1_270, 271: _fattr4_decode_l0g1_271, 272: _fattr4_decode_l0g1_272, 273: _fattr4_decode_l0g1_273, 274: _fattr4_decode_l0g1_274, 275: _fattr4_decode_l0g1_275, 276: _fattr4_decode_l0g1_276, 277: _fattr4_decode_l0g1_277, 278: _fattr4_decode_l0g1_278, 279: _fattr4_decode_l0g1_279, 280: _fattr4_decode_l0g1_280, 281: _fattr4_decode_l0g1_281, 282: _fattr4_decode_l0g1_282, 283: _fattr4_decode_l0g1_283, 284: _fattr4_decode_l0g1_284, 285: _fattr4_decode_l0g1_285, 286: _fattr4_decode_l0g1_286, 287: _fattr4_decode_l0g1_287, 288: _fattr4_decode_l0g1_288, 289: _fattr4_decode_l0g1_289, 290: _fattr4_decode_l0g1_290, 291: _fattr4_decode_l0g1_291, 292: _fattr4_decode_l0g1_292, 293: _fattr4_decode_l0g1_293, 294: _fattr4_decode_l0g1_294, 295: _fattr4_decode_l0g1_295, 296: _fattr4_decode_l0g1_296, 297: _fattr4_decode_l0g1_297, 298: _fattr4_decode_l0g1_298, 299: _fattr4_decode_l0g1_299, 300: _fattr4_decode_l0g1_300, 301: _fattr4_decode_l0g1_301, 302: _fattr4_decode_l0g1_302, 303: _fattr4_decode_l0g1_303, 304: _fattr4_decode_l0g1_304, 305: _fattr4_decode_l0g1_305, 306: _fattr4_decode_l0g1_306, 307: _fattr4_decode_l0g1_307, 308: _fattr4_decode_l0g1_308, 309: _fattr4_decode_l0g1_309, 310: _fattr4_decode_l0g1_310, 311: _fattr4_decode_l0g1_311, 312: _fattr4_decode_l0g1_312, 313: _fattr4_decode_l0g1_313, 314: _fattr4_decode_l0g1_314, 315: _fattr4_decode_l0g1_315, 316: _fattr4_decode_l0g1_316, 317: _fattr4_decode_l0g1_317, 318: _fattr4_decode_l0g1_318, 319: _fattr4_decode_l0g1_319, 320: _fattr4_decode_l0g1_320, 321: _fattr4_decode_l0g1_321, 322: _fattr4_decode_l0g1_322, 323: _fattr4_decode_l0g1_323, 324: _fattr4_decode_l0g1_324, 325: _fattr4_decode_l0g1_325, 326: _fattr4_decode_l0g1_326, 327: _fattr4_decode_l0g1_327, 328: _fattr4_decode_l0g1_328, 329: _fattr4_decode_l0g1_329, 330: _fattr4_decode_l0g1_330, 331: _fattr4_decode_l0g1_331, 332: _fattr4_decode_l0g1_332, 333: _fattr4_decode_l0g1_333, 334: _fattr4_decode_l0g1_334, 335: _fattr4_decode_l0g1_335, 336: _fattr4_decode_l0g1_336, 337: _fattr4_decode_l0g1_337, 338: _fattr4_decode_l0g1_338, 339: _fattr4_decode_l0g1_339, 340: _fattr4_decode_l0g1_340, 341: _fattr4_decode_l0g1_341, 342: _fattr4_decode_l0g1_342, 343: _fattr4_decode_l0g1_343, 344: _fattr4_decode_l0g1_344, 345: _fattr4_decode_l0g1_345, 346: _fattr4_decode_l0g1_346, 347: _fattr4_decode_l0g1_347, 348: _fattr4_decode_l0g1_348, 349: _fattr4_decode_l0g1_349, 350: _fattr4_decode_l0g1_350, 351: _fattr4_decode_l0g1_351, 352: _fattr4_decode_l0g1_352, 353: _fattr4_decode_l0g1_353, 354: _fattr4_decode_l0g1_354, 355: _fattr4_decode_l0g1_355, 356: _fattr4_decode_l0g1_356, 357: _fattr4_decode_l0g1_357, 358: _fattr4_decode_l0g1_358, 359: _fattr4_decode_l0g1_359, 360: _fattr4_decode_l0g1_360, 361: _fattr4_decode_l0g1_361, 362: _fattr4_decode_l0g1_362, 363: _fattr4_decode_l0g1_363, 364: _fattr4_decode_l0g1_364, 365: _fattr4_decode_l0g1_365, 366: _fattr4_decode_l0g1_366, 367: _fattr4_decode_l0g1_367, 368: _fattr4_decode_l0g1_368, 369: _fattr4_decode_l0g1_369, 370: _fattr4_decode_l0g1_370, 371: _fattr4_decode_l0g1_371, 372: _fattr4_decode_l0g1_372, 373: _fattr4_decode_l0g1_373, 374: _fattr4_decode_l0g1_374, 375: _fattr4_decode_l0g1_375, 376: _fattr4_decode_l0g1_376, 377: _fattr4_decode_l0g1_377, 378: _fattr4_decode_l0g1_378, 379: _fattr4_decode_l0g1_379, 380: _fattr4_decode_l0g1_380, 381: _fattr4_decode_l0g1_381, 382: _fattr4_decode_l0g1_382, 383: _fattr4_decode_l0g1_383, 384: _fattr4_decode_l0g1_384, 385: _fattr4_decode_l0g1_385, 386: _fattr4_decode_l0g1_386, 387: _fattr4_decode_l0g1_387, 388: _fattr4_decode_l0g1_388, 389: _fattr4_decode_l0g1_389, 390: _fattr4_decode_l0g1_390, 391: _fattr4_decode_l0g1_391, 392: _fattr4_decode_l0g1_392, 393: _fattr4_decode_l0g1_393, 394: _fattr4_decode_l0g1_394, 395: _fattr4_decode_l0g1_395, 396: _fattr4_decode_l0g1_396, 397: _fattr4_decode_l0g1_397, 398: _fattr4_decode_l0g1_398, 399: _fattr4_decode_l0g1_399, 400: _fattr4_decode_l0g1_400, 401: _fattr4_decode_l0g1_401, 402: _fattr4_decode_l0g1_402, 403: _fattr4_decode_l0g1_403, 404: _fattr4_decode_l0g1_404, 405: _fattr4_decode_l0g1_405, 406: _fattr4_decode_l0g1_406, 407: _fattr4_decode_l0g1_407, 408: _fattr4_decode_l0g1_408, 409: _fattr4_decode_l0g1_409, 410: _fattr4_decode_l0g1_410, 411: _fattr4_decode_l0g1_411, 412: _fattr4_decode_l0g1_412, 413: _fattr4_decode_l0g1_413, 414: _fattr4_decode_l0g1_414, 415: _fattr4_decode_l0g1_415, 416: _fattr4_decode_l0g1_416, 417: _fattr4_decode_l0g1_417, 418: _fattr4_decode_l0g1_418, 419: _fattr4_decode_l0g1_419, 420: _fattr4_decode_l0g1_420, 421: _fattr4_decode_l0g1_421, 422: _fattr4_decode_l0g1_422, 423: _fattr4_decode_l0g1_423, 424: _fattr4_decode_l0g1_424, 425: _fattr4_decode_l0g1_425, 426: _fattr4_decode_l0g1_426, 427: _fattr4_decode_l0g1_427, 428: _fattr4_decode_l0g1_428, 429: _fattr4_decode_l0g1_429, 430: _fattr4_decode_l0g1_430, 431: _fattr4_decode_l0g1_431, 432: _fattr4_decode_l0g1_432, 433: _fattr4_decode_l0g1_433, 434: _fattr4_decode_l0g1_434, 435: _fattr4_decode_l0g1_435, 436: _fattr4_decode_l0g1_436, 437: _fattr4_decode_l0g1_437, 438: _fattr4_decode_l0g1_438, 439: _fattr4_decode_l0g1_439, 440: _fattr4_decode_l0g1_440, 441: _fattr4_decode_l0g1_441, 442: _fattr4_decode_l0g1_442, 443: _fattr4_decode_l0g1_443, 444: _fattr4_decode_l0g1_444, 445: _fattr4_decode_l0g1_445, 446: _fattr4_decode_l0g1_446, 447: _fattr4_decode_l0g1_447, 448: _fattr4_decode_l0g1_448, 449: _fattr4_decode_l0g1_449, 450: _fattr4_decode_l0g1_450, 451: _fattr4_decode_l0g1_451, 452: _fattr4_decode_l0g1_452, 453: _fattr4_decode_l0g1_453, 454: _fattr4_decode_l0g1_454, 455: _fattr4_decode_l0g1_455, 456: _fattr4_decode_l0g1_456, 457: _fattr4_decode_l0g1_457, 458: _fattr4_decode_l0g1_458, 459: _fattr4_decode_l0g1_459, 460: _fattr4_decode_l0g1_460, 461: _fattr4_decode_l0g1_461, 462: _fattr4_decode_l0g1_462, 463: _fattr4_decode_l0g1_463, 464: _fattr4_decode_l0g1_464, 465: _fattr4_decode_l0g1_465, 466: _fattr4_decode_l0g1_466, 467: _fattr4_decode_l0g1_467, 468: _fattr4_decode_l0g1_468, 469: _fattr4_decode_l0g1_469, 470: _fattr4_decode_l0g1_470, 471: _fattr4_decode_l0g1_471, 472: _fattr4_decode_l0g1_472, 473: _fattr4_decode_l0g1_473, 474: _fattr4_decode_l0g1_474, 475: _fattr4_decode_l0g1_475, 476: _fattr4_decode_l0g1_476, 477: _fattr4_decode_l0g1_477, 478: _fattr4_decode_l0g1_478, 479: _fattr4_decode_l0g1_479, 480: _fattr4_decode_l0g1_480, 481: _fattr4_decode_l0g1_481, 482: _fattr4_decode_l0g1_482, 483: _fattr4_decode_l0g1_483, 484: _fattr4_decode_l0g1_484, 485: _fattr4_decode_l0g1_485, 486: _fattr4_decode_l0g1_486, 487: _fattr4_decode_l0g1_487, 488: _fattr4_decode_l0g1_488, 489: _fattr4_decode_l0g1_489, 490: _fattr4_decode_l0g1_490, 491: _fattr4_decode_l0g1_491, 492: _fattr4_decode_l0g1_492, 493: _fattr4_decode_l0g1_493, 494: _fattr4_decode_l0g1_494, 495: _fattr4_decode_l0g1_495, 496: _fattr4_decode_l0g1_496, 497: _fattr4_decode_l0g1_497, 498: _fattr4_decode_l0g1_498, 499: _fattr4_decode_l0g1_499, 500: _fattr4_decode_l0g1_500, 501: _fattr4_decode_l0g1_501, 502: _fattr4_decode_l0g1_502, 503: _fattr4_decode_l0g1_503, 504: _fattr4_decode_l0g1_504, 505: _fattr4_decode_l0g1_505, 506: _fattr4_decode_l0g1_506, 507: _fattr4_decode_l0g1_507, 508: _fattr4_decode_l0g1_508, 509: _fattr4_decode_l0g1_509, 510: _fattr4_decode_l0g1_510, 511: _fattr4_decode_l0g1_511},)),)
 ATTRIBUTE_MASK_DECODERS: dict[tuple[int, ...], _Callable[[_Buffer], dict[int, _Any]]] = {(1048858, 11575866): _fattr4_decode_linux_fattr, (1575194, 11575866): _fattr4_decode_linux_readdir_plus, (2048, 8388608): _fattr4_decode_linux_readdir, (24, 3145728): _fattr4_decode_linux_cache_consistency, (1048578,): _fattr4_decode_linux_open_noattr, (14680064, 7168): _fattr4_decode_linux_statfs, (805306368,): _fattr4_decode_linux_pathconf, (3355444224, 524288): _fattr4_decode_linux_fsinfo, (204901, 0, 2048): _fattr4_decode_linux_server_caps, (1048858, 3187258): _fattr4_decode_client_stat, (2048,): _fattr4_decode_rdattr_error, (0, 2): _fattr4_decode_set_mode, (16,): _fattr4_decode_set_size, (0, 48): _fattr4_decode_set_owners, (0, 4259840): _fattr4_decode_set_times}
 ATTRIBUTE_MASK_ENCODERS: dict[tuple[int, ...], _Callable[[_Any, _Any, bytes, _Any, int], bytes]] = {(1048858, 11575866): _fattr4_encode_linux_fattr, (1575194, 11575866): _fattr4_encode_linux_readdir_plus, (2048, 8388608): _fattr4_encode_linux_readdir, (24, 3145728): _fattr4_encode_linux_cache_consistency, (1048578,): _fattr4_encode_linux_open_noattr, (14680064, 7168): _fattr4_encode_linux_statfs, (805306368,): _fattr4_encode_linux_pathconf, (3355444224, 524288): _fattr4_encode_linux_fsinfo, (204901, 0, 2048): _fattr4_encode_linux_server_caps, (1048858, 3187258): _fattr4_encode_client_stat, (2048,): _fattr4_encode_rdattr_error, (0, 2): _fattr4_encode_set_mode, (16,): _fattr4_encode_set_size, (0, 48): _fattr4_encode_set_owners}
 
@@ -21756,60 +30239,110 @@ ATTRIBUTE_MASK_ENCODERS: dict[tuple[int, ...], _Callable[[_Any, _Any, bytes, _An
 _fattr4_S0_pack = _S0.pack
 _fattr4_S0_unpack_from = _S0.unpack_from
 _fattr4_S100_pack = _S100.pack
+_fattr4_S100_unpack_from = _S100.unpack_from
 _fattr4_S101_pack = _S101.pack
+_fattr4_S101_unpack_from = _S101.unpack_from
 _fattr4_S102_pack = _S102.pack
+_fattr4_S102_unpack_from = _S102.unpack_from
 _fattr4_S103_pack = _S103.pack
+_fattr4_S103_unpack_from = _S103.unpack_from
 _fattr4_S104_pack = _S104.pack
+_fattr4_S104_unpack_from = _S104.unpack_from
 _fattr4_S105_pack = _S105.pack
+_fattr4_S105_unpack_from = _S105.unpack_from
 _fattr4_S106_pack = _S106.pack
+_fattr4_S106_unpack_from = _S106.unpack_from
 _fattr4_S107_pack = _S107.pack
+_fattr4_S107_unpack_from = _S107.unpack_from
 _fattr4_S108_pack = _S108.pack
+_fattr4_S108_unpack_from = _S108.unpack_from
 _fattr4_S109_pack = _S109.pack
+_fattr4_S109_unpack_from = _S109.unpack_from
 _fattr4_S110_pack = _S110.pack
+_fattr4_S110_unpack_from = _S110.unpack_from
 _fattr4_S111_pack = _S111.pack
+_fattr4_S111_unpack_from = _S111.unpack_from
 _fattr4_S112_pack = _S112.pack
+_fattr4_S112_unpack_from = _S112.unpack_from
 _fattr4_S113_pack = _S113.pack
+_fattr4_S113_unpack_from = _S113.unpack_from
 _fattr4_S114_pack = _S114.pack
+_fattr4_S114_unpack_from = _S114.unpack_from
 _fattr4_S115_pack = _S115.pack
+_fattr4_S115_unpack_from = _S115.unpack_from
 _fattr4_S116_pack = _S116.pack
+_fattr4_S116_unpack_from = _S116.unpack_from
 _fattr4_S117_pack = _S117.pack
+_fattr4_S117_unpack_from = _S117.unpack_from
 _fattr4_S118_pack = _S118.pack
+_fattr4_S118_unpack_from = _S118.unpack_from
 _fattr4_S119_pack = _S119.pack
+_fattr4_S119_unpack_from = _S119.unpack_from
 _fattr4_S11_pack = _S11.pack
+_fattr4_S11_unpack_from = _S11.unpack_from
 _fattr4_S120_pack = _S120.pack
+_fattr4_S120_unpack_from = _S120.unpack_from
 _fattr4_S121_pack = _S121.pack
+_fattr4_S121_unpack_from = _S121.unpack_from
 _fattr4_S122_pack = _S122.pack
+_fattr4_S122_unpack_from = _S122.unpack_from
 _fattr4_S123_pack = _S123.pack
 _fattr4_S123_unpack_from = _S123.unpack_from
 _fattr4_S124_pack = _S124.pack
+_fattr4_S124_unpack_from = _S124.unpack_from
 _fattr4_S125_pack = _S125.pack
+_fattr4_S125_unpack_from = _S125.unpack_from
 _fattr4_S126_pack = _S126.pack
+_fattr4_S126_unpack_from = _S126.unpack_from
 _fattr4_S127_pack = _S127.pack
+_fattr4_S127_unpack_from = _S127.unpack_from
 _fattr4_S128_pack = _S128.pack
+_fattr4_S128_unpack_from = _S128.unpack_from
 _fattr4_S129_pack = _S129.pack
+_fattr4_S129_unpack_from = _S129.unpack_from
 _fattr4_S130_pack = _S130.pack
+_fattr4_S130_unpack_from = _S130.unpack_from
 _fattr4_S131_pack = _S131.pack
+_fattr4_S131_unpack_from = _S131.unpack_from
 _fattr4_S132_pack = _S132.pack
+_fattr4_S132_unpack_from = _S132.unpack_from
 _fattr4_S133_pack = _S133.pack
+_fattr4_S133_unpack_from = _S133.unpack_from
 _fattr4_S134_pack = _S134.pack
+_fattr4_S134_unpack_from = _S134.unpack_from
 _fattr4_S135_pack = _S135.pack
+_fattr4_S135_unpack_from = _S135.unpack_from
 _fattr4_S136_pack = _S136.pack
+_fattr4_S136_unpack_from = _S136.unpack_from
 _fattr4_S137_pack = _S137.pack
+_fattr4_S137_unpack_from = _S137.unpack_from
 _fattr4_S138_pack = _S138.pack
+_fattr4_S138_unpack_from = _S138.unpack_from
 _fattr4_S139_pack = _S139.pack
+_fattr4_S139_unpack_from = _S139.unpack_from
 _fattr4_S13_pack = _S13.pack
 _fattr4_S140_pack = _S140.pack
+_fattr4_S140_unpack_from = _S140.unpack_from
 _fattr4_S141_pack = _S141.pack
+_fattr4_S141_unpack_from = _S141.unpack_from
 _fattr4_S142_pack = _S142.pack
+_fattr4_S142_unpack_from = _S142.unpack_from
 _fattr4_S143_pack = _S143.pack
+_fattr4_S143_unpack_from = _S143.unpack_from
 _fattr4_S144_pack = _S144.pack
+_fattr4_S144_unpack_from = _S144.unpack_from
 _fattr4_S145_pack = _S145.pack
+_fattr4_S145_unpack_from = _S145.unpack_from
 _fattr4_S146_pack = _S146.pack
+_fattr4_S146_unpack_from = _S146.unpack_from
 _fattr4_S147_pack = _S147.pack
+_fattr4_S147_unpack_from = _S147.unpack_from
 _fattr4_S148_pack = _S148.pack
+_fattr4_S148_unpack_from = _S148.unpack_from
 _fattr4_S149_pack = _S149.pack
 _fattr4_S149_unpack_from = _S149.unpack_from
 _fattr4_S150_pack = _S150.pack
+_fattr4_S150_unpack_from = _S150.unpack_from
 _fattr4_S151_pack = _S151.pack
 _fattr4_S152_pack = _S152.pack
 _fattr4_S153_pack = _S153.pack
@@ -21820,6 +30353,7 @@ _fattr4_S157_pack = _S157.pack
 _fattr4_S158_pack = _S158.pack
 _fattr4_S159_pack = _S159.pack
 _fattr4_S15_pack = _S15.pack
+_fattr4_S15_unpack_from = _S15.unpack_from
 _fattr4_S160_pack = _S160.pack
 _fattr4_S161_pack = _S161.pack
 _fattr4_S162_pack = _S162.pack
@@ -21854,6 +30388,7 @@ _fattr4_S188_unpack_from = _S188.unpack_from
 _fattr4_S189_pack = _S189.pack
 _fattr4_S189_unpack_from = _S189.unpack_from
 _fattr4_S18_pack = _S18.pack
+_fattr4_S18_unpack_from = _S18.unpack_from
 _fattr4_S190_pack = _S190.pack
 _fattr4_S190_unpack_from = _S190.unpack_from
 _fattr4_S191_pack = _S191.pack
@@ -21861,6 +30396,7 @@ _fattr4_S1_pack = _S1.pack
 _fattr4_S1_unpack_from = _S1.unpack_from
 _fattr4_S21_pack = _S21.pack
 _fattr4_S22_pack = _S22.pack
+_fattr4_S22_unpack_from = _S22.unpack_from
 _fattr4_S2_pack = _S2.pack
 _fattr4_S2_unpack_from = _S2.unpack_from
 _fattr4_S33_pack = _S33.pack
@@ -21868,62 +30404,116 @@ _fattr4_S34_pack = _S34.pack
 _fattr4_S34_unpack_from = _S34.unpack_from
 _fattr4_S35_unpack_from = _S35.unpack_from
 _fattr4_S37_pack = _S37.pack
+_fattr4_S37_unpack_from = _S37.unpack_from
 _fattr4_S45_pack = _S45.pack
+_fattr4_S45_unpack_from = _S45.unpack_from
 _fattr4_S49_pack = _S49.pack
 _fattr4_S49_unpack_from = _S49.unpack_from
 _fattr4_S4_pack = _S4.pack
 _fattr4_S4_unpack_from = _S4.unpack_from
 _fattr4_S50_pack = _S50.pack
+_fattr4_S50_unpack_from = _S50.unpack_from
 _fattr4_S51_pack = _S51.pack
+_fattr4_S51_unpack_from = _S51.unpack_from
 _fattr4_S52_pack = _S52.pack
+_fattr4_S52_unpack_from = _S52.unpack_from
 _fattr4_S53_pack = _S53.pack
+_fattr4_S53_unpack_from = _S53.unpack_from
 _fattr4_S54_pack = _S54.pack
+_fattr4_S54_unpack_from = _S54.unpack_from
 _fattr4_S55_pack = _S55.pack
+_fattr4_S55_unpack_from = _S55.unpack_from
 _fattr4_S56_pack = _S56.pack
+_fattr4_S56_unpack_from = _S56.unpack_from
 _fattr4_S57_pack = _S57.pack
+_fattr4_S57_unpack_from = _S57.unpack_from
 _fattr4_S58_pack = _S58.pack
+_fattr4_S58_unpack_from = _S58.unpack_from
 _fattr4_S59_pack = _S59.pack
+_fattr4_S59_unpack_from = _S59.unpack_from
 _fattr4_S60_pack = _S60.pack
+_fattr4_S60_unpack_from = _S60.unpack_from
 _fattr4_S61_pack = _S61.pack
 _fattr4_S61_unpack_from = _S61.unpack_from
 _fattr4_S62_pack = _S62.pack
+_fattr4_S62_unpack_from = _S62.unpack_from
 _fattr4_S63_pack = _S63.pack
+_fattr4_S63_unpack_from = _S63.unpack_from
 _fattr4_S64_pack = _S64.pack
+_fattr4_S64_unpack_from = _S64.unpack_from
 _fattr4_S65_pack = _S65.pack
+_fattr4_S65_unpack_from = _S65.unpack_from
 _fattr4_S66_pack = _S66.pack
+_fattr4_S66_unpack_from = _S66.unpack_from
 _fattr4_S67_pack = _S67.pack
+_fattr4_S67_unpack_from = _S67.unpack_from
 _fattr4_S68_pack = _S68.pack
+_fattr4_S68_unpack_from = _S68.unpack_from
 _fattr4_S69_pack = _S69.pack
+_fattr4_S69_unpack_from = _S69.unpack_from
 _fattr4_S70_pack = _S70.pack
+_fattr4_S70_unpack_from = _S70.unpack_from
 _fattr4_S71_pack = _S71.pack
+_fattr4_S71_unpack_from = _S71.unpack_from
 _fattr4_S72_pack = _S72.pack
+_fattr4_S72_unpack_from = _S72.unpack_from
 _fattr4_S73_pack = _S73.pack
+_fattr4_S73_unpack_from = _S73.unpack_from
 _fattr4_S74_pack = _S74.pack
+_fattr4_S74_unpack_from = _S74.unpack_from
 _fattr4_S75_pack = _S75.pack
+_fattr4_S75_unpack_from = _S75.unpack_from
 _fattr4_S76_pack = _S76.pack
+_fattr4_S76_unpack_from = _S76.unpack_from
 _fattr4_S77_pack = _S77.pack
+_fattr4_S77_unpack_from = _S77.unpack_from
 _fattr4_S78_pack = _S78.pack
+_fattr4_S78_unpack_from = _S78.unpack_from
 _fattr4_S79_pack = _S79.pack
+_fattr4_S79_unpack_from = _S79.unpack_from
 _fattr4_S7_pack = _S7.pack
+_fattr4_S7_unpack_from = _S7.unpack_from
 _fattr4_S80_pack = _S80.pack
+_fattr4_S80_unpack_from = _S80.unpack_from
 _fattr4_S81_pack = _S81.pack
+_fattr4_S81_unpack_from = _S81.unpack_from
 _fattr4_S82_pack = _S82.pack
+_fattr4_S82_unpack_from = _S82.unpack_from
 _fattr4_S83_pack = _S83.pack
+_fattr4_S83_unpack_from = _S83.unpack_from
 _fattr4_S84_pack = _S84.pack
+_fattr4_S84_unpack_from = _S84.unpack_from
 _fattr4_S85_pack = _S85.pack
+_fattr4_S85_unpack_from = _S85.unpack_from
 _fattr4_S86_pack = _S86.pack
+_fattr4_S86_unpack_from = _S86.unpack_from
 _fattr4_S87_pack = _S87.pack
+_fattr4_S87_unpack_from = _S87.unpack_from
 _fattr4_S88_pack = _S88.pack
+_fattr4_S88_unpack_from = _S88.unpack_from
 _fattr4_S89_pack = _S89.pack
+_fattr4_S89_unpack_from = _S89.unpack_from
 _fattr4_S8_pack = _S8.pack
+_fattr4_S8_unpack_from = _S8.unpack_from
 _fattr4_S90_pack = _S90.pack
+_fattr4_S90_unpack_from = _S90.unpack_from
 _fattr4_S91_pack = _S91.pack
+_fattr4_S91_unpack_from = _S91.unpack_from
 _fattr4_S92_pack = _S92.pack
+_fattr4_S92_unpack_from = _S92.unpack_from
 _fattr4_S93_pack = _S93.pack
+_fattr4_S93_unpack_from = _S93.unpack_from
 _fattr4_S94_pack = _S94.pack
+_fattr4_S94_unpack_from = _S94.unpack_from
 _fattr4_S95_pack = _S95.pack
+_fattr4_S95_unpack_from = _S95.unpack_from
 _fattr4_S96_pack = _S96.pack
+_fattr4_S96_unpack_from = _S96.unpack_from
 _fattr4_S97_pack = _S97.pack
+_fattr4_S97_unpack_from = _S97.unpack_from
 _fattr4_S98_pack = _S98.pack
+_fattr4_S98_unpack_from = _S98.unpack_from
 _fattr4_S99_pack = _S99.pack
+_fattr4_S99_unpack_from = _S99.unpack_from
 _fattr4_S9_pack = _S9.pack
+_fattr4_S9_unpack_from = _S9.unpack_from
