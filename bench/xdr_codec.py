@@ -21,9 +21,9 @@ from collections.abc import Callable
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import xdrlib3
+from attr_encode import SAMPLE, linux_getattr_bitmap
 
 from nfsrdma.client.attrs import decode_attrs
-from nfsrdma.nfs4.attr_bench import SAMPLE, linux_getattr_bitmap
 from nfsrdma.nfs4.attrs import encode_attrs
 from nfsrdma.nfs4.server_state import ServerConfig
 from nfsrdma.rpc import message

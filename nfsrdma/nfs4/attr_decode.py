@@ -1,158 +1,134 @@
-"""Compiled fattr4 decoders, one per attribute mask: the mirror of ``attr_encode``.
+"""fattr4 decoders, one per attribute mask, over the codecs generated at build time: the mirror
+of ``attr_encode``.
 
-A client decodes the same few masks over and over (every GETATTR, every READDIR entry). For
-each mask seen, a small function is generated that unpacks every run of fixed-size attribute
-values with one precompiled ``struct.Struct`` and calls the generated codec only for the
-variable-size ones (owner, filehandle, ACLs...). The values are exactly those the generated
-``dec_fattr4_*`` functions give (a test checks it); the functions are cached by mask.
+A client decodes the same few masks over and over (every GETATTR, every READDIR entry). The
+masks clients see most have their own decoder, generated with the XDR codecs from the attribute
+table (``nfsrdma/xdr/nfs4_fattr.py``): every run of fixed-size values unpacked with one
+precompiled ``struct.Struct``, the generated codec called only for the variable-size ones
+(owner, filehandle, ACLs...). A mask of the attributes the Linux client combines is decoded by
+the generated decoders of its attribute groups (one call per group); any other mask gets a plan
+over the per-attribute tables. The
+values are exactly those the generated ``dec_fattr4_*`` functions give (a test checks it);
+plans are cached by mask. Nothing is compiled at run time.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, Final
 
 from nfsrdma.xdr.gen import nfs4
-from nfsrdma.xdr.runtime import BOOL, Reader, XdrError
+from nfsrdma.xdr.runtime import Buffer, Reader, XdrError
 
-# Fixed-size attributes: struct format and the expression building the value from t[i:...].
-# "{0}", "{1}" stand for the tuple items of this attribute.
-_FIXED: Final[dict[int, tuple[str, str]]] = {
-    nfs4.FATTR4_TYPE: ("I", "_FTYPE[{0}]"),
-    nfs4.FATTR4_FH_EXPIRE_TYPE: ("I", "{0}"),
-    nfs4.FATTR4_CHANGE: ("Q", "{0}"),
-    nfs4.FATTR4_SIZE: ("Q", "{0}"),
-    nfs4.FATTR4_LINK_SUPPORT: ("I", "_BOOL[{0}]"),
-    nfs4.FATTR4_SYMLINK_SUPPORT: ("I", "_BOOL[{0}]"),
-    nfs4.FATTR4_NAMED_ATTR: ("I", "_BOOL[{0}]"),
-    nfs4.FATTR4_FSID: ("QQ", "_fsid4({0}, {1})"),
-    nfs4.FATTR4_UNIQUE_HANDLES: ("I", "_BOOL[{0}]"),
-    nfs4.FATTR4_LEASE_TIME: ("I", "{0}"),
-    nfs4.FATTR4_RDATTR_ERROR: ("i", "_STATUS[{0}]"),
-    nfs4.FATTR4_ACLSUPPORT: ("I", "{0}"),
-    nfs4.FATTR4_ARCHIVE: ("I", "_BOOL[{0}]"),
-    nfs4.FATTR4_CANSETTIME: ("I", "_BOOL[{0}]"),
-    nfs4.FATTR4_CASE_INSENSITIVE: ("I", "_BOOL[{0}]"),
-    nfs4.FATTR4_CASE_PRESERVING: ("I", "_BOOL[{0}]"),
-    nfs4.FATTR4_CHOWN_RESTRICTED: ("I", "_BOOL[{0}]"),
-    nfs4.FATTR4_FILEID: ("Q", "{0}"),
-    nfs4.FATTR4_FILES_AVAIL: ("Q", "{0}"),
-    nfs4.FATTR4_FILES_FREE: ("Q", "{0}"),
-    nfs4.FATTR4_FILES_TOTAL: ("Q", "{0}"),
-    nfs4.FATTR4_HIDDEN: ("I", "_BOOL[{0}]"),
-    nfs4.FATTR4_HOMOGENEOUS: ("I", "_BOOL[{0}]"),
-    nfs4.FATTR4_MAXFILESIZE: ("Q", "{0}"),
-    nfs4.FATTR4_MAXLINK: ("I", "{0}"),
-    nfs4.FATTR4_MAXNAME: ("I", "{0}"),
-    nfs4.FATTR4_MAXREAD: ("Q", "{0}"),
-    nfs4.FATTR4_MAXWRITE: ("Q", "{0}"),
-    nfs4.FATTR4_MODE: ("I", "{0}"),
-    nfs4.FATTR4_NO_TRUNC: ("I", "_BOOL[{0}]"),
-    nfs4.FATTR4_NUMLINKS: ("I", "{0}"),
-    nfs4.FATTR4_QUOTA_AVAIL_HARD: ("Q", "{0}"),
-    nfs4.FATTR4_QUOTA_AVAIL_SOFT: ("Q", "{0}"),
-    nfs4.FATTR4_QUOTA_USED: ("Q", "{0}"),
-    nfs4.FATTR4_RAWDEV: ("II", "_specdata4({0}, {1})"),
-    nfs4.FATTR4_SPACE_AVAIL: ("Q", "{0}"),
-    nfs4.FATTR4_SPACE_FREE: ("Q", "{0}"),
-    nfs4.FATTR4_SPACE_TOTAL: ("Q", "{0}"),
-    nfs4.FATTR4_SPACE_USED: ("Q", "{0}"),
-    nfs4.FATTR4_SYSTEM: ("I", "_BOOL[{0}]"),
-    nfs4.FATTR4_TIME_ACCESS: ("qI", "_nfstime4({0}, {1})"),
-    nfs4.FATTR4_TIME_BACKUP: ("qI", "_nfstime4({0}, {1})"),
-    nfs4.FATTR4_TIME_CREATE: ("qI", "_nfstime4({0}, {1})"),
-    nfs4.FATTR4_TIME_DELTA: ("qI", "_nfstime4({0}, {1})"),
-    nfs4.FATTR4_TIME_METADATA: ("qI", "_nfstime4({0}, {1})"),
-    nfs4.FATTR4_TIME_MODIFY: ("qI", "_nfstime4({0}, {1})"),
-    nfs4.FATTR4_MOUNTED_ON_FILEID: ("Q", "{0}"),
-}
-_ENV_BASE: Final[dict[str, Any]] = {
-    "_BOOL": BOOL,
-    "_FTYPE": nfs4._nfs_ftype4_MAP,
-    "_STATUS": nfs4._nfsstat4_MAP,
-    "_fsid4": nfs4.fsid4,
-    "_specdata4": nfs4.specdata4,
-    "_nfstime4": nfs4.nfstime4,
-    "_XdrError": XdrError,
-    "_Reader": Reader,
-    "_struct_error": struct.error,
-}
+NAMES: Final = nfs4.ATTRIBUTE_NAMES
+Decoder = Callable[[Buffer], dict[int, Any]]
 
-
-def _attribute_names() -> dict[int, str]:
-    prefix = "FATTR4_"
-    return {
-        int(value): name[len(prefix) :].lower()
-        for name, value in vars(nfs4).items()
-        if name.startswith(prefix) and isinstance(value, int)
-    }
-
-
-NAMES: Final = _attribute_names()
-Decoder = Callable[[bytes | memoryview], dict[int, Any]]
+# One step of a generic plan: a run of fixed-size values (struct, then per attribute: number,
+# first item, item count, builder or None for a plain integer); a variable-size value
+# (number, generated decoder); or the end of what can be decoded.
+_Fixed = tuple[struct.Struct, tuple[tuple[int, int, int, Callable[[Any], Any] | None], ...]]
+_Variable = tuple[int, Callable[[Reader, int], tuple[Any, int]]]
+_Step = tuple[_Fixed | None, _Variable | None]
 
 
 def mask_numbers(mask: Sequence[int]) -> list[int]:
     return [(i << 5) + b for i, word in enumerate(mask) for b in range(32) if word >> b & 1]
 
 
-def _compile(key: tuple[int, ...]) -> Decoder:
-    env = dict(_ENV_BASE)
-    lines = [
-        "def _decode(data):",
-        "    r = _Reader(data)",
-        "    off = 0",
-        "    out = {}",
-        "    try:",
-    ]
-    lines.append("        pass")
+def plan(key: Sequence[int], *, specialised: bool = True) -> Decoder:
+    """The decoder of a mask: its generated one if it has one (and ``specialised``), else a
+    plan over the per-attribute tables."""
+    words = list(key)
+    while words and not words[-1]:
+        words.pop()
+    generated = nfs4.ATTRIBUTE_MASK_DECODERS.get(tuple(words))
+    if generated is not None and specialised:
+        return generated
+    numbers = mask_numbers(words)
+    for group_of, groups in nfs4.ATTRIBUTE_DECODE_LAYERS if specialised else ():
+        if all(n in group_of for n in numbers):
+            subsets: dict[int, int] = {}
+            for n in numbers:
+                group, bit = group_of[n]
+                subsets[group] = subsets.get(group, 0) | bit
+            return partial(_decode_groups, tuple(groups[g][b] for g, b in sorted(subsets.items())))
+    steps: list[_Step] = []
     fmt: list[str] = []
-    builds: list[tuple[int, str, int]] = []  # (attr, template, tuple items)
+    builds: list[tuple[int, int, int, Callable[[Any], Any] | None]] = []
+    items = 0
 
     def flush() -> None:
-        if not fmt:
-            return
-        s = struct.Struct(">" + "".join(fmt))
-        name = f"_s{len(env)}"
-        env[name] = s.unpack_from
-        lines.append(f"        t = {name}(data, off)")
-        lines.append(f"        off += {s.size}")
-        i = 0
-        for attr, template, items in builds:
-            value = template.format(*[f"t[{i + k}]" for k in range(items)])
-            lines.append(f"        out[{attr}] = {value}")
-            i += items
-        fmt.clear()
-        builds.clear()
+        nonlocal items
+        if fmt:
+            steps.append(((struct.Struct(">" + "".join(fmt)), tuple(builds)), None))
+            fmt.clear()
+            builds.clear()
+            items = 0
 
-    for n in mask_numbers(key):
-        if n in _FIXED:
-            f, template = _FIXED[n]
+    for n in numbers:
+        fixed = nfs4.ATTRIBUTE_FIXED.get(n)
+        if fixed is not None:
+            f, builder = fixed
+            count = len(struct.Struct(">" + f).unpack(bytes(struct.calcsize(">" + f))))
             fmt.append(f)
-            builds.append((n, template, len(f)))
+            builds.append((n, items, count, builder))
+            items += count
             continue
-        codec = getattr(nfs4, f"dec_fattr4_{NAMES.get(n, '?')}", None)
-        if codec is None:
+        flush()
+        dec = nfs4.ATTRIBUTE_DEC.get(n)
+        if dec is None:
             # An attribute without a codec: its length is unknown, so nothing after it can be
             # found. Keep what came before (a server should not send what was not asked).
-            flush()
-            lines.append("        return out")
+            steps.append((None, None))
             break
-        flush()
-        env[f"_d{n}"] = codec
-        lines.append(f"        out[{n}], off = _d{n}(r, off)")
+        steps.append((None, (n, dec)))
     flush()
-    lines += [
-        "    except (_struct_error, KeyError, IndexError):",
-        "        raise _XdrError('malformed attribute values', off) from None",
-        "    if off != len(data):",
-        "        raise _XdrError('%d bytes after the attribute values' % (len(data) - off), off)",
-        "    return out",
-    ]
-    exec(compile("\n".join(lines) + "\n", f"<fattr4 decoder {key}>", "exec"), env)
-    fn: Decoder = env["_decode"]
-    return fn
+    return partial(_decode, tuple(steps))
+
+
+def _decode(steps: tuple[_Step, ...], data: Buffer) -> dict[int, Any]:
+    r = Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, Any] = {}
+    try:
+        for fixed, variable in steps:
+            if fixed is not None:
+                s, builds = fixed
+                t = s.unpack_from(buf, off)
+                off += s.size
+                for n, i, count, builder in builds:
+                    out[n] = t[i] if builder is None else builder(t[i : i + count])
+            elif variable is not None:
+                n, dec = variable
+                out[n], off = dec(r, off)
+            else:
+                return out
+    except (struct.error, KeyError, IndexError):
+        raise XdrError("malformed attribute values", off) from None
+    if off != len(buf):
+        raise XdrError(f"{len(buf) - off} bytes after the attribute values", off)
+    return out
+
+
+_GroupDecoder = Callable[[Reader, Any, int, dict[int, Any]], int]
+
+
+def _decode_groups(decoders: tuple[_GroupDecoder, ...], data: Buffer) -> dict[int, Any]:
+    r = Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, Any] = {}
+    try:
+        for decode in decoders:
+            off = decode(r, buf, off, out)
+    except (struct.error, KeyError, IndexError):
+        raise XdrError("malformed attribute values", off) from None
+    if off != len(buf):
+        raise XdrError(f"{len(buf) - off} bytes after the attribute values", off)
+    return out
 
 
 _cache: dict[tuple[int, ...], Decoder] = {}
@@ -166,5 +142,5 @@ def decode_values(fattr: nfs4.fattr4) -> dict[int, Any]:
     if fn is None:
         if len(_cache) >= 1024:
             _cache.clear()
-        fn = _cache[key] = _compile(key)
+        fn = _cache[key] = plan(key)
     return fn(fattr.attr_vals)

@@ -7,9 +7,9 @@ that set is answered without it (GETATTR, READDIR); an attempt to set or verify 
 NFS4ERR_ATTRNOTSUPP.
 
 * ``encode_attrs(bitmap, attributes, fsstats, fh, config)`` → ``fattr4`` (GETATTR, READDIR,
-  OPEN's and CREATE's callers). The encoder for each request bitmap is compiled once and cached
-  (see ``attr_encode.py``).
-* ``decode_settable(fattr)`` → :class:`Settable` (SETATTR, CREATE and OPEN createattrs).
+  OPEN's and CREATE's callers), by the encoder of each request bitmap (``attr_encode.py``).
+* ``decode_settable(fattr)`` → :class:`Settable` (SETATTR, CREATE and OPEN createattrs), the
+  values decoded by the generated codecs (``attr_decode.py``).
 * ``bitmap_of(numbers)`` / ``attr_numbers(bitmap)``: bitmap4 ↔ attribute numbers.
 
 Owners are numeric strings ("1000"), as knfsd sends them to AUTH_SYS clients and as the Linux
@@ -21,16 +21,17 @@ from __future__ import annotations
 
 import grp
 import pwd
-import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from nfsrdma.nfs4.attr_encode import MAX_FILESIZE, WRITE_ONLY, EncoderCache, FattrConfig, Plan
+from nfsrdma.nfs4.attr_decode import decode_values
+from nfsrdma.nfs4.attr_encode import WRITE_ONLY, EncoderCache, FattrConfig, Plan
 from nfsrdma.nfs4.context import Nfs4Error
 from nfsrdma.vfs.base import SET_TO_SERVER_TIME, Attributes, FsStats, TimeSet, Vfs
 from nfsrdma.xdr.gen import nfs4
-from nfsrdma.xdr.runtime import XdrError
+from nfsrdma.xdr.nfs4_fattr import MAX_FILESIZE
+from nfsrdma.xdr.runtime import pack
 
 __all__ = [
     "NOT_VERIFIABLE",
@@ -82,57 +83,9 @@ def attr_numbers(bitmap: Sequence[int]) -> list[int]:
     return out
 
 
-# What this server returns (RFC 8881 section 5.6 REQUIRED, 5.7 RECOMMENDED).
-SUPPORTED: Final = frozenset(
-    {
-        nfs4.FATTR4_SUPPORTED_ATTRS,
-        nfs4.FATTR4_TYPE,
-        nfs4.FATTR4_FH_EXPIRE_TYPE,
-        nfs4.FATTR4_CHANGE,
-        nfs4.FATTR4_SIZE,
-        nfs4.FATTR4_LINK_SUPPORT,
-        nfs4.FATTR4_SYMLINK_SUPPORT,
-        nfs4.FATTR4_NAMED_ATTR,
-        nfs4.FATTR4_FSID,
-        nfs4.FATTR4_UNIQUE_HANDLES,
-        nfs4.FATTR4_LEASE_TIME,
-        nfs4.FATTR4_RDATTR_ERROR,
-        nfs4.FATTR4_FILEHANDLE,
-        nfs4.FATTR4_SUPPATTR_EXCLCREAT,
-        nfs4.FATTR4_ACLSUPPORT,
-        nfs4.FATTR4_CANSETTIME,
-        nfs4.FATTR4_CASE_INSENSITIVE,
-        nfs4.FATTR4_CASE_PRESERVING,
-        nfs4.FATTR4_CHOWN_RESTRICTED,
-        nfs4.FATTR4_FILEID,
-        nfs4.FATTR4_FILES_AVAIL,
-        nfs4.FATTR4_FILES_FREE,
-        nfs4.FATTR4_FILES_TOTAL,
-        nfs4.FATTR4_HOMOGENEOUS,
-        nfs4.FATTR4_MAXFILESIZE,
-        nfs4.FATTR4_MAXLINK,
-        nfs4.FATTR4_MAXNAME,
-        nfs4.FATTR4_MAXREAD,
-        nfs4.FATTR4_MAXWRITE,
-        nfs4.FATTR4_MODE,
-        nfs4.FATTR4_NO_TRUNC,
-        nfs4.FATTR4_NUMLINKS,
-        nfs4.FATTR4_OWNER,
-        nfs4.FATTR4_OWNER_GROUP,
-        nfs4.FATTR4_RAWDEV,
-        nfs4.FATTR4_SPACE_AVAIL,
-        nfs4.FATTR4_SPACE_FREE,
-        nfs4.FATTR4_SPACE_TOTAL,
-        nfs4.FATTR4_SPACE_USED,
-        nfs4.FATTR4_TIME_ACCESS,
-        nfs4.FATTR4_TIME_ACCESS_SET,
-        nfs4.FATTR4_TIME_DELTA,
-        nfs4.FATTR4_TIME_METADATA,
-        nfs4.FATTR4_TIME_MODIFY,
-        nfs4.FATTR4_TIME_MODIFY_SET,
-        nfs4.FATTR4_MOUNTED_ON_FILEID,
-    }
-)
+# What this server returns (RFC 8881 section 5.6 REQUIRED, 5.7 RECOMMENDED): the attribute
+# table compiled with the XDR codecs (nfsrdma/xdr/nfs4_fattr.py), where each has its source.
+SUPPORTED: Final = nfs4.SERVER_SUPPORTED_ATTRS
 SUPPORTED_BITMAP: Final = bitmap_of(SUPPORTED)
 
 # What SETATTR (and createattrs) may set.
@@ -151,9 +104,7 @@ READ_ONLY: Final = SUPPORTED - SETTABLE
 NOT_VERIFIABLE: Final = WRITE_ONLY | {nfs4.FATTR4_RDATTR_ERROR}
 # Exclusive create stores its verifier in atime/mtime, so the time setters are left out
 # (RFC 8881 section 18.16.3, and the VFS contract).
-SUPPATTR_EXCLCREAT: Final = frozenset(
-    {nfs4.FATTR4_SIZE, nfs4.FATTR4_MODE, nfs4.FATTR4_OWNER, nfs4.FATTR4_OWNER_GROUP}
-)
+SUPPATTR_EXCLCREAT: Final = nfs4.SERVER_SUPPATTR_EXCLCREAT
 
 _SUPPORTED_WORDS: Final = tuple(SUPPORTED_BITMAP)
 
@@ -166,11 +117,7 @@ def supported_subset(bitmap: Sequence[int]) -> list[int]:
     return words
 
 
-_ENCODERS = EncoderCache(
-    SUPPORTED,
-    supported_attrs=SUPPORTED_BITMAP,
-    suppattr_exclcreat=bitmap_of(SUPPATTR_EXCLCREAT),
-)
+_ENCODERS = EncoderCache(SUPPORTED)
 
 
 def needs_fsstats(bitmap: Sequence[int]) -> bool:
@@ -216,13 +163,14 @@ def encode_attrs(
     return _ENCODERS.encode(bitmap, attributes, fsstats, fh, config, rdattr_error)
 
 
-_U32 = struct.Struct(">I")
 _RDATTR_ERROR_MASK: Final = bitmap_of([nfs4.FATTR4_RDATTR_ERROR])
 
 
 def encode_rdattr_error(status: int) -> nfs4.fattr4:
     """A READDIR entry's attributes when they could not be read: rdattr_error alone."""
-    return nfs4.fattr4(list(_RDATTR_ERROR_MASK), _U32.pack(status))
+    return nfs4.fattr4(
+        list(_RDATTR_ERROR_MASK), pack(nfs4.enc_fattr4_rdattr_error, nfs4.nfsstat4(status))
+    )
 
 
 def check_verifiable(bitmap: Sequence[int]) -> None:
@@ -254,8 +202,6 @@ class Settable:
         return bool(self.attrset)
 
 
-_U64 = struct.Struct(">Q")
-_TIME = struct.Struct(">qI")
 _NS = 1_000_000_000
 _ID_MAX = 0xFFFFFFFE  # (uid_t)-1 means "unchanged" to chown(2): not a valid owner
 MODE_BITS: Final = 0o7777
@@ -274,57 +220,37 @@ def decode_settable(fattr: nfs4.fattr4) -> Settable:
         raise Nfs4Error(nfs4.NFS4ERR_ATTRNOTSUPP)
     if any(n not in SETTABLE for n in numbers):
         raise Nfs4Error(nfs4.NFS4ERR_INVAL)
-    buf = memoryview(fattr.attr_vals)
+    values = decode_values(fattr)  # every settable attribute has its generated codec
     out = Settable(attrset=bitmap_of(numbers))
-    off = 0
-    try:
-        for n in numbers:
-            if n == nfs4.FATTR4_SIZE:
-                (out.size,) = _U64.unpack_from(buf, off)
-                off += 8
-                if out.size > MAX_FILESIZE:  # beyond fattr4_maxfilesize (RFC 8881 18.30.3)
-                    raise Nfs4Error(nfs4.NFS4ERR_FBIG)
-            elif n == nfs4.FATTR4_MODE:
-                (mode,) = _U32.unpack_from(buf, off)
-                off += 4
-                if mode & ~MODE_BITS:
-                    raise Nfs4Error(nfs4.NFS4ERR_INVAL)
-                out.mode = mode
-            elif n in (nfs4.FATTR4_OWNER, nfs4.FATTR4_OWNER_GROUP):
-                (length,) = _U32.unpack_from(buf, off)
-                off += 4
-                end = off + length
-                if end + (-length & 3) > len(buf):
-                    raise XdrError("owner string runs past the attribute list", off)
-                text = bytes(buf[off:end])
-                off = end + (-length & 3)
-                if n == nfs4.FATTR4_OWNER:
-                    out.uid = parse_owner(text, group=False)
-                else:
-                    out.gid = parse_owner(text, group=True)
-            else:  # time_access_set, time_modify_set
-                (how,) = _U32.unpack_from(buf, off)
-                off += 4
-                value: TimeSet
-                if how == nfs4.SET_TO_SERVER_TIME4:
-                    value = SET_TO_SERVER_TIME
-                elif how == nfs4.SET_TO_CLIENT_TIME4:
-                    seconds, nseconds = _TIME.unpack_from(buf, off)
-                    off += 12
-                    if nseconds >= _NS:
-                        raise Nfs4Error(nfs4.NFS4ERR_INVAL)
-                    value = seconds * _NS + nseconds
-                else:
-                    raise XdrError(f"time_how4 {how}", off - 4)
-                if n == nfs4.FATTR4_TIME_ACCESS_SET:
-                    out.atime = value
-                else:
-                    out.mtime = value
-    except struct.error:
-        raise XdrError("truncated attribute list", off) from None
-    if off != len(buf):
-        raise XdrError(f"{len(buf) - off} octets after the last attribute", off)
+    for n in numbers:
+        v = values[n]
+        if n == nfs4.FATTR4_SIZE:
+            if v > MAX_FILESIZE:  # beyond fattr4_maxfilesize (RFC 8881 18.30.3)
+                raise Nfs4Error(nfs4.NFS4ERR_FBIG)
+            out.size = v
+        elif n == nfs4.FATTR4_MODE:
+            if v & ~MODE_BITS:
+                raise Nfs4Error(nfs4.NFS4ERR_INVAL)
+            out.mode = v
+        elif n == nfs4.FATTR4_OWNER:
+            out.uid = parse_owner(v, group=False)
+        elif n == nfs4.FATTR4_OWNER_GROUP:
+            out.gid = parse_owner(v, group=True)
+        elif n == nfs4.FATTR4_TIME_ACCESS_SET:
+            out.atime = _time_set(v)
+        else:
+            out.mtime = _time_set(v)
     return out
+
+
+def _time_set(v: nfs4.settime4) -> TimeSet:
+    if v.set_it == nfs4.SET_TO_SERVER_TIME4:
+        return SET_TO_SERVER_TIME
+    t = v.value
+    assert t is not None  # SET_TO_CLIENT_TIME4 carries the time
+    if t.nseconds >= _NS:
+        raise Nfs4Error(nfs4.NFS4ERR_INVAL)
+    return t.seconds * _NS + t.nseconds
 
 
 def parse_owner(text: bytes, *, group: bool) -> int:

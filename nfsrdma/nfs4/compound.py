@@ -12,20 +12,20 @@ finds a retry sends the cached reply, re-framed for the current transport.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import struct
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from inspect import isawaitable
 from typing import TYPE_CHECKING, Any
 
-from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
-from nfsrdma.nfs4.errors import error_result, status_of
+from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, Outcome
+from nfsrdma.nfs4.errors import status_of
 from nfsrdma.nfs4.ops import HANDLERS
 from nfsrdma.vfs.base import Cred
 from nfsrdma.xdr.gen import nfs4
-from nfsrdma.xdr.runtime import U32, DdpItem, Reader, Writer, XdrError
+from nfsrdma.xdr.runtime import DdpItem, Operation, Reader, Writer, XdrError
 
 if TYPE_CHECKING:
     from nfsrdma.nfs4.server_state import ServerState
@@ -44,9 +44,10 @@ SESSIONLESS_OPS = frozenset(
     }
 )
 READ_CLASS_OPS = frozenset({nfs4.OP_READ, nfs4.OP_READLINK})  # RFC 8267 section 6.4.1
-_ARG_DECODERS = nfs4._nfs_argop4_DEC
-_OPS = nfs4._nfs_opnum4_MAP  # operation number -> nfs_opnum4 member (no enum call per op)
-_NO_ARGS = frozenset(op for op, dec in _ARG_DECODERS.items() if dec.__name__ == "_void_decode")
+# Every operation of the specification, by number (a table of different operations).
+_OPERATIONS: dict[int, Operation[Any, Any]] = nfs4.OPERATIONS
+_ILLEGAL = nfs4.OPERATION_ILLEGAL
+_SEQUENCE = nfs4.OPERATION_SEQUENCE
 _STATUS_COUNT = struct.Struct(">I")
 
 
@@ -83,17 +84,12 @@ def compound(server: ServerState, call: RpcCall, w: Writer) -> Awaitable[None] |
     RPC layer to await. Raises XdrError when not even the COMPOUND header decodes (the
     caller answers GARBAGE_ARGS)."""
     r = call.reader
-    tag, off = nfs4.dec_utf8str_cs(r, call.offset)
-    if off + 8 > len(r.buf):
-        raise XdrError("truncated COMPOUND header", off)
-    minor, count = struct.unpack_from(">II", r.buf, off)
-    off += 8
+    head_args, off = nfs4.peek_COMPOUND4args(r, call.offset)
+    tag, count = head_args.tag, head_args.argarray
     head = len(w)
-    w += U32.pack(0)
-    nfs4.enc_utf8str_cs(w, tag)
-    count_at = len(w)
-    w += U32.pack(0)
-    if minor != MINOR_VERSION:
+    nfs4.enc_COMPOUND4res_head(w, nfs4.COMPOUND4res_head(nfs4.NFS4_OK, tag, 0))
+    count_at = len(w) - 4  # status and count are set when the COMPOUND ends (_patch)
+    if head_args.minorversion != MINOR_VERSION:
         _patch(w, head, count_at, nfs4.NFS4ERR_MINOR_VERS_MISMATCH, 0)
         return None
     try:
@@ -136,78 +132,80 @@ class _Run:
     def run(self) -> Awaitable[None] | None:
         """Run operations until the end, or until one must wait: then a coroutine goes on."""
         try:
-            while self.i < self.ctx.op_count:
-                op, res = self._start()
-                if inspect.isawaitable(res):
-                    return self._wait(op, res)
-                if self._record(op, res):
-                    break
+            waiting = self._advance()
         except BaseException:
             self._finish()
             raise
-        self._finish()
+        if waiting is None:
+            self._finish()
+            return None
+        return self._continue(*waiting)
+
+    def _advance(self) -> tuple[Operation[Any, Any], Awaitable[Any]] | None:
+        """Run and record operations while their handlers answer at once; the operation whose
+        handler must wait, and what to wait for, or None at the end of the COMPOUND. The only
+        place where a handler's outcome is told apart from an awaitable."""
+        while self.i < self.ctx.op_count:
+            op, outcome = self._start()
+            if isawaitable(outcome):
+                return op, outcome
+            if self._record(op, outcome):
+                break
         return None
 
-    async def _wait(self, op: int, pending: Awaitable[Any]) -> None:
+    async def _continue(self, op: Operation[Any, Any], pending: Awaitable[Any]) -> None:
         try:
-            try:
-                res = await pending
-            except Exception as e:
-                res = self._failed(op, e)
-            if not self._record(op, res):
-                while self.i < self.ctx.op_count:
-                    op, res = self._start()
-                    if inspect.isawaitable(res):
-                        try:
-                            res = await res
-                        except Exception as e:
-                            res = self._failed(op, e)
-                    if self._record(op, res):
-                        break
+            waiting: tuple[Operation[Any, Any], Awaitable[Any]] | None = (op, pending)
+            while waiting is not None:
+                op, pending = waiting
+                try:
+                    res = await pending
+                except Exception as e:
+                    res = self._failed(op, e)
+                waiting = None if self._record(op, res) else self._advance()
         finally:
             self._finish()
 
-    def _start(self) -> tuple[int, Any]:
+    def _start(self) -> tuple[Operation[Any, Any], Outcome[Any]]:
         """Decode operation ``i`` and call its handler: its result, or an awaitable."""
         ctx, r, off = self.ctx, self.r, self.off
         ctx.op_index = i = self.i
         self.i += 1
-        (opnum,) = _STATUS_COUNT.unpack_from(r.buf, off) if off + 4 <= len(r.buf) else (None,)
-        if opnum is None:
-            return nfs4.OP_ILLEGAL, error_result(nfs4.OP_ILLEGAL, nfs4.NFS4ERR_BADXDR)
-        dec = _ARG_DECODERS.get(opnum)
-        if dec is None or opnum == nfs4.OP_ILLEGAL:
-            return nfs4.OP_ILLEGAL, error_result(nfs4.OP_ILLEGAL, nfs4.NFS4ERR_OP_ILLEGAL)
-        op = _OPS[opnum]
+        if off + 4 > len(r.buf):
+            return _ILLEGAL, _ILLEGAL.error(nfs4.NFS4ERR_BADXDR)
+        (opnum,) = _STATUS_COUNT.unpack_from(r.buf, off)
+        op = _OPERATIONS.get(opnum)
+        if op is None or op is _ILLEGAL:
+            return _ILLEGAL, _ILLEGAL.error(nfs4.NFS4ERR_OP_ILLEGAL)
         try:
-            args, self.off = dec(r, off + 4)
+            args, self.off = op.dec_args(r, off + 4)
         except XdrError as e:
             log.info("%s: %s arguments do not decode: %s", ctx.conn.peer, op.name, e)
-            return op, error_result(op, nfs4.NFS4ERR_BADXDR)
-        position_error = _position_error(ctx, op, i, ctx.op_count)
+            return op, op.error(nfs4.NFS4ERR_BADXDR)
+        position_error = _position_error(ctx, opnum, i, ctx.op_count)
         if position_error:
-            return op, error_result(op, position_error)
-        handler = HANDLERS.get(op)
-        if handler is None:
-            return op, error_result(op, nfs4.NFS4ERR_NOTSUPP)
+            return op, op.error(position_error)
+        bound = HANDLERS.get(opnum)
+        if bound is None:
+            return op, op.error(nfs4.NFS4ERR_NOTSUPP)
         try:
-            return op, handler(ctx, args)
+            return op, bound.handler(ctx, args)
         except Exception as e:
             return op, self._failed(op, e)
 
-    def _failed(self, op: int, e: Exception) -> Any:
+    def _failed(self, op: Operation[Any, Any], e: Exception) -> Any:
         status = status_of(e)
         if status == nfs4.NFS4ERR_SERVERFAULT:
-            log.error("%s: %s failed", self.ctx.conn.peer, _OPS[op].name, exc_info=e)
+            log.error("%s: %s failed", self.ctx.conn.peer, op.name, exc_info=e)
         if isinstance(e, Nfs4Error) and e.result is not None:
             return e.result
-        return error_result(op, status)
+        return op.error(status)
 
-    def _record(self, op: int, res: Any) -> bool:
+    def _record(self, op: Operation[Any, Any], res: Any) -> bool:
         """Encode an operation's result; True when the COMPOUND stops here."""
         ctx, w, head = self.ctx, self.w, self.head
         seq = ctx.sequence
-        if op == nfs4.OP_SEQUENCE and seq is not None and seq.replay is not None:
+        if op is _SEQUENCE and seq is not None and seq.replay is not None:
             # A retry: the cached reply, as it was, whatever this request says now.
             del w[head:]
             w.ddp.clear()
@@ -217,27 +215,26 @@ class _Run:
             self.replayed = True
             return True
         mark, ddp_mark = len(w), len(w.ddp)
-        if op in READ_CLASS_OPS:
+        if op.number in READ_CLASS_OPS:
             w.ddp_tag = self.read_class
             self.read_class += 1
-        nfs4.enc_nfs_resop4(w, nfs4.nfs_resop4(_OPS[op], res))
-        status = _status_of_result(res)
+        op.encode_result(w, res)
+        status = op.status_of(res)
         too_big = _over_limit(ctx, w, head)
         if too_big:
             del w[mark:]
             del w.ddp[ddp_mark:]
             status = too_big
-            nfs4.enc_nfs_resop4(w, nfs4.nfs_resop4(_OPS[op], error_result(op, status)))
+            op.encode_result(w, op.error(status))
         self.status = status
         self.done += 1
         if status != nfs4.NFS4_OK:
             return True
-        if op == nfs4.OP_SEQUENCE and seq is not None and seq.uncached_retry:
+        if op is _SEQUENCE and seq is not None and seq.uncached_retry:
             # A retry of a request whose reply was not cached (sa_cachethis was false).
             if self.i < ctx.op_count:
                 nxt = _peek_op(self.r, self.off)
-                err = error_result(nxt, nfs4.NFS4ERR_RETRY_UNCACHED_REP)
-                nfs4.enc_nfs_resop4(w, nfs4.nfs_resop4(_OPS[nxt], err))
+                nxt.encode_result(w, nxt.error(nfs4.NFS4ERR_RETRY_UNCACHED_REP))
                 self.done += 1
                 self.status = nfs4.NFS4ERR_RETRY_UNCACHED_REP
             return True
@@ -266,17 +263,12 @@ def _position_error(ctx: CompoundContext, op: int, i: int, count: int) -> int:
     return 0
 
 
-def _peek_op(r: Any, off: int) -> int:
+def _peek_op(r: Reader, off: int) -> Operation[Any, Any]:
+    """The operation whose number is at ``off`` (ILLEGAL if none is)."""
     if off + 4 <= len(r.buf):
         (opnum,) = _STATUS_COUNT.unpack_from(r.buf, off)
-        if opnum in _ARG_DECODERS and opnum != nfs4.OP_ILLEGAL:
-            return int(opnum)
-    return int(nfs4.OP_ILLEGAL)
-
-
-def _status_of_result(res: Any) -> int:
-    # Every XXX4res has the status as its first field (union discriminant or struct field).
-    return int(getattr(res, res.__slots__[0]))
+        return _OPERATIONS.get(opnum, _ILLEGAL)
+    return _ILLEGAL
 
 
 def _over_limit(ctx: CompoundContext, w: Writer, head: int) -> int:
@@ -294,6 +286,8 @@ def _over_limit(ctx: CompoundContext, w: Writer, head: int) -> int:
 
 
 def _patch(w: Writer, head: int, count_at: int, status: int, count: int) -> None:
+    """COMPOUND4res's status (its first word) and result count (the word before the results),
+    as enc_COMPOUND4res_head laid them out."""
     _STATUS_COUNT.pack_into(w, head, status)
     _STATUS_COUNT.pack_into(w, count_at, count)
 

@@ -1,9 +1,12 @@
 """What every NFSv4.1 operation handler sees: the COMPOUND's context, and how it fails.
 
-A handler is ``handler(ctx, args) -> result`` where ``args`` is the operation's decoded
-``XXX4args`` (``None`` for operations without arguments) and ``result`` the operation's
-``XXX4res`` for success. A handler that must wait (file I/O in the thread pool) returns an
-awaitable of its result instead; the COMPOUND goes on synchronously otherwise.
+A handler is an ``OpHandler[XXX4args, XXX4res]``: ``handler(ctx, args) -> result`` where
+``args`` is the operation's decoded ``XXX4args`` (``None`` for operations without arguments)
+and ``result`` the operation's ``XXX4res`` for success. A handler that must wait (file I/O in
+the thread pool) returns an awaitable of its result instead (``Outcome``); the COMPOUND goes
+on synchronously otherwise, and only it tells the two apart (``compound.py``). ``bind`` ties a
+handler to the generated ``Operation`` of its number, so mypy checks its argument and result
+types against the specification.
 
 A handler fails by raising:
 - ``Nfs4Error(status)`` — the result becomes the operation's error arm with that status;
@@ -17,12 +20,13 @@ Anything else is a server bug: NFS4ERR_SERVERFAULT, logged.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, Protocol, TypeAlias, TypeVar
 
 from nfsrdma.vfs.base import Cred
 from nfsrdma.xdr.gen import nfs4
+from nfsrdma.xdr.runtime import Operation
 
 if TYPE_CHECKING:
     from nfsrdma.nfs4.server_state import ServerState
@@ -71,7 +75,6 @@ class CompoundContext:
     session: Session | None = None  # set by SEQUENCE
     sequence: SequenceResult | None = None  # set by SEQUENCE (the slot held by this COMPOUND)
     cachethis: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def fh(self) -> bytes:
         """The current filehandle, or NFS4ERR_NOFILEHANDLE."""
@@ -100,4 +103,28 @@ class CompoundContext:
         return self.session.clientid
 
 
-OpHandler = Callable[[CompoundContext, Any], Any | Awaitable[Any]]
+A = TypeVar("A")
+R = TypeVar("R")
+A_contra = TypeVar("A_contra", contravariant=True)
+R_co = TypeVar("R_co", covariant=True)
+
+Outcome: TypeAlias = R | Awaitable[R]
+"""A handler's result, or an awaitable of it when the handler must wait."""
+
+
+class OpHandler(Protocol[A_contra, R_co]):
+    """The handler of one operation: its decoded arguments in, its result out."""
+
+    def __call__(self, ctx: CompoundContext, args: A_contra, /) -> R_co | Awaitable[R_co]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Bound(Generic[A, R]):
+    """An operation and its handler, their types matched."""
+
+    op: Operation[A, R]
+    handler: OpHandler[A, R]
+
+
+def bind(op: Operation[A, R], handler: OpHandler[A, R]) -> Bound[A, R]:
+    return Bound(op, handler)

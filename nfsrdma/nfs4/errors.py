@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import logging
-from typing import Any
 
 from nfsrdma.nfs4.context import Nfs4Error
 from nfsrdma.vfs.base import BadCookie, BadHandle, StaleHandle
@@ -66,28 +64,3 @@ def status_of(exc: BaseException) -> int:
     if isinstance(exc, OSError) and exc.errno is not None:
         return ERRNO_STATUS.get(exc.errno, nfs4.NFS4ERR_IO)
     return nfs4.NFS4ERR_SERVERFAULT
-
-
-# The result type of every operation, from the nfs_resop4 union.
-def _result_types() -> dict[int, type]:
-    types: dict[int, type] = {}
-    for op in nfs4.nfs_opnum4:
-        dec = nfs4._nfs_resop4_DEC.get(op)
-        if dec is None:
-            continue
-        name = dec.__name__.removeprefix("dec_")
-        types[op] = getattr(nfs4, name)
-    return types
-
-
-RESULT_TYPES = _result_types()
-
-
-def error_result(op: int, status: int) -> Any:
-    """The operation's result for an error status without data."""
-    cls = RESULT_TYPES.get(op, nfs4.ILLEGAL4res)
-    fields = dataclasses.fields(cls)
-    if len(fields) == 2 and fields[1].name == "value":  # a union on nfsstat4
-        return cls(status)
-    # A struct whose first field is the status; the others are bitmaps (SETATTR4res).
-    return cls(status, *[[] for _ in fields[1:]])

@@ -68,16 +68,16 @@ class ServerState:
     config: ServerConfig
     vfs: Vfs
     sessions: ServerSessions
-    state: StateManager
+    state_manager: StateManager  # opens, byte-range locks, delegations and their stateids
     # Client records and the grace period after a restart (none unless the server sets one).
     grace: Grace = field(default_factory=lambda: Grace(MemoryStore(), 0, 0.0))
     executor: ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
-        self.state.leases = self.sessions  # courteous clients (nfsrdma.session.server)
+        self.state_manager.leases = self.sessions  # courteous clients (nfsrdma.session.server)
         self.executor = ThreadPoolExecutor(self.config.io_threads, thread_name_prefix="nfsrdma-io")
 
     def close(self) -> None:
-        self.state.close()
+        self.state_manager.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.vfs.close()

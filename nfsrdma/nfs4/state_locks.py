@@ -9,7 +9,6 @@ overlap (upgrade, downgrade, split), and an unlock may cut a hole in the middle 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -63,17 +62,6 @@ class LockRange:
     def conflicts(self, start: int, end: int, kind: int) -> bool:
         """Whether a lock of ``kind`` on ``[start, end)`` by another owner is refused."""
         return self.overlaps(start, end) and (kind == WRITE or self.kind == WRITE)
-
-
-def first_conflict(
-    ranges: Iterable[LockRange], start: int, end: int, kind: int
-) -> LockRange | None:
-    """The conflicting range with the lowest start, if any."""
-    found: LockRange | None = None
-    for r in ranges:
-        if r.conflicts(start, end, kind) and (found is None or r.start < found.start):
-            found = r
-    return found
 
 
 def unlock(ranges: list[LockRange], start: int, end: int) -> list[LockRange]:

@@ -16,11 +16,17 @@ Speed comes from doing per-type work once, at generation time:
 
 Decoders raise ``XdrError`` (and nothing else) on bad input; encoders raise ``XdrError`` on values
 that cannot be encoded (bounds, lengths, integer ranges).
+
+On request (``Options``) the generator also writes: operation tables (``OperationTable``: one
+typed ``runtime.Operation`` per case of an argument/result union pair, and the table by number);
+``peek_T`` / ``enc_T_head`` for structs ending in an array (a COMPOUND's header without its
+operations); and extra sections such as the attribute-mask codecs of ``fattrgen``.
 """
 
 from __future__ import annotations
 
 import keyword
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nfsrdma.xdr.ast import Arm, Decl, Enum_, Kind, Spec, Struct, Typedef, Union
@@ -43,6 +49,22 @@ class Fixed:
     items: int
 
 
+@dataclass(frozen=True)
+class OperationTable:
+    """A pair of unions switched on operation numbers (COMPOUND's ``nfs_argop4`` /
+    ``nfs_resop4``): the generator writes one typed ``Operation`` per case and a table of them.
+
+    ``{prefix}{member name without strip}`` names each operation (``OPERATION_READ``), ``name``
+    the table (``OPERATIONS: dict[int, Operation]``)."""
+
+    name: str
+    enum: str  # the enum naming the operation numbers
+    args: str  # union of the arguments
+    results: str  # union of the results
+    strip: str  # removed from the enum member's name
+    prefix: str  # put before it
+
+
 @dataclass
 class Options:
     """Per-spec generation options."""
@@ -50,6 +72,13 @@ class Options:
     # (type name, field or arm name) pairs whose variable-length opaque is DDP-eligible.
     ddp_fields: set[tuple[str, str]] = field(default_factory=set)
     module_doc: str = ""
+    operation_tables: tuple[OperationTable, ...] = ()
+    # Structs ending in a variable-length array that get ``peek_T`` and ``enc_T_head``: every
+    # field but the array, and the array's element count, the elements coded apart (COMPOUND
+    # headers, read before the operations, written before the results).
+    peeks: tuple[str, ...] = ()
+    # Extra generated sections: each is given the generator and returns its lines.
+    sections: tuple[Callable[[Generator], list[str]], ...] = ()
 
 
 class Generator:
@@ -793,6 +822,98 @@ class Generator:
         ]
         return lines
 
+    def gen_peek(self, name: str) -> list[str]:
+        """``peek_T(r, off) -> (T_head, off)`` and ``enc_T_head(w, head)``: the fields before the
+        final array, and its count."""
+        t = self.spec.types.get(name)
+        if not isinstance(t, Struct) or not t.fields or t.fields[-1].kind is not Kind.VARIABLE:
+            raise ValueError(f"peek: {name} is not a struct ending in a variable-length array")
+        fields, last = t.fields[:-1], t.fields[-1]
+        o = ["@_dataclass(slots=True)", f"class {name}_head:"]
+        o += [f"    {pyname(f.name)}: {self.annotation(f)}" for f in fields]
+        o.append(f"    {pyname(last.name)}: int  # the number of elements that follow")
+        o += ["", ""]
+        o.append(f"def peek_{name}(r: _Reader, off: int) -> tuple[{name}_head, int]:")
+        body = self.gen_struct_body_dec(name, fields, "        ")
+        body += [
+            "        (f_count,) = _U32.unpack_from(buf, off)",
+            "        off += 4",
+        ]
+        names = ", ".join([*(f"f_{f.name}" for f in fields), "f_count"])
+        o += self.wrap("dec", f"{name} header", body, f"{name}_head({names})")
+        o += ["", ""]
+        o.append(f"def enc_{name}_head(w: _Writer, v: {name}_head) -> None:")
+        enc = self.gen_struct_body_enc(name, fields, "v", "        ")
+        enc.append(f"        w += _U32.pack(v.{pyname(last.name)})")
+        o += self.wrap("enc", f"{name} header", enc, None)
+        return [*o, "", ""]
+
+    def gen_operations(self, table: OperationTable) -> list[str]:
+        """One ``Operation[Args, Res]`` per operation of an argument/result union pair."""
+        enum = self.spec.types.get(table.enum)
+        args = self.spec.types.get(table.args)
+        results = self.spec.types.get(table.results)
+        if not (isinstance(enum, Enum_) and isinstance(args, Union) and isinstance(results, Union)):
+            raise ValueError(f"operation table {table.name}: needs an enum and two unions")
+        arg_arms = {c: arm.decl for arm in args.arms for c in arm.cases}
+        res_arms = {c: arm.decl for arm in results.arms for c in arm.cases}
+        o: list[str] = []
+        entries: list[tuple[int, str]] = []
+        for member, number in enum.members:
+            if number not in arg_arms or number not in res_arms:
+                continue
+            adecl, rdecl = arg_arms[number], res_arms[number]
+            enc_a, dec_a, ann_a = self.arm_codec(args, adecl)
+            enc_r, dec_r, ann_r = self.arm_codec(results, rdecl)
+            rtype = self.resolve(rdecl).type
+            status, error = self._status_codecs(rtype)
+            const = table.prefix + member.removeprefix(table.strip)
+            o.append(
+                f"{const}: _Operation[{ann_a}, {ann_r}] = _Operation({member}, {member!r}, "
+                f"{not adecl.is_void}, {dec_a}, {enc_a}, {dec_r}, {enc_r}, {status}, {error})"
+            )
+            entries.append((number, const))
+        o.append("")
+        items = ", ".join(f"{n}: {c}" for n, c in entries)
+        o.append(f"{table.name}: dict[int, _Operation[_Any, _Any]] = {{{items}}}")
+        return [*o, "", ""]
+
+    def _status_codecs(self, rtype: str) -> tuple[str, str]:
+        """(status getter, error-result constructor) for an operation's result type: the
+        status is a union's discriminant or a struct's first field; an error result has the
+        other struct fields empty."""
+        t = self.spec.types.get(rtype)
+        if isinstance(t, Union):
+            status, empties = t.discriminant.name, []  # the error arm: void
+        elif isinstance(t, Struct) and t.fields:
+            status, empties = t.fields[0].name, [self._empty(f) for f in t.fields[1:]]
+        else:
+            raise ValueError(f"operation result {rtype} has no status")
+        fn = f"_error_{rtype}"
+        if fn not in self.helper_names:
+            self.helper_names.add(fn)
+            self.helpers += [
+                f"def {fn}(status: _Any) -> {rtype}:",
+                f"    return {rtype}({', '.join(['status', *empties])})",
+                "",
+                "",
+            ]
+        return f"_attrgetter({pyname(status)!r})", fn
+
+    def _empty(self, d: Decl) -> str:
+        r = self.resolve(d)
+        if r.kind is Kind.VARIABLE and r.type not in ("opaque", "string"):
+            return "[]"
+        if r.kind is Kind.OPTIONAL:
+            return "[]" if r.type in self.list_nodes else "None"
+        if r.type == "opaque" and r.kind is Kind.VARIABLE:
+            return "b''"
+        if r.type == "string":
+            return "''"
+        if r.kind is Kind.PLAIN and r.type in _INT_FMT:
+            return "0"
+        raise ValueError(f"no empty value for {d.name} ({d.type})")
+
     def generate(self) -> str:
         body: list[str] = []
         for d in self.spec.definitions:
@@ -812,6 +933,18 @@ class Generator:
             else:
                 continue
             body += self.helpers + self.out
+        for name in self.opts.peeks:
+            self.helpers = []
+            out = self.gen_peek(name)
+            body += self.helpers + out
+        for table in self.opts.operation_tables:
+            self.helpers = []
+            out = self.gen_operations(table)
+            body += self.helpers + out
+        for section in self.opts.sections:
+            self.helpers = []
+            out = section(self)
+            body += self.helpers + out
         consts: list[str] = []
         enum_members = {
             m for t in self.spec.types.values() if isinstance(t, Enum_) for m, _ in t.members
@@ -838,6 +971,8 @@ class Generator:
             "from collections.abc import Callable as _Callable",
             "from dataclasses import dataclass as _dataclass",
             "from enum import IntEnum as _IntEnum",
+            "from functools import lru_cache as _lru_cache",
+            "from operator import attrgetter as _attrgetter",
             "from typing import Any as _Any, TypeAlias as _TypeAlias",
             "",
             "from nfsrdma.xdr.runtime import (",
@@ -847,6 +982,7 @@ class Generator:
             "    PAD as _PAD,",
             "    TRUE as _TRUE,",
             "    U32 as _U32,",
+            "    Operation as _Operation,",
             "    Buffer as _Buffer,",
             "    Reader as _Reader,",
             "    Writer as _Writer,",

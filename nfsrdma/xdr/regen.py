@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nfsrdma.xdr.codegen import Options, generate
+from nfsrdma.xdr import fattrgen, nfs4_fattr
+from nfsrdma.xdr.codegen import Generator, OperationTable, Options, generate
 from nfsrdma.xdr.parser import parse
 
 HERE = Path(__file__).parent
@@ -25,6 +27,9 @@ class Target:
     module: str  # module under gen/
     doc: str
     ddp_fields: frozenset[tuple[str, str]] = frozenset()
+    operation_tables: tuple[OperationTable, ...] = ()
+    peeks: tuple[str, ...] = ()
+    sections: tuple[Callable[[Generator], list[str]], ...] = ()
 
 
 # The DDP-eligible items of NFSv4 (RFC 8267 section 6.1): WRITE data and symlink text in
@@ -38,17 +43,46 @@ NFS4_DDP = frozenset(
     }
 )
 
+# COMPOUND and CB_COMPOUND: operations by number, and their headers read without the operations.
+NFS4_OPERATIONS = (
+    OperationTable("OPERATIONS", "nfs_opnum4", "nfs_argop4", "nfs_resop4", "OP_", "OPERATION_"),
+    OperationTable(
+        "CB_OPERATIONS",
+        "nfs_cb_opnum4",
+        "nfs_cb_argop4",
+        "nfs_cb_resop4",
+        "OP_CB_",
+        "CB_OPERATION_",
+    ),
+)
+NFS4_PEEKS = ("COMPOUND4args", "COMPOUND4res", "CB_COMPOUND4args", "CB_COMPOUND4res")
+
 TARGETS = (
     Target("rpc.x", "rpc", "ONC RPC version 2 messages (RFC 5531)."),
     Target("rpcrdma.x", "rpcrdma", "RPC-over-RDMA version 1 transport header (RFC 8166)."),
-    Target("nfs4.x", "nfs4", "NFSv4.1 protocol and callback program (RFC 5662).", NFS4_DDP),
+    Target(
+        "nfs4.x",
+        "nfs4",
+        "NFSv4.1 protocol and callback program (RFC 5662).",
+        NFS4_DDP,
+        NFS4_OPERATIONS,
+        NFS4_PEEKS,
+        (fattrgen.section(nfs4_fattr.TABLE),),
+    ),
 )
 
 
 def render(t: Target) -> str:
     spec = parse((SPECS / t.spec).read_text(encoding="utf-8"))
     doc = f"{t.doc} Generated from nfsrdma/xdr/specs/{t.spec}."
-    return generate(spec, Options(ddp_fields=set(t.ddp_fields), module_doc=doc))
+    options = Options(
+        ddp_fields=set(t.ddp_fields),
+        module_doc=doc,
+        operation_tables=t.operation_tables,
+        peeks=t.peeks,
+        sections=t.sections,
+    )
+    return generate(spec, options)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+A = TypeVar("A")
+R = TypeVar("R")
 
 Buffer = bytes | bytearray | memoryview
 
@@ -199,3 +201,29 @@ def void_encode(w: Writer, v: Any) -> None:
 
 def void_decode(r: Reader, off: int) -> tuple[None, int]:
     return None, off
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Operation(Generic[A, R]):
+    """One operation of a COMPOUND-style procedure, as the generator writes it out from the
+    argument and result unions: its number and name, and the codecs of its arguments ``A``
+    (``None`` for an operation without) and of its result ``R``."""
+
+    number: int
+    name: str  # the enum member's name ("OP_READ")
+    has_args: bool
+    dec_args: Callable[[Reader, int], tuple[A, int]]
+    enc_args: Callable[[Writer, A], None]
+    dec_res: Callable[[Reader, int], tuple[R, int]]
+    enc_res: Callable[[Writer, R], None]
+    status_of: Callable[[R], int]  # the result's nfsstat4 (its first field or discriminant)
+    error: Callable[[int], R]  # the result for an error status without data
+    head: bytes = field(init=False)  # the operation number as the union discriminant
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "head", I32.pack(self.number))
+
+    def encode_result(self, w: Writer, res: R) -> None:
+        """The result as its ``nfs_resop4`` arm: discriminant, then the result."""
+        w += self.head
+        self.enc_res(w, res)

@@ -1,24 +1,93 @@
-"""The operation table: every module in this package is one family of operations and exposes
-``HANDLERS: dict[int, OpHandler]`` keyed by nfs_opnum4. Operations with no handler here get
-NFS4ERR_NOTSUPP (which is also the answer NFSv4.1 requires for the NFSv4.0-only operations)."""
+"""The operation table: each module in this package is one family of operations; here every
+implemented operation is bound to its generated ``Operation`` (number, codecs, types), so mypy
+checks each handler's argument and result types against the specification. Operations not in
+the table get NFS4ERR_NOTSUPP (which is also the answer NFSv4.1 requires for the NFSv4.0-only
+operations)."""
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
+from typing import Any
 
-from nfsrdma.nfs4.context import OpHandler
+from nfsrdma.nfs4.context import Bound, bind
+from nfsrdma.nfs4.ops import (
+    attributes,
+    directory,
+    filehandle,
+    io,
+    locks,
+    lookup,
+    namespace,
+    open_close,
+    session_ops,
+)
+from nfsrdma.xdr.gen import nfs4
+
+# Not annotated: each entry keeps its own types, so a handler bound to the wrong operation is a
+# type error.
+_BOUND = (
+    # session_ops: RFC 8881 sections 18.33-18.37, 18.46, 18.50, 18.51
+    bind(nfs4.OPERATION_EXCHANGE_ID, session_ops.exchange_id),
+    bind(nfs4.OPERATION_CREATE_SESSION, session_ops.create_session),
+    bind(nfs4.OPERATION_SEQUENCE, session_ops.sequence),
+    bind(nfs4.OPERATION_BIND_CONN_TO_SESSION, session_ops.bind_conn_to_session),
+    bind(nfs4.OPERATION_DESTROY_SESSION, session_ops.destroy_session),
+    bind(nfs4.OPERATION_DESTROY_CLIENTID, session_ops.destroy_clientid),
+    bind(nfs4.OPERATION_RECLAIM_COMPLETE, session_ops.reclaim_complete),
+    bind(nfs4.OPERATION_BACKCHANNEL_CTL, session_ops.backchannel_ctl),
+    # filehandle
+    bind(nfs4.OPERATION_PUTROOTFH, filehandle.putrootfh),
+    bind(nfs4.OPERATION_PUTPUBFH, filehandle.putpubfh),
+    bind(nfs4.OPERATION_PUTFH, filehandle.putfh),
+    bind(nfs4.OPERATION_GETFH, filehandle.getfh),
+    bind(nfs4.OPERATION_SAVEFH, filehandle.savefh),
+    bind(nfs4.OPERATION_RESTOREFH, filehandle.restorefh),
+    # lookup
+    bind(nfs4.OPERATION_LOOKUP, lookup.lookup),
+    bind(nfs4.OPERATION_LOOKUPP, lookup.lookupp),
+    bind(nfs4.OPERATION_SECINFO, lookup.secinfo),
+    bind(nfs4.OPERATION_SECINFO_NO_NAME, lookup.secinfo_no_name),
+    # attributes
+    bind(nfs4.OPERATION_GETATTR, attributes.getattr_),
+    bind(nfs4.OPERATION_SETATTR, attributes.setattr_),
+    bind(nfs4.OPERATION_VERIFY, attributes.verify),
+    bind(nfs4.OPERATION_NVERIFY, attributes.nverify),
+    bind(nfs4.OPERATION_ACCESS, attributes.access),
+    # directory
+    bind(nfs4.OPERATION_READDIR, directory.readdir),
+    # namespace
+    bind(nfs4.OPERATION_CREATE, namespace.create),
+    bind(nfs4.OPERATION_REMOVE, namespace.remove),
+    bind(nfs4.OPERATION_RENAME, namespace.rename),
+    bind(nfs4.OPERATION_LINK, namespace.link),
+    bind(nfs4.OPERATION_READLINK, namespace.readlink),
+    # open_close
+    bind(nfs4.OPERATION_OPEN, open_close.op_open),
+    bind(nfs4.OPERATION_OPEN_DOWNGRADE, open_close.op_open_downgrade),
+    bind(nfs4.OPERATION_CLOSE, open_close.op_close),
+    bind(nfs4.OPERATION_DELEGRETURN, open_close.op_delegreturn),
+    bind(nfs4.OPERATION_DELEGPURGE, open_close.op_delegpurge),
+    # io
+    bind(nfs4.OPERATION_READ, io.op_read),
+    bind(nfs4.OPERATION_WRITE, io.op_write),
+    bind(nfs4.OPERATION_COMMIT, io.op_commit),
+    # locks
+    bind(nfs4.OPERATION_LOCK, locks.op_lock),
+    bind(nfs4.OPERATION_LOCKT, locks.op_lockt),
+    bind(nfs4.OPERATION_LOCKU, locks.op_locku),
+    bind(nfs4.OPERATION_TEST_STATEID, locks.op_test_stateid),
+    bind(nfs4.OPERATION_FREE_STATEID, locks.op_free_stateid),
+)
 
 
-def _collect() -> dict[int, OpHandler]:
-    table: dict[int, OpHandler] = {}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        for op, handler in getattr(module, "HANDLERS", {}).items():
-            if op in table:
-                raise RuntimeError(f"operation {op} has two handlers ({info.name})")
-            table[op] = handler
+def _table(bound: tuple[Bound[Any, Any], ...]) -> dict[int, Bound[Any, Any]]:
+    table: dict[int, Bound[Any, Any]] = {}
+    for b in bound:
+        if b.op.number in table:
+            raise RuntimeError(f"{b.op.name} has two handlers")
+        table[b.op.number] = b
     return table
 
 
-HANDLERS: dict[int, OpHandler] = _collect()
+HANDLERS: dict[int, Bound[Any, Any]] = _table(_BOUND)
+"""Implemented operations by number (a table of different operations: their types are checked
+where each is bound, above)."""

@@ -10,7 +10,7 @@ from nfsrdma.nfs4.attrs import (
     decode_settable,
     object_attrs,
 )
-from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, OpHandler
+from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
 from nfsrdma.nfs4.state import is_special
 from nfsrdma.vfs.base import (
     ACCESS4_ALL,
@@ -42,7 +42,7 @@ def setattr_(ctx: CompoundContext, args: nfs4.SETATTR4args) -> nfs4.SETATTR4res:
     s = decode_settable(args.obj_attributes)
     if s.size is not None:
         # A size change is a write: the open state decides (RFC 8881 section 18.30.3).
-        ctx.server.state.check_setattr_size(ctx, args.stateid, fh)
+        ctx.server.state_manager.check_setattr_size(ctx, args.stateid, fh)
         if is_special(ctx.resolve_stateid(args.stateid)):
             grace.check_special_stateid(ctx)
     if s:
@@ -89,12 +89,3 @@ def access(ctx: CompoundContext, args: nfs4.ACCESS4args) -> nfs4.ACCESS4res:
     supported = args.access & kind
     allowed = vfs.access(ctx.cred, fh, supported) & supported if supported else 0
     return nfs4.ACCESS4res(_OK, nfs4.ACCESS4resok(supported, allowed))
-
-
-HANDLERS: dict[int, OpHandler] = {
-    nfs4.OP_GETATTR: getattr_,
-    nfs4.OP_SETATTR: setattr_,
-    nfs4.OP_VERIFY: verify,
-    nfs4.OP_NVERIFY: nverify,
-    nfs4.OP_ACCESS: access,
-}

@@ -15,7 +15,7 @@ it; otherwise the READDIR fails with that error.
 from __future__ import annotations
 
 from nfsrdma.nfs4.attrs import check_readable, encode_rdattr_error, plan_for
-from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, OpHandler
+from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
 from nfsrdma.nfs4.errors import ERRNO_STATUS
 from nfsrdma.vfs.base import DirEntry
 from nfsrdma.xdr.gen import nfs4
@@ -107,6 +107,3 @@ def readdir(ctx: CompoundContext, args: nfs4.READDIR4args) -> nfs4.READDIR4res:
         listing = vfs.readdir(ctx.cred, fh, cookie, listing.verifier, batch)
 
     return nfs4.READDIR4res(_OK, nfs4.READDIR4resok(listing.verifier, nfs4.dirlist4(entries, eof)))
-
-
-HANDLERS: dict[int, OpHandler] = {nfs4.OP_READDIR: readdir}

@@ -8,7 +8,7 @@ restores both.
 
 from __future__ import annotations
 
-from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, OpHandler
+from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
 from nfsrdma.vfs.base import NFS4_FHSIZE, BadHandle
 from nfsrdma.xdr.gen import nfs4
 
@@ -52,13 +52,3 @@ def restorefh(ctx: CompoundContext, args: None) -> nfs4.RESTOREFH4res:
     ctx.current_fh = ctx.saved_fh
     ctx.current_stateid = ctx.saved_stateid
     return nfs4.RESTOREFH4res(_OK)
-
-
-HANDLERS: dict[int, OpHandler] = {
-    nfs4.OP_PUTROOTFH: putrootfh,
-    nfs4.OP_PUTPUBFH: putpubfh,
-    nfs4.OP_PUTFH: putfh,
-    nfs4.OP_GETFH: getfh,
-    nfs4.OP_SAVEFH: savefh,
-    nfs4.OP_RESTOREFH: restorefh,
-}

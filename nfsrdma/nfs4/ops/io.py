@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
 from nfsrdma.nfs4 import grace
-from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, OpHandler
+from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
 from nfsrdma.nfs4.state import is_anonymous, is_special
 from nfsrdma.vfs.base import OpenFile
 from nfsrdma.xdr.gen import nfs4
@@ -47,7 +47,7 @@ def op_read(ctx: CompoundContext, args: nfs4.READ4args) -> nfs4.READ4res | Await
     server = ctx.server
     if is_anonymous(sid):
         grace.check_special_stateid(ctx)
-    of = server.state.io_file(ctx.clientid, sid, fh, write=False)
+    of = server.state_manager.io_file(ctx.clientid, sid, fh, write=False)
     count = min(args.count, server.config.max_io)
     offset = args.offset
     if offset > MAX_FILE_OFFSET:  # beyond any end of file
@@ -76,7 +76,7 @@ def op_write(
     server = ctx.server
     if is_special(sid):
         grace.check_special_stateid(ctx)
-    of = server.state.io_file(ctx.clientid, sid, fh, write=True)
+    of = server.state_manager.io_file(ctx.clientid, sid, fh, write=True)
     data = args.data
     size = memoryview(data).nbytes
     offset = args.offset
@@ -133,13 +133,6 @@ async def op_commit(ctx: CompoundContext, args: nfs4.COMMIT4args) -> nfs4.COMMIT
     if args.offset + args.count > UINT64_MAX:
         raise Nfs4Error(nfs4.NFS4ERR_INVAL)
     server = ctx.server
-    candidates = server.state.open_files(fh)
+    candidates = server.state_manager.open_files(fh)
     await _offload(ctx, lambda: _commit_any(ctx, fh, candidates))
     return nfs4.COMMIT4res(nfs4.NFS4_OK, nfs4.COMMIT4resok(server.vfs.write_verifier))
-
-
-HANDLERS: dict[int, OpHandler] = {
-    nfs4.OP_READ: op_read,
-    nfs4.OP_WRITE: op_write,
-    nfs4.OP_COMMIT: op_commit,
-}

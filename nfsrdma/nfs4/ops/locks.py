@@ -12,7 +12,7 @@ are ignored; a LOCK with ``reclaim`` set re-creates a lock after our restart, un
 from __future__ import annotations
 
 from nfsrdma.nfs4 import grace
-from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, OpHandler
+from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
 from nfsrdma.nfs4.state import ACCESS_READ, ACCESS_WRITE, LockState, OpenState, StateManager
 from nfsrdma.nfs4.state_locks import READ, byte_range, lock_kind
 from nfsrdma.vfs.base import FileType
@@ -25,7 +25,7 @@ def op_lock(ctx: CompoundContext, args: nfs4.LOCK4args) -> nfs4.LOCK4res:
     start, end = byte_range(args.offset, args.length)
     grace.check_locking(ctx, args.reclaim)
     clientid = ctx.clientid
-    sm: StateManager = ctx.server.state
+    sm: StateManager = ctx.server.state_manager
     locker = args.locker
     open_state: OpenState
     ls: LockState | None
@@ -68,7 +68,7 @@ def op_lockt(ctx: CompoundContext, args: nfs4.LOCKT4args) -> nfs4.LOCKT4res:
         raise Nfs4Error(nfs4.NFS4ERR_ISDIR)
     if ftype != FileType.NF4REG:
         raise Nfs4Error(nfs4.NFS4ERR_INVAL)
-    sm: StateManager = ctx.server.state
+    sm: StateManager = ctx.server.state_manager
     conflict = sm.find_conflict(fh, (clientid, args.owner.owner), start, end, kind)
     if conflict is not None:
         denied = conflict.denied()
@@ -81,7 +81,7 @@ def op_locku(ctx: CompoundContext, args: nfs4.LOCKU4args) -> nfs4.LOCKU4res:
     lock_kind(args.locktype)
     start, end = byte_range(args.offset, args.length)
     sid = ctx.resolve_stateid(args.lock_stateid)
-    sm: StateManager = ctx.server.state
+    sm: StateManager = ctx.server.state_manager
     ls = sm.find_lock(ctx.clientid, sid, fh)
     sm.unlock(ls, start, end)
     ctx.current_stateid = ls.stateid
@@ -90,21 +90,12 @@ def op_locku(ctx: CompoundContext, args: nfs4.LOCKU4args) -> nfs4.LOCKU4res:
 
 def op_test_stateid(ctx: CompoundContext, args: nfs4.TEST_STATEID4args) -> nfs4.TEST_STATEID4res:
     clientid = ctx.clientid
-    sm: StateManager = ctx.server.state
+    sm: StateManager = ctx.server.state_manager
     codes = [nfs4.nfsstat4(sm.test_stateid(clientid, sid)) for sid in args.ts_stateids]
     return nfs4.TEST_STATEID4res(nfs4.NFS4_OK, nfs4.TEST_STATEID4resok(codes))
 
 
 def op_free_stateid(ctx: CompoundContext, args: nfs4.FREE_STATEID4args) -> nfs4.FREE_STATEID4res:
     sid = ctx.resolve_stateid(args.fsa_stateid)
-    ctx.server.state.free_stateid(ctx.clientid, sid)
+    ctx.server.state_manager.free_stateid(ctx.clientid, sid)
     return nfs4.FREE_STATEID4res(nfs4.NFS4_OK)
-
-
-HANDLERS: dict[int, OpHandler] = {
-    nfs4.OP_LOCK: op_lock,
-    nfs4.OP_LOCKT: op_lockt,
-    nfs4.OP_LOCKU: op_locku,
-    nfs4.OP_TEST_STATEID: op_test_stateid,
-    nfs4.OP_FREE_STATEID: op_free_stateid,
-}

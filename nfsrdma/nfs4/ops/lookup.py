@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import errno
 
-from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, OpHandler
+from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
 from nfsrdma.vfs.base import NAME_MAX, FileType
 from nfsrdma.xdr.gen import nfs4
 
@@ -99,11 +99,3 @@ def secinfo_no_name(ctx: CompoundContext, args: nfs4.SECINFO_NO_NAME4args) -> nf
     ctx.current_fh = None
     ctx.current_stateid = None
     return _flavors()
-
-
-HANDLERS: dict[int, OpHandler] = {
-    nfs4.OP_LOOKUP: lookup,
-    nfs4.OP_LOOKUPP: lookupp,
-    nfs4.OP_SECINFO: secinfo,
-    nfs4.OP_SECINFO_NO_NAME: secinfo_no_name,
-}

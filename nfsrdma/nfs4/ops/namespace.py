@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 
 from nfsrdma.nfs4.attrs import decode_settable
-from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, OpHandler
+from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
 from nfsrdma.nfs4.ops.lookup import check_component
 from nfsrdma.vfs.base import FileType
 from nfsrdma.xdr.gen import nfs4
@@ -165,12 +165,3 @@ def link(ctx: CompoundContext, args: nfs4.LINK4args) -> nfs4.LINK4res:
 def readlink(ctx: CompoundContext, args: None) -> nfs4.READLINK4res:
     fh = ctx.fh()
     return nfs4.READLINK4res(_OK, nfs4.READLINK4resok(ctx.server.vfs.readlink(ctx.cred, fh)))
-
-
-HANDLERS: dict[int, OpHandler] = {
-    nfs4.OP_CREATE: create,
-    nfs4.OP_REMOVE: remove,
-    nfs4.OP_RENAME: rename,
-    nfs4.OP_LINK: link,
-    nfs4.OP_READLINK: readlink,
-}

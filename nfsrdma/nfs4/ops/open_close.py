@@ -22,7 +22,7 @@ from nfsrdma.nfs4.attrs import (
     bitmap_of,
     decode_settable,
 )
-from nfsrdma.nfs4.context import INVALID_STATEID, CompoundContext, Nfs4Error, OpHandler
+from nfsrdma.nfs4.context import INVALID_STATEID, CompoundContext, Nfs4Error
 from nfsrdma.nfs4.ops.lookup import check_component
 from nfsrdma.nfs4.state import ACCESS_READ, ACCESS_WRITE, OpenState, StateManager, is_special
 from nfsrdma.vfs.base import CreateMode, FileType, OpenFile
@@ -210,7 +210,7 @@ def _resolve(ctx: CompoundContext, args: nfs4.OPEN4args, access: int) -> tuple[_
         else:
             assert isinstance(claim.value, nfs4.stateid4)
             deleg = claim.value
-        ctx.server.state.find_delegation(ctx.clientid, deleg)
+        ctx.server.state_manager.find_delegation(ctx.clientid, deleg)
     # CLAIM_DELEGATE_PREV, CLAIM_DELEG_PREV_FH: no delegations survive a client restart here.
     raise Nfs4Error(nfs4.NFS4ERR_NOTSUPP)
 
@@ -220,7 +220,7 @@ def op_open(ctx: CompoundContext, args: nfs4.OPEN4args) -> nfs4.OPEN4res:
     reclaim = args.claim.claim == nfs4.CLAIM_PREVIOUS
     grace.check_locking(ctx, reclaim)
     clientid = ctx.clientid
-    sm: StateManager = ctx.server.state
+    sm: StateManager = ctx.server.state_manager
     vfs = ctx.server.vfs
     target, before, after = _resolve(ctx, args, access)
     fh = target.fh
@@ -285,7 +285,7 @@ def op_open_downgrade(
 ) -> nfs4.OPEN_DOWNGRADE4res:
     fh = ctx.fh()
     sid = ctx.resolve_stateid(args.open_stateid)
-    sm: StateManager = ctx.server.state
+    sm: StateManager = ctx.server.state_manager
     state = sm.find_open(ctx.clientid, sid, fh)
     access = args.share_access & ~(_WANT_MASK | _WANT_FLAGS)
     deny = args.share_deny
@@ -305,7 +305,7 @@ def op_open_downgrade(
 def op_close(ctx: CompoundContext, args: nfs4.CLOSE4args) -> nfs4.CLOSE4res:
     fh = ctx.fh()
     sid = ctx.resolve_stateid(args.open_stateid)
-    sm: StateManager = ctx.server.state
+    sm: StateManager = ctx.server.state_manager
     sm.close_open(sm.find_open(ctx.clientid, sid, fh))
     # The stateid CLOSE returns is useless to the client: NFSv4.1 servers return the
     # special invalid stateid (RFC 8881 section 18.2.4).
@@ -321,19 +321,10 @@ def op_delegreturn(ctx: CompoundContext, args: nfs4.DELEGRETURN4args) -> nfs4.DE
     sid = ctx.resolve_stateid(args.deleg_stateid)
     if is_special(sid):
         raise Nfs4Error(nfs4.NFS4ERR_BAD_STATEID)
-    ctx.server.state.find_delegation(ctx.clientid, sid)
+    ctx.server.state_manager.find_delegation(ctx.clientid, sid)
     raise AssertionError("unreachable: find_delegation always raises")  # pragma: no cover
 
 
 def op_delegpurge(ctx: CompoundContext, args: nfs4.DELEGPURGE4args) -> nfs4.DELEGPURGE4res:
     # Only meaningful with CLAIM_DELEGATE_PREV, which we do not support (section 18.5.3).
     raise Nfs4Error(nfs4.NFS4ERR_NOTSUPP)
-
-
-HANDLERS: dict[int, OpHandler] = {
-    nfs4.OP_OPEN: op_open,
-    nfs4.OP_OPEN_DOWNGRADE: op_open_downgrade,
-    nfs4.OP_CLOSE: op_close,
-    nfs4.OP_DELEGRETURN: op_delegreturn,
-    nfs4.OP_DELEGPURGE: op_delegpurge,
-}

@@ -8,12 +8,11 @@ operations alone."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from nfsrdma.nfs4 import grace
-from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, OpHandler
+from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
 from nfsrdma.rpc.auth import Credential
 from nfsrdma.session.errors import SessionError
 from nfsrdma.session.server import ServerSessions
@@ -130,19 +129,3 @@ def backchannel_ctl(
     with _nfs4_errors():
         _sessions(ctx).backchannel_ctl(session, args.bca_cb_program, args.bca_sec_parms)
     return nfs4.BACKCHANNEL_CTL4res(OK)
-
-
-def _handler(fn: Callable[[CompoundContext, Any], Any]) -> OpHandler:
-    return fn
-
-
-HANDLERS: dict[int, OpHandler] = {
-    nfs4.OP_EXCHANGE_ID: _handler(exchange_id),
-    nfs4.OP_CREATE_SESSION: _handler(create_session),
-    nfs4.OP_SEQUENCE: _handler(sequence),
-    nfs4.OP_BIND_CONN_TO_SESSION: _handler(bind_conn_to_session),
-    nfs4.OP_DESTROY_SESSION: _handler(destroy_session),
-    nfs4.OP_DESTROY_CLIENTID: _handler(destroy_clientid),
-    nfs4.OP_RECLAIM_COMPLETE: _handler(reclaim_complete),
-    nfs4.OP_BACKCHANNEL_CTL: _handler(backchannel_ctl),
-}

@@ -10,6 +10,8 @@ import struct as _struct
 from collections.abc import Callable as _Callable
 from dataclasses import dataclass as _dataclass
 from enum import IntEnum as _IntEnum
+from functools import lru_cache as _lru_cache
+from operator import attrgetter as _attrgetter
 from typing import Any as _Any, TypeAlias as _TypeAlias
 
 from nfsrdma.xdr.runtime import (
@@ -19,6 +21,7 @@ from nfsrdma.xdr.runtime import (
     PAD as _PAD,
     TRUE as _TRUE,
     U32 as _U32,
+    Operation as _Operation,
     Buffer as _Buffer,
     Reader as _Reader,
     Writer as _Writer,
@@ -325,6 +328,149 @@ _S45 = _struct.Struct('>iiI')
 _S46 = _struct.Struct('>8s8s')
 _S47 = _struct.Struct('>i16s')
 _S48 = _struct.Struct('>i16sI')
+_S49 = _struct.Struct('>iQ')
+_S50 = _struct.Struct('>QQQ')
+_S51 = _struct.Struct('>iQQQ')
+_S52 = _struct.Struct('>QQQQ')
+_S53 = _struct.Struct('>iQQQQ')
+_S54 = _struct.Struct('>ii')
+_S55 = _struct.Struct('>Qi')
+_S56 = _struct.Struct('>iQi')
+_S57 = _struct.Struct('>iQQi')
+_S58 = _struct.Struct('>QQQi')
+_S59 = _struct.Struct('>iQQQi')
+_S60 = _struct.Struct('>QQQQi')
+_S61 = _struct.Struct('>iQQQQi')
+_S62 = _struct.Struct('>QQQQQ')
+_S63 = _struct.Struct('>iQQQQQ')
+_S64 = _struct.Struct('>iiQ')
+_S65 = _struct.Struct('>QiQ')
+_S66 = _struct.Struct('>iQiQ')
+_S67 = _struct.Struct('>QQiQ')
+_S68 = _struct.Struct('>iQQiQ')
+_S69 = _struct.Struct('>QQQiQ')
+_S70 = _struct.Struct('>iQQQiQ')
+_S71 = _struct.Struct('>QQQQiQ')
+_S72 = _struct.Struct('>iQQQQiQ')
+_S73 = _struct.Struct('>iI')
+_S74 = _struct.Struct('>iQI')
+_S75 = _struct.Struct('>QQI')
+_S76 = _struct.Struct('>iQQI')
+_S77 = _struct.Struct('>QQQI')
+_S78 = _struct.Struct('>iQQQI')
+_S79 = _struct.Struct('>QQQQI')
+_S80 = _struct.Struct('>iQQQQI')
+_S81 = _struct.Struct('>QiI')
+_S82 = _struct.Struct('>iQiI')
+_S83 = _struct.Struct('>QQiI')
+_S84 = _struct.Struct('>iQQiI')
+_S85 = _struct.Struct('>QQQiI')
+_S86 = _struct.Struct('>iQQQiI')
+_S87 = _struct.Struct('>QQQQiI')
+_S88 = _struct.Struct('>iQQQQiI')
+_S89 = _struct.Struct('>QQQQQI')
+_S90 = _struct.Struct('>iQQQQQI')
+_S91 = _struct.Struct('>iiQI')
+_S92 = _struct.Struct('>QiQI')
+_S93 = _struct.Struct('>iQiQI')
+_S94 = _struct.Struct('>QQiQI')
+_S95 = _struct.Struct('>iQQiQI')
+_S96 = _struct.Struct('>QQQiQI')
+_S97 = _struct.Struct('>iQQQiQI')
+_S98 = _struct.Struct('>QQQQiQI')
+_S99 = _struct.Struct('>iQQQQiQI')
+_S100 = _struct.Struct('>IQ')
+_S101 = _struct.Struct('>IIQ')
+_S102 = _struct.Struct('>IIIQ')
+_S103 = _struct.Struct('>IqI')
+_S104 = _struct.Struct('>IIqI')
+_S105 = _struct.Struct('>IIIqI')
+_S106 = _struct.Struct('>QqI')
+_S107 = _struct.Struct('>IQqI')
+_S108 = _struct.Struct('>IIQqI')
+_S109 = _struct.Struct('>IIIQqI')
+_S110 = _struct.Struct('>IqIqI')
+_S111 = _struct.Struct('>IIqIqI')
+_S112 = _struct.Struct('>IIIqIqI')
+_S113 = _struct.Struct('>QqIqI')
+_S114 = _struct.Struct('>IQqIqI')
+_S115 = _struct.Struct('>IIQqIqI')
+_S116 = _struct.Struct('>IIIQqIqI')
+_S117 = _struct.Struct('>qIqIqI')
+_S118 = _struct.Struct('>IqIqIqI')
+_S119 = _struct.Struct('>IIqIqIqI')
+_S120 = _struct.Struct('>IIIqIqIqI')
+_S121 = _struct.Struct('>QqIqIqI')
+_S122 = _struct.Struct('>IQqIqIqI')
+_S123 = _struct.Struct('>IIQqIqIqI')
+_S124 = _struct.Struct('>IIIQqIqIqI')
+_S125 = _struct.Struct('>IIQQ')
+_S126 = _struct.Struct('>IIIQQ')
+_S127 = _struct.Struct('>qIQ')
+_S128 = _struct.Struct('>IqIQ')
+_S129 = _struct.Struct('>IIqIQ')
+_S130 = _struct.Struct('>IIIqIQ')
+_S131 = _struct.Struct('>QqIQ')
+_S132 = _struct.Struct('>IQqIQ')
+_S133 = _struct.Struct('>IIQqIQ')
+_S134 = _struct.Struct('>IIIQqIQ')
+_S135 = _struct.Struct('>qIqIQ')
+_S136 = _struct.Struct('>IqIqIQ')
+_S137 = _struct.Struct('>IIqIqIQ')
+_S138 = _struct.Struct('>IIIqIqIQ')
+_S139 = _struct.Struct('>QqIqIQ')
+_S140 = _struct.Struct('>IQqIqIQ')
+_S141 = _struct.Struct('>IIQqIqIQ')
+_S142 = _struct.Struct('>IIIQqIqIQ')
+_S143 = _struct.Struct('>qIqIqIQ')
+_S144 = _struct.Struct('>IqIqIqIQ')
+_S145 = _struct.Struct('>IIqIqIqIQ')
+_S146 = _struct.Struct('>IIIqIqIqIQ')
+_S147 = _struct.Struct('>QqIqIqIQ')
+_S148 = _struct.Struct('>IQqIqIqIQ')
+_S149 = _struct.Struct('>IIQqIqIqIQ')
+_S150 = _struct.Struct('>IIIQqIqIqIQ')
+_S151 = _struct.Struct('>IIIIi')
+_S152 = _struct.Struct('>IIIII')
+_S153 = _struct.Struct('>IIIIiI')
+_S154 = _struct.Struct('>IIIIQ')
+_S155 = _struct.Struct('>IIIIiQ')
+_S156 = _struct.Struct('>IIIIIQ')
+_S157 = _struct.Struct('>iIQ')
+_S158 = _struct.Struct('>IIIIiIQ')
+_S159 = _struct.Struct('>IIIIQQ')
+_S160 = _struct.Struct('>IIIIiQQ')
+_S161 = _struct.Struct('>IIIIIQQ')
+_S162 = _struct.Struct('>IIIIiIQQ')
+_S163 = _struct.Struct('>IQQI')
+_S164 = _struct.Struct('>IIQQI')
+_S165 = _struct.Struct('>IIIQQI')
+_S166 = _struct.Struct('>IiI')
+_S167 = _struct.Struct('>iII')
+_S168 = _struct.Struct('>IiII')
+_S169 = _struct.Struct('>iIII')
+_S170 = _struct.Struct('>IiIII')
+_S171 = _struct.Struct('>QIQ')
+_S172 = _struct.Struct('>QQIQ')
+_S173 = _struct.Struct('>QQII')
+_S174 = _struct.Struct('>IQI')
+_S175 = _struct.Struct('>QIQI')
+_S176 = _struct.Struct('>QQIQI')
+_S177 = _struct.Struct('>IQII')
+_S178 = _struct.Struct('>IQQII')
+_S179 = _struct.Struct('>QQqI')
+_S180 = _struct.Struct('>QQQqI')
+_S181 = _struct.Struct('>QQqIqI')
+_S182 = _struct.Struct('>QQQqIqI')
+_S183 = _struct.Struct('>qIIII')
+_S184 = _struct.Struct('>qIqIIII')
+_S185 = _struct.Struct('>QIII')
+_S186 = _struct.Struct('>qIQIII')
+_S187 = _struct.Struct('>qIqIQIII')
+_S188 = _struct.Struct('>iQQQQQII')
+_S189 = _struct.Struct('>QQQQQQ')
+_S190 = _struct.Struct('>IQQQqI')
+_S191 = _struct.Struct('>IIIIIIIIIIIII')
 
 
 class auth_flavor(_IntEnum):
@@ -16452,3 +16598,13922 @@ def dec_CB_COMPOUND4res(r: _Reader, off: int) -> tuple[CB_COMPOUND4res, int]:
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_COMPOUND4res', o0) from None
     return CB_COMPOUND4res(f_status, f_tag, f_resarray), off
+
+
+@_dataclass(slots=True)
+class COMPOUND4args_head:
+    tag: bytes
+    minorversion: int
+    argarray: int  # the number of elements that follow
+
+
+def peek_COMPOUND4args(r: _Reader, off: int) -> tuple[COMPOUND4args_head, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        f_tag = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        _t = _S0.unpack_from(buf, off)
+        off += 4
+        f_minorversion = _t[0]
+        (f_count,) = _U32.unpack_from(buf, off)
+        off += 4
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated COMPOUND4args header', o0) from None
+    return COMPOUND4args_head(f_tag, f_minorversion, f_count), off
+
+
+def enc_COMPOUND4args_head(w: _Writer, v: COMPOUND4args_head) -> None:
+    try:
+        _v = v.tag
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        w += _S0.pack(v.minorversion)
+        w += _U32.pack(v.argarray)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode COMPOUND4args header: {_e}', len(w)) from None
+
+
+@_dataclass(slots=True)
+class COMPOUND4res_head:
+    status: nfsstat4
+    tag: bytes
+    resarray: int  # the number of elements that follow
+
+
+def peek_COMPOUND4res(r: _Reader, off: int) -> tuple[COMPOUND4res_head, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t = _S2.unpack_from(buf, off)
+        off += 4
+        f_status = _nfsstat4_MAP[_t[0]]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        f_tag = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (f_count,) = _U32.unpack_from(buf, off)
+        off += 4
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated COMPOUND4res header', o0) from None
+    return COMPOUND4res_head(f_status, f_tag, f_count), off
+
+
+def enc_COMPOUND4res_head(w: _Writer, v: COMPOUND4res_head) -> None:
+    try:
+        w += _S2.pack(v.status)
+        _v = v.tag
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        w += _U32.pack(v.resarray)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode COMPOUND4res header: {_e}', len(w)) from None
+
+
+@_dataclass(slots=True)
+class CB_COMPOUND4args_head:
+    tag: bytes
+    minorversion: int
+    callback_ident: int
+    argarray: int  # the number of elements that follow
+
+
+def peek_CB_COMPOUND4args(r: _Reader, off: int) -> tuple[CB_COMPOUND4args_head, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        f_tag = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        _t = _S1.unpack_from(buf, off)
+        off += 8
+        f_minorversion = _t[0]
+        f_callback_ident = _t[1]
+        (f_count,) = _U32.unpack_from(buf, off)
+        off += 4
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated CB_COMPOUND4args header', o0) from None
+    return CB_COMPOUND4args_head(f_tag, f_minorversion, f_callback_ident, f_count), off
+
+
+def enc_CB_COMPOUND4args_head(w: _Writer, v: CB_COMPOUND4args_head) -> None:
+    try:
+        _v = v.tag
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        w += _S1.pack(v.minorversion, v.callback_ident)
+        w += _U32.pack(v.argarray)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode CB_COMPOUND4args header: {_e}', len(w)) from None
+
+
+@_dataclass(slots=True)
+class CB_COMPOUND4res_head:
+    status: nfsstat4
+    tag: bytes
+    resarray: int  # the number of elements that follow
+
+
+def peek_CB_COMPOUND4res(r: _Reader, off: int) -> tuple[CB_COMPOUND4res_head, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t = _S2.unpack_from(buf, off)
+        off += 4
+        f_status = _nfsstat4_MAP[_t[0]]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        if _e > len(buf):
+            raise _XdrError('opaque runs past the end', off)
+        f_tag = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (f_count,) = _U32.unpack_from(buf, off)
+        off += 4
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated CB_COMPOUND4res header', o0) from None
+    return CB_COMPOUND4res_head(f_status, f_tag, f_count), off
+
+
+def enc_CB_COMPOUND4res_head(w: _Writer, v: CB_COMPOUND4res_head) -> None:
+    try:
+        w += _S2.pack(v.status)
+        _v = v.tag
+        _n = len(_v)
+        w += _U32.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        w += _U32.pack(v.resarray)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode CB_COMPOUND4res header: {_e}', len(w)) from None
+
+
+def _error_ACCESS4res(status: _Any) -> ACCESS4res:
+    return ACCESS4res(status)
+
+
+def _error_CLOSE4res(status: _Any) -> CLOSE4res:
+    return CLOSE4res(status)
+
+
+def _error_COMMIT4res(status: _Any) -> COMMIT4res:
+    return COMMIT4res(status)
+
+
+def _error_CREATE4res(status: _Any) -> CREATE4res:
+    return CREATE4res(status)
+
+
+def _error_DELEGPURGE4res(status: _Any) -> DELEGPURGE4res:
+    return DELEGPURGE4res(status)
+
+
+def _error_DELEGRETURN4res(status: _Any) -> DELEGRETURN4res:
+    return DELEGRETURN4res(status)
+
+
+def _error_GETATTR4res(status: _Any) -> GETATTR4res:
+    return GETATTR4res(status)
+
+
+def _error_GETFH4res(status: _Any) -> GETFH4res:
+    return GETFH4res(status)
+
+
+def _error_LINK4res(status: _Any) -> LINK4res:
+    return LINK4res(status)
+
+
+def _error_LOCK4res(status: _Any) -> LOCK4res:
+    return LOCK4res(status)
+
+
+def _error_LOCKT4res(status: _Any) -> LOCKT4res:
+    return LOCKT4res(status)
+
+
+def _error_LOCKU4res(status: _Any) -> LOCKU4res:
+    return LOCKU4res(status)
+
+
+def _error_LOOKUP4res(status: _Any) -> LOOKUP4res:
+    return LOOKUP4res(status)
+
+
+def _error_LOOKUPP4res(status: _Any) -> LOOKUPP4res:
+    return LOOKUPP4res(status)
+
+
+def _error_NVERIFY4res(status: _Any) -> NVERIFY4res:
+    return NVERIFY4res(status)
+
+
+def _error_OPEN4res(status: _Any) -> OPEN4res:
+    return OPEN4res(status)
+
+
+def _error_OPENATTR4res(status: _Any) -> OPENATTR4res:
+    return OPENATTR4res(status)
+
+
+def _error_OPEN_CONFIRM4res(status: _Any) -> OPEN_CONFIRM4res:
+    return OPEN_CONFIRM4res(status)
+
+
+def _error_OPEN_DOWNGRADE4res(status: _Any) -> OPEN_DOWNGRADE4res:
+    return OPEN_DOWNGRADE4res(status)
+
+
+def _error_PUTFH4res(status: _Any) -> PUTFH4res:
+    return PUTFH4res(status)
+
+
+def _error_PUTPUBFH4res(status: _Any) -> PUTPUBFH4res:
+    return PUTPUBFH4res(status)
+
+
+def _error_PUTROOTFH4res(status: _Any) -> PUTROOTFH4res:
+    return PUTROOTFH4res(status)
+
+
+def _error_READ4res(status: _Any) -> READ4res:
+    return READ4res(status)
+
+
+def _error_READDIR4res(status: _Any) -> READDIR4res:
+    return READDIR4res(status)
+
+
+def _error_READLINK4res(status: _Any) -> READLINK4res:
+    return READLINK4res(status)
+
+
+def _error_REMOVE4res(status: _Any) -> REMOVE4res:
+    return REMOVE4res(status)
+
+
+def _error_RENAME4res(status: _Any) -> RENAME4res:
+    return RENAME4res(status)
+
+
+def _error_RENEW4res(status: _Any) -> RENEW4res:
+    return RENEW4res(status)
+
+
+def _error_RESTOREFH4res(status: _Any) -> RESTOREFH4res:
+    return RESTOREFH4res(status)
+
+
+def _error_SAVEFH4res(status: _Any) -> SAVEFH4res:
+    return SAVEFH4res(status)
+
+
+def _error_SECINFO4res(status: _Any) -> SECINFO4res:
+    return SECINFO4res(status)
+
+
+def _error_SETATTR4res(status: _Any) -> SETATTR4res:
+    return SETATTR4res(status, [])
+
+
+def _error_SETCLIENTID4res(status: _Any) -> SETCLIENTID4res:
+    return SETCLIENTID4res(status)
+
+
+def _error_SETCLIENTID_CONFIRM4res(status: _Any) -> SETCLIENTID_CONFIRM4res:
+    return SETCLIENTID_CONFIRM4res(status)
+
+
+def _error_VERIFY4res(status: _Any) -> VERIFY4res:
+    return VERIFY4res(status)
+
+
+def _error_WRITE4res(status: _Any) -> WRITE4res:
+    return WRITE4res(status)
+
+
+def _error_RELEASE_LOCKOWNER4res(status: _Any) -> RELEASE_LOCKOWNER4res:
+    return RELEASE_LOCKOWNER4res(status)
+
+
+def _error_BACKCHANNEL_CTL4res(status: _Any) -> BACKCHANNEL_CTL4res:
+    return BACKCHANNEL_CTL4res(status)
+
+
+def _error_BIND_CONN_TO_SESSION4res(status: _Any) -> BIND_CONN_TO_SESSION4res:
+    return BIND_CONN_TO_SESSION4res(status)
+
+
+def _error_EXCHANGE_ID4res(status: _Any) -> EXCHANGE_ID4res:
+    return EXCHANGE_ID4res(status)
+
+
+def _error_CREATE_SESSION4res(status: _Any) -> CREATE_SESSION4res:
+    return CREATE_SESSION4res(status)
+
+
+def _error_DESTROY_SESSION4res(status: _Any) -> DESTROY_SESSION4res:
+    return DESTROY_SESSION4res(status)
+
+
+def _error_FREE_STATEID4res(status: _Any) -> FREE_STATEID4res:
+    return FREE_STATEID4res(status)
+
+
+def _error_GET_DIR_DELEGATION4res(status: _Any) -> GET_DIR_DELEGATION4res:
+    return GET_DIR_DELEGATION4res(status)
+
+
+def _error_GETDEVICEINFO4res(status: _Any) -> GETDEVICEINFO4res:
+    return GETDEVICEINFO4res(status)
+
+
+def _error_GETDEVICELIST4res(status: _Any) -> GETDEVICELIST4res:
+    return GETDEVICELIST4res(status)
+
+
+def _error_LAYOUTCOMMIT4res(status: _Any) -> LAYOUTCOMMIT4res:
+    return LAYOUTCOMMIT4res(status)
+
+
+def _error_LAYOUTGET4res(status: _Any) -> LAYOUTGET4res:
+    return LAYOUTGET4res(status)
+
+
+def _error_LAYOUTRETURN4res(status: _Any) -> LAYOUTRETURN4res:
+    return LAYOUTRETURN4res(status)
+
+
+def _error_SEQUENCE4res(status: _Any) -> SEQUENCE4res:
+    return SEQUENCE4res(status)
+
+
+def _error_SET_SSV4res(status: _Any) -> SET_SSV4res:
+    return SET_SSV4res(status)
+
+
+def _error_TEST_STATEID4res(status: _Any) -> TEST_STATEID4res:
+    return TEST_STATEID4res(status)
+
+
+def _error_WANT_DELEGATION4res(status: _Any) -> WANT_DELEGATION4res:
+    return WANT_DELEGATION4res(status)
+
+
+def _error_DESTROY_CLIENTID4res(status: _Any) -> DESTROY_CLIENTID4res:
+    return DESTROY_CLIENTID4res(status)
+
+
+def _error_RECLAIM_COMPLETE4res(status: _Any) -> RECLAIM_COMPLETE4res:
+    return RECLAIM_COMPLETE4res(status)
+
+
+def _error_ILLEGAL4res(status: _Any) -> ILLEGAL4res:
+    return ILLEGAL4res(status)
+
+
+OPERATION_ACCESS: _Operation[ACCESS4args, ACCESS4res] = _Operation(OP_ACCESS, 'OP_ACCESS', True, dec_ACCESS4args, enc_ACCESS4args, dec_ACCESS4res, enc_ACCESS4res, _attrgetter('status'), _error_ACCESS4res)
+OPERATION_CLOSE: _Operation[CLOSE4args, CLOSE4res] = _Operation(OP_CLOSE, 'OP_CLOSE', True, dec_CLOSE4args, enc_CLOSE4args, dec_CLOSE4res, enc_CLOSE4res, _attrgetter('status'), _error_CLOSE4res)
+OPERATION_COMMIT: _Operation[COMMIT4args, COMMIT4res] = _Operation(OP_COMMIT, 'OP_COMMIT', True, dec_COMMIT4args, enc_COMMIT4args, dec_COMMIT4res, enc_COMMIT4res, _attrgetter('status'), _error_COMMIT4res)
+OPERATION_CREATE: _Operation[CREATE4args, CREATE4res] = _Operation(OP_CREATE, 'OP_CREATE', True, dec_CREATE4args, enc_CREATE4args, dec_CREATE4res, enc_CREATE4res, _attrgetter('status'), _error_CREATE4res)
+OPERATION_DELEGPURGE: _Operation[DELEGPURGE4args, DELEGPURGE4res] = _Operation(OP_DELEGPURGE, 'OP_DELEGPURGE', True, dec_DELEGPURGE4args, enc_DELEGPURGE4args, dec_DELEGPURGE4res, enc_DELEGPURGE4res, _attrgetter('status'), _error_DELEGPURGE4res)
+OPERATION_DELEGRETURN: _Operation[DELEGRETURN4args, DELEGRETURN4res] = _Operation(OP_DELEGRETURN, 'OP_DELEGRETURN', True, dec_DELEGRETURN4args, enc_DELEGRETURN4args, dec_DELEGRETURN4res, enc_DELEGRETURN4res, _attrgetter('status'), _error_DELEGRETURN4res)
+OPERATION_GETATTR: _Operation[GETATTR4args, GETATTR4res] = _Operation(OP_GETATTR, 'OP_GETATTR', True, dec_GETATTR4args, enc_GETATTR4args, dec_GETATTR4res, enc_GETATTR4res, _attrgetter('status'), _error_GETATTR4res)
+OPERATION_GETFH: _Operation[None, GETFH4res] = _Operation(OP_GETFH, 'OP_GETFH', False, _void_decode, _void_encode, dec_GETFH4res, enc_GETFH4res, _attrgetter('status'), _error_GETFH4res)
+OPERATION_LINK: _Operation[LINK4args, LINK4res] = _Operation(OP_LINK, 'OP_LINK', True, dec_LINK4args, enc_LINK4args, dec_LINK4res, enc_LINK4res, _attrgetter('status'), _error_LINK4res)
+OPERATION_LOCK: _Operation[LOCK4args, LOCK4res] = _Operation(OP_LOCK, 'OP_LOCK', True, dec_LOCK4args, enc_LOCK4args, dec_LOCK4res, enc_LOCK4res, _attrgetter('status'), _error_LOCK4res)
+OPERATION_LOCKT: _Operation[LOCKT4args, LOCKT4res] = _Operation(OP_LOCKT, 'OP_LOCKT', True, dec_LOCKT4args, enc_LOCKT4args, dec_LOCKT4res, enc_LOCKT4res, _attrgetter('status'), _error_LOCKT4res)
+OPERATION_LOCKU: _Operation[LOCKU4args, LOCKU4res] = _Operation(OP_LOCKU, 'OP_LOCKU', True, dec_LOCKU4args, enc_LOCKU4args, dec_LOCKU4res, enc_LOCKU4res, _attrgetter('status'), _error_LOCKU4res)
+OPERATION_LOOKUP: _Operation[LOOKUP4args, LOOKUP4res] = _Operation(OP_LOOKUP, 'OP_LOOKUP', True, dec_LOOKUP4args, enc_LOOKUP4args, dec_LOOKUP4res, enc_LOOKUP4res, _attrgetter('status'), _error_LOOKUP4res)
+OPERATION_LOOKUPP: _Operation[None, LOOKUPP4res] = _Operation(OP_LOOKUPP, 'OP_LOOKUPP', False, _void_decode, _void_encode, dec_LOOKUPP4res, enc_LOOKUPP4res, _attrgetter('status'), _error_LOOKUPP4res)
+OPERATION_NVERIFY: _Operation[NVERIFY4args, NVERIFY4res] = _Operation(OP_NVERIFY, 'OP_NVERIFY', True, dec_NVERIFY4args, enc_NVERIFY4args, dec_NVERIFY4res, enc_NVERIFY4res, _attrgetter('status'), _error_NVERIFY4res)
+OPERATION_OPEN: _Operation[OPEN4args, OPEN4res] = _Operation(OP_OPEN, 'OP_OPEN', True, dec_OPEN4args, enc_OPEN4args, dec_OPEN4res, enc_OPEN4res, _attrgetter('status'), _error_OPEN4res)
+OPERATION_OPENATTR: _Operation[OPENATTR4args, OPENATTR4res] = _Operation(OP_OPENATTR, 'OP_OPENATTR', True, dec_OPENATTR4args, enc_OPENATTR4args, dec_OPENATTR4res, enc_OPENATTR4res, _attrgetter('status'), _error_OPENATTR4res)
+OPERATION_OPEN_CONFIRM: _Operation[OPEN_CONFIRM4args, OPEN_CONFIRM4res] = _Operation(OP_OPEN_CONFIRM, 'OP_OPEN_CONFIRM', True, dec_OPEN_CONFIRM4args, enc_OPEN_CONFIRM4args, dec_OPEN_CONFIRM4res, enc_OPEN_CONFIRM4res, _attrgetter('status'), _error_OPEN_CONFIRM4res)
+OPERATION_OPEN_DOWNGRADE: _Operation[OPEN_DOWNGRADE4args, OPEN_DOWNGRADE4res] = _Operation(OP_OPEN_DOWNGRADE, 'OP_OPEN_DOWNGRADE', True, dec_OPEN_DOWNGRADE4args, enc_OPEN_DOWNGRADE4args, dec_OPEN_DOWNGRADE4res, enc_OPEN_DOWNGRADE4res, _attrgetter('status'), _error_OPEN_DOWNGRADE4res)
+OPERATION_PUTFH: _Operation[PUTFH4args, PUTFH4res] = _Operation(OP_PUTFH, 'OP_PUTFH', True, dec_PUTFH4args, enc_PUTFH4args, dec_PUTFH4res, enc_PUTFH4res, _attrgetter('status'), _error_PUTFH4res)
+OPERATION_PUTPUBFH: _Operation[None, PUTPUBFH4res] = _Operation(OP_PUTPUBFH, 'OP_PUTPUBFH', False, _void_decode, _void_encode, dec_PUTPUBFH4res, enc_PUTPUBFH4res, _attrgetter('status'), _error_PUTPUBFH4res)
+OPERATION_PUTROOTFH: _Operation[None, PUTROOTFH4res] = _Operation(OP_PUTROOTFH, 'OP_PUTROOTFH', False, _void_decode, _void_encode, dec_PUTROOTFH4res, enc_PUTROOTFH4res, _attrgetter('status'), _error_PUTROOTFH4res)
+OPERATION_READ: _Operation[READ4args, READ4res] = _Operation(OP_READ, 'OP_READ', True, dec_READ4args, enc_READ4args, dec_READ4res, enc_READ4res, _attrgetter('status'), _error_READ4res)
+OPERATION_READDIR: _Operation[READDIR4args, READDIR4res] = _Operation(OP_READDIR, 'OP_READDIR', True, dec_READDIR4args, enc_READDIR4args, dec_READDIR4res, enc_READDIR4res, _attrgetter('status'), _error_READDIR4res)
+OPERATION_READLINK: _Operation[None, READLINK4res] = _Operation(OP_READLINK, 'OP_READLINK', False, _void_decode, _void_encode, dec_READLINK4res, enc_READLINK4res, _attrgetter('status'), _error_READLINK4res)
+OPERATION_REMOVE: _Operation[REMOVE4args, REMOVE4res] = _Operation(OP_REMOVE, 'OP_REMOVE', True, dec_REMOVE4args, enc_REMOVE4args, dec_REMOVE4res, enc_REMOVE4res, _attrgetter('status'), _error_REMOVE4res)
+OPERATION_RENAME: _Operation[RENAME4args, RENAME4res] = _Operation(OP_RENAME, 'OP_RENAME', True, dec_RENAME4args, enc_RENAME4args, dec_RENAME4res, enc_RENAME4res, _attrgetter('status'), _error_RENAME4res)
+OPERATION_RENEW: _Operation[RENEW4args, RENEW4res] = _Operation(OP_RENEW, 'OP_RENEW', True, dec_RENEW4args, enc_RENEW4args, dec_RENEW4res, enc_RENEW4res, _attrgetter('status'), _error_RENEW4res)
+OPERATION_RESTOREFH: _Operation[None, RESTOREFH4res] = _Operation(OP_RESTOREFH, 'OP_RESTOREFH', False, _void_decode, _void_encode, dec_RESTOREFH4res, enc_RESTOREFH4res, _attrgetter('status'), _error_RESTOREFH4res)
+OPERATION_SAVEFH: _Operation[None, SAVEFH4res] = _Operation(OP_SAVEFH, 'OP_SAVEFH', False, _void_decode, _void_encode, dec_SAVEFH4res, enc_SAVEFH4res, _attrgetter('status'), _error_SAVEFH4res)
+OPERATION_SECINFO: _Operation[SECINFO4args, SECINFO4res] = _Operation(OP_SECINFO, 'OP_SECINFO', True, dec_SECINFO4args, enc_SECINFO4args, dec_SECINFO4res, enc_SECINFO4res, _attrgetter('status'), _error_SECINFO4res)
+OPERATION_SETATTR: _Operation[SETATTR4args, SETATTR4res] = _Operation(OP_SETATTR, 'OP_SETATTR', True, dec_SETATTR4args, enc_SETATTR4args, dec_SETATTR4res, enc_SETATTR4res, _attrgetter('status'), _error_SETATTR4res)
+OPERATION_SETCLIENTID: _Operation[SETCLIENTID4args, SETCLIENTID4res] = _Operation(OP_SETCLIENTID, 'OP_SETCLIENTID', True, dec_SETCLIENTID4args, enc_SETCLIENTID4args, dec_SETCLIENTID4res, enc_SETCLIENTID4res, _attrgetter('status'), _error_SETCLIENTID4res)
+OPERATION_SETCLIENTID_CONFIRM: _Operation[SETCLIENTID_CONFIRM4args, SETCLIENTID_CONFIRM4res] = _Operation(OP_SETCLIENTID_CONFIRM, 'OP_SETCLIENTID_CONFIRM', True, dec_SETCLIENTID_CONFIRM4args, enc_SETCLIENTID_CONFIRM4args, dec_SETCLIENTID_CONFIRM4res, enc_SETCLIENTID_CONFIRM4res, _attrgetter('status'), _error_SETCLIENTID_CONFIRM4res)
+OPERATION_VERIFY: _Operation[VERIFY4args, VERIFY4res] = _Operation(OP_VERIFY, 'OP_VERIFY', True, dec_VERIFY4args, enc_VERIFY4args, dec_VERIFY4res, enc_VERIFY4res, _attrgetter('status'), _error_VERIFY4res)
+OPERATION_WRITE: _Operation[WRITE4args, WRITE4res] = _Operation(OP_WRITE, 'OP_WRITE', True, dec_WRITE4args, enc_WRITE4args, dec_WRITE4res, enc_WRITE4res, _attrgetter('status'), _error_WRITE4res)
+OPERATION_RELEASE_LOCKOWNER: _Operation[RELEASE_LOCKOWNER4args, RELEASE_LOCKOWNER4res] = _Operation(OP_RELEASE_LOCKOWNER, 'OP_RELEASE_LOCKOWNER', True, dec_RELEASE_LOCKOWNER4args, enc_RELEASE_LOCKOWNER4args, dec_RELEASE_LOCKOWNER4res, enc_RELEASE_LOCKOWNER4res, _attrgetter('status'), _error_RELEASE_LOCKOWNER4res)
+OPERATION_BACKCHANNEL_CTL: _Operation[BACKCHANNEL_CTL4args, BACKCHANNEL_CTL4res] = _Operation(OP_BACKCHANNEL_CTL, 'OP_BACKCHANNEL_CTL', True, dec_BACKCHANNEL_CTL4args, enc_BACKCHANNEL_CTL4args, dec_BACKCHANNEL_CTL4res, enc_BACKCHANNEL_CTL4res, _attrgetter('bcr_status'), _error_BACKCHANNEL_CTL4res)
+OPERATION_BIND_CONN_TO_SESSION: _Operation[BIND_CONN_TO_SESSION4args, BIND_CONN_TO_SESSION4res] = _Operation(OP_BIND_CONN_TO_SESSION, 'OP_BIND_CONN_TO_SESSION', True, dec_BIND_CONN_TO_SESSION4args, enc_BIND_CONN_TO_SESSION4args, dec_BIND_CONN_TO_SESSION4res, enc_BIND_CONN_TO_SESSION4res, _attrgetter('bctsr_status'), _error_BIND_CONN_TO_SESSION4res)
+OPERATION_EXCHANGE_ID: _Operation[EXCHANGE_ID4args, EXCHANGE_ID4res] = _Operation(OP_EXCHANGE_ID, 'OP_EXCHANGE_ID', True, dec_EXCHANGE_ID4args, enc_EXCHANGE_ID4args, dec_EXCHANGE_ID4res, enc_EXCHANGE_ID4res, _attrgetter('eir_status'), _error_EXCHANGE_ID4res)
+OPERATION_CREATE_SESSION: _Operation[CREATE_SESSION4args, CREATE_SESSION4res] = _Operation(OP_CREATE_SESSION, 'OP_CREATE_SESSION', True, dec_CREATE_SESSION4args, enc_CREATE_SESSION4args, dec_CREATE_SESSION4res, enc_CREATE_SESSION4res, _attrgetter('csr_status'), _error_CREATE_SESSION4res)
+OPERATION_DESTROY_SESSION: _Operation[DESTROY_SESSION4args, DESTROY_SESSION4res] = _Operation(OP_DESTROY_SESSION, 'OP_DESTROY_SESSION', True, dec_DESTROY_SESSION4args, enc_DESTROY_SESSION4args, dec_DESTROY_SESSION4res, enc_DESTROY_SESSION4res, _attrgetter('dsr_status'), _error_DESTROY_SESSION4res)
+OPERATION_FREE_STATEID: _Operation[FREE_STATEID4args, FREE_STATEID4res] = _Operation(OP_FREE_STATEID, 'OP_FREE_STATEID', True, dec_FREE_STATEID4args, enc_FREE_STATEID4args, dec_FREE_STATEID4res, enc_FREE_STATEID4res, _attrgetter('fsr_status'), _error_FREE_STATEID4res)
+OPERATION_GET_DIR_DELEGATION: _Operation[GET_DIR_DELEGATION4args, GET_DIR_DELEGATION4res] = _Operation(OP_GET_DIR_DELEGATION, 'OP_GET_DIR_DELEGATION', True, dec_GET_DIR_DELEGATION4args, enc_GET_DIR_DELEGATION4args, dec_GET_DIR_DELEGATION4res, enc_GET_DIR_DELEGATION4res, _attrgetter('gddr_status'), _error_GET_DIR_DELEGATION4res)
+OPERATION_GETDEVICEINFO: _Operation[GETDEVICEINFO4args, GETDEVICEINFO4res] = _Operation(OP_GETDEVICEINFO, 'OP_GETDEVICEINFO', True, dec_GETDEVICEINFO4args, enc_GETDEVICEINFO4args, dec_GETDEVICEINFO4res, enc_GETDEVICEINFO4res, _attrgetter('gdir_status'), _error_GETDEVICEINFO4res)
+OPERATION_GETDEVICELIST: _Operation[GETDEVICELIST4args, GETDEVICELIST4res] = _Operation(OP_GETDEVICELIST, 'OP_GETDEVICELIST', True, dec_GETDEVICELIST4args, enc_GETDEVICELIST4args, dec_GETDEVICELIST4res, enc_GETDEVICELIST4res, _attrgetter('gdlr_status'), _error_GETDEVICELIST4res)
+OPERATION_LAYOUTCOMMIT: _Operation[LAYOUTCOMMIT4args, LAYOUTCOMMIT4res] = _Operation(OP_LAYOUTCOMMIT, 'OP_LAYOUTCOMMIT', True, dec_LAYOUTCOMMIT4args, enc_LAYOUTCOMMIT4args, dec_LAYOUTCOMMIT4res, enc_LAYOUTCOMMIT4res, _attrgetter('locr_status'), _error_LAYOUTCOMMIT4res)
+OPERATION_LAYOUTGET: _Operation[LAYOUTGET4args, LAYOUTGET4res] = _Operation(OP_LAYOUTGET, 'OP_LAYOUTGET', True, dec_LAYOUTGET4args, enc_LAYOUTGET4args, dec_LAYOUTGET4res, enc_LAYOUTGET4res, _attrgetter('logr_status'), _error_LAYOUTGET4res)
+OPERATION_LAYOUTRETURN: _Operation[LAYOUTRETURN4args, LAYOUTRETURN4res] = _Operation(OP_LAYOUTRETURN, 'OP_LAYOUTRETURN', True, dec_LAYOUTRETURN4args, enc_LAYOUTRETURN4args, dec_LAYOUTRETURN4res, enc_LAYOUTRETURN4res, _attrgetter('lorr_status'), _error_LAYOUTRETURN4res)
+OPERATION_SECINFO_NO_NAME: _Operation[secinfo_style4, SECINFO4res] = _Operation(OP_SECINFO_NO_NAME, 'OP_SECINFO_NO_NAME', True, dec_SECINFO_NO_NAME4args, enc_SECINFO_NO_NAME4args, dec_SECINFO4res, enc_SECINFO4res, _attrgetter('status'), _error_SECINFO4res)
+OPERATION_SEQUENCE: _Operation[SEQUENCE4args, SEQUENCE4res] = _Operation(OP_SEQUENCE, 'OP_SEQUENCE', True, dec_SEQUENCE4args, enc_SEQUENCE4args, dec_SEQUENCE4res, enc_SEQUENCE4res, _attrgetter('sr_status'), _error_SEQUENCE4res)
+OPERATION_SET_SSV: _Operation[SET_SSV4args, SET_SSV4res] = _Operation(OP_SET_SSV, 'OP_SET_SSV', True, dec_SET_SSV4args, enc_SET_SSV4args, dec_SET_SSV4res, enc_SET_SSV4res, _attrgetter('ssr_status'), _error_SET_SSV4res)
+OPERATION_TEST_STATEID: _Operation[TEST_STATEID4args, TEST_STATEID4res] = _Operation(OP_TEST_STATEID, 'OP_TEST_STATEID', True, dec_TEST_STATEID4args, enc_TEST_STATEID4args, dec_TEST_STATEID4res, enc_TEST_STATEID4res, _attrgetter('tsr_status'), _error_TEST_STATEID4res)
+OPERATION_WANT_DELEGATION: _Operation[WANT_DELEGATION4args, WANT_DELEGATION4res] = _Operation(OP_WANT_DELEGATION, 'OP_WANT_DELEGATION', True, dec_WANT_DELEGATION4args, enc_WANT_DELEGATION4args, dec_WANT_DELEGATION4res, enc_WANT_DELEGATION4res, _attrgetter('wdr_status'), _error_WANT_DELEGATION4res)
+OPERATION_DESTROY_CLIENTID: _Operation[DESTROY_CLIENTID4args, DESTROY_CLIENTID4res] = _Operation(OP_DESTROY_CLIENTID, 'OP_DESTROY_CLIENTID', True, dec_DESTROY_CLIENTID4args, enc_DESTROY_CLIENTID4args, dec_DESTROY_CLIENTID4res, enc_DESTROY_CLIENTID4res, _attrgetter('dcr_status'), _error_DESTROY_CLIENTID4res)
+OPERATION_RECLAIM_COMPLETE: _Operation[RECLAIM_COMPLETE4args, RECLAIM_COMPLETE4res] = _Operation(OP_RECLAIM_COMPLETE, 'OP_RECLAIM_COMPLETE', True, dec_RECLAIM_COMPLETE4args, enc_RECLAIM_COMPLETE4args, dec_RECLAIM_COMPLETE4res, enc_RECLAIM_COMPLETE4res, _attrgetter('rcr_status'), _error_RECLAIM_COMPLETE4res)
+OPERATION_ILLEGAL: _Operation[None, ILLEGAL4res] = _Operation(OP_ILLEGAL, 'OP_ILLEGAL', False, _void_decode, _void_encode, dec_ILLEGAL4res, enc_ILLEGAL4res, _attrgetter('status'), _error_ILLEGAL4res)
+
+OPERATIONS: dict[int, _Operation[_Any, _Any]] = {3: OPERATION_ACCESS, 4: OPERATION_CLOSE, 5: OPERATION_COMMIT, 6: OPERATION_CREATE, 7: OPERATION_DELEGPURGE, 8: OPERATION_DELEGRETURN, 9: OPERATION_GETATTR, 10: OPERATION_GETFH, 11: OPERATION_LINK, 12: OPERATION_LOCK, 13: OPERATION_LOCKT, 14: OPERATION_LOCKU, 15: OPERATION_LOOKUP, 16: OPERATION_LOOKUPP, 17: OPERATION_NVERIFY, 18: OPERATION_OPEN, 19: OPERATION_OPENATTR, 20: OPERATION_OPEN_CONFIRM, 21: OPERATION_OPEN_DOWNGRADE, 22: OPERATION_PUTFH, 23: OPERATION_PUTPUBFH, 24: OPERATION_PUTROOTFH, 25: OPERATION_READ, 26: OPERATION_READDIR, 27: OPERATION_READLINK, 28: OPERATION_REMOVE, 29: OPERATION_RENAME, 30: OPERATION_RENEW, 31: OPERATION_RESTOREFH, 32: OPERATION_SAVEFH, 33: OPERATION_SECINFO, 34: OPERATION_SETATTR, 35: OPERATION_SETCLIENTID, 36: OPERATION_SETCLIENTID_CONFIRM, 37: OPERATION_VERIFY, 38: OPERATION_WRITE, 39: OPERATION_RELEASE_LOCKOWNER, 40: OPERATION_BACKCHANNEL_CTL, 41: OPERATION_BIND_CONN_TO_SESSION, 42: OPERATION_EXCHANGE_ID, 43: OPERATION_CREATE_SESSION, 44: OPERATION_DESTROY_SESSION, 45: OPERATION_FREE_STATEID, 46: OPERATION_GET_DIR_DELEGATION, 47: OPERATION_GETDEVICEINFO, 48: OPERATION_GETDEVICELIST, 49: OPERATION_LAYOUTCOMMIT, 50: OPERATION_LAYOUTGET, 51: OPERATION_LAYOUTRETURN, 52: OPERATION_SECINFO_NO_NAME, 53: OPERATION_SEQUENCE, 54: OPERATION_SET_SSV, 55: OPERATION_TEST_STATEID, 56: OPERATION_WANT_DELEGATION, 57: OPERATION_DESTROY_CLIENTID, 58: OPERATION_RECLAIM_COMPLETE, 10044: OPERATION_ILLEGAL}
+
+
+def _error_CB_GETATTR4res(status: _Any) -> CB_GETATTR4res:
+    return CB_GETATTR4res(status)
+
+
+def _error_CB_RECALL4res(status: _Any) -> CB_RECALL4res:
+    return CB_RECALL4res(status)
+
+
+def _error_CB_LAYOUTRECALL4res(status: _Any) -> CB_LAYOUTRECALL4res:
+    return CB_LAYOUTRECALL4res(status)
+
+
+def _error_CB_NOTIFY4res(status: _Any) -> CB_NOTIFY4res:
+    return CB_NOTIFY4res(status)
+
+
+def _error_CB_PUSH_DELEG4res(status: _Any) -> CB_PUSH_DELEG4res:
+    return CB_PUSH_DELEG4res(status)
+
+
+def _error_CB_RECALL_ANY4res(status: _Any) -> CB_RECALL_ANY4res:
+    return CB_RECALL_ANY4res(status)
+
+
+def _error_CB_RECALLABLE_OBJ_AVAIL4res(status: _Any) -> CB_RECALLABLE_OBJ_AVAIL4res:
+    return CB_RECALLABLE_OBJ_AVAIL4res(status)
+
+
+def _error_CB_RECALL_SLOT4res(status: _Any) -> CB_RECALL_SLOT4res:
+    return CB_RECALL_SLOT4res(status)
+
+
+def _error_CB_SEQUENCE4res(status: _Any) -> CB_SEQUENCE4res:
+    return CB_SEQUENCE4res(status)
+
+
+def _error_CB_WANTS_CANCELLED4res(status: _Any) -> CB_WANTS_CANCELLED4res:
+    return CB_WANTS_CANCELLED4res(status)
+
+
+def _error_CB_NOTIFY_LOCK4res(status: _Any) -> CB_NOTIFY_LOCK4res:
+    return CB_NOTIFY_LOCK4res(status)
+
+
+def _error_CB_NOTIFY_DEVICEID4res(status: _Any) -> CB_NOTIFY_DEVICEID4res:
+    return CB_NOTIFY_DEVICEID4res(status)
+
+
+def _error_CB_ILLEGAL4res(status: _Any) -> CB_ILLEGAL4res:
+    return CB_ILLEGAL4res(status)
+
+
+CB_OPERATION_GETATTR: _Operation[CB_GETATTR4args, CB_GETATTR4res] = _Operation(OP_CB_GETATTR, 'OP_CB_GETATTR', True, dec_CB_GETATTR4args, enc_CB_GETATTR4args, dec_CB_GETATTR4res, enc_CB_GETATTR4res, _attrgetter('status'), _error_CB_GETATTR4res)
+CB_OPERATION_RECALL: _Operation[CB_RECALL4args, CB_RECALL4res] = _Operation(OP_CB_RECALL, 'OP_CB_RECALL', True, dec_CB_RECALL4args, enc_CB_RECALL4args, dec_CB_RECALL4res, enc_CB_RECALL4res, _attrgetter('status'), _error_CB_RECALL4res)
+CB_OPERATION_LAYOUTRECALL: _Operation[CB_LAYOUTRECALL4args, CB_LAYOUTRECALL4res] = _Operation(OP_CB_LAYOUTRECALL, 'OP_CB_LAYOUTRECALL', True, dec_CB_LAYOUTRECALL4args, enc_CB_LAYOUTRECALL4args, dec_CB_LAYOUTRECALL4res, enc_CB_LAYOUTRECALL4res, _attrgetter('clorr_status'), _error_CB_LAYOUTRECALL4res)
+CB_OPERATION_NOTIFY: _Operation[CB_NOTIFY4args, CB_NOTIFY4res] = _Operation(OP_CB_NOTIFY, 'OP_CB_NOTIFY', True, dec_CB_NOTIFY4args, enc_CB_NOTIFY4args, dec_CB_NOTIFY4res, enc_CB_NOTIFY4res, _attrgetter('cnr_status'), _error_CB_NOTIFY4res)
+CB_OPERATION_PUSH_DELEG: _Operation[CB_PUSH_DELEG4args, CB_PUSH_DELEG4res] = _Operation(OP_CB_PUSH_DELEG, 'OP_CB_PUSH_DELEG', True, dec_CB_PUSH_DELEG4args, enc_CB_PUSH_DELEG4args, dec_CB_PUSH_DELEG4res, enc_CB_PUSH_DELEG4res, _attrgetter('cpdr_status'), _error_CB_PUSH_DELEG4res)
+CB_OPERATION_RECALL_ANY: _Operation[CB_RECALL_ANY4args, CB_RECALL_ANY4res] = _Operation(OP_CB_RECALL_ANY, 'OP_CB_RECALL_ANY', True, dec_CB_RECALL_ANY4args, enc_CB_RECALL_ANY4args, dec_CB_RECALL_ANY4res, enc_CB_RECALL_ANY4res, _attrgetter('crar_status'), _error_CB_RECALL_ANY4res)
+CB_OPERATION_RECALLABLE_OBJ_AVAIL: _Operation[CB_RECALL_ANY4args, CB_RECALLABLE_OBJ_AVAIL4res] = _Operation(OP_CB_RECALLABLE_OBJ_AVAIL, 'OP_CB_RECALLABLE_OBJ_AVAIL', True, dec_CB_RECALL_ANY4args, enc_CB_RECALL_ANY4args, dec_CB_RECALLABLE_OBJ_AVAIL4res, enc_CB_RECALLABLE_OBJ_AVAIL4res, _attrgetter('croa_status'), _error_CB_RECALLABLE_OBJ_AVAIL4res)
+CB_OPERATION_RECALL_SLOT: _Operation[CB_RECALL_SLOT4args, CB_RECALL_SLOT4res] = _Operation(OP_CB_RECALL_SLOT, 'OP_CB_RECALL_SLOT', True, dec_CB_RECALL_SLOT4args, enc_CB_RECALL_SLOT4args, dec_CB_RECALL_SLOT4res, enc_CB_RECALL_SLOT4res, _attrgetter('rsr_status'), _error_CB_RECALL_SLOT4res)
+CB_OPERATION_SEQUENCE: _Operation[CB_SEQUENCE4args, CB_SEQUENCE4res] = _Operation(OP_CB_SEQUENCE, 'OP_CB_SEQUENCE', True, dec_CB_SEQUENCE4args, enc_CB_SEQUENCE4args, dec_CB_SEQUENCE4res, enc_CB_SEQUENCE4res, _attrgetter('csr_status'), _error_CB_SEQUENCE4res)
+CB_OPERATION_WANTS_CANCELLED: _Operation[CB_WANTS_CANCELLED4args, CB_WANTS_CANCELLED4res] = _Operation(OP_CB_WANTS_CANCELLED, 'OP_CB_WANTS_CANCELLED', True, dec_CB_WANTS_CANCELLED4args, enc_CB_WANTS_CANCELLED4args, dec_CB_WANTS_CANCELLED4res, enc_CB_WANTS_CANCELLED4res, _attrgetter('cwcr_status'), _error_CB_WANTS_CANCELLED4res)
+CB_OPERATION_NOTIFY_LOCK: _Operation[CB_NOTIFY_LOCK4args, CB_NOTIFY_LOCK4res] = _Operation(OP_CB_NOTIFY_LOCK, 'OP_CB_NOTIFY_LOCK', True, dec_CB_NOTIFY_LOCK4args, enc_CB_NOTIFY_LOCK4args, dec_CB_NOTIFY_LOCK4res, enc_CB_NOTIFY_LOCK4res, _attrgetter('cnlr_status'), _error_CB_NOTIFY_LOCK4res)
+CB_OPERATION_NOTIFY_DEVICEID: _Operation[CB_NOTIFY_DEVICEID4args, CB_NOTIFY_DEVICEID4res] = _Operation(OP_CB_NOTIFY_DEVICEID, 'OP_CB_NOTIFY_DEVICEID', True, dec_CB_NOTIFY_DEVICEID4args, enc_CB_NOTIFY_DEVICEID4args, dec_CB_NOTIFY_DEVICEID4res, enc_CB_NOTIFY_DEVICEID4res, _attrgetter('cndr_status'), _error_CB_NOTIFY_DEVICEID4res)
+CB_OPERATION_ILLEGAL: _Operation[None, CB_ILLEGAL4res] = _Operation(OP_CB_ILLEGAL, 'OP_CB_ILLEGAL', False, _void_decode, _void_encode, dec_CB_ILLEGAL4res, enc_CB_ILLEGAL4res, _attrgetter('status'), _error_CB_ILLEGAL4res)
+
+CB_OPERATIONS: dict[int, _Operation[_Any, _Any]] = {3: CB_OPERATION_GETATTR, 4: CB_OPERATION_RECALL, 5: CB_OPERATION_LAYOUTRECALL, 6: CB_OPERATION_NOTIFY, 7: CB_OPERATION_PUSH_DELEG, 8: CB_OPERATION_RECALL_ANY, 9: CB_OPERATION_RECALLABLE_OBJ_AVAIL, 10: CB_OPERATION_RECALL_SLOT, 11: CB_OPERATION_SEQUENCE, 12: CB_OPERATION_WANTS_CANCELLED, 13: CB_OPERATION_NOTIFY_LOCK, 14: CB_OPERATION_NOTIFY_DEVICEID, 10044: CB_OPERATION_ILLEGAL}
+
+
+# -- fattr4 attribute-mask codecs (nfsrdma.xdr.fattrgen) ------------------------------
+ATTRIBUTE_NAMES: dict[int, str] = {0: 'supported_attrs', 1: 'type', 2: 'fh_expire_type', 3: 'change', 4: 'size', 5: 'link_support', 6: 'symlink_support', 7: 'named_attr', 8: 'fsid', 9: 'unique_handles', 10: 'lease_time', 11: 'rdattr_error', 12: 'acl', 13: 'aclsupport', 14: 'archive', 15: 'cansettime', 16: 'case_insensitive', 17: 'case_preserving', 18: 'chown_restricted', 19: 'filehandle', 20: 'fileid', 21: 'files_avail', 22: 'files_free', 23: 'files_total', 24: 'fs_locations', 25: 'hidden', 26: 'homogeneous', 27: 'maxfilesize', 28: 'maxlink', 29: 'maxname', 30: 'maxread', 31: 'maxwrite', 32: 'mimetype', 33: 'mode', 34: 'no_trunc', 35: 'numlinks', 36: 'owner', 37: 'owner_group', 38: 'quota_avail_hard', 39: 'quota_avail_soft', 40: 'quota_used', 41: 'rawdev', 42: 'space_avail', 43: 'space_free', 44: 'space_total', 45: 'space_used', 46: 'system', 47: 'time_access', 48: 'time_access_set', 49: 'time_backup', 50: 'time_create', 51: 'time_delta', 52: 'time_metadata', 53: 'time_modify', 54: 'time_modify_set', 55: 'mounted_on_fileid', 56: 'dir_notif_delay', 57: 'dirent_notif_delay', 58: 'dacl', 59: 'sacl', 60: 'change_policy', 61: 'fs_status', 62: 'fs_layout_types', 63: 'layout_hint', 64: 'layout_types', 65: 'layout_blksize', 66: 'layout_alignment', 67: 'fs_locations_info', 68: 'mdsthreshold', 69: 'retention_get', 70: 'retention_set', 71: 'retentevt_get', 72: 'retentevt_set', 73: 'retention_hold', 74: 'mode_set_masked', 75: 'suppattr_exclcreat', 76: 'fs_charset_cap'}
+ATTRIBUTE_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_fattr4_supported_attrs, 1: dec_fattr4_type, 2: dec_fattr4_fh_expire_type, 3: dec_fattr4_change, 4: dec_fattr4_size, 5: dec_fattr4_link_support, 6: dec_fattr4_symlink_support, 7: dec_fattr4_named_attr, 8: dec_fattr4_fsid, 9: dec_fattr4_unique_handles, 10: dec_fattr4_lease_time, 11: dec_fattr4_rdattr_error, 12: dec_fattr4_acl, 13: dec_fattr4_aclsupport, 14: dec_fattr4_archive, 15: dec_fattr4_cansettime, 16: dec_fattr4_case_insensitive, 17: dec_fattr4_case_preserving, 18: dec_fattr4_chown_restricted, 19: dec_fattr4_filehandle, 20: dec_fattr4_fileid, 21: dec_fattr4_files_avail, 22: dec_fattr4_files_free, 23: dec_fattr4_files_total, 24: dec_fattr4_fs_locations, 25: dec_fattr4_hidden, 26: dec_fattr4_homogeneous, 27: dec_fattr4_maxfilesize, 28: dec_fattr4_maxlink, 29: dec_fattr4_maxname, 30: dec_fattr4_maxread, 31: dec_fattr4_maxwrite, 32: dec_fattr4_mimetype, 33: dec_fattr4_mode, 34: dec_fattr4_no_trunc, 35: dec_fattr4_numlinks, 36: dec_fattr4_owner, 37: dec_fattr4_owner_group, 38: dec_fattr4_quota_avail_hard, 39: dec_fattr4_quota_avail_soft, 40: dec_fattr4_quota_used, 41: dec_fattr4_rawdev, 42: dec_fattr4_space_avail, 43: dec_fattr4_space_free, 44: dec_fattr4_space_total, 45: dec_fattr4_space_used, 46: dec_fattr4_system, 47: dec_fattr4_time_access, 48: dec_fattr4_time_access_set, 49: dec_fattr4_time_backup, 50: dec_fattr4_time_create, 51: dec_fattr4_time_delta, 52: dec_fattr4_time_metadata, 53: dec_fattr4_time_modify, 54: dec_fattr4_time_modify_set, 55: dec_fattr4_mounted_on_fileid, 56: dec_fattr4_dir_notif_delay, 57: dec_fattr4_dirent_notif_delay, 58: dec_fattr4_dacl, 59: dec_fattr4_sacl, 60: dec_fattr4_change_policy, 61: dec_fattr4_fs_status, 62: dec_fattr4_fs_layout_types, 63: dec_fattr4_layout_hint, 64: dec_fattr4_layout_types, 65: dec_fattr4_layout_blksize, 66: dec_fattr4_layout_alignment, 67: dec_fattr4_fs_locations_info, 68: dec_fattr4_mdsthreshold, 69: dec_fattr4_retention_get, 70: dec_fattr4_retention_set, 71: dec_fattr4_retentevt_get, 72: dec_fattr4_retentevt_set, 73: dec_fattr4_retention_hold, 74: dec_fattr4_mode_set_masked, 75: dec_fattr4_suppattr_exclcreat, 76: dec_fattr4_fs_charset_cap}
+ATTRIBUTE_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_fattr4_supported_attrs, 1: enc_fattr4_type, 2: enc_fattr4_fh_expire_type, 3: enc_fattr4_change, 4: enc_fattr4_size, 5: enc_fattr4_link_support, 6: enc_fattr4_symlink_support, 7: enc_fattr4_named_attr, 8: enc_fattr4_fsid, 9: enc_fattr4_unique_handles, 10: enc_fattr4_lease_time, 11: enc_fattr4_rdattr_error, 12: enc_fattr4_acl, 13: enc_fattr4_aclsupport, 14: enc_fattr4_archive, 15: enc_fattr4_cansettime, 16: enc_fattr4_case_insensitive, 17: enc_fattr4_case_preserving, 18: enc_fattr4_chown_restricted, 19: enc_fattr4_filehandle, 20: enc_fattr4_fileid, 21: enc_fattr4_files_avail, 22: enc_fattr4_files_free, 23: enc_fattr4_files_total, 24: enc_fattr4_fs_locations, 25: enc_fattr4_hidden, 26: enc_fattr4_homogeneous, 27: enc_fattr4_maxfilesize, 28: enc_fattr4_maxlink, 29: enc_fattr4_maxname, 30: enc_fattr4_maxread, 31: enc_fattr4_maxwrite, 32: enc_fattr4_mimetype, 33: enc_fattr4_mode, 34: enc_fattr4_no_trunc, 35: enc_fattr4_numlinks, 36: enc_fattr4_owner, 37: enc_fattr4_owner_group, 38: enc_fattr4_quota_avail_hard, 39: enc_fattr4_quota_avail_soft, 40: enc_fattr4_quota_used, 41: enc_fattr4_rawdev, 42: enc_fattr4_space_avail, 43: enc_fattr4_space_free, 44: enc_fattr4_space_total, 45: enc_fattr4_space_used, 46: enc_fattr4_system, 47: enc_fattr4_time_access, 48: enc_fattr4_time_access_set, 49: enc_fattr4_time_backup, 50: enc_fattr4_time_create, 51: enc_fattr4_time_delta, 52: enc_fattr4_time_metadata, 53: enc_fattr4_time_modify, 54: enc_fattr4_time_modify_set, 55: enc_fattr4_mounted_on_fileid, 56: enc_fattr4_dir_notif_delay, 57: enc_fattr4_dirent_notif_delay, 58: enc_fattr4_dacl, 59: enc_fattr4_sacl, 60: enc_fattr4_change_policy, 61: enc_fattr4_fs_status, 62: enc_fattr4_fs_layout_types, 63: enc_fattr4_layout_hint, 64: enc_fattr4_layout_types, 65: enc_fattr4_layout_blksize, 66: enc_fattr4_layout_alignment, 67: enc_fattr4_fs_locations_info, 68: enc_fattr4_mdsthreshold, 69: enc_fattr4_retention_get, 70: enc_fattr4_retention_set, 71: enc_fattr4_retentevt_get, 72: enc_fattr4_retentevt_set, 73: enc_fattr4_retention_hold, 74: enc_fattr4_mode_set_masked, 75: enc_fattr4_suppattr_exclcreat, 76: enc_fattr4_fs_charset_cap}
+
+
+def _fattr4_build_type(_t: _Any) -> _Any:
+    return _nfs_ftype4_MAP[_t[0]]
+
+
+def _fattr4_build_link_support(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_symlink_support(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_named_attr(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_fsid(_t: _Any) -> _Any:
+    return fsid4(_t[0], _t[1])
+
+
+def _fattr4_build_unique_handles(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_rdattr_error(_t: _Any) -> _Any:
+    return _nfsstat4_MAP[_t[0]]
+
+
+def _fattr4_build_archive(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_cansettime(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_case_insensitive(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_case_preserving(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_chown_restricted(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_hidden(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_homogeneous(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_no_trunc(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_rawdev(_t: _Any) -> _Any:
+    return specdata4(_t[0], _t[1])
+
+
+def _fattr4_build_system(_t: _Any) -> _Any:
+    return _BOOL[_t[0]]
+
+
+def _fattr4_build_time_access(_t: _Any) -> _Any:
+    return nfstime4(_t[0], _t[1])
+
+
+def _fattr4_build_time_backup(_t: _Any) -> _Any:
+    return nfstime4(_t[0], _t[1])
+
+
+def _fattr4_build_time_create(_t: _Any) -> _Any:
+    return nfstime4(_t[0], _t[1])
+
+
+def _fattr4_build_time_delta(_t: _Any) -> _Any:
+    return nfstime4(_t[0], _t[1])
+
+
+def _fattr4_build_time_metadata(_t: _Any) -> _Any:
+    return nfstime4(_t[0], _t[1])
+
+
+def _fattr4_build_time_modify(_t: _Any) -> _Any:
+    return nfstime4(_t[0], _t[1])
+
+
+def _fattr4_build_dir_notif_delay(_t: _Any) -> _Any:
+    return nfstime4(_t[0], _t[1])
+
+
+def _fattr4_build_dirent_notif_delay(_t: _Any) -> _Any:
+    return nfstime4(_t[0], _t[1])
+
+
+def _fattr4_build_change_policy(_t: _Any) -> _Any:
+    return change_policy4(_t[0], _t[1])
+
+
+def _fattr4_build_mode_set_masked(_t: _Any) -> _Any:
+    return mode_masked4(_t[0], _t[1])
+
+
+ATTRIBUTE_FIXED: dict[int, tuple[str, _Callable[[_Any], _Any] | None]] = {1: ('i', _fattr4_build_type), 2: ('I', None), 3: ('Q', None), 4: ('Q', None), 5: ('I', _fattr4_build_link_support), 6: ('I', _fattr4_build_symlink_support), 7: ('I', _fattr4_build_named_attr), 8: ('QQ', _fattr4_build_fsid), 9: ('I', _fattr4_build_unique_handles), 10: ('I', None), 11: ('i', _fattr4_build_rdattr_error), 13: ('I', None), 14: ('I', _fattr4_build_archive), 15: ('I', _fattr4_build_cansettime), 16: ('I', _fattr4_build_case_insensitive), 17: ('I', _fattr4_build_case_preserving), 18: ('I', _fattr4_build_chown_restricted), 20: ('Q', None), 21: ('Q', None), 22: ('Q', None), 23: ('Q', None), 25: ('I', _fattr4_build_hidden), 26: ('I', _fattr4_build_homogeneous), 27: ('Q', None), 28: ('I', None), 29: ('I', None), 30: ('Q', None), 31: ('Q', None), 33: ('I', None), 34: ('I', _fattr4_build_no_trunc), 35: ('I', None), 38: ('Q', None), 39: ('Q', None), 40: ('Q', None), 41: ('II', _fattr4_build_rawdev), 42: ('Q', None), 43: ('Q', None), 44: ('Q', None), 45: ('Q', None), 46: ('I', _fattr4_build_system), 47: ('qI', _fattr4_build_time_access), 49: ('qI', _fattr4_build_time_backup), 50: ('qI', _fattr4_build_time_create), 51: ('qI', _fattr4_build_time_delta), 52: ('qI', _fattr4_build_time_metadata), 53: ('qI', _fattr4_build_time_modify), 55: ('Q', None), 56: ('qI', _fattr4_build_dir_notif_delay), 57: ('qI', _fattr4_build_dirent_notif_delay), 60: ('QQ', _fattr4_build_change_policy), 65: ('I', None), 66: ('I', None), 73: ('Q', None), 74: ('II', _fattr4_build_mode_set_masked), 76: ('I', None)}
+
+
+def _fattr4_opaque(data: bytes) -> bytes:
+    n = len(data)
+    return _U32.pack(n) + data + _PAD[n & 3]
+
+
+@_lru_cache(maxsize=4096)
+def _fattr4_decimal(ident: int) -> bytes:
+    return _fattr4_opaque(str(ident).encode('ascii'))
+
+
+SERVER_SUPPORTED_ATTRS: frozenset[int] = frozenset({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 16, 17, 18, 19, 20, 21, 22, 23, 26, 27, 28, 29, 30, 31, 33, 34, 35, 36, 37, 41, 42, 43, 44, 45, 47, 48, 51, 52, 53, 54, 55, 75})
+SERVER_SUPPATTR_EXCLCREAT: frozenset[int] = frozenset({4, 33, 36, 37})
+SERVER_ATTRIBUTE_FS: frozenset[int] = frozenset({21, 22, 23, 28, 29, 42, 43, 44})
+
+
+def _fattr4_encode_l0g0_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S2_pack(a.type)
+
+
+def _fattr4_encode_l0g0_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(a.change)
+
+
+def _fattr4_encode_l0g0_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S49_pack(a.type, a.change)
+
+
+def _fattr4_encode_l0g0_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(a.size)
+
+
+def _fattr4_encode_l0g0_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S49_pack(a.type, a.size)
+
+
+def _fattr4_encode_l0g0_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S8_pack(a.change, a.size)
+
+
+def _fattr4_encode_l0g0_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S22_pack(a.type, a.change, a.size)
+
+
+def _fattr4_encode_l0g0_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S8_pack(*a.fsid)
+
+
+def _fattr4_encode_l0g0_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S22_pack(a.type, *a.fsid)
+
+
+def _fattr4_encode_l0g0_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S50_pack(a.change, *a.fsid)
+
+
+def _fattr4_encode_l0g0_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S51_pack(a.type, a.change, *a.fsid)
+
+
+def _fattr4_encode_l0g0_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S50_pack(a.size, *a.fsid)
+
+
+def _fattr4_encode_l0g0_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S51_pack(a.type, a.size, *a.fsid)
+
+
+def _fattr4_encode_l0g0_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S52_pack(a.change, a.size, *a.fsid)
+
+
+def _fattr4_encode_l0g0_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S53_pack(a.type, a.change, a.size, *a.fsid)
+
+
+def _fattr4_encode_l0g0_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S2_pack(err)
+
+
+def _fattr4_encode_l0g0_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S54_pack(a.type, err)
+
+
+def _fattr4_encode_l0g0_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S55_pack(a.change, err)
+
+
+def _fattr4_encode_l0g0_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S56_pack(a.type, a.change, err)
+
+
+def _fattr4_encode_l0g0_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S55_pack(a.size, err)
+
+
+def _fattr4_encode_l0g0_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S56_pack(a.type, a.size, err)
+
+
+def _fattr4_encode_l0g0_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S11_pack(a.change, a.size, err)
+
+
+def _fattr4_encode_l0g0_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S57_pack(a.type, a.change, a.size, err)
+
+
+def _fattr4_encode_l0g0_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S11_pack(*a.fsid, err)
+
+
+def _fattr4_encode_l0g0_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S57_pack(a.type, *a.fsid, err)
+
+
+def _fattr4_encode_l0g0_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S58_pack(a.change, *a.fsid, err)
+
+
+def _fattr4_encode_l0g0_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S59_pack(a.type, a.change, *a.fsid, err)
+
+
+def _fattr4_encode_l0g0_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S58_pack(a.size, *a.fsid, err)
+
+
+def _fattr4_encode_l0g0_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S59_pack(a.type, a.size, *a.fsid, err)
+
+
+def _fattr4_encode_l0g0_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S60_pack(a.change, a.size, *a.fsid, err)
+
+
+def _fattr4_encode_l0g0_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S61_pack(a.type, a.change, a.size, *a.fsid, err)
+
+
+def _fattr4_encode_l0g0_32(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_33(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S2_pack(a.type) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_34(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(a.change) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_35(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S49_pack(a.type, a.change) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_36(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(a.size) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_37(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S49_pack(a.type, a.size) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_38(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S8_pack(a.change, a.size) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_39(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S22_pack(a.type, a.change, a.size) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_40(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S8_pack(*a.fsid) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_41(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S22_pack(a.type, *a.fsid) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_42(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S50_pack(a.change, *a.fsid) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_43(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S51_pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_44(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S50_pack(a.size, *a.fsid) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_45(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S51_pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_46(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S52_pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_47(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S53_pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_48(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S2_pack(err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_49(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S54_pack(a.type, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_50(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S55_pack(a.change, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_51(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S56_pack(a.type, a.change, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_52(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S55_pack(a.size, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_53(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S56_pack(a.type, a.size, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_54(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S11_pack(a.change, a.size, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_55(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S57_pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_56(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S11_pack(*a.fsid, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_57(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S57_pack(a.type, *a.fsid, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_58(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S58_pack(a.change, *a.fsid, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_59(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S59_pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_60(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S58_pack(a.size, *a.fsid, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_61(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S59_pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_62(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S60_pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_63(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S61_pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l0g0_64(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_65(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S49_pack(a.type, a.fileid)
+
+
+def _fattr4_encode_l0g0_66(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S8_pack(a.change, a.fileid)
+
+
+def _fattr4_encode_l0g0_67(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S22_pack(a.type, a.change, a.fileid)
+
+
+def _fattr4_encode_l0g0_68(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S8_pack(a.size, a.fileid)
+
+
+def _fattr4_encode_l0g0_69(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S22_pack(a.type, a.size, a.fileid)
+
+
+def _fattr4_encode_l0g0_70(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S50_pack(a.change, a.size, a.fileid)
+
+
+def _fattr4_encode_l0g0_71(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S51_pack(a.type, a.change, a.size, a.fileid)
+
+
+def _fattr4_encode_l0g0_72(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S50_pack(*a.fsid, a.fileid)
+
+
+def _fattr4_encode_l0g0_73(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S51_pack(a.type, *a.fsid, a.fileid)
+
+
+def _fattr4_encode_l0g0_74(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S52_pack(a.change, *a.fsid, a.fileid)
+
+
+def _fattr4_encode_l0g0_75(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S53_pack(a.type, a.change, *a.fsid, a.fileid)
+
+
+def _fattr4_encode_l0g0_76(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S52_pack(a.size, *a.fsid, a.fileid)
+
+
+def _fattr4_encode_l0g0_77(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S53_pack(a.type, a.size, *a.fsid, a.fileid)
+
+
+def _fattr4_encode_l0g0_78(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S62_pack(a.change, a.size, *a.fsid, a.fileid)
+
+
+def _fattr4_encode_l0g0_79(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S63_pack(a.type, a.change, a.size, *a.fsid, a.fileid)
+
+
+def _fattr4_encode_l0g0_80(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S49_pack(err, a.fileid)
+
+
+def _fattr4_encode_l0g0_81(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S64_pack(a.type, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_82(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S65_pack(a.change, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_83(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S66_pack(a.type, a.change, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_84(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S65_pack(a.size, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_85(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S66_pack(a.type, a.size, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_86(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S67_pack(a.change, a.size, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_87(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S68_pack(a.type, a.change, a.size, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_88(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S67_pack(*a.fsid, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_89(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S68_pack(a.type, *a.fsid, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_90(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S69_pack(a.change, *a.fsid, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_91(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S70_pack(a.type, a.change, *a.fsid, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_92(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S69_pack(a.size, *a.fsid, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_93(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S70_pack(a.type, a.size, *a.fsid, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_94(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S71_pack(a.change, a.size, *a.fsid, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_95(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S72_pack(a.type, a.change, a.size, *a.fsid, err, a.fileid)
+
+
+def _fattr4_encode_l0g0_96(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_97(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S2_pack(a.type) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_98(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(a.change) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_99(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S49_pack(a.type, a.change) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_100(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(a.size) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_101(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S49_pack(a.type, a.size) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_102(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S8_pack(a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_103(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S22_pack(a.type, a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_104(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S8_pack(*a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_105(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S22_pack(a.type, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_106(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S50_pack(a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_107(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S51_pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_108(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S50_pack(a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_109(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S51_pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_110(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S52_pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_111(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S53_pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_112(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S2_pack(err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_113(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S54_pack(a.type, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_114(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S55_pack(a.change, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_115(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S56_pack(a.type, a.change, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_116(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S55_pack(a.size, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_117(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S56_pack(a.type, a.size, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_118(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S11_pack(a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_119(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S57_pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_120(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S11_pack(*a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_121(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S57_pack(a.type, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_122(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S58_pack(a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_123(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S59_pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_124(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S58_pack(a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_125(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S59_pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_126(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S60_pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_127(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S61_pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l0g0_128(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_129(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S73_pack(a.type, a.mode)
+
+
+def _fattr4_encode_l0g0_130(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S18_pack(a.change, a.mode)
+
+
+def _fattr4_encode_l0g0_131(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S74_pack(a.type, a.change, a.mode)
+
+
+def _fattr4_encode_l0g0_132(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S18_pack(a.size, a.mode)
+
+
+def _fattr4_encode_l0g0_133(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S74_pack(a.type, a.size, a.mode)
+
+
+def _fattr4_encode_l0g0_134(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S75_pack(a.change, a.size, a.mode)
+
+
+def _fattr4_encode_l0g0_135(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S76_pack(a.type, a.change, a.size, a.mode)
+
+
+def _fattr4_encode_l0g0_136(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S75_pack(*a.fsid, a.mode)
+
+
+def _fattr4_encode_l0g0_137(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S76_pack(a.type, *a.fsid, a.mode)
+
+
+def _fattr4_encode_l0g0_138(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S77_pack(a.change, *a.fsid, a.mode)
+
+
+def _fattr4_encode_l0g0_139(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S78_pack(a.type, a.change, *a.fsid, a.mode)
+
+
+def _fattr4_encode_l0g0_140(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S77_pack(a.size, *a.fsid, a.mode)
+
+
+def _fattr4_encode_l0g0_141(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S78_pack(a.type, a.size, *a.fsid, a.mode)
+
+
+def _fattr4_encode_l0g0_142(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S79_pack(a.change, a.size, *a.fsid, a.mode)
+
+
+def _fattr4_encode_l0g0_143(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S80_pack(a.type, a.change, a.size, *a.fsid, a.mode)
+
+
+def _fattr4_encode_l0g0_144(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S73_pack(err, a.mode)
+
+
+def _fattr4_encode_l0g0_145(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S45_pack(a.type, err, a.mode)
+
+
+def _fattr4_encode_l0g0_146(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S81_pack(a.change, err, a.mode)
+
+
+def _fattr4_encode_l0g0_147(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S82_pack(a.type, a.change, err, a.mode)
+
+
+def _fattr4_encode_l0g0_148(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S81_pack(a.size, err, a.mode)
+
+
+def _fattr4_encode_l0g0_149(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S82_pack(a.type, a.size, err, a.mode)
+
+
+def _fattr4_encode_l0g0_150(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S83_pack(a.change, a.size, err, a.mode)
+
+
+def _fattr4_encode_l0g0_151(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S84_pack(a.type, a.change, a.size, err, a.mode)
+
+
+def _fattr4_encode_l0g0_152(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S83_pack(*a.fsid, err, a.mode)
+
+
+def _fattr4_encode_l0g0_153(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S84_pack(a.type, *a.fsid, err, a.mode)
+
+
+def _fattr4_encode_l0g0_154(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S85_pack(a.change, *a.fsid, err, a.mode)
+
+
+def _fattr4_encode_l0g0_155(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S86_pack(a.type, a.change, *a.fsid, err, a.mode)
+
+
+def _fattr4_encode_l0g0_156(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S85_pack(a.size, *a.fsid, err, a.mode)
+
+
+def _fattr4_encode_l0g0_157(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S86_pack(a.type, a.size, *a.fsid, err, a.mode)
+
+
+def _fattr4_encode_l0g0_158(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S87_pack(a.change, a.size, *a.fsid, err, a.mode)
+
+
+def _fattr4_encode_l0g0_159(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S88_pack(a.type, a.change, a.size, *a.fsid, err, a.mode)
+
+
+def _fattr4_encode_l0g0_160(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_161(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S2_pack(a.type) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_162(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(a.change) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_163(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S49_pack(a.type, a.change) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_164(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(a.size) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_165(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S49_pack(a.type, a.size) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_166(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S8_pack(a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_167(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S22_pack(a.type, a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_168(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S8_pack(*a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_169(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S22_pack(a.type, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_170(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S50_pack(a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_171(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S51_pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_172(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S50_pack(a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_173(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S51_pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_174(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S52_pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_175(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S53_pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_176(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S2_pack(err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_177(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S54_pack(a.type, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_178(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S55_pack(a.change, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_179(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S56_pack(a.type, a.change, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_180(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S55_pack(a.size, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_181(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S56_pack(a.type, a.size, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_182(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S11_pack(a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_183(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S57_pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_184(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S11_pack(*a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_185(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S57_pack(a.type, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_186(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S58_pack(a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_187(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S59_pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_188(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S58_pack(a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_189(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S59_pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_190(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S60_pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_191(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S61_pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l0g0_192(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_193(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S74_pack(a.type, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_194(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S75_pack(a.change, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_195(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S76_pack(a.type, a.change, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_196(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S75_pack(a.size, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_197(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S76_pack(a.type, a.size, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_198(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S77_pack(a.change, a.size, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_199(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S78_pack(a.type, a.change, a.size, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_200(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S77_pack(*a.fsid, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_201(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S78_pack(a.type, *a.fsid, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_202(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S79_pack(a.change, *a.fsid, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_203(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S80_pack(a.type, a.change, *a.fsid, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_204(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S79_pack(a.size, *a.fsid, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_205(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S80_pack(a.type, a.size, *a.fsid, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_206(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S89_pack(a.change, a.size, *a.fsid, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_207(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S90_pack(a.type, a.change, a.size, *a.fsid, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_208(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S74_pack(err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_209(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S91_pack(a.type, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_210(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S92_pack(a.change, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_211(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S93_pack(a.type, a.change, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_212(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S92_pack(a.size, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_213(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S93_pack(a.type, a.size, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_214(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S94_pack(a.change, a.size, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_215(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S95_pack(a.type, a.change, a.size, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_216(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S94_pack(*a.fsid, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_217(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S95_pack(a.type, *a.fsid, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_218(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S96_pack(a.change, *a.fsid, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_219(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S97_pack(a.type, a.change, *a.fsid, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_220(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S96_pack(a.size, *a.fsid, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_221(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S97_pack(a.type, a.size, *a.fsid, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_222(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S98_pack(a.change, a.size, *a.fsid, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_223(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S99_pack(a.type, a.change, a.size, *a.fsid, err, a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_224(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_225(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S2_pack(a.type) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_226(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(a.change) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_227(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S49_pack(a.type, a.change) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_228(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(a.size) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_229(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S49_pack(a.type, a.size) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_230(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S8_pack(a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_231(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S22_pack(a.type, a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_232(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S8_pack(*a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_233(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S22_pack(a.type, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_234(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S50_pack(a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_235(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S51_pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_236(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S50_pack(a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_237(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S51_pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_238(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S52_pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_239(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S53_pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_240(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S2_pack(err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_241(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S54_pack(a.type, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_242(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S55_pack(a.change, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_243(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S56_pack(a.type, a.change, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_244(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S55_pack(a.size, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_245(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S56_pack(a.type, a.size, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_246(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S11_pack(a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_247(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S57_pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_248(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S11_pack(*a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_249(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S57_pack(a.type, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_250(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S58_pack(a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_251(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S59_pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_252(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S58_pack(a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_253(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S59_pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_254(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S60_pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g0_255(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S61_pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+
+
+def _fattr4_encode_l0g1_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink)
+
+
+def _fattr4_encode_l0g1_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid)
+
+
+def _fattr4_encode_l0g1_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid)
+
+
+def _fattr4_encode_l0g1_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid)
+
+
+def _fattr4_encode_l0g1_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid)
+
+
+def _fattr4_encode_l0g1_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid)
+
+
+def _fattr4_encode_l0g1_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid)
+
+
+def _fattr4_encode_l0g1_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(*a.rdev)
+
+
+def _fattr4_encode_l0g1_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S9_pack(a.nlink, *a.rdev)
+
+
+def _fattr4_encode_l0g1_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S1_pack(*a.rdev)
+
+
+def _fattr4_encode_l0g1_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S1_pack(*a.rdev)
+
+
+def _fattr4_encode_l0g1_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S1_pack(*a.rdev)
+
+
+def _fattr4_encode_l0g1_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S1_pack(*a.rdev)
+
+
+def _fattr4_encode_l0g1_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S1_pack(*a.rdev)
+
+
+def _fattr4_encode_l0g1_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S1_pack(*a.rdev)
+
+
+def _fattr4_encode_l0g1_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(a.space_used)
+
+
+def _fattr4_encode_l0g1_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S100_pack(a.nlink, a.space_used)
+
+
+def _fattr4_encode_l0g1_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S4_pack(a.space_used)
+
+
+def _fattr4_encode_l0g1_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S4_pack(a.space_used)
+
+
+def _fattr4_encode_l0g1_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S4_pack(a.space_used)
+
+
+def _fattr4_encode_l0g1_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S4_pack(a.space_used)
+
+
+def _fattr4_encode_l0g1_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S4_pack(a.space_used)
+
+
+def _fattr4_encode_l0g1_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S4_pack(a.space_used)
+
+
+def _fattr4_encode_l0g1_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S101_pack(*a.rdev, a.space_used)
+
+
+def _fattr4_encode_l0g1_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S102_pack(a.nlink, *a.rdev, a.space_used)
+
+
+def _fattr4_encode_l0g1_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S101_pack(*a.rdev, a.space_used)
+
+
+def _fattr4_encode_l0g1_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S101_pack(*a.rdev, a.space_used)
+
+
+def _fattr4_encode_l0g1_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, a.space_used)
+
+
+def _fattr4_encode_l0g1_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, a.space_used)
+
+
+def _fattr4_encode_l0g1_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, a.space_used)
+
+
+def _fattr4_encode_l0g1_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, a.space_used)
+
+
+def _fattr4_encode_l0g1_32(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S7_pack(*divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_33(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S103_pack(a.nlink, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_34(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S7_pack(*divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_35(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S7_pack(*divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_36(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_37(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_38(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_39(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_40(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S104_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_41(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S105_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_42(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S104_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_43(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S104_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_44(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_45(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_46(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_47(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_48(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S106_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_49(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S107_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_50(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S106_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_51(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S106_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_52(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_53(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_54(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_55(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_56(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_57(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S109_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_58(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_59(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_60(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_61(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_62(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_63(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_64(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S7_pack(*divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_65(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S103_pack(a.nlink, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_66(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S7_pack(*divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_67(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S7_pack(*divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_68(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_69(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_70(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_71(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_72(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S104_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_73(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S105_pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_74(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S104_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_75(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S104_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_76(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_77(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_78(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_79(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_80(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S106_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_81(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S107_pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_82(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S106_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_83(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S106_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_84(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_85(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_86(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_87(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_88(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_89(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S109_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_90(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_91(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_92(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_93(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_94(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_95(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_96(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_97(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S110_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_98(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_99(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_100(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_101(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_102(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_103(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_104(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_105(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S112_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_106(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_107(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_108(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_109(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_110(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_111(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_112(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_113(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S114_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_114(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_115(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_116(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_117(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_118(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_119(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_120(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_121(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S116_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_122(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_123(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_124(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_125(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_126(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_127(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_128(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S7_pack(*divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_129(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S103_pack(a.nlink, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_130(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S7_pack(*divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_131(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S7_pack(*divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_132(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_133(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_134(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_135(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S7_pack(*divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_136(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S104_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_137(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S105_pack(a.nlink, *a.rdev, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_138(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S104_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_139(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S104_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_140(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_141(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_142(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_143(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S104_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_144(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S106_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_145(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S107_pack(a.nlink, a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_146(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S106_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_147(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S106_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_148(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_149(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_150(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_151(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S106_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_152(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_153(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S109_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_154(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_155(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_156(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_157(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_158(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_159(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S108_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_160(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_161(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S110_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_162(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_163(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_164(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_165(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_166(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_167(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_168(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_169(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S112_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_170(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_171(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_172(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_173(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_174(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_175(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_176(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_177(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S114_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_178(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_179(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_180(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_181(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_182(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_183(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_184(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_185(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S116_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_186(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_187(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_188(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_189(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_190(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_191(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_192(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_193(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S110_pack(a.nlink, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_194(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_195(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_196(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_197(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_198(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_199(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_200(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S111_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_201(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S112_pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_202(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S111_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_203(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S111_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_204(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_205(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_206(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_207(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S111_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_208(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S113_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_209(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S114_pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_210(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S113_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_211(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S113_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_212(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_213(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_214(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_215(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S113_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_216(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_217(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S116_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_218(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_219(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_220(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_221(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_222(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_223(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S115_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_224(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S117_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_225(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S118_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_226(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S117_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_227(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S117_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_228(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S117_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_229(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S117_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_230(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S117_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_231(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S117_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_232(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_233(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S120_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_234(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_235(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_236(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_237(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_238(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_239(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_240(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_241(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S122_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_242(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_243(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_244(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_245(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_246(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_247(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_248(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_249(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S124_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_250(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_251(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_252(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_253(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_254(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_255(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l0g1_256(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_257(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S100_pack(a.nlink, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_258(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S4_pack(a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_259(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S4_pack(a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_260(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S4_pack(a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_261(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S4_pack(a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_262(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S4_pack(a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_263(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S4_pack(a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_264(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S101_pack(*a.rdev, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_265(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S102_pack(a.nlink, *a.rdev, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_266(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S101_pack(*a.rdev, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_267(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S101_pack(*a.rdev, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_268(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_269(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_270(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_271(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_272(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S8_pack(a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_273(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S15_pack(a.nlink, a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_274(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S8_pack(a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_275(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S8_pack(a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_276(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S8_pack(a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_277(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S8_pack(a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_278(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S8_pack(a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_279(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S8_pack(a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_280(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S125_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_281(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S126_pack(a.nlink, *a.rdev, a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_282(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S125_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_283(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S125_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_284(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S125_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_285(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S125_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_286(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S125_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_287(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S125_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_288(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S127_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_289(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S128_pack(a.nlink, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_290(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S127_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_291(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S127_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_292(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_293(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_294(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_295(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_296(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S129_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_297(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S130_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_298(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S129_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_299(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S129_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_300(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_301(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_302(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_303(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_304(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S131_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_305(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S132_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_306(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S131_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_307(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S131_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_308(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_309(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_310(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_311(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_312(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_313(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S134_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_314(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_315(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_316(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_317(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_318(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_319(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_320(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S127_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_321(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S128_pack(a.nlink, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_322(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S127_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_323(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S127_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_324(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_325(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_326(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_327(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_328(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S129_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_329(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S130_pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_330(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S129_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_331(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S129_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_332(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_333(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_334(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_335(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_336(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S131_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_337(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S132_pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_338(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S131_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_339(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S131_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_340(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_341(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_342(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_343(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_344(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_345(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S134_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_346(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_347(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_348(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_349(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_350(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_351(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_352(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_353(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S136_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_354(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_355(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_356(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_357(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_358(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_359(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_360(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_361(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S138_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_362(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_363(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_364(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_365(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_366(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_367(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_368(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_369(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S140_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_370(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_371(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_372(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_373(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_374(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_375(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_376(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_377(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S142_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_378(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_379(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_380(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_381(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_382(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_383(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_384(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S127_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_385(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S128_pack(a.nlink, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_386(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S127_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_387(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S127_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_388(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_389(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_390(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_391(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S127_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_392(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S129_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_393(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S130_pack(a.nlink, *a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_394(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S129_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_395(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S129_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_396(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_397(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_398(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_399(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S129_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_400(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S131_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_401(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S132_pack(a.nlink, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_402(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S131_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_403(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S131_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_404(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_405(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_406(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_407(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S131_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_408(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_409(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S134_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_410(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_411(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_412(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_413(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_414(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_415(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_416(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_417(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S136_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_418(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_419(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_420(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_421(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_422(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_423(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_424(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_425(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S138_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_426(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_427(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_428(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_429(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_430(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_431(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_432(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_433(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S140_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_434(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_435(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_436(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_437(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_438(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_439(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_440(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_441(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S142_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_442(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_443(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_444(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_445(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_446(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_447(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_448(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_449(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S136_pack(a.nlink, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_450(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_451(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_452(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_453(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_454(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_455(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_456(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S137_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_457(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S138_pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_458(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S137_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_459(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S137_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_460(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_461(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_462(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_463(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_464(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S139_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_465(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S140_pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_466(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S139_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_467(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S139_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_468(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_469(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_470(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_471(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_472(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_473(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S142_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_474(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_475(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_476(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_477(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_478(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_479(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_480(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_481(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S144_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_482(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_483(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_484(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_485(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_486(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_487(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_488(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_489(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S146_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_490(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_491(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_492(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_493(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_494(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_495(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_496(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_497(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S148_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_498(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_499(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_500(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_501(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_502(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_503(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_504(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_505(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S150_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_506(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_507(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_508(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_509(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_510(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l0g1_511(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l1g0_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S33_pack(3, 4244615167, 16367166, 2048)
+
+
+def _fattr4_encode_l1g0_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S2_pack(a.type)
+
+
+def _fattr4_encode_l1g0_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S151_pack(3, 4244615167, 16367166, 2048, a.type)
+
+
+def _fattr4_encode_l1g0_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(FH4_PERSISTENT)
+
+
+def _fattr4_encode_l1g0_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S152_pack(3, 4244615167, 16367166, 2048, FH4_PERSISTENT)
+
+
+def _fattr4_encode_l1g0_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S73_pack(a.type, FH4_PERSISTENT)
+
+
+def _fattr4_encode_l1g0_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S153_pack(3, 4244615167, 16367166, 2048, a.type, FH4_PERSISTENT)
+
+
+def _fattr4_encode_l1g0_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(a.change)
+
+
+def _fattr4_encode_l1g0_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S154_pack(3, 4244615167, 16367166, 2048, a.change)
+
+
+def _fattr4_encode_l1g0_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S49_pack(a.type, a.change)
+
+
+def _fattr4_encode_l1g0_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S155_pack(3, 4244615167, 16367166, 2048, a.type, a.change)
+
+
+def _fattr4_encode_l1g0_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S100_pack(FH4_PERSISTENT, a.change)
+
+
+def _fattr4_encode_l1g0_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S156_pack(3, 4244615167, 16367166, 2048, FH4_PERSISTENT, a.change)
+
+
+def _fattr4_encode_l1g0_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S157_pack(a.type, FH4_PERSISTENT, a.change)
+
+
+def _fattr4_encode_l1g0_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S158_pack(3, 4244615167, 16367166, 2048, a.type, FH4_PERSISTENT, a.change)
+
+
+def _fattr4_encode_l1g0_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(a.size)
+
+
+def _fattr4_encode_l1g0_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S154_pack(3, 4244615167, 16367166, 2048, a.size)
+
+
+def _fattr4_encode_l1g0_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S49_pack(a.type, a.size)
+
+
+def _fattr4_encode_l1g0_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S155_pack(3, 4244615167, 16367166, 2048, a.type, a.size)
+
+
+def _fattr4_encode_l1g0_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S100_pack(FH4_PERSISTENT, a.size)
+
+
+def _fattr4_encode_l1g0_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S156_pack(3, 4244615167, 16367166, 2048, FH4_PERSISTENT, a.size)
+
+
+def _fattr4_encode_l1g0_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S157_pack(a.type, FH4_PERSISTENT, a.size)
+
+
+def _fattr4_encode_l1g0_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S158_pack(3, 4244615167, 16367166, 2048, a.type, FH4_PERSISTENT, a.size)
+
+
+def _fattr4_encode_l1g0_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S8_pack(a.change, a.size)
+
+
+def _fattr4_encode_l1g0_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S159_pack(3, 4244615167, 16367166, 2048, a.change, a.size)
+
+
+def _fattr4_encode_l1g0_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S22_pack(a.type, a.change, a.size)
+
+
+def _fattr4_encode_l1g0_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S160_pack(3, 4244615167, 16367166, 2048, a.type, a.change, a.size)
+
+
+def _fattr4_encode_l1g0_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S15_pack(FH4_PERSISTENT, a.change, a.size)
+
+
+def _fattr4_encode_l1g0_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S161_pack(3, 4244615167, 16367166, 2048, FH4_PERSISTENT, a.change, a.size)
+
+
+def _fattr4_encode_l1g0_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S21_pack(a.type, FH4_PERSISTENT, a.change, a.size)
+
+
+def _fattr4_encode_l1g0_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S162_pack(3, 4244615167, 16367166, 2048, a.type, FH4_PERSISTENT, a.change, a.size)
+
+
+def _fattr4_encode_l1g1_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(1)
+
+
+def _fattr4_encode_l1g1_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(1)
+
+
+def _fattr4_encode_l1g1_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(1, 1)
+
+
+def _fattr4_encode_l1g1_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(0)
+
+
+def _fattr4_encode_l1g1_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(1, 0)
+
+
+def _fattr4_encode_l1g1_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(1, 0)
+
+
+def _fattr4_encode_l1g1_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S9_pack(1, 1, 0)
+
+
+def _fattr4_encode_l1g1_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S8_pack(*a.fsid)
+
+
+def _fattr4_encode_l1g1_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S15_pack(1, *a.fsid)
+
+
+def _fattr4_encode_l1g1_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S15_pack(1, *a.fsid)
+
+
+def _fattr4_encode_l1g1_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S125_pack(1, 1, *a.fsid)
+
+
+def _fattr4_encode_l1g1_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S15_pack(0, *a.fsid)
+
+
+def _fattr4_encode_l1g1_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S125_pack(1, 0, *a.fsid)
+
+
+def _fattr4_encode_l1g1_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S125_pack(1, 0, *a.fsid)
+
+
+def _fattr4_encode_l1g1_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S126_pack(1, 1, 0, *a.fsid)
+
+
+def _fattr4_encode_l1g1_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(1)
+
+
+def _fattr4_encode_l1g1_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(1, 1)
+
+
+def _fattr4_encode_l1g1_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(1, 1)
+
+
+def _fattr4_encode_l1g1_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S9_pack(1, 1, 1)
+
+
+def _fattr4_encode_l1g1_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(0, 1)
+
+
+def _fattr4_encode_l1g1_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S9_pack(1, 0, 1)
+
+
+def _fattr4_encode_l1g1_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S9_pack(1, 0, 1)
+
+
+def _fattr4_encode_l1g1_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S33_pack(1, 1, 0, 1)
+
+
+def _fattr4_encode_l1g1_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S75_pack(*a.fsid, 1)
+
+
+def _fattr4_encode_l1g1_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S163_pack(1, *a.fsid, 1)
+
+
+def _fattr4_encode_l1g1_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S163_pack(1, *a.fsid, 1)
+
+
+def _fattr4_encode_l1g1_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S164_pack(1, 1, *a.fsid, 1)
+
+
+def _fattr4_encode_l1g1_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S163_pack(0, *a.fsid, 1)
+
+
+def _fattr4_encode_l1g1_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S164_pack(1, 0, *a.fsid, 1)
+
+
+def _fattr4_encode_l1g1_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S164_pack(1, 0, *a.fsid, 1)
+
+
+def _fattr4_encode_l1g1_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S165_pack(1, 1, 0, *a.fsid, 1)
+
+
+def _fattr4_encode_l1g2_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(cfg.lease_time)
+
+
+def _fattr4_encode_l1g2_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S2_pack(err)
+
+
+def _fattr4_encode_l1g2_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S13_pack(cfg.lease_time, err)
+
+
+def _fattr4_encode_l1g2_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(0)
+
+
+def _fattr4_encode_l1g2_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(cfg.lease_time, 0)
+
+
+def _fattr4_encode_l1g2_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S73_pack(err, 0)
+
+
+def _fattr4_encode_l1g2_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S166_pack(cfg.lease_time, err, 0)
+
+
+def _fattr4_encode_l1g2_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(1)
+
+
+def _fattr4_encode_l1g2_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(cfg.lease_time, 1)
+
+
+def _fattr4_encode_l1g2_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S73_pack(err, 1)
+
+
+def _fattr4_encode_l1g2_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S166_pack(cfg.lease_time, err, 1)
+
+
+def _fattr4_encode_l1g2_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(0, 1)
+
+
+def _fattr4_encode_l1g2_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S9_pack(cfg.lease_time, 0, 1)
+
+
+def _fattr4_encode_l1g2_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S167_pack(err, 0, 1)
+
+
+def _fattr4_encode_l1g2_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S168_pack(cfg.lease_time, err, 0, 1)
+
+
+def _fattr4_encode_l1g2_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(0)
+
+
+def _fattr4_encode_l1g2_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(cfg.lease_time, 0)
+
+
+def _fattr4_encode_l1g2_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S73_pack(err, 0)
+
+
+def _fattr4_encode_l1g2_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S166_pack(cfg.lease_time, err, 0)
+
+
+def _fattr4_encode_l1g2_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(0, 0)
+
+
+def _fattr4_encode_l1g2_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S9_pack(cfg.lease_time, 0, 0)
+
+
+def _fattr4_encode_l1g2_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S167_pack(err, 0, 0)
+
+
+def _fattr4_encode_l1g2_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S168_pack(cfg.lease_time, err, 0, 0)
+
+
+def _fattr4_encode_l1g2_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(1, 0)
+
+
+def _fattr4_encode_l1g2_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S9_pack(cfg.lease_time, 1, 0)
+
+
+def _fattr4_encode_l1g2_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S167_pack(err, 1, 0)
+
+
+def _fattr4_encode_l1g2_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S168_pack(cfg.lease_time, err, 1, 0)
+
+
+def _fattr4_encode_l1g2_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S9_pack(0, 1, 0)
+
+
+def _fattr4_encode_l1g2_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S33_pack(cfg.lease_time, 0, 1, 0)
+
+
+def _fattr4_encode_l1g2_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S169_pack(err, 0, 1, 0)
+
+
+def _fattr4_encode_l1g2_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S170_pack(cfg.lease_time, err, 0, 1, 0)
+
+
+def _fattr4_encode_l1g3_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(1)
+
+
+def _fattr4_encode_l1g3_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(1)
+
+
+def _fattr4_encode_l1g3_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(1, 1)
+
+
+def _fattr4_encode_l1g3_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l1g3_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(1) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l1g3_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(1) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l1g3_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(1, 1) + _fattr4_opaque(fh)
+
+
+def _fattr4_encode_l1g3_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l1g3_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S100_pack(1, a.fileid)
+
+
+def _fattr4_encode_l1g3_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S100_pack(1, a.fileid)
+
+
+def _fattr4_encode_l1g3_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S101_pack(1, 1, a.fileid)
+
+
+def _fattr4_encode_l1g3_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l1g3_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(1) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l1g3_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(1) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l1g3_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(1, 1) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+
+
+def _fattr4_encode_l1g3_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(fs.files_avail)
+
+
+def _fattr4_encode_l1g3_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S100_pack(1, fs.files_avail)
+
+
+def _fattr4_encode_l1g3_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S100_pack(1, fs.files_avail)
+
+
+def _fattr4_encode_l1g3_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S101_pack(1, 1, fs.files_avail)
+
+
+def _fattr4_encode_l1g3_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_opaque(fh) + _fattr4_S4_pack(fs.files_avail)
+
+
+def _fattr4_encode_l1g3_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(1) + _fattr4_opaque(fh) + _fattr4_S4_pack(fs.files_avail)
+
+
+def _fattr4_encode_l1g3_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(1) + _fattr4_opaque(fh) + _fattr4_S4_pack(fs.files_avail)
+
+
+def _fattr4_encode_l1g3_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(1, 1) + _fattr4_opaque(fh) + _fattr4_S4_pack(fs.files_avail)
+
+
+def _fattr4_encode_l1g3_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S8_pack(a.fileid, fs.files_avail)
+
+
+def _fattr4_encode_l1g3_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S15_pack(1, a.fileid, fs.files_avail)
+
+
+def _fattr4_encode_l1g3_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S15_pack(1, a.fileid, fs.files_avail)
+
+
+def _fattr4_encode_l1g3_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S125_pack(1, 1, a.fileid, fs.files_avail)
+
+
+def _fattr4_encode_l1g3_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_opaque(fh) + _fattr4_S8_pack(a.fileid, fs.files_avail)
+
+
+def _fattr4_encode_l1g3_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(1) + _fattr4_opaque(fh) + _fattr4_S8_pack(a.fileid, fs.files_avail)
+
+
+def _fattr4_encode_l1g3_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(1) + _fattr4_opaque(fh) + _fattr4_S8_pack(a.fileid, fs.files_avail)
+
+
+def _fattr4_encode_l1g3_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(1, 1) + _fattr4_opaque(fh) + _fattr4_S8_pack(a.fileid, fs.files_avail)
+
+
+def _fattr4_encode_l1g4_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(fs.files_free)
+
+
+def _fattr4_encode_l1g4_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(fs.files_total)
+
+
+def _fattr4_encode_l1g4_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S8_pack(fs.files_free, fs.files_total)
+
+
+def _fattr4_encode_l1g4_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(1)
+
+
+def _fattr4_encode_l1g4_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S18_pack(fs.files_free, 1)
+
+
+def _fattr4_encode_l1g4_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S18_pack(fs.files_total, 1)
+
+
+def _fattr4_encode_l1g4_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S75_pack(fs.files_free, fs.files_total, 1)
+
+
+def _fattr4_encode_l1g4_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(9223372036854775807)
+
+
+def _fattr4_encode_l1g4_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S8_pack(fs.files_free, 9223372036854775807)
+
+
+def _fattr4_encode_l1g4_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S8_pack(fs.files_total, 9223372036854775807)
+
+
+def _fattr4_encode_l1g4_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S50_pack(fs.files_free, fs.files_total, 9223372036854775807)
+
+
+def _fattr4_encode_l1g4_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S100_pack(1, 9223372036854775807)
+
+
+def _fattr4_encode_l1g4_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S171_pack(fs.files_free, 1, 9223372036854775807)
+
+
+def _fattr4_encode_l1g4_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S171_pack(fs.files_total, 1, 9223372036854775807)
+
+
+def _fattr4_encode_l1g4_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S172_pack(fs.files_free, fs.files_total, 1, 9223372036854775807)
+
+
+def _fattr4_encode_l1g4_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S18_pack(fs.files_free, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S18_pack(fs.files_total, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S75_pack(fs.files_free, fs.files_total, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(1, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S34_pack(fs.files_free, 1, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S34_pack(fs.files_total, 1, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S173_pack(fs.files_free, fs.files_total, 1, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S18_pack(9223372036854775807, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S75_pack(fs.files_free, 9223372036854775807, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S75_pack(fs.files_total, 9223372036854775807, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S77_pack(fs.files_free, fs.files_total, 9223372036854775807, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S174_pack(1, 9223372036854775807, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S175_pack(fs.files_free, 1, 9223372036854775807, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S175_pack(fs.files_total, 1, 9223372036854775807, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g4_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S176_pack(fs.files_free, fs.files_total, 1, 9223372036854775807, min(fs.max_link, 4294967295))
+
+
+def _fattr4_encode_l1g5_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(min(fs.max_name, 4294967295))
+
+
+def _fattr4_encode_l1g5_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(cfg.max_io)
+
+
+def _fattr4_encode_l1g5_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S100_pack(min(fs.max_name, 4294967295), cfg.max_io)
+
+
+def _fattr4_encode_l1g5_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(cfg.max_io)
+
+
+def _fattr4_encode_l1g5_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S100_pack(min(fs.max_name, 4294967295), cfg.max_io)
+
+
+def _fattr4_encode_l1g5_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S8_pack(cfg.max_io, cfg.max_io)
+
+
+def _fattr4_encode_l1g5_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S15_pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io)
+
+
+def _fattr4_encode_l1g5_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_encode_l1g5_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(min(fs.max_name, 4294967295), a.mode)
+
+
+def _fattr4_encode_l1g5_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S18_pack(cfg.max_io, a.mode)
+
+
+def _fattr4_encode_l1g5_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S174_pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode)
+
+
+def _fattr4_encode_l1g5_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S18_pack(cfg.max_io, a.mode)
+
+
+def _fattr4_encode_l1g5_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S174_pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode)
+
+
+def _fattr4_encode_l1g5_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S75_pack(cfg.max_io, cfg.max_io, a.mode)
+
+
+def _fattr4_encode_l1g5_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S163_pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io, a.mode)
+
+
+def _fattr4_encode_l1g5_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(1)
+
+
+def _fattr4_encode_l1g5_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(min(fs.max_name, 4294967295), 1)
+
+
+def _fattr4_encode_l1g5_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S18_pack(cfg.max_io, 1)
+
+
+def _fattr4_encode_l1g5_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S174_pack(min(fs.max_name, 4294967295), cfg.max_io, 1)
+
+
+def _fattr4_encode_l1g5_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S18_pack(cfg.max_io, 1)
+
+
+def _fattr4_encode_l1g5_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S174_pack(min(fs.max_name, 4294967295), cfg.max_io, 1)
+
+
+def _fattr4_encode_l1g5_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S75_pack(cfg.max_io, cfg.max_io, 1)
+
+
+def _fattr4_encode_l1g5_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S163_pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io, 1)
+
+
+def _fattr4_encode_l1g5_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(a.mode, 1)
+
+
+def _fattr4_encode_l1g5_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S9_pack(min(fs.max_name, 4294967295), a.mode, 1)
+
+
+def _fattr4_encode_l1g5_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S34_pack(cfg.max_io, a.mode, 1)
+
+
+def _fattr4_encode_l1g5_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S177_pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode, 1)
+
+
+def _fattr4_encode_l1g5_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S34_pack(cfg.max_io, a.mode, 1)
+
+
+def _fattr4_encode_l1g5_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S177_pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode, 1)
+
+
+def _fattr4_encode_l1g5_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S173_pack(cfg.max_io, cfg.max_io, a.mode, 1)
+
+
+def _fattr4_encode_l1g5_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S178_pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io, a.mode, 1)
+
+
+def _fattr4_encode_l1g6_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink)
+
+
+def _fattr4_encode_l1g6_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid)
+
+
+def _fattr4_encode_l1g6_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid)
+
+
+def _fattr4_encode_l1g6_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid)
+
+
+def _fattr4_encode_l1g6_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid)
+
+
+def _fattr4_encode_l1g6_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid)
+
+
+def _fattr4_encode_l1g6_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid)
+
+
+def _fattr4_encode_l1g6_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(*a.rdev)
+
+
+def _fattr4_encode_l1g6_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S9_pack(a.nlink, *a.rdev)
+
+
+def _fattr4_encode_l1g6_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S1_pack(*a.rdev)
+
+
+def _fattr4_encode_l1g6_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S1_pack(*a.rdev)
+
+
+def _fattr4_encode_l1g6_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S1_pack(*a.rdev)
+
+
+def _fattr4_encode_l1g6_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S1_pack(*a.rdev)
+
+
+def _fattr4_encode_l1g6_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S1_pack(*a.rdev)
+
+
+def _fattr4_encode_l1g6_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S1_pack(*a.rdev)
+
+
+def _fattr4_encode_l1g6_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S100_pack(a.nlink, fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S4_pack(fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S4_pack(fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S4_pack(fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S4_pack(fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S4_pack(fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S4_pack(fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S101_pack(*a.rdev, fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S102_pack(a.nlink, *a.rdev, fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_S101_pack(*a.rdev, fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S101_pack(*a.rdev, fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, fs.bytes_avail)
+
+
+def _fattr4_encode_l1g6_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S101_pack(*a.rdev, fs.bytes_avail)
+
+
+def _fattr4_encode_l1g7_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(fs.bytes_free)
+
+
+def _fattr4_encode_l1g7_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(fs.bytes_total)
+
+
+def _fattr4_encode_l1g7_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S8_pack(fs.bytes_free, fs.bytes_total)
+
+
+def _fattr4_encode_l1g7_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(a.space_used)
+
+
+def _fattr4_encode_l1g7_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S8_pack(fs.bytes_free, a.space_used)
+
+
+def _fattr4_encode_l1g7_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S8_pack(fs.bytes_total, a.space_used)
+
+
+def _fattr4_encode_l1g7_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S50_pack(fs.bytes_free, fs.bytes_total, a.space_used)
+
+
+def _fattr4_encode_l1g7_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S7_pack(*divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l1g7_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S106_pack(fs.bytes_free, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l1g7_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S106_pack(fs.bytes_total, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l1g7_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S179_pack(fs.bytes_free, fs.bytes_total, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l1g7_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S106_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l1g7_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S179_pack(fs.bytes_free, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l1g7_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S179_pack(fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l1g7_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S180_pack(fs.bytes_free, fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000))
+
+
+def _fattr4_encode_l1g7_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S7_pack(0, 1)
+
+
+def _fattr4_encode_l1g7_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S106_pack(fs.bytes_free, 0, 1)
+
+
+def _fattr4_encode_l1g7_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S106_pack(fs.bytes_total, 0, 1)
+
+
+def _fattr4_encode_l1g7_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S179_pack(fs.bytes_free, fs.bytes_total, 0, 1)
+
+
+def _fattr4_encode_l1g7_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S106_pack(a.space_used, 0, 1)
+
+
+def _fattr4_encode_l1g7_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S179_pack(fs.bytes_free, a.space_used, 0, 1)
+
+
+def _fattr4_encode_l1g7_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S179_pack(fs.bytes_total, a.space_used, 0, 1)
+
+
+def _fattr4_encode_l1g7_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S180_pack(fs.bytes_free, fs.bytes_total, a.space_used, 0, 1)
+
+
+def _fattr4_encode_l1g7_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), 0, 1)
+
+
+def _fattr4_encode_l1g7_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S113_pack(fs.bytes_free, *divmod(a.atime_ns, 1000000000), 0, 1)
+
+
+def _fattr4_encode_l1g7_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S113_pack(fs.bytes_total, *divmod(a.atime_ns, 1000000000), 0, 1)
+
+
+def _fattr4_encode_l1g7_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S181_pack(fs.bytes_free, fs.bytes_total, *divmod(a.atime_ns, 1000000000), 0, 1)
+
+
+def _fattr4_encode_l1g7_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S113_pack(a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
+
+
+def _fattr4_encode_l1g7_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S181_pack(fs.bytes_free, a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
+
+
+def _fattr4_encode_l1g7_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S181_pack(fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
+
+
+def _fattr4_encode_l1g7_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S182_pack(fs.bytes_free, fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
+
+
+def _fattr4_encode_l1g8_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S7_pack(*divmod(a.ctime_ns, 1000000000))
+
+
+def _fattr4_encode_l1g8_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S7_pack(*divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l1g8_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_encode_l1g8_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(a.mounted_on_fileid)
+
+
+def _fattr4_encode_l1g8_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S127_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l1g8_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S127_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l1g8_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_encode_l1g8_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S9_pack(2, 16, 50)
+
+
+def _fattr4_encode_l1g8_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S183_pack(*divmod(a.ctime_ns, 1000000000), 2, 16, 50)
+
+
+def _fattr4_encode_l1g8_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S183_pack(*divmod(a.mtime_ns, 1000000000), 2, 16, 50)
+
+
+def _fattr4_encode_l1g8_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S184_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), 2, 16, 50)
+
+
+def _fattr4_encode_l1g8_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S185_pack(a.mounted_on_fileid, 2, 16, 50)
+
+
+def _fattr4_encode_l1g8_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S186_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50)
+
+
+def _fattr4_encode_l1g8_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S186_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50)
+
+
+def _fattr4_encode_l1g8_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S187_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50)
+
+
+# Layers of attribute groups, each group's subsets with their encoders: a mask is
+# coded by the first layer holding all its attributes, one call per group it touches.
+# (attribute -> (group, bit in the group's subsets), group -> subset -> encoder)
+SERVER_ATTRIBUTE_LAYERS: tuple[tuple[dict[int, tuple[int, int]], tuple[dict[int, _Callable[[_Any, _Any, bytes, _Any, int], bytes]], ...]], ...] = (({1: (0, 1), 3: (0, 2), 4: (0, 4), 8: (0, 8), 11: (0, 16), 19: (0, 32), 20: (0, 64), 33: (0, 128), 35: (1, 1), 36: (1, 2), 37: (1, 4), 41: (1, 8), 45: (1, 16), 47: (1, 32), 52: (1, 64), 53: (1, 128), 55: (1, 256)}, ({1: _fattr4_encode_l0g0_1, 2: _fattr4_encode_l0g0_2, 3: _fattr4_encode_l0g0_3, 4: _fattr4_encode_l0g0_4, 5: _fattr4_encode_l0g0_5, 6: _fattr4_encode_l0g0_6, 7: _fattr4_encode_l0g0_7, 8: _fattr4_encode_l0g0_8, 9: _fattr4_encode_l0g0_9, 10: _fattr4_encode_l0g0_10, 11: _fattr4_encode_l0g0_11, 12: _fattr4_encode_l0g0_12, 13: _fattr4_encode_l0g0_13, 14: _fattr4_encode_l0g0_14, 15: _fattr4_encode_l0g0_15, 16: _fattr4_encode_l0g0_16, 17: _fattr4_encode_l0g0_17, 18: _fattr4_encode_l0g0_18, 19: _fattr4_encode_l0g0_19, 20: _fattr4_encode_l0g0_20, 21: _fattr4_encode_l0g0_21, 22: _fattr4_encode_l0g0_22, 23: _fattr4_encode_l0g0_23, 24: _fattr4_encode_l0g0_24, 25: _fattr4_encode_l0g0_25, 26: _fattr4_encode_l0g0_26, 27: _fattr4_encode_l0g0_27, 28: _fattr4_encode_l0g0_28, 29: _fattr4_encode_l0g0_29, 30: _fattr4_encode_l0g0_30, 31: _fattr4_encode_l0g0_31, 32: _fattr4_encode_l0g0_32, 33: _fattr4_encode_l0g0_33, 34: _fattr4_encode_l0g0_34, 35: _fattr4_encode_l0g0_35, 36: _fattr4_encode_l0g0_36, 37: _fattr4_encode_l0g0_37, 38: _fattr4_encode_l0g0_38, 39: _fattr4_encode_l0g0_39, 40: _fattr4_encode_l0g0_40, 41: _fattr4_encode_l0g0_41, 42: _fattr4_encode_l0g0_42, 43: _fattr4_encode_l0g0_43, 44: _fattr4_encode_l0g0_44, 45: _fattr4_encode_l0g0_45, 46: _fattr4_encode_l0g0_46, 47: _fattr4_encode_l0g0_47, 48: _fattr4_encode_l0g0_48, 49: _fattr4_encode_l0g0_49, 50: _fattr4_encode_l0g0_50, 51: _fattr4_encode_l0g0_51, 52: _fattr4_encode_l0g0_52, 53: _fattr4_encode_l0g0_53, 54: _fattr4_encode_l0g0_54, 55: _fattr4_encode_l0g0_55, 56: _fattr4_encode_l0g0_56, 57: _fattr4_encode_l0g0_57, 58: _fattr4_encode_l0g0_58, 59: _fattr4_encode_l0g0_59, 60: _fattr4_encode_l0g0_60, 61: _fattr4_encode_l0g0_61, 62: _fattr4_encode_l0g0_62, 63: _fattr4_encode_l0g0_63, 64: _fattr4_encode_l0g0_64, 65: _fattr4_encode_l0g0_65, 66: _fattr4_encode_l0g0_66, 67: _fattr4_encode_l0g0_67, 68: _fattr4_encode_l0g0_68, 69: _fattr4_encode_l0g0_69, 70: _fattr4_encode_l0g0_70, 71: _fattr4_encode_l0g0_71, 72: _fattr4_encode_l0g0_72, 73: _fattr4_encode_l0g0_73, 74: _fattr4_encode_l0g0_74, 75: _fattr4_encode_l0g0_75, 76: _fattr4_encode_l0g0_76, 77: _fattr4_encode_l0g0_77, 78: _fattr4_encode_l0g0_78, 79: _fattr4_encode_l0g0_79, 80: _fattr4_encode_l0g0_80, 81: _fattr4_encode_l0g0_81, 82: _fattr4_encode_l0g0_82, 83: _fattr4_encode_l0g0_83, 84: _fattr4_encode_l0g0_84, 85: _fattr4_encode_l0g0_85, 86: _fattr4_encode_l0g0_86, 87: _fattr4_encode_l0g0_87, 88: _fattr4_encode_l0g0_88, 89: _fattr4_encode_l0g0_89, 90: _fattr4_encode_l0g0_90, 91: _fattr4_encode_l0g0_91, 92: _fattr4_encode_l0g0_92, 93: _fattr4_encode_l0g0_93, 94: _fattr4_encode_l0g0_94, 95: _fattr4_encode_l0g0_95, 96: _fattr4_encode_l0g0_96, 97: _fattr4_encode_l0g0_97, 98: _fattr4_encode_l0g0_98, 99: _fattr4_encode_l0g0_99, 100: _fattr4_encode_l0g0_100, 101: _fattr4_encode_l0g0_101, 102: _fattr4_encode_l0g0_102, 103: _fattr4_encode_l0g0_103, 104: _fattr4_encode_l0g0_104, 105: _fattr4_encode_l0g0_105, 106: _fattr4_encode_l0g0_106, 107: _fattr4_encode_l0g0_107, 108: _fattr4_encode_l0g0_108, 109: _fattr4_encode_l0g0_109, 110: _fattr4_encode_l0g0_110, 111: _fattr4_encode_l0g0_111, 112: _fattr4_encode_l0g0_112, 113: _fattr4_encode_l0g0_113, 114: _fattr4_encode_l0g0_114, 115: _fattr4_encode_l0g0_115, 116: _fattr4_encode_l0g0_116, 117: _fattr4_encode_l0g0_117, 118: _fattr4_encode_l0g0_118, 119: _fattr4_encode_l0g0_119, 120: _fattr4_encode_l0g0_120, 121: _fattr4_encode_l0g0_121, 122: _fattr4_encode_l0g0_122, 123: _fattr4_encode_l0g0_123, 124: _fattr4_encode_l0g0_124, 125: _fattr4_encode_l0g0_125, 126: _fattr4_encode_l0g0_126, 127: _fattr4_encode_l0g0_127, 128: _fattr4_encode_l0g0_128, 129: _fattr4_encode_l0g0_129, 130: _fattr4_encode_l0g0_130, 131: _fattr4_encode_l0g0_131, 132: _fattr4_encode_l0g0_132, 133: _fattr4_encode_l0g0_133, 134: _fattr4_encode_l0g0_134, 135: _fattr4_encode_l0g0_135, 136: _fattr4_encode_l0g0_136, 137: _fattr4_encode_l0g0_137, 138: _fattr4_encode_l0g0_138, 139: _fattr4_encode_l0g0_139, 140: _fattr4_encode_l0g0_140, 141: _fattr4_encode_l0g0_141, 142: _fattr4_encode_l0g0_142, 143: _fattr4_encode_l0g0_143, 144: _fattr4_encode_l0g0_144, 145: _fattr4_encode_l0g0_145, 146: _fattr4_encode_l0g0_146, 147: _fattr4_encode_l0g0_147, 148: _fattr4_encode_l0g0_148, 149: _fattr4_encode_l0g0_149, 150: _fattr4_encode_l0g0_150, 151: _fattr4_encode_l0g0_151, 152: _fattr4_encode_l0g0_152, 153: _fattr4_encode_l0g0_153, 154: _fattr4_encode_l0g0_154, 155: _fattr4_encode_l0g0_155, 156: _fattr4_encode_l0g0_156, 157: _fattr4_encode_l0g0_157, 158: _fattr4_encode_l0g0_158, 159: _fattr4_encode_l0g0_159, 160: _fattr4_encode_l0g0_160, 161: _fattr4_encode_l0g0_161, 162: _fattr4_encode_l0g0_162, 163: _fattr4_encode_l0g0_163, 164: _fattr4_encode_l0g0_164, 165: _fattr4_encode_l0g0_165, 166: _fattr4_encode_l0g0_166, 167: _fattr4_encode_l0g0_167, 168: _fattr4_encode_l0g0_168, 169: _fattr4_encode_l0g0_169, 170: _fattr4_encode_l0g0_170, 171: _fattr4_encode_l0g0_171, 172: _fattr4_encode_l0g0_172, 173: _fattr4_encode_l0g0_173, 174: _fattr4_encode_l0g0_174, 175: _fattr4_encode_l0g0_175, 176: _fattr4_encode_l0g0_176, 177: _fattr4_encode_l0g0_177, 178: _fattr4_encode_l0g0_178, 179: _fattr4_encode_l0g0_179, 180: _fattr4_encode_l0g0_180, 181: _fattr4_encode_l0g0_181, 182: _fattr4_encode_l0g0_182, 183: _fattr4_encode_l0g0_183, 184: _fattr4_encode_l0g0_184, 185: _fattr4_encode_l0g0_185, 186: _fattr4_encode_l0g0_186, 187: _fattr4_encode_l0g0_187, 188: _fattr4_encode_l0g0_188, 189: _fattr4_encode_l0g0_189, 190: _fattr4_encode_l0g0_190, 191: _fattr4_encode_l0g0_191, 192: _fattr4_encode_l0g0_192, 193: _fattr4_encode_l0g0_193, 194: _fattr4_encode_l0g0_194, 195: _fattr4_encode_l0g0_195, 196: _fattr4_encode_l0g0_196, 197: _fattr4_encode_l0g0_197, 198: _fattr4_encode_l0g0_198, 199: _fattr4_encode_l0g0_199, 200: _fattr4_encode_l0g0_200, 201: _fattr4_encode_l0g0_201, 202: _fattr4_encode_l0g0_202, 203: _fattr4_encode_l0g0_203, 204: _fattr4_encode_l0g0_204, 205: _fattr4_encode_l0g0_205, 206: _fattr4_encode_l0g0_206, 207: _fattr4_encode_l0g0_207, 208: _fattr4_encode_l0g0_208, 209: _fattr4_encode_l0g0_209, 210: _fattr4_encode_l0g0_210, 211: _fattr4_encode_l0g0_211, 212: _fattr4_encode_l0g0_212, 213: _fattr4_encode_l0g0_213, 214: _fattr4_encode_l0g0_214, 215: _fattr4_encode_l0g0_215, 216: _fattr4_encode_l0g0_216, 217: _fattr4_encode_l0g0_217, 218: _fattr4_encode_l0g0_218, 219: _fattr4_encode_l0g0_219, 220: _fattr4_encode_l0g0_220, 221: _fattr4_encode_l0g0_221, 222: _fattr4_encode_l0g0_222, 223: _fattr4_encode_l0g0_223, 224: _fattr4_encode_l0g0_224, 225: _fattr4_encode_l0g0_225, 226: _fattr4_encode_l0g0_226, 227: _fattr4_encode_l0g0_227, 228: _fattr4_encode_l0g0_228, 229: _fattr4_encode_l0g0_229, 230: _fattr4_encode_l0g0_230, 231: _fattr4_encode_l0g0_231, 232: _fattr4_encode_l0g0_232, 233: _fattr4_encode_l0g0_233, 234: _fattr4_encode_l0g0_234, 235: _fattr4_encode_l0g0_235, 236: _fattr4_encode_l0g0_236, 237: _fattr4_encode_l0g0_237, 238: _fattr4_encode_l0g0_238, 239: _fattr4_encode_l0g0_239, 240: _fattr4_encode_l0g0_240, 241: _fattr4_encode_l0g0_241, 242: _fattr4_encode_l0g0_242, 243: _fattr4_encode_l0g0_243, 244: _fattr4_encode_l0g0_244, 245: _fattr4_encode_l0g0_245, 246: _fattr4_encode_l0g0_246, 247: _fattr4_encode_l0g0_247, 248: _fattr4_encode_l0g0_248, 249: _fattr4_encode_l0g0_249, 250: _fattr4_encode_l0g0_250, 251: _fattr4_encode_l0g0_251, 252: _fattr4_encode_l0g0_252, 253: _fattr4_encode_l0g0_253, 254: _fattr4_encode_l0g0_254, 255: _fattr4_encode_l0g0_255}, {1: _fattr4_encode_l0g1_1, 2: _fattr4_encode_l0g1_2, 3: _fattr4_encode_l0g1_3, 4: _fattr4_encode_l0g1_4, 5: _fattr4_encode_l0g1_5, 6: _fattr4_encode_l0g1_6, 7: _fattr4_encode_l0g1_7, 8: _fattr4_encode_l0g1_8, 9: _fattr4_encode_l0g1_9, 10: _fattr4_encode_l0g1_10, 11: _fattr4_encode_l0g1_11, 12: _fattr4_encode_l0g1_12, 13: _fattr4_encode_l0g1_13, 14: _fattr4_encode_l0g1_14, 15: _fattr4_encode_l0g1_15, 16: _fattr4_encode_l0g1_16, 17: _fattr4_encode_l0g1_17, 18: _fattr4_encode_l0g1_18, 19: _fattr4_encode_l0g1_19, 20: _fattr4_encode_l0g1_20, 21: _fattr4_encode_l0g1_21, 22: _fattr4_encode_l0g1_22, 23: _fattr4_encode_l0g1_23, 24: _fattr4_encode_l0g1_24, 25: _fattr4_encode_l0g1_25, 26: _fattr4_encode_l0g1_26, 27: _fattr4_encode_l0g1_27, 28: _fattr4_encode_l0g1_28, 29: _fattr4_encode_l0g1_29, 30: _fattr4_encode_l0g1_30, 31: _fattr4_encode_l0g1_31, 32: _fattr4_encode_l0g1_32, 33: _fattr4_encode_l0g1_33, 34: _fattr4_encode_l0g1_34, 35: _fattr4_encode_l0g1_35, 36: _fattr4_encode_l0g1_36, 37: _fattr4_encode_l0g1_37, 38: _fattr4_encode_l0g1_38, 39: _fattr4_encode_l0g1_39, 40: _fattr4_encode_l0g1_40, 41: _fattr4_encode_l0g1_41, 42: _fattr4_encode_l0g1_42, 43: _fattr4_encode_l0g1_43, 44: _fattr4_encode_l0g1_44, 45: _fattr4_encode_l0g1_45, 46: _fattr4_encode_l0g1_46, 47: _fattr4_encode_l0g1_47, 48: _fattr4_encode_l0g1_48, 49: _fattr4_encode_l0g1_49, 50: _fattr4_encode_l0g1_50, 51: _fattr4_encode_l0g1_51, 52: _fattr4_encode_l0g1_52, 53: _fattr4_encode_l0g1_53, 54: _fattr4_encode_l0g1_54, 55: _fattr4_encode_l0g1_55, 56: _fattr4_encode_l0g1_56, 57: _fattr4_encode_l0g1_57, 58: _fattr4_encode_l0g1_58, 59: _fattr4_encode_l0g1_59, 60: _fattr4_encode_l0g1_60, 61: _fattr4_encode_l0g1_61, 62: _fattr4_encode_l0g1_62, 63: _fattr4_encode_l0g1_63, 64: _fattr4_encode_l0g1_64, 65: _fattr4_encode_l0g1_65, 66: _fattr4_encode_l0g1_66, 67: _fattr4_encode_l0g1_67, 68: _fattr4_encode_l0g1_68, 69: _fattr4_encode_l0g1_69, 70: _fattr4_encode_l0g1_70, 71: _fattr4_encode_l0g1_71, 72: _fattr4_encode_l0g1_72, 73: _fattr4_encode_l0g1_73, 74: _fattr4_encode_l0g1_74, 75: _fattr4_encode_l0g1_75, 76: _fattr4_encode_l0g1_76, 77: _fattr4_encode_l0g1_77, 78: _fattr4_encode_l0g1_78, 79: _fattr4_encode_l0g1_79, 80: _fattr4_encode_l0g1_80, 81: _fattr4_encode_l0g1_81, 82: _fattr4_encode_l0g1_82, 83: _fattr4_encode_l0g1_83, 84: _fattr4_encode_l0g1_84, 85: _fattr4_encode_l0g1_85, 86: _fattr4_encode_l0g1_86, 87: _fattr4_encode_l0g1_87, 88: _fattr4_encode_l0g1_88, 89: _fattr4_encode_l0g1_89, 90: _fattr4_encode_l0g1_90, 91: _fattr4_encode_l0g1_91, 92: _fattr4_encode_l0g1_92, 93: _fattr4_encode_l0g1_93, 94: _fattr4_encode_l0g1_94, 95: _fattr4_encode_l0g1_95, 96: _fattr4_encode_l0g1_96, 97: _fattr4_encode_l0g1_97, 98: _fattr4_encode_l0g1_98, 99: _fattr4_encode_l0g1_99, 100: _fattr4_encode_l0g1_100, 101: _fattr4_encode_l0g1_101, 102: _fattr4_encode_l0g1_102, 103: _fattr4_encode_l0g1_103, 104: _fattr4_encode_l0g1_104, 105: _fattr4_encode_l0g1_105, 106: _fattr4_encode_l0g1_106, 107: _fattr4_encode_l0g1_107, 108: _fattr4_encode_l0g1_108, 109: _fattr4_encode_l0g1_109, 110: _fattr4_encode_l0g1_110, 111: _fattr4_encode_l0g1_111, 112: _fattr4_encode_l0g1_112, 113: _fattr4_encode_l0g1_113, 114: _fattr4_encode_l0g1_114, 115: _fattr4_encode_l0g1_115, 116: _fattr4_encode_l0g1_116, 117: _fattr4_encode_l0g1_117, 118: _fattr4_encode_l0g1_118, 119: _fattr4_encode_l0g1_119, 120: _fattr4_encode_l0g1_120, 121: _fattr4_encode_l0g1_121, 122: _fattr4_encode_l0g1_122, 123: _fattr4_encode_l0g1_123, 124: _fattr4_encode_l0g1_124, 125: _fattr4_encode_l0g1_125, 126: _fattr4_encode_l0g1_126, 127: _fattr4_encode_l0g1_127, 128: _fattr4_encode_l0g1_128, 129: _fattr4_encode_l0g1_129, 130: _fattr4_encode_l0g1_130, 131: _fattr4_encode_l0g1_131, 132: _fattr4_encode_l0g1_132, 133: _fattr4_encode_l0g1_133, 134: _fattr4_encode_l0g1_134, 135: _fattr4_encode_l0g1_135, 136: _fattr4_encode_l0g1_136, 137: _fattr4_encode_l0g1_137, 138: _fattr4_encode_l0g1_138, 139: _fattr4_encode_l0g1_139, 140: _fattr4_encode_l0g1_140, 141: _fattr4_encode_l0g1_141, 142: _fattr4_encode_l0g1_142, 143: _fattr4_encode_l0g1_143, 144: _fattr4_encode_l0g1_144, 145: _fattr4_encode_l0g1_145, 146: _fattr4_encode_l0g1_146, 147: _fattr4_encode_l0g1_147, 148: _fattr4_encode_l0g1_148, 149: _fattr4_encode_l0g1_149, 150: _fattr4_encode_l0g1_150, 151: _fattr4_encode_l0g1_151, 152: _fattr4_encode_l0g1_152, 153: _fattr4_encode_l0g1_153, 154: _fattr4_encode_l0g1_154, 155: _fattr4_encode_l0g1_155, 156: _fattr4_encode_l0g1_156, 157: _fattr4_encode_l0g1_157, 158: _fattr4_encode_l0g1_158, 159: _fattr4_encode_l0g1_159, 160: _fattr4_encode_l0g1_160, 161: _fattr4_encode_l0g1_161, 162: _fattr4_encode_l0g1_162, 163: _fattr4_encode_l0g1_163, 164: _fattr4_encode_l0g1_164, 165: _fattr4_encode_l0g1_165, 166: _fattr4_encode_l0g1_166, 167: _fattr4_encode_l0g1_167, 168: _fattr4_encode_l0g1_168, 169: _fattr4_encode_l0g1_169, 170: _fattr4_encode_l0g1_170, 171: _fattr4_encode_l0g1_171, 172: _fattr4_encode_l0g1_172, 173: _fattr4_encode_l0g1_173, 174: _fattr4_encode_l0g1_174, 175: _fattr4_encode_l0g1_175, 176: _fattr4_encode_l0g1_176, 177: _fattr4_encode_l0g1_177, 178: _fattr4_encode_l0g1_178, 179: _fattr4_encode_l0g1_179, 180: _fattr4_encode_l0g1_180, 181: _fattr4_encode_l0g1_181, 182: _fattr4_encode_l0g1_182, 183: _fattr4_encode_l0g1_183, 184: _fattr4_encode_l0g1_184, 185: _fattr4_encode_l0g1_185, 186: _fattr4_encode_l0g1_186, 187: _fattr4_encode_l0g1_187, 188: _fattr4_encode_l0g1_188, 189: _fattr4_encode_l0g1_189, 190: _fattr4_encode_l0g1_190, 191: _fattr4_encode_l0g1_191, 192: _fattr4_encode_l0g1_192, 193: _fattr4_encode_l0g1_193, 194: _fattr4_encode_l0g1_194, 195: _fattr4_encode_l0g1_195, 196: _fattr4_encode_l0g1_196, 197: _fattr4_encode_l0g1_197, 198: _fattr4_encode_l0g1_198, 199: _fattr4_encode_l0g1_199, 200: _fattr4_encode_l0g1_200, 201: _fattr4_encode_l0g1_201, 202: _fattr4_encode_l0g1_202, 203: _fattr4_encode_l0g1_203, 204: _fattr4_encode_l0g1_204, 205: _fattr4_encode_l0g1_205, 206: _fattr4_encode_l0g1_206, 207: _fattr4_encode_l0g1_207, 208: _fattr4_encode_l0g1_208, 209: _fattr4_encode_l0g1_209, 210: _fattr4_encode_l0g1_210, 211: _fattr4_encode_l0g1_211, 212: _fattr4_encode_l0g1_212, 213: _fattr4_encode_l0g1_213, 214: _fattr4_encode_l0g1_214, 215: _fattr4_encode_l0g1_215, 216: _fattr4_encode_l0g1_216, 217: _fattr4_encode_l0g1_217, 218: _fattr4_encode_l0g1_218, 219: _fattr4_encode_l0g1_219, 220: _fattr4_encode_l0g1_220, 221: _fattr4_encode_l0g1_221, 222: _fattr4_encode_l0g1_222, 223: _fattr4_encode_l0g1_223, 224: _fattr4_encode_l0g1_224, 225: _fattr4_encode_l0g1_225, 226: _fattr4_encode_l0g1_226, 227: _fattr4_encode_l0g1_227, 228: _fattr4_encode_l0g1_228, 229: _fattr4_encode_l0g1_229, 230: _fattr4_encode_l0g1_230, 231: _fattr4_encode_l0g1_231, 232: _fattr4_encode_l0g1_232, 233: _fattr4_encode_l0g1_233, 234: _fattr4_encode_l0g1_234, 235: _fattr4_encode_l0g1_235, 236: _fattr4_encode_l0g1_236, 237: _fattr4_encode_l0g1_237, 238: _fattr4_encode_l0g1_238, 239: _fattr4_encode_l0g1_239, 240: _fattr4_encode_l0g1_240, 241: _fattr4_encode_l0g1_241, 242: _fattr4_encode_l0g1_242, 243: _fattr4_encode_l0g1_243, 244: _fattr4_encode_l0g1_244, 245: _fattr4_encode_l0g1_245, 246: _fattr4_encode_l0g1_246, 247: _fattr4_encode_l0g1_247, 248: _fattr4_encode_l0g1_248, 249: _fattr4_encode_l0g1_249, 250: _fattr4_encode_l0g1_250, 251: _fattr4_encode_l0g1_251, 252: _fattr4_encode_l0g1_252, 253: _fattr4_encode_l0g1_253, 254: _fattr4_encode_l0g1_254, 255: _fattr4_encode_l0g1_255, 256: _fattr4_encode_l0g1_256, 257: _fattr4_encode_l0g1_257, 258: _fattr4_encode_l0g1_258, 259: _fattr4_encode_l0g1_259, 260: _fattr4_encode_l0g1_260, 261: _fattr4_encode_l0g1_261, 262: _fattr4_encode_l0g1_262, 263: _fattr4_encode_l0g1_263, 264: _fattr4_encode_l0g1_264, 265: _fattr4_encode_l0g1_265, 266: _fattr4_encode_l0g1_266, 267: _fattr4_encode_l0g1_267, 268: _fattr4_encode_l0g1_268, 269: _fattr4_encode_l0g1_269, 270: _fattr4_encode_l0g1_270, 271: _fattr4_encode_l0g1_271, 272: _fattr4_encode_l0g1_272, 273: _fattr4_encode_l0g1_273, 274: _fattr4_encode_l0g1_274, 275: _fattr4_encode_l0g1_275, 276: _fattr4_encode_l0g1_276, 277: _fattr4_encode_l0g1_277, 278: _fattr4_encode_l0g1_278, 279: _fattr4_encode_l0g1_279, 280: _fattr4_encode_l0g1_280, 281: _fattr4_encode_l0g1_281, 282: _fattr4_encode_l0g1_282, 283: _fattr4_encode_l0g1_283, 284: _fattr4_encode_l0g1_284, 285: _fattr4_encode_l0g1_285, 286: _fattr4_encode_l0g1_286, 287: _fattr4_encode_l0g1_287, 288: _fattr4_encode_l0g1_288, 289: _fattr4_encode_l0g1_289, 290: _fattr4_encode_l0g1_290, 291: _fattr4_encode_l0g1_291, 292: _fattr4_encode_l0g1_292, 293: _fattr4_encode_l0g1_293, 294: _fattr4_encode_l0g1_294, 295: _fattr4_encode_l0g1_295, 296: _fattr4_encode_l0g1_296, 297: _fattr4_encode_l0g1_297, 298: _fattr4_encode_l0g1_298, 299: _fattr4_encode_l0g1_299, 300: _fattr4_encode_l0g1_300, 301: _fattr4_encode_l0g1_301, 302: _fattr4_encode_l0g1_302, 303: _fattr4_encode_l0g1_303, 304: _fattr4_encode_l0g1_304, 305: _fattr4_encode_l0g1_305, 306: _fattr4_encode_l0g1_306, 307: _fattr4_encode_l0g1_307, 308: _fattr4_encode_l0g1_308, 309: _fattr4_encode_l0g1_309, 310: _fattr4_encode_l0g1_310, 311: _fattr4_encode_l0g1_311, 312: _fattr4_encode_l0g1_312, 313: _fattr4_encode_l0g1_313, 314: _fattr4_encode_l0g1_314, 315: _fattr4_encode_l0g1_315, 316: _fattr4_encode_l0g1_316, 317: _fattr4_encode_l0g1_317, 318: _fattr4_encode_l0g1_318, 319: _fattr4_encode_l0g1_319, 320: _fattr4_encode_l0g1_320, 321: _fattr4_encode_l0g1_321, 322: _fattr4_encode_l0g1_322, 323: _fattr4_encode_l0g1_323, 324: _fattr4_encode_l0g1_324, 325: _fattr4_encode_l0g1_325, 326: _fattr4_encode_l0g1_326, 327: _fattr4_encode_l0g1_327, 328: _fattr4_encode_l0g1_328, 329: _fattr4_encode_l0g1_329, 330: _fattr4_encode_l0g1_330, 331: _fattr4_encode_l0g1_331, 332: _fattr4_encode_l0g1_332, 333: _fattr4_encode_l0g1_333, 334: _fattr4_encode_l0g1_334, 335: _fattr4_encode_l0g1_335, 336: _fattr4_encode_l0g1_336, 337: _fattr4_encode_l0g1_337, 338: _fattr4_encode_l0g1_338, 339: _fattr4_encode_l0g1_339, 340: _fattr4_encode_l0g1_340, 341: _fattr4_encode_l0g1_341, 342: _fattr4_encode_l0g1_342, 343: _fattr4_encode_l0g1_343, 344: _fattr4_encode_l0g1_344, 345: _fattr4_encode_l0g1_345, 346: _fattr4_encode_l0g1_346, 347: _fattr4_encode_l0g1_347, 348: _fattr4_encode_l0g1_348, 349: _fattr4_encode_l0g1_349, 350: _fattr4_encode_l0g1_350, 351: _fattr4_encode_l0g1_351, 352: _fattr4_encode_l0g1_352, 353: _fattr4_encode_l0g1_353, 354: _fattr4_encode_l0g1_354, 355: _fattr4_encode_l0g1_355, 356: _fattr4_encode_l0g1_356, 357: _fattr4_encode_l0g1_357, 358: _fattr4_encode_l0g1_358, 359: _fattr4_encode_l0g1_359, 360: _fattr4_encode_l0g1_360, 361: _fattr4_encode_l0g1_361, 362: _fattr4_encode_l0g1_362, 363: _fattr4_encode_l0g1_363, 364: _fattr4_encode_l0g1_364, 365: _fattr4_encode_l0g1_365, 366: _fattr4_encode_l0g1_366, 367: _fattr4_encode_l0g1_367, 368: _fattr4_encode_l0g1_368, 369: _fattr4_encode_l0g1_369, 370: _fattr4_encode_l0g1_370, 371: _fattr4_encode_l0g1_371, 372: _fattr4_encode_l0g1_372, 373: _fattr4_encode_l0g1_373, 374: _fattr4_encode_l0g1_374, 375: _fattr4_encode_l0g1_375, 376: _fattr4_encode_l0g1_376, 377: _fattr4_encode_l0g1_377, 378: _fattr4_encode_l0g1_378, 379: _fattr4_encode_l0g1_379, 380: _fattr4_encode_l0g1_380, 381: _fattr4_encode_l0g1_381, 382: _fattr4_encode_l0g1_382, 383: _fattr4_encode_l0g1_383, 384: _fattr4_encode_l0g1_384, 385: _fattr4_encode_l0g1_385, 386: _fattr4_encode_l0g1_386, 387: _fattr4_encode_l0g1_387, 388: _fattr4_encode_l0g1_388, 389: _fattr4_encode_l0g1_389, 390: _fattr4_encode_l0g1_390, 391: _fattr4_encode_l0g1_391, 392: _fattr4_encode_l0g1_392, 393: _fattr4_encode_l0g1_393, 394: _fattr4_encode_l0g1_394, 395: _fattr4_encode_l0g1_395, 396: _fattr4_encode_l0g1_396, 397: _fattr4_encode_l0g1_397, 398: _fattr4_encode_l0g1_398, 399: _fattr4_encode_l0g1_399, 400: _fattr4_encode_l0g1_400, 401: _fattr4_encode_l0g1_401, 402: _fattr4_encode_l0g1_402, 403: _fattr4_encode_l0g1_403, 404: _fattr4_encode_l0g1_404, 405: _fattr4_encode_l0g1_405, 406: _fattr4_encode_l0g1_406, 407: _fattr4_encode_l0g1_407, 408: _fattr4_encode_l0g1_408, 409: _fattr4_encode_l0g1_409, 410: _fattr4_encode_l0g1_410, 411: _fattr4_encode_l0g1_411, 412: _fattr4_encode_l0g1_412, 413: _fattr4_encode_l0g1_413, 414: _fattr4_encode_l0g1_414, 415: _fattr4_encode_l0g1_415, 416: _fattr4_encode_l0g1_416, 417: _fattr4_encode_l0g1_417, 418: _fattr4_encode_l0g1_418, 419: _fattr4_encode_l0g1_419, 420: _fattr4_encode_l0g1_420, 421: _fattr4_encode_l0g1_421, 422: _fattr4_encode_l0g1_422, 423: _fattr4_encode_l0g1_423, 424: _fattr4_encode_l0g1_424, 425: _fattr4_encode_l0g1_425, 426: _fattr4_encode_l0g1_426, 427: _fattr4_encode_l0g1_427, 428: _fattr4_encode_l0g1_428, 429: _fattr4_encode_l0g1_429, 430: _fattr4_encode_l0g1_430, 431: _fattr4_encode_l0g1_431, 432: _fattr4_encode_l0g1_432, 433: _fattr4_encode_l0g1_433, 434: _fattr4_encode_l0g1_434, 435: _fattr4_encode_l0g1_435, 436: _fattr4_encode_l0g1_436, 437: _fattr4_encode_l0g1_437, 438: _fattr4_encode_l0g1_438, 439: _fattr4_encode_l0g1_439, 440: _fattr4_encode_l0g1_440, 441: _fattr4_encode_l0g1_441, 442: _fattr4_encode_l0g1_442, 443: _fattr4_encode_l0g1_443, 444: _fattr4_encode_l0g1_444, 445: _fattr4_encode_l0g1_445, 446: _fattr4_encode_l0g1_446, 447: _fattr4_encode_l0g1_447, 448: _fattr4_encode_l0g1_448, 449: _fattr4_encode_l0g1_449, 450: _fattr4_encode_l0g1_450, 451: _fattr4_encode_l0g1_451, 452: _fattr4_encode_l0g1_452, 453: _fattr4_encode_l0g1_453, 454: _fattr4_encode_l0g1_454, 455: _fattr4_encode_l0g1_455, 456: _fattr4_encode_l0g1_456, 457: _fattr4_encode_l0g1_457, 458: _fattr4_encode_l0g1_458, 459: _fattr4_encode_l0g1_459, 460: _fattr4_encode_l0g1_460, 461: _fattr4_encode_l0g1_461, 462: _fattr4_encode_l0g1_462, 463: _fattr4_encode_l0g1_463, 464: _fattr4_encode_l0g1_464, 465: _fattr4_encode_l0g1_465, 466: _fattr4_encode_l0g1_466, 467: _fattr4_encode_l0g1_467, 468: _fattr4_encode_l0g1_468, 469: _fattr4_encode_l0g1_469, 470: _fattr4_encode_l0g1_470, 471: _fattr4_encode_l0g1_471, 472: _fattr4_encode_l0g1_472, 473: _fattr4_encode_l0g1_473, 474: _fattr4_encode_l0g1_474, 475: _fattr4_encode_l0g1_475, 476: _fattr4_encode_l0g1_476, 477: _fattr4_encode_l0g1_477, 478: _fattr4_encode_l0g1_478, 479: _fattr4_encode_l0g1_479, 480: _fattr4_encode_l0g1_480, 481: _fattr4_encode_l0g1_481, 482: _fattr4_encode_l0g1_482, 483: _fattr4_encode_l0g1_483, 484: _fattr4_encode_l0g1_484, 485: _fattr4_encode_l0g1_485, 486: _fattr4_encode_l0g1_486, 487: _fattr4_encode_l0g1_487, 488: _fattr4_encode_l0g1_488, 489: _fattr4_encode_l0g1_489, 490: _fattr4_encode_l0g1_490, 491: _fattr4_encode_l0g1_491, 492: _fattr4_encode_l0g1_492, 493: _fattr4_encode_l0g1_493, 494: _fattr4_encode_l0g1_494, 495: _fattr4_encode_l0g1_495, 496: _fattr4_encode_l0g1_496, 497: _fattr4_encode_l0g1_497, 498: _fattr4_encode_l0g1_498, 499: _fattr4_encode_l0g1_499, 500: _fattr4_encode_l0g1_500, 501: _fattr4_encode_l0g1_501, 502: _fattr4_encode_l0g1_502, 503: _fattr4_encode_l0g1_503, 504: _fattr4_encode_l0g1_504, 505: _fattr4_encode_l0g1_505, 506: _fattr4_encode_l0g1_506, 507: _fattr4_encode_l0g1_507, 508: _fattr4_encode_l0g1_508, 509: _fattr4_encode_l0g1_509, 510: _fattr4_encode_l0g1_510, 511: _fattr4_encode_l0g1_511},)), ({0: (0, 1), 1: (0, 2), 2: (0, 4), 3: (0, 8), 4: (0, 16), 5: (1, 1), 6: (1, 2), 7: (1, 4), 8: (1, 8), 9: (1, 16), 10: (2, 1), 11: (2, 2), 13: (2, 4), 15: (2, 8), 16: (2, 16), 17: (3, 1), 18: (3, 2), 19: (3, 4), 20: (3, 8), 21: (3, 16), 22: (4, 1), 23: (4, 2), 26: (4, 4), 27: (4, 8), 28: (4, 16), 29: (5, 1), 30: (5, 2), 31: (5, 4), 33: (5, 8), 34: (5, 16), 35: (6, 1), 36: (6, 2), 37: (6, 4), 41: (6, 8), 42: (6, 16), 43: (7, 1), 44: (7, 2), 45: (7, 4), 47: (7, 8), 51: (7, 16), 52: (8, 1), 53: (8, 2), 55: (8, 4), 75: (8, 8)}, ({1: _fattr4_encode_l1g0_1, 2: _fattr4_encode_l1g0_2, 3: _fattr4_encode_l1g0_3, 4: _fattr4_encode_l1g0_4, 5: _fattr4_encode_l1g0_5, 6: _fattr4_encode_l1g0_6, 7: _fattr4_encode_l1g0_7, 8: _fattr4_encode_l1g0_8, 9: _fattr4_encode_l1g0_9, 10: _fattr4_encode_l1g0_10, 11: _fattr4_encode_l1g0_11, 12: _fattr4_encode_l1g0_12, 13: _fattr4_encode_l1g0_13, 14: _fattr4_encode_l1g0_14, 15: _fattr4_encode_l1g0_15, 16: _fattr4_encode_l1g0_16, 17: _fattr4_encode_l1g0_17, 18: _fattr4_encode_l1g0_18, 19: _fattr4_encode_l1g0_19, 20: _fattr4_encode_l1g0_20, 21: _fattr4_encode_l1g0_21, 22: _fattr4_encode_l1g0_22, 23: _fattr4_encode_l1g0_23, 24: _fattr4_encode_l1g0_24, 25: _fattr4_encode_l1g0_25, 26: _fattr4_encode_l1g0_26, 27: _fattr4_encode_l1g0_27, 28: _fattr4_encode_l1g0_28, 29: _fattr4_encode_l1g0_29, 30: _fattr4_encode_l1g0_30, 31: _fattr4_encode_l1g0_31}, {1: _fattr4_encode_l1g1_1, 2: _fattr4_encode_l1g1_2, 3: _fattr4_encode_l1g1_3, 4: _fattr4_encode_l1g1_4, 5: _fattr4_encode_l1g1_5, 6: _fattr4_encode_l1g1_6, 7: _fattr4_encode_l1g1_7, 8: _fattr4_encode_l1g1_8, 9: _fattr4_encode_l1g1_9, 10: _fattr4_encode_l1g1_10, 11: _fattr4_encode_l1g1_11, 12: _fattr4_encode_l1g1_12, 13: _fattr4_encode_l1g1_13, 14: _fattr4_encode_l1g1_14, 15: _fattr4_encode_l1g1_15, 16: _fattr4_encode_l1g1_16, 17: _fattr4_encode_l1g1_17, 18: _fattr4_encode_l1g1_18, 19: _fattr4_encode_l1g1_19, 20: _fattr4_encode_l1g1_20, 21: _fattr4_encode_l1g1_21, 22: _fattr4_encode_l1g1_22, 23: _fattr4_encode_l1g1_23, 24: _fattr4_encode_l1g1_24, 25: _fattr4_encode_l1g1_25, 26: _fattr4_encode_l1g1_26, 27: _fattr4_encode_l1g1_27, 28: _fattr4_encode_l1g1_28, 29: _fattr4_encode_l1g1_29, 30: _fattr4_encode_l1g1_30, 31: _fattr4_encode_l1g1_31}, {1: _fattr4_encode_l1g2_1, 2: _fattr4_encode_l1g2_2, 3: _fattr4_encode_l1g2_3, 4: _fattr4_encode_l1g2_4, 5: _fattr4_encode_l1g2_5, 6: _fattr4_encode_l1g2_6, 7: _fattr4_encode_l1g2_7, 8: _fattr4_encode_l1g2_8, 9: _fattr4_encode_l1g2_9, 10: _fattr4_encode_l1g2_10, 11: _fattr4_encode_l1g2_11, 12: _fattr4_encode_l1g2_12, 13: _fattr4_encode_l1g2_13, 14: _fattr4_encode_l1g2_14, 15: _fattr4_encode_l1g2_15, 16: _fattr4_encode_l1g2_16, 17: _fattr4_encode_l1g2_17, 18: _fattr4_encode_l1g2_18, 19: _fattr4_encode_l1g2_19, 20: _fattr4_encode_l1g2_20, 21: _fattr4_encode_l1g2_21, 22: _fattr4_encode_l1g2_22, 23: _fattr4_encode_l1g2_23, 24: _fattr4_encode_l1g2_24, 25: _fattr4_encode_l1g2_25, 26: _fattr4_encode_l1g2_26, 27: _fattr4_encode_l1g2_27, 28: _fattr4_encode_l1g2_28, 29: _fattr4_encode_l1g2_29, 30: _fattr4_encode_l1g2_30, 31: _fattr4_encode_l1g2_31}, {1: _fattr4_encode_l1g3_1, 2: _fattr4_encode_l1g3_2, 3: _fattr4_encode_l1g3_3, 4: _fattr4_encode_l1g3_4, 5: _fattr4_encode_l1g3_5, 6: _fattr4_encode_l1g3_6, 7: _fattr4_encode_l1g3_7, 8: _fattr4_encode_l1g3_8, 9: _fattr4_encode_l1g3_9, 10: _fattr4_encode_l1g3_10, 11: _fattr4_encode_l1g3_11, 12: _fattr4_encode_l1g3_12, 13: _fattr4_encode_l1g3_13, 14: _fattr4_encode_l1g3_14, 15: _fattr4_encode_l1g3_15, 16: _fattr4_encode_l1g3_16, 17: _fattr4_encode_l1g3_17, 18: _fattr4_encode_l1g3_18, 19: _fattr4_encode_l1g3_19, 20: _fattr4_encode_l1g3_20, 21: _fattr4_encode_l1g3_21, 22: _fattr4_encode_l1g3_22, 23: _fattr4_encode_l1g3_23, 24: _fattr4_encode_l1g3_24, 25: _fattr4_encode_l1g3_25, 26: _fattr4_encode_l1g3_26, 27: _fattr4_encode_l1g3_27, 28: _fattr4_encode_l1g3_28, 29: _fattr4_encode_l1g3_29, 30: _fattr4_encode_l1g3_30, 31: _fattr4_encode_l1g3_31}, {1: _fattr4_encode_l1g4_1, 2: _fattr4_encode_l1g4_2, 3: _fattr4_encode_l1g4_3, 4: _fattr4_encode_l1g4_4, 5: _fattr4_encode_l1g4_5, 6: _fattr4_encode_l1g4_6, 7: _fattr4_encode_l1g4_7, 8: _fattr4_encode_l1g4_8, 9: _fattr4_encode_l1g4_9, 10: _fattr4_encode_l1g4_10, 11: _fattr4_encode_l1g4_11, 12: _fattr4_encode_l1g4_12, 13: _fattr4_encode_l1g4_13, 14: _fattr4_encode_l1g4_14, 15: _fattr4_encode_l1g4_15, 16: _fattr4_encode_l1g4_16, 17: _fattr4_encode_l1g4_17, 18: _fattr4_encode_l1g4_18, 19: _fattr4_encode_l1g4_19, 20: _fattr4_encode_l1g4_20, 21: _fattr4_encode_l1g4_21, 22: _fattr4_encode_l1g4_22, 23: _fattr4_encode_l1g4_23, 24: _fattr4_encode_l1g4_24, 25: _fattr4_encode_l1g4_25, 26: _fattr4_encode_l1g4_26, 27: _fattr4_encode_l1g4_27, 28: _fattr4_encode_l1g4_28, 29: _fattr4_encode_l1g4_29, 30: _fattr4_encode_l1g4_30, 31: _fattr4_encode_l1g4_31}, {1: _fattr4_encode_l1g5_1, 2: _fattr4_encode_l1g5_2, 3: _fattr4_encode_l1g5_3, 4: _fattr4_encode_l1g5_4, 5: _fattr4_encode_l1g5_5, 6: _fattr4_encode_l1g5_6, 7: _fattr4_encode_l1g5_7, 8: _fattr4_encode_l1g5_8, 9: _fattr4_encode_l1g5_9, 10: _fattr4_encode_l1g5_10, 11: _fattr4_encode_l1g5_11, 12: _fattr4_encode_l1g5_12, 13: _fattr4_encode_l1g5_13, 14: _fattr4_encode_l1g5_14, 15: _fattr4_encode_l1g5_15, 16: _fattr4_encode_l1g5_16, 17: _fattr4_encode_l1g5_17, 18: _fattr4_encode_l1g5_18, 19: _fattr4_encode_l1g5_19, 20: _fattr4_encode_l1g5_20, 21: _fattr4_encode_l1g5_21, 22: _fattr4_encode_l1g5_22, 23: _fattr4_encode_l1g5_23, 24: _fattr4_encode_l1g5_24, 25: _fattr4_encode_l1g5_25, 26: _fattr4_encode_l1g5_26, 27: _fattr4_encode_l1g5_27, 28: _fattr4_encode_l1g5_28, 29: _fattr4_encode_l1g5_29, 30: _fattr4_encode_l1g5_30, 31: _fattr4_encode_l1g5_31}, {1: _fattr4_encode_l1g6_1, 2: _fattr4_encode_l1g6_2, 3: _fattr4_encode_l1g6_3, 4: _fattr4_encode_l1g6_4, 5: _fattr4_encode_l1g6_5, 6: _fattr4_encode_l1g6_6, 7: _fattr4_encode_l1g6_7, 8: _fattr4_encode_l1g6_8, 9: _fattr4_encode_l1g6_9, 10: _fattr4_encode_l1g6_10, 11: _fattr4_encode_l1g6_11, 12: _fattr4_encode_l1g6_12, 13: _fattr4_encode_l1g6_13, 14: _fattr4_encode_l1g6_14, 15: _fattr4_encode_l1g6_15, 16: _fattr4_encode_l1g6_16, 17: _fattr4_encode_l1g6_17, 18: _fattr4_encode_l1g6_18, 19: _fattr4_encode_l1g6_19, 20: _fattr4_encode_l1g6_20, 21: _fattr4_encode_l1g6_21, 22: _fattr4_encode_l1g6_22, 23: _fattr4_encode_l1g6_23, 24: _fattr4_encode_l1g6_24, 25: _fattr4_encode_l1g6_25, 26: _fattr4_encode_l1g6_26, 27: _fattr4_encode_l1g6_27, 28: _fattr4_encode_l1g6_28, 29: _fattr4_encode_l1g6_29, 30: _fattr4_encode_l1g6_30, 31: _fattr4_encode_l1g6_31}, {1: _fattr4_encode_l1g7_1, 2: _fattr4_encode_l1g7_2, 3: _fattr4_encode_l1g7_3, 4: _fattr4_encode_l1g7_4, 5: _fattr4_encode_l1g7_5, 6: _fattr4_encode_l1g7_6, 7: _fattr4_encode_l1g7_7, 8: _fattr4_encode_l1g7_8, 9: _fattr4_encode_l1g7_9, 10: _fattr4_encode_l1g7_10, 11: _fattr4_encode_l1g7_11, 12: _fattr4_encode_l1g7_12, 13: _fattr4_encode_l1g7_13, 14: _fattr4_encode_l1g7_14, 15: _fattr4_encode_l1g7_15, 16: _fattr4_encode_l1g7_16, 17: _fattr4_encode_l1g7_17, 18: _fattr4_encode_l1g7_18, 19: _fattr4_encode_l1g7_19, 20: _fattr4_encode_l1g7_20, 21: _fattr4_encode_l1g7_21, 22: _fattr4_encode_l1g7_22, 23: _fattr4_encode_l1g7_23, 24: _fattr4_encode_l1g7_24, 25: _fattr4_encode_l1g7_25, 26: _fattr4_encode_l1g7_26, 27: _fattr4_encode_l1g7_27, 28: _fattr4_encode_l1g7_28, 29: _fattr4_encode_l1g7_29, 30: _fattr4_encode_l1g7_30, 31: _fattr4_encode_l1g7_31}, {1: _fattr4_encode_l1g8_1, 2: _fattr4_encode_l1g8_2, 3: _fattr4_encode_l1g8_3, 4: _fattr4_encode_l1g8_4, 5: _fattr4_encode_l1g8_5, 6: _fattr4_encode_l1g8_6, 7: _fattr4_encode_l1g8_7, 8: _fattr4_encode_l1g8_8, 9: _fattr4_encode_l1g8_9, 10: _fattr4_encode_l1g8_10, 11: _fattr4_encode_l1g8_11, 12: _fattr4_encode_l1g8_12, 13: _fattr4_encode_l1g8_13, 14: _fattr4_encode_l1g8_14, 15: _fattr4_encode_l1g8_15},)),)
+
+
+def _fattr4_decode_linux_fattr(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _fattr4_S188_unpack_from(buf, off)
+        off += 52
+        out[1] = _nfs_ftype4_MAP[_t[0]]
+        out[3] = _t[1]
+        out[4] = _t[2]
+        out[8] = fsid4(_t[3], _t[4])
+        out[20] = _t[5]
+        out[33] = _t[6]
+        out[35] = _t[7]
+        out[36], off = dec_fattr4_owner(r, off)
+        out[37], off = dec_fattr4_owner_group(r, off)
+        _t = _fattr4_S149_unpack_from(buf, off)
+        off += 60
+        out[41] = specdata4(_t[0], _t[1])
+        out[45] = _t[2]
+        out[47] = nfstime4(_t[3], _t[4])
+        out[52] = nfstime4(_t[5], _t[6])
+        out[53] = nfstime4(_t[7], _t[8])
+        out[55] = _t[9]
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_linux_fattr(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S188_pack(a.type, a.change, a.size, *a.fsid, a.fileid, a.mode, a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_decode_linux_readdir_plus(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _fattr4_S61_unpack_from(buf, off)
+        off += 40
+        out[1] = _nfs_ftype4_MAP[_t[0]]
+        out[3] = _t[1]
+        out[4] = _t[2]
+        out[8] = fsid4(_t[3], _t[4])
+        out[11] = _nfsstat4_MAP[_t[5]]
+        out[19], off = dec_fattr4_filehandle(r, off)
+        _t = _fattr4_S34_unpack_from(buf, off)
+        off += 16
+        out[20] = _t[0]
+        out[33] = _t[1]
+        out[35] = _t[2]
+        out[36], off = dec_fattr4_owner(r, off)
+        out[37], off = dec_fattr4_owner_group(r, off)
+        _t = _fattr4_S149_unpack_from(buf, off)
+        off += 60
+        out[41] = specdata4(_t[0], _t[1])
+        out[45] = _t[2]
+        out[47] = nfstime4(_t[3], _t[4])
+        out[52] = nfstime4(_t[5], _t[6])
+        out[53] = nfstime4(_t[7], _t[8])
+        out[55] = _t[9]
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_linux_readdir_plus(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S61_pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S34_pack(a.fileid, a.mode, a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+
+
+def _fattr4_decode_linux_readdir(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _fattr4_S49_unpack_from(buf, off)
+        off += 12
+        out[11] = _nfsstat4_MAP[_t[0]]
+        out[55] = _t[1]
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_linux_readdir(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S49_pack(err, a.mounted_on_fileid)
+
+
+def _fattr4_decode_linux_cache_consistency(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _fattr4_S181_unpack_from(buf, off)
+        off += 40
+        out[3] = _t[0]
+        out[4] = _t[1]
+        out[52] = nfstime4(_t[2], _t[3])
+        out[53] = nfstime4(_t[4], _t[5])
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_linux_cache_consistency(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S181_pack(a.change, a.size, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_decode_linux_open_noattr(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _fattr4_S49_unpack_from(buf, off)
+        off += 12
+        out[1] = _nfs_ftype4_MAP[_t[0]]
+        out[20] = _t[1]
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_linux_open_noattr(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S49_pack(a.type, a.fileid)
+
+
+def _fattr4_decode_linux_statfs(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _fattr4_S189_unpack_from(buf, off)
+        off += 48
+        out[21] = _t[0]
+        out[22] = _t[1]
+        out[23] = _t[2]
+        out[42] = _t[3]
+        out[43] = _t[4]
+        out[44] = _t[5]
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_linux_statfs(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S189_pack(fs.files_avail, fs.files_free, fs.files_total, fs.bytes_avail, fs.bytes_free, fs.bytes_total)
+
+
+def _fattr4_decode_linux_pathconf(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _fattr4_S1_unpack_from(buf, off)
+        off += 8
+        out[28] = _t[0]
+        out[29] = _t[1]
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_linux_pathconf(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S1_pack(min(fs.max_link, 4294967295), min(fs.max_name, 4294967295))
+
+
+def _fattr4_decode_linux_fsinfo(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _fattr4_S190_unpack_from(buf, off)
+        off += 40
+        out[10] = _t[0]
+        out[27] = _t[1]
+        out[30] = _t[2]
+        out[31] = _t[3]
+        out[51] = nfstime4(_t[4], _t[5])
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_linux_fsinfo(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S190_pack(cfg.lease_time, 9223372036854775807, cfg.max_io, cfg.max_io, 0, 1)
+
+
+def _fattr4_decode_linux_server_caps(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        out[0], off = dec_fattr4_supported_attrs(r, off)
+        _t = _fattr4_S35_unpack_from(buf, off)
+        off += 24
+        out[2] = _t[0]
+        out[5] = _BOOL[_t[1]]
+        out[6] = _BOOL[_t[2]]
+        out[13] = _t[3]
+        out[16] = _BOOL[_t[4]]
+        out[17] = _BOOL[_t[5]]
+        out[75], off = dec_fattr4_suppattr_exclcreat(r, off)
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_linux_server_caps(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S191_pack(3, 4244615167, 16367166, 2048, FH4_PERSISTENT, 1, 1, 0, 0, 1, 2, 16, 50)
+
+
+def _fattr4_decode_client_stat(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _fattr4_S188_unpack_from(buf, off)
+        off += 52
+        out[1] = _nfs_ftype4_MAP[_t[0]]
+        out[3] = _t[1]
+        out[4] = _t[2]
+        out[8] = fsid4(_t[3], _t[4])
+        out[20] = _t[5]
+        out[33] = _t[6]
+        out[35] = _t[7]
+        out[36], off = dec_fattr4_owner(r, off)
+        out[37], off = dec_fattr4_owner_group(r, off)
+        _t = _fattr4_S123_unpack_from(buf, off)
+        off += 52
+        out[41] = specdata4(_t[0], _t[1])
+        out[45] = _t[2]
+        out[47] = nfstime4(_t[3], _t[4])
+        out[52] = nfstime4(_t[5], _t[6])
+        out[53] = nfstime4(_t[7], _t[8])
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_client_stat(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S188_pack(a.type, a.change, a.size, *a.fsid, a.fileid, a.mode, a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+
+
+def _fattr4_decode_rdattr_error(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _fattr4_S2_unpack_from(buf, off)
+        off += 4
+        out[11] = _nfsstat4_MAP[_t[0]]
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_rdattr_error(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S2_pack(err)
+
+
+def _fattr4_decode_set_mode(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _fattr4_S0_unpack_from(buf, off)
+        off += 4
+        out[33] = _t[0]
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_set_mode(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S0_pack(a.mode)
+
+
+def _fattr4_decode_set_size(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        _t = _fattr4_S4_unpack_from(buf, off)
+        off += 8
+        out[4] = _t[0]
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_set_size(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_S4_pack(a.size)
+
+
+def _fattr4_decode_set_owners(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        out[36], off = dec_fattr4_owner(r, off)
+        out[37], off = dec_fattr4_owner_group(r, off)
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_encode_set_owners(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid)
+
+
+def _fattr4_decode_set_times(data: _Buffer) -> dict[int, _Any]:
+    r = _Reader(data)
+    buf = r.buf
+    off = 0
+    out: dict[int, _Any] = {}
+    try:
+        out[48], off = dec_fattr4_time_access_set(r, off)
+        out[54], off = dec_fattr4_time_modify_set(r, off)
+    except (_struct.error, KeyError, IndexError):
+        raise _XdrError('malformed attribute values', off) from None
+    if off != len(buf):
+        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
+    return out
+
+
+def _fattr4_decode_l0g0_1(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S2_unpack_from(buf, off)
+    off += 4
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    return off
+
+
+def _fattr4_decode_l0g0_2(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[3] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_3(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_4(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[4] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_5(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_6(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[3] = _t[0]
+    out[4] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_7(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_8(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[8] = fsid4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g0_9(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g0_10(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g0_11(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g0_12(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g0_13(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g0_14(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S52_unpack_from(buf, off)
+    off += 32
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g0_15(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S53_unpack_from(buf, off)
+    off += 36
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g0_16(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S2_unpack_from(buf, off)
+    off += 4
+    out[11] = _nfsstat4_MAP[_t[0]]
+    return off
+
+
+def _fattr4_decode_l0g0_17(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S54_unpack_from(buf, off)
+    off += 8
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    return off
+
+
+def _fattr4_decode_l0g0_18(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S55_unpack_from(buf, off)
+    off += 12
+    out[3] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    return off
+
+
+def _fattr4_decode_l0g0_19(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S56_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    return off
+
+
+def _fattr4_decode_l0g0_20(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S55_unpack_from(buf, off)
+    off += 12
+    out[4] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    return off
+
+
+def _fattr4_decode_l0g0_21(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S56_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    return off
+
+
+def _fattr4_decode_l0g0_22(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S11_unpack_from(buf, off)
+    off += 20
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    return off
+
+
+def _fattr4_decode_l0g0_23(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S57_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[11] = _nfsstat4_MAP[_t[3]]
+    return off
+
+
+def _fattr4_decode_l0g0_24(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S11_unpack_from(buf, off)
+    off += 20
+    out[8] = fsid4(_t[0], _t[1])
+    out[11] = _nfsstat4_MAP[_t[2]]
+    return off
+
+
+def _fattr4_decode_l0g0_25(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S57_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    return off
+
+
+def _fattr4_decode_l0g0_26(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S58_unpack_from(buf, off)
+    off += 28
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    return off
+
+
+def _fattr4_decode_l0g0_27(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S59_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    return off
+
+
+def _fattr4_decode_l0g0_28(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S58_unpack_from(buf, off)
+    off += 28
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    return off
+
+
+def _fattr4_decode_l0g0_29(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S59_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    return off
+
+
+def _fattr4_decode_l0g0_30(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S60_unpack_from(buf, off)
+    off += 36
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    return off
+
+
+def _fattr4_decode_l0g0_31(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S61_unpack_from(buf, off)
+    off += 40
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[11] = _nfsstat4_MAP[_t[5]]
+    return off
+
+
+def _fattr4_decode_l0g0_32(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_33(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S2_unpack_from(buf, off)
+    off += 4
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_34(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[3] = _t[0]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_35(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_36(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[4] = _t[0]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_37(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_38(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_39(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_40(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[8] = fsid4(_t[0], _t[1])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_41(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_42(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_43(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_44(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_45(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_46(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S52_unpack_from(buf, off)
+    off += 32
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_47(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S53_unpack_from(buf, off)
+    off += 36
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_48(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S2_unpack_from(buf, off)
+    off += 4
+    out[11] = _nfsstat4_MAP[_t[0]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_49(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S54_unpack_from(buf, off)
+    off += 8
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_50(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S55_unpack_from(buf, off)
+    off += 12
+    out[3] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_51(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S56_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_52(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S55_unpack_from(buf, off)
+    off += 12
+    out[4] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_53(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S56_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_54(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S11_unpack_from(buf, off)
+    off += 20
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_55(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S57_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_56(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S11_unpack_from(buf, off)
+    off += 20
+    out[8] = fsid4(_t[0], _t[1])
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_57(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S57_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_58(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S58_unpack_from(buf, off)
+    off += 28
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_59(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S59_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_60(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S58_unpack_from(buf, off)
+    off += 28
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_61(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S59_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_62(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S60_unpack_from(buf, off)
+    off += 36
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_63(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S61_unpack_from(buf, off)
+    off += 40
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[11] = _nfsstat4_MAP[_t[5]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    return off
+
+
+def _fattr4_decode_l0g0_64(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_65(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[20] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_66(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[3] = _t[0]
+    out[20] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_67(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[20] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_68(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[4] = _t[0]
+    out[20] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_69(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[20] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_70(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[20] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_71(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[20] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_72(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[8] = fsid4(_t[0], _t[1])
+    out[20] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_73(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[20] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_74(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S52_unpack_from(buf, off)
+    off += 32
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[20] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_75(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S53_unpack_from(buf, off)
+    off += 36
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[20] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_76(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S52_unpack_from(buf, off)
+    off += 32
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[20] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_77(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S53_unpack_from(buf, off)
+    off += 36
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[20] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_78(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S62_unpack_from(buf, off)
+    off += 40
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[20] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_79(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S63_unpack_from(buf, off)
+    off += 44
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[20] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_80(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[11] = _nfsstat4_MAP[_t[0]]
+    out[20] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_81(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S64_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[20] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_82(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S65_unpack_from(buf, off)
+    off += 20
+    out[3] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[20] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_83(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S66_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[20] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_84(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S65_unpack_from(buf, off)
+    off += 20
+    out[4] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[20] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_85(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S66_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[20] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_86(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S67_unpack_from(buf, off)
+    off += 28
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[20] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_87(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S68_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[20] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_88(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S67_unpack_from(buf, off)
+    off += 28
+    out[8] = fsid4(_t[0], _t[1])
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[20] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_89(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S68_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[20] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_90(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S69_unpack_from(buf, off)
+    off += 36
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[20] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_91(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S70_unpack_from(buf, off)
+    off += 40
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[20] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_92(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S69_unpack_from(buf, off)
+    off += 36
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[20] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_93(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S70_unpack_from(buf, off)
+    off += 40
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[20] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_94(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S71_unpack_from(buf, off)
+    off += 44
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[20] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_95(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S72_unpack_from(buf, off)
+    off += 48
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[11] = _nfsstat4_MAP[_t[5]]
+    out[20] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g0_96(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_97(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S2_unpack_from(buf, off)
+    off += 4
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_98(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[3] = _t[0]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_99(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_100(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[4] = _t[0]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_101(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_102(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_103(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_104(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[8] = fsid4(_t[0], _t[1])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_105(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_106(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_107(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_108(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_109(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_110(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S52_unpack_from(buf, off)
+    off += 32
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_111(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S53_unpack_from(buf, off)
+    off += 36
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_112(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S2_unpack_from(buf, off)
+    off += 4
+    out[11] = _nfsstat4_MAP[_t[0]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_113(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S54_unpack_from(buf, off)
+    off += 8
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_114(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S55_unpack_from(buf, off)
+    off += 12
+    out[3] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_115(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S56_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_116(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S55_unpack_from(buf, off)
+    off += 12
+    out[4] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_117(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S56_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_118(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S11_unpack_from(buf, off)
+    off += 20
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_119(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S57_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_120(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S11_unpack_from(buf, off)
+    off += 20
+    out[8] = fsid4(_t[0], _t[1])
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_121(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S57_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_122(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S58_unpack_from(buf, off)
+    off += 28
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_123(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S59_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_124(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S58_unpack_from(buf, off)
+    off += 28
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_125(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S59_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_126(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S60_unpack_from(buf, off)
+    off += 36
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_127(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S61_unpack_from(buf, off)
+    off += 40
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[11] = _nfsstat4_MAP[_t[5]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[20] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_128(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_129(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S73_unpack_from(buf, off)
+    off += 8
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_130(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[3] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_131(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S74_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[33] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_132(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[4] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_133(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S74_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[33] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_134(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S75_unpack_from(buf, off)
+    off += 20
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[33] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_135(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S76_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_136(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S75_unpack_from(buf, off)
+    off += 20
+    out[8] = fsid4(_t[0], _t[1])
+    out[33] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_137(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S76_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_138(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S77_unpack_from(buf, off)
+    off += 28
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_139(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S78_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_140(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S77_unpack_from(buf, off)
+    off += 28
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_141(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S78_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_142(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S79_unpack_from(buf, off)
+    off += 36
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_143(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S80_unpack_from(buf, off)
+    off += 40
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[33] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_144(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S73_unpack_from(buf, off)
+    off += 8
+    out[11] = _nfsstat4_MAP[_t[0]]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_145(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S45_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[33] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_146(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S81_unpack_from(buf, off)
+    off += 16
+    out[3] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[33] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_147(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S82_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_148(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S81_unpack_from(buf, off)
+    off += 16
+    out[4] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[33] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_149(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S82_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_150(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S83_unpack_from(buf, off)
+    off += 24
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_151(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S84_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_152(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S83_unpack_from(buf, off)
+    off += 24
+    out[8] = fsid4(_t[0], _t[1])
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_153(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S84_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_154(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S85_unpack_from(buf, off)
+    off += 32
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_155(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S86_unpack_from(buf, off)
+    off += 36
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[33] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_156(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S85_unpack_from(buf, off)
+    off += 32
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_157(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S86_unpack_from(buf, off)
+    off += 36
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[33] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_158(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S87_unpack_from(buf, off)
+    off += 40
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[33] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_159(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S88_unpack_from(buf, off)
+    off += 44
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[11] = _nfsstat4_MAP[_t[5]]
+    out[33] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g0_160(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_161(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S2_unpack_from(buf, off)
+    off += 4
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_162(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[3] = _t[0]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_163(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_164(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[4] = _t[0]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_165(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_166(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_167(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_168(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[8] = fsid4(_t[0], _t[1])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_169(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_170(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_171(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_172(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_173(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_174(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S52_unpack_from(buf, off)
+    off += 32
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_175(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S53_unpack_from(buf, off)
+    off += 36
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_176(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S2_unpack_from(buf, off)
+    off += 4
+    out[11] = _nfsstat4_MAP[_t[0]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_177(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S54_unpack_from(buf, off)
+    off += 8
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_178(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S55_unpack_from(buf, off)
+    off += 12
+    out[3] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_179(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S56_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_180(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S55_unpack_from(buf, off)
+    off += 12
+    out[4] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_181(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S56_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_182(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S11_unpack_from(buf, off)
+    off += 20
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_183(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S57_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_184(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S11_unpack_from(buf, off)
+    off += 20
+    out[8] = fsid4(_t[0], _t[1])
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_185(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S57_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_186(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S58_unpack_from(buf, off)
+    off += 28
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_187(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S59_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_188(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S58_unpack_from(buf, off)
+    off += 28
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_189(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S59_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_190(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S60_unpack_from(buf, off)
+    off += 36
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_191(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S61_unpack_from(buf, off)
+    off += 40
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[11] = _nfsstat4_MAP[_t[5]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[33] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g0_192(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_193(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S74_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[20] = _t[1]
+    out[33] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_194(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S75_unpack_from(buf, off)
+    off += 20
+    out[3] = _t[0]
+    out[20] = _t[1]
+    out[33] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_195(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S76_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[20] = _t[2]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_196(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S75_unpack_from(buf, off)
+    off += 20
+    out[4] = _t[0]
+    out[20] = _t[1]
+    out[33] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_197(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S76_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[20] = _t[2]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_198(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S77_unpack_from(buf, off)
+    off += 28
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[20] = _t[2]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_199(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S78_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[20] = _t[3]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_200(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S77_unpack_from(buf, off)
+    off += 28
+    out[8] = fsid4(_t[0], _t[1])
+    out[20] = _t[2]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_201(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S78_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[20] = _t[3]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_202(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S79_unpack_from(buf, off)
+    off += 36
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[20] = _t[3]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_203(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S80_unpack_from(buf, off)
+    off += 40
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[20] = _t[4]
+    out[33] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_204(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S79_unpack_from(buf, off)
+    off += 36
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[20] = _t[3]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_205(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S80_unpack_from(buf, off)
+    off += 40
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[20] = _t[4]
+    out[33] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_206(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S89_unpack_from(buf, off)
+    off += 44
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[20] = _t[4]
+    out[33] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_207(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S90_unpack_from(buf, off)
+    off += 48
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[20] = _t[5]
+    out[33] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g0_208(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S74_unpack_from(buf, off)
+    off += 16
+    out[11] = _nfsstat4_MAP[_t[0]]
+    out[20] = _t[1]
+    out[33] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g0_209(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S91_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[20] = _t[2]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_210(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S92_unpack_from(buf, off)
+    off += 24
+    out[3] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[20] = _t[2]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_211(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S93_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[20] = _t[3]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_212(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S92_unpack_from(buf, off)
+    off += 24
+    out[4] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[20] = _t[2]
+    out[33] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g0_213(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S93_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[20] = _t[3]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_214(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S94_unpack_from(buf, off)
+    off += 32
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[20] = _t[3]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_215(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S95_unpack_from(buf, off)
+    off += 36
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[20] = _t[4]
+    out[33] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_216(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S94_unpack_from(buf, off)
+    off += 32
+    out[8] = fsid4(_t[0], _t[1])
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[20] = _t[3]
+    out[33] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g0_217(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S95_unpack_from(buf, off)
+    off += 36
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[20] = _t[4]
+    out[33] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_218(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S96_unpack_from(buf, off)
+    off += 40
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[20] = _t[4]
+    out[33] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_219(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S97_unpack_from(buf, off)
+    off += 44
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[20] = _t[5]
+    out[33] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g0_220(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S96_unpack_from(buf, off)
+    off += 40
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[20] = _t[4]
+    out[33] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g0_221(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S97_unpack_from(buf, off)
+    off += 44
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[20] = _t[5]
+    out[33] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g0_222(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S98_unpack_from(buf, off)
+    off += 48
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[20] = _t[5]
+    out[33] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g0_223(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S99_unpack_from(buf, off)
+    off += 52
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[11] = _nfsstat4_MAP[_t[5]]
+    out[20] = _t[6]
+    out[33] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g0_224(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_225(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S2_unpack_from(buf, off)
+    off += 4
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_226(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[3] = _t[0]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_227(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_228(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[4] = _t[0]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_229(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S49_unpack_from(buf, off)
+    off += 12
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_230(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_231(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_232(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[8] = fsid4(_t[0], _t[1])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_233(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S22_unpack_from(buf, off)
+    off += 20
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_234(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_235(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_236(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S50_unpack_from(buf, off)
+    off += 24
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_237(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S51_unpack_from(buf, off)
+    off += 28
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_238(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S52_unpack_from(buf, off)
+    off += 32
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_239(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S53_unpack_from(buf, off)
+    off += 36
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_240(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S2_unpack_from(buf, off)
+    off += 4
+    out[11] = _nfsstat4_MAP[_t[0]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_241(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S54_unpack_from(buf, off)
+    off += 8
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_242(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S55_unpack_from(buf, off)
+    off += 12
+    out[3] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_243(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S56_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_244(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S55_unpack_from(buf, off)
+    off += 12
+    out[4] = _t[0]
+    out[11] = _nfsstat4_MAP[_t[1]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_245(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S56_unpack_from(buf, off)
+    off += 16
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_246(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S11_unpack_from(buf, off)
+    off += 20
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_247(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S57_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_248(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S11_unpack_from(buf, off)
+    off += 20
+    out[8] = fsid4(_t[0], _t[1])
+    out[11] = _nfsstat4_MAP[_t[2]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_249(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S57_unpack_from(buf, off)
+    off += 24
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_250(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S58_unpack_from(buf, off)
+    off += 28
+    out[3] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_251(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S59_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_252(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S58_unpack_from(buf, off)
+    off += 28
+    out[4] = _t[0]
+    out[8] = fsid4(_t[1], _t[2])
+    out[11] = _nfsstat4_MAP[_t[3]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_253(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S59_unpack_from(buf, off)
+    off += 32
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_254(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S60_unpack_from(buf, off)
+    off += 36
+    out[3] = _t[0]
+    out[4] = _t[1]
+    out[8] = fsid4(_t[2], _t[3])
+    out[11] = _nfsstat4_MAP[_t[4]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g0_255(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S61_unpack_from(buf, off)
+    off += 40
+    out[1] = _nfs_ftype4_MAP[_t[0]]
+    out[3] = _t[1]
+    out[4] = _t[2]
+    out[8] = fsid4(_t[3], _t[4])
+    out[11] = _nfsstat4_MAP[_t[5]]
+    out[19], off = dec_fattr4_filehandle(r, off)
+    _t = _fattr4_S18_unpack_from(buf, off)
+    off += 12
+    out[20] = _t[0]
+    out[33] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g1_1(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_2(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    return off
+
+
+def _fattr4_decode_l0g1_3(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    return off
+
+
+def _fattr4_decode_l0g1_4(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    return off
+
+
+def _fattr4_decode_l0g1_5(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    return off
+
+
+def _fattr4_decode_l0g1_6(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    return off
+
+
+def _fattr4_decode_l0g1_7(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    return off
+
+
+def _fattr4_decode_l0g1_8(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S1_unpack_from(buf, off)
+    off += 8
+    out[41] = specdata4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_9(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S9_unpack_from(buf, off)
+    off += 12
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_10(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S1_unpack_from(buf, off)
+    off += 8
+    out[41] = specdata4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_11(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S1_unpack_from(buf, off)
+    off += 8
+    out[41] = specdata4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_12(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S1_unpack_from(buf, off)
+    off += 8
+    out[41] = specdata4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_13(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S1_unpack_from(buf, off)
+    off += 8
+    out[41] = specdata4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_14(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S1_unpack_from(buf, off)
+    off += 8
+    out[41] = specdata4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_15(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S1_unpack_from(buf, off)
+    off += 8
+    out[41] = specdata4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_16(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[45] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_17(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S100_unpack_from(buf, off)
+    off += 12
+    out[35] = _t[0]
+    out[45] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g1_18(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[45] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_19(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[45] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_20(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[45] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_21(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[45] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_22(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[45] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_23(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[45] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_24(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_25(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S102_unpack_from(buf, off)
+    off += 20
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_26(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_27(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_28(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_29(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_30(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_31(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_32(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[47] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_33(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S103_unpack_from(buf, off)
+    off += 16
+    out[35] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_34(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[47] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_35(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[47] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_36(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[47] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_37(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[47] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_38(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[47] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_39(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[47] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_40(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_41(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S105_unpack_from(buf, off)
+    off += 24
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[47] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_42(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_43(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_44(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_45(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_46(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_47(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_48(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_49(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S107_unpack_from(buf, off)
+    off += 24
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[47] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_50(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_51(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_52(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_53(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_54(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_55(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_56(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_57(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S109_unpack_from(buf, off)
+    off += 32
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[47] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_58(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_59(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_60(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_61(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_62(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_63(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_64(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[52] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_65(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S103_unpack_from(buf, off)
+    off += 16
+    out[35] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_66(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[52] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_67(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[52] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_68(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[52] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_69(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[52] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_70(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[52] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_71(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[52] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_72(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_73(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S105_unpack_from(buf, off)
+    off += 24
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_74(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_75(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_76(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_77(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_78(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_79(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_80(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_81(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S107_unpack_from(buf, off)
+    off += 24
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_82(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_83(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_84(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_85(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_86(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_87(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_88(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_89(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S109_unpack_from(buf, off)
+    off += 32
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[52] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_90(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_91(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_92(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_93(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_94(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_95(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_96(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_97(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S110_unpack_from(buf, off)
+    off += 28
+    out[35] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_98(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_99(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_100(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_101(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_102(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_103(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_104(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_105(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S112_unpack_from(buf, off)
+    off += 36
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_106(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_107(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_108(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_109(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_110(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_111(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_112(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_113(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S114_unpack_from(buf, off)
+    off += 36
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_114(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_115(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_116(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_117(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_118(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_119(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_120(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_121(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S116_unpack_from(buf, off)
+    off += 44
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[47] = nfstime4(_t[4], _t[5])
+    out[52] = nfstime4(_t[6], _t[7])
+    return off
+
+
+def _fattr4_decode_l0g1_122(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_123(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_124(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_125(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_126(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_127(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_128(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[53] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_129(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S103_unpack_from(buf, off)
+    off += 16
+    out[35] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_130(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[53] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_131(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[53] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_132(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[53] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_133(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[53] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_134(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[53] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_135(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S7_unpack_from(buf, off)
+    off += 12
+    out[53] = nfstime4(_t[0], _t[1])
+    return off
+
+
+def _fattr4_decode_l0g1_136(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_137(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S105_unpack_from(buf, off)
+    off += 24
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_138(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_139(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_140(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_141(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_142(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_143(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S104_unpack_from(buf, off)
+    off += 20
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_144(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_145(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S107_unpack_from(buf, off)
+    off += 24
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_146(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_147(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_148(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_149(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_150(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_151(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S106_unpack_from(buf, off)
+    off += 20
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    return off
+
+
+def _fattr4_decode_l0g1_152(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_153(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S109_unpack_from(buf, off)
+    off += 32
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_154(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_155(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_156(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_157(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_158(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_159(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S108_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_160(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_161(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S110_unpack_from(buf, off)
+    off += 28
+    out[35] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_162(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_163(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_164(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_165(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_166(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_167(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_168(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_169(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S112_unpack_from(buf, off)
+    off += 36
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_170(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_171(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_172(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_173(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_174(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_175(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_176(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_177(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S114_unpack_from(buf, off)
+    off += 36
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_178(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_179(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_180(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_181(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_182(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_183(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_184(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_185(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S116_unpack_from(buf, off)
+    off += 44
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[47] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    return off
+
+
+def _fattr4_decode_l0g1_186(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_187(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_188(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_189(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_190(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_191(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_192(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_193(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S110_unpack_from(buf, off)
+    off += 28
+    out[35] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_194(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_195(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_196(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_197(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_198(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_199(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S37_unpack_from(buf, off)
+    off += 24
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    return off
+
+
+def _fattr4_decode_l0g1_200(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_201(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S112_unpack_from(buf, off)
+    off += 36
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_202(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_203(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_204(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_205(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_206(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_207(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S111_unpack_from(buf, off)
+    off += 32
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_208(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_209(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S114_unpack_from(buf, off)
+    off += 36
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_210(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_211(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_212(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_213(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_214(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_215(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S113_unpack_from(buf, off)
+    off += 32
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    return off
+
+
+def _fattr4_decode_l0g1_216(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_217(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S116_unpack_from(buf, off)
+    off += 44
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    return off
+
+
+def _fattr4_decode_l0g1_218(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_219(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_220(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_221(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_222(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_223(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_224(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S117_unpack_from(buf, off)
+    off += 36
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_225(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S118_unpack_from(buf, off)
+    off += 40
+    out[35] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_226(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S117_unpack_from(buf, off)
+    off += 36
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_227(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S117_unpack_from(buf, off)
+    off += 36
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_228(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S117_unpack_from(buf, off)
+    off += 36
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_229(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S117_unpack_from(buf, off)
+    off += 36
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_230(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S117_unpack_from(buf, off)
+    off += 36
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_231(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S117_unpack_from(buf, off)
+    off += 36
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    return off
+
+
+def _fattr4_decode_l0g1_232(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S119_unpack_from(buf, off)
+    off += 44
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    return off
+
+
+def _fattr4_decode_l0g1_233(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S120_unpack_from(buf, off)
+    off += 48
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    return off
+
+
+def _fattr4_decode_l0g1_234(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S119_unpack_from(buf, off)
+    off += 44
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    return off
+
+
+def _fattr4_decode_l0g1_235(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S119_unpack_from(buf, off)
+    off += 44
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    return off
+
+
+def _fattr4_decode_l0g1_236(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S119_unpack_from(buf, off)
+    off += 44
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    return off
+
+
+def _fattr4_decode_l0g1_237(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S119_unpack_from(buf, off)
+    off += 44
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    return off
+
+
+def _fattr4_decode_l0g1_238(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S119_unpack_from(buf, off)
+    off += 44
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    return off
+
+
+def _fattr4_decode_l0g1_239(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S119_unpack_from(buf, off)
+    off += 44
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    return off
+
+
+def _fattr4_decode_l0g1_240(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S121_unpack_from(buf, off)
+    off += 44
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_241(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S122_unpack_from(buf, off)
+    off += 48
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    return off
+
+
+def _fattr4_decode_l0g1_242(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S121_unpack_from(buf, off)
+    off += 44
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_243(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S121_unpack_from(buf, off)
+    off += 44
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_244(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S121_unpack_from(buf, off)
+    off += 44
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_245(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S121_unpack_from(buf, off)
+    off += 44
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_246(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S121_unpack_from(buf, off)
+    off += 44
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_247(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S121_unpack_from(buf, off)
+    off += 44
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    return off
+
+
+def _fattr4_decode_l0g1_248(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S123_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    return off
+
+
+def _fattr4_decode_l0g1_249(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S124_unpack_from(buf, off)
+    off += 56
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[47] = nfstime4(_t[4], _t[5])
+    out[52] = nfstime4(_t[6], _t[7])
+    out[53] = nfstime4(_t[8], _t[9])
+    return off
+
+
+def _fattr4_decode_l0g1_250(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    return off
+
+
+def _fattr4_decode_l0g1_251(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    return off
+
+
+def _fattr4_decode_l0g1_252(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    return off
+
+
+def _fattr4_decode_l0g1_253(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    return off
+
+
+def _fattr4_decode_l0g1_254(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    return off
+
+
+def _fattr4_decode_l0g1_255(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    return off
+
+
+def _fattr4_decode_l0g1_256(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[55] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_257(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S100_unpack_from(buf, off)
+    off += 12
+    out[35] = _t[0]
+    out[55] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g1_258(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[55] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_259(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[55] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_260(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[55] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_261(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[55] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_262(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[55] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_263(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S4_unpack_from(buf, off)
+    off += 8
+    out[55] = _t[0]
+    return off
+
+
+def _fattr4_decode_l0g1_264(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_265(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S102_unpack_from(buf, off)
+    off += 20
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_266(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_267(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_268(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_269(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_270(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_271(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S101_unpack_from(buf, off)
+    off += 16
+    out[41] = specdata4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_272(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[45] = _t[0]
+    out[55] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g1_273(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S15_unpack_from(buf, off)
+    off += 20
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_274(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[45] = _t[0]
+    out[55] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g1_275(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[45] = _t[0]
+    out[55] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g1_276(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[45] = _t[0]
+    out[55] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g1_277(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[45] = _t[0]
+    out[55] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g1_278(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[45] = _t[0]
+    out[55] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g1_279(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S8_unpack_from(buf, off)
+    off += 16
+    out[45] = _t[0]
+    out[55] = _t[1]
+    return off
+
+
+def _fattr4_decode_l0g1_280(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S125_unpack_from(buf, off)
+    off += 24
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_281(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S126_unpack_from(buf, off)
+    off += 28
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_282(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S125_unpack_from(buf, off)
+    off += 24
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_283(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S125_unpack_from(buf, off)
+    off += 24
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_284(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S125_unpack_from(buf, off)
+    off += 24
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_285(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S125_unpack_from(buf, off)
+    off += 24
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_286(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S125_unpack_from(buf, off)
+    off += 24
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_287(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S125_unpack_from(buf, off)
+    off += 24
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_288(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[47] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_289(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S128_unpack_from(buf, off)
+    off += 24
+    out[35] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_290(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[47] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_291(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[47] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_292(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[47] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_293(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[47] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_294(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[47] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_295(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[47] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_296(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_297(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S130_unpack_from(buf, off)
+    off += 32
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[47] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_298(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_299(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_300(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_301(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_302(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_303(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_304(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_305(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S132_unpack_from(buf, off)
+    off += 32
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[47] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_306(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_307(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_308(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_309(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_310(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_311(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_312(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_313(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S134_unpack_from(buf, off)
+    off += 40
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[47] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_314(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_315(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_316(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_317(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_318(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_319(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_320(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[52] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_321(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S128_unpack_from(buf, off)
+    off += 24
+    out[35] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_322(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[52] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_323(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[52] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_324(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[52] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_325(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[52] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_326(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[52] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_327(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[52] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_328(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_329(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S130_unpack_from(buf, off)
+    off += 32
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_330(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_331(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_332(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_333(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_334(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_335(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_336(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_337(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S132_unpack_from(buf, off)
+    off += 32
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_338(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_339(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_340(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_341(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_342(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_343(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_344(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_345(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S134_unpack_from(buf, off)
+    off += 40
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[52] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_346(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_347(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_348(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_349(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_350(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_351(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_352(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_353(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S136_unpack_from(buf, off)
+    off += 36
+    out[35] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_354(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_355(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_356(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_357(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_358(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_359(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_360(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_361(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S138_unpack_from(buf, off)
+    off += 44
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_362(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_363(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_364(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_365(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_366(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_367(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_368(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_369(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S140_unpack_from(buf, off)
+    off += 44
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_370(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_371(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_372(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_373(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_374(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_375(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_376(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_377(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S142_unpack_from(buf, off)
+    off += 52
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[47] = nfstime4(_t[4], _t[5])
+    out[52] = nfstime4(_t[6], _t[7])
+    out[55] = _t[8]
+    return off
+
+
+def _fattr4_decode_l0g1_378(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_379(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_380(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_381(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_382(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_383(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_384(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[53] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_385(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S128_unpack_from(buf, off)
+    off += 24
+    out[35] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_386(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[53] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_387(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[53] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_388(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[53] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_389(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[53] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_390(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[53] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_391(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
+    off += 20
+    out[53] = nfstime4(_t[0], _t[1])
+    out[55] = _t[2]
+    return off
+
+
+def _fattr4_decode_l0g1_392(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_393(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S130_unpack_from(buf, off)
+    off += 32
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_394(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_395(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_396(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_397(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_398(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_399(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
+    off += 28
+    out[41] = specdata4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_400(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_401(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S132_unpack_from(buf, off)
+    off += 32
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_402(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_403(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_404(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_405(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_406(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_407(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
+    off += 28
+    out[45] = _t[0]
+    out[53] = nfstime4(_t[1], _t[2])
+    out[55] = _t[3]
+    return off
+
+
+def _fattr4_decode_l0g1_408(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_409(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S134_unpack_from(buf, off)
+    off += 40
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_410(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_411(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_412(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_413(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_414(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_415(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
+    off += 36
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_416(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_417(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S136_unpack_from(buf, off)
+    off += 36
+    out[35] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_418(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_419(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_420(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_421(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_422(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_423(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[47] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_424(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_425(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S138_unpack_from(buf, off)
+    off += 44
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_426(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_427(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_428(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_429(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_430(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_431(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_432(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_433(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S140_unpack_from(buf, off)
+    off += 44
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[47] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_434(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_435(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_436(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_437(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_438(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_439(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_440(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_441(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S142_unpack_from(buf, off)
+    off += 52
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[47] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    out[55] = _t[8]
+    return off
+
+
+def _fattr4_decode_l0g1_442(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_443(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_444(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_445(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_446(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_447(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_448(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_449(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S136_unpack_from(buf, off)
+    off += 36
+    out[35] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_450(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_451(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_452(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_453(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_454(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_455(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
+    off += 32
+    out[52] = nfstime4(_t[0], _t[1])
+    out[53] = nfstime4(_t[2], _t[3])
+    out[55] = _t[4]
+    return off
+
+
+def _fattr4_decode_l0g1_456(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_457(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S138_unpack_from(buf, off)
+    off += 44
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_458(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_459(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_460(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_461(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_462(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_463(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
+    off += 40
+    out[41] = specdata4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_464(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_465(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S140_unpack_from(buf, off)
+    off += 44
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_466(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_467(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_468(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_469(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_470(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_471(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
+    off += 40
+    out[45] = _t[0]
+    out[52] = nfstime4(_t[1], _t[2])
+    out[53] = nfstime4(_t[3], _t[4])
+    out[55] = _t[5]
+    return off
+
+
+def _fattr4_decode_l0g1_472(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_473(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S142_unpack_from(buf, off)
+    off += 52
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    out[55] = _t[8]
+    return off
+
+
+def _fattr4_decode_l0g1_474(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_475(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_476(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_477(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_478(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_479(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
+    off += 48
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_480(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S143_unpack_from(buf, off)
+    off += 44
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_481(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S144_unpack_from(buf, off)
+    off += 48
+    out[35] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_482(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S143_unpack_from(buf, off)
+    off += 44
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_483(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S143_unpack_from(buf, off)
+    off += 44
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_484(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S143_unpack_from(buf, off)
+    off += 44
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_485(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S143_unpack_from(buf, off)
+    off += 44
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_486(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S143_unpack_from(buf, off)
+    off += 44
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_487(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S143_unpack_from(buf, off)
+    off += 44
+    out[47] = nfstime4(_t[0], _t[1])
+    out[52] = nfstime4(_t[2], _t[3])
+    out[53] = nfstime4(_t[4], _t[5])
+    out[55] = _t[6]
+    return off
+
+
+def _fattr4_decode_l0g1_488(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S145_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    out[55] = _t[8]
+    return off
+
+
+def _fattr4_decode_l0g1_489(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S146_unpack_from(buf, off)
+    off += 56
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    out[55] = _t[9]
+    return off
+
+
+def _fattr4_decode_l0g1_490(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S145_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    out[55] = _t[8]
+    return off
+
+
+def _fattr4_decode_l0g1_491(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S145_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    out[55] = _t[8]
+    return off
+
+
+def _fattr4_decode_l0g1_492(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S145_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    out[55] = _t[8]
+    return off
+
+
+def _fattr4_decode_l0g1_493(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S145_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    out[55] = _t[8]
+    return off
+
+
+def _fattr4_decode_l0g1_494(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S145_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    out[55] = _t[8]
+    return off
+
+
+def _fattr4_decode_l0g1_495(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S145_unpack_from(buf, off)
+    off += 52
+    out[41] = specdata4(_t[0], _t[1])
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    out[55] = _t[8]
+    return off
+
+
+def _fattr4_decode_l0g1_496(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S147_unpack_from(buf, off)
+    off += 52
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_497(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S148_unpack_from(buf, off)
+    off += 56
+    out[35] = _t[0]
+    out[45] = _t[1]
+    out[47] = nfstime4(_t[2], _t[3])
+    out[52] = nfstime4(_t[4], _t[5])
+    out[53] = nfstime4(_t[6], _t[7])
+    out[55] = _t[8]
+    return off
+
+
+def _fattr4_decode_l0g1_498(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S147_unpack_from(buf, off)
+    off += 52
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_499(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S147_unpack_from(buf, off)
+    off += 52
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_500(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S147_unpack_from(buf, off)
+    off += 52
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_501(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S147_unpack_from(buf, off)
+    off += 52
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_502(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S147_unpack_from(buf, off)
+    off += 52
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_503(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S147_unpack_from(buf, off)
+    off += 52
+    out[45] = _t[0]
+    out[47] = nfstime4(_t[1], _t[2])
+    out[52] = nfstime4(_t[3], _t[4])
+    out[53] = nfstime4(_t[5], _t[6])
+    out[55] = _t[7]
+    return off
+
+
+def _fattr4_decode_l0g1_504(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S149_unpack_from(buf, off)
+    off += 60
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    out[55] = _t[9]
+    return off
+
+
+def _fattr4_decode_l0g1_505(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S150_unpack_from(buf, off)
+    off += 64
+    out[35] = _t[0]
+    out[41] = specdata4(_t[1], _t[2])
+    out[45] = _t[3]
+    out[47] = nfstime4(_t[4], _t[5])
+    out[52] = nfstime4(_t[6], _t[7])
+    out[53] = nfstime4(_t[8], _t[9])
+    out[55] = _t[10]
+    return off
+
+
+def _fattr4_decode_l0g1_506(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S149_unpack_from(buf, off)
+    off += 60
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    out[55] = _t[9]
+    return off
+
+
+def _fattr4_decode_l0g1_507(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    _t = _fattr4_S149_unpack_from(buf, off)
+    off += 60
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    out[55] = _t[9]
+    return off
+
+
+def _fattr4_decode_l0g1_508(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S149_unpack_from(buf, off)
+    off += 60
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    out[55] = _t[9]
+    return off
+
+
+def _fattr4_decode_l0g1_509(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S149_unpack_from(buf, off)
+    off += 60
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    out[55] = _t[9]
+    return off
+
+
+def _fattr4_decode_l0g1_510(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S149_unpack_from(buf, off)
+    off += 60
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    out[55] = _t[9]
+    return off
+
+
+def _fattr4_decode_l0g1_511(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
+    _t = _fattr4_S0_unpack_from(buf, off)
+    off += 4
+    out[35] = _t[0]
+    out[36], off = dec_fattr4_owner(r, off)
+    out[37], off = dec_fattr4_owner_group(r, off)
+    _t = _fattr4_S149_unpack_from(buf, off)
+    off += 60
+    out[41] = specdata4(_t[0], _t[1])
+    out[45] = _t[2]
+    out[47] = nfstime4(_t[3], _t[4])
+    out[52] = nfstime4(_t[5], _t[6])
+    out[53] = nfstime4(_t[7], _t[8])
+    out[55] = _t[9]
+    return off
+
+
+# The table's layers for decoding: (attribute -> (group, bit), group -> subset ->
+# decoder of those values at off into out, giving the new off).
+ATTRIBUTE_DECODE_LAYERS: tuple[tuple[dict[int, tuple[int, int]], tuple[dict[int, _Callable[[_Reader, _Any, int, dict[int, _Any]], int]], ...]], ...] = (({1: (0, 1), 3: (0, 2), 4: (0, 4), 8: (0, 8), 11: (0, 16), 19: (0, 32), 20: (0, 64), 33: (0, 128), 35: (1, 1), 36: (1, 2), 37: (1, 4), 41: (1, 8), 45: (1, 16), 47: (1, 32), 52: (1, 64), 53: (1, 128), 55: (1, 256)}, ({1: _fattr4_decode_l0g0_1, 2: _fattr4_decode_l0g0_2, 3: _fattr4_decode_l0g0_3, 4: _fattr4_decode_l0g0_4, 5: _fattr4_decode_l0g0_5, 6: _fattr4_decode_l0g0_6, 7: _fattr4_decode_l0g0_7, 8: _fattr4_decode_l0g0_8, 9: _fattr4_decode_l0g0_9, 10: _fattr4_decode_l0g0_10, 11: _fattr4_decode_l0g0_11, 12: _fattr4_decode_l0g0_12, 13: _fattr4_decode_l0g0_13, 14: _fattr4_decode_l0g0_14, 15: _fattr4_decode_l0g0_15, 16: _fattr4_decode_l0g0_16, 17: _fattr4_decode_l0g0_17, 18: _fattr4_decode_l0g0_18, 19: _fattr4_decode_l0g0_19, 20: _fattr4_decode_l0g0_20, 21: _fattr4_decode_l0g0_21, 22: _fattr4_decode_l0g0_22, 23: _fattr4_decode_l0g0_23, 24: _fattr4_decode_l0g0_24, 25: _fattr4_decode_l0g0_25, 26: _fattr4_decode_l0g0_26, 27: _fattr4_decode_l0g0_27, 28: _fattr4_decode_l0g0_28, 29: _fattr4_decode_l0g0_29, 30: _fattr4_decode_l0g0_30, 31: _fattr4_decode_l0g0_31, 32: _fattr4_decode_l0g0_32, 33: _fattr4_decode_l0g0_33, 34: _fattr4_decode_l0g0_34, 35: _fattr4_decode_l0g0_35, 36: _fattr4_decode_l0g0_36, 37: _fattr4_decode_l0g0_37, 38: _fattr4_decode_l0g0_38, 39: _fattr4_decode_l0g0_39, 40: _fattr4_decode_l0g0_40, 41: _fattr4_decode_l0g0_41, 42: _fattr4_decode_l0g0_42, 43: _fattr4_decode_l0g0_43, 44: _fattr4_decode_l0g0_44, 45: _fattr4_decode_l0g0_45, 46: _fattr4_decode_l0g0_46, 47: _fattr4_decode_l0g0_47, 48: _fattr4_decode_l0g0_48, 49: _fattr4_decode_l0g0_49, 50: _fattr4_decode_l0g0_50, 51: _fattr4_decode_l0g0_51, 52: _fattr4_decode_l0g0_52, 53: _fattr4_decode_l0g0_53, 54: _fattr4_decode_l0g0_54, 55: _fattr4_decode_l0g0_55, 56: _fattr4_decode_l0g0_56, 57: _fattr4_decode_l0g0_57, 58: _fattr4_decode_l0g0_58, 59: _fattr4_decode_l0g0_59, 60: _fattr4_decode_l0g0_60, 61: _fattr4_decode_l0g0_61, 62: _fattr4_decode_l0g0_62, 63: _fattr4_decode_l0g0_63, 64: _fattr4_decode_l0g0_64, 65: _fattr4_decode_l0g0_65, 66: _fattr4_decode_l0g0_66, 67: _fattr4_decode_l0g0_67, 68: _fattr4_decode_l0g0_68, 69: _fattr4_decode_l0g0_69, 70: _fattr4_decode_l0g0_70, 71: _fattr4_decode_l0g0_71, 72: _fattr4_decode_l0g0_72, 73: _fattr4_decode_l0g0_73, 74: _fattr4_decode_l0g0_74, 75: _fattr4_decode_l0g0_75, 76: _fattr4_decode_l0g0_76, 77: _fattr4_decode_l0g0_77, 78: _fattr4_decode_l0g0_78, 79: _fattr4_decode_l0g0_79, 80: _fattr4_decode_l0g0_80, 81: _fattr4_decode_l0g0_81, 82: _fattr4_decode_l0g0_82, 83: _fattr4_decode_l0g0_83, 84: _fattr4_decode_l0g0_84, 85: _fattr4_decode_l0g0_85, 86: _fattr4_decode_l0g0_86, 87: _fattr4_decode_l0g0_87, 88: _fattr4_decode_l0g0_88, 89: _fattr4_decode_l0g0_89, 90: _fattr4_decode_l0g0_90, 91: _fattr4_decode_l0g0_91, 92: _fattr4_decode_l0g0_92, 93: _fattr4_decode_l0g0_93, 94: _fattr4_decode_l0g0_94, 95: _fattr4_decode_l0g0_95, 96: _fattr4_decode_l0g0_96, 97: _fattr4_decode_l0g0_97, 98: _fattr4_decode_l0g0_98, 99: _fattr4_decode_l0g0_99, 100: _fattr4_decode_l0g0_100, 101: _fattr4_decode_l0g0_101, 102: _fattr4_decode_l0g0_102, 103: _fattr4_decode_l0g0_103, 104: _fattr4_decode_l0g0_104, 105: _fattr4_decode_l0g0_105, 106: _fattr4_decode_l0g0_106, 107: _fattr4_decode_l0g0_107, 108: _fattr4_decode_l0g0_108, 109: _fattr4_decode_l0g0_109, 110: _fattr4_decode_l0g0_110, 111: _fattr4_decode_l0g0_111, 112: _fattr4_decode_l0g0_112, 113: _fattr4_decode_l0g0_113, 114: _fattr4_decode_l0g0_114, 115: _fattr4_decode_l0g0_115, 116: _fattr4_decode_l0g0_116, 117: _fattr4_decode_l0g0_117, 118: _fattr4_decode_l0g0_118, 119: _fattr4_decode_l0g0_119, 120: _fattr4_decode_l0g0_120, 121: _fattr4_decode_l0g0_121, 122: _fattr4_decode_l0g0_122, 123: _fattr4_decode_l0g0_123, 124: _fattr4_decode_l0g0_124, 125: _fattr4_decode_l0g0_125, 126: _fattr4_decode_l0g0_126, 127: _fattr4_decode_l0g0_127, 128: _fattr4_decode_l0g0_128, 129: _fattr4_decode_l0g0_129, 130: _fattr4_decode_l0g0_130, 131: _fattr4_decode_l0g0_131, 132: _fattr4_decode_l0g0_132, 133: _fattr4_decode_l0g0_133, 134: _fattr4_decode_l0g0_134, 135: _fattr4_decode_l0g0_135, 136: _fattr4_decode_l0g0_136, 137: _fattr4_decode_l0g0_137, 138: _fattr4_decode_l0g0_138, 139: _fattr4_decode_l0g0_139, 140: _fattr4_decode_l0g0_140, 141: _fattr4_decode_l0g0_141, 142: _fattr4_decode_l0g0_142, 143: _fattr4_decode_l0g0_143, 144: _fattr4_decode_l0g0_144, 145: _fattr4_decode_l0g0_145, 146: _fattr4_decode_l0g0_146, 147: _fattr4_decode_l0g0_147, 148: _fattr4_decode_l0g0_148, 149: _fattr4_decode_l0g0_149, 150: _fattr4_decode_l0g0_150, 151: _fattr4_decode_l0g0_151, 152: _fattr4_decode_l0g0_152, 153: _fattr4_decode_l0g0_153, 154: _fattr4_decode_l0g0_154, 155: _fattr4_decode_l0g0_155, 156: _fattr4_decode_l0g0_156, 157: _fattr4_decode_l0g0_157, 158: _fattr4_decode_l0g0_158, 159: _fattr4_decode_l0g0_159, 160: _fattr4_decode_l0g0_160, 161: _fattr4_decode_l0g0_161, 162: _fattr4_decode_l0g0_162, 163: _fattr4_decode_l0g0_163, 164: _fattr4_decode_l0g0_164, 165: _fattr4_decode_l0g0_165, 166: _fattr4_decode_l0g0_166, 167: _fattr4_decode_l0g0_167, 168: _fattr4_decode_l0g0_168, 169: _fattr4_decode_l0g0_169, 170: _fattr4_decode_l0g0_170, 171: _fattr4_decode_l0g0_171, 172: _fattr4_decode_l0g0_172, 173: _fattr4_decode_l0g0_173, 174: _fattr4_decode_l0g0_174, 175: _fattr4_decode_l0g0_175, 176: _fattr4_decode_l0g0_176, 177: _fattr4_decode_l0g0_177, 178: _fattr4_decode_l0g0_178, 179: _fattr4_decode_l0g0_179, 180: _fattr4_decode_l0g0_180, 181: _fattr4_decode_l0g0_181, 182: _fattr4_decode_l0g0_182, 183: _fattr4_decode_l0g0_183, 184: _fattr4_decode_l0g0_184, 185: _fattr4_decode_l0g0_185, 186: _fattr4_decode_l0g0_186, 187: _fattr4_decode_l0g0_187, 188: _fattr4_decode_l0g0_188, 189: _fattr4_decode_l0g0_189, 190: _fattr4_decode_l0g0_190, 191: _fattr4_decode_l0g0_191, 192: _fattr4_decode_l0g0_192, 193: _fattr4_decode_l0g0_193, 194: _fattr4_decode_l0g0_194, 195: _fattr4_decode_l0g0_195, 196: _fattr4_decode_l0g0_196, 197: _fattr4_decode_l0g0_197, 198: _fattr4_decode_l0g0_198, 199: _fattr4_decode_l0g0_199, 200: _fattr4_decode_l0g0_200, 201: _fattr4_decode_l0g0_201, 202: _fattr4_decode_l0g0_202, 203: _fattr4_decode_l0g0_203, 204: _fattr4_decode_l0g0_204, 205: _fattr4_decode_l0g0_205, 206: _fattr4_decode_l0g0_206, 207: _fattr4_decode_l0g0_207, 208: _fattr4_decode_l0g0_208, 209: _fattr4_decode_l0g0_209, 210: _fattr4_decode_l0g0_210, 211: _fattr4_decode_l0g0_211, 212: _fattr4_decode_l0g0_212, 213: _fattr4_decode_l0g0_213, 214: _fattr4_decode_l0g0_214, 215: _fattr4_decode_l0g0_215, 216: _fattr4_decode_l0g0_216, 217: _fattr4_decode_l0g0_217, 218: _fattr4_decode_l0g0_218, 219: _fattr4_decode_l0g0_219, 220: _fattr4_decode_l0g0_220, 221: _fattr4_decode_l0g0_221, 222: _fattr4_decode_l0g0_222, 223: _fattr4_decode_l0g0_223, 224: _fattr4_decode_l0g0_224, 225: _fattr4_decode_l0g0_225, 226: _fattr4_decode_l0g0_226, 227: _fattr4_decode_l0g0_227, 228: _fattr4_decode_l0g0_228, 229: _fattr4_decode_l0g0_229, 230: _fattr4_decode_l0g0_230, 231: _fattr4_decode_l0g0_231, 232: _fattr4_decode_l0g0_232, 233: _fattr4_decode_l0g0_233, 234: _fattr4_decode_l0g0_234, 235: _fattr4_decode_l0g0_235, 236: _fattr4_decode_l0g0_236, 237: _fattr4_decode_l0g0_237, 238: _fattr4_decode_l0g0_238, 239: _fattr4_decode_l0g0_239, 240: _fattr4_decode_l0g0_240, 241: _fattr4_decode_l0g0_241, 242: _fattr4_decode_l0g0_242, 243: _fattr4_decode_l0g0_243, 244: _fattr4_decode_l0g0_244, 245: _fattr4_decode_l0g0_245, 246: _fattr4_decode_l0g0_246, 247: _fattr4_decode_l0g0_247, 248: _fattr4_decode_l0g0_248, 249: _fattr4_decode_l0g0_249, 250: _fattr4_decode_l0g0_250, 251: _fattr4_decode_l0g0_251, 252: _fattr4_decode_l0g0_252, 253: _fattr4_decode_l0g0_253, 254: _fattr4_decode_l0g0_254, 255: _fattr4_decode_l0g0_255}, {1: _fattr4_decode_l0g1_1, 2: _fattr4_decode_l0g1_2, 3: _fattr4_decode_l0g1_3, 4: _fattr4_decode_l0g1_4, 5: _fattr4_decode_l0g1_5, 6: _fattr4_decode_l0g1_6, 7: _fattr4_decode_l0g1_7, 8: _fattr4_decode_l0g1_8, 9: _fattr4_decode_l0g1_9, 10: _fattr4_decode_l0g1_10, 11: _fattr4_decode_l0g1_11, 12: _fattr4_decode_l0g1_12, 13: _fattr4_decode_l0g1_13, 14: _fattr4_decode_l0g1_14, 15: _fattr4_decode_l0g1_15, 16: _fattr4_decode_l0g1_16, 17: _fattr4_decode_l0g1_17, 18: _fattr4_decode_l0g1_18, 19: _fattr4_decode_l0g1_19, 20: _fattr4_decode_l0g1_20, 21: _fattr4_decode_l0g1_21, 22: _fattr4_decode_l0g1_22, 23: _fattr4_decode_l0g1_23, 24: _fattr4_decode_l0g1_24, 25: _fattr4_decode_l0g1_25, 26: _fattr4_decode_l0g1_26, 27: _fattr4_decode_l0g1_27, 28: _fattr4_decode_l0g1_28, 29: _fattr4_decode_l0g1_29, 30: _fattr4_decode_l0g1_30, 31: _fattr4_decode_l0g1_31, 32: _fattr4_decode_l0g1_32, 33: _fattr4_decode_l0g1_33, 34: _fattr4_decode_l0g1_34, 35: _fattr4_decode_l0g1_35, 36: _fattr4_decode_l0g1_36, 37: _fattr4_decode_l0g1_37, 38: _fattr4_decode_l0g1_38, 39: _fattr4_decode_l0g1_39, 40: _fattr4_decode_l0g1_40, 41: _fattr4_decode_l0g1_41, 42: _fattr4_decode_l0g1_42, 43: _fattr4_decode_l0g1_43, 44: _fattr4_decode_l0g1_44, 45: _fattr4_decode_l0g1_45, 46: _fattr4_decode_l0g1_46, 47: _fattr4_decode_l0g1_47, 48: _fattr4_decode_l0g1_48, 49: _fattr4_decode_l0g1_49, 50: _fattr4_decode_l0g1_50, 51: _fattr4_decode_l0g1_51, 52: _fattr4_decode_l0g1_52, 53: _fattr4_decode_l0g1_53, 54: _fattr4_decode_l0g1_54, 55: _fattr4_decode_l0g1_55, 56: _fattr4_decode_l0g1_56, 57: _fattr4_decode_l0g1_57, 58: _fattr4_decode_l0g1_58, 59: _fattr4_decode_l0g1_59, 60: _fattr4_decode_l0g1_60, 61: _fattr4_decode_l0g1_61, 62: _fattr4_decode_l0g1_62, 63: _fattr4_decode_l0g1_63, 64: _fattr4_decode_l0g1_64, 65: _fattr4_decode_l0g1_65, 66: _fattr4_decode_l0g1_66, 67: _fattr4_decode_l0g1_67, 68: _fattr4_decode_l0g1_68, 69: _fattr4_decode_l0g1_69, 70: _fattr4_decode_l0g1_70, 71: _fattr4_decode_l0g1_71, 72: _fattr4_decode_l0g1_72, 73: _fattr4_decode_l0g1_73, 74: _fattr4_decode_l0g1_74, 75: _fattr4_decode_l0g1_75, 76: _fattr4_decode_l0g1_76, 77: _fattr4_decode_l0g1_77, 78: _fattr4_decode_l0g1_78, 79: _fattr4_decode_l0g1_79, 80: _fattr4_decode_l0g1_80, 81: _fattr4_decode_l0g1_81, 82: _fattr4_decode_l0g1_82, 83: _fattr4_decode_l0g1_83, 84: _fattr4_decode_l0g1_84, 85: _fattr4_decode_l0g1_85, 86: _fattr4_decode_l0g1_86, 87: _fattr4_decode_l0g1_87, 88: _fattr4_decode_l0g1_88, 89: _fattr4_decode_l0g1_89, 90: _fattr4_decode_l0g1_90, 91: _fattr4_decode_l0g1_91, 92: _fattr4_decode_l0g1_92, 93: _fattr4_decode_l0g1_93, 94: _fattr4_decode_l0g1_94, 95: _fattr4_decode_l0g1_95, 96: _fattr4_decode_l0g1_96, 97: _fattr4_decode_l0g1_97, 98: _fattr4_decode_l0g1_98, 99: _fattr4_decode_l0g1_99, 100: _fattr4_decode_l0g1_100, 101: _fattr4_decode_l0g1_101, 102: _fattr4_decode_l0g1_102, 103: _fattr4_decode_l0g1_103, 104: _fattr4_decode_l0g1_104, 105: _fattr4_decode_l0g1_105, 106: _fattr4_decode_l0g1_106, 107: _fattr4_decode_l0g1_107, 108: _fattr4_decode_l0g1_108, 109: _fattr4_decode_l0g1_109, 110: _fattr4_decode_l0g1_110, 111: _fattr4_decode_l0g1_111, 112: _fattr4_decode_l0g1_112, 113: _fattr4_decode_l0g1_113, 114: _fattr4_decode_l0g1_114, 115: _fattr4_decode_l0g1_115, 116: _fattr4_decode_l0g1_116, 117: _fattr4_decode_l0g1_117, 118: _fattr4_decode_l0g1_118, 119: _fattr4_decode_l0g1_119, 120: _fattr4_decode_l0g1_120, 121: _fattr4_decode_l0g1_121, 122: _fattr4_decode_l0g1_122, 123: _fattr4_decode_l0g1_123, 124: _fattr4_decode_l0g1_124, 125: _fattr4_decode_l0g1_125, 126: _fattr4_decode_l0g1_126, 127: _fattr4_decode_l0g1_127, 128: _fattr4_decode_l0g1_128, 129: _fattr4_decode_l0g1_129, 130: _fattr4_decode_l0g1_130, 131: _fattr4_decode_l0g1_131, 132: _fattr4_decode_l0g1_132, 133: _fattr4_decode_l0g1_133, 134: _fattr4_decode_l0g1_134, 135: _fattr4_decode_l0g1_135, 136: _fattr4_decode_l0g1_136, 137: _fattr4_decode_l0g1_137, 138: _fattr4_decode_l0g1_138, 139: _fattr4_decode_l0g1_139, 140: _fattr4_decode_l0g1_140, 141: _fattr4_decode_l0g1_141, 142: _fattr4_decode_l0g1_142, 143: _fattr4_decode_l0g1_143, 144: _fattr4_decode_l0g1_144, 145: _fattr4_decode_l0g1_145, 146: _fattr4_decode_l0g1_146, 147: _fattr4_decode_l0g1_147, 148: _fattr4_decode_l0g1_148, 149: _fattr4_decode_l0g1_149, 150: _fattr4_decode_l0g1_150, 151: _fattr4_decode_l0g1_151, 152: _fattr4_decode_l0g1_152, 153: _fattr4_decode_l0g1_153, 154: _fattr4_decode_l0g1_154, 155: _fattr4_decode_l0g1_155, 156: _fattr4_decode_l0g1_156, 157: _fattr4_decode_l0g1_157, 158: _fattr4_decode_l0g1_158, 159: _fattr4_decode_l0g1_159, 160: _fattr4_decode_l0g1_160, 161: _fattr4_decode_l0g1_161, 162: _fattr4_decode_l0g1_162, 163: _fattr4_decode_l0g1_163, 164: _fattr4_decode_l0g1_164, 165: _fattr4_decode_l0g1_165, 166: _fattr4_decode_l0g1_166, 167: _fattr4_decode_l0g1_167, 168: _fattr4_decode_l0g1_168, 169: _fattr4_decode_l0g1_169, 170: _fattr4_decode_l0g1_170, 171: _fattr4_decode_l0g1_171, 172: _fattr4_decode_l0g1_172, 173: _fattr4_decode_l0g1_173, 174: _fattr4_decode_l0g1_174, 175: _fattr4_decode_l0g1_175, 176: _fattr4_decode_l0g1_176, 177: _fattr4_decode_l0g1_177, 178: _fattr4_decode_l0g1_178, 179: _fattr4_decode_l0g1_179, 180: _fattr4_decode_l0g1_180, 181: _fattr4_decode_l0g1_181, 182: _fattr4_decode_l0g1_182, 183: _fattr4_decode_l0g1_183, 184: _fattr4_decode_l0g1_184, 185: _fattr4_decode_l0g1_185, 186: _fattr4_decode_l0g1_186, 187: _fattr4_decode_l0g1_187, 188: _fattr4_decode_l0g1_188, 189: _fattr4_decode_l0g1_189, 190: _fattr4_decode_l0g1_190, 191: _fattr4_decode_l0g1_191, 192: _fattr4_decode_l0g1_192, 193: _fattr4_decode_l0g1_193, 194: _fattr4_decode_l0g1_194, 195: _fattr4_decode_l0g1_195, 196: _fattr4_decode_l0g1_196, 197: _fattr4_decode_l0g1_197, 198: _fattr4_decode_l0g1_198, 199: _fattr4_decode_l0g1_199, 200: _fattr4_decode_l0g1_200, 201: _fattr4_decode_l0g1_201, 202: _fattr4_decode_l0g1_202, 203: _fattr4_decode_l0g1_203, 204: _fattr4_decode_l0g1_204, 205: _fattr4_decode_l0g1_205, 206: _fattr4_decode_l0g1_206, 207: _fattr4_decode_l0g1_207, 208: _fattr4_decode_l0g1_208, 209: _fattr4_decode_l0g1_209, 210: _fattr4_decode_l0g1_210, 211: _fattr4_decode_l0g1_211, 212: _fattr4_decode_l0g1_212, 213: _fattr4_decode_l0g1_213, 214: _fattr4_decode_l0g1_214, 215: _fattr4_decode_l0g1_215, 216: _fattr4_decode_l0g1_216, 217: _fattr4_decode_l0g1_217, 218: _fattr4_decode_l0g1_218, 219: _fattr4_decode_l0g1_219, 220: _fattr4_decode_l0g1_220, 221: _fattr4_decode_l0g1_221, 222: _fattr4_decode_l0g1_222, 223: _fattr4_decode_l0g1_223, 224: _fattr4_decode_l0g1_224, 225: _fattr4_decode_l0g1_225, 226: _fattr4_decode_l0g1_226, 227: _fattr4_decode_l0g1_227, 228: _fattr4_decode_l0g1_228, 229: _fattr4_decode_l0g1_229, 230: _fattr4_decode_l0g1_230, 231: _fattr4_decode_l0g1_231, 232: _fattr4_decode_l0g1_232, 233: _fattr4_decode_l0g1_233, 234: _fattr4_decode_l0g1_234, 235: _fattr4_decode_l0g1_235, 236: _fattr4_decode_l0g1_236, 237: _fattr4_decode_l0g1_237, 238: _fattr4_decode_l0g1_238, 239: _fattr4_decode_l0g1_239, 240: _fattr4_decode_l0g1_240, 241: _fattr4_decode_l0g1_241, 242: _fattr4_decode_l0g1_242, 243: _fattr4_decode_l0g1_243, 244: _fattr4_decode_l0g1_244, 245: _fattr4_decode_l0g1_245, 246: _fattr4_decode_l0g1_246, 247: _fattr4_decode_l0g1_247, 248: _fattr4_decode_l0g1_248, 249: _fattr4_decode_l0g1_249, 250: _fattr4_decode_l0g1_250, 251: _fattr4_decode_l0g1_251, 252: _fattr4_decode_l0g1_252, 253: _fattr4_decode_l0g1_253, 254: _fattr4_decode_l0g1_254, 255: _fattr4_decode_l0g1_255, 256: _fattr4_decode_l0g1_256, 257: _fattr4_decode_l0g1_257, 258: _fattr4_decode_l0g1_258, 259: _fattr4_decode_l0g1_259, 260: _fattr4_decode_l0g1_260, 261: _fattr4_decode_l0g1_261, 262: _fattr4_decode_l0g1_262, 263: _fattr4_decode_l0g1_263, 264: _fattr4_decode_l0g1_264, 265: _fattr4_decode_l0g1_265, 266: _fattr4_decode_l0g1_266, 267: _fattr4_decode_l0g1_267, 268: _fattr4_decode_l0g1_268, 269: _fattr4_decode_l0g1_269, 270: _fattr4_decode_l0g1_270, 271: _fattr4_decode_l0g1_271, 272: _fattr4_decode_l0g1_272, 273: _fattr4_decode_l0g1_273, 274: _fattr4_decode_l0g1_274, 275: _fattr4_decode_l0g1_275, 276: _fattr4_decode_l0g1_276, 277: _fattr4_decode_l0g1_277, 278: _fattr4_decode_l0g1_278, 279: _fattr4_decode_l0g1_279, 280: _fattr4_decode_l0g1_280, 281: _fattr4_decode_l0g1_281, 282: _fattr4_decode_l0g1_282, 283: _fattr4_decode_l0g1_283, 284: _fattr4_decode_l0g1_284, 285: _fattr4_decode_l0g1_285, 286: _fattr4_decode_l0g1_286, 287: _fattr4_decode_l0g1_287, 288: _fattr4_decode_l0g1_288, 289: _fattr4_decode_l0g1_289, 290: _fattr4_decode_l0g1_290, 291: _fattr4_decode_l0g1_291, 292: _fattr4_decode_l0g1_292, 293: _fattr4_decode_l0g1_293, 294: _fattr4_decode_l0g1_294, 295: _fattr4_decode_l0g1_295, 296: _fattr4_decode_l0g1_296, 297: _fattr4_decode_l0g1_297, 298: _fattr4_decode_l0g1_298, 299: _fattr4_decode_l0g1_299, 300: _fattr4_decode_l0g1_300, 301: _fattr4_decode_l0g1_301, 302: _fattr4_decode_l0g1_302, 303: _fattr4_decode_l0g1_303, 304: _fattr4_decode_l0g1_304, 305: _fattr4_decode_l0g1_305, 306: _fattr4_decode_l0g1_306, 307: _fattr4_decode_l0g1_307, 308: _fattr4_decode_l0g1_308, 309: _fattr4_decode_l0g1_309, 310: _fattr4_decode_l0g1_310, 311: _fattr4_decode_l0g1_311, 312: _fattr4_decode_l0g1_312, 313: _fattr4_decode_l0g1_313, 314: _fattr4_decode_l0g1_314, 315: _fattr4_decode_l0g1_315, 316: _fattr4_decode_l0g1_316, 317: _fattr4_decode_l0g1_317, 318: _fattr4_decode_l0g1_318, 319: _fattr4_decode_l0g1_319, 320: _fattr4_decode_l0g1_320, 321: _fattr4_decode_l0g1_321, 322: _fattr4_decode_l0g1_322, 323: _fattr4_decode_l0g1_323, 324: _fattr4_decode_l0g1_324, 325: _fattr4_decode_l0g1_325, 326: _fattr4_decode_l0g1_326, 327: _fattr4_decode_l0g1_327, 328: _fattr4_decode_l0g1_328, 329: _fattr4_decode_l0g1_329, 330: _fattr4_decode_l0g1_330, 331: _fattr4_decode_l0g1_331, 332: _fattr4_decode_l0g1_332, 333: _fattr4_decode_l0g1_333, 334: _fattr4_decode_l0g1_334, 335: _fattr4_decode_l0g1_335, 336: _fattr4_decode_l0g1_336, 337: _fattr4_decode_l0g1_337, 338: _fattr4_decode_l0g1_338, 339: _fattr4_decode_l0g1_339, 340: _fattr4_decode_l0g1_340, 341: _fattr4_decode_l0g1_341, 342: _fattr4_decode_l0g1_342, 343: _fattr4_decode_l0g1_343, 344: _fattr4_decode_l0g1_344, 345: _fattr4_decode_l0g1_345, 346: _fattr4_decode_l0g1_346, 347: _fattr4_decode_l0g1_347, 348: _fattr4_decode_l0g1_348, 349: _fattr4_decode_l0g1_349, 350: _fattr4_decode_l0g1_350, 351: _fattr4_decode_l0g1_351, 352: _fattr4_decode_l0g1_352, 353: _fattr4_decode_l0g1_353, 354: _fattr4_decode_l0g1_354, 355: _fattr4_decode_l0g1_355, 356: _fattr4_decode_l0g1_356, 357: _fattr4_decode_l0g1_357, 358: _fattr4_decode_l0g1_358, 359: _fattr4_decode_l0g1_359, 360: _fattr4_decode_l0g1_360, 361: _fattr4_decode_l0g1_361, 362: _fattr4_decode_l0g1_362, 363: _fattr4_decode_l0g1_363, 364: _fattr4_decode_l0g1_364, 365: _fattr4_decode_l0g1_365, 366: _fattr4_decode_l0g1_366, 367: _fattr4_decode_l0g1_367, 368: _fattr4_decode_l0g1_368, 369: _fattr4_decode_l0g1_369, 370: _fattr4_decode_l0g1_370, 371: _fattr4_decode_l0g1_371, 372: _fattr4_decode_l0g1_372, 373: _fattr4_decode_l0g1_373, 374: _fattr4_decode_l0g1_374, 375: _fattr4_decode_l0g1_375, 376: _fattr4_decode_l0g1_376, 377: _fattr4_decode_l0g1_377, 378: _fattr4_decode_l0g1_378, 379: _fattr4_decode_l0g1_379, 380: _fattr4_decode_l0g1_380, 381: _fattr4_decode_l0g1_381, 382: _fattr4_decode_l0g1_382, 383: _fattr4_decode_l0g1_383, 384: _fattr4_decode_l0g1_384, 385: _fattr4_decode_l0g1_385, 386: _fattr4_decode_l0g1_386, 387: _fattr4_decode_l0g1_387, 388: _fattr4_decode_l0g1_388, 389: _fattr4_decode_l0g1_389, 390: _fattr4_decode_l0g1_390, 391: _fattr4_decode_l0g1_391, 392: _fattr4_decode_l0g1_392, 393: _fattr4_decode_l0g1_393, 394: _fattr4_decode_l0g1_394, 395: _fattr4_decode_l0g1_395, 396: _fattr4_decode_l0g1_396, 397: _fattr4_decode_l0g1_397, 398: _fattr4_decode_l0g1_398, 399: _fattr4_decode_l0g1_399, 400: _fattr4_decode_l0g1_400, 401: _fattr4_decode_l0g1_401, 402: _fattr4_decode_l0g1_402, 403: _fattr4_decode_l0g1_403, 404: _fattr4_decode_l0g1_404, 405: _fattr4_decode_l0g1_405, 406: _fattr4_decode_l0g1_406, 407: _fattr4_decode_l0g1_407, 408: _fattr4_decode_l0g1_408, 409: _fattr4_decode_l0g1_409, 410: _fattr4_decode_l0g1_410, 411: _fattr4_decode_l0g1_411, 412: _fattr4_decode_l0g1_412, 413: _fattr4_decode_l0g1_413, 414: _fattr4_decode_l0g1_414, 415: _fattr4_decode_l0g1_415, 416: _fattr4_decode_l0g1_416, 417: _fattr4_decode_l0g1_417, 418: _fattr4_decode_l0g1_418, 419: _fattr4_decode_l0g1_419, 420: _fattr4_decode_l0g1_420, 421: _fattr4_decode_l0g1_421, 422: _fattr4_decode_l0g1_422, 423: _fattr4_decode_l0g1_423, 424: _fattr4_decode_l0g1_424, 425: _fattr4_decode_l0g1_425, 426: _fattr4_decode_l0g1_426, 427: _fattr4_decode_l0g1_427, 428: _fattr4_decode_l0g1_428, 429: _fattr4_decode_l0g1_429, 430: _fattr4_decode_l0g1_430, 431: _fattr4_decode_l0g1_431, 432: _fattr4_decode_l0g1_432, 433: _fattr4_decode_l0g1_433, 434: _fattr4_decode_l0g1_434, 435: _fattr4_decode_l0g1_435, 436: _fattr4_decode_l0g1_436, 437: _fattr4_decode_l0g1_437, 438: _fattr4_decode_l0g1_438, 439: _fattr4_decode_l0g1_439, 440: _fattr4_decode_l0g1_440, 441: _fattr4_decode_l0g1_441, 442: _fattr4_decode_l0g1_442, 443: _fattr4_decode_l0g1_443, 444: _fattr4_decode_l0g1_444, 445: _fattr4_decode_l0g1_445, 446: _fattr4_decode_l0g1_446, 447: _fattr4_decode_l0g1_447, 448: _fattr4_decode_l0g1_448, 449: _fattr4_decode_l0g1_449, 450: _fattr4_decode_l0g1_450, 451: _fattr4_decode_l0g1_451, 452: _fattr4_decode_l0g1_452, 453: _fattr4_decode_l0g1_453, 454: _fattr4_decode_l0g1_454, 455: _fattr4_decode_l0g1_455, 456: _fattr4_decode_l0g1_456, 457: _fattr4_decode_l0g1_457, 458: _fattr4_decode_l0g1_458, 459: _fattr4_decode_l0g1_459, 460: _fattr4_decode_l0g1_460, 461: _fattr4_decode_l0g1_461, 462: _fattr4_decode_l0g1_462, 463: _fattr4_decode_l0g1_463, 464: _fattr4_decode_l0g1_464, 465: _fattr4_decode_l0g1_465, 466: _fattr4_decode_l0g1_466, 467: _fattr4_decode_l0g1_467, 468: _fattr4_decode_l0g1_468, 469: _fattr4_decode_l0g1_469, 470: _fattr4_decode_l0g1_470, 471: _fattr4_decode_l0g1_471, 472: _fattr4_decode_l0g1_472, 473: _fattr4_decode_l0g1_473, 474: _fattr4_decode_l0g1_474, 475: _fattr4_decode_l0g1_475, 476: _fattr4_decode_l0g1_476, 477: _fattr4_decode_l0g1_477, 478: _fattr4_decode_l0g1_478, 479: _fattr4_decode_l0g1_479, 480: _fattr4_decode_l0g1_480, 481: _fattr4_decode_l0g1_481, 482: _fattr4_decode_l0g1_482, 483: _fattr4_decode_l0g1_483, 484: _fattr4_decode_l0g1_484, 485: _fattr4_decode_l0g1_485, 486: _fattr4_decode_l0g1_486, 487: _fattr4_decode_l0g1_487, 488: _fattr4_decode_l0g1_488, 489: _fattr4_decode_l0g1_489, 490: _fattr4_decode_l0g1_490, 491: _fattr4_decode_l0g1_491, 492: _fattr4_decode_l0g1_492, 493: _fattr4_decode_l0g1_493, 494: _fattr4_decode_l0g1_494, 495: _fattr4_decode_l0g1_495, 496: _fattr4_decode_l0g1_496, 497: _fattr4_decode_l0g1_497, 498: _fattr4_decode_l0g1_498, 499: _fattr4_decode_l0g1_499, 500: _fattr4_decode_l0g1_500, 501: _fattr4_decode_l0g1_501, 502: _fattr4_decode_l0g1_502, 503: _fattr4_decode_l0g1_503, 504: _fattr4_decode_l0g1_504, 505: _fattr4_decode_l0g1_505, 506: _fattr4_decode_l0g1_506, 507: _fattr4_decode_l0g1_507, 508: _fattr4_decode_l0g1_508, 509: _fattr4_decode_l0g1_509, 510: _fattr4_decode_l0g1_510, 511: _fattr4_decode_l0g1_511},)),)
+ATTRIBUTE_MASK_DECODERS: dict[tuple[int, ...], _Callable[[_Buffer], dict[int, _Any]]] = {(1048858, 11575866): _fattr4_decode_linux_fattr, (1575194, 11575866): _fattr4_decode_linux_readdir_plus, (2048, 8388608): _fattr4_decode_linux_readdir, (24, 3145728): _fattr4_decode_linux_cache_consistency, (1048578,): _fattr4_decode_linux_open_noattr, (14680064, 7168): _fattr4_decode_linux_statfs, (805306368,): _fattr4_decode_linux_pathconf, (3355444224, 524288): _fattr4_decode_linux_fsinfo, (204901, 0, 2048): _fattr4_decode_linux_server_caps, (1048858, 3187258): _fattr4_decode_client_stat, (2048,): _fattr4_decode_rdattr_error, (0, 2): _fattr4_decode_set_mode, (16,): _fattr4_decode_set_size, (0, 48): _fattr4_decode_set_owners, (0, 4259840): _fattr4_decode_set_times}
+ATTRIBUTE_MASK_ENCODERS: dict[tuple[int, ...], _Callable[[_Any, _Any, bytes, _Any, int], bytes]] = {(1048858, 11575866): _fattr4_encode_linux_fattr, (1575194, 11575866): _fattr4_encode_linux_readdir_plus, (2048, 8388608): _fattr4_encode_linux_readdir, (24, 3145728): _fattr4_encode_linux_cache_consistency, (1048578,): _fattr4_encode_linux_open_noattr, (14680064, 7168): _fattr4_encode_linux_statfs, (805306368,): _fattr4_encode_linux_pathconf, (3355444224, 524288): _fattr4_encode_linux_fsinfo, (204901, 0, 2048): _fattr4_encode_linux_server_caps, (1048858, 3187258): _fattr4_encode_client_stat, (2048,): _fattr4_encode_rdattr_error, (0, 2): _fattr4_encode_set_mode, (16,): _fattr4_encode_set_size, (0, 48): _fattr4_encode_set_owners}
+
+
+_fattr4_S0_pack = _S0.pack
+_fattr4_S0_unpack_from = _S0.unpack_from
+_fattr4_S100_pack = _S100.pack
+_fattr4_S100_unpack_from = _S100.unpack_from
+_fattr4_S101_pack = _S101.pack
+_fattr4_S101_unpack_from = _S101.unpack_from
+_fattr4_S102_pack = _S102.pack
+_fattr4_S102_unpack_from = _S102.unpack_from
+_fattr4_S103_pack = _S103.pack
+_fattr4_S103_unpack_from = _S103.unpack_from
+_fattr4_S104_pack = _S104.pack
+_fattr4_S104_unpack_from = _S104.unpack_from
+_fattr4_S105_pack = _S105.pack
+_fattr4_S105_unpack_from = _S105.unpack_from
+_fattr4_S106_pack = _S106.pack
+_fattr4_S106_unpack_from = _S106.unpack_from
+_fattr4_S107_pack = _S107.pack
+_fattr4_S107_unpack_from = _S107.unpack_from
+_fattr4_S108_pack = _S108.pack
+_fattr4_S108_unpack_from = _S108.unpack_from
+_fattr4_S109_pack = _S109.pack
+_fattr4_S109_unpack_from = _S109.unpack_from
+_fattr4_S110_pack = _S110.pack
+_fattr4_S110_unpack_from = _S110.unpack_from
+_fattr4_S111_pack = _S111.pack
+_fattr4_S111_unpack_from = _S111.unpack_from
+_fattr4_S112_pack = _S112.pack
+_fattr4_S112_unpack_from = _S112.unpack_from
+_fattr4_S113_pack = _S113.pack
+_fattr4_S113_unpack_from = _S113.unpack_from
+_fattr4_S114_pack = _S114.pack
+_fattr4_S114_unpack_from = _S114.unpack_from
+_fattr4_S115_pack = _S115.pack
+_fattr4_S115_unpack_from = _S115.unpack_from
+_fattr4_S116_pack = _S116.pack
+_fattr4_S116_unpack_from = _S116.unpack_from
+_fattr4_S117_pack = _S117.pack
+_fattr4_S117_unpack_from = _S117.unpack_from
+_fattr4_S118_pack = _S118.pack
+_fattr4_S118_unpack_from = _S118.unpack_from
+_fattr4_S119_pack = _S119.pack
+_fattr4_S119_unpack_from = _S119.unpack_from
+_fattr4_S11_pack = _S11.pack
+_fattr4_S11_unpack_from = _S11.unpack_from
+_fattr4_S120_pack = _S120.pack
+_fattr4_S120_unpack_from = _S120.unpack_from
+_fattr4_S121_pack = _S121.pack
+_fattr4_S121_unpack_from = _S121.unpack_from
+_fattr4_S122_pack = _S122.pack
+_fattr4_S122_unpack_from = _S122.unpack_from
+_fattr4_S123_pack = _S123.pack
+_fattr4_S123_unpack_from = _S123.unpack_from
+_fattr4_S124_pack = _S124.pack
+_fattr4_S124_unpack_from = _S124.unpack_from
+_fattr4_S125_pack = _S125.pack
+_fattr4_S125_unpack_from = _S125.unpack_from
+_fattr4_S126_pack = _S126.pack
+_fattr4_S126_unpack_from = _S126.unpack_from
+_fattr4_S127_pack = _S127.pack
+_fattr4_S127_unpack_from = _S127.unpack_from
+_fattr4_S128_pack = _S128.pack
+_fattr4_S128_unpack_from = _S128.unpack_from
+_fattr4_S129_pack = _S129.pack
+_fattr4_S129_unpack_from = _S129.unpack_from
+_fattr4_S130_pack = _S130.pack
+_fattr4_S130_unpack_from = _S130.unpack_from
+_fattr4_S131_pack = _S131.pack
+_fattr4_S131_unpack_from = _S131.unpack_from
+_fattr4_S132_pack = _S132.pack
+_fattr4_S132_unpack_from = _S132.unpack_from
+_fattr4_S133_pack = _S133.pack
+_fattr4_S133_unpack_from = _S133.unpack_from
+_fattr4_S134_pack = _S134.pack
+_fattr4_S134_unpack_from = _S134.unpack_from
+_fattr4_S135_pack = _S135.pack
+_fattr4_S135_unpack_from = _S135.unpack_from
+_fattr4_S136_pack = _S136.pack
+_fattr4_S136_unpack_from = _S136.unpack_from
+_fattr4_S137_pack = _S137.pack
+_fattr4_S137_unpack_from = _S137.unpack_from
+_fattr4_S138_pack = _S138.pack
+_fattr4_S138_unpack_from = _S138.unpack_from
+_fattr4_S139_pack = _S139.pack
+_fattr4_S139_unpack_from = _S139.unpack_from
+_fattr4_S13_pack = _S13.pack
+_fattr4_S140_pack = _S140.pack
+_fattr4_S140_unpack_from = _S140.unpack_from
+_fattr4_S141_pack = _S141.pack
+_fattr4_S141_unpack_from = _S141.unpack_from
+_fattr4_S142_pack = _S142.pack
+_fattr4_S142_unpack_from = _S142.unpack_from
+_fattr4_S143_pack = _S143.pack
+_fattr4_S143_unpack_from = _S143.unpack_from
+_fattr4_S144_pack = _S144.pack
+_fattr4_S144_unpack_from = _S144.unpack_from
+_fattr4_S145_pack = _S145.pack
+_fattr4_S145_unpack_from = _S145.unpack_from
+_fattr4_S146_pack = _S146.pack
+_fattr4_S146_unpack_from = _S146.unpack_from
+_fattr4_S147_pack = _S147.pack
+_fattr4_S147_unpack_from = _S147.unpack_from
+_fattr4_S148_pack = _S148.pack
+_fattr4_S148_unpack_from = _S148.unpack_from
+_fattr4_S149_pack = _S149.pack
+_fattr4_S149_unpack_from = _S149.unpack_from
+_fattr4_S150_pack = _S150.pack
+_fattr4_S150_unpack_from = _S150.unpack_from
+_fattr4_S151_pack = _S151.pack
+_fattr4_S152_pack = _S152.pack
+_fattr4_S153_pack = _S153.pack
+_fattr4_S154_pack = _S154.pack
+_fattr4_S155_pack = _S155.pack
+_fattr4_S156_pack = _S156.pack
+_fattr4_S157_pack = _S157.pack
+_fattr4_S158_pack = _S158.pack
+_fattr4_S159_pack = _S159.pack
+_fattr4_S15_pack = _S15.pack
+_fattr4_S15_unpack_from = _S15.unpack_from
+_fattr4_S160_pack = _S160.pack
+_fattr4_S161_pack = _S161.pack
+_fattr4_S162_pack = _S162.pack
+_fattr4_S163_pack = _S163.pack
+_fattr4_S164_pack = _S164.pack
+_fattr4_S165_pack = _S165.pack
+_fattr4_S166_pack = _S166.pack
+_fattr4_S167_pack = _S167.pack
+_fattr4_S168_pack = _S168.pack
+_fattr4_S169_pack = _S169.pack
+_fattr4_S170_pack = _S170.pack
+_fattr4_S171_pack = _S171.pack
+_fattr4_S172_pack = _S172.pack
+_fattr4_S173_pack = _S173.pack
+_fattr4_S174_pack = _S174.pack
+_fattr4_S175_pack = _S175.pack
+_fattr4_S176_pack = _S176.pack
+_fattr4_S177_pack = _S177.pack
+_fattr4_S178_pack = _S178.pack
+_fattr4_S179_pack = _S179.pack
+_fattr4_S180_pack = _S180.pack
+_fattr4_S181_pack = _S181.pack
+_fattr4_S181_unpack_from = _S181.unpack_from
+_fattr4_S182_pack = _S182.pack
+_fattr4_S183_pack = _S183.pack
+_fattr4_S184_pack = _S184.pack
+_fattr4_S185_pack = _S185.pack
+_fattr4_S186_pack = _S186.pack
+_fattr4_S187_pack = _S187.pack
+_fattr4_S188_pack = _S188.pack
+_fattr4_S188_unpack_from = _S188.unpack_from
+_fattr4_S189_pack = _S189.pack
+_fattr4_S189_unpack_from = _S189.unpack_from
+_fattr4_S18_pack = _S18.pack
+_fattr4_S18_unpack_from = _S18.unpack_from
+_fattr4_S190_pack = _S190.pack
+_fattr4_S190_unpack_from = _S190.unpack_from
+_fattr4_S191_pack = _S191.pack
+_fattr4_S1_pack = _S1.pack
+_fattr4_S1_unpack_from = _S1.unpack_from
+_fattr4_S21_pack = _S21.pack
+_fattr4_S22_pack = _S22.pack
+_fattr4_S22_unpack_from = _S22.unpack_from
+_fattr4_S2_pack = _S2.pack
+_fattr4_S2_unpack_from = _S2.unpack_from
+_fattr4_S33_pack = _S33.pack
+_fattr4_S34_pack = _S34.pack
+_fattr4_S34_unpack_from = _S34.unpack_from
+_fattr4_S35_unpack_from = _S35.unpack_from
+_fattr4_S37_pack = _S37.pack
+_fattr4_S37_unpack_from = _S37.unpack_from
+_fattr4_S45_pack = _S45.pack
+_fattr4_S45_unpack_from = _S45.unpack_from
+_fattr4_S49_pack = _S49.pack
+_fattr4_S49_unpack_from = _S49.unpack_from
+_fattr4_S4_pack = _S4.pack
+_fattr4_S4_unpack_from = _S4.unpack_from
+_fattr4_S50_pack = _S50.pack
+_fattr4_S50_unpack_from = _S50.unpack_from
+_fattr4_S51_pack = _S51.pack
+_fattr4_S51_unpack_from = _S51.unpack_from
+_fattr4_S52_pack = _S52.pack
+_fattr4_S52_unpack_from = _S52.unpack_from
+_fattr4_S53_pack = _S53.pack
+_fattr4_S53_unpack_from = _S53.unpack_from
+_fattr4_S54_pack = _S54.pack
+_fattr4_S54_unpack_from = _S54.unpack_from
+_fattr4_S55_pack = _S55.pack
+_fattr4_S55_unpack_from = _S55.unpack_from
+_fattr4_S56_pack = _S56.pack
+_fattr4_S56_unpack_from = _S56.unpack_from
+_fattr4_S57_pack = _S57.pack
+_fattr4_S57_unpack_from = _S57.unpack_from
+_fattr4_S58_pack = _S58.pack
+_fattr4_S58_unpack_from = _S58.unpack_from
+_fattr4_S59_pack = _S59.pack
+_fattr4_S59_unpack_from = _S59.unpack_from
+_fattr4_S60_pack = _S60.pack
+_fattr4_S60_unpack_from = _S60.unpack_from
+_fattr4_S61_pack = _S61.pack
+_fattr4_S61_unpack_from = _S61.unpack_from
+_fattr4_S62_pack = _S62.pack
+_fattr4_S62_unpack_from = _S62.unpack_from
+_fattr4_S63_pack = _S63.pack
+_fattr4_S63_unpack_from = _S63.unpack_from
+_fattr4_S64_pack = _S64.pack
+_fattr4_S64_unpack_from = _S64.unpack_from
+_fattr4_S65_pack = _S65.pack
+_fattr4_S65_unpack_from = _S65.unpack_from
+_fattr4_S66_pack = _S66.pack
+_fattr4_S66_unpack_from = _S66.unpack_from
+_fattr4_S67_pack = _S67.pack
+_fattr4_S67_unpack_from = _S67.unpack_from
+_fattr4_S68_pack = _S68.pack
+_fattr4_S68_unpack_from = _S68.unpack_from
+_fattr4_S69_pack = _S69.pack
+_fattr4_S69_unpack_from = _S69.unpack_from
+_fattr4_S70_pack = _S70.pack
+_fattr4_S70_unpack_from = _S70.unpack_from
+_fattr4_S71_pack = _S71.pack
+_fattr4_S71_unpack_from = _S71.unpack_from
+_fattr4_S72_pack = _S72.pack
+_fattr4_S72_unpack_from = _S72.unpack_from
+_fattr4_S73_pack = _S73.pack
+_fattr4_S73_unpack_from = _S73.unpack_from
+_fattr4_S74_pack = _S74.pack
+_fattr4_S74_unpack_from = _S74.unpack_from
+_fattr4_S75_pack = _S75.pack
+_fattr4_S75_unpack_from = _S75.unpack_from
+_fattr4_S76_pack = _S76.pack
+_fattr4_S76_unpack_from = _S76.unpack_from
+_fattr4_S77_pack = _S77.pack
+_fattr4_S77_unpack_from = _S77.unpack_from
+_fattr4_S78_pack = _S78.pack
+_fattr4_S78_unpack_from = _S78.unpack_from
+_fattr4_S79_pack = _S79.pack
+_fattr4_S79_unpack_from = _S79.unpack_from
+_fattr4_S7_pack = _S7.pack
+_fattr4_S7_unpack_from = _S7.unpack_from
+_fattr4_S80_pack = _S80.pack
+_fattr4_S80_unpack_from = _S80.unpack_from
+_fattr4_S81_pack = _S81.pack
+_fattr4_S81_unpack_from = _S81.unpack_from
+_fattr4_S82_pack = _S82.pack
+_fattr4_S82_unpack_from = _S82.unpack_from
+_fattr4_S83_pack = _S83.pack
+_fattr4_S83_unpack_from = _S83.unpack_from
+_fattr4_S84_pack = _S84.pack
+_fattr4_S84_unpack_from = _S84.unpack_from
+_fattr4_S85_pack = _S85.pack
+_fattr4_S85_unpack_from = _S85.unpack_from
+_fattr4_S86_pack = _S86.pack
+_fattr4_S86_unpack_from = _S86.unpack_from
+_fattr4_S87_pack = _S87.pack
+_fattr4_S87_unpack_from = _S87.unpack_from
+_fattr4_S88_pack = _S88.pack
+_fattr4_S88_unpack_from = _S88.unpack_from
+_fattr4_S89_pack = _S89.pack
+_fattr4_S89_unpack_from = _S89.unpack_from
+_fattr4_S8_pack = _S8.pack
+_fattr4_S8_unpack_from = _S8.unpack_from
+_fattr4_S90_pack = _S90.pack
+_fattr4_S90_unpack_from = _S90.unpack_from
+_fattr4_S91_pack = _S91.pack
+_fattr4_S91_unpack_from = _S91.unpack_from
+_fattr4_S92_pack = _S92.pack
+_fattr4_S92_unpack_from = _S92.unpack_from
+_fattr4_S93_pack = _S93.pack
+_fattr4_S93_unpack_from = _S93.unpack_from
+_fattr4_S94_pack = _S94.pack
+_fattr4_S94_unpack_from = _S94.unpack_from
+_fattr4_S95_pack = _S95.pack
+_fattr4_S95_unpack_from = _S95.unpack_from
+_fattr4_S96_pack = _S96.pack
+_fattr4_S96_unpack_from = _S96.unpack_from
+_fattr4_S97_pack = _S97.pack
+_fattr4_S97_unpack_from = _S97.unpack_from
+_fattr4_S98_pack = _S98.pack
+_fattr4_S98_unpack_from = _S98.unpack_from
+_fattr4_S99_pack = _S99.pack
+_fattr4_S99_unpack_from = _S99.unpack_from
+_fattr4_S9_pack = _S9.pack
+_fattr4_S9_unpack_from = _S9.unpack_from

@@ -10,6 +10,8 @@ import struct as _struct
 from collections.abc import Callable as _Callable
 from dataclasses import dataclass as _dataclass
 from enum import IntEnum as _IntEnum
+from functools import lru_cache as _lru_cache
+from operator import attrgetter as _attrgetter
 from typing import Any as _Any, TypeAlias as _TypeAlias
 
 from nfsrdma.xdr.runtime import (
@@ -19,6 +21,7 @@ from nfsrdma.xdr.runtime import (
     PAD as _PAD,
     TRUE as _TRUE,
     U32 as _U32,
+    Operation as _Operation,
     Buffer as _Buffer,
     Reader as _Reader,
     Writer as _Writer,

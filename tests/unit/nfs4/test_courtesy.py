@@ -89,7 +89,7 @@ async def test_open_refused_only_by_a_courteous_client_succeeds_at_once(
         sb = b.value(res, 2).stateid
         # A's lock went with it: B may lock the whole file.
         await b.expect(OK, putfh(fh), lock_new(sb, b"pb"))
-        assert not srv.state.state.client_has_state(a.clientid)
+        assert not srv.state.state_manager.client_has_state(a.clientid)
         assert srv.sessions.client(a.clientid) is None
         # A comes back: its client ID is expired (RFC 8881 section 8.3).
         await a.expect(nfs4.NFS4ERR_BADSESSION, ROOT)
@@ -177,7 +177,7 @@ async def test_an_active_client_in_the_way_protects_the_courteous_one(
         await c.expect(OK, ROOT)  # C renews
         await b.expect(nfs4.NFS4ERR_SHARE_DENIED, ROOT, open_op(b"k", WRITE, how=NOCREATE))
         assert srv.sessions.courteous(a.clientid)
-        assert srv.state.state.client_has_state(a.clientid)
+        assert srv.state.state_manager.client_has_state(a.clientid)
         await c.expect(OK, putfh(fh), op(nfs4.OP_CLOSE, nfs4.CLOSE4args(0, sc)))
         await b.expect(OK, ROOT, open_op(b"k", WRITE, how=NOCREATE))
         assert srv.sessions.client(a.clientid) is None
@@ -196,7 +196,7 @@ async def test_courtesy_ends_after_courtesy_time(tmp_path: Path, clock: Clock) -
         assert srv.sessions.reap(clock.now) == []
         clock.now += 1
         assert srv.sessions.reap(clock.now) == [a.clientid]
-        assert not srv.state.state.client_has_state(a.clientid)
+        assert not srv.state.state_manager.client_has_state(a.clientid)
         await a.expect(nfs4.NFS4ERR_BADSESSION, ROOT)
     finally:
         close(srv)
@@ -216,7 +216,7 @@ async def test_courteous_clients_are_capped_longest_expired_first(
         assert srv.sessions.reap(clock.now) == [a.clientid]
         assert srv.sessions.courteous(b.clientid)
         await b.expect(OK, ROOT)
-        assert srv.state.state.client_has_state(b.clientid)
+        assert srv.state.state_manager.client_has_state(b.clientid)
     finally:
         close(srv)
 
@@ -237,7 +237,7 @@ async def test_a_courteous_client_makes_room_for_a_new_one(tmp_path: Path, clock
         await b.expect(OK, ROOT)
         await new.mount()
         assert srv.sessions.client(a.clientid) is None
-        assert not srv.state.state.client_has_state(a.clientid)
+        assert not srv.state.state_manager.client_has_state(a.clientid)
     finally:
         close(srv)
     srv = build(tmp_path / "per-source", caps=SessionCaps(max_clients_per_source=2))

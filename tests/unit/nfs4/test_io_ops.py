@@ -243,7 +243,7 @@ async def test_open_write_commit_read_close(tmp_path: Path) -> None:
         closed = res.resarray[1].value.value
         assert (closed.seqid, closed.other) == (0xFFFFFFFF, bytes(12))  # the invalid stateid
         await c.on(fh, nfs4.NFS4ERR_BAD_STATEID, op(nfs4.OP_READ, nfs4.READ4args(sid, 0, 1)))
-        assert server.state.state.stateid_count == 0  # type: ignore[union-attr]
+        assert server.state.state_manager.stateid_count == 0  # type: ignore[union-attr]
 
 
 async def test_large_io_goes_through_the_thread_pool(tmp_path: Path) -> None:
@@ -491,7 +491,7 @@ async def test_bad_stateids_of_every_kind(tmp_path: Path) -> None:
         fh, sid, _ = await a.open(b"f")
         fh2, _, _ = await a.open(b"g")
         other = sid.other
-        prefix = server.state.state.instance
+        prefix = server.state.state_manager.instance
         cases = {
             "stale": (nfs4.stateid4(1, bytes(b ^ 0xFF for b in prefix) + other[4:]), a, fh),
             "unknown": (nfs4.stateid4(1, prefix + b"\x7f" * 8), a, fh),
@@ -596,7 +596,7 @@ async def test_locks_between_two_clients(tmp_path: Path) -> None:
         res = await b.on(fh, OK, b.lock_more(lb, 0, MAX))
         # client B goes away: its locks and opens go with it
         assert server.state is not None
-        server.state.state.client_expired(b.clientid)
+        server.state.state_manager.client_expired(b.clientid)
         _, sa2, _ = await a.open(b"l", how=NOCREATE)
         await a.on(fh, OK, a.lock_new(sa2, b"pidA", 0, MAX))
 
@@ -689,7 +689,7 @@ async def test_client_expiry_through_the_session_layer(tmp_path: Path) -> None:
         sessions = server.state.sessions
         cid = a.clientid
         sessions.on_client_expired(cid)
-        assert not server.state.state.client_has_state(cid)
+        assert not server.state.state_manager.client_has_state(cid)
         _, sb, _ = await b.open(b"x", BOTH, DENY_WRITE, how=NOCREATE)
         await b.on(fh, OK, b.lock_new(sb, b"q", 0, MAX))
 
@@ -724,7 +724,7 @@ async def test_courteous_expiry_is_wired_in_the_real_server(tmp_path: Path) -> N
         lease = server.config.lease_time
         assert sessions.reap(time.monotonic() + lease + 1) == []  # B: within its slack
         assert sessions.courteous(a.clientid) and not sessions.courteous(b.clientid)
-        assert server.state.state.client_has_state(a.clientid)
+        assert server.state.state_manager.client_has_state(a.clientid)
         await b.open(b"c", WRITE, how=NOCREATE)
         assert sessions.client(a.clientid) is None
-        assert not server.state.state.client_has_state(a.clientid)
+        assert not server.state.state_manager.client_has_state(a.clientid)

@@ -23,7 +23,7 @@ import pytest
 
 from nfsrdma.nfs4 import attrs
 from nfsrdma.nfs4.context import ANONYMOUS_STATEID, CompoundContext
-from nfsrdma.nfs4.errors import error_result, status_of
+from nfsrdma.nfs4.errors import status_of
 from nfsrdma.nfs4.ops import HANDLERS
 from nfsrdma.nfs4.server_state import ServerConfig, ServerState
 from nfsrdma.nfs4.state import StateManager
@@ -85,18 +85,18 @@ class Server:
             wire = pack(nfs4.enc_nfs_argop4, nfs4.nfs_argop4(nfs4.nfs_opnum4(op), args))
             argop, _ = nfs4.dec_nfs_argop4(Reader(wire), 0)
             try:
-                res = HANDLERS[op](ctx, argop.value)
+                res = HANDLERS[op].handler(ctx, argop.value)
                 if inspect.isawaitable(res):
                     raise AssertionError("namespace handlers are synchronous")
             except Exception as e:
                 st = status_of(e)
                 assert st != nfs4.NFS4ERR_SERVERFAULT, f"{op}: server fault {e!r}"
-                res = getattr(e, "result", None) or error_result(op, st)
+                res = getattr(e, "result", None) or nfs4.OPERATIONS[op].error(st)
             encoded = pack(nfs4.enc_nfs_resop4, nfs4.nfs_resop4(nfs4.nfs_opnum4(op), res))
             decoded, end = nfs4.dec_nfs_resop4(Reader(encoded), 0)
             assert end == len(encoded)
             results.append(decoded.value)
-            status = int(getattr(res, res.__slots__[0]))
+            status = nfs4.OPERATIONS[op].status_of(res)
             if status != OK:
                 break
         return Reply(status, results, ctx)

@@ -66,7 +66,7 @@ def run(vfs: LocalVfs, *ops: tuple[int, Any]) -> list[int]:
     try:
         for op, args in ops:
             try:
-                HANDLERS[op](ctx, args)
+                HANDLERS[op].handler(ctx, args)
                 out.append(nfs4.NFS4_OK)
             except Exception as e:
                 out.append(status_of(e))

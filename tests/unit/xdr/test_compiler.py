@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nfsrdma.xdr.codegen import Options, generate
+from nfsrdma.xdr.fattrgen import FattrTable, section
 from nfsrdma.xdr.parser import XdrSyntaxError, parse
 from nfsrdma.xdr.runtime import Reader, Writer, XdrError, pack, unpack
 from tests.unit.xdr.strategies import Strategies, codec, type_names
@@ -242,3 +243,55 @@ def test_random_bytes_only_raise_xdr_error(name: str, blob: bytes) -> None:
     _, dec = codec(M, name)
     with contextlib.suppress(XdrError):
         unpack(dec, blob)
+
+
+# -- attribute-mask codecs (fattrgen) -----------------------------------------------------
+ATTR_SPEC = """
+const FATTR4_SIZE = 4;
+const FATTR4_FSID = 8;
+const FATTR4_OWNER = 36;
+const FATTR4_UNKNOWN = 40;
+struct fsid4 { unsigned hyper major; unsigned hyper minor; };
+typedef unsigned hyper fattr4_size;
+typedef fsid4 fattr4_fsid;
+typedef opaque fattr4_owner<>;
+"""
+
+
+def _attr_module(table: FattrTable) -> types.ModuleType:
+    mod = types.ModuleType("xdr_attr_test_module")
+    src = generate(parse(ATTR_SPEC), Options(sections=(section(table),)))
+    sys.modules[mod.__name__] = mod
+    exec(compile(src, "<generated>", "exec"), mod.__dict__)
+    return mod
+
+
+def test_attribute_table_is_checked_against_the_spec() -> None:
+    with pytest.raises(ValueError, match="gives 1 values, fattr4_fsid holds 2"):
+        _attr_module(FattrTable(fixed={"fsid": "a.fsid"}, variable={}, bitmaps={}))
+    with pytest.raises(ValueError, match="no attribute fattr4_mode"):
+        _attr_module(FattrTable(fixed={"mode": "a.mode"}, variable={}, bitmaps={}))
+    with pytest.raises(ValueError, match="not of fixed size"):
+        _attr_module(FattrTable(fixed={"owner": "a.uid"}, variable={}, bitmaps={}))
+
+
+def test_attribute_mask_codecs_from_a_table() -> None:
+    table = FattrTable(
+        fixed={"size": "a.size", "fsid": "*a.fsid #2"},
+        variable={"owner": "_fattr4_decimal(a.uid)"},
+        bitmaps={},
+        masks={"all": ("size", "fsid", "owner"), "unknown": ("size", "unknown")},
+        group_size=2,
+    )
+    m = _attr_module(table)
+    a = types.SimpleNamespace(size=7, fsid=(1, 2), uid=1000)
+    key = (1 << 4 | 1 << 8, 1 << 4)
+    expected = struct.pack(">QQQ", 7, 1, 2) + struct.pack(">I", 4) + b"1000"
+    assert m.ATTRIBUTE_MASK_ENCODERS[key](a, None, b"", None, 0) == expected
+    assert m.ATTRIBUTE_MASK_DECODERS[key](expected) == {4: 7, 8: m.fsid4(1, 2), 36: b"1000"}
+    # No decoder for a mask with an attribute that has no codec; groups of two cover the rest.
+    assert list(m.ATTRIBUTE_MASK_DECODERS) == [key]
+    group_of, groups = m.SERVER_ATTRIBUTE_LAYERS[-1]
+    assert group_of == {4: (0, 1), 8: (0, 2), 36: (1, 1)}
+    assert groups[0][3](a, None, b"", None, 0) == expected[:24]
+    assert m.ATTRIBUTE_FIXED[8][0] == "QQ" and m.ATTRIBUTE_NAMES[40] == "unknown"

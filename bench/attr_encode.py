@@ -1,14 +1,19 @@
-"""Micro-benchmark of fattr4 encoding (for bench/xdr_codec.py and the attribute tests).
+"""Micro-benchmark of the server's fattr4 encoding: ``python bench/attr_encode.py``.
 
-``bench_encode_attrs()`` times ``encode_attrs`` on the bitmap the Linux client sends after
-most operations (nfs4_fattr_bitmap: 15 attributes), alone and followed by the XDR encoding of
-the whole GETATTR4res.
+Times ``encode_attrs`` on the bitmap the Linux client sends after most operations
+(nfs4_fattr_bitmap: 15 attributes), alone and followed by the XDR encoding of the whole
+GETATTR4res. Last line: ``ns_per_encode=… ns_per_getattr4res=… attr_vals_octets=…``
+(lower is better). ``bench/xdr_codec.py`` uses its bitmap and sample attributes.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Sequence
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from nfsrdma.nfs4.attrs import bitmap_of, encode_attrs
 from nfsrdma.nfs4.server_state import ServerConfig
@@ -85,5 +90,7 @@ def bench_encode_attrs(
 
 
 if __name__ == "__main__":
-    for key, value in bench_encode_attrs().items():
+    figures = bench_encode_attrs()
+    for key, value in figures.items():
         print(f"{key}: {value:.0f}")
+    print(" ".join(f"{key}={value:.0f}" for key, value in figures.items()))
