@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import errno
 import logging
 import os
@@ -78,11 +77,6 @@ log = logging.getLogger(__name__)
 
 ConnectFn = Callable[[], Awaitable[Connection]]
 DEFAULT_REPLY_SIZE = 8192
-
-
-def result_status(result: Any) -> int:
-    """The nfsstat4 of an operation's result (the first field, whatever its name)."""
-    return int(getattr(result, dataclasses.fields(result)[0].name))
 
 
 class SessionError(OSError):
@@ -388,7 +382,7 @@ class ClientSession:
         if not res.resarray:
             raise NfsStatusError(res.status, nfs4.nfs_opnum4(op).name)
         value = res.resarray[0].value
-        status = result_status(value)
+        status = nfs4.OPERATIONS[op].status_of(value)
         if status != nfs4.NFS4_OK:
             raise NfsStatusError(status, nfs4.nfs_opnum4(op).name)
         return getattr(value, "value", value)

@@ -12,7 +12,6 @@ lower target for the fore channel's slot table) and CB_RECALL_ANY are turned int
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,29 +65,10 @@ class CachedCallbackReply:
 
 _CbSlot = ResponderSlot[CachedCallbackReply]
 
-# The result type of each callback operation (for answering one with an error status).
-_CB_RESULTS: dict[int, type[Any]] = {
-    nfs4.OP_CB_GETATTR: nfs4.CB_GETATTR4res,
-    nfs4.OP_CB_RECALL: nfs4.CB_RECALL4res,
-    nfs4.OP_CB_LAYOUTRECALL: nfs4.CB_LAYOUTRECALL4res,
-    nfs4.OP_CB_NOTIFY: nfs4.CB_NOTIFY4res,
-    nfs4.OP_CB_PUSH_DELEG: nfs4.CB_PUSH_DELEG4res,
-    nfs4.OP_CB_RECALL_ANY: nfs4.CB_RECALL_ANY4res,
-    nfs4.OP_CB_RECALLABLE_OBJ_AVAIL: nfs4.CB_RECALLABLE_OBJ_AVAIL4res,
-    nfs4.OP_CB_RECALL_SLOT: nfs4.CB_RECALL_SLOT4res,
-    nfs4.OP_CB_SEQUENCE: nfs4.CB_SEQUENCE4res,
-    nfs4.OP_CB_WANTS_CANCELLED: nfs4.CB_WANTS_CANCELLED4res,
-    nfs4.OP_CB_NOTIFY_LOCK: nfs4.CB_NOTIFY_LOCK4res,
-    nfs4.OP_CB_NOTIFY_DEVICEID: nfs4.CB_NOTIFY_DEVICEID4res,
-    nfs4.OP_CB_ILLEGAL: nfs4.CB_ILLEGAL4res,
-}
-
 
 def _error_result(op: int, status: int) -> Any:
-    cls = _CB_RESULTS.get(op, nfs4.CB_ILLEGAL4res)
-    if len(dataclasses.fields(cls)) == 1:
-        return cls(status)
-    return cls(status, None)
+    """The result of callback operation ``op`` (CB_ILLEGAL when unknown) for an error status."""
+    return nfs4.CB_OPERATIONS.get(op, nfs4.CB_OPERATION_ILLEGAL).error(status)
 
 
 class Backchannel:
@@ -176,8 +156,9 @@ class Backchannel:
     @staticmethod
     def _append(res: nfs4.CB_COMPOUND4res, op: int, result: Any) -> None:
         res.resarray.append(nfs4.nfs_cb_resop4(op, result))
-        # Every callback result starts with its nfsstat4, whatever the field is called.
-        res.status = getattr(result, dataclasses.fields(result)[0].name)
+        res.status = nfs4.nfsstat4(
+            nfs4.CB_OPERATIONS.get(op, nfs4.CB_OPERATION_ILLEGAL).status_of(result)
+        )
 
     def _sequence(
         self, a: nfs4.CB_SEQUENCE4args

@@ -335,12 +335,7 @@ class FakeServer:
 
 
 def _err(op: int, status: int) -> Any:
-    dec = nfs4._nfs_resop4_DEC.get(op, nfs4.dec_ILLEGAL4res)
-    cls = getattr(nfs4, dec.__name__.removeprefix("dec_"))
-    fields = dataclasses.fields(cls)
-    if len(fields) == 2 and fields[1].name == "value":
-        return cls(nfs4.nfsstat4(status))
-    return cls(nfs4.nfsstat4(status), *[[] for _ in fields[1:]])
+    return nfs4.OPERATIONS.get(op, nfs4.OPERATION_ILLEGAL).error(status)
 
 
 _cids = itertools.count(1)
