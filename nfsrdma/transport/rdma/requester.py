@@ -57,6 +57,13 @@ class Requester(RdmaConnectionBase):
             max_write_chunks=self.options.max_write_chunks,
             max_read_chunks=self.options.max_read_chunks,
         )
+        if self.server and (plan.reads or plan.write_chunks or plan.reply_chunk is not None):
+            # A server's backward calls expose none of its memory (RFC 8267 section 6.5.2,
+            # RFC 8166 section 9): a callback, or its reply, too large to go inline fails here.
+            raise TransportCallError(
+                f"backward call of {len(msg)} octets does not fit inline "
+                f"({self.send_limit} to send, {self.recv_limit} to receive)"
+            )
         out = OutCall(xid)
         reads = []
         for exposure in plan.reads:

@@ -183,6 +183,31 @@ async def test_tr15_a_backward_reply_grants_the_backchannel_receives_not_the_for
         assert r.client is not None and r.client.credits.granted > opts.backchannel
 
 
+async def test_ul23_a_backward_call_too_large_for_inline_fails_without_exposing_memory() -> None:
+    """UL-23 / SEC-6: the server exposes none of its memory, so a callback that would need a
+    Read chunk (or a reply that would need a Reply chunk) fails at once on the server's side,
+    with nothing registered, and the connection carries on."""
+    async with rig() as r:
+        assert r.rpc is not None
+        await r.rpc.call(PROG, VERS, 0)
+        server_side = r.server[0]
+        big = b"b" * (2 * server_side.thresholds.server_to_client)
+
+        def args(w: Writer) -> None:
+            nfs4.enc_utf8str_cs(w, big)
+
+        before = server_side.stats["registrations"]
+        with pytest.raises(TransportCallError, match="does not fit inline"):
+            await r.server_rpc[0].call(PROG, VERS, P_BLOB, args)
+        with pytest.raises(TransportCallError, match="does not fit inline"):
+            await r.server_rpc[0].call(
+                PROG, VERS, 0, expect=ReplyExpectation([], 4 * len(big))
+            )  # a reply bound beyond the inline threshold would need a Reply chunk
+        assert server_side.stats["registrations"] == before
+        await r.server_rpc[0].call(PROG, VERS, 0)  # small callbacks still go
+        await r.rpc.call(PROG, VERS, 0)
+
+
 async def test_pd14_thresholds_follow_each_connections_private_data() -> None:
     async with rig(RdmaOptions(inline_size=2048), RdmaOptions(inline_size=8192)) as r:
         assert r.client is not None
