@@ -17,6 +17,7 @@ from typing import Any
 
 from nfsrdma.nfs4.callback import Callbacks
 from nfsrdma.nfs4.compound import compound
+from nfsrdma.nfs4.delegation_service import DelegationService
 from nfsrdma.nfs4.server_state import ServerConfig, ServerState
 from nfsrdma.nfs4.state import StateManager
 from nfsrdma.rpc.connection import RpcConnection
@@ -98,6 +99,10 @@ class NFSServer:
         self.state = ServerState(cfg, vfs, sessions, state)
         self.callbacks = Callbacks(sessions)
         state.notify_lock = self._notify_lock
+        self.state.delegation_service = DelegationService(
+            state, sessions, self.callbacks, vfs, cfg.lease_time, enabled=cfg.delegations
+        )
+        self.state.delegation_service.start(asyncio.get_running_loop())
         self.dispatcher.add(
             nfs4.NFS4_PROGRAM,
             nfs4.NFS_V4,

@@ -10,6 +10,7 @@ import os
 import signal
 
 from nfsrdma.aio import run
+from nfsrdma.nfs4.server_state import ServerConfig
 from nfsrdma.server import NFS_RDMA_PORT, NFS_TCP_PORT, NFSServer
 from nfsrdma.vfs.secret import StateDirError
 
@@ -32,6 +33,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--anon-gid", type=int, default=65534, metavar="N")
     p.add_argument("--lease-time", type=int, default=90, metavar="S", help="lease seconds")
     p.add_argument("--slots", type=int, default=64, metavar="N", help="slots per session")
+    p.add_argument(
+        "--no-delegations",
+        dest="delegations",
+        action="store_false",
+        help="grant no read or write delegations (clients cannot cache opens)",
+    )
     p.add_argument(
         "--state-dir",
         default=None,
@@ -60,6 +67,7 @@ def serve(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         lease_time=args.lease_time,
         slots=args.slots,
+        config=ServerConfig(delegations=args.delegations),
     )
 
     async def main() -> None:

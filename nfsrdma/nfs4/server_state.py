@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from nfsrdma.vfs.base import Vfs
 
 if TYPE_CHECKING:
+    from nfsrdma.nfs4.delegation_service import DelegationService
     from nfsrdma.nfs4.state import StateManager
     from nfsrdma.session.server import ServerSessions
 
@@ -31,6 +32,7 @@ class ServerConfig:
     large_io: int = 64 * 1024  # I/O at least this large runs in the thread pool
     server_owner: bytes = b""  # so_major_id; default: derived from the host name
     server_scope: bytes = b""  # default: the host name
+    delegations: bool = True  # grant read/write delegations (nfsrdma serve --no-delegations)
 
 
 @dataclass
@@ -40,11 +42,14 @@ class ServerState:
     sessions: ServerSessions
     state: StateManager
     executor: ThreadPoolExecutor = field(init=False)
+    delegation_service: DelegationService | None = None  # set by the server once it runs
 
     def __post_init__(self) -> None:
         self.executor = ThreadPoolExecutor(self.config.io_threads, thread_name_prefix="nfsrdma-io")
 
     def close(self) -> None:
+        if self.delegation_service is not None:
+            self.delegation_service.close()
         self.state.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.vfs.close()

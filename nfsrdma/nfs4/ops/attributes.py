@@ -10,6 +10,7 @@ from nfsrdma.nfs4.attrs import (
     object_attrs,
 )
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, OpHandler
+from nfsrdma.nfs4.delegation_service import check_conflicts
 from nfsrdma.vfs.base import (
     ACCESS4_ALL,
     ACCESS4_DELETE,
@@ -38,6 +39,8 @@ def getattr_(ctx: CompoundContext, args: nfs4.GETATTR4args) -> nfs4.GETATTR4res:
 def setattr_(ctx: CompoundContext, args: nfs4.SETATTR4args) -> nfs4.SETATTR4res:
     fh = ctx.fh()
     s = decode_settable(args.obj_attributes)
+    if s.size is not None or s.mode is not None:  # recalls other clients' delegations
+        check_conflicts(ctx, fh, write=True, local_write=s.size is not None)
     if s.size is not None:
         # A size change is a write: the open state decides (RFC 8881 section 18.30.3).
         ctx.server.state.check_setattr_size(ctx, args.stateid, fh)

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, OpHandler
+from nfsrdma.nfs4.delegation_service import check_conflicts
 from nfsrdma.vfs.base import OpenFile
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Buffer
@@ -44,6 +45,8 @@ def op_read(ctx: CompoundContext, args: nfs4.READ4args) -> nfs4.READ4res | Await
     sid = ctx.resolve_stateid(args.stateid)
     server = ctx.server
     of = server.state.io_file(ctx.clientid, sid, fh, write=False)
+    if of is None:  # anonymous I/O: a write delegation of another client stands in the way
+        check_conflicts(ctx, fh, write=False)
     count = min(args.count, server.config.max_io)
     offset = args.offset
     if offset > MAX_FILE_OFFSET:  # beyond any end of file
@@ -71,6 +74,8 @@ def op_write(
     sid = ctx.resolve_stateid(args.stateid)
     server = ctx.server
     of = server.state.io_file(ctx.clientid, sid, fh, write=True)
+    if of is None:  # anonymous I/O: any other client's delegation stands in the way
+        check_conflicts(ctx, fh, write=True, local_write=True)
     data = args.data
     size = memoryview(data).nbytes
     offset = args.offset

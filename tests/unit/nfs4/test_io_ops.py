@@ -423,7 +423,8 @@ async def test_open_claims_and_errors(tmp_path: Path) -> None:
 
 
 async def test_delegation_wants_are_answered(tmp_path: Path) -> None:
-    """RFC 8881 18.16.3: OPEN_DELEGATE_NONE_EXT says why when a want was expressed."""
+    """RFC 8881 18.16.3: OPEN_DELEGATE_NONE_EXT says why when a want was expressed (a client
+    without a back channel gets no delegation: WND4_RESOURCE)."""
     async with served(tmp_path) as (_, (c,)):
         expected = {
             0: (nfs4.OPEN_DELEGATE_NONE, None),
@@ -433,11 +434,11 @@ async def test_delegation_wants_are_answered(tmp_path: Path) -> None:
             ),
             nfs4.OPEN4_SHARE_ACCESS_WANT_READ_DELEG: (
                 nfs4.OPEN_DELEGATE_NONE_EXT,
-                nfs4.WND4_CONTENTION,
+                nfs4.WND4_RESOURCE,
             ),
             nfs4.OPEN4_SHARE_ACCESS_WANT_ANY_DELEG: (
                 nfs4.OPEN_DELEGATE_NONE_EXT,
-                nfs4.WND4_CONTENTION,
+                nfs4.WND4_RESOURCE,
             ),
             nfs4.OPEN4_SHARE_ACCESS_WANT_CANCEL: (nfs4.OPEN_DELEGATE_NONE_EXT, nfs4.WND4_CANCELLED),
         }
