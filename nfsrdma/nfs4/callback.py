@@ -132,6 +132,20 @@ class Callbacks:
         self.tasks.add(task)
         task.add_done_callback(self._done)
 
+    async def getattr(
+        self, clientid: int, fh: bytes, attr_request: list[int]
+    ) -> nfs4.fattr4 | None:
+        """CB_GETATTR (RFC 8881 section 20.1): the holder of a write delegation's view of the
+        file's attributes; None when it cannot say."""
+        args = nfs4.CB_GETATTR4args(fh, attr_request)
+        res = await self.compound(clientid, [nfs4.nfs_cb_argop4(nfs4.OP_CB_GETATTR, args)])
+        if res is None or res.status != nfs4.NFS4_OK or len(res.resarray) < 2:
+            return None
+        value = res.resarray[1].value
+        if isinstance(value, nfs4.CB_GETATTR4res) and value.value is not None:
+            return value.value.obj_attributes
+        return None
+
     async def probe(self, clientid: int) -> bool:
         """CB_NULL on the client's back channel (section 18.36.3: the server checks the path
         before relying on it); a failure marks the path down (SEQ4_STATUS_CB_PATH_DOWN)."""

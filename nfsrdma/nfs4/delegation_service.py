@@ -29,11 +29,14 @@ so they recall nothing.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
+from nfsrdma.nfs4.attr_decode import decode_values
+from nfsrdma.nfs4.attrs import attr_numbers, bitmap_of, encode_attrs, needs_fsstats
 from nfsrdma.nfs4.context import CompoundContext
 from nfsrdma.nfs4.delegations import (
     ACCESS_WRITE,
@@ -45,6 +48,7 @@ from nfsrdma.nfs4.delegations import (
 from nfsrdma.session.records import usable_cb_sec
 from nfsrdma.vfs.leases import KernelLeases, Lease
 from nfsrdma.xdr.gen import nfs4
+from nfsrdma.xdr.runtime import XdrError
 
 if TYPE_CHECKING:
     from nfsrdma.nfs4.callback import Callbacks
@@ -307,6 +311,62 @@ def check_name(
     except Exception:  # a missing name, a bad handle...: the operation itself will say so
         return
     check_conflicts(ctx, fh, write=True, local_write=local_write)
+
+
+# ---------------------------------------------------------------- CB_GETATTR (GETATTR)
+
+_CB_ATTRS = (nfs4.FATTR4_CHANGE, nfs4.FATTR4_SIZE)
+
+
+def write_delegation_elsewhere(ctx: CompoundContext, fh: bytes, bitmap: list[int]) -> bool:
+    """Whether a GETATTR asking for change or size must ask the holder of a write delegation
+    of another client first (RFC 8881 section 10.4.3)."""
+    table = table_of(ctx)
+    if not len(table) or ctx.server.delegation_service is None:
+        return False
+    if not any(n in attr_numbers(bitmap) for n in _CB_ATTRS):
+        return False
+    clientid = ctx.session.clientid if ctx.session is not None else None
+    return any(
+        d.write and d.clientid != clientid for d in table.conflicts(fh, clientid, write=False)
+    )
+
+
+async def getattr_from_holder(
+    ctx: CompoundContext, fh: bytes, bitmap: list[int]
+) -> nfs4.GETATTR4res:
+    """GETATTR of a file under another client's write delegation: CB_GETATTR to the holder;
+    its size, and a change attribute moved past ours if it has modified the file."""
+    service = ctx.server.delegation_service
+    assert service is not None
+    clientid = ctx.session.clientid if ctx.session is not None else None
+    holders = [d for d in table_of(ctx).conflicts(fh, clientid, write=False) if d.write]
+    vfs = ctx.server.vfs
+    attrs = vfs.getattr(fh)
+    if holders:
+        d = holders[0]
+        reply = await service.callbacks.getattr(d.clientid, fh, bitmap_of(list(_CB_ATTRS)))
+        try:
+            values = decode_values(reply) if reply is not None else {}
+        except XdrError:  # a holder that cannot encode attributes: ours stand
+            values = {}
+        size = values.get(nfs4.FATTR4_SIZE)
+        change = values.get(nfs4.FATTR4_CHANGE)
+        attrs = vfs.getattr(fh)  # after the wait
+        if isinstance(size, int) or isinstance(change, int):
+            modified = (isinstance(change, int) and change != d.change) or (
+                isinstance(size, int) and size != attrs.size
+            )
+            new_change = attrs.change
+            if modified:
+                d.served_change = max(d.served_change, attrs.change) + 1
+                new_change = d.served_change
+            attrs = dataclasses.replace(
+                attrs, size=size if isinstance(size, int) else attrs.size, change=new_change
+            )
+    fsstats = vfs.statfs(fh) if needs_fsstats(bitmap) else None
+    fattr = encode_attrs(bitmap, attrs, fsstats, fh, ctx.server.config)
+    return nfs4.GETATTR4res(nfs4.NFS4_OK, nfs4.GETATTR4resok(fattr))
 
 
 def open_conflict_write(access: int, deny: int, truncate: bool) -> bool:

@@ -54,6 +54,7 @@ class Delegation:
     lease: object | None = None  # the kernel lease protecting it (the VFS's handle)
     change: int = 0  # the change attribute when granted (CB_GETATTR's baseline)
     size: int = 0
+    served_change: int = 0  # the change attribute last answered for the holder's writes
 
     @property
     def stateid(self) -> nfs4.stateid4:

@@ -374,3 +374,44 @@ async def test_a_local_writer_breaks_the_kernel_lease_and_recalls(tmp_path: Path
         await writing
         assert svc.leases.breaks == 1 and a.s.stats.recalls == 1
         assert path.read_bytes().startswith(b"LOCAL")
+
+
+# ---------------------------------------------------------------- CB_GETATTR
+
+
+async def test_getattr_by_another_client_asks_the_write_delegation_holder(tmp_path: Path) -> None:
+    """RFC 8881 10.4.3 / 20.1: GETATTR of size/change of a file under a write delegation is
+    answered with the holder's view: its size, a change attribute moved forward."""
+    async with deleg_served(tmp_path) as (_server, (a, b)):
+        fh, _, ok = await a.open(b"w", BOTH | WANT_WRITE)
+        assert ok.delegation.delegation_type == nfs4.OPEN_DELEGATE_WRITE
+        request = [(1 << nfs4.FATTR4_CHANGE) | (1 << nfs4.FATTR4_SIZE)]
+
+        async def change_size(c: Nfs) -> tuple[int, int]:
+            res = await c.on(fh, OK, op(nfs4.OP_GETATTR, nfs4.GETATTR4args(request)))
+            vals = bytes(res.resarray[1].value.value.obj_attributes.attr_vals)
+            return int.from_bytes(vals[:8], "big"), int.from_bytes(vals[8:16], "big")
+
+        change0, size0 = await change_size(a)  # the holder itself: no callback
+        assert size0 == 0
+        asked: list[bytes] = []
+
+        def unmodified(f: bytes) -> tuple[int, int] | None:
+            asked.append(f)
+            return (change0, 0) if f == fh else None
+
+        a.s.backchannel.delegated_attrs = unmodified
+        assert await change_size(b) == (change0, 0)
+        assert asked == [fh]
+
+        def modified(f: bytes) -> tuple[int, int] | None:  # 4096 bytes written, not yet sent
+            asked.append(f)
+            return (change0 + 1, 4096) if f == fh else None
+
+        a.s.backchannel.delegated_attrs = modified
+        change1, size1 = await change_size(b)
+        assert size1 == 4096 and change1 > change0
+        assert len(asked) == 2
+        # Attributes other than size and change need no callback.
+        await b.on(fh, OK, op(nfs4.OP_GETATTR, nfs4.GETATTR4args([1 << nfs4.FATTR4_TYPE])))
+        assert len(asked) == 2
