@@ -58,6 +58,7 @@ class ClientCallbacks:
         # Delegations the client holds: stateid.other -> (stateid, filehandle).
         self.delegations: dict[bytes, tuple[nfs4.stateid4, bytes]] = {}
         self.recall_hook: Callable[[Recall], None] | None = None
+        self.recall_listeners: list[Callable[[Recall], None]] = []  # e.g. drop cached data
         self._lock_notices: dict[tuple[bytes, bytes], asyncio.Event] = {}
 
     def cb_compound(self, call: RpcCall, w: Writer) -> None:
@@ -94,6 +95,8 @@ class ClientCallbacks:
             self.stats.recalls += 1
             if self.recall_hook is not None:
                 self.recall_hook(recall)
+            for listener in self.recall_listeners:
+                listener(recall)
             await self.return_delegation(recall.stateid, recall.fh)
 
     async def return_delegation(self, stateid: nfs4.stateid4, fh: bytes) -> None:

@@ -1,0 +1,61 @@
+"""Our client under a read delegation (RFC 8881 sections 10.2, 10.4, 20.2): it asks for one
+on read-only opens, serves repeated stat/read from cache without COMPOUNDs, and on CB_RECALL
+drops the cache and returns the delegation, after which it reads what the other client wrote.
+Against our own NFSServer in this process over TCP on 127.0.0.1 (a real back channel)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import nfsrdma
+from nfsrdma.nfs4.server_state import ServerConfig
+from nfsrdma.server import NFSServer
+
+
+async def test_read_delegation_caches_and_is_returned_on_recall(tmp_path: Path) -> None:
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "f").write_bytes(b"first version")
+    server = NFSServer(
+        str(export),
+        bind="127.0.0.1",
+        tcp_port=0,
+        rdma_port=None,
+        root_squash=False,
+        state_dir=str(tmp_path / "state"),
+        config=ServerConfig(),
+    )
+    await server.start()
+    try:
+        url = f"nfs://127.0.0.1:{server.tcp_port}/"
+        async with nfsrdma.connect(url) as reader, nfsrdma.connect(url) as writer:
+            assert server.state is not None and server.state.delegation_service is not None
+            svc = server.state.delegation_service
+            assert reader.session.clientid is not None
+            assert await svc.probe(reader.session.clientid)
+            f = await reader.open("f", "rb")
+            assert f.delegation is not None and f.cache is not None
+            assert await f.read() == b"first version"
+            st = await f.stat()
+            calls = reader.session.stats.calls
+            for _ in range(3):  # served from the cache: no COMPOUND at all
+                await f.seek(0)
+                assert await f.read() == b"first version"
+                assert (await f.stat()).st_size == st.st_size == len(b"first version")
+            assert reader.session.stats.calls == calls
+            assert reader.io_stats.cached_reads >= 3
+            # Another client writes: the server recalls, our client returns and forgets.
+            returned = asyncio.Event()
+            reader.session.callbacks.recall_listeners.append(lambda _r: returned.set())
+            async with writer.open("f", "r+b") as w:
+                await w.write(b"FIRST")
+            assert returned.is_set()
+            assert reader.session.stats.recalls == 1
+            assert f.delegation is None and f.cache is None
+            await f.seek(0)
+            assert await f.read() == b"FIRST version"
+            assert reader.session.stats.calls > calls
+            await f.close()
+    finally:
+        await server.close()
