@@ -10,9 +10,10 @@ What is granted
 ---------------
 - Only to a client whose back channel works: a session bound for callbacks, with a flavour we
   can send (AUTH_NONE or AUTH_SYS in ``csa_sec_parms`` / BACKCHANNEL_CTL; an empty list or only
-  RPCSEC_GSS means no callbacks), and a CB_NULL probe answered. The first OPEN after the
-  session (or its callback program, security or connection) changed starts the probe and gets
-  no delegation (WND4_RESOURCE); later ones do.
+  RPCSEC_GSS means no callbacks), and a CB_NULL probe answered. The probe goes out after
+  CREATE_SESSION, BIND_CONN_TO_SESSION and BACKCHANNEL_CTL (and from an OPEN that finds the
+  callback program, security or connection changed since); until it is answered OPEN gets no
+  delegation (WND4_RESOURCE). A failed probe marks the path down (SEQ4_STATUS_CB_PATH_DOWN).
 - Read delegations only with a kernel read lease on the file (as knfsd): without one
   (no CAP_LEASE and not the owner, a local writer, leases unavailable) none is granted
   (WND4_RESOURCE).
@@ -122,6 +123,11 @@ class DelegationService:
             task = asyncio.get_running_loop().create_task(self._probe(clientid, sessionid, key))
             self._probing[key] = task
         return False
+
+    def back_channel_changed(self, clientid: int) -> None:
+        """CREATE_SESSION, BIND_CONN_TO_SESSION or BACKCHANNEL_CTL succeeded: probe now."""
+        if self.enabled:
+            self.callbacks_ok(clientid)
 
     async def probe(self, clientid: int) -> bool:
         """Probe the client's back channel now (or wait for the probe under way)."""

@@ -13,6 +13,7 @@ Notification: a real-time signal chosen with F_SETSIG, delivered to this process
 and handled by the event loop (``loop.add_signal_handler``). The handler does not get the
 descriptor (Python gives no siginfo), so it asks every lease with F_GETLEASE: a lease being
 broken reports the type it is being downgraded to, not the one we hold. No polling timer.
+One handler per event loop serves every ``KernelLeases`` on it (several servers in a process).
 
 Leases need the server process to own the file or to have CAP_LEASE (root has it), the
 descriptor to be read-only for a read lease, and (for a write lease) no other open descriptor
@@ -39,6 +40,14 @@ F_SETLEASE: Final = getattr(fcntl, "F_SETLEASE", 1024)
 F_GETLEASE: Final = getattr(fcntl, "F_GETLEASE", 1025)
 LEASE_SIGNAL: Final = signal.SIGRTMIN + 7
 
+# The lease tables listening on each (event loop, signal).
+_listeners: dict[tuple[asyncio.AbstractEventLoop, int], set[KernelLeases]] = {}
+
+
+def _dispatch(key: tuple[asyncio.AbstractEventLoop, int]) -> None:
+    for leases in list(_listeners.get(key, ())):
+        leases.signalled()
+
 
 @dataclass(eq=False, slots=True)
 class Lease:
@@ -60,11 +69,15 @@ class KernelLeases:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Install the signal handler; False when it cannot be (not the main thread)."""
-        try:
-            loop.add_signal_handler(self.sig, self._signalled)
-        except (RuntimeError, ValueError, NotImplementedError) as e:
-            log.info("kernel leases unavailable: %s", e)
-            return False
+        key = (loop, self.sig)
+        if key not in _listeners:
+            try:
+                loop.add_signal_handler(self.sig, _dispatch, key)
+            except (RuntimeError, ValueError, NotImplementedError) as e:
+                log.info("kernel leases unavailable: %s", e)
+                return False
+            _listeners[key] = set()
+        _listeners[key].add(self)
         self._loop = loop
         return True
 
@@ -97,7 +110,8 @@ class KernelLeases:
             fcntl.fcntl(lease.fd, F_SETLEASE, fcntl.F_UNLCK)
         os.close(lease.fd)
 
-    def _signalled(self) -> None:
+    def signalled(self) -> None:
+        """The lease signal came: find the leases being broken."""
         held = {True: fcntl.F_WRLCK, False: fcntl.F_RDLCK}
         for lease in list(self._leases.values()):
             if lease.broken:
@@ -115,6 +129,12 @@ class KernelLeases:
         for lease in list(self._leases.values()):
             self.release(lease)
         if self._loop is not None:
-            with contextlib.suppress(Exception):
-                self._loop.remove_signal_handler(self.sig)
+            key = (self._loop, self.sig)
+            listening = _listeners.get(key)
+            if listening is not None:
+                listening.discard(self)
+                if not listening:
+                    del _listeners[key]
+                    with contextlib.suppress(Exception):
+                        self._loop.remove_signal_handler(self.sig)
             self._loop = None

@@ -131,15 +131,12 @@ async def make_file(c: Nfs, name: bytes, data: bytes = b"content") -> bytes:
 async def test_read_delegation_is_granted_once_the_back_channel_answered(tmp_path: Path) -> None:
     async with served(tmp_path, clients=1, backchannel=True) as (server, (a,)):
         await make_file(a, b"f")
-        # Not probed yet: the first OPEN starts the CB_NULL probe and gets none.
-        _, s1, ok = await a.open(b"f", READ | WANT_READ, how=NOCREATE)
-        assert ok.delegation.delegation_type == nfs4.OPEN_DELEGATE_NONE_EXT
-        assert deleg_of(ok).ond_why == nfs4.WND4_RESOURCE
+        # CREATE_SESSION started the CB_NULL probe; once answered, OPEN delegates.
         assert await service(server).probe(a.clientid)
         fh, s2, ok = await a.open(b"f", READ | WANT_READ, how=NOCREATE, owner=b"o2")
         assert ok.delegation.delegation_type == nfs4.OPEN_DELEGATE_READ
         d = deleg_of(ok).stateid
-        assert d.seqid == 1 and d.other not in (s1.other, s2.other)
+        assert d.seqid == 1 and d.other != s2.other
         # No preference: the same delegation again.
         _, _, ok = await a.open(b"f", READ, how=NOCREATE, owner=b"o3")
         assert deleg_of(ok).stateid == d
@@ -148,6 +145,25 @@ async def test_read_delegation_is_granted_once_the_back_channel_answered(tmp_pat
         await a.on(fh, nfs4.NFS4ERR_OPENMODE, op(nfs4.OP_WRITE, nfs4.WRITE4args(d, 0, 0, b"x")))
         await a.on(fh, OK, op(nfs4.OP_DELEGRETURN, nfs4.DELEGRETURN4args(d)))
         await a.on(fh, nfs4.NFS4ERR_BAD_STATEID, op(nfs4.OP_DELEGRETURN, nfs4.DELEGRETURN4args(d)))
+
+
+async def test_no_delegation_while_the_back_channel_does_not_answer(tmp_path: Path) -> None:
+    """A callback program the client does not serve: CB_NULL fails, the path is reported
+    down, OPEN says WND4_RESOURCE; back to the right program, delegations come back."""
+    async with deleg_served(tmp_path, clients=1) as (server, (a,)):
+        await make_file(a, b"f")
+        program = a.s.opts.cb_program
+        sec = [nfs4.callback_sec_parms4(nfs4.AUTH_NONE)]
+        seen = flags_seen(a)
+        await a.expect(OK, op(nfs4.OP_BACKCHANNEL_CTL, nfs4.BACKCHANNEL_CTL4args(program + 1, sec)))
+        assert not await service(server).probe(a.clientid)
+        _, _, ok = await a.open(b"f", READ | WANT_READ, how=NOCREATE)
+        assert deleg_of(ok).ond_why == nfs4.WND4_RESOURCE
+        assert seen[-1] & nfs4.SEQ4_STATUS_CB_PATH_DOWN_SESSION
+        await a.expect(OK, op(nfs4.OP_BACKCHANNEL_CTL, nfs4.BACKCHANNEL_CTL4args(program, sec)))
+        assert await service(server).probe(a.clientid)
+        _, _, ok = await a.open(b"f", READ | WANT_READ, how=NOCREATE, owner=b"o2")
+        assert ok.delegation.delegation_type == nfs4.OPEN_DELEGATE_READ
 
 
 async def test_write_delegation_for_an_exclusive_writer(tmp_path: Path) -> None:
