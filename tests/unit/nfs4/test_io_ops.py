@@ -699,8 +699,9 @@ async def test_blocked_lock_owner_is_notified_by_cb_notify_lock(tmp_path: Path) 
     """RFC 8881 20.11: a refused blocking lock (WRITEW_LT) gets CB_NOTIFY_LOCK, with
     CB_SEQUENCE, on the waiter's back channel once the conflicting lock goes (UL-22)."""
     async with served(tmp_path, clients=2, backchannel=True) as (server, (a, b)):
-        fh, sa, _ = await a.open(b"contended")
-        _, sb, _ = await b.open(b"contended")
+        no_deleg = BOTH | nfs4.OPEN4_SHARE_ACCESS_WANT_NO_DELEG  # only lock callbacks here
+        fh, sa, _ = await a.open(b"contended", no_deleg)
+        _, sb, _ = await b.open(b"contended", no_deleg)
         res = await a.on(fh, OK, a.lock_new(sa, b"pidA", 0, 100))
         la = res.resarray[1].value.value.lock_stateid
         await b.on(fh, nfs4.NFS4ERR_DENIED, b.lock_new(sb, b"pidB", 0, 100, nfs4.WRITEW_LT))
