@@ -702,5 +702,8 @@ async def gather_limited(coros: list[Awaitable[T]], limit: int) -> list[T]:
 
 
 def _want(om: OpenMode) -> int:
-    """Ask for a read delegation for read-only opens (cached under it); nothing otherwise."""
-    return 0 if om.writable else nfs4.OPEN4_SHARE_ACCESS_WANT_READ_DELEG
+    """A read delegation for read-only opens (we cache under it); none for the others (we
+    would only give a write delegation back at once)."""
+    if om.writable:
+        return nfs4.OPEN4_SHARE_ACCESS_WANT_NO_DELEG
+    return nfs4.OPEN4_SHARE_ACCESS_WANT_READ_DELEG
