@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import nfsrdma
 from nfsrdma.nfs4.server_state import ServerConfig
@@ -56,6 +57,75 @@ async def test_read_delegation_caches_and_is_returned_on_recall(tmp_path: Path) 
             await f.seek(0)
             assert await f.read() == b"FIRST version"
             assert reader.session.stats.calls > calls
+            await f.close()
+    finally:
+        await server.close()
+
+
+async def test_a_revoked_delegation_drops_the_cache_and_is_freed(tmp_path: Path) -> None:
+    """RECALLABLE_STATE_REVOKED in a SEQUENCE reply: the client tests its delegations,
+    forgets the revoked one and frees it (the flag goes)."""
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "f").write_bytes(b"first version")
+    server = NFSServer(
+        str(export),
+        bind="127.0.0.1",
+        tcp_port=0,
+        rdma_port=None,
+        root_squash=False,
+        state_dir=str(tmp_path / "state"),
+    )
+    await server.start()
+    try:
+        url = f"nfs://127.0.0.1:{server.tcp_port}/"
+        async with nfsrdma.connect(url) as reader, nfsrdma.connect(url) as writer:
+            assert server.state is not None and server.state.delegation_service is not None
+            svc = server.state.delegation_service
+            assert reader.session.clientid is not None
+            assert await svc.probe(reader.session.clientid)
+            f = await reader.open("f", "rb")
+            assert f.cache is not None and await f.read() == b"first version"
+
+            async def ignore(stateid: Any, fh: bytes) -> None:  # a holder that never returns
+                return None
+
+            reader.session.callbacks.return_delegation = ignore  # type: ignore[method-assign]
+            recalled = asyncio.Event()
+            freed = asyncio.Event()
+            table = svc.table
+            send, flag = table.recall, table.on_revoked
+            assert send is not None and flag is not None
+
+            def recall(d: Any) -> None:
+                recalled.set()
+                send(d)
+
+            def revoked_flag(clientid: int, on: bool) -> None:
+                flag(clientid, on)
+                if not on:
+                    freed.set()
+
+            table.recall, table.on_revoked = recall, revoked_flag
+
+            async def write() -> None:
+                async with writer.open("f", "r+b") as w:
+                    await w.write(b"FIRST")
+
+            writing = asyncio.ensure_future(write())
+            await recalled.wait()
+            d = table.on_file(f.fh)[0]
+            assert d.recalled is not None
+            assert svc.expire(d.recalled + svc.lease_time + 1) == [d]
+            await writing
+            assert f.cache is None  # dropped on the recall already
+            assert reader.session.delegations  # but not given back: it does not know yet
+            await reader.session.compound([])  # any SEQUENCE carries the flag
+            async with asyncio.timeout(30):  # a guard: the FREE_STATEID follows at once
+                await freed.wait()
+            assert not reader.session.delegations
+            await f.seek(0)
+            assert await f.read() == b"FIRST version"
             await f.close()
     finally:
         await server.close()
