@@ -122,6 +122,9 @@ class NfsClient:
         session.reclaim_hook = self._reclaim
         session.reopen_hook = self._reopen_all
         session.callbacks.recall_listeners.append(self._recalled)
+        # CB_GETATTR (RFC 8881 20.1) is about write delegations, and we keep none: writes go
+        # to the server at once, so its attributes are ours. NFS4ERR_BADHANDLE says so.
+        session.backchannel.delegated_attrs = lambda fh: None
 
     # -- set-up ---------------------------------------------------------------------------------
     async def mount(self) -> None:
