@@ -5,8 +5,8 @@ Delegations are granted on OPEN by ``delegation_service.py`` (read and write; re
 conflicts); CLAIM_DELEGATE_CUR / CLAIM_DELEG_CUR_FH turn opens made under a delegation into
 opens. We keep no state across restarts: reclaims (CLAIM_PREVIOUS) get NFS4ERR_NO_GRACE,
 CLAIM_DELEGATE_PREV / CLAIM_DELEG_PREV_FH and DELEGPURGE NFS4ERR_NOTSUPP (section 18.5.3: a
-server without CLAIM_DELEGATE_PREV returns that). OPEN is synchronous: it runs on the event loop from the share check to the state
-update, so two OPENs of one file never interleave.
+server without CLAIM_DELEGATE_PREV returns that). OPEN is synchronous: it runs on the event
+loop from the share check to the state update, so two OPENs of one file never interleave.
 """
 
 from __future__ import annotations
