@@ -29,6 +29,7 @@ from .test_io_ops import (
     Nfs,
     mode_attrs,
     op,
+    open_op,
     served,
 )
 
@@ -431,3 +432,30 @@ async def test_getattr_by_another_client_asks_the_write_delegation_holder(tmp_pa
         # Attributes other than size and change need no callback.
         await b.on(fh, OK, op(nfs4.OP_GETATTR, nfs4.GETATTR4args([1 << nfs4.FATTR4_TYPE])))
         assert len(asked) == 2
+
+
+async def test_opens_made_under_a_recalled_delegation_are_claimed(tmp_path: Path) -> None:
+    """RFC 8881 10.4.3 / 18.16: on recall the holder turns its local opens into real ones
+    with CLAIM_DELEG_CUR_FH (and CLAIM_DELEGATE_CUR by name), then returns the delegation."""
+    async with deleg_served(tmp_path) as (server, (a, b)):
+        fh, d = await _holding_read(a)
+        Returns(a, refuse=True)  # the test plays the holder's part
+        recalls = Recalls(server)
+        opening = asyncio.ensure_future(b.open(b"f", WRITE, how=NOCREATE, owner=b"w"))
+        await recalls.event.wait()
+        by_fh = nfs4.open_claim4(nfs4.CLAIM_DELEG_CUR_FH, d)
+        res = await a.on(fh, OK, open_op(None, READ, how=NOCREATE, owner=b"l1", claim=by_fh))
+        ok = res.resarray[1].value.value
+        assert ok.delegation.delegation_type == nfs4.OPEN_DELEGATE_NONE  # not again
+        by_name = nfs4.open_claim4(nfs4.CLAIM_DELEGATE_CUR, nfs4.open_claim_delegate_cur4(d, b"f"))
+        await a.expect(
+            OK, op(nfs4.OP_PUTROOTFH), open_op(None, READ, how=NOCREATE, owner=b"l2", claim=by_name)
+        )
+        other = nfs4.stateid4(1, d.other[:4] + b"\xff" * 8)  # ours, never issued
+        bad = nfs4.open_claim4(nfs4.CLAIM_DELEG_CUR_FH, other)
+        await a.on(
+            fh, nfs4.NFS4ERR_BAD_STATEID, open_op(None, READ, how=NOCREATE, owner=b"l3", claim=bad)
+        )
+        await a.on(fh, OK, op(nfs4.OP_DELEGRETURN, nfs4.DELEGRETURN4args(d)))
+        await opening
+        assert a.s.stats.recalls == 1
