@@ -129,3 +129,51 @@ async def test_a_revoked_delegation_drops_the_cache_and_is_freed(tmp_path: Path)
             await f.close()
     finally:
         await server.close()
+
+
+async def test_recall_over_the_rdma_back_channel(tmp_path: Path) -> None:
+    """The holder on RPC-over-RDMA (in-process verbs): CB_RECALL comes on its own connection
+    (RFC 8167), it returns the delegation, the writer on TCP gets in."""
+    from nfsrdma.client.fs import NfsClient
+    from nfsrdma.client.url import parse_url
+    from nfsrdma.session.client import ClientSession
+    from nfsrdma.session.client_setup import SessionOptions
+    from nfsrdma.transport.base import Connection
+    from nfsrdma.transport.rdma.endpoint import connect_rdma
+    from nfsrdma.transport.rdma.inproc import InprocFabric
+
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "f").write_bytes(b"first version")
+    fabric = InprocFabric()
+    sdev, cdev = fabric.device("10.9.0.1"), fabric.device("10.9.0.2")
+    server = NFSServer(
+        str(export), bind="127.0.0.1", tcp_port=0, rdma_port=20049, rdma_device=sdev,
+        root_squash=False, state_dir=str(tmp_path / "state"),
+    )  # fmt: skip
+    await server.start()
+
+    async def connect() -> Connection:
+        return await connect_rdma(cdev, "10.9.0.1", 20049)
+
+    session = ClientSession(connect, SessionOptions(uid=0, gid=0, backchannel=True))
+    try:
+        await session.start()
+        reader = NfsClient(session, parse_url("rdma://10.9.0.1/"))
+        await reader.mount()
+        assert server.state is not None and server.state.delegation_service is not None
+        assert session.clientid is not None
+        assert await server.state.delegation_service.probe(session.clientid)
+        f = await reader.open("f", "rb")
+        assert f.cache is not None and await f.read() == b"first version"
+        url = f"nfs://127.0.0.1:{server.tcp_port}/"
+        async with nfsrdma.connect(url) as writer, writer.open("f", "r+b") as w:
+            await w.write(b"FIRST")
+        assert session.stats.recalls == 1 and f.cache is None
+        await f.seek(0)
+        assert await f.read() == b"FIRST version"
+        await f.close()
+        await reader.aclose()
+    finally:
+        await session.close()
+        await server.close()
