@@ -24,6 +24,7 @@ from typing import Any
 
 from nfsrdma.nfs4.callback import Callbacks
 from nfsrdma.nfs4.compound import compound
+from nfsrdma.nfs4.delegation_service import DelegationService
 from nfsrdma.nfs4.grace import Grace
 from nfsrdma.nfs4.server_state import ServerConfig, ServerState
 from nfsrdma.nfs4.state import StateManager
@@ -131,6 +132,10 @@ class NFSServer:
         self.callbacks = Callbacks(sessions)
         sessions.on_slot_recall = self.callbacks.recall_slot
         state.notify_lock = self._notify_lock
+        self.state.delegation_service = DelegationService(
+            state, sessions, self.callbacks, vfs, cfg.lease_time, enabled=cfg.delegations
+        )
+        self.state.delegation_service.start(asyncio.get_running_loop())
         self.dispatcher.add(
             nfs4.NFS4_PROGRAM,
             nfs4.NFS_V4,

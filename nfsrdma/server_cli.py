@@ -42,6 +42,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--slots", type=int, default=64, metavar="N", help="slots per session")
     p.add_argument(
+        "--no-delegations",
+        dest="delegations",
+        action="store_false",
+        help="grant no read or write delegations (clients cannot cache opens)",
+    )
+    p.add_argument(
         "--state-dir",
         default=None,
         help="where the file-handle key and the client records are kept (default: "
@@ -93,8 +99,12 @@ def _seconds(text: str) -> float:
 
 
 def config_of(args: argparse.Namespace) -> ServerConfig:
-    """The service limits the command line asks for."""
-    cfg = ServerConfig(idle_timeout=args.idle_timeout, record_timeout=args.record_timeout)
+    """The service limits and policies the command line asks for."""
+    cfg = ServerConfig(
+        idle_timeout=args.idle_timeout,
+        record_timeout=args.record_timeout,
+        delegations=args.delegations,
+    )
     if args.max_connections is not None:
         cfg = replace(cfg, max_connections=args.max_connections)
     if args.max_connections_per_source is not None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from nfsrdma.client import ops
 from nfsrdma.client.attrs import FileStat, decode_attrs
+from nfsrdma.client.deleg_cache import DelegatedCache
 from nfsrdma.client.errors import NfsBlockingIOError, NfsError, nfs_error
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Buffer
@@ -127,6 +128,7 @@ class NfsFile:
         self.pos = 0
         self.closed = False
         self.delegation: nfs4.stateid4 | None = None
+        self.cache: DelegatedCache | None = None  # under a read delegation, read-only opens
         self.lock_owner = new_owner(b"nfsrdma-lock")
         self.lock_stateid: nfs4.stateid4 | None = None
         self.locks: list[HeldLock] = []
@@ -228,6 +230,12 @@ class NfsFile:
         return total
 
     async def _read_once(self, sink: memoryview, offset: int) -> tuple[int, bool]:
+        cache = self.cache
+        if cache is not None:
+            hit = cache.read(offset, sink)
+            if hit is not None:
+                self.client.io_stats.cached_reads += 1
+                return hit
         for attempt in range(2):
             sid = self.stateid
             res = await self.session.compound(
@@ -249,6 +257,8 @@ class NfsFile:
             elif n:
                 sink[:n] = data
                 self.client.io_stats.copied_reads += 1
+            if cache is not None and cache is self.cache:
+                cache.store(offset, sink[:n], ok.eof)
             return n, ok.eof
         raise AssertionError("unreachable")
 
@@ -361,12 +371,27 @@ class NfsFile:
         return pos
 
     async def _refresh_size(self) -> None:
+        if self.cache is not None:  # nobody else can change it: the size we know stands
+            self.size = self.cache.size
+            return
         res = await self.session.compound([ops.putfh(self.fh), ops.getattr_((nfs4.FATTR4_SIZE,))])
         ok = ops.results(res, "GETATTR", self.path)[-1]
         self.size = int(decode_attrs(ok.obj_attributes).get(nfs4.FATTR4_SIZE, self.size))
 
     async def stat(self) -> FileStat:
-        return await self.client.stat_fh(self.fh, self.path)
+        cache = self.cache
+        if cache is not None and cache.stat is not None:
+            cache.hits += 1
+            return cache.stat
+        st = await self.client.stat_fh(self.fh, self.path)
+        if cache is not None and cache is self.cache:
+            cache.stat = st
+        return st
+
+    def delegation_recalled(self) -> None:
+        """The read delegation goes: what it let us keep goes with it."""
+        self.cache = None
+        self.delegation = None
 
     # -- locks -----------------------------------------------------------------------------------
     async def lock(
@@ -526,6 +551,7 @@ class NfsFile:
         finally:
             self.closed = True
             self.client.forget(self)
+        self.cache = None
         if self.delegation is not None:
             deleg, self.delegation = self.delegation, None
             if deleg.other in self.session.delegations:

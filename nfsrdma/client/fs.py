@@ -26,10 +26,12 @@ from nfsrdma.client.attrs import (
     id_to_owner,
     settime,
 )
+from nfsrdma.client.deleg_cache import DelegatedCache
 from nfsrdma.client.errors import NfsError, nfs_error
-from nfsrdma.client.file import STATE_LOST, NfsFile, new_owner, parse_mode
+from nfsrdma.client.file import STATE_LOST, NfsFile, OpenMode, new_owner, parse_mode
 from nfsrdma.client.url import NfsUrl, normalise
 from nfsrdma.session.client import ClientSession
+from nfsrdma.session.client_backchannel import Recall
 from nfsrdma.xdr.gen import nfs4
 
 MAX_SYMLINKS = 40
@@ -57,6 +59,7 @@ def split_path(path: str) -> list[bytes]:
 class IoStats:
     placed_reads: int = 0  # READ data that arrived in the caller's buffer (RDMA Write chunk)
     copied_reads: int = 0  # READ data copied from the reply into the caller's buffer (TCP)
+    cached_reads: int = 0  # reads served under a read delegation without a READ
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +121,10 @@ class NfsClient:
         self.io_stats = IoStats()
         session.reclaim_hook = self._reclaim
         session.reopen_hook = self._reopen_all
+        session.callbacks.recall_listeners.append(self._recalled)
+        # CB_GETATTR (RFC 8881 20.1) is about write delegations, and we keep none: writes go
+        # to the server at once, so its attributes are ours. NFS4ERR_BADHANDLE says so.
+        session.backchannel.delegated_attrs = lambda fh: None
 
     # -- set-up ---------------------------------------------------------------------------------
     async def mount(self) -> None:
@@ -580,7 +587,7 @@ class NfsClient:
             got = await self._at(
                 path,
                 lambda name: [
-                    ops.open_(owner4, om.access, name, create=om.create, attrs=attrs),
+                    ops.open_(owner4, om.access | _want(om), name, create=om.create, attrs=attrs),
                     ops.getfh(),
                     ops.getattr_((nfs4.FATTR4_TYPE, nfs4.FATTR4_SIZE)),
                 ],
@@ -624,9 +631,15 @@ class NfsClient:
             await f.truncate(0)
         return f
 
+    def _recalled(self, recall: Recall) -> None:
+        for f in self.files:
+            if f.delegation is not None and f.delegation.other == recall.stateid.other:
+                f.delegation_recalled()
+
     def note_delegation(self, f: NfsFile, deleg: nfs4.open_delegation4) -> None:
-        """Keep a read delegation until the file is closed or it is recalled; a write
-        delegation (which would need CB_GETATTR answers) goes back at once."""
+        """Keep a read delegation until the file is closed or it is recalled, and (for a
+        read-only open) cache attributes and data under it (``deleg_cache``); a write
+        delegation (we cache no writes) goes back at once."""
         value = deleg.value
         if not isinstance(value, nfs4.open_read_delegation4 | nfs4.open_write_delegation4):
             return
@@ -635,6 +648,8 @@ class NfsClient:
             self.session.spawn(self.session.return_delegation(value.stateid, f.fh))
             return
         f.delegation = value.stateid
+        if not f.mode.writable:
+            f.cache = DelegatedCache(f.size)
 
     def forget(self, f: NfsFile) -> None:
         self.files.discard(f)
@@ -656,6 +671,8 @@ class NfsClient:
     # -- state recovery (called by the session) --------------------------------------------------
     async def _reclaim(self) -> None:
         """In the grace period after the server lost our state: reclaim every open file."""
+        for f in self.files:
+            f.delegation_recalled()  # the delegations went with the state: so does the cache
         for f in list(self.files):
             if f.closed:
                 continue
@@ -685,3 +702,11 @@ async def gather_limited(coros: list[Awaitable[T]], limit: int) -> list[T]:
             return await c
 
     return list(await asyncio.gather(*(one(c) for c in coros)))
+
+
+def _want(om: OpenMode) -> int:
+    """A read delegation for read-only opens (we cache under it); none for the others (we
+    would only give a write delegation back at once)."""
+    if om.writable:
+        return nfs4.OPEN4_SHARE_ACCESS_WANT_NO_DELEG
+    return nfs4.OPEN4_SHARE_ACCESS_WANT_READ_DELEG

@@ -135,6 +135,52 @@ class Callbacks:
         self.tasks.add(task)
         task.add_done_callback(self._done)
 
+    def recall(self, clientid: int, stateid: nfs4.stateid4, fh: bytes) -> None:
+        """CB_RECALL (RFC 8881 section 20.2): give the delegation back. Fire and forget: an
+        undelivered recall is settled by revocation after a lease period."""
+        args = nfs4.CB_RECALL4args(stateid, False, fh)
+        op = nfs4.nfs_cb_argop4(nfs4.OP_CB_RECALL, args)
+        task = asyncio.get_running_loop().create_task(self.compound(clientid, [op]))
+        self.tasks.add(task)
+        task.add_done_callback(self._done)
+
+    async def getattr(
+        self, clientid: int, fh: bytes, attr_request: list[int]
+    ) -> nfs4.fattr4 | None:
+        """CB_GETATTR (RFC 8881 section 20.1): the holder of a write delegation's view of the
+        file's attributes; None when it cannot say."""
+        args = nfs4.CB_GETATTR4args(fh, attr_request)
+        res = await self.compound(clientid, [nfs4.nfs_cb_argop4(nfs4.OP_CB_GETATTR, args)])
+        if res is None or res.status != nfs4.NFS4_OK or len(res.resarray) < 2:
+            return None
+        value = res.resarray[1].value
+        if isinstance(value, nfs4.CB_GETATTR4res) and value.value is not None:
+            return value.value.obj_attributes
+        return None
+
+    async def probe(self, clientid: int) -> bool:
+        """CB_NULL on the client's back channel (section 18.36.3: the server checks the path
+        before relying on it); a failure marks the path down (SEQ4_STATUS_CB_PATH_DOWN)."""
+        path = self.sessions.callback_path(clientid)
+        if path is None:
+            return False
+        session, conn = path
+        if not isinstance(conn, RpcConnection):
+            return False
+        try:
+            await conn.call(
+                session.cb_program,
+                CB_VERSION,
+                0,
+                cred=_credential(session.cb_security),
+                timeout=self.timeout,
+            )
+        except (RpcError, XdrError, ConnectionError) as e:
+            log.info("CB_NULL to client %#x failed: %s", clientid, e)
+            self.sessions.backchannel_failed(session)
+            return False
+        return True
+
     def _done(self, task: asyncio.Task[nfs4.CB_COMPOUND4res | None]) -> None:
         self.tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:

@@ -11,6 +11,7 @@ from nfsrdma.nfs4.grace import Grace, MemoryStore
 from nfsrdma.vfs.base import Vfs
 
 if TYPE_CHECKING:
+    from nfsrdma.nfs4.delegation_service import DelegationService
     from nfsrdma.nfs4.state import StateManager
     from nfsrdma.session.server import ServerSessions
 
@@ -43,6 +44,7 @@ class ServerConfig:
     large_io: int = 64 * 1024  # I/O at least this large runs in the thread pool
     server_owner: bytes = b""  # so_major_id; default: derived from the host name
     server_scope: bytes = b""  # default: the host name
+    delegations: bool = True  # grant read/write delegations (nfsrdma serve --no-delegations)
     grace_time: int | None = None  # seconds of grace after a restart; default: lease_time
     # Connections (TCP and RDMA together); over either limit a new one is closed at once.
     max_connections: int = field(default_factory=default_max_connections)
@@ -72,12 +74,15 @@ class ServerState:
     # Client records and the grace period after a restart (none unless the server sets one).
     grace: Grace = field(default_factory=lambda: Grace(MemoryStore(), 0, 0.0))
     executor: ThreadPoolExecutor = field(init=False)
+    delegation_service: DelegationService | None = None  # set by the server once it runs
 
     def __post_init__(self) -> None:
         self.state_manager.leases = self.sessions  # courteous clients (nfsrdma.session.server)
         self.executor = ThreadPoolExecutor(self.config.io_threads, thread_name_prefix="nfsrdma-io")
 
     def close(self) -> None:
+        if self.delegation_service is not None:
+            self.delegation_service.close()
         self.state_manager.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.vfs.close()

@@ -12,7 +12,8 @@ Stateids
 NFS4ERR_BAD_STATEID. ``seqid`` starts at 1 and is bumped by every operation that changes the
 state (OPEN upgrade, OPEN_DOWNGRADE, LOCK, LOCKU); it wraps from 2**32-1 to 1. A seqid of 0
 sent by the client means "the current one"; an older seqid is NFS4ERR_OLD_STATEID, a newer one
-NFS4ERR_BAD_STATEID (RFC 8881 section 8.2.2). We grant no delegations and no layouts.
+NFS4ERR_BAD_STATEID (RFC 8881 section 8.2.2). Delegations live in ``delegations.py`` (their
+stateids share the counter); we grant no layouts.
 
 Opens
 -----
@@ -48,6 +49,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 from nfsrdma.nfs4 import state_locks
 from nfsrdma.nfs4.context import ANONYMOUS_STATEID, BYPASS_STATEID, Nfs4Error
+from nfsrdma.nfs4.delegations import DelegationTable
 from nfsrdma.nfs4.state_locks import LockRange
 from nfsrdma.vfs.base import OpenFile
 from nfsrdma.xdr.gen import nfs4
@@ -200,6 +202,7 @@ class StateManager:
         self.notify_lock: Callable[[int, bytes, bytes], None] | None = None
         # Which clients are courteous, and expiring them (ServerState wires the sessions).
         self.leases: Leases | None = None
+        self.delegations = DelegationTable(self._new_other)
 
     # ------------------------------------------------------------------ stateids
 
@@ -254,16 +257,24 @@ class StateManager:
             raise Nfs4Error(nfs4.NFS4ERR_BAD_STATEID)
         return state
 
-    def find_delegation(self, clientid: int, sid: nfs4.stateid4) -> None:
-        """We grant no delegations: every stateid offered as one is NFS4ERR_BAD_STATEID
-        (NFS4ERR_STALE_STATEID if it comes from an earlier instance)."""
-        foreign = sid.other[:_INSTANCE_LEN] != self.instance
-        if foreign and not is_special(sid) and sid.other not in self._states:
+    def find_delegation(self, clientid: int, sid: nfs4.stateid4, fh: bytes | None = None) -> None:
+        """Check that ``sid`` is a live delegation of ``clientid`` (on ``fh``):
+        NFS4ERR_STALE_STATEID if it comes from an earlier instance, NFS4ERR_DELEG_REVOKED once
+        revoked, NFS4ERR_BAD_STATEID otherwise."""
+        if is_special(sid):
+            raise Nfs4Error(nfs4.NFS4ERR_BAD_STATEID)
+        if self.delegations.get(sid.other) is not None:
+            self.delegations.find(clientid, sid, fh)
+            return
+        if sid.other[:_INSTANCE_LEN] != self.instance and sid.other not in self._states:
             raise Nfs4Error(nfs4.NFS4ERR_STALE_STATEID)
         raise Nfs4Error(nfs4.NFS4ERR_BAD_STATEID)
 
     def test_stateid(self, clientid: int, sid: nfs4.stateid4) -> int:
         """TEST_STATEID's status for one stateid (RFC 8881 section 18.48.3)."""
+        delegated = self.delegations.test(clientid, sid)
+        if delegated is not None:
+            return delegated
         try:
             self.find(clientid, sid, None)
         except Nfs4Error as e:
@@ -274,7 +285,10 @@ class StateManager:
 
     def free_stateid(self, clientid: int, sid: nfs4.stateid4) -> None:
         """FREE_STATEID (section 18.38): only a lock stateid without locks can go; an open
-        stateid, or a lock stateid still holding locks, is NFS4ERR_LOCKS_HELD."""
+        stateid, or a lock stateid still holding locks, is NFS4ERR_LOCKS_HELD. A revoked
+        delegation stateid goes; a live one is NFS4ERR_LOCKS_HELD (DELEGRETURN it)."""
+        if self.delegations.free(clientid, sid):
+            return
         state = self.find(clientid, sid, None, check_seqid=False)
         if isinstance(state, OpenState) or state.ranges:
             raise Nfs4Error(nfs4.NFS4ERR_LOCKS_HELD)
@@ -523,6 +537,9 @@ class StateManager:
             if write or not is_bypass(sid):
                 self.check_special(fh, write)
             return None
+        deleg = self.delegations.get(sid.other)
+        if deleg is not None:
+            return self._delegated_io(clientid, sid, fh, write)
         state = self.find(clientid, sid, fh)
         open_state = state.open if isinstance(state, LockState) else state
         of = open_state.openfile
@@ -533,6 +550,21 @@ class StateManager:
             raise Nfs4Error(nfs4.NFS4ERR_OPENMODE)
         return of
 
+    def _delegated_io(
+        self, clientid: int, sid: nfs4.stateid4, fh: bytes, write: bool
+    ) -> OpenFile | None:
+        """I/O with a delegation stateid (section 8.2.1): through one of the client's opens of
+        the file that allows it, else with the caller's credential (as anonymous I/O);
+        writing under a read delegation is NFS4ERR_OPENMODE."""
+        deleg = self.delegations.find(clientid, sid, fh)
+        if write and not deleg.write:
+            raise Nfs4Error(nfs4.NFS4ERR_OPENMODE)
+        f = self._files.get(fh)
+        for o in f.opens.values() if f is not None else ():
+            if o.clientid == clientid and (o.openfile.writable if write else o.openfile.readable):
+                return o.openfile
+        return None
+
     def check_setattr_size(self, ctx: CompoundContext, stateid: nfs4.stateid4, fh: bytes) -> None:
         """SETATTR of size with ``stateid`` (section 18.30.3): an open or lock stateid of this
         client and file whose open allows writing (NFS4ERR_OPENMODE otherwise), or a special
@@ -540,6 +572,10 @@ class StateManager:
         sid = ctx.resolve_stateid(stateid)
         if is_anonymous(sid) or is_bypass(sid):
             self.check_special(fh, write=True)
+            return
+        if self.delegations.get(sid.other) is not None:
+            if not self.delegations.find(ctx.clientid, sid, fh).write:
+                raise Nfs4Error(nfs4.NFS4ERR_OPENMODE)
             return
         state = self.find(ctx.clientid, sid, fh)
         open_state = state.open if isinstance(state, LockState) else state
@@ -549,10 +585,12 @@ class StateManager:
     # ------------------------------------------------------------------ clients
 
     def client_has_state(self, clientid: int) -> bool:
-        return bool(self._by_client.get(clientid))
+        return bool(self._by_client.get(clientid)) or self.delegations.client_has(clientid)
 
     def client_expired(self, clientid: int) -> None:
-        """Release everything the client holds: its locks, its opens (closing the files)."""
+        """Release everything the client holds: its locks, its opens (closing the files), its
+        delegations."""
+        self.delegations.purge(clientid)
         others = self._by_client.get(clientid)
         if not others:
             return
@@ -569,6 +607,7 @@ class StateManager:
     def close(self) -> None:
         """Server shutdown: close every open file."""
         self.notify_lock = None
+        self.delegations.close()
         for clientid in list(self._by_client):
             self.client_expired(clientid)
 

@@ -396,6 +396,8 @@ class ClientSession:
                 self._request_repair(Repair.CLIENT, self.core.session_gen)
             elif effect is Effect.STATE_LOST:
                 log.warning("the server revoked some of our state (flags %#x)", flags)
+                if flags & nfs4.SEQ4_STATUS_RECALLABLE_STATE_REVOKED:
+                    self.spawn(self.callbacks.free_revoked())
 
     async def _rebind_backchannel(self, rpc: RpcConnection) -> None:
         if self.session is None or rpc.conn.closed:

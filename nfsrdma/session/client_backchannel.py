@@ -7,11 +7,13 @@ the same the server uses for its fore channel) (a replay gets the cached reply, 
 NFS4ERR_SEQ_MISORDERED); then CB_RECALL (a delegation to give back: the result is OK at once and
 DELEGRETURN follows from the client, as RFC 8881 section 20.2.3 describes), CB_RECALL_SLOT (a
 lower target for the fore channel's slot table) and CB_RECALL_ANY are turned into
-``CallbackEvents`` for the driver; other callbacks get NFS4ERR_NOTSUPP.
+``CallbackEvents`` for the driver; CB_GETATTR is answered from ``delegated_attrs`` when the
+driver set it; other callbacks get NFS4ERR_NOTSUPP.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +80,9 @@ class Backchannel:
         self.sessionid = sessionid
         self.slots: ResponderSlots[CachedCallbackReply] = ResponderSlots(max(1, slots), _CACHE_ANY)
         self.calls = 0
+        # CB_GETATTR (RFC 8881 20.1): (change, size) of a file we hold a write delegation on,
+        # as we see it (with our unwritten changes); None: no such delegation (BADHANDLE).
+        self.delegated_attrs: Callable[[bytes], tuple[int, int] | None] | None = None
 
     def reset(self, sessionid: bytes, slots: int) -> None:
         """A new session: fresh slots."""
@@ -186,8 +191,10 @@ class Backchannel:
         self.slots.begin(slot, a.csa_sequenceid)
         return ok, slot, None
 
-    @staticmethod
-    def _operation(op: int, args: Any, events: CallbackEvents) -> Any:
+    def _operation(self, op: int, args: Any, events: CallbackEvents) -> Any:
+        if op == nfs4.OP_CB_GETATTR and self.delegated_attrs is not None:
+            assert isinstance(args, nfs4.CB_GETATTR4args)
+            return cb_getattr_result(args, self.delegated_attrs(bytes(args.fh)))
         if op == nfs4.OP_CB_RECALL:
             assert isinstance(args, nfs4.CB_RECALL4args)
             events.recalls.append(Recall(args.stateid, args.fh, args.truncate))
@@ -207,3 +214,24 @@ class Backchannel:
         if op == nfs4.OP_CB_ILLEGAL:
             return nfs4.CB_ILLEGAL4res(nfs4.NFS4ERR_OP_ILLEGAL)
         return _error_result(op, nfs4.NFS4ERR_NOTSUPP)
+
+
+_CHANGE_SIZE_MASK = (1 << nfs4.FATTR4_CHANGE) | (1 << nfs4.FATTR4_SIZE)
+
+
+def cb_getattr_result(
+    args: nfs4.CB_GETATTR4args, attrs: tuple[int, int] | None
+) -> nfs4.CB_GETATTR4res:
+    """The answer to CB_GETATTR: change and size (those asked for, both in word 0) of a file
+    under our write delegation; NFS4ERR_BADHANDLE when we hold none on it (section 20.1.3)."""
+    if attrs is None:
+        return nfs4.CB_GETATTR4res(nfs4.NFS4ERR_BADHANDLE)
+    asked = args.attr_request[0] & _CHANGE_SIZE_MASK if args.attr_request else 0
+    change, size = attrs
+    values = b""
+    if asked & (1 << nfs4.FATTR4_CHANGE):
+        values += change.to_bytes(8, "big")
+    if asked & (1 << nfs4.FATTR4_SIZE):
+        values += size.to_bytes(8, "big")
+    mask = [asked] if asked else []
+    return nfs4.CB_GETATTR4res(nfs4.NFS4_OK, nfs4.CB_GETATTR4resok(nfs4.fattr4(mask, values)))

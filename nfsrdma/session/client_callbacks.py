@@ -60,7 +60,9 @@ class ClientCallbacks:
         self.recall_hook: Callable[[Recall], None] | None = None
         # Called with rsa_target_highest_slotid once CB_RECALL_SLOT has lowered the limit.
         self.slot_recall_hook: Callable[[int], None] | None = None
+        self.recall_listeners: list[Callable[[Recall], None]] = []  # e.g. drop cached data
         self._lock_notices: dict[tuple[bytes, bytes], asyncio.Event] = {}
+        self._freeing = False
 
     def cb_compound(self, call: RpcCall, w: Writer) -> None:
         """The RPC procedure CB_COMPOUND."""
@@ -98,6 +100,8 @@ class ClientCallbacks:
             self.stats.recalls += 1
             if self.recall_hook is not None:
                 self.recall_hook(recall)
+            for listener in self.recall_listeners:
+                listener(recall)
             await self.return_delegation(recall.stateid, recall.fh)
 
     async def return_delegation(self, stateid: nfs4.stateid4, fh: bytes) -> None:
@@ -112,3 +116,39 @@ class ClientCallbacks:
             )
         except OSError as e:
             log.info("DELEGRETURN failed: %s", e)
+
+    async def free_revoked(self) -> None:
+        """SEQ4_STATUS_RECALLABLE_STATE_REVOKED (RFC 8881 section 8.5.3 / 18.46.3): find our
+        revoked delegations (TEST_STATEID), forget them (listeners drop what was cached under
+        them) and FREE_STATEID them, which clears the flag."""
+        if self._freeing:
+            return
+        self._freeing = True
+        try:
+            held = list(self.delegations.values())
+            if not held:
+                return
+            res = await self.compound(
+                [
+                    nfs4.nfs_argop4(
+                        nfs4.OP_TEST_STATEID, nfs4.TEST_STATEID4args([s for s, _ in held])
+                    )
+                ]
+            )
+            value = res.resarray[0].value if res.resarray else None
+            if not isinstance(value, nfs4.TEST_STATEID4res) or value.value is None:
+                return
+            for (stateid, fh), status in zip(held, value.value.tsr_status_codes, strict=False):
+                if status == nfs4.NFS4_OK:
+                    continue
+                self.delegations.pop(stateid.other, None)
+                for listener in self.recall_listeners:
+                    listener(Recall(stateid, fh, False))
+                if status == nfs4.NFS4ERR_DELEG_REVOKED:
+                    await self.compound(
+                        [nfs4.nfs_argop4(nfs4.OP_FREE_STATEID, nfs4.FREE_STATEID4args(stateid))]
+                    )
+        except OSError as e:
+            log.info("freeing revoked delegations failed: %s", e)
+        finally:
+            self._freeing = False

@@ -102,7 +102,13 @@ class Session:
 
     @property
     def back_path_up(self) -> bool:
-        return not self.back_fault and any(d & BACK for d in self.connections.values())
+        """Bound for callbacks, none failed since, and a flavour we can call with (an empty
+        csa_sec_parms / BACKCHANNEL_CTL list, or only RPCSEC_GSS, means no callbacks)."""
+        return (
+            not self.back_fault
+            and usable_cb_sec(self.cb_sec_parms) is not None
+            and any(d & BACK for d in self.connections.values())
+        )
 
     @property
     def cb_security(self) -> nfs4.callback_sec_parms4:

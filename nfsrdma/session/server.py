@@ -910,6 +910,7 @@ class ServerSessions:
         _check_cb_sec(sec_parms)
         session.cb_program = cb_program
         session.cb_sec_parms = list(sec_parms)
+        session.back_fault = False  # new callback parameters: the next callback tries them
 
     # -- leases (8.3) ----------------------------------------------------------------------
     def reap(self, now: float) -> list[int]:

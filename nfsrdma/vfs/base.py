@@ -402,6 +402,11 @@ class Vfs(abc.ABC):
     def release_identity(self) -> None:
         """Give the calling thread back the server's own file-system identity."""
 
+    def lease_descriptor(self, fh: bytes) -> int | None:
+        """A descriptor of the file for a kernel lease (``vfs/leases.py``); None when the
+        backend has none to offer (then no delegation is protected against local changes)."""
+        return None
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release every descriptor the backend holds."""

@@ -144,6 +144,19 @@ class LocalVfs(Vfs):
     def close(self) -> None:
         self._res.close()
 
+    def lease_descriptor(self, fh: bytes) -> int | None:
+        """A read-only descriptor of the regular file ``fh``, opened with the server's own
+        identity, for a kernel lease (``vfs/leases.py``); None for other objects."""
+        self._ident.apply_server()
+        pin = self._res.pin(fh)
+        try:
+            st = self._res.stat(pin)
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            return os.open(proc_path(pin.fd), os.O_RDONLY | os.O_CLOEXEC)
+        finally:
+            pin.release()
+
     def _cred(self, cred: Cred) -> Cred:
         return squash(self.export, cred)
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from nfsrdma.nfs4 import grace
 from nfsrdma.nfs4.attrs import (
     check_readable,
@@ -11,6 +13,11 @@ from nfsrdma.nfs4.attrs import (
     object_attrs,
 )
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
+from nfsrdma.nfs4.delegation_service import (
+    check_conflicts,
+    getattr_from_holder,
+    write_delegation_elsewhere,
+)
 from nfsrdma.nfs4.state import is_special
 from nfsrdma.vfs.base import (
     ACCESS4_ALL,
@@ -30,9 +37,13 @@ DIRECTORY_ACCESS = ACCESS4_READ | ACCESS4_LOOKUP | ACCESS4_MODIFY | ACCESS4_EXTE
 OTHER_ACCESS = ACCESS4_READ | ACCESS4_MODIFY | ACCESS4_EXTEND | ACCESS4_EXECUTE
 
 
-def getattr_(ctx: CompoundContext, args: nfs4.GETATTR4args) -> nfs4.GETATTR4res:
+def getattr_(
+    ctx: CompoundContext, args: nfs4.GETATTR4args
+) -> nfs4.GETATTR4res | Awaitable[nfs4.GETATTR4res]:
     fh = ctx.fh()
     check_readable(args.attr_request)
+    if write_delegation_elsewhere(ctx, fh, args.attr_request):  # CB_GETATTR first (10.4.3)
+        return getattr_from_holder(ctx, fh, args.attr_request)
     fattr = object_attrs(ctx.server.vfs, fh, args.attr_request, ctx.server.config)
     return nfs4.GETATTR4res(_OK, nfs4.GETATTR4resok(fattr))
 
@@ -40,6 +51,8 @@ def getattr_(ctx: CompoundContext, args: nfs4.GETATTR4args) -> nfs4.GETATTR4res:
 def setattr_(ctx: CompoundContext, args: nfs4.SETATTR4args) -> nfs4.SETATTR4res:
     fh = ctx.fh()
     s = decode_settable(args.obj_attributes)
+    if s.size is not None or s.mode is not None:  # recalls other clients' delegations
+        check_conflicts(ctx, fh, write=True, local_write=s.size is not None)
     if s.size is not None:
         # A size change is a write: the open state decides (RFC 8881 section 18.30.3).
         ctx.server.state_manager.check_setattr_size(ctx, args.stateid, fh)

@@ -17,6 +17,7 @@ from typing import Final, TypeVar
 
 from nfsrdma.nfs4 import grace
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
+from nfsrdma.nfs4.delegation_service import check_conflicts
 from nfsrdma.nfs4.state import is_anonymous, is_special
 from nfsrdma.vfs.base import OpenFile
 from nfsrdma.xdr.gen import nfs4
@@ -48,6 +49,8 @@ def op_read(ctx: CompoundContext, args: nfs4.READ4args) -> nfs4.READ4res | Await
     if is_anonymous(sid):
         grace.check_special_stateid(ctx)
     of = server.state_manager.io_file(ctx.clientid, sid, fh, write=False)
+    if of is None:  # anonymous I/O: a write delegation of another client stands in the way
+        check_conflicts(ctx, fh, write=False)
     count = min(args.count, server.config.max_io)
     offset = args.offset
     if offset > MAX_FILE_OFFSET:  # beyond any end of file
@@ -77,6 +80,8 @@ def op_write(
     if is_special(sid):
         grace.check_special_stateid(ctx)
     of = server.state_manager.io_file(ctx.clientid, sid, fh, write=True)
+    if of is None:  # anonymous I/O: any other client's delegation stands in the way
+        check_conflicts(ctx, fh, write=True, local_write=True)
     data = args.data
     size = memoryview(data).nbytes
     offset = args.offset

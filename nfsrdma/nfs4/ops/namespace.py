@@ -12,6 +12,7 @@ import errno
 
 from nfsrdma.nfs4.attrs import decode_settable
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
+from nfsrdma.nfs4.delegation_service import check_conflicts, check_name
 from nfsrdma.nfs4.ops.lookup import check_component
 from nfsrdma.vfs.base import FileType
 from nfsrdma.xdr.gen import nfs4
@@ -104,6 +105,7 @@ def create(ctx: CompoundContext, args: nfs4.CREATE4args) -> nfs4.CREATE4res:
 def remove(ctx: CompoundContext, args: nfs4.REMOVE4args) -> nfs4.REMOVE4res:
     dir_fh = ctx.fh()
     name = check_component(args.target)
+    check_name(ctx, dir_fh, name)
     before = _change(ctx, dir_fh)
     ctx.server.vfs.remove(ctx.cred, dir_fh, name)
     after = _change(ctx, dir_fh)
@@ -120,6 +122,8 @@ def rename(ctx: CompoundContext, args: nfs4.RENAME4args) -> nfs4.RENAME4res:
     oldname = check_component(args.oldname)
     newname = check_component(args.newname)
     vfs = ctx.server.vfs
+    check_name(ctx, src_dir, oldname)
+    check_name(ctx, dst_dir, newname)
     src_before = _change(ctx, src_dir)
     dst_before = _change(ctx, dst_dir)
     try:
@@ -156,6 +160,7 @@ def link(ctx: CompoundContext, args: nfs4.LINK4args) -> nfs4.LINK4res:
     obj = _saved(ctx)
     dir_fh = ctx.fh()
     name = check_component(args.newname)
+    check_conflicts(ctx, obj, write=True)
     before = _change(ctx, dir_fh)
     ctx.server.vfs.link(ctx.cred, obj, dir_fh, name)
     after = _change(ctx, dir_fh)

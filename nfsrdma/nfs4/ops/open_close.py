@@ -1,12 +1,13 @@
 """OPEN, OPEN_DOWNGRADE, CLOSE, DELEGRETURN and DELEGPURGE (RFC 8881 sections 18.16, 18.18,
 18.2, 18.6, 18.5).
 
-We grant no delegations. After a restart, opens are reclaimed with CLAIM_PREVIOUS (the current
-filehandle names the file) under the rules of ``nfsrdma.nfs4.grace``, which also refuses other
-OPENs in the grace period; CLAIM_DELEGATE_PREV / CLAIM_DELEG_PREV_FH and DELEGPURGE get
-NFS4ERR_NOTSUPP, and a delegation stateid (CLAIM_DELEGATE_CUR / CLAIM_DELEG_CUR_FH, DELEGRETURN)
-is never one of ours. OPEN is synchronous: it runs on the event loop from the share check to
-the state update, so two OPENs of one file never interleave.
+Delegations are granted on OPEN by ``delegation_service.py`` (read and write; recalled on
+conflicts); CLAIM_DELEGATE_CUR / CLAIM_DELEG_CUR_FH turn opens made under a delegation into
+opens. After a restart, opens are reclaimed with CLAIM_PREVIOUS (the current filehandle names
+the file) under the rules of ``nfsrdma.nfs4.grace``, which also refuses other OPENs in the grace
+period; CLAIM_DELEGATE_PREV / CLAIM_DELEG_PREV_FH and DELEGPURGE get NFS4ERR_NOTSUPP (section
+18.5.3: a server without CLAIM_DELEGATE_PREV returns that). OPEN is synchronous: it runs on the
+event loop from the share check to the state update, so two OPENs of one file never interleave.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from nfsrdma.nfs4.attrs import (
     decode_settable,
 )
 from nfsrdma.nfs4.context import INVALID_STATEID, CompoundContext, Nfs4Error
+from nfsrdma.nfs4.delegation_service import check_conflicts, check_name, open_conflict_write
 from nfsrdma.nfs4.ops.lookup import check_component
-from nfsrdma.nfs4.state import ACCESS_READ, ACCESS_WRITE, OpenState, StateManager, is_special
+from nfsrdma.nfs4.state import ACCESS_READ, ACCESS_WRITE, OpenState, StateManager
 from nfsrdma.vfs.base import CreateMode, FileType, OpenFile
 from nfsrdma.xdr.gen import nfs4
 
@@ -184,6 +186,8 @@ def _resolve(ctx: CompoundContext, args: nfs4.OPEN4args, access: int) -> tuple[_
         check_directory(dir_attrs.type)
         if creating:
             assert isinstance(args.openhow.value, nfs4.createhow4)
+            # The create path opens an existing file at once.
+            check_name(ctx, dir_fh, name, local_write=bool(access & ACCESS_WRITE))
             target = _create(ctx, dir_fh, name, args.openhow.value, access)
             after = vfs.getattr(dir_fh).change if target.created else dir_attrs.change
             return target, dir_attrs.change, after
@@ -204,13 +208,21 @@ def _resolve(ctx: CompoundContext, args: nfs4.OPEN4args, access: int) -> tuple[_
         check_regular(vfs.getattr(fh).type)
         return _Target(fh), 0, 0
     if claim.claim in (nfs4.CLAIM_DELEGATE_CUR, nfs4.CLAIM_DELEG_CUR_FH):
-        ctx.fh()
+        # An open the client made locally under its delegation, told to us (section 10.4.3).
+        fh = ctx.fh()
+        if creating:
+            raise Nfs4Error(nfs4.NFS4ERR_INVAL)
         if isinstance(claim.value, nfs4.open_claim_delegate_cur4):
             deleg = claim.value.delegate_stateid
+            name = check_component(claim.value.file)
+            check_directory(vfs.getattr(fh).type)
+            fh = vfs.lookup(ctx.cred, fh, name)
         else:
             assert isinstance(claim.value, nfs4.stateid4)
             deleg = claim.value
-        ctx.server.state_manager.find_delegation(ctx.clientid, deleg)
+        ctx.server.state_manager.find_delegation(ctx.clientid, ctx.resolve_stateid(deleg), fh)
+        check_regular(vfs.getattr(fh).type)
+        return _Target(fh), 0, 0
     # CLAIM_DELEGATE_PREV, CLAIM_DELEG_PREV_FH: no delegations survive a client restart here.
     raise Nfs4Error(nfs4.NFS4ERR_NOTSUPP)
 
@@ -227,6 +239,12 @@ def op_open(ctx: CompoundContext, args: nfs4.OPEN4args) -> nfs4.OPEN4res:
     fresh = target.openfile  # the OpenFile this OPEN made, until the state owns it
     keep: OpenFile | None = None
     try:
+        check_conflicts(
+            ctx,
+            fh,
+            write=open_conflict_write(access, deny, target.truncate),
+            local_write=bool(access & ACCESS_WRITE) or target.truncate,
+        )
         existing = sm.open_of(clientid, args.owner.owner, fh)
         union = access | (existing.access if existing else 0)
         sm.check_share(fh, union, deny | (existing.deny if existing else 0), existing)
@@ -272,9 +290,18 @@ def op_open(ctx: CompoundContext, args: nfs4.OPEN4args) -> nfs4.OPEN4res:
             rflags=nfs4.OPEN4_RESULT_LOCKTYPE_POSIX
             | (nfs4.OPEN4_RESULT_MAY_NOTIFY_LOCK if sm.notifies_locks else 0),
             attrset=target.attrset or [],
-            delegation=no_delegation(want),
+            delegation=_delegation(ctx, sm, state, want),
         ),
     )
+
+
+def _delegation(
+    ctx: CompoundContext, sm: StateManager, state: OpenState, want: int
+) -> nfs4.open_delegation4:
+    service = ctx.server.delegation_service
+    if service is None:
+        return no_delegation(want)
+    return service.offer(ctx, sm, state, want)
 
 
 # ---------------------------------------------------------------- OPEN_DOWNGRADE, CLOSE
@@ -313,16 +340,18 @@ def op_close(ctx: CompoundContext, args: nfs4.CLOSE4args) -> nfs4.CLOSE4res:
     return nfs4.CLOSE4res(nfs4.NFS4_OK, INVALID_STATEID)
 
 
-# ---------------------------------------------------------------- delegations (none)
+# ---------------------------------------------------------------- delegations
 
 
 def op_delegreturn(ctx: CompoundContext, args: nfs4.DELEGRETURN4args) -> nfs4.DELEGRETURN4res:
-    ctx.fh()
+    """DELEGRETURN (section 18.6): the delegation goes, with its kernel lease; a revoked one is
+    NFS4ERR_DELEG_REVOKED (the client frees it with FREE_STATEID)."""
+    fh = ctx.fh()
     sid = ctx.resolve_stateid(args.deleg_stateid)
-    if is_special(sid):
-        raise Nfs4Error(nfs4.NFS4ERR_BAD_STATEID)
-    ctx.server.state_manager.find_delegation(ctx.clientid, sid)
-    raise AssertionError("unreachable: find_delegation always raises")  # pragma: no cover
+    sm: StateManager = ctx.server.state_manager
+    sm.find_delegation(ctx.clientid, sid, fh)
+    sm.delegations.delegreturn(ctx.clientid, sid, fh)
+    return nfs4.DELEGRETURN4res(nfs4.NFS4_OK)
 
 
 def op_delegpurge(ctx: CompoundContext, args: nfs4.DELEGPURGE4args) -> nfs4.DELEGPURGE4res:

@@ -60,6 +60,7 @@ def create_session(ctx: CompoundContext, args: nfs4.CREATE_SESSION4args) -> nfs4
             now=ctx.now,
             source=source_of(ctx.conn.peer),
         )
+    _back_channel_changed(ctx, args.csa_clientid)
     return nfs4.CREATE_SESSION4res(OK, resok)
 
 
@@ -83,6 +84,9 @@ def bind_conn_to_session(
 ) -> nfs4.BIND_CONN_TO_SESSION4res:
     with _nfs4_errors():
         resok = _sessions(ctx).bind_conn_to_session(args, conn=ctx.conn, now=ctx.now)
+    session = _sessions(ctx).session(args.bctsa_sessid)
+    if session is not None:
+        _back_channel_changed(ctx, session.clientid)
     return nfs4.BIND_CONN_TO_SESSION4res(OK, resok)
 
 
@@ -128,4 +132,12 @@ def backchannel_ctl(
         raise Nfs4Error(nfs4.NFS4ERR_OP_NOT_IN_SESSION)
     with _nfs4_errors():
         _sessions(ctx).backchannel_ctl(session, args.bca_cb_program, args.bca_sec_parms)
+    _back_channel_changed(ctx, session.clientid)
     return nfs4.BACKCHANNEL_CTL4res(OK)
+
+
+def _back_channel_changed(ctx: CompoundContext, clientid: int) -> None:
+    """Probe the client's back channel (CB_NULL) now, so its first OPEN can get a delegation."""
+    service = ctx.server.delegation_service
+    if service is not None:
+        service.back_channel_changed(clientid)

@@ -423,7 +423,8 @@ async def test_open_claims_and_errors(tmp_path: Path) -> None:
 
 
 async def test_delegation_wants_are_answered(tmp_path: Path) -> None:
-    """RFC 8881 18.16.3: OPEN_DELEGATE_NONE_EXT says why when a want was expressed."""
+    """RFC 8881 18.16.3: OPEN_DELEGATE_NONE_EXT says why when a want was expressed (a client
+    without a back channel gets no delegation: WND4_RESOURCE)."""
     async with served(tmp_path) as (_, (c,)):
         expected = {
             0: (nfs4.OPEN_DELEGATE_NONE, None),
@@ -433,11 +434,11 @@ async def test_delegation_wants_are_answered(tmp_path: Path) -> None:
             ),
             nfs4.OPEN4_SHARE_ACCESS_WANT_READ_DELEG: (
                 nfs4.OPEN_DELEGATE_NONE_EXT,
-                nfs4.WND4_CONTENTION,
+                nfs4.WND4_RESOURCE,
             ),
             nfs4.OPEN4_SHARE_ACCESS_WANT_ANY_DELEG: (
                 nfs4.OPEN_DELEGATE_NONE_EXT,
-                nfs4.WND4_CONTENTION,
+                nfs4.WND4_RESOURCE,
             ),
             nfs4.OPEN4_SHARE_ACCESS_WANT_CANCEL: (nfs4.OPEN_DELEGATE_NONE_EXT, nfs4.WND4_CANCELLED),
         }
@@ -698,8 +699,9 @@ async def test_blocked_lock_owner_is_notified_by_cb_notify_lock(tmp_path: Path) 
     """RFC 8881 20.11: a refused blocking lock (WRITEW_LT) gets CB_NOTIFY_LOCK, with
     CB_SEQUENCE, on the waiter's back channel once the conflicting lock goes (UL-22)."""
     async with served(tmp_path, clients=2, backchannel=True) as (server, (a, b)):
-        fh, sa, _ = await a.open(b"contended")
-        _, sb, _ = await b.open(b"contended")
+        no_deleg = BOTH | nfs4.OPEN4_SHARE_ACCESS_WANT_NO_DELEG  # only lock callbacks here
+        fh, sa, _ = await a.open(b"contended", no_deleg)
+        _, sb, _ = await b.open(b"contended", no_deleg)
         res = await a.on(fh, OK, a.lock_new(sa, b"pidA", 0, 100))
         la = res.resarray[1].value.value.lock_stateid
         await b.on(fh, nfs4.NFS4ERR_DENIED, b.lock_new(sb, b"pidB", 0, 100, nfs4.WRITEW_LT))
