@@ -21,28 +21,29 @@ from nfsrdma.vfs.base import Attributes, FileType
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Writer
 
+# The attributes the Linux NFSv4.1 client asks for after OPEN, WRITE, SETATTR... (its
+# nfs4_fattr_bitmap).
+LINUX_GETATTR = [
+    nfs4.FATTR4_TYPE,
+    nfs4.FATTR4_CHANGE,
+    nfs4.FATTR4_SIZE,
+    nfs4.FATTR4_FSID,
+    nfs4.FATTR4_FILEID,
+    nfs4.FATTR4_MODE,
+    nfs4.FATTR4_NUMLINKS,
+    nfs4.FATTR4_OWNER,
+    nfs4.FATTR4_OWNER_GROUP,
+    nfs4.FATTR4_RAWDEV,
+    nfs4.FATTR4_SPACE_USED,
+    nfs4.FATTR4_TIME_ACCESS,
+    nfs4.FATTR4_TIME_METADATA,
+    nfs4.FATTR4_TIME_MODIFY,
+    nfs4.FATTR4_MOUNTED_ON_FILEID,
+]
+
 
 def linux_getattr_bitmap() -> list[int]:
-    """The attributes the Linux NFSv4.1 client asks for after OPEN, WRITE, SETATTR..."""
-    return bitmap_of(
-        [
-            nfs4.FATTR4_TYPE,
-            nfs4.FATTR4_CHANGE,
-            nfs4.FATTR4_SIZE,
-            nfs4.FATTR4_FSID,
-            nfs4.FATTR4_FILEID,
-            nfs4.FATTR4_MODE,
-            nfs4.FATTR4_NUMLINKS,
-            nfs4.FATTR4_OWNER,
-            nfs4.FATTR4_OWNER_GROUP,
-            nfs4.FATTR4_RAWDEV,
-            nfs4.FATTR4_SPACE_USED,
-            nfs4.FATTR4_TIME_ACCESS,
-            nfs4.FATTR4_TIME_METADATA,
-            nfs4.FATTR4_TIME_MODIFY,
-            nfs4.FATTR4_MOUNTED_ON_FILEID,
-        ]
-    )
+    return bitmap_of(LINUX_GETATTR)
 
 
 SAMPLE = Attributes(

@@ -16,49 +16,16 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from attr_encode import LINUX_GETATTR, SAMPLE
+
 from nfsrdma.nfs4.attr_decode import decode_values
 from nfsrdma.nfs4.attrs import bitmap_of, encode_attrs
 from nfsrdma.nfs4.server_state import ServerConfig
-from nfsrdma.vfs.base import Attributes, FileType
 from nfsrdma.xdr.gen import nfs4
 
-SAMPLE = Attributes(
-    type=FileType.NF4REG,
-    mode=0o644,
-    nlink=1,
-    uid=1000,
-    gid=1000,
-    size=1 << 20,
-    space_used=1 << 20,
-    rdev=(0, 0),
-    fsid=(8, 1),
-    fileid=1234567,
-    mounted_on_fileid=1234567,
-    atime_ns=1_700_000_000_123_456_789,
-    mtime_ns=1_700_000_000_123_456_789,
-    ctime_ns=1_700_000_000_123_456_789,
-    change=1_700_000_000_123_456_790,
-)
-LINUX = [
-    nfs4.FATTR4_TYPE,
-    nfs4.FATTR4_CHANGE,
-    nfs4.FATTR4_SIZE,
-    nfs4.FATTR4_FSID,
-    nfs4.FATTR4_FILEID,
-    nfs4.FATTR4_MODE,
-    nfs4.FATTR4_NUMLINKS,
-    nfs4.FATTR4_OWNER,
-    nfs4.FATTR4_OWNER_GROUP,
-    nfs4.FATTR4_RAWDEV,
-    nfs4.FATTR4_SPACE_USED,
-    nfs4.FATTR4_TIME_ACCESS,
-    nfs4.FATTR4_TIME_METADATA,
-    nfs4.FATTR4_TIME_MODIFY,
-    nfs4.FATTR4_MOUNTED_ON_FILEID,
-]
 MASKS = {
-    "linux15": bitmap_of(LINUX),
-    "linux_no_mode": bitmap_of([n for n in LINUX if n != nfs4.FATTR4_MODE]),
+    "linux15": bitmap_of(LINUX_GETATTR),
+    "linux_no_mode": bitmap_of([n for n in LINUX_GETATTR if n != nfs4.FATTR4_MODE]),
     "change_size": bitmap_of([nfs4.FATTR4_CHANGE, nfs4.FATTR4_SIZE]),
     "mode": bitmap_of([nfs4.FATTR4_MODE]),
 }

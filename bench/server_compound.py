@@ -23,6 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from attr_encode import linux_getattr_bitmap
+
 from nfsrdma.nfs4.attrs import bitmap_of
 from nfsrdma.nfs4.compound import compound
 from nfsrdma.nfs4.server_state import ServerConfig, ServerState
@@ -39,25 +41,7 @@ from nfsrdma.xdr.runtime import Reader, Writer
 
 CRED = auth_sys(0, 0, (), "bench-host")
 OK = nfs4.NFS4_OK
-LINUX_BITMAP = bitmap_of(
-    [
-        nfs4.FATTR4_TYPE,
-        nfs4.FATTR4_CHANGE,
-        nfs4.FATTR4_SIZE,
-        nfs4.FATTR4_FSID,
-        nfs4.FATTR4_FILEID,
-        nfs4.FATTR4_MODE,
-        nfs4.FATTR4_NUMLINKS,
-        nfs4.FATTR4_OWNER,
-        nfs4.FATTR4_OWNER_GROUP,
-        nfs4.FATTR4_RAWDEV,
-        nfs4.FATTR4_SPACE_USED,
-        nfs4.FATTR4_TIME_ACCESS,
-        nfs4.FATTR4_TIME_METADATA,
-        nfs4.FATTR4_TIME_MODIFY,
-        nfs4.FATTR4_MOUNTED_ON_FILEID,
-    ]
-)
+LINUX_BITMAP = linux_getattr_bitmap()
 
 
 class _Nowhere(Connection):
