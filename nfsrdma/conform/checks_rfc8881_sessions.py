@@ -515,14 +515,21 @@ async def _file_with(h: Harness, s: Session, data: bytes) -> tuple[bytes, nfs4.s
 )
 async def req_too_big(h: Harness) -> None:
     """A WRITE whose request exceeds the session's ca_maxrequestsize fails with
-    NFS4ERR_REQ_TOO_BIG (and nothing is written)."""
+    NFS4ERR_REQ_TOO_BIG. The size is that of the XDR-encoded request (RFC 8881 §18.36.3), so
+    over RPC-over-RDMA the WRITE data moved by a Read chunk counts too."""
     s = await h.session(wsize=8192)
     limit = int(s.fore.ca_maxrequestsize)
     if limit > 1 << 20:
         raise Skipped(f"ca_maxrequestsize {limit}: too large to exceed here")
     d = await h.scratch()
-    anon = nfs4.stateid4(0, bytes(12))
-    r = await s.call([ops.putfh(d), ops.write(anon, 0, bytes(limit + 1024), nfs4.UNSTABLE4)])
+    owner = nfs4.state_owner4(s.client.clientid, b"conform-req-too-big")
+    opened = await s.ok([
+        ops.putfh(d),
+        ops.open_(owner, nfs4.OPEN4_SHARE_ACCESS_BOTH, h.name("big"), create=nfs4.UNCHECKED4),
+        ops.getfh(),
+    ])  # fmt: skip
+    fh, stateid = opened.resok(3).object, opened.resok(2).stateid
+    r = await s.call([ops.putfh(fh), ops.write(stateid, 0, bytes(limit + 1024), nfs4.UNSTABLE4)])
     r.expect_status(nfs4.NFS4ERR_REQ_TOO_BIG, what=f"a {limit + 1024}-byte WRITE, limit {limit}")
 
 

@@ -447,10 +447,10 @@ class Harness:
         )
         if r.status != OK:
             return
-        for entry in r.resok(1).reply.entries:
+        for entry in r.resok(2).reply.entries:
             sub = await s.call([ops.putfh(fh), ops.lookup(entry.name), ops.getfh()])
             if sub.status == OK and _is_dir(entry.attrs):
-                await self._remove_tree(s, sub.resok(2).object)
+                await self._remove_tree(s, sub.resok(3).object)
             await s.call([ops.putfh(fh), ops.remove(entry.name)])
 
 
