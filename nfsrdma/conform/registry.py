@@ -60,6 +60,7 @@ REGISTRY: dict[str, Check] = {}
 CHECK_MODULES = (
     "nfsrdma.conform.checks_rfc8881_sessions",
     "nfsrdma.conform.checks_rfc8881_ops",
+    "nfsrdma.conform.checks_rfc8166",
 )
 
 

@@ -18,14 +18,28 @@ from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Reader, Writer, XdrError
 
 Mutation = Callable[[nfs4.COMPOUND4args, nfs4.COMPOUND4res], nfs4.COMPOUND4res | None]
+# Changes how the server's side of one RPC-over-RDMA connection behaves (a transport fault).
+RdmaFault = Callable[[Any], None]
 RDMA_SERVER, RDMA_CLIENT, RDMA_PORT = "10.9.0.1", "10.9.0.2", 20049
 
 
 class MisbehavingServer(NFSServer):
-    def __init__(self, export: str, mutation: Mutation, **kw: Any) -> None:
+    def __init__(
+        self,
+        export: str,
+        mutation: Mutation | None = None,
+        rdma_fault: RdmaFault | None = None,
+        **kw: Any,
+    ) -> None:
         super().__init__(export, **kw)
         self.mutation = mutation
+        self.rdma_fault = rdma_fault
         self.mutated = 0  # replies changed: a test can tell the mutation was reached
+
+    def _accept(self, conn: Any) -> None:
+        if self.rdma_fault is not None and conn.kind == "rdma":
+            self.rdma_fault(conn)
+        super()._accept(conn)
 
     def _compound(self, call: RpcCall, w: Writer) -> Awaitable[None] | None:
         head = len(w)
@@ -45,7 +59,7 @@ class MisbehavingServer(NFSServer):
         return then()
 
     def _patch(self, args: nfs4.COMPOUND4args | None, w: Writer, head: int) -> None:
-        if args is None:
+        if args is None or self.mutation is None:
             return
         stream = b"".join(bytes(p) for p in w.pieces())
         res, _ = nfs4.dec_COMPOUND4res(Reader(stream[head:]), 0)
@@ -60,7 +74,11 @@ class MisbehavingServer(NFSServer):
 
 @asynccontextmanager
 async def served(
-    export: Path, transport: str = "tcp", mutation: Mutation | None = None
+    export: Path,
+    transport: str = "tcp",
+    mutation: Mutation | None = None,
+    rdma_fault: RdmaFault | None = None,
+    timeout: float = 10.0,
 ) -> AsyncIterator[tuple[Harness, NFSServer]]:
     """Our server on ``export`` and a Harness pointed at it (TCP on 127.0.0.1, or RDMA on an
     in-process fabric). A server that does not start raises: the test fails."""
@@ -79,8 +97,8 @@ async def served(
 
     server = (
         NFSServer(str(export), **kw)
-        if mutation is None
-        else MisbehavingServer(str(export), mutation, **kw)
+        if mutation is None and rdma_fault is None
+        else MisbehavingServer(str(export), mutation, rdma_fault, **kw)
     )
     await server.start()
     try:
@@ -88,6 +106,6 @@ async def served(
             url = parse_url(f"rdma://{RDMA_SERVER}:{RDMA_PORT}/")
         else:
             url = parse_url(f"nfs://127.0.0.1:{server.tcp_port}/")
-        yield Harness(url, connector=connector, timeout=10), server
+        yield Harness(url, connector=connector, timeout=timeout), server
     finally:
         await server.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ from nfsrdma.conform.registry import Result, all_checks
 from nfsrdma.conform.runner import Outcome, run_checks
 from nfsrdma.xdr.gen import nfs4
 
-from .servers import Mutation, served
+from .servers import Mutation, RdmaFault, served
 
 
 async def run_all(
@@ -49,9 +50,15 @@ async def test_our_server_passes_every_check(tmp_path: Path, transport: str) -> 
     details = {
         o.check.id: o.detail
         for o in outcomes
-        if o.result is not Result.PASS and o.check.id not in KNOWN_FAILURES[transport]
+        if o.result is not Result.PASS
+        and o.check.id not in KNOWN_FAILURES[transport]
+        and transport in o.check.transports
     }
     assert details == {}
+    skipped = {o.check.id for o in outcomes if o.result is Result.SKIP}
+    assert skipped == {c.id for c in all_checks() if transport not in c.transports}
+    if transport == "tcp":
+        assert skipped and all(i.startswith("TR-") for i in skipped)
     assert failing(outcomes) == KNOWN_FAILURES[transport]
     assert list(tmp_path.iterdir()) == []  # the scratch directory was removed
 
@@ -214,3 +221,43 @@ async def test_a_server_broken_for_one_rule_fails_exactly_its_checks(
     for o in outcomes:
         if o.check.id in expected:
             assert o.expected and o.got and o.exchanges  # the report says what and shows it
+
+
+# -- misbehaving RPC-over-RDMA responders -----------------------------------------------------
+def drops_bad_headers(conn: Any) -> None:
+    """A responder that silently drops every header it cannot process (no RDMA_ERROR)."""
+    conn._bad_header = lambda e: None
+
+
+def err_chunk_for_everything(conn: Any) -> None:
+    """A responder that answers an unsupported version with ERR_CHUNK instead of ERR_VERS."""
+    from nfsrdma.transport.rdma import header as hdr
+
+    original = conn._bad_header
+
+    def bad_header(e: Any) -> None:
+        if e.err == hdr.ERR_VERS:
+            e.err = hdr.ERR_CHUNK
+        original(e)
+
+    conn._bad_header = bad_header
+
+
+RDMA_CASES: list[tuple[str, RdmaFault, set[str]]] = [
+    (
+        "bad headers dropped",
+        drops_bad_headers,
+        {c.id for c in all_checks() if c.group == "rfc8166"},
+    ),
+    ("ERR_CHUNK instead of ERR_VERS", err_chunk_for_everything, {"TR-3.1", "TR-3.2"}),
+]
+
+
+@pytest.mark.parametrize(("why", "fault", "expected"), RDMA_CASES, ids=[c[0] for c in RDMA_CASES])
+async def test_a_responder_broken_for_one_rule_fails_exactly_its_checks(
+    tmp_path: Path, why: str, fault: RdmaFault, expected: set[str]
+) -> None:
+    checks = [c for c in all_checks() if c.group == "rfc8166"]
+    async with served(tmp_path, "rdma", rdma_fault=fault, timeout=1.0) as (h, _):
+        outcomes = await run_checks(h, checks, limit=30)
+    assert failing(outcomes) == expected, by_result(outcomes)
