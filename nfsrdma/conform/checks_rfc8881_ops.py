@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from nfsrdma.client import ops
+from nfsrdma.client.attrs import decode_attrs
 from nfsrdma.conform.harness import OK, Harness, Session, op
 from nfsrdma.conform.registry import Failed, check
 from nfsrdma.xdr.gen import nfs4
@@ -194,3 +195,95 @@ async def open_guarded_exists(h: Harness) -> None:
     so = nfs4.state_owner4(s.client.clientid, b"conform-guarded")
     r = await s.call([ops.putfh(d), ops.open_(so, BOTH, name, create=nfs4.GUARDED4)])
     r.expect(OK, OK, nfs4.NFS4ERR_EXIST)
+
+
+@check(
+    "CONF-OPS-13", "SETATTR size truncates; GETATTR reports it", "RFC 8881 §18.30, §18.7", group=G
+)
+async def setattr_size(h: Harness) -> None:
+    """SETATTR of size 10 with the open stateid truncates a 100-byte file; GETATTR then
+    reports size 10 and READ returns 10 bytes with eof."""
+    s = await h.session()
+    _, fh, stateid = await _create(h, s, bytes(range(100)))
+    await s.ok([ops.putfh(fh), ops.setattr_({nfs4.FATTR4_SIZE: 10}, stateid)])
+    r = await s.ok([ops.putfh(fh), ops.getattr_((nfs4.FATTR4_SIZE,))])
+    size = decode_attrs(r.resok(2).obj_attributes).get(nfs4.FATTR4_SIZE)
+    if size != 10:
+        raise Failed("size 10", repr(size))
+    res = (await s.ok([ops.putfh(fh), ops.read(stateid, 0, 100)])).resok(2)
+    if bytes(res.data) != bytes(range(10)) or not res.eof:
+        raise Failed("the first 10 bytes with eof", f"{len(res.data)} bytes, eof {res.eof}")
+    await s.ok([ops.putfh(fh), ops.close(stateid)])
+
+
+@check("CONF-OPS-14", "RENAME moves the name", "RFC 8881 §18.26", group=G)
+async def rename(h: Harness) -> None:
+    """RENAME (SAVEFH = source directory, current = target directory) makes the file
+    reachable under the new name, with the same file handle, and not under the old one."""
+    s = await h.session()
+    name, fh, stateid = await _create(h, s)
+    await s.ok([ops.putfh(fh), ops.close(stateid)])
+    d = await h.scratch()
+    new = h.name("renamed")
+    await s.ok([ops.putfh(d), ops.savefh(), ops.putfh(d), ops.rename(name, new)])
+    r = await s.ok([ops.putfh(d), ops.lookup(new), ops.getfh()])
+    if r.resok(3).object != fh:
+        raise Failed("the same file handle under the new name", "a different one")
+    (await s.call([ops.putfh(d), ops.lookup(name)])).expect(OK, OK, nfs4.NFS4ERR_NOENT)
+
+
+@check("CONF-OPS-15", "Symbolic link: CREATE and READLINK", "RFC 8881 §18.4, §18.24", group=G)
+async def symlink(h: Harness) -> None:
+    """CREATE of an NF4LNK stores the link text; READLINK returns it unchanged (its data is
+    DDP-eligible over RPC-over-RDMA, RFC 8267)."""
+    s = await h.session()
+    d = await h.scratch()
+    text = b"../some/where/" + b"x" * 200
+    r = await s.ok([ops.putfh(d), ops.create(nfs4.NF4LNK, h.name("link"), {}, text), ops.getfh()])
+    got = (await s.ok([ops.putfh(r.resok(3).object), ops.readlink()])).resok(2).link
+    if bytes(got) != text:
+        raise Failed(f"the link text ({len(text)} bytes)", repr(bytes(got)[:60]))
+
+
+@check("CONF-OPS-16", "OPEN of a directory: ISDIR", "RFC 8881 §18.16.3", group=G)
+async def open_dir(h: Harness) -> None:
+    """OPEN (CLAIM_NULL, no create) of a name that is a directory fails with NFS4ERR_ISDIR."""
+    s = await h.session()
+    d = await h.scratch()
+    sub = h.name("dir")
+    await s.ok([ops.putfh(d), ops.create(nfs4.NF4DIR, sub, {nfs4.FATTR4_MODE: 0o755})])
+    so = nfs4.state_owner4(s.client.clientid, b"conform-open-dir")
+    r = await s.call([ops.putfh(d), ops.open_(so, nfs4.OPEN4_SHARE_ACCESS_READ, sub)])
+    r.expect(OK, OK, nfs4.NFS4ERR_ISDIR)
+
+
+@check(
+    "CONF-OPS-17",
+    "WRITE UNSTABLE4 then COMMIT: the same verifier",
+    "RFC 8881 §18.32.3, §18.3.3",
+    group=G,
+)
+async def write_commit(h: Harness) -> None:
+    """An UNSTABLE4 WRITE and the COMMIT that follows it (no server restart between) return
+    the same write verifier."""
+    s = await h.session()
+    _, fh, stateid = await _create(h, s)
+    w = (await s.ok([ops.putfh(fh), ops.write(stateid, 0, b"u" * 1000, nfs4.UNSTABLE4)])).resok(2)
+    c = (await s.ok([ops.putfh(fh), ops.commit(0, 0)])).resok(2)
+    if w.writeverf != c.writeverf:
+        raise Failed(f"COMMIT verifier {w.writeverf.hex()}", c.writeverf.hex())
+    await s.ok([ops.putfh(fh), ops.close(stateid)])
+
+
+@check("CONF-OPS-18", "32 KiB WRITE and READ round trip", "RFC 8881 §18.22, §18.32", group=G)
+async def large_io(h: Harness) -> None:
+    """A 32 KiB WRITE (FILE_SYNC4) and a 32 KiB READ of it return the same data (over
+    RPC-over-RDMA these go beyond a 4 KiB inline threshold: Read chunks, Write chunks or
+    Long messages)."""
+    s = await h.session()
+    data = os.urandom(32 << 10)
+    _, fh, stateid = await _create(h, s, data)
+    res = (await s.ok([ops.putfh(fh), ops.read(stateid, 0, len(data))])).resok(2)
+    if bytes(res.data) != data:
+        raise Failed(f"the {len(data)} bytes written", f"{len(res.data)} bytes, different")
+    await s.ok([ops.putfh(fh), ops.close(stateid)])

@@ -4,10 +4,12 @@ DESTROY_CLIENTID. They run over TCP and RPC-over-RDMA alike."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
 from nfsrdma.client import ops
+from nfsrdma.client.attrs import decode_attrs
 from nfsrdma.conform.harness import (
     OK,
     Harness,
@@ -632,3 +634,64 @@ async def v40_ops_refused(h: Harness) -> None:
     s = await h.session()
     r = await s.call([op(nfs4.OP_RENEW, nfs4.RENEW4args(s.client.clientid))])
     r.expect(OK, nfs4.NFS4ERR_NOTSUPP)
+
+
+@check(
+    "CONF-DC-2",
+    "DESTROY_CLIENTID of an unknown client ID: STALE_CLIENTID",
+    "RFC 8881 §18.50.3",
+    group=G,
+)
+async def destroy_clientid_unknown(h: Harness) -> None:
+    """DESTROY_CLIENTID naming a client ID the server never gave out fails with
+    NFS4ERR_STALE_CLIENTID."""
+    conn = await h.connect()
+    c, _ = await h.exchange_id(conn)
+    bogus = c.clientid ^ 0x5A5A5A5A00000000
+    r = await conn.compound(_alone(nfs4.OP_DESTROY_CLIENTID, nfs4.DESTROY_CLIENTID4args(bogus)))
+    r.expect(nfs4.NFS4ERR_STALE_CLIENTID)
+
+
+@check("SS-10.5", "CREATE_SESSION replay on a new connection", "RFC 8881 §18.36.4", group=G)
+async def cs_replay_new_connection(h: Harness) -> None:
+    """The CREATE_SESSION reply cache is per client ID, not per connection: the same
+    CREATE_SESSION sent again on another connection returns the same session."""
+    conn = await h.connect()
+    c, _ = await h.exchange_id(conn)
+    args = h.create_session_args(c)
+    a = (await conn.compound(_alone(nfs4.OP_CREATE_SESSION, args))).resok(0)
+    h._sessions.append(
+        Session(h, conn, c, a.csr_sessionid, a.csr_fore_chan_attrs, a.csr_back_chan_attrs, 0)
+    )
+    other = await h.connect()
+    b = (await other.compound(_alone(nfs4.OP_CREATE_SESSION, args))).resok(0)
+    _expect("the same csr_sessionid", a.csr_sessionid, b.csr_sessionid)
+
+
+@check("SS-30.2", "SEQUENCE renews the lease", "RFC 8881 §8.3, §18.46.3", group=G)
+async def lease_renewal(h: Harness) -> None:
+    """A client that sends only SEQUENCE, every third of the lease, for one and a half lease
+    periods keeps its state: its open stateid still reads the file, and SEQUENCE reports no
+    expired or revoked state. Skipped when the lease (fattr4_lease_time) is over 20 s."""
+    s = await h.session()
+    r = await s.ok([ops.putrootfh(), ops.getattr_((nfs4.FATTR4_LEASE_TIME,))])
+    lease = decode_attrs(r.resok(2).obj_attributes).get(nfs4.FATTR4_LEASE_TIME)
+    if not isinstance(lease, int) or lease <= 0:
+        raise Failed("a positive fattr4_lease_time", repr(lease))
+    if lease > 20:
+        raise Skipped(f"the lease is {lease} s; this check needs one of at most 20 s")
+    from nfsrdma.conform.checks_rfc8881_ops import _create
+
+    _, fh, stateid = await _create(h, s, b"kept")
+    loop = asyncio.get_running_loop()
+    end = loop.time() + lease * 1.5
+    bad = nfs4.SEQ4_STATUS_EXPIRED_ALL_STATE_REVOKED | nfs4.SEQ4_STATUS_ADMIN_STATE_REVOKED
+    bad |= nfs4.SEQ4_STATUS_EXPIRED_SOME_STATE_REVOKED
+    while loop.time() < end:
+        await asyncio.sleep(lease / 3)
+        flags = (await s.ok([])).resok(0).sr_status_flags
+        if flags & bad:
+            raise Failed("no state revoked while SEQUENCE renews", f"sr_status_flags {flags:#x}")
+    res = (await s.ok([ops.putfh(fh), ops.read(stateid, 0, 10)])).resok(2)
+    if bytes(res.data) != b"kept":
+        raise Failed("the file's data", repr(bytes(res.data)))

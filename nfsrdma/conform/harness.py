@@ -31,13 +31,14 @@ from nfsrdma.session.client_setup import (
     exchange_id_args,
     fore_channel_attrs,
 )
-from nfsrdma.transport.base import Connection
+from nfsrdma.transport.base import Connection, ReplyExpectation
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Writer, XdrError
 
 Connector = Callable[[], Awaitable[Connection]]
 Op = nfs4.nfs_argop4
 OK = nfs4.NFS4_OK
+REPLY_SIZE = 256 << 10  # the largest reply a check expects (sessions ask for 64 KiB I/O)
 
 
 def op(opnum: int, args: Any = None) -> Op:
@@ -147,6 +148,8 @@ class Conn:
                 encode,
                 cred=self.h.cred,
                 timeout=self.h.timeout,
+                # RPC-over-RDMA: room for a large reply (a Reply chunk); TCP ignores it.
+                expect=ReplyExpectation([], self.h.reply_size),
             )
         except RpcTimeout:
             x.error = f"no reply in {self.h.timeout} s"
@@ -278,6 +281,7 @@ class Harness:
         self.uid = uid
         self.gid = gid
         self.timeout = timeout
+        self.reply_size = REPLY_SIZE
         self.log: list[Exchange] = []
         self._conns: list[Conn] = []
         self._sessions: list[Session] = []
@@ -426,20 +430,29 @@ class Harness:
         return self._scratch[1]
 
     async def aclose(self) -> None:
-        """Remove the scratch directory (and what checks left in it), end the service session."""
-        s = self._service
-        if s is None:
+        """Remove the scratch directory (and what checks left in it), end the service
+        session. A fresh session does it: the first may have outlived its lease."""
+        old, self._service = self._service, None
+        if old is None:
+            return
+        await self._end_service(old)
+        if self._scratch is None:
             return
         with contextlib.suppress(Exception):
-            if self._scratch is not None:
+            s = await self._service_session()
+            with contextlib.suppress(Exception):
                 await self._remove_tree(s, self._scratch[1])
                 await s.call([*self.export_lookups(), ops.remove(self._scratch[0].encode())])
+            await self._end_service(s)
+        self._service = None
+
+    async def _end_service(self, s: Session) -> None:
+        with contextlib.suppress(Exception):
             await s.destroy()
             await s.conn.compound(
                 [op(nfs4.OP_DESTROY_CLIENTID, nfs4.DESTROY_CLIENTID4args(s.client.clientid))]
             )
         s.conn.close()
-        self._service = None
 
     async def _remove_tree(self, s: Session, fh: bytes) -> None:
         r = await s.call(

@@ -79,10 +79,13 @@ async def served(
     mutation: Mutation | None = None,
     rdma_fault: RdmaFault | None = None,
     timeout: float = 10.0,
+    lease_time: int | None = None,
 ) -> AsyncIterator[tuple[Harness, NFSServer]]:
     """Our server on ``export`` and a Harness pointed at it (TCP on 127.0.0.1, or RDMA on an
     in-process fabric). A server that does not start raises: the test fails."""
-    kw: dict[str, Any] = dict(bind="127.0.0.1", tcp_port=0, root_squash=False, rdma_port=None)
+    kw: dict[str, Any] = dict(
+        bind="127.0.0.1", tcp_port=0, root_squash=False, rdma_port=None, lease_time=lease_time
+    )
     connector = None
     if transport == "rdma":
         from nfsrdma.transport.rdma.endpoint import connect_rdma

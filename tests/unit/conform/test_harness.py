@@ -18,9 +18,14 @@ from .servers import Mutation, RdmaFault, served
 
 
 async def run_all(
-    export: Path, transport: str = "tcp", mutation: Mutation | None = None
+    export: Path,
+    transport: str = "tcp",
+    mutation: Mutation | None = None,
+    lease_time: int | None = None,
 ) -> list[Outcome]:
-    async with served(export, transport, mutation) as (h, server):
+    """Every check; the lease-renewal check (SS-30.2) runs only with a short ``lease_time``
+    (by default the server's 90 s lease makes it SKIP)."""
+    async with served(export, transport, mutation, lease_time=lease_time) as (h, server):
         outcomes = await run_checks(h, all_checks(), limit=30)
         if mutation is not None:
             assert getattr(server, "mutated", 0) > 0, "the mutation never applied"
@@ -45,8 +50,8 @@ KNOWN_FAILURES: dict[str, set[str]] = {"tcp": set(), "rdma": {"SS-21.2"}}
 
 @pytest.mark.parametrize("transport", ["tcp", "rdma"])
 async def test_our_server_passes_every_check(tmp_path: Path, transport: str) -> None:
-    outcomes = await run_all(tmp_path, transport)
-    assert len(outcomes) == len(all_checks()) >= 50
+    outcomes = await run_all(tmp_path, transport, lease_time=3)
+    assert len(outcomes) == len(all_checks()) >= 70
     details = {
         o.check.id: o.detail
         for o in outcomes
@@ -199,6 +204,16 @@ def lockt_never_denied(
     return res
 
 
+def state_revoked(args: nfs4.COMPOUND4args, res: nfs4.COMPOUND4res) -> nfs4.COMPOUND4res | None:
+    """SEQUENCE says some state was revoked although the client renewed its lease."""
+    if _first_status(res) != nfs4.NFS4_OK or _seq_args(args) is None:
+        return None
+    ok = res.resarray[0].value.value  # type: ignore[union-attr]
+    assert isinstance(ok, nfs4.SEQUENCE4resok)
+    ok.sr_status_flags |= nfs4.SEQ4_STATUS_EXPIRED_SOME_STATE_REVOKED
+    return res
+
+
 CASES: list[tuple[str, Mutation, set[str]]] = [
     ("never SEQ_MISORDERED", never_misordered, {"SS-6.3", "SS-6.4"}),
     ("BADSLOT answered SEQ_MISORDERED", badslot_as_misordered, {"SS-6.2"}),
@@ -207,8 +222,9 @@ CASES: list[tuple[str, Mutation, set[str]]] = [
     ("no pNFS role flag", no_pnfs_role, {"CONF-EID-1"}),
     ("tag not echoed", tag_dropped, {"CONF-COMP-2"}),
     ("OP_NOT_IN_SESSION answered BADSESSION", not_in_session_as_badsession, {"SS-3.1"}),
-    ("READ data corrupted", read_corrupted, {"CONF-OPS-3"}),
+    ("READ data corrupted", read_corrupted, {"CONF-OPS-3", "CONF-OPS-13", "CONF-OPS-18"}),
     ("LOCKT never DENIED", lockt_never_denied, {"CONF-OPS-6"}),
+    ("state revoked despite renewal", state_revoked, {"SS-30.2"}),
 ]
 
 
@@ -216,7 +232,8 @@ CASES: list[tuple[str, Mutation, set[str]]] = [
 async def test_a_server_broken_for_one_rule_fails_exactly_its_checks(
     tmp_path: Path, why: str, mutation: Mutation, expected: set[str]
 ) -> None:
-    outcomes = await run_all(tmp_path, "tcp", mutation)
+    lease = 3 if "SS-30.2" in expected else None
+    outcomes = await run_all(tmp_path, "tcp", mutation, lease_time=lease)
     assert failing(outcomes) == expected, by_result(outcomes)
     for o in outcomes:
         if o.check.id in expected:
