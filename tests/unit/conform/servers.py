@@ -23,6 +23,12 @@ RdmaFault = Callable[[Any], None]
 RDMA_SERVER, RDMA_CLIENT, RDMA_PORT = "10.9.0.1", "10.9.0.2", 20049
 
 
+class Replying:
+    """The connection whose reply a mutation is looking at (set around each call)."""
+
+    conn: Any = None
+
+
 class MisbehavingServer(NFSServer):
     def __init__(
         self,
@@ -45,25 +51,29 @@ class MisbehavingServer(NFSServer):
         head = len(w)
         try:
             args, _ = nfs4.dec_COMPOUND4args(call.reader, call.offset)
-        except XdrError:
-            args = None
+        except XdrError:  # e.g. an undefined operation number: the mutation sees no arguments
+            args = nfs4.COMPOUND4args(b"", 1, [])
         running = super()._compound(call, w)
         if running is None:
-            self._patch(args, w, head)
+            self._patch(args, w, head, call.conn)
             return None
 
         async def then() -> None:
             await running
-            self._patch(args, w, head)
+            self._patch(args, w, head, call.conn)
 
         return then()
 
-    def _patch(self, args: nfs4.COMPOUND4args | None, w: Writer, head: int) -> None:
-        if args is None or self.mutation is None:
+    def _patch(self, args: nfs4.COMPOUND4args, w: Writer, head: int, conn: Any) -> None:
+        if self.mutation is None:
             return
         stream = b"".join(bytes(p) for p in w.pieces())
         res, _ = nfs4.dec_COMPOUND4res(Reader(stream[head:]), 0)
-        new = self.mutation(args, res)
+        Replying.conn = conn
+        try:
+            new = self.mutation(args, res)
+        finally:
+            Replying.conn = None
         if new is None:
             return
         self.mutated += 1

@@ -5,6 +5,7 @@ exactly the checks of that rule FAIL, so no check passes vacuously."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from nfsrdma.conform.registry import Result, all_checks
 from nfsrdma.conform.runner import Outcome, run_checks
 from nfsrdma.xdr.gen import nfs4
 
-from .servers import Mutation, RdmaFault, served
+from .servers import Mutation, RdmaFault, Replying, served
 
 
 async def run_all(
@@ -278,3 +279,305 @@ async def test_a_responder_broken_for_one_rule_fails_exactly_its_checks(
     async with served(tmp_path, "rdma", rdma_fault=fault, timeout=1.0) as (h, _):
         outcomes = await run_checks(h, checks, limit=30)
     assert failing(outcomes) == expected, by_result(outcomes)
+
+
+# -- one error status answered wrongly ---------------------------------------------------------
+def replaces(status: int) -> Mutation:
+    """A server that answers NFS4ERR_SERVERFAULT wherever it should answer ``status``."""
+
+    def mutation(args: nfs4.COMPOUND4args, res: nfs4.COMPOUND4res) -> nfs4.COMPOUND4res | None:
+        changed = False
+        for r in res.resarray:
+            v = r.value
+            assert v is not None
+            if int(getattr(v, dataclasses.fields(v)[0].name)) == status:
+                r.value = type(v)(nfs4.NFS4ERR_SERVERFAULT)  # type: ignore[call-arg]
+                changed = True
+        if res.status == status:
+            res.status = nfs4.NFS4ERR_SERVERFAULT
+            changed = True
+        return res if changed else None
+
+    return mutation
+
+
+STATUS_CASES: list[tuple[int, set[str]]] = [
+    (nfs4.NFS4ERR_SEQ_MISORDERED, {"SS-6.3", "SS-6.4", "SS-10.3"}),
+    (nfs4.NFS4ERR_NOT_ONLY_OP, {"SS-3.3", "SS-3.4", "SS-3.5"}),
+    (nfs4.NFS4ERR_SEQUENCE_POS, {"SS-3.2"}),
+    (nfs4.NFS4ERR_TOO_MANY_OPS, {"SS-27.1"}),
+    (nfs4.NFS4ERR_STALE_CLIENTID, {"SS-10.4", "CONF-DC-1", "CONF-DC-2", "CONF-EID-2"}),
+    (nfs4.NFS4ERR_BADSESSION, {"SS-6.6", "SS-11.2", "CONF-DS-1", "CONF-DS-2"}),
+    (nfs4.NFS4ERR_CLIENTID_BUSY, {"CONF-DC-1"}),
+    (nfs4.NFS4ERR_NOTSUPP, {"SS-30.1"}),
+    (nfs4.NFS4ERR_MINOR_VERS_MISMATCH, {"CONF-COMP-1"}),
+    (nfs4.NFS4ERR_OP_ILLEGAL, {"CONF-COMP-3"}),
+    (nfs4.NFS4ERR_INVAL, {"CONF-EID-5"}),
+    (nfs4.NFS4ERR_NOENT, {"CONF-OPS-1", "CONF-OPS-11", "CONF-OPS-14"}),
+    (nfs4.NFS4ERR_NOTDIR, {"CONF-OPS-10"}),
+    (nfs4.NFS4ERR_NOFILEHANDLE, {"CONF-OPS-8"}),
+    (nfs4.NFS4ERR_BADHANDLE, {"CONF-OPS-9"}),
+    (nfs4.NFS4ERR_EXIST, {"CONF-OPS-12"}),
+    (nfs4.NFS4ERR_ISDIR, {"CONF-OPS-16"}),
+    (nfs4.NFS4ERR_BAD_STATEID, {"CONF-OPS-7"}),
+    (nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE, {"SS-7.4"}),
+    (nfs4.NFS4ERR_REP_TOO_BIG, {"SS-21.1"}),
+    (nfs4.NFS4ERR_REQ_TOO_BIG, {"SS-21.2"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"), STATUS_CASES, ids=[nfs4.nfsstat4(c[0]).name for c in STATUS_CASES]
+)
+async def test_a_server_with_one_wrong_error_fails_exactly_its_checks(
+    tmp_path: Path, status: int, expected: set[str]
+) -> None:
+    outcomes = await run_all(tmp_path, "tcp", replaces(status))
+    assert failing(outcomes) == expected, by_result(outcomes)
+
+
+# -- one result field wrong -------------------------------------------------------------------
+def _ok_of(res: nfs4.COMPOUND4res, opnum: int) -> Any:
+    for r in res.resarray:
+        if r.resop == opnum and getattr(r.value, "value", None) is not None:
+            return r.value.value  # type: ignore[union-attr]
+    return None
+
+
+def field_mutation(opnum: int, change: Any) -> Mutation:
+    """``change(resok, args)`` alters the first successful ``opnum`` result; True if it did."""
+
+    def mutation(args: nfs4.COMPOUND4args, res: nfs4.COMPOUND4res) -> nfs4.COMPOUND4res | None:
+        ok = _ok_of(res, opnum)
+        return res if ok is not None and change(ok, args) else None
+
+    return mutation
+
+
+def _set(obj: Any, name: str, value: Any) -> bool:
+    setattr(obj, name, value)
+    return True
+
+
+FIELD_CASES: list[tuple[str, Mutation, set[str]]] = [
+    (
+        "CONFIRMED_R never set",
+        field_mutation(
+            nfs4.OP_EXCHANGE_ID,
+            lambda ok, a: _set(ok, "eir_flags", ok.eir_flags & ~nfs4.EXCHGID4_FLAG_CONFIRMED_R),
+        ),
+        {"CONF-EID-3"},
+    ),
+    (
+        "sr_slotid wrong",
+        field_mutation(nfs4.OP_SEQUENCE, lambda ok, a: _set(ok, "sr_slotid", ok.sr_slotid + 1)),
+        {"SS-6.1"},
+    ),
+    (
+        "csr_sequence wrong",
+        field_mutation(
+            nfs4.OP_CREATE_SESSION, lambda ok, a: _set(ok, "csr_sequence", ok.csr_sequence + 1)
+        ),
+        {"SS-10.1"},
+    ),
+    (
+        "BIND_CONN_TO_SESSION says BOTH for FORE",
+        field_mutation(
+            nfs4.OP_BIND_CONN_TO_SESSION, lambda ok, a: _set(ok, "bctsr_dir", nfs4.CDFS4_BOTH)
+        ),
+        {"SS-11.1"},
+    ),
+    (
+        "READ eof inverted",
+        field_mutation(nfs4.OP_READ, lambda ok, a: _set(ok, "eof", not ok.eof)),
+        {"CONF-OPS-3", "CONF-OPS-4", "CONF-OPS-13"},
+    ),
+    (
+        "READDIR loses the last entry",
+        field_mutation(
+            nfs4.OP_READDIR,
+            lambda ok, a: (
+                bool(ok.reply.entries) and _set(ok.reply, "entries", ok.reply.entries[:-1])
+            ),
+        ),
+        {"CONF-OPS-5"},
+    ),
+    (
+        "READLINK text altered",
+        field_mutation(nfs4.OP_READLINK, lambda ok, a: _set(ok, "link", bytes(ok.link) + b"x")),
+        {"CONF-OPS-15"},
+    ),
+    (
+        "COMMIT verifier differs",
+        field_mutation(
+            nfs4.OP_COMMIT, lambda ok, a: _set(ok, "writeverf", bytes(b ^ 1 for b in ok.writeverf))
+        ),
+        {"CONF-OPS-17"},
+    ),
+    (
+        "GETFH after LOOKUP differs",
+        field_mutation(
+            nfs4.OP_GETFH,
+            lambda ok, a: (
+                any(x.argop == nfs4.OP_LOOKUP for x in a.argarray)
+                and len(a.argarray) == 4
+                and _set(ok, "object", bytes(ok.object) + b"\0")
+            ),
+        ),
+        {"CONF-OPS-2", "CONF-OPS-14"},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("why", "mutation", "expected"), FIELD_CASES, ids=[c[0] for c in FIELD_CASES]
+)
+async def test_a_server_with_one_wrong_field_fails_exactly_its_checks(
+    tmp_path: Path, why: str, mutation: Mutation, expected: set[str]
+) -> None:
+    outcomes = await run_all(tmp_path, "tcp", mutation)
+    assert failing(outcomes) == expected, by_result(outcomes)
+
+
+# -- stateful misbehaviour --------------------------------------------------------------------
+class RebootKeepsClientId:
+    """A client that comes back with a new verifier gets its old client ID again."""
+
+    def __init__(self) -> None:
+        self.first: dict[bytes, tuple[bytes, int]] = {}
+
+    def __call__(
+        self, args: nfs4.COMPOUND4args, res: nfs4.COMPOUND4res
+    ) -> nfs4.COMPOUND4res | None:
+        ok = _ok_of(res, nfs4.OP_EXCHANGE_ID)
+        if ok is None:
+            return None
+        eia = args.argarray[0].value
+        assert isinstance(eia, nfs4.EXCHANGE_ID4args)
+        owner = eia.eia_clientowner
+        first = self.first.setdefault(owner.co_ownerid, (owner.co_verifier, ok.eir_clientid))
+        verifier, old = first
+        if verifier == owner.co_verifier:
+            return None
+        ok.eir_clientid = old
+        return res
+
+
+class CreateSessionReplayDiffers:
+    """A CREATE_SESSION replay gets a different session ID than the original."""
+
+    def __init__(self) -> None:
+        self.seen: set[tuple[int, int]] = set()
+
+    def __call__(
+        self, args: nfs4.COMPOUND4args, res: nfs4.COMPOUND4res
+    ) -> nfs4.COMPOUND4res | None:
+        ok = _ok_of(res, nfs4.OP_CREATE_SESSION)
+        if ok is None:
+            return None
+        csa = args.argarray[0].value
+        assert isinstance(csa, nfs4.CREATE_SESSION4args)
+        key = (csa.csa_clientid, csa.csa_sequence)
+        if key not in self.seen:
+            self.seen.add(key)
+            return None
+        ok.csr_sessionid = bytes(b ^ 0xFF for b in ok.csr_sessionid)
+        return res
+
+
+class OneSessionIdPerClient:
+    """Every session of a client ID is reported with the first session's ID."""
+
+    def __init__(self) -> None:
+        self.first: dict[int, bytes] = {}
+
+    def __call__(
+        self, args: nfs4.COMPOUND4args, res: nfs4.COMPOUND4res
+    ) -> nfs4.COMPOUND4res | None:
+        ok = _ok_of(res, nfs4.OP_CREATE_SESSION)
+        if ok is None:
+            return None
+        csa = args.argarray[0].value
+        assert isinstance(csa, nfs4.CREATE_SESSION4args)
+        first = self.first.setdefault(csa.csa_clientid, ok.csr_sessionid)
+        if first == ok.csr_sessionid:
+            return None
+        ok.csr_sessionid = first
+        return res
+
+
+def fore_or_both_answered_back(
+    args: nfs4.COMPOUND4args, res: nfs4.COMPOUND4res
+) -> nfs4.COMPOUND4res | None:
+    ok = _ok_of(res, nfs4.OP_BIND_CONN_TO_SESSION)
+    if ok is None:
+        return None
+    bind = args.argarray[0].value
+    assert isinstance(bind, nfs4.BIND_CONN_TO_SESSION4args)
+    if bind.bctsa_dir != nfs4.CDFC4_FORE_OR_BOTH:
+        return None
+    ok.bctsr_dir = nfs4.CDFS4_BACK
+    return res
+
+
+def only_slot_zero(args: nfs4.COMPOUND4args, res: nfs4.COMPOUND4res) -> nfs4.COMPOUND4res | None:
+    """Slots other than 0 share slot 0's sequence: their seqid 1 is misordered."""
+    sa = _seq_args(args)
+    if sa is None or sa.sa_slotid == 0 or _first_status(res) != nfs4.NFS4_OK:
+        return None
+    seq = nfs4.nfs_resop4(nfs4.OP_SEQUENCE, nfs4.SEQUENCE4res(nfs4.NFS4ERR_SEQ_MISORDERED))
+    return nfs4.COMPOUND4res(nfs4.NFS4ERR_SEQ_MISORDERED, res.tag, [seq])
+
+
+class SessionsDieWithTheirConnection:
+    """A session is usable only while the connection that created it is open."""
+
+    def __init__(self) -> None:
+        self.creator: dict[bytes, Any] = {}
+
+    def __call__(
+        self, args: nfs4.COMPOUND4args, res: nfs4.COMPOUND4res
+    ) -> nfs4.COMPOUND4res | None:
+        ok = _ok_of(res, nfs4.OP_CREATE_SESSION)
+        if ok is not None:
+            self.creator.setdefault(ok.csr_sessionid, Replying.conn)
+            return None
+        sa = _seq_args(args)
+        creator = self.creator.get(sa.sa_sessionid) if sa is not None else None
+        if creator is None or not creator.conn.closed:
+            return None
+        seq = nfs4.nfs_resop4(nfs4.OP_SEQUENCE, nfs4.SEQUENCE4res(nfs4.NFS4ERR_BADSESSION))
+        return nfs4.COMPOUND4res(nfs4.NFS4ERR_BADSESSION, res.tag, [seq])
+
+
+STATEFUL_CASES: list[tuple[str, Callable[[], Mutation], set[str]]] = [
+    ("a rebooted client keeps its client ID", RebootKeepsClientId, {"CONF-EID-4"}),
+    ("CREATE_SESSION replay differs", CreateSessionReplayDiffers, {"SS-10.2", "SS-10.5"}),
+    ("one session ID per client", OneSessionIdPerClient, {"SS-4"}),
+    ("FORE_OR_BOTH answered BACK", lambda: fore_or_both_answered_back, {"SS-5.1"}),
+    ("only slot 0 works", lambda: only_slot_zero, {"SS-6.5"}),
+    ("sessions die with their connection", SessionsDieWithTheirConnection, {"SS-2.1", "SS-7.2"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("why", "make", "expected"), STATEFUL_CASES, ids=[c[0] for c in STATEFUL_CASES]
+)
+async def test_a_server_with_wrong_session_state_fails_exactly_its_checks(
+    tmp_path: Path, why: str, make: Callable[[], Mutation], expected: set[str]
+) -> None:
+    outcomes = await run_all(tmp_path, "tcp", make())
+    assert failing(outcomes) == expected, by_result(outcomes)
+
+
+def test_every_check_is_made_to_fail_by_some_broken_server() -> None:
+    broken: set[str] = set()
+    for _, _, ids in CASES + FIELD_CASES:
+        broken |= ids
+    for _, _, ids in STATEFUL_CASES:
+        broken |= ids
+    for _, ids in STATUS_CASES:
+        broken |= ids
+    for _, _, ids in RDMA_CASES:
+        broken |= ids
+    assert {c.id for c in all_checks()} - broken == set()
