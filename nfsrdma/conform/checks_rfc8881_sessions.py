@@ -249,7 +249,7 @@ async def cs_first(h: Harness) -> None:
         res.csr_back_chan_attrs,
         res.csr_flags,
     )
-    h._sessions.append(s)
+    h.track(s)
     (await s.call([])).expect(OK)
 
 
@@ -262,9 +262,7 @@ async def cs_replay(h: Harness) -> None:
     args = h.create_session_args(c)
     first = await conn.compound(_alone(nfs4.OP_CREATE_SESSION, args))
     a = first.resok(0)
-    h._sessions.append(
-        Session(h, conn, c, a.csr_sessionid, a.csr_fore_chan_attrs, a.csr_back_chan_attrs, 0)
-    )
+    h.track(Session(h, conn, c, a.csr_sessionid, a.csr_fore_chan_attrs, a.csr_back_chan_attrs, 0))
     again = await conn.compound(_alone(nfs4.OP_CREATE_SESSION, args))
     b = again.resok(0)
     _expect("the same csr_sessionid", a.csr_sessionid, b.csr_sessionid)
@@ -660,9 +658,7 @@ async def cs_replay_new_connection(h: Harness) -> None:
     c, _ = await h.exchange_id(conn)
     args = h.create_session_args(c)
     a = (await conn.compound(_alone(nfs4.OP_CREATE_SESSION, args))).resok(0)
-    h._sessions.append(
-        Session(h, conn, c, a.csr_sessionid, a.csr_fore_chan_attrs, a.csr_back_chan_attrs, 0)
-    )
+    h.track(Session(h, conn, c, a.csr_sessionid, a.csr_fore_chan_attrs, a.csr_back_chan_attrs, 0))
     other = await h.connect()
     b = (await other.compound(_alone(nfs4.OP_CREATE_SESSION, args))).resok(0)
     _expect("the same csr_sessionid", a.csr_sessionid, b.csr_sessionid)

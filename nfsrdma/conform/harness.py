@@ -337,6 +337,11 @@ class Harness:
         self._conns.append(c)
         return c
 
+    def track(self, s: Session) -> Session:
+        """Have a session a check made by hand destroyed after the check."""
+        self._sessions.append(s)
+        return s
+
     def owner(self) -> bytes:
         return f"nfsrdma-conform/{self._run_id}/{next(self._names)}".encode()
 
