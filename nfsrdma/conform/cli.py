@@ -11,6 +11,9 @@ from pathlib import Path
 from nfsrdma.aio import run
 
 
+TRANSPORT_GROUPS = ("rfc8166",)  # checks of the RPC-over-RDMA layer alone
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "conform",
@@ -24,6 +27,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )  # fmt: skip
     p.add_argument(
         "--exclude", action="append", metavar="PATTERN", help="leave these checks out (repeatable)"
+    )
+    p.add_argument(
+        "--transport-only",
+        action="store_true",
+        help="only the RPC-over-RDMA transport checks (the rfc8166 group; needs rdma://)",
     )
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
     p.add_argument("--json", metavar="FILE", help="write a JSON report ('-' for stdout)")
@@ -47,6 +55,8 @@ def main(args: argparse.Namespace) -> int:
     from nfsrdma.conform.runner import failed, run_checks
 
     checks = select(all_checks(), args.only, args.exclude)
+    if args.transport_only:
+        checks = [c for c in checks if c.group in TRANSPORT_GROUPS]
     if args.list:
         sys.stdout.write(report.markdown(checks) if args.markdown else report.listing(checks))
         return 0

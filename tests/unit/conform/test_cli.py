@@ -77,6 +77,9 @@ def test_list_only_exclude(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["conform", "--list", "--only", "rfc8881-ops"]) == 0
     ids = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
     assert ids and all(i.startswith("CONF-OPS-") for i in ids)
+    assert main(["conform", "--list", "--transport-only"]) == 0
+    ids = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert ids == [c.id for c in all_checks() if c.group == "rfc8166"] and len(ids) >= 10
 
 
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
