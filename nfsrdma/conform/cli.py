@@ -10,7 +10,6 @@ from pathlib import Path
 
 from nfsrdma.aio import run
 
-
 TRANSPORT_GROUPS = ("rfc8166",)  # checks of the RPC-over-RDMA layer alone
 
 
