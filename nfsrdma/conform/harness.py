@@ -317,8 +317,8 @@ class Harness:
                                 )
                             ]
                         )
-                conns += self._conns
-                self._conns = []
+        conns += self._conns  # opened by the clean-up itself
+        self._conns = []
         for c in conns:
             c.close()
         self.log = log  # clean-up exchanges are not the check's
