@@ -161,7 +161,7 @@ async def comp_illegal(h: Harness) -> None:
 @check(
     "SS-3.1",
     "First operation not SEQUENCE: OP_NOT_IN_SESSION",
-    "RFC 8881 §2.10.6.2, §18.46.3",
+    "RFC 8881 §16.2.3, §18.46.3",
     group=G,
 )
 async def not_in_session(h: Harness) -> None:
@@ -461,7 +461,7 @@ async def rep_too_big_to_cache(h: Harness) -> None:
 @check(
     "SS-21.1",
     "Reply larger than ca_maxresponsesize: REP_TOO_BIG",
-    "RFC 8881 §18.46.3, §2.10.6.4",
+    "RFC 8881 §18.36.3, §18.46.3",
     group=G,
 )
 async def rep_too_big(h: Harness) -> None:
@@ -510,7 +510,7 @@ async def _file_with(h: Harness, s: Session, data: bytes) -> tuple[bytes, nfs4.s
 @check(
     "SS-21.2",
     "Request larger than ca_maxrequestsize: REQ_TOO_BIG",
-    "RFC 8881 §18.46.3, §2.10.6.4",
+    "RFC 8881 §18.36.3, §18.46.3",
     group=G,
 )
 async def req_too_big(h: Harness) -> None:
