@@ -219,7 +219,7 @@ class Session:
                 self.sessionid if sessionid is None else sessionid,
                 self.next_seqid(slot) if seqid is None else seqid,
                 slot,
-                max([slot, *self.seqids]) if highest is None else highest,
+                slot if highest is None else highest,
                 cachethis,
             ),
         )
@@ -242,6 +242,14 @@ class Session:
         ):
             self.seqids[slot] = args.sa_sequenceid
         return r
+
+    async def reclaim_complete(self) -> None:
+        """RECLAIM_COMPLETE for the whole client, on the highest slot (its result is not
+        checked: NFS4ERR_COMPLETE_ALREADY is as good)."""
+        rc = op(nfs4.OP_RECLAIM_COMPLETE, nfs4.RECLAIM_COMPLETE4args(False))
+        r = await self.call([rc], slot=max(0, self.slots - 1), note="RECLAIM_COMPLETE")
+        if r.statuses[:1] != [OK]:
+            raise Failed("SEQUENCE NFS4_OK before RECLAIM_COMPLETE", _names(r.statuses))
 
     async def ok(self, ops_: list[Op], **kw: Any) -> Reply:
         """``call``, and every operation must succeed."""
@@ -381,10 +389,18 @@ class Harness:
         return args
 
     async def session(
-        self, conn: Conn | None = None, client: Client | None = None, **kw: Any
+        self,
+        conn: Conn | None = None,
+        client: Client | None = None,
+        *,
+        reclaim_complete: bool = True,
+        **kw: Any,
     ) -> Session:
         """A new client ID (unless given) and a session on ``conn`` (a new connection unless
-        given). ``kw`` are SessionOptions fields (slots, rsize, max_response_size_cached...)."""
+        given). ``kw`` are SessionOptions fields (slots, rsize, max_response_size_cached...).
+        Like any client, it then sends RECLAIM_COMPLETE (RFC 8881 §18.51: until then a
+        server may refuse OPEN with NFS4ERR_GRACE), on the session's highest slot so that
+        slot 0 is still unused."""
         conn = conn or await self.connect()
         if client is None:
             client, _ = await self.exchange_id(conn)
@@ -397,6 +413,8 @@ class Harness:
             res.csr_back_chan_attrs, res.csr_flags,
         )  # fmt: skip
         self._sessions.append(s)
+        if reclaim_complete:
+            await s.reclaim_complete()
         return s
 
     # -- the export ---------------------------------------------------------------------------

@@ -105,7 +105,8 @@ def badslot_as_misordered(
 
 
 class ReplayDiffers:
-    """A reply cache that answers a retry with a different sr_target_highest_slotid."""
+    """A reply cache that answers a retry with a different last result (a GETFH with another
+    file handle)."""
 
     def __init__(self) -> None:
         self.seen: set[tuple[bytes, int, int]] = set()
@@ -120,9 +121,29 @@ class ReplayDiffers:
         if key not in self.seen:
             self.seen.add(key)
             return None
-        ok = res.resarray[0].value.value  # type: ignore[union-attr]
-        assert isinstance(ok, nfs4.SEQUENCE4resok)
-        ok.sr_target_highest_slotid = max(0, ok.sr_target_highest_slotid - 1)
+        ok = _ok_of(res, nfs4.OP_GETFH)
+        if ok is None:
+            return None
+        ok.object = bytes(ok.object) + b"\0"
+        return res
+
+
+class RefreshedSequenceFields:
+    """Not a fault: SEQUENCE reports slot and status fields that change from reply to reply
+    (as knfsd does when it replays: it encodes SEQUENCE afresh, e.g. CB_PATH_DOWN cleared)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(
+        self, args: nfs4.COMPOUND4args, res: nfs4.COMPOUND4res
+    ) -> nfs4.COMPOUND4res | None:
+        ok = _ok_of(res, nfs4.OP_SEQUENCE)
+        if ok is None:
+            return None
+        self.n += 1
+        ok.sr_status_flags = self.n & 1  # SEQ4_STATUS_CB_PATH_DOWN every other reply
+        ok.sr_target_highest_slotid = max(0, ok.sr_highest_slotid - (self.n & 1))
         return res
 
 
@@ -521,9 +542,9 @@ def fore_or_both_answered_back(
 
 
 def only_slot_zero(args: nfs4.COMPOUND4args, res: nfs4.COMPOUND4res) -> nfs4.COMPOUND4res | None:
-    """Slots other than 0 share slot 0's sequence: their seqid 1 is misordered."""
+    """Slot 1 shares slot 0's sequence: its seqid 1 is misordered."""
     sa = _seq_args(args)
-    if sa is None or sa.sa_slotid == 0 or _first_status(res) != nfs4.NFS4_OK:
+    if sa is None or sa.sa_slotid != 1 or _first_status(res) != nfs4.NFS4_OK:
         return None
     seq = nfs4.nfs_resop4(nfs4.OP_SEQUENCE, nfs4.SEQUENCE4res(nfs4.NFS4ERR_SEQ_MISORDERED))
     return nfs4.COMPOUND4res(nfs4.NFS4ERR_SEQ_MISORDERED, res.tag, [seq])
@@ -555,7 +576,7 @@ STATEFUL_CASES: list[tuple[str, Callable[[], Mutation], set[str]]] = [
     ("CREATE_SESSION replay differs", CreateSessionReplayDiffers, {"SS-10.2", "SS-10.5"}),
     ("one session ID per client", OneSessionIdPerClient, {"SS-4"}),
     ("FORE_OR_BOTH answered BACK", lambda: fore_or_both_answered_back, {"SS-5.1"}),
-    ("only slot 0 works", lambda: only_slot_zero, {"SS-6.5"}),
+    ("slot 1 shares slot 0's seqids", lambda: only_slot_zero, {"SS-6.5"}),
     ("sessions die with their connection", SessionsDieWithTheirConnection, {"SS-2.1", "SS-7.2"}),
 ]
 
@@ -581,3 +602,14 @@ def test_every_check_is_made_to_fail_by_some_broken_server() -> None:
     for _, _, ids in RDMA_CASES:
         broken |= ids
     assert {c.id for c in all_checks()} - broken == set()
+
+
+async def test_replays_may_refresh_sequence_slot_and_status_fields(tmp_path: Path) -> None:
+    """SS-7.x compare a replay with the original but for SEQUENCE's sr_highest_slotid,
+    sr_target_highest_slotid and sr_status_flags (found against knfsd, which re-encodes
+    SEQUENCE in a replay)."""
+    checks = [c for c in all_checks() if c.id.startswith("SS-7.")]
+    async with served(tmp_path, mutation=RefreshedSequenceFields()) as (h, server):
+        outcomes = await run_checks(h, checks, limit=30)
+        assert getattr(server, "mutated", 0) > 0
+    assert {o.check.id: o.result for o in outcomes} == {c.id: Result.PASS for c in checks}
