@@ -14,6 +14,7 @@ COMMAND_MODULES = (
     "nfsrdma.server_cli",
     "nfsrdma.testbed.cli",
     "nfsrdma.client.cli",
+    "nfsrdma.conform.cli",
 )
 
 
