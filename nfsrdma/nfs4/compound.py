@@ -106,9 +106,18 @@ def compound(server: ServerState, call: RpcCall, w: Writer) -> Awaitable[None] |
         conn=call.conn,
         now=time.monotonic(),
         op_count=count,
-        request_size=len(r.buf) - call.offset,
+        request_size=_request_size(r, call.offset),
     )
     return _Run(ctx, r, off, w, head, count_at).run()
+
+
+def _request_size(r: Reader, offset: int) -> int:
+    """The COMPOUND's XDR-encoded size, as ca_maxrequestsize counts it (RFC 8881 section
+    18.36.3): what came inline plus what came by Read chunks (their XDR padding included)."""
+    size = len(r.buf) - offset
+    if r.chunks:
+        size += sum((len(c) + 3) & ~3 for c in r.chunks.values())
+    return size
 
 
 class _Run:

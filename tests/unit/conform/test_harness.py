@@ -41,12 +41,8 @@ def failing(outcomes: list[Outcome]) -> set[str]:
     return {o.check.id for o in outcomes if o.result is Result.FAIL}
 
 
-# What the harness finds wrong in our own server, per transport. SS-21.2 over RDMA: the server
-# measures a request against ca_maxrequestsize without the data that came by Read chunk
-# (nfsrdma/nfs4/compound.py: request_size=len(r.buf) - call.offset), but RFC 8881 §18.36.3
-# defines ca_maxrequestsize as "the XDR encoded size of the request", which includes it. When
-# the server is fixed this test fails until the entry goes.
-KNOWN_FAILURES: dict[str, set[str]] = {"tcp": set(), "rdma": {"SS-21.2"}}
+# What the harness finds wrong in our own server, per transport (nothing: every check passes).
+KNOWN_FAILURES: dict[str, set[str]] = {"tcp": set(), "rdma": set()}
 
 
 @pytest.mark.parametrize("transport", ["tcp", "rdma"])
