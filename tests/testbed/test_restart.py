@@ -80,7 +80,7 @@ else:
 """
 
 
-def _argv(export: Path, state: Path, proto: Proto) -> list[str]:
+def _argv(export: Path, state: Path, proto: Proto, delegations: bool) -> list[str]:
     argv = [
         sys.executable, "-m", "nfsrdma", "-v", "serve", str(export),
         "--tcp-port", str(OURS_TCP_PORT), "--no-root-squash",
@@ -90,6 +90,8 @@ def _argv(export: Path, state: Path, proto: Proto) -> list[str]:
         argv += ["--rdma-port", str(OURS_RDMA_PORT)]
     else:
         argv += ["--no-rdma"]
+    if not delegations:
+        argv += ["--no-delegations"]
     return argv
 
 
@@ -156,18 +158,20 @@ def _probe(path: Path) -> str:
     return out.stdout.strip()
 
 
-@pytest.mark.parametrize("proto", ["tcp", "rdma"])
+@pytest.mark.parametrize(("proto", "delegations"), [("tcp", False), ("rdma", False), ("tcp", True)])
 def test_writer_survives_server_restart(
-    proto: Proto, rxe: str, nfs_mount: MountFactory, artefacts: Path
+    proto: Proto, delegations: bool, rxe: str, nfs_mount: MountFactory, artefacts: Path
 ) -> None:
     """kill -9 of our server and a restart on the same export and state dir: the Linux
     client reclaims (OPEN CLAIM_PREVIOUS, LOCK reclaim, RECLAIM_COMPLETE); the writer's
     next write and fsync succeed, its lock still excludes another process, and the file holds
-    exactly what was written."""
-    base = Path(f"/tmp/restart-{proto}")
+    exactly what was written. Without delegations the lock is the server's and is reclaimed;
+    with them the writer holds a write delegation (the client keeps its lock locally, RFC 8881
+    section 10.4), which it reclaims with the open and gets again."""
+    base = Path(f"/tmp/restart-{proto}-{'deleg' if delegations else 'nodeleg'}")
     state = base / "state"
     with _tmpfs(base / "export") as export:
-        argv = _argv(export, state, proto)
+        argv = _argv(export, state, proto, delegations)
         first = _start(argv, artefacts / "server-1.log", proto)
         second: Background | None = None
         writer: Writer | None = None
@@ -195,8 +199,13 @@ def test_writer_survives_server_restart(
 
             log = (artefacts / "server-2.log").read_text(errors="replace")
             assert "grace period of 10s: 1 clients may reclaim" in log
-            over = "grace period over (every client reclaimed): 1 opens and 1 locks reclaimed"
+            locks = 0 if delegations else 1
+            over = (
+                f"grace period over (every client reclaimed): 1 opens and {locks} locks reclaimed"
+            )
             assert over in log
+            if delegations:  # the reclaimed open got its write delegation back
+                assert "write delegation granted" in log
 
             writer.send("close")
             writer.expect("closed", 60)
