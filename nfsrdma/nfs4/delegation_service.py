@@ -301,7 +301,21 @@ def check_conflicts(
             if mine.lease is not None and table.release is not None:
                 table.release(mine)
                 mine.lease = None
+    _expire_courteous_holders(ctx, table.conflicts(fh, clientid, write=write))
     table.break_conflicts(fh, clientid, write=write, now=ctx.now)
+
+
+def _expire_courteous_holders(ctx: CompoundContext, conflicting: list[Delegation]) -> None:
+    """Courteous expiry (as for opens and locks, ``nfsrdma.nfs4.state``): a delegation whose
+    holder's lease has run out is not recalled; its holder is expired, delegation and all, and
+    the operation goes ahead at once. Active holders are recalled as usual."""
+    sm = ctx.server.state_manager
+    leases = sm.leases
+    if leases is None or not conflicting:
+        return
+    courteous = {d.clientid for d in conflicting if leases.courteous(d.clientid)}
+    if courteous:
+        sm.make_way(courteous)
 
 
 def check_name(

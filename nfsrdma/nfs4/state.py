@@ -332,10 +332,10 @@ class StateManager:
             for o in f.opens.values()
             if o is not mine and ((access & o.deny) or (deny & o.access))
         }
-        if holders and not self._make_way(holders):
+        if holders and not self.make_way(holders):
             raise Nfs4Error(nfs4.NFS4ERR_SHARE_DENIED)
 
-    def _make_way(self, holders: set[int]) -> bool:
+    def make_way(self, holders: set[int]) -> bool:
         """The clients ``holders`` hold state refusing a request: if all of them are
         courteous, expire them (their state goes) and return True; else False, and nothing
         changes."""
@@ -442,7 +442,7 @@ class StateManager:
             holders.add(ls.clientid)
             if found is None or r.start < found[1].start:
                 found = (ls, r)
-        if found is None or self._make_way(holders):
+        if found is None or self.make_way(holders):
             return None
         ls, r = found
         return Conflict(r.start, r.end, r.kind, ls.clientid, ls.owner)
@@ -526,7 +526,7 @@ class StateManager:
             return
         bit = DENY_WRITE if write else DENY_READ
         holders = {o.clientid for o in f.opens.values() if o.deny & bit}
-        if holders and not self._make_way(holders):
+        if holders and not self.make_way(holders):
             raise Nfs4Error(nfs4.NFS4ERR_LOCKED)
 
     def io_file(self, clientid: int, sid: nfs4.stateid4, fh: bytes, write: bool) -> OpenFile | None:

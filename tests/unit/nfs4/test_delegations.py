@@ -274,6 +274,25 @@ async def test_conflicting_open_is_delayed_until_the_holder_returns(tmp_path: Pa
         await a.on(fh, nfs4.NFS4ERR_BAD_STATEID, op(nfs4.OP_DELEGRETURN, nfs4.DELEGRETURN4args(d)))
 
 
+async def test_a_courteous_holders_delegation_gives_way_at_once(tmp_path: Path) -> None:
+    """Courteous expiry (issue 11 section 3, as knfsd): the holder's lease has run out, so a
+    conflicting OPEN is neither delayed nor made to wait for a recall: the holder is expired,
+    its delegation with it, and the OPEN succeeds in the same COMPOUND."""
+    async with deleg_served(tmp_path) as (server, (a, b)):
+        await _holding_read(a)
+        recalls = Recalls(server)
+        assert server.state is not None
+        sessions = server.state.sessions
+        record = sessions.clients.get(a.clientid)
+        assert record is not None
+        record.last_renewed -= 10 * sessions.lease_time  # A has been silent for ten leases
+        assert sessions.courteous(a.clientid)
+        await b.open(b"f", WRITE, how=NOCREATE, owner=b"w")
+        assert b.s.stats.delays == 0 and recalls.sent == []
+        assert sessions.clients.get(a.clientid) is None
+        assert not server.state.state_manager.client_has_state(a.clientid)
+
+
 @pytest.mark.parametrize("operation", ["remove", "rename", "rename_over", "link", "size", "mode"])
 async def test_namespace_and_setattr_changes_recall(tmp_path: Path, operation: str) -> None:
     async with deleg_served(tmp_path) as (server, (a, b)):
