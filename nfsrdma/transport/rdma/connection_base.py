@@ -24,7 +24,7 @@ from typing import TypeAlias
 
 from nfsrdma.transport.base import Connection, TransportCallError
 from nfsrdma.transport.rdma import header as hdr
-from nfsrdma.transport.rdma import privdata
+from nfsrdma.transport.rdma import privdata, rtrext
 from nfsrdma.transport.rdma.calls import InCall, OutCall, Scratch
 from nfsrdma.transport.rdma.credits import CreditPolicy, CreditWindow
 from nfsrdma.transport.rdma.header import ChunkLimits, Header, HeaderError
@@ -76,6 +76,11 @@ class RdmaOptions:
     max_write_chunks: int = 1  # Write chunks per call
     data_buffer_size: int = 1 << 20
     probe_reserve: bool = True  # keep one credit for a keepalive probe (UL-26)
+    # The rtrext extension (message continuation between nfsrdma peers, RT-X1): offered in the
+    # private data, used only when the peer offers it too.
+    rtrext: bool = True
+    rtr_request_limit: int = 8  # transmissions per call we accept (RT-4)
+    rtr_response_limit: int = 8  # transmissions per reply we produce (RT-5)
 
 
 class RdmaConnectionBase(Connection):
@@ -110,6 +115,16 @@ class RdmaConnectionBase(Connection):
             ),
         )
         self.peer_pd: privdata.PrivateData | None = None
+        self.local_rtr = (
+            rtrext.RtrBlock(
+                request_limit=options.rtr_request_limit,
+                response_limit=options.rtr_response_limit,
+                segment_size=self.recv_pool.buffer_size,
+            )
+            if options.rtrext
+            else None
+        )
+        self.rtr = rtrext.OFF
         self.thresholds = privdata.inline_thresholds(None, None)
         self.credits = CreditWindow(options.max_requests)
         # A responder grants what it provisioned for that direction: the forward credits on a
@@ -164,19 +179,29 @@ class RdmaConnectionBase(Connection):
             pieces, inv, writes = self._send_backlog.popleft()
             self._send(pieces, inv, writes)
 
+    def private_data(self, *, accept: bool) -> bytes:
+        """What we send in our connect request or accept: the RFC 8797 block at offset 0,
+        then the rtrext block when enabled (RT-X1), within the fabric's room (PD-11)."""
+        caps = self.device.caps
+        limit = caps.max_accept_private_data if accept else caps.max_connect_private_data
+        return rtrext.private_data(self.local_pd, self.local_rtr, limit=limit)
+
     def negotiated(self, peer: bytes) -> None:
-        """Thresholds from both blocks, afresh for this connection (PD-7, PD-9, PD-14)."""
+        """Thresholds from both blocks, afresh for this connection (PD-7, PD-9, PD-14); the
+        rtrext extension only if both sides sent its block (RT-X1)."""
         self.peer_pd = privdata.decode(peer)
+        self.rtr = rtrext.negotiate(self.local_rtr, rtrext.decode(peer))
         if self.server:
             self.thresholds = privdata.inline_thresholds(self.peer_pd, self.local_pd)
         else:
             self.thresholds = privdata.inline_thresholds(self.local_pd, self.peer_pd)
         log.info(
-            "rdma %s: inline c->s %d s->c %d, peer R=%s",
+            "rdma %s: inline c->s %d s->c %d, peer R=%s, rtrext %s",
             self.peer,
             self.thresholds.client_to_server,
             self.thresholds.server_to_client,
             self.peer_pd.remote_invalidate if self.peer_pd else "none",
+            self.rtr,
         )
 
     @property
