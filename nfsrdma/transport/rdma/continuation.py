@@ -1,0 +1,165 @@
+"""Message continuation (RT-X3, RT-6, RT-8), sans-IO: cutting a message into transmissions,
+and putting received transmissions back together under the grouping rules.
+
+A group is one XMTREQ or XMTRESP (transmission 0, carrying the count) followed by XMTCONTs
+numbered 1..count-1 with the same xid, back to back on the connection: the sender posts them
+in one go and nothing else goes in between (RT-6). The receiver therefore has at most one group
+open. Anything else arriving while one is open ends that group with an error report and
+nothing of it is delivered; a group is delivered only whole and in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nfsrdma.transport.rdma import rtrheader as rh
+from nfsrdma.transport.rdma.rtrheader import RtrMessage
+from nfsrdma.xdr.gen import rpcrdma as x
+from nfsrdma.xdr.runtime import Buffer
+
+E = x.optr_err
+
+# -- sending -----------------------------------------------------------------------------
+
+
+def transmissions_needed(length: int, first: int, rest: int) -> int:
+    """How many transmissions carry ``length`` payload octets when the first has room for
+    ``first`` and each later one for ``rest`` (each room > 0)."""
+    if length <= first:
+        return 1
+    return 1 + -(-(length - first) // rest)
+
+
+def split(pieces: list[Buffer], first: int, rest: int) -> list[list[Buffer]]:
+    """Cut a message (in pieces) into the payload sections of its transmissions, without
+    copying: the first holds at most ``first`` octets, the others at most ``rest``."""
+    out: list[list[Buffer]] = [[]]
+    room = first
+    for piece in pieces:
+        view = memoryview(piece).cast("B") if not isinstance(piece, memoryview) else piece
+        while len(view):
+            if room == 0:
+                out.append([])
+                room = rest
+            take = view[:room]
+            out[-1].append(take)
+            room -= len(take)
+            view = view[len(take) :]
+    return out
+
+
+# -- receiving ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Fault:
+    """A grouping error to report (REPTERR, RT-18): the transmission where it was found, the
+    group's lead transmission when one is known, the code and its details."""
+
+    code: int
+    bad: x.xms_id
+    lead: x.xms_id | None = None
+    expected: tuple[int, int] | None = None  # BADHMT, BADOMT, BADSEQ, BADXID: (expect, current)
+    value_range: tuple[int, int, int] | None = None  # BADOFF, BADTBSN, BADPL: (value, min, max)
+
+    @property
+    def xid(self) -> int:
+        return self.bad.xmsi_xid
+
+
+@dataclass(slots=True)
+class Group:
+    """A message whose transmissions all arrived, in order."""
+
+    xid: int
+    direction: int  # rh.CALL or rh.REPLY
+    lead: RtrMessage
+    count: int
+    sections: list[bytes] = field(default_factory=list)
+
+    @property
+    def payload(self) -> bytes:
+        return b"".join(self.sections)
+
+
+Event = Group | Fault
+
+
+def _id(xid: int, direction: int, seq: int) -> x.xms_id:
+    return x.xms_id(xid, x.xms_dir(direction), seq)
+
+
+class Reassembler:
+    """One connection's receive side. ``feed`` takes each transmission with an optional header
+    (or ``None`` for a plain v1 message) and returns what it completes or breaks."""
+
+    def __init__(self) -> None:
+        self.open: Group | None = None
+
+    def _abandon(
+        self,
+        bad: x.xms_id,
+        code: int,
+        expected: tuple[int, int] | None = None,
+        value_range: tuple[int, int, int] | None = None,
+    ) -> Fault:
+        g = self.open
+        assert g is not None
+        self.open = None
+        return Fault(code, bad, _id(g.xid, g.direction, 0), expected, value_range)
+
+    def plain(self, xid: int, direction: int) -> list[Event]:
+        """A v1 message arrived. If a group is open it was broken (RT-6: BADHMT)."""
+        if self.open is None:
+            return []
+        return [self._abandon(_id(xid, direction, 0), E.OPTRERR_BADHMT, expected=(rh.XMTCONT, 0))]
+
+    def feed(self, msg: RtrMessage, payload: bytes, *, limit: int) -> list[Event]:
+        """A transmission with an optional header and its payload. ``limit``: the most
+        transmissions accepted for a lead of this kind (RT-4, RT-8)."""
+        events: list[Event] = []
+        body = msg.body
+        if isinstance(body, x.optxmt_cont):
+            return self._cont(msg, body, payload)
+        if isinstance(body, x.optrept_err):
+            return events  # reports are handled by the connection, outside any group
+        direction = rh.CALL if isinstance(body, x.optxmt_req) else rh.REPLY
+        count = body.optxrq_count if isinstance(body, x.optxmt_req) else body.optxrs_count
+        here = _id(msg.xid, direction, 0)
+        if self.open is not None:
+            events.append(self._abandon(here, E.OPTRERR_BADHMT, expected=(rh.XMTCONT, msg.ropt)))
+        if msg.pslen != len(payload):
+            n = len(payload)
+            events.append(Fault(E.OPTRERR_BADPL, here, None, value_range=(msg.pslen, n, n)))
+            return events
+        if not 1 <= count <= limit:
+            events.append(Fault(E.OPTRERR_BADCONT, here, None))
+            return events
+        group = Group(msg.xid, direction, msg, count, [payload])
+        if count == 1:
+            events.append(group)
+        else:
+            self.open = group
+        return events
+
+    def _cont(self, msg: RtrMessage, body: x.optxmt_cont, payload: bytes) -> list[Event]:
+        g = self.open
+        if g is None:
+            return [Fault(E.OPTRERR_BADCONT, _id(msg.xid, rh.REPLY, body.optxc_xnum), None)]
+        here = _id(msg.xid, g.direction, body.optxc_xnum)
+        if msg.xid != g.xid:
+            return [self._abandon(here, E.OPTRERR_BADXID, expected=(g.xid, msg.xid))]
+        expect = len(g.sections)
+        if body.optxc_xnum != expect:
+            return [self._abandon(here, E.OPTRERR_BADSEQ, expected=(expect, body.optxc_xnum))]
+        if body.optxc_pslen != len(payload):
+            n = len(payload)
+            return [self._abandon(here, E.OPTRERR_BADPL, value_range=(body.optxc_pslen, n, n))]
+        g.sections.append(payload)
+        if len(g.sections) == g.count:
+            self.open = None
+            return [g]
+        return []
+
+    def reset(self) -> None:
+        self.open = None
