@@ -13,9 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nfsrdma.transport.rdma import rtrheader as rh
+from nfsrdma.transport.rdma.header import RDMA_NOMSG
+from nfsrdma.transport.rdma.marshal import CallPlan, ReadExposure
 from nfsrdma.transport.rdma.rtrheader import RtrMessage
 from nfsrdma.xdr.gen import rpcrdma as x
-from nfsrdma.xdr.runtime import Buffer
+from nfsrdma.xdr.runtime import Buffer, Writer
+
+PLAIN_HEADER = 28  # an RDMA_MSG header with three empty chunk lists
 
 E = x.optr_err
 
@@ -108,7 +112,7 @@ class Reassembler:
         self.open = None
         return Fault(code, bad, _id(g.xid, g.direction, 0), expected, value_range)
 
-    def plain(self, xid: int, direction: int) -> list[Event]:
+    def plain(self, xid: int, direction: int) -> list[Fault]:
         """A v1 message arrived. If a group is open it was broken (RT-6: BADHMT)."""
         if self.open is None:
             return []
@@ -163,3 +167,80 @@ class Reassembler:
 
     def reset(self) -> None:
         self.open = None
+
+
+# -- deciding when to continue (RT-4, RT-5, RT-8) ------------------------------------------
+
+
+@dataclass(slots=True)
+class ContinuedCall:
+    """A call to send as an XMTREQ group instead of plain v1."""
+
+    sections: list[list[Buffer]]  # payload of each transmission
+    reads: list[ReadExposure]  # DDP items still moved to Read chunks (EXRW items)
+    rsbuf: int  # extra receives reserved for the reply
+    offer_reply_chunk: bool  # the reply may still exceed what continuation can carry
+    credits: int  # credits the call holds until its reply: max(count, 1 + rsbuf)
+
+    @property
+    def count(self) -> int:
+        return len(self.sections)
+
+
+def plan_continued_call(
+    plan: CallPlan,
+    *,
+    send_limit: int,
+    recv_limit: int,
+    max_reply: int,
+    call_limit: int,
+    reply_limit: int,
+    credits_free: int,
+) -> ContinuedCall | None:
+    """Whether and how to continue a call that plain v1 would send as a Long call (position-zero
+    Read chunk) or with a Reply chunk; None keeps plain v1 (the fallback for every RPC).
+    ``call_limit``/``reply_limit`` are the negotiated transmission limits (RT-4, RT-5);
+    ``credits_free`` the credits the requester holds for this call and more (RT-8)."""
+    long_call = plan.proc == RDMA_NOMSG
+    if not long_call and plan.reply_chunk is None:
+        return None
+    body = list(plan.reads[0].data) if long_call else list(plan.inline)
+    reads = plan.reads[1:] if long_call else list(plan.reads)
+    rsbuf, offer_reply = 0, plan.reply_chunk is not None
+    if plan.reply_chunk is not None and reply_limit > 1:
+        need = transmissions_needed(
+            max_reply, recv_limit - rh.XMTRESP_SIZE, recv_limit - rh.XMTCONT_SIZE
+        )
+        rsbuf = max(0, min(need, reply_limit, credits_free) - 1)
+        offer_reply = need > rsbuf + 1
+    head = rh.xmtreq_size(
+        [1] * len(plan.write_chunks), 1 if offer_reply else None, [1] * len(reads)
+    )
+    length = sum(len(p) for p in body)
+    if head >= send_limit:
+        return None
+    count = transmissions_needed(length, send_limit - head, send_limit - rh.XMTCONT_SIZE)
+    if count > call_limit or count > credits_free:
+        return None  # RT-4, RT-8: plain v1 (a position-zero Read chunk) instead
+    if count == 1 and rsbuf == 0:
+        return None  # nothing gained over plain v1
+    sections = split(body, send_limit - head, send_limit - rh.XMTCONT_SIZE)
+    return ContinuedCall(sections, reads, rsbuf, offer_reply, max(count, 1 + rsbuf))
+
+
+def plan_continued_reply(
+    msg: Writer, call_writes: int, send_limit: int, transmissions: int
+) -> list[list[Buffer]] | None:
+    """The payload sections of a reply sent as an XMTRESP group, or None for plain v1: only
+    when the reply does not fit one plain Send, needs no RDMA Write (no DDP item meets a
+    Write chunk) and fits the ``transmissions`` the requester reserved (RT-8)."""
+    if transmissions <= 1 or (msg.ddp and call_writes):
+        return None
+    body = msg.pieces()
+    length = sum(len(p) for p in body)
+    if PLAIN_HEADER + length <= send_limit:
+        return None
+    first, rest = send_limit - rh.XMTRESP_SIZE, send_limit - rh.XMTCONT_SIZE
+    if transmissions_needed(length, first, rest) > transmissions:
+        return None
+    return split(body, first, rest)

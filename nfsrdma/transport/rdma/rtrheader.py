@@ -166,3 +166,25 @@ def placement_valid(ptype: int, *, request: bool) -> bool:
     """Table 1: whether a placement type is valid in an xmdp_loc of a request or response."""
     in_request, in_response = _VALID_LOC.get(ptype, (False, False))
     return in_request if request else in_response
+
+
+def encode_repterr(fault: object, credit: int) -> bytes:
+    """REPTERR for a grouping fault (``continuation.Fault``; RT-18)."""
+    from nfsrdma.transport.rdma.continuation import Fault
+
+    assert isinstance(fault, Fault)
+    code = x.optr_err(fault.code)
+    value: x.optr_expect | x.optr_range | None = None
+    if fault.expected is not None:
+        value = x.optr_expect(*fault.expected)
+    elif fault.value_range is not None:
+        value = x.optr_range(*fault.value_range)
+    elif code is not x.optr_err.OPTRERR_BADCONT:
+        value = (
+            x.optr_range(0, 0, 0)
+            if code
+            in (x.optr_err.OPTRERR_BADOFF, x.optr_err.OPTRERR_BADTBSN, x.optr_err.OPTRERR_BADPL)
+            else x.optr_expect(0, 0)
+        )
+    body = x.optrept_err(fault.bad, fault.lead, x.optr_info(code, value))
+    return encode_body(fault.xid, credit, REPTERR, body)
