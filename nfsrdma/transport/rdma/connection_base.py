@@ -390,7 +390,7 @@ class RdmaConnectionBase(Connection):
         is reported to its requester with REPTERR, which then fails or resends it (RT-19)."""
         self.stats["rtr_faults"] += 1
         log.info("rdma %s: rtrext grouping error %s", self.peer, fault)
-        if fault.bad.xmsi_dir == rh.REPLY or fault.xid in self._out:
+        if fault.message.xmsi_dir == rh.REPLY or fault.xid in self._out:
             if fault.xid in self._out:
                 code = rpcrdma.optr_err(fault.code).name
                 self._fail_call(fault.xid, TransportCallError(f"continued reply broken: {code}"))

@@ -67,8 +67,13 @@ class Fault:
     value_range: tuple[int, int, int] | None = None  # BADOFF, BADTBSN, BADPL: (value, min, max)
 
     @property
+    def message(self) -> x.xms_id:
+        """The message the fault breaks: the group's lead when one was open."""
+        return self.lead if self.lead is not None else self.bad
+
+    @property
     def xid(self) -> int:
-        return self.bad.xmsi_xid
+        return self.message.xmsi_xid
 
 
 @dataclass(slots=True)

@@ -167,7 +167,7 @@ class Requester(RdmaConnectionBase):
         """The responder could not take our continued call: the RPC fails cleanly (RT-19)."""
         self.stats["rtr_repterr"] += 1
         self.credits.update(credit)
-        xid = err.optre_bad.xmsi_xid
+        xid = (err.optre_lead or err.optre_bad).xmsi_xid  # the broken message
         code = rpcrdma.optr_err(err.optre_info.optre_which).name
         if xid in self._out:
             self._fail_call(xid, TransportCallError(f"REPTERR {code} for xid {xid:#x}"))

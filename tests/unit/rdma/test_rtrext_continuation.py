@@ -207,3 +207,31 @@ async def test_rt8_unused_reserved_receives_are_recycled_at_the_first_reply_tran
         assert r.server[0].stats["rtr_replies_sent"] == 1
         assert releases == [3, 2]  # the 3 unused at the reply's first transmission, then 2
         assert r.client.credits.in_flight == 0
+
+
+async def test_rt6_rt18_a_plain_message_inside_a_call_group_breaks_that_call_only() -> None:
+    """The client slips a plain v1 call in the middle of its own continued call: the server
+    reports BADHMT naming the continued call (the group's lead), which fails; the plain call
+    completes."""
+    async with rig() as r:
+        client = r.client
+        assert client is not None and r.rpc is not None
+        await granted(r)
+        original = client._send_group
+        stash: list[list[Buffer]] = []
+        built = asyncio.Event()
+
+        def hold(transmissions: list[list[Buffer]]) -> None:
+            stash.extend(transmissions)  # sent later, split by a plain call
+            built.set()
+
+        client._send_group = hold  # type: ignore[method-assign]
+        broken = asyncio.ensure_future(blob_call(r, 16 * 1024))
+        await asyncio.wait_for(built.wait(), 5)
+        client._send_group = original  # type: ignore[method-assign]
+        original(stash[:2])
+        plain = asyncio.ensure_future(r.rpc.call(PROG, VERS, 0))
+        with pytest.raises(TransportCallError, match="REPTERR OPTRERR_BADHMT"):
+            await asyncio.wait_for(broken, 5)
+        await asyncio.wait_for(plain, 5)
+        assert r.server[0].stats["rtr_faults"] >= 1
