@@ -160,6 +160,11 @@ class Requester(RdmaConnectionBase):
 
     def _on_continued_reply(self, group: continuation.Group) -> None:
         self.stats["rtr_replies"] += 1
+        lead = group.lead.body
+        if isinstance(lead, rpcrdma.optxmt_resp) and lead.optxrs_dp:
+            # We offer no reply directions in phase 1, so nothing may have been excised.
+            self._fail_call(group.xid, TransportCallError("continued reply with placed items"))
+            return
         h = Header(group.xid, hdr.VERSION, group.lead.credit, hdr.RDMA_MSG)
         self._on_reply(h, memoryview(group.payload))
 
