@@ -47,9 +47,11 @@ def closed(conn: RdmaConnection) -> asyncio.Future[BaseException | None]:
 
 
 @asynccontextmanager
-async def rdma_to(port: int) -> AsyncIterator[tuple[PyverbsDevice, RdmaConnection, RpcConnection]]:
+async def rdma_to(
+    port: int, options: RdmaOptions | None = None
+) -> AsyncIterator[tuple[PyverbsDevice, RdmaConnection, RpcConnection]]:
     device = await open_device(guest_addr())
-    conn = await connect_rdma(device, guest_addr(), port)
+    conn = await connect_rdma(device, guest_addr(), port, options)
     rpc = RpcConnection(conn)
     try:
         yield device, conn, rpc
@@ -250,7 +252,9 @@ async def test_tr14_a_client_flooding_past_its_credits_is_disconnected_others_ar
 
     log_before = len(ours.proc.log.read_text())
     async with rdma_to(OURS_RDMA_PORT) as (_, _good, good_rpc):
-        async with rdma_to(OURS_RDMA_PORT) as (_, conn, rpc):
+        # Plain v1 (rtrext off): the flood must be Long calls by position-zero Read chunk; with
+        # rtrext they would go as continued Sends, which the server answers at once.
+        async with rdma_to(OURS_RDMA_PORT, RdmaOptions(rtrext=False)) as (_, conn, rpc):
             await rpc.call(nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 0, timeout=30)
             n = 8 * conn.credits.granted
             conn.credits.granted = conn.credits.local_max = 1000  # pretend we were granted more
