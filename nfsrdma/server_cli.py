@@ -13,6 +13,7 @@ from dataclasses import replace
 from nfsrdma.aio import run
 from nfsrdma.nfs4.server_state import ServerConfig
 from nfsrdma.server import NFS_RDMA_PORT, NFS_TCP_PORT, NFSServer
+from nfsrdma.transport.rdma.connection_base import RdmaOptions
 from nfsrdma.vfs.secret import StateDirError
 
 log = logging.getLogger("nfsrdma.server")
@@ -28,6 +29,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--rdma-device", default=None, metavar="DEV", help="RDMA device (any)")
     p.add_argument("--no-rdma", action="store_true", help="do not listen for RPC-over-RDMA")
+    p.add_argument(
+        "--rtrext",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="offer the rtrext extension (message continuation) to nfsrdma clients; Linux "
+        "clients never take it (default: on)",
+    )
     p.add_argument("--read-only", action="store_true", help="refuse every modification")
     p.add_argument("--no-root-squash", dest="root_squash", action="store_false", help="trust uid 0")
     p.add_argument("--anon-uid", type=int, default=65534, metavar="N")
@@ -124,6 +132,7 @@ def serve(args: argparse.Namespace) -> int:
         tcp_port=args.tcp_port,
         rdma_port=None if args.no_rdma else args.rdma_port,
         rdma_device=args.rdma_device,
+        rdma_options=RdmaOptions(rtrext=args.rtrext),
         read_only=args.read_only,
         root_squash=args.root_squash,
         anon_uid=args.anon_uid,

@@ -47,10 +47,12 @@ __all__ = [
 ]
 
 
-async def open_client(url: str | NfsUrl, options: SessionOptions) -> NfsClient:
+async def open_client(
+    url: str | NfsUrl, options: SessionOptions, *, rtrext: bool = True
+) -> NfsClient:
     """Connect, create the session and find the URL's directory."""
     target = parse_url(url) if isinstance(url, str) else url
-    session = ClientSession(lambda: open_connection(target), options)
+    session = ClientSession(lambda: open_connection(target, rtrext=rtrext), options)
     await session.start()
     client = NfsClient(session, target)
     try:
@@ -64,16 +66,17 @@ async def open_client(url: str | NfsUrl, options: SessionOptions) -> NfsClient:
 class Connecting:
     """What :func:`connect` returns: ``await`` it, or use it with ``async with``."""
 
-    def __init__(self, url: str | NfsUrl, options: SessionOptions) -> None:
+    def __init__(self, url: str | NfsUrl, options: SessionOptions, *, rtrext: bool = True) -> None:
         self.url = url
         self.options = options
+        self.rtrext = rtrext
         self.client: NfsClient | None = None
 
     def __await__(self) -> Generator[Any, None, NfsClient]:
-        return open_client(self.url, self.options).__await__()
+        return open_client(self.url, self.options, rtrext=self.rtrext).__await__()
 
     async def __aenter__(self) -> NfsClient:
-        self.client = await open_client(self.url, self.options)
+        self.client = await open_client(self.url, self.options, rtrext=self.rtrext)
         return self.client
 
     async def __aexit__(
@@ -97,6 +100,7 @@ def connect(
     wsize: int = 1 << 20,
     timeout: float = 10.0,
     backchannel: bool = True,
+    rtrext: bool = True,
     **options: Any,
 ) -> Connecting:
     """Connect to ``nfs://host[:port]/path`` or ``rdma://host[:port]/path``.
@@ -104,7 +108,8 @@ def connect(
     ``uid``/``gid``/``gids`` are the AUTH_SYS identity (this process's by default);
     ``slots`` the session slots asked for (calls in flight); ``rsize``/``wsize`` the largest
     READ/WRITE (the server may grant less); ``timeout`` how long a silent server is given before
-    the connection is replaced. Other keywords go to :class:`SessionOptions`."""
+    the connection is replaced; ``rtrext`` offers the rtrext extension (message continuation
+    between nfsrdma peers, RT-X1) on ``rdma://``. Other keywords go to :class:`SessionOptions`."""
     opts = SessionOptions(
         slots=slots,
         rsize=rsize,
@@ -117,4 +122,4 @@ def connect(
         probe_timeout=timeout,
         **options,
     )
-    return Connecting(url, opts)
+    return Connecting(url, opts, rtrext=rtrext)

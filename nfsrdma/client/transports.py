@@ -35,12 +35,15 @@ class RdmaUnavailable(NotImplementedError):
     """RPC-over-RDMA cannot be used here (no pyverbs, or no RDMA device with an address)."""
 
 
-async def connect_rdma(host: str, port: int) -> Connection:
+async def connect_rdma(host: str, port: int, *, rtrext: bool = True) -> Connection:
     """An RPC-over-RDMA v1 connection to ``host:port`` through this host's RDMA device (the
     first with an IPv4 address). The requester implements the same ``Connection`` interface as
     TCP: READ results land in ``ReplyExpectation.sinks`` through Write chunks, WRITE data
-    leaves as Read chunks. Connection failures are ConnectionError (the session retries)."""
+    leaves as Read chunks. Connection failures are ConnectionError (the session retries).
+    ``rtrext`` offers the rtrext extension (message continuation, RT-X1) in the private data;
+    only an nfsrdma server takes it up."""
     try:
+        from nfsrdma.transport.rdma.connection_base import RdmaOptions
         from nfsrdma.transport.rdma.devices import find_address
         from nfsrdma.transport.rdma.endpoint import connect_rdma as rdma_connect
         from nfsrdma.transport.rdma.provider import ProviderError
@@ -62,7 +65,7 @@ async def connect_rdma(host: str, port: int) -> Connection:
         shared = _devices[loop] = _SharedDevice(device)
     shared.users += 1  # counted while connecting, so a parallel failure does not close it
     try:
-        conn = await rdma_connect(shared.device, host, port)
+        conn = await rdma_connect(shared.device, host, port, RdmaOptions(rtrext=rtrext))
     except BaseException as e:
         _drop_user(loop, shared)
         if isinstance(e, ProviderError):
@@ -88,8 +91,8 @@ def _release(loop: asyncio.AbstractEventLoop, shared: _SharedDevice) -> None:
     shared.device.close()
 
 
-async def open_connection(url: NfsUrl) -> Connection:
-    """A new transport connection for ``url``."""
+async def open_connection(url: NfsUrl, *, rtrext: bool = True) -> Connection:
+    """A new transport connection for ``url`` (``rtrext``: see ``connect_rdma``)."""
     if url.transport == "rdma":
-        return await connect_rdma(url.host, url.port)
+        return await connect_rdma(url.host, url.port, rtrext=rtrext)
     return await connect_tcp(url.host, url.port, max_record=MAX_RECORD)

@@ -22,7 +22,7 @@ from nfsrdma.testbed.helpers import testbed_addr as guest_addr
 from nfsrdma.testbed.ours import OURS_RDMA_PORT, OurServer, our_server
 from nfsrdma.transport.base import ReplyExpectation, TransportCallError
 from nfsrdma.transport.rdma import privdata
-from nfsrdma.transport.rdma.endpoint import RdmaConnection, connect_rdma
+from nfsrdma.transport.rdma.endpoint import RdmaConnection, RdmaOptions, connect_rdma
 from nfsrdma.transport.rdma.provider import Access
 from nfsrdma.transport.rdma.pyverbs_provider import PyverbsDevice, open_device
 from nfsrdma.xdr.gen import nfs4
@@ -47,9 +47,11 @@ def closed(conn: RdmaConnection) -> asyncio.Future[BaseException | None]:
 
 
 @asynccontextmanager
-async def rdma_to(port: int) -> AsyncIterator[tuple[PyverbsDevice, RdmaConnection, RpcConnection]]:
+async def rdma_to(
+    port: int, options: RdmaOptions | None = None
+) -> AsyncIterator[tuple[PyverbsDevice, RdmaConnection, RpcConnection]]:
     device = await open_device(guest_addr())
-    conn = await connect_rdma(device, guest_addr(), port)
+    conn = await connect_rdma(device, guest_addr(), port, options)
     rpc = RpcConnection(conn)
     try:
         yield device, conn, rpc
@@ -72,6 +74,9 @@ def test_pd2_pd7_linux_client_private_data_seen_by_our_server(
     found = re.findall(r"inline c->s (\d+) s->c (\d+), peer R=(\w+)", log)
     assert found, "no negotiated thresholds in the server log"
     assert found[-1] == ("4096", "4096", "True")
+    # RT-1, RT-X1: the Linux client sends no rtrext block, so the extension stays off.
+    rtr = re.findall(r"peer R=\w+, rtrext RtrState\(enabled=(\w+)", log)
+    assert rtr and rtr[-1] == "False"
 
 
 async def test_pd7_ul9_our_requester_does_ddp_read_write_with_knfsd(knfsd: Knfsd) -> None:
@@ -92,6 +97,7 @@ async def test_pd7_ul9_our_requester_does_ddp_read_write_with_knfsd(knfsd: Knfsd
     try:
         conn = conns[-1]
         assert conn.peer_pd == privdata.PrivateData(4096, 4096, remote_invalidate=False)
+        assert not conn.rtr.enabled  # RT-1: knfsd sends no rtrext block
         t = conn.thresholds
         assert (t.client_to_server, t.server_to_client) == (4096, 4096)
         data = os.urandom(4 * MiB)
@@ -246,7 +252,9 @@ async def test_tr14_a_client_flooding_past_its_credits_is_disconnected_others_ar
 
     log_before = len(ours.proc.log.read_text())
     async with rdma_to(OURS_RDMA_PORT) as (_, _good, good_rpc):
-        async with rdma_to(OURS_RDMA_PORT) as (_, conn, rpc):
+        # Plain v1 (rtrext off): the flood must be Long calls by position-zero Read chunk; with
+        # rtrext they would go as continued Sends, which the server answers at once.
+        async with rdma_to(OURS_RDMA_PORT, RdmaOptions(rtrext=False)) as (_, conn, rpc):
             await rpc.call(nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 0, timeout=30)
             n = 8 * conn.credits.granted
             conn.credits.granted = conn.credits.local_max = 1000  # pretend we were granted more
@@ -277,3 +285,49 @@ async def test_tr14_a_client_flooding_past_its_credits_is_disconnected_others_ar
         res = await good_rpc.call(nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 1, empty, timeout=30)
         assert res.reader.buf[res.offset : res.offset + 4] == bytes(4)  # NFS4_OK
     assert "calls beyond the" in ours.proc.log.read_text()[log_before:]
+
+
+async def test_rtx3_our_client_and_server_continue_long_messages_on_rxe(ours: OurServer) -> None:
+    """RT-X1/RT-X3 on rxe: our client and our server negotiate rtrext; a COMPOUND with a
+    10,000-octet tag and 20 GETATTRs (a call and a reply of about 10 KiB) crosses as several
+    Sends each way, with no Read or Reply chunk; the results equal those of the same COMPOUND
+    with the extension off, which needs both chunks."""
+    device = await open_device(guest_addr())
+    conns: list[RdmaConnection] = []
+
+    async def results(rtrext: bool) -> tuple[bytes, RdmaConnection]:
+        async def connect() -> RdmaConnection:
+            opts = RdmaOptions(rtrext=rtrext)
+            conn = await connect_rdma(device, guest_addr(), OURS_RDMA_PORT, opts)
+            conns.append(conn)
+            return conn
+
+        session = ClientSession(connect, SessionOptions(backchannel=False))
+        await session.start()
+        try:
+            conn = conns[-1]
+            assert conn.rtr.enabled is rtrext
+            attrs = bitmap_of([nfs4.FATTR4_TYPE, nfs4.FATTR4_SIZE, nfs4.FATTR4_OWNER])
+            ops = [nfs4.nfs_argop4(nfs4.OP_PUTROOTFH)]
+            ops += [nfs4.nfs_argop4(nfs4.OP_GETATTR, nfs4.GETATTR4args(attrs))] * 20
+            res = await session.compound(ops, reply_size=16 * 1024, tag=b"t" * 10_000)
+            assert res.status == nfs4.NFS4_OK and len(res.resarray) == 21
+            w = Writer()
+            nfs4.enc_COMPOUND4res(w, res)
+            return bytes(w), conn
+        finally:
+            await session.close()
+
+    try:
+        on, conn_on = await results(True)
+        off, conn_off = await results(False)
+        assert on == off
+        assert conn_on.stats["rtr_calls"] >= 1 and conn_on.stats["rtr_sends"] >= 2
+        assert conn_on.stats["read_chunks"] == conn_on.stats["reply_chunks"] == 0
+        assert conn_off.stats["rtr_sends"] == 0 and conn_off.stats["read_chunks"] >= 1
+    finally:
+        ends = [closed(c) for c in conns]
+        for c in conns:
+            c.close()
+        await asyncio.wait_for(asyncio.gather(*ends), 30)
+        device.close()

@@ -22,7 +22,9 @@ class OutCall:
     regions: list[MemoryRegion] = field(default_factory=list)
     sinks: list[tuple[MemoryRegion, memoryview, bool]] = field(default_factory=list)
     reply_region: MemoryRegion | None = None
-    counted: bool = True  # holds a credit
+    counted: bool = True  # holds credits
+    held: int = 1  # credits held: transmissions of the call or of its reply (RT-8)
+    reply_transmissions: int = 1  # what a continued reply may use (rtrext)
 
 
 class Scratch:

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from nfsrdma.transport.base import Connection, TransportCallError
+from nfsrdma.transport.rdma import continuation, privdata, rtrext
 from nfsrdma.transport.rdma import header as hdr
-from nfsrdma.transport.rdma import privdata
+from nfsrdma.transport.rdma import rtrheader as rh
 from nfsrdma.transport.rdma.calls import InCall, OutCall, Scratch
 from nfsrdma.transport.rdma.credits import CreditPolicy, CreditWindow
 from nfsrdma.transport.rdma.header import ChunkLimits, Header, HeaderError
@@ -42,6 +43,7 @@ from nfsrdma.transport.rdma.provider import (
     WcStatus,
 )
 from nfsrdma.transport.rdma.provider import Connection as QueuePair
+from nfsrdma.xdr.gen import rpcrdma
 from nfsrdma.xdr.runtime import Buffer
 
 __all__ = ["CALL", "REPLY", "RdmaConnectionBase", "RdmaOptions"]
@@ -76,6 +78,11 @@ class RdmaOptions:
     max_write_chunks: int = 1  # Write chunks per call
     data_buffer_size: int = 1 << 20
     probe_reserve: bool = True  # keep one credit for a keepalive probe (UL-26)
+    # The rtrext extension (message continuation between nfsrdma peers, RT-X1): offered in the
+    # private data, used only when the peer offers it too.
+    rtrext: bool = True
+    rtr_request_limit: int = 8  # transmissions per call we accept (RT-4)
+    rtr_response_limit: int = 8  # transmissions per reply we produce (RT-5)
 
 
 class RdmaConnectionBase(Connection):
@@ -110,6 +117,17 @@ class RdmaConnectionBase(Connection):
             ),
         )
         self.peer_pd: privdata.PrivateData | None = None
+        self.local_rtr = (
+            rtrext.RtrBlock(
+                request_limit=options.rtr_request_limit,
+                response_limit=options.rtr_response_limit,
+                segment_size=self.recv_pool.buffer_size,
+            )
+            if options.rtrext
+            else None
+        )
+        self.rtr = rtrext.OFF
+        self.reassembler = continuation.Reassembler()
         self.thresholds = privdata.inline_thresholds(None, None)
         self.credits = CreditWindow(options.max_requests)
         # A responder grants what it provisioned for that direction: the forward credits on a
@@ -159,24 +177,35 @@ class RdmaConnectionBase(Connection):
 
     def _flush(self) -> None:
         while self._send_backlog and self.ready and not self.closed:
-            if self.send_pool.available == 0:
+            buf = self.send_pool.try_get()
+            if buf is None:
                 return
             pieces, inv, writes = self._send_backlog.popleft()
-            self._send(pieces, inv, writes)
+            self._post_send(buf, pieces, inv, writes)
+
+    def private_data(self, *, accept: bool) -> bytes:
+        """What we send in our connect request or accept: the RFC 8797 block at offset 0,
+        then the rtrext block when enabled (RT-X1), within the fabric's room (PD-11)."""
+        caps = self.device.caps
+        limit = caps.max_accept_private_data if accept else caps.max_connect_private_data
+        return rtrext.private_data(self.local_pd, self.local_rtr, limit=limit)
 
     def negotiated(self, peer: bytes) -> None:
-        """Thresholds from both blocks, afresh for this connection (PD-7, PD-9, PD-14)."""
+        """Thresholds from both blocks, afresh for this connection (PD-7, PD-9, PD-14); the
+        rtrext extension only if both sides sent its block (RT-X1)."""
         self.peer_pd = privdata.decode(peer)
+        self.rtr = rtrext.negotiate(self.local_rtr, rtrext.decode(peer))
         if self.server:
             self.thresholds = privdata.inline_thresholds(self.peer_pd, self.local_pd)
         else:
             self.thresholds = privdata.inline_thresholds(self.local_pd, self.peer_pd)
         log.info(
-            "rdma %s: inline c->s %d s->c %d, peer R=%s",
+            "rdma %s: inline c->s %d s->c %d, peer R=%s, rtrext %s",
             self.peer,
             self.thresholds.client_to_server,
             self.thresholds.server_to_client,
             self.peer_pd.remote_invalidate if self.peer_pd else "none",
+            self.rtr,
         )
 
     @property
@@ -209,10 +238,28 @@ class RdmaConnectionBase(Connection):
         connection is established and a send buffer is free)."""
         if self.closed or self.qp is None:
             raise ConnectionError(f"rdma connection to {self.peer} is closed")
-        buf = self.send_pool.try_get() if self.ready else None
+        # Messages leave in the order given: behind anything already waiting.
+        buf = self.send_pool.try_get() if self.ready and not self._send_backlog else None
         if buf is None:
             self._send_backlog.append((pieces, invalidate, writes or []))
             return
+        self._post_send(buf, pieces, invalidate, writes)
+
+    def _send_group(self, transmissions: list[list[Buffer]]) -> None:
+        """The transmissions of one continued message, back to back (RT-6): posted here in
+        one synchronous run, or queued together in order, so nothing comes between them."""
+        for pieces in transmissions:
+            self._send(pieces)
+            self.stats["rtr_sends"] += 1
+
+    def _post_send(
+        self,
+        buf: PooledBuffer,
+        pieces: list[Buffer],
+        invalidate: int | None,
+        writes: list[RdmaWriteRequest] | None,
+    ) -> None:
+        assert self.qp is not None
         n = 0
         for p in pieces:
             m = len(p)
@@ -275,11 +322,17 @@ class RdmaConnectionBase(Connection):
         if ev.invalidated_rkey is not None:
             self.stats["remote_invalidations"] += 1
             self._forget_rkey(ev.invalidated_rkey)
+        if self.rtr.enabled and rh.is_rtrext(data):
+            self._on_rtr(data)
+            return
         try:
             h = hdr.parse(data)
         except HeaderError as e:
             self._bad_header(e)
             return
+        if self.reassembler.open is not None:
+            for fault in self.reassembler.plain(h.xid, rh.CALL):
+                self._on_fault(fault)
         if h.proc == hdr.RDMA_ERROR:
             self._on_reply_error(h)
             return
@@ -305,6 +358,44 @@ class RdmaConnectionBase(Connection):
             self._on_call(h, memoryview(data)[h.size :])
         else:
             self._on_reply(h, memoryview(data)[h.size :])
+
+    def _on_rtr(self, data: bytes) -> None:
+        """A transmission with an rtrext optional header (RT-X2, RT-6)."""
+        self.stats["rtr_receives"] += 1
+        try:
+            m = rh.parse(data)
+        except HeaderError as e:
+            self._bad_header(e)
+            return
+        if m.ropt == rh.REPTERR:
+            assert isinstance(m.body, rpcrdma.optrept_err)
+            self._on_repterr(m.credit, m.body)
+            return
+        if m.ropt == rh.XMTREQ:
+            limit = self.rtr.accept_limit
+        elif m.ropt == rh.XMTRESP:
+            limit = self._reply_lead(m)
+        else:
+            limit = 0  # XMTCONT: the open group's count governs
+        for ev in self.reassembler.feed(m, data[m.size :], limit=limit):
+            if isinstance(ev, continuation.Fault):
+                self._on_fault(ev)
+            elif ev.direction == rh.CALL:
+                self._on_continued_call(ev)
+            else:
+                self._on_continued_reply(ev)
+
+    def _on_fault(self, fault: continuation.Fault) -> None:
+        """A grouping error (RT-6, RT-18): a broken reply fails its call here; a broken call
+        is reported to its requester with REPTERR, which then fails or resends it (RT-19)."""
+        self.stats["rtr_faults"] += 1
+        log.info("rdma %s: rtrext grouping error %s", self.peer, fault)
+        if fault.message.xmsi_dir == rh.REPLY or fault.xid in self._out:
+            if fault.xid in self._out:
+                code = rpcrdma.optr_err(fault.code).name
+                self._fail_call(fault.xid, TransportCallError(f"continued reply broken: {code}"))
+            return
+        self._send([rh.encode_repterr(fault, self.policy.grant)])
 
     def _bad_header(self, e: HeaderError) -> None:
         self.stats["bad_headers"] += 1
@@ -333,6 +424,18 @@ class RdmaConnectionBase(Connection):
     def _on_reply_error(self, h: Header) -> None:
         raise NotImplementedError
 
+    def _reply_lead(self, m: rh.RtrMessage) -> int:
+        raise NotImplementedError
+
+    def _on_continued_call(self, group: continuation.Group) -> None:
+        raise NotImplementedError
+
+    def _on_continued_reply(self, group: continuation.Group) -> None:
+        raise NotImplementedError
+
+    def _on_repterr(self, credit: int, err: rpcrdma.optrept_err) -> None:
+        raise NotImplementedError
+
     def _fail_call(self, xid: int, exc: BaseException) -> None:
         raise NotImplementedError
 
@@ -359,6 +462,7 @@ class RdmaConnectionBase(Connection):
             for local in call.scratch:
                 local.release()
         self._assembling.clear()
+        self.reassembler.reset()
         for fut in self._credit_waiters:
             if not fut.done():
                 fut.set_result(None)

@@ -34,11 +34,16 @@ class CreditWindow:
     def may_send(self, probe: bool = False) -> bool:
         return self.in_flight < self.limit(probe)
 
-    def sent(self) -> None:
-        self.in_flight += 1
+    def free(self) -> int:
+        """Credits not in use (outside the one kept for a probe)."""
+        return max(0, self.limit() - self.in_flight)
 
-    def done(self) -> None:
-        self.in_flight = max(0, self.in_flight - 1)
+    def sent(self, n: int = 1) -> None:
+        """A call holds ``n`` credits: one per transmission of it or of its reply (RT-8)."""
+        self.in_flight += n
+
+    def done(self, n: int = 1) -> None:
+        self.in_flight = max(0, self.in_flight - n)
 
 
 @dataclass(frozen=True, slots=True)

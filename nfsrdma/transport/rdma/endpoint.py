@@ -12,7 +12,6 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from nfsrdma.transport.rdma import privdata
 from nfsrdma.transport.rdma.calls import CallContext
 from nfsrdma.transport.rdma.calls import OutCall as _OutCall  # tests/unit/rdma use this name
 from nfsrdma.transport.rdma.connection_base import RdmaOptions
@@ -49,7 +48,7 @@ async def connect_rdma(
     conn.attach(qp)
     caps = device.caps
     peer = await qp.establish(
-        privdata.encode(conn.local_pd),
+        conn.private_data(accept=False),
         responder_resources=min(caps.max_qp_rd_atom, 16),  # the server reads our chunks
         initiator_depth=0,  # we never read (TR-26)
     )
@@ -109,7 +108,7 @@ class RdmaListener:
             self.on_connection(conn)
             caps = self.device.caps
             await qp.establish(
-                privdata.encode(conn.local_pd),
+                conn.private_data(accept=True),
                 responder_resources=0,
                 # RDMA Reads we may have outstanding: no more than the peer allows (TR-26).
                 initiator_depth=min(req.initiator_depth, caps.max_qp_init_rd_atom, 16),

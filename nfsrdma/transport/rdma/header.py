@@ -62,6 +62,8 @@ class Header:
     error: int | None = None  # RDMA_ERROR: ERR_VERS or ERR_CHUNK
     vers_range: tuple[int, int] | None = None  # RDMA_ERROR / ERR_VERS
     size: int = 0  # bytes of header; for RDMA_MSG the RPC message starts here
+    # rtrext: transmissions the reply may use (1 + the receives the requester reserved, RT-8)
+    reply_transmissions: int = 1
 
     def rkeys(self) -> set[int]:
         keys = {s.handle for c in self.reads for s in c.segments}

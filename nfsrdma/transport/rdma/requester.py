@@ -13,12 +13,15 @@ import asyncio
 import logging
 
 from nfsrdma.transport.base import Inbound, ReplyExpectation, TransportCallError
+from nfsrdma.transport.rdma import continuation
 from nfsrdma.transport.rdma import header as hdr
+from nfsrdma.transport.rdma import rtrheader as rh
 from nfsrdma.transport.rdma.calls import OutCall
 from nfsrdma.transport.rdma.connection_base import RdmaConnectionBase
 from nfsrdma.transport.rdma.header import Header, Segment
 from nfsrdma.transport.rdma.marshal import plan_call
 from nfsrdma.transport.rdma.provider import Access, MemoryRegion
+from nfsrdma.xdr.gen import rpcrdma
 from nfsrdma.xdr.runtime import Buffer, Reader, Writer
 
 __all__ = ["Requester"]
@@ -57,7 +60,20 @@ class Requester(RdmaConnectionBase):
             max_write_chunks=self.options.max_write_chunks,
             max_read_chunks=self.options.max_read_chunks,
         )
-        if self.server and (plan.reads or plan.write_chunks or plan.reply_chunk is not None):
+        cont = None
+        if self.rtr.enabled:
+            cont = continuation.plan_continued_call(
+                plan,
+                send_limit=self.send_limit,
+                recv_limit=self.recv_limit,
+                max_reply=expect.max_size,
+                call_limit=self.rtr.call_limit,
+                reply_limit=self.rtr.reply_limit,
+                credits_free=self.credits.free(),
+            )
+        reads_needed = cont.reads if cont is not None else plan.reads
+        reply_needed = plan.reply_chunk is not None and (cont is None or cont.offer_reply_chunk)
+        if self.server and (reads_needed or plan.write_chunks or reply_needed):
             # A server's backward calls expose none of its memory (RFC 8267 section 6.5.2,
             # RFC 8166 section 9): a callback, or its reply, too large to go inline fails here.
             raise TransportCallError(
@@ -66,7 +82,7 @@ class Requester(RdmaConnectionBase):
             )
         out = OutCall(xid)
         reads = []
-        for exposure in plan.reads:
+        for exposure in cont.reads if cont is not None else plan.reads:
             size = sum(len(p) for p in exposure.data)
             region = self._register(size, Access.REMOTE_READ)
             pos = 0
@@ -86,19 +102,89 @@ class Requester(RdmaConnectionBase):
             writes.append([Segment(region.rkey, capacity, region.addr)])
             self.stats["write_chunks"] += 1
         reply = None
-        if plan.reply_chunk is not None:
+        if plan.reply_chunk is not None and (cont is None or cont.offer_reply_chunk):
             out.reply_region = self._register(plan.reply_chunk, Access.REMOTE_WRITE)
             out.regions.append(out.reply_region)
             reply = [Segment(out.reply_region.rkey, plan.reply_chunk, out.reply_region.addr)]
             self.stats["reply_chunks"] += 1
-        head = hdr.encode(xid, self.options.max_requests, plan.proc, reads, writes, reply)
         self._out[xid] = out
-        self.credits.sent()
         try:
-            self._send([head, *plan.inline])
+            if cont is not None:
+                self._send_continued_call(xid, out, cont, reads, writes, reply)
+            else:
+                head = hdr.encode(xid, self.options.max_requests, plan.proc, reads, writes, reply)
+                self.credits.sent()
+                self._send([head, *plan.inline])
         except Exception:
             self.call_done(xid)
             raise
+
+    def _send_continued_call(
+        self,
+        xid: int,
+        out: OutCall,
+        cont: continuation.ContinuedCall,
+        reads: list[hdr.ReadChunk],
+        writes: list[list[Segment]],
+        reply: list[Segment] | None,
+    ) -> None:
+        """XMTREQ then XMTCONTs, back to back, holding a credit per transmission of the
+        call or of the reply it reserved receives for (RT-6, RT-8, RT-9)."""
+        out.held = cont.credits
+        out.reply_transmissions = 1 + cont.rsbuf
+        self.credits.sent(cont.credits)
+        credit = self.options.max_requests
+        sections = cont.sections
+        first = rh.encode_xmtreq(
+            xid,
+            credit,
+            count=len(sections),
+            rsbuf=cont.rsbuf,
+            pslen=sum(len(p) for p in sections[0]),
+            dp=[rh.exrw(c.position, c.segments) for c in reads],
+            writes=writes,
+            reply=reply,
+        )
+        group = [[first, *sections[0]]]
+        for n, sec in enumerate(sections[1:], 1):
+            pslen = sum(len(p) for p in sec)
+            group.append([rh.encode_xmtcont(xid, credit, xnum=n, pslen=pslen), *sec])
+        self.stats["rtr_calls"] += 1
+        self._send_group(group)
+
+    def _reply_lead(self, m: rh.RtrMessage) -> int:
+        """The first transmission of a continued reply: the receives reserved beyond its count
+        go back to the pool at once (RT-8). Returns the transmissions the reply may use."""
+        out = self._out.get(m.xid)
+        if out is None:
+            return 0
+        assert isinstance(m.body, rpcrdma.optxmt_resp)
+        self.credits.update(m.credit)
+        count = m.body.optxrs_count
+        if out.counted and 1 <= count < out.held:
+            self.credits.done(out.held - count)
+            out.held = count
+            self._wake_credit_waiter()
+        return out.reply_transmissions
+
+    def _on_continued_reply(self, group: continuation.Group) -> None:
+        self.stats["rtr_replies"] += 1
+        lead = group.lead.body
+        if isinstance(lead, rpcrdma.optxmt_resp) and lead.optxrs_dp:
+            # We offer no reply directions in phase 1, so nothing may have been excised.
+            self._fail_call(group.xid, TransportCallError("continued reply with placed items"))
+            return
+        h = Header(group.xid, hdr.VERSION, group.lead.credit, hdr.RDMA_MSG)
+        self._on_reply(h, memoryview(group.payload))
+
+    def _on_repterr(self, credit: int, err: rpcrdma.optrept_err) -> None:
+        """The responder could not take our continued call: the RPC fails cleanly (RT-19)."""
+        self.stats["rtr_repterr"] += 1
+        self.credits.update(credit)
+        xid = (err.optre_lead or err.optre_bad).xmsi_xid  # the broken message
+        code = rpcrdma.optr_err(err.optre_info.optre_which).name
+        if xid in self._out:
+            self._fail_call(xid, TransportCallError(f"REPTERR {code} for xid {xid:#x}"))
 
     def _sink_region(self, sink: memoryview, capacity: int) -> tuple[MemoryRegion, bool]:
         """Register the caller's buffer itself when the provider can (zero copy), else a
@@ -166,7 +252,7 @@ class Requester(RdmaConnectionBase):
         for region in out.regions:
             region.deregister()  # TR-20: on every path
         if out.counted:
-            self.credits.done()
+            self.credits.done(out.held)
         self._wake_credit_waiter()
 
     def _forget_rkey(self, rkey: int) -> None:

@@ -12,14 +12,16 @@ from __future__ import annotations
 import logging
 
 from nfsrdma.transport.base import Inbound
+from nfsrdma.transport.rdma import continuation, privdata
 from nfsrdma.transport.rdma import header as hdr
-from nfsrdma.transport.rdma import privdata
+from nfsrdma.transport.rdma import rtrheader as rh
 from nfsrdma.transport.rdma.calls import CallContext, InCall
 from nfsrdma.transport.rdma.connection_base import RdmaConnectionBase
 from nfsrdma.transport.rdma.header import Header, HeaderError, Segment
 from nfsrdma.transport.rdma.marshal import plan_reply
 from nfsrdma.transport.rdma.provider import Completion, RdmaWriteRequest, Sge
-from nfsrdma.xdr.runtime import Reader, Writer
+from nfsrdma.xdr.gen import rpcrdma
+from nfsrdma.xdr.runtime import Buffer, Reader, Writer
 
 __all__ = ["Responder"]
 
@@ -63,6 +65,38 @@ class Responder(RdmaConnectionBase):
                 call.chunks[chunk.position] = data
         self._assembling[id(call)] = call
 
+    def _on_continued_call(self, group: continuation.Group) -> None:
+        """A call that came as an XMTREQ group: its EXRW items are Read chunks, its Write
+        chunks and Reply chunk those of v1, then the usual path (RT-13, RT-16)."""
+        body = group.lead.body
+        assert isinstance(body, rpcrdma.optxmt_req)
+        reads = []
+        for item in body.optxrq_dp:
+            where = item.xmdmi_where
+            if where.xmdl_type not in rh.SUPPORTED or not isinstance(where.value, list):
+                fault = continuation.Fault(
+                    rpcrdma.optr_err.OPTRERR_BADOMT,
+                    rpcrdma.xms_id(group.xid, rpcrdma.xms_dir.XMS_CALL, 0),
+                    None,
+                    expected=(rpcrdma.xmdp_type.XMPTYPE_EXRW, int(where.xmdl_type)),
+                )
+                self._on_fault(fault)
+                return
+            segs = [Segment(s.handle, s.length, s.offset) for s in where.value]
+            reads.append(hdr.ReadChunk(item.xmdmi_disp, segs))
+        h = Header(
+            group.xid,
+            hdr.VERSION,
+            group.lead.credit,
+            hdr.RDMA_MSG,
+            reads=reads,
+            writes=[rh.segments(c) for c in body.optxrq_writes],
+            reply=None if body.optxrq_repch is None else rh.segments(body.optxrq_repch),
+            reply_transmissions=1 + body.optxrq_rsbuf,
+        )
+        self.stats["rtr_calls_received"] += 1
+        self._on_call(h, memoryview(group.payload))
+
     @property
     def max_reads(self) -> int:
         """RDMA Reads outstanding at once: our option, within the negotiated ORD (TR-26)."""
@@ -70,6 +104,7 @@ class Responder(RdmaConnectionBase):
         return max(1, min(self.options.max_reads, ord_ or self.options.max_reads))
 
     def _read(self, call: InCall, sge: Sge, seg: Segment) -> None:
+        self.stats["rdma_reads"] += 1
         self._read_backlog.append((self._wr_id("read", call), sge, seg.offset, seg.handle))
         self._pump_reads()
 
@@ -102,6 +137,13 @@ class Responder(RdmaConnectionBase):
         for local in ctx.scratch:
             local.release()  # the call's chunk data has been consumed by now
         h = ctx.header
+        if self.rtr.enabled and h.reply_transmissions > 1:
+            sections = continuation.plan_continued_reply(
+                msg, len(h.writes), self.send_limit, h.reply_transmissions
+            )
+            if sections is not None:
+                self._send_continued_reply(h.xid, sections)
+                return
         try:
             plan = plan_reply(msg, h, self.send_limit)
         except HeaderError as e:
@@ -126,6 +168,17 @@ class Responder(RdmaConnectionBase):
         head = hdr.encode(h.xid, self.policy.grant, plan.proc, [], plan.write_list, plan.reply)
         # The RDMA Writes go ahead of the Send in one post (TR-19: RC ordering).
         self._send([head, *plan.inline], self._invalidate_for(h), writes)
+
+    def _send_continued_reply(self, xid: int, sections: list[list[Buffer]]) -> None:
+        """XMTRESP then XMTCONTs, back to back, within the receives reserved (RT-6, RT-8)."""
+        grant = self.policy.grant
+        pslen = sum(len(p) for p in sections[0])
+        group = [[rh.encode_xmtresp(xid, grant, count=len(sections), pslen=pslen), *sections[0]]]
+        for n, sec in enumerate(sections[1:], 1):
+            pslen = sum(len(p) for p in sec)
+            group.append([rh.encode_xmtcont(xid, grant, xnum=n, pslen=pslen), *sec])
+        self.stats["rtr_replies_sent"] += 1
+        self._send_group(group)
 
     def _invalidate_for(self, h: Header) -> int | None:
         """Send with Invalidate of one STag of this XID's chunks, when both peers set R and

@@ -31,6 +31,7 @@ from nfsrdma.xdr.runtime import (
 )
 
 
+RDMA_RTREXT = 1313233490
 
 _S0 = _struct.Struct('>I')
 _S1 = _struct.Struct('>Q')
@@ -39,6 +40,8 @@ _S3 = _struct.Struct('>IIIQ')
 _S4 = _struct.Struct('>II')
 _S5 = _struct.Struct('>i')
 _S6 = _struct.Struct('>III')
+_S7 = _struct.Struct('>IiI')
+_S8 = _struct.Struct('>IIII')
 
 
 uint32: _TypeAlias = "int"
@@ -628,3 +631,813 @@ def dec_rdma_msg(r: _Reader, off: int) -> tuple[rdma_msg, int]:
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated rdma_msg', o0) from None
     return rdma_msg(f_rdma_xid, f_rdma_vers, f_rdma_credit, f_rdma_body), off
+
+
+xms_grpxn: _TypeAlias = "int"
+
+
+def enc_xms_grpxn(w: _Writer, v: xms_grpxn) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode xms_grpxn: {_e}', len(w)) from None
+
+
+def dec_xms_grpxn(r: _Reader, off: int) -> tuple[xms_grpxn, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t = _S0.unpack_from(buf, off)
+        off += 4
+        _v = _t[0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated xms_grpxn', o0) from None
+    return _v, off
+
+
+xms_grpxc: _TypeAlias = "int"
+
+
+def enc_xms_grpxc(w: _Writer, v: xms_grpxc) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode xms_grpxc: {_e}', len(w)) from None
+
+
+def dec_xms_grpxc(r: _Reader, off: int) -> tuple[xms_grpxc, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t = _S0.unpack_from(buf, off)
+        off += 4
+        _v = _t[0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated xms_grpxc', o0) from None
+    return _v, off
+
+
+xmdp_itemlen: _TypeAlias = "int"
+
+
+def enc_xmdp_itemlen(w: _Writer, v: xmdp_itemlen) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode xmdp_itemlen: {_e}', len(w)) from None
+
+
+def dec_xmdp_itemlen(r: _Reader, off: int) -> tuple[xmdp_itemlen, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t = _S0.unpack_from(buf, off)
+        off += 4
+        _v = _t[0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated xmdp_itemlen', o0) from None
+    return _v, off
+
+
+xmdp_pldisp: _TypeAlias = "int"
+
+
+def enc_xmdp_pldisp(w: _Writer, v: xmdp_pldisp) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode xmdp_pldisp: {_e}', len(w)) from None
+
+
+def dec_xmdp_pldisp(r: _Reader, off: int) -> tuple[xmdp_pldisp, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t = _S0.unpack_from(buf, off)
+        off += 4
+        _v = _t[0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated xmdp_pldisp', o0) from None
+    return _v, off
+
+
+xmdp_vsdisp: _TypeAlias = "int"
+
+
+def enc_xmdp_vsdisp(w: _Writer, v: xmdp_vsdisp) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode xmdp_vsdisp: {_e}', len(w)) from None
+
+
+def dec_xmdp_vsdisp(r: _Reader, off: int) -> tuple[xmdp_vsdisp, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t = _S0.unpack_from(buf, off)
+        off += 4
+        _v = _t[0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated xmdp_vsdisp', o0) from None
+    return _v, off
+
+
+class xms_dir(_IntEnum):
+    XMS_CALL = 0
+    XMS_REPLY = 1
+
+
+_xms_dir_MAP: dict[int, xms_dir] = {m.value: m for m in xms_dir}
+XMS_CALL = xms_dir.XMS_CALL
+XMS_REPLY = xms_dir.XMS_REPLY
+
+
+def enc_xms_dir(w: _Writer, v: xms_dir) -> None:
+    try:
+        w += _I32.pack(_xms_dir_MAP[v])
+    except (KeyError, TypeError, _struct.error):
+        raise _XdrError(f'{v!r} is not a xms_dir', len(w)) from None
+
+
+def dec_xms_dir(r: _Reader, off: int) -> tuple[xms_dir, int]:
+    try:
+        return _xms_dir_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
+    except (KeyError, _struct.error):
+        raise _XdrError('invalid or truncated xms_dir', off) from None
+
+
+@_dataclass(slots=True)
+class xms_id:
+    xmsi_xid: int
+    xmsi_dir: xms_dir
+    xmsi_seq: int
+
+
+def enc_xms_id(w: _Writer, v: xms_id) -> None:
+    try:
+        w += _S7.pack(v.xmsi_xid, v.xmsi_dir, v.xmsi_seq)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode xms_id: {_e}', len(w)) from None
+
+
+def dec_xms_id(r: _Reader, off: int) -> tuple[xms_id, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t = _S7.unpack_from(buf, off)
+        off += 12
+        f_xmsi_xid = _t[0]
+        f_xmsi_dir = _xms_dir_MAP[_t[1]]
+        f_xmsi_seq = _t[2]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated xms_id', o0) from None
+    return xms_id(f_xmsi_xid, f_xmsi_dir, f_xmsi_seq), off
+
+
+class xmdp_type(_IntEnum):
+    XMPTYPE_EXRW = 1
+    XMPTYPE_TBSN = 2
+    XMPTYPE_CHOICE = 3
+    XMPTYPE_BYSIZE = 4
+    XMPTYPE_TOOSHORT = 5
+    XMPTYPE_NOITEM = 6
+
+
+_xmdp_type_MAP: dict[int, xmdp_type] = {m.value: m for m in xmdp_type}
+XMPTYPE_EXRW = xmdp_type.XMPTYPE_EXRW
+XMPTYPE_TBSN = xmdp_type.XMPTYPE_TBSN
+XMPTYPE_CHOICE = xmdp_type.XMPTYPE_CHOICE
+XMPTYPE_BYSIZE = xmdp_type.XMPTYPE_BYSIZE
+XMPTYPE_TOOSHORT = xmdp_type.XMPTYPE_TOOSHORT
+XMPTYPE_NOITEM = xmdp_type.XMPTYPE_NOITEM
+
+
+def enc_xmdp_type(w: _Writer, v: xmdp_type) -> None:
+    try:
+        w += _I32.pack(_xmdp_type_MAP[v])
+    except (KeyError, TypeError, _struct.error):
+        raise _XdrError(f'{v!r} is not a xmdp_type', len(w)) from None
+
+
+def dec_xmdp_type(r: _Reader, off: int) -> tuple[xmdp_type, int]:
+    try:
+        return _xmdp_type_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
+    except (KeyError, _struct.error):
+        raise _XdrError('invalid or truncated xmdp_type', off) from None
+
+
+@_dataclass(slots=True)
+class xmdp_tbsnloc:
+    xmdl_offset: int
+    xmdl_bsnum: list[int]
+
+
+def enc_xmdp_tbsnloc(w: _Writer, v: xmdp_tbsnloc) -> None:
+    try:
+        w += _S0.pack(v.xmdl_offset)
+        _a14 = v.xmdl_bsnum
+        _n = len(_a14)
+        w += _U32.pack(_n)
+        for _x14 in _a14:
+            w += _S0.pack(_x14)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode xmdp_tbsnloc: {_e}', len(w)) from None
+
+
+def dec_xmdp_tbsnloc(r: _Reader, off: int) -> tuple[xmdp_tbsnloc, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t = _S0.unpack_from(buf, off)
+        off += 4
+        f_xmdl_offset = _t[0]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_xmdl_bsnum = []
+        for _ in range(_n):
+            _t = _S0.unpack_from(buf, off)
+            off += 4
+            _x15 = _t[0]
+            f_xmdl_bsnum.append(_x15)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated xmdp_tbsnloc', o0) from None
+    return xmdp_tbsnloc(f_xmdl_offset, f_xmdl_bsnum), off
+
+
+def enc_xmdp_loc_xmdl_ex(w: _Writer, v: list[xdr_rdma_segment]) -> None:
+    try:
+        _a16 = v
+        _n = len(_a16)
+        w += _U32.pack(_n)
+        for _x16 in _a16:
+            w += _S2.pack(_x16.handle, _x16.length, _x16.offset)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode xmdp_loc.xmdl_ex: {_e}', len(w)) from None
+
+
+def dec_xmdp_loc_xmdl_ex(r: _Reader, off: int) -> tuple[list[xdr_rdma_segment], int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 16 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _v = []
+        for _ in range(_n):
+            _t = _S2.unpack_from(buf, off)
+            off += 16
+            _x17 = xdr_rdma_segment(_t[0], _t[1], _t[2])
+            _v.append(_x17)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated xmdp_loc.xmdl_ex', o0) from None
+    return _v, off
+
+
+@_dataclass(slots=True)
+class xmdp_loc:
+    xmdl_type: xmdp_type
+    value: list[xdr_rdma_segment] | xmdp_tbsnloc | None = None
+
+
+_xmdp_loc_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_xmdp_loc_xmdl_ex, 2: enc_xmdp_tbsnloc, 5: _void_encode, 6: _void_encode}
+_xmdp_loc_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_xmdp_loc_xmdl_ex, 2: dec_xmdp_tbsnloc, 5: _void_decode, 6: _void_decode}
+_xmdp_loc_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_xmdp_type_MAP[(1,)[0]], dec_xmdp_loc_xmdl_ex), 2: (_xmdp_type_MAP[(2,)[0]], dec_xmdp_tbsnloc), 5: (_xmdp_type_MAP[(5,)[0]], _void_decode), 6: (_xmdp_type_MAP[(6,)[0]], _void_decode)}
+
+
+def enc_xmdp_loc(w: _Writer, v: xmdp_loc) -> None:
+    try:
+        _d = v.xmdl_type
+        _f = _xmdp_loc_ENC.get(_d)
+        if _f is None:
+            raise _XdrError(f'{_d!r} is not a case of xmdp_loc', len(w))
+        _d = _xmdp_type_MAP[_d]
+        w += _S5.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode xmdp_loc: {_e!r}', len(w)) from None
+
+
+def dec_xmdp_loc(r: _Reader, off: int) -> tuple[xmdp_loc, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_d18,) = _S5.unpack_from(buf, off)
+        _a18 = _xmdp_loc_ARMS.get(_d18)
+        if _a18 is None:
+            raise _XdrError('%r is not a case of xmdp_loc' % (_d18,), off)
+        else:
+            _d18, _f18 = _a18
+        _v18, off = _f18(r, off + 4)
+        _u = xmdp_loc(_d18, _v18)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated xmdp_loc', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class xmdp_mitem:
+    xmdmi_disp: int
+    xmdmi_length: int
+    xmdmi_where: xmdp_loc
+
+
+def enc_xmdp_mitem(w: _Writer, v: xmdp_mitem) -> None:
+    try:
+        w += _S4.pack(v.xmdmi_disp, v.xmdmi_length)
+        enc_xmdp_loc(w, v.xmdmi_where)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode xmdp_mitem: {_e}', len(w)) from None
+
+
+def dec_xmdp_mitem(r: _Reader, off: int) -> tuple[xmdp_mitem, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t = _S4.unpack_from(buf, off)
+        off += 8
+        f_xmdmi_disp = _t[0]
+        f_xmdmi_length = _t[1]
+        (_d19,) = _S5.unpack_from(buf, off)
+        _a19 = _xmdp_loc_ARMS.get(_d19)
+        if _a19 is None:
+            raise _XdrError('%r is not a case of xmdp_loc' % (_d19,), off)
+        else:
+            _d19, _f19 = _a19
+        _v19, off = _f19(r, off + 4)
+        f_xmdmi_where = xmdp_loc(_d19, _v19)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated xmdp_mitem', o0) from None
+    return xmdp_mitem(f_xmdmi_disp, f_xmdmi_length, f_xmdmi_where), off
+
+
+@_dataclass(slots=True)
+class optxmt_req:
+    optxrq_dp: list[xmdp_mitem]
+    optxrq_writes: list[xdr_write_chunk]
+    optxrq_repch: xdr_write_chunk | None
+    optxrq_count: int
+    optxrq_rsbuf: int
+    optxrq_pslen: int
+
+
+def enc_optxmt_req(w: _Writer, v: optxmt_req) -> None:
+    try:
+        _a20 = v.optxrq_dp
+        _n = len(_a20)
+        w += _U32.pack(_n)
+        for _x20 in _a20:
+            _s21 = _x20
+            w += _S4.pack(_s21.xmdmi_disp, _s21.xmdmi_length)
+            enc_xmdp_loc(w, _s21.xmdmi_where)
+        _a22 = v.optxrq_writes
+        _n = len(_a22)
+        w += _U32.pack(_n)
+        for _x22 in _a22:
+            _s23 = _x22
+            _a24 = _s23.target
+            _n = len(_a24)
+            w += _U32.pack(_n)
+            for _x24 in _a24:
+                w += _S2.pack(_x24.handle, _x24.length, _x24.offset)
+        if v.optxrq_repch is None:
+            w += _FALSE
+        else:
+            w += _TRUE
+            enc_xdr_write_chunk(w, v.optxrq_repch)
+        w += _S6.pack(v.optxrq_count, v.optxrq_rsbuf, v.optxrq_pslen)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode optxmt_req: {_e}', len(w)) from None
+
+
+def dec_optxmt_req(r: _Reader, off: int) -> tuple[optxmt_req, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 12 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_optxrq_dp = []
+        for _ in range(_n):
+            _t = _S4.unpack_from(buf, off)
+            off += 8
+            _i26_xmdmi_disp = _t[0]
+            _i26_xmdmi_length = _t[1]
+            (_d27,) = _S5.unpack_from(buf, off)
+            _a27 = _xmdp_loc_ARMS.get(_d27)
+            if _a27 is None:
+                raise _XdrError('%r is not a case of xmdp_loc' % (_d27,), off)
+            else:
+                _d27, _f27 = _a27
+            _v27, off = _f27(r, off + 4)
+            _i26_xmdmi_where = xmdp_loc(_d27, _v27)
+            _x25 = xmdp_mitem(_i26_xmdmi_disp, _i26_xmdmi_length, _i26_xmdmi_where)
+            f_optxrq_dp.append(_x25)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_optxrq_writes = []
+        for _ in range(_n):
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 16 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i29_target = []
+            for _ in range(_n):
+                _t = _S2.unpack_from(buf, off)
+                off += 16
+                _x30 = xdr_rdma_segment(_t[0], _t[1], _t[2])
+                _i29_target.append(_x30)
+            _x28 = xdr_write_chunk(_i29_target)
+            f_optxrq_writes.append(_x28)
+        (_p,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _p == 1:
+            f_optxrq_repch, off = dec_xdr_write_chunk(r, off)
+        elif _p == 0:
+            f_optxrq_repch = None
+        else:
+            raise _XdrError('optional-data flag is not a bool', off - 4)
+        _t = _S6.unpack_from(buf, off)
+        off += 12
+        f_optxrq_count = _t[0]
+        f_optxrq_rsbuf = _t[1]
+        f_optxrq_pslen = _t[2]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated optxmt_req', o0) from None
+    return optxmt_req(f_optxrq_dp, f_optxrq_writes, f_optxrq_repch, f_optxrq_count, f_optxrq_rsbuf, f_optxrq_pslen), off
+
+
+@_dataclass(slots=True)
+class optxmt_resp:
+    optxrs_dp: list[xmdp_mitem]
+    optxrs_count: int
+    optxrs_pslen: int
+
+
+def enc_optxmt_resp(w: _Writer, v: optxmt_resp) -> None:
+    try:
+        _a31 = v.optxrs_dp
+        _n = len(_a31)
+        w += _U32.pack(_n)
+        for _x31 in _a31:
+            _s32 = _x31
+            w += _S4.pack(_s32.xmdmi_disp, _s32.xmdmi_length)
+            enc_xmdp_loc(w, _s32.xmdmi_where)
+        w += _S4.pack(v.optxrs_count, v.optxrs_pslen)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode optxmt_resp: {_e}', len(w)) from None
+
+
+def dec_optxmt_resp(r: _Reader, off: int) -> tuple[optxmt_resp, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 12 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_optxrs_dp = []
+        for _ in range(_n):
+            _t = _S4.unpack_from(buf, off)
+            off += 8
+            _i34_xmdmi_disp = _t[0]
+            _i34_xmdmi_length = _t[1]
+            (_d35,) = _S5.unpack_from(buf, off)
+            _a35 = _xmdp_loc_ARMS.get(_d35)
+            if _a35 is None:
+                raise _XdrError('%r is not a case of xmdp_loc' % (_d35,), off)
+            else:
+                _d35, _f35 = _a35
+            _v35, off = _f35(r, off + 4)
+            _i34_xmdmi_where = xmdp_loc(_d35, _v35)
+            _x33 = xmdp_mitem(_i34_xmdmi_disp, _i34_xmdmi_length, _i34_xmdmi_where)
+            f_optxrs_dp.append(_x33)
+        _t = _S4.unpack_from(buf, off)
+        off += 8
+        f_optxrs_count = _t[0]
+        f_optxrs_pslen = _t[1]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated optxmt_resp', o0) from None
+    return optxmt_resp(f_optxrs_dp, f_optxrs_count, f_optxrs_pslen), off
+
+
+@_dataclass(slots=True)
+class optxmt_cont:
+    optxc_xnum: int
+    optxc_itype: int
+    optxc_pslen: int
+
+
+def enc_optxmt_cont(w: _Writer, v: optxmt_cont) -> None:
+    try:
+        w += _S6.pack(v.optxc_xnum, v.optxc_itype, v.optxc_pslen)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode optxmt_cont: {_e}', len(w)) from None
+
+
+def dec_optxmt_cont(r: _Reader, off: int) -> tuple[optxmt_cont, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t = _S6.unpack_from(buf, off)
+        off += 12
+        f_optxc_xnum = _t[0]
+        f_optxc_itype = _t[1]
+        f_optxc_pslen = _t[2]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated optxmt_cont', o0) from None
+    return optxmt_cont(f_optxc_xnum, f_optxc_itype, f_optxc_pslen), off
+
+
+class optr_err(_IntEnum):
+    OPTRERR_BADHMT = 1
+    OPTRERR_BADOMT = 2
+    OPTRERR_BADCONT = 3
+    OPTRERR_BADSEQ = 4
+    OPTRERR_BADXID = 5
+    OPTRERR_BADOFF = 6
+    OPTRERR_BADTBSN = 7
+    OPTRERR_BADPL = 8
+
+
+_optr_err_MAP: dict[int, optr_err] = {m.value: m for m in optr_err}
+OPTRERR_BADHMT = optr_err.OPTRERR_BADHMT
+OPTRERR_BADOMT = optr_err.OPTRERR_BADOMT
+OPTRERR_BADCONT = optr_err.OPTRERR_BADCONT
+OPTRERR_BADSEQ = optr_err.OPTRERR_BADSEQ
+OPTRERR_BADXID = optr_err.OPTRERR_BADXID
+OPTRERR_BADOFF = optr_err.OPTRERR_BADOFF
+OPTRERR_BADTBSN = optr_err.OPTRERR_BADTBSN
+OPTRERR_BADPL = optr_err.OPTRERR_BADPL
+
+
+def enc_optr_err(w: _Writer, v: optr_err) -> None:
+    try:
+        w += _I32.pack(_optr_err_MAP[v])
+    except (KeyError, TypeError, _struct.error):
+        raise _XdrError(f'{v!r} is not a optr_err', len(w)) from None
+
+
+def dec_optr_err(r: _Reader, off: int) -> tuple[optr_err, int]:
+    try:
+        return _optr_err_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
+    except (KeyError, _struct.error):
+        raise _XdrError('invalid or truncated optr_err', off) from None
+
+
+@_dataclass(slots=True)
+class optr_expect:
+    optre_expect: int
+    optre_current: int
+
+
+def enc_optr_expect(w: _Writer, v: optr_expect) -> None:
+    try:
+        w += _S4.pack(v.optre_expect, v.optre_current)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode optr_expect: {_e}', len(w)) from None
+
+
+def dec_optr_expect(r: _Reader, off: int) -> tuple[optr_expect, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t = _S4.unpack_from(buf, off)
+        off += 8
+        f_optre_expect = _t[0]
+        f_optre_current = _t[1]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated optr_expect', o0) from None
+    return optr_expect(f_optre_expect, f_optre_current), off
+
+
+@_dataclass(slots=True)
+class optr_range:
+    optrr_value: int
+    optrr_min: int
+    optrr_max: int
+
+
+def enc_optr_range(w: _Writer, v: optr_range) -> None:
+    try:
+        w += _S6.pack(v.optrr_value, v.optrr_min, v.optrr_max)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode optr_range: {_e}', len(w)) from None
+
+
+def dec_optr_range(r: _Reader, off: int) -> tuple[optr_range, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t = _S6.unpack_from(buf, off)
+        off += 12
+        f_optrr_value = _t[0]
+        f_optrr_min = _t[1]
+        f_optrr_max = _t[2]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated optr_range', o0) from None
+    return optr_range(f_optrr_value, f_optrr_min, f_optrr_max), off
+
+
+@_dataclass(slots=True)
+class optr_info:
+    optre_which: optr_err
+    value: optr_expect | optr_range | None = None
+
+
+_optr_info_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_optr_expect, 2: enc_optr_expect, 4: enc_optr_expect, 5: enc_optr_expect, 3: _void_encode, 6: enc_optr_range, 7: enc_optr_range, 8: enc_optr_range}
+_optr_info_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_optr_expect, 2: dec_optr_expect, 4: dec_optr_expect, 5: dec_optr_expect, 3: _void_decode, 6: dec_optr_range, 7: dec_optr_range, 8: dec_optr_range}
+_optr_info_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_optr_err_MAP[(1,)[0]], dec_optr_expect), 2: (_optr_err_MAP[(2,)[0]], dec_optr_expect), 4: (_optr_err_MAP[(4,)[0]], dec_optr_expect), 5: (_optr_err_MAP[(5,)[0]], dec_optr_expect), 3: (_optr_err_MAP[(3,)[0]], _void_decode), 6: (_optr_err_MAP[(6,)[0]], dec_optr_range), 7: (_optr_err_MAP[(7,)[0]], dec_optr_range), 8: (_optr_err_MAP[(8,)[0]], dec_optr_range)}
+
+
+def enc_optr_info(w: _Writer, v: optr_info) -> None:
+    try:
+        _d = v.optre_which
+        _f = _optr_info_ENC.get(_d)
+        if _f is None:
+            raise _XdrError(f'{_d!r} is not a case of optr_info', len(w))
+        _d = _optr_err_MAP[_d]
+        w += _S5.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode optr_info: {_e!r}', len(w)) from None
+
+
+def dec_optr_info(r: _Reader, off: int) -> tuple[optr_info, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_d36,) = _S5.unpack_from(buf, off)
+        _a36 = _optr_info_ARMS.get(_d36)
+        if _a36 is None:
+            raise _XdrError('%r is not a case of optr_info' % (_d36,), off)
+        else:
+            _d36, _f36 = _a36
+        _v36, off = _f36(r, off + 4)
+        _u = optr_info(_d36, _v36)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated optr_info', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class optrept_err:
+    optre_bad: xms_id
+    optre_lead: xms_id | None
+    optre_info: optr_info
+
+
+def enc_optrept_err(w: _Writer, v: optrept_err) -> None:
+    try:
+        w += _S7.pack(v.optre_bad.xmsi_xid, v.optre_bad.xmsi_dir, v.optre_bad.xmsi_seq)
+        if v.optre_lead is None:
+            w += _FALSE
+        else:
+            w += _TRUE
+            enc_xms_id(w, v.optre_lead)
+        enc_optr_info(w, v.optre_info)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode optrept_err: {_e}', len(w)) from None
+
+
+def dec_optrept_err(r: _Reader, off: int) -> tuple[optrept_err, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t = _S7.unpack_from(buf, off)
+        off += 12
+        f_optre_bad = xms_id(_t[0], _xms_dir_MAP[_t[1]], _t[2])
+        (_p,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _p == 1:
+            f_optre_lead, off = dec_xms_id(r, off)
+        elif _p == 0:
+            f_optre_lead = None
+        else:
+            raise _XdrError('optional-data flag is not a bool', off - 4)
+        (_d37,) = _S5.unpack_from(buf, off)
+        _a37 = _optr_info_ARMS.get(_d37)
+        if _a37 is None:
+            raise _XdrError('%r is not a case of optr_info' % (_d37,), off)
+        else:
+            _d37, _f37 = _a37
+        _v37, off = _f37(r, off + 4)
+        f_optre_info = optr_info(_d37, _v37)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated optrept_err', o0) from None
+    return optrept_err(f_optre_bad, f_optre_lead, f_optre_info), off
+
+
+class ropt_type(_IntEnum):
+    ROPT_XMTREQ = 1
+    ROPT_XMTRESP = 2
+    ROPT_XMTCONT = 3
+    ROPT_REPTERR = 4
+
+
+_ropt_type_MAP: dict[int, ropt_type] = {m.value: m for m in ropt_type}
+ROPT_XMTREQ = ropt_type.ROPT_XMTREQ
+ROPT_XMTRESP = ropt_type.ROPT_XMTRESP
+ROPT_XMTCONT = ropt_type.ROPT_XMTCONT
+ROPT_REPTERR = ropt_type.ROPT_REPTERR
+
+
+def enc_ropt_type(w: _Writer, v: ropt_type) -> None:
+    try:
+        w += _I32.pack(_ropt_type_MAP[v])
+    except (KeyError, TypeError, _struct.error):
+        raise _XdrError(f'{v!r} is not a ropt_type', len(w)) from None
+
+
+def dec_ropt_type(r: _Reader, off: int) -> tuple[ropt_type, int]:
+    try:
+        return _ropt_type_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
+    except (KeyError, _struct.error):
+        raise _XdrError('invalid or truncated ropt_type', off) from None
+
+
+@_dataclass(slots=True)
+class rtr_body:
+    ropt: ropt_type
+    value: optxmt_req | optxmt_resp | optxmt_cont | optrept_err | None = None
+
+
+_rtr_body_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_optxmt_req, 2: enc_optxmt_resp, 3: enc_optxmt_cont, 4: enc_optrept_err}
+_rtr_body_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_optxmt_req, 2: dec_optxmt_resp, 3: dec_optxmt_cont, 4: dec_optrept_err}
+_rtr_body_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_ropt_type_MAP[(1,)[0]], dec_optxmt_req), 2: (_ropt_type_MAP[(2,)[0]], dec_optxmt_resp), 3: (_ropt_type_MAP[(3,)[0]], dec_optxmt_cont), 4: (_ropt_type_MAP[(4,)[0]], dec_optrept_err)}
+
+
+def enc_rtr_body(w: _Writer, v: rtr_body) -> None:
+    try:
+        _d = v.ropt
+        _f = _rtr_body_ENC.get(_d)
+        if _f is None:
+            raise _XdrError(f'{_d!r} is not a case of rtr_body', len(w))
+        _d = _ropt_type_MAP[_d]
+        w += _S5.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode rtr_body: {_e!r}', len(w)) from None
+
+
+def dec_rtr_body(r: _Reader, off: int) -> tuple[rtr_body, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_d38,) = _S5.unpack_from(buf, off)
+        _a38 = _rtr_body_ARMS.get(_d38)
+        if _a38 is None:
+            raise _XdrError('%r is not a case of rtr_body' % (_d38,), off)
+        else:
+            _d38, _f38 = _a38
+        _v38, off = _f38(r, off + 4)
+        _u = rtr_body(_d38, _v38)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated rtr_body', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class rtr_msg:
+    rtr_xid: int
+    rtr_vers: int
+    rtr_credit: int
+    rtr_proc: int
+    rtr_body: rtr_body
+
+
+def enc_rtr_msg(w: _Writer, v: rtr_msg) -> None:
+    try:
+        w += _S8.pack(v.rtr_xid, v.rtr_vers, v.rtr_credit, v.rtr_proc)
+        enc_rtr_body(w, v.rtr_body)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode rtr_msg: {_e}', len(w)) from None
+
+
+def dec_rtr_msg(r: _Reader, off: int) -> tuple[rtr_msg, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t = _S8.unpack_from(buf, off)
+        off += 16
+        f_rtr_xid = _t[0]
+        f_rtr_vers = _t[1]
+        f_rtr_credit = _t[2]
+        f_rtr_proc = _t[3]
+        (_d39,) = _S5.unpack_from(buf, off)
+        _a39 = _rtr_body_ARMS.get(_d39)
+        if _a39 is None:
+            raise _XdrError('%r is not a case of rtr_body' % (_d39,), off)
+        else:
+            _d39, _f39 = _a39
+        _v39, off = _f39(r, off + 4)
+        f_rtr_body = rtr_body(_d39, _v39)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated rtr_msg', o0) from None
+    return rtr_msg(f_rtr_xid, f_rtr_vers, f_rtr_credit, f_rtr_proc, f_rtr_body), off
