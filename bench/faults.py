@@ -302,7 +302,7 @@ def leaked(server: NFSServer) -> dict[str, int]:
     assert server.state is not None
     s = server.state
     return {
-        "stateids": s.state.stateid_count,
+        "stateids": s.state_manager.stateid_count,
         "sessions": len(s.sessions.sessions),
         "clients": len(s.sessions.clients.by_id),
         "connections": len(server.connections),
