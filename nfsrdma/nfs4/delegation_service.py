@@ -23,7 +23,8 @@ What is granted
   (``OpenFile.hold_descriptor``), which Linux grants when that is the file's only open file
   description (knfsd's own opens share one ``struct file`` the same way). The delegation
   borrows the descriptor: a CLOSE of the open while the delegation is held leaves it open
-  (and leased) until DELEGRETURN, revocation or the client's expiry let the lease go. When
+  (and leased) until DELEGRETURN, revocation or the client's expiry let the lease go; READ
+  and WRITE with the delegation stateid go through it meanwhile (``Delegation.file``). When
   the kernel refuses (another open of the file, on the server or by the server for another
   open-owner), no write delegation: a read delegation if the client did not ask for a write
   one only (WANT_WRITE_DELEG) and a read lease can be had (it cannot while the holder's open
