@@ -14,13 +14,26 @@ What is granted
   CREATE_SESSION, BIND_CONN_TO_SESSION and BACKCHANNEL_CTL (and from an OPEN that finds the
   callback program, security or connection changed since); until it is answered OPEN gets no
   delegation (WND4_RESOURCE). A failed probe marks the path down (SEQ4_STATUS_CB_PATH_DOWN).
-- Read delegations only with a kernel read lease on the file (as knfsd): without one
-  (no CAP_LEASE and not the owner, a local writer, leases unavailable) none is granted
-  (WND4_RESOURCE).
-- Write delegations with a kernel write lease when the kernel gives one. It rarely does: a
-  write lease needs the file to have no other open descriptor, and the holder's open keeps one
-  in this process. Then the write delegation is granted anyway, protected against other NFS
-  clients only (changes on the server's own file system do not recall it). Documented choice.
+- Only with a kernel lease on the file, as knfsd: without one no delegation is protected
+  against changes made on the server's own file system, so none is granted.
+- Read delegations: a read lease on a read-only descriptor of the file's own
+  (``Vfs.lease_descriptor``). Refused (no CAP_LEASE and not the owner, a local writer, leases
+  unavailable): no delegation (WND4_RESOURCE).
+- Write delegations: a write lease on the descriptor of the holder's open itself
+  (``OpenFile.hold_descriptor``), which Linux grants when that is the file's only open file
+  description (knfsd's own opens share one ``struct file`` the same way). The delegation
+  borrows the descriptor: a CLOSE of the open while the delegation is held leaves it open
+  (and leased) until DELEGRETURN, revocation or the client's expiry let the lease go; READ
+  and WRITE with the delegation stateid go through it meanwhile (``Delegation.file``). When
+  the kernel refuses (another open of the file, on the server or by the server for another
+  open-owner), no write delegation: a read delegation if the client did not ask for a write
+  one only (WANT_WRITE_DELEG) and a read lease can be had (it cannot while the holder's open
+  writes, so in practice none), else none (WND4_CONTENTION when another open was the
+  reason, WND4_RESOURCE otherwise).
+- The server's own opens of a file under the client's write delegation (an OPEN by another
+  open-owner of the same client, an anonymous READ) and its truncations would break that
+  lease and block on it: the delegation is recalled and its lease let go first
+  (``check_conflicts``), as for read delegations and local writes.
 
 Local changes the kernel reports: opening the file for writing (read lease) or at all (write
 lease), and truncating it. Local unlink/rename break no user-space lease (only knfsd's own),
@@ -31,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import logging
 import time
 from collections.abc import Hashable
@@ -183,22 +197,26 @@ class DelegationService:
             return _none(want, decision.why)
         deleg = self.table.held(clientid, fh)
         if deleg is None:
-            lease = self._lease(fh, decision.write)
-            if lease is None and not decision.write:
-                return _none(want, nfs4.WND4_RESOURCE)
+            write = decision.write
+            lease = self._write_lease(state) if write else None
+            if lease is None:
+                refused = self.leases.refused if write else None
+                # No write lease: a read delegation instead, unless only a write one is wanted.
+                write = False
+                only_write = want == nfs4.OPEN4_SHARE_ACCESS_WANT_WRITE_DELEG
+                lease = None if only_write else self._read_lease(fh)
+                if lease is None:
+                    why = nfs4.WND4_CONTENTION if refused == errno.EAGAIN else nfs4.WND4_RESOURCE
+                    return _none(want, why)
             attrs = self.vfs.getattr(fh)
             deleg = self.table.grant(
-                clientid, fh, decision.write, ctx.now, change=attrs.change, size=attrs.size
+                clientid, fh, write, ctx.now, change=attrs.change, size=attrs.size
             )
-            if lease is not None:
-                lease.key = deleg
-                deleg.lease = lease
-            log.info(
-                "client %#x: %s delegation granted%s",
-                clientid,
-                "write" if deleg.write else "read",
-                "" if lease else " (no kernel lease)",
-            )
+            lease.key = deleg
+            deleg.lease = lease
+            if write:
+                deleg.file = state.openfile
+            log.info("client %#x: %s delegation granted", clientid, _kind(deleg))
         if deleg.write:
             return nfs4.open_delegation4(
                 nfs4.OPEN_DELEGATE_WRITE,
@@ -208,7 +226,9 @@ class DelegationService:
             nfs4.OPEN_DELEGATE_READ, nfs4.open_read_delegation4(deleg.stateid, False, _NO_ACE)
         )
 
-    def _lease(self, fh: bytes, write: bool) -> Lease | None:
+    def _read_lease(self, fh: bytes) -> Lease | None:
+        """A read lease on a read-only descriptor of the file's own (the holder's open may
+        allow writing, and a read lease needs a read-only descriptor)."""
         if not self.leases.available:
             return None
         try:
@@ -217,7 +237,20 @@ class DelegationService:
             return None
         if fd is None:
             return None
-        return self.leases.take(fd, write, None)
+        return self.leases.take(fd, False, None)
+
+    def _write_lease(self, state: OpenState) -> Lease | None:
+        """A write lease on the descriptor of the holder's open itself (the kernel grants
+        one only to the file's sole open file description), kept open for the delegation's
+        life even when the open is closed first."""
+        self.leases.refused = None
+        if not self.leases.available:
+            return None
+        of = state.openfile
+        fd = of.hold_descriptor()
+        if fd is None:
+            return None
+        return self.leases.take(fd, True, None, let_go=of.let_go_descriptor)
 
     # ------------------------------------------------------------------ recall, revoke
 
@@ -259,6 +292,7 @@ class DelegationService:
     def _release_lease(self, d: Delegation) -> None:
         if isinstance(d.lease, Lease):
             self.leases.release(d.lease)
+        d.file = None  # its descriptor let go with the lease
 
 
 def _kind(d: Delegation) -> str:
@@ -283,20 +317,29 @@ def table_of(ctx: CompoundContext) -> DelegationTable:
 
 
 def check_conflicts(
-    ctx: CompoundContext, fh: bytes, *, write: bool, local_write: bool = False
+    ctx: CompoundContext,
+    fh: bytes,
+    *,
+    write: bool,
+    local_write: bool = False,
+    local_open: bool = False,
 ) -> None:
     """Before an operation of this COMPOUND's client changes (``write``) or opens ``fh``:
     NFS4ERR_DELAY, with CB_RECALL sent, while another client's delegation conflicts. When
     the server itself is about to open the file for writing or truncate it (``local_write``),
-    the client's own read delegation is recalled too and its kernel lease let go first (the
-    server would otherwise block on its own lease); the operation goes on."""
+    or to open it at all (``local_open``), and the client's own delegation holds a kernel
+    lease that this would break (a read lease: writing; a write lease: any open), that
+    delegation is recalled too and its lease let go first (the server would otherwise block
+    on its own lease); the operation goes on."""
     table = table_of(ctx)
     if not len(table):
         return
     clientid = ctx.clientid
-    if local_write:
+    if local_write or local_open:
         mine = table.held(clientid, fh)
-        if mine is not None and not mine.write:
+        if mine is not None and (
+            (local_write and not mine.write) or (mine.write and mine.lease is not None)
+        ):
             table.start_recall(mine, ctx.now)
             if mine.lease is not None and table.release is not None:
                 table.release(mine)
@@ -319,7 +362,12 @@ def _expire_courteous_holders(ctx: CompoundContext, conflicting: list[Delegation
 
 
 def check_name(
-    ctx: CompoundContext, dir_fh: bytes, name: bytes, *, local_write: bool = False
+    ctx: CompoundContext,
+    dir_fh: bytes,
+    name: bytes,
+    *,
+    local_write: bool = False,
+    local_open: bool = False,
 ) -> None:
     """REMOVE / RENAME / LINK of ``dir_fh``/``name``: the object it names must not be under
     another client's delegation (NFS4ERR_DELAY while recalled); a missing name is fine."""
@@ -330,7 +378,7 @@ def check_name(
         fh = ctx.server.vfs.lookup(ctx.cred, dir_fh, name)
     except Exception:  # a missing name, a bad handle...: the operation itself will say so
         return
-    check_conflicts(ctx, fh, write=True, local_write=local_write)
+    check_conflicts(ctx, fh, write=True, local_write=local_write, local_open=local_open)
 
 
 # ---------------------------------------------------------------- CB_GETATTR (GETATTR)

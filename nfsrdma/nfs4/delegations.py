@@ -24,10 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from nfsrdma.nfs4.context import Nfs4Error
 from nfsrdma.xdr.gen import nfs4
+
+if TYPE_CHECKING:
+    from nfsrdma.vfs.base import OpenFile
 
 ACCESS_READ: Final = nfs4.OPEN4_SHARE_ACCESS_READ
 ACCESS_WRITE: Final = nfs4.OPEN4_SHARE_ACCESS_WRITE
@@ -52,6 +55,9 @@ class Delegation:
     recalled: float | None = None  # when CB_RECALL was first asked for
     revoked: bool = False
     lease: object | None = None  # the kernel lease protecting it (the VFS's handle)
+    # a write delegation's: the holder's open file, whose descriptor the lease is on; it
+    # serves I/O with the delegation stateid after the open is closed
+    file: OpenFile | None = None
     change: int = 0  # the change attribute when granted (CB_GETATTR's baseline)
     size: int = 0
     served_change: int = 0  # the change attribute last answered for the holder's writes
@@ -305,3 +311,4 @@ class DelegationTable:
             if self.release is not None:
                 self.release(d)
             d.lease = None
+        d.file = None

@@ -554,7 +554,8 @@ class StateManager:
         self, clientid: int, sid: nfs4.stateid4, fh: bytes, write: bool
     ) -> OpenFile | None:
         """I/O with a delegation stateid (section 8.2.1): through one of the client's opens of
-        the file that allows it, else with the caller's credential (as anonymous I/O);
+        the file that allows it, else through the open file a write delegation kept from a
+        closed open, else with the caller's credential (as anonymous I/O);
         writing under a read delegation is NFS4ERR_OPENMODE."""
         deleg = self.delegations.find(clientid, sid, fh)
         if write and not deleg.write:
@@ -563,6 +564,9 @@ class StateManager:
         for o in f.opens.values() if f is not None else ():
             if o.clientid == clientid and (o.openfile.writable if write else o.openfile.readable):
                 return o.openfile
+        held = deleg.file  # a write delegation outliving its open: the open's file, kept
+        if held is not None and (held.writable if write else held.readable):
+            return held
         return None
 
     def check_setattr_size(self, ctx: CompoundContext, stateid: nfs4.stateid4, fh: bytes) -> None:

@@ -279,6 +279,16 @@ class OpenFile(abc.ABC):
     def close(self) -> None:
         """Close; idempotent."""
 
+    def hold_descriptor(self) -> int | None:
+        """The descriptor of this open file, kept open (even past ``close``) until
+        ``let_go_descriptor``: a write lease is taken on it (``vfs/leases.py``). None when
+        the backend has none (or the file is closed)."""
+        return None
+
+    def let_go_descriptor(self) -> None:
+        """End a ``hold_descriptor``; the descriptor is closed now if ``close`` came first."""
+        return None
+
 
 class Vfs(abc.ABC):
     """A served directory tree. See the module docstring for the conventions."""

@@ -16,9 +16,11 @@ broken reports the type it is being downgraded to, not the one we hold. No polli
 One handler per event loop serves every ``KernelLeases`` on it (several servers in a process).
 
 Leases need the server process to own the file or to have CAP_LEASE (root has it), the
-descriptor to be read-only for a read lease, and (for a write lease) no other open descriptor
-of the file anywhere, including the server's own: see ``nfs4/delegations.py`` for what is
-granted when the kernel refuses.
+descriptor to be read-only for a read lease (and no writer anywhere), and for a write lease
+no other open file description of the file anywhere, the server's own included: a write lease
+is therefore taken on the very descriptor of the holder's open, borrowed (``let_go``), not on
+a descriptor of its own. See ``nfs4/delegation_service.py`` for what is granted when the
+kernel refuses.
 """
 
 from __future__ import annotations
@@ -55,6 +57,14 @@ class Lease:
     write: bool
     key: object  # what the lease protects (the delegation)
     broken: bool = False
+    # lets the descriptor go on release (when it is not ours to close), else it is closed
+    let_go: Callable[[], None] | None = None
+
+    def drop(self) -> None:
+        if self.let_go is not None:
+            self.let_go()
+        else:
+            os.close(self.fd)
 
 
 class KernelLeases:
@@ -66,6 +76,7 @@ class KernelLeases:
         self._leases: dict[int, Lease] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.breaks = 0
+        self.refused: int | None = None  # errno of the last refusal (EAGAIN: contention)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Install the signal handler; False when it cannot be (not the main thread)."""
@@ -85,11 +96,17 @@ class KernelLeases:
     def available(self) -> bool:
         return self._loop is not None
 
-    def take(self, fd: int, write: bool, key: object) -> Lease | None:
-        """Lease ``fd`` (which this takes over: closed on failure or release); None when the
-        kernel refuses (EAGAIN: a conflicting open exists; EACCES/EPERM: not ours to lease)."""
+    def take(
+        self, fd: int, write: bool, key: object, let_go: Callable[[], None] | None = None
+    ) -> Lease | None:
+        """Lease ``fd``, which this takes over: on failure or release it is closed, or, when
+        ``let_go`` is given (a descriptor borrowed from an open), handed back by calling it.
+        None when the kernel refuses (``refused``: EAGAIN, a conflicting open exists;
+        EACCES/EPERM, not ours to lease)."""
+        lease = Lease(fd, write, key, let_go=let_go)
         if self._loop is None:
-            os.close(fd)
+            self.refused = None
+            lease.drop()
             return None
         try:
             fcntl.fcntl(fd, fcntl.F_SETOWN, os.getpid())
@@ -97,9 +114,9 @@ class KernelLeases:
             fcntl.fcntl(fd, F_SETLEASE, fcntl.F_WRLCK if write else fcntl.F_RDLCK)
         except OSError as e:
             log.debug("no %s lease: %s", "write" if write else "read", e)
-            os.close(fd)
+            self.refused = e.errno
+            lease.drop()
             return None
-        lease = Lease(fd, write, key)
         self._leases[fd] = lease
         return lease
 
@@ -108,7 +125,7 @@ class KernelLeases:
             return
         with contextlib.suppress(OSError):
             fcntl.fcntl(lease.fd, F_SETLEASE, fcntl.F_UNLCK)
-        os.close(lease.fd)
+        lease.drop()
 
     def signalled(self) -> None:
         """The lease signal came: find the leases being broken."""

@@ -16,7 +16,8 @@ class LocalOpenFile(OpenFile):
     """Owns one descriptor. I/O is pread/pwrite (thread-safe, no shared file offset); an
     in-flight counter makes ``close`` wait for no one yet never close a descriptor under a
     running call (the last call out closes it). ``on_close(fh)`` is called once, by the first
-    ``close`` (the backend counts the open files of each object, see ``LocalVfs``)."""
+    ``close`` (the backend counts the open files of each object, see ``LocalVfs``). A hold
+    (``hold_descriptor``, for a write lease) keeps the descriptor open past ``close``."""
 
     def __init__(
         self,
@@ -37,7 +38,9 @@ class LocalOpenFile(OpenFile):
         self._changes = changes
         self._lock = threading.Lock()
         self._busy = 0
-        self._closing = False
+        self._closing = False  # the descriptor is being (or was) closed
+        self._closed = False  # ``close`` was called
+        self._holds = 0  # hold_descriptor calls not let go
         self._on_close = on_close
 
     def _enter(self) -> int:
@@ -108,7 +111,34 @@ class LocalOpenFile(OpenFile):
         finally:
             self._exit()
 
+    def hold_descriptor(self) -> int | None:
+        """While held, ``close`` only tells the backend (``on_close``); the descriptor stays
+        open and usable for I/O until the last ``let_go_descriptor``."""
+        with self._lock:
+            if self._closing or self._closed:
+                return None
+            self._holds += 1
+            return self._fd
+
+    def let_go_descriptor(self) -> None:
+        with self._lock:
+            self._holds -= 1
+            last = self._holds == 0 and self._closed
+        if last:
+            self._close_descriptor()
+
     def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            held = self._holds > 0
+        if not held:
+            self._close_descriptor()
+        if self._on_close is not None:
+            self._on_close(self.fh)
+
+    def _close_descriptor(self) -> None:
         with self._lock:
             if self._closing:
                 return
@@ -118,9 +148,7 @@ class LocalOpenFile(OpenFile):
                 self._fd = -1
         if fd >= 0:
             os.close(fd)
-        if self._on_close is not None:
-            self._on_close(self.fh)
 
     def __del__(self) -> None:
         if getattr(self, "_fd", -1) >= 0 and not getattr(self, "_closing", True):
-            self.close()
+            self._close_descriptor()

@@ -50,7 +50,7 @@ def op_read(ctx: CompoundContext, args: nfs4.READ4args) -> nfs4.READ4res | Await
         grace.check_special_stateid(ctx)
     of = server.state_manager.io_file(ctx.clientid, sid, fh, write=False)
     if of is None:  # anonymous I/O: a write delegation of another client stands in the way
-        check_conflicts(ctx, fh, write=False)
+        check_conflicts(ctx, fh, write=False, local_open=True)
     count = min(args.count, server.config.max_io)
     offset = args.offset
     if offset > MAX_FILE_OFFSET:  # beyond any end of file

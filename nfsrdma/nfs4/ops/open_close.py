@@ -187,7 +187,7 @@ def _resolve(ctx: CompoundContext, args: nfs4.OPEN4args, access: int) -> tuple[_
         if creating:
             assert isinstance(args.openhow.value, nfs4.createhow4)
             # The create path opens an existing file at once.
-            check_name(ctx, dir_fh, name, local_write=bool(access & ACCESS_WRITE))
+            check_name(ctx, dir_fh, name, local_write=bool(access & ACCESS_WRITE), local_open=True)
             target = _create(ctx, dir_fh, name, args.openhow.value, access)
             after = vfs.getattr(dir_fh).change if target.created else dir_attrs.change
             return target, dir_attrs.change, after
@@ -244,6 +244,7 @@ def op_open(ctx: CompoundContext, args: nfs4.OPEN4args) -> nfs4.OPEN4res:
             fh,
             write=open_conflict_write(access, deny, target.truncate),
             local_write=bool(access & ACCESS_WRITE) or target.truncate,
+            local_open=True,
         )
         existing = sm.open_of(clientid, args.owner.owner, fh)
         union = access | (existing.access if existing else 0)

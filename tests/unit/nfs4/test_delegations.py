@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from nfsrdma.nfs4.delegation_service import DelegationService
 from nfsrdma.nfs4.delegations import Delegation
 from nfsrdma.nfs4.server_state import ServerConfig
 from nfsrdma.server import NFSServer
+from nfsrdma.vfs.leases import F_GETLEASE, Lease
 from nfsrdma.xdr.gen import nfs4
 
 from .test_io_ops import (
@@ -478,3 +480,131 @@ async def test_opens_made_under_a_recalled_delegation_are_claimed(tmp_path: Path
         await a.on(fh, OK, op(nfs4.OP_DELEGRETURN, nfs4.DELEGRETURN4args(d)))
         await opening
         assert a.s.stats.recalls == 1
+
+
+# ---------------------------------------------------------------- write delegations, write leases
+
+
+def _fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _leased(d: Delegation | None) -> int:
+    """The kernel lease the delegation's descriptor holds (F_GETLEASE)."""
+    assert d is not None and isinstance(d.lease, Lease)
+    return fcntl.fcntl(d.lease.fd, F_GETLEASE)
+
+
+async def test_a_write_delegation_holds_a_kernel_write_lease_a_local_reader_breaks(
+    tmp_path: Path,
+) -> None:
+    """The write lease is taken on the holder's own open (the file's only open file
+    description), so any local open, even for reading, blocks until the delegation is back."""
+    async with deleg_served(tmp_path, clients=1) as (server, (a,)):
+        fh, _s, ok = await a.open(b"w", BOTH | WANT_WRITE)
+        assert ok.delegation.delegation_type == nfs4.OPEN_DELEGATE_WRITE
+        svc = service(server)
+        deleg = svc.table.held(a.clientid, fh)
+        assert _leased(deleg) == fcntl.F_WRLCK
+        await a.write(fh, deleg_of(ok).stateid, 0, b"remote")
+        path = tmp_path / "export" / "w"
+        returns = Returns(a)
+
+        def local_read() -> bytes:
+            with open(path, "rb") as f:  # blocks until the lease is released
+                return f.read()
+
+        reading = asyncio.ensure_future(asyncio.to_thread(local_read))
+        await returns.wait()
+        assert await reading == b"remote"
+        assert svc.leases.breaks == 1 and a.s.stats.recalls == 1
+        assert svc.table.held(a.clientid, fh) is None
+
+
+async def test_close_under_a_write_delegation_keeps_the_lease_until_delegreturn(
+    tmp_path: Path,
+) -> None:
+    """CLOSE of the open hands its descriptor to the write delegation: still leased (a local
+    open would block), closed at DELEGRETURN, after which a local open goes through at once;
+    no descriptor is left behind."""
+    async with deleg_served(tmp_path, clients=1) as (server, (a,)):
+        await make_file(a, b"w")
+        path = tmp_path / "export" / "w"
+        before = _fd_count()
+        fh, sid, ok = await a.open(b"w", BOTH | WANT_WRITE, how=NOCREATE)
+        assert ok.delegation.delegation_type == nfs4.OPEN_DELEGATE_WRITE
+        d = deleg_of(ok).stateid
+        svc = service(server)
+        deleg = svc.table.held(a.clientid, fh)
+        await a.close(fh, sid)
+        assert _leased(deleg) == fcntl.F_WRLCK
+        await a.write(fh, d, 0, b"after close")  # the delegation stateid still serves
+        await a.on(fh, OK, op(nfs4.OP_DELEGRETURN, nfs4.DELEGRETURN4args(d)))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # EWOULDBLOCK if still leased
+        try:
+            assert os.read(fd, 11) == b"after close"
+        finally:
+            os.close(fd)
+        assert svc.leases.breaks == 0 and a.s.stats.recalls == 0
+        assert _fd_count() == before
+
+
+async def test_no_write_delegation_without_a_write_lease(tmp_path: Path) -> None:
+    """A local process holding the file open: the kernel gives no write lease, so no write
+    delegation (contention), where one used to be granted unprotected."""
+    async with deleg_served(tmp_path, clients=1) as (server, (a,)):
+        await make_file(a, b"w")
+        with open(tmp_path / "export" / "w", "rb"):
+            _, _, ok = await a.open(b"w", BOTH | WANT_WRITE, how=NOCREATE)
+            assert ok.delegation.delegation_type == nfs4.OPEN_DELEGATE_NONE_EXT
+            assert deleg_of(ok).ond_why == nfs4.WND4_CONTENTION
+            _, _, ok = await a.open(b"w", READ | WANT_WRITE, how=NOCREATE, owner=b"r")
+            assert ok.delegation.delegation_type == nfs4.OPEN_DELEGATE_NONE_EXT
+            assert deleg_of(ok).ond_why == nfs4.WND4_CONTENTION
+        assert len(service(server).table) == 0
+
+
+async def test_the_holders_second_open_recalls_its_write_delegation_first(
+    tmp_path: Path,
+) -> None:
+    """The server opening the file for another open-owner of the holder would break its own
+    write lease and block on it: the delegation is recalled and the lease let go first."""
+    async with deleg_served(tmp_path, clients=1) as (server, (a,)):
+        fh, _s, ok = await a.open(b"w", BOTH | WANT_WRITE)
+        assert ok.delegation.delegation_type == nfs4.OPEN_DELEGATE_WRITE
+        returns = Returns(a)
+        recalls = Recalls(server)
+        svc = service(server)
+        await a.open(b"w", READ, how=NOCREATE, owner=b"o2")
+        assert [x.fh for x in recalls.sent] == [fh]  # sent before the OPEN was answered
+        await returns.wait()
+        assert svc.leases.breaks == 0 and a.s.stats.recalls == 1
+        assert svc.table.held(a.clientid, fh) is None
+
+
+async def test_a_revoked_write_delegation_lets_its_closed_descriptor_go(tmp_path: Path) -> None:
+    """A holder that closed its open and ignores the recall: a local reader waits until the
+    delegation is revoked, then the borrowed descriptor is closed and the reader goes on."""
+    async with deleg_served(tmp_path, clients=1) as (server, (a,)):
+        await make_file(a, b"w", b"data")
+        path = tmp_path / "export" / "w"
+        before = _fd_count()
+        fh, sid, ok = await a.open(b"w", BOTH | WANT_WRITE, how=NOCREATE)
+        d = deleg_of(ok).stateid
+        await a.close(fh, sid)
+        Returns(a, refuse=True)
+        recalls = Recalls(server)
+        svc = service(server)
+        assert _leased(svc.table.held(a.clientid, fh)) == fcntl.F_WRLCK
+
+        def local_read() -> bytes:
+            with open(path, "rb") as f:  # blocks until the lease is released
+                return f.read()
+
+        reading = asyncio.ensure_future(asyncio.to_thread(local_read))
+        await recalls.event.wait()
+        recalled_at = recalls.sent[0].recalled
+        assert recalled_at is not None and not reading.done()
+        assert [x.other for x in svc.expire(recalled_at + svc.lease_time + 1)] == [d.other]
+        assert await reading == b"data"
+        assert _fd_count() == before
