@@ -17,16 +17,20 @@ import stat
 from typing import Final
 
 from nfsrdma.vfs.base import Export
+from nfsrdma.vfs.identity import FsIdentity
 from nfsrdma.vfs.secret import StateDirError, default_state_dir, export_key
 
 FORMAT: Final = 1
 
 
 class ClientDb:
-    """The client records in ``path``."""
+    """The client records in ``path``. Read and written as the server itself: the calling
+    thread may last have acted for a client (``identity``: fs ids are per thread and cached),
+    and a squashed client may not write the 0700 state directory."""
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self._ident = FsIdentity()
 
     @classmethod
     def for_export(cls, export: Export) -> ClientDb:
@@ -36,6 +40,7 @@ class ClientDb:
         return cls(os.path.join(state, name))
 
     def load(self) -> set[bytes]:
+        self._ident.apply_server()
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -57,6 +62,7 @@ class ClientDb:
         return {bytes.fromhex(o) for o in owners}
 
     def save(self, owners: set[bytes]) -> None:
+        self._ident.apply_server()
         directory = os.path.dirname(self.path)
         os.makedirs(directory, mode=0o700, exist_ok=True)
         data = json.dumps({"format": FORMAT, "clients": sorted(o.hex() for o in owners)})
