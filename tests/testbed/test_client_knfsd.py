@@ -91,17 +91,19 @@ async def test_client_exactly_once_against_knfsd(knfsd: Knfsd) -> None:
     await test_faults.test_connection_killed_mid_rename_renames_once(target, "once-rename")  # type: ignore[arg-type]
 
 
-async def test_client_returns_a_recalled_delegation(knfsd: Knfsd) -> None:
-    """UL-22: knfsd grants a read delegation to our open (the back channel shares our TCP
-    connection); a local writer on the server breaks it; knfsd sends CB_RECALL; we answer and
-    DELEGRETURN, and the writer gets in well before the lease-break timeout."""
-    target = KnfsdTarget(knfsd.addr, "tcp", Path(knfsd.export))
+@pytest.mark.parametrize("proto", PROTOS)
+async def test_client_returns_a_recalled_delegation(knfsd: Knfsd, proto: str) -> None:
+    """UL-22: knfsd grants a read delegation to our open (the back channel shares our
+    connection, TCP or RDMA, RFC 8167); a local writer on the server breaks it; knfsd sends
+    CB_RECALL; we answer and DELEGRETURN, and the writer gets in well before the lease-break
+    timeout."""
+    target = KnfsdTarget(knfsd.addr, proto, Path(knfsd.export))
     async with nc.connect(target.url(), uid=0, gid=0) as fs:
-        await fs.mkdir("deleg")
-        await fs.write_bytes("deleg/f", b"data")
+        await fs.mkdir(f"deleg-{proto}")
+        await fs.write_bytes(f"deleg-{proto}/f", b"data")
         delegated = None
         for _ in range(5):  # knfsd grants delegations once the callback path is checked
-            f = await fs.open("deleg/f", "rb")
+            f = await fs.open(f"deleg-{proto}/f", "rb")
             if f.delegation is not None:
                 delegated = f
                 break
@@ -109,7 +111,7 @@ async def test_client_returns_a_recalled_delegation(knfsd: Knfsd) -> None:
             await asyncio.sleep(1)
         assert delegated is not None, "knfsd granted no read delegation"
         assert fs.session.negotiated.backchannel
-        path = Path(knfsd.export) / "deleg" / "f"
+        path = Path(knfsd.export) / f"deleg-{proto}" / "f"
         t0 = time.monotonic()
         # A blocking open for writing returns the moment the lease is given up: knfsd recalls
         # the delegation (CB_RECALL), we DELEGRETURN. Had we not, the kernel would break the
@@ -122,8 +124,8 @@ async def test_client_returns_a_recalled_delegation(knfsd: Knfsd) -> None:
         assert not fs.session.delegations
         assert await delegated.read() == b"data"  # the open itself still works
         await delegated.close()
-        await fs.remove("deleg/f")
-        await fs.rmdir("deleg")
+        await fs.remove(f"deleg-{proto}/f")
+        await fs.rmdir(f"deleg-{proto}")
 
 
 async def test_client_cli_against_knfsd(knfsd: Knfsd, tmp_path: Path) -> None:
