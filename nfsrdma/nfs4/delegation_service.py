@@ -60,6 +60,7 @@ from nfsrdma.nfs4.delegations import (
     DelegationTable,
     OtherOpen,
 )
+from nfsrdma.rpc.ratelog import LineRateLimiter
 from nfsrdma.session.records import usable_cb_sec
 from nfsrdma.vfs.leases import KernelLeases, Lease
 from nfsrdma.xdr.gen import nfs4
@@ -89,6 +90,8 @@ class DelegationService:
         enabled: bool = True,
     ) -> None:
         self.table: DelegationTable = state.delegations
+        # One line per grant would be one per OPEN: a client can provoke them at will.
+        self._grant_lines = LineRateLimiter()
         self.sessions = sessions
         self.callbacks = callbacks
         self.vfs = vfs
@@ -216,7 +219,14 @@ class DelegationService:
             deleg.lease = lease
             if write:
                 deleg.file = state.openfile
-            log.info("client %#x: %s delegation granted", clientid, _kind(deleg))
+            suppressed = self._grant_lines.allow(ctx.now)
+            if suppressed is not None:
+                log.info(
+                    "client %#x: %s delegation granted%s",
+                    clientid,
+                    _kind(deleg),
+                    f" ({suppressed} similar lines suppressed)" if suppressed else "",
+                )
         if deleg.write:
             return nfs4.open_delegation4(
                 nfs4.OPEN_DELEGATE_WRITE,
