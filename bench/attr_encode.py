@@ -19,27 +19,12 @@ from nfsrdma.nfs4.attrs import bitmap_of, encode_attrs
 from nfsrdma.nfs4.server_state import ServerConfig
 from nfsrdma.vfs.base import Attributes, FileType
 from nfsrdma.xdr.gen import nfs4
+from nfsrdma.xdr.nfs4_fattr import MASKS
 from nfsrdma.xdr.runtime import Writer
 
 # The attributes the Linux NFSv4.1 client asks for after OPEN, WRITE, SETATTR... (its
-# nfs4_fattr_bitmap).
-LINUX_GETATTR = [
-    nfs4.FATTR4_TYPE,
-    nfs4.FATTR4_CHANGE,
-    nfs4.FATTR4_SIZE,
-    nfs4.FATTR4_FSID,
-    nfs4.FATTR4_FILEID,
-    nfs4.FATTR4_MODE,
-    nfs4.FATTR4_NUMLINKS,
-    nfs4.FATTR4_OWNER,
-    nfs4.FATTR4_OWNER_GROUP,
-    nfs4.FATTR4_RAWDEV,
-    nfs4.FATTR4_SPACE_USED,
-    nfs4.FATTR4_TIME_ACCESS,
-    nfs4.FATTR4_TIME_METADATA,
-    nfs4.FATTR4_TIME_MODIFY,
-    nfs4.FATTR4_MOUNTED_ON_FILEID,
-]
+# nfs4_fattr_bitmap), as the codec generator knows them.
+LINUX_GETATTR = [getattr(nfs4, f"FATTR4_{name.upper()}") for name in MASKS["linux_fattr"]]
 
 
 def linux_getattr_bitmap() -> list[int]:

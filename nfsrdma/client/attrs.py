@@ -16,6 +16,7 @@ from nfsrdma.nfs4.attr_decode import NAMES, decode_values
 from nfsrdma.nfs4.attrs import parse_owner
 from nfsrdma.nfs4.context import Nfs4Error
 from nfsrdma.xdr.gen import nfs4
+from nfsrdma.xdr.nfs4_fattr import MASKS
 from nfsrdma.xdr.runtime import Writer, XdrError
 
 # The generated encoder of every attribute that has one, by attribute number (decoding goes
@@ -26,22 +27,10 @@ ENCODERS: dict[int, Callable[[Writer, Any], None]] = {
     if (enc := getattr(nfs4, f"enc_fattr4_{name}", None)) is not None
 }
 
-# What ``stat`` and ``scandir`` ask for.
-STAT_ATTRS = (
-    nfs4.FATTR4_TYPE,
-    nfs4.FATTR4_CHANGE,
-    nfs4.FATTR4_SIZE,
-    nfs4.FATTR4_FSID,
-    nfs4.FATTR4_FILEID,
-    nfs4.FATTR4_MODE,
-    nfs4.FATTR4_NUMLINKS,
-    nfs4.FATTR4_OWNER,
-    nfs4.FATTR4_OWNER_GROUP,
-    nfs4.FATTR4_RAWDEV,
-    nfs4.FATTR4_SPACE_USED,
-    nfs4.FATTR4_TIME_ACCESS,
-    nfs4.FATTR4_TIME_METADATA,
-    nfs4.FATTR4_TIME_MODIFY,
+# What ``stat`` and ``scandir`` ask for (the Linux client's GETATTR set less mounted_on_fileid:
+# one list, in ``nfs4_fattr.MASKS``, from which the server's specialised encoders are generated).
+STAT_ATTRS: tuple[int, ...] = tuple(
+    getattr(nfs4, f"FATTR4_{name.upper()}") for name in MASKS["client_stat"]
 )
 
 

@@ -18,6 +18,7 @@ from nfsrdma.nfs4.context import Nfs4Error
 from nfsrdma.nfs4.server_state import ServerConfig
 from nfsrdma.vfs.base import SET_TO_SERVER_TIME, Attributes, FileType, FsStats
 from nfsrdma.xdr.gen import nfs4
+from nfsrdma.xdr.nfs4_fattr import MASKS
 from nfsrdma.xdr.runtime import Reader, Writer, XdrError, pack
 
 CONFIG = ServerConfig(lease_time=77, max_io=1 << 19)
@@ -198,25 +199,7 @@ def test_huge_request_bitmap_is_cheap() -> None:
 
 def linux_getattr_bitmap() -> list[int]:
     """What the Linux NFSv4.1 client asks for after most operations (nfs4_fattr_bitmap)."""
-    return attrs.bitmap_of(
-        [
-            nfs4.FATTR4_TYPE,
-            nfs4.FATTR4_CHANGE,
-            nfs4.FATTR4_SIZE,
-            nfs4.FATTR4_FSID,
-            nfs4.FATTR4_FILEID,
-            nfs4.FATTR4_MODE,
-            nfs4.FATTR4_NUMLINKS,
-            nfs4.FATTR4_OWNER,
-            nfs4.FATTR4_OWNER_GROUP,
-            nfs4.FATTR4_RAWDEV,
-            nfs4.FATTR4_SPACE_USED,
-            nfs4.FATTR4_TIME_ACCESS,
-            nfs4.FATTR4_TIME_METADATA,
-            nfs4.FATTR4_TIME_MODIFY,
-            nfs4.FATTR4_MOUNTED_ON_FILEID,
-        ]
-    )
+    return attrs.bitmap_of([getattr(nfs4, f"FATTR4_{n.upper()}") for n in MASKS["linux_fattr"]])
 
 
 def test_linux_getattr_bitmap() -> None:

@@ -34,6 +34,7 @@ from nfsrdma.session.client_setup import SessionOptions
 from nfsrdma.transport.tcp import connect_tcp
 from nfsrdma.vfs import Cred, Export, LocalVfs
 from nfsrdma.xdr.gen import nfs4, rpc
+from nfsrdma.xdr.nfs4_fattr import MASKS
 from nfsrdma.xdr.runtime import Reader, Writer, pack
 
 ROOT = Cred(0, 0, ())
@@ -903,25 +904,7 @@ def test_readdir_clamped_to_session_reply_size(server: Server, export_dir: Path)
 # ---------------------------------------------------------------- end to end, over TCP
 
 # The attributes the Linux client asks for in READDIR (readdirplus) and after most operations.
-LINUX_ATTRS = (
-    nfs4.FATTR4_TYPE,
-    nfs4.FATTR4_CHANGE,
-    nfs4.FATTR4_SIZE,
-    nfs4.FATTR4_FSID,
-    nfs4.FATTR4_RDATTR_ERROR,
-    nfs4.FATTR4_FILEHANDLE,
-    nfs4.FATTR4_FILEID,
-    nfs4.FATTR4_MODE,
-    nfs4.FATTR4_NUMLINKS,
-    nfs4.FATTR4_OWNER,
-    nfs4.FATTR4_OWNER_GROUP,
-    nfs4.FATTR4_RAWDEV,
-    nfs4.FATTR4_SPACE_USED,
-    nfs4.FATTR4_TIME_ACCESS,
-    nfs4.FATTR4_TIME_METADATA,
-    nfs4.FATTR4_TIME_MODIFY,
-    nfs4.FATTR4_MOUNTED_ON_FILEID,
-)
+LINUX_ATTRS = tuple(getattr(nfs4, f"FATTR4_{n.upper()}") for n in MASKS["linux_readdir_plus"])
 
 
 def argop(num: int, args: Any = None) -> nfs4.nfs_argop4:
