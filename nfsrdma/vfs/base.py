@@ -412,6 +412,11 @@ class Vfs(abc.ABC):
     def release_identity(self) -> None:
         """Give the calling thread back the server's own file-system identity."""
 
+    def state_key(self) -> str | None:
+        """A stable name for the files the server keeps about this export (client records);
+        None: derived from the export's local root directory."""
+        return None
+
     def lease_descriptor(self, fh: bytes) -> int | None:
         """A descriptor of the file for a kernel lease (``vfs/leases.py``); None when the
         backend has none to offer (then no delegation is protected against local changes)."""
