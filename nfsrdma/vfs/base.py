@@ -412,6 +412,27 @@ class Vfs(abc.ABC):
     def release_identity(self) -> None:
         """Give the calling thread back the server's own file-system identity."""
 
+    # Byte-range locks. The server holds every lock itself (``nfs4/state.py``); a backend
+    # shared with other servers (CephFS) also takes them in the file system, so that locks
+    # conflict across servers. ``owner`` is a 64-bit lock-owner id, ranges are [start, end)
+    # with end 2**64 for "to the end of the file", ``write`` an exclusive lock. A conflict
+    # is returned as (start, end, write) of a lock held elsewhere.
+    def lock(
+        self, of: OpenFile, owner: int, start: int, end: int, write: bool
+    ) -> tuple[int, int, bool] | None:
+        """Take the lock in the file system (or return the conflicting one)."""
+        return None
+
+    def unlock(self, of: OpenFile, owner: int, start: int, end: int) -> None:
+        """Release what ``lock`` took in [start, end)."""
+        return None
+
+    def test_lock(
+        self, fh: bytes, owner: int, start: int, end: int, write: bool
+    ) -> tuple[int, int, bool] | None:
+        """A lock held elsewhere in the file system that would refuse this one (LOCKT)."""
+        return None
+
     def state_key(self) -> str | None:
         """A stable name for the files the server keeps about this export (client records);
         None: derived from the export's local root directory."""

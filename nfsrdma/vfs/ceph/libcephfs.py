@@ -110,6 +110,18 @@ class Dirent(Structure):
     )
 
 
+class Flock(Structure):
+    """``struct flock`` (x86_64 and aarch64)."""
+
+    _fields_ = (
+        ("l_type", ctypes.c_short),
+        ("l_whence", ctypes.c_short),
+        ("l_start", c_int64),
+        ("l_len", c_int64),
+        ("l_pid", c_int),
+    )
+
+
 class InodeNo(Structure):
     _fields_ = (("val", c_uint64),)
 
@@ -157,6 +169,8 @@ def _load() -> ctypes.CDLL:
         "ceph_ll_releasedir": (i, [P, P]),
         "ceph_readdirplus_r": (i, [P, P, POINTER(Dirent), sx, u, u, PP]),
         "ceph_ll_statfs": (i, [P, P, POINTER(StatVfs)]),
+        "ceph_ll_getlk": (i, [P, P, POINTER(Flock), c_uint64]),
+        "ceph_ll_setlk": (i, [P, P, POINTER(Flock), c_uint64, i]),
     }
     for fname, (restype, argtypes) in protos.items():
         fn = getattr(lib, fname)

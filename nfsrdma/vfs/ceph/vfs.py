@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import configparser
 import errno
+import fcntl
 import hashlib
 import hmac
 import os
@@ -75,6 +76,8 @@ _FH_SIZE: Final = _HEAD.size + _MAC
 _MODIFYING: Final = ACCESS4_MODIFY | ACCESS4_EXTEND | ACCESS4_DELETE
 _INODE_CACHE: Final = 1 << 16
 _PERM_CACHE: Final = 256
+_OFF_MAX: Final = (1 << 63) - 1
+_TO_EOF: Final = 1 << 64
 
 
 def _erofs() -> OSError:
@@ -681,6 +684,56 @@ class CephVfs(Vfs):
             max_name=int(sv.f_namemax) or 255,
             max_link=0xFFFFFFFF,
         )
+
+    # ------------------------------------------------------------------ locks in CephFS
+    def _flock(self, start: int, end: int, ltype: int) -> lc.Flock | None:
+        """The POSIX lock for [start, end); None for ranges Ceph cannot express (past 2**63)."""
+        if start > _OFF_MAX:
+            return None
+        length = 0 if end > _OFF_MAX else end - start  # 0: to the end of the file
+        return lc.Flock(ltype, os.SEEK_SET, start, length, 0)
+
+    def _held(self, fl: lc.Flock) -> tuple[int, int, bool] | None:
+        if fl.l_type == fcntl.F_UNLCK:
+            return None
+        start = int(fl.l_start)
+        end = _TO_EOF if fl.l_len == 0 else start + int(fl.l_len)
+        return start, end, fl.l_type == fcntl.F_WRLCK
+
+    def lock(
+        self, of: OpenFile, owner: int, start: int, end: int, write: bool
+    ) -> tuple[int, int, bool] | None:
+        assert isinstance(of, CephOpenFile)
+        fl = self._flock(start, end, fcntl.F_WRLCK if write else fcntl.F_RDLCK)
+        if fl is None:
+            return None
+        ret = self._lib.ceph_ll_setlk(self._cm, of._fh(), byref(fl), owner, 0)
+        if ret in (-errno.EAGAIN, -errno.EACCES):
+            probe = self._flock(start, end, fcntl.F_WRLCK if write else fcntl.F_RDLCK)
+            assert probe is not None
+            lc.check(self._lib.ceph_ll_getlk(self._cm, of._fh(), byref(probe), owner), "getlk")
+            return self._held(probe) or (start, end, True)
+        lc.check(ret, "setlk")
+        return None
+
+    def unlock(self, of: OpenFile, owner: int, start: int, end: int) -> None:
+        assert isinstance(of, CephOpenFile)
+        fl = self._flock(start, end, fcntl.F_UNLCK)
+        if fl is not None and of._handle is not None:
+            lc.check(self._lib.ceph_ll_setlk(self._cm, of._handle, byref(fl), owner, 0), "unlock")
+
+    def test_lock(
+        self, fh: bytes, owner: int, start: int, end: int, write: bool
+    ) -> tuple[int, int, bool] | None:
+        fl = self._flock(start, end, fcntl.F_WRLCK if write else fcntl.F_RDLCK)
+        if fl is None:
+            return None
+        of = self._open_inode(self._server_perm(), fh, self._inode(fh), os.O_RDONLY)
+        try:
+            lc.check(self._lib.ceph_ll_getlk(self._cm, of._fh(), byref(fl), owner), "getlk")
+        finally:
+            of.close()
+        return self._held(fl)
 
     def state_key(self) -> str:
         """Client records are kept per cluster, file system and exported path."""
