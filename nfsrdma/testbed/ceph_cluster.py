@@ -1,7 +1,7 @@
 """A throwaway single-node Ceph cluster with one CephFS, for tests and benchmarks.
 
-One monitor, one BlueStore OSD on a sparse file, one MDS (no manager: file I/O does not need
-one), pools of size 1, everything bound to 127.0.0.1 and kept in one directory: configuration,
+One monitor, one manager (it reports the space figures that statfs gives), one BlueStore OSD
+on a sparse file, one MDS, pools of size 1, everything bound to 127.0.0.1 and kept in one directory: configuration,
 keyrings, data, logs, pid files and admin sockets. The daemons are Debian's Ceph packages
 (``ceph-mon ceph-osd ceph-mds ceph-common``), started by hand: no systemd, containers or kernel
 modules. ``start()`` returns when a libcephfs client can mount the file system; it raises
@@ -29,8 +29,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DAEMONS = ("ceph-mon", "ceph-osd", "ceph-mds", "ceph", "ceph-authtool", "monmaptool")
-APT_PACKAGES = ("ceph-mon", "ceph-osd", "ceph-mds", "ceph-common", "libcephfs2", "libcephfs-dev")
+DAEMONS = ("ceph-mon", "ceph-mgr", "ceph-osd", "ceph-mds", "ceph", "ceph-authtool", "monmaptool")
+APT_PACKAGES = ("ceph-mon", "ceph-mgr", "ceph-osd", "ceph-mds", "ceph-common", "libcephfs2")
 
 
 class CephClusterError(RuntimeError):
@@ -113,13 +113,15 @@ class CephCluster:
                 f"missing {', '.join(missing)} (apt-get install {' '.join(APT_PACKAGES)})"
             )
         d = self.directory
-        for sub in ("run", "log", "crash", "mon.a", "osd.0", "mds.a"):
+        for sub in ("run", "log", "crash", "mon.a", "mgr.x", "osd.0", "mds.a"):
             (d / sub).mkdir(parents=True, exist_ok=True)
         try:
             self._configure()
             self._start_mon()
+            self._start_mgr()
             self._start_osd()
             self._start_mds()
+            self._wait("the space figures", self._space_reported, 60)
         except BaseException:
             self.stop()
             raise
@@ -163,6 +165,9 @@ keyring = {d}/keyring
 [mon]
 mon data = {d}/mon.$id
 
+[mgr]
+mgr data = {d}/mgr.$id
+
 [osd]
 osd data = {d}/osd.$id
 osd objectstore = bluestore
@@ -198,6 +203,17 @@ mds data = {d}/mds.$id
             check=True, capture_output=True)  # fmt: skip
         self._daemon("mon.a", "ceph-mon", "-i", "a")
         self._wait("the monitor's quorum", lambda: bool(self.ceph("mon", "stat")), 30)
+
+    def _start_mgr(self) -> None:
+        keyring = str(self.directory / "mgr.x" / "keyring")
+        self.ceph("auth", "get-or-create", "mgr.x", "mon", "allow profile mgr",
+                  "mds", "allow *", "osd", "allow *", "-o", keyring)  # fmt: skip
+        self._daemon("mgr.x", "ceph-mgr", "-i", "x")
+
+    def _space_reported(self) -> bool:
+        """True once the manager reports the OSD's capacity (what statfs returns)."""
+        df = json.loads(self.ceph("df", "-f", "json"))
+        return int(df.get("stats", {}).get("total_bytes", 0)) > 0
 
     def _start_osd(self) -> None:
         d = self.directory
@@ -239,7 +255,7 @@ mds data = {d}/mds.$id
         if "mds.a" in self.pids:
             with contextlib.suppress(Exception):
                 self.ceph("fs", "fail", self.fs_name, timeout=20)
-        for name in ("mds.a", "osd.0", "mon.a"):
+        for name in ("mds.a", "osd.0", "mgr.x", "mon.a"):
             pid = self.pids.pop(name, None)
             if pid is not None:
                 _terminate(pid)

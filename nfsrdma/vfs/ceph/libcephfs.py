@@ -44,8 +44,6 @@ SETATTR_GID: Final = 1 << 2
 SETATTR_MTIME: Final = 1 << 3
 SETATTR_ATIME: Final = 1 << 4
 SETATTR_SIZE: Final = 1 << 5
-SETATTR_MTIME_NOW: Final = 1 << 7
-SETATTR_ATIME_NOW: Final = 1 << 8
 AT_SYMLINK_NOFOLLOW: Final = 0x100
 
 

@@ -34,6 +34,7 @@ import os
 import stat
 import struct
 import threading
+import time
 from collections import OrderedDict
 from ctypes import byref, c_char, c_void_p, create_string_buffer
 from typing import Final
@@ -125,6 +126,7 @@ class CephOpenFile(OpenFile):
         self.fileid = vfs._ino_of(fh)
         self.readable = True
         self.writable = True
+        vfs._opened(self.fileid, 1)
 
     def _fh(self) -> c_void_p:
         h = self._handle
@@ -172,6 +174,7 @@ class CephOpenFile(OpenFile):
             h, self._handle = self._handle, None
         if h is not None:
             lc.lib().ceph_ll_close(self._vfs._cm, h)
+            self._vfs._opened(self.fileid, -1)
 
 
 class CephVfs(Vfs):
@@ -201,6 +204,7 @@ class CephVfs(Vfs):
         self._lock = threading.Lock()
         self._inodes: OrderedDict[int, c_void_p] = OrderedDict()
         self._perms: OrderedDict[Cred, c_void_p] = OrderedDict()
+        self._open_counts: dict[int, int] = {}  # inode -> CephOpenFiles not closed yet
         root = c_void_p()
         lc.check(self._lib.ceph_ll_lookup_root(self._cm, byref(root)), "look up the root")
         stx = lc.Statx()
@@ -268,6 +272,14 @@ class CephVfs(Vfs):
         if inode is not None:
             self._lib.ceph_ll_put(self._cm, inode)
 
+    def _opened(self, ino: int, delta: int) -> None:
+        with self._lock:
+            n = self._open_counts.get(ino, 0) + delta
+            if n > 0:
+                self._open_counts[ino] = n
+            else:
+                self._open_counts.pop(ino, None)
+
     def _perm_of(self, cred: Cred) -> c_void_p:
         with self._lock:
             p = self._perms.get(cred)
@@ -334,7 +346,11 @@ class CephVfs(Vfs):
         return self._root_fh
 
     def check(self, fh: bytes) -> None:
-        self._inode(fh)
+        """Live: linked somewhere, or removed while this server still has it open (its
+        openers keep using it, as on a local file system)."""
+        stx = self._stx(fh)
+        if stx.stx_nlink == 0 and not self._open_counts.get(int(stx.stx_ino)):
+            raise StaleHandle("removed")
 
     def getattr(self, fh: bytes) -> Attributes:
         return self._attrs(self._stx(fh))
@@ -389,13 +405,13 @@ class CephVfs(Vfs):
             stx.stx_gid, mask = gid, mask | lc.SETATTR_GID
         if size is not None:
             stx.stx_size, mask = size, mask | lc.SETATTR_SIZE
-        for value, field, flag, now in (
-            (atime, "stx_atime", lc.SETATTR_ATIME, lc.SETATTR_ATIME_NOW),
-            (mtime, "stx_mtime", lc.SETATTR_MTIME, lc.SETATTR_MTIME_NOW),
+        for value, field, flag in (
+            (atime, "stx_atime", lc.SETATTR_ATIME),
+            (mtime, "stx_mtime", lc.SETATTR_MTIME),
         ):
-            if value is SET_TO_SERVER_TIME:
-                mask |= flag | now
-            elif isinstance(value, int):
+            if value is SET_TO_SERVER_TIME:  # ll_setattr ignores the _NOW flags: our clock
+                value = time.time_ns()
+            if isinstance(value, int):
                 ts = getattr(stx, field)
                 ts.tv_sec, ts.tv_nsec = divmod(value, 1_000_000_000)
                 mask |= flag
