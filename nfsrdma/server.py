@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -75,6 +76,7 @@ class NFSServer:
         config: ServerConfig | None = None,
         session_caps: SessionCaps | None = None,
         backend: Callable[[Export], Vfs] | None = None,
+        node_name: str | None = None,
     ) -> None:
         cfg = config or ServerConfig()
         if lease_time is not None:
@@ -86,6 +88,9 @@ class NFSServer:
         self.config = cfg
         self.session_caps = session_caps  # None: the defaults (nfsrdma.session.shares)
         self.backend = backend or LocalVfs  # makes the export's Vfs (e.g. CephVfs)
+        # This server among those sharing a file system (its grace record): stable across
+        # restarts; default host name and TCP port.
+        self.node_name = node_name
         self.export = Export(
             root=export,
             read_only=read_only,
@@ -119,7 +124,8 @@ class NFSServer:
         vfs = self.backend(self.export)
         state = StateManager(vfs)
         db = ClientDb.for_export(self.export, vfs.state_key())
-        grace = Grace(db, cfg.grace_seconds, time.monotonic())
+        node = self.node_name or f"{socket.gethostname()}:{self.requested_tcp_port}"
+        grace = Grace(db, cfg.grace_seconds, time.monotonic(), vfs.shared_grace(node))
 
         def client_expired(clientid: int) -> None:
             state.client_expired(clientid)

@@ -34,6 +34,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ceph.add_argument("--ceph-conf", metavar="FILE", default=None, help="ceph.conf (default)")
     ceph.add_argument("--ceph-id", metavar="NAME", default=None, help="cephx client (admin)")
     ceph.add_argument("--ceph-path", metavar="PATH", default="/", help="CephFS directory (/)")
+    ceph.add_argument(
+        "--ceph-grace-pool",
+        metavar="POOL",
+        default="nfsrdma",
+        help="RADOS pool of the grace period shared by every server of this CephFS (nfsrdma)",
+    )
+    ceph.add_argument(
+        "--node-name",
+        metavar="NAME",
+        default=None,
+        help="this server among those of one CephFS, stable across restarts (host:tcp-port)",
+    )
     p.add_argument("--bind", metavar="ADDR", default=None, help="address to listen on (all)")
     p.add_argument("--tcp-port", type=int, default=NFS_TCP_PORT, metavar="PORT")
     p.add_argument(
@@ -139,7 +151,11 @@ def backend_of(args: argparse.Namespace) -> Callable[[Export], Vfs] | None:
     from nfsrdma.vfs.ceph.vfs import CephVfs
 
     return functools.partial(
-        CephVfs, conf=args.ceph_conf, client_id=args.ceph_id, ceph_path=args.ceph_path
+        CephVfs,
+        conf=args.ceph_conf,
+        client_id=args.ceph_id,
+        ceph_path=args.ceph_path,
+        grace_pool=args.ceph_grace_pool,
     )
 
 
@@ -171,6 +187,7 @@ def serve(args: argparse.Namespace) -> int:
         slots=args.slots,
         config=config_of(args),
         backend=backend_of(args),
+        node_name=args.node_name,
     )
 
     async def main() -> None:

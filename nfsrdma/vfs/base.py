@@ -81,7 +81,7 @@ from __future__ import annotations
 import abc
 import enum
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final, Literal, Protocol
 
 NFS4_FHSIZE: Final = 128
 NAME_MAX: Final = 255
@@ -290,6 +290,18 @@ class OpenFile(abc.ABC):
         return None
 
 
+class SharedGrace(Protocol):
+    """A grace period shared with the other servers of a shared file system (CephFS):
+    ``begin`` when this server restarted with clients to reclaim, ``end`` when that is over,
+    ``in_grace`` while another server is in its grace period."""
+
+    def begin(self, seconds: float) -> None: ...
+
+    def end(self) -> None: ...
+
+    def in_grace(self) -> bool: ...
+
+
 class Vfs(abc.ABC):
     """A served directory tree. See the module docstring for the conventions."""
 
@@ -431,6 +443,11 @@ class Vfs(abc.ABC):
         self, fh: bytes, owner: int, start: int, end: int, write: bool
     ) -> tuple[int, int, bool] | None:
         """A lock held elsewhere in the file system that would refuse this one (LOCKT)."""
+        return None
+
+    def shared_grace(self, node: str) -> SharedGrace | None:
+        """The grace period this export shares with other servers (None: its own only);
+        ``node`` names this server among them, the same across its restarts."""
         return None
 
     def state_key(self) -> str | None:

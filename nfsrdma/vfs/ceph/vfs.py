@@ -65,6 +65,7 @@ from nfsrdma.vfs.base import (
     Vfs,
 )
 from nfsrdma.vfs.ceph import libcephfs as lc
+from nfsrdma.vfs.ceph.grace import ClusterGrace
 from nfsrdma.vfs.confine import check_name
 from nfsrdma.vfs.dircookies import CookieJar
 from nfsrdma.vfs.identity import squash
@@ -187,8 +188,13 @@ class CephVfs(Vfs):
         conf: str | None = None,
         client_id: str | None = None,
         ceph_path: str = "/",
+        grace_pool: str | None = "nfsrdma",
     ) -> None:
+        """``grace_pool``: the RADOS pool of the grace period shared with the other servers
+        of this file system (``grace.py``); None: this server's own grace period only."""
         self.export = export
+        self._conf, self._client_id, self._grace_pool = conf, client_id, grace_pool
+        self._grace: ClusterGrace | None = None
         self.write_verifier = os.urandom(NFS4_VERIFIER_SIZE)
         self._mount = lc.Mount(conf, client_id, ceph_path)
         self._ceph_path = ceph_path
@@ -751,6 +757,15 @@ class CephVfs(Vfs):
             of.close()
         return self._held(fl)
 
+    def shared_grace(self, node: str) -> ClusterGrace | None:
+        if self._grace_pool is None:
+            return None
+        if self._grace is None:
+            self._grace = ClusterGrace(
+                self._conf, self._client_id, self._grace_pool, self._mount.fscid, node
+            )
+        return self._grace
+
     def state_key(self) -> str:
         """Client records are kept per cluster, file system and exported path."""
         try:
@@ -764,6 +779,9 @@ class CephVfs(Vfs):
         """Nothing to do: identities travel with each call (``UserPerm``)."""
 
     def close(self) -> None:
+        if self._grace is not None:
+            self._grace.close()
+            self._grace = None
         with self._lock:
             inodes = list(self._inodes.values())
             self._inodes.clear()
