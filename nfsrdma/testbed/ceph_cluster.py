@@ -266,8 +266,11 @@ mds data = {d}/mds.$id
         _terminate(pid, signal.SIGKILL)
 
     def restart_daemon(self, name: str) -> None:
+        """Start a daemon stopped by ``kill_daemon`` again (an MDS: until it is active)."""
         kind, ident = name.split(".")
         self._daemon(name, f"ceph-{kind}", "-i", ident)
+        if kind == "mds":
+            self._wait("an active MDS", lambda: "up:active" in self.ceph("mds", "stat"), 120)
 
 
 def _terminate(pid: int, sig: int = signal.SIGTERM) -> None:

@@ -66,6 +66,7 @@ from nfsrdma.vfs.base import (
 )
 from nfsrdma.vfs.ceph import libcephfs as lc
 from nfsrdma.vfs.ceph.grace import ClusterGrace
+from nfsrdma.vfs.ceph.guard import Guard, guarded
 from nfsrdma.vfs.confine import check_name
 from nfsrdma.vfs.dircookies import CookieJar
 from nfsrdma.vfs.identity import squash
@@ -148,7 +149,7 @@ class CephOpenFile(OpenFile):
         n = lc.check(
             lc.lib().ceph_ll_read(self._vfs._cm, self._fh(), offset, len(mv), carr), "read"
         )
-        eof = n < len(mv) or offset + n >= self.getattr().size
+        eof = n < len(mv) or offset + n >= self._vfs._attrs_of_inode(self._inode).size
         return n, eof
 
     def write(self, offset: int, data: bytes | memoryview | bytearray, stable: bool = False) -> int:
@@ -168,9 +169,12 @@ class CephOpenFile(OpenFile):
         lc.check(lc.lib().ceph_ll_fsync(self._vfs._cm, self._fh(), 0), "fsync")
 
     def getattr(self) -> Attributes:
-        return self._vfs._attrs_of_inode(self._inode)
+        return self._vfs._guard.run(self._vfs._attrs_of_inode, self._inode)
 
     def close(self) -> None:
+        self._vfs._guard.run(self._close)
+
+    def _close(self) -> None:
         with self._lock:
             h, self._handle = self._handle, None
         if h is not None:
@@ -189,12 +193,14 @@ class CephVfs(Vfs):
         client_id: str | None = None,
         ceph_path: str = "/",
         grace_pool: str | None = "nfsrdma",
+        call_wait: float = 2.0,
     ) -> None:
         """``grace_pool``: the RADOS pool of the grace period shared with the other servers
         of this file system (``grace.py``); None: this server's own grace period only."""
         self.export = export
         self._conf, self._client_id, self._grace_pool = conf, client_id, grace_pool
         self._grace: ClusterGrace | None = None
+        self._guard = Guard(call_wait)
         self.write_verifier = os.urandom(NFS4_VERIFIER_SIZE)
         self._mount = lc.Mount(conf, client_id, ceph_path)
         self._ceph_path = ceph_path
@@ -351,6 +357,7 @@ class CephVfs(Vfs):
     def root_handle(self) -> bytes:
         return self._root_fh
 
+    @guarded
     def check(self, fh: bytes) -> None:
         """Live: linked somewhere, or removed while this server still has it open (its
         openers keep using it, as on a local file system)."""
@@ -358,6 +365,7 @@ class CephVfs(Vfs):
         if stx.stx_nlink == 0 and not self._open_counts.get(int(stx.stx_ino)):
             raise StaleHandle("removed")
 
+    @guarded
     def getattr(self, fh: bytes) -> Attributes:
         return self._attrs(self._stx(fh))
 
@@ -375,6 +383,7 @@ class CephVfs(Vfs):
         self._keep(ino, out)
         return self._pack(ino), stx
 
+    @guarded
     def lookup(self, cred: Cred, dir_fh: bytes, name: bytes | str) -> bytes:
         bname = check_name(name)
         parent = self._inode(dir_fh)
@@ -382,11 +391,13 @@ class CephVfs(Vfs):
             raise OSError(errno.ENOTDIR, "not a directory")
         return self._lookup(self._perm(cred), parent, bname)[0]
 
+    @guarded
     def lookupp(self, cred: Cred, fh: bytes) -> bytes:
         if self._ino_of(fh) == self._root_ino:
             raise OSError(errno.ENOENT, "the export root has no parent here")
         return self._lookup(self._perm(cred), self._inode(fh), b"..")[0]
 
+    @guarded
     def setattr(
         self,
         cred: Cred,
@@ -429,6 +440,7 @@ class CephVfs(Vfs):
             )
         return self._attrs_of_inode(inode)
 
+    @guarded
     def access(self, cred: Cred, fh: bytes, mask: int) -> int:
         stx = self._stx(fh)
         c = squash(self.export, cred)
@@ -461,6 +473,7 @@ class CephVfs(Vfs):
         f.writable = flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
         return f
 
+    @guarded
     def open(
         self, cred: Cred, fh: bytes, read: bool, write: bool, truncate: bool = False
     ) -> CephOpenFile:
@@ -476,6 +489,7 @@ class CephVfs(Vfs):
             flags |= os.O_TRUNC
         return self._open_inode(self._perm(cred), fh, self._inode(fh), flags)
 
+    @guarded
     def create_file(
         self,
         cred: Cred,
@@ -526,6 +540,7 @@ class CephVfs(Vfs):
         f = CephOpenFile(self, fh, inode, handle)
         return fh, f, True
 
+    @guarded
     def anonymous_read(self, cred: Cred, fh: bytes, offset: int, count: int) -> tuple[bytes, bool]:
         f = self.open(cred, fh, True, False)
         try:
@@ -533,6 +548,7 @@ class CephVfs(Vfs):
         finally:
             f.close()
 
+    @guarded
     def anonymous_write(
         self,
         cred: Cred,
@@ -547,6 +563,7 @@ class CephVfs(Vfs):
         finally:
             f.close()
 
+    @guarded
     def create(
         self,
         cred: Cred,
@@ -587,6 +604,7 @@ class CephVfs(Vfs):
         self._keep(ino, out)
         return self._pack(ino)
 
+    @guarded
     def remove(self, cred: Cred, dir_fh: bytes, name: bytes | str) -> None:
         if self.export.read_only:
             raise _erofs()
@@ -601,6 +619,7 @@ class CephVfs(Vfs):
         if int(stx.stx_nlink) <= 1:
             self._forget(int(stx.stx_ino))
 
+    @guarded
     def rename(
         self,
         cred: Cred,
@@ -620,6 +639,7 @@ class CephVfs(Vfs):
             "rename",
         )
 
+    @guarded
     def link(self, cred: Cred, fh: bytes, dir_fh: bytes, name: bytes | str) -> None:
         if self.export.read_only:
             raise _erofs()
@@ -633,6 +653,7 @@ class CephVfs(Vfs):
             "link",
         )
 
+    @guarded
     def readlink(self, cred: Cred, fh: bytes) -> bytes:
         stx = self._stx(fh)
         if not stat.S_ISLNK(stx.stx_mode):
@@ -644,6 +665,7 @@ class CephVfs(Vfs):
         )
         return buf.raw[:n]
 
+    @guarded
     def readdir(
         self,
         cred: Cred,
@@ -692,6 +714,7 @@ class CephVfs(Vfs):
             i += 1
         return DirListing(entries, self._cookies.verifier, i >= len(names))
 
+    @guarded
     def statfs(self, fh: bytes) -> FsStats:
         sv = lc.StatVfs()
         lc.check(self._lib.ceph_ll_statfs(self._cm, self._inode(fh), byref(sv)), "statfs")
@@ -722,6 +745,7 @@ class CephVfs(Vfs):
         end = _TO_EOF if fl.l_len == 0 else start + int(fl.l_len)
         return start, end, fl.l_type == fcntl.F_WRLCK
 
+    @guarded
     def lock(
         self, of: OpenFile, owner: int, start: int, end: int, write: bool
     ) -> tuple[int, int, bool] | None:
@@ -738,12 +762,14 @@ class CephVfs(Vfs):
         lc.check(ret, "setlk")
         return None
 
+    @guarded
     def unlock(self, of: OpenFile, owner: int, start: int, end: int) -> None:
         assert isinstance(of, CephOpenFile)
         fl = self._flock(start, end, fcntl.F_UNLCK)
         if fl is not None and of._handle is not None:
             lc.check(self._lib.ceph_ll_setlk(self._cm, of._handle, byref(fl), owner, 0), "unlock")
 
+    @guarded
     def test_lock(
         self, fh: bytes, owner: int, start: int, end: int, write: bool
     ) -> tuple[int, int, bool] | None:
@@ -790,5 +816,6 @@ class CephVfs(Vfs):
         for inode in [*inodes, self._root]:
             self._lib.ceph_ll_put(self._cm, inode)
         self._mount.close()
+        self._guard.close()
         for p in perms:
             self._lib.ceph_userperm_destroy(p)
