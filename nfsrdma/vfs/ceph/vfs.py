@@ -39,7 +39,7 @@ from collections import OrderedDict
 from ctypes import byref, c_char, c_void_p, create_string_buffer
 from typing import Final
 
-from nfsrdma.vfs.attrs import FTYPE, S_IFMT_OF
+from nfsrdma.vfs.attrs import FTYPE, S_IFMT_OF, erofs, verifier_times
 from nfsrdma.vfs.base import (
     ACCESS4_DELETE,
     ACCESS4_EXECUTE,
@@ -81,17 +81,6 @@ _INODE_CACHE: Final = 1 << 16
 _PERM_CACHE: Final = 256
 _OFF_MAX: Final = (1 << 63) - 1
 _TO_EOF: Final = 1 << 64
-
-
-def _erofs() -> OSError:
-    return OSError(errno.EROFS, "read-only export")
-
-
-def _verifier_times(verifier: bytes) -> tuple[int, int]:
-    """The exclusive-create verifier as atime/mtime (31 bits of seconds and 1 of ns each)."""
-    a = int.from_bytes(verifier[:4], "big")
-    m = int.from_bytes(verifier[4:8], "big")
-    return (a >> 1) * 1_000_000_000 + (a & 1), (m >> 1) * 1_000_000_000 + (m & 1)
 
 
 def cephx_secret(mount: lc.Mount, client_id: str | None) -> bytes | None:
@@ -411,7 +400,7 @@ class CephVfs(Vfs):
         mtime: TimeSet | None = None,
     ) -> Attributes:
         if self.export.read_only:
-            raise _erofs()
+            raise erofs()
         stx = lc.Statx()
         mask = 0
         if mode is not None:
@@ -478,7 +467,7 @@ class CephVfs(Vfs):
         self, cred: Cred, fh: bytes, read: bool, write: bool, truncate: bool = False
     ) -> CephOpenFile:
         if (write or truncate) and self.export.read_only:
-            raise _erofs()
+            raise erofs()
         stx = self._stx(fh)
         if stat.S_ISDIR(stx.stx_mode):
             raise OSError(errno.EISDIR, "is a directory")
@@ -503,7 +492,7 @@ class CephVfs(Vfs):
         write: bool = True,
     ) -> tuple[bytes, CephOpenFile, bool]:
         if self.export.read_only:
-            raise _erofs()
+            raise erofs()
         bname = check_name(name)
         if how == CreateMode.EXCLUSIVE and (
             not isinstance(verifier, bytes) or len(verifier) != NFS4_VERIFIER_SIZE
@@ -523,7 +512,7 @@ class CephVfs(Vfs):
             assert verifier is not None
             fh, old = self._lookup(perm, parent, bname)
             times = (old.stx_atime.ns(), old.stx_mtime.ns())
-            if not stat.S_ISREG(old.stx_mode) or times != _verifier_times(verifier):
+            if not stat.S_ISREG(old.stx_mode) or times != verifier_times(verifier):
                 raise OSError(errno.EEXIST, "exists (exclusive create, other verifier)")
             f = self._open_inode(self._server_perm(), fh, self._inode(fh), os.O_RDWR)
             return fh, f, True
@@ -535,7 +524,7 @@ class CephVfs(Vfs):
         inode = self._keep(ino, out)
         fh = self._pack(ino)
         if how == CreateMode.EXCLUSIVE and verifier is not None:
-            at, mt = _verifier_times(verifier)
+            at, mt = verifier_times(verifier)
             self.setattr(Cred(0, 0), fh, atime=at, mtime=mt)
         f = CephOpenFile(self, fh, inode, handle)
         return fh, f, True
@@ -575,7 +564,7 @@ class CephVfs(Vfs):
         rdev: tuple[int, int] | None = None,
     ) -> bytes:
         if self.export.read_only:
-            raise _erofs()
+            raise erofs()
         bname = check_name(name)
         perm = self._perm(cred)
         parent = self._inode(dir_fh)
@@ -607,7 +596,7 @@ class CephVfs(Vfs):
     @guarded
     def remove(self, cred: Cred, dir_fh: bytes, name: bytes | str) -> None:
         if self.export.read_only:
-            raise _erofs()
+            raise erofs()
         bname = check_name(name)
         perm = self._perm(cred)
         parent = self._inode(dir_fh)
@@ -629,7 +618,7 @@ class CephVfs(Vfs):
         dst_name: bytes | str,
     ) -> None:
         if self.export.read_only:
-            raise _erofs()
+            raise erofs()
         src, dst = check_name(src_name), check_name(dst_name)
         perm = self._perm(cred)
         lc.check(
@@ -642,7 +631,7 @@ class CephVfs(Vfs):
     @guarded
     def link(self, cred: Cred, fh: bytes, dir_fh: bytes, name: bytes | str) -> None:
         if self.export.read_only:
-            raise _erofs()
+            raise erofs()
         bname = check_name(name)
         if stat.S_ISDIR(self._stx(fh).stx_mode):
             raise OSError(errno.EISDIR, "cannot link a directory")
