@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -39,7 +40,7 @@ from nfsrdma.transport.base import Connection
 from nfsrdma.transport.rdma.endpoint import RdmaListener, RdmaOptions
 from nfsrdma.transport.rdma.provider import Device
 from nfsrdma.transport.tcp import listen_tcp
-from nfsrdma.vfs.base import Export
+from nfsrdma.vfs.base import Export, Vfs
 from nfsrdma.vfs.clientdb import ClientDb
 from nfsrdma.vfs.local import LocalVfs
 from nfsrdma.xdr.gen import nfs4
@@ -74,6 +75,8 @@ class NFSServer:
         slots: int | None = None,
         config: ServerConfig | None = None,
         session_caps: SessionCaps | None = None,
+        backend: Callable[[Export], Vfs] | None = None,
+        node_name: str | None = None,
     ) -> None:
         cfg = config or ServerConfig()
         if lease_time is not None:
@@ -84,6 +87,10 @@ class NFSServer:
             cfg = replace(cfg, slots=slots)
         self.config = cfg
         self.session_caps = session_caps  # None: the defaults (nfsrdma.session.shares)
+        self.backend = backend or LocalVfs  # makes the export's Vfs (e.g. CephVfs)
+        # This server among those sharing a file system (its grace record): stable across
+        # restarts; default host name and TCP port.
+        self.node_name = node_name
         self.export = Export(
             root=export,
             read_only=read_only,
@@ -114,9 +121,11 @@ class NFSServer:
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         cfg = self.config
-        vfs = LocalVfs(self.export)
+        vfs = self.backend(self.export)
         state = StateManager(vfs)
-        grace = Grace(ClientDb.for_export(self.export), cfg.grace_seconds, time.monotonic())
+        db = ClientDb.for_export(self.export, vfs.state_key())
+        node = self.node_name or f"{socket.gethostname()}:{self.requested_tcp_port}"
+        grace = Grace(db, cfg.grace_seconds, time.monotonic(), vfs.shared_grace(node))
 
         def client_expired(clientid: int) -> None:
             state.client_expired(clientid)

@@ -5,15 +5,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import replace
 
 from nfsrdma.aio import run
 from nfsrdma.nfs4.server_state import ServerConfig
 from nfsrdma.server import NFS_RDMA_PORT, NFS_TCP_PORT, NFSServer
 from nfsrdma.transport.rdma.connection_base import RdmaOptions
+from nfsrdma.vfs.base import Export, Vfs
 from nfsrdma.vfs.secret import StateDirError
 
 log = logging.getLogger("nfsrdma.server")
@@ -21,7 +24,28 @@ log = logging.getLogger("nfsrdma.server")
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="export a directory over NFSv4.1 (TCP and RDMA)")
-    p.add_argument("directory", help="the directory to export (the NFSv4 pseudo-root)")
+    p.add_argument(
+        "directory",
+        nargs="?",
+        help="the directory to export (the NFSv4 pseudo-root); with --cephfs, none",
+    )
+    ceph = p.add_argument_group("CephFS backend (serve a CephFS directory through libcephfs)")
+    ceph.add_argument("--cephfs", action="store_true", help="export CephFS instead of DIR")
+    ceph.add_argument("--ceph-conf", metavar="FILE", default=None, help="ceph.conf (default)")
+    ceph.add_argument("--ceph-id", metavar="NAME", default=None, help="cephx client (admin)")
+    ceph.add_argument("--ceph-path", metavar="PATH", default="/", help="CephFS directory (/)")
+    ceph.add_argument(
+        "--ceph-grace-pool",
+        metavar="POOL",
+        default="nfsrdma",
+        help="RADOS pool of the grace period shared by every server of this CephFS (nfsrdma)",
+    )
+    ceph.add_argument(
+        "--node-name",
+        metavar="NAME",
+        default=None,
+        help="this server among those of one CephFS, stable across restarts (host:tcp-port)",
+    )
     p.add_argument("--bind", metavar="ADDR", default=None, help="address to listen on (all)")
     p.add_argument("--tcp-port", type=int, default=NFS_TCP_PORT, metavar="PORT")
     p.add_argument(
@@ -120,8 +144,28 @@ def config_of(args: argparse.Namespace) -> ServerConfig:
     return cfg
 
 
+def backend_of(args: argparse.Namespace) -> Callable[[Export], Vfs] | None:
+    """The Vfs factory ``--cephfs`` asks for (None: the local directory)."""
+    if not args.cephfs:
+        return None
+    from nfsrdma.vfs.ceph.vfs import CephVfs
+
+    return functools.partial(
+        CephVfs,
+        conf=args.ceph_conf,
+        client_id=args.ceph_id,
+        ceph_path=args.ceph_path,
+        grace_pool=args.ceph_grace_pool,
+    )
+
+
 def serve(args: argparse.Namespace) -> int:
-    if not os.path.isdir(args.directory):
+    if args.cephfs:
+        if args.directory is not None:
+            log.error("--cephfs exports --ceph-path, not a local directory")
+            return 2
+        args.directory = f"cephfs:{args.ceph_path}"
+    elif args.directory is None or not os.path.isdir(args.directory):
         log.error("%s is not a directory", args.directory)
         return 2
     root = logging.getLogger("nfsrdma")
@@ -142,6 +186,8 @@ def serve(args: argparse.Namespace) -> int:
         grace_time=args.grace_time,
         slots=args.slots,
         config=config_of(args),
+        backend=backend_of(args),
+        node_name=args.node_name,
     )
 
     async def main() -> None:

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import subprocess
+from collections.abc import Iterator
 
 import pytest
+
+from nfsrdma.testbed.ceph_cluster import CephCluster, CephClusterError
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -19,3 +23,18 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     with asyncio.Runner() as runner:
         runner.run(pyfuncitem.obj(**args))
     return True
+
+
+@pytest.fixture(scope="session")
+def ceph_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CephCluster]:
+    """One single-node Ceph cluster with a CephFS for the whole session (about 8 s to start).
+
+    ``scripts/setup.sh test`` installs the Ceph daemons; a cluster that does not come up FAILS
+    the tests that use it."""
+    cluster = CephCluster(tmp_path_factory.mktemp("ceph"))
+    try:
+        cluster.start()
+    except (CephClusterError, OSError, subprocess.SubprocessError) as e:
+        pytest.fail(f"the test Ceph cluster did not start: {e}")
+    yield cluster
+    cluster.stop()

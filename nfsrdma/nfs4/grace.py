@@ -41,6 +41,7 @@ from nfsrdma.xdr.gen import nfs4
 
 if TYPE_CHECKING:
     from nfsrdma.nfs4.context import CompoundContext
+    from nfsrdma.vfs.base import SharedGrace
 
 log = logging.getLogger("nfsrdma.grace")
 
@@ -72,8 +73,15 @@ class MemoryStore:
 class Grace:
     """The grace period of one server instance and the client records behind it."""
 
-    def __init__(self, store: RecordStore, grace_time: float, now: float) -> None:
+    def __init__(
+        self,
+        store: RecordStore,
+        grace_time: float,
+        now: float,
+        shared: SharedGrace | None = None,
+    ) -> None:
         self.store = store
+        self.shared = shared  # other servers of a shared file system (vfs/ceph/grace.py)
         self.previous: frozenset[bytes] = frozenset(store.load())
         self._recorded: set[bytes] = set(self.previous)
         self._reclaimed: set[bytes] = set()  # previous owners that sent RECLAIM_COMPLETE
@@ -85,17 +93,24 @@ class Grace:
         self.ends_at = now + grace_time if self._active else now
         if self._active:
             log.info("grace period of %gs: %d clients may reclaim", grace_time, len(self.previous))
+            if shared is not None:
+                shared.begin(grace_time)
 
     # ------------------------------------------------------------------ the period
 
     def in_grace(self, now: float) -> bool:
+        """In our grace period, or in another server's (a shared file system)."""
+        return self.own_grace(now) or (self.shared is not None and self.shared.in_grace())
+
+    def own_grace(self, now: float) -> bool:
+        """In this instance's own grace period (the one its previous clients reclaim in)."""
         if self._active and now >= self.ends_at:
             self._end("time is up")
         return self._active
 
     def tick(self, now: float) -> None:
         """Let the period end on time even when no request asks (the server's timer)."""
-        self.in_grace(now)
+        self.own_grace(now)
 
     def _end(self, why: str) -> None:
         self._active = False
@@ -111,13 +126,15 @@ class Grace:
         if gone & self._recorded:
             self._recorded -= gone
             self.store.save(self._recorded)
+        if self.shared is not None:
+            self.shared.end()
 
     # ------------------------------------------------------------------ checks
 
     def check_reclaim(self, owner: bytes, reclaim_complete: bool, now: float) -> None:
         """A reclaim (CLAIM_PREVIOUS OPEN, LOCK with reclaim set) by ``owner``'s client:
         NFS4ERR_NO_GRACE unless it is in grace, known from before and not yet complete."""
-        if not self.in_grace(now):
+        if not self.own_grace(now):
             raise Nfs4Error(nfs4.NFS4ERR_NO_GRACE)
         if owner not in self.previous or reclaim_complete:
             raise Nfs4Error(nfs4.NFS4ERR_NO_GRACE)
@@ -142,7 +159,7 @@ class Grace:
         self._record(clientid, owner)
         if owner in self.previous:
             self._reclaimed.add(owner)
-            if self.in_grace(now) and self._reclaimed >= self.previous:
+            if self.own_grace(now) and self._reclaimed >= self.previous:
                 self._end("every client reclaimed")
 
     def took_state(self, clientid: int, owner: bytes) -> None:

@@ -41,6 +41,7 @@ courteous client loses anything.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -447,6 +448,25 @@ class StateManager:
         ls, r = found
         return Conflict(r.start, r.end, r.kind, ls.clientid, ls.owner)
 
+    def take_shared_lock(
+        self, of: OpenFile, key: OwnerKey, start: int, end: int, kind: int
+    ) -> Conflict | None:
+        """Take the lock in a file system shared with other servers too (``Vfs.lock``); the
+        lock held through another server that refuses it, if any."""
+        if self.vfs is None:
+            return None
+        held = self.vfs.lock(of, lock_owner_id(key), start, end, kind == state_locks.WRITE)
+        return None if held is None else _elsewhere(held)
+
+    def test_shared_lock(
+        self, fh: bytes, key: OwnerKey, start: int, end: int, kind: int
+    ) -> Conflict | None:
+        """LOCKT's question to a file system shared with other servers (``Vfs.test_lock``)."""
+        if self.vfs is None:
+            return None
+        held = self.vfs.test_lock(fh, lock_owner_id(key), start, end, kind == state_locks.WRITE)
+        return None if held is None else _elsewhere(held)
+
     def new_lock_state(self, open_state: OpenState, owner: bytes) -> LockState:
         """The lock stateid of (lock-owner, file), created from ``open_state`` if needed
         (open_to_lock_owner4); an existing one is reused, whatever open it came from."""
@@ -480,6 +500,8 @@ class StateManager:
             self._released(ls.file.fh)  # a downgrade may let readers in
 
     def unlock(self, ls: LockState, start: int, end: int) -> None:
+        if self.vfs is not None and ls.ranges:
+            self.vfs.unlock(ls.open.openfile, lock_owner_id(ls.key), start, end)
         ls.ranges = state_locks.unlock(ls.ranges, start, end)
         ls.seqid = next_seqid(ls.seqid)
         self._released(ls.file.fh)
@@ -506,6 +528,8 @@ class StateManager:
 
     def _drop_lock_state(self, ls: LockState) -> None:
         if ls.ranges:
+            if self.vfs is not None:
+                self.vfs.unlock(ls.open.openfile, lock_owner_id(ls.key), 0, state_locks.TO_EOF)
             ls.ranges = []
             self._released(ls.file.fh)
         f = ls.file
@@ -618,6 +642,23 @@ class StateManager:
     @property
     def stateid_count(self) -> int:
         return len(self._states)
+
+
+def lock_owner_id(key: OwnerKey) -> int:
+    """A 64-bit id of a lock-owner (client ID, owner) for the file system's own locks."""
+    clientid, owner = key
+    digest = hashlib.blake2b(clientid.to_bytes(8, "big") + owner, digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+# The holder of a lock taken through another server is not known here (LOCK4denied owner).
+_ELSEWHERE_OWNER: Final = b"lock held through another server"
+
+
+def _elsewhere(held: tuple[int, int, bool]) -> Conflict:
+    start, end, write = held
+    kind = state_locks.WRITE if write else state_locks.READ
+    return Conflict(start, end, kind, 0, _ELSEWHERE_OWNER)
 
 
 def check_seqid_of(sent: int, current: int) -> None:

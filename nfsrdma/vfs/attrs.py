@@ -1,7 +1,8 @@
-"""Attributes from one ``fstat``."""
+"""Attributes from one ``fstat``, and what backends share about them."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from typing import Final
@@ -41,3 +42,15 @@ def from_stat(st: os.stat_result, count: int) -> Attributes:
         ctime_ns=st.st_ctime_ns,
         change=ChangeCounter.value(st.st_ctime_ns, count),
     )
+
+
+def verifier_times(verifier: bytes) -> tuple[int, int]:
+    """The exclusive-create verifier as (atime, mtime) in ns: 31 bits in seconds and 1 in
+    nanoseconds each (``base.py``: Exclusive create)."""
+    a = int.from_bytes(verifier[:4], "big")
+    m = int.from_bytes(verifier[4:8], "big")
+    return (a >> 1) * 1_000_000_000 + (a & 1), (m >> 1) * 1_000_000_000 + (m & 1)
+
+
+def erofs() -> OSError:
+    return OSError(errno.EROFS, "read-only export")

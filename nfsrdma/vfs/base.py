@@ -81,7 +81,7 @@ from __future__ import annotations
 import abc
 import enum
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final, Literal, Protocol
 
 NFS4_FHSIZE: Final = 128
 NAME_MAX: Final = 255
@@ -290,6 +290,18 @@ class OpenFile(abc.ABC):
         return None
 
 
+class SharedGrace(Protocol):
+    """A grace period shared with the other servers of a shared file system (CephFS):
+    ``begin`` when this server restarted with clients to reclaim, ``end`` when that is over,
+    ``in_grace`` while another server is in its grace period."""
+
+    def begin(self, seconds: float) -> None: ...
+
+    def end(self) -> None: ...
+
+    def in_grace(self) -> bool: ...
+
+
 class Vfs(abc.ABC):
     """A served directory tree. See the module docstring for the conventions."""
 
@@ -411,6 +423,37 @@ class Vfs(abc.ABC):
     @abc.abstractmethod
     def release_identity(self) -> None:
         """Give the calling thread back the server's own file-system identity."""
+
+    # Byte-range locks. The server holds every lock itself (``nfs4/state.py``); a backend
+    # shared with other servers (CephFS) also takes them in the file system, so that locks
+    # conflict across servers. ``owner`` is a 64-bit lock-owner id, ranges are [start, end)
+    # with end 2**64 for "to the end of the file", ``write`` an exclusive lock. A conflict
+    # is returned as (start, end, write) of a lock held elsewhere.
+    def lock(
+        self, of: OpenFile, owner: int, start: int, end: int, write: bool
+    ) -> tuple[int, int, bool] | None:
+        """Take the lock in the file system (or return the conflicting one)."""
+        return None
+
+    def unlock(self, of: OpenFile, owner: int, start: int, end: int) -> None:
+        """Release what ``lock`` took in [start, end)."""
+        return None
+
+    def test_lock(
+        self, fh: bytes, owner: int, start: int, end: int, write: bool
+    ) -> tuple[int, int, bool] | None:
+        """A lock held elsewhere in the file system that would refuse this one (LOCKT)."""
+        return None
+
+    def shared_grace(self, node: str) -> SharedGrace | None:
+        """The grace period this export shares with other servers (None: its own only);
+        ``node`` names this server among them, the same across its restarts."""
+        return None
+
+    def state_key(self) -> str | None:
+        """A stable name for the files the server keeps about this export (client records);
+        None: derived from the export's local root directory."""
+        return None
 
     def lease_descriptor(self, fh: bytes) -> int | None:
         """A descriptor of the file for a kernel lease (``vfs/leases.py``); None when the

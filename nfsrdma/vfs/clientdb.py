@@ -33,10 +33,14 @@ class ClientDb:
         self._ident = FsIdentity()
 
     @classmethod
-    def for_export(cls, export: Export) -> ClientDb:
-        root = os.path.realpath(export.root)
+    def for_export(cls, export: Export, key: str | None = None) -> ClientDb:
+        """The records of ``export``; ``key`` names them (``Vfs.state_key``) when the export
+        is not a local directory."""
         state = os.path.realpath(export.state_dir or default_state_dir())
-        name = "clients-" + export_key(root, os.stat(root)) + ".json"
+        if key is None:
+            root = os.path.realpath(export.root)
+            key = export_key(root, os.stat(root))
+        name = "clients-" + key + ".json"
         return cls(os.path.join(state, name))
 
     def load(self) -> set[bytes]:

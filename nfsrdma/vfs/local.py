@@ -80,17 +80,6 @@ def _process_umask() -> int:
     return 0o022
 
 
-def _erofs() -> OSError:
-    return OSError(errno.EROFS, "read-only export")
-
-
-def _verifier_times(verifier: bytes) -> tuple[int, int]:
-    """Store the 64-bit verifier in atime/mtime: 31 bits in seconds, 1 in nanoseconds each."""
-    a = int.from_bytes(verifier[:4], "big")
-    m = int.from_bytes(verifier[4:8], "big")
-    return (a >> 1) * 1_000_000_000 + (a & 1), (m >> 1) * 1_000_000_000 + (m & 1)
-
-
 class LocalVfs(Vfs):
     """Serves ``export.root``. See the module docstring and ``base.py`` for the contract."""
 
@@ -462,7 +451,7 @@ class LocalVfs(Vfs):
         self, cred: Cred, fh: bytes, read: bool, write: bool, truncate: bool = False
     ) -> LocalOpenFile:
         if (write or truncate) and self.export.read_only:
-            raise _erofs()
+            raise attrs.erofs()
         if not (read or write) or (truncate and not write):
             raise OSError(errno.EINVAL, "bad open mode")
         pin = self._res.pin(fh)
@@ -490,7 +479,7 @@ class LocalVfs(Vfs):
         write: bool = True,
     ) -> tuple[bytes, LocalOpenFile, bool]:
         if self.export.read_only:
-            raise _erofs()
+            raise attrs.erofs()
         bname = check_name(name)
         if how == CreateMode.EXCLUSIVE and (
             not isinstance(verifier, bytes) or len(verifier) != NFS4_VERIFIER_SIZE
@@ -542,7 +531,7 @@ class LocalVfs(Vfs):
             st = os.fstat(fd)
             self._fix_mode(fd, st, mode)
             if how == CreateMode.EXCLUSIVE and verifier is not None:
-                os.utime(fd, ns=_verifier_times(verifier))
+                os.utime(fd, ns=attrs.verifier_times(verifier))
             path_fd = os.open(proc_path(fd), os.O_PATH | os.O_CLOEXEC)
             fh, st = self._res.make_handle(path_fd)
         except BaseException:
@@ -572,7 +561,7 @@ class LocalVfs(Vfs):
             if how == CreateMode.EXCLUSIVE:
                 assert verifier is not None
                 times = (st.st_atime_ns, st.st_mtime_ns)
-                if not stat.S_ISREG(st.st_mode) or times != _verifier_times(verifier):
+                if not stat.S_ISREG(st.st_mode) or times != attrs.verifier_times(verifier):
                     raise OSError(errno.EEXIST, "exists (exclusive create, other verifier)")
                 # The retry of our own create: answer as the first attempt did.
                 fd = self._open_regular(
@@ -628,7 +617,7 @@ class LocalVfs(Vfs):
         if all(v is None for v in (mode, uid, gid, size, atime, mtime)):
             return self.getattr(fh)
         if self.export.read_only:
-            raise _erofs()
+            raise attrs.erofs()
         pin = self._res.pin(fh)
         try:
             st = self._res.stat(pin)
@@ -680,7 +669,7 @@ class LocalVfs(Vfs):
         rdev: tuple[int, int] | None = None,
     ) -> bytes:
         if self.export.read_only:
-            raise _erofs()
+            raise attrs.erofs()
         bname = check_name(name)
         perm = mode & 0o7777
         pin = self._res.pin(dir_fh)
@@ -734,7 +723,7 @@ class LocalVfs(Vfs):
 
     def remove(self, cred: Cred, dir_fh: bytes, name: bytes | str) -> None:
         if self.export.read_only:
-            raise _erofs()
+            raise attrs.erofs()
         bname = check_name(name)
         pin = self._res.pin(dir_fh)
         try:
@@ -772,7 +761,7 @@ class LocalVfs(Vfs):
         dst_name: bytes | str,
     ) -> None:
         if self.export.read_only:
-            raise _erofs()
+            raise attrs.erofs()
         sname, dname = check_name(src_name), check_name(dst_name)
         spin = self._res.pin(src_dir_fh)
         try:
@@ -814,7 +803,7 @@ class LocalVfs(Vfs):
 
     def link(self, cred: Cred, fh: bytes, dir_fh: bytes, name: bytes | str) -> None:
         if self.export.read_only:
-            raise _erofs()
+            raise attrs.erofs()
         bname = check_name(name)
         opin = self._res.pin(fh)
         try:

@@ -1,7 +1,8 @@
 """LOCK, LOCKT, LOCKU (RFC 8881 sections 18.10-18.12), TEST_STATEID and FREE_STATEID
 (sections 18.48, 18.38).
 
-Byte-range locks are held by the server (advisory, POSIX semantics, see ``state_locks.py``).
+Byte-range locks are held by the server (advisory, POSIX semantics, see ``state_locks.py``),
+and also taken in the file system when it is shared with other servers (``Vfs.lock``: CephFS).
 The blocking lock types are answered like the others, NFS4ERR_DENIED with the conflicting lock;
 the refused lock-owner is then told by CB_NOTIFY_LOCK when a lock on the file goes, so it can
 retry at once (OPEN said OPEN4_RESULT_MAY_NOTIFY_LOCK; RFC 8881 section 20.11). Lock seqids
@@ -45,6 +46,8 @@ def op_lock(ctx: CompoundContext, args: nfs4.LOCK4args) -> nfs4.LOCK4res:
     if not open_state.access & needed:
         raise Nfs4Error(nfs4.NFS4ERR_OPENMODE)
     conflict = sm.find_conflict(fh, (clientid, owner), start, end, kind)
+    if conflict is None:  # and none through another server in front of the same file system
+        conflict = sm.take_shared_lock(open_state.openfile, (clientid, owner), start, end, kind)
     if conflict is not None:
         if args.locktype in (nfs4.READW_LT, nfs4.WRITEW_LT):
             sm.add_waiter(fh, (clientid, owner))  # told by CB_NOTIFY_LOCK when it may retry
@@ -69,7 +72,10 @@ def op_lockt(ctx: CompoundContext, args: nfs4.LOCKT4args) -> nfs4.LOCKT4res:
     if ftype != FileType.NF4REG:
         raise Nfs4Error(nfs4.NFS4ERR_INVAL)
     sm: StateManager = ctx.server.state_manager
-    conflict = sm.find_conflict(fh, (clientid, args.owner.owner), start, end, kind)
+    key = (clientid, args.owner.owner)
+    conflict = sm.find_conflict(fh, key, start, end, kind)
+    if conflict is None:
+        conflict = sm.test_shared_lock(fh, key, start, end, kind)
     if conflict is not None:
         denied = conflict.denied()
         raise Nfs4Error(nfs4.NFS4ERR_DENIED, nfs4.LOCKT4res(nfs4.NFS4ERR_DENIED, denied))

@@ -14,19 +14,23 @@ from pathlib import Path
 
 import pytest
 
+from nfsrdma.testbed.ceph_cluster import CephCluster
 from tests.unit.client import ganesha as g
 from tests.unit.client.ourserver import OurServer
 
 Server = g.Ganesha | OurServer
 
 
-@pytest.fixture(scope="session", params=["ganesha", "ours"])
+@pytest.fixture(scope="session", params=["ganesha", "ours", "ours-cephfs"])
 def nfs_server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
     work = tmp_path_factory.mktemp(request.param)
     server: Server
-    if request.param == "ganesha":
+    if request.param == "ours-cephfs":
+        cluster: CephCluster = request.getfixturevalue("ceph_cluster")
+        server = OurServer(work, g.free_port(), None, ceph_conf=cluster.conf)
+    elif request.param == "ganesha":
         why = g.available()
         if why is not None:
             pytest.fail(f"{why}; scripts/setup.sh installs it")

@@ -1,6 +1,7 @@
 """Our own NFSv4.1 server (nfsrdma.server) in a child process, for the client tests.
 
-``python -m tests.unit.client.ourserver DIR PORT [FD]`` serves DIR (as the pseudo-root, no root
+``python -m tests.unit.client.ourserver DIR PORT [FD]`` serves DIR (or ``ceph:CONF``: the root of
+that Ceph cluster's CephFS, through the libcephfs backend) (as the pseudo-root, no root
 squashing, 10 s leases) on 127.0.0.1:PORT until killed; once it listens it writes ``ready`` to the
 pipe FD, which is how ``OurServer.start`` knows (no polling). A server that exits or does not
 become ready within the deadline makes ``start`` raise, and the fixtures then FAIL."""
@@ -25,8 +26,9 @@ START_TIMEOUT = 30.0  # a guard only: start() returns as soon as the server says
 class OurServer:
     workdir: Path
     port: int
-    export_dir: Path
+    export_dir: Path | None
     pseudo: str = ""
+    ceph_conf: Path | None = None  # serve CephFS (this cluster's root) instead of export_dir
     proc: subprocess.Popen[bytes] | None = None
     max_file: int = 1 << 40
     name: str = "ours"
@@ -35,7 +37,12 @@ class OurServer:
         return f"nfs://127.0.0.1:{port or self.port}/"
 
     def start(self) -> OurServer:
-        self.export_dir.mkdir(parents=True, exist_ok=True)
+        if self.ceph_conf is not None:
+            served = f"ceph:{self.ceph_conf}"
+        else:
+            assert self.export_dir is not None
+            self.export_dir.mkdir(parents=True, exist_ok=True)
+            served = str(self.export_dir)
         log = open(self.workdir / "server.log", "wb")  # noqa: SIM115 - the child keeps it
         ready_r, ready_w = os.pipe()
         try:
@@ -44,7 +51,7 @@ class OurServer:
                     sys.executable,
                     "-m",
                     "tests.unit.client.ourserver",
-                    str(self.export_dir),
+                    served,
                     str(self.port),
                     str(ready_w),
                 ],
@@ -90,9 +97,24 @@ class OurServer:
 
 
 async def _serve(directory: str, port: int, ready_fd: int | None) -> None:
-    from nfsrdma.server import NFSServer
+    import functools
 
-    server = NFSServer(directory, bind="127.0.0.1", tcp_port=port, root_squash=False, lease_time=10)
+    from nfsrdma.server import NFSServer
+    from nfsrdma.vfs.ceph.vfs import CephVfs
+
+    backend = None
+    if directory.startswith("ceph:"):  # CephFS through libcephfs, this ceph.conf's cluster
+        backend = functools.partial(CephVfs, conf=directory.removeprefix("ceph:"))
+        directory = "cephfs:/"
+    server = NFSServer(
+        directory,
+        bind="127.0.0.1",
+        tcp_port=port,
+        root_squash=False,
+        lease_time=10,
+        state_dir=os.environ.get("NFSRDMA_TEST_STATE_DIR"),
+        backend=backend,
+    )
     await server.start()
     if ready_fd is not None:
         os.write(ready_fd, READY)

@@ -14,7 +14,6 @@ import time
 import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 import pytest
 
@@ -24,6 +23,7 @@ from nfsrdma.xdr.gen import nfs4
 
 from .conftest import Server
 from .faultproxy import Call, FaultProxy, Link, Reply, Rule, Verdict, sequence_error_reply
+from .serverfiles import ServerFiles
 
 
 @asynccontextmanager
@@ -157,9 +157,7 @@ async def test_server_that_stops_answering_is_detected(nfs_server: Server, testd
         assert time.monotonic() - t0 < 10
 
 
-async def test_connection_killed_mid_write(
-    nfs_server: Server, testdir: str, server_path: Path | None
-) -> None:
+async def test_connection_killed_mid_write(nfs_server: Server, testdir: str) -> None:
     """SS-13 / UL-27, killed exactly mid-WRITE: the server has received and run a WRITE, and the
     connection is cut the moment its reply reaches the proxy, before the client has it. The
     client binds a new connection (BIND_CONN_TO_SESSION, same session) and sends the WRITE
@@ -167,10 +165,9 @@ async def test_connection_killed_mid_write(
     reply that was lost. The WRITE ran exactly once: right after it ran, a local process put
     other bytes in its range on the server's disk, and they are still there at the end (running
     the WRITE again would have put the client's bytes back)."""
-    assert server_path is not None, "the test needs the server's directory (VFS Ganesha: root)"
+    files = ServerFiles(nfs_server.export_dir, getattr(nfs_server, "ceph_conf", None))
     size = min(4 << 20, nfs_server.max_file)
     data = os.urandom(size)
-    target = server_path / "w"
     cut: list[Reply] = []
     local: list[tuple[int, bytes]] = []
 
@@ -185,9 +182,7 @@ async def test_connection_killed_mid_write(
         cut.append(reply)
         other = bytes(b ^ 0xFF for b in write.data[:64]) * (len(write.data) // 64 + 1)
         other = other[: len(write.data)]
-        with open(target, "r+b") as f:  # the WRITE has run: overwrite what it wrote
-            f.seek(write.offset)
-            f.write(other)
+        files.overwrite(f"{testdir}/w", write.offset, other)  # the WRITE has run: undo it
         local.append((write.offset, other))
         return Verdict.DROP_CONNECTION
 
@@ -220,7 +215,8 @@ async def test_connection_killed_mid_write(
         want = data[:offset] + other + data[offset + len(other) :]
         back = await fs.read_bytes(f"{testdir}/w")
         assert hashlib.sha256(back).digest() == hashlib.sha256(want).digest()
-        assert target.read_bytes() == want
+        assert files.read(f"{testdir}/w") == want
+    files.close()
 
 
 async def test_connection_killed_mid_rename_renames_once(nfs_server: Server, testdir: str) -> None:
