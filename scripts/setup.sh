@@ -10,6 +10,7 @@ serve_pkgs=(python3 python3-venv python3-pip python3-pyverbs rdma-core ibverbs-p
 test_pkgs=("${serve_pkgs[@]}" qemu-system-x86 linux-image-amd64 ibverbs-utils rdmacm-utils
   perftest nfs-kernel-server nfs-common iproute2 busybox-static kmod udev
   nfs-ganesha nfs-ganesha-mem nfs-ganesha-vfs)
+test_pkgs+=(systemd)  # systemd-analyze verifies contrib/nfsrdma.service
 case "$profile" in
   serve) pkgs=("${serve_pkgs[@]}"); extras="fast" ;;
   test) pkgs=("${test_pkgs[@]}"); extras="dev,testbed" ;;
