@@ -94,13 +94,15 @@ class NfsFileSystem(AsyncFileSystem):  # type: ignore[misc]
         block_size: int | None = None,
         connector: Connector | None = None,
         connect_options: dict[str, Any] | None = None,
+        auto_mkdir: bool = True,
         **kwargs: Any,
     ) -> None:
         """``uid``/``gid``/``gids``: the AUTH_SYS identity (this process's by default);
         ``block_size``: the read-ahead and write buffer of ``open()``; ``connect_options``: more
         keywords for :func:`nfsrdma.connect` (``slots``, ``rsize``, ``timeout`` ...);
         ``connector``: a coroutine function making the transport connection instead of the
-        URL's (an RDMA device of one's own, for example)."""
+        URL's (an RDMA device of one's own, for example); ``auto_mkdir``: writing a file makes
+        its missing parent directories (as object stores and fsspec's memory file system do)."""
         super().__init__(**kwargs)
         self.host = host
         self.port = DEFAULT_PORTS[self.scheme] if port is None else int(port)
@@ -111,6 +113,7 @@ class NfsFileSystem(AsyncFileSystem):  # type: ignore[misc]
             self.blocksize = block_size
         self.connector = connector
         self.connect_options = dict(connect_options or {})
+        self.auto_mkdir = auto_mkdir
 
     # -- names ---------------------------------------------------------------------------------
     @property
@@ -261,7 +264,7 @@ class NfsFileSystem(AsyncFileSystem):  # type: ignore[misc]
     ) -> None:
         path = self._strip_protocol(path)
         c = await self._client()
-        async with c.open(path, "xb" if mode == "create" else "wb") as f:
+        async with await self._open_nfs(path, "xb" if mode == "create" else "wb") as f:
             await f.write(value)
 
     async def _put_file(
@@ -279,7 +282,7 @@ class NfsFileSystem(AsyncFileSystem):  # type: ignore[misc]
         c = await self._client()
         with open(lpath, "rb") as src:
             callback.set_size(os.fstat(src.fileno()).st_size)
-            async with c.open(rpath, "xb" if mode == "create" else "wb") as f:
+            async with await self._open_nfs(rpath, "xb" if mode == "create" else "wb") as f:
                 while chunk := src.read(COPY_CHUNK):
                     await f.write(chunk)
                     callback.relative_update(len(chunk))
@@ -313,7 +316,7 @@ class NfsFileSystem(AsyncFileSystem):  # type: ignore[misc]
             await self._makedirs(path2, exist_ok=True)
             return
         try:
-            async with c.open(path2, "wb") as dst:
+            async with await self._open_nfs(path2, "wb") as dst:
                 while chunk := await src.read(COPY_CHUNK):
                     await dst.write(chunk)
         finally:
@@ -434,7 +437,16 @@ class NfsFileSystem(AsyncFileSystem):  # type: ignore[misc]
         )
 
     async def _open_nfs(self, path: str, mode: str) -> NfsFile:
+        """Open for ``mode``; for writing, the missing parent directories are made first
+        (unless ``auto_mkdir=False``)."""
         c = await self._client()
+        try:
+            return await c.open(path, mode)
+        except FileNotFoundError:
+            parent = posixpath.dirname(normalise(path))
+            if mode.startswith("r") or not self.auto_mkdir or parent == "/":
+                raise
+        await self._makedirs(parent, exist_ok=True)
         return await c.open(path, mode)
 
 
