@@ -542,8 +542,9 @@ async def _close_task(task: asyncio.Task[NfsClient]) -> None:
         await client.aclose()
 
 
-def _close_all() -> None:
-    """At exit: close the clients that run on fsspec's own loop (their sessions end cleanly)."""
+def close_all() -> None:
+    """Close every client that runs on fsspec's own loop (their sessions end cleanly); done at
+    exit, and by whoever stops the servers they talk to first."""
     loop = fsspec.asyn.loop[0]  # None: fsspec never started its loop
     mine = [k for k in _clients if k[0] is loop]
     if loop is None or not mine or not loop.is_running():
@@ -556,4 +557,4 @@ def _close_all() -> None:
         sync(loop, close_them, timeout=10)
 
 
-atexit.register(_close_all)
+atexit.register(close_all)

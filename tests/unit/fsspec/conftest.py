@@ -16,6 +16,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
+from nfsrdma.client.fsspec import close_all
 from tests.unit.client.ganesha import free_port
 from tests.unit.client.ourserver import OurServer
 
@@ -32,6 +33,7 @@ def nfs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OurServer]:
     except RuntimeError as e:
         pytest.fail(f"our server did not start: {e}")
     yield server
+    close_all()  # the clients' sessions end before their server does
     server.stop()
 
 
