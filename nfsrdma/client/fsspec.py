@@ -263,7 +263,6 @@ class NfsFileSystem(AsyncFileSystem):  # type: ignore[misc]
         self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any
     ) -> None:
         path = self._strip_protocol(path)
-        c = await self._client()
         async with await self._open_nfs(path, "xb" if mode == "create" else "wb") as f:
             await f.write(value)
 
@@ -279,7 +278,6 @@ class NfsFileSystem(AsyncFileSystem):  # type: ignore[misc]
         if os.path.isdir(lpath):
             await self._makedirs(rpath, exist_ok=True)
             return
-        c = await self._client()
         with open(lpath, "rb") as src:
             callback.set_size(os.fstat(src.fileno()).st_size)
             async with await self._open_nfs(rpath, "xb" if mode == "create" else "wb") as f:
