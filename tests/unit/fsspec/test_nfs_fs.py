@@ -286,3 +286,14 @@ def test_pandas_round_trip(nfs_server: OurServer, base: str) -> None:
     df.to_parquet(f"{url}/data.parquet")
     pd.testing.assert_frame_equal(pd.read_parquet(f"{url}/data.parquet"), df)
     pd.testing.assert_frame_equal(pd.read_parquet(f"{url}/data.parquet", columns=["s"]), df[["s"]])
+
+
+async def test_on_the_callers_loop(nfs_server: OurServer, base: str) -> None:
+    fs = NfsFileSystem("127.0.0.1", nfs_server.port, asynchronous=True, skip_instance_cache=True)
+    try:
+        await fs._pipe_file(f"{base}/a", b"async bytes")
+        assert await fs._cat_file(f"{base}/a", start=6) == b"bytes"
+        assert [d["name"] for d in await fs._ls(base)] == [f"{base}/a"]
+        assert on_disk(nfs_server, f"{base}/a").read_bytes() == b"async bytes"
+    finally:
+        await fs._close()
