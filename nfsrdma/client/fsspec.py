@@ -58,6 +58,7 @@ PoolKey = tuple[Any, ...]
 # One client per (loop, scheme, host, port, uid, gid, groups, connector): the connecting task,
 # so that concurrent first uses share one connection.
 _clients: dict[PoolKey, asyncio.Task[NfsClient]] = {}
+_closing: set[asyncio.Task[None]] = set()  # files closed from the loop's own thread
 
 
 def _ftype(st: FileStat) -> str:
@@ -529,7 +530,19 @@ class NfsBufferedFile(AbstractBufferedFile):  # type: ignore[misc]
             assert nfs is not None
             loop = self.fs.loop
             if loop is not None and loop.is_running():
-                sync(loop, nfs.close)
+                if _running_loop() is loop:  # collected on the loop's own thread
+                    task = loop.create_task(nfs.close())
+                    _closing.add(task)
+                    task.add_done_callback(_closing.discard)
+                else:
+                    sync(loop, nfs.close)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 async def _close_task(task: asyncio.Task[NfsClient]) -> None:

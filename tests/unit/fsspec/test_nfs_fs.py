@@ -3,6 +3,8 @@ with read-ahead, names, one shared client per server and identity, the entry poi
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import os
 import subprocess
 import sys
@@ -16,6 +18,7 @@ import pandas as pd
 import pytest
 from fsspec.asyn import sync
 
+import nfsrdma.client.fsspec
 from nfsrdma.client.fs import NfsClient
 from nfsrdma.client.fsspec import NfsFileSystem, RdmaFileSystem
 from tests.unit.client.ourserver import REPO, OurServer
@@ -201,6 +204,25 @@ def test_open_writes_are_buffered_until_flush_or_close(
     assert on_disk(nfs_server, f"{base}/deep/new/t.txt").read_text() == "text\n"
     with pytest.raises(FileExistsError):
         fs.open(f"{base}/w", "xb")
+
+
+def test_a_file_collected_on_the_loop_thread_is_closed(
+    fs: Any, nfs_server: OurServer, base: str
+) -> None:
+    """pyarrow and friends drop files unclosed; the garbage collector may run on fsspec's loop
+    thread, where close() cannot wait for the loop: the CLOSE is scheduled there instead."""
+    on_disk(nfs_server, f"{base}/f").write_bytes(b"x")
+    held = [fs.open(f"{base}/f", "rb")]
+    nfs = held[0]._nfs
+    assert nfs is not None and not nfs.closed
+
+    async def drop() -> None:
+        held.clear()
+        gc.collect()
+        await asyncio.gather(*nfsrdma.client.fsspec._closing)
+
+    sync(fs.loop, drop)
+    assert nfs.closed
 
 
 # -- URLs, entry points, the shared client --------------------------------------------------------
