@@ -530,8 +530,9 @@ class NfsBufferedFile(AbstractBufferedFile):  # type: ignore[misc]
             assert nfs is not None
             loop = self.fs.loop
             if loop is not None and loop.is_running():
-                if _running_loop() is loop:  # collected on the loop's own thread
-                    task = loop.create_task(nfs.close())
+                running = _running_loop()
+                if running is not None and running is loop:  # collected on the loop's thread
+                    task = running.create_task(nfs.close())
                     _closing.add(task)
                     task.add_done_callback(_closing.discard)
                 else:
