@@ -126,6 +126,61 @@ async def _write_while_stopping(served: Served, port: int, held: Path) -> None:
     await fs.session.close()
 
 
+def test_the_wait_for_calls_in_progress_is_bounded(tmp_path: Path) -> None:
+    """With --stop-timeout 1 and the WRITE held past it, the server closes the connection
+    without the reply (the client's call fails), and exits 0 once the I/O thread is free."""
+    export = tmp_path / "export"
+    held = export / "held"
+    served = serve(tmp_path, export, "--stop-timeout", "1")
+    try:
+        port = port_of(served.wait_for("READY")["STATUS"])
+        held.write_bytes(b"before")
+        asyncio.run(_write_past_the_bound(served, port, held))
+        assert served.proc.wait(30) == 0, served.log_tail()
+    finally:
+        served.kill()
+
+
+async def _write_past_the_bound(served: Served, port: int, held: Path) -> None:
+    loop = asyncio.get_running_loop()
+    lease_broken = asyncio.Event()
+    loop.add_signal_handler(signal.SIGIO, lease_broken.set)
+    fs = await nfsrdma.connect(f"nfs://127.0.0.1:{port}/", uid=0, gid=0, timeout=60.0)
+    fd = os.open(held, os.O_RDONLY)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+        writing = asyncio.ensure_future(
+            fs.session.compound(
+                [
+                    ops.putfh(fs.base_fh),
+                    ops.lookup(b"held"),
+                    ops.write(nfs4.stateid4(0, bytes(12)), 0, b"after!", nfs4.FILE_SYNC4),
+                ],
+                idempotent=False,
+            )
+        )
+        broken = asyncio.ensure_future(lease_broken.wait())
+        await asyncio.wait([writing, broken], return_when=asyncio.FIRST_COMPLETED, timeout=30)
+        assert lease_broken.is_set(), f"the WRITE never reached the file: {writing}"
+        rpc = fs.session.rpc
+        assert rpc is not None
+        dropped = asyncio.Event()
+        rpc.conn.on_closed(lambda c, exc: dropped.set())
+        served.proc.send_signal(signal.SIGTERM)
+        await loop.run_in_executor(None, served.wait_for, "STOPPING")
+        # The lease is still held (the kernel would break it only after lease-break-time,
+        # 45 s): only the bound ends the server's wait and closes our connection, unanswered.
+        await asyncio.wait_for(dropped.wait(), 30)
+        assert not writing.done()
+    finally:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        os.close(fd)
+        loop.remove_signal_handler(signal.SIGIO)
+    writing.cancel()
+    await loop.run_in_executor(None, served.proc.wait, 30)
+    await fs.session.close()
+
+
 # -- the unit -------------------------------------------------------------------------------------
 def _verify(unit: Path) -> subprocess.CompletedProcess[str]:
     tool = shutil.which("systemd-analyze")
