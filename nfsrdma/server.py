@@ -195,7 +195,10 @@ class NFSServer:
                 return int(sock.getsockname()[1])
         return self.requested_tcp_port
 
-    async def close(self) -> None:
+    async def close(self, *, drain: float = 0.0) -> None:
+        """Stop listening, let the calls in progress finish and send their replies (for up to
+        ``drain`` seconds; 0: do not wait), then close every connection, flushing what each
+        still has to send (within the same bound)."""
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -204,8 +207,15 @@ class NFSServer:
             srv.close()
         if self.rdma is not None:
             await self.rdma.close()
+        deadline = asyncio.get_running_loop().time() + drain
+        if drain > 0:
+            await self.dispatcher.drain(timeout=drain)
+        closed = [self._closed_future(conn) for conn in list(self.connections)]
         for conn in list(self.connections):
             conn.close()
+        left = deadline - asyncio.get_running_loop().time()
+        if closed and left > 0:
+            await asyncio.wait(closed, timeout=left)
         for srv in self._servers:
             await srv.wait_closed()
         await self.dispatcher.drain()
@@ -215,6 +225,17 @@ class NFSServer:
             self._own_device.close()
         if self.state is not None:
             self.state.close()
+
+    def _closed_future(self, rpc: RpcConnection) -> asyncio.Future[None]:
+        """Done when the connection is closed (its pending output written, or dropped)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def closed(c: Connection, exc: BaseException | None) -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        rpc.conn.on_closed(closed)
+        return fut
 
     async def serve_forever(self) -> None:
         await asyncio.gather(*(srv.serve_forever() for srv in self._servers))

@@ -12,6 +12,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import replace
 
+from nfsrdma import sdnotify
 from nfsrdma.aio import run
 from nfsrdma.nfs4.server_state import ServerConfig
 from nfsrdma.server import NFS_RDMA_PORT, NFS_TCP_PORT, NFSServer
@@ -113,6 +114,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="S",
         help="... or when its first record, or one begun, is not complete in S seconds (0: never)",
     )
+    p.add_argument(
+        "--stop-timeout",
+        type=_seconds,
+        default=10.0,
+        metavar="S",
+        help="on SIGTERM, wait up to S seconds for the calls in progress to be answered",
+    )
     p.set_defaults(func=serve)
 
 
@@ -128,6 +136,12 @@ def _seconds(text: str) -> float:
     if not s >= 0:
         raise argparse.ArgumentTypeError("must be 0 or more seconds")
     return s
+
+
+def _listening(server: NFSServer) -> str:
+    """Where the server listens, for the service manager's STATUS line."""
+    rdma = f"rdma port {server.rdma.port}" if server.rdma is not None else "rdma off"
+    return f"serving: tcp {server.bind or '*'} port {server.tcp_port}, {rdma}"
 
 
 def config_of(args: argparse.Namespace) -> ServerConfig:
@@ -207,9 +221,11 @@ def serve(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        sdnotify.notify("READY=1", "STATUS=" + _listening(server), f"MAINPID={os.getpid()}")
         await stop.wait()
         log.info("stopping")
-        await server.close()
+        sdnotify.notify("STOPPING=1", "STATUS=stopping: answering the calls in progress")
+        await server.close(drain=args.stop_timeout)
 
     with contextlib.suppress(KeyboardInterrupt):
         run(main())

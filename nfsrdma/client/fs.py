@@ -472,7 +472,11 @@ class NfsClient:
             if parent == "/":
                 raise
             await self.makedirs(parent, mode, exist_ok=True)
-            await self.mkdir(path, mode)
+            try:
+                await self.mkdir(path, mode)
+            except FileExistsError:  # made meanwhile by someone else
+                if not exist_ok or not await self.isdir(path):
+                    raise
         except OSError:
             # EEXIST, or EROFS/EACCES from a directory that is there (a pseudo-fs node).
             if not exist_ok or not await self.isdir(path):

@@ -146,10 +146,16 @@ class Dispatcher:
             )
             message.encode_accepted(w, call.xid, rpc.SYSTEM_ERR)
 
-    async def drain(self) -> None:
-        """Wait for the calls in progress."""
+    async def drain(self, timeout: float | None = None) -> None:
+        """Wait for the calls in progress (and those they let in meanwhile), for at most
+        ``timeout`` seconds when given (the calls go on after that; none is cancelled)."""
+        loop = asyncio.get_running_loop()
+        end = None if timeout is None else loop.time() + timeout
         while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+            left = None if end is None else end - loop.time()
+            if left is not None and left <= 0:
+                return
+            await asyncio.wait(list(self._tasks), timeout=left)
 
 
 def null_procedure(call: RpcCall, w: Writer) -> None:
