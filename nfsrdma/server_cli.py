@@ -1,4 +1,4 @@
-"""`nfsrdma serve DIR`: export a directory over NFSv4.1."""
+"""`nfsrdma serve DIR` (or `--exports FILE`): export directories over NFSv4.1."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from nfsrdma.aio import run
 from nfsrdma.nfs4.server_state import ServerConfig
 from nfsrdma.server import NFS_RDMA_PORT, NFS_TCP_PORT, NFSServer
 from nfsrdma.transport.rdma.connection_base import RdmaOptions
+from nfsrdma.vfs.exports import ExportsError, check_paths
+from nfsrdma.vfs.exports import load as load_exports
 from nfsrdma.vfs.secret import StateDirError
 
 log = logging.getLogger("nfsrdma.server")
@@ -21,7 +23,14 @@ log = logging.getLogger("nfsrdma.server")
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="export a directory over NFSv4.1 (TCP and RDMA)")
-    p.add_argument("directory", help="the directory to export (the NFSv4 pseudo-root)")
+    p.add_argument("directory", nargs="?", help="the directory to export (the NFSv4 pseudo-root)")
+    p.add_argument(
+        "--exports",
+        metavar="FILE",
+        default=None,
+        help="serve the exports of FILE (exports(5) format, client rules) under a pseudo-root "
+        "instead of DIRECTORY; SIGHUP reads it again",
+    )
     p.add_argument("--bind", metavar="ADDR", default=None, help="address to listen on (all)")
     p.add_argument("--tcp-port", type=int, default=NFS_TCP_PORT, metavar="PORT")
     p.add_argument(
@@ -121,13 +130,27 @@ def config_of(args: argparse.Namespace) -> ServerConfig:
 
 
 def serve(args: argparse.Namespace) -> int:
-    if not os.path.isdir(args.directory):
+    table = None
+    if args.exports is not None:
+        if args.directory is not None:
+            log.error("give a DIRECTORY or --exports FILE, not both")
+            return 2
+        try:
+            table = load_exports(args.exports)
+            check_paths(table, args.exports)
+        except (ExportsError, OSError) as e:
+            log.error("%s", e)
+            return 2
+    elif args.directory is None:
+        log.error("give the DIRECTORY to export, or --exports FILE")
+        return 2
+    elif not os.path.isdir(args.directory):
         log.error("%s is not a directory", args.directory)
         return 2
     root = logging.getLogger("nfsrdma")
     root.setLevel(min(logging.INFO, root.getEffectiveLevel()))  # one line per connection/session
     server = NFSServer(
-        args.directory,
+        args.directory or "/",
         bind=args.bind,
         tcp_port=args.tcp_port,
         rdma_port=None if args.no_rdma else args.rdma_port,
@@ -142,6 +165,8 @@ def serve(args: argparse.Namespace) -> int:
         grace_time=args.grace_time,
         slots=args.slots,
         config=config_of(args),
+        exports=table,
+        exports_file=args.exports,
     )
 
     async def main() -> None:
@@ -161,6 +186,8 @@ def serve(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        if table is not None:
+            loop.add_signal_handler(signal.SIGHUP, server.reload_exports)
         await stop.wait()
         log.info("stopping")
         await server.close()
