@@ -149,14 +149,17 @@ class ExportTable:
 
 
 def client_address(peer: str) -> tuple[IpAddress | None, int]:
-    """The address and port of a connection's peer ("192.0.2.1:700", "[::1]:700", "::1:700");
-    an IPv4-mapped IPv6 address counts as its IPv4 address. (None, 0) when it is no address."""
+    """The address and port of a connection's peer as transports write it ("192.0.2.1:700",
+    "[::1]:700", "::1:700": the port always follows); an IPv4-mapped IPv6 address counts as
+    its IPv4 address. (None, 0) when it is no address."""
     host, port = peer, ""
     if peer.startswith("["):
         host, _, rest = peer[1:].partition("]")
         port = rest.removeprefix(":")
-    elif peer.count(":") == 1 or (peer.count(":") > 1 and not _is_ip(peer)):
-        host, _, port = peer.rpartition(":")
+    else:
+        head, sep, tail = peer.rpartition(":")
+        if sep and tail.isdigit() and _is_ip(head):
+            host, port = head, tail
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
