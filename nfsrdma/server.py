@@ -57,8 +57,9 @@ NFS_RDMA_PORT = 20049  # RFC 8267 section 6.3 (UL-9)
 
 
 class NFSServer:
-    """Serve ``export`` (a directory). Use ``await start()`` then ``await close()``, or
-    ``async with NFSServer(...)``."""
+    """Serve ``export`` (a directory, the pseudo-root), or with ``exports``/``exports_file``
+    several exports with client rules under a pseudo-root (``vfs/namespace.py``). Use
+    ``await start()`` then ``await close()``, or ``async with NFSServer(...)``."""
 
     def __init__(
         self,
