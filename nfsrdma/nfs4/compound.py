@@ -72,7 +72,7 @@ class EncodedReply:
 
 def cred_of(server: ServerState, call: RpcCall) -> Cred:
     c = call.cred
-    origin = Origin(call.conn.peer, pseudoflavor_of(c))  # for per-client export rules
+    origin = Origin(call.conn.peer, pseudoflavor_of(c), call.conn.conn.kind)  # export rules
     if c.uid is None or c.gid is None:
         anon = server.vfs.export.anonymous_cred()
         return Cred(anon.uid, anon.gid, anon.gids, origin)

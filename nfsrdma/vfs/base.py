@@ -153,12 +153,13 @@ TimeSet = int | Literal[_ServerTime.SET_TO_SERVER_TIME]
 @dataclass(frozen=True, slots=True)
 class Origin:
     """Where a request comes from: the connection's peer (``host:port`` text, as the transport
-    reports it) and the RPC credential's pseudo-flavour (RFC 2623: 0 AUTH_NONE,
-    1 AUTH_SYS, 390003-390005 krb5, krb5i, krb5p). A backend with per-client export rules
-    (``namespace.py``) decides by it; others ignore it."""
+    reports it), its transport (``"tcp"`` or ``"rdma"``) and the RPC credential's
+    pseudo-flavour (RFC 2623: 0 AUTH_NONE, 1 AUTH_SYS, 390003-390005 krb5, krb5i, krb5p). A
+    backend with per-client export rules (``namespace.py``) decides by it; others ignore it."""
 
     peer: str
     flavor: int
+    transport: str = "tcp"
 
 
 @dataclass(frozen=True, slots=True)

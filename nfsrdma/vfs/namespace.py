@@ -19,7 +19,7 @@ export root's ``mounted_on_fileid`` is the fileid of the pseudo directory it cov
 Linux client sees the crossing and mounts the export below the pseudo-root.
 
 Client rules (``exports.py``) apply on every call that carries a :class:`Cred` with an
-``origin``: no rule for the address (or ``secure`` and a source port from 1024 up) →
+``origin``: no rule for the address (or ``secure`` and a TCP source port from 1024 up) →
 ``PermissionError`` (NFS4ERR_ACCESS), a flavour the rule does not list → :class:`WrongSecurity`;
 the rule's squashing gives the identity the export sees, and ``ro`` refuses modifications with
 EROFS. A ``Cred`` without origin is the server's own and is admitted everywhere.
@@ -199,7 +199,8 @@ def admit(entry: ExportEntry, cred: Cred, *, flavor: bool = True) -> Options | N
     if rule is None:
         raise PermissionError(errno.EACCES, f"{entry.path} is not exported to {origin.peer}")
     options = rule.options
-    if options.secure and port >= PRIVILEGED_PORT_LIMIT:
+    # 'secure' is about TCP source ports; RPC-over-RDMA requests count as secure (as knfsd).
+    if options.secure and origin.transport != "rdma" and port >= PRIVILEGED_PORT_LIMIT:
         raise PermissionError(
             errno.EACCES, f"{entry.path}: source port {port} is not privileged (secure)"
         )

@@ -215,6 +215,9 @@ def test_secure_needs_a_privileged_source_port(tree: Path) -> None:
             walk(vfs, who("127.0.0.1", port=40000), tree / "srv/team")
         assert top
         walk(vfs, who("127.0.0.1", port=1023), tree / "srv/team")
+        # Over RPC-over-RDMA every source counts as secure (knfsd does the same).
+        rdma = Cred(1000, 1000, (), Origin("127.0.0.1:40000", AUTH_SYS, "rdma"))
+        walk(vfs, rdma, tree / "srv/team")
     finally:
         vfs.close()
 
