@@ -24,7 +24,9 @@ from nfsrdma.testbed.helpers import (
     out_dir,
     rdma_listening,
     tcp_listening,
-    testbed_addr,
+)
+from nfsrdma.testbed.helpers import (
+    testbed_addr as guest_addr,
 )
 from nfsrdma.testbed.ours import OURS_RDMA_PORT, OURS_TCP_PORT
 
@@ -46,7 +48,7 @@ def exports_server(knfsd: Knfsd) -> Iterator[Path]:
     for d in (ALLOWED, FORBIDDEN, READONLY):
         d.mkdir(parents=True)
     (READONLY / "hello").write_text("hello\n")
-    addr = testbed_addr()
+    addr = guest_addr()
     exports = out_dir() / "exports-test.exports"
     # no_root_squash throughout, as knfsd's test-bed export: a squashed request changes the
     # event-loop thread's credentials, after which the kernel refuses that thread's RDMA-CM
@@ -75,7 +77,7 @@ def exports_server(knfsd: Knfsd) -> Iterator[Path]:
 
 def server(proto: Proto, path: Path | str) -> NfsServer:
     port = OURS_RDMA_PORT if proto == "rdma" else OURS_TCP_PORT
-    return NfsServer(testbed_addr(), port, proto, str(path))
+    return NfsServer(guest_addr(), port, proto, str(path))
 
 
 @pytest.mark.parametrize("proto", ["tcp", "rdma"])
