@@ -12,6 +12,7 @@ from collections.abc import Sequence
 # Modules that contribute sub-commands (each imports its heavy dependencies lazily).
 COMMAND_MODULES = (
     "nfsrdma.server_cli",
+    "nfsrdma.exports_cli",
     "nfsrdma.testbed.cli",
     "nfsrdma.client.cli",
     "nfsrdma.conform.cli",

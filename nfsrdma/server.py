@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -42,7 +43,11 @@ from nfsrdma.transport.rdma.provider import Device
 from nfsrdma.transport.tcp import listen_tcp
 from nfsrdma.vfs.base import Export, Vfs
 from nfsrdma.vfs.clientdb import ClientDb
+from nfsrdma.vfs.exports import ExportsError, ExportTable
+from nfsrdma.vfs.exports import load as load_exports
 from nfsrdma.vfs.local import LocalVfs
+from nfsrdma.vfs.namespace import NamespaceVfs
+from nfsrdma.vfs.secret import default_state_dir
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Writer
 
@@ -53,8 +58,9 @@ NFS_RDMA_PORT = 20049  # RFC 8267 section 6.3 (UL-9)
 
 
 class NFSServer:
-    """Serve ``export`` (a directory). Use ``await start()`` then ``await close()``, or
-    ``async with NFSServer(...)``."""
+    """Serve ``export`` (a directory, the pseudo-root), or with ``exports``/``exports_file``
+    several exports with client rules under a pseudo-root (``vfs/namespace.py``). Use
+    ``await start()`` then ``await close()``, or ``async with NFSServer(...)``."""
 
     def __init__(
         self,
@@ -77,6 +83,8 @@ class NFSServer:
         session_caps: SessionCaps | None = None,
         backend: Callable[[Export], Vfs] | None = None,
         node_name: str | None = None,
+        exports: ExportTable | None = None,
+        exports_file: str | None = None,
     ) -> None:
         cfg = config or ServerConfig()
         if lease_time is not None:
@@ -99,6 +107,12 @@ class NFSServer:
             anon_gid=anon_gid,
             state_dir=state_dir,
         )
+        # Several exports with client rules (``vfs/exports.py``) instead of ``export`` alone;
+        # ``exports_file`` is read again by ``reload_exports`` (SIGHUP).
+        self.exports_file = exports_file
+        if exports is None and exports_file is not None:
+            exports = load_exports(exports_file)
+        self.exports = exports
         self.bind = bind
         self.requested_tcp_port = tcp_port
         self.rdma_port = rdma_port  # None: no RDMA listener
@@ -107,6 +121,7 @@ class NFSServer:
         self.rdma: RdmaListener | None = None
         self._own_device: Device | None = None
         self.state: ServerState | None = None
+        self.namespace: NamespaceVfs | None = None
         self.dispatcher = Dispatcher()
         self.connections: set[RpcConnection] = set()
         self._servers: list[asyncio.Server] = []
@@ -121,11 +136,19 @@ class NFSServer:
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         cfg = self.config
-        vfs = self.backend(self.export)
+        vfs: Vfs
+        if self.exports is not None:
+            vfs = self.namespace = NamespaceVfs(self.exports, state_dir=self.export.state_dir)
+            state_dir = os.path.realpath(self.export.state_dir or default_state_dir())
+            clientdb = ClientDb(os.path.join(state_dir, "clients-exports.json"))
+            what = ", ".join(e.path for e in self.exports.entries) or "no export"
+        else:
+            vfs = self.backend(self.export)
+            clientdb = ClientDb.for_export(self.export, vfs.state_key())
+            what = vfs.export.root
         state = StateManager(vfs)
-        db = ClientDb.for_export(self.export, vfs.state_key())
         node = self.node_name or f"{socket.gethostname()}:{self.requested_tcp_port}"
-        grace = Grace(db, cfg.grace_seconds, time.monotonic(), vfs.shared_grace(node))
+        grace = Grace(clientdb, cfg.grace_seconds, time.monotonic(), vfs.shared_grace(node))
 
         def client_expired(clientid: int) -> None:
             state.client_expired(clientid)
@@ -155,7 +178,7 @@ class NFSServer:
         rdma = await self._start_rdma() if self.rdma_port is not None else "off"
         log.info(
             "serving %s over NFSv4.1: tcp %s:%d, rdma %s%s",
-            vfs.export.root,
+            what,
             self.bind or "*",
             self.tcp_port,
             rdma,
@@ -187,6 +210,25 @@ class NFSServer:
         )
         await self.rdma.start()
         return where % self.rdma.port
+
+    def reload_exports(self, table: ExportTable | None = None) -> bool:
+        """Serve ``table`` (default: ``exports_file`` read again) from the next request on;
+        sessions, open files and locks stay. A file that does not parse, or an export that
+        cannot be opened, is refused and logged: the rules in force stay. True when applied."""
+        if self.namespace is None:
+            log.warning("reload: the server was not started with an exports file")
+            return False
+        try:
+            if table is None:
+                assert self.exports_file is not None
+                table = load_exports(self.exports_file)
+            self.namespace.reload(table)
+        except (ExportsError, OSError) as e:
+            log.error("exports not reloaded, the rules in force stay: %s", e)
+            return False
+        self.exports = table
+        log.info("exports reloaded: %s", ", ".join(e.path for e in table.entries) or "none")
+        return True
 
     @property
     def tcp_port(self) -> int:

@@ -1,4 +1,4 @@
-"""`nfsrdma serve DIR`: export a directory over NFSv4.1."""
+"""`nfsrdma serve DIR` (or `--exports FILE`): export directories over NFSv4.1."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from nfsrdma.nfs4.server_state import ServerConfig
 from nfsrdma.server import NFS_RDMA_PORT, NFS_TCP_PORT, NFSServer
 from nfsrdma.transport.rdma.connection_base import RdmaOptions
 from nfsrdma.vfs.base import Export, Vfs
+from nfsrdma.vfs.exports import ExportsError, check_paths
+from nfsrdma.vfs.exports import load as load_exports
 from nfsrdma.vfs.secret import StateDirError
 
 log = logging.getLogger("nfsrdma.server")
@@ -28,7 +30,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "directory",
         nargs="?",
-        help="the directory to export (the NFSv4 pseudo-root); with --cephfs, none",
+        help="the directory to export (the NFSv4 pseudo-root); none with --exports or --cephfs",
     )
     ceph = p.add_argument_group("CephFS backend (serve a CephFS directory through libcephfs)")
     ceph.add_argument("--cephfs", action="store_true", help="export CephFS instead of DIR")
@@ -46,6 +48,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="NAME",
         default=None,
         help="this server among those of one CephFS, stable across restarts (host:tcp-port)",
+    )
+    p.add_argument(
+        "--exports",
+        metavar="FILE",
+        default=None,
+        help="serve the exports of FILE (exports(5) format, client rules) under a pseudo-root "
+        "instead of DIRECTORY; SIGHUP reads it again",
     )
     p.add_argument("--bind", metavar="ADDR", default=None, help="address to listen on (all)")
     p.add_argument("--tcp-port", type=int, default=NFS_TCP_PORT, metavar="PORT")
@@ -174,18 +183,32 @@ def backend_of(args: argparse.Namespace) -> Callable[[Export], Vfs] | None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    if args.cephfs:
-        if args.directory is not None:
-            log.error("--cephfs exports --ceph-path, not a local directory")
+    table = None
+    if (args.exports is not None or args.cephfs) and args.directory is not None:
+        log.error("give a DIRECTORY, --exports FILE or --cephfs, not two of them")
+        return 2
+    if args.exports is not None:
+        if args.cephfs:
+            log.error("--cephfs serves one CephFS directory; it does not combine with --exports")
             return 2
+        try:
+            table = load_exports(args.exports)
+            check_paths(table, args.exports)
+        except (ExportsError, OSError) as e:
+            log.error("%s", e)
+            return 2
+    elif args.cephfs:
         args.directory = f"cephfs:{args.ceph_path}"
-    elif args.directory is None or not os.path.isdir(args.directory):
+    elif args.directory is None:
+        log.error("give the DIRECTORY to export, --exports FILE or --cephfs")
+        return 2
+    elif not os.path.isdir(args.directory):
         log.error("%s is not a directory", args.directory)
         return 2
     root = logging.getLogger("nfsrdma")
     root.setLevel(min(logging.INFO, root.getEffectiveLevel()))  # one line per connection/session
     server = NFSServer(
-        args.directory,
+        args.directory or "/",
         bind=args.bind,
         tcp_port=args.tcp_port,
         rdma_port=None if args.no_rdma else args.rdma_port,
@@ -202,6 +225,8 @@ def serve(args: argparse.Namespace) -> int:
         config=config_of(args),
         backend=backend_of(args),
         node_name=args.node_name,
+        exports=table,
+        exports_file=args.exports,
     )
 
     async def main() -> None:
@@ -222,6 +247,10 @@ def serve(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         sdnotify.notify("READY=1", "STATUS=" + _listening(server), f"MAINPID={os.getpid()}")
+        if table is not None:
+            loop.add_signal_handler(signal.SIGHUP, server.reload_exports)
+        else:  # systemctl reload: nothing to read again, and no reason to stop
+            loop.add_signal_handler(signal.SIGHUP, log.info, "SIGHUP: no exports file to reload")
         await stop.wait()
         log.info("stopping")
         sdnotify.notify("STOPPING=1", "STATUS=stopping: answering the calls in progress")

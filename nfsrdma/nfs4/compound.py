@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, Outcome
 from nfsrdma.nfs4.errors import status_of
 from nfsrdma.nfs4.ops import HANDLERS
-from nfsrdma.vfs.base import Cred
+from nfsrdma.rpc.auth import pseudoflavor_of
+from nfsrdma.vfs.base import Cred, Origin
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import DdpItem, Operation, Reader, Writer, XdrError
 
@@ -71,9 +72,11 @@ class EncodedReply:
 
 def cred_of(server: ServerState, call: RpcCall) -> Cred:
     c = call.cred
+    origin = Origin(call.conn.peer, pseudoflavor_of(c), call.conn.conn.kind)  # export rules
     if c.uid is None or c.gid is None:
-        return server.vfs.export.anonymous_cred()
-    return Cred(c.uid, c.gid, c.gids)
+        anon = server.vfs.export.anonymous_cred()
+        return Cred(anon.uid, anon.gid, anon.gids, origin)
+    return Cred(c.uid, c.gid, c.gids, origin)
 
 
 def compound(server: ServerState, call: RpcCall, w: Writer) -> Awaitable[None] | None:

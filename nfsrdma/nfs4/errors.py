@@ -6,7 +6,7 @@ import errno
 import logging
 
 from nfsrdma.nfs4.context import Nfs4Error
-from nfsrdma.vfs.base import BadCookie, BadHandle, StaleHandle
+from nfsrdma.vfs.base import BadCookie, BadHandle, StaleHandle, WrongSecurity
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import XdrError
 
@@ -57,6 +57,8 @@ def status_of(exc: BaseException) -> int:
         return nfs4.NFS4ERR_BADHANDLE
     if isinstance(exc, StaleHandle):
         return nfs4.NFS4ERR_STALE
+    if isinstance(exc, WrongSecurity):
+        return nfs4.NFS4ERR_WRONGSEC
     if isinstance(exc, BadCookie):
         return nfs4.NFS4ERR_BAD_COOKIE
     if isinstance(exc, XdrError):

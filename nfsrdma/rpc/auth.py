@@ -41,6 +41,13 @@ class Credential:
 ANONYMOUS = Credential(rpc.AUTH_NONE)
 
 
+def pseudoflavor_of(credential: Credential) -> int:
+    """The RFC 2623 pseudo-flavour of a call's credential, as export rules (``sec=``) and
+    SECINFO name security: AUTH_NONE 0, AUTH_SYS 1 (RPCSEC_GSS with Kerberos v5: 390003,
+    390004, 390005 for krb5, krb5i, krb5p). Every admission by flavour goes through this."""
+    return credential.flavor
+
+
 def auth_sys(
     uid: int | None = None,
     gid: int | None = None,

@@ -80,7 +80,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
 NFS4_FHSIZE: Final = 128
@@ -107,6 +107,10 @@ class BadHandle(HandleError):
 
 class StaleHandle(HandleError):
     """The handle was valid but its object is gone or outside the export (NFS4ERR_STALE)."""
+
+
+class WrongSecurity(Exception):
+    """The caller's security flavour is not one the export allows (NFS4ERR_WRONGSEC)."""
 
 
 class BadCookie(Exception):
@@ -147,12 +151,26 @@ TimeSet = int | Literal[_ServerTime.SET_TO_SERVER_TIME]
 
 
 @dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a request comes from: the connection's peer (``host:port`` text, as the transport
+    reports it), its transport (``"tcp"`` or ``"rdma"``) and the RPC credential's
+    pseudo-flavour (RFC 2623: 0 AUTH_NONE, 1 AUTH_SYS, 390003-390005 krb5, krb5i, krb5p). A
+    backend with per-client export rules (``namespace.py``) decides by it; others ignore it."""
+
+    peer: str
+    flavor: int
+    transport: str = "tcp"
+
+
+@dataclass(frozen=True, slots=True)
 class Cred:
-    """An AUTH_SYS identity as the client sent it (squashing is the backend's job)."""
+    """An AUTH_SYS identity as the client sent it (squashing is the backend's job), and where
+    the request came from (``None``: the server itself, which every export admits)."""
 
     uid: int
     gid: int
     gids: tuple[int, ...] = ()
+    origin: Origin | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,6 +472,19 @@ class Vfs(abc.ABC):
         """A stable name for the files the server keeps about this export (client records);
         None: derived from the export's local root directory."""
         return None
+
+    def admit(self, cred: Cred, fh: bytes) -> None:
+        """Raise ``PermissionError`` (NFS4ERR_ACCESS) or :class:`WrongSecurity` unless the
+        caller may use the export ``fh`` is in (PUTFH). Backends without client rules admit
+        everybody."""
+        return None
+
+    def flavors(self, cred: Cred, fh: bytes, name: bytes | None = None) -> tuple[int, ...]:
+        """The pseudo-flavours (RFC 2623) the export of ``fh`` (or of the object ``name`` in
+        the directory ``fh``, which must exist) accepts, in the order SECINFO offers them."""
+        if name is not None:
+            self.lookup(cred, fh, name)
+        return (1, 0)  # AUTH_SYS, AUTH_NONE
 
     def lease_descriptor(self, fh: bytes) -> int | None:
         """A descriptor of the file for a kernel lease (``vfs/leases.py``); None when the

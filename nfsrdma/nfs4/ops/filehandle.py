@@ -32,6 +32,9 @@ def putfh(ctx: CompoundContext, args: nfs4.PUTFH4args) -> nfs4.PUTFH4res:
         raise BadHandle(f"filehandle of {len(fh)} octets")
     # Validated now, so that a forged or stale handle fails on PUTFH itself, as with knfsd.
     ctx.server.vfs.check(fh)
+    # The client's export rule: NFS4ERR_ACCESS now; a wrong flavour is for the next
+    # operation to refuse (SECINFO_NO_NAME must still answer, RFC 8881 section 2.6.3.1.1).
+    ctx.server.vfs.admit(ctx.cred, fh)
     ctx.set_fh(fh)
     return nfs4.PUTFH4res(_OK)
 

@@ -5,15 +5,36 @@ and the component-name checks every name-taking operation shares.
 from __future__ import annotations
 
 import errno
+from collections.abc import Sequence
 
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
 from nfsrdma.vfs.base import NAME_MAX, FileType
 from nfsrdma.xdr.gen import nfs4
 
 _OK = nfs4.NFS4_OK
-# Offered to every client, strongest first (RFC 8881 section 2.6.3.1: AUTH_SYS is what the
-# server accepts; AUTH_NONE callers are mapped to the anonymous identity).
-FLAVORS = (nfs4.secinfo4(nfs4.AUTH_SYS), nfs4.secinfo4(nfs4.AUTH_NONE))
+# The Kerberos v5 GSS-API mechanism, 1.2.840.113554.1.2.2, as SECINFO carries it (the DER
+# contents octets, without tag and length, as knfsd and the Linux client have it).
+KRB5_OID = bytes.fromhex("2a864886f712010202")
+# RFC 2623 pseudo-flavours of Kerberos v5 and the RPCSEC_GSS service each stands for.
+_GSS_SERVICES = {
+    390003: nfs4.RPC_GSS_SVC_NONE,
+    390004: nfs4.RPC_GSS_SVC_INTEGRITY,
+    390005: nfs4.RPC_GSS_SVC_PRIVACY,
+}
+
+
+def secinfo_entries(flavors: Sequence[int]) -> list[nfs4.secinfo4]:
+    """SECINFO's answer for an export's pseudo-flavours, in their order: AUTH_SYS and
+    AUTH_NONE as themselves, krb5/krb5i/krb5p as RPCSEC_GSS entries (Kerberos v5, qop 0)."""
+    out: list[nfs4.secinfo4] = []
+    for flavor in flavors:
+        service = _GSS_SERVICES.get(flavor)
+        if service is None:
+            out.append(nfs4.secinfo4(flavor))
+        else:
+            info = nfs4.rpcsec_gss_info(KRB5_OID, 0, service)
+            out.append(nfs4.secinfo4(nfs4.RPCSEC_GSS, info))
+    return out
 
 
 def check_component(name: bytes | memoryview) -> bytes:
@@ -69,18 +90,21 @@ def lookupp(ctx: CompoundContext, args: None) -> nfs4.LOOKUPP4res:
     return nfs4.LOOKUPP4res(_OK)
 
 
-def _flavors() -> nfs4.SECINFO4res:
-    return nfs4.SECINFO4res(_OK, list(FLAVORS))
+def _flavors(flavors: Sequence[int]) -> nfs4.SECINFO4res:
+    return nfs4.SECINFO4res(_OK, secinfo_entries(flavors))
 
 
 def secinfo(ctx: CompoundContext, args: nfs4.SECINFO4args) -> nfs4.SECINFO4res:
     dir_fh = ctx.fh()
     name = check_component(args.name)
-    lookup_fh(ctx, dir_fh, name)  # the object must exist
+    try:  # the object must exist
+        flavors = ctx.server.vfs.flavors(ctx.cred, dir_fh, name)
+    except NotADirectoryError:
+        raise _not_a_directory(ctx, dir_fh) from None
     # A successful SECINFO consumes the current filehandle (18.29.3).
     ctx.current_fh = None
     ctx.current_stateid = None
-    return _flavors()
+    return _flavors(flavors)
 
 
 def secinfo_no_name(ctx: CompoundContext, args: nfs4.SECINFO_NO_NAME4args) -> nfs4.SECINFO4res:
@@ -89,13 +113,14 @@ def secinfo_no_name(ctx: CompoundContext, args: nfs4.SECINFO_NO_NAME4args) -> nf
         # The current filehandle must be a directory (RFC 5661 erratum 2299); the root has no
         # parent (NFS4ERR_NOENT).
         try:
-            ctx.server.vfs.lookupp(ctx.cred, fh)
+            fh = ctx.server.vfs.lookupp(ctx.cred, fh)
         except NotADirectoryError:
             raise _not_a_directory(ctx, fh) from None
     elif args != nfs4.SECINFO_STYLE4_CURRENT_FH:
         raise OSError(errno.EINVAL, "secinfo style")
     else:
         ctx.server.vfs.getattr(fh)
+    flavors = ctx.server.vfs.flavors(ctx.cred, fh)
     ctx.current_fh = None
     ctx.current_stateid = None
-    return _flavors()
+    return _flavors(flavors)
