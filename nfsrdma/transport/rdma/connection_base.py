@@ -48,6 +48,10 @@ from nfsrdma.xdr.runtime import Buffer
 
 __all__ = ["CALL", "REPLY", "RdmaConnectionBase", "RdmaOptions"]
 
+# Every counter of rtrext traffic: all stay 0 on a connection without the extension.
+RTR_COUNTERS = ("rtr_sends", "rtr_receives", "rtr_calls", "rtr_replies", "rtr_calls_received",
+                "rtr_replies_sent", "rtr_faults", "rtr_repterr")  # fmt: skip
+
 log = logging.getLogger(__name__)
 
 # What a posted work request was for: a receive or send buffer, a call whose chunk an RDMA
@@ -446,6 +450,12 @@ class RdmaConnectionBase(Connection):
         raise NotImplementedError
 
     # -- teardown ----------------------------------------------------------------------
+    def counters(self) -> str:
+        """The connection's RDMA and rtrext counters, ``name=value`` (logged at close)."""
+        names = ("sends", "rdma_reads", "rdma_writes", "read_chunks", "write_chunks",
+                 "reply_chunks", *RTR_COUNTERS)  # fmt: skip
+        return " ".join(f"{n}={self.stats[n]}" for n in names)
+
     def close(self) -> None:
         self.closing = True
         if self.qp is not None and not self.closed:
@@ -463,6 +473,7 @@ class RdmaConnectionBase(Connection):
                 local.release()
         self._assembling.clear()
         self.reassembler.reset()
+        log.info("rdma %s: closed; %s", self.peer, self.counters())
         for fut in self._credit_waiters:
             if not fut.done():
                 fut.set_result(None)
