@@ -381,7 +381,7 @@ class RdmaConnectionBase(Connection):
             limit = self._reply_lead(m)
         else:
             limit = 0  # XMTCONT: the open group's count governs
-        for ev in self.reassembler.feed(m, data[m.size :], limit=limit):
+        for ev in self.reassembler.feed(m, memoryview(data)[m.size :], limit=limit):
             if isinstance(ev, continuation.Fault):
                 self._on_fault(ev)
             elif ev.direction == rh.CALL:
