@@ -24,6 +24,7 @@ def test_rtx2_the_four_v1_words_stay_and_proc_is_private() -> None:
     xid, vers, credit, proc = struct.unpack_from(">IIII", wire)
     assert (xid, vers, credit) == (0x1234, 1, 32)  # never rdma_vers=2
     assert proc == rh.RDMA_RTREXT and proc > hdr.RDMA_ERROR
+    assert wire[12:16] == b"NFXR"  # 0x4e465852, as docs/rtrext.md says
     assert rh.is_rtrext(wire) and not rh.is_rtrext(hdr.encode(1, 1, hdr.RDMA_MSG))
     with pytest.raises(HeaderError) as e:
         hdr.parse(wire)  # a v1-only parser refuses it: never sent unless negotiated
