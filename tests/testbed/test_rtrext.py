@@ -105,8 +105,12 @@ def snapshot(root: Path) -> list[tuple[str, str, int, str]]:
     return sorted(out)
 
 
-async def _big_listing(target: OursTarget, testdir: str) -> list[tuple[str, int, int]]:
-    """A directory of BIG_DIR files listed with attributes: READDIR replies of several KiB."""
+async def _big_listing(
+    target: OursTarget, testdir: str
+) -> tuple[list[tuple[str, int, int]], bytes]:
+    """A directory of BIG_DIR files listed with attributes, and a COMPOUND of a 10,000-octet
+    tag and 20 GETATTRs (a call and a reply of about 10 KiB: a Long call and a Reply chunk in
+    plain v1, several Sends each way with the extension)."""
     async with nc.connect(target.url(), uid=0, gid=0) as fs:
         await fs.makedirs(f"{testdir}/big")
         await asyncio.gather(
@@ -119,21 +123,31 @@ async def _big_listing(target: OursTarget, testdir: str) -> list[tuple[str, int,
         async for e in fs.scandir(f"{testdir}/big"):
             assert e.stat is not None
             listing.append((e.name, e.stat.st_size, stat.S_IFMT(e.stat.st_mode)))
-        return sorted(listing)
+        attrs = bitmap_of([nfs4.FATTR4_TYPE, nfs4.FATTR4_SIZE])
+        ops = [nfs4.nfs_argop4(nfs4.OP_PUTROOTFH)]
+        ops += [nfs4.nfs_argop4(nfs4.OP_GETATTR, nfs4.GETATTR4args(attrs))] * 20
+        res = await fs.session.compound(ops, reply_size=16 * 1024, tag=b"t" * 10_000)
+        assert res.status == nfs4.NFS4_OK and len(res.resarray) == 21
+        w = Writer()
+        nfs4.enc_COMPOUND4res(w, res)
+        return sorted(listing), bytes(w)
 
 
 async def test_rtx3_our_client_workload_same_with_rtrext_on_and_off(
     ours: OurServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """RT-X1/RT-X3/RT-6/RT-8 on rxe: the client API workload of the suite (metadata
-    operations, a file object, byte-range locks between two clients, many stats batched, a
-    300-entry directory listed with attributes) runs against our server over RDMA with the
-    extension on and with it off; the files it leaves are identical, and so is the listing.
-    With the extension on, the server's counters show continued calls and replies and no Read
-    or Reply chunk for them; with it off, none at all."""
+    operations, a file object, byte-range locks between two clients, many stats batched), a
+    300-entry directory listed with attributes and a 10 KiB COMPOUND of 20 GETATTRs run
+    against our server over RDMA with the extension on and with it off; the files left, the
+    listing and the COMPOUND's results are identical. The server's counters: with the
+    extension, continued calls and replies and no RDMA Read; without it, no rtrext traffic at
+    all, and the Long call and Reply chunk v1 needs instead."""
     target = OursTarget(guest_addr())
     connect = nc.connect
-    results: dict[bool, tuple[list[tuple[str, str, int, str]], list[tuple[str, int, int]]]] = {}
+    results: dict[
+        bool, tuple[list[tuple[str, str, int, str]], list[tuple[str, int, int]], bytes]
+    ] = {}
     counters: dict[bool, list[dict[str, int]]] = {}
     for rtrext in (True, False):
         # Every connection of the workload offers (or not) the extension; the client acts as
@@ -144,13 +158,13 @@ async def test_rtx3_our_client_workload_same_with_rtrext_on_and_off(
         root = "api-on" if rtrext else "api-off"
         log_before = len(ours.proc.log.read_text())
         where = ours.export / root
-        listing = await _big_listing(target, root)
+        listing, compound = await _big_listing(target, root)
         assert len(listing) == BIG_DIR
         await test_api.test_metadata_operations(target, f"{root}/meta", where / "meta")  # type: ignore[arg-type]
         await test_api.test_file_object(target, f"{root}/file", where / "file")  # type: ignore[arg-type]
         await test_api.test_locks(target, f"{root}/locks")  # type: ignore[arg-type]
         await test_api.test_stat_many(target, f"{root}/many")  # type: ignore[arg-type]
-        results[rtrext] = (snapshot(where), listing)
+        results[rtrext] = (snapshot(where), listing, compound)
 
         def all_closed(start: int = log_before) -> bool:
             new = ours.proc.log.read_text()[start:]
@@ -162,10 +176,13 @@ async def test_rtx3_our_client_workload_same_with_rtrext_on_and_off(
     assert results[True] == results[False]
     on = {k: sum(c[k] for c in counters[True]) for k in counters[True][0]}
     off = {k: sum(c[k] for c in counters[False]) for k in counters[False][0]}
-    assert on["rtr_calls_received"] + on["rtr_replies_sent"] >= 3, on
-    assert on["rtr_faults"] == 0 and on["reply_chunks"] == 0, on
+    # The server's side: with the extension, calls came as XMTREQ groups (the 10 KiB one as
+    # several Sends, none read by RDMA Read) and the 10 KiB reply went as an XMTRESP group.
+    assert on["rtr_calls_received"] >= 1 and on["rtr_replies_sent"] >= 1, on
+    assert on["rtr_faults"] == 0 and on["rdma_reads"] == 0, on
     assert all(off[k] == 0 for k in RTR_COUNTERS), off
-    assert off["reply_chunks"] >= 3, off  # the same listings needed Reply chunks in plain v1
+    assert off["rdma_reads"] >= 1, off  # the same call was a Long call in plain v1
+    assert off["rdma_writes"] >= on["rdma_writes"] + 1, (on, off)  # and its Reply chunk
 
 
 def test_rt1_linux_client_sees_plain_v1_from_our_server(
