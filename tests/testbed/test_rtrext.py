@@ -123,7 +123,11 @@ async def _big_listing(
         async for e in fs.scandir(f"{testdir}/big"):
             assert e.stat is not None
             listing.append((e.name, e.stat.st_size, stat.S_IFMT(e.stat.st_mode)))
-        attrs = bitmap_of([nfs4.FATTR4_TYPE, nfs4.FATTR4_SIZE])
+        # Attributes of the root that the workload does not change (its size and link count
+        # grow with each phase's directory).
+        attrs = bitmap_of(
+            [nfs4.FATTR4_TYPE, nfs4.FATTR4_MODE, nfs4.FATTR4_OWNER, nfs4.FATTR4_OWNER_GROUP]
+        )
         ops = [nfs4.nfs_argop4(nfs4.OP_PUTROOTFH)]
         ops += [nfs4.nfs_argop4(nfs4.OP_GETATTR, nfs4.GETATTR4args(attrs))] * 20
         res = await fs.session.compound(ops, reply_size=16 * 1024, tag=b"t" * 10_000)
@@ -228,9 +232,10 @@ def test_rt1_linux_client_sees_plain_v1_from_our_server(
 
 async def test_rt1_our_client_with_knfsd_sends_plain_v1(knfsd: Knfsd) -> None:
     """RT-1 with knfsd: our client offers the extension (the default); knfsd's accept carries
-    no rtrext block, so the connection stays plain v1. A COMPOUND of a 10,000-octet tag and 20
-    GETATTRs (a Long call and a Reply chunk in v1) and a READDIR with attributes give the same
-    results as on a connection that did not offer the extension, and every rtrext counter is 0."""
+    no rtrext block, so the connection stays plain v1. A COMPOUND of 20 GETATTRs and a READDIR
+    with attributes of a 300-entry directory (a Reply chunk offered, as v1 does) give the same
+    results as on a connection that did not offer the extension, and every rtrext counter is 0.
+    (knfsd refuses COMPOUND tags over 128 octets, so no Long call is made here.)"""
     device = await open_device(guest_addr())
     conns: list[RdmaConnection] = []
     (knfsd.export / "rtr-big").mkdir(exist_ok=True)
@@ -251,8 +256,8 @@ async def test_rt1_our_client_with_knfsd_sends_plain_v1(knfsd: Knfsd) -> None:
             assert not conns[-1].rtr.enabled
             ops = [nfs4.nfs_argop4(nfs4.OP_PUTROOTFH)]
             ops += [nfs4.nfs_argop4(nfs4.OP_GETATTR, nfs4.GETATTR4args(ATTRS))] * 20
-            res = await session.compound(ops, reply_size=16 * 1024, tag=b"t" * 10_000)
-            assert res.status == nfs4.NFS4_OK and len(res.resarray) == 21
+            res = await session.compound(ops)
+            assert res.status == nfs4.NFS4_OK and len(res.resarray) == 21, res.status
             w = Writer()
             nfs4.enc_COMPOUND4res(w, res)
             res = await session.compound(
@@ -281,7 +286,7 @@ async def test_rt1_our_client_with_knfsd_sends_plain_v1(knfsd: Knfsd) -> None:
         assert on == off
         for conn in conns:
             assert all(conn.stats[k] == 0 for k in RTR_COUNTERS), conn.counters()
-            assert conn.stats["read_chunks"] >= 1 and conn.stats["reply_chunks"] >= 2
+            assert conn.stats["reply_chunks"] >= 1 and conn.stats["sends"] >= 4
     finally:
         ends = []
         for c in conns:
