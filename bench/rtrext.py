@@ -12,6 +12,16 @@ Write chunks and Reply chunks). By default this runs on the in-process verbs pro
 (``--provider inproc``), where an RDMA operation costs about as much as a Send, so the latency
 ratio says little; on the test bed (``--provider rxe``, inside the guest) both sides use rxe0.
 
+On rxe the order of setting up matters. The Linux kernel refuses a ``write()`` on a verbs
+device file from a thread whose credentials changed after the file was opened (EACCES, "changed
+security contexts after opening file descriptor"), and rxe posts every Send with such a write.
+Our server's VFS sets the event-loop thread's fs identity (setgroups, setfsuid...) when it
+starts and for each client identity, which replaces the thread's credentials. So the server
+opens its device itself, after its VFS took the server identity (``NFSServer.start``); the
+client's device is opened after that; and the client calls as the server's own uid, gid and
+groups, so the identity never changes again. (Opening both devices first, as the first version
+of this script did, made the very first Send fail with EACCES, with the extension on or off.)
+
 Last line: ``rdma_ops_v1=… rdma_ops_rtrext=… latency_ratio=…`` (operations per RPC over both
 workloads; latency ratio = rtrext median / v1 median, both workloads pooled). Target: 0 and
 <= 0.8.
@@ -56,29 +66,45 @@ ATTRS = bitmap_of(
 )
 
 
-async def devices(provider: str) -> tuple[Device, Device, str]:
+def server_for(export: Path, provider: str, rtrext: bool) -> tuple[NFSServer, str, Device | None]:
+    """Our server, the address the client reaches it at, and the in-process client device. On
+    rxe the server opens rxe0 itself, in ``start()`` (see the module doc)."""
+    opts = RdmaOptions(rtrext=rtrext)
     if provider == "inproc":
         from nfsrdma.transport.rdma.inproc import InprocFabric
 
         fabric = InprocFabric()
-        return fabric.device("10.9.0.1"), fabric.device("10.9.0.2"), "10.9.0.1"
+        server = NFSServer(
+            str(export), bind="127.0.0.1", tcp_port=0, rdma_port=PORT,
+            rdma_device=fabric.device("10.9.0.1"), root_squash=False, rdma_options=opts,
+        )  # fmt: skip
+        return server, "10.9.0.1", fabric.device("10.9.0.2")
     from nfsrdma.testbed.helpers import testbed_addr
-    from nfsrdma.transport.rdma.pyverbs_provider import open_device
 
     addr = testbed_addr()
-    return await open_device(addr), await open_device(addr), addr
+    server = NFSServer(
+        str(export), bind=addr, tcp_port=0, rdma_port=PORT, root_squash=False,
+        rdma_options=opts,
+    )  # fmt: skip
+    return server, addr, None
+
+
+async def client_device(inproc: Device | None, addr: str) -> Device:
+    """The client's device, opened only now, after the server started (see the module doc)."""
+    if inproc is not None:
+        return inproc
+    from nfsrdma.transport.rdma.pyverbs_provider import open_device
+
+    return await open_device(addr)
 
 
 async def run_one(
     export: Path, provider: str, rtrext: bool, rounds: int
 ) -> tuple[int, int, list[float]]:
     """(explicit RDMA operations, RPCs, latencies) for both workloads."""
-    sdev, cdev, addr = await devices(provider)
-    server = NFSServer(
-        str(export), bind="127.0.0.1", tcp_port=0, rdma_port=PORT, rdma_device=sdev,
-        root_squash=False, rdma_options=RdmaOptions(rtrext=rtrext),
-    )  # fmt: skip
+    server, addr, inproc = server_for(export, provider, rtrext)
     await server.start()
+    cdev = await client_device(inproc, addr)
     served: list[RdmaConnection] = []
     assert server.rdma is not None
     accept = server.rdma.on_connection
@@ -92,7 +118,12 @@ async def run_one(
     async def connect() -> Connection:
         return await connect_rdma(cdev, addr, PORT, RdmaOptions(rtrext=rtrext))
 
-    session = ClientSession(connect, SessionOptions(backchannel=False, uid=0, gid=0))
+    # The client acts as the server process itself (same uid, gid and groups), so the server's
+    # VFS never switches the event-loop thread's fs identity (see the module doc).
+    me = SessionOptions(
+        backchannel=False, uid=os.geteuid(), gid=os.getegid(), gids=tuple(os.getgroups())
+    )
+    session = ClientSession(connect, me)
     latencies: list[float] = []
     rpcs = 0
     try:
@@ -144,13 +175,12 @@ async def run_one(
         await session.close()
         await server.close()
         cdev.close()
-        sdev.close()
 
 
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--provider", choices=("inproc", "rxe"), default="inproc")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         export = Path(tmp)

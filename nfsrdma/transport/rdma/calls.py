@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nfsrdma.transport.base import ReplyExpectation
 from nfsrdma.transport.rdma.header import Header
 from nfsrdma.transport.rdma.pool import PooledBuffer
 from nfsrdma.transport.rdma.provider import MemoryRegion, Sge
-from nfsrdma.xdr.runtime import Buffer
+from nfsrdma.xdr.runtime import Buffer, Writer
 
 __all__ = ["CallContext", "InCall", "OutCall", "Scratch"]
 
@@ -25,6 +26,9 @@ class OutCall:
     counted: bool = True  # holds credits
     held: int = 1  # credits held: transmissions of the call or of its reply (RT-8)
     reply_transmissions: int = 1  # what a continued reply may use (rtrext)
+    # A continued call keeps its message and expectation until its reply, to resend it with
+    # plain v1 if the responder reports the group broken (REPTERR, RT-19).
+    plain_retry: tuple[Writer, ReplyExpectation] | None = None
 
 
 class Scratch:

@@ -48,6 +48,10 @@ from nfsrdma.xdr.runtime import Buffer
 
 __all__ = ["CALL", "REPLY", "RdmaConnectionBase", "RdmaOptions"]
 
+# Every counter of rtrext traffic: all stay 0 on a connection without the extension.
+RTR_COUNTERS = ("rtr_sends", "rtr_receives", "rtr_calls", "rtr_replies", "rtr_calls_received",
+                "rtr_replies_sent", "rtr_faults", "rtr_repterr", "rtr_fallbacks")  # fmt: skip
+
 log = logging.getLogger(__name__)
 
 # What a posted work request was for: a receive or send buffer, a call whose chunk an RDMA
@@ -330,8 +334,8 @@ class RdmaConnectionBase(Connection):
         except HeaderError as e:
             self._bad_header(e)
             return
-        if self.reassembler.open is not None:
-            for fault in self.reassembler.plain(h.xid, rh.CALL):
+        if self.reassembler.open is not None or self.reassembler.broken is not None:
+            for fault in self.reassembler.plain(h.xid, rh.CALL, h.proc):
                 self._on_fault(fault)
         if h.proc == hdr.RDMA_ERROR:
             self._on_reply_error(h)
@@ -377,7 +381,7 @@ class RdmaConnectionBase(Connection):
             limit = self._reply_lead(m)
         else:
             limit = 0  # XMTCONT: the open group's count governs
-        for ev in self.reassembler.feed(m, data[m.size :], limit=limit):
+        for ev in self.reassembler.feed(m, memoryview(data)[m.size :], limit=limit):
             if isinstance(ev, continuation.Fault):
                 self._on_fault(ev)
             elif ev.direction == rh.CALL:
@@ -386,15 +390,14 @@ class RdmaConnectionBase(Connection):
                 self._on_continued_reply(ev)
 
     def _on_fault(self, fault: continuation.Fault) -> None:
-        """A grouping error (RT-6, RT-18): a broken reply fails its call here; a broken call
-        is reported to its requester with REPTERR, which then fails or resends it (RT-19)."""
+        """A grouping or placement error (RT-6, RT-18), reported to the sender with REPTERR.
+        A broken call: its requester resends it with plain v1 or fails it (RT-19). A broken
+        reply to one of our calls: that call fails here (we never ask for a resend)."""
         self.stats["rtr_faults"] += 1
-        log.info("rdma %s: rtrext grouping error %s", self.peer, fault)
-        if fault.message.xmsi_dir == rh.REPLY or fault.xid in self._out:
-            if fault.xid in self._out:
-                code = rpcrdma.optr_err(fault.code).name
-                self._fail_call(fault.xid, TransportCallError(f"continued reply broken: {code}"))
-            return
+        log.info("rdma %s: rtrext error %s", self.peer, fault)
+        if fault.message.xmsi_dir == rh.REPLY and fault.xid in self._out:
+            code = rpcrdma.optr_err(fault.code).name
+            self._fail_call(fault.xid, TransportCallError(f"continued reply broken: {code}"))
         self._send([rh.encode_repterr(fault, self.policy.grant)])
 
     def _bad_header(self, e: HeaderError) -> None:
@@ -446,6 +449,12 @@ class RdmaConnectionBase(Connection):
         raise NotImplementedError
 
     # -- teardown ----------------------------------------------------------------------
+    def counters(self) -> str:
+        """The connection's RDMA and rtrext counters, ``name=value`` (logged at close)."""
+        names = ("sends", "rdma_reads", "rdma_writes", "read_chunks", "write_chunks",
+                 "reply_chunks", *RTR_COUNTERS)  # fmt: skip
+        return " ".join(f"{n}={self.stats[n]}" for n in names)
+
     def close(self) -> None:
         self.closing = True
         if self.qp is not None and not self.closed:
@@ -463,6 +472,7 @@ class RdmaConnectionBase(Connection):
                 local.release()
         self._assembling.clear()
         self.reassembler.reset()
+        log.info("rdma %s: closed; %s", self.peer, self.counters())
         for fut in self._credit_waiters:
             if not fut.done():
                 fut.set_result(None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nfsrdma.transport.rdma import rtrheader as rh
-from nfsrdma.transport.rdma.header import RDMA_NOMSG
+from nfsrdma.transport.rdma.header import RDMA_MSG, RDMA_NOMSG
 from nfsrdma.transport.rdma.marshal import CallPlan, ReadExposure
 from nfsrdma.transport.rdma.rtrheader import RtrMessage
 from nfsrdma.xdr.gen import rpcrdma as x
@@ -84,10 +84,13 @@ class Group:
     direction: int  # rh.CALL or rh.REPLY
     lead: RtrMessage
     count: int
-    sections: list[bytes] = field(default_factory=list)
+    sections: list[Buffer] = field(default_factory=list)
 
     @property
     def payload(self) -> bytes:
+        """The message, its sections joined once (RT-7: decoding from the sections directly
+        would save this one copy, under 1% of decoding these messages; see
+        ``bench/rtrext_sections.py``)."""
         return b"".join(self.sections)
 
 
@@ -100,10 +103,16 @@ def _id(xid: int, direction: int, seq: int) -> x.xms_id:
 
 class Reassembler:
     """One connection's receive side. ``feed`` takes each transmission with an optional header
-    (or ``None`` for a plain v1 message) and returns what it completes or breaks."""
+    (``plain`` each plain v1 message) and returns what it completes or breaks.
+
+    A broken message is reported once: after a fault, the later XMTCONTs of the same xid (the
+    rest of the group the sender had already posted) are dropped without another report, until
+    a new lead transmission arrives."""
 
     def __init__(self) -> None:
         self.open: Group | None = None
+        self.broken: int | None = None  # xid of the message whose rest is dropped silently
+        self.dropped = 0  # transmissions dropped that way
 
     def _abandon(
         self,
@@ -115,15 +124,19 @@ class Reassembler:
         g = self.open
         assert g is not None
         self.open = None
+        self.broken = g.xid
         return Fault(code, bad, _id(g.xid, g.direction, 0), expected, value_range)
 
-    def plain(self, xid: int, direction: int) -> list[Fault]:
-        """A v1 message arrived. If a group is open it was broken (RT-6: BADHMT)."""
+    def plain(self, xid: int, direction: int, proc: int = RDMA_MSG) -> list[Fault]:
+        """A v1 message (``proc``) arrived. If a group is open it was broken: the header message
+        type (rdma_proc) should have been RDMA_RTREXT (RT-6: BADHMT)."""
+        self.broken = None
         if self.open is None:
             return []
-        return [self._abandon(_id(xid, direction, 0), E.OPTRERR_BADHMT, expected=(rh.XMTCONT, 0))]
+        here = _id(xid, direction, 0)
+        return [self._abandon(here, E.OPTRERR_BADHMT, expected=(rh.RDMA_RTREXT, proc))]
 
-    def feed(self, msg: RtrMessage, payload: bytes, *, limit: int) -> list[Event]:
+    def feed(self, msg: RtrMessage, payload: Buffer, *, limit: int) -> list[Event]:
         """A transmission with an optional header and its payload. ``limit``: the most
         transmissions accepted for a lead of this kind (RT-4, RT-8)."""
         events: list[Event] = []
@@ -135,13 +148,17 @@ class Reassembler:
         direction = rh.CALL if isinstance(body, x.optxmt_req) else rh.REPLY
         count = body.optxrq_count if isinstance(body, x.optxmt_req) else body.optxrs_count
         here = _id(msg.xid, direction, 0)
+        self.broken = None
         if self.open is not None:
-            events.append(self._abandon(here, E.OPTRERR_BADHMT, expected=(rh.XMTCONT, msg.ropt)))
+            # The optional message type (ropt) should have been XMTCONT (BADOMT).
+            events.append(self._abandon(here, E.OPTRERR_BADOMT, expected=(rh.XMTCONT, msg.ropt)))
         if msg.pslen != len(payload):
             n = len(payload)
+            self.broken = msg.xid
             events.append(Fault(E.OPTRERR_BADPL, here, None, value_range=(msg.pslen, n, n)))
             return events
         if not 1 <= count <= limit:
+            self.broken = msg.xid
             events.append(Fault(E.OPTRERR_BADCONT, here, None))
             return events
         group = Group(msg.xid, direction, msg, count, [payload])
@@ -151,10 +168,13 @@ class Reassembler:
             self.open = group
         return events
 
-    def _cont(self, msg: RtrMessage, body: x.optxmt_cont, payload: bytes) -> list[Event]:
+    def _cont(self, msg: RtrMessage, body: x.optxmt_cont, payload: Buffer) -> list[Event]:
         g = self.open
         if g is None:
-            return [Fault(E.OPTRERR_BADCONT, _id(msg.xid, rh.REPLY, body.optxc_xnum), None)]
+            if msg.xid == self.broken:
+                self.dropped += 1
+                return []
+            return [Fault(E.OPTRERR_BADCONT, _id(msg.xid, rh.CALL, body.optxc_xnum), None)]
         here = _id(msg.xid, g.direction, body.optxc_xnum)
         if msg.xid != g.xid:
             return [self._abandon(here, E.OPTRERR_BADXID, expected=(g.xid, msg.xid))]
@@ -172,6 +192,7 @@ class Reassembler:
 
     def reset(self) -> None:
         self.open = None
+        self.broken = None
 
 
 # -- deciding when to continue (RT-4, RT-5, RT-8) ------------------------------------------

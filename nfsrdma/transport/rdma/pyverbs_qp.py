@@ -55,6 +55,20 @@ log = logging.getLogger(__name__)
 
 _POLL_BATCH = 32
 _AGAIN = (errno.EAGAIN, errno.EWOULDBLOCK)
+# Linux refuses a write() on a verbs device file from a thread whose credentials changed since
+# the file was opened (ib_safe_file_access), and rxe posts each Send with such a write.
+_CRED_HINT = (
+    " (EACCES: this thread's credentials changed after the RDMA device was opened, e.g. a"
+    " setfsuid/setgroups on it; open the device after such a change, or keep it off the"
+    " thread that posts)"
+)
+
+
+def _post_failure(exc: PyverbsError) -> ProviderError:
+    hint = _CRED_HINT if getattr(exc, "error_code", None) == errno.EACCES else ""
+    return ProviderError(f"post_send failed: {exc}{hint}")
+
+
 COMPLETION_CHANNEL = "anon_inode:[infinibandevent]"
 
 _SEND_OPCODES = {
@@ -317,7 +331,7 @@ class PyverbsQueuePair:
             self._qp.post_send(wr)
         except PyverbsError as exc:
             self._outstanding.pop(wr_id, None)
-            raise ProviderError(f"post_send failed: {exc}") from exc
+            raise _post_failure(exc) from exc
 
     @staticmethod
     def _sges(sges: Sequence[Sge]) -> list[SGE]:
@@ -375,7 +389,7 @@ class PyverbsQueuePair:
         except PyverbsError as exc:
             for i in [*ids, wr_id]:
                 self._outstanding.pop(i, None)
-            raise ProviderError(f"post_send failed: {exc}") from exc
+            raise _post_failure(exc) from exc
 
     def _rdma_wr(
         self, opcode: WcOpcode, wr_id: int, sges: Sequence[Sge], remote_addr: int, rkey: int

@@ -47,7 +47,10 @@ class Requester(RdmaConnectionBase):
     def max_inline_call(self) -> int:
         return self.send_limit
 
-    def send_call(self, xid: int, msg: Writer, expect: ReplyExpectation | None) -> None:
+    def send_call(
+        self, xid: int, msg: Writer, expect: ReplyExpectation | None, *, continued: bool = True
+    ) -> None:
+        """Send a call (``continued=False``: plain v1 even when rtrext is on)."""
         if self.closed or self.qp is None:
             raise ConnectionError(f"rdma connection to {self.peer} is closed")
         expect = expect or ReplyExpectation()
@@ -61,7 +64,7 @@ class Requester(RdmaConnectionBase):
             max_read_chunks=self.options.max_read_chunks,
         )
         cont = None
-        if self.rtr.enabled:
+        if self.rtr.enabled and continued:
             cont = continuation.plan_continued_call(
                 plan,
                 send_limit=self.send_limit,
@@ -110,6 +113,7 @@ class Requester(RdmaConnectionBase):
         self._out[xid] = out
         try:
             if cont is not None:
+                out.plain_retry = (msg, expect)
                 self._send_continued_call(xid, out, cont, reads, writes, reply)
             else:
                 head = hdr.encode(xid, self.options.max_requests, plan.proc, reads, writes, reply)
@@ -178,13 +182,30 @@ class Requester(RdmaConnectionBase):
         self._on_reply(h, memoryview(group.payload))
 
     def _on_repterr(self, credit: int, err: rpcrdma.optrept_err) -> None:
-        """The responder could not take our continued call: the RPC fails cleanly (RT-19)."""
+        """A peer reports a broken message of ours (RT-18). About a continued call: resend it
+        once with plain v1 (position-zero Read chunk, Reply chunk), else fail it (RT-19).
+        About a reply we sent: we keep no copy to resend, so the requester fails that RPC
+        itself; counted and logged here."""
         self.stats["rtr_repterr"] += 1
         self.credits.update(credit)
-        xid = (err.optre_lead or err.optre_bad).xmsi_xid  # the broken message
+        msg = err.optre_lead or err.optre_bad  # the broken message
+        xid = msg.xmsi_xid
         code = rpcrdma.optr_err(err.optre_info.optre_which).name
-        if xid in self._out:
-            self._fail_call(xid, TransportCallError(f"REPTERR {code} for xid {xid:#x}"))
+        log.info("rdma %s: REPTERR %s for xid %#x (%s)", self.peer, code, xid, msg.xmsi_dir.name)
+        out = self._out.get(xid)
+        if msg.xmsi_dir != rpcrdma.xms_dir.XMS_CALL or out is None:
+            self.stats["rtr_repterr_replies"] += 1
+            return
+        retry = out.plain_retry
+        if retry is None:
+            return  # already resent with plain v1: a late report about the first attempt
+        self.call_done(xid)  # its registrations and credits go; the RPC waits on
+        try:
+            self.send_call(xid, *retry, continued=False)
+        except Exception as e:
+            self._fail_call(xid, TransportCallError(f"REPTERR {code}, then plain v1: {e}"))
+            return
+        self.stats["rtr_fallbacks"] += 1
 
     def _sink_region(self, sink: memoryview, capacity: int) -> tuple[MemoryRegion, bool]:
         """Register the caller's buffer itself when the provider can (zero copy), else a

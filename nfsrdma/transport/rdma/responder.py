@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from nfsrdma.transport.base import Inbound
-from nfsrdma.transport.rdma import continuation, privdata
+from nfsrdma.transport.rdma import continuation, placement, privdata
 from nfsrdma.transport.rdma import header as hdr
 from nfsrdma.transport.rdma import rtrheader as rh
 from nfsrdma.transport.rdma.calls import CallContext, InCall
@@ -70,18 +70,29 @@ class Responder(RdmaConnectionBase):
         chunks and Reply chunk those of v1, then the usual path (RT-13, RT-16)."""
         body = group.lead.body
         assert isinstance(body, rpcrdma.optxmt_req)
+        xid = group.xid
+        problem = placement.check_items(
+            body.optxrq_dp,
+            placement.Context(
+                request=True,
+                payload=len(group.payload),
+                segment_size=self.recv_pool.buffer_size,
+                plt_segments=0,  # phase 1: no placement-capable receive segments (RT-17)
+            ),
+        )
+        if problem is not None:
+            if not problem.repterr:  # Table 1: the header as a whole is unusable
+                self._bad_header(HeaderError(problem.why, xid, hdr.ERR_CHUNK))
+                return
+            bad = rpcrdma.xms_id(xid, rpcrdma.xms_dir.XMS_CALL, 0)
+            self._on_fault(
+                continuation.Fault(problem.code, bad, None, value_range=problem.value_range)
+            )
+            return
         reads = []
         for item in body.optxrq_dp:
             where = item.xmdmi_where
-            if where.xmdl_type not in rh.SUPPORTED or not isinstance(where.value, list):
-                fault = continuation.Fault(
-                    rpcrdma.optr_err.OPTRERR_BADOMT,
-                    rpcrdma.xms_id(group.xid, rpcrdma.xms_dir.XMS_CALL, 0),
-                    None,
-                    expected=(rpcrdma.xmdp_type.XMPTYPE_EXRW, int(where.xmdl_type)),
-                )
-                self._on_fault(fault)
-                return
+            assert isinstance(where.value, list)  # EXRW: TBSN never passes the check above
             segs = [Segment(s.handle, s.length, s.offset) for s in where.value]
             reads.append(hdr.ReadChunk(item.xmdmi_disp, segs))
         h = Header(

@@ -13,6 +13,7 @@ import struct
 from dataclasses import dataclass
 
 from nfsrdma.transport.rdma.header import ERR_CHUNK, ERR_VERS, VERSION, HeaderError, Segment
+from nfsrdma.transport.rdma.placement import valid_in_loc
 from nfsrdma.xdr.gen import rpcrdma as x
 from nfsrdma.xdr.runtime import Reader, Writer, XdrError
 
@@ -148,24 +149,14 @@ def xmtreq_size(writes: list[int], reply: int | None, dp: list[int] | None = Non
 
 # -- placement types (RTR section 6.2, Table 1; RT-12) ----------------------------------
 
-_T = x.xmdp_type
-# Where each type may appear in an xmdp_loc (the XDR already rejects CHOICE and BYSIZE there).
-_VALID_LOC: dict[int, tuple[bool, bool]] = {  # type: (in a request, in a response)
-    _T.XMPTYPE_EXRW: (True, True),
-    _T.XMPTYPE_TBSN: (True, True),
-    _T.XMPTYPE_CHOICE: (False, False),
-    _T.XMPTYPE_BYSIZE: (False, False),
-    _T.XMPTYPE_TOOSHORT: (False, True),
-    _T.XMPTYPE_NOITEM: (False, True),
-}
 # What this implementation places (phase 1: EXRW only; TBSN is phase 2, RT-X4).
-SUPPORTED = frozenset({_T.XMPTYPE_EXRW})
+SUPPORTED = frozenset({x.xmdp_type.XMPTYPE_EXRW})
 
 
 def placement_valid(ptype: int, *, request: bool) -> bool:
-    """Table 1: whether a placement type is valid in an xmdp_loc of a request or response."""
-    in_request, in_response = _VALID_LOC.get(ptype, (False, False))
-    return in_request if request else in_response
+    """Table 1: whether a placement type is valid in an xmdp_loc of a request or response
+    (the table itself is in ``placement``)."""
+    return valid_in_loc(ptype, request=request)
 
 
 def encode_repterr(fault: object, credit: int) -> bytes:

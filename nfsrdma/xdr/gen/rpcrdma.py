@@ -31,7 +31,7 @@ from nfsrdma.xdr.runtime import (
 )
 
 
-RDMA_RTREXT = 1313233490
+RDMA_RTREXT = 1313232978
 
 _S0 = _struct.Struct('>I')
 _S1 = _struct.Struct('>Q')
