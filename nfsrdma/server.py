@@ -45,6 +45,7 @@ from nfsrdma.vfs.base import Export, Vfs
 from nfsrdma.vfs.clientdb import ClientDb
 from nfsrdma.vfs.exports import ExportsError, ExportTable
 from nfsrdma.vfs.exports import load as load_exports
+from nfsrdma.vfs.identity import protect_current_thread
 from nfsrdma.vfs.local import LocalVfs
 from nfsrdma.vfs.namespace import NamespaceVfs
 from nfsrdma.vfs.secret import default_state_dir
@@ -136,6 +137,8 @@ class NFSServer:
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         cfg = self.config
+        # The loop thread drives RDMA: it must keep its credentials (vfs/identity.py).
+        protect_current_thread()
         vfs: Vfs
         if self.exports is not None:
             vfs = self.namespace = NamespaceVfs(self.exports, state_dir=self.export.state_dir)

@@ -10,16 +10,27 @@ the cache starts empty and the first call always sets it.
 
 When the server does not run as root, switching is impossible: every client acts as the server's
 own user (logged once).
+
+Protected threads. Linux refuses ``write()`` commands on an RDMA device file (``/dev/infiniband/
+rdma_cm``, and the verbs device: memory registration, and every Send on soft-RoCE) from a thread
+whose credentials changed after the file was opened (``ib_safe_file_access``: the error is
+EACCES). The event loop drives the RDMA transport, so its thread must never change identity:
+the server marks it with :func:`protect_current_thread` before it opens a device, and a VFS call
+made on a protected thread that needs another identity runs, synchronously, in a worker thread
+of its own (:func:`off_protected_threads`). Calls as the server's own identity run in place.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import logging
 import os
 import threading
-from typing import Final
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Concatenate, Final, ParamSpec, Protocol, TypeVar
 
 from nfsrdma.vfs import syscalls
 from nfsrdma.vfs.base import Cred, Export
@@ -31,6 +42,56 @@ _warned_unprivileged = False
 # What each thread's fs identity is, shared by every FsIdentity: the credentials belong to the
 # thread, not to an export.
 _thread = threading.local()
+
+
+_protected: set[int] = set()  # threads (by ident) whose credentials must never change
+_worker: ThreadPoolExecutor | None = None
+_worker_lock = threading.Lock()
+
+
+def protect_current_thread() -> None:
+    """The calling thread issues RDMA commands: it keeps its credentials from now on. A thread
+    that never switched identity is taken to have the process's own (the server's)."""
+    _protected.add(threading.get_ident())
+
+
+def _identity_worker() -> ThreadPoolExecutor:
+    global _worker
+    with _worker_lock:
+        if _worker is None:
+            _worker = ThreadPoolExecutor(2, thread_name_prefix="nfsrdma-identity")
+        return _worker
+
+
+class _UsesIdentity(Protocol):
+    _ident: FsIdentity
+
+    def _cred(self, cred: Cred) -> Cred: ...
+
+
+V = TypeVar("V", bound=_UsesIdentity)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def off_protected_threads(
+    fn: Callable[Concatenate[V, Cred, P], R],
+) -> Callable[Concatenate[V, Cred, P], R]:
+    """For a VFS method taking the caller's ``cred`` first: on a protected thread, when that
+    identity (squashed) is not the one the thread has, run the method in the identity worker
+    and wait for it; everywhere else, run it in place."""
+
+    def call(self: V, cred: Cred, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        if (
+            self._ident.enabled
+            and threading.get_ident() in _protected
+            and self._cred(cred) != self._ident.current()
+        ):
+            return _identity_worker().submit(fn, self, cred, *args, **kwargs).result()
+        return fn(self, cred, *args, **kwargs)
+
+    functools.update_wrapper(call, fn)
+    return call
 
 
 def squash(export: Export, cred: Cred) -> Cred:
@@ -66,8 +127,14 @@ class FsIdentity:
 
     def apply(self, cred: Cred) -> None:
         """Make the calling thread act as ``cred`` (already squashed) for file-system access."""
-        if not self.enabled or getattr(_thread, "current", None) == cred:
+        current = getattr(_thread, "current", None)
+        if not self.enabled or current == cred:
             return
+        if threading.get_ident() in _protected:
+            if current is None and cred == self.server:
+                _thread.current = cred  # never switched: it has the process's credentials
+                return
+            _warn_protected()
         _thread.current = None  # unknown until every call below succeeded
         setfsuid, setfsgid, setgroups = self._nr
         gids = cred.gids[:NGROUPS_MAX]
@@ -92,6 +159,19 @@ class FsIdentity:
         """The identity the calling thread acts as (the server's if unknown)."""
         cur = getattr(_thread, "current", None)
         return cur if isinstance(cur, Cred) else self.server
+
+
+_warned_protected = False
+
+
+def _warn_protected() -> None:
+    global _warned_protected
+    if not _warned_protected:
+        _warned_protected = True
+        log.error(
+            "fs identity changed on a thread that issues RDMA commands: the kernel will refuse "
+            "its RDMA-CM and verbs commands (EACCES); this is a bug"
+        )
 
 
 def _warn_unprivileged() -> None:

@@ -61,7 +61,7 @@ from nfsrdma.vfs.confine import check_name, open_component, proc_path
 from nfsrdma.vfs.dircookies import CookieJar
 from nfsrdma.vfs.fdcache import Pin
 from nfsrdma.vfs.handles import HandleCodec
-from nfsrdma.vfs.identity import FsIdentity, squash
+from nfsrdma.vfs.identity import FsIdentity, off_protected_threads, squash
 from nfsrdma.vfs.openfile import LocalOpenFile
 from nfsrdma.vfs.resolver import RESOURCE_ERRNOS, HandleMode, Resolver
 from nfsrdma.vfs.secret import export_secret
@@ -227,6 +227,7 @@ class LocalVfs(Vfs):
         finally:
             pin.release()
 
+    @off_protected_threads
     def lookup(self, cred: Cred, dir_fh: bytes, name: bytes | str) -> bytes:
         bname = check_name(name)
         pin = self._res.pin(dir_fh)
@@ -248,6 +249,7 @@ class LocalVfs(Vfs):
         self._res.fds.put(fh, fd, st.st_ino)
         return fh
 
+    @off_protected_threads
     def lookupp(self, cred: Cred, fh: bytes) -> bytes:
         pin = self._res.pin(fh)
         try:
@@ -277,6 +279,7 @@ class LocalVfs(Vfs):
         self._res.fds.put(pfh, fd, pst.st_ino)
         return pfh
 
+    @off_protected_threads
     def access(self, cred: Cred, fh: bytes, mask: int) -> int:
         pin = self._res.pin(fh)
         try:
@@ -312,6 +315,7 @@ class LocalVfs(Vfs):
         finally:
             pin.release()
 
+    @off_protected_threads
     def readlink(self, cred: Cred, fh: bytes) -> bytes:
         pin = self._res.pin(fh)
         try:
@@ -344,6 +348,7 @@ class LocalVfs(Vfs):
             max_link=link_max,
         )
 
+    @off_protected_threads
     def readdir(
         self,
         cred: Cred,
@@ -447,6 +452,7 @@ class LocalVfs(Vfs):
         finally:
             self._ident.apply(ecred)
 
+    @off_protected_threads
     def open(
         self, cred: Cred, fh: bytes, read: bool, write: bool, truncate: bool = False
     ) -> LocalOpenFile:
@@ -466,6 +472,7 @@ class LocalVfs(Vfs):
             self._changes.bump(st.st_ino)
         return self._open_file(fd, pin.key, st.st_ino, readable=read, writable=write)
 
+    @off_protected_threads
     def create_file(
         self,
         cred: Cred,
@@ -579,6 +586,7 @@ class LocalVfs(Vfs):
         of = self._open_file(fd, fh, st.st_ino, readable=read, writable=write)
         return fh, of, created
 
+    @off_protected_threads
     def anonymous_read(self, cred: Cred, fh: bytes, offset: int, count: int) -> tuple[bytes, bool]:
         of = self.open(cred, fh, read=True, write=False)
         try:
@@ -586,6 +594,7 @@ class LocalVfs(Vfs):
         finally:
             of.close()
 
+    @off_protected_threads
     def anonymous_write(
         self,
         cred: Cred,
@@ -602,6 +611,7 @@ class LocalVfs(Vfs):
 
     # ----------------------------------------------------------------- modifications
 
+    @off_protected_threads
     def setattr(
         self,
         cred: Cred,
@@ -658,6 +668,7 @@ class LocalVfs(Vfs):
         finally:
             self._ident.apply(ecred)
 
+    @off_protected_threads
     def create(
         self,
         cred: Cred,
@@ -721,6 +732,7 @@ class LocalVfs(Vfs):
         else:
             raise OSError(errno.EINVAL, f"CREATE cannot make {ftype!r}")
 
+    @off_protected_threads
     def remove(self, cred: Cred, dir_fh: bytes, name: bytes | str) -> None:
         if self.export.read_only:
             raise attrs.erofs()
@@ -752,6 +764,7 @@ class LocalVfs(Vfs):
         finally:
             pin.release()
 
+    @off_protected_threads
     def rename(
         self,
         cred: Cred,
@@ -801,6 +814,7 @@ class LocalVfs(Vfs):
             if dst_fd >= 0:
                 os.close(dst_fd)
 
+    @off_protected_threads
     def link(self, cred: Cred, fh: bytes, dir_fh: bytes, name: bytes | str) -> None:
         if self.export.read_only:
             raise attrs.erofs()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ from nfsrdma.vfs import (
     FileType,
     LocalVfs,
 )
-from nfsrdma.vfs.identity import FsIdentity, squash
+from nfsrdma.vfs.identity import FsIdentity, protect_current_thread, squash
 
 from .conftest import ROOT, U1000, U1001, MakeVfs, needs_root
 
@@ -233,16 +235,53 @@ def test_new_threads_do_not_inherit_a_stale_cache(make_vfs: MakeVfs, export_dir:
     assert out == [(b"root", True)]
 
 
+def _in_new_thread(fn: Callable[[], None]) -> None:
+    """Run ``fn`` in a thread of its own (not protected, never switched before)."""
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(fn).result()
+
+
 def test_release_identity_restores_the_server(make_vfs: MakeVfs, tmp_path: Path) -> None:
     vfs = make_vfs()
     private = tmp_path / "private"
     private.write_bytes(b"x")
     private.chmod(0o600)
-    vfs.access(U1000, vfs.root_handle(), ACCESS4_READ)
-    with pytest.raises(PermissionError):
-        private.read_bytes()  # the test thread acts as uid 1000 now
-    vfs.release_identity()
-    assert private.read_bytes() == b"x"
+
+    def scenario() -> None:
+        vfs.access(U1000, vfs.root_handle(), ACCESS4_READ)
+        with pytest.raises(PermissionError):
+            private.read_bytes()  # this thread acts as uid 1000 now
+        vfs.release_identity()
+        assert private.read_bytes() == b"x"
+
+    _in_new_thread(scenario)
+
+
+@needs_root
+def test_a_protected_thread_keeps_its_credentials(make_vfs: MakeVfs, tmp_path: Path) -> None:
+    """The thread that drives RDMA never changes identity (the kernel would refuse its RDMA
+    commands): a VFS call as another user runs in the identity worker, with that user's
+    permissions, and the thread's own fs uid and groups stay the server's."""
+    vfs = make_vfs(root_squash=False)
+    fh = vfs.create(ROOT, vfs.root_handle(), "secret", FileType.NF4DIR, 0o700)
+
+    def scenario() -> None:
+        protect_current_thread()
+        before = _thread_creds()
+        with pytest.raises(PermissionError):
+            vfs.lookup(U1000, fh, "x")  # uid 1000 may not search root's 0700 directory
+        assert vfs.access(U1000, fh, ACCESS4_READ) == 0
+        assert _thread_creds() == before
+        with pytest.raises(FileNotFoundError):
+            vfs.lookup(ROOT, fh, "x")  # root may search it
+
+    _in_new_thread(scenario)
+
+
+def _thread_creds() -> list[str]:
+    """The Uid, Gid and Groups lines of the calling thread (fs ids included)."""
+    with open("/proc/thread-self/status") as f:
+        return [line for line in f if line.startswith(("Uid:", "Gid:", "Groups:"))]
 
 
 def test_identity_switch_fails_closed_without_privilege() -> None:
