@@ -31,7 +31,8 @@ import errno
 import os
 import stat
 import threading
-from typing import Final
+from collections.abc import Callable
+from typing import Final, TypeVar
 
 from nfsrdma.vfs import attrs, confine, syscalls
 from nfsrdma.vfs.base import (
@@ -43,6 +44,8 @@ from nfsrdma.vfs.base import (
     ACCESS4_READ,
     NFS4_VERIFIER_SIZE,
     SET_TO_SERVER_TIME,
+    XATTR_NAME_MAX,
+    XATTR_SIZE_MAX,
     Attributes,
     BadCookie,
     CreateMode,
@@ -55,6 +58,7 @@ from nfsrdma.vfs.base import (
     StaleHandle,
     TimeSet,
     Vfs,
+    XattrHow,
 )
 from nfsrdma.vfs.changes import ChangeCounter
 from nfsrdma.vfs.confine import check_name, open_component, proc_path
@@ -89,6 +93,9 @@ def _verifier_times(verifier: bytes) -> tuple[int, int]:
     a = int.from_bytes(verifier[:4], "big")
     m = int.from_bytes(verifier[4:8], "big")
     return (a >> 1) * 1_000_000_000 + (a & 1), (m >> 1) * 1_000_000_000 + (m & 1)
+
+
+T = TypeVar("T")
 
 
 class LocalVfs(Vfs):
@@ -354,6 +361,44 @@ class LocalVfs(Vfs):
             max_name=sv.f_namemax,
             max_link=link_max,
         )
+
+    # ----------------------------------------------------------------- extended attributes
+
+    def _xattr(self, cred: Cred, fh: bytes, fn: Callable[[str], T], modifies: bool = False) -> T:
+        """``fn(path)`` on the object, as the caller (the file system checks permission)."""
+        if modifies and self.export.read_only:
+            raise _erofs()
+        pin = self._res.pin(fh)
+        try:
+            self._ident.apply(self._cred(cred))
+            out = fn(proc_path(pin.fd))
+            if modifies:
+                self._changes.bump(pin.fileid)
+            return out
+        finally:
+            pin.release()
+
+    def getxattr(self, cred: Cred, fh: bytes, name: bytes) -> bytes:
+        key = _user_xattr(name)
+        return self._xattr(cred, fh, lambda path: os.getxattr(path, key))
+
+    def setxattr(
+        self, cred: Cred, fh: bytes, name: bytes, value: bytes, how: XattrHow = XattrHow.EITHER
+    ) -> None:
+        key = _user_xattr(name)
+        if len(value) > XATTR_SIZE_MAX:
+            raise OSError(errno.E2BIG, "extended attribute value too large")
+        flags = {XattrHow.EITHER: 0, XattrHow.CREATE: os.XATTR_CREATE}.get(how, os.XATTR_REPLACE)
+        self._xattr(cred, fh, lambda path: os.setxattr(path, key, value, flags), modifies=True)
+
+    def listxattr(self, cred: Cred, fh: bytes) -> list[bytes]:
+        names = self._xattr(cred, fh, os.listxattr)
+        prefix = "user."
+        return sorted(os.fsencode(n[len(prefix) :]) for n in names if n.startswith(prefix))
+
+    def removexattr(self, cred: Cred, fh: bytes, name: bytes) -> None:
+        key = _user_xattr(name)
+        self._xattr(cred, fh, lambda path: os.removexattr(path, key), modifies=True)
 
     def readdir(
         self,
@@ -832,6 +877,15 @@ class LocalVfs(Vfs):
         finally:
             opin.release()
         self._res.remember(opin.key, dpin.key, bname, replace=False)
+
+
+def _user_xattr(name: bytes) -> bytes:
+    """A wire name (RFC 8276: no namespace prefix) as the ``user.`` attribute it stands for."""
+    if not name or b"\0" in name:
+        raise OSError(errno.EINVAL, "bad extended attribute name")
+    if len(name) > XATTR_NAME_MAX:
+        raise OSError(errno.ENAMETOOLONG, "extended attribute name too long")
+    return b"user." + name
 
 
 def _same_object(a: os.stat_result, b: os.stat_result) -> bool:
