@@ -47,11 +47,10 @@ class Callbacks:
         clientid: int,
         ops: list[nfs4.nfs_cb_argop4],
         sessionid: bytes | None = None,
-        minor: int = 1,
     ) -> nfs4.CB_COMPOUND4res | None:
         """Send CB_SEQUENCE + ``ops`` to the client (on that session's back channel, when
-        ``sessionid`` is given); None when it cannot be reached. ``minor`` is the CB_COMPOUND's
-        minor version: 2 for NFSv4.2's callbacks (CB_OFFLOAD)."""
+        ``sessionid`` is given); None when it cannot be reached. The CB_COMPOUND's minor
+        version is the client's (that of its EXCHANGE_ID)."""
         path = self.sessions.callback_path(clientid, sessionid)
         if path is None:
             return None
@@ -63,7 +62,7 @@ class Callbacks:
             return None
         args = nfs4.CB_COMPOUND4args(
             tag=b"",
-            minorversion=minor,
+            minorversion=session.client.minorversion,
             callback_ident=0,
             argarray=[nfs4.nfs_cb_argop4(nfs4.OP_CB_SEQUENCE, seq), *ops],
         )
@@ -156,7 +155,7 @@ class Callbacks:
         the client answered NFS4_OK."""
         args = nfs4.CB_OFFLOAD4args(fh, stateid, info)
         op = nfs4.nfs_cb_argop4(nfs4.OP_CB_OFFLOAD, args)
-        res = await self.compound(clientid, [op], minor=2)
+        res = await self.compound(clientid, [op])
         return res is not None and res.status == nfs4.NFS4_OK
 
     async def getattr(
