@@ -222,6 +222,7 @@ class FsStats:
     bytes_avail: int
     max_name: int
     max_link: int
+    user_xattrs: bool = True  # the file system keeps ``user.`` extended attributes
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,6 +128,7 @@ class LocalVfs(Vfs):
         self._open_lock = threading.Lock()
         self._open_counts: dict[bytes, int] = {}  # fh -> LocalOpenFiles not closed yet
         self._umask = _process_umask()
+        self._xattr_fs: dict[int, bool] = {}  # f_fsid -> keeps user extended attributes
         self._res = Resolver(
             self.root_path,
             HandleCodec(secret),
@@ -360,7 +361,26 @@ class LocalVfs(Vfs):
             bytes_avail=sv.f_bavail * sv.f_frsize,
             max_name=sv.f_namemax,
             max_link=link_max,
+            user_xattrs=self._user_xattrs(fh, sv.f_fsid),
         )
+
+    def _user_xattrs(self, fh: bytes, fsid: int) -> bool:
+        """Whether the file system of ``fh`` keeps user extended attributes (asked once per
+        file system: reading a name nobody sets is ENODATA there, ENOTSUP elsewhere)."""
+        known = self._xattr_fs.get(fsid)
+        if known is not None:
+            return known
+        pin = self._res.pin(fh)
+        try:
+            self._ident.apply_server()
+            os.getxattr(proc_path(pin.fd), "user.nfsrdma.probe")
+            known = True
+        except OSError as e:
+            known = e.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP)
+        finally:
+            pin.release()
+        self._xattr_fs[fsid] = known
+        return known
 
     # ----------------------------------------------------------------- extended attributes
 

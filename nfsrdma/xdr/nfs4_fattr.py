@@ -125,7 +125,7 @@ FIXED = {
     "space_freed": "a.space_used if a.nlink <= 1 else 0",
     # ctime plus a per-server counter (vfs/changes.py): none of the RFC's exact kinds.
     "change_attr_type": "NFS4_CHANGE_TYPE_IS_UNDEFINED",
-    "xattr_support": "1",
+    "xattr_support": "fs.user_xattrs",
 }
 VARIABLE = {
     "filehandle": "_fattr4_opaque(fh)",

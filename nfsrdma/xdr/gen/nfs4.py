@@ -19839,7 +19839,7 @@ def _fattr4_decimal(ident: int) -> bytes:
 
 SERVER_SUPPORTED_ATTRS: frozenset[int] = frozenset({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 16, 17, 18, 19, 20, 21, 22, 23, 26, 27, 28, 29, 30, 31, 33, 34, 35, 36, 37, 41, 42, 43, 44, 45, 47, 48, 51, 52, 53, 54, 55, 75, 77, 78, 79, 82})
 SERVER_SUPPATTR_EXCLCREAT: frozenset[int] = frozenset({4, 33, 36, 37})
-SERVER_ATTRIBUTE_FS: frozenset[int] = frozenset({21, 22, 23, 28, 29, 42, 43, 44})
+SERVER_ATTRIBUTE_FS: frozenset[int] = frozenset({21, 22, 23, 28, 29, 42, 43, 44, 82})
 
 
 def _fattr4_encode_l0g0_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -24035,19 +24035,19 @@ def _fattr4_encode_l1g9_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g9_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(1)
+    return _fattr4_S0_pack(fs.user_xattrs)
 
 
 def _fattr4_encode_l1g9_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S18_pack(a.space_used if a.nlink <= 1 else 0, 1)
+    return _fattr4_S18_pack(a.space_used if a.nlink <= 1 else 0, fs.user_xattrs)
 
 
 def _fattr4_encode_l1g9_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S82_pack(NFS4_CHANGE_TYPE_IS_UNDEFINED, 1)
+    return _fattr4_S82_pack(NFS4_CHANGE_TYPE_IS_UNDEFINED, fs.user_xattrs)
 
 
 def _fattr4_encode_l1g9_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S90_pack(a.space_used if a.nlink <= 1 else 0, NFS4_CHANGE_TYPE_IS_UNDEFINED, 1)
+    return _fattr4_S90_pack(a.space_used if a.nlink <= 1 else 0, NFS4_CHANGE_TYPE_IS_UNDEFINED, fs.user_xattrs)
 
 
 # Layers of attribute groups, each group's subsets with their encoders: a mask is
