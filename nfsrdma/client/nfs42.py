@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 Progress = Callable[[int, int], None]  # (octets copied so far, octets asked for)
 POLL: float = 1.0
+REPLY_OVERHEAD = 1024  # SEQUENCE, PUTFH and the headers around a result
+XATTR_VALUE_MAX = 65536  # Linux's largest value: room for it in the reply (a Reply chunk)
 
 
 def _op(num: int, args: Any) -> nfs4.nfs_argop4:
@@ -192,7 +194,9 @@ async def space(f: NfsFile, offset: int, length: int, *, allocate: bool) -> None
 async def getxattr(fs: NfsClient, fh: bytes, path: str, name: str) -> bytes:
     _need_42(fs, "GETXATTR")
     args = nfs4.GETXATTR4args(name.encode())
-    res = await fs.session.compound([ops.putfh(fh), _op(nfs4.OP_GETXATTR, args)])
+    res = await fs.session.compound(
+        [ops.putfh(fh), _op(nfs4.OP_GETXATTR, args)], reply_size=XATTR_VALUE_MAX + REPLY_OVERHEAD
+    )
     return bytes(ops.results(res, "GETXATTR", path)[-1])
 
 
@@ -222,7 +226,9 @@ async def listxattr(fs: NfsClient, fh: bytes, path: str, *, maxcount: int = 6553
     cookie = 0
     while True:
         args = nfs4.LISTXATTRS4args(cookie, maxcount)
-        res = await fs.session.compound([ops.putfh(fh), _op(nfs4.OP_LISTXATTRS, args)])
+        res = await fs.session.compound(
+            [ops.putfh(fh), _op(nfs4.OP_LISTXATTRS, args)], reply_size=maxcount + REPLY_OVERHEAD
+        )
         r = ops.results(res, "LISTXATTRS", path)[-1]
         assert isinstance(r, nfs4.LISTXATTRS4resok)
         names += [bytes(n).decode("utf-8", "surrogateescape") for n in r.lxr_names]
