@@ -136,3 +136,40 @@ async def test_cli_cp_on_one_server_copies_server_side(tmp_path: Path) -> None:
             assert fs.io_stats.copied_reads == 0 and fs.io_stats.placed_reads == 0
         assert result["server_copy"] is True and result["bytes"] == len(data)
         assert (export / "g").read_bytes() == data
+
+
+async def test_copy_into_a_file_delegated_to_another_client_recalls_it(tmp_path: Path) -> None:
+    """A COPY with special stateids (no OPEN of its own) into a file another client holds a
+    read delegation on: the delegation is recalled (NFS4ERR_DELAY until it is back), as an
+    anonymous WRITE would; then the copy is done."""
+    from nfsrdma.client import ops
+    from nfsrdma.nfs4.context import ANONYMOUS_STATEID
+    from nfsrdma.xdr.gen import nfs4
+
+    async with served(tmp_path) as server:
+        export = tmp_path / "export"
+        (export / "src").write_bytes(b"new content")
+        (export / "dst").write_bytes(b"old content")
+        service = server.state.delegation_service
+        assert service is not None
+        async with nc.connect(url(server), uid=0, gid=0) as a, nc.connect(url(server)) as b:
+            assert await service.probe(a.session.clientid or 0)
+            async with a.open("dst", "rb") as held:
+                assert held.delegation is not None  # A holds a read delegation
+                src_fh = (await b._lookup([b"src"]))[0]
+                dst_fh = (await b._lookup([b"dst"]))[0]
+                copy = nfs4.COPY4args(
+                    ANONYMOUS_STATEID, ANONYMOUS_STATEID, 0, 0, 11, True, True, []
+                )
+                res = await b.session.compound(
+                    [
+                        ops.putfh(src_fh),
+                        ops.savefh(),
+                        ops.putfh(dst_fh),
+                        nfs4.nfs_argop4(nfs4.OP_COPY, copy),
+                    ]
+                )
+                assert res.status == nfs4.NFS4_OK
+                assert a.session.stats.recalls == 1 and held.delegation is None
+                assert b.session.stats.delays >= 1  # NFS4ERR_DELAY while it was recalled
+        assert (export / "dst").read_bytes() == b"new content"
