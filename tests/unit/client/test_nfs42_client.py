@@ -50,8 +50,17 @@ async def test_connect_negotiates_4_2_and_falls_back_to_4_1(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with served(tmp_path) as server:
-        async with nc.connect(url(server), uid=0, gid=0) as fs:
-            assert fs.minor_version == 2
+        async with (
+            nc.connect(url(server), uid=0, gid=0) as fs,
+            nc.connect(url(server), uid=0, gid=0, minor_versions=(1,)) as fs41,
+        ):
+            assert fs.minor_version == 2 and fs41.minor_version == 1
+            # Each client record keeps its minor version: its callbacks' CB_COMPOUNDs carry it.
+            sessions = server.state.sessions
+            rec42 = sessions.client(fs.session.clientid or 0)
+            rec41 = sessions.client(fs41.session.clientid or 0)
+            assert rec42 is not None and rec42.minorversion == 2
+            assert rec41 is not None and rec41.minorversion == 1
         monkeypatch.setattr(compound, "MINOR_VERSIONS", frozenset({1}))  # a 4.1-only server
         async with nc.connect(url(server), uid=0, gid=0) as fs:
             assert fs.minor_version == 1
