@@ -8,7 +8,9 @@
   ``setfattr``/``getfattr`` give the same results on both servers. Both export a tmpfs; the
   guest kernel's (6.1) tmpfs keeps no ``user.`` extended attributes, so there both servers say
   xattr_support false and the commands fail alike (our server's positive path is covered on
-  the host, tests/unit/nfs4/test_nfs42_ops.py).
+  the host, tests/unit/nfs4/test_nfs42_ops.py). So our server also serves an ext4 file system
+  (a loop device) on other ports, and there ``setfattr``/``getfattr`` through the mount give
+  what they give on that ext4 directly.
 - Our client's NFSv4.2 calls against knfsd and against our server.
 
 Small data (8 MiB instead of the issue's 32 MiB: TCG runs the guest ~20x slower than the host).
@@ -23,13 +25,25 @@ import itertools
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import nfsrdma.client as nc
-from nfsrdma.testbed.helpers import Knfsd, NfsServer, Proto, mountstats, run, umount
+from nfsrdma.testbed.helpers import (
+    BackgroundFactory,
+    Knfsd,
+    NfsServer,
+    Proto,
+    mountstats,
+    rdma_listening,
+    run,
+    tcp_listening,
+    testbed_addr,
+    umount,
+)
 from nfsrdma.testbed.ours import OurServer, our_server
 
 pytestmark = pytest.mark.testbed
@@ -130,8 +144,9 @@ def _sparse_and_space(point: Path) -> dict[str, object]:
     return out
 
 
-def _xattrs(point: Path) -> dict[str, object]:
+def _xattrs(point: Path, shown: Path | None = None) -> dict[str, object]:
     f = point / "xa"
+    f.unlink(missing_ok=True)  # a fresh file: no attributes from an earlier round
     f.write_bytes(b"x")
     out: dict[str, object] = {}
     for name, argv in (
@@ -142,7 +157,7 @@ def _xattrs(point: Path) -> dict[str, object]:
         ("get_removed", ["getfattr", "-n", "user.colour", str(f)]),
     ):
         r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-        text = (r.stdout + r.stderr).replace(str(point), "MNT")
+        text = (r.stdout + r.stderr).replace(str(shown or point), "MNT")
         out[name] = (r.returncode, text.strip())
     return out
 
@@ -228,3 +243,54 @@ def test_our_client_nfs42_calls_on_knfsd_and_ours(
         assert {k: r[k] for k in want} == want, f"{name}: {r}"
     assert got["ours"]["xattr"] == got["knfsd"]["xattr"]
     assert got["ours"]["clone"] == got["knfsd"]["clone"]
+
+
+EXT4_TCP_PORT, EXT4_RDMA_PORT = 2052, 20052
+
+
+@pytest.fixture(scope="module")
+def ext4_dir(knfsd: Knfsd) -> Iterator[Path]:
+    """An ext4 file system on a loop device (it keeps user extended attributes)."""
+    image, point = Path("/tmp/nfs42-ext4.img"), Path("/tmp/nfs42-ext4")
+    run(["modprobe", "loop"])
+    run(["truncate", "-s", "64M", str(image)])
+    run(["mkfs.ext4", "-q", "-F", str(image)])
+    point.mkdir(parents=True, exist_ok=True)
+    run(["mount", "-o", "loop", str(image), str(point)])
+    try:
+        yield point
+    finally:
+        run(["umount", "-l", str(point)], check=False)
+
+
+def test_linux_client_xattrs_through_our_server_as_on_ext4(
+    ext4_dir: Path, background: BackgroundFactory
+) -> None:
+    """setfattr/getfattr (set, get, list, remove, get after remove) through the Linux 4.2
+    client and our server, over TCP and RDMA, give what they give on the ext4 itself."""
+    export = ext4_dir / "export"
+    local = ext4_dir / "local"
+    export.mkdir()
+    local.mkdir()
+    srv = background(
+        [
+            sys.executable, "-m", "nfsrdma", "-v", "serve", str(export),
+            "--tcp-port", str(EXT4_TCP_PORT), "--rdma-port", str(EXT4_RDMA_PORT),
+            "--no-root-squash", "--state-dir", "/tmp/nfs42-ext4-state",
+        ],
+        name="ours-ext4",
+    )  # fmt: skip
+    srv.wait_ready(lambda: tcp_listening(EXT4_TCP_PORT), timeout=120)
+    srv.wait_ready(lambda: rdma_listening(EXT4_RDMA_PORT), timeout=60)
+    reference = _xattrs(local)
+    assert reference["set"][0] == 0 and "blue" in str(reference["get"])  # type: ignore[index]
+    for proto, port in (("tcp", EXT4_TCP_PORT), ("rdma", EXT4_RDMA_PORT)):
+        point = _mount_default(NfsServer(testbed_addr(), port, proto))  # type: ignore[arg-type]
+        try:
+            assert mountstats(point).opts.get("vers") == "4.2"
+            assert _xattrs(point) == reference, proto
+            # What the Linux client set is the ext4 file's own user attribute.
+            run(["setfattr", "-n", "user.via", "-v", proto, str(point / "xa")])
+            assert os.getxattr(export / "xa", "user.via") == proto.encode()
+        finally:
+            umount(point)
