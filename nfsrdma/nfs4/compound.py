@@ -8,6 +8,10 @@ Session rules enforced here: SEQUENCE only first (NFS4ERR_SEQUENCE_POS); without
 only EXCHANGE_ID, CREATE_SESSION, DESTROY_SESSION, DESTROY_CLIENTID and BIND_CONN_TO_SESSION,
 each alone (NFS4ERR_NOT_ONLY_OP); anything else NFS4ERR_OP_NOT_IN_SESSION. A SEQUENCE that
 finds a retry sends the cached reply, re-framed for the current transport.
+
+Minor versions 1 and 2 are served (anything else: NFS4ERR_MINOR_VERS_MISMATCH); the COMPOUND's
+decides which operations exist, so an NFSv4.2 operation in a minor version 1 COMPOUND is
+NFS4ERR_OP_ILLEGAL.
 """
 
 from __future__ import annotations
@@ -33,8 +37,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MINOR_VERSION = 1  # the lowest served; NFSv4.2 (RFC 7862) is served beside it
-MINOR_VERSIONS = frozenset({1, 2})
+MINOR_VERSIONS = frozenset({1, 2})  # NFSv4.1, and NFSv4.2 (RFC 7862) beside it
 LAST_V41_OP = nfs4.OP_RECLAIM_COMPLETE  # operations above it exist from NFSv4.2 on
 SESSIONLESS_OPS = frozenset(
     {
