@@ -6,6 +6,7 @@ and ``nfsrdma cp`` between two paths of one server."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import errno
 import os
@@ -182,3 +183,55 @@ async def test_copy_into_a_file_delegated_to_another_client_recalls_it(tmp_path:
                 assert a.session.stats.recalls == 1 and held.delegation is None
                 assert b.session.stats.delays >= 1  # NFS4ERR_DELAY while it was recalled
         assert (export / "dst").read_bytes() == b"new content"
+
+
+async def test_offload_status_reports_progress_and_offload_cancel_stops_a_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An asynchronous COPY in 64 KiB steps: the client, polling at once, gets progress from
+    OFFLOAD_STATUS before CB_OFFLOAD ends it; another one cancelled with OFFLOAD_CANCEL stops
+    short, sends no CB_OFFLOAD, and OFFLOAD_STATUS then says it is complete."""
+    from nfsrdma.client import nfs42, ops
+    from nfsrdma.xdr.gen import nfs4
+
+    monkeypatch.setattr(copy_ops, "COPY_CHUNK", 64 << 10)
+    async with served(tmp_path) as server, nc.connect(url(server), uid=0, gid=0) as fs:
+        export = tmp_path / "export"
+        service = server.state.delegation_service
+        assert service is not None and await service.probe(fs.session.clientid or 0)
+        data = os.urandom(copy_ops.SYNC_COPY_MAX * 2)
+        (export / "src").write_bytes(data)
+        seen: list[int] = []
+        async with fs.open("src", "rb") as src, fs.open("dst", "wb") as dst:
+            n = await nfs42.copy_range(fs, src, dst, progress=lambda d, _t: seen.append(d), poll=0)
+        assert n == len(data) and (export / "dst").read_bytes() == data
+        assert len(seen) >= 2 and seen == sorted(seen) and seen[-1] == len(data)
+        # OFFLOAD_CANCEL of a copy under way.
+        callbacks_before = fs.session.stats.callbacks
+        async with fs.open("src", "rb") as src, fs.open("dst2", "wb") as dst:
+            args = nfs4.COPY4args(src.stateid, dst.stateid, 0, 0, len(data), True, False, [])
+            res = await fs.session.compound(
+                [
+                    ops.putfh(src.fh),
+                    ops.savefh(),
+                    ops.putfh(dst.fh),
+                    nfs4.nfs_argop4(nfs4.OP_COPY, args),
+                ]
+            )
+            (copy_sid,) = ops.results(res)[-1].cr_response.wr_callback_id
+            cancel = nfs4.OFFLOAD_CANCEL4args(copy_sid)
+            res = await fs.session.compound(
+                [ops.putfh(dst.fh), nfs4.nfs_argop4(nfs4.OP_OFFLOAD_CANCEL, cancel)]
+            )
+            assert res.status == nfs4.NFS4_OK
+            record = server.state.offloads.find(fs.session.clientid or 0, copy_sid)
+            assert record.task is not None
+            await asyncio.gather(record.task, return_exceptions=True)
+            status = nfs4.OFFLOAD_STATUS4args(copy_sid)
+            res = await fs.session.compound(
+                [ops.putfh(dst.fh), nfs4.nfs_argop4(nfs4.OP_OFFLOAD_STATUS, status)]
+            )
+            st = ops.results(res)[-1]
+            assert st.osr_complete and st.osr_count < len(data)
+        assert (export / "dst2").stat().st_size < len(data)
+        assert fs.session.stats.callbacks == callbacks_before  # no CB_OFFLOAD after a cancel
