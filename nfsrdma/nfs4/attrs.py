@@ -46,6 +46,7 @@ __all__ = [
     "Settable",
     "attr_numbers",
     "bitmap_of",
+    "check_minor_version",
     "check_readable",
     "check_verifiable",
     "decode_settable",
@@ -132,6 +133,13 @@ def for_minor_version(bitmap: Sequence[int], minor: int) -> list[int]:
     if minor >= 2:
         return list(bitmap)
     return [w & s for w, s in zip(bitmap, _V41_WORDS, strict=False)]
+
+
+def check_minor_version(bitmap: Sequence[int], minor: int) -> None:
+    """SETATTR / VERIFY / NVERIFY naming an attribute the minor version lacks:
+    NFS4ERR_ATTRNOTSUPP."""
+    if minor < 2 and MINOR2_ATTRS.intersection(attr_numbers(bitmap)):
+        raise Nfs4Error(nfs4.NFS4ERR_ATTRNOTSUPP)
 
 
 def fattr_for_minor_version(fattr: nfs4.fattr4, minor: int) -> nfs4.fattr4:

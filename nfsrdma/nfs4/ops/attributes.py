@@ -7,6 +7,7 @@ from collections.abc import Awaitable
 
 from nfsrdma.nfs4 import grace
 from nfsrdma.nfs4.attrs import (
+    check_minor_version,
     check_readable,
     check_verifiable,
     decode_settable,
@@ -55,6 +56,7 @@ def getattr_(
 
 def setattr_(ctx: CompoundContext, args: nfs4.SETATTR4args) -> nfs4.SETATTR4res:
     fh = ctx.fh()
+    check_minor_version(args.obj_attributes.attrmask, ctx.minorversion)
     s = decode_settable(args.obj_attributes)
     if s.size is not None or s.mode is not None:  # recalls other clients' delegations
         check_conflicts(ctx, fh, write=True, local_write=s.size is not None)
@@ -81,6 +83,7 @@ def _same(ctx: CompoundContext, fattr: nfs4.fattr4) -> bool:
     """Whether the object's attributes encode exactly as the client's (knfsd compares the
     same way: attribute values have one canonical XDR form, owners are numeric)."""
     fh = ctx.fh()
+    check_minor_version(fattr.attrmask, ctx.minorversion)
     check_verifiable(fattr.attrmask)
     ours = object_attrs(ctx.server.vfs, fh, fattr.attrmask, ctx.server.config)
     return ours.attr_vals == bytes(fattr.attr_vals)

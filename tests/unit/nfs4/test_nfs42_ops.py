@@ -125,6 +125,15 @@ async def test_minor_version_2_runs_beside_1_and_decides_what_exists(
         assert int.from_bytes(tail[0:4], "big") == BLOCK  # clone_blksize
         assert int.from_bytes(tail[12:16], "big") == nfs4.NFS4_CHANGE_TYPE_IS_UNDEFINED
         assert int.from_bytes(tail[16:20], "big") == 1  # xattr_support
+        # VERIFY and SETATTR of a 4.2 attribute in 4.1: it does not exist there.
+        xs = nfs4.fattr4(bitmap_of([nfs4.FATTR4_XATTR_SUPPORT]), (1).to_bytes(4, "big"))
+        await c41.expect(
+            nfs4.NFS4ERR_ATTRNOTSUPP, putfh(fh), op(nfs4.OP_VERIFY, nfs4.VERIFY4args(xs))
+        )
+        await c42.expect(OK, putfh(fh), op(nfs4.OP_VERIFY, nfs4.VERIFY4args(xs)))
+        await c41.expect(
+            nfs4.NFS4ERR_ATTRNOTSUPP, putfh(fh), op(nfs4.OP_SETATTR, nfs4.SETATTR4args(sid, xs))
+        )
         # The 4.2 client's SEEK works; the 4.1 client's session is unaffected.
         _, sid42 = await open_file(c42, b"f")
         await c42.expect(OK, putfh(fh), seek(sid42, 0, nfs4.NFS4_CONTENT_DATA))
