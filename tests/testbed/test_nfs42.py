@@ -41,9 +41,9 @@ from nfsrdma.testbed.helpers import (
     rdma_listening,
     run,
     tcp_listening,
-    testbed_addr,
     umount,
 )
+from nfsrdma.testbed.helpers import testbed_addr as guest_addr  # not "test*": pytest collects those
 from nfsrdma.testbed.ours import OurServer, our_server
 
 pytestmark = pytest.mark.testbed
@@ -285,7 +285,7 @@ def test_linux_client_xattrs_through_our_server_as_on_ext4(
     reference = _xattrs(local)
     assert reference["set"][0] == 0 and "blue" in str(reference["get"])  # type: ignore[index]
     for proto, port in (("tcp", EXT4_TCP_PORT), ("rdma", EXT4_RDMA_PORT)):
-        point = _mount_default(NfsServer(testbed_addr(), port, proto))  # type: ignore[arg-type]
+        point = _mount_default(NfsServer(guest_addr(), port, proto))  # type: ignore[arg-type]
         try:
             assert mountstats(point).opts.get("vers") == "4.2"
             assert _xattrs(point) == reference, proto
