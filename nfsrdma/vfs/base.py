@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import errno
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -222,7 +223,7 @@ class FsStats:
     bytes_avail: int
     max_name: int
     max_link: int
-    user_xattrs: bool = True  # the file system keeps ``user.`` extended attributes
+    user_xattrs: bool = False  # the backend serves ``user.`` extended attributes (xattr_support)
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,34 +287,37 @@ class OpenFile(abc.ABC):
         """Close; idempotent."""
 
     # -- NFSv4.2 (RFC 7862): sparse files, space reservation, server-side copy and clone.
+    # Backends without them keep these defaults: EOPNOTSUPP (NFS4ERR_NOTSUPP, so clients fall
+    # back to what they do without NFSv4.2), and READ_PLUS as plain data.
 
-    @abc.abstractmethod
     def seek(self, offset: int, data: bool) -> int | None:
         """SEEK_DATA (``data``) or SEEK_HOLE from ``offset``: the offset found, or None when
         there is none (no data past ``offset``, or ``offset`` at or past the end of file)."""
+        raise OSError(errno.EOPNOTSUPP, "SEEK_DATA/SEEK_HOLE not supported")
 
-    @abc.abstractmethod
     def allocate(self, offset: int, length: int) -> None:
         """Reserve space for ``[offset, offset+length)`` (fallocate; may grow the file)."""
+        raise OSError(errno.EOPNOTSUPP, "allocate not supported")
 
-    @abc.abstractmethod
     def deallocate(self, offset: int, length: int) -> None:
         """Punch a hole over ``[offset, offset+length)``; the size never changes."""
+        raise OSError(errno.EOPNOTSUPP, "deallocate not supported")
 
-    @abc.abstractmethod
     def read_segments(self, offset: int, count: int) -> tuple[list[Segment], bool]:
         """Up to ``count`` octets from ``offset`` as data and hole segments; ``(segments,
-        eof)``."""
+        eof)``. By default all data (no hole is reported)."""
+        data, eof = self.read(offset, count)
+        return ([Segment(offset, len(data), data)] if data else []), eof
 
-    @abc.abstractmethod
     def copy_to(self, dst: OpenFile, src_offset: int, dst_offset: int, count: int) -> int:
         """Copy up to ``count`` octets into ``dst`` inside the file system (copy_file_range:
         it may share blocks); the number copied, 0 at the end of this file."""
+        raise OSError(errno.EOPNOTSUPP, "server-side copy not supported")
 
-    @abc.abstractmethod
     def clone_to(self, dst: OpenFile, src_offset: int, dst_offset: int, count: int) -> None:
         """Share the blocks of ``[src_offset, +count)`` with ``dst`` (FICLONERANGE; ``count``
         0 means to the end of this file). EOPNOTSUPP where the file system cannot."""
+        raise OSError(errno.EOPNOTSUPP, "clone not supported")
 
     def hold_descriptor(self) -> int | None:
         """The descriptor of this open file, kept open (even past ``close``) until
@@ -469,22 +473,23 @@ class Vfs(abc.ABC):
     # -- extended attributes (RFC 8276), the ``user.`` namespace only: names come without
     # the prefix and the backend adds it. ENODATA: no such attribute; EEXIST / ENODATA for the
     # CREATE / REPLACE conflicts; E2BIG: value or list too large; ENAMETOOLONG, EINVAL: bad
-    # name. Permission is the file system's, checked with the caller's identity.
+    # name. Permission is the file system's, checked with the caller's identity. Backends
+    # without them keep these defaults (EOPNOTSUPP: NFS4ERR_NOTSUPP).
 
-    @abc.abstractmethod
-    def getxattr(self, cred: Cred, fh: bytes, name: bytes) -> bytes: ...
+    def getxattr(self, cred: Cred, fh: bytes, name: bytes) -> bytes:
+        raise OSError(errno.EOPNOTSUPP, "extended attributes not supported")
 
-    @abc.abstractmethod
     def setxattr(
         self, cred: Cred, fh: bytes, name: bytes, value: bytes, how: XattrHow = XattrHow.EITHER
-    ) -> None: ...
+    ) -> None:
+        raise OSError(errno.EOPNOTSUPP, "extended attributes not supported")
 
-    @abc.abstractmethod
     def listxattr(self, cred: Cred, fh: bytes) -> list[bytes]:
         """The names in the ``user.`` namespace, without the prefix, sorted."""
+        raise OSError(errno.EOPNOTSUPP, "extended attributes not supported")
 
-    @abc.abstractmethod
-    def removexattr(self, cred: Cred, fh: bytes, name: bytes) -> None: ...
+    def removexattr(self, cred: Cred, fh: bytes, name: bytes) -> None:
+        raise OSError(errno.EOPNOTSUPP, "extended attributes not supported")
 
     @abc.abstractmethod
     def release_identity(self) -> None:
