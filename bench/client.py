@@ -15,7 +15,13 @@ MB/s is 10**6 bytes per second. Under qemu TCG only the ratios mean something. T
 a transport is unavailable to our client). Target: every ratio >= 0.7.
 
 On the host this takes the test-bed lock (/tmp/nfsrdma-vm.lock), boots the test bed with
-knfsd and runs itself inside."""
+knfsd and runs itself inside.
+
+``python bench/client.py server_copy`` runs on the host instead, without the test bed: our server
+(in this process, TCP on 127.0.0.1, a temporary export) and our client; a file of ``--size-mib``
+(64) MiB copied with NFSv4.2 COPY (``copy_file``) and with READ + WRITE through the client (the
+file's bytes go to the client and back), each timed, best of three. The last line is
+``server_copy=<read+write seconds / COPY seconds> copy_s=… readwrite_s=…``."""
 
 from __future__ import annotations
 
@@ -201,7 +207,56 @@ def on_host(args: argparse.Namespace) -> int:
         return subprocess.call(argv, cwd=here.parent.parent)
 
 
+# -- server_copy (host, TCP loopback) ------------------------------------------------------------
+async def server_copy(size: int, rounds: int = 3) -> tuple[float, float]:
+    """(best COPY seconds, best READ+WRITE seconds) for ``size`` octets, our client and server."""
+    import tempfile
+
+    from nfsrdma.server import NFSServer
+
+    with tempfile.TemporaryDirectory(prefix="bench-copy-") as tmp:
+        export = Path(tmp) / "export"
+        export.mkdir()
+        (export / "src").write_bytes(os.urandom(size))
+        server = NFSServer(
+            str(export), bind="127.0.0.1", tcp_port=0, root_squash=False, state_dir=f"{tmp}/state"
+        )
+        await server.start()
+        try:
+            url = f"nfs://127.0.0.1:{server.tcp_port}/"
+            async with nc.connect(url, uid=0, gid=0) as fs:
+                service = server.state.delegation_service
+                if service is not None:
+                    await service.probe(fs.session.clientid or 0)  # asynchronous COPY allowed
+                copy_times, rw_times = [], []
+                for i in range(rounds):
+                    t0 = time.perf_counter()
+                    await fs.copy_file("src", f"copy{i}")
+                    copy_times.append(time.perf_counter() - t0)
+                    t0 = time.perf_counter()
+                    async with fs.open("src", "rb") as fin, fs.open(f"rw{i}", "wb") as fout:
+                        buf = bytearray(fs.rsize)
+                        view = memoryview(buf)
+                        while (n := await fin.readinto(view)) > 0:
+                            await fout.write(view[:n])
+                    rw_times.append(time.perf_counter() - t0)
+                    assert (export / f"copy{i}").stat().st_size == size
+                    assert (export / f"rw{i}").stat().st_size == size
+        finally:
+            await server.close()
+    return min(copy_times), min(rw_times)
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["server_copy"]:
+        parser = argparse.ArgumentParser(description="server-side COPY vs READ+WRITE (host)")
+        parser.add_argument("mode", choices=["server_copy"])
+        parser.add_argument("--size-mib", type=int, default=64, help="file size (default 64)")
+        args = parser.parse_args()
+        copy_s, rw_s = asyncio.run(server_copy(args.size_mib << 20))
+        print(f"{args.size_mib} MiB on one server: COPY {copy_s:.3f} s, READ+WRITE {rw_s:.3f} s")
+        print(f"server_copy={rw_s / copy_s:.1f} copy_s={copy_s:.3f} readwrite_s={rw_s:.3f}")
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mib", type=int, default=64, help="transfer size (default 64)")
     parser.add_argument("--files", type=int, default=500, help="files to stat (default 500)")

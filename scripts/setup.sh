@@ -10,7 +10,8 @@ serve_pkgs=(python3 python3-venv python3-pip python3-pyverbs rdma-core ibverbs-p
 test_pkgs=("${serve_pkgs[@]}" qemu-system-x86 linux-image-amd64 ibverbs-utils rdmacm-utils
   perftest nfs-kernel-server nfs-common iproute2 busybox-static kmod udev
   nfs-ganesha nfs-ganesha-mem nfs-ganesha-vfs
-  ceph-mon ceph-mgr ceph-osd ceph-mds ceph-common libcephfs2 python3-cephfs python3-rados)
+  ceph-mon ceph-mgr ceph-osd ceph-mds ceph-common libcephfs2 python3-cephfs python3-rados
+  attr)  # setfattr/getfattr: the NFSv4.2 extended-attribute test bed checks
 test_pkgs+=(systemd)  # systemd-analyze verifies contrib/nfsrdma.service
 case "$profile" in
   serve) pkgs=("${serve_pkgs[@]}"); extras="fast" ;;

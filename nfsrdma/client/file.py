@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from nfsrdma.client import ops
+from nfsrdma.client import nfs42, ops
 from nfsrdma.client.attrs import FileStat, decode_attrs
 from nfsrdma.client.deleg_cache import DelegatedCache
 from nfsrdma.client.errors import NfsBlockingIOError, NfsError, nfs_error
@@ -337,6 +337,37 @@ class NfsFile:
 
     async def flush(self) -> None:
         """Nothing is buffered on the client side."""
+
+    # -- NFSv4.2 (client/nfs42.py) ----------------------------------------------------------
+    async def seek_data(self, offset: int) -> int:
+        """The first data at or after ``offset`` (SEEK; ENXIO when none, as lseek)."""
+        return await nfs42.seek(self, offset, data=True)
+
+    async def seek_hole(self, offset: int) -> int:
+        """The first hole at or after ``offset`` (the end of file counts as one)."""
+        return await nfs42.seek(self, offset, data=False)
+
+    async def allocate(self, offset: int, length: int) -> None:
+        """Reserve space for the range (ALLOCATE; the file grows if it ends past the end)."""
+        await nfs42.space(self, offset, length, allocate=True)
+
+    async def deallocate(self, offset: int, length: int) -> None:
+        """Punch a hole over the range (DEALLOCATE; the size does not change)."""
+        await nfs42.space(self, offset, length, allocate=False)
+
+    async def copy_from(
+        self,
+        src: NfsFile,
+        src_offset: int = 0,
+        dst_offset: int = 0,
+        count: int = 0,
+        *,
+        progress: nfs42.Progress | None = None,
+    ) -> int:
+        """COPY from another file of the same server into this one, on the server."""
+        return await nfs42.copy_range(
+            self.client, src, self, src_offset, dst_offset, count, progress=progress
+        )
 
     async def truncate(self, size: int | None = None) -> int:
         self._check(want_write=True)

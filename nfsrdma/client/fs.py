@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
-from nfsrdma.client import ops
+from nfsrdma.client import nfs42, ops
 from nfsrdma.client.attrs import (
     STAT_ATTRS,
     FileStat,
@@ -671,6 +671,41 @@ class NfsClient:
     async def write_bytes(self, path: str, data: bytes | bytearray | memoryview) -> int:
         async with self.open(path, "wb") as f:
             return await f.write(data)
+
+    # -- NFSv4.2 (client/nfs42.py) ---------------------------------------------------------------
+    @property
+    def minor_version(self) -> int:
+        """The session's NFSv4 minor version: 2 when the server offers it, else 1."""
+        return self.session.minorversion
+
+    async def copy_file(self, src: str, dst: str, *, progress: nfs42.Progress | None = None) -> int:
+        """Copy ``src`` to ``dst`` on the server (COPY; the data never crosses the network);
+        ``progress(copied, total)`` is called as an asynchronous copy advances."""
+        return await nfs42.copy_file(self, src, dst, progress=progress)
+
+    async def clone(self, src: str, dst: str) -> None:
+        """Share ``src``'s blocks with ``dst`` (CLONE; EOPNOTSUPP where the server's file
+        system cannot)."""
+        await nfs42.clone(self, src, dst)
+
+    async def getxattr(self, path: str, name: str) -> bytes:
+        """An extended attribute in the ``user.`` namespace (``name`` without the prefix)."""
+        fh, _ = await self._lookup(split_path(path))
+        return await nfs42.getxattr(self, fh, path, name)
+
+    async def setxattr(
+        self, path: str, name: str, value: bytes, *, create: bool = False, replace: bool = False
+    ) -> None:
+        fh, _ = await self._lookup(split_path(path))
+        await nfs42.setxattr(self, fh, path, name, value, create=create, replace=replace)
+
+    async def listxattr(self, path: str) -> list[str]:
+        fh, _ = await self._lookup(split_path(path))
+        return await nfs42.listxattr(self, fh, path)
+
+    async def removexattr(self, path: str, name: str) -> None:
+        fh, _ = await self._lookup(split_path(path))
+        await nfs42.removexattr(self, fh, path, name)
 
     # -- state recovery (called by the session) --------------------------------------------------
     async def _reclaim(self) -> None:

@@ -46,11 +46,13 @@ __all__ = [
     "Settable",
     "attr_numbers",
     "bitmap_of",
+    "check_minor_version",
     "check_readable",
     "check_verifiable",
     "decode_settable",
     "encode_attrs",
     "encode_rdattr_error",
+    "for_minor_version",
     "needs_fsstats",
     "object_attrs",
     "plan_for",
@@ -107,6 +109,49 @@ NOT_VERIFIABLE: Final = WRITE_ONLY | {nfs4.FATTR4_RDATTR_ERROR}
 SUPPATTR_EXCLCREAT: Final = nfs4.SERVER_SUPPATTR_EXCLCREAT
 
 _SUPPORTED_WORDS: Final = tuple(SUPPORTED_BITMAP)
+
+# NFSv4.2's attributes (RFC 7862 section 12.2, RFC 8276): a minor version 1 COMPOUND neither
+# sees them in supported_attrs nor gets them.
+MINOR2_ATTRS: Final = frozenset(
+    {
+        nfs4.FATTR4_CLONE_BLKSIZE,
+        nfs4.FATTR4_SPACE_FREED,
+        nfs4.FATTR4_CHANGE_ATTR_TYPE,
+        nfs4.FATTR4_SEC_LABEL,
+        nfs4.FATTR4_XATTR_SUPPORT,
+    }
+)
+SUPPORTED_V41: Final = SUPPORTED - MINOR2_ATTRS
+_V41_WORDS: Final = tuple(bitmap_of(SUPPORTED_V41))
+_V41_SUPPORTED_XDR: Final = pack(nfs4.enc_bitmap4, list(_V41_WORDS))
+_V42_SUPPORTED_XDR: Final = pack(nfs4.enc_bitmap4, list(_SUPPORTED_WORDS))
+
+
+def for_minor_version(bitmap: Sequence[int], minor: int) -> list[int]:
+    """A request bitmap as the COMPOUND's minor version may ask it: for minor version 1 the
+    NFSv4.2 attributes are dropped (they do not exist there)."""
+    if minor >= 2:
+        return list(bitmap)
+    return [w & s for w, s in zip(bitmap, _V41_WORDS, strict=False)]
+
+
+def check_minor_version(bitmap: Sequence[int], minor: int) -> None:
+    """SETATTR / VERIFY / NVERIFY naming an attribute the minor version lacks:
+    NFS4ERR_ATTRNOTSUPP."""
+    if minor < 2 and MINOR2_ATTRS.intersection(attr_numbers(bitmap)):
+        raise Nfs4Error(nfs4.NFS4ERR_ATTRNOTSUPP)
+
+
+def fattr_for_minor_version(fattr: nfs4.fattr4, minor: int) -> nfs4.fattr4:
+    """supported_attrs as the minor version has it: attribute 0 always comes first in the
+    values, and both sets are three words long, so the minor version 1 set replaces it in place."""
+    if minor >= 2 or not fattr.attrmask or not fattr.attrmask[0] & 1:
+        return fattr
+    n = len(_V42_SUPPORTED_XDR)
+    vals = fattr.attr_vals
+    if bytes(vals[:n]) != _V42_SUPPORTED_XDR:  # pragma: no cover - an encoder bug
+        raise AssertionError("supported_attrs is not the first attribute value")
+    return nfs4.fattr4(fattr.attrmask, _V41_SUPPORTED_XDR + bytes(vals[n:]))
 
 
 def supported_subset(bitmap: Sequence[int]) -> list[int]:

@@ -43,10 +43,14 @@ class Callbacks:
     failed: int = 0
 
     async def compound(
-        self, clientid: int, ops: list[nfs4.nfs_cb_argop4], sessionid: bytes | None = None
+        self,
+        clientid: int,
+        ops: list[nfs4.nfs_cb_argop4],
+        sessionid: bytes | None = None,
     ) -> nfs4.CB_COMPOUND4res | None:
         """Send CB_SEQUENCE + ``ops`` to the client (on that session's back channel, when
-        ``sessionid`` is given); None when it cannot be reached."""
+        ``sessionid`` is given); None when it cannot be reached. The CB_COMPOUND's minor
+        version is the client's (that of its EXCHANGE_ID)."""
         path = self.sessions.callback_path(clientid, sessionid)
         if path is None:
             return None
@@ -58,7 +62,7 @@ class Callbacks:
             return None
         args = nfs4.CB_COMPOUND4args(
             tag=b"",
-            minorversion=1,
+            minorversion=session.client.minorversion,
             callback_ident=0,
             argarray=[nfs4.nfs_cb_argop4(nfs4.OP_CB_SEQUENCE, seq), *ops],
         )
@@ -143,6 +147,16 @@ class Callbacks:
         task = asyncio.get_running_loop().create_task(self.compound(clientid, [op]))
         self.tasks.add(task)
         task.add_done_callback(self._done)
+
+    async def offload(
+        self, clientid: int, fh: bytes, stateid: nfs4.stateid4, info: nfs4.offload_info4
+    ) -> bool:
+        """CB_OFFLOAD (RFC 7862 section 16.1): an asynchronous COPY into ``fh`` ended; whether
+        the client answered NFS4_OK."""
+        args = nfs4.CB_OFFLOAD4args(fh, stateid, info)
+        op = nfs4.nfs_cb_argop4(nfs4.OP_CB_OFFLOAD, args)
+        res = await self.compound(clientid, [op])
+        return res is not None and res.status == nfs4.NFS4_OK
 
     async def getattr(
         self, clientid: int, fh: bytes, attr_request: list[int]

@@ -8,6 +8,10 @@ Session rules enforced here: SEQUENCE only first (NFS4ERR_SEQUENCE_POS); without
 only EXCHANGE_ID, CREATE_SESSION, DESTROY_SESSION, DESTROY_CLIENTID and BIND_CONN_TO_SESSION,
 each alone (NFS4ERR_NOT_ONLY_OP); anything else NFS4ERR_OP_NOT_IN_SESSION. A SEQUENCE that
 finds a retry sends the cached reply, re-framed for the current transport.
+
+Minor versions 1 and 2 are served (anything else: NFS4ERR_MINOR_VERS_MISMATCH); the COMPOUND's
+decides which operations exist, so an NFSv4.2 operation in a minor version 1 COMPOUND is
+NFS4ERR_OP_ILLEGAL.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MINOR_VERSION = 1
+MINOR_VERSIONS = frozenset({1, 2})  # NFSv4.1, and NFSv4.2 (RFC 7862) beside it
+LAST_V41_OP = nfs4.OP_RECLAIM_COMPLETE  # operations above it exist from NFSv4.2 on
 SESSIONLESS_OPS = frozenset(
     {
         nfs4.OP_EXCHANGE_ID,
@@ -92,7 +97,7 @@ def compound(server: ServerState, call: RpcCall, w: Writer) -> Awaitable[None] |
     head = len(w)
     nfs4.enc_COMPOUND4res_head(w, nfs4.COMPOUND4res_head(nfs4.NFS4_OK, tag, 0))
     count_at = len(w) - 4  # status and count are set when the COMPOUND ends (_patch)
-    if head_args.minorversion != MINOR_VERSION:
+    if head_args.minorversion not in MINOR_VERSIONS:
         _patch(w, head, count_at, nfs4.NFS4ERR_MINOR_VERS_MISMATCH, 0)
         return None
     try:
@@ -110,6 +115,7 @@ def compound(server: ServerState, call: RpcCall, w: Writer) -> Awaitable[None] |
         now=time.monotonic(),
         op_count=count,
         request_size=_request_size(r, call.offset),
+        minorversion=head_args.minorversion,
     )
     return _Run(ctx, r, off, w, head, count_at).run()
 
@@ -187,7 +193,8 @@ class _Run:
             return _ILLEGAL, _ILLEGAL.error(nfs4.NFS4ERR_BADXDR)
         (opnum,) = _STATUS_COUNT.unpack_from(r.buf, off)
         op = _OPERATIONS.get(opnum)
-        if op is None or op is _ILLEGAL:
+        if op is None or op is _ILLEGAL or (opnum > LAST_V41_OP and ctx.minorversion < 2):
+            # Not an operation of this minor version (RFC 8881 section 15.2, RFC 7862 1.4).
             return _ILLEGAL, _ILLEGAL.error(nfs4.NFS4ERR_OP_ILLEGAL)
         try:
             args, self.off = op.dec_args(r, off + 4)

@@ -75,6 +75,7 @@ class CompoundContext:
     session: Session | None = None  # set by SEQUENCE
     sequence: SequenceResult | None = None  # set by SEQUENCE (the slot held by this COMPOUND)
     cachethis: bool = False
+    minorversion: int = 1  # the COMPOUND's: which operations and attributes exist
 
     def fh(self) -> bytes:
         """The current filehandle, or NFS4ERR_NOFILEHANDLE."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from nfsrdma.nfs4.grace import Grace, MemoryStore
+from nfsrdma.nfs4.offload import Offloads
 from nfsrdma.vfs.base import Vfs
 
 if TYPE_CHECKING:
@@ -75,12 +76,14 @@ class ServerState:
     grace: Grace = field(default_factory=lambda: Grace(MemoryStore(), 0, 0.0))
     executor: ThreadPoolExecutor = field(init=False)
     delegation_service: DelegationService | None = None  # set by the server once it runs
+    offloads: Offloads = field(default_factory=Offloads)  # asynchronous COPYs (NFSv4.2)
 
     def __post_init__(self) -> None:
         self.state_manager.leases = self.sessions  # courteous clients (nfsrdma.session.server)
         self.executor = ThreadPoolExecutor(self.config.io_threads, thread_name_prefix="nfsrdma-io")
 
     def close(self) -> None:
+        self.offloads.cancel_all()
         if self.delegation_service is not None:
             self.delegation_service.close()
         self.state_manager.close()

@@ -126,6 +126,8 @@ class ClientSession:
         self.clock = clock
         self.cred = auth_sys(self.opts.uid, self.opts.gid, self.opts.gids, self.opts.machinename)
         self.verifier = os.urandom(8)
+        self.minorversion = self.opts.minor_versions[0]  # settled by the first EXCHANGE_ID
+        self._minor_settled = False
         self.stats = SessionStats()
         self.rpc: RpcConnection | None = None
         self.clientid: int | None = None
@@ -358,7 +360,7 @@ class ClientSession:
             # COMPOUND4args piece by piece: each operation's DDP-eligible items are tagged
             # with its position (RFC 8267: which READ-class result goes to which sink).
             nfs4.enc_utf8str_cs(w, tag)
-            nfs4.enc_uint32_t(w, 1)  # minorversion
+            nfs4.enc_uint32_t(w, self.minorversion)
             nfs4.enc_uint32_t(w, len(ops))
             for i, op in enumerate(ops):
                 w.ddp_tag = i
@@ -526,9 +528,20 @@ class ClientSession:
     async def _exchange_id(self, rpc: RpcConnection) -> bool:
         """EXCHANGE_ID; True when the server does not know us as a confirmed client (a new or
         unconfirmed record: our state on the server is gone, reclaim it)."""
-        res = await self._sessionless(
-            rpc, nfs4.OP_EXCHANGE_ID, exchange_id_args(self.opts.owner, self.verifier)
-        )
+        args = exchange_id_args(self.opts.owner, self.verifier)
+        while True:
+            try:
+                res = await self._sessionless(rpc, nfs4.OP_EXCHANGE_ID, args)
+                break
+            except NfsStatusError as e:
+                if e.status != nfs4.NFS4ERR_MINOR_VERS_MISMATCH or self._minor_settled:
+                    raise
+                offered = self.opts.minor_versions
+                later = offered[offered.index(self.minorversion) + 1 :]
+                if not later:
+                    raise
+                self.minorversion = later[0]  # the server does not serve this minor version
+        self._minor_settled = True
         assert isinstance(res, nfs4.EXCHANGE_ID4resok)
         new = is_new_client(res, self.clientid)
         if new:

@@ -41,10 +41,12 @@ class CallbackEvents:
     recall_slot: int | None = None  # new target highest slot id for the fore channel
     recall_any: bool = False
     lock_notices: list[tuple[bytes, bytes]] = field(default_factory=list)  # (fh, lock owner)
+    offloads: list[nfs4.CB_OFFLOAD4args] = field(default_factory=list)  # asynchronous COPYs
 
     def __bool__(self) -> bool:
         return (
             bool(self.recalls)
+            or bool(self.offloads)
             or self.recall_slot is not None
             or self.recall_any
             or bool(self.lock_notices)
@@ -99,7 +101,7 @@ class Backchannel:
         count, off = nfs4.dec_uint32_t(r, off)
         events = CallbackEvents()
         res = nfs4.CB_COMPOUND4res(nfs4.NFS4_OK, tag, [])
-        if minor != 1:
+        if minor not in (1, 2):
             res.status = nfs4.NFS4ERR_MINOR_VERS_MISMATCH
             return res, events
         slot: _CbSlot | None = None
@@ -211,6 +213,11 @@ class Backchannel:
             assert isinstance(args, nfs4.CB_NOTIFY_LOCK4args)
             events.lock_notices.append((args.cnla_fh, args.cnla_lock_owner.owner))
             return nfs4.CB_NOTIFY_LOCK4res(nfs4.NFS4_OK)
+        if op == nfs4.OP_CB_OFFLOAD:
+            # The end of an asynchronous COPY (RFC 7862 section 16.1).
+            assert isinstance(args, nfs4.CB_OFFLOAD4args)
+            events.offloads.append(args)
+            return nfs4.CB_OFFLOAD4res(nfs4.NFS4_OK)
         if op == nfs4.OP_CB_ILLEGAL:
             return nfs4.CB_ILLEGAL4res(nfs4.NFS4ERR_OP_ILLEGAL)
         return _error_result(op, nfs4.NFS4ERR_NOTSUPP)

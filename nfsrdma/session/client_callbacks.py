@@ -62,6 +62,8 @@ class ClientCallbacks:
         self.slot_recall_hook: Callable[[int], None] | None = None
         self.recall_listeners: list[Callable[[Recall], None]] = []  # e.g. drop cached data
         self._lock_notices: dict[tuple[bytes, bytes], asyncio.Event] = {}
+        # CB_OFFLOAD by copy stateid: awaited, or arrived before the COPY's reply (kept).
+        self._offloads: dict[bytes, asyncio.Future[nfs4.CB_OFFLOAD4args]] = {}
         self._freeing = False
 
     def cb_compound(self, call: RpcCall, w: Writer) -> None:
@@ -86,7 +88,23 @@ class ClientCallbacks:
             if self._lock_notices.get(key) is event:
                 del self._lock_notices[key]
 
+    def offload_future(self, stateid: nfs4.stateid4) -> asyncio.Future[nfs4.CB_OFFLOAD4args]:
+        """What CB_OFFLOAD says about the asynchronous COPY ``stateid`` (it may have come
+        already); ``forget_offload`` when done with it."""
+        key = bytes(stateid.other)
+        fut = self._offloads.get(key)
+        if fut is None:
+            fut = self._offloads[key] = asyncio.get_running_loop().create_future()
+        return fut
+
+    def forget_offload(self, stateid: nfs4.stateid4) -> None:
+        self._offloads.pop(bytes(stateid.other), None)
+
     async def act_on(self, events: CallbackEvents) -> None:
+        for offload in events.offloads:
+            fut = self.offload_future(offload.coa_stateid)
+            if not fut.done():
+                fut.set_result(offload)
         for fh, owner in events.lock_notices:
             waiting = self._lock_notices.get((bytes(fh), bytes(owner)))
             if waiting is not None:

@@ -40,6 +40,9 @@ class SessionOptions:
     call_timeout: float = 120.0  # a call unanswered this long: reconnect and resend
     delay_deadline: float = 60.0  # give up retrying NFS4ERR_DELAY / GRACE after this long
     reconnect_deadline: float = 60.0  # give up reconnecting after this long
+    # Minor versions to offer, in order: the first the server's EXCHANGE_ID accepts is used
+    # (NFS4ERR_MINOR_VERS_MISMATCH moves on to the next), as the Linux client tries 4.2, 4.1.
+    minor_versions: tuple[int, ...] = (2, 1)
 
     def __post_init__(self) -> None:
         if not self.owner:

@@ -46,6 +46,9 @@ class Client:
     # Courtesy (``ServerSessions.reap``): the ``last_renewed`` of when the lease ran out with
     # state held; the client is courteous while it has not renewed since.
     courtesy_mark: float | None = None
+    # The minor version of its EXCHANGE_ID: its callbacks' CB_COMPOUND carries the same (the
+    # Linux client finds the session of a CB_SEQUENCE only within that minor version).
+    minorversion: int = 1
 
     def lease_expired(self, now: float, lease_time: float) -> bool:
         return now - self.last_renewed > lease_time

@@ -46,6 +46,11 @@ Operation summary (RFC 8881 operation in brackets)::
     readlink(cred, fh)                              -> bytes               [READLINK]
     readdir(cred, dir_fh, cookie, verifier, max_entries) -> DirListing     [READDIR]
     statfs(fh)                                      -> FsStats             [GETATTR space_*/files_*]
+    getxattr(cred, fh, name)                        -> bytes               [GETXATTR]
+    setxattr(cred, fh, name, value, how)                                   [SETXATTR]
+    listxattr(cred, fh)                             -> [name, ...]         [LISTXATTRS]
+    removexattr(cred, fh, name)                                            [REMOVEXATTR]
+    OpenFile: seek, allocate, deallocate, read_segments, copy_to, clone_to [NFSv4.2, RFC 7862]
     write_verifier                                  8 octets, random per server instance
 
 Exclusive create
@@ -80,6 +85,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import errno
 from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
@@ -235,6 +241,7 @@ class FsStats:
     bytes_avail: int
     max_name: int
     max_link: int
+    user_xattrs: bool = False  # the backend serves ``user.`` extended attributes (xattr_support)
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,6 +304,39 @@ class OpenFile(abc.ABC):
     def close(self) -> None:
         """Close; idempotent."""
 
+    # -- NFSv4.2 (RFC 7862): sparse files, space reservation, server-side copy and clone.
+    # Backends without them keep these defaults: EOPNOTSUPP (NFS4ERR_NOTSUPP, so clients fall
+    # back to what they do without NFSv4.2), and READ_PLUS as plain data.
+
+    def seek(self, offset: int, data: bool) -> int | None:
+        """SEEK_DATA (``data``) or SEEK_HOLE from ``offset``: the offset found, or None when
+        there is none (no data past ``offset``, or ``offset`` at or past the end of file)."""
+        raise OSError(errno.EOPNOTSUPP, "SEEK_DATA/SEEK_HOLE not supported")
+
+    def allocate(self, offset: int, length: int) -> None:
+        """Reserve space for ``[offset, offset+length)`` (fallocate; may grow the file)."""
+        raise OSError(errno.EOPNOTSUPP, "allocate not supported")
+
+    def deallocate(self, offset: int, length: int) -> None:
+        """Punch a hole over ``[offset, offset+length)``; the size never changes."""
+        raise OSError(errno.EOPNOTSUPP, "deallocate not supported")
+
+    def read_segments(self, offset: int, count: int) -> tuple[list[Segment], bool]:
+        """Up to ``count`` octets from ``offset`` as data and hole segments; ``(segments,
+        eof)``. By default all data (no hole is reported)."""
+        data, eof = self.read(offset, count)
+        return ([Segment(offset, len(data), data)] if data else []), eof
+
+    def copy_to(self, dst: OpenFile, src_offset: int, dst_offset: int, count: int) -> int:
+        """Copy up to ``count`` octets into ``dst`` inside the file system (copy_file_range:
+        it may share blocks); the number copied, 0 at the end of this file."""
+        raise OSError(errno.EOPNOTSUPP, "server-side copy not supported")
+
+    def clone_to(self, dst: OpenFile, src_offset: int, dst_offset: int, count: int) -> None:
+        """Share the blocks of ``[src_offset, +count)`` with ``dst`` (FICLONERANGE; ``count``
+        0 means to the end of this file). EOPNOTSUPP where the file system cannot."""
+        raise OSError(errno.EOPNOTSUPP, "clone not supported")
+
     def hold_descriptor(self) -> int | None:
         """The descriptor of this open file, kept open (even past ``close``) until
         ``let_go_descriptor``: a write lease is taken on it (``vfs/leases.py``). None when
@@ -318,6 +358,28 @@ class SharedGrace(Protocol):
     def end(self) -> None: ...
 
     def in_grace(self) -> bool: ...
+
+
+class XattrHow(enum.IntEnum):
+    """SETXATTR's option (setxattr_option4, RFC 8276 section 8.4.3.1)."""
+
+    EITHER = 0
+    CREATE = 1  # EEXIST if the attribute exists
+    REPLACE = 2  # ENODATA if it does not
+
+
+XATTR_NAME_MAX: Final = 255 - len("user.")  # a wire name; the VFS adds the ``user.`` prefix
+XATTR_SIZE_MAX: Final = 65536  # Linux's limit on one value
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A piece of a file as READ_PLUS returns it: ``data`` at ``offset``, or a hole of
+    ``length`` octets there when ``data`` is None."""
+
+    offset: int
+    length: int
+    data: bytes | None
 
 
 class Vfs(abc.ABC):
@@ -437,6 +499,27 @@ class Vfs(abc.ABC):
 
     @abc.abstractmethod
     def statfs(self, fh: bytes) -> FsStats: ...
+
+    # -- extended attributes (RFC 8276), the ``user.`` namespace only: names come without
+    # the prefix and the backend adds it. ENODATA: no such attribute; EEXIST / ENODATA for the
+    # CREATE / REPLACE conflicts; E2BIG: value or list too large; ENAMETOOLONG, EINVAL: bad
+    # name. Permission is the file system's, checked with the caller's identity. Backends
+    # without them keep these defaults (EOPNOTSUPP: NFS4ERR_NOTSUPP).
+
+    def getxattr(self, cred: Cred, fh: bytes, name: bytes) -> bytes:
+        raise OSError(errno.EOPNOTSUPP, "extended attributes not supported")
+
+    def setxattr(
+        self, cred: Cred, fh: bytes, name: bytes, value: bytes, how: XattrHow = XattrHow.EITHER
+    ) -> None:
+        raise OSError(errno.EOPNOTSUPP, "extended attributes not supported")
+
+    def listxattr(self, cred: Cred, fh: bytes) -> list[bytes]:
+        """The names in the ``user.`` namespace, without the prefix, sorted."""
+        raise OSError(errno.EOPNOTSUPP, "extended attributes not supported")
+
+    def removexattr(self, cred: Cred, fh: bytes, name: bytes) -> None:
+        raise OSError(errno.EOPNOTSUPP, "extended attributes not supported")
 
     @abc.abstractmethod
     def release_identity(self) -> None:

@@ -31,7 +31,8 @@ import errno
 import os
 import stat
 import threading
-from typing import Final
+from collections.abc import Callable
+from typing import Final, TypeVar
 
 from nfsrdma.vfs import attrs, confine, syscalls
 from nfsrdma.vfs.base import (
@@ -43,6 +44,8 @@ from nfsrdma.vfs.base import (
     ACCESS4_READ,
     NFS4_VERIFIER_SIZE,
     SET_TO_SERVER_TIME,
+    XATTR_NAME_MAX,
+    XATTR_SIZE_MAX,
     Attributes,
     BadCookie,
     CreateMode,
@@ -55,6 +58,7 @@ from nfsrdma.vfs.base import (
     StaleHandle,
     TimeSet,
     Vfs,
+    XattrHow,
 )
 from nfsrdma.vfs.changes import ChangeCounter
 from nfsrdma.vfs.confine import check_name, open_component, proc_path
@@ -78,6 +82,9 @@ def _process_umask() -> int:
     except OSError:
         pass
     return 0o022
+
+
+T = TypeVar("T")
 
 
 class LocalVfs(Vfs):
@@ -110,6 +117,7 @@ class LocalVfs(Vfs):
         self._open_lock = threading.Lock()
         self._open_counts: dict[bytes, int] = {}  # fh -> LocalOpenFiles not closed yet
         self._umask = _process_umask()
+        self._xattr_fs: dict[int, bool] = {}  # f_fsid -> keeps user extended attributes
         self._res = Resolver(
             self.root_path,
             HandleCodec(secret),
@@ -346,7 +354,68 @@ class LocalVfs(Vfs):
             bytes_avail=sv.f_bavail * sv.f_frsize,
             max_name=sv.f_namemax,
             max_link=link_max,
+            user_xattrs=self._user_xattrs(fh, sv.f_fsid),
         )
+
+    def _user_xattrs(self, fh: bytes, fsid: int) -> bool:
+        """Whether the file system of ``fh`` keeps user extended attributes (asked once per
+        file system: reading a name nobody sets is ENODATA there, ENOTSUP elsewhere)."""
+        known = self._xattr_fs.get(fsid)
+        if known is not None:
+            return known
+        pin = self._res.pin(fh)
+        try:
+            self._ident.apply_server()
+            os.getxattr(proc_path(pin.fd), "user.nfsrdma.probe")
+            known = True
+        except OSError as e:
+            known = e.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP)
+        finally:
+            pin.release()
+        self._xattr_fs[fsid] = known
+        return known
+
+    # ----------------------------------------------------------------- extended attributes
+
+    def _xattr(self, cred: Cred, fh: bytes, fn: Callable[[str], T], modifies: bool = False) -> T:
+        """``fn(path)`` on the object, as the caller (the file system checks permission)."""
+        if modifies and self.export.read_only:
+            raise attrs.erofs()
+        pin = self._res.pin(fh)
+        try:
+            self._ident.apply(self._cred(cred))
+            out = fn(proc_path(pin.fd))
+            if modifies:
+                self._changes.bump(pin.fileid)
+            return out
+        finally:
+            pin.release()
+
+    @off_protected_threads
+    def getxattr(self, cred: Cred, fh: bytes, name: bytes) -> bytes:
+        key = _user_xattr(name)
+        return self._xattr(cred, fh, lambda path: os.getxattr(path, key))
+
+    @off_protected_threads
+    def setxattr(
+        self, cred: Cred, fh: bytes, name: bytes, value: bytes, how: XattrHow = XattrHow.EITHER
+    ) -> None:
+        key = _user_xattr(name)
+        if len(value) > XATTR_SIZE_MAX:
+            raise OSError(errno.E2BIG, "extended attribute value too large")
+        flags = {XattrHow.EITHER: 0, XattrHow.CREATE: os.XATTR_CREATE}.get(how, os.XATTR_REPLACE)
+        self._xattr(cred, fh, lambda path: os.setxattr(path, key, value, flags), modifies=True)
+
+    @off_protected_threads
+    def listxattr(self, cred: Cred, fh: bytes) -> list[bytes]:
+        names = self._xattr(cred, fh, os.listxattr)
+        prefix = "user."
+        return sorted(os.fsencode(n[len(prefix) :]) for n in names if n.startswith(prefix))
+
+    @off_protected_threads
+    def removexattr(self, cred: Cred, fh: bytes, name: bytes) -> None:
+        key = _user_xattr(name)
+        self._xattr(cred, fh, lambda path: os.removexattr(path, key), modifies=True)
 
     @off_protected_threads
     def readdir(
@@ -835,6 +904,15 @@ class LocalVfs(Vfs):
         finally:
             opin.release()
         self._res.remember(opin.key, dpin.key, bname, replace=False)
+
+
+def _user_xattr(name: bytes) -> bytes:
+    """A wire name (RFC 8276: no namespace prefix) as the ``user.`` attribute it stands for."""
+    if not name or b"\0" in name:
+        raise OSError(errno.EINVAL, "bad extended attribute name")
+    if len(name) > XATTR_NAME_MAX:
+        raise OSError(errno.ENAMETOOLONG, "extended attribute name too long")
+    return b"user." + name
 
 
 def _same_object(a: os.stat_result, b: os.stat_result) -> bool:

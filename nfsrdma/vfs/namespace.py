@@ -62,10 +62,12 @@ from nfsrdma.vfs.base import (
     FileType,
     FsStats,
     OpenFile,
+    Segment,
     StaleHandle,
     TimeSet,
     Vfs,
     WrongSecurity,
+    XattrHow,
 )
 from nfsrdma.vfs.confine import check_name
 from nfsrdma.vfs.exports import (
@@ -179,6 +181,29 @@ class _ExportFile(OpenFile):
 
     def let_go_descriptor(self) -> None:
         self._inner.let_go_descriptor()
+
+    # NFSv4.2 (sparse files, copies): the export's own file does the work.
+    def seek(self, offset: int, data: bool) -> int | None:
+        return self._inner.seek(offset, data)
+
+    def allocate(self, offset: int, length: int) -> None:
+        self._inner.allocate(offset, length)
+
+    def deallocate(self, offset: int, length: int) -> None:
+        self._inner.deallocate(offset, length)
+
+    def read_segments(self, offset: int, count: int) -> tuple[list[Segment], bool]:
+        return self._inner.read_segments(offset, count)
+
+    def copy_to(self, dst: OpenFile, src_offset: int, dst_offset: int, count: int) -> int:
+        return self._inner.copy_to(_inner_of(dst), src_offset, dst_offset, count)
+
+    def clone_to(self, dst: OpenFile, src_offset: int, dst_offset: int, count: int) -> None:
+        self._inner.clone_to(_inner_of(dst), src_offset, dst_offset, count)
+
+
+def _inner_of(f: OpenFile) -> OpenFile:
+    return f._inner if isinstance(f, _ExportFile) else f
 
 
 _client = functools.lru_cache(maxsize=4096)(client_address)
@@ -589,6 +614,25 @@ class NamespaceVfs(Vfs):
     def link(self, cred: Cred, fh: bytes, dir_fh: bytes, name: bytes | str) -> None:
         mounted, obj, directory = self._same_export(fh, dir_fh)
         mounted.vfs.link(self._as(cred, mounted, modify=True), obj, directory, name)
+
+    # NFSv4.2 extended attributes (RFC 8276): on the export's objects only.
+    def getxattr(self, cred: Cred, fh: bytes, name: bytes) -> bytes:
+        mounted, inner = self._export(fh)
+        return mounted.vfs.getxattr(self._as(cred, mounted), inner, name)
+
+    def setxattr(
+        self, cred: Cred, fh: bytes, name: bytes, value: bytes, how: XattrHow = XattrHow.EITHER
+    ) -> None:
+        mounted, inner = self._export(fh)
+        mounted.vfs.setxattr(self._as(cred, mounted, modify=True), inner, name, value, how)
+
+    def listxattr(self, cred: Cred, fh: bytes) -> list[bytes]:
+        mounted, inner = self._export(fh)
+        return mounted.vfs.listxattr(self._as(cred, mounted), inner)
+
+    def removexattr(self, cred: Cred, fh: bytes, name: bytes) -> None:
+        mounted, inner = self._export(fh)
+        mounted.vfs.removexattr(self._as(cred, mounted, modify=True), inner, name)
 
     def readlink(self, cred: Cred, fh: bytes) -> bytes:
         _, _node, mounted, inner = self._route(fh)

@@ -1,4 +1,6 @@
-"""An open regular file of the local backend: the READ/WRITE/COMMIT data path."""
+"""An open regular file of the local backend: the READ/WRITE/COMMIT data path, and NFSv4.2's
+SEEK (lseek SEEK_DATA/SEEK_HOLE), ALLOCATE/DEALLOCATE (fallocate), READ_PLUS's segments, COPY
+(copy_file_range) and CLONE (FICLONERANGE)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,8 @@ import os
 import threading
 from collections.abc import Callable
 
-from nfsrdma.vfs import attrs
-from nfsrdma.vfs.base import Attributes, OpenFile
+from nfsrdma.vfs import attrs, syscalls
+from nfsrdma.vfs.base import Attributes, OpenFile, Segment
 from nfsrdma.vfs.changes import ChangeCounter
 
 
@@ -110,6 +112,111 @@ class LocalOpenFile(OpenFile):
             return attrs.from_stat(os.fstat(fd), count)
         finally:
             self._exit()
+
+    # ------------------------------------------------------------- NFSv4.2
+
+    def seek(self, offset: int, data: bool) -> int | None:
+        fd = self._enter()
+        try:
+            return os.lseek(fd, offset, os.SEEK_DATA if data else os.SEEK_HOLE)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # past the end, or no data after offset
+                return None
+            raise
+        finally:
+            self._exit()
+
+    def allocate(self, offset: int, length: int) -> None:
+        if not self.writable:
+            raise OSError(errno.EBADF, "not open for writing")
+        fd = self._enter()
+        try:
+            syscalls.allocate(fd, offset, length)
+        finally:
+            self._exit()
+        self._changes.bump(self.fileid)
+
+    def deallocate(self, offset: int, length: int) -> None:
+        if not self.writable:
+            raise OSError(errno.EBADF, "not open for writing")
+        fd = self._enter()
+        try:
+            size = os.fstat(fd).st_size
+            if offset < size:  # nothing to punch beyond the end; the size never changes
+                syscalls.punch_hole(fd, offset, min(length, size - offset))
+        finally:
+            self._exit()
+        self._changes.bump(self.fileid)
+
+    def read_segments(self, offset: int, count: int) -> tuple[list[Segment], bool]:
+        """Holes found with SEEK_HOLE/SEEK_DATA; data read with pread. A file system without
+        hole reporting reports one hole at the end of file: all data, which is right."""
+        if not self.readable:
+            raise OSError(errno.EBADF, "not open for reading")
+        fd = self._enter()
+        try:
+            size = os.fstat(fd).st_size
+            end = min(offset + count, size)
+            out: list[Segment] = []
+            pos = offset
+            while pos < end:
+                try:
+                    data_at = os.lseek(fd, pos, os.SEEK_DATA)
+                except OSError as e:
+                    if e.errno != errno.ENXIO:
+                        raise
+                    data_at = size  # only a hole up to the end of file
+                if data_at > pos:
+                    hole_end = min(data_at, end)
+                    out.append(Segment(pos, hole_end - pos, None))
+                    pos = hole_end
+                    continue
+                hole_at = min(os.lseek(fd, pos, os.SEEK_HOLE), end)
+                chunk = os.pread(fd, hole_at - pos, pos)
+                if not chunk:  # the file shrank under us
+                    break
+                out.append(Segment(pos, len(chunk), chunk))
+                pos += len(chunk)
+            return out, pos >= os.fstat(fd).st_size
+        finally:
+            self._exit()
+
+    def _pair(self, dst: OpenFile) -> LocalOpenFile:
+        if not isinstance(dst, LocalOpenFile):
+            raise OSError(errno.EXDEV, "not a file of this backend")
+        if not self.readable:
+            raise OSError(errno.EBADF, "source not open for reading")
+        if not dst.writable:
+            raise OSError(errno.EBADF, "destination not open for writing")
+        return dst
+
+    def copy_to(self, dst: OpenFile, src_offset: int, dst_offset: int, count: int) -> int:
+        target = self._pair(dst)
+        fd = self._enter()
+        try:
+            dfd = target._enter()
+            try:
+                n = os.copy_file_range(fd, dfd, count, src_offset, dst_offset)
+            finally:
+                target._exit()
+        finally:
+            self._exit()
+        if n:
+            self._changes.bump(target.fileid)
+        return n
+
+    def clone_to(self, dst: OpenFile, src_offset: int, dst_offset: int, count: int) -> None:
+        target = self._pair(dst)
+        fd = self._enter()
+        try:
+            dfd = target._enter()
+            try:
+                syscalls.clone_range(fd, src_offset, count, dfd, dst_offset)
+            finally:
+                target._exit()
+        finally:
+            self._exit()
+        self._changes.bump(target.fileid)
 
     def hold_descriptor(self) -> int | None:
         """While held, ``close`` only tells the backend (``on_close``); the descriptor stays

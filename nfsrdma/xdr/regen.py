@@ -63,7 +63,7 @@ TARGETS = (
     Target(
         "nfs4.x",
         "nfs4",
-        "NFSv4.1 protocol and callback program (RFC 5662).",
+        "NFSv4.1 and NFSv4.2 protocol and callback program (RFC 5662, RFC 7863, RFC 8276).",
         NFS4_DDP,
         NFS4_OPERATIONS,
         NFS4_PEEKS,

@@ -102,18 +102,22 @@ def test_nfs4_numbers(name: str, value: int) -> None:
 
 def test_nfs4_enumerations_are_complete() -> None:
     ops = enum_members("nfs4", "nfs_opnum4")
-    # OP_ACCESS (3) .. OP_RECLAIM_COMPLETE (58), no gaps, plus OP_ILLEGAL.
-    assert len(ops) == 57
-    assert sorted(ops.values()) == [*range(3, 59), 10044]
+    # OP_ACCESS (3) .. OP_RECLAIM_COMPLETE (58), NFSv4.2's OP_ALLOCATE (59) .. OP_CLONE (71)
+    # and RFC 8276's OP_GETXATTR (72) .. OP_REMOVEXATTR (75), no gaps, plus OP_ILLEGAL.
+    assert len(ops) == 74
+    assert sorted(ops.values()) == [*range(3, 76), 10044]
+    assert ops["OP_SEEK"] == 69 and ops["OP_CLONE"] == 71 and ops["OP_REMOVEXATTR"] == 75
     cb_ops = enum_members("nfs4", "nfs_cb_opnum4")
-    assert sorted(cb_ops.values()) == [*range(3, 15), 10044]
+    assert sorted(cb_ops.values()) == [*range(3, 16), 10044]  # CB_OFFLOAD is 15
     status = enum_members("nfs4", "nfsstat4")
-    assert len(status) == 104
+    assert len(status) == 113
     # 19 (an NFSv3 meaning), 10002 and 10073 are never allocated.
     assert {19, 10002, 10073}.isdisjoint(status.values())
-    assert set(range(10049, 10088)) - set(status.values()) == {10073}
+    assert set(range(10049, 10097)) - set(status.values()) == {10073}
+    assert status["NFS4ERR_OFFLOAD_NO_REQS"] == 10094 and status["NFS4ERR_XATTR2BIG"] == 10096
     fattr = {n: v for n, v in spec("nfs4").constants.items() if n.startswith("FATTR4_")}
-    assert sorted(fattr.values()) == list(range(77))  # 0 .. 76, each once
+    # 0 .. 80 each once; 81 (mode_umask, RFC 8275) is not defined here; 82 is xattr_support.
+    assert sorted(fattr.values()) == [*range(81), 82]
 
 
 def test_nfs4_programs() -> None:

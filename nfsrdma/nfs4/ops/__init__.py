@@ -11,6 +11,7 @@ from typing import Any
 from nfsrdma.nfs4.context import Bound, bind
 from nfsrdma.nfs4.ops import (
     attributes,
+    copy,
     directory,
     filehandle,
     io,
@@ -19,6 +20,8 @@ from nfsrdma.nfs4.ops import (
     namespace,
     open_close,
     session_ops,
+    sparse,
+    xattr,
 )
 from nfsrdma.xdr.gen import nfs4
 
@@ -76,6 +79,20 @@ _BOUND = (
     bind(nfs4.OPERATION_LOCKU, locks.op_locku),
     bind(nfs4.OPERATION_TEST_STATEID, locks.op_test_stateid),
     bind(nfs4.OPERATION_FREE_STATEID, locks.op_free_stateid),
+    # NFSv4.2 (RFC 7862; minor version 2 COMPOUNDs only, see compound.py)
+    bind(nfs4.OPERATION_SEEK, sparse.op_seek),
+    bind(nfs4.OPERATION_READ_PLUS, sparse.op_read_plus),
+    bind(nfs4.OPERATION_ALLOCATE, sparse.op_allocate),
+    bind(nfs4.OPERATION_DEALLOCATE, sparse.op_deallocate),
+    bind(nfs4.OPERATION_COPY, copy.op_copy),
+    bind(nfs4.OPERATION_OFFLOAD_STATUS, copy.op_offload_status),
+    bind(nfs4.OPERATION_OFFLOAD_CANCEL, copy.op_offload_cancel),
+    bind(nfs4.OPERATION_CLONE, copy.op_clone),
+    # extended attributes (RFC 8276)
+    bind(nfs4.OPERATION_GETXATTR, xattr.op_getxattr),
+    bind(nfs4.OPERATION_SETXATTR, xattr.op_setxattr),
+    bind(nfs4.OPERATION_LISTXATTRS, xattr.op_listxattrs),
+    bind(nfs4.OPERATION_REMOVEXATTR, xattr.op_removexattr),
 )
 
 

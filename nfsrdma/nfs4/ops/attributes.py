@@ -7,9 +7,12 @@ from collections.abc import Awaitable
 
 from nfsrdma.nfs4 import grace
 from nfsrdma.nfs4.attrs import (
+    check_minor_version,
     check_readable,
     check_verifiable,
     decode_settable,
+    fattr_for_minor_version,
+    for_minor_version,
     object_attrs,
 )
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
@@ -35,6 +38,7 @@ _OK = nfs4.NFS4_OK
 # The ACCESS4 bits that mean something for each kind of object (as knfsd answers).
 DIRECTORY_ACCESS = ACCESS4_READ | ACCESS4_LOOKUP | ACCESS4_MODIFY | ACCESS4_EXTEND | ACCESS4_DELETE
 OTHER_ACCESS = ACCESS4_READ | ACCESS4_MODIFY | ACCESS4_EXTEND | ACCESS4_EXECUTE
+XATTR_ACCESS = nfs4.ACCESS4_XAREAD | nfs4.ACCESS4_XAWRITE | nfs4.ACCESS4_XALIST
 
 
 def getattr_(
@@ -44,12 +48,15 @@ def getattr_(
     check_readable(args.attr_request)
     if write_delegation_elsewhere(ctx, fh, args.attr_request):  # CB_GETATTR first (10.4.3)
         return getattr_from_holder(ctx, fh, args.attr_request)
-    fattr = object_attrs(ctx.server.vfs, fh, args.attr_request, ctx.server.config)
+    request = for_minor_version(args.attr_request, ctx.minorversion)
+    fattr = object_attrs(ctx.server.vfs, fh, request, ctx.server.config)
+    fattr = fattr_for_minor_version(fattr, ctx.minorversion)
     return nfs4.GETATTR4res(_OK, nfs4.GETATTR4resok(fattr))
 
 
 def setattr_(ctx: CompoundContext, args: nfs4.SETATTR4args) -> nfs4.SETATTR4res:
     fh = ctx.fh()
+    check_minor_version(args.obj_attributes.attrmask, ctx.minorversion)
     s = decode_settable(args.obj_attributes)
     if s.size is not None or s.mode is not None:  # recalls other clients' delegations
         check_conflicts(ctx, fh, write=True, local_write=s.size is not None)
@@ -76,6 +83,7 @@ def _same(ctx: CompoundContext, fattr: nfs4.fattr4) -> bool:
     """Whether the object's attributes encode exactly as the client's (knfsd compares the
     same way: attribute values have one canonical XDR form, owners are numeric)."""
     fh = ctx.fh()
+    check_minor_version(fattr.attrmask, ctx.minorversion)
     check_verifiable(fattr.attrmask)
     ours = object_attrs(ctx.server.vfs, fh, fattr.attrmask, ctx.server.config)
     return ours.attr_vals == bytes(fattr.attr_vals)
@@ -94,11 +102,27 @@ def nverify(ctx: CompoundContext, args: nfs4.NVERIFY4args) -> nfs4.NVERIFY4res:
 
 
 def access(ctx: CompoundContext, args: nfs4.ACCESS4args) -> nfs4.ACCESS4res:
+    """In minor version 2 the extended-attribute bits (RFC 8276 section 8.4.1.1) are answered
+    for regular files and directories: reading or listing user attributes needs read
+    permission, changing them write permission (what the file system checks)."""
     fh = ctx.fh()
-    if args.access & ~ACCESS4_ALL:
-        raise Nfs4Error(nfs4.NFS4ERR_INVAL)  # NFSv4.2 xattr bits, or garbage
+    xattr_bits = XATTR_ACCESS if ctx.minorversion >= 2 else 0
+    if args.access & ~(ACCESS4_ALL | xattr_bits):
+        raise Nfs4Error(nfs4.NFS4ERR_INVAL)  # NFSv4.2 xattr bits in 4.1, or garbage
     vfs = ctx.server.vfs
-    kind = DIRECTORY_ACCESS if vfs.getattr(fh).type == FileType.NF4DIR else OTHER_ACCESS
+    ftype = vfs.getattr(fh).type
+    kind = DIRECTORY_ACCESS if ftype == FileType.NF4DIR else OTHER_ACCESS
     supported = args.access & kind
-    allowed = vfs.access(ctx.cred, fh, supported) & supported if supported else 0
-    return nfs4.ACCESS4res(_OK, nfs4.ACCESS4resok(supported, allowed))
+    xattr_wanted = args.access & xattr_bits if ftype in (FileType.NF4DIR, FileType.NF4REG) else 0
+    ask = supported
+    if xattr_wanted & (nfs4.ACCESS4_XAREAD | nfs4.ACCESS4_XALIST):
+        ask |= ACCESS4_READ
+    if xattr_wanted & nfs4.ACCESS4_XAWRITE:
+        ask |= ACCESS4_MODIFY
+    granted = vfs.access(ctx.cred, fh, ask) if ask else 0
+    allowed = granted & supported
+    if granted & ACCESS4_READ:
+        allowed |= xattr_wanted & (nfs4.ACCESS4_XAREAD | nfs4.ACCESS4_XALIST)
+    if granted & ACCESS4_MODIFY:
+        allowed |= xattr_wanted & nfs4.ACCESS4_XAWRITE
+    return nfs4.ACCESS4res(_OK, nfs4.ACCESS4resok(supported | xattr_wanted, allowed))

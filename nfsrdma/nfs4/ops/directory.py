@@ -14,7 +14,13 @@ it; otherwise the READDIR fails with that error.
 
 from __future__ import annotations
 
-from nfsrdma.nfs4.attrs import check_readable, encode_rdattr_error, plan_for
+from nfsrdma.nfs4.attrs import (
+    check_readable,
+    encode_rdattr_error,
+    fattr_for_minor_version,
+    for_minor_version,
+    plan_for,
+)
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
 from nfsrdma.nfs4.errors import ERRNO_STATUS
 from nfsrdma.vfs.base import DirEntry
@@ -43,7 +49,7 @@ def _entry_error(entry: DirEntry, want_rdattr_error: bool) -> nfs4.fattr4:
 
 def readdir(ctx: CompoundContext, args: nfs4.READDIR4args) -> nfs4.READDIR4res:
     fh = ctx.fh()
-    request = args.attr_request
+    request = for_minor_version(args.attr_request, ctx.minorversion)
     check_readable(request)
     vfs = ctx.server.vfs
     config = ctx.server.config
@@ -79,6 +85,7 @@ def readdir(ctx: CompoundContext, args: nfs4.READDIR4args) -> nfs4.READDIR4res:
                 fattr = _entry_error(e, want_rdattr_error)
             else:
                 fattr = plan.encode(e.attrs, fsstats, e.fh, config)
+                fattr = fattr_for_minor_version(fattr, ctx.minorversion)
             names = 8 + 4 + _pad(len(e.name))
             size = ENTRY_OVERHEAD + _pad(len(e.name)) + 4 * len(fattr.attrmask)
             size += _pad(len(fattr.attr_vals))

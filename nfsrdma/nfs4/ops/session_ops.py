@@ -48,6 +48,9 @@ def exchange_id(ctx: CompoundContext, args: nfs4.EXCHANGE_ID4args) -> nfs4.EXCHA
             now=ctx.now,
             source=source_of(ctx.conn.peer),
         )
+    record = _sessions(ctx).client(resok.eir_clientid)
+    if record is not None:
+        record.minorversion = ctx.minorversion
     return nfs4.EXCHANGE_ID4res(OK, resok)
 
 

@@ -275,3 +275,38 @@ def test_failed_reload_keeps_the_rules(ns: NamespaceVfs, tree: Path) -> None:
     walk(ns, A, tree / "srv/team")
     with pytest.raises(ExportsError):
         parse("/x *(rw,bad)\n")
+
+
+def test_nfs42_calls_reach_the_export(ns: NamespaceVfs, tree: Path) -> None:
+    """SEEK, ALLOCATE/DEALLOCATE, READ_PLUS segments, COPY and extended attributes go through
+    the pseudo-root to the export's own file system, with the rule's identity and ro."""
+    team = walk(ns, A, tree / "srv/team")
+    src_fh, src, _ = ns.create_file(A, team, "src", 0o644)
+    dst_fh, dst, _ = ns.create_file(A, team, "dst", 0o644)
+    try:
+        src.write(0, b"a" * 4096)
+        src.allocate(4096, 8192)
+        assert src.getattr().size == 4096 + 8192
+        src.deallocate(0, 4096)
+        assert src.seek(0, data=False) == 0  # a hole where the data was punched out
+        segments, eof = src.read_segments(0, 16384)
+        assert eof and sum(s.length for s in segments) == 4096 + 8192
+        src.write(0, b"copied")
+        assert src.copy_to(dst, 0, 0, 6) == 6
+        assert dst.read(0, 6) == (b"copied", True)
+    finally:
+        src.close()
+        dst.close()
+    try:
+        ns.setxattr(A, src_fh, b"colour", b"blue")
+    except OSError as e:  # the host file system keeps no user. attributes
+        assert e.errno in (errno.ENOTSUP, errno.EOPNOTSUPP)
+    else:
+        assert ns.getxattr(A, src_fh, b"colour") == b"blue"
+        assert ns.listxattr(A, src_fh) == [b"colour"]
+        with pytest.raises(OSError) as ei:  # 127.0.0.2 has the export read-only
+            ns.removexattr(B, src_fh, b"colour")
+        assert ei.value.errno == errno.EROFS
+        ns.removexattr(A, src_fh, b"colour")
+        assert ns.listxattr(A, src_fh) == []
+    assert dst_fh != src_fh

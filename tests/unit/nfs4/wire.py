@@ -89,8 +89,9 @@ def status_list(res: nfs4.COMPOUND4res) -> list[str]:
 class Client:
     """One client ID and session; ``call`` prepends SEQUENCE with the next seqid of slot 0."""
 
-    def __init__(self, srv: Server, owner: bytes, host: str = "192.0.2.1") -> None:
+    def __init__(self, srv: Server, owner: bytes, host: str = "192.0.2.1", minor: int = 1) -> None:
         self.srv = srv
+        self.minor = minor  # the minor version of every COMPOUND
         self.owner = owner
         self.conn: RpcConnection = srv.connection(f"{host}:{800 + len(owner)}")
         self.sessionid = b""
@@ -98,11 +99,11 @@ class Client:
         self.seqid = 1
 
     async def mount(self) -> Client:
-        res, _ = await self.srv.call(self.conn, [op_exchange_id(self.owner)])
+        res, _ = await self.srv.call(self.conn, [op_exchange_id(self.owner)], minor=self.minor)
         assert res.status == OK, status_list(res)
         eir = resok(res, 0)
         res, _ = await self.srv.call(
-            self.conn, [op_create_session(eir.eir_clientid, eir.eir_sequenceid)]
+            self.conn, [op_create_session(eir.eir_clientid, eir.eir_sequenceid)], minor=self.minor
         )
         assert res.status == OK, status_list(res)
         self.sessionid = resok(res, 0).csr_sessionid
@@ -113,13 +114,13 @@ class Client:
 
     async def bare(self, *ops: nfs4.nfs_argop4) -> nfs4.COMPOUND4res:
         """A COMPOUND without SEQUENCE (the sessionless operations)."""
-        res, _ = await self.srv.call(self.conn, list(ops))
+        res, _ = await self.srv.call(self.conn, list(ops), minor=self.minor)
         return res
 
     async def call(self, *ops: nfs4.nfs_argop4) -> nfs4.COMPOUND4res:
         seq = op_sequence(self.sessionid, self.seqid)
         self.seqid += 1
-        res, _ = await self.srv.call(self.conn, [seq, *ops])
+        res, _ = await self.srv.call(self.conn, [seq, *ops], minor=self.minor)
         return res
 
     async def expect(self, status: int, *ops: nfs4.nfs_argop4) -> nfs4.COMPOUND4res:

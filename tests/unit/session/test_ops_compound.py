@@ -67,12 +67,16 @@ class Server:
         return RpcConnection(MemoryConnection(name))
 
     async def call(
-        self, conn: RpcConnection, ops: list[nfs4.nfs_argop4], cred: rpc.opaque_auth = ROOT_CRED
+        self,
+        conn: RpcConnection,
+        ops: list[nfs4.nfs_argop4],
+        cred: rpc.opaque_auth = ROOT_CRED,
+        minor: int = 1,
     ) -> tuple[nfs4.COMPOUND4res, bytes]:
         self.xid += 1
         w = Writer()
         message.encode_call(w, self.xid, nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 1, cred)
-        nfs4.enc_COMPOUND4args(w, nfs4.COMPOUND4args(b"t", 1, ops))
+        nfs4.enc_COMPOUND4args(w, nfs4.COMPOUND4args(b"t", minor, ops))
         reader = Reader(w.flatten())
         xid, body, off = message.decode_call(reader)
         call = RpcCall(
