@@ -15,12 +15,9 @@ ratio says little; on the test bed (``--provider rxe``, inside the guest) both s
 On rxe the order of setting up matters. The Linux kernel refuses a ``write()`` on a verbs
 device file from a thread whose credentials changed after the file was opened (EACCES, "changed
 security contexts after opening file descriptor"), and rxe posts every Send with such a write.
-Our server's VFS sets the event-loop thread's fs identity (setgroups, setfsuid...) when it
-starts and for each client identity, which replaces the thread's credentials. So the server
-opens its device itself, after its VFS took the server identity (``NFSServer.start``); the
-client's device is opened after that; and the client calls as the server's own uid, gid and
-groups, so the identity never changes again. (Opening both devices first, as the first version
-of this script did, made the very first Send fail with EACCES, with the extension on or off.)
+The server never changes its event-loop thread's credentials (file-system calls as a client's
+identity run in an identity worker, ``vfs/identity.py``), and the client here calls as the
+server's own identity; the server still opens its device itself, before the client's.
 
 Last line: ``rdma_ops_v1=… rdma_ops_rtrext=… latency_ratio=…`` (operations per RPC over both
 workloads; latency ratio = rtrext median / v1 median, both workloads pooled). Target: 0 and

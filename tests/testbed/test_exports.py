@@ -36,6 +36,7 @@ BASE = Path("/tmp/exports-tb")
 ALLOWED = BASE / "srv" / "allowed"
 FORBIDDEN = BASE / "srv" / "forbidden"
 READONLY = BASE / "pub"
+SQUASHED = BASE / "srv" / "squashed"
 
 
 @pytest.fixture(scope="module")
@@ -45,18 +46,16 @@ def exports_server(knfsd: Knfsd) -> Iterator[Path]:
     here, and a read-only one for everybody."""
     BASE.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(BASE)], check=True)
-    for d in (ALLOWED, FORBIDDEN, READONLY):
+    for d in (ALLOWED, FORBIDDEN, READONLY, SQUASHED):
         d.mkdir(parents=True)
+    SQUASHED.chmod(0o777)
     (READONLY / "hello").write_text("hello\n")
     addr = guest_addr()
     exports = out_dir() / "exports-test.exports"
-    # no_root_squash throughout, as knfsd's test-bed export: a squashed request changes the
-    # event-loop thread's credentials, after which the kernel refuses that thread's RDMA-CM
-    # and uverbs write() calls (ib_safe_file_access), a limit of the server not specific to
-    # exports (docs/operations.md, "Security model").
     exports.write_text(
         "# the guest's own address is the Linux client's source address\n"
         f"{ALLOWED}   {addr}(rw,no_root_squash) 127.0.0.1(rw,no_root_squash)\n"
+        f"{SQUASHED}  {addr}(rw) 127.0.0.1(rw)\n"
         f"{FORBIDDEN} 192.0.2.1(rw,no_root_squash)\n"
         f"{READONLY}  *(ro,insecure,no_root_squash)\n"
     )
@@ -127,3 +126,19 @@ def test_pseudo_root_shows_only_what_the_client_may_see(
         assert os.stat(inside).st_dev != os.stat(srv).st_dev
         with pytest.raises(PermissionError):
             os.listdir(srv / "forbidden")
+
+
+def test_squashed_requests_leave_rdma_working(
+    exports_server: Path, nfs_mount: MountFactory
+) -> None:
+    """A squashed root acts as 65534 on the server, an identity switch; the thread that
+    drives RDMA must not make it, or the kernel refuses its later RDMA-CM and verbs commands
+    (EACCES on every Send over soft-RoCE, and on the next connection's CM events). Two RDMA
+    mounts one after the other, each writing as the squashed root, both work."""
+    for n in range(2):
+        with nfs_mount(server("rdma", SQUASHED)) as m:
+            assert m.stats().xprt == "rdma"
+            f = m.mountpoint / f"squashed-{n}"
+            f.write_bytes(b"y" * 20000)
+            assert f.read_bytes() == b"y" * 20000
+            assert (SQUASHED / f.name).stat().st_uid == 65534
