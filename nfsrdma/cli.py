@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "nfsrdma.testbed.cli",
     "nfsrdma.client.cli",
     "nfsrdma.conform.cli",
+    "nfsrdma.stats.cli",
 )
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from nfsrdma.nfs4.grace import Grace, MemoryStore
+from nfsrdma.stats.core import ServerStats
 from nfsrdma.vfs.base import Vfs
 
 if TYPE_CHECKING:
@@ -75,6 +76,7 @@ class ServerState:
     grace: Grace = field(default_factory=lambda: Grace(MemoryStore(), 0, 0.0))
     executor: ThreadPoolExecutor = field(init=False)
     delegation_service: DelegationService | None = None  # set by the server once it runs
+    stats: ServerStats = field(default_factory=ServerStats)  # operations by transport
 
     def __post_init__(self) -> None:
         self.state_manager.leases = self.sessions  # courteous clients (nfsrdma.session.server)
