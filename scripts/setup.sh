@@ -11,7 +11,7 @@ test_pkgs=("${serve_pkgs[@]}" qemu-system-x86 linux-image-amd64 ibverbs-utils rd
   perftest nfs-kernel-server nfs-common iproute2 busybox-static kmod udev
   nfs-ganesha nfs-ganesha-mem nfs-ganesha-vfs)
 case "$profile" in
-  serve) pkgs=("${serve_pkgs[@]}"); extras="fast" ;;
+  serve) pkgs=("${serve_pkgs[@]}"); extras="fast,metrics" ;;
   test) pkgs=("${test_pkgs[@]}"); extras="dev,testbed" ;;
   *) echo "usage: $0 serve|test" >&2; exit 2 ;;
 esac

@@ -67,6 +67,7 @@ from nfsrdma.session.client_setup import (
 )
 from nfsrdma.session.requester_slots import RequesterSlot, RequesterSlots
 from nfsrdma.session.slot_wait import slot_signal
+from nfsrdma.stats.core import OpTable
 from nfsrdma.transport.base import Connection, ReplyExpectation, TransportCallError
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Writer, XdrError
@@ -127,6 +128,7 @@ class ClientSession:
         self.cred = auth_sys(self.opts.uid, self.opts.gid, self.opts.gids, self.opts.machinename)
         self.verifier = os.urandom(8)
         self.stats = SessionStats()
+        self.op_stats = OpTable()  # per operation: count, errors, latency (NfsClient.stats)
         self.rpc: RpcConnection | None = None
         self.clientid: int | None = None
         self.create_sequence = 0
@@ -247,6 +249,7 @@ class ClientSession:
         call = CallMachine(self.core, cachethis=cachethis, idempotent=idempotent, reclaim=reclaim)
         self._next_token += 1
         token = self._next_token
+        started = self.clock()
         try:
             while True:
                 await self._wait_ready(reclaim)
@@ -255,6 +258,7 @@ class ClientSession:
                 if isinstance(step, Send):
                     step = await self._transmit(call, step, ops, expect, tag, token)
                 if isinstance(step, Finish):
+                    self._count(step.res, self.clock() - started)
                     return step.res
                 if isinstance(step, Fail):
                     raise step.error
@@ -267,6 +271,14 @@ class ClientSession:
                     self._do_repair_request(step, conn_gen)
         finally:
             call.close()
+
+    def _count(self, res: nfs4.COMPOUND4res, seconds: float) -> None:
+        results: list[tuple[int, int]] = []
+        for r in res.resarray:
+            op = nfs4.OPERATIONS.get(r.resop)
+            if op is not None:
+                results.append((r.resop, op.status_of(r.value)))
+        self.op_stats.record_compound(results, seconds)
 
     async def _transmit(
         self,

@@ -84,6 +84,13 @@ class OpTable:
         if status:
             fig.errors[status] = fig.errors.get(status, 0) + 1
 
+    def record_compound(self, results: list[tuple[int, int]], seconds: float) -> None:
+        """A COMPOUND's results, (operation number, status) each, all in ``seconds``: the
+        requester's view, where every operation of a COMPOUND shares its round trip."""
+        self.compounds += 1
+        for opnum, status in results:
+            self.record(opnum, status, seconds)
+
     def snapshot(self, *, buckets: bool = False) -> dict[str, Any]:
         """Plain data (JSON-able): operations by name, each with count, errors by status name,
         p50/p99 and mean in milliseconds (and the bucket counts when asked)."""
