@@ -77,11 +77,11 @@ class BenchResult:
                 f"p50 {s['p50_ms']:.2f} ms  p90 {s['p90_ms']:.2f} ms  p99 {s['p99_ms']:.2f} ms"
             )
         if self.nfs_ops:
-            out.append(f"{'NFS op':<14}{'calls':>8}{'errors':>8}{'p50 ms':>10}{'p99 ms':>10}")
+            out.append(f"{'NFS op':<18}{'calls':>8}{'errors':>8}{'p50 ms':>10}{'p99 ms':>10}")
             for name, op in sorted(self.nfs_ops.items(), key=lambda kv: -kv[1]["count"]):
                 nerr = sum(op["errors"].values())
                 out.append(
-                    f"{name:<14}{op['count']:>8}{nerr:>8}{op['p50_ms']:>10.3f}{op['p99_ms']:>10.3f}"
+                    f"{name:<18}{op['count']:>8}{nerr:>8}{op['p50_ms']:>10.3f}{op['p99_ms']:>10.3f}"
                 )
         return out
 

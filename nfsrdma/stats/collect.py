@@ -43,7 +43,7 @@ class Collector:
     ) -> dict[str, Any]:
         conns = [c.conn for c in connections]
         transports: dict[str, Any] = {}
-        for kind in sorted({*TRANSPORTS, *self.stats.tables}):
+        for kind in [*TRANSPORTS, *sorted(set(self.stats.tables) - set(TRANSPORTS))]:
             table = self.stats.tables.get(kind)
             one: dict[str, Any] = {"connections": sum(1 for c in conns if c.kind == kind)}
             one.update(

@@ -57,7 +57,8 @@ def percentile(buckets: list[int], q: float) -> float:
                 return BOUNDS[-1]  # beyond the last bound: all we know is its lower edge
             hi = BOUNDS[i]
             lo = BOUNDS[i - 1] if i else hi / 10 ** (1 / 5)
-            frac = (rank - seen) / n
+            frac = (rank - seen - 0.5) / n if n > 1 else 0.5  # a lone value: the middle
+            frac = min(1.0, max(0.0, frac))
             return lo * math.exp(frac * math.log(hi / lo))
         seen += n
     return BOUNDS[-1]
