@@ -23,21 +23,16 @@ BOUNDS: tuple[float, ...] = tuple(10 ** (k / 5 - 6) for k in range(41))
 class OpFigures:
     """One operation's figures: calls, errors by status, latency buckets and their sum."""
 
-    __slots__ = ("buckets", "count", "errors", "seconds")
+    __slots__ = ("buckets", "errors", "seconds")
 
     def __init__(self) -> None:
-        self.count = 0
         self.seconds = 0.0
         self.errors: dict[int, int] = {}
         self.buckets = [0] * (len(BOUNDS) + 1)
 
-    def merge(self, other: OpFigures) -> None:
-        self.count += other.count
-        self.seconds += other.seconds
-        for status, n in other.errors.items():
-            self.errors[status] = self.errors.get(status, 0) + n
-        for i, n in enumerate(other.buckets):
-            self.buckets[i] += n
+    @property
+    def count(self) -> int:
+        return sum(self.buckets)
 
     def percentile(self, q: float) -> float:
         """The ``q``-th percentile latency in seconds (0 when nothing was recorded)."""
@@ -74,14 +69,16 @@ class OpTable:
         self.compounds = 0  # COMPOUNDs begun
         self.replays = 0  # ... answered from the reply cache
 
-    def record(self, opnum: int, status: int, seconds: float) -> None:
-        """One operation done with ``status`` after ``seconds``."""
-        fig = self.ops.get(opnum)
-        if fig is None:
+    def record(
+        self, opnum: int, status: int, seconds: float, _at: Any = bisect_left, _b: Any = BOUNDS
+    ) -> None:
+        """One operation done with ``status`` after ``seconds`` (the hot path: kept short)."""
+        try:
+            fig = self.ops[opnum]
+        except KeyError:
             fig = self.ops[opnum] = OpFigures()
-        fig.count += 1
         fig.seconds += seconds
-        fig.buckets[bisect_left(BOUNDS, seconds)] += 1
+        fig.buckets[_at(_b, seconds)] += 1
         if status:
             fig.errors[status] = fig.errors.get(status, 0) + 1
 
@@ -97,12 +94,13 @@ class OpTable:
         p50/p99 and mean in milliseconds (and the bucket counts when asked)."""
         ops: dict[str, Any] = {}
         for opnum, fig in sorted(self.ops.items()):
+            count = fig.count
             one: dict[str, Any] = {
-                "count": fig.count,
+                "count": count,
                 "errors": {status_name(s): n for s, n in sorted(fig.errors.items())},
                 "p50_ms": round(fig.percentile(50) * 1000, 4),
                 "p99_ms": round(fig.percentile(99) * 1000, 4),
-                "mean_ms": round(fig.seconds / fig.count * 1000, 4) if fig.count else 0.0,
+                "mean_ms": round(fig.seconds / count * 1000, 4) if count else 0.0,
                 "seconds": fig.seconds,
             }
             if buckets:

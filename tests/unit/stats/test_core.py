@@ -32,7 +32,7 @@ def test_percentiles_within_one_bucket_of_the_exact_value(seed: int) -> None:
         exact = data[int(q / 100 * len(data)) - 1]
         assert exact / step <= fig.percentile(q) <= exact * step, q
     assert fig.seconds == pytest.approx(sum(values))
-    assert sum(fig.buckets) == fig.count == 5000
+    assert fig.count == 5000
 
 
 def test_percentile_edges() -> None:
