@@ -24,8 +24,9 @@ from nfsrdma.server import NFSServer
 from nfsrdma.session.client import ClientSession
 from nfsrdma.session.client_setup import SessionOptions
 from nfsrdma.transport.base import Connection
-from nfsrdma.transport.rdma.endpoint import connect_rdma
+from nfsrdma.transport.rdma.endpoint import RdmaConnection, connect_rdma
 from nfsrdma.transport.rdma.inproc import InprocDevice, InprocFabric
+from tests.unit.rdma.faults import BAD_HEADERS, expect_rdma_error
 
 SERVER, CLIENT, RDMA_PORT = "10.9.0.1", "10.9.0.2", 20049
 
@@ -92,6 +93,10 @@ async def test_stats_after_compounds_over_tcp_and_rdma(
             mine = fs.stats()
             async with rdma_client(fabric.device(CLIENT)) as rfs:
                 await _io(rfs, "over-rdma")
+                rpc = rfs.session.rpc
+                assert rpc is not None and isinstance(rpc.conn, RdmaConnection)
+                for message, err, _ in BAD_HEADERS[:2]:  # one ERR_VERS, one ERR_CHUNK
+                    assert err in await expect_rdma_error(rpc, rpc.conn, message)
 
                 snap: dict[str, Any] = json.loads(
                     await asyncio.to_thread(_stats_cli, state, capsys, "--json")
@@ -129,6 +134,7 @@ async def test_stats_after_compounds_over_tcp_and_rdma(
     assert c["write_chunks_filled"] >= 5  # READ data pushed by RDMA Writes
     assert c["write_chunks_offered"] >= c["write_chunks_filled"]
     assert c["rdma_reads"] >= 5 and c["rdma_writes"] >= 5
+    assert c["rdma_error_vers_sent"] == 1 and c["rdma_error_chunk_sent"] == 1
     sessions = snap["sessions"]
     assert sessions["clients"] == 2 and sessions["sessions"] == 2
     assert sessions["slots"] > 0 and sessions["slots_in_use"] == 0
@@ -140,6 +146,7 @@ async def test_stats_after_compounds_over_tcp_and_rdma(
     assert len(read_lines) == 2 and all(int(line[1]) >= 5 for line in read_lines)
     assert "LOOKUP NFS4ERR_NOENT 1" in text
     assert "RPC-over-RDMA: 1 connections" in text
+    assert "RDMA_ERROR sent  ERR_VERS 1  ERR_CHUNK 1" in text
 
     # Prometheus exposition, parsed.
     assert ctype.startswith("text/plain; version=")
@@ -156,7 +163,8 @@ async def test_stats_after_compounds_over_tcp_and_rdma(
     assert s[("nfsrdma_rdma_credits_granted", ())] == 32
     assert s[("nfsrdma_rdma_chunks_total", (("chunk", "read"), ("use", "received")))] >= 5
     assert s[("nfsrdma_rdma_messages_total", (("direction", "call"), ("placement", "inline")))] > 0
-    assert s[("nfsrdma_rdma_errors_sent_total", (("kind", "ERR_CHUNK"),))] == 0
+    assert s[("nfsrdma_rdma_errors_sent_total", (("kind", "ERR_CHUNK"),))] == 1
+    assert s[("nfsrdma_rdma_errors_sent_total", (("kind", "ERR_VERS"),))] == 1
     assert s[("nfsrdma_sessions", ())] == 2
 
 
