@@ -3,12 +3,15 @@ started and stopped with the server (``NFSServer(admin_socket=..., metrics=...)`
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 from nfsrdma.stats.admin import AdminSocket, socket_path
 from nfsrdma.stats.collect import Collector
 from nfsrdma.vfs.secret import default_state_dir
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from nfsrdma.server import NFSServer
@@ -41,8 +44,11 @@ class StatsService:
         self.collector = Collector(state.stats, time.monotonic())
         if self.want_admin:
             admin = AdminSocket(self.admin_path, {"stats": self._stats_command})
-            if await admin.start():
-                self.admin = admin
+            try:
+                if await admin.start():
+                    self.admin = admin
+            except OSError as e:  # statistics are not worth refusing to serve for
+                log.error("no admin socket (nfsrdma stats) at %s: %s", self.admin_path, e)
         if self.want_metrics is not None:
             try:
                 from nfsrdma.stats.metrics import MetricsEndpoint  # prometheus-client: an extra

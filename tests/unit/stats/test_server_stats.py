@@ -176,3 +176,19 @@ async def test_no_admin_socket_unless_asked(tmp_path: Path) -> None:
     ):
         assert not (state / "admin.sock").exists()
     assert main(["stats", "--state-dir", str(state)]) == 1
+
+
+async def test_server_serves_without_an_admin_socket_it_cannot_make(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    export, state = tmp_path / "export", tmp_path / ("d" * 110) / "state"  # too long for AF_UNIX
+    export.mkdir()
+    async with NFSServer(
+        str(export), bind="127.0.0.1", tcp_port=0, rdma_port=None, state_dir=str(state),
+        root_squash=False, admin_socket=True,
+    ) as server:  # fmt: skip
+        assert server.stats.admin is None
+        async with nc.connect(f"nfs://127.0.0.1:{server.tcp_port}/", uid=0, gid=0) as fs:
+            await fs.write_bytes("f", b"still serving")
+        assert server.stats.snapshot()["transports"]["tcp"]["ops"]["WRITE"]["count"] == 1
+    assert "no admin socket" in caplog.text
