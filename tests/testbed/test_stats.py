@@ -46,6 +46,10 @@ def test_stats_show_the_linux_clients_operations(nfs_mount: MountFactory) -> Non
                 drop_caches()
                 assert path.read_bytes() == data
                 assert (srv.export / f"file-{proto}").read_bytes() == data
+                # The mount's client ID and session (umount destroys them).
+                sessions = json.loads(_nfsrdma_stats("--json"))["sessions"]
+                assert sessions["clients"] >= 1 and sessions["sessions"] >= 1, sessions
+                assert sessions["slots"] > 0, sessions
         snap = json.loads(_nfsrdma_stats("--json"))
         table = _nfsrdma_stats()
         with urllib.request.urlopen(f"http://{METRICS}/metrics", timeout=60) as r:
@@ -64,7 +68,6 @@ def test_stats_show_the_linux_clients_operations(nfs_mount: MountFactory) -> Non
     assert counters["write_chunks_filled"] > 0 and counters["rdma_writes"] > 0
     assert counters.get("rdma_error_chunk_sent", 0) == 0
     assert counters.get("rdma_error_vers_sent", 0) == 0
-    assert snap["sessions"]["clients"] >= 1
     read_lines = [line.split() for line in table.splitlines() if line.split()[:1] == ["READ"]]
     assert len(read_lines) == 2, table
     assert 'nfsrdma_operations_total{transport="rdma",op="READ"}' in exposition
