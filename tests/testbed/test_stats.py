@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from nfsrdma.testbed.helpers import MountFactory, drop_caches
 from nfsrdma.testbed.ours import our_server
@@ -70,5 +71,13 @@ def test_stats_show_the_linux_clients_operations(nfs_mount: MountFactory) -> Non
     assert counters.get("rdma_error_vers_sent", 0) == 0
     read_lines = [line.split() for line in table.splitlines() if line.split()[:1] == ["READ"]]
     assert len(read_lines) == 2, table
-    assert 'nfsrdma_operations_total{transport="rdma",op="READ"}' in exposition
-    assert 'nfsrdma_rdma_chunks_total{chunk="read",use="received"}' in exposition
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(exposition)
+        for s in family.samples
+    }
+    for proto in ("tcp", "rdma"):
+        key = ("nfsrdma_operations_total", (("op", "READ"), ("transport", proto)))
+        assert samples[key] >= _ops(snap, proto)["READ"]["count"] > 0
+    key = ("nfsrdma_rdma_chunks_total", (("chunk", "read"), ("use", "received")))
+    assert samples[key] >= counters["read_chunks_received"] > 0
