@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "nfsrdma.testbed.cli",
     "nfsrdma.client.cli",
     "nfsrdma.conform.cli",
+    "nfsrdma.stats.cli",
 )
 
 

@@ -37,6 +37,7 @@ from nfsrdma.rpc.ratelog import LineRateLimiter
 from nfsrdma.rpc.server import Dispatcher, RpcCall, null_procedure
 from nfsrdma.rpc.watch import IdleWatch
 from nfsrdma.session.server import ServerSessions, SessionCaps
+from nfsrdma.stats.service import StatsService
 from nfsrdma.transport.base import Connection
 from nfsrdma.transport.rdma.endpoint import RdmaListener, RdmaOptions
 from nfsrdma.transport.rdma.provider import Device
@@ -86,6 +87,8 @@ class NFSServer:
         node_name: str | None = None,
         exports: ExportTable | None = None,
         exports_file: str | None = None,
+        admin_socket: bool = False,
+        metrics: tuple[str, int] | None = None,
     ) -> None:
         cfg = config or ServerConfig()
         if lease_time is not None:
@@ -133,6 +136,8 @@ class NFSServer:
         self.idle_closed = 0  # connections closed by the idle and record timeouts
         self._conn_lines = LineRateLimiter()  # connection opened/closed
         self._refusal_lines = LineRateLimiter()  # connection refused
+        # Statistics: the admin socket in the state directory, Prometheus on ``metrics``.
+        self.stats = StatsService(self, admin_socket=admin_socket, metrics=metrics)
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -188,6 +193,7 @@ class NFSServer:
             " (read-only)" if self.export.read_only else "",
         )
         self._reaper = asyncio.create_task(self._reap_leases())
+        await self.stats.start()
 
     async def _start_rdma(self) -> str:
         """Listen for RPC-over-RDMA when a device exists (UL-9); say where, or why not."""
@@ -244,6 +250,7 @@ class NFSServer:
         """Stop listening, let the calls in progress finish and send their replies (for up to
         ``drain`` seconds; 0: do not wait), then close every connection, flushing what each
         still has to send (within the same bound)."""
+        await self.stats.close()
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -312,6 +319,7 @@ class NFSServer:
         def closed(c: Connection, exc: BaseException | None) -> None:
             self.admission.release(source)
             self.connections.discard(rpc)
+            self.stats.connection_closed(c)
             if self.state is not None:
                 self.state.sessions.connection_closed(rpc)
             why = (watch.reason if watch is not None else None) or exc

@@ -16,6 +16,7 @@ from nfsrdma import sdnotify
 from nfsrdma.aio import run
 from nfsrdma.nfs4.server_state import ServerConfig
 from nfsrdma.server import NFS_RDMA_PORT, NFS_TCP_PORT, NFSServer
+from nfsrdma.stats.service import parse_address
 from nfsrdma.transport.rdma.connection_base import RdmaOptions
 from nfsrdma.vfs.base import Export, Vfs
 from nfsrdma.vfs.exports import ExportsError, check_paths
@@ -130,6 +131,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="S",
         help="on SIGTERM, wait up to S seconds for the calls in progress to be answered",
     )
+    p.add_argument(
+        "--metrics",
+        type=_address,
+        default=None,
+        metavar="ADDR:PORT",
+        help="serve Prometheus metrics on http://ADDR:PORT/metrics (needs prometheus-client)",
+    )
+    p.add_argument(
+        "--no-admin-socket",
+        dest="admin_socket",
+        action="store_false",
+        help="do not listen on the admin socket STATE_DIR/admin.sock (nfsrdma stats)",
+    )
     p.set_defaults(func=serve)
 
 
@@ -138,6 +152,13 @@ def _positive(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return n
+
+
+def _address(text: str) -> tuple[str, int]:
+    try:
+        return parse_address(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _seconds(text: str) -> float:
@@ -227,6 +248,8 @@ def serve(args: argparse.Namespace) -> int:
         node_name=args.node_name,
         exports=table,
         exports_file=args.exports,
+        admin_socket=args.admin_socket,
+        metrics=args.metrics,
     )
 
     async def main() -> None:

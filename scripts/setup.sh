@@ -14,7 +14,7 @@ test_pkgs=("${serve_pkgs[@]}" qemu-system-x86 linux-image-amd64 ibverbs-utils rd
   attr)  # setfattr/getfattr: the NFSv4.2 extended-attribute test bed checks
 test_pkgs+=(systemd)  # systemd-analyze verifies contrib/nfsrdma.service
 case "$profile" in
-  serve) pkgs=("${serve_pkgs[@]}"); extras="fast" ;;
+  serve) pkgs=("${serve_pkgs[@]}"); extras="fast,metrics" ;;
   test) pkgs=("${test_pkgs[@]}"); extras="dev,testbed" ;;
   *) echo "usage: $0 serve|test" >&2; exit 2 ;;
 esac

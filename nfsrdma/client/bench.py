@@ -56,9 +56,15 @@ class BenchResult:
     read_mb_s: float
     ops: dict[str, dict[str, float]]
     session: dict[str, Any]
+    # Per NFSv4.1 operation, as the client library counted them (NfsClient.stats).
+    nfs_ops: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Each small operation's latencies (ms), for the chart; not in as_dict.
+    samples: dict[str, list[float]] = field(default_factory=dict, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        del d["samples"]
+        return d
 
     def lines(self) -> list[str]:
         out = [
@@ -70,6 +76,13 @@ class BenchResult:
                 f"{name:7s} {s['ops']:5.0f} ops {s['ops_per_s']:9.1f}/s  "
                 f"p50 {s['p50_ms']:.2f} ms  p90 {s['p90_ms']:.2f} ms  p99 {s['p99_ms']:.2f} ms"
             )
+        if self.nfs_ops:
+            out.append(f"{'NFS op':<18}{'calls':>8}{'errors':>8}{'p50 ms':>10}{'p99 ms':>10}")
+            for name, op in sorted(self.nfs_ops.items(), key=lambda kv: -kv[1]["count"]):
+                nerr = sum(op["errors"].values())
+                out.append(
+                    f"{name:<18}{op['count']:>8}{nerr:>8}{op['p50_ms']:>10.3f}{op['p99_ms']:>10.3f}"
+                )
         return out
 
 
@@ -158,6 +171,8 @@ async def run_bench(
         write_mb_s=round(write, 1),
         read_mb_s=round(read, 1),
         ops={s.name: s.summary() for s in (create, stat, remove)},
+        nfs_ops=fs.stats(),
+        samples={s.name: s.latencies_ms for s in (create, stat, remove)},
         session={
             "transport": fs.url.transport,
             "slots": neg.slots,
@@ -166,3 +181,40 @@ async def run_bench(
             "max_in_flight": fs.session.slots.stats.max_in_flight,
         },
     )
+
+
+def plot(result: BenchResult, path: str) -> None:
+    """Write a PNG chart of ``result``: the small operations' latency distributions (CDF) and
+    the p50/p99 of each NFSv4.1 operation. Needs matplotlib (``nfsrdma[plot]``)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise OSError(f"--plot needs matplotlib (pip install 'nfsrdma[plot]'): {e}") from None
+    fig, (cdf, bars) = plt.subplots(1, 2, figsize=(12, 5))
+    fig.suptitle(
+        f"{result.session.get('transport', '')}: write {result.write_mb_s} MB/s, "
+        f"read {result.read_mb_s} MB/s"
+    )
+    for name, lat in result.samples.items():
+        if lat:
+            data = sorted(lat)
+            cdf.step(data, [(i + 1) / len(data) for i in range(len(data))], label=name)
+    cdf.set_xscale("log")
+    cdf.set_xlabel("latency (ms)")
+    cdf.set_ylabel("fraction of operations")
+    cdf.set_title("small operations")
+    cdf.legend()
+    names = sorted(result.nfs_ops, key=lambda n: -result.nfs_ops[n]["count"])[:12]
+    xs = range(len(names))
+    bars.bar([x - 0.2 for x in xs], [result.nfs_ops[n]["p50_ms"] for n in names], 0.4, label="p50")
+    bars.bar([x + 0.2 for x in xs], [result.nfs_ops[n]["p99_ms"] for n in names], 0.4, label="p99")
+    bars.set_xticks(list(xs), names, rotation=45, ha="right")
+    bars.set_ylabel("ms (round trip of the COMPOUNDs carrying it)")
+    bars.set_title("NFSv4.1 operations")
+    bars.legend()
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)

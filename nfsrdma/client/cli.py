@@ -23,7 +23,7 @@ from typing import Any, BinaryIO, TextIO
 from nfsrdma.aio import run
 from nfsrdma.client import connect
 from nfsrdma.client.attrs import FileStat
-from nfsrdma.client.bench import run_bench
+from nfsrdma.client.bench import plot, run_bench
 from nfsrdma.client.fs import NfsClient
 from nfsrdma.client.url import NfsUrl, is_url, parse_url
 
@@ -421,6 +421,8 @@ async def cmd_bench(args: argparse.Namespace) -> int:
         )
         for line in result.lines():
             print(line)
+    if args.plot:
+        plot(result, args.plot)
     return 0
 
 
@@ -537,6 +539,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--block", type=int, default=16, help="bytes per read/write call, MiB")
     p.add_argument("--files", type=int, default=200, help="files for the small operations")
     p.add_argument("--concurrency", type=int, default=16, help="small operations in flight")
+    p.add_argument("--plot", metavar="FILE", help="also write a PNG chart (needs matplotlib)")
 
 
 def main(argv: list[str] | None = None) -> int:

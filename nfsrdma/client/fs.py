@@ -126,6 +126,13 @@ class NfsClient:
         # to the server at once, so its attributes are ours. NFS4ERR_BADHANDLE says so.
         session.backchannel.delegated_attrs = lambda fh: None
 
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Per NFSv4.1 operation sent (SEQUENCE aside): ``count``, ``errors`` by status name,
+        ``p50_ms``/``p99_ms``/``mean_ms`` of the round trips of the COMPOUNDs that carried it
+        (retries and waits for a slot included), as ``nfsrdma stats`` shows a server's."""
+        ops: dict[str, dict[str, Any]] = self.session.op_stats.snapshot()["ops"]
+        return ops
+
     # -- set-up ---------------------------------------------------------------------------------
     async def mount(self) -> None:
         """Find the root and the URL's directory."""

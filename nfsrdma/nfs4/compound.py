@@ -146,6 +146,9 @@ class _Run:
         self.done = 0
         self.read_class = 0
         self.replayed = False
+        self.table = ctx.server.stats.table(ctx.conn.conn.kind)  # nfsrdma.stats
+        self.table.compounds += 1
+        self.clock = ctx.now  # when the last operation ended (its latency is from there)
 
     def run(self) -> Awaitable[None] | None:
         """Run operations until the end, or until one must wait: then a coroutine goes on."""
@@ -232,6 +235,7 @@ class _Run:
             assert isinstance(replay, EncodedReply)
             replay.append_to(w)
             self.replayed = True
+            self.table.replays += 1
             return True
         mark, ddp_mark = len(w), len(w.ddp)
         if op.number in READ_CLASS_OPS:
@@ -247,6 +251,9 @@ class _Run:
             op.encode_result(w, op.error(status))
         self.status = status
         self.done += 1
+        now = time.monotonic()
+        self.table.record(op.number, status, now - self.clock)
+        self.clock = now
         if status != nfs4.NFS4_OK:
             return True
         if op is _SEQUENCE and seq is not None and seq.uncached_retry:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from nfsrdma.nfs4.grace import Grace, MemoryStore
 from nfsrdma.nfs4.offload import Offloads
+from nfsrdma.stats.core import ServerStats
 from nfsrdma.vfs.base import Vfs
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ class ServerState:
     executor: ThreadPoolExecutor = field(init=False)
     delegation_service: DelegationService | None = None  # set by the server once it runs
     offloads: Offloads = field(default_factory=Offloads)  # asynchronous COPYs (NFSv4.2)
+    stats: ServerStats = field(default_factory=ServerStats)  # operations by transport
 
     def __post_init__(self) -> None:
         self.state_manager.leases = self.sessions  # courteous clients (nfsrdma.session.server)

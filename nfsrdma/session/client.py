@@ -67,6 +67,7 @@ from nfsrdma.session.client_setup import (
 )
 from nfsrdma.session.requester_slots import RequesterSlot, RequesterSlots
 from nfsrdma.session.slot_wait import slot_signal
+from nfsrdma.stats.core import OpTable
 from nfsrdma.transport.base import Connection, ReplyExpectation, TransportCallError
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Writer, XdrError
@@ -129,6 +130,7 @@ class ClientSession:
         self.minorversion = self.opts.minor_versions[0]  # settled by the first EXCHANGE_ID
         self._minor_settled = False
         self.stats = SessionStats()
+        self.op_stats = OpTable()  # per operation: count, errors, latency (NfsClient.stats)
         self.rpc: RpcConnection | None = None
         self.clientid: int | None = None
         self.create_sequence = 0
@@ -249,6 +251,7 @@ class ClientSession:
         call = CallMachine(self.core, cachethis=cachethis, idempotent=idempotent, reclaim=reclaim)
         self._next_token += 1
         token = self._next_token
+        started = self.clock()
         try:
             while True:
                 await self._wait_ready(reclaim)
@@ -257,6 +260,7 @@ class ClientSession:
                 if isinstance(step, Send):
                     step = await self._transmit(call, step, ops, expect, tag, token)
                 if isinstance(step, Finish):
+                    self._count(step.res, self.clock() - started)
                     return step.res
                 if isinstance(step, Fail):
                     raise step.error
@@ -269,6 +273,14 @@ class ClientSession:
                     self._do_repair_request(step, conn_gen)
         finally:
             call.close()
+
+    def _count(self, res: nfs4.COMPOUND4res, seconds: float) -> None:
+        results: list[tuple[int, int]] = []
+        for r in res.resarray:
+            op = nfs4.OPERATIONS.get(r.resop)
+            if op is not None:
+                results.append((r.resop, op.status_of(r.value)))
+        self.op_stats.record_compound(results, seconds)
 
     async def _transmit(
         self,

@@ -409,6 +409,8 @@ class RdmaConnectionBase(Connection):
             # A reply we cannot parse: the call fails; the connection lives on.
             self._fail_call(e.xid, TransportCallError(f"unparsable reply: {e}"))
             return
+        sent = "rdma_error_vers_sent" if e.err == hdr.ERR_VERS else "rdma_error_chunk_sent"
+        self.stats[sent] += 1
         self._send([hdr.encode_error(e.xid, self.policy.grant, e.err)])
 
     # -- what the requester and responder halves provide ----------------------------------

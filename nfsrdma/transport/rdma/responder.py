@@ -46,6 +46,11 @@ class Responder(RdmaConnectionBase):
             self._inbound_calls -= 1
             self._bad_header(e)
             return
+        st = self.stats  # what this call brought and offered (nfsrdma.stats.collect)
+        st["calls_long" if zero else "calls_inline"] += 1
+        st["read_chunks_received"] += len(h.reads) - len(zero)
+        st["write_chunks_offered"] += len(h.writes)
+        st["reply_chunks_offered"] += h.reply is not None
         call = InCall(h, inline)
         if not h.reads:
             self._deliver_call(call)
@@ -160,6 +165,7 @@ class Responder(RdmaConnectionBase):
         except HeaderError as e:
             log.info("rdma %s: %s", self.peer, e)
             self.stats["reply_overruns"] += 1
+            self.stats["rdma_error_chunk_sent"] += 1
             self._send([hdr.encode_error(h.xid, self.policy.grant, hdr.ERR_CHUNK)])
             return
         writes = []
@@ -176,6 +182,8 @@ class Responder(RdmaConnectionBase):
                 )
             )
             self.stats["rdma_writes"] += 1
+        self.stats["replies_long" if plan.proc == hdr.RDMA_NOMSG else "replies_inline"] += 1
+        self.stats["write_chunks_filled"] += sum(1 for c in plan.write_list if c and c[0].length)
         head = hdr.encode(h.xid, self.policy.grant, plan.proc, [], plan.write_list, plan.reply)
         # The RDMA Writes go ahead of the Send in one post (TR-19: RC ordering).
         self._send([head, *plan.inline], self._invalidate_for(h), writes)
