@@ -1681,6 +1681,7 @@ def dec_settime4(r: _Reader, off: int) -> tuple[settime4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v6: _Any
         (_d6,) = _S2.unpack_from(buf, off)
         _a6 = _settime4_ARMS.get(_d6)
         if _a6 is None:
@@ -2696,6 +2697,7 @@ def dec_layoutreturn4(r: _Reader, off: int) -> tuple[layoutreturn4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v27: _Any
         (_d27,) = _S2.unpack_from(buf, off)
         _a27 = _layoutreturn4_ARMS.get(_d27)
         if _a27 is None:
@@ -4655,6 +4657,7 @@ def dec_fattr4_time_access_set(r: _Reader, off: int) -> tuple[fattr4_time_access
     buf = r.buf
     o0 = off
     try:
+        _v74: _Any
         (_d74,) = _S2.unpack_from(buf, off)
         _a74 = _settime4_ARMS.get(_d74)
         if _a74 is None:
@@ -4793,6 +4796,7 @@ def dec_fattr4_time_modify_set(r: _Reader, off: int) -> tuple[fattr4_time_modify
     buf = r.buf
     o0 = off
     try:
+        _v75: _Any
         (_d75,) = _S2.unpack_from(buf, off)
         _a75 = _settime4_ARMS.get(_d75)
         if _a75 is None:
@@ -6682,6 +6686,7 @@ def dec_ACCESS4res(r: _Reader, off: int) -> tuple[ACCESS4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v158: _Any
         (_d158,) = _S2.unpack_from(buf, off)
         _a158 = _ACCESS4res_ARMS.get(_d158)
         if _a158 is None:
@@ -6749,6 +6754,7 @@ def dec_CLOSE4res(r: _Reader, off: int) -> tuple[CLOSE4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v159: _Any
         (_d159,) = _S2.unpack_from(buf, off)
         _a159 = _CLOSE4res_ARMS.get(_d159)
         if _a159 is None:
@@ -6840,6 +6846,7 @@ def dec_COMMIT4res(r: _Reader, off: int) -> tuple[COMMIT4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v160: _Any
         (_d160,) = _S2.unpack_from(buf, off)
         _a160 = _COMMIT4res_ARMS.get(_d160)
         if _a160 is None:
@@ -6897,6 +6904,7 @@ def dec_createtype4(r: _Reader, off: int) -> tuple[createtype4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v161: _Any
         (_d161,) = _S2.unpack_from(buf, off)
         _a161 = _createtype4_ARMS.get(_d161)
         if _a161 is None:
@@ -6945,6 +6953,7 @@ def dec_CREATE4args(r: _Reader, off: int) -> tuple[CREATE4args, int]:
     buf = r.buf
     o0 = off
     try:
+        _v164: _Any
         (_d164,) = _S2.unpack_from(buf, off)
         _a164 = _createtype4_ARMS.get(_d164)
         if _a164 is None:
@@ -7054,6 +7063,7 @@ def dec_CREATE4res(r: _Reader, off: int) -> tuple[CREATE4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v169: _Any
         (_d169,) = _S2.unpack_from(buf, off)
         _a169 = _CREATE4res_ARMS.get(_d169)
         if _a169 is None:
@@ -7277,6 +7287,7 @@ def dec_GETATTR4res(r: _Reader, off: int) -> tuple[GETATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v176: _Any
         (_d176,) = _S2.unpack_from(buf, off)
         _a176 = _GETATTR4res_ARMS.get(_d176)
         if _a176 is None:
@@ -7355,6 +7366,7 @@ def dec_GETFH4res(r: _Reader, off: int) -> tuple[GETFH4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v177: _Any
         (_d177,) = _S2.unpack_from(buf, off)
         _a177 = _GETFH4res_ARMS.get(_d177)
         if _a177 is None:
@@ -7453,6 +7465,7 @@ def dec_LINK4res(r: _Reader, off: int) -> tuple[LINK4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v178: _Any
         (_d178,) = _S2.unpack_from(buf, off)
         _a178 = _LINK4res_ARMS.get(_d178)
         if _a178 is None:
@@ -7575,6 +7588,7 @@ def dec_locker4(r: _Reader, off: int) -> tuple[locker4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v181: _Any
         (_d181,) = _S0.unpack_from(buf, off)
         _a181 = _locker4_ARMS.get(_d181)
         if _a181 is None:
@@ -7615,6 +7629,7 @@ def dec_LOCK4args(r: _Reader, off: int) -> tuple[LOCK4args, int]:
         f_reclaim = _BOOL[_t[1]]
         f_offset = _t[2]
         f_length = _t[3]
+        _v182: _Any
         (_d182,) = _S0.unpack_from(buf, off)
         _a182 = _locker4_ARMS.get(_d182)
         if _a182 is None:
@@ -7732,6 +7747,7 @@ def dec_LOCK4res(r: _Reader, off: int) -> tuple[LOCK4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v185: _Any
         (_d185,) = _S2.unpack_from(buf, off)
         _a185 = _LOCK4res_ARMS.get(_d185)
         if _a185 is None:
@@ -7825,6 +7841,7 @@ def dec_LOCKT4res(r: _Reader, off: int) -> tuple[LOCKT4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v188: _Any
         (_d188,) = _S2.unpack_from(buf, off)
         _a188 = _LOCKT4res_ARMS.get(_d188)
         if _a188 is None:
@@ -7898,6 +7915,7 @@ def dec_LOCKU4res(r: _Reader, off: int) -> tuple[LOCKU4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v189: _Any
         (_d189,) = _S2.unpack_from(buf, off)
         _a189 = _LOCKU4res_ARMS.get(_d189)
         if _a189 is None:
@@ -8182,6 +8200,7 @@ def dec_createhow4(r: _Reader, off: int) -> tuple[createhow4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v198: _Any
         (_d198,) = _S2.unpack_from(buf, off)
         _a198 = _createhow4_ARMS.get(_d198)
         if _a198 is None:
@@ -8245,6 +8264,7 @@ def dec_openflag4(r: _Reader, off: int) -> tuple[openflag4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v199: _Any
         (_d199,) = _S2.unpack_from(buf, off)
         _a199 = _openflag4_ARMS.get(_d199)
         if _a199 is None:
@@ -8337,6 +8357,7 @@ def dec_nfs_space_limit4(r: _Reader, off: int) -> tuple[nfs_space_limit4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v200: _Any
         (_d200,) = _S2.unpack_from(buf, off)
         _a200 = _nfs_space_limit4_ARMS.get(_d200)
         if _a200 is None:
@@ -8480,6 +8501,7 @@ def dec_open_claim4(r: _Reader, off: int) -> tuple[open_claim4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v201: _Any
         (_d201,) = _S2.unpack_from(buf, off)
         _a201 = _open_claim4_ARMS.get(_d201)
         if _a201 is None:
@@ -8545,6 +8567,7 @@ def dec_OPEN4args(r: _Reader, off: int) -> tuple[OPEN4args, int]:
         _i203_owner = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_owner = state_owner4(_i203_clientid, _i203_owner)
+        _v204: _Any
         (_d204,) = _S2.unpack_from(buf, off)
         _a204 = _openflag4_ARMS.get(_d204)
         if _a204 is None:
@@ -8554,6 +8577,7 @@ def dec_OPEN4args(r: _Reader, off: int) -> tuple[OPEN4args, int]:
             _d204, _f204 = _a204
         _v204, off = _f204(r, off + 4)
         f_openhow = openflag4(_d204, _v204)
+        _v205: _Any
         (_d205,) = _S2.unpack_from(buf, off)
         _a205 = _open_claim4_ARMS.get(_d205)
         if _a205 is None:
@@ -8649,6 +8673,7 @@ def dec_open_write_delegation4(r: _Reader, off: int) -> tuple[open_write_delegat
         off += 20
         f_stateid = stateid4(_t[0], _t[1])
         f_recall = _BOOL[_t[2]]
+        _v209: _Any
         (_d209,) = _S2.unpack_from(buf, off)
         _a209 = _nfs_space_limit4_ARMS.get(_d209)
         if _a209 is None:
@@ -8779,6 +8804,7 @@ def dec_open_none_delegation4(r: _Reader, off: int) -> tuple[open_none_delegatio
     buf = r.buf
     o0 = off
     try:
+        _v211: _Any
         (_d211,) = _S2.unpack_from(buf, off)
         _a211 = _open_none_delegation4_ARMS.get(_d211)
         if _a211 is None:
@@ -8821,6 +8847,7 @@ def dec_open_delegation4(r: _Reader, off: int) -> tuple[open_delegation4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v212: _Any
         (_d212,) = _S2.unpack_from(buf, off)
         _a212 = _open_delegation4_ARMS.get(_d212)
         if _a212 is None:
@@ -8876,6 +8903,7 @@ def dec_OPEN4resok(r: _Reader, off: int) -> tuple[OPEN4resok, int]:
             off += 4
             _x214 = _t[0]
             f_attrset.append(_x214)
+        _v215: _Any
         (_d215,) = _S2.unpack_from(buf, off)
         _a215 = _open_delegation4_ARMS.get(_d215)
         if _a215 is None:
@@ -8915,6 +8943,7 @@ def dec_OPEN4res(r: _Reader, off: int) -> tuple[OPEN4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v216: _Any
         (_d216,) = _S2.unpack_from(buf, off)
         _a216 = _OPEN4res_ARMS.get(_d216)
         if _a216 is None:
@@ -9055,6 +9084,7 @@ def dec_OPEN_CONFIRM4res(r: _Reader, off: int) -> tuple[OPEN_CONFIRM4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v217: _Any
         (_d217,) = _S2.unpack_from(buf, off)
         _a217 = _OPEN_CONFIRM4res_ARMS.get(_d217)
         if _a217 is None:
@@ -9151,6 +9181,7 @@ def dec_OPEN_DOWNGRADE4res(r: _Reader, off: int) -> tuple[OPEN_DOWNGRADE4res, in
     buf = r.buf
     o0 = off
     try:
+        _v218: _Any
         (_d218,) = _S2.unpack_from(buf, off)
         _a218 = _OPEN_DOWNGRADE4res_ARMS.get(_d218)
         if _a218 is None:
@@ -9357,6 +9388,7 @@ def dec_READ4res(r: _Reader, off: int) -> tuple[READ4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v219: _Any
         (_d219,) = _S2.unpack_from(buf, off)
         _a219 = _READ4res_ARMS.get(_d219)
         if _a219 is None:
@@ -9599,6 +9631,7 @@ def dec_READDIR4res(r: _Reader, off: int) -> tuple[READDIR4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v228: _Any
         (_d228,) = _S2.unpack_from(buf, off)
         _a228 = _READDIR4res_ARMS.get(_d228)
         if _a228 is None:
@@ -9661,6 +9694,7 @@ def dec_READLINK4res(r: _Reader, off: int) -> tuple[READLINK4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v229: _Any
         (_d229,) = _S2.unpack_from(buf, off)
         _a229 = _READLINK4res_ARMS.get(_d229)
         if _a229 is None:
@@ -9759,6 +9793,7 @@ def dec_REMOVE4res(r: _Reader, off: int) -> tuple[REMOVE4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v230: _Any
         (_d230,) = _S2.unpack_from(buf, off)
         _a230 = _REMOVE4res_ARMS.get(_d230)
         if _a230 is None:
@@ -9874,6 +9909,7 @@ def dec_RENAME4res(r: _Reader, off: int) -> tuple[RENAME4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v231: _Any
         (_d231,) = _S2.unpack_from(buf, off)
         _a231 = _RENAME4res_ARMS.get(_d231)
         if _a231 is None:
@@ -10084,6 +10120,7 @@ def dec_secinfo4(r: _Reader, off: int) -> tuple[secinfo4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v232: _Any
         (_d232,) = _S0.unpack_from(buf, off)
         _a232 = _secinfo4_ARMS.get(_d232)
         if _a232 is None:
@@ -10122,6 +10159,7 @@ def dec_SECINFO4resok(r: _Reader, off: int) -> tuple[SECINFO4resok, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
         for _ in range(_n):
+            _v235: _Any
             (_d235,) = _S0.unpack_from(buf, off)
             _a235 = _secinfo4_ARMS.get(_d235)
             if _a235 is None:
@@ -10163,6 +10201,7 @@ def dec_SECINFO4res(r: _Reader, off: int) -> tuple[SECINFO4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v236: _Any
         (_d236,) = _S2.unpack_from(buf, off)
         _a236 = _SECINFO4res_ARMS.get(_d236)
         if _a236 is None:
@@ -10414,6 +10453,7 @@ def dec_SETCLIENTID4res(r: _Reader, off: int) -> tuple[SETCLIENTID4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v249: _Any
         (_d249,) = _S2.unpack_from(buf, off)
         _a249 = _SETCLIENTID4res_ARMS.get(_d249)
         if _a249 is None:
@@ -10667,6 +10707,7 @@ def dec_WRITE4res(r: _Reader, off: int) -> tuple[WRITE4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v254: _Any
         (_d254,) = _S2.unpack_from(buf, off)
         _a254 = _WRITE4res_ARMS.get(_d254)
         if _a254 is None:
@@ -10886,6 +10927,7 @@ def dec_callback_sec_parms4(r: _Reader, off: int) -> tuple[callback_sec_parms4, 
     buf = r.buf
     o0 = off
     try:
+        _v257: _Any
         (_d257,) = _S0.unpack_from(buf, off)
         _a257 = _callback_sec_parms4_ARMS.get(_d257)
         if _a257 is None:
@@ -10930,6 +10972,7 @@ def dec_BACKCHANNEL_CTL4args(r: _Reader, off: int) -> tuple[BACKCHANNEL_CTL4args
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_bca_sec_parms = []
         for _ in range(_n):
+            _v260: _Any
             (_d260,) = _S0.unpack_from(buf, off)
             _a260 = _callback_sec_parms4_ARMS.get(_d260)
             if _a260 is None:
@@ -11106,6 +11149,7 @@ def dec_BIND_CONN_TO_SESSION4res(r: _Reader, off: int) -> tuple[BIND_CONN_TO_SES
     buf = r.buf
     o0 = off
     try:
+        _v261: _Any
         (_d261,) = _S2.unpack_from(buf, off)
         _a261 = _BIND_CONN_TO_SESSION4res_ARMS.get(_d261)
         if _a261 is None:
@@ -11336,6 +11380,7 @@ def dec_state_protect4_a(r: _Reader, off: int) -> tuple[state_protect4_a, int]:
     buf = r.buf
     o0 = off
     try:
+        _v276: _Any
         (_d276,) = _S2.unpack_from(buf, off)
         _a276 = _state_protect4_a_ARMS.get(_d276)
         if _a276 is None:
@@ -11415,6 +11460,7 @@ def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
         _t = _S0.unpack_from(buf, off)
         off += 4
         f_eia_flags = _t[0]
+        _v281: _Any
         (_d281,) = _S2.unpack_from(buf, off)
         _a281 = _state_protect4_a_ARMS.get(_d281)
         if _a281 is None:
@@ -11576,6 +11622,7 @@ def dec_state_protect4_r(r: _Reader, off: int) -> tuple[state_protect4_r, int]:
     buf = r.buf
     o0 = off
     try:
+        _v292: _Any
         (_d292,) = _S2.unpack_from(buf, off)
         _a292 = _state_protect4_r_ARMS.get(_d292)
         if _a292 is None:
@@ -11651,6 +11698,7 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
         f_eir_clientid = _t[0]
         f_eir_sequenceid = _t[1]
         f_eir_flags = _t[2]
+        _v296: _Any
         (_d296,) = _S2.unpack_from(buf, off)
         _a296 = _state_protect4_r_ARMS.get(_d296)
         if _a296 is None:
@@ -11747,6 +11795,7 @@ def dec_EXCHANGE_ID4res(r: _Reader, off: int) -> tuple[EXCHANGE_ID4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v300: _Any
         (_d300,) = _S2.unpack_from(buf, off)
         _a300 = _EXCHANGE_ID4res_ARMS.get(_d300)
         if _a300 is None:
@@ -11917,6 +11966,7 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_csa_sec_parms = []
         for _ in range(_n):
+            _v313: _Any
             (_d313,) = _S0.unpack_from(buf, off)
             _a313 = _callback_sec_parms4_ARMS.get(_d313)
             if _a313 is None:
@@ -12048,6 +12098,7 @@ def dec_CREATE_SESSION4res(r: _Reader, off: int) -> tuple[CREATE_SESSION4res, in
     buf = r.buf
     o0 = off
     try:
+        _v322: _Any
         (_d322,) = _S2.unpack_from(buf, off)
         _a322 = _CREATE_SESSION4res_ARMS.get(_d322)
         if _a322 is None:
@@ -12408,6 +12459,7 @@ def dec_GET_DIR_DELEGATION4res_non_fatal(r: _Reader, off: int) -> tuple[GET_DIR_
     buf = r.buf
     o0 = off
     try:
+        _v335: _Any
         (_d335,) = _S2.unpack_from(buf, off)
         _a335 = _GET_DIR_DELEGATION4res_non_fatal_ARMS.get(_d335)
         if _a335 is None:
@@ -12447,6 +12499,7 @@ def dec_GET_DIR_DELEGATION4res(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATION
     buf = r.buf
     o0 = off
     try:
+        _v336: _Any
         (_d336,) = _S2.unpack_from(buf, off)
         _a336 = _GET_DIR_DELEGATION4res_ARMS.get(_d336)
         if _a336 is None:
@@ -12588,6 +12641,7 @@ def dec_GETDEVICEINFO4res(r: _Reader, off: int) -> tuple[GETDEVICEINFO4res, int]
     buf = r.buf
     o0 = off
     try:
+        _v343: _Any
         (_d343,) = _S2.unpack_from(buf, off)
         _a343 = _GETDEVICEINFO4res_ARMS.get(_d343)
         if _a343 is None:
@@ -12708,6 +12762,7 @@ def dec_GETDEVICELIST4res(r: _Reader, off: int) -> tuple[GETDEVICELIST4res, int]
     buf = r.buf
     o0 = off
     try:
+        _v346: _Any
         (_d346,) = _S2.unpack_from(buf, off)
         _a346 = _GETDEVICELIST4res_ARMS.get(_d346)
         if _a346 is None:
@@ -12749,6 +12804,7 @@ def dec_newtime4(r: _Reader, off: int) -> tuple[newtime4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v347: _Any
         (_d347,) = _S0.unpack_from(buf, off)
         _a347 = _newtime4_ARMS.get(_d347)
         if _a347 is None:
@@ -12789,6 +12845,7 @@ def dec_newoffset4(r: _Reader, off: int) -> tuple[newoffset4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v348: _Any
         (_d348,) = _S0.unpack_from(buf, off)
         _a348 = _newoffset4_ARMS.get(_d348)
         if _a348 is None:
@@ -12840,6 +12897,7 @@ def dec_LAYOUTCOMMIT4args(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4args, int]
         f_loca_length = _t[1]
         f_loca_reclaim = _BOOL[_t[2]]
         f_loca_stateid = stateid4(_t[3], _t[4])
+        _v350: _Any
         (_d350,) = _S0.unpack_from(buf, off)
         _a350 = _newoffset4_ARMS.get(_d350)
         if _a350 is None:
@@ -12848,6 +12906,7 @@ def dec_LAYOUTCOMMIT4args(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4args, int]
             _d350, _f350 = _a350
         _v350, off = _f350(r, off + 4)
         f_loca_last_write_offset = newoffset4(_d350, _v350)
+        _v351: _Any
         (_d351,) = _S0.unpack_from(buf, off)
         _a351 = _newtime4_ARMS.get(_d351)
         if _a351 is None:
@@ -12901,6 +12960,7 @@ def dec_newsize4(r: _Reader, off: int) -> tuple[newsize4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v353: _Any
         (_d353,) = _S0.unpack_from(buf, off)
         _a353 = _newsize4_ARMS.get(_d353)
         if _a353 is None:
@@ -12930,6 +12990,7 @@ def dec_LAYOUTCOMMIT4resok(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4resok, in
     buf = r.buf
     o0 = off
     try:
+        _v354: _Any
         (_d354,) = _S0.unpack_from(buf, off)
         _a354 = _newsize4_ARMS.get(_d354)
         if _a354 is None:
@@ -12969,6 +13030,7 @@ def dec_LAYOUTCOMMIT4res(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v355: _Any
         (_d355,) = _S2.unpack_from(buf, off)
         _a355 = _LAYOUTCOMMIT4res_ARMS.get(_d355)
         if _a355 is None:
@@ -13134,6 +13196,7 @@ def dec_LAYOUTGET4res(r: _Reader, off: int) -> tuple[LAYOUTGET4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v362: _Any
         (_d362,) = _S2.unpack_from(buf, off)
         _a362 = _LAYOUTGET4res_ARMS.get(_d362)
         if _a362 is None:
@@ -13173,6 +13236,7 @@ def dec_LAYOUTRETURN4args(r: _Reader, off: int) -> tuple[LAYOUTRETURN4args, int]
         f_lora_reclaim = _BOOL[_t[0]]
         f_lora_layout_type = _layouttype4_MAP[_t[1]]
         f_lora_iomode = _layoutiomode4_MAP[_t[2]]
+        _v363: _Any
         (_d363,) = _S2.unpack_from(buf, off)
         _a363 = _layoutreturn4_ARMS.get(_d363)
         if _a363 is None:
@@ -13214,6 +13278,7 @@ def dec_layoutreturn_stateid(r: _Reader, off: int) -> tuple[layoutreturn_stateid
     buf = r.buf
     o0 = off
     try:
+        _v364: _Any
         (_d364,) = _S0.unpack_from(buf, off)
         _a364 = _layoutreturn_stateid_ARMS.get(_d364)
         if _a364 is None:
@@ -13253,6 +13318,7 @@ def dec_LAYOUTRETURN4res(r: _Reader, off: int) -> tuple[LAYOUTRETURN4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v365: _Any
         (_d365,) = _S2.unpack_from(buf, off)
         _a365 = _LAYOUTRETURN4res_ARMS.get(_d365)
         if _a365 is None:
@@ -13327,6 +13393,7 @@ def dec_SECINFO_NO_NAME4res(r: _Reader, off: int) -> tuple[SECINFO_NO_NAME4res, 
     buf = r.buf
     o0 = off
     try:
+        _v366: _Any
         (_d366,) = _S2.unpack_from(buf, off)
         _a366 = _SECINFO4res_ARMS.get(_d366)
         if _a366 is None:
@@ -13435,6 +13502,7 @@ def dec_SEQUENCE4res(r: _Reader, off: int) -> tuple[SEQUENCE4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v367: _Any
         (_d367,) = _S2.unpack_from(buf, off)
         _a367 = _SEQUENCE4res_ARMS.get(_d367)
         if _a367 is None:
@@ -13539,6 +13607,7 @@ def dec_ssr_digest_input4(r: _Reader, off: int) -> tuple[ssr_digest_input4, int]
     buf = r.buf
     o0 = off
     try:
+        _v368: _Any
         (_d368,) = _S2.unpack_from(buf, off)
         _a368 = _SEQUENCE4res_ARMS.get(_d368)
         if _a368 is None:
@@ -13613,6 +13682,7 @@ def dec_SET_SSV4res(r: _Reader, off: int) -> tuple[SET_SSV4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v369: _Any
         (_d369,) = _S2.unpack_from(buf, off)
         _a369 = _SET_SSV4res_ARMS.get(_d369)
         if _a369 is None:
@@ -13724,6 +13794,7 @@ def dec_TEST_STATEID4res(r: _Reader, off: int) -> tuple[TEST_STATEID4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v374: _Any
         (_d374,) = _S2.unpack_from(buf, off)
         _a374 = _TEST_STATEID4res_ARMS.get(_d374)
         if _a374 is None:
@@ -13766,6 +13837,7 @@ def dec_deleg_claim4(r: _Reader, off: int) -> tuple[deleg_claim4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v375: _Any
         (_d375,) = _S2.unpack_from(buf, off)
         _a375 = _deleg_claim4_ARMS.get(_d375)
         if _a375 is None:
@@ -13800,6 +13872,7 @@ def dec_WANT_DELEGATION4args(r: _Reader, off: int) -> tuple[WANT_DELEGATION4args
         _t = _S0.unpack_from(buf, off)
         off += 4
         f_wda_want = _t[0]
+        _v376: _Any
         (_d376,) = _S2.unpack_from(buf, off)
         _a376 = _deleg_claim4_ARMS.get(_d376)
         if _a376 is None:
@@ -13839,6 +13912,7 @@ def dec_WANT_DELEGATION4res(r: _Reader, off: int) -> tuple[WANT_DELEGATION4res, 
     buf = r.buf
     o0 = off
     try:
+        _v377: _Any
         (_d377,) = _S2.unpack_from(buf, off)
         _a377 = _WANT_DELEGATION4res_ARMS.get(_d377)
         if _a377 is None:
@@ -14111,6 +14185,7 @@ def dec_nfs_argop4(r: _Reader, off: int) -> tuple[nfs_argop4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v378: _Any
         (_d378,) = _S2.unpack_from(buf, off)
         _a378 = _nfs_argop4_ARMS.get(_d378)
         if _a378 is None:
@@ -14152,6 +14227,7 @@ def dec_nfs_resop4(r: _Reader, off: int) -> tuple[nfs_resop4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v379: _Any
         (_d379,) = _S2.unpack_from(buf, off)
         _a379 = _nfs_resop4_ARMS.get(_d379)
         if _a379 is None:
@@ -14211,6 +14287,7 @@ def dec_COMPOUND4args(r: _Reader, off: int) -> tuple[COMPOUND4args, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_argarray = []
         for _ in range(_n):
+            _v382: _Any
             (_d382,) = _S2.unpack_from(buf, off)
             _a382 = _nfs_argop4_ARMS.get(_d382)
             if _a382 is None:
@@ -14271,6 +14348,7 @@ def dec_COMPOUND4res(r: _Reader, off: int) -> tuple[COMPOUND4res, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_resarray = []
         for _ in range(_n):
+            _v385: _Any
             (_d385,) = _S2.unpack_from(buf, off)
             _a385 = _nfs_resop4_ARMS.get(_d385)
             if _a385 is None:
@@ -14416,6 +14494,7 @@ def dec_CB_GETATTR4res(r: _Reader, off: int) -> tuple[CB_GETATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v392: _Any
         (_d392,) = _S2.unpack_from(buf, off)
         _a392 = _CB_GETATTR4res_ARMS.get(_d392)
         if _a392 is None:
@@ -14626,6 +14705,7 @@ def dec_layoutrecall4(r: _Reader, off: int) -> tuple[layoutrecall4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v393: _Any
         (_d393,) = _S2.unpack_from(buf, off)
         _a393 = _layoutrecall4_ARMS.get(_d393)
         if _a393 is None:
@@ -14664,6 +14744,7 @@ def dec_CB_LAYOUTRECALL4args(r: _Reader, off: int) -> tuple[CB_LAYOUTRECALL4args
         f_clora_type = _layouttype4_MAP[_t[0]]
         f_clora_iomode = _layoutiomode4_MAP[_t[1]]
         f_clora_changed = _BOOL[_t[2]]
+        _v394: _Any
         (_d394,) = _S2.unpack_from(buf, off)
         _a394 = _layoutrecall4_ARMS.get(_d394)
         if _a394 is None:
@@ -15630,6 +15711,7 @@ def dec_CB_PUSH_DELEG4args(r: _Reader, off: int) -> tuple[CB_PUSH_DELEG4args, in
             raise _XdrError('opaque runs past the end', off)
         f_cpda_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
+        _v471: _Any
         (_d471,) = _S2.unpack_from(buf, off)
         _a471 = _open_delegation4_ARMS.get(_d471)
         if _a471 is None:
@@ -16035,6 +16117,7 @@ def dec_CB_SEQUENCE4res(r: _Reader, off: int) -> tuple[CB_SEQUENCE4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v486: _Any
         (_d486,) = _S2.unpack_from(buf, off)
         _a486 = _CB_SEQUENCE4res_ARMS.get(_d486)
         if _a486 is None:
@@ -16425,6 +16508,7 @@ def dec_nfs_cb_argop4(r: _Reader, off: int) -> tuple[nfs_cb_argop4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v495: _Any
         (_d495,) = _S0.unpack_from(buf, off)
         _a495 = _nfs_cb_argop4_ARMS.get(_d495)
         if _a495 is None:
@@ -16465,6 +16549,7 @@ def dec_nfs_cb_resop4(r: _Reader, off: int) -> tuple[nfs_cb_resop4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v496: _Any
         (_d496,) = _S0.unpack_from(buf, off)
         _a496 = _nfs_cb_resop4_ARMS.get(_d496)
         if _a496 is None:
@@ -16526,6 +16611,7 @@ def dec_CB_COMPOUND4args(r: _Reader, off: int) -> tuple[CB_COMPOUND4args, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_argarray = []
         for _ in range(_n):
+            _v499: _Any
             (_d499,) = _S0.unpack_from(buf, off)
             _a499 = _nfs_cb_argop4_ARMS.get(_d499)
             if _a499 is None:
@@ -16586,6 +16672,7 @@ def dec_CB_COMPOUND4res(r: _Reader, off: int) -> tuple[CB_COMPOUND4res, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_resarray = []
         for _ in range(_n):
+            _v502: _Any
             (_d502,) = _S0.unpack_from(buf, off)
             _a502 = _nfs_cb_resop4_ARMS.get(_d502)
             if _a502 is None:
