@@ -107,6 +107,7 @@ def compound(server: ServerState, call: RpcCall, w: Writer) -> Awaitable[None] |
         now=time.monotonic(),
         op_count=count,
         request_size=_request_size(r, call.offset),
+        inbound=call.inbound,
     )
     return _Run(ctx, r, off, w, head, count_at).run()
 
@@ -258,6 +259,7 @@ class _Run:
         if seq is not None and seq.session is not None and seq.replay is None:
             cached = None
             if ctx.cachethis and self.status != nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE:
+                # DDP data is copied: it may be memory the transport lent only until the reply.
                 cached = EncodedReply(bytes(w[head:]), [_rebase(i, head) for i in w.ddp])
             ctx.server.sessions.finish(seq, cached, time.monotonic())
 
@@ -302,4 +304,5 @@ def _patch(w: Writer, head: int, count_at: int, status: int, count: int) -> None
 
 
 def _rebase(item: DdpItem, head: int) -> DdpItem:
-    return DdpItem(item.offset - head, item.data, item.tag)
+    data = item.data
+    return DdpItem(item.offset - head, data if isinstance(data, bytes) else bytes(data), item.tag)
