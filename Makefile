@@ -12,6 +12,17 @@ $(PY) -m nfsrdma testbed run --knfsd --out testbed-out --timeout $(TESTBED_TIMEO
   $(PY) -m pytest -q -p no:cacheprovider -p no:hypothesispytest -m testbed tests/testbed
 endef
 
+# The host tests run against both builds (setup.py): the modules compiled in place (mypyc; none
+# when there is no C compiler or setup.py lists none), then, if any was compiled, the pure-Python
+# sources again (NFSRDMA_PURE=1 makes the package ignore compiled modules).
+define HOST_TESTS_BOTH_BUILDS
+$(PY) setup.py -q build_ext --inplace
+$(PY) -c 'import nfsrdma.nfs4.compound, nfsrdma; print("host tests, build:", nfsrdma.build())'
+$(PY) -m pytest -q tests/unit tests/fuzz
+if $(PY) -c 'import sys, nfsrdma.nfs4.compound, nfsrdma; sys.exit(nfsrdma.build() == "pure Python")'; \
+  then NFSRDMA_PURE=1 $(PY) -m pytest -q tests/unit tests/fuzz; fi
+endef
+
 .PHONY: serve test test-host test-testbed bench lint gen setup-serve setup-test
 
 serve: setup-serve
@@ -23,11 +34,11 @@ test: setup-test
 	$(PY) -m ruff check nfsrdma tests bench
 	$(PY) -m ruff format --check nfsrdma tests bench
 	$(PY) -m mypy
-	$(PY) -m pytest -q tests/unit tests/fuzz
+	$(HOST_TESTS_BOTH_BUILDS)
 	$(TESTBED_STAGE)
 
 test-host: setup-test
-	$(PY) -m pytest -q tests/unit tests/fuzz
+	$(HOST_TESTS_BOTH_BUILDS)
 
 test-testbed: setup-test
 	$(TESTBED_STAGE)

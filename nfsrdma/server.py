@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
+import nfsrdma
 from nfsrdma.nfs4.callback import Callbacks
 from nfsrdma.nfs4.compound import compound
 from nfsrdma.nfs4.delegation_service import DelegationService
@@ -192,6 +193,7 @@ class NFSServer:
             rdma,
             " (read-only)" if self.export.read_only else "",
         )
+        log.info("build: %s", nfsrdma.build())  # compiled (mypyc) or pure Python (setup.py)
         self._reaper = asyncio.create_task(self._reap_leases())
         await self.stats.start()
 

@@ -7,6 +7,7 @@ profile=${1:-test}
 cd "$(dirname "$0")/.."
 
 serve_pkgs=(python3 python3-venv python3-pip python3-pyverbs rdma-core ibverbs-providers librdmacm1)
+serve_pkgs+=(build-essential python3-dev)  # a C compiler and headers: the compiled build (setup.py)
 test_pkgs=("${serve_pkgs[@]}" qemu-system-x86 linux-image-amd64 ibverbs-utils rdmacm-utils
   perftest nfs-kernel-server nfs-common iproute2 busybox-static kmod udev
   nfs-ganesha nfs-ganesha-mem nfs-ganesha-vfs

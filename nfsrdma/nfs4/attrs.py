@@ -19,12 +19,11 @@ accepted on input and resolved with the host's user and group databases.
 
 from __future__ import annotations
 
-import grp
-import pwd
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from nfsrdma.nfs4 import owners
 from nfsrdma.nfs4.attr_decode import decode_values
 from nfsrdma.nfs4.attr_encode import WRITE_ONLY, EncoderCache, FattrConfig, Plan
 from nfsrdma.nfs4.context import Nfs4Error
@@ -313,9 +312,7 @@ def parse_owner(text: bytes, *, group: bool) -> int:
     name = s.rpartition("@")[0] if "@" in s else s
     if not name or "\0" in name:
         raise Nfs4Error(nfs4.NFS4ERR_BADOWNER)
-    try:
-        if group:
-            return grp.getgrnam(name).gr_gid
-        return pwd.getpwnam(name).pw_uid
-    except (KeyError, UnicodeEncodeError):
-        raise Nfs4Error(nfs4.NFS4ERR_BADOWNER) from None
+    found = owners.lookup(name, group=group)  # cached: NSS may block (nfs4/owners.py)
+    if found is None:
+        raise Nfs4Error(nfs4.NFS4ERR_BADOWNER)
+    return found

@@ -75,6 +75,58 @@ class EncodedReply:
         w.ddp.extend(DdpItem(base + i.offset, i.data, i.tag) for i in self.ddp)
 
 
+# Whether a handler's outcome must be awaited, by its type: a result of the specification's
+# types is not, a coroutine or future is (asked once per type; a dict lookup afterwards).
+_AWAIT_BY_TYPE: dict[type, bool] = {}
+
+
+def _must_wait(outcome: object) -> bool:
+    kind = type(outcome)
+    wait = _AWAIT_BY_TYPE.get(kind)
+    if wait is None:
+        wait = isawaitable(outcome)
+        if len(_AWAIT_BY_TYPE) < 256 and kind.__name__ != "generator":
+            _AWAIT_BY_TYPE[kind] = wait
+    return wait
+
+
+# Fast paths: the COMPOUNDs the Linux client sends most begin SEQUENCE, PUTFH, then one of
+# these. Such a prefix is recognised from the operation numbers alone (SEQUENCE's arguments
+# have a fixed size, PUTFH's are one opaque), and its operations run without the generic
+# lookups and position checks, which cannot fail there; the rest of the COMPOUND, if any, and
+# every other COMPOUND take the generic path, which is the reference (a property test compares
+# the two byte for byte). Results of both are recorded by ``_Run._record``, the one place.
+FAST_PATHS = True
+_FAST_THIRD = (nfs4.OP_READ, nfs4.OP_WRITE, nfs4.OP_GETATTR, nfs4.OP_ACCESS, nfs4.OP_LOOKUP)
+_SEQUENCE_ARGS_SIZE = 32  # sessionid (16), sequenceid, slotid, highest_slotid, cachethis
+_Step = tuple[Operation[Any, Any], Any]  # an operation and its handler
+_FAST_STEPS: dict[int, tuple[_Step, _Step, _Step]] = {
+    third: tuple(  # type: ignore[misc]
+        (HANDLERS[n].op, HANDLERS[n].handler) for n in (nfs4.OP_SEQUENCE, nfs4.OP_PUTFH, third)
+    )
+    for third in _FAST_THIRD
+}
+_OPNUM_LEN = struct.Struct(">II")
+
+
+def _fast_steps(r: Reader, off: int, count: int) -> tuple[_Step, _Step, _Step] | None:
+    """The steps of a fast-path prefix starting at ``off``, or None."""
+    if count < 3:
+        return None
+    buf = r.buf
+    putfh = off + 4 + _SEQUENCE_ARGS_SIZE
+    if putfh + 8 > len(buf):
+        return None
+    (first,) = _STATUS_COUNT.unpack_from(buf, off)
+    opnum, n = _OPNUM_LEN.unpack_from(buf, putfh)
+    if first != nfs4.OP_SEQUENCE or opnum != nfs4.OP_PUTFH or n > nfs4.NFS4_FHSIZE:
+        return None
+    third = putfh + 8 + n + (-n & 3)
+    if third + 4 > len(buf):
+        return None
+    return _FAST_STEPS.get(_STATUS_COUNT.unpack_from(buf, third)[0])
+
+
 def cred_of(server: ServerState, call: RpcCall) -> Cred:
     c = call.cred
     origin = Origin(call.conn.peer, pseudoflavor_of(c), call.conn.conn.kind)  # export rules
@@ -116,6 +168,7 @@ def compound(server: ServerState, call: RpcCall, w: Writer) -> Awaitable[None] |
         op_count=count,
         request_size=_request_size(r, call.offset),
         minorversion=head_args.minorversion,
+        inbound=call.inbound,
     )
     return _Run(ctx, r, off, w, head, count_at).run()
 
@@ -149,11 +202,14 @@ class _Run:
         self.table = ctx.server.stats.table(ctx.conn.conn.kind)  # nfsrdma.stats
         self.table.compounds += 1
         self.clock = ctx.now  # when the last operation ended (its latency is from there)
+        self.ddp_items = 0  # how many of w.ddp are counted in ddp_bytes
+        self.ddp_bytes = 0  # their padded size (they count toward the reply's size)
 
     def run(self) -> Awaitable[None] | None:
         """Run operations until the end, or until one must wait: then a coroutine goes on."""
         try:
-            waiting = self._advance()
+            steps = _fast_steps(self.r, self.off, self.ctx.op_count) if FAST_PATHS else None
+            waiting = self._advance() if steps is None else self._advance_fast(steps)
         except BaseException:
             self._finish()
             raise
@@ -168,11 +224,38 @@ class _Run:
         place where a handler's outcome is told apart from an awaitable."""
         while self.i < self.ctx.op_count:
             op, outcome = self._start()
-            if isawaitable(outcome):
+            if _must_wait(outcome):
                 return op, outcome
             if self._record(op, outcome):
                 break
         return None
+
+    def _advance_fast(
+        self, steps: tuple[_Step, _Step, _Step]
+    ) -> tuple[Operation[Any, Any], Awaitable[Any]] | None:
+        """``_advance`` for a fast-path prefix: its operations are known to be these, at these
+        positions, and none can be out of place once SEQUENCE has succeeded; then the rest."""
+        ctx, r = self.ctx, self.r
+        for op, handler in steps:
+            if op is not _SEQUENCE and ctx.session is None:
+                return self._advance()  # (cannot happen: SEQUENCE succeeded) the reference
+            ctx.op_index = self.i
+            self.i += 1
+            try:
+                args, self.off = op.dec_args(r, self.off + 4)
+            except XdrError as e:
+                log.info("%s: %s arguments do not decode: %s", ctx.conn.peer, op.name, e)
+                self._record(op, op.error(nfs4.NFS4ERR_BADXDR))
+                return None
+            try:
+                outcome = handler(ctx, args)
+            except Exception as e:
+                outcome = self._failed(op, e)
+            if _must_wait(outcome):
+                return op, outcome
+            if self._record(op, outcome):
+                return None
+        return self._advance()
 
     async def _continue(self, op: Operation[Any, Any], pending: Awaitable[Any]) -> None:
         try:
@@ -243,7 +326,7 @@ class _Run:
             self.read_class += 1
         op.encode_result(w, res)
         status = op.status_of(res)
-        too_big = _over_limit(ctx, w, head)
+        too_big = self._over_limit()
         if too_big:
             del w[mark:]
             del w.ddp[ddp_mark:]
@@ -266,6 +349,16 @@ class _Run:
             return True
         return False
 
+    def _over_limit(self) -> int:
+        """The reply's size limits (REP_TOO_BIG, REP_TOO_BIG_TO_CACHE), DDP data counted."""
+        ddp = self.w.ddp
+        if len(ddp) != self.ddp_items:
+            if len(ddp) < self.ddp_items:  # items were taken back: count afresh
+                self.ddp_items = self.ddp_bytes = 0
+            self.ddp_bytes += sum(i.padded_length for i in ddp[self.ddp_items :])
+            self.ddp_items = len(ddp)
+        return _over_limit(self.ctx, len(self.w) - self.head + self.ddp_bytes)
+
     def _finish(self) -> None:
         """Complete the reply header and hand the reply to the slot (exactly once)."""
         ctx, w, head = self.ctx, self.w, self.head
@@ -275,6 +368,7 @@ class _Run:
         if seq is not None and seq.session is not None and seq.replay is None:
             cached = None
             if ctx.cachethis and self.status != nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE:
+                # DDP data is copied: it may be memory the transport lent only until the reply.
                 cached = EncodedReply(bytes(w[head:]), [_rebase(i, head) for i in w.ddp])
             ctx.server.sessions.finish(seq, cached, time.monotonic())
 
@@ -297,13 +391,11 @@ def _peek_op(r: Reader, off: int) -> Operation[Any, Any]:
     return _ILLEGAL
 
 
-def _over_limit(ctx: CompoundContext, w: Writer, head: int) -> int:
+def _over_limit(ctx: CompoundContext, size: int) -> int:
+    """The error for a reply of ``size`` bytes so far, 0 when it is within the limits."""
     session = ctx.session
     if session is None:
         return 0
-    size = len(w) - head
-    if w.ddp:
-        size += sum(i.padded_length for i in w.ddp)
     if size > session.fore.ca_maxresponsesize:
         return nfs4.NFS4ERR_REP_TOO_BIG
     if ctx.cachethis and size > session.fore.ca_maxresponsesize_cached:
@@ -319,4 +411,5 @@ def _patch(w: Writer, head: int, count_at: int, status: int, count: int) -> None
 
 
 def _rebase(item: DdpItem, head: int) -> DdpItem:
-    return DdpItem(item.offset - head, item.data, item.tag)
+    data = item.data
+    return DdpItem(item.offset - head, data if isinstance(data, bytes) else bytes(data), item.tag)

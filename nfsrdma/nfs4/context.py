@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from nfsrdma.rpc.auth import Credential
     from nfsrdma.rpc.connection import RpcConnection
     from nfsrdma.session.server import SequenceResult, Session
+    from nfsrdma.transport.base import Inbound
 
 
 class Nfs4Error(Exception):
@@ -76,6 +77,7 @@ class CompoundContext:
     sequence: SequenceResult | None = None  # set by SEQUENCE (the slot held by this COMPOUND)
     cachethis: bool = False
     minorversion: int = 1  # the COMPOUND's: which operations and attributes exist
+    inbound: Inbound | None = None  # the request as the transport gave it (for ``lend``)
 
     def fh(self) -> bytes:
         """The current filehandle, or NFS4ERR_NOFILEHANDLE."""

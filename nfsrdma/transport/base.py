@@ -92,6 +92,13 @@ class Connection(abc.ABC):
         """The requester is finished with call ``xid`` (replied, failed or abandoned): release
         anything the transport holds for it (RDMA: invalidate its memory, TR-20)."""
 
+    def lend(self, request: Inbound, size: int) -> memoryview | None:
+        """Memory for ``size`` bytes of DDP-eligible reply data to ``request`` (READ data), when
+        the transport can send it from there with no copy (RPC-over-RDMA: a registered buffer
+        that the reply's RDMA Write goes out of). The transport takes it back with the reply.
+        None: the caller uses its own memory (byte streams gain nothing)."""
+        return None
+
     async def reserve(self, probe: bool = False) -> None:  # noqa: B027 - optional hook
         """Wait until the transport may send another call (RDMA credits, TR-14). A ``probe``
         (an idle-connection keepalive) may use the credit kept back for it (UL-26)."""

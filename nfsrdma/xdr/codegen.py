@@ -805,6 +805,7 @@ class Generator:
         self._tmp += 1
         d, a, f, v = (f"_{x}{self._tmp}" for x in "dafv")
         lines = [
+            f"{v}: _Any",
             f"({d},) = {sv}.unpack_from(buf, off)",
             f"{a} = _{u.name}_ARMS.get({d})",
             f"if {a} is None:",

@@ -18,96 +18,42 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
+
+from nfsrdma.xdr.writer import PAD, U32, Buffer, DdpItem, Writer, XdrError
 
 T = TypeVar("T")
 A = TypeVar("A")
 R = TypeVar("R")
 
-Buffer = bytes | bytearray | memoryview
+__all__ = [
+    "BOOL",
+    "FALSE",
+    "I32",
+    "I64",
+    "PAD",
+    "TRUE",
+    "U32",
+    "U64",
+    "Buffer",
+    "DdpItem",
+    "Operation",
+    "Reader",
+    "Writer",
+    "XdrError",
+    "pack",
+    "unpack",
+    "unpack_from",
+    "void_decode",
+    "void_encode",
+]
 
-U32 = struct.Struct(">I")
 I32 = struct.Struct(">i")
 U64 = struct.Struct(">Q")
 I64 = struct.Struct(">q")
 TRUE = U32.pack(1)
 FALSE = U32.pack(0)
-# PAD[n & 3] is the zero padding that follows n bytes of opaque data.
-PAD = (b"", b"\0\0\0", b"\0\0", b"\0")
 BOOL = (False, True)
-
-
-class XdrError(ValueError):
-    """Malformed, truncated or oversized XDR (decoding), or an unencodable value (encoding)."""
-
-    def __init__(self, message: str, offset: int = 0) -> None:
-        super().__init__(f"{message} (at offset {offset})")
-        self.offset = offset
-
-
-@dataclass(slots=True)
-class DdpItem:
-    """A DDP-eligible opaque left out of the stream: its data belongs at ``offset``."""
-
-    offset: int  # in the Writer's own bytes, just after the item's length word
-    data: Buffer
-    tag: int  # the Writer's ddp_tag when the item was encoded (the NFS layer's op ordinal)
-
-    @property
-    def padded_length(self) -> int:
-        return len(self.data) + (-len(self.data) & 3)
-
-
-class Writer(bytearray):
-    """An XDR output buffer. ``ddp`` collects DDP-eligible items in stream order."""
-
-    __slots__ = ("ddp", "ddp_tag")
-
-    def __init__(self, initial: Buffer = b"") -> None:
-        super().__init__(initial)
-        self.ddp: list[DdpItem] = []
-        self.ddp_tag = 0
-
-    def put_ddp(self, data: Buffer, maxlen: int | None) -> None:
-        n = len(data)
-        if maxlen is not None and n > maxlen:
-            raise XdrError(f"opaque of {n} bytes exceeds its bound {maxlen}", len(self))
-        self += U32.pack(n)
-        self.ddp.append(DdpItem(len(self), data, self.ddp_tag))
-
-    def stream_position(self, item: DdpItem) -> int:
-        """The item's offset in the full XDR stream (as if every DDP item were inline)."""
-        pos = item.offset
-        for other in self.ddp:
-            if other is item:
-                return pos
-            pos += other.padded_length
-        raise ValueError("item does not belong to this writer")
-
-    def pieces(self, keep: Callable[[DdpItem], bool] | None = None) -> list[Buffer]:
-        """The stream as buffers to send in order, DDP items spliced back in with padding.
-
-        Items for which ``keep`` is true stay out (a transport moves them by other means)."""
-        if not self.ddp:
-            return [self]
-        view = memoryview(self)
-        out: list[Buffer] = []
-        start = 0
-        for item in self.ddp:
-            if keep is not None and keep(item):
-                continue
-            out.append(view[start : item.offset])
-            out.append(item.data)
-            pad = PAD[len(item.data) & 3]
-            if pad:
-                out.append(pad)
-            start = item.offset
-        out.append(view[start:])
-        return out
-
-    def flatten(self) -> bytes:
-        return b"".join(self.pieces())
 
 
 class Reader:
@@ -203,25 +149,49 @@ def void_decode(r: Reader, off: int) -> tuple[None, int]:
     return None, off
 
 
-@dataclass(frozen=True, slots=True, eq=False)
 class Operation(Generic[A, R]):
     """One operation of a COMPOUND-style procedure, as the generator writes it out from the
     argument and result unions: its number and name, and the codecs of its arguments ``A``
-    (``None`` for an operation without) and of its result ``R``."""
+    (``None`` for an operation without) and of its result ``R``. Compared by identity."""
 
-    number: int
-    name: str  # the enum member's name ("OP_READ")
-    has_args: bool
-    dec_args: Callable[[Reader, int], tuple[A, int]]
-    enc_args: Callable[[Writer, A], None]
-    dec_res: Callable[[Reader, int], tuple[R, int]]
-    enc_res: Callable[[Writer, R], None]
-    status_of: Callable[[R], int]  # the result's nfsstat4 (its first field or discriminant)
-    error: Callable[[int], R]  # the result for an error status without data
-    head: bytes = field(init=False)  # the operation number as the union discriminant
+    __slots__ = (
+        "dec_args",
+        "dec_res",
+        "enc_args",
+        "enc_res",
+        "error",
+        "has_args",
+        "head",
+        "name",
+        "number",
+        "status_of",
+    )
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "head", I32.pack(self.number))
+    def __init__(
+        self,
+        number: int,
+        name: str,  # the enum member's name ("OP_READ")
+        has_args: bool,
+        dec_args: Callable[[Reader, int], tuple[A, int]],
+        enc_args: Callable[[Writer, A], None],
+        dec_res: Callable[[Reader, int], tuple[R, int]],
+        enc_res: Callable[[Writer, R], None],
+        status_of: Callable[[R], int],  # the result's nfsstat4 (first field or discriminant)
+        error: Callable[[int], R],  # the result for an error status without data
+    ) -> None:
+        self.number = number
+        self.name = name
+        self.has_args = has_args
+        self.dec_args = dec_args
+        self.enc_args = enc_args
+        self.dec_res = dec_res
+        self.enc_res = enc_res
+        self.status_of = status_of
+        self.error = error
+        self.head = I32.pack(number)  # the operation number as the union discriminant
+
+    def __repr__(self) -> str:
+        return f"Operation({self.number}, {self.name!r})"
 
     def encode_result(self, w: Writer, res: R) -> None:
         """The result as its ``nfs_resop4`` arm: discriminant, then the result."""

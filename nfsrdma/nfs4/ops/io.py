@@ -4,8 +4,10 @@ The stateid picks the open file (``StateManager.io_file``); the special stateids
 I/O with the caller's credential. I/O of at least ``config.large_io`` octets, stable writes and
 COMMIT (an fsync) run in the server's thread pool so the event loop stays responsive, and
 their handlers return an awaitable; smaller I/O is done at once, and the COMPOUND goes on
-without waiting. READ fills a buffer of its own with ``readinto`` and returns a view of it (the
-RPC-over-RDMA layer sends it from there); WRITE hands the VFS the request's buffer as is.
+without waiting. READ reads with ``readinto`` (preadv) into memory the transport lends when it
+has some (RPC-over-RDMA: registered memory its RDMA Write sends the data out of, no copy), else
+into a buffer of its own, and returns a view of it; WRITE hands the VFS the request's buffer as
+is (over RPC-over-RDMA the registered buffer the RDMA Reads filled).
 """
 
 from __future__ import annotations
@@ -34,10 +36,20 @@ def _offload(ctx: CompoundContext, fn: Callable[[], T]) -> asyncio.Future[T]:
     return asyncio.get_running_loop().run_in_executor(ctx.server.executor, fn)
 
 
-def _read_into(of: OpenFile, offset: int, count: int) -> tuple[memoryview, bool]:
-    buf = bytearray(count)
-    n, eof = of.readinto(offset, memoryview(buf))
-    return memoryview(buf)[:n], eof
+def _read_into(
+    of: OpenFile, offset: int, count: int, sink: memoryview | None
+) -> tuple[memoryview, bool]:
+    """Read into ``sink`` (memory the transport lent) or a new buffer; a view of the data."""
+    buf = memoryview(bytearray(count)) if sink is None else sink
+    n, eof = of.readinto(offset, buf)
+    return buf[:n], eof
+
+
+def _sink(ctx: CompoundContext, count: int) -> memoryview | None:
+    """Memory the transport lends for ``count`` bytes of READ data (None: use our own)."""
+    if ctx.inbound is None or count <= 0:
+        return None
+    return ctx.conn.conn.lend(ctx.inbound, count)
 
 
 def op_read(ctx: CompoundContext, args: nfs4.READ4args) -> nfs4.READ4res | Awaitable[nfs4.READ4res]:
@@ -58,8 +70,12 @@ def op_read(ctx: CompoundContext, args: nfs4.READ4args) -> nfs4.READ4res | Await
     if of is None:
         cred, vfs = ctx.cred, server.vfs
         return _read_result(_offload(ctx, lambda: vfs.anonymous_read(cred, fh, offset, count)))
+    sink = _sink(ctx, count)
     if count >= server.config.large_io:
-        return _read_result(_offload(ctx, lambda: _read_into(of, offset, count)))
+        return _read_result(_offload(ctx, lambda: _read_into(of, offset, count, sink)))
+    if sink is not None:
+        view, eof = _read_into(of, offset, count, sink)
+        return nfs4.READ4res(nfs4.NFS4_OK, nfs4.READ4resok(eof, view))
     data, eof = of.read(offset, count)
     return nfs4.READ4res(nfs4.NFS4_OK, nfs4.READ4resok(eof, data))
 

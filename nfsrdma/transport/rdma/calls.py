@@ -81,3 +81,5 @@ class CallContext:
 
     header: Header
     scratch: list[Scratch]
+    # Registered memory lent for the reply's READ data (``Responder.lend``), taken back with it.
+    lent: list[Scratch] = field(default_factory=list)

@@ -5,17 +5,22 @@ It checks chunk lists before any RDMA operation (TR-17, TR-21), pulls Read chunk
 Reads within the negotiated ORD (TR-26), answers ERR_VERS / ERR_CHUNK with the call's XID
 (TR-3, TR-16), posts its RDMA Writes before the Send that completes the RPC (TR-19), and grants
 credits in every reply (TR-14).
+
+READ data need not be copied on its way out: ``lend`` gives the upper layer registered memory
+for it (the READ reads the file straight into it), and an RDMA Write whose data lies in such
+memory goes out from there. Data anywhere else is copied into registered memory first.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 
 from nfsrdma.transport.base import Inbound
 from nfsrdma.transport.rdma import continuation, placement, privdata
 from nfsrdma.transport.rdma import header as hdr
 from nfsrdma.transport.rdma import rtrheader as rh
-from nfsrdma.transport.rdma.calls import CallContext, InCall
+from nfsrdma.transport.rdma.calls import CallContext, InCall, Scratch
 from nfsrdma.transport.rdma.connection_base import RdmaConnectionBase
 from nfsrdma.transport.rdma.header import Header, HeaderError, Segment
 from nfsrdma.transport.rdma.marshal import plan_reply
@@ -146,18 +151,40 @@ class Responder(RdmaConnectionBase):
         reader = Reader(call.message, call.chunks or None)
         self._deliver(Inbound(reader, CallContext(call.header, call.scratch)))
 
+    def lend(self, request: Inbound, size: int) -> memoryview | None:
+        """Registered memory for READ data of the reply to ``request``, when that reply can
+        carry it by RDMA Write (the call offered a Write chunk); taken back in ``send_reply``."""
+        ctx = request.context
+        if not isinstance(ctx, CallContext) or not ctx.header.writes or self.closed:
+            return None
+        local = self._scratch(size)
+        ctx.lent.append(local)
+        return local.view[:size]
+
     def send_reply(self, request: Inbound, msg: Writer) -> None:
         ctx = request.context
         assert isinstance(ctx, CallContext)
         self._inbound_calls = max(0, self._inbound_calls - 1)
         for local in ctx.scratch:
             local.release()  # the call's chunk data has been consumed by now
+        lent, ctx.lent = ctx.lent, []
+        try:
+            self._send_reply(ctx, msg, lent)
+        finally:
+            for local in lent:  # lent memory no RDMA Write went out of
+                local.release()
+
+    def _send_reply(self, ctx: CallContext, msg: Writer, lent: list[Scratch]) -> None:
         h = ctx.header
         if self.rtr.enabled and h.reply_transmissions > 1:
             sections = continuation.plan_continued_reply(
                 msg, len(h.writes), self.send_limit, h.reply_transmissions
             )
             if sections is not None:
+                if lent:  # sent by Sends only: lent memory is taken back, its data copied
+                    sections = [
+                        [bytes(p) if _lent_for(p, lent) else p for p in sec] for sec in sections
+                    ]
                 self._send_continued_reply(h.xid, sections)
                 return
         try:
@@ -170,13 +197,21 @@ class Responder(RdmaConnectionBase):
             return
         writes = []
         for write in plan.writes:
-            local = self._scratch(len(write.data))
-            local.view[: len(write.data)] = write.data
+            n = len(write.data)
+            found = _lent_for(write.data, lent) if lent else None
+            if found is not None:
+                local, offset = found  # READ data already in registered memory: no copy
+                lent.remove(local)
+                self.stats["rdma_writes_in_place"] += 1
+            else:
+                local, offset = self._scratch(n), 0
+                local.view[:n] = write.data
+                self.stats["rdma_write_bytes_copied"] += n
             seg = write.segment
             writes.append(
                 RdmaWriteRequest(
-                    self._wr_id("write", local),
-                    [local.sge(0, len(write.data))],
+                    self._wr_id("write", local),  # released when the Write completes
+                    [local.sge(offset, n)],
                     seg.offset + write.segment_offset,
                     seg.handle,
                 )
@@ -184,9 +219,12 @@ class Responder(RdmaConnectionBase):
             self.stats["rdma_writes"] += 1
         self.stats["replies_long" if plan.proc == hdr.RDMA_NOMSG else "replies_inline"] += 1
         self.stats["write_chunks_filled"] += sum(1 for c in plan.write_list if c and c[0].length)
+        inline = plan.inline
+        if lent:  # lent memory is taken back now: what the Send still holds of it is copied
+            inline = [bytes(p) if _lent_for(p, lent) else p for p in inline]
         head = hdr.encode(h.xid, self.policy.grant, plan.proc, [], plan.write_list, plan.reply)
         # The RDMA Writes go ahead of the Send in one post (TR-19: RC ordering).
-        self._send([head, *plan.inline], self._invalidate_for(h), writes)
+        self._send([head, *inline], self._invalidate_for(h), writes)
 
     def _send_continued_reply(self, xid: int, sections: list[list[Buffer]]) -> None:
         """XMTRESP then XMTCONTs, back to back, within the receives reserved (RT-6, RT-8)."""
@@ -208,3 +246,25 @@ class Responder(RdmaConnectionBase):
             return None
         keys = sorted(h.rkeys())
         return keys[0] if keys else None
+
+
+def _address(data: Buffer) -> int | None:
+    """Where a writable buffer's bytes are in memory (None for read-only or empty ones)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(data))
+    except (TypeError, ValueError, BufferError):
+        return None
+
+
+def _lent_for(data: Buffer, lent: list[Scratch]) -> tuple[Scratch, int] | None:
+    """The lent buffer ``data`` lies in, and its offset there."""
+    addr = _address(data)
+    if addr is None:
+        return None
+    n = len(data)
+    for local in lent:
+        view = local.view
+        base = _address(view)
+        if base is not None and base <= addr and addr + n <= base + len(view):
+            return local, addr - base
+    return None

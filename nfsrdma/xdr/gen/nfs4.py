@@ -1724,6 +1724,7 @@ def dec_settime4(r: _Reader, off: int) -> tuple[settime4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v6: _Any
         (_d6,) = _S2.unpack_from(buf, off)
         _a6 = _settime4_ARMS.get(_d6)
         if _a6 is None:
@@ -2739,6 +2740,7 @@ def dec_layoutreturn4(r: _Reader, off: int) -> tuple[layoutreturn4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v27: _Any
         (_d27,) = _S2.unpack_from(buf, off)
         _a27 = _layoutreturn4_ARMS.get(_d27)
         if _a27 is None:
@@ -4698,6 +4700,7 @@ def dec_fattr4_time_access_set(r: _Reader, off: int) -> tuple[fattr4_time_access
     buf = r.buf
     o0 = off
     try:
+        _v74: _Any
         (_d74,) = _S2.unpack_from(buf, off)
         _a74 = _settime4_ARMS.get(_d74)
         if _a74 is None:
@@ -4836,6 +4839,7 @@ def dec_fattr4_time_modify_set(r: _Reader, off: int) -> tuple[fattr4_time_modify
     buf = r.buf
     o0 = off
     try:
+        _v75: _Any
         (_d75,) = _S2.unpack_from(buf, off)
         _a75 = _settime4_ARMS.get(_d75)
         if _a75 is None:
@@ -6968,6 +6972,7 @@ def dec_ACCESS4res(r: _Reader, off: int) -> tuple[ACCESS4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v160: _Any
         (_d160,) = _S2.unpack_from(buf, off)
         _a160 = _ACCESS4res_ARMS.get(_d160)
         if _a160 is None:
@@ -7035,6 +7040,7 @@ def dec_CLOSE4res(r: _Reader, off: int) -> tuple[CLOSE4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v161: _Any
         (_d161,) = _S2.unpack_from(buf, off)
         _a161 = _CLOSE4res_ARMS.get(_d161)
         if _a161 is None:
@@ -7126,6 +7132,7 @@ def dec_COMMIT4res(r: _Reader, off: int) -> tuple[COMMIT4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v162: _Any
         (_d162,) = _S2.unpack_from(buf, off)
         _a162 = _COMMIT4res_ARMS.get(_d162)
         if _a162 is None:
@@ -7183,6 +7190,7 @@ def dec_createtype4(r: _Reader, off: int) -> tuple[createtype4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v163: _Any
         (_d163,) = _S2.unpack_from(buf, off)
         _a163 = _createtype4_ARMS.get(_d163)
         if _a163 is None:
@@ -7231,6 +7239,7 @@ def dec_CREATE4args(r: _Reader, off: int) -> tuple[CREATE4args, int]:
     buf = r.buf
     o0 = off
     try:
+        _v166: _Any
         (_d166,) = _S2.unpack_from(buf, off)
         _a166 = _createtype4_ARMS.get(_d166)
         if _a166 is None:
@@ -7340,6 +7349,7 @@ def dec_CREATE4res(r: _Reader, off: int) -> tuple[CREATE4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v171: _Any
         (_d171,) = _S2.unpack_from(buf, off)
         _a171 = _CREATE4res_ARMS.get(_d171)
         if _a171 is None:
@@ -7563,6 +7573,7 @@ def dec_GETATTR4res(r: _Reader, off: int) -> tuple[GETATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v178: _Any
         (_d178,) = _S2.unpack_from(buf, off)
         _a178 = _GETATTR4res_ARMS.get(_d178)
         if _a178 is None:
@@ -7641,6 +7652,7 @@ def dec_GETFH4res(r: _Reader, off: int) -> tuple[GETFH4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v179: _Any
         (_d179,) = _S2.unpack_from(buf, off)
         _a179 = _GETFH4res_ARMS.get(_d179)
         if _a179 is None:
@@ -7739,6 +7751,7 @@ def dec_LINK4res(r: _Reader, off: int) -> tuple[LINK4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v180: _Any
         (_d180,) = _S2.unpack_from(buf, off)
         _a180 = _LINK4res_ARMS.get(_d180)
         if _a180 is None:
@@ -7861,6 +7874,7 @@ def dec_locker4(r: _Reader, off: int) -> tuple[locker4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v183: _Any
         (_d183,) = _S0.unpack_from(buf, off)
         _a183 = _locker4_ARMS.get(_d183)
         if _a183 is None:
@@ -7901,6 +7915,7 @@ def dec_LOCK4args(r: _Reader, off: int) -> tuple[LOCK4args, int]:
         f_reclaim = _BOOL[_t[1]]
         f_offset = _t[2]
         f_length = _t[3]
+        _v184: _Any
         (_d184,) = _S0.unpack_from(buf, off)
         _a184 = _locker4_ARMS.get(_d184)
         if _a184 is None:
@@ -8018,6 +8033,7 @@ def dec_LOCK4res(r: _Reader, off: int) -> tuple[LOCK4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v187: _Any
         (_d187,) = _S2.unpack_from(buf, off)
         _a187 = _LOCK4res_ARMS.get(_d187)
         if _a187 is None:
@@ -8111,6 +8127,7 @@ def dec_LOCKT4res(r: _Reader, off: int) -> tuple[LOCKT4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v190: _Any
         (_d190,) = _S2.unpack_from(buf, off)
         _a190 = _LOCKT4res_ARMS.get(_d190)
         if _a190 is None:
@@ -8184,6 +8201,7 @@ def dec_LOCKU4res(r: _Reader, off: int) -> tuple[LOCKU4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v191: _Any
         (_d191,) = _S2.unpack_from(buf, off)
         _a191 = _LOCKU4res_ARMS.get(_d191)
         if _a191 is None:
@@ -8468,6 +8486,7 @@ def dec_createhow4(r: _Reader, off: int) -> tuple[createhow4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v200: _Any
         (_d200,) = _S2.unpack_from(buf, off)
         _a200 = _createhow4_ARMS.get(_d200)
         if _a200 is None:
@@ -8531,6 +8550,7 @@ def dec_openflag4(r: _Reader, off: int) -> tuple[openflag4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v201: _Any
         (_d201,) = _S2.unpack_from(buf, off)
         _a201 = _openflag4_ARMS.get(_d201)
         if _a201 is None:
@@ -8623,6 +8643,7 @@ def dec_nfs_space_limit4(r: _Reader, off: int) -> tuple[nfs_space_limit4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v202: _Any
         (_d202,) = _S2.unpack_from(buf, off)
         _a202 = _nfs_space_limit4_ARMS.get(_d202)
         if _a202 is None:
@@ -8766,6 +8787,7 @@ def dec_open_claim4(r: _Reader, off: int) -> tuple[open_claim4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v203: _Any
         (_d203,) = _S2.unpack_from(buf, off)
         _a203 = _open_claim4_ARMS.get(_d203)
         if _a203 is None:
@@ -8831,6 +8853,7 @@ def dec_OPEN4args(r: _Reader, off: int) -> tuple[OPEN4args, int]:
         _i205_owner = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_owner = state_owner4(_i205_clientid, _i205_owner)
+        _v206: _Any
         (_d206,) = _S2.unpack_from(buf, off)
         _a206 = _openflag4_ARMS.get(_d206)
         if _a206 is None:
@@ -8840,6 +8863,7 @@ def dec_OPEN4args(r: _Reader, off: int) -> tuple[OPEN4args, int]:
             _d206, _f206 = _a206
         _v206, off = _f206(r, off + 4)
         f_openhow = openflag4(_d206, _v206)
+        _v207: _Any
         (_d207,) = _S2.unpack_from(buf, off)
         _a207 = _open_claim4_ARMS.get(_d207)
         if _a207 is None:
@@ -8935,6 +8959,7 @@ def dec_open_write_delegation4(r: _Reader, off: int) -> tuple[open_write_delegat
         off += 20
         f_stateid = stateid4(_t[0], _t[1])
         f_recall = _BOOL[_t[2]]
+        _v211: _Any
         (_d211,) = _S2.unpack_from(buf, off)
         _a211 = _nfs_space_limit4_ARMS.get(_d211)
         if _a211 is None:
@@ -9065,6 +9090,7 @@ def dec_open_none_delegation4(r: _Reader, off: int) -> tuple[open_none_delegatio
     buf = r.buf
     o0 = off
     try:
+        _v213: _Any
         (_d213,) = _S2.unpack_from(buf, off)
         _a213 = _open_none_delegation4_ARMS.get(_d213)
         if _a213 is None:
@@ -9107,6 +9133,7 @@ def dec_open_delegation4(r: _Reader, off: int) -> tuple[open_delegation4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v214: _Any
         (_d214,) = _S2.unpack_from(buf, off)
         _a214 = _open_delegation4_ARMS.get(_d214)
         if _a214 is None:
@@ -9162,6 +9189,7 @@ def dec_OPEN4resok(r: _Reader, off: int) -> tuple[OPEN4resok, int]:
             off += 4
             _x216 = _t[0]
             f_attrset.append(_x216)
+        _v217: _Any
         (_d217,) = _S2.unpack_from(buf, off)
         _a217 = _open_delegation4_ARMS.get(_d217)
         if _a217 is None:
@@ -9201,6 +9229,7 @@ def dec_OPEN4res(r: _Reader, off: int) -> tuple[OPEN4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v218: _Any
         (_d218,) = _S2.unpack_from(buf, off)
         _a218 = _OPEN4res_ARMS.get(_d218)
         if _a218 is None:
@@ -9341,6 +9370,7 @@ def dec_OPEN_CONFIRM4res(r: _Reader, off: int) -> tuple[OPEN_CONFIRM4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v219: _Any
         (_d219,) = _S2.unpack_from(buf, off)
         _a219 = _OPEN_CONFIRM4res_ARMS.get(_d219)
         if _a219 is None:
@@ -9437,6 +9467,7 @@ def dec_OPEN_DOWNGRADE4res(r: _Reader, off: int) -> tuple[OPEN_DOWNGRADE4res, in
     buf = r.buf
     o0 = off
     try:
+        _v220: _Any
         (_d220,) = _S2.unpack_from(buf, off)
         _a220 = _OPEN_DOWNGRADE4res_ARMS.get(_d220)
         if _a220 is None:
@@ -9643,6 +9674,7 @@ def dec_READ4res(r: _Reader, off: int) -> tuple[READ4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v221: _Any
         (_d221,) = _S2.unpack_from(buf, off)
         _a221 = _READ4res_ARMS.get(_d221)
         if _a221 is None:
@@ -9885,6 +9917,7 @@ def dec_READDIR4res(r: _Reader, off: int) -> tuple[READDIR4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v230: _Any
         (_d230,) = _S2.unpack_from(buf, off)
         _a230 = _READDIR4res_ARMS.get(_d230)
         if _a230 is None:
@@ -9947,6 +9980,7 @@ def dec_READLINK4res(r: _Reader, off: int) -> tuple[READLINK4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v231: _Any
         (_d231,) = _S2.unpack_from(buf, off)
         _a231 = _READLINK4res_ARMS.get(_d231)
         if _a231 is None:
@@ -10045,6 +10079,7 @@ def dec_REMOVE4res(r: _Reader, off: int) -> tuple[REMOVE4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v232: _Any
         (_d232,) = _S2.unpack_from(buf, off)
         _a232 = _REMOVE4res_ARMS.get(_d232)
         if _a232 is None:
@@ -10160,6 +10195,7 @@ def dec_RENAME4res(r: _Reader, off: int) -> tuple[RENAME4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v233: _Any
         (_d233,) = _S2.unpack_from(buf, off)
         _a233 = _RENAME4res_ARMS.get(_d233)
         if _a233 is None:
@@ -10370,6 +10406,7 @@ def dec_secinfo4(r: _Reader, off: int) -> tuple[secinfo4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v234: _Any
         (_d234,) = _S0.unpack_from(buf, off)
         _a234 = _secinfo4_ARMS.get(_d234)
         if _a234 is None:
@@ -10408,6 +10445,7 @@ def dec_SECINFO4resok(r: _Reader, off: int) -> tuple[SECINFO4resok, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
         for _ in range(_n):
+            _v237: _Any
             (_d237,) = _S0.unpack_from(buf, off)
             _a237 = _secinfo4_ARMS.get(_d237)
             if _a237 is None:
@@ -10449,6 +10487,7 @@ def dec_SECINFO4res(r: _Reader, off: int) -> tuple[SECINFO4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v238: _Any
         (_d238,) = _S2.unpack_from(buf, off)
         _a238 = _SECINFO4res_ARMS.get(_d238)
         if _a238 is None:
@@ -10700,6 +10739,7 @@ def dec_SETCLIENTID4res(r: _Reader, off: int) -> tuple[SETCLIENTID4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v251: _Any
         (_d251,) = _S2.unpack_from(buf, off)
         _a251 = _SETCLIENTID4res_ARMS.get(_d251)
         if _a251 is None:
@@ -10953,6 +10993,7 @@ def dec_WRITE4res(r: _Reader, off: int) -> tuple[WRITE4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v256: _Any
         (_d256,) = _S2.unpack_from(buf, off)
         _a256 = _WRITE4res_ARMS.get(_d256)
         if _a256 is None:
@@ -11172,6 +11213,7 @@ def dec_callback_sec_parms4(r: _Reader, off: int) -> tuple[callback_sec_parms4, 
     buf = r.buf
     o0 = off
     try:
+        _v259: _Any
         (_d259,) = _S0.unpack_from(buf, off)
         _a259 = _callback_sec_parms4_ARMS.get(_d259)
         if _a259 is None:
@@ -11216,6 +11258,7 @@ def dec_BACKCHANNEL_CTL4args(r: _Reader, off: int) -> tuple[BACKCHANNEL_CTL4args
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_bca_sec_parms = []
         for _ in range(_n):
+            _v262: _Any
             (_d262,) = _S0.unpack_from(buf, off)
             _a262 = _callback_sec_parms4_ARMS.get(_d262)
             if _a262 is None:
@@ -11392,6 +11435,7 @@ def dec_BIND_CONN_TO_SESSION4res(r: _Reader, off: int) -> tuple[BIND_CONN_TO_SES
     buf = r.buf
     o0 = off
     try:
+        _v263: _Any
         (_d263,) = _S2.unpack_from(buf, off)
         _a263 = _BIND_CONN_TO_SESSION4res_ARMS.get(_d263)
         if _a263 is None:
@@ -11622,6 +11666,7 @@ def dec_state_protect4_a(r: _Reader, off: int) -> tuple[state_protect4_a, int]:
     buf = r.buf
     o0 = off
     try:
+        _v278: _Any
         (_d278,) = _S2.unpack_from(buf, off)
         _a278 = _state_protect4_a_ARMS.get(_d278)
         if _a278 is None:
@@ -11701,6 +11746,7 @@ def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
         _t = _S0.unpack_from(buf, off)
         off += 4
         f_eia_flags = _t[0]
+        _v283: _Any
         (_d283,) = _S2.unpack_from(buf, off)
         _a283 = _state_protect4_a_ARMS.get(_d283)
         if _a283 is None:
@@ -11862,6 +11908,7 @@ def dec_state_protect4_r(r: _Reader, off: int) -> tuple[state_protect4_r, int]:
     buf = r.buf
     o0 = off
     try:
+        _v294: _Any
         (_d294,) = _S2.unpack_from(buf, off)
         _a294 = _state_protect4_r_ARMS.get(_d294)
         if _a294 is None:
@@ -11937,6 +11984,7 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
         f_eir_clientid = _t[0]
         f_eir_sequenceid = _t[1]
         f_eir_flags = _t[2]
+        _v298: _Any
         (_d298,) = _S2.unpack_from(buf, off)
         _a298 = _state_protect4_r_ARMS.get(_d298)
         if _a298 is None:
@@ -12033,6 +12081,7 @@ def dec_EXCHANGE_ID4res(r: _Reader, off: int) -> tuple[EXCHANGE_ID4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v302: _Any
         (_d302,) = _S2.unpack_from(buf, off)
         _a302 = _EXCHANGE_ID4res_ARMS.get(_d302)
         if _a302 is None:
@@ -12203,6 +12252,7 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_csa_sec_parms = []
         for _ in range(_n):
+            _v315: _Any
             (_d315,) = _S0.unpack_from(buf, off)
             _a315 = _callback_sec_parms4_ARMS.get(_d315)
             if _a315 is None:
@@ -12334,6 +12384,7 @@ def dec_CREATE_SESSION4res(r: _Reader, off: int) -> tuple[CREATE_SESSION4res, in
     buf = r.buf
     o0 = off
     try:
+        _v324: _Any
         (_d324,) = _S2.unpack_from(buf, off)
         _a324 = _CREATE_SESSION4res_ARMS.get(_d324)
         if _a324 is None:
@@ -12694,6 +12745,7 @@ def dec_GET_DIR_DELEGATION4res_non_fatal(r: _Reader, off: int) -> tuple[GET_DIR_
     buf = r.buf
     o0 = off
     try:
+        _v337: _Any
         (_d337,) = _S2.unpack_from(buf, off)
         _a337 = _GET_DIR_DELEGATION4res_non_fatal_ARMS.get(_d337)
         if _a337 is None:
@@ -12733,6 +12785,7 @@ def dec_GET_DIR_DELEGATION4res(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATION
     buf = r.buf
     o0 = off
     try:
+        _v338: _Any
         (_d338,) = _S2.unpack_from(buf, off)
         _a338 = _GET_DIR_DELEGATION4res_ARMS.get(_d338)
         if _a338 is None:
@@ -12874,6 +12927,7 @@ def dec_GETDEVICEINFO4res(r: _Reader, off: int) -> tuple[GETDEVICEINFO4res, int]
     buf = r.buf
     o0 = off
     try:
+        _v345: _Any
         (_d345,) = _S2.unpack_from(buf, off)
         _a345 = _GETDEVICEINFO4res_ARMS.get(_d345)
         if _a345 is None:
@@ -12994,6 +13048,7 @@ def dec_GETDEVICELIST4res(r: _Reader, off: int) -> tuple[GETDEVICELIST4res, int]
     buf = r.buf
     o0 = off
     try:
+        _v348: _Any
         (_d348,) = _S2.unpack_from(buf, off)
         _a348 = _GETDEVICELIST4res_ARMS.get(_d348)
         if _a348 is None:
@@ -13035,6 +13090,7 @@ def dec_newtime4(r: _Reader, off: int) -> tuple[newtime4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v349: _Any
         (_d349,) = _S0.unpack_from(buf, off)
         _a349 = _newtime4_ARMS.get(_d349)
         if _a349 is None:
@@ -13075,6 +13131,7 @@ def dec_newoffset4(r: _Reader, off: int) -> tuple[newoffset4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v350: _Any
         (_d350,) = _S0.unpack_from(buf, off)
         _a350 = _newoffset4_ARMS.get(_d350)
         if _a350 is None:
@@ -13126,6 +13183,7 @@ def dec_LAYOUTCOMMIT4args(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4args, int]
         f_loca_length = _t[1]
         f_loca_reclaim = _BOOL[_t[2]]
         f_loca_stateid = stateid4(_t[3], _t[4])
+        _v352: _Any
         (_d352,) = _S0.unpack_from(buf, off)
         _a352 = _newoffset4_ARMS.get(_d352)
         if _a352 is None:
@@ -13134,6 +13192,7 @@ def dec_LAYOUTCOMMIT4args(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4args, int]
             _d352, _f352 = _a352
         _v352, off = _f352(r, off + 4)
         f_loca_last_write_offset = newoffset4(_d352, _v352)
+        _v353: _Any
         (_d353,) = _S0.unpack_from(buf, off)
         _a353 = _newtime4_ARMS.get(_d353)
         if _a353 is None:
@@ -13187,6 +13246,7 @@ def dec_newsize4(r: _Reader, off: int) -> tuple[newsize4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v355: _Any
         (_d355,) = _S0.unpack_from(buf, off)
         _a355 = _newsize4_ARMS.get(_d355)
         if _a355 is None:
@@ -13216,6 +13276,7 @@ def dec_LAYOUTCOMMIT4resok(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4resok, in
     buf = r.buf
     o0 = off
     try:
+        _v356: _Any
         (_d356,) = _S0.unpack_from(buf, off)
         _a356 = _newsize4_ARMS.get(_d356)
         if _a356 is None:
@@ -13255,6 +13316,7 @@ def dec_LAYOUTCOMMIT4res(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v357: _Any
         (_d357,) = _S2.unpack_from(buf, off)
         _a357 = _LAYOUTCOMMIT4res_ARMS.get(_d357)
         if _a357 is None:
@@ -13420,6 +13482,7 @@ def dec_LAYOUTGET4res(r: _Reader, off: int) -> tuple[LAYOUTGET4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v364: _Any
         (_d364,) = _S2.unpack_from(buf, off)
         _a364 = _LAYOUTGET4res_ARMS.get(_d364)
         if _a364 is None:
@@ -13459,6 +13522,7 @@ def dec_LAYOUTRETURN4args(r: _Reader, off: int) -> tuple[LAYOUTRETURN4args, int]
         f_lora_reclaim = _BOOL[_t[0]]
         f_lora_layout_type = _layouttype4_MAP[_t[1]]
         f_lora_iomode = _layoutiomode4_MAP[_t[2]]
+        _v365: _Any
         (_d365,) = _S2.unpack_from(buf, off)
         _a365 = _layoutreturn4_ARMS.get(_d365)
         if _a365 is None:
@@ -13500,6 +13564,7 @@ def dec_layoutreturn_stateid(r: _Reader, off: int) -> tuple[layoutreturn_stateid
     buf = r.buf
     o0 = off
     try:
+        _v366: _Any
         (_d366,) = _S0.unpack_from(buf, off)
         _a366 = _layoutreturn_stateid_ARMS.get(_d366)
         if _a366 is None:
@@ -13539,6 +13604,7 @@ def dec_LAYOUTRETURN4res(r: _Reader, off: int) -> tuple[LAYOUTRETURN4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v367: _Any
         (_d367,) = _S2.unpack_from(buf, off)
         _a367 = _LAYOUTRETURN4res_ARMS.get(_d367)
         if _a367 is None:
@@ -13613,6 +13679,7 @@ def dec_SECINFO_NO_NAME4res(r: _Reader, off: int) -> tuple[SECINFO_NO_NAME4res, 
     buf = r.buf
     o0 = off
     try:
+        _v368: _Any
         (_d368,) = _S2.unpack_from(buf, off)
         _a368 = _SECINFO4res_ARMS.get(_d368)
         if _a368 is None:
@@ -13721,6 +13788,7 @@ def dec_SEQUENCE4res(r: _Reader, off: int) -> tuple[SEQUENCE4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v369: _Any
         (_d369,) = _S2.unpack_from(buf, off)
         _a369 = _SEQUENCE4res_ARMS.get(_d369)
         if _a369 is None:
@@ -13825,6 +13893,7 @@ def dec_ssr_digest_input4(r: _Reader, off: int) -> tuple[ssr_digest_input4, int]
     buf = r.buf
     o0 = off
     try:
+        _v370: _Any
         (_d370,) = _S2.unpack_from(buf, off)
         _a370 = _SEQUENCE4res_ARMS.get(_d370)
         if _a370 is None:
@@ -13899,6 +13968,7 @@ def dec_SET_SSV4res(r: _Reader, off: int) -> tuple[SET_SSV4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v371: _Any
         (_d371,) = _S2.unpack_from(buf, off)
         _a371 = _SET_SSV4res_ARMS.get(_d371)
         if _a371 is None:
@@ -14010,6 +14080,7 @@ def dec_TEST_STATEID4res(r: _Reader, off: int) -> tuple[TEST_STATEID4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v376: _Any
         (_d376,) = _S2.unpack_from(buf, off)
         _a376 = _TEST_STATEID4res_ARMS.get(_d376)
         if _a376 is None:
@@ -14052,6 +14123,7 @@ def dec_deleg_claim4(r: _Reader, off: int) -> tuple[deleg_claim4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v377: _Any
         (_d377,) = _S2.unpack_from(buf, off)
         _a377 = _deleg_claim4_ARMS.get(_d377)
         if _a377 is None:
@@ -14086,6 +14158,7 @@ def dec_WANT_DELEGATION4args(r: _Reader, off: int) -> tuple[WANT_DELEGATION4args
         _t = _S0.unpack_from(buf, off)
         off += 4
         f_wda_want = _t[0]
+        _v378: _Any
         (_d378,) = _S2.unpack_from(buf, off)
         _a378 = _deleg_claim4_ARMS.get(_d378)
         if _a378 is None:
@@ -14125,6 +14198,7 @@ def dec_WANT_DELEGATION4res(r: _Reader, off: int) -> tuple[WANT_DELEGATION4res, 
     buf = r.buf
     o0 = off
     try:
+        _v379: _Any
         (_d379,) = _S2.unpack_from(buf, off)
         _a379 = _WANT_DELEGATION4res_ARMS.get(_d379)
         if _a379 is None:
@@ -14289,6 +14363,7 @@ def dec_netloc4(r: _Reader, off: int) -> tuple[netloc4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v380: _Any
         (_d380,) = _S2.unpack_from(buf, off)
         _a380 = _netloc4_ARMS.get(_d380)
         if _a380 is None:
@@ -14588,6 +14663,7 @@ def dec_COPY4args(r: _Reader, off: int) -> tuple[COPY4args, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_ca_source_server = []
         for _ in range(_n):
+            _v385: _Any
             (_d385,) = _S2.unpack_from(buf, off)
             _a385 = _netloc4_ARMS.get(_d385)
             if _a385 is None:
@@ -14708,6 +14784,7 @@ def dec_COPY4res(r: _Reader, off: int) -> tuple[COPY4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v390: _Any
         (_d390,) = _S2.unpack_from(buf, off)
         _a390 = _COPY4res_ARMS.get(_d390)
         if _a390 is None:
@@ -14744,6 +14821,7 @@ def dec_COPY_NOTIFY4args(r: _Reader, off: int) -> tuple[COPY_NOTIFY4args, int]:
         _t = _S10.unpack_from(buf, off)
         off += 16
         f_cna_src_stateid = stateid4(_t[0], _t[1])
+        _v391: _Any
         (_d391,) = _S2.unpack_from(buf, off)
         _a391 = _netloc4_ARMS.get(_d391)
         if _a391 is None:
@@ -14791,6 +14869,7 @@ def dec_COPY_NOTIFY4resok(r: _Reader, off: int) -> tuple[COPY_NOTIFY4resok, int]
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_cnr_source_server = []
         for _ in range(_n):
+            _v394: _Any
             (_d394,) = _S2.unpack_from(buf, off)
             _a394 = _netloc4_ARMS.get(_d394)
             if _a394 is None:
@@ -14831,6 +14910,7 @@ def dec_COPY_NOTIFY4res(r: _Reader, off: int) -> tuple[COPY_NOTIFY4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v395: _Any
         (_d395,) = _S2.unpack_from(buf, off)
         _a395 = _COPY_NOTIFY4res_ARMS.get(_d395)
         if _a395 is None:
@@ -15046,6 +15126,7 @@ def dec_IO_ADVISE4res(r: _Reader, off: int) -> tuple[IO_ADVISE4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v400: _Any
         (_d400,) = _S2.unpack_from(buf, off)
         _a400 = _IO_ADVISE4res_ARMS.get(_d400)
         if _a400 is None:
@@ -15410,6 +15491,7 @@ def dec_OFFLOAD_STATUS4res(r: _Reader, off: int) -> tuple[OFFLOAD_STATUS4res, in
     buf = r.buf
     o0 = off
     try:
+        _v407: _Any
         (_d407,) = _S2.unpack_from(buf, off)
         _a407 = _OFFLOAD_STATUS4res_ARMS.get(_d407)
         if _a407 is None:
@@ -15479,6 +15561,7 @@ def dec_read_plus_content(r: _Reader, off: int) -> tuple[read_plus_content, int]
     buf = r.buf
     o0 = off
     try:
+        _v408: _Any
         (_d408,) = _S2.unpack_from(buf, off)
         _a408 = _read_plus_content_ARMS.get(_d408)
         if _a408 is None:
@@ -15524,6 +15607,7 @@ def dec_read_plus_res4(r: _Reader, off: int) -> tuple[read_plus_res4, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_rpr_contents = []
         for _ in range(_n):
+            _v411: _Any
             (_d411,) = _S2.unpack_from(buf, off)
             _a411 = _read_plus_content_ARMS.get(_d411)
             if _a411 is None:
@@ -15565,6 +15649,7 @@ def dec_READ_PLUS4res(r: _Reader, off: int) -> tuple[READ_PLUS4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v412: _Any
         (_d412,) = _S2.unpack_from(buf, off)
         _a412 = _READ_PLUS4res_ARMS.get(_d412)
         if _a412 is None:
@@ -15660,6 +15745,7 @@ def dec_SEEK4res(r: _Reader, off: int) -> tuple[SEEK4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v413: _Any
         (_d413,) = _S2.unpack_from(buf, off)
         _a413 = _SEEK4res_ARMS.get(_d413)
         if _a413 is None:
@@ -15753,6 +15839,7 @@ def dec_WRITE_SAME4res(r: _Reader, off: int) -> tuple[WRITE_SAME4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v416: _Any
         (_d416,) = _S2.unpack_from(buf, off)
         _a416 = _WRITE_SAME4res_ARMS.get(_d416)
         if _a416 is None:
@@ -15949,6 +16036,7 @@ def dec_GETXATTR4res(r: _Reader, off: int) -> tuple[GETXATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v417: _Any
         (_d417,) = _S2.unpack_from(buf, off)
         _a417 = _GETXATTR4res_ARMS.get(_d417)
         if _a417 is None:
@@ -16069,6 +16157,7 @@ def dec_SETXATTR4res(r: _Reader, off: int) -> tuple[SETXATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v418: _Any
         (_d418,) = _S2.unpack_from(buf, off)
         _a418 = _SETXATTR4res_ARMS.get(_d418)
         if _a418 is None:
@@ -16190,6 +16279,7 @@ def dec_LISTXATTRS4res(r: _Reader, off: int) -> tuple[LISTXATTRS4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v421: _Any
         (_d421,) = _S2.unpack_from(buf, off)
         _a421 = _LISTXATTRS4res_ARMS.get(_d421)
         if _a421 is None:
@@ -16264,6 +16354,7 @@ def dec_REMOVEXATTR4res(r: _Reader, off: int) -> tuple[REMOVEXATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v422: _Any
         (_d422,) = _S2.unpack_from(buf, off)
         _a422 = _REMOVEXATTR4res_ARMS.get(_d422)
         if _a422 is None:
@@ -16474,6 +16565,7 @@ def dec_nfs_argop4(r: _Reader, off: int) -> tuple[nfs_argop4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v423: _Any
         (_d423,) = _S2.unpack_from(buf, off)
         _a423 = _nfs_argop4_ARMS.get(_d423)
         if _a423 is None:
@@ -16515,6 +16607,7 @@ def dec_nfs_resop4(r: _Reader, off: int) -> tuple[nfs_resop4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v424: _Any
         (_d424,) = _S2.unpack_from(buf, off)
         _a424 = _nfs_resop4_ARMS.get(_d424)
         if _a424 is None:
@@ -16574,6 +16667,7 @@ def dec_COMPOUND4args(r: _Reader, off: int) -> tuple[COMPOUND4args, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_argarray = []
         for _ in range(_n):
+            _v427: _Any
             (_d427,) = _S2.unpack_from(buf, off)
             _a427 = _nfs_argop4_ARMS.get(_d427)
             if _a427 is None:
@@ -16634,6 +16728,7 @@ def dec_COMPOUND4res(r: _Reader, off: int) -> tuple[COMPOUND4res, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_resarray = []
         for _ in range(_n):
+            _v430: _Any
             (_d430,) = _S2.unpack_from(buf, off)
             _a430 = _nfs_resop4_ARMS.get(_d430)
             if _a430 is None:
@@ -16779,6 +16874,7 @@ def dec_CB_GETATTR4res(r: _Reader, off: int) -> tuple[CB_GETATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v437: _Any
         (_d437,) = _S2.unpack_from(buf, off)
         _a437 = _CB_GETATTR4res_ARMS.get(_d437)
         if _a437 is None:
@@ -16989,6 +17085,7 @@ def dec_layoutrecall4(r: _Reader, off: int) -> tuple[layoutrecall4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v438: _Any
         (_d438,) = _S2.unpack_from(buf, off)
         _a438 = _layoutrecall4_ARMS.get(_d438)
         if _a438 is None:
@@ -17027,6 +17124,7 @@ def dec_CB_LAYOUTRECALL4args(r: _Reader, off: int) -> tuple[CB_LAYOUTRECALL4args
         f_clora_type = _layouttype4_MAP[_t[0]]
         f_clora_iomode = _layoutiomode4_MAP[_t[1]]
         f_clora_changed = _BOOL[_t[2]]
+        _v439: _Any
         (_d439,) = _S2.unpack_from(buf, off)
         _a439 = _layoutrecall4_ARMS.get(_d439)
         if _a439 is None:
@@ -17993,6 +18091,7 @@ def dec_CB_PUSH_DELEG4args(r: _Reader, off: int) -> tuple[CB_PUSH_DELEG4args, in
             raise _XdrError('opaque runs past the end', off)
         f_cpda_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
+        _v516: _Any
         (_d516,) = _S2.unpack_from(buf, off)
         _a516 = _open_delegation4_ARMS.get(_d516)
         if _a516 is None:
@@ -18398,6 +18497,7 @@ def dec_CB_SEQUENCE4res(r: _Reader, off: int) -> tuple[CB_SEQUENCE4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v531: _Any
         (_d531,) = _S2.unpack_from(buf, off)
         _a531 = _CB_SEQUENCE4res_ARMS.get(_d531)
         if _a531 is None:
@@ -18741,6 +18841,7 @@ def dec_offload_info4(r: _Reader, off: int) -> tuple[offload_info4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v540: _Any
         (_d540,) = _S2.unpack_from(buf, off)
         _a540 = _offload_info4_ARMS.get(_d540)
         if _a540 is None:
@@ -18796,6 +18897,7 @@ def dec_CB_OFFLOAD4args(r: _Reader, off: int) -> tuple[CB_OFFLOAD4args, int]:
         _t = _S10.unpack_from(buf, off)
         off += 16
         f_coa_stateid = stateid4(_t[0], _t[1])
+        _v541: _Any
         (_d541,) = _S2.unpack_from(buf, off)
         _a541 = _offload_info4_ARMS.get(_d541)
         if _a541 is None:
@@ -18909,6 +19011,7 @@ def dec_nfs_cb_argop4(r: _Reader, off: int) -> tuple[nfs_cb_argop4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v542: _Any
         (_d542,) = _S0.unpack_from(buf, off)
         _a542 = _nfs_cb_argop4_ARMS.get(_d542)
         if _a542 is None:
@@ -18949,6 +19052,7 @@ def dec_nfs_cb_resop4(r: _Reader, off: int) -> tuple[nfs_cb_resop4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v543: _Any
         (_d543,) = _S0.unpack_from(buf, off)
         _a543 = _nfs_cb_resop4_ARMS.get(_d543)
         if _a543 is None:
@@ -19010,6 +19114,7 @@ def dec_CB_COMPOUND4args(r: _Reader, off: int) -> tuple[CB_COMPOUND4args, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_argarray = []
         for _ in range(_n):
+            _v546: _Any
             (_d546,) = _S0.unpack_from(buf, off)
             _a546 = _nfs_cb_argop4_ARMS.get(_d546)
             if _a546 is None:
@@ -19070,6 +19175,7 @@ def dec_CB_COMPOUND4res(r: _Reader, off: int) -> tuple[CB_COMPOUND4res, int]:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_resarray = []
         for _ in range(_n):
+            _v549: _Any
             (_d549,) = _S0.unpack_from(buf, off)
             _a549 = _nfs_cb_resop4_ARMS.get(_d549)
             if _a549 is None:

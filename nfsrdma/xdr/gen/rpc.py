@@ -397,6 +397,7 @@ def dec_accepted_reply_data(r: _Reader, off: int) -> tuple[accepted_reply_data, 
     buf = r.buf
     o0 = off
     try:
+        _v5: _Any
         (_d5,) = _S3.unpack_from(buf, off)
         _a5 = _accepted_reply_data_ARMS.get(_d5)
         if _a5 is None:
@@ -452,6 +453,7 @@ def dec_accepted_reply(r: _Reader, off: int) -> tuple[accepted_reply, int]:
         _i7_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_verf = opaque_auth(_i7_flavor, _i7_body)
+        _v8: _Any
         (_d8,) = _S3.unpack_from(buf, off)
         _a8 = _accepted_reply_data_ARMS.get(_d8)
         if _a8 is None:
@@ -494,6 +496,7 @@ def dec_rejected_reply(r: _Reader, off: int) -> tuple[rejected_reply, int]:
     buf = r.buf
     o0 = off
     try:
+        _v9: _Any
         (_d9,) = _S3.unpack_from(buf, off)
         _a9 = _rejected_reply_ARMS.get(_d9)
         if _a9 is None:
@@ -535,6 +538,7 @@ def dec_reply_body(r: _Reader, off: int) -> tuple[reply_body, int]:
     buf = r.buf
     o0 = off
     try:
+        _v10: _Any
         (_d10,) = _S3.unpack_from(buf, off)
         _a10 = _reply_body_ARMS.get(_d10)
         if _a10 is None:
@@ -576,6 +580,7 @@ def dec_rpc_msg_body(r: _Reader, off: int) -> tuple[rpc_msg_body, int]:
     buf = r.buf
     o0 = off
     try:
+        _v11: _Any
         (_d11,) = _S3.unpack_from(buf, off)
         _a11 = _rpc_msg_body_ARMS.get(_d11)
         if _a11 is None:
@@ -610,6 +615,7 @@ def dec_rpc_msg(r: _Reader, off: int) -> tuple[rpc_msg, int]:
         _t = _S0.unpack_from(buf, off)
         off += 4
         f_xid = _t[0]
+        _v12: _Any
         (_d12,) = _S3.unpack_from(buf, off)
         _a12 = _rpc_msg_body_ARMS.get(_d12)
         if _a12 is None:

@@ -511,6 +511,7 @@ def dec_rpc_rdma_error(r: _Reader, off: int) -> tuple[rpc_rdma_error, int]:
     buf = r.buf
     o0 = off
     try:
+        _v11: _Any
         (_d11,) = _S5.unpack_from(buf, off)
         _a11 = _rpc_rdma_error_ARMS.get(_d11)
         if _a11 is None:
@@ -582,6 +583,7 @@ def dec_rdma_body(r: _Reader, off: int) -> tuple[rdma_body, int]:
     buf = r.buf
     o0 = off
     try:
+        _v12: _Any
         (_d12,) = _S5.unpack_from(buf, off)
         _a12 = _rdma_body_ARMS.get(_d12)
         if _a12 is None:
@@ -620,6 +622,7 @@ def dec_rdma_msg(r: _Reader, off: int) -> tuple[rdma_msg, int]:
         f_rdma_xid = _t[0]
         f_rdma_vers = _t[1]
         f_rdma_credit = _t[2]
+        _v13: _Any
         (_d13,) = _S5.unpack_from(buf, off)
         _a13 = _rdma_body_ARMS.get(_d13)
         if _a13 is None:
@@ -925,6 +928,7 @@ def dec_xmdp_loc(r: _Reader, off: int) -> tuple[xmdp_loc, int]:
     buf = r.buf
     o0 = off
     try:
+        _v18: _Any
         (_d18,) = _S5.unpack_from(buf, off)
         _a18 = _xmdp_loc_ARMS.get(_d18)
         if _a18 is None:
@@ -961,6 +965,7 @@ def dec_xmdp_mitem(r: _Reader, off: int) -> tuple[xmdp_mitem, int]:
         off += 8
         f_xmdmi_disp = _t[0]
         f_xmdmi_length = _t[1]
+        _v19: _Any
         (_d19,) = _S5.unpack_from(buf, off)
         _a19 = _xmdp_loc_ARMS.get(_d19)
         if _a19 is None:
@@ -1027,6 +1032,7 @@ def dec_optxmt_req(r: _Reader, off: int) -> tuple[optxmt_req, int]:
             off += 8
             _i26_xmdmi_disp = _t[0]
             _i26_xmdmi_length = _t[1]
+            _v27: _Any
             (_d27,) = _S5.unpack_from(buf, off)
             _a27 = _xmdp_loc_ARMS.get(_d27)
             if _a27 is None:
@@ -1108,6 +1114,7 @@ def dec_optxmt_resp(r: _Reader, off: int) -> tuple[optxmt_resp, int]:
             off += 8
             _i34_xmdmi_disp = _t[0]
             _i34_xmdmi_length = _t[1]
+            _v35: _Any
             (_d35,) = _S5.unpack_from(buf, off)
             _a35 = _xmdp_loc_ARMS.get(_d35)
             if _a35 is None:
@@ -1273,6 +1280,7 @@ def dec_optr_info(r: _Reader, off: int) -> tuple[optr_info, int]:
     buf = r.buf
     o0 = off
     try:
+        _v36: _Any
         (_d36,) = _S5.unpack_from(buf, off)
         _a36 = _optr_info_ARMS.get(_d36)
         if _a36 is None:
@@ -1321,6 +1329,7 @@ def dec_optrept_err(r: _Reader, off: int) -> tuple[optrept_err, int]:
             f_optre_lead = None
         else:
             raise _XdrError('optional-data flag is not a bool', off - 4)
+        _v37: _Any
         (_d37,) = _S5.unpack_from(buf, off)
         _a37 = _optr_info_ARMS.get(_d37)
         if _a37 is None:
@@ -1390,6 +1399,7 @@ def dec_rtr_body(r: _Reader, off: int) -> tuple[rtr_body, int]:
     buf = r.buf
     o0 = off
     try:
+        _v38: _Any
         (_d38,) = _S5.unpack_from(buf, off)
         _a38 = _rtr_body_ARMS.get(_d38)
         if _a38 is None:
@@ -1430,6 +1440,7 @@ def dec_rtr_msg(r: _Reader, off: int) -> tuple[rtr_msg, int]:
         f_rtr_vers = _t[1]
         f_rtr_credit = _t[2]
         f_rtr_proc = _t[3]
+        _v39: _Any
         (_d39,) = _S5.unpack_from(buf, off)
         _a39 = _rtr_body_ARMS.get(_d39)
         if _a39 is None:

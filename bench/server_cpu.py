@@ -1,0 +1,316 @@
+"""Server CPU per COMPOUND through the whole server path, in process, on the host.
+
+Each request enters as record-marked bytes at ``TcpConnection.data_received`` (record parser),
+goes through ``RpcConnection`` and the ``Dispatcher`` (RPC header, AUTH_SYS credential) into the
+COMPOUND processor and the real local VFS over a temporary directory, and its reply leaves as
+record-marked buffers through ``TcpConnection``'s send path into an in-process transport that
+keeps nothing (no socket, no kernel). Every COMPOUND uses the next sequence id of one slot, so
+every one runs (no reply-cache hit), and every reply is checked to be NFS4_OK.
+
+Shapes: SEQUENCE+PUTFH+READ(4 KiB) (``read_us``), SEQUENCE+PUTFH+GETATTR of the Linux client's
+attributes (``getattr_us``), and an OPEN (no create) / CLOSE pair: SEQUENCE+PUTFH+OPEN+GETFH
+then SEQUENCE+PUTFH+CLOSE (``openclose_us``: per COMPOUND, the pair's time halved).
+Figures are process CPU microseconds per COMPOUND, median of ``--repeat`` measures (robust on a
+shared machine). Then ``--rss-count`` (10^5) more READ COMPOUNDs run and the resident set size
+is printed before and after (``rss_growth_kib``: it must stay flat: reply cache and pools are
+bounded). Last line: ``read_us=… getattr_us=… openclose_us=… rss_kib=… rss_growth_kib=… build=…``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+from attr_encode import linux_getattr_bitmap
+from server_compound import Bench, _op
+
+import nfsrdma
+from nfsrdma.nfs4.attrs import bitmap_of
+from nfsrdma.nfs4.server_state import ServerState
+from nfsrdma.rpc.connection import RpcConnection
+from nfsrdma.rpc.server import Dispatcher, null_procedure
+from nfsrdma.transport.tcp import LAST_FRAGMENT, TcpConnection
+from nfsrdma.xdr.gen import nfs4
+from nfsrdma.xdr.runtime import Reader
+
+OK = nfs4.NFS4_OK
+LINUX_BITMAP = linux_getattr_bitmap()
+
+
+class MemoryTransport:
+    """The asyncio transport side of an in-process connection: replies are counted and
+    dropped (the last one is kept for checking)."""
+
+    def __init__(self) -> None:
+        self.replies = 0
+        self.last: list[bytes | bytearray | memoryview] = []
+
+    def writelines(self, pieces: list[bytes | bytearray | memoryview]) -> None:
+        self.replies += 1
+        self.last = pieces
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+class Served:
+    """One in-process client connection into the server's RPC layer."""
+
+    def __init__(self, state: ServerState) -> None:
+        def compound_proc(call, w):  # type: ignore[no-untyped-def]
+            from nfsrdma.nfs4.compound import compound
+
+            return compound(state, call, w)
+
+        self.dispatcher = Dispatcher()
+        self.dispatcher.add(
+            nfs4.NFS4_PROGRAM,
+            nfs4.NFS_V4,
+            {nfs4.NFSPROC4_NULL: null_procedure, nfs4.NFSPROC4_COMPOUND: compound_proc},
+        )
+        self.transport = MemoryTransport()
+        self.conn = TcpConnection("bench:1")
+        self.conn.connection_made(self.transport)  # type: ignore[arg-type]
+        self.rpc = RpcConnection(self.conn, self.dispatcher)
+
+    async def send(self, record: bytes) -> None:
+        before = self.transport.replies
+        self.conn.data_received(record)
+        while self.transport.replies == before:  # a handler that waited (thread pool)
+            await asyncio.sleep(0)
+
+    def last_status(self) -> int:
+        reply = b"".join(bytes(p) for p in self.transport.last)[4:]
+        # xid, REPLY, MSG_ACCEPTED, verifier (flavor, empty body), SUCCESS: then COMPOUND4res
+        return int.from_bytes(reply[24:28], "big")
+
+
+def marked(data: bytes) -> bytes:
+    return (LAST_FRAGMENT | len(data)).to_bytes(4, "big") + data
+
+
+async def per_compound(
+    served: Served, requests: list[bytes], compounds_per_request: float = 1.0
+) -> float:
+    t0 = time.process_time_ns()
+    for rec in requests:
+        await served.send(rec)
+    return (time.process_time_ns() - t0) / len(requests) / compounds_per_request / 1000
+
+
+def rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--count", type=int, default=5000, help="COMPOUNDs per measure")
+    ap.add_argument("--repeat", type=int, default=7, help="measures; the median is kept")
+    ap.add_argument("--rss-count", type=int, default=100_000, help="COMPOUNDs for the RSS check")
+    return asyncio.run(measure(ap.parse_args()))
+
+
+async def measure(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        bench = Bench(Path(tmp))
+        try:
+            return await _measure(bench, args)
+        finally:
+            bench.server.close()
+
+
+async def _measure(bench: Bench, args: argparse.Namespace) -> int:
+    root_fh = await bench.mount()
+    served = Served(bench.server)
+    owner = nfs4.open_owner4(1, b"bench")
+    how = nfs4.createhow4(nfs4.UNCHECKED4, nfs4.fattr4(bitmap_of([]), b""))
+    created = await bench.result(
+        [
+            bench.sequence(),
+            _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(root_fh)),
+            _op(
+                nfs4.OP_OPEN,
+                nfs4.OPEN4args(
+                    0,
+                    nfs4.OPEN4_SHARE_ACCESS_BOTH,
+                    nfs4.OPEN4_SHARE_DENY_NONE,
+                    owner,
+                    nfs4.openflag4(nfs4.OPEN4_CREATE, how),
+                    nfs4.open_claim4(nfs4.CLAIM_NULL, b"file"),
+                ),
+            ),
+            _op(nfs4.OP_GETFH),
+        ]
+    )
+    fh: bytes = created.resarray[3].value.value.object
+    stateid = created.resarray[2].value.value.stateid
+    await bench.result(
+        [
+            bench.sequence(),
+            _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(fh)),
+            _op(nfs4.OP_WRITE, nfs4.WRITE4args(stateid, 0, nfs4.FILE_SYNC4, bytes(4096))),
+        ]
+    )
+
+    def rec(ops: list[nfs4.nfs_argop4]) -> bytes:
+        return marked(bench.request(ops))
+
+    def read_req() -> bytes:
+        return rec(
+            [
+                bench.sequence(),
+                _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(fh)),
+                _op(nfs4.OP_READ, nfs4.READ4args(stateid, 0, 4096)),
+            ]
+        )
+
+    def getattr_req() -> bytes:
+        return rec(
+            [
+                bench.sequence(),
+                _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(fh)),
+                _op(nfs4.OP_GETATTR, nfs4.GETATTR4args(LINUX_BITMAP)),
+            ]
+        )
+
+    # The pair opens the existing file with a second owner, then closes that open. Its stateid
+    # seqid is 1 each time: a fresh open of an owner that has none.
+    pair_owner = nfs4.open_owner4(1, b"pair")
+    pair_sid = [nfs4.stateid4(0, b"")]
+
+    def open_req() -> bytes:
+        return rec(
+            [
+                bench.sequence(),
+                _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(root_fh)),
+                _op(
+                    nfs4.OP_OPEN,
+                    nfs4.OPEN4args(
+                        0,
+                        nfs4.OPEN4_SHARE_ACCESS_READ,
+                        nfs4.OPEN4_SHARE_DENY_NONE,
+                        pair_owner,
+                        nfs4.openflag4(nfs4.OPEN4_NOCREATE, None),
+                        nfs4.open_claim4(nfs4.CLAIM_NULL, b"file"),
+                    ),
+                ),
+                _op(nfs4.OP_GETFH),
+            ]
+        )
+
+    # Learn the pair's stateid once (the "other" part stays the same for the owner's opens of
+    # one file only while it is open, so each measure opens and closes through the wire).
+    async def one_pair() -> None:
+        await served.send(open_req())
+        if served.last_status() != OK:
+            raise RuntimeError(f"OPEN failed: {nfs4.nfsstat4(served.last_status()).name}")
+        reply = b"".join(bytes(p) for p in served.transport.last)[4:]
+        res, _ = nfs4.dec_COMPOUND4res(Reader(reply), 24)
+        pair_sid[0] = res.resarray[2].value.value.stateid
+        await served.send(close_req())
+        if served.last_status() != OK:
+            raise RuntimeError(f"CLOSE failed: {nfs4.nfsstat4(served.last_status()).name}")
+
+    def close_req() -> bytes:
+        return rec(
+            [
+                bench.sequence(),
+                _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(fh)),
+                _op(nfs4.OP_CLOSE, nfs4.CLOSE4args(0, pair_sid[0])),
+            ]
+        )
+
+    for make in (read_req, getattr_req):
+        await served.send(make())
+        if served.last_status() != OK:
+            raise RuntimeError(f"{make.__name__}: {nfs4.nfsstat4(served.last_status()).name}")
+    await one_pair()
+
+    async def pairs_per_compound(n: int) -> float:
+        # The CLOSE needs the stateid the OPEN returned: requests are encoded as they go (the
+        # encoding is on the client side, so its time is taken out).
+        total = 0
+        for _ in range(n):
+            o = open_req()
+            t0 = time.process_time_ns()
+            await served.send(o)
+            total += time.process_time_ns() - t0
+            reply = b"".join(bytes(p) for p in served.transport.last)[4:]
+            res, _ = nfs4.dec_COMPOUND4res(Reader(reply), 24)
+            pair_sid[0] = res.resarray[2].value.value.stateid
+            c = close_req()
+            t0 = time.process_time_ns()
+            await served.send(c)
+            total += time.process_time_ns() - t0
+        if served.last_status() != OK:
+            raise RuntimeError("CLOSE failed")
+        return total / n / 2 / 1000
+
+    figures: dict[str, float] = {}
+    for key, make in (("read_us", read_req), ("getattr_us", getattr_req)):
+        runs = []
+        for _ in range(args.repeat):
+            requests = [make() for _ in range(args.count)]
+            runs.append(await per_compound(served, requests))
+        if served.last_status() != OK:
+            raise RuntimeError(f"{key}: {nfs4.nfsstat4(served.last_status()).name}")
+        figures[key] = statistics.median(runs)
+        print(f"{key:>14}: {figures[key]:7.2f} us CPU per COMPOUND (runs {_fmt(runs)})")
+    runs = [await pairs_per_compound(max(1, args.count // 4)) for _ in range(args.repeat)]
+    figures["openclose_us"] = statistics.median(runs)
+    print(
+        f"{'openclose_us':>14}: {figures['openclose_us']:7.2f} us CPU per COMPOUND (runs {_fmt(runs)})"
+    )
+
+    # Memory: 10^5 more COMPOUNDs, in batches (requests are built batch by batch).
+    batch = 5000
+    done = 0
+    start = rss_kib()
+    while done < args.rss_count:
+        n = min(batch, args.rss_count - done)
+        requests = [read_req() for _ in range(n)]
+        for r in requests:
+            await served.send(r)
+        done += n
+        if done == min(args.rss_count, 2 * batch):
+            start = rss_kib()  # after warm-up: the slot's cached reply, pools and caches made
+    end = rss_kib()
+    if served.last_status() != OK:
+        raise RuntimeError("READ failed during the RSS run")
+    print(f"RSS after {args.rss_count} COMPOUNDs: {end} KiB (after warm-up {start} KiB)")
+    build = getattr(nfsrdma, "BUILD", "pure")
+    print(
+        " ".join(f"{k}={v:.2f}" for k, v in figures.items())
+        + f" rss_kib={end} rss_growth_kib={end - start} build={build}"
+    )
+    return 0
+
+
+def _fmt(runs: list[float]) -> str:
+    return " ".join(f"{r:.1f}" for r in runs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
