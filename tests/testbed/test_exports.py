@@ -115,8 +115,8 @@ def test_pseudo_root_shows_only_what_the_client_may_see(
 ) -> None:
     with nfs_mount(server("tcp", "/")) as m:
         srv = m.mountpoint / BASE.relative_to("/") / "srv"
-        # The pseudo directory lists the export the client may use, not the forbidden one.
-        assert sorted(os.listdir(srv)) == ["allowed"]
+        # The pseudo directory lists the exports the client may use, not the forbidden one.
+        assert sorted(os.listdir(srv)) == ["allowed", "squashed"]
         assert sorted(os.listdir(srv.parent)) == ["pub", "srv"]
         # Crossing from the pseudo fs into the export: the kernel sees another fsid and
         # mounts it below (a submount), and the export's files are there.
