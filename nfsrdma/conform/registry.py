@@ -63,6 +63,8 @@ CHECK_MODULES = (
     "nfsrdma.conform.checks_rfc8881_ops",
     "nfsrdma.conform.checks_rfc8881_errors",
     "nfsrdma.conform.checks_rfc8166",
+    "nfsrdma.conform.checks_rfc8267",
+    "nfsrdma.conform.checks_rfc8797",
 )
 
 

@@ -117,6 +117,7 @@ class RdmaConnectionBase(Connection):
             ),
         )
         self.peer_pd: privdata.PrivateData | None = None
+        self.peer_private_data = b""
         self.local_rtr = (
             rtrext.RtrBlock(
                 request_limit=options.rtr_request_limit,
@@ -193,6 +194,7 @@ class RdmaConnectionBase(Connection):
     def negotiated(self, peer: bytes) -> None:
         """Thresholds from both blocks, afresh for this connection (PD-7, PD-9, PD-14); the
         rtrext extension only if both sides sent its block (RT-X1)."""
+        self.peer_private_data = bytes(peer)  # as received (the conformance harness reads it)
         self.peer_pd = privdata.decode(peer)
         self.rtr = rtrext.negotiate(self.local_rtr, rtrext.decode(peer))
         if self.server:
@@ -265,6 +267,8 @@ class RdmaConnectionBase(Connection):
             m = len(p)
             buf.view[n : n + m] = p
             n += m
+        if self.tap is not None:
+            self.tap(True, bytes(buf.view[:n]))
         self.qp.post_send(
             self._wr_id("send", buf), [buf.sge(n)], invalidate_rkey=invalidate, writes=writes or ()
         )
@@ -319,6 +323,8 @@ class RdmaConnectionBase(Connection):
             buf.release()
             return
         self._post_recv(buf)  # the message is out of the buffer: give it back at once
+        if self.tap is not None:
+            self.tap(False, data)
         if ev.invalidated_rkey is not None:
             self.stats["remote_invalidations"] += 1
             self._forget_rkey(ev.invalidated_rkey)
@@ -406,7 +412,7 @@ class RdmaConnectionBase(Connection):
             # A reply we cannot parse: the call fails; the connection lives on.
             self._fail_call(e.xid, TransportCallError(f"unparsable reply: {e}"))
             return
-        self._send([hdr.encode_error(e.xid, self.policy.grant, e.err)])
+        self._send([hdr.encode_error(e.xid, self.policy.grant, e.err, e.vers)])
 
     # -- what the requester and responder halves provide ----------------------------------
     def _on_call(self, h: Header, inline: memoryview) -> None:
