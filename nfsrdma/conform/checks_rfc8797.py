@@ -66,6 +66,10 @@ async def _long_traffic(h: Harness, options: RdmaOptions | None = None) -> tuple
     r = await s.ok([ops.putfh(dfh), ops.readdir(0, bytes(8), 32768, 32768, ())])
     if len(r.resok(2).reply.entries) != 60:
         raise Failed("60 directory entries", str(len(r.resok(2).reply.entries)))
+    # A reply of about 3 KB: over a 1024-byte threshold, under the usual 4096-byte one.
+    r = await s.ok([ops.putfh(dfh), ops.readdir(0, bytes(8), 3000, 3000, ())])
+    if not r.resok(2).reply.entries:
+        raise Failed("some directory entries in 3000 bytes", "none")
     return conn, rdma_connection(conn).recv_limit
 
 
@@ -83,7 +87,7 @@ def _within(conn: Any, limit: int) -> None:
     transports=RDMA,
 )
 async def sends_within_threshold(h: Harness) -> None:
-    """While the server answers a 32 KiB READ and a READDIR of about 8 KB, none of its Sends
+    """While the server answers a 32 KiB READ and READDIRs of about 8 and 3 KB, none of its Sends
     is longer than the server-to-client threshold (the smaller of its Send Size and our
     Receive Size); larger replies go by Write and Reply chunks."""
     conn, limit = await _long_traffic(h)
@@ -99,8 +103,8 @@ async def sends_within_threshold(h: Harness) -> None:
 )
 async def small_receive_size(h: Harness) -> None:
     """A client that advertises 1024-byte Send and Receive Sizes (the minimum) gets no Send
-    longer than 1024 bytes while the server answers a 32 KiB READ and a READDIR of about
-    8 KB."""
+    longer than 1024 bytes while the server answers a 32 KiB READ and READDIRs of about 8
+    and 3 KB."""
     conn, limit = await _long_traffic(h, _options(inline_size=1024))
     if limit != 1024:
         raise Failed("an s->c threshold of 1024", str(limit))

@@ -49,9 +49,7 @@ async def reclaim_complete_twice(h: Harness) -> None:
     r.expect(OK, nfs4.NFS4ERR_COMPLETE_ALREADY)
 
 
-@check(
-    "SS-6.7", "SEQUENCE reports slots within the table", "RFC 8881 §18.46.3, §2.10.6.1", group=G
-)
+@check("SS-6.7", "SEQUENCE reports slots within the table", "RFC 8881 §18.46.3, §2.10.6.1", group=G)
 async def highest_slot_reported(h: Harness) -> None:
     """SEQUENCE's sr_highest_slotid and sr_target_highest_slotid lie below ca_maxrequests,
     and sr_highest_slotid is at least the slot used."""
@@ -134,9 +132,7 @@ async def destroy_in_sequence(h: Harness) -> None:
     (await s.call([])).expect(nfs4.NFS4ERR_BADSESSION, what="SEQUENCE after DESTROY_SESSION")
 
 
-@check(
-    "CONF-DS-4", "DESTROY_SESSION with calls in flight", "RFC 8881 §18.37.3, §2.10.13", group=G
-)
+@check("CONF-DS-4", "DESTROY_SESSION with calls in flight", "RFC 8881 §18.37.3, §2.10.13", group=G)
 async def destroy_in_flight(h: Harness) -> None:
     """Six SEQUENCE+PUTROOTFH+GETFH calls on six slots and then DESTROY_SESSION, all sent on
     the session's connection without waiting for replies: every call gets a reply (NFS4_OK, or NFS4ERR_BADSESSION if

@@ -16,7 +16,7 @@ from typing import Any
 from nfsrdma.conform.harness import Conn
 from nfsrdma.conform.registry import Failed, Skipped
 from nfsrdma.transport.base import TransportCallError
-from nfsrdma.transport.rdma.requester import Requester, RdmaErrorReply
+from nfsrdma.transport.rdma.requester import RdmaErrorReply, Requester
 
 RDMA_MSG, RDMA_NOMSG, RDMA_MSGP, RDMA_DONE, RDMA_ERROR = 0, 1, 2, 3, 4
 ERR_VERS, ERR_CHUNK = 1, 2

@@ -78,9 +78,7 @@ class HeaderError(Exception):
     """A header that cannot be processed. ``err`` is the RDMA_ERROR to answer with (when the
     XID is known), or None when the message must be dropped."""
 
-    def __init__(
-        self, reason: str, xid: int | None, err: int | None, vers: int = VERSION
-    ) -> None:
+    def __init__(self, reason: str, xid: int | None, err: int | None, vers: int = VERSION) -> None:
         super().__init__(reason)
         self.xid = xid
         self.err = err

@@ -49,8 +49,11 @@ class MisbehavingServer(NFSServer):
 
     def _compound(self, call: RpcCall, w: Writer) -> Awaitable[None] | None:
         head = len(w)
+        r = call.reader  # decoded from a copy: decoding moves a reader's chunk position
         try:
-            args, _ = nfs4.dec_COMPOUND4args(call.reader, call.offset)
+            args, _ = nfs4.dec_COMPOUND4args(
+                Reader(r.buf, dict(r.chunks) if r.chunks else None, r.ordered), call.offset
+            )
         except XdrError:  # e.g. an undefined operation number: the mutation sees no arguments
             args = nfs4.COMPOUND4args(b"", 1, [])
         running = super()._compound(call, w)
