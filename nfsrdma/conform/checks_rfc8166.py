@@ -59,7 +59,9 @@ async def err_vers(h: Harness) -> None:
 async def after_err_vers(h: Harness) -> None:
     """After an ERR_VERS, a version 1 NULL call on the same connection is answered."""
     conn = await h.connect()
-    v = await send_header(conn, lambda xid: words(xid, 2, 1, RDMA_MSG, 0, 0, 0) + null_call(xid))
+    v = await send_header(
+        conn, lambda xid: words(xid, 2, 1, RDMA_MSG, 0, 0, 0) + null_call(xid), h.timeout
+    )
     _expect(v, ERR_VERS, "rdma_vers 2")
     try:
         await conn.null()

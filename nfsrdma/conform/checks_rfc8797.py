@@ -16,6 +16,7 @@ from nfsrdma.conform.harness import OK, Harness, op, status_name
 from nfsrdma.conform.rdma_checks_util import file_with, headers, last_call, rdma_session
 from nfsrdma.conform.rdma_raw import RDMA_MSG, rdma_connection, send_header, words
 from nfsrdma.conform.registry import Failed, Skipped, Unsupported, check
+from nfsrdma.rpc.errors import RpcError
 from nfsrdma.rpc.server import Dispatcher, RpcCall
 from nfsrdma.transport.rdma import header as hdr
 from nfsrdma.transport.rdma.connection_base import RdmaOptions
@@ -179,12 +180,15 @@ async def credits_used(h: Harness) -> None:
     """The grant in the reply to a NULL call is at least 1; as many NULL calls as granted (up
     to 16), sent at once, are all answered, and every reply grants at least 1 credit."""
     conn = await h.connect()
-    await conn.null()
-    grants = [x.credit for x in headers(conn) if x.proc in (hdr.RDMA_MSG, hdr.RDMA_NOMSG)]
-    if not grants or grants[-1] < 1:
-        raise Failed("a grant of at least 1", str(grants[-1:]))
-    n = min(grants[-1], 16)
-    await asyncio.wait_for(asyncio.gather(*(conn.null() for _ in range(n))), h.timeout)
+    try:
+        await conn.null()
+        grants = [x.credit for x in headers(conn) if x.proc in (hdr.RDMA_MSG, hdr.RDMA_NOMSG)]
+        if not grants or grants[-1] < 1:
+            raise Failed("a grant of at least 1", str(grants[-1:]))
+        n = min(grants[-1], 16)
+        await asyncio.wait_for(asyncio.gather(*(conn.null() for _ in range(n))), h.timeout)
+    except (RpcError, ConnectionError, TimeoutError) as e:
+        raise Failed("replies to NULL", f"{type(e).__name__}: {e}") from None
     grants = [x.credit for x in headers(conn) if x.proc in (hdr.RDMA_MSG, hdr.RDMA_NOMSG)]
     if len(grants) != n + 1 or min(grants) < 1:
         raise Failed(f"{n + 1} replies granting at least 1", f"grants {grants}")
@@ -201,7 +205,9 @@ async def zero_credit_request(h: Harness) -> None:
     """A NULL call whose rdma_credit asks for 0 credits is answered normally, with a grant of
     at least 1 (a requester always holds at least one credit)."""
     conn = await h.connect()
-    v = await send_header(conn, lambda xid: words(xid, 1, 0, RDMA_MSG, 0, 0, 0) + null_call(xid))
+    v = await send_header(
+        conn, lambda xid: words(xid, 1, 0, RDMA_MSG, 0, 0, 0) + null_call(xid), h.timeout
+    )
     if v.error is not None or v.detail != "a normal reply":
         raise Failed("a normal reply to NULL", v.describe())
     grant = [x.credit for x in headers(conn) if x.proc == hdr.RDMA_MSG][-1:]
@@ -243,7 +249,7 @@ async def keepalive(h: Harness) -> None:
     s = await rdma_session(h)
     calls = [s.ok([ops.putrootfh()], slot=i) for i in range(min(4, s.slots))]
     probe = s.conn.rpc.call(nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 0, timeout=h.timeout, probe=True)
-    results = await asyncio.gather(probe, *calls, return_exceptions=True)
+    results = await asyncio.gather(*calls, probe, return_exceptions=True)
     bad = [r for r in results if isinstance(r, BaseException)]
     if bad:
         raise Failed("every call and the probe answered", f"{type(bad[0]).__name__}: {bad[0]}")
