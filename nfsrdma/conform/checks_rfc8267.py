@@ -16,6 +16,7 @@ from nfsrdma.conform.rdma_checks_util import (
     rdma_session,
     write_list_total,
 )
+from nfsrdma.conform.rdma_raw import rdma_connection
 from nfsrdma.conform.registry import Failed, Skipped, check
 from nfsrdma.transport.rdma import header as hdr
 from nfsrdma.xdr.gen import nfs4
@@ -225,7 +226,7 @@ async def reply_without_room(h: Harness) -> None:
     connection."""
     s = await rdma_session(h)
     dfh = await _big_directory(h, s)
-    limit = s.conn.rpc.conn.recv_limit
+    limit = rdma_connection(s.conn).recv_limit
     got = await compound_or_error(
         s.conn,
         [s.sequence(), ops.putfh(dfh), ops.readdir(0, bytes(8), 32768, 32768, ())],
@@ -285,7 +286,7 @@ async def long_reply(h: Harness) -> None:
     (the reply came as RDMA_NOMSG through the Reply chunk)."""
     s = await rdma_session(h)
     dfh = await _big_directory(h, s)
-    limit = s.conn.rpc.conn.recv_limit
+    limit = rdma_connection(s.conn).recv_limit
     r = await s.ok([ops.putfh(dfh), ops.readdir(0, bytes(8), 32768, 32768, ())])
     names = _names(r)
     if len(names) != 60 or not r.resok(2).reply.eof:
