@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
 from nfsrdma.client import ops
 from nfsrdma.conform.checks_rfc8881_sessions import _alone, _cached_pair, _same_replay
@@ -155,3 +156,37 @@ async def destroy_in_flight(h: Harness) -> None:
         raise Failed("DESTROY_SESSION NFS4_OK", status_name(d.status))
     s.destroyed = True
     (await s.call([], slot=n)).expect(nfs4.NFS4ERR_BADSESSION, what="SEQUENCE afterwards")
+
+
+@check(
+    "SS-13.1",
+    "Connection lost with calls outstanding: retried on a new one, done once",
+    "RFC 8881 §2.10.6.1, §2.10.5; RFC 8166 §3.3.1",
+    group=G,
+)
+async def connection_loss(h: Harness) -> None:
+    """Three cached requests (each CREATE of a directory, on slots 0-2) are sent and the
+    connection is closed at once, without waiting for replies. On a new connection the same
+    three requests (same slots, same seqids) each succeed: answered from the reply cache if
+    they ran, run now if they did not. Afterwards each directory exists."""
+    s = await h.session()
+    d = await h.scratch()
+    names = [h.name("lost") for _ in range(3)]
+    seqids = [s.next_seqid(i) for i in range(3)]
+
+    def request(i: int) -> list[Any]:
+        return [ops.putfh(d), ops.create(nfs4.NF4DIR, names[i], {nfs4.FATTR4_MODE: 0o755})]
+
+    first = [
+        asyncio.ensure_future(s.call(request(i), slot=i, seqid=seqids[i], cachethis=True))
+        for i in range(3)
+    ]
+    await asyncio.sleep(0)  # the calls are on their way
+    await s.conn.closed()
+    await asyncio.gather(*first, return_exceptions=True)  # replies or connection errors
+    s.conn = await h.connect()
+    for i in range(3):
+        r = await s.call(request(i), slot=i, seqid=seqids[i], cachethis=True, note="retry")
+        r.expect(OK, OK, OK, what=f"the retry on slot {i}")
+    for name in names:
+        (await s.call([ops.putfh(d), ops.lookup(name)])).expect(OK, OK, OK, what="LOOKUP")

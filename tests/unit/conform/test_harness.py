@@ -587,7 +587,11 @@ STATEFUL_CASES: list[tuple[str, Callable[[], Mutation], set[str]]] = [
     ("one session ID per client", OneSessionIdPerClient, {"SS-4"}),
     ("FORE_OR_BOTH answered BACK", lambda: fore_or_both_answered_back, {"SS-5.1"}),
     ("slot 1 shares slot 0's seqids", lambda: only_slot_zero, {"SS-6.5", "CONF-DS-4"}),
-    ("sessions die with their connection", SessionsDieWithTheirConnection, {"SS-2.1", "SS-7.2"}),
+    (
+        "sessions die with their connection",
+        SessionsDieWithTheirConnection,
+        {"SS-2.1", "SS-7.2", "SS-13.1"},
+    ),
 ]
 
 
