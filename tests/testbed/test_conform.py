@@ -37,7 +37,7 @@ async def _conform(name: str, url: str, out: Path) -> dict[str, object]:
     with log.open("wb") as f:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "nfsrdma", "conform", url, "--json", str(js),
-            "--trace", str(trace), "--timeout", "60", "--check-timeout", "240",
+            "--trace", str(trace), "--timeout", "20", "--check-timeout", "240",
             stdout=f, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
         rc = await asyncio.wait_for(proc.wait(), 1500)
