@@ -20,12 +20,12 @@ from nfsrdma.rpc.errors import RpcError
 from nfsrdma.rpc.server import Dispatcher, RpcCall
 from nfsrdma.transport.rdma import header as hdr
 from nfsrdma.transport.rdma.connection_base import RdmaOptions
+from nfsrdma.transport.rdma.privdata import FORMAT_IDENTIFIER
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Writer
 
 G = "rfc8797"
 RDMA = ("rdma",)
-IDENTIFIER = 0xF6AB0E18
 
 
 def _options(**kw: Any) -> RdmaOptions:
@@ -46,7 +46,7 @@ async def server_block(h: Harness) -> None:
     buffer. A server that sends no block does not implement RFC 8797 (UNSUPPORTED)."""
     conn = await h.connect()
     raw = rdma_connection(conn).peer_private_data
-    at = raw.find(struct.pack(">I", IDENTIFIER))
+    at = raw.find(struct.pack(">I", FORMAT_IDENTIFIER))
     if at < 0:
         raise Unsupported("the server sent no RFC 8797 private data")
     if at + 8 > len(raw):
