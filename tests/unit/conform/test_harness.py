@@ -586,7 +586,11 @@ STATEFUL_CASES: list[tuple[str, Callable[[], Mutation], set[str]]] = [
     ("CREATE_SESSION replay differs", CreateSessionReplayDiffers, {"SS-10.2", "SS-10.5"}),
     ("one session ID per client", OneSessionIdPerClient, {"SS-4"}),
     ("FORE_OR_BOTH answered BACK", lambda: fore_or_both_answered_back, {"SS-5.1"}),
-    ("slot 1 shares slot 0's seqids", lambda: only_slot_zero, {"SS-6.5", "CONF-DS-4"}),
+    (
+        "slot 1 shares slot 0's seqids",
+        lambda: only_slot_zero,
+        {"SS-6.5", "CONF-DS-4", "SS-13.1"},
+    ),
     (
         "sessions die with their connection",
         SessionsDieWithTheirConnection,
