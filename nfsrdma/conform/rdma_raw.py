@@ -63,6 +63,10 @@ async def send_header(conn: Conn, build: Any, timeout: float = 10.0) -> Verdict:
             h = e.header
             return Verdict(h.error, h.vers_range, h.credit, str(e), h.vers)
         except TransportCallError as e:
+            if _answered(conn, xid):
+                # A normal reply our requester would not take for a call it did not build
+                # (e.g. the Write chunks it offered, returned unused): the responder answered.
+                return Verdict(None, None, None, "a normal reply")
             return Verdict(None, None, None, f"the call failed: {e}")
         except TimeoutError:
             raise Failed("an RDMA_ERROR reply", f"nothing in {timeout} s") from None
@@ -72,3 +76,14 @@ async def send_header(conn: Conn, build: Any, timeout: float = 10.0) -> Verdict:
     finally:
         conn.rpc.pending.pop(xid, None)
         rdma.call_done(xid)
+
+
+def _answered(conn: Conn, xid: int) -> bool:
+    """Whether ``conn`` received an RDMA_MSG or RDMA_NOMSG reply with ``xid``."""
+    for r in conn.h.wire:
+        if r.conn != conn.number or r.outbound or len(r.data) < 16:
+            continue
+        rxid, _, _, proc = struct.unpack_from(">IIII", r.data)
+        if rxid == xid and proc in (RDMA_MSG, RDMA_NOMSG):
+            return True
+    return False
