@@ -12,7 +12,8 @@ test_pkgs=("${serve_pkgs[@]}" qemu-system-x86 linux-image-amd64 ibverbs-utils rd
   perftest nfs-kernel-server nfs-common iproute2 busybox-static kmod udev
   nfs-ganesha nfs-ganesha-mem nfs-ganesha-vfs
   ceph-mon ceph-mgr ceph-osd ceph-mds ceph-common libcephfs2 python3-cephfs python3-rados
-  attr)  # setfattr/getfattr: the NFSv4.2 extended-attribute test bed checks
+  attr  # setfattr/getfattr: the NFSv4.2 extended-attribute test bed checks
+  tshark)  # nfsrdma conform --trace: the pcap is decoded in tests
 test_pkgs+=(systemd)  # systemd-analyze verifies contrib/nfsrdma.service
 case "$profile" in
   serve) pkgs=("${serve_pkgs[@]}"); extras="fast,metrics" ;;

@@ -35,13 +35,16 @@ class RdmaUnavailable(NotImplementedError):
     """RPC-over-RDMA cannot be used here (no pyverbs, or no RDMA device with an address)."""
 
 
-async def connect_rdma(host: str, port: int, *, rtrext: bool = True) -> Connection:
+async def connect_rdma(
+    host: str, port: int, *, rtrext: bool = True, options: Any = None
+) -> Connection:
     """An RPC-over-RDMA v1 connection to ``host:port`` through this host's RDMA device (the
     first with an IPv4 address). The requester implements the same ``Connection`` interface as
     TCP: READ results land in ``ReplyExpectation.sinks`` through Write chunks, WRITE data
     leaves as Read chunks. Connection failures are ConnectionError (the session retries).
     ``rtrext`` offers the rtrext extension (message continuation, RT-X1) in the private data;
-    only an nfsrdma server takes it up."""
+    only an nfsrdma server takes it up. ``options`` (an ``RdmaOptions``) replaces the
+    defaults, ``rtrext`` included (the conformance harness provisions connections its way)."""
     try:
         from nfsrdma.transport.rdma.connection_base import RdmaOptions
         from nfsrdma.transport.rdma.devices import find_address
@@ -65,7 +68,8 @@ async def connect_rdma(host: str, port: int, *, rtrext: bool = True) -> Connecti
         shared = _devices[loop] = _SharedDevice(device)
     shared.users += 1  # counted while connecting, so a parallel failure does not close it
     try:
-        conn = await rdma_connect(shared.device, host, port, RdmaOptions(rtrext=rtrext))
+        opts = options if options is not None else RdmaOptions(rtrext=rtrext)
+        conn = await rdma_connect(shared.device, host, port, opts)
     except BaseException as e:
         _drop_user(loop, shared)
         if isinstance(e, ProviderError):

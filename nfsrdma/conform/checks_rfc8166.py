@@ -59,7 +59,9 @@ async def err_vers(h: Harness) -> None:
 async def after_err_vers(h: Harness) -> None:
     """After an ERR_VERS, a version 1 NULL call on the same connection is answered."""
     conn = await h.connect()
-    v = await send_header(conn, lambda xid: words(xid, 2, 1, RDMA_MSG, 0, 0, 0) + null_call(xid))
+    v = await send_header(
+        conn, lambda xid: words(xid, 2, 1, RDMA_MSG, 0, 0, 0) + null_call(xid), h.timeout
+    )
     _expect(v, ERR_VERS, "rdma_vers 2")
     try:
         await conn.null()
@@ -163,3 +165,157 @@ async def nomsg_empty(h: Harness) -> None:
     RDMA_ERROR ERR_CHUNK."""
     v = await _answer(h, lambda xid: words(xid, 1, 1, RDMA_NOMSG, 0, 0, 0))
     _expect(v, ERR_CHUNK, "RDMA_NOMSG with empty chunk lists")
+
+
+@check(
+    "TR-3.3",
+    "ERR_VERS echoes the call's rdma_vers",
+    "RFC 8166 §4.5",
+    group=G,
+    transports=RDMA,
+)
+async def err_vers_header(h: Harness) -> None:
+    """The RDMA_ERROR answering a version 2 call carries the call's XID and its rdma_vers (2):
+    RFC 8166 section 4.5 has an RDMA_ERROR's rdma_xid and rdma_vers repeat the failing
+    request's."""
+    v = await _answer(h, lambda xid: words(xid, 2, 1, RDMA_MSG, 0, 0, 0) + null_call(xid))
+    _expect(v, ERR_VERS, "rdma_vers 2")
+    if v.vers != 2:
+        raise Failed("rdma_vers 2 in the RDMA_ERROR", f"rdma_vers {v.vers}")
+
+
+@check(
+    "TR-17.6",
+    "Write list discriminator not a bool: ERR_CHUNK",
+    "RFC 8166 §4.2, §4.5; RFC 4506 §4.4",
+    group=G,
+    transports=RDMA,
+)
+async def bad_write_list_bool(h: Harness) -> None:
+    """A Write list whose XDR optional-data discriminator is 5 draws RDMA_ERROR ERR_CHUNK."""
+    v = await _answer(h, lambda xid: words(xid, 1, 1, RDMA_MSG, 0, 5) + null_call(xid))
+    _expect(v, ERR_CHUNK, "a Write list discriminator of 5")
+
+
+@check(
+    "TR-17.7",
+    "Reply chunk discriminator not a bool: ERR_CHUNK",
+    "RFC 8166 §4.2, §4.5; RFC 4506 §4.4",
+    group=G,
+    transports=RDMA,
+)
+async def bad_reply_bool(h: Harness) -> None:
+    """A Reply chunk whose XDR optional-data discriminator is 7 draws RDMA_ERROR ERR_CHUNK."""
+    v = await _answer(h, lambda xid: words(xid, 1, 1, RDMA_MSG, 0, 0, 7) + null_call(xid))
+    _expect(v, ERR_CHUNK, "a Reply chunk discriminator of 7")
+
+
+@check(
+    "TR-17.8",
+    "Write chunk segment count beyond the header: ERR_CHUNK",
+    "RFC 8166 §4.2, §4.5",
+    group=G,
+    transports=RDMA,
+)
+async def truncated_write_chunk(h: Harness) -> None:
+    """A Write chunk claiming 200 segments in a message that holds two draws RDMA_ERROR
+    ERR_CHUNK (the header cannot be parsed)."""
+    seg = (1, 8, 0, 0x1000)
+    v = await _answer(h, lambda xid: words(xid, 1, 1, RDMA_MSG, 0, 1, 200, *seg, *seg))
+    _expect(v, ERR_CHUNK, "a Write chunk of 200 segments with 2 present")
+
+
+@check(
+    "TR-17.9",
+    "Overlapping Read chunks: ERR_CHUNK",
+    "RFC 8166 §3.4.5, §4.5",
+    group=G,
+    transports=RDMA,
+)
+async def overlapping_reads(h: Harness) -> None:
+    """Three Read chunks at positions 8, 12 and 8 again (the third places data where the
+    first already did, and the list goes backwards) draw RDMA_ERROR ERR_CHUNK: the call's XDR
+    stream cannot be reassembled."""
+    seg = (1, 8, 0, 0x1000)
+
+    def build(xid: int) -> bytes:
+        reads = [1, 8, *seg, 1, 12, *seg, 1, 8, *seg, 0]
+        return words(xid, 1, 1, RDMA_MSG, *reads, 0, 0) + null_call(xid)
+
+    v = await _answer(h, build)
+    _expect(v, ERR_CHUNK, "Read chunks at positions 8, 12, 8")
+
+
+@check(
+    "TR-17.10",
+    "Position-zero Read chunk in RDMA_MSG: ERR_CHUNK",
+    "RFC 8166 §3.5.3, §4.5",
+    group=G,
+    transports=RDMA,
+)
+async def msg_with_position_zero(h: Harness) -> None:
+    """An RDMA_MSG call (whose RPC message follows the header inline) that also lists a Read
+    chunk at position zero (where only an RDMA_NOMSG call's whole message may be) draws
+    RDMA_ERROR ERR_CHUNK."""
+    seg = (1, 40, 0, 0x1000)
+    v = await _answer(
+        h, lambda xid: words(xid, 1, 1, RDMA_MSG, 1, 0, *seg, 0, 0, 0) + null_call(xid)
+    )
+    _expect(v, ERR_CHUNK, "RDMA_MSG with a position-zero Read chunk")
+
+
+@check(
+    "TR-17.11",
+    "RDMA_NOMSG with only a non-zero-position Read chunk: ERR_CHUNK",
+    "RFC 8166 §3.5.3, §4.5",
+    group=G,
+    transports=RDMA,
+)
+async def nomsg_no_position_zero(h: Harness) -> None:
+    """An RDMA_NOMSG call whose Read list has a chunk at position 8 but none at position zero
+    (so no RPC message) draws RDMA_ERROR ERR_CHUNK."""
+    seg = (1, 8, 0, 0x1000)
+    v = await _answer(h, lambda xid: words(xid, 1, 1, RDMA_NOMSG, 1, 8, *seg, 0, 0, 0))
+    _expect(v, ERR_CHUNK, "RDMA_NOMSG with only a Read chunk at position 8")
+
+
+async def _processed_or_refused(h: Harness, build: object, what: str) -> None:
+    v = await _answer(h, build)
+    if v.error not in (None, ERR_CHUNK) or (v.error is None and v.detail != "a normal reply"):
+        raise Failed(f"a NULL reply or RDMA_ERROR ERR_CHUNK for {what}", v.describe())
+
+
+@check(
+    "TR-17.12",
+    "Two Write chunks: processed or ERR_CHUNK",
+    "RFC 8267 §6.4.2",
+    group=G,
+    transports=RDMA,
+)
+async def two_write_chunks(h: Harness) -> None:
+    """A NULL call offering two Write chunks (beyond RFC 8267's baseline of one) is either
+    answered (the chunks unused) or refused with RDMA_ERROR ERR_CHUNK, never ignored."""
+    seg = (1, 64, 0, 0x1000)
+    await _processed_or_refused(
+        h,
+        lambda xid: words(xid, 1, 1, RDMA_MSG, 0, 1, 1, *seg, 1, 1, *seg, 0, 0) + null_call(xid),
+        "two Write chunks",
+    )
+
+
+@check(
+    "TR-17.13",
+    "A 40-segment Write chunk: processed or ERR_CHUNK",
+    "RFC 8267 §6.4.2",
+    group=G,
+    transports=RDMA,
+)
+async def many_segments(h: Harness) -> None:
+    """A NULL call offering one Write chunk of 40 segments (beyond RFC 8267's baseline of 16)
+    is either answered or refused with RDMA_ERROR ERR_CHUNK, never ignored."""
+    seg = (1, 64, 0, 0x1000)
+    await _processed_or_refused(
+        h,
+        lambda xid: words(xid, 1, 1, RDMA_MSG, 0, 1, 40, *(seg * 40), 0, 0) + null_call(xid),
+        "40 segments",
+    )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from nfsrdma.aio import run
 
-TRANSPORT_GROUPS = ("rfc8166",)  # checks of the RPC-over-RDMA layer alone
+TRANSPORT_GROUPS = ("rfc8166", "rfc8797")  # checks of the RPC-over-RDMA layer alone
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -30,10 +30,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--transport-only",
         action="store_true",
-        help="only the RPC-over-RDMA transport checks (the rfc8166 group; needs rdma://)",
+        help="only the RPC-over-RDMA transport checks (rfc8166, rfc8797; needs rdma://)",
     )
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
     p.add_argument("--json", metavar="FILE", help="write a JSON report ('-' for stdout)")
+    p.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="write the messages of failing checks as a pcap file (Wireshark: RPC-over-RDMA "
+        "as RoCEv2, TCP as TCP)",
+    )
     p.add_argument("--list", action="store_true", help="list the checks and exit")
     p.add_argument("--markdown", action="store_true", help="with --list: as Markdown tables")
     p.add_argument("--uid", type=int, default=0, help="AUTH_SYS uid (default 0)")
@@ -88,4 +94,9 @@ def main(args: argparse.Namespace) -> int:
             Path(args.json).write_text(text)
     if args.junit:
         Path(args.junit).write_bytes(report.to_junit(outcomes, target))
+    if args.trace:
+        from nfsrdma.conform.pcap import to_pcap
+
+        records = [r for o in outcomes if o.result.value == "FAIL" for r in o.wire]
+        Path(args.trace).write_bytes(to_pcap(url.transport, records))
     return 1 if failed(outcomes) else 0

@@ -13,6 +13,7 @@ import dataclasses
 import itertools
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,8 @@ from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Writer, XdrError
 
 Connector = Callable[[], Awaitable[Connection]]
+# An RPC-over-RDMA connection provisioned as a check asks (an ``RdmaOptions``).
+RdmaConnector = Callable[[Any], Awaitable[Connection]]
 Op = nfs4.nfs_argop4
 OK = nfs4.NFS4_OK
 REPLY_SIZE = 256 << 10  # the largest reply a check expects (sessions ask for 64 KiB I/O)
@@ -73,6 +76,18 @@ class Exchange:
     note: str = ""
     res: nfs4.COMPOUND4res | None = None
     error: str = ""
+    transport_error: BaseException | None = None  # what the transport raised, if it failed
+
+
+@dataclass(slots=True)
+class WireRecord:
+    """One message as it crossed a connection (for checks that look at transport headers,
+    and for ``--trace``): TCP stream bytes, or one whole RPC-over-RDMA Send."""
+
+    conn: int  # the harness's number for the connection
+    outbound: bool
+    data: bytes
+    at: float  # time.time()
 
 
 @dataclass(slots=True)
@@ -125,20 +140,41 @@ class Conn:
     def __init__(self, h: Harness, rpc: RpcConnection) -> None:
         self.h = h
         self.rpc = rpc
+        self.number = next(h._conn_numbers)
+        wire = h.wire
+
+        def tap(outbound: bool, data: bytes) -> None:
+            wire.append(WireRecord(self.number, outbound, data, time.time()))
+
+        rpc.conn.tap = tap
+
+    def received(self) -> list[bytes]:
+        """The messages this connection received so far (in this check)."""
+        return [r.data for r in self.h.wire if r.conn == self.number and not r.outbound]
 
     async def compound(
-        self, ops_: list[Op], *, tag: bytes = b"", minor: int = 1, note: str = ""
-    ) -> Reply:
+        self, ops_: list[Op], *, tag: bytes = b"", minor: int = 1, note: str = "",
+        sinks: list[memoryview] | None = None, reply_size: int | None = None,
+    ) -> Reply:  # fmt: skip
+        """``sinks``: buffers for DDP-eligible results (RPC-over-RDMA Write chunks of their
+        size); ``reply_size``: the largest reply to provide for (a Reply chunk over RDMA)."""
+
         def encode(w: Writer) -> None:
             nfs4.enc_COMPOUND4args(w, nfs4.COMPOUND4args(tag, minor, ops_))
 
-        return await self._call(encode, Exchange(self.h.transport, list(ops_), note))
+        expect = ReplyExpectation(list(sinks or []), reply_size or self.h.reply_size)
+        return await self._call(encode, Exchange(self.h.transport, list(ops_), note), expect)
 
     async def compound_raw(self, encode: Callable[[Writer], None], note: str) -> Reply:
         """A COMPOUND whose arguments ``encode`` writes as it likes (invalid ones included)."""
         return await self._call(encode, Exchange(self.h.transport, None, note))
 
-    async def _call(self, encode: Callable[[Writer], None], x: Exchange) -> Reply:
+    async def _call(
+        self,
+        encode: Callable[[Writer], None],
+        x: Exchange,
+        expect: ReplyExpectation | None = None,
+    ) -> Reply:
         self.h.log.append(x)
         try:
             r = await self.rpc.call(
@@ -149,13 +185,14 @@ class Conn:
                 cred=self.h.cred,
                 timeout=self.h.timeout,
                 # RPC-over-RDMA: room for a large reply (a Reply chunk); TCP ignores it.
-                expect=ReplyExpectation([], self.h.reply_size),
+                expect=expect or ReplyExpectation([], self.h.reply_size),
             )
         except RpcTimeout:
             x.error = f"no reply in {self.h.timeout} s"
             raise Failed(f"a reply within {self.h.timeout} s", "no reply") from None
         except (RpcError, ConnectionError, XdrError) as e:
             x.error = f"{type(e).__name__}: {e}"
+            x.transport_error = e
             raise Failed("a COMPOUND reply", x.error) from None
         body = bytes(r.reader.buf[r.offset :])
         try:
@@ -278,19 +315,28 @@ class Harness:
         url: NfsUrl,
         *,
         connector: Connector | None = None,
+        rdma_connector: RdmaConnector | None = None,
         uid: int = 0,
         gid: int = 0,
         timeout: float = 10.0,
     ) -> None:
         self.url = url
         self.transport = url.transport
-        self._connector: Connector = connector or (lambda: open_connection(url))
+        self._rdma_connector = rdma_connector or _url_rdma_connector(url)
+        # RPC-over-RDMA v1 as RFC 8166 defines it: no rtrext extension offered.
+        self._connector: Connector = connector or (
+            (lambda: self._rdma_connector(None))
+            if url.transport == "rdma"
+            else (lambda: open_connection(url))
+        )
         self.cred = auth_sys(uid, gid, (), "nfsrdma-conform")
         self.uid = uid
         self.gid = gid
         self.timeout = timeout
         self.reply_size = REPLY_SIZE
         self.log: list[Exchange] = []
+        self.wire: list[WireRecord] = []  # this check's messages, every connection
+        self._conn_numbers = itertools.count(1)
         self._conns: list[Conn] = []
         self._sessions: list[Session] = []
         self._clients: list[Client] = []
@@ -302,6 +348,7 @@ class Harness:
     # -- per check ----------------------------------------------------------------------------
     def begin(self) -> None:
         self.log = []
+        self.wire.clear()
 
     async def end(self) -> None:
         """Destroy the sessions and client IDs the check made, close its connections."""
@@ -330,15 +377,21 @@ class Harness:
         for c in conns:
             c.close()
         self.log = log  # clean-up exchanges are not the check's
+        self.wire.clear()
 
     def name(self, what: str = "f") -> bytes:
         """A fresh file name for the scratch directory."""
         return f"{what}{next(self._names)}".encode()
 
     # -- building blocks ----------------------------------------------------------------------
-    async def connect(self) -> Conn:
+    async def connect(self, options: Any = None) -> Conn:
+        """A new connection; ``options`` (an ``RdmaOptions``) provisions an RPC-over-RDMA one
+        as a check needs (its inline size, hence the private data it sends)."""
         try:
-            conn = await self._connector()
+            if options is not None:
+                conn = await self._rdma_connector(options)
+            else:
+                conn = await self._connector()
         except OSError as e:
             raise Failed(f"a connection to {self.url}", f"{type(e).__name__}: {e}") from None
         c = Conn(self, RpcConnection(conn))
@@ -488,6 +541,16 @@ class Harness:
             if sub.status == OK and _is_dir(entry.attrs):
                 await self._remove_tree(s, sub.resok(3).object)
             await s.call([ops.putfh(fh), ops.remove(entry.name)])
+
+
+def _url_rdma_connector(url: NfsUrl) -> RdmaConnector:
+    async def connect(options: Any) -> Connection:
+        from nfsrdma.client.transports import connect_rdma
+        from nfsrdma.transport.rdma.connection_base import RdmaOptions
+
+        return await connect_rdma(url.host, url.port, options=options or RdmaOptions(rtrext=False))
+
+    return connect
 
 
 def _is_dir(attrs: nfs4.fattr4) -> bool:

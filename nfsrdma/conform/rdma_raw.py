@@ -1,10 +1,10 @@
 """Sending a hand-made RPC-over-RDMA transport header on a requester's connection and seeing
-what the responder answers: the RDMA_ERROR it draws (with its error code and, for ERR_VERS,
-the version range), or a normal reply, or nothing.
+what the responder answers: the RDMA_ERROR it draws (with its header: error code, rdma_vers
+and, for ERR_VERS, the version range), or a normal reply, or nothing.
 
-This reaches into the requester (``nfsrdma.transport.rdma``): it registers the XID as an
-outstanding call that holds no credit, posts the message as it is, and watches the headers of
-RDMA_ERROR replies."""
+It uses the requester's public raw-send hook (``Requester.send_raw``): the XID is outstanding,
+holding no credit, and an RDMA_ERROR answer fails it with ``RdmaErrorReply``, which carries
+the reply's header."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 from nfsrdma.conform.harness import Conn
 from nfsrdma.conform.registry import Failed, Skipped
 from nfsrdma.transport.base import TransportCallError
+from nfsrdma.transport.rdma.requester import RdmaErrorReply, Requester
 
 RDMA_MSG, RDMA_NOMSG, RDMA_MSGP, RDMA_DONE, RDMA_ERROR = 0, 1, 2, 3, 4
 ERR_VERS, ERR_CHUNK = 1, 2
@@ -31,6 +32,7 @@ class Verdict:
     vers_range: tuple[int, int] | None
     credit: int | None
     detail: str
+    vers: int | None = None  # the RDMA_ERROR's rdma_vers
 
     def describe(self) -> str:
         if self.error == ERR_VERS:
@@ -40,46 +42,48 @@ class Verdict:
         return self.detail
 
 
-def rdma_connection(conn: Conn) -> Any:
+def rdma_connection(conn: Conn) -> Requester:
     c = conn.rpc.conn
-    if conn.h.transport != "rdma" or not hasattr(c, "_on_reply_error"):
+    if conn.h.transport != "rdma" or not isinstance(c, Requester):
         raise Skipped("an RPC-over-RDMA check (use an rdma:// URL)")
     return c
 
 
 async def send_header(conn: Conn, build: Any, timeout: float = 10.0) -> Verdict:
     """``build(xid) -> bytes`` makes the message; it is sent raw and the answer classified."""
-    from nfsrdma.transport.rdma.calls import OutCall
-
     rdma = rdma_connection(conn)
     xid = conn.rpc.next_xid()
-    seen: list[Any] = []
-    original = rdma._on_reply_error
-
-    def spy(h: Any) -> None:
-        if h.xid == xid:
-            seen.append(h)
-        original(h)
-
     fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     conn.rpc.pending[xid] = fut
-    rdma._out[xid] = OutCall(xid, counted=False)
-    rdma._on_reply_error = spy
     try:
-        rdma._send([build(xid)])
+        rdma.send_raw(xid, build(xid))
         try:
             await asyncio.wait_for(fut, timeout)
+        except RdmaErrorReply as e:
+            h = e.header
+            return Verdict(h.error, h.vers_range, h.credit, str(e), h.vers)
         except TransportCallError as e:
-            if not seen:
-                return Verdict(None, None, None, f"the call failed: {e}")
-            h = seen[0]
-            return Verdict(h.error, h.vers_range, h.credit, str(e))
+            if _answered(conn, xid):
+                # A normal reply our requester would not take for a call it did not build
+                # (e.g. the Write chunks it offered, returned unused): the responder answered.
+                return Verdict(None, None, None, "a normal reply")
+            return Verdict(None, None, None, f"the call failed: {e}")
         except TimeoutError:
             raise Failed("an RDMA_ERROR reply", f"nothing in {timeout} s") from None
         except ConnectionError as e:
             raise Failed("an RDMA_ERROR reply", f"the connection was lost ({e})") from None
         return Verdict(None, None, None, "a normal reply")
     finally:
-        rdma._on_reply_error = original
         conn.rpc.pending.pop(xid, None)
-        rdma._out.pop(xid, None)
+        rdma.call_done(xid)
+
+
+def _answered(conn: Conn, xid: int) -> bool:
+    """Whether ``conn`` received an RDMA_MSG or RDMA_NOMSG reply with ``xid``."""
+    for r in conn.h.wire:
+        if r.conn != conn.number or r.outbound or len(r.data) < 16:
+            continue
+        rxid, _, _, proc = struct.unpack_from(">IIII", r.data)
+        if rxid == xid and proc in (RDMA_MSG, RDMA_NOMSG):
+            return True
+    return False

@@ -59,8 +59,12 @@ REGISTRY: dict[str, Check] = {}
 
 CHECK_MODULES = (
     "nfsrdma.conform.checks_rfc8881_sessions",
+    "nfsrdma.conform.checks_rfc8881_more_sessions",
     "nfsrdma.conform.checks_rfc8881_ops",
+    "nfsrdma.conform.checks_rfc8881_errors",
     "nfsrdma.conform.checks_rfc8166",
+    "nfsrdma.conform.checks_rfc8267",
+    "nfsrdma.conform.checks_rfc8797",
 )
 
 

@@ -116,3 +116,34 @@ def markdown(checks: list[Check]) -> str:
         out.append("")
     out.append(MARKDOWN_END)
     return "\n".join(out) + "\n"
+
+
+def side_by_side(runs: dict[str, dict[str, Any]]) -> str:
+    """Markdown comparing JSON reports (``to_json``) of several runs, named by the keys: the
+    PASS/FAIL/UNSUPPORTED/SKIP counts per group and run, then every check whose result is not
+    the same in all runs (a SKIP for the other transport aside)."""
+    names = list(runs)
+    results: dict[str, dict[str, str]] = {}
+    groups: dict[str, str] = {}
+    titles: dict[str, str] = {}
+    for name, data in runs.items():
+        for c in data["checks"]:
+            results.setdefault(c["id"], {})[name] = c["result"]
+            groups[c["id"]] = c["group"]
+            titles[c["id"]] = c["title"]
+    lines = ["| Group | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for g in dict.fromkeys(groups.values()):
+        cells = []
+        for name in names:
+            got = [results[i].get(name, "-") for i in results if groups[i] == g]
+            counts = "/".join(str(got.count(r.value)) for r in Result)
+            cells.append(counts)
+        lines.append(f"| {g} | " + " | ".join(cells) + " |")
+    lines += ["", "Counts are PASS/FAIL/UNSUPPORTED/SKIP.", ""]
+    lines += ["| Check | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for i, per in results.items():
+        seen = {per.get(n, "-") for n in names} - {"SKIP"}
+        if len(seen) > 1:
+            row = " | ".join(per.get(n, "-") for n in names)
+            lines.append(f"| {i} {titles[i]} | {row} |")
+    return "\n".join(lines) + "\n"

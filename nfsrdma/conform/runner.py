@@ -8,7 +8,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from nfsrdma.conform.harness import Exchange, Harness, op_name, result_status, status_name
+from nfsrdma.conform.harness import (
+    Exchange,
+    Harness,
+    WireRecord,
+    op_name,
+    result_status,
+    status_name,
+)
 from nfsrdma.conform.registry import Check, Failed, Result, Skipped, Unsupported
 
 MAX_FIELD = 400  # characters of one decoded argument or result in a report
@@ -23,6 +30,7 @@ class Outcome:
     got: str = ""
     seconds: float = 0.0
     exchanges: list[str] = field(default_factory=list)  # decoded, for failures
+    wire: list[WireRecord] = field(default_factory=list)  # the raw messages, for failures
 
 
 def _short(value: object) -> str:
@@ -77,6 +85,7 @@ async def run_check(h: Harness, c: Check, limit: float) -> Outcome:
     out.seconds = time.monotonic() - t0
     if out.result is Result.FAIL:
         out.exchanges = [decode_exchange(x) for x in h.log]
+        out.wire = list(h.wire)
     try:
         async with asyncio.timeout(limit):
             await h.end()

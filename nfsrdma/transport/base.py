@@ -57,6 +57,9 @@ class Connection(abc.ABC):
         self.closed_callbacks: list[Callable[[Connection, BaseException | None], None]] = []
         self.closed = False
         self.messages_received = 0  # whole messages delivered so far
+        # Sees every message's bytes as sent (True) or received (False): TCP stream bytes, or
+        # whole RPC-over-RDMA Sends. For tracing (``nfsrdma conform --trace``); None costs nothing.
+        self.tap: Callable[[bool, bytes], None] | None = None
 
     def set_receiver(self, receiver: Callable[[Connection, Inbound], None]) -> None:
         self.receiver = receiver

@@ -167,6 +167,8 @@ class TcpConnection(Connection, asyncio.Protocol):
             self._on_made(self)
 
     def data_received(self, data: bytes) -> None:
+        if self.tap is not None:
+            self.tap(False, bytes(data))
         try:
             records = self.parser.feed(data)
         except RecordTooLarge as e:
@@ -203,7 +205,10 @@ class TcpConnection(Connection, asyncio.Protocol):
         t = self.transport
         if t is None or t.is_closing():
             raise ConnectionError(f"tcp connection to {self.peer} is closed")
-        t.writelines(frame(msg.pieces(), self.max_fragment))
+        pieces = frame(msg.pieces(), self.max_fragment)
+        if self.tap is not None:
+            self.tap(True, b"".join(bytes(p) for p in pieces))
+        t.writelines(pieces)
 
     def send_call(self, xid: int, msg: Writer, expect: ReplyExpectation | None) -> None:
         self._send(msg)

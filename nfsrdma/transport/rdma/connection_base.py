@@ -121,6 +121,7 @@ class RdmaConnectionBase(Connection):
             ),
         )
         self.peer_pd: privdata.PrivateData | None = None
+        self.peer_private_data = b""
         self.local_rtr = (
             rtrext.RtrBlock(
                 request_limit=options.rtr_request_limit,
@@ -197,6 +198,7 @@ class RdmaConnectionBase(Connection):
     def negotiated(self, peer: bytes) -> None:
         """Thresholds from both blocks, afresh for this connection (PD-7, PD-9, PD-14); the
         rtrext extension only if both sides sent its block (RT-X1)."""
+        self.peer_private_data = bytes(peer)  # as received (the conformance harness reads it)
         self.peer_pd = privdata.decode(peer)
         self.rtr = rtrext.negotiate(self.local_rtr, rtrext.decode(peer))
         if self.server:
@@ -269,6 +271,8 @@ class RdmaConnectionBase(Connection):
             m = len(p)
             buf.view[n : n + m] = p
             n += m
+        if self.tap is not None:
+            self.tap(True, bytes(buf.view[:n]))
         self.qp.post_send(
             self._wr_id("send", buf), [buf.sge(n)], invalidate_rkey=invalidate, writes=writes or ()
         )
@@ -323,6 +327,8 @@ class RdmaConnectionBase(Connection):
             buf.release()
             return
         self._post_recv(buf)  # the message is out of the buffer: give it back at once
+        if self.tap is not None:
+            self.tap(False, data)
         if ev.invalidated_rkey is not None:
             self.stats["remote_invalidations"] += 1
             self._forget_rkey(ev.invalidated_rkey)
@@ -411,7 +417,7 @@ class RdmaConnectionBase(Connection):
             return
         sent = "rdma_error_vers_sent" if e.err == hdr.ERR_VERS else "rdma_error_chunk_sent"
         self.stats[sent] += 1
-        self._send([hdr.encode_error(e.xid, self.policy.grant, e.err)])
+        self._send([hdr.encode_error(e.xid, self.policy.grant, e.err, e.vers)])
 
     # -- what the requester and responder halves provide ----------------------------------
     def _on_call(self, h: Header, inline: memoryview) -> None:

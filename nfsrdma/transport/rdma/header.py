@@ -21,6 +21,7 @@ _FIXED = struct.Struct(">IIII")  # xid, vers, credit, proc
 _PLAIN = struct.Struct(">IIIIIII")
 _PLAIN_SIZE = _PLAIN.size
 _NO_CHUNKS = bytes(12)
+_ERR_VERS_BODY = struct.Struct(">III")  # ERR_VERS, rdma_vers_low, rdma_vers_high
 
 RDMA_MSG = rpcrdma.RDMA_MSG
 RDMA_NOMSG = rpcrdma.RDMA_NOMSG
@@ -77,10 +78,11 @@ class HeaderError(Exception):
     """A header that cannot be processed. ``err`` is the RDMA_ERROR to answer with (when the
     XID is known), or None when the message must be dropped."""
 
-    def __init__(self, reason: str, xid: int | None, err: int | None) -> None:
+    def __init__(self, reason: str, xid: int | None, err: int | None, vers: int = VERSION) -> None:
         super().__init__(reason)
         self.xid = xid
         self.err = err
+        self.vers = vers  # the failing message's rdma_vers, which an RDMA_ERROR echoes
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +110,12 @@ def parse(buf: memoryview | bytes) -> Header:
         raise HeaderError("truncated transport header", xid, ERR_CHUNK)
     xid, vers, credit, proc = _FIXED.unpack_from(buf)
     if vers != VERSION:
-        raise HeaderError(f"RPC-over-RDMA version {vers}", xid, ERR_VERS)
+        if proc == RDMA_ERROR and len(buf) >= 28 and _ERR_VERS_BODY.unpack_from(buf, 16)[0] == 1:
+            # ERR_VERS answering a call of another version carries that call's rdma_vers
+            # (RFC 8166 section 4.5): a requester reads the responder's range from it.
+            _, low, high = _ERR_VERS_BODY.unpack_from(buf, 16)
+            return Header(xid, vers, credit, proc, error=ERR_VERS, vers_range=(low, high), size=28)
+        raise HeaderError(f"RPC-over-RDMA version {vers}", xid, ERR_VERS, vers)
     if proc == RDMA_MSG and buf[16:_PLAIN_SIZE] == _NO_CHUNKS:
         return Header(xid, vers, credit, proc, size=_PLAIN_SIZE)
     try:
@@ -216,10 +223,11 @@ def encode(
     return bytes(w)
 
 
-def encode_error(xid: int, credit: int, err: int) -> bytes:
-    """RDMA_ERROR: ERR_VERS carries our range (1, 1) (TR-3, TR-16); ERR_CHUNK nothing."""
+def encode_error(xid: int, credit: int, err: int, vers: int = VERSION) -> bytes:
+    """RDMA_ERROR: ERR_VERS carries our range (1, 1) (TR-3, TR-16); ERR_CHUNK nothing. Its
+    rdma_vers is the failing message's, ``vers`` (RFC 8166 section 4.5)."""
     w = Writer()
-    w += _FIXED.pack(xid, VERSION, credit, RDMA_ERROR)[:12]
+    w += _FIXED.pack(xid, vers, credit, RDMA_ERROR)[:12]
     rng = rpcrdma.rpc_rdma_errvers(VERSION, VERSION) if err == ERR_VERS else None
     error = rpcrdma.rpc_rdma_error(rpcrdma.rpc_rdma_errcode(err), rng)
     rpcrdma.enc_rdma_body(w, rpcrdma.rdma_body(RDMA_ERROR, error))

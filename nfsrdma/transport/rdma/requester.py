@@ -24,9 +24,18 @@ from nfsrdma.transport.rdma.provider import Access, MemoryRegion
 from nfsrdma.xdr.gen import rpcrdma
 from nfsrdma.xdr.runtime import Buffer, Reader, Writer
 
-__all__ = ["Requester"]
+__all__ = ["RdmaErrorReply", "Requester"]
 
 log = logging.getLogger(__name__)
+
+
+class RdmaErrorReply(TransportCallError):
+    """The responder answered a call with RDMA_ERROR; ``header`` is that reply's header (its
+    error code, and for ERR_VERS the version range)."""
+
+    def __init__(self, message: str, header: Header) -> None:
+        super().__init__(message)
+        self.header = header
 
 
 class Requester(RdmaConnectionBase):
@@ -121,6 +130,20 @@ class Requester(RdmaConnectionBase):
                 self._send([head, *plan.inline])
         except Exception:
             self.call_done(xid)
+            raise
+
+    def send_raw(self, xid: int, message: bytes) -> None:
+        """Send ``message`` (a transport header and what follows it, as given: invalid ones
+        too) as a call with ``xid``, which stays outstanding until a reply or RDMA_ERROR for
+        it arrives or ``call_done(xid)``. It holds no credit and exposes no memory. For
+        conformance tests (``nfsrdma conform``); RPCs use ``send_call``."""
+        if self.closed or self.qp is None:
+            raise ConnectionError(f"rdma connection to {self.peer} is closed")
+        self._out[xid] = OutCall(xid, counted=False)
+        try:
+            self._send([message])
+        except Exception:
+            self._out.pop(xid, None)
             raise
 
     def _send_continued_call(
@@ -259,7 +282,7 @@ class Requester(RdmaConnectionBase):
         self.stats["rdma_errors"] += 1
         self.credits.update(h.credit)
         what = "ERR_VERS" if h.error == hdr.ERR_VERS else "ERR_CHUNK"
-        self._fail_call(h.xid, TransportCallError(f"RDMA_ERROR {what} for xid {h.xid:#x}"))
+        self._fail_call(h.xid, RdmaErrorReply(f"RDMA_ERROR {what} for xid {h.xid:#x}", h))
 
     def _fail_call(self, xid: int, exc: BaseException) -> None:
         if self.call_failed is not None:

@@ -49,8 +49,11 @@ class MisbehavingServer(NFSServer):
 
     def _compound(self, call: RpcCall, w: Writer) -> Awaitable[None] | None:
         head = len(w)
+        r = call.reader  # decoded from a copy: decoding moves a reader's chunk position
         try:
-            args, _ = nfs4.dec_COMPOUND4args(call.reader, call.offset)
+            args, _ = nfs4.dec_COMPOUND4args(
+                Reader(r.buf, dict(r.chunks) if r.chunks else None, r.ordered), call.offset
+            )
         except XdrError:  # e.g. an undefined operation number: the mutation sees no arguments
             args = nfs4.COMPOUND4args(b"", 1, [])
         running = super()._compound(call, w)
@@ -96,8 +99,9 @@ async def served(
     kw: dict[str, Any] = dict(
         bind="127.0.0.1", tcp_port=0, root_squash=False, rdma_port=None, lease_time=lease_time
     )
-    connector = None
+    connector = rdma_connector = None
     if transport == "rdma":
+        from nfsrdma.transport.rdma.connection_base import RdmaOptions
         from nfsrdma.transport.rdma.endpoint import connect_rdma
         from nfsrdma.transport.rdma.inproc import InprocFabric
 
@@ -105,8 +109,12 @@ async def served(
         sdev, cdev = fabric.device(RDMA_SERVER), fabric.device(RDMA_CLIENT)
         kw.update(rdma_port=RDMA_PORT, rdma_device=sdev)
 
+        async def rdma_connector(options: Any) -> Any:
+            opts = options or RdmaOptions(rtrext=False)  # RPC-over-RDMA v1, as knfsd speaks it
+            return await connect_rdma(cdev, RDMA_SERVER, RDMA_PORT, opts)
+
         async def connector() -> Any:
-            return await connect_rdma(cdev, RDMA_SERVER, RDMA_PORT)
+            return await rdma_connector(None)
 
     server = (
         NFSServer(str(export), **kw)
@@ -119,6 +127,9 @@ async def served(
             url = parse_url(f"rdma://{RDMA_SERVER}:{RDMA_PORT}/")
         else:
             url = parse_url(f"nfs://127.0.0.1:{server.tcp_port}/")
-        yield Harness(url, connector=connector, timeout=timeout), server
+        yield (
+            Harness(url, connector=connector, rdma_connector=rdma_connector, timeout=timeout),
+            server,
+        )
     finally:
         await server.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -58,9 +59,11 @@ async def test_exit_0_when_nothing_fails_with_json_and_junit(tmp_path: Path) -> 
 async def test_exit_1_when_a_check_fails_and_the_exchange_is_shown(tmp_path: Path) -> None:
     export = tmp_path / "export"
     export.mkdir()
-    ju = tmp_path / "r.xml"
+    ju, trace = tmp_path / "r.xml", tmp_path / "r.pcap"
     async with served(export, mutation=tag_dropped) as (h, _):
-        rc, out, err = await conform(str(h.url), "--only", "CONF-COMP", "--junit", str(ju))
+        rc, out, err = await conform(
+            str(h.url), "--only", "CONF-COMP", "--junit", str(ju), "--trace", str(trace)
+        )
     assert rc == 1, out + err
     assert "FAIL CONF-COMP-2: COMPOUND tag echoed" in out
     assert "expected: the tag b'nfsrdma-conform tag \\xc3\\xa9'" in out
@@ -68,18 +71,36 @@ async def test_exit_1_when_a_check_fails_and_the_exchange_is_shown(tmp_path: Pat
     assert "fail=1" in out
     suite = ET.parse(ju).getroot()
     assert suite.get("failures") == "1"
+    # The failing check's messages, as TCP in a pcap file that tshark decodes as NFS.
+    decoded = tshark(trace)
+    calls = [line for line in decoded.splitlines() if "V4 Call" in line]
+    assert calls and all("PUTROOTFH" in line for line in calls), decoded
+    assert "V4 Reply (Call In" in decoded
+
+
+def tshark(pcap: Path, *args: str) -> str:
+    """tshark's one-line summaries of ``pcap`` (tshark is installed by scripts/setup.sh)."""
+    import subprocess
+
+    exe = shutil.which("tshark")
+    assert exe, "tshark is missing (apt-get install tshark)"
+    done = subprocess.run(
+        [exe, "-r", str(pcap), *args], capture_output=True, text=True, timeout=120, check=True
+    )
+    return done.stdout
 
 
 def test_list_only_exclude(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["conform", "--list", "--only", "SS-7*", "--exclude", "SS-7.4"]) == 0
     ids = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
-    assert ids == ["SS-7.1", "SS-7.2", "SS-7.3"]
+    assert ids == ["SS-7.1", "SS-7.2", "SS-7.3", "SS-7.5"]
     assert main(["conform", "--list", "--only", "rfc8881-ops"]) == 0
     ids = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
     assert ids and all(i.startswith("CONF-OPS-") for i in ids)
     assert main(["conform", "--list", "--transport-only"]) == 0
     ids = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
-    assert ids == [c.id for c in all_checks() if c.group == "rfc8166"] and len(ids) >= 10
+    want = [c.id for c in all_checks() if c.group in ("rfc8166", "rfc8797")]
+    assert ids == want and len(ids) >= 20
 
 
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
