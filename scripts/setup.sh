@@ -6,10 +6,12 @@ set -euo pipefail
 profile=${1:-test}
 cd "$(dirname "$0")/.."
 
-serve_pkgs=(python3 python3-venv python3-pip python3-pyverbs rdma-core ibverbs-providers librdmacm1)
+serve_pkgs=(python3 python3-venv python3-pip python3-pyverbs rdma-core ibverbs-providers librdmacm1
+  python3-gssapi)
 test_pkgs=("${serve_pkgs[@]}" qemu-system-x86 linux-image-amd64 ibverbs-utils rdmacm-utils
   perftest nfs-kernel-server nfs-common iproute2 busybox-static kmod udev
-  nfs-ganesha nfs-ganesha-mem nfs-ganesha-vfs)
+  nfs-ganesha nfs-ganesha-mem nfs-ganesha-vfs
+  krb5-kdc krb5-admin-server krb5-user libkrb5-dev)
 case "$profile" in
   serve) pkgs=("${serve_pkgs[@]}"); extras="fast" ;;
   test) pkgs=("${test_pkgs[@]}"); extras="dev,testbed" ;;

@@ -6,8 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.kdc import Kdc
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -19,3 +25,24 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     with asyncio.Runner() as runner:
         runner.run(pyfuncitem.obj(**args))
     return True
+
+
+@pytest.fixture(scope="session")
+def kdc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kdc]:
+    """A real MIT KDC on 127.0.0.1 with its own realm (tests/kdc.py), started once per session;
+    this process's Kerberos library is pointed at its krb5.conf. Fails if it cannot start."""
+    from tests.kdc import remove, start_kdc
+
+    kdc = start_kdc(tmp_path_factory.mktemp("kdc"))
+    saved = {k: os.environ.get(k) for k in ("KRB5_CONFIG", "KRB5_KDC_PROFILE", "KRB5CCNAME")}
+    for k in saved:
+        os.environ[k] = kdc.env[k]
+    try:
+        yield kdc
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        remove(kdc)
