@@ -30,6 +30,8 @@ from nfsrdma.nfs4.server_state import ServerConfig, ServerState
 from nfsrdma.nfs4.state import StateManager
 from nfsrdma.rpc.admission import ConnectionAdmission, source_of
 from nfsrdma.rpc.connection import RpcConnection
+from nfsrdma.rpc.gss import GssServer
+from nfsrdma.rpc.gss_setup import DEFAULT_KEYTAB, security_setup
 from nfsrdma.rpc.idle import IdleTimeouts
 from nfsrdma.rpc.ratelog import LineRateLimiter
 from nfsrdma.rpc.server import Dispatcher, RpcCall, null_procedure
@@ -74,8 +76,13 @@ class NFSServer:
         slots: int | None = None,
         config: ServerConfig | None = None,
         session_caps: SessionCaps | None = None,
+        sec: tuple[str, ...] = ("sys",),
+        keytab: str = DEFAULT_KEYTAB,
+        gss_host: str | None = None,
+        gss: GssServer | None = None,
     ) -> None:
         cfg = config or ServerConfig()
+        self.security, self.gss = security_setup(sec, keytab, gss_host, gss)
         if lease_time is not None:
             cfg = replace(cfg, lease_time=lease_time)
         if grace_time is not None:
@@ -100,7 +107,7 @@ class NFSServer:
         self.rdma: RdmaListener | None = None
         self._own_device: Device | None = None
         self.state: ServerState | None = None
-        self.dispatcher = Dispatcher()
+        self.dispatcher = Dispatcher(self.gss)
         self.connections: set[RpcConnection] = set()
         self._servers: list[asyncio.Server] = []
         self.callbacks: Callbacks | None = None
@@ -128,7 +135,7 @@ class NFSServer:
             has_state=state.client_has_state,
             caps=self.session_caps,
         )
-        self.state = ServerState(cfg, vfs, sessions, state, grace=grace)
+        self.state = ServerState(cfg, vfs, sessions, state, grace=grace, security=self.security)
         self.callbacks = Callbacks(sessions)
         sessions.on_slot_recall = self.callbacks.recall_slot
         state.notify_lock = self._notify_lock

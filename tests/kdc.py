@@ -23,6 +23,7 @@ REALM = "NFSRDMA.TEST"
 SERVER_HOST = "server.nfsrdma.test"
 CLIENT_HOST = "client.nfsrdma.test"
 USER = "alice"
+NUMERIC_USER = "4242"  # no such user name: the numeric fallback makes it uid 4242
 USER_PASSWORD = "alice-secret-1"
 MASTER_PASSWORD = "master-secret-1"
 ENCTYPES = "aes256-cts-hmac-sha1-96 aes128-cts-hmac-sha1-96"
@@ -63,6 +64,14 @@ class Kdc:
     @property
     def user_keytab(self) -> Path:
         return self.dir / "alice.keytab"
+
+    @property
+    def numeric_keytab(self) -> Path:
+        return self.dir / "numeric.keytab"
+
+    @property
+    def numeric_principal(self) -> str:
+        return f"{NUMERIC_USER}@{REALM}"
 
     @property
     def machine_keytab(self) -> Path:
@@ -174,6 +183,8 @@ def start_kdc(base: Path) -> Kdc:
     kdc = Kdc(base, port, proc, env)
     try:
         kdc.kadmin(f"addprinc -pw {USER_PASSWORD} {USER}")
+        kdc.kadmin(f"addprinc -randkey {NUMERIC_USER}")
+        kdc.kadmin(f"ktadd -k {kdc.numeric_keytab} {NUMERIC_USER}")
         kdc.kadmin(f"addprinc -randkey nfs/{SERVER_HOST}")
         kdc.kadmin(f"addprinc -randkey host/{CLIENT_HOST}")
         kdc.kadmin(f"ktadd -k {kdc.server_keytab} nfs/{SERVER_HOST}")

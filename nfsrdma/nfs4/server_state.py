@@ -75,6 +75,9 @@ class ServerState:
     grace: Grace = field(default_factory=lambda: Grace(MemoryStore(), 0, 0.0))
     executor: ThreadPoolExecutor = field(init=False)
     delegation_service: DelegationService | None = None  # set by the server once it runs
+    # RFC 2623 pseudo-flavours the export accepts, in SECINFO order (None: AUTH_SYS and
+    # AUTH_NONE, nothing refused with NFS4ERR_WRONGSEC)
+    security: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         self.state_manager.leases = self.sessions  # courteous clients (nfsrdma.session.server)

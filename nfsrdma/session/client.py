@@ -32,6 +32,7 @@ from typing import Any
 from nfsrdma.rpc.auth import auth_sys
 from nfsrdma.rpc.connection import RpcConnection
 from nfsrdma.rpc.errors import RpcConnectionLost, RpcError
+from nfsrdma.rpc.gss_client import GssClientAuth
 from nfsrdma.rpc.server import Dispatcher, null_procedure
 from nfsrdma.session.client_backchannel import Backchannel, Recall
 from nfsrdma.session.client_callbacks import ClientCallbacks
@@ -125,6 +126,9 @@ class ClientSession:
         self.opts = options or SessionOptions()
         self.clock = clock
         self.cred = auth_sys(self.opts.uid, self.opts.gid, self.opts.gids, self.opts.machinename)
+        self.gss: GssClientAuth | None = None  # RPCSEC_GSS (use_security)
+        if self.opts.sec not in ("sys", "auto"):
+            self.use_security(self.opts.sec)
         self.verifier = os.urandom(8)
         self.stats = SessionStats()
         self.rpc: RpcConnection | None = None
@@ -157,6 +161,26 @@ class ClientSession:
         self._keeper_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._next_token = 0
+
+    def use_security(self, sec: str) -> None:
+        """Send every later call with ``sec``: "sys", "krb5", "krb5i" or "krb5p"."""
+        if sec == "sys":
+            self.gss = None
+            return
+        from nfsrdma.rpc.gss import SERVICES
+        from nfsrdma.rpc.gss_krb5 import Krb5Initiator
+
+        if sec not in SERVICES:
+            raise ValueError(f"unknown security flavour {sec!r}")
+        if not self.opts.gss_host:
+            raise ValueError("Kerberos needs the server's host name (gss_host)")
+        initiator = Krb5Initiator(
+            self.opts.gss_host,
+            principal=self.opts.principal,
+            ccache=self.opts.ccache,
+            keytab=self.opts.keytab,
+        )
+        self.gss = GssClientAuth(initiator, SERVICES[sec])
 
     @property
     def slots(self) -> RequesterSlots:
@@ -371,6 +395,7 @@ class ClientSession:
             encode,
             cred=self.cred,
             expect=expect,
+            auth=self.gss,
         )
         res, _ = nfs4.dec_COMPOUND4res(result.reader, result.offset)
         return res

@@ -40,6 +40,15 @@ class SessionOptions:
     call_timeout: float = 120.0  # a call unanswered this long: reconnect and resend
     delay_deadline: float = 60.0  # give up retrying NFS4ERR_DELAY / GRACE after this long
     reconnect_deadline: float = 60.0  # give up reconnecting after this long
+    # Security: "sys", or Kerberos ("krb5", "krb5i", "krb5p") with the service principal
+    # nfs@<gss_host> (default: the server's host name), credentials from the credential cache
+    # (default, or ``ccache``) or from ``keytab`` for ``principal``; "auto" picks the first
+    # flavour the server's SECINFO_NO_NAME lists that this client can use.
+    sec: str = "sys"
+    gss_host: str = ""
+    ccache: str | None = None
+    keytab: str | None = None
+    principal: str | None = None
 
     def __post_init__(self) -> None:
         if not self.owner:
