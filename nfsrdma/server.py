@@ -122,6 +122,8 @@ class NFSServer:
     async def start(self) -> None:
         cfg = self.config
         vfs = LocalVfs(self.export)
+        if self.gss is not None:
+            self.gss.before_accept = vfs.release_identity
         state = StateManager(vfs)
         grace = Grace(ClientDb.for_export(self.export), cfg.grace_seconds, time.monotonic())
 

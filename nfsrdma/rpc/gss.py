@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nfsrdma.rpc.auth import Credential
@@ -180,6 +181,9 @@ class GssServer:
         self.window = window
         self.max_token = max_token
         self.contexts = ContextTable(max_contexts)
+        # Called before GSS reads the keytab (context creation): the server gives the thread
+        # its own file-system identity back (a VFS call may have left a client's on it).
+        self.before_accept: Callable[[], None] | None = None
 
     def accept(
         self,
@@ -217,6 +221,8 @@ class GssServer:
             return Denied(rpc.AUTH_BADCRED, "context creation on a procedure other than NULL")
         if verf.flavor != rpc.AUTH_NONE:
             return Denied(rpc.AUTH_BADVERF, "context creation with a verifier")
+        if self.before_accept is not None:
+            self.before_accept()
         if c.gss_proc == g.RPCSEC_GSS_INIT:
             ctx = self.contexts.create(self.acceptor.new_context(), self.window)
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -51,6 +52,7 @@ async def gss_server(
     try:
         yield server
     finally:
+        release(server)
         await server.close()
 
 
@@ -62,5 +64,16 @@ async def gss_client(
     if ccache is not None:
         opts["ccache"] = f"FILE:{ccache}"
     opts.update(kw)
-    async with connect(f"nfs://127.0.0.1:{server.tcp_port}/", **opts) as fs:
-        yield fs
+    try:
+        async with connect(f"nfs://127.0.0.1:{server.tcp_port}/", **opts) as fs:
+            yield fs
+    finally:
+        release(server)
+
+
+def release(server: NFSServer) -> None:
+    """Give this thread (the in-process server's loop thread, and the client's) root's file
+    system identity back, so the client's credential cache stays readable."""
+    if server.state is not None:
+        server.state.vfs.release_identity()
+    gc.collect()  # credentials of clients gone release their cache now, as root

@@ -18,7 +18,7 @@ from nfsrdma.transport.base import Connection
 from nfsrdma.transport.rdma.endpoint import connect_rdma
 from nfsrdma.transport.rdma.inproc import InprocFabric
 from tests.kdc import SERVER_HOST, Kdc
-from tests.unit.gss.helpers import content, gss_client, gss_server, owner
+from tests.unit.gss.helpers import content, gss_client, gss_server, owner, release
 
 SERVICES = ("krb5", "krb5i", "krb5p")
 
@@ -105,3 +105,4 @@ async def test_each_service_over_rdma(kdc: Kdc, ccache: Path, tmp_path: Path, se
         finally:
             await fs.aclose()
             await session.close()
+            release(server)
