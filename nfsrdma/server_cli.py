@@ -9,9 +9,11 @@ import logging
 import os
 import signal
 from dataclasses import replace
+from typing import Any
 
 from nfsrdma.aio import run
 from nfsrdma.nfs4.server_state import ServerConfig
+from nfsrdma.rpc.gss_setup import DEFAULT_KEYTAB, SecuritySetupError, parse_sec, security_setup
 from nfsrdma.server import NFS_RDMA_PORT, NFS_TCP_PORT, NFSServer
 from nfsrdma.transport.rdma.connection_base import RdmaOptions
 from nfsrdma.vfs.secret import StateDirError
@@ -89,6 +91,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="S",
         help="... or when its first record, or one begun, is not complete in S seconds (0: never)",
     )
+    p.add_argument(
+        "--sec",
+        type=parse_sec,
+        default=("sys",),
+        metavar="LIST",
+        help="security flavours in order of preference: sys, krb5, krb5i, krb5p (default: sys)",
+    )
+    p.add_argument(
+        "--keytab", default=DEFAULT_KEYTAB, metavar="FILE", help="keytab with nfs/<host> (krb5*)"
+    )
+    p.add_argument(
+        "--gss-host", default=None, metavar="HOST", help="host of nfs/HOST (default: FQDN)"
+    )
     p.set_defaults(func=serve)
 
 
@@ -120,9 +135,20 @@ def config_of(args: argparse.Namespace) -> ServerConfig:
     return cfg
 
 
+def security_of(args: argparse.Namespace) -> dict[str, Any]:
+    """NFSServer's security keywords, the Kerberos acceptor made (and checked) here."""
+    flavors, gss = security_setup(args.sec, args.keytab, args.gss_host)
+    return {"sec": args.sec, "gss": gss} if flavors is not None else {}
+
+
 def serve(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.directory):
         log.error("%s is not a directory", args.directory)
+        return 2
+    try:
+        security = security_of(args)
+    except SecuritySetupError as e:
+        log.error("%s", e)
         return 2
     root = logging.getLogger("nfsrdma")
     root.setLevel(min(logging.INFO, root.getEffectiveLevel()))  # one line per connection/session
@@ -142,6 +168,7 @@ def serve(args: argparse.Namespace) -> int:
         grace_time=args.grace_time,
         slots=args.slots,
         config=config_of(args),
+        **security,
     )
 
     async def main() -> None:

@@ -57,6 +57,14 @@ async def open_client(
         options = replace(options, gss_host=target.host)
     session = ClientSession(lambda: open_connection(target, rtrext=rtrext), options)
     await session.start()
+    if options.sec == "auto":
+        from nfsrdma.client.security import choose_security
+
+        try:
+            await choose_security(session)
+        except BaseException:
+            await session.close()
+            raise
     client = NfsClient(session, target)
     try:
         await client.mount()

@@ -7,6 +7,8 @@ from __future__ import annotations
 import errno
 
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
+from nfsrdma.rpc.auth import KRB5, pseudoflavor_of
+from nfsrdma.rpc.gss_mech import KRB5_OID_DER
 from nfsrdma.vfs.base import NAME_MAX, FileType
 from nfsrdma.xdr.gen import nfs4
 
@@ -69,8 +71,46 @@ def lookupp(ctx: CompoundContext, args: None) -> nfs4.LOOKUPP4res:
     return nfs4.LOOKUPP4res(_OK)
 
 
-def _flavors() -> nfs4.SECINFO4res:
-    return nfs4.SECINFO4res(_OK, list(FLAVORS))
+def secinfo_entry(pseudoflavor: int) -> nfs4.secinfo4:
+    """A SECINFO entry: AUTH_SYS / AUTH_NONE as themselves, a Kerberos pseudo-flavour as
+    RPCSEC_GSS with the krb5 OID (1.2.840.113554.1.2.2), QOP 0 and its service (18.29.2)."""
+    if pseudoflavor in (nfs4.AUTH_NONE, nfs4.AUTH_SYS):
+        return nfs4.secinfo4(pseudoflavor)
+    service = nfs4.rpc_gss_svc_t(pseudoflavor - KRB5 + 1)
+    return nfs4.secinfo4(nfs4.RPCSEC_GSS, nfs4.rpcsec_gss_info(KRB5_OID_DER, 0, service))
+
+
+def _flavors(ctx: CompoundContext) -> nfs4.SECINFO4res:
+    security = ctx.server.security
+    if security is None:
+        return nfs4.SECINFO4res(_OK, list(FLAVORS))
+    return nfs4.SECINFO4res(_OK, [secinfo_entry(f) for f in security])
+
+
+# Operations at which the flavour of the request is checked against the export's (RFC 8881
+# section 2.6.3.1.1): those that set the current filehandle from nothing (the put-filehandle
+# family) and those that cross to another object by name. Every other operation works on a
+# filehandle one of these produced, in the same (single) export.
+_PUT_FH = frozenset({nfs4.OP_PUTFH, nfs4.OP_PUTROOTFH, nfs4.OP_PUTPUBFH, nfs4.OP_RESTOREFH})
+_BY_NAME = frozenset({nfs4.OP_LOOKUP, nfs4.OP_LOOKUPP, nfs4.OP_OPEN})
+_SECINFO = frozenset({nfs4.OP_SECINFO, nfs4.OP_SECINFO_NO_NAME})
+SECURITY_CHECKED = _PUT_FH | _BY_NAME
+
+
+def wrong_security(ctx: CompoundContext, op: int, following: int | None) -> bool:
+    """NFS4ERR_WRONGSEC for operation ``op`` (followed by ``following``, None at the end)?
+
+    - a put-filehandle operation followed by SECINFO or SECINFO_NO_NAME, by LOOKUP, LOOKUPP or
+      OPEN (which check the object they reach), or by nothing, is never refused (2.6.3.1.1.1
+      to 2.6.3.1.1.4), so a client can always ask, from the root down, which flavours to use;
+    - otherwise, and for LOOKUP, LOOKUPP and OPEN not followed by a SECINFO, the request's
+      pseudo-flavour must be one of the export's (2.6.3.1.1.5 to 2.6.3.1.1.7)."""
+    security = ctx.server.security
+    if security is None or following in _SECINFO:
+        return False
+    if op in _PUT_FH and (following is None or following in _BY_NAME):
+        return False
+    return pseudoflavor_of(ctx.principal) not in security
 
 
 def secinfo(ctx: CompoundContext, args: nfs4.SECINFO4args) -> nfs4.SECINFO4res:
@@ -80,7 +120,7 @@ def secinfo(ctx: CompoundContext, args: nfs4.SECINFO4args) -> nfs4.SECINFO4res:
     # A successful SECINFO consumes the current filehandle (18.29.3).
     ctx.current_fh = None
     ctx.current_stateid = None
-    return _flavors()
+    return _flavors(ctx)
 
 
 def secinfo_no_name(ctx: CompoundContext, args: nfs4.SECINFO_NO_NAME4args) -> nfs4.SECINFO4res:
@@ -98,4 +138,4 @@ def secinfo_no_name(ctx: CompoundContext, args: nfs4.SECINFO_NO_NAME4args) -> nf
         ctx.server.vfs.getattr(fh)
     ctx.current_fh = None
     ctx.current_stateid = None
-    return _flavors()
+    return _flavors(ctx)
