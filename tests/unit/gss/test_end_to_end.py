@@ -17,6 +17,7 @@ from nfsrdma.session.client_setup import SessionOptions
 from nfsrdma.transport.base import Connection
 from nfsrdma.transport.rdma.endpoint import connect_rdma
 from nfsrdma.transport.rdma.inproc import InprocFabric
+from nfsrdma.xdr.gen import nfs4
 from tests.kdc import SERVER_HOST, Kdc
 from tests.unit.gss.helpers import content, gss_client, gss_server, owner, release
 
@@ -106,3 +107,36 @@ async def test_each_service_over_rdma(kdc: Kdc, ccache: Path, tmp_path: Path, se
             await fs.aclose()
             await session.close()
             release(server)
+
+
+@pytest.mark.parametrize("sec", SERVICES)
+async def test_a_retransmission_is_answered_from_the_reply_cache_under_its_own_sequence_number(
+    kdc: Kdc, ccache: Path, tmp_path: Path, sec: str
+) -> None:
+    """The same SEQUENCE (slot, seqid) sent twice, each time as a new RPCSEC_GSS call: the
+    second is answered from the session's reply cache, sealed for its own sequence number (our
+    client checks the verifier and, under krb5i/krb5p, the protected body's number)."""
+    export = tmp_path / "export"
+    async with gss_server(kdc, export) as server, gss_client(server, ccache, sec) as fs:
+        session = fs.session
+        assert session.rpc is not None and session.gss is not None
+        slot = session.slots.acquire()
+        assert slot is not None
+        ops = [
+            nfs4.nfs_argop4(
+                nfs4.OP_SEQUENCE,
+                nfs4.SEQUENCE4args(session.negotiated.sessionid, slot.seqid, slot.slotid, 0, True),
+            ),
+            nfs4.nfs_argop4(nfs4.OP_PUTROOTFH, None),
+            nfs4.nfs_argop4(
+                nfs4.OP_CREATE,
+                nfs4.CREATE4args(nfs4.createtype4(nfs4.NF4DIR), b"once", nfs4.fattr4([], b"")),
+            ),
+        ]
+        first = await session._call(session.rpc, ops, None)
+        again = await session._call(session.rpc, ops, None)
+        session.slots.completed(slot)
+        session.slots.release(slot)
+        assert first.status == again.status == nfs4.NFS4_OK  # not NFS4ERR_EXIST: a replay
+        assert first.resarray[2] == again.resarray[2]
+        assert [e.name async for e in fs.scandir("/")] == ["once"]
