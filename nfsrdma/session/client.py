@@ -127,6 +127,7 @@ class ClientSession:
         self.clock = clock
         self.cred = auth_sys(self.opts.uid, self.opts.gid, self.opts.gids, self.opts.machinename)
         self.gss: GssClientAuth | None = None  # RPCSEC_GSS (use_security)
+        self.state_protection = int(nfs4.SP4_NONE)  # what the server granted at EXCHANGE_ID
         if self.opts.sec not in ("sys", "auto"):
             self.use_security(self.opts.sec)
         self.verifier = os.urandom(8)
@@ -552,8 +553,11 @@ class ClientSession:
         """EXCHANGE_ID; True when the server does not know us as a confirmed client (a new or
         unconfirmed record: our state on the server is gone, reclaim it)."""
         res = await self._sessionless(
-            rpc, nfs4.OP_EXCHANGE_ID, exchange_id_args(self.opts.owner, self.verifier)
+            rpc,
+            nfs4.OP_EXCHANGE_ID,
+            exchange_id_args(self.opts.owner, self.verifier, mach_cred=self.gss is not None),
         )
+        self.state_protection = int(res.eir_state_protect.spr_how)
         assert isinstance(res, nfs4.EXCHANGE_ID4resok)
         new = is_new_client(res, self.clientid)
         if new:

@@ -46,6 +46,10 @@ class Client:
     # Courtesy (``ServerSessions.reap``): the ``last_renewed`` of when the lease ran out with
     # state held; the client is courteous while it has not renewed since.
     courtesy_mark: float | None = None
+    # SP4_MACH_CRED (RFC 8881 section 2.10.8.3): the principal that made the record, and the
+    # operations only it may then send for this client (None: SP4_NONE)
+    mach_cred: Hashable | None = None
+    mach_ops: frozenset[int] = frozenset()
 
     def lease_expired(self, now: float, lease_time: float) -> bool:
         return now - self.last_renewed > lease_time
