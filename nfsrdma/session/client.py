@@ -32,6 +32,7 @@ from typing import Any
 from nfsrdma.rpc.auth import auth_sys
 from nfsrdma.rpc.connection import RpcConnection
 from nfsrdma.rpc.errors import RpcConnectionLost, RpcError
+from nfsrdma.rpc.gss import SVC_NONE
 from nfsrdma.rpc.gss_client import GssClientAuth
 from nfsrdma.rpc.server import Dispatcher, null_procedure
 from nfsrdma.session.client_backchannel import Backchannel, Recall
@@ -182,6 +183,10 @@ class ClientSession:
             keytab=self.opts.keytab,
         )
         self.gss = GssClientAuth(initiator, SERVICES[sec])
+
+    def _mach_cred(self) -> bool:
+        """SP4_MACH_CRED: with Kerberos integrity or privacy (RFC 8881 section 18.35.3)."""
+        return self.gss is not None and self.gss.service != SVC_NONE
 
     @property
     def slots(self) -> RequesterSlots:
@@ -555,7 +560,7 @@ class ClientSession:
         res = await self._sessionless(
             rpc,
             nfs4.OP_EXCHANGE_ID,
-            exchange_id_args(self.opts.owner, self.verifier, mach_cred=self.gss is not None),
+            exchange_id_args(self.opts.owner, self.verifier, mach_cred=self._mach_cred()),
         )
         self.state_protection = int(res.eir_state_protect.spr_how)
         assert isinstance(res, nfs4.EXCHANGE_ID4resok)

@@ -361,14 +361,14 @@ class ServerSessions:
         gss: bool = False,
     ) -> nfs4.EXCHANGE_ID4resok:
         """``source``: the source address of the connection (``shares.source_of``); ``gss``:
-        the principal was authenticated by RPCSEC_GSS (SP4_MACH_CRED is possible)."""
+        the call came with RPCSEC_GSS integrity or privacy (SP4_MACH_CRED is possible)."""
         self.now = max(self.now, now)
         flags = args.eia_flags
         if flags & ~EIA_FLAGS_ALLOWED:
             raise SessionError(nfs4.NFS4ERR_INVAL, f"eia_flags {flags:#x}")
         how = args.eia_state_protect.spa_how
         if how == nfs4.SP4_MACH_CRED and not gss:
-            raise SessionError(nfs4.NFS4ERR_INVAL, "SP4_MACH_CRED needs RPCSEC_GSS")
+            raise SessionError(nfs4.NFS4ERR_INVAL, "SP4_MACH_CRED needs RPCSEC_GSS (krb5i/krb5p)")
         if how == nfs4.SP4_SSV:
             raise SessionError(nfs4.NFS4ERR_ENCR_ALG_UNSUPP, "SP4_SSV is not supported")
         owner = args.eia_clientowner

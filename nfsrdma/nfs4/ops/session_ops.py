@@ -50,7 +50,8 @@ def exchange_id(ctx: CompoundContext, args: nfs4.EXCHANGE_ID4args) -> nfs4.EXCHA
             principal=principal_of(ctx.principal),
             now=ctx.now,
             source=source_of(ctx.conn.peer),
-            gss=ctx.principal.flavor == rpc.RPCSEC_GSS,
+            # SP4_MACH_CRED needs RPCSEC_GSS with integrity or privacy (18.35.3)
+            gss=ctx.principal.flavor == rpc.RPCSEC_GSS and ctx.principal.gss_service >= 2,
         )
     return nfs4.EXCHANGE_ID4res(OK, resok)
 

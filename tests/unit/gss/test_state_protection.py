@@ -9,7 +9,7 @@ import pytest
 
 from nfsrdma.rpc.connection import RpcConnection
 from nfsrdma.session.client_core import NfsStatusError
-from nfsrdma.session.client_setup import bind_conn_args
+from nfsrdma.session.client_setup import bind_conn_args, exchange_id_args
 from nfsrdma.transport.tcp import connect_tcp
 from nfsrdma.xdr.gen import nfs4
 from tests.kdc import Kdc
@@ -71,7 +71,20 @@ async def test_a_new_connection_is_bound_explicitly(kdc: Kdc, tmp_path: Path) ->
         assert fs.session.stats.binds == binds + 1
 
 
-async def test_sys_clients_keep_sp4_none(kdc: Kdc, tmp_path: Path) -> None:
-    async with gss_server(kdc, tmp_path / "e") as server, gss_client(server, None, "sys") as fs:
-        assert fs.session.state_protection == nfs4.SP4_NONE
-        await fs.write_bytes("a", b"1")
+async def test_sys_and_krb5_clients_keep_sp4_none(kdc: Kdc, tmp_path: Path) -> None:
+    """SP4_MACH_CRED needs integrity or privacy (18.35.3): krb5 and sys clients use SP4_NONE,
+    and a server refuses SP4_MACH_CRED under krb5 (NFS4ERR_INVAL, as knfsd does)."""
+    cc = tmp_path / "cc"
+    kdc.kinit(cc, kdc.numeric_principal, kdc.numeric_keytab)
+    async with gss_server(kdc, tmp_path / "e") as server:
+        async with gss_client(server, None, "sys") as fs:
+            assert fs.session.state_protection == nfs4.SP4_NONE
+            await fs.write_bytes("a", b"1")
+        async with gss_client(server, cc, "krb5") as fs:
+            assert fs.session.state_protection == nfs4.SP4_NONE
+            rpc = fs.session.rpc
+            assert rpc is not None
+            args = exchange_id_args(b"another-owner", b"12345678", mach_cred=True)
+            with pytest.raises(NfsStatusError) as e:
+                await fs.session._sessionless(rpc, nfs4.OP_EXCHANGE_ID, args)
+            assert e.value.status == nfs4.NFS4ERR_INVAL
