@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable
 from dataclasses import replace
 from typing import Any
 
@@ -51,37 +51,6 @@ log = logging.getLogger("nfsrdma.server")
 
 NFS_TCP_PORT = 2049
 NFS_RDMA_PORT = 20049  # RFC 8267 section 6.3 (UL-9)
-
-
-class _ServerIdentityBetweenSteps:
-    """Runs a COMPOUND's remaining steps, giving the event-loop thread the server's own fs
-    identity back each time the COMPOUND yields to the loop. Operations run on the loop with
-    the caller's identity (``vfs/identity.py``); anything else the loop runs meanwhile (verbs
-    calls, whose file descriptors the kernel checks against their opener's credentials; the
-    RDMA connection manager; a Kerberos keytab) must run as the server."""
-
-    def __init__(self, pending: Awaitable[None], release: Callable[[], None]) -> None:
-        self.pending = pending
-        self.release = release
-
-    def __await__(self) -> Generator[Any, Any, None]:
-        it = self.pending.__await__()
-        value: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                step = it.send(value) if error is None else it.throw(error)
-            except StopIteration:
-                self.release()
-                return
-            except BaseException:
-                self.release()
-                raise
-            self.release()
-            try:
-                value, error = (yield step), None
-            except BaseException as e:  # cancellation: passed into the COMPOUND
-                value, error = None, e
 
 
 class NFSServer:
@@ -333,12 +302,7 @@ class NFSServer:
 
     def _compound(self, call: RpcCall, w: Writer) -> Awaitable[None] | None:
         assert self.state is not None
-        release = self.state.vfs.release_identity
-        try:
-            pending = compound(self.state, call, w)
-        finally:
-            release()
-        return None if pending is None else _ServerIdentityBetweenSteps(pending, release)
+        return compound(self.state, call, w)
 
     def _notify_lock(self, clientid: int, fh: bytes, owner: bytes) -> None:
         if self.callbacks is not None:

@@ -141,21 +141,3 @@ async def test_a_retransmission_is_answered_from_the_reply_cache_under_its_own_s
         assert first.resarray[2] == again.resarray[2]
         assert [e.name async for e in fs.scandir("/")] == ["once"]
 
-
-async def test_the_loop_thread_gets_the_servers_identity_back(kdc: Kdc, tmp_path: Path) -> None:
-    """Operations run on the event loop with the caller's fs identity; once a COMPOUND yields
-    or ends, the loop thread is the server again (verbs and the RDMA connection manager refuse
-    a thread whose credentials are not their opener's; keytabs are root's)."""
-    secret = tmp_path / "root-only"
-    secret.write_bytes(b"s")
-    secret.chmod(0o600)
-    tmp_path.chmod(0o700)
-    async with (
-        gss_server(kdc, tmp_path / "export") as server,
-        gss_client(server, None, "sys", uid=4242, gid=4242) as fs,
-    ):
-        await fs.write_bytes("big", os.urandom(3 << 20))  # I/O in the pool, then more
-        assert secret.read_bytes() == b"s"  # this thread is root again
-        assert await fs.read_bytes("big") != b""
-        await fs.mkdir("d")
-        assert secret.read_bytes() == b"s"
