@@ -111,6 +111,10 @@ class SessionStats:
 
 
 ReclaimHook = Callable[[], Coroutine[Any, Any, None]]
+# EXCHANGE_ID answers that mean "not SP4_MACH_CRED here" (the client then asks for SP4_NONE).
+_NO_MACH_CRED = frozenset(
+    {nfs4.NFS4ERR_SERVERFAULT, nfs4.NFS4ERR_INVAL, nfs4.NFS4ERR_ENCR_ALG_UNSUPP}
+)
 
 
 class ClientSession:
@@ -129,6 +133,7 @@ class ClientSession:
         self.cred = auth_sys(self.opts.uid, self.opts.gid, self.opts.gids, self.opts.machinename)
         self.gss: GssClientAuth | None = None  # RPCSEC_GSS (use_security)
         self.state_protection = int(nfs4.SP4_NONE)  # what the server granted at EXCHANGE_ID
+        self._no_mach_cred = False  # the server refused SP4_MACH_CRED once: do not ask again
         if self.opts.sec not in ("sys", "auto"):
             self.use_security(self.opts.sec)
         self.verifier = os.urandom(8)
@@ -557,13 +562,21 @@ class ClientSession:
     async def _exchange_id(self, rpc: RpcConnection) -> bool:
         """EXCHANGE_ID; True when the server does not know us as a confirmed client (a new or
         unconfirmed record: our state on the server is gone, reclaim it)."""
-        res = await self._sessionless(
-            rpc,
-            nfs4.OP_EXCHANGE_ID,
-            exchange_id_args(self.opts.owner, self.verifier, mach_cred=self._mach_cred()),
-        )
-        self.state_protection = int(res.eir_state_protect.spr_how)
+        mach_cred = self._mach_cred() and not self._no_mach_cred
+        args = exchange_id_args(self.opts.owner, self.verifier, mach_cred=mach_cred)
+        try:
+            res = await self._sessionless(rpc, nfs4.OP_EXCHANGE_ID, args)
+        except NfsStatusError as e:
+            if not mach_cred or e.status not in _NO_MACH_CRED:
+                raise
+            # knfsd answers SERVERFAULT when its GSS daemon gave it no principal name
+            # (rpc.svcgssd): carry on without state protection.
+            log.warning("the server refused SP4_MACH_CRED (%s); using SP4_NONE", e)
+            self._no_mach_cred = True
+            args = exchange_id_args(self.opts.owner, self.verifier)
+            res = await self._sessionless(rpc, nfs4.OP_EXCHANGE_ID, args)
         assert isinstance(res, nfs4.EXCHANGE_ID4resok)
+        self.state_protection = int(res.eir_state_protect.spr_how)
         new = is_new_client(res, self.clientid)
         if new:
             self.create_sequence = res.eir_sequenceid

@@ -140,4 +140,3 @@ async def test_a_retransmission_is_answered_from_the_reply_cache_under_its_own_s
         assert first.status == again.status == nfs4.NFS4_OK  # not NFS4ERR_EXIST: a replay
         assert first.resarray[2] == again.resarray[2]
         assert [e.name async for e in fs.scandir("/")] == ["once"]
-

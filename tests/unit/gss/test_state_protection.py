@@ -88,3 +88,30 @@ async def test_sys_and_krb5_clients_keep_sp4_none(kdc: Kdc, tmp_path: Path) -> N
             with pytest.raises(NfsStatusError) as e:
                 await fs.session._sessionless(rpc, nfs4.OP_EXCHANGE_ID, args)
             assert e.value.status == nfs4.NFS4ERR_INVAL
+
+
+async def test_client_falls_back_to_sp4_none_when_mach_cred_is_refused(
+    kdc: Kdc, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """knfsd with rpc.svcgssd (no principal name passed to the kernel) answers an SP4_MACH_CRED
+    EXCHANGE_ID with NFS4ERR_SERVERFAULT: our client then asks for SP4_NONE. The server here
+    answers as that knfsd does."""
+    from nfsrdma.session.errors import SessionError
+    from nfsrdma.session.server import ServerSessions
+
+    real = ServerSessions.exchange_id
+
+    def like_knfsd_with_svcgssd(
+        self: ServerSessions, args: nfs4.EXCHANGE_ID4args, **kw: object
+    ) -> nfs4.EXCHANGE_ID4resok:
+        if args.eia_state_protect.spa_how == nfs4.SP4_MACH_CRED:
+            raise SessionError(nfs4.NFS4ERR_SERVERFAULT, "no principal name")
+        return real(self, args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ServerSessions, "exchange_id", like_knfsd_with_svcgssd)
+    cc = tmp_path / "cc"
+    kdc.kinit(cc, kdc.numeric_principal, kdc.numeric_keytab)
+    async with gss_server(kdc, tmp_path / "e") as server, gss_client(server, cc, "krb5i") as fs:
+        assert fs.session.state_protection == nfs4.SP4_NONE
+        await fs.write_bytes("a", b"1")
+        assert await fs.read_bytes("a") == b"1"
