@@ -33,6 +33,8 @@ from nfsrdma.nfs4.server_state import ServerConfig, ServerState
 from nfsrdma.nfs4.state import StateManager
 from nfsrdma.rpc.admission import ConnectionAdmission, source_of
 from nfsrdma.rpc.connection import RpcConnection
+from nfsrdma.rpc.gss import GssServer
+from nfsrdma.rpc.gss_setup import DEFAULT_KEYTAB, security_setup
 from nfsrdma.rpc.idle import IdleTimeouts
 from nfsrdma.rpc.ratelog import LineRateLimiter
 from nfsrdma.rpc.server import Dispatcher, RpcCall, null_procedure
@@ -90,8 +92,15 @@ class NFSServer:
         exports_file: str | None = None,
         admin_socket: bool = False,
         metrics: tuple[str, int] | None = None,
+        sec: tuple[str, ...] = ("sys",),
+        keytab: str = DEFAULT_KEYTAB,
+        gss_host: str | None = None,
+        gss: GssServer | None = None,
     ) -> None:
         cfg = config or ServerConfig()
+        self.security, self.gss = security_setup(sec, keytab, gss_host, gss)
+        if exports is not None:  # each rule's sec= decides (vfs/namespace.py), not --sec
+            self.security = None
         if lease_time is not None:
             cfg = replace(cfg, lease_time=lease_time)
         if grace_time is not None:
@@ -127,7 +136,7 @@ class NFSServer:
         self._own_device: Device | None = None
         self.state: ServerState | None = None
         self.namespace: NamespaceVfs | None = None
-        self.dispatcher = Dispatcher()
+        self.dispatcher = Dispatcher(self.gss)
         self.connections: set[RpcConnection] = set()
         self._servers: list[asyncio.Server] = []
         self.callbacks: Callbacks | None = None
@@ -155,6 +164,8 @@ class NFSServer:
             vfs = self.backend(self.export)
             clientdb = ClientDb.for_export(self.export, vfs.state_key())
             what = vfs.export.root
+        if self.gss is not None:
+            self.gss.before_accept = vfs.release_identity
         state = StateManager(vfs)
         node = self.node_name or f"{socket.gethostname()}:{self.requested_tcp_port}"
         grace = Grace(clientdb, cfg.grace_seconds, time.monotonic(), vfs.shared_grace(node))
@@ -169,7 +180,7 @@ class NFSServer:
             has_state=state.client_has_state,
             caps=self.session_caps,
         )
-        self.state = ServerState(cfg, vfs, sessions, state, grace=grace)
+        self.state = ServerState(cfg, vfs, sessions, state, grace=grace, security=self.security)
         self.callbacks = Callbacks(sessions)
         sessions.on_slot_recall = self.callbacks.recall_slot
         state.notify_lock = self._notify_lock

@@ -11,15 +11,18 @@ import os
 import signal
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from nfsrdma import sdnotify
 from nfsrdma.aio import run
 from nfsrdma.nfs4.server_state import ServerConfig
+from nfsrdma.rpc.auth import KRB5, KRB5I, KRB5P
+from nfsrdma.rpc.gss_setup import DEFAULT_KEYTAB, SecuritySetupError, parse_sec, security_setup
 from nfsrdma.server import NFS_RDMA_PORT, NFS_TCP_PORT, NFSServer
 from nfsrdma.stats.service import parse_address
 from nfsrdma.transport.rdma.connection_base import RdmaOptions
 from nfsrdma.vfs.base import Export, Vfs
-from nfsrdma.vfs.exports import ExportsError, check_paths
+from nfsrdma.vfs.exports import ExportsError, ExportTable, check_paths
 from nfsrdma.vfs.exports import load as load_exports
 from nfsrdma.vfs.secret import StateDirError
 
@@ -144,6 +147,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_false",
         help="do not listen on the admin socket STATE_DIR/admin.sock (nfsrdma stats)",
     )
+    p.add_argument(
+        "--sec",
+        type=parse_sec,
+        default=("sys",),
+        metavar="LIST",
+        help="security flavours in order of preference: sys, krb5, krb5i, krb5p (default: sys)",
+    )
+    p.add_argument(
+        "--keytab", default=DEFAULT_KEYTAB, metavar="FILE", help="keytab with nfs/<host> (krb5*)"
+    )
+    p.add_argument(
+        "--gss-host", default=None, metavar="HOST", help="host of nfs/HOST (default: FQDN)"
+    )
     p.set_defaults(func=serve)
 
 
@@ -203,6 +219,23 @@ def backend_of(args: argparse.Namespace) -> Callable[[Export], Vfs] | None:
     )
 
 
+def security_of(args: argparse.Namespace, table: ExportTable | None) -> dict[str, Any]:
+    """NFSServer's security keywords, the Kerberos acceptor made (and checked) here: from
+    ``--sec`` for a DIRECTORY; for an exports file, when a rule's ``sec=`` names Kerberos."""
+    if table is None:
+        flavors, gss = security_setup(args.sec, args.keytab, args.gss_host)
+        return {"sec": args.sec, "gss": gss} if flavors is not None else {}
+    if args.sec != ("sys",):
+        raise SecuritySetupError("--sec is for a DIRECTORY; an exports file says sec= per rule")
+    kerberos = {KRB5, KRB5I, KRB5P}
+    if not any(
+        kerberos & set(rule.options.flavors) for entry in table.entries for rule in entry.rules
+    ):
+        return {}
+    _, gss = security_setup(("krb5",), args.keytab, args.gss_host)
+    return {"gss": gss}
+
+
 def serve(args: argparse.Namespace) -> int:
     table = None
     if (args.exports is not None or args.cephfs) and args.directory is not None:
@@ -225,6 +258,11 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     elif not os.path.isdir(args.directory):
         log.error("%s is not a directory", args.directory)
+        return 2
+    try:
+        security = security_of(args, table)
+    except SecuritySetupError as e:
+        log.error("%s", e)
         return 2
     root = logging.getLogger("nfsrdma")
     root.setLevel(min(logging.INFO, root.getEffectiveLevel()))  # one line per connection/session
@@ -250,6 +288,7 @@ def serve(args: argparse.Namespace) -> int:
         exports_file=args.exports,
         admin_socket=args.admin_socket,
         metrics=args.metrics,
+        **security,
     )
 
     async def main() -> None:

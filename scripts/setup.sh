@@ -6,11 +6,13 @@ set -euo pipefail
 profile=${1:-test}
 cd "$(dirname "$0")/.."
 
-serve_pkgs=(python3 python3-venv python3-pip python3-pyverbs rdma-core ibverbs-providers librdmacm1)
+serve_pkgs=(python3 python3-venv python3-pip python3-pyverbs rdma-core ibverbs-providers librdmacm1
+  python3-gssapi)
 serve_pkgs+=(build-essential python3-dev)  # a C compiler and headers: the compiled build (setup.py)
 test_pkgs=("${serve_pkgs[@]}" qemu-system-x86 linux-image-amd64 ibverbs-utils rdmacm-utils
   perftest nfs-kernel-server nfs-common iproute2 busybox-static kmod udev
   nfs-ganesha nfs-ganesha-mem nfs-ganesha-vfs
+  krb5-kdc krb5-admin-server krb5-user libkrb5-dev
   ceph-mon ceph-mgr ceph-osd ceph-mds ceph-common libcephfs2 python3-cephfs python3-rados
   attr  # setfattr/getfattr: the NFSv4.2 extended-attribute test bed checks
   tshark)  # nfsrdma conform --trace: the pcap is decoded in tests

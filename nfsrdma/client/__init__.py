@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Generator
+from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
@@ -52,8 +53,18 @@ async def open_client(
 ) -> NfsClient:
     """Connect, create the session and find the URL's directory."""
     target = parse_url(url) if isinstance(url, str) else url
+    if options.sec != "sys" and not options.gss_host:
+        options = replace(options, gss_host=target.host)
     session = ClientSession(lambda: open_connection(target, rtrext=rtrext), options)
     await session.start()
+    if options.sec == "auto":
+        from nfsrdma.client.security import choose_security
+
+        try:
+            await choose_security(session)
+        except BaseException:
+            await session.close()
+            raise
     client = NfsClient(session, target)
     try:
         await client.mount()

@@ -52,6 +52,7 @@ class Clients:
                 rsize=self.args.rsize,
                 wsize=self.args.wsize,
                 timeout=self.args.timeout,
+                sec=getattr(self.args, "sec", "sys"),
             )
             self.open[key] = client
         return client
@@ -453,6 +454,12 @@ def _common(p: argparse.ArgumentParser) -> None:
         type=float,
         default=30.0,
         help="seconds before a silent server's connection is replaced",
+    )
+    p.add_argument(
+        "--sec",
+        choices=("sys", "krb5", "krb5i", "krb5p", "auto"),
+        default="sys",
+        help="security: AUTH_SYS, Kerberos (your credential cache) or auto (SECINFO_NO_NAME)",
     )
 
 

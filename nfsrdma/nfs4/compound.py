@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, Outcome
 from nfsrdma.nfs4.errors import status_of
 from nfsrdma.nfs4.ops import HANDLERS
+from nfsrdma.nfs4.ops.lookup import SECURITY_CHECKED, wrong_security
 from nfsrdma.rpc.auth import pseudoflavor_of
 from nfsrdma.vfs.base import Cred, Origin
 from nfsrdma.xdr.gen import nfs4
@@ -293,6 +294,10 @@ class _Run:
         bound = HANDLERS.get(opnum)
         if bound is None:
             return op, op.error(nfs4.NFS4ERR_NOTSUPP)
+        if ctx.server.security is not None and opnum in SECURITY_CHECKED:
+            following = _peek_op(r, self.off).number if self.i < ctx.op_count else None
+            if wrong_security(ctx, opnum, following):
+                return op, op.error(nfs4.NFS4ERR_WRONGSEC)
         try:
             return op, bound.handler(ctx, args)
         except Exception as e:

@@ -79,6 +79,9 @@ class ServerState:
     delegation_service: DelegationService | None = None  # set by the server once it runs
     offloads: Offloads = field(default_factory=Offloads)  # asynchronous COPYs (NFSv4.2)
     stats: ServerStats = field(default_factory=ServerStats)  # operations by transport
+    # RFC 2623 pseudo-flavours the export accepts, in SECINFO order (None: AUTH_SYS and
+    # AUTH_NONE, nothing refused with NFS4ERR_WRONGSEC)
+    security: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         self.state_manager.leases = self.sessions  # courteous clients (nfsrdma.session.server)

@@ -1,4 +1,5 @@
-"""RPC authentication flavours: AUTH_NONE and AUTH_SYS (RFC 5531 section 8.2 and Appendix A).
+"""RPC authentication flavours: AUTH_NONE and AUTH_SYS (RFC 5531 section 8.2 and Appendix A);
+RPCSEC_GSS (RFC 2203) is checked in ``gss.py`` and yields the same ``Credential``.
 
 The generated codec enforces the AUTH_SYS bounds (machine name of at most 255 bytes, at most
 16 supplementary gids) and the 400-byte limit on any credential body."""
@@ -32,6 +33,8 @@ class Credential:
     gid: int | None = None
     gids: tuple[int, ...] = ()
     machinename: str = ""
+    principal: str = ""  # RPCSEC_GSS: the authenticated principal ("alice@REALM")
+    gss_service: int = 0  # RPCSEC_GSS: rpc_gss_service_t (1 none, 2 integrity, 3 privacy)
 
     @property
     def is_anonymous(self) -> bool:
@@ -40,12 +43,23 @@ class Credential:
 
 ANONYMOUS = Credential(rpc.AUTH_NONE)
 
+# RFC 2623 section 2.2 pseudo-flavours: Kerberos V5 with each RPCSEC_GSS service.
+KRB5 = 390003
+KRB5I = 390004
+KRB5P = 390005
+PSEUDOFLAVOR_NAMES = {rpc.AUTH_NONE: "none", rpc.AUTH_SYS: "sys", KRB5: "krb5", KRB5I: "krb5i"}
+PSEUDOFLAVOR_NAMES[KRB5P] = "krb5p"
+PSEUDOFLAVORS = {name: number for number, name in PSEUDOFLAVOR_NAMES.items()}
 
-def pseudoflavor_of(credential: Credential) -> int:
-    """The RFC 2623 pseudo-flavour of a call's credential, as export rules (``sec=``) and
-    SECINFO name security: AUTH_NONE 0, AUTH_SYS 1 (RPCSEC_GSS with Kerberos v5: 390003,
-    390004, 390005 for krb5, krb5i, krb5p). Every admission by flavour goes through this."""
-    return credential.flavor
+
+def pseudoflavor_of(cred: Credential) -> int:
+    """The RFC 2623 pseudo-flavour a call used, as export rules (``sec=``), ``--sec`` and
+    SECINFO name security: AUTH_NONE 0, AUTH_SYS 1, and for RPCSEC_GSS with Kerberos V5
+    390003 / 390004 / 390005 (krb5 / krb5i / krb5p) by its service. Every admission by
+    flavour goes through this."""
+    if cred.flavor == rpc.RPCSEC_GSS:
+        return KRB5 + max(cred.gss_service, 1) - 1
+    return int(cred.flavor)
 
 
 def auth_sys(

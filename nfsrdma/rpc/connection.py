@@ -12,7 +12,7 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nfsrdma.rpc import message
 from nfsrdma.rpc.errors import RpcAcceptError, RpcConnectionLost, RpcDenied, RpcTimeout
@@ -34,6 +34,30 @@ class RpcResult:
     reader: Reader
     offset: int
     inbound: Inbound
+    verf: rpc.opaque_auth | None = None  # the reply's verifier (None: AUTH_NONE)
+
+
+class CallAuth(Protocol):
+    """A security flavour that protects whole calls (RPCSEC_GSS, ``gss_client.py``): it writes
+    the call header, credential, verifier and arguments, and checks and opens the results."""
+
+    async def prepare(self, conn: RpcConnection, prog: int, vers: int) -> None: ...
+
+    def encode_call(
+        self,
+        w: Writer,
+        xid: int,
+        prog: int,
+        vers: int,
+        proc: int,
+        encode_args: Callable[[Writer], None] | None,
+    ) -> Any: ...
+
+    def expectation(self, expect: ReplyExpectation | None) -> ReplyExpectation | None: ...
+
+    def decode_result(self, state: Any, result: RpcResult) -> RpcResult: ...
+
+    def refresh(self, state: Any, denied: RpcDenied) -> bool: ...
 
 
 class RpcConnection:
@@ -76,18 +100,53 @@ class RpcConnection:
         timeout: float | None = None,
         expect: ReplyExpectation | None = None,
         probe: bool = False,
+        auth: CallAuth | None = None,
     ) -> RpcResult:
         """Send a call and wait for its reply. Raises RpcAcceptError, RpcDenied, RpcTimeout,
         RpcConnectionLost; XdrError if the reply header is malformed. A ``probe`` (keepalive)
-        may use the transport credit kept back for it (UL-26)."""
+        may use the transport credit kept back for it (UL-26). With ``auth`` (RPCSEC_GSS) the
+        call is protected by it, and resent once on a new context when the server refuses
+        the one used (the call did not run)."""
+        if auth is None:
+            return await self._call(prog, vers, proc, encode_args, cred, timeout, expect, probe)
+        for attempt in range(3):
+            await auth.prepare(self, prog, vers)
+            state: list[Any] = []
+            try:
+                return await self._call(
+                    prog, vers, proc, encode_args, cred, timeout, expect, probe, auth, state
+                )
+            except RpcDenied as e:
+                if attempt == 2 or not auth.refresh(state[0] if state else None, e):
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _call(
+        self,
+        prog: int,
+        vers: int,
+        proc: int,
+        encode_args: Callable[[Writer], None] | None,
+        cred: rpc.opaque_auth,
+        timeout: float | None,
+        expect: ReplyExpectation | None,
+        probe: bool,
+        auth: CallAuth | None = None,
+        state: list[Any] | None = None,
+    ) -> RpcResult:
         if self.conn.closed:
             raise RpcConnectionLost(f"connection to {self.peer} is closed")
         await self.conn.reserve(probe)
         xid = self.next_xid()
         w = Writer()
-        message.encode_call(w, xid, prog, vers, proc, cred)
-        if encode_args is not None:
-            encode_args(w)
+        if auth is None:
+            message.encode_call(w, xid, prog, vers, proc, cred)
+            if encode_args is not None:
+                encode_args(w)
+        else:
+            assert state is not None
+            state.append(auth.encode_call(w, xid, prog, vers, proc, encode_args))
+            expect = auth.expectation(expect)
         fut: asyncio.Future[Inbound] = asyncio.get_running_loop().create_future()
         self.pending[xid] = fut
         try:
@@ -102,7 +161,10 @@ class RpcConnection:
         finally:
             self.pending.pop(xid, None)
             self.conn.call_done(xid)
-        return _result(xid, inbound)
+        if auth is None:
+            return _result(xid, inbound)
+        assert state
+        return auth.decode_result(state[0], _result(xid, inbound))
 
     # -- inbound -------------------------------------------------------------------------
     def _on_message(self, conn: Connection, inbound: Inbound) -> None:
@@ -166,4 +228,4 @@ def _result(xid: int, inbound: Inbound) -> RpcResult:
         raise RpcAcceptError(
             data.stat, (mm.low, mm.high) if isinstance(mm, rpc.mismatch_info) else None
         )
-    return RpcResult(xid, inbound.reader, off, inbound)
+    return RpcResult(xid, inbound.reader, off, inbound, acc.verf)

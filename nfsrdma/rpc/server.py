@@ -6,14 +6,22 @@
   unknown procedure: PROC_UNAVAIL.
 - Arguments that do not decode (the handler raises XdrError): GARBAGE_ARGS.
 - Anything else going wrong in a handler: SYSTEM_ERR (logged); the server carries on.
+- RPCSEC_GSS credentials (RFC 2203) go to the ``GssServer`` (``gss.py``) when one is
+  configured: it answers context creation and destruction itself, refuses or silently drops
+  bad calls, and for admitted calls gives the handler the authenticated credential and the
+  unprotected arguments; the results are sealed (integrity or privacy) after the handler ran,
+  so a reply replayed from the session's reply cache goes out under the retransmission's own
+  sequence number and verifier.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from nfsrdma.rpc import message
 from nfsrdma.rpc.auth import AuthError, Credential, credential_of
@@ -22,6 +30,9 @@ from nfsrdma.rpc.errors import RpcAcceptError
 from nfsrdma.transport.base import Inbound
 from nfsrdma.xdr.gen import rpc
 from nfsrdma.xdr.runtime import Reader, Writer, XdrError
+
+if TYPE_CHECKING:
+    from nfsrdma.rpc.gss import GssServer, ReplyProtection
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +50,9 @@ class RpcCall:
     offset: int
     conn: RpcConnection
     inbound: Inbound
+    verf: rpc.opaque_auth | None = None  # the reply's verifier (None: AUTH_NONE)
+    protection: ReplyProtection | None = None  # RPCSEC_GSS: how the results are sealed
+    results_at: int = -1  # where the results start in the reply (-1: an error reply)
 
 
 # A handler appends the results to the Writer (after the reply header written for it).
@@ -47,9 +61,13 @@ Handler = Callable[[RpcCall, Writer], Awaitable[None] | None]
 
 
 class Dispatcher:
-    def __init__(self) -> None:
+    def __init__(
+        self, gss: GssServer | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.programs: dict[int, dict[int, dict[int, Handler]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self.gss = gss
+        self.clock = clock
 
     def add(self, prog: int, vers: int, procedures: dict[int, Handler]) -> None:
         self.programs.setdefault(prog, {})[vers] = dict(procedures)
@@ -73,6 +91,9 @@ class Dispatcher:
             message.encode_denied(w, xid, mismatch=(message.RPC_VERSION, message.RPC_VERSION))
             conn.send_reply(inbound, w)
             return
+        if body.cred.flavor == rpc.RPCSEC_GSS and self.gss is not None:
+            self._dispatch_gss(conn, inbound, xid, body, off)
+            return
         try:
             cred = credential_of(body.cred, body.verf)
         except AuthError as e:
@@ -84,17 +105,74 @@ class Dispatcher:
         if handler is None:
             conn.send_reply(inbound, w)
             return
-        call = RpcCall(xid, body.prog, body.vers, body.proc, cred, r, off, conn, inbound)
+        self._run(
+            handler, RpcCall(xid, body.prog, body.vers, body.proc, cred, r, off, conn, inbound), w
+        )
+
+    def _dispatch_gss(
+        self, conn: RpcConnection, inbound: Inbound, xid: int, body: rpc.call_body, off: int
+    ) -> None:
+        from nfsrdma.rpc import gss
+
+        assert self.gss is not None
+        w = Writer()
+        handler = self._lookup(body, w, xid)
+        if handler is None:
+            conn.send_reply(inbound, w)
+            return
+        r = inbound.reader
+        header = bytes(r.buf[: gss.header_length(body.cred)])
+        outcome = self.gss.accept(header, body.cred, body.verf, body.proc, r, off, self.clock())
+        if isinstance(outcome, gss.Drop):
+            log.info("%s: xid %#x dropped: %s", conn.peer, xid, outcome.reason)
+            return
+        if isinstance(outcome, gss.Denied):
+            log.info("%s: xid %#x denied: %s", conn.peer, xid, outcome.reason)
+            message.encode_denied(w, xid, auth=outcome.stat)
+            conn.send_reply(inbound, w)
+            return
+        if isinstance(outcome, gss.Reply):
+            if outcome.reason:
+                log.info("%s: xid %#x: %s", conn.peer, xid, outcome.reason)
+            message.encode_accepted(w, xid, outcome.stat, verf=outcome.verf)
+            if outcome.stat == rpc.SUCCESS:
+                at = len(w)
+                w += outcome.results
+                if outcome.protection is not None:
+                    sealed = outcome.protection.seal(w, at)
+                    if sealed is None:
+                        return
+                    w = sealed
+            conn.send_reply(inbound, w)
+            return
+        call = RpcCall(
+            xid,
+            body.prog,
+            body.vers,
+            body.proc,
+            outcome.credential,
+            outcome.reader,
+            outcome.offset,
+            conn,
+            inbound,
+            outcome.verf,
+            outcome.protection,
+        )
+        self._run(handler, call, w)
+
+    def _run(self, handler: Handler, call: RpcCall, w: Writer) -> None:
+        conn = call.conn
         mark = len(w)
-        message.encode_accepted(w, xid)
+        message.encode_accepted(w, call.xid, verf=call.verf or message.AUTH_NONE_VERF)
+        call.results_at = len(w)
         try:
             result = handler(call, w)
         except Exception as e:
             self._failed(call, w, mark, e)
-            conn.send_reply(inbound, w)
+            self._send(call, w)
             return
         if result is None:
-            conn.send_reply(inbound, w)
+            self._send(call, w)
             return
         task = asyncio.ensure_future(self._finish(call, w, mark, result))
         self._tasks.add(task)
@@ -113,6 +191,15 @@ class Dispatcher:
             raise
         except Exception as e:
             self._failed(call, w, mark, e)
+        self._send(call, w)
+
+    @staticmethod
+    def _send(call: RpcCall, w: Writer) -> None:
+        if call.protection is not None and call.results_at >= 0:
+            sealed = call.protection.seal(w, call.results_at)
+            if sealed is None:
+                return
+            w = sealed
         call.conn.send_reply(call.inbound, w)
 
     def _lookup(self, body: rpc.call_body, w: Writer, xid: int) -> Handler | None:
@@ -133,18 +220,20 @@ class Dispatcher:
         """Replace whatever the handler wrote with the error reply its failure calls for."""
         del w[mark:]
         w.ddp.clear()
+        call.results_at = -1
+        verf = call.verf or message.AUTH_NONE_VERF
         if isinstance(e, XdrError):
             log.info("%s: xid %#x: garbage arguments: %s", call.conn.peer, call.xid, e)
-            message.encode_accepted(w, call.xid, rpc.GARBAGE_ARGS)
+            message.encode_accepted(w, call.xid, rpc.GARBAGE_ARGS, verf=verf)
         elif isinstance(e, RpcAcceptError):
-            message.encode_accepted(w, call.xid, e.stat, e.mismatch)
+            message.encode_accepted(w, call.xid, e.stat, e.mismatch, verf=verf)
         elif isinstance(e, AuthError):
             message.encode_denied(w, call.xid, auth=e.stat)
         else:
             log.exception(
                 "%s: xid %#x prog %d proc %d failed", call.conn.peer, call.xid, call.prog, call.proc
             )
-            message.encode_accepted(w, call.xid, rpc.SYSTEM_ERR)
+            message.encode_accepted(w, call.xid, rpc.SYSTEM_ERR, verf=verf)
 
     async def drain(self, timeout: float | None = None) -> None:
         """Wait for the calls in progress (and those they let in meanwhile), for at most

@@ -32,6 +32,8 @@ from typing import Any
 from nfsrdma.rpc.auth import auth_sys
 from nfsrdma.rpc.connection import RpcConnection
 from nfsrdma.rpc.errors import RpcConnectionLost, RpcError
+from nfsrdma.rpc.gss import SVC_NONE
+from nfsrdma.rpc.gss_client import GssClientAuth
 from nfsrdma.rpc.server import Dispatcher, null_procedure
 from nfsrdma.session.client_backchannel import Backchannel, Recall
 from nfsrdma.session.client_callbacks import ClientCallbacks
@@ -110,6 +112,10 @@ class SessionStats:
 
 
 ReclaimHook = Callable[[], Coroutine[Any, Any, None]]
+# EXCHANGE_ID answers that mean "not SP4_MACH_CRED here" (the client then asks for SP4_NONE).
+_NO_MACH_CRED = frozenset(
+    {nfs4.NFS4ERR_SERVERFAULT, nfs4.NFS4ERR_INVAL, nfs4.NFS4ERR_ENCR_ALG_UNSUPP}
+)
 
 
 class ClientSession:
@@ -126,6 +132,11 @@ class ClientSession:
         self.opts = options or SessionOptions()
         self.clock = clock
         self.cred = auth_sys(self.opts.uid, self.opts.gid, self.opts.gids, self.opts.machinename)
+        self.gss: GssClientAuth | None = None  # RPCSEC_GSS (use_security)
+        self.state_protection = int(nfs4.SP4_NONE)  # what the server granted at EXCHANGE_ID
+        self._no_mach_cred = False  # the server refused SP4_MACH_CRED once: do not ask again
+        if self.opts.sec not in ("sys", "auto"):
+            self.use_security(self.opts.sec)
         self.verifier = os.urandom(8)
         self.minorversion = self.opts.minor_versions[0]  # settled by the first EXCHANGE_ID
         self._minor_settled = False
@@ -161,6 +172,30 @@ class ClientSession:
         self._keeper_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._next_token = 0
+
+    def use_security(self, sec: str) -> None:
+        """Send every later call with ``sec``: "sys", "krb5", "krb5i" or "krb5p"."""
+        if sec == "sys":
+            self.gss = None
+            return
+        from nfsrdma.rpc.gss import SERVICES
+        from nfsrdma.rpc.gss_krb5 import Krb5Initiator
+
+        if sec not in SERVICES:
+            raise ValueError(f"unknown security flavour {sec!r}")
+        if not self.opts.gss_host:
+            raise ValueError("Kerberos needs the server's host name (gss_host)")
+        initiator = Krb5Initiator(
+            self.opts.gss_host,
+            principal=self.opts.principal,
+            ccache=self.opts.ccache,
+            keytab=self.opts.keytab,
+        )
+        self.gss = GssClientAuth(initiator, SERVICES[sec])
+
+    def _mach_cred(self) -> bool:
+        """SP4_MACH_CRED: with Kerberos integrity or privacy (RFC 8881 section 18.35.3)."""
+        return self.gss is not None and self.gss.service != SVC_NONE
 
     @property
     def slots(self) -> RequesterSlots:
@@ -385,6 +420,7 @@ class ClientSession:
             encode,
             cred=self.cred,
             expect=expect,
+            auth=self.gss,
         )
         res, _ = nfs4.dec_COMPOUND4res(result.reader, result.offset)
         return res
@@ -540,21 +576,31 @@ class ClientSession:
     async def _exchange_id(self, rpc: RpcConnection) -> bool:
         """EXCHANGE_ID; True when the server does not know us as a confirmed client (a new or
         unconfirmed record: our state on the server is gone, reclaim it)."""
-        args = exchange_id_args(self.opts.owner, self.verifier)
+        mach_cred = self._mach_cred() and not self._no_mach_cred
         while True:
+            args = exchange_id_args(self.opts.owner, self.verifier, mach_cred=mach_cred)
             try:
                 res = await self._sessionless(rpc, nfs4.OP_EXCHANGE_ID, args)
                 break
             except NfsStatusError as e:
-                if e.status != nfs4.NFS4ERR_MINOR_VERS_MISMATCH or self._minor_settled:
-                    raise
-                offered = self.opts.minor_versions
-                later = offered[offered.index(self.minorversion) + 1 :]
-                if not later:
-                    raise
-                self.minorversion = later[0]  # the server does not serve this minor version
+                if e.status == nfs4.NFS4ERR_MINOR_VERS_MISMATCH and not self._minor_settled:
+                    offered = self.opts.minor_versions
+                    later = offered[offered.index(self.minorversion) + 1 :]
+                    if not later:
+                        raise
+                    self.minorversion = later[0]  # the server does not serve this one
+                    continue
+                if mach_cred and e.status in _NO_MACH_CRED:
+                    # knfsd answers SERVERFAULT when its GSS daemon gave it no principal name
+                    # (rpc.svcgssd): carry on without state protection.
+                    log.warning("the server refused SP4_MACH_CRED (%s); using SP4_NONE", e)
+                    self._no_mach_cred = True
+                    mach_cred = False
+                    continue
+                raise
         self._minor_settled = True
         assert isinstance(res, nfs4.EXCHANGE_ID4resok)
+        self.state_protection = int(res.eir_state_protect.spr_how)
         new = is_new_client(res, self.clientid)
         if new:
             self.create_sequence = res.eir_sequenceid

@@ -43,6 +43,15 @@ class SessionOptions:
     # Minor versions to offer, in order: the first the server's EXCHANGE_ID accepts is used
     # (NFS4ERR_MINOR_VERS_MISMATCH moves on to the next), as the Linux client tries 4.2, 4.1.
     minor_versions: tuple[int, ...] = (2, 1)
+    # Security: "sys", or Kerberos ("krb5", "krb5i", "krb5p") with the service principal
+    # nfs@<gss_host> (default: the server's host name), credentials from the credential cache
+    # (default, or ``ccache``) or from ``keytab`` for ``principal``; "auto" picks the first
+    # flavour the server's SECINFO_NO_NAME lists that this client can use.
+    sec: str = "sys"
+    gss_host: str = ""
+    ccache: str | None = None
+    keytab: str | None = None
+    principal: str | None = None
 
     def __post_init__(self) -> None:
         if not self.owner:
@@ -52,12 +61,35 @@ class SessionOptions:
             )
 
 
-def exchange_id_args(owner: bytes, verifier: bytes) -> nfs4.EXCHANGE_ID4args:
+# SP4_MACH_CRED (RFC 8881 section 18.35.3): with RPCSEC_GSS, only our principal may create,
+# rebind or destroy our sessions and client record.
+MACH_CRED_ENFORCE = (
+    nfs4.OP_CREATE_SESSION,
+    nfs4.OP_DESTROY_SESSION,
+    nfs4.OP_DESTROY_CLIENTID,
+    nfs4.OP_BIND_CONN_TO_SESSION,
+)
+
+
+def _bitmap(ops: tuple[int, ...]) -> list[int]:
+    words = [0] * (max(ops) // 32 + 1)
+    for op in ops:
+        words[op // 32] |= 1 << (op % 32)
+    return words
+
+
+def exchange_id_args(
+    owner: bytes, verifier: bytes, mach_cred: bool = False
+) -> nfs4.EXCHANGE_ID4args:
     now = time.time()
+    protect = nfs4.state_protect4_a(nfs4.SP4_NONE)
+    if mach_cred:
+        ops = nfs4.state_protect_ops4(_bitmap(MACH_CRED_ENFORCE), [])
+        protect = nfs4.state_protect4_a(nfs4.SP4_MACH_CRED, ops)
     return nfs4.EXCHANGE_ID4args(
         eia_clientowner=nfs4.client_owner4(verifier, owner),
         eia_flags=0,
-        eia_state_protect=nfs4.state_protect4_a(nfs4.SP4_NONE),
+        eia_state_protect=protect,
         eia_client_impl_id=[
             nfs4.nfs_impl_id4(IMPL_DOMAIN, IMPL_NAME, nfs4.nfstime4(int(now), 0)),
         ],

@@ -49,6 +49,10 @@ class Client:
     # The minor version of its EXCHANGE_ID: its callbacks' CB_COMPOUND carries the same (the
     # Linux client finds the session of a CB_SEQUENCE only within that minor version).
     minorversion: int = 1
+    # SP4_MACH_CRED (RFC 8881 section 2.10.8.3): the principal that made the record, and the
+    # operations only it may then send for this client (None: SP4_NONE)
+    mach_cred: Hashable | None = None
+    mach_ops: frozenset[int] = frozenset()
 
     def lease_expired(self, now: float, lease_time: float) -> bool:
         return now - self.last_renewed > lease_time

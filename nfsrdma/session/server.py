@@ -7,8 +7,11 @@ seconds), and return results or raise ``SessionError``. The NFSv4.1 operation ha
 SEQUENCE and ``finish`` when the COMPOUND is done; the server calls ``connection_closed`` and,
 periodically, ``reap``.
 
-Only SP4_NONE state protection exists (AUTH_SYS has nothing to protect with): a SEQUENCE on a
-connection not yet bound to its session binds it to the fore channel (SS-12, 18.34.3).
+State protection: SP4_NONE, where a SEQUENCE on a connection not yet bound to its session binds
+it to the fore channel (SS-12, 18.34.3), and SP4_MACH_CRED once the EXCHANGE_ID came with an
+RPCSEC_GSS principal (2.10.8.3, 18.35.3): CREATE_SESSION, DESTROY_SESSION, DESTROY_CLIENTID and
+BIND_CONN_TO_SESSION for that client are then refused (NFS4ERR_ACCESS) to any other principal,
+and a connection must be bound explicitly (NFS4ERR_CONN_NOT_BOUND_TO_SESSION).
 
 Resource bounds (SEC-12, SS-33): client records and sessions are capped, their creation is rate
 limited, and every session reserves slots x ca_maxresponsesize_cached of a server-wide reply
@@ -355,15 +358,17 @@ class ServerSessions:
         principal: Hashable,
         now: float,
         source: str = "",
+        gss: bool = False,
     ) -> nfs4.EXCHANGE_ID4resok:
-        """``source``: the source address of the connection (``shares.source_of``)."""
+        """``source``: the source address of the connection (``shares.source_of``); ``gss``:
+        the call came with RPCSEC_GSS integrity or privacy (SP4_MACH_CRED is possible)."""
         self.now = max(self.now, now)
         flags = args.eia_flags
         if flags & ~EIA_FLAGS_ALLOWED:
             raise SessionError(nfs4.NFS4ERR_INVAL, f"eia_flags {flags:#x}")
         how = args.eia_state_protect.spa_how
-        if how == nfs4.SP4_MACH_CRED:
-            raise SessionError(nfs4.NFS4ERR_INVAL, "SP4_MACH_CRED needs RPCSEC_GSS")
+        if how == nfs4.SP4_MACH_CRED and not gss:
+            raise SessionError(nfs4.NFS4ERR_INVAL, "SP4_MACH_CRED needs RPCSEC_GSS (krb5i/krb5p)")
         if how == nfs4.SP4_SSV:
             raise SessionError(nfs4.NFS4ERR_ENCR_ALG_UNSUPP, "SP4_SSV is not supported")
         owner = args.eia_clientowner
@@ -384,12 +389,25 @@ class ServerSessions:
             client.impl_id = list(args.eia_client_impl_id)
         if client.confirmed:
             client.last_renewed = now
+        protect = nfs4.state_protect4_r(nfs4.SP4_NONE)
+        if how == nfs4.SP4_MACH_CRED and (new or client.mach_cred == principal):
+            asked = args.eia_state_protect.value
+            assert isinstance(asked, nfs4.state_protect_ops4)
+            enforce = bitmap_ops(asked.spo_must_enforce) & MACH_CRED_OPS
+            client.mach_cred = principal
+            client.mach_ops = enforce
+            # Every operation may come with the machine credential: nothing here ties state
+            # to the principal that made it, so spo_must_allow is granted as asked.
+            protect = nfs4.state_protect4_r(
+                nfs4.SP4_MACH_CRED,
+                nfs4.state_protect_ops4(ops_bitmap(enforce), list(asked.spo_must_allow)),
+            )
         return nfs4.EXCHANGE_ID4resok(
             eir_clientid=client.clientid,
             eir_sequenceid=(client.cs_seqid + 1) & SEQID_MASK,
             eir_flags=nfs4.EXCHGID4_FLAG_USE_NON_PNFS
             | (nfs4.EXCHGID4_FLAG_CONFIRMED_R if client.confirmed else 0),
-            eir_state_protect=nfs4.state_protect4_r(nfs4.SP4_NONE),
+            eir_state_protect=protect,
             eir_server_owner=nfs4.server_owner4(0, self.server_owner),
             eir_server_scope=self.server_scope,
             eir_server_impl_id=[self.impl_id],
@@ -464,6 +482,7 @@ class ServerSessions:
         _check_cb_sec(sec)
         if not client.confirmed and client.principal != principal:
             raise SessionError(nfs4.NFS4ERR_CLID_INUSE, "confirmation by another principal")
+        _check_mach(client, nfs4.OP_CREATE_SESSION, principal)
         if len(client.sessions) >= self.caps.max_sessions_per_client:
             raise SessionError(nfs4.NFS4ERR_NOSPC, "too many sessions for this client")
         if len(self.sessions) >= self.caps.max_sessions:
@@ -584,6 +603,10 @@ class ServerSessions:
         if not bound & FORE:
             if not bound and len(session.connections) >= self.caps.max_connections_per_session:
                 raise SessionError(nfs4.NFS4ERR_CONN_NOT_BOUND_TO_SESSION, "too many connections")
+            if session.client.mach_cred is not None:
+                raise SessionError(
+                    nfs4.NFS4ERR_CONN_NOT_BOUND_TO_SESSION, "SP4_MACH_CRED: bind it first"
+                )
             self._bind(session, conn, bound | FORE)  # SP4_NONE: bound by use (SS-12)
         slots = session.slots
         slot, disposition = slots.classify(args.sa_slotid, args.sa_sequenceid)
@@ -785,11 +808,17 @@ class ServerSessions:
 
     # -- connections (BIND_CONN_TO_SESSION 18.34) --------------------------------------------
     def bind_conn_to_session(
-        self, args: nfs4.BIND_CONN_TO_SESSION4args, *, conn: Hashable, now: float
+        self,
+        args: nfs4.BIND_CONN_TO_SESSION4args,
+        *,
+        conn: Hashable,
+        now: float,
+        principal: Hashable | None = None,
     ) -> nfs4.BIND_CONN_TO_SESSION4resok:
         session = self.sessions.get(args.bctsa_sessid)
         if session is None:
             raise SessionError(nfs4.NFS4ERR_BADSESSION, args.bctsa_sessid.hex())
+        _check_mach(session.client, nfs4.OP_BIND_CONN_TO_SESSION, principal)
         want = _DIRECTIONS.get(args.bctsa_dir)
         if want is None:
             raise SessionError(nfs4.NFS4ERR_INVAL, f"bctsa_dir {args.bctsa_dir}")
@@ -844,10 +873,12 @@ class ServerSessions:
         conn: Hashable,
         current: Session | None,
         last_op: bool,
+        principal: Hashable | None = None,
     ) -> None:
         session = self.sessions.get(sessionid)
         if session is None:
             raise SessionError(nfs4.NFS4ERR_BADSESSION, sessionid.hex())
+        _check_mach(session.client, nfs4.OP_DESTROY_SESSION, principal)
         busy = session.slots.busy
         if current is session:
             if not last_op:
@@ -880,10 +911,18 @@ class ServerSessions:
         session.slots.clear()
         self._unbind_all(session)
 
-    def destroy_clientid(self, clientid: int, *, current: Session | None, now: float) -> None:
+    def destroy_clientid(
+        self,
+        clientid: int,
+        *,
+        current: Session | None,
+        now: float,
+        principal: Hashable | None = None,
+    ) -> None:
         client = self.clients.get(clientid)
         if client is None:
             raise SessionError(nfs4.NFS4ERR_STALE_CLIENTID, f"client id {clientid:#x}")
+        _check_mach(client, nfs4.OP_DESTROY_CLIENTID, principal)
         if current is not None and current.client is client:
             raise SessionError(nfs4.NFS4ERR_CLIENTID_BUSY, "destroying the COMPOUND's own client")
         if client.sessions:
@@ -978,6 +1017,39 @@ def _version() -> str:
         return importlib.metadata.version("nfsrdma")
     except importlib.metadata.PackageNotFoundError:
         return "dev"
+
+
+# What SP4_MACH_CRED can protect here (RFC 8881 section 18.35.3 lists these for the client's
+# spo_must_enforce): the operations that make, rebind or destroy a client's sessions and record.
+MACH_CRED_OPS = frozenset(
+    {
+        nfs4.OP_CREATE_SESSION,
+        nfs4.OP_DESTROY_SESSION,
+        nfs4.OP_DESTROY_CLIENTID,
+        nfs4.OP_BIND_CONN_TO_SESSION,
+    }
+)
+
+
+def bitmap_ops(bitmap: list[int]) -> frozenset[int]:
+    return frozenset(
+        32 * i + b for i, word in enumerate(bitmap) for b in range(32) if word >> b & 1
+    )
+
+
+def ops_bitmap(ops: frozenset[int]) -> list[int]:
+    words = [0] * (max(ops) // 32 + 1) if ops else []
+    for op in ops:
+        words[op // 32] |= 1 << (op % 32)
+    return words
+
+
+def _check_mach(client: Client, op: int, principal: Hashable | None) -> None:
+    """SP4_MACH_CRED: only the machine principal may send ``op`` for ``client``."""
+    if principal is None or client.mach_cred is None or op not in client.mach_ops:
+        return
+    if principal != client.mach_cred:
+        raise SessionError(nfs4.NFS4ERR_ACCESS, f"SP4_MACH_CRED: {nfs4.nfs_opnum4(op).name}")
 
 
 def _check_cb_sec(parms: list[nfs4.callback_sec_parms4]) -> None:

@@ -59,6 +59,7 @@ NFS4_PEEKS = ("COMPOUND4args", "COMPOUND4res", "CB_COMPOUND4args", "CB_COMPOUND4
 
 TARGETS = (
     Target("rpc.x", "rpc", "ONC RPC version 2 messages (RFC 5531)."),
+    Target("rpcsec_gss.x", "rpcsec_gss", "The RPCSEC_GSS security flavor, version 1 (RFC 2203)."),
     Target("rpcrdma.x", "rpcrdma", "RPC-over-RDMA version 1 transport header (RFC 8166)."),
     Target(
         "nfs4.x",

@@ -8,31 +8,31 @@ import errno
 from collections.abc import Sequence
 
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
+from nfsrdma.rpc.auth import KRB5, pseudoflavor_of
+from nfsrdma.rpc.gss_mech import KRB5_OID_DER
 from nfsrdma.vfs.base import NAME_MAX, FileType
 from nfsrdma.xdr.gen import nfs4
 
 _OK = nfs4.NFS4_OK
-# The Kerberos v5 GSS-API mechanism, 1.2.840.113554.1.2.2, as SECINFO carries it (the DER
-# contents octets, without tag and length, as knfsd and the Linux client have it).
-KRB5_OID = bytes.fromhex("2a864886f712010202")
 # RFC 2623 pseudo-flavours of Kerberos v5 and the RPCSEC_GSS service each stands for.
 _GSS_SERVICES = {
-    390003: nfs4.RPC_GSS_SVC_NONE,
-    390004: nfs4.RPC_GSS_SVC_INTEGRITY,
-    390005: nfs4.RPC_GSS_SVC_PRIVACY,
+    KRB5: nfs4.RPC_GSS_SVC_NONE,
+    KRB5 + 1: nfs4.RPC_GSS_SVC_INTEGRITY,
+    KRB5 + 2: nfs4.RPC_GSS_SVC_PRIVACY,
 }
 
 
 def secinfo_entries(flavors: Sequence[int]) -> list[nfs4.secinfo4]:
     """SECINFO's answer for an export's pseudo-flavours, in their order: AUTH_SYS and
-    AUTH_NONE as themselves, krb5/krb5i/krb5p as RPCSEC_GSS entries (Kerberos v5, qop 0)."""
+    AUTH_NONE as themselves, krb5/krb5i/krb5p as RPCSEC_GSS entries (the Kerberos v5 OID
+    1.2.840.113554.1.2.2, qop 0, the service; 18.29.2)."""
     out: list[nfs4.secinfo4] = []
     for flavor in flavors:
         service = _GSS_SERVICES.get(flavor)
         if service is None:
             out.append(nfs4.secinfo4(flavor))
         else:
-            info = nfs4.rpcsec_gss_info(KRB5_OID, 0, service)
+            info = nfs4.rpcsec_gss_info(KRB5_OID_DER, 0, service)
             out.append(nfs4.secinfo4(nfs4.RPCSEC_GSS, info))
     return out
 
@@ -90,8 +90,36 @@ def lookupp(ctx: CompoundContext, args: None) -> nfs4.LOOKUPP4res:
     return nfs4.LOOKUPP4res(_OK)
 
 
-def _flavors(flavors: Sequence[int]) -> nfs4.SECINFO4res:
-    return nfs4.SECINFO4res(_OK, secinfo_entries(flavors))
+def _flavors(ctx: CompoundContext, flavors: Sequence[int]) -> nfs4.SECINFO4res:
+    """The export's flavours (an exports file's ``sec=``), or the server's ``--sec`` list."""
+    security = ctx.server.security
+    return nfs4.SECINFO4res(_OK, secinfo_entries(flavors if security is None else security))
+
+
+# Operations at which the flavour of the request is checked against the export's (RFC 8881
+# section 2.6.3.1.1): those that set the current filehandle from nothing (the put-filehandle
+# family) and those that cross to another object by name. Every other operation works on a
+# filehandle one of these produced, in the same (single) export.
+_PUT_FH = frozenset({nfs4.OP_PUTFH, nfs4.OP_PUTROOTFH, nfs4.OP_PUTPUBFH, nfs4.OP_RESTOREFH})
+_BY_NAME = frozenset({nfs4.OP_LOOKUP, nfs4.OP_LOOKUPP, nfs4.OP_OPEN})
+_SECINFO = frozenset({nfs4.OP_SECINFO, nfs4.OP_SECINFO_NO_NAME})
+SECURITY_CHECKED = _PUT_FH | _BY_NAME
+
+
+def wrong_security(ctx: CompoundContext, op: int, following: int | None) -> bool:
+    """NFS4ERR_WRONGSEC for operation ``op`` (followed by ``following``, None at the end)?
+
+    - a put-filehandle operation followed by SECINFO or SECINFO_NO_NAME, by LOOKUP, LOOKUPP or
+      OPEN (which check the object they reach), or by nothing, is never refused (2.6.3.1.1.1
+      to 2.6.3.1.1.4), so a client can always ask, from the root down, which flavours to use;
+    - otherwise, and for LOOKUP, LOOKUPP and OPEN not followed by a SECINFO, the request's
+      pseudo-flavour must be one of the export's (2.6.3.1.1.5 to 2.6.3.1.1.7)."""
+    security = ctx.server.security
+    if security is None or following in _SECINFO:
+        return False
+    if op in _PUT_FH and (following is None or following in _BY_NAME):
+        return False
+    return pseudoflavor_of(ctx.principal) not in security
 
 
 def secinfo(ctx: CompoundContext, args: nfs4.SECINFO4args) -> nfs4.SECINFO4res:
@@ -104,7 +132,7 @@ def secinfo(ctx: CompoundContext, args: nfs4.SECINFO4args) -> nfs4.SECINFO4res:
     # A successful SECINFO consumes the current filehandle (18.29.3).
     ctx.current_fh = None
     ctx.current_stateid = None
-    return _flavors(flavors)
+    return _flavors(ctx, flavors)
 
 
 def secinfo_no_name(ctx: CompoundContext, args: nfs4.SECINFO_NO_NAME4args) -> nfs4.SECINFO4res:
@@ -123,4 +151,4 @@ def secinfo_no_name(ctx: CompoundContext, args: nfs4.SECINFO_NO_NAME4args) -> nf
     flavors = ctx.server.vfs.flavors(ctx.cred, fh)
     ctx.current_fh = None
     ctx.current_stateid = None
-    return _flavors(flavors)
+    return _flavors(ctx, flavors)

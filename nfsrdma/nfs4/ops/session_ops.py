@@ -17,14 +17,17 @@ from nfsrdma.rpc.auth import Credential
 from nfsrdma.session.errors import SessionError
 from nfsrdma.session.server import ServerSessions
 from nfsrdma.session.shares import source_of
-from nfsrdma.xdr.gen import nfs4
+from nfsrdma.xdr.gen import nfs4, rpc
 
 OK = nfs4.NFS4_OK
 
 
 def principal_of(cred: Credential) -> Hashable:
-    """The principal of 18.35.4 for AUTH_NONE / AUTH_SYS: the identity claimed (the machine
-    name is left out: it is not part of who the caller is)."""
+    """The principal of 18.35.4: for RPCSEC_GSS the authenticated principal (whatever the
+    service); for AUTH_NONE / AUTH_SYS the identity claimed (the machine name is left out: it
+    is not part of who the caller is)."""
+    if cred.flavor == rpc.RPCSEC_GSS:
+        return ("gss", cred.principal)
     return (cred.flavor != 0, cred.uid, cred.gid, tuple(sorted(cred.gids)))
 
 
@@ -47,6 +50,8 @@ def exchange_id(ctx: CompoundContext, args: nfs4.EXCHANGE_ID4args) -> nfs4.EXCHA
             principal=principal_of(ctx.principal),
             now=ctx.now,
             source=source_of(ctx.conn.peer),
+            # SP4_MACH_CRED needs RPCSEC_GSS with integrity or privacy (18.35.3)
+            gss=ctx.principal.flavor == rpc.RPCSEC_GSS and ctx.principal.gss_service >= 2,
         )
     record = _sessions(ctx).client(resok.eir_clientid)
     if record is not None:
@@ -86,7 +91,9 @@ def bind_conn_to_session(
     ctx: CompoundContext, args: nfs4.BIND_CONN_TO_SESSION4args
 ) -> nfs4.BIND_CONN_TO_SESSION4res:
     with _nfs4_errors():
-        resok = _sessions(ctx).bind_conn_to_session(args, conn=ctx.conn, now=ctx.now)
+        resok = _sessions(ctx).bind_conn_to_session(
+            args, conn=ctx.conn, now=ctx.now, principal=principal_of(ctx.principal)
+        )
     session = _sessions(ctx).session(args.bctsa_sessid)
     if session is not None:
         _back_channel_changed(ctx, session.clientid)
@@ -102,6 +109,7 @@ def destroy_session(
             conn=ctx.conn,
             current=ctx.session,
             last_op=ctx.op_index == ctx.op_count - 1,
+            principal=principal_of(ctx.principal),
         )
     return nfs4.DESTROY_SESSION4res(OK)
 
@@ -110,7 +118,12 @@ def destroy_clientid(
     ctx: CompoundContext, args: nfs4.DESTROY_CLIENTID4args
 ) -> nfs4.DESTROY_CLIENTID4res:
     with _nfs4_errors():
-        _sessions(ctx).destroy_clientid(args.dca_clientid, current=ctx.session, now=ctx.now)
+        _sessions(ctx).destroy_clientid(
+            args.dca_clientid,
+            current=ctx.session,
+            now=ctx.now,
+            principal=principal_of(ctx.principal),
+        )
     return nfs4.DESTROY_CLIENTID4res(OK)
 
 
