@@ -5,7 +5,7 @@ SERVE_ARGS ?=
 # The test-bed stage: two VM boots. tests/vmhost proves a failure in the guest fails the host
 # (one boot, no knfsd); then every tests/testbed test runs in ONE boot with knfsd, output
 # streamed, junit in testbed-out/. TESTBED_TIMEOUT bounds that boot (seconds).
-TESTBED_TIMEOUT ?= 1500
+TESTBED_TIMEOUT ?= 3000
 define TESTBED_STAGE
 $(PY) -m pytest -q -p no:cacheprovider tests/vmhost
 $(PY) -m nfsrdma testbed run --knfsd --out testbed-out --timeout $(TESTBED_TIMEOUT) -- \
