@@ -86,8 +86,7 @@ async def test_client_exactly_once_against_knfsd(knfsd: Knfsd) -> None:
     """SS-13 with knfsd's reply cache: connections killed after the server ran a WRITE and a
     RENAME; the resends on the same slot and seqid are answered from the cache."""
     target = KnfsdTarget(knfsd.addr, "tcp", Path(knfsd.export))
-    name, where = _dirs(knfsd, "once-write")
-    await test_faults.test_connection_killed_mid_write(target, name, where)  # type: ignore[arg-type]
+    await test_faults.test_connection_killed_mid_write(target, "once-write")  # type: ignore[arg-type]
     await test_faults.test_connection_killed_mid_rename_renames_once(target, "once-rename")  # type: ignore[arg-type]
 
 
