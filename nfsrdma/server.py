@@ -197,7 +197,7 @@ class NFSServer:
         self._servers.append(srv)
         rdma = await self._start_rdma() if self.rdma_port is not None else "off"
         log.info(
-            "serving %s over NFSv4.1: tcp %s:%d, rdma %s%s",
+            "serving %s over NFSv4.1 and 4.2: tcp %s:%d, rdma %s%s",
             what,
             self.bind or "*",
             self.tcp_port,

@@ -1,4 +1,4 @@
-"""`nfsrdma serve DIR` (or `--exports FILE`): export directories over NFSv4.1."""
+"""`nfsrdma serve DIR` (or `--exports FILE`): export directories over NFSv4.1 and NFSv4.2."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ log = logging.getLogger("nfsrdma.server")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("serve", help="export a directory over NFSv4.1 (TCP and RDMA)")
+    p = sub.add_parser("serve", help="export a directory over NFSv4.1/4.2 (TCP and RDMA)")
     p.add_argument(
         "directory",
         nargs="?",

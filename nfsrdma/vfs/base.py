@@ -351,7 +351,8 @@ class OpenFile(abc.ABC):
 class SharedGrace(Protocol):
     """A grace period shared with the other servers of a shared file system (CephFS):
     ``begin`` when this server restarted with clients to reclaim, ``end`` when that is over,
-    ``in_grace`` while another server is in its grace period."""
+    ``in_grace`` while another server is in its grace period. ``end`` and ``in_grace`` are
+    called on the server's event loop and must not block (``begin`` runs once, at start)."""
 
     def begin(self, seconds: float) -> None: ...
 

@@ -13,7 +13,9 @@ out. Each server touches only its own key, so no lock is needed. The cluster is 
 any key has not lapsed; a server that dies in its grace period stops holding the others after
 the lapse time (twice its grace time). Every server reads the keys once a ``poll`` interval
 in a thread of its own (RADOS calls block while the cluster is unreachable), so a server sees
-another's grace begin or end within that interval.
+another's grace begin or end within that interval. The same thread removes this server's key
+when ``end`` is called: ``end`` runs on the server's event loop (from the grace core) and must
+not wait for RADOS.
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ class ClusterGrace:
         self.key = _PREFIX + node
         self.node = node
         self._others_in_grace = False
-        self._stop = threading.Event()
+        self._stop = False
+        self._ending = False  # end() was called; the poller removes our key
+        self._wake = threading.Event()
         self._refreshed = threading.Event()
         self.refresh()
         self._thread = threading.Thread(
@@ -88,11 +92,20 @@ class ClusterGrace:
         self._refreshed.set()
 
     def _poll(self, interval: float) -> None:
-        while not self._stop.wait(interval):
+        while True:
+            self._wake.wait(interval)
+            self._wake.clear()
             try:
+                if self._ending:
+                    self._remove_key()
+                    self._ending = False
+                if self._stop:
+                    return
                 self.refresh()
-            except Exception as e:  # the cluster unreachable: keep the last answer
-                log.warning("cluster grace: cannot read %s: %s", self.obj, e)
+            except Exception as e:  # the cluster unreachable: keep the last answer, retry
+                log.warning("cluster grace: cannot reach %s: %s", self.obj, e)
+                if self._stop:
+                    return
 
     # ------------------------------------------------------------------ SharedGrace
     def begin(self, seconds: float) -> None:
@@ -107,7 +120,11 @@ class ClusterGrace:
         )
 
     def end(self) -> None:
-        """This server's grace period is over."""
+        """This server's grace period is over: the poller removes its key (at once)."""
+        self._ending = True
+        self._wake.set()
+
+    def _remove_key(self) -> None:
         with self._rados.WriteOpCtx() as op:
             self.ioctx.remove_omap_keys(op, (self.key,))
             with contextlib.suppress(self._rados.ObjectNotFound):
@@ -118,7 +135,9 @@ class ClusterGrace:
         return self._others_in_grace
 
     def close(self) -> None:
-        self._stop.set()
+        """Stop polling (a pending ``end`` is written first, if RADOS answers in time)."""
+        self._stop = True
+        self._wake.set()
         self._thread.join(timeout=5)
         self.ioctx.close()
         self.cluster.shutdown()

@@ -73,9 +73,8 @@ async def test_a_restart_puts_every_server_in_grace_until_its_clients_reclaimed(
                 await f.write(b"after")  # X notices the restart and reclaims from A
                 await f.fsync()
                 assert a.state.grace.ended_why == "every client reclaimed"
-                _shared(b).refresh()
+                await asyncio.wait_for(opening, 30)  # B learns it from RADOS, admits Y's OPEN
                 assert not _shared(b).in_grace()
-                await asyncio.wait_for(opening, 30)  # B admits Y's OPEN now
                 assert await y.read_bytes(f"{name}-y") == b"new state"
             assert f.locks, "the lock was not reclaimed"
             await f.close()
