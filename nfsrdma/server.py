@@ -29,7 +29,7 @@ from nfsrdma.nfs4.callback import Callbacks
 from nfsrdma.nfs4.compound import compound
 from nfsrdma.nfs4.delegation_service import DelegationService
 from nfsrdma.nfs4.grace import Grace
-from nfsrdma.nfs4.server_state import ServerConfig, ServerState
+from nfsrdma.nfs4.server_state import ServerConfig, ServerState, raise_descriptor_limit
 from nfsrdma.nfs4.state import StateManager
 from nfsrdma.rpc.admission import ConnectionAdmission, source_of
 from nfsrdma.rpc.connection import RpcConnection
@@ -166,7 +166,18 @@ class NFSServer:
             what = vfs.export.root
         if self.gss is not None:
             self.gss.before_accept = vfs.release_identity
-        state = StateManager(vfs)
+        limit = raise_descriptor_limit()
+        state = StateManager(
+            vfs, max_open_files=cfg.open_files, state_per_client=cfg.state_per_client
+        )
+        log.info(
+            "descriptors: %d (connections %d, %d from one address; open files %d, %d per client)",
+            limit,
+            cfg.max_connections,
+            cfg.connections_per_source,
+            state.max_open_files,
+            state.state_per_client,
+        )
         node = self.node_name or f"{socket.gethostname()}:{self.requested_tcp_port}"
         grace = Grace(clientdb, cfg.grace_seconds, time.monotonic(), vfs.shared_grace(node))
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from nfsrdma import sdnotify
 from nfsrdma.aio import run
-from nfsrdma.nfs4.server_state import ServerConfig
+from nfsrdma.nfs4.server_state import ServerConfig, raise_descriptor_limit
 from nfsrdma.rpc.auth import KRB5, KRB5I, KRB5P
 from nfsrdma.rpc.gss_setup import DEFAULT_KEYTAB, SecuritySetupError, parse_sec, security_setup
 from nfsrdma.server import NFS_RDMA_PORT, NFS_TCP_PORT, NFSServer
@@ -114,6 +114,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="connections admitted from one address (default: a quarter of all, at least 16)",
     )
     p.add_argument(
+        "--max-open-files",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="files held open for clients, all together (default: from the descriptor limit)",
+    )
+    p.add_argument(
+        "--max-state-per-client",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="opens and lock stateids of one client (default: a quarter of --max-open-files)",
+    )
+    p.add_argument(
         "--idle-timeout",
         type=_seconds,
         default=300.0,
@@ -191,7 +205,8 @@ def _listening(server: NFSServer) -> str:
 
 
 def config_of(args: argparse.Namespace) -> ServerConfig:
-    """The service limits and policies the command line asks for."""
+    """The service limits and policies the command line asks for (the defaults follow the
+    descriptor limit in force: ``serve`` raises it to the hard limit first)."""
     cfg = ServerConfig(
         idle_timeout=args.idle_timeout,
         record_timeout=args.record_timeout,
@@ -201,6 +216,10 @@ def config_of(args: argparse.Namespace) -> ServerConfig:
         cfg = replace(cfg, max_connections=args.max_connections)
     if args.max_connections_per_source is not None:
         cfg = replace(cfg, max_connections_per_source=args.max_connections_per_source)
+    if args.max_open_files is not None:
+        cfg = replace(cfg, max_open_files=args.max_open_files)
+    if args.max_state_per_client is not None:
+        cfg = replace(cfg, max_state_per_client=args.max_state_per_client)
     return cfg
 
 
@@ -266,6 +285,7 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     root = logging.getLogger("nfsrdma")
     root.setLevel(min(logging.INFO, root.getEffectiveLevel()))  # one line per connection/session
+    raise_descriptor_limit()  # before the defaults of config_of follow it
     server = NFSServer(
         args.directory or "/",
         bind=args.bind,

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import resource
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from nfsrdma.nfs4.grace import Grace, MemoryStore
 from nfsrdma.nfs4.offload import Offloads
 from nfsrdma.stats.core import ServerStats
 from nfsrdma.vfs.base import Vfs
+from nfsrdma.vfs.resolver import default_fd_cache_size
 
 if TYPE_CHECKING:
     from nfsrdma.nfs4.delegation_service import DelegationService
@@ -20,14 +22,46 @@ if TYPE_CHECKING:
 MiB = 1 << 20
 
 
-def default_max_connections() -> int:
-    """Connections the server admits by default: what the descriptor limit (RLIMIT_NOFILE)
-    allows after keeping a quarter of it, and at least 256 descriptors, for the VFS (open
-    files, cached directories) and everything else the process opens."""
+RESERVED_DESCRIPTORS: Final = 256  # logs, listeners, the state directory, pipes, libraries
+
+
+def descriptor_limit() -> int:
+    """The process's descriptor limit (RLIMIT_NOFILE, soft), capped at 2**20."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft > 1 << 20:
-        soft = 1 << 20
-    return max(16, soft - max(256, soft // 4))
+        return 1 << 20
+    return soft
+
+
+def raise_descriptor_limit() -> int:
+    """Raise the soft descriptor limit to the hard one (``nfsrdma serve`` does, before the
+    defaults below are computed); returns the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or hard > soft):
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return descriptor_limit()
+
+
+def _descriptor_shares() -> tuple[int, int]:
+    """How the descriptor limit is shared out by default: after a reserve and the VFS's
+    cache of handle descriptors (``vfs/resolver.py``), half of the rest for connections and
+    a quarter for open files (an open holds one descriptor, its delegation's lease may hold
+    another): (connections, open files)."""
+    rest = descriptor_limit() - RESERVED_DESCRIPTORS - default_fd_cache_size()
+    return max(16, rest // 2), max(16, rest // 4)
+
+
+def default_max_connections() -> int:
+    """Connections the server admits by default: half of what the descriptor limit leaves
+    after the reserve and the VFS's descriptor cache (see ``_descriptor_shares``)."""
+    return _descriptor_shares()[0]
+
+
+def default_max_open_files() -> int:
+    """Opens (each holding a descriptor) the server keeps at once by default, all clients
+    together; delegations are limited to as many (see ``_descriptor_shares``)."""
+    return _descriptor_shares()[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +85,12 @@ class ServerConfig:
     # Connections (TCP and RDMA together); over either limit a new one is closed at once.
     max_connections: int = field(default_factory=default_max_connections)
     max_connections_per_source: int = 0  # per source address; 0: see connections_per_source
+    # Open files (all clients) and stateids of one client (opens and lock stateids): over
+    # either, a new OPEN or lock stateid gets NFS4ERR_DELAY, so that no client can take the
+    # descriptors every other client needs (nfsrdma serve --max-open-files, --max-state-per-
+    # client).
+    max_open_files: int = 0  # 0: see open_files
+    max_state_per_client: int = 0  # 0: see state_per_client
     idle_timeout: float = 300.0  # close a connection without session or call idle this long
     record_timeout: float = 30.0  # ... or whose first/current record is not complete this long
 
@@ -61,6 +101,21 @@ class ServerConfig:
         if self.max_connections_per_source > 0:
             return self.max_connections_per_source
         return min(self.max_connections, max(16, self.max_connections // 4))
+
+    @property
+    def open_files(self) -> int:
+        """The open-file budget: as configured, else from the descriptor limit in force
+        (the server raises it when it starts, before it reads this)."""
+        return self.max_open_files if self.max_open_files > 0 else default_max_open_files()
+
+    @property
+    def state_per_client(self) -> int:
+        """The share of one client: as configured, else a quarter of the open files (at
+        least 16, at most all)."""
+        if self.max_state_per_client > 0:
+            return self.max_state_per_client
+        budget = self.open_files
+        return min(budget, max(16, budget // 4))
 
     @property
     def grace_seconds(self) -> int:

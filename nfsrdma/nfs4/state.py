@@ -188,8 +188,21 @@ class Conflict:
 class StateManager:
     """All open and lock state of one server instance."""
 
-    def __init__(self, vfs: Vfs | None = None, instance: bytes | None = None) -> None:
+    def __init__(
+        self,
+        vfs: Vfs | None = None,
+        instance: bytes | None = None,
+        *,
+        max_open_files: int = 1 << 20,
+        state_per_client: int = 1 << 20,
+    ) -> None:
         self.vfs = vfs
+        # Budgets (ServerConfig): opens of all clients (each holds a descriptor), and the
+        # stateids (opens, lock stateids) of one client. ``check_room`` enforces them.
+        self.max_open_files = max_open_files
+        self.state_per_client = state_per_client
+        self.open_count = 0
+        self._over_budget: set[int] = set()  # clients told NFS4ERR_DELAY (logged once)
         # The counter starts at 1 and never reaches 2**64 - 1, so no stateid we issue can
         # look like a special one, whatever the instance octets are.
         self.instance = (instance or os.urandom(_INSTANCE_LEN))[:_INSTANCE_LEN].ljust(4, b"\0")
@@ -203,7 +216,7 @@ class StateManager:
         self.notify_lock: Callable[[int, bytes, bytes], None] | None = None
         # Which clients are courteous, and expiring them (ServerState wires the sessions).
         self.leases: Leases | None = None
-        self.delegations = DelegationTable(self._new_other)
+        self.delegations = DelegationTable(self._new_other, limit=max_open_files)
 
     # ------------------------------------------------------------------ stateids
 
@@ -336,6 +349,30 @@ class StateManager:
         if holders and not self.make_way(holders):
             raise Nfs4Error(nfs4.NFS4ERR_SHARE_DENIED)
 
+    def check_room(self, clientid: int, opening: bool) -> None:
+        """Before a new open (``opening``) or lock stateid of ``clientid``: NFS4ERR_DELAY when
+        the client holds its share of stateids, or when an open would pass the server's
+        open-file budget. Descriptors are a resource of the whole process: without this, one
+        client opening files could leave the server unable to accept connections or open
+        files for anyone. The client gets room back by closing (or freeing) state."""
+        held = len(self._by_client.get(clientid, ()))
+        if held < self.state_per_client and not (
+            opening and self.open_count >= self.max_open_files
+        ):
+            self._over_budget.discard(clientid)
+            return
+        if clientid not in self._over_budget:
+            self._over_budget.add(clientid)
+            log.warning(
+                "client %#x: %s (%d stateids held, %d of %d open files in use): NFS4ERR_DELAY",
+                clientid,
+                "holds its share of state" if held >= self.state_per_client else "no room",
+                held,
+                self.open_count,
+                self.max_open_files,
+            )
+        raise Nfs4Error(nfs4.NFS4ERR_DELAY)
+
     def make_way(self, holders: set[int]) -> bool:
         """The clients ``holders`` hold state refusing a request: if all of them are
         courteous, expire them (their state goes) and return True; else False, and nothing
@@ -376,6 +413,7 @@ class StateManager:
         )
         f.opens[key] = state
         self._register(state)
+        self.open_count += 1
         return state
 
     def upgrade_open(
@@ -418,6 +456,7 @@ class StateManager:
         f = state.file
         if f.opens.get(state.key) is state:
             del f.opens[state.key]
+            self.open_count -= 1
         self._unregister(state)
         _close_quietly(state.openfile)
         self._maybe_forget_file(f)
@@ -630,6 +669,7 @@ class StateManager:
             if isinstance(s, OpenState):
                 self._drop_open(s)
         self._by_client.pop(clientid, None)
+        self._over_budget.discard(clientid)
         log.debug("client %#x: %d stateids released", clientid, len(states))
 
     def close(self) -> None:

@@ -36,6 +36,8 @@ def op_lock(ctx: CompoundContext, args: nfs4.LOCK4args) -> nfs4.LOCK4res:
         open_state = sm.find_open(clientid, sid, fh)
         owner = locker.value.lock_owner.owner
         ls = sm.lock_state_of(clientid, owner, fh)
+        if ls is None:
+            sm.check_room(clientid, opening=False)  # before any lock is taken
     else:
         assert isinstance(locker.value, nfs4.exist_lock_owner4)
         sid = ctx.resolve_stateid(locker.value.lock_stateid)

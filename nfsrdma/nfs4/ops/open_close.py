@@ -233,6 +233,7 @@ def op_open(ctx: CompoundContext, args: nfs4.OPEN4args) -> nfs4.OPEN4res:
     grace.check_locking(ctx, reclaim)
     clientid = ctx.clientid
     sm: StateManager = ctx.server.state_manager
+    sm.check_room(clientid, opening=True)  # before anything is created
     vfs = ctx.server.vfs
     target, before, after = _resolve(ctx, args, access)
     fh = target.fh
