@@ -170,14 +170,6 @@ class NFSServer:
         state = StateManager(
             vfs, max_open_files=cfg.open_files, state_per_client=cfg.state_per_client
         )
-        log.info(
-            "descriptors: %d (connections %d, %d from one address; open files %d, %d per client)",
-            limit,
-            cfg.max_connections,
-            cfg.connections_per_source,
-            state.max_open_files,
-            state.state_per_client,
-        )
         node = self.node_name or f"{socket.gethostname()}:{self.requested_tcp_port}"
         grace = Grace(clientdb, cfg.grace_seconds, time.monotonic(), vfs.shared_grace(node))
 
@@ -216,6 +208,14 @@ class NFSServer:
             " (read-only)" if self.export.read_only else "",
         )
         log.info("build: %s", nfsrdma.build())  # compiled (mypyc) or pure Python (setup.py)
+        log.info(
+            "descriptors: %d (connections %d, %d from one address; open files %d, %d per client)",
+            limit,
+            cfg.max_connections,
+            cfg.connections_per_source,
+            state.max_open_files,
+            state.state_per_client,
+        )
         self._reaper = asyncio.create_task(self._reap_leases())
         await self.stats.start()
 
