@@ -209,7 +209,9 @@ class _Run:
     def run(self) -> Awaitable[None] | None:
         """Run operations until the end, or until one must wait: then a coroutine goes on."""
         try:
-            steps = _fast_steps(self.r, self.off, self.ctx.op_count) if FAST_PATHS else None
+            steps = None
+            if FAST_PATHS and self.ctx.server.security is None:  # (no WRONGSEC to check)
+                steps = _fast_steps(self.r, self.off, self.ctx.op_count)
             waiting = self._advance() if steps is None else self._advance_fast(steps)
         except BaseException:
             self._finish()
