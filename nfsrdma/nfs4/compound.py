@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, Outcome
 from nfsrdma.nfs4.errors import status_of
 from nfsrdma.nfs4.ops import HANDLERS
+from nfsrdma.nfs4.ops.filehandle import put_fh
 from nfsrdma.nfs4.ops.lookup import SECURITY_CHECKED, wrong_security
 from nfsrdma.rpc.auth import pseudoflavor_of
 from nfsrdma.vfs.base import Cred, Origin
@@ -108,6 +109,8 @@ _FAST_STEPS: dict[int, tuple[_Step, _Step, _Step]] = {
     for third in _FAST_THIRD
 }
 _OPNUM_LEN = struct.Struct(">II")
+_PUTFH_RESULT = nfs4.PUTFH4res(nfs4.NFS4_OK)
+_PUTFH_OK = _OPNUM_LEN.pack(nfs4.OP_PUTFH, nfs4.NFS4_OK)  # PUTFH's nfs_resop4 on success
 
 
 def _fast_steps(r: Reader, off: int, count: int) -> tuple[_Step, _Step, _Step] | None:
@@ -200,9 +203,9 @@ class _Run:
         self.done = 0
         self.read_class = 0
         self.replayed = False
-        self.table = ctx.server.stats.table(ctx.conn.conn.kind)  # nfsrdma.stats
-        self.table.compounds += 1
-        self.clock = ctx.now  # when the last operation ended (its latency is from there)
+        # Statistics (nfsrdma.stats): each operation's number, status and end time, recorded
+        # in one step when the COMPOUND ends (each latency is from the previous end).
+        self.recorded: list[tuple[int, int, float]] = []
         self.ddp_items = 0  # how many of w.ddp are counted in ddp_bytes
         self.ddp_bytes = 0  # their padded size (they count toward the reply's size)
 
@@ -237,28 +240,73 @@ class _Run:
         self, steps: tuple[_Step, _Step, _Step]
     ) -> tuple[Operation[Any, Any], Awaitable[Any]] | None:
         """``_advance`` for a fast-path prefix: its operations are known to be these, at these
-        positions, and none can be out of place once SEQUENCE has succeeded; then the rest."""
-        ctx, r = self.ctx, self.r
-        for op, handler in steps:
-            if op is not _SEQUENCE and ctx.session is None:
-                return self._advance()  # (cannot happen: SEQUENCE succeeded) the reference
-            ctx.op_index = self.i
-            self.i += 1
-            try:
-                args, self.off = op.dec_args(r, self.off + 4)
-            except XdrError as e:
-                log.info("%s: %s arguments do not decode: %s", ctx.conn.peer, op.name, e)
-                self._record(op, op.error(nfs4.NFS4ERR_BADXDR))
+        positions, and none can be out of place once SEQUENCE has succeeded; then the rest.
+        SEQUENCE and PUTFH never wait, and PUTFH's success is a constant piece of reply."""
+        ctx, r, w = self.ctx, self.r, self.w
+        (seq_op, seq_handler), (putfh_op, _), (op, handler) = steps
+        ctx.op_index = 0
+        self.i = 1
+        try:
+            args, self.off = seq_op.dec_args(r, self.off + 4)
+        except XdrError as e:
+            self._undecodable(seq_op, e)
+            return None
+        try:
+            outcome = seq_handler(ctx, args)
+        except Exception as e:
+            outcome = self._failed(seq_op, e)
+        if self._record(seq_op, outcome):
+            return None
+        session = ctx.session
+        if session is None:
+            return self._advance()  # (cannot happen: SEQUENCE succeeded) the reference
+        ctx.op_index = 1
+        self.i = 2
+        try:
+            fh, self.off = putfh_op.dec_args(r, self.off + 4)
+        except XdrError as e:
+            self._undecodable(putfh_op, e)
+            return None
+        try:
+            put_fh(ctx, fh.object)
+        except Exception as e:
+            if self._record(putfh_op, self._failed(putfh_op, e)):
                 return None
-            try:
-                outcome = handler(ctx, args)
-            except Exception as e:
-                outcome = self._failed(op, e)
-            if _must_wait(outcome):
-                return op, outcome
-            if self._record(op, outcome):
-                return None
+        else:
+            w += _PUTFH_OK
+            size, fore = len(w) - self.head, session.fore
+            if (
+                w.ddp
+                or self.ddp_items
+                or size > fore.ca_maxresponsesize_cached
+                or size > fore.ca_maxresponsesize
+            ):  # the limits: as the generic path checks them
+                del w[-len(_PUTFH_OK) :]
+                if self._record(putfh_op, _PUTFH_RESULT):
+                    return None
+            else:
+                self.done += 1
+                self.recorded.append((nfs4.OP_PUTFH, nfs4.NFS4_OK, time.monotonic()))
+        ctx.op_index = 2
+        self.i = 3
+        try:
+            args, self.off = op.dec_args(r, self.off + 4)
+        except XdrError as e:
+            self._undecodable(op, e)
+            return None
+        try:
+            outcome = handler(ctx, args)
+        except Exception as e:
+            outcome = self._failed(op, e)
+        if _must_wait(outcome):
+            return op, outcome
+        if self._record(op, outcome) or self.i >= ctx.op_count:
+            return None
         return self._advance()
+
+    def _undecodable(self, op: Operation[Any, Any], e: XdrError) -> None:
+        log.info("%s: %s arguments do not decode: %s", self.ctx.conn.peer, op.name, e)
+        self._record(op, op.error(nfs4.NFS4ERR_BADXDR))
 
     async def _continue(self, op: Operation[Any, Any], pending: Awaitable[Any]) -> None:
         try:
@@ -315,35 +363,45 @@ class _Run:
 
     def _record(self, op: Operation[Any, Any], res: Any) -> bool:
         """Encode an operation's result; True when the COMPOUND stops here."""
-        ctx, w, head = self.ctx, self.w, self.head
+        ctx, w = self.ctx, self.w
         seq = ctx.sequence
         if op is _SEQUENCE and seq is not None and seq.replay is not None:
             # A retry: the cached reply, as it was, whatever this request says now.
-            del w[head:]
+            del w[self.head :]
             w.ddp.clear()
             replay = seq.replay
             assert isinstance(replay, EncodedReply)
             replay.append_to(w)
             self.replayed = True
-            self.table.replays += 1
             return True
         mark, ddp_mark = len(w), len(w.ddp)
-        if op.number in READ_CLASS_OPS:
+        number = op.number
+        if number in READ_CLASS_OPS:
             w.ddp_tag = self.read_class
             self.read_class += 1
-        op.encode_result(w, res)
+        w += op.head
+        op.enc_res(w, res)
         status = op.status_of(res)
-        too_big = self._over_limit()
-        if too_big:
-            del w[mark:]
-            del w.ddp[ddp_mark:]
-            status = too_big
-            op.encode_result(w, op.error(status))
+        session = ctx.session
+        if session is not None:
+            # Within both limits without DDP data (the usual case): nothing to add up.
+            size, fore = len(w) - self.head, session.fore
+            too_big = 0
+            if (
+                w.ddp
+                or self.ddp_items
+                or size > fore.ca_maxresponsesize_cached
+                or size > fore.ca_maxresponsesize
+            ):
+                too_big = self._over_limit()
+            if too_big:
+                del w[mark:]
+                del w.ddp[ddp_mark:]
+                status = too_big
+                op.encode_result(w, op.error(status))
         self.status = status
         self.done += 1
-        now = time.monotonic()
-        self.table.record(op.number, status, now - self.clock)
-        self.clock = now
+        self.recorded.append((number, status, time.monotonic()))
         if status != nfs4.NFS4_OK:
             return True
         if op is _SEQUENCE and seq is not None and seq.uncached_retry:
@@ -370,6 +428,8 @@ class _Run:
         """Complete the reply header and hand the reply to the slot (exactly once)."""
         ctx, w, head = self.ctx, self.w, self.head
         seq, ctx.sequence = ctx.sequence, None
+        table = ctx.server.stats.table(ctx.conn.conn.kind)
+        table.record_run(ctx.now, self.recorded, self.replayed)
         if not self.replayed:
             _patch(w, head, self.count_at, self.status, self.done)
         if seq is not None and seq.session is not None and seq.replay is None:
