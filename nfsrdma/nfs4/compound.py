@@ -31,6 +31,7 @@ from nfsrdma.nfs4.ops.filehandle import put_fh
 from nfsrdma.nfs4.ops.lookup import SECURITY_CHECKED, wrong_security
 from nfsrdma.rpc.auth import pseudoflavor_of
 from nfsrdma.vfs.base import Cred, Origin
+from nfsrdma.vfs.confine import close_window, open_window
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import DdpItem, Operation, Reader, Writer, XdrError
 
@@ -211,14 +212,19 @@ class _Run:
 
     def run(self) -> Awaitable[None] | None:
         """Run operations until the end, or until one must wait: then a coroutine goes on."""
+        # Each descriptor is checked to be inside the export once while the COMPOUND runs
+        # synchronously (vfs/confine.py); the window closes before anything waits.
+        open_window()
         try:
             steps = None
             if FAST_PATHS and self.ctx.server.security is None:  # (no WRONGSEC to check)
                 steps = _fast_steps(self.r, self.off, self.ctx.op_count)
             waiting = self._advance() if steps is None else self._advance_fast(steps)
         except BaseException:
+            close_window()
             self._finish()
             raise
+        close_window()
         if waiting is None:
             self._finish()
             return None
