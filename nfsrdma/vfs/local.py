@@ -254,6 +254,7 @@ class LocalVfs(Vfs):
             pin.release()
         self._res.remember(fh, pin.key, bname)
         self._res.fds.put(fh, fd, st.st_ino)
+        self._res.found_inside(fh)
         return fh
 
     @off_protected_threads

@@ -295,11 +295,20 @@ class Resolver:
         self.fds.discard(fh)
         return None
 
+    def found_inside(self, fh: bytes) -> None:
+        """``fh``'s descriptor was just opened by one name in a directory whose descriptor is
+        inside (LOOKUP): it is inside too, for the rest of the calling thread's check window."""
+        checked = getattr(WINDOW, "checked", None)
+        if checked is not None:
+            checked.add((self._root_fd, fh))
+
     def _inside(self, fd: int, st: os.stat_result | None = None) -> bool:
         """Whether ``fd`` (not the root's) names an object inside the export now."""
-        path = confine.kernel_path(fd, self._proc_fds)
-        top = b"/" if self.cloned else confine.kernel_path(self._root_fd, self._proc_fds)
-        rel = confine.relative_to(path, top)
+        path = os.readlink(b"%d" % fd, dir_fd=self._proc_fds)  # confine.kernel_path, inlined
+        if self.cloned:  # confine.relative_to(path, b"/"), inlined
+            rel: bytes | None = path[1:] if path[:1] == b"/" else None
+        else:
+            rel = confine.relative_to(path, confine.kernel_path(self._root_fd, self._proc_fds))
         if not rel:  # outside; on the clone also escaped or disconnected; or the root's path
             return False
         if rel.endswith(confine.DELETED):  # our name was unlinked, or the name ends so

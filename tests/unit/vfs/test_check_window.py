@@ -101,6 +101,31 @@ def test_a_descriptor_dropped_in_a_window_is_resolved_and_checked_again(
         confine.close_window()
 
 
+@pytest.mark.parametrize("options", MODES)
+def test_what_lookup_opened_in_a_window_counts_as_checked_until_it_closes(
+    make_vfs: MakeVfs, export_dir: Path, tmp_path: Path, options: dict[str, Any]
+) -> None:
+    vfs = make_vfs(root_squash=False, **options)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (export_dir / "f").write_bytes(b"data")
+    confine.open_window()
+    try:
+        f = vfs.lookup(ROOT, vfs.root_handle(), "f")  # opened by name in the root
+        os.rename(export_dir / "f", outside / "f")
+        assert vfs.getattr(f).size == 4  # not checked again in this window
+    finally:
+        confine.close_window()
+    with pytest.raises(StaleHandle):
+        vfs.getattr(f)
+    confine.open_window()
+    try:
+        with pytest.raises(StaleHandle):  # a new window checks afresh
+            vfs.check(f)
+    finally:
+        confine.close_window()
+
+
 # -- through COMPOUNDs ----------------------------------------------------------------------
 
 
