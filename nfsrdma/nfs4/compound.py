@@ -22,18 +22,18 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from inspect import isawaitable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, Outcome
 from nfsrdma.nfs4.errors import status_of
 from nfsrdma.nfs4.ops import HANDLERS
 from nfsrdma.nfs4.ops.filehandle import put_fh
 from nfsrdma.nfs4.ops.lookup import SECURITY_CHECKED, wrong_security
-from nfsrdma.rpc.auth import pseudoflavor_of
+from nfsrdma.rpc.auth import Credential, pseudoflavor_of
 from nfsrdma.vfs.base import Cred, Origin
 from nfsrdma.vfs.confine import close_window, open_window
 from nfsrdma.xdr.gen import nfs4
-from nfsrdma.xdr.runtime import DdpItem, Operation, Reader, Writer, XdrError
+from nfsrdma.xdr.runtime import DdpItem, Operation, Reader, Writer, XdrError, pack
 
 if TYPE_CHECKING:
     from nfsrdma.nfs4.server_state import ServerState
@@ -111,6 +111,9 @@ _FAST_STEPS: dict[int, tuple[_Step, _Step, _Step]] = {
 }
 _OPNUM_LEN = struct.Struct(">II")
 _PUTFH_RESULT = nfs4.PUTFH4res(nfs4.NFS4_OK)
+_UNTAGGED_HEAD = pack(nfs4.enc_COMPOUND4res_head, nfs4.COMPOUND4res_head(nfs4.NFS4_OK, b"", 0))
+# conn.context key of the connection's last (RPC credential, file-system identity) pair
+_CRED_MEMO = "nfs4.compound.cred"
 _PUTFH_OK = _OPNUM_LEN.pack(nfs4.OP_PUTFH, nfs4.NFS4_OK)  # PUTFH's nfs_resop4 on success
 
 
@@ -134,11 +137,19 @@ def _fast_steps(r: Reader, off: int, count: int) -> tuple[_Step, _Step, _Step] |
 
 def cred_of(server: ServerState, call: RpcCall) -> Cred:
     c = call.cred
+    context = call.conn.context
+    memo = context.get(_CRED_MEMO)  # the connection's last caller (credentials are shared)
+    if memo is not None:
+        last, cred = cast(tuple[Credential, Cred], memo)
+        if last is c:
+            return cred
     origin = Origin(call.conn.peer, pseudoflavor_of(c), call.conn.conn.kind)  # export rules
     if c.uid is None or c.gid is None:
         anon = server.vfs.export.anonymous_cred()
         return Cred(anon.uid, anon.gid, anon.gids, origin)
-    return Cred(c.uid, c.gid, c.gids, origin)
+    cred = Cred(c.uid, c.gid, c.gids, origin)
+    context[_CRED_MEMO] = (c, cred)
+    return cred
 
 
 def compound(server: ServerState, call: RpcCall, w: Writer) -> Awaitable[None] | None:
@@ -152,7 +163,10 @@ def compound(server: ServerState, call: RpcCall, w: Writer) -> Awaitable[None] |
     head_args, off = nfs4.peek_COMPOUND4args(r, call.offset)
     tag, count = head_args.tag, head_args.argarray
     head = len(w)
-    nfs4.enc_COMPOUND4res_head(w, nfs4.COMPOUND4res_head(nfs4.NFS4_OK, tag, 0))
+    if tag:
+        nfs4.enc_COMPOUND4res_head(w, nfs4.COMPOUND4res_head(nfs4.NFS4_OK, tag, 0))
+    else:  # the Linux client's: a constant
+        w += _UNTAGGED_HEAD
     count_at = len(w) - 4  # status and count are set when the COMPOUND ends (_patch)
     if head_args.minorversion not in MINOR_VERSIONS:
         _patch(w, head, count_at, nfs4.NFS4ERR_MINOR_VERS_MISMATCH, 0)
