@@ -204,6 +204,23 @@ def _request_size(r: Reader, offset: int) -> int:
 class _Run:
     """One COMPOUND in progress: the operations left, and the reply so far."""
 
+    __slots__ = (
+        "count_at",
+        "ctx",
+        "ddp_bytes",
+        "ddp_items",
+        "done",
+        "head",
+        "i",
+        "off",
+        "r",
+        "read_class",
+        "recorded",
+        "replayed",
+        "status",
+        "w",
+    )
+
     def __init__(
         self, ctx: CompoundContext, r: Reader, off: int, w: Writer, head: int, count_at: int
     ) -> None:
@@ -404,16 +421,13 @@ class _Run:
         status = op.status_of(res)
         session = ctx.session
         if session is not None:
-            # Within both limits without DDP data (the usual case): nothing to add up.
-            size, fore = len(w) - self.head, session.fore
+            # The reply's size limits (REP_TOO_BIG, REP_TOO_BIG_TO_CACHE), DDP data counted.
+            if len(w.ddp) != self.ddp_items:
+                self._count_ddp()
+            size, fore = len(w) - self.head + self.ddp_bytes, session.fore
             too_big = 0
-            if (
-                w.ddp
-                or self.ddp_items
-                or size > fore.ca_maxresponsesize_cached
-                or size > fore.ca_maxresponsesize
-            ):
-                too_big = self._over_limit()
+            if size > fore.ca_maxresponsesize_cached or size > fore.ca_maxresponsesize:
+                too_big = _over_limit(ctx, size)  # (within both: no error, the usual case)
             if too_big:
                 del w[mark:]
                 del w.ddp[ddp_mark:]
@@ -434,15 +448,17 @@ class _Run:
             return True
         return False
 
-    def _over_limit(self) -> int:
-        """The reply's size limits (REP_TOO_BIG, REP_TOO_BIG_TO_CACHE), DDP data counted."""
+    def _count_ddp(self) -> None:
+        """Bring ``ddp_bytes`` up to date with the reply's DDP items (counted incrementally)."""
         ddp = self.w.ddp
-        if len(ddp) != self.ddp_items:
-            if len(ddp) < self.ddp_items:  # items were taken back: count afresh
-                self.ddp_items = self.ddp_bytes = 0
-            self.ddp_bytes += sum(i.padded_length for i in ddp[self.ddp_items :])
-            self.ddp_items = len(ddp)
-        return _over_limit(self.ctx, len(self.w) - self.head + self.ddp_bytes)
+        if len(ddp) < self.ddp_items:  # items were taken back: count afresh
+            self.ddp_items = self.ddp_bytes = 0
+        total = self.ddp_bytes
+        for k in range(self.ddp_items, len(ddp)):
+            n = len(ddp[k].data)
+            total += n + (-n & 3)  # (DdpItem.padded_length)
+        self.ddp_bytes = total
+        self.ddp_items = len(ddp)
 
     def _finish(self) -> None:
         """Complete the reply header and hand the reply to the slot (exactly once)."""

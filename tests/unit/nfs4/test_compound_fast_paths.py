@@ -406,3 +406,33 @@ def test_an_export_with_flavours_refuses_auth_sys_on_the_fast_shapes_too(third: 
 
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(scenario(Path(tmp)))
+
+
+def test_read_data_counts_toward_the_cached_reply_limit() -> None:
+    """READ data travels as a DDP item beside the reply's bytes: it counts toward
+    ca_maxresponsesize_cached (2048 here), on both paths."""
+
+    async def scenario(root: Path) -> None:
+        (root / "export").mkdir()
+        (root / "export" / "f").write_bytes(bytes(range(256)) * 20)
+        pair = Pair(Server(root, fast=True), Server(root, fast=False))
+        try:
+            await pair.setup()
+            for count, status in ((1900, OK), (2100, nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE)):
+                c = {
+                    "slot": 0,
+                    "delta": 1,
+                    "cachethis": True,
+                    "fh": "file",
+                    "third": ("READ", ("open", 0, count)),
+                    "extra": None,
+                    "cut": 0,
+                }
+                res = unpack(nfs4.dec_COMPOUND4res, await pair.both(build(pair, c, b"", b"")))
+                assert (res.status, len(res.resarray)) == (status, 3)
+        finally:
+            pair.fast.state.close()
+            pair.generic.state.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(scenario(Path(tmp)))
