@@ -29,6 +29,7 @@ NO_KERNEL_HANDLE: Final = -1
 _HEAD = struct.Struct(">BQiB")
 MIN_SIZE: Final = _HEAD.size + MAC_SIZE
 MAX_KERNEL_HANDLE: Final = NFS4_FHSIZE - MIN_SIZE
+MADE_MAX: Final = 4096  # handles remembered by HandleCodec.pack
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,9 @@ class HandleCodec:
 
     def __init__(self, secret: bytes) -> None:
         self._key = hmac.digest(secret, b"nfsrdma file handle v1", "sha256")
+        # Handles made, by body: a handle is a pure function of its body, and LOOKUP/OPEN make
+        # the same ones again and again (bounded: forgotten all at once when full).
+        self._made: dict[bytes, bytes] = {}
 
     def _mac(self, body: bytes) -> bytes:
         return hmac.digest(self._key, body, "sha256")[:MAC_SIZE]  # (one-shot: no HMAC object)
@@ -51,7 +55,12 @@ class HandleCodec:
         if len(khandle) > MAX_KERNEL_HANDLE:
             raise OSError(errno.EOVERFLOW, f"kernel file handle of {len(khandle)} octets too large")
         body = _HEAD.pack(VERSION, fileid, ktype, len(khandle)) + khandle
-        return body + self._mac(body)
+        fh = self._made.get(body)
+        if fh is None:
+            if len(self._made) >= MADE_MAX:
+                self._made.clear()
+            fh = self._made[body] = body + self._mac(body)
+        return fh
 
     def unpack(self, fh: bytes) -> HandleInfo:
         """Check and decode a handle; raises :class:`BadHandle` unless we made it."""
