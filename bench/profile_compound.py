@@ -1,7 +1,11 @@
 """Profile the server's COMPOUND path with cProfile: the same in-process path as
 ``bench/server_cpu.py`` (record parser, RPC dispatch, COMPOUND, local VFS, reply framing).
 
-Usage: ``python bench/profile_compound.py [read|getattr] [--count N] [--top N] [--out FILE]``.
+Usage: ``python bench/profile_compound.py [read|getattr|openclose] [--count N] [--top N]
+[--out FILE]``. ``openclose`` profiles the pair of ``bench/server_cpu.py``: SEQUENCE+PUTFH+OPEN
+(no create, a second owner)+GETFH, then SEQUENCE+PUTFH+CLOSE of that open (``--count`` pairs;
+the figure is per COMPOUND, and the client side's encoding and decoding of the pair is profiled
+out).
 Prints the functions by own time (tottime) and by cumulative time; ``--out`` also saves the
 raw profile (for ``python -m pstats`` or snakeviz). Note that a compiled (mypyc) module's
 functions do not appear as Python frames: profile the pure build (``NFSRDMA_PURE=1``) to see
@@ -29,6 +33,7 @@ from server_cpu import LINUX_BITMAP, Served, marked
 
 from nfsrdma.nfs4.attrs import bitmap_of
 from nfsrdma.xdr.gen import nfs4
+from nfsrdma.xdr.runtime import Reader
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -58,6 +63,10 @@ async def run(args: argparse.Namespace) -> int:
             )
             fh: bytes = created.resarray[3].value.value.object
             stateid = created.resarray[2].value.value.stateid
+            if args.shape == "openclose":
+                us, prof = await _openclose(bench, served, root_fh, fh, args.count)
+                args.count *= 2
+                return _report(prof, us, args)
             if args.shape == "read":
                 third = _op(nfs4.OP_READ, nfs4.READ4args(stateid, 0, 4096))
             else:
@@ -79,6 +88,72 @@ async def run(args: argparse.Namespace) -> int:
             us = (time.process_time_ns() - t0) / args.count / 1000
         finally:
             bench.server.close()
+    return _report(prof, us, args)
+
+
+async def _openclose(
+    bench: Bench, served: Served, root_fh: bytes, fh: bytes, count: int
+) -> tuple[float, cProfile.Profile]:
+    owner = nfs4.open_owner4(1, b"pair")
+
+    def open_req() -> bytes:
+        return marked(
+            bench.request(
+                [
+                    bench.sequence(),
+                    _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(root_fh)),
+                    _op(
+                        nfs4.OP_OPEN,
+                        nfs4.OPEN4args(
+                            0,
+                            nfs4.OPEN4_SHARE_ACCESS_READ,
+                            nfs4.OPEN4_SHARE_DENY_NONE,
+                            owner,
+                            nfs4.openflag4(nfs4.OPEN4_NOCREATE, None),
+                            nfs4.open_claim4(nfs4.CLAIM_NULL, b"file"),
+                        ),
+                    ),
+                    _op(nfs4.OP_GETFH),
+                ]
+            )
+        )
+
+    def close_req(sid: nfs4.stateid4) -> bytes:
+        return marked(
+            bench.request(
+                [
+                    bench.sequence(),
+                    _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(fh)),
+                    _op(nfs4.OP_CLOSE, nfs4.CLOSE4args(0, sid)),
+                ]
+            )
+        )
+
+    prof = cProfile.Profile()
+    total = 0
+    for _ in range(count):
+        o = open_req()
+        t0 = time.process_time_ns()
+        prof.enable()
+        await served.send(o)
+        prof.disable()
+        total += time.process_time_ns() - t0
+        if served.last_status() != nfs4.NFS4_OK:
+            raise RuntimeError("OPEN failed")
+        reply = b"".join(bytes(p) for p in served.transport.last)[4:]
+        res, _ = nfs4.dec_COMPOUND4res(Reader(reply), 24)
+        c = close_req(res.resarray[2].value.value.stateid)
+        t0 = time.process_time_ns()
+        prof.enable()
+        await served.send(c)
+        prof.disable()
+        total += time.process_time_ns() - t0
+        if served.last_status() != nfs4.NFS4_OK:
+            raise RuntimeError("CLOSE failed")
+    return total / count / 2 / 1000, prof
+
+
+def _report(prof: cProfile.Profile, us: float, args: argparse.Namespace) -> int:
     stats = pstats.Stats(prof)
     if args.out:
         stats.dump_stats(args.out)
@@ -90,7 +165,7 @@ async def run(args: argparse.Namespace) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("shape", nargs="?", choices=("read", "getattr"), default="read")
+    ap.add_argument("shape", nargs="?", choices=("read", "getattr", "openclose"), default="read")
     ap.add_argument("--count", type=int, default=5000)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--out", default="")

@@ -35,6 +35,7 @@ from server_compound import Bench, _op
 
 import nfsrdma
 from nfsrdma.nfs4.attrs import bitmap_of
+from nfsrdma.nfs4.compound import compound
 from nfsrdma.nfs4.server_state import ServerState
 from nfsrdma.rpc.connection import RpcConnection
 from nfsrdma.rpc.server import Dispatcher, null_procedure
@@ -76,9 +77,7 @@ class Served:
 
     def __init__(self, state: ServerState) -> None:
         def compound_proc(call, w):  # type: ignore[no-untyped-def]
-            from nfsrdma.nfs4.compound import compound
-
-            return compound(state, call, w)
+            return compound(state, call, w)  # as NFSServer._compound does
 
         self.dispatcher = Dispatcher()
         self.dispatcher.add(

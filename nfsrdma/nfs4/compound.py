@@ -22,16 +22,18 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from inspect import isawaitable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, Outcome
 from nfsrdma.nfs4.errors import status_of
 from nfsrdma.nfs4.ops import HANDLERS
+from nfsrdma.nfs4.ops.filehandle import put_fh
 from nfsrdma.nfs4.ops.lookup import SECURITY_CHECKED, wrong_security
-from nfsrdma.rpc.auth import pseudoflavor_of
+from nfsrdma.rpc.auth import Credential, pseudoflavor_of
 from nfsrdma.vfs.base import Cred, Origin
+from nfsrdma.vfs.confine import close_window, open_window
 from nfsrdma.xdr.gen import nfs4
-from nfsrdma.xdr.runtime import DdpItem, Operation, Reader, Writer, XdrError
+from nfsrdma.xdr.runtime import DdpItem, Operation, Reader, Writer, XdrError, pack
 
 if TYPE_CHECKING:
     from nfsrdma.nfs4.server_state import ServerState
@@ -108,6 +110,11 @@ _FAST_STEPS: dict[int, tuple[_Step, _Step, _Step]] = {
     for third in _FAST_THIRD
 }
 _OPNUM_LEN = struct.Struct(">II")
+_PUTFH_RESULT = nfs4.PUTFH4res(nfs4.NFS4_OK)
+_UNTAGGED_HEAD = pack(nfs4.enc_COMPOUND4res_head, nfs4.COMPOUND4res_head(nfs4.NFS4_OK, b"", 0))
+# conn.context key of the connection's last (RPC credential, file-system identity) pair
+_CRED_MEMO = "nfs4.compound.cred"
+_PUTFH_OK = _OPNUM_LEN.pack(nfs4.OP_PUTFH, nfs4.NFS4_OK)  # PUTFH's nfs_resop4 on success
 
 
 def _fast_steps(r: Reader, off: int, count: int) -> tuple[_Step, _Step, _Step] | None:
@@ -130,11 +137,19 @@ def _fast_steps(r: Reader, off: int, count: int) -> tuple[_Step, _Step, _Step] |
 
 def cred_of(server: ServerState, call: RpcCall) -> Cred:
     c = call.cred
+    context = call.conn.context
+    memo = context.get(_CRED_MEMO)  # the connection's last caller (credentials are shared)
+    if memo is not None:
+        last, cred = cast(tuple[Credential, Cred], memo)
+        if last is c:
+            return cred
     origin = Origin(call.conn.peer, pseudoflavor_of(c), call.conn.conn.kind)  # export rules
     if c.uid is None or c.gid is None:
         anon = server.vfs.export.anonymous_cred()
         return Cred(anon.uid, anon.gid, anon.gids, origin)
-    return Cred(c.uid, c.gid, c.gids, origin)
+    cred = Cred(c.uid, c.gid, c.gids, origin)
+    context[_CRED_MEMO] = (c, cred)
+    return cred
 
 
 def compound(server: ServerState, call: RpcCall, w: Writer) -> Awaitable[None] | None:
@@ -148,7 +163,10 @@ def compound(server: ServerState, call: RpcCall, w: Writer) -> Awaitable[None] |
     head_args, off = nfs4.peek_COMPOUND4args(r, call.offset)
     tag, count = head_args.tag, head_args.argarray
     head = len(w)
-    nfs4.enc_COMPOUND4res_head(w, nfs4.COMPOUND4res_head(nfs4.NFS4_OK, tag, 0))
+    if tag:
+        nfs4.enc_COMPOUND4res_head(w, nfs4.COMPOUND4res_head(nfs4.NFS4_OK, tag, 0))
+    else:  # the Linux client's: a constant
+        w += _UNTAGGED_HEAD
     count_at = len(w) - 4  # status and count are set when the COMPOUND ends (_patch)
     if head_args.minorversion not in MINOR_VERSIONS:
         _patch(w, head, count_at, nfs4.NFS4ERR_MINOR_VERS_MISMATCH, 0)
@@ -186,6 +204,23 @@ def _request_size(r: Reader, offset: int) -> int:
 class _Run:
     """One COMPOUND in progress: the operations left, and the reply so far."""
 
+    __slots__ = (
+        "count_at",
+        "ctx",
+        "ddp_bytes",
+        "ddp_items",
+        "done",
+        "head",
+        "i",
+        "off",
+        "r",
+        "read_class",
+        "recorded",
+        "replayed",
+        "status",
+        "w",
+    )
+
     def __init__(
         self, ctx: CompoundContext, r: Reader, off: int, w: Writer, head: int, count_at: int
     ) -> None:
@@ -200,20 +235,27 @@ class _Run:
         self.done = 0
         self.read_class = 0
         self.replayed = False
-        self.table = ctx.server.stats.table(ctx.conn.conn.kind)  # nfsrdma.stats
-        self.table.compounds += 1
-        self.clock = ctx.now  # when the last operation ended (its latency is from there)
+        # Statistics (nfsrdma.stats): each operation's number, status and end time, recorded
+        # in one step when the COMPOUND ends (each latency is from the previous end).
+        self.recorded: list[tuple[int, int, float]] = []
         self.ddp_items = 0  # how many of w.ddp are counted in ddp_bytes
         self.ddp_bytes = 0  # their padded size (they count toward the reply's size)
 
     def run(self) -> Awaitable[None] | None:
         """Run operations until the end, or until one must wait: then a coroutine goes on."""
+        # Each descriptor is checked to be inside the export once while the COMPOUND runs
+        # synchronously (vfs/confine.py); the window closes before anything waits.
+        open_window()
         try:
-            steps = _fast_steps(self.r, self.off, self.ctx.op_count) if FAST_PATHS else None
+            steps = None
+            if FAST_PATHS and self.ctx.server.security is None:  # (no WRONGSEC to check)
+                steps = _fast_steps(self.r, self.off, self.ctx.op_count)
             waiting = self._advance() if steps is None else self._advance_fast(steps)
         except BaseException:
+            close_window()
             self._finish()
             raise
+        close_window()
         if waiting is None:
             self._finish()
             return None
@@ -235,28 +277,73 @@ class _Run:
         self, steps: tuple[_Step, _Step, _Step]
     ) -> tuple[Operation[Any, Any], Awaitable[Any]] | None:
         """``_advance`` for a fast-path prefix: its operations are known to be these, at these
-        positions, and none can be out of place once SEQUENCE has succeeded; then the rest."""
-        ctx, r = self.ctx, self.r
-        for op, handler in steps:
-            if op is not _SEQUENCE and ctx.session is None:
-                return self._advance()  # (cannot happen: SEQUENCE succeeded) the reference
-            ctx.op_index = self.i
-            self.i += 1
-            try:
-                args, self.off = op.dec_args(r, self.off + 4)
-            except XdrError as e:
-                log.info("%s: %s arguments do not decode: %s", ctx.conn.peer, op.name, e)
-                self._record(op, op.error(nfs4.NFS4ERR_BADXDR))
+        positions, and none can be out of place once SEQUENCE has succeeded; then the rest.
+        SEQUENCE and PUTFH never wait, and PUTFH's success is a constant piece of reply."""
+        ctx, r, w = self.ctx, self.r, self.w
+        (seq_op, seq_handler), (putfh_op, _), (op, handler) = steps
+        ctx.op_index = 0
+        self.i = 1
+        try:
+            args, self.off = seq_op.dec_args(r, self.off + 4)
+        except XdrError as e:
+            self._undecodable(seq_op, e)
+            return None
+        try:
+            outcome = seq_handler(ctx, args)
+        except Exception as e:
+            outcome = self._failed(seq_op, e)
+        if self._record(seq_op, outcome):
+            return None
+        session = ctx.session
+        if session is None:
+            return self._advance()  # (cannot happen: SEQUENCE succeeded) the reference
+        ctx.op_index = 1
+        self.i = 2
+        try:
+            fh, self.off = putfh_op.dec_args(r, self.off + 4)
+        except XdrError as e:
+            self._undecodable(putfh_op, e)
+            return None
+        try:
+            put_fh(ctx, fh.object)
+        except Exception as e:
+            if self._record(putfh_op, self._failed(putfh_op, e)):
                 return None
-            try:
-                outcome = handler(ctx, args)
-            except Exception as e:
-                outcome = self._failed(op, e)
-            if _must_wait(outcome):
-                return op, outcome
-            if self._record(op, outcome):
-                return None
+        else:
+            w += _PUTFH_OK
+            size, fore = len(w) - self.head, session.fore
+            if (
+                w.ddp
+                or self.ddp_items
+                or size > fore.ca_maxresponsesize_cached
+                or size > fore.ca_maxresponsesize
+            ):  # the limits: as the generic path checks them
+                del w[-len(_PUTFH_OK) :]
+                if self._record(putfh_op, _PUTFH_RESULT):
+                    return None
+            else:
+                self.done += 1
+                self.recorded.append((nfs4.OP_PUTFH, nfs4.NFS4_OK, time.monotonic()))
+        ctx.op_index = 2
+        self.i = 3
+        try:
+            args, self.off = op.dec_args(r, self.off + 4)
+        except XdrError as e:
+            self._undecodable(op, e)
+            return None
+        try:
+            outcome = handler(ctx, args)
+        except Exception as e:
+            outcome = self._failed(op, e)
+        if _must_wait(outcome):
+            return op, outcome
+        if self._record(op, outcome) or self.i >= ctx.op_count:
+            return None
         return self._advance()
+
+    def _undecodable(self, op: Operation[Any, Any], e: XdrError) -> None:
+        log.info("%s: %s arguments do not decode: %s", self.ctx.conn.peer, op.name, e)
+        self._record(op, op.error(nfs4.NFS4ERR_BADXDR))
 
     async def _continue(self, op: Operation[Any, Any], pending: Awaitable[Any]) -> None:
         try:
@@ -313,35 +400,42 @@ class _Run:
 
     def _record(self, op: Operation[Any, Any], res: Any) -> bool:
         """Encode an operation's result; True when the COMPOUND stops here."""
-        ctx, w, head = self.ctx, self.w, self.head
+        ctx, w = self.ctx, self.w
         seq = ctx.sequence
         if op is _SEQUENCE and seq is not None and seq.replay is not None:
             # A retry: the cached reply, as it was, whatever this request says now.
-            del w[head:]
+            del w[self.head :]
             w.ddp.clear()
             replay = seq.replay
             assert isinstance(replay, EncodedReply)
             replay.append_to(w)
             self.replayed = True
-            self.table.replays += 1
             return True
         mark, ddp_mark = len(w), len(w.ddp)
-        if op.number in READ_CLASS_OPS:
+        number = op.number
+        if number in READ_CLASS_OPS:
             w.ddp_tag = self.read_class
             self.read_class += 1
-        op.encode_result(w, res)
+        w += op.head
+        op.enc_res(w, res)
         status = op.status_of(res)
-        too_big = self._over_limit()
-        if too_big:
-            del w[mark:]
-            del w.ddp[ddp_mark:]
-            status = too_big
-            op.encode_result(w, op.error(status))
+        session = ctx.session
+        if session is not None:
+            # The reply's size limits (REP_TOO_BIG, REP_TOO_BIG_TO_CACHE), DDP data counted.
+            if len(w.ddp) != self.ddp_items:
+                self._count_ddp()
+            size, fore = len(w) - self.head + self.ddp_bytes, session.fore
+            too_big = 0
+            if size > fore.ca_maxresponsesize_cached or size > fore.ca_maxresponsesize:
+                too_big = _over_limit(ctx, size)  # (within both: no error, the usual case)
+            if too_big:
+                del w[mark:]
+                del w.ddp[ddp_mark:]
+                status = too_big
+                op.encode_result(w, op.error(status))
         self.status = status
         self.done += 1
-        now = time.monotonic()
-        self.table.record(op.number, status, now - self.clock)
-        self.clock = now
+        self.recorded.append((number, status, time.monotonic()))
         if status != nfs4.NFS4_OK:
             return True
         if op is _SEQUENCE and seq is not None and seq.uncached_retry:
@@ -354,20 +448,24 @@ class _Run:
             return True
         return False
 
-    def _over_limit(self) -> int:
-        """The reply's size limits (REP_TOO_BIG, REP_TOO_BIG_TO_CACHE), DDP data counted."""
+    def _count_ddp(self) -> None:
+        """Bring ``ddp_bytes`` up to date with the reply's DDP items (counted incrementally)."""
         ddp = self.w.ddp
-        if len(ddp) != self.ddp_items:
-            if len(ddp) < self.ddp_items:  # items were taken back: count afresh
-                self.ddp_items = self.ddp_bytes = 0
-            self.ddp_bytes += sum(i.padded_length for i in ddp[self.ddp_items :])
-            self.ddp_items = len(ddp)
-        return _over_limit(self.ctx, len(self.w) - self.head + self.ddp_bytes)
+        if len(ddp) < self.ddp_items:  # items were taken back: count afresh
+            self.ddp_items = self.ddp_bytes = 0
+        total = self.ddp_bytes
+        for k in range(self.ddp_items, len(ddp)):
+            n = len(ddp[k].data)
+            total += n + (-n & 3)  # (DdpItem.padded_length)
+        self.ddp_bytes = total
+        self.ddp_items = len(ddp)
 
     def _finish(self) -> None:
         """Complete the reply header and hand the reply to the slot (exactly once)."""
         ctx, w, head = self.ctx, self.w, self.head
         seq, ctx.sequence = ctx.sequence, None
+        table = ctx.server.stats.table(ctx.conn.conn.kind)
+        table.record_run(ctx.now, self.recorded, self.replayed)
         if not self.replayed:
             _patch(w, head, self.count_at, self.status, self.done)
         if seq is not None and seq.session is not None and seq.replay is None:

@@ -400,7 +400,7 @@ def write_delegation_elsewhere(ctx: CompoundContext, fh: bytes, bitmap: list[int
     """Whether a GETATTR asking for change or size must ask the holder of a write delegation
     of another client first (RFC 8881 section 10.4.3)."""
     table = table_of(ctx)
-    if not len(table) or ctx.server.delegation_service is None:
+    if not table or ctx.server.delegation_service is None:
         return False
     if not any(n in attr_numbers(bitmap) for n in _CB_ATTRS):
         return False

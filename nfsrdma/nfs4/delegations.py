@@ -109,6 +109,9 @@ class DelegationTable:
     def __len__(self) -> int:
         return sum(len(d) for d in self._by_file.values())
 
+    def __bool__(self) -> bool:  # (what len() > 0 says, without counting: no file is left empty)
+        return bool(self._by_file)
+
     def get(self, other: bytes) -> Delegation | None:
         return self._by_other.get(other)
 

@@ -609,31 +609,46 @@ class ServerSessions:
                 )
             self._bind(session, conn, bound | FORE)  # SP4_NONE: bound by use (SS-12)
         slots = session.slots
-        slot, disposition = slots.classify(args.sa_slotid, args.sa_sequenceid)
-        if session.client.courteous:
+        slotid, seqid, highest = args.sa_slotid, args.sa_sequenceid, args.sa_highest_slotid
+        # The usual case, a new request on an idle slot, without the full classification.
+        slot = slots.slots[slotid] if 0 <= slotid < slots.count else None
+        if slot is not None and seqid == (slot.seqid + 1) & SEQID_MASK and not slot.busy:
+            disposition = Disposition.NEW
+        else:
+            slot, disposition = slots.classify(slotid, seqid)
+        client = session.client
+        if client.courteous:
             log.info("client %#x is back, its state intact (courtesy)", session.clientid)
-            session.client.courtesy_mark = None
-        session.client.last_renewed = now
-        slots.client_highest(args.sa_highest_slotid)
-        top = max(args.sa_slotid, args.sa_highest_slotid)
-        self._reclaim_recalled(session, top)
-        self._note_slot_use(session, top, now)
+            client.courtesy_mark = None
+        client.last_renewed = now
+        target = slots.target_highest_slotid
+        if target < slots.count - 1 and highest <= target:
+            slots.client_highest(highest)
+        top = slotid if slotid > highest else highest
+        if session.slot_cap is not None:
+            self._reclaim_recalled(session, top)
+        if (  # (what _note_slot_use acts on: slots beyond the minimal ones, or the last)
+            top >= slots.count - 1
+            or top >= self.caps.min_slots
+            or top >= session.fore.ca_maxrequests
+        ):
+            self._note_slot_use(session, top, now)
         resok = nfs4.SEQUENCE4resok(
             sr_sessionid=session.sessionid,
-            sr_sequenceid=args.sa_sequenceid,
-            sr_slotid=args.sa_slotid,
-            sr_highest_slotid=slots.highest_slotid,
+            sr_sequenceid=seqid,
+            sr_slotid=slotid,
+            sr_highest_slotid=slots.count - 1,
             sr_target_highest_slotid=slots.target_highest_slotid,
             sr_status_flags=self._status_flags(session),
         )
-        result = SequenceResult(session, slot, args.sa_sequenceid, resok)
-        if disposition is Disposition.REPLAY:
-            result.replay = slot.reply
-        elif disposition is Disposition.UNCACHED_RETRY:
-            result.uncached_retry = True
-        else:
-            slots.begin(slot, args.sa_sequenceid)
+        result = SequenceResult(session, slot, seqid, resok)
+        if disposition is Disposition.NEW:
+            slots.begin(slot, seqid)
             result.cachethis = args.sa_cachethis
+        elif disposition is Disposition.REPLAY:
+            result.replay = slot.reply
+        else:
+            result.uncached_retry = True
         return result
 
     def _note_slot_use(self, session: Session, top: int, now: float) -> None:
@@ -799,10 +814,16 @@ class ServerSessions:
     def _status_flags(self, session: Session) -> int:
         client = session.client
         flags = client.status_flags
-        wanting = [s for s in client.sessions.values() if s.wants_back_channel]
         if session.wants_back_channel and not session.back_path_up:
             flags |= nfs4.SEQ4_STATUS_CB_PATH_DOWN_SESSION
-        if wanting and not any(s.back_path_up for s in wanting):
+        wanting = up = False
+        for s in client.sessions.values():
+            if s.wants_back_channel:
+                wanting = True
+                if s.back_path_up:
+                    up = True
+                    break
+        if wanting and not up:
             flags |= nfs4.SEQ4_STATUS_CB_PATH_DOWN
         return flags
 

@@ -82,6 +82,30 @@ class OpTable:
         if status:
             fig.errors[status] = fig.errors.get(status, 0) + 1
 
+    def record_run(
+        self, start: float, done: list[tuple[int, int, float]], replayed: bool = False
+    ) -> None:
+        """One COMPOUND begun at ``start`` (monotonic seconds): its operations, each as
+        (operation number, status, when it ended), the first one's latency measured from
+        ``start`` and each next one's from the end of the one before (the server's view; what
+        ``record`` would count for each); ``replayed`` when the reply cache answered it."""
+        self.compounds += 1
+        if replayed:
+            self.replays += 1
+        figures, bounds = self.ops, BOUNDS
+        before = start
+        for opnum, status, end in done:
+            fig = figures.get(opnum)
+            if fig is None:
+                fig = figures[opnum] = OpFigures()
+            seconds = end - before
+            before = end
+            fig.seconds += seconds
+            fig.buckets[bisect_left(bounds, seconds)] += 1
+            if status:
+                errors = fig.errors
+                errors[status] = errors.get(status, 0) + 1
+
     def record_compound(self, results: list[tuple[int, int]], seconds: float) -> None:
         """A COMPOUND's results, (operation number, status) each, all in ``seconds``: the
         requester's view, where every operation of a COMPOUND shares its round trip."""

@@ -8,12 +8,19 @@
   ancestor) out. :func:`kernel_path` reads where the kernel says the object is now (the
   ``/proc/self/fd`` link is computed from the live dentry chain, one system call) and
   :func:`relative_to` cuts it to a path below the export root, or says it is outside.
+* A *check window* (:func:`open_window` .. :func:`close_window`) lets one thread's run of
+  operations that cannot be interleaved with anything else on that thread (one COMPOUND, while
+  it runs synchronously on the event loop) check each descriptor once: inside the window, a
+  descriptor found inside the export stays so for the rest of the window (the same trust as
+  between a check and the use that follows it, stretched over microseconds of one COMPOUND).
+  Closing the window forgets everything it learnt; outside a window every use is checked.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import threading
 from typing import Final
 
 from nfsrdma.vfs.base import NAME_MAX
@@ -22,6 +29,27 @@ O_PATH_NOFOLLOW: Final = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_DEPTH: Final = 4096
 DELETED: Final = b" (deleted)"
 """What the kernel appends to the path of an unlinked dentry (a name may also end so)."""
+
+
+# The calling thread's check window: what it found inside, as (resolver key, handle); None
+# (or no attribute) when no window is open on the thread.
+WINDOW = threading.local()
+
+
+def open_window() -> None:
+    """Open the calling thread's check window (see the module docstring)."""
+    WINDOW.checked = set()
+
+
+def close_window() -> None:
+    """Close the calling thread's check window: every later use is checked again."""
+    WINDOW.checked = None
+
+
+def window() -> set[tuple[int, bytes]] | None:
+    """The calling thread's open check window, or None."""
+    checked: set[tuple[int, bytes]] | None = getattr(WINDOW, "checked", None)
+    return checked
 
 
 def check_name(name: bytes | str) -> bytes:

@@ -16,7 +16,6 @@ fit; ext4 uses 8, tmpfs 12, btrfs and xfs 20 or less.
 from __future__ import annotations
 
 import errno
-import hashlib
 import hmac
 import struct
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ NO_KERNEL_HANDLE: Final = -1
 _HEAD = struct.Struct(">BQiB")
 MIN_SIZE: Final = _HEAD.size + MAC_SIZE
 MAX_KERNEL_HANDLE: Final = NFS4_FHSIZE - MIN_SIZE
+MADE_MAX: Final = 4096  # handles remembered by HandleCodec.pack
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,15 +44,23 @@ class HandleCodec:
 
     def __init__(self, secret: bytes) -> None:
         self._key = hmac.digest(secret, b"nfsrdma file handle v1", "sha256")
+        # Handles made, by body: a handle is a pure function of its body, and LOOKUP/OPEN make
+        # the same ones again and again (bounded: forgotten all at once when full).
+        self._made: dict[bytes, bytes] = {}
 
     def _mac(self, body: bytes) -> bytes:
-        return hmac.new(self._key, body, hashlib.sha256).digest()[:MAC_SIZE]
+        return hmac.digest(self._key, body, "sha256")[:MAC_SIZE]  # (one-shot: no HMAC object)
 
     def pack(self, fileid: int, ktype: int, khandle: bytes) -> bytes:
         if len(khandle) > MAX_KERNEL_HANDLE:
             raise OSError(errno.EOVERFLOW, f"kernel file handle of {len(khandle)} octets too large")
         body = _HEAD.pack(VERSION, fileid, ktype, len(khandle)) + khandle
-        return body + self._mac(body)
+        fh = self._made.get(body)
+        if fh is None:
+            if len(self._made) >= MADE_MAX:
+                self._made.clear()
+            fh = self._made[body] = body + self._mac(body)
+        return fh
 
     def unpack(self, fh: bytes) -> HandleInfo:
         """Check and decode a handle; raises :class:`BadHandle` unless we made it."""

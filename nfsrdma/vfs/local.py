@@ -229,11 +229,10 @@ class LocalVfs(Vfs):
             pin.release()
 
     def check(self, fh: bytes) -> None:
-        pin = self._res.pin(fh)
-        try:
-            self._res.stat(pin)
-        finally:
-            pin.release()
+        # No fstat for the link count: a pinned descriptor is the root, an open file removed
+        # through this server (served until closed), or was found linked inside the export
+        # (resolver.py: by name, or by a kernel path without " (deleted)" or confirmed so).
+        self._res.pin(fh).release()
 
     @off_protected_threads
     def lookup(self, cred: Cred, dir_fh: bytes, name: bytes | str) -> bytes:
@@ -255,6 +254,7 @@ class LocalVfs(Vfs):
             pin.release()
         self._res.remember(fh, pin.key, bname)
         self._res.fds.put(fh, fd, st.st_ino)
+        self._res.found_inside(fh)
         return fh
 
     @off_protected_threads

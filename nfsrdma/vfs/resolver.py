@@ -12,7 +12,8 @@ fileid and kernel handle). Handles go stale when the server restarts, or when an
 renames an object. Logged at start-up.
 
 Both modes keep a bounded LRU of O_PATH descriptors keyed by handle (``fdcache.py``): the hot path
-costs a dictionary lookup plus the confinement check below. As root, the export is served from a
+costs a dictionary lookup plus the confinement check below (once per COMPOUND and descriptor:
+see the check window in ``confine.py``). As root, the export is served from a
 detached clone of its mount made with open_tree(2) without submounts, so other file systems
 mounted below are never entered and a mount point shows the directory it covers, as knfsd without
 ``crossmnt`` does. Without that privilege an object on another mount (mount ID from
@@ -51,6 +52,12 @@ without the clone), and a root that was removed serves an empty, unwritable dire
 
 There is a window between the check and the use of a descriptor (the same as in knfsd): the
 check proves the object was inside after it was opened, not that it stays so during one call.
+The COMPOUND processor stretches that window over one COMPOUND while it runs without waiting
+(``confine.open_window``): a descriptor is checked at its first use there (PUTFH), and the
+operations after it in the same COMPOUND (GETATTR, ACCESS, LOOKUP, OPEN...) use it unchecked.
+The window closes when the COMPOUND ends or must wait (file I/O in the thread pool), and it
+belongs to the thread that opened it, so each COMPOUND checks afresh; a descriptor dropped
+meanwhile (REMOVE, RENAME over it: ``forget``) is resolved and checked again, as always.
 
 Open files removed through this server
 --------------------------------------
@@ -80,7 +87,7 @@ from typing import Final, Literal
 
 from nfsrdma.vfs import confine, syscalls
 from nfsrdma.vfs.base import BadHandle, StaleHandle
-from nfsrdma.vfs.confine import open_component
+from nfsrdma.vfs.confine import WINDOW, open_component
 from nfsrdma.vfs.fdcache import FdCache, Pin
 from nfsrdma.vfs.handles import NO_KERNEL_HANDLE, HandleCodec
 from nfsrdma.vfs.identity import FsIdentity
@@ -273,8 +280,13 @@ class Resolver:
         pin = self.fds.acquire(fh)
         if pin is None or pin.fd == self._root_fd:
             return pin
+        checked = getattr(WINDOW, "checked", None)  # confine.window(), inlined
+        if checked is not None and (self._root_fd, fh) in checked:
+            return pin  # found inside earlier in this check window
         try:
             if self._inside(pin.fd):
+                if checked is not None:
+                    checked.add((self._root_fd, fh))
                 return pin
         except BaseException:
             pin.release()
@@ -283,11 +295,20 @@ class Resolver:
         self.fds.discard(fh)
         return None
 
+    def found_inside(self, fh: bytes) -> None:
+        """``fh``'s descriptor was just opened by one name in a directory whose descriptor is
+        inside (LOOKUP): it is inside too, for the rest of the calling thread's check window."""
+        checked = getattr(WINDOW, "checked", None)
+        if checked is not None:
+            checked.add((self._root_fd, fh))
+
     def _inside(self, fd: int, st: os.stat_result | None = None) -> bool:
         """Whether ``fd`` (not the root's) names an object inside the export now."""
-        path = confine.kernel_path(fd, self._proc_fds)
-        top = b"/" if self.cloned else confine.kernel_path(self._root_fd, self._proc_fds)
-        rel = confine.relative_to(path, top)
+        path = os.readlink(b"%d" % fd, dir_fd=self._proc_fds)  # confine.kernel_path, inlined
+        if self.cloned:  # confine.relative_to(path, b"/"), inlined
+            rel: bytes | None = path[1:] if path[:1] == b"/" else None
+        else:
+            rel = confine.relative_to(path, confine.kernel_path(self._root_fd, self._proc_fds))
         if not rel:  # outside; on the clone also escaped or disconnected; or the root's path
             return False
         if rel.endswith(confine.DELETED):  # our name was unlinked, or the name ends so

@@ -27,7 +27,14 @@ def putpubfh(ctx: CompoundContext, args: None) -> nfs4.PUTPUBFH4res:
 
 
 def putfh(ctx: CompoundContext, args: nfs4.PUTFH4args) -> nfs4.PUTFH4res:
-    fh = bytes(args.object)
+    put_fh(ctx, args.object)
+    return nfs4.PUTFH4res(_OK)
+
+
+def put_fh(ctx: CompoundContext, fh: bytes) -> None:
+    """PUTFH's work (the COMPOUND fast path calls it directly: its result is a constant)."""
+    if type(fh) is not bytes:
+        fh = bytes(fh)
     if not fh or len(fh) > NFS4_FHSIZE:
         raise BadHandle(f"filehandle of {len(fh)} octets")
     # Validated now, so that a forged or stale handle fails on PUTFH itself, as with knfsd.
@@ -36,7 +43,6 @@ def putfh(ctx: CompoundContext, args: nfs4.PUTFH4args) -> nfs4.PUTFH4res:
     # operation to refuse (SECINFO_NO_NAME must still answer, RFC 8881 section 2.6.3.1.1).
     ctx.server.vfs.admit(ctx.cred, fh)
     ctx.set_fh(fh)
-    return nfs4.PUTFH4res(_OK)
 
 
 def getfh(ctx: CompoundContext, args: None) -> nfs4.GETFH4res:

@@ -370,3 +370,69 @@ def test_the_linux_shapes_take_the_fast_path(third: str) -> None:
     assert _is_fast(build(pair, c, b"", bytes(12)))
     c["fh"], c["third"] = "root", ("GETFH", None)
     assert not _is_fast(build(pair, c, b"", bytes(12)))
+
+
+@pytest.mark.parametrize("third", ["READ", "GETATTR", "ACCESS"])
+def test_an_export_with_flavours_refuses_auth_sys_on_the_fast_shapes_too(third: str) -> None:
+    """With flavours configured (``--sec``), PUTFH followed by an operation that is not a
+    look-up is refused NFS4ERR_WRONGSEC to an AUTH_SYS request (RFC 8881 2.6.3.1.1.5): the
+    fast path must not skip that check."""
+
+    async def scenario(root: Path) -> None:
+        (root / "export").mkdir()
+        (root / "export" / "f").write_bytes(b"data")
+        pair = Pair(Server(root, fast=True), Server(root, fast=False))
+        try:
+            await pair.setup()
+            krb5 = 390003
+            pair.fast.state.security = pair.generic.state.security = (krb5,)
+            args = {"READ": ("open", 0, 4), "GETATTR": "linux", "ACCESS": 63}[third]
+            c = {
+                "slot": 0,
+                "delta": 1,
+                "cachethis": False,
+                "fh": "file",
+                "third": (third, args),
+                "extra": None,
+                "cut": 0,
+            }
+            reply = await pair.both(build(pair, c, b"", bytes(12)))
+            res = unpack(nfs4.dec_COMPOUND4res, reply)
+            assert res.status == nfs4.NFS4ERR_WRONGSEC
+            assert [r.resop for r in res.resarray] == [nfs4.OP_SEQUENCE, nfs4.OP_PUTFH]
+        finally:
+            pair.fast.state.close()
+            pair.generic.state.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(scenario(Path(tmp)))
+
+
+def test_read_data_counts_toward_the_cached_reply_limit() -> None:
+    """READ data travels as a DDP item beside the reply's bytes: it counts toward
+    ca_maxresponsesize_cached (2048 here), on both paths."""
+
+    async def scenario(root: Path) -> None:
+        (root / "export").mkdir()
+        (root / "export" / "f").write_bytes(bytes(range(256)) * 20)
+        pair = Pair(Server(root, fast=True), Server(root, fast=False))
+        try:
+            await pair.setup()
+            for count, status in ((1900, OK), (2100, nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE)):
+                c = {
+                    "slot": 0,
+                    "delta": 1,
+                    "cachethis": True,
+                    "fh": "file",
+                    "third": ("READ", ("open", 0, count)),
+                    "extra": None,
+                    "cut": 0,
+                }
+                res = unpack(nfs4.dec_COMPOUND4res, await pair.both(build(pair, c, b"", b"")))
+                assert (res.status, len(res.resarray)) == (status, 3)
+        finally:
+            pair.fast.state.close()
+            pair.generic.state.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(scenario(Path(tmp)))

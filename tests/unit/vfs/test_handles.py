@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nfsrdma.vfs import NFS4_FHSIZE, BadHandle, Export, FileType, LocalVfs, StaleHandle
+from nfsrdma.vfs import NFS4_FHSIZE, BadHandle, Export, FileType, LocalVfs, StaleHandle, handles
 from nfsrdma.vfs.handles import MAC_SIZE, MIN_SIZE, HandleCodec
 from nfsrdma.vfs.secret import StateDirError, export_secret
 
@@ -38,6 +38,20 @@ def test_codec_round_trip_and_tamper_detection() -> None:
         codec.unpack(b"\0" * NFS4_FHSIZE)
     with pytest.raises(BadHandle):
         codec.unpack(b"\0" * (NFS4_FHSIZE + 1))
+
+
+def test_handles_made_again_are_the_same_and_the_memory_stays_bounded() -> None:
+    """pack remembers the handles it made (a pure function of their body): made again, by
+    this codec or a fresh one with the same secret, a handle is the same; another secret
+    gives another; at most MADE_MAX are remembered."""
+    codec, fresh, other = HandleCodec(b"k" * 32), HandleCodec(b"k" * 32), HandleCodec(b"o" * 32)
+    first = [codec.pack(n, 1, n.to_bytes(8, "big")) for n in range(handles.MADE_MAX + 10)]
+    assert len(set(first)) == len(first)
+    assert len(codec._made) <= handles.MADE_MAX
+    again = [codec.pack(n, 1, n.to_bytes(8, "big")) for n in range(handles.MADE_MAX + 10)]
+    assert again == first == [fresh.pack(n, 1, n.to_bytes(8, "big")) for n in range(len(first))]
+    assert other.pack(5, 1, (5).to_bytes(8, "big")) != first[5]
+    assert codec.unpack(again[7]).fileid == 7
 
 
 def test_codec_refuses_oversized_kernel_handles() -> None:
