@@ -404,7 +404,10 @@ class Generator:
             self._tmp += 1
             x = f"_x{self._tmp}"
             lines.append(f"{target} = []")
-            lines.append("for _ in range(_n):")
+            # The count in its own variable: an element's decoder sets _n again, and mypyc
+            # (setup.py) reads a range's bound on every iteration.
+            lines.append(f"_c{self._tmp} = _n")
+            lines.append(f"for _ in range(_c{self._tmp}):")
             lines += self.dec_stmts(Decl("", r.type), x, False, "    ", depth + 1)
             lines.append(f"    {target}.append({x})")
         return [ind + x for x in lines]
@@ -659,7 +662,7 @@ class Generator:
             o.append(f"    {m} = {v}")
         o.append("")
         o.append("")
-        o.append(f"_{e.name}_MAP: dict[int, {e.name}] = {{m.value: m for m in {e.name}}}")
+        o.append(f"_{e.name}_MAP: _Final[dict[int, {e.name}]] = {{m.value: m for m in {e.name}}}")
         for m, _ in e.members:
             o.append(f"{m} = {e.name}.{m}")
         o.append("")
@@ -756,9 +759,12 @@ class Generator:
         o.append("")
         enc_map = ", ".join(f"{c}: {e}" for arm, (e, _, _) in codecs if arm for c in arm.cases)
         dec_map = ", ".join(f"{c}: {d}" for arm, (_, d, _) in codecs if arm for c in arm.cases)
-        o.append(f"_{u.name}_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {{{enc_map}}}")
         o.append(
-            f"_{u.name}_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {{{dec_map}}}"
+            f"_{u.name}_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {{{enc_map}}}"
+        )
+        o.append(
+            f"_{u.name}_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = "
+            f"{{{dec_map}}}"
         )
         disc_t = self.resolve(u.discriminant)
         arms_map = ", ".join(
@@ -767,7 +773,7 @@ class Generator:
             if arm
             for c in arm.cases
         )
-        o.append(f"_{u.name}_ARMS: dict[int, tuple[_Any, _Any]] = {{{arms_map}}}")
+        o.append(f"_{u.name}_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {{{arms_map}}}")
         o.append("")
         o.append("")
         # Discriminant coding: an enum is validated, bool must be 0/1, ints are as they are.
@@ -808,6 +814,7 @@ class Generator:
         d, a, f, v = (f"_{x}{self._tmp}" for x in "dafv")
         lines = [
             f"{v}: _Any",
+            f"{f}: _Callable[[_Reader, int], tuple[_Any, int]]",
             f"({d},) = {sv}.unpack_from(buf, off)",
             f"{a} = _{u.name}_ARMS.get({d})",
             f"if {a} is None:",
@@ -982,7 +989,7 @@ class Generator:
             "from enum import IntEnum as _IntEnum",
             "from functools import lru_cache as _lru_cache",
             "from operator import attrgetter as _attrgetter",
-            "from typing import Any as _Any, TypeAlias as _TypeAlias",
+            "from typing import Any as _Any, Final as _Final, TypeAlias as _TypeAlias",
             "",
             "from nfsrdma.xdr.runtime import (",
             "    BOOL as _BOOL,",
@@ -1008,7 +1015,7 @@ class Generator:
         head = self._head(self.opts.module_doc)
         head += [*consts, ""]
         for fmt, var in self.structs_fmt.items():
-            head.append(f"{var} = _struct.Struct('>{fmt}')")
+            head.append(f"{var}: _Final = _struct.Struct('>{fmt}')")
         head += ["", ""]
         body = [line for piece in pieces + sections for line in piece]
         return "\n".join(head + body).rstrip() + "\n"
@@ -1052,7 +1059,7 @@ class Generator:
                 lines.append(")")
             lines.append("")
             lines += [
-                f"{var} = _struct.Struct('>{struct_of[var]}')"
+                f"{var}: _Final = _struct.Struct('>{struct_of[var]}')"
                 for var in sorted(used & set(struct_of), key=lambda v: int(v[2:]))
             ]
             lines += ["", ""]

@@ -12,7 +12,7 @@ from dataclasses import dataclass as _dataclass
 from enum import IntEnum as _IntEnum
 from functools import lru_cache as _lru_cache
 from operator import attrgetter as _attrgetter
-from typing import Any as _Any, TypeAlias as _TypeAlias
+from typing import Any as _Any, Final as _Final, TypeAlias as _TypeAlias
 
 from nfsrdma.xdr.runtime import (
     BOOL as _BOOL,

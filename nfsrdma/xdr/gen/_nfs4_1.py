@@ -12,7 +12,7 @@ from dataclasses import dataclass as _dataclass
 from enum import IntEnum as _IntEnum
 from functools import lru_cache as _lru_cache
 from operator import attrgetter as _attrgetter
-from typing import Any as _Any, TypeAlias as _TypeAlias
+from typing import Any as _Any, Final as _Final, TypeAlias as _TypeAlias
 
 from nfsrdma.xdr.runtime import (
     BOOL as _BOOL,
@@ -32,21 +32,21 @@ from nfsrdma.xdr.runtime import (
 
 
 
-_S0 = _struct.Struct('>I')
-_S1 = _struct.Struct('>II')
-_S2 = _struct.Struct('>i')
-_S3 = _struct.Struct('>q')
-_S4 = _struct.Struct('>Q')
-_S5 = _struct.Struct('>16s')
-_S6 = _struct.Struct('>8s')
-_S7 = _struct.Struct('>qI')
-_S8 = _struct.Struct('>QQ')
-_S9 = _struct.Struct('>III')
-_S10 = _struct.Struct('>I12s')
-_S11 = _struct.Struct('>QQi')
-_S12 = _struct.Struct('>QQI12s')
-_S13 = _struct.Struct('>Ii')
-_S14 = _struct.Struct('>iqI')
+_S0: _Final = _struct.Struct('>I')
+_S1: _Final = _struct.Struct('>II')
+_S2: _Final = _struct.Struct('>i')
+_S3: _Final = _struct.Struct('>q')
+_S4: _Final = _struct.Struct('>Q')
+_S5: _Final = _struct.Struct('>16s')
+_S6: _Final = _struct.Struct('>8s')
+_S7: _Final = _struct.Struct('>qI')
+_S8: _Final = _struct.Struct('>QQ')
+_S9: _Final = _struct.Struct('>III')
+_S10: _Final = _struct.Struct('>I12s')
+_S11: _Final = _struct.Struct('>QQi')
+_S12: _Final = _struct.Struct('>QQI12s')
+_S13: _Final = _struct.Struct('>Ii')
+_S14: _Final = _struct.Struct('>iqI')
 
 
 class auth_flavor(_IntEnum):
@@ -57,7 +57,7 @@ class auth_flavor(_IntEnum):
     RPCSEC_GSS = 6
 
 
-_auth_flavor_MAP: dict[int, auth_flavor] = {m.value: m for m in auth_flavor}
+_auth_flavor_MAP: _Final[dict[int, auth_flavor]] = {m.value: m for m in auth_flavor}
 AUTH_NONE = auth_flavor.AUTH_NONE
 AUTH_SYS = auth_flavor.AUTH_SYS
 AUTH_SHORT = auth_flavor.AUTH_SHORT
@@ -151,7 +151,7 @@ class rpc_gss_svc_t(_IntEnum):
     RPC_GSS_SVC_PRIVACY = 3
 
 
-_rpc_gss_svc_t_MAP: dict[int, rpc_gss_svc_t] = {m.value: m for m in rpc_gss_svc_t}
+_rpc_gss_svc_t_MAP: _Final[dict[int, rpc_gss_svc_t]] = {m.value: m for m in rpc_gss_svc_t}
 RPC_GSS_SVC_NONE = rpc_gss_svc_t.RPC_GSS_SVC_NONE
 RPC_GSS_SVC_INTEGRITY = rpc_gss_svc_t.RPC_GSS_SVC_INTEGRITY
 RPC_GSS_SVC_PRIVACY = rpc_gss_svc_t.RPC_GSS_SVC_PRIVACY
@@ -271,7 +271,7 @@ class nfs_ftype4(_IntEnum):
     NF4NAMEDATTR = 9
 
 
-_nfs_ftype4_MAP: dict[int, nfs_ftype4] = {m.value: m for m in nfs_ftype4}
+_nfs_ftype4_MAP: _Final[dict[int, nfs_ftype4]] = {m.value: m for m in nfs_ftype4}
 NF4REG = nfs_ftype4.NF4REG
 NF4DIR = nfs_ftype4.NF4DIR
 NF4BLK = nfs_ftype4.NF4BLK
@@ -413,7 +413,7 @@ class nfsstat4(_IntEnum):
     NFS4ERR_XATTR2BIG = 10096
 
 
-_nfsstat4_MAP: dict[int, nfsstat4] = {m.value: m for m in nfsstat4}
+_nfsstat4_MAP: _Final[dict[int, nfsstat4]] = {m.value: m for m in nfsstat4}
 NFS4_OK = nfsstat4.NFS4_OK
 NFS4ERR_PERM = nfsstat4.NFS4ERR_PERM
 NFS4ERR_NOENT = nfsstat4.NFS4ERR_NOENT
@@ -598,7 +598,8 @@ def dec_bitmap4(r: _Reader, off: int) -> tuple[bitmap4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
-        for _ in range(_n):
+        _c3 = _n
+        for _ in range(_c3):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x3 = _t[0]
@@ -1160,7 +1161,8 @@ def dec_pathname4(r: _Reader, off: int) -> tuple[pathname4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
-        for _ in range(_n):
+        _c5 = _n
+        for _ in range(_c5):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -1230,7 +1232,7 @@ class time_how4(_IntEnum):
     SET_TO_CLIENT_TIME4 = 1
 
 
-_time_how4_MAP: dict[int, time_how4] = {m.value: m for m in time_how4}
+_time_how4_MAP: _Final[dict[int, time_how4]] = {m.value: m for m in time_how4}
 SET_TO_SERVER_TIME4 = time_how4.SET_TO_SERVER_TIME4
 SET_TO_CLIENT_TIME4 = time_how4.SET_TO_CLIENT_TIME4
 
@@ -1255,9 +1257,9 @@ class settime4:
     value: nfstime4 | None = None
 
 
-_settime4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_nfstime4}
-_settime4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_nfstime4}
-_settime4_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_time_how4_MAP[(1,)[0]], dec_nfstime4)}
+_settime4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_nfstime4}
+_settime4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_nfstime4}
+_settime4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_time_how4_MAP[(1,)[0]], dec_nfstime4)}
 
 
 def enc_settime4(w: _Writer, v: settime4) -> None:
@@ -1276,6 +1278,7 @@ def dec_settime4(r: _Reader, off: int) -> tuple[settime4, int]:
     o0 = off
     try:
         _v6: _Any
+        _f6: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d6,) = _S2.unpack_from(buf, off)
         _a6 = _settime4_ARMS.get(_d6)
         if _a6 is None:
@@ -1403,7 +1406,8 @@ def dec_fs_location4(r: _Reader, off: int) -> tuple[fs_location4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_server = []
-        for _ in range(_n):
+        _c9 = _n
+        for _ in range(_c9):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -1419,7 +1423,8 @@ def dec_fs_location4(r: _Reader, off: int) -> tuple[fs_location4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_rootpath = []
-        for _ in range(_n):
+        _c10 = _n
+        for _ in range(_c10):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -1488,7 +1493,8 @@ def dec_fs_locations4(r: _Reader, off: int) -> tuple[fs_locations4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_fs_root = []
-        for _ in range(_n):
+        _c16 = _n
+        for _ in range(_c16):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -1504,13 +1510,15 @@ def dec_fs_locations4(r: _Reader, off: int) -> tuple[fs_locations4, int]:
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_locations = []
-        for _ in range(_n):
+        _c17 = _n
+        for _ in range(_c17):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _i18_server = []
-            for _ in range(_n):
+            _c19 = _n
+            for _ in range(_c19):
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
@@ -1526,7 +1534,8 @@ def dec_fs_locations4(r: _Reader, off: int) -> tuple[fs_locations4, int]:
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _i18_rootpath = []
-            for _ in range(_n):
+            _c20 = _n
+            for _ in range(_c20):
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
@@ -1711,7 +1720,8 @@ def dec_nfsacl41(r: _Reader, off: int) -> tuple[nfsacl41, int]:
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_na41_aces = []
-        for _ in range(_n):
+        _c23 = _n
+        for _ in range(_c23):
             _t = _S9.unpack_from(buf, off)
             off += 12
             _i24_type = _t[0]
@@ -1921,7 +1931,7 @@ class layouttype4(_IntEnum):
     LAYOUT4_BLOCK_VOLUME = 3
 
 
-_layouttype4_MAP: dict[int, layouttype4] = {m.value: m for m in layouttype4}
+_layouttype4_MAP: _Final[dict[int, layouttype4]] = {m.value: m for m in layouttype4}
 LAYOUT4_NFSV4_1_FILES = layouttype4.LAYOUT4_NFSV4_1_FILES
 LAYOUT4_OSD2_OBJECTS = layouttype4.LAYOUT4_OSD2_OBJECTS
 LAYOUT4_BLOCK_VOLUME = layouttype4.LAYOUT4_BLOCK_VOLUME
@@ -2025,7 +2035,7 @@ class layoutiomode4(_IntEnum):
     LAYOUTIOMODE4_ANY = 3
 
 
-_layoutiomode4_MAP: dict[int, layoutiomode4] = {m.value: m for m in layoutiomode4}
+_layoutiomode4_MAP: _Final[dict[int, layoutiomode4]] = {m.value: m for m in layoutiomode4}
 LAYOUTIOMODE4_READ = layoutiomode4.LAYOUTIOMODE4_READ
 LAYOUTIOMODE4_RW = layoutiomode4.LAYOUTIOMODE4_RW
 LAYOUTIOMODE4_ANY = layoutiomode4.LAYOUTIOMODE4_ANY
@@ -2201,7 +2211,7 @@ class layoutreturn_type4(_IntEnum):
     LAYOUTRETURN4_ALL = 3
 
 
-_layoutreturn_type4_MAP: dict[int, layoutreturn_type4] = {m.value: m for m in layoutreturn_type4}
+_layoutreturn_type4_MAP: _Final[dict[int, layoutreturn_type4]] = {m.value: m for m in layoutreturn_type4}
 LAYOUTRETURN4_FILE = layoutreturn_type4.LAYOUTRETURN4_FILE
 LAYOUTRETURN4_FSID = layoutreturn_type4.LAYOUTRETURN4_FSID
 LAYOUTRETURN4_ALL = layoutreturn_type4.LAYOUTRETURN4_ALL
@@ -2271,9 +2281,9 @@ class layoutreturn4:
     value: layoutreturn_file4 | None = None
 
 
-_layoutreturn4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_layoutreturn_file4}
-_layoutreturn4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_layoutreturn_file4}
-_layoutreturn4_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_layoutreturn_type4_MAP[(1,)[0]], dec_layoutreturn_file4)}
+_layoutreturn4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_layoutreturn_file4}
+_layoutreturn4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_layoutreturn_file4}
+_layoutreturn4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_layoutreturn_type4_MAP[(1,)[0]], dec_layoutreturn_file4)}
 
 
 def enc_layoutreturn4(w: _Writer, v: layoutreturn4) -> None:
@@ -2292,6 +2302,7 @@ def dec_layoutreturn4(r: _Reader, off: int) -> tuple[layoutreturn4, int]:
     o0 = off
     try:
         _v27: _Any
+        _f27: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d27,) = _S2.unpack_from(buf, off)
         _a27 = _layoutreturn4_ARMS.get(_d27)
         if _a27 is None:
@@ -2314,7 +2325,7 @@ class fs4_status_type(_IntEnum):
     STATUS4_REFERRAL = 5
 
 
-_fs4_status_type_MAP: dict[int, fs4_status_type] = {m.value: m for m in fs4_status_type}
+_fs4_status_type_MAP: _Final[dict[int, fs4_status_type]] = {m.value: m for m in fs4_status_type}
 STATUS4_FIXED = fs4_status_type.STATUS4_FIXED
 STATUS4_UPDATED = fs4_status_type.STATUS4_UPDATED
 STATUS4_VERSIONED = fs4_status_type.STATUS4_VERSIONED
@@ -2462,4 +2473,26 @@ def dec_threshold4_read_iosize(r: _Reader, off: int) -> tuple[threshold4_read_io
         _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated threshold4_read_iosize', o0) from None
+    return _v, off
+
+
+threshold4_write_iosize: _TypeAlias = "int"
+
+
+def enc_threshold4_write_iosize(w: _Writer, v: threshold4_write_iosize) -> None:
+    try:
+        w += _S4.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode threshold4_write_iosize: {_e}', len(w)) from None
+
+
+def dec_threshold4_write_iosize(r: _Reader, off: int) -> tuple[threshold4_write_iosize, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t = _S4.unpack_from(buf, off)
+        off += 8
+        _v = _t[0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated threshold4_write_iosize', o0) from None
     return _v, off

@@ -12,7 +12,7 @@ from dataclasses import dataclass as _dataclass
 from enum import IntEnum as _IntEnum
 from functools import lru_cache as _lru_cache
 from operator import attrgetter as _attrgetter
-from typing import Any as _Any, TypeAlias as _TypeAlias
+from typing import Any as _Any, Final as _Final, TypeAlias as _TypeAlias
 
 from nfsrdma.xdr.runtime import (
     BOOL as _BOOL,
@@ -54,37 +54,15 @@ from nfsrdma.xdr.gen._nfs4_1 import (
     specdata4,
 )
 
-_S0 = _struct.Struct('>I')
-_S1 = _struct.Struct('>II')
-_S2 = _struct.Struct('>i')
-_S4 = _struct.Struct('>Q')
-_S7 = _struct.Struct('>qI')
-_S8 = _struct.Struct('>QQ')
-_S9 = _struct.Struct('>III')
-_S13 = _struct.Struct('>Ii')
-_S14 = _struct.Struct('>iqI')
-
-
-threshold4_write_iosize: _TypeAlias = "int"
-
-
-def enc_threshold4_write_iosize(w: _Writer, v: threshold4_write_iosize) -> None:
-    try:
-        w += _S4.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode threshold4_write_iosize: {_e}', len(w)) from None
-
-
-def dec_threshold4_write_iosize(r: _Reader, off: int) -> tuple[threshold4_write_iosize, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S4.unpack_from(buf, off)
-        off += 8
-        _v = _t[0]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated threshold4_write_iosize', o0) from None
-    return _v, off
+_S0: _Final = _struct.Struct('>I')
+_S1: _Final = _struct.Struct('>II')
+_S2: _Final = _struct.Struct('>i')
+_S4: _Final = _struct.Struct('>Q')
+_S7: _Final = _struct.Struct('>qI')
+_S8: _Final = _struct.Struct('>QQ')
+_S9: _Final = _struct.Struct('>III')
+_S13: _Final = _struct.Struct('>Ii')
+_S14: _Final = _struct.Struct('>iqI')
 
 
 @_dataclass(slots=True)
@@ -123,7 +101,8 @@ def dec_threshold_item4(r: _Reader, off: int) -> tuple[threshold_item4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_thi_hintset = []
-        for _ in range(_n):
+        _c29 = _n
+        for _ in range(_c29):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x29 = _t[0]
@@ -178,7 +157,8 @@ def dec_mdsthreshold4(r: _Reader, off: int) -> tuple[mdsthreshold4, int]:
         if _n * 12 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_mth_hints = []
-        for _ in range(_n):
+        _c33 = _n
+        for _ in range(_c33):
             _t = _S2.unpack_from(buf, off)
             off += 4
             _i34_thi_layout_type = _layouttype4_MAP[_t[0]]
@@ -187,7 +167,8 @@ def dec_mdsthreshold4(r: _Reader, off: int) -> tuple[mdsthreshold4, int]:
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _i34_thi_hintset = []
-            for _ in range(_n):
+            _c35 = _n
+            for _ in range(_c35):
                 _t = _S0.unpack_from(buf, off)
                 off += 4
                 _x35 = _t[0]
@@ -242,7 +223,8 @@ def dec_retention_get4(r: _Reader, off: int) -> tuple[retention_get4, int]:
         if _n * 12 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_rg_begin_time = []
-        for _ in range(_n):
+        _c37 = _n
+        for _ in range(_c37):
             _t = _S7.unpack_from(buf, off)
             off += 12
             _x37 = nfstime4(_t[0], _t[1])
@@ -286,7 +268,8 @@ def dec_retention_set4(r: _Reader, off: int) -> tuple[retention_set4, int]:
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_rs_duration = []
-        for _ in range(_n):
+        _c39 = _n
+        for _ in range(_c39):
             _t = _S4.unpack_from(buf, off)
             off += 8
             _x39 = _t[0]
@@ -418,7 +401,8 @@ def dec_fs_locations_item4(r: _Reader, off: int) -> tuple[fs_locations_item4, in
         if _n * 12 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_fli_entries = []
-        for _ in range(_n):
+        _c43 = _n
+        for _ in range(_c43):
             _t = _S2.unpack_from(buf, off)
             off += 4
             _i44_fls_currency = _t[0]
@@ -447,7 +431,8 @@ def dec_fs_locations_item4(r: _Reader, off: int) -> tuple[fs_locations_item4, in
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_fli_rootpath = []
-        for _ in range(_n):
+        _c45 = _n
+        for _ in range(_c45):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -519,7 +504,8 @@ def dec_fs_locations_info4(r: _Reader, off: int) -> tuple[fs_locations_info4, in
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_fli_fs_root = []
-        for _ in range(_n):
+        _c51 = _n
+        for _ in range(_c51):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -535,13 +521,15 @@ def dec_fs_locations_info4(r: _Reader, off: int) -> tuple[fs_locations_info4, in
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_fli_items = []
-        for _ in range(_n):
+        _c52 = _n
+        for _ in range(_c52):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 12 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _i53_fli_entries = []
-            for _ in range(_n):
+            _c54 = _n
+            for _ in range(_c54):
                 _x54, off = dec_fs_locations_server4(r, off)
                 _i53_fli_entries.append(_x54)
             (_n,) = _U32.unpack_from(buf, off)
@@ -549,7 +537,8 @@ def dec_fs_locations_info4(r: _Reader, off: int) -> tuple[fs_locations_info4, in
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _i53_fli_rootpath = []
-            for _ in range(_n):
+            _c55 = _n
+            for _ in range(_c55):
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
@@ -590,7 +579,8 @@ def dec_fattr4_supported_attrs(r: _Reader, off: int) -> tuple[fattr4_supported_a
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
-        for _ in range(_n):
+        _c57 = _n
+        for _ in range(_c57):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x57 = _t[0]
@@ -871,7 +861,8 @@ def dec_fattr4_acl(r: _Reader, off: int) -> tuple[fattr4_acl, int]:
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
-        for _ in range(_n):
+        _c60 = _n
+        for _ in range(_c60):
             _t = _S9.unpack_from(buf, off)
             off += 12
             _i61_type = _t[0]
@@ -1200,7 +1191,8 @@ def dec_fattr4_fs_locations(r: _Reader, off: int) -> tuple[fattr4_fs_locations, 
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i68_fs_root = []
-        for _ in range(_n):
+        _c69 = _n
+        for _ in range(_c69):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -1216,13 +1208,15 @@ def dec_fattr4_fs_locations(r: _Reader, off: int) -> tuple[fattr4_fs_locations, 
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i68_locations = []
-        for _ in range(_n):
+        _c70 = _n
+        for _ in range(_c70):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _i71_server = []
-            for _ in range(_n):
+            _c72 = _n
+            for _ in range(_c72):
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
@@ -1238,7 +1232,8 @@ def dec_fattr4_fs_locations(r: _Reader, off: int) -> tuple[fattr4_fs_locations, 
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _i71_rootpath = []
-            for _ in range(_n):
+            _c73 = _n
+            for _ in range(_c73):
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
@@ -1852,6 +1847,7 @@ def dec_fattr4_time_access_set(r: _Reader, off: int) -> tuple[fattr4_time_access
     o0 = off
     try:
         _v74: _Any
+        _f74: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d74,) = _S2.unpack_from(buf, off)
         _a74 = _settime4_ARMS.get(_d74)
         if _a74 is None:
@@ -1991,6 +1987,7 @@ def dec_fattr4_time_modify_set(r: _Reader, off: int) -> tuple[fattr4_time_modify
     o0 = off
     try:
         _v75: _Any
+        _f75: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d75,) = _S2.unpack_from(buf, off)
         _a75 = _settime4_ARMS.get(_d75)
         if _a75 is None:
@@ -2028,7 +2025,8 @@ def dec_fattr4_suppattr_exclcreat(r: _Reader, off: int) -> tuple[fattr4_suppattr
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
-        for _ in range(_n):
+        _c77 = _n
+        for _ in range(_c77):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x77 = _t[0]
@@ -2105,7 +2103,8 @@ def dec_fattr4_fs_layout_types(r: _Reader, off: int) -> tuple[fattr4_fs_layout_t
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
-        for _ in range(_n):
+        _c79 = _n
+        for _ in range(_c79):
             _t = _S2.unpack_from(buf, off)
             off += 4
             _x79 = _layouttype4_MAP[_t[0]]
@@ -2300,7 +2299,8 @@ def dec_fattr4_layout_types(r: _Reader, off: int) -> tuple[fattr4_layout_types, 
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
-        for _ in range(_n):
+        _c85 = _n
+        for _ in range(_c85):
             _t = _S2.unpack_from(buf, off)
             off += 4
             _x85 = _layouttype4_MAP[_t[0]]
@@ -2345,7 +2345,8 @@ def dec_fattr4_mdsthreshold(r: _Reader, off: int) -> tuple[fattr4_mdsthreshold, 
         if _n * 12 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i90_mth_hints = []
-        for _ in range(_n):
+        _c91 = _n
+        for _ in range(_c91):
             _t = _S2.unpack_from(buf, off)
             off += 4
             _i92_thi_layout_type = _layouttype4_MAP[_t[0]]
@@ -2354,7 +2355,8 @@ def dec_fattr4_mdsthreshold(r: _Reader, off: int) -> tuple[fattr4_mdsthreshold, 
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _i92_thi_hintset = []
-            for _ in range(_n):
+            _c93 = _n
+            for _ in range(_c93):
                 _t = _S0.unpack_from(buf, off)
                 off += 4
                 _x93 = _t[0]
@@ -2408,7 +2410,8 @@ def dec_fattr4_retention_get(r: _Reader, off: int) -> tuple[fattr4_retention_get
         if _n * 12 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i96_rg_begin_time = []
-        for _ in range(_n):
+        _c97 = _n
+        for _ in range(_c97):
             _t = _S7.unpack_from(buf, off)
             off += 12
             _x97 = nfstime4(_t[0], _t[1])
@@ -2451,7 +2454,8 @@ def dec_fattr4_retention_set(r: _Reader, off: int) -> tuple[fattr4_retention_set
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i100_rs_duration = []
-        for _ in range(_n):
+        _c101 = _n
+        for _ in range(_c101):
             _t = _S4.unpack_from(buf, off)
             off += 8
             _x101 = _t[0]
@@ -2494,7 +2498,8 @@ def dec_fattr4_retentevt_get(r: _Reader, off: int) -> tuple[fattr4_retentevt_get
         if _n * 12 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i104_rg_begin_time = []
-        for _ in range(_n):
+        _c105 = _n
+        for _ in range(_c105):
             _t = _S7.unpack_from(buf, off)
             off += 12
             _x105 = nfstime4(_t[0], _t[1])

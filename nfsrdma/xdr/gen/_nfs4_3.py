@@ -12,7 +12,7 @@ from dataclasses import dataclass as _dataclass
 from enum import IntEnum as _IntEnum
 from functools import lru_cache as _lru_cache
 from operator import attrgetter as _attrgetter
-from typing import Any as _Any, TypeAlias as _TypeAlias
+from typing import Any as _Any, Final as _Final, TypeAlias as _TypeAlias
 
 from nfsrdma.xdr.runtime import (
     BOOL as _BOOL,
@@ -55,19 +55,19 @@ from nfsrdma.xdr.gen._nfs4_2 import (
     retention_set4,
 )
 
-_S0 = _struct.Struct('>I')
-_S1 = _struct.Struct('>II')
-_S2 = _struct.Struct('>i')
-_S4 = _struct.Struct('>Q')
-_S6 = _struct.Struct('>8s')
-_S8 = _struct.Struct('>QQ')
-_S9 = _struct.Struct('>III')
-_S10 = _struct.Struct('>I12s')
-_S13 = _struct.Struct('>Ii')
-_S15 = _struct.Struct('>IQQ')
-_S16 = _struct.Struct('>16sIIQ')
-_S17 = _struct.Struct('>II12s')
-_S18 = _struct.Struct('>QI')
+_S0: _Final = _struct.Struct('>I')
+_S1: _Final = _struct.Struct('>II')
+_S2: _Final = _struct.Struct('>i')
+_S4: _Final = _struct.Struct('>Q')
+_S6: _Final = _struct.Struct('>8s')
+_S8: _Final = _struct.Struct('>QQ')
+_S9: _Final = _struct.Struct('>III')
+_S10: _Final = _struct.Struct('>I12s')
+_S13: _Final = _struct.Struct('>Ii')
+_S15: _Final = _struct.Struct('>IQQ')
+_S16: _Final = _struct.Struct('>16sIIQ')
+_S17: _Final = _struct.Struct('>II12s')
+_S18: _Final = _struct.Struct('>QI')
 
 
 fattr4_retentevt_set = retention_set4
@@ -102,7 +102,8 @@ def dec_fattr4_retentevt_set(r: _Reader, off: int) -> tuple[fattr4_retentevt_set
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i108_rs_duration = []
-        for _ in range(_n):
+        _c109 = _n
+        for _ in range(_c109):
             _t = _S4.unpack_from(buf, off)
             off += 8
             _x109 = _t[0]
@@ -169,7 +170,8 @@ def dec_fattr4_dacl(r: _Reader, off: int) -> tuple[fattr4_dacl, int]:
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i113_na41_aces = []
-        for _ in range(_n):
+        _c114 = _n
+        for _ in range(_c114):
             _t = _S9.unpack_from(buf, off)
             off += 12
             _i115_type = _t[0]
@@ -226,7 +228,8 @@ def dec_fattr4_sacl(r: _Reader, off: int) -> tuple[fattr4_sacl, int]:
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i119_na41_aces = []
-        for _ in range(_n):
+        _c120 = _n
+        for _ in range(_c120):
             _t = _S9.unpack_from(buf, off)
             off += 12
             _i121_type = _t[0]
@@ -323,7 +326,8 @@ def dec_fattr4_fs_locations_info(r: _Reader, off: int) -> tuple[fattr4_fs_locati
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i128_fli_fs_root = []
-        for _ in range(_n):
+        _c129 = _n
+        for _ in range(_c129):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -339,13 +343,15 @@ def dec_fattr4_fs_locations_info(r: _Reader, off: int) -> tuple[fattr4_fs_locati
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i128_fli_items = []
-        for _ in range(_n):
+        _c130 = _n
+        for _ in range(_c130):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 12 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _i131_fli_entries = []
-            for _ in range(_n):
+            _c132 = _n
+            for _ in range(_c132):
                 _x132, off = dec_fs_locations_server4(r, off)
                 _i131_fli_entries.append(_x132)
             (_n,) = _U32.unpack_from(buf, off)
@@ -353,7 +359,8 @@ def dec_fattr4_fs_locations_info(r: _Reader, off: int) -> tuple[fattr4_fs_locati
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _i131_fli_rootpath = []
-            for _ in range(_n):
+            _c133 = _n
+            for _ in range(_c133):
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
@@ -380,7 +387,7 @@ class change_attr_type4(_IntEnum):
     NFS4_CHANGE_TYPE_IS_UNDEFINED = 4
 
 
-_change_attr_type4_MAP: dict[int, change_attr_type4] = {m.value: m for m in change_attr_type4}
+_change_attr_type4_MAP: _Final[dict[int, change_attr_type4]] = {m.value: m for m in change_attr_type4}
 NFS4_CHANGE_TYPE_IS_MONOTONIC_INCR = change_attr_type4.NFS4_CHANGE_TYPE_IS_MONOTONIC_INCR
 NFS4_CHANGE_TYPE_IS_VERSION_COUNTER = change_attr_type4.NFS4_CHANGE_TYPE_IS_VERSION_COUNTER
 NFS4_CHANGE_TYPE_IS_VERSION_COUNTER_NOPNFS = change_attr_type4.NFS4_CHANGE_TYPE_IS_VERSION_COUNTER_NOPNFS
@@ -646,7 +653,8 @@ def dec_fattr4(r: _Reader, off: int) -> tuple[fattr4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_attrmask = []
-        for _ in range(_n):
+        _c137 = _n
+        for _ in range(_c137):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x137 = _t[0]
@@ -1061,7 +1069,7 @@ class nfs_lock_type4(_IntEnum):
     WRITEW_LT = 4
 
 
-_nfs_lock_type4_MAP: dict[int, nfs_lock_type4] = {m.value: m for m in nfs_lock_type4}
+_nfs_lock_type4_MAP: _Final[dict[int, nfs_lock_type4]] = {m.value: m for m in nfs_lock_type4}
 READ_LT = nfs_lock_type4.READ_LT
 WRITE_LT = nfs_lock_type4.WRITE_LT
 READW_LT = nfs_lock_type4.READW_LT
@@ -1089,7 +1097,7 @@ class ssv_subkey4(_IntEnum):
     SSV4_SUBKEY_SEAL_T2I = 4
 
 
-_ssv_subkey4_MAP: dict[int, ssv_subkey4] = {m.value: m for m in ssv_subkey4}
+_ssv_subkey4_MAP: _Final[dict[int, ssv_subkey4]] = {m.value: m for m in ssv_subkey4}
 SSV4_SUBKEY_MIC_I2T = ssv_subkey4.SSV4_SUBKEY_MIC_I2T
 SSV4_SUBKEY_MIC_T2I = ssv_subkey4.SSV4_SUBKEY_MIC_T2I
 SSV4_SUBKEY_SEAL_I2T = ssv_subkey4.SSV4_SUBKEY_SEAL_I2T
@@ -1355,7 +1363,7 @@ class filelayout_hint_care4(_IntEnum):
     NFLH4_CARE_STRIPE_COUNT = 128
 
 
-_filelayout_hint_care4_MAP: dict[int, filelayout_hint_care4] = {m.value: m for m in filelayout_hint_care4}
+_filelayout_hint_care4_MAP: _Final[dict[int, filelayout_hint_care4]] = {m.value: m for m in filelayout_hint_care4}
 NFLH4_CARE_DENSE = filelayout_hint_care4.NFLH4_CARE_DENSE
 NFLH4_CARE_COMMIT_THRU_MDS = filelayout_hint_care4.NFLH4_CARE_COMMIT_THRU_MDS
 NFLH4_CARE_STRIPE_UNIT_SIZE = filelayout_hint_care4.NFLH4_CARE_STRIPE_UNIT_SIZE
@@ -1437,7 +1445,8 @@ def dec_multipath_list4(r: _Reader, off: int) -> tuple[multipath_list4, int]:
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
-        for _ in range(_n):
+        _c148 = _n
+        for _ in range(_c148):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -1508,7 +1517,8 @@ def dec_nfsv4_1_file_layout_ds_addr4(r: _Reader, off: int) -> tuple[nfsv4_1_file
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_nflda_stripe_indices = []
-        for _ in range(_n):
+        _c154 = _n
+        for _ in range(_c154):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x154 = _t[0]
@@ -1518,13 +1528,15 @@ def dec_nfsv4_1_file_layout_ds_addr4(r: _Reader, off: int) -> tuple[nfsv4_1_file
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_nflda_multipath_ds_list = []
-        for _ in range(_n):
+        _c155 = _n
+        for _ in range(_c155):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 8 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _x155 = []
-            for _ in range(_n):
+            _c156 = _n
+            for _ in range(_c156):
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
@@ -1594,7 +1606,8 @@ def dec_nfsv4_1_file_layout4(r: _Reader, off: int) -> tuple[nfsv4_1_file_layout4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_nfl_fh_list = []
-        for _ in range(_n):
+        _c159 = _n
+        for _ in range(_c159):
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 128:
                 raise _XdrError('opaque: length %d exceeds 128' % _n, off)
@@ -1668,9 +1681,9 @@ class ACCESS4res:
     value: ACCESS4resok | None = None
 
 
-_ACCESS4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_ACCESS4resok}
-_ACCESS4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_ACCESS4resok}
-_ACCESS4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_ACCESS4resok)}
+_ACCESS4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_ACCESS4resok}
+_ACCESS4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_ACCESS4resok}
+_ACCESS4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_ACCESS4resok)}
 
 
 def enc_ACCESS4res(w: _Writer, v: ACCESS4res) -> None:
@@ -1689,6 +1702,7 @@ def dec_ACCESS4res(r: _Reader, off: int) -> tuple[ACCESS4res, int]:
     o0 = off
     try:
         _v160: _Any
+        _f160: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d160,) = _S2.unpack_from(buf, off)
         _a160 = _ACCESS4res_ARMS.get(_d160)
         if _a160 is None:
@@ -1736,9 +1750,9 @@ class CLOSE4res:
     value: stateid4 | None = None
 
 
-_CLOSE4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_stateid4}
-_CLOSE4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_stateid4}
-_CLOSE4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_stateid4)}
+_CLOSE4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_stateid4}
+_CLOSE4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_stateid4}
+_CLOSE4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_stateid4)}
 
 
 def enc_CLOSE4res(w: _Writer, v: CLOSE4res) -> None:
@@ -1757,6 +1771,7 @@ def dec_CLOSE4res(r: _Reader, off: int) -> tuple[CLOSE4res, int]:
     o0 = off
     try:
         _v161: _Any
+        _f161: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d161,) = _S2.unpack_from(buf, off)
         _a161 = _CLOSE4res_ARMS.get(_d161)
         if _a161 is None:
@@ -1828,9 +1843,9 @@ class COMMIT4res:
     value: COMMIT4resok | None = None
 
 
-_COMMIT4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_COMMIT4resok}
-_COMMIT4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_COMMIT4resok}
-_COMMIT4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_COMMIT4resok)}
+_COMMIT4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_COMMIT4resok}
+_COMMIT4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_COMMIT4resok}
+_COMMIT4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_COMMIT4resok)}
 
 
 def enc_COMMIT4res(w: _Writer, v: COMMIT4res) -> None:
@@ -1849,6 +1864,7 @@ def dec_COMMIT4res(r: _Reader, off: int) -> tuple[COMMIT4res, int]:
     o0 = off
     try:
         _v162: _Any
+        _f162: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d162,) = _S2.unpack_from(buf, off)
         _a162 = _COMMIT4res_ARMS.get(_d162)
         if _a162 is None:
@@ -1886,9 +1902,9 @@ class createtype4:
     value: _Buffer | specdata4 | None = None
 
 
-_createtype4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {5: enc_createtype4_linkdata, 3: enc_specdata4, 4: enc_specdata4, 6: _void_encode, 7: _void_encode, 2: _void_encode}
-_createtype4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {5: dec_createtype4_linkdata, 3: dec_specdata4, 4: dec_specdata4, 6: _void_decode, 7: _void_decode, 2: _void_decode}
-_createtype4_ARMS: dict[int, tuple[_Any, _Any]] = {5: (_nfs_ftype4_MAP[(5,)[0]], dec_createtype4_linkdata), 3: (_nfs_ftype4_MAP[(3,)[0]], dec_specdata4), 4: (_nfs_ftype4_MAP[(4,)[0]], dec_specdata4), 6: (_nfs_ftype4_MAP[(6,)[0]], _void_decode), 7: (_nfs_ftype4_MAP[(7,)[0]], _void_decode), 2: (_nfs_ftype4_MAP[(2,)[0]], _void_decode)}
+_createtype4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {5: enc_createtype4_linkdata, 3: enc_specdata4, 4: enc_specdata4, 6: _void_encode, 7: _void_encode, 2: _void_encode}
+_createtype4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {5: dec_createtype4_linkdata, 3: dec_specdata4, 4: dec_specdata4, 6: _void_decode, 7: _void_decode, 2: _void_decode}
+_createtype4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {5: (_nfs_ftype4_MAP[(5,)[0]], dec_createtype4_linkdata), 3: (_nfs_ftype4_MAP[(3,)[0]], dec_specdata4), 4: (_nfs_ftype4_MAP[(4,)[0]], dec_specdata4), 6: (_nfs_ftype4_MAP[(6,)[0]], _void_decode), 7: (_nfs_ftype4_MAP[(7,)[0]], _void_decode), 2: (_nfs_ftype4_MAP[(2,)[0]], _void_decode)}
 
 
 def enc_createtype4(w: _Writer, v: createtype4) -> None:
@@ -1907,6 +1923,7 @@ def dec_createtype4(r: _Reader, off: int) -> tuple[createtype4, int]:
     o0 = off
     try:
         _v163: _Any
+        _f163: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d163,) = _S2.unpack_from(buf, off)
         _a163 = _createtype4_ARMS.get(_d163)
         if _a163 is None:
@@ -1956,6 +1973,7 @@ def dec_CREATE4args(r: _Reader, off: int) -> tuple[CREATE4args, int]:
     o0 = off
     try:
         _v166: _Any
+        _f166: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d166,) = _S2.unpack_from(buf, off)
         _a166 = _createtype4_ARMS.get(_d166)
         if _a166 is None:
@@ -1979,7 +1997,8 @@ def dec_CREATE4args(r: _Reader, off: int) -> tuple[CREATE4args, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i167_attrmask = []
-        for _ in range(_n):
+        _c168 = _n
+        for _ in range(_c168):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x168 = _t[0]
@@ -2029,7 +2048,8 @@ def dec_CREATE4resok(r: _Reader, off: int) -> tuple[CREATE4resok, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_attrset = []
-        for _ in range(_n):
+        _c170 = _n
+        for _ in range(_c170):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x170 = _t[0]
@@ -2045,9 +2065,9 @@ class CREATE4res:
     value: CREATE4resok | None = None
 
 
-_CREATE4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_CREATE4resok}
-_CREATE4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_CREATE4resok}
-_CREATE4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_CREATE4resok)}
+_CREATE4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_CREATE4resok}
+_CREATE4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_CREATE4resok}
+_CREATE4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_CREATE4resok)}
 
 
 def enc_CREATE4res(w: _Writer, v: CREATE4res) -> None:
@@ -2066,6 +2086,7 @@ def dec_CREATE4res(r: _Reader, off: int) -> tuple[CREATE4res, int]:
     o0 = off
     try:
         _v171: _Any
+        _f171: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d171,) = _S2.unpack_from(buf, off)
         _a171 = _CREATE4res_ARMS.get(_d171)
         if _a171 is None:
@@ -2202,7 +2223,8 @@ def dec_GETATTR4args(r: _Reader, off: int) -> tuple[GETATTR4args, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_attr_request = []
-        for _ in range(_n):
+        _c173 = _n
+        for _ in range(_c173):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x173 = _t[0]
@@ -2243,7 +2265,8 @@ def dec_GETATTR4resok(r: _Reader, off: int) -> tuple[GETATTR4resok, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i176_attrmask = []
-        for _ in range(_n):
+        _c177 = _n
+        for _ in range(_c177):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x177 = _t[0]
@@ -2269,9 +2292,9 @@ class GETATTR4res:
     value: GETATTR4resok | None = None
 
 
-_GETATTR4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_GETATTR4resok}
-_GETATTR4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_GETATTR4resok}
-_GETATTR4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_GETATTR4resok)}
+_GETATTR4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_GETATTR4resok}
+_GETATTR4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_GETATTR4resok}
+_GETATTR4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_GETATTR4resok)}
 
 
 def enc_GETATTR4res(w: _Writer, v: GETATTR4res) -> None:
@@ -2290,6 +2313,7 @@ def dec_GETATTR4res(r: _Reader, off: int) -> tuple[GETATTR4res, int]:
     o0 = off
     try:
         _v178: _Any
+        _f178: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d178,) = _S2.unpack_from(buf, off)
         _a178 = _GETATTR4res_ARMS.get(_d178)
         if _a178 is None:
@@ -2348,9 +2372,9 @@ class GETFH4res:
     value: GETFH4resok | None = None
 
 
-_GETFH4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_GETFH4resok}
-_GETFH4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_GETFH4resok}
-_GETFH4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_GETFH4resok)}
+_GETFH4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_GETFH4resok}
+_GETFH4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_GETFH4resok}
+_GETFH4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_GETFH4resok)}
 
 
 def enc_GETFH4res(w: _Writer, v: GETFH4res) -> None:
@@ -2369,6 +2393,7 @@ def dec_GETFH4res(r: _Reader, off: int) -> tuple[GETFH4res, int]:
     o0 = off
     try:
         _v179: _Any
+        _f179: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d179,) = _S2.unpack_from(buf, off)
         _a179 = _GETFH4res_ARMS.get(_d179)
         if _a179 is None:
@@ -2447,9 +2472,9 @@ class LINK4res:
     value: LINK4resok | None = None
 
 
-_LINK4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_LINK4resok}
-_LINK4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_LINK4resok}
-_LINK4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_LINK4resok)}
+_LINK4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_LINK4resok}
+_LINK4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_LINK4resok}
+_LINK4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_LINK4resok)}
 
 
 def enc_LINK4res(w: _Writer, v: LINK4res) -> None:
@@ -2468,6 +2493,7 @@ def dec_LINK4res(r: _Reader, off: int) -> tuple[LINK4res, int]:
     o0 = off
     try:
         _v180: _Any
+        _f180: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d180,) = _S2.unpack_from(buf, off)
         _a180 = _LINK4res_ARMS.get(_d180)
         if _a180 is None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass as _dataclass
 from enum import IntEnum as _IntEnum
 from functools import lru_cache as _lru_cache
 from operator import attrgetter as _attrgetter
-from typing import Any as _Any, TypeAlias as _TypeAlias
+from typing import Any as _Any, Final as _Final, TypeAlias as _TypeAlias
 
 from nfsrdma.xdr.runtime import (
     BOOL as _BOOL,
@@ -55,25 +55,25 @@ from nfsrdma.xdr.gen._nfs4_1 import (
     stateid4,
 )
 
-_S0 = _struct.Struct('>I')
-_S1 = _struct.Struct('>II')
-_S2 = _struct.Struct('>i')
-_S4 = _struct.Struct('>Q')
-_S6 = _struct.Struct('>8s')
-_S9 = _struct.Struct('>III')
-_S10 = _struct.Struct('>I12s')
-_S11 = _struct.Struct('>QQi')
-_S15 = _struct.Struct('>IQQ')
-_S19 = _struct.Struct('>II12sI')
-_S20 = _struct.Struct('>I12sI')
-_S21 = _struct.Struct('>iIQQ')
-_S22 = _struct.Struct('>iQQ')
-_S23 = _struct.Struct('>iII12sQQ')
-_S24 = _struct.Struct('>I12sIQQI')
-_S25 = _struct.Struct('>I12sIII')
-_S26 = _struct.Struct('>I12sQI')
-_S27 = _struct.Struct('>Q8sII')
-_S28 = _struct.Struct('>IQQIQQ')
+_S0: _Final = _struct.Struct('>I')
+_S1: _Final = _struct.Struct('>II')
+_S2: _Final = _struct.Struct('>i')
+_S4: _Final = _struct.Struct('>Q')
+_S6: _Final = _struct.Struct('>8s')
+_S9: _Final = _struct.Struct('>III')
+_S10: _Final = _struct.Struct('>I12s')
+_S11: _Final = _struct.Struct('>QQi')
+_S15: _Final = _struct.Struct('>IQQ')
+_S19: _Final = _struct.Struct('>II12sI')
+_S20: _Final = _struct.Struct('>I12sI')
+_S21: _Final = _struct.Struct('>iIQQ')
+_S22: _Final = _struct.Struct('>iQQ')
+_S23: _Final = _struct.Struct('>iII12sQQ')
+_S24: _Final = _struct.Struct('>I12sIQQI')
+_S25: _Final = _struct.Struct('>I12sIII')
+_S26: _Final = _struct.Struct('>I12sQI')
+_S27: _Final = _struct.Struct('>Q8sII')
+_S28: _Final = _struct.Struct('>IQQIQQ')
 
 
 @_dataclass(slots=True)
@@ -163,9 +163,9 @@ class locker4:
     value: open_to_lock_owner4 | exist_lock_owner4 | None = None
 
 
-_locker4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_open_to_lock_owner4, 0: enc_exist_lock_owner4}
-_locker4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_open_to_lock_owner4, 0: dec_exist_lock_owner4}
-_locker4_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_BOOL[(1,)[0]], dec_open_to_lock_owner4), 0: (_BOOL[(0,)[0]], dec_exist_lock_owner4)}
+_locker4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_open_to_lock_owner4, 0: enc_exist_lock_owner4}
+_locker4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_open_to_lock_owner4, 0: dec_exist_lock_owner4}
+_locker4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_BOOL[(1,)[0]], dec_open_to_lock_owner4), 0: (_BOOL[(0,)[0]], dec_exist_lock_owner4)}
 
 
 def enc_locker4(w: _Writer, v: locker4) -> None:
@@ -185,6 +185,7 @@ def dec_locker4(r: _Reader, off: int) -> tuple[locker4, int]:
     o0 = off
     try:
         _v183: _Any
+        _f183: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d183,) = _S0.unpack_from(buf, off)
         _a183 = _locker4_ARMS.get(_d183)
         if _a183 is None:
@@ -226,6 +227,7 @@ def dec_LOCK4args(r: _Reader, off: int) -> tuple[LOCK4args, int]:
         f_offset = _t[2]
         f_length = _t[3]
         _v184: _Any
+        _f184: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d184,) = _S0.unpack_from(buf, off)
         _a184 = _locker4_ARMS.get(_d184)
         if _a184 is None:
@@ -323,9 +325,9 @@ class LOCK4res:
     value: LOCK4resok | LOCK4denied | None = None
 
 
-_LOCK4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_LOCK4resok, 10010: enc_LOCK4denied}
-_LOCK4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_LOCK4resok, 10010: dec_LOCK4denied}
-_LOCK4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_LOCK4resok), 10010: (_nfsstat4_MAP[(10010,)[0]], dec_LOCK4denied)}
+_LOCK4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_LOCK4resok, 10010: enc_LOCK4denied}
+_LOCK4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_LOCK4resok, 10010: dec_LOCK4denied}
+_LOCK4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_LOCK4resok), 10010: (_nfsstat4_MAP[(10010,)[0]], dec_LOCK4denied)}
 
 
 def enc_LOCK4res(w: _Writer, v: LOCK4res) -> None:
@@ -344,6 +346,7 @@ def dec_LOCK4res(r: _Reader, off: int) -> tuple[LOCK4res, int]:
     o0 = off
     try:
         _v187: _Any
+        _f187: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d187,) = _S2.unpack_from(buf, off)
         _a187 = _LOCK4res_ARMS.get(_d187)
         if _a187 is None:
@@ -417,9 +420,9 @@ class LOCKT4res:
     value: LOCK4denied | None = None
 
 
-_LOCKT4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {10010: enc_LOCK4denied, 0: _void_encode}
-_LOCKT4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {10010: dec_LOCK4denied, 0: _void_decode}
-_LOCKT4res_ARMS: dict[int, tuple[_Any, _Any]] = {10010: (_nfsstat4_MAP[(10010,)[0]], dec_LOCK4denied), 0: (_nfsstat4_MAP[(0,)[0]], _void_decode)}
+_LOCKT4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {10010: enc_LOCK4denied, 0: _void_encode}
+_LOCKT4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {10010: dec_LOCK4denied, 0: _void_decode}
+_LOCKT4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {10010: (_nfsstat4_MAP[(10010,)[0]], dec_LOCK4denied), 0: (_nfsstat4_MAP[(0,)[0]], _void_decode)}
 
 
 def enc_LOCKT4res(w: _Writer, v: LOCKT4res) -> None:
@@ -438,6 +441,7 @@ def dec_LOCKT4res(r: _Reader, off: int) -> tuple[LOCKT4res, int]:
     o0 = off
     try:
         _v190: _Any
+        _f190: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d190,) = _S2.unpack_from(buf, off)
         _a190 = _LOCKT4res_ARMS.get(_d190)
         if _a190 is None:
@@ -491,9 +495,9 @@ class LOCKU4res:
     value: stateid4 | None = None
 
 
-_LOCKU4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_stateid4}
-_LOCKU4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_stateid4}
-_LOCKU4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_stateid4)}
+_LOCKU4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_stateid4}
+_LOCKU4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_stateid4}
+_LOCKU4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_stateid4)}
 
 
 def enc_LOCKU4res(w: _Writer, v: LOCKU4res) -> None:
@@ -512,6 +516,7 @@ def dec_LOCKU4res(r: _Reader, off: int) -> tuple[LOCKU4res, int]:
     o0 = off
     try:
         _v191: _Any
+        _f191: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d191,) = _S2.unpack_from(buf, off)
         _a191 = _LOCKU4res_ARMS.get(_d191)
         if _a191 is None:
@@ -639,7 +644,8 @@ def dec_NVERIFY4args(r: _Reader, off: int) -> tuple[NVERIFY4args, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i194_attrmask = []
-        for _ in range(_n):
+        _c195 = _n
+        for _ in range(_c195):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x195 = _t[0]
@@ -690,7 +696,7 @@ class createmode4(_IntEnum):
     EXCLUSIVE4_1 = 3
 
 
-_createmode4_MAP: dict[int, createmode4] = {m.value: m for m in createmode4}
+_createmode4_MAP: _Final[dict[int, createmode4]] = {m.value: m for m in createmode4}
 UNCHECKED4 = createmode4.UNCHECKED4
 GUARDED4 = createmode4.GUARDED4
 EXCLUSIVE4 = createmode4.EXCLUSIVE4
@@ -748,7 +754,8 @@ def dec_creatverfattr(r: _Reader, off: int) -> tuple[creatverfattr, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i198_attrmask = []
-        for _ in range(_n):
+        _c199 = _n
+        for _ in range(_c199):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x199 = _t[0]
@@ -774,9 +781,9 @@ class createhow4:
     value: fattr4 | bytes | creatverfattr | None = None
 
 
-_createhow4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_fattr4, 1: enc_fattr4, 2: enc_verifier4, 3: enc_creatverfattr}
-_createhow4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_fattr4, 1: dec_fattr4, 2: dec_verifier4, 3: dec_creatverfattr}
-_createhow4_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_createmode4_MAP[(0,)[0]], dec_fattr4), 1: (_createmode4_MAP[(1,)[0]], dec_fattr4), 2: (_createmode4_MAP[(2,)[0]], dec_verifier4), 3: (_createmode4_MAP[(3,)[0]], dec_creatverfattr)}
+_createhow4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_fattr4, 1: enc_fattr4, 2: enc_verifier4, 3: enc_creatverfattr}
+_createhow4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_fattr4, 1: dec_fattr4, 2: dec_verifier4, 3: dec_creatverfattr}
+_createhow4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_createmode4_MAP[(0,)[0]], dec_fattr4), 1: (_createmode4_MAP[(1,)[0]], dec_fattr4), 2: (_createmode4_MAP[(2,)[0]], dec_verifier4), 3: (_createmode4_MAP[(3,)[0]], dec_creatverfattr)}
 
 
 def enc_createhow4(w: _Writer, v: createhow4) -> None:
@@ -797,6 +804,7 @@ def dec_createhow4(r: _Reader, off: int) -> tuple[createhow4, int]:
     o0 = off
     try:
         _v200: _Any
+        _f200: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d200,) = _S2.unpack_from(buf, off)
         _a200 = _createhow4_ARMS.get(_d200)
         if _a200 is None:
@@ -815,7 +823,7 @@ class opentype4(_IntEnum):
     OPEN4_CREATE = 1
 
 
-_opentype4_MAP: dict[int, opentype4] = {m.value: m for m in opentype4}
+_opentype4_MAP: _Final[dict[int, opentype4]] = {m.value: m for m in opentype4}
 OPEN4_NOCREATE = opentype4.OPEN4_NOCREATE
 OPEN4_CREATE = opentype4.OPEN4_CREATE
 
@@ -840,9 +848,9 @@ class openflag4:
     value: createhow4 | None = None
 
 
-_openflag4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_createhow4}
-_openflag4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_createhow4}
-_openflag4_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_opentype4_MAP[(1,)[0]], dec_createhow4)}
+_openflag4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_createhow4}
+_openflag4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_createhow4}
+_openflag4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_opentype4_MAP[(1,)[0]], dec_createhow4)}
 
 
 def enc_openflag4(w: _Writer, v: openflag4) -> None:
@@ -861,6 +869,7 @@ def dec_openflag4(r: _Reader, off: int) -> tuple[openflag4, int]:
     o0 = off
     try:
         _v201: _Any
+        _f201: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d201,) = _S2.unpack_from(buf, off)
         _a201 = _openflag4_ARMS.get(_d201)
         if _a201 is None:
@@ -880,7 +889,7 @@ class limit_by4(_IntEnum):
     NFS_LIMIT_BLOCKS = 2
 
 
-_limit_by4_MAP: dict[int, limit_by4] = {m.value: m for m in limit_by4}
+_limit_by4_MAP: _Final[dict[int, limit_by4]] = {m.value: m for m in limit_by4}
 NFS_LIMIT_SIZE = limit_by4.NFS_LIMIT_SIZE
 NFS_LIMIT_BLOCKS = limit_by4.NFS_LIMIT_BLOCKS
 
@@ -931,9 +940,9 @@ class nfs_space_limit4:
     value: int | nfs_modified_limit4 | None = None
 
 
-_nfs_space_limit4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_uint64_t, 2: enc_nfs_modified_limit4}
-_nfs_space_limit4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_uint64_t, 2: dec_nfs_modified_limit4}
-_nfs_space_limit4_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_limit_by4_MAP[(1,)[0]], dec_uint64_t), 2: (_limit_by4_MAP[(2,)[0]], dec_nfs_modified_limit4)}
+_nfs_space_limit4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_uint64_t, 2: enc_nfs_modified_limit4}
+_nfs_space_limit4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_uint64_t, 2: dec_nfs_modified_limit4}
+_nfs_space_limit4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_limit_by4_MAP[(1,)[0]], dec_uint64_t), 2: (_limit_by4_MAP[(2,)[0]], dec_nfs_modified_limit4)}
 
 
 def enc_nfs_space_limit4(w: _Writer, v: nfs_space_limit4) -> None:
@@ -954,6 +963,7 @@ def dec_nfs_space_limit4(r: _Reader, off: int) -> tuple[nfs_space_limit4, int]:
     o0 = off
     try:
         _v202: _Any
+        _f202: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d202,) = _S2.unpack_from(buf, off)
         _a202 = _nfs_space_limit4_ARMS.get(_d202)
         if _a202 is None:
@@ -974,7 +984,7 @@ class open_delegation_type4(_IntEnum):
     OPEN_DELEGATE_NONE_EXT = 3
 
 
-_open_delegation_type4_MAP: dict[int, open_delegation_type4] = {m.value: m for m in open_delegation_type4}
+_open_delegation_type4_MAP: _Final[dict[int, open_delegation_type4]] = {m.value: m for m in open_delegation_type4}
 OPEN_DELEGATE_NONE = open_delegation_type4.OPEN_DELEGATE_NONE
 OPEN_DELEGATE_READ = open_delegation_type4.OPEN_DELEGATE_READ
 OPEN_DELEGATE_WRITE = open_delegation_type4.OPEN_DELEGATE_WRITE
@@ -1005,7 +1015,7 @@ class open_claim_type4(_IntEnum):
     CLAIM_DELEG_PREV_FH = 6
 
 
-_open_claim_type4_MAP: dict[int, open_claim_type4] = {m.value: m for m in open_claim_type4}
+_open_claim_type4_MAP: _Final[dict[int, open_claim_type4]] = {m.value: m for m in open_claim_type4}
 CLAIM_NULL = open_claim_type4.CLAIM_NULL
 CLAIM_PREVIOUS = open_claim_type4.CLAIM_PREVIOUS
 CLAIM_DELEGATE_CUR = open_claim_type4.CLAIM_DELEGATE_CUR
@@ -1075,9 +1085,9 @@ class open_claim4:
     value: bytes | open_delegation_type4 | open_claim_delegate_cur4 | stateid4 | None = None
 
 
-_open_claim4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_component4, 1: enc_open_delegation_type4, 2: enc_open_claim_delegate_cur4, 3: enc_component4, 4: _void_encode, 6: _void_encode, 5: enc_stateid4}
-_open_claim4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_component4, 1: dec_open_delegation_type4, 2: dec_open_claim_delegate_cur4, 3: dec_component4, 4: _void_decode, 6: _void_decode, 5: dec_stateid4}
-_open_claim4_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_open_claim_type4_MAP[(0,)[0]], dec_component4), 1: (_open_claim_type4_MAP[(1,)[0]], dec_open_delegation_type4), 2: (_open_claim_type4_MAP[(2,)[0]], dec_open_claim_delegate_cur4), 3: (_open_claim_type4_MAP[(3,)[0]], dec_component4), 4: (_open_claim_type4_MAP[(4,)[0]], _void_decode), 6: (_open_claim_type4_MAP[(6,)[0]], _void_decode), 5: (_open_claim_type4_MAP[(5,)[0]], dec_stateid4)}
+_open_claim4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_component4, 1: enc_open_delegation_type4, 2: enc_open_claim_delegate_cur4, 3: enc_component4, 4: _void_encode, 6: _void_encode, 5: enc_stateid4}
+_open_claim4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_component4, 1: dec_open_delegation_type4, 2: dec_open_claim_delegate_cur4, 3: dec_component4, 4: _void_decode, 6: _void_decode, 5: dec_stateid4}
+_open_claim4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_open_claim_type4_MAP[(0,)[0]], dec_component4), 1: (_open_claim_type4_MAP[(1,)[0]], dec_open_delegation_type4), 2: (_open_claim_type4_MAP[(2,)[0]], dec_open_claim_delegate_cur4), 3: (_open_claim_type4_MAP[(3,)[0]], dec_component4), 4: (_open_claim_type4_MAP[(4,)[0]], _void_decode), 6: (_open_claim_type4_MAP[(6,)[0]], _void_decode), 5: (_open_claim_type4_MAP[(5,)[0]], dec_stateid4)}
 
 
 def enc_open_claim4(w: _Writer, v: open_claim4) -> None:
@@ -1098,6 +1108,7 @@ def dec_open_claim4(r: _Reader, off: int) -> tuple[open_claim4, int]:
     o0 = off
     try:
         _v203: _Any
+        _f203: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d203,) = _S2.unpack_from(buf, off)
         _a203 = _open_claim4_ARMS.get(_d203)
         if _a203 is None:
@@ -1164,6 +1175,7 @@ def dec_OPEN4args(r: _Reader, off: int) -> tuple[OPEN4args, int]:
         off = _e + (-_n & 3)
         f_owner = state_owner4(_i205_clientid, _i205_owner)
         _v206: _Any
+        _f206: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d206,) = _S2.unpack_from(buf, off)
         _a206 = _openflag4_ARMS.get(_d206)
         if _a206 is None:
@@ -1174,6 +1186,7 @@ def dec_OPEN4args(r: _Reader, off: int) -> tuple[OPEN4args, int]:
         _v206, off = _f206(r, off + 4)
         f_openhow = openflag4(_d206, _v206)
         _v207: _Any
+        _f207: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d207,) = _S2.unpack_from(buf, off)
         _a207 = _open_claim4_ARMS.get(_d207)
         if _a207 is None:
@@ -1270,6 +1283,7 @@ def dec_open_write_delegation4(r: _Reader, off: int) -> tuple[open_write_delegat
         f_stateid = stateid4(_t[0], _t[1])
         f_recall = _BOOL[_t[2]]
         _v211: _Any
+        _f211: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d211,) = _S2.unpack_from(buf, off)
         _a211 = _nfs_space_limit4_ARMS.get(_d211)
         if _a211 is None:
@@ -1310,7 +1324,7 @@ class why_no_delegation4(_IntEnum):
     WND4_IS_DIR = 8
 
 
-_why_no_delegation4_MAP: dict[int, why_no_delegation4] = {m.value: m for m in why_no_delegation4}
+_why_no_delegation4_MAP: _Final[dict[int, why_no_delegation4]] = {m.value: m for m in why_no_delegation4}
 WND4_NOT_WANTED = why_no_delegation4.WND4_NOT_WANTED
 WND4_CONTENTION = why_no_delegation4.WND4_CONTENTION
 WND4_RESOURCE = why_no_delegation4.WND4_RESOURCE
@@ -1380,9 +1394,9 @@ class open_none_delegation4:
     value: bool | None = None
 
 
-_open_none_delegation4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_open_none_delegation4_ond_server_will_push_deleg, 2: enc_open_none_delegation4_ond_server_will_signal_avail}
-_open_none_delegation4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_open_none_delegation4_ond_server_will_push_deleg, 2: dec_open_none_delegation4_ond_server_will_signal_avail}
-_open_none_delegation4_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_why_no_delegation4_MAP[(1,)[0]], dec_open_none_delegation4_ond_server_will_push_deleg), 2: (_why_no_delegation4_MAP[(2,)[0]], dec_open_none_delegation4_ond_server_will_signal_avail)}
+_open_none_delegation4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_open_none_delegation4_ond_server_will_push_deleg, 2: enc_open_none_delegation4_ond_server_will_signal_avail}
+_open_none_delegation4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_open_none_delegation4_ond_server_will_push_deleg, 2: dec_open_none_delegation4_ond_server_will_signal_avail}
+_open_none_delegation4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_why_no_delegation4_MAP[(1,)[0]], dec_open_none_delegation4_ond_server_will_push_deleg), 2: (_why_no_delegation4_MAP[(2,)[0]], dec_open_none_delegation4_ond_server_will_signal_avail)}
 
 
 def enc_open_none_delegation4(w: _Writer, v: open_none_delegation4) -> None:
@@ -1401,6 +1415,7 @@ def dec_open_none_delegation4(r: _Reader, off: int) -> tuple[open_none_delegatio
     o0 = off
     try:
         _v213: _Any
+        _f213: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d213,) = _S2.unpack_from(buf, off)
         _a213 = _open_none_delegation4_ARMS.get(_d213)
         if _a213 is None:
@@ -1421,9 +1436,9 @@ class open_delegation4:
     value: open_read_delegation4 | open_write_delegation4 | open_none_delegation4 | None = None
 
 
-_open_delegation4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: _void_encode, 1: enc_open_read_delegation4, 2: enc_open_write_delegation4, 3: enc_open_none_delegation4}
-_open_delegation4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: _void_decode, 1: dec_open_read_delegation4, 2: dec_open_write_delegation4, 3: dec_open_none_delegation4}
-_open_delegation4_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_open_delegation_type4_MAP[(0,)[0]], _void_decode), 1: (_open_delegation_type4_MAP[(1,)[0]], dec_open_read_delegation4), 2: (_open_delegation_type4_MAP[(2,)[0]], dec_open_write_delegation4), 3: (_open_delegation_type4_MAP[(3,)[0]], dec_open_none_delegation4)}
+_open_delegation4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: _void_encode, 1: enc_open_read_delegation4, 2: enc_open_write_delegation4, 3: enc_open_none_delegation4}
+_open_delegation4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: _void_decode, 1: dec_open_read_delegation4, 2: dec_open_write_delegation4, 3: dec_open_none_delegation4}
+_open_delegation4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_open_delegation_type4_MAP[(0,)[0]], _void_decode), 1: (_open_delegation_type4_MAP[(1,)[0]], dec_open_read_delegation4), 2: (_open_delegation_type4_MAP[(2,)[0]], dec_open_write_delegation4), 3: (_open_delegation_type4_MAP[(3,)[0]], dec_open_none_delegation4)}
 
 
 def enc_open_delegation4(w: _Writer, v: open_delegation4) -> None:
@@ -1444,6 +1459,7 @@ def dec_open_delegation4(r: _Reader, off: int) -> tuple[open_delegation4, int]:
     o0 = off
     try:
         _v214: _Any
+        _f214: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d214,) = _S2.unpack_from(buf, off)
         _a214 = _open_delegation4_ARMS.get(_d214)
         if _a214 is None:
@@ -1494,12 +1510,14 @@ def dec_OPEN4resok(r: _Reader, off: int) -> tuple[OPEN4resok, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_attrset = []
-        for _ in range(_n):
+        _c216 = _n
+        for _ in range(_c216):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x216 = _t[0]
             f_attrset.append(_x216)
         _v217: _Any
+        _f217: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d217,) = _S2.unpack_from(buf, off)
         _a217 = _open_delegation4_ARMS.get(_d217)
         if _a217 is None:
@@ -1519,9 +1537,9 @@ class OPEN4res:
     value: OPEN4resok | None = None
 
 
-_OPEN4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_OPEN4resok}
-_OPEN4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_OPEN4resok}
-_OPEN4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_OPEN4resok)}
+_OPEN4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_OPEN4resok}
+_OPEN4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_OPEN4resok}
+_OPEN4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_OPEN4resok)}
 
 
 def enc_OPEN4res(w: _Writer, v: OPEN4res) -> None:
@@ -1540,6 +1558,7 @@ def dec_OPEN4res(r: _Reader, off: int) -> tuple[OPEN4res, int]:
     o0 = off
     try:
         _v218: _Any
+        _f218: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d218,) = _S2.unpack_from(buf, off)
         _a218 = _OPEN4res_ARMS.get(_d218)
         if _a218 is None:
@@ -1660,9 +1679,9 @@ class OPEN_CONFIRM4res:
     value: OPEN_CONFIRM4resok | None = None
 
 
-_OPEN_CONFIRM4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_OPEN_CONFIRM4resok}
-_OPEN_CONFIRM4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_OPEN_CONFIRM4resok}
-_OPEN_CONFIRM4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_OPEN_CONFIRM4resok)}
+_OPEN_CONFIRM4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_OPEN_CONFIRM4resok}
+_OPEN_CONFIRM4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_OPEN_CONFIRM4resok}
+_OPEN_CONFIRM4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_OPEN_CONFIRM4resok)}
 
 
 def enc_OPEN_CONFIRM4res(w: _Writer, v: OPEN_CONFIRM4res) -> None:
@@ -1681,6 +1700,7 @@ def dec_OPEN_CONFIRM4res(r: _Reader, off: int) -> tuple[OPEN_CONFIRM4res, int]:
     o0 = off
     try:
         _v219: _Any
+        _f219: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d219,) = _S2.unpack_from(buf, off)
         _a219 = _OPEN_CONFIRM4res_ARMS.get(_d219)
         if _a219 is None:
@@ -1757,9 +1777,9 @@ class OPEN_DOWNGRADE4res:
     value: OPEN_DOWNGRADE4resok | None = None
 
 
-_OPEN_DOWNGRADE4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_OPEN_DOWNGRADE4resok}
-_OPEN_DOWNGRADE4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_OPEN_DOWNGRADE4resok}
-_OPEN_DOWNGRADE4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_OPEN_DOWNGRADE4resok)}
+_OPEN_DOWNGRADE4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_OPEN_DOWNGRADE4resok}
+_OPEN_DOWNGRADE4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_OPEN_DOWNGRADE4resok}
+_OPEN_DOWNGRADE4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_OPEN_DOWNGRADE4resok)}
 
 
 def enc_OPEN_DOWNGRADE4res(w: _Writer, v: OPEN_DOWNGRADE4res) -> None:
@@ -1778,6 +1798,7 @@ def dec_OPEN_DOWNGRADE4res(r: _Reader, off: int) -> tuple[OPEN_DOWNGRADE4res, in
     o0 = off
     try:
         _v220: _Any
+        _f220: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d220,) = _S2.unpack_from(buf, off)
         _a220 = _OPEN_DOWNGRADE4res_ARMS.get(_d220)
         if _a220 is None:
@@ -1964,9 +1985,9 @@ class READ4res:
     value: READ4resok | None = None
 
 
-_READ4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_READ4resok}
-_READ4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_READ4resok}
-_READ4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_READ4resok)}
+_READ4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_READ4resok}
+_READ4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_READ4resok}
+_READ4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_READ4resok)}
 
 
 def enc_READ4res(w: _Writer, v: READ4res) -> None:
@@ -1985,6 +2006,7 @@ def dec_READ4res(r: _Reader, off: int) -> tuple[READ4res, int]:
     o0 = off
     try:
         _v221: _Any
+        _f221: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d221,) = _S2.unpack_from(buf, off)
         _a221 = _READ4res_ARMS.get(_d221)
         if _a221 is None:
@@ -2036,7 +2058,8 @@ def dec_READDIR4args(r: _Reader, off: int) -> tuple[READDIR4args, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_attr_request = []
-        for _ in range(_n):
+        _c223 = _n
+        for _ in range(_c223):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x223 = _t[0]
@@ -2097,7 +2120,8 @@ def dec_entry4(r: _Reader, off: int) -> tuple[entry4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i226_attrmask = []
-        for _ in range(_n):
+        _c227 = _n
+        for _ in range(_c227):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x227 = _t[0]
@@ -2207,9 +2231,9 @@ class READDIR4res:
     value: READDIR4resok | None = None
 
 
-_READDIR4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_READDIR4resok}
-_READDIR4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_READDIR4resok}
-_READDIR4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_READDIR4resok)}
+_READDIR4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_READDIR4resok}
+_READDIR4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_READDIR4resok}
+_READDIR4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_READDIR4resok)}
 
 
 def enc_READDIR4res(w: _Writer, v: READDIR4res) -> None:
@@ -2228,6 +2252,7 @@ def dec_READDIR4res(r: _Reader, off: int) -> tuple[READDIR4res, int]:
     o0 = off
     try:
         _v230: _Any
+        _f230: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d230,) = _S2.unpack_from(buf, off)
         _a230 = _READDIR4res_ARMS.get(_d230)
         if _a230 is None:
@@ -2270,9 +2295,9 @@ class READLINK4res:
     value: READLINK4resok | None = None
 
 
-_READLINK4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_READLINK4resok}
-_READLINK4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_READLINK4resok}
-_READLINK4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_READLINK4resok)}
+_READLINK4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_READLINK4resok}
+_READLINK4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_READLINK4resok}
+_READLINK4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_READLINK4resok)}
 
 
 def enc_READLINK4res(w: _Writer, v: READLINK4res) -> None:
@@ -2291,6 +2316,7 @@ def dec_READLINK4res(r: _Reader, off: int) -> tuple[READLINK4res, int]:
     o0 = off
     try:
         _v231: _Any
+        _f231: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d231,) = _S2.unpack_from(buf, off)
         _a231 = _READLINK4res_ARMS.get(_d231)
         if _a231 is None:
@@ -2369,9 +2395,9 @@ class REMOVE4res:
     value: REMOVE4resok | None = None
 
 
-_REMOVE4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_REMOVE4resok}
-_REMOVE4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_REMOVE4resok}
-_REMOVE4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_REMOVE4resok)}
+_REMOVE4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_REMOVE4resok}
+_REMOVE4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_REMOVE4resok}
+_REMOVE4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_REMOVE4resok)}
 
 
 def enc_REMOVE4res(w: _Writer, v: REMOVE4res) -> None:
@@ -2390,6 +2416,7 @@ def dec_REMOVE4res(r: _Reader, off: int) -> tuple[REMOVE4res, int]:
     o0 = off
     try:
         _v232: _Any
+        _f232: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d232,) = _S2.unpack_from(buf, off)
         _a232 = _REMOVE4res_ARMS.get(_d232)
         if _a232 is None:
@@ -2477,3 +2504,45 @@ def dec_RENAME4resok(r: _Reader, off: int) -> tuple[RENAME4resok, int]:
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated RENAME4resok', o0) from None
     return RENAME4resok(f_source_cinfo, f_target_cinfo), off
+
+
+@_dataclass(slots=True)
+class RENAME4res:
+    status: nfsstat4
+    value: RENAME4resok | None = None
+
+
+_RENAME4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_RENAME4resok}
+_RENAME4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_RENAME4resok}
+_RENAME4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_RENAME4resok)}
+
+
+def enc_RENAME4res(w: _Writer, v: RENAME4res) -> None:
+    try:
+        _d = v.status
+        _f = _RENAME4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode RENAME4res: {_e!r}', len(w)) from None
+
+
+def dec_RENAME4res(r: _Reader, off: int) -> tuple[RENAME4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v233: _Any
+        _f233: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d233,) = _S2.unpack_from(buf, off)
+        _a233 = _RENAME4res_ARMS.get(_d233)
+        if _a233 is None:
+            _d233 = _nfsstat4_MAP[(_d233,)[0]]
+            _f233 = _void_decode
+        else:
+            _d233, _f233 = _a233
+        _v233, off = _f233(r, off + 4)
+        _u = RENAME4res(_d233, _v233)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated RENAME4res', o0) from None
+    return _u, off

@@ -12,7 +12,7 @@ from dataclasses import dataclass as _dataclass
 from enum import IntEnum as _IntEnum
 from functools import lru_cache as _lru_cache
 from operator import attrgetter as _attrgetter
-from typing import Any as _Any, TypeAlias as _TypeAlias
+from typing import Any as _Any, Final as _Final, TypeAlias as _TypeAlias
 
 from nfsrdma.xdr.runtime import (
     BOOL as _BOOL,
@@ -31,11 +31,6 @@ from nfsrdma.xdr.runtime import (
 )
 
 
-from nfsrdma.xdr.gen._nfs4_4 import (
-    RENAME4resok,
-    dec_RENAME4resok,
-    enc_RENAME4resok,
-)
 from nfsrdma.xdr.gen._nfs4_1 import (
     _nfsstat4_MAP,
     _rpc_gss_svc_t_MAP,
@@ -60,65 +55,24 @@ from nfsrdma.xdr.gen._nfs4_3 import (
     state_owner4,
 )
 
-_S0 = _struct.Struct('>I')
-_S1 = _struct.Struct('>II')
-_S2 = _struct.Struct('>i')
-_S4 = _struct.Struct('>Q')
-_S5 = _struct.Struct('>16s')
-_S6 = _struct.Struct('>8s')
-_S7 = _struct.Struct('>qI')
-_S10 = _struct.Struct('>I12s')
-_S13 = _struct.Struct('>Ii')
-_S29 = _struct.Struct('>Q8s')
-_S30 = _struct.Struct('>I12sQi')
-_S31 = _struct.Struct('>Ii8s')
-_S32 = _struct.Struct('>16siI')
-_S33 = _struct.Struct('>IIII')
-_S34 = _struct.Struct('>QII')
-_S35 = _struct.Struct('>IIIIII')
-_S36 = _struct.Struct('>16sII')
-_S37 = _struct.Struct('>qIqI')
-
-
-@_dataclass(slots=True)
-class RENAME4res:
-    status: nfsstat4
-    value: RENAME4resok | None = None
-
-
-_RENAME4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_RENAME4resok}
-_RENAME4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_RENAME4resok}
-_RENAME4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_RENAME4resok)}
-
-
-def enc_RENAME4res(w: _Writer, v: RENAME4res) -> None:
-    try:
-        _d = v.status
-        _f = _RENAME4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode RENAME4res: {_e!r}', len(w)) from None
-
-
-def dec_RENAME4res(r: _Reader, off: int) -> tuple[RENAME4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v233: _Any
-        (_d233,) = _S2.unpack_from(buf, off)
-        _a233 = _RENAME4res_ARMS.get(_d233)
-        if _a233 is None:
-            _d233 = _nfsstat4_MAP[(_d233,)[0]]
-            _f233 = _void_decode
-        else:
-            _d233, _f233 = _a233
-        _v233, off = _f233(r, off + 4)
-        _u = RENAME4res(_d233, _v233)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated RENAME4res', o0) from None
-    return _u, off
+_S0: _Final = _struct.Struct('>I')
+_S1: _Final = _struct.Struct('>II')
+_S2: _Final = _struct.Struct('>i')
+_S4: _Final = _struct.Struct('>Q')
+_S5: _Final = _struct.Struct('>16s')
+_S6: _Final = _struct.Struct('>8s')
+_S7: _Final = _struct.Struct('>qI')
+_S10: _Final = _struct.Struct('>I12s')
+_S13: _Final = _struct.Struct('>Ii')
+_S29: _Final = _struct.Struct('>Q8s')
+_S30: _Final = _struct.Struct('>I12sQi')
+_S31: _Final = _struct.Struct('>Ii8s')
+_S32: _Final = _struct.Struct('>16siI')
+_S33: _Final = _struct.Struct('>IIII')
+_S34: _Final = _struct.Struct('>QII')
+_S35: _Final = _struct.Struct('>IIIIII')
+_S36: _Final = _struct.Struct('>16sII')
+_S37: _Final = _struct.Struct('>qIqI')
 
 
 @_dataclass(slots=True)
@@ -298,9 +252,9 @@ class secinfo4:
     value: rpcsec_gss_info | None = None
 
 
-_secinfo4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {6: enc_rpcsec_gss_info}
-_secinfo4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {6: dec_rpcsec_gss_info}
-_secinfo4_ARMS: dict[int, tuple[_Any, _Any]] = {6: ((6,)[0], dec_rpcsec_gss_info)}
+_secinfo4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {6: enc_rpcsec_gss_info}
+_secinfo4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {6: dec_rpcsec_gss_info}
+_secinfo4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {6: ((6,)[0], dec_rpcsec_gss_info)}
 
 
 def enc_secinfo4(w: _Writer, v: secinfo4) -> None:
@@ -318,6 +272,7 @@ def dec_secinfo4(r: _Reader, off: int) -> tuple[secinfo4, int]:
     o0 = off
     try:
         _v234: _Any
+        _f234: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d234,) = _S0.unpack_from(buf, off)
         _a234 = _secinfo4_ARMS.get(_d234)
         if _a234 is None:
@@ -355,8 +310,10 @@ def dec_SECINFO4resok(r: _Reader, off: int) -> tuple[SECINFO4resok, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
-        for _ in range(_n):
+        _c236 = _n
+        for _ in range(_c236):
             _v237: _Any
+            _f237: _Callable[[_Reader, int], tuple[_Any, int]]
             (_d237,) = _S0.unpack_from(buf, off)
             _a237 = _secinfo4_ARMS.get(_d237)
             if _a237 is None:
@@ -378,9 +335,9 @@ class SECINFO4res:
     value: list[secinfo4] | None = None
 
 
-_SECINFO4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_SECINFO4resok}
-_SECINFO4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_SECINFO4resok}
-_SECINFO4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_SECINFO4resok)}
+_SECINFO4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_SECINFO4resok}
+_SECINFO4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_SECINFO4resok}
+_SECINFO4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_SECINFO4resok)}
 
 
 def enc_SECINFO4res(w: _Writer, v: SECINFO4res) -> None:
@@ -399,6 +356,7 @@ def dec_SECINFO4res(r: _Reader, off: int) -> tuple[SECINFO4res, int]:
     o0 = off
     try:
         _v238: _Any
+        _f238: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d238,) = _S2.unpack_from(buf, off)
         _a238 = _SECINFO4res_ARMS.get(_d238)
         if _a238 is None:
@@ -450,7 +408,8 @@ def dec_SETATTR4args(r: _Reader, off: int) -> tuple[SETATTR4args, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i241_attrmask = []
-        for _ in range(_n):
+        _c242 = _n
+        for _ in range(_c242):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x242 = _t[0]
@@ -500,7 +459,8 @@ def dec_SETATTR4res(r: _Reader, off: int) -> tuple[SETATTR4res, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_attrsset = []
-        for _ in range(_n):
+        _c244 = _n
+        for _ in range(_c244):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x244 = _t[0]
@@ -630,9 +590,9 @@ class SETCLIENTID4res:
     value: SETCLIENTID4resok | netaddr4 | None = None
 
 
-_SETCLIENTID4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_SETCLIENTID4resok, 10017: enc_netaddr4}
-_SETCLIENTID4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_SETCLIENTID4resok, 10017: dec_netaddr4}
-_SETCLIENTID4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_SETCLIENTID4resok), 10017: (_nfsstat4_MAP[(10017,)[0]], dec_netaddr4)}
+_SETCLIENTID4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_SETCLIENTID4resok, 10017: enc_netaddr4}
+_SETCLIENTID4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_SETCLIENTID4resok, 10017: dec_netaddr4}
+_SETCLIENTID4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_SETCLIENTID4resok), 10017: (_nfsstat4_MAP[(10017,)[0]], dec_netaddr4)}
 
 
 def enc_SETCLIENTID4res(w: _Writer, v: SETCLIENTID4res) -> None:
@@ -651,6 +611,7 @@ def dec_SETCLIENTID4res(r: _Reader, off: int) -> tuple[SETCLIENTID4res, int]:
     o0 = off
     try:
         _v251: _Any
+        _f251: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d251,) = _S2.unpack_from(buf, off)
         _a251 = _SETCLIENTID4res_ARMS.get(_d251)
         if _a251 is None:
@@ -747,7 +708,8 @@ def dec_VERIFY4args(r: _Reader, off: int) -> tuple[VERIFY4args, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i254_attrmask = []
-        for _ in range(_n):
+        _c255 = _n
+        for _ in range(_c255):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x255 = _t[0]
@@ -797,7 +759,7 @@ class stable_how4(_IntEnum):
     FILE_SYNC4 = 2
 
 
-_stable_how4_MAP: dict[int, stable_how4] = {m.value: m for m in stable_how4}
+_stable_how4_MAP: _Final[dict[int, stable_how4]] = {m.value: m for m in stable_how4}
 UNSTABLE4 = stable_how4.UNSTABLE4
 DATA_SYNC4 = stable_how4.DATA_SYNC4
 FILE_SYNC4 = stable_how4.FILE_SYNC4
@@ -884,9 +846,9 @@ class WRITE4res:
     value: WRITE4resok | None = None
 
 
-_WRITE4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_WRITE4resok}
-_WRITE4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_WRITE4resok}
-_WRITE4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_WRITE4resok)}
+_WRITE4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_WRITE4resok}
+_WRITE4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_WRITE4resok}
+_WRITE4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_WRITE4resok)}
 
 
 def enc_WRITE4res(w: _Writer, v: WRITE4res) -> None:
@@ -905,6 +867,7 @@ def dec_WRITE4res(r: _Reader, off: int) -> tuple[WRITE4res, int]:
     o0 = off
     try:
         _v256: _Any
+        _f256: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d256,) = _S2.unpack_from(buf, off)
         _a256 = _WRITE4res_ARMS.get(_d256)
         if _a256 is None:
@@ -1103,9 +1066,9 @@ class callback_sec_parms4:
     value: authsys_parms | gss_cb_handles4 | None = None
 
 
-_callback_sec_parms4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: _void_encode, 1: enc_authsys_parms, 6: enc_gss_cb_handles4}
-_callback_sec_parms4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: _void_decode, 1: dec_authsys_parms, 6: dec_gss_cb_handles4}
-_callback_sec_parms4_ARMS: dict[int, tuple[_Any, _Any]] = {0: ((0,)[0], _void_decode), 1: ((1,)[0], dec_authsys_parms), 6: ((6,)[0], dec_gss_cb_handles4)}
+_callback_sec_parms4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: _void_encode, 1: enc_authsys_parms, 6: enc_gss_cb_handles4}
+_callback_sec_parms4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: _void_decode, 1: dec_authsys_parms, 6: dec_gss_cb_handles4}
+_callback_sec_parms4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: ((0,)[0], _void_decode), 1: ((1,)[0], dec_authsys_parms), 6: ((6,)[0], dec_gss_cb_handles4)}
 
 
 def enc_callback_sec_parms4(w: _Writer, v: callback_sec_parms4) -> None:
@@ -1125,6 +1088,7 @@ def dec_callback_sec_parms4(r: _Reader, off: int) -> tuple[callback_sec_parms4, 
     o0 = off
     try:
         _v259: _Any
+        _f259: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d259,) = _S0.unpack_from(buf, off)
         _a259 = _callback_sec_parms4_ARMS.get(_d259)
         if _a259 is None:
@@ -1168,8 +1132,10 @@ def dec_BACKCHANNEL_CTL4args(r: _Reader, off: int) -> tuple[BACKCHANNEL_CTL4args
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_bca_sec_parms = []
-        for _ in range(_n):
+        _c261 = _n
+        for _ in range(_c261):
             _v262: _Any
+            _f262: _Callable[[_Reader, int], tuple[_Any, int]]
             (_d262,) = _S0.unpack_from(buf, off)
             _a262 = _callback_sec_parms4_ARMS.get(_d262)
             if _a262 is None:
@@ -1215,7 +1181,7 @@ class channel_dir_from_client4(_IntEnum):
     CDFC4_BACK_OR_BOTH = 7
 
 
-_channel_dir_from_client4_MAP: dict[int, channel_dir_from_client4] = {m.value: m for m in channel_dir_from_client4}
+_channel_dir_from_client4_MAP: _Final[dict[int, channel_dir_from_client4]] = {m.value: m for m in channel_dir_from_client4}
 CDFC4_FORE = channel_dir_from_client4.CDFC4_FORE
 CDFC4_BACK = channel_dir_from_client4.CDFC4_BACK
 CDFC4_FORE_OR_BOTH = channel_dir_from_client4.CDFC4_FORE_OR_BOTH
@@ -1271,7 +1237,7 @@ class channel_dir_from_server4(_IntEnum):
     CDFS4_BOTH = 3
 
 
-_channel_dir_from_server4_MAP: dict[int, channel_dir_from_server4] = {m.value: m for m in channel_dir_from_server4}
+_channel_dir_from_server4_MAP: _Final[dict[int, channel_dir_from_server4]] = {m.value: m for m in channel_dir_from_server4}
 CDFS4_FORE = channel_dir_from_server4.CDFS4_FORE
 CDFS4_BACK = channel_dir_from_server4.CDFS4_BACK
 CDFS4_BOTH = channel_dir_from_server4.CDFS4_BOTH
@@ -1326,9 +1292,9 @@ class BIND_CONN_TO_SESSION4res:
     value: BIND_CONN_TO_SESSION4resok | None = None
 
 
-_BIND_CONN_TO_SESSION4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_BIND_CONN_TO_SESSION4resok}
-_BIND_CONN_TO_SESSION4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_BIND_CONN_TO_SESSION4resok}
-_BIND_CONN_TO_SESSION4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_BIND_CONN_TO_SESSION4resok)}
+_BIND_CONN_TO_SESSION4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_BIND_CONN_TO_SESSION4resok}
+_BIND_CONN_TO_SESSION4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_BIND_CONN_TO_SESSION4resok}
+_BIND_CONN_TO_SESSION4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_BIND_CONN_TO_SESSION4resok)}
 
 
 def enc_BIND_CONN_TO_SESSION4res(w: _Writer, v: BIND_CONN_TO_SESSION4res) -> None:
@@ -1347,6 +1313,7 @@ def dec_BIND_CONN_TO_SESSION4res(r: _Reader, off: int) -> tuple[BIND_CONN_TO_SES
     o0 = off
     try:
         _v263: _Any
+        _f263: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d263,) = _S2.unpack_from(buf, off)
         _a263 = _BIND_CONN_TO_SESSION4res_ARMS.get(_d263)
         if _a263 is None:
@@ -1392,7 +1359,8 @@ def dec_state_protect_ops4(r: _Reader, off: int) -> tuple[state_protect_ops4, in
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_spo_must_enforce = []
-        for _ in range(_n):
+        _c266 = _n
+        for _ in range(_c266):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x266 = _t[0]
@@ -1402,7 +1370,8 @@ def dec_state_protect_ops4(r: _Reader, off: int) -> tuple[state_protect_ops4, in
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_spo_must_allow = []
-        for _ in range(_n):
+        _c267 = _n
+        for _ in range(_c267):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x267 = _t[0]
@@ -1466,7 +1435,8 @@ def dec_ssv_sp_parms4(r: _Reader, off: int) -> tuple[ssv_sp_parms4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i273_spo_must_enforce = []
-        for _ in range(_n):
+        _c274 = _n
+        for _ in range(_c274):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x274 = _t[0]
@@ -1476,7 +1446,8 @@ def dec_ssv_sp_parms4(r: _Reader, off: int) -> tuple[ssv_sp_parms4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i273_spo_must_allow = []
-        for _ in range(_n):
+        _c275 = _n
+        for _ in range(_c275):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x275 = _t[0]
@@ -1487,7 +1458,8 @@ def dec_ssv_sp_parms4(r: _Reader, off: int) -> tuple[ssv_sp_parms4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_ssp_hash_algs = []
-        for _ in range(_n):
+        _c276 = _n
+        for _ in range(_c276):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -1503,7 +1475,8 @@ def dec_ssv_sp_parms4(r: _Reader, off: int) -> tuple[ssv_sp_parms4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_ssp_encr_algs = []
-        for _ in range(_n):
+        _c277 = _n
+        for _ in range(_c277):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -1529,7 +1502,7 @@ class state_protect_how4(_IntEnum):
     SP4_SSV = 2
 
 
-_state_protect_how4_MAP: dict[int, state_protect_how4] = {m.value: m for m in state_protect_how4}
+_state_protect_how4_MAP: _Final[dict[int, state_protect_how4]] = {m.value: m for m in state_protect_how4}
 SP4_NONE = state_protect_how4.SP4_NONE
 SP4_MACH_CRED = state_protect_how4.SP4_MACH_CRED
 SP4_SSV = state_protect_how4.SP4_SSV
@@ -1555,9 +1528,9 @@ class state_protect4_a:
     value: state_protect_ops4 | ssv_sp_parms4 | None = None
 
 
-_state_protect4_a_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: _void_encode, 1: enc_state_protect_ops4, 2: enc_ssv_sp_parms4}
-_state_protect4_a_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: _void_decode, 1: dec_state_protect_ops4, 2: dec_ssv_sp_parms4}
-_state_protect4_a_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_state_protect_how4_MAP[(0,)[0]], _void_decode), 1: (_state_protect_how4_MAP[(1,)[0]], dec_state_protect_ops4), 2: (_state_protect_how4_MAP[(2,)[0]], dec_ssv_sp_parms4)}
+_state_protect4_a_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: _void_encode, 1: enc_state_protect_ops4, 2: enc_ssv_sp_parms4}
+_state_protect4_a_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: _void_decode, 1: dec_state_protect_ops4, 2: dec_ssv_sp_parms4}
+_state_protect4_a_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_state_protect_how4_MAP[(0,)[0]], _void_decode), 1: (_state_protect_how4_MAP[(1,)[0]], dec_state_protect_ops4), 2: (_state_protect_how4_MAP[(2,)[0]], dec_ssv_sp_parms4)}
 
 
 def enc_state_protect4_a(w: _Writer, v: state_protect4_a) -> None:
@@ -1578,6 +1551,7 @@ def dec_state_protect4_a(r: _Reader, off: int) -> tuple[state_protect4_a, int]:
     o0 = off
     try:
         _v278: _Any
+        _f278: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d278,) = _S2.unpack_from(buf, off)
         _a278 = _state_protect4_a_ARMS.get(_d278)
         if _a278 is None:
@@ -1658,6 +1632,7 @@ def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
         off += 4
         f_eia_flags = _t[0]
         _v283: _Any
+        _f283: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d283,) = _S2.unpack_from(buf, off)
         _a283 = _state_protect4_a_ARMS.get(_d283)
         if _a283 is None:
@@ -1673,7 +1648,8 @@ def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
         if _n * 20 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_eia_client_impl_id = []
-        for _ in range(_n):
+        _c284 = _n
+        for _ in range(_c284):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -1748,7 +1724,8 @@ def dec_ssv_prot_info4(r: _Reader, off: int) -> tuple[ssv_prot_info4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i290_spo_must_enforce = []
-        for _ in range(_n):
+        _c291 = _n
+        for _ in range(_c291):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x291 = _t[0]
@@ -1758,7 +1735,8 @@ def dec_ssv_prot_info4(r: _Reader, off: int) -> tuple[ssv_prot_info4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i290_spo_must_allow = []
-        for _ in range(_n):
+        _c292 = _n
+        for _ in range(_c292):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x292 = _t[0]
@@ -1775,7 +1753,8 @@ def dec_ssv_prot_info4(r: _Reader, off: int) -> tuple[ssv_prot_info4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_spi_handles = []
-        for _ in range(_n):
+        _c293 = _n
+        for _ in range(_c293):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -1797,9 +1776,9 @@ class state_protect4_r:
     value: state_protect_ops4 | ssv_prot_info4 | None = None
 
 
-_state_protect4_r_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: _void_encode, 1: enc_state_protect_ops4, 2: enc_ssv_prot_info4}
-_state_protect4_r_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: _void_decode, 1: dec_state_protect_ops4, 2: dec_ssv_prot_info4}
-_state_protect4_r_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_state_protect_how4_MAP[(0,)[0]], _void_decode), 1: (_state_protect_how4_MAP[(1,)[0]], dec_state_protect_ops4), 2: (_state_protect_how4_MAP[(2,)[0]], dec_ssv_prot_info4)}
+_state_protect4_r_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: _void_encode, 1: enc_state_protect_ops4, 2: enc_ssv_prot_info4}
+_state_protect4_r_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: _void_decode, 1: dec_state_protect_ops4, 2: dec_ssv_prot_info4}
+_state_protect4_r_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_state_protect_how4_MAP[(0,)[0]], _void_decode), 1: (_state_protect_how4_MAP[(1,)[0]], dec_state_protect_ops4), 2: (_state_protect_how4_MAP[(2,)[0]], dec_ssv_prot_info4)}
 
 
 def enc_state_protect4_r(w: _Writer, v: state_protect4_r) -> None:
@@ -1820,6 +1799,7 @@ def dec_state_protect4_r(r: _Reader, off: int) -> tuple[state_protect4_r, int]:
     o0 = off
     try:
         _v294: _Any
+        _f294: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d294,) = _S2.unpack_from(buf, off)
         _a294 = _state_protect4_r_ARMS.get(_d294)
         if _a294 is None:
@@ -1896,6 +1876,7 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
         f_eir_sequenceid = _t[1]
         f_eir_flags = _t[2]
         _v298: _Any
+        _f298: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d298,) = _S2.unpack_from(buf, off)
         _a298 = _state_protect4_r_ARMS.get(_d298)
         if _a298 is None:
@@ -1937,7 +1918,8 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
         if _n * 20 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_eir_server_impl_id = []
-        for _ in range(_n):
+        _c300 = _n
+        for _ in range(_c300):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -1972,9 +1954,9 @@ class EXCHANGE_ID4res:
     value: EXCHANGE_ID4resok | None = None
 
 
-_EXCHANGE_ID4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_EXCHANGE_ID4resok}
-_EXCHANGE_ID4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_EXCHANGE_ID4resok}
-_EXCHANGE_ID4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_EXCHANGE_ID4resok)}
+_EXCHANGE_ID4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_EXCHANGE_ID4resok}
+_EXCHANGE_ID4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_EXCHANGE_ID4resok}
+_EXCHANGE_ID4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_EXCHANGE_ID4resok)}
 
 
 def enc_EXCHANGE_ID4res(w: _Writer, v: EXCHANGE_ID4res) -> None:
@@ -1993,6 +1975,7 @@ def dec_EXCHANGE_ID4res(r: _Reader, off: int) -> tuple[EXCHANGE_ID4res, int]:
     o0 = off
     try:
         _v302: _Any
+        _f302: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d302,) = _S2.unpack_from(buf, off)
         _a302 = _EXCHANGE_ID4res_ARMS.get(_d302)
         if _a302 is None:
@@ -2051,7 +2034,8 @@ def dec_channel_attrs4(r: _Reader, off: int) -> tuple[channel_attrs4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_ca_rdma_ird = []
-        for _ in range(_n):
+        _c304 = _n
+        for _ in range(_c304):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x304 = _t[0]
@@ -2127,7 +2111,8 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i310_ca_rdma_ird = []
-        for _ in range(_n):
+        _c311 = _n
+        for _ in range(_c311):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x311 = _t[0]
@@ -2148,7 +2133,8 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i312_ca_rdma_ird = []
-        for _ in range(_n):
+        _c313 = _n
+        for _ in range(_c313):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x313 = _t[0]
@@ -2162,8 +2148,10 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_csa_sec_parms = []
-        for _ in range(_n):
+        _c314 = _n
+        for _ in range(_c314):
             _v315: _Any
+            _f315: _Callable[[_Reader, int], tuple[_Any, int]]
             (_d315,) = _S0.unpack_from(buf, off)
             _a315 = _callback_sec_parms4_ARMS.get(_d315)
             if _a315 is None:
@@ -2237,7 +2225,8 @@ def dec_CREATE_SESSION4resok(r: _Reader, off: int) -> tuple[CREATE_SESSION4resok
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i320_ca_rdma_ird = []
-        for _ in range(_n):
+        _c321 = _n
+        for _ in range(_c321):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x321 = _t[0]
@@ -2258,7 +2247,8 @@ def dec_CREATE_SESSION4resok(r: _Reader, off: int) -> tuple[CREATE_SESSION4resok
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i322_ca_rdma_ird = []
-        for _ in range(_n):
+        _c323 = _n
+        for _ in range(_c323):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x323 = _t[0]
@@ -2275,9 +2265,9 @@ class CREATE_SESSION4res:
     value: CREATE_SESSION4resok | None = None
 
 
-_CREATE_SESSION4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_CREATE_SESSION4resok}
-_CREATE_SESSION4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_CREATE_SESSION4resok}
-_CREATE_SESSION4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_CREATE_SESSION4resok)}
+_CREATE_SESSION4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_CREATE_SESSION4resok}
+_CREATE_SESSION4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_CREATE_SESSION4resok}
+_CREATE_SESSION4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_CREATE_SESSION4resok)}
 
 
 def enc_CREATE_SESSION4res(w: _Writer, v: CREATE_SESSION4res) -> None:
@@ -2296,6 +2286,7 @@ def dec_CREATE_SESSION4res(r: _Reader, off: int) -> tuple[CREATE_SESSION4res, in
     o0 = off
     try:
         _v324: _Any
+        _f324: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d324,) = _S2.unpack_from(buf, off)
         _a324 = _CREATE_SESSION4res_ARMS.get(_d324)
         if _a324 is None:
@@ -2475,7 +2466,8 @@ def dec_GET_DIR_DELEGATION4args(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATIO
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_gdda_notification_types = []
-        for _ in range(_n):
+        _c328 = _n
+        for _ in range(_c328):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x328 = _t[0]
@@ -2489,7 +2481,8 @@ def dec_GET_DIR_DELEGATION4args(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATIO
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_gdda_child_attributes = []
-        for _ in range(_n):
+        _c329 = _n
+        for _ in range(_c329):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x329 = _t[0]
@@ -2499,7 +2492,8 @@ def dec_GET_DIR_DELEGATION4args(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATIO
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_gdda_dir_attributes = []
-        for _ in range(_n):
+        _c330 = _n
+        for _ in range(_c330):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x330 = _t[0]

@@ -12,7 +12,7 @@ from dataclasses import dataclass as _dataclass
 from enum import IntEnum as _IntEnum
 from functools import lru_cache as _lru_cache
 from operator import attrgetter as _attrgetter
-from typing import Any as _Any, TypeAlias as _TypeAlias
+from typing import Any as _Any, Final as _Final, TypeAlias as _TypeAlias
 
 from nfsrdma.xdr.runtime import (
     BOOL as _BOOL,
@@ -82,29 +82,29 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     open_delegation_type4,
 )
 
-_S0 = _struct.Struct('>I')
-_S1 = _struct.Struct('>II')
-_S2 = _struct.Struct('>i')
-_S4 = _struct.Struct('>Q')
-_S5 = _struct.Struct('>16s')
-_S8 = _struct.Struct('>QQ')
-_S10 = _struct.Struct('>I12s')
-_S11 = _struct.Struct('>QQi')
-_S17 = _struct.Struct('>II12s')
-_S29 = _struct.Struct('>Q8s')
-_S32 = _struct.Struct('>16siI')
-_S38 = _struct.Struct('>8sI12s')
-_S39 = _struct.Struct('>iIQ8s')
-_S40 = _struct.Struct('>QQII12s')
-_S41 = _struct.Struct('>IiiQQQI12sI')
-_S42 = _struct.Struct('>Iii')
-_S43 = _struct.Struct('>16sIIII')
-_S44 = _struct.Struct('>16sIIIII')
-_S45 = _struct.Struct('>QQQQIQ')
-_S46 = _struct.Struct('>Qi8s')
-_S47 = _struct.Struct('>I12sQQ')
-_S48 = _struct.Struct('>I12sI12sQQQII')
-_S49 = _struct.Struct('>qII12s')
+_S0: _Final = _struct.Struct('>I')
+_S1: _Final = _struct.Struct('>II')
+_S2: _Final = _struct.Struct('>i')
+_S4: _Final = _struct.Struct('>Q')
+_S5: _Final = _struct.Struct('>16s')
+_S8: _Final = _struct.Struct('>QQ')
+_S10: _Final = _struct.Struct('>I12s')
+_S11: _Final = _struct.Struct('>QQi')
+_S17: _Final = _struct.Struct('>II12s')
+_S29: _Final = _struct.Struct('>Q8s')
+_S32: _Final = _struct.Struct('>16siI')
+_S38: _Final = _struct.Struct('>8sI12s')
+_S39: _Final = _struct.Struct('>iIQ8s')
+_S40: _Final = _struct.Struct('>QQII12s')
+_S41: _Final = _struct.Struct('>IiiQQQI12sI')
+_S42: _Final = _struct.Struct('>Iii')
+_S43: _Final = _struct.Struct('>16sIIII')
+_S44: _Final = _struct.Struct('>16sIIIII')
+_S45: _Final = _struct.Struct('>QQQQIQ')
+_S46: _Final = _struct.Struct('>Qi8s')
+_S47: _Final = _struct.Struct('>I12sQQ')
+_S48: _Final = _struct.Struct('>I12sI12sQQQII')
+_S49: _Final = _struct.Struct('>qII12s')
 
 
 @_dataclass(slots=True)
@@ -153,7 +153,8 @@ def dec_GET_DIR_DELEGATION4resok(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATI
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_gddr_notification = []
-        for _ in range(_n):
+        _c334 = _n
+        for _ in range(_c334):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x334 = _t[0]
@@ -163,7 +164,8 @@ def dec_GET_DIR_DELEGATION4resok(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATI
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_gddr_child_attributes = []
-        for _ in range(_n):
+        _c335 = _n
+        for _ in range(_c335):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x335 = _t[0]
@@ -173,7 +175,8 @@ def dec_GET_DIR_DELEGATION4resok(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATI
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_gddr_dir_attributes = []
-        for _ in range(_n):
+        _c336 = _n
+        for _ in range(_c336):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x336 = _t[0]
@@ -188,7 +191,7 @@ class gddrnf4_status(_IntEnum):
     GDD4_UNAVAIL = 1
 
 
-_gddrnf4_status_MAP: dict[int, gddrnf4_status] = {m.value: m for m in gddrnf4_status}
+_gddrnf4_status_MAP: _Final[dict[int, gddrnf4_status]] = {m.value: m for m in gddrnf4_status}
 GDD4_OK = gddrnf4_status.GDD4_OK
 GDD4_UNAVAIL = gddrnf4_status.GDD4_UNAVAIL
 
@@ -232,9 +235,9 @@ class GET_DIR_DELEGATION4res_non_fatal:
     value: GET_DIR_DELEGATION4resok | bool | None = None
 
 
-_GET_DIR_DELEGATION4res_non_fatal_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_GET_DIR_DELEGATION4resok, 1: enc_GET_DIR_DELEGATION4res_non_fatal_gddrnf_will_signal_deleg_avail}
-_GET_DIR_DELEGATION4res_non_fatal_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_GET_DIR_DELEGATION4resok, 1: dec_GET_DIR_DELEGATION4res_non_fatal_gddrnf_will_signal_deleg_avail}
-_GET_DIR_DELEGATION4res_non_fatal_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_gddrnf4_status_MAP[(0,)[0]], dec_GET_DIR_DELEGATION4resok), 1: (_gddrnf4_status_MAP[(1,)[0]], dec_GET_DIR_DELEGATION4res_non_fatal_gddrnf_will_signal_deleg_avail)}
+_GET_DIR_DELEGATION4res_non_fatal_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_GET_DIR_DELEGATION4resok, 1: enc_GET_DIR_DELEGATION4res_non_fatal_gddrnf_will_signal_deleg_avail}
+_GET_DIR_DELEGATION4res_non_fatal_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_GET_DIR_DELEGATION4resok, 1: dec_GET_DIR_DELEGATION4res_non_fatal_gddrnf_will_signal_deleg_avail}
+_GET_DIR_DELEGATION4res_non_fatal_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_gddrnf4_status_MAP[(0,)[0]], dec_GET_DIR_DELEGATION4resok), 1: (_gddrnf4_status_MAP[(1,)[0]], dec_GET_DIR_DELEGATION4res_non_fatal_gddrnf_will_signal_deleg_avail)}
 
 
 def enc_GET_DIR_DELEGATION4res_non_fatal(w: _Writer, v: GET_DIR_DELEGATION4res_non_fatal) -> None:
@@ -255,6 +258,7 @@ def dec_GET_DIR_DELEGATION4res_non_fatal(r: _Reader, off: int) -> tuple[GET_DIR_
     o0 = off
     try:
         _v337: _Any
+        _f337: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d337,) = _S2.unpack_from(buf, off)
         _a337 = _GET_DIR_DELEGATION4res_non_fatal_ARMS.get(_d337)
         if _a337 is None:
@@ -274,9 +278,9 @@ class GET_DIR_DELEGATION4res:
     value: GET_DIR_DELEGATION4res_non_fatal | None = None
 
 
-_GET_DIR_DELEGATION4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_GET_DIR_DELEGATION4res_non_fatal}
-_GET_DIR_DELEGATION4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_GET_DIR_DELEGATION4res_non_fatal}
-_GET_DIR_DELEGATION4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_GET_DIR_DELEGATION4res_non_fatal)}
+_GET_DIR_DELEGATION4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_GET_DIR_DELEGATION4res_non_fatal}
+_GET_DIR_DELEGATION4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_GET_DIR_DELEGATION4res_non_fatal}
+_GET_DIR_DELEGATION4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_GET_DIR_DELEGATION4res_non_fatal)}
 
 
 def enc_GET_DIR_DELEGATION4res(w: _Writer, v: GET_DIR_DELEGATION4res) -> None:
@@ -295,6 +299,7 @@ def dec_GET_DIR_DELEGATION4res(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATION
     o0 = off
     try:
         _v338: _Any
+        _f338: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d338,) = _S2.unpack_from(buf, off)
         _a338 = _GET_DIR_DELEGATION4res_ARMS.get(_d338)
         if _a338 is None:
@@ -344,7 +349,8 @@ def dec_GETDEVICEINFO4args(r: _Reader, off: int) -> tuple[GETDEVICEINFO4args, in
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_gdia_notify_types = []
-        for _ in range(_n):
+        _c340 = _n
+        for _ in range(_c340):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x340 = _t[0]
@@ -400,7 +406,8 @@ def dec_GETDEVICEINFO4resok(r: _Reader, off: int) -> tuple[GETDEVICEINFO4resok, 
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_gdir_notification = []
-        for _ in range(_n):
+        _c344 = _n
+        for _ in range(_c344):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x344 = _t[0]
@@ -416,9 +423,9 @@ class GETDEVICEINFO4res:
     value: GETDEVICEINFO4resok | int | None = None
 
 
-_GETDEVICEINFO4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_GETDEVICEINFO4resok, 10005: enc_count4}
-_GETDEVICEINFO4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_GETDEVICEINFO4resok, 10005: dec_count4}
-_GETDEVICEINFO4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_GETDEVICEINFO4resok), 10005: (_nfsstat4_MAP[(10005,)[0]], dec_count4)}
+_GETDEVICEINFO4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_GETDEVICEINFO4resok, 10005: enc_count4}
+_GETDEVICEINFO4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_GETDEVICEINFO4resok, 10005: dec_count4}
+_GETDEVICEINFO4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_GETDEVICEINFO4resok), 10005: (_nfsstat4_MAP[(10005,)[0]], dec_count4)}
 
 
 def enc_GETDEVICEINFO4res(w: _Writer, v: GETDEVICEINFO4res) -> None:
@@ -437,6 +444,7 @@ def dec_GETDEVICEINFO4res(r: _Reader, off: int) -> tuple[GETDEVICEINFO4res, int]
     o0 = off
     try:
         _v345: _Any
+        _f345: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d345,) = _S2.unpack_from(buf, off)
         _a345 = _GETDEVICEINFO4res_ARMS.get(_d345)
         if _a345 is None:
@@ -518,7 +526,8 @@ def dec_GETDEVICELIST4resok(r: _Reader, off: int) -> tuple[GETDEVICELIST4resok, 
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_gdlr_deviceid_list = []
-        for _ in range(_n):
+        _c347 = _n
+        for _ in range(_c347):
             _t = _S5.unpack_from(buf, off)
             off += 16
             _x347 = _t[0]
@@ -537,9 +546,9 @@ class GETDEVICELIST4res:
     value: GETDEVICELIST4resok | None = None
 
 
-_GETDEVICELIST4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_GETDEVICELIST4resok}
-_GETDEVICELIST4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_GETDEVICELIST4resok}
-_GETDEVICELIST4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_GETDEVICELIST4resok)}
+_GETDEVICELIST4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_GETDEVICELIST4resok}
+_GETDEVICELIST4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_GETDEVICELIST4resok}
+_GETDEVICELIST4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_GETDEVICELIST4resok)}
 
 
 def enc_GETDEVICELIST4res(w: _Writer, v: GETDEVICELIST4res) -> None:
@@ -558,6 +567,7 @@ def dec_GETDEVICELIST4res(r: _Reader, off: int) -> tuple[GETDEVICELIST4res, int]
     o0 = off
     try:
         _v348: _Any
+        _f348: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d348,) = _S2.unpack_from(buf, off)
         _a348 = _GETDEVICELIST4res_ARMS.get(_d348)
         if _a348 is None:
@@ -578,9 +588,9 @@ class newtime4:
     value: nfstime4 | None = None
 
 
-_newtime4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_nfstime4, 0: _void_encode}
-_newtime4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_nfstime4, 0: _void_decode}
-_newtime4_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_BOOL[(1,)[0]], dec_nfstime4), 0: (_BOOL[(0,)[0]], _void_decode)}
+_newtime4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_nfstime4, 0: _void_encode}
+_newtime4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_nfstime4, 0: _void_decode}
+_newtime4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_BOOL[(1,)[0]], dec_nfstime4), 0: (_BOOL[(0,)[0]], _void_decode)}
 
 
 def enc_newtime4(w: _Writer, v: newtime4) -> None:
@@ -600,6 +610,7 @@ def dec_newtime4(r: _Reader, off: int) -> tuple[newtime4, int]:
     o0 = off
     try:
         _v349: _Any
+        _f349: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d349,) = _S0.unpack_from(buf, off)
         _a349 = _newtime4_ARMS.get(_d349)
         if _a349 is None:
@@ -619,9 +630,9 @@ class newoffset4:
     value: int | None = None
 
 
-_newoffset4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_offset4, 0: _void_encode}
-_newoffset4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_offset4, 0: _void_decode}
-_newoffset4_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_BOOL[(1,)[0]], dec_offset4), 0: (_BOOL[(0,)[0]], _void_decode)}
+_newoffset4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_offset4, 0: _void_encode}
+_newoffset4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_offset4, 0: _void_decode}
+_newoffset4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_BOOL[(1,)[0]], dec_offset4), 0: (_BOOL[(0,)[0]], _void_decode)}
 
 
 def enc_newoffset4(w: _Writer, v: newoffset4) -> None:
@@ -641,6 +652,7 @@ def dec_newoffset4(r: _Reader, off: int) -> tuple[newoffset4, int]:
     o0 = off
     try:
         _v350: _Any
+        _f350: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d350,) = _S0.unpack_from(buf, off)
         _a350 = _newoffset4_ARMS.get(_d350)
         if _a350 is None:
@@ -693,6 +705,7 @@ def dec_LAYOUTCOMMIT4args(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4args, int]
         f_loca_reclaim = _BOOL[_t[2]]
         f_loca_stateid = stateid4(_t[3], _t[4])
         _v352: _Any
+        _f352: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d352,) = _S0.unpack_from(buf, off)
         _a352 = _newoffset4_ARMS.get(_d352)
         if _a352 is None:
@@ -702,6 +715,7 @@ def dec_LAYOUTCOMMIT4args(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4args, int]
         _v352, off = _f352(r, off + 4)
         f_loca_last_write_offset = newoffset4(_d352, _v352)
         _v353: _Any
+        _f353: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d353,) = _S0.unpack_from(buf, off)
         _a353 = _newtime4_ARMS.get(_d353)
         if _a353 is None:
@@ -734,9 +748,9 @@ class newsize4:
     value: int | None = None
 
 
-_newsize4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_length4, 0: _void_encode}
-_newsize4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_length4, 0: _void_decode}
-_newsize4_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_BOOL[(1,)[0]], dec_length4), 0: (_BOOL[(0,)[0]], _void_decode)}
+_newsize4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_length4, 0: _void_encode}
+_newsize4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_length4, 0: _void_decode}
+_newsize4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_BOOL[(1,)[0]], dec_length4), 0: (_BOOL[(0,)[0]], _void_decode)}
 
 
 def enc_newsize4(w: _Writer, v: newsize4) -> None:
@@ -756,6 +770,7 @@ def dec_newsize4(r: _Reader, off: int) -> tuple[newsize4, int]:
     o0 = off
     try:
         _v355: _Any
+        _f355: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d355,) = _S0.unpack_from(buf, off)
         _a355 = _newsize4_ARMS.get(_d355)
         if _a355 is None:
@@ -786,6 +801,7 @@ def dec_LAYOUTCOMMIT4resok(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4resok, in
     o0 = off
     try:
         _v356: _Any
+        _f356: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d356,) = _S0.unpack_from(buf, off)
         _a356 = _newsize4_ARMS.get(_d356)
         if _a356 is None:
@@ -805,9 +821,9 @@ class LAYOUTCOMMIT4res:
     value: LAYOUTCOMMIT4resok | None = None
 
 
-_LAYOUTCOMMIT4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_LAYOUTCOMMIT4resok}
-_LAYOUTCOMMIT4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_LAYOUTCOMMIT4resok}
-_LAYOUTCOMMIT4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_LAYOUTCOMMIT4resok)}
+_LAYOUTCOMMIT4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_LAYOUTCOMMIT4resok}
+_LAYOUTCOMMIT4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_LAYOUTCOMMIT4resok}
+_LAYOUTCOMMIT4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_LAYOUTCOMMIT4resok)}
 
 
 def enc_LAYOUTCOMMIT4res(w: _Writer, v: LAYOUTCOMMIT4res) -> None:
@@ -826,6 +842,7 @@ def dec_LAYOUTCOMMIT4res(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4res, int]:
     o0 = off
     try:
         _v357: _Any
+        _f357: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d357,) = _S2.unpack_from(buf, off)
         _a357 = _LAYOUTCOMMIT4res_ARMS.get(_d357)
         if _a357 is None:
@@ -920,7 +937,8 @@ def dec_LAYOUTGET4resok(r: _Reader, off: int) -> tuple[LAYOUTGET4resok, int]:
         if _n * 28 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_logr_layout = []
-        for _ in range(_n):
+        _c361 = _n
+        for _ in range(_c361):
             _t = _S11.unpack_from(buf, off)
             off += 20
             _i362_lo_offset = _t[0]
@@ -971,9 +989,9 @@ class LAYOUTGET4res:
     value: LAYOUTGET4resok | bool | None = None
 
 
-_LAYOUTGET4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_LAYOUTGET4resok, 10058: enc_LAYOUTGET4res_logr_will_signal_layout_avail}
-_LAYOUTGET4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_LAYOUTGET4resok, 10058: dec_LAYOUTGET4res_logr_will_signal_layout_avail}
-_LAYOUTGET4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_LAYOUTGET4resok), 10058: (_nfsstat4_MAP[(10058,)[0]], dec_LAYOUTGET4res_logr_will_signal_layout_avail)}
+_LAYOUTGET4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_LAYOUTGET4resok, 10058: enc_LAYOUTGET4res_logr_will_signal_layout_avail}
+_LAYOUTGET4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_LAYOUTGET4resok, 10058: dec_LAYOUTGET4res_logr_will_signal_layout_avail}
+_LAYOUTGET4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_LAYOUTGET4resok), 10058: (_nfsstat4_MAP[(10058,)[0]], dec_LAYOUTGET4res_logr_will_signal_layout_avail)}
 
 
 def enc_LAYOUTGET4res(w: _Writer, v: LAYOUTGET4res) -> None:
@@ -992,6 +1010,7 @@ def dec_LAYOUTGET4res(r: _Reader, off: int) -> tuple[LAYOUTGET4res, int]:
     o0 = off
     try:
         _v364: _Any
+        _f364: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d364,) = _S2.unpack_from(buf, off)
         _a364 = _LAYOUTGET4res_ARMS.get(_d364)
         if _a364 is None:
@@ -1032,6 +1051,7 @@ def dec_LAYOUTRETURN4args(r: _Reader, off: int) -> tuple[LAYOUTRETURN4args, int]
         f_lora_layout_type = _layouttype4_MAP[_t[1]]
         f_lora_iomode = _layoutiomode4_MAP[_t[2]]
         _v365: _Any
+        _f365: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d365,) = _S2.unpack_from(buf, off)
         _a365 = _layoutreturn4_ARMS.get(_d365)
         if _a365 is None:
@@ -1052,9 +1072,9 @@ class layoutreturn_stateid:
     value: stateid4 | None = None
 
 
-_layoutreturn_stateid_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_stateid4, 0: _void_encode}
-_layoutreturn_stateid_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_stateid4, 0: _void_decode}
-_layoutreturn_stateid_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_BOOL[(1,)[0]], dec_stateid4), 0: (_BOOL[(0,)[0]], _void_decode)}
+_layoutreturn_stateid_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_stateid4, 0: _void_encode}
+_layoutreturn_stateid_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_stateid4, 0: _void_decode}
+_layoutreturn_stateid_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_BOOL[(1,)[0]], dec_stateid4), 0: (_BOOL[(0,)[0]], _void_decode)}
 
 
 def enc_layoutreturn_stateid(w: _Writer, v: layoutreturn_stateid) -> None:
@@ -1074,6 +1094,7 @@ def dec_layoutreturn_stateid(r: _Reader, off: int) -> tuple[layoutreturn_stateid
     o0 = off
     try:
         _v366: _Any
+        _f366: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d366,) = _S0.unpack_from(buf, off)
         _a366 = _layoutreturn_stateid_ARMS.get(_d366)
         if _a366 is None:
@@ -1093,9 +1114,9 @@ class LAYOUTRETURN4res:
     value: layoutreturn_stateid | None = None
 
 
-_LAYOUTRETURN4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_layoutreturn_stateid}
-_LAYOUTRETURN4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_layoutreturn_stateid}
-_LAYOUTRETURN4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_layoutreturn_stateid)}
+_LAYOUTRETURN4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_layoutreturn_stateid}
+_LAYOUTRETURN4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_layoutreturn_stateid}
+_LAYOUTRETURN4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_layoutreturn_stateid)}
 
 
 def enc_LAYOUTRETURN4res(w: _Writer, v: LAYOUTRETURN4res) -> None:
@@ -1114,6 +1135,7 @@ def dec_LAYOUTRETURN4res(r: _Reader, off: int) -> tuple[LAYOUTRETURN4res, int]:
     o0 = off
     try:
         _v367: _Any
+        _f367: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d367,) = _S2.unpack_from(buf, off)
         _a367 = _LAYOUTRETURN4res_ARMS.get(_d367)
         if _a367 is None:
@@ -1133,7 +1155,7 @@ class secinfo_style4(_IntEnum):
     SECINFO_STYLE4_PARENT = 1
 
 
-_secinfo_style4_MAP: dict[int, secinfo_style4] = {m.value: m for m in secinfo_style4}
+_secinfo_style4_MAP: _Final[dict[int, secinfo_style4]] = {m.value: m for m in secinfo_style4}
 SECINFO_STYLE4_CURRENT_FH = secinfo_style4.SECINFO_STYLE4_CURRENT_FH
 SECINFO_STYLE4_PARENT = secinfo_style4.SECINFO_STYLE4_PARENT
 
@@ -1189,6 +1211,7 @@ def dec_SECINFO_NO_NAME4res(r: _Reader, off: int) -> tuple[SECINFO_NO_NAME4res, 
     o0 = off
     try:
         _v368: _Any
+        _f368: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d368,) = _S2.unpack_from(buf, off)
         _a368 = _SECINFO4res_ARMS.get(_d368)
         if _a368 is None:
@@ -1277,9 +1300,9 @@ class SEQUENCE4res:
     value: SEQUENCE4resok | None = None
 
 
-_SEQUENCE4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_SEQUENCE4resok}
-_SEQUENCE4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_SEQUENCE4resok}
-_SEQUENCE4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_SEQUENCE4resok)}
+_SEQUENCE4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_SEQUENCE4resok}
+_SEQUENCE4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_SEQUENCE4resok}
+_SEQUENCE4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_SEQUENCE4resok)}
 
 
 def enc_SEQUENCE4res(w: _Writer, v: SEQUENCE4res) -> None:
@@ -1298,6 +1321,7 @@ def dec_SEQUENCE4res(r: _Reader, off: int) -> tuple[SEQUENCE4res, int]:
     o0 = off
     try:
         _v369: _Any
+        _f369: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d369,) = _S2.unpack_from(buf, off)
         _a369 = _SEQUENCE4res_ARMS.get(_d369)
         if _a369 is None:
@@ -1403,6 +1427,7 @@ def dec_ssr_digest_input4(r: _Reader, off: int) -> tuple[ssr_digest_input4, int]
     o0 = off
     try:
         _v370: _Any
+        _f370: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d370,) = _S2.unpack_from(buf, off)
         _a370 = _SEQUENCE4res_ARMS.get(_d370)
         if _a370 is None:
@@ -1457,9 +1482,9 @@ class SET_SSV4res:
     value: SET_SSV4resok | None = None
 
 
-_SET_SSV4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_SET_SSV4resok}
-_SET_SSV4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_SET_SSV4resok}
-_SET_SSV4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_SET_SSV4resok)}
+_SET_SSV4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_SET_SSV4resok}
+_SET_SSV4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_SET_SSV4resok}
+_SET_SSV4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_SET_SSV4resok)}
 
 
 def enc_SET_SSV4res(w: _Writer, v: SET_SSV4res) -> None:
@@ -1478,6 +1503,7 @@ def dec_SET_SSV4res(r: _Reader, off: int) -> tuple[SET_SSV4res, int]:
     o0 = off
     try:
         _v371: _Any
+        _f371: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d371,) = _S2.unpack_from(buf, off)
         _a371 = _SET_SSV4res_ARMS.get(_d371)
         if _a371 is None:
@@ -1518,7 +1544,8 @@ def dec_TEST_STATEID4args(r: _Reader, off: int) -> tuple[TEST_STATEID4args, int]
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_ts_stateids = []
-        for _ in range(_n):
+        _c373 = _n
+        for _ in range(_c373):
             _t = _S10.unpack_from(buf, off)
             off += 16
             _x373 = stateid4(_t[0], _t[1])
@@ -1553,7 +1580,8 @@ def dec_TEST_STATEID4resok(r: _Reader, off: int) -> tuple[TEST_STATEID4resok, in
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_tsr_status_codes = []
-        for _ in range(_n):
+        _c375 = _n
+        for _ in range(_c375):
             _t = _S2.unpack_from(buf, off)
             off += 4
             _x375 = _nfsstat4_MAP[_t[0]]
@@ -1569,9 +1597,9 @@ class TEST_STATEID4res:
     value: TEST_STATEID4resok | None = None
 
 
-_TEST_STATEID4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_TEST_STATEID4resok}
-_TEST_STATEID4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_TEST_STATEID4resok}
-_TEST_STATEID4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_TEST_STATEID4resok)}
+_TEST_STATEID4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_TEST_STATEID4resok}
+_TEST_STATEID4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_TEST_STATEID4resok}
+_TEST_STATEID4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_TEST_STATEID4resok)}
 
 
 def enc_TEST_STATEID4res(w: _Writer, v: TEST_STATEID4res) -> None:
@@ -1590,6 +1618,7 @@ def dec_TEST_STATEID4res(r: _Reader, off: int) -> tuple[TEST_STATEID4res, int]:
     o0 = off
     try:
         _v376: _Any
+        _f376: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d376,) = _S2.unpack_from(buf, off)
         _a376 = _TEST_STATEID4res_ARMS.get(_d376)
         if _a376 is None:
@@ -1610,9 +1639,9 @@ class deleg_claim4:
     value: open_delegation_type4 | None = None
 
 
-_deleg_claim4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {4: _void_encode, 6: _void_encode, 1: enc_open_delegation_type4}
-_deleg_claim4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {4: _void_decode, 6: _void_decode, 1: dec_open_delegation_type4}
-_deleg_claim4_ARMS: dict[int, tuple[_Any, _Any]] = {4: (_open_claim_type4_MAP[(4,)[0]], _void_decode), 6: (_open_claim_type4_MAP[(6,)[0]], _void_decode), 1: (_open_claim_type4_MAP[(1,)[0]], dec_open_delegation_type4)}
+_deleg_claim4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {4: _void_encode, 6: _void_encode, 1: enc_open_delegation_type4}
+_deleg_claim4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {4: _void_decode, 6: _void_decode, 1: dec_open_delegation_type4}
+_deleg_claim4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {4: (_open_claim_type4_MAP[(4,)[0]], _void_decode), 6: (_open_claim_type4_MAP[(6,)[0]], _void_decode), 1: (_open_claim_type4_MAP[(1,)[0]], dec_open_delegation_type4)}
 
 
 def enc_deleg_claim4(w: _Writer, v: deleg_claim4) -> None:
@@ -1633,6 +1662,7 @@ def dec_deleg_claim4(r: _Reader, off: int) -> tuple[deleg_claim4, int]:
     o0 = off
     try:
         _v377: _Any
+        _f377: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d377,) = _S2.unpack_from(buf, off)
         _a377 = _deleg_claim4_ARMS.get(_d377)
         if _a377 is None:
@@ -1668,6 +1698,7 @@ def dec_WANT_DELEGATION4args(r: _Reader, off: int) -> tuple[WANT_DELEGATION4args
         off += 4
         f_wda_want = _t[0]
         _v378: _Any
+        _f378: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d378,) = _S2.unpack_from(buf, off)
         _a378 = _deleg_claim4_ARMS.get(_d378)
         if _a378 is None:
@@ -1687,9 +1718,9 @@ class WANT_DELEGATION4res:
     value: open_delegation4 | None = None
 
 
-_WANT_DELEGATION4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_open_delegation4}
-_WANT_DELEGATION4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_open_delegation4}
-_WANT_DELEGATION4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_open_delegation4)}
+_WANT_DELEGATION4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_open_delegation4}
+_WANT_DELEGATION4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_open_delegation4}
+_WANT_DELEGATION4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_open_delegation4)}
 
 
 def enc_WANT_DELEGATION4res(w: _Writer, v: WANT_DELEGATION4res) -> None:
@@ -1708,6 +1739,7 @@ def dec_WANT_DELEGATION4res(r: _Reader, off: int) -> tuple[WANT_DELEGATION4res, 
     o0 = off
     try:
         _v379: _Any
+        _f379: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d379,) = _S2.unpack_from(buf, off)
         _a379 = _WANT_DELEGATION4res_ARMS.get(_d379)
         if _a379 is None:
@@ -1824,7 +1856,7 @@ class netloc_type4(_IntEnum):
     NL4_NETADDR = 3
 
 
-_netloc_type4_MAP: dict[int, netloc_type4] = {m.value: m for m in netloc_type4}
+_netloc_type4_MAP: _Final[dict[int, netloc_type4]] = {m.value: m for m in netloc_type4}
 NL4_NAME = netloc_type4.NL4_NAME
 NL4_URL = netloc_type4.NL4_URL
 NL4_NETADDR = netloc_type4.NL4_NETADDR
@@ -1850,9 +1882,9 @@ class netloc4:
     value: bytes | netaddr4 | None = None
 
 
-_netloc4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_utf8str_cis, 2: enc_utf8str_cis, 3: enc_netaddr4}
-_netloc4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_utf8str_cis, 2: dec_utf8str_cis, 3: dec_netaddr4}
-_netloc4_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_netloc_type4_MAP[(1,)[0]], dec_utf8str_cis), 2: (_netloc_type4_MAP[(2,)[0]], dec_utf8str_cis), 3: (_netloc_type4_MAP[(3,)[0]], dec_netaddr4)}
+_netloc4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_utf8str_cis, 2: enc_utf8str_cis, 3: enc_netaddr4}
+_netloc4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_utf8str_cis, 2: dec_utf8str_cis, 3: dec_netaddr4}
+_netloc4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_netloc_type4_MAP[(1,)[0]], dec_utf8str_cis), 2: (_netloc_type4_MAP[(2,)[0]], dec_utf8str_cis), 3: (_netloc_type4_MAP[(3,)[0]], dec_netaddr4)}
 
 
 def enc_netloc4(w: _Writer, v: netloc4) -> None:
@@ -1873,6 +1905,7 @@ def dec_netloc4(r: _Reader, off: int) -> tuple[netloc4, int]:
     o0 = off
     try:
         _v380: _Any
+        _f380: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d380,) = _S2.unpack_from(buf, off)
         _a380 = _netloc4_ARMS.get(_d380)
         if _a380 is None:
@@ -1891,7 +1924,7 @@ class data_content4(_IntEnum):
     NFS4_CONTENT_HOLE = 1
 
 
-_data_content4_MAP: dict[int, data_content4] = {m.value: m for m in data_content4}
+_data_content4_MAP: _Final[dict[int, data_content4]] = {m.value: m for m in data_content4}
 NFS4_CONTENT_DATA = data_content4.NFS4_CONTENT_DATA
 NFS4_CONTENT_HOLE = data_content4.NFS4_CONTENT_HOLE
 
@@ -2059,7 +2092,8 @@ def dec_write_response4(r: _Reader, off: int) -> tuple[write_response4, int]:
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_wr_callback_id = []
-        for _ in range(_n):
+        _c382 = _n
+        for _ in range(_c382):
             _t = _S10.unpack_from(buf, off)
             off += 16
             _x382 = stateid4(_t[0], _t[1])
@@ -2171,8 +2205,10 @@ def dec_COPY4args(r: _Reader, off: int) -> tuple[COPY4args, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_ca_source_server = []
-        for _ in range(_n):
+        _c384 = _n
+        for _ in range(_c384):
             _v385: _Any
+            _f385: _Callable[[_Reader, int], tuple[_Any, int]]
             (_d385,) = _S2.unpack_from(buf, off)
             _a385 = _netloc4_ARMS.get(_d385)
             if _a385 is None:
@@ -2248,7 +2284,8 @@ def dec_COPY4resok(r: _Reader, off: int) -> tuple[COPY4resok, int]:
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i388_wr_callback_id = []
-        for _ in range(_n):
+        _c389 = _n
+        for _ in range(_c389):
             _t = _S10.unpack_from(buf, off)
             off += 16
             _x389 = stateid4(_t[0], _t[1])
@@ -2273,9 +2310,9 @@ class COPY4res:
     value: COPY4resok | copy_requirements4 | None = None
 
 
-_COPY4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_COPY4resok, 10094: enc_copy_requirements4}
-_COPY4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_COPY4resok, 10094: dec_copy_requirements4}
-_COPY4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_COPY4resok), 10094: (_nfsstat4_MAP[(10094,)[0]], dec_copy_requirements4)}
+_COPY4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_COPY4resok, 10094: enc_copy_requirements4}
+_COPY4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_COPY4resok, 10094: dec_copy_requirements4}
+_COPY4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_COPY4resok), 10094: (_nfsstat4_MAP[(10094,)[0]], dec_copy_requirements4)}
 
 
 def enc_COPY4res(w: _Writer, v: COPY4res) -> None:
@@ -2294,6 +2331,7 @@ def dec_COPY4res(r: _Reader, off: int) -> tuple[COPY4res, int]:
     o0 = off
     try:
         _v390: _Any
+        _f390: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d390,) = _S2.unpack_from(buf, off)
         _a390 = _COPY4res_ARMS.get(_d390)
         if _a390 is None:
@@ -2331,6 +2369,7 @@ def dec_COPY_NOTIFY4args(r: _Reader, off: int) -> tuple[COPY_NOTIFY4args, int]:
         off += 16
         f_cna_src_stateid = stateid4(_t[0], _t[1])
         _v391: _Any
+        _f391: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d391,) = _S2.unpack_from(buf, off)
         _a391 = _netloc4_ARMS.get(_d391)
         if _a391 is None:
@@ -2377,8 +2416,10 @@ def dec_COPY_NOTIFY4resok(r: _Reader, off: int) -> tuple[COPY_NOTIFY4resok, int]
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_cnr_source_server = []
-        for _ in range(_n):
+        _c393 = _n
+        for _ in range(_c393):
             _v394: _Any
+            _f394: _Callable[[_Reader, int], tuple[_Any, int]]
             (_d394,) = _S2.unpack_from(buf, off)
             _a394 = _netloc4_ARMS.get(_d394)
             if _a394 is None:
@@ -2399,9 +2440,9 @@ class COPY_NOTIFY4res:
     value: COPY_NOTIFY4resok | None = None
 
 
-_COPY_NOTIFY4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_COPY_NOTIFY4resok}
-_COPY_NOTIFY4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_COPY_NOTIFY4resok}
-_COPY_NOTIFY4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_COPY_NOTIFY4resok)}
+_COPY_NOTIFY4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_COPY_NOTIFY4resok}
+_COPY_NOTIFY4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_COPY_NOTIFY4resok}
+_COPY_NOTIFY4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_COPY_NOTIFY4resok)}
 
 
 def enc_COPY_NOTIFY4res(w: _Writer, v: COPY_NOTIFY4res) -> None:
@@ -2420,6 +2461,7 @@ def dec_COPY_NOTIFY4res(r: _Reader, off: int) -> tuple[COPY_NOTIFY4res, int]:
     o0 = off
     try:
         _v395: _Any
+        _f395: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d395,) = _S2.unpack_from(buf, off)
         _a395 = _COPY_NOTIFY4res_ARMS.get(_d395)
         if _a395 is None:
@@ -2501,7 +2543,7 @@ class IO_ADVISE_type4(_IntEnum):
     IO_ADVISE4_INIT_PROXIMITY = 10
 
 
-_IO_ADVISE_type4_MAP: dict[int, IO_ADVISE_type4] = {m.value: m for m in IO_ADVISE_type4}
+_IO_ADVISE_type4_MAP: _Final[dict[int, IO_ADVISE_type4]] = {m.value: m for m in IO_ADVISE_type4}
 IO_ADVISE4_NORMAL = IO_ADVISE_type4.IO_ADVISE4_NORMAL
 IO_ADVISE4_SEQUENTIAL = IO_ADVISE_type4.IO_ADVISE4_SEQUENTIAL
 IO_ADVISE4_SEQUENTIAL_BACKWARDS = IO_ADVISE_type4.IO_ADVISE4_SEQUENTIAL_BACKWARDS

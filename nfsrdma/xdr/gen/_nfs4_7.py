@@ -12,7 +12,7 @@ from dataclasses import dataclass as _dataclass
 from enum import IntEnum as _IntEnum
 from functools import lru_cache as _lru_cache
 from operator import attrgetter as _attrgetter
-from typing import Any as _Any, TypeAlias as _TypeAlias
+from typing import Any as _Any, Final as _Final, TypeAlias as _TypeAlias
 
 from nfsrdma.xdr.runtime import (
     BOOL as _BOOL,
@@ -215,7 +215,6 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     ILLEGAL4res,
     RELEASE_LOCKOWNER4args,
     RELEASE_LOCKOWNER4res,
-    RENAME4res,
     RENEW4args,
     RENEW4res,
     RESTOREFH4res,
@@ -249,7 +248,6 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     dec_ILLEGAL4res,
     dec_RELEASE_LOCKOWNER4args,
     dec_RELEASE_LOCKOWNER4res,
-    dec_RENAME4res,
     dec_RENEW4args,
     dec_RENEW4res,
     dec_RESTOREFH4res,
@@ -282,7 +280,6 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     enc_ILLEGAL4res,
     enc_RELEASE_LOCKOWNER4args,
     enc_RELEASE_LOCKOWNER4res,
-    enc_RENAME4res,
     enc_RENEW4args,
     enc_RENEW4res,
     enc_RESTOREFH4res,
@@ -333,6 +330,7 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     REMOVE4args,
     REMOVE4res,
     RENAME4args,
+    RENAME4res,
     dec_LOCK4args,
     dec_LOCK4res,
     dec_LOCKT4args,
@@ -364,6 +362,7 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     dec_REMOVE4args,
     dec_REMOVE4res,
     dec_RENAME4args,
+    dec_RENAME4res,
     enc_LOCK4args,
     enc_LOCK4res,
     enc_LOCKT4args,
@@ -395,6 +394,7 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     enc_REMOVE4args,
     enc_REMOVE4res,
     enc_RENAME4args,
+    enc_RENAME4res,
 )
 from nfsrdma.xdr.gen._nfs4_1 import (
     _layoutiomode4_MAP,
@@ -410,24 +410,24 @@ from nfsrdma.xdr.gen._nfs4_1 import (
     stateid4,
 )
 
-_S0 = _struct.Struct('>I')
-_S2 = _struct.Struct('>i')
-_S4 = _struct.Struct('>Q')
-_S8 = _struct.Struct('>QQ')
-_S10 = _struct.Struct('>I12s')
-_S12 = _struct.Struct('>QQI12s')
-_S18 = _struct.Struct('>QI')
-_S20 = _struct.Struct('>I12sI')
-_S26 = _struct.Struct('>I12sQI')
-_S30 = _struct.Struct('>I12sQi')
-_S32 = _struct.Struct('>16siI')
-_S45 = _struct.Struct('>QQQQIQ')
-_S47 = _struct.Struct('>I12sQQ')
-_S50 = _struct.Struct('>QQI12sQQQQ16s')
-_S51 = _struct.Struct('>IQ')
-_S52 = _struct.Struct('>I12si')
-_S53 = _struct.Struct('>I12sI12sQQQ')
-_S54 = _struct.Struct('>iiI')
+_S0: _Final = _struct.Struct('>I')
+_S2: _Final = _struct.Struct('>i')
+_S4: _Final = _struct.Struct('>Q')
+_S8: _Final = _struct.Struct('>QQ')
+_S10: _Final = _struct.Struct('>I12s')
+_S12: _Final = _struct.Struct('>QQI12s')
+_S18: _Final = _struct.Struct('>QI')
+_S20: _Final = _struct.Struct('>I12sI')
+_S26: _Final = _struct.Struct('>I12sQI')
+_S30: _Final = _struct.Struct('>I12sQi')
+_S32: _Final = _struct.Struct('>16siI')
+_S45: _Final = _struct.Struct('>QQQQIQ')
+_S47: _Final = _struct.Struct('>I12sQQ')
+_S50: _Final = _struct.Struct('>QQI12sQQQQ16s')
+_S51: _Final = _struct.Struct('>IQ')
+_S52: _Final = _struct.Struct('>I12si')
+_S53: _Final = _struct.Struct('>I12sI12sQQQ')
+_S54: _Final = _struct.Struct('>iiI')
 
 
 @_dataclass(slots=True)
@@ -465,7 +465,8 @@ def dec_IO_ADVISE4args(r: _Reader, off: int) -> tuple[IO_ADVISE4args, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_iaa_hints = []
-        for _ in range(_n):
+        _c397 = _n
+        for _ in range(_c397):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x397 = _t[0]
@@ -500,7 +501,8 @@ def dec_IO_ADVISE4resok(r: _Reader, off: int) -> tuple[IO_ADVISE4resok, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_ior_hints = []
-        for _ in range(_n):
+        _c399 = _n
+        for _ in range(_c399):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x399 = _t[0]
@@ -516,9 +518,9 @@ class IO_ADVISE4res:
     value: IO_ADVISE4resok | None = None
 
 
-_IO_ADVISE4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_IO_ADVISE4resok}
-_IO_ADVISE4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_IO_ADVISE4resok}
-_IO_ADVISE4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_IO_ADVISE4resok)}
+_IO_ADVISE4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_IO_ADVISE4resok}
+_IO_ADVISE4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_IO_ADVISE4resok}
+_IO_ADVISE4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_IO_ADVISE4resok)}
 
 
 def enc_IO_ADVISE4res(w: _Writer, v: IO_ADVISE4res) -> None:
@@ -537,6 +539,7 @@ def dec_IO_ADVISE4res(r: _Reader, off: int) -> tuple[IO_ADVISE4res, int]:
     o0 = off
     try:
         _v400: _Any
+        _f400: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d400,) = _S2.unpack_from(buf, off)
         _a400 = _IO_ADVISE4res_ARMS.get(_d400)
         if _a400 is None:
@@ -616,7 +619,8 @@ def dec_LAYOUTERROR4args(r: _Reader, off: int) -> tuple[LAYOUTERROR4args, int]:
         if _n * 24 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_lea_errors = []
-        for _ in range(_n):
+        _c402 = _n
+        for _ in range(_c402):
             _t = _S32.unpack_from(buf, off)
             off += 24
             _x402 = device_error4(_t[0], _nfsstat4_MAP[_t[1]], _t[2])
@@ -865,7 +869,8 @@ def dec_OFFLOAD_STATUS4resok(r: _Reader, off: int) -> tuple[OFFLOAD_STATUS4resok
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_osr_complete = []
-        for _ in range(_n):
+        _c406 = _n
+        for _ in range(_c406):
             _t = _S2.unpack_from(buf, off)
             off += 4
             _x406 = _nfsstat4_MAP[_t[0]]
@@ -881,9 +886,9 @@ class OFFLOAD_STATUS4res:
     value: OFFLOAD_STATUS4resok | None = None
 
 
-_OFFLOAD_STATUS4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_OFFLOAD_STATUS4resok}
-_OFFLOAD_STATUS4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_OFFLOAD_STATUS4resok}
-_OFFLOAD_STATUS4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_OFFLOAD_STATUS4resok)}
+_OFFLOAD_STATUS4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_OFFLOAD_STATUS4resok}
+_OFFLOAD_STATUS4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_OFFLOAD_STATUS4resok}
+_OFFLOAD_STATUS4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_OFFLOAD_STATUS4resok)}
 
 
 def enc_OFFLOAD_STATUS4res(w: _Writer, v: OFFLOAD_STATUS4res) -> None:
@@ -902,6 +907,7 @@ def dec_OFFLOAD_STATUS4res(r: _Reader, off: int) -> tuple[OFFLOAD_STATUS4res, in
     o0 = off
     try:
         _v407: _Any
+        _f407: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d407,) = _S2.unpack_from(buf, off)
         _a407 = _OFFLOAD_STATUS4res_ARMS.get(_d407)
         if _a407 is None:
@@ -951,9 +957,9 @@ class read_plus_content:
     value: data4 | data_info4 | None = None
 
 
-_read_plus_content_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_data4, 1: enc_data_info4}
-_read_plus_content_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_data4, 1: dec_data_info4}
-_read_plus_content_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_data_content4_MAP[(0,)[0]], dec_data4), 1: (_data_content4_MAP[(1,)[0]], dec_data_info4)}
+_read_plus_content_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_data4, 1: enc_data_info4}
+_read_plus_content_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_data4, 1: dec_data_info4}
+_read_plus_content_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_data_content4_MAP[(0,)[0]], dec_data4), 1: (_data_content4_MAP[(1,)[0]], dec_data_info4)}
 
 
 def enc_read_plus_content(w: _Writer, v: read_plus_content) -> None:
@@ -972,6 +978,7 @@ def dec_read_plus_content(r: _Reader, off: int) -> tuple[read_plus_content, int]
     o0 = off
     try:
         _v408: _Any
+        _f408: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d408,) = _S2.unpack_from(buf, off)
         _a408 = _read_plus_content_ARMS.get(_d408)
         if _a408 is None:
@@ -1016,8 +1023,10 @@ def dec_read_plus_res4(r: _Reader, off: int) -> tuple[read_plus_res4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_rpr_contents = []
-        for _ in range(_n):
+        _c410 = _n
+        for _ in range(_c410):
             _v411: _Any
+            _f411: _Callable[[_Reader, int], tuple[_Any, int]]
             (_d411,) = _S2.unpack_from(buf, off)
             _a411 = _read_plus_content_ARMS.get(_d411)
             if _a411 is None:
@@ -1039,9 +1048,9 @@ class READ_PLUS4res:
     value: read_plus_res4 | None = None
 
 
-_READ_PLUS4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_read_plus_res4}
-_READ_PLUS4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_read_plus_res4}
-_READ_PLUS4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_read_plus_res4)}
+_READ_PLUS4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_read_plus_res4}
+_READ_PLUS4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_read_plus_res4}
+_READ_PLUS4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_read_plus_res4)}
 
 
 def enc_READ_PLUS4res(w: _Writer, v: READ_PLUS4res) -> None:
@@ -1060,6 +1069,7 @@ def dec_READ_PLUS4res(r: _Reader, off: int) -> tuple[READ_PLUS4res, int]:
     o0 = off
     try:
         _v412: _Any
+        _f412: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d412,) = _S2.unpack_from(buf, off)
         _a412 = _READ_PLUS4res_ARMS.get(_d412)
         if _a412 is None:
@@ -1135,9 +1145,9 @@ class SEEK4res:
     value: seek_res4 | None = None
 
 
-_SEEK4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_seek_res4}
-_SEEK4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_seek_res4}
-_SEEK4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_seek_res4)}
+_SEEK4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_seek_res4}
+_SEEK4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_seek_res4}
+_SEEK4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_seek_res4)}
 
 
 def enc_SEEK4res(w: _Writer, v: SEEK4res) -> None:
@@ -1156,6 +1166,7 @@ def dec_SEEK4res(r: _Reader, off: int) -> tuple[SEEK4res, int]:
     o0 = off
     try:
         _v413: _Any
+        _f413: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d413,) = _S2.unpack_from(buf, off)
         _a413 = _SEEK4res_ARMS.get(_d413)
         if _a413 is None:
@@ -1229,9 +1240,9 @@ class WRITE_SAME4res:
     value: write_response4 | None = None
 
 
-_WRITE_SAME4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_write_response4}
-_WRITE_SAME4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_write_response4}
-_WRITE_SAME4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_write_response4)}
+_WRITE_SAME4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_write_response4}
+_WRITE_SAME4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_write_response4}
+_WRITE_SAME4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_write_response4)}
 
 
 def enc_WRITE_SAME4res(w: _Writer, v: WRITE_SAME4res) -> None:
@@ -1250,6 +1261,7 @@ def dec_WRITE_SAME4res(r: _Reader, off: int) -> tuple[WRITE_SAME4res, int]:
     o0 = off
     try:
         _v416: _Any
+        _f416: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d416,) = _S2.unpack_from(buf, off)
         _a416 = _WRITE_SAME4res_ARMS.get(_d416)
         if _a416 is None:
@@ -1426,9 +1438,9 @@ class GETXATTR4res:
     value: bytes | None = None
 
 
-_GETXATTR4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_xattrvalue4}
-_GETXATTR4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_xattrvalue4}
-_GETXATTR4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_xattrvalue4)}
+_GETXATTR4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_xattrvalue4}
+_GETXATTR4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_xattrvalue4}
+_GETXATTR4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_xattrvalue4)}
 
 
 def enc_GETXATTR4res(w: _Writer, v: GETXATTR4res) -> None:
@@ -1447,6 +1459,7 @@ def dec_GETXATTR4res(r: _Reader, off: int) -> tuple[GETXATTR4res, int]:
     o0 = off
     try:
         _v417: _Any
+        _f417: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d417,) = _S2.unpack_from(buf, off)
         _a417 = _GETXATTR4res_ARMS.get(_d417)
         if _a417 is None:
@@ -1467,7 +1480,7 @@ class setxattr_option4(_IntEnum):
     SETXATTR4_REPLACE = 2
 
 
-_setxattr_option4_MAP: dict[int, setxattr_option4] = {m.value: m for m in setxattr_option4}
+_setxattr_option4_MAP: _Final[dict[int, setxattr_option4]] = {m.value: m for m in setxattr_option4}
 SETXATTR4_EITHER = setxattr_option4.SETXATTR4_EITHER
 SETXATTR4_CREATE = setxattr_option4.SETXATTR4_CREATE
 SETXATTR4_REPLACE = setxattr_option4.SETXATTR4_REPLACE
@@ -1547,9 +1560,9 @@ class SETXATTR4res:
     value: change_info4 | None = None
 
 
-_SETXATTR4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_change_info4}
-_SETXATTR4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_change_info4}
-_SETXATTR4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_change_info4)}
+_SETXATTR4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_change_info4}
+_SETXATTR4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_change_info4}
+_SETXATTR4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_change_info4)}
 
 
 def enc_SETXATTR4res(w: _Writer, v: SETXATTR4res) -> None:
@@ -1568,6 +1581,7 @@ def dec_SETXATTR4res(r: _Reader, off: int) -> tuple[SETXATTR4res, int]:
     o0 = off
     try:
         _v418: _Any
+        _f418: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d418,) = _S2.unpack_from(buf, off)
         _a418 = _SETXATTR4res_ARMS.get(_d418)
         if _a418 is None:
@@ -1644,7 +1658,8 @@ def dec_LISTXATTRS4resok(r: _Reader, off: int) -> tuple[LISTXATTRS4resok, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_lxr_names = []
-        for _ in range(_n):
+        _c420 = _n
+        for _ in range(_c420):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -1669,9 +1684,9 @@ class LISTXATTRS4res:
     value: LISTXATTRS4resok | None = None
 
 
-_LISTXATTRS4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_LISTXATTRS4resok}
-_LISTXATTRS4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_LISTXATTRS4resok}
-_LISTXATTRS4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_LISTXATTRS4resok)}
+_LISTXATTRS4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_LISTXATTRS4resok}
+_LISTXATTRS4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_LISTXATTRS4resok}
+_LISTXATTRS4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_LISTXATTRS4resok)}
 
 
 def enc_LISTXATTRS4res(w: _Writer, v: LISTXATTRS4res) -> None:
@@ -1690,6 +1705,7 @@ def dec_LISTXATTRS4res(r: _Reader, off: int) -> tuple[LISTXATTRS4res, int]:
     o0 = off
     try:
         _v421: _Any
+        _f421: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d421,) = _S2.unpack_from(buf, off)
         _a421 = _LISTXATTRS4res_ARMS.get(_d421)
         if _a421 is None:
@@ -1744,9 +1760,9 @@ class REMOVEXATTR4res:
     value: change_info4 | None = None
 
 
-_REMOVEXATTR4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_change_info4}
-_REMOVEXATTR4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_change_info4}
-_REMOVEXATTR4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_change_info4)}
+_REMOVEXATTR4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_change_info4}
+_REMOVEXATTR4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_change_info4}
+_REMOVEXATTR4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_change_info4)}
 
 
 def enc_REMOVEXATTR4res(w: _Writer, v: REMOVEXATTR4res) -> None:
@@ -1765,6 +1781,7 @@ def dec_REMOVEXATTR4res(r: _Reader, off: int) -> tuple[REMOVEXATTR4res, int]:
     o0 = off
     try:
         _v422: _Any
+        _f422: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d422,) = _S2.unpack_from(buf, off)
         _a422 = _REMOVEXATTR4res_ARMS.get(_d422)
         if _a422 is None:
@@ -1856,7 +1873,7 @@ class nfs_opnum4(_IntEnum):
     OP_ILLEGAL = 10044
 
 
-_nfs_opnum4_MAP: dict[int, nfs_opnum4] = {m.value: m for m in nfs_opnum4}
+_nfs_opnum4_MAP: _Final[dict[int, nfs_opnum4]] = {m.value: m for m in nfs_opnum4}
 OP_ACCESS = nfs_opnum4.OP_ACCESS
 OP_CLOSE = nfs_opnum4.OP_CLOSE
 OP_COMMIT = nfs_opnum4.OP_COMMIT
@@ -1953,9 +1970,9 @@ class nfs_argop4:
     value: ACCESS4args | CLOSE4args | COMMIT4args | CREATE4args | DELEGPURGE4args | DELEGRETURN4args | GETATTR4args | LINK4args | LOCK4args | LOCKT4args | LOCKU4args | LOOKUP4args | NVERIFY4args | OPEN4args | OPENATTR4args | OPEN_CONFIRM4args | OPEN_DOWNGRADE4args | PUTFH4args | READ4args | READDIR4args | REMOVE4args | RENAME4args | RENEW4args | SECINFO4args | SETATTR4args | SETCLIENTID4args | SETCLIENTID_CONFIRM4args | VERIFY4args | WRITE4args | RELEASE_LOCKOWNER4args | BACKCHANNEL_CTL4args | BIND_CONN_TO_SESSION4args | EXCHANGE_ID4args | CREATE_SESSION4args | DESTROY_SESSION4args | FREE_STATEID4args | GET_DIR_DELEGATION4args | GETDEVICEINFO4args | GETDEVICELIST4args | LAYOUTCOMMIT4args | LAYOUTGET4args | LAYOUTRETURN4args | secinfo_style4 | SEQUENCE4args | SET_SSV4args | TEST_STATEID4args | WANT_DELEGATION4args | DESTROY_CLIENTID4args | RECLAIM_COMPLETE4args | ALLOCATE4args | COPY4args | COPY_NOTIFY4args | DEALLOCATE4args | IO_ADVISE4args | LAYOUTERROR4args | LAYOUTSTATS4args | OFFLOAD_CANCEL4args | OFFLOAD_STATUS4args | READ_PLUS4args | SEEK4args | WRITE_SAME4args | CLONE4args | GETXATTR4args | SETXATTR4args | LISTXATTRS4args | REMOVEXATTR4args | None = None
 
 
-_nfs_argop4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {3: enc_ACCESS4args, 4: enc_CLOSE4args, 5: enc_COMMIT4args, 6: enc_CREATE4args, 7: enc_DELEGPURGE4args, 8: enc_DELEGRETURN4args, 9: enc_GETATTR4args, 10: _void_encode, 11: enc_LINK4args, 12: enc_LOCK4args, 13: enc_LOCKT4args, 14: enc_LOCKU4args, 15: enc_LOOKUP4args, 16: _void_encode, 17: enc_NVERIFY4args, 18: enc_OPEN4args, 19: enc_OPENATTR4args, 20: enc_OPEN_CONFIRM4args, 21: enc_OPEN_DOWNGRADE4args, 22: enc_PUTFH4args, 23: _void_encode, 24: _void_encode, 25: enc_READ4args, 26: enc_READDIR4args, 27: _void_encode, 28: enc_REMOVE4args, 29: enc_RENAME4args, 30: enc_RENEW4args, 31: _void_encode, 32: _void_encode, 33: enc_SECINFO4args, 34: enc_SETATTR4args, 35: enc_SETCLIENTID4args, 36: enc_SETCLIENTID_CONFIRM4args, 37: enc_VERIFY4args, 38: enc_WRITE4args, 39: enc_RELEASE_LOCKOWNER4args, 40: enc_BACKCHANNEL_CTL4args, 41: enc_BIND_CONN_TO_SESSION4args, 42: enc_EXCHANGE_ID4args, 43: enc_CREATE_SESSION4args, 44: enc_DESTROY_SESSION4args, 45: enc_FREE_STATEID4args, 46: enc_GET_DIR_DELEGATION4args, 47: enc_GETDEVICEINFO4args, 48: enc_GETDEVICELIST4args, 49: enc_LAYOUTCOMMIT4args, 50: enc_LAYOUTGET4args, 51: enc_LAYOUTRETURN4args, 52: enc_SECINFO_NO_NAME4args, 53: enc_SEQUENCE4args, 54: enc_SET_SSV4args, 55: enc_TEST_STATEID4args, 56: enc_WANT_DELEGATION4args, 57: enc_DESTROY_CLIENTID4args, 58: enc_RECLAIM_COMPLETE4args, 59: enc_ALLOCATE4args, 60: enc_COPY4args, 61: enc_COPY_NOTIFY4args, 62: enc_DEALLOCATE4args, 63: enc_IO_ADVISE4args, 64: enc_LAYOUTERROR4args, 65: enc_LAYOUTSTATS4args, 66: enc_OFFLOAD_CANCEL4args, 67: enc_OFFLOAD_STATUS4args, 68: enc_READ_PLUS4args, 69: enc_SEEK4args, 70: enc_WRITE_SAME4args, 71: enc_CLONE4args, 72: enc_GETXATTR4args, 73: enc_SETXATTR4args, 74: enc_LISTXATTRS4args, 75: enc_REMOVEXATTR4args, 10044: _void_encode}
-_nfs_argop4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {3: dec_ACCESS4args, 4: dec_CLOSE4args, 5: dec_COMMIT4args, 6: dec_CREATE4args, 7: dec_DELEGPURGE4args, 8: dec_DELEGRETURN4args, 9: dec_GETATTR4args, 10: _void_decode, 11: dec_LINK4args, 12: dec_LOCK4args, 13: dec_LOCKT4args, 14: dec_LOCKU4args, 15: dec_LOOKUP4args, 16: _void_decode, 17: dec_NVERIFY4args, 18: dec_OPEN4args, 19: dec_OPENATTR4args, 20: dec_OPEN_CONFIRM4args, 21: dec_OPEN_DOWNGRADE4args, 22: dec_PUTFH4args, 23: _void_decode, 24: _void_decode, 25: dec_READ4args, 26: dec_READDIR4args, 27: _void_decode, 28: dec_REMOVE4args, 29: dec_RENAME4args, 30: dec_RENEW4args, 31: _void_decode, 32: _void_decode, 33: dec_SECINFO4args, 34: dec_SETATTR4args, 35: dec_SETCLIENTID4args, 36: dec_SETCLIENTID_CONFIRM4args, 37: dec_VERIFY4args, 38: dec_WRITE4args, 39: dec_RELEASE_LOCKOWNER4args, 40: dec_BACKCHANNEL_CTL4args, 41: dec_BIND_CONN_TO_SESSION4args, 42: dec_EXCHANGE_ID4args, 43: dec_CREATE_SESSION4args, 44: dec_DESTROY_SESSION4args, 45: dec_FREE_STATEID4args, 46: dec_GET_DIR_DELEGATION4args, 47: dec_GETDEVICEINFO4args, 48: dec_GETDEVICELIST4args, 49: dec_LAYOUTCOMMIT4args, 50: dec_LAYOUTGET4args, 51: dec_LAYOUTRETURN4args, 52: dec_SECINFO_NO_NAME4args, 53: dec_SEQUENCE4args, 54: dec_SET_SSV4args, 55: dec_TEST_STATEID4args, 56: dec_WANT_DELEGATION4args, 57: dec_DESTROY_CLIENTID4args, 58: dec_RECLAIM_COMPLETE4args, 59: dec_ALLOCATE4args, 60: dec_COPY4args, 61: dec_COPY_NOTIFY4args, 62: dec_DEALLOCATE4args, 63: dec_IO_ADVISE4args, 64: dec_LAYOUTERROR4args, 65: dec_LAYOUTSTATS4args, 66: dec_OFFLOAD_CANCEL4args, 67: dec_OFFLOAD_STATUS4args, 68: dec_READ_PLUS4args, 69: dec_SEEK4args, 70: dec_WRITE_SAME4args, 71: dec_CLONE4args, 72: dec_GETXATTR4args, 73: dec_SETXATTR4args, 74: dec_LISTXATTRS4args, 75: dec_REMOVEXATTR4args, 10044: _void_decode}
-_nfs_argop4_ARMS: dict[int, tuple[_Any, _Any]] = {3: (_nfs_opnum4_MAP[(3,)[0]], dec_ACCESS4args), 4: (_nfs_opnum4_MAP[(4,)[0]], dec_CLOSE4args), 5: (_nfs_opnum4_MAP[(5,)[0]], dec_COMMIT4args), 6: (_nfs_opnum4_MAP[(6,)[0]], dec_CREATE4args), 7: (_nfs_opnum4_MAP[(7,)[0]], dec_DELEGPURGE4args), 8: (_nfs_opnum4_MAP[(8,)[0]], dec_DELEGRETURN4args), 9: (_nfs_opnum4_MAP[(9,)[0]], dec_GETATTR4args), 10: (_nfs_opnum4_MAP[(10,)[0]], _void_decode), 11: (_nfs_opnum4_MAP[(11,)[0]], dec_LINK4args), 12: (_nfs_opnum4_MAP[(12,)[0]], dec_LOCK4args), 13: (_nfs_opnum4_MAP[(13,)[0]], dec_LOCKT4args), 14: (_nfs_opnum4_MAP[(14,)[0]], dec_LOCKU4args), 15: (_nfs_opnum4_MAP[(15,)[0]], dec_LOOKUP4args), 16: (_nfs_opnum4_MAP[(16,)[0]], _void_decode), 17: (_nfs_opnum4_MAP[(17,)[0]], dec_NVERIFY4args), 18: (_nfs_opnum4_MAP[(18,)[0]], dec_OPEN4args), 19: (_nfs_opnum4_MAP[(19,)[0]], dec_OPENATTR4args), 20: (_nfs_opnum4_MAP[(20,)[0]], dec_OPEN_CONFIRM4args), 21: (_nfs_opnum4_MAP[(21,)[0]], dec_OPEN_DOWNGRADE4args), 22: (_nfs_opnum4_MAP[(22,)[0]], dec_PUTFH4args), 23: (_nfs_opnum4_MAP[(23,)[0]], _void_decode), 24: (_nfs_opnum4_MAP[(24,)[0]], _void_decode), 25: (_nfs_opnum4_MAP[(25,)[0]], dec_READ4args), 26: (_nfs_opnum4_MAP[(26,)[0]], dec_READDIR4args), 27: (_nfs_opnum4_MAP[(27,)[0]], _void_decode), 28: (_nfs_opnum4_MAP[(28,)[0]], dec_REMOVE4args), 29: (_nfs_opnum4_MAP[(29,)[0]], dec_RENAME4args), 30: (_nfs_opnum4_MAP[(30,)[0]], dec_RENEW4args), 31: (_nfs_opnum4_MAP[(31,)[0]], _void_decode), 32: (_nfs_opnum4_MAP[(32,)[0]], _void_decode), 33: (_nfs_opnum4_MAP[(33,)[0]], dec_SECINFO4args), 34: (_nfs_opnum4_MAP[(34,)[0]], dec_SETATTR4args), 35: (_nfs_opnum4_MAP[(35,)[0]], dec_SETCLIENTID4args), 36: (_nfs_opnum4_MAP[(36,)[0]], dec_SETCLIENTID_CONFIRM4args), 37: (_nfs_opnum4_MAP[(37,)[0]], dec_VERIFY4args), 38: (_nfs_opnum4_MAP[(38,)[0]], dec_WRITE4args), 39: (_nfs_opnum4_MAP[(39,)[0]], dec_RELEASE_LOCKOWNER4args), 40: (_nfs_opnum4_MAP[(40,)[0]], dec_BACKCHANNEL_CTL4args), 41: (_nfs_opnum4_MAP[(41,)[0]], dec_BIND_CONN_TO_SESSION4args), 42: (_nfs_opnum4_MAP[(42,)[0]], dec_EXCHANGE_ID4args), 43: (_nfs_opnum4_MAP[(43,)[0]], dec_CREATE_SESSION4args), 44: (_nfs_opnum4_MAP[(44,)[0]], dec_DESTROY_SESSION4args), 45: (_nfs_opnum4_MAP[(45,)[0]], dec_FREE_STATEID4args), 46: (_nfs_opnum4_MAP[(46,)[0]], dec_GET_DIR_DELEGATION4args), 47: (_nfs_opnum4_MAP[(47,)[0]], dec_GETDEVICEINFO4args), 48: (_nfs_opnum4_MAP[(48,)[0]], dec_GETDEVICELIST4args), 49: (_nfs_opnum4_MAP[(49,)[0]], dec_LAYOUTCOMMIT4args), 50: (_nfs_opnum4_MAP[(50,)[0]], dec_LAYOUTGET4args), 51: (_nfs_opnum4_MAP[(51,)[0]], dec_LAYOUTRETURN4args), 52: (_nfs_opnum4_MAP[(52,)[0]], dec_SECINFO_NO_NAME4args), 53: (_nfs_opnum4_MAP[(53,)[0]], dec_SEQUENCE4args), 54: (_nfs_opnum4_MAP[(54,)[0]], dec_SET_SSV4args), 55: (_nfs_opnum4_MAP[(55,)[0]], dec_TEST_STATEID4args), 56: (_nfs_opnum4_MAP[(56,)[0]], dec_WANT_DELEGATION4args), 57: (_nfs_opnum4_MAP[(57,)[0]], dec_DESTROY_CLIENTID4args), 58: (_nfs_opnum4_MAP[(58,)[0]], dec_RECLAIM_COMPLETE4args), 59: (_nfs_opnum4_MAP[(59,)[0]], dec_ALLOCATE4args), 60: (_nfs_opnum4_MAP[(60,)[0]], dec_COPY4args), 61: (_nfs_opnum4_MAP[(61,)[0]], dec_COPY_NOTIFY4args), 62: (_nfs_opnum4_MAP[(62,)[0]], dec_DEALLOCATE4args), 63: (_nfs_opnum4_MAP[(63,)[0]], dec_IO_ADVISE4args), 64: (_nfs_opnum4_MAP[(64,)[0]], dec_LAYOUTERROR4args), 65: (_nfs_opnum4_MAP[(65,)[0]], dec_LAYOUTSTATS4args), 66: (_nfs_opnum4_MAP[(66,)[0]], dec_OFFLOAD_CANCEL4args), 67: (_nfs_opnum4_MAP[(67,)[0]], dec_OFFLOAD_STATUS4args), 68: (_nfs_opnum4_MAP[(68,)[0]], dec_READ_PLUS4args), 69: (_nfs_opnum4_MAP[(69,)[0]], dec_SEEK4args), 70: (_nfs_opnum4_MAP[(70,)[0]], dec_WRITE_SAME4args), 71: (_nfs_opnum4_MAP[(71,)[0]], dec_CLONE4args), 72: (_nfs_opnum4_MAP[(72,)[0]], dec_GETXATTR4args), 73: (_nfs_opnum4_MAP[(73,)[0]], dec_SETXATTR4args), 74: (_nfs_opnum4_MAP[(74,)[0]], dec_LISTXATTRS4args), 75: (_nfs_opnum4_MAP[(75,)[0]], dec_REMOVEXATTR4args), 10044: (_nfs_opnum4_MAP[(10044,)[0]], _void_decode)}
+_nfs_argop4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {3: enc_ACCESS4args, 4: enc_CLOSE4args, 5: enc_COMMIT4args, 6: enc_CREATE4args, 7: enc_DELEGPURGE4args, 8: enc_DELEGRETURN4args, 9: enc_GETATTR4args, 10: _void_encode, 11: enc_LINK4args, 12: enc_LOCK4args, 13: enc_LOCKT4args, 14: enc_LOCKU4args, 15: enc_LOOKUP4args, 16: _void_encode, 17: enc_NVERIFY4args, 18: enc_OPEN4args, 19: enc_OPENATTR4args, 20: enc_OPEN_CONFIRM4args, 21: enc_OPEN_DOWNGRADE4args, 22: enc_PUTFH4args, 23: _void_encode, 24: _void_encode, 25: enc_READ4args, 26: enc_READDIR4args, 27: _void_encode, 28: enc_REMOVE4args, 29: enc_RENAME4args, 30: enc_RENEW4args, 31: _void_encode, 32: _void_encode, 33: enc_SECINFO4args, 34: enc_SETATTR4args, 35: enc_SETCLIENTID4args, 36: enc_SETCLIENTID_CONFIRM4args, 37: enc_VERIFY4args, 38: enc_WRITE4args, 39: enc_RELEASE_LOCKOWNER4args, 40: enc_BACKCHANNEL_CTL4args, 41: enc_BIND_CONN_TO_SESSION4args, 42: enc_EXCHANGE_ID4args, 43: enc_CREATE_SESSION4args, 44: enc_DESTROY_SESSION4args, 45: enc_FREE_STATEID4args, 46: enc_GET_DIR_DELEGATION4args, 47: enc_GETDEVICEINFO4args, 48: enc_GETDEVICELIST4args, 49: enc_LAYOUTCOMMIT4args, 50: enc_LAYOUTGET4args, 51: enc_LAYOUTRETURN4args, 52: enc_SECINFO_NO_NAME4args, 53: enc_SEQUENCE4args, 54: enc_SET_SSV4args, 55: enc_TEST_STATEID4args, 56: enc_WANT_DELEGATION4args, 57: enc_DESTROY_CLIENTID4args, 58: enc_RECLAIM_COMPLETE4args, 59: enc_ALLOCATE4args, 60: enc_COPY4args, 61: enc_COPY_NOTIFY4args, 62: enc_DEALLOCATE4args, 63: enc_IO_ADVISE4args, 64: enc_LAYOUTERROR4args, 65: enc_LAYOUTSTATS4args, 66: enc_OFFLOAD_CANCEL4args, 67: enc_OFFLOAD_STATUS4args, 68: enc_READ_PLUS4args, 69: enc_SEEK4args, 70: enc_WRITE_SAME4args, 71: enc_CLONE4args, 72: enc_GETXATTR4args, 73: enc_SETXATTR4args, 74: enc_LISTXATTRS4args, 75: enc_REMOVEXATTR4args, 10044: _void_encode}
+_nfs_argop4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {3: dec_ACCESS4args, 4: dec_CLOSE4args, 5: dec_COMMIT4args, 6: dec_CREATE4args, 7: dec_DELEGPURGE4args, 8: dec_DELEGRETURN4args, 9: dec_GETATTR4args, 10: _void_decode, 11: dec_LINK4args, 12: dec_LOCK4args, 13: dec_LOCKT4args, 14: dec_LOCKU4args, 15: dec_LOOKUP4args, 16: _void_decode, 17: dec_NVERIFY4args, 18: dec_OPEN4args, 19: dec_OPENATTR4args, 20: dec_OPEN_CONFIRM4args, 21: dec_OPEN_DOWNGRADE4args, 22: dec_PUTFH4args, 23: _void_decode, 24: _void_decode, 25: dec_READ4args, 26: dec_READDIR4args, 27: _void_decode, 28: dec_REMOVE4args, 29: dec_RENAME4args, 30: dec_RENEW4args, 31: _void_decode, 32: _void_decode, 33: dec_SECINFO4args, 34: dec_SETATTR4args, 35: dec_SETCLIENTID4args, 36: dec_SETCLIENTID_CONFIRM4args, 37: dec_VERIFY4args, 38: dec_WRITE4args, 39: dec_RELEASE_LOCKOWNER4args, 40: dec_BACKCHANNEL_CTL4args, 41: dec_BIND_CONN_TO_SESSION4args, 42: dec_EXCHANGE_ID4args, 43: dec_CREATE_SESSION4args, 44: dec_DESTROY_SESSION4args, 45: dec_FREE_STATEID4args, 46: dec_GET_DIR_DELEGATION4args, 47: dec_GETDEVICEINFO4args, 48: dec_GETDEVICELIST4args, 49: dec_LAYOUTCOMMIT4args, 50: dec_LAYOUTGET4args, 51: dec_LAYOUTRETURN4args, 52: dec_SECINFO_NO_NAME4args, 53: dec_SEQUENCE4args, 54: dec_SET_SSV4args, 55: dec_TEST_STATEID4args, 56: dec_WANT_DELEGATION4args, 57: dec_DESTROY_CLIENTID4args, 58: dec_RECLAIM_COMPLETE4args, 59: dec_ALLOCATE4args, 60: dec_COPY4args, 61: dec_COPY_NOTIFY4args, 62: dec_DEALLOCATE4args, 63: dec_IO_ADVISE4args, 64: dec_LAYOUTERROR4args, 65: dec_LAYOUTSTATS4args, 66: dec_OFFLOAD_CANCEL4args, 67: dec_OFFLOAD_STATUS4args, 68: dec_READ_PLUS4args, 69: dec_SEEK4args, 70: dec_WRITE_SAME4args, 71: dec_CLONE4args, 72: dec_GETXATTR4args, 73: dec_SETXATTR4args, 74: dec_LISTXATTRS4args, 75: dec_REMOVEXATTR4args, 10044: _void_decode}
+_nfs_argop4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {3: (_nfs_opnum4_MAP[(3,)[0]], dec_ACCESS4args), 4: (_nfs_opnum4_MAP[(4,)[0]], dec_CLOSE4args), 5: (_nfs_opnum4_MAP[(5,)[0]], dec_COMMIT4args), 6: (_nfs_opnum4_MAP[(6,)[0]], dec_CREATE4args), 7: (_nfs_opnum4_MAP[(7,)[0]], dec_DELEGPURGE4args), 8: (_nfs_opnum4_MAP[(8,)[0]], dec_DELEGRETURN4args), 9: (_nfs_opnum4_MAP[(9,)[0]], dec_GETATTR4args), 10: (_nfs_opnum4_MAP[(10,)[0]], _void_decode), 11: (_nfs_opnum4_MAP[(11,)[0]], dec_LINK4args), 12: (_nfs_opnum4_MAP[(12,)[0]], dec_LOCK4args), 13: (_nfs_opnum4_MAP[(13,)[0]], dec_LOCKT4args), 14: (_nfs_opnum4_MAP[(14,)[0]], dec_LOCKU4args), 15: (_nfs_opnum4_MAP[(15,)[0]], dec_LOOKUP4args), 16: (_nfs_opnum4_MAP[(16,)[0]], _void_decode), 17: (_nfs_opnum4_MAP[(17,)[0]], dec_NVERIFY4args), 18: (_nfs_opnum4_MAP[(18,)[0]], dec_OPEN4args), 19: (_nfs_opnum4_MAP[(19,)[0]], dec_OPENATTR4args), 20: (_nfs_opnum4_MAP[(20,)[0]], dec_OPEN_CONFIRM4args), 21: (_nfs_opnum4_MAP[(21,)[0]], dec_OPEN_DOWNGRADE4args), 22: (_nfs_opnum4_MAP[(22,)[0]], dec_PUTFH4args), 23: (_nfs_opnum4_MAP[(23,)[0]], _void_decode), 24: (_nfs_opnum4_MAP[(24,)[0]], _void_decode), 25: (_nfs_opnum4_MAP[(25,)[0]], dec_READ4args), 26: (_nfs_opnum4_MAP[(26,)[0]], dec_READDIR4args), 27: (_nfs_opnum4_MAP[(27,)[0]], _void_decode), 28: (_nfs_opnum4_MAP[(28,)[0]], dec_REMOVE4args), 29: (_nfs_opnum4_MAP[(29,)[0]], dec_RENAME4args), 30: (_nfs_opnum4_MAP[(30,)[0]], dec_RENEW4args), 31: (_nfs_opnum4_MAP[(31,)[0]], _void_decode), 32: (_nfs_opnum4_MAP[(32,)[0]], _void_decode), 33: (_nfs_opnum4_MAP[(33,)[0]], dec_SECINFO4args), 34: (_nfs_opnum4_MAP[(34,)[0]], dec_SETATTR4args), 35: (_nfs_opnum4_MAP[(35,)[0]], dec_SETCLIENTID4args), 36: (_nfs_opnum4_MAP[(36,)[0]], dec_SETCLIENTID_CONFIRM4args), 37: (_nfs_opnum4_MAP[(37,)[0]], dec_VERIFY4args), 38: (_nfs_opnum4_MAP[(38,)[0]], dec_WRITE4args), 39: (_nfs_opnum4_MAP[(39,)[0]], dec_RELEASE_LOCKOWNER4args), 40: (_nfs_opnum4_MAP[(40,)[0]], dec_BACKCHANNEL_CTL4args), 41: (_nfs_opnum4_MAP[(41,)[0]], dec_BIND_CONN_TO_SESSION4args), 42: (_nfs_opnum4_MAP[(42,)[0]], dec_EXCHANGE_ID4args), 43: (_nfs_opnum4_MAP[(43,)[0]], dec_CREATE_SESSION4args), 44: (_nfs_opnum4_MAP[(44,)[0]], dec_DESTROY_SESSION4args), 45: (_nfs_opnum4_MAP[(45,)[0]], dec_FREE_STATEID4args), 46: (_nfs_opnum4_MAP[(46,)[0]], dec_GET_DIR_DELEGATION4args), 47: (_nfs_opnum4_MAP[(47,)[0]], dec_GETDEVICEINFO4args), 48: (_nfs_opnum4_MAP[(48,)[0]], dec_GETDEVICELIST4args), 49: (_nfs_opnum4_MAP[(49,)[0]], dec_LAYOUTCOMMIT4args), 50: (_nfs_opnum4_MAP[(50,)[0]], dec_LAYOUTGET4args), 51: (_nfs_opnum4_MAP[(51,)[0]], dec_LAYOUTRETURN4args), 52: (_nfs_opnum4_MAP[(52,)[0]], dec_SECINFO_NO_NAME4args), 53: (_nfs_opnum4_MAP[(53,)[0]], dec_SEQUENCE4args), 54: (_nfs_opnum4_MAP[(54,)[0]], dec_SET_SSV4args), 55: (_nfs_opnum4_MAP[(55,)[0]], dec_TEST_STATEID4args), 56: (_nfs_opnum4_MAP[(56,)[0]], dec_WANT_DELEGATION4args), 57: (_nfs_opnum4_MAP[(57,)[0]], dec_DESTROY_CLIENTID4args), 58: (_nfs_opnum4_MAP[(58,)[0]], dec_RECLAIM_COMPLETE4args), 59: (_nfs_opnum4_MAP[(59,)[0]], dec_ALLOCATE4args), 60: (_nfs_opnum4_MAP[(60,)[0]], dec_COPY4args), 61: (_nfs_opnum4_MAP[(61,)[0]], dec_COPY_NOTIFY4args), 62: (_nfs_opnum4_MAP[(62,)[0]], dec_DEALLOCATE4args), 63: (_nfs_opnum4_MAP[(63,)[0]], dec_IO_ADVISE4args), 64: (_nfs_opnum4_MAP[(64,)[0]], dec_LAYOUTERROR4args), 65: (_nfs_opnum4_MAP[(65,)[0]], dec_LAYOUTSTATS4args), 66: (_nfs_opnum4_MAP[(66,)[0]], dec_OFFLOAD_CANCEL4args), 67: (_nfs_opnum4_MAP[(67,)[0]], dec_OFFLOAD_STATUS4args), 68: (_nfs_opnum4_MAP[(68,)[0]], dec_READ_PLUS4args), 69: (_nfs_opnum4_MAP[(69,)[0]], dec_SEEK4args), 70: (_nfs_opnum4_MAP[(70,)[0]], dec_WRITE_SAME4args), 71: (_nfs_opnum4_MAP[(71,)[0]], dec_CLONE4args), 72: (_nfs_opnum4_MAP[(72,)[0]], dec_GETXATTR4args), 73: (_nfs_opnum4_MAP[(73,)[0]], dec_SETXATTR4args), 74: (_nfs_opnum4_MAP[(74,)[0]], dec_LISTXATTRS4args), 75: (_nfs_opnum4_MAP[(75,)[0]], dec_REMOVEXATTR4args), 10044: (_nfs_opnum4_MAP[(10044,)[0]], _void_decode)}
 
 
 def enc_nfs_argop4(w: _Writer, v: nfs_argop4) -> None:
@@ -1976,6 +1993,7 @@ def dec_nfs_argop4(r: _Reader, off: int) -> tuple[nfs_argop4, int]:
     o0 = off
     try:
         _v423: _Any
+        _f423: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d423,) = _S2.unpack_from(buf, off)
         _a423 = _nfs_argop4_ARMS.get(_d423)
         if _a423 is None:
@@ -1995,9 +2013,9 @@ class nfs_resop4:
     value: ACCESS4res | CLOSE4res | COMMIT4res | CREATE4res | DELEGPURGE4res | DELEGRETURN4res | GETATTR4res | GETFH4res | LINK4res | LOCK4res | LOCKT4res | LOCKU4res | LOOKUP4res | LOOKUPP4res | NVERIFY4res | OPEN4res | OPENATTR4res | OPEN_CONFIRM4res | OPEN_DOWNGRADE4res | PUTFH4res | PUTPUBFH4res | PUTROOTFH4res | READ4res | READDIR4res | READLINK4res | REMOVE4res | RENAME4res | RENEW4res | RESTOREFH4res | SAVEFH4res | SECINFO4res | SETATTR4res | SETCLIENTID4res | SETCLIENTID_CONFIRM4res | VERIFY4res | WRITE4res | RELEASE_LOCKOWNER4res | BACKCHANNEL_CTL4res | BIND_CONN_TO_SESSION4res | EXCHANGE_ID4res | CREATE_SESSION4res | DESTROY_SESSION4res | FREE_STATEID4res | GET_DIR_DELEGATION4res | GETDEVICEINFO4res | GETDEVICELIST4res | LAYOUTCOMMIT4res | LAYOUTGET4res | LAYOUTRETURN4res | SEQUENCE4res | SET_SSV4res | TEST_STATEID4res | WANT_DELEGATION4res | DESTROY_CLIENTID4res | RECLAIM_COMPLETE4res | ALLOCATE4res | COPY4res | COPY_NOTIFY4res | DEALLOCATE4res | IO_ADVISE4res | LAYOUTERROR4res | LAYOUTSTATS4res | OFFLOAD_CANCEL4res | OFFLOAD_STATUS4res | READ_PLUS4res | SEEK4res | WRITE_SAME4res | CLONE4res | GETXATTR4res | SETXATTR4res | LISTXATTRS4res | REMOVEXATTR4res | ILLEGAL4res | None = None
 
 
-_nfs_resop4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {3: enc_ACCESS4res, 4: enc_CLOSE4res, 5: enc_COMMIT4res, 6: enc_CREATE4res, 7: enc_DELEGPURGE4res, 8: enc_DELEGRETURN4res, 9: enc_GETATTR4res, 10: enc_GETFH4res, 11: enc_LINK4res, 12: enc_LOCK4res, 13: enc_LOCKT4res, 14: enc_LOCKU4res, 15: enc_LOOKUP4res, 16: enc_LOOKUPP4res, 17: enc_NVERIFY4res, 18: enc_OPEN4res, 19: enc_OPENATTR4res, 20: enc_OPEN_CONFIRM4res, 21: enc_OPEN_DOWNGRADE4res, 22: enc_PUTFH4res, 23: enc_PUTPUBFH4res, 24: enc_PUTROOTFH4res, 25: enc_READ4res, 26: enc_READDIR4res, 27: enc_READLINK4res, 28: enc_REMOVE4res, 29: enc_RENAME4res, 30: enc_RENEW4res, 31: enc_RESTOREFH4res, 32: enc_SAVEFH4res, 33: enc_SECINFO4res, 34: enc_SETATTR4res, 35: enc_SETCLIENTID4res, 36: enc_SETCLIENTID_CONFIRM4res, 37: enc_VERIFY4res, 38: enc_WRITE4res, 39: enc_RELEASE_LOCKOWNER4res, 40: enc_BACKCHANNEL_CTL4res, 41: enc_BIND_CONN_TO_SESSION4res, 42: enc_EXCHANGE_ID4res, 43: enc_CREATE_SESSION4res, 44: enc_DESTROY_SESSION4res, 45: enc_FREE_STATEID4res, 46: enc_GET_DIR_DELEGATION4res, 47: enc_GETDEVICEINFO4res, 48: enc_GETDEVICELIST4res, 49: enc_LAYOUTCOMMIT4res, 50: enc_LAYOUTGET4res, 51: enc_LAYOUTRETURN4res, 52: enc_SECINFO4res, 53: enc_SEQUENCE4res, 54: enc_SET_SSV4res, 55: enc_TEST_STATEID4res, 56: enc_WANT_DELEGATION4res, 57: enc_DESTROY_CLIENTID4res, 58: enc_RECLAIM_COMPLETE4res, 59: enc_ALLOCATE4res, 60: enc_COPY4res, 61: enc_COPY_NOTIFY4res, 62: enc_DEALLOCATE4res, 63: enc_IO_ADVISE4res, 64: enc_LAYOUTERROR4res, 65: enc_LAYOUTSTATS4res, 66: enc_OFFLOAD_CANCEL4res, 67: enc_OFFLOAD_STATUS4res, 68: enc_READ_PLUS4res, 69: enc_SEEK4res, 70: enc_WRITE_SAME4res, 71: enc_CLONE4res, 72: enc_GETXATTR4res, 73: enc_SETXATTR4res, 74: enc_LISTXATTRS4res, 75: enc_REMOVEXATTR4res, 10044: enc_ILLEGAL4res}
-_nfs_resop4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {3: dec_ACCESS4res, 4: dec_CLOSE4res, 5: dec_COMMIT4res, 6: dec_CREATE4res, 7: dec_DELEGPURGE4res, 8: dec_DELEGRETURN4res, 9: dec_GETATTR4res, 10: dec_GETFH4res, 11: dec_LINK4res, 12: dec_LOCK4res, 13: dec_LOCKT4res, 14: dec_LOCKU4res, 15: dec_LOOKUP4res, 16: dec_LOOKUPP4res, 17: dec_NVERIFY4res, 18: dec_OPEN4res, 19: dec_OPENATTR4res, 20: dec_OPEN_CONFIRM4res, 21: dec_OPEN_DOWNGRADE4res, 22: dec_PUTFH4res, 23: dec_PUTPUBFH4res, 24: dec_PUTROOTFH4res, 25: dec_READ4res, 26: dec_READDIR4res, 27: dec_READLINK4res, 28: dec_REMOVE4res, 29: dec_RENAME4res, 30: dec_RENEW4res, 31: dec_RESTOREFH4res, 32: dec_SAVEFH4res, 33: dec_SECINFO4res, 34: dec_SETATTR4res, 35: dec_SETCLIENTID4res, 36: dec_SETCLIENTID_CONFIRM4res, 37: dec_VERIFY4res, 38: dec_WRITE4res, 39: dec_RELEASE_LOCKOWNER4res, 40: dec_BACKCHANNEL_CTL4res, 41: dec_BIND_CONN_TO_SESSION4res, 42: dec_EXCHANGE_ID4res, 43: dec_CREATE_SESSION4res, 44: dec_DESTROY_SESSION4res, 45: dec_FREE_STATEID4res, 46: dec_GET_DIR_DELEGATION4res, 47: dec_GETDEVICEINFO4res, 48: dec_GETDEVICELIST4res, 49: dec_LAYOUTCOMMIT4res, 50: dec_LAYOUTGET4res, 51: dec_LAYOUTRETURN4res, 52: dec_SECINFO4res, 53: dec_SEQUENCE4res, 54: dec_SET_SSV4res, 55: dec_TEST_STATEID4res, 56: dec_WANT_DELEGATION4res, 57: dec_DESTROY_CLIENTID4res, 58: dec_RECLAIM_COMPLETE4res, 59: dec_ALLOCATE4res, 60: dec_COPY4res, 61: dec_COPY_NOTIFY4res, 62: dec_DEALLOCATE4res, 63: dec_IO_ADVISE4res, 64: dec_LAYOUTERROR4res, 65: dec_LAYOUTSTATS4res, 66: dec_OFFLOAD_CANCEL4res, 67: dec_OFFLOAD_STATUS4res, 68: dec_READ_PLUS4res, 69: dec_SEEK4res, 70: dec_WRITE_SAME4res, 71: dec_CLONE4res, 72: dec_GETXATTR4res, 73: dec_SETXATTR4res, 74: dec_LISTXATTRS4res, 75: dec_REMOVEXATTR4res, 10044: dec_ILLEGAL4res}
-_nfs_resop4_ARMS: dict[int, tuple[_Any, _Any]] = {3: (_nfs_opnum4_MAP[(3,)[0]], dec_ACCESS4res), 4: (_nfs_opnum4_MAP[(4,)[0]], dec_CLOSE4res), 5: (_nfs_opnum4_MAP[(5,)[0]], dec_COMMIT4res), 6: (_nfs_opnum4_MAP[(6,)[0]], dec_CREATE4res), 7: (_nfs_opnum4_MAP[(7,)[0]], dec_DELEGPURGE4res), 8: (_nfs_opnum4_MAP[(8,)[0]], dec_DELEGRETURN4res), 9: (_nfs_opnum4_MAP[(9,)[0]], dec_GETATTR4res), 10: (_nfs_opnum4_MAP[(10,)[0]], dec_GETFH4res), 11: (_nfs_opnum4_MAP[(11,)[0]], dec_LINK4res), 12: (_nfs_opnum4_MAP[(12,)[0]], dec_LOCK4res), 13: (_nfs_opnum4_MAP[(13,)[0]], dec_LOCKT4res), 14: (_nfs_opnum4_MAP[(14,)[0]], dec_LOCKU4res), 15: (_nfs_opnum4_MAP[(15,)[0]], dec_LOOKUP4res), 16: (_nfs_opnum4_MAP[(16,)[0]], dec_LOOKUPP4res), 17: (_nfs_opnum4_MAP[(17,)[0]], dec_NVERIFY4res), 18: (_nfs_opnum4_MAP[(18,)[0]], dec_OPEN4res), 19: (_nfs_opnum4_MAP[(19,)[0]], dec_OPENATTR4res), 20: (_nfs_opnum4_MAP[(20,)[0]], dec_OPEN_CONFIRM4res), 21: (_nfs_opnum4_MAP[(21,)[0]], dec_OPEN_DOWNGRADE4res), 22: (_nfs_opnum4_MAP[(22,)[0]], dec_PUTFH4res), 23: (_nfs_opnum4_MAP[(23,)[0]], dec_PUTPUBFH4res), 24: (_nfs_opnum4_MAP[(24,)[0]], dec_PUTROOTFH4res), 25: (_nfs_opnum4_MAP[(25,)[0]], dec_READ4res), 26: (_nfs_opnum4_MAP[(26,)[0]], dec_READDIR4res), 27: (_nfs_opnum4_MAP[(27,)[0]], dec_READLINK4res), 28: (_nfs_opnum4_MAP[(28,)[0]], dec_REMOVE4res), 29: (_nfs_opnum4_MAP[(29,)[0]], dec_RENAME4res), 30: (_nfs_opnum4_MAP[(30,)[0]], dec_RENEW4res), 31: (_nfs_opnum4_MAP[(31,)[0]], dec_RESTOREFH4res), 32: (_nfs_opnum4_MAP[(32,)[0]], dec_SAVEFH4res), 33: (_nfs_opnum4_MAP[(33,)[0]], dec_SECINFO4res), 34: (_nfs_opnum4_MAP[(34,)[0]], dec_SETATTR4res), 35: (_nfs_opnum4_MAP[(35,)[0]], dec_SETCLIENTID4res), 36: (_nfs_opnum4_MAP[(36,)[0]], dec_SETCLIENTID_CONFIRM4res), 37: (_nfs_opnum4_MAP[(37,)[0]], dec_VERIFY4res), 38: (_nfs_opnum4_MAP[(38,)[0]], dec_WRITE4res), 39: (_nfs_opnum4_MAP[(39,)[0]], dec_RELEASE_LOCKOWNER4res), 40: (_nfs_opnum4_MAP[(40,)[0]], dec_BACKCHANNEL_CTL4res), 41: (_nfs_opnum4_MAP[(41,)[0]], dec_BIND_CONN_TO_SESSION4res), 42: (_nfs_opnum4_MAP[(42,)[0]], dec_EXCHANGE_ID4res), 43: (_nfs_opnum4_MAP[(43,)[0]], dec_CREATE_SESSION4res), 44: (_nfs_opnum4_MAP[(44,)[0]], dec_DESTROY_SESSION4res), 45: (_nfs_opnum4_MAP[(45,)[0]], dec_FREE_STATEID4res), 46: (_nfs_opnum4_MAP[(46,)[0]], dec_GET_DIR_DELEGATION4res), 47: (_nfs_opnum4_MAP[(47,)[0]], dec_GETDEVICEINFO4res), 48: (_nfs_opnum4_MAP[(48,)[0]], dec_GETDEVICELIST4res), 49: (_nfs_opnum4_MAP[(49,)[0]], dec_LAYOUTCOMMIT4res), 50: (_nfs_opnum4_MAP[(50,)[0]], dec_LAYOUTGET4res), 51: (_nfs_opnum4_MAP[(51,)[0]], dec_LAYOUTRETURN4res), 52: (_nfs_opnum4_MAP[(52,)[0]], dec_SECINFO4res), 53: (_nfs_opnum4_MAP[(53,)[0]], dec_SEQUENCE4res), 54: (_nfs_opnum4_MAP[(54,)[0]], dec_SET_SSV4res), 55: (_nfs_opnum4_MAP[(55,)[0]], dec_TEST_STATEID4res), 56: (_nfs_opnum4_MAP[(56,)[0]], dec_WANT_DELEGATION4res), 57: (_nfs_opnum4_MAP[(57,)[0]], dec_DESTROY_CLIENTID4res), 58: (_nfs_opnum4_MAP[(58,)[0]], dec_RECLAIM_COMPLETE4res), 59: (_nfs_opnum4_MAP[(59,)[0]], dec_ALLOCATE4res), 60: (_nfs_opnum4_MAP[(60,)[0]], dec_COPY4res), 61: (_nfs_opnum4_MAP[(61,)[0]], dec_COPY_NOTIFY4res), 62: (_nfs_opnum4_MAP[(62,)[0]], dec_DEALLOCATE4res), 63: (_nfs_opnum4_MAP[(63,)[0]], dec_IO_ADVISE4res), 64: (_nfs_opnum4_MAP[(64,)[0]], dec_LAYOUTERROR4res), 65: (_nfs_opnum4_MAP[(65,)[0]], dec_LAYOUTSTATS4res), 66: (_nfs_opnum4_MAP[(66,)[0]], dec_OFFLOAD_CANCEL4res), 67: (_nfs_opnum4_MAP[(67,)[0]], dec_OFFLOAD_STATUS4res), 68: (_nfs_opnum4_MAP[(68,)[0]], dec_READ_PLUS4res), 69: (_nfs_opnum4_MAP[(69,)[0]], dec_SEEK4res), 70: (_nfs_opnum4_MAP[(70,)[0]], dec_WRITE_SAME4res), 71: (_nfs_opnum4_MAP[(71,)[0]], dec_CLONE4res), 72: (_nfs_opnum4_MAP[(72,)[0]], dec_GETXATTR4res), 73: (_nfs_opnum4_MAP[(73,)[0]], dec_SETXATTR4res), 74: (_nfs_opnum4_MAP[(74,)[0]], dec_LISTXATTRS4res), 75: (_nfs_opnum4_MAP[(75,)[0]], dec_REMOVEXATTR4res), 10044: (_nfs_opnum4_MAP[(10044,)[0]], dec_ILLEGAL4res)}
+_nfs_resop4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {3: enc_ACCESS4res, 4: enc_CLOSE4res, 5: enc_COMMIT4res, 6: enc_CREATE4res, 7: enc_DELEGPURGE4res, 8: enc_DELEGRETURN4res, 9: enc_GETATTR4res, 10: enc_GETFH4res, 11: enc_LINK4res, 12: enc_LOCK4res, 13: enc_LOCKT4res, 14: enc_LOCKU4res, 15: enc_LOOKUP4res, 16: enc_LOOKUPP4res, 17: enc_NVERIFY4res, 18: enc_OPEN4res, 19: enc_OPENATTR4res, 20: enc_OPEN_CONFIRM4res, 21: enc_OPEN_DOWNGRADE4res, 22: enc_PUTFH4res, 23: enc_PUTPUBFH4res, 24: enc_PUTROOTFH4res, 25: enc_READ4res, 26: enc_READDIR4res, 27: enc_READLINK4res, 28: enc_REMOVE4res, 29: enc_RENAME4res, 30: enc_RENEW4res, 31: enc_RESTOREFH4res, 32: enc_SAVEFH4res, 33: enc_SECINFO4res, 34: enc_SETATTR4res, 35: enc_SETCLIENTID4res, 36: enc_SETCLIENTID_CONFIRM4res, 37: enc_VERIFY4res, 38: enc_WRITE4res, 39: enc_RELEASE_LOCKOWNER4res, 40: enc_BACKCHANNEL_CTL4res, 41: enc_BIND_CONN_TO_SESSION4res, 42: enc_EXCHANGE_ID4res, 43: enc_CREATE_SESSION4res, 44: enc_DESTROY_SESSION4res, 45: enc_FREE_STATEID4res, 46: enc_GET_DIR_DELEGATION4res, 47: enc_GETDEVICEINFO4res, 48: enc_GETDEVICELIST4res, 49: enc_LAYOUTCOMMIT4res, 50: enc_LAYOUTGET4res, 51: enc_LAYOUTRETURN4res, 52: enc_SECINFO4res, 53: enc_SEQUENCE4res, 54: enc_SET_SSV4res, 55: enc_TEST_STATEID4res, 56: enc_WANT_DELEGATION4res, 57: enc_DESTROY_CLIENTID4res, 58: enc_RECLAIM_COMPLETE4res, 59: enc_ALLOCATE4res, 60: enc_COPY4res, 61: enc_COPY_NOTIFY4res, 62: enc_DEALLOCATE4res, 63: enc_IO_ADVISE4res, 64: enc_LAYOUTERROR4res, 65: enc_LAYOUTSTATS4res, 66: enc_OFFLOAD_CANCEL4res, 67: enc_OFFLOAD_STATUS4res, 68: enc_READ_PLUS4res, 69: enc_SEEK4res, 70: enc_WRITE_SAME4res, 71: enc_CLONE4res, 72: enc_GETXATTR4res, 73: enc_SETXATTR4res, 74: enc_LISTXATTRS4res, 75: enc_REMOVEXATTR4res, 10044: enc_ILLEGAL4res}
+_nfs_resop4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {3: dec_ACCESS4res, 4: dec_CLOSE4res, 5: dec_COMMIT4res, 6: dec_CREATE4res, 7: dec_DELEGPURGE4res, 8: dec_DELEGRETURN4res, 9: dec_GETATTR4res, 10: dec_GETFH4res, 11: dec_LINK4res, 12: dec_LOCK4res, 13: dec_LOCKT4res, 14: dec_LOCKU4res, 15: dec_LOOKUP4res, 16: dec_LOOKUPP4res, 17: dec_NVERIFY4res, 18: dec_OPEN4res, 19: dec_OPENATTR4res, 20: dec_OPEN_CONFIRM4res, 21: dec_OPEN_DOWNGRADE4res, 22: dec_PUTFH4res, 23: dec_PUTPUBFH4res, 24: dec_PUTROOTFH4res, 25: dec_READ4res, 26: dec_READDIR4res, 27: dec_READLINK4res, 28: dec_REMOVE4res, 29: dec_RENAME4res, 30: dec_RENEW4res, 31: dec_RESTOREFH4res, 32: dec_SAVEFH4res, 33: dec_SECINFO4res, 34: dec_SETATTR4res, 35: dec_SETCLIENTID4res, 36: dec_SETCLIENTID_CONFIRM4res, 37: dec_VERIFY4res, 38: dec_WRITE4res, 39: dec_RELEASE_LOCKOWNER4res, 40: dec_BACKCHANNEL_CTL4res, 41: dec_BIND_CONN_TO_SESSION4res, 42: dec_EXCHANGE_ID4res, 43: dec_CREATE_SESSION4res, 44: dec_DESTROY_SESSION4res, 45: dec_FREE_STATEID4res, 46: dec_GET_DIR_DELEGATION4res, 47: dec_GETDEVICEINFO4res, 48: dec_GETDEVICELIST4res, 49: dec_LAYOUTCOMMIT4res, 50: dec_LAYOUTGET4res, 51: dec_LAYOUTRETURN4res, 52: dec_SECINFO4res, 53: dec_SEQUENCE4res, 54: dec_SET_SSV4res, 55: dec_TEST_STATEID4res, 56: dec_WANT_DELEGATION4res, 57: dec_DESTROY_CLIENTID4res, 58: dec_RECLAIM_COMPLETE4res, 59: dec_ALLOCATE4res, 60: dec_COPY4res, 61: dec_COPY_NOTIFY4res, 62: dec_DEALLOCATE4res, 63: dec_IO_ADVISE4res, 64: dec_LAYOUTERROR4res, 65: dec_LAYOUTSTATS4res, 66: dec_OFFLOAD_CANCEL4res, 67: dec_OFFLOAD_STATUS4res, 68: dec_READ_PLUS4res, 69: dec_SEEK4res, 70: dec_WRITE_SAME4res, 71: dec_CLONE4res, 72: dec_GETXATTR4res, 73: dec_SETXATTR4res, 74: dec_LISTXATTRS4res, 75: dec_REMOVEXATTR4res, 10044: dec_ILLEGAL4res}
+_nfs_resop4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {3: (_nfs_opnum4_MAP[(3,)[0]], dec_ACCESS4res), 4: (_nfs_opnum4_MAP[(4,)[0]], dec_CLOSE4res), 5: (_nfs_opnum4_MAP[(5,)[0]], dec_COMMIT4res), 6: (_nfs_opnum4_MAP[(6,)[0]], dec_CREATE4res), 7: (_nfs_opnum4_MAP[(7,)[0]], dec_DELEGPURGE4res), 8: (_nfs_opnum4_MAP[(8,)[0]], dec_DELEGRETURN4res), 9: (_nfs_opnum4_MAP[(9,)[0]], dec_GETATTR4res), 10: (_nfs_opnum4_MAP[(10,)[0]], dec_GETFH4res), 11: (_nfs_opnum4_MAP[(11,)[0]], dec_LINK4res), 12: (_nfs_opnum4_MAP[(12,)[0]], dec_LOCK4res), 13: (_nfs_opnum4_MAP[(13,)[0]], dec_LOCKT4res), 14: (_nfs_opnum4_MAP[(14,)[0]], dec_LOCKU4res), 15: (_nfs_opnum4_MAP[(15,)[0]], dec_LOOKUP4res), 16: (_nfs_opnum4_MAP[(16,)[0]], dec_LOOKUPP4res), 17: (_nfs_opnum4_MAP[(17,)[0]], dec_NVERIFY4res), 18: (_nfs_opnum4_MAP[(18,)[0]], dec_OPEN4res), 19: (_nfs_opnum4_MAP[(19,)[0]], dec_OPENATTR4res), 20: (_nfs_opnum4_MAP[(20,)[0]], dec_OPEN_CONFIRM4res), 21: (_nfs_opnum4_MAP[(21,)[0]], dec_OPEN_DOWNGRADE4res), 22: (_nfs_opnum4_MAP[(22,)[0]], dec_PUTFH4res), 23: (_nfs_opnum4_MAP[(23,)[0]], dec_PUTPUBFH4res), 24: (_nfs_opnum4_MAP[(24,)[0]], dec_PUTROOTFH4res), 25: (_nfs_opnum4_MAP[(25,)[0]], dec_READ4res), 26: (_nfs_opnum4_MAP[(26,)[0]], dec_READDIR4res), 27: (_nfs_opnum4_MAP[(27,)[0]], dec_READLINK4res), 28: (_nfs_opnum4_MAP[(28,)[0]], dec_REMOVE4res), 29: (_nfs_opnum4_MAP[(29,)[0]], dec_RENAME4res), 30: (_nfs_opnum4_MAP[(30,)[0]], dec_RENEW4res), 31: (_nfs_opnum4_MAP[(31,)[0]], dec_RESTOREFH4res), 32: (_nfs_opnum4_MAP[(32,)[0]], dec_SAVEFH4res), 33: (_nfs_opnum4_MAP[(33,)[0]], dec_SECINFO4res), 34: (_nfs_opnum4_MAP[(34,)[0]], dec_SETATTR4res), 35: (_nfs_opnum4_MAP[(35,)[0]], dec_SETCLIENTID4res), 36: (_nfs_opnum4_MAP[(36,)[0]], dec_SETCLIENTID_CONFIRM4res), 37: (_nfs_opnum4_MAP[(37,)[0]], dec_VERIFY4res), 38: (_nfs_opnum4_MAP[(38,)[0]], dec_WRITE4res), 39: (_nfs_opnum4_MAP[(39,)[0]], dec_RELEASE_LOCKOWNER4res), 40: (_nfs_opnum4_MAP[(40,)[0]], dec_BACKCHANNEL_CTL4res), 41: (_nfs_opnum4_MAP[(41,)[0]], dec_BIND_CONN_TO_SESSION4res), 42: (_nfs_opnum4_MAP[(42,)[0]], dec_EXCHANGE_ID4res), 43: (_nfs_opnum4_MAP[(43,)[0]], dec_CREATE_SESSION4res), 44: (_nfs_opnum4_MAP[(44,)[0]], dec_DESTROY_SESSION4res), 45: (_nfs_opnum4_MAP[(45,)[0]], dec_FREE_STATEID4res), 46: (_nfs_opnum4_MAP[(46,)[0]], dec_GET_DIR_DELEGATION4res), 47: (_nfs_opnum4_MAP[(47,)[0]], dec_GETDEVICEINFO4res), 48: (_nfs_opnum4_MAP[(48,)[0]], dec_GETDEVICELIST4res), 49: (_nfs_opnum4_MAP[(49,)[0]], dec_LAYOUTCOMMIT4res), 50: (_nfs_opnum4_MAP[(50,)[0]], dec_LAYOUTGET4res), 51: (_nfs_opnum4_MAP[(51,)[0]], dec_LAYOUTRETURN4res), 52: (_nfs_opnum4_MAP[(52,)[0]], dec_SECINFO4res), 53: (_nfs_opnum4_MAP[(53,)[0]], dec_SEQUENCE4res), 54: (_nfs_opnum4_MAP[(54,)[0]], dec_SET_SSV4res), 55: (_nfs_opnum4_MAP[(55,)[0]], dec_TEST_STATEID4res), 56: (_nfs_opnum4_MAP[(56,)[0]], dec_WANT_DELEGATION4res), 57: (_nfs_opnum4_MAP[(57,)[0]], dec_DESTROY_CLIENTID4res), 58: (_nfs_opnum4_MAP[(58,)[0]], dec_RECLAIM_COMPLETE4res), 59: (_nfs_opnum4_MAP[(59,)[0]], dec_ALLOCATE4res), 60: (_nfs_opnum4_MAP[(60,)[0]], dec_COPY4res), 61: (_nfs_opnum4_MAP[(61,)[0]], dec_COPY_NOTIFY4res), 62: (_nfs_opnum4_MAP[(62,)[0]], dec_DEALLOCATE4res), 63: (_nfs_opnum4_MAP[(63,)[0]], dec_IO_ADVISE4res), 64: (_nfs_opnum4_MAP[(64,)[0]], dec_LAYOUTERROR4res), 65: (_nfs_opnum4_MAP[(65,)[0]], dec_LAYOUTSTATS4res), 66: (_nfs_opnum4_MAP[(66,)[0]], dec_OFFLOAD_CANCEL4res), 67: (_nfs_opnum4_MAP[(67,)[0]], dec_OFFLOAD_STATUS4res), 68: (_nfs_opnum4_MAP[(68,)[0]], dec_READ_PLUS4res), 69: (_nfs_opnum4_MAP[(69,)[0]], dec_SEEK4res), 70: (_nfs_opnum4_MAP[(70,)[0]], dec_WRITE_SAME4res), 71: (_nfs_opnum4_MAP[(71,)[0]], dec_CLONE4res), 72: (_nfs_opnum4_MAP[(72,)[0]], dec_GETXATTR4res), 73: (_nfs_opnum4_MAP[(73,)[0]], dec_SETXATTR4res), 74: (_nfs_opnum4_MAP[(74,)[0]], dec_LISTXATTRS4res), 75: (_nfs_opnum4_MAP[(75,)[0]], dec_REMOVEXATTR4res), 10044: (_nfs_opnum4_MAP[(10044,)[0]], dec_ILLEGAL4res)}
 
 
 def enc_nfs_resop4(w: _Writer, v: nfs_resop4) -> None:
@@ -2018,6 +2036,7 @@ def dec_nfs_resop4(r: _Reader, off: int) -> tuple[nfs_resop4, int]:
     o0 = off
     try:
         _v424: _Any
+        _f424: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d424,) = _S2.unpack_from(buf, off)
         _a424 = _nfs_resop4_ARMS.get(_d424)
         if _a424 is None:
@@ -2076,8 +2095,10 @@ def dec_COMPOUND4args(r: _Reader, off: int) -> tuple[COMPOUND4args, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_argarray = []
-        for _ in range(_n):
+        _c426 = _n
+        for _ in range(_c426):
             _v427: _Any
+            _f427: _Callable[[_Reader, int], tuple[_Any, int]]
             (_d427,) = _S2.unpack_from(buf, off)
             _a427 = _nfs_argop4_ARMS.get(_d427)
             if _a427 is None:
@@ -2137,8 +2158,10 @@ def dec_COMPOUND4res(r: _Reader, off: int) -> tuple[COMPOUND4res, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_resarray = []
-        for _ in range(_n):
+        _c429 = _n
+        for _ in range(_c429):
             _v430: _Any
+            _f430: _Callable[[_Reader, int], tuple[_Any, int]]
             (_d430,) = _S2.unpack_from(buf, off)
             _a430 = _nfs_resop4_ARMS.get(_d430)
             if _a430 is None:
@@ -2197,7 +2220,8 @@ def dec_CB_GETATTR4args(r: _Reader, off: int) -> tuple[CB_GETATTR4args, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_attr_request = []
-        for _ in range(_n):
+        _c432 = _n
+        for _ in range(_c432):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x432 = _t[0]
@@ -2238,7 +2262,8 @@ def dec_CB_GETATTR4resok(r: _Reader, off: int) -> tuple[CB_GETATTR4resok, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i435_attrmask = []
-        for _ in range(_n):
+        _c436 = _n
+        for _ in range(_c436):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x436 = _t[0]
@@ -2264,9 +2289,9 @@ class CB_GETATTR4res:
     value: CB_GETATTR4resok | None = None
 
 
-_CB_GETATTR4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_CB_GETATTR4resok}
-_CB_GETATTR4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_CB_GETATTR4resok}
-_CB_GETATTR4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_CB_GETATTR4resok)}
+_CB_GETATTR4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_CB_GETATTR4resok}
+_CB_GETATTR4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_CB_GETATTR4resok}
+_CB_GETATTR4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_CB_GETATTR4resok)}
 
 
 def enc_CB_GETATTR4res(w: _Writer, v: CB_GETATTR4res) -> None:
@@ -2285,6 +2310,7 @@ def dec_CB_GETATTR4res(r: _Reader, off: int) -> tuple[CB_GETATTR4res, int]:
     o0 = off
     try:
         _v437: _Any
+        _f437: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d437,) = _S2.unpack_from(buf, off)
         _a437 = _CB_GETATTR4res_ARMS.get(_d437)
         if _a437 is None:
@@ -2399,7 +2425,7 @@ class layoutrecall_type4(_IntEnum):
     LAYOUTRECALL4_ALL = 3
 
 
-_layoutrecall_type4_MAP: dict[int, layoutrecall_type4] = {m.value: m for m in layoutrecall_type4}
+_layoutrecall_type4_MAP: _Final[dict[int, layoutrecall_type4]] = {m.value: m for m in layoutrecall_type4}
 LAYOUTRECALL4_FILE = layoutrecall_type4.LAYOUTRECALL4_FILE
 LAYOUTRECALL4_FSID = layoutrecall_type4.LAYOUTRECALL4_FSID
 LAYOUTRECALL4_ALL = layoutrecall_type4.LAYOUTRECALL4_ALL
@@ -2473,9 +2499,9 @@ class layoutrecall4:
     value: layoutrecall_file4 | fsid4 | None = None
 
 
-_layoutrecall4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_layoutrecall_file4, 2: enc_fsid4, 3: _void_encode}
-_layoutrecall4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_layoutrecall_file4, 2: dec_fsid4, 3: _void_decode}
-_layoutrecall4_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_layoutrecall_type4_MAP[(1,)[0]], dec_layoutrecall_file4), 2: (_layoutrecall_type4_MAP[(2,)[0]], dec_fsid4), 3: (_layoutrecall_type4_MAP[(3,)[0]], _void_decode)}
+_layoutrecall4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_layoutrecall_file4, 2: enc_fsid4, 3: _void_encode}
+_layoutrecall4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_layoutrecall_file4, 2: dec_fsid4, 3: _void_decode}
+_layoutrecall4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_layoutrecall_type4_MAP[(1,)[0]], dec_layoutrecall_file4), 2: (_layoutrecall_type4_MAP[(2,)[0]], dec_fsid4), 3: (_layoutrecall_type4_MAP[(3,)[0]], _void_decode)}
 
 
 def enc_layoutrecall4(w: _Writer, v: layoutrecall4) -> None:
@@ -2496,6 +2522,7 @@ def dec_layoutrecall4(r: _Reader, off: int) -> tuple[layoutrecall4, int]:
     o0 = off
     try:
         _v438: _Any
+        _f438: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d438,) = _S2.unpack_from(buf, off)
         _a438 = _layoutrecall4_ARMS.get(_d438)
         if _a438 is None:
@@ -2535,6 +2562,7 @@ def dec_CB_LAYOUTRECALL4args(r: _Reader, off: int) -> tuple[CB_LAYOUTRECALL4args
         f_clora_iomode = _layoutiomode4_MAP[_t[1]]
         f_clora_changed = _BOOL[_t[2]]
         _v439: _Any
+        _f439: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d439,) = _S2.unpack_from(buf, off)
         _a439 = _layoutrecall4_ARMS.get(_d439)
         if _a439 is None:
@@ -2581,7 +2609,7 @@ class notify_type4(_IntEnum):
     NOTIFY4_CHANGE_COOKIE_VERIFIER = 5
 
 
-_notify_type4_MAP: dict[int, notify_type4] = {m.value: m for m in notify_type4}
+_notify_type4_MAP: _Final[dict[int, notify_type4]] = {m.value: m for m in notify_type4}
 NOTIFY4_CHANGE_CHILD_ATTRS = notify_type4.NOTIFY4_CHANGE_CHILD_ATTRS
 NOTIFY4_CHANGE_DIR_ATTRS = notify_type4.NOTIFY4_CHANGE_DIR_ATTRS
 NOTIFY4_REMOVE_ENTRY = notify_type4.NOTIFY4_REMOVE_ENTRY
@@ -2650,7 +2678,8 @@ def dec_notify_entry4(r: _Reader, off: int) -> tuple[notify_entry4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i442_attrmask = []
-        for _ in range(_n):
+        _c443 = _n
+        for _ in range(_c443):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x443 = _t[0]
@@ -2718,7 +2747,8 @@ def dec_prev_entry4(r: _Reader, off: int) -> tuple[prev_entry4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i448_attrmask = []
-        for _ in range(_n):
+        _c449 = _n
+        for _ in range(_c449):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x449 = _t[0]
@@ -2790,7 +2820,8 @@ def dec_notify_remove4(r: _Reader, off: int) -> tuple[notify_remove4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i454_attrmask = []
-        for _ in range(_n):
+        _c455 = _n
+        for _ in range(_c455):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x455 = _t[0]

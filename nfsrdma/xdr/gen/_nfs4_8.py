@@ -12,7 +12,7 @@ from dataclasses import dataclass as _dataclass
 from enum import IntEnum as _IntEnum
 from functools import lru_cache as _lru_cache
 from operator import attrgetter as _attrgetter
-from typing import Any as _Any, TypeAlias as _TypeAlias
+from typing import Any as _Any, Final as _Final, TypeAlias as _TypeAlias
 
 from nfsrdma.xdr.runtime import (
     BOOL as _BOOL,
@@ -206,7 +206,6 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     ILLEGAL4res,
     RELEASE_LOCKOWNER4args,
     RELEASE_LOCKOWNER4res,
-    RENAME4res,
     RENEW4args,
     RENEW4res,
     RESTOREFH4res,
@@ -239,7 +238,6 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     dec_ILLEGAL4res,
     dec_RELEASE_LOCKOWNER4args,
     dec_RELEASE_LOCKOWNER4res,
-    dec_RENAME4res,
     dec_RENEW4args,
     dec_RENEW4res,
     dec_RESTOREFH4res,
@@ -272,7 +270,6 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     enc_ILLEGAL4res,
     enc_RELEASE_LOCKOWNER4args,
     enc_RELEASE_LOCKOWNER4res,
-    enc_RENAME4res,
     enc_RENEW4args,
     enc_RENEW4res,
     enc_RESTOREFH4res,
@@ -504,6 +501,7 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     REMOVE4args,
     REMOVE4res,
     RENAME4args,
+    RENAME4res,
     _open_delegation4_ARMS,
     dec_LOCK4args,
     dec_LOCK4res,
@@ -536,6 +534,7 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     dec_REMOVE4args,
     dec_REMOVE4res,
     dec_RENAME4args,
+    dec_RENAME4res,
     enc_LOCK4args,
     enc_LOCK4res,
     enc_LOCKT4args,
@@ -567,6 +566,7 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     enc_REMOVE4args,
     enc_REMOVE4res,
     enc_RENAME4args,
+    enc_RENAME4res,
     enc_open_delegation4,
     open_delegation4,
 )
@@ -580,16 +580,16 @@ from nfsrdma.xdr.gen._nfs4_1 import (
     stateid4,
 )
 
-_S0 = _struct.Struct('>I')
-_S1 = _struct.Struct('>II')
-_S2 = _struct.Struct('>i')
-_S4 = _struct.Struct('>Q')
-_S5 = _struct.Struct('>16s')
-_S10 = _struct.Struct('>I12s')
-_S43 = _struct.Struct('>16sIIII')
-_S55 = _struct.Struct('>8s8s')
-_S56 = _struct.Struct('>i16s')
-_S57 = _struct.Struct('>i16sI')
+_S0: _Final = _struct.Struct('>I')
+_S1: _Final = _struct.Struct('>II')
+_S2: _Final = _struct.Struct('>i')
+_S4: _Final = _struct.Struct('>Q')
+_S5: _Final = _struct.Struct('>16s')
+_S10: _Final = _struct.Struct('>I12s')
+_S43: _Final = _struct.Struct('>16sIIII')
+_S55: _Final = _struct.Struct('>8s8s')
+_S56: _Final = _struct.Struct('>i16s')
+_S57: _Final = _struct.Struct('>i16sI')
 
 
 @_dataclass(slots=True)
@@ -673,7 +673,8 @@ def dec_notify_add4(r: _Reader, off: int) -> tuple[notify_add4, int]:
         if _n * 20 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_nad_old_entry = []
-        for _ in range(_n):
+        _c466 = _n
+        for _ in range(_c466):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -704,7 +705,8 @@ def dec_notify_add4(r: _Reader, off: int) -> tuple[notify_add4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i470_attrmask = []
-        for _ in range(_n):
+        _c471 = _n
+        for _ in range(_c471):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x471 = _t[0]
@@ -727,7 +729,8 @@ def dec_notify_add4(r: _Reader, off: int) -> tuple[notify_add4, int]:
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_nad_new_entry_cookie = []
-        for _ in range(_n):
+        _c472 = _n
+        for _ in range(_c472):
             _t = _S4.unpack_from(buf, off)
             off += 8
             _x472 = _t[0]
@@ -739,7 +742,8 @@ def dec_notify_add4(r: _Reader, off: int) -> tuple[notify_add4, int]:
         if _n * 20 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_nad_prev_entry = []
-        for _ in range(_n):
+        _c473 = _n
+        for _ in range(_c473):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -810,7 +814,8 @@ def dec_notify_attr4(r: _Reader, off: int) -> tuple[notify_attr4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i480_attrmask = []
-        for _ in range(_n):
+        _c481 = _n
+        for _ in range(_c481):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x481 = _t[0]
@@ -924,7 +929,8 @@ def dec_notify_rename4(r: _Reader, off: int) -> tuple[notify_rename4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i497_attrmask = []
-        for _ in range(_n):
+        _c498 = _n
+        for _ in range(_c498):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x498 = _t[0]
@@ -951,7 +957,8 @@ def dec_notify_rename4(r: _Reader, off: int) -> tuple[notify_rename4, int]:
         if _n * 20 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i499_nad_old_entry = []
-        for _ in range(_n):
+        _c500 = _n
+        for _ in range(_c500):
             _i501_nrm_old_entry, off = dec_notify_entry4(r, off)
             _t = _S4.unpack_from(buf, off)
             off += 8
@@ -972,7 +979,8 @@ def dec_notify_rename4(r: _Reader, off: int) -> tuple[notify_rename4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i503_attrmask = []
-        for _ in range(_n):
+        _c504 = _n
+        for _ in range(_c504):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x504 = _t[0]
@@ -995,7 +1003,8 @@ def dec_notify_rename4(r: _Reader, off: int) -> tuple[notify_rename4, int]:
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i499_nad_new_entry_cookie = []
-        for _ in range(_n):
+        _c505 = _n
+        for _ in range(_c505):
             _t = _S4.unpack_from(buf, off)
             off += 8
             _x505 = _t[0]
@@ -1007,7 +1016,8 @@ def dec_notify_rename4(r: _Reader, off: int) -> tuple[notify_rename4, int]:
         if _n * 20 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i499_nad_prev_entry = []
-        for _ in range(_n):
+        _c506 = _n
+        for _ in range(_c506):
             _i507_pe_prev_entry, off = dec_notify_entry4(r, off)
             _t = _S4.unpack_from(buf, off)
             off += 8
@@ -1114,7 +1124,8 @@ def dec_notify4(r: _Reader, off: int) -> tuple[notify4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_notify_mask = []
-        for _ in range(_n):
+        _c509 = _n
+        for _ in range(_c509):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x509 = _t[0]
@@ -1193,13 +1204,15 @@ def dec_CB_NOTIFY4args(r: _Reader, off: int) -> tuple[CB_NOTIFY4args, int]:
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_cna_changes = []
-        for _ in range(_n):
+        _c513 = _n
+        for _ in range(_c513):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _i514_notify_mask = []
-            for _ in range(_n):
+            _c515 = _n
+            for _ in range(_c515):
                 _t = _S0.unpack_from(buf, off)
                 off += 4
                 _x515 = _t[0]
@@ -1280,6 +1293,7 @@ def dec_CB_PUSH_DELEG4args(r: _Reader, off: int) -> tuple[CB_PUSH_DELEG4args, in
         f_cpda_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         _v516: _Any
+        _f516: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d516,) = _S2.unpack_from(buf, off)
         _a516 = _open_delegation4_ARMS.get(_d516)
         if _a516 is None:
@@ -1347,7 +1361,8 @@ def dec_CB_RECALL_ANY4args(r: _Reader, off: int) -> tuple[CB_RECALL_ANY4args, in
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_craa_type_mask = []
-        for _ in range(_n):
+        _c518 = _n
+        for _ in range(_c518):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x518 = _t[0]
@@ -1409,7 +1424,8 @@ def dec_CB_RECALLABLE_OBJ_AVAIL4args(r: _Reader, off: int) -> tuple[CB_RECALLABL
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i521_craa_type_mask = []
-        for _ in range(_n):
+        _c522 = _n
+        for _ in range(_c522):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x522 = _t[0]
@@ -1549,7 +1565,8 @@ def dec_referring_call_list4(r: _Reader, off: int) -> tuple[referring_call_list4
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_rcl_referring_calls = []
-        for _ in range(_n):
+        _c524 = _n
+        for _ in range(_c524):
             _t = _S1.unpack_from(buf, off)
             off += 8
             _x524 = referring_call4(_t[0], _t[1])
@@ -1605,7 +1622,8 @@ def dec_CB_SEQUENCE4args(r: _Reader, off: int) -> tuple[CB_SEQUENCE4args, int]:
         if _n * 20 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_csa_referring_call_lists = []
-        for _ in range(_n):
+        _c528 = _n
+        for _ in range(_c528):
             _t = _S5.unpack_from(buf, off)
             off += 16
             _i529_rcl_sessionid = _t[0]
@@ -1614,7 +1632,8 @@ def dec_CB_SEQUENCE4args(r: _Reader, off: int) -> tuple[CB_SEQUENCE4args, int]:
             if _n * 8 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _i529_rcl_referring_calls = []
-            for _ in range(_n):
+            _c530 = _n
+            for _ in range(_c530):
                 _t = _S1.unpack_from(buf, off)
                 off += 8
                 _x530 = referring_call4(_t[0], _t[1])
@@ -1665,9 +1684,9 @@ class CB_SEQUENCE4res:
     value: CB_SEQUENCE4resok | None = None
 
 
-_CB_SEQUENCE4res_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_CB_SEQUENCE4resok}
-_CB_SEQUENCE4res_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_CB_SEQUENCE4resok}
-_CB_SEQUENCE4res_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_CB_SEQUENCE4resok)}
+_CB_SEQUENCE4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_CB_SEQUENCE4resok}
+_CB_SEQUENCE4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_CB_SEQUENCE4resok}
+_CB_SEQUENCE4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_CB_SEQUENCE4resok)}
 
 
 def enc_CB_SEQUENCE4res(w: _Writer, v: CB_SEQUENCE4res) -> None:
@@ -1686,6 +1705,7 @@ def dec_CB_SEQUENCE4res(r: _Reader, off: int) -> tuple[CB_SEQUENCE4res, int]:
     o0 = off
     try:
         _v531: _Any
+        _f531: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d531,) = _S2.unpack_from(buf, off)
         _a531 = _CB_SEQUENCE4res_ARMS.get(_d531)
         if _a531 is None:
@@ -1842,7 +1862,7 @@ class notify_deviceid_type4(_IntEnum):
     NOTIFY_DEVICEID4_DELETE = 2
 
 
-_notify_deviceid_type4_MAP: dict[int, notify_deviceid_type4] = {m.value: m for m in notify_deviceid_type4}
+_notify_deviceid_type4_MAP: _Final[dict[int, notify_deviceid_type4]] = {m.value: m for m in notify_deviceid_type4}
 NOTIFY_DEVICEID4_CHANGE = notify_deviceid_type4.NOTIFY_DEVICEID4_CHANGE
 NOTIFY_DEVICEID4_DELETE = notify_deviceid_type4.NOTIFY_DEVICEID4_DELETE
 
@@ -1952,13 +1972,15 @@ def dec_CB_NOTIFY_DEVICEID4args(r: _Reader, off: int) -> tuple[CB_NOTIFY_DEVICEI
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_cnda_changes = []
-        for _ in range(_n):
+        _c537 = _n
+        for _ in range(_c537):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _i538_notify_mask = []
-            for _ in range(_n):
+            _c539 = _n
+            for _ in range(_c539):
                 _t = _S0.unpack_from(buf, off)
                 off += 4
                 _x539 = _t[0]
@@ -2009,9 +2031,9 @@ class offload_info4:
     value: write_response4 | int | None = None
 
 
-_offload_info4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_write_response4}
-_offload_info4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_write_response4}
-_offload_info4_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_write_response4)}
+_offload_info4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_write_response4}
+_offload_info4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_write_response4}
+_offload_info4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_write_response4)}
 
 
 def enc_offload_info4(w: _Writer, v: offload_info4) -> None:
@@ -2030,6 +2052,7 @@ def dec_offload_info4(r: _Reader, off: int) -> tuple[offload_info4, int]:
     o0 = off
     try:
         _v540: _Any
+        _f540: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d540,) = _S2.unpack_from(buf, off)
         _a540 = _offload_info4_ARMS.get(_d540)
         if _a540 is None:
@@ -2086,6 +2109,7 @@ def dec_CB_OFFLOAD4args(r: _Reader, off: int) -> tuple[CB_OFFLOAD4args, int]:
         off += 16
         f_coa_stateid = stateid4(_t[0], _t[1])
         _v541: _Any
+        _f541: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d541,) = _S2.unpack_from(buf, off)
         _a541 = _offload_info4_ARMS.get(_d541)
         if _a541 is None:
@@ -2141,7 +2165,7 @@ class nfs_cb_opnum4(_IntEnum):
     OP_CB_ILLEGAL = 10044
 
 
-_nfs_cb_opnum4_MAP: dict[int, nfs_cb_opnum4] = {m.value: m for m in nfs_cb_opnum4}
+_nfs_cb_opnum4_MAP: _Final[dict[int, nfs_cb_opnum4]] = {m.value: m for m in nfs_cb_opnum4}
 OP_CB_GETATTR = nfs_cb_opnum4.OP_CB_GETATTR
 OP_CB_RECALL = nfs_cb_opnum4.OP_CB_RECALL
 OP_CB_LAYOUTRECALL = nfs_cb_opnum4.OP_CB_LAYOUTRECALL
@@ -2178,9 +2202,9 @@ class nfs_cb_argop4:
     value: CB_GETATTR4args | CB_RECALL4args | CB_LAYOUTRECALL4args | CB_NOTIFY4args | CB_PUSH_DELEG4args | CB_RECALL_ANY4args | CB_RECALL_SLOT4args | CB_SEQUENCE4args | CB_WANTS_CANCELLED4args | CB_NOTIFY_LOCK4args | CB_NOTIFY_DEVICEID4args | CB_OFFLOAD4args | None = None
 
 
-_nfs_cb_argop4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {3: enc_CB_GETATTR4args, 4: enc_CB_RECALL4args, 5: enc_CB_LAYOUTRECALL4args, 6: enc_CB_NOTIFY4args, 7: enc_CB_PUSH_DELEG4args, 8: enc_CB_RECALL_ANY4args, 9: enc_CB_RECALL_ANY4args, 10: enc_CB_RECALL_SLOT4args, 11: enc_CB_SEQUENCE4args, 12: enc_CB_WANTS_CANCELLED4args, 13: enc_CB_NOTIFY_LOCK4args, 14: enc_CB_NOTIFY_DEVICEID4args, 15: enc_CB_OFFLOAD4args, 10044: _void_encode}
-_nfs_cb_argop4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {3: dec_CB_GETATTR4args, 4: dec_CB_RECALL4args, 5: dec_CB_LAYOUTRECALL4args, 6: dec_CB_NOTIFY4args, 7: dec_CB_PUSH_DELEG4args, 8: dec_CB_RECALL_ANY4args, 9: dec_CB_RECALL_ANY4args, 10: dec_CB_RECALL_SLOT4args, 11: dec_CB_SEQUENCE4args, 12: dec_CB_WANTS_CANCELLED4args, 13: dec_CB_NOTIFY_LOCK4args, 14: dec_CB_NOTIFY_DEVICEID4args, 15: dec_CB_OFFLOAD4args, 10044: _void_decode}
-_nfs_cb_argop4_ARMS: dict[int, tuple[_Any, _Any]] = {3: ((3,)[0], dec_CB_GETATTR4args), 4: ((4,)[0], dec_CB_RECALL4args), 5: ((5,)[0], dec_CB_LAYOUTRECALL4args), 6: ((6,)[0], dec_CB_NOTIFY4args), 7: ((7,)[0], dec_CB_PUSH_DELEG4args), 8: ((8,)[0], dec_CB_RECALL_ANY4args), 9: ((9,)[0], dec_CB_RECALL_ANY4args), 10: ((10,)[0], dec_CB_RECALL_SLOT4args), 11: ((11,)[0], dec_CB_SEQUENCE4args), 12: ((12,)[0], dec_CB_WANTS_CANCELLED4args), 13: ((13,)[0], dec_CB_NOTIFY_LOCK4args), 14: ((14,)[0], dec_CB_NOTIFY_DEVICEID4args), 15: ((15,)[0], dec_CB_OFFLOAD4args), 10044: ((10044,)[0], _void_decode)}
+_nfs_cb_argop4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {3: enc_CB_GETATTR4args, 4: enc_CB_RECALL4args, 5: enc_CB_LAYOUTRECALL4args, 6: enc_CB_NOTIFY4args, 7: enc_CB_PUSH_DELEG4args, 8: enc_CB_RECALL_ANY4args, 9: enc_CB_RECALL_ANY4args, 10: enc_CB_RECALL_SLOT4args, 11: enc_CB_SEQUENCE4args, 12: enc_CB_WANTS_CANCELLED4args, 13: enc_CB_NOTIFY_LOCK4args, 14: enc_CB_NOTIFY_DEVICEID4args, 15: enc_CB_OFFLOAD4args, 10044: _void_encode}
+_nfs_cb_argop4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {3: dec_CB_GETATTR4args, 4: dec_CB_RECALL4args, 5: dec_CB_LAYOUTRECALL4args, 6: dec_CB_NOTIFY4args, 7: dec_CB_PUSH_DELEG4args, 8: dec_CB_RECALL_ANY4args, 9: dec_CB_RECALL_ANY4args, 10: dec_CB_RECALL_SLOT4args, 11: dec_CB_SEQUENCE4args, 12: dec_CB_WANTS_CANCELLED4args, 13: dec_CB_NOTIFY_LOCK4args, 14: dec_CB_NOTIFY_DEVICEID4args, 15: dec_CB_OFFLOAD4args, 10044: _void_decode}
+_nfs_cb_argop4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {3: ((3,)[0], dec_CB_GETATTR4args), 4: ((4,)[0], dec_CB_RECALL4args), 5: ((5,)[0], dec_CB_LAYOUTRECALL4args), 6: ((6,)[0], dec_CB_NOTIFY4args), 7: ((7,)[0], dec_CB_PUSH_DELEG4args), 8: ((8,)[0], dec_CB_RECALL_ANY4args), 9: ((9,)[0], dec_CB_RECALL_ANY4args), 10: ((10,)[0], dec_CB_RECALL_SLOT4args), 11: ((11,)[0], dec_CB_SEQUENCE4args), 12: ((12,)[0], dec_CB_WANTS_CANCELLED4args), 13: ((13,)[0], dec_CB_NOTIFY_LOCK4args), 14: ((14,)[0], dec_CB_NOTIFY_DEVICEID4args), 15: ((15,)[0], dec_CB_OFFLOAD4args), 10044: ((10044,)[0], _void_decode)}
 
 
 def enc_nfs_cb_argop4(w: _Writer, v: nfs_cb_argop4) -> None:
@@ -2200,6 +2224,7 @@ def dec_nfs_cb_argop4(r: _Reader, off: int) -> tuple[nfs_cb_argop4, int]:
     o0 = off
     try:
         _v542: _Any
+        _f542: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d542,) = _S0.unpack_from(buf, off)
         _a542 = _nfs_cb_argop4_ARMS.get(_d542)
         if _a542 is None:
@@ -2219,9 +2244,9 @@ class nfs_cb_resop4:
     value: CB_GETATTR4res | CB_RECALL4res | CB_LAYOUTRECALL4res | CB_NOTIFY4res | CB_PUSH_DELEG4res | CB_RECALL_ANY4res | CB_RECALLABLE_OBJ_AVAIL4res | CB_RECALL_SLOT4res | CB_SEQUENCE4res | CB_WANTS_CANCELLED4res | CB_NOTIFY_LOCK4res | CB_NOTIFY_DEVICEID4res | CB_OFFLOAD4res | CB_ILLEGAL4res | None = None
 
 
-_nfs_cb_resop4_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {3: enc_CB_GETATTR4res, 4: enc_CB_RECALL4res, 5: enc_CB_LAYOUTRECALL4res, 6: enc_CB_NOTIFY4res, 7: enc_CB_PUSH_DELEG4res, 8: enc_CB_RECALL_ANY4res, 9: enc_CB_RECALLABLE_OBJ_AVAIL4res, 10: enc_CB_RECALL_SLOT4res, 11: enc_CB_SEQUENCE4res, 12: enc_CB_WANTS_CANCELLED4res, 13: enc_CB_NOTIFY_LOCK4res, 14: enc_CB_NOTIFY_DEVICEID4res, 15: enc_CB_OFFLOAD4res, 10044: enc_CB_ILLEGAL4res}
-_nfs_cb_resop4_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {3: dec_CB_GETATTR4res, 4: dec_CB_RECALL4res, 5: dec_CB_LAYOUTRECALL4res, 6: dec_CB_NOTIFY4res, 7: dec_CB_PUSH_DELEG4res, 8: dec_CB_RECALL_ANY4res, 9: dec_CB_RECALLABLE_OBJ_AVAIL4res, 10: dec_CB_RECALL_SLOT4res, 11: dec_CB_SEQUENCE4res, 12: dec_CB_WANTS_CANCELLED4res, 13: dec_CB_NOTIFY_LOCK4res, 14: dec_CB_NOTIFY_DEVICEID4res, 15: dec_CB_OFFLOAD4res, 10044: dec_CB_ILLEGAL4res}
-_nfs_cb_resop4_ARMS: dict[int, tuple[_Any, _Any]] = {3: ((3,)[0], dec_CB_GETATTR4res), 4: ((4,)[0], dec_CB_RECALL4res), 5: ((5,)[0], dec_CB_LAYOUTRECALL4res), 6: ((6,)[0], dec_CB_NOTIFY4res), 7: ((7,)[0], dec_CB_PUSH_DELEG4res), 8: ((8,)[0], dec_CB_RECALL_ANY4res), 9: ((9,)[0], dec_CB_RECALLABLE_OBJ_AVAIL4res), 10: ((10,)[0], dec_CB_RECALL_SLOT4res), 11: ((11,)[0], dec_CB_SEQUENCE4res), 12: ((12,)[0], dec_CB_WANTS_CANCELLED4res), 13: ((13,)[0], dec_CB_NOTIFY_LOCK4res), 14: ((14,)[0], dec_CB_NOTIFY_DEVICEID4res), 15: ((15,)[0], dec_CB_OFFLOAD4res), 10044: ((10044,)[0], dec_CB_ILLEGAL4res)}
+_nfs_cb_resop4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {3: enc_CB_GETATTR4res, 4: enc_CB_RECALL4res, 5: enc_CB_LAYOUTRECALL4res, 6: enc_CB_NOTIFY4res, 7: enc_CB_PUSH_DELEG4res, 8: enc_CB_RECALL_ANY4res, 9: enc_CB_RECALLABLE_OBJ_AVAIL4res, 10: enc_CB_RECALL_SLOT4res, 11: enc_CB_SEQUENCE4res, 12: enc_CB_WANTS_CANCELLED4res, 13: enc_CB_NOTIFY_LOCK4res, 14: enc_CB_NOTIFY_DEVICEID4res, 15: enc_CB_OFFLOAD4res, 10044: enc_CB_ILLEGAL4res}
+_nfs_cb_resop4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {3: dec_CB_GETATTR4res, 4: dec_CB_RECALL4res, 5: dec_CB_LAYOUTRECALL4res, 6: dec_CB_NOTIFY4res, 7: dec_CB_PUSH_DELEG4res, 8: dec_CB_RECALL_ANY4res, 9: dec_CB_RECALLABLE_OBJ_AVAIL4res, 10: dec_CB_RECALL_SLOT4res, 11: dec_CB_SEQUENCE4res, 12: dec_CB_WANTS_CANCELLED4res, 13: dec_CB_NOTIFY_LOCK4res, 14: dec_CB_NOTIFY_DEVICEID4res, 15: dec_CB_OFFLOAD4res, 10044: dec_CB_ILLEGAL4res}
+_nfs_cb_resop4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {3: ((3,)[0], dec_CB_GETATTR4res), 4: ((4,)[0], dec_CB_RECALL4res), 5: ((5,)[0], dec_CB_LAYOUTRECALL4res), 6: ((6,)[0], dec_CB_NOTIFY4res), 7: ((7,)[0], dec_CB_PUSH_DELEG4res), 8: ((8,)[0], dec_CB_RECALL_ANY4res), 9: ((9,)[0], dec_CB_RECALLABLE_OBJ_AVAIL4res), 10: ((10,)[0], dec_CB_RECALL_SLOT4res), 11: ((11,)[0], dec_CB_SEQUENCE4res), 12: ((12,)[0], dec_CB_WANTS_CANCELLED4res), 13: ((13,)[0], dec_CB_NOTIFY_LOCK4res), 14: ((14,)[0], dec_CB_NOTIFY_DEVICEID4res), 15: ((15,)[0], dec_CB_OFFLOAD4res), 10044: ((10044,)[0], dec_CB_ILLEGAL4res)}
 
 
 def enc_nfs_cb_resop4(w: _Writer, v: nfs_cb_resop4) -> None:
@@ -2241,6 +2266,7 @@ def dec_nfs_cb_resop4(r: _Reader, off: int) -> tuple[nfs_cb_resop4, int]:
     o0 = off
     try:
         _v543: _Any
+        _f543: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d543,) = _S0.unpack_from(buf, off)
         _a543 = _nfs_cb_resop4_ARMS.get(_d543)
         if _a543 is None:
@@ -2301,8 +2327,10 @@ def dec_CB_COMPOUND4args(r: _Reader, off: int) -> tuple[CB_COMPOUND4args, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_argarray = []
-        for _ in range(_n):
+        _c545 = _n
+        for _ in range(_c545):
             _v546: _Any
+            _f546: _Callable[[_Reader, int], tuple[_Any, int]]
             (_d546,) = _S0.unpack_from(buf, off)
             _a546 = _nfs_cb_argop4_ARMS.get(_d546)
             if _a546 is None:
@@ -2362,8 +2390,10 @@ def dec_CB_COMPOUND4res(r: _Reader, off: int) -> tuple[CB_COMPOUND4res, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_resarray = []
-        for _ in range(_n):
+        _c548 = _n
+        for _ in range(_c548):
             _v549: _Any
+            _f549: _Callable[[_Reader, int], tuple[_Any, int]]
             (_d549,) = _S0.unpack_from(buf, off)
             _a549 = _nfs_cb_resop4_ARMS.get(_d549)
             if _a549 is None:

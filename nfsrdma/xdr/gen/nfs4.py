@@ -629,11 +629,11 @@ from nfsrdma.xdr.gen._nfs4_1 import (
     threshold4_read_iosize as threshold4_read_iosize,
     enc_threshold4_read_iosize as enc_threshold4_read_iosize,
     dec_threshold4_read_iosize as dec_threshold4_read_iosize,
-)
-from nfsrdma.xdr.gen._nfs4_2 import (
     threshold4_write_iosize as threshold4_write_iosize,
     enc_threshold4_write_iosize as enc_threshold4_write_iosize,
     dec_threshold4_write_iosize as dec_threshold4_write_iosize,
+)
+from nfsrdma.xdr.gen._nfs4_2 import (
     threshold_item4 as threshold_item4,
     enc_threshold_item4 as enc_threshold_item4,
     dec_threshold_item4 as dec_threshold_item4,
@@ -1385,14 +1385,14 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     RENAME4resok as RENAME4resok,
     enc_RENAME4resok as enc_RENAME4resok,
     dec_RENAME4resok as dec_RENAME4resok,
-)
-from nfsrdma.xdr.gen._nfs4_5 import (
     RENAME4res as RENAME4res,
     _RENAME4res_ENC as _RENAME4res_ENC,
     _RENAME4res_DEC as _RENAME4res_DEC,
     _RENAME4res_ARMS as _RENAME4res_ARMS,
     enc_RENAME4res as enc_RENAME4res,
     dec_RENAME4res as dec_RENAME4res,
+)
+from nfsrdma.xdr.gen._nfs4_5 import (
     RENEW4args as RENEW4args,
     enc_RENEW4args as enc_RENEW4args,
     dec_RENEW4args as dec_RENEW4args,
