@@ -37,7 +37,8 @@ class BuildExt(build_ext):
 # 4.4 GB peak, mostly mypy's analysis). Compiled, the codecs are no faster as the benchmarks use
 # them (xdr_codec ratio 1.78-1.79 against 1.77 pure, same run) and the server is no faster, its
 # OPEN/CLOSE pair slower (server_cpu, two rounds, us per COMPOUND, pure then compiled: READ
-# 35/44 and 41/36, GETATTR 45/45 and 48/45, OPEN/CLOSE 78/83 and 101/92): the server, interpreted,
+# 35/41 and 44/36, GETATTR 45/48 and 45/45, OPEN/CLOSE 78/101 and 83/92; with the COMPOUND path
+# trimmed, READ 26.5/28.4, GETATTR 31.7/32.8, OPEN/CLOSE 64.5/76.1): the server, interpreted,
 # builds and reads the message objects, and attribute access on native classes from
 # interpreted code costs more than on slotted Python classes. Kept Python classes (a decorator
 # mypyc does not know), the compiled codec is slower (ratio 1.49-1.52). The attribute-mask
