@@ -18,19 +18,37 @@ import sysconfig
 from typing import Any
 
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
 
-# Compiled only where it measures faster (bench/server_cpu.py, bench/xdr_codec.py, both builds in
-# one run). Measured with mypy/mypyc 2.4: nothing does yet. The generated NFSv4 codec
-# (xdr/gen/nfs4.py) is where compiling would pay, and mypyc cannot build it: its module
-# initialiser (some 4,500 top-level statements: the types, their tables) makes mypyc's dataflow
-# analysis run out of memory (over 6 GB, then killed). Compiled alone, the XDR runtime made
-# the (pure) codecs slower (xdr_codec ratio 1.69 against 2.01: native attribute access from
-# Python code costs more), and the RPC and RPC-over-RDMA header codecs were no faster (7.5 us
-# against 7.4 us for a header parse, encode and call decode): their work is already in
-# ``struct``. Candidates, when mypyc can take the generated module whole or it is split:
-# "nfsrdma/xdr/runtime.py", "nfsrdma/xdr/gen/rpc.py", "nfsrdma/xdr/gen/rpcrdma.py",
-# "nfsrdma/xdr/gen/nfs4.py", "nfsrdma/nfs4/compound.py".
-COMPILED: list[str] = []
+
+class BuildExt(build_ext):
+    """build_ext compiling the C files of the extension on every core (one per module)."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if not self.parallel:
+            self.parallel = os.cpu_count() or 1
+
+
+# Compiled only where it measures faster (bench/xdr_codec.py, bench/server_cpu.py, both builds in
+# one run). Measured with mypy/mypyc 2.4.1, CPython 3.11: nothing does yet, so nothing is.
+# The generated NFSv4 codec now compiles (split into modules, xdr/regen.py): CANDIDATES, the XDR
+# runtime and the nine modules of NFSv4 types, build in 210-226 s of CPU (mypyc, then gcc -O3;
+# 4.4 GB peak, mostly mypy's analysis). Compiled, the codecs are no faster as the benchmarks use
+# them (xdr_codec ratio 1.78-1.79 against 1.77 pure, same run) and the server is no faster, its
+# OPEN/CLOSE pair slower (server_cpu, two rounds, us per COMPOUND, pure then compiled: READ
+# 35/41 and 44/36, GETATTR 45/48 and 45/45, OPEN/CLOSE 78/101 and 83/92; with the COMPOUND path
+# trimmed, READ 26.5/28.4, GETATTR 31.7/32.8, OPEN/CLOSE 64.5/76.1): the server, interpreted,
+# builds and reads the message objects, and attribute access on native classes from
+# interpreted code costs more than on slotted Python classes. Kept Python classes (a decorator
+# mypyc does not know), the compiled codec is slower (ratio 1.49-1.52). The attribute-mask
+# section (_nfs4_s0) gives 28 MB of C that gcc had not compiled in 8 minutes: too slow to build.
+# ``NFSRDMA_COMPILE=candidates`` builds CANDIDATES, to measure again (docs/performance.md).
+CANDIDATES: list[str] = [
+    "nfsrdma/xdr/runtime.py",
+    *(f"nfsrdma/xdr/gen/_nfs4_{i}.py" for i in range(9)),
+]
+COMPILED: list[str] = CANDIDATES if os.environ.get("NFSRDMA_COMPILE") == "candidates" else []
 
 
 def _why_not_compiled() -> str:
@@ -58,7 +76,14 @@ def ext_modules() -> list[Any]:
     from mypyc.build import mypycify
 
     print(f"nfsrdma: compiling {len(COMPILED)} modules with mypyc", file=sys.stderr)
-    return list(mypycify(COMPILED, opt_level=os.environ.get("NFSRDMA_OPT", "3")))
+    return list(
+        mypycify(
+            COMPILED,
+            opt_level=os.environ.get("NFSRDMA_OPT", "3"),
+            multi_file=True,  # one C file per module: smaller compiler runs, in parallel
+            group_name="nfsrdma_native",
+        )
+    )
 
 
-setup(ext_modules=ext_modules())
+setup(ext_modules=ext_modules(), cmdclass={"build_ext": BuildExt})

@@ -360,7 +360,10 @@ def body_ops(rng: random.Random, known: list[nfs4.stateid4], fhs: list[bytes]) -
                 op(
                     nfs4.OP_WRITE,
                     nfs4.WRITE4args(
-                        nfs4.stateid4(1, bytes(12)), rng.randrange(1 << 20), rng.randrange(3), data
+                        nfs4.stateid4(1, bytes(12)),
+                        rng.randrange(1 << 20),
+                        nfs4.stable_how4(rng.randrange(3)),
+                        data,
                     ),
                 )
             )
@@ -370,7 +373,7 @@ def body_ops(rng: random.Random, known: list[nfs4.stateid4], fhs: list[bytes]) -
                 op(
                     nfs4.OP_LOCK,
                     nfs4.LOCK4args(
-                        rng.choice([1, 2, 3, 4]),
+                        nfs4.nfs_lock_type4(rng.choice([1, 2, 3, 4])),
                         False,
                         rng.randrange(100),
                         rng.choice([1, 10, 0xFFFFFFFFFFFFFFFF]),
@@ -381,8 +384,13 @@ def body_ops(rng: random.Random, known: list[nfs4.stateid4], fhs: list[bytes]) -
                     ),
                 )
             )
-            ops.append(op(nfs4.OP_LOCKT, nfs4.LOCKT4args(1, 0, 10, owner(rng))))
-            ops.append(op(nfs4.OP_LOCKU, nfs4.LOCKU4args(1, 0, nfs4.stateid4(1, bytes(12)), 0, 10)))
+            ops.append(op(nfs4.OP_LOCKT, nfs4.LOCKT4args(nfs4.READ_LT, 0, 10, owner(rng))))
+            ops.append(
+                op(
+                    nfs4.OP_LOCKU,
+                    nfs4.LOCKU4args(nfs4.READ_LT, 0, nfs4.stateid4(1, bytes(12)), 0, 10),
+                )
+            )
         if rng.random() < 0.8:
             ops.append(op(nfs4.OP_CLOSE, nfs4.CLOSE4args(0, nfs4.stateid4(1, bytes(12)))))
     elif kind == 3:
@@ -446,7 +454,7 @@ def body_ops(rng: random.Random, known: list[nfs4.stateid4], fhs: list[bytes]) -
         ]
     elif kind == 11:
         ops = [
-            op(nfs4.OP_SECINFO_NO_NAME, 0),
+            op(nfs4.OP_SECINFO_NO_NAME, nfs4.SECINFO_STYLE4_CURRENT_FH),
             op(nfs4.OP_LOOKUPP),
             op(nfs4.OP_GETFH),
             op(nfs4.OP_SECINFO, nfs4.SECINFO4args(name)),

@@ -299,7 +299,7 @@ async def _measure(bench: Bench, args: argparse.Namespace) -> int:
     if served.last_status() != OK:
         raise RuntimeError("READ failed during the RSS run")
     print(f"RSS after {args.rss_count} COMPOUNDs: {end} KiB (after warm-up {start} KiB)")
-    build = getattr(nfsrdma, "BUILD", "pure")
+    build = "compiled" if nfsrdma.build().startswith("compiled") else "pure"
     print(
         " ".join(f"{k}={v:.2f}" for k, v in figures.items())
         + f" rss_kib={end} rss_growth_kib={end - start} build={build}"

@@ -30,6 +30,9 @@ class Target:
     operation_tables: tuple[OperationTable, ...] = ()
     peeks: tuple[str, ...] = ()
     sections: tuple[Callable[[Generator], list[str]], ...] = ()
+    # Above 0: written as this many modules of types plus one per section, ``module``
+    # re-exporting them (``Generator.generate_split``: small enough for mypyc, setup.py).
+    parts: int = 0
 
 
 # The DDP-eligible items of NFSv4 (RFC 8267 section 6.1): WRITE data and symlink text in
@@ -57,6 +60,10 @@ NFS4_OPERATIONS = (
 )
 NFS4_PEEKS = ("COMPOUND4args", "COMPOUND4res", "CB_COMPOUND4args", "CB_COMPOUND4res")
 
+# How many modules the NFSv4 types are split into (besides the attribute section's): each
+# small enough for mypyc to compile in bounded memory (docs/performance.md).
+NFS4_PARTS = 8
+
 TARGETS = (
     Target("rpc.x", "rpc", "ONC RPC version 2 messages (RFC 5531)."),
     Target("rpcsec_gss.x", "rpcsec_gss", "The RPCSEC_GSS security flavor, version 1 (RFC 2203)."),
@@ -69,11 +76,13 @@ TARGETS = (
         NFS4_OPERATIONS,
         NFS4_PEEKS,
         (fattrgen.section(nfs4_fattr.TABLE),),
+        parts=NFS4_PARTS,
     ),
 )
 
 
-def render(t: Target) -> str:
+def render(t: Target) -> dict[str, str]:
+    """The generated modules of a target: module name (under gen/) -> text."""
     spec = parse((SPECS / t.spec).read_text(encoding="utf-8"))
     doc = f"{t.doc} Generated from nfsrdma/xdr/specs/{t.spec}."
     options = Options(
@@ -83,7 +92,9 @@ def render(t: Target) -> str:
         peeks=t.peeks,
         sections=t.sections,
     )
-    return generate(spec, options)
+    if t.parts:
+        return Generator(spec, options).generate_split("nfsrdma.xdr.gen", t.module, t.parts)
+    return {t.module: generate(spec, options)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,14 +109,14 @@ def main(argv: list[str] | None = None) -> int:
         if not (SPECS / t.spec).exists():
             print(f"missing specification {SPECS / t.spec}", file=sys.stderr)
             return 1
-        text = render(t)
-        out = GEN / f"{t.module}.py"
-        if args.check:
-            if not out.exists() or out.read_text(encoding="utf-8") != text:
-                stale.append(str(out))
-        else:
-            out.write_text(text, encoding="utf-8")
-            print(f"wrote {out}")
+        for module, text in render(t).items():
+            out = GEN / f"{module}.py"
+            if args.check:
+                if not out.exists() or out.read_text(encoding="utf-8") != text:
+                    stale.append(str(out))
+            else:
+                out.write_text(text, encoding="utf-8")
+                print(f"wrote {out}")
     if stale:
         print("stale generated modules (run python -m nfsrdma.xdr.regen): " + ", ".join(stale))
         return 1

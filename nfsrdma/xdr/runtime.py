@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from enum import IntEnum
 from typing import Any, Generic, TypeVar
 
 from nfsrdma.xdr.writer import PAD, U32, Buffer, DdpItem, Writer, XdrError
@@ -169,7 +170,7 @@ class Operation(Generic[A, R]):
 
     def __init__(
         self,
-        number: int,
+        number: IntEnum,  # the enum member (kept as it is: a compiled int field would not be)
         name: str,  # the enum member's name ("OP_READ")
         has_args: bool,
         dec_args: Callable[[Reader, int], tuple[A, int]],

@@ -12,7 +12,7 @@ from dataclasses import dataclass as _dataclass
 from enum import IntEnum as _IntEnum
 from functools import lru_cache as _lru_cache
 from operator import attrgetter as _attrgetter
-from typing import Any as _Any, TypeAlias as _TypeAlias
+from typing import Any as _Any, Final as _Final, TypeAlias as _TypeAlias
 
 from nfsrdma.xdr.runtime import (
     BOOL as _BOOL,
@@ -32,10 +32,10 @@ from nfsrdma.xdr.runtime import (
 
 
 
-_S0 = _struct.Struct('>I')
-_S1 = _struct.Struct('>II')
-_S2 = _struct.Struct('>IIII')
-_S3 = _struct.Struct('>i')
+_S0: _Final = _struct.Struct('>I')
+_S1: _Final = _struct.Struct('>II')
+_S2: _Final = _struct.Struct('>IIII')
+_S3: _Final = _struct.Struct('>i')
 
 
 class auth_flavor(_IntEnum):
@@ -46,7 +46,7 @@ class auth_flavor(_IntEnum):
     RPCSEC_GSS = 6
 
 
-_auth_flavor_MAP: dict[int, auth_flavor] = {m.value: m for m in auth_flavor}
+_auth_flavor_MAP: _Final[dict[int, auth_flavor]] = {m.value: m for m in auth_flavor}
 AUTH_NONE = auth_flavor.AUTH_NONE
 AUTH_SYS = auth_flavor.AUTH_SYS
 AUTH_SHORT = auth_flavor.AUTH_SHORT
@@ -116,7 +116,7 @@ class msg_type(_IntEnum):
     REPLY = 1
 
 
-_msg_type_MAP: dict[int, msg_type] = {m.value: m for m in msg_type}
+_msg_type_MAP: _Final[dict[int, msg_type]] = {m.value: m for m in msg_type}
 CALL = msg_type.CALL
 REPLY = msg_type.REPLY
 
@@ -140,7 +140,7 @@ class reply_stat(_IntEnum):
     MSG_DENIED = 1
 
 
-_reply_stat_MAP: dict[int, reply_stat] = {m.value: m for m in reply_stat}
+_reply_stat_MAP: _Final[dict[int, reply_stat]] = {m.value: m for m in reply_stat}
 MSG_ACCEPTED = reply_stat.MSG_ACCEPTED
 MSG_DENIED = reply_stat.MSG_DENIED
 
@@ -168,7 +168,7 @@ class accept_stat(_IntEnum):
     SYSTEM_ERR = 5
 
 
-_accept_stat_MAP: dict[int, accept_stat] = {m.value: m for m in accept_stat}
+_accept_stat_MAP: _Final[dict[int, accept_stat]] = {m.value: m for m in accept_stat}
 SUCCESS = accept_stat.SUCCESS
 PROG_UNAVAIL = accept_stat.PROG_UNAVAIL
 PROG_MISMATCH = accept_stat.PROG_MISMATCH
@@ -196,7 +196,7 @@ class reject_stat(_IntEnum):
     AUTH_ERROR = 1
 
 
-_reject_stat_MAP: dict[int, reject_stat] = {m.value: m for m in reject_stat}
+_reject_stat_MAP: _Final[dict[int, reject_stat]] = {m.value: m for m in reject_stat}
 RPC_MISMATCH = reject_stat.RPC_MISMATCH
 AUTH_ERROR = reject_stat.AUTH_ERROR
 
@@ -233,7 +233,7 @@ class auth_stat(_IntEnum):
     RPCSEC_GSS_CTXPROBLEM = 14
 
 
-_auth_stat_MAP: dict[int, auth_stat] = {m.value: m for m in auth_stat}
+_auth_stat_MAP: _Final[dict[int, auth_stat]] = {m.value: m for m in auth_stat}
 AUTH_OK = auth_stat.AUTH_OK
 AUTH_BADCRED = auth_stat.AUTH_BADCRED
 AUTH_REJECTEDCRED = auth_stat.AUTH_REJECTEDCRED
@@ -377,9 +377,9 @@ class accepted_reply_data:
     value: mismatch_info | None = None
 
 
-_accepted_reply_data_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: _void_encode, 2: enc_mismatch_info}
-_accepted_reply_data_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: _void_decode, 2: dec_mismatch_info}
-_accepted_reply_data_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_accept_stat_MAP[(0,)[0]], _void_decode), 2: (_accept_stat_MAP[(2,)[0]], dec_mismatch_info)}
+_accepted_reply_data_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: _void_encode, 2: enc_mismatch_info}
+_accepted_reply_data_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: _void_decode, 2: dec_mismatch_info}
+_accepted_reply_data_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_accept_stat_MAP[(0,)[0]], _void_decode), 2: (_accept_stat_MAP[(2,)[0]], dec_mismatch_info)}
 
 
 def enc_accepted_reply_data(w: _Writer, v: accepted_reply_data) -> None:
@@ -398,6 +398,7 @@ def dec_accepted_reply_data(r: _Reader, off: int) -> tuple[accepted_reply_data, 
     o0 = off
     try:
         _v5: _Any
+        _f5: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d5,) = _S3.unpack_from(buf, off)
         _a5 = _accepted_reply_data_ARMS.get(_d5)
         if _a5 is None:
@@ -454,6 +455,7 @@ def dec_accepted_reply(r: _Reader, off: int) -> tuple[accepted_reply, int]:
         off = _e + (-_n & 3)
         f_verf = opaque_auth(_i7_flavor, _i7_body)
         _v8: _Any
+        _f8: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d8,) = _S3.unpack_from(buf, off)
         _a8 = _accepted_reply_data_ARMS.get(_d8)
         if _a8 is None:
@@ -474,9 +476,9 @@ class rejected_reply:
     value: mismatch_info | auth_stat | None = None
 
 
-_rejected_reply_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_mismatch_info, 1: enc_auth_stat}
-_rejected_reply_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_mismatch_info, 1: dec_auth_stat}
-_rejected_reply_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_reject_stat_MAP[(0,)[0]], dec_mismatch_info), 1: (_reject_stat_MAP[(1,)[0]], dec_auth_stat)}
+_rejected_reply_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_mismatch_info, 1: enc_auth_stat}
+_rejected_reply_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_mismatch_info, 1: dec_auth_stat}
+_rejected_reply_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_reject_stat_MAP[(0,)[0]], dec_mismatch_info), 1: (_reject_stat_MAP[(1,)[0]], dec_auth_stat)}
 
 
 def enc_rejected_reply(w: _Writer, v: rejected_reply) -> None:
@@ -497,6 +499,7 @@ def dec_rejected_reply(r: _Reader, off: int) -> tuple[rejected_reply, int]:
     o0 = off
     try:
         _v9: _Any
+        _f9: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d9,) = _S3.unpack_from(buf, off)
         _a9 = _rejected_reply_ARMS.get(_d9)
         if _a9 is None:
@@ -516,9 +519,9 @@ class reply_body:
     value: accepted_reply | rejected_reply | None = None
 
 
-_reply_body_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_accepted_reply, 1: enc_rejected_reply}
-_reply_body_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_accepted_reply, 1: dec_rejected_reply}
-_reply_body_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_reply_stat_MAP[(0,)[0]], dec_accepted_reply), 1: (_reply_stat_MAP[(1,)[0]], dec_rejected_reply)}
+_reply_body_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_accepted_reply, 1: enc_rejected_reply}
+_reply_body_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_accepted_reply, 1: dec_rejected_reply}
+_reply_body_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_reply_stat_MAP[(0,)[0]], dec_accepted_reply), 1: (_reply_stat_MAP[(1,)[0]], dec_rejected_reply)}
 
 
 def enc_reply_body(w: _Writer, v: reply_body) -> None:
@@ -539,6 +542,7 @@ def dec_reply_body(r: _Reader, off: int) -> tuple[reply_body, int]:
     o0 = off
     try:
         _v10: _Any
+        _f10: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d10,) = _S3.unpack_from(buf, off)
         _a10 = _reply_body_ARMS.get(_d10)
         if _a10 is None:
@@ -558,9 +562,9 @@ class rpc_msg_body:
     value: call_body | reply_body | None = None
 
 
-_rpc_msg_body_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_call_body, 1: enc_reply_body}
-_rpc_msg_body_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_call_body, 1: dec_reply_body}
-_rpc_msg_body_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_msg_type_MAP[(0,)[0]], dec_call_body), 1: (_msg_type_MAP[(1,)[0]], dec_reply_body)}
+_rpc_msg_body_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_call_body, 1: enc_reply_body}
+_rpc_msg_body_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_call_body, 1: dec_reply_body}
+_rpc_msg_body_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_msg_type_MAP[(0,)[0]], dec_call_body), 1: (_msg_type_MAP[(1,)[0]], dec_reply_body)}
 
 
 def enc_rpc_msg_body(w: _Writer, v: rpc_msg_body) -> None:
@@ -581,6 +585,7 @@ def dec_rpc_msg_body(r: _Reader, off: int) -> tuple[rpc_msg_body, int]:
     o0 = off
     try:
         _v11: _Any
+        _f11: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d11,) = _S3.unpack_from(buf, off)
         _a11 = _rpc_msg_body_ARMS.get(_d11)
         if _a11 is None:
@@ -616,6 +621,7 @@ def dec_rpc_msg(r: _Reader, off: int) -> tuple[rpc_msg, int]:
         off += 4
         f_xid = _t[0]
         _v12: _Any
+        _f12: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d12,) = _S3.unpack_from(buf, off)
         _a12 = _rpc_msg_body_ARMS.get(_d12)
         if _a12 is None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass as _dataclass
 from enum import IntEnum as _IntEnum
 from functools import lru_cache as _lru_cache
 from operator import attrgetter as _attrgetter
-from typing import Any as _Any, TypeAlias as _TypeAlias
+from typing import Any as _Any, Final as _Final, TypeAlias as _TypeAlias
 
 from nfsrdma.xdr.runtime import (
     BOOL as _BOOL,
@@ -33,15 +33,15 @@ from nfsrdma.xdr.runtime import (
 
 RDMA_RTREXT = 1313232978
 
-_S0 = _struct.Struct('>I')
-_S1 = _struct.Struct('>Q')
-_S2 = _struct.Struct('>IIQ')
-_S3 = _struct.Struct('>IIIQ')
-_S4 = _struct.Struct('>II')
-_S5 = _struct.Struct('>i')
-_S6 = _struct.Struct('>III')
-_S7 = _struct.Struct('>IiI')
-_S8 = _struct.Struct('>IIII')
+_S0: _Final = _struct.Struct('>I')
+_S1: _Final = _struct.Struct('>Q')
+_S2: _Final = _struct.Struct('>IIQ')
+_S3: _Final = _struct.Struct('>IIIQ')
+_S4: _Final = _struct.Struct('>II')
+_S5: _Final = _struct.Struct('>i')
+_S6: _Final = _struct.Struct('>III')
+_S7: _Final = _struct.Struct('>IiI')
+_S8: _Final = _struct.Struct('>IIII')
 
 
 uint32: _TypeAlias = "int"
@@ -220,7 +220,8 @@ def dec_xdr_write_chunk(r: _Reader, off: int) -> tuple[xdr_write_chunk, int]:
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_target = []
-        for _ in range(_n):
+        _c2 = _n
+        for _ in range(_c2):
             _t = _S2.unpack_from(buf, off)
             off += 16
             _x2 = xdr_rdma_segment(_t[0], _t[1], _t[2])
@@ -256,7 +257,8 @@ def dec_xdr_write_list(r: _Reader, off: int) -> tuple[xdr_write_list, int]:
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _i5_target = []
-        for _ in range(_n):
+        _c6 = _n
+        for _ in range(_c6):
             _t = _S2.unpack_from(buf, off)
             off += 16
             _x6 = xdr_rdma_segment(_t[0], _t[1], _t[2])
@@ -298,7 +300,8 @@ def _dec_list_xdr_write_list(r: _Reader, off: int) -> tuple[list[xdr_write_chunk
             if _n * 16 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _i9_target = []
-            for _ in range(_n):
+            _c10 = _n
+            for _ in range(_c10):
                 _t = _S2.unpack_from(buf, off)
                 off += 16
                 _x10 = xdr_rdma_segment(_t[0], _t[1], _t[2])
@@ -438,7 +441,7 @@ class rpc_rdma_errcode(_IntEnum):
     ERR_CHUNK = 2
 
 
-_rpc_rdma_errcode_MAP: dict[int, rpc_rdma_errcode] = {m.value: m for m in rpc_rdma_errcode}
+_rpc_rdma_errcode_MAP: _Final[dict[int, rpc_rdma_errcode]] = {m.value: m for m in rpc_rdma_errcode}
 ERR_VERS = rpc_rdma_errcode.ERR_VERS
 ERR_CHUNK = rpc_rdma_errcode.ERR_CHUNK
 
@@ -489,9 +492,9 @@ class rpc_rdma_error:
     value: rpc_rdma_errvers | None = None
 
 
-_rpc_rdma_error_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_rpc_rdma_errvers, 2: _void_encode}
-_rpc_rdma_error_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_rpc_rdma_errvers, 2: _void_decode}
-_rpc_rdma_error_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_rpc_rdma_errcode_MAP[(1,)[0]], dec_rpc_rdma_errvers), 2: (_rpc_rdma_errcode_MAP[(2,)[0]], _void_decode)}
+_rpc_rdma_error_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_rpc_rdma_errvers, 2: _void_encode}
+_rpc_rdma_error_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_rpc_rdma_errvers, 2: _void_decode}
+_rpc_rdma_error_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_rpc_rdma_errcode_MAP[(1,)[0]], dec_rpc_rdma_errvers), 2: (_rpc_rdma_errcode_MAP[(2,)[0]], _void_decode)}
 
 
 def enc_rpc_rdma_error(w: _Writer, v: rpc_rdma_error) -> None:
@@ -512,6 +515,7 @@ def dec_rpc_rdma_error(r: _Reader, off: int) -> tuple[rpc_rdma_error, int]:
     o0 = off
     try:
         _v11: _Any
+        _f11: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d11,) = _S5.unpack_from(buf, off)
         _a11 = _rpc_rdma_error_ARMS.get(_d11)
         if _a11 is None:
@@ -533,7 +537,7 @@ class rdma_proc(_IntEnum):
     RDMA_ERROR = 4
 
 
-_rdma_proc_MAP: dict[int, rdma_proc] = {m.value: m for m in rdma_proc}
+_rdma_proc_MAP: _Final[dict[int, rdma_proc]] = {m.value: m for m in rdma_proc}
 RDMA_MSG = rdma_proc.RDMA_MSG
 RDMA_NOMSG = rdma_proc.RDMA_NOMSG
 RDMA_MSGP = rdma_proc.RDMA_MSGP
@@ -561,9 +565,9 @@ class rdma_body:
     value: rpc_rdma_header | rpc_rdma_header_nomsg | rpc_rdma_header_padded | rpc_rdma_error | None = None
 
 
-_rdma_body_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {0: enc_rpc_rdma_header, 1: enc_rpc_rdma_header_nomsg, 2: enc_rpc_rdma_header_padded, 3: _void_encode, 4: enc_rpc_rdma_error}
-_rdma_body_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {0: dec_rpc_rdma_header, 1: dec_rpc_rdma_header_nomsg, 2: dec_rpc_rdma_header_padded, 3: _void_decode, 4: dec_rpc_rdma_error}
-_rdma_body_ARMS: dict[int, tuple[_Any, _Any]] = {0: (_rdma_proc_MAP[(0,)[0]], dec_rpc_rdma_header), 1: (_rdma_proc_MAP[(1,)[0]], dec_rpc_rdma_header_nomsg), 2: (_rdma_proc_MAP[(2,)[0]], dec_rpc_rdma_header_padded), 3: (_rdma_proc_MAP[(3,)[0]], _void_decode), 4: (_rdma_proc_MAP[(4,)[0]], dec_rpc_rdma_error)}
+_rdma_body_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_rpc_rdma_header, 1: enc_rpc_rdma_header_nomsg, 2: enc_rpc_rdma_header_padded, 3: _void_encode, 4: enc_rpc_rdma_error}
+_rdma_body_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_rpc_rdma_header, 1: dec_rpc_rdma_header_nomsg, 2: dec_rpc_rdma_header_padded, 3: _void_decode, 4: dec_rpc_rdma_error}
+_rdma_body_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_rdma_proc_MAP[(0,)[0]], dec_rpc_rdma_header), 1: (_rdma_proc_MAP[(1,)[0]], dec_rpc_rdma_header_nomsg), 2: (_rdma_proc_MAP[(2,)[0]], dec_rpc_rdma_header_padded), 3: (_rdma_proc_MAP[(3,)[0]], _void_decode), 4: (_rdma_proc_MAP[(4,)[0]], dec_rpc_rdma_error)}
 
 
 def enc_rdma_body(w: _Writer, v: rdma_body) -> None:
@@ -584,6 +588,7 @@ def dec_rdma_body(r: _Reader, off: int) -> tuple[rdma_body, int]:
     o0 = off
     try:
         _v12: _Any
+        _f12: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d12,) = _S5.unpack_from(buf, off)
         _a12 = _rdma_body_ARMS.get(_d12)
         if _a12 is None:
@@ -623,6 +628,7 @@ def dec_rdma_msg(r: _Reader, off: int) -> tuple[rdma_msg, int]:
         f_rdma_vers = _t[1]
         f_rdma_credit = _t[2]
         _v13: _Any
+        _f13: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d13,) = _S5.unpack_from(buf, off)
         _a13 = _rdma_body_ARMS.get(_d13)
         if _a13 is None:
@@ -751,7 +757,7 @@ class xms_dir(_IntEnum):
     XMS_REPLY = 1
 
 
-_xms_dir_MAP: dict[int, xms_dir] = {m.value: m for m in xms_dir}
+_xms_dir_MAP: _Final[dict[int, xms_dir]] = {m.value: m for m in xms_dir}
 XMS_CALL = xms_dir.XMS_CALL
 XMS_REPLY = xms_dir.XMS_REPLY
 
@@ -807,7 +813,7 @@ class xmdp_type(_IntEnum):
     XMPTYPE_NOITEM = 6
 
 
-_xmdp_type_MAP: dict[int, xmdp_type] = {m.value: m for m in xmdp_type}
+_xmdp_type_MAP: _Final[dict[int, xmdp_type]] = {m.value: m for m in xmdp_type}
 XMPTYPE_EXRW = xmdp_type.XMPTYPE_EXRW
 XMPTYPE_TBSN = xmdp_type.XMPTYPE_TBSN
 XMPTYPE_CHOICE = xmdp_type.XMPTYPE_CHOICE
@@ -860,7 +866,8 @@ def dec_xmdp_tbsnloc(r: _Reader, off: int) -> tuple[xmdp_tbsnloc, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_xmdl_bsnum = []
-        for _ in range(_n):
+        _c15 = _n
+        for _ in range(_c15):
             _t = _S0.unpack_from(buf, off)
             off += 4
             _x15 = _t[0]
@@ -890,7 +897,8 @@ def dec_xmdp_loc_xmdl_ex(r: _Reader, off: int) -> tuple[list[xdr_rdma_segment], 
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
-        for _ in range(_n):
+        _c17 = _n
+        for _ in range(_c17):
             _t = _S2.unpack_from(buf, off)
             off += 16
             _x17 = xdr_rdma_segment(_t[0], _t[1], _t[2])
@@ -906,9 +914,9 @@ class xmdp_loc:
     value: list[xdr_rdma_segment] | xmdp_tbsnloc | None = None
 
 
-_xmdp_loc_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_xmdp_loc_xmdl_ex, 2: enc_xmdp_tbsnloc, 5: _void_encode, 6: _void_encode}
-_xmdp_loc_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_xmdp_loc_xmdl_ex, 2: dec_xmdp_tbsnloc, 5: _void_decode, 6: _void_decode}
-_xmdp_loc_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_xmdp_type_MAP[(1,)[0]], dec_xmdp_loc_xmdl_ex), 2: (_xmdp_type_MAP[(2,)[0]], dec_xmdp_tbsnloc), 5: (_xmdp_type_MAP[(5,)[0]], _void_decode), 6: (_xmdp_type_MAP[(6,)[0]], _void_decode)}
+_xmdp_loc_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_xmdp_loc_xmdl_ex, 2: enc_xmdp_tbsnloc, 5: _void_encode, 6: _void_encode}
+_xmdp_loc_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_xmdp_loc_xmdl_ex, 2: dec_xmdp_tbsnloc, 5: _void_decode, 6: _void_decode}
+_xmdp_loc_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_xmdp_type_MAP[(1,)[0]], dec_xmdp_loc_xmdl_ex), 2: (_xmdp_type_MAP[(2,)[0]], dec_xmdp_tbsnloc), 5: (_xmdp_type_MAP[(5,)[0]], _void_decode), 6: (_xmdp_type_MAP[(6,)[0]], _void_decode)}
 
 
 def enc_xmdp_loc(w: _Writer, v: xmdp_loc) -> None:
@@ -929,6 +937,7 @@ def dec_xmdp_loc(r: _Reader, off: int) -> tuple[xmdp_loc, int]:
     o0 = off
     try:
         _v18: _Any
+        _f18: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d18,) = _S5.unpack_from(buf, off)
         _a18 = _xmdp_loc_ARMS.get(_d18)
         if _a18 is None:
@@ -966,6 +975,7 @@ def dec_xmdp_mitem(r: _Reader, off: int) -> tuple[xmdp_mitem, int]:
         f_xmdmi_disp = _t[0]
         f_xmdmi_length = _t[1]
         _v19: _Any
+        _f19: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d19,) = _S5.unpack_from(buf, off)
         _a19 = _xmdp_loc_ARMS.get(_d19)
         if _a19 is None:
@@ -1027,12 +1037,14 @@ def dec_optxmt_req(r: _Reader, off: int) -> tuple[optxmt_req, int]:
         if _n * 12 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_optxrq_dp = []
-        for _ in range(_n):
+        _c25 = _n
+        for _ in range(_c25):
             _t = _S4.unpack_from(buf, off)
             off += 8
             _i26_xmdmi_disp = _t[0]
             _i26_xmdmi_length = _t[1]
             _v27: _Any
+            _f27: _Callable[[_Reader, int], tuple[_Any, int]]
             (_d27,) = _S5.unpack_from(buf, off)
             _a27 = _xmdp_loc_ARMS.get(_d27)
             if _a27 is None:
@@ -1048,13 +1060,15 @@ def dec_optxmt_req(r: _Reader, off: int) -> tuple[optxmt_req, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_optxrq_writes = []
-        for _ in range(_n):
+        _c28 = _n
+        for _ in range(_c28):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 16 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _i29_target = []
-            for _ in range(_n):
+            _c30 = _n
+            for _ in range(_c30):
                 _t = _S2.unpack_from(buf, off)
                 off += 16
                 _x30 = xdr_rdma_segment(_t[0], _t[1], _t[2])
@@ -1109,12 +1123,14 @@ def dec_optxmt_resp(r: _Reader, off: int) -> tuple[optxmt_resp, int]:
         if _n * 12 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_optxrs_dp = []
-        for _ in range(_n):
+        _c33 = _n
+        for _ in range(_c33):
             _t = _S4.unpack_from(buf, off)
             off += 8
             _i34_xmdmi_disp = _t[0]
             _i34_xmdmi_length = _t[1]
             _v35: _Any
+            _f35: _Callable[[_Reader, int], tuple[_Any, int]]
             (_d35,) = _S5.unpack_from(buf, off)
             _a35 = _xmdp_loc_ARMS.get(_d35)
             if _a35 is None:
@@ -1173,7 +1189,7 @@ class optr_err(_IntEnum):
     OPTRERR_BADPL = 8
 
 
-_optr_err_MAP: dict[int, optr_err] = {m.value: m for m in optr_err}
+_optr_err_MAP: _Final[dict[int, optr_err]] = {m.value: m for m in optr_err}
 OPTRERR_BADHMT = optr_err.OPTRERR_BADHMT
 OPTRERR_BADOMT = optr_err.OPTRERR_BADOMT
 OPTRERR_BADCONT = optr_err.OPTRERR_BADCONT
@@ -1258,9 +1274,9 @@ class optr_info:
     value: optr_expect | optr_range | None = None
 
 
-_optr_info_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_optr_expect, 2: enc_optr_expect, 4: enc_optr_expect, 5: enc_optr_expect, 3: _void_encode, 6: enc_optr_range, 7: enc_optr_range, 8: enc_optr_range}
-_optr_info_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_optr_expect, 2: dec_optr_expect, 4: dec_optr_expect, 5: dec_optr_expect, 3: _void_decode, 6: dec_optr_range, 7: dec_optr_range, 8: dec_optr_range}
-_optr_info_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_optr_err_MAP[(1,)[0]], dec_optr_expect), 2: (_optr_err_MAP[(2,)[0]], dec_optr_expect), 4: (_optr_err_MAP[(4,)[0]], dec_optr_expect), 5: (_optr_err_MAP[(5,)[0]], dec_optr_expect), 3: (_optr_err_MAP[(3,)[0]], _void_decode), 6: (_optr_err_MAP[(6,)[0]], dec_optr_range), 7: (_optr_err_MAP[(7,)[0]], dec_optr_range), 8: (_optr_err_MAP[(8,)[0]], dec_optr_range)}
+_optr_info_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_optr_expect, 2: enc_optr_expect, 4: enc_optr_expect, 5: enc_optr_expect, 3: _void_encode, 6: enc_optr_range, 7: enc_optr_range, 8: enc_optr_range}
+_optr_info_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_optr_expect, 2: dec_optr_expect, 4: dec_optr_expect, 5: dec_optr_expect, 3: _void_decode, 6: dec_optr_range, 7: dec_optr_range, 8: dec_optr_range}
+_optr_info_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_optr_err_MAP[(1,)[0]], dec_optr_expect), 2: (_optr_err_MAP[(2,)[0]], dec_optr_expect), 4: (_optr_err_MAP[(4,)[0]], dec_optr_expect), 5: (_optr_err_MAP[(5,)[0]], dec_optr_expect), 3: (_optr_err_MAP[(3,)[0]], _void_decode), 6: (_optr_err_MAP[(6,)[0]], dec_optr_range), 7: (_optr_err_MAP[(7,)[0]], dec_optr_range), 8: (_optr_err_MAP[(8,)[0]], dec_optr_range)}
 
 
 def enc_optr_info(w: _Writer, v: optr_info) -> None:
@@ -1281,6 +1297,7 @@ def dec_optr_info(r: _Reader, off: int) -> tuple[optr_info, int]:
     o0 = off
     try:
         _v36: _Any
+        _f36: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d36,) = _S5.unpack_from(buf, off)
         _a36 = _optr_info_ARMS.get(_d36)
         if _a36 is None:
@@ -1330,6 +1347,7 @@ def dec_optrept_err(r: _Reader, off: int) -> tuple[optrept_err, int]:
         else:
             raise _XdrError('optional-data flag is not a bool', off - 4)
         _v37: _Any
+        _f37: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d37,) = _S5.unpack_from(buf, off)
         _a37 = _optr_info_ARMS.get(_d37)
         if _a37 is None:
@@ -1350,7 +1368,7 @@ class ropt_type(_IntEnum):
     ROPT_REPTERR = 4
 
 
-_ropt_type_MAP: dict[int, ropt_type] = {m.value: m for m in ropt_type}
+_ropt_type_MAP: _Final[dict[int, ropt_type]] = {m.value: m for m in ropt_type}
 ROPT_XMTREQ = ropt_type.ROPT_XMTREQ
 ROPT_XMTRESP = ropt_type.ROPT_XMTRESP
 ROPT_XMTCONT = ropt_type.ROPT_XMTCONT
@@ -1377,9 +1395,9 @@ class rtr_body:
     value: optxmt_req | optxmt_resp | optxmt_cont | optrept_err | None = None
 
 
-_rtr_body_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_optxmt_req, 2: enc_optxmt_resp, 3: enc_optxmt_cont, 4: enc_optrept_err}
-_rtr_body_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_optxmt_req, 2: dec_optxmt_resp, 3: dec_optxmt_cont, 4: dec_optrept_err}
-_rtr_body_ARMS: dict[int, tuple[_Any, _Any]] = {1: (_ropt_type_MAP[(1,)[0]], dec_optxmt_req), 2: (_ropt_type_MAP[(2,)[0]], dec_optxmt_resp), 3: (_ropt_type_MAP[(3,)[0]], dec_optxmt_cont), 4: (_ropt_type_MAP[(4,)[0]], dec_optrept_err)}
+_rtr_body_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_optxmt_req, 2: enc_optxmt_resp, 3: enc_optxmt_cont, 4: enc_optrept_err}
+_rtr_body_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_optxmt_req, 2: dec_optxmt_resp, 3: dec_optxmt_cont, 4: dec_optrept_err}
+_rtr_body_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_ropt_type_MAP[(1,)[0]], dec_optxmt_req), 2: (_ropt_type_MAP[(2,)[0]], dec_optxmt_resp), 3: (_ropt_type_MAP[(3,)[0]], dec_optxmt_cont), 4: (_ropt_type_MAP[(4,)[0]], dec_optrept_err)}
 
 
 def enc_rtr_body(w: _Writer, v: rtr_body) -> None:
@@ -1400,6 +1418,7 @@ def dec_rtr_body(r: _Reader, off: int) -> tuple[rtr_body, int]:
     o0 = off
     try:
         _v38: _Any
+        _f38: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d38,) = _S5.unpack_from(buf, off)
         _a38 = _rtr_body_ARMS.get(_d38)
         if _a38 is None:
@@ -1441,6 +1460,7 @@ def dec_rtr_msg(r: _Reader, off: int) -> tuple[rtr_msg, int]:
         f_rtr_credit = _t[2]
         f_rtr_proc = _t[3]
         _v39: _Any
+        _f39: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d39,) = _S5.unpack_from(buf, off)
         _a39 = _rtr_body_ARMS.get(_d39)
         if _a39 is None:

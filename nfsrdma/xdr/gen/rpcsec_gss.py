@@ -12,7 +12,7 @@ from dataclasses import dataclass as _dataclass
 from enum import IntEnum as _IntEnum
 from functools import lru_cache as _lru_cache
 from operator import attrgetter as _attrgetter
-from typing import Any as _Any, TypeAlias as _TypeAlias
+from typing import Any as _Any, Final as _Final, TypeAlias as _TypeAlias
 
 from nfsrdma.xdr.runtime import (
     BOOL as _BOOL,
@@ -34,9 +34,9 @@ from nfsrdma.xdr.runtime import (
 RPCSEC_GSS_VERS_1 = 1
 MAXSEQ = 2147483648
 
-_S0 = _struct.Struct('>iIi')
-_S1 = _struct.Struct('>I')
-_S2 = _struct.Struct('>III')
+_S0: _Final = _struct.Struct('>iIi')
+_S1: _Final = _struct.Struct('>I')
+_S2: _Final = _struct.Struct('>III')
 
 
 class rpc_gss_proc_t(_IntEnum):
@@ -46,7 +46,7 @@ class rpc_gss_proc_t(_IntEnum):
     RPCSEC_GSS_DESTROY = 3
 
 
-_rpc_gss_proc_t_MAP: dict[int, rpc_gss_proc_t] = {m.value: m for m in rpc_gss_proc_t}
+_rpc_gss_proc_t_MAP: _Final[dict[int, rpc_gss_proc_t]] = {m.value: m for m in rpc_gss_proc_t}
 RPCSEC_GSS_DATA = rpc_gss_proc_t.RPCSEC_GSS_DATA
 RPCSEC_GSS_INIT = rpc_gss_proc_t.RPCSEC_GSS_INIT
 RPCSEC_GSS_CONTINUE_INIT = rpc_gss_proc_t.RPCSEC_GSS_CONTINUE_INIT
@@ -73,7 +73,7 @@ class rpc_gss_service_t(_IntEnum):
     rpc_gss_svc_privacy = 3
 
 
-_rpc_gss_service_t_MAP: dict[int, rpc_gss_service_t] = {m.value: m for m in rpc_gss_service_t}
+_rpc_gss_service_t_MAP: _Final[dict[int, rpc_gss_service_t]] = {m.value: m for m in rpc_gss_service_t}
 rpc_gss_svc_none = rpc_gss_service_t.rpc_gss_svc_none
 rpc_gss_svc_integrity = rpc_gss_service_t.rpc_gss_svc_integrity
 rpc_gss_svc_privacy = rpc_gss_service_t.rpc_gss_svc_privacy
@@ -142,9 +142,9 @@ class rpc_gss_cred_t:
     value: rpc_gss_cred_vers_1_t | None = None
 
 
-_rpc_gss_cred_t_ENC: dict[int, _Callable[[_Writer, _Any], None]] = {1: enc_rpc_gss_cred_vers_1_t}
-_rpc_gss_cred_t_DEC: dict[int, _Callable[[_Reader, int], tuple[_Any, int]]] = {1: dec_rpc_gss_cred_vers_1_t}
-_rpc_gss_cred_t_ARMS: dict[int, tuple[_Any, _Any]] = {1: ((1,)[0], dec_rpc_gss_cred_vers_1_t)}
+_rpc_gss_cred_t_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_rpc_gss_cred_vers_1_t}
+_rpc_gss_cred_t_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_rpc_gss_cred_vers_1_t}
+_rpc_gss_cred_t_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: ((1,)[0], dec_rpc_gss_cred_vers_1_t)}
 
 
 def enc_rpc_gss_cred_t(w: _Writer, v: rpc_gss_cred_t) -> None:
@@ -164,6 +164,7 @@ def dec_rpc_gss_cred_t(r: _Reader, off: int) -> tuple[rpc_gss_cred_t, int]:
     o0 = off
     try:
         _v1: _Any
+        _f1: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d1,) = _S1.unpack_from(buf, off)
         _a1 = _rpc_gss_cred_t_ARMS.get(_d1)
         if _a1 is None:

@@ -145,7 +145,11 @@ async def test_read_delegation_is_granted_once_the_back_channel_answered(tmp_pat
         assert deleg_of(ok).stateid == d
         # I/O with the delegation stateid reads through the client's open.
         assert await a.read(fh, d, 0, 100) == (b"content", True)
-        await a.on(fh, nfs4.NFS4ERR_OPENMODE, op(nfs4.OP_WRITE, nfs4.WRITE4args(d, 0, 0, b"x")))
+        await a.on(
+            fh,
+            nfs4.NFS4ERR_OPENMODE,
+            op(nfs4.OP_WRITE, nfs4.WRITE4args(d, 0, nfs4.UNSTABLE4, b"x")),
+        )
         await a.on(fh, OK, op(nfs4.OP_DELEGRETURN, nfs4.DELEGRETURN4args(d)))
         await a.on(fh, nfs4.NFS4ERR_BAD_STATEID, op(nfs4.OP_DELEGRETURN, nfs4.DELEGRETURN4args(d)))
 

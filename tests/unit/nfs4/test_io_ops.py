@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import AsyncIterator
@@ -109,7 +110,8 @@ class Nfs:
     async def expect(self, status: int, *ops: nfs4.nfs_argop4) -> nfs4.COMPOUND4res:
         res = await self.call(*ops)
         assert name_of(res.status) == name_of(status), [
-            (r.resop.name, name_of(getattr(r.value, r.value.__slots__[0]))) for r in res.resarray
+            (r.resop.name, name_of(getattr(r.value, dataclasses.fields(r.value)[0].name)))
+            for r in res.resarray
         ]
         return res
 

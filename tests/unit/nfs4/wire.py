@@ -10,6 +10,7 @@ COMPOUND processing reads it as ``compound.time``, the lease reaper is ``reap(cl
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,7 @@ def status_list(res: nfs4.COMPOUND4res) -> list[str]:
     out = []
     for r in res.resarray:
         v: Any = r.value
-        out.append(f"{r.resop.name}:{name_of(getattr(v, v.__slots__[0]))}")
+        out.append(f"{r.resop.name}:{name_of(getattr(v, dataclasses.fields(v)[0].name))}")
     return out
 
 

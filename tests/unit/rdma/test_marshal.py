@@ -20,7 +20,7 @@ def write_call(data: bytes, prefix: int = 0) -> Writer:
     w += b"\0" * 40  # stands for the RPC header
     ops = [nfs4.nfs_argop4(nfs4.OP_PUTFH, nfs4.PUTFH4args(b"f" * 40))]
     ops += [nfs4.nfs_argop4(nfs4.OP_LOOKUP, nfs4.LOOKUP4args(b"n" * 200))] * (prefix // 204)
-    ops.append(nfs4.nfs_argop4(nfs4.OP_WRITE, nfs4.WRITE4args(STATEID, 0, 0, data)))
+    ops.append(nfs4.nfs_argop4(nfs4.OP_WRITE, nfs4.WRITE4args(STATEID, 0, nfs4.UNSTABLE4, data)))
     nfs4.enc_COMPOUND4args(w, nfs4.COMPOUND4args(b"", 1, ops))
     return w
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -172,5 +173,5 @@ def statuses(res: nfs4.COMPOUND4res) -> list[int]:
     out = []
     for r in res.resarray:
         v: Any = r.value
-        out.append(int(getattr(v, v.__slots__[0])))
+        out.append(int(getattr(v, dataclasses.fields(v)[0].name)))
     return out

@@ -10,6 +10,7 @@ nothing may be created outside, and the handles work again once the directory is
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 from collections.abc import AsyncIterator
@@ -112,7 +113,10 @@ class Client:
     async def call(self, status: int, *ops: nfs4.nfs_argop4) -> list[Any]:
         res = await self.s.compound(list(ops))
         got = [
-            (r.resop.name, nfs4.nfsstat4(getattr(r.value, r.value.__slots__[0])).name)
+            (
+                r.resop.name,
+                nfs4.nfsstat4(getattr(r.value, dataclasses.fields(r.value)[0].name)).name,
+            )
             for r in res.resarray
         ]
         assert nfs4.nfsstat4(res.status).name == nfs4.nfsstat4(status).name, got
