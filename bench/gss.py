@@ -4,7 +4,9 @@ Default (run on the host; it boots the test bed with ``nfsrdma testbed run --knf
 itself inside): a realm and KDC in the guest (tests/testbed/kerberos_realm.py: rpc.gssd,
 rpc.svcgssd, knfsd exporting with ``sec=sys:krb5:krb5i:krb5p``), our server
 (``nfsrdma serve --sec krb5p,krb5i,krb5,sys``) beside it, and the **Linux client** mounting each
-server with each flavour, over RDMA and over TCP (``--protos``). For each: a sequential write
+server with each flavour, over RDMA and over TCP (``--protos``): knfsd first, then our server
+on TCP 2049 and RDMA 20050 with knfsd stopped (rpc.gssd makes the contexts of an RDMA mount
+over TCP to port 2049). For each: a sequential write
 of ``--size-mib`` MiB (then fsync) and its read after dropping caches (MB/s), and the rate of
 small operations: create + stat + remove of ``--files`` files (operations/s). The workload
 runs as root, which the Linux client sends under the machine credential
@@ -95,23 +97,32 @@ def measure_mount(server: NfsServer, name: str, sec: str, args: argparse.Namespa
 
 def in_guest(args: argparse.Namespace) -> int:
     # Imported here: the realm helpers live with the test-bed tests and need the guest.
+    from nfsrdma.testbed.constants import KNFSD_TCP_PORT
     from nfsrdma.testbed.ours import our_server
-    from tests.testbed.kerberos_realm import guest_realm
+    from tests.testbed.kerberos_realm import guest_realm, knfsd_stopped
 
     knfsd = Knfsd(addr=testbed_addr(), export=export_dir())
     krb5p_knfsd = knfsd_serves_krb5p(args.knfsd_krb5p)
+    protos = args.protos.split(",")
     extra = ("--sec", "krb5p,krb5i,krb5,sys", "--keytab", "/etc/krb5.keytab")
     rows: list[Row] = []
-    with (
-        guest_realm(knfsd, Path("/run/krb5-realm-bench")),
-        our_server("bench-gss", extra=(*extra, "--gss-host", SERVER_HOST)) as ours,
-    ):
-        os.chmod(ours.export, 0o777)
-        for proto in args.protos.split(","):
+    with guest_realm(knfsd, Path("/run/krb5-realm-bench")):
+        for proto in protos:
             for sec in FLAVOURS:
                 if sec != "krb5p" or krb5p_knfsd:
                     rows.append(measure_mount(knfsd.server(proto), "knfsd", sec, args))
-                rows.append(measure_mount(ours.server(proto), "ours", sec, args))
+        # rpc.gssd makes an RDMA mount's contexts over TCP to port 2049 (nfs-utils has no
+        # RPC-over-RDMA): our server takes knfsd's place there, knfsd is stopped meanwhile.
+        with (
+            knfsd_stopped(),
+            our_server(
+                "bench-gss", extra=(*extra, "--gss-host", SERVER_HOST), tcp_port=KNFSD_TCP_PORT
+            ) as ours,
+        ):
+            os.chmod(ours.export, 0o777)
+            for proto in protos:
+                for sec in FLAVOURS:
+                    rows.append(measure_mount(ours.server(proto), "ours", sec, args))
     report_guest(rows, args, krb5p_knfsd)
     return 0
 

@@ -3,6 +3,10 @@ bench/gss.py: the KDC (tests/kdc.py), the host names, two users (alice with a ti
 without), rpc.idmapd, rpc.svcgssd for knfsd and rpc.gssd for the Linux client, and knfsd
 exporting with ``sec=sys:krb5:krb5i:krb5p``.
 
+``knfsd_stopped()`` frees TCP port 2049 for our server: for a mount over RDMA, rpc.gssd
+makes the RPCSEC_GSS contexts over TCP to port 2049 of the server's address (nfs-utils has no
+RPC-over-RDMA), so a Kerberos mount of our server over RDMA needs our server on TCP 2049.
+
 Safe to enter more than once in one boot (each time a fresh realm under its own directory)."""
 
 from __future__ import annotations
@@ -10,11 +14,26 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from nfsrdma.testbed.helpers import Background, Knfsd, artefact_dir, run
+from nfsrdma.testbed.constants import (
+    KNFSD_GRACE_TIME,
+    KNFSD_RDMA_PORT,
+    KNFSD_TCP_PORT,
+    KNFSD_THREADS,
+)
+from nfsrdma.testbed.guest import GraceWatch
+from nfsrdma.testbed.helpers import (
+    Background,
+    Knfsd,
+    artefact_dir,
+    rdma_listening,
+    run,
+    tcp_listening,
+)
 from nfsrdma.testbed.helpers import testbed_addr as guest_addr
 from tests.kdc import SERVER_HOST, Kdc, start_kdc
 
@@ -107,3 +126,35 @@ def guest_realm(knfsd: Knfsd, base: Path) -> Iterator[Kdc]:
         for d in reversed(daemons):
             d.stop()
         kdc.stop()
+
+
+def _wait(predicate: Callable[[], bool], what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} within {timeout:.0f} s")
+        time.sleep(0.1)
+
+
+@contextmanager
+def knfsd_stopped() -> Iterator[None]:
+    """knfsd off (its listeners closed, TCP 2049 free) inside the block; started again
+    afterwards as the test bed starts it, returning once its grace period is over."""
+    run(["rpc.nfsd", "0"])
+    _wait(lambda: not tcp_listening(KNFSD_TCP_PORT), "knfsd does not close TCP 2049", 30)
+    try:
+        yield
+    finally:
+        watch = GraceWatch()
+        watch.arm()
+        try:
+            run(["rpc.nfsd", "-N", "3", f"--rdma={KNFSD_RDMA_PORT}", str(KNFSD_THREADS)])
+            _wait(lambda: tcp_listening(KNFSD_TCP_PORT), "knfsd does not listen on TCP", 30)
+            _wait(lambda: rdma_listening(KNFSD_RDMA_PORT), "knfsd does not listen on RDMA", 30)
+            if watch.armed:
+                # Clients known to nfsdcld (the earlier mounts) make knfsd wait them out.
+                # (No grace period, when there is no client to reclaim: nothing to wait for.)
+                with suppress(TimeoutError):
+                    _wait(watch.ended, "knfsd's grace period does not end", KNFSD_GRACE_TIME + 15)
+        finally:
+            watch.disarm()

@@ -27,10 +27,18 @@ from typing import Any
 import pytest
 
 from nfsrdma.stats.admin import query, socket_path
+from nfsrdma.testbed.constants import KNFSD_TCP_PORT
 from nfsrdma.testbed.helpers import Knfsd, MountFactory, Proto, artefact_dir, drop_caches
 from nfsrdma.testbed.ours import OurServer, our_server
 from tests.kdc import SERVER_HOST, Kdc
-from tests.testbed.kerberos_realm import ALICE, ALICE_CC, BOB, as_user, guest_realm
+from tests.testbed.kerberos_realm import (
+    ALICE,
+    ALICE_CC,
+    BOB,
+    as_user,
+    guest_realm,
+    knfsd_stopped,
+)
 
 pytestmark = pytest.mark.testbed
 
@@ -93,12 +101,11 @@ def realm(knfsd: Knfsd) -> Iterator[Kdc]:
 @pytest.fixture(scope="module")
 def ours(realm: Kdc) -> Iterator[OurServer]:
     extra = ("--sec", "krb5p,krb5i,krb5,sys", "--keytab", "/etc/krb5.keytab")
-    with our_server("kerberos", extra=(*extra, "--gss-host", SERVER_HOST)) as srv:
+    with our_server("kerberos", rdma=False, extra=(*extra, "--gss-host", SERVER_HOST)) as srv:
         os.chmod(srv.export, 0o777)
         yield srv
 
 
-OURS_STATE = "/tmp/kerberos-state"  # our_server("kerberos")
 BIG_SHA256 = hashlib.sha256(hashlib.sha256(b"big").digest() * 32768).hexdigest()
 # The RPC-over-RDMA counters of our server the test compares (nfsrdma stats).
 CHUNK_COUNTERS = (
@@ -107,21 +114,22 @@ CHUNK_COUNTERS = (
 )  # fmt: skip
 
 
-def rdma_counters() -> dict[str, int]:
-    snap = query(socket_path(OURS_STATE))["stats"]
+def rdma_counters(state_dir: str) -> dict[str, int]:
+    snap = query(socket_path(state_dir))["stats"]
     counters: dict[str, int] = snap.get("rdma", {}).get("counters", {})
     return {k: int(counters.get(k, 0)) for k in CHUNK_COUNTERS}
 
 
-@pytest.mark.parametrize("proto", ["tcp", "rdma"])
-def test_linux_client_kerberos_mounts_of_our_server(
-    proto: Proto, ours: OurServer, nfs_mount: MountFactory
-) -> None:
+def linux_client_workloads(
+    srv: OurServer, state_dir: str, proto: Proto, nfs_mount: MountFactory
+) -> dict[str, dict[str, int]]:
+    """The workload as alice under each flavour: the same results as under sys. Returns the
+    server's RPC-over-RDMA counters moved by each flavour's mount."""
     results = {}
     traffic: dict[str, dict[str, int]] = {}
     for sec in ("sys", "krb5", "krb5i", "krb5p"):
-        before = rdma_counters()
-        with nfs_mount(ours.server(proto), options=(f"sec={sec}",)) as m:
+        before = rdma_counters(state_dir)
+        with nfs_mount(srv.server(proto), options=(f"sec={sec}",)) as m:
             results[sec] = workload(m.mountpoint, ALICE, ALICE_CC)
             # The big file again, from the server this time (READs of up to rsize).
             drop_caches()
@@ -134,10 +142,10 @@ def test_linux_client_kerberos_mounts_of_our_server(
                 denied = as_user(BOB, ["ls", str(m.mountpoint)], "FILE:/tmp/krb5cc_none")
                 assert denied.returncode != 0 and not denied.stdout, denied
                 assert "Permission denied" in denied.stderr or "Stale" in denied.stderr
-            on_server = ours.export / "kwl"
+            on_server = srv.export / "kwl"
             assert (on_server / "owned-by-me").stat().st_uid == ALICE, sec
             shutil.rmtree(on_server)
-        after = rdma_counters()
+        after = rdma_counters(state_dir)
         traffic[sec] = {k: after[k] - before[k] for k in CHUNK_COUNTERS}
     (artefact_dir("kerberos") / f"rdma-traffic-{proto}.json").write_text(
         json.dumps(traffic, indent=1) + "\n"
@@ -148,18 +156,15 @@ def test_linux_client_kerberos_mounts_of_our_server(
         r.pop("owner")
     for sec in ("krb5", "krb5i", "krb5p"):
         assert results[sec] == results["sys"], sec
-    log = ours.proc.log.read_text()
+    log = srv.proc.log.read_text()
     assert "RPCSEC_GSS context for alice@" in log
-    if proto == "rdma":
-        # sys: the 1 MiB WRITEs come with Read chunks, the READ data goes into Write chunks.
-        assert traffic["sys"]["read_chunks_received"] > 0, traffic
-        assert traffic["sys"]["write_chunks_filled"] > 0, traffic
-        for sec in ("krb5i", "krb5p"):
-            # The protected bodies are not split: large calls come as Long Calls, large
-            # replies go into the Reply chunk, no data item moves by itself.
-            t = traffic[sec]
-            assert t["calls_long"] > 0 and t["replies_long"] > 0, (sec, traffic)
-            assert t["read_chunks_received"] == 0 and t["write_chunks_filled"] == 0, (sec, traffic)
+    return traffic
+
+
+def test_linux_client_kerberos_mounts_of_our_server_tcp(
+    ours: OurServer, nfs_mount: MountFactory
+) -> None:
+    linux_client_workloads(ours, "/tmp/kerberos-state", "tcp", nfs_mount)
 
 
 @pytest.mark.parametrize("proto", ["tcp", "rdma"])
@@ -182,3 +187,34 @@ def test_our_client_against_knfsd_with_kerberos(proto: Proto, realm: Kdc, knfsd:
 
     for sec in ("krb5", "krb5i"):
         asyncio.run(main(sec))
+
+
+@pytest.fixture
+def ours_on_2049(realm: Kdc, knfsd: Knfsd) -> Iterator[OurServer]:
+    """Our server on TCP 2049 (and RDMA 20050), knfsd stopped meanwhile: rpc.gssd makes the
+    contexts of an RDMA mount over TCP to port 2049 (nfs-utils has no RPC-over-RDMA)."""
+    extra = ("--sec", "krb5p,krb5i,krb5,sys", "--keytab", "/etc/krb5.keytab")
+    with (
+        knfsd_stopped(),
+        our_server(
+            "kerberos-rdma", extra=(*extra, "--gss-host", SERVER_HOST), tcp_port=KNFSD_TCP_PORT
+        ) as srv,
+    ):
+        os.chmod(srv.export, 0o777)
+        yield srv
+
+
+def test_linux_client_kerberos_mounts_of_our_server_rdma(
+    ours_on_2049: OurServer, nfs_mount: MountFactory
+) -> None:
+    """Last in this file: knfsd is stopped for it (see ``ours_on_2049``)."""
+    traffic = linux_client_workloads(ours_on_2049, "/tmp/kerberos-rdma-state", "rdma", nfs_mount)
+    # sys: the 1 MiB WRITEs come with Read chunks, the READ data goes into Write chunks.
+    assert traffic["sys"]["read_chunks_received"] > 0, traffic
+    assert traffic["sys"]["write_chunks_filled"] > 0, traffic
+    for sec in ("krb5i", "krb5p"):
+        # The protected bodies are not split (RFC 8166 section 9.2): large calls come as Long
+        # Calls, large replies go into the Reply chunk, no data item moves by itself.
+        t = traffic[sec]
+        assert t["calls_long"] > 0 and t["replies_long"] > 0, (sec, traffic)
+        assert t["read_chunks_received"] == 0 and t["write_chunks_filled"] == 0, (sec, traffic)
