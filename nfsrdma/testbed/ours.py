@@ -28,15 +28,20 @@ class OurServer:
     export: Path
     proc: Background
     rdma: bool
+    tcp_port: int = OURS_TCP_PORT
 
     def server(self, proto: str) -> NfsServer:
-        port = OURS_RDMA_PORT if proto == "rdma" else OURS_TCP_PORT
+        port = OURS_RDMA_PORT if proto == "rdma" else self.tcp_port
         return NfsServer(testbed_addr(), port, proto)  # type: ignore[arg-type]
 
 
 @contextmanager
 def our_server(
-    name: str = "ours", *, rdma: bool = True, extra: tuple[str, ...] = ()
+    name: str = "ours",
+    *,
+    rdma: bool = True,
+    extra: tuple[str, ...] = (),
+    tcp_port: int = OURS_TCP_PORT,
 ) -> Iterator[OurServer]:
     """``nfsrdma serve`` on a fresh tmpfs, as knfsd's export is: no root squash."""
     export = Path(f"/tmp/{name}-export")
@@ -44,7 +49,7 @@ def our_server(
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512m", "tmpfs", str(export)], check=True)
     argv = [
         sys.executable, "-m", "nfsrdma", "-v", "serve", str(export),
-        "--tcp-port", str(OURS_TCP_PORT), "--no-root-squash", "--lease-time", "20",
+        "--tcp-port", str(tcp_port), "--no-root-squash", "--lease-time", "20",
         "--state-dir", f"/tmp/{name}-state", *extra,
     ]  # fmt: skip
     if rdma:
@@ -53,10 +58,10 @@ def our_server(
         argv += ["--no-rdma"]
     proc = Background(argv, log=out_dir() / f"{name}-server.log").start()
     try:
-        proc.wait_ready(lambda: tcp_listening(OURS_TCP_PORT), timeout=120)
+        proc.wait_ready(lambda: tcp_listening(tcp_port), timeout=120)
         if rdma:
             proc.wait_ready(lambda: rdma_listening(OURS_RDMA_PORT), timeout=60)
-        yield OurServer(export, proc, rdma)
+        yield OurServer(export, proc, rdma, tcp_port)
     finally:
         proc.stop()
         subprocess.run(["umount", "-l", str(export)], check=False)

@@ -1,11 +1,14 @@
-"""Kerberos in the test bed, one boot: a realm and KDC in the guest (tests/kdc.py), rpc.gssd for
-the Linux client and rpc.svcgssd for knfsd, and
+"""Kerberos in the test bed, one boot: a realm and KDC in the guest (tests/kdc.py and
+kerberos_realm.py), rpc.gssd for the Linux client and rpc.svcgssd for knfsd, and
 
-- the Linux client mounts our server with sec=krb5, krb5i and krb5p over TCP and runs a small
-  workload as a Kerberos user (alice, uid 1500): the same results as with sec=sys, files owned
-  by alice on the server. (Not over RDMA yet: a non-root caller's operation switches the
-  server's event-loop thread credentials, after which the kernel refuses that thread's RDMA
-  connection manager and verbs writes; docs/kerberos.md, "Known problem".)
+- the Linux client mounts our server with sec=krb5, krb5i and krb5p over TCP and over RDMA and
+  runs a small workload as a Kerberos user (alice, uid 1500): the same results as with
+  sec=sys, files owned by alice on the server. Over RDMA the server's RPC-over-RDMA counters
+  show how the Linux client moves the data: READ data in Write chunks under sys and krb5, and
+  under krb5i and krb5p (where the checksum or the encryption covers the data: RFC 8166
+  section 9.2) Long Calls and Reply chunks, with no data chunk offered or filled. For the RDMA
+  mounts our server runs on TCP 2049 with knfsd stopped: rpc.gssd makes an RDMA mount's
+  contexts over TCP to port 2049;
 - a user without a ticket is refused (EACCES);
 - our client writes and reads as alice against knfsd (rpc.svcgssd) with krb5 and krb5i over TCP
   and RDMA (Debian's 6.1 kernel answers every krb5p COMPOUND with GARBAGE_ARGS after a
@@ -15,32 +18,31 @@ the Linux client and rpc.svcgssd for knfsd, and
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from nfsrdma.testbed.helpers import (
-    Background,
-    Knfsd,
-    MountFactory,
-    Proto,
-    artefact_dir,
-    run,
-)
-from nfsrdma.testbed.helpers import testbed_addr as guest_addr
+from nfsrdma.stats.admin import query, socket_path
+from nfsrdma.testbed.constants import KNFSD_TCP_PORT
+from nfsrdma.testbed.helpers import Knfsd, MountFactory, Proto, artefact_dir, drop_caches
 from nfsrdma.testbed.ours import OurServer, our_server
-from tests.kdc import SERVER_HOST, Kdc, start_kdc
+from tests.kdc import SERVER_HOST, Kdc
+from tests.testbed.kerberos_realm import (
+    ALICE,
+    ALICE_CC,
+    BOB,
+    as_user,
+    guest_realm,
+    knfsd_stopped,
+)
 
 pytestmark = pytest.mark.testbed
-
-ALICE, BOB = 1500, 1501
-ALICE_CC = f"FILE:/tmp/krb5cc_{ALICE}"
 
 # The workload, run as a user through the mount: a tree, files written and read back,
 # rename, link, symlink, chmod, truncate, a listing, removal. Prints a JSON result that does
@@ -84,12 +86,6 @@ print(json.dumps(out, sort_keys=True))
 """
 
 
-def as_user(uid: int, argv: list[str], ccache: str | None) -> subprocess.CompletedProcess[str]:
-    env = [f"KRB5CCNAME={ccache}"] if ccache else []
-    cmd = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "env", *env, *argv]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
-
-
 def workload(mnt: Path, uid: int, ccache: str | None) -> dict[str, Any]:
     done = as_user(uid, ["/usr/bin/python3", "-c", WORKLOAD, str(mnt)], ccache)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -97,89 +93,50 @@ def workload(mnt: Path, uid: int, ccache: str | None) -> dict[str, Any]:
     return result
 
 
-def holds_open(proc: Background, what: str) -> bool:
-    """The daemon has a descriptor on a path containing ``what`` (it is serving upcalls)."""
-    assert proc.proc is not None
-    fds = Path(f"/proc/{proc.proc.pid}/fd")
-    try:
-        return any(what in os.readlink(fd) for fd in fds.iterdir())
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def realm(knfsd: Knfsd) -> Iterator[Kdc]:
     """The realm, the names, the users, the GSS daemons, and knfsd exporting with Kerberos."""
-    addr = guest_addr()
-    run(["hostname", SERVER_HOST])
-    Path("/etc/hosts").write_text(f"127.0.0.1 localhost\n{addr} {SERVER_HOST} server\n")
-    Path("/etc/idmapd.conf").write_text(
-        "[General]\nDomain = nfsrdma.test\n[Mapping]\nNobody-User = nobody\n"
-        "Nobody-Group = nogroup\n"
-    )
-    kdc = start_kdc(Path("/run/krb5-realm"))
-    # The system's krb5.conf: the realm's, without its test-process defaults (ccache, keytab).
-    conf = [
-        line
-        for line in kdc.krb5_conf.read_text().splitlines()
-        if "default_ccache_name" not in line and "default_keytab_name" not in line
-    ]
-    Path("/etc/krb5.conf").write_text("\n".join(conf) + "\n")
-    shutil.copy(kdc.server_keytab, "/etc/krb5.keytab")
-    os.chmod("/etc/krb5.keytab", 0o600)
-    # useradd fails on the guest's /etc overlay: append the users.
-    with open("/etc/passwd", "a") as f:
-        f.write(f"alice:x:{ALICE}:{ALICE}::/tmp:/bin/sh\nbob:x:{BOB}:{BOB}::/tmp:/bin/sh\n")
-    with open("/etc/group", "a") as f:
-        f.write(f"alice:x:{ALICE}:\nbob:x:{BOB}:\n")
-    keytab = Path("/tmp/alice.keytab")
-    shutil.copy(kdc.user_keytab, keytab)
-    os.chown(keytab, ALICE, ALICE)
-    got = as_user(ALICE, ["kinit", "-k", "-t", str(keytab), kdc.user_principal], ALICE_CC)
-    assert got.returncode == 0, got.stderr
-    run(["modprobe", "-a", "auth_rpcgss", "rpcsec_gss_krb5"])
-    logs = artefact_dir("kerberos")
-    daemons = [
-        Background(["rpc.idmapd", "-f"], log=logs / "idmapd.log").start(),
-        Background(["rpc.svcgssd", "-f", "-v"], log=logs / "svcgssd.log").start(),
-        Background(["rpc.gssd", "-f", "-v"], log=logs / "gssd.log").start(),
-    ]
-    try:
-        daemons[1].wait_ready(lambda: holds_open(daemons[1], "auth.rpcsec"), timeout=60)
-        daemons[2].wait_ready(lambda: holds_open(daemons[2], "rpc_pipefs"), timeout=60)
-        exports = Path("/etc/exports").read_text()
-        lines = [
-            line.replace(")", ",sec=sys:krb5:krb5i:krb5p)", 1)
-            if line.startswith(str(knfsd.export))
-            else line
-            for line in exports.splitlines()
-        ]
-        Path("/etc/exports").write_text("\n".join(lines) + "\n")
-        run(["exportfs", "-ra"])
-        os.chmod(knfsd.export, 0o777)
+    with guest_realm(knfsd, Path("/run/krb5-realm")) as kdc:
         yield kdc
-    finally:
-        for d in reversed(daemons):
-            d.stop()
-        kdc.stop()
 
 
 @pytest.fixture(scope="module")
 def ours(realm: Kdc) -> Iterator[OurServer]:
     extra = ("--sec", "krb5p,krb5i,krb5,sys", "--keytab", "/etc/krb5.keytab")
-    with our_server("kerberos", extra=(*extra, "--gss-host", SERVER_HOST)) as srv:
+    with our_server("kerberos", rdma=False, extra=(*extra, "--gss-host", SERVER_HOST)) as srv:
         os.chmod(srv.export, 0o777)
         yield srv
 
 
-@pytest.mark.parametrize("proto", ["tcp"])
-def test_linux_client_kerberos_mounts_of_our_server(
-    proto: Proto, ours: OurServer, nfs_mount: MountFactory
-) -> None:
+BIG_SHA256 = hashlib.sha256(hashlib.sha256(b"big").digest() * 32768).hexdigest()
+# The RPC-over-RDMA counters of our server the test compares (nfsrdma stats).
+CHUNK_COUNTERS = (
+    "calls_inline", "calls_long", "replies_inline", "replies_long", "read_chunks_received",
+    "write_chunks_offered", "write_chunks_filled", "reply_chunks_offered",
+)  # fmt: skip
+
+
+def rdma_counters(state_dir: str) -> dict[str, int]:
+    snap = query(socket_path(state_dir))["stats"]
+    counters: dict[str, int] = snap.get("rdma", {}).get("counters", {})
+    return {k: int(counters.get(k, 0)) for k in CHUNK_COUNTERS}
+
+
+def linux_client_workloads(
+    srv: OurServer, state_dir: str, proto: Proto, nfs_mount: MountFactory
+) -> dict[str, dict[str, int]]:
+    """The workload as alice under each flavour: the same results as under sys. Returns the
+    server's RPC-over-RDMA counters moved by each flavour's mount."""
     results = {}
+    traffic: dict[str, dict[str, int]] = {}
     for sec in ("sys", "krb5", "krb5i", "krb5p"):
-        with nfs_mount(ours.server(proto), options=(f"sec={sec}",)) as m:
+        before = rdma_counters(state_dir)
+        with nfs_mount(srv.server(proto), options=(f"sec={sec}",)) as m:
             results[sec] = workload(m.mountpoint, ALICE, ALICE_CC)
+            # The big file again, from the server this time (READs of up to rsize).
+            drop_caches()
+            got = as_user(ALICE, ["sha256sum", str(m.mountpoint / "kwl" / "big")], ALICE_CC)
+            assert got.returncode == 0 and got.stdout.split()[0] == BIG_SHA256, (sec, got)
             if sec != "sys":
                 # A user without a ticket is refused.
                 # (gssd finds no credentials; the kernel fails the mount point's revalidation,
@@ -187,17 +144,29 @@ def test_linux_client_kerberos_mounts_of_our_server(
                 denied = as_user(BOB, ["ls", str(m.mountpoint)], "FILE:/tmp/krb5cc_none")
                 assert denied.returncode != 0 and not denied.stdout, denied
                 assert "Permission denied" in denied.stderr or "Stale" in denied.stderr
-            on_server = ours.export / "kwl"
+            on_server = srv.export / "kwl"
             assert (on_server / "owned-by-me").stat().st_uid == ALICE, sec
             shutil.rmtree(on_server)
+        after = rdma_counters(state_dir)
+        traffic[sec] = {k: after[k] - before[k] for k in CHUNK_COUNTERS}
+    (artefact_dir("kerberos") / f"rdma-traffic-{proto}.json").write_text(
+        json.dumps(traffic, indent=1) + "\n"
+    )
     assert results["sys"]["big_ok"] and results["sys"]["owner"] == ALICE
     for r in results.values():
         # How the client shows owners depends on its id mapping (numeric under sys only).
         r.pop("owner")
     for sec in ("krb5", "krb5i", "krb5p"):
         assert results[sec] == results["sys"], sec
-    log = ours.proc.log.read_text()
+    log = srv.proc.log.read_text()
     assert "RPCSEC_GSS context for alice@" in log
+    return traffic
+
+
+def test_linux_client_kerberos_mounts_of_our_server_tcp(
+    ours: OurServer, nfs_mount: MountFactory
+) -> None:
+    linux_client_workloads(ours, "/tmp/kerberos-state", "tcp", nfs_mount)
 
 
 @pytest.mark.parametrize("proto", ["tcp", "rdma"])
@@ -220,3 +189,36 @@ def test_our_client_against_knfsd_with_kerberos(proto: Proto, realm: Kdc, knfsd:
 
     for sec in ("krb5", "krb5i"):
         asyncio.run(main(sec))
+
+
+@pytest.fixture
+def ours_on_2049(realm: Kdc, knfsd: Knfsd) -> Iterator[OurServer]:
+    """Our server on TCP 2049 (and RDMA 20050), knfsd stopped meanwhile: rpc.gssd makes the
+    contexts of an RDMA mount over TCP to port 2049 (nfs-utils has no RPC-over-RDMA)."""
+    extra = ("--sec", "krb5p,krb5i,krb5,sys", "--keytab", "/etc/krb5.keytab")
+    with (
+        knfsd_stopped(),
+        our_server(
+            "kerberos-rdma", extra=(*extra, "--gss-host", SERVER_HOST), tcp_port=KNFSD_TCP_PORT
+        ) as srv,
+    ):
+        os.chmod(srv.export, 0o777)
+        yield srv
+
+
+def test_linux_client_kerberos_mounts_of_our_server_rdma(
+    ours_on_2049: OurServer, nfs_mount: MountFactory
+) -> None:
+    """Last in this file: knfsd is stopped for it (see ``ours_on_2049``)."""
+    traffic = linux_client_workloads(ours_on_2049, "/tmp/kerberos-rdma-state", "rdma", nfs_mount)
+    # sys and krb5: the READ data is placed directly, in Write chunks. (Debian's 6.1 client
+    # sends its large WRITEs as Long Calls under every flavour, none with a Read chunk.)
+    for sec in ("sys", "krb5"):
+        assert traffic[sec]["write_chunks_filled"] > 0, (sec, traffic)
+    for sec in ("krb5i", "krb5p"):
+        # The protected bodies are not split (RFC 8166 section 9.2): large calls come as Long
+        # Calls, large replies go into the Reply chunk, no data item moves by itself.
+        t = traffic[sec]
+        assert t["calls_long"] > 0 and t["replies_long"] > 0, (sec, traffic)
+        assert t["read_chunks_received"] == 0, (sec, traffic)
+        assert t["write_chunks_offered"] == 0 and t["write_chunks_filled"] == 0, (sec, traffic)
