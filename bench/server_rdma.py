@@ -11,7 +11,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nfsbench import arguments, forwarded, measure, ratio_line, run_in_testbed, step, table
+from nfsbench import (
+    ServerProbe,
+    arguments,
+    forwarded,
+    measure,
+    ratio_line,
+    run_in_testbed,
+    step,
+    table,
+)
 
 from nfsrdma.testbed.helpers import Knfsd, artefact_dir, export_dir, in_testbed, testbed_addr
 from nfsrdma.testbed.ours import our_server
@@ -32,7 +41,8 @@ def in_guest(args: argparse.Namespace) -> int:
     write_bw = ceiling("ib_write_bw", args.size_mib)
     with our_server("bench-rdma") as ours:
         theirs = measure(knfsd.server("rdma"), "knfsd rdma", args)
-        mine = measure(ours.server("rdma"), "nfsrdma rdma", args)
+        probe = ServerProbe(ours.pid, ours.state_dir, "ours-rdma", profile=args.profile)
+        mine = measure(ours.server("rdma"), "nfsrdma rdma", args, probe)
     print(f"rxe0 ceiling: ib_write_bw {write_bw:.1f} MB/s, ib_read_bw {read_bw:.1f} MB/s")
     table([("knfsd (RDMA 20049)", theirs), ("nfsrdma serve (RDMA 20050)", mine)])
     print(ratio_line(mine, theirs, read_of_ceiling=mine.seq_read / read_bw), flush=True)

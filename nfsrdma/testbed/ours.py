@@ -29,6 +29,15 @@ class OurServer:
     proc: Background
     rdma: bool
 
+    @property
+    def pid(self) -> int:
+        assert self.proc.proc is not None
+        return self.proc.proc.pid
+
+    @property
+    def state_dir(self) -> str:
+        return f"/tmp/{self.export.name.removesuffix('-export')}-state"
+
     def server(self, proto: str) -> NfsServer:
         port = OURS_RDMA_PORT if proto == "rdma" else OURS_TCP_PORT
         return NfsServer(testbed_addr(), port, proto)  # type: ignore[arg-type]
