@@ -224,6 +224,13 @@ def arguments(doc: str) -> argparse.ArgumentParser:
         action="store_true",
         help="profile our server with py-spy in each phase (artefacts/; numbers drop a little)",
     )
+    p.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more argument for our server (e.g. --serve-arg=--no-delegations; repeatable)",
+    )
     p.add_argument("--out", type=Path, default=None, help="host only: results directory")
     p.add_argument("--timeout", type=float, default=1800.0, help="host only: VM time limit")
     return p
@@ -244,6 +251,7 @@ def forwarded(args: argparse.Namespace) -> list[str]:
     return [
         "--size-mib", str(args.size_mib), "--seconds", str(args.seconds),
         "--files", str(args.files), *(["--profile"] if args.profile else []),
+        *(f"--serve-arg={a}" for a in args.serve_arg),
     ]  # fmt: skip
 
 
