@@ -231,6 +231,12 @@ def arguments(doc: str) -> argparse.ArgumentParser:
         metavar="ARG",
         help="one more argument for our server (e.g. --serve-arg=--no-delegations; repeatable)",
     )
+    p.add_argument(
+        "--root-squash",
+        action="store_true",
+        help="our server squashes root (every call of the root client is an identity switch; "
+        "knfsd does not squash: compare our figures between runs, not the ratio)",
+    )
     p.add_argument("--out", type=Path, default=None, help="host only: results directory")
     p.add_argument("--timeout", type=float, default=1800.0, help="host only: VM time limit")
     return p
@@ -252,6 +258,7 @@ def forwarded(args: argparse.Namespace) -> list[str]:
         "--size-mib", str(args.size_mib), "--seconds", str(args.seconds),
         "--files", str(args.files), *(["--profile"] if args.profile else []),
         *(f"--serve-arg={a}" for a in args.serve_arg),
+        *(["--root-squash"] if args.root_squash else []),
     ]  # fmt: skip
 
 

@@ -39,7 +39,9 @@ def in_guest(args: argparse.Namespace) -> int:
     knfsd = Knfsd(addr=testbed_addr(), export=export_dir())
     read_bw = ceiling("ib_read_bw", args.size_mib)
     write_bw = ceiling("ib_write_bw", args.size_mib)
-    with our_server("bench-rdma", extra=tuple(args.serve_arg)) as ours:
+    with our_server(
+        "bench-rdma", extra=tuple(args.serve_arg), root_squash=args.root_squash
+    ) as ours:
         theirs = measure(knfsd.server("rdma"), "knfsd rdma", args)
         probe = ServerProbe(ours.pid, ours.state_dir, "ours-rdma", profile=args.profile)
         mine = measure(ours.server("rdma"), "nfsrdma rdma", args, probe)

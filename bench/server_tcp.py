@@ -17,7 +17,9 @@ from nfsrdma.testbed.ours import our_server
 
 def in_guest(args: argparse.Namespace) -> int:
     knfsd = Knfsd(addr=testbed_addr(), export=export_dir())
-    with our_server("bench-tcp", rdma=False, extra=tuple(args.serve_arg)) as ours:
+    with our_server(
+        "bench-tcp", rdma=False, extra=tuple(args.serve_arg), root_squash=args.root_squash
+    ) as ours:
         theirs = measure(knfsd.server("tcp"), "knfsd tcp", args)
         probe = ServerProbe(ours.pid, ours.state_dir, "ours-tcp", profile=args.profile)
         mine = measure(ours.server("tcp"), "nfsrdma tcp", args, probe)

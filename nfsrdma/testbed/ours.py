@@ -45,17 +45,20 @@ class OurServer:
 
 @contextmanager
 def our_server(
-    name: str = "ours", *, rdma: bool = True, extra: tuple[str, ...] = ()
+    name: str = "ours", *, rdma: bool = True, extra: tuple[str, ...] = (), root_squash: bool = False
 ) -> Iterator[OurServer]:
-    """``nfsrdma serve`` on a fresh tmpfs, as knfsd's export is: no root squash."""
+    """``nfsrdma serve`` on a fresh tmpfs, as knfsd's export is: no root squash (unless
+    ``root_squash``: root then acts as 65534, every call an identity switch)."""
     export = Path(f"/tmp/{name}-export")
     export.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512m", "tmpfs", str(export)], check=True)
     argv = [
         sys.executable, "-m", "nfsrdma", "-v", "serve", str(export),
-        "--tcp-port", str(OURS_TCP_PORT), "--no-root-squash", "--lease-time", "20",
+        "--tcp-port", str(OURS_TCP_PORT), "--lease-time", "20",
         "--state-dir", f"/tmp/{name}-state", *extra,
     ]  # fmt: skip
+    if not root_squash:
+        argv.append("--no-root-squash")
     if rdma:
         argv += ["--rdma-port", str(OURS_RDMA_PORT)]
     else:
