@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -117,14 +118,17 @@ def metadata(mnt: Path, files: int) -> float:
 
 
 class ServerProbe:
-    """Looks into our server during each phase: a py-spy profile (``--profile``, every thread,
-    idle time included, collapsed stacks) and the server's per-operation figures (``nfsrdma
-    stats --json``: calls, mean and p99 latency), both written to ``artefacts/<name>/``."""
+    """Looks into our server during each phase: the CPU seconds its process used per COMPOUND
+    (``/proc/<pid>/stat``; unlike a rate, hardly moved by other load on the machine), a py-spy
+    profile (``--profile``: every thread, idle time included, collapsed stacks) and its
+    per-operation figures (``nfsrdma stats --json``: calls, mean and p99 latency), written to
+    ``artefacts/<name>/``; ``cpu_ms`` holds the CPU milliseconds per COMPOUND of each phase."""
 
     def __init__(self, pid: int, state_dir: str, name: str, *, profile: bool) -> None:
         self.pid = pid
         self.state_dir = state_dir
         self.dir = artefact_dir(name)
+        self.cpu_ms: dict[str, float] = {}
         self.py_spy = shutil.which("py-spy") if profile else None
         if profile and self.py_spy is None:
             step("py-spy not found: no profile")
@@ -142,6 +146,7 @@ class ServerProbe:
             spy = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
             log.close()
             time.sleep(1.0)  # attached before the phase starts
+        cpu0, compounds0 = self._cpu_s(), self._compounds(self._stats())
         try:
             yield
         finally:
@@ -151,17 +156,40 @@ class ServerProbe:
                     spy.wait(60)
                 except subprocess.TimeoutExpired:
                     spy.kill()
-            self._stats(label)
+            snap = self._stats()
+            if snap is not None:
+                (self.dir / f"{label}.stats.json").write_text(json.dumps(snap, indent=1) + "\n")
+            compounds = self._compounds(snap) - compounds0
+            if compounds > 0:
+                self.cpu_ms[label] = (self._cpu_s() - cpu0) * 1000 / compounds
 
-    def _stats(self, label: str) -> None:
+    def _cpu_s(self) -> float:
+        """User and system CPU seconds of the server process (every thread) so far."""
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def _compounds(snap: dict[str, Any] | None) -> int:
+        if snap is None:
+            return 0
+        return sum(int(t.get("compounds", 0)) for t in snap.get("transports", {}).values())
+
+    def _stats(self) -> dict[str, Any] | None:
         from nfsrdma.stats.admin import query, socket_path
 
         try:
-            snap = query(socket_path(self.state_dir))["stats"]
+            snap: dict[str, Any] = query(socket_path(self.state_dir))["stats"]
         except (OSError, ValueError, KeyError) as e:
-            step(f"stats after {label}: {e}")
-            return
-        (self.dir / f"{label}.stats.json").write_text(json.dumps(snap, indent=1) + "\n")
+            step(f"server stats: {e}")
+            return None
+        return snap
+
+    def line(self) -> str:
+        """``cpu_ms_per_compound seq=… rand_read=… meta=…`` (our server, this run)."""
+        return "our server's CPU ms per COMPOUND: " + " ".join(
+            f"{k}={v:.2f}" for k, v in self.cpu_ms.items()
+        )
 
 
 def measure(
@@ -237,6 +265,9 @@ def arguments(doc: str) -> argparse.ArgumentParser:
         help="our server squashes root (every call of the root client is an identity switch; "
         "knfsd does not squash: compare our figures between runs, not the ratio)",
     )
+    p.add_argument(
+        "--tag", default="", help="names this run's artefacts (artefacts/ours-<proto>-<tag>/)"
+    )
     p.add_argument("--out", type=Path, default=None, help="host only: results directory")
     p.add_argument("--timeout", type=float, default=1800.0, help="host only: VM time limit")
     return p
@@ -259,6 +290,7 @@ def forwarded(args: argparse.Namespace) -> list[str]:
         "--files", str(args.files), *(["--profile"] if args.profile else []),
         *(f"--serve-arg={a}" for a in args.serve_arg),
         *(["--root-squash"] if args.root_squash else []),
+        *([f"--tag={args.tag}"] if args.tag else []),
     ]  # fmt: skip
 
 

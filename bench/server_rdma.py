@@ -43,10 +43,12 @@ def in_guest(args: argparse.Namespace) -> int:
         "bench-rdma", extra=tuple(args.serve_arg), root_squash=args.root_squash
     ) as ours:
         theirs = measure(knfsd.server("rdma"), "knfsd rdma", args)
-        probe = ServerProbe(ours.pid, ours.state_dir, "ours-rdma", profile=args.profile)
+        name = "-".join(["ours-rdma", *([args.tag] if args.tag else [])])
+        probe = ServerProbe(ours.pid, ours.state_dir, name, profile=args.profile)
         mine = measure(ours.server("rdma"), "nfsrdma rdma", args, probe)
     print(f"rxe0 ceiling: ib_write_bw {write_bw:.1f} MB/s, ib_read_bw {read_bw:.1f} MB/s")
     table([("knfsd (RDMA 20049)", theirs), ("nfsrdma serve (RDMA 20050)", mine)])
+    print(probe.line())
     print(ratio_line(mine, theirs, read_of_ceiling=mine.seq_read / read_bw), flush=True)
     return 0
 

@@ -21,9 +21,11 @@ def in_guest(args: argparse.Namespace) -> int:
         "bench-tcp", rdma=False, extra=tuple(args.serve_arg), root_squash=args.root_squash
     ) as ours:
         theirs = measure(knfsd.server("tcp"), "knfsd tcp", args)
-        probe = ServerProbe(ours.pid, ours.state_dir, "ours-tcp", profile=args.profile)
+        name = "-".join(["ours-tcp", *([args.tag] if args.tag else [])])
+        probe = ServerProbe(ours.pid, ours.state_dir, name, profile=args.profile)
         mine = measure(ours.server("tcp"), "nfsrdma tcp", args, probe)
     table([("knfsd (TCP 2049)", theirs), ("nfsrdma serve (TCP 2050)", mine)])
+    print(probe.line())
     print(ratio_line(mine, theirs), flush=True)
     return 0
 
