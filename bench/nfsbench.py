@@ -119,10 +119,11 @@ def metadata(mnt: Path, files: int) -> float:
 
 class ServerProbe:
     """Looks into our server during each phase: the CPU seconds its process used per COMPOUND
-    (``/proc/<pid>/stat``; unlike a rate, hardly moved by other load on the machine), a py-spy
-    profile (``--profile``: every thread, idle time included, collapsed stacks) and its
-    per-operation figures (``nfsrdma stats --json``: calls, mean and p99 latency), written to
-    ``artefacts/<name>/``; ``cpu_ms`` holds the CPU milliseconds per COMPOUND of each phase."""
+        (``/proc/<pid>/stat``; under TCG with other load on the host it varies about 2x between runs
+    too, so compare it over several runs), a py-spy
+        profile (``--profile``: every thread, idle time included, collapsed stacks) and its
+        per-operation figures (``nfsrdma stats --json``: calls, mean and p99 latency), written to
+        ``artefacts/<name>/``; ``cpu_ms`` holds the CPU milliseconds per COMPOUND of each phase."""
 
     def __init__(self, pid: int, state_dir: str, name: str, *, profile: bool) -> None:
         self.pid = pid
