@@ -14,20 +14,25 @@ Absolute numbers under qemu TCG mean little; the ratio ours / knfsd within one b
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import mmap
 import os
 import random
+import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from nfsrdma.testbed.helpers import NfsServer, drop_caches, mount_nfs
+from nfsrdma.testbed.helpers import NfsServer, artefact_dir, drop_caches, mount_nfs
 
 CHUNK = 1 << 20
 MOUNT_ROOT = Path("/tmp/bench-mnt")
@@ -112,25 +117,111 @@ def metadata(mnt: Path, files: int) -> float:
     return 3 * files / (time.perf_counter() - t)
 
 
-def measure(server: NfsServer, name: str, args: argparse.Namespace) -> Figures:
+class ServerProbe:
+    """Looks into our server during each phase: the CPU seconds its process used per COMPOUND
+        (``/proc/<pid>/stat``; under TCG with other load on the host it varies about 2x between runs
+    too, so compare it over several runs), a py-spy
+        profile (``--profile``: every thread, idle time included, collapsed stacks) and its
+        per-operation figures (``nfsrdma stats --json``: calls, mean and p99 latency), written to
+        ``artefacts/<name>/``; ``cpu_ms`` holds the CPU milliseconds per COMPOUND of each phase."""
+
+    def __init__(self, pid: int, state_dir: str, name: str, *, profile: bool) -> None:
+        self.pid = pid
+        self.state_dir = state_dir
+        self.dir = artefact_dir(name)
+        self.cpu_ms: dict[str, float] = {}
+        self.py_spy = shutil.which("py-spy") if profile else None
+        if profile and self.py_spy is None:
+            step("py-spy not found: no profile")
+
+    @contextlib.contextmanager
+    def phase(self, label: str) -> Iterator[None]:
+        spy = None
+        if self.py_spy is not None:
+            argv = [
+                self.py_spy, "record", "--pid", str(self.pid), "--rate", "97", "--idle",
+                "--threads", "--nonblocking", "--format", "raw",
+                "--output", str(self.dir / f"{label}.collapsed"),
+            ]  # fmt: skip
+            log = open(self.dir / f"{label}.py-spy.log", "wb")  # noqa: SIM115
+            spy = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+            log.close()
+            time.sleep(1.0)  # attached before the phase starts
+        cpu0, compounds0 = self._cpu_s(), self._compounds(self._stats())
+        try:
+            yield
+        finally:
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                try:
+                    spy.wait(60)
+                except subprocess.TimeoutExpired:
+                    spy.kill()
+            snap = self._stats()
+            if snap is not None:
+                (self.dir / f"{label}.stats.json").write_text(json.dumps(snap, indent=1) + "\n")
+            compounds = self._compounds(snap) - compounds0
+            if compounds > 0:
+                self.cpu_ms[label] = (self._cpu_s() - cpu0) * 1000 / compounds
+
+    def _cpu_s(self) -> float:
+        """User and system CPU seconds of the server process (every thread) so far."""
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def _compounds(snap: dict[str, Any] | None) -> int:
+        if snap is None:
+            return 0
+        return sum(int(t.get("compounds", 0)) for t in snap.get("transports", {}).values())
+
+    def _stats(self) -> dict[str, Any] | None:
+        from nfsrdma.stats.admin import query, socket_path
+
+        try:
+            snap: dict[str, Any] = query(socket_path(self.state_dir))["stats"]
+        except (OSError, ValueError, KeyError) as e:
+            step(f"server stats: {e}")
+            return None
+        return snap
+
+    def line(self) -> str:
+        """``cpu_ms_per_compound seq=… rand_read=… meta=…`` (our server, this run)."""
+        return "our server's CPU ms per COMPOUND: " + " ".join(
+            f"{k}={v:.2f}" for k, v in self.cpu_ms.items()
+        )
+
+
+def measure(
+    server: NfsServer, name: str, args: argparse.Namespace, probe: ServerProbe | None = None
+) -> Figures:
     f = Figures()
+
+    def phase(label: str) -> contextlib.AbstractContextManager[None]:
+        return probe.phase(label) if probe is not None else contextlib.nullcontext()
+
     with mount_nfs(server, MOUNT_ROOT / name) as m:
         step(f"{name}: sequential {args.size_mib} MiB")
-        f.seq_write, f.seq_read = sequential(m.mountpoint, args.size_mib)
+        with phase("seq"):
+            f.seq_write, f.seq_read = sequential(m.mountpoint, args.size_mib)
         step(f"{name}: 4 KiB random reads for {args.seconds:g} s")
-        f.rand_read = random_reads(m.mountpoint, args.seconds)
+        with phase("rand_read"):
+            f.rand_read = random_reads(m.mountpoint, args.seconds)
         step(f"{name}: create+stat+remove of {args.files} files")
-        f.meta = metadata(m.mountpoint, args.files)
+        with phase("meta"):
+            f.meta = metadata(m.mountpoint, args.files)
         (m.mountpoint / "seq.bin").unlink()
     return f
 
 
 def ratio_line(mine: Figures, theirs: Figures, **extra: float) -> str:
-    """``seq_write=… seq_read=… rand_read=…`` (ours / theirs), then any ``extra`` figures."""
+    """``seq_write=… seq_read=… rand_read=… meta=…`` (ours / theirs), then any ``extra``."""
     parts = {
         "seq_write": mine.seq_write / theirs.seq_write,
         "seq_read": mine.seq_read / theirs.seq_read,
         "rand_read": mine.rand_read / theirs.rand_read,
+        "meta": mine.meta / theirs.meta,
         **extra,
     }
     return " ".join(f"{k}={v:.2f}" for k, v in parts.items())
@@ -157,6 +248,27 @@ def arguments(doc: str) -> argparse.ArgumentParser:
     p.add_argument("--size-mib", type=int, default=64, help="sequential file size (64 MiB)")
     p.add_argument("--seconds", type=float, default=10.0, help="random-read time (10 s)")
     p.add_argument("--files", type=int, default=500, help="files for create/stat/remove")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile our server with py-spy in each phase (artefacts/; numbers drop a little)",
+    )
+    p.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more argument for our server (e.g. --serve-arg=--no-delegations; repeatable)",
+    )
+    p.add_argument(
+        "--root-squash",
+        action="store_true",
+        help="our server squashes root (every call of the root client is an identity switch; "
+        "knfsd does not squash: compare our figures between runs, not the ratio)",
+    )
+    p.add_argument(
+        "--tag", default="", help="names this run's artefacts (artefacts/ours-<proto>-<tag>/)"
+    )
     p.add_argument("--out", type=Path, default=None, help="host only: results directory")
     p.add_argument("--timeout", type=float, default=1800.0, help="host only: VM time limit")
     return p
@@ -176,7 +288,10 @@ def run_in_testbed(script: str, args: argparse.Namespace, forward: list[str]) ->
 def forwarded(args: argparse.Namespace) -> list[str]:
     return [
         "--size-mib", str(args.size_mib), "--seconds", str(args.seconds),
-        "--files", str(args.files),
+        "--files", str(args.files), *(["--profile"] if args.profile else []),
+        *(f"--serve-arg={a}" for a in args.serve_arg),
+        *(["--root-squash"] if args.root_squash else []),
+        *([f"--tag={args.tag}"] if args.tag else []),
     ]  # fmt: skip
 
 

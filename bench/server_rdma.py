@@ -11,7 +11,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nfsbench import arguments, forwarded, measure, ratio_line, run_in_testbed, step, table
+from nfsbench import (
+    ServerProbe,
+    arguments,
+    forwarded,
+    measure,
+    ratio_line,
+    run_in_testbed,
+    step,
+    table,
+)
 
 from nfsrdma.testbed.helpers import Knfsd, artefact_dir, export_dir, in_testbed, testbed_addr
 from nfsrdma.testbed.ours import our_server
@@ -30,11 +39,16 @@ def in_guest(args: argparse.Namespace) -> int:
     knfsd = Knfsd(addr=testbed_addr(), export=export_dir())
     read_bw = ceiling("ib_read_bw", args.size_mib)
     write_bw = ceiling("ib_write_bw", args.size_mib)
-    with our_server("bench-rdma") as ours:
+    with our_server(
+        "bench-rdma", extra=tuple(args.serve_arg), root_squash=args.root_squash
+    ) as ours:
         theirs = measure(knfsd.server("rdma"), "knfsd rdma", args)
-        mine = measure(ours.server("rdma"), "nfsrdma rdma", args)
+        name = "-".join(["ours-rdma", *([args.tag] if args.tag else [])])
+        probe = ServerProbe(ours.pid, ours.state_dir, name, profile=args.profile)
+        mine = measure(ours.server("rdma"), "nfsrdma rdma", args, probe)
     print(f"rxe0 ceiling: ib_write_bw {write_bw:.1f} MB/s, ib_read_bw {read_bw:.1f} MB/s")
     table([("knfsd (RDMA 20049)", theirs), ("nfsrdma serve (RDMA 20050)", mine)])
+    print(probe.line())
     print(ratio_line(mine, theirs, read_of_ceiling=mine.seq_read / read_bw), flush=True)
     return 0
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nfsbench import arguments, forwarded, measure, ratio_line, run_in_testbed, table
+from nfsbench import ServerProbe, arguments, forwarded, measure, ratio_line, run_in_testbed, table
 
 from nfsrdma.testbed.helpers import Knfsd, export_dir, in_testbed, testbed_addr
 from nfsrdma.testbed.ours import our_server
@@ -17,11 +17,16 @@ from nfsrdma.testbed.ours import our_server
 
 def in_guest(args: argparse.Namespace) -> int:
     knfsd = Knfsd(addr=testbed_addr(), export=export_dir())
-    with our_server("bench-tcp", rdma=False) as ours:
+    with our_server(
+        "bench-tcp", rdma=False, extra=tuple(args.serve_arg), root_squash=args.root_squash
+    ) as ours:
         theirs = measure(knfsd.server("tcp"), "knfsd tcp", args)
-        mine = measure(ours.server("tcp"), "nfsrdma tcp", args)
+        name = "-".join(["ours-tcp", *([args.tag] if args.tag else [])])
+        probe = ServerProbe(ours.pid, ours.state_dir, name, profile=args.profile)
+        mine = measure(ours.server("tcp"), "nfsrdma tcp", args, probe)
     table([("knfsd (TCP 2049)", theirs), ("nfsrdma serve (TCP 2050)", mine)])
-    print(ratio_line(mine, theirs, meta=mine.meta / theirs.meta), flush=True)
+    print(probe.line())
+    print(ratio_line(mine, theirs), flush=True)
     return 0
 
 

@@ -30,6 +30,15 @@ class OurServer:
     rdma: bool
     tcp_port: int = OURS_TCP_PORT
 
+    @property
+    def pid(self) -> int:
+        assert self.proc.proc is not None
+        return self.proc.proc.pid
+
+    @property
+    def state_dir(self) -> str:
+        return f"/tmp/{self.export.name.removesuffix('-export')}-state"
+
     def server(self, proto: str) -> NfsServer:
         port = OURS_RDMA_PORT if proto == "rdma" else self.tcp_port
         return NfsServer(testbed_addr(), port, proto)  # type: ignore[arg-type]
@@ -42,16 +51,20 @@ def our_server(
     rdma: bool = True,
     extra: tuple[str, ...] = (),
     tcp_port: int = OURS_TCP_PORT,
+    root_squash: bool = False,
 ) -> Iterator[OurServer]:
-    """``nfsrdma serve`` on a fresh tmpfs, as knfsd's export is: no root squash."""
+    """``nfsrdma serve`` on a fresh tmpfs, as knfsd's export is: no root squash (unless
+    ``root_squash``: root then acts as 65534, every call an identity switch)."""
     export = Path(f"/tmp/{name}-export")
     export.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512m", "tmpfs", str(export)], check=True)
     argv = [
         sys.executable, "-m", "nfsrdma", "-v", "serve", str(export),
-        "--tcp-port", str(tcp_port), "--no-root-squash", "--lease-time", "20",
+        "--tcp-port", str(tcp_port), "--lease-time", "20",
         "--state-dir", f"/tmp/{name}-state", *extra,
     ]  # fmt: skip
+    if not root_squash:
+        argv.append("--no-root-squash")
     if rdma:
         argv += ["--rdma-port", str(OURS_RDMA_PORT)]
     else:

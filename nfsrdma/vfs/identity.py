@@ -18,6 +18,9 @@ EACCES). The event loop drives the RDMA transport, so its thread must never chan
 the server marks it with :func:`protect_current_thread` before it opens a device, and a VFS call
 made on a protected thread that needs another identity runs, synchronously, in a worker thread
 of its own (:func:`off_protected_threads`). Calls as the server's own identity run in place.
+The hand-off is two locks and one long-lived thread (about half what a thread pool's future
+costs, which is as much as a whole small COMPOUND); protected threads share that worker, one
+call at a time.
 """
 
 from __future__ import annotations
@@ -29,8 +32,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Concatenate, Final, ParamSpec, Protocol, TypeVar
+from typing import Concatenate, Final, ParamSpec, Protocol, TypeVar, cast
 
 from nfsrdma.vfs import syscalls
 from nfsrdma.vfs.base import Cred, Export
@@ -45,8 +47,6 @@ _thread = threading.local()
 
 
 _protected: set[int] = set()  # threads (by ident) whose credentials must never change
-_worker: ThreadPoolExecutor | None = None
-_worker_lock = threading.Lock()
 
 
 def protect_current_thread() -> None:
@@ -55,12 +55,63 @@ def protect_current_thread() -> None:
     _protected.add(threading.get_ident())
 
 
-def _identity_worker() -> ThreadPoolExecutor:
-    global _worker
-    with _worker_lock:
-        if _worker is None:
-            _worker = ThreadPoolExecutor(2, thread_name_prefix="nfsrdma-identity")
-        return _worker
+class _Handoff:
+    """The identity worker: one daemon thread running one call at a time for the protected
+    threads, handed over and back through two locks (no queue, no future)."""
+
+    def __init__(self) -> None:
+        self._go = threading.Lock()
+        self._go.acquire()
+        self._done = threading.Lock()
+        self._done.acquire()
+        self._job: Callable[[], object] | None = None
+        self._ok = False
+        self._value: object = None
+        threading.Thread(target=self._serve, name="nfsrdma-identity", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            self._go.acquire()
+            job, self._job = self._job, None
+            assert job is not None
+            try:
+                self._value, self._ok = job(), True
+            except BaseException as exc:  # handed back to the caller, raised there
+                self._value, self._ok = exc, False
+            self._done.release()
+
+    def call(self, job: Callable[[], R]) -> R:
+        self._job = job
+        self._go.release()
+        try:
+            self._done.acquire()
+        except BaseException:
+            # Interrupted while the job runs: this worker is left to finish it, unused.
+            _retire(self)
+            raise
+        value, self._value = self._value, None
+        if self._ok:
+            return cast(R, value)
+        assert isinstance(value, BaseException)
+        raise value
+
+
+_handoff: _Handoff | None = None
+_handoff_lock = threading.Lock()  # one protected thread's call at a time
+
+
+def _retire(worker: _Handoff) -> None:
+    global _handoff
+    if _handoff is worker:
+        _handoff = None
+
+
+def _in_identity_worker(job: Callable[[], R]) -> R:
+    global _handoff
+    with _handoff_lock:
+        if _handoff is None:
+            _handoff = _Handoff()
+        return _handoff.call(job)
 
 
 class _UsesIdentity(Protocol):
@@ -87,7 +138,7 @@ def off_protected_threads(
             and threading.get_ident() in _protected
             and self._cred(cred) != self._ident.current()
         ):
-            return _identity_worker().submit(fn, self, cred, *args, **kwargs).result()
+            return _in_identity_worker(lambda: fn(self, cred, *args, **kwargs))
         return fn(self, cred, *args, **kwargs)
 
     functools.update_wrapper(call, fn)

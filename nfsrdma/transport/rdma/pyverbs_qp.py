@@ -8,6 +8,13 @@ descriptor is watched by the loop: on readable, ``get_cq_event``, ``ack_events``
 ``req_notify``, then drain ``poll()``. rxe reports a remote invalidation with the kernel's
 flag bit (``IB_WC_WITH_INVALIDATE``, which is ``IBV_WC_IP_CSUM_OK`` in user space) rather than
 ``IBV_WC_WITH_INV``; the device's ``with_inv_mask`` covers both.
+
+Work requests are reused: every pyverbs object costs an allocation and a ``logging.getLogger``
+(under the logging lock) when made, which a profile of the server in the test bed shows on the
+loop thread for every receive and send. A posted work request is copied by the provider, so
+the same ``RecvWR`` goes out again for a receive buffer, the same ``SendWR`` for a plain Send of
+the same bytes of the same buffer (only ``wr_id``, and the rkey to invalidate, change), and the
+same ``SGE`` for the same memory; each cache is bounded (``_WR_CACHE`` entries, then cleared).
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ __all__ = ["PyverbsQueuePair", "VerbsDevice", "qp_attributes", "wc_opcode"]
 log = logging.getLogger(__name__)
 
 _POLL_BATCH = 32
+_WR_CACHE = 512  # reusable work requests / scatter-gather elements kept per queue pair
 _AGAIN = (errno.EAGAIN, errno.EWOULDBLOCK)
 # Linux refuses a write() on a verbs device file from a thread whose credentials changed since
 # the file was opened (ib_safe_file_access), and rxe posts each Send with such a write.
@@ -180,6 +188,9 @@ class PyverbsQueuePair:
         self._state = "init"
         self._disconnected = False
         self._closed = False
+        self._sge_cache: dict[tuple[int, int, int], SGE] = {}
+        self._recv_wrs: dict[tuple[int, int, int], RecvWR] = {}
+        self._send_wrs: dict[tuple[int, int, int, bool, bool], SendWR] = {}
         context = device.context
         self._comp, self._comp_fd = create_with_descriptor(
             lambda: CompChannel(context), COMPLETION_CHANNEL
@@ -333,16 +344,33 @@ class PyverbsQueuePair:
             self._outstanding.pop(wr_id, None)
             raise _post_failure(exc) from exc
 
-    @staticmethod
-    def _sges(sges: Sequence[Sge]) -> list[SGE]:
+    def _sges(self, sges: Sequence[Sge]) -> list[SGE]:
         if not sges:
             raise ProviderError("a work request needs at least one SGE")
-        return [SGE(s.addr, s.length, s.lkey) for s in sges]
+        cache = self._sge_cache
+        out = []
+        for s in sges:
+            key = (s.addr, s.length, s.lkey)
+            element = cache.get(key)
+            if element is None:
+                if len(cache) >= _WR_CACHE:
+                    cache.clear()
+                element = cache[key] = SGE(s.addr, s.length, s.lkey)
+            out.append(element)
+        return out
 
     def post_recv(self, wr_id: int, sge: Sge) -> None:
         self._track(wr_id, WcOpcode.RECV, sending=False)
+        key = (sge.addr, sge.length, sge.lkey)
         try:
-            self._qp.post_recv(RecvWR(wr_id=wr_id, num_sge=1, sg=self._sges([sge])))
+            wr = self._recv_wrs.get(key)
+            if wr is None:
+                if len(self._recv_wrs) >= _WR_CACHE:
+                    self._recv_wrs.clear()
+                wr = self._recv_wrs[key] = RecvWR(wr_id=wr_id, num_sge=1, sg=self._sges([sge]))
+            else:
+                wr.wr_id = wr_id
+            self._qp.post_recv(wr)
         except PyverbsError as exc:
             self._outstanding.pop(wr_id, None)
             raise ProviderError(f"post_recv failed: {exc}") from exc
@@ -356,18 +384,27 @@ class PyverbsQueuePair:
         inline: bool = False,
         writes: Sequence[RdmaWriteRequest] = (),
     ) -> None:
-        elements = self._sges(sges)
-        flags = e.IBV_SEND_SIGNALED | (e.IBV_SEND_INLINE if inline else 0)
         if inline and sum(s.length for s in sges) > self._config.max_inline_data:
             raise ProviderError("inline send exceeds max_inline_data")
-        opcode = e.IBV_WR_SEND if invalidate_rkey is None else e.IBV_WR_SEND_WITH_INV
-        wr = SendWR(
-            wr_id=wr_id, opcode=opcode, num_sge=len(elements), sg=elements, send_flags=flags
-        )
-        if invalidate_rkey is not None:
-            if not self._device.caps.remote_invalidate:
-                raise ProviderError("Send with Invalidate not supported by the device")
-            wr.imm_data = invalidate_rkey  # shares the union with invalidate_rkey
+        if invalidate_rkey is not None and not self._device.caps.remote_invalidate:
+            raise ProviderError("Send with Invalidate not supported by the device")
+        if not writes and len(sges) == 1:
+            # The common case: one buffer, nothing chained; its work request is reused.
+            s = sges[0]
+            key = (s.addr, s.length, s.lkey, inline, invalidate_rkey is not None)
+            wr = self._send_wrs.get(key)
+            if wr is None:
+                if len(self._send_wrs) >= _WR_CACHE:
+                    self._send_wrs.clear()
+                wr = self._send_wrs[key] = self._send_wr(wr_id, sges, inline, invalidate_rkey)
+            else:
+                wr.wr_id = wr_id
+            if invalidate_rkey is not None:
+                wr.imm_data = invalidate_rkey  # shares the union with invalidate_rkey
+            self._track(wr_id, WcOpcode.SEND, sending=True)
+            self._post_send_wr(wr_id, wr)
+            return
+        wr = self._send_wr(wr_id, sges, inline, invalidate_rkey)
         if not writes:
             self._track(wr_id, WcOpcode.SEND, sending=True)
             self._post_send_wr(wr_id, wr)
@@ -390,6 +427,19 @@ class PyverbsQueuePair:
             for i in [*ids, wr_id]:
                 self._outstanding.pop(i, None)
             raise _post_failure(exc) from exc
+
+    def _send_wr(
+        self, wr_id: int, sges: Sequence[Sge], inline: bool, invalidate_rkey: int | None
+    ) -> SendWR:
+        elements = self._sges(sges)
+        flags = e.IBV_SEND_SIGNALED | (e.IBV_SEND_INLINE if inline else 0)
+        opcode = e.IBV_WR_SEND if invalidate_rkey is None else e.IBV_WR_SEND_WITH_INV
+        wr = SendWR(
+            wr_id=wr_id, opcode=opcode, num_sge=len(elements), sg=elements, send_flags=flags
+        )
+        if invalidate_rkey is not None:
+            wr.imm_data = invalidate_rkey  # shares the union with invalidate_rkey
+        return wr
 
     def _rdma_wr(
         self, opcode: WcOpcode, wr_id: int, sges: Sequence[Sge], remote_addr: int, rkey: int
