@@ -50,7 +50,8 @@ __all__ = ["CALL", "REPLY", "RdmaConnectionBase", "RdmaOptions"]
 
 # Every counter of rtrext traffic: all stay 0 on a connection without the extension.
 RTR_COUNTERS = ("rtr_sends", "rtr_receives", "rtr_calls", "rtr_replies", "rtr_calls_received",
-                "rtr_replies_sent", "rtr_faults", "rtr_repterr", "rtr_fallbacks")  # fmt: skip
+                "rtr_replies_sent", "rtr_faults", "rtr_repterr", "rtr_fallbacks",
+                "rtr_replies_resent")  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,7 @@ class RdmaConnectionBase(Connection):
         )
         self.rtr = rtrext.OFF
         self.reassembler = continuation.Reassembler()
+        self.kept_replies = continuation.ReplyKeeper(options.credits)  # to resend (RT-19)
         self.thresholds = privdata.inline_thresholds(None, None)
         self.credits = CreditWindow(options.max_requests)
         # A responder grants what it provisioned for that direction: the forward credits on a
@@ -398,12 +400,10 @@ class RdmaConnectionBase(Connection):
     def _on_fault(self, fault: continuation.Fault) -> None:
         """A grouping or placement error (RT-6, RT-18), reported to the sender with REPTERR.
         A broken call: its requester resends it with plain v1 or fails it (RT-19). A broken
-        reply to one of our calls: that call fails here (we never ask for a resend)."""
+        reply to one of our calls: the call waits on; the responder resends the reply with
+        plain v1 (RT-19, ``_resend_reply``), or the RPC times out."""
         self.stats["rtr_faults"] += 1
         log.info("rdma %s: rtrext error %s", self.peer, fault)
-        if fault.message.xmsi_dir == rh.REPLY and fault.xid in self._out:
-            code = rpcrdma.optr_err(fault.code).name
-            self._fail_call(fault.xid, TransportCallError(f"continued reply broken: {code}"))
         self._send([rh.encode_repterr(fault, self.policy.grant)])
 
     def _bad_header(self, e: HeaderError) -> None:
@@ -447,6 +447,9 @@ class RdmaConnectionBase(Connection):
     def _on_repterr(self, credit: int, err: rpcrdma.optrept_err) -> None:
         raise NotImplementedError
 
+    def _resend_reply(self, xid: int) -> None:
+        raise NotImplementedError
+
     def _fail_call(self, xid: int, exc: BaseException) -> None:
         raise NotImplementedError
 
@@ -480,6 +483,7 @@ class RdmaConnectionBase(Connection):
                 local.release()
         self._assembling.clear()
         self.reassembler.reset()
+        self.kept_replies.clear()
         log.info("rdma %s: closed; %s", self.peer, self.counters())
         for fut in self._credit_waiters:
             if not fut.done():

@@ -10,10 +10,11 @@ nothing of it is delivered; a group is delivered only whole and in order.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from nfsrdma.transport.rdma import rtrheader as rh
-from nfsrdma.transport.rdma.header import RDMA_MSG, RDMA_NOMSG
+from nfsrdma.transport.rdma.header import RDMA_MSG, RDMA_NOMSG, Header
 from nfsrdma.transport.rdma.marshal import CallPlan, ReadExposure
 from nfsrdma.transport.rdma.rtrheader import RtrMessage
 from nfsrdma.xdr.gen import rpcrdma as x
@@ -270,3 +271,38 @@ def plan_continued_reply(
     if transmissions_needed(length, first, rest) > transmissions:
         return None
     return split(body, first, rest)
+
+
+# -- resending a reply after a REPTERR about it (RT-19) ----------------------------------
+
+
+class ReplyKeeper:
+    """The continued replies a responder sent lately, kept to resend one with plain v1 when the
+    requester reports it broken (REPTERR about a reply, RT-19: "the responder ... can proceed to
+    resend the reply using existing (i.e. non-extended) facilities").
+
+    A reply is kept as the call's header (the Write chunks and Reply chunk it offered) and the
+    message's octets. At most ``capacity`` replies are kept, the oldest dropped first: a
+    requester reports a broken reply as soon as its group ends, and it has at most its credits
+    in calls outstanding, so the responder's grant is enough. A reply found no more is answered
+    with RDMA_ERROR by the caller (the requester then fails that RPC instead of timing out)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+        self._kept: OrderedDict[int, tuple[Header, bytes]] = OrderedDict()
+
+    def keep(self, call: Header, sections: list[list[Buffer]]) -> None:
+        self._kept[call.xid] = (call, b"".join(p for sec in sections for p in sec))
+        self._kept.move_to_end(call.xid)
+        while len(self._kept) > self.capacity:
+            self._kept.popitem(last=False)
+
+    def take(self, xid: int) -> tuple[Header, bytes] | None:
+        """The reply to ``xid`` (forgotten here: it is resent at most once)."""
+        return self._kept.pop(xid, None)
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def clear(self) -> None:
+        self._kept.clear()

@@ -207,8 +207,7 @@ class Requester(RdmaConnectionBase):
     def _on_repterr(self, credit: int, err: rpcrdma.optrept_err) -> None:
         """A peer reports a broken message of ours (RT-18). About a continued call: resend it
         once with plain v1 (position-zero Read chunk, Reply chunk), else fail it (RT-19).
-        About a reply we sent: we keep no copy to resend, so the requester fails that RPC
-        itself; counted and logged here."""
+        About a reply we sent: resend it with plain v1 (``_resend_reply``, RT-19)."""
         self.stats["rtr_repterr"] += 1
         self.credits.update(credit)
         msg = err.optre_lead or err.optre_bad  # the broken message
@@ -216,9 +215,12 @@ class Requester(RdmaConnectionBase):
         code = rpcrdma.optr_err(err.optre_info.optre_which).name
         log.info("rdma %s: REPTERR %s for xid %#x (%s)", self.peer, code, xid, msg.xmsi_dir.name)
         out = self._out.get(xid)
-        if msg.xmsi_dir != rpcrdma.xms_dir.XMS_CALL or out is None:
+        if msg.xmsi_dir != rpcrdma.xms_dir.XMS_CALL:
             self.stats["rtr_repterr_replies"] += 1
+            self._resend_reply(xid)
             return
+        if out is None:
+            return  # about a call no longer outstanding: counted only
         retry = out.plain_retry
         if retry is None:
             return  # already resent with plain v1: a late report about the first attempt

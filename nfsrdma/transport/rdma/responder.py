@@ -14,6 +14,7 @@ memory goes out from there. Data anywhere else is copied into registered memory 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 
 from nfsrdma.transport.base import Inbound
@@ -186,6 +187,7 @@ class Responder(RdmaConnectionBase):
                         [bytes(p) if _lent_for(p, lent) else p for p in sec] for sec in sections
                     ]
                 self._send_continued_reply(h.xid, sections)
+                self.kept_replies.keep(h, sections)  # until a REPTERR may ask for it (RT-19)
                 return
         try:
             plan = plan_reply(msg, h, self.send_limit)
@@ -236,6 +238,22 @@ class Responder(RdmaConnectionBase):
             group.append([rh.encode_xmtcont(xid, grant, xnum=n, pslen=pslen), *sec])
         self.stats["rtr_replies_sent"] += 1
         self._send_group(group)
+
+    def _resend_reply(self, xid: int) -> None:
+        """The requester reported our continued reply to ``xid`` broken (REPTERR): resend it
+        with plain v1 (RT-19), in the Reply chunk if the call offered one. A reply that does
+        not fit inline without one, or that is no longer kept, is answered RDMA_ERROR /
+        ERR_CHUNK, so the RPC fails at once instead of timing out."""
+        kept = self.kept_replies.take(xid)
+        if kept is None:
+            log.info("rdma %s: REPTERR about a reply to %#x not kept", self.peer, xid)
+            self.stats["rdma_error_chunk_sent"] += 1
+            self._send([hdr.encode_error(xid, self.policy.grant, hdr.ERR_CHUNK)])
+            return
+        call, message = kept
+        msg = Writer(message)
+        self.stats["rtr_replies_resent"] += 1
+        self._send_reply(CallContext(dataclasses.replace(call, reply_transmissions=1), []), msg, [])
 
     def _invalidate_for(self, h: Header) -> int | None:
         """Send with Invalidate of one STag of this XID's chunks, when both peers set R and
