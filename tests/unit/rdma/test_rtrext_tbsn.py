@@ -67,6 +67,21 @@ async def test_rt17_negotiation_matrix(
         assert (explicit_rdma(r) == before) is on  # off: a Read chunk (EXRW or plain v1)
 
 
+@pytest.mark.parametrize("client_rtrext", [True, False])
+async def test_rt17_placement_capable_receives_only_for_a_peer_that_offered_rtrext(
+    client_rtrext: bool,
+) -> None:
+    """A server with TBSN gives a connection larger (placement-capable) receives only when
+    the client sent the rtrext block; a Linux-like client keeps plain 4 KiB receives."""
+    async with rig(TBSN, RdmaOptions(rtrext=client_rtrext)) as r:
+        server = r.server[0]
+        assert server.recv_pool.buffer_size == 4096 * (9 if client_rtrext else 1)
+        assert server.local_rtr is not None
+        assert server.local_rtr.plt_segments == (8 if client_rtrext else 0)
+        await granted(r)
+        await write_exact(r, random.Random(2).randbytes(20_000))
+
+
 def test_rt3_the_block_carries_the_plt_segments_and_decides_the_send_side() -> None:
     v1 = rtrext.privdata.PrivateData(4096, 4096)
     peer = rtrext.RtrBlock(segment_size=4096, plt_segments=8)
