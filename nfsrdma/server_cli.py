@@ -77,9 +77,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--rtrext-tbsn",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=False,
         help="with --rtrext, accept WRITE data by send-based placement (TBSN) from nfsrdma "
-        "clients that ask for it (default: on)",
+        "clients that ask for it (default: off)",
     )
     p.add_argument("--read-only", action="store_true", help="refuse every modification")
     p.add_argument("--no-root-squash", dest="root_squash", action="store_false", help="trust uid 0")

@@ -49,7 +49,7 @@ __all__ = [
 
 
 async def open_client(
-    url: str | NfsUrl, options: SessionOptions, *, rtrext: bool = True, rtrext_tbsn: bool = True
+    url: str | NfsUrl, options: SessionOptions, *, rtrext: bool = True, rtrext_tbsn: bool = False
 ) -> NfsClient:
     """Connect, create the session and find the URL's directory."""
     target = parse_url(url) if isinstance(url, str) else url
@@ -85,7 +85,7 @@ class Connecting:
         options: SessionOptions,
         *,
         rtrext: bool = True,
-        rtrext_tbsn: bool = True,
+        rtrext_tbsn: bool = False,
     ) -> None:
         self.url = url
         self.options = options
@@ -126,7 +126,7 @@ def connect(
     timeout: float = 10.0,
     backchannel: bool = True,
     rtrext: bool = True,
-    rtrext_tbsn: bool = True,
+    rtrext_tbsn: bool = False,
     **options: Any,
 ) -> Connecting:
     """Connect to ``nfs://host[:port]/path`` or ``rdma://host[:port]/path``.
@@ -136,7 +136,7 @@ def connect(
     READ/WRITE (the server may grant less); ``timeout`` how long a silent server is given before
     the connection is replaced; ``rtrext`` offers the rtrext extension (message continuation
     between nfsrdma peers, RT-X1) on ``rdma://``; ``rtrext_tbsn`` sends WRITE data by
-    send-based placement when the server accepts it too (on by default: docs/rtrext.md). Other keywords go to :class:`SessionOptions`."""
+    send-based placement when the server accepts it too (off by default). Other keywords go to :class:`SessionOptions`."""
     opts = SessionOptions(
         slots=slots,
         rsize=rsize,

@@ -36,7 +36,7 @@ class RdmaUnavailable(NotImplementedError):
 
 
 async def connect_rdma(
-    host: str, port: int, *, rtrext: bool = True, rtrext_tbsn: bool = True, options: Any = None
+    host: str, port: int, *, rtrext: bool = True, rtrext_tbsn: bool = False, options: Any = None
 ) -> Connection:
     """An RPC-over-RDMA v1 connection to ``host:port`` through this host's RDMA device (the
     first with an IPv4 address). The requester implements the same ``Connection`` interface as
@@ -100,7 +100,7 @@ def _release(loop: asyncio.AbstractEventLoop, shared: _SharedDevice) -> None:
 
 
 async def open_connection(
-    url: NfsUrl, *, rtrext: bool = True, rtrext_tbsn: bool = True
+    url: NfsUrl, *, rtrext: bool = True, rtrext_tbsn: bool = False
 ) -> Connection:
     """A new transport connection for ``url`` (``rtrext``, ``rtrext_tbsn``: see
     ``connect_rdma``)."""

@@ -90,8 +90,7 @@ class RdmaOptions:
     rtr_response_limit: int = 8  # transmissions per reply we produce (RT-5)
     # Send-based placement (TBSN, RT-X4): a server's receives get ``rtr_plt_segments``
     # placement-capable segments of ``inline_size`` after the first, a client's Sends room to
-    # fill as many; WRITE data then crosses in Sends. Used only when both sides set it. Off
-    # here; ``nfsrdma serve`` and ``nfsrdma.connect`` turn it on (measured: docs/rtrext.md).
+    # fill as many; WRITE data then crosses in Sends. Used only when both sides set it.
     rtrext_tbsn: bool = False
     rtr_plt_segments: int = 8
 
