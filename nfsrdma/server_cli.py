@@ -74,6 +74,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="offer the rtrext extension (message continuation) to nfsrdma clients; Linux "
         "clients never take it (default: on)",
     )
+    p.add_argument(
+        "--rtrext-tbsn",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="with --rtrext, accept WRITE data by send-based placement (TBSN) from nfsrdma "
+        "clients that ask for it (default: off)",
+    )
     p.add_argument("--read-only", action="store_true", help="refuse every modification")
     p.add_argument("--no-root-squash", dest="root_squash", action="store_false", help="trust uid 0")
     p.add_argument("--anon-uid", type=int, default=65534, metavar="N")
@@ -292,7 +299,7 @@ def serve(args: argparse.Namespace) -> int:
         tcp_port=args.tcp_port,
         rdma_port=None if args.no_rdma else args.rdma_port,
         rdma_device=args.rdma_device,
-        rdma_options=RdmaOptions(rtrext=args.rtrext),
+        rdma_options=RdmaOptions(rtrext=args.rtrext, rtrext_tbsn=args.rtrext_tbsn),
         read_only=args.read_only,
         root_squash=args.root_squash,
         anon_uid=args.anon_uid,

@@ -49,13 +49,15 @@ __all__ = [
 
 
 async def open_client(
-    url: str | NfsUrl, options: SessionOptions, *, rtrext: bool = True
+    url: str | NfsUrl, options: SessionOptions, *, rtrext: bool = True, rtrext_tbsn: bool = False
 ) -> NfsClient:
     """Connect, create the session and find the URL's directory."""
     target = parse_url(url) if isinstance(url, str) else url
     if options.sec != "sys" and not options.gss_host:
         options = replace(options, gss_host=target.host)
-    session = ClientSession(lambda: open_connection(target, rtrext=rtrext), options)
+    session = ClientSession(
+        lambda: open_connection(target, rtrext=rtrext, rtrext_tbsn=rtrext_tbsn), options
+    )
     await session.start()
     if options.sec == "auto":
         from nfsrdma.client.security import choose_security
@@ -77,17 +79,29 @@ async def open_client(
 class Connecting:
     """What :func:`connect` returns: ``await`` it, or use it with ``async with``."""
 
-    def __init__(self, url: str | NfsUrl, options: SessionOptions, *, rtrext: bool = True) -> None:
+    def __init__(
+        self,
+        url: str | NfsUrl,
+        options: SessionOptions,
+        *,
+        rtrext: bool = True,
+        rtrext_tbsn: bool = False,
+    ) -> None:
         self.url = url
         self.options = options
         self.rtrext = rtrext
+        self.rtrext_tbsn = rtrext_tbsn
         self.client: NfsClient | None = None
 
     def __await__(self) -> Generator[Any, None, NfsClient]:
-        return open_client(self.url, self.options, rtrext=self.rtrext).__await__()
+        return open_client(
+            self.url, self.options, rtrext=self.rtrext, rtrext_tbsn=self.rtrext_tbsn
+        ).__await__()
 
     async def __aenter__(self) -> NfsClient:
-        self.client = await open_client(self.url, self.options, rtrext=self.rtrext)
+        self.client = await open_client(
+            self.url, self.options, rtrext=self.rtrext, rtrext_tbsn=self.rtrext_tbsn
+        )
         return self.client
 
     async def __aexit__(
@@ -112,6 +126,7 @@ def connect(
     timeout: float = 10.0,
     backchannel: bool = True,
     rtrext: bool = True,
+    rtrext_tbsn: bool = False,
     **options: Any,
 ) -> Connecting:
     """Connect to ``nfs://host[:port]/path`` or ``rdma://host[:port]/path``.
@@ -120,7 +135,8 @@ def connect(
     ``slots`` the session slots asked for (calls in flight); ``rsize``/``wsize`` the largest
     READ/WRITE (the server may grant less); ``timeout`` how long a silent server is given before
     the connection is replaced; ``rtrext`` offers the rtrext extension (message continuation
-    between nfsrdma peers, RT-X1) on ``rdma://``. Other keywords go to :class:`SessionOptions`."""
+    between nfsrdma peers, RT-X1) on ``rdma://``; ``rtrext_tbsn`` sends WRITE data by
+    send-based placement when the server accepts it too (off by default). Other keywords go to :class:`SessionOptions`."""
     opts = SessionOptions(
         slots=slots,
         rsize=rsize,
@@ -133,4 +149,4 @@ def connect(
         probe_timeout=timeout,
         **options,
     )
-    return Connecting(url, opts, rtrext=rtrext)
+    return Connecting(url, opts, rtrext=rtrext, rtrext_tbsn=rtrext_tbsn)

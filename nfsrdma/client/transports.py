@@ -36,15 +36,17 @@ class RdmaUnavailable(NotImplementedError):
 
 
 async def connect_rdma(
-    host: str, port: int, *, rtrext: bool = True, options: Any = None
+    host: str, port: int, *, rtrext: bool = True, rtrext_tbsn: bool = False, options: Any = None
 ) -> Connection:
     """An RPC-over-RDMA v1 connection to ``host:port`` through this host's RDMA device (the
     first with an IPv4 address). The requester implements the same ``Connection`` interface as
     TCP: READ results land in ``ReplyExpectation.sinks`` through Write chunks, WRITE data
     leaves as Read chunks. Connection failures are ConnectionError (the session retries).
     ``rtrext`` offers the rtrext extension (message continuation, RT-X1) in the private data;
-    only an nfsrdma server takes it up. ``options`` (an ``RdmaOptions``) replaces the
-    defaults, ``rtrext`` included (the conformance harness provisions connections its way)."""
+    only an nfsrdma server takes it up; ``rtrext_tbsn`` also sends WRITE data by send-based
+    placement when the server accepts it (docs/rtrext.md). ``options`` (an ``RdmaOptions``)
+    replaces the defaults, ``rtrext`` included (the conformance harness provisions connections
+    its way)."""
     try:
         from nfsrdma.transport.rdma.connection_base import RdmaOptions
         from nfsrdma.transport.rdma.devices import find_address
@@ -68,7 +70,9 @@ async def connect_rdma(
         shared = _devices[loop] = _SharedDevice(device)
     shared.users += 1  # counted while connecting, so a parallel failure does not close it
     try:
-        opts = options if options is not None else RdmaOptions(rtrext=rtrext)
+        opts = (
+            options if options is not None else RdmaOptions(rtrext=rtrext, rtrext_tbsn=rtrext_tbsn)
+        )
         conn = await rdma_connect(shared.device, host, port, opts)
     except BaseException as e:
         _drop_user(loop, shared)
@@ -95,8 +99,11 @@ def _release(loop: asyncio.AbstractEventLoop, shared: _SharedDevice) -> None:
     shared.device.close()
 
 
-async def open_connection(url: NfsUrl, *, rtrext: bool = True) -> Connection:
-    """A new transport connection for ``url`` (``rtrext``: see ``connect_rdma``)."""
+async def open_connection(
+    url: NfsUrl, *, rtrext: bool = True, rtrext_tbsn: bool = False
+) -> Connection:
+    """A new transport connection for ``url`` (``rtrext``, ``rtrext_tbsn``: see
+    ``connect_rdma``)."""
     if url.transport == "rdma":
-        return await connect_rdma(url.host, url.port, rtrext=rtrext)
+        return await connect_rdma(url.host, url.port, rtrext=rtrext, rtrext_tbsn=rtrext_tbsn)
     return await connect_tcp(url.host, url.port, max_record=MAX_RECORD)

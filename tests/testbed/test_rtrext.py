@@ -137,6 +137,32 @@ async def _big_listing(
         return sorted(listing), bytes(w)
 
 
+async def test_rtx4_tbsn_writes_land_byte_exact_with_no_rdma_read(knfsd: Knfsd) -> None:
+    """RT-X4 on rxe: our server with --rtrext-tbsn, our client with rtrext_tbsn=True. Files of
+    8 KiB to 200 KiB written through the client API (one WRITE each) read back byte-exact;
+    the server's counters show every WRITE's data placed by TBSN, no RDMA Read, no fault.
+    Runs first in this module, with its own server (the module's ``ours`` starts after)."""
+    with our_server("tbsn", extra=("--rtrext-tbsn",)) as srv:
+        target = OursTarget(guest_addr())
+        sizes = [8 * 1024, 32 * 1024, 128 * 1024, 200_000, 4097, 77_777]
+        blobs = {n: os.urandom(n) for n in sizes}
+        async with nc.connect(
+            target.url(), uid=0, gid=0, gids=tuple(os.getgroups()), rtrext_tbsn=True
+        ) as fs:
+            await fs.makedirs("tbsn")
+            for n, blob in blobs.items():
+                await fs.write_bytes(f"tbsn/f{n}", blob)
+            for n, blob in blobs.items():
+                assert await fs.read_bytes(f"tbsn/f{n}") == blob, n
+        for n, blob in blobs.items():
+            assert (srv.export / "tbsn" / f"f{n}").read_bytes() == blob
+        wait_for(lambda: bool(closed_counters(srv.proc.log.read_text())), "the close")
+        on = closed_counters(srv.proc.log.read_text())
+        total = {k: sum(c[k] for c in on) for k in on[0]}
+        assert total["rtr_tbsn_items"] >= len(sizes), total
+        assert total["rdma_reads"] == 0 and total["rtr_faults"] == 0, total
+
+
 async def test_rtx3_our_client_workload_same_with_rtrext_on_and_off(
     ours: OurServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -50,7 +50,8 @@ __all__ = ["CALL", "REPLY", "RdmaConnectionBase", "RdmaOptions"]
 
 # Every counter of rtrext traffic: all stay 0 on a connection without the extension.
 RTR_COUNTERS = ("rtr_sends", "rtr_receives", "rtr_calls", "rtr_replies", "rtr_calls_received",
-                "rtr_replies_sent", "rtr_faults", "rtr_repterr", "rtr_fallbacks")  # fmt: skip
+                "rtr_replies_sent", "rtr_faults", "rtr_repterr", "rtr_fallbacks",
+                "rtr_replies_resent", "rtr_tbsn_calls", "rtr_tbsn_items")  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,11 @@ class RdmaOptions:
     rtrext: bool = True
     rtr_request_limit: int = 8  # transmissions per call we accept (RT-4)
     rtr_response_limit: int = 8  # transmissions per reply we produce (RT-5)
+    # Send-based placement (TBSN, RT-X4): a server's receives get ``rtr_plt_segments``
+    # placement-capable segments of ``inline_size`` after the first, a client's Sends room to
+    # fill as many; WRITE data then crosses in Sends. Used only when both sides set it.
+    rtrext_tbsn: bool = False
+    rtr_plt_segments: int = 8
 
 
 class RdmaConnectionBase(Connection):
@@ -102,8 +108,14 @@ class RdmaConnectionBase(Connection):
         self.qp: QueuePair | None = None
         pd = device.pd
         n_recv = (options.credits if server else options.max_requests) + options.backchannel
-        self.recv_pool = receive_pool(pd, n_recv, options.inline_size)
-        self.send_pool = send_pool(pd, n_recv + options.backchannel + 8, options.inline_size)
+        tbsn = options.rtrext and options.rtrext_tbsn and options.rtr_plt_segments > 0
+        plt_recv = options.rtr_plt_segments if tbsn and server else 0  # TBSN targets we accept
+        plt_send = options.rtr_plt_segments if tbsn and not server else 0  # TBSN we send
+        self.recv_pool = receive_pool(pd, n_recv, options.inline_size * (1 + plt_recv))
+        self.send_pool = send_pool(
+            pd, n_recv + options.backchannel + 8, options.inline_size * (1 + plt_send)
+        )
+        self._tbsn_send_room = self.send_pool.buffer_size if plt_send else 0
         self.data_pool = (
             data_pool(pd, options.data_buffers, options.data_buffer_size)
             if server and options.data_buffers
@@ -126,13 +138,15 @@ class RdmaConnectionBase(Connection):
             rtrext.RtrBlock(
                 request_limit=options.rtr_request_limit,
                 response_limit=options.rtr_response_limit,
-                segment_size=self.recv_pool.buffer_size,
+                segment_size=options.inline_size,
+                plt_segments=plt_recv,
             )
             if options.rtrext
             else None
         )
         self.rtr = rtrext.OFF
         self.reassembler = continuation.Reassembler()
+        self.kept_replies = continuation.ReplyKeeper(options.credits)  # to resend (RT-19)
         self.thresholds = privdata.inline_thresholds(None, None)
         self.credits = CreditWindow(options.max_requests)
         # A responder grants what it provisioned for that direction: the forward credits on a
@@ -200,7 +214,9 @@ class RdmaConnectionBase(Connection):
         rtrext extension only if both sides sent its block (RT-X1)."""
         self.peer_private_data = bytes(peer)  # as received (the conformance harness reads it)
         self.peer_pd = privdata.decode(peer)
-        self.rtr = rtrext.negotiate(self.local_rtr, rtrext.decode(peer))
+        self.rtr = rtrext.negotiate(
+            self.local_rtr, rtrext.decode(peer), tbsn_send_room=self._tbsn_send_room
+        )
         if self.server:
             self.thresholds = privdata.inline_thresholds(self.peer_pd, self.local_pd)
         else:
@@ -387,7 +403,11 @@ class RdmaConnectionBase(Connection):
             limit = self._reply_lead(m)
         else:
             limit = 0  # XMTCONT: the open group's count governs
-        for ev in self.reassembler.feed(m, memoryview(data)[m.size :], limit=limit):
+        view, placed = memoryview(data), memoryview(b"")
+        local = self.local_rtr
+        if local is not None and local.plt_segments and m.size < local.segment_size < len(data):
+            view, placed = view[: local.segment_size], view[local.segment_size :]  # TBSN
+        for ev in self.reassembler.feed(m, view[m.size :], limit=limit, placed=placed):
             if isinstance(ev, continuation.Fault):
                 self._on_fault(ev)
             elif ev.direction == rh.CALL:
@@ -398,12 +418,10 @@ class RdmaConnectionBase(Connection):
     def _on_fault(self, fault: continuation.Fault) -> None:
         """A grouping or placement error (RT-6, RT-18), reported to the sender with REPTERR.
         A broken call: its requester resends it with plain v1 or fails it (RT-19). A broken
-        reply to one of our calls: that call fails here (we never ask for a resend)."""
+        reply to one of our calls: the call waits on; the responder resends the reply with
+        plain v1 (RT-19, ``_resend_reply``), or the RPC times out."""
         self.stats["rtr_faults"] += 1
         log.info("rdma %s: rtrext error %s", self.peer, fault)
-        if fault.message.xmsi_dir == rh.REPLY and fault.xid in self._out:
-            code = rpcrdma.optr_err(fault.code).name
-            self._fail_call(fault.xid, TransportCallError(f"continued reply broken: {code}"))
         self._send([rh.encode_repterr(fault, self.policy.grant)])
 
     def _bad_header(self, e: HeaderError) -> None:
@@ -420,7 +438,9 @@ class RdmaConnectionBase(Connection):
         self._send([hdr.encode_error(e.xid, self.policy.grant, e.err, e.vers)])
 
     # -- what the requester and responder halves provide ----------------------------------
-    def _on_call(self, h: Header, inline: memoryview) -> None:
+    def _on_call(
+        self, h: Header, inline: memoryview, placed: dict[int, Buffer] | None = None
+    ) -> None:
         raise NotImplementedError
 
     def _on_read_done(self, ev: Completion, call: InCall) -> None:
@@ -445,6 +465,9 @@ class RdmaConnectionBase(Connection):
         raise NotImplementedError
 
     def _on_repterr(self, credit: int, err: rpcrdma.optrept_err) -> None:
+        raise NotImplementedError
+
+    def _resend_reply(self, xid: int) -> None:
         raise NotImplementedError
 
     def _fail_call(self, xid: int, exc: BaseException) -> None:
@@ -480,6 +503,7 @@ class RdmaConnectionBase(Connection):
                 local.release()
         self._assembling.clear()
         self.reassembler.reset()
+        self.kept_replies.clear()
         log.info("rdma %s: closed; %s", self.peer, self.counters())
         for fut in self._credit_waiters:
             if not fut.done():

@@ -10,10 +10,11 @@ nothing of it is delivered; a group is delivered only whole and in order.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from nfsrdma.transport.rdma import rtrheader as rh
-from nfsrdma.transport.rdma.header import RDMA_MSG, RDMA_NOMSG
+from nfsrdma.transport.rdma.header import RDMA_MSG, RDMA_NOMSG, Header
 from nfsrdma.transport.rdma.marshal import CallPlan, ReadExposure
 from nfsrdma.transport.rdma.rtrheader import RtrMessage
 from nfsrdma.xdr.gen import rpcrdma as x
@@ -85,6 +86,9 @@ class Group:
     lead: RtrMessage
     count: int
     sections: list[Buffer] = field(default_factory=list)
+    # Each transmission's placement-capable segments as received (send-based placement,
+    # TBSN): what followed its first segment, empty when nothing did.
+    placed: list[Buffer] = field(default_factory=list)
 
     @property
     def payload(self) -> bytes:
@@ -136,13 +140,19 @@ class Reassembler:
         here = _id(xid, direction, 0)
         return [self._abandon(here, E.OPTRERR_BADHMT, expected=(rh.RDMA_RTREXT, proc))]
 
-    def feed(self, msg: RtrMessage, payload: Buffer, *, limit: int) -> list[Event]:
+    def feed(
+        self, msg: RtrMessage, payload: Buffer, *, limit: int, placed: Buffer = b""
+    ) -> list[Event]:
         """A transmission with an optional header and its payload. ``limit``: the most
-        transmissions accepted for a lead of this kind (RT-4, RT-8)."""
+        transmissions accepted for a lead of this kind (RT-4, RT-8). ``placed``: what arrived
+        in the receive's placement-capable segments (TBSN); then ``payload`` is the rest of
+        the first segment, of which ``pslen`` octets are payload and the rest zero padding."""
+        if len(placed) and msg.pslen <= len(payload):
+            payload = memoryview(payload)[: msg.pslen]  # else: BADPL below
         events: list[Event] = []
         body = msg.body
         if isinstance(body, x.optxmt_cont):
-            return self._cont(msg, body, payload)
+            return self._cont(msg, body, payload, placed)
         if isinstance(body, x.optrept_err):
             return events  # reports are handled by the connection, outside any group
         direction = rh.CALL if isinstance(body, x.optxmt_req) else rh.REPLY
@@ -161,14 +171,16 @@ class Reassembler:
             self.broken = msg.xid
             events.append(Fault(E.OPTRERR_BADCONT, here, None))
             return events
-        group = Group(msg.xid, direction, msg, count, [payload])
+        group = Group(msg.xid, direction, msg, count, [payload], [placed])
         if count == 1:
             events.append(group)
         else:
             self.open = group
         return events
 
-    def _cont(self, msg: RtrMessage, body: x.optxmt_cont, payload: Buffer) -> list[Event]:
+    def _cont(
+        self, msg: RtrMessage, body: x.optxmt_cont, payload: Buffer, placed: Buffer
+    ) -> list[Event]:
         g = self.open
         if g is None:
             if msg.xid == self.broken:
@@ -185,6 +197,7 @@ class Reassembler:
             n = len(payload)
             return [self._abandon(here, E.OPTRERR_BADPL, value_range=(body.optxc_pslen, n, n))]
         g.sections.append(payload)
+        g.placed.append(placed)
         if len(g.sections) == g.count:
             self.open = None
             return [g]
@@ -207,10 +220,30 @@ class ContinuedCall:
     rsbuf: int  # extra receives reserved for the reply
     offer_reply_chunk: bool  # the reply may still exceed what continuation can carry
     credits: int  # credits the call holds until its reply: max(count, 1 + rsbuf)
+    # Send-based placement (TBSN, ``rtrext_tbsn``): the items placed, and what each
+    # transmission carries after its payload (zero padding to the end of the first segment,
+    # then the data of its PLT segments); empty without TBSN.
+    tbsn_items: list[x.xmdp_mitem] = field(default_factory=list)
+    placed: list[list[Buffer]] = field(default_factory=list)
 
     @property
     def count(self) -> int:
         return len(self.sections)
+
+
+def reply_reservation(
+    plan: CallPlan, *, recv_limit: int, max_reply: int, reply_limit: int, credits_free: int
+) -> tuple[int, bool]:
+    """Receives to reserve for a continued reply (``rsbuf``, RT-5, RT-8), and whether a
+    Reply chunk must still be offered because the reply may need more."""
+    rsbuf, offer_reply = 0, plan.reply_chunk is not None
+    if plan.reply_chunk is not None and reply_limit > 1:
+        need = transmissions_needed(
+            max_reply, recv_limit - rh.XMTRESP_SIZE, recv_limit - rh.XMTCONT_SIZE
+        )
+        rsbuf = max(0, min(need, reply_limit, credits_free) - 1)
+        offer_reply = need > rsbuf + 1
+    return rsbuf, offer_reply
 
 
 def plan_continued_call(
@@ -232,13 +265,10 @@ def plan_continued_call(
         return None
     body = list(plan.reads[0].data) if long_call else list(plan.inline)
     reads = plan.reads[1:] if long_call else list(plan.reads)
-    rsbuf, offer_reply = 0, plan.reply_chunk is not None
-    if plan.reply_chunk is not None and reply_limit > 1:
-        need = transmissions_needed(
-            max_reply, recv_limit - rh.XMTRESP_SIZE, recv_limit - rh.XMTCONT_SIZE
-        )
-        rsbuf = max(0, min(need, reply_limit, credits_free) - 1)
-        offer_reply = need > rsbuf + 1
+    rsbuf, offer_reply = reply_reservation(
+        plan, recv_limit=recv_limit, max_reply=max_reply, reply_limit=reply_limit,
+        credits_free=credits_free,
+    )  # fmt: skip
     head = rh.xmtreq_size(
         [1] * len(plan.write_chunks), 1 if offer_reply else None, [1] * len(reads)
     )
@@ -270,3 +300,38 @@ def plan_continued_reply(
     if transmissions_needed(length, first, rest) > transmissions:
         return None
     return split(body, first, rest)
+
+
+# -- resending a reply after a REPTERR about it (RT-19) ----------------------------------
+
+
+class ReplyKeeper:
+    """The continued replies a responder sent lately, kept to resend one with plain v1 when the
+    requester reports it broken (REPTERR about a reply, RT-19: "the responder ... can proceed to
+    resend the reply using existing (i.e. non-extended) facilities").
+
+    A reply is kept as the call's header (the Write chunks and Reply chunk it offered) and the
+    message's octets. At most ``capacity`` replies are kept, the oldest dropped first: a
+    requester reports a broken reply as soon as its group ends, and it has at most its credits
+    in calls outstanding, so the responder's grant is enough. A reply found no more is answered
+    with RDMA_ERROR by the caller (the requester then fails that RPC instead of timing out)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+        self._kept: OrderedDict[int, tuple[Header, bytes]] = OrderedDict()
+
+    def keep(self, call: Header, sections: list[list[Buffer]]) -> None:
+        self._kept[call.xid] = (call, b"".join(p for sec in sections for p in sec))
+        self._kept.move_to_end(call.xid)
+        while len(self._kept) > self.capacity:
+            self._kept.popitem(last=False)
+
+    def take(self, xid: int) -> tuple[Header, bytes] | None:
+        """The reply to ``xid`` (forgotten here: it is resent at most once)."""
+        return self._kept.pop(xid, None)
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def clear(self) -> None:
+        self._kept.clear()

@@ -9,9 +9,11 @@ teardown), ``requester`` and ``responder`` (the two directions), ``calls`` (per-
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 
+from nfsrdma.transport.rdma import rtrext
 from nfsrdma.transport.rdma.calls import CallContext
 from nfsrdma.transport.rdma.calls import OutCall as _OutCall  # tests/unit/rdma use this name
 from nfsrdma.transport.rdma.connection_base import RdmaOptions
@@ -99,7 +101,7 @@ class RdmaListener:
         if self.screen is not None and not self.screen(req.peer):
             req.reject()
             return
-        conn = RdmaConnection(self.device, self.options, server=True, peer=req.peer)
+        conn = RdmaConnection(self.device, self._options_for(req), server=True, peer=req.peer)
         try:
             qp = req.create_connection(conn.qp_config(), conn.on_event)
             conn.attach(qp)
@@ -117,6 +119,14 @@ class RdmaListener:
         except Exception as e:
             log.warning("rdma: accepting a connection failed: %s", e)
             conn._teardown(e)
+
+    def _options_for(self, req: ConnectRequest) -> RdmaOptions:
+        """Placement-capable (larger) receives only for a peer that offered rtrext: a Linux
+        client never sends TBSN, so its connection keeps plain receive buffers."""
+        opts = self.options
+        if opts.rtrext_tbsn and rtrext.decode(req.private_data) is None:
+            return dataclasses.replace(opts, rtrext_tbsn=False)
+        return opts
 
     async def close(self) -> None:
         if self._task is not None:

@@ -13,7 +13,7 @@ import asyncio
 import logging
 
 from nfsrdma.transport.base import Inbound, ReplyExpectation, TransportCallError
-from nfsrdma.transport.rdma import continuation
+from nfsrdma.transport.rdma import continuation, rtrext_tbsn
 from nfsrdma.transport.rdma import header as hdr
 from nfsrdma.transport.rdma import rtrheader as rh
 from nfsrdma.transport.rdma.calls import OutCall
@@ -73,7 +73,19 @@ class Requester(RdmaConnectionBase):
             max_read_chunks=self.options.max_read_chunks,
         )
         cont = None
-        if self.rtr.enabled and continued:
+        if self.rtr.tbsn and continued and plan.reads:
+            cont = rtrext_tbsn.plan_tbsn_call(
+                plan,
+                segment=self.rtr.tbsn_segment,
+                plt=self.rtr.tbsn_plt,
+                send_limit=self.send_limit,
+                recv_limit=self.recv_limit,
+                max_reply=expect.max_size,
+                call_limit=self.rtr.call_limit,
+                reply_limit=self.rtr.reply_limit,
+                credits_free=self.credits.free(),
+            )
+        if self.rtr.enabled and continued and cont is None:
             cont = continuation.plan_continued_call(
                 plan,
                 send_limit=self.send_limit,
@@ -168,15 +180,18 @@ class Requester(RdmaConnectionBase):
             count=len(sections),
             rsbuf=cont.rsbuf,
             pslen=sum(len(p) for p in sections[0]),
-            dp=[rh.exrw(c.position, c.segments) for c in reads],
+            dp=[*cont.tbsn_items, *(rh.exrw(c.position, c.segments) for c in reads)],
             writes=writes,
             reply=reply,
         )
-        group = [[first, *sections[0]]]
+        placed = cont.placed or [[] for _ in sections]  # TBSN: padding and PLT segments
+        group = [[first, *sections[0], *placed[0]]]
         for n, sec in enumerate(sections[1:], 1):
             pslen = sum(len(p) for p in sec)
-            group.append([rh.encode_xmtcont(xid, credit, xnum=n, pslen=pslen), *sec])
+            group.append([rh.encode_xmtcont(xid, credit, xnum=n, pslen=pslen), *sec, *placed[n]])
         self.stats["rtr_calls"] += 1
+        if cont.tbsn_items:
+            self.stats["rtr_tbsn_calls"] += 1
         self._send_group(group)
 
     def _reply_lead(self, m: rh.RtrMessage) -> int:
@@ -207,8 +222,7 @@ class Requester(RdmaConnectionBase):
     def _on_repterr(self, credit: int, err: rpcrdma.optrept_err) -> None:
         """A peer reports a broken message of ours (RT-18). About a continued call: resend it
         once with plain v1 (position-zero Read chunk, Reply chunk), else fail it (RT-19).
-        About a reply we sent: we keep no copy to resend, so the requester fails that RPC
-        itself; counted and logged here."""
+        About a reply we sent: resend it with plain v1 (``_resend_reply``, RT-19)."""
         self.stats["rtr_repterr"] += 1
         self.credits.update(credit)
         msg = err.optre_lead or err.optre_bad  # the broken message
@@ -216,9 +230,12 @@ class Requester(RdmaConnectionBase):
         code = rpcrdma.optr_err(err.optre_info.optre_which).name
         log.info("rdma %s: REPTERR %s for xid %#x (%s)", self.peer, code, xid, msg.xmsi_dir.name)
         out = self._out.get(xid)
-        if msg.xmsi_dir != rpcrdma.xms_dir.XMS_CALL or out is None:
+        if msg.xmsi_dir != rpcrdma.xms_dir.XMS_CALL:
             self.stats["rtr_repterr_replies"] += 1
+            self._resend_reply(xid)
             return
+        if out is None:
+            return  # about a call no longer outstanding: counted only
         retry = out.plain_retry
         if retry is None:
             return  # already resent with plain v1: a late report about the first attempt

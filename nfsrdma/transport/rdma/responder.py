@@ -14,10 +14,11 @@ memory goes out from there. Data anywhere else is copied into registered memory 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 
 from nfsrdma.transport.base import Inbound
-from nfsrdma.transport.rdma import continuation, placement, privdata
+from nfsrdma.transport.rdma import continuation, placement, privdata, rtrext_tbsn
 from nfsrdma.transport.rdma import header as hdr
 from nfsrdma.transport.rdma import rtrheader as rh
 from nfsrdma.transport.rdma.calls import CallContext, InCall, Scratch
@@ -34,7 +35,9 @@ log = logging.getLogger(__name__)
 
 
 class Responder(RdmaConnectionBase):
-    def _on_call(self, h: Header, inline: memoryview) -> None:
+    def _on_call(
+        self, h: Header, inline: memoryview, placed: dict[int, Buffer] | None = None
+    ) -> None:
         self._inbound_calls += 1
         if self._inbound_calls > self.policy.grant + self.options.backchannel:
             log.warning(
@@ -57,6 +60,8 @@ class Responder(RdmaConnectionBase):
         st["write_chunks_offered"] += len(h.writes)
         st["reply_chunks_offered"] += h.reply is not None
         call = InCall(h, inline)
+        if placed:  # items that came in Sends (TBSN): already here, no RDMA Read
+            call.chunks.update(placed)
         if not h.reads:
             self._deliver_call(call)
             return
@@ -81,15 +86,25 @@ class Responder(RdmaConnectionBase):
         body = group.lead.body
         assert isinstance(body, rpcrdma.optxmt_req)
         xid = group.xid
+        local = self.local_rtr
+        segment, plt = (local.segment_size, local.plt_segments) if local else (0, 0)
         problem = placement.check_items(
             body.optxrq_dp,
             placement.Context(
                 request=True,
                 payload=len(group.payload),
-                segment_size=self.recv_pool.buffer_size,
-                plt_segments=0,  # phase 1: no placement-capable receive segments (RT-17)
+                segment_size=segment,
+                plt_segments=group.count * plt,  # numbered across the group (RT-14, RT-17)
             ),
         )
+        placed: dict[int, Buffer] = {}
+        for item in body.optxrq_dp if problem is None else ():
+            if item.xmdmi_where.xmdl_type == rpcrdma.xmdp_type.XMPTYPE_TBSN:
+                got = rtrext_tbsn.resolve(item, group.placed, segment=segment, plt=plt)
+                if isinstance(got, placement.Violation):
+                    problem = got
+                    break
+                placed[item.xmdmi_disp] = got
         if problem is not None:
             if not problem.repterr:  # Table 1: the header as a whole is unusable
                 self._bad_header(HeaderError(problem.why, xid, hdr.ERR_CHUNK))
@@ -102,7 +117,8 @@ class Responder(RdmaConnectionBase):
         reads = []
         for item in body.optxrq_dp:
             where = item.xmdmi_where
-            assert isinstance(where.value, list)  # EXRW: TBSN never passes the check above
+            if not isinstance(where.value, list):
+                continue  # TBSN: placed above
             segs = [Segment(s.handle, s.length, s.offset) for s in where.value]
             reads.append(hdr.ReadChunk(item.xmdmi_disp, segs))
         h = Header(
@@ -116,7 +132,8 @@ class Responder(RdmaConnectionBase):
             reply_transmissions=1 + body.optxrq_rsbuf,
         )
         self.stats["rtr_calls_received"] += 1
-        self._on_call(h, memoryview(group.payload))
+        self.stats["rtr_tbsn_items"] += len(placed)
+        self._on_call(h, memoryview(group.payload), placed)
 
     @property
     def max_reads(self) -> int:
@@ -186,6 +203,7 @@ class Responder(RdmaConnectionBase):
                         [bytes(p) if _lent_for(p, lent) else p for p in sec] for sec in sections
                     ]
                 self._send_continued_reply(h.xid, sections)
+                self.kept_replies.keep(h, sections)  # until a REPTERR may ask for it (RT-19)
                 return
         try:
             plan = plan_reply(msg, h, self.send_limit)
@@ -236,6 +254,22 @@ class Responder(RdmaConnectionBase):
             group.append([rh.encode_xmtcont(xid, grant, xnum=n, pslen=pslen), *sec])
         self.stats["rtr_replies_sent"] += 1
         self._send_group(group)
+
+    def _resend_reply(self, xid: int) -> None:
+        """The requester reported our continued reply to ``xid`` broken (REPTERR): resend it
+        with plain v1 (RT-19), in the Reply chunk if the call offered one. A reply that does
+        not fit inline without one, or that is no longer kept, is answered RDMA_ERROR /
+        ERR_CHUNK, so the RPC fails at once instead of timing out."""
+        kept = self.kept_replies.take(xid)
+        if kept is None:
+            log.info("rdma %s: REPTERR about a reply to %#x not kept", self.peer, xid)
+            self.stats["rdma_error_chunk_sent"] += 1
+            self._send([hdr.encode_error(xid, self.policy.grant, hdr.ERR_CHUNK)])
+            return
+        call, message = kept
+        msg = Writer(message)
+        self.stats["rtr_replies_resent"] += 1
+        self._send_reply(CallContext(dataclasses.replace(call, reply_transmissions=1), []), msg, [])
 
     def _invalidate_for(self, h: Header) -> int | None:
         """Send with Invalidate of one STag of this XID's chunks, when both peers set R and

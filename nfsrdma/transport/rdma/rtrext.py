@@ -14,6 +14,9 @@ unchanged (PD-12, PD-20), and our block follows it at exactly offset 8 (20 octet
     20  receive buffer segment size in octets (u32, RT-3 summary)
     24  receive buffer alignment (u16)   26  placement-capable (PLT) segments per buffer (u16)
 
+The receive buffer this summarises (RT-3) is one segment of the given size, then the PLT
+segments, each of the same size: ``(1 + PLT) * size`` octets in all (phase 2, TBSN).
+
 28 octets in all fit the 56 of an InfiniBand/RoCE connect request and the 196 of its reply
 (PD-11). Linux reads only the first 8 octets, so it sees plain v1 (RT-1). The extension is on for
 a connection only when both sides sent a valid block (RT-X1); a block anywhere but offset 8, or
@@ -56,7 +59,9 @@ class RtrBlock:
     response_limit: int = 8  # transmissions per reply we produce as responder (RT-5)
     segment_size: int = 4096  # each receive buffer: one segment of this size
     alignment: int = 0
-    plt_segments: int = 0  # phase 1: no send-based placement targets (RT-17)
+    # Placement-capable segments after the first one in each receive, each ``segment_size``
+    # octets (send-based placement, TBSN: RT-X4, RT-17); 0: we accept no TBSN items.
+    plt_segments: int = 0
     version: int = VERSION
 
     def encode(self) -> bytes:
@@ -104,6 +109,10 @@ class RtrState:
     call_limit: int = 1
     reply_limit: int = 1
     accept_limit: int = 1
+    # Send-based placement toward the peer (TBSN, RT-X4, RT-17): its segment size and the PLT
+    # segments per transmission we place into (0: we send no TBSN items).
+    tbsn_segment: int = 0
+    tbsn_plt: int = 0
 
     @property
     def continued_calls(self) -> bool:
@@ -113,22 +122,36 @@ class RtrState:
     def continued_replies(self) -> bool:
         return self.enabled and self.reply_limit > 1
 
+    @property
+    def tbsn(self) -> bool:
+        return self.enabled and self.tbsn_plt > 0
+
 
 OFF = RtrState()
 
 
-def negotiate(local: RtrBlock | None, peer: RtrBlock | None) -> RtrState:
+def negotiate(
+    local: RtrBlock | None, peer: RtrBlock | None, *, tbsn_send_room: int = 0
+) -> RtrState:
     """On only when both sides sent the block and both handle the three headers (RT-2, RT-X1).
-    Limits of 1 leave continuation unused in that direction (RT-4, RT-5)."""
+    Limits of 1 leave continuation unused in that direction (RT-4, RT-5). Send-based
+    placement is directional (RT-17): we place TBSN items toward the peer only when its
+    receives have PLT segments and we want to (``tbsn_send_room``: the octets one of our
+    Sends may carry, 0 when we send no TBSN), into as many of them as one Send can fill."""
     if local is None or peer is None:
         return OFF
     if ALL & ~local.support or ALL & ~peer.support:
         return OFF
+    plt = 0
+    if tbsn_send_room and peer.plt_segments:
+        plt = max(0, min(peer.plt_segments, tbsn_send_room // peer.segment_size - 1))
     return RtrState(
         enabled=True,
         call_limit=peer.request_limit,
         reply_limit=peer.response_limit,
         accept_limit=local.request_limit,
+        tbsn_segment=peer.segment_size if plt else 0,
+        tbsn_plt=plt,
     )
 
 

@@ -1,7 +1,7 @@
 """REPTERR end to end on the in-process provider (RT-12, RT-18, RT-19, RT-20): each of the eight
 error codes produced by a fault injected into a real continued call, decoded by the requester,
-and the RPC completed by a resend over plain v1; broken replies fail their RPC cleanly and are
-reported to the responder; Table 1 enforced by a table-driven check; padding zeroed."""
+and the RPC completed by a resend over plain v1; broken replies are reported to the responder,
+which resends them with plain v1; Table 1 enforced by a table-driven check; padding zeroed."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ from nfsrdma.transport.rdma import header as hdr
 from nfsrdma.transport.rdma import placement
 from nfsrdma.transport.rdma import rtrheader as rh
 from nfsrdma.transport.rdma.endpoint import RdmaConnection
+from nfsrdma.transport.rdma.requester import RdmaErrorReply
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.gen import rpcrdma as x
 from nfsrdma.xdr.runtime import U32, Buffer
 from tests.unit.rdma.test_rpc_rdma import P_BLOB, P_READLINK, PROG, VERS, rig
-from tests.unit.rdma.test_rtrext_continuation import blob_call, granted
+from tests.unit.rdma.test_rtrext_continuation import blob_call, granted, long_reply
 
 E = x.optr_err
 T = x.xmdp_type
@@ -168,10 +169,11 @@ async def test_rt18_rt19_each_code_is_reported_decoded_and_the_rpc_completes_ove
         assert client.credits.in_flight == 0
 
 
-async def test_rt18_rt19_a_broken_reply_fails_its_rpc_cleanly_and_is_reported() -> None:
-    """A continued reply whose transmissions arrive out of order: the requester fails that RPC
-    (it never asks for a resend), tells the responder with REPTERR (BADSEQ about the reply),
-    which decodes it; both keep serving."""
+async def test_rt18_rt19_a_broken_reply_is_reported_and_resent_in_the_reply_chunk() -> None:
+    """A continued reply whose transmissions arrive out of order: the requester reports it
+    (REPTERR, BADSEQ about the reply) and waits; the responder decodes the report and resends
+    the reply with plain v1, in the Reply chunk the call offered (RT-19); the RPC completes
+    with the right result and both keep serving."""
     async with rig() as r:
         client = r.client
         assert client is not None and r.rpc is not None
@@ -179,16 +181,52 @@ async def test_rt18_rt19_a_broken_reply_fails_its_rpc_cleanly_and_is_reported() 
         server = r.server[0]
         seen = _decoded(server)
         _corrupt_next(server, _swap)
-        with pytest.raises(TransportCallError, match="continued reply broken: OPTRERR_BADSEQ"):
+        # A reply that may reach 64 KiB: more than the 8 transmissions the requester may
+        # reserve, so the call offers a Reply chunk as well; 12,000 octets go as 3 Sends.
+        await long_reply(r, 12_000, max_size=65_536)
+        assert [e.optre_info.optre_which for e in seen] == [E.OPTRERR_BADSEQ]
+        assert (seen[0].optre_lead or seen[0].optre_bad).xmsi_dir == x.xms_dir.XMS_REPLY
+        assert server.stats["rtr_repterr_replies"] == 1
+        assert server.stats["rtr_replies_resent"] == 1
+        assert server.stats["replies_long"] == 1  # the resend: RDMA_NOMSG, Reply chunk
+        assert client.stats["rtr_faults"] == 1 and client.stats["rtr_replies"] == 0
+        await long_reply(r, 12_000, max_size=65_536)  # continuation works on afterwards
+        assert client.stats["rtr_replies"] == 1
+        await r.rpc.call(PROG, VERS, 0)
+        assert client.credits.in_flight == 0 and len(server.kept_replies) == 1
+
+
+async def test_rt19_a_broken_reply_without_a_reply_chunk_fails_its_rpc_with_err_chunk() -> None:
+    """The same fault when the call offered no Reply chunk (the reply fits the receives it
+    reserved): plain v1 cannot carry the reply, so the responder answers RDMA_ERROR /
+    ERR_CHUNK and the RPC fails at once, cleanly, instead of timing out; both serve on."""
+    async with rig() as r:
+        client = r.client
+        assert client is not None and r.rpc is not None
+        await granted(r)
+        server = r.server[0]
+        _corrupt_next(server, _swap)
+        with pytest.raises(RdmaErrorReply, match="ERR_CHUNK"):
             await r.rpc.call(
                 PROG, VERS, P_READLINK, lambda w: w.extend(U32.pack(12_000)),
                 expect=ReplyExpectation([], max_size=16_384), timeout=5,
             )  # fmt: skip
-        await r.rpc.call(PROG, VERS, 0)  # the REPTERR went out before this call
-        assert [e.optre_info.optre_which for e in seen] == [E.OPTRERR_BADSEQ]
-        assert (seen[0].optre_lead or seen[0].optre_bad).xmsi_dir == x.xms_dir.XMS_REPLY
+        assert client.stats["reply_chunks"] == 0
         assert server.stats["rtr_repterr_replies"] == 1
+        assert server.stats["rtr_replies_resent"] == 1
+        await long_reply(r, 12_000, max_size=16_384)
+        await r.rpc.call(PROG, VERS, 0)
         assert client.stats["rtr_faults"] == 1 and client.credits.in_flight == 0
+
+
+def test_rt19_the_reply_keeper_is_bounded_and_resends_once() -> None:
+    keeper = cont.ReplyKeeper(2)
+    for xid in (1, 2, 3):
+        keeper.keep(hdr.Header(xid, 1, 1, hdr.RDMA_MSG), [[b"ab", b"c"], [b"d"]])
+    assert len(keeper) == 2 and keeper.take(1) is None
+    got = keeper.take(3)
+    assert got is not None and got[1] == b"abcd" and got[0].xid == 3
+    assert keeper.take(3) is None
 
 
 async def test_rt12_a_table_1_violation_in_a_request_is_err_chunk() -> None:
