@@ -219,6 +219,11 @@ class DelegationService:
             deleg.lease = lease
             if write:
                 deleg.file = state.openfile
+            elif state.openfile.readable and state.openfile.hold_descriptor() is not None:
+                # READs with the delegation stateid once the open is closed go through the
+                # holder's open file, kept until the delegation goes (else each READ would
+                # open the file anew, in the thread pool)
+                deleg.file = state.openfile
             suppressed = self._grant_lines.allow(ctx.now)
             if suppressed is not None:
                 log.info(
@@ -302,6 +307,8 @@ class DelegationService:
     def _release_lease(self, d: Delegation) -> None:
         if isinstance(d.lease, Lease):
             self.leases.release(d.lease)
+        if not d.write and d.file is not None:
+            d.file.let_go_descriptor()  # held at the grant (a write lease lets go its own)
         d.file = None  # its descriptor let go with the lease
 
 

@@ -55,8 +55,9 @@ class Delegation:
     recalled: float | None = None  # when CB_RECALL was first asked for
     revoked: bool = False
     lease: object | None = None  # the kernel lease protecting it (the VFS's handle)
-    # a write delegation's: the holder's open file, whose descriptor the lease is on; it
-    # serves I/O with the delegation stateid after the open is closed
+    # the holder's open file (a write delegation's lease is on its descriptor; a read
+    # delegation holds it too): it serves I/O with the delegation stateid after the open is
+    # closed, until the delegation goes
     file: OpenFile | None = None
     change: int = 0  # the change attribute when granted (CB_GETATTR's baseline)
     size: int = 0

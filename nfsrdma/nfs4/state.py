@@ -216,7 +216,9 @@ class StateManager:
         self.notify_lock: Callable[[int, bytes, bytes], None] | None = None
         # Which clients are courteous, and expiring them (ServerState wires the sessions).
         self.leases: Leases | None = None
-        self.delegations = DelegationTable(self._new_other, limit=max_open_files)
+        # A delegation may hold two descriptors (its lease's and its closed open's): half as
+        # many delegations as open files keep them within the open-file budget.
+        self.delegations = DelegationTable(self._new_other, limit=max(1, max_open_files // 2))
 
     # ------------------------------------------------------------------ stateids
 
@@ -617,7 +619,7 @@ class StateManager:
         self, clientid: int, sid: nfs4.stateid4, fh: bytes, write: bool
     ) -> OpenFile | None:
         """I/O with a delegation stateid (section 8.2.1): through one of the client's opens of
-        the file that allows it, else through the open file a write delegation kept from a
+        the file that allows it, else through the open file the delegation kept from a
         closed open, else with the caller's credential (as anonymous I/O);
         writing under a read delegation is NFS4ERR_OPENMODE."""
         deleg = self.delegations.find(clientid, sid, fh)
@@ -627,7 +629,7 @@ class StateManager:
         for o in f.opens.values() if f is not None else ():
             if o.clientid == clientid and (o.openfile.writable if write else o.openfile.readable):
                 return o.openfile
-        held = deleg.file  # a write delegation outliving its open: the open's file, kept
+        held = deleg.file  # a delegation outliving its open: the open's file, kept
         if held is not None and (held.writable if write else held.readable):
             return held
         return None

@@ -612,3 +612,26 @@ async def test_a_revoked_write_delegation_lets_its_closed_descriptor_go(tmp_path
         assert [x.other for x in svc.expire(recalled_at + svc.lease_time + 1)] == [d.other]
         assert await reading == b"data"
         assert _fd_count() == before
+
+
+async def test_reads_under_a_read_delegation_after_close_use_the_kept_open_file(
+    tmp_path: Path,
+) -> None:
+    """The Linux client reads with its read delegation's stateid once it closed the file: those
+    READs go through the holder's open file, kept until the delegation goes (not a new open of
+    the file for every READ), and no descriptor is left behind afterwards."""
+    async with deleg_served(tmp_path, clients=1) as (server, (a,)):
+        await make_file(a, b"r", b"read me")
+        before = _fd_count()
+        fh, sid, ok = await a.open(b"r", READ | WANT_READ, how=NOCREATE)
+        assert ok.delegation.delegation_type == nfs4.OPEN_DELEGATE_READ
+        d = deleg_of(ok).stateid
+        held = service(server).table.held(a.clientid, fh)
+        assert held is not None and held.file is not None
+        await a.close(fh, sid)
+        sm = server.state.state_manager if server.state is not None else None
+        assert sm is not None
+        assert sm.io_file(a.clientid, d, fh, write=False) is held.file
+        assert await a.read(fh, d, 0, 100) == (b"read me", True)
+        await a.on(fh, OK, op(nfs4.OP_DELEGRETURN, nfs4.DELEGRETURN4args(d)))
+        assert _fd_count() == before
