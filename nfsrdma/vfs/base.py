@@ -557,10 +557,11 @@ class Vfs(abc.ABC):
         None: derived from the export's local root directory."""
         return None
 
-    def admit(self, cred: Cred, fh: bytes) -> None:
-        """Raise ``PermissionError`` (NFS4ERR_ACCESS) or :class:`WrongSecurity` unless the
-        caller may use the export ``fh`` is in (PUTFH). Backends without client rules admit
-        everybody."""
+    def admit(self, cred: Cred, fh: bytes, *, flavor: bool = False) -> None:
+        """Raise ``PermissionError`` (NFS4ERR_ACCESS) unless the caller may use the export
+        ``fh`` is in (PUTFH), and with ``flavor`` :class:`WrongSecurity` unless the export
+        accepts the request's flavour too (operations that take no credential: GETATTR,
+        VERIFY). Backends without client rules admit everybody."""
         return None
 
     def flavors(self, cred: Cred, fh: bytes, name: bytes | None = None) -> tuple[int, ...]:

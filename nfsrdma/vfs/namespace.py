@@ -414,10 +414,10 @@ class NamespaceVfs(Vfs):
         if mounted is not None:
             mounted.vfs.check(inner)
 
-    def admit(self, cred: Cred, fh: bytes) -> None:
+    def admit(self, cred: Cred, fh: bytes, *, flavor: bool = False) -> None:
         _, _node, mounted, _ = self._route(fh)
         if mounted is not None:
-            admit(mounted.entry, cred, flavor=False)
+            admit(mounted.entry, cred, flavor=flavor)
 
     def flavors(self, cred: Cred, fh: bytes, name: bytes | None = None) -> tuple[int, ...]:
         snap, node, mounted, inner = self._route(fh)

@@ -248,9 +248,17 @@ async def _secinfo(server: NFSServer, tree: Path) -> None:
         )
         assert res.status == OK
         assert [f.flavor for f in res.resarray[-1].value.value] == [nfs4.RPCSEC_GSS] * 3 + [1]
-        # ... but the next operation that uses the export does.
-        res = await b.call([op(nfs4.OP_PUTFH, nfs4.PUTFH4args(krb_fh)), readdir()], AUTH_NONE_CRED)
+        # ... but the next operation that uses the export does, GETATTR and VERIFY too
+        # (they take no credential of their own).
+        put_krb = op(nfs4.OP_PUTFH, nfs4.PUTFH4args(krb_fh))
+        res = await b.call([put_krb, readdir()], AUTH_NONE_CRED)
         assert statuses(res)[1:] == [OK, nfs4.NFS4ERR_WRONGSEC]
+        res = await b.call([put_krb, getfsid()], AUTH_NONE_CRED)
+        assert statuses(res)[1:] == [OK, nfs4.NFS4ERR_WRONGSEC]
+        verify = nfs4.VERIFY4args(nfs4.fattr4([], b""))
+        res = await b.call([put_krb, op(nfs4.OP_VERIFY, verify)], AUTH_NONE_CRED)
+        assert statuses(res)[1:] == [OK, nfs4.NFS4ERR_WRONGSEC]
+        assert statuses(await b.call([put_krb, getfsid()]))[1:] == [OK, OK]  # AUTH_SYS listed
         # /srv/pub says sec=sys:none.
         res = await b.call(
             [putroot(), *lookups(tree / "srv"), op(nfs4.OP_SECINFO, nfs4.SECINFO4args(b"pub"))]
