@@ -186,6 +186,7 @@ async def served(
     clients: int = 1,
     config: ServerConfig | None = None,
     backchannel: bool = False,
+    delay_deadline: float = 60.0,
 ) -> AsyncIterator[tuple[NFSServer, list[Nfs]]]:
     export = tmp_path / "export"
     export.mkdir(exist_ok=True)
@@ -205,7 +206,11 @@ async def served(
         for i in range(clients):
             s = ClientSession(
                 lambda: connect_tcp("127.0.0.1", port),
-                SessionOptions(backchannel=backchannel, owner=f"test-client-{i}".encode()),
+                SessionOptions(
+                    backchannel=backchannel,
+                    owner=f"test-client-{i}".encode(),
+                    delay_deadline=delay_deadline,
+                ),
             )
             await s.start()
             sessions.append(s)

@@ -15,7 +15,6 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -23,12 +22,9 @@ import pytest
 import nfsrdma.client as nc
 from nfsrdma.nfs4.server_state import ServerConfig
 from nfsrdma.server import NFSServer
-from nfsrdma.session.client import ClientSession
-from nfsrdma.session.client_setup import SessionOptions
-from nfsrdma.transport.tcp import connect_tcp
 from nfsrdma.xdr.gen import nfs4
 
-from .test_io_ops import NOCREATE, OK, Nfs, op
+from .test_io_ops import NOCREATE, OK, Nfs, op, served
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -82,35 +78,12 @@ async def test_one_client_opening_files_leaves_the_server_to_everyone(tmp_path: 
         await loop.run_in_executor(None, proc.wait)
 
 
-@contextlib.asynccontextmanager
-async def budgeted(
+def budgeted(
     tmp_path: Path, clients: int, **limits: int
-) -> AsyncIterator[tuple[NFSServer, list[Nfs]]]:
-    export = tmp_path / "export"
-    export.mkdir(exist_ok=True)
-    server = NFSServer(
-        str(export),
-        bind="127.0.0.1",
-        tcp_port=0,
-        rdma_port=None,
-        root_squash=False,
-        state_dir=str(tmp_path / "state"),
-        config=ServerConfig(delegations=False, **limits),
-    )
-    await server.start()
-    port = server.tcp_port
-    sessions: list[ClientSession] = []
-    try:
-        for i in range(clients):
-            opts = SessionOptions(owner=f"budget-{i}".encode(), delay_deadline=0.3)
-            s = ClientSession(lambda: connect_tcp("127.0.0.1", port), opts)
-            await s.start()
-            sessions.append(s)
-        yield server, [Nfs(s, server) for s in sessions]
-    finally:
-        for s in sessions:
-            await s.close()
-        await server.close()
+) -> contextlib.AbstractAsyncContextManager[tuple[NFSServer, list[Nfs]]]:
+    """Clients that give up NFS4ERR_DELAY after 0.3 s (TimeoutError), no delegations."""
+    config = ServerConfig(delegations=False, **limits)
+    return served(tmp_path, clients, config, delay_deadline=0.3)
 
 
 async def test_budgets_of_one_client_and_of_the_server(tmp_path: Path) -> None:
