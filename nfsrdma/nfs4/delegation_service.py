@@ -14,6 +14,8 @@ What is granted
   CREATE_SESSION, BIND_CONN_TO_SESSION and BACKCHANNEL_CTL (and from an OPEN that finds the
   callback program, security or connection changed since); until it is answered OPEN gets no
   delegation (WND4_RESOURCE). A failed probe marks the path down (SEQ4_STATUS_CB_PATH_DOWN).
+- Not on an OPEN that creates the file, unless the client asks for a delegation (policy in
+  ``delegations.py``).
 - Only with a kernel lease on the file, as knfsd: without one no delegation is protected
   against changes made on the server's own file system, so none is granted.
 - Read delegations: a read lease on a read-only descriptor of the file's own
@@ -173,9 +175,16 @@ class DelegationService:
     # ------------------------------------------------------------------ grant (OPEN)
 
     def offer(
-        self, ctx: CompoundContext, sm: StateManager, state: OpenState, want: int
+        self,
+        ctx: CompoundContext,
+        sm: StateManager,
+        state: OpenState,
+        want: int,
+        *,
+        created: bool = False,
     ) -> nfs4.open_delegation4:
-        """OPEN's delegation result for the open ``state`` just made or upgraded."""
+        """OPEN's delegation result for the open ``state`` just made or upgraded (``created``:
+        the OPEN made the file)."""
         fh = state.file.fh
         clientid = state.clientid
         others = [
@@ -195,6 +204,7 @@ class DelegationService:
             others,
             enabled=self.enabled,
             callbacks=self.callbacks_ok(clientid) if self.enabled and wanted else False,
+            created=created,
         )
         if decision.write is None:
             return _none(want, decision.why)

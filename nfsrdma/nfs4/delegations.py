@@ -17,6 +17,10 @@ Policy
   sent DELEGRETURN within a lease period of the recall, the delegation is revoked: the file is
   free again, the holder's use of the stateid gets NFS4ERR_DELEG_REVOKED, and its SEQUENCE replies
   carry SEQ4_STATUS_RECALLABLE_STATE_REVOKED until it has FREE_STATEID'd every revoked stateid.
+- An OPEN that creates the file gets no delegation unless the client asks for one
+  (OPEN4_SHARE_ACCESS_WANT_*_DELEG): a file just made is mostly written, closed and read or
+  removed by others next, so a delegation there costs a lease, a DELEGRETURN and often a recall
+  for nothing (knfsd delegates no create either). Opens of existing files are delegated.
 - Delegation stateids never change seqid (always 1).
 """
 
@@ -161,12 +165,16 @@ class DelegationTable:
         *,
         enabled: bool,
         callbacks: bool,
+        created: bool = False,
     ) -> Decision:
         """Whether an OPEN of ``fh`` by ``clientid`` (with ``access``, the union of its open,
-        and ``want``, the OPEN4_SHARE_ACCESS_WANT_* value) gets a delegation, and which."""
+        and ``want``, the OPEN4_SHARE_ACCESS_WANT_* value; ``created``: this OPEN made the file)
+        gets a delegation, and which."""
         if want in (WANT_NONE, WANT_CANCEL):
             why = nfs4.WND4_NOT_WANTED if want == WANT_NONE else nfs4.WND4_CANCELLED
             return Decision(None, why)
+        if created and want == WANT_NO_PREFERENCE:
+            return Decision(None, nfs4.WND4_NOT_WANTED)
         if not enabled or not callbacks or len(self) >= self.limit:
             return Decision(None, nfs4.WND4_RESOURCE)
         mine = self.held(clientid, fh)

@@ -166,8 +166,8 @@ def test_writer_survives_server_restart(
     client reclaims (OPEN CLAIM_PREVIOUS, LOCK reclaim, RECLAIM_COMPLETE); the writer's
     next write and fsync succeed, its lock still excludes another process, and the file holds
     exactly what was written. Without delegations the lock is the server's and is reclaimed;
-    with them the writer holds a write delegation (the client keeps its lock locally, RFC 8881
-    section 10.4), which it reclaims with the open and gets again."""
+    with them the writer (opening the existing file) holds a write delegation (the client keeps
+    its lock locally, RFC 8881 section 10.4), which it reclaims with the open and gets again."""
     base = Path(f"/tmp/restart-{proto}-{'deleg' if delegations else 'nodeleg'}")
     state = base / "state"
     with _tmpfs(base / "export") as export:
@@ -180,6 +180,9 @@ def test_writer_survives_server_restart(
         try:
             m = nfs_mount(NfsServer(guest_addr(), port, proto))
             path = m.mountpoint / "locked-file"
+            # The file exists before the writer opens it: an OPEN that creates the file gets
+            # no delegation (the server's policy), one of an existing file a write delegation.
+            (export / "locked-file").write_bytes(b"")
             writer = Writer(path)
             writer.expect("ready", 120)
             conflict = _probe(path)

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.testbed
 
 @pytest.fixture(scope="module")
 def ours(knfsd: Knfsd) -> Iterator[OurServer]:
-    # Without delegations: under one (a write delegation for the file the workload creates)
+    # Without delegations: under one (a write delegation for a file the workload opens again)
     # the Linux client keeps its POSIX locks locally (RFC 8881 section 10.4), so no blocked
     # LOCK reaches the server and CB_NOTIFY_LOCK, checked below, would never be needed.
     # Delegations with the Linux client are tested in test_delegations.py.

@@ -292,18 +292,18 @@ def op_open(ctx: CompoundContext, args: nfs4.OPEN4args) -> nfs4.OPEN4res:
             rflags=nfs4.OPEN4_RESULT_LOCKTYPE_POSIX
             | (nfs4.OPEN4_RESULT_MAY_NOTIFY_LOCK if sm.notifies_locks else 0),
             attrset=target.attrset or [],
-            delegation=_delegation(ctx, sm, state, want),
+            delegation=_delegation(ctx, sm, state, want, created=target.created),
         ),
     )
 
 
 def _delegation(
-    ctx: CompoundContext, sm: StateManager, state: OpenState, want: int
+    ctx: CompoundContext, sm: StateManager, state: OpenState, want: int, *, created: bool
 ) -> nfs4.open_delegation4:
     service = ctx.server.delegation_service
     if service is None:
         return no_delegation(want)
-    return service.offer(ctx, sm, state, want)
+    return service.offer(ctx, sm, state, want, created=created)
 
 
 # ---------------------------------------------------------------- OPEN_DOWNGRADE, CLOSE

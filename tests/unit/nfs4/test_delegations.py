@@ -189,6 +189,22 @@ async def test_write_delegation_for_an_exclusive_writer(tmp_path: Path) -> None:
         assert deleg_of(ok).ond_why == nfs4.WND4_CONTENTION
 
 
+async def test_an_open_that_creates_the_file_is_delegated_only_when_asked(tmp_path: Path) -> None:
+    """A create with no preference (the Linux client's OPEN) gets no delegation: it would cost a
+    kernel lease and a DELEGRETURN for a file that is mostly written, closed and removed next.
+    Asked for explicitly, or on an OPEN of the existing file (also UNCHECKED4 create of one that
+    exists), it is delegated as before."""
+    async with deleg_served(tmp_path, clients=1) as (server, (a,)):
+        fh, sid, ok = await a.open(b"new", BOTH)
+        assert ok.delegation.delegation_type == nfs4.OPEN_DELEGATE_NONE
+        assert service(server).table.held(a.clientid, fh) is None
+        await a.close(fh, sid)
+        _, _, ok = await a.open(b"new", BOTH)  # UNCHECKED4 of the existing file: no create
+        assert ok.delegation.delegation_type == nfs4.OPEN_DELEGATE_WRITE
+        _, _, ok = await a.open(b"asked", BOTH | WANT_WRITE)
+        assert ok.delegation.delegation_type == nfs4.OPEN_DELEGATE_WRITE
+
+
 async def test_wants_and_contention_say_why_not(tmp_path: Path) -> None:
     async with deleg_served(tmp_path) as (_server, (a, b)):
         await make_file(a, b"f")
