@@ -36,14 +36,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+from rtrext_rig import Rig
 
 from nfsrdma.nfs4.attrs import bitmap_of
-from nfsrdma.server import NFSServer
-from nfsrdma.session.client import ClientSession
-from nfsrdma.session.client_setup import SessionOptions
-from nfsrdma.transport.base import Connection
-from nfsrdma.transport.rdma.endpoint import RdmaConnection, RdmaOptions, connect_rdma
-from nfsrdma.transport.rdma.provider import Device
+from nfsrdma.transport.rdma.endpoint import RdmaOptions
 from nfsrdma.xdr.gen import nfs4
 
 PORT = 20051
@@ -63,81 +61,16 @@ ATTRS = bitmap_of(
 )
 
 
-def server_for(export: Path, provider: str, rtrext: bool) -> tuple[NFSServer, str, Device | None]:
-    """Our server, the address the client reaches it at, and the in-process client device. On
-    rxe the server opens rxe0 itself, in ``start()`` (see the module doc)."""
-    opts = RdmaOptions(rtrext=rtrext)
-    if provider == "inproc":
-        from nfsrdma.transport.rdma.inproc import InprocFabric
-
-        fabric = InprocFabric()
-        server = NFSServer(
-            str(export), bind="127.0.0.1", tcp_port=0, rdma_port=PORT,
-            rdma_device=fabric.device("10.9.0.1"), root_squash=False, rdma_options=opts,
-        )  # fmt: skip
-        return server, "10.9.0.1", fabric.device("10.9.0.2")
-    from nfsrdma.testbed.helpers import testbed_addr
-
-    addr = testbed_addr()
-    server = NFSServer(
-        str(export), bind=addr, tcp_port=0, rdma_port=PORT, root_squash=False,
-        rdma_options=opts,
-    )  # fmt: skip
-    return server, addr, None
-
-
-async def client_device(inproc: Device | None, addr: str) -> Device:
-    """The client's device, opened only now, after the server started (see the module doc)."""
-    if inproc is not None:
-        return inproc
-    from nfsrdma.transport.rdma.pyverbs_provider import open_device
-
-    return await open_device(addr)
-
-
 async def run_one(
     export: Path, provider: str, rtrext: bool, rounds: int
 ) -> tuple[int, int, list[float]]:
     """(explicit RDMA operations, RPCs, latencies) for both workloads."""
-    server, addr, inproc = server_for(export, provider, rtrext)
-    await server.start()
-    cdev = await client_device(inproc, addr)
-    served: list[RdmaConnection] = []
-    assert server.rdma is not None
-    accept = server.rdma.on_connection
-
-    def record(conn: RdmaConnection) -> None:
-        served.append(conn)
-        accept(conn)
-
-    server.rdma.on_connection = record
-
-    async def connect() -> Connection:
-        return await connect_rdma(cdev, addr, PORT, RdmaOptions(rtrext=rtrext))
-
-    # The client acts as the server process itself (same uid, gid and groups), so the server's
-    # VFS never switches the event-loop thread's fs identity (see the module doc).
-    me = SessionOptions(
-        backchannel=False, uid=os.geteuid(), gid=os.getegid(), gids=tuple(os.getgroups())
-    )
-    session = ClientSession(connect, me)
-    latencies: list[float] = []
-    rpcs = 0
-    try:
-        await session.start()
-        res = await session.compound(
-            [nfs4.nfs_argop4(nfs4.OP_PUTROOTFH), nfs4.nfs_argop4(nfs4.OP_GETFH)]
-        )
-        root = res.resarray[1].value.value.object
-        res = await session.compound(
-            [
-                nfs4.nfs_argop4(nfs4.OP_PUTFH, nfs4.PUTFH4args(root)),
-                nfs4.nfs_argop4(nfs4.OP_LOOKUP, nfs4.LOOKUP4args(b"big")),
-                nfs4.nfs_argop4(nfs4.OP_GETFH),
-            ]
-        )
-        big = res.resarray[2].value.value.object
-        before = sum(c.stats["rdma_reads"] + c.stats["rdma_writes"] for c in served)
+    async with Rig(export, provider, PORT, RdmaOptions(rtrext=rtrext)) as rig:
+        session = rig.session
+        big = await rig.lookup(b"big")
+        latencies: list[float] = []
+        rpcs = 0
+        before = rig.server_rdma()
         for _ in range(rounds):
             cookie, verf, eof = 0, bytes(8), False
             while not eof:
@@ -166,12 +99,7 @@ async def run_one(
             await session.compound(ops, reply_size=8192)
             latencies.append(time.perf_counter() - t)
             rpcs += 1
-        after = sum(c.stats["rdma_reads"] + c.stats["rdma_writes"] for c in served)
-        return after - before, rpcs, latencies
-    finally:
-        await session.close()
-        await server.close()
-        cdev.close()
+        return rig.server_rdma() - before, rpcs, latencies
 
 
 async def main() -> None:

@@ -1,8 +1,9 @@
 """rtrext send-based placement (TBSN) on vs off: WRITEs of 8, 32 and 128 KiB, ours <-> ours.
 
 Each WRITE is a COMPOUND of PUTFH and WRITE (UNSTABLE, the anonymous stateid) of fresh random
-data to one file of the export. Three modes against the same export, one after another in one
-process (one boot on the test bed):
+data to one file. Four modes, each with its own server, export and client in one process (one
+boot on the test bed), taking turns WRITE by WRITE (the order rotating each round), so that a
+slower or busier moment of the machine falls on all alike:
 
 - ``v1``: rtrext off: the WRITE data goes in a Read chunk the server pulls with RDMA Read;
 - ``exrw``: rtrext on, TBSN off (the default): message continuation, the data still in an
@@ -15,7 +16,7 @@ process (one boot on the test bed):
 For each mode and size: explicit RDMA operations per RPC (RDMA Reads and Writes our server
 posted, plus the client's memory registrations) and the median latency. By default on the
 in-process provider (``--provider inproc``); on the test bed ``--provider rxe`` (both sides on
-rxe0; the set-up order is the one of ``bench/rtrext.py``, see its doc).
+rxe0; the set-up is ``bench/rtrext_rig.py``'s).
 
 Last line: ``rdma_ops_v1=… rdma_ops_exrw=… rdma_ops_tbsn=… ratio_8k=… ratio_32k=…
 ratio_128k=… ratio_vs_v1=… tbsn32_ratio_128k=… tbsn32_latency_ratio=… latency_ratio=…
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import os
 import random
@@ -38,16 +40,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 
-from nfsrdma.server import NFSServer
-from nfsrdma.session.client import ClientSession
-from nfsrdma.session.client_setup import SessionOptions
-from nfsrdma.transport.base import Connection
-from nfsrdma.transport.rdma.endpoint import RdmaConnection, RdmaOptions, connect_rdma
-from nfsrdma.transport.rdma.provider import Device
+from rtrext_rig import Rig
+
+from nfsrdma.transport.rdma.endpoint import RdmaOptions
 from nfsrdma.xdr.gen import nfs4
 
-PORT = 20052
+PORT = 20052  # the modes' servers listen on PORT, PORT + 1, ...
 SIZES = (8 * 1024, 32 * 1024, 128 * 1024)
 MODES = {
     "v1": RdmaOptions(rtrext=False),
@@ -57,108 +57,49 @@ MODES = {
     "tbsn32": RdmaOptions(rtrext_tbsn=True, rtr_plt_segments=32),
 }
 ANONYMOUS = nfs4.stateid4(0, bytes(12))
+Results = dict[str, dict[int, tuple[int, list[float]]]]
 
 
-def server_for(
-    export: Path, provider: str, opts: RdmaOptions
-) -> tuple[NFSServer, str, Device | None]:
-    if provider == "inproc":
-        from nfsrdma.transport.rdma.inproc import InprocFabric
-
-        fabric = InprocFabric()
-        server = NFSServer(
-            str(export), bind="127.0.0.1", tcp_port=0, rdma_port=PORT,
-            rdma_device=fabric.device("10.9.0.1"), root_squash=False, rdma_options=opts,
-        )  # fmt: skip
-        return server, "10.9.0.1", fabric.device("10.9.0.2")
-    from nfsrdma.testbed.helpers import testbed_addr
-
-    addr = testbed_addr()
-    server = NFSServer(
-        str(export), bind=addr, tcp_port=0, rdma_port=PORT, root_squash=False,
-        rdma_options=opts,
-    )  # fmt: skip
-    return server, addr, None
+async def write(rig: Rig, fh: bytes, offset: int, data: bytes) -> tuple[int, float]:
+    """(explicit RDMA operations, latency) of one WRITE."""
+    ops = [
+        nfs4.nfs_argop4(nfs4.OP_PUTFH, nfs4.PUTFH4args(fh)),
+        nfs4.nfs_argop4(nfs4.OP_WRITE, nfs4.WRITE4args(ANONYMOUS, offset, nfs4.UNSTABLE4, data)),
+    ]
+    before = rig.explicit()
+    t = time.perf_counter()
+    res = await rig.session.compound(ops, idempotent=False)
+    latency = time.perf_counter() - t
+    if res.status != nfs4.NFS4_OK or res.resarray[1].value.value.count != len(data):
+        raise SystemExit(f"WRITE of {len(data)} failed: {res.status}")
+    return rig.explicit() - before, latency
 
 
-async def client_device(inproc: Device | None, addr: str) -> Device:
-    if inproc is not None:
-        return inproc
-    from nfsrdma.transport.rdma.pyverbs_provider import open_device
-
-    return await open_device(addr)
-
-
-def explicit(server: list[RdmaConnection], client: list[RdmaConnection]) -> int:
-    return sum(c.stats["rdma_reads"] + c.stats["rdma_writes"] for c in server) + sum(
-        c.stats["registrations"] for c in client
-    )
-
-
-async def run_mode(
-    export: Path, provider: str, opts: RdmaOptions, rounds: int, rnd: random.Random
-) -> dict[int, tuple[int, list[float]]]:
-    """Per size: (explicit RDMA operations, latencies)."""
-    server, addr, inproc = server_for(export, provider, opts)
-    await server.start()
-    cdev = await client_device(inproc, addr)
-    served: list[RdmaConnection] = []
-    clients: list[RdmaConnection] = []
-    assert server.rdma is not None
-    accept = server.rdma.on_connection
-
-    def record(conn: RdmaConnection) -> None:
-        served.append(conn)
-        accept(conn)
-
-    server.rdma.on_connection = record
-
-    async def connect() -> Connection:
-        conn = await connect_rdma(cdev, addr, PORT, opts)
-        clients.append(conn)
-        return conn
-
-    me = SessionOptions(
-        backchannel=False, uid=os.geteuid(), gid=os.getegid(), gids=tuple(os.getgroups())
-    )
-    session = ClientSession(connect, me)
-    out: dict[int, tuple[int, list[float]]] = {}
-    try:
-        await session.start()
-        res = await session.compound(
-            [
-                nfs4.nfs_argop4(nfs4.OP_PUTROOTFH),
-                nfs4.nfs_argop4(nfs4.OP_LOOKUP, nfs4.LOOKUP4args(b"target")),
-                nfs4.nfs_argop4(nfs4.OP_GETFH),
-            ]
-        )
-        fh = res.resarray[2].value.value.object
+async def run(export: Path, provider: str, rounds: int, rnd: random.Random) -> Results:
+    """Per mode and size: (explicit RDMA operations, latencies)."""
+    results: Results = {name: {size: (0, []) for size in SIZES} for name in MODES}
+    async with contextlib.AsyncExitStack() as stack:
+        rigs: dict[str, tuple[Rig, bytes]] = {}
+        for port, (name, opts) in enumerate(MODES.items(), PORT):
+            # one export per server: servers of one directory would share its grace period
+            (export / name).mkdir()
+            (export / name / "target").write_bytes(b"")
+            rig = await stack.enter_async_context(Rig(export / name, provider, port, opts))
+            rigs[name] = (rig, await rig.lookup(b"target"))
+        names = list(MODES)
         for size in SIZES:
-            latencies: list[float] = []
-            before = explicit(served, clients)
             for i in range(rounds):
-                data = rnd.randbytes(size)
-                ops = [
-                    nfs4.nfs_argop4(nfs4.OP_PUTFH, nfs4.PUTFH4args(fh)),
-                    nfs4.nfs_argop4(
-                        nfs4.OP_WRITE,
-                        nfs4.WRITE4args(ANONYMOUS, i * size, nfs4.UNSTABLE4, data),
-                    ),
-                ]
-                t = time.perf_counter()
-                res = await session.compound(ops, idempotent=False)
-                latencies.append(time.perf_counter() - t)
-                if res.status != nfs4.NFS4_OK or res.resarray[1].value.value.count != size:
-                    raise SystemExit(f"WRITE of {size} failed: {res.status}")
-            out[size] = (explicit(served, clients) - before, latencies)
-        placed = sum(c.stats["rtr_tbsn_items"] for c in served)
-        print(f"# plt={opts.rtr_plt_segments if opts.rtrext_tbsn else 0}: "
-              f"items placed by TBSN {placed}", flush=True)  # fmt: skip
-        return out
-    finally:
-        await session.close()
-        await server.close()
-        cdev.close()
+                turn = names[i % len(names) :] + names[: i % len(names)]
+                for name in turn:
+                    rig, fh = rigs[name]
+                    ops, latency = await write(rig, fh, i * size, rnd.randbytes(size))
+                    total, latencies = results[name][size]
+                    latencies.append(latency)
+                    results[name][size] = (total + ops, latencies)
+        for name, (rig, _) in rigs.items():
+            placed = sum(c.stats["rtr_tbsn_items"] for c in rig.served)
+            print(f"# {name}: items placed by TBSN {placed}", flush=True)
+    return results
 
 
 async def main() -> None:
@@ -167,12 +108,9 @@ async def main() -> None:
     ap.add_argument("--rounds", type=int, default=20)
     args = ap.parse_args()
     rnd = random.Random(13)
-    results: dict[str, dict[int, tuple[int, list[float]]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         export = Path(tmp)
-        (export / "target").write_bytes(b"")
-        for name, opts in MODES.items():
-            results[name] = await run_mode(export, args.provider, opts, args.rounds, rnd)
+        results = await run(export, args.provider, args.rounds, rnd)
     print(f"{'mode':6} {'size':>7} {'RPCs':>5} {'RDMA ops/RPC':>13} {'median ms':>10}")
     for name, per_size in results.items():
         for size, (ops, lat) in per_size.items():
