@@ -8,7 +8,10 @@ server next to knfsd, and measures both the same way, through the Linux client:
   threads, reads/s;
 - create + stat + remove of N files, operations/s (3 per file).
 
-Absolute numbers under qemu TCG mean little; the ratio ours / knfsd within one boot does.
+Absolute numbers under qemu TCG mean little; the ratio ours / knfsd within one boot does. The
+guest's speed drifts with the host's load (several-fold within minutes on a shared machine), so
+``measure_both`` mounts both servers at once and runs each phase on one and then the other,
+``--rounds`` times with the order swapped each round; each figure is the median of its rounds.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -130,6 +134,7 @@ class ServerProbe:
         self.state_dir = state_dir
         self.dir = artefact_dir(name)
         self.cpu_ms: dict[str, float] = {}
+        self._spent: dict[str, tuple[float, int]] = {}  # per phase, over rounds: (CPU s, COMPOUNDs)
         self.py_spy = shutil.which("py-spy") if profile else None
         if profile and self.py_spy is None:
             step("py-spy not found: no profile")
@@ -160,9 +165,12 @@ class ServerProbe:
             snap = self._stats()
             if snap is not None:
                 (self.dir / f"{label}.stats.json").write_text(json.dumps(snap, indent=1) + "\n")
-            compounds = self._compounds(snap) - compounds0
-            if compounds > 0:
-                self.cpu_ms[label] = (self._cpu_s() - cpu0) * 1000 / compounds
+            cpu, count = self._spent.get(label, (0.0, 0))
+            cpu += self._cpu_s() - cpu0
+            count += self._compounds(snap) - compounds0
+            self._spent[label] = (cpu, count)
+            if count > 0:
+                self.cpu_ms[label] = cpu * 1000 / count
 
     def _cpu_s(self) -> float:
         """User and system CPU seconds of the server process (every thread) so far."""
@@ -193,26 +201,55 @@ class ServerProbe:
         )
 
 
-def measure(
-    server: NfsServer, name: str, args: argparse.Namespace, probe: ServerProbe | None = None
-) -> Figures:
-    f = Figures()
+PHASES = ("seq", "rand_read", "meta")
 
-    def phase(label: str) -> contextlib.AbstractContextManager[None]:
-        return probe.phase(label) if probe is not None else contextlib.nullcontext()
 
-    with mount_nfs(server, MOUNT_ROOT / name) as m:
-        step(f"{name}: sequential {args.size_mib} MiB")
-        with phase("seq"):
-            f.seq_write, f.seq_read = sequential(m.mountpoint, args.size_mib)
-        step(f"{name}: 4 KiB random reads for {args.seconds:g} s")
-        with phase("rand_read"):
-            f.rand_read = random_reads(m.mountpoint, args.seconds)
-        step(f"{name}: create+stat+remove of {args.files} files")
-        with phase("meta"):
-            f.meta = metadata(m.mountpoint, args.files)
-        (m.mountpoint / "seq.bin").unlink()
-    return f
+def run_phase(label: str, mnt: Path, args: argparse.Namespace, f: Figures) -> None:
+    if label == "seq":
+        f.seq_write, f.seq_read = sequential(mnt, args.size_mib)
+    elif label == "rand_read":
+        f.rand_read = random_reads(mnt, args.seconds)
+    else:
+        f.meta = metadata(mnt, args.files)
+
+
+def measure_both(
+    theirs: NfsServer,
+    mine: NfsServer,
+    args: argparse.Namespace,
+    probe: ServerProbe | None = None,
+) -> tuple[Figures, Figures]:
+    """(theirs, mine): both mounted at once, each phase run on one then the other, ``--rounds``
+    times (the order swapped each round: theirs first in round 1); medians of the rounds."""
+    names = ("theirs", "mine")
+    rounds: dict[str, list[Figures]] = {n: [] for n in names}
+    with (
+        mount_nfs(theirs, MOUNT_ROOT / "theirs") as mt,
+        mount_nfs(mine, MOUNT_ROOT / "mine") as mm,
+    ):
+        mounts = {"theirs": mt.mountpoint, "mine": mm.mountpoint}
+        for r in range(args.rounds):
+            figures = {n: Figures() for n in names}
+            for label in PHASES:
+                for n in names if r % 2 == 0 else names[::-1]:
+                    step(f"round {r + 1}/{args.rounds}: {label} on {n}")
+                    ctx = probe.phase(label) if probe is not None and n == "mine" else None
+                    with ctx or contextlib.nullcontext():
+                        run_phase(label, mounts[n], args, figures[n])
+            for n in names:
+                rounds[n].append(figures[n])
+        for n in names:
+            (mounts[n] / "seq.bin").unlink()
+    return _median(rounds["theirs"]), _median(rounds["mine"])
+
+
+def _median(runs: list[Figures]) -> Figures:
+    return Figures(
+        *(
+            statistics.median(getattr(f, k) for f in runs)
+            for k in ("seq_write", "seq_read", "rand_read", "meta")
+        )
+    )
 
 
 def ratio_line(mine: Figures, theirs: Figures, **extra: float) -> str:
@@ -248,6 +285,12 @@ def arguments(doc: str) -> argparse.ArgumentParser:
     p.add_argument("--size-mib", type=int, default=64, help="sequential file size (64 MiB)")
     p.add_argument("--seconds", type=float, default=10.0, help="random-read time (10 s)")
     p.add_argument("--files", type=int, default=500, help="files for create/stat/remove")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="rounds of every phase on both servers, taking turns (medians are reported)",
+    )
     p.add_argument(
         "--profile",
         action="store_true",
@@ -288,7 +331,8 @@ def run_in_testbed(script: str, args: argparse.Namespace, forward: list[str]) ->
 def forwarded(args: argparse.Namespace) -> list[str]:
     return [
         "--size-mib", str(args.size_mib), "--seconds", str(args.seconds),
-        "--files", str(args.files), *(["--profile"] if args.profile else []),
+        "--files", str(args.files), "--rounds", str(args.rounds),
+        *(["--profile"] if args.profile else []),
         *(f"--serve-arg={a}" for a in args.serve_arg),
         *(["--root-squash"] if args.root_squash else []),
         *([f"--tag={args.tag}"] if args.tag else []),

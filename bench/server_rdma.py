@@ -15,7 +15,7 @@ from nfsbench import (
     ServerProbe,
     arguments,
     forwarded,
-    measure,
+    measure_both,
     ratio_line,
     run_in_testbed,
     step,
@@ -42,10 +42,9 @@ def in_guest(args: argparse.Namespace) -> int:
     with our_server(
         "bench-rdma", extra=tuple(args.serve_arg), root_squash=args.root_squash
     ) as ours:
-        theirs = measure(knfsd.server("rdma"), "knfsd rdma", args)
         name = "-".join(["ours-rdma", *([args.tag] if args.tag else [])])
         probe = ServerProbe(ours.pid, ours.state_dir, name, profile=args.profile)
-        mine = measure(ours.server("rdma"), "nfsrdma rdma", args, probe)
+        theirs, mine = measure_both(knfsd.server("rdma"), ours.server("rdma"), args, probe)
     print(f"rxe0 ceiling: ib_write_bw {write_bw:.1f} MB/s, ib_read_bw {read_bw:.1f} MB/s")
     table([("knfsd (RDMA 20049)", theirs), ("nfsrdma serve (RDMA 20050)", mine)])
     print(probe.line())

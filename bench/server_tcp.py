@@ -9,7 +9,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nfsbench import ServerProbe, arguments, forwarded, measure, ratio_line, run_in_testbed, table
+from nfsbench import (
+    ServerProbe,
+    arguments,
+    forwarded,
+    measure_both,
+    ratio_line,
+    run_in_testbed,
+    table,
+)
 
 from nfsrdma.testbed.helpers import Knfsd, export_dir, in_testbed, testbed_addr
 from nfsrdma.testbed.ours import our_server
@@ -20,10 +28,9 @@ def in_guest(args: argparse.Namespace) -> int:
     with our_server(
         "bench-tcp", rdma=False, extra=tuple(args.serve_arg), root_squash=args.root_squash
     ) as ours:
-        theirs = measure(knfsd.server("tcp"), "knfsd tcp", args)
         name = "-".join(["ours-tcp", *([args.tag] if args.tag else [])])
         probe = ServerProbe(ours.pid, ours.state_dir, name, profile=args.profile)
-        mine = measure(ours.server("tcp"), "nfsrdma tcp", args, probe)
+        theirs, mine = measure_both(knfsd.server("tcp"), ours.server("tcp"), args, probe)
     table([("knfsd (TCP 2049)", theirs), ("nfsrdma serve (TCP 2050)", mine)])
     print(probe.line())
     print(ratio_line(mine, theirs), flush=True)
