@@ -99,12 +99,14 @@ def resop_size(op: int, res: object) -> int:
 
 
 def test_fixed_results_fit_their_bound() -> None:
-    seq = nfs4.SEQUENCE4res(
-        nfs4.NFS4_OK, nfs4.SEQUENCE4resok(b"i" * 16, 1, 2, 3, 4, 0xFFFFFFFF)
-    )
+    seq = nfs4.SEQUENCE4res(nfs4.NFS4_OK, nfs4.SEQUENCE4resok(b"i" * 16, 1, 2, 3, 4, 0xFFFFFFFF))
     assert resop_size(nfs4.OP_SEQUENCE, seq) + 4 == SEQUENCE_REPLY + 4 == 48
     cases: list[tuple[nfs4.nfs_argop4, int, object]] = [
-        (ops.getfh(), nfs4.OP_GETFH, nfs4.GETFH4res(nfs4.NFS4_OK, nfs4.GETFH4resok(b"h" * nfs4.NFS4_FHSIZE))),
+        (
+            ops.getfh(),
+            nfs4.OP_GETFH,
+            nfs4.GETFH4res(nfs4.NFS4_OK, nfs4.GETFH4resok(b"h" * nfs4.NFS4_FHSIZE)),
+        ),
         (
             ops.lock(nfs4.WRITE_LT, 0, 1, lock_stateid=STATEID),
             nfs4.OP_LOCK,
@@ -123,9 +125,7 @@ def test_fixed_results_fit_their_bound() -> None:
             nfs4.OP_RENAME,
             nfs4.RENAME4res(
                 nfs4.NFS4_OK,
-                nfs4.RENAME4resok(
-                    nfs4.change_info4(True, 1, 2), nfs4.change_info4(True, 3, 4)
-                ),
+                nfs4.RENAME4resok(nfs4.change_info4(True, 1, 2), nfs4.change_info4(True, 3, 4)),
             ),
         ),
         (
