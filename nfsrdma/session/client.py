@@ -373,8 +373,8 @@ class ClientSession:
         else:
             if send.resend:
                 self.stats.resends += 1
-            if send.resend or call.full_reply:
-                # A resend (after a lost connection or a reply that did not fit) provides for
+            if call.full_reply:
+                # After a lost connection or a reply that did not fit, the call provides for
                 # the largest reply: the estimate may be why the first attempt failed.
                 full = self.full_reply_size()
                 if expect.max_size < full:

@@ -386,7 +386,10 @@ class CallMachine:
     def on_connection_lost(self) -> Step:
         """The connection died with the call on it. A call's outcome is unknown: the same slot
         and seqid go out again on the next connection (the server's reply cache answers if it
-        ran, SS-13); a probe is simply sent again."""
+        ran, SS-13); a probe is simply sent again. From then on the call provides for the
+        largest reply: a server may drop the connection when a reply does not fit what the
+        call offered (knfsd does), where it should answer ERR_CHUNK (``on_transport_refused``)."""
+        self.full_reply = True
         return self._repair(Repair.RECONNECT)
 
     def on_malformed(self, detail: str) -> Step:

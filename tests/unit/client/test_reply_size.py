@@ -8,6 +8,7 @@ knfsd speaks) and with the rtrext extension."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
@@ -346,4 +347,40 @@ async def test_a_reply_that_overruns_the_full_reply_chunk_fails(
         assert fs.session.stats.reply_overruns == 1
         assert counters(conns)["rdma_errors"] == 2
         monkeypatch.undo()
+        assert (await fs.session.compound([ops.putrootfh()])).status == nfs4.NFS4_OK
+
+
+async def test_a_server_that_drops_the_connection_on_an_overrun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """knfsd drops the connection when a reply does not fit what the call offered, instead of
+    answering ERR_CHUNK (docs/conform.md, UL-7.1). The call is resent on the same slot and seqid
+    over a new connection, and from then on offers the full Reply chunk: its NFS4ERR_RETRY_
+    UNCACHED_REP and the fresh request after it fit, instead of dropping connections forever."""
+    from nfsrdma.transport.rdma.header import HeaderError
+    from nfsrdma.transport.rdma.marshal import plan_reply
+    from nfsrdma.transport.rdma.responder import Responder
+
+    drops: list[int] = []
+    send_reply = Responder.send_reply
+
+    def like_knfsd(self: Responder, request: Any, msg: Writer) -> None:
+        try:
+            plan_reply(msg, request.context.header, self.send_limit)
+        except HeaderError:
+            drops.append(1)
+            self.close()
+            return
+        send_reply(self, request, msg)
+
+    monkeypatch.setattr(Responder, "send_reply", like_knfsd)
+    for i in range(200):
+        (tmp_path / f"{i:04d}-{'n' * 60}").write_bytes(b"")
+    async with served(tmp_path) as (fs, conns):
+        _short_bound(monkeypatch)
+        readdir = ops.readdir(0, bytes(8), 32768, 32768, (nfs4.FATTR4_FILEID,))
+        res = await asyncio.wait_for(fs.session.compound([ops.putrootfh(), readdir]), 30)
+        assert res.status == nfs4.NFS4_OK
+        assert len(res.resarray[-1].value.value.reply.entries) == 200
+        assert drops == [1] and len(conns) == 2 and fs.session.stats.resends == 1
         assert (await fs.session.compound([ops.putrootfh()])).status == nfs4.NFS4_OK
