@@ -6,7 +6,8 @@ boot: 64 MiB written and read over RDMA and over TCP, and stat of 500 files.
   slots); the close COMMITs. The 500 stats use ``stat_many``: PUTFH, LOOKUP, GETATTR for
   each file, as many per COMPOUND as the session's ca_maxoperations allows, 8 COMPOUNDs in
   flight. For reference the table also shows plain ``stat`` calls (one COMPOUND each, 32 in
-  flight); ``meta`` uses ``stat_many``.
+  flight, with the Reply chunks our client offered per stat over RDMA: each registers memory);
+  ``meta`` uses ``stat_many``.
 - Kernel: ``dd bs=1M`` through a mount (``conv=fsync`` when writing; caches dropped before
   reading); the 500 ``os.stat`` calls come from one process, in order, on a fresh mount.
 
@@ -82,17 +83,26 @@ async def ours_io(addr: str, proto: Proto, size: int) -> tuple[float, float] | N
         return None
 
 
-async def ours_stat(addr: str, proto: Proto, names: list[str]) -> tuple[float, float]:
-    """(stat_many rate, plain stat rate) in stats per second."""
+async def ours_stat(addr: str, proto: Proto, names: list[str]) -> tuple[float, float, float]:
+    """(stat_many rate, plain stat rate) in stats per second, and the Reply chunks offered per
+    plain stat (RDMA; each one registers memory for the server to write)."""
     async with nc.connect(_url(addr, proto), uid=0, gid=0) as fs:
         t = time.perf_counter()
         many = await fs.stat_many(names)
         many_rate = len(names) / (time.perf_counter() - t)
+        chunks = _reply_chunks(fs)
         t = time.perf_counter()
         single = await gather_limited([fs.stat(n) for n in names], 32)
         single_rate = len(names) / (time.perf_counter() - t)
+        chunks = (_reply_chunks(fs) - chunks) / len(names)
     assert all(isinstance(s, nc.FileStat) and s.is_file() for s in [*many, *single])
-    return many_rate, single_rate
+    return many_rate, single_rate, chunks
+
+
+def _reply_chunks(fs: nc.NfsClient) -> int:
+    rpc = fs.session.rpc
+    stats = getattr(rpc.conn, "stats", None) if rpc is not None else None
+    return int(stats["reply_chunks"]) if stats is not None else 0
 
 
 # -- kernel --------------------------------------------------------------------------------------
@@ -155,12 +165,13 @@ def in_guest(args: argparse.Namespace) -> int:
     for proto in protos:
         if ratios[f"{proto}_read"] == "n/a":
             continue
-        many, single = asyncio.run(ours_stat(addr, proto, names))
+        many, single, chunks = asyncio.run(ours_stat(addr, proto, names))
         kernel_rate = kernel_stat(knfsd, proto, names)
         figures[f"meta_{proto}"] = {
             "ours_stat_many_per_s": many,
             "ours_stat_per_s": single,
             "kernel_stat_per_s": kernel_rate,
+            "ours_reply_chunks_per_stat": chunks,
         }
     for p in meta_dir.iterdir():
         p.unlink()
@@ -186,7 +197,8 @@ def in_guest(args: argparse.Namespace) -> int:
             m = figures[f"meta_{proto}"]
             print(
                 f"stat {args.files} files ({proto}): ours {m['ours_stat_many_per_s']:.0f}/s "
-                f"(stat_many), {m['ours_stat_per_s']:.0f}/s (stat, 32 in flight); "
+                f"(stat_many), {m['ours_stat_per_s']:.0f}/s (stat, 32 in flight, "
+                f"{m['ours_reply_chunks_per_stat']:.2f} Reply chunks each); "
                 f"kernel {m['kernel_stat_per_s']:.0f}/s (sequential, fresh mount)"
             )
     keys = ("rdma_read", "rdma_write", "tcp_read", "tcp_write", "meta")

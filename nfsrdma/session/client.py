@@ -33,7 +33,7 @@ from nfsrdma.rpc.auth import auth_sys
 from nfsrdma.rpc.connection import RpcConnection
 from nfsrdma.rpc.errors import RpcConnectionLost, RpcError
 from nfsrdma.rpc.gss import SVC_NONE
-from nfsrdma.rpc.gss_client import GssClientAuth
+from nfsrdma.rpc.gss_client import GSS_REPLY_OVERHEAD, GssClientAuth
 from nfsrdma.rpc.server import Dispatcher, null_procedure
 from nfsrdma.session.client_backchannel import Backchannel, Recall
 from nfsrdma.session.client_callbacks import ClientCallbacks
@@ -59,6 +59,7 @@ from nfsrdma.session.client_core import (
     status_name,
 )
 from nfsrdma.session.client_recovery import Backoff
+from nfsrdma.session.client_replysize import RPC_REPLY_OVERHEAD, compound_reply_bound
 from nfsrdma.session.client_setup import (
     Negotiated,
     SessionOptions,
@@ -71,6 +72,8 @@ from nfsrdma.session.requester_slots import RequesterSlot, RequesterSlots
 from nfsrdma.session.slot_wait import slot_signal
 from nfsrdma.stats.core import OpTable
 from nfsrdma.transport.base import Connection, ReplyExpectation, TransportCallError
+from nfsrdma.transport.rdma.header import ERR_CHUNK
+from nfsrdma.transport.rdma.requester import RdmaErrorReply
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Writer, XdrError
 
@@ -78,7 +81,10 @@ __all__ = ["ClientSession", "NfsStatusError", "SessionError", "SessionStats"]
 
 log = logging.getLogger(__name__)
 
+# SEQUENCE's result, which ``compound`` puts in front of the caller's operations.
+SEQUENCE_REPLY = 4 + 4 + 16 + 4 * 5
 ConnectFn = Callable[[], Awaitable[Connection]]
+# The largest reply provided for before a session says what the server may send.
 DEFAULT_REPLY_SIZE = 8192
 
 
@@ -109,6 +115,7 @@ class SessionStats:
     reclaim_attempts: int = 0  # opens offered back with CLAIM_PREVIOUS (by the client layer)
     reclaimed: int = 0  # ... that the server accepted
     reopens: int = 0  # opens made again with CLAIM_FH after our state was lost
+    reply_overruns: int = 0  # ERR_CHUNK to a call sized by estimate: resent with a full Reply chunk
 
 
 ReclaimHook = Callable[[], Coroutine[Any, Any, None]]
@@ -280,9 +287,14 @@ class ClientSession:
         Non-idempotent requests should set ``cachethis`` so that a resend after a lost
         connection is answered from the server's reply cache. ``sinks`` are buffers for the
         READ-class results (RPC-over-RDMA places READ data there). Raises SessionError when
-        the session is gone for good, TimeoutError when NFS4ERR_DELAY outlasts the deadline."""
+        the session is gone for good, TimeoutError when NFS4ERR_DELAY outlasts the deadline.
+
+        ``reply_size`` bounds the reply for RPC-over-RDMA (whether a Reply chunk is offered);
+        without it the bound is computed from ``ops`` (``client_replysize``)."""
         self.stats.calls += 1
-        expect = ReplyExpectation(list(sinks or ()), reply_size or DEFAULT_REPLY_SIZE)
+        expect = ReplyExpectation(
+            list(sinks or ()), reply_size or self.reply_bound(ops, tag, bool(sinks))
+        )
         call = CallMachine(self.core, cachethis=cachethis, idempotent=idempotent, reclaim=reclaim)
         self._next_token += 1
         token = self._next_token
@@ -308,6 +320,30 @@ class ClientSession:
                     self._do_repair_request(step, conn_gen)
         finally:
             call.close()
+
+    def reply_bound(self, ops: list[nfs4.nfs_argop4], tag: bytes, sinks: bool) -> int:
+        """The largest reply SEQUENCE + ``ops`` can get (``client_replysize``), within the
+        largest the session allows; that largest when it has no bound. READ data with a sink
+        goes in the one Write chunk offered (RFC 8267's baseline) and is not counted."""
+        full = self.full_reply_size()
+        bound = compound_reply_bound(ops, tag, write_chunks=1 if sinks else 0)
+        if bound is None:
+            return full
+        bound += SEQUENCE_REPLY
+        if self.gss is not None:
+            bound += GSS_REPLY_OVERHEAD  # krb5i checksum, krb5p wrap token, GSS verifier
+        return min(bound, full)
+
+    def full_reply_size(self) -> int:
+        """The largest reply the server may send on this session: ca_maxresponsesize, plus the
+        RPC reply header (and RPCSEC_GSS's overhead)."""
+        session = self.session
+        if session is None:
+            return DEFAULT_REPLY_SIZE
+        size = session.fore.ca_maxresponsesize + RPC_REPLY_OVERHEAD
+        if self.gss is not None:
+            size += GSS_REPLY_OVERHEAD
+        return size
 
     def _count(self, res: nfs4.COMPOUND4res, seconds: float) -> None:
         results: list[tuple[int, int]] = []
@@ -337,11 +373,26 @@ class ClientSession:
         else:
             if send.resend:
                 self.stats.resends += 1
+            if call.full_reply:
+                # After a lost connection or a reply that did not fit, the call provides for
+                # the largest reply: the estimate may be why the first attempt failed.
+                full = self.full_reply_size()
+                if expect.max_size < full:
+                    reply = ReplyExpectation(expect.sinks, full)
             self.core.on_wire[token] = self.clock()
         try:
             res = await self._send(rpc, send.slot, ops, send.cachethis, reply, tag)
         except TransportCallError as e:
-            return call.on_transport_refused(str(e))
+            overrun = (
+                isinstance(e, RdmaErrorReply)
+                and e.header.error == ERR_CHUNK
+                and reply is not None
+                and reply.max_size < self.full_reply_size()
+            )
+            if overrun and not call.full_reply and not send.probe:
+                self.stats.reply_overruns += 1
+                log.info("%s; resending with a full Reply chunk", e)
+            return call.on_transport_refused(str(e), reply_overrun=overrun)
         except (RpcConnectionLost, ConnectionError) as e:
             if not send.probe:
                 log.info("connection lost during a call (%s); resending after reconnect", e)

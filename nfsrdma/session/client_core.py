@@ -323,6 +323,9 @@ class CallMachine:
         self.probing = False  # the last Send was a SEQUENCE-only probe
         self.malformed = 0
         self.backoff: Backoff | None = None
+        # The reply did not fit what the estimate provided for (RDMA_ERROR ERR_CHUNK): every
+        # later Send of this call offers a Reply chunk as large as the session allows (UL-7).
+        self.full_reply = False
 
     # -- what next -----------------------------------------------------------------------------
     def next_step(self) -> NextStep:
@@ -383,7 +386,10 @@ class CallMachine:
     def on_connection_lost(self) -> Step:
         """The connection died with the call on it. A call's outcome is unknown: the same slot
         and seqid go out again on the next connection (the server's reply cache answers if it
-        ran, SS-13); a probe is simply sent again."""
+        ran, SS-13); a probe is simply sent again. From then on the call provides for the
+        largest reply: a server may drop the connection when a reply does not fit what the
+        call offered (knfsd does), where it should answer ERR_CHUNK (``on_transport_refused``)."""
+        self.full_reply = True
         return self._repair(Repair.RECONNECT)
 
     def on_malformed(self, detail: str) -> Step:
@@ -395,12 +401,23 @@ class CallMachine:
             return Fail(OSError(errno.EIO, f"malformed replies from the server: {detail}"))
         return self._repair(Repair.RECONNECT, abort=True)
 
-    def on_transport_refused(self, detail: str) -> Step:
-        """RDMA_ERROR: the transaction ends here and is not resent (UL-20); whether the server
-        ran it is unknown, so the slot stays in doubt and is probed before reuse (UL-25). For a
-        probe it is one more lost connection."""
+    def on_transport_refused(self, detail: str, *, reply_overrun: bool = False) -> Step:
+        """RDMA_ERROR: the transaction ends here (UL-20); whether the server ran it is unknown,
+        so the slot stays in doubt and is probed before reuse (UL-25). For a probe it is one
+        more lost connection.
+
+        ``reply_overrun``: an ERR_CHUNK to a call that offered less than the largest Reply
+        chunk, so the reply may simply not have fitted (the size estimate was short). Once per
+        call, the request goes again as a new transaction on the same slot and seqid with
+        that largest Reply chunk (UL-7 with UL-25): a server that had not run it runs it now;
+        one that had answers from its reply cache (sa_cachethis), or NFS4ERR_RETRY_UNCACHED_REP,
+        after which an idempotent request is sent anew and any other fails (exactly once,
+        RFC 8881 section 2.10.6.1)."""
         if self.probing:
             return self._repair(Repair.RECONNECT)
+        if reply_overrun and not self.full_reply:
+            self.full_reply = True  # in doubt: next_step resends the same slot and seqid
+            return Again()
         return Fail(OSError(errno.EIO, f"the transport refused the call: {detail}"))
 
     def on_rpc_error(self, detail: str) -> Step:
