@@ -44,7 +44,9 @@ def in_guest(args: argparse.Namespace) -> int:
     ) as ours:
         theirs = measure(knfsd.server("rdma"), "knfsd rdma", args)
         name = "-".join(["ours-rdma", *([args.tag] if args.tag else [])])
-        probe = ServerProbe(ours.pid, ours.state_dir, name, profile=args.profile)
+        probe = ServerProbe(
+            ours.pid, ours.state_dir, name, profile=args.profile, strace=args.strace
+        )
         mine = measure(ours.server("rdma"), "nfsrdma rdma", args, probe)
     print(f"rxe0 ceiling: ib_write_bw {write_bw:.1f} MB/s, ib_read_bw {read_bw:.1f} MB/s")
     table([("knfsd (RDMA 20049)", theirs), ("nfsrdma serve (RDMA 20050)", mine)])

@@ -22,7 +22,9 @@ def in_guest(args: argparse.Namespace) -> int:
     ) as ours:
         theirs = measure(knfsd.server("tcp"), "knfsd tcp", args)
         name = "-".join(["ours-tcp", *([args.tag] if args.tag else [])])
-        probe = ServerProbe(ours.pid, ours.state_dir, name, profile=args.profile)
+        probe = ServerProbe(
+            ours.pid, ours.state_dir, name, profile=args.profile, strace=args.strace
+        )
         mine = measure(ours.server("tcp"), "nfsrdma tcp", args, probe)
     table([("knfsd (TCP 2049)", theirs), ("nfsrdma serve (TCP 2050)", mine)])
     print(probe.line())
