@@ -79,6 +79,12 @@ class RecordParser:
         (one copy); only an incomplete tail waits in the parser's buffer."""
         buf = self._buf
         if not buf and isinstance(data, bytes):
+            if not self._fragments and len(data) >= MARK_SIZE:
+                # The usual receive: exactly one whole single-fragment record.
+                (mark,) = _MARK.unpack_from(data)
+                n = mark & MAX_FRAGMENT
+                if mark & LAST_FRAGMENT and n == len(data) - MARK_SIZE and n <= self.max_record:
+                    return [data[MARK_SIZE:]]
             src: bytes | bytearray = data
         else:
             buf += data
