@@ -167,6 +167,36 @@ def check_call(h: Header, inline_len: int, limits: ChunkLimits) -> None:
     """A responder's checks of a call's chunks before any RDMA operation (TR-17, TR-21,
     SEC-7, SEC-8). ``inline_len`` is the RPC message's length (inline, or for RDMA_NOMSG the
     position-zero chunk's). Raises HeaderError(ERR_CHUNK)."""
+    if not h.reads and h.reply is None and len(h.writes) <= 1:
+        # A call without Read or Reply chunks (every small call, a READ): its Write chunk
+        # is all there is to check.
+        for segs in h.writes:
+            _check_chunk(h, segs, limits)
+        if len(h.writes) > limits.max_write_chunks:
+            raise HeaderError(
+                f"{len(h.writes)} Write chunks (limit {limits.max_write_chunks})", h.xid, ERR_CHUNK
+            )
+        if h.proc == RDMA_NOMSG:
+            raise HeaderError(
+                "RDMA_NOMSG call without a position-zero Read chunk", h.xid, ERR_CHUNK
+            )
+        return
+    _check_call_chunks(h, inline_len, limits)
+
+
+def _check_chunk(h: Header, segs: list[Segment], limits: ChunkLimits) -> None:
+    if len(segs) > limits.max_segments:
+        raise HeaderError(
+            f"a chunk of {len(segs)} segments (limit {limits.max_segments})", h.xid, ERR_CHUNK
+        )
+    if any(s.length > limits.max_segment_length for s in segs):
+        raise HeaderError("a segment longer than the limit", h.xid, ERR_CHUNK)
+    if sum(s.length for s in segs) > limits.max_chunk_bytes:
+        raise HeaderError("a chunk larger than the limit", h.xid, ERR_CHUNK)
+
+
+def _check_call_chunks(h: Header, inline_len: int, limits: ChunkLimits) -> None:
+    """``check_call`` for any call."""
 
     def fail(reason: str) -> HeaderError:
         return HeaderError(reason, h.xid, ERR_CHUNK)

@@ -210,3 +210,45 @@ def test_one_write_chunk_shortcut_is_taken() -> None:
     finally:
         module._parse_lists = real
     assert (h.writes, h.reads, h.reply, h.size) == ([segs], [], None, len(buf))
+
+
+def _checked_outcome(fn: Callable[[], None]) -> object:
+    try:
+        fn()
+    except HeaderError as e:
+        return (str(e), e.xid, e.err)
+    return None
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    reads=st.lists(
+        st.builds(ReadChunk, st.integers(0, 8).map(lambda p: 4 * p), _segments.filter(bool)),
+        max_size=2,
+    ),
+    writes=st.lists(_segments, max_size=2),
+    reply=st.none() | _segments,
+    proc=st.sampled_from([H.RDMA_MSG, H.RDMA_NOMSG]),
+    inline_len=st.integers(0, 64),
+    limits=st.builds(
+        ChunkLimits,
+        max_segments=st.integers(0, 4),
+        max_read_chunks=st.integers(0, 2),
+        max_write_chunks=st.integers(0, 2),
+        max_segment_length=st.integers(0, 2**32),
+        max_chunk_bytes=st.integers(0, 2**33),
+    ),
+)
+def test_check_call_shortcut_matches_the_general_checks(
+    reads: list[ReadChunk],
+    writes: list[list[Segment]],
+    reply: list[Segment] | None,
+    proc: int,
+    inline_len: int,
+    limits: ChunkLimits,
+) -> None:
+    """Calls without Read or Reply chunks are checked by a shortcut: same verdict, same error."""
+    h = H.Header(1, H.VERSION, 32, proc, reads=reads, writes=writes, reply=reply)
+    assert _checked_outcome(lambda: H.check_call(h, inline_len, limits)) == _checked_outcome(
+        lambda: H._check_call_chunks(h, inline_len, limits)
+    )
