@@ -194,7 +194,8 @@ class TcpConnection(Connection, asyncio.Protocol):
             return
         if not records:
             return
-        self._held = held = []
+        held: list[bytes | bytearray | memoryview] = []
+        self._held = held
         try:
             for rec in records:
                 self._deliver(Inbound(Reader(rec)))
