@@ -129,7 +129,9 @@ class ServerProbe:
         per-operation figures (``nfsrdma stats --json``: calls, mean and p99 latency), written to
         ``artefacts/<name>/``; ``cpu_ms`` holds the CPU milliseconds per COMPOUND of each phase."""
 
-    def __init__(self, pid: int, state_dir: str, name: str, *, profile: bool) -> None:
+    def __init__(
+        self, pid: int, state_dir: str, name: str, *, profile: bool, strace: bool = False
+    ) -> None:
         self.pid = pid
         self.state_dir = state_dir
         self.dir = artefact_dir(name)
@@ -138,6 +140,9 @@ class ServerProbe:
         self.py_spy = shutil.which("py-spy") if profile else None
         if profile and self.py_spy is None:
             step("py-spy not found: no profile")
+        self.strace = shutil.which("strace") if strace else None
+        if strace and self.strace is None:
+            step("strace not found: no system-call counts")
 
     @contextlib.contextmanager
     def phase(self, label: str) -> Iterator[None]:
@@ -152,10 +157,24 @@ class ServerProbe:
             spy = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
             log.close()
             time.sleep(1.0)  # attached before the phase starts
+        tracer = None
+        if self.strace is not None:
+            # every thread's system calls, counted (strace slows the server: figures of a
+            # phase traced are not comparable with untraced ones)
+            argv = [self.strace, "-c", "-f", "-p", str(self.pid),
+                    "-o", str(self.dir / f"{label}.strace")]  # fmt: skip
+            tracer = subprocess.Popen(argv, stderr=subprocess.DEVNULL)
+            time.sleep(1.0)
         cpu0, compounds0 = self._cpu_s(), self._compounds(self._stats())
         try:
             yield
         finally:
+            if tracer is not None:
+                tracer.send_signal(signal.SIGINT)
+                try:
+                    tracer.wait(60)
+                except subprocess.TimeoutExpired:
+                    tracer.kill()
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
                 try:
@@ -171,6 +190,7 @@ class ServerProbe:
             self._spent[label] = (cpu, count)
             if count > 0:
                 self.cpu_ms[label] = cpu * 1000 / count
+                (self.dir / f"{label}.compounds").write_text(f"{count}\n")
 
     def _cpu_s(self) -> float:
         """User and system CPU seconds of the server process (every thread) so far."""
@@ -297,6 +317,12 @@ def arguments(doc: str) -> argparse.ArgumentParser:
         help="profile our server with py-spy in each phase (artefacts/; numbers drop a little)",
     )
     p.add_argument(
+        "--strace",
+        action="store_true",
+        help="count our server's system calls with strace -c in each phase (artefacts/<phase>"
+        ".strace, with <phase>.compounds; strace slows the server a lot: figures drop)",
+    )
+    p.add_argument(
         "--serve-arg",
         action="append",
         default=[],
@@ -333,6 +359,7 @@ def forwarded(args: argparse.Namespace) -> list[str]:
         "--size-mib", str(args.size_mib), "--seconds", str(args.seconds),
         "--files", str(args.files), "--rounds", str(args.rounds),
         *(["--profile"] if args.profile else []),
+        *(["--strace"] if args.strace else []),
         *(f"--serve-arg={a}" for a in args.serve_arg),
         *(["--root-squash"] if args.root_squash else []),
         *([f"--tag={args.tag}"] if args.tag else []),

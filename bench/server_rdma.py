@@ -43,7 +43,9 @@ def in_guest(args: argparse.Namespace) -> int:
         "bench-rdma", extra=tuple(args.serve_arg), root_squash=args.root_squash
     ) as ours:
         name = "-".join(["ours-rdma", *([args.tag] if args.tag else [])])
-        probe = ServerProbe(ours.pid, ours.state_dir, name, profile=args.profile)
+        probe = ServerProbe(
+            ours.pid, ours.state_dir, name, profile=args.profile, strace=args.strace
+        )
         theirs, mine = measure_both(knfsd.server("rdma"), ours.server("rdma"), args, probe)
     print(f"rxe0 ceiling: ib_write_bw {write_bw:.1f} MB/s, ib_read_bw {read_bw:.1f} MB/s")
     table([("knfsd (RDMA 20049)", theirs), ("nfsrdma serve (RDMA 20050)", mine)])

@@ -29,7 +29,9 @@ def in_guest(args: argparse.Namespace) -> int:
         "bench-tcp", rdma=False, extra=tuple(args.serve_arg), root_squash=args.root_squash
     ) as ours:
         name = "-".join(["ours-tcp", *([args.tag] if args.tag else [])])
-        probe = ServerProbe(ours.pid, ours.state_dir, name, profile=args.profile)
+        probe = ServerProbe(
+            ours.pid, ours.state_dir, name, profile=args.profile, strace=args.strace
+        )
         theirs, mine = measure_both(knfsd.server("tcp"), ours.server("tcp"), args, probe)
     table([("knfsd (TCP 2049)", theirs), ("nfsrdma serve (TCP 2050)", mine)])
     print(probe.line())

@@ -21,6 +21,13 @@ _FIXED = struct.Struct(">IIII")  # xid, vers, credit, proc
 _PLAIN = struct.Struct(">IIIIIII")
 _PLAIN_SIZE = _PLAIN.size
 _NO_CHUNKS = bytes(12)
+# RDMA_MSG with an empty Read list, one Write chunk of n segments (the next word), then the
+# ends of the Write list and an absent Reply chunk: a READ call of the Linux client, and the
+# reply to it.
+_ONE_WRITE = struct.Struct(">III")  # read list end, write chunk present, segment count
+_ONE_WRITE_REPLY = struct.Struct(">IIIIIII")  # the fixed words, then _ONE_WRITE's
+_SEGMENT = struct.Struct(">IIQ")  # handle, length, offset
+_NO_MORE = bytes(8)  # write list end, no reply chunk
 _ERR_VERS_BODY = struct.Struct(">III")  # ERR_VERS, rdma_vers_low, rdma_vers_high
 
 RDMA_MSG = rpcrdma.RDMA_MSG
@@ -116,8 +123,20 @@ def parse(buf: memoryview | bytes) -> Header:
             _, low, high = _ERR_VERS_BODY.unpack_from(buf, 16)
             return Header(xid, vers, credit, proc, error=ERR_VERS, vers_range=(low, high), size=28)
         raise HeaderError(f"RPC-over-RDMA version {vers}", xid, ERR_VERS, vers)
-    if proc == RDMA_MSG and buf[16:_PLAIN_SIZE] == _NO_CHUNKS:
-        return Header(xid, vers, credit, proc, size=_PLAIN_SIZE)
+    if proc == RDMA_MSG:
+        if buf[16:_PLAIN_SIZE] == _NO_CHUNKS:
+            return Header(xid, vers, credit, proc, size=_PLAIN_SIZE)
+        if len(buf) >= 36:
+            no_reads, one_write, n = _ONE_WRITE.unpack_from(buf, 16)
+            end = 28 + 16 * n
+            if no_reads == 0 and one_write == 1 and buf[end : end + 8] == _NO_MORE:
+                segments = [Segment(*_SEGMENT.unpack_from(buf, at)) for at in range(28, end, 16)]
+                return Header(xid, vers, credit, proc, writes=[segments], size=end + 8)
+    return _parse_lists(buf, xid, vers, credit, proc)
+
+
+def _parse_lists(buf: memoryview | bytes, xid: int, vers: int, credit: int, proc: int) -> Header:
+    """The chunk lists of any header, by the generated decoder (``parse``'s general case)."""
     try:
         body, end = rpcrdma.dec_rdma_body(Reader(buf), 12)
     except XdrError as e:
@@ -148,6 +167,36 @@ def check_call(h: Header, inline_len: int, limits: ChunkLimits) -> None:
     """A responder's checks of a call's chunks before any RDMA operation (TR-17, TR-21,
     SEC-7, SEC-8). ``inline_len`` is the RPC message's length (inline, or for RDMA_NOMSG the
     position-zero chunk's). Raises HeaderError(ERR_CHUNK)."""
+    if not h.reads and h.reply is None and len(h.writes) <= 1:
+        # A call without Read or Reply chunks (every small call, a READ): its Write chunk
+        # is all there is to check.
+        for segs in h.writes:
+            _check_chunk(h, segs, limits)
+        if len(h.writes) > limits.max_write_chunks:
+            raise HeaderError(
+                f"{len(h.writes)} Write chunks (limit {limits.max_write_chunks})", h.xid, ERR_CHUNK
+            )
+        if h.proc == RDMA_NOMSG:
+            raise HeaderError(
+                "RDMA_NOMSG call without a position-zero Read chunk", h.xid, ERR_CHUNK
+            )
+        return
+    _check_call_chunks(h, inline_len, limits)
+
+
+def _check_chunk(h: Header, segs: list[Segment], limits: ChunkLimits) -> None:
+    if len(segs) > limits.max_segments:
+        raise HeaderError(
+            f"a chunk of {len(segs)} segments (limit {limits.max_segments})", h.xid, ERR_CHUNK
+        )
+    if any(s.length > limits.max_segment_length for s in segs):
+        raise HeaderError("a segment longer than the limit", h.xid, ERR_CHUNK)
+    if sum(s.length for s in segs) > limits.max_chunk_bytes:
+        raise HeaderError("a chunk larger than the limit", h.xid, ERR_CHUNK)
+
+
+def _check_call_chunks(h: Header, inline_len: int, limits: ChunkLimits) -> None:
+    """``check_call`` for any call."""
 
     def fail(reason: str) -> HeaderError:
         return HeaderError(reason, h.xid, ERR_CHUNK)
@@ -193,8 +242,30 @@ def encode(
     reply: list[Segment] | None = None,
 ) -> bytes:
     """An RDMA_MSG or RDMA_NOMSG header (TR-1, TR-5, TR-6); never RDMA_MSGP/DONE (TR-4)."""
-    if proc == RDMA_MSG and not reads and not writes and reply is None:
-        return _PLAIN.pack(xid, VERSION, credit, RDMA_MSG, 0, 0, 0)
+    if proc == RDMA_MSG and not reads and reply is None:
+        if not writes:
+            return _PLAIN.pack(xid, VERSION, credit, RDMA_MSG, 0, 0, 0)
+        if len(writes) == 1:  # the reply to a READ
+            segments = writes[0]
+            out = bytearray(
+                _ONE_WRITE_REPLY.pack(xid, VERSION, credit, RDMA_MSG, 0, 1, len(segments))
+            )
+            for s in segments:
+                out += _SEGMENT.pack(s.handle, s.length, s.offset)
+            out += _NO_MORE
+            return bytes(out)
+    return _encode_lists(xid, credit, proc, reads, writes, reply)
+
+
+def _encode_lists(
+    xid: int,
+    credit: int,
+    proc: int,
+    reads: list[ReadChunk] | None,
+    writes: list[list[Segment]] | None,
+    reply: list[Segment] | None,
+) -> bytes:
+    """Any header, by the generated encoder (``encode``'s general case)."""
     seg = rpcrdma.xdr_rdma_segment
     read_list = [
         rpcrdma.xdr_read_chunk(c.position, seg(s.handle, s.length, s.offset))

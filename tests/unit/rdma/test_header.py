@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nfsrdma.transport.rdma import header as H
 from nfsrdma.transport.rdma.header import ChunkLimits, HeaderError, ReadChunk, Segment
@@ -120,3 +123,132 @@ def test_plain_header_shortcut_matches_the_codec() -> None:
     assert (h.xid, h.credit, h.proc, h.reads, h.writes, h.reply, h.size) == (
         0xABCD, 17, H.RDMA_MSG, [], [], None, len(codec)
     )  # fmt: skip
+
+
+_segments = st.lists(
+    st.builds(
+        Segment,
+        st.integers(0, 2**32 - 1),
+        st.integers(0, 2**32 - 1),
+        st.integers(0, 2**64 - 1),
+    ),
+    max_size=4,
+)
+
+
+def _outcome(fn: Callable[[], H.Header]) -> object:
+    try:
+        h = fn()
+    except HeaderError as e:
+        return ("error", str(e), e.xid, e.err, e.vers)
+    return (h.xid, h.vers, h.credit, h.proc, h.reads, h.writes, h.reply, h.error, h.size)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    xid=st.integers(0, 2**32 - 1),
+    credit=st.integers(0, 2**32 - 1),
+    reads=st.lists(
+        st.builds(ReadChunk, st.integers(0, 64).map(lambda p: 4 * p), _segments.filter(bool)),
+        max_size=2,
+    ),
+    writes=st.lists(_segments, max_size=2),
+    reply=st.none() | _segments,
+    proc=st.sampled_from([H.RDMA_MSG, H.RDMA_NOMSG]),
+    cut=st.integers(0, 200),
+    flips=st.lists(st.tuples(st.integers(0, 199), st.integers(0, 255)), max_size=3),
+    tail=st.binary(max_size=12),
+)
+def test_one_write_chunk_shortcuts_match_the_codec(
+    xid: int,
+    credit: int,
+    reads: list[ReadChunk],
+    writes: list[list[Segment]],
+    reply: list[Segment] | None,
+    proc: int,
+    cut: int,
+    flips: list[tuple[int, int]],
+    tail: bytes,
+) -> None:
+    """A header with one Write chunk and nothing else (a READ call and its reply) is encoded
+    and parsed without the generated codec; for any header, intact, truncated or altered, the
+    bytes and the outcome (the header or the error) are the codec's."""
+    encoded = H.encode(xid, credit, proc, reads, writes, reply)
+    assert encoded == H._encode_lists(xid, credit, proc, reads, writes, reply)
+    for buf in (encoded + tail, encoded[:cut]):
+        data = bytearray(buf)
+        assert _same(bytes(data))
+        for at, value in flips:
+            if at < len(data):
+                data[at] = value
+        assert _same(bytes(data))
+
+
+def _same(buf: bytes) -> bool:
+    return _outcome(lambda: H.parse(buf)) == _outcome(lambda: _generic_parse(buf))
+
+
+def _generic_parse(buf: bytes) -> H.Header:
+    """``parse`` with the chunk lists always decoded by the generated codec."""
+    if len(buf) < 16 or struct.unpack_from(">I", buf, 4)[0] != H.VERSION:
+        return H.parse(buf)  # the version checks come before any shortcut
+    xid, vers, credit, proc = struct.unpack_from(">IIII", buf)
+    return H._parse_lists(buf, xid, vers, credit, proc)
+
+
+def test_one_write_chunk_shortcut_is_taken() -> None:
+    """The READ call's header shape goes by the shortcut (the codec is not called)."""
+    segs = [Segment(7, 4096, 0x1000), Segment(8, 100, 2**40)]
+    buf = H.encode(9, 32, H.RDMA_MSG, [], [segs])
+    assert buf == H._encode_lists(9, 32, H.RDMA_MSG, [], [segs], None)
+    import nfsrdma.transport.rdma.header as module
+
+    real = module._parse_lists
+    module._parse_lists = None  # type: ignore[assignment]
+    try:
+        h = H.parse(buf + b"rpc")
+    finally:
+        module._parse_lists = real
+    assert (h.writes, h.reads, h.reply, h.size) == ([segs], [], None, len(buf))
+
+
+def _checked_outcome(fn: Callable[[], None]) -> object:
+    try:
+        fn()
+    except HeaderError as e:
+        return (str(e), e.xid, e.err)
+    return None
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    reads=st.lists(
+        st.builds(ReadChunk, st.integers(0, 8).map(lambda p: 4 * p), _segments.filter(bool)),
+        max_size=2,
+    ),
+    writes=st.lists(_segments, max_size=2),
+    reply=st.none() | _segments,
+    proc=st.sampled_from([H.RDMA_MSG, H.RDMA_NOMSG]),
+    inline_len=st.integers(0, 64),
+    limits=st.builds(
+        ChunkLimits,
+        max_segments=st.integers(0, 4),
+        max_read_chunks=st.integers(0, 2),
+        max_write_chunks=st.integers(0, 2),
+        max_segment_length=st.integers(0, 2**32),
+        max_chunk_bytes=st.integers(0, 2**33),
+    ),
+)
+def test_check_call_shortcut_matches_the_general_checks(
+    reads: list[ReadChunk],
+    writes: list[list[Segment]],
+    reply: list[Segment] | None,
+    proc: int,
+    inline_len: int,
+    limits: ChunkLimits,
+) -> None:
+    """Calls without Read or Reply chunks are checked by a shortcut: same verdict, same error."""
+    h = H.Header(1, H.VERSION, 32, proc, reads=reads, writes=writes, reply=reply)
+    assert _checked_outcome(lambda: H.check_call(h, inline_len, limits)) == _checked_outcome(
+        lambda: H._check_call_chunks(h, inline_len, limits)
+    )

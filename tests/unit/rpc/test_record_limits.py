@@ -97,3 +97,22 @@ def test_in_record_from_the_first_byte() -> None:
     assert parser.in_record
     assert parser.feed(b"z") == [b"z"]
     assert not parser.in_record
+
+
+def test_one_whole_record_per_receive_keeps_every_rule() -> None:
+    """A receive holding exactly one whole record (the usual case, taken without the general
+    loop) gives the same records and refusals as any other way of cutting the stream."""
+    p = RecordParser(max_record=100)
+    assert p.feed(_mark(100, True) + b"a" * 100) == [b"a" * 100]
+    assert p.feed(_mark(0, True)) == [b""]
+    assert not p.in_record and p.buffered == 0
+    # A first fragment that is whole but not last waits for the rest.
+    assert p.feed(_mark(10, False) + b"b" * 10) == []
+    assert p.feed(_mark(5, True) + b"c" * 5) == [b"b" * 10 + b"c" * 5]
+    # Too large, even when it all came at once.
+    with pytest.raises(RecordTooLarge):
+        RecordParser(max_record=100).feed(_mark(101, True) + b"d" * 101)
+    # The whole record after an incomplete one belongs to the stream, not to a new record.
+    q = RecordParser()
+    assert q.feed(_mark(4, True) + b"ab") == []
+    assert q.feed(b"cd" + _mark(2, True) + b"ef") == [b"abcd", b"ef"]

@@ -292,3 +292,81 @@ def test_record_parser_across_arbitrary_chunking() -> None:
         for i in range(0, len(stream), size):
             got += parser.feed(stream[i : i + size])
         assert got == records, size
+
+
+def _raw_call(xid: int, proc: int, arg: bytes = b"") -> bytes:
+    w = Writer()
+    w += struct.pack(">IIIIII", xid, rpc.CALL, 2, PROG, VERS, proc)
+    w += struct.pack(">IIII", rpc.AUTH_NONE, 0, rpc.AUTH_NONE, 0)
+    w += arg
+    return struct.pack(">I", LAST_FRAGMENT | len(w)) + bytes(w)
+
+
+async def _replies(reader: asyncio.StreamReader, n: int) -> list[tuple[int, bytes]]:
+    """``n`` replies as (xid, results after the accepted-reply header)."""
+    out = []
+    for _ in range(n):
+        (mark,) = struct.unpack(">I", await reader.readexactly(4))
+        reply = await reader.readexactly(mark & 0x7FFFFFFF)
+        xid, mtype, stat, _flavor, _len, accept = struct.unpack_from(">IIIIII", reply)
+        assert (mtype, stat, accept) == (rpc.REPLY, rpc.MSG_ACCEPTED, rpc.SUCCESS)
+        out.append((xid, reply[24:]))
+    return out
+
+
+@contextlib.asynccontextmanager
+async def _counting_writes() -> AsyncIterator[tuple[int, list[int]]]:
+    """A server whose connections count their transport's writes (pieces per write)."""
+    disp = _make_dispatcher()
+    writes: list[int] = []
+    conns: list[TcpConnection] = []
+
+    def on_conn(c: TcpConnection) -> None:
+        conns.append(c)
+        RpcConnection(c, disp)
+        t = c.transport
+        assert t is not None
+        real = t.writelines
+
+        def writelines(pieces: list[bytes | bytearray | memoryview]) -> None:
+            writes.append(len(pieces))
+            real(pieces)
+
+        t.writelines = writelines  # type: ignore[method-assign]
+
+    srv = await listen_tcp("127.0.0.1", 0, on_conn)
+    try:
+        yield srv.sockets[0].getsockname()[1], writes
+    finally:
+        srv.close()
+        for c in conns:
+            c.close()
+        await srv.wait_closed()
+
+
+async def test_replies_to_one_receive_are_written_together() -> None:
+    """Calls that arrive in one receive and are answered at once leave in one write, in
+    order; a call answered after a wait is written on its own when it is done."""
+    async with _counting_writes() as (port, writes):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"".join(_raw_call(10 + n, 1, struct.pack(">I", n)) for n in range(3)))
+        got = await _replies(reader, 3)
+        assert got == [(10 + n, struct.pack(">I", 2 * n)) for n in range(3)]
+        assert writes == [3 * 2]  # one write: a mark and the reply, three times
+        writes.clear()
+        _Together.reset(1)
+        try:
+            # The slow procedure awaits (a barrier of one): its reply is not held back for
+            # the echo behind it, and comes when it is done, in its own write.
+            writer.write(_raw_call(20, 2) + _raw_call(21, 1, struct.pack(">I", 7)))
+            got = await _replies(reader, 2)
+        finally:
+            _Together.barrier = None
+        assert sorted(got) == [(20, struct.pack(">I", 0)), (21, struct.pack(">I", 14))]
+        assert writes == [2, 2]
+        # A single call is written at once, as before.
+        writes.clear()
+        writer.write(_raw_call(30, 1, struct.pack(">I", 5)))
+        assert await _replies(reader, 1) == [(30, struct.pack(">I", 10))]
+        assert writes == [2]
+        writer.close()
