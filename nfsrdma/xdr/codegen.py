@@ -354,11 +354,7 @@ class Generator:
             return [ind + x for x in lines]
         fx = self.fixed_of_decl(r)
         if fx is not None:
-            sv = self.struct_var(fx.fmt)
-            lines.append(f"_t = {sv}.unpack_from(buf, off)")
-            lines.append(f"off += {fx.size}")
-            lines.append(f"{target} = {self.build_fixed(r, '_t', 0)}")
-            return [ind + x for x in lines]
+            return [ind + x for x in self.fixed_dec_lines([(target, r)])]
         if r.type == "opaque" and r.kind is Kind.VARIABLE:
             if ddp:
                 # Reader.take_ddp, inline for data that came in the stream (no chunks).
@@ -685,20 +681,43 @@ class Generator:
         for group in self.field_groups(fields):
             fxs = [self.fixed_of_decl(f) for f in group]
             if all(fx is not None for fx in fxs) and len(group) > 1:
-                fmts = "".join(fx.fmt for fx in fxs if fx is not None)
-                size = sum(fx.size for fx in fxs if fx is not None)
-                lines.append(f"{ind}_t = {self.struct_var(fmts)}.unpack_from(buf, off)")
-                lines.append(f"{ind}off += {size}")
-                i = 0
-                for f, fx in zip(group, fxs, strict=True):
-                    assert fx is not None
-                    lines.append(f"{ind}{prefix}{f.name} = {self.build_fixed(f, '_t', i)}")
-                    i += fx.items
+                run = [(f"{prefix}{f.name}", f) for f in group]
+                lines += [ind + x for x in self.fixed_dec_lines(run)]
             else:
                 f = group[0]
                 ddp = (name, f.name) in self.opts.ddp_fields
                 lines += self.dec_stmts(f, f"{prefix}{f.name}", ddp, ind, depth)
         return lines
+
+    def fixed_dec_lines(self, run: list[tuple[str, Decl]]) -> list[str]:
+        """Decode a run of fixed-size declarations into their targets with one ``unpack_from``
+        whose values go straight into locals (a struct made of plain values is built from the
+        unpacked tuple directly)."""
+        fxs = [self.fixed_of_decl(d) for _, d in run]
+        fmt = "".join(fx.fmt for fx in fxs if fx is not None)
+        size = sum(fx.size for fx in fxs if fx is not None)
+        sv = self.struct_var(fmt)
+        items: list[str] = []  # what each unpacked value is stored in
+        after: list[str] = []  # values that are built from several items or converted
+        i = 0
+        for (target, d), fx in zip(run, fxs, strict=True):
+            assert fx is not None
+            build = self.build_fixed(d, "_t", i)
+            if build == f"_t[{i}]":
+                items.append(target)
+            elif len(run) == 1 and build == _call_of(build, fx.items):
+                # one struct of plain values: built from the tuple as it comes
+                callee = build.split("(", 1)[0]
+                return [f"{target} = {callee}(*{sv}.unpack_from(buf, off))", f"off += {size}"]
+            else:
+                items += [f"_t{i + k}" for k in range(fx.items)]
+                built = _TUPLE_ITEM.sub(r"_t\1", build)
+                after.append(f"{target} = {built}")
+            i += fx.items
+        names = f"({items[0]},)" if len(items) == 1 else ", ".join(items)
+        lines = [f"{names} = {sv}.unpack_from(buf, off)"]
+        lines.append(f"off += {size}")
+        return lines + after
 
     def gen_struct_body_enc(
         self, name: str, fields: list[Decl], v: str, ind: str, depth: int = 0, head: Head = ()
@@ -765,8 +784,14 @@ class Generator:
         o.append("")
         o.append("")
         o.append(f"def dec_{s.name}(r: _Reader, off: int) -> tuple[{s.name}, int]:")
-        body = self.gen_struct_body_dec(s.name, fields, "        ")
-        o += self.wrap("dec", s.name, body, f"{s.name}({names})")
+        if not node and fields and self.fixed_of_type(s.name) is not None:
+            # all of it fixed-size: one unpack, the struct built from its values
+            run = [("_u", Decl("", s.name))]
+            body = ["        " + x for x in self.fixed_dec_lines(run)]
+            o += self.wrap("dec", s.name, body, "_u")
+        else:
+            body = self.gen_struct_body_dec(s.name, fields, "        ")
+            o += self.wrap("dec", s.name, body, f"{s.name}({names})")
         o.append("")
         o.append("")
         if node:
@@ -1292,6 +1317,14 @@ class Generator:
 
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_TUPLE_ITEM = re.compile(r"_t\[(\d+)\]")
+
+
+def _call_of(build: str, items: int) -> str:
+    """``build`` if it calls a constructor with ``_t[0]``, ..., ``_t[items-1]`` in order."""
+    callee = build.split("(", 1)[0]
+    args = ", ".join(f"_t[{k}]" for k in range(items))
+    return f"{callee}({args})" if callee.isidentifier() else ""
 
 
 def _top_level_names(text: str) -> list[str]:

@@ -115,9 +115,8 @@ def dec_authsys_parms(r: _Reader, off: int) -> tuple[authsys_parms, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (f_stamp,) = _S0.unpack_from(buf, off)
         off += 4
-        f_stamp = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 255:
             raise _XdrError('machinename: length %d exceeds 255' % _n, off)
@@ -129,10 +128,8 @@ def dec_authsys_parms(r: _Reader, off: int) -> tuple[authsys_parms, int]:
             raise _XdrError('string runs past the end', off)
         f_machinename = str(buf[off:_e], 'utf-8', 'surrogateescape')
         off = _e + (-_n & 3)
-        _t = _S1.unpack_from(buf, off)
+        f_uid, f_gid = _S1.unpack_from(buf, off)
         off += 8
-        f_uid = _t[0]
-        f_gid = _t[1]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 16:
             raise _XdrError('gids: length %d exceeds 16' % _n, off)
@@ -187,9 +184,8 @@ def dec_int32_t(r: _Reader, off: int) -> tuple[int32_t, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_v,) = _S2.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated int32_t', o0) from None
     return _v, off
@@ -209,9 +205,8 @@ def dec_uint32_t(r: _Reader, off: int) -> tuple[uint32_t, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated uint32_t', o0) from None
     return _v, off
@@ -231,9 +226,8 @@ def dec_int64_t(r: _Reader, off: int) -> tuple[int64_t, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S3.unpack_from(buf, off)
+        (_v,) = _S3.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated int64_t', o0) from None
     return _v, off
@@ -253,9 +247,8 @@ def dec_uint64_t(r: _Reader, off: int) -> tuple[uint64_t, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated uint64_t', o0) from None
     return _v, off
@@ -602,9 +595,8 @@ def dec_bitmap4(r: _Reader, off: int) -> tuple[bitmap4, int]:
         _v = []
         _c3 = _n
         for _ in range(_c3):
-            _t = _S0.unpack_from(buf, off)
+            (_x3,) = _S0.unpack_from(buf, off)
             off += 4
-            _x3 = _t[0]
             _v.append(_x3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated bitmap4', o0) from None
@@ -625,9 +617,8 @@ def dec_changeid4(r: _Reader, off: int) -> tuple[changeid4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated changeid4', o0) from None
     return _v, off
@@ -647,9 +638,8 @@ def dec_clientid4(r: _Reader, off: int) -> tuple[clientid4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated clientid4', o0) from None
     return _v, off
@@ -669,9 +659,8 @@ def dec_count4(r: _Reader, off: int) -> tuple[count4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated count4', o0) from None
     return _v, off
@@ -691,9 +680,8 @@ def dec_length4(r: _Reader, off: int) -> tuple[length4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated length4', o0) from None
     return _v, off
@@ -713,9 +701,8 @@ def dec_mode4(r: _Reader, off: int) -> tuple[mode4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated mode4', o0) from None
     return _v, off
@@ -735,9 +722,8 @@ def dec_nfs_cookie4(r: _Reader, off: int) -> tuple[nfs_cookie4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfs_cookie4', o0) from None
     return _v, off
@@ -793,9 +779,8 @@ def dec_offset4(r: _Reader, off: int) -> tuple[offset4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated offset4', o0) from None
     return _v, off
@@ -815,9 +800,8 @@ def dec_qop4(r: _Reader, off: int) -> tuple[qop4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated qop4', o0) from None
     return _v, off
@@ -869,9 +853,8 @@ def dec_sequenceid4(r: _Reader, off: int) -> tuple[sequenceid4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated sequenceid4', o0) from None
     return _v, off
@@ -891,9 +874,8 @@ def dec_seqid4(r: _Reader, off: int) -> tuple[seqid4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated seqid4', o0) from None
     return _v, off
@@ -914,9 +896,8 @@ def dec_sessionid4(r: _Reader, off: int) -> tuple[sessionid4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S5.unpack_from(buf, off)
+        (_v,) = _S5.unpack_from(buf, off)
         off += 16
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated sessionid4', o0) from None
     return _v, off
@@ -936,9 +917,8 @@ def dec_slotid4(r: _Reader, off: int) -> tuple[slotid4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated slotid4', o0) from None
     return _v, off
@@ -1195,9 +1175,8 @@ def dec_verifier4(r: _Reader, off: int) -> tuple[verifier4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S6.unpack_from(buf, off)
+        (_v,) = _S6.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated verifier4', o0) from None
     return _v, off
@@ -1220,13 +1199,11 @@ def dec_nfstime4(r: _Reader, off: int) -> tuple[nfstime4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S7.unpack_from(buf, off)
+        _u = nfstime4(*_S7.unpack_from(buf, off))
         off += 12
-        f_seconds = _t[0]
-        f_nseconds = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfstime4', o0) from None
-    return nfstime4(f_seconds, f_nseconds), off
+    return _u, off
 
 
 class time_how4(_IntEnum):
@@ -1315,9 +1292,8 @@ def dec_settime4(r: _Reader, off: int) -> tuple[settime4, int]:
         (_d8,) = _S2.unpack_from(buf, off)
         off += 4
         if _d8 == 1:
-            _t = _S7.unpack_from(buf, off)
+            _v8 = nfstime4(*_S7.unpack_from(buf, off))
             off += 12
-            _v8 = nfstime4(_t[0], _t[1])
             _u = settime4(SET_TO_CLIENT_TIME4, _v8)
         else:
             _u, off = _dec_any_settime4(r, off - 4)
@@ -1340,9 +1316,8 @@ def dec_nfs_lease4(r: _Reader, off: int) -> tuple[nfs_lease4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfs_lease4', o0) from None
     return _v, off
@@ -1365,13 +1340,11 @@ def dec_fsid4(r: _Reader, off: int) -> tuple[fsid4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S9.unpack_from(buf, off)
+        _u = fsid4(*_S9.unpack_from(buf, off))
         off += 16
-        f_major = _t[0]
-        f_minor = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fsid4', o0) from None
-    return fsid4(f_major, f_minor), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1391,13 +1364,11 @@ def dec_change_policy4(r: _Reader, off: int) -> tuple[change_policy4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S9.unpack_from(buf, off)
+        _u = change_policy4(*_S9.unpack_from(buf, off))
         off += 16
-        f_cp_major = _t[0]
-        f_cp_minor = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated change_policy4', o0) from None
-    return change_policy4(f_cp_major, f_cp_minor), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1600,9 +1571,8 @@ def dec_acetype4(r: _Reader, off: int) -> tuple[acetype4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated acetype4', o0) from None
     return _v, off
@@ -1622,9 +1592,8 @@ def dec_aceflag4(r: _Reader, off: int) -> tuple[aceflag4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated aceflag4', o0) from None
     return _v, off
@@ -1644,9 +1613,8 @@ def dec_acemask4(r: _Reader, off: int) -> tuple[acemask4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated acemask4', o0) from None
     return _v, off
@@ -1676,11 +1644,8 @@ def dec_nfsace4(r: _Reader, off: int) -> tuple[nfsace4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S10.unpack_from(buf, off)
+        f_type, f_flag, f_access_mask = _S10.unpack_from(buf, off)
         off += 12
-        f_type = _t[0]
-        f_flag = _t[1]
-        f_access_mask = _t[2]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -1709,9 +1674,8 @@ def dec_aclflag4(r: _Reader, off: int) -> tuple[aclflag4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated aclflag4', o0) from None
     return _v, off
@@ -1745,9 +1709,8 @@ def dec_nfsacl41(r: _Reader, off: int) -> tuple[nfsacl41, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (f_na41_flag,) = _S0.unpack_from(buf, off)
         off += 4
-        f_na41_flag = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 16 > len(buf) - off:
@@ -1755,11 +1718,8 @@ def dec_nfsacl41(r: _Reader, off: int) -> tuple[nfsacl41, int]:
         f_na41_aces = []
         _c25 = _n
         for _ in range(_c25):
-            _t = _S10.unpack_from(buf, off)
+            _i26_type, _i26_flag, _i26_access_mask = _S10.unpack_from(buf, off)
             off += 12
-            _i26_type = _t[0]
-            _i26_flag = _t[1]
-            _i26_access_mask = _t[2]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -1793,13 +1753,11 @@ def dec_mode_masked4(r: _Reader, off: int) -> tuple[mode_masked4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S1.unpack_from(buf, off)
+        _u = mode_masked4(*_S1.unpack_from(buf, off))
         off += 8
-        f_mm_value_to_set = _t[0]
-        f_mm_mask_bits = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated mode_masked4', o0) from None
-    return mode_masked4(f_mm_value_to_set, f_mm_mask_bits), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1819,13 +1777,11 @@ def dec_specdata4(r: _Reader, off: int) -> tuple[specdata4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S1.unpack_from(buf, off)
+        _u = specdata4(*_S1.unpack_from(buf, off))
         off += 8
-        f_specdata1 = _t[0]
-        f_specdata2 = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated specdata4', o0) from None
-    return specdata4(f_specdata1, f_specdata2), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1923,9 +1879,8 @@ def dec_nfs_impl_id4(r: _Reader, off: int) -> tuple[nfs_impl_id4, int]:
             raise _XdrError('opaque runs past the end', off)
         f_nii_name = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S7.unpack_from(buf, off)
+        f_nii_date = nfstime4(*_S7.unpack_from(buf, off))
         off += 12
-        f_nii_date = nfstime4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfs_impl_id4', o0) from None
     return nfs_impl_id4(f_nii_domain, f_nii_name, f_nii_date), off
@@ -1949,13 +1904,11 @@ def dec_stateid4(r: _Reader, off: int) -> tuple[stateid4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S11.unpack_from(buf, off)
+        _u = stateid4(*_S11.unpack_from(buf, off))
         off += 16
-        f_seqid = _t[0]
-        f_other = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated stateid4', o0) from None
-    return stateid4(f_seqid, f_other), off
+    return _u, off
 
 
 class layouttype4(_IntEnum):
@@ -2006,9 +1959,9 @@ def dec_layout_content4(r: _Reader, off: int) -> tuple[layout_content4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_loc_type = _layouttype4_MAP[_t[0]]
+        f_loc_type = _layouttype4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2045,9 +1998,9 @@ def dec_layouthint4(r: _Reader, off: int) -> tuple[layouthint4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_loh_type = _layouttype4_MAP[_t[0]]
+        f_loh_type = _layouttype4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2114,14 +2067,12 @@ def dec_layout4(r: _Reader, off: int) -> tuple[layout4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S12.unpack_from(buf, off)
+        f_lo_offset, f_lo_length, _t2 = _S12.unpack_from(buf, off)
         off += 20
-        f_lo_offset = _t[0]
-        f_lo_length = _t[1]
-        f_lo_iomode = _layoutiomode4_MAP[_t[2]]
-        _t = _S2.unpack_from(buf, off)
+        f_lo_iomode = _layoutiomode4_MAP[_t2]
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        _i28_loc_type = _layouttype4_MAP[_t[0]]
+        _i28_loc_type = _layouttype4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2152,9 +2103,8 @@ def dec_deviceid4(r: _Reader, off: int) -> tuple[deviceid4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S5.unpack_from(buf, off)
+        (_v,) = _S5.unpack_from(buf, off)
         off += 16
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated deviceid4', o0) from None
     return _v, off
@@ -2182,9 +2132,9 @@ def dec_device_addr4(r: _Reader, off: int) -> tuple[device_addr4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_da_layout_type = _layouttype4_MAP[_t[0]]
+        f_da_layout_type = _layouttype4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2221,9 +2171,9 @@ def dec_layoutupdate4(r: _Reader, off: int) -> tuple[layoutupdate4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_lou_type = _layouttype4_MAP[_t[0]]
+        f_lou_type = _layouttype4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2289,11 +2239,9 @@ def dec_layoutreturn_file4(r: _Reader, off: int) -> tuple[layoutreturn_file4, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S13.unpack_from(buf, off)
+        f_lrf_offset, f_lrf_length, _t2, _t3 = _S13.unpack_from(buf, off)
         off += 32
-        f_lrf_offset = _t[0]
-        f_lrf_length = _t[1]
-        f_lrf_stateid = stateid4(_t[2], _t[3])
+        f_lrf_stateid = stateid4(_t2, _t3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2377,11 +2325,9 @@ def dec_layoutreturn4(r: _Reader, off: int) -> tuple[layoutreturn4, int]:
         (_d32,) = _S2.unpack_from(buf, off)
         off += 4
         if _d32 == 1:
-            _t = _S13.unpack_from(buf, off)
+            _i33_lrf_offset, _i33_lrf_length, _t2, _t3 = _S13.unpack_from(buf, off)
             off += 32
-            _i33_lrf_offset = _t[0]
-            _i33_lrf_length = _t[1]
-            _i33_lrf_stateid = stateid4(_t[2], _t[3])
+            _i33_lrf_stateid = stateid4(_t2, _t3)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -2462,10 +2408,10 @@ def dec_fs4_status(r: _Reader, off: int) -> tuple[fs4_status, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S15.unpack_from(buf, off)
+        _t0, _t1 = _S15.unpack_from(buf, off)
         off += 8
-        f_fss_absent = _BOOL[_t[0]]
-        f_fss_type = _fs4_status_type_MAP[_t[1]]
+        f_fss_absent = _BOOL[_t0]
+        f_fss_type = _fs4_status_type_MAP[_t1]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2484,10 +2430,9 @@ def dec_fs4_status(r: _Reader, off: int) -> tuple[fs4_status, int]:
             raise _XdrError('opaque runs past the end', off)
         f_fss_current = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S8.unpack_from(buf, off)
+        f_fss_age, _t1, _t2 = _S8.unpack_from(buf, off)
         off += 16
-        f_fss_age = _t[0]
-        f_fss_version = nfstime4(_t[1], _t[2])
+        f_fss_version = nfstime4(_t1, _t2)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fs4_status', o0) from None
     return fs4_status(f_fss_absent, f_fss_type, f_fss_source, f_fss_current, f_fss_age, f_fss_version), off
@@ -2507,9 +2452,8 @@ def dec_threshold4_read_size(r: _Reader, off: int) -> tuple[threshold4_read_size
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated threshold4_read_size', o0) from None
     return _v, off
@@ -2529,9 +2473,8 @@ def dec_threshold4_write_size(r: _Reader, off: int) -> tuple[threshold4_write_si
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated threshold4_write_size', o0) from None
     return _v, off
@@ -2551,9 +2494,8 @@ def dec_threshold4_read_iosize(r: _Reader, off: int) -> tuple[threshold4_read_io
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated threshold4_read_iosize', o0) from None
     return _v, off
@@ -2573,9 +2515,8 @@ def dec_threshold4_write_iosize(r: _Reader, off: int) -> tuple[threshold4_write_
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated threshold4_write_iosize', o0) from None
     return _v, off
@@ -2609,9 +2550,9 @@ def dec_threshold_item4(r: _Reader, off: int) -> tuple[threshold_item4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_thi_layout_type = _layouttype4_MAP[_t[0]]
+        f_thi_layout_type = _layouttype4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -2619,9 +2560,8 @@ def dec_threshold_item4(r: _Reader, off: int) -> tuple[threshold_item4, int]:
         f_thi_hintset = []
         _c35 = _n
         for _ in range(_c35):
-            _t = _S0.unpack_from(buf, off)
+            (_x35,) = _S0.unpack_from(buf, off)
             off += 4
-            _x35 = _t[0]
             f_thi_hintset.append(_x35)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -2675,9 +2615,9 @@ def dec_mdsthreshold4(r: _Reader, off: int) -> tuple[mdsthreshold4, int]:
         f_mth_hints = []
         _c39 = _n
         for _ in range(_c39):
-            _t = _S2.unpack_from(buf, off)
+            (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _i40_thi_layout_type = _layouttype4_MAP[_t[0]]
+            _i40_thi_layout_type = _layouttype4_MAP[_t0]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
@@ -2685,9 +2625,8 @@ def dec_mdsthreshold4(r: _Reader, off: int) -> tuple[mdsthreshold4, int]:
             _i40_thi_hintset = []
             _c41 = _n
             for _ in range(_c41):
-                _t = _S0.unpack_from(buf, off)
+                (_x41,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x41 = _t[0]
                 _i40_thi_hintset.append(_x41)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
@@ -2729,9 +2668,8 @@ def dec_retention_get4(r: _Reader, off: int) -> tuple[retention_get4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (f_rg_duration,) = _S4.unpack_from(buf, off)
         off += 8
-        f_rg_duration = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('rg_begin_time: length %d exceeds 1' % _n, off)
@@ -2741,9 +2679,8 @@ def dec_retention_get4(r: _Reader, off: int) -> tuple[retention_get4, int]:
         f_rg_begin_time = []
         _c43 = _n
         for _ in range(_c43):
-            _t = _S7.unpack_from(buf, off)
+            _x43 = nfstime4(*_S7.unpack_from(buf, off))
             off += 12
-            _x43 = nfstime4(_t[0], _t[1])
             f_rg_begin_time.append(_x43)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated retention_get4', o0) from None
@@ -2774,9 +2711,9 @@ def dec_retention_set4(r: _Reader, off: int) -> tuple[retention_set4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        f_rs_enable = _BOOL[_t[0]]
+        f_rs_enable = _BOOL[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('rs_duration: length %d exceeds 1' % _n, off)
@@ -2786,9 +2723,8 @@ def dec_retention_set4(r: _Reader, off: int) -> tuple[retention_set4, int]:
         f_rs_duration = []
         _c45 = _n
         for _ in range(_c45):
-            _t = _S4.unpack_from(buf, off)
+            (_x45,) = _S4.unpack_from(buf, off)
             off += 8
-            _x45 = _t[0]
             f_rs_duration.append(_x45)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated retention_set4', o0) from None
@@ -2809,9 +2745,8 @@ def dec_fs_charset_cap4(r: _Reader, off: int) -> tuple[fs_charset_cap4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fs_charset_cap4', o0) from None
     return _v, off
@@ -2845,9 +2780,8 @@ def dec_fs_locations_server4(r: _Reader, off: int) -> tuple[fs_locations_server4
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (f_fls_currency,) = _S2.unpack_from(buf, off)
         off += 4
-        f_fls_currency = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2919,9 +2853,8 @@ def dec_fs_locations_item4(r: _Reader, off: int) -> tuple[fs_locations_item4, in
         f_fli_entries = []
         _c49 = _n
         for _ in range(_c49):
-            _t = _S2.unpack_from(buf, off)
+            (_i50_fls_currency,) = _S2.unpack_from(buf, off)
             off += 4
-            _i50_fls_currency = _t[0]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -3011,10 +2944,8 @@ def dec_fs_locations_info4(r: _Reader, off: int) -> tuple[fs_locations_info4, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S15.unpack_from(buf, off)
+        f_fli_flags, f_fli_valid_for = _S15.unpack_from(buf, off)
         off += 8
-        f_fli_flags = _t[0]
-        f_fli_valid_for = _t[1]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -3097,9 +3028,8 @@ def dec_fattr4_supported_attrs(r: _Reader, off: int) -> tuple[fattr4_supported_a
         _v = []
         _c63 = _n
         for _ in range(_c63):
-            _t = _S0.unpack_from(buf, off)
+            (_x63,) = _S0.unpack_from(buf, off)
             off += 4
-            _x63 = _t[0]
             _v.append(_x63)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_supported_attrs', o0) from None
@@ -3120,9 +3050,9 @@ def dec_fattr4_type(r: _Reader, off: int) -> tuple[fattr4_type, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        _v = _nfs_ftype4_MAP[_t[0]]
+        _v = _nfs_ftype4_MAP[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_type', o0) from None
     return _v, off
@@ -3142,9 +3072,8 @@ def dec_fattr4_fh_expire_type(r: _Reader, off: int) -> tuple[fattr4_fh_expire_ty
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_fh_expire_type', o0) from None
     return _v, off
@@ -3164,9 +3093,8 @@ def dec_fattr4_change(r: _Reader, off: int) -> tuple[fattr4_change, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_change', o0) from None
     return _v, off
@@ -3186,9 +3114,8 @@ def dec_fattr4_size(r: _Reader, off: int) -> tuple[fattr4_size, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_size', o0) from None
     return _v, off
@@ -3208,9 +3135,9 @@ def dec_fattr4_link_support(r: _Reader, off: int) -> tuple[fattr4_link_support, 
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _BOOL[_t[0]]
+        _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_link_support', o0) from None
     return _v, off
@@ -3230,9 +3157,9 @@ def dec_fattr4_symlink_support(r: _Reader, off: int) -> tuple[fattr4_symlink_sup
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _BOOL[_t[0]]
+        _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_symlink_support', o0) from None
     return _v, off
@@ -3252,9 +3179,9 @@ def dec_fattr4_named_attr(r: _Reader, off: int) -> tuple[fattr4_named_attr, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _BOOL[_t[0]]
+        _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_named_attr', o0) from None
     return _v, off
@@ -3274,9 +3201,8 @@ def dec_fattr4_fsid(r: _Reader, off: int) -> tuple[fattr4_fsid, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S9.unpack_from(buf, off)
+        _v = fsid4(*_S9.unpack_from(buf, off))
         off += 16
-        _v = fsid4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_fsid', o0) from None
     return _v, off
@@ -3296,9 +3222,9 @@ def dec_fattr4_unique_handles(r: _Reader, off: int) -> tuple[fattr4_unique_handl
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _BOOL[_t[0]]
+        _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_unique_handles', o0) from None
     return _v, off
@@ -3318,9 +3244,8 @@ def dec_fattr4_lease_time(r: _Reader, off: int) -> tuple[fattr4_lease_time, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_lease_time', o0) from None
     return _v, off
@@ -3340,9 +3265,9 @@ def dec_fattr4_rdattr_error(r: _Reader, off: int) -> tuple[fattr4_rdattr_error, 
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        _v = _nfsstat4_MAP[_t[0]]
+        _v = _nfsstat4_MAP[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_rdattr_error', o0) from None
     return _v, off
@@ -3379,11 +3304,8 @@ def dec_fattr4_acl(r: _Reader, off: int) -> tuple[fattr4_acl, int]:
         _v = []
         _c66 = _n
         for _ in range(_c66):
-            _t = _S10.unpack_from(buf, off)
+            _i67_type, _i67_flag, _i67_access_mask = _S10.unpack_from(buf, off)
             off += 12
-            _i67_type = _t[0]
-            _i67_flag = _t[1]
-            _i67_access_mask = _t[2]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -3414,9 +3336,8 @@ def dec_fattr4_aclsupport(r: _Reader, off: int) -> tuple[fattr4_aclsupport, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_aclsupport', o0) from None
     return _v, off
@@ -3436,9 +3357,9 @@ def dec_fattr4_archive(r: _Reader, off: int) -> tuple[fattr4_archive, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _BOOL[_t[0]]
+        _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_archive', o0) from None
     return _v, off
@@ -3458,9 +3379,9 @@ def dec_fattr4_cansettime(r: _Reader, off: int) -> tuple[fattr4_cansettime, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _BOOL[_t[0]]
+        _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_cansettime', o0) from None
     return _v, off
@@ -3480,9 +3401,9 @@ def dec_fattr4_case_insensitive(r: _Reader, off: int) -> tuple[fattr4_case_insen
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _BOOL[_t[0]]
+        _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_case_insensitive', o0) from None
     return _v, off

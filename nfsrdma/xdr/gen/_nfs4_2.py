@@ -101,9 +101,9 @@ def dec_fattr4_case_preserving(r: _Reader, off: int) -> tuple[fattr4_case_preser
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _BOOL[_t[0]]
+        _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_case_preserving', o0) from None
     return _v, off
@@ -123,9 +123,9 @@ def dec_fattr4_chown_restricted(r: _Reader, off: int) -> tuple[fattr4_chown_rest
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _BOOL[_t[0]]
+        _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_chown_restricted', o0) from None
     return _v, off
@@ -145,9 +145,8 @@ def dec_fattr4_fileid(r: _Reader, off: int) -> tuple[fattr4_fileid, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_fileid', o0) from None
     return _v, off
@@ -167,9 +166,8 @@ def dec_fattr4_files_avail(r: _Reader, off: int) -> tuple[fattr4_files_avail, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_files_avail', o0) from None
     return _v, off
@@ -225,9 +223,8 @@ def dec_fattr4_files_free(r: _Reader, off: int) -> tuple[fattr4_files_free, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_files_free', o0) from None
     return _v, off
@@ -247,9 +244,8 @@ def dec_fattr4_files_total(r: _Reader, off: int) -> tuple[fattr4_files_total, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_files_total', o0) from None
     return _v, off
@@ -381,9 +377,9 @@ def dec_fattr4_hidden(r: _Reader, off: int) -> tuple[fattr4_hidden, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _BOOL[_t[0]]
+        _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_hidden', o0) from None
     return _v, off
@@ -403,9 +399,9 @@ def dec_fattr4_homogeneous(r: _Reader, off: int) -> tuple[fattr4_homogeneous, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _BOOL[_t[0]]
+        _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_homogeneous', o0) from None
     return _v, off
@@ -425,9 +421,8 @@ def dec_fattr4_maxfilesize(r: _Reader, off: int) -> tuple[fattr4_maxfilesize, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_maxfilesize', o0) from None
     return _v, off
@@ -447,9 +442,8 @@ def dec_fattr4_maxlink(r: _Reader, off: int) -> tuple[fattr4_maxlink, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_maxlink', o0) from None
     return _v, off
@@ -469,9 +463,8 @@ def dec_fattr4_maxname(r: _Reader, off: int) -> tuple[fattr4_maxname, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_maxname', o0) from None
     return _v, off
@@ -491,9 +484,8 @@ def dec_fattr4_maxread(r: _Reader, off: int) -> tuple[fattr4_maxread, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_maxread', o0) from None
     return _v, off
@@ -513,9 +505,8 @@ def dec_fattr4_maxwrite(r: _Reader, off: int) -> tuple[fattr4_maxwrite, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_maxwrite', o0) from None
     return _v, off
@@ -567,9 +558,8 @@ def dec_fattr4_mode(r: _Reader, off: int) -> tuple[fattr4_mode, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_mode', o0) from None
     return _v, off
@@ -589,9 +579,8 @@ def dec_fattr4_mode_set_masked(r: _Reader, off: int) -> tuple[fattr4_mode_set_ma
     buf = r.buf
     o0 = off
     try:
-        _t = _S1.unpack_from(buf, off)
+        _v = mode_masked4(*_S1.unpack_from(buf, off))
         off += 8
-        _v = mode_masked4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_mode_set_masked', o0) from None
     return _v, off
@@ -611,9 +600,8 @@ def dec_fattr4_mounted_on_fileid(r: _Reader, off: int) -> tuple[fattr4_mounted_o
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_mounted_on_fileid', o0) from None
     return _v, off
@@ -633,9 +621,9 @@ def dec_fattr4_no_trunc(r: _Reader, off: int) -> tuple[fattr4_no_trunc, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _BOOL[_t[0]]
+        _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_no_trunc', o0) from None
     return _v, off
@@ -655,9 +643,8 @@ def dec_fattr4_numlinks(r: _Reader, off: int) -> tuple[fattr4_numlinks, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_numlinks', o0) from None
     return _v, off
@@ -741,9 +728,8 @@ def dec_fattr4_quota_avail_hard(r: _Reader, off: int) -> tuple[fattr4_quota_avai
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_quota_avail_hard', o0) from None
     return _v, off
@@ -763,9 +749,8 @@ def dec_fattr4_quota_avail_soft(r: _Reader, off: int) -> tuple[fattr4_quota_avai
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_quota_avail_soft', o0) from None
     return _v, off
@@ -785,9 +770,8 @@ def dec_fattr4_quota_used(r: _Reader, off: int) -> tuple[fattr4_quota_used, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_quota_used', o0) from None
     return _v, off
@@ -807,9 +791,8 @@ def dec_fattr4_rawdev(r: _Reader, off: int) -> tuple[fattr4_rawdev, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S1.unpack_from(buf, off)
+        _v = specdata4(*_S1.unpack_from(buf, off))
         off += 8
-        _v = specdata4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_rawdev', o0) from None
     return _v, off
@@ -829,9 +812,8 @@ def dec_fattr4_space_avail(r: _Reader, off: int) -> tuple[fattr4_space_avail, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_space_avail', o0) from None
     return _v, off
@@ -851,9 +833,8 @@ def dec_fattr4_space_free(r: _Reader, off: int) -> tuple[fattr4_space_free, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_space_free', o0) from None
     return _v, off
@@ -873,9 +854,8 @@ def dec_fattr4_space_total(r: _Reader, off: int) -> tuple[fattr4_space_total, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_space_total', o0) from None
     return _v, off
@@ -895,9 +875,8 @@ def dec_fattr4_space_used(r: _Reader, off: int) -> tuple[fattr4_space_used, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_space_used', o0) from None
     return _v, off
@@ -917,9 +896,9 @@ def dec_fattr4_system(r: _Reader, off: int) -> tuple[fattr4_system, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _BOOL[_t[0]]
+        _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_system', o0) from None
     return _v, off
@@ -939,9 +918,8 @@ def dec_fattr4_time_access(r: _Reader, off: int) -> tuple[fattr4_time_access, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S7.unpack_from(buf, off)
+        _v = nfstime4(*_S7.unpack_from(buf, off))
         off += 12
-        _v = nfstime4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_time_access', o0) from None
     return _v, off
@@ -970,9 +948,8 @@ def dec_fattr4_time_access_set(r: _Reader, off: int) -> tuple[fattr4_time_access
         (_d81,) = _S2.unpack_from(buf, off)
         off += 4
         if _d81 == 1:
-            _t = _S7.unpack_from(buf, off)
+            _v81 = nfstime4(*_S7.unpack_from(buf, off))
             off += 12
-            _v81 = nfstime4(_t[0], _t[1])
             _v = settime4(SET_TO_CLIENT_TIME4, _v81)
         else:
             _v, off = _dec_any_settime4(r, off - 4)
@@ -995,9 +972,8 @@ def dec_fattr4_time_backup(r: _Reader, off: int) -> tuple[fattr4_time_backup, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S7.unpack_from(buf, off)
+        _v = nfstime4(*_S7.unpack_from(buf, off))
         off += 12
-        _v = nfstime4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_time_backup', o0) from None
     return _v, off
@@ -1017,9 +993,8 @@ def dec_fattr4_time_create(r: _Reader, off: int) -> tuple[fattr4_time_create, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S7.unpack_from(buf, off)
+        _v = nfstime4(*_S7.unpack_from(buf, off))
         off += 12
-        _v = nfstime4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_time_create', o0) from None
     return _v, off
@@ -1039,9 +1014,8 @@ def dec_fattr4_time_delta(r: _Reader, off: int) -> tuple[fattr4_time_delta, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S7.unpack_from(buf, off)
+        _v = nfstime4(*_S7.unpack_from(buf, off))
         off += 12
-        _v = nfstime4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_time_delta', o0) from None
     return _v, off
@@ -1061,9 +1035,8 @@ def dec_fattr4_time_metadata(r: _Reader, off: int) -> tuple[fattr4_time_metadata
     buf = r.buf
     o0 = off
     try:
-        _t = _S7.unpack_from(buf, off)
+        _v = nfstime4(*_S7.unpack_from(buf, off))
         off += 12
-        _v = nfstime4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_time_metadata', o0) from None
     return _v, off
@@ -1083,9 +1056,8 @@ def dec_fattr4_time_modify(r: _Reader, off: int) -> tuple[fattr4_time_modify, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S7.unpack_from(buf, off)
+        _v = nfstime4(*_S7.unpack_from(buf, off))
         off += 12
-        _v = nfstime4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_time_modify', o0) from None
     return _v, off
@@ -1114,9 +1086,8 @@ def dec_fattr4_time_modify_set(r: _Reader, off: int) -> tuple[fattr4_time_modify
         (_d83,) = _S2.unpack_from(buf, off)
         off += 4
         if _d83 == 1:
-            _t = _S7.unpack_from(buf, off)
+            _v83 = nfstime4(*_S7.unpack_from(buf, off))
             off += 12
-            _v83 = nfstime4(_t[0], _t[1])
             _v = settime4(SET_TO_CLIENT_TIME4, _v83)
         else:
             _v, off = _dec_any_settime4(r, off - 4)
@@ -1150,9 +1121,8 @@ def dec_fattr4_suppattr_exclcreat(r: _Reader, off: int) -> tuple[fattr4_suppattr
         _v = []
         _c85 = _n
         for _ in range(_c85):
-            _t = _S0.unpack_from(buf, off)
+            (_x85,) = _S0.unpack_from(buf, off)
             off += 4
-            _x85 = _t[0]
             _v.append(_x85)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_suppattr_exclcreat', o0) from None
@@ -1173,9 +1143,8 @@ def dec_fattr4_dir_notif_delay(r: _Reader, off: int) -> tuple[fattr4_dir_notif_d
     buf = r.buf
     o0 = off
     try:
-        _t = _S7.unpack_from(buf, off)
+        _v = nfstime4(*_S7.unpack_from(buf, off))
         off += 12
-        _v = nfstime4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_dir_notif_delay', o0) from None
     return _v, off
@@ -1195,9 +1164,8 @@ def dec_fattr4_dirent_notif_delay(r: _Reader, off: int) -> tuple[fattr4_dirent_n
     buf = r.buf
     o0 = off
     try:
-        _t = _S7.unpack_from(buf, off)
+        _v = nfstime4(*_S7.unpack_from(buf, off))
         off += 12
-        _v = nfstime4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_dirent_notif_delay', o0) from None
     return _v, off
@@ -1228,9 +1196,9 @@ def dec_fattr4_fs_layout_types(r: _Reader, off: int) -> tuple[fattr4_fs_layout_t
         _v = []
         _c87 = _n
         for _ in range(_c87):
-            _t = _S2.unpack_from(buf, off)
+            (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _x87 = _layouttype4_MAP[_t[0]]
+            _x87 = _layouttype4_MAP[_t0]
             _v.append(_x87)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_fs_layout_types', o0) from None
@@ -1263,10 +1231,10 @@ def dec_fattr4_fs_status(r: _Reader, off: int) -> tuple[fattr4_fs_status, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S15.unpack_from(buf, off)
+        _t0, _t1 = _S15.unpack_from(buf, off)
         off += 8
-        _i89_fss_absent = _BOOL[_t[0]]
-        _i89_fss_type = _fs4_status_type_MAP[_t[1]]
+        _i89_fss_absent = _BOOL[_t0]
+        _i89_fss_type = _fs4_status_type_MAP[_t1]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -1285,10 +1253,9 @@ def dec_fattr4_fs_status(r: _Reader, off: int) -> tuple[fattr4_fs_status, int]:
             raise _XdrError('opaque runs past the end', off)
         _i89_fss_current = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S8.unpack_from(buf, off)
+        _i89_fss_age, _t1, _t2 = _S8.unpack_from(buf, off)
         off += 16
-        _i89_fss_age = _t[0]
-        _i89_fss_version = nfstime4(_t[1], _t[2])
+        _i89_fss_version = nfstime4(_t1, _t2)
         _v = fs4_status(_i89_fss_absent, _i89_fss_type, _i89_fss_source, _i89_fss_current, _i89_fss_age, _i89_fss_version)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_fs_status', o0) from None
@@ -1309,9 +1276,8 @@ def dec_fattr4_fs_charset_cap(r: _Reader, off: int) -> tuple[fattr4_fs_charset_c
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_fs_charset_cap', o0) from None
     return _v, off
@@ -1331,9 +1297,8 @@ def dec_fattr4_layout_alignment(r: _Reader, off: int) -> tuple[fattr4_layout_ali
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_layout_alignment', o0) from None
     return _v, off
@@ -1353,9 +1318,8 @@ def dec_fattr4_layout_blksize(r: _Reader, off: int) -> tuple[fattr4_layout_blksi
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_layout_blksize', o0) from None
     return _v, off
@@ -1381,9 +1345,9 @@ def dec_fattr4_layout_hint(r: _Reader, off: int) -> tuple[fattr4_layout_hint, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        _i91_loh_type = _layouttype4_MAP[_t[0]]
+        _i91_loh_type = _layouttype4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -1424,9 +1388,9 @@ def dec_fattr4_layout_types(r: _Reader, off: int) -> tuple[fattr4_layout_types, 
         _v = []
         _c93 = _n
         for _ in range(_c93):
-            _t = _S2.unpack_from(buf, off)
+            (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _x93 = _layouttype4_MAP[_t[0]]
+            _x93 = _layouttype4_MAP[_t0]
             _v.append(_x93)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_layout_types', o0) from None
@@ -1470,9 +1434,9 @@ def dec_fattr4_mdsthreshold(r: _Reader, off: int) -> tuple[fattr4_mdsthreshold, 
         _i98_mth_hints = []
         _c99 = _n
         for _ in range(_c99):
-            _t = _S2.unpack_from(buf, off)
+            (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _i100_thi_layout_type = _layouttype4_MAP[_t[0]]
+            _i100_thi_layout_type = _layouttype4_MAP[_t0]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
@@ -1480,9 +1444,8 @@ def dec_fattr4_mdsthreshold(r: _Reader, off: int) -> tuple[fattr4_mdsthreshold, 
             _i100_thi_hintset = []
             _c101 = _n
             for _ in range(_c101):
-                _t = _S0.unpack_from(buf, off)
+                (_x101,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x101 = _t[0]
                 _i100_thi_hintset.append(_x101)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
@@ -1523,9 +1486,8 @@ def dec_fattr4_retention_get(r: _Reader, off: int) -> tuple[fattr4_retention_get
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_i104_rg_duration,) = _S4.unpack_from(buf, off)
         off += 8
-        _i104_rg_duration = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('rg_begin_time: length %d exceeds 1' % _n, off)
@@ -1535,9 +1497,8 @@ def dec_fattr4_retention_get(r: _Reader, off: int) -> tuple[fattr4_retention_get
         _i104_rg_begin_time = []
         _c105 = _n
         for _ in range(_c105):
-            _t = _S7.unpack_from(buf, off)
+            _x105 = nfstime4(*_S7.unpack_from(buf, off))
             off += 12
-            _x105 = nfstime4(_t[0], _t[1])
             _i104_rg_begin_time.append(_x105)
         _v = retention_get4(_i104_rg_duration, _i104_rg_begin_time)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1567,9 +1528,9 @@ def dec_fattr4_retention_set(r: _Reader, off: int) -> tuple[fattr4_retention_set
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _i108_rs_enable = _BOOL[_t[0]]
+        _i108_rs_enable = _BOOL[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('rs_duration: length %d exceeds 1' % _n, off)
@@ -1579,9 +1540,8 @@ def dec_fattr4_retention_set(r: _Reader, off: int) -> tuple[fattr4_retention_set
         _i108_rs_duration = []
         _c109 = _n
         for _ in range(_c109):
-            _t = _S4.unpack_from(buf, off)
+            (_x109,) = _S4.unpack_from(buf, off)
             off += 8
-            _x109 = _t[0]
             _i108_rs_duration.append(_x109)
         _v = retention_set4(_i108_rs_enable, _i108_rs_duration)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1611,9 +1571,8 @@ def dec_fattr4_retentevt_get(r: _Reader, off: int) -> tuple[fattr4_retentevt_get
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_i112_rg_duration,) = _S4.unpack_from(buf, off)
         off += 8
-        _i112_rg_duration = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('rg_begin_time: length %d exceeds 1' % _n, off)
@@ -1623,9 +1582,8 @@ def dec_fattr4_retentevt_get(r: _Reader, off: int) -> tuple[fattr4_retentevt_get
         _i112_rg_begin_time = []
         _c113 = _n
         for _ in range(_c113):
-            _t = _S7.unpack_from(buf, off)
+            _x113 = nfstime4(*_S7.unpack_from(buf, off))
             off += 12
-            _x113 = nfstime4(_t[0], _t[1])
             _i112_rg_begin_time.append(_x113)
         _v = retention_get4(_i112_rg_duration, _i112_rg_begin_time)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1655,9 +1613,9 @@ def dec_fattr4_retentevt_set(r: _Reader, off: int) -> tuple[fattr4_retentevt_set
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _i116_rs_enable = _BOOL[_t[0]]
+        _i116_rs_enable = _BOOL[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('rs_duration: length %d exceeds 1' % _n, off)
@@ -1667,9 +1625,8 @@ def dec_fattr4_retentevt_set(r: _Reader, off: int) -> tuple[fattr4_retentevt_set
         _i116_rs_duration = []
         _c117 = _n
         for _ in range(_c117):
-            _t = _S4.unpack_from(buf, off)
+            (_x117,) = _S4.unpack_from(buf, off)
             off += 8
-            _x117 = _t[0]
             _i116_rs_duration.append(_x117)
         _v = retention_set4(_i116_rs_enable, _i116_rs_duration)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1691,9 +1648,8 @@ def dec_fattr4_retention_hold(r: _Reader, off: int) -> tuple[fattr4_retention_ho
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_retention_hold', o0) from None
     return _v, off
@@ -1725,9 +1681,8 @@ def dec_fattr4_dacl(r: _Reader, off: int) -> tuple[fattr4_dacl, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_i121_na41_flag,) = _S0.unpack_from(buf, off)
         off += 4
-        _i121_na41_flag = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 16 > len(buf) - off:
@@ -1735,11 +1690,8 @@ def dec_fattr4_dacl(r: _Reader, off: int) -> tuple[fattr4_dacl, int]:
         _i121_na41_aces = []
         _c122 = _n
         for _ in range(_c122):
-            _t = _S10.unpack_from(buf, off)
+            _i123_type, _i123_flag, _i123_access_mask = _S10.unpack_from(buf, off)
             off += 12
-            _i123_type = _t[0]
-            _i123_flag = _t[1]
-            _i123_access_mask = _t[2]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -1783,9 +1735,8 @@ def dec_fattr4_sacl(r: _Reader, off: int) -> tuple[fattr4_sacl, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_i127_na41_flag,) = _S0.unpack_from(buf, off)
         off += 4
-        _i127_na41_flag = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 16 > len(buf) - off:
@@ -1793,11 +1744,8 @@ def dec_fattr4_sacl(r: _Reader, off: int) -> tuple[fattr4_sacl, int]:
         _i127_na41_aces = []
         _c128 = _n
         for _ in range(_c128):
-            _t = _S10.unpack_from(buf, off)
+            _i129_type, _i129_flag, _i129_access_mask = _S10.unpack_from(buf, off)
             off += 12
-            _i129_type = _t[0]
-            _i129_flag = _t[1]
-            _i129_access_mask = _t[2]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -1829,9 +1777,8 @@ def dec_fattr4_change_policy(r: _Reader, off: int) -> tuple[fattr4_change_policy
     buf = r.buf
     o0 = off
     try:
-        _t = _S9.unpack_from(buf, off)
+        _v = change_policy4(*_S9.unpack_from(buf, off))
         off += 16
-        _v = change_policy4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_change_policy', o0) from None
     return _v, off
@@ -1880,10 +1827,8 @@ def dec_fattr4_fs_locations_info(r: _Reader, off: int) -> tuple[fattr4_fs_locati
     buf = r.buf
     o0 = off
     try:
-        _t = _S15.unpack_from(buf, off)
+        _i136_fli_flags, _i136_fli_valid_for = _S15.unpack_from(buf, off)
         off += 8
-        _i136_fli_flags = _t[0]
-        _i136_fli_valid_for = _t[1]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -1986,9 +1931,8 @@ def dec_policy4(r: _Reader, off: int) -> tuple[policy4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated policy4', o0) from None
     return _v, off
@@ -2011,13 +1955,11 @@ def dec_labelformat_spec4(r: _Reader, off: int) -> tuple[labelformat_spec4, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S1.unpack_from(buf, off)
+        _u = labelformat_spec4(*_S1.unpack_from(buf, off))
         off += 8
-        f_lfs_lfs = _t[0]
-        f_lfs_pi = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated labelformat_spec4', o0) from None
-    return labelformat_spec4(f_lfs_lfs, f_lfs_pi), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2042,9 +1984,8 @@ def dec_sec_label4(r: _Reader, off: int) -> tuple[sec_label4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S1.unpack_from(buf, off)
+        f_slai_lfs = labelformat_spec4(*_S1.unpack_from(buf, off))
         off += 8
-        f_slai_lfs = labelformat_spec4(_t[0], _t[1])
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2073,9 +2014,8 @@ def dec_fattr4_clone_blksize(r: _Reader, off: int) -> tuple[fattr4_clone_blksize
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_clone_blksize', o0) from None
     return _v, off
@@ -2095,9 +2035,8 @@ def dec_fattr4_space_freed(r: _Reader, off: int) -> tuple[fattr4_space_freed, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_space_freed', o0) from None
     return _v, off
@@ -2117,9 +2056,9 @@ def dec_fattr4_change_attr_type(r: _Reader, off: int) -> tuple[fattr4_change_att
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        _v = _change_attr_type4_MAP[_t[0]]
+        _v = _change_attr_type4_MAP[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_change_attr_type', o0) from None
     return _v, off
@@ -2145,9 +2084,8 @@ def dec_fattr4_sec_label(r: _Reader, off: int) -> tuple[fattr4_sec_label, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S1.unpack_from(buf, off)
+        _i143_slai_lfs = labelformat_spec4(*_S1.unpack_from(buf, off))
         off += 8
-        _i143_slai_lfs = labelformat_spec4(_t[0], _t[1])
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2177,9 +2115,9 @@ def dec_fattr4_xattr_support(r: _Reader, off: int) -> tuple[fattr4_xattr_support
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _BOOL[_t[0]]
+        _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_xattr_support', o0) from None
     return _v, off
@@ -2218,9 +2156,8 @@ def dec_fattr4(r: _Reader, off: int) -> tuple[fattr4, int]:
         f_attrmask = []
         _c145 = _n
         for _ in range(_c145):
-            _t = _S0.unpack_from(buf, off)
+            (_x145,) = _S0.unpack_from(buf, off)
             off += 4
-            _x145 = _t[0]
             f_attrmask.append(_x145)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -2254,14 +2191,12 @@ def dec_change_info4(r: _Reader, off: int) -> tuple[change_info4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S16.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S16.unpack_from(buf, off)
         off += 20
-        f_atomic = _BOOL[_t[0]]
-        f_before = _t[1]
-        f_after = _t[2]
+        _u = change_info4(_BOOL[_t0], _t1, _t2)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated change_info4', o0) from None
-    return change_info4(f_atomic, f_before, f_after), off
+    return _u, off
 
 
 clientaddr4 = netaddr4
@@ -2340,9 +2275,8 @@ def dec_cb_client4(r: _Reader, off: int) -> tuple[cb_client4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (f_cb_program,) = _S0.unpack_from(buf, off)
         off += 4
-        f_cb_program = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2392,9 +2326,8 @@ def dec_nfs_client_id4(r: _Reader, off: int) -> tuple[nfs_client_id4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S6.unpack_from(buf, off)
+        (f_verifier,) = _S6.unpack_from(buf, off)
         off += 8
-        f_verifier = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
             raise _XdrError('id: length %d exceeds 1024' % _n, off)
@@ -2436,9 +2369,8 @@ def dec_client_owner4(r: _Reader, off: int) -> tuple[client_owner4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S6.unpack_from(buf, off)
+        (f_co_verifier,) = _S6.unpack_from(buf, off)
         off += 8
-        f_co_verifier = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
             raise _XdrError('co_ownerid: length %d exceeds 1024' % _n, off)
@@ -2479,9 +2411,8 @@ def dec_server_owner4(r: _Reader, off: int) -> tuple[server_owner4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (f_so_minor_id,) = _S4.unpack_from(buf, off)
         off += 8
-        f_so_minor_id = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
             raise _XdrError('so_major_id: length %d exceeds 1024' % _n, off)
@@ -2522,9 +2453,8 @@ def dec_state_owner4(r: _Reader, off: int) -> tuple[state_owner4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (f_clientid,) = _S4.unpack_from(buf, off)
         off += 8
-        f_clientid = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
             raise _XdrError('owner: length %d exceeds 1024' % _n, off)
@@ -2563,9 +2493,8 @@ def dec_open_owner4(r: _Reader, off: int) -> tuple[open_owner4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_i151_clientid,) = _S4.unpack_from(buf, off)
         off += 8
-        _i151_clientid = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
             raise _XdrError('owner: length %d exceeds 1024' % _n, off)
@@ -2605,9 +2534,8 @@ def dec_lock_owner4(r: _Reader, off: int) -> tuple[lock_owner4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_i153_clientid,) = _S4.unpack_from(buf, off)
         off += 8
-        _i153_clientid = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
             raise _XdrError('owner: length %d exceeds 1024' % _n, off)
@@ -2703,9 +2631,8 @@ def dec_ssv_mic_plain_tkn4(r: _Reader, off: int) -> tuple[ssv_mic_plain_tkn4, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (f_smpt_ssv_seq,) = _S0.unpack_from(buf, off)
         off += 4
-        f_smpt_ssv_seq = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2742,9 +2669,8 @@ def dec_ssv_mic_tkn4(r: _Reader, off: int) -> tuple[ssv_mic_tkn4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (f_smt_ssv_seq,) = _S0.unpack_from(buf, off)
         off += 4
-        f_smt_ssv_seq = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2802,9 +2728,8 @@ def dec_ssv_seal_plain_tkn4(r: _Reader, off: int) -> tuple[ssv_seal_plain_tkn4, 
             raise _XdrError('opaque runs past the end', off)
         f_sspt_confounder = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S0.unpack_from(buf, off)
+        (f_sspt_ssv_seq,) = _S0.unpack_from(buf, off)
         off += 4
-        f_sspt_ssv_seq = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2862,9 +2787,8 @@ def dec_ssv_seal_cipher_tkn4(r: _Reader, off: int) -> tuple[ssv_seal_cipher_tkn4
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (f_ssct_ssv_seq,) = _S0.unpack_from(buf, off)
         off += 4
-        f_ssct_ssv_seq = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2911,9 +2835,8 @@ def dec_nfl_util4(r: _Reader, off: int) -> tuple[nfl_util4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfl_util4', o0) from None
     return _v, off
@@ -2965,14 +2888,11 @@ def dec_nfsv4_1_file_layouthint4(r: _Reader, off: int) -> tuple[nfsv4_1_file_lay
     buf = r.buf
     o0 = off
     try:
-        _t = _S10.unpack_from(buf, off)
+        _u = nfsv4_1_file_layouthint4(*_S10.unpack_from(buf, off))
         off += 12
-        f_nflh_care = _t[0]
-        f_nflh_util = _t[1]
-        f_nflh_stripe_count = _t[2]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfsv4_1_file_layouthint4', o0) from None
-    return nfsv4_1_file_layouthint4(f_nflh_care, f_nflh_util, f_nflh_stripe_count), off
+    return _u, off
 
 
 multipath_list4: _TypeAlias = "list[netaddr4]"
@@ -3082,9 +3002,8 @@ def dec_nfsv4_1_file_layout_ds_addr4(r: _Reader, off: int) -> tuple[nfsv4_1_file
         f_nflda_stripe_indices = []
         _c162 = _n
         for _ in range(_c162):
-            _t = _S0.unpack_from(buf, off)
+            (_x162,) = _S0.unpack_from(buf, off)
             off += 4
-            _x162 = _t[0]
             f_nflda_stripe_indices.append(_x162)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -3158,12 +3077,8 @@ def dec_nfsv4_1_file_layout4(r: _Reader, off: int) -> tuple[nfsv4_1_file_layout4
     buf = r.buf
     o0 = off
     try:
-        _t = _S17.unpack_from(buf, off)
+        f_nfl_deviceid, f_nfl_util, f_nfl_first_stripe_index, f_nfl_pattern_offset = _S17.unpack_from(buf, off)
         off += 32
-        f_nfl_deviceid = _t[0]
-        f_nfl_util = _t[1]
-        f_nfl_first_stripe_index = _t[2]
-        f_nfl_pattern_offset = _t[3]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -3204,12 +3119,11 @@ def dec_ACCESS4args(r: _Reader, off: int) -> tuple[ACCESS4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        _u = ACCESS4args(*_S0.unpack_from(buf, off))
         off += 4
-        f_access = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated ACCESS4args', o0) from None
-    return ACCESS4args(f_access), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -3229,13 +3143,11 @@ def dec_ACCESS4resok(r: _Reader, off: int) -> tuple[ACCESS4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S1.unpack_from(buf, off)
+        _u = ACCESS4resok(*_S1.unpack_from(buf, off))
         off += 8
-        f_supported = _t[0]
-        f_access = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated ACCESS4resok', o0) from None
-    return ACCESS4resok(f_supported, f_access), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -3300,9 +3212,8 @@ def dec_ACCESS4res(r: _Reader, off: int) -> tuple[ACCESS4res, int]:
         (_d170,) = _S2.unpack_from(buf, off)
         off += 4
         if _d170 == 0:
-            _t = _S1.unpack_from(buf, off)
+            _v170 = ACCESS4resok(*_S1.unpack_from(buf, off))
             off += 8
-            _v170 = ACCESS4resok(_t[0], _t[1])
             _u = ACCESS4res(NFS4_OK, _v170)
         else:
             _u, off = _dec_any_ACCESS4res(r, off - 4)
@@ -3329,13 +3240,12 @@ def dec_CLOSE4args(r: _Reader, off: int) -> tuple[CLOSE4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S19.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S19.unpack_from(buf, off)
         off += 20
-        f_seqid = _t[0]
-        f_open_stateid = stateid4(_t[1], _t[2])
+        _u = CLOSE4args(_t0, stateid4(_t1, _t2))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CLOSE4args', o0) from None
-    return CLOSE4args(f_seqid, f_open_stateid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -3401,9 +3311,8 @@ def dec_CLOSE4res(r: _Reader, off: int) -> tuple[CLOSE4res, int]:
         (_d173,) = _S2.unpack_from(buf, off)
         off += 4
         if _d173 == 0:
-            _t = _S11.unpack_from(buf, off)
+            _v173 = stateid4(*_S11.unpack_from(buf, off))
             off += 16
-            _v173 = stateid4(_t[0], _t[1])
             _u = CLOSE4res(NFS4_OK, _v173)
         else:
             _u, off = _dec_any_CLOSE4res(r, off - 4)
@@ -3429,13 +3338,11 @@ def dec_COMMIT4args(r: _Reader, off: int) -> tuple[COMMIT4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S21.unpack_from(buf, off)
+        _u = COMMIT4args(*_S21.unpack_from(buf, off))
         off += 12
-        f_offset = _t[0]
-        f_count = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated COMMIT4args', o0) from None
-    return COMMIT4args(f_offset, f_count), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -3455,12 +3362,11 @@ def dec_COMMIT4resok(r: _Reader, off: int) -> tuple[COMMIT4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S6.unpack_from(buf, off)
+        _u = COMMIT4resok(*_S6.unpack_from(buf, off))
         off += 8
-        f_writeverf = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated COMMIT4resok', o0) from None
-    return COMMIT4resok(f_writeverf), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -3526,9 +3432,8 @@ def dec_COMMIT4res(r: _Reader, off: int) -> tuple[COMMIT4res, int]:
         (_d176,) = _S2.unpack_from(buf, off)
         off += 4
         if _d176 == 0:
-            _t = _S6.unpack_from(buf, off)
+            _v176 = COMMIT4resok(*_S6.unpack_from(buf, off))
             off += 8
-            _v176 = COMMIT4resok(_t[0])
             _u = COMMIT4res(NFS4_OK, _v176)
         else:
             _u, off = _dec_any_COMMIT4res(r, off - 4)

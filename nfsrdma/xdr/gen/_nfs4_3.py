@@ -290,9 +290,8 @@ def dec_CREATE4args(r: _Reader, off: int) -> tuple[CREATE4args, int]:
         _i182_attrmask = []
         _c183 = _n
         for _ in range(_c183):
-            _t = _S0.unpack_from(buf, off)
+            (_x183,) = _S0.unpack_from(buf, off)
             off += 4
-            _x183 = _t[0]
             _i182_attrmask.append(_x183)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -331,9 +330,9 @@ def dec_CREATE4resok(r: _Reader, off: int) -> tuple[CREATE4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S16.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S16.unpack_from(buf, off)
         off += 20
-        f_cinfo = change_info4(_BOOL[_t[0]], _t[1], _t[2])
+        f_cinfo = change_info4(_BOOL[_t0], _t1, _t2)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -341,9 +340,8 @@ def dec_CREATE4resok(r: _Reader, off: int) -> tuple[CREATE4resok, int]:
         f_attrset = []
         _c185 = _n
         for _ in range(_c185):
-            _t = _S0.unpack_from(buf, off)
+            (_x185,) = _S0.unpack_from(buf, off)
             off += 4
-            _x185 = _t[0]
             f_attrset.append(_x185)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CREATE4resok', o0) from None
@@ -418,9 +416,9 @@ def dec_CREATE4res(r: _Reader, off: int) -> tuple[CREATE4res, int]:
         (_d190,) = _S2.unpack_from(buf, off)
         off += 4
         if _d190 == 0:
-            _t = _S16.unpack_from(buf, off)
+            _t0, _t1, _t2 = _S16.unpack_from(buf, off)
             off += 20
-            _i191_cinfo = change_info4(_BOOL[_t[0]], _t[1], _t[2])
+            _i191_cinfo = change_info4(_BOOL[_t0], _t1, _t2)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
@@ -428,9 +426,8 @@ def dec_CREATE4res(r: _Reader, off: int) -> tuple[CREATE4res, int]:
             _i191_attrset = []
             _c192 = _n
             for _ in range(_c192):
-                _t = _S0.unpack_from(buf, off)
+                (_x192,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x192 = _t[0]
                 _i191_attrset.append(_x192)
             _v190 = CREATE4resok(_i191_cinfo, _i191_attrset)
             _u = CREATE4res(NFS4_OK, _v190)
@@ -457,12 +454,11 @@ def dec_DELEGPURGE4args(r: _Reader, off: int) -> tuple[DELEGPURGE4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        _u = DELEGPURGE4args(*_S4.unpack_from(buf, off))
         off += 8
-        f_clientid = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated DELEGPURGE4args', o0) from None
-    return DELEGPURGE4args(f_clientid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -481,12 +477,12 @@ def dec_DELEGPURGE4res(r: _Reader, off: int) -> tuple[DELEGPURGE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = DELEGPURGE4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated DELEGPURGE4res', o0) from None
-    return DELEGPURGE4res(f_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -506,12 +502,12 @@ def dec_DELEGRETURN4args(r: _Reader, off: int) -> tuple[DELEGRETURN4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S11.unpack_from(buf, off)
+        _t0, _t1 = _S11.unpack_from(buf, off)
         off += 16
-        f_deleg_stateid = stateid4(_t[0], _t[1])
+        _u = DELEGRETURN4args(stateid4(_t0, _t1))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated DELEGRETURN4args', o0) from None
-    return DELEGRETURN4args(f_deleg_stateid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -530,12 +526,12 @@ def dec_DELEGRETURN4res(r: _Reader, off: int) -> tuple[DELEGRETURN4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = DELEGRETURN4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated DELEGRETURN4res', o0) from None
-    return DELEGRETURN4res(f_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -565,9 +561,8 @@ def dec_GETATTR4args(r: _Reader, off: int) -> tuple[GETATTR4args, int]:
         f_attr_request = []
         _c194 = _n
         for _ in range(_c194):
-            _t = _S0.unpack_from(buf, off)
+            (_x194,) = _S0.unpack_from(buf, off)
             off += 4
-            _x194 = _t[0]
             f_attr_request.append(_x194)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GETATTR4args', o0) from None
@@ -607,9 +602,8 @@ def dec_GETATTR4resok(r: _Reader, off: int) -> tuple[GETATTR4resok, int]:
         _i197_attrmask = []
         _c198 = _n
         for _ in range(_c198):
-            _t = _S0.unpack_from(buf, off)
+            (_x198,) = _S0.unpack_from(buf, off)
             off += 4
-            _x198 = _t[0]
             _i197_attrmask.append(_x198)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -706,9 +700,8 @@ def dec_GETATTR4res(r: _Reader, off: int) -> tuple[GETATTR4res, int]:
             _i206_attrmask = []
             _c207 = _n
             for _ in range(_c207):
-                _t = _S0.unpack_from(buf, off)
+                (_x207,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x207 = _t[0]
                 _i206_attrmask.append(_x207)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
@@ -906,12 +899,12 @@ def dec_LINK4resok(r: _Reader, off: int) -> tuple[LINK4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S16.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S16.unpack_from(buf, off)
         off += 20
-        f_cinfo = change_info4(_BOOL[_t[0]], _t[1], _t[2])
+        _u = LINK4resok(change_info4(_BOOL[_t0], _t1, _t2))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LINK4resok', o0) from None
-    return LINK4resok(f_cinfo), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -976,9 +969,9 @@ def dec_LINK4res(r: _Reader, off: int) -> tuple[LINK4res, int]:
         (_d215,) = _S2.unpack_from(buf, off)
         off += 4
         if _d215 == 0:
-            _t = _S16.unpack_from(buf, off)
+            _t0, _t1, _t2 = _S16.unpack_from(buf, off)
             off += 20
-            _v215 = LINK4resok(change_info4(_BOOL[_t[0]], _t[1], _t[2]))
+            _v215 = LINK4resok(change_info4(_BOOL[_t0], _t1, _t2))
             _u = LINK4res(NFS4_OK, _v215)
         else:
             _u, off = _dec_any_LINK4res(r, off - 4)
@@ -1016,14 +1009,11 @@ def dec_open_to_lock_owner4(r: _Reader, off: int) -> tuple[open_to_lock_owner4, 
     buf = r.buf
     o0 = off
     try:
-        _t = _S25.unpack_from(buf, off)
+        f_open_seqid, _t1, _t2, f_lock_seqid = _S25.unpack_from(buf, off)
         off += 24
-        f_open_seqid = _t[0]
-        f_open_stateid = stateid4(_t[1], _t[2])
-        f_lock_seqid = _t[3]
-        _t = _S4.unpack_from(buf, off)
+        f_open_stateid = stateid4(_t1, _t2)
+        (_i217_clientid,) = _S4.unpack_from(buf, off)
         off += 8
-        _i217_clientid = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
             raise _XdrError('owner: length %d exceeds 1024' % _n, off)
@@ -1059,13 +1049,12 @@ def dec_exist_lock_owner4(r: _Reader, off: int) -> tuple[exist_lock_owner4, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S26.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S26.unpack_from(buf, off)
         off += 20
-        f_lock_stateid = stateid4(_t[0], _t[1])
-        f_lock_seqid = _t[2]
+        _u = exist_lock_owner4(stateid4(_t0, _t1), _t2)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated exist_lock_owner4', o0) from None
-    return exist_lock_owner4(f_lock_stateid, f_lock_seqid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1145,14 +1134,11 @@ def dec_locker4(r: _Reader, off: int) -> tuple[locker4, int]:
         (_d222,) = _S0.unpack_from(buf, off)
         off += 4
         if _d222 == 1:
-            _t = _S25.unpack_from(buf, off)
+            _i223_open_seqid, _t1, _t2, _i223_lock_seqid = _S25.unpack_from(buf, off)
             off += 24
-            _i223_open_seqid = _t[0]
-            _i223_open_stateid = stateid4(_t[1], _t[2])
-            _i223_lock_seqid = _t[3]
-            _t = _S4.unpack_from(buf, off)
+            _i223_open_stateid = stateid4(_t1, _t2)
+            (_i224_clientid,) = _S4.unpack_from(buf, off)
             off += 8
-            _i224_clientid = _t[0]
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 1024:
                 raise _XdrError('owner: length %d exceeds 1024' % _n, off)
@@ -1168,9 +1154,9 @@ def dec_locker4(r: _Reader, off: int) -> tuple[locker4, int]:
             _v222 = open_to_lock_owner4(_i223_open_seqid, _i223_open_stateid, _i223_lock_seqid, _i223_lock_owner)
             _u = locker4(True, _v222)
         elif _d222 == 0:
-            _t = _S26.unpack_from(buf, off)
+            _t0, _t1, _t2 = _S26.unpack_from(buf, off)
             off += 20
-            _v222 = exist_lock_owner4(stateid4(_t[0], _t[1]), _t[2])
+            _v222 = exist_lock_owner4(stateid4(_t0, _t1), _t2)
             _u = locker4(False, _v222)
         else:
             _u, off = _dec_any_locker4(r, off - 4)
@@ -1221,23 +1207,18 @@ def dec_LOCK4args(r: _Reader, off: int) -> tuple[LOCK4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S24.unpack_from(buf, off)
+        _t0, _t1, f_offset, f_length = _S24.unpack_from(buf, off)
         off += 24
-        f_locktype = _nfs_lock_type4_MAP[_t[0]]
-        f_reclaim = _BOOL[_t[1]]
-        f_offset = _t[2]
-        f_length = _t[3]
+        f_locktype = _nfs_lock_type4_MAP[_t0]
+        f_reclaim = _BOOL[_t1]
         (_d228,) = _S0.unpack_from(buf, off)
         off += 4
         if _d228 == 1:
-            _t = _S25.unpack_from(buf, off)
+            _i229_open_seqid, _t1, _t2, _i229_lock_seqid = _S25.unpack_from(buf, off)
             off += 24
-            _i229_open_seqid = _t[0]
-            _i229_open_stateid = stateid4(_t[1], _t[2])
-            _i229_lock_seqid = _t[3]
-            _t = _S4.unpack_from(buf, off)
+            _i229_open_stateid = stateid4(_t1, _t2)
+            (_i230_clientid,) = _S4.unpack_from(buf, off)
             off += 8
-            _i230_clientid = _t[0]
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 1024:
                 raise _XdrError('owner: length %d exceeds 1024' % _n, off)
@@ -1253,9 +1234,9 @@ def dec_LOCK4args(r: _Reader, off: int) -> tuple[LOCK4args, int]:
             _v228 = open_to_lock_owner4(_i229_open_seqid, _i229_open_stateid, _i229_lock_seqid, _i229_lock_owner)
             f_locker = locker4(True, _v228)
         elif _d228 == 0:
-            _t = _S26.unpack_from(buf, off)
+            _t0, _t1, _t2 = _S26.unpack_from(buf, off)
             off += 20
-            _v228 = exist_lock_owner4(stateid4(_t[0], _t[1]), _t[2])
+            _v228 = exist_lock_owner4(stateid4(_t0, _t1), _t2)
             f_locker = locker4(False, _v228)
         else:
             f_locker, off = _dec_any_locker4(r, off - 4)
@@ -1292,14 +1273,11 @@ def dec_LOCK4denied(r: _Reader, off: int) -> tuple[LOCK4denied, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S12.unpack_from(buf, off)
+        f_offset, f_length, _t2 = _S12.unpack_from(buf, off)
         off += 20
-        f_offset = _t[0]
-        f_length = _t[1]
-        f_locktype = _nfs_lock_type4_MAP[_t[2]]
-        _t = _S4.unpack_from(buf, off)
+        f_locktype = _nfs_lock_type4_MAP[_t2]
+        (_i232_clientid,) = _S4.unpack_from(buf, off)
         off += 8
-        _i232_clientid = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
             raise _XdrError('owner: length %d exceeds 1024' % _n, off)
@@ -1334,12 +1312,12 @@ def dec_LOCK4resok(r: _Reader, off: int) -> tuple[LOCK4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S11.unpack_from(buf, off)
+        _t0, _t1 = _S11.unpack_from(buf, off)
         off += 16
-        f_lock_stateid = stateid4(_t[0], _t[1])
+        _u = LOCK4resok(stateid4(_t0, _t1))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LOCK4resok', o0) from None
-    return LOCK4resok(f_lock_stateid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1418,19 +1396,16 @@ def dec_LOCK4res(r: _Reader, off: int) -> tuple[LOCK4res, int]:
         (_d237,) = _S2.unpack_from(buf, off)
         off += 4
         if _d237 == 0:
-            _t = _S11.unpack_from(buf, off)
+            _t0, _t1 = _S11.unpack_from(buf, off)
             off += 16
-            _v237 = LOCK4resok(stateid4(_t[0], _t[1]))
+            _v237 = LOCK4resok(stateid4(_t0, _t1))
             _u = LOCK4res(NFS4_OK, _v237)
         elif _d237 == 10010:
-            _t = _S12.unpack_from(buf, off)
+            _i238_offset, _i238_length, _t2 = _S12.unpack_from(buf, off)
             off += 20
-            _i238_offset = _t[0]
-            _i238_length = _t[1]
-            _i238_locktype = _nfs_lock_type4_MAP[_t[2]]
-            _t = _S4.unpack_from(buf, off)
+            _i238_locktype = _nfs_lock_type4_MAP[_t2]
+            (_i239_clientid,) = _S4.unpack_from(buf, off)
             off += 8
-            _i239_clientid = _t[0]
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 1024:
                 raise _XdrError('owner: length %d exceeds 1024' % _n, off)
@@ -1480,14 +1455,11 @@ def dec_LOCKT4args(r: _Reader, off: int) -> tuple[LOCKT4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S29.unpack_from(buf, off)
+        _t0, f_offset, f_length = _S29.unpack_from(buf, off)
         off += 20
-        f_locktype = _nfs_lock_type4_MAP[_t[0]]
-        f_offset = _t[1]
-        f_length = _t[2]
-        _t = _S4.unpack_from(buf, off)
+        f_locktype = _nfs_lock_type4_MAP[_t0]
+        (_i241_clientid,) = _S4.unpack_from(buf, off)
         off += 8
-        _i241_clientid = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
             raise _XdrError('owner: length %d exceeds 1024' % _n, off)
@@ -1579,14 +1551,11 @@ def dec_LOCKT4res(r: _Reader, off: int) -> tuple[LOCKT4res, int]:
         (_d246,) = _S2.unpack_from(buf, off)
         off += 4
         if _d246 == 10010:
-            _t = _S12.unpack_from(buf, off)
+            _i247_offset, _i247_length, _t2 = _S12.unpack_from(buf, off)
             off += 20
-            _i247_offset = _t[0]
-            _i247_length = _t[1]
-            _i247_locktype = _nfs_lock_type4_MAP[_t[2]]
-            _t = _S4.unpack_from(buf, off)
+            _i247_locktype = _nfs_lock_type4_MAP[_t2]
+            (_i248_clientid,) = _S4.unpack_from(buf, off)
             off += 8
-            _i248_clientid = _t[0]
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 1024:
                 raise _XdrError('owner: length %d exceeds 1024' % _n, off)
@@ -1631,16 +1600,12 @@ def dec_LOCKU4args(r: _Reader, off: int) -> tuple[LOCKU4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S30.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, _t4, _t5 = _S30.unpack_from(buf, off)
         off += 40
-        f_locktype = _nfs_lock_type4_MAP[_t[0]]
-        f_seqid = _t[1]
-        f_lock_stateid = stateid4(_t[2], _t[3])
-        f_offset = _t[4]
-        f_length = _t[5]
+        _u = LOCKU4args(_nfs_lock_type4_MAP[_t0], _t1, stateid4(_t2, _t3), _t4, _t5)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LOCKU4args', o0) from None
-    return LOCKU4args(f_locktype, f_seqid, f_lock_stateid, f_offset, f_length), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1706,9 +1671,8 @@ def dec_LOCKU4res(r: _Reader, off: int) -> tuple[LOCKU4res, int]:
         (_d251,) = _S2.unpack_from(buf, off)
         off += 4
         if _d251 == 0:
-            _t = _S11.unpack_from(buf, off)
+            _v251 = stateid4(*_S11.unpack_from(buf, off))
             off += 16
-            _v251 = stateid4(_t[0], _t[1])
             _u = LOCKU4res(NFS4_OK, _v251)
         else:
             _u, off = _dec_any_LOCKU4res(r, off - 4)
@@ -1767,12 +1731,12 @@ def dec_LOOKUP4res(r: _Reader, off: int) -> tuple[LOOKUP4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = LOOKUP4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LOOKUP4res', o0) from None
-    return LOOKUP4res(f_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1791,12 +1755,12 @@ def dec_LOOKUPP4res(r: _Reader, off: int) -> tuple[LOOKUPP4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = LOOKUPP4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LOOKUPP4res', o0) from None
-    return LOOKUPP4res(f_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1832,9 +1796,8 @@ def dec_NVERIFY4args(r: _Reader, off: int) -> tuple[NVERIFY4args, int]:
         _i254_attrmask = []
         _c255 = _n
         for _ in range(_c255):
-            _t = _S0.unpack_from(buf, off)
+            (_x255,) = _S0.unpack_from(buf, off)
             off += 4
-            _x255 = _t[0]
             _i254_attrmask.append(_x255)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -1867,12 +1830,12 @@ def dec_NVERIFY4res(r: _Reader, off: int) -> tuple[NVERIFY4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = NVERIFY4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated NVERIFY4res', o0) from None
-    return NVERIFY4res(f_status), off
+    return _u, off
 
 
 class createmode4(_IntEnum):
@@ -1932,9 +1895,8 @@ def dec_creatverfattr(r: _Reader, off: int) -> tuple[creatverfattr, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S6.unpack_from(buf, off)
+        (f_cva_verf,) = _S6.unpack_from(buf, off)
         off += 8
-        f_cva_verf = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -1942,9 +1904,8 @@ def dec_creatverfattr(r: _Reader, off: int) -> tuple[creatverfattr, int]:
         _i258_attrmask = []
         _c259 = _n
         for _ in range(_c259):
-            _t = _S0.unpack_from(buf, off)
+            (_x259,) = _S0.unpack_from(buf, off)
             off += 4
-            _x259 = _t[0]
             _i258_attrmask.append(_x259)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -2074,9 +2035,8 @@ def dec_createhow4(r: _Reader, off: int) -> tuple[createhow4, int]:
             _i270_attrmask = []
             _c271 = _n
             for _ in range(_c271):
-                _t = _S0.unpack_from(buf, off)
+                (_x271,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x271 = _t[0]
                 _i270_attrmask.append(_x271)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
@@ -2090,14 +2050,12 @@ def dec_createhow4(r: _Reader, off: int) -> tuple[createhow4, int]:
             _v269 = fattr4(_i270_attrmask, _i270_attr_vals)
             _u = createhow4(_createmode4_MAP[(_d269,)[0]], _v269)
         elif _d269 == 2:
-            _t = _S6.unpack_from(buf, off)
+            (_v269,) = _S6.unpack_from(buf, off)
             off += 8
-            _v269 = _t[0]
             _u = createhow4(EXCLUSIVE4, _v269)
         elif _d269 == 3:
-            _t = _S6.unpack_from(buf, off)
+            (_i272_cva_verf,) = _S6.unpack_from(buf, off)
             off += 8
-            _i272_cva_verf = _t[0]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
@@ -2105,9 +2063,8 @@ def dec_createhow4(r: _Reader, off: int) -> tuple[createhow4, int]:
             _i273_attrmask = []
             _c274 = _n
             for _ in range(_c274):
-                _t = _S0.unpack_from(buf, off)
+                (_x274,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x274 = _t[0]
                 _i273_attrmask.append(_x274)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
@@ -2264,9 +2221,8 @@ def dec_openflag4(r: _Reader, off: int) -> tuple[openflag4, int]:
                 _i285_attrmask = []
                 _c286 = _n
                 for _ in range(_c286):
-                    _t = _S0.unpack_from(buf, off)
+                    (_x286,) = _S0.unpack_from(buf, off)
                     off += 4
-                    _x286 = _t[0]
                     _i285_attrmask.append(_x286)
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
@@ -2280,14 +2236,12 @@ def dec_openflag4(r: _Reader, off: int) -> tuple[openflag4, int]:
                 _v284 = fattr4(_i285_attrmask, _i285_attr_vals)
                 _v283 = createhow4(_createmode4_MAP[(_d284,)[0]], _v284)
             elif _d284 == 2:
-                _t = _S6.unpack_from(buf, off)
+                (_v284,) = _S6.unpack_from(buf, off)
                 off += 8
-                _v284 = _t[0]
                 _v283 = createhow4(EXCLUSIVE4, _v284)
             elif _d284 == 3:
-                _t = _S6.unpack_from(buf, off)
+                (_i287_cva_verf,) = _S6.unpack_from(buf, off)
                 off += 8
-                _i287_cva_verf = _t[0]
                 _i287_cva_attrs, off = dec_fattr4(r, off)
                 _v284 = creatverfattr(_i287_cva_verf, _i287_cva_attrs)
                 _v283 = createhow4(EXCLUSIVE4_1, _v284)
@@ -2342,13 +2296,11 @@ def dec_nfs_modified_limit4(r: _Reader, off: int) -> tuple[nfs_modified_limit4, 
     buf = r.buf
     o0 = off
     try:
-        _t = _S1.unpack_from(buf, off)
+        _u = nfs_modified_limit4(*_S1.unpack_from(buf, off))
         off += 8
-        f_num_blocks = _t[0]
-        f_bytes_per_block = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfs_modified_limit4', o0) from None
-    return nfs_modified_limit4(f_num_blocks, f_bytes_per_block), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2417,14 +2369,12 @@ def dec_nfs_space_limit4(r: _Reader, off: int) -> tuple[nfs_space_limit4, int]:
         (_d290,) = _S2.unpack_from(buf, off)
         off += 4
         if _d290 == 1:
-            _t = _S4.unpack_from(buf, off)
+            (_v290,) = _S4.unpack_from(buf, off)
             off += 8
-            _v290 = _t[0]
             _u = nfs_space_limit4(NFS_LIMIT_SIZE, _v290)
         elif _d290 == 2:
-            _t = _S1.unpack_from(buf, off)
+            _v290 = nfs_modified_limit4(*_S1.unpack_from(buf, off))
             off += 8
-            _v290 = nfs_modified_limit4(_t[0], _t[1])
             _u = nfs_space_limit4(NFS_LIMIT_BLOCKS, _v290)
         else:
             _u, off = _dec_any_nfs_space_limit4(r, off - 4)
@@ -2518,9 +2468,8 @@ def dec_open_claim_delegate_cur4(r: _Reader, off: int) -> tuple[open_claim_deleg
     buf = r.buf
     o0 = off
     try:
-        _t = _S11.unpack_from(buf, off)
+        f_delegate_stateid = stateid4(*_S11.unpack_from(buf, off))
         off += 16
-        f_delegate_stateid = stateid4(_t[0], _t[1])
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2740,14 +2689,10 @@ def dec_OPEN4args(r: _Reader, off: int) -> tuple[OPEN4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S10.unpack_from(buf, off)
+        f_seqid, f_share_access, f_share_deny = _S10.unpack_from(buf, off)
         off += 12
-        f_seqid = _t[0]
-        f_share_access = _t[1]
-        f_share_deny = _t[2]
-        _t = _S4.unpack_from(buf, off)
+        (_i302_clientid,) = _S4.unpack_from(buf, off)
         off += 8
-        _i302_clientid = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
             raise _XdrError('owner: length %d exceeds 1024' % _n, off)
@@ -2773,9 +2718,8 @@ def dec_OPEN4args(r: _Reader, off: int) -> tuple[OPEN4args, int]:
                 _i305_attrmask = []
                 _c306 = _n
                 for _ in range(_c306):
-                    _t = _S0.unpack_from(buf, off)
+                    (_x306,) = _S0.unpack_from(buf, off)
                     off += 4
-                    _x306 = _t[0]
                     _i305_attrmask.append(_x306)
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
@@ -2789,14 +2733,12 @@ def dec_OPEN4args(r: _Reader, off: int) -> tuple[OPEN4args, int]:
                 _v304 = fattr4(_i305_attrmask, _i305_attr_vals)
                 _v303 = createhow4(_createmode4_MAP[(_d304,)[0]], _v304)
             elif _d304 == 2:
-                _t = _S6.unpack_from(buf, off)
+                (_v304,) = _S6.unpack_from(buf, off)
                 off += 8
-                _v304 = _t[0]
                 _v303 = createhow4(EXCLUSIVE4, _v304)
             elif _d304 == 3:
-                _t = _S6.unpack_from(buf, off)
+                (_i307_cva_verf,) = _S6.unpack_from(buf, off)
                 off += 8
-                _i307_cva_verf = _t[0]
                 _i307_cva_attrs, off = dec_fattr4(r, off)
                 _v304 = creatverfattr(_i307_cva_verf, _i307_cva_attrs)
                 _v303 = createhow4(EXCLUSIVE4_1, _v304)
@@ -2846,15 +2788,12 @@ def dec_open_read_delegation4(r: _Reader, off: int) -> tuple[open_read_delegatio
     buf = r.buf
     o0 = off
     try:
-        _t = _S26.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S26.unpack_from(buf, off)
         off += 20
-        f_stateid = stateid4(_t[0], _t[1])
-        f_recall = _BOOL[_t[2]]
-        _t = _S10.unpack_from(buf, off)
+        f_stateid = stateid4(_t0, _t1)
+        f_recall = _BOOL[_t2]
+        _i310_type, _i310_flag, _i310_access_mask = _S10.unpack_from(buf, off)
         off += 12
-        _i310_type = _t[0]
-        _i310_flag = _t[1]
-        _i310_access_mask = _t[2]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2907,29 +2846,24 @@ def dec_open_write_delegation4(r: _Reader, off: int) -> tuple[open_write_delegat
     buf = r.buf
     o0 = off
     try:
-        _t = _S26.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S26.unpack_from(buf, off)
         off += 20
-        f_stateid = stateid4(_t[0], _t[1])
-        f_recall = _BOOL[_t[2]]
+        f_stateid = stateid4(_t0, _t1)
+        f_recall = _BOOL[_t2]
         (_d313,) = _S2.unpack_from(buf, off)
         off += 4
         if _d313 == 1:
-            _t = _S4.unpack_from(buf, off)
+            (_v313,) = _S4.unpack_from(buf, off)
             off += 8
-            _v313 = _t[0]
             f_space_limit = nfs_space_limit4(NFS_LIMIT_SIZE, _v313)
         elif _d313 == 2:
-            _t = _S1.unpack_from(buf, off)
+            _v313 = nfs_modified_limit4(*_S1.unpack_from(buf, off))
             off += 8
-            _v313 = nfs_modified_limit4(_t[0], _t[1])
             f_space_limit = nfs_space_limit4(NFS_LIMIT_BLOCKS, _v313)
         else:
             f_space_limit, off = _dec_any_nfs_space_limit4(r, off - 4)
-        _t = _S10.unpack_from(buf, off)
+        _i314_type, _i314_flag, _i314_access_mask = _S10.unpack_from(buf, off)
         off += 12
-        _i314_type = _t[0]
-        _i314_flag = _t[1]
-        _i314_access_mask = _t[2]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2994,9 +2928,9 @@ def dec_open_none_delegation4_ond_server_will_push_deleg(r: _Reader, off: int) -
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _BOOL[_t[0]]
+        _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated open_none_delegation4.ond_server_will_push_deleg', o0) from None
     return _v, off
@@ -3013,9 +2947,9 @@ def dec_open_none_delegation4_ond_server_will_signal_avail(r: _Reader, off: int)
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _BOOL[_t[0]]
+        _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated open_none_delegation4.ond_server_will_signal_avail', o0) from None
     return _v, off
@@ -3086,14 +3020,14 @@ def dec_open_none_delegation4(r: _Reader, off: int) -> tuple[open_none_delegatio
         (_d317,) = _S2.unpack_from(buf, off)
         off += 4
         if _d317 == 1:
-            _t = _S0.unpack_from(buf, off)
+            (_t0,) = _S0.unpack_from(buf, off)
             off += 4
-            _v317 = _BOOL[_t[0]]
+            _v317 = _BOOL[_t0]
             _u = open_none_delegation4(WND4_CONTENTION, _v317)
         elif _d317 == 2:
-            _t = _S0.unpack_from(buf, off)
+            (_t0,) = _S0.unpack_from(buf, off)
             off += 4
-            _v317 = _BOOL[_t[0]]
+            _v317 = _BOOL[_t0]
             _u = open_none_delegation4(WND4_RESOURCE, _v317)
         else:
             _u, off = _dec_any_open_none_delegation4(r, off - 4)
@@ -3213,15 +3147,12 @@ def dec_open_delegation4(r: _Reader, off: int) -> tuple[open_delegation4, int]:
         if _d326 == 0:
             _u = open_delegation4(OPEN_DELEGATE_NONE, None)
         elif _d326 == 1:
-            _t = _S26.unpack_from(buf, off)
+            _t0, _t1, _t2 = _S26.unpack_from(buf, off)
             off += 20
-            _i327_stateid = stateid4(_t[0], _t[1])
-            _i327_recall = _BOOL[_t[2]]
-            _t = _S10.unpack_from(buf, off)
+            _i327_stateid = stateid4(_t0, _t1)
+            _i327_recall = _BOOL[_t2]
+            _i328_type, _i328_flag, _i328_access_mask = _S10.unpack_from(buf, off)
             off += 12
-            _i328_type = _t[0]
-            _i328_flag = _t[1]
-            _i328_access_mask = _t[2]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -3235,29 +3166,24 @@ def dec_open_delegation4(r: _Reader, off: int) -> tuple[open_delegation4, int]:
             _v326 = open_read_delegation4(_i327_stateid, _i327_recall, _i327_permissions)
             _u = open_delegation4(OPEN_DELEGATE_READ, _v326)
         elif _d326 == 2:
-            _t = _S26.unpack_from(buf, off)
+            _t0, _t1, _t2 = _S26.unpack_from(buf, off)
             off += 20
-            _i329_stateid = stateid4(_t[0], _t[1])
-            _i329_recall = _BOOL[_t[2]]
+            _i329_stateid = stateid4(_t0, _t1)
+            _i329_recall = _BOOL[_t2]
             (_d330,) = _S2.unpack_from(buf, off)
             off += 4
             if _d330 == 1:
-                _t = _S4.unpack_from(buf, off)
+                (_v330,) = _S4.unpack_from(buf, off)
                 off += 8
-                _v330 = _t[0]
                 _i329_space_limit = nfs_space_limit4(NFS_LIMIT_SIZE, _v330)
             elif _d330 == 2:
-                _t = _S1.unpack_from(buf, off)
+                _v330 = nfs_modified_limit4(*_S1.unpack_from(buf, off))
                 off += 8
-                _v330 = nfs_modified_limit4(_t[0], _t[1])
                 _i329_space_limit = nfs_space_limit4(NFS_LIMIT_BLOCKS, _v330)
             else:
                 _i329_space_limit, off = _dec_any_nfs_space_limit4(r, off - 4)
-            _t = _S10.unpack_from(buf, off)
+            _i331_type, _i331_flag, _i331_access_mask = _S10.unpack_from(buf, off)
             off += 12
-            _i331_type = _t[0]
-            _i331_flag = _t[1]
-            _i331_access_mask = _t[2]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -3274,14 +3200,14 @@ def dec_open_delegation4(r: _Reader, off: int) -> tuple[open_delegation4, int]:
             (_d332,) = _S2.unpack_from(buf, off)
             off += 4
             if _d332 == 1:
-                _t = _S0.unpack_from(buf, off)
+                (_t0,) = _S0.unpack_from(buf, off)
                 off += 4
-                _v332 = _BOOL[_t[0]]
+                _v332 = _BOOL[_t0]
                 _v326 = open_none_delegation4(WND4_CONTENTION, _v332)
             elif _d332 == 2:
-                _t = _S0.unpack_from(buf, off)
+                (_t0,) = _S0.unpack_from(buf, off)
                 off += 4
-                _v332 = _BOOL[_t[0]]
+                _v332 = _BOOL[_t0]
                 _v326 = open_none_delegation4(WND4_RESOURCE, _v332)
             else:
                 _v326, off = _dec_any_open_none_delegation4(r, off - 4)
@@ -3372,11 +3298,10 @@ def dec_OPEN4resok(r: _Reader, off: int) -> tuple[OPEN4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S36.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, _t4, f_rflags = _S36.unpack_from(buf, off)
         off += 40
-        f_stateid = stateid4(_t[0], _t[1])
-        f_cinfo = change_info4(_BOOL[_t[2]], _t[3], _t[4])
-        f_rflags = _t[5]
+        f_stateid = stateid4(_t0, _t1)
+        f_cinfo = change_info4(_BOOL[_t2], _t3, _t4)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -3384,24 +3309,20 @@ def dec_OPEN4resok(r: _Reader, off: int) -> tuple[OPEN4resok, int]:
         f_attrset = []
         _c341 = _n
         for _ in range(_c341):
-            _t = _S0.unpack_from(buf, off)
+            (_x341,) = _S0.unpack_from(buf, off)
             off += 4
-            _x341 = _t[0]
             f_attrset.append(_x341)
         (_d342,) = _S2.unpack_from(buf, off)
         off += 4
         if _d342 == 0:
             f_delegation = open_delegation4(OPEN_DELEGATE_NONE, None)
         elif _d342 == 1:
-            _t = _S26.unpack_from(buf, off)
+            _t0, _t1, _t2 = _S26.unpack_from(buf, off)
             off += 20
-            _i343_stateid = stateid4(_t[0], _t[1])
-            _i343_recall = _BOOL[_t[2]]
-            _t = _S10.unpack_from(buf, off)
+            _i343_stateid = stateid4(_t0, _t1)
+            _i343_recall = _BOOL[_t2]
+            _i344_type, _i344_flag, _i344_access_mask = _S10.unpack_from(buf, off)
             off += 12
-            _i344_type = _t[0]
-            _i344_flag = _t[1]
-            _i344_access_mask = _t[2]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -3415,29 +3336,24 @@ def dec_OPEN4resok(r: _Reader, off: int) -> tuple[OPEN4resok, int]:
             _v342 = open_read_delegation4(_i343_stateid, _i343_recall, _i343_permissions)
             f_delegation = open_delegation4(OPEN_DELEGATE_READ, _v342)
         elif _d342 == 2:
-            _t = _S26.unpack_from(buf, off)
+            _t0, _t1, _t2 = _S26.unpack_from(buf, off)
             off += 20
-            _i345_stateid = stateid4(_t[0], _t[1])
-            _i345_recall = _BOOL[_t[2]]
+            _i345_stateid = stateid4(_t0, _t1)
+            _i345_recall = _BOOL[_t2]
             (_d346,) = _S2.unpack_from(buf, off)
             off += 4
             if _d346 == 1:
-                _t = _S4.unpack_from(buf, off)
+                (_v346,) = _S4.unpack_from(buf, off)
                 off += 8
-                _v346 = _t[0]
                 _i345_space_limit = nfs_space_limit4(NFS_LIMIT_SIZE, _v346)
             elif _d346 == 2:
-                _t = _S1.unpack_from(buf, off)
+                _v346 = nfs_modified_limit4(*_S1.unpack_from(buf, off))
                 off += 8
-                _v346 = nfs_modified_limit4(_t[0], _t[1])
                 _i345_space_limit = nfs_space_limit4(NFS_LIMIT_BLOCKS, _v346)
             else:
                 _i345_space_limit, off = _dec_any_nfs_space_limit4(r, off - 4)
-            _t = _S10.unpack_from(buf, off)
+            _i347_type, _i347_flag, _i347_access_mask = _S10.unpack_from(buf, off)
             off += 12
-            _i347_type = _t[0]
-            _i347_flag = _t[1]
-            _i347_access_mask = _t[2]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -3454,14 +3370,14 @@ def dec_OPEN4resok(r: _Reader, off: int) -> tuple[OPEN4resok, int]:
             (_d348,) = _S2.unpack_from(buf, off)
             off += 4
             if _d348 == 1:
-                _t = _S0.unpack_from(buf, off)
+                (_t0,) = _S0.unpack_from(buf, off)
                 off += 4
-                _v348 = _BOOL[_t[0]]
+                _v348 = _BOOL[_t0]
                 _v342 = open_none_delegation4(WND4_CONTENTION, _v348)
             elif _d348 == 2:
-                _t = _S0.unpack_from(buf, off)
+                (_t0,) = _S0.unpack_from(buf, off)
                 off += 4
-                _v348 = _BOOL[_t[0]]
+                _v348 = _BOOL[_t0]
                 _v342 = open_none_delegation4(WND4_RESOURCE, _v348)
             else:
                 _v342, off = _dec_any_open_none_delegation4(r, off - 4)
@@ -3560,11 +3476,10 @@ def dec_OPEN4res(r: _Reader, off: int) -> tuple[OPEN4res, int]:
         (_d354,) = _S2.unpack_from(buf, off)
         off += 4
         if _d354 == 0:
-            _t = _S36.unpack_from(buf, off)
+            _t0, _t1, _t2, _t3, _t4, _i355_rflags = _S36.unpack_from(buf, off)
             off += 40
-            _i355_stateid = stateid4(_t[0], _t[1])
-            _i355_cinfo = change_info4(_BOOL[_t[2]], _t[3], _t[4])
-            _i355_rflags = _t[5]
+            _i355_stateid = stateid4(_t0, _t1)
+            _i355_cinfo = change_info4(_BOOL[_t2], _t3, _t4)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
@@ -3572,9 +3487,8 @@ def dec_OPEN4res(r: _Reader, off: int) -> tuple[OPEN4res, int]:
             _i355_attrset = []
             _c356 = _n
             for _ in range(_c356):
-                _t = _S0.unpack_from(buf, off)
+                (_x356,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x356 = _t[0]
                 _i355_attrset.append(_x356)
             (_d357,) = _S2.unpack_from(buf, off)
             off += 4

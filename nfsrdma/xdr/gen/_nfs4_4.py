@@ -98,12 +98,12 @@ def dec_OPENATTR4args(r: _Reader, off: int) -> tuple[OPENATTR4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        f_createdir = _BOOL[_t[0]]
+        _u = OPENATTR4args(_BOOL[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OPENATTR4args', o0) from None
-    return OPENATTR4args(f_createdir), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -122,12 +122,12 @@ def dec_OPENATTR4res(r: _Reader, off: int) -> tuple[OPENATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = OPENATTR4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OPENATTR4res', o0) from None
-    return OPENATTR4res(f_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -148,13 +148,12 @@ def dec_OPEN_CONFIRM4args(r: _Reader, off: int) -> tuple[OPEN_CONFIRM4args, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S26.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S26.unpack_from(buf, off)
         off += 20
-        f_open_stateid = stateid4(_t[0], _t[1])
-        f_seqid = _t[2]
+        _u = OPEN_CONFIRM4args(stateid4(_t0, _t1), _t2)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OPEN_CONFIRM4args', o0) from None
-    return OPEN_CONFIRM4args(f_open_stateid, f_seqid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -174,12 +173,12 @@ def dec_OPEN_CONFIRM4resok(r: _Reader, off: int) -> tuple[OPEN_CONFIRM4resok, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S11.unpack_from(buf, off)
+        _t0, _t1 = _S11.unpack_from(buf, off)
         off += 16
-        f_open_stateid = stateid4(_t[0], _t[1])
+        _u = OPEN_CONFIRM4resok(stateid4(_t0, _t1))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OPEN_CONFIRM4resok', o0) from None
-    return OPEN_CONFIRM4resok(f_open_stateid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -245,9 +244,9 @@ def dec_OPEN_CONFIRM4res(r: _Reader, off: int) -> tuple[OPEN_CONFIRM4res, int]:
         (_d360,) = _S2.unpack_from(buf, off)
         off += 4
         if _d360 == 0:
-            _t = _S11.unpack_from(buf, off)
+            _t0, _t1 = _S11.unpack_from(buf, off)
             off += 16
-            _v360 = OPEN_CONFIRM4resok(stateid4(_t[0], _t[1]))
+            _v360 = OPEN_CONFIRM4resok(stateid4(_t0, _t1))
             _u = OPEN_CONFIRM4res(NFS4_OK, _v360)
         else:
             _u, off = _dec_any_OPEN_CONFIRM4res(r, off - 4)
@@ -276,15 +275,12 @@ def dec_OPEN_DOWNGRADE4args(r: _Reader, off: int) -> tuple[OPEN_DOWNGRADE4args, 
     buf = r.buf
     o0 = off
     try:
-        _t = _S38.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, _t4 = _S38.unpack_from(buf, off)
         off += 28
-        f_open_stateid = stateid4(_t[0], _t[1])
-        f_seqid = _t[2]
-        f_share_access = _t[3]
-        f_share_deny = _t[4]
+        _u = OPEN_DOWNGRADE4args(stateid4(_t0, _t1), _t2, _t3, _t4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OPEN_DOWNGRADE4args', o0) from None
-    return OPEN_DOWNGRADE4args(f_open_stateid, f_seqid, f_share_access, f_share_deny), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -304,12 +300,12 @@ def dec_OPEN_DOWNGRADE4resok(r: _Reader, off: int) -> tuple[OPEN_DOWNGRADE4resok
     buf = r.buf
     o0 = off
     try:
-        _t = _S11.unpack_from(buf, off)
+        _t0, _t1 = _S11.unpack_from(buf, off)
         off += 16
-        f_open_stateid = stateid4(_t[0], _t[1])
+        _u = OPEN_DOWNGRADE4resok(stateid4(_t0, _t1))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OPEN_DOWNGRADE4resok', o0) from None
-    return OPEN_DOWNGRADE4resok(f_open_stateid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -375,9 +371,9 @@ def dec_OPEN_DOWNGRADE4res(r: _Reader, off: int) -> tuple[OPEN_DOWNGRADE4res, in
         (_d363,) = _S2.unpack_from(buf, off)
         off += 4
         if _d363 == 0:
-            _t = _S11.unpack_from(buf, off)
+            _t0, _t1 = _S11.unpack_from(buf, off)
             off += 16
-            _v363 = OPEN_DOWNGRADE4resok(stateid4(_t[0], _t[1]))
+            _v363 = OPEN_DOWNGRADE4resok(stateid4(_t0, _t1))
             _u = OPEN_DOWNGRADE4res(NFS4_OK, _v363)
         else:
             _u, off = _dec_any_OPEN_DOWNGRADE4res(r, off - 4)
@@ -440,12 +436,12 @@ def dec_PUTFH4res(r: _Reader, off: int) -> tuple[PUTFH4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = PUTFH4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated PUTFH4res', o0) from None
-    return PUTFH4res(f_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -464,12 +460,12 @@ def dec_PUTPUBFH4res(r: _Reader, off: int) -> tuple[PUTPUBFH4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = PUTPUBFH4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated PUTPUBFH4res', o0) from None
-    return PUTPUBFH4res(f_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -488,12 +484,12 @@ def dec_PUTROOTFH4res(r: _Reader, off: int) -> tuple[PUTROOTFH4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = PUTROOTFH4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated PUTROOTFH4res', o0) from None
-    return PUTROOTFH4res(f_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -515,14 +511,12 @@ def dec_READ4args(r: _Reader, off: int) -> tuple[READ4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S39.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3 = _S39.unpack_from(buf, off)
         off += 28
-        f_stateid = stateid4(_t[0], _t[1])
-        f_offset = _t[2]
-        f_count = _t[3]
+        _u = READ4args(stateid4(_t0, _t1), _t2, _t3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated READ4args', o0) from None
-    return READ4args(f_stateid, f_offset, f_count), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -546,9 +540,9 @@ def dec_READ4resok(r: _Reader, off: int) -> tuple[READ4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        f_eof = _BOOL[_t[0]]
+        f_eof = _BOOL[_t0]
         if r.ordered or r.chunks:
             f_data, off = r.take_ddp(off, None)
         else:
@@ -633,9 +627,9 @@ def dec_READ4res(r: _Reader, off: int) -> tuple[READ4res, int]:
         (_d367,) = _S2.unpack_from(buf, off)
         off += 4
         if _d367 == 0:
-            _t = _S0.unpack_from(buf, off)
+            (_t0,) = _S0.unpack_from(buf, off)
             off += 4
-            _i368_eof = _BOOL[_t[0]]
+            _i368_eof = _BOOL[_t0]
             if r.ordered or r.chunks:
                 _i368_data, off = r.take_ddp(off, None)
             else:
@@ -683,12 +677,8 @@ def dec_READDIR4args(r: _Reader, off: int) -> tuple[READDIR4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S40.unpack_from(buf, off)
+        f_cookie, f_cookieverf, f_dircount, f_maxcount = _S40.unpack_from(buf, off)
         off += 24
-        f_cookie = _t[0]
-        f_cookieverf = _t[1]
-        f_dircount = _t[2]
-        f_maxcount = _t[3]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -696,9 +686,8 @@ def dec_READDIR4args(r: _Reader, off: int) -> tuple[READDIR4args, int]:
         f_attr_request = []
         _c370 = _n
         for _ in range(_c370):
-            _t = _S0.unpack_from(buf, off)
+            (_x370,) = _S0.unpack_from(buf, off)
             off += 4
-            _x370 = _t[0]
             f_attr_request.append(_x370)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated READDIR4args', o0) from None
@@ -739,9 +728,8 @@ def dec_entry4(r: _Reader, off: int) -> tuple[entry4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (f_cookie,) = _S4.unpack_from(buf, off)
         off += 8
-        f_cookie = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -758,9 +746,8 @@ def dec_entry4(r: _Reader, off: int) -> tuple[entry4, int]:
         _i373_attrmask = []
         _c374 = _n
         for _ in range(_c374):
-            _t = _S0.unpack_from(buf, off)
+            (_x374,) = _S0.unpack_from(buf, off)
             off += 4
-            _x374 = _t[0]
             _i373_attrmask.append(_x374)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -819,9 +806,9 @@ def dec_dirlist4(r: _Reader, off: int) -> tuple[dirlist4, int]:
     o0 = off
     try:
         f_entries, off = _dec_list_entry4(r, off)
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        f_eof = _BOOL[_t[0]]
+        f_eof = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated dirlist4', o0) from None
     return dirlist4(f_entries, f_eof), off
@@ -848,13 +835,12 @@ def dec_READDIR4resok(r: _Reader, off: int) -> tuple[READDIR4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S6.unpack_from(buf, off)
+        (f_cookieverf,) = _S6.unpack_from(buf, off)
         off += 8
-        f_cookieverf = _t[0]
         _i376_entries, off = _dec_list_entry4(r, off)
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _i376_eof = _BOOL[_t[0]]
+        _i376_eof = _BOOL[_t0]
         f_reply = dirlist4(_i376_entries, _i376_eof)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated READDIR4resok', o0) from None
@@ -928,13 +914,12 @@ def dec_READDIR4res(r: _Reader, off: int) -> tuple[READDIR4res, int]:
         (_d381,) = _S2.unpack_from(buf, off)
         off += 4
         if _d381 == 0:
-            _t = _S6.unpack_from(buf, off)
+            (_i382_cookieverf,) = _S6.unpack_from(buf, off)
             off += 8
-            _i382_cookieverf = _t[0]
             _i383_entries, off = _dec_list_entry4(r, off)
-            _t = _S0.unpack_from(buf, off)
+            (_t0,) = _S0.unpack_from(buf, off)
             off += 4
-            _i383_eof = _BOOL[_t[0]]
+            _i383_eof = _BOOL[_t0]
             _i382_reply = dirlist4(_i383_entries, _i383_eof)
             _v381 = READDIR4resok(_i382_cookieverf, _i382_reply)
             _u = READDIR4res(NFS4_OK, _v381)
@@ -1118,12 +1103,12 @@ def dec_REMOVE4resok(r: _Reader, off: int) -> tuple[REMOVE4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S16.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S16.unpack_from(buf, off)
         off += 20
-        f_cinfo = change_info4(_BOOL[_t[0]], _t[1], _t[2])
+        _u = REMOVE4resok(change_info4(_BOOL[_t0], _t1, _t2))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated REMOVE4resok', o0) from None
-    return REMOVE4resok(f_cinfo), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1188,9 +1173,9 @@ def dec_REMOVE4res(r: _Reader, off: int) -> tuple[REMOVE4res, int]:
         (_d391,) = _S2.unpack_from(buf, off)
         off += 4
         if _d391 == 0:
-            _t = _S16.unpack_from(buf, off)
+            _t0, _t1, _t2 = _S16.unpack_from(buf, off)
             off += 20
-            _v391 = REMOVE4resok(change_info4(_BOOL[_t[0]], _t[1], _t[2]))
+            _v391 = REMOVE4resok(change_info4(_BOOL[_t0], _t1, _t2))
             _u = REMOVE4res(NFS4_OK, _v391)
         else:
             _u, off = _dec_any_REMOVE4res(r, off - 4)
@@ -1265,13 +1250,12 @@ def dec_RENAME4resok(r: _Reader, off: int) -> tuple[RENAME4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S41.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, _t4, _t5 = _S41.unpack_from(buf, off)
         off += 40
-        f_source_cinfo = change_info4(_BOOL[_t[0]], _t[1], _t[2])
-        f_target_cinfo = change_info4(_BOOL[_t[3]], _t[4], _t[5])
+        _u = RENAME4resok(change_info4(_BOOL[_t0], _t1, _t2), change_info4(_BOOL[_t3], _t4, _t5))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated RENAME4resok', o0) from None
-    return RENAME4resok(f_source_cinfo, f_target_cinfo), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1336,9 +1320,9 @@ def dec_RENAME4res(r: _Reader, off: int) -> tuple[RENAME4res, int]:
         (_d394,) = _S2.unpack_from(buf, off)
         off += 4
         if _d394 == 0:
-            _t = _S41.unpack_from(buf, off)
+            _t0, _t1, _t2, _t3, _t4, _t5 = _S41.unpack_from(buf, off)
             off += 40
-            _v394 = RENAME4resok(change_info4(_BOOL[_t[0]], _t[1], _t[2]), change_info4(_BOOL[_t[3]], _t[4], _t[5]))
+            _v394 = RENAME4resok(change_info4(_BOOL[_t0], _t1, _t2), change_info4(_BOOL[_t3], _t4, _t5))
             _u = RENAME4res(NFS4_OK, _v394)
         else:
             _u, off = _dec_any_RENAME4res(r, off - 4)
@@ -1363,12 +1347,11 @@ def dec_RENEW4args(r: _Reader, off: int) -> tuple[RENEW4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        _u = RENEW4args(*_S4.unpack_from(buf, off))
         off += 8
-        f_clientid = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated RENEW4args', o0) from None
-    return RENEW4args(f_clientid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1387,12 +1370,12 @@ def dec_RENEW4res(r: _Reader, off: int) -> tuple[RENEW4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = RENEW4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated RENEW4res', o0) from None
-    return RENEW4res(f_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1411,12 +1394,12 @@ def dec_RESTOREFH4res(r: _Reader, off: int) -> tuple[RESTOREFH4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = RESTOREFH4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated RESTOREFH4res', o0) from None
-    return RESTOREFH4res(f_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1435,12 +1418,12 @@ def dec_SAVEFH4res(r: _Reader, off: int) -> tuple[SAVEFH4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = SAVEFH4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SAVEFH4res', o0) from None
-    return SAVEFH4res(f_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1509,10 +1492,9 @@ def dec_rpcsec_gss_info(r: _Reader, off: int) -> tuple[rpcsec_gss_info, int]:
             raise _XdrError('opaque runs past the end', off)
         f_oid = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S15.unpack_from(buf, off)
+        f_qop, _t1 = _S15.unpack_from(buf, off)
         off += 8
-        f_qop = _t[0]
-        f_service = _rpc_gss_svc_t_MAP[_t[1]]
+        f_service = _rpc_gss_svc_t_MAP[_t1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated rpcsec_gss_info', o0) from None
     return rpcsec_gss_info(f_oid, f_qop, f_service), off
@@ -1594,10 +1576,9 @@ def dec_secinfo4(r: _Reader, off: int) -> tuple[secinfo4, int]:
                 raise _XdrError('opaque runs past the end', off)
             _i399_oid = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _t = _S15.unpack_from(buf, off)
+            _i399_qop, _t1 = _S15.unpack_from(buf, off)
             off += 8
-            _i399_qop = _t[0]
-            _i399_service = _rpc_gss_svc_t_MAP[_t[1]]
+            _i399_service = _rpc_gss_svc_t_MAP[_t1]
             _v398 = rpcsec_gss_info(_i399_oid, _i399_qop, _i399_service)
             _u = secinfo4((6,)[0], _v398)
         else:
@@ -1656,10 +1637,9 @@ def dec_SECINFO4resok(r: _Reader, off: int) -> tuple[SECINFO4resok, int]:
                     raise _XdrError('opaque runs past the end', off)
                 _i405_oid = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _t = _S15.unpack_from(buf, off)
+                _i405_qop, _t1 = _S15.unpack_from(buf, off)
                 off += 8
-                _i405_qop = _t[0]
-                _i405_service = _rpc_gss_svc_t_MAP[_t[1]]
+                _i405_service = _rpc_gss_svc_t_MAP[_t1]
                 _v404 = rpcsec_gss_info(_i405_oid, _i405_qop, _i405_service)
                 _x403 = secinfo4((6,)[0], _v404)
             else:
@@ -1795,9 +1775,8 @@ def dec_SETATTR4args(r: _Reader, off: int) -> tuple[SETATTR4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S11.unpack_from(buf, off)
+        f_stateid = stateid4(*_S11.unpack_from(buf, off))
         off += 16
-        f_stateid = stateid4(_t[0], _t[1])
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -1805,9 +1784,8 @@ def dec_SETATTR4args(r: _Reader, off: int) -> tuple[SETATTR4args, int]:
         _i415_attrmask = []
         _c416 = _n
         for _ in range(_c416):
-            _t = _S0.unpack_from(buf, off)
+            (_x416,) = _S0.unpack_from(buf, off)
             off += 4
-            _x416 = _t[0]
             _i415_attrmask.append(_x416)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -1846,9 +1824,9 @@ def dec_SETATTR4res(r: _Reader, off: int) -> tuple[SETATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        f_status = _nfsstat4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -1856,9 +1834,8 @@ def dec_SETATTR4res(r: _Reader, off: int) -> tuple[SETATTR4res, int]:
         f_attrsset = []
         _c418 = _n
         for _ in range(_c418):
-            _t = _S0.unpack_from(buf, off)
+            (_x418,) = _S0.unpack_from(buf, off)
             off += 4
-            _x418 = _t[0]
             f_attrsset.append(_x418)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SETATTR4res', o0) from None
@@ -1906,9 +1883,8 @@ def dec_SETCLIENTID4args(r: _Reader, off: int) -> tuple[SETCLIENTID4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S6.unpack_from(buf, off)
+        (_i422_verifier,) = _S6.unpack_from(buf, off)
         off += 8
-        _i422_verifier = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
             raise _XdrError('id: length %d exceeds 1024' % _n, off)
@@ -1921,9 +1897,8 @@ def dec_SETCLIENTID4args(r: _Reader, off: int) -> tuple[SETCLIENTID4args, int]:
         _i422_id = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_client = nfs_client_id4(_i422_verifier, _i422_id)
-        _t = _S0.unpack_from(buf, off)
+        (_i423_cb_program,) = _S0.unpack_from(buf, off)
         off += 4
-        _i423_cb_program = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -1944,9 +1919,8 @@ def dec_SETCLIENTID4args(r: _Reader, off: int) -> tuple[SETCLIENTID4args, int]:
         off = _e + (-_n & 3)
         _i423_cb_location = netaddr4(_i424_na_r_netid, _i424_na_r_addr)
         f_callback = cb_client4(_i423_cb_program, _i423_cb_location)
-        _t = _S0.unpack_from(buf, off)
+        (f_callback_ident,) = _S0.unpack_from(buf, off)
         off += 4
-        f_callback_ident = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SETCLIENTID4args', o0) from None
     return SETCLIENTID4args(f_client, f_callback, f_callback_ident), off
@@ -1970,13 +1944,11 @@ def dec_SETCLIENTID4resok(r: _Reader, off: int) -> tuple[SETCLIENTID4resok, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S43.unpack_from(buf, off)
+        _u = SETCLIENTID4resok(*_S43.unpack_from(buf, off))
         off += 16
-        f_clientid = _t[0]
-        f_setclientid_confirm = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SETCLIENTID4resok', o0) from None
-    return SETCLIENTID4resok(f_clientid, f_setclientid_confirm), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2055,9 +2027,8 @@ def dec_SETCLIENTID4res(r: _Reader, off: int) -> tuple[SETCLIENTID4res, int]:
         (_d428,) = _S2.unpack_from(buf, off)
         off += 4
         if _d428 == 0:
-            _t = _S43.unpack_from(buf, off)
+            _v428 = SETCLIENTID4resok(*_S43.unpack_from(buf, off))
             off += 16
-            _v428 = SETCLIENTID4resok(_t[0], _t[1])
             _u = SETCLIENTID4res(NFS4_OK, _v428)
         elif _d428 == 10017:
             (_n,) = _U32.unpack_from(buf, off)
@@ -2105,13 +2076,11 @@ def dec_SETCLIENTID_CONFIRM4args(r: _Reader, off: int) -> tuple[SETCLIENTID_CONF
     buf = r.buf
     o0 = off
     try:
-        _t = _S43.unpack_from(buf, off)
+        _u = SETCLIENTID_CONFIRM4args(*_S43.unpack_from(buf, off))
         off += 16
-        f_clientid = _t[0]
-        f_setclientid_confirm = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SETCLIENTID_CONFIRM4args', o0) from None
-    return SETCLIENTID_CONFIRM4args(f_clientid, f_setclientid_confirm), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2130,12 +2099,12 @@ def dec_SETCLIENTID_CONFIRM4res(r: _Reader, off: int) -> tuple[SETCLIENTID_CONFI
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = SETCLIENTID_CONFIRM4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SETCLIENTID_CONFIRM4res', o0) from None
-    return SETCLIENTID_CONFIRM4res(f_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2171,9 +2140,8 @@ def dec_VERIFY4args(r: _Reader, off: int) -> tuple[VERIFY4args, int]:
         _i432_attrmask = []
         _c433 = _n
         for _ in range(_c433):
-            _t = _S0.unpack_from(buf, off)
+            (_x433,) = _S0.unpack_from(buf, off)
             off += 4
-            _x433 = _t[0]
             _i432_attrmask.append(_x433)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -2206,12 +2174,12 @@ def dec_VERIFY4res(r: _Reader, off: int) -> tuple[VERIFY4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = VERIFY4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated VERIFY4res', o0) from None
-    return VERIFY4res(f_status), off
+    return _u, off
 
 
 class stable_how4(_IntEnum):
@@ -2264,11 +2232,10 @@ def dec_WRITE4args(r: _Reader, off: int) -> tuple[WRITE4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S45.unpack_from(buf, off)
+        _t0, _t1, f_offset, _t3 = _S45.unpack_from(buf, off)
         off += 28
-        f_stateid = stateid4(_t[0], _t[1])
-        f_offset = _t[2]
-        f_stable = _stable_how4_MAP[_t[3]]
+        f_stateid = stateid4(_t0, _t1)
+        f_stable = _stable_how4_MAP[_t3]
         if r.ordered or r.chunks:
             f_data, off = r.take_ddp(off, None)
         else:
@@ -2305,14 +2272,12 @@ def dec_WRITE4resok(r: _Reader, off: int) -> tuple[WRITE4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S46.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S46.unpack_from(buf, off)
         off += 16
-        f_count = _t[0]
-        f_committed = _stable_how4_MAP[_t[1]]
-        f_writeverf = _t[2]
+        _u = WRITE4resok(_t0, _stable_how4_MAP[_t1], _t2)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated WRITE4resok', o0) from None
-    return WRITE4resok(f_count, f_committed, f_writeverf), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2378,9 +2343,9 @@ def dec_WRITE4res(r: _Reader, off: int) -> tuple[WRITE4res, int]:
         (_d436,) = _S2.unpack_from(buf, off)
         off += 4
         if _d436 == 0:
-            _t = _S46.unpack_from(buf, off)
+            _t0, _t1, _t2 = _S46.unpack_from(buf, off)
             off += 16
-            _v436 = WRITE4resok(_t[0], _stable_how4_MAP[_t[1]], _t[2])
+            _v436 = WRITE4resok(_t0, _stable_how4_MAP[_t1], _t2)
             _u = WRITE4res(NFS4_OK, _v436)
         else:
             _u, off = _dec_any_WRITE4res(r, off - 4)
@@ -2413,9 +2378,8 @@ def dec_RELEASE_LOCKOWNER4args(r: _Reader, off: int) -> tuple[RELEASE_LOCKOWNER4
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_i438_clientid,) = _S4.unpack_from(buf, off)
         off += 8
-        _i438_clientid = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
             raise _XdrError('owner: length %d exceeds 1024' % _n, off)
@@ -2449,12 +2413,12 @@ def dec_RELEASE_LOCKOWNER4res(r: _Reader, off: int) -> tuple[RELEASE_LOCKOWNER4r
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = RELEASE_LOCKOWNER4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated RELEASE_LOCKOWNER4res', o0) from None
-    return RELEASE_LOCKOWNER4res(f_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2473,12 +2437,12 @@ def dec_ILLEGAL4res(r: _Reader, off: int) -> tuple[ILLEGAL4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = ILLEGAL4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated ILLEGAL4res', o0) from None
-    return ILLEGAL4res(f_status), off
+    return _u, off
 
 
 gsshandle4_t: _TypeAlias = "bytes"
@@ -2541,9 +2505,9 @@ def dec_gss_cb_handles4(r: _Reader, off: int) -> tuple[gss_cb_handles4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_gcbp_service = _rpc_gss_svc_t_MAP[_t[0]]
+        f_gcbp_service = _rpc_gss_svc_t_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2662,9 +2626,8 @@ def dec_callback_sec_parms4(r: _Reader, off: int) -> tuple[callback_sec_parms4, 
         if _d444 == 0:
             _u = callback_sec_parms4((0,)[0], None)
         elif _d444 == 1:
-            _t = _S0.unpack_from(buf, off)
+            (_i445_stamp,) = _S0.unpack_from(buf, off)
             off += 4
-            _i445_stamp = _t[0]
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 255:
                 raise _XdrError('machinename: length %d exceeds 255' % _n, off)
@@ -2676,10 +2639,8 @@ def dec_callback_sec_parms4(r: _Reader, off: int) -> tuple[callback_sec_parms4, 
                 raise _XdrError('string runs past the end', off)
             _i445_machinename = str(buf[off:_e], 'utf-8', 'surrogateescape')
             off = _e + (-_n & 3)
-            _t = _S1.unpack_from(buf, off)
+            _i445_uid, _i445_gid = _S1.unpack_from(buf, off)
             off += 8
-            _i445_uid = _t[0]
-            _i445_gid = _t[1]
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 16:
                 raise _XdrError('gids: length %d exceeds 16' % _n, off)
@@ -2692,9 +2653,9 @@ def dec_callback_sec_parms4(r: _Reader, off: int) -> tuple[callback_sec_parms4, 
             _v444 = authsys_parms(_i445_stamp, _i445_machinename, _i445_uid, _i445_gid, _i445_gids)
             _u = callback_sec_parms4((1,)[0], _v444)
         elif _d444 == 6:
-            _t = _S2.unpack_from(buf, off)
+            (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _i446_gcbp_service = _rpc_gss_svc_t_MAP[_t[0]]
+            _i446_gcbp_service = _rpc_gss_svc_t_MAP[_t0]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -2781,9 +2742,8 @@ def dec_BACKCHANNEL_CTL4args(r: _Reader, off: int) -> tuple[BACKCHANNEL_CTL4args
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (f_bca_cb_program,) = _S0.unpack_from(buf, off)
         off += 4
-        f_bca_cb_program = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -2796,9 +2756,8 @@ def dec_BACKCHANNEL_CTL4args(r: _Reader, off: int) -> tuple[BACKCHANNEL_CTL4args
             if _d453 == 0:
                 _x452 = callback_sec_parms4((0,)[0], None)
             elif _d453 == 1:
-                _t = _S0.unpack_from(buf, off)
+                (_i454_stamp,) = _S0.unpack_from(buf, off)
                 off += 4
-                _i454_stamp = _t[0]
                 (_n,) = _U32.unpack_from(buf, off)
                 if _n > 255:
                     raise _XdrError('machinename: length %d exceeds 255' % _n, off)
@@ -2810,10 +2769,8 @@ def dec_BACKCHANNEL_CTL4args(r: _Reader, off: int) -> tuple[BACKCHANNEL_CTL4args
                     raise _XdrError('string runs past the end', off)
                 _i454_machinename = str(buf[off:_e], 'utf-8', 'surrogateescape')
                 off = _e + (-_n & 3)
-                _t = _S1.unpack_from(buf, off)
+                _i454_uid, _i454_gid = _S1.unpack_from(buf, off)
                 off += 8
-                _i454_uid = _t[0]
-                _i454_gid = _t[1]
                 (_n,) = _U32.unpack_from(buf, off)
                 if _n > 16:
                     raise _XdrError('gids: length %d exceeds 16' % _n, off)
@@ -2826,9 +2783,9 @@ def dec_BACKCHANNEL_CTL4args(r: _Reader, off: int) -> tuple[BACKCHANNEL_CTL4args
                 _v453 = authsys_parms(_i454_stamp, _i454_machinename, _i454_uid, _i454_gid, _i454_gids)
                 _x452 = callback_sec_parms4((1,)[0], _v453)
             elif _d453 == 6:
-                _t = _S2.unpack_from(buf, off)
+                (_t0,) = _S2.unpack_from(buf, off)
                 off += 4
-                _i455_gcbp_service = _rpc_gss_svc_t_MAP[_t[0]]
+                _i455_gcbp_service = _rpc_gss_svc_t_MAP[_t0]
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
@@ -2873,12 +2830,12 @@ def dec_BACKCHANNEL_CTL4res(r: _Reader, off: int) -> tuple[BACKCHANNEL_CTL4res, 
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_bcr_status = _nfsstat4_MAP[_t[0]]
+        _u = BACKCHANNEL_CTL4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated BACKCHANNEL_CTL4res', o0) from None
-    return BACKCHANNEL_CTL4res(f_bcr_status), off
+    return _u, off
 
 
 class channel_dir_from_client4(_IntEnum):
@@ -2928,14 +2885,12 @@ def dec_BIND_CONN_TO_SESSION4args(r: _Reader, off: int) -> tuple[BIND_CONN_TO_SE
     buf = r.buf
     o0 = off
     try:
-        _t = _S48.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S48.unpack_from(buf, off)
         off += 24
-        f_bctsa_sessid = _t[0]
-        f_bctsa_dir = _channel_dir_from_client4_MAP[_t[1]]
-        f_bctsa_use_conn_in_rdma_mode = _BOOL[_t[2]]
+        _u = BIND_CONN_TO_SESSION4args(_t0, _channel_dir_from_client4_MAP[_t1], _BOOL[_t2])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated BIND_CONN_TO_SESSION4args', o0) from None
-    return BIND_CONN_TO_SESSION4args(f_bctsa_sessid, f_bctsa_dir, f_bctsa_use_conn_in_rdma_mode), off
+    return _u, off
 
 
 class channel_dir_from_server4(_IntEnum):
@@ -2983,14 +2938,12 @@ def dec_BIND_CONN_TO_SESSION4resok(r: _Reader, off: int) -> tuple[BIND_CONN_TO_S
     buf = r.buf
     o0 = off
     try:
-        _t = _S48.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S48.unpack_from(buf, off)
         off += 24
-        f_bctsr_sessid = _t[0]
-        f_bctsr_dir = _channel_dir_from_server4_MAP[_t[1]]
-        f_bctsr_use_conn_in_rdma_mode = _BOOL[_t[2]]
+        _u = BIND_CONN_TO_SESSION4resok(_t0, _channel_dir_from_server4_MAP[_t1], _BOOL[_t2])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated BIND_CONN_TO_SESSION4resok', o0) from None
-    return BIND_CONN_TO_SESSION4resok(f_bctsr_sessid, f_bctsr_dir, f_bctsr_use_conn_in_rdma_mode), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -3056,9 +3009,9 @@ def dec_BIND_CONN_TO_SESSION4res(r: _Reader, off: int) -> tuple[BIND_CONN_TO_SES
         (_d458,) = _S2.unpack_from(buf, off)
         off += 4
         if _d458 == 0:
-            _t = _S48.unpack_from(buf, off)
+            _t0, _t1, _t2 = _S48.unpack_from(buf, off)
             off += 24
-            _v458 = BIND_CONN_TO_SESSION4resok(_t[0], _channel_dir_from_server4_MAP[_t[1]], _BOOL[_t[2]])
+            _v458 = BIND_CONN_TO_SESSION4resok(_t0, _channel_dir_from_server4_MAP[_t1], _BOOL[_t2])
             _u = BIND_CONN_TO_SESSION4res(NFS4_OK, _v458)
         else:
             _u, off = _dec_any_BIND_CONN_TO_SESSION4res(r, off - 4)
@@ -3100,9 +3053,8 @@ def dec_state_protect_ops4(r: _Reader, off: int) -> tuple[state_protect_ops4, in
         f_spo_must_enforce = []
         _c461 = _n
         for _ in range(_c461):
-            _t = _S0.unpack_from(buf, off)
+            (_x461,) = _S0.unpack_from(buf, off)
             off += 4
-            _x461 = _t[0]
             f_spo_must_enforce.append(_x461)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -3111,9 +3063,8 @@ def dec_state_protect_ops4(r: _Reader, off: int) -> tuple[state_protect_ops4, in
         f_spo_must_allow = []
         _c462 = _n
         for _ in range(_c462):
-            _t = _S0.unpack_from(buf, off)
+            (_x462,) = _S0.unpack_from(buf, off)
             off += 4
-            _x462 = _t[0]
             f_spo_must_allow.append(_x462)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated state_protect_ops4', o0) from None
@@ -3176,9 +3127,8 @@ def dec_ssv_sp_parms4(r: _Reader, off: int) -> tuple[ssv_sp_parms4, int]:
         _i468_spo_must_enforce = []
         _c469 = _n
         for _ in range(_c469):
-            _t = _S0.unpack_from(buf, off)
+            (_x469,) = _S0.unpack_from(buf, off)
             off += 4
-            _x469 = _t[0]
             _i468_spo_must_enforce.append(_x469)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -3187,9 +3137,8 @@ def dec_ssv_sp_parms4(r: _Reader, off: int) -> tuple[ssv_sp_parms4, int]:
         _i468_spo_must_allow = []
         _c470 = _n
         for _ in range(_c470):
-            _t = _S0.unpack_from(buf, off)
+            (_x470,) = _S0.unpack_from(buf, off)
             off += 4
-            _x470 = _t[0]
             _i468_spo_must_allow.append(_x470)
         f_ssp_ops = state_protect_ops4(_i468_spo_must_enforce, _i468_spo_must_allow)
         (_n,) = _U32.unpack_from(buf, off)
@@ -3226,10 +3175,8 @@ def dec_ssv_sp_parms4(r: _Reader, off: int) -> tuple[ssv_sp_parms4, int]:
             _x472 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             f_ssp_encr_algs.append(_x472)
-        _t = _S1.unpack_from(buf, off)
+        f_ssp_window, f_ssp_num_gss_handles = _S1.unpack_from(buf, off)
         off += 8
-        f_ssp_window = _t[0]
-        f_ssp_num_gss_handles = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated ssv_sp_parms4', o0) from None
     return ssv_sp_parms4(f_ssp_ops, f_ssp_hash_algs, f_ssp_encr_algs, f_ssp_window, f_ssp_num_gss_handles), off
@@ -3378,9 +3325,8 @@ def dec_state_protect4_a(r: _Reader, off: int) -> tuple[state_protect4_a, int]:
             _i485_spo_must_enforce = []
             _c486 = _n
             for _ in range(_c486):
-                _t = _S0.unpack_from(buf, off)
+                (_x486,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x486 = _t[0]
                 _i485_spo_must_enforce.append(_x486)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
@@ -3389,9 +3335,8 @@ def dec_state_protect4_a(r: _Reader, off: int) -> tuple[state_protect4_a, int]:
             _i485_spo_must_allow = []
             _c487 = _n
             for _ in range(_c487):
-                _t = _S0.unpack_from(buf, off)
+                (_x487,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x487 = _t[0]
                 _i485_spo_must_allow.append(_x487)
             _v484 = state_protect_ops4(_i485_spo_must_enforce, _i485_spo_must_allow)
             _u = state_protect4_a(SP4_MACH_CRED, _v484)
@@ -3403,9 +3348,8 @@ def dec_state_protect4_a(r: _Reader, off: int) -> tuple[state_protect4_a, int]:
             _i489_spo_must_enforce = []
             _c490 = _n
             for _ in range(_c490):
-                _t = _S0.unpack_from(buf, off)
+                (_x490,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x490 = _t[0]
                 _i489_spo_must_enforce.append(_x490)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
@@ -3414,9 +3358,8 @@ def dec_state_protect4_a(r: _Reader, off: int) -> tuple[state_protect4_a, int]:
             _i489_spo_must_allow = []
             _c491 = _n
             for _ in range(_c491):
-                _t = _S0.unpack_from(buf, off)
+                (_x491,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x491 = _t[0]
                 _i489_spo_must_allow.append(_x491)
             _i488_ssp_ops = state_protect_ops4(_i489_spo_must_enforce, _i489_spo_must_allow)
             (_n,) = _U32.unpack_from(buf, off)
@@ -3453,10 +3396,8 @@ def dec_state_protect4_a(r: _Reader, off: int) -> tuple[state_protect4_a, int]:
                 _x493 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _i488_ssp_encr_algs.append(_x493)
-            _t = _S1.unpack_from(buf, off)
+            _i488_ssp_window, _i488_ssp_num_gss_handles = _S1.unpack_from(buf, off)
             off += 8
-            _i488_ssp_window = _t[0]
-            _i488_ssp_num_gss_handles = _t[1]
             _v484 = ssv_sp_parms4(_i488_ssp_ops, _i488_ssp_hash_algs, _i488_ssp_encr_algs, _i488_ssp_window, _i488_ssp_num_gss_handles)
             _u = state_protect4_a(SP4_SSV, _v484)
         else:

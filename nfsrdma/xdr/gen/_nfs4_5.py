@@ -72,18 +72,26 @@ from nfsrdma.xdr.gen._nfs4_1 import (
     stateid4,
 )
 from nfsrdma.xdr.gen._nfs4_4 import (
+    SECINFO4res,
     SP4_MACH_CRED,
     SP4_NONE,
     SP4_SSV,
+    _dec_any_SECINFO4res,
     _dec_any_callback_sec_parms4,
+    _dec_any_secinfo4,
     _dec_any_state_protect4_a,
+    _enc_any_SECINFO4res,
     _enc_any_callback_sec_parms4,
+    _enc_any_secinfo4,
     _enc_any_state_protect4_a,
     _state_protect_how4_MAP,
     callback_sec_parms4,
+    dec_rpcsec_gss_info,
     dec_state_protect_ops4,
+    enc_rpcsec_gss_info,
     enc_state_protect_ops4,
     gss_cb_handles4,
+    secinfo4,
     ssv_sp_parms4,
     state_protect4_a,
     state_protect_how4,
@@ -131,6 +139,7 @@ _S64: _Final = _struct.Struct('>iIQ')
 _S65: _Final = _struct.Struct('>IiiQQQI12sI')
 _S66: _Final = _struct.Struct('>iII12s')
 _S67: _Final = _struct.Struct('>Iii')
+_S68: _Final = _struct.Struct('>16sIIII')
 
 
 @_dataclass(slots=True)
@@ -232,9 +241,8 @@ def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S6.unpack_from(buf, off)
+        (_i507_co_verifier,) = _S6.unpack_from(buf, off)
         off += 8
-        _i507_co_verifier = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
             raise _XdrError('co_ownerid: length %d exceeds 1024' % _n, off)
@@ -247,9 +255,8 @@ def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
         _i507_co_ownerid = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_eia_clientowner = client_owner4(_i507_co_verifier, _i507_co_ownerid)
-        _t = _S0.unpack_from(buf, off)
+        (f_eia_flags,) = _S0.unpack_from(buf, off)
         off += 4
-        f_eia_flags = _t[0]
         (_d508,) = _S2.unpack_from(buf, off)
         off += 4
         if _d508 == 0:
@@ -262,9 +269,8 @@ def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
             _i509_spo_must_enforce = []
             _c510 = _n
             for _ in range(_c510):
-                _t = _S0.unpack_from(buf, off)
+                (_x510,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x510 = _t[0]
                 _i509_spo_must_enforce.append(_x510)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
@@ -273,9 +279,8 @@ def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
             _i509_spo_must_allow = []
             _c511 = _n
             for _ in range(_c511):
-                _t = _S0.unpack_from(buf, off)
+                (_x511,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x511 = _t[0]
                 _i509_spo_must_allow.append(_x511)
             _v508 = state_protect_ops4(_i509_spo_must_enforce, _i509_spo_must_allow)
             f_eia_state_protect = state_protect4_a(SP4_MACH_CRED, _v508)
@@ -287,9 +292,8 @@ def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
             _i513_spo_must_enforce = []
             _c514 = _n
             for _ in range(_c514):
-                _t = _S0.unpack_from(buf, off)
+                (_x514,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x514 = _t[0]
                 _i513_spo_must_enforce.append(_x514)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
@@ -298,9 +302,8 @@ def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
             _i513_spo_must_allow = []
             _c515 = _n
             for _ in range(_c515):
-                _t = _S0.unpack_from(buf, off)
+                (_x515,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x515 = _t[0]
                 _i513_spo_must_allow.append(_x515)
             _i512_ssp_ops = state_protect_ops4(_i513_spo_must_enforce, _i513_spo_must_allow)
             (_n,) = _U32.unpack_from(buf, off)
@@ -337,10 +340,8 @@ def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
                 _x517 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _i512_ssp_encr_algs.append(_x517)
-            _t = _S1.unpack_from(buf, off)
+            _i512_ssp_window, _i512_ssp_num_gss_handles = _S1.unpack_from(buf, off)
             off += 8
-            _i512_ssp_window = _t[0]
-            _i512_ssp_num_gss_handles = _t[1]
             _v508 = ssv_sp_parms4(_i512_ssp_ops, _i512_ssp_hash_algs, _i512_ssp_encr_algs, _i512_ssp_window, _i512_ssp_num_gss_handles)
             f_eia_state_protect = state_protect4_a(SP4_SSV, _v508)
         else:
@@ -372,9 +373,8 @@ def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
                 raise _XdrError('opaque runs past the end', off)
             _i519_nii_name = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _t = _S7.unpack_from(buf, off)
+            _i519_nii_date = nfstime4(*_S7.unpack_from(buf, off))
             off += 12
-            _i519_nii_date = nfstime4(_t[0], _t[1])
             _x518 = nfs_impl_id4(_i519_nii_domain, _i519_nii_name, _i519_nii_date)
             f_eia_client_impl_id.append(_x518)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -430,9 +430,8 @@ def dec_ssv_prot_info4(r: _Reader, off: int) -> tuple[ssv_prot_info4, int]:
         _i524_spo_must_enforce = []
         _c525 = _n
         for _ in range(_c525):
-            _t = _S0.unpack_from(buf, off)
+            (_x525,) = _S0.unpack_from(buf, off)
             off += 4
-            _x525 = _t[0]
             _i524_spo_must_enforce.append(_x525)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -441,17 +440,12 @@ def dec_ssv_prot_info4(r: _Reader, off: int) -> tuple[ssv_prot_info4, int]:
         _i524_spo_must_allow = []
         _c526 = _n
         for _ in range(_c526):
-            _t = _S0.unpack_from(buf, off)
+            (_x526,) = _S0.unpack_from(buf, off)
             off += 4
-            _x526 = _t[0]
             _i524_spo_must_allow.append(_x526)
         f_spi_ops = state_protect_ops4(_i524_spo_must_enforce, _i524_spo_must_allow)
-        _t = _S50.unpack_from(buf, off)
+        f_spi_hash_alg, f_spi_encr_alg, f_spi_ssv_len, f_spi_window = _S50.unpack_from(buf, off)
         off += 16
-        f_spi_hash_alg = _t[0]
-        f_spi_encr_alg = _t[1]
-        f_spi_ssv_len = _t[2]
-        f_spi_window = _t[3]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -582,9 +576,8 @@ def dec_state_protect4_r(r: _Reader, off: int) -> tuple[state_protect4_r, int]:
             _i539_spo_must_enforce = []
             _c540 = _n
             for _ in range(_c540):
-                _t = _S0.unpack_from(buf, off)
+                (_x540,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x540 = _t[0]
                 _i539_spo_must_enforce.append(_x540)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
@@ -593,9 +586,8 @@ def dec_state_protect4_r(r: _Reader, off: int) -> tuple[state_protect4_r, int]:
             _i539_spo_must_allow = []
             _c541 = _n
             for _ in range(_c541):
-                _t = _S0.unpack_from(buf, off)
+                (_x541,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x541 = _t[0]
                 _i539_spo_must_allow.append(_x541)
             _v538 = state_protect_ops4(_i539_spo_must_enforce, _i539_spo_must_allow)
             _u = state_protect4_r(SP4_MACH_CRED, _v538)
@@ -607,9 +599,8 @@ def dec_state_protect4_r(r: _Reader, off: int) -> tuple[state_protect4_r, int]:
             _i543_spo_must_enforce = []
             _c544 = _n
             for _ in range(_c544):
-                _t = _S0.unpack_from(buf, off)
+                (_x544,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x544 = _t[0]
                 _i543_spo_must_enforce.append(_x544)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
@@ -618,17 +609,12 @@ def dec_state_protect4_r(r: _Reader, off: int) -> tuple[state_protect4_r, int]:
             _i543_spo_must_allow = []
             _c545 = _n
             for _ in range(_c545):
-                _t = _S0.unpack_from(buf, off)
+                (_x545,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x545 = _t[0]
                 _i543_spo_must_allow.append(_x545)
             _i542_spi_ops = state_protect_ops4(_i543_spo_must_enforce, _i543_spo_must_allow)
-            _t = _S50.unpack_from(buf, off)
+            _i542_spi_hash_alg, _i542_spi_encr_alg, _i542_spi_ssv_len, _i542_spi_window = _S50.unpack_from(buf, off)
             off += 16
-            _i542_spi_hash_alg = _t[0]
-            _i542_spi_encr_alg = _t[1]
-            _i542_spi_ssv_len = _t[2]
-            _i542_spi_window = _t[3]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
@@ -754,11 +740,8 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S51.unpack_from(buf, off)
+        f_eir_clientid, f_eir_sequenceid, f_eir_flags = _S51.unpack_from(buf, off)
         off += 16
-        f_eir_clientid = _t[0]
-        f_eir_sequenceid = _t[1]
-        f_eir_flags = _t[2]
         (_d559,) = _S2.unpack_from(buf, off)
         off += 4
         if _d559 == 0:
@@ -771,9 +754,8 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
             _i560_spo_must_enforce = []
             _c561 = _n
             for _ in range(_c561):
-                _t = _S0.unpack_from(buf, off)
+                (_x561,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x561 = _t[0]
                 _i560_spo_must_enforce.append(_x561)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
@@ -782,9 +764,8 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
             _i560_spo_must_allow = []
             _c562 = _n
             for _ in range(_c562):
-                _t = _S0.unpack_from(buf, off)
+                (_x562,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x562 = _t[0]
                 _i560_spo_must_allow.append(_x562)
             _v559 = state_protect_ops4(_i560_spo_must_enforce, _i560_spo_must_allow)
             f_eir_state_protect = state_protect4_r(SP4_MACH_CRED, _v559)
@@ -796,9 +777,8 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
             _i564_spo_must_enforce = []
             _c565 = _n
             for _ in range(_c565):
-                _t = _S0.unpack_from(buf, off)
+                (_x565,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x565 = _t[0]
                 _i564_spo_must_enforce.append(_x565)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
@@ -807,17 +787,12 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
             _i564_spo_must_allow = []
             _c566 = _n
             for _ in range(_c566):
-                _t = _S0.unpack_from(buf, off)
+                (_x566,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x566 = _t[0]
                 _i564_spo_must_allow.append(_x566)
             _i563_spi_ops = state_protect_ops4(_i564_spo_must_enforce, _i564_spo_must_allow)
-            _t = _S50.unpack_from(buf, off)
+            _i563_spi_hash_alg, _i563_spi_encr_alg, _i563_spi_ssv_len, _i563_spi_window = _S50.unpack_from(buf, off)
             off += 16
-            _i563_spi_hash_alg = _t[0]
-            _i563_spi_encr_alg = _t[1]
-            _i563_spi_ssv_len = _t[2]
-            _i563_spi_window = _t[3]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
@@ -839,9 +814,8 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
             f_eir_state_protect = state_protect4_r(SP4_SSV, _v559)
         else:
             f_eir_state_protect, off = _dec_any_state_protect4_r(r, off - 4)
-        _t = _S4.unpack_from(buf, off)
+        (_i568_so_minor_id,) = _S4.unpack_from(buf, off)
         off += 8
-        _i568_so_minor_id = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
             raise _XdrError('so_major_id: length %d exceeds 1024' % _n, off)
@@ -892,9 +866,8 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
                 raise _XdrError('opaque runs past the end', off)
             _i570_nii_name = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _t = _S7.unpack_from(buf, off)
+            _i570_nii_date = nfstime4(*_S7.unpack_from(buf, off))
             off += 12
-            _i570_nii_date = nfstime4(_t[0], _t[1])
             _x569 = nfs_impl_id4(_i570_nii_domain, _i570_nii_name, _i570_nii_date)
             f_eir_server_impl_id.append(_x569)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1002,11 +975,8 @@ def dec_EXCHANGE_ID4res(r: _Reader, off: int) -> tuple[EXCHANGE_ID4res, int]:
         (_d577,) = _S2.unpack_from(buf, off)
         off += 4
         if _d577 == 0:
-            _t = _S51.unpack_from(buf, off)
+            _i578_eir_clientid, _i578_eir_sequenceid, _i578_eir_flags = _S51.unpack_from(buf, off)
             off += 16
-            _i578_eir_clientid = _t[0]
-            _i578_eir_sequenceid = _t[1]
-            _i578_eir_flags = _t[2]
             (_d579,) = _S2.unpack_from(buf, off)
             off += 4
             if _d579 == 0:
@@ -1019,9 +989,8 @@ def dec_EXCHANGE_ID4res(r: _Reader, off: int) -> tuple[EXCHANGE_ID4res, int]:
                 _i578_eir_state_protect = state_protect4_r(SP4_SSV, _v579)
             else:
                 _i578_eir_state_protect, off = _dec_any_state_protect4_r(r, off - 4)
-            _t = _S4.unpack_from(buf, off)
+            (_i580_so_minor_id,) = _S4.unpack_from(buf, off)
             off += 8
-            _i580_so_minor_id = _t[0]
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 1024:
                 raise _XdrError('so_major_id: length %d exceeds 1024' % _n, off)
@@ -1094,14 +1063,8 @@ def dec_channel_attrs4(r: _Reader, off: int) -> tuple[channel_attrs4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S53.unpack_from(buf, off)
+        f_ca_headerpadsize, f_ca_maxrequestsize, f_ca_maxresponsesize, f_ca_maxresponsesize_cached, f_ca_maxoperations, f_ca_maxrequests = _S53.unpack_from(buf, off)
         off += 24
-        f_ca_headerpadsize = _t[0]
-        f_ca_maxrequestsize = _t[1]
-        f_ca_maxresponsesize = _t[2]
-        f_ca_maxresponsesize_cached = _t[3]
-        f_ca_maxoperations = _t[4]
-        f_ca_maxrequests = _t[5]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, off)
@@ -1111,9 +1074,8 @@ def dec_channel_attrs4(r: _Reader, off: int) -> tuple[channel_attrs4, int]:
         f_ca_rdma_ird = []
         _c583 = _n
         for _ in range(_c583):
-            _t = _S0.unpack_from(buf, off)
+            (_x583,) = _S0.unpack_from(buf, off)
             off += 4
-            _x583 = _t[0]
             f_ca_rdma_ird.append(_x583)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated channel_attrs4', o0) from None
@@ -1203,19 +1165,10 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
     buf = r.buf
     o0 = off
     try:
-        _t = _S51.unpack_from(buf, off)
+        f_csa_clientid, f_csa_sequence, f_csa_flags = _S51.unpack_from(buf, off)
         off += 16
-        f_csa_clientid = _t[0]
-        f_csa_sequence = _t[1]
-        f_csa_flags = _t[2]
-        _t = _S53.unpack_from(buf, off)
+        _i593_ca_headerpadsize, _i593_ca_maxrequestsize, _i593_ca_maxresponsesize, _i593_ca_maxresponsesize_cached, _i593_ca_maxoperations, _i593_ca_maxrequests = _S53.unpack_from(buf, off)
         off += 24
-        _i593_ca_headerpadsize = _t[0]
-        _i593_ca_maxrequestsize = _t[1]
-        _i593_ca_maxresponsesize = _t[2]
-        _i593_ca_maxresponsesize_cached = _t[3]
-        _i593_ca_maxoperations = _t[4]
-        _i593_ca_maxrequests = _t[5]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, off)
@@ -1225,19 +1178,12 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
         _i593_ca_rdma_ird = []
         _c594 = _n
         for _ in range(_c594):
-            _t = _S0.unpack_from(buf, off)
+            (_x594,) = _S0.unpack_from(buf, off)
             off += 4
-            _x594 = _t[0]
             _i593_ca_rdma_ird.append(_x594)
         f_csa_fore_chan_attrs = channel_attrs4(_i593_ca_headerpadsize, _i593_ca_maxrequestsize, _i593_ca_maxresponsesize, _i593_ca_maxresponsesize_cached, _i593_ca_maxoperations, _i593_ca_maxrequests, _i593_ca_rdma_ird)
-        _t = _S53.unpack_from(buf, off)
+        _i595_ca_headerpadsize, _i595_ca_maxrequestsize, _i595_ca_maxresponsesize, _i595_ca_maxresponsesize_cached, _i595_ca_maxoperations, _i595_ca_maxrequests = _S53.unpack_from(buf, off)
         off += 24
-        _i595_ca_headerpadsize = _t[0]
-        _i595_ca_maxrequestsize = _t[1]
-        _i595_ca_maxresponsesize = _t[2]
-        _i595_ca_maxresponsesize_cached = _t[3]
-        _i595_ca_maxoperations = _t[4]
-        _i595_ca_maxrequests = _t[5]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, off)
@@ -1247,14 +1193,12 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
         _i595_ca_rdma_ird = []
         _c596 = _n
         for _ in range(_c596):
-            _t = _S0.unpack_from(buf, off)
+            (_x596,) = _S0.unpack_from(buf, off)
             off += 4
-            _x596 = _t[0]
             _i595_ca_rdma_ird.append(_x596)
         f_csa_back_chan_attrs = channel_attrs4(_i595_ca_headerpadsize, _i595_ca_maxrequestsize, _i595_ca_maxresponsesize, _i595_ca_maxresponsesize_cached, _i595_ca_maxoperations, _i595_ca_maxrequests, _i595_ca_rdma_ird)
-        _t = _S0.unpack_from(buf, off)
+        (f_csa_cb_program,) = _S0.unpack_from(buf, off)
         off += 4
-        f_csa_cb_program = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -1267,9 +1211,8 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
             if _d598 == 0:
                 _x597 = callback_sec_parms4((0,)[0], None)
             elif _d598 == 1:
-                _t = _S0.unpack_from(buf, off)
+                (_i599_stamp,) = _S0.unpack_from(buf, off)
                 off += 4
-                _i599_stamp = _t[0]
                 (_n,) = _U32.unpack_from(buf, off)
                 if _n > 255:
                     raise _XdrError('machinename: length %d exceeds 255' % _n, off)
@@ -1281,10 +1224,8 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
                     raise _XdrError('string runs past the end', off)
                 _i599_machinename = str(buf[off:_e], 'utf-8', 'surrogateescape')
                 off = _e + (-_n & 3)
-                _t = _S1.unpack_from(buf, off)
+                _i599_uid, _i599_gid = _S1.unpack_from(buf, off)
                 off += 8
-                _i599_uid = _t[0]
-                _i599_gid = _t[1]
                 (_n,) = _U32.unpack_from(buf, off)
                 if _n > 16:
                     raise _XdrError('gids: length %d exceeds 16' % _n, off)
@@ -1297,9 +1238,9 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
                 _v598 = authsys_parms(_i599_stamp, _i599_machinename, _i599_uid, _i599_gid, _i599_gids)
                 _x597 = callback_sec_parms4((1,)[0], _v598)
             elif _d598 == 6:
-                _t = _S2.unpack_from(buf, off)
+                (_t0,) = _S2.unpack_from(buf, off)
                 off += 4
-                _i600_gcbp_service = _rpc_gss_svc_t_MAP[_t[0]]
+                _i600_gcbp_service = _rpc_gss_svc_t_MAP[_t0]
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
@@ -1367,19 +1308,10 @@ def dec_CREATE_SESSION4resok(r: _Reader, off: int) -> tuple[CREATE_SESSION4resok
     buf = r.buf
     o0 = off
     try:
-        _t = _S54.unpack_from(buf, off)
+        f_csr_sessionid, f_csr_sequence, f_csr_flags = _S54.unpack_from(buf, off)
         off += 24
-        f_csr_sessionid = _t[0]
-        f_csr_sequence = _t[1]
-        f_csr_flags = _t[2]
-        _t = _S53.unpack_from(buf, off)
+        _i605_ca_headerpadsize, _i605_ca_maxrequestsize, _i605_ca_maxresponsesize, _i605_ca_maxresponsesize_cached, _i605_ca_maxoperations, _i605_ca_maxrequests = _S53.unpack_from(buf, off)
         off += 24
-        _i605_ca_headerpadsize = _t[0]
-        _i605_ca_maxrequestsize = _t[1]
-        _i605_ca_maxresponsesize = _t[2]
-        _i605_ca_maxresponsesize_cached = _t[3]
-        _i605_ca_maxoperations = _t[4]
-        _i605_ca_maxrequests = _t[5]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, off)
@@ -1389,19 +1321,12 @@ def dec_CREATE_SESSION4resok(r: _Reader, off: int) -> tuple[CREATE_SESSION4resok
         _i605_ca_rdma_ird = []
         _c606 = _n
         for _ in range(_c606):
-            _t = _S0.unpack_from(buf, off)
+            (_x606,) = _S0.unpack_from(buf, off)
             off += 4
-            _x606 = _t[0]
             _i605_ca_rdma_ird.append(_x606)
         f_csr_fore_chan_attrs = channel_attrs4(_i605_ca_headerpadsize, _i605_ca_maxrequestsize, _i605_ca_maxresponsesize, _i605_ca_maxresponsesize_cached, _i605_ca_maxoperations, _i605_ca_maxrequests, _i605_ca_rdma_ird)
-        _t = _S53.unpack_from(buf, off)
+        _i607_ca_headerpadsize, _i607_ca_maxrequestsize, _i607_ca_maxresponsesize, _i607_ca_maxresponsesize_cached, _i607_ca_maxoperations, _i607_ca_maxrequests = _S53.unpack_from(buf, off)
         off += 24
-        _i607_ca_headerpadsize = _t[0]
-        _i607_ca_maxrequestsize = _t[1]
-        _i607_ca_maxresponsesize = _t[2]
-        _i607_ca_maxresponsesize_cached = _t[3]
-        _i607_ca_maxoperations = _t[4]
-        _i607_ca_maxrequests = _t[5]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, off)
@@ -1411,9 +1336,8 @@ def dec_CREATE_SESSION4resok(r: _Reader, off: int) -> tuple[CREATE_SESSION4resok
         _i607_ca_rdma_ird = []
         _c608 = _n
         for _ in range(_c608):
-            _t = _S0.unpack_from(buf, off)
+            (_x608,) = _S0.unpack_from(buf, off)
             off += 4
-            _x608 = _t[0]
             _i607_ca_rdma_ird.append(_x608)
         f_csr_back_chan_attrs = channel_attrs4(_i607_ca_headerpadsize, _i607_ca_maxrequestsize, _i607_ca_maxresponsesize, _i607_ca_maxresponsesize_cached, _i607_ca_maxoperations, _i607_ca_maxrequests, _i607_ca_rdma_ird)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1503,19 +1427,10 @@ def dec_CREATE_SESSION4res(r: _Reader, off: int) -> tuple[CREATE_SESSION4res, in
         (_d616,) = _S2.unpack_from(buf, off)
         off += 4
         if _d616 == 0:
-            _t = _S54.unpack_from(buf, off)
+            _i617_csr_sessionid, _i617_csr_sequence, _i617_csr_flags = _S54.unpack_from(buf, off)
             off += 24
-            _i617_csr_sessionid = _t[0]
-            _i617_csr_sequence = _t[1]
-            _i617_csr_flags = _t[2]
-            _t = _S53.unpack_from(buf, off)
+            _i618_ca_headerpadsize, _i618_ca_maxrequestsize, _i618_ca_maxresponsesize, _i618_ca_maxresponsesize_cached, _i618_ca_maxoperations, _i618_ca_maxrequests = _S53.unpack_from(buf, off)
             off += 24
-            _i618_ca_headerpadsize = _t[0]
-            _i618_ca_maxrequestsize = _t[1]
-            _i618_ca_maxresponsesize = _t[2]
-            _i618_ca_maxresponsesize_cached = _t[3]
-            _i618_ca_maxoperations = _t[4]
-            _i618_ca_maxrequests = _t[5]
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 1:
                 raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, off)
@@ -1525,19 +1440,12 @@ def dec_CREATE_SESSION4res(r: _Reader, off: int) -> tuple[CREATE_SESSION4res, in
             _i618_ca_rdma_ird = []
             _c619 = _n
             for _ in range(_c619):
-                _t = _S0.unpack_from(buf, off)
+                (_x619,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x619 = _t[0]
                 _i618_ca_rdma_ird.append(_x619)
             _i617_csr_fore_chan_attrs = channel_attrs4(_i618_ca_headerpadsize, _i618_ca_maxrequestsize, _i618_ca_maxresponsesize, _i618_ca_maxresponsesize_cached, _i618_ca_maxoperations, _i618_ca_maxrequests, _i618_ca_rdma_ird)
-            _t = _S53.unpack_from(buf, off)
+            _i620_ca_headerpadsize, _i620_ca_maxrequestsize, _i620_ca_maxresponsesize, _i620_ca_maxresponsesize_cached, _i620_ca_maxoperations, _i620_ca_maxrequests = _S53.unpack_from(buf, off)
             off += 24
-            _i620_ca_headerpadsize = _t[0]
-            _i620_ca_maxrequestsize = _t[1]
-            _i620_ca_maxresponsesize = _t[2]
-            _i620_ca_maxresponsesize_cached = _t[3]
-            _i620_ca_maxoperations = _t[4]
-            _i620_ca_maxrequests = _t[5]
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 1:
                 raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, off)
@@ -1547,9 +1455,8 @@ def dec_CREATE_SESSION4res(r: _Reader, off: int) -> tuple[CREATE_SESSION4res, in
             _i620_ca_rdma_ird = []
             _c621 = _n
             for _ in range(_c621):
-                _t = _S0.unpack_from(buf, off)
+                (_x621,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x621 = _t[0]
                 _i620_ca_rdma_ird.append(_x621)
             _i617_csr_back_chan_attrs = channel_attrs4(_i620_ca_headerpadsize, _i620_ca_maxrequestsize, _i620_ca_maxresponsesize, _i620_ca_maxresponsesize_cached, _i620_ca_maxoperations, _i620_ca_maxrequests, _i620_ca_rdma_ird)
             _v616 = CREATE_SESSION4resok(_i617_csr_sessionid, _i617_csr_sequence, _i617_csr_flags, _i617_csr_fore_chan_attrs, _i617_csr_back_chan_attrs)
@@ -1578,12 +1485,11 @@ def dec_DESTROY_SESSION4args(r: _Reader, off: int) -> tuple[DESTROY_SESSION4args
     buf = r.buf
     o0 = off
     try:
-        _t = _S5.unpack_from(buf, off)
+        _u = DESTROY_SESSION4args(*_S5.unpack_from(buf, off))
         off += 16
-        f_dsa_sessionid = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated DESTROY_SESSION4args', o0) from None
-    return DESTROY_SESSION4args(f_dsa_sessionid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1602,12 +1508,12 @@ def dec_DESTROY_SESSION4res(r: _Reader, off: int) -> tuple[DESTROY_SESSION4res, 
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_dsr_status = _nfsstat4_MAP[_t[0]]
+        _u = DESTROY_SESSION4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated DESTROY_SESSION4res', o0) from None
-    return DESTROY_SESSION4res(f_dsr_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1627,12 +1533,12 @@ def dec_FREE_STATEID4args(r: _Reader, off: int) -> tuple[FREE_STATEID4args, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S11.unpack_from(buf, off)
+        _t0, _t1 = _S11.unpack_from(buf, off)
         off += 16
-        f_fsa_stateid = stateid4(_t[0], _t[1])
+        _u = FREE_STATEID4args(stateid4(_t0, _t1))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated FREE_STATEID4args', o0) from None
-    return FREE_STATEID4args(f_fsa_stateid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1651,12 +1557,12 @@ def dec_FREE_STATEID4res(r: _Reader, off: int) -> tuple[FREE_STATEID4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_fsr_status = _nfsstat4_MAP[_t[0]]
+        _u = FREE_STATEID4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated FREE_STATEID4res', o0) from None
-    return FREE_STATEID4res(f_fsr_status), off
+    return _u, off
 
 
 attr_notice4 = nfstime4
@@ -1673,9 +1579,8 @@ def dec_attr_notice4(r: _Reader, off: int) -> tuple[attr_notice4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S7.unpack_from(buf, off)
+        _v = nfstime4(*_S7.unpack_from(buf, off))
         off += 12
-        _v = nfstime4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated attr_notice4', o0) from None
     return _v, off
@@ -1718,9 +1623,9 @@ def dec_GET_DIR_DELEGATION4args(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATIO
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        f_gdda_signal_deleg_avail = _BOOL[_t[0]]
+        f_gdda_signal_deleg_avail = _BOOL[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -1728,14 +1633,13 @@ def dec_GET_DIR_DELEGATION4args(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATIO
         f_gdda_notification_types = []
         _c625 = _n
         for _ in range(_c625):
-            _t = _S0.unpack_from(buf, off)
+            (_x625,) = _S0.unpack_from(buf, off)
             off += 4
-            _x625 = _t[0]
             f_gdda_notification_types.append(_x625)
-        _t = _S56.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3 = _S56.unpack_from(buf, off)
         off += 24
-        f_gdda_child_attr_delay = nfstime4(_t[0], _t[1])
-        f_gdda_dir_attr_delay = nfstime4(_t[2], _t[3])
+        f_gdda_child_attr_delay = nfstime4(_t0, _t1)
+        f_gdda_dir_attr_delay = nfstime4(_t2, _t3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -1743,9 +1647,8 @@ def dec_GET_DIR_DELEGATION4args(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATIO
         f_gdda_child_attributes = []
         _c626 = _n
         for _ in range(_c626):
-            _t = _S0.unpack_from(buf, off)
+            (_x626,) = _S0.unpack_from(buf, off)
             off += 4
-            _x626 = _t[0]
             f_gdda_child_attributes.append(_x626)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -1754,9 +1657,8 @@ def dec_GET_DIR_DELEGATION4args(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATIO
         f_gdda_dir_attributes = []
         _c627 = _n
         for _ in range(_c627):
-            _t = _S0.unpack_from(buf, off)
+            (_x627,) = _S0.unpack_from(buf, off)
             off += 4
-            _x627 = _t[0]
             f_gdda_dir_attributes.append(_x627)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GET_DIR_DELEGATION4args', o0) from None
@@ -1800,10 +1702,9 @@ def dec_GET_DIR_DELEGATION4resok(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATI
     buf = r.buf
     o0 = off
     try:
-        _t = _S57.unpack_from(buf, off)
+        f_gddr_cookieverf, _t1, _t2 = _S57.unpack_from(buf, off)
         off += 24
-        f_gddr_cookieverf = _t[0]
-        f_gddr_stateid = stateid4(_t[1], _t[2])
+        f_gddr_stateid = stateid4(_t1, _t2)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -1811,9 +1712,8 @@ def dec_GET_DIR_DELEGATION4resok(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATI
         f_gddr_notification = []
         _c631 = _n
         for _ in range(_c631):
-            _t = _S0.unpack_from(buf, off)
+            (_x631,) = _S0.unpack_from(buf, off)
             off += 4
-            _x631 = _t[0]
             f_gddr_notification.append(_x631)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -1822,9 +1722,8 @@ def dec_GET_DIR_DELEGATION4resok(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATI
         f_gddr_child_attributes = []
         _c632 = _n
         for _ in range(_c632):
-            _t = _S0.unpack_from(buf, off)
+            (_x632,) = _S0.unpack_from(buf, off)
             off += 4
-            _x632 = _t[0]
             f_gddr_child_attributes.append(_x632)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -1833,9 +1732,8 @@ def dec_GET_DIR_DELEGATION4resok(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATI
         f_gddr_dir_attributes = []
         _c633 = _n
         for _ in range(_c633):
-            _t = _S0.unpack_from(buf, off)
+            (_x633,) = _S0.unpack_from(buf, off)
             off += 4
-            _x633 = _t[0]
             f_gddr_dir_attributes.append(_x633)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GET_DIR_DELEGATION4resok', o0) from None
@@ -1877,9 +1775,9 @@ def dec_GET_DIR_DELEGATION4res_non_fatal_gddrnf_will_signal_deleg_avail(r: _Read
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _BOOL[_t[0]]
+        _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GET_DIR_DELEGATION4res_non_fatal.gddrnf_will_signal_deleg_avail', o0) from None
     return _v, off
@@ -1969,10 +1867,9 @@ def dec_GET_DIR_DELEGATION4res_non_fatal(r: _Reader, off: int) -> tuple[GET_DIR_
         (_d640,) = _S2.unpack_from(buf, off)
         off += 4
         if _d640 == 0:
-            _t = _S57.unpack_from(buf, off)
+            _i641_gddr_cookieverf, _t1, _t2 = _S57.unpack_from(buf, off)
             off += 24
-            _i641_gddr_cookieverf = _t[0]
-            _i641_gddr_stateid = stateid4(_t[1], _t[2])
+            _i641_gddr_stateid = stateid4(_t1, _t2)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
@@ -1980,9 +1877,8 @@ def dec_GET_DIR_DELEGATION4res_non_fatal(r: _Reader, off: int) -> tuple[GET_DIR_
             _i641_gddr_notification = []
             _c642 = _n
             for _ in range(_c642):
-                _t = _S0.unpack_from(buf, off)
+                (_x642,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x642 = _t[0]
                 _i641_gddr_notification.append(_x642)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
@@ -1991,9 +1887,8 @@ def dec_GET_DIR_DELEGATION4res_non_fatal(r: _Reader, off: int) -> tuple[GET_DIR_
             _i641_gddr_child_attributes = []
             _c643 = _n
             for _ in range(_c643):
-                _t = _S0.unpack_from(buf, off)
+                (_x643,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x643 = _t[0]
                 _i641_gddr_child_attributes.append(_x643)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
@@ -2002,16 +1897,15 @@ def dec_GET_DIR_DELEGATION4res_non_fatal(r: _Reader, off: int) -> tuple[GET_DIR_
             _i641_gddr_dir_attributes = []
             _c644 = _n
             for _ in range(_c644):
-                _t = _S0.unpack_from(buf, off)
+                (_x644,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x644 = _t[0]
                 _i641_gddr_dir_attributes.append(_x644)
             _v640 = GET_DIR_DELEGATION4resok(_i641_gddr_cookieverf, _i641_gddr_stateid, _i641_gddr_notification, _i641_gddr_child_attributes, _i641_gddr_dir_attributes)
             _u = GET_DIR_DELEGATION4res_non_fatal(GDD4_OK, _v640)
         elif _d640 == 1:
-            _t = _S0.unpack_from(buf, off)
+            (_t0,) = _S0.unpack_from(buf, off)
             off += 4
-            _v640 = _BOOL[_t[0]]
+            _v640 = _BOOL[_t0]
             _u = GET_DIR_DELEGATION4res_non_fatal(GDD4_UNAVAIL, _v640)
         else:
             _u, off = _dec_any_GET_DIR_DELEGATION4res_non_fatal(r, off - 4)
@@ -2113,10 +2007,9 @@ def dec_GET_DIR_DELEGATION4res(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATION
             (_d653,) = _S2.unpack_from(buf, off)
             off += 4
             if _d653 == 0:
-                _t = _S57.unpack_from(buf, off)
+                _i654_gddr_cookieverf, _t1, _t2 = _S57.unpack_from(buf, off)
                 off += 24
-                _i654_gddr_cookieverf = _t[0]
-                _i654_gddr_stateid = stateid4(_t[1], _t[2])
+                _i654_gddr_stateid = stateid4(_t1, _t2)
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n * 4 > len(buf) - off:
@@ -2124,9 +2017,8 @@ def dec_GET_DIR_DELEGATION4res(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATION
                 _i654_gddr_notification = []
                 _c655 = _n
                 for _ in range(_c655):
-                    _t = _S0.unpack_from(buf, off)
+                    (_x655,) = _S0.unpack_from(buf, off)
                     off += 4
-                    _x655 = _t[0]
                     _i654_gddr_notification.append(_x655)
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
@@ -2135,9 +2027,8 @@ def dec_GET_DIR_DELEGATION4res(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATION
                 _i654_gddr_child_attributes = []
                 _c656 = _n
                 for _ in range(_c656):
-                    _t = _S0.unpack_from(buf, off)
+                    (_x656,) = _S0.unpack_from(buf, off)
                     off += 4
-                    _x656 = _t[0]
                     _i654_gddr_child_attributes.append(_x656)
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
@@ -2146,16 +2037,15 @@ def dec_GET_DIR_DELEGATION4res(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATION
                 _i654_gddr_dir_attributes = []
                 _c657 = _n
                 for _ in range(_c657):
-                    _t = _S0.unpack_from(buf, off)
+                    (_x657,) = _S0.unpack_from(buf, off)
                     off += 4
-                    _x657 = _t[0]
                     _i654_gddr_dir_attributes.append(_x657)
                 _v653 = GET_DIR_DELEGATION4resok(_i654_gddr_cookieverf, _i654_gddr_stateid, _i654_gddr_notification, _i654_gddr_child_attributes, _i654_gddr_dir_attributes)
                 _v652 = GET_DIR_DELEGATION4res_non_fatal(GDD4_OK, _v653)
             elif _d653 == 1:
-                _t = _S0.unpack_from(buf, off)
+                (_t0,) = _S0.unpack_from(buf, off)
                 off += 4
-                _v653 = _BOOL[_t[0]]
+                _v653 = _BOOL[_t0]
                 _v652 = GET_DIR_DELEGATION4res_non_fatal(GDD4_UNAVAIL, _v653)
             else:
                 _v652, off = _dec_any_GET_DIR_DELEGATION4res_non_fatal(r, off - 4)
@@ -2192,11 +2082,9 @@ def dec_GETDEVICEINFO4args(r: _Reader, off: int) -> tuple[GETDEVICEINFO4args, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S48.unpack_from(buf, off)
+        f_gdia_device_id, _t1, f_gdia_maxcount = _S48.unpack_from(buf, off)
         off += 24
-        f_gdia_device_id = _t[0]
-        f_gdia_layout_type = _layouttype4_MAP[_t[1]]
-        f_gdia_maxcount = _t[2]
+        f_gdia_layout_type = _layouttype4_MAP[_t1]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -2204,9 +2092,8 @@ def dec_GETDEVICEINFO4args(r: _Reader, off: int) -> tuple[GETDEVICEINFO4args, in
         f_gdia_notify_types = []
         _c659 = _n
         for _ in range(_c659):
-            _t = _S0.unpack_from(buf, off)
+            (_x659,) = _S0.unpack_from(buf, off)
             off += 4
-            _x659 = _t[0]
             f_gdia_notify_types.append(_x659)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GETDEVICEINFO4args', o0) from None
@@ -2241,9 +2128,9 @@ def dec_GETDEVICEINFO4resok(r: _Reader, off: int) -> tuple[GETDEVICEINFO4resok, 
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        _i662_da_layout_type = _layouttype4_MAP[_t[0]]
+        _i662_da_layout_type = _layouttype4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2261,9 +2148,8 @@ def dec_GETDEVICEINFO4resok(r: _Reader, off: int) -> tuple[GETDEVICEINFO4resok, 
         f_gdir_notification = []
         _c663 = _n
         for _ in range(_c663):
-            _t = _S0.unpack_from(buf, off)
+            (_x663,) = _S0.unpack_from(buf, off)
             off += 4
-            _x663 = _t[0]
             f_gdir_notification.append(_x663)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GETDEVICEINFO4resok', o0) from None
@@ -2347,9 +2233,9 @@ def dec_GETDEVICEINFO4res(r: _Reader, off: int) -> tuple[GETDEVICEINFO4res, int]
         (_d669,) = _S2.unpack_from(buf, off)
         off += 4
         if _d669 == 0:
-            _t = _S2.unpack_from(buf, off)
+            (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _i671_da_layout_type = _layouttype4_MAP[_t[0]]
+            _i671_da_layout_type = _layouttype4_MAP[_t0]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -2367,16 +2253,14 @@ def dec_GETDEVICEINFO4res(r: _Reader, off: int) -> tuple[GETDEVICEINFO4res, int]
             _i670_gdir_notification = []
             _c672 = _n
             for _ in range(_c672):
-                _t = _S0.unpack_from(buf, off)
+                (_x672,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x672 = _t[0]
                 _i670_gdir_notification.append(_x672)
             _v669 = GETDEVICEINFO4resok(_i670_gdir_device_addr, _i670_gdir_notification)
             _u = GETDEVICEINFO4res(NFS4_OK, _v669)
         elif _d669 == 10005:
-            _t = _S0.unpack_from(buf, off)
+            (_v669,) = _S0.unpack_from(buf, off)
             off += 4
-            _v669 = _t[0]
             _u = GETDEVICEINFO4res(NFS4ERR_TOOSMALL, _v669)
         else:
             _u, off = _dec_any_GETDEVICEINFO4res(r, off - 4)
@@ -2405,15 +2289,12 @@ def dec_GETDEVICELIST4args(r: _Reader, off: int) -> tuple[GETDEVICELIST4args, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S60.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3 = _S60.unpack_from(buf, off)
         off += 24
-        f_gdla_layout_type = _layouttype4_MAP[_t[0]]
-        f_gdla_maxdevices = _t[1]
-        f_gdla_cookie = _t[2]
-        f_gdla_cookieverf = _t[3]
+        _u = GETDEVICELIST4args(_layouttype4_MAP[_t0], _t1, _t2, _t3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GETDEVICELIST4args', o0) from None
-    return GETDEVICELIST4args(f_gdla_layout_type, f_gdla_maxdevices, f_gdla_cookie, f_gdla_cookieverf), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2443,10 +2324,8 @@ def dec_GETDEVICELIST4resok(r: _Reader, off: int) -> tuple[GETDEVICELIST4resok, 
     buf = r.buf
     o0 = off
     try:
-        _t = _S43.unpack_from(buf, off)
+        f_gdlr_cookie, f_gdlr_cookieverf = _S43.unpack_from(buf, off)
         off += 16
-        f_gdlr_cookie = _t[0]
-        f_gdlr_cookieverf = _t[1]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 16 > len(buf) - off:
@@ -2454,13 +2333,12 @@ def dec_GETDEVICELIST4resok(r: _Reader, off: int) -> tuple[GETDEVICELIST4resok, 
         f_gdlr_deviceid_list = []
         _c674 = _n
         for _ in range(_c674):
-            _t = _S5.unpack_from(buf, off)
+            (_x674,) = _S5.unpack_from(buf, off)
             off += 16
-            _x674 = _t[0]
             f_gdlr_deviceid_list.append(_x674)
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        f_gdlr_eof = _BOOL[_t[0]]
+        f_gdlr_eof = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GETDEVICELIST4resok', o0) from None
     return GETDEVICELIST4resok(f_gdlr_cookie, f_gdlr_cookieverf, f_gdlr_deviceid_list, f_gdlr_eof), off
@@ -2537,10 +2415,8 @@ def dec_GETDEVICELIST4res(r: _Reader, off: int) -> tuple[GETDEVICELIST4res, int]
         (_d679,) = _S2.unpack_from(buf, off)
         off += 4
         if _d679 == 0:
-            _t = _S43.unpack_from(buf, off)
+            _i680_gdlr_cookie, _i680_gdlr_cookieverf = _S43.unpack_from(buf, off)
             off += 16
-            _i680_gdlr_cookie = _t[0]
-            _i680_gdlr_cookieverf = _t[1]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 16 > len(buf) - off:
@@ -2548,13 +2424,12 @@ def dec_GETDEVICELIST4res(r: _Reader, off: int) -> tuple[GETDEVICELIST4res, int]
             _i680_gdlr_deviceid_list = []
             _c681 = _n
             for _ in range(_c681):
-                _t = _S5.unpack_from(buf, off)
+                (_x681,) = _S5.unpack_from(buf, off)
                 off += 16
-                _x681 = _t[0]
                 _i680_gdlr_deviceid_list.append(_x681)
-            _t = _S0.unpack_from(buf, off)
+            (_t0,) = _S0.unpack_from(buf, off)
             off += 4
-            _i680_gdlr_eof = _BOOL[_t[0]]
+            _i680_gdlr_eof = _BOOL[_t0]
             _v679 = GETDEVICELIST4resok(_i680_gdlr_cookie, _i680_gdlr_cookieverf, _i680_gdlr_deviceid_list, _i680_gdlr_eof)
             _u = GETDEVICELIST4res(NFS4_OK, _v679)
         else:
@@ -2628,9 +2503,8 @@ def dec_newtime4(r: _Reader, off: int) -> tuple[newtime4, int]:
         (_d684,) = _S0.unpack_from(buf, off)
         off += 4
         if _d684 == 1:
-            _t = _S7.unpack_from(buf, off)
+            _v684 = nfstime4(*_S7.unpack_from(buf, off))
             off += 12
-            _v684 = nfstime4(_t[0], _t[1])
             _u = newtime4(True, _v684)
         elif _d684 == 0:
             _u = newtime4(False, None)
@@ -2705,9 +2579,8 @@ def dec_newoffset4(r: _Reader, off: int) -> tuple[newoffset4, int]:
         (_d687,) = _S0.unpack_from(buf, off)
         off += 4
         if _d687 == 1:
-            _t = _S4.unpack_from(buf, off)
+            (_v687,) = _S4.unpack_from(buf, off)
             off += 8
-            _v687 = _t[0]
             _u = newoffset4(True, _v687)
         elif _d687 == 0:
             _u = newoffset4(False, None)
@@ -2766,18 +2639,15 @@ def dec_LAYOUTCOMMIT4args(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4args, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S63.unpack_from(buf, off)
+        f_loca_offset, f_loca_length, _t2, _t3, _t4 = _S63.unpack_from(buf, off)
         off += 36
-        f_loca_offset = _t[0]
-        f_loca_length = _t[1]
-        f_loca_reclaim = _BOOL[_t[2]]
-        f_loca_stateid = stateid4(_t[3], _t[4])
+        f_loca_reclaim = _BOOL[_t2]
+        f_loca_stateid = stateid4(_t3, _t4)
         (_d691,) = _S0.unpack_from(buf, off)
         off += 4
         if _d691 == 1:
-            _t = _S4.unpack_from(buf, off)
+            (_v691,) = _S4.unpack_from(buf, off)
             off += 8
-            _v691 = _t[0]
             f_loca_last_write_offset = newoffset4(True, _v691)
         elif _d691 == 0:
             f_loca_last_write_offset = newoffset4(False, None)
@@ -2786,17 +2656,16 @@ def dec_LAYOUTCOMMIT4args(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4args, int]
         (_d692,) = _S0.unpack_from(buf, off)
         off += 4
         if _d692 == 1:
-            _t = _S7.unpack_from(buf, off)
+            _v692 = nfstime4(*_S7.unpack_from(buf, off))
             off += 12
-            _v692 = nfstime4(_t[0], _t[1])
             f_loca_time_modify = newtime4(True, _v692)
         elif _d692 == 0:
             f_loca_time_modify = newtime4(False, None)
         else:
             f_loca_time_modify, off = _dec_any_newtime4(r, off - 4)
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        _i693_lou_type = _layouttype4_MAP[_t[0]]
+        _i693_lou_type = _layouttype4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2876,9 +2745,8 @@ def dec_newsize4(r: _Reader, off: int) -> tuple[newsize4, int]:
         (_d696,) = _S0.unpack_from(buf, off)
         off += 4
         if _d696 == 1:
-            _t = _S4.unpack_from(buf, off)
+            (_v696,) = _S4.unpack_from(buf, off)
             off += 8
-            _v696 = _t[0]
             _u = newsize4(True, _v696)
         elif _d696 == 0:
             _u = newsize4(False, None)
@@ -2916,9 +2784,8 @@ def dec_LAYOUTCOMMIT4resok(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4resok, in
         (_d698,) = _S0.unpack_from(buf, off)
         off += 4
         if _d698 == 1:
-            _t = _S4.unpack_from(buf, off)
+            (_v698,) = _S4.unpack_from(buf, off)
             off += 8
-            _v698 = _t[0]
             f_locr_newsize = newsize4(True, _v698)
         elif _d698 == 0:
             f_locr_newsize = newsize4(False, None)
@@ -3004,9 +2871,8 @@ def dec_LAYOUTCOMMIT4res(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4res, int]:
             (_d705,) = _S0.unpack_from(buf, off)
             off += 4
             if _d705 == 1:
-                _t = _S4.unpack_from(buf, off)
+                (_v705,) = _S4.unpack_from(buf, off)
                 off += 8
-                _v705 = _t[0]
                 _i704_locr_newsize = newsize4(True, _v705)
             elif _d705 == 0:
                 _i704_locr_newsize = newsize4(False, None)
@@ -3045,19 +2911,12 @@ def dec_LAYOUTGET4args(r: _Reader, off: int) -> tuple[LAYOUTGET4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S65.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _S65.unpack_from(buf, off)
         off += 56
-        f_loga_signal_layout_avail = _BOOL[_t[0]]
-        f_loga_layout_type = _layouttype4_MAP[_t[1]]
-        f_loga_iomode = _layoutiomode4_MAP[_t[2]]
-        f_loga_offset = _t[3]
-        f_loga_length = _t[4]
-        f_loga_minlength = _t[5]
-        f_loga_stateid = stateid4(_t[6], _t[7])
-        f_loga_maxcount = _t[8]
+        _u = LAYOUTGET4args(_BOOL[_t0], _layouttype4_MAP[_t1], _layoutiomode4_MAP[_t2], _t3, _t4, _t5, stateid4(_t6, _t7), _t8)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LAYOUTGET4args', o0) from None
-    return LAYOUTGET4args(f_loga_signal_layout_avail, f_loga_layout_type, f_loga_iomode, f_loga_offset, f_loga_length, f_loga_minlength, f_loga_stateid, f_loga_maxcount), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -3092,10 +2951,10 @@ def dec_LAYOUTGET4resok(r: _Reader, off: int) -> tuple[LAYOUTGET4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S19.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S19.unpack_from(buf, off)
         off += 20
-        f_logr_return_on_close = _BOOL[_t[0]]
-        f_logr_stateid = stateid4(_t[1], _t[2])
+        f_logr_return_on_close = _BOOL[_t0]
+        f_logr_stateid = stateid4(_t1, _t2)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 28 > len(buf) - off:
@@ -3103,14 +2962,12 @@ def dec_LAYOUTGET4resok(r: _Reader, off: int) -> tuple[LAYOUTGET4resok, int]:
         f_logr_layout = []
         _c709 = _n
         for _ in range(_c709):
-            _t = _S12.unpack_from(buf, off)
+            _i710_lo_offset, _i710_lo_length, _t2 = _S12.unpack_from(buf, off)
             off += 20
-            _i710_lo_offset = _t[0]
-            _i710_lo_length = _t[1]
-            _i710_lo_iomode = _layoutiomode4_MAP[_t[2]]
-            _t = _S2.unpack_from(buf, off)
+            _i710_lo_iomode = _layoutiomode4_MAP[_t2]
+            (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _i711_loc_type = _layouttype4_MAP[_t[0]]
+            _i711_loc_type = _layouttype4_MAP[_t0]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -3139,9 +2996,9 @@ def dec_LAYOUTGET4res_logr_will_signal_layout_avail(r: _Reader, off: int) -> tup
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _BOOL[_t[0]]
+        _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LAYOUTGET4res.logr_will_signal_layout_avail', o0) from None
     return _v, off
@@ -3219,10 +3076,10 @@ def dec_LAYOUTGET4res(r: _Reader, off: int) -> tuple[LAYOUTGET4res, int]:
         (_d716,) = _S2.unpack_from(buf, off)
         off += 4
         if _d716 == 0:
-            _t = _S19.unpack_from(buf, off)
+            _t0, _t1, _t2 = _S19.unpack_from(buf, off)
             off += 20
-            _i717_logr_return_on_close = _BOOL[_t[0]]
-            _i717_logr_stateid = stateid4(_t[1], _t[2])
+            _i717_logr_return_on_close = _BOOL[_t0]
+            _i717_logr_stateid = stateid4(_t1, _t2)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 28 > len(buf) - off:
@@ -3235,9 +3092,9 @@ def dec_LAYOUTGET4res(r: _Reader, off: int) -> tuple[LAYOUTGET4res, int]:
             _v716 = LAYOUTGET4resok(_i717_logr_return_on_close, _i717_logr_stateid, _i717_logr_layout)
             _u = LAYOUTGET4res(NFS4_OK, _v716)
         elif _d716 == 10058:
-            _t = _S0.unpack_from(buf, off)
+            (_t0,) = _S0.unpack_from(buf, off)
             off += 4
-            _v716 = _BOOL[_t[0]]
+            _v716 = _BOOL[_t0]
             _u = LAYOUTGET4res(NFS4ERR_LAYOUTTRYLATER, _v716)
         else:
             _u, off = _dec_any_LAYOUTGET4res(r, off - 4)
@@ -3279,19 +3136,17 @@ def dec_LAYOUTRETURN4args(r: _Reader, off: int) -> tuple[LAYOUTRETURN4args, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S67.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S67.unpack_from(buf, off)
         off += 12
-        f_lora_reclaim = _BOOL[_t[0]]
-        f_lora_layout_type = _layouttype4_MAP[_t[1]]
-        f_lora_iomode = _layoutiomode4_MAP[_t[2]]
+        f_lora_reclaim = _BOOL[_t0]
+        f_lora_layout_type = _layouttype4_MAP[_t1]
+        f_lora_iomode = _layoutiomode4_MAP[_t2]
         (_d721,) = _S2.unpack_from(buf, off)
         off += 4
         if _d721 == 1:
-            _t = _S13.unpack_from(buf, off)
+            _i722_lrf_offset, _i722_lrf_length, _t2, _t3 = _S13.unpack_from(buf, off)
             off += 32
-            _i722_lrf_offset = _t[0]
-            _i722_lrf_length = _t[1]
-            _i722_lrf_stateid = stateid4(_t[2], _t[3])
+            _i722_lrf_stateid = stateid4(_t2, _t3)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -3375,9 +3230,8 @@ def dec_layoutreturn_stateid(r: _Reader, off: int) -> tuple[layoutreturn_stateid
         (_d725,) = _S0.unpack_from(buf, off)
         off += 4
         if _d725 == 1:
-            _t = _S11.unpack_from(buf, off)
+            _v725 = stateid4(*_S11.unpack_from(buf, off))
             off += 16
-            _v725 = stateid4(_t[0], _t[1])
             _u = layoutreturn_stateid(True, _v725)
         elif _d725 == 0:
             _u = layoutreturn_stateid(False, None)
@@ -3463,9 +3317,8 @@ def dec_LAYOUTRETURN4res(r: _Reader, off: int) -> tuple[LAYOUTRETURN4res, int]:
             (_d730,) = _S0.unpack_from(buf, off)
             off += 4
             if _d730 == 1:
-                _t = _S11.unpack_from(buf, off)
+                _v730 = stateid4(*_S11.unpack_from(buf, off))
                 off += 16
-                _v730 = stateid4(_t[0], _t[1])
                 _v729 = layoutreturn_stateid(True, _v730)
             elif _d730 == 0:
                 _v729 = layoutreturn_stateid(False, None)
@@ -3517,9 +3370,95 @@ def dec_SECINFO_NO_NAME4args(r: _Reader, off: int) -> tuple[SECINFO_NO_NAME4args
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        _v = _secinfo_style4_MAP[_t[0]]
+        _v = _secinfo_style4_MAP[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SECINFO_NO_NAME4args', o0) from None
     return _v, off
+
+
+SECINFO_NO_NAME4res = SECINFO4res
+
+
+def enc_SECINFO_NO_NAME4res(w: _Writer, v: SECINFO_NO_NAME4res) -> None:
+    try:
+        _u731 = v
+        _d731 = _u731.status
+        if _d731 == 0:
+            _w731: _Any = _u731.value
+            _a732 = _w731
+            _n = len(_a732)
+            w += _S23.pack(0, _n)
+            for _x732 in _a732:
+                _u733 = _x732
+                _d733 = _u733.flavor
+                if _d733 == 6:
+                    _w733: _Any = _u733.value
+                    w += b'\x00\x00\x00\x06'
+                    enc_rpcsec_gss_info(w, _w733)
+                else:
+                    _enc_any_secinfo4(w, _u733)
+        else:
+            _enc_any_SECINFO4res(w, _u731)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SECINFO_NO_NAME4res: {_e}', len(w)) from None
+
+
+def dec_SECINFO_NO_NAME4res(r: _Reader, off: int) -> tuple[SECINFO_NO_NAME4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_d734,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d734 == 0:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _v734 = []
+            _c735 = _n
+            for _ in range(_c735):
+                (_d736,) = _S0.unpack_from(buf, off)
+                off += 4
+                if _d736 == 6:
+                    _v736, off = dec_rpcsec_gss_info(r, off)
+                    _x735 = secinfo4((6,)[0], _v736)
+                else:
+                    _x735, off = _dec_any_secinfo4(r, off - 4)
+                _v734.append(_x735)
+            _v = SECINFO4res(NFS4_OK, _v734)
+        else:
+            _v, off = _dec_any_SECINFO4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SECINFO_NO_NAME4res', o0) from None
+    return _v, off
+
+
+@_dataclass(slots=True)
+class SEQUENCE4args:
+    sa_sessionid: bytes
+    sa_sequenceid: int
+    sa_slotid: int
+    sa_highest_slotid: int
+    sa_cachethis: bool
+
+
+def enc_SEQUENCE4args(w: _Writer, v: SEQUENCE4args) -> None:
+    try:
+        if len(v.sa_sessionid) != 16: raise _XdrError('fixed opaque sa_sessionid must be 16 bytes', len(w))
+        w += _S68.pack(v.sa_sessionid, v.sa_sequenceid, v.sa_slotid, v.sa_highest_slotid, v.sa_cachethis)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SEQUENCE4args: {_e}', len(w)) from None
+
+
+def dec_SEQUENCE4args(r: _Reader, off: int) -> tuple[SEQUENCE4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, _t2, _t3, _t4 = _S68.unpack_from(buf, off)
+        off += 32
+        _u = SEQUENCE4args(_t0, _t1, _t2, _t3, _BOOL[_t4])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SEQUENCE4args', o0) from None
+    return _u, off

@@ -78,16 +78,11 @@ from nfsrdma.xdr.gen._nfs4_1 import (
     nfstime4,
     stateid4,
 )
+from nfsrdma.xdr.gen._nfs4_5 import (
+    SEQUENCE4args,
+)
 from nfsrdma.xdr.gen._nfs4_4 import (
-    SECINFO4res,
-    _dec_any_SECINFO4res,
-    _dec_any_secinfo4,
-    _enc_any_SECINFO4res,
-    _enc_any_secinfo4,
     _stable_how4_MAP,
-    dec_rpcsec_gss_info,
-    enc_rpcsec_gss_info,
-    secinfo4,
     stable_how4,
 )
 
@@ -125,96 +120,6 @@ _S80: _Final = _struct.Struct('>I12si')
 _S81: _Final = _struct.Struct('>I12sI12sQQQ')
 
 
-SECINFO_NO_NAME4res = SECINFO4res
-
-
-def enc_SECINFO_NO_NAME4res(w: _Writer, v: SECINFO_NO_NAME4res) -> None:
-    try:
-        _u731 = v
-        _d731 = _u731.status
-        if _d731 == 0:
-            _w731: _Any = _u731.value
-            _a732 = _w731
-            _n = len(_a732)
-            w += _S23.pack(0, _n)
-            for _x732 in _a732:
-                _u733 = _x732
-                _d733 = _u733.flavor
-                if _d733 == 6:
-                    _w733: _Any = _u733.value
-                    w += b'\x00\x00\x00\x06'
-                    enc_rpcsec_gss_info(w, _w733)
-                else:
-                    _enc_any_secinfo4(w, _u733)
-        else:
-            _enc_any_SECINFO4res(w, _u731)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode SECINFO_NO_NAME4res: {_e}', len(w)) from None
-
-
-def dec_SECINFO_NO_NAME4res(r: _Reader, off: int) -> tuple[SECINFO_NO_NAME4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_d734,) = _S2.unpack_from(buf, off)
-        off += 4
-        if _d734 == 0:
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n * 4 > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _v734 = []
-            _c735 = _n
-            for _ in range(_c735):
-                (_d736,) = _S0.unpack_from(buf, off)
-                off += 4
-                if _d736 == 6:
-                    _v736, off = dec_rpcsec_gss_info(r, off)
-                    _x735 = secinfo4((6,)[0], _v736)
-                else:
-                    _x735, off = _dec_any_secinfo4(r, off - 4)
-                _v734.append(_x735)
-            _v = SECINFO4res(NFS4_OK, _v734)
-        else:
-            _v, off = _dec_any_SECINFO4res(r, off - 4)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SECINFO_NO_NAME4res', o0) from None
-    return _v, off
-
-
-@_dataclass(slots=True)
-class SEQUENCE4args:
-    sa_sessionid: bytes
-    sa_sequenceid: int
-    sa_slotid: int
-    sa_highest_slotid: int
-    sa_cachethis: bool
-
-
-def enc_SEQUENCE4args(w: _Writer, v: SEQUENCE4args) -> None:
-    try:
-        if len(v.sa_sessionid) != 16: raise _XdrError('fixed opaque sa_sessionid must be 16 bytes', len(w))
-        w += _S68.pack(v.sa_sessionid, v.sa_sequenceid, v.sa_slotid, v.sa_highest_slotid, v.sa_cachethis)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode SEQUENCE4args: {_e}', len(w)) from None
-
-
-def dec_SEQUENCE4args(r: _Reader, off: int) -> tuple[SEQUENCE4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S68.unpack_from(buf, off)
-        off += 32
-        f_sa_sessionid = _t[0]
-        f_sa_sequenceid = _t[1]
-        f_sa_slotid = _t[2]
-        f_sa_highest_slotid = _t[3]
-        f_sa_cachethis = _BOOL[_t[4]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SEQUENCE4args', o0) from None
-    return SEQUENCE4args(f_sa_sessionid, f_sa_sequenceid, f_sa_slotid, f_sa_highest_slotid, f_sa_cachethis), off
-
-
 @_dataclass(slots=True)
 class SEQUENCE4resok:
     sr_sessionid: bytes
@@ -237,17 +142,11 @@ def dec_SEQUENCE4resok(r: _Reader, off: int) -> tuple[SEQUENCE4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S69.unpack_from(buf, off)
+        _u = SEQUENCE4resok(*_S69.unpack_from(buf, off))
         off += 36
-        f_sr_sessionid = _t[0]
-        f_sr_sequenceid = _t[1]
-        f_sr_slotid = _t[2]
-        f_sr_highest_slotid = _t[3]
-        f_sr_target_highest_slotid = _t[4]
-        f_sr_status_flags = _t[5]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SEQUENCE4resok', o0) from None
-    return SEQUENCE4resok(f_sr_sessionid, f_sr_sequenceid, f_sr_slotid, f_sr_highest_slotid, f_sr_target_highest_slotid, f_sr_status_flags), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -313,9 +212,8 @@ def dec_SEQUENCE4res(r: _Reader, off: int) -> tuple[SEQUENCE4res, int]:
         (_d739,) = _S2.unpack_from(buf, off)
         off += 4
         if _d739 == 0:
-            _t = _S69.unpack_from(buf, off)
+            _v739 = SEQUENCE4resok(*_S69.unpack_from(buf, off))
             off += 36
-            _v739 = SEQUENCE4resok(_t[0], _t[1], _t[2], _t[3], _t[4], _t[5])
             _u = SEQUENCE4res(NFS4_OK, _v739)
         else:
             _u, off = _dec_any_SEQUENCE4res(r, off - 4)
@@ -341,12 +239,12 @@ def dec_ssa_digest_input4(r: _Reader, off: int) -> tuple[ssa_digest_input4, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S68.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, _t4 = _S68.unpack_from(buf, off)
         off += 32
-        f_sdi_seqargs = SEQUENCE4args(_t[0], _t[1], _t[2], _t[3], _BOOL[_t[4]])
+        _u = ssa_digest_input4(SEQUENCE4args(_t0, _t1, _t2, _t3, _BOOL[_t4]))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated ssa_digest_input4', o0) from None
-    return ssa_digest_input4(f_sdi_seqargs), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -424,9 +322,8 @@ def dec_ssr_digest_input4(r: _Reader, off: int) -> tuple[ssr_digest_input4, int]
         (_d741,) = _S2.unpack_from(buf, off)
         off += 4
         if _d741 == 0:
-            _t = _S69.unpack_from(buf, off)
+            _v741 = SEQUENCE4resok(*_S69.unpack_from(buf, off))
             off += 36
-            _v741 = SEQUENCE4resok(_t[0], _t[1], _t[2], _t[3], _t[4], _t[5])
             f_sdi_seqres = SEQUENCE4res(NFS4_OK, _v741)
         else:
             f_sdi_seqres, off = _dec_any_SEQUENCE4res(r, off - 4)
@@ -582,9 +479,8 @@ def dec_TEST_STATEID4args(r: _Reader, off: int) -> tuple[TEST_STATEID4args, int]
         f_ts_stateids = []
         _c748 = _n
         for _ in range(_c748):
-            _t = _S11.unpack_from(buf, off)
+            _x748 = stateid4(*_S11.unpack_from(buf, off))
             off += 16
-            _x748 = stateid4(_t[0], _t[1])
             f_ts_stateids.append(_x748)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated TEST_STATEID4args', o0) from None
@@ -618,9 +514,9 @@ def dec_TEST_STATEID4resok(r: _Reader, off: int) -> tuple[TEST_STATEID4resok, in
         f_tsr_status_codes = []
         _c750 = _n
         for _ in range(_c750):
-            _t = _S2.unpack_from(buf, off)
+            (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _x750 = _nfsstat4_MAP[_t[0]]
+            _x750 = _nfsstat4_MAP[_t0]
             f_tsr_status_codes.append(_x750)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated TEST_STATEID4resok', o0) from None
@@ -701,9 +597,9 @@ def dec_TEST_STATEID4res(r: _Reader, off: int) -> tuple[TEST_STATEID4res, int]:
             _i756_tsr_status_codes = []
             _c757 = _n
             for _ in range(_c757):
-                _t = _S2.unpack_from(buf, off)
+                (_t0,) = _S2.unpack_from(buf, off)
                 off += 4
-                _x757 = _nfsstat4_MAP[_t[0]]
+                _x757 = _nfsstat4_MAP[_t0]
                 _i756_tsr_status_codes.append(_x757)
             _v755 = TEST_STATEID4resok(_i756_tsr_status_codes)
             _u = TEST_STATEID4res(NFS4_OK, _v755)
@@ -785,9 +681,9 @@ def dec_deleg_claim4(r: _Reader, off: int) -> tuple[deleg_claim4, int]:
         elif _d760 == 6:
             _u = deleg_claim4(CLAIM_DELEG_PREV_FH, None)
         elif _d760 == 1:
-            _t = _S2.unpack_from(buf, off)
+            (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _v760 = _open_delegation_type4_MAP[_t[0]]
+            _v760 = _open_delegation_type4_MAP[_t0]
             _u = deleg_claim4(CLAIM_PREVIOUS, _v760)
         else:
             _u, off = _dec_any_deleg_claim4(r, off - 4)
@@ -824,9 +720,8 @@ def dec_WANT_DELEGATION4args(r: _Reader, off: int) -> tuple[WANT_DELEGATION4args
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (f_wda_want,) = _S0.unpack_from(buf, off)
         off += 4
-        f_wda_want = _t[0]
         (_d762,) = _S2.unpack_from(buf, off)
         off += 4
         if _d762 == 4:
@@ -834,9 +729,9 @@ def dec_WANT_DELEGATION4args(r: _Reader, off: int) -> tuple[WANT_DELEGATION4args
         elif _d762 == 6:
             f_wda_claim = deleg_claim4(CLAIM_DELEG_PREV_FH, None)
         elif _d762 == 1:
-            _t = _S2.unpack_from(buf, off)
+            (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _v762 = _open_delegation_type4_MAP[_t[0]]
+            _v762 = _open_delegation_type4_MAP[_t0]
             f_wda_claim = deleg_claim4(CLAIM_PREVIOUS, _v762)
         else:
             f_wda_claim, off = _dec_any_deleg_claim4(r, off - 4)
@@ -944,18 +839,18 @@ def dec_WANT_DELEGATION4res(r: _Reader, off: int) -> tuple[WANT_DELEGATION4res, 
             if _d770 == 0:
                 _v769 = open_delegation4(OPEN_DELEGATE_NONE, None)
             elif _d770 == 1:
-                _t = _S26.unpack_from(buf, off)
+                _t0, _t1, _t2 = _S26.unpack_from(buf, off)
                 off += 20
-                _i771_stateid = stateid4(_t[0], _t[1])
-                _i771_recall = _BOOL[_t[2]]
+                _i771_stateid = stateid4(_t0, _t1)
+                _i771_recall = _BOOL[_t2]
                 _i771_permissions, off = dec_nfsace4(r, off)
                 _v770 = open_read_delegation4(_i771_stateid, _i771_recall, _i771_permissions)
                 _v769 = open_delegation4(OPEN_DELEGATE_READ, _v770)
             elif _d770 == 2:
-                _t = _S26.unpack_from(buf, off)
+                _t0, _t1, _t2 = _S26.unpack_from(buf, off)
                 off += 20
-                _i772_stateid = stateid4(_t[0], _t[1])
-                _i772_recall = _BOOL[_t[2]]
+                _i772_stateid = stateid4(_t0, _t1)
+                _i772_recall = _BOOL[_t2]
                 _i772_space_limit, off = dec_nfs_space_limit4(r, off)
                 _i772_permissions, off = dec_nfsace4(r, off)
                 _v770 = open_write_delegation4(_i772_stateid, _i772_recall, _i772_space_limit, _i772_permissions)
@@ -964,14 +859,14 @@ def dec_WANT_DELEGATION4res(r: _Reader, off: int) -> tuple[WANT_DELEGATION4res, 
                 (_d773,) = _S2.unpack_from(buf, off)
                 off += 4
                 if _d773 == 1:
-                    _t = _S0.unpack_from(buf, off)
+                    (_t0,) = _S0.unpack_from(buf, off)
                     off += 4
-                    _v773 = _BOOL[_t[0]]
+                    _v773 = _BOOL[_t0]
                     _v770 = open_none_delegation4(WND4_CONTENTION, _v773)
                 elif _d773 == 2:
-                    _t = _S0.unpack_from(buf, off)
+                    (_t0,) = _S0.unpack_from(buf, off)
                     off += 4
-                    _v773 = _BOOL[_t[0]]
+                    _v773 = _BOOL[_t0]
                     _v770 = open_none_delegation4(WND4_RESOURCE, _v773)
                 else:
                     _v770, off = _dec_any_open_none_delegation4(r, off - 4)
@@ -1002,12 +897,11 @@ def dec_DESTROY_CLIENTID4args(r: _Reader, off: int) -> tuple[DESTROY_CLIENTID4ar
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        _u = DESTROY_CLIENTID4args(*_S4.unpack_from(buf, off))
         off += 8
-        f_dca_clientid = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated DESTROY_CLIENTID4args', o0) from None
-    return DESTROY_CLIENTID4args(f_dca_clientid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1026,12 +920,12 @@ def dec_DESTROY_CLIENTID4res(r: _Reader, off: int) -> tuple[DESTROY_CLIENTID4res
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_dcr_status = _nfsstat4_MAP[_t[0]]
+        _u = DESTROY_CLIENTID4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated DESTROY_CLIENTID4res', o0) from None
-    return DESTROY_CLIENTID4res(f_dcr_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1050,12 +944,12 @@ def dec_RECLAIM_COMPLETE4args(r: _Reader, off: int) -> tuple[RECLAIM_COMPLETE4ar
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        f_rca_one_fs = _BOOL[_t[0]]
+        _u = RECLAIM_COMPLETE4args(_BOOL[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated RECLAIM_COMPLETE4args', o0) from None
-    return RECLAIM_COMPLETE4args(f_rca_one_fs), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1074,12 +968,12 @@ def dec_RECLAIM_COMPLETE4res(r: _Reader, off: int) -> tuple[RECLAIM_COMPLETE4res
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_rcr_status = _nfsstat4_MAP[_t[0]]
+        _u = RECLAIM_COMPLETE4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated RECLAIM_COMPLETE4res', o0) from None
-    return RECLAIM_COMPLETE4res(f_rcr_status), off
+    return _u, off
 
 
 class netloc_type4(_IntEnum):
@@ -1285,13 +1179,11 @@ def dec_data_info4(r: _Reader, off: int) -> tuple[data_info4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S9.unpack_from(buf, off)
+        _u = data_info4(*_S9.unpack_from(buf, off))
         off += 16
-        f_di_offset = _t[0]
-        f_di_length = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated data_info4', o0) from None
-    return data_info4(f_di_offset, f_di_length), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1316,9 +1208,8 @@ def dec_data4(r: _Reader, off: int) -> tuple[data4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (f_d_offset,) = _S4.unpack_from(buf, off)
         off += 8
-        f_d_offset = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -1360,14 +1251,8 @@ def dec_app_data_block4(r: _Reader, off: int) -> tuple[app_data_block4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S73.unpack_from(buf, off)
+        f_adb_offset, f_adb_block_size, f_adb_block_count, f_adb_reloff_blocknum, f_adb_block_num, f_adb_reloff_pattern = _S73.unpack_from(buf, off)
         off += 44
-        f_adb_offset = _t[0]
-        f_adb_block_size = _t[1]
-        f_adb_block_count = _t[2]
-        f_adb_reloff_blocknum = _t[3]
-        f_adb_block_num = _t[4]
-        f_adb_reloff_pattern = _t[5]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -1419,15 +1304,12 @@ def dec_write_response4(r: _Reader, off: int) -> tuple[write_response4, int]:
         f_wr_callback_id = []
         _c780 = _n
         for _ in range(_c780):
-            _t = _S11.unpack_from(buf, off)
+            _x780 = stateid4(*_S11.unpack_from(buf, off))
             off += 16
-            _x780 = stateid4(_t[0], _t[1])
             f_wr_callback_id.append(_x780)
-        _t = _S74.unpack_from(buf, off)
+        f_wr_count, _t1, f_wr_writeverf = _S74.unpack_from(buf, off)
         off += 20
-        f_wr_count = _t[0]
-        f_wr_committed = _stable_how4_MAP[_t[1]]
-        f_wr_writeverf = _t[2]
+        f_wr_committed = _stable_how4_MAP[_t1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated write_response4', o0) from None
     return write_response4(f_wr_callback_id, f_wr_count, f_wr_committed, f_wr_writeverf), off
@@ -1452,14 +1334,12 @@ def dec_ALLOCATE4args(r: _Reader, off: int) -> tuple[ALLOCATE4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S75.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3 = _S75.unpack_from(buf, off)
         off += 32
-        f_aa_stateid = stateid4(_t[0], _t[1])
-        f_aa_offset = _t[2]
-        f_aa_length = _t[3]
+        _u = ALLOCATE4args(stateid4(_t0, _t1), _t2, _t3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated ALLOCATE4args', o0) from None
-    return ALLOCATE4args(f_aa_stateid, f_aa_offset, f_aa_length), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1478,12 +1358,12 @@ def dec_ALLOCATE4res(r: _Reader, off: int) -> tuple[ALLOCATE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_ar_status = _nfsstat4_MAP[_t[0]]
+        _u = ALLOCATE4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated ALLOCATE4res', o0) from None
-    return ALLOCATE4res(f_ar_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1546,15 +1426,12 @@ def dec_COPY4args(r: _Reader, off: int) -> tuple[COPY4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S76.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, f_ca_src_offset, f_ca_dst_offset, f_ca_count, _t7, _t8 = _S76.unpack_from(buf, off)
         off += 64
-        f_ca_src_stateid = stateid4(_t[0], _t[1])
-        f_ca_dst_stateid = stateid4(_t[2], _t[3])
-        f_ca_src_offset = _t[4]
-        f_ca_dst_offset = _t[5]
-        f_ca_count = _t[6]
-        f_ca_consecutive = _BOOL[_t[7]]
-        f_ca_synchronous = _BOOL[_t[8]]
+        f_ca_src_stateid = stateid4(_t0, _t1)
+        f_ca_dst_stateid = stateid4(_t2, _t3)
+        f_ca_consecutive = _BOOL[_t7]
+        f_ca_synchronous = _BOOL[_t8]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -1632,13 +1509,12 @@ def dec_copy_requirements4(r: _Reader, off: int) -> tuple[copy_requirements4, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S1.unpack_from(buf, off)
+        _t0, _t1 = _S1.unpack_from(buf, off)
         off += 8
-        f_cr_consecutive = _BOOL[_t[0]]
-        f_cr_synchronous = _BOOL[_t[1]]
+        _u = copy_requirements4(_BOOL[_t0], _BOOL[_t1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated copy_requirements4', o0) from None
-    return copy_requirements4(f_cr_consecutive, f_cr_synchronous), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1678,19 +1554,16 @@ def dec_COPY4resok(r: _Reader, off: int) -> tuple[COPY4resok, int]:
         _i789_wr_callback_id = []
         _c790 = _n
         for _ in range(_c790):
-            _t = _S11.unpack_from(buf, off)
+            _x790 = stateid4(*_S11.unpack_from(buf, off))
             off += 16
-            _x790 = stateid4(_t[0], _t[1])
             _i789_wr_callback_id.append(_x790)
-        _t = _S74.unpack_from(buf, off)
+        _i789_wr_count, _t1, _i789_wr_writeverf = _S74.unpack_from(buf, off)
         off += 20
-        _i789_wr_count = _t[0]
-        _i789_wr_committed = _stable_how4_MAP[_t[1]]
-        _i789_wr_writeverf = _t[2]
+        _i789_wr_committed = _stable_how4_MAP[_t1]
         f_cr_response = write_response4(_i789_wr_callback_id, _i789_wr_count, _i789_wr_committed, _i789_wr_writeverf)
-        _t = _S1.unpack_from(buf, off)
+        _t0, _t1 = _S1.unpack_from(buf, off)
         off += 8
-        f_cr_requirements = copy_requirements4(_BOOL[_t[0]], _BOOL[_t[1]])
+        f_cr_requirements = copy_requirements4(_BOOL[_t0], _BOOL[_t1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated COPY4resok', o0) from None
     return COPY4resok(f_cr_response, f_cr_requirements), off
@@ -1782,25 +1655,22 @@ def dec_COPY4res(r: _Reader, off: int) -> tuple[COPY4res, int]:
             _i798_wr_callback_id = []
             _c799 = _n
             for _ in range(_c799):
-                _t = _S11.unpack_from(buf, off)
+                _x799 = stateid4(*_S11.unpack_from(buf, off))
                 off += 16
-                _x799 = stateid4(_t[0], _t[1])
                 _i798_wr_callback_id.append(_x799)
-            _t = _S74.unpack_from(buf, off)
+            _i798_wr_count, _t1, _i798_wr_writeverf = _S74.unpack_from(buf, off)
             off += 20
-            _i798_wr_count = _t[0]
-            _i798_wr_committed = _stable_how4_MAP[_t[1]]
-            _i798_wr_writeverf = _t[2]
+            _i798_wr_committed = _stable_how4_MAP[_t1]
             _i797_cr_response = write_response4(_i798_wr_callback_id, _i798_wr_count, _i798_wr_committed, _i798_wr_writeverf)
-            _t = _S1.unpack_from(buf, off)
+            _t0, _t1 = _S1.unpack_from(buf, off)
             off += 8
-            _i797_cr_requirements = copy_requirements4(_BOOL[_t[0]], _BOOL[_t[1]])
+            _i797_cr_requirements = copy_requirements4(_BOOL[_t0], _BOOL[_t1])
             _v796 = COPY4resok(_i797_cr_response, _i797_cr_requirements)
             _u = COPY4res(NFS4_OK, _v796)
         elif _d796 == 10094:
-            _t = _S1.unpack_from(buf, off)
+            _t0, _t1 = _S1.unpack_from(buf, off)
             off += 8
-            _v796 = copy_requirements4(_BOOL[_t[0]], _BOOL[_t[1]])
+            _v796 = copy_requirements4(_BOOL[_t0], _BOOL[_t1])
             _u = COPY4res(NFS4ERR_OFFLOAD_NO_REQS, _v796)
         else:
             _u, off = _dec_any_COPY4res(r, off - 4)
@@ -1858,9 +1728,8 @@ def dec_COPY_NOTIFY4args(r: _Reader, off: int) -> tuple[COPY_NOTIFY4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S11.unpack_from(buf, off)
+        f_cna_src_stateid = stateid4(*_S11.unpack_from(buf, off))
         off += 16
-        f_cna_src_stateid = stateid4(_t[0], _t[1])
         (_d802,) = _S2.unpack_from(buf, off)
         off += 4
         if _d802 == 1:
@@ -1967,10 +1836,10 @@ def dec_COPY_NOTIFY4resok(r: _Reader, off: int) -> tuple[COPY_NOTIFY4resok, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S77.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3 = _S77.unpack_from(buf, off)
         off += 28
-        f_cnr_lease_time = nfstime4(_t[0], _t[1])
-        f_cnr_stateid = stateid4(_t[2], _t[3])
+        f_cnr_lease_time = nfstime4(_t0, _t1)
+        f_cnr_stateid = stateid4(_t2, _t3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -2100,10 +1969,10 @@ def dec_COPY_NOTIFY4res(r: _Reader, off: int) -> tuple[COPY_NOTIFY4res, int]:
         (_d814,) = _S2.unpack_from(buf, off)
         off += 4
         if _d814 == 0:
-            _t = _S77.unpack_from(buf, off)
+            _t0, _t1, _t2, _t3 = _S77.unpack_from(buf, off)
             off += 28
-            _i815_cnr_lease_time = nfstime4(_t[0], _t[1])
-            _i815_cnr_stateid = stateid4(_t[2], _t[3])
+            _i815_cnr_lease_time = nfstime4(_t0, _t1)
+            _i815_cnr_stateid = stateid4(_t2, _t3)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
@@ -2141,14 +2010,12 @@ def dec_DEALLOCATE4args(r: _Reader, off: int) -> tuple[DEALLOCATE4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S75.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3 = _S75.unpack_from(buf, off)
         off += 32
-        f_da_stateid = stateid4(_t[0], _t[1])
-        f_da_offset = _t[2]
-        f_da_length = _t[3]
+        _u = DEALLOCATE4args(stateid4(_t0, _t1), _t2, _t3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated DEALLOCATE4args', o0) from None
-    return DEALLOCATE4args(f_da_stateid, f_da_offset, f_da_length), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2167,12 +2034,12 @@ def dec_DEALLOCATE4res(r: _Reader, off: int) -> tuple[DEALLOCATE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_dr_status = _nfsstat4_MAP[_t[0]]
+        _u = DEALLOCATE4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated DEALLOCATE4res', o0) from None
-    return DEALLOCATE4res(f_dr_status), off
+    return _u, off
 
 
 class IO_ADVISE_type4(_IntEnum):
@@ -2242,11 +2109,9 @@ def dec_IO_ADVISE4args(r: _Reader, off: int) -> tuple[IO_ADVISE4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S75.unpack_from(buf, off)
+        _t0, _t1, f_iaa_offset, f_iaa_count = _S75.unpack_from(buf, off)
         off += 32
-        f_iaa_stateid = stateid4(_t[0], _t[1])
-        f_iaa_offset = _t[2]
-        f_iaa_count = _t[3]
+        f_iaa_stateid = stateid4(_t0, _t1)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -2254,9 +2119,8 @@ def dec_IO_ADVISE4args(r: _Reader, off: int) -> tuple[IO_ADVISE4args, int]:
         f_iaa_hints = []
         _c818 = _n
         for _ in range(_c818):
-            _t = _S0.unpack_from(buf, off)
+            (_x818,) = _S0.unpack_from(buf, off)
             off += 4
-            _x818 = _t[0]
             f_iaa_hints.append(_x818)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated IO_ADVISE4args', o0) from None
@@ -2290,9 +2154,8 @@ def dec_IO_ADVISE4resok(r: _Reader, off: int) -> tuple[IO_ADVISE4resok, int]:
         f_ior_hints = []
         _c820 = _n
         for _ in range(_c820):
-            _t = _S0.unpack_from(buf, off)
+            (_x820,) = _S0.unpack_from(buf, off)
             off += 4
-            _x820 = _t[0]
             f_ior_hints.append(_x820)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated IO_ADVISE4resok', o0) from None
@@ -2373,9 +2236,8 @@ def dec_IO_ADVISE4res(r: _Reader, off: int) -> tuple[IO_ADVISE4res, int]:
             _i826_ior_hints = []
             _c827 = _n
             for _ in range(_c827):
-                _t = _S0.unpack_from(buf, off)
+                (_x827,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x827 = _t[0]
                 _i826_ior_hints.append(_x827)
             _v825 = IO_ADVISE4resok(_i826_ior_hints)
             _u = IO_ADVISE4res(NFS4_OK, _v825)
@@ -2405,14 +2267,12 @@ def dec_device_error4(r: _Reader, off: int) -> tuple[device_error4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S48.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S48.unpack_from(buf, off)
         off += 24
-        f_de_deviceid = _t[0]
-        f_de_status = _nfsstat4_MAP[_t[1]]
-        f_de_opnum = _t[2]
+        _u = device_error4(_t0, _nfsstat4_MAP[_t1], _t2)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated device_error4', o0) from None
-    return device_error4(f_de_deviceid, f_de_status, f_de_opnum), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2441,11 +2301,9 @@ def dec_LAYOUTERROR4args(r: _Reader, off: int) -> tuple[LAYOUTERROR4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S13.unpack_from(buf, off)
+        f_lea_offset, f_lea_length, _t2, _t3 = _S13.unpack_from(buf, off)
         off += 32
-        f_lea_offset = _t[0]
-        f_lea_length = _t[1]
-        f_lea_stateid = stateid4(_t[2], _t[3])
+        f_lea_stateid = stateid4(_t2, _t3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 24 > len(buf) - off:
@@ -2453,9 +2311,9 @@ def dec_LAYOUTERROR4args(r: _Reader, off: int) -> tuple[LAYOUTERROR4args, int]:
         f_lea_errors = []
         _c829 = _n
         for _ in range(_c829):
-            _t = _S48.unpack_from(buf, off)
+            _t0, _t1, _t2 = _S48.unpack_from(buf, off)
             off += 24
-            _x829 = device_error4(_t[0], _nfsstat4_MAP[_t[1]], _t[2])
+            _x829 = device_error4(_t0, _nfsstat4_MAP[_t1], _t2)
             f_lea_errors.append(_x829)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LAYOUTERROR4args', o0) from None
@@ -2478,12 +2336,12 @@ def dec_LAYOUTERROR4res(r: _Reader, off: int) -> tuple[LAYOUTERROR4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_ler_status = _nfsstat4_MAP[_t[0]]
+        _u = LAYOUTERROR4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LAYOUTERROR4res', o0) from None
-    return LAYOUTERROR4res(f_ler_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2503,13 +2361,11 @@ def dec_io_info4(r: _Reader, off: int) -> tuple[io_info4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S9.unpack_from(buf, off)
+        _u = io_info4(*_S9.unpack_from(buf, off))
         off += 16
-        f_ii_count = _t[0]
-        f_ii_bytes = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated io_info4', o0) from None
-    return io_info4(f_ii_count, f_ii_bytes), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2543,17 +2399,14 @@ def dec_LAYOUTSTATS4args(r: _Reader, off: int) -> tuple[LAYOUTSTATS4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S79.unpack_from(buf, off)
+        f_lsa_offset, f_lsa_length, _t2, _t3, _t4, _t5, _t6, _t7, f_lsa_deviceid = _S79.unpack_from(buf, off)
         off += 80
-        f_lsa_offset = _t[0]
-        f_lsa_length = _t[1]
-        f_lsa_stateid = stateid4(_t[2], _t[3])
-        f_lsa_read = io_info4(_t[4], _t[5])
-        f_lsa_write = io_info4(_t[6], _t[7])
-        f_lsa_deviceid = _t[8]
-        _t = _S2.unpack_from(buf, off)
+        f_lsa_stateid = stateid4(_t2, _t3)
+        f_lsa_read = io_info4(_t4, _t5)
+        f_lsa_write = io_info4(_t6, _t7)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        _i831_lou_type = _layouttype4_MAP[_t[0]]
+        _i831_lou_type = _layouttype4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2585,12 +2438,12 @@ def dec_LAYOUTSTATS4res(r: _Reader, off: int) -> tuple[LAYOUTSTATS4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_lsr_status = _nfsstat4_MAP[_t[0]]
+        _u = LAYOUTSTATS4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LAYOUTSTATS4res', o0) from None
-    return LAYOUTSTATS4res(f_lsr_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2610,12 +2463,12 @@ def dec_OFFLOAD_CANCEL4args(r: _Reader, off: int) -> tuple[OFFLOAD_CANCEL4args, 
     buf = r.buf
     o0 = off
     try:
-        _t = _S11.unpack_from(buf, off)
+        _t0, _t1 = _S11.unpack_from(buf, off)
         off += 16
-        f_oca_stateid = stateid4(_t[0], _t[1])
+        _u = OFFLOAD_CANCEL4args(stateid4(_t0, _t1))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OFFLOAD_CANCEL4args', o0) from None
-    return OFFLOAD_CANCEL4args(f_oca_stateid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2634,12 +2487,12 @@ def dec_OFFLOAD_CANCEL4res(r: _Reader, off: int) -> tuple[OFFLOAD_CANCEL4res, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_ocr_status = _nfsstat4_MAP[_t[0]]
+        _u = OFFLOAD_CANCEL4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OFFLOAD_CANCEL4res', o0) from None
-    return OFFLOAD_CANCEL4res(f_ocr_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2659,12 +2512,12 @@ def dec_OFFLOAD_STATUS4args(r: _Reader, off: int) -> tuple[OFFLOAD_STATUS4args, 
     buf = r.buf
     o0 = off
     try:
-        _t = _S11.unpack_from(buf, off)
+        _t0, _t1 = _S11.unpack_from(buf, off)
         off += 16
-        f_osa_stateid = stateid4(_t[0], _t[1])
+        _u = OFFLOAD_STATUS4args(stateid4(_t0, _t1))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OFFLOAD_STATUS4args', o0) from None
-    return OFFLOAD_STATUS4args(f_osa_stateid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2691,9 +2544,8 @@ def dec_OFFLOAD_STATUS4resok(r: _Reader, off: int) -> tuple[OFFLOAD_STATUS4resok
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (f_osr_count,) = _S4.unpack_from(buf, off)
         off += 8
-        f_osr_count = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('osr_complete: length %d exceeds 1' % _n, off)
@@ -2703,9 +2555,9 @@ def dec_OFFLOAD_STATUS4resok(r: _Reader, off: int) -> tuple[OFFLOAD_STATUS4resok
         f_osr_complete = []
         _c833 = _n
         for _ in range(_c833):
-            _t = _S2.unpack_from(buf, off)
+            (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _x833 = _nfsstat4_MAP[_t[0]]
+            _x833 = _nfsstat4_MAP[_t0]
             f_osr_complete.append(_x833)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OFFLOAD_STATUS4resok', o0) from None
@@ -2782,9 +2634,8 @@ def dec_OFFLOAD_STATUS4res(r: _Reader, off: int) -> tuple[OFFLOAD_STATUS4res, in
         (_d838,) = _S2.unpack_from(buf, off)
         off += 4
         if _d838 == 0:
-            _t = _S4.unpack_from(buf, off)
+            (_i839_osr_count,) = _S4.unpack_from(buf, off)
             off += 8
-            _i839_osr_count = _t[0]
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 1:
                 raise _XdrError('osr_complete: length %d exceeds 1' % _n, off)
@@ -2794,9 +2645,9 @@ def dec_OFFLOAD_STATUS4res(r: _Reader, off: int) -> tuple[OFFLOAD_STATUS4res, in
             _i839_osr_complete = []
             _c840 = _n
             for _ in range(_c840):
-                _t = _S2.unpack_from(buf, off)
+                (_t0,) = _S2.unpack_from(buf, off)
                 off += 4
-                _x840 = _nfsstat4_MAP[_t[0]]
+                _x840 = _nfsstat4_MAP[_t0]
                 _i839_osr_complete.append(_x840)
             _v838 = OFFLOAD_STATUS4resok(_i839_osr_count, _i839_osr_complete)
             _u = OFFLOAD_STATUS4res(NFS4_OK, _v838)
@@ -2826,14 +2677,12 @@ def dec_READ_PLUS4args(r: _Reader, off: int) -> tuple[READ_PLUS4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S39.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3 = _S39.unpack_from(buf, off)
         off += 28
-        f_rpa_stateid = stateid4(_t[0], _t[1])
-        f_rpa_offset = _t[2]
-        f_rpa_count = _t[3]
+        _u = READ_PLUS4args(stateid4(_t0, _t1), _t2, _t3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated READ_PLUS4args', o0) from None
-    return READ_PLUS4args(f_rpa_stateid, f_rpa_offset, f_rpa_count), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2907,9 +2756,8 @@ def dec_read_plus_content(r: _Reader, off: int) -> tuple[read_plus_content, int]
         (_d844,) = _S2.unpack_from(buf, off)
         off += 4
         if _d844 == 0:
-            _t = _S4.unpack_from(buf, off)
+            (_i845_d_offset,) = _S4.unpack_from(buf, off)
             off += 8
-            _i845_d_offset = _t[0]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -2922,9 +2770,8 @@ def dec_read_plus_content(r: _Reader, off: int) -> tuple[read_plus_content, int]
             _v844 = data4(_i845_d_offset, _i845_d_data)
             _u = read_plus_content(NFS4_CONTENT_DATA, _v844)
         elif _d844 == 1:
-            _t = _S9.unpack_from(buf, off)
+            _v844 = data_info4(*_S9.unpack_from(buf, off))
             off += 16
-            _v844 = data_info4(_t[0], _t[1])
             _u = read_plus_content(NFS4_CONTENT_HOLE, _v844)
         else:
             _u, off = _dec_any_read_plus_content(r, off - 4)
@@ -2970,9 +2817,9 @@ def dec_read_plus_res4(r: _Reader, off: int) -> tuple[read_plus_res4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        f_rpr_eof = _BOOL[_t[0]]
+        f_rpr_eof = _BOOL[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -2983,9 +2830,8 @@ def dec_read_plus_res4(r: _Reader, off: int) -> tuple[read_plus_res4, int]:
             (_d850,) = _S2.unpack_from(buf, off)
             off += 4
             if _d850 == 0:
-                _t = _S4.unpack_from(buf, off)
+                (_i851_d_offset,) = _S4.unpack_from(buf, off)
                 off += 8
-                _i851_d_offset = _t[0]
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
@@ -2998,9 +2844,8 @@ def dec_read_plus_res4(r: _Reader, off: int) -> tuple[read_plus_res4, int]:
                 _v850 = data4(_i851_d_offset, _i851_d_data)
                 _x849 = read_plus_content(NFS4_CONTENT_DATA, _v850)
             elif _d850 == 1:
-                _t = _S9.unpack_from(buf, off)
+                _v850 = data_info4(*_S9.unpack_from(buf, off))
                 off += 16
-                _v850 = data_info4(_t[0], _t[1])
                 _x849 = read_plus_content(NFS4_CONTENT_HOLE, _v850)
             else:
                 _x849, off = _dec_any_read_plus_content(r, off - 4)
@@ -3078,9 +2923,9 @@ def dec_READ_PLUS4res(r: _Reader, off: int) -> tuple[READ_PLUS4res, int]:
         (_d856,) = _S2.unpack_from(buf, off)
         off += 4
         if _d856 == 0:
-            _t = _S0.unpack_from(buf, off)
+            (_t0,) = _S0.unpack_from(buf, off)
             off += 4
-            _i857_rpr_eof = _BOOL[_t[0]]
+            _i857_rpr_eof = _BOOL[_t0]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
@@ -3118,14 +2963,12 @@ def dec_SEEK4args(r: _Reader, off: int) -> tuple[SEEK4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S45.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3 = _S45.unpack_from(buf, off)
         off += 28
-        f_sa_stateid = stateid4(_t[0], _t[1])
-        f_sa_offset = _t[2]
-        f_sa_what = _data_content4_MAP[_t[3]]
+        _u = SEEK4args(stateid4(_t0, _t1), _t2, _data_content4_MAP[_t3])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SEEK4args', o0) from None
-    return SEEK4args(f_sa_stateid, f_sa_offset, f_sa_what), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -3145,13 +2988,12 @@ def dec_seek_res4(r: _Reader, off: int) -> tuple[seek_res4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S62.unpack_from(buf, off)
+        _t0, _t1 = _S62.unpack_from(buf, off)
         off += 12
-        f_sr_eof = _BOOL[_t[0]]
-        f_sr_offset = _t[1]
+        _u = seek_res4(_BOOL[_t0], _t1)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated seek_res4', o0) from None
-    return seek_res4(f_sr_eof, f_sr_offset), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -3216,9 +3058,9 @@ def dec_SEEK4res(r: _Reader, off: int) -> tuple[SEEK4res, int]:
         (_d861,) = _S2.unpack_from(buf, off)
         off += 4
         if _d861 == 0:
-            _t = _S62.unpack_from(buf, off)
+            _t0, _t1 = _S62.unpack_from(buf, off)
             off += 12
-            _v861 = seek_res4(_BOOL[_t[0]], _t[1])
+            _v861 = seek_res4(_BOOL[_t0], _t1)
             _u = SEEK4res(NFS4_OK, _v861)
         else:
             _u, off = _dec_any_SEEK4res(r, off - 4)
@@ -3253,18 +3095,12 @@ def dec_WRITE_SAME4args(r: _Reader, off: int) -> tuple[WRITE_SAME4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S80.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S80.unpack_from(buf, off)
         off += 20
-        f_wsa_stateid = stateid4(_t[0], _t[1])
-        f_wsa_stable = _stable_how4_MAP[_t[2]]
-        _t = _S73.unpack_from(buf, off)
+        f_wsa_stateid = stateid4(_t0, _t1)
+        f_wsa_stable = _stable_how4_MAP[_t2]
+        _i863_adb_offset, _i863_adb_block_size, _i863_adb_block_count, _i863_adb_reloff_blocknum, _i863_adb_block_num, _i863_adb_reloff_pattern = _S73.unpack_from(buf, off)
         off += 44
-        _i863_adb_offset = _t[0]
-        _i863_adb_block_size = _t[1]
-        _i863_adb_block_count = _t[2]
-        _i863_adb_reloff_blocknum = _t[3]
-        _i863_adb_block_num = _t[4]
-        _i863_adb_reloff_pattern = _t[5]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -3361,15 +3197,12 @@ def dec_WRITE_SAME4res(r: _Reader, off: int) -> tuple[WRITE_SAME4res, int]:
             _i869_wr_callback_id = []
             _c870 = _n
             for _ in range(_c870):
-                _t = _S11.unpack_from(buf, off)
+                _x870 = stateid4(*_S11.unpack_from(buf, off))
                 off += 16
-                _x870 = stateid4(_t[0], _t[1])
                 _i869_wr_callback_id.append(_x870)
-            _t = _S74.unpack_from(buf, off)
+            _i869_wr_count, _t1, _i869_wr_writeverf = _S74.unpack_from(buf, off)
             off += 20
-            _i869_wr_count = _t[0]
-            _i869_wr_committed = _stable_how4_MAP[_t[1]]
-            _i869_wr_writeverf = _t[2]
+            _i869_wr_committed = _stable_how4_MAP[_t1]
             _v868 = write_response4(_i869_wr_callback_id, _i869_wr_count, _i869_wr_committed, _i869_wr_writeverf)
             _u = WRITE_SAME4res(NFS4_OK, _v868)
         else:
@@ -3401,16 +3234,12 @@ def dec_CLONE4args(r: _Reader, off: int) -> tuple[CLONE4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S81.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _S81.unpack_from(buf, off)
         off += 56
-        f_cl_src_stateid = stateid4(_t[0], _t[1])
-        f_cl_dst_stateid = stateid4(_t[2], _t[3])
-        f_cl_src_offset = _t[4]
-        f_cl_dst_offset = _t[5]
-        f_cl_count = _t[6]
+        _u = CLONE4args(stateid4(_t0, _t1), stateid4(_t2, _t3), _t4, _t5, _t6)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CLONE4args', o0) from None
-    return CLONE4args(f_cl_src_stateid, f_cl_dst_stateid, f_cl_src_offset, f_cl_dst_offset, f_cl_count), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -3429,12 +3258,12 @@ def dec_CLONE4res(r: _Reader, off: int) -> tuple[CLONE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_cl_status = _nfsstat4_MAP[_t[0]]
+        _u = CLONE4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CLONE4res', o0) from None
-    return CLONE4res(f_cl_status), off
+    return _u, off
 
 
 xattrkey4: _TypeAlias = "bytes"
@@ -3616,3 +3445,29 @@ def dec_GETXATTR4res(r: _Reader, off: int) -> tuple[GETXATTR4res, int]:
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GETXATTR4res', o0) from None
     return _u, off
+
+
+class setxattr_option4(_IntEnum):
+    SETXATTR4_EITHER = 0
+    SETXATTR4_CREATE = 1
+    SETXATTR4_REPLACE = 2
+
+
+_setxattr_option4_MAP: _Final[dict[int, setxattr_option4]] = {m.value: m for m in setxattr_option4}
+SETXATTR4_EITHER = setxattr_option4.SETXATTR4_EITHER
+SETXATTR4_CREATE = setxattr_option4.SETXATTR4_CREATE
+SETXATTR4_REPLACE = setxattr_option4.SETXATTR4_REPLACE
+
+
+def enc_setxattr_option4(w: _Writer, v: setxattr_option4) -> None:
+    try:
+        w += _I32.pack(_setxattr_option4_MAP[v])
+    except (KeyError, TypeError, _struct.error):
+        raise _XdrError(f'{v!r} is not a setxattr_option4', len(w)) from None
+
+
+def dec_setxattr_option4(r: _Reader, off: int) -> tuple[setxattr_option4, int]:
+    try:
+        return _setxattr_option4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
+    except (KeyError, _struct.error):
+        raise _XdrError('invalid or truncated setxattr_option4', off) from None

@@ -93,7 +93,6 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     RECLAIM_COMPLETE4res,
     SEEK4args,
     SEEK4res,
-    SEQUENCE4args,
     SEQUENCE4res,
     SET_SSV4args,
     SET_SSV4res,
@@ -117,6 +116,7 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     _enc_any_WRITE_SAME4res,
     _enc_any_deleg_claim4,
     _enc_any_netloc4,
+    _setxattr_option4_MAP,
     dec_ALLOCATE4args,
     dec_ALLOCATE4res,
     dec_CLONE4args,
@@ -147,7 +147,6 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     dec_RECLAIM_COMPLETE4res,
     dec_SEEK4args,
     dec_SEEK4res,
-    dec_SEQUENCE4args,
     dec_SEQUENCE4res,
     dec_SET_SSV4args,
     dec_SET_SSV4res,
@@ -187,7 +186,6 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     enc_RECLAIM_COMPLETE4res,
     enc_SEEK4args,
     enc_SEEK4res,
-    enc_SEQUENCE4args,
     enc_SEQUENCE4res,
     enc_SET_SSV4args,
     enc_SET_SSV4res,
@@ -200,6 +198,7 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     enc_netloc4,
     enc_read_plus_content,
     enc_write_response4,
+    setxattr_option4,
 )
 from nfsrdma.xdr.gen._nfs4_4 import (
     BACKCHANNEL_CTL4args,
@@ -462,6 +461,7 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     LAYOUTGET4res,
     LAYOUTRETURN4args,
     LAYOUTRETURN4res,
+    SEQUENCE4args,
     _enc_any_CREATE_SESSION4res,
     _enc_any_EXCHANGE_ID4res,
     _enc_any_GETDEVICEINFO4res,
@@ -495,6 +495,7 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     dec_LAYOUTRETURN4args,
     dec_LAYOUTRETURN4res,
     dec_SECINFO_NO_NAME4args,
+    dec_SEQUENCE4args,
     enc_CREATE_SESSION4args,
     enc_CREATE_SESSION4res,
     enc_DESTROY_SESSION4args,
@@ -517,6 +518,7 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     enc_LAYOUTRETURN4args,
     enc_LAYOUTRETURN4res,
     enc_SECINFO_NO_NAME4args,
+    enc_SEQUENCE4args,
     enc_channel_attrs4,
     enc_newsize4,
     enc_state_protect4_r,
@@ -610,32 +612,6 @@ _S115: _Final = _struct.Struct('>iiQ')
 _S116: _Final = _struct.Struct('>iiIQ')
 
 
-class setxattr_option4(_IntEnum):
-    SETXATTR4_EITHER = 0
-    SETXATTR4_CREATE = 1
-    SETXATTR4_REPLACE = 2
-
-
-_setxattr_option4_MAP: _Final[dict[int, setxattr_option4]] = {m.value: m for m in setxattr_option4}
-SETXATTR4_EITHER = setxattr_option4.SETXATTR4_EITHER
-SETXATTR4_CREATE = setxattr_option4.SETXATTR4_CREATE
-SETXATTR4_REPLACE = setxattr_option4.SETXATTR4_REPLACE
-
-
-def enc_setxattr_option4(w: _Writer, v: setxattr_option4) -> None:
-    try:
-        w += _I32.pack(_setxattr_option4_MAP[v])
-    except (KeyError, TypeError, _struct.error):
-        raise _XdrError(f'{v!r} is not a setxattr_option4', len(w)) from None
-
-
-def dec_setxattr_option4(r: _Reader, off: int) -> tuple[setxattr_option4, int]:
-    try:
-        return _setxattr_option4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
-    except (KeyError, _struct.error):
-        raise _XdrError('invalid or truncated setxattr_option4', off) from None
-
-
 @_dataclass(slots=True)
 class SETXATTR4args:
     sxa_option: setxattr_option4
@@ -664,9 +640,9 @@ def dec_SETXATTR4args(r: _Reader, off: int) -> tuple[SETXATTR4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_sxa_option = _setxattr_option4_MAP[_t[0]]
+        f_sxa_option = _setxattr_option4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -752,9 +728,9 @@ def dec_SETXATTR4res(r: _Reader, off: int) -> tuple[SETXATTR4res, int]:
         (_d876,) = _S2.unpack_from(buf, off)
         off += 4
         if _d876 == 0:
-            _t = _S16.unpack_from(buf, off)
+            _t0, _t1, _t2 = _S16.unpack_from(buf, off)
             off += 20
-            _v876 = change_info4(_BOOL[_t[0]], _t[1], _t[2])
+            _v876 = change_info4(_BOOL[_t0], _t1, _t2)
             _u = SETXATTR4res(NFS4_OK, _v876)
         else:
             _u, off = _dec_any_SETXATTR4res(r, off - 4)
@@ -780,13 +756,11 @@ def dec_LISTXATTRS4args(r: _Reader, off: int) -> tuple[LISTXATTRS4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S21.unpack_from(buf, off)
+        _u = LISTXATTRS4args(*_S21.unpack_from(buf, off))
         off += 12
-        f_lxa_cookie = _t[0]
-        f_lxa_maxcount = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LISTXATTRS4args', o0) from None
-    return LISTXATTRS4args(f_lxa_cookie, f_lxa_maxcount), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -817,9 +791,8 @@ def dec_LISTXATTRS4resok(r: _Reader, off: int) -> tuple[LISTXATTRS4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (f_lxr_cookie,) = _S4.unpack_from(buf, off)
         off += 8
-        f_lxr_cookie = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -837,9 +810,9 @@ def dec_LISTXATTRS4resok(r: _Reader, off: int) -> tuple[LISTXATTRS4resok, int]:
             _x878 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             f_lxr_names.append(_x878)
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        f_lxr_eof = _BOOL[_t[0]]
+        f_lxr_eof = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LISTXATTRS4resok', o0) from None
     return LISTXATTRS4resok(f_lxr_cookie, f_lxr_names, f_lxr_eof), off
@@ -918,9 +891,8 @@ def dec_LISTXATTRS4res(r: _Reader, off: int) -> tuple[LISTXATTRS4res, int]:
         (_d883,) = _S2.unpack_from(buf, off)
         off += 4
         if _d883 == 0:
-            _t = _S4.unpack_from(buf, off)
+            (_i884_lxr_cookie,) = _S4.unpack_from(buf, off)
             off += 8
-            _i884_lxr_cookie = _t[0]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
@@ -938,9 +910,9 @@ def dec_LISTXATTRS4res(r: _Reader, off: int) -> tuple[LISTXATTRS4res, int]:
                 _x885 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _i884_lxr_names.append(_x885)
-            _t = _S0.unpack_from(buf, off)
+            (_t0,) = _S0.unpack_from(buf, off)
             off += 4
-            _i884_lxr_eof = _BOOL[_t[0]]
+            _i884_lxr_eof = _BOOL[_t0]
             _v883 = LISTXATTRS4resok(_i884_lxr_cookie, _i884_lxr_names, _i884_lxr_eof)
             _u = LISTXATTRS4res(NFS4_OK, _v883)
         else:
@@ -1046,9 +1018,9 @@ def dec_REMOVEXATTR4res(r: _Reader, off: int) -> tuple[REMOVEXATTR4res, int]:
         (_d888,) = _S2.unpack_from(buf, off)
         off += 4
         if _d888 == 0:
-            _t = _S16.unpack_from(buf, off)
+            _t0, _t1, _t2 = _S16.unpack_from(buf, off)
             off += 20
-            _v888 = change_info4(_BOOL[_t[0]], _t[1], _t[2])
+            _v888 = change_info4(_BOOL[_t0], _t1, _t2)
             _u = REMOVEXATTR4res(NFS4_OK, _v888)
         else:
             _u, off = _dec_any_REMOVEXATTR4res(r, off - 4)
@@ -3420,9 +3392,8 @@ def dec_COMPOUND4args(r: _Reader, off: int) -> tuple[COMPOUND4args, int]:
             raise _XdrError('opaque runs past the end', off)
         f_tag = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S0.unpack_from(buf, off)
+        (f_minorversion,) = _S0.unpack_from(buf, off)
         off += 4
-        f_minorversion = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -3479,9 +3450,9 @@ def dec_COMPOUND4res(r: _Reader, off: int) -> tuple[COMPOUND4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        f_status = _nfsstat4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -3560,9 +3531,8 @@ def dec_CB_GETATTR4args(r: _Reader, off: int) -> tuple[CB_GETATTR4args, int]:
         f_attr_request = []
         _c1072 = _n
         for _ in range(_c1072):
-            _t = _S0.unpack_from(buf, off)
+            (_x1072,) = _S0.unpack_from(buf, off)
             off += 4
-            _x1072 = _t[0]
             f_attr_request.append(_x1072)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_GETATTR4args', o0) from None
@@ -3602,9 +3572,8 @@ def dec_CB_GETATTR4resok(r: _Reader, off: int) -> tuple[CB_GETATTR4resok, int]:
         _i1075_attrmask = []
         _c1076 = _n
         for _ in range(_c1076):
-            _t = _S0.unpack_from(buf, off)
+            (_x1076,) = _S0.unpack_from(buf, off)
             off += 4
-            _x1076 = _t[0]
             _i1075_attrmask.append(_x1076)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -3701,9 +3670,8 @@ def dec_CB_GETATTR4res(r: _Reader, off: int) -> tuple[CB_GETATTR4res, int]:
             _i1084_attrmask = []
             _c1085 = _n
             for _ in range(_c1085):
-                _t = _S0.unpack_from(buf, off)
+                (_x1085,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x1085 = _t[0]
                 _i1084_attrmask.append(_x1085)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
@@ -3750,10 +3718,10 @@ def dec_CB_RECALL4args(r: _Reader, off: int) -> tuple[CB_RECALL4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S26.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S26.unpack_from(buf, off)
         off += 20
-        f_stateid = stateid4(_t[0], _t[1])
-        f_truncate = _BOOL[_t[2]]
+        f_stateid = stateid4(_t0, _t1)
+        f_truncate = _BOOL[_t2]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 128:
             raise _XdrError('fh: length %d exceeds 128' % _n, off)
@@ -3786,12 +3754,12 @@ def dec_CB_RECALL4res(r: _Reader, off: int) -> tuple[CB_RECALL4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = CB_RECALL4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_RECALL4res', o0) from None
-    return CB_RECALL4res(f_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -3810,12 +3778,12 @@ def dec_CB_ILLEGAL4res(r: _Reader, off: int) -> tuple[CB_ILLEGAL4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = CB_ILLEGAL4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_ILLEGAL4res', o0) from None
-    return CB_ILLEGAL4res(f_status), off
+    return _u, off
 
 
 class layoutrecall_type4(_IntEnum):
@@ -3882,11 +3850,9 @@ def dec_layoutrecall_file4(r: _Reader, off: int) -> tuple[layoutrecall_file4, in
             raise _XdrError('opaque runs past the end', off)
         f_lor_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S13.unpack_from(buf, off)
+        f_lor_offset, f_lor_length, _t2, _t3 = _S13.unpack_from(buf, off)
         off += 32
-        f_lor_offset = _t[0]
-        f_lor_length = _t[1]
-        f_lor_stateid = stateid4(_t[2], _t[3])
+        f_lor_stateid = stateid4(_t2, _t3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated layoutrecall_file4', o0) from None
     return layoutrecall_file4(f_lor_fh, f_lor_offset, f_lor_length, f_lor_stateid), off
@@ -3980,17 +3946,14 @@ def dec_layoutrecall4(r: _Reader, off: int) -> tuple[layoutrecall4, int]:
                 raise _XdrError('opaque runs past the end', off)
             _i1090_lor_fh = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _t = _S13.unpack_from(buf, off)
+            _i1090_lor_offset, _i1090_lor_length, _t2, _t3 = _S13.unpack_from(buf, off)
             off += 32
-            _i1090_lor_offset = _t[0]
-            _i1090_lor_length = _t[1]
-            _i1090_lor_stateid = stateid4(_t[2], _t[3])
+            _i1090_lor_stateid = stateid4(_t2, _t3)
             _v1089 = layoutrecall_file4(_i1090_lor_fh, _i1090_lor_offset, _i1090_lor_length, _i1090_lor_stateid)
             _u = layoutrecall4(LAYOUTRECALL4_FILE, _v1089)
         elif _d1089 == 2:
-            _t = _S9.unpack_from(buf, off)
+            _v1089 = fsid4(*_S9.unpack_from(buf, off))
             off += 16
-            _v1089 = fsid4(_t[0], _t[1])
             _u = layoutrecall4(LAYOUTRECALL4_FSID, _v1089)
         elif _d1089 == 3:
             _u = layoutrecall4(LAYOUTRECALL4_ALL, None)

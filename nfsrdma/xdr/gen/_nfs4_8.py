@@ -87,7 +87,6 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     RECLAIM_COMPLETE4res,
     SEEK4args,
     SEEK4res,
-    SEQUENCE4args,
     SEQUENCE4res,
     SET_SSV4args,
     SET_SSV4res,
@@ -127,7 +126,6 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     dec_RECLAIM_COMPLETE4res,
     dec_SEEK4args,
     dec_SEEK4res,
-    dec_SEQUENCE4args,
     dec_SEQUENCE4res,
     dec_SET_SSV4args,
     dec_SET_SSV4res,
@@ -168,7 +166,6 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     enc_RECLAIM_COMPLETE4res,
     enc_SEEK4args,
     enc_SEEK4res,
-    enc_SEQUENCE4args,
     enc_SEQUENCE4res,
     enc_SET_SSV4args,
     enc_SET_SSV4res,
@@ -548,6 +545,7 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     LAYOUTGET4res,
     LAYOUTRETURN4args,
     LAYOUTRETURN4res,
+    SEQUENCE4args,
     dec_CREATE_SESSION4args,
     dec_CREATE_SESSION4res,
     dec_DESTROY_SESSION4args,
@@ -569,6 +567,7 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     dec_LAYOUTRETURN4args,
     dec_LAYOUTRETURN4res,
     dec_SECINFO_NO_NAME4args,
+    dec_SEQUENCE4args,
     enc_CREATE_SESSION4args,
     enc_CREATE_SESSION4res,
     enc_DESTROY_SESSION4args,
@@ -590,6 +589,7 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     enc_LAYOUTRETURN4args,
     enc_LAYOUTRETURN4res,
     enc_SECINFO_NO_NAME4args,
+    enc_SEQUENCE4args,
     secinfo_style4,
 )
 from nfsrdma.xdr.gen._nfs4_1 import (
@@ -677,11 +677,11 @@ def dec_CB_LAYOUTRECALL4args(r: _Reader, off: int) -> tuple[CB_LAYOUTRECALL4args
     buf = r.buf
     o0 = off
     try:
-        _t = _S31.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S31.unpack_from(buf, off)
         off += 12
-        f_clora_type = _layouttype4_MAP[_t[0]]
-        f_clora_iomode = _layoutiomode4_MAP[_t[1]]
-        f_clora_changed = _BOOL[_t[2]]
+        f_clora_type = _layouttype4_MAP[_t0]
+        f_clora_iomode = _layoutiomode4_MAP[_t1]
+        f_clora_changed = _BOOL[_t2]
         (_d1093,) = _S2.unpack_from(buf, off)
         off += 4
         if _d1093 == 1:
@@ -696,17 +696,14 @@ def dec_CB_LAYOUTRECALL4args(r: _Reader, off: int) -> tuple[CB_LAYOUTRECALL4args
                 raise _XdrError('opaque runs past the end', off)
             _i1094_lor_fh = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _t = _S13.unpack_from(buf, off)
+            _i1094_lor_offset, _i1094_lor_length, _t2, _t3 = _S13.unpack_from(buf, off)
             off += 32
-            _i1094_lor_offset = _t[0]
-            _i1094_lor_length = _t[1]
-            _i1094_lor_stateid = stateid4(_t[2], _t[3])
+            _i1094_lor_stateid = stateid4(_t2, _t3)
             _v1093 = layoutrecall_file4(_i1094_lor_fh, _i1094_lor_offset, _i1094_lor_length, _i1094_lor_stateid)
             f_clora_recall = layoutrecall4(LAYOUTRECALL4_FILE, _v1093)
         elif _d1093 == 2:
-            _t = _S9.unpack_from(buf, off)
+            _v1093 = fsid4(*_S9.unpack_from(buf, off))
             off += 16
-            _v1093 = fsid4(_t[0], _t[1])
             f_clora_recall = layoutrecall4(LAYOUTRECALL4_FSID, _v1093)
         elif _d1093 == 3:
             f_clora_recall = layoutrecall4(LAYOUTRECALL4_ALL, None)
@@ -733,12 +730,12 @@ def dec_CB_LAYOUTRECALL4res(r: _Reader, off: int) -> tuple[CB_LAYOUTRECALL4res, 
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_clorr_status = _nfsstat4_MAP[_t[0]]
+        _u = CB_LAYOUTRECALL4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_LAYOUTRECALL4res', o0) from None
-    return CB_LAYOUTRECALL4res(f_clorr_status), off
+    return _u, off
 
 
 class notify_type4(_IntEnum):
@@ -821,9 +818,8 @@ def dec_notify_entry4(r: _Reader, off: int) -> tuple[notify_entry4, int]:
         _i1097_attrmask = []
         _c1098 = _n
         for _ in range(_c1098):
-            _t = _S0.unpack_from(buf, off)
+            (_x1098,) = _S0.unpack_from(buf, off)
             off += 4
-            _x1098 = _t[0]
             _i1097_attrmask.append(_x1098)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -890,9 +886,8 @@ def dec_prev_entry4(r: _Reader, off: int) -> tuple[prev_entry4, int]:
         _i1103_attrmask = []
         _c1104 = _n
         for _ in range(_c1104):
-            _t = _S0.unpack_from(buf, off)
+            (_x1104,) = _S0.unpack_from(buf, off)
             off += 4
-            _x1104 = _t[0]
             _i1103_attrmask.append(_x1104)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -905,9 +900,8 @@ def dec_prev_entry4(r: _Reader, off: int) -> tuple[prev_entry4, int]:
         off = _e + (-_n & 3)
         _i1102_ne_attrs = fattr4(_i1103_attrmask, _i1103_attr_vals)
         f_pe_prev_entry = notify_entry4(_i1102_ne_file, _i1102_ne_attrs)
-        _t = _S4.unpack_from(buf, off)
+        (f_pe_prev_entry_cookie,) = _S4.unpack_from(buf, off)
         off += 8
-        f_pe_prev_entry_cookie = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated prev_entry4', o0) from None
     return prev_entry4(f_pe_prev_entry, f_pe_prev_entry_cookie), off
@@ -963,9 +957,8 @@ def dec_notify_remove4(r: _Reader, off: int) -> tuple[notify_remove4, int]:
         _i1109_attrmask = []
         _c1110 = _n
         for _ in range(_c1110):
-            _t = _S0.unpack_from(buf, off)
+            (_x1110,) = _S0.unpack_from(buf, off)
             off += 4
-            _x1110 = _t[0]
             _i1109_attrmask.append(_x1110)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -978,9 +971,8 @@ def dec_notify_remove4(r: _Reader, off: int) -> tuple[notify_remove4, int]:
         off = _e + (-_n & 3)
         _i1108_ne_attrs = fattr4(_i1109_attrmask, _i1109_attr_vals)
         f_nrm_old_entry = notify_entry4(_i1108_ne_file, _i1108_ne_attrs)
-        _t = _S4.unpack_from(buf, off)
+        (f_nrm_old_entry_cookie,) = _S4.unpack_from(buf, off)
         off += 8
-        f_nrm_old_entry_cookie = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated notify_remove4', o0) from None
     return notify_remove4(f_nrm_old_entry, f_nrm_old_entry_cookie), off
@@ -1080,9 +1072,8 @@ def dec_notify_add4(r: _Reader, off: int) -> tuple[notify_add4, int]:
             off = _e + (-_n & 3)
             _i1123_ne_attrs, off = dec_fattr4(r, off)
             _i1122_nrm_old_entry = notify_entry4(_i1123_ne_file, _i1123_ne_attrs)
-            _t = _S4.unpack_from(buf, off)
+            (_i1122_nrm_old_entry_cookie,) = _S4.unpack_from(buf, off)
             off += 8
-            _i1122_nrm_old_entry_cookie = _t[0]
             _x1121 = notify_remove4(_i1122_nrm_old_entry, _i1122_nrm_old_entry_cookie)
             f_nad_old_entry.append(_x1121)
         (_n,) = _U32.unpack_from(buf, off)
@@ -1101,9 +1092,8 @@ def dec_notify_add4(r: _Reader, off: int) -> tuple[notify_add4, int]:
         _i1125_attrmask = []
         _c1126 = _n
         for _ in range(_c1126):
-            _t = _S0.unpack_from(buf, off)
+            (_x1126,) = _S0.unpack_from(buf, off)
             off += 4
-            _x1126 = _t[0]
             _i1125_attrmask.append(_x1126)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -1125,9 +1115,8 @@ def dec_notify_add4(r: _Reader, off: int) -> tuple[notify_add4, int]:
         f_nad_new_entry_cookie = []
         _c1127 = _n
         for _ in range(_c1127):
-            _t = _S4.unpack_from(buf, off)
+            (_x1127,) = _S4.unpack_from(buf, off)
             off += 8
-            _x1127 = _t[0]
             f_nad_new_entry_cookie.append(_x1127)
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
@@ -1149,14 +1138,13 @@ def dec_notify_add4(r: _Reader, off: int) -> tuple[notify_add4, int]:
             off = _e + (-_n & 3)
             _i1130_ne_attrs, off = dec_fattr4(r, off)
             _i1129_pe_prev_entry = notify_entry4(_i1130_ne_file, _i1130_ne_attrs)
-            _t = _S4.unpack_from(buf, off)
+            (_i1129_pe_prev_entry_cookie,) = _S4.unpack_from(buf, off)
             off += 8
-            _i1129_pe_prev_entry_cookie = _t[0]
             _x1128 = prev_entry4(_i1129_pe_prev_entry, _i1129_pe_prev_entry_cookie)
             f_nad_prev_entry.append(_x1128)
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        f_nad_last_entry = _BOOL[_t[0]]
+        f_nad_last_entry = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated notify_add4', o0) from None
     return notify_add4(f_nad_old_entry, f_nad_new_entry, f_nad_new_entry_cookie, f_nad_prev_entry, f_nad_last_entry), off
@@ -1210,9 +1198,8 @@ def dec_notify_attr4(r: _Reader, off: int) -> tuple[notify_attr4, int]:
         _i1135_attrmask = []
         _c1136 = _n
         for _ in range(_c1136):
-            _t = _S0.unpack_from(buf, off)
+            (_x1136,) = _S0.unpack_from(buf, off)
             off += 4
-            _x1136 = _t[0]
             _i1135_attrmask.append(_x1136)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -1325,9 +1312,8 @@ def dec_notify_rename4(r: _Reader, off: int) -> tuple[notify_rename4, int]:
         _i1152_attrmask = []
         _c1153 = _n
         for _ in range(_c1153):
-            _t = _S0.unpack_from(buf, off)
+            (_x1153,) = _S0.unpack_from(buf, off)
             off += 4
-            _x1153 = _t[0]
             _i1152_attrmask.append(_x1153)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -1340,9 +1326,8 @@ def dec_notify_rename4(r: _Reader, off: int) -> tuple[notify_rename4, int]:
         off = _e + (-_n & 3)
         _i1151_ne_attrs = fattr4(_i1152_attrmask, _i1152_attr_vals)
         _i1150_nrm_old_entry = notify_entry4(_i1151_ne_file, _i1151_ne_attrs)
-        _t = _S4.unpack_from(buf, off)
+        (_i1150_nrm_old_entry_cookie,) = _S4.unpack_from(buf, off)
         off += 8
-        _i1150_nrm_old_entry_cookie = _t[0]
         f_nrn_old_entry = notify_remove4(_i1150_nrm_old_entry, _i1150_nrm_old_entry_cookie)
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
@@ -1354,9 +1339,8 @@ def dec_notify_rename4(r: _Reader, off: int) -> tuple[notify_rename4, int]:
         _c1155 = _n
         for _ in range(_c1155):
             _i1156_nrm_old_entry, off = dec_notify_entry4(r, off)
-            _t = _S4.unpack_from(buf, off)
+            (_i1156_nrm_old_entry_cookie,) = _S4.unpack_from(buf, off)
             off += 8
-            _i1156_nrm_old_entry_cookie = _t[0]
             _x1155 = notify_remove4(_i1156_nrm_old_entry, _i1156_nrm_old_entry_cookie)
             _i1154_nad_old_entry.append(_x1155)
         (_n,) = _U32.unpack_from(buf, off)
@@ -1375,9 +1359,8 @@ def dec_notify_rename4(r: _Reader, off: int) -> tuple[notify_rename4, int]:
         _i1158_attrmask = []
         _c1159 = _n
         for _ in range(_c1159):
-            _t = _S0.unpack_from(buf, off)
+            (_x1159,) = _S0.unpack_from(buf, off)
             off += 4
-            _x1159 = _t[0]
             _i1158_attrmask.append(_x1159)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -1399,9 +1382,8 @@ def dec_notify_rename4(r: _Reader, off: int) -> tuple[notify_rename4, int]:
         _i1154_nad_new_entry_cookie = []
         _c1160 = _n
         for _ in range(_c1160):
-            _t = _S4.unpack_from(buf, off)
+            (_x1160,) = _S4.unpack_from(buf, off)
             off += 8
-            _x1160 = _t[0]
             _i1154_nad_new_entry_cookie.append(_x1160)
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
@@ -1413,14 +1395,13 @@ def dec_notify_rename4(r: _Reader, off: int) -> tuple[notify_rename4, int]:
         _c1161 = _n
         for _ in range(_c1161):
             _i1162_pe_prev_entry, off = dec_notify_entry4(r, off)
-            _t = _S4.unpack_from(buf, off)
+            (_i1162_pe_prev_entry_cookie,) = _S4.unpack_from(buf, off)
             off += 8
-            _i1162_pe_prev_entry_cookie = _t[0]
             _x1161 = prev_entry4(_i1162_pe_prev_entry, _i1162_pe_prev_entry_cookie)
             _i1154_nad_prev_entry.append(_x1161)
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _i1154_nad_last_entry = _BOOL[_t[0]]
+        _i1154_nad_last_entry = _BOOL[_t0]
         f_nrn_new_entry = notify_add4(_i1154_nad_old_entry, _i1154_nad_new_entry, _i1154_nad_new_entry_cookie, _i1154_nad_prev_entry, _i1154_nad_last_entry)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated notify_rename4', o0) from None
@@ -1446,13 +1427,11 @@ def dec_notify_verifier4(r: _Reader, off: int) -> tuple[notify_verifier4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S117.unpack_from(buf, off)
+        _u = notify_verifier4(*_S117.unpack_from(buf, off))
         off += 16
-        f_nv_old_cookieverf = _t[0]
-        f_nv_new_cookieverf = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated notify_verifier4', o0) from None
-    return notify_verifier4(f_nv_old_cookieverf, f_nv_new_cookieverf), off
+    return _u, off
 
 
 notifylist4: _TypeAlias = "bytes"
@@ -1520,9 +1499,8 @@ def dec_notify4(r: _Reader, off: int) -> tuple[notify4, int]:
         f_notify_mask = []
         _c1164 = _n
         for _ in range(_c1164):
-            _t = _S0.unpack_from(buf, off)
+            (_x1164,) = _S0.unpack_from(buf, off)
             off += 4
-            _x1164 = _t[0]
             f_notify_mask.append(_x1164)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -1579,9 +1557,8 @@ def dec_CB_NOTIFY4args(r: _Reader, off: int) -> tuple[CB_NOTIFY4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S11.unpack_from(buf, off)
+        f_cna_stateid = stateid4(*_S11.unpack_from(buf, off))
         off += 16
-        f_cna_stateid = stateid4(_t[0], _t[1])
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 128:
             raise _XdrError('cna_fh: length %d exceeds 128' % _n, off)
@@ -1607,9 +1584,8 @@ def dec_CB_NOTIFY4args(r: _Reader, off: int) -> tuple[CB_NOTIFY4args, int]:
             _i1169_notify_mask = []
             _c1170 = _n
             for _ in range(_c1170):
-                _t = _S0.unpack_from(buf, off)
+                (_x1170,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x1170 = _t[0]
                 _i1169_notify_mask.append(_x1170)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
@@ -1643,12 +1619,12 @@ def dec_CB_NOTIFY4res(r: _Reader, off: int) -> tuple[CB_NOTIFY4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_cnr_status = _nfsstat4_MAP[_t[0]]
+        _u = CB_NOTIFY4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_NOTIFY4res', o0) from None
-    return CB_NOTIFY4res(f_cnr_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1743,15 +1719,12 @@ def dec_CB_PUSH_DELEG4args(r: _Reader, off: int) -> tuple[CB_PUSH_DELEG4args, in
         if _d1178 == 0:
             f_cpda_delegation = open_delegation4(OPEN_DELEGATE_NONE, None)
         elif _d1178 == 1:
-            _t = _S26.unpack_from(buf, off)
+            _t0, _t1, _t2 = _S26.unpack_from(buf, off)
             off += 20
-            _i1179_stateid = stateid4(_t[0], _t[1])
-            _i1179_recall = _BOOL[_t[2]]
-            _t = _S10.unpack_from(buf, off)
+            _i1179_stateid = stateid4(_t0, _t1)
+            _i1179_recall = _BOOL[_t2]
+            _i1180_type, _i1180_flag, _i1180_access_mask = _S10.unpack_from(buf, off)
             off += 12
-            _i1180_type = _t[0]
-            _i1180_flag = _t[1]
-            _i1180_access_mask = _t[2]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -1765,29 +1738,24 @@ def dec_CB_PUSH_DELEG4args(r: _Reader, off: int) -> tuple[CB_PUSH_DELEG4args, in
             _v1178 = open_read_delegation4(_i1179_stateid, _i1179_recall, _i1179_permissions)
             f_cpda_delegation = open_delegation4(OPEN_DELEGATE_READ, _v1178)
         elif _d1178 == 2:
-            _t = _S26.unpack_from(buf, off)
+            _t0, _t1, _t2 = _S26.unpack_from(buf, off)
             off += 20
-            _i1181_stateid = stateid4(_t[0], _t[1])
-            _i1181_recall = _BOOL[_t[2]]
+            _i1181_stateid = stateid4(_t0, _t1)
+            _i1181_recall = _BOOL[_t2]
             (_d1182,) = _S2.unpack_from(buf, off)
             off += 4
             if _d1182 == 1:
-                _t = _S4.unpack_from(buf, off)
+                (_v1182,) = _S4.unpack_from(buf, off)
                 off += 8
-                _v1182 = _t[0]
                 _i1181_space_limit = nfs_space_limit4(NFS_LIMIT_SIZE, _v1182)
             elif _d1182 == 2:
-                _t = _S1.unpack_from(buf, off)
+                _v1182 = nfs_modified_limit4(*_S1.unpack_from(buf, off))
                 off += 8
-                _v1182 = nfs_modified_limit4(_t[0], _t[1])
                 _i1181_space_limit = nfs_space_limit4(NFS_LIMIT_BLOCKS, _v1182)
             else:
                 _i1181_space_limit, off = _dec_any_nfs_space_limit4(r, off - 4)
-            _t = _S10.unpack_from(buf, off)
+            _i1183_type, _i1183_flag, _i1183_access_mask = _S10.unpack_from(buf, off)
             off += 12
-            _i1183_type = _t[0]
-            _i1183_flag = _t[1]
-            _i1183_access_mask = _t[2]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -1804,14 +1772,14 @@ def dec_CB_PUSH_DELEG4args(r: _Reader, off: int) -> tuple[CB_PUSH_DELEG4args, in
             (_d1184,) = _S2.unpack_from(buf, off)
             off += 4
             if _d1184 == 1:
-                _t = _S0.unpack_from(buf, off)
+                (_t0,) = _S0.unpack_from(buf, off)
                 off += 4
-                _v1184 = _BOOL[_t[0]]
+                _v1184 = _BOOL[_t0]
                 _v1178 = open_none_delegation4(WND4_CONTENTION, _v1184)
             elif _d1184 == 2:
-                _t = _S0.unpack_from(buf, off)
+                (_t0,) = _S0.unpack_from(buf, off)
                 off += 4
-                _v1184 = _BOOL[_t[0]]
+                _v1184 = _BOOL[_t0]
                 _v1178 = open_none_delegation4(WND4_RESOURCE, _v1184)
             else:
                 _v1178, off = _dec_any_open_none_delegation4(r, off - 4)
@@ -1839,12 +1807,12 @@ def dec_CB_PUSH_DELEG4res(r: _Reader, off: int) -> tuple[CB_PUSH_DELEG4res, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_cpdr_status = _nfsstat4_MAP[_t[0]]
+        _u = CB_PUSH_DELEG4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_PUSH_DELEG4res', o0) from None
-    return CB_PUSH_DELEG4res(f_cpdr_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1869,9 +1837,8 @@ def dec_CB_RECALL_ANY4args(r: _Reader, off: int) -> tuple[CB_RECALL_ANY4args, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (f_craa_objects_to_keep,) = _S0.unpack_from(buf, off)
         off += 4
-        f_craa_objects_to_keep = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -1879,9 +1846,8 @@ def dec_CB_RECALL_ANY4args(r: _Reader, off: int) -> tuple[CB_RECALL_ANY4args, in
         f_craa_type_mask = []
         _c1186 = _n
         for _ in range(_c1186):
-            _t = _S0.unpack_from(buf, off)
+            (_x1186,) = _S0.unpack_from(buf, off)
             off += 4
-            _x1186 = _t[0]
             f_craa_type_mask.append(_x1186)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_RECALL_ANY4args', o0) from None
@@ -1904,12 +1870,12 @@ def dec_CB_RECALL_ANY4res(r: _Reader, off: int) -> tuple[CB_RECALL_ANY4res, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_crar_status = _nfsstat4_MAP[_t[0]]
+        _u = CB_RECALL_ANY4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_RECALL_ANY4res', o0) from None
-    return CB_RECALL_ANY4res(f_crar_status), off
+    return _u, off
 
 
 CB_RECALLABLE_OBJ_AVAIL4args = CB_RECALL_ANY4args
@@ -1932,9 +1898,8 @@ def dec_CB_RECALLABLE_OBJ_AVAIL4args(r: _Reader, off: int) -> tuple[CB_RECALLABL
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_i1189_craa_objects_to_keep,) = _S0.unpack_from(buf, off)
         off += 4
-        _i1189_craa_objects_to_keep = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -1942,9 +1907,8 @@ def dec_CB_RECALLABLE_OBJ_AVAIL4args(r: _Reader, off: int) -> tuple[CB_RECALLABL
         _i1189_craa_type_mask = []
         _c1190 = _n
         for _ in range(_c1190):
-            _t = _S0.unpack_from(buf, off)
+            (_x1190,) = _S0.unpack_from(buf, off)
             off += 4
-            _x1190 = _t[0]
             _i1189_craa_type_mask.append(_x1190)
         _v = CB_RECALL_ANY4args(_i1189_craa_objects_to_keep, _i1189_craa_type_mask)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1968,12 +1932,12 @@ def dec_CB_RECALLABLE_OBJ_AVAIL4res(r: _Reader, off: int) -> tuple[CB_RECALLABLE
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_croa_status = _nfsstat4_MAP[_t[0]]
+        _u = CB_RECALLABLE_OBJ_AVAIL4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_RECALLABLE_OBJ_AVAIL4res', o0) from None
-    return CB_RECALLABLE_OBJ_AVAIL4res(f_croa_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1992,12 +1956,11 @@ def dec_CB_RECALL_SLOT4args(r: _Reader, off: int) -> tuple[CB_RECALL_SLOT4args, 
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        _u = CB_RECALL_SLOT4args(*_S0.unpack_from(buf, off))
         off += 4
-        f_rsa_target_highest_slotid = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_RECALL_SLOT4args', o0) from None
-    return CB_RECALL_SLOT4args(f_rsa_target_highest_slotid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2016,12 +1979,12 @@ def dec_CB_RECALL_SLOT4res(r: _Reader, off: int) -> tuple[CB_RECALL_SLOT4res, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_rsr_status = _nfsstat4_MAP[_t[0]]
+        _u = CB_RECALL_SLOT4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_RECALL_SLOT4res', o0) from None
-    return CB_RECALL_SLOT4res(f_rsr_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2041,13 +2004,11 @@ def dec_referring_call4(r: _Reader, off: int) -> tuple[referring_call4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S1.unpack_from(buf, off)
+        _u = referring_call4(*_S1.unpack_from(buf, off))
         off += 8
-        f_rc_sequenceid = _t[0]
-        f_rc_slotid = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated referring_call4', o0) from None
-    return referring_call4(f_rc_sequenceid, f_rc_slotid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2073,9 +2034,8 @@ def dec_referring_call_list4(r: _Reader, off: int) -> tuple[referring_call_list4
     buf = r.buf
     o0 = off
     try:
-        _t = _S5.unpack_from(buf, off)
+        (f_rcl_sessionid,) = _S5.unpack_from(buf, off)
         off += 16
-        f_rcl_sessionid = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 8 > len(buf) - off:
@@ -2083,9 +2043,8 @@ def dec_referring_call_list4(r: _Reader, off: int) -> tuple[referring_call_list4
         f_rcl_referring_calls = []
         _c1192 = _n
         for _ in range(_c1192):
-            _t = _S1.unpack_from(buf, off)
+            _x1192 = referring_call4(*_S1.unpack_from(buf, off))
             off += 8
-            _x1192 = referring_call4(_t[0], _t[1])
             f_rcl_referring_calls.append(_x1192)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated referring_call_list4', o0) from None
@@ -2126,13 +2085,9 @@ def dec_CB_SEQUENCE4args(r: _Reader, off: int) -> tuple[CB_SEQUENCE4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S68.unpack_from(buf, off)
+        f_csa_sessionid, f_csa_sequenceid, f_csa_slotid, f_csa_highest_slotid, _t4 = _S68.unpack_from(buf, off)
         off += 32
-        f_csa_sessionid = _t[0]
-        f_csa_sequenceid = _t[1]
-        f_csa_slotid = _t[2]
-        f_csa_highest_slotid = _t[3]
-        f_csa_cachethis = _BOOL[_t[4]]
+        f_csa_cachethis = _BOOL[_t4]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 20 > len(buf) - off:
@@ -2140,9 +2095,8 @@ def dec_CB_SEQUENCE4args(r: _Reader, off: int) -> tuple[CB_SEQUENCE4args, int]:
         f_csa_referring_call_lists = []
         _c1196 = _n
         for _ in range(_c1196):
-            _t = _S5.unpack_from(buf, off)
+            (_i1197_rcl_sessionid,) = _S5.unpack_from(buf, off)
             off += 16
-            _i1197_rcl_sessionid = _t[0]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 8 > len(buf) - off:
@@ -2150,9 +2104,8 @@ def dec_CB_SEQUENCE4args(r: _Reader, off: int) -> tuple[CB_SEQUENCE4args, int]:
             _i1197_rcl_referring_calls = []
             _c1198 = _n
             for _ in range(_c1198):
-                _t = _S1.unpack_from(buf, off)
+                _x1198 = referring_call4(*_S1.unpack_from(buf, off))
                 off += 8
-                _x1198 = referring_call4(_t[0], _t[1])
                 _i1197_rcl_referring_calls.append(_x1198)
             _x1196 = referring_call_list4(_i1197_rcl_sessionid, _i1197_rcl_referring_calls)
             f_csa_referring_call_lists.append(_x1196)
@@ -2182,16 +2135,11 @@ def dec_CB_SEQUENCE4resok(r: _Reader, off: int) -> tuple[CB_SEQUENCE4resok, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S68.unpack_from(buf, off)
+        _u = CB_SEQUENCE4resok(*_S68.unpack_from(buf, off))
         off += 32
-        f_csr_sessionid = _t[0]
-        f_csr_sequenceid = _t[1]
-        f_csr_slotid = _t[2]
-        f_csr_highest_slotid = _t[3]
-        f_csr_target_highest_slotid = _t[4]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_SEQUENCE4resok', o0) from None
-    return CB_SEQUENCE4resok(f_csr_sessionid, f_csr_sequenceid, f_csr_slotid, f_csr_highest_slotid, f_csr_target_highest_slotid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2257,9 +2205,8 @@ def dec_CB_SEQUENCE4res(r: _Reader, off: int) -> tuple[CB_SEQUENCE4res, int]:
         (_d1201,) = _S2.unpack_from(buf, off)
         off += 4
         if _d1201 == 0:
-            _t = _S68.unpack_from(buf, off)
+            _v1201 = CB_SEQUENCE4resok(*_S68.unpack_from(buf, off))
             off += 32
-            _v1201 = CB_SEQUENCE4resok(_t[0], _t[1], _t[2], _t[3], _t[4])
             _u = CB_SEQUENCE4res(NFS4_OK, _v1201)
         else:
             _u, off = _dec_any_CB_SEQUENCE4res(r, off - 4)
@@ -2285,13 +2232,12 @@ def dec_CB_WANTS_CANCELLED4args(r: _Reader, off: int) -> tuple[CB_WANTS_CANCELLE
     buf = r.buf
     o0 = off
     try:
-        _t = _S1.unpack_from(buf, off)
+        _t0, _t1 = _S1.unpack_from(buf, off)
         off += 8
-        f_cwca_contended_wants_cancelled = _BOOL[_t[0]]
-        f_cwca_resourced_wants_cancelled = _BOOL[_t[1]]
+        _u = CB_WANTS_CANCELLED4args(_BOOL[_t0], _BOOL[_t1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_WANTS_CANCELLED4args', o0) from None
-    return CB_WANTS_CANCELLED4args(f_cwca_contended_wants_cancelled, f_cwca_resourced_wants_cancelled), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2310,12 +2256,12 @@ def dec_CB_WANTS_CANCELLED4res(r: _Reader, off: int) -> tuple[CB_WANTS_CANCELLED
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_cwcr_status = _nfsstat4_MAP[_t[0]]
+        _u = CB_WANTS_CANCELLED4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_WANTS_CANCELLED4res', o0) from None
-    return CB_WANTS_CANCELLED4res(f_cwcr_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2361,9 +2307,8 @@ def dec_CB_NOTIFY_LOCK4args(r: _Reader, off: int) -> tuple[CB_NOTIFY_LOCK4args, 
             raise _XdrError('opaque runs past the end', off)
         f_cnla_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S4.unpack_from(buf, off)
+        (_i1203_clientid,) = _S4.unpack_from(buf, off)
         off += 8
-        _i1203_clientid = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
             raise _XdrError('owner: length %d exceeds 1024' % _n, off)
@@ -2397,12 +2342,12 @@ def dec_CB_NOTIFY_LOCK4res(r: _Reader, off: int) -> tuple[CB_NOTIFY_LOCK4res, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_cnlr_status = _nfsstat4_MAP[_t[0]]
+        _u = CB_NOTIFY_LOCK4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_NOTIFY_LOCK4res', o0) from None
-    return CB_NOTIFY_LOCK4res(f_cnlr_status), off
+    return _u, off
 
 
 class notify_deviceid_type4(_IntEnum):
@@ -2447,13 +2392,12 @@ def dec_notify_deviceid_delete4(r: _Reader, off: int) -> tuple[notify_deviceid_d
     buf = r.buf
     o0 = off
     try:
-        _t = _S91.unpack_from(buf, off)
+        _t0, _t1 = _S91.unpack_from(buf, off)
         off += 20
-        f_ndd_layouttype = _layouttype4_MAP[_t[0]]
-        f_ndd_deviceid = _t[1]
+        _u = notify_deviceid_delete4(_layouttype4_MAP[_t0], _t1)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated notify_deviceid_delete4', o0) from None
-    return notify_deviceid_delete4(f_ndd_layouttype, f_ndd_deviceid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2475,14 +2419,12 @@ def dec_notify_deviceid_change4(r: _Reader, off: int) -> tuple[notify_deviceid_c
     buf = r.buf
     o0 = off
     try:
-        _t = _S118.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S118.unpack_from(buf, off)
         off += 24
-        f_ndc_layouttype = _layouttype4_MAP[_t[0]]
-        f_ndc_deviceid = _t[1]
-        f_ndc_immediate = _BOOL[_t[2]]
+        _u = notify_deviceid_change4(_layouttype4_MAP[_t0], _t1, _BOOL[_t2])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated notify_deviceid_change4', o0) from None
-    return notify_deviceid_change4(f_ndc_layouttype, f_ndc_deviceid, f_ndc_immediate), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2529,9 +2471,8 @@ def dec_CB_NOTIFY_DEVICEID4args(r: _Reader, off: int) -> tuple[CB_NOTIFY_DEVICEI
             _i1208_notify_mask = []
             _c1209 = _n
             for _ in range(_c1209):
-                _t = _S0.unpack_from(buf, off)
+                (_x1209,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x1209 = _t[0]
                 _i1208_notify_mask.append(_x1209)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
@@ -2565,12 +2506,12 @@ def dec_CB_NOTIFY_DEVICEID4res(r: _Reader, off: int) -> tuple[CB_NOTIFY_DEVICEID
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_cndr_status = _nfsstat4_MAP[_t[0]]
+        _u = CB_NOTIFY_DEVICEID4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_NOTIFY_DEVICEID4res', o0) from None
-    return CB_NOTIFY_DEVICEID4res(f_cndr_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2654,15 +2595,12 @@ def dec_offload_info4(r: _Reader, off: int) -> tuple[offload_info4, int]:
             _i1215_wr_callback_id = []
             _c1216 = _n
             for _ in range(_c1216):
-                _t = _S11.unpack_from(buf, off)
+                _x1216 = stateid4(*_S11.unpack_from(buf, off))
                 off += 16
-                _x1216 = stateid4(_t[0], _t[1])
                 _i1215_wr_callback_id.append(_x1216)
-            _t = _S74.unpack_from(buf, off)
+            _i1215_wr_count, _t1, _i1215_wr_writeverf = _S74.unpack_from(buf, off)
             off += 20
-            _i1215_wr_count = _t[0]
-            _i1215_wr_committed = _stable_how4_MAP[_t[1]]
-            _i1215_wr_writeverf = _t[2]
+            _i1215_wr_committed = _stable_how4_MAP[_t1]
             _v1214 = write_response4(_i1215_wr_callback_id, _i1215_wr_count, _i1215_wr_committed, _i1215_wr_writeverf)
             _u = offload_info4(NFS4_OK, _v1214)
         else:
@@ -2726,9 +2664,8 @@ def dec_CB_OFFLOAD4args(r: _Reader, off: int) -> tuple[CB_OFFLOAD4args, int]:
             raise _XdrError('opaque runs past the end', off)
         f_coa_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S11.unpack_from(buf, off)
+        f_coa_stateid = stateid4(*_S11.unpack_from(buf, off))
         off += 16
-        f_coa_stateid = stateid4(_t[0], _t[1])
         (_d1220,) = _S2.unpack_from(buf, off)
         off += 4
         if _d1220 == 0:
@@ -2741,15 +2678,12 @@ def dec_CB_OFFLOAD4args(r: _Reader, off: int) -> tuple[CB_OFFLOAD4args, int]:
             _i1221_wr_callback_id = []
             _c1222 = _n
             for _ in range(_c1222):
-                _t = _S11.unpack_from(buf, off)
+                _x1222 = stateid4(*_S11.unpack_from(buf, off))
                 off += 16
-                _x1222 = stateid4(_t[0], _t[1])
                 _i1221_wr_callback_id.append(_x1222)
-            _t = _S74.unpack_from(buf, off)
+            _i1221_wr_count, _t1, _i1221_wr_writeverf = _S74.unpack_from(buf, off)
             off += 20
-            _i1221_wr_count = _t[0]
-            _i1221_wr_committed = _stable_how4_MAP[_t[1]]
-            _i1221_wr_writeverf = _t[2]
+            _i1221_wr_committed = _stable_how4_MAP[_t1]
             _v1220 = write_response4(_i1221_wr_callback_id, _i1221_wr_count, _i1221_wr_committed, _i1221_wr_writeverf)
             f_coa_offload_info = offload_info4(NFS4_OK, _v1220)
         else:
@@ -2775,12 +2709,12 @@ def dec_CB_OFFLOAD4res(r: _Reader, off: int) -> tuple[CB_OFFLOAD4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_cor_status = _nfsstat4_MAP[_t[0]]
+        _u = CB_OFFLOAD4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_OFFLOAD4res', o0) from None
-    return CB_OFFLOAD4res(f_cor_status), off
+    return _u, off
 
 
 class nfs_cb_opnum4(_IntEnum):
@@ -3330,10 +3264,8 @@ def dec_CB_COMPOUND4args(r: _Reader, off: int) -> tuple[CB_COMPOUND4args, int]:
             raise _XdrError('opaque runs past the end', off)
         f_tag = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S1.unpack_from(buf, off)
+        f_minorversion, f_callback_ident = _S1.unpack_from(buf, off)
         off += 8
-        f_minorversion = _t[0]
-        f_callback_ident = _t[1]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -3390,9 +3322,9 @@ def dec_CB_COMPOUND4res(r: _Reader, off: int) -> tuple[CB_COMPOUND4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        f_status = _nfsstat4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -3445,9 +3377,8 @@ def peek_COMPOUND4args(r: _Reader, off: int) -> tuple[COMPOUND4args_head, int]:
             raise _XdrError('opaque runs past the end', off)
         f_tag = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S0.unpack_from(buf, off)
+        (f_minorversion,) = _S0.unpack_from(buf, off)
         off += 4
-        f_minorversion = _t[0]
         (f_count,) = _U32.unpack_from(buf, off)
         off += 4
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -3479,9 +3410,9 @@ def peek_COMPOUND4res(r: _Reader, off: int) -> tuple[COMPOUND4res_head, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        f_status = _nfsstat4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -3532,10 +3463,8 @@ def peek_CB_COMPOUND4args(r: _Reader, off: int) -> tuple[CB_COMPOUND4args_head, 
             raise _XdrError('opaque runs past the end', off)
         f_tag = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S1.unpack_from(buf, off)
+        f_minorversion, f_callback_ident = _S1.unpack_from(buf, off)
         off += 8
-        f_minorversion = _t[0]
-        f_callback_ident = _t[1]
         (f_count,) = _U32.unpack_from(buf, off)
         off += 4
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -3567,9 +3496,9 @@ def peek_CB_COMPOUND4res(r: _Reader, off: int) -> tuple[CB_COMPOUND4res_head, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        f_status = _nfsstat4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:

@@ -1828,14 +1828,14 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     SECINFO_NO_NAME4args as SECINFO_NO_NAME4args,
     enc_SECINFO_NO_NAME4args as enc_SECINFO_NO_NAME4args,
     dec_SECINFO_NO_NAME4args as dec_SECINFO_NO_NAME4args,
-)
-from nfsrdma.xdr.gen._nfs4_6 import (
     SECINFO_NO_NAME4res as SECINFO_NO_NAME4res,
     enc_SECINFO_NO_NAME4res as enc_SECINFO_NO_NAME4res,
     dec_SECINFO_NO_NAME4res as dec_SECINFO_NO_NAME4res,
     SEQUENCE4args as SEQUENCE4args,
     enc_SEQUENCE4args as enc_SEQUENCE4args,
     dec_SEQUENCE4args as dec_SEQUENCE4args,
+)
+from nfsrdma.xdr.gen._nfs4_6 import (
     SEQUENCE4resok as SEQUENCE4resok,
     enc_SEQUENCE4resok as enc_SEQUENCE4resok,
     dec_SEQUENCE4resok as dec_SEQUENCE4resok,
@@ -2125,8 +2125,6 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     _dec_any_GETXATTR4res as _dec_any_GETXATTR4res,
     enc_GETXATTR4res as enc_GETXATTR4res,
     dec_GETXATTR4res as dec_GETXATTR4res,
-)
-from nfsrdma.xdr.gen._nfs4_7 import (
     setxattr_option4 as setxattr_option4,
     _setxattr_option4_MAP as _setxattr_option4_MAP,
     SETXATTR4_EITHER as SETXATTR4_EITHER,
@@ -2134,6 +2132,8 @@ from nfsrdma.xdr.gen._nfs4_7 import (
     SETXATTR4_REPLACE as SETXATTR4_REPLACE,
     enc_setxattr_option4 as enc_setxattr_option4,
     dec_setxattr_option4 as dec_setxattr_option4,
+)
+from nfsrdma.xdr.gen._nfs4_7 import (
     SETXATTR4args as SETXATTR4args,
     enc_SETXATTR4args as enc_SETXATTR4args,
     dec_SETXATTR4args as dec_SETXATTR4args,

@@ -101,9 +101,8 @@ def dec_opaque_auth(r: _Reader, off: int) -> tuple[opaque_auth, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (f_flavor,) = _S0.unpack_from(buf, off)
         off += 4
-        f_flavor = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 400:
             raise _XdrError('body: length %d exceeds 400' % _n, off)
@@ -291,13 +290,11 @@ def dec_mismatch_info(r: _Reader, off: int) -> tuple[mismatch_info, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S1.unpack_from(buf, off)
+        _u = mismatch_info(*_S1.unpack_from(buf, off))
         off += 8
-        f_low = _t[0]
-        f_high = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated mismatch_info', o0) from None
-    return mismatch_info(f_low, f_high), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -339,15 +336,10 @@ def dec_call_body(r: _Reader, off: int) -> tuple[call_body, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        f_rpcvers, f_prog, f_vers, f_proc = _S2.unpack_from(buf, off)
         off += 16
-        f_rpcvers = _t[0]
-        f_prog = _t[1]
-        f_vers = _t[2]
-        f_proc = _t[3]
-        _t = _S0.unpack_from(buf, off)
+        (_i3_flavor,) = _S0.unpack_from(buf, off)
         off += 4
-        _i3_flavor = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 400:
             raise _XdrError('body: length %d exceeds 400' % _n, off)
@@ -360,9 +352,8 @@ def dec_call_body(r: _Reader, off: int) -> tuple[call_body, int]:
         _i3_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_cred = opaque_auth(_i3_flavor, _i3_body)
-        _t = _S0.unpack_from(buf, off)
+        (_i4_flavor,) = _S0.unpack_from(buf, off)
         off += 4
-        _i4_flavor = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 400:
             raise _XdrError('body: length %d exceeds 400' % _n, off)
@@ -446,9 +437,8 @@ def dec_accepted_reply_data(r: _Reader, off: int) -> tuple[accepted_reply_data, 
         if _d7 == 0:
             _u = accepted_reply_data(SUCCESS, None)
         elif _d7 == 2:
-            _t = _S1.unpack_from(buf, off)
+            _v7 = mismatch_info(*_S1.unpack_from(buf, off))
             off += 8
-            _v7 = mismatch_info(_t[0], _t[1])
             _u = accepted_reply_data(PROG_MISMATCH, _v7)
         else:
             _u, off = _dec_any_accepted_reply_data(r, off - 4)
@@ -491,9 +481,8 @@ def dec_accepted_reply(r: _Reader, off: int) -> tuple[accepted_reply, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_i10_flavor,) = _S0.unpack_from(buf, off)
         off += 4
-        _i10_flavor = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 400:
             raise _XdrError('body: length %d exceeds 400' % _n, off)
@@ -511,9 +500,8 @@ def dec_accepted_reply(r: _Reader, off: int) -> tuple[accepted_reply, int]:
         if _d11 == 0:
             f_reply_data = accepted_reply_data(SUCCESS, None)
         elif _d11 == 2:
-            _t = _S1.unpack_from(buf, off)
+            _v11 = mismatch_info(*_S1.unpack_from(buf, off))
             off += 8
-            _v11 = mismatch_info(_t[0], _t[1])
             f_reply_data = accepted_reply_data(PROG_MISMATCH, _v11)
         else:
             f_reply_data, off = _dec_any_accepted_reply_data(r, off - 4)
@@ -588,14 +576,13 @@ def dec_rejected_reply(r: _Reader, off: int) -> tuple[rejected_reply, int]:
         (_d14,) = _S3.unpack_from(buf, off)
         off += 4
         if _d14 == 0:
-            _t = _S1.unpack_from(buf, off)
+            _v14 = mismatch_info(*_S1.unpack_from(buf, off))
             off += 8
-            _v14 = mismatch_info(_t[0], _t[1])
             _u = rejected_reply(RPC_MISMATCH, _v14)
         elif _d14 == 1:
-            _t = _S3.unpack_from(buf, off)
+            (_t0,) = _S3.unpack_from(buf, off)
             off += 4
-            _v14 = _auth_stat_MAP[_t[0]]
+            _v14 = _auth_stat_MAP[_t0]
             _u = rejected_reply(AUTH_ERROR, _v14)
         else:
             _u, off = _dec_any_rejected_reply(r, off - 4)
@@ -698,9 +685,8 @@ def dec_reply_body(r: _Reader, off: int) -> tuple[reply_body, int]:
         (_d21,) = _S3.unpack_from(buf, off)
         off += 4
         if _d21 == 0:
-            _t = _S0.unpack_from(buf, off)
+            (_i23_flavor,) = _S0.unpack_from(buf, off)
             off += 4
-            _i23_flavor = _t[0]
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 400:
                 raise _XdrError('body: length %d exceeds 400' % _n, off)
@@ -718,9 +704,8 @@ def dec_reply_body(r: _Reader, off: int) -> tuple[reply_body, int]:
             if _d24 == 0:
                 _i22_reply_data = accepted_reply_data(SUCCESS, None)
             elif _d24 == 2:
-                _t = _S1.unpack_from(buf, off)
+                _v24 = mismatch_info(*_S1.unpack_from(buf, off))
                 off += 8
-                _v24 = mismatch_info(_t[0], _t[1])
                 _i22_reply_data = accepted_reply_data(PROG_MISMATCH, _v24)
             else:
                 _i22_reply_data, off = _dec_any_accepted_reply_data(r, off - 4)
@@ -730,14 +715,13 @@ def dec_reply_body(r: _Reader, off: int) -> tuple[reply_body, int]:
             (_d25,) = _S3.unpack_from(buf, off)
             off += 4
             if _d25 == 0:
-                _t = _S1.unpack_from(buf, off)
+                _v25 = mismatch_info(*_S1.unpack_from(buf, off))
                 off += 8
-                _v25 = mismatch_info(_t[0], _t[1])
                 _v21 = rejected_reply(RPC_MISMATCH, _v25)
             elif _d25 == 1:
-                _t = _S3.unpack_from(buf, off)
+                (_t0,) = _S3.unpack_from(buf, off)
                 off += 4
-                _v25 = _auth_stat_MAP[_t[0]]
+                _v25 = _auth_stat_MAP[_t0]
                 _v21 = rejected_reply(AUTH_ERROR, _v25)
             else:
                 _v21, off = _dec_any_rejected_reply(r, off - 4)
@@ -857,15 +841,10 @@ def dec_rpc_msg_body(r: _Reader, off: int) -> tuple[rpc_msg_body, int]:
         (_d34,) = _S3.unpack_from(buf, off)
         off += 4
         if _d34 == 0:
-            _t = _S2.unpack_from(buf, off)
+            _i35_rpcvers, _i35_prog, _i35_vers, _i35_proc = _S2.unpack_from(buf, off)
             off += 16
-            _i35_rpcvers = _t[0]
-            _i35_prog = _t[1]
-            _i35_vers = _t[2]
-            _i35_proc = _t[3]
-            _t = _S0.unpack_from(buf, off)
+            (_i36_flavor,) = _S0.unpack_from(buf, off)
             off += 4
-            _i36_flavor = _t[0]
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 400:
                 raise _XdrError('body: length %d exceeds 400' % _n, off)
@@ -878,9 +857,8 @@ def dec_rpc_msg_body(r: _Reader, off: int) -> tuple[rpc_msg_body, int]:
             _i36_body = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i35_cred = opaque_auth(_i36_flavor, _i36_body)
-            _t = _S0.unpack_from(buf, off)
+            (_i37_flavor,) = _S0.unpack_from(buf, off)
             off += 4
-            _i37_flavor = _t[0]
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 400:
                 raise _XdrError('body: length %d exceeds 400' % _n, off)
@@ -907,14 +885,13 @@ def dec_rpc_msg_body(r: _Reader, off: int) -> tuple[rpc_msg_body, int]:
                 (_d40,) = _S3.unpack_from(buf, off)
                 off += 4
                 if _d40 == 0:
-                    _t = _S1.unpack_from(buf, off)
+                    _v40 = mismatch_info(*_S1.unpack_from(buf, off))
                     off += 8
-                    _v40 = mismatch_info(_t[0], _t[1])
                     _v38 = rejected_reply(RPC_MISMATCH, _v40)
                 elif _d40 == 1:
-                    _t = _S3.unpack_from(buf, off)
+                    (_t0,) = _S3.unpack_from(buf, off)
                     off += 4
-                    _v40 = _auth_stat_MAP[_t[0]]
+                    _v40 = _auth_stat_MAP[_t0]
                     _v38 = rejected_reply(AUTH_ERROR, _v40)
                 else:
                     _v38, off = _dec_any_rejected_reply(r, off - 4)
@@ -998,21 +975,15 @@ def dec_rpc_msg(r: _Reader, off: int) -> tuple[rpc_msg, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (f_xid,) = _S0.unpack_from(buf, off)
         off += 4
-        f_xid = _t[0]
         (_d48,) = _S3.unpack_from(buf, off)
         off += 4
         if _d48 == 0:
-            _t = _S2.unpack_from(buf, off)
+            _i49_rpcvers, _i49_prog, _i49_vers, _i49_proc = _S2.unpack_from(buf, off)
             off += 16
-            _i49_rpcvers = _t[0]
-            _i49_prog = _t[1]
-            _i49_vers = _t[2]
-            _i49_proc = _t[3]
-            _t = _S0.unpack_from(buf, off)
+            (_i50_flavor,) = _S0.unpack_from(buf, off)
             off += 4
-            _i50_flavor = _t[0]
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 400:
                 raise _XdrError('body: length %d exceeds 400' % _n, off)
@@ -1025,9 +996,8 @@ def dec_rpc_msg(r: _Reader, off: int) -> tuple[rpc_msg, int]:
             _i50_body = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i49_cred = opaque_auth(_i50_flavor, _i50_body)
-            _t = _S0.unpack_from(buf, off)
+            (_i51_flavor,) = _S0.unpack_from(buf, off)
             off += 4
-            _i51_flavor = _t[0]
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 400:
                 raise _XdrError('body: length %d exceeds 400' % _n, off)
@@ -1054,14 +1024,13 @@ def dec_rpc_msg(r: _Reader, off: int) -> tuple[rpc_msg, int]:
                 (_d54,) = _S3.unpack_from(buf, off)
                 off += 4
                 if _d54 == 0:
-                    _t = _S1.unpack_from(buf, off)
+                    _v54 = mismatch_info(*_S1.unpack_from(buf, off))
                     off += 8
-                    _v54 = mismatch_info(_t[0], _t[1])
                     _v52 = rejected_reply(RPC_MISMATCH, _v54)
                 elif _d54 == 1:
-                    _t = _S3.unpack_from(buf, off)
+                    (_t0,) = _S3.unpack_from(buf, off)
                     off += 4
-                    _v54 = _auth_stat_MAP[_t[0]]
+                    _v54 = _auth_stat_MAP[_t0]
                     _v52 = rejected_reply(AUTH_ERROR, _v54)
                 else:
                     _v52, off = _dec_any_rejected_reply(r, off - 4)
@@ -1110,9 +1079,8 @@ def dec_authsys_parms(r: _Reader, off: int) -> tuple[authsys_parms, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (f_stamp,) = _S0.unpack_from(buf, off)
         off += 4
-        f_stamp = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 255:
             raise _XdrError('machinename: length %d exceeds 255' % _n, off)
@@ -1124,10 +1092,8 @@ def dec_authsys_parms(r: _Reader, off: int) -> tuple[authsys_parms, int]:
             raise _XdrError('string runs past the end', off)
         f_machinename = str(buf[off:_e], 'utf-8', 'surrogateescape')
         off = _e + (-_n & 3)
-        _t = _S1.unpack_from(buf, off)
+        f_uid, f_gid = _S1.unpack_from(buf, off)
         off += 8
-        f_uid = _t[0]
-        f_gid = _t[1]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 16:
             raise _XdrError('gids: length %d exceeds 16' % _n, off)

@@ -64,9 +64,8 @@ def dec_uint32(r: _Reader, off: int) -> tuple[uint32, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated uint32', o0) from None
     return _v, off
@@ -86,9 +85,8 @@ def dec_uint64(r: _Reader, off: int) -> tuple[uint64, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S1.unpack_from(buf, off)
+        (_v,) = _S1.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated uint64', o0) from None
     return _v, off
@@ -112,14 +110,11 @@ def dec_xdr_rdma_segment(r: _Reader, off: int) -> tuple[xdr_rdma_segment, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        _u = xdr_rdma_segment(*_S2.unpack_from(buf, off))
         off += 16
-        f_handle = _t[0]
-        f_length = _t[1]
-        f_offset = _t[2]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xdr_rdma_segment', o0) from None
-    return xdr_rdma_segment(f_handle, f_length, f_offset), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -139,13 +134,12 @@ def dec_xdr_read_chunk(r: _Reader, off: int) -> tuple[xdr_read_chunk, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S3.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3 = _S3.unpack_from(buf, off)
         off += 20
-        f_position = _t[0]
-        f_target = xdr_rdma_segment(_t[1], _t[2], _t[3])
+        _u = xdr_read_chunk(_t0, xdr_rdma_segment(_t1, _t2, _t3))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xdr_read_chunk', o0) from None
-    return xdr_read_chunk(f_position, f_target), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -164,9 +158,9 @@ def dec_xdr_read_list(r: _Reader, off: int) -> tuple[xdr_read_list, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S3.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3 = _S3.unpack_from(buf, off)
         off += 20
-        f_entry = xdr_read_chunk(_t[0], xdr_rdma_segment(_t[1], _t[2], _t[3]))
+        f_entry = xdr_read_chunk(_t0, xdr_rdma_segment(_t1, _t2, _t3))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xdr_read_list', o0) from None
     return xdr_read_list(f_entry), off
@@ -193,9 +187,9 @@ def _dec_list_xdr_read_list(r: _Reader, off: int) -> tuple[list[xdr_read_chunk],
             raise _XdrError('list link is not a bool', off - 4)
         o0 = off
         try:
-            _t = _S3.unpack_from(buf, off)
+            _t0, _t1, _t2, _t3 = _S3.unpack_from(buf, off)
             off += 20
-            _x = xdr_read_chunk(_t[0], xdr_rdma_segment(_t[1], _t[2], _t[3]))
+            _x = xdr_read_chunk(_t0, xdr_rdma_segment(_t1, _t2, _t3))
         except (_struct.error, KeyError, IndexError, UnicodeError):
             raise _XdrError('invalid or truncated xdr_read_list', o0) from None
         items.append(_x)
@@ -228,9 +222,8 @@ def dec_xdr_write_chunk(r: _Reader, off: int) -> tuple[xdr_write_chunk, int]:
         f_target = []
         _c2 = _n
         for _ in range(_c2):
-            _t = _S2.unpack_from(buf, off)
+            _x2 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
             off += 16
-            _x2 = xdr_rdma_segment(_t[0], _t[1], _t[2])
             f_target.append(_x2)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xdr_write_chunk', o0) from None
@@ -265,9 +258,8 @@ def dec_xdr_write_list(r: _Reader, off: int) -> tuple[xdr_write_list, int]:
         _i5_target = []
         _c6 = _n
         for _ in range(_c6):
-            _t = _S2.unpack_from(buf, off)
+            _x6 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
             off += 16
-            _x6 = xdr_rdma_segment(_t[0], _t[1], _t[2])
             _i5_target.append(_x6)
         f_entry = xdr_write_chunk(_i5_target)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -308,9 +300,8 @@ def _dec_list_xdr_write_list(r: _Reader, off: int) -> tuple[list[xdr_write_chunk
             _i9_target = []
             _c10 = _n
             for _ in range(_c10):
-                _t = _S2.unpack_from(buf, off)
+                _x10 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
                 off += 16
-                _x10 = xdr_rdma_segment(_t[0], _t[1], _t[2])
                 _i9_target.append(_x10)
             _x = xdr_write_chunk(_i9_target)
         except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -423,10 +414,8 @@ def dec_rpc_rdma_header_padded(r: _Reader, off: int) -> tuple[rpc_rdma_header_pa
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        f_rdma_align, f_rdma_thresh = _S4.unpack_from(buf, off)
         off += 8
-        f_rdma_align = _t[0]
-        f_rdma_thresh = _t[1]
         f_rdma_reads, off = _dec_list_xdr_read_list(r, off)
         f_rdma_writes, off = _dec_list_xdr_write_list(r, off)
         (_p,) = _U32.unpack_from(buf, off)
@@ -483,13 +472,11 @@ def dec_rpc_rdma_errvers(r: _Reader, off: int) -> tuple[rpc_rdma_errvers, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        _u = rpc_rdma_errvers(*_S4.unpack_from(buf, off))
         off += 8
-        f_rdma_vers_low = _t[0]
-        f_rdma_vers_high = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated rpc_rdma_errvers', o0) from None
-    return rpc_rdma_errvers(f_rdma_vers_low, f_rdma_vers_high), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -557,9 +544,8 @@ def dec_rpc_rdma_error(r: _Reader, off: int) -> tuple[rpc_rdma_error, int]:
         (_d13,) = _S5.unpack_from(buf, off)
         off += 4
         if _d13 == 1:
-            _t = _S4.unpack_from(buf, off)
+            _v13 = rpc_rdma_errvers(*_S4.unpack_from(buf, off))
             off += 8
-            _v13 = rpc_rdma_errvers(_t[0], _t[1])
             _u = rpc_rdma_error(ERR_VERS, _v13)
         elif _d13 == 2:
             _u = rpc_rdma_error(ERR_CHUNK, None)
@@ -750,11 +736,8 @@ def dec_rdma_msg(r: _Reader, off: int) -> tuple[rdma_msg, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S8.unpack_from(buf, off)
+        f_rdma_xid, f_rdma_vers, f_rdma_credit = _S8.unpack_from(buf, off)
         off += 12
-        f_rdma_xid = _t[0]
-        f_rdma_vers = _t[1]
-        f_rdma_credit = _t[2]
         _v20: _Any
         _f20: _Callable[[_Reader, int], tuple[_Any, int]]
         (_d20,) = _S5.unpack_from(buf, off)
@@ -784,9 +767,8 @@ def dec_xms_grpxn(r: _Reader, off: int) -> tuple[xms_grpxn, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xms_grpxn', o0) from None
     return _v, off
@@ -806,9 +788,8 @@ def dec_xms_grpxc(r: _Reader, off: int) -> tuple[xms_grpxc, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xms_grpxc', o0) from None
     return _v, off
@@ -828,9 +809,8 @@ def dec_xmdp_itemlen(r: _Reader, off: int) -> tuple[xmdp_itemlen, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xmdp_itemlen', o0) from None
     return _v, off
@@ -850,9 +830,8 @@ def dec_xmdp_pldisp(r: _Reader, off: int) -> tuple[xmdp_pldisp, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xmdp_pldisp', o0) from None
     return _v, off
@@ -872,9 +851,8 @@ def dec_xmdp_vsdisp(r: _Reader, off: int) -> tuple[xmdp_vsdisp, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xmdp_vsdisp', o0) from None
     return _v, off
@@ -922,14 +900,12 @@ def dec_xms_id(r: _Reader, off: int) -> tuple[xms_id, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S9.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S9.unpack_from(buf, off)
         off += 12
-        f_xmsi_xid = _t[0]
-        f_xmsi_dir = _xms_dir_MAP[_t[1]]
-        f_xmsi_seq = _t[2]
+        _u = xms_id(_t0, _xms_dir_MAP[_t1], _t2)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xms_id', o0) from None
-    return xms_id(f_xmsi_xid, f_xmsi_dir, f_xmsi_seq), off
+    return _u, off
 
 
 class xmdp_type(_IntEnum):
@@ -986,9 +962,8 @@ def dec_xmdp_tbsnloc(r: _Reader, off: int) -> tuple[xmdp_tbsnloc, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (f_xmdl_offset,) = _S0.unpack_from(buf, off)
         off += 4
-        f_xmdl_offset = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
@@ -996,9 +971,8 @@ def dec_xmdp_tbsnloc(r: _Reader, off: int) -> tuple[xmdp_tbsnloc, int]:
         f_xmdl_bsnum = []
         _c22 = _n
         for _ in range(_c22):
-            _t = _S0.unpack_from(buf, off)
+            (_x22,) = _S0.unpack_from(buf, off)
             off += 4
-            _x22 = _t[0]
             f_xmdl_bsnum.append(_x22)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xmdp_tbsnloc', o0) from None
@@ -1027,9 +1001,8 @@ def dec_xmdp_loc_xmdl_ex(r: _Reader, off: int) -> tuple[list[xdr_rdma_segment], 
         _v = []
         _c24 = _n
         for _ in range(_c24):
-            _t = _S2.unpack_from(buf, off)
+            _x24 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
             off += 16
-            _x24 = xdr_rdma_segment(_t[0], _t[1], _t[2])
             _v.append(_x24)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xmdp_loc.xmdl_ex', o0) from None
@@ -1123,15 +1096,13 @@ def dec_xmdp_loc(r: _Reader, off: int) -> tuple[xmdp_loc, int]:
             _v30 = []
             _c31 = _n
             for _ in range(_c31):
-                _t = _S2.unpack_from(buf, off)
+                _x31 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
                 off += 16
-                _x31 = xdr_rdma_segment(_t[0], _t[1], _t[2])
                 _v30.append(_x31)
             _u = xmdp_loc(XMPTYPE_EXRW, _v30)
         elif _d30 == 2:
-            _t = _S0.unpack_from(buf, off)
+            (_i32_xmdl_offset,) = _S0.unpack_from(buf, off)
             off += 4
-            _i32_xmdl_offset = _t[0]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
@@ -1139,9 +1110,8 @@ def dec_xmdp_loc(r: _Reader, off: int) -> tuple[xmdp_loc, int]:
             _i32_xmdl_bsnum = []
             _c33 = _n
             for _ in range(_c33):
-                _t = _S0.unpack_from(buf, off)
+                (_x33,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x33 = _t[0]
                 _i32_xmdl_bsnum.append(_x33)
             _v30 = xmdp_tbsnloc(_i32_xmdl_offset, _i32_xmdl_bsnum)
             _u = xmdp_loc(XMPTYPE_TBSN, _v30)
@@ -1196,10 +1166,8 @@ def dec_xmdp_mitem(r: _Reader, off: int) -> tuple[xmdp_mitem, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        f_xmdmi_disp, f_xmdmi_length = _S4.unpack_from(buf, off)
         off += 8
-        f_xmdmi_disp = _t[0]
-        f_xmdmi_length = _t[1]
         (_d38,) = _S5.unpack_from(buf, off)
         off += 4
         if _d38 == 1:
@@ -1210,15 +1178,13 @@ def dec_xmdp_mitem(r: _Reader, off: int) -> tuple[xmdp_mitem, int]:
             _v38 = []
             _c39 = _n
             for _ in range(_c39):
-                _t = _S2.unpack_from(buf, off)
+                _x39 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
                 off += 16
-                _x39 = xdr_rdma_segment(_t[0], _t[1], _t[2])
                 _v38.append(_x39)
             f_xmdmi_where = xmdp_loc(XMPTYPE_EXRW, _v38)
         elif _d38 == 2:
-            _t = _S0.unpack_from(buf, off)
+            (_i40_xmdl_offset,) = _S0.unpack_from(buf, off)
             off += 4
-            _i40_xmdl_offset = _t[0]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
@@ -1226,9 +1192,8 @@ def dec_xmdp_mitem(r: _Reader, off: int) -> tuple[xmdp_mitem, int]:
             _i40_xmdl_bsnum = []
             _c41 = _n
             for _ in range(_c41):
-                _t = _S0.unpack_from(buf, off)
+                (_x41,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x41 = _t[0]
                 _i40_xmdl_bsnum.append(_x41)
             _v38 = xmdp_tbsnloc(_i40_xmdl_offset, _i40_xmdl_bsnum)
             f_xmdmi_where = xmdp_loc(XMPTYPE_TBSN, _v38)
@@ -1309,10 +1274,8 @@ def dec_optxmt_req(r: _Reader, off: int) -> tuple[optxmt_req, int]:
         f_optxrq_dp = []
         _c49 = _n
         for _ in range(_c49):
-            _t = _S4.unpack_from(buf, off)
+            _i50_xmdmi_disp, _i50_xmdmi_length = _S4.unpack_from(buf, off)
             off += 8
-            _i50_xmdmi_disp = _t[0]
-            _i50_xmdmi_length = _t[1]
             (_d51,) = _S5.unpack_from(buf, off)
             off += 4
             if _d51 == 1:
@@ -1323,9 +1286,8 @@ def dec_optxmt_req(r: _Reader, off: int) -> tuple[optxmt_req, int]:
                 _v51 = []
                 _c52 = _n
                 for _ in range(_c52):
-                    _t = _S2.unpack_from(buf, off)
+                    _x52 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
                     off += 16
-                    _x52 = xdr_rdma_segment(_t[0], _t[1], _t[2])
                     _v51.append(_x52)
                 _i50_xmdmi_where = xmdp_loc(XMPTYPE_EXRW, _v51)
             elif _d51 == 2:
@@ -1351,9 +1313,8 @@ def dec_optxmt_req(r: _Reader, off: int) -> tuple[optxmt_req, int]:
             _i54_target = []
             _c55 = _n
             for _ in range(_c55):
-                _t = _S2.unpack_from(buf, off)
+                _x55 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
                 off += 16
-                _x55 = xdr_rdma_segment(_t[0], _t[1], _t[2])
                 _i54_target.append(_x55)
             _x53 = xdr_write_chunk(_i54_target)
             f_optxrq_writes.append(_x53)
@@ -1365,11 +1326,8 @@ def dec_optxmt_req(r: _Reader, off: int) -> tuple[optxmt_req, int]:
             f_optxrq_repch = None
         else:
             raise _XdrError('optional-data flag is not a bool', off - 4)
-        _t = _S8.unpack_from(buf, off)
+        f_optxrq_count, f_optxrq_rsbuf, f_optxrq_pslen = _S8.unpack_from(buf, off)
         off += 12
-        f_optxrq_count = _t[0]
-        f_optxrq_rsbuf = _t[1]
-        f_optxrq_pslen = _t[2]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated optxmt_req', o0) from None
     return optxmt_req(f_optxrq_dp, f_optxrq_writes, f_optxrq_repch, f_optxrq_count, f_optxrq_rsbuf, f_optxrq_pslen), off
@@ -1425,10 +1383,8 @@ def dec_optxmt_resp(r: _Reader, off: int) -> tuple[optxmt_resp, int]:
         f_optxrs_dp = []
         _c60 = _n
         for _ in range(_c60):
-            _t = _S4.unpack_from(buf, off)
+            _i61_xmdmi_disp, _i61_xmdmi_length = _S4.unpack_from(buf, off)
             off += 8
-            _i61_xmdmi_disp = _t[0]
-            _i61_xmdmi_length = _t[1]
             (_d62,) = _S5.unpack_from(buf, off)
             off += 4
             if _d62 == 1:
@@ -1439,9 +1395,8 @@ def dec_optxmt_resp(r: _Reader, off: int) -> tuple[optxmt_resp, int]:
                 _v62 = []
                 _c63 = _n
                 for _ in range(_c63):
-                    _t = _S2.unpack_from(buf, off)
+                    _x63 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
                     off += 16
-                    _x63 = xdr_rdma_segment(_t[0], _t[1], _t[2])
                     _v62.append(_x63)
                 _i61_xmdmi_where = xmdp_loc(XMPTYPE_EXRW, _v62)
             elif _d62 == 2:
@@ -1453,10 +1408,8 @@ def dec_optxmt_resp(r: _Reader, off: int) -> tuple[optxmt_resp, int]:
                 _i61_xmdmi_where, off = _dec_any_xmdp_loc(r, off - 4)
             _x60 = xmdp_mitem(_i61_xmdmi_disp, _i61_xmdmi_length, _i61_xmdmi_where)
             f_optxrs_dp.append(_x60)
-        _t = _S4.unpack_from(buf, off)
+        f_optxrs_count, f_optxrs_pslen = _S4.unpack_from(buf, off)
         off += 8
-        f_optxrs_count = _t[0]
-        f_optxrs_pslen = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated optxmt_resp', o0) from None
     return optxmt_resp(f_optxrs_dp, f_optxrs_count, f_optxrs_pslen), off
@@ -1480,14 +1433,11 @@ def dec_optxmt_cont(r: _Reader, off: int) -> tuple[optxmt_cont, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S8.unpack_from(buf, off)
+        _u = optxmt_cont(*_S8.unpack_from(buf, off))
         off += 12
-        f_optxc_xnum = _t[0]
-        f_optxc_itype = _t[1]
-        f_optxc_pslen = _t[2]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated optxmt_cont', o0) from None
-    return optxmt_cont(f_optxc_xnum, f_optxc_itype, f_optxc_pslen), off
+    return _u, off
 
 
 class optr_err(_IntEnum):
@@ -1543,13 +1493,11 @@ def dec_optr_expect(r: _Reader, off: int) -> tuple[optr_expect, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        _u = optr_expect(*_S4.unpack_from(buf, off))
         off += 8
-        f_optre_expect = _t[0]
-        f_optre_current = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated optr_expect', o0) from None
-    return optr_expect(f_optre_expect, f_optre_current), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1570,14 +1518,11 @@ def dec_optr_range(r: _Reader, off: int) -> tuple[optr_range, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S8.unpack_from(buf, off)
+        _u = optr_range(*_S8.unpack_from(buf, off))
         off += 12
-        f_optrr_value = _t[0]
-        f_optrr_min = _t[1]
-        f_optrr_max = _t[2]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated optr_range', o0) from None
-    return optr_range(f_optrr_value, f_optrr_min, f_optrr_max), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1722,9 +1667,9 @@ def dec_optrept_err(r: _Reader, off: int) -> tuple[optrept_err, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S9.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S9.unpack_from(buf, off)
         off += 12
-        f_optre_bad = xms_id(_t[0], _xms_dir_MAP[_t[1]], _t[2])
+        f_optre_bad = xms_id(_t0, _xms_dir_MAP[_t1], _t2)
         (_p,) = _U32.unpack_from(buf, off)
         off += 4
         if _p == 1:
@@ -1908,11 +1853,8 @@ def dec_rtr_body(r: _Reader, off: int) -> tuple[rtr_body, int]:
                 _i77_optxrq_repch = None
             else:
                 raise _XdrError('optional-data flag is not a bool', off - 4)
-            _t = _S8.unpack_from(buf, off)
+            _i77_optxrq_count, _i77_optxrq_rsbuf, _i77_optxrq_pslen = _S8.unpack_from(buf, off)
             off += 12
-            _i77_optxrq_count = _t[0]
-            _i77_optxrq_rsbuf = _t[1]
-            _i77_optxrq_pslen = _t[2]
             _v76 = optxmt_req(_i77_optxrq_dp, _i77_optxrq_writes, _i77_optxrq_repch, _i77_optxrq_count, _i77_optxrq_rsbuf, _i77_optxrq_pslen)
             _u = rtr_body(ROPT_XMTREQ, _v76)
         elif _d76 == 2:
@@ -1925,21 +1867,18 @@ def dec_rtr_body(r: _Reader, off: int) -> tuple[rtr_body, int]:
             for _ in range(_c81):
                 _x81, off = dec_xmdp_mitem(r, off)
                 _i80_optxrs_dp.append(_x81)
-            _t = _S4.unpack_from(buf, off)
+            _i80_optxrs_count, _i80_optxrs_pslen = _S4.unpack_from(buf, off)
             off += 8
-            _i80_optxrs_count = _t[0]
-            _i80_optxrs_pslen = _t[1]
             _v76 = optxmt_resp(_i80_optxrs_dp, _i80_optxrs_count, _i80_optxrs_pslen)
             _u = rtr_body(ROPT_XMTRESP, _v76)
         elif _d76 == 3:
-            _t = _S8.unpack_from(buf, off)
+            _v76 = optxmt_cont(*_S8.unpack_from(buf, off))
             off += 12
-            _v76 = optxmt_cont(_t[0], _t[1], _t[2])
             _u = rtr_body(ROPT_XMTCONT, _v76)
         elif _d76 == 4:
-            _t = _S9.unpack_from(buf, off)
+            _t0, _t1, _t2 = _S9.unpack_from(buf, off)
             off += 12
-            _i82_optre_bad = xms_id(_t[0], _xms_dir_MAP[_t[1]], _t[2])
+            _i82_optre_bad = xms_id(_t0, _xms_dir_MAP[_t1], _t2)
             (_p,) = _U32.unpack_from(buf, off)
             off += 4
             if _p == 1:
@@ -2037,12 +1976,8 @@ def dec_rtr_msg(r: _Reader, off: int) -> tuple[rtr_msg, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S13.unpack_from(buf, off)
+        f_rtr_xid, f_rtr_vers, f_rtr_credit, f_rtr_proc = _S13.unpack_from(buf, off)
         off += 16
-        f_rtr_xid = _t[0]
-        f_rtr_vers = _t[1]
-        f_rtr_credit = _t[2]
-        f_rtr_proc = _t[3]
         (_d92,) = _S5.unpack_from(buf, off)
         off += 4
         if _d92 == 1:
@@ -2072,11 +2007,8 @@ def dec_rtr_msg(r: _Reader, off: int) -> tuple[rtr_msg, int]:
                 _i93_optxrq_repch = None
             else:
                 raise _XdrError('optional-data flag is not a bool', off - 4)
-            _t = _S8.unpack_from(buf, off)
+            _i93_optxrq_count, _i93_optxrq_rsbuf, _i93_optxrq_pslen = _S8.unpack_from(buf, off)
             off += 12
-            _i93_optxrq_count = _t[0]
-            _i93_optxrq_rsbuf = _t[1]
-            _i93_optxrq_pslen = _t[2]
             _v92 = optxmt_req(_i93_optxrq_dp, _i93_optxrq_writes, _i93_optxrq_repch, _i93_optxrq_count, _i93_optxrq_rsbuf, _i93_optxrq_pslen)
             f_rtr_body = rtr_body(ROPT_XMTREQ, _v92)
         elif _d92 == 2:
@@ -2089,21 +2021,18 @@ def dec_rtr_msg(r: _Reader, off: int) -> tuple[rtr_msg, int]:
             for _ in range(_c97):
                 _x97, off = dec_xmdp_mitem(r, off)
                 _i96_optxrs_dp.append(_x97)
-            _t = _S4.unpack_from(buf, off)
+            _i96_optxrs_count, _i96_optxrs_pslen = _S4.unpack_from(buf, off)
             off += 8
-            _i96_optxrs_count = _t[0]
-            _i96_optxrs_pslen = _t[1]
             _v92 = optxmt_resp(_i96_optxrs_dp, _i96_optxrs_count, _i96_optxrs_pslen)
             f_rtr_body = rtr_body(ROPT_XMTRESP, _v92)
         elif _d92 == 3:
-            _t = _S8.unpack_from(buf, off)
+            _v92 = optxmt_cont(*_S8.unpack_from(buf, off))
             off += 12
-            _v92 = optxmt_cont(_t[0], _t[1], _t[2])
             f_rtr_body = rtr_body(ROPT_XMTCONT, _v92)
         elif _d92 == 4:
-            _t = _S9.unpack_from(buf, off)
+            _t0, _t1, _t2 = _S9.unpack_from(buf, off)
             off += 12
-            _i98_optre_bad = xms_id(_t[0], _xms_dir_MAP[_t[1]], _t[2])
+            _i98_optre_bad = xms_id(_t0, _xms_dir_MAP[_t1], _t2)
             (_p,) = _U32.unpack_from(buf, off)
             off += 4
             if _p == 1:

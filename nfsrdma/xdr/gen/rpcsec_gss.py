@@ -119,11 +119,10 @@ def dec_rpc_gss_cred_vers_1_t(r: _Reader, off: int) -> tuple[rpc_gss_cred_vers_1
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        _t0, f_seq_num, _t2 = _S0.unpack_from(buf, off)
         off += 12
-        f_gss_proc = _rpc_gss_proc_t_MAP[_t[0]]
-        f_seq_num = _t[1]
-        f_service = _rpc_gss_service_t_MAP[_t[2]]
+        f_gss_proc = _rpc_gss_proc_t_MAP[_t0]
+        f_service = _rpc_gss_service_t_MAP[_t2]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -206,11 +205,10 @@ def dec_rpc_gss_cred_t(r: _Reader, off: int) -> tuple[rpc_gss_cred_t, int]:
         (_d4,) = _S1.unpack_from(buf, off)
         off += 4
         if _d4 == 1:
-            _t = _S0.unpack_from(buf, off)
+            _t0, _i5_seq_num, _t2 = _S0.unpack_from(buf, off)
             off += 12
-            _i5_gss_proc = _rpc_gss_proc_t_MAP[_t[0]]
-            _i5_seq_num = _t[1]
-            _i5_service = _rpc_gss_service_t_MAP[_t[2]]
+            _i5_gss_proc = _rpc_gss_proc_t_MAP[_t0]
+            _i5_service = _rpc_gss_service_t_MAP[_t2]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
@@ -302,11 +300,8 @@ def dec_rpc_gss_init_res(r: _Reader, off: int) -> tuple[rpc_gss_init_res, int]:
             raise _XdrError('opaque runs past the end', off)
         f_handle = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S3.unpack_from(buf, off)
+        f_gss_major, f_gss_minor, f_seq_window = _S3.unpack_from(buf, off)
         off += 12
-        f_gss_major = _t[0]
-        f_gss_minor = _t[1]
-        f_seq_window = _t[2]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
