@@ -124,8 +124,6 @@ def dec_authsys_parms(r: _Reader, off: int) -> tuple[authsys_parms, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('string runs past the end', off)
         f_machinename = str(buf[off:_e], 'utf-8', 'surrogateescape')
         off = _e + (-_n & 3)
         f_uid, f_gid = _S1.unpack_from(buf, off)
@@ -561,8 +559,6 @@ def dec_attrlist4(r: _Reader, off: int) -> tuple[attrlist4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -756,8 +752,6 @@ def dec_nfs_fh4(r: _Reader, off: int) -> tuple[nfs_fh4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -830,8 +824,6 @@ def dec_sec_oid4(r: _Reader, off: int) -> tuple[sec_oid4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -947,8 +939,6 @@ def dec_utf8string(r: _Reader, off: int) -> tuple[utf8string, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -979,8 +969,6 @@ def dec_utf8str_cis(r: _Reader, off: int) -> tuple[utf8str_cis, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1011,8 +999,6 @@ def dec_utf8str_cs(r: _Reader, off: int) -> tuple[utf8str_cs, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1043,8 +1029,6 @@ def dec_utf8str_mixed(r: _Reader, off: int) -> tuple[utf8str_mixed, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1075,8 +1059,6 @@ def dec_component4(r: _Reader, off: int) -> tuple[component4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1107,8 +1089,6 @@ def dec_linktext4(r: _Reader, off: int) -> tuple[linktext4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1150,8 +1130,6 @@ def dec_pathname4(r: _Reader, off: int) -> tuple[pathname4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _x5 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _v.append(_x5)
@@ -1417,8 +1395,6 @@ def dec_fs_location4(r: _Reader, off: int) -> tuple[fs_location4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _x11 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             f_server.append(_x11)
@@ -1434,8 +1410,6 @@ def dec_fs_location4(r: _Reader, off: int) -> tuple[fs_location4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _x12 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             f_rootpath.append(_x12)
@@ -1504,8 +1478,6 @@ def dec_fs_locations4(r: _Reader, off: int) -> tuple[fs_locations4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _x18 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             f_fs_root.append(_x18)
@@ -1528,8 +1500,6 @@ def dec_fs_locations4(r: _Reader, off: int) -> tuple[fs_locations4, int]:
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _x21 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _i20_server.append(_x21)
@@ -1545,8 +1515,6 @@ def dec_fs_locations4(r: _Reader, off: int) -> tuple[fs_locations4, int]:
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _x22 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _i20_rootpath.append(_x22)
@@ -1651,8 +1619,6 @@ def dec_nfsace4(r: _Reader, off: int) -> tuple[nfsace4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_who = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1725,8 +1691,6 @@ def dec_nfsacl41(r: _Reader, off: int) -> tuple[nfsacl41, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i26_who = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _x25 = nfsace4(_i26_type, _i26_flag, _i26_access_mask, _i26_who)
@@ -1815,8 +1779,6 @@ def dec_netaddr4(r: _Reader, off: int) -> tuple[netaddr4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('string runs past the end', off)
         f_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -1824,8 +1786,6 @@ def dec_netaddr4(r: _Reader, off: int) -> tuple[netaddr4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('string runs past the end', off)
         f_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1866,8 +1826,6 @@ def dec_nfs_impl_id4(r: _Reader, off: int) -> tuple[nfs_impl_id4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_nii_domain = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -1875,8 +1833,6 @@ def dec_nfs_impl_id4(r: _Reader, off: int) -> tuple[nfs_impl_id4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_nii_name = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_nii_date = nfstime4(*_S7.unpack_from(buf, off))
@@ -1967,8 +1923,6 @@ def dec_layout_content4(r: _Reader, off: int) -> tuple[layout_content4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_loc_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2006,8 +1960,6 @@ def dec_layouthint4(r: _Reader, off: int) -> tuple[layouthint4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_loh_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2078,8 +2030,6 @@ def dec_layout4(r: _Reader, off: int) -> tuple[layout4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i28_loc_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_lo_content = layout_content4(_i28_loc_type, _i28_loc_body)
@@ -2140,8 +2090,6 @@ def dec_device_addr4(r: _Reader, off: int) -> tuple[device_addr4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_da_addr_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2179,8 +2127,6 @@ def dec_layoutupdate4(r: _Reader, off: int) -> tuple[layoutupdate4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_lou_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2247,8 +2193,6 @@ def dec_layoutreturn_file4(r: _Reader, off: int) -> tuple[layoutreturn_file4, in
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_lrf_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2333,8 +2277,6 @@ def dec_layoutreturn4(r: _Reader, off: int) -> tuple[layoutreturn4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i33_lrf_body = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _v32 = layoutreturn_file4(_i33_lrf_offset, _i33_lrf_length, _i33_lrf_stateid, _i33_lrf_body)
@@ -2417,8 +2359,6 @@ def dec_fs4_status(r: _Reader, off: int) -> tuple[fs4_status, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_fss_source = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -2426,8 +2366,6 @@ def dec_fs4_status(r: _Reader, off: int) -> tuple[fs4_status, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_fss_current = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_fss_age, _t1, _t2 = _S8.unpack_from(buf, off)
@@ -2568,8 +2506,6 @@ def dec_threshold_item4(r: _Reader, off: int) -> tuple[threshold_item4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_thi_hintlist = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2633,8 +2569,6 @@ def dec_mdsthreshold4(r: _Reader, off: int) -> tuple[mdsthreshold4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i40_thi_hintlist = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _x39 = threshold_item4(_i40_thi_layout_type, _i40_thi_hintset, _i40_thi_hintlist)
@@ -2787,8 +2721,6 @@ def dec_fs_locations_server4(r: _Reader, off: int) -> tuple[fs_locations_server4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_fls_info = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -2796,8 +2728,6 @@ def dec_fs_locations_server4(r: _Reader, off: int) -> tuple[fs_locations_server4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_fls_server = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2860,8 +2790,6 @@ def dec_fs_locations_item4(r: _Reader, off: int) -> tuple[fs_locations_item4, in
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i50_fls_info = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             (_n,) = _U32.unpack_from(buf, off)
@@ -2869,8 +2797,6 @@ def dec_fs_locations_item4(r: _Reader, off: int) -> tuple[fs_locations_item4, in
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i50_fls_server = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _x49 = fs_locations_server4(_i50_fls_currency, _i50_fls_info, _i50_fls_server)
@@ -2887,8 +2813,6 @@ def dec_fs_locations_item4(r: _Reader, off: int) -> tuple[fs_locations_item4, in
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _x51 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             f_fli_rootpath.append(_x51)
@@ -2958,8 +2882,6 @@ def dec_fs_locations_info4(r: _Reader, off: int) -> tuple[fs_locations_info4, in
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _x57 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             f_fli_fs_root.append(_x57)
@@ -2991,8 +2913,6 @@ def dec_fs_locations_info4(r: _Reader, off: int) -> tuple[fs_locations_info4, in
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _x61 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _i59_fli_rootpath.append(_x61)
@@ -3311,8 +3231,6 @@ def dec_fattr4_acl(r: _Reader, off: int) -> tuple[fattr4_acl, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i67_who = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _x66 = nfsace4(_i67_type, _i67_flag, _i67_access_mask, _i67_who)
@@ -3406,4 +3324,26 @@ def dec_fattr4_case_insensitive(r: _Reader, off: int) -> tuple[fattr4_case_insen
         _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_case_insensitive', o0) from None
+    return _v, off
+
+
+fattr4_case_preserving: _TypeAlias = "bool"
+
+
+def enc_fattr4_case_preserving(w: _Writer, v: fattr4_case_preserving) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_case_preserving: {_e}', len(w)) from None
+
+
+def dec_fattr4_case_preserving(r: _Reader, off: int) -> tuple[fattr4_case_preserving, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        _v = _BOOL[_t0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_case_preserving', o0) from None
     return _v, off

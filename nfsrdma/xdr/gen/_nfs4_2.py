@@ -39,11 +39,14 @@ from nfsrdma.xdr.gen._nfs4_1 import (
     _enc_any_settime4,
     _fs4_status_type_MAP,
     _layouttype4_MAP,
+    _nfs_ftype4_MAP,
     _nfsstat4_MAP,
     change_policy4,
     dec_fs_locations_server4,
+    dec_specdata4,
     dec_stateid4,
     enc_fs_locations_server4,
+    enc_specdata4,
     enc_stateid4,
     fs4_status,
     fs_location4,
@@ -55,6 +58,7 @@ from nfsrdma.xdr.gen._nfs4_1 import (
     mdsthreshold4,
     mode_masked4,
     netaddr4,
+    nfs_ftype4,
     nfsace4,
     nfsacl41,
     nfsstat4,
@@ -85,28 +89,7 @@ _S19: _Final = _struct.Struct('>II12s')
 _S20: _Final = _struct.Struct('>iI12s')
 _S21: _Final = _struct.Struct('>QI')
 _S22: _Final = _struct.Struct('>i8s')
-
-
-fattr4_case_preserving: _TypeAlias = "bool"
-
-
-def enc_fattr4_case_preserving(w: _Writer, v: fattr4_case_preserving) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_case_preserving: {_e}', len(w)) from None
-
-
-def dec_fattr4_case_preserving(r: _Reader, off: int) -> tuple[fattr4_case_preserving, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_t0,) = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _BOOL[_t0]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_case_preserving', o0) from None
-    return _v, off
+_S23: _Final = _struct.Struct('>iI')
 
 
 fattr4_chown_restricted: _TypeAlias = "bool"
@@ -200,8 +183,6 @@ def dec_fattr4_filehandle(r: _Reader, off: int) -> tuple[fattr4_filehandle, int]
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -309,8 +290,6 @@ def dec_fattr4_fs_locations(r: _Reader, off: int) -> tuple[fattr4_fs_locations, 
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _x75 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i74_fs_root.append(_x75)
@@ -333,8 +312,6 @@ def dec_fattr4_fs_locations(r: _Reader, off: int) -> tuple[fattr4_fs_locations, 
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _x78 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _i77_server.append(_x78)
@@ -350,8 +327,6 @@ def dec_fattr4_fs_locations(r: _Reader, off: int) -> tuple[fattr4_fs_locations, 
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _x79 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _i77_rootpath.append(_x79)
@@ -535,8 +510,6 @@ def dec_fattr4_mimetype(r: _Reader, off: int) -> tuple[fattr4_mimetype, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -673,8 +646,6 @@ def dec_fattr4_owner(r: _Reader, off: int) -> tuple[fattr4_owner, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -705,8 +676,6 @@ def dec_fattr4_owner_group(r: _Reader, off: int) -> tuple[fattr4_owner_group, in
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1240,8 +1209,6 @@ def dec_fattr4_fs_status(r: _Reader, off: int) -> tuple[fattr4_fs_status, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i89_fss_source = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -1249,8 +1216,6 @@ def dec_fattr4_fs_status(r: _Reader, off: int) -> tuple[fattr4_fs_status, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i89_fss_current = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         _i89_fss_age, _t1, _t2 = _S8.unpack_from(buf, off)
@@ -1353,8 +1318,6 @@ def dec_fattr4_layout_hint(r: _Reader, off: int) -> tuple[fattr4_layout_hint, in
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i91_loh_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         _v = layouthint4(_i91_loh_type, _i91_loh_body)
@@ -1452,8 +1415,6 @@ def dec_fattr4_mdsthreshold(r: _Reader, off: int) -> tuple[fattr4_mdsthreshold, 
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i100_thi_hintlist = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _x99 = threshold_item4(_i100_thi_layout_type, _i100_thi_hintset, _i100_thi_hintlist)
@@ -1697,8 +1658,6 @@ def dec_fattr4_dacl(r: _Reader, off: int) -> tuple[fattr4_dacl, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i123_who = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _x122 = nfsace4(_i123_type, _i123_flag, _i123_access_mask, _i123_who)
@@ -1751,8 +1710,6 @@ def dec_fattr4_sacl(r: _Reader, off: int) -> tuple[fattr4_sacl, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i129_who = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _x128 = nfsace4(_i129_type, _i129_flag, _i129_access_mask, _i129_who)
@@ -1841,8 +1798,6 @@ def dec_fattr4_fs_locations_info(r: _Reader, off: int) -> tuple[fattr4_fs_locati
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _x137 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i136_fli_fs_root.append(_x137)
@@ -1874,8 +1829,6 @@ def dec_fattr4_fs_locations_info(r: _Reader, off: int) -> tuple[fattr4_fs_locati
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _x141 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _i139_fli_rootpath.append(_x141)
@@ -1991,8 +1944,6 @@ def dec_sec_label4(r: _Reader, off: int) -> tuple[sec_label4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_slai_data = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2091,8 +2042,6 @@ def dec_fattr4_sec_label(r: _Reader, off: int) -> tuple[fattr4_sec_label, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i143_slai_data = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         _v = sec_label4(_i143_slai_lfs, _i143_slai_data)
@@ -2164,8 +2113,6 @@ def dec_fattr4(r: _Reader, off: int) -> tuple[fattr4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2228,8 +2175,6 @@ def dec_clientaddr4(r: _Reader, off: int) -> tuple[clientaddr4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('string runs past the end', off)
         _i147_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -2237,8 +2182,6 @@ def dec_clientaddr4(r: _Reader, off: int) -> tuple[clientaddr4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('string runs past the end', off)
         _i147_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
         off = _e + (-_n & 3)
         _v = netaddr4(_i147_na_r_netid, _i147_na_r_addr)
@@ -2282,8 +2225,6 @@ def dec_cb_client4(r: _Reader, off: int) -> tuple[cb_client4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('string runs past the end', off)
         _i149_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -2291,8 +2232,6 @@ def dec_cb_client4(r: _Reader, off: int) -> tuple[cb_client4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('string runs past the end', off)
         _i149_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
         off = _e + (-_n & 3)
         f_cb_location = netaddr4(_i149_na_r_netid, _i149_na_r_addr)
@@ -2335,8 +2274,6 @@ def dec_nfs_client_id4(r: _Reader, off: int) -> tuple[nfs_client_id4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_id = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2378,8 +2315,6 @@ def dec_client_owner4(r: _Reader, off: int) -> tuple[client_owner4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_co_ownerid = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2420,8 +2355,6 @@ def dec_server_owner4(r: _Reader, off: int) -> tuple[server_owner4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_so_major_id = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2462,8 +2395,6 @@ def dec_state_owner4(r: _Reader, off: int) -> tuple[state_owner4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_owner = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2502,8 +2433,6 @@ def dec_open_owner4(r: _Reader, off: int) -> tuple[open_owner4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i151_owner = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         _v = state_owner4(_i151_clientid, _i151_owner)
@@ -2543,8 +2472,6 @@ def dec_lock_owner4(r: _Reader, off: int) -> tuple[lock_owner4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i153_owner = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         _v = state_owner4(_i153_clientid, _i153_owner)
@@ -2638,8 +2565,6 @@ def dec_ssv_mic_plain_tkn4(r: _Reader, off: int) -> tuple[ssv_mic_plain_tkn4, in
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_smpt_orig_plain = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2676,8 +2601,6 @@ def dec_ssv_mic_tkn4(r: _Reader, off: int) -> tuple[ssv_mic_tkn4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_smt_hmac = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2724,8 +2647,6 @@ def dec_ssv_seal_plain_tkn4(r: _Reader, off: int) -> tuple[ssv_seal_plain_tkn4, 
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_sspt_confounder = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (f_sspt_ssv_seq,) = _S0.unpack_from(buf, off)
@@ -2735,8 +2656,6 @@ def dec_ssv_seal_plain_tkn4(r: _Reader, off: int) -> tuple[ssv_seal_plain_tkn4, 
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_sspt_orig_plain = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -2744,8 +2663,6 @@ def dec_ssv_seal_plain_tkn4(r: _Reader, off: int) -> tuple[ssv_seal_plain_tkn4, 
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_sspt_pad = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2794,8 +2711,6 @@ def dec_ssv_seal_cipher_tkn4(r: _Reader, off: int) -> tuple[ssv_seal_cipher_tkn4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_ssct_iv = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -2803,8 +2718,6 @@ def dec_ssv_seal_cipher_tkn4(r: _Reader, off: int) -> tuple[ssv_seal_cipher_tkn4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_ssct_encr_data = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -2812,8 +2725,6 @@ def dec_ssv_seal_cipher_tkn4(r: _Reader, off: int) -> tuple[ssv_seal_cipher_tkn4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_ssct_hmac = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2935,8 +2846,6 @@ def dec_multipath_list4(r: _Reader, off: int) -> tuple[multipath_list4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('string runs past the end', off)
             _i157_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
             off = _e + (-_n & 3)
             (_n,) = _U32.unpack_from(buf, off)
@@ -2944,8 +2853,6 @@ def dec_multipath_list4(r: _Reader, off: int) -> tuple[multipath_list4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('string runs past the end', off)
             _i157_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
             off = _e + (-_n & 3)
             _x156 = netaddr4(_i157_na_r_netid, _i157_na_r_addr)
@@ -3024,8 +2931,6 @@ def dec_nfsv4_1_file_layout_ds_addr4(r: _Reader, off: int) -> tuple[nfsv4_1_file
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('string runs past the end', off)
                 _i165_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
                 off = _e + (-_n & 3)
                 (_n,) = _U32.unpack_from(buf, off)
@@ -3033,8 +2938,6 @@ def dec_nfsv4_1_file_layout_ds_addr4(r: _Reader, off: int) -> tuple[nfsv4_1_file
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('string runs past the end', off)
                 _i165_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
                 off = _e + (-_n & 3)
                 _x164 = netaddr4(_i165_na_r_netid, _i165_na_r_addr)
@@ -3093,8 +2996,6 @@ def dec_nfsv4_1_file_layout4(r: _Reader, off: int) -> tuple[nfsv4_1_file_layout4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _x167 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             f_nfl_fh_list.append(_x167)
@@ -3440,3 +3341,135 @@ def dec_COMMIT4res(r: _Reader, off: int) -> tuple[COMMIT4res, int]:
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated COMMIT4res', o0) from None
     return _u, off
+
+
+def enc_createtype4_linkdata(w: _Writer, v: _Buffer) -> None:
+    try:
+        _v = v
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w.ddp.append(_DdpItem(len(w), _v, w.ddp_tag))
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode createtype4.linkdata: {_e}', len(w)) from None
+
+
+def dec_createtype4_linkdata(r: _Reader, off: int) -> tuple[_Buffer, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        if r.ordered or r.chunks:
+            _v, off = r.take_ddp(off, None)
+        else:
+            if off + 4 > len(buf):
+                raise _XdrError('truncated opaque length', off)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            _e = off + _n
+            if _e + (-_n & 3) > len(buf):
+                raise _XdrError(f'opaque of {_n} bytes runs past the end', off)
+            _v = (buf if isinstance(buf, memoryview) else memoryview(buf))[off:_e]
+            off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated createtype4.linkdata', o0) from None
+    return _v, off
+
+
+@_dataclass(slots=True)
+class createtype4:
+    type: nfs_ftype4
+    value: _Buffer | specdata4 | None = None
+
+
+_createtype4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {5: enc_createtype4_linkdata, 3: enc_specdata4, 4: enc_specdata4, 6: _void_encode, 7: _void_encode, 2: _void_encode}
+_createtype4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {5: dec_createtype4_linkdata, 3: dec_specdata4, 4: dec_specdata4, 6: _void_decode, 7: _void_decode, 2: _void_decode}
+_createtype4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {5: (_nfs_ftype4_MAP[(5,)[0]], dec_createtype4_linkdata), 3: (_nfs_ftype4_MAP[(3,)[0]], dec_specdata4), 4: (_nfs_ftype4_MAP[(4,)[0]], dec_specdata4), 6: (_nfs_ftype4_MAP[(6,)[0]], _void_decode), 7: (_nfs_ftype4_MAP[(7,)[0]], _void_decode), 2: (_nfs_ftype4_MAP[(2,)[0]], _void_decode)}
+
+
+def _enc_any_createtype4(w: _Writer, v: createtype4) -> None:
+    try:
+        _d = v.type
+        _f = _createtype4_ENC.get(_d, _void_encode)
+        _d = _nfs_ftype4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode createtype4: {_e!r}', len(w)) from None
+
+
+def dec_createtype4(r: _Reader, off: int) -> tuple[createtype4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v177: _Any
+        _f177: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d177,) = _S2.unpack_from(buf, off)
+        _a177 = _createtype4_ARMS.get(_d177)
+        if _a177 is None:
+            _d177 = _nfs_ftype4_MAP[(_d177,)[0]]
+            _f177 = _void_decode
+        else:
+            _d177, _f177 = _a177
+        _v177, off = _f177(r, off + 4)
+        _u = createtype4(_d177, _v177)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated createtype4', o0) from None
+    return _u, off
+
+
+def _enc_createtype4_5(w: _Writer, v: _Buffer) -> None:
+    try:
+        _v = v
+        _n = len(_v)
+        w += _S23.pack(5, _n)
+        w.ddp.append(_DdpItem(len(w), _v, w.ddp_tag))
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode createtype4.linkdata: {_e}', len(w)) from None
+
+
+def _enc_createtype4_3(w: _Writer, v: specdata4) -> None:
+    try:
+        w += _S18.pack(3, v.specdata1, v.specdata2)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode createtype4.devdata: {_e}', len(w)) from None
+
+
+def _enc_createtype4_4(w: _Writer, v: specdata4) -> None:
+    try:
+        w += _S18.pack(4, v.specdata1, v.specdata2)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode createtype4.devdata: {_e}', len(w)) from None
+
+
+def _enc_createtype4_6(w: _Writer, v: None) -> None:
+    try:
+        w += b'\x00\x00\x00\x06'
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode createtype4.: {_e}', len(w)) from None
+
+
+def _enc_createtype4_7(w: _Writer, v: None) -> None:
+    try:
+        w += b'\x00\x00\x00\x07'
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode createtype4.: {_e}', len(w)) from None
+
+
+def _enc_createtype4_2(w: _Writer, v: None) -> None:
+    try:
+        w += b'\x00\x00\x00\x02'
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode createtype4.: {_e}', len(w)) from None
+
+
+_createtype4_ENCX: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {5: _enc_createtype4_5, 3: _enc_createtype4_3, 4: _enc_createtype4_4, 6: _enc_createtype4_6, 7: _enc_createtype4_7, 2: _enc_createtype4_2}
+
+
+def enc_createtype4(w: _Writer, v: createtype4) -> None:
+    try:
+        _f = _createtype4_ENCX.get(v.type)
+        if _f is None:
+            _enc_any_createtype4(w, v)
+        else:
+            _f(w, v.value)
+    except (TypeError, AttributeError) as _e:
+        raise _XdrError(f'cannot encode createtype4: {_e!r}', len(w)) from None

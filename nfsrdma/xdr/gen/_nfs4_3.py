@@ -38,25 +38,25 @@ from nfsrdma.xdr.gen._nfs4_1 import (
     _nfs_ftype4_MAP,
     _nfsstat4_MAP,
     dec_component4,
-    dec_specdata4,
     dec_stateid4,
     dec_uint64_t,
     dec_verifier4,
     enc_component4,
-    enc_specdata4,
     enc_stateid4,
     enc_uint64_t,
     enc_verifier4,
-    nfs_ftype4,
     nfsace4,
     nfsstat4,
-    specdata4,
     stateid4,
 )
 from nfsrdma.xdr.gen._nfs4_2 import (
+    _createtype4_ARMS,
+    _createtype4_ENCX,
     _nfs_lock_type4_MAP,
     change_info4,
+    createtype4,
     dec_fattr4,
+    enc_createtype4,
     enc_fattr4,
     fattr4,
     nfs_lock_type4,
@@ -90,138 +90,6 @@ _S34: _Final = _struct.Struct('>ii')
 _S35: _Final = _struct.Struct('>iI12sI')
 _S36: _Final = _struct.Struct('>I12sIQQI')
 _S37: _Final = _struct.Struct('>iI12sIQQI')
-
-
-def enc_createtype4_linkdata(w: _Writer, v: _Buffer) -> None:
-    try:
-        _v = v
-        _n = len(_v)
-        w += _S0.pack(_n)
-        w.ddp.append(_DdpItem(len(w), _v, w.ddp_tag))
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode createtype4.linkdata: {_e}', len(w)) from None
-
-
-def dec_createtype4_linkdata(r: _Reader, off: int) -> tuple[_Buffer, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        if r.ordered or r.chunks:
-            _v, off = r.take_ddp(off, None)
-        else:
-            if off + 4 > len(buf):
-                raise _XdrError('truncated opaque length', off)
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            _e = off + _n
-            if _e + (-_n & 3) > len(buf):
-                raise _XdrError(f'opaque of {_n} bytes runs past the end', off)
-            _v = (buf if isinstance(buf, memoryview) else memoryview(buf))[off:_e]
-            off = _e + (-_n & 3)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated createtype4.linkdata', o0) from None
-    return _v, off
-
-
-@_dataclass(slots=True)
-class createtype4:
-    type: nfs_ftype4
-    value: _Buffer | specdata4 | None = None
-
-
-_createtype4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {5: enc_createtype4_linkdata, 3: enc_specdata4, 4: enc_specdata4, 6: _void_encode, 7: _void_encode, 2: _void_encode}
-_createtype4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {5: dec_createtype4_linkdata, 3: dec_specdata4, 4: dec_specdata4, 6: _void_decode, 7: _void_decode, 2: _void_decode}
-_createtype4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {5: (_nfs_ftype4_MAP[(5,)[0]], dec_createtype4_linkdata), 3: (_nfs_ftype4_MAP[(3,)[0]], dec_specdata4), 4: (_nfs_ftype4_MAP[(4,)[0]], dec_specdata4), 6: (_nfs_ftype4_MAP[(6,)[0]], _void_decode), 7: (_nfs_ftype4_MAP[(7,)[0]], _void_decode), 2: (_nfs_ftype4_MAP[(2,)[0]], _void_decode)}
-
-
-def _enc_any_createtype4(w: _Writer, v: createtype4) -> None:
-    try:
-        _d = v.type
-        _f = _createtype4_ENC.get(_d, _void_encode)
-        _d = _nfs_ftype4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode createtype4: {_e!r}', len(w)) from None
-
-
-def dec_createtype4(r: _Reader, off: int) -> tuple[createtype4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v177: _Any
-        _f177: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d177,) = _S2.unpack_from(buf, off)
-        _a177 = _createtype4_ARMS.get(_d177)
-        if _a177 is None:
-            _d177 = _nfs_ftype4_MAP[(_d177,)[0]]
-            _f177 = _void_decode
-        else:
-            _d177, _f177 = _a177
-        _v177, off = _f177(r, off + 4)
-        _u = createtype4(_d177, _v177)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated createtype4', o0) from None
-    return _u, off
-
-
-def _enc_createtype4_5(w: _Writer, v: _Buffer) -> None:
-    try:
-        _v = v
-        _n = len(_v)
-        w += _S23.pack(5, _n)
-        w.ddp.append(_DdpItem(len(w), _v, w.ddp_tag))
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode createtype4.linkdata: {_e}', len(w)) from None
-
-
-def _enc_createtype4_3(w: _Writer, v: specdata4) -> None:
-    try:
-        w += _S18.pack(3, v.specdata1, v.specdata2)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode createtype4.devdata: {_e}', len(w)) from None
-
-
-def _enc_createtype4_4(w: _Writer, v: specdata4) -> None:
-    try:
-        w += _S18.pack(4, v.specdata1, v.specdata2)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode createtype4.devdata: {_e}', len(w)) from None
-
-
-def _enc_createtype4_6(w: _Writer, v: None) -> None:
-    try:
-        w += b'\x00\x00\x00\x06'
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode createtype4.: {_e}', len(w)) from None
-
-
-def _enc_createtype4_7(w: _Writer, v: None) -> None:
-    try:
-        w += b'\x00\x00\x00\x07'
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode createtype4.: {_e}', len(w)) from None
-
-
-def _enc_createtype4_2(w: _Writer, v: None) -> None:
-    try:
-        w += b'\x00\x00\x00\x02'
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode createtype4.: {_e}', len(w)) from None
-
-
-_createtype4_ENCX: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {5: _enc_createtype4_5, 3: _enc_createtype4_3, 4: _enc_createtype4_4, 6: _enc_createtype4_6, 7: _enc_createtype4_7, 2: _enc_createtype4_2}
-
-
-def enc_createtype4(w: _Writer, v: createtype4) -> None:
-    try:
-        _f = _createtype4_ENCX.get(v.type)
-        if _f is None:
-            _enc_any_createtype4(w, v)
-        else:
-            _f(w, v.value)
-    except (TypeError, AttributeError) as _e:
-        raise _XdrError(f'cannot encode createtype4: {_e!r}', len(w)) from None
 
 
 @_dataclass(slots=True)
@@ -279,8 +147,6 @@ def dec_CREATE4args(r: _Reader, off: int) -> tuple[CREATE4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_objname = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -298,8 +164,6 @@ def dec_CREATE4args(r: _Reader, off: int) -> tuple[CREATE4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i182_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_createattrs = fattr4(_i182_attrmask, _i182_attr_vals)
@@ -610,8 +474,6 @@ def dec_GETATTR4resok(r: _Reader, off: int) -> tuple[GETATTR4resok, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i197_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_obj_attributes = fattr4(_i197_attrmask, _i197_attr_vals)
@@ -708,8 +570,6 @@ def dec_GETATTR4res(r: _Reader, off: int) -> tuple[GETATTR4res, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i206_attr_vals = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i205_obj_attributes = fattr4(_i206_attrmask, _i206_attr_vals)
@@ -751,8 +611,6 @@ def dec_GETFH4resok(r: _Reader, off: int) -> tuple[GETFH4resok, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_object = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -836,8 +694,6 @@ def dec_GETFH4res(r: _Reader, off: int) -> tuple[GETFH4res, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i212_object = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _v211 = GETFH4resok(_i212_object)
@@ -874,8 +730,6 @@ def dec_LINK4args(r: _Reader, off: int) -> tuple[LINK4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_newname = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1021,8 +875,6 @@ def dec_open_to_lock_owner4(r: _Reader, off: int) -> tuple[open_to_lock_owner4, 
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i217_owner = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_lock_owner = state_owner4(_i217_clientid, _i217_owner)
@@ -1146,8 +998,6 @@ def dec_locker4(r: _Reader, off: int) -> tuple[locker4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i224_owner = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i223_lock_owner = state_owner4(_i224_clientid, _i224_owner)
@@ -1226,8 +1076,6 @@ def dec_LOCK4args(r: _Reader, off: int) -> tuple[LOCK4args, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i230_owner = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i229_lock_owner = state_owner4(_i230_clientid, _i230_owner)
@@ -1285,8 +1133,6 @@ def dec_LOCK4denied(r: _Reader, off: int) -> tuple[LOCK4denied, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i232_owner = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_owner = state_owner4(_i232_clientid, _i232_owner)
@@ -1413,8 +1259,6 @@ def dec_LOCK4res(r: _Reader, off: int) -> tuple[LOCK4res, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i239_owner = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i238_owner = state_owner4(_i239_clientid, _i239_owner)
@@ -1467,8 +1311,6 @@ def dec_LOCKT4args(r: _Reader, off: int) -> tuple[LOCKT4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i241_owner = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_owner = state_owner4(_i241_clientid, _i241_owner)
@@ -1563,8 +1405,6 @@ def dec_LOCKT4res(r: _Reader, off: int) -> tuple[LOCKT4res, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i248_owner = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i247_owner = state_owner4(_i248_clientid, _i248_owner)
@@ -1706,8 +1546,6 @@ def dec_LOOKUP4args(r: _Reader, off: int) -> tuple[LOOKUP4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_objname = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1804,8 +1642,6 @@ def dec_NVERIFY4args(r: _Reader, off: int) -> tuple[NVERIFY4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i254_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_obj_attributes = fattr4(_i254_attrmask, _i254_attr_vals)
@@ -1912,8 +1748,6 @@ def dec_creatverfattr(r: _Reader, off: int) -> tuple[creatverfattr, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i258_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_cva_attrs = fattr4(_i258_attrmask, _i258_attr_vals)
@@ -2043,8 +1877,6 @@ def dec_createhow4(r: _Reader, off: int) -> tuple[createhow4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i270_attr_vals = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _v269 = fattr4(_i270_attrmask, _i270_attr_vals)
@@ -2071,8 +1903,6 @@ def dec_createhow4(r: _Reader, off: int) -> tuple[createhow4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i273_attr_vals = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i272_cva_attrs = fattr4(_i273_attrmask, _i273_attr_vals)
@@ -2229,8 +2059,6 @@ def dec_openflag4(r: _Reader, off: int) -> tuple[openflag4, int]:
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _i285_attr_vals = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _v284 = fattr4(_i285_attrmask, _i285_attr_vals)
@@ -2475,8 +2303,6 @@ def dec_open_claim_delegate_cur4(r: _Reader, off: int) -> tuple[open_claim_deleg
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_file = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2700,8 +2526,6 @@ def dec_OPEN4args(r: _Reader, off: int) -> tuple[OPEN4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i302_owner = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_owner = state_owner4(_i302_clientid, _i302_owner)
@@ -2726,8 +2550,6 @@ def dec_OPEN4args(r: _Reader, off: int) -> tuple[OPEN4args, int]:
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _i305_attr_vals = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _v304 = fattr4(_i305_attrmask, _i305_attr_vals)
@@ -2799,8 +2621,6 @@ def dec_open_read_delegation4(r: _Reader, off: int) -> tuple[open_read_delegatio
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i310_who = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_permissions = nfsace4(_i310_type, _i310_flag, _i310_access_mask, _i310_who)
@@ -2869,8 +2689,6 @@ def dec_open_write_delegation4(r: _Reader, off: int) -> tuple[open_write_delegat
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i314_who = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_permissions = nfsace4(_i314_type, _i314_flag, _i314_access_mask, _i314_who)
@@ -3158,8 +2976,6 @@ def dec_open_delegation4(r: _Reader, off: int) -> tuple[open_delegation4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i328_who = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i327_permissions = nfsace4(_i328_type, _i328_flag, _i328_access_mask, _i328_who)
@@ -3189,8 +3005,6 @@ def dec_open_delegation4(r: _Reader, off: int) -> tuple[open_delegation4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i331_who = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i329_permissions = nfsace4(_i331_type, _i331_flag, _i331_access_mask, _i331_who)
@@ -3328,8 +3142,6 @@ def dec_OPEN4resok(r: _Reader, off: int) -> tuple[OPEN4resok, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i344_who = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i343_permissions = nfsace4(_i344_type, _i344_flag, _i344_access_mask, _i344_who)
@@ -3359,8 +3171,6 @@ def dec_OPEN4resok(r: _Reader, off: int) -> tuple[OPEN4resok, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i347_who = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i345_permissions = nfsace4(_i347_type, _i347_flag, _i347_access_mask, _i347_who)

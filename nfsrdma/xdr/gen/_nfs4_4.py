@@ -411,8 +411,6 @@ def dec_PUTFH4args(r: _Reader, off: int) -> tuple[PUTFH4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_object = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -735,8 +733,6 @@ def dec_entry4(r: _Reader, off: int) -> tuple[entry4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_name = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -754,8 +750,6 @@ def dec_entry4(r: _Reader, off: int) -> tuple[entry4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i373_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_attrs = fattr4(_i373_attrmask, _i373_attr_vals)
@@ -1078,8 +1072,6 @@ def dec_REMOVE4args(r: _Reader, off: int) -> tuple[REMOVE4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_target = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1215,8 +1207,6 @@ def dec_RENAME4args(r: _Reader, off: int) -> tuple[RENAME4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_oldname = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -1224,8 +1214,6 @@ def dec_RENAME4args(r: _Reader, off: int) -> tuple[RENAME4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_newname = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1451,8 +1439,6 @@ def dec_SECINFO4args(r: _Reader, off: int) -> tuple[SECINFO4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_name = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1488,8 +1474,6 @@ def dec_rpcsec_gss_info(r: _Reader, off: int) -> tuple[rpcsec_gss_info, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_oid = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_qop, _t1 = _S15.unpack_from(buf, off)
@@ -1572,8 +1556,6 @@ def dec_secinfo4(r: _Reader, off: int) -> tuple[secinfo4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i399_oid = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i399_qop, _t1 = _S15.unpack_from(buf, off)
@@ -1633,8 +1615,6 @@ def dec_SECINFO4resok(r: _Reader, off: int) -> tuple[SECINFO4resok, int]:
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _i405_oid = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _i405_qop, _t1 = _S15.unpack_from(buf, off)
@@ -1792,8 +1772,6 @@ def dec_SETATTR4args(r: _Reader, off: int) -> tuple[SETATTR4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i415_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_obj_attributes = fattr4(_i415_attrmask, _i415_attr_vals)
@@ -1892,8 +1870,6 @@ def dec_SETCLIENTID4args(r: _Reader, off: int) -> tuple[SETCLIENTID4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i422_id = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_client = nfs_client_id4(_i422_verifier, _i422_id)
@@ -1904,8 +1880,6 @@ def dec_SETCLIENTID4args(r: _Reader, off: int) -> tuple[SETCLIENTID4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('string runs past the end', off)
         _i424_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -1913,8 +1887,6 @@ def dec_SETCLIENTID4args(r: _Reader, off: int) -> tuple[SETCLIENTID4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('string runs past the end', off)
         _i424_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
         off = _e + (-_n & 3)
         _i423_cb_location = netaddr4(_i424_na_r_netid, _i424_na_r_addr)
@@ -2036,8 +2008,6 @@ def dec_SETCLIENTID4res(r: _Reader, off: int) -> tuple[SETCLIENTID4res, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('string runs past the end', off)
             _i429_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
             off = _e + (-_n & 3)
             (_n,) = _U32.unpack_from(buf, off)
@@ -2045,8 +2015,6 @@ def dec_SETCLIENTID4res(r: _Reader, off: int) -> tuple[SETCLIENTID4res, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('string runs past the end', off)
             _i429_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
             off = _e + (-_n & 3)
             _v428 = netaddr4(_i429_na_r_netid, _i429_na_r_addr)
@@ -2148,8 +2116,6 @@ def dec_VERIFY4args(r: _Reader, off: int) -> tuple[VERIFY4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i432_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_obj_attributes = fattr4(_i432_attrmask, _i432_attr_vals)
@@ -2387,8 +2353,6 @@ def dec_RELEASE_LOCKOWNER4args(r: _Reader, off: int) -> tuple[RELEASE_LOCKOWNER4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i438_owner = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_lock_owner = state_owner4(_i438_clientid, _i438_owner)
@@ -2468,8 +2432,6 @@ def dec_gsshandle4_t(r: _Reader, off: int) -> tuple[gsshandle4_t, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2513,8 +2475,6 @@ def dec_gss_cb_handles4(r: _Reader, off: int) -> tuple[gss_cb_handles4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_gcbp_handle_from_server = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -2522,8 +2482,6 @@ def dec_gss_cb_handles4(r: _Reader, off: int) -> tuple[gss_cb_handles4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_gcbp_handle_from_client = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2635,8 +2593,6 @@ def dec_callback_sec_parms4(r: _Reader, off: int) -> tuple[callback_sec_parms4, 
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('string runs past the end', off)
             _i445_machinename = str(buf[off:_e], 'utf-8', 'surrogateescape')
             off = _e + (-_n & 3)
             _i445_uid, _i445_gid = _S1.unpack_from(buf, off)
@@ -2661,8 +2617,6 @@ def dec_callback_sec_parms4(r: _Reader, off: int) -> tuple[callback_sec_parms4, 
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i446_gcbp_handle_from_server = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             (_n,) = _U32.unpack_from(buf, off)
@@ -2670,8 +2624,6 @@ def dec_callback_sec_parms4(r: _Reader, off: int) -> tuple[callback_sec_parms4, 
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i446_gcbp_handle_from_client = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _v444 = gss_cb_handles4(_i446_gcbp_service, _i446_gcbp_handle_from_server, _i446_gcbp_handle_from_client)
@@ -2765,8 +2717,6 @@ def dec_BACKCHANNEL_CTL4args(r: _Reader, off: int) -> tuple[BACKCHANNEL_CTL4args
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('string runs past the end', off)
                 _i454_machinename = str(buf[off:_e], 'utf-8', 'surrogateescape')
                 off = _e + (-_n & 3)
                 _i454_uid, _i454_gid = _S1.unpack_from(buf, off)
@@ -2791,8 +2741,6 @@ def dec_BACKCHANNEL_CTL4args(r: _Reader, off: int) -> tuple[BACKCHANNEL_CTL4args
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _i455_gcbp_handle_from_server = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 (_n,) = _U32.unpack_from(buf, off)
@@ -2800,8 +2748,6 @@ def dec_BACKCHANNEL_CTL4args(r: _Reader, off: int) -> tuple[BACKCHANNEL_CTL4args
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _i455_gcbp_handle_from_client = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _v453 = gss_cb_handles4(_i455_gcbp_service, _i455_gcbp_handle_from_server, _i455_gcbp_handle_from_client)
@@ -3153,8 +3099,6 @@ def dec_ssv_sp_parms4(r: _Reader, off: int) -> tuple[ssv_sp_parms4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _x471 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             f_ssp_hash_algs.append(_x471)
@@ -3170,8 +3114,6 @@ def dec_ssv_sp_parms4(r: _Reader, off: int) -> tuple[ssv_sp_parms4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _x472 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             f_ssp_encr_algs.append(_x472)
@@ -3374,8 +3316,6 @@ def dec_state_protect4_a(r: _Reader, off: int) -> tuple[state_protect4_a, int]:
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _x492 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _i488_ssp_hash_algs.append(_x492)
@@ -3391,8 +3331,6 @@ def dec_state_protect4_a(r: _Reader, off: int) -> tuple[state_protect4_a, int]:
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _x493 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _i488_ssp_encr_algs.append(_x493)

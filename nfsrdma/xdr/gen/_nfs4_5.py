@@ -140,6 +140,7 @@ _S65: _Final = _struct.Struct('>IiiQQQI12sI')
 _S66: _Final = _struct.Struct('>iII12s')
 _S67: _Final = _struct.Struct('>Iii')
 _S68: _Final = _struct.Struct('>16sIIII')
+_S69: _Final = _struct.Struct('>16sIIIII')
 
 
 @_dataclass(slots=True)
@@ -250,8 +251,6 @@ def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i507_co_ownerid = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_eia_clientowner = client_owner4(_i507_co_verifier, _i507_co_ownerid)
@@ -318,8 +317,6 @@ def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _x516 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _i512_ssp_hash_algs.append(_x516)
@@ -335,8 +332,6 @@ def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _x517 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _i512_ssp_encr_algs.append(_x517)
@@ -360,8 +355,6 @@ def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i519_nii_domain = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             (_n,) = _U32.unpack_from(buf, off)
@@ -369,8 +362,6 @@ def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i519_nii_name = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i519_nii_date = nfstime4(*_S7.unpack_from(buf, off))
@@ -458,8 +449,6 @@ def dec_ssv_prot_info4(r: _Reader, off: int) -> tuple[ssv_prot_info4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _x527 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             f_spi_handles.append(_x527)
@@ -627,8 +616,6 @@ def dec_state_protect4_r(r: _Reader, off: int) -> tuple[state_protect4_r, int]:
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _x546 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _i542_spi_handles.append(_x546)
@@ -805,8 +792,6 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _x567 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _i563_spi_handles.append(_x567)
@@ -823,8 +808,6 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i568_so_major_id = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_eir_server_owner = server_owner4(_i568_so_minor_id, _i568_so_major_id)
@@ -835,8 +818,6 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_eir_server_scope = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -853,8 +834,6 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i570_nii_domain = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             (_n,) = _U32.unpack_from(buf, off)
@@ -862,8 +841,6 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i570_nii_name = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i570_nii_date = nfstime4(*_S7.unpack_from(buf, off))
@@ -998,8 +975,6 @@ def dec_EXCHANGE_ID4res(r: _Reader, off: int) -> tuple[EXCHANGE_ID4res, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i580_so_major_id = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i578_eir_server_owner = server_owner4(_i580_so_minor_id, _i580_so_major_id)
@@ -1010,8 +985,6 @@ def dec_EXCHANGE_ID4res(r: _Reader, off: int) -> tuple[EXCHANGE_ID4res, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i578_eir_server_scope = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             (_n,) = _U32.unpack_from(buf, off)
@@ -1220,8 +1193,6 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('string runs past the end', off)
                 _i599_machinename = str(buf[off:_e], 'utf-8', 'surrogateescape')
                 off = _e + (-_n & 3)
                 _i599_uid, _i599_gid = _S1.unpack_from(buf, off)
@@ -1246,8 +1217,6 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _i600_gcbp_handle_from_server = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 (_n,) = _U32.unpack_from(buf, off)
@@ -1255,8 +1224,6 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _i600_gcbp_handle_from_client = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _v598 = gss_cb_handles4(_i600_gcbp_service, _i600_gcbp_handle_from_server, _i600_gcbp_handle_from_client)
@@ -2136,8 +2103,6 @@ def dec_GETDEVICEINFO4resok(r: _Reader, off: int) -> tuple[GETDEVICEINFO4resok, 
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i662_da_addr_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_gdir_device_addr = device_addr4(_i662_da_layout_type, _i662_da_addr_body)
@@ -2241,8 +2206,6 @@ def dec_GETDEVICEINFO4res(r: _Reader, off: int) -> tuple[GETDEVICEINFO4res, int]
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i671_da_addr_body = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i670_gdir_device_addr = device_addr4(_i671_da_layout_type, _i671_da_addr_body)
@@ -2671,8 +2634,6 @@ def dec_LAYOUTCOMMIT4args(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4args, int]
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i693_lou_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_loca_layoutupdate = layoutupdate4(_i693_lou_type, _i693_lou_body)
@@ -2973,8 +2934,6 @@ def dec_LAYOUTGET4resok(r: _Reader, off: int) -> tuple[LAYOUTGET4resok, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i711_loc_body = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i710_lo_content = layout_content4(_i711_loc_type, _i711_loc_body)
@@ -3152,8 +3111,6 @@ def dec_LAYOUTRETURN4args(r: _Reader, off: int) -> tuple[LAYOUTRETURN4args, int]
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i722_lrf_body = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _v721 = layoutreturn_file4(_i722_lrf_offset, _i722_lrf_length, _i722_lrf_stateid, _i722_lrf_body)
@@ -3461,4 +3418,33 @@ def dec_SEQUENCE4args(r: _Reader, off: int) -> tuple[SEQUENCE4args, int]:
         _u = SEQUENCE4args(_t0, _t1, _t2, _t3, _BOOL[_t4])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SEQUENCE4args', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class SEQUENCE4resok:
+    sr_sessionid: bytes
+    sr_sequenceid: int
+    sr_slotid: int
+    sr_highest_slotid: int
+    sr_target_highest_slotid: int
+    sr_status_flags: int
+
+
+def enc_SEQUENCE4resok(w: _Writer, v: SEQUENCE4resok) -> None:
+    try:
+        if len(v.sr_sessionid) != 16: raise _XdrError('fixed opaque sr_sessionid must be 16 bytes', len(w))
+        w += _S69.pack(v.sr_sessionid, v.sr_sequenceid, v.sr_slotid, v.sr_highest_slotid, v.sr_target_highest_slotid, v.sr_status_flags)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SEQUENCE4resok: {_e}', len(w)) from None
+
+
+def dec_SEQUENCE4resok(r: _Reader, off: int) -> tuple[SEQUENCE4resok, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _u = SEQUENCE4resok(*_S69.unpack_from(buf, off))
+        off += 36
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SEQUENCE4resok', o0) from None
     return _u, off

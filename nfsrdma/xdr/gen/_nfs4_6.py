@@ -80,6 +80,9 @@ from nfsrdma.xdr.gen._nfs4_1 import (
 )
 from nfsrdma.xdr.gen._nfs4_5 import (
     SEQUENCE4args,
+    SEQUENCE4resok,
+    dec_SEQUENCE4resok,
+    enc_SEQUENCE4resok,
 )
 from nfsrdma.xdr.gen._nfs4_4 import (
     _stable_how4_MAP,
@@ -118,35 +121,6 @@ _S78: _Final = _struct.Struct('>iqII12s')
 _S79: _Final = _struct.Struct('>QQI12sQQQQ16s')
 _S80: _Final = _struct.Struct('>I12si')
 _S81: _Final = _struct.Struct('>I12sI12sQQQ')
-
-
-@_dataclass(slots=True)
-class SEQUENCE4resok:
-    sr_sessionid: bytes
-    sr_sequenceid: int
-    sr_slotid: int
-    sr_highest_slotid: int
-    sr_target_highest_slotid: int
-    sr_status_flags: int
-
-
-def enc_SEQUENCE4resok(w: _Writer, v: SEQUENCE4resok) -> None:
-    try:
-        if len(v.sr_sessionid) != 16: raise _XdrError('fixed opaque sr_sessionid must be 16 bytes', len(w))
-        w += _S69.pack(v.sr_sessionid, v.sr_sequenceid, v.sr_slotid, v.sr_highest_slotid, v.sr_target_highest_slotid, v.sr_status_flags)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode SEQUENCE4resok: {_e}', len(w)) from None
-
-
-def dec_SEQUENCE4resok(r: _Reader, off: int) -> tuple[SEQUENCE4resok, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _u = SEQUENCE4resok(*_S69.unpack_from(buf, off))
-        off += 36
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SEQUENCE4resok', o0) from None
-    return _u, off
 
 
 @_dataclass(slots=True)
@@ -278,8 +252,6 @@ def dec_SET_SSV4args(r: _Reader, off: int) -> tuple[SET_SSV4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_ssa_ssv = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -287,8 +259,6 @@ def dec_SET_SSV4args(r: _Reader, off: int) -> tuple[SET_SSV4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_ssa_digest = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -357,8 +327,6 @@ def dec_SET_SSV4resok(r: _Reader, off: int) -> tuple[SET_SSV4resok, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_ssr_digest = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -438,8 +406,6 @@ def dec_SET_SSV4res(r: _Reader, off: int) -> tuple[SET_SSV4res, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i746_ssr_digest = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _v745 = SET_SSV4resok(_i746_ssr_digest)
@@ -1094,8 +1060,6 @@ def dec_netloc4(r: _Reader, off: int) -> tuple[netloc4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _v777 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _u = netloc4(NL4_NAME, _v777)
@@ -1105,8 +1069,6 @@ def dec_netloc4(r: _Reader, off: int) -> tuple[netloc4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _v777 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _u = netloc4(NL4_URL, _v777)
@@ -1116,8 +1078,6 @@ def dec_netloc4(r: _Reader, off: int) -> tuple[netloc4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('string runs past the end', off)
             _i778_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
             off = _e + (-_n & 3)
             (_n,) = _U32.unpack_from(buf, off)
@@ -1125,8 +1085,6 @@ def dec_netloc4(r: _Reader, off: int) -> tuple[netloc4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('string runs past the end', off)
             _i778_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
             off = _e + (-_n & 3)
             _v777 = netaddr4(_i778_na_r_netid, _i778_na_r_addr)
@@ -1215,8 +1173,6 @@ def dec_data4(r: _Reader, off: int) -> tuple[data4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_d_data = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1258,8 +1214,6 @@ def dec_app_data_block4(r: _Reader, off: int) -> tuple[app_data_block4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_adb_pattern = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1447,8 +1401,6 @@ def dec_COPY4args(r: _Reader, off: int) -> tuple[COPY4args, int]:
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _v785 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _x784 = netloc4(NL4_NAME, _v785)
@@ -1458,8 +1410,6 @@ def dec_COPY4args(r: _Reader, off: int) -> tuple[COPY4args, int]:
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _v785 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _x784 = netloc4(NL4_URL, _v785)
@@ -1469,8 +1419,6 @@ def dec_COPY4args(r: _Reader, off: int) -> tuple[COPY4args, int]:
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('string runs past the end', off)
                 _i786_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
                 off = _e + (-_n & 3)
                 (_n,) = _U32.unpack_from(buf, off)
@@ -1478,8 +1426,6 @@ def dec_COPY4args(r: _Reader, off: int) -> tuple[COPY4args, int]:
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('string runs past the end', off)
                 _i786_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
                 off = _e + (-_n & 3)
                 _v785 = netaddr4(_i786_na_r_netid, _i786_na_r_addr)
@@ -1738,8 +1684,6 @@ def dec_COPY_NOTIFY4args(r: _Reader, off: int) -> tuple[COPY_NOTIFY4args, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _v802 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             f_cna_destination_server = netloc4(NL4_NAME, _v802)
@@ -1749,8 +1693,6 @@ def dec_COPY_NOTIFY4args(r: _Reader, off: int) -> tuple[COPY_NOTIFY4args, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _v802 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             f_cna_destination_server = netloc4(NL4_URL, _v802)
@@ -1760,8 +1702,6 @@ def dec_COPY_NOTIFY4args(r: _Reader, off: int) -> tuple[COPY_NOTIFY4args, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('string runs past the end', off)
             _i803_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
             off = _e + (-_n & 3)
             (_n,) = _U32.unpack_from(buf, off)
@@ -1769,8 +1709,6 @@ def dec_COPY_NOTIFY4args(r: _Reader, off: int) -> tuple[COPY_NOTIFY4args, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('string runs past the end', off)
             _i803_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
             off = _e + (-_n & 3)
             _v802 = netaddr4(_i803_na_r_netid, _i803_na_r_addr)
@@ -1855,8 +1793,6 @@ def dec_COPY_NOTIFY4resok(r: _Reader, off: int) -> tuple[COPY_NOTIFY4resok, int]
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _v808 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _x807 = netloc4(NL4_NAME, _v808)
@@ -1866,8 +1802,6 @@ def dec_COPY_NOTIFY4resok(r: _Reader, off: int) -> tuple[COPY_NOTIFY4resok, int]
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _v808 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _x807 = netloc4(NL4_URL, _v808)
@@ -1877,8 +1811,6 @@ def dec_COPY_NOTIFY4resok(r: _Reader, off: int) -> tuple[COPY_NOTIFY4resok, int]
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('string runs past the end', off)
                 _i809_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
                 off = _e + (-_n & 3)
                 (_n,) = _U32.unpack_from(buf, off)
@@ -1886,8 +1818,6 @@ def dec_COPY_NOTIFY4resok(r: _Reader, off: int) -> tuple[COPY_NOTIFY4resok, int]
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('string runs past the end', off)
                 _i809_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
                 off = _e + (-_n & 3)
                 _v808 = netaddr4(_i809_na_r_netid, _i809_na_r_addr)
@@ -2412,8 +2342,6 @@ def dec_LAYOUTSTATS4args(r: _Reader, off: int) -> tuple[LAYOUTSTATS4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i831_lou_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_lsa_layoutupdate = layoutupdate4(_i831_lou_type, _i831_lou_body)
@@ -2763,8 +2691,6 @@ def dec_read_plus_content(r: _Reader, off: int) -> tuple[read_plus_content, int]
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i845_d_data = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _v844 = data4(_i845_d_offset, _i845_d_data)
@@ -2837,8 +2763,6 @@ def dec_read_plus_res4(r: _Reader, off: int) -> tuple[read_plus_res4, int]:
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _i851_d_data = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _v850 = data4(_i851_d_offset, _i851_d_data)
@@ -3106,8 +3030,6 @@ def dec_WRITE_SAME4args(r: _Reader, off: int) -> tuple[WRITE_SAME4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i863_adb_pattern = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_wsa_adb = app_data_block4(_i863_adb_offset, _i863_adb_block_size, _i863_adb_block_count, _i863_adb_reloff_blocknum, _i863_adb_block_num, _i863_adb_reloff_pattern, _i863_adb_pattern)
@@ -3289,8 +3211,6 @@ def dec_xattrkey4(r: _Reader, off: int) -> tuple[xattrkey4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -3321,8 +3241,6 @@ def dec_xattrvalue4(r: _Reader, off: int) -> tuple[xattrvalue4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -3355,8 +3273,6 @@ def dec_GETXATTR4args(r: _Reader, off: int) -> tuple[GETXATTR4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_gxa_name = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -3435,8 +3351,6 @@ def dec_GETXATTR4res(r: _Reader, off: int) -> tuple[GETXATTR4res, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _v873 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _u = GETXATTR4res(NFS4_OK, _v873)
@@ -3471,3 +3385,53 @@ def dec_setxattr_option4(r: _Reader, off: int) -> tuple[setxattr_option4, int]:
         return _setxattr_option4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
     except (KeyError, _struct.error):
         raise _XdrError('invalid or truncated setxattr_option4', off) from None
+
+
+@_dataclass(slots=True)
+class SETXATTR4args:
+    sxa_option: setxattr_option4
+    sxa_key: bytes
+    sxa_value: bytes
+
+
+def enc_SETXATTR4args(w: _Writer, v: SETXATTR4args) -> None:
+    try:
+        w += _S2.pack(v.sxa_option)
+        _v = v.sxa_key
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _v = v.sxa_value
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SETXATTR4args: {_e}', len(w)) from None
+
+
+def dec_SETXATTR4args(r: _Reader, off: int) -> tuple[SETXATTR4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        f_sxa_option = _setxattr_option4_MAP[_t0]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_sxa_key = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_sxa_value = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SETXATTR4args', o0) from None
+    return SETXATTR4args(f_sxa_option, f_sxa_key, f_sxa_value), off

@@ -39,6 +39,7 @@ from nfsrdma.xdr.gen._nfs4_2 import (
     CLOSE4res,
     COMMIT4args,
     COMMIT4res,
+    _createtype4_ENCX,
     _enc_any_ACCESS4res,
     _enc_any_CLOSE4res,
     _enc_any_COMMIT4res,
@@ -57,6 +58,7 @@ from nfsrdma.xdr.gen._nfs4_2 import (
     enc_COMMIT4args,
     enc_COMMIT4res,
     enc_change_info4,
+    enc_createtype4,
     enc_fattr4,
     enc_server_owner4,
     enc_state_owner4,
@@ -94,6 +96,7 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     SEEK4args,
     SEEK4res,
     SEQUENCE4res,
+    SETXATTR4args,
     SET_SSV4args,
     SET_SSV4res,
     TEST_STATEID4args,
@@ -116,7 +119,6 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     _enc_any_WRITE_SAME4res,
     _enc_any_deleg_claim4,
     _enc_any_netloc4,
-    _setxattr_option4_MAP,
     dec_ALLOCATE4args,
     dec_ALLOCATE4res,
     dec_CLONE4args,
@@ -148,6 +150,7 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     dec_SEEK4args,
     dec_SEEK4res,
     dec_SEQUENCE4res,
+    dec_SETXATTR4args,
     dec_SET_SSV4args,
     dec_SET_SSV4res,
     dec_TEST_STATEID4args,
@@ -187,6 +190,7 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     enc_SEEK4args,
     enc_SEEK4res,
     enc_SEQUENCE4res,
+    enc_SETXATTR4args,
     enc_SET_SSV4args,
     enc_SET_SSV4res,
     enc_TEST_STATEID4args,
@@ -198,7 +202,6 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     enc_netloc4,
     enc_read_plus_content,
     enc_write_response4,
-    setxattr_option4,
 )
 from nfsrdma.xdr.gen._nfs4_4 import (
     BACKCHANNEL_CTL4args,
@@ -370,7 +373,6 @@ from nfsrdma.xdr.gen._nfs4_3 import (
     NVERIFY4res,
     OPEN4args,
     OPEN4res,
-    _createtype4_ENCX,
     _enc_any_CREATE4res,
     _enc_any_GETATTR4res,
     _enc_any_GETFH4res,
@@ -432,7 +434,6 @@ from nfsrdma.xdr.gen._nfs4_3 import (
     enc_OPEN4args,
     enc_OPEN4res,
     enc_createhow4,
-    enc_createtype4,
     enc_open_claim4,
     enc_open_delegation4,
     enc_open_none_delegation4,
@@ -613,60 +614,6 @@ _S116: _Final = _struct.Struct('>iiIQ')
 
 
 @_dataclass(slots=True)
-class SETXATTR4args:
-    sxa_option: setxattr_option4
-    sxa_key: bytes
-    sxa_value: bytes
-
-
-def enc_SETXATTR4args(w: _Writer, v: SETXATTR4args) -> None:
-    try:
-        w += _S2.pack(v.sxa_option)
-        _v = v.sxa_key
-        _n = len(_v)
-        w += _S0.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        _v = v.sxa_value
-        _n = len(_v)
-        w += _S0.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode SETXATTR4args: {_e}', len(w)) from None
-
-
-def dec_SETXATTR4args(r: _Reader, off: int) -> tuple[SETXATTR4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_t0,) = _S2.unpack_from(buf, off)
-        off += 4
-        f_sxa_option = _setxattr_option4_MAP[_t0]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_sxa_key = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_sxa_value = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SETXATTR4args', o0) from None
-    return SETXATTR4args(f_sxa_option, f_sxa_key, f_sxa_value), off
-
-
-@_dataclass(slots=True)
 class SETXATTR4res:
     sxr_status: nfsstat4
     value: change_info4 | None = None
@@ -805,8 +752,6 @@ def dec_LISTXATTRS4resok(r: _Reader, off: int) -> tuple[LISTXATTRS4resok, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _x878 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             f_lxr_names.append(_x878)
@@ -905,8 +850,6 @@ def dec_LISTXATTRS4res(r: _Reader, off: int) -> tuple[LISTXATTRS4res, int]:
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
                 _x885 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 _i884_lxr_names.append(_x885)
@@ -947,8 +890,6 @@ def dec_REMOVEXATTR4args(r: _Reader, off: int) -> tuple[REMOVEXATTR4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_rxa_name = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -3388,8 +3329,6 @@ def dec_COMPOUND4args(r: _Reader, off: int) -> tuple[COMPOUND4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_tag = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (f_minorversion,) = _S0.unpack_from(buf, off)
@@ -3458,8 +3397,6 @@ def dec_COMPOUND4res(r: _Reader, off: int) -> tuple[COMPOUND4res, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_tag = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -3520,8 +3457,6 @@ def dec_CB_GETATTR4args(r: _Reader, off: int) -> tuple[CB_GETATTR4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -3580,8 +3515,6 @@ def dec_CB_GETATTR4resok(r: _Reader, off: int) -> tuple[CB_GETATTR4resok, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i1075_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_obj_attributes = fattr4(_i1075_attrmask, _i1075_attr_vals)
@@ -3678,8 +3611,6 @@ def dec_CB_GETATTR4res(r: _Reader, off: int) -> tuple[CB_GETATTR4res, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i1084_attr_vals = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i1083_obj_attributes = fattr4(_i1084_attrmask, _i1084_attr_vals)
@@ -3729,8 +3660,6 @@ def dec_CB_RECALL4args(r: _Reader, off: int) -> tuple[CB_RECALL4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -3846,8 +3775,6 @@ def dec_layoutrecall_file4(r: _Reader, off: int) -> tuple[layoutrecall_file4, in
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_lor_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_lor_offset, f_lor_length, _t2, _t3 = _S13.unpack_from(buf, off)
@@ -3942,8 +3869,6 @@ def dec_layoutrecall4(r: _Reader, off: int) -> tuple[layoutrecall4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i1090_lor_fh = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i1090_lor_offset, _i1090_lor_length, _t2, _t3 = _S13.unpack_from(buf, off)

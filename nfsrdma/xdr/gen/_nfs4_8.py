@@ -88,6 +88,7 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     SEEK4args,
     SEEK4res,
     SEQUENCE4res,
+    SETXATTR4args,
     SET_SSV4args,
     SET_SSV4res,
     TEST_STATEID4args,
@@ -127,6 +128,7 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     dec_SEEK4args,
     dec_SEEK4res,
     dec_SEQUENCE4res,
+    dec_SETXATTR4args,
     dec_SET_SSV4args,
     dec_SET_SSV4res,
     dec_TEST_STATEID4args,
@@ -167,6 +169,7 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     enc_SEEK4args,
     enc_SEEK4res,
     enc_SEQUENCE4res,
+    enc_SETXATTR4args,
     enc_SET_SSV4args,
     enc_SET_SSV4res,
     enc_TEST_STATEID4args,
@@ -396,7 +399,6 @@ from nfsrdma.xdr.gen._nfs4_7 import (
     OP_WRITE_SAME,
     REMOVEXATTR4args,
     REMOVEXATTR4res,
-    SETXATTR4args,
     SETXATTR4res,
     _dec_any_layoutrecall4,
     _enc_any_CB_GETATTR4res,
@@ -410,7 +412,6 @@ from nfsrdma.xdr.gen._nfs4_7 import (
     dec_LISTXATTRS4res,
     dec_REMOVEXATTR4args,
     dec_REMOVEXATTR4res,
-    dec_SETXATTR4args,
     dec_SETXATTR4res,
     enc_CB_GETATTR4args,
     enc_CB_GETATTR4res,
@@ -421,7 +422,6 @@ from nfsrdma.xdr.gen._nfs4_7 import (
     enc_LISTXATTRS4res,
     enc_REMOVEXATTR4args,
     enc_REMOVEXATTR4res,
-    enc_SETXATTR4args,
     enc_SETXATTR4res,
     enc_layoutrecall_file4,
     layoutrecall4,
@@ -692,8 +692,6 @@ def dec_CB_LAYOUTRECALL4args(r: _Reader, off: int) -> tuple[CB_LAYOUTRECALL4args
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i1094_lor_fh = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i1094_lor_offset, _i1094_lor_length, _t2, _t3 = _S13.unpack_from(buf, off)
@@ -807,8 +805,6 @@ def dec_notify_entry4(r: _Reader, off: int) -> tuple[notify_entry4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_ne_file = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -826,8 +822,6 @@ def dec_notify_entry4(r: _Reader, off: int) -> tuple[notify_entry4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i1097_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_ne_attrs = fattr4(_i1097_attrmask, _i1097_attr_vals)
@@ -875,8 +869,6 @@ def dec_prev_entry4(r: _Reader, off: int) -> tuple[prev_entry4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i1102_ne_file = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -894,8 +886,6 @@ def dec_prev_entry4(r: _Reader, off: int) -> tuple[prev_entry4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i1103_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         _i1102_ne_attrs = fattr4(_i1103_attrmask, _i1103_attr_vals)
@@ -946,8 +936,6 @@ def dec_notify_remove4(r: _Reader, off: int) -> tuple[notify_remove4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i1108_ne_file = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -965,8 +953,6 @@ def dec_notify_remove4(r: _Reader, off: int) -> tuple[notify_remove4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i1109_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         _i1108_ne_attrs = fattr4(_i1109_attrmask, _i1109_attr_vals)
@@ -1066,8 +1052,6 @@ def dec_notify_add4(r: _Reader, off: int) -> tuple[notify_add4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i1123_ne_file = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i1123_ne_attrs, off = dec_fattr4(r, off)
@@ -1081,8 +1065,6 @@ def dec_notify_add4(r: _Reader, off: int) -> tuple[notify_add4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i1124_ne_file = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -1100,8 +1082,6 @@ def dec_notify_add4(r: _Reader, off: int) -> tuple[notify_add4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i1125_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         _i1124_ne_attrs = fattr4(_i1125_attrmask, _i1125_attr_vals)
@@ -1132,8 +1112,6 @@ def dec_notify_add4(r: _Reader, off: int) -> tuple[notify_add4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i1130_ne_file = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i1130_ne_attrs, off = dec_fattr4(r, off)
@@ -1187,8 +1165,6 @@ def dec_notify_attr4(r: _Reader, off: int) -> tuple[notify_attr4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i1134_ne_file = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -1206,8 +1182,6 @@ def dec_notify_attr4(r: _Reader, off: int) -> tuple[notify_attr4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i1135_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         _i1134_ne_attrs = fattr4(_i1135_attrmask, _i1135_attr_vals)
@@ -1301,8 +1275,6 @@ def dec_notify_rename4(r: _Reader, off: int) -> tuple[notify_rename4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i1151_ne_file = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -1320,8 +1292,6 @@ def dec_notify_rename4(r: _Reader, off: int) -> tuple[notify_rename4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i1152_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         _i1151_ne_attrs = fattr4(_i1152_attrmask, _i1152_attr_vals)
@@ -1348,8 +1318,6 @@ def dec_notify_rename4(r: _Reader, off: int) -> tuple[notify_rename4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i1157_ne_file = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -1367,8 +1335,6 @@ def dec_notify_rename4(r: _Reader, off: int) -> tuple[notify_rename4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i1158_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         _i1157_ne_attrs = fattr4(_i1158_attrmask, _i1158_attr_vals)
@@ -1457,8 +1423,6 @@ def dec_notifylist4(r: _Reader, off: int) -> tuple[notifylist4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1507,8 +1471,6 @@ def dec_notify4(r: _Reader, off: int) -> tuple[notify4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_notify_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1566,8 +1528,6 @@ def dec_CB_NOTIFY4args(r: _Reader, off: int) -> tuple[CB_NOTIFY4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_cna_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -1592,8 +1552,6 @@ def dec_CB_NOTIFY4args(r: _Reader, off: int) -> tuple[CB_NOTIFY4args, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i1169_notify_vals = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _x1168 = notify4(_i1169_notify_mask, _i1169_notify_vals)
@@ -1710,8 +1668,6 @@ def dec_CB_PUSH_DELEG4args(r: _Reader, off: int) -> tuple[CB_PUSH_DELEG4args, in
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_cpda_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_d1178,) = _S2.unpack_from(buf, off)
@@ -1730,8 +1686,6 @@ def dec_CB_PUSH_DELEG4args(r: _Reader, off: int) -> tuple[CB_PUSH_DELEG4args, in
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i1180_who = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i1179_permissions = nfsace4(_i1180_type, _i1180_flag, _i1180_access_mask, _i1180_who)
@@ -1761,8 +1715,6 @@ def dec_CB_PUSH_DELEG4args(r: _Reader, off: int) -> tuple[CB_PUSH_DELEG4args, in
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i1183_who = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i1181_permissions = nfsace4(_i1183_type, _i1183_flag, _i1183_access_mask, _i1183_who)
@@ -2303,8 +2255,6 @@ def dec_CB_NOTIFY_LOCK4args(r: _Reader, off: int) -> tuple[CB_NOTIFY_LOCK4args, 
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_cnla_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_i1203_clientid,) = _S4.unpack_from(buf, off)
@@ -2316,8 +2266,6 @@ def dec_CB_NOTIFY_LOCK4args(r: _Reader, off: int) -> tuple[CB_NOTIFY_LOCK4args, 
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i1203_owner = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_cnla_lock_owner = state_owner4(_i1203_clientid, _i1203_owner)
@@ -2479,8 +2427,6 @@ def dec_CB_NOTIFY_DEVICEID4args(r: _Reader, off: int) -> tuple[CB_NOTIFY_DEVICEI
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i1208_notify_vals = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _x1207 = notify4(_i1208_notify_mask, _i1208_notify_vals)
@@ -2660,8 +2606,6 @@ def dec_CB_OFFLOAD4args(r: _Reader, off: int) -> tuple[CB_OFFLOAD4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_coa_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_coa_stateid = stateid4(*_S11.unpack_from(buf, off))
@@ -3260,8 +3204,6 @@ def dec_CB_COMPOUND4args(r: _Reader, off: int) -> tuple[CB_COMPOUND4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_tag = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_minorversion, f_callback_ident = _S1.unpack_from(buf, off)
@@ -3330,8 +3272,6 @@ def dec_CB_COMPOUND4res(r: _Reader, off: int) -> tuple[CB_COMPOUND4res, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_tag = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -3373,8 +3313,6 @@ def peek_COMPOUND4args(r: _Reader, off: int) -> tuple[COMPOUND4args_head, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_tag = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (f_minorversion,) = _S0.unpack_from(buf, off)
@@ -3418,8 +3356,6 @@ def peek_COMPOUND4res(r: _Reader, off: int) -> tuple[COMPOUND4res_head, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_tag = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (f_count,) = _U32.unpack_from(buf, off)
@@ -3459,8 +3395,6 @@ def peek_CB_COMPOUND4args(r: _Reader, off: int) -> tuple[CB_COMPOUND4args_head, 
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_tag = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_minorversion, f_callback_ident = _S1.unpack_from(buf, off)
@@ -3504,8 +3438,6 @@ def peek_CB_COMPOUND4res(r: _Reader, off: int) -> tuple[CB_COMPOUND4res_head, in
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_tag = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (f_count,) = _U32.unpack_from(buf, off)

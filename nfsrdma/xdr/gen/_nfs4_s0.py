@@ -38,7 +38,6 @@ from nfsrdma.xdr.gen._nfs4_0 import (
 from nfsrdma.xdr.gen._nfs4_2 import (
     NFS4_CHANGE_TYPE_IS_UNDEFINED,
     _change_attr_type4_MAP,
-    dec_fattr4_case_preserving,
     dec_fattr4_change_attr_type,
     dec_fattr4_change_policy,
     dec_fattr4_chown_restricted,
@@ -103,7 +102,6 @@ from nfsrdma.xdr.gen._nfs4_2 import (
     dec_fattr4_time_modify,
     dec_fattr4_time_modify_set,
     dec_fattr4_xattr_support,
-    enc_fattr4_case_preserving,
     enc_fattr4_change_attr_type,
     enc_fattr4_change_policy,
     enc_fattr4_chown_restricted,
@@ -169,6 +167,7 @@ from nfsrdma.xdr.gen._nfs4_2 import (
     enc_fattr4_time_modify_set,
     enc_fattr4_xattr_support,
     fattr4,
+    fattr4_filehandle,
 )
 from nfsrdma.xdr.gen._nfs4_1 import (
     _nfs_ftype4_MAP,
@@ -179,6 +178,7 @@ from nfsrdma.xdr.gen._nfs4_1 import (
     dec_fattr4_archive,
     dec_fattr4_cansettime,
     dec_fattr4_case_insensitive,
+    dec_fattr4_case_preserving,
     dec_fattr4_change,
     dec_fattr4_fh_expire_type,
     dec_fattr4_fsid,
@@ -196,6 +196,7 @@ from nfsrdma.xdr.gen._nfs4_1 import (
     enc_fattr4_archive,
     enc_fattr4_cansettime,
     enc_fattr4_case_insensitive,
+    enc_fattr4_case_preserving,
     enc_fattr4_change,
     enc_fattr4_fh_expire_type,
     enc_fattr4_fsid,
@@ -4755,8 +4756,20 @@ def _fattr4_decode_linux_fattr(data: _Buffer) -> dict[int, _Any]:
         out[20] = _t[5]
         out[33] = _t[6]
         out[35] = _t[7]
-        out[36], off = dec_fattr4_owner(r, off)
-        out[37], off = dec_fattr4_owner_group(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        out[36] = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        out[37] = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
         _t = _fattr4_S214_unpack_from(buf, off)
         off += 60
         out[41] = specdata4(_t[0], _t[1])
@@ -4789,14 +4802,34 @@ def _fattr4_decode_linux_readdir_plus(data: _Buffer) -> dict[int, _Any]:
         out[4] = _t[2]
         out[8] = fsid4(_t[3], _t[4])
         out[11] = _nfsstat4_MAP[_t[5]]
-        out[19], off = dec_fattr4_filehandle(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 128:
+            raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        out[19] = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
         _t = _fattr4_S51_unpack_from(buf, off)
         off += 16
         out[20] = _t[0]
         out[33] = _t[1]
         out[35] = _t[2]
-        out[36], off = dec_fattr4_owner(r, off)
-        out[37], off = dec_fattr4_owner_group(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        out[36] = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        out[37] = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
         _t = _fattr4_S214_unpack_from(buf, off)
         off += 60
         out[41] = specdata4(_t[0], _t[1])
@@ -4993,8 +5026,20 @@ def _fattr4_decode_client_stat(data: _Buffer) -> dict[int, _Any]:
         out[20] = _t[5]
         out[33] = _t[6]
         out[35] = _t[7]
-        out[36], off = dec_fattr4_owner(r, off)
-        out[37], off = dec_fattr4_owner_group(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        out[36] = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        out[37] = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
         _t = _fattr4_S188_unpack_from(buf, off)
         off += 52
         out[41] = specdata4(_t[0], _t[1])
@@ -5079,8 +5124,20 @@ def _fattr4_decode_set_owners(data: _Buffer) -> dict[int, _Any]:
     off = 0
     out: dict[int, _Any] = {}
     try:
-        out[36], off = dec_fattr4_owner(r, off)
-        out[37], off = dec_fattr4_owner_group(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        out[36] = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        out[37] = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
@@ -5374,7 +5431,15 @@ def _fattr4_decode_l0g0_31(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_32(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5382,7 +5447,15 @@ def _fattr4_decode_l0g0_33(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S2_unpack_from(buf, off)
     off += 4
     out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5390,7 +5463,15 @@ def _fattr4_decode_l0g0_34(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[3] = _t[0]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5399,7 +5480,15 @@ def _fattr4_decode_l0g0_35(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     off += 12
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5407,7 +5496,15 @@ def _fattr4_decode_l0g0_36(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[4] = _t[0]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5416,7 +5513,15 @@ def _fattr4_decode_l0g0_37(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     off += 12
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5425,7 +5530,15 @@ def _fattr4_decode_l0g0_38(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     off += 16
     out[3] = _t[0]
     out[4] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5435,7 +5548,15 @@ def _fattr4_decode_l0g0_39(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[4] = _t[2]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5443,7 +5564,15 @@ def _fattr4_decode_l0g0_40(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[8] = fsid4(_t[0], _t[1])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5452,7 +5581,15 @@ def _fattr4_decode_l0g0_41(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     off += 20
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5461,7 +5598,15 @@ def _fattr4_decode_l0g0_42(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     off += 24
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5471,7 +5616,15 @@ def _fattr4_decode_l0g0_43(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5480,7 +5633,15 @@ def _fattr4_decode_l0g0_44(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     off += 24
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5490,7 +5651,15 @@ def _fattr4_decode_l0g0_45(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5500,7 +5669,15 @@ def _fattr4_decode_l0g0_46(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     out[3] = _t[0]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5511,7 +5688,15 @@ def _fattr4_decode_l0g0_47(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     out[3] = _t[1]
     out[4] = _t[2]
     out[8] = fsid4(_t[3], _t[4])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5519,7 +5704,15 @@ def _fattr4_decode_l0g0_48(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S2_unpack_from(buf, off)
     off += 4
     out[11] = _nfsstat4_MAP[_t[0]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5528,7 +5721,15 @@ def _fattr4_decode_l0g0_49(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     off += 8
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5537,7 +5738,15 @@ def _fattr4_decode_l0g0_50(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     off += 12
     out[3] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5547,7 +5756,15 @@ def _fattr4_decode_l0g0_51(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5556,7 +5773,15 @@ def _fattr4_decode_l0g0_52(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     off += 12
     out[4] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5566,7 +5791,15 @@ def _fattr4_decode_l0g0_53(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5576,7 +5809,15 @@ def _fattr4_decode_l0g0_54(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     out[3] = _t[0]
     out[4] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5587,7 +5828,15 @@ def _fattr4_decode_l0g0_55(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     out[3] = _t[1]
     out[4] = _t[2]
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5596,7 +5845,15 @@ def _fattr4_decode_l0g0_56(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     off += 20
     out[8] = fsid4(_t[0], _t[1])
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5606,7 +5863,15 @@ def _fattr4_decode_l0g0_57(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5616,7 +5881,15 @@ def _fattr4_decode_l0g0_58(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5627,7 +5900,15 @@ def _fattr4_decode_l0g0_59(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     out[3] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5637,7 +5918,15 @@ def _fattr4_decode_l0g0_60(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5648,7 +5937,15 @@ def _fattr4_decode_l0g0_61(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5659,7 +5956,15 @@ def _fattr4_decode_l0g0_62(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5671,7 +5976,15 @@ def _fattr4_decode_l0g0_63(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     out[4] = _t[2]
     out[8] = fsid4(_t[3], _t[4])
     out[11] = _nfsstat4_MAP[_t[5]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5980,7 +6293,15 @@ def _fattr4_decode_l0g0_95(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_96(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -5991,7 +6312,15 @@ def _fattr4_decode_l0g0_97(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S2_unpack_from(buf, off)
     off += 4
     out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6002,7 +6331,15 @@ def _fattr4_decode_l0g0_98(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[3] = _t[0]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6014,7 +6351,15 @@ def _fattr4_decode_l0g0_99(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     off += 12
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6025,7 +6370,15 @@ def _fattr4_decode_l0g0_100(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[4] = _t[0]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6037,7 +6390,15 @@ def _fattr4_decode_l0g0_101(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 12
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6049,7 +6410,15 @@ def _fattr4_decode_l0g0_102(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 16
     out[3] = _t[0]
     out[4] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6062,7 +6431,15 @@ def _fattr4_decode_l0g0_103(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[4] = _t[2]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6073,7 +6450,15 @@ def _fattr4_decode_l0g0_104(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[8] = fsid4(_t[0], _t[1])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6085,7 +6470,15 @@ def _fattr4_decode_l0g0_105(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 20
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6097,7 +6490,15 @@ def _fattr4_decode_l0g0_106(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 24
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6110,7 +6511,15 @@ def _fattr4_decode_l0g0_107(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6122,7 +6531,15 @@ def _fattr4_decode_l0g0_108(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 24
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6135,7 +6552,15 @@ def _fattr4_decode_l0g0_109(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6148,7 +6573,15 @@ def _fattr4_decode_l0g0_110(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[3] = _t[0]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6162,7 +6595,15 @@ def _fattr4_decode_l0g0_111(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[3] = _t[1]
     out[4] = _t[2]
     out[8] = fsid4(_t[3], _t[4])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6173,7 +6614,15 @@ def _fattr4_decode_l0g0_112(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S2_unpack_from(buf, off)
     off += 4
     out[11] = _nfsstat4_MAP[_t[0]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6185,7 +6634,15 @@ def _fattr4_decode_l0g0_113(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 8
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6197,7 +6654,15 @@ def _fattr4_decode_l0g0_114(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 12
     out[3] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6210,7 +6675,15 @@ def _fattr4_decode_l0g0_115(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6222,7 +6695,15 @@ def _fattr4_decode_l0g0_116(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 12
     out[4] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6235,7 +6716,15 @@ def _fattr4_decode_l0g0_117(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6248,7 +6737,15 @@ def _fattr4_decode_l0g0_118(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[3] = _t[0]
     out[4] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6262,7 +6759,15 @@ def _fattr4_decode_l0g0_119(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[3] = _t[1]
     out[4] = _t[2]
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6274,7 +6779,15 @@ def _fattr4_decode_l0g0_120(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 20
     out[8] = fsid4(_t[0], _t[1])
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6287,7 +6800,15 @@ def _fattr4_decode_l0g0_121(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6300,7 +6821,15 @@ def _fattr4_decode_l0g0_122(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6314,7 +6843,15 @@ def _fattr4_decode_l0g0_123(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[3] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6327,7 +6864,15 @@ def _fattr4_decode_l0g0_124(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6341,7 +6886,15 @@ def _fattr4_decode_l0g0_125(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6355,7 +6908,15 @@ def _fattr4_decode_l0g0_126(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6370,7 +6931,15 @@ def _fattr4_decode_l0g0_127(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[4] = _t[2]
     out[8] = fsid4(_t[3], _t[4])
     out[11] = _nfsstat4_MAP[_t[5]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6682,7 +7251,15 @@ def _fattr4_decode_l0g0_159(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_160(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6693,7 +7270,15 @@ def _fattr4_decode_l0g0_161(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S2_unpack_from(buf, off)
     off += 4
     out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6704,7 +7289,15 @@ def _fattr4_decode_l0g0_162(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[3] = _t[0]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6716,7 +7309,15 @@ def _fattr4_decode_l0g0_163(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 12
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6727,7 +7328,15 @@ def _fattr4_decode_l0g0_164(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[4] = _t[0]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6739,7 +7348,15 @@ def _fattr4_decode_l0g0_165(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 12
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6751,7 +7368,15 @@ def _fattr4_decode_l0g0_166(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 16
     out[3] = _t[0]
     out[4] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6764,7 +7389,15 @@ def _fattr4_decode_l0g0_167(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[4] = _t[2]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6775,7 +7408,15 @@ def _fattr4_decode_l0g0_168(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[8] = fsid4(_t[0], _t[1])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6787,7 +7428,15 @@ def _fattr4_decode_l0g0_169(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 20
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6799,7 +7448,15 @@ def _fattr4_decode_l0g0_170(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 24
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6812,7 +7469,15 @@ def _fattr4_decode_l0g0_171(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6824,7 +7489,15 @@ def _fattr4_decode_l0g0_172(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 24
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6837,7 +7510,15 @@ def _fattr4_decode_l0g0_173(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6850,7 +7531,15 @@ def _fattr4_decode_l0g0_174(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[3] = _t[0]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6864,7 +7553,15 @@ def _fattr4_decode_l0g0_175(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[3] = _t[1]
     out[4] = _t[2]
     out[8] = fsid4(_t[3], _t[4])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6875,7 +7572,15 @@ def _fattr4_decode_l0g0_176(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S2_unpack_from(buf, off)
     off += 4
     out[11] = _nfsstat4_MAP[_t[0]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6887,7 +7592,15 @@ def _fattr4_decode_l0g0_177(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 8
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6899,7 +7612,15 @@ def _fattr4_decode_l0g0_178(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 12
     out[3] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6912,7 +7633,15 @@ def _fattr4_decode_l0g0_179(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6924,7 +7653,15 @@ def _fattr4_decode_l0g0_180(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 12
     out[4] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6937,7 +7674,15 @@ def _fattr4_decode_l0g0_181(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6950,7 +7695,15 @@ def _fattr4_decode_l0g0_182(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[3] = _t[0]
     out[4] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6964,7 +7717,15 @@ def _fattr4_decode_l0g0_183(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[3] = _t[1]
     out[4] = _t[2]
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6976,7 +7737,15 @@ def _fattr4_decode_l0g0_184(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 20
     out[8] = fsid4(_t[0], _t[1])
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6989,7 +7758,15 @@ def _fattr4_decode_l0g0_185(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -7002,7 +7779,15 @@ def _fattr4_decode_l0g0_186(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -7016,7 +7801,15 @@ def _fattr4_decode_l0g0_187(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[3] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -7029,7 +7822,15 @@ def _fattr4_decode_l0g0_188(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -7043,7 +7844,15 @@ def _fattr4_decode_l0g0_189(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -7057,7 +7866,15 @@ def _fattr4_decode_l0g0_190(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -7072,7 +7889,15 @@ def _fattr4_decode_l0g0_191(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[4] = _t[2]
     out[8] = fsid4(_t[3], _t[4])
     out[11] = _nfsstat4_MAP[_t[5]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -7416,7 +8241,15 @@ def _fattr4_decode_l0g0_223(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_224(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7428,7 +8261,15 @@ def _fattr4_decode_l0g0_225(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S2_unpack_from(buf, off)
     off += 4
     out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7440,7 +8281,15 @@ def _fattr4_decode_l0g0_226(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[3] = _t[0]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7453,7 +8302,15 @@ def _fattr4_decode_l0g0_227(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 12
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7465,7 +8322,15 @@ def _fattr4_decode_l0g0_228(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[4] = _t[0]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7478,7 +8343,15 @@ def _fattr4_decode_l0g0_229(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 12
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7491,7 +8364,15 @@ def _fattr4_decode_l0g0_230(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 16
     out[3] = _t[0]
     out[4] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7505,7 +8386,15 @@ def _fattr4_decode_l0g0_231(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[4] = _t[2]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7517,7 +8406,15 @@ def _fattr4_decode_l0g0_232(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[8] = fsid4(_t[0], _t[1])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7530,7 +8427,15 @@ def _fattr4_decode_l0g0_233(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 20
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7543,7 +8448,15 @@ def _fattr4_decode_l0g0_234(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 24
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7557,7 +8470,15 @@ def _fattr4_decode_l0g0_235(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7570,7 +8491,15 @@ def _fattr4_decode_l0g0_236(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 24
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7584,7 +8513,15 @@ def _fattr4_decode_l0g0_237(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7598,7 +8535,15 @@ def _fattr4_decode_l0g0_238(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[3] = _t[0]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7613,7 +8558,15 @@ def _fattr4_decode_l0g0_239(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[3] = _t[1]
     out[4] = _t[2]
     out[8] = fsid4(_t[3], _t[4])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7625,7 +8578,15 @@ def _fattr4_decode_l0g0_240(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S2_unpack_from(buf, off)
     off += 4
     out[11] = _nfsstat4_MAP[_t[0]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7638,7 +8599,15 @@ def _fattr4_decode_l0g0_241(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 8
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7651,7 +8620,15 @@ def _fattr4_decode_l0g0_242(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 12
     out[3] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7665,7 +8642,15 @@ def _fattr4_decode_l0g0_243(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7678,7 +8663,15 @@ def _fattr4_decode_l0g0_244(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 12
     out[4] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7692,7 +8685,15 @@ def _fattr4_decode_l0g0_245(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7706,7 +8707,15 @@ def _fattr4_decode_l0g0_246(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[3] = _t[0]
     out[4] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7721,7 +8730,15 @@ def _fattr4_decode_l0g0_247(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[3] = _t[1]
     out[4] = _t[2]
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7734,7 +8751,15 @@ def _fattr4_decode_l0g0_248(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     off += 20
     out[8] = fsid4(_t[0], _t[1])
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7748,7 +8773,15 @@ def _fattr4_decode_l0g0_249(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7762,7 +8795,15 @@ def _fattr4_decode_l0g0_250(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7777,7 +8818,15 @@ def _fattr4_decode_l0g0_251(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[3] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7791,7 +8840,15 @@ def _fattr4_decode_l0g0_252(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7806,7 +8863,15 @@ def _fattr4_decode_l0g0_253(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7821,7 +8886,15 @@ def _fattr4_decode_l0g0_254(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7837,7 +8910,15 @@ def _fattr4_decode_l0g0_255(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     out[4] = _t[2]
     out[8] = fsid4(_t[3], _t[4])
     out[11] = _nfsstat4_MAP[_t[5]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
@@ -7853,7 +8934,13 @@ def _fattr4_decode_l0g1_1(r: _Reader, buf: _Any, off: int, out: dict[int, _Any])
 
 
 def _fattr4_decode_l0g1_2(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -7861,12 +8948,24 @@ def _fattr4_decode_l0g1_3(r: _Reader, buf: _Any, off: int, out: dict[int, _Any])
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g1_4(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -7874,13 +8973,31 @@ def _fattr4_decode_l0g1_5(r: _Reader, buf: _Any, off: int, out: dict[int, _Any])
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g1_6(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -7888,8 +9005,20 @@ def _fattr4_decode_l0g1_7(r: _Reader, buf: _Any, off: int, out: dict[int, _Any])
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -7909,7 +9038,13 @@ def _fattr4_decode_l0g1_9(r: _Reader, buf: _Any, off: int, out: dict[int, _Any])
 
 
 def _fattr4_decode_l0g1_10(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S1_unpack_from(buf, off)
     off += 8
     out[41] = specdata4(_t[0], _t[1])
@@ -7920,7 +9055,13 @@ def _fattr4_decode_l0g1_11(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S1_unpack_from(buf, off)
     off += 8
     out[41] = specdata4(_t[0], _t[1])
@@ -7928,7 +9069,13 @@ def _fattr4_decode_l0g1_11(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_12(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S1_unpack_from(buf, off)
     off += 8
     out[41] = specdata4(_t[0], _t[1])
@@ -7939,7 +9086,13 @@ def _fattr4_decode_l0g1_13(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S1_unpack_from(buf, off)
     off += 8
     out[41] = specdata4(_t[0], _t[1])
@@ -7947,8 +9100,20 @@ def _fattr4_decode_l0g1_13(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_14(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S1_unpack_from(buf, off)
     off += 8
     out[41] = specdata4(_t[0], _t[1])
@@ -7959,8 +9124,20 @@ def _fattr4_decode_l0g1_15(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S1_unpack_from(buf, off)
     off += 8
     out[41] = specdata4(_t[0], _t[1])
@@ -7983,7 +9160,13 @@ def _fattr4_decode_l0g1_17(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_18(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[45] = _t[0]
@@ -7994,7 +9177,13 @@ def _fattr4_decode_l0g1_19(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[45] = _t[0]
@@ -8002,7 +9191,13 @@ def _fattr4_decode_l0g1_19(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_20(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[45] = _t[0]
@@ -8013,7 +9208,13 @@ def _fattr4_decode_l0g1_21(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[45] = _t[0]
@@ -8021,8 +9222,20 @@ def _fattr4_decode_l0g1_21(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_22(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[45] = _t[0]
@@ -8033,8 +9246,20 @@ def _fattr4_decode_l0g1_23(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[45] = _t[0]
@@ -8059,7 +9284,13 @@ def _fattr4_decode_l0g1_25(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_26(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
@@ -8071,7 +9302,13 @@ def _fattr4_decode_l0g1_27(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
@@ -8080,7 +9317,13 @@ def _fattr4_decode_l0g1_27(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_28(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
@@ -8092,7 +9335,13 @@ def _fattr4_decode_l0g1_29(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
@@ -8101,8 +9350,20 @@ def _fattr4_decode_l0g1_29(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_30(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
@@ -8114,8 +9375,20 @@ def _fattr4_decode_l0g1_31(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
@@ -8139,7 +9412,13 @@ def _fattr4_decode_l0g1_33(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_34(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[47] = nfstime4(_t[0], _t[1])
@@ -8150,7 +9429,13 @@ def _fattr4_decode_l0g1_35(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[47] = nfstime4(_t[0], _t[1])
@@ -8158,7 +9443,13 @@ def _fattr4_decode_l0g1_35(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_36(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[47] = nfstime4(_t[0], _t[1])
@@ -8169,7 +9460,13 @@ def _fattr4_decode_l0g1_37(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[47] = nfstime4(_t[0], _t[1])
@@ -8177,8 +9474,20 @@ def _fattr4_decode_l0g1_37(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_38(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[47] = nfstime4(_t[0], _t[1])
@@ -8189,8 +9498,20 @@ def _fattr4_decode_l0g1_39(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[47] = nfstime4(_t[0], _t[1])
@@ -8215,7 +9536,13 @@ def _fattr4_decode_l0g1_41(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_42(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
@@ -8227,7 +9554,13 @@ def _fattr4_decode_l0g1_43(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
@@ -8236,7 +9569,13 @@ def _fattr4_decode_l0g1_43(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_44(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
@@ -8248,7 +9587,13 @@ def _fattr4_decode_l0g1_45(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
@@ -8257,8 +9602,20 @@ def _fattr4_decode_l0g1_45(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_46(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
@@ -8270,8 +9627,20 @@ def _fattr4_decode_l0g1_47(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
@@ -8297,7 +9666,13 @@ def _fattr4_decode_l0g1_49(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_50(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
@@ -8309,7 +9684,13 @@ def _fattr4_decode_l0g1_51(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
@@ -8318,7 +9699,13 @@ def _fattr4_decode_l0g1_51(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_52(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
@@ -8330,7 +9717,13 @@ def _fattr4_decode_l0g1_53(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
@@ -8339,8 +9732,20 @@ def _fattr4_decode_l0g1_53(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_54(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
@@ -8352,8 +9757,20 @@ def _fattr4_decode_l0g1_55(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
@@ -8381,7 +9798,13 @@ def _fattr4_decode_l0g1_57(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_58(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -8394,7 +9817,13 @@ def _fattr4_decode_l0g1_59(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -8404,7 +9833,13 @@ def _fattr4_decode_l0g1_59(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_60(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -8417,7 +9852,13 @@ def _fattr4_decode_l0g1_61(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -8427,8 +9868,20 @@ def _fattr4_decode_l0g1_61(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_62(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -8441,8 +9894,20 @@ def _fattr4_decode_l0g1_63(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -8467,7 +9932,13 @@ def _fattr4_decode_l0g1_65(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_66(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[52] = nfstime4(_t[0], _t[1])
@@ -8478,7 +9949,13 @@ def _fattr4_decode_l0g1_67(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[52] = nfstime4(_t[0], _t[1])
@@ -8486,7 +9963,13 @@ def _fattr4_decode_l0g1_67(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_68(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[52] = nfstime4(_t[0], _t[1])
@@ -8497,7 +9980,13 @@ def _fattr4_decode_l0g1_69(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[52] = nfstime4(_t[0], _t[1])
@@ -8505,8 +9994,20 @@ def _fattr4_decode_l0g1_69(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_70(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[52] = nfstime4(_t[0], _t[1])
@@ -8517,8 +10018,20 @@ def _fattr4_decode_l0g1_71(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[52] = nfstime4(_t[0], _t[1])
@@ -8543,7 +10056,13 @@ def _fattr4_decode_l0g1_73(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_74(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
@@ -8555,7 +10074,13 @@ def _fattr4_decode_l0g1_75(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
@@ -8564,7 +10089,13 @@ def _fattr4_decode_l0g1_75(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_76(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
@@ -8576,7 +10107,13 @@ def _fattr4_decode_l0g1_77(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
@@ -8585,8 +10122,20 @@ def _fattr4_decode_l0g1_77(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_78(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
@@ -8598,8 +10147,20 @@ def _fattr4_decode_l0g1_79(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
@@ -8625,7 +10186,13 @@ def _fattr4_decode_l0g1_81(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_82(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
@@ -8637,7 +10204,13 @@ def _fattr4_decode_l0g1_83(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
@@ -8646,7 +10219,13 @@ def _fattr4_decode_l0g1_83(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_84(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
@@ -8658,7 +10237,13 @@ def _fattr4_decode_l0g1_85(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
@@ -8667,8 +10252,20 @@ def _fattr4_decode_l0g1_85(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_86(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
@@ -8680,8 +10277,20 @@ def _fattr4_decode_l0g1_87(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
@@ -8709,7 +10318,13 @@ def _fattr4_decode_l0g1_89(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_90(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -8722,7 +10337,13 @@ def _fattr4_decode_l0g1_91(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -8732,7 +10353,13 @@ def _fattr4_decode_l0g1_91(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_92(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -8745,7 +10372,13 @@ def _fattr4_decode_l0g1_93(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -8755,8 +10388,20 @@ def _fattr4_decode_l0g1_93(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_94(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -8769,8 +10414,20 @@ def _fattr4_decode_l0g1_95(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -8797,7 +10454,13 @@ def _fattr4_decode_l0g1_97(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_98(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
@@ -8809,7 +10472,13 @@ def _fattr4_decode_l0g1_99(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
@@ -8818,7 +10487,13 @@ def _fattr4_decode_l0g1_99(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_100(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
@@ -8830,7 +10505,13 @@ def _fattr4_decode_l0g1_101(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
@@ -8839,8 +10520,20 @@ def _fattr4_decode_l0g1_101(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_102(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
@@ -8852,8 +10545,20 @@ def _fattr4_decode_l0g1_103(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
@@ -8881,7 +10586,13 @@ def _fattr4_decode_l0g1_105(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_106(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
@@ -8894,7 +10605,13 @@ def _fattr4_decode_l0g1_107(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
@@ -8904,7 +10621,13 @@ def _fattr4_decode_l0g1_107(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_108(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
@@ -8917,7 +10640,13 @@ def _fattr4_decode_l0g1_109(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
@@ -8927,8 +10656,20 @@ def _fattr4_decode_l0g1_109(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_110(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
@@ -8941,8 +10682,20 @@ def _fattr4_decode_l0g1_111(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
@@ -8971,7 +10724,13 @@ def _fattr4_decode_l0g1_113(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_114(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
@@ -8984,7 +10743,13 @@ def _fattr4_decode_l0g1_115(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
@@ -8994,7 +10759,13 @@ def _fattr4_decode_l0g1_115(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_116(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
@@ -9007,7 +10778,13 @@ def _fattr4_decode_l0g1_117(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
@@ -9017,8 +10794,20 @@ def _fattr4_decode_l0g1_117(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_118(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
@@ -9031,8 +10820,20 @@ def _fattr4_decode_l0g1_119(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
@@ -9063,7 +10864,13 @@ def _fattr4_decode_l0g1_121(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_122(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -9077,7 +10884,13 @@ def _fattr4_decode_l0g1_123(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -9088,7 +10901,13 @@ def _fattr4_decode_l0g1_123(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_124(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -9102,7 +10921,13 @@ def _fattr4_decode_l0g1_125(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -9113,8 +10938,20 @@ def _fattr4_decode_l0g1_125(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_126(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -9128,8 +10965,20 @@ def _fattr4_decode_l0g1_127(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -9155,7 +11004,13 @@ def _fattr4_decode_l0g1_129(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_130(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[53] = nfstime4(_t[0], _t[1])
@@ -9166,7 +11021,13 @@ def _fattr4_decode_l0g1_131(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[53] = nfstime4(_t[0], _t[1])
@@ -9174,7 +11035,13 @@ def _fattr4_decode_l0g1_131(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_132(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[53] = nfstime4(_t[0], _t[1])
@@ -9185,7 +11052,13 @@ def _fattr4_decode_l0g1_133(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[53] = nfstime4(_t[0], _t[1])
@@ -9193,8 +11066,20 @@ def _fattr4_decode_l0g1_133(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_134(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[53] = nfstime4(_t[0], _t[1])
@@ -9205,8 +11090,20 @@ def _fattr4_decode_l0g1_135(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[53] = nfstime4(_t[0], _t[1])
@@ -9231,7 +11128,13 @@ def _fattr4_decode_l0g1_137(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_138(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
@@ -9243,7 +11146,13 @@ def _fattr4_decode_l0g1_139(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
@@ -9252,7 +11161,13 @@ def _fattr4_decode_l0g1_139(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_140(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
@@ -9264,7 +11179,13 @@ def _fattr4_decode_l0g1_141(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
@@ -9273,8 +11194,20 @@ def _fattr4_decode_l0g1_141(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_142(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
@@ -9286,8 +11219,20 @@ def _fattr4_decode_l0g1_143(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
@@ -9313,7 +11258,13 @@ def _fattr4_decode_l0g1_145(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_146(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
@@ -9325,7 +11276,13 @@ def _fattr4_decode_l0g1_147(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
@@ -9334,7 +11291,13 @@ def _fattr4_decode_l0g1_147(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_148(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
@@ -9346,7 +11309,13 @@ def _fattr4_decode_l0g1_149(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
@@ -9355,8 +11324,20 @@ def _fattr4_decode_l0g1_149(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_150(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
@@ -9368,8 +11349,20 @@ def _fattr4_decode_l0g1_151(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
@@ -9397,7 +11390,13 @@ def _fattr4_decode_l0g1_153(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_154(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -9410,7 +11409,13 @@ def _fattr4_decode_l0g1_155(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -9420,7 +11425,13 @@ def _fattr4_decode_l0g1_155(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_156(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -9433,7 +11444,13 @@ def _fattr4_decode_l0g1_157(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -9443,8 +11460,20 @@ def _fattr4_decode_l0g1_157(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_158(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -9457,8 +11486,20 @@ def _fattr4_decode_l0g1_159(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -9485,7 +11526,13 @@ def _fattr4_decode_l0g1_161(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_162(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
@@ -9497,7 +11544,13 @@ def _fattr4_decode_l0g1_163(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
@@ -9506,7 +11559,13 @@ def _fattr4_decode_l0g1_163(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_164(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
@@ -9518,7 +11577,13 @@ def _fattr4_decode_l0g1_165(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
@@ -9527,8 +11592,20 @@ def _fattr4_decode_l0g1_165(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_166(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
@@ -9540,8 +11617,20 @@ def _fattr4_decode_l0g1_167(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
@@ -9569,7 +11658,13 @@ def _fattr4_decode_l0g1_169(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_170(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
@@ -9582,7 +11677,13 @@ def _fattr4_decode_l0g1_171(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
@@ -9592,7 +11693,13 @@ def _fattr4_decode_l0g1_171(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_172(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
@@ -9605,7 +11712,13 @@ def _fattr4_decode_l0g1_173(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
@@ -9615,8 +11728,20 @@ def _fattr4_decode_l0g1_173(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_174(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
@@ -9629,8 +11754,20 @@ def _fattr4_decode_l0g1_175(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
@@ -9659,7 +11796,13 @@ def _fattr4_decode_l0g1_177(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_178(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
@@ -9672,7 +11815,13 @@ def _fattr4_decode_l0g1_179(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
@@ -9682,7 +11831,13 @@ def _fattr4_decode_l0g1_179(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_180(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
@@ -9695,7 +11850,13 @@ def _fattr4_decode_l0g1_181(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
@@ -9705,8 +11866,20 @@ def _fattr4_decode_l0g1_181(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_182(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
@@ -9719,8 +11892,20 @@ def _fattr4_decode_l0g1_183(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
@@ -9751,7 +11936,13 @@ def _fattr4_decode_l0g1_185(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_186(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -9765,7 +11956,13 @@ def _fattr4_decode_l0g1_187(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -9776,7 +11973,13 @@ def _fattr4_decode_l0g1_187(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_188(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -9790,7 +11993,13 @@ def _fattr4_decode_l0g1_189(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -9801,8 +12010,20 @@ def _fattr4_decode_l0g1_189(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_190(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -9816,8 +12037,20 @@ def _fattr4_decode_l0g1_191(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -9845,7 +12078,13 @@ def _fattr4_decode_l0g1_193(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_194(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[52] = nfstime4(_t[0], _t[1])
@@ -9857,7 +12096,13 @@ def _fattr4_decode_l0g1_195(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[52] = nfstime4(_t[0], _t[1])
@@ -9866,7 +12111,13 @@ def _fattr4_decode_l0g1_195(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_196(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[52] = nfstime4(_t[0], _t[1])
@@ -9878,7 +12129,13 @@ def _fattr4_decode_l0g1_197(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[52] = nfstime4(_t[0], _t[1])
@@ -9887,8 +12144,20 @@ def _fattr4_decode_l0g1_197(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_198(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[52] = nfstime4(_t[0], _t[1])
@@ -9900,8 +12169,20 @@ def _fattr4_decode_l0g1_199(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[52] = nfstime4(_t[0], _t[1])
@@ -9929,7 +12210,13 @@ def _fattr4_decode_l0g1_201(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_202(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
@@ -9942,7 +12229,13 @@ def _fattr4_decode_l0g1_203(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
@@ -9952,7 +12245,13 @@ def _fattr4_decode_l0g1_203(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_204(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
@@ -9965,7 +12264,13 @@ def _fattr4_decode_l0g1_205(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
@@ -9975,8 +12280,20 @@ def _fattr4_decode_l0g1_205(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_206(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
@@ -9989,8 +12306,20 @@ def _fattr4_decode_l0g1_207(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
@@ -10019,7 +12348,13 @@ def _fattr4_decode_l0g1_209(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_210(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
@@ -10032,7 +12367,13 @@ def _fattr4_decode_l0g1_211(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
@@ -10042,7 +12383,13 @@ def _fattr4_decode_l0g1_211(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_212(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
@@ -10055,7 +12402,13 @@ def _fattr4_decode_l0g1_213(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
@@ -10065,8 +12418,20 @@ def _fattr4_decode_l0g1_213(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_214(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
@@ -10079,8 +12444,20 @@ def _fattr4_decode_l0g1_215(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
@@ -10111,7 +12488,13 @@ def _fattr4_decode_l0g1_217(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_218(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -10125,7 +12508,13 @@ def _fattr4_decode_l0g1_219(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -10136,7 +12525,13 @@ def _fattr4_decode_l0g1_219(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_220(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -10150,7 +12545,13 @@ def _fattr4_decode_l0g1_221(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -10161,8 +12562,20 @@ def _fattr4_decode_l0g1_221(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_222(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -10176,8 +12589,20 @@ def _fattr4_decode_l0g1_223(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -10207,7 +12632,13 @@ def _fattr4_decode_l0g1_225(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_226(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S182_unpack_from(buf, off)
     off += 36
     out[47] = nfstime4(_t[0], _t[1])
@@ -10220,7 +12651,13 @@ def _fattr4_decode_l0g1_227(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S182_unpack_from(buf, off)
     off += 36
     out[47] = nfstime4(_t[0], _t[1])
@@ -10230,7 +12667,13 @@ def _fattr4_decode_l0g1_227(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_228(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S182_unpack_from(buf, off)
     off += 36
     out[47] = nfstime4(_t[0], _t[1])
@@ -10243,7 +12686,13 @@ def _fattr4_decode_l0g1_229(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S182_unpack_from(buf, off)
     off += 36
     out[47] = nfstime4(_t[0], _t[1])
@@ -10253,8 +12702,20 @@ def _fattr4_decode_l0g1_229(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_230(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S182_unpack_from(buf, off)
     off += 36
     out[47] = nfstime4(_t[0], _t[1])
@@ -10267,8 +12728,20 @@ def _fattr4_decode_l0g1_231(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S182_unpack_from(buf, off)
     off += 36
     out[47] = nfstime4(_t[0], _t[1])
@@ -10299,7 +12772,13 @@ def _fattr4_decode_l0g1_233(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_234(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S184_unpack_from(buf, off)
     off += 44
     out[41] = specdata4(_t[0], _t[1])
@@ -10313,7 +12792,13 @@ def _fattr4_decode_l0g1_235(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S184_unpack_from(buf, off)
     off += 44
     out[41] = specdata4(_t[0], _t[1])
@@ -10324,7 +12809,13 @@ def _fattr4_decode_l0g1_235(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_236(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S184_unpack_from(buf, off)
     off += 44
     out[41] = specdata4(_t[0], _t[1])
@@ -10338,7 +12829,13 @@ def _fattr4_decode_l0g1_237(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S184_unpack_from(buf, off)
     off += 44
     out[41] = specdata4(_t[0], _t[1])
@@ -10349,8 +12846,20 @@ def _fattr4_decode_l0g1_237(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_238(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S184_unpack_from(buf, off)
     off += 44
     out[41] = specdata4(_t[0], _t[1])
@@ -10364,8 +12873,20 @@ def _fattr4_decode_l0g1_239(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S184_unpack_from(buf, off)
     off += 44
     out[41] = specdata4(_t[0], _t[1])
@@ -10397,7 +12918,13 @@ def _fattr4_decode_l0g1_241(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_242(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S186_unpack_from(buf, off)
     off += 44
     out[45] = _t[0]
@@ -10411,7 +12938,13 @@ def _fattr4_decode_l0g1_243(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S186_unpack_from(buf, off)
     off += 44
     out[45] = _t[0]
@@ -10422,7 +12955,13 @@ def _fattr4_decode_l0g1_243(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_244(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S186_unpack_from(buf, off)
     off += 44
     out[45] = _t[0]
@@ -10436,7 +12975,13 @@ def _fattr4_decode_l0g1_245(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S186_unpack_from(buf, off)
     off += 44
     out[45] = _t[0]
@@ -10447,8 +12992,20 @@ def _fattr4_decode_l0g1_245(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_246(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S186_unpack_from(buf, off)
     off += 44
     out[45] = _t[0]
@@ -10462,8 +13019,20 @@ def _fattr4_decode_l0g1_247(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S186_unpack_from(buf, off)
     off += 44
     out[45] = _t[0]
@@ -10497,7 +13066,13 @@ def _fattr4_decode_l0g1_249(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_250(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S188_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
@@ -10512,7 +13087,13 @@ def _fattr4_decode_l0g1_251(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S188_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
@@ -10524,7 +13105,13 @@ def _fattr4_decode_l0g1_251(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_252(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S188_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
@@ -10539,7 +13126,13 @@ def _fattr4_decode_l0g1_253(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S188_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
@@ -10551,8 +13144,20 @@ def _fattr4_decode_l0g1_253(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_254(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S188_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
@@ -10567,8 +13172,20 @@ def _fattr4_decode_l0g1_255(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S188_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
@@ -10595,7 +13212,13 @@ def _fattr4_decode_l0g1_257(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_258(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[55] = _t[0]
@@ -10606,7 +13229,13 @@ def _fattr4_decode_l0g1_259(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[55] = _t[0]
@@ -10614,7 +13243,13 @@ def _fattr4_decode_l0g1_259(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_260(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[55] = _t[0]
@@ -10625,7 +13260,13 @@ def _fattr4_decode_l0g1_261(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[55] = _t[0]
@@ -10633,8 +13274,20 @@ def _fattr4_decode_l0g1_261(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_262(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[55] = _t[0]
@@ -10645,8 +13298,20 @@ def _fattr4_decode_l0g1_263(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[55] = _t[0]
@@ -10671,7 +13336,13 @@ def _fattr4_decode_l0g1_265(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_266(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
@@ -10683,7 +13354,13 @@ def _fattr4_decode_l0g1_267(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
@@ -10692,7 +13369,13 @@ def _fattr4_decode_l0g1_267(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_268(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
@@ -10704,7 +13387,13 @@ def _fattr4_decode_l0g1_269(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
@@ -10713,8 +13402,20 @@ def _fattr4_decode_l0g1_269(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_270(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
@@ -10726,8 +13427,20 @@ def _fattr4_decode_l0g1_271(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
@@ -10753,7 +13466,13 @@ def _fattr4_decode_l0g1_273(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_274(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[45] = _t[0]
@@ -10765,7 +13484,13 @@ def _fattr4_decode_l0g1_275(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[45] = _t[0]
@@ -10774,7 +13499,13 @@ def _fattr4_decode_l0g1_275(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_276(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[45] = _t[0]
@@ -10786,7 +13517,13 @@ def _fattr4_decode_l0g1_277(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[45] = _t[0]
@@ -10795,8 +13532,20 @@ def _fattr4_decode_l0g1_277(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_278(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[45] = _t[0]
@@ -10808,8 +13557,20 @@ def _fattr4_decode_l0g1_279(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[45] = _t[0]
@@ -10837,7 +13598,13 @@ def _fattr4_decode_l0g1_281(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_282(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S190_unpack_from(buf, off)
     off += 24
     out[41] = specdata4(_t[0], _t[1])
@@ -10850,7 +13617,13 @@ def _fattr4_decode_l0g1_283(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S190_unpack_from(buf, off)
     off += 24
     out[41] = specdata4(_t[0], _t[1])
@@ -10860,7 +13633,13 @@ def _fattr4_decode_l0g1_283(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_284(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S190_unpack_from(buf, off)
     off += 24
     out[41] = specdata4(_t[0], _t[1])
@@ -10873,7 +13652,13 @@ def _fattr4_decode_l0g1_285(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S190_unpack_from(buf, off)
     off += 24
     out[41] = specdata4(_t[0], _t[1])
@@ -10883,8 +13668,20 @@ def _fattr4_decode_l0g1_285(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_286(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S190_unpack_from(buf, off)
     off += 24
     out[41] = specdata4(_t[0], _t[1])
@@ -10897,8 +13694,20 @@ def _fattr4_decode_l0g1_287(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S190_unpack_from(buf, off)
     off += 24
     out[41] = specdata4(_t[0], _t[1])
@@ -10925,7 +13734,13 @@ def _fattr4_decode_l0g1_289(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_290(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[47] = nfstime4(_t[0], _t[1])
@@ -10937,7 +13752,13 @@ def _fattr4_decode_l0g1_291(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[47] = nfstime4(_t[0], _t[1])
@@ -10946,7 +13767,13 @@ def _fattr4_decode_l0g1_291(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_292(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[47] = nfstime4(_t[0], _t[1])
@@ -10958,7 +13785,13 @@ def _fattr4_decode_l0g1_293(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[47] = nfstime4(_t[0], _t[1])
@@ -10967,8 +13800,20 @@ def _fattr4_decode_l0g1_293(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_294(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[47] = nfstime4(_t[0], _t[1])
@@ -10980,8 +13825,20 @@ def _fattr4_decode_l0g1_295(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[47] = nfstime4(_t[0], _t[1])
@@ -11009,7 +13866,13 @@ def _fattr4_decode_l0g1_297(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_298(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -11022,7 +13885,13 @@ def _fattr4_decode_l0g1_299(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -11032,7 +13901,13 @@ def _fattr4_decode_l0g1_299(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_300(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -11045,7 +13920,13 @@ def _fattr4_decode_l0g1_301(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -11055,8 +13936,20 @@ def _fattr4_decode_l0g1_301(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_302(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -11069,8 +13962,20 @@ def _fattr4_decode_l0g1_303(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -11099,7 +14004,13 @@ def _fattr4_decode_l0g1_305(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_306(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
@@ -11112,7 +14023,13 @@ def _fattr4_decode_l0g1_307(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
@@ -11122,7 +14039,13 @@ def _fattr4_decode_l0g1_307(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_308(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
@@ -11135,7 +14058,13 @@ def _fattr4_decode_l0g1_309(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
@@ -11145,8 +14074,20 @@ def _fattr4_decode_l0g1_309(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_310(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
@@ -11159,8 +14100,20 @@ def _fattr4_decode_l0g1_311(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
@@ -11191,7 +14144,13 @@ def _fattr4_decode_l0g1_313(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_314(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
@@ -11205,7 +14164,13 @@ def _fattr4_decode_l0g1_315(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
@@ -11216,7 +14181,13 @@ def _fattr4_decode_l0g1_315(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_316(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
@@ -11230,7 +14201,13 @@ def _fattr4_decode_l0g1_317(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
@@ -11241,8 +14218,20 @@ def _fattr4_decode_l0g1_317(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_318(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
@@ -11256,8 +14245,20 @@ def _fattr4_decode_l0g1_319(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
@@ -11285,7 +14286,13 @@ def _fattr4_decode_l0g1_321(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_322(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[52] = nfstime4(_t[0], _t[1])
@@ -11297,7 +14304,13 @@ def _fattr4_decode_l0g1_323(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[52] = nfstime4(_t[0], _t[1])
@@ -11306,7 +14319,13 @@ def _fattr4_decode_l0g1_323(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_324(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[52] = nfstime4(_t[0], _t[1])
@@ -11318,7 +14337,13 @@ def _fattr4_decode_l0g1_325(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[52] = nfstime4(_t[0], _t[1])
@@ -11327,8 +14352,20 @@ def _fattr4_decode_l0g1_325(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_326(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[52] = nfstime4(_t[0], _t[1])
@@ -11340,8 +14377,20 @@ def _fattr4_decode_l0g1_327(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[52] = nfstime4(_t[0], _t[1])
@@ -11369,7 +14418,13 @@ def _fattr4_decode_l0g1_329(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_330(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -11382,7 +14437,13 @@ def _fattr4_decode_l0g1_331(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -11392,7 +14453,13 @@ def _fattr4_decode_l0g1_331(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_332(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -11405,7 +14472,13 @@ def _fattr4_decode_l0g1_333(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -11415,8 +14488,20 @@ def _fattr4_decode_l0g1_333(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_334(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -11429,8 +14514,20 @@ def _fattr4_decode_l0g1_335(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -11459,7 +14556,13 @@ def _fattr4_decode_l0g1_337(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_338(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
@@ -11472,7 +14575,13 @@ def _fattr4_decode_l0g1_339(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
@@ -11482,7 +14591,13 @@ def _fattr4_decode_l0g1_339(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_340(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
@@ -11495,7 +14610,13 @@ def _fattr4_decode_l0g1_341(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
@@ -11505,8 +14626,20 @@ def _fattr4_decode_l0g1_341(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_342(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
@@ -11519,8 +14652,20 @@ def _fattr4_decode_l0g1_343(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
@@ -11551,7 +14696,13 @@ def _fattr4_decode_l0g1_345(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_346(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
@@ -11565,7 +14716,13 @@ def _fattr4_decode_l0g1_347(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
@@ -11576,7 +14733,13 @@ def _fattr4_decode_l0g1_347(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_348(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
@@ -11590,7 +14753,13 @@ def _fattr4_decode_l0g1_349(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
@@ -11601,8 +14770,20 @@ def _fattr4_decode_l0g1_349(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_350(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
@@ -11616,8 +14797,20 @@ def _fattr4_decode_l0g1_351(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
@@ -11647,7 +14840,13 @@ def _fattr4_decode_l0g1_353(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_354(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
@@ -11660,7 +14859,13 @@ def _fattr4_decode_l0g1_355(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
@@ -11670,7 +14875,13 @@ def _fattr4_decode_l0g1_355(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_356(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
@@ -11683,7 +14894,13 @@ def _fattr4_decode_l0g1_357(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
@@ -11693,8 +14910,20 @@ def _fattr4_decode_l0g1_357(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_358(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
@@ -11707,8 +14936,20 @@ def _fattr4_decode_l0g1_359(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
@@ -11739,7 +14980,13 @@ def _fattr4_decode_l0g1_361(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_362(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -11753,7 +15000,13 @@ def _fattr4_decode_l0g1_363(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -11764,7 +15017,13 @@ def _fattr4_decode_l0g1_363(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_364(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -11778,7 +15037,13 @@ def _fattr4_decode_l0g1_365(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -11789,8 +15054,20 @@ def _fattr4_decode_l0g1_365(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_366(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -11804,8 +15081,20 @@ def _fattr4_decode_l0g1_367(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -11837,7 +15126,13 @@ def _fattr4_decode_l0g1_369(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_370(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
@@ -11851,7 +15146,13 @@ def _fattr4_decode_l0g1_371(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
@@ -11862,7 +15163,13 @@ def _fattr4_decode_l0g1_371(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_372(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
@@ -11876,7 +15183,13 @@ def _fattr4_decode_l0g1_373(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
@@ -11887,8 +15200,20 @@ def _fattr4_decode_l0g1_373(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_374(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
@@ -11902,8 +15227,20 @@ def _fattr4_decode_l0g1_375(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
@@ -11937,7 +15274,13 @@ def _fattr4_decode_l0g1_377(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_378(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
@@ -11952,7 +15295,13 @@ def _fattr4_decode_l0g1_379(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
@@ -11964,7 +15313,13 @@ def _fattr4_decode_l0g1_379(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_380(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
@@ -11979,7 +15334,13 @@ def _fattr4_decode_l0g1_381(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
@@ -11991,8 +15352,20 @@ def _fattr4_decode_l0g1_381(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_382(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
@@ -12007,8 +15380,20 @@ def _fattr4_decode_l0g1_383(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
@@ -12037,7 +15422,13 @@ def _fattr4_decode_l0g1_385(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_386(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[53] = nfstime4(_t[0], _t[1])
@@ -12049,7 +15440,13 @@ def _fattr4_decode_l0g1_387(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[53] = nfstime4(_t[0], _t[1])
@@ -12058,7 +15455,13 @@ def _fattr4_decode_l0g1_387(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_388(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[53] = nfstime4(_t[0], _t[1])
@@ -12070,7 +15473,13 @@ def _fattr4_decode_l0g1_389(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[53] = nfstime4(_t[0], _t[1])
@@ -12079,8 +15488,20 @@ def _fattr4_decode_l0g1_389(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_390(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[53] = nfstime4(_t[0], _t[1])
@@ -12092,8 +15513,20 @@ def _fattr4_decode_l0g1_391(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[53] = nfstime4(_t[0], _t[1])
@@ -12121,7 +15554,13 @@ def _fattr4_decode_l0g1_393(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_394(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -12134,7 +15573,13 @@ def _fattr4_decode_l0g1_395(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -12144,7 +15589,13 @@ def _fattr4_decode_l0g1_395(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_396(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -12157,7 +15608,13 @@ def _fattr4_decode_l0g1_397(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -12167,8 +15624,20 @@ def _fattr4_decode_l0g1_397(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_398(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -12181,8 +15650,20 @@ def _fattr4_decode_l0g1_399(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
@@ -12211,7 +15692,13 @@ def _fattr4_decode_l0g1_401(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_402(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
@@ -12224,7 +15711,13 @@ def _fattr4_decode_l0g1_403(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
@@ -12234,7 +15727,13 @@ def _fattr4_decode_l0g1_403(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_404(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
@@ -12247,7 +15746,13 @@ def _fattr4_decode_l0g1_405(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
@@ -12257,8 +15762,20 @@ def _fattr4_decode_l0g1_405(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_406(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
@@ -12271,8 +15788,20 @@ def _fattr4_decode_l0g1_407(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
@@ -12303,7 +15832,13 @@ def _fattr4_decode_l0g1_409(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_410(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
@@ -12317,7 +15852,13 @@ def _fattr4_decode_l0g1_411(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
@@ -12328,7 +15869,13 @@ def _fattr4_decode_l0g1_411(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_412(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
@@ -12342,7 +15889,13 @@ def _fattr4_decode_l0g1_413(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
@@ -12353,8 +15906,20 @@ def _fattr4_decode_l0g1_413(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_414(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
@@ -12368,8 +15933,20 @@ def _fattr4_decode_l0g1_415(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
@@ -12399,7 +15976,13 @@ def _fattr4_decode_l0g1_417(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_418(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
@@ -12412,7 +15995,13 @@ def _fattr4_decode_l0g1_419(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
@@ -12422,7 +16011,13 @@ def _fattr4_decode_l0g1_419(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_420(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
@@ -12435,7 +16030,13 @@ def _fattr4_decode_l0g1_421(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
@@ -12445,8 +16046,20 @@ def _fattr4_decode_l0g1_421(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_422(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
@@ -12459,8 +16072,20 @@ def _fattr4_decode_l0g1_423(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
@@ -12491,7 +16116,13 @@ def _fattr4_decode_l0g1_425(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_426(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -12505,7 +16136,13 @@ def _fattr4_decode_l0g1_427(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -12516,7 +16153,13 @@ def _fattr4_decode_l0g1_427(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_428(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -12530,7 +16173,13 @@ def _fattr4_decode_l0g1_429(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -12541,8 +16190,20 @@ def _fattr4_decode_l0g1_429(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_430(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -12556,8 +16217,20 @@ def _fattr4_decode_l0g1_431(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -12589,7 +16262,13 @@ def _fattr4_decode_l0g1_433(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_434(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
@@ -12603,7 +16282,13 @@ def _fattr4_decode_l0g1_435(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
@@ -12614,7 +16299,13 @@ def _fattr4_decode_l0g1_435(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_436(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
@@ -12628,7 +16319,13 @@ def _fattr4_decode_l0g1_437(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
@@ -12639,8 +16336,20 @@ def _fattr4_decode_l0g1_437(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_438(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
@@ -12654,8 +16363,20 @@ def _fattr4_decode_l0g1_439(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
@@ -12689,7 +16410,13 @@ def _fattr4_decode_l0g1_441(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_442(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
@@ -12704,7 +16431,13 @@ def _fattr4_decode_l0g1_443(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
@@ -12716,7 +16449,13 @@ def _fattr4_decode_l0g1_443(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_444(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
@@ -12731,7 +16470,13 @@ def _fattr4_decode_l0g1_445(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
@@ -12743,8 +16488,20 @@ def _fattr4_decode_l0g1_445(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_446(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
@@ -12759,8 +16516,20 @@ def _fattr4_decode_l0g1_447(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
@@ -12791,7 +16560,13 @@ def _fattr4_decode_l0g1_449(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_450(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[52] = nfstime4(_t[0], _t[1])
@@ -12804,7 +16579,13 @@ def _fattr4_decode_l0g1_451(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[52] = nfstime4(_t[0], _t[1])
@@ -12814,7 +16595,13 @@ def _fattr4_decode_l0g1_451(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_452(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[52] = nfstime4(_t[0], _t[1])
@@ -12827,7 +16614,13 @@ def _fattr4_decode_l0g1_453(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[52] = nfstime4(_t[0], _t[1])
@@ -12837,8 +16630,20 @@ def _fattr4_decode_l0g1_453(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_454(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[52] = nfstime4(_t[0], _t[1])
@@ -12851,8 +16656,20 @@ def _fattr4_decode_l0g1_455(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[52] = nfstime4(_t[0], _t[1])
@@ -12883,7 +16700,13 @@ def _fattr4_decode_l0g1_457(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_458(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -12897,7 +16720,13 @@ def _fattr4_decode_l0g1_459(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -12908,7 +16737,13 @@ def _fattr4_decode_l0g1_459(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_460(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -12922,7 +16757,13 @@ def _fattr4_decode_l0g1_461(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -12933,8 +16774,20 @@ def _fattr4_decode_l0g1_461(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_462(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -12948,8 +16801,20 @@ def _fattr4_decode_l0g1_463(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
@@ -12981,7 +16846,13 @@ def _fattr4_decode_l0g1_465(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_466(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
@@ -12995,7 +16866,13 @@ def _fattr4_decode_l0g1_467(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
@@ -13006,7 +16883,13 @@ def _fattr4_decode_l0g1_467(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_468(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
@@ -13020,7 +16903,13 @@ def _fattr4_decode_l0g1_469(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
@@ -13031,8 +16920,20 @@ def _fattr4_decode_l0g1_469(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_470(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
@@ -13046,8 +16947,20 @@ def _fattr4_decode_l0g1_471(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
@@ -13081,7 +16994,13 @@ def _fattr4_decode_l0g1_473(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_474(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
@@ -13096,7 +17015,13 @@ def _fattr4_decode_l0g1_475(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
@@ -13108,7 +17033,13 @@ def _fattr4_decode_l0g1_475(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_476(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
@@ -13123,7 +17054,13 @@ def _fattr4_decode_l0g1_477(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
@@ -13135,8 +17072,20 @@ def _fattr4_decode_l0g1_477(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_478(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
@@ -13151,8 +17100,20 @@ def _fattr4_decode_l0g1_479(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
@@ -13185,7 +17146,13 @@ def _fattr4_decode_l0g1_481(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_482(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S208_unpack_from(buf, off)
     off += 44
     out[47] = nfstime4(_t[0], _t[1])
@@ -13199,7 +17166,13 @@ def _fattr4_decode_l0g1_483(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S208_unpack_from(buf, off)
     off += 44
     out[47] = nfstime4(_t[0], _t[1])
@@ -13210,7 +17183,13 @@ def _fattr4_decode_l0g1_483(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_484(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S208_unpack_from(buf, off)
     off += 44
     out[47] = nfstime4(_t[0], _t[1])
@@ -13224,7 +17203,13 @@ def _fattr4_decode_l0g1_485(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S208_unpack_from(buf, off)
     off += 44
     out[47] = nfstime4(_t[0], _t[1])
@@ -13235,8 +17220,20 @@ def _fattr4_decode_l0g1_485(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_486(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S208_unpack_from(buf, off)
     off += 44
     out[47] = nfstime4(_t[0], _t[1])
@@ -13250,8 +17247,20 @@ def _fattr4_decode_l0g1_487(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S208_unpack_from(buf, off)
     off += 44
     out[47] = nfstime4(_t[0], _t[1])
@@ -13285,7 +17294,13 @@ def _fattr4_decode_l0g1_489(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_490(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S210_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
@@ -13300,7 +17315,13 @@ def _fattr4_decode_l0g1_491(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S210_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
@@ -13312,7 +17333,13 @@ def _fattr4_decode_l0g1_491(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_492(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S210_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
@@ -13327,7 +17354,13 @@ def _fattr4_decode_l0g1_493(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S210_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
@@ -13339,8 +17372,20 @@ def _fattr4_decode_l0g1_493(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_494(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S210_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
@@ -13355,8 +17400,20 @@ def _fattr4_decode_l0g1_495(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S210_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
@@ -13391,7 +17448,13 @@ def _fattr4_decode_l0g1_497(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_498(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S212_unpack_from(buf, off)
     off += 52
     out[45] = _t[0]
@@ -13406,7 +17469,13 @@ def _fattr4_decode_l0g1_499(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S212_unpack_from(buf, off)
     off += 52
     out[45] = _t[0]
@@ -13418,7 +17487,13 @@ def _fattr4_decode_l0g1_499(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_500(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S212_unpack_from(buf, off)
     off += 52
     out[45] = _t[0]
@@ -13433,7 +17508,13 @@ def _fattr4_decode_l0g1_501(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S212_unpack_from(buf, off)
     off += 52
     out[45] = _t[0]
@@ -13445,8 +17526,20 @@ def _fattr4_decode_l0g1_501(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_502(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S212_unpack_from(buf, off)
     off += 52
     out[45] = _t[0]
@@ -13461,8 +17554,20 @@ def _fattr4_decode_l0g1_503(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S212_unpack_from(buf, off)
     off += 52
     out[45] = _t[0]
@@ -13499,7 +17604,13 @@ def _fattr4_decode_l0g1_505(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_506(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S214_unpack_from(buf, off)
     off += 60
     out[41] = specdata4(_t[0], _t[1])
@@ -13515,7 +17626,13 @@ def _fattr4_decode_l0g1_507(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S214_unpack_from(buf, off)
     off += 60
     out[41] = specdata4(_t[0], _t[1])
@@ -13528,7 +17645,13 @@ def _fattr4_decode_l0g1_507(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_508(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S214_unpack_from(buf, off)
     off += 60
     out[41] = specdata4(_t[0], _t[1])
@@ -13544,7 +17667,13 @@ def _fattr4_decode_l0g1_509(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S214_unpack_from(buf, off)
     off += 60
     out[41] = specdata4(_t[0], _t[1])
@@ -13557,8 +17686,20 @@ def _fattr4_decode_l0g1_509(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_510(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S214_unpack_from(buf, off)
     off += 60
     out[41] = specdata4(_t[0], _t[1])
@@ -13574,8 +17715,20 @@ def _fattr4_decode_l0g1_511(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S214_unpack_from(buf, off)
     off += 60
     out[41] = specdata4(_t[0], _t[1])

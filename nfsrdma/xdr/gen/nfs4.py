@@ -711,11 +711,11 @@ from nfsrdma.xdr.gen._nfs4_1 import (
     fattr4_case_insensitive as fattr4_case_insensitive,
     enc_fattr4_case_insensitive as enc_fattr4_case_insensitive,
     dec_fattr4_case_insensitive as dec_fattr4_case_insensitive,
-)
-from nfsrdma.xdr.gen._nfs4_2 import (
     fattr4_case_preserving as fattr4_case_preserving,
     enc_fattr4_case_preserving as enc_fattr4_case_preserving,
     dec_fattr4_case_preserving as dec_fattr4_case_preserving,
+)
+from nfsrdma.xdr.gen._nfs4_2 import (
     fattr4_chown_restricted as fattr4_chown_restricted,
     enc_fattr4_chown_restricted as enc_fattr4_chown_restricted,
     dec_fattr4_chown_restricted as dec_fattr4_chown_restricted,
@@ -1046,8 +1046,6 @@ from nfsrdma.xdr.gen._nfs4_2 import (
     _dec_any_COMMIT4res as _dec_any_COMMIT4res,
     enc_COMMIT4res as enc_COMMIT4res,
     dec_COMMIT4res as dec_COMMIT4res,
-)
-from nfsrdma.xdr.gen._nfs4_3 import (
     enc_createtype4_linkdata as enc_createtype4_linkdata,
     dec_createtype4_linkdata as dec_createtype4_linkdata,
     createtype4 as createtype4,
@@ -1064,6 +1062,8 @@ from nfsrdma.xdr.gen._nfs4_3 import (
     _enc_createtype4_2 as _enc_createtype4_2,
     _createtype4_ENCX as _createtype4_ENCX,
     enc_createtype4 as enc_createtype4,
+)
+from nfsrdma.xdr.gen._nfs4_3 import (
     CREATE4args as CREATE4args,
     enc_CREATE4args as enc_CREATE4args,
     dec_CREATE4args as dec_CREATE4args,
@@ -1834,11 +1834,11 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     SEQUENCE4args as SEQUENCE4args,
     enc_SEQUENCE4args as enc_SEQUENCE4args,
     dec_SEQUENCE4args as dec_SEQUENCE4args,
-)
-from nfsrdma.xdr.gen._nfs4_6 import (
     SEQUENCE4resok as SEQUENCE4resok,
     enc_SEQUENCE4resok as enc_SEQUENCE4resok,
     dec_SEQUENCE4resok as dec_SEQUENCE4resok,
+)
+from nfsrdma.xdr.gen._nfs4_6 import (
     SEQUENCE4res as SEQUENCE4res,
     _SEQUENCE4res_ENC as _SEQUENCE4res_ENC,
     _SEQUENCE4res_DEC as _SEQUENCE4res_DEC,
@@ -2132,11 +2132,11 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     SETXATTR4_REPLACE as SETXATTR4_REPLACE,
     enc_setxattr_option4 as enc_setxattr_option4,
     dec_setxattr_option4 as dec_setxattr_option4,
-)
-from nfsrdma.xdr.gen._nfs4_7 import (
     SETXATTR4args as SETXATTR4args,
     enc_SETXATTR4args as enc_SETXATTR4args,
     dec_SETXATTR4args as dec_SETXATTR4args,
+)
+from nfsrdma.xdr.gen._nfs4_7 import (
     SETXATTR4res as SETXATTR4res,
     _SETXATTR4res_ENC as _SETXATTR4res_ENC,
     _SETXATTR4res_DEC as _SETXATTR4res_DEC,

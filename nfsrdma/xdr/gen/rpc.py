@@ -110,8 +110,6 @@ def dec_opaque_auth(r: _Reader, off: int) -> tuple[opaque_auth, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -347,8 +345,6 @@ def dec_call_body(r: _Reader, off: int) -> tuple[call_body, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i3_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_cred = opaque_auth(_i3_flavor, _i3_body)
@@ -361,8 +357,6 @@ def dec_call_body(r: _Reader, off: int) -> tuple[call_body, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i4_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_verf = opaque_auth(_i4_flavor, _i4_body)
@@ -490,8 +484,6 @@ def dec_accepted_reply(r: _Reader, off: int) -> tuple[accepted_reply, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i10_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_verf = opaque_auth(_i10_flavor, _i10_body)
@@ -694,8 +686,6 @@ def dec_reply_body(r: _Reader, off: int) -> tuple[reply_body, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i23_body = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i22_verf = opaque_auth(_i23_flavor, _i23_body)
@@ -852,8 +842,6 @@ def dec_rpc_msg_body(r: _Reader, off: int) -> tuple[rpc_msg_body, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i36_body = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i35_cred = opaque_auth(_i36_flavor, _i36_body)
@@ -866,8 +854,6 @@ def dec_rpc_msg_body(r: _Reader, off: int) -> tuple[rpc_msg_body, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i37_body = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i35_verf = opaque_auth(_i37_flavor, _i37_body)
@@ -991,8 +977,6 @@ def dec_rpc_msg(r: _Reader, off: int) -> tuple[rpc_msg, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i50_body = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i49_cred = opaque_auth(_i50_flavor, _i50_body)
@@ -1005,8 +989,6 @@ def dec_rpc_msg(r: _Reader, off: int) -> tuple[rpc_msg, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i51_body = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i49_verf = opaque_auth(_i51_flavor, _i51_body)
@@ -1088,8 +1070,6 @@ def dec_authsys_parms(r: _Reader, off: int) -> tuple[authsys_parms, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('string runs past the end', off)
         f_machinename = str(buf[off:_e], 'utf-8', 'surrogateescape')
         off = _e + (-_n & 3)
         f_uid, f_gid = _S1.unpack_from(buf, off)

@@ -128,8 +128,6 @@ def dec_rpc_gss_cred_vers_1_t(r: _Reader, off: int) -> tuple[rpc_gss_cred_vers_1
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_handle = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -214,8 +212,6 @@ def dec_rpc_gss_cred_t(r: _Reader, off: int) -> tuple[rpc_gss_cred_t, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _i5_handle = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _v4 = rpc_gss_cred_vers_1_t(_i5_gss_proc, _i5_seq_num, _i5_service, _i5_handle)
@@ -252,8 +248,6 @@ def dec_rpc_gss_init_arg(r: _Reader, off: int) -> tuple[rpc_gss_init_arg, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_gss_token = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -296,8 +290,6 @@ def dec_rpc_gss_init_res(r: _Reader, off: int) -> tuple[rpc_gss_init_res, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_handle = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_gss_major, f_gss_minor, f_seq_window = _S3.unpack_from(buf, off)
@@ -307,8 +299,6 @@ def dec_rpc_gss_init_res(r: _Reader, off: int) -> tuple[rpc_gss_init_res, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_gss_token = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -347,8 +337,6 @@ def dec_rpc_gss_integ_data(r: _Reader, off: int) -> tuple[rpc_gss_integ_data, in
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_databody_integ = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -356,8 +344,6 @@ def dec_rpc_gss_integ_data(r: _Reader, off: int) -> tuple[rpc_gss_integ_data, in
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_checksum = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -390,8 +376,6 @@ def dec_rpc_gss_priv_data(r: _Reader, off: int) -> tuple[rpc_gss_priv_data, int]
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_databody_priv = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
