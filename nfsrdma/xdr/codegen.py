@@ -485,8 +485,8 @@ class Generator:
             lines.append(self.pack_line(head, fx.fmt, args))
             return [ind + x for x in lines]
         if r.type == "opaque" and r.kind is Kind.VARIABLE:
-            lines += [f"_v = {expr}", "_n = len(_v)"]
             if ddp:
+                lines += [f"_dv = {expr}", "_n = len(_dv)"]
                 # Writer.put_ddp, inline: the length word stays, the data is recorded aside.
                 if bound != "None":
                     lines += [
@@ -495,8 +495,9 @@ class Generator:
                         "len(w))",
                     ]
                 lines.append(self.pack_line(head, "I", ["_n"]))
-                lines.append("w.ddp.append(_DdpItem(len(w), _v, w.ddp_tag))")
+                lines.append("w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))")
                 return [ind + x for x in lines]
+            lines += [f"_v = {expr}", "_n = len(_v)"]
             lines += self._enc_bound(r, bound)
             lines += [self.pack_line(head, "I", ["_n"]), "w += _v", "w += _PAD[_n & 3]"]
             return [ind + x for x in lines]
@@ -589,7 +590,8 @@ class Generator:
         assert fx is not None and fx.items == 1, f"bad discriminant in {u.name}"
         self._tmp += 1
         uv, d, v = f"_u{self._tmp}", f"_d{self._tmp}", f"_w{self._tmp}"
-        lines = [f"{uv} = {expr}", f"{d} = {uv}.{pyname(u.discriminant.name)}"]
+        # one declaration for all branches (mypyc refuses a local annotated twice)
+        lines = [f"{uv} = {expr}", f"{d} = {uv}.{pyname(u.discriminant.name)}", f"{v}: _Any"]
         kw = "if"
         for arm in u.arms:
             ddp = (u.name, arm.decl.name) in self.opts.ddp_fields
@@ -600,7 +602,7 @@ class Generator:
                 if arm.decl.is_void:
                     lines += ["    " + x for x in self.emit_head(h)]
                 else:
-                    lines.append(f"    {v}: _Any = {uv}.value")
+                    lines.append(f"    {v} = {uv}.value")
                     lines += self.enc_stmts(arm.decl, v, ddp, "    ", depth + 1, h)
         lines.append("else:")
         lines += ["    " + x for x in self.emit_head(head)]
@@ -616,7 +618,8 @@ class Generator:
         sv = self.struct_var(fx.fmt)
         self._tmp += 1
         d, v = f"_d{self._tmp}", f"_v{self._tmp}"
-        lines = [f"({d},) = {sv}.unpack_from(buf, off)", f"off += {fx.size}"]
+        # the arms' values differ in type: one declaration (compiled code checks local types)
+        lines = [f"{v}: _Any", f"({d},) = {sv}.unpack_from(buf, off)", f"off += {fx.size}"]
         kw = "if"
         for arm in u.arms:
             if len(arm.cases) == 1:

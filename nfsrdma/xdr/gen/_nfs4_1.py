@@ -1254,8 +1254,9 @@ def enc_settime4(w: _Writer, v: settime4) -> None:
     try:
         _u7 = v
         _d7 = _u7.set_it
+        _w7: _Any
         if _d7 == 1:
-            _w7: _Any = _u7.value
+            _w7 = _u7.value
             w += _S8.pack(1, _w7.seconds, _w7.nseconds)
         else:
             _enc_any_settime4(w, _u7)
@@ -1267,6 +1268,7 @@ def dec_settime4(r: _Reader, off: int) -> tuple[settime4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v8: _Any
         (_d8,) = _S2.unpack_from(buf, off)
         off += 4
         if _d8 == 1:
@@ -2246,8 +2248,9 @@ def enc_layoutreturn4(w: _Writer, v: layoutreturn4) -> None:
     try:
         _u30 = v
         _d30 = _u30.lr_returntype
+        _w30: _Any
         if _d30 == 1:
-            _w30: _Any = _u30.value
+            _w30 = _u30.value
             _s31 = _w30
             if len(_s31.lrf_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S14.pack(1, _s31.lrf_offset, _s31.lrf_length, _s31.lrf_stateid.seqid, _s31.lrf_stateid.other)
@@ -2266,6 +2269,7 @@ def dec_layoutreturn4(r: _Reader, off: int) -> tuple[layoutreturn4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v32: _Any
         (_d32,) = _S2.unpack_from(buf, off)
         off += 4
         if _d32 == 1:
@@ -3346,4 +3350,47 @@ def dec_fattr4_case_preserving(r: _Reader, off: int) -> tuple[fattr4_case_preser
         _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_case_preserving', o0) from None
+    return _v, off
+
+
+fattr4_chown_restricted: _TypeAlias = "bool"
+
+
+def enc_fattr4_chown_restricted(w: _Writer, v: fattr4_chown_restricted) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_chown_restricted: {_e}', len(w)) from None
+
+
+def dec_fattr4_chown_restricted(r: _Reader, off: int) -> tuple[fattr4_chown_restricted, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        _v = _BOOL[_t0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_chown_restricted', o0) from None
+    return _v, off
+
+
+fattr4_fileid: _TypeAlias = "int"
+
+
+def enc_fattr4_fileid(w: _Writer, v: fattr4_fileid) -> None:
+    try:
+        w += _S4.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_fileid: {_e}', len(w)) from None
+
+
+def dec_fattr4_fileid(r: _Reader, off: int) -> tuple[fattr4_fileid, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_v,) = _S4.unpack_from(buf, off)
+        off += 8
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_fileid', o0) from None
     return _v, off

@@ -92,49 +92,6 @@ _S22: _Final = _struct.Struct('>i8s')
 _S23: _Final = _struct.Struct('>iI')
 
 
-fattr4_chown_restricted: _TypeAlias = "bool"
-
-
-def enc_fattr4_chown_restricted(w: _Writer, v: fattr4_chown_restricted) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_chown_restricted: {_e}', len(w)) from None
-
-
-def dec_fattr4_chown_restricted(r: _Reader, off: int) -> tuple[fattr4_chown_restricted, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_t0,) = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _BOOL[_t0]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_chown_restricted', o0) from None
-    return _v, off
-
-
-fattr4_fileid: _TypeAlias = "int"
-
-
-def enc_fattr4_fileid(w: _Writer, v: fattr4_fileid) -> None:
-    try:
-        w += _S4.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_fileid: {_e}', len(w)) from None
-
-
-def dec_fattr4_fileid(r: _Reader, off: int) -> tuple[fattr4_fileid, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_v,) = _S4.unpack_from(buf, off)
-        off += 8
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_fileid', o0) from None
-    return _v, off
-
-
 fattr4_files_avail: _TypeAlias = "int"
 
 
@@ -901,8 +858,9 @@ def enc_fattr4_time_access_set(w: _Writer, v: fattr4_time_access_set) -> None:
     try:
         _u80 = v
         _d80 = _u80.set_it
+        _w80: _Any
         if _d80 == 1:
-            _w80: _Any = _u80.value
+            _w80 = _u80.value
             w += _S8.pack(1, _w80.seconds, _w80.nseconds)
         else:
             _enc_any_settime4(w, _u80)
@@ -914,6 +872,7 @@ def dec_fattr4_time_access_set(r: _Reader, off: int) -> tuple[fattr4_time_access
     buf = r.buf
     o0 = off
     try:
+        _v81: _Any
         (_d81,) = _S2.unpack_from(buf, off)
         off += 4
         if _d81 == 1:
@@ -1039,8 +998,9 @@ def enc_fattr4_time_modify_set(w: _Writer, v: fattr4_time_modify_set) -> None:
     try:
         _u82 = v
         _d82 = _u82.set_it
+        _w82: _Any
         if _d82 == 1:
-            _w82: _Any = _u82.value
+            _w82 = _u82.value
             w += _S8.pack(1, _w82.seconds, _w82.nseconds)
         else:
             _enc_any_settime4(w, _u82)
@@ -1052,6 +1012,7 @@ def dec_fattr4_time_modify_set(r: _Reader, off: int) -> tuple[fattr4_time_modify
     buf = r.buf
     o0 = off
     try:
+        _v83: _Any
         (_d83,) = _S2.unpack_from(buf, off)
         off += 4
         if _d83 == 1:
@@ -3097,8 +3058,9 @@ def enc_ACCESS4res(w: _Writer, v: ACCESS4res) -> None:
     try:
         _u169 = v
         _d169 = _u169.status
+        _w169: _Any
         if _d169 == 0:
-            _w169: _Any = _u169.value
+            _w169 = _u169.value
             w += _S18.pack(0, _w169.supported, _w169.access)
         else:
             _enc_any_ACCESS4res(w, _u169)
@@ -3110,6 +3072,7 @@ def dec_ACCESS4res(r: _Reader, off: int) -> tuple[ACCESS4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v170: _Any
         (_d170,) = _S2.unpack_from(buf, off)
         off += 4
         if _d170 == 0:
@@ -3195,8 +3158,9 @@ def enc_CLOSE4res(w: _Writer, v: CLOSE4res) -> None:
     try:
         _u172 = v
         _d172 = _u172.status
+        _w172: _Any
         if _d172 == 0:
-            _w172: _Any = _u172.value
+            _w172 = _u172.value
             if len(_w172.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S20.pack(0, _w172.seqid, _w172.other)
         else:
@@ -3209,6 +3173,7 @@ def dec_CLOSE4res(r: _Reader, off: int) -> tuple[CLOSE4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v173: _Any
         (_d173,) = _S2.unpack_from(buf, off)
         off += 4
         if _d173 == 0:
@@ -3316,8 +3281,9 @@ def enc_COMMIT4res(w: _Writer, v: COMMIT4res) -> None:
     try:
         _u175 = v
         _d175 = _u175.status
+        _w175: _Any
         if _d175 == 0:
-            _w175: _Any = _u175.value
+            _w175 = _u175.value
             if len(_w175.writeverf) != 8: raise _XdrError('fixed opaque writeverf must be 8 bytes', len(w))
             w += _S22.pack(0, _w175.writeverf)
         else:
@@ -3330,6 +3296,7 @@ def dec_COMMIT4res(r: _Reader, off: int) -> tuple[COMMIT4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v176: _Any
         (_d176,) = _S2.unpack_from(buf, off)
         off += 4
         if _d176 == 0:
@@ -3345,10 +3312,10 @@ def dec_COMMIT4res(r: _Reader, off: int) -> tuple[COMMIT4res, int]:
 
 def enc_createtype4_linkdata(w: _Writer, v: _Buffer) -> None:
     try:
-        _v = v
-        _n = len(_v)
+        _dv = v
+        _n = len(_dv)
         w += _S0.pack(_n)
-        w.ddp.append(_DdpItem(len(w), _v, w.ddp_tag))
+        w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode createtype4.linkdata: {_e}', len(w)) from None
 
@@ -3418,10 +3385,10 @@ def dec_createtype4(r: _Reader, off: int) -> tuple[createtype4, int]:
 
 def _enc_createtype4_5(w: _Writer, v: _Buffer) -> None:
     try:
-        _v = v
-        _n = len(_v)
+        _dv = v
+        _n = len(_dv)
         w += _S23.pack(5, _n)
-        w.ddp.append(_DdpItem(len(w), _v, w.ddp_tag))
+        w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode createtype4.linkdata: {_e}', len(w)) from None
 

@@ -258,8 +258,9 @@ def enc_CREATE4res(w: _Writer, v: CREATE4res) -> None:
     try:
         _u187 = v
         _d187 = _u187.status
+        _w187: _Any
         if _d187 == 0:
-            _w187: _Any = _u187.value
+            _w187 = _u187.value
             _s188 = _w187
             w += _S24.pack(0, _s188.cinfo.atomic, _s188.cinfo.before, _s188.cinfo.after)
             _a189 = _s188.attrset
@@ -277,6 +278,7 @@ def dec_CREATE4res(r: _Reader, off: int) -> tuple[CREATE4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v190: _Any
         (_d190,) = _S2.unpack_from(buf, off)
         off += 4
         if _d190 == 0:
@@ -528,8 +530,9 @@ def enc_GETATTR4res(w: _Writer, v: GETATTR4res) -> None:
     try:
         _u200 = v
         _d200 = _u200.status
+        _w200: _Any
         if _d200 == 0:
-            _w200: _Any = _u200.value
+            _w200 = _u200.value
             _s201 = _w200
             _s202 = _s201.obj_attributes
             _a203 = _s202.attrmask
@@ -552,6 +555,7 @@ def dec_GETATTR4res(r: _Reader, off: int) -> tuple[GETATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v204: _Any
         (_d204,) = _S2.unpack_from(buf, off)
         off += 4
         if _d204 == 0:
@@ -664,8 +668,9 @@ def enc_GETFH4res(w: _Writer, v: GETFH4res) -> None:
     try:
         _u209 = v
         _d209 = _u209.status
+        _w209: _Any
         if _d209 == 0:
-            _w209: _Any = _u209.value
+            _w209 = _u209.value
             _s210 = _w209
             _v = _s210.object
             _n = len(_v)
@@ -684,6 +689,7 @@ def dec_GETFH4res(r: _Reader, off: int) -> tuple[GETFH4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v211: _Any
         (_d211,) = _S2.unpack_from(buf, off)
         off += 4
         if _d211 == 0:
@@ -807,8 +813,9 @@ def enc_LINK4res(w: _Writer, v: LINK4res) -> None:
     try:
         _u214 = v
         _d214 = _u214.status
+        _w214: _Any
         if _d214 == 0:
-            _w214: _Any = _u214.value
+            _w214 = _u214.value
             w += _S24.pack(0, _w214.cinfo.atomic, _w214.cinfo.before, _w214.cinfo.after)
         else:
             _enc_any_LINK4res(w, _u214)
@@ -820,6 +827,7 @@ def dec_LINK4res(r: _Reader, off: int) -> tuple[LINK4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v215: _Any
         (_d215,) = _S2.unpack_from(buf, off)
         off += 4
         if _d215 == 0:
@@ -955,8 +963,9 @@ def enc_locker4(w: _Writer, v: locker4) -> None:
     try:
         _u219 = v
         _d219 = _u219.new_lock_owner
+        _w219: _Any
         if _d219 == 1:
-            _w219: _Any = _u219.value
+            _w219 = _u219.value
             _s220 = _w219
             if len(_s220.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S27.pack(1, _s220.open_seqid, _s220.open_stateid.seqid, _s220.open_stateid.other, _s220.lock_seqid)
@@ -970,7 +979,7 @@ def enc_locker4(w: _Writer, v: locker4) -> None:
             w += _v
             w += _PAD[_n & 3]
         elif _d219 == 0:
-            _w219: _Any = _u219.value
+            _w219 = _u219.value
             if len(_w219.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S25.pack(0, _w219.lock_stateid.seqid, _w219.lock_stateid.other, _w219.lock_seqid)
         else:
@@ -983,6 +992,7 @@ def dec_locker4(r: _Reader, off: int) -> tuple[locker4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v222: _Any
         (_d222,) = _S0.unpack_from(buf, off)
         off += 4
         if _d222 == 1:
@@ -1029,8 +1039,9 @@ def enc_LOCK4args(w: _Writer, v: LOCK4args) -> None:
         w += _S24.pack(v.locktype, v.reclaim, v.offset, v.length)
         _u225 = v.locker
         _d225 = _u225.new_lock_owner
+        _w225: _Any
         if _d225 == 1:
-            _w225: _Any = _u225.value
+            _w225 = _u225.value
             _s226 = _w225
             if len(_s226.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S27.pack(1, _s226.open_seqid, _s226.open_stateid.seqid, _s226.open_stateid.other, _s226.lock_seqid)
@@ -1044,7 +1055,7 @@ def enc_LOCK4args(w: _Writer, v: LOCK4args) -> None:
             w += _v
             w += _PAD[_n & 3]
         elif _d225 == 0:
-            _w225: _Any = _u225.value
+            _w225 = _u225.value
             if len(_w225.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S25.pack(0, _w225.lock_stateid.seqid, _w225.lock_stateid.other, _w225.lock_seqid)
         else:
@@ -1061,6 +1072,7 @@ def dec_LOCK4args(r: _Reader, off: int) -> tuple[LOCK4args, int]:
         off += 24
         f_locktype = _nfs_lock_type4_MAP[_t0]
         f_reclaim = _BOOL[_t1]
+        _v228: _Any
         (_d228,) = _S0.unpack_from(buf, off)
         off += 4
         if _d228 == 1:
@@ -1212,12 +1224,13 @@ def enc_LOCK4res(w: _Writer, v: LOCK4res) -> None:
     try:
         _u234 = v
         _d234 = _u234.status
+        _w234: _Any
         if _d234 == 0:
-            _w234: _Any = _u234.value
+            _w234 = _u234.value
             if len(_w234.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S20.pack(0, _w234.lock_stateid.seqid, _w234.lock_stateid.other)
         elif _d234 == 10010:
-            _w234: _Any = _u234.value
+            _w234 = _u234.value
             _s235 = _w234
             w += _S28.pack(10010, _s235.offset, _s235.length, _s235.locktype)
             _s236 = _s235.owner
@@ -1239,6 +1252,7 @@ def dec_LOCK4res(r: _Reader, off: int) -> tuple[LOCK4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v237: _Any
         (_d237,) = _S2.unpack_from(buf, off)
         off += 4
         if _d237 == 0:
@@ -1365,8 +1379,9 @@ def enc_LOCKT4res(w: _Writer, v: LOCKT4res) -> None:
     try:
         _u243 = v
         _d243 = _u243.status
+        _w243: _Any
         if _d243 == 10010:
-            _w243: _Any = _u243.value
+            _w243 = _u243.value
             _s244 = _w243
             w += _S28.pack(10010, _s244.offset, _s244.length, _s244.locktype)
             _s245 = _s244.owner
@@ -1390,6 +1405,7 @@ def dec_LOCKT4res(r: _Reader, off: int) -> tuple[LOCKT4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v246: _Any
         (_d246,) = _S2.unpack_from(buf, off)
         off += 4
         if _d246 == 10010:
@@ -1494,8 +1510,9 @@ def enc_LOCKU4res(w: _Writer, v: LOCKU4res) -> None:
     try:
         _u250 = v
         _d250 = _u250.status
+        _w250: _Any
         if _d250 == 0:
-            _w250: _Any = _u250.value
+            _w250 = _u250.value
             if len(_w250.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S20.pack(0, _w250.seqid, _w250.other)
         else:
@@ -1508,6 +1525,7 @@ def dec_LOCKU4res(r: _Reader, off: int) -> tuple[LOCKU4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v251: _Any
         (_d251,) = _S2.unpack_from(buf, off)
         off += 4
         if _d251 == 0:
@@ -1803,8 +1821,9 @@ def enc_createhow4(w: _Writer, v: createhow4) -> None:
     try:
         _u261 = v
         _d261 = _u261.mode
+        _w261: _Any
         if _d261 == 0:
-            _w261: _Any = _u261.value
+            _w261 = _u261.value
             _s262 = _w261
             _a263 = _s262.attrmask
             _n = len(_a263)
@@ -1817,7 +1836,7 @@ def enc_createhow4(w: _Writer, v: createhow4) -> None:
             w += _v
             w += _PAD[_n & 3]
         elif _d261 == 1:
-            _w261: _Any = _u261.value
+            _w261 = _u261.value
             _s264 = _w261
             _a265 = _s264.attrmask
             _n = len(_a265)
@@ -1830,11 +1849,11 @@ def enc_createhow4(w: _Writer, v: createhow4) -> None:
             w += _v
             w += _PAD[_n & 3]
         elif _d261 == 2:
-            _w261: _Any = _u261.value
+            _w261 = _u261.value
             if len(_w261) != 8: raise _XdrError('fixed opaque createverf must be 8 bytes', len(w))
             w += _S22.pack(2, _w261)
         elif _d261 == 3:
-            _w261: _Any = _u261.value
+            _w261 = _u261.value
             _s266 = _w261
             if len(_s266.cva_verf) != 8: raise _XdrError('fixed opaque cva_verf must be 8 bytes', len(w))
             w += _S22.pack(3, _s266.cva_verf)
@@ -1859,6 +1878,7 @@ def dec_createhow4(r: _Reader, off: int) -> tuple[createhow4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v269: _Any
         (_d269,) = _S2.unpack_from(buf, off)
         off += 4
         if _d269 in (0, 1):
@@ -1985,12 +2005,14 @@ def enc_openflag4(w: _Writer, v: openflag4) -> None:
     try:
         _u276 = v
         _d276 = _u276.opentype
+        _w276: _Any
         if _d276 == 1:
-            _w276: _Any = _u276.value
+            _w276 = _u276.value
             _u277 = _w276
             _d277 = _u277.mode
+            _w277: _Any
             if _d277 == 0:
-                _w277: _Any = _u277.value
+                _w277 = _u277.value
                 _s278 = _w277
                 _a279 = _s278.attrmask
                 _n = len(_a279)
@@ -2003,7 +2025,7 @@ def enc_openflag4(w: _Writer, v: openflag4) -> None:
                 w += _v
                 w += _PAD[_n & 3]
             elif _d277 == 1:
-                _w277: _Any = _u277.value
+                _w277 = _u277.value
                 _s280 = _w277
                 _a281 = _s280.attrmask
                 _n = len(_a281)
@@ -2016,11 +2038,11 @@ def enc_openflag4(w: _Writer, v: openflag4) -> None:
                 w += _v
                 w += _PAD[_n & 3]
             elif _d277 == 2:
-                _w277: _Any = _u277.value
+                _w277 = _u277.value
                 if len(_w277) != 8: raise _XdrError('fixed opaque createverf must be 8 bytes', len(w))
                 w += _S32.pack(1, 2, _w277)
             elif _d277 == 3:
-                _w277: _Any = _u277.value
+                _w277 = _u277.value
                 _s282 = _w277
                 if len(_s282.cva_verf) != 8: raise _XdrError('fixed opaque cva_verf must be 8 bytes', len(w))
                 w += _S32.pack(1, 3, _s282.cva_verf)
@@ -2038,9 +2060,11 @@ def dec_openflag4(r: _Reader, off: int) -> tuple[openflag4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v283: _Any
         (_d283,) = _S2.unpack_from(buf, off)
         off += 4
         if _d283 == 1:
+            _v284: _Any
             (_d284,) = _S2.unpack_from(buf, off)
             off += 4
             if _d284 in (0, 1):
@@ -2178,11 +2202,12 @@ def enc_nfs_space_limit4(w: _Writer, v: nfs_space_limit4) -> None:
     try:
         _u289 = v
         _d289 = _u289.limitby
+        _w289: _Any
         if _d289 == 1:
-            _w289: _Any = _u289.value
+            _w289 = _u289.value
             w += _S33.pack(1, _w289)
         elif _d289 == 2:
-            _w289: _Any = _u289.value
+            _w289 = _u289.value
             w += _S18.pack(2, _w289.num_blocks, _w289.bytes_per_block)
         else:
             _enc_any_nfs_space_limit4(w, _u289)
@@ -2194,6 +2219,7 @@ def dec_nfs_space_limit4(r: _Reader, off: int) -> tuple[nfs_space_limit4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v290: _Any
         (_d290,) = _S2.unpack_from(buf, off)
         off += 4
         if _d290 == 1:
@@ -2456,12 +2482,14 @@ def enc_OPEN4args(w: _Writer, v: OPEN4args) -> None:
         w += _PAD[_n & 3]
         _u294 = v.openhow
         _d294 = _u294.opentype
+        _w294: _Any
         if _d294 == 1:
-            _w294: _Any = _u294.value
+            _w294 = _u294.value
             _u295 = _w294
             _d295 = _u295.mode
+            _w295: _Any
             if _d295 == 0:
-                _w295: _Any = _u295.value
+                _w295 = _u295.value
                 _s296 = _w295
                 _a297 = _s296.attrmask
                 _n = len(_a297)
@@ -2474,7 +2502,7 @@ def enc_OPEN4args(w: _Writer, v: OPEN4args) -> None:
                 w += _v
                 w += _PAD[_n & 3]
             elif _d295 == 1:
-                _w295: _Any = _u295.value
+                _w295 = _u295.value
                 _s298 = _w295
                 _a299 = _s298.attrmask
                 _n = len(_a299)
@@ -2487,11 +2515,11 @@ def enc_OPEN4args(w: _Writer, v: OPEN4args) -> None:
                 w += _v
                 w += _PAD[_n & 3]
             elif _d295 == 2:
-                _w295: _Any = _u295.value
+                _w295 = _u295.value
                 if len(_w295) != 8: raise _XdrError('fixed opaque createverf must be 8 bytes', len(w))
                 w += _S32.pack(1, 2, _w295)
             elif _d295 == 3:
-                _w295: _Any = _u295.value
+                _w295 = _u295.value
                 _s300 = _w295
                 if len(_s300.cva_verf) != 8: raise _XdrError('fixed opaque cva_verf must be 8 bytes', len(w))
                 w += _S32.pack(1, 3, _s300.cva_verf)
@@ -2529,9 +2557,11 @@ def dec_OPEN4args(r: _Reader, off: int) -> tuple[OPEN4args, int]:
         _i302_owner = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_owner = state_owner4(_i302_clientid, _i302_owner)
+        _v303: _Any
         (_d303,) = _S2.unpack_from(buf, off)
         off += 4
         if _d303 == 1:
+            _v304: _Any
             (_d304,) = _S2.unpack_from(buf, off)
             off += 4
             if _d304 in (0, 1):
@@ -2643,11 +2673,12 @@ def enc_open_write_delegation4(w: _Writer, v: open_write_delegation4) -> None:
         w += _S26.pack(v.stateid.seqid, v.stateid.other, v.recall)
         _u311 = v.space_limit
         _d311 = _u311.limitby
+        _w311: _Any
         if _d311 == 1:
-            _w311: _Any = _u311.value
+            _w311 = _u311.value
             w += _S33.pack(1, _w311)
         elif _d311 == 2:
-            _w311: _Any = _u311.value
+            _w311 = _u311.value
             w += _S18.pack(2, _w311.num_blocks, _w311.bytes_per_block)
         else:
             _enc_any_nfs_space_limit4(w, _u311)
@@ -2670,6 +2701,7 @@ def dec_open_write_delegation4(r: _Reader, off: int) -> tuple[open_write_delegat
         off += 20
         f_stateid = stateid4(_t0, _t1)
         f_recall = _BOOL[_t2]
+        _v313: _Any
         (_d313,) = _S2.unpack_from(buf, off)
         off += 4
         if _d313 == 1:
@@ -2819,11 +2851,12 @@ def enc_open_none_delegation4(w: _Writer, v: open_none_delegation4) -> None:
     try:
         _u316 = v
         _d316 = _u316.ond_why
+        _w316: _Any
         if _d316 == 1:
-            _w316: _Any = _u316.value
+            _w316 = _u316.value
             w += _S23.pack(1, _w316)
         elif _d316 == 2:
-            _w316: _Any = _u316.value
+            _w316 = _u316.value
             w += _S23.pack(2, _w316)
         else:
             _enc_any_open_none_delegation4(w, _u316)
@@ -2835,6 +2868,7 @@ def dec_open_none_delegation4(r: _Reader, off: int) -> tuple[open_none_delegatio
     buf = r.buf
     o0 = off
     try:
+        _v317: _Any
         (_d317,) = _S2.unpack_from(buf, off)
         off += 4
         if _d317 == 1:
@@ -2901,10 +2935,11 @@ def enc_open_delegation4(w: _Writer, v: open_delegation4) -> None:
     try:
         _u319 = v
         _d319 = _u319.delegation_type
+        _w319: _Any
         if _d319 == 0:
             w += b'\x00\x00\x00\x00'
         elif _d319 == 1:
-            _w319: _Any = _u319.value
+            _w319 = _u319.value
             _s320 = _w319
             if len(_s320.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S35.pack(1, _s320.stateid.seqid, _s320.stateid.other, _s320.recall)
@@ -2916,17 +2951,18 @@ def enc_open_delegation4(w: _Writer, v: open_delegation4) -> None:
             w += _v
             w += _PAD[_n & 3]
         elif _d319 == 2:
-            _w319: _Any = _u319.value
+            _w319 = _u319.value
             _s322 = _w319
             if len(_s322.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S35.pack(2, _s322.stateid.seqid, _s322.stateid.other, _s322.recall)
             _u323 = _s322.space_limit
             _d323 = _u323.limitby
+            _w323: _Any
             if _d323 == 1:
-                _w323: _Any = _u323.value
+                _w323 = _u323.value
                 w += _S33.pack(1, _w323)
             elif _d323 == 2:
-                _w323: _Any = _u323.value
+                _w323 = _u323.value
                 w += _S18.pack(2, _w323.num_blocks, _w323.bytes_per_block)
             else:
                 _enc_any_nfs_space_limit4(w, _u323)
@@ -2938,14 +2974,15 @@ def enc_open_delegation4(w: _Writer, v: open_delegation4) -> None:
             w += _v
             w += _PAD[_n & 3]
         elif _d319 == 3:
-            _w319: _Any = _u319.value
+            _w319 = _u319.value
             _u325 = _w319
             _d325 = _u325.ond_why
+            _w325: _Any
             if _d325 == 1:
-                _w325: _Any = _u325.value
+                _w325 = _u325.value
                 w += _S31.pack(3, 1, _w325)
             elif _d325 == 2:
-                _w325: _Any = _u325.value
+                _w325 = _u325.value
                 w += _S31.pack(3, 2, _w325)
             else:
                 w += b'\x00\x00\x00\x03'
@@ -2960,6 +2997,7 @@ def dec_open_delegation4(r: _Reader, off: int) -> tuple[open_delegation4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v326: _Any
         (_d326,) = _S2.unpack_from(buf, off)
         off += 4
         if _d326 == 0:
@@ -2986,6 +3024,7 @@ def dec_open_delegation4(r: _Reader, off: int) -> tuple[open_delegation4, int]:
             off += 20
             _i329_stateid = stateid4(_t0, _t1)
             _i329_recall = _BOOL[_t2]
+            _v330: _Any
             (_d330,) = _S2.unpack_from(buf, off)
             off += 4
             if _d330 == 1:
@@ -3011,6 +3050,7 @@ def dec_open_delegation4(r: _Reader, off: int) -> tuple[open_delegation4, int]:
             _v326 = open_write_delegation4(_i329_stateid, _i329_recall, _i329_space_limit, _i329_permissions)
             _u = open_delegation4(OPEN_DELEGATE_WRITE, _v326)
         elif _d326 == 3:
+            _v332: _Any
             (_d332,) = _S2.unpack_from(buf, off)
             off += 4
             if _d332 == 1:
@@ -3053,10 +3093,11 @@ def enc_OPEN4resok(w: _Writer, v: OPEN4resok) -> None:
             w += _S0.pack(_x333)
         _u334 = v.delegation
         _d334 = _u334.delegation_type
+        _w334: _Any
         if _d334 == 0:
             w += b'\x00\x00\x00\x00'
         elif _d334 == 1:
-            _w334: _Any = _u334.value
+            _w334 = _u334.value
             _s335 = _w334
             if len(_s335.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S35.pack(1, _s335.stateid.seqid, _s335.stateid.other, _s335.recall)
@@ -3068,17 +3109,18 @@ def enc_OPEN4resok(w: _Writer, v: OPEN4resok) -> None:
             w += _v
             w += _PAD[_n & 3]
         elif _d334 == 2:
-            _w334: _Any = _u334.value
+            _w334 = _u334.value
             _s337 = _w334
             if len(_s337.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S35.pack(2, _s337.stateid.seqid, _s337.stateid.other, _s337.recall)
             _u338 = _s337.space_limit
             _d338 = _u338.limitby
+            _w338: _Any
             if _d338 == 1:
-                _w338: _Any = _u338.value
+                _w338 = _u338.value
                 w += _S33.pack(1, _w338)
             elif _d338 == 2:
-                _w338: _Any = _u338.value
+                _w338 = _u338.value
                 w += _S18.pack(2, _w338.num_blocks, _w338.bytes_per_block)
             else:
                 _enc_any_nfs_space_limit4(w, _u338)
@@ -3090,14 +3132,15 @@ def enc_OPEN4resok(w: _Writer, v: OPEN4resok) -> None:
             w += _v
             w += _PAD[_n & 3]
         elif _d334 == 3:
-            _w334: _Any = _u334.value
+            _w334 = _u334.value
             _u340 = _w334
             _d340 = _u340.ond_why
+            _w340: _Any
             if _d340 == 1:
-                _w340: _Any = _u340.value
+                _w340 = _u340.value
                 w += _S31.pack(3, 1, _w340)
             elif _d340 == 2:
-                _w340: _Any = _u340.value
+                _w340 = _u340.value
                 w += _S31.pack(3, 2, _w340)
             else:
                 w += b'\x00\x00\x00\x03'
@@ -3126,6 +3169,7 @@ def dec_OPEN4resok(r: _Reader, off: int) -> tuple[OPEN4resok, int]:
             (_x341,) = _S0.unpack_from(buf, off)
             off += 4
             f_attrset.append(_x341)
+        _v342: _Any
         (_d342,) = _S2.unpack_from(buf, off)
         off += 4
         if _d342 == 0:
@@ -3152,6 +3196,7 @@ def dec_OPEN4resok(r: _Reader, off: int) -> tuple[OPEN4resok, int]:
             off += 20
             _i345_stateid = stateid4(_t0, _t1)
             _i345_recall = _BOOL[_t2]
+            _v346: _Any
             (_d346,) = _S2.unpack_from(buf, off)
             off += 4
             if _d346 == 1:
@@ -3177,6 +3222,7 @@ def dec_OPEN4resok(r: _Reader, off: int) -> tuple[OPEN4resok, int]:
             _v342 = open_write_delegation4(_i345_stateid, _i345_recall, _i345_space_limit, _i345_permissions)
             f_delegation = open_delegation4(OPEN_DELEGATE_WRITE, _v342)
         elif _d342 == 3:
+            _v348: _Any
             (_d348,) = _S2.unpack_from(buf, off)
             off += 4
             if _d348 == 1:
@@ -3245,8 +3291,9 @@ def enc_OPEN4res(w: _Writer, v: OPEN4res) -> None:
     try:
         _u350 = v
         _d350 = _u350.status
+        _w350: _Any
         if _d350 == 0:
-            _w350: _Any = _u350.value
+            _w350 = _u350.value
             _s351 = _w350
             if len(_s351.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S37.pack(0, _s351.stateid.seqid, _s351.stateid.other, _s351.cinfo.atomic, _s351.cinfo.before, _s351.cinfo.after, _s351.rflags)
@@ -3257,18 +3304,19 @@ def enc_OPEN4res(w: _Writer, v: OPEN4res) -> None:
                 w += _S0.pack(_x352)
             _u353 = _s351.delegation
             _d353 = _u353.delegation_type
+            _w353: _Any
             if _d353 == 0:
                 w += b'\x00\x00\x00\x00'
             elif _d353 == 1:
-                _w353: _Any = _u353.value
+                _w353 = _u353.value
                 w += b'\x00\x00\x00\x01'
                 enc_open_read_delegation4(w, _w353)
             elif _d353 == 2:
-                _w353: _Any = _u353.value
+                _w353 = _u353.value
                 w += b'\x00\x00\x00\x02'
                 enc_open_write_delegation4(w, _w353)
             elif _d353 == 3:
-                _w353: _Any = _u353.value
+                _w353 = _u353.value
                 w += b'\x00\x00\x00\x03'
                 enc_open_none_delegation4(w, _w353)
             else:
@@ -3283,6 +3331,7 @@ def dec_OPEN4res(r: _Reader, off: int) -> tuple[OPEN4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v354: _Any
         (_d354,) = _S2.unpack_from(buf, off)
         off += 4
         if _d354 == 0:
@@ -3300,6 +3349,7 @@ def dec_OPEN4res(r: _Reader, off: int) -> tuple[OPEN4res, int]:
                 (_x356,) = _S0.unpack_from(buf, off)
                 off += 4
                 _i355_attrset.append(_x356)
+            _v357: _Any
             (_d357,) = _S2.unpack_from(buf, off)
             off += 4
             if _d357 == 0:
@@ -3321,4 +3371,28 @@ def dec_OPEN4res(r: _Reader, off: int) -> tuple[OPEN4res, int]:
             _u, off = _dec_any_OPEN4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OPEN4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class OPENATTR4args:
+    createdir: bool
+
+
+def enc_OPENATTR4args(w: _Writer, v: OPENATTR4args) -> None:
+    try:
+        w += _S0.pack(v.createdir)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode OPENATTR4args: {_e}', len(w)) from None
+
+
+def dec_OPENATTR4args(r: _Reader, off: int) -> tuple[OPENATTR4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        _u = OPENATTR4args(_BOOL[_t0])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated OPENATTR4args', o0) from None
     return _u, off

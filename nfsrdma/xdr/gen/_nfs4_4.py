@@ -43,13 +43,16 @@ from nfsrdma.xdr.gen._nfs4_1 import (
     enc_authsys_parms,
     enc_netaddr4,
     netaddr4,
+    nfs_impl_id4,
     nfsstat4,
+    nfstime4,
     rpc_gss_svc_t,
     stateid4,
 )
 from nfsrdma.xdr.gen._nfs4_2 import (
     cb_client4,
     change_info4,
+    client_owner4,
     fattr4,
     nfs_client_id4,
     state_owner4,
@@ -60,6 +63,7 @@ _S1: _Final = _struct.Struct('>II')
 _S2: _Final = _struct.Struct('>i')
 _S4: _Final = _struct.Struct('>Q')
 _S6: _Final = _struct.Struct('>8s')
+_S7: _Final = _struct.Struct('>qI')
 _S11: _Final = _struct.Struct('>I12s')
 _S15: _Final = _struct.Struct('>Ii')
 _S16: _Final = _struct.Struct('>IQQ')
@@ -80,30 +84,6 @@ _S46: _Final = _struct.Struct('>Ii8s')
 _S47: _Final = _struct.Struct('>iIi8s')
 _S48: _Final = _struct.Struct('>16siI')
 _S49: _Final = _struct.Struct('>i16siI')
-
-
-@_dataclass(slots=True)
-class OPENATTR4args:
-    createdir: bool
-
-
-def enc_OPENATTR4args(w: _Writer, v: OPENATTR4args) -> None:
-    try:
-        w += _S0.pack(v.createdir)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode OPENATTR4args: {_e}', len(w)) from None
-
-
-def dec_OPENATTR4args(r: _Reader, off: int) -> tuple[OPENATTR4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_t0,) = _S0.unpack_from(buf, off)
-        off += 4
-        _u = OPENATTR4args(_BOOL[_t0])
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated OPENATTR4args', o0) from None
-    return _u, off
 
 
 @_dataclass(slots=True)
@@ -227,8 +207,9 @@ def enc_OPEN_CONFIRM4res(w: _Writer, v: OPEN_CONFIRM4res) -> None:
     try:
         _u359 = v
         _d359 = _u359.status
+        _w359: _Any
         if _d359 == 0:
-            _w359: _Any = _u359.value
+            _w359 = _u359.value
             if len(_w359.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S20.pack(0, _w359.open_stateid.seqid, _w359.open_stateid.other)
         else:
@@ -241,6 +222,7 @@ def dec_OPEN_CONFIRM4res(r: _Reader, off: int) -> tuple[OPEN_CONFIRM4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v360: _Any
         (_d360,) = _S2.unpack_from(buf, off)
         off += 4
         if _d360 == 0:
@@ -354,8 +336,9 @@ def enc_OPEN_DOWNGRADE4res(w: _Writer, v: OPEN_DOWNGRADE4res) -> None:
     try:
         _u362 = v
         _d362 = _u362.status
+        _w362: _Any
         if _d362 == 0:
-            _w362: _Any = _u362.value
+            _w362 = _u362.value
             if len(_w362.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S20.pack(0, _w362.open_stateid.seqid, _w362.open_stateid.other)
         else:
@@ -368,6 +351,7 @@ def dec_OPEN_DOWNGRADE4res(r: _Reader, off: int) -> tuple[OPEN_DOWNGRADE4res, in
     buf = r.buf
     o0 = off
     try:
+        _v363: _Any
         (_d363,) = _S2.unpack_from(buf, off)
         off += 4
         if _d363 == 0:
@@ -526,10 +510,10 @@ class READ4resok:
 def enc_READ4resok(w: _Writer, v: READ4resok) -> None:
     try:
         w += _S0.pack(v.eof)
-        _v = v.data
-        _n = len(_v)
+        _dv = v.data
+        _n = len(_dv)
         w += _S0.pack(_n)
-        w.ddp.append(_DdpItem(len(w), _v, w.ddp_tag))
+        w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode READ4resok: {_e}', len(w)) from None
 
@@ -604,14 +588,15 @@ def enc_READ4res(w: _Writer, v: READ4res) -> None:
     try:
         _u365 = v
         _d365 = _u365.status
+        _w365: _Any
         if _d365 == 0:
-            _w365: _Any = _u365.value
+            _w365 = _u365.value
             _s366 = _w365
             w += _S23.pack(0, _s366.eof)
-            _v = _s366.data
-            _n = len(_v)
+            _dv = _s366.data
+            _n = len(_dv)
             w += _S0.pack(_n)
-            w.ddp.append(_DdpItem(len(w), _v, w.ddp_tag))
+            w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
         else:
             _enc_any_READ4res(w, _u365)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
@@ -622,6 +607,7 @@ def dec_READ4res(r: _Reader, off: int) -> tuple[READ4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v367: _Any
         (_d367,) = _S2.unpack_from(buf, off)
         off += 4
         if _d367 == 0:
@@ -887,8 +873,9 @@ def enc_READDIR4res(w: _Writer, v: READDIR4res) -> None:
     try:
         _u378 = v
         _d378 = _u378.status
+        _w378: _Any
         if _d378 == 0:
-            _w378: _Any = _u378.value
+            _w378 = _u378.value
             _s379 = _w378
             if len(_s379.cookieverf) != 8: raise _XdrError('fixed opaque cookieverf must be 8 bytes', len(w))
             w += _S22.pack(0, _s379.cookieverf)
@@ -905,6 +892,7 @@ def dec_READDIR4res(r: _Reader, off: int) -> tuple[READDIR4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v381: _Any
         (_d381,) = _S2.unpack_from(buf, off)
         off += 4
         if _d381 == 0:
@@ -931,10 +919,10 @@ class READLINK4resok:
 
 def enc_READLINK4resok(w: _Writer, v: READLINK4resok) -> None:
     try:
-        _v = v.link
-        _n = len(_v)
+        _dv = v.link
+        _n = len(_dv)
         w += _S0.pack(_n)
-        w.ddp.append(_DdpItem(len(w), _v, w.ddp_tag))
+        w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode READLINK4resok: {_e}', len(w)) from None
 
@@ -1006,13 +994,14 @@ def enc_READLINK4res(w: _Writer, v: READLINK4res) -> None:
     try:
         _u385 = v
         _d385 = _u385.status
+        _w385: _Any
         if _d385 == 0:
-            _w385: _Any = _u385.value
+            _w385 = _u385.value
             _s386 = _w385
-            _v = _s386.link
-            _n = len(_v)
+            _dv = _s386.link
+            _n = len(_dv)
             w += _S23.pack(0, _n)
-            w.ddp.append(_DdpItem(len(w), _v, w.ddp_tag))
+            w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
         else:
             _enc_any_READLINK4res(w, _u385)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
@@ -1023,6 +1012,7 @@ def dec_READLINK4res(r: _Reader, off: int) -> tuple[READLINK4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v387: _Any
         (_d387,) = _S2.unpack_from(buf, off)
         off += 4
         if _d387 == 0:
@@ -1149,8 +1139,9 @@ def enc_REMOVE4res(w: _Writer, v: REMOVE4res) -> None:
     try:
         _u390 = v
         _d390 = _u390.status
+        _w390: _Any
         if _d390 == 0:
-            _w390: _Any = _u390.value
+            _w390 = _u390.value
             w += _S24.pack(0, _w390.cinfo.atomic, _w390.cinfo.before, _w390.cinfo.after)
         else:
             _enc_any_REMOVE4res(w, _u390)
@@ -1162,6 +1153,7 @@ def dec_REMOVE4res(r: _Reader, off: int) -> tuple[REMOVE4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v391: _Any
         (_d391,) = _S2.unpack_from(buf, off)
         off += 4
         if _d391 == 0:
@@ -1292,8 +1284,9 @@ def enc_RENAME4res(w: _Writer, v: RENAME4res) -> None:
     try:
         _u393 = v
         _d393 = _u393.status
+        _w393: _Any
         if _d393 == 0:
-            _w393: _Any = _u393.value
+            _w393 = _u393.value
             w += _S42.pack(0, _w393.source_cinfo.atomic, _w393.source_cinfo.before, _w393.source_cinfo.after, _w393.target_cinfo.atomic, _w393.target_cinfo.before, _w393.target_cinfo.after)
         else:
             _enc_any_RENAME4res(w, _u393)
@@ -1305,6 +1298,7 @@ def dec_RENAME4res(r: _Reader, off: int) -> tuple[RENAME4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v394: _Any
         (_d394,) = _S2.unpack_from(buf, off)
         off += 4
         if _d394 == 0:
@@ -1529,8 +1523,9 @@ def enc_secinfo4(w: _Writer, v: secinfo4) -> None:
     try:
         _u396 = v
         _d396 = _u396.flavor
+        _w396: _Any
         if _d396 == 6:
-            _w396: _Any = _u396.value
+            _w396 = _u396.value
             _s397 = _w396
             _v = _s397.oid
             _n = len(_v)
@@ -1548,6 +1543,7 @@ def dec_secinfo4(r: _Reader, off: int) -> tuple[secinfo4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v398: _Any
         (_d398,) = _S0.unpack_from(buf, off)
         off += 4
         if _d398 == 6:
@@ -1581,8 +1577,9 @@ def enc_SECINFO4resok(w: _Writer, v: SECINFO4resok) -> None:
         for _x400 in _a400:
             _u401 = _x400
             _d401 = _u401.flavor
+            _w401: _Any
             if _d401 == 6:
-                _w401: _Any = _u401.value
+                _w401 = _u401.value
                 _s402 = _w401
                 _v = _s402.oid
                 _n = len(_v)
@@ -1607,6 +1604,7 @@ def dec_SECINFO4resok(r: _Reader, off: int) -> tuple[SECINFO4resok, int]:
         _v = []
         _c403 = _n
         for _ in range(_c403):
+            _v404: _Any
             (_d404,) = _S0.unpack_from(buf, off)
             off += 4
             if _d404 == 6:
@@ -1676,16 +1674,18 @@ def enc_SECINFO4res(w: _Writer, v: SECINFO4res) -> None:
     try:
         _u407 = v
         _d407 = _u407.status
+        _w407: _Any
         if _d407 == 0:
-            _w407: _Any = _u407.value
+            _w407 = _u407.value
             _a408 = _w407
             _n = len(_a408)
             w += _S23.pack(0, _n)
             for _x408 in _a408:
                 _u409 = _x408
                 _d409 = _u409.flavor
+                _w409: _Any
                 if _d409 == 6:
-                    _w409: _Any = _u409.value
+                    _w409 = _u409.value
                     w += b'\x00\x00\x00\x06'
                     enc_rpcsec_gss_info(w, _w409)
                 else:
@@ -1700,6 +1700,7 @@ def dec_SECINFO4res(r: _Reader, off: int) -> tuple[SECINFO4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v410: _Any
         (_d410,) = _S2.unpack_from(buf, off)
         off += 4
         if _d410 == 0:
@@ -1710,6 +1711,7 @@ def dec_SECINFO4res(r: _Reader, off: int) -> tuple[SECINFO4res, int]:
             _v410 = []
             _c411 = _n
             for _ in range(_c411):
+                _v412: _Any
                 (_d412,) = _S0.unpack_from(buf, off)
                 off += 4
                 if _d412 == 6:
@@ -1969,12 +1971,13 @@ def enc_SETCLIENTID4res(w: _Writer, v: SETCLIENTID4res) -> None:
     try:
         _u426 = v
         _d426 = _u426.status
+        _w426: _Any
         if _d426 == 0:
-            _w426: _Any = _u426.value
+            _w426 = _u426.value
             if len(_w426.setclientid_confirm) != 8: raise _XdrError('fixed opaque setclientid_confirm must be 8 bytes', len(w))
             w += _S44.pack(0, _w426.clientid, _w426.setclientid_confirm)
         elif _d426 == 10017:
-            _w426: _Any = _u426.value
+            _w426 = _u426.value
             _s427 = _w426
             _v = _s427.na_r_netid.encode('utf-8', 'surrogateescape')
             _n = len(_v)
@@ -1996,6 +1999,7 @@ def dec_SETCLIENTID4res(r: _Reader, off: int) -> tuple[SETCLIENTID4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v428: _Any
         (_d428,) = _S2.unpack_from(buf, off)
         off += 4
         if _d428 == 0:
@@ -2186,10 +2190,10 @@ def enc_WRITE4args(w: _Writer, v: WRITE4args) -> None:
     try:
         if len(v.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S45.pack(v.stateid.seqid, v.stateid.other, v.offset, v.stable)
-        _v = v.data
-        _n = len(_v)
+        _dv = v.data
+        _n = len(_dv)
         w += _S0.pack(_n)
-        w.ddp.append(_DdpItem(len(w), _v, w.ddp_tag))
+        w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode WRITE4args: {_e}', len(w)) from None
 
@@ -2292,8 +2296,9 @@ def enc_WRITE4res(w: _Writer, v: WRITE4res) -> None:
     try:
         _u435 = v
         _d435 = _u435.status
+        _w435: _Any
         if _d435 == 0:
-            _w435: _Any = _u435.value
+            _w435 = _u435.value
             if len(_w435.writeverf) != 8: raise _XdrError('fixed opaque writeverf must be 8 bytes', len(w))
             w += _S47.pack(0, _w435.count, _w435.committed, _w435.writeverf)
         else:
@@ -2306,6 +2311,7 @@ def dec_WRITE4res(r: _Reader, off: int) -> tuple[WRITE4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v436: _Any
         (_d436,) = _S2.unpack_from(buf, off)
         off += 4
         if _d436 == 0:
@@ -2535,10 +2541,11 @@ def enc_callback_sec_parms4(w: _Writer, v: callback_sec_parms4) -> None:
     try:
         _u440 = v
         _d440 = _u440.cb_secflavor
+        _w440: _Any
         if _d440 == 0:
             w += b'\x00\x00\x00\x00'
         elif _d440 == 1:
-            _w440: _Any = _u440.value
+            _w440 = _u440.value
             _s441 = _w440
             w += _S1.pack(1, _s441.stamp)
             _v = _s441.machinename.encode('utf-8', 'surrogateescape')
@@ -2556,7 +2563,7 @@ def enc_callback_sec_parms4(w: _Writer, v: callback_sec_parms4) -> None:
             w += _S0.pack(_n)
             w += _struct.pack('>%dI' % _n, *_a442)
         elif _d440 == 6:
-            _w440: _Any = _u440.value
+            _w440 = _u440.value
             _s443 = _w440
             w += _S15.pack(6, _s443.gcbp_service)
             _v = _s443.gcbp_handle_from_server
@@ -2579,6 +2586,7 @@ def dec_callback_sec_parms4(r: _Reader, off: int) -> tuple[callback_sec_parms4, 
     buf = r.buf
     o0 = off
     try:
+        _v444: _Any
         (_d444,) = _S0.unpack_from(buf, off)
         off += 4
         if _d444 == 0:
@@ -2650,10 +2658,11 @@ def enc_BACKCHANNEL_CTL4args(w: _Writer, v: BACKCHANNEL_CTL4args) -> None:
         for _x447 in _a447:
             _u448 = _x447
             _d448 = _u448.cb_secflavor
+            _w448: _Any
             if _d448 == 0:
                 w += b'\x00\x00\x00\x00'
             elif _d448 == 1:
-                _w448: _Any = _u448.value
+                _w448 = _u448.value
                 _s449 = _w448
                 w += _S1.pack(1, _s449.stamp)
                 _v = _s449.machinename.encode('utf-8', 'surrogateescape')
@@ -2671,7 +2680,7 @@ def enc_BACKCHANNEL_CTL4args(w: _Writer, v: BACKCHANNEL_CTL4args) -> None:
                 w += _S0.pack(_n)
                 w += _struct.pack('>%dI' % _n, *_a450)
             elif _d448 == 6:
-                _w448: _Any = _u448.value
+                _w448 = _u448.value
                 _s451 = _w448
                 w += _S15.pack(6, _s451.gcbp_service)
                 _v = _s451.gcbp_handle_from_server
@@ -2703,6 +2712,7 @@ def dec_BACKCHANNEL_CTL4args(r: _Reader, off: int) -> tuple[BACKCHANNEL_CTL4args
         f_bca_sec_parms = []
         _c452 = _n
         for _ in range(_c452):
+            _v453: _Any
             (_d453,) = _S0.unpack_from(buf, off)
             off += 4
             if _d453 == 0:
@@ -2938,8 +2948,9 @@ def enc_BIND_CONN_TO_SESSION4res(w: _Writer, v: BIND_CONN_TO_SESSION4res) -> Non
     try:
         _u457 = v
         _d457 = _u457.bctsr_status
+        _w457: _Any
         if _d457 == 0:
-            _w457: _Any = _u457.value
+            _w457 = _u457.value
             if len(_w457.bctsr_sessid) != 16: raise _XdrError('fixed opaque bctsr_sessid must be 16 bytes', len(w))
             w += _S49.pack(0, _w457.bctsr_sessid, _w457.bctsr_dir, _w457.bctsr_use_conn_in_rdma_mode)
         else:
@@ -2952,6 +2963,7 @@ def dec_BIND_CONN_TO_SESSION4res(r: _Reader, off: int) -> tuple[BIND_CONN_TO_SES
     buf = r.buf
     o0 = off
     try:
+        _v458: _Any
         (_d458,) = _S2.unpack_from(buf, off)
         off += 4
         if _d458 == 0:
@@ -3197,10 +3209,11 @@ def enc_state_protect4_a(w: _Writer, v: state_protect4_a) -> None:
     try:
         _u474 = v
         _d474 = _u474.spa_how
+        _w474: _Any
         if _d474 == 0:
             w += b'\x00\x00\x00\x00'
         elif _d474 == 1:
-            _w474: _Any = _u474.value
+            _w474 = _u474.value
             _s475 = _w474
             _a476 = _s475.spo_must_enforce
             _n = len(_a476)
@@ -3213,7 +3226,7 @@ def enc_state_protect4_a(w: _Writer, v: state_protect4_a) -> None:
             for _x477 in _a477:
                 w += _S0.pack(_x477)
         elif _d474 == 2:
-            _w474: _Any = _u474.value
+            _w474 = _u474.value
             _s478 = _w474
             _s479 = _s478.ssp_ops
             _a480 = _s479.spo_must_enforce
@@ -3255,6 +3268,7 @@ def dec_state_protect4_a(r: _Reader, off: int) -> tuple[state_protect4_a, int]:
     buf = r.buf
     o0 = off
     try:
+        _v484: _Any
         (_d484,) = _S2.unpack_from(buf, off)
         off += 4
         if _d484 == 0:
@@ -3343,3 +3357,235 @@ def dec_state_protect4_a(r: _Reader, off: int) -> tuple[state_protect4_a, int]:
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated state_protect4_a', o0) from None
     return _u, off
+
+
+@_dataclass(slots=True)
+class EXCHANGE_ID4args:
+    eia_clientowner: client_owner4
+    eia_flags: int
+    eia_state_protect: state_protect4_a
+    eia_client_impl_id: list[nfs_impl_id4]
+
+
+def enc_EXCHANGE_ID4args(w: _Writer, v: EXCHANGE_ID4args) -> None:
+    try:
+        _s494 = v.eia_clientowner
+        if len(_s494.co_verifier) != 8: raise _XdrError('fixed opaque co_verifier must be 8 bytes', len(w))
+        w += _S6.pack(_s494.co_verifier)
+        _v = _s494.co_ownerid
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('co_ownerid: length %d exceeds 1024' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        w += _S0.pack(v.eia_flags)
+        _u495 = v.eia_state_protect
+        _d495 = _u495.spa_how
+        _w495: _Any
+        if _d495 == 0:
+            w += b'\x00\x00\x00\x00'
+        elif _d495 == 1:
+            _w495 = _u495.value
+            _s496 = _w495
+            _a497 = _s496.spo_must_enforce
+            _n = len(_a497)
+            w += _S23.pack(1, _n)
+            for _x497 in _a497:
+                w += _S0.pack(_x497)
+            _a498 = _s496.spo_must_allow
+            _n = len(_a498)
+            w += _S0.pack(_n)
+            for _x498 in _a498:
+                w += _S0.pack(_x498)
+        elif _d495 == 2:
+            _w495 = _u495.value
+            _s499 = _w495
+            _s500 = _s499.ssp_ops
+            _a501 = _s500.spo_must_enforce
+            _n = len(_a501)
+            w += _S23.pack(2, _n)
+            for _x501 in _a501:
+                w += _S0.pack(_x501)
+            _a502 = _s500.spo_must_allow
+            _n = len(_a502)
+            w += _S0.pack(_n)
+            for _x502 in _a502:
+                w += _S0.pack(_x502)
+            _a503 = _s499.ssp_hash_algs
+            _n = len(_a503)
+            w += _S0.pack(_n)
+            for _x503 in _a503:
+                _v = _x503
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+            _a504 = _s499.ssp_encr_algs
+            _n = len(_a504)
+            w += _S0.pack(_n)
+            for _x504 in _a504:
+                _v = _x504
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+            w += _S1.pack(_s499.ssp_window, _s499.ssp_num_gss_handles)
+        else:
+            _enc_any_state_protect4_a(w, _u495)
+        _a505 = v.eia_client_impl_id
+        _n = len(_a505)
+        if _n > 1:
+            raise _XdrError('eia_client_impl_id: length %d exceeds 1' % _n, len(w))
+        w += _S0.pack(_n)
+        for _x505 in _a505:
+            _s506 = _x505
+            _v = _s506.nii_domain
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            _v = _s506.nii_name
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            w += _S7.pack(_s506.nii_date.seconds, _s506.nii_date.nseconds)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode EXCHANGE_ID4args: {_e}', len(w)) from None
+
+
+def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_i507_co_verifier,) = _S6.unpack_from(buf, off)
+        off += 8
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('co_ownerid: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i507_co_ownerid = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_eia_clientowner = client_owner4(_i507_co_verifier, _i507_co_ownerid)
+        (f_eia_flags,) = _S0.unpack_from(buf, off)
+        off += 4
+        _v508: _Any
+        (_d508,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d508 == 0:
+            f_eia_state_protect = state_protect4_a(SP4_NONE, None)
+        elif _d508 == 1:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i509_spo_must_enforce = []
+            _c510 = _n
+            for _ in range(_c510):
+                (_x510,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i509_spo_must_enforce.append(_x510)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i509_spo_must_allow = []
+            _c511 = _n
+            for _ in range(_c511):
+                (_x511,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i509_spo_must_allow.append(_x511)
+            _v508 = state_protect_ops4(_i509_spo_must_enforce, _i509_spo_must_allow)
+            f_eia_state_protect = state_protect4_a(SP4_MACH_CRED, _v508)
+        elif _d508 == 2:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i513_spo_must_enforce = []
+            _c514 = _n
+            for _ in range(_c514):
+                (_x514,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i513_spo_must_enforce.append(_x514)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i513_spo_must_allow = []
+            _c515 = _n
+            for _ in range(_c515):
+                (_x515,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i513_spo_must_allow.append(_x515)
+            _i512_ssp_ops = state_protect_ops4(_i513_spo_must_enforce, _i513_spo_must_allow)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i512_ssp_hash_algs = []
+            _c516 = _n
+            for _ in range(_c516):
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _x516 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _i512_ssp_hash_algs.append(_x516)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i512_ssp_encr_algs = []
+            _c517 = _n
+            for _ in range(_c517):
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _x517 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _i512_ssp_encr_algs.append(_x517)
+            _i512_ssp_window, _i512_ssp_num_gss_handles = _S1.unpack_from(buf, off)
+            off += 8
+            _v508 = ssv_sp_parms4(_i512_ssp_ops, _i512_ssp_hash_algs, _i512_ssp_encr_algs, _i512_ssp_window, _i512_ssp_num_gss_handles)
+            f_eia_state_protect = state_protect4_a(SP4_SSV, _v508)
+        else:
+            f_eia_state_protect, off = _dec_any_state_protect4_a(r, off - 4)
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1:
+            raise _XdrError('eia_client_impl_id: length %d exceeds 1' % _n, off)
+        off += 4
+        if _n * 20 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_eia_client_impl_id = []
+        _c518 = _n
+        for _ in range(_c518):
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i519_nii_domain = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i519_nii_name = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i519_nii_date = nfstime4(*_S7.unpack_from(buf, off))
+            off += 12
+            _x518 = nfs_impl_id4(_i519_nii_domain, _i519_nii_name, _i519_nii_date)
+            f_eia_client_impl_id.append(_x518)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated EXCHANGE_ID4args', o0) from None
+    return EXCHANGE_ID4args(f_eia_clientowner, f_eia_flags, f_eia_state_protect, f_eia_client_impl_id), off

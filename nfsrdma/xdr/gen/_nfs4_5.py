@@ -79,11 +79,9 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     _dec_any_SECINFO4res,
     _dec_any_callback_sec_parms4,
     _dec_any_secinfo4,
-    _dec_any_state_protect4_a,
     _enc_any_SECINFO4res,
     _enc_any_callback_sec_parms4,
     _enc_any_secinfo4,
-    _enc_any_state_protect4_a,
     _state_protect_how4_MAP,
     callback_sec_parms4,
     dec_rpcsec_gss_info,
@@ -92,13 +90,10 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     enc_state_protect_ops4,
     gss_cb_handles4,
     secinfo4,
-    ssv_sp_parms4,
-    state_protect4_a,
     state_protect_how4,
     state_protect_ops4,
 )
 from nfsrdma.xdr.gen._nfs4_2 import (
-    client_owner4,
     server_owner4,
 )
 
@@ -107,7 +102,6 @@ _S1: _Final = _struct.Struct('>II')
 _S2: _Final = _struct.Struct('>i')
 _S4: _Final = _struct.Struct('>Q')
 _S5: _Final = _struct.Struct('>16s')
-_S6: _Final = _struct.Struct('>8s')
 _S7: _Final = _struct.Struct('>qI')
 _S11: _Final = _struct.Struct('>I12s')
 _S12: _Final = _struct.Struct('>QQi')
@@ -141,236 +135,7 @@ _S66: _Final = _struct.Struct('>iII12s')
 _S67: _Final = _struct.Struct('>Iii')
 _S68: _Final = _struct.Struct('>16sIIII')
 _S69: _Final = _struct.Struct('>16sIIIII')
-
-
-@_dataclass(slots=True)
-class EXCHANGE_ID4args:
-    eia_clientowner: client_owner4
-    eia_flags: int
-    eia_state_protect: state_protect4_a
-    eia_client_impl_id: list[nfs_impl_id4]
-
-
-def enc_EXCHANGE_ID4args(w: _Writer, v: EXCHANGE_ID4args) -> None:
-    try:
-        _s494 = v.eia_clientowner
-        if len(_s494.co_verifier) != 8: raise _XdrError('fixed opaque co_verifier must be 8 bytes', len(w))
-        w += _S6.pack(_s494.co_verifier)
-        _v = _s494.co_ownerid
-        _n = len(_v)
-        if _n > 1024:
-            raise _XdrError('co_ownerid: length %d exceeds 1024' % _n, len(w))
-        w += _S0.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        w += _S0.pack(v.eia_flags)
-        _u495 = v.eia_state_protect
-        _d495 = _u495.spa_how
-        if _d495 == 0:
-            w += b'\x00\x00\x00\x00'
-        elif _d495 == 1:
-            _w495: _Any = _u495.value
-            _s496 = _w495
-            _a497 = _s496.spo_must_enforce
-            _n = len(_a497)
-            w += _S23.pack(1, _n)
-            for _x497 in _a497:
-                w += _S0.pack(_x497)
-            _a498 = _s496.spo_must_allow
-            _n = len(_a498)
-            w += _S0.pack(_n)
-            for _x498 in _a498:
-                w += _S0.pack(_x498)
-        elif _d495 == 2:
-            _w495: _Any = _u495.value
-            _s499 = _w495
-            _s500 = _s499.ssp_ops
-            _a501 = _s500.spo_must_enforce
-            _n = len(_a501)
-            w += _S23.pack(2, _n)
-            for _x501 in _a501:
-                w += _S0.pack(_x501)
-            _a502 = _s500.spo_must_allow
-            _n = len(_a502)
-            w += _S0.pack(_n)
-            for _x502 in _a502:
-                w += _S0.pack(_x502)
-            _a503 = _s499.ssp_hash_algs
-            _n = len(_a503)
-            w += _S0.pack(_n)
-            for _x503 in _a503:
-                _v = _x503
-                _n = len(_v)
-                w += _S0.pack(_n)
-                w += _v
-                w += _PAD[_n & 3]
-            _a504 = _s499.ssp_encr_algs
-            _n = len(_a504)
-            w += _S0.pack(_n)
-            for _x504 in _a504:
-                _v = _x504
-                _n = len(_v)
-                w += _S0.pack(_n)
-                w += _v
-                w += _PAD[_n & 3]
-            w += _S1.pack(_s499.ssp_window, _s499.ssp_num_gss_handles)
-        else:
-            _enc_any_state_protect4_a(w, _u495)
-        _a505 = v.eia_client_impl_id
-        _n = len(_a505)
-        if _n > 1:
-            raise _XdrError('eia_client_impl_id: length %d exceeds 1' % _n, len(w))
-        w += _S0.pack(_n)
-        for _x505 in _a505:
-            _s506 = _x505
-            _v = _s506.nii_domain
-            _n = len(_v)
-            w += _S0.pack(_n)
-            w += _v
-            w += _PAD[_n & 3]
-            _v = _s506.nii_name
-            _n = len(_v)
-            w += _S0.pack(_n)
-            w += _v
-            w += _PAD[_n & 3]
-            w += _S7.pack(_s506.nii_date.seconds, _s506.nii_date.nseconds)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode EXCHANGE_ID4args: {_e}', len(w)) from None
-
-
-def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_i507_co_verifier,) = _S6.unpack_from(buf, off)
-        off += 8
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1024:
-            raise _XdrError('co_ownerid: length %d exceeds 1024' % _n, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        _i507_co_ownerid = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        f_eia_clientowner = client_owner4(_i507_co_verifier, _i507_co_ownerid)
-        (f_eia_flags,) = _S0.unpack_from(buf, off)
-        off += 4
-        (_d508,) = _S2.unpack_from(buf, off)
-        off += 4
-        if _d508 == 0:
-            f_eia_state_protect = state_protect4_a(SP4_NONE, None)
-        elif _d508 == 1:
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n * 4 > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i509_spo_must_enforce = []
-            _c510 = _n
-            for _ in range(_c510):
-                (_x510,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i509_spo_must_enforce.append(_x510)
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n * 4 > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i509_spo_must_allow = []
-            _c511 = _n
-            for _ in range(_c511):
-                (_x511,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i509_spo_must_allow.append(_x511)
-            _v508 = state_protect_ops4(_i509_spo_must_enforce, _i509_spo_must_allow)
-            f_eia_state_protect = state_protect4_a(SP4_MACH_CRED, _v508)
-        elif _d508 == 2:
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n * 4 > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i513_spo_must_enforce = []
-            _c514 = _n
-            for _ in range(_c514):
-                (_x514,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i513_spo_must_enforce.append(_x514)
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n * 4 > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i513_spo_must_allow = []
-            _c515 = _n
-            for _ in range(_c515):
-                (_x515,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i513_spo_must_allow.append(_x515)
-            _i512_ssp_ops = state_protect_ops4(_i513_spo_must_enforce, _i513_spo_must_allow)
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n * 4 > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i512_ssp_hash_algs = []
-            _c516 = _n
-            for _ in range(_c516):
-                (_n,) = _U32.unpack_from(buf, off)
-                off += 4
-                if _n > len(buf) - off:
-                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-                _e = off + _n
-                _x516 = bytes(buf[off:_e])
-                off = _e + (-_n & 3)
-                _i512_ssp_hash_algs.append(_x516)
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n * 4 > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i512_ssp_encr_algs = []
-            _c517 = _n
-            for _ in range(_c517):
-                (_n,) = _U32.unpack_from(buf, off)
-                off += 4
-                if _n > len(buf) - off:
-                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-                _e = off + _n
-                _x517 = bytes(buf[off:_e])
-                off = _e + (-_n & 3)
-                _i512_ssp_encr_algs.append(_x517)
-            _i512_ssp_window, _i512_ssp_num_gss_handles = _S1.unpack_from(buf, off)
-            off += 8
-            _v508 = ssv_sp_parms4(_i512_ssp_ops, _i512_ssp_hash_algs, _i512_ssp_encr_algs, _i512_ssp_window, _i512_ssp_num_gss_handles)
-            f_eia_state_protect = state_protect4_a(SP4_SSV, _v508)
-        else:
-            f_eia_state_protect, off = _dec_any_state_protect4_a(r, off - 4)
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1:
-            raise _XdrError('eia_client_impl_id: length %d exceeds 1' % _n, off)
-        off += 4
-        if _n * 20 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_eia_client_impl_id = []
-        _c518 = _n
-        for _ in range(_c518):
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _e = off + _n
-            _i519_nii_domain = bytes(buf[off:_e])
-            off = _e + (-_n & 3)
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _e = off + _n
-            _i519_nii_name = bytes(buf[off:_e])
-            off = _e + (-_n & 3)
-            _i519_nii_date = nfstime4(*_S7.unpack_from(buf, off))
-            off += 12
-            _x518 = nfs_impl_id4(_i519_nii_domain, _i519_nii_name, _i519_nii_date)
-            f_eia_client_impl_id.append(_x518)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated EXCHANGE_ID4args', o0) from None
-    return EXCHANGE_ID4args(f_eia_clientowner, f_eia_flags, f_eia_state_protect, f_eia_client_impl_id), off
+_S70: _Final = _struct.Struct('>i16sIIIII')
 
 
 @_dataclass(slots=True)
@@ -504,10 +269,11 @@ def enc_state_protect4_r(w: _Writer, v: state_protect4_r) -> None:
     try:
         _u529 = v
         _d529 = _u529.spr_how
+        _w529: _Any
         if _d529 == 0:
             w += b'\x00\x00\x00\x00'
         elif _d529 == 1:
-            _w529: _Any = _u529.value
+            _w529 = _u529.value
             _s530 = _w529
             _a531 = _s530.spo_must_enforce
             _n = len(_a531)
@@ -520,7 +286,7 @@ def enc_state_protect4_r(w: _Writer, v: state_protect4_r) -> None:
             for _x532 in _a532:
                 w += _S0.pack(_x532)
         elif _d529 == 2:
-            _w529: _Any = _u529.value
+            _w529 = _u529.value
             _s533 = _w529
             _s534 = _s533.spi_ops
             _a535 = _s534.spo_must_enforce
@@ -553,6 +319,7 @@ def dec_state_protect4_r(r: _Reader, off: int) -> tuple[state_protect4_r, int]:
     buf = r.buf
     o0 = off
     try:
+        _v538: _Any
         (_d538,) = _S2.unpack_from(buf, off)
         off += 4
         if _d538 == 0:
@@ -644,10 +411,11 @@ def enc_EXCHANGE_ID4resok(w: _Writer, v: EXCHANGE_ID4resok) -> None:
         w += _S51.pack(v.eir_clientid, v.eir_sequenceid, v.eir_flags)
         _u547 = v.eir_state_protect
         _d547 = _u547.spr_how
+        _w547: _Any
         if _d547 == 0:
             w += b'\x00\x00\x00\x00'
         elif _d547 == 1:
-            _w547: _Any = _u547.value
+            _w547 = _u547.value
             _s548 = _w547
             _a549 = _s548.spo_must_enforce
             _n = len(_a549)
@@ -660,7 +428,7 @@ def enc_EXCHANGE_ID4resok(w: _Writer, v: EXCHANGE_ID4resok) -> None:
             for _x550 in _a550:
                 w += _S0.pack(_x550)
         elif _d547 == 2:
-            _w547: _Any = _u547.value
+            _w547 = _u547.value
             _s551 = _w547
             _s552 = _s551.spi_ops
             _a553 = _s552.spo_must_enforce
@@ -729,6 +497,7 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
     try:
         f_eir_clientid, f_eir_sequenceid, f_eir_flags = _S51.unpack_from(buf, off)
         off += 16
+        _v559: _Any
         (_d559,) = _S2.unpack_from(buf, off)
         off += 4
         if _d559 == 0:
@@ -898,20 +667,22 @@ def enc_EXCHANGE_ID4res(w: _Writer, v: EXCHANGE_ID4res) -> None:
     try:
         _u572 = v
         _d572 = _u572.eir_status
+        _w572: _Any
         if _d572 == 0:
-            _w572: _Any = _u572.value
+            _w572 = _u572.value
             _s573 = _w572
             w += _S52.pack(0, _s573.eir_clientid, _s573.eir_sequenceid, _s573.eir_flags)
             _u574 = _s573.eir_state_protect
             _d574 = _u574.spr_how
+            _w574: _Any
             if _d574 == 0:
                 w += b'\x00\x00\x00\x00'
             elif _d574 == 1:
-                _w574: _Any = _u574.value
+                _w574 = _u574.value
                 w += b'\x00\x00\x00\x01'
                 enc_state_protect_ops4(w, _w574)
             elif _d574 == 2:
-                _w574: _Any = _u574.value
+                _w574 = _u574.value
                 w += b'\x00\x00\x00\x02'
                 enc_ssv_prot_info4(w, _w574)
             else:
@@ -949,11 +720,13 @@ def dec_EXCHANGE_ID4res(r: _Reader, off: int) -> tuple[EXCHANGE_ID4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v577: _Any
         (_d577,) = _S2.unpack_from(buf, off)
         off += 4
         if _d577 == 0:
             _i578_eir_clientid, _i578_eir_sequenceid, _i578_eir_flags = _S51.unpack_from(buf, off)
             off += 16
+            _v579: _Any
             (_d579,) = _S2.unpack_from(buf, off)
             off += 4
             if _d579 == 0:
@@ -1094,10 +867,11 @@ def enc_CREATE_SESSION4args(w: _Writer, v: CREATE_SESSION4args) -> None:
         for _x588 in _a588:
             _u589 = _x588
             _d589 = _u589.cb_secflavor
+            _w589: _Any
             if _d589 == 0:
                 w += b'\x00\x00\x00\x00'
             elif _d589 == 1:
-                _w589: _Any = _u589.value
+                _w589 = _u589.value
                 _s590 = _w589
                 w += _S1.pack(1, _s590.stamp)
                 _v = _s590.machinename.encode('utf-8', 'surrogateescape')
@@ -1115,7 +889,7 @@ def enc_CREATE_SESSION4args(w: _Writer, v: CREATE_SESSION4args) -> None:
                 w += _S0.pack(_n)
                 w += _struct.pack('>%dI' % _n, *_a591)
             elif _d589 == 6:
-                _w589: _Any = _u589.value
+                _w589 = _u589.value
                 _s592 = _w589
                 w += _S15.pack(6, _s592.gcbp_service)
                 _v = _s592.gcbp_handle_from_server
@@ -1179,6 +953,7 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
         f_csa_sec_parms = []
         _c597 = _n
         for _ in range(_c597):
+            _v598: _Any
             (_d598,) = _S0.unpack_from(buf, off)
             off += 4
             if _d598 == 0:
@@ -1358,8 +1133,9 @@ def enc_CREATE_SESSION4res(w: _Writer, v: CREATE_SESSION4res) -> None:
     try:
         _u610 = v
         _d610 = _u610.csr_status
+        _w610: _Any
         if _d610 == 0:
-            _w610: _Any = _u610.value
+            _w610 = _u610.value
             _s611 = _w610
             if len(_s611.csr_sessionid) != 16: raise _XdrError('fixed opaque csr_sessionid must be 16 bytes', len(w))
             w += _S55.pack(0, _s611.csr_sessionid, _s611.csr_sequence, _s611.csr_flags)
@@ -1391,6 +1167,7 @@ def dec_CREATE_SESSION4res(r: _Reader, off: int) -> tuple[CREATE_SESSION4res, in
     buf = r.buf
     o0 = off
     try:
+        _v616: _Any
         (_d616,) = _S2.unpack_from(buf, off)
         off += 4
         if _d616 == 0:
@@ -1797,8 +1574,9 @@ def enc_GET_DIR_DELEGATION4res_non_fatal(w: _Writer, v: GET_DIR_DELEGATION4res_n
     try:
         _u635 = v
         _d635 = _u635.gddrnf_status
+        _w635: _Any
         if _d635 == 0:
-            _w635: _Any = _u635.value
+            _w635 = _u635.value
             _s636 = _w635
             if len(_s636.gddr_cookieverf) != 8: raise _XdrError('fixed opaque gddr_cookieverf must be 8 bytes', len(w))
             if len(_s636.gddr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
@@ -1819,7 +1597,7 @@ def enc_GET_DIR_DELEGATION4res_non_fatal(w: _Writer, v: GET_DIR_DELEGATION4res_n
             for _x639 in _a639:
                 w += _S0.pack(_x639)
         elif _d635 == 1:
-            _w635: _Any = _u635.value
+            _w635 = _u635.value
             w += _S23.pack(1, _w635)
         else:
             _enc_any_GET_DIR_DELEGATION4res_non_fatal(w, _u635)
@@ -1831,6 +1609,7 @@ def dec_GET_DIR_DELEGATION4res_non_fatal(r: _Reader, off: int) -> tuple[GET_DIR_
     buf = r.buf
     o0 = off
     try:
+        _v640: _Any
         (_d640,) = _S2.unpack_from(buf, off)
         off += 4
         if _d640 == 0:
@@ -1927,12 +1706,14 @@ def enc_GET_DIR_DELEGATION4res(w: _Writer, v: GET_DIR_DELEGATION4res) -> None:
     try:
         _u646 = v
         _d646 = _u646.gddr_status
+        _w646: _Any
         if _d646 == 0:
-            _w646: _Any = _u646.value
+            _w646 = _u646.value
             _u647 = _w646
             _d647 = _u647.gddrnf_status
+            _w647: _Any
             if _d647 == 0:
-                _w647: _Any = _u647.value
+                _w647 = _u647.value
                 _s648 = _w647
                 if len(_s648.gddr_cookieverf) != 8: raise _XdrError('fixed opaque gddr_cookieverf must be 8 bytes', len(w))
                 if len(_s648.gddr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
@@ -1953,7 +1734,7 @@ def enc_GET_DIR_DELEGATION4res(w: _Writer, v: GET_DIR_DELEGATION4res) -> None:
                 for _x651 in _a651:
                     w += _S0.pack(_x651)
             elif _d647 == 1:
-                _w647: _Any = _u647.value
+                _w647 = _u647.value
                 w += _S31.pack(0, 1, _w647)
             else:
                 w += b'\x00\x00\x00\x00'
@@ -1968,9 +1749,11 @@ def dec_GET_DIR_DELEGATION4res(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATION
     buf = r.buf
     o0 = off
     try:
+        _v652: _Any
         (_d652,) = _S2.unpack_from(buf, off)
         off += 4
         if _d652 == 0:
+            _v653: _Any
             (_d653,) = _S2.unpack_from(buf, off)
             off += 4
             if _d653 == 0:
@@ -2167,8 +1950,9 @@ def enc_GETDEVICEINFO4res(w: _Writer, v: GETDEVICEINFO4res) -> None:
     try:
         _u665 = v
         _d665 = _u665.gdir_status
+        _w665: _Any
         if _d665 == 0:
-            _w665: _Any = _u665.value
+            _w665 = _u665.value
             _s666 = _w665
             _s667 = _s666.gdir_device_addr
             w += _S34.pack(0, _s667.da_layout_type)
@@ -2183,7 +1967,7 @@ def enc_GETDEVICEINFO4res(w: _Writer, v: GETDEVICEINFO4res) -> None:
             for _x668 in _a668:
                 w += _S0.pack(_x668)
         elif _d665 == 10005:
-            _w665: _Any = _u665.value
+            _w665 = _u665.value
             w += _S23.pack(10005, _w665)
         else:
             _enc_any_GETDEVICEINFO4res(w, _u665)
@@ -2195,6 +1979,7 @@ def dec_GETDEVICEINFO4res(r: _Reader, off: int) -> tuple[GETDEVICEINFO4res, int]
     buf = r.buf
     o0 = off
     try:
+        _v669: _Any
         (_d669,) = _S2.unpack_from(buf, off)
         off += 4
         if _d669 == 0:
@@ -2353,8 +2138,9 @@ def enc_GETDEVICELIST4res(w: _Writer, v: GETDEVICELIST4res) -> None:
     try:
         _u676 = v
         _d676 = _u676.gdlr_status
+        _w676: _Any
         if _d676 == 0:
-            _w676: _Any = _u676.value
+            _w676 = _u676.value
             _s677 = _w676
             if len(_s677.gdlr_cookieverf) != 8: raise _XdrError('fixed opaque gdlr_cookieverf must be 8 bytes', len(w))
             w += _S44.pack(0, _s677.gdlr_cookie, _s677.gdlr_cookieverf)
@@ -2375,6 +2161,7 @@ def dec_GETDEVICELIST4res(r: _Reader, off: int) -> tuple[GETDEVICELIST4res, int]
     buf = r.buf
     o0 = off
     try:
+        _v679: _Any
         (_d679,) = _S2.unpack_from(buf, off)
         off += 4
         if _d679 == 0:
@@ -2448,8 +2235,9 @@ def enc_newtime4(w: _Writer, v: newtime4) -> None:
     try:
         _u683 = v
         _d683 = _u683.nt_timechanged
+        _w683: _Any
         if _d683 == 1:
-            _w683: _Any = _u683.value
+            _w683 = _u683.value
             w += _S61.pack(1, _w683.seconds, _w683.nseconds)
         elif _d683 == 0:
             w += b'\x00\x00\x00\x00'
@@ -2463,6 +2251,7 @@ def dec_newtime4(r: _Reader, off: int) -> tuple[newtime4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v684: _Any
         (_d684,) = _S0.unpack_from(buf, off)
         off += 4
         if _d684 == 1:
@@ -2524,8 +2313,9 @@ def enc_newoffset4(w: _Writer, v: newoffset4) -> None:
     try:
         _u686 = v
         _d686 = _u686.no_newoffset
+        _w686: _Any
         if _d686 == 1:
-            _w686: _Any = _u686.value
+            _w686 = _u686.value
             w += _S62.pack(1, _w686)
         elif _d686 == 0:
             w += b'\x00\x00\x00\x00'
@@ -2539,6 +2329,7 @@ def dec_newoffset4(r: _Reader, off: int) -> tuple[newoffset4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v687: _Any
         (_d687,) = _S0.unpack_from(buf, off)
         off += 4
         if _d687 == 1:
@@ -2571,8 +2362,9 @@ def enc_LAYOUTCOMMIT4args(w: _Writer, v: LAYOUTCOMMIT4args) -> None:
         w += _S63.pack(v.loca_offset, v.loca_length, v.loca_reclaim, v.loca_stateid.seqid, v.loca_stateid.other)
         _u688 = v.loca_last_write_offset
         _d688 = _u688.no_newoffset
+        _w688: _Any
         if _d688 == 1:
-            _w688: _Any = _u688.value
+            _w688 = _u688.value
             w += _S62.pack(1, _w688)
         elif _d688 == 0:
             w += b'\x00\x00\x00\x00'
@@ -2580,8 +2372,9 @@ def enc_LAYOUTCOMMIT4args(w: _Writer, v: LAYOUTCOMMIT4args) -> None:
             _enc_any_newoffset4(w, _u688)
         _u689 = v.loca_time_modify
         _d689 = _u689.nt_timechanged
+        _w689: _Any
         if _d689 == 1:
-            _w689: _Any = _u689.value
+            _w689 = _u689.value
             w += _S61.pack(1, _w689.seconds, _w689.nseconds)
         elif _d689 == 0:
             w += b'\x00\x00\x00\x00'
@@ -2606,6 +2399,7 @@ def dec_LAYOUTCOMMIT4args(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4args, int]
         off += 36
         f_loca_reclaim = _BOOL[_t2]
         f_loca_stateid = stateid4(_t3, _t4)
+        _v691: _Any
         (_d691,) = _S0.unpack_from(buf, off)
         off += 4
         if _d691 == 1:
@@ -2616,6 +2410,7 @@ def dec_LAYOUTCOMMIT4args(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4args, int]
             f_loca_last_write_offset = newoffset4(False, None)
         else:
             f_loca_last_write_offset, off = _dec_any_newoffset4(r, off - 4)
+        _v692: _Any
         (_d692,) = _S0.unpack_from(buf, off)
         off += 4
         if _d692 == 1:
@@ -2688,8 +2483,9 @@ def enc_newsize4(w: _Writer, v: newsize4) -> None:
     try:
         _u695 = v
         _d695 = _u695.ns_sizechanged
+        _w695: _Any
         if _d695 == 1:
-            _w695: _Any = _u695.value
+            _w695 = _u695.value
             w += _S62.pack(1, _w695)
         elif _d695 == 0:
             w += b'\x00\x00\x00\x00'
@@ -2703,6 +2499,7 @@ def dec_newsize4(r: _Reader, off: int) -> tuple[newsize4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v696: _Any
         (_d696,) = _S0.unpack_from(buf, off)
         off += 4
         if _d696 == 1:
@@ -2727,8 +2524,9 @@ def enc_LAYOUTCOMMIT4resok(w: _Writer, v: LAYOUTCOMMIT4resok) -> None:
     try:
         _u697 = v.locr_newsize
         _d697 = _u697.ns_sizechanged
+        _w697: _Any
         if _d697 == 1:
-            _w697: _Any = _u697.value
+            _w697 = _u697.value
             w += _S62.pack(1, _w697)
         elif _d697 == 0:
             w += b'\x00\x00\x00\x00'
@@ -2742,6 +2540,7 @@ def dec_LAYOUTCOMMIT4resok(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4resok, in
     buf = r.buf
     o0 = off
     try:
+        _v698: _Any
         (_d698,) = _S0.unpack_from(buf, off)
         off += 4
         if _d698 == 1:
@@ -2803,13 +2602,15 @@ def enc_LAYOUTCOMMIT4res(w: _Writer, v: LAYOUTCOMMIT4res) -> None:
     try:
         _u700 = v
         _d700 = _u700.locr_status
+        _w700: _Any
         if _d700 == 0:
-            _w700: _Any = _u700.value
+            _w700 = _u700.value
             _s701 = _w700
             _u702 = _s701.locr_newsize
             _d702 = _u702.ns_sizechanged
+            _w702: _Any
             if _d702 == 1:
-                _w702: _Any = _u702.value
+                _w702 = _u702.value
                 w += _S64.pack(0, 1, _w702)
             elif _d702 == 0:
                 w += b'\x00\x00\x00\x00\x00\x00\x00\x00'
@@ -2826,9 +2627,11 @@ def dec_LAYOUTCOMMIT4res(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v703: _Any
         (_d703,) = _S2.unpack_from(buf, off)
         off += 4
         if _d703 == 0:
+            _v705: _Any
             (_d705,) = _S0.unpack_from(buf, off)
             off += 4
             if _d705 == 1:
@@ -3009,8 +2812,9 @@ def enc_LAYOUTGET4res(w: _Writer, v: LAYOUTGET4res) -> None:
     try:
         _u713 = v
         _d713 = _u713.logr_status
+        _w713: _Any
         if _d713 == 0:
-            _w713: _Any = _u713.value
+            _w713 = _u713.value
             _s714 = _w713
             if len(_s714.logr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S66.pack(0, _s714.logr_return_on_close, _s714.logr_stateid.seqid, _s714.logr_stateid.other)
@@ -3020,7 +2824,7 @@ def enc_LAYOUTGET4res(w: _Writer, v: LAYOUTGET4res) -> None:
             for _x715 in _a715:
                 enc_layout4(w, _x715)
         elif _d713 == 10058:
-            _w713: _Any = _u713.value
+            _w713 = _u713.value
             w += _S23.pack(10058, _w713)
         else:
             _enc_any_LAYOUTGET4res(w, _u713)
@@ -3032,6 +2836,7 @@ def dec_LAYOUTGET4res(r: _Reader, off: int) -> tuple[LAYOUTGET4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v716: _Any
         (_d716,) = _S2.unpack_from(buf, off)
         off += 4
         if _d716 == 0:
@@ -3075,8 +2880,9 @@ def enc_LAYOUTRETURN4args(w: _Writer, v: LAYOUTRETURN4args) -> None:
         w += _S67.pack(v.lora_reclaim, v.lora_layout_type, v.lora_iomode)
         _u719 = v.lora_layoutreturn
         _d719 = _u719.lr_returntype
+        _w719: _Any
         if _d719 == 1:
-            _w719: _Any = _u719.value
+            _w719 = _u719.value
             _s720 = _w719
             if len(_s720.lrf_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S14.pack(1, _s720.lrf_offset, _s720.lrf_length, _s720.lrf_stateid.seqid, _s720.lrf_stateid.other)
@@ -3100,6 +2906,7 @@ def dec_LAYOUTRETURN4args(r: _Reader, off: int) -> tuple[LAYOUTRETURN4args, int]
         f_lora_reclaim = _BOOL[_t0]
         f_lora_layout_type = _layouttype4_MAP[_t1]
         f_lora_iomode = _layoutiomode4_MAP[_t2]
+        _v721: _Any
         (_d721,) = _S2.unpack_from(buf, off)
         off += 4
         if _d721 == 1:
@@ -3168,8 +2975,9 @@ def enc_layoutreturn_stateid(w: _Writer, v: layoutreturn_stateid) -> None:
     try:
         _u724 = v
         _d724 = _u724.lrs_present
+        _w724: _Any
         if _d724 == 1:
-            _w724: _Any = _u724.value
+            _w724 = _u724.value
             if len(_w724.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S19.pack(1, _w724.seqid, _w724.other)
         elif _d724 == 0:
@@ -3184,6 +2992,7 @@ def dec_layoutreturn_stateid(r: _Reader, off: int) -> tuple[layoutreturn_stateid
     buf = r.buf
     o0 = off
     try:
+        _v725: _Any
         (_d725,) = _S0.unpack_from(buf, off)
         off += 4
         if _d725 == 1:
@@ -3245,12 +3054,14 @@ def enc_LAYOUTRETURN4res(w: _Writer, v: LAYOUTRETURN4res) -> None:
     try:
         _u727 = v
         _d727 = _u727.lorr_status
+        _w727: _Any
         if _d727 == 0:
-            _w727: _Any = _u727.value
+            _w727 = _u727.value
             _u728 = _w727
             _d728 = _u728.lrs_present
+            _w728: _Any
             if _d728 == 1:
-                _w728: _Any = _u728.value
+                _w728 = _u728.value
                 if len(_w728.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
                 w += _S66.pack(0, 1, _w728.seqid, _w728.other)
             elif _d728 == 0:
@@ -3268,9 +3079,11 @@ def dec_LAYOUTRETURN4res(r: _Reader, off: int) -> tuple[LAYOUTRETURN4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v729: _Any
         (_d729,) = _S2.unpack_from(buf, off)
         off += 4
         if _d729 == 0:
+            _v730: _Any
             (_d730,) = _S0.unpack_from(buf, off)
             off += 4
             if _d730 == 1:
@@ -3342,16 +3155,18 @@ def enc_SECINFO_NO_NAME4res(w: _Writer, v: SECINFO_NO_NAME4res) -> None:
     try:
         _u731 = v
         _d731 = _u731.status
+        _w731: _Any
         if _d731 == 0:
-            _w731: _Any = _u731.value
+            _w731 = _u731.value
             _a732 = _w731
             _n = len(_a732)
             w += _S23.pack(0, _n)
             for _x732 in _a732:
                 _u733 = _x732
                 _d733 = _u733.flavor
+                _w733: _Any
                 if _d733 == 6:
-                    _w733: _Any = _u733.value
+                    _w733 = _u733.value
                     w += b'\x00\x00\x00\x06'
                     enc_rpcsec_gss_info(w, _w733)
                 else:
@@ -3366,6 +3181,7 @@ def dec_SECINFO_NO_NAME4res(r: _Reader, off: int) -> tuple[SECINFO_NO_NAME4res, 
     buf = r.buf
     o0 = off
     try:
+        _v734: _Any
         (_d734,) = _S2.unpack_from(buf, off)
         off += 4
         if _d734 == 0:
@@ -3376,6 +3192,7 @@ def dec_SECINFO_NO_NAME4res(r: _Reader, off: int) -> tuple[SECINFO_NO_NAME4res, 
             _v734 = []
             _c735 = _n
             for _ in range(_c735):
+                _v736: _Any
                 (_d736,) = _S0.unpack_from(buf, off)
                 off += 4
                 if _d736 == 6:
@@ -3447,4 +3264,79 @@ def dec_SEQUENCE4resok(r: _Reader, off: int) -> tuple[SEQUENCE4resok, int]:
         off += 36
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SEQUENCE4resok', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class SEQUENCE4res:
+    sr_status: nfsstat4
+    value: SEQUENCE4resok | None = None
+
+
+_SEQUENCE4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_SEQUENCE4resok}
+_SEQUENCE4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_SEQUENCE4resok}
+_SEQUENCE4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_SEQUENCE4resok)}
+
+
+def _enc_any_SEQUENCE4res(w: _Writer, v: SEQUENCE4res) -> None:
+    try:
+        _d = v.sr_status
+        _f = _SEQUENCE4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode SEQUENCE4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_SEQUENCE4res(r: _Reader, off: int) -> tuple[SEQUENCE4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v737: _Any
+        _f737: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d737,) = _S2.unpack_from(buf, off)
+        _a737 = _SEQUENCE4res_ARMS.get(_d737)
+        if _a737 is None:
+            _d737 = _nfsstat4_MAP[(_d737,)[0]]
+            _f737 = _void_decode
+        else:
+            _d737, _f737 = _a737
+        _v737, off = _f737(r, off + 4)
+        _u = SEQUENCE4res(_d737, _v737)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SEQUENCE4res', o0) from None
+    return _u, off
+
+
+def enc_SEQUENCE4res(w: _Writer, v: SEQUENCE4res) -> None:
+    try:
+        _u738 = v
+        _d738 = _u738.sr_status
+        _w738: _Any
+        if _d738 == 0:
+            _w738 = _u738.value
+            if len(_w738.sr_sessionid) != 16: raise _XdrError('fixed opaque sr_sessionid must be 16 bytes', len(w))
+            w += _S70.pack(0, _w738.sr_sessionid, _w738.sr_sequenceid, _w738.sr_slotid, _w738.sr_highest_slotid, _w738.sr_target_highest_slotid, _w738.sr_status_flags)
+        else:
+            _enc_any_SEQUENCE4res(w, _u738)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SEQUENCE4res: {_e!r}', len(w)) from None
+
+
+def dec_SEQUENCE4res(r: _Reader, off: int) -> tuple[SEQUENCE4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v739: _Any
+        (_d739,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d739 == 0:
+            _v739 = SEQUENCE4resok(*_S69.unpack_from(buf, off))
+            off += 36
+            _u = SEQUENCE4res(NFS4_OK, _v739)
+        else:
+            _u, off = _dec_any_SEQUENCE4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SEQUENCE4res', o0) from None
     return _u, off

@@ -80,9 +80,10 @@ from nfsrdma.xdr.gen._nfs4_1 import (
 )
 from nfsrdma.xdr.gen._nfs4_5 import (
     SEQUENCE4args,
+    SEQUENCE4res,
     SEQUENCE4resok,
-    dec_SEQUENCE4resok,
-    enc_SEQUENCE4resok,
+    _dec_any_SEQUENCE4res,
+    _enc_any_SEQUENCE4res,
 )
 from nfsrdma.xdr.gen._nfs4_4 import (
     _stable_how4_MAP,
@@ -121,79 +122,6 @@ _S78: _Final = _struct.Struct('>iqII12s')
 _S79: _Final = _struct.Struct('>QQI12sQQQQ16s')
 _S80: _Final = _struct.Struct('>I12si')
 _S81: _Final = _struct.Struct('>I12sI12sQQQ')
-
-
-@_dataclass(slots=True)
-class SEQUENCE4res:
-    sr_status: nfsstat4
-    value: SEQUENCE4resok | None = None
-
-
-_SEQUENCE4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_SEQUENCE4resok}
-_SEQUENCE4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_SEQUENCE4resok}
-_SEQUENCE4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_SEQUENCE4resok)}
-
-
-def _enc_any_SEQUENCE4res(w: _Writer, v: SEQUENCE4res) -> None:
-    try:
-        _d = v.sr_status
-        _f = _SEQUENCE4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode SEQUENCE4res: {_e!r}', len(w)) from None
-
-
-def _dec_any_SEQUENCE4res(r: _Reader, off: int) -> tuple[SEQUENCE4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v737: _Any
-        _f737: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d737,) = _S2.unpack_from(buf, off)
-        _a737 = _SEQUENCE4res_ARMS.get(_d737)
-        if _a737 is None:
-            _d737 = _nfsstat4_MAP[(_d737,)[0]]
-            _f737 = _void_decode
-        else:
-            _d737, _f737 = _a737
-        _v737, off = _f737(r, off + 4)
-        _u = SEQUENCE4res(_d737, _v737)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SEQUENCE4res', o0) from None
-    return _u, off
-
-
-def enc_SEQUENCE4res(w: _Writer, v: SEQUENCE4res) -> None:
-    try:
-        _u738 = v
-        _d738 = _u738.sr_status
-        if _d738 == 0:
-            _w738: _Any = _u738.value
-            if len(_w738.sr_sessionid) != 16: raise _XdrError('fixed opaque sr_sessionid must be 16 bytes', len(w))
-            w += _S70.pack(0, _w738.sr_sessionid, _w738.sr_sequenceid, _w738.sr_slotid, _w738.sr_highest_slotid, _w738.sr_target_highest_slotid, _w738.sr_status_flags)
-        else:
-            _enc_any_SEQUENCE4res(w, _u738)
-    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode SEQUENCE4res: {_e!r}', len(w)) from None
-
-
-def dec_SEQUENCE4res(r: _Reader, off: int) -> tuple[SEQUENCE4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_d739,) = _S2.unpack_from(buf, off)
-        off += 4
-        if _d739 == 0:
-            _v739 = SEQUENCE4resok(*_S69.unpack_from(buf, off))
-            off += 36
-            _u = SEQUENCE4res(NFS4_OK, _v739)
-        else:
-            _u, off = _dec_any_SEQUENCE4res(r, off - 4)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SEQUENCE4res', o0) from None
-    return _u, off
 
 
 @_dataclass(slots=True)
@@ -275,8 +203,9 @@ def enc_ssr_digest_input4(w: _Writer, v: ssr_digest_input4) -> None:
     try:
         _u740 = v.sdi_seqres
         _d740 = _u740.sr_status
+        _w740: _Any
         if _d740 == 0:
-            _w740: _Any = _u740.value
+            _w740 = _u740.value
             if len(_w740.sr_sessionid) != 16: raise _XdrError('fixed opaque sr_sessionid must be 16 bytes', len(w))
             w += _S70.pack(0, _w740.sr_sessionid, _w740.sr_sequenceid, _w740.sr_slotid, _w740.sr_highest_slotid, _w740.sr_target_highest_slotid, _w740.sr_status_flags)
         else:
@@ -289,6 +218,7 @@ def dec_ssr_digest_input4(r: _Reader, off: int) -> tuple[ssr_digest_input4, int]
     buf = r.buf
     o0 = off
     try:
+        _v741: _Any
         (_d741,) = _S2.unpack_from(buf, off)
         off += 4
         if _d741 == 0:
@@ -380,8 +310,9 @@ def enc_SET_SSV4res(w: _Writer, v: SET_SSV4res) -> None:
     try:
         _u743 = v
         _d743 = _u743.ssr_status
+        _w743: _Any
         if _d743 == 0:
-            _w743: _Any = _u743.value
+            _w743 = _u743.value
             _s744 = _w743
             _v = _s744.ssr_digest
             _n = len(_v)
@@ -398,6 +329,7 @@ def dec_SET_SSV4res(r: _Reader, off: int) -> tuple[SET_SSV4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v745: _Any
         (_d745,) = _S2.unpack_from(buf, off)
         off += 4
         if _d745 == 0:
@@ -535,8 +467,9 @@ def enc_TEST_STATEID4res(w: _Writer, v: TEST_STATEID4res) -> None:
     try:
         _u752 = v
         _d752 = _u752.tsr_status
+        _w752: _Any
         if _d752 == 0:
-            _w752: _Any = _u752.value
+            _w752 = _u752.value
             _s753 = _w752
             _a754 = _s753.tsr_status_codes
             _n = len(_a754)
@@ -553,6 +486,7 @@ def dec_TEST_STATEID4res(r: _Reader, off: int) -> tuple[TEST_STATEID4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v755: _Any
         (_d755,) = _S2.unpack_from(buf, off)
         off += 4
         if _d755 == 0:
@@ -623,12 +557,13 @@ def enc_deleg_claim4(w: _Writer, v: deleg_claim4) -> None:
     try:
         _u759 = v
         _d759 = _u759.dc_claim
+        _w759: _Any
         if _d759 == 4:
             w += b'\x00\x00\x00\x04'
         elif _d759 == 6:
             w += b'\x00\x00\x00\x06'
         elif _d759 == 1:
-            _w759: _Any = _u759.value
+            _w759 = _u759.value
             w += _S34.pack(1, _w759)
         else:
             _enc_any_deleg_claim4(w, _u759)
@@ -640,6 +575,7 @@ def dec_deleg_claim4(r: _Reader, off: int) -> tuple[deleg_claim4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v760: _Any
         (_d760,) = _S2.unpack_from(buf, off)
         off += 4
         if _d760 == 4:
@@ -669,12 +605,13 @@ def enc_WANT_DELEGATION4args(w: _Writer, v: WANT_DELEGATION4args) -> None:
         w += _S0.pack(v.wda_want)
         _u761 = v.wda_claim
         _d761 = _u761.dc_claim
+        _w761: _Any
         if _d761 == 4:
             w += b'\x00\x00\x00\x04'
         elif _d761 == 6:
             w += b'\x00\x00\x00\x06'
         elif _d761 == 1:
-            _w761: _Any = _u761.value
+            _w761 = _u761.value
             w += _S34.pack(1, _w761)
         else:
             _enc_any_deleg_claim4(w, _u761)
@@ -688,6 +625,7 @@ def dec_WANT_DELEGATION4args(r: _Reader, off: int) -> tuple[WANT_DELEGATION4args
     try:
         (f_wda_want,) = _S0.unpack_from(buf, off)
         off += 4
+        _v762: _Any
         (_d762,) = _S2.unpack_from(buf, off)
         off += 4
         if _d762 == 4:
@@ -752,34 +690,37 @@ def enc_WANT_DELEGATION4res(w: _Writer, v: WANT_DELEGATION4res) -> None:
     try:
         _u764 = v
         _d764 = _u764.wdr_status
+        _w764: _Any
         if _d764 == 0:
-            _w764: _Any = _u764.value
+            _w764 = _u764.value
             _u765 = _w764
             _d765 = _u765.delegation_type
+            _w765: _Any
             if _d765 == 0:
                 w += b'\x00\x00\x00\x00\x00\x00\x00\x00'
             elif _d765 == 1:
-                _w765: _Any = _u765.value
+                _w765 = _u765.value
                 _s766 = _w765
                 if len(_s766.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
                 w += _S71.pack(0, 1, _s766.stateid.seqid, _s766.stateid.other, _s766.recall)
                 enc_nfsace4(w, _s766.permissions)
             elif _d765 == 2:
-                _w765: _Any = _u765.value
+                _w765 = _u765.value
                 _s767 = _w765
                 if len(_s767.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
                 w += _S71.pack(0, 2, _s767.stateid.seqid, _s767.stateid.other, _s767.recall)
                 enc_nfs_space_limit4(w, _s767.space_limit)
                 enc_nfsace4(w, _s767.permissions)
             elif _d765 == 3:
-                _w765: _Any = _u765.value
+                _w765 = _u765.value
                 _u768 = _w765
                 _d768 = _u768.ond_why
+                _w768: _Any
                 if _d768 == 1:
-                    _w768: _Any = _u768.value
+                    _w768 = _u768.value
                     w += _S72.pack(0, 3, 1, _w768)
                 elif _d768 == 2:
-                    _w768: _Any = _u768.value
+                    _w768 = _u768.value
                     w += _S72.pack(0, 3, 2, _w768)
                 else:
                     w += b'\x00\x00\x00\x00\x00\x00\x00\x03'
@@ -797,9 +738,11 @@ def dec_WANT_DELEGATION4res(r: _Reader, off: int) -> tuple[WANT_DELEGATION4res, 
     buf = r.buf
     o0 = off
     try:
+        _v769: _Any
         (_d769,) = _S2.unpack_from(buf, off)
         off += 4
         if _d769 == 0:
+            _v770: _Any
             (_d770,) = _S2.unpack_from(buf, off)
             off += 4
             if _d770 == 0:
@@ -822,6 +765,7 @@ def dec_WANT_DELEGATION4res(r: _Reader, off: int) -> tuple[WANT_DELEGATION4res, 
                 _v770 = open_write_delegation4(_i772_stateid, _i772_recall, _i772_space_limit, _i772_permissions)
                 _v769 = open_delegation4(OPEN_DELEGATE_WRITE, _v770)
             elif _d770 == 3:
+                _v773: _Any
                 (_d773,) = _S2.unpack_from(buf, off)
                 off += 4
                 if _d773 == 1:
@@ -1015,22 +959,23 @@ def enc_netloc4(w: _Writer, v: netloc4) -> None:
     try:
         _u775 = v
         _d775 = _u775.nl_type
+        _w775: _Any
         if _d775 == 1:
-            _w775: _Any = _u775.value
+            _w775 = _u775.value
             _v = _w775
             _n = len(_v)
             w += _S23.pack(1, _n)
             w += _v
             w += _PAD[_n & 3]
         elif _d775 == 2:
-            _w775: _Any = _u775.value
+            _w775 = _u775.value
             _v = _w775
             _n = len(_v)
             w += _S23.pack(2, _n)
             w += _v
             w += _PAD[_n & 3]
         elif _d775 == 3:
-            _w775: _Any = _u775.value
+            _w775 = _u775.value
             _s776 = _w775
             _v = _s776.na_r_netid.encode('utf-8', 'surrogateescape')
             _n = len(_v)
@@ -1052,6 +997,7 @@ def dec_netloc4(r: _Reader, off: int) -> tuple[netloc4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v777: _Any
         (_d777,) = _S2.unpack_from(buf, off)
         off += 4
         if _d777 == 1:
@@ -1343,22 +1289,23 @@ def enc_COPY4args(w: _Writer, v: COPY4args) -> None:
         for _x781 in _a781:
             _u782 = _x781
             _d782 = _u782.nl_type
+            _w782: _Any
             if _d782 == 1:
-                _w782: _Any = _u782.value
+                _w782 = _u782.value
                 _v = _w782
                 _n = len(_v)
                 w += _S23.pack(1, _n)
                 w += _v
                 w += _PAD[_n & 3]
             elif _d782 == 2:
-                _w782: _Any = _u782.value
+                _w782 = _u782.value
                 _v = _w782
                 _n = len(_v)
                 w += _S23.pack(2, _n)
                 w += _v
                 w += _PAD[_n & 3]
             elif _d782 == 3:
-                _w782: _Any = _u782.value
+                _w782 = _u782.value
                 _s783 = _w782
                 _v = _s783.na_r_netid.encode('utf-8', 'surrogateescape')
                 _n = len(_v)
@@ -1393,6 +1340,7 @@ def dec_COPY4args(r: _Reader, off: int) -> tuple[COPY4args, int]:
         f_ca_source_server = []
         _c784 = _n
         for _ in range(_c784):
+            _v785: _Any
             (_d785,) = _S2.unpack_from(buf, off)
             off += 4
             if _d785 == 1:
@@ -1561,8 +1509,9 @@ def enc_COPY4res(w: _Writer, v: COPY4res) -> None:
     try:
         _u792 = v
         _d792 = _u792.cr_status
+        _w792: _Any
         if _d792 == 0:
-            _w792: _Any = _u792.value
+            _w792 = _u792.value
             _s793 = _w792
             _s794 = _s793.cr_response
             _a795 = _s794.wr_callback_id
@@ -1577,7 +1526,7 @@ def enc_COPY4res(w: _Writer, v: COPY4res) -> None:
             w += _S74.pack(_s794.wr_count, _s794.wr_committed, _s794.wr_writeverf)
             w += _S1.pack(_s793.cr_requirements.cr_consecutive, _s793.cr_requirements.cr_synchronous)
         elif _d792 == 10094:
-            _w792: _Any = _u792.value
+            _w792 = _u792.value
             w += _S18.pack(10094, _w792.cr_consecutive, _w792.cr_synchronous)
         else:
             _enc_any_COPY4res(w, _u792)
@@ -1589,6 +1538,7 @@ def dec_COPY4res(r: _Reader, off: int) -> tuple[COPY4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v796: _Any
         (_d796,) = _S2.unpack_from(buf, off)
         off += 4
         if _d796 == 0:
@@ -1637,22 +1587,23 @@ def enc_COPY_NOTIFY4args(w: _Writer, v: COPY_NOTIFY4args) -> None:
         w += _S11.pack(v.cna_src_stateid.seqid, v.cna_src_stateid.other)
         _u800 = v.cna_destination_server
         _d800 = _u800.nl_type
+        _w800: _Any
         if _d800 == 1:
-            _w800: _Any = _u800.value
+            _w800 = _u800.value
             _v = _w800
             _n = len(_v)
             w += _S23.pack(1, _n)
             w += _v
             w += _PAD[_n & 3]
         elif _d800 == 2:
-            _w800: _Any = _u800.value
+            _w800 = _u800.value
             _v = _w800
             _n = len(_v)
             w += _S23.pack(2, _n)
             w += _v
             w += _PAD[_n & 3]
         elif _d800 == 3:
-            _w800: _Any = _u800.value
+            _w800 = _u800.value
             _s801 = _w800
             _v = _s801.na_r_netid.encode('utf-8', 'surrogateescape')
             _n = len(_v)
@@ -1676,6 +1627,7 @@ def dec_COPY_NOTIFY4args(r: _Reader, off: int) -> tuple[COPY_NOTIFY4args, int]:
     try:
         f_cna_src_stateid = stateid4(*_S11.unpack_from(buf, off))
         off += 16
+        _v802: _Any
         (_d802,) = _S2.unpack_from(buf, off)
         off += 4
         if _d802 == 1:
@@ -1737,22 +1689,23 @@ def enc_COPY_NOTIFY4resok(w: _Writer, v: COPY_NOTIFY4resok) -> None:
         for _x804 in _a804:
             _u805 = _x804
             _d805 = _u805.nl_type
+            _w805: _Any
             if _d805 == 1:
-                _w805: _Any = _u805.value
+                _w805 = _u805.value
                 _v = _w805
                 _n = len(_v)
                 w += _S23.pack(1, _n)
                 w += _v
                 w += _PAD[_n & 3]
             elif _d805 == 2:
-                _w805: _Any = _u805.value
+                _w805 = _u805.value
                 _v = _w805
                 _n = len(_v)
                 w += _S23.pack(2, _n)
                 w += _v
                 w += _PAD[_n & 3]
             elif _d805 == 3:
-                _w805: _Any = _u805.value
+                _w805 = _u805.value
                 _s806 = _w805
                 _v = _s806.na_r_netid.encode('utf-8', 'surrogateescape')
                 _n = len(_v)
@@ -1785,6 +1738,7 @@ def dec_COPY_NOTIFY4resok(r: _Reader, off: int) -> tuple[COPY_NOTIFY4resok, int]
         f_cnr_source_server = []
         _c807 = _n
         for _ in range(_c807):
+            _v808: _Any
             (_d808,) = _S2.unpack_from(buf, off)
             off += 4
             if _d808 == 1:
@@ -1876,8 +1830,9 @@ def enc_COPY_NOTIFY4res(w: _Writer, v: COPY_NOTIFY4res) -> None:
     try:
         _u811 = v
         _d811 = _u811.cnr_status
+        _w811: _Any
         if _d811 == 0:
-            _w811: _Any = _u811.value
+            _w811 = _u811.value
             _s812 = _w811
             if len(_s812.cnr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S78.pack(0, _s812.cnr_lease_time.seconds, _s812.cnr_lease_time.nseconds, _s812.cnr_stateid.seqid, _s812.cnr_stateid.other)
@@ -1896,6 +1851,7 @@ def dec_COPY_NOTIFY4res(r: _Reader, off: int) -> tuple[COPY_NOTIFY4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v814: _Any
         (_d814,) = _S2.unpack_from(buf, off)
         off += 4
         if _d814 == 0:
@@ -2138,8 +2094,9 @@ def enc_IO_ADVISE4res(w: _Writer, v: IO_ADVISE4res) -> None:
     try:
         _u822 = v
         _d822 = _u822.ior_status
+        _w822: _Any
         if _d822 == 0:
-            _w822: _Any = _u822.value
+            _w822 = _u822.value
             _s823 = _w822
             _a824 = _s823.ior_hints
             _n = len(_a824)
@@ -2156,6 +2113,7 @@ def dec_IO_ADVISE4res(r: _Reader, off: int) -> tuple[IO_ADVISE4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v825: _Any
         (_d825,) = _S2.unpack_from(buf, off)
         off += 4
         if _d825 == 0:
@@ -2538,8 +2496,9 @@ def enc_OFFLOAD_STATUS4res(w: _Writer, v: OFFLOAD_STATUS4res) -> None:
     try:
         _u835 = v
         _d835 = _u835.osr_status
+        _w835: _Any
         if _d835 == 0:
-            _w835: _Any = _u835.value
+            _w835 = _u835.value
             _s836 = _w835
             w += _S33.pack(0, _s836.osr_count)
             _a837 = _s836.osr_complete
@@ -2559,6 +2518,7 @@ def dec_OFFLOAD_STATUS4res(r: _Reader, off: int) -> tuple[OFFLOAD_STATUS4res, in
     buf = r.buf
     o0 = off
     try:
+        _v838: _Any
         (_d838,) = _S2.unpack_from(buf, off)
         off += 4
         if _d838 == 0:
@@ -2659,8 +2619,9 @@ def enc_read_plus_content(w: _Writer, v: read_plus_content) -> None:
     try:
         _u842 = v
         _d842 = _u842.rpc_content
+        _w842: _Any
         if _d842 == 0:
-            _w842: _Any = _u842.value
+            _w842 = _u842.value
             _s843 = _w842
             w += _S33.pack(0, _s843.d_offset)
             _v = _s843.d_data
@@ -2669,7 +2630,7 @@ def enc_read_plus_content(w: _Writer, v: read_plus_content) -> None:
             w += _v
             w += _PAD[_n & 3]
         elif _d842 == 1:
-            _w842: _Any = _u842.value
+            _w842 = _u842.value
             w += _S29.pack(1, _w842.di_offset, _w842.di_length)
         else:
             _enc_any_read_plus_content(w, _u842)
@@ -2681,6 +2642,7 @@ def dec_read_plus_content(r: _Reader, off: int) -> tuple[read_plus_content, int]
     buf = r.buf
     o0 = off
     try:
+        _v844: _Any
         (_d844,) = _S2.unpack_from(buf, off)
         off += 4
         if _d844 == 0:
@@ -2721,8 +2683,9 @@ def enc_read_plus_res4(w: _Writer, v: read_plus_res4) -> None:
         for _x846 in _a846:
             _u847 = _x846
             _d847 = _u847.rpc_content
+            _w847: _Any
             if _d847 == 0:
-                _w847: _Any = _u847.value
+                _w847 = _u847.value
                 _s848 = _w847
                 w += _S33.pack(0, _s848.d_offset)
                 _v = _s848.d_data
@@ -2731,7 +2694,7 @@ def enc_read_plus_res4(w: _Writer, v: read_plus_res4) -> None:
                 w += _v
                 w += _PAD[_n & 3]
             elif _d847 == 1:
-                _w847: _Any = _u847.value
+                _w847 = _u847.value
                 w += _S29.pack(1, _w847.di_offset, _w847.di_length)
             else:
                 _enc_any_read_plus_content(w, _u847)
@@ -2753,6 +2716,7 @@ def dec_read_plus_res4(r: _Reader, off: int) -> tuple[read_plus_res4, int]:
         f_rpr_contents = []
         _c849 = _n
         for _ in range(_c849):
+            _v850: _Any
             (_d850,) = _S2.unpack_from(buf, off)
             off += 4
             if _d850 == 0:
@@ -2825,8 +2789,9 @@ def enc_READ_PLUS4res(w: _Writer, v: READ_PLUS4res) -> None:
     try:
         _u853 = v
         _d853 = _u853.rp_status
+        _w853: _Any
         if _d853 == 0:
-            _w853: _Any = _u853.value
+            _w853 = _u853.value
             _s854 = _w853
             w += _S23.pack(0, _s854.rpr_eof)
             _a855 = _s854.rpr_contents
@@ -2844,6 +2809,7 @@ def dec_READ_PLUS4res(r: _Reader, off: int) -> tuple[READ_PLUS4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v856: _Any
         (_d856,) = _S2.unpack_from(buf, off)
         off += 4
         if _d856 == 0:
@@ -2966,8 +2932,9 @@ def enc_SEEK4res(w: _Writer, v: SEEK4res) -> None:
     try:
         _u860 = v
         _d860 = _u860.sa_status
+        _w860: _Any
         if _d860 == 0:
-            _w860: _Any = _u860.value
+            _w860 = _u860.value
             w += _S64.pack(0, _w860.sr_eof, _w860.sr_offset)
         else:
             _enc_any_SEEK4res(w, _u860)
@@ -2979,6 +2946,7 @@ def dec_SEEK4res(r: _Reader, off: int) -> tuple[SEEK4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v861: _Any
         (_d861,) = _S2.unpack_from(buf, off)
         off += 4
         if _d861 == 0:
@@ -3084,8 +3052,9 @@ def enc_WRITE_SAME4res(w: _Writer, v: WRITE_SAME4res) -> None:
     try:
         _u865 = v
         _d865 = _u865.wsr_status
+        _w865: _Any
         if _d865 == 0:
-            _w865: _Any = _u865.value
+            _w865 = _u865.value
             _s866 = _w865
             _a867 = _s866.wr_callback_id
             _n = len(_a867)
@@ -3107,6 +3076,7 @@ def dec_WRITE_SAME4res(r: _Reader, off: int) -> tuple[WRITE_SAME4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v868: _Any
         (_d868,) = _S2.unpack_from(buf, off)
         off += 4
         if _d868 == 0:
@@ -3326,8 +3296,9 @@ def enc_GETXATTR4res(w: _Writer, v: GETXATTR4res) -> None:
     try:
         _u872 = v
         _d872 = _u872.gxr_status
+        _w872: _Any
         if _d872 == 0:
-            _w872: _Any = _u872.value
+            _w872 = _u872.value
             _v = _w872
             _n = len(_v)
             w += _S23.pack(0, _n)
@@ -3343,6 +3314,7 @@ def dec_GETXATTR4res(r: _Reader, off: int) -> tuple[GETXATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v873: _Any
         (_d873,) = _S2.unpack_from(buf, off)
         off += 4
         if _d873 == 0:

@@ -95,7 +95,6 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     RECLAIM_COMPLETE4res,
     SEEK4args,
     SEEK4res,
-    SEQUENCE4res,
     SETXATTR4args,
     SET_SSV4args,
     SET_SSV4res,
@@ -112,7 +111,6 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     _enc_any_OFFLOAD_STATUS4res,
     _enc_any_READ_PLUS4res,
     _enc_any_SEEK4res,
-    _enc_any_SEQUENCE4res,
     _enc_any_SET_SSV4res,
     _enc_any_TEST_STATEID4res,
     _enc_any_WANT_DELEGATION4res,
@@ -149,7 +147,6 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     dec_RECLAIM_COMPLETE4res,
     dec_SEEK4args,
     dec_SEEK4res,
-    dec_SEQUENCE4res,
     dec_SETXATTR4args,
     dec_SET_SSV4args,
     dec_SET_SSV4res,
@@ -189,7 +186,6 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     enc_RECLAIM_COMPLETE4res,
     enc_SEEK4args,
     enc_SEEK4res,
-    enc_SEQUENCE4res,
     enc_SETXATTR4args,
     enc_SET_SSV4args,
     enc_SET_SSV4res,
@@ -208,8 +204,8 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     BACKCHANNEL_CTL4res,
     BIND_CONN_TO_SESSION4args,
     BIND_CONN_TO_SESSION4res,
+    EXCHANGE_ID4args,
     ILLEGAL4res,
-    OPENATTR4args,
     OPENATTR4res,
     OPEN_CONFIRM4args,
     OPEN_CONFIRM4res,
@@ -262,8 +258,8 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     dec_BACKCHANNEL_CTL4res,
     dec_BIND_CONN_TO_SESSION4args,
     dec_BIND_CONN_TO_SESSION4res,
+    dec_EXCHANGE_ID4args,
     dec_ILLEGAL4res,
-    dec_OPENATTR4args,
     dec_OPENATTR4res,
     dec_OPEN_CONFIRM4args,
     dec_OPEN_CONFIRM4res,
@@ -304,8 +300,8 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     enc_BACKCHANNEL_CTL4res,
     enc_BIND_CONN_TO_SESSION4args,
     enc_BIND_CONN_TO_SESSION4res,
+    enc_EXCHANGE_ID4args,
     enc_ILLEGAL4res,
-    enc_OPENATTR4args,
     enc_OPENATTR4res,
     enc_OPEN_CONFIRM4args,
     enc_OPEN_CONFIRM4res,
@@ -373,6 +369,7 @@ from nfsrdma.xdr.gen._nfs4_3 import (
     NVERIFY4res,
     OPEN4args,
     OPEN4res,
+    OPENATTR4args,
     _enc_any_CREATE4res,
     _enc_any_GETATTR4res,
     _enc_any_GETFH4res,
@@ -409,6 +406,7 @@ from nfsrdma.xdr.gen._nfs4_3 import (
     dec_NVERIFY4res,
     dec_OPEN4args,
     dec_OPEN4res,
+    dec_OPENATTR4args,
     enc_CREATE4args,
     enc_CREATE4res,
     enc_DELEGPURGE4args,
@@ -433,6 +431,7 @@ from nfsrdma.xdr.gen._nfs4_3 import (
     enc_NVERIFY4res,
     enc_OPEN4args,
     enc_OPEN4res,
+    enc_OPENATTR4args,
     enc_createhow4,
     enc_open_claim4,
     enc_open_delegation4,
@@ -446,7 +445,6 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     CREATE_SESSION4res,
     DESTROY_SESSION4args,
     DESTROY_SESSION4res,
-    EXCHANGE_ID4args,
     EXCHANGE_ID4res,
     FREE_STATEID4args,
     FREE_STATEID4res,
@@ -463,6 +461,7 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     LAYOUTRETURN4args,
     LAYOUTRETURN4res,
     SEQUENCE4args,
+    SEQUENCE4res,
     _enc_any_CREATE_SESSION4res,
     _enc_any_EXCHANGE_ID4res,
     _enc_any_GETDEVICEINFO4res,
@@ -472,6 +471,7 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     _enc_any_LAYOUTCOMMIT4res,
     _enc_any_LAYOUTGET4res,
     _enc_any_LAYOUTRETURN4res,
+    _enc_any_SEQUENCE4res,
     _enc_any_layoutreturn_stateid,
     _enc_any_newoffset4,
     _enc_any_newtime4,
@@ -479,7 +479,6 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     dec_CREATE_SESSION4res,
     dec_DESTROY_SESSION4args,
     dec_DESTROY_SESSION4res,
-    dec_EXCHANGE_ID4args,
     dec_EXCHANGE_ID4res,
     dec_FREE_STATEID4args,
     dec_FREE_STATEID4res,
@@ -497,11 +496,11 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     dec_LAYOUTRETURN4res,
     dec_SECINFO_NO_NAME4args,
     dec_SEQUENCE4args,
+    dec_SEQUENCE4res,
     enc_CREATE_SESSION4args,
     enc_CREATE_SESSION4res,
     enc_DESTROY_SESSION4args,
     enc_DESTROY_SESSION4res,
-    enc_EXCHANGE_ID4args,
     enc_EXCHANGE_ID4res,
     enc_FREE_STATEID4args,
     enc_FREE_STATEID4res,
@@ -520,6 +519,7 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     enc_LAYOUTRETURN4res,
     enc_SECINFO_NO_NAME4args,
     enc_SEQUENCE4args,
+    enc_SEQUENCE4res,
     enc_channel_attrs4,
     enc_newsize4,
     enc_state_protect4_r,
@@ -659,8 +659,9 @@ def enc_SETXATTR4res(w: _Writer, v: SETXATTR4res) -> None:
     try:
         _u875 = v
         _d875 = _u875.sxr_status
+        _w875: _Any
         if _d875 == 0:
-            _w875: _Any = _u875.value
+            _w875 = _u875.value
             w += _S24.pack(0, _w875.atomic, _w875.before, _w875.after)
         else:
             _enc_any_SETXATTR4res(w, _u875)
@@ -672,6 +673,7 @@ def dec_SETXATTR4res(r: _Reader, off: int) -> tuple[SETXATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v876: _Any
         (_d876,) = _S2.unpack_from(buf, off)
         off += 4
         if _d876 == 0:
@@ -809,8 +811,9 @@ def enc_LISTXATTRS4res(w: _Writer, v: LISTXATTRS4res) -> None:
     try:
         _u880 = v
         _d880 = _u880.lxr_status
+        _w880: _Any
         if _d880 == 0:
-            _w880: _Any = _u880.value
+            _w880 = _u880.value
             _s881 = _w880
             w += _S33.pack(0, _s881.lxr_cookie)
             _a882 = _s881.lxr_names
@@ -833,6 +836,7 @@ def dec_LISTXATTRS4res(r: _Reader, off: int) -> tuple[LISTXATTRS4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v883: _Any
         (_d883,) = _S2.unpack_from(buf, off)
         off += 4
         if _d883 == 0:
@@ -943,8 +947,9 @@ def enc_REMOVEXATTR4res(w: _Writer, v: REMOVEXATTR4res) -> None:
     try:
         _u887 = v
         _d887 = _u887.rxr_status
+        _w887: _Any
         if _d887 == 0:
-            _w887: _Any = _u887.value
+            _w887 = _u887.value
             w += _S24.pack(0, _w887.atomic, _w887.before, _w887.after)
         else:
             _enc_any_REMOVEXATTR4res(w, _u887)
@@ -956,6 +961,7 @@ def dec_REMOVEXATTR4res(r: _Reader, off: int) -> tuple[REMOVEXATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v888: _Any
         (_d888,) = _S2.unpack_from(buf, off)
         off += 4
         if _d888 == 0:
@@ -1285,12 +1291,13 @@ def _enc_nfs_argop4_12(w: _Writer, v: LOCK4args) -> None:
         w += _S83.pack(12, _s897.locktype, _s897.reclaim, _s897.offset, _s897.length)
         _u898 = _s897.locker
         _d898 = _u898.new_lock_owner
+        _w898: _Any
         if _d898 == 1:
-            _w898: _Any = _u898.value
+            _w898 = _u898.value
             w += b'\x00\x00\x00\x01'
             enc_open_to_lock_owner4(w, _w898)
         elif _d898 == 0:
-            _w898: _Any = _u898.value
+            _w898 = _u898.value
             if len(_w898.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S25.pack(0, _w898.lock_stateid.seqid, _w898.lock_stateid.other, _w898.lock_seqid)
         else:
@@ -1376,8 +1383,9 @@ def _enc_nfs_argop4_18(w: _Writer, v: OPEN4args) -> None:
         w += _PAD[_n & 3]
         _u907 = _s905.openhow
         _d907 = _u907.opentype
+        _w907: _Any
         if _d907 == 1:
-            _w907: _Any = _u907.value
+            _w907 = _u907.value
             w += b'\x00\x00\x00\x01'
             enc_createhow4(w, _w907)
         else:
@@ -1606,10 +1614,10 @@ def _enc_nfs_argop4_38(w: _Writer, v: WRITE4args) -> None:
         _s924 = v
         if len(_s924.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S90.pack(38, _s924.stateid.seqid, _s924.stateid.other, _s924.offset, _s924.stable)
-        _v = _s924.data
-        _n = len(_v)
+        _dv = _s924.data
+        _n = len(_dv)
         w += _S0.pack(_n)
-        w.ddp.append(_DdpItem(len(w), _v, w.ddp_tag))
+        w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_argop4.opwrite: {_e}', len(w)) from None
 
@@ -1667,14 +1675,15 @@ def _enc_nfs_argop4_42(w: _Writer, v: EXCHANGE_ID4args) -> None:
         w += _S0.pack(_s929.eia_flags)
         _u931 = _s929.eia_state_protect
         _d931 = _u931.spa_how
+        _w931: _Any
         if _d931 == 0:
             w += b'\x00\x00\x00\x00'
         elif _d931 == 1:
-            _w931: _Any = _u931.value
+            _w931 = _u931.value
             w += b'\x00\x00\x00\x01'
             enc_state_protect_ops4(w, _w931)
         elif _d931 == 2:
-            _w931: _Any = _u931.value
+            _w931 = _u931.value
             w += b'\x00\x00\x00\x02'
             enc_ssv_sp_parms4(w, _w931)
         else:
@@ -1791,8 +1800,9 @@ def _enc_nfs_argop4_49(w: _Writer, v: LAYOUTCOMMIT4args) -> None:
         w += _S93.pack(49, _s945.loca_offset, _s945.loca_length, _s945.loca_reclaim, _s945.loca_stateid.seqid, _s945.loca_stateid.other)
         _u946 = _s945.loca_last_write_offset
         _d946 = _u946.no_newoffset
+        _w946: _Any
         if _d946 == 1:
-            _w946: _Any = _u946.value
+            _w946 = _u946.value
             w += _S62.pack(1, _w946)
         elif _d946 == 0:
             w += b'\x00\x00\x00\x00'
@@ -1800,8 +1810,9 @@ def _enc_nfs_argop4_49(w: _Writer, v: LAYOUTCOMMIT4args) -> None:
             _enc_any_newoffset4(w, _u946)
         _u947 = _s945.loca_time_modify
         _d947 = _u947.nt_timechanged
+        _w947: _Any
         if _d947 == 1:
-            _w947: _Any = _u947.value
+            _w947 = _u947.value
             w += _S61.pack(1, _w947.seconds, _w947.nseconds)
         elif _d947 == 0:
             w += b'\x00\x00\x00\x00'
@@ -1832,8 +1843,9 @@ def _enc_nfs_argop4_51(w: _Writer, v: LAYOUTRETURN4args) -> None:
         w += _S95.pack(51, _s949.lora_reclaim, _s949.lora_layout_type, _s949.lora_iomode)
         _u950 = _s949.lora_layoutreturn
         _d950 = _u950.lr_returntype
+        _w950: _Any
         if _d950 == 1:
-            _w950: _Any = _u950.value
+            _w950 = _u950.value
             w += b'\x00\x00\x00\x01'
             enc_layoutreturn_file4(w, _w950)
         else:
@@ -1893,12 +1905,13 @@ def _enc_nfs_argop4_56(w: _Writer, v: WANT_DELEGATION4args) -> None:
         w += _S23.pack(56, _s954.wda_want)
         _u955 = _s954.wda_claim
         _d955 = _u955.dc_claim
+        _w955: _Any
         if _d955 == 4:
             w += b'\x00\x00\x00\x04'
         elif _d955 == 6:
             w += b'\x00\x00\x00\x06'
         elif _d955 == 1:
-            _w955: _Any = _u955.value
+            _w955 = _u955.value
             w += _S34.pack(1, _w955)
         else:
             _enc_any_deleg_claim4(w, _u955)
@@ -1950,22 +1963,23 @@ def _enc_nfs_argop4_61(w: _Writer, v: COPY_NOTIFY4args) -> None:
         w += _S20.pack(61, _s958.cna_src_stateid.seqid, _s958.cna_src_stateid.other)
         _u959 = _s958.cna_destination_server
         _d959 = _u959.nl_type
+        _w959: _Any
         if _d959 == 1:
-            _w959: _Any = _u959.value
+            _w959 = _u959.value
             _v = _w959
             _n = len(_v)
             w += _S23.pack(1, _n)
             w += _v
             w += _PAD[_n & 3]
         elif _d959 == 2:
-            _w959: _Any = _u959.value
+            _w959 = _u959.value
             _v = _w959
             _n = len(_v)
             w += _S23.pack(2, _n)
             w += _v
             w += _PAD[_n & 3]
         elif _d959 == 3:
-            _w959: _Any = _u959.value
+            _w959 = _u959.value
             w += b'\x00\x00\x00\x03'
             enc_netaddr4(w, _w959)
         else:
@@ -2202,8 +2216,9 @@ def _enc_nfs_resop4_3(w: _Writer, v: ACCESS4res) -> None:
     try:
         _u972 = v
         _d972 = _u972.status
+        _w972: _Any
         if _d972 == 0:
-            _w972: _Any = _u972.value
+            _w972 = _u972.value
             w += _S102.pack(3, 0, _w972.supported, _w972.access)
         else:
             w += b'\x00\x00\x00\x03'
@@ -2216,8 +2231,9 @@ def _enc_nfs_resop4_4(w: _Writer, v: CLOSE4res) -> None:
     try:
         _u973 = v
         _d973 = _u973.status
+        _w973: _Any
         if _d973 == 0:
-            _w973: _Any = _u973.value
+            _w973 = _u973.value
             if len(_w973.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S103.pack(4, 0, _w973.seqid, _w973.other)
         else:
@@ -2231,8 +2247,9 @@ def _enc_nfs_resop4_5(w: _Writer, v: COMMIT4res) -> None:
     try:
         _u974 = v
         _d974 = _u974.status
+        _w974: _Any
         if _d974 == 0:
-            _w974: _Any = _u974.value
+            _w974 = _u974.value
             if len(_w974.writeverf) != 8: raise _XdrError('fixed opaque writeverf must be 8 bytes', len(w))
             w += _S32.pack(5, 0, _w974.writeverf)
         else:
@@ -2246,8 +2263,9 @@ def _enc_nfs_resop4_6(w: _Writer, v: CREATE4res) -> None:
     try:
         _u975 = v
         _d975 = _u975.status
+        _w975: _Any
         if _d975 == 0:
-            _w975: _Any = _u975.value
+            _w975 = _u975.value
             _s976 = _w975
             w += _S83.pack(6, 0, _s976.cinfo.atomic, _s976.cinfo.before, _s976.cinfo.after)
             _a977 = _s976.attrset
@@ -2280,8 +2298,9 @@ def _enc_nfs_resop4_9(w: _Writer, v: GETATTR4res) -> None:
     try:
         _u978 = v
         _d978 = _u978.status
+        _w978: _Any
         if _d978 == 0:
-            _w978: _Any = _u978.value
+            _w978 = _u978.value
             _s979 = _w978
             w += b'\x00\x00\x00\t\x00\x00\x00\x00'
             enc_fattr4(w, _s979.obj_attributes)
@@ -2296,8 +2315,9 @@ def _enc_nfs_resop4_10(w: _Writer, v: GETFH4res) -> None:
     try:
         _u980 = v
         _d980 = _u980.status
+        _w980: _Any
         if _d980 == 0:
-            _w980: _Any = _u980.value
+            _w980 = _u980.value
             _s981 = _w980
             _v = _s981.object
             _n = len(_v)
@@ -2317,8 +2337,9 @@ def _enc_nfs_resop4_11(w: _Writer, v: LINK4res) -> None:
     try:
         _u982 = v
         _d982 = _u982.status
+        _w982: _Any
         if _d982 == 0:
-            _w982: _Any = _u982.value
+            _w982 = _u982.value
             w += _S83.pack(11, 0, _w982.cinfo.atomic, _w982.cinfo.before, _w982.cinfo.after)
         else:
             w += b'\x00\x00\x00\x0b'
@@ -2331,12 +2352,13 @@ def _enc_nfs_resop4_12(w: _Writer, v: LOCK4res) -> None:
     try:
         _u983 = v
         _d983 = _u983.status
+        _w983: _Any
         if _d983 == 0:
-            _w983: _Any = _u983.value
+            _w983 = _u983.value
             if len(_w983.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S103.pack(12, 0, _w983.lock_stateid.seqid, _w983.lock_stateid.other)
         elif _d983 == 10010:
-            _w983: _Any = _u983.value
+            _w983 = _u983.value
             _s984 = _w983
             w += _S104.pack(12, 10010, _s984.offset, _s984.length, _s984.locktype)
             enc_state_owner4(w, _s984.owner)
@@ -2351,8 +2373,9 @@ def _enc_nfs_resop4_13(w: _Writer, v: LOCKT4res) -> None:
     try:
         _u985 = v
         _d985 = _u985.status
+        _w985: _Any
         if _d985 == 10010:
-            _w985: _Any = _u985.value
+            _w985 = _u985.value
             _s986 = _w985
             w += _S104.pack(13, 10010, _s986.offset, _s986.length, _s986.locktype)
             enc_state_owner4(w, _s986.owner)
@@ -2369,8 +2392,9 @@ def _enc_nfs_resop4_14(w: _Writer, v: LOCKU4res) -> None:
     try:
         _u987 = v
         _d987 = _u987.status
+        _w987: _Any
         if _d987 == 0:
-            _w987: _Any = _u987.value
+            _w987 = _u987.value
             if len(_w987.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S103.pack(14, 0, _w987.seqid, _w987.other)
         else:
@@ -2405,8 +2429,9 @@ def _enc_nfs_resop4_18(w: _Writer, v: OPEN4res) -> None:
     try:
         _u988 = v
         _d988 = _u988.status
+        _w988: _Any
         if _d988 == 0:
-            _w988: _Any = _u988.value
+            _w988 = _u988.value
             _s989 = _w988
             if len(_s989.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S105.pack(18, 0, _s989.stateid.seqid, _s989.stateid.other, _s989.cinfo.atomic, _s989.cinfo.before, _s989.cinfo.after, _s989.rflags)
@@ -2434,8 +2459,9 @@ def _enc_nfs_resop4_20(w: _Writer, v: OPEN_CONFIRM4res) -> None:
     try:
         _u991 = v
         _d991 = _u991.status
+        _w991: _Any
         if _d991 == 0:
-            _w991: _Any = _u991.value
+            _w991 = _u991.value
             if len(_w991.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S103.pack(20, 0, _w991.open_stateid.seqid, _w991.open_stateid.other)
         else:
@@ -2449,8 +2475,9 @@ def _enc_nfs_resop4_21(w: _Writer, v: OPEN_DOWNGRADE4res) -> None:
     try:
         _u992 = v
         _d992 = _u992.status
+        _w992: _Any
         if _d992 == 0:
-            _w992: _Any = _u992.value
+            _w992 = _u992.value
             if len(_w992.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S103.pack(21, 0, _w992.open_stateid.seqid, _w992.open_stateid.other)
         else:
@@ -2485,14 +2512,15 @@ def _enc_nfs_resop4_25(w: _Writer, v: READ4res) -> None:
     try:
         _u993 = v
         _d993 = _u993.status
+        _w993: _Any
         if _d993 == 0:
-            _w993: _Any = _u993.value
+            _w993 = _u993.value
             _s994 = _w993
             w += _S31.pack(25, 0, _s994.eof)
-            _v = _s994.data
-            _n = len(_v)
+            _dv = _s994.data
+            _n = len(_dv)
             w += _S0.pack(_n)
-            w.ddp.append(_DdpItem(len(w), _v, w.ddp_tag))
+            w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
         else:
             w += b'\x00\x00\x00\x19'
             _enc_any_READ4res(w, _u993)
@@ -2504,8 +2532,9 @@ def _enc_nfs_resop4_26(w: _Writer, v: READDIR4res) -> None:
     try:
         _u995 = v
         _d995 = _u995.status
+        _w995: _Any
         if _d995 == 0:
-            _w995: _Any = _u995.value
+            _w995 = _u995.value
             _s996 = _w995
             if len(_s996.cookieverf) != 8: raise _XdrError('fixed opaque cookieverf must be 8 bytes', len(w))
             w += _S32.pack(26, 0, _s996.cookieverf)
@@ -2521,13 +2550,14 @@ def _enc_nfs_resop4_27(w: _Writer, v: READLINK4res) -> None:
     try:
         _u997 = v
         _d997 = _u997.status
+        _w997: _Any
         if _d997 == 0:
-            _w997: _Any = _u997.value
+            _w997 = _u997.value
             _s998 = _w997
-            _v = _s998.link
-            _n = len(_v)
+            _dv = _s998.link
+            _n = len(_dv)
             w += _S31.pack(27, 0, _n)
-            w.ddp.append(_DdpItem(len(w), _v, w.ddp_tag))
+            w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
         else:
             w += b'\x00\x00\x00\x1b'
             _enc_any_READLINK4res(w, _u997)
@@ -2539,8 +2569,9 @@ def _enc_nfs_resop4_28(w: _Writer, v: REMOVE4res) -> None:
     try:
         _u999 = v
         _d999 = _u999.status
+        _w999: _Any
         if _d999 == 0:
-            _w999: _Any = _u999.value
+            _w999 = _u999.value
             w += _S83.pack(28, 0, _w999.cinfo.atomic, _w999.cinfo.before, _w999.cinfo.after)
         else:
             w += b'\x00\x00\x00\x1c'
@@ -2553,8 +2584,9 @@ def _enc_nfs_resop4_29(w: _Writer, v: RENAME4res) -> None:
     try:
         _u1000 = v
         _d1000 = _u1000.status
+        _w1000: _Any
         if _d1000 == 0:
-            _w1000: _Any = _u1000.value
+            _w1000 = _u1000.value
             w += _S106.pack(29, 0, _w1000.source_cinfo.atomic, _w1000.source_cinfo.before, _w1000.source_cinfo.after, _w1000.target_cinfo.atomic, _w1000.target_cinfo.before, _w1000.target_cinfo.after)
         else:
             w += b'\x00\x00\x00\x1d'
@@ -2588,8 +2620,9 @@ def _enc_nfs_resop4_33(w: _Writer, v: SECINFO4res) -> None:
     try:
         _u1001 = v
         _d1001 = _u1001.status
+        _w1001: _Any
         if _d1001 == 0:
-            _w1001: _Any = _u1001.value
+            _w1001 = _u1001.value
             _a1002 = _w1001
             _n = len(_a1002)
             w += _S31.pack(33, 0, _n)
@@ -2619,12 +2652,13 @@ def _enc_nfs_resop4_35(w: _Writer, v: SETCLIENTID4res) -> None:
     try:
         _u1005 = v
         _d1005 = _u1005.status
+        _w1005: _Any
         if _d1005 == 0:
-            _w1005: _Any = _u1005.value
+            _w1005 = _u1005.value
             if len(_w1005.setclientid_confirm) != 8: raise _XdrError('fixed opaque setclientid_confirm must be 8 bytes', len(w))
             w += _S107.pack(35, 0, _w1005.clientid, _w1005.setclientid_confirm)
         elif _d1005 == 10017:
-            _w1005: _Any = _u1005.value
+            _w1005 = _u1005.value
             _s1006 = _w1005
             _v = _s1006.na_r_netid.encode('utf-8', 'surrogateescape')
             _n = len(_v)
@@ -2661,8 +2695,9 @@ def _enc_nfs_resop4_38(w: _Writer, v: WRITE4res) -> None:
     try:
         _u1007 = v
         _d1007 = _u1007.status
+        _w1007: _Any
         if _d1007 == 0:
-            _w1007: _Any = _u1007.value
+            _w1007 = _u1007.value
             if len(_w1007.writeverf) != 8: raise _XdrError('fixed opaque writeverf must be 8 bytes', len(w))
             w += _S108.pack(38, 0, _w1007.count, _w1007.committed, _w1007.writeverf)
         else:
@@ -2690,8 +2725,9 @@ def _enc_nfs_resop4_41(w: _Writer, v: BIND_CONN_TO_SESSION4res) -> None:
     try:
         _u1008 = v
         _d1008 = _u1008.bctsr_status
+        _w1008: _Any
         if _d1008 == 0:
-            _w1008: _Any = _u1008.value
+            _w1008 = _u1008.value
             if len(_w1008.bctsr_sessid) != 16: raise _XdrError('fixed opaque bctsr_sessid must be 16 bytes', len(w))
             w += _S109.pack(41, 0, _w1008.bctsr_sessid, _w1008.bctsr_dir, _w1008.bctsr_use_conn_in_rdma_mode)
         else:
@@ -2705,8 +2741,9 @@ def _enc_nfs_resop4_42(w: _Writer, v: EXCHANGE_ID4res) -> None:
     try:
         _u1009 = v
         _d1009 = _u1009.eir_status
+        _w1009: _Any
         if _d1009 == 0:
-            _w1009: _Any = _u1009.value
+            _w1009 = _u1009.value
             _s1010 = _w1009
             w += _S110.pack(42, 0, _s1010.eir_clientid, _s1010.eir_sequenceid, _s1010.eir_flags)
             enc_state_protect4_r(w, _s1010.eir_state_protect)
@@ -2736,8 +2773,9 @@ def _enc_nfs_resop4_43(w: _Writer, v: CREATE_SESSION4res) -> None:
     try:
         _u1012 = v
         _d1012 = _u1012.csr_status
+        _w1012: _Any
         if _d1012 == 0:
-            _w1012: _Any = _u1012.value
+            _w1012 = _u1012.value
             _s1013 = _w1012
             if len(_s1013.csr_sessionid) != 16: raise _XdrError('fixed opaque csr_sessionid must be 16 bytes', len(w))
             w += _S111.pack(43, 0, _s1013.csr_sessionid, _s1013.csr_sequence, _s1013.csr_flags)
@@ -2768,16 +2806,18 @@ def _enc_nfs_resop4_46(w: _Writer, v: GET_DIR_DELEGATION4res) -> None:
     try:
         _u1014 = v
         _d1014 = _u1014.gddr_status
+        _w1014: _Any
         if _d1014 == 0:
-            _w1014: _Any = _u1014.value
+            _w1014 = _u1014.value
             _u1015 = _w1014
             _d1015 = _u1015.gddrnf_status
+            _w1015: _Any
             if _d1015 == 0:
-                _w1015: _Any = _u1015.value
+                _w1015 = _u1015.value
                 w += b'\x00\x00\x00.\x00\x00\x00\x00\x00\x00\x00\x00'
                 enc_GET_DIR_DELEGATION4resok(w, _w1015)
             elif _d1015 == 1:
-                _w1015: _Any = _u1015.value
+                _w1015 = _u1015.value
                 w += _S72.pack(46, 0, 1, _w1015)
             else:
                 w += b'\x00\x00\x00.\x00\x00\x00\x00'
@@ -2793,8 +2833,9 @@ def _enc_nfs_resop4_47(w: _Writer, v: GETDEVICEINFO4res) -> None:
     try:
         _u1016 = v
         _d1016 = _u1016.gdir_status
+        _w1016: _Any
         if _d1016 == 0:
-            _w1016: _Any = _u1016.value
+            _w1016 = _u1016.value
             _s1017 = _w1016
             w += b'\x00\x00\x00/\x00\x00\x00\x00'
             enc_device_addr4(w, _s1017.gdir_device_addr)
@@ -2804,7 +2845,7 @@ def _enc_nfs_resop4_47(w: _Writer, v: GETDEVICEINFO4res) -> None:
             for _x1018 in _a1018:
                 w += _S0.pack(_x1018)
         elif _d1016 == 10005:
-            _w1016: _Any = _u1016.value
+            _w1016 = _u1016.value
             w += _S31.pack(47, 10005, _w1016)
         else:
             w += b'\x00\x00\x00/'
@@ -2817,8 +2858,9 @@ def _enc_nfs_resop4_48(w: _Writer, v: GETDEVICELIST4res) -> None:
     try:
         _u1019 = v
         _d1019 = _u1019.gdlr_status
+        _w1019: _Any
         if _d1019 == 0:
-            _w1019: _Any = _u1019.value
+            _w1019 = _u1019.value
             _s1020 = _w1019
             if len(_s1020.gdlr_cookieverf) != 8: raise _XdrError('fixed opaque gdlr_cookieverf must be 8 bytes', len(w))
             w += _S107.pack(48, 0, _s1020.gdlr_cookie, _s1020.gdlr_cookieverf)
@@ -2840,8 +2882,9 @@ def _enc_nfs_resop4_49(w: _Writer, v: LAYOUTCOMMIT4res) -> None:
     try:
         _u1022 = v
         _d1022 = _u1022.locr_status
+        _w1022: _Any
         if _d1022 == 0:
-            _w1022: _Any = _u1022.value
+            _w1022 = _u1022.value
             _s1023 = _w1022
             w += b'\x00\x00\x001\x00\x00\x00\x00'
             enc_newsize4(w, _s1023.locr_newsize)
@@ -2856,8 +2899,9 @@ def _enc_nfs_resop4_50(w: _Writer, v: LAYOUTGET4res) -> None:
     try:
         _u1024 = v
         _d1024 = _u1024.logr_status
+        _w1024: _Any
         if _d1024 == 0:
-            _w1024: _Any = _u1024.value
+            _w1024 = _u1024.value
             _s1025 = _w1024
             if len(_s1025.logr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S112.pack(50, 0, _s1025.logr_return_on_close, _s1025.logr_stateid.seqid, _s1025.logr_stateid.other)
@@ -2867,7 +2911,7 @@ def _enc_nfs_resop4_50(w: _Writer, v: LAYOUTGET4res) -> None:
             for _x1026 in _a1026:
                 enc_layout4(w, _x1026)
         elif _d1024 == 10058:
-            _w1024: _Any = _u1024.value
+            _w1024 = _u1024.value
             w += _S31.pack(50, 10058, _w1024)
         else:
             w += b'\x00\x00\x002'
@@ -2880,12 +2924,14 @@ def _enc_nfs_resop4_51(w: _Writer, v: LAYOUTRETURN4res) -> None:
     try:
         _u1027 = v
         _d1027 = _u1027.lorr_status
+        _w1027: _Any
         if _d1027 == 0:
-            _w1027: _Any = _u1027.value
+            _w1027 = _u1027.value
             _u1028 = _w1027
             _d1028 = _u1028.lrs_present
+            _w1028: _Any
             if _d1028 == 1:
-                _w1028: _Any = _u1028.value
+                _w1028 = _u1028.value
                 if len(_w1028.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
                 w += _S112.pack(51, 0, 1, _w1028.seqid, _w1028.other)
             elif _d1028 == 0:
@@ -2904,8 +2950,9 @@ def _enc_nfs_resop4_52(w: _Writer, v: SECINFO4res) -> None:
     try:
         _u1029 = v
         _d1029 = _u1029.status
+        _w1029: _Any
         if _d1029 == 0:
-            _w1029: _Any = _u1029.value
+            _w1029 = _u1029.value
             _a1030 = _w1029
             _n = len(_a1030)
             w += _S31.pack(52, 0, _n)
@@ -2922,8 +2969,9 @@ def _enc_nfs_resop4_53(w: _Writer, v: SEQUENCE4res) -> None:
     try:
         _u1031 = v
         _d1031 = _u1031.sr_status
+        _w1031: _Any
         if _d1031 == 0:
-            _w1031: _Any = _u1031.value
+            _w1031 = _u1031.value
             if len(_w1031.sr_sessionid) != 16: raise _XdrError('fixed opaque sr_sessionid must be 16 bytes', len(w))
             w += _S113.pack(53, 0, _w1031.sr_sessionid, _w1031.sr_sequenceid, _w1031.sr_slotid, _w1031.sr_highest_slotid, _w1031.sr_target_highest_slotid, _w1031.sr_status_flags)
         else:
@@ -2937,8 +2985,9 @@ def _enc_nfs_resop4_54(w: _Writer, v: SET_SSV4res) -> None:
     try:
         _u1032 = v
         _d1032 = _u1032.ssr_status
+        _w1032: _Any
         if _d1032 == 0:
-            _w1032: _Any = _u1032.value
+            _w1032 = _u1032.value
             _s1033 = _w1032
             _v = _s1033.ssr_digest
             _n = len(_v)
@@ -2956,8 +3005,9 @@ def _enc_nfs_resop4_55(w: _Writer, v: TEST_STATEID4res) -> None:
     try:
         _u1034 = v
         _d1034 = _u1034.tsr_status
+        _w1034: _Any
         if _d1034 == 0:
-            _w1034: _Any = _u1034.value
+            _w1034 = _u1034.value
             _s1035 = _w1034
             _a1036 = _s1035.tsr_status_codes
             _n = len(_a1036)
@@ -2975,22 +3025,24 @@ def _enc_nfs_resop4_56(w: _Writer, v: WANT_DELEGATION4res) -> None:
     try:
         _u1037 = v
         _d1037 = _u1037.wdr_status
+        _w1037: _Any
         if _d1037 == 0:
-            _w1037: _Any = _u1037.value
+            _w1037 = _u1037.value
             _u1038 = _w1037
             _d1038 = _u1038.delegation_type
+            _w1038: _Any
             if _d1038 == 0:
                 w += b'\x00\x00\x008\x00\x00\x00\x00\x00\x00\x00\x00'
             elif _d1038 == 1:
-                _w1038: _Any = _u1038.value
+                _w1038 = _u1038.value
                 w += b'\x00\x00\x008\x00\x00\x00\x00\x00\x00\x00\x01'
                 enc_open_read_delegation4(w, _w1038)
             elif _d1038 == 2:
-                _w1038: _Any = _u1038.value
+                _w1038 = _u1038.value
                 w += b'\x00\x00\x008\x00\x00\x00\x00\x00\x00\x00\x02'
                 enc_open_write_delegation4(w, _w1038)
             elif _d1038 == 3:
-                _w1038: _Any = _u1038.value
+                _w1038 = _u1038.value
                 w += b'\x00\x00\x008\x00\x00\x00\x00\x00\x00\x00\x03'
                 enc_open_none_delegation4(w, _w1038)
             else:
@@ -3028,14 +3080,15 @@ def _enc_nfs_resop4_60(w: _Writer, v: COPY4res) -> None:
     try:
         _u1039 = v
         _d1039 = _u1039.cr_status
+        _w1039: _Any
         if _d1039 == 0:
-            _w1039: _Any = _u1039.value
+            _w1039 = _u1039.value
             _s1040 = _w1039
             w += b'\x00\x00\x00<\x00\x00\x00\x00'
             enc_write_response4(w, _s1040.cr_response)
             w += _S1.pack(_s1040.cr_requirements.cr_consecutive, _s1040.cr_requirements.cr_synchronous)
         elif _d1039 == 10094:
-            _w1039: _Any = _u1039.value
+            _w1039 = _u1039.value
             w += _S102.pack(60, 10094, _w1039.cr_consecutive, _w1039.cr_synchronous)
         else:
             w += b'\x00\x00\x00<'
@@ -3048,8 +3101,9 @@ def _enc_nfs_resop4_61(w: _Writer, v: COPY_NOTIFY4res) -> None:
     try:
         _u1041 = v
         _d1041 = _u1041.cnr_status
+        _w1041: _Any
         if _d1041 == 0:
-            _w1041: _Any = _u1041.value
+            _w1041 = _u1041.value
             _s1042 = _w1041
             if len(_s1042.cnr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S114.pack(61, 0, _s1042.cnr_lease_time.seconds, _s1042.cnr_lease_time.nseconds, _s1042.cnr_stateid.seqid, _s1042.cnr_stateid.other)
@@ -3076,8 +3130,9 @@ def _enc_nfs_resop4_63(w: _Writer, v: IO_ADVISE4res) -> None:
     try:
         _u1044 = v
         _d1044 = _u1044.ior_status
+        _w1044: _Any
         if _d1044 == 0:
-            _w1044: _Any = _u1044.value
+            _w1044 = _u1044.value
             _s1045 = _w1044
             _a1046 = _s1045.ior_hints
             _n = len(_a1046)
@@ -3116,8 +3171,9 @@ def _enc_nfs_resop4_67(w: _Writer, v: OFFLOAD_STATUS4res) -> None:
     try:
         _u1047 = v
         _d1047 = _u1047.osr_status
+        _w1047: _Any
         if _d1047 == 0:
-            _w1047: _Any = _u1047.value
+            _w1047 = _u1047.value
             _s1048 = _w1047
             w += _S115.pack(67, 0, _s1048.osr_count)
             _a1049 = _s1048.osr_complete
@@ -3138,8 +3194,9 @@ def _enc_nfs_resop4_68(w: _Writer, v: READ_PLUS4res) -> None:
     try:
         _u1050 = v
         _d1050 = _u1050.rp_status
+        _w1050: _Any
         if _d1050 == 0:
-            _w1050: _Any = _u1050.value
+            _w1050 = _u1050.value
             _s1051 = _w1050
             w += _S31.pack(68, 0, _s1051.rpr_eof)
             _a1052 = _s1051.rpr_contents
@@ -3158,8 +3215,9 @@ def _enc_nfs_resop4_69(w: _Writer, v: SEEK4res) -> None:
     try:
         _u1053 = v
         _d1053 = _u1053.sa_status
+        _w1053: _Any
         if _d1053 == 0:
-            _w1053: _Any = _u1053.value
+            _w1053 = _u1053.value
             w += _S116.pack(69, 0, _w1053.sr_eof, _w1053.sr_offset)
         else:
             w += b'\x00\x00\x00E'
@@ -3172,8 +3230,9 @@ def _enc_nfs_resop4_70(w: _Writer, v: WRITE_SAME4res) -> None:
     try:
         _u1054 = v
         _d1054 = _u1054.wsr_status
+        _w1054: _Any
         if _d1054 == 0:
-            _w1054: _Any = _u1054.value
+            _w1054 = _u1054.value
             _s1055 = _w1054
             _a1056 = _s1055.wr_callback_id
             _n = len(_a1056)
@@ -3203,8 +3262,9 @@ def _enc_nfs_resop4_72(w: _Writer, v: GETXATTR4res) -> None:
     try:
         _u1057 = v
         _d1057 = _u1057.gxr_status
+        _w1057: _Any
         if _d1057 == 0:
-            _w1057: _Any = _u1057.value
+            _w1057 = _u1057.value
             _v = _w1057
             _n = len(_v)
             w += _S31.pack(72, 0, _n)
@@ -3221,8 +3281,9 @@ def _enc_nfs_resop4_73(w: _Writer, v: SETXATTR4res) -> None:
     try:
         _u1058 = v
         _d1058 = _u1058.sxr_status
+        _w1058: _Any
         if _d1058 == 0:
-            _w1058: _Any = _u1058.value
+            _w1058 = _u1058.value
             w += _S83.pack(73, 0, _w1058.atomic, _w1058.before, _w1058.after)
         else:
             w += b'\x00\x00\x00I'
@@ -3235,8 +3296,9 @@ def _enc_nfs_resop4_74(w: _Writer, v: LISTXATTRS4res) -> None:
     try:
         _u1059 = v
         _d1059 = _u1059.lxr_status
+        _w1059: _Any
         if _d1059 == 0:
-            _w1059: _Any = _u1059.value
+            _w1059 = _u1059.value
             _s1060 = _w1059
             w += _S115.pack(74, 0, _s1060.lxr_cookie)
             _a1061 = _s1060.lxr_names
@@ -3260,8 +3322,9 @@ def _enc_nfs_resop4_75(w: _Writer, v: REMOVEXATTR4res) -> None:
     try:
         _u1062 = v
         _d1062 = _u1062.rxr_status
+        _w1062: _Any
         if _d1062 == 0:
-            _w1062: _Any = _u1062.value
+            _w1062 = _u1062.value
             w += _S83.pack(75, 0, _w1062.atomic, _w1062.before, _w1062.after)
         else:
             w += b'\x00\x00\x00K'
@@ -3569,8 +3632,9 @@ def enc_CB_GETATTR4res(w: _Writer, v: CB_GETATTR4res) -> None:
     try:
         _u1078 = v
         _d1078 = _u1078.status
+        _w1078: _Any
         if _d1078 == 0:
-            _w1078: _Any = _u1078.value
+            _w1078 = _u1078.value
             _s1079 = _w1078
             _s1080 = _s1079.obj_attributes
             _a1081 = _s1080.attrmask
@@ -3593,6 +3657,7 @@ def dec_CB_GETATTR4res(r: _Reader, off: int) -> tuple[CB_GETATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v1082: _Any
         (_d1082,) = _S2.unpack_from(buf, off)
         off += 4
         if _d1082 == 0:
@@ -3832,8 +3897,9 @@ def enc_layoutrecall4(w: _Writer, v: layoutrecall4) -> None:
     try:
         _u1087 = v
         _d1087 = _u1087.lor_recalltype
+        _w1087: _Any
         if _d1087 == 1:
-            _w1087: _Any = _u1087.value
+            _w1087 = _u1087.value
             _s1088 = _w1087
             _v = _s1088.lor_fh
             _n = len(_v)
@@ -3845,7 +3911,7 @@ def enc_layoutrecall4(w: _Writer, v: layoutrecall4) -> None:
             if len(_s1088.lor_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S13.pack(_s1088.lor_offset, _s1088.lor_length, _s1088.lor_stateid.seqid, _s1088.lor_stateid.other)
         elif _d1087 == 2:
-            _w1087: _Any = _u1087.value
+            _w1087 = _u1087.value
             w += _S29.pack(2, _w1087.major, _w1087.minor)
         elif _d1087 == 3:
             w += b'\x00\x00\x00\x03'
@@ -3859,6 +3925,7 @@ def dec_layoutrecall4(r: _Reader, off: int) -> tuple[layoutrecall4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v1089: _Any
         (_d1089,) = _S2.unpack_from(buf, off)
         off += 4
         if _d1089 == 1:

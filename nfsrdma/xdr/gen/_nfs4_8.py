@@ -87,7 +87,6 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     RECLAIM_COMPLETE4res,
     SEEK4args,
     SEEK4res,
-    SEQUENCE4res,
     SETXATTR4args,
     SET_SSV4args,
     SET_SSV4res,
@@ -127,7 +126,6 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     dec_RECLAIM_COMPLETE4res,
     dec_SEEK4args,
     dec_SEEK4res,
-    dec_SEQUENCE4res,
     dec_SETXATTR4args,
     dec_SET_SSV4args,
     dec_SET_SSV4res,
@@ -168,7 +166,6 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     enc_RECLAIM_COMPLETE4res,
     enc_SEEK4args,
     enc_SEEK4res,
-    enc_SEQUENCE4res,
     enc_SETXATTR4args,
     enc_SET_SSV4args,
     enc_SET_SSV4res,
@@ -186,8 +183,8 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     BACKCHANNEL_CTL4res,
     BIND_CONN_TO_SESSION4args,
     BIND_CONN_TO_SESSION4res,
+    EXCHANGE_ID4args,
     ILLEGAL4res,
-    OPENATTR4args,
     OPENATTR4res,
     OPEN_CONFIRM4args,
     OPEN_CONFIRM4res,
@@ -229,8 +226,8 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     dec_BACKCHANNEL_CTL4res,
     dec_BIND_CONN_TO_SESSION4args,
     dec_BIND_CONN_TO_SESSION4res,
+    dec_EXCHANGE_ID4args,
     dec_ILLEGAL4res,
-    dec_OPENATTR4args,
     dec_OPENATTR4res,
     dec_OPEN_CONFIRM4args,
     dec_OPEN_CONFIRM4res,
@@ -271,8 +268,8 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     enc_BACKCHANNEL_CTL4res,
     enc_BIND_CONN_TO_SESSION4args,
     enc_BIND_CONN_TO_SESSION4res,
+    enc_EXCHANGE_ID4args,
     enc_ILLEGAL4res,
-    enc_OPENATTR4args,
     enc_OPENATTR4res,
     enc_OPEN_CONFIRM4args,
     enc_OPEN_CONFIRM4res,
@@ -454,6 +451,7 @@ from nfsrdma.xdr.gen._nfs4_3 import (
     NVERIFY4res,
     OPEN4args,
     OPEN4res,
+    OPENATTR4args,
     OPEN_DELEGATE_NONE,
     OPEN_DELEGATE_NONE_EXT,
     OPEN_DELEGATE_READ,
@@ -490,6 +488,7 @@ from nfsrdma.xdr.gen._nfs4_3 import (
     dec_NVERIFY4res,
     dec_OPEN4args,
     dec_OPEN4res,
+    dec_OPENATTR4args,
     enc_CREATE4args,
     enc_CREATE4res,
     enc_DELEGPURGE4args,
@@ -514,6 +513,7 @@ from nfsrdma.xdr.gen._nfs4_3 import (
     enc_NVERIFY4res,
     enc_OPEN4args,
     enc_OPEN4res,
+    enc_OPENATTR4args,
     enc_open_none_delegation4,
     enc_open_read_delegation4,
     enc_open_write_delegation4,
@@ -529,7 +529,6 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     CREATE_SESSION4res,
     DESTROY_SESSION4args,
     DESTROY_SESSION4res,
-    EXCHANGE_ID4args,
     EXCHANGE_ID4res,
     FREE_STATEID4args,
     FREE_STATEID4res,
@@ -546,11 +545,11 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     LAYOUTRETURN4args,
     LAYOUTRETURN4res,
     SEQUENCE4args,
+    SEQUENCE4res,
     dec_CREATE_SESSION4args,
     dec_CREATE_SESSION4res,
     dec_DESTROY_SESSION4args,
     dec_DESTROY_SESSION4res,
-    dec_EXCHANGE_ID4args,
     dec_EXCHANGE_ID4res,
     dec_FREE_STATEID4args,
     dec_FREE_STATEID4res,
@@ -568,11 +567,11 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     dec_LAYOUTRETURN4res,
     dec_SECINFO_NO_NAME4args,
     dec_SEQUENCE4args,
+    dec_SEQUENCE4res,
     enc_CREATE_SESSION4args,
     enc_CREATE_SESSION4res,
     enc_DESTROY_SESSION4args,
     enc_DESTROY_SESSION4res,
-    enc_EXCHANGE_ID4args,
     enc_EXCHANGE_ID4res,
     enc_FREE_STATEID4args,
     enc_FREE_STATEID4res,
@@ -590,6 +589,7 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     enc_LAYOUTRETURN4res,
     enc_SECINFO_NO_NAME4args,
     enc_SEQUENCE4args,
+    enc_SEQUENCE4res,
     secinfo_style4,
 )
 from nfsrdma.xdr.gen._nfs4_1 import (
@@ -650,8 +650,9 @@ def enc_CB_LAYOUTRECALL4args(w: _Writer, v: CB_LAYOUTRECALL4args) -> None:
         w += _S31.pack(v.clora_type, v.clora_iomode, v.clora_changed)
         _u1091 = v.clora_recall
         _d1091 = _u1091.lor_recalltype
+        _w1091: _Any
         if _d1091 == 1:
-            _w1091: _Any = _u1091.value
+            _w1091 = _u1091.value
             _s1092 = _w1091
             _v = _s1092.lor_fh
             _n = len(_v)
@@ -663,7 +664,7 @@ def enc_CB_LAYOUTRECALL4args(w: _Writer, v: CB_LAYOUTRECALL4args) -> None:
             if len(_s1092.lor_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S13.pack(_s1092.lor_offset, _s1092.lor_length, _s1092.lor_stateid.seqid, _s1092.lor_stateid.other)
         elif _d1091 == 2:
-            _w1091: _Any = _u1091.value
+            _w1091 = _u1091.value
             w += _S29.pack(2, _w1091.major, _w1091.minor)
         elif _d1091 == 3:
             w += b'\x00\x00\x00\x03'
@@ -682,6 +683,7 @@ def dec_CB_LAYOUTRECALL4args(r: _Reader, off: int) -> tuple[CB_LAYOUTRECALL4args
         f_clora_type = _layouttype4_MAP[_t0]
         f_clora_iomode = _layoutiomode4_MAP[_t1]
         f_clora_changed = _BOOL[_t2]
+        _v1093: _Any
         (_d1093,) = _S2.unpack_from(buf, off)
         off += 4
         if _d1093 == 1:
@@ -1602,10 +1604,11 @@ def enc_CB_PUSH_DELEG4args(w: _Writer, v: CB_PUSH_DELEG4args) -> None:
         w += _PAD[_n & 3]
         _u1171 = v.cpda_delegation
         _d1171 = _u1171.delegation_type
+        _w1171: _Any
         if _d1171 == 0:
             w += b'\x00\x00\x00\x00'
         elif _d1171 == 1:
-            _w1171: _Any = _u1171.value
+            _w1171 = _u1171.value
             _s1172 = _w1171
             if len(_s1172.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S35.pack(1, _s1172.stateid.seqid, _s1172.stateid.other, _s1172.recall)
@@ -1617,17 +1620,18 @@ def enc_CB_PUSH_DELEG4args(w: _Writer, v: CB_PUSH_DELEG4args) -> None:
             w += _v
             w += _PAD[_n & 3]
         elif _d1171 == 2:
-            _w1171: _Any = _u1171.value
+            _w1171 = _u1171.value
             _s1174 = _w1171
             if len(_s1174.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
             w += _S35.pack(2, _s1174.stateid.seqid, _s1174.stateid.other, _s1174.recall)
             _u1175 = _s1174.space_limit
             _d1175 = _u1175.limitby
+            _w1175: _Any
             if _d1175 == 1:
-                _w1175: _Any = _u1175.value
+                _w1175 = _u1175.value
                 w += _S33.pack(1, _w1175)
             elif _d1175 == 2:
-                _w1175: _Any = _u1175.value
+                _w1175 = _u1175.value
                 w += _S18.pack(2, _w1175.num_blocks, _w1175.bytes_per_block)
             else:
                 _enc_any_nfs_space_limit4(w, _u1175)
@@ -1639,14 +1643,15 @@ def enc_CB_PUSH_DELEG4args(w: _Writer, v: CB_PUSH_DELEG4args) -> None:
             w += _v
             w += _PAD[_n & 3]
         elif _d1171 == 3:
-            _w1171: _Any = _u1171.value
+            _w1171 = _u1171.value
             _u1177 = _w1171
             _d1177 = _u1177.ond_why
+            _w1177: _Any
             if _d1177 == 1:
-                _w1177: _Any = _u1177.value
+                _w1177 = _u1177.value
                 w += _S31.pack(3, 1, _w1177)
             elif _d1177 == 2:
-                _w1177: _Any = _u1177.value
+                _w1177 = _u1177.value
                 w += _S31.pack(3, 2, _w1177)
             else:
                 w += b'\x00\x00\x00\x03'
@@ -1670,6 +1675,7 @@ def dec_CB_PUSH_DELEG4args(r: _Reader, off: int) -> tuple[CB_PUSH_DELEG4args, in
         _e = off + _n
         f_cpda_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
+        _v1178: _Any
         (_d1178,) = _S2.unpack_from(buf, off)
         off += 4
         if _d1178 == 0:
@@ -1696,6 +1702,7 @@ def dec_CB_PUSH_DELEG4args(r: _Reader, off: int) -> tuple[CB_PUSH_DELEG4args, in
             off += 20
             _i1181_stateid = stateid4(_t0, _t1)
             _i1181_recall = _BOOL[_t2]
+            _v1182: _Any
             (_d1182,) = _S2.unpack_from(buf, off)
             off += 4
             if _d1182 == 1:
@@ -1721,6 +1728,7 @@ def dec_CB_PUSH_DELEG4args(r: _Reader, off: int) -> tuple[CB_PUSH_DELEG4args, in
             _v1178 = open_write_delegation4(_i1181_stateid, _i1181_recall, _i1181_space_limit, _i1181_permissions)
             f_cpda_delegation = open_delegation4(OPEN_DELEGATE_WRITE, _v1178)
         elif _d1178 == 3:
+            _v1184: _Any
             (_d1184,) = _S2.unpack_from(buf, off)
             off += 4
             if _d1184 == 1:
@@ -2140,8 +2148,9 @@ def enc_CB_SEQUENCE4res(w: _Writer, v: CB_SEQUENCE4res) -> None:
     try:
         _u1200 = v
         _d1200 = _u1200.csr_status
+        _w1200: _Any
         if _d1200 == 0:
-            _w1200: _Any = _u1200.value
+            _w1200 = _u1200.value
             if len(_w1200.csr_sessionid) != 16: raise _XdrError('fixed opaque csr_sessionid must be 16 bytes', len(w))
             w += _S96.pack(0, _w1200.csr_sessionid, _w1200.csr_sequenceid, _w1200.csr_slotid, _w1200.csr_highest_slotid, _w1200.csr_target_highest_slotid)
         else:
@@ -2154,6 +2163,7 @@ def dec_CB_SEQUENCE4res(r: _Reader, off: int) -> tuple[CB_SEQUENCE4res, int]:
     buf = r.buf
     o0 = off
     try:
+        _v1201: _Any
         (_d1201,) = _S2.unpack_from(buf, off)
         off += 4
         if _d1201 == 0:
@@ -2506,8 +2516,9 @@ def enc_offload_info4(w: _Writer, v: offload_info4) -> None:
     try:
         _u1211 = v
         _d1211 = _u1211.coa_status
+        _w1211: _Any
         if _d1211 == 0:
-            _w1211: _Any = _u1211.value
+            _w1211 = _u1211.value
             _s1212 = _w1211
             _a1213 = _s1212.wr_callback_id
             _n = len(_a1213)
@@ -2529,6 +2540,7 @@ def dec_offload_info4(r: _Reader, off: int) -> tuple[offload_info4, int]:
     buf = r.buf
     o0 = off
     try:
+        _v1214: _Any
         (_d1214,) = _S2.unpack_from(buf, off)
         off += 4
         if _d1214 == 0:
@@ -2576,8 +2588,9 @@ def enc_CB_OFFLOAD4args(w: _Writer, v: CB_OFFLOAD4args) -> None:
         w += _S11.pack(v.coa_stateid.seqid, v.coa_stateid.other)
         _u1217 = v.coa_offload_info
         _d1217 = _u1217.coa_status
+        _w1217: _Any
         if _d1217 == 0:
-            _w1217: _Any = _u1217.value
+            _w1217 = _u1217.value
             _s1218 = _w1217
             _a1219 = _s1218.wr_callback_id
             _n = len(_a1219)
@@ -2610,6 +2623,7 @@ def dec_CB_OFFLOAD4args(r: _Reader, off: int) -> tuple[CB_OFFLOAD4args, int]:
         off = _e + (-_n & 3)
         f_coa_stateid = stateid4(*_S11.unpack_from(buf, off))
         off += 16
+        _v1220: _Any
         (_d1220,) = _S2.unpack_from(buf, off)
         off += 4
         if _d1220 == 0:
@@ -2792,12 +2806,13 @@ def _enc_nfs_cb_argop4_5(w: _Writer, v: CB_LAYOUTRECALL4args) -> None:
         w += _S119.pack(5, _s1227.clora_type, _s1227.clora_iomode, _s1227.clora_changed)
         _u1228 = _s1227.clora_recall
         _d1228 = _u1228.lor_recalltype
+        _w1228: _Any
         if _d1228 == 1:
-            _w1228: _Any = _u1228.value
+            _w1228 = _u1228.value
             w += b'\x00\x00\x00\x01'
             enc_layoutrecall_file4(w, _w1228)
         elif _d1228 == 2:
-            _w1228: _Any = _u1228.value
+            _w1228 = _u1228.value
             w += _S29.pack(2, _w1228.major, _w1228.minor)
         elif _d1228 == 3:
             w += b'\x00\x00\x00\x03'
@@ -2840,18 +2855,19 @@ def _enc_nfs_cb_argop4_7(w: _Writer, v: CB_PUSH_DELEG4args) -> None:
         w += _PAD[_n & 3]
         _u1232 = _s1231.cpda_delegation
         _d1232 = _u1232.delegation_type
+        _w1232: _Any
         if _d1232 == 0:
             w += b'\x00\x00\x00\x00'
         elif _d1232 == 1:
-            _w1232: _Any = _u1232.value
+            _w1232 = _u1232.value
             w += b'\x00\x00\x00\x01'
             enc_open_read_delegation4(w, _w1232)
         elif _d1232 == 2:
-            _w1232: _Any = _u1232.value
+            _w1232 = _u1232.value
             w += b'\x00\x00\x00\x02'
             enc_open_write_delegation4(w, _w1232)
         elif _d1232 == 3:
-            _w1232: _Any = _u1232.value
+            _w1232 = _u1232.value
             w += b'\x00\x00\x00\x03'
             enc_open_none_delegation4(w, _w1232)
         else:
@@ -2963,8 +2979,9 @@ def _enc_nfs_cb_argop4_15(w: _Writer, v: CB_OFFLOAD4args) -> None:
         w += _S11.pack(_s1243.coa_stateid.seqid, _s1243.coa_stateid.other)
         _u1244 = _s1243.coa_offload_info
         _d1244 = _u1244.coa_status
+        _w1244: _Any
         if _d1244 == 0:
-            _w1244: _Any = _u1244.value
+            _w1244 = _u1244.value
             w += b'\x00\x00\x00\x00'
             enc_write_response4(w, _w1244)
         else:
@@ -3040,8 +3057,9 @@ def _enc_nfs_cb_resop4_3(w: _Writer, v: CB_GETATTR4res) -> None:
     try:
         _u1246 = v
         _d1246 = _u1246.status
+        _w1246: _Any
         if _d1246 == 0:
-            _w1246: _Any = _u1246.value
+            _w1246 = _u1246.value
             _s1247 = _w1246
             w += b'\x00\x00\x00\x03\x00\x00\x00\x00'
             enc_fattr4(w, _s1247.obj_attributes)
@@ -3105,8 +3123,9 @@ def _enc_nfs_cb_resop4_11(w: _Writer, v: CB_SEQUENCE4res) -> None:
     try:
         _u1248 = v
         _d1248 = _u1248.csr_status
+        _w1248: _Any
         if _d1248 == 0:
-            _w1248: _Any = _u1248.value
+            _w1248 = _u1248.value
             if len(_w1248.csr_sessionid) != 16: raise _XdrError('fixed opaque csr_sessionid must be 16 bytes', len(w))
             w += _S121.pack(11, 0, _w1248.csr_sessionid, _w1248.csr_sequenceid, _w1248.csr_slotid, _w1248.csr_highest_slotid, _w1248.csr_target_highest_slotid)
         else:

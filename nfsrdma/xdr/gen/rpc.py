@@ -411,10 +411,11 @@ def enc_accepted_reply_data(w: _Writer, v: accepted_reply_data) -> None:
     try:
         _u6 = v
         _d6 = _u6.stat
+        _w6: _Any
         if _d6 == 0:
             w += b'\x00\x00\x00\x00'
         elif _d6 == 2:
-            _w6: _Any = _u6.value
+            _w6 = _u6.value
             w += _S4.pack(2, _w6.low, _w6.high)
         else:
             _enc_any_accepted_reply_data(w, _u6)
@@ -426,6 +427,7 @@ def dec_accepted_reply_data(r: _Reader, off: int) -> tuple[accepted_reply_data, 
     buf = r.buf
     o0 = off
     try:
+        _v7: _Any
         (_d7,) = _S3.unpack_from(buf, off)
         off += 4
         if _d7 == 0:
@@ -460,10 +462,11 @@ def enc_accepted_reply(w: _Writer, v: accepted_reply) -> None:
         w += _PAD[_n & 3]
         _u9 = v.reply_data
         _d9 = _u9.stat
+        _w9: _Any
         if _d9 == 0:
             w += b'\x00\x00\x00\x00'
         elif _d9 == 2:
-            _w9: _Any = _u9.value
+            _w9 = _u9.value
             w += _S4.pack(2, _w9.low, _w9.high)
         else:
             _enc_any_accepted_reply_data(w, _u9)
@@ -487,6 +490,7 @@ def dec_accepted_reply(r: _Reader, off: int) -> tuple[accepted_reply, int]:
         _i10_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_verf = opaque_auth(_i10_flavor, _i10_body)
+        _v11: _Any
         (_d11,) = _S3.unpack_from(buf, off)
         off += 4
         if _d11 == 0:
@@ -549,11 +553,12 @@ def enc_rejected_reply(w: _Writer, v: rejected_reply) -> None:
     try:
         _u13 = v
         _d13 = _u13.stat
+        _w13: _Any
         if _d13 == 0:
-            _w13: _Any = _u13.value
+            _w13 = _u13.value
             w += _S4.pack(0, _w13.low, _w13.high)
         elif _d13 == 1:
-            _w13: _Any = _u13.value
+            _w13 = _u13.value
             w += _S5.pack(1, _w13)
         else:
             _enc_any_rejected_reply(w, _u13)
@@ -565,6 +570,7 @@ def dec_rejected_reply(r: _Reader, off: int) -> tuple[rejected_reply, int]:
     buf = r.buf
     o0 = off
     try:
+        _v14: _Any
         (_d14,) = _S3.unpack_from(buf, off)
         off += 4
         if _d14 == 0:
@@ -630,8 +636,9 @@ def enc_reply_body(w: _Writer, v: reply_body) -> None:
     try:
         _u16 = v
         _d16 = _u16.stat
+        _w16: _Any
         if _d16 == 0:
-            _w16: _Any = _u16.value
+            _w16 = _u16.value
             _s17 = _w16
             _s18 = _s17.verf
             w += _S6.pack(0, _s18.flavor)
@@ -644,22 +651,24 @@ def enc_reply_body(w: _Writer, v: reply_body) -> None:
             w += _PAD[_n & 3]
             _u19 = _s17.reply_data
             _d19 = _u19.stat
+            _w19: _Any
             if _d19 == 0:
                 w += b'\x00\x00\x00\x00'
             elif _d19 == 2:
-                _w19: _Any = _u19.value
+                _w19 = _u19.value
                 w += _S4.pack(2, _w19.low, _w19.high)
             else:
                 _enc_any_accepted_reply_data(w, _u19)
         elif _d16 == 1:
-            _w16: _Any = _u16.value
+            _w16 = _u16.value
             _u20 = _w16
             _d20 = _u20.stat
+            _w20: _Any
             if _d20 == 0:
-                _w20: _Any = _u20.value
+                _w20 = _u20.value
                 w += _S7.pack(1, 0, _w20.low, _w20.high)
             elif _d20 == 1:
-                _w20: _Any = _u20.value
+                _w20 = _u20.value
                 w += _S8.pack(1, 1, _w20)
             else:
                 w += b'\x00\x00\x00\x01'
@@ -674,6 +683,7 @@ def dec_reply_body(r: _Reader, off: int) -> tuple[reply_body, int]:
     buf = r.buf
     o0 = off
     try:
+        _v21: _Any
         (_d21,) = _S3.unpack_from(buf, off)
         off += 4
         if _d21 == 0:
@@ -689,6 +699,7 @@ def dec_reply_body(r: _Reader, off: int) -> tuple[reply_body, int]:
             _i23_body = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _i22_verf = opaque_auth(_i23_flavor, _i23_body)
+            _v24: _Any
             (_d24,) = _S3.unpack_from(buf, off)
             off += 4
             if _d24 == 0:
@@ -702,6 +713,7 @@ def dec_reply_body(r: _Reader, off: int) -> tuple[reply_body, int]:
             _v21 = accepted_reply(_i22_verf, _i22_reply_data)
             _u = reply_body(MSG_ACCEPTED, _v21)
         elif _d21 == 1:
+            _v25: _Any
             (_d25,) = _S3.unpack_from(buf, off)
             off += 4
             if _d25 == 0:
@@ -770,8 +782,9 @@ def enc_rpc_msg_body(w: _Writer, v: rpc_msg_body) -> None:
     try:
         _u27 = v
         _d27 = _u27.mtype
+        _w27: _Any
         if _d27 == 0:
-            _w27: _Any = _u27.value
+            _w27 = _u27.value
             _s28 = _w27
             w += _S9.pack(0, _s28.rpcvers, _s28.prog, _s28.vers, _s28.proc)
             _s29 = _s28.cred
@@ -793,24 +806,26 @@ def enc_rpc_msg_body(w: _Writer, v: rpc_msg_body) -> None:
             w += _v
             w += _PAD[_n & 3]
         elif _d27 == 1:
-            _w27: _Any = _u27.value
+            _w27 = _u27.value
             _u31 = _w27
             _d31 = _u31.stat
+            _w31: _Any
             if _d31 == 0:
-                _w31: _Any = _u31.value
+                _w31 = _u31.value
                 _s32 = _w31
                 w += b'\x00\x00\x00\x01\x00\x00\x00\x00'
                 enc_opaque_auth(w, _s32.verf)
                 enc_accepted_reply_data(w, _s32.reply_data)
             elif _d31 == 1:
-                _w31: _Any = _u31.value
+                _w31 = _u31.value
                 _u33 = _w31
                 _d33 = _u33.stat
+                _w33: _Any
                 if _d33 == 0:
-                    _w33: _Any = _u33.value
+                    _w33 = _u33.value
                     w += _S10.pack(1, 1, 0, _w33.low, _w33.high)
                 elif _d33 == 1:
-                    _w33: _Any = _u33.value
+                    _w33 = _u33.value
                     w += _S11.pack(1, 1, 1, _w33)
                 else:
                     w += b'\x00\x00\x00\x01\x00\x00\x00\x01'
@@ -828,6 +843,7 @@ def dec_rpc_msg_body(r: _Reader, off: int) -> tuple[rpc_msg_body, int]:
     buf = r.buf
     o0 = off
     try:
+        _v34: _Any
         (_d34,) = _S3.unpack_from(buf, off)
         off += 4
         if _d34 == 0:
@@ -860,6 +876,7 @@ def dec_rpc_msg_body(r: _Reader, off: int) -> tuple[rpc_msg_body, int]:
             _v34 = call_body(_i35_rpcvers, _i35_prog, _i35_vers, _i35_proc, _i35_cred, _i35_verf)
             _u = rpc_msg_body(CALL, _v34)
         elif _d34 == 1:
+            _v38: _Any
             (_d38,) = _S3.unpack_from(buf, off)
             off += 4
             if _d38 == 0:
@@ -868,6 +885,7 @@ def dec_rpc_msg_body(r: _Reader, off: int) -> tuple[rpc_msg_body, int]:
                 _v38 = accepted_reply(_i39_verf, _i39_reply_data)
                 _v34 = reply_body(MSG_ACCEPTED, _v38)
             elif _d38 == 1:
+                _v40: _Any
                 (_d40,) = _S3.unpack_from(buf, off)
                 off += 4
                 if _d40 == 0:
@@ -903,8 +921,9 @@ def enc_rpc_msg(w: _Writer, v: rpc_msg) -> None:
         w += _S0.pack(v.xid)
         _u41 = v.body
         _d41 = _u41.mtype
+        _w41: _Any
         if _d41 == 0:
-            _w41: _Any = _u41.value
+            _w41 = _u41.value
             _s42 = _w41
             w += _S9.pack(0, _s42.rpcvers, _s42.prog, _s42.vers, _s42.proc)
             _s43 = _s42.cred
@@ -926,24 +945,26 @@ def enc_rpc_msg(w: _Writer, v: rpc_msg) -> None:
             w += _v
             w += _PAD[_n & 3]
         elif _d41 == 1:
-            _w41: _Any = _u41.value
+            _w41 = _u41.value
             _u45 = _w41
             _d45 = _u45.stat
+            _w45: _Any
             if _d45 == 0:
-                _w45: _Any = _u45.value
+                _w45 = _u45.value
                 _s46 = _w45
                 w += b'\x00\x00\x00\x01\x00\x00\x00\x00'
                 enc_opaque_auth(w, _s46.verf)
                 enc_accepted_reply_data(w, _s46.reply_data)
             elif _d45 == 1:
-                _w45: _Any = _u45.value
+                _w45 = _u45.value
                 _u47 = _w45
                 _d47 = _u47.stat
+                _w47: _Any
                 if _d47 == 0:
-                    _w47: _Any = _u47.value
+                    _w47 = _u47.value
                     w += _S10.pack(1, 1, 0, _w47.low, _w47.high)
                 elif _d47 == 1:
-                    _w47: _Any = _u47.value
+                    _w47 = _u47.value
                     w += _S11.pack(1, 1, 1, _w47)
                 else:
                     w += b'\x00\x00\x00\x01\x00\x00\x00\x01'
@@ -963,6 +984,7 @@ def dec_rpc_msg(r: _Reader, off: int) -> tuple[rpc_msg, int]:
     try:
         (f_xid,) = _S0.unpack_from(buf, off)
         off += 4
+        _v48: _Any
         (_d48,) = _S3.unpack_from(buf, off)
         off += 4
         if _d48 == 0:
@@ -995,6 +1017,7 @@ def dec_rpc_msg(r: _Reader, off: int) -> tuple[rpc_msg, int]:
             _v48 = call_body(_i49_rpcvers, _i49_prog, _i49_vers, _i49_proc, _i49_cred, _i49_verf)
             f_body = rpc_msg_body(CALL, _v48)
         elif _d48 == 1:
+            _v52: _Any
             (_d52,) = _S3.unpack_from(buf, off)
             off += 4
             if _d52 == 0:
@@ -1003,6 +1026,7 @@ def dec_rpc_msg(r: _Reader, off: int) -> tuple[rpc_msg, int]:
                 _v52 = accepted_reply(_i53_verf, _i53_reply_data)
                 _v48 = reply_body(MSG_ACCEPTED, _v52)
             elif _d52 == 1:
+                _v54: _Any
                 (_d54,) = _S3.unpack_from(buf, off)
                 off += 4
                 if _d54 == 0:

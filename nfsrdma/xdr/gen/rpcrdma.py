@@ -526,8 +526,9 @@ def enc_rpc_rdma_error(w: _Writer, v: rpc_rdma_error) -> None:
     try:
         _u12 = v
         _d12 = _u12.err
+        _w12: _Any
         if _d12 == 1:
-            _w12: _Any = _u12.value
+            _w12 = _u12.value
             w += _S6.pack(1, _w12.rdma_vers_low, _w12.rdma_vers_high)
         elif _d12 == 2:
             w += b'\x00\x00\x00\x02'
@@ -541,6 +542,7 @@ def dec_rpc_rdma_error(r: _Reader, off: int) -> tuple[rpc_rdma_error, int]:
     buf = r.buf
     o0 = off
     try:
+        _v13: _Any
         (_d13,) = _S5.unpack_from(buf, off)
         off += 4
         if _d13 == 1:
@@ -685,8 +687,9 @@ def _enc_rdma_body_4(w: _Writer, v: rpc_rdma_error) -> None:
     try:
         _u18 = v
         _d18 = _u18.err
+        _w18: _Any
         if _d18 == 1:
-            _w18: _Any = _u18.value
+            _w18 = _u18.value
             w += _S7.pack(4, 1, _w18.rdma_vers_low, _w18.rdma_vers_high)
         elif _d18 == 2:
             w += b'\x00\x00\x00\x04\x00\x00\x00\x02'
@@ -1056,15 +1059,16 @@ def enc_xmdp_loc(w: _Writer, v: xmdp_loc) -> None:
     try:
         _u26 = v
         _d26 = _u26.xmdl_type
+        _w26: _Any
         if _d26 == 1:
-            _w26: _Any = _u26.value
+            _w26 = _u26.value
             _a27 = _w26
             _n = len(_a27)
             w += _S10.pack(1, _n)
             for _x27 in _a27:
                 w += _S2.pack(_x27.handle, _x27.length, _x27.offset)
         elif _d26 == 2:
-            _w26: _Any = _u26.value
+            _w26 = _u26.value
             _s28 = _w26
             w += _S10.pack(2, _s28.xmdl_offset)
             _a29 = _s28.xmdl_bsnum
@@ -1086,6 +1090,7 @@ def dec_xmdp_loc(r: _Reader, off: int) -> tuple[xmdp_loc, int]:
     buf = r.buf
     o0 = off
     try:
+        _v30: _Any
         (_d30,) = _S5.unpack_from(buf, off)
         off += 4
         if _d30 == 1:
@@ -1136,15 +1141,16 @@ def enc_xmdp_mitem(w: _Writer, v: xmdp_mitem) -> None:
         w += _S4.pack(v.xmdmi_disp, v.xmdmi_length)
         _u34 = v.xmdmi_where
         _d34 = _u34.xmdl_type
+        _w34: _Any
         if _d34 == 1:
-            _w34: _Any = _u34.value
+            _w34 = _u34.value
             _a35 = _w34
             _n = len(_a35)
             w += _S10.pack(1, _n)
             for _x35 in _a35:
                 w += _S2.pack(_x35.handle, _x35.length, _x35.offset)
         elif _d34 == 2:
-            _w34: _Any = _u34.value
+            _w34 = _u34.value
             _s36 = _w34
             w += _S10.pack(2, _s36.xmdl_offset)
             _a37 = _s36.xmdl_bsnum
@@ -1168,6 +1174,7 @@ def dec_xmdp_mitem(r: _Reader, off: int) -> tuple[xmdp_mitem, int]:
     try:
         f_xmdmi_disp, f_xmdmi_length = _S4.unpack_from(buf, off)
         off += 8
+        _v38: _Any
         (_d38,) = _S5.unpack_from(buf, off)
         off += 4
         if _d38 == 1:
@@ -1226,15 +1233,16 @@ def enc_optxmt_req(w: _Writer, v: optxmt_req) -> None:
             w += _S4.pack(_s43.xmdmi_disp, _s43.xmdmi_length)
             _u44 = _s43.xmdmi_where
             _d44 = _u44.xmdl_type
+            _w44: _Any
             if _d44 == 1:
-                _w44: _Any = _u44.value
+                _w44 = _u44.value
                 _a45 = _w44
                 _n = len(_a45)
                 w += _S10.pack(1, _n)
                 for _x45 in _a45:
                     w += _S2.pack(_x45.handle, _x45.length, _x45.offset)
             elif _d44 == 2:
-                _w44: _Any = _u44.value
+                _w44 = _u44.value
                 w += b'\x00\x00\x00\x02'
                 enc_xmdp_tbsnloc(w, _w44)
             elif _d44 == 5:
@@ -1276,6 +1284,7 @@ def dec_optxmt_req(r: _Reader, off: int) -> tuple[optxmt_req, int]:
         for _ in range(_c49):
             _i50_xmdmi_disp, _i50_xmdmi_length = _S4.unpack_from(buf, off)
             off += 8
+            _v51: _Any
             (_d51,) = _S5.unpack_from(buf, off)
             off += 4
             if _d51 == 1:
@@ -1350,15 +1359,16 @@ def enc_optxmt_resp(w: _Writer, v: optxmt_resp) -> None:
             w += _S4.pack(_s57.xmdmi_disp, _s57.xmdmi_length)
             _u58 = _s57.xmdmi_where
             _d58 = _u58.xmdl_type
+            _w58: _Any
             if _d58 == 1:
-                _w58: _Any = _u58.value
+                _w58 = _u58.value
                 _a59 = _w58
                 _n = len(_a59)
                 w += _S10.pack(1, _n)
                 for _x59 in _a59:
                     w += _S2.pack(_x59.handle, _x59.length, _x59.offset)
             elif _d58 == 2:
-                _w58: _Any = _u58.value
+                _w58 = _u58.value
                 w += b'\x00\x00\x00\x02'
                 enc_xmdp_tbsnloc(w, _w58)
             elif _d58 == 5:
@@ -1385,6 +1395,7 @@ def dec_optxmt_resp(r: _Reader, off: int) -> tuple[optxmt_resp, int]:
         for _ in range(_c60):
             _i61_xmdmi_disp, _i61_xmdmi_length = _S4.unpack_from(buf, off)
             off += 8
+            _v62: _Any
             (_d62,) = _S5.unpack_from(buf, off)
             off += 4
             if _d62 == 1:
@@ -1768,8 +1779,9 @@ def enc_rtr_body(w: _Writer, v: rtr_body) -> None:
     try:
         _u68 = v
         _d68 = _u68.ropt
+        _w68: _Any
         if _d68 == 1:
-            _w68: _Any = _u68.value
+            _w68 = _u68.value
             _s69 = _w68
             _a70 = _s69.optxrq_dp
             _n = len(_a70)
@@ -1788,7 +1800,7 @@ def enc_rtr_body(w: _Writer, v: rtr_body) -> None:
                 enc_xdr_write_chunk(w, _s69.optxrq_repch)
             w += _S8.pack(_s69.optxrq_count, _s69.optxrq_rsbuf, _s69.optxrq_pslen)
         elif _d68 == 2:
-            _w68: _Any = _u68.value
+            _w68 = _u68.value
             _s72 = _w68
             _a73 = _s72.optxrs_dp
             _n = len(_a73)
@@ -1797,10 +1809,10 @@ def enc_rtr_body(w: _Writer, v: rtr_body) -> None:
                 enc_xmdp_mitem(w, _x73)
             w += _S4.pack(_s72.optxrs_count, _s72.optxrs_pslen)
         elif _d68 == 3:
-            _w68: _Any = _u68.value
+            _w68 = _u68.value
             w += _S11.pack(3, _w68.optxc_xnum, _w68.optxc_itype, _w68.optxc_pslen)
         elif _d68 == 4:
-            _w68: _Any = _u68.value
+            _w68 = _u68.value
             _s74 = _w68
             w += _S12.pack(4, _s74.optre_bad.xmsi_xid, _s74.optre_bad.xmsi_dir, _s74.optre_bad.xmsi_seq)
             if _s74.optre_lead is None:
@@ -1824,6 +1836,7 @@ def dec_rtr_body(r: _Reader, off: int) -> tuple[rtr_body, int]:
     buf = r.buf
     o0 = off
     try:
+        _v76: _Any
         (_d76,) = _S5.unpack_from(buf, off)
         off += 4
         if _d76 == 1:
@@ -1920,8 +1933,9 @@ def enc_rtr_msg(w: _Writer, v: rtr_msg) -> None:
         w += _S13.pack(v.rtr_xid, v.rtr_vers, v.rtr_credit, v.rtr_proc)
         _u84 = v.rtr_body
         _d84 = _u84.ropt
+        _w84: _Any
         if _d84 == 1:
-            _w84: _Any = _u84.value
+            _w84 = _u84.value
             _s85 = _w84
             _a86 = _s85.optxrq_dp
             _n = len(_a86)
@@ -1940,7 +1954,7 @@ def enc_rtr_msg(w: _Writer, v: rtr_msg) -> None:
                 enc_xdr_write_chunk(w, _s85.optxrq_repch)
             w += _S8.pack(_s85.optxrq_count, _s85.optxrq_rsbuf, _s85.optxrq_pslen)
         elif _d84 == 2:
-            _w84: _Any = _u84.value
+            _w84 = _u84.value
             _s88 = _w84
             _a89 = _s88.optxrs_dp
             _n = len(_a89)
@@ -1949,10 +1963,10 @@ def enc_rtr_msg(w: _Writer, v: rtr_msg) -> None:
                 enc_xmdp_mitem(w, _x89)
             w += _S4.pack(_s88.optxrs_count, _s88.optxrs_pslen)
         elif _d84 == 3:
-            _w84: _Any = _u84.value
+            _w84 = _u84.value
             w += _S11.pack(3, _w84.optxc_xnum, _w84.optxc_itype, _w84.optxc_pslen)
         elif _d84 == 4:
-            _w84: _Any = _u84.value
+            _w84 = _u84.value
             _s90 = _w84
             w += _S12.pack(4, _s90.optre_bad.xmsi_xid, _s90.optre_bad.xmsi_dir, _s90.optre_bad.xmsi_seq)
             if _s90.optre_lead is None:
@@ -1978,6 +1992,7 @@ def dec_rtr_msg(r: _Reader, off: int) -> tuple[rtr_msg, int]:
     try:
         f_rtr_xid, f_rtr_vers, f_rtr_credit, f_rtr_proc = _S13.unpack_from(buf, off)
         off += 16
+        _v92: _Any
         (_d92,) = _S5.unpack_from(buf, off)
         off += 4
         if _d92 == 1:

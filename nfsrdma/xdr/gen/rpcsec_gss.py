@@ -181,8 +181,9 @@ def enc_rpc_gss_cred_t(w: _Writer, v: rpc_gss_cred_t) -> None:
     try:
         _u2 = v
         _d2 = _u2.version
+        _w2: _Any
         if _d2 == 1:
-            _w2: _Any = _u2.value
+            _w2 = _u2.value
             _s3 = _w2
             w += _S2.pack(1, _s3.gss_proc, _s3.seq_num, _s3.service)
             _v = _s3.handle
@@ -200,6 +201,7 @@ def dec_rpc_gss_cred_t(r: _Reader, off: int) -> tuple[rpc_gss_cred_t, int]:
     buf = r.buf
     o0 = off
     try:
+        _v4: _Any
         (_d4,) = _S1.unpack_from(buf, off)
         off += 4
         if _d4 == 1:
