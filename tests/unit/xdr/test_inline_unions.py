@@ -66,8 +66,12 @@ def test_fast_union_codecs_agree_with_the_reference(
     assert encoded == _encode(ref_enc, value)
     # A discriminant that may be no case at all: the same bytes or the same refusal.
     other = data.draw(st.sampled_from(WORDS))
-    odd = dataclasses.replace(value, **{pyname(union.discriminant.name): other})
-    assert _encode(enc, odd) == _encode(ref_enc, odd)
+    try:
+        odd = dataclasses.replace(value, **{pyname(union.discriminant.name): other})
+    except TypeError:  # the compiled build's classes take only enum members for an enum
+        pass
+    else:
+        assert _encode(enc, odd) == _encode(ref_enc, odd)
     ref_dec = getattr(mod, f"_dec_any_{name}", None)
     if ref_dec is None:  # a large union decodes through its dictionary only
         return
