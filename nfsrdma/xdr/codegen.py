@@ -10,7 +10,14 @@ Speed comes from doing per-type work once, at generation time:
 - runs of consecutive fixed-size fields (integers, bools, enums, fixed opaques, and structs made
   only of those) are packed and unpacked with one precompiled ``struct.Struct``;
 - variable-length items are coded inline, with bounds checked before anything is allocated;
-- unions dispatch through dictionaries built at import time;
+- unions with few cases (``SMALL_UNION_CASES``: the NFSv4 results) are coded inline, one branch
+  per case, the discriminant packed together with the arm's first fixed-size run (and with the
+  operation number in COMPOUND's per-operation encoders); larger unions (COMPOUND's operations)
+  dispatch through dictionaries built at import time, encoding through one function per case;
+  ``_enc_any_U`` / ``_dec_any_U`` keep the dictionary-driven codec of every union, which the
+  inline code falls back on for the default arm and for errors (and the tests compare against);
+- fixed-size runs are unpacked straight into locals, and a struct of plain values is built from
+  the unpacked tuple; DDP-eligible items are coded inline when no chunk is involved;
 - the linked-list idiom ``struct S { ...; S *next; }`` becomes a Python ``list`` and is coded
   with a loop, never recursion.
 
