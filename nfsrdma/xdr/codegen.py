@@ -10,7 +10,14 @@ Speed comes from doing per-type work once, at generation time:
 - runs of consecutive fixed-size fields (integers, bools, enums, fixed opaques, and structs made
   only of those) are packed and unpacked with one precompiled ``struct.Struct``;
 - variable-length items are coded inline, with bounds checked before anything is allocated;
-- unions dispatch through dictionaries built at import time;
+- unions with few cases (``SMALL_UNION_CASES``: the NFSv4 results) are coded inline, one branch
+  per case, the discriminant packed together with the arm's first fixed-size run (and with the
+  operation number in COMPOUND's per-operation encoders); larger unions (COMPOUND's operations)
+  dispatch through dictionaries built at import time, encoding through one function per case;
+  ``_enc_any_U`` / ``_dec_any_U`` keep the dictionary-driven codec of every union, which the
+  inline code falls back on for the default arm and for errors (and the tests compare against);
+- fixed-size runs are unpacked straight into locals, and a struct of plain values is built from
+  the unpacked tuple; DDP-eligible items are coded inline when no chunk is involved;
 - the linked-list idiom ``struct S { ...; S *next; }`` becomes a Python ``list`` and is coded
   with a loop, never recursion.
 
@@ -28,6 +35,7 @@ from __future__ import annotations
 import ast
 import keyword
 import re
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -36,6 +44,9 @@ from nfsrdma.xdr.ast import Arm, Decl, Enum_, Kind, Spec, Struct, Typedef, Union
 _INT_FMT = {"int": "i", "unsigned int": "I", "hyper": "q", "unsigned hyper": "Q"}
 INLINE_DEPTH = 3  # how deep struct/union codecs are inlined into their users
 _FIXED_ARRAY_FUSE_LIMIT = 16
+SMALL_UNION_CASES = 4  # unions with at most this many cases are coded inline, case by case
+# Fixed-size items written before a declaration: (struct format, literal value) pairs.
+Head = tuple[tuple[str, str], ...]
 
 
 def pyname(name: str) -> str:
@@ -350,20 +361,37 @@ class Generator:
             return [ind + x for x in lines]
         fx = self.fixed_of_decl(r)
         if fx is not None:
-            sv = self.struct_var(fx.fmt)
-            lines.append(f"_t = {sv}.unpack_from(buf, off)")
-            lines.append(f"off += {fx.size}")
-            lines.append(f"{target} = {self.build_fixed(r, '_t', 0)}")
-            return [ind + x for x in lines]
+            return [ind + x for x in self.fixed_dec_lines([(target, r)])]
         if r.type == "opaque" and r.kind is Kind.VARIABLE:
             if ddp:
-                lines.append(f"{target}, off = r.take_ddp(off, {bound})")
+                # Reader.take_ddp, inline for data that came in the stream (no chunks).
+                lines += [
+                    "if r.ordered or r.chunks:",
+                    f"    {target}, off = r.take_ddp(off, {bound})",
+                    "else:",
+                    "    if off + 4 > len(buf):",
+                    "        raise _XdrError('truncated opaque length', off)",
+                    "    (_n,) = _U32.unpack_from(buf, off)",
+                ]
+                if bound != "None":
+                    lines += [
+                        f"    if _n > {bound}:",
+                        f"        raise _XdrError(f'opaque of {{_n}} bytes exceeds its bound "
+                        f"{bound}', off)",
+                    ]
+                lines += [
+                    "    off += 4",
+                    "    _e = off + _n",
+                    "    if _e + (-_n & 3) > len(buf):",
+                    "        raise _XdrError(f'opaque of {_n} bytes runs past the end', off)",
+                    f"    {target} = (buf if isinstance(buf, memoryview) else memoryview(buf))"
+                    "[off:_e]",
+                    "    off = _e + (-_n & 3)",
+                ]
                 return [ind + x for x in lines]
             lines += self._dec_len(r, bound)
             lines += [
-                "_e = off + _n",
-                "if _e > len(buf):",
-                "    raise _XdrError('opaque runs past the end', off)",
+                "_e = off + _n",  # within buf: _dec_len checked the length
                 f"{target} = bytes(buf[off:_e])",
                 "off = _e + (-_n & 3)",
             ]
@@ -371,9 +399,7 @@ class Generator:
         if r.type == "string":
             lines += self._dec_len(r, bound)
             lines += [
-                "_e = off + _n",
-                "if _e > len(buf):",
-                "    raise _XdrError('string runs past the end', off)",
+                "_e = off + _n",  # within buf: _dec_len checked the length
                 f"{target} = str(buf[off:_e], 'utf-8', 'surrogateescape')",
                 "off = _e + (-_n & 3)",
             ]
@@ -385,6 +411,8 @@ class Generator:
             if depth < INLINE_DEPTH and isinstance(t, Struct):
                 return self.inline_struct_dec(t, target, ind, depth)
             if depth < INLINE_DEPTH and isinstance(t, Union):
+                if self.small_union(t):
+                    return [ind + x for x in self.small_union_dec_lines(t, target, depth)]
                 return [ind + x for x in self.union_dec_lines(t, target)]
             lines.append(f"{target}, off = dec_{r.type}(r, off)")
             return [ind + x for x in lines]
@@ -427,12 +455,24 @@ class Generator:
         ]
         return lines
 
-    def enc_stmts(self, d: Decl, expr: str, ddp: bool, ind: str, depth: int = 0) -> list[str]:
-        """Statements encoding declaration ``d`` whose value is ``expr`` onto ``w``."""
+    def enc_stmts(
+        self,
+        d: Decl,
+        expr: str,
+        ddp: bool,
+        ind: str,
+        depth: int = 0,
+        head: Head = (),
+    ) -> list[str]:
+        """Statements encoding declaration ``d`` whose value is ``expr`` onto ``w``.
+
+        ``head`` holds fixed items (discriminants) to write first: they are packed together
+        with ``d``'s first fixed-size run or length word where there is one."""
         r = self.resolve(d)
         bound = "None" if r.size is None else str(r.size)
         lines: list[str] = []
         if r.kind is Kind.OPTIONAL:
+            lines += self.emit_head(head)
             if r.type in self.list_nodes:
                 lines.append(f"_enc_list_{r.type}(w, {expr})")
                 return [ind + x for x in lines]
@@ -449,20 +489,29 @@ class Generator:
             checks: list[str] = []
             args = self.flatten_fixed(r, expr, checks)
             lines += checks
-            lines.append(f"w += {self.struct_var(fx.fmt)}.pack({', '.join(args)})")
+            lines.append(self.pack_line(head, fx.fmt, args))
             return [ind + x for x in lines]
         if r.type == "opaque" and r.kind is Kind.VARIABLE:
             if ddp:
-                lines.append(f"w.put_ddp({expr}, {bound})")
+                lines += [f"_dv = {expr}", "_n = len(_dv)"]
+                # Writer.put_ddp, inline: the length word stays, the data is recorded aside.
+                if bound != "None":
+                    lines += [
+                        f"if _n > {bound}:",
+                        f"    raise _XdrError(f'opaque of {{_n}} bytes exceeds its bound {bound}', "
+                        "len(w))",
+                    ]
+                lines.append(self.pack_line(head, "I", ["_n"]))
+                lines.append("w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))")
                 return [ind + x for x in lines]
             lines += [f"_v = {expr}", "_n = len(_v)"]
             lines += self._enc_bound(r, bound)
-            lines += ["w += _U32.pack(_n)", "w += _v", "w += _PAD[_n & 3]"]
+            lines += [self.pack_line(head, "I", ["_n"]), "w += _v", "w += _PAD[_n & 3]"]
             return [ind + x for x in lines]
         if r.type == "string":
             lines += [f"_v = {expr}.encode('utf-8', 'surrogateescape')", "_n = len(_v)"]
             lines += self._enc_bound(r, bound)
-            lines += ["w += _U32.pack(_n)", "w += _v", "w += _PAD[_n & 3]"]
+            lines += [self.pack_line(head, "I", ["_n"]), "w += _v", "w += _PAD[_n & 3]"]
             return [ind + x for x in lines]
         if r.kind is Kind.PLAIN:
             t = self.spec.types.get(r.type)
@@ -470,8 +519,23 @@ class Generator:
                 self._tmp += 1
                 v = f"_s{self._tmp}"
                 lines.append(f"{v} = {expr}")
-                body = self.gen_struct_body_enc(t.name, t.fields, v, "", depth + 1)
+                body = self.gen_struct_body_enc(t.name, t.fields, v, "", depth + 1, head)
                 return [ind + x for x in lines + body]
+            if isinstance(t, Union) and depth < INLINE_DEPTH and self.small_union(t):
+                return [ind + x for x in self.small_union_enc_lines(t, expr, depth, head)]
+            lines += self.emit_head(head)
+            if isinstance(t, Union) and not self.small_union(t):
+                self._tmp += 1
+                u, f = f"_u{self._tmp}", f"_f{self._tmp}"
+                lines += [
+                    f"{u} = {expr}",
+                    f"{f} = _{t.name}_ENCX.get({u}.{pyname(t.discriminant.name)})",
+                    f"if {f} is None:",
+                    f"    enc_{r.type}(w, {u})",
+                    "else:",
+                    f"    {f}(w, {u}.value)",
+                ]
+                return [ind + x for x in lines]
             lines.append(f"enc_{r.type}(w, {expr})")
             return [ind + x for x in lines]
         self._tmp += 1
@@ -479,12 +543,13 @@ class Generator:
         lines += [f"{a} = {expr}", f"_n = len({a})"]
         if r.kind is Kind.VARIABLE:
             lines += self._enc_bound(r, bound)
-            lines.append("w += _U32.pack(_n)")
+            lines.append(self.pack_line(head, "I", ["_n"]))
         else:
             lines += [
                 f"if _n != {r.size}:",
                 f"    raise _XdrError('array {r.name} must have {r.size} elements', len(w))",
             ]
+            lines += self.emit_head(head)
         elem = self.fixed_of_type(r.type)
         if elem is not None and elem.items == 1 and r.type in _INT_FMT:
             lines.append(f"w += _struct.pack('>%d{elem.fmt}' % _n, *{a})")
@@ -492,6 +557,94 @@ class Generator:
             lines.append(f"for {x} in {a}:")
             lines += self.enc_stmts(Decl("", r.type), x, False, "    ", depth + 1)
         return [ind + x for x in lines]
+
+    def pack_line(self, head: Head, fmt: str, args: list[str]) -> str:
+        """``w += ...`` packing the head's items and then ``args`` (format ``fmt``)."""
+        fmt = "".join(f for f, _ in head) + fmt
+        return f"w += {self.struct_var(fmt)}.pack({', '.join([*(a for _, a in head), *args])})"
+
+    def emit_head(self, head: Head) -> list[str]:
+        """The head alone, as a bytes constant (its items are literals)."""
+        if not head:
+            return []
+        fmt = "".join(f for f, _ in head)
+        data = struct.pack(">" + fmt, *(int(a) for _, a in head))
+        return [f"w += {data!r}"]
+
+    def small_union(self, u: Union) -> bool:
+        """Unions with few cases are coded inline, one branch per case; larger ones (COMPOUND's
+        operations) dispatch through dictionaries."""
+        return sum(len(a.cases) for a in u.arms) <= SMALL_UNION_CASES
+
+    def case_value(self, disc: Decl, case: int) -> str:
+        """The decoded discriminant for ``case``, as a constant expression."""
+        r = self.resolve(disc)
+        if r.type == "bool":
+            return "True" if case else "False"
+        t = self.spec.types.get(r.type)
+        if isinstance(t, Enum_):
+            for member, value in t.members:
+                if value == case:
+                    return member
+        return self.build_fixed(r, f"({case},)", 0)
+
+    def small_union_enc_lines(self, u: Union, expr: str, depth: int, head: Head) -> list[str]:
+        """Encode small union ``u`` (value ``expr``): a branch per case, each writing the head
+        and the discriminant with the arm's first fixed-size run; anything else (the default
+        arm, values that are no case) goes through the dictionary-driven ``_enc_any_U``."""
+        disc = self.resolve(u.discriminant)
+        fx = self.fixed_of_decl(disc)
+        assert fx is not None and fx.items == 1, f"bad discriminant in {u.name}"
+        self._tmp += 1
+        uv, d, v = f"_u{self._tmp}", f"_d{self._tmp}", f"_w{self._tmp}"
+        # one declaration for all branches (mypyc refuses a local annotated twice)
+        lines = [f"{uv} = {expr}", f"{d} = {uv}.{pyname(u.discriminant.name)}", f"{v}: _Any"]
+        kw = "if"
+        for arm in u.arms:
+            ddp = (u.name, arm.decl.name) in self.opts.ddp_fields
+            for case in arm.cases:
+                lines.append(f"{kw} {d} == {case}:")
+                kw = "elif"
+                h: Head = (*head, (fx.fmt, str(case)))
+                if arm.decl.is_void:
+                    lines += ["    " + x for x in self.emit_head(h)]
+                else:
+                    lines.append(f"    {v} = {uv}.value")
+                    lines += self.enc_stmts(arm.decl, v, ddp, "    ", depth + 1, h)
+        lines.append("else:")
+        lines += ["    " + x for x in self.emit_head(head)]
+        lines.append(f"    _enc_any_{u.name}(w, {uv})")
+        return lines
+
+    def small_union_dec_lines(self, u: Union, target: str, depth: int) -> list[str]:
+        """Decode small union ``u`` into ``target``: a branch per arm; anything else goes
+        through the dictionary-driven ``_dec_any_U`` (the default arm, or the error)."""
+        disc = self.resolve(u.discriminant)
+        fx = self.fixed_of_decl(disc)
+        assert fx is not None and fx.items == 1, f"bad discriminant in {u.name}"
+        sv = self.struct_var(fx.fmt)
+        self._tmp += 1
+        d, v = f"_d{self._tmp}", f"_v{self._tmp}"
+        # the arms' values differ in type: one declaration (compiled code checks local types)
+        lines = [f"{v}: _Any", f"({d},) = {sv}.unpack_from(buf, off)", f"off += {fx.size}"]
+        kw = "if"
+        for arm in u.arms:
+            if len(arm.cases) == 1:
+                cond = f"{d} == {arm.cases[0]}"
+                value = self.case_value(disc, arm.cases[0])
+            else:
+                cond = f"{d} in ({', '.join(str(c) for c in arm.cases)})"
+                value = self.build_fixed(disc, f"({d},)", 0)
+            lines.append(f"{kw} {cond}:")
+            kw = "elif"
+            if arm.decl.is_void:
+                lines.append(f"    {target} = {u.name}({value}, None)")
+            else:
+                ddp = (u.name, arm.decl.name) in self.opts.ddp_fields
+                lines += self.dec_stmts(arm.decl, v, ddp, "    ", depth + 1)
+                lines.append(f"    {target} = {u.name}({value}, {v})")
+        lines += ["else:", f"    {target}, off = _dec_any_{u.name}(r, off - {fx.size})"]
+        return lines
 
     def _enc_bound(self, d: Decl, bound: str) -> list[str]:
         if bound == "None":
@@ -534,25 +687,51 @@ class Generator:
         for group in self.field_groups(fields):
             fxs = [self.fixed_of_decl(f) for f in group]
             if all(fx is not None for fx in fxs) and len(group) > 1:
-                fmts = "".join(fx.fmt for fx in fxs if fx is not None)
-                size = sum(fx.size for fx in fxs if fx is not None)
-                lines.append(f"{ind}_t = {self.struct_var(fmts)}.unpack_from(buf, off)")
-                lines.append(f"{ind}off += {size}")
-                i = 0
-                for f, fx in zip(group, fxs, strict=True):
-                    assert fx is not None
-                    lines.append(f"{ind}{prefix}{f.name} = {self.build_fixed(f, '_t', i)}")
-                    i += fx.items
+                run = [(f"{prefix}{f.name}", f) for f in group]
+                lines += [ind + x for x in self.fixed_dec_lines(run)]
             else:
                 f = group[0]
                 ddp = (name, f.name) in self.opts.ddp_fields
                 lines += self.dec_stmts(f, f"{prefix}{f.name}", ddp, ind, depth)
         return lines
 
+    def fixed_dec_lines(self, run: list[tuple[str, Decl]]) -> list[str]:
+        """Decode a run of fixed-size declarations into their targets with one ``unpack_from``
+        whose values go straight into locals (a struct made of plain values is built from the
+        unpacked tuple directly)."""
+        fxs = [self.fixed_of_decl(d) for _, d in run]
+        fmt = "".join(fx.fmt for fx in fxs if fx is not None)
+        size = sum(fx.size for fx in fxs if fx is not None)
+        sv = self.struct_var(fmt)
+        items: list[str] = []  # what each unpacked value is stored in
+        after: list[str] = []  # values that are built from several items or converted
+        i = 0
+        for (target, d), fx in zip(run, fxs, strict=True):
+            assert fx is not None
+            build = self.build_fixed(d, "_t", i)
+            if build == f"_t[{i}]":
+                items.append(target)
+            elif len(run) == 1 and build == _call_of(build, fx.items):
+                # one struct of plain values: built from the tuple as it comes
+                callee = build.split("(", 1)[0]
+                return [f"{target} = {callee}(*{sv}.unpack_from(buf, off))", f"off += {size}"]
+            else:
+                items += [f"_t{i + k}" for k in range(fx.items)]
+                built = _TUPLE_ITEM.sub(r"_t\1", build)
+                after.append(f"{target} = {built}")
+            i += fx.items
+        names = f"({items[0]},)" if len(items) == 1 else ", ".join(items)
+        lines = [f"{names} = {sv}.unpack_from(buf, off)"]
+        lines.append(f"off += {size}")
+        return lines + after
+
     def gen_struct_body_enc(
-        self, name: str, fields: list[Decl], v: str, ind: str, depth: int = 0
+        self, name: str, fields: list[Decl], v: str, ind: str, depth: int = 0, head: Head = ()
     ) -> list[str]:
+        """Encode ``fields`` of ``v``; ``head`` (see ``enc_stmts``) goes with the first."""
         lines: list[str] = []
+        if not fields:
+            return [ind + x for x in self.emit_head(head)]
         for group in self.field_groups(fields):
             fxs = [self.fixed_of_decl(f) for f in group]
             if all(fx is not None for fx in fxs) and len(group) > 1:
@@ -562,11 +741,12 @@ class Generator:
                     args += self.flatten_fixed(f, f"{v}.{pyname(f.name)}", checks)
                 fmts = "".join(fx.fmt for fx in fxs if fx is not None)
                 lines += [ind + c for c in checks]
-                lines.append(f"{ind}w += {self.struct_var(fmts)}.pack({', '.join(args)})")
+                lines.append(ind + self.pack_line(head, fmts, args))
             else:
                 f = group[0]
                 ddp = (name, f.name) in self.opts.ddp_fields
-                lines += self.enc_stmts(f, f"{v}.{pyname(f.name)}", ddp, ind, depth)
+                lines += self.enc_stmts(f, f"{v}.{pyname(f.name)}", ddp, ind, depth, head)
+            head = ()
         return lines
 
     def wrap(self, kind: str, name: str, body: list[str], ret: str | None) -> list[str]:
@@ -610,8 +790,14 @@ class Generator:
         o.append("")
         o.append("")
         o.append(f"def dec_{s.name}(r: _Reader, off: int) -> tuple[{s.name}, int]:")
-        body = self.gen_struct_body_dec(s.name, fields, "        ")
-        o += self.wrap("dec", s.name, body, f"{s.name}({names})")
+        if not node and fields and self.fixed_of_type(s.name) is not None:
+            # all of it fixed-size: one unpack, the struct built from its values
+            run = [("_u", Decl("", s.name))]
+            body = ["        " + x for x in self.fixed_dec_lines(run)]
+            o += self.wrap("dec", s.name, body, "_u")
+        else:
+            body = self.gen_struct_body_dec(s.name, fields, "        ")
+            o += self.wrap("dec", s.name, body, f"{s.name}({names})")
         o.append("")
         o.append("")
         if node:
@@ -780,7 +966,10 @@ class Generator:
         disc_fx = self.fixed_of_decl(disc)
         assert disc_fx is not None and disc_fx.items == 1, f"bad discriminant in {u.name}"
         sv = self.struct_var(disc_fx.fmt)
-        o.append(f"def enc_{u.name}(w: _Writer, v: {u.name}) -> None:")
+        small = self.small_union(u)
+        # The dictionary-driven codecs: the whole union for large ones, the default arm and
+        # the errors for small ones (whose cases are coded inline).
+        o.append(f"def _enc_any_{u.name}(w: _Writer, v: {u.name}) -> None:")
         o.append("    try:")
         o.append(f"        _d = v.{dname}")
         if default:
@@ -797,9 +986,62 @@ class Generator:
         o.append(f"        raise _XdrError(f'cannot encode {u.name}: {{_e!r}}', len(w)) from None")
         o.append("")
         o.append("")
-        o.append(f"def dec_{u.name}(r: _Reader, off: int) -> tuple[{u.name}, int]:")
+        name = f"_dec_any_{u.name}" if small else f"dec_{u.name}"
+        o.append(f"def {name}(r: _Reader, off: int) -> tuple[{u.name}, int]:")
         body = ["        " + x for x in self.union_dec_lines(u, "_u")]
         o += self.wrap("dec", u.name, body, "_u")
+        o.append("")
+        o.append("")
+        enc_errors = "(_struct.error, TypeError, AttributeError, KeyError, UnicodeError)"
+        if small:
+            o.append(f"def enc_{u.name}(w: _Writer, v: {u.name}) -> None:")
+            o.append("    try:")
+            o += ["        " + x for x in self.small_union_enc_lines(u, "v", 0, ())]
+            o.append(f"    except {enc_errors} as _e:")
+            o.append(
+                f"        raise _XdrError(f'cannot encode {u.name}: {{_e!r}}', len(w)) from None"
+            )
+            o.append("")
+            o.append("")
+            o.append(f"def dec_{u.name}(r: _Reader, off: int) -> tuple[{u.name}, int]:")
+            body = ["        " + x for x in self.small_union_dec_lines(u, "_u", 0)]
+            o += self.wrap("dec", u.name, body, "_u")
+            o.append("")
+            o.append("")
+            return
+        # Large unions: one encoder per case writes the discriminant with the arm's first
+        # fixed-size run (``_U_ENCX``); the default arm and the errors go to ``_enc_any_U``.
+        entries: list[str] = []
+        for arm, (_, _, ann) in codecs:
+            assert arm is not None
+            ddp = (u.name, arm.decl.name) in self.opts.ddp_fields
+            for case in arm.cases:
+                fn = f"_enc_{u.name}_{case}"
+                entries.append(f"{case}: {fn}")
+                o.append(f"def {fn}(w: _Writer, v: {ann}) -> None:")
+                h: Head = ((disc_fx.fmt, str(case)),)
+                if arm.decl.is_void:
+                    body = ["        " + x for x in self.emit_head(h)]
+                else:
+                    body = self.enc_stmts(arm.decl, "v", ddp, "        ", 1, h)
+                o += self.wrap("enc", f"{u.name}.{arm.decl.name}", body, None)
+                o.append("")
+                o.append("")
+        o.append(
+            f"_{u.name}_ENCX: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = "
+            f"{{{', '.join(entries)}}}"
+        )
+        o.append("")
+        o.append("")
+        o.append(f"def enc_{u.name}(w: _Writer, v: {u.name}) -> None:")
+        o.append("    try:")
+        o.append(f"        _f = _{u.name}_ENCX.get(v.{dname})")
+        o.append("        if _f is None:")
+        o.append(f"            _enc_any_{u.name}(w, v)")
+        o.append("        else:")
+        o.append("            _f(w, v.value)")
+        o.append("    except (TypeError, AttributeError) as _e:")
+        o.append(f"        raise _XdrError(f'cannot encode {u.name}: {{_e!r}}', len(w)) from None")
         o.append("")
         o.append("")
 
@@ -1000,6 +1242,7 @@ class Generator:
             "    U32 as _U32,",
             "    Operation as _Operation,",
             "    Buffer as _Buffer,",
+            "    DdpItem as _DdpItem,",
             "    Reader as _Reader,",
             "    Writer as _Writer,",
             "    XdrError as _XdrError,",
@@ -1080,6 +1323,14 @@ class Generator:
 
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_TUPLE_ITEM = re.compile(r"_t\[(\d+)\]")
+
+
+def _call_of(build: str, items: int) -> str:
+    """``build`` if it calls a constructor with ``_t[0]``, ..., ``_t[items-1]`` in order."""
+    callee = build.split("(", 1)[0]
+    args = ", ".join(f"_t[{k}]" for k in range(items))
+    return f"{callee}({args})" if callee.isidentifier() else ""
 
 
 def _top_level_names(text: str) -> list[str]:

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from nfsrdma.xdr.ast import Const, Typedef
+from nfsrdma.xdr.ast import Const, Decl, Kind, Typedef
 
 if TYPE_CHECKING:
     from nfsrdma.xdr.codegen import Generator
@@ -321,7 +321,12 @@ class _Section:
                 builds.append((n, name))
                 continue
             flush()
-            body.append(f"        out[{n}], off = dec_fattr4_{name}(r, off)")
+            d = g.resolve(Decl(f"fattr4_{name}", f"fattr4_{name}"))
+            if d.kind is Kind.VARIABLE and d.type in ("opaque", "string"):
+                # owner strings, file handles: inline, bounds checked as dec_fattr4_X does
+                body += g.dec_stmts(d, f"out[{n}]", False, "        ")
+            else:
+                body.append(f"        out[{n}], off = dec_fattr4_{name}(r, off)")
         flush()
         return body
 

@@ -45,7 +45,9 @@ class Writer(bytearray):
     __slots__ = ("ddp", "ddp_tag")
 
     def __init__(self, initial: Buffer = b"") -> None:
-        super().__init__(initial)
+        # bytearray.__new__ made it empty; appending is cheaper than bytearray.__init__.
+        if initial:
+            self += initial
         self.ddp: list[DdpItem] = []
         self.ddp_tag = 0
 
@@ -87,4 +89,15 @@ class Writer(bytearray):
         return out
 
     def flatten(self) -> bytes:
-        return b"".join(self.pieces())
+        """The whole stream as bytes, DDP items spliced back in with their padding."""
+        ddp = self.ddp
+        if not ddp:
+            return bytes(self)
+        out: list[Buffer] = []
+        start = 0
+        for item in ddp:
+            data = item.data
+            out += (self[start : item.offset], data, PAD[len(data) & 3])
+            start = item.offset
+        out.append(self[start:])
+        return b"".join(out)

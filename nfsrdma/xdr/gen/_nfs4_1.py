@@ -23,6 +23,7 @@ from nfsrdma.xdr.runtime import (
     U32 as _U32,
     Operation as _Operation,
     Buffer as _Buffer,
+    DdpItem as _DdpItem,
     Reader as _Reader,
     Writer as _Writer,
     XdrError as _XdrError,
@@ -40,13 +41,14 @@ _S4: _Final = _struct.Struct('>Q')
 _S5: _Final = _struct.Struct('>16s')
 _S6: _Final = _struct.Struct('>8s')
 _S7: _Final = _struct.Struct('>qI')
-_S8: _Final = _struct.Struct('>QQ')
-_S9: _Final = _struct.Struct('>III')
-_S10: _Final = _struct.Struct('>I12s')
-_S11: _Final = _struct.Struct('>QQi')
-_S12: _Final = _struct.Struct('>QQI12s')
-_S13: _Final = _struct.Struct('>Ii')
-_S14: _Final = _struct.Struct('>iqI')
+_S8: _Final = _struct.Struct('>iqI')
+_S9: _Final = _struct.Struct('>QQ')
+_S10: _Final = _struct.Struct('>III')
+_S11: _Final = _struct.Struct('>I12s')
+_S12: _Final = _struct.Struct('>QQi')
+_S13: _Final = _struct.Struct('>QQI12s')
+_S14: _Final = _struct.Struct('>iQQI12s')
+_S15: _Final = _struct.Struct('>Ii')
 
 
 class auth_flavor(_IntEnum):
@@ -95,7 +97,7 @@ def enc_authsys_parms(w: _Writer, v: authsys_parms) -> None:
         _n = len(_v)
         if _n > 255:
             raise _XdrError('machinename: length %d exceeds 255' % _n, len(w))
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
         w += _S1.pack(v.uid, v.gid)
@@ -103,7 +105,7 @@ def enc_authsys_parms(w: _Writer, v: authsys_parms) -> None:
         _n = len(_a1)
         if _n > 16:
             raise _XdrError('gids: length %d exceeds 16' % _n, len(w))
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _struct.pack('>%dI' % _n, *_a1)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode authsys_parms: {_e}', len(w)) from None
@@ -113,9 +115,8 @@ def dec_authsys_parms(r: _Reader, off: int) -> tuple[authsys_parms, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (f_stamp,) = _S0.unpack_from(buf, off)
         off += 4
-        f_stamp = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 255:
             raise _XdrError('machinename: length %d exceeds 255' % _n, off)
@@ -123,14 +124,10 @@ def dec_authsys_parms(r: _Reader, off: int) -> tuple[authsys_parms, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('string runs past the end', off)
         f_machinename = str(buf[off:_e], 'utf-8', 'surrogateescape')
         off = _e + (-_n & 3)
-        _t = _S1.unpack_from(buf, off)
+        f_uid, f_gid = _S1.unpack_from(buf, off)
         off += 8
-        f_uid = _t[0]
-        f_gid = _t[1]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 16:
             raise _XdrError('gids: length %d exceeds 16' % _n, off)
@@ -185,9 +182,8 @@ def dec_int32_t(r: _Reader, off: int) -> tuple[int32_t, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_v,) = _S2.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated int32_t', o0) from None
     return _v, off
@@ -207,9 +203,8 @@ def dec_uint32_t(r: _Reader, off: int) -> tuple[uint32_t, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated uint32_t', o0) from None
     return _v, off
@@ -229,9 +224,8 @@ def dec_int64_t(r: _Reader, off: int) -> tuple[int64_t, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S3.unpack_from(buf, off)
+        (_v,) = _S3.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated int64_t', o0) from None
     return _v, off
@@ -251,9 +245,8 @@ def dec_uint64_t(r: _Reader, off: int) -> tuple[uint64_t, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated uint64_t', o0) from None
     return _v, off
@@ -550,7 +543,7 @@ def enc_attrlist4(w: _Writer, v: attrlist4) -> None:
     try:
         _v = v
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -566,8 +559,6 @@ def dec_attrlist4(r: _Reader, off: int) -> tuple[attrlist4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -582,7 +573,7 @@ def enc_bitmap4(w: _Writer, v: bitmap4) -> None:
     try:
         _a2 = v
         _n = len(_a2)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         for _x2 in _a2:
             w += _S0.pack(_x2)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -600,9 +591,8 @@ def dec_bitmap4(r: _Reader, off: int) -> tuple[bitmap4, int]:
         _v = []
         _c3 = _n
         for _ in range(_c3):
-            _t = _S0.unpack_from(buf, off)
+            (_x3,) = _S0.unpack_from(buf, off)
             off += 4
-            _x3 = _t[0]
             _v.append(_x3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated bitmap4', o0) from None
@@ -623,9 +613,8 @@ def dec_changeid4(r: _Reader, off: int) -> tuple[changeid4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated changeid4', o0) from None
     return _v, off
@@ -645,9 +634,8 @@ def dec_clientid4(r: _Reader, off: int) -> tuple[clientid4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated clientid4', o0) from None
     return _v, off
@@ -667,9 +655,8 @@ def dec_count4(r: _Reader, off: int) -> tuple[count4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated count4', o0) from None
     return _v, off
@@ -689,9 +676,8 @@ def dec_length4(r: _Reader, off: int) -> tuple[length4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated length4', o0) from None
     return _v, off
@@ -711,9 +697,8 @@ def dec_mode4(r: _Reader, off: int) -> tuple[mode4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated mode4', o0) from None
     return _v, off
@@ -733,9 +718,8 @@ def dec_nfs_cookie4(r: _Reader, off: int) -> tuple[nfs_cookie4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfs_cookie4', o0) from None
     return _v, off
@@ -750,7 +734,7 @@ def enc_nfs_fh4(w: _Writer, v: nfs_fh4) -> None:
         _n = len(_v)
         if _n > 128:
             raise _XdrError('nfs_fh4: length %d exceeds 128' % _n, len(w))
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -768,8 +752,6 @@ def dec_nfs_fh4(r: _Reader, off: int) -> tuple[nfs_fh4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -791,9 +773,8 @@ def dec_offset4(r: _Reader, off: int) -> tuple[offset4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated offset4', o0) from None
     return _v, off
@@ -813,9 +794,8 @@ def dec_qop4(r: _Reader, off: int) -> tuple[qop4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated qop4', o0) from None
     return _v, off
@@ -828,7 +808,7 @@ def enc_sec_oid4(w: _Writer, v: sec_oid4) -> None:
     try:
         _v = v
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -844,8 +824,6 @@ def dec_sec_oid4(r: _Reader, off: int) -> tuple[sec_oid4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -867,9 +845,8 @@ def dec_sequenceid4(r: _Reader, off: int) -> tuple[sequenceid4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated sequenceid4', o0) from None
     return _v, off
@@ -889,9 +866,8 @@ def dec_seqid4(r: _Reader, off: int) -> tuple[seqid4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated seqid4', o0) from None
     return _v, off
@@ -912,9 +888,8 @@ def dec_sessionid4(r: _Reader, off: int) -> tuple[sessionid4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S5.unpack_from(buf, off)
+        (_v,) = _S5.unpack_from(buf, off)
         off += 16
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated sessionid4', o0) from None
     return _v, off
@@ -934,9 +909,8 @@ def dec_slotid4(r: _Reader, off: int) -> tuple[slotid4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated slotid4', o0) from None
     return _v, off
@@ -949,7 +923,7 @@ def enc_utf8string(w: _Writer, v: utf8string) -> None:
     try:
         _v = v
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -965,8 +939,6 @@ def dec_utf8string(r: _Reader, off: int) -> tuple[utf8string, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -981,7 +953,7 @@ def enc_utf8str_cis(w: _Writer, v: utf8str_cis) -> None:
     try:
         _v = v
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -997,8 +969,6 @@ def dec_utf8str_cis(r: _Reader, off: int) -> tuple[utf8str_cis, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1013,7 +983,7 @@ def enc_utf8str_cs(w: _Writer, v: utf8str_cs) -> None:
     try:
         _v = v
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1029,8 +999,6 @@ def dec_utf8str_cs(r: _Reader, off: int) -> tuple[utf8str_cs, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1045,7 +1013,7 @@ def enc_utf8str_mixed(w: _Writer, v: utf8str_mixed) -> None:
     try:
         _v = v
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1061,8 +1029,6 @@ def dec_utf8str_mixed(r: _Reader, off: int) -> tuple[utf8str_mixed, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1077,7 +1043,7 @@ def enc_component4(w: _Writer, v: component4) -> None:
     try:
         _v = v
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1093,8 +1059,6 @@ def dec_component4(r: _Reader, off: int) -> tuple[component4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1109,7 +1073,7 @@ def enc_linktext4(w: _Writer, v: linktext4) -> None:
     try:
         _v = v
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1125,8 +1089,6 @@ def dec_linktext4(r: _Reader, off: int) -> tuple[linktext4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1141,11 +1103,11 @@ def enc_pathname4(w: _Writer, v: pathname4) -> None:
     try:
         _a4 = v
         _n = len(_a4)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         for _x4 in _a4:
             _v = _x4
             _n = len(_v)
-            w += _U32.pack(_n)
+            w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1168,8 +1130,6 @@ def dec_pathname4(r: _Reader, off: int) -> tuple[pathname4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
             _x5 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             _v.append(_x5)
@@ -1193,9 +1153,8 @@ def dec_verifier4(r: _Reader, off: int) -> tuple[verifier4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S6.unpack_from(buf, off)
+        (_v,) = _S6.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated verifier4', o0) from None
     return _v, off
@@ -1218,13 +1177,11 @@ def dec_nfstime4(r: _Reader, off: int) -> tuple[nfstime4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S7.unpack_from(buf, off)
+        _u = nfstime4(*_S7.unpack_from(buf, off))
         off += 12
-        f_seconds = _t[0]
-        f_nseconds = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfstime4', o0) from None
-    return nfstime4(f_seconds, f_nseconds), off
+    return _u, off
 
 
 class time_how4(_IntEnum):
@@ -1262,7 +1219,7 @@ _settime4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = 
 _settime4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_time_how4_MAP[(1,)[0]], dec_nfstime4)}
 
 
-def enc_settime4(w: _Writer, v: settime4) -> None:
+def _enc_any_settime4(w: _Writer, v: settime4) -> None:
     try:
         _d = v.set_it
         _f = _settime4_ENC.get(_d, _void_encode)
@@ -1273,7 +1230,7 @@ def enc_settime4(w: _Writer, v: settime4) -> None:
         raise _XdrError(f'cannot encode settime4: {_e!r}', len(w)) from None
 
 
-def dec_settime4(r: _Reader, off: int) -> tuple[settime4, int]:
+def _dec_any_settime4(r: _Reader, off: int) -> tuple[settime4, int]:
     buf = r.buf
     o0 = off
     try:
@@ -1293,6 +1250,38 @@ def dec_settime4(r: _Reader, off: int) -> tuple[settime4, int]:
     return _u, off
 
 
+def enc_settime4(w: _Writer, v: settime4) -> None:
+    try:
+        _u7 = v
+        _d7 = _u7.set_it
+        _w7: _Any
+        if _d7 == 1:
+            _w7 = _u7.value
+            w += _S8.pack(1, _w7.seconds, _w7.nseconds)
+        else:
+            _enc_any_settime4(w, _u7)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode settime4: {_e!r}', len(w)) from None
+
+
+def dec_settime4(r: _Reader, off: int) -> tuple[settime4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v8: _Any
+        (_d8,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d8 == 1:
+            _v8 = nfstime4(*_S7.unpack_from(buf, off))
+            off += 12
+            _u = settime4(SET_TO_CLIENT_TIME4, _v8)
+        else:
+            _u, off = _dec_any_settime4(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated settime4', o0) from None
+    return _u, off
+
+
 nfs_lease4: _TypeAlias = "int"
 
 
@@ -1307,9 +1296,8 @@ def dec_nfs_lease4(r: _Reader, off: int) -> tuple[nfs_lease4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfs_lease4', o0) from None
     return _v, off
@@ -1323,7 +1311,7 @@ class fsid4:
 
 def enc_fsid4(w: _Writer, v: fsid4) -> None:
     try:
-        w += _S8.pack(v.major, v.minor)
+        w += _S9.pack(v.major, v.minor)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fsid4: {_e}', len(w)) from None
 
@@ -1332,13 +1320,11 @@ def dec_fsid4(r: _Reader, off: int) -> tuple[fsid4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S8.unpack_from(buf, off)
+        _u = fsid4(*_S9.unpack_from(buf, off))
         off += 16
-        f_major = _t[0]
-        f_minor = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fsid4', o0) from None
-    return fsid4(f_major, f_minor), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1349,7 +1335,7 @@ class change_policy4:
 
 def enc_change_policy4(w: _Writer, v: change_policy4) -> None:
     try:
-        w += _S8.pack(v.cp_major, v.cp_minor)
+        w += _S9.pack(v.cp_major, v.cp_minor)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode change_policy4: {_e}', len(w)) from None
 
@@ -1358,13 +1344,11 @@ def dec_change_policy4(r: _Reader, off: int) -> tuple[change_policy4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S8.unpack_from(buf, off)
+        _u = change_policy4(*_S9.unpack_from(buf, off))
         off += 16
-        f_cp_major = _t[0]
-        f_cp_minor = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated change_policy4', o0) from None
-    return change_policy4(f_cp_major, f_cp_minor), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1375,22 +1359,22 @@ class fs_location4:
 
 def enc_fs_location4(w: _Writer, v: fs_location4) -> None:
     try:
-        _a7 = v.server
-        _n = len(_a7)
-        w += _U32.pack(_n)
-        for _x7 in _a7:
-            _v = _x7
+        _a9 = v.server
+        _n = len(_a9)
+        w += _S0.pack(_n)
+        for _x9 in _a9:
+            _v = _x9
             _n = len(_v)
-            w += _U32.pack(_n)
+            w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        _a8 = v.rootpath
-        _n = len(_a8)
-        w += _U32.pack(_n)
-        for _x8 in _a8:
-            _v = _x8
+        _a10 = v.rootpath
+        _n = len(_a10)
+        w += _S0.pack(_n)
+        for _x10 in _a10:
+            _v = _x10
             _n = len(_v)
-            w += _U32.pack(_n)
+            w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1406,35 +1390,31 @@ def dec_fs_location4(r: _Reader, off: int) -> tuple[fs_location4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_server = []
-        _c9 = _n
-        for _ in range(_c9):
+        _c11 = _n
+        for _ in range(_c11):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _x9 = bytes(buf[off:_e])
+            _x11 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_server.append(_x9)
+            f_server.append(_x11)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_rootpath = []
-        _c10 = _n
-        for _ in range(_c10):
+        _c12 = _n
+        for _ in range(_c12):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _x10 = bytes(buf[off:_e])
+            _x12 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_rootpath.append(_x10)
+            f_rootpath.append(_x12)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fs_location4', o0) from None
     return fs_location4(f_server, f_rootpath), off
@@ -1448,36 +1428,36 @@ class fs_locations4:
 
 def enc_fs_locations4(w: _Writer, v: fs_locations4) -> None:
     try:
-        _a11 = v.fs_root
-        _n = len(_a11)
-        w += _U32.pack(_n)
-        for _x11 in _a11:
-            _v = _x11
+        _a13 = v.fs_root
+        _n = len(_a13)
+        w += _S0.pack(_n)
+        for _x13 in _a13:
+            _v = _x13
             _n = len(_v)
-            w += _U32.pack(_n)
+            w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        _a12 = v.locations
-        _n = len(_a12)
-        w += _U32.pack(_n)
-        for _x12 in _a12:
-            _s13 = _x12
-            _a14 = _s13.server
-            _n = len(_a14)
-            w += _U32.pack(_n)
-            for _x14 in _a14:
-                _v = _x14
+        _a14 = v.locations
+        _n = len(_a14)
+        w += _S0.pack(_n)
+        for _x14 in _a14:
+            _s15 = _x14
+            _a16 = _s15.server
+            _n = len(_a16)
+            w += _S0.pack(_n)
+            for _x16 in _a16:
+                _v = _x16
                 _n = len(_v)
-                w += _U32.pack(_n)
+                w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
-            _a15 = _s13.rootpath
-            _n = len(_a15)
-            w += _U32.pack(_n)
-            for _x15 in _a15:
-                _v = _x15
+            _a17 = _s15.rootpath
+            _n = len(_a17)
+            w += _S0.pack(_n)
+            for _x17 in _a17:
+                _v = _x17
                 _n = len(_v)
-                w += _U32.pack(_n)
+                w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1493,61 +1473,55 @@ def dec_fs_locations4(r: _Reader, off: int) -> tuple[fs_locations4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_fs_root = []
-        _c16 = _n
-        for _ in range(_c16):
+        _c18 = _n
+        for _ in range(_c18):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _x16 = bytes(buf[off:_e])
+            _x18 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_fs_root.append(_x16)
+            f_fs_root.append(_x18)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_locations = []
-        _c17 = _n
-        for _ in range(_c17):
+        _c19 = _n
+        for _ in range(_c19):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i18_server = []
-            _c19 = _n
-            for _ in range(_c19):
+            _i20_server = []
+            _c21 = _n
+            for _ in range(_c21):
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
-                _x19 = bytes(buf[off:_e])
+                _x21 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _i18_server.append(_x19)
+                _i20_server.append(_x21)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i18_rootpath = []
-            _c20 = _n
-            for _ in range(_c20):
+            _i20_rootpath = []
+            _c22 = _n
+            for _ in range(_c22):
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
-                _x20 = bytes(buf[off:_e])
+                _x22 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _i18_rootpath.append(_x20)
-            _x17 = fs_location4(_i18_server, _i18_rootpath)
-            f_locations.append(_x17)
+                _i20_rootpath.append(_x22)
+            _x19 = fs_location4(_i20_server, _i20_rootpath)
+            f_locations.append(_x19)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fs_locations4', o0) from None
     return fs_locations4(f_fs_root, f_locations), off
@@ -1567,9 +1541,8 @@ def dec_acetype4(r: _Reader, off: int) -> tuple[acetype4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated acetype4', o0) from None
     return _v, off
@@ -1589,9 +1562,8 @@ def dec_aceflag4(r: _Reader, off: int) -> tuple[aceflag4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated aceflag4', o0) from None
     return _v, off
@@ -1611,9 +1583,8 @@ def dec_acemask4(r: _Reader, off: int) -> tuple[acemask4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated acemask4', o0) from None
     return _v, off
@@ -1629,10 +1600,10 @@ class nfsace4:
 
 def enc_nfsace4(w: _Writer, v: nfsace4) -> None:
     try:
-        w += _S9.pack(v.type, v.flag, v.access_mask)
+        w += _S10.pack(v.type, v.flag, v.access_mask)
         _v = v.who
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1643,18 +1614,13 @@ def dec_nfsace4(r: _Reader, off: int) -> tuple[nfsace4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S9.unpack_from(buf, off)
+        f_type, f_flag, f_access_mask = _S10.unpack_from(buf, off)
         off += 12
-        f_type = _t[0]
-        f_flag = _t[1]
-        f_access_mask = _t[2]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_who = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1676,9 +1642,8 @@ def dec_aclflag4(r: _Reader, off: int) -> tuple[aclflag4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated aclflag4', o0) from None
     return _v, off
@@ -1693,15 +1658,15 @@ class nfsacl41:
 def enc_nfsacl41(w: _Writer, v: nfsacl41) -> None:
     try:
         w += _S0.pack(v.na41_flag)
-        _a21 = v.na41_aces
-        _n = len(_a21)
-        w += _U32.pack(_n)
-        for _x21 in _a21:
-            _s22 = _x21
-            w += _S9.pack(_s22.type, _s22.flag, _s22.access_mask)
-            _v = _s22.who
+        _a23 = v.na41_aces
+        _n = len(_a23)
+        w += _S0.pack(_n)
+        for _x23 in _a23:
+            _s24 = _x23
+            w += _S10.pack(_s24.type, _s24.flag, _s24.access_mask)
+            _v = _s24.who
             _n = len(_v)
-            w += _U32.pack(_n)
+            w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1712,32 +1677,26 @@ def dec_nfsacl41(r: _Reader, off: int) -> tuple[nfsacl41, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (f_na41_flag,) = _S0.unpack_from(buf, off)
         off += 4
-        f_na41_flag = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_na41_aces = []
-        _c23 = _n
-        for _ in range(_c23):
-            _t = _S9.unpack_from(buf, off)
+        _c25 = _n
+        for _ in range(_c25):
+            _i26_type, _i26_flag, _i26_access_mask = _S10.unpack_from(buf, off)
             off += 12
-            _i24_type = _t[0]
-            _i24_flag = _t[1]
-            _i24_access_mask = _t[2]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _i24_who = bytes(buf[off:_e])
+            _i26_who = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _x23 = nfsace4(_i24_type, _i24_flag, _i24_access_mask, _i24_who)
-            f_na41_aces.append(_x23)
+            _x25 = nfsace4(_i26_type, _i26_flag, _i26_access_mask, _i26_who)
+            f_na41_aces.append(_x25)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfsacl41', o0) from None
     return nfsacl41(f_na41_flag, f_na41_aces), off
@@ -1760,13 +1719,11 @@ def dec_mode_masked4(r: _Reader, off: int) -> tuple[mode_masked4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S1.unpack_from(buf, off)
+        _u = mode_masked4(*_S1.unpack_from(buf, off))
         off += 8
-        f_mm_value_to_set = _t[0]
-        f_mm_mask_bits = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated mode_masked4', o0) from None
-    return mode_masked4(f_mm_value_to_set, f_mm_mask_bits), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1786,13 +1743,11 @@ def dec_specdata4(r: _Reader, off: int) -> tuple[specdata4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S1.unpack_from(buf, off)
+        _u = specdata4(*_S1.unpack_from(buf, off))
         off += 8
-        f_specdata1 = _t[0]
-        f_specdata2 = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated specdata4', o0) from None
-    return specdata4(f_specdata1, f_specdata2), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1805,12 +1760,12 @@ def enc_netaddr4(w: _Writer, v: netaddr4) -> None:
     try:
         _v = v.na_r_netid.encode('utf-8', 'surrogateescape')
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
         _v = v.na_r_addr.encode('utf-8', 'surrogateescape')
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1826,8 +1781,6 @@ def dec_netaddr4(r: _Reader, off: int) -> tuple[netaddr4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('string runs past the end', off)
         f_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -1835,8 +1788,6 @@ def dec_netaddr4(r: _Reader, off: int) -> tuple[netaddr4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('string runs past the end', off)
         f_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1855,12 +1806,12 @@ def enc_nfs_impl_id4(w: _Writer, v: nfs_impl_id4) -> None:
     try:
         _v = v.nii_domain
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
         _v = v.nii_name
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
         w += _S7.pack(v.nii_date.seconds, v.nii_date.nseconds)
@@ -1877,8 +1828,6 @@ def dec_nfs_impl_id4(r: _Reader, off: int) -> tuple[nfs_impl_id4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_nii_domain = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -1886,13 +1835,10 @@ def dec_nfs_impl_id4(r: _Reader, off: int) -> tuple[nfs_impl_id4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_nii_name = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S7.unpack_from(buf, off)
+        f_nii_date = nfstime4(*_S7.unpack_from(buf, off))
         off += 12
-        f_nii_date = nfstime4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfs_impl_id4', o0) from None
     return nfs_impl_id4(f_nii_domain, f_nii_name, f_nii_date), off
@@ -1907,7 +1853,7 @@ class stateid4:
 def enc_stateid4(w: _Writer, v: stateid4) -> None:
     try:
         if len(v.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S10.pack(v.seqid, v.other)
+        w += _S11.pack(v.seqid, v.other)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode stateid4: {_e}', len(w)) from None
 
@@ -1916,13 +1862,11 @@ def dec_stateid4(r: _Reader, off: int) -> tuple[stateid4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S10.unpack_from(buf, off)
+        _u = stateid4(*_S11.unpack_from(buf, off))
         off += 16
-        f_seqid = _t[0]
-        f_other = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated stateid4', o0) from None
-    return stateid4(f_seqid, f_other), off
+    return _u, off
 
 
 class layouttype4(_IntEnum):
@@ -1962,7 +1906,7 @@ def enc_layout_content4(w: _Writer, v: layout_content4) -> None:
         w += _S2.pack(v.loc_type)
         _v = v.loc_body
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1973,16 +1917,14 @@ def dec_layout_content4(r: _Reader, off: int) -> tuple[layout_content4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_loc_type = _layouttype4_MAP[_t[0]]
+        f_loc_type = _layouttype4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_loc_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2001,7 +1943,7 @@ def enc_layouthint4(w: _Writer, v: layouthint4) -> None:
         w += _S2.pack(v.loh_type)
         _v = v.loh_body
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -2012,16 +1954,14 @@ def dec_layouthint4(r: _Reader, off: int) -> tuple[layouthint4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_loh_type = _layouttype4_MAP[_t[0]]
+        f_loh_type = _layouttype4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_loh_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2065,12 +2005,12 @@ class layout4:
 
 def enc_layout4(w: _Writer, v: layout4) -> None:
     try:
-        w += _S11.pack(v.lo_offset, v.lo_length, v.lo_iomode)
-        _s25 = v.lo_content
-        w += _S2.pack(_s25.loc_type)
-        _v = _s25.loc_body
+        w += _S12.pack(v.lo_offset, v.lo_length, v.lo_iomode)
+        _s27 = v.lo_content
+        w += _S2.pack(_s27.loc_type)
+        _v = _s27.loc_body
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -2081,24 +2021,20 @@ def dec_layout4(r: _Reader, off: int) -> tuple[layout4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S11.unpack_from(buf, off)
+        f_lo_offset, f_lo_length, _t2 = _S12.unpack_from(buf, off)
         off += 20
-        f_lo_offset = _t[0]
-        f_lo_length = _t[1]
-        f_lo_iomode = _layoutiomode4_MAP[_t[2]]
-        _t = _S2.unpack_from(buf, off)
+        f_lo_iomode = _layoutiomode4_MAP[_t2]
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        _i26_loc_type = _layouttype4_MAP[_t[0]]
+        _i28_loc_type = _layouttype4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i26_loc_body = bytes(buf[off:_e])
+        _i28_loc_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_lo_content = layout_content4(_i26_loc_type, _i26_loc_body)
+        f_lo_content = layout_content4(_i28_loc_type, _i28_loc_body)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated layout4', o0) from None
     return layout4(f_lo_offset, f_lo_length, f_lo_iomode, f_lo_content), off
@@ -2119,9 +2055,8 @@ def dec_deviceid4(r: _Reader, off: int) -> tuple[deviceid4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S5.unpack_from(buf, off)
+        (_v,) = _S5.unpack_from(buf, off)
         off += 16
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated deviceid4', o0) from None
     return _v, off
@@ -2138,7 +2073,7 @@ def enc_device_addr4(w: _Writer, v: device_addr4) -> None:
         w += _S2.pack(v.da_layout_type)
         _v = v.da_addr_body
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -2149,16 +2084,14 @@ def dec_device_addr4(r: _Reader, off: int) -> tuple[device_addr4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_da_layout_type = _layouttype4_MAP[_t[0]]
+        f_da_layout_type = _layouttype4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_da_addr_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2177,7 +2110,7 @@ def enc_layoutupdate4(w: _Writer, v: layoutupdate4) -> None:
         w += _S2.pack(v.lou_type)
         _v = v.lou_body
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -2188,16 +2121,14 @@ def dec_layoutupdate4(r: _Reader, off: int) -> tuple[layoutupdate4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_lou_type = _layouttype4_MAP[_t[0]]
+        f_lou_type = _layouttype4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_lou_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2242,10 +2173,10 @@ class layoutreturn_file4:
 def enc_layoutreturn_file4(w: _Writer, v: layoutreturn_file4) -> None:
     try:
         if len(v.lrf_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S12.pack(v.lrf_offset, v.lrf_length, v.lrf_stateid.seqid, v.lrf_stateid.other)
+        w += _S13.pack(v.lrf_offset, v.lrf_length, v.lrf_stateid.seqid, v.lrf_stateid.other)
         _v = v.lrf_body
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -2256,18 +2187,14 @@ def dec_layoutreturn_file4(r: _Reader, off: int) -> tuple[layoutreturn_file4, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S12.unpack_from(buf, off)
+        f_lrf_offset, f_lrf_length, _t2, _t3 = _S13.unpack_from(buf, off)
         off += 32
-        f_lrf_offset = _t[0]
-        f_lrf_length = _t[1]
-        f_lrf_stateid = stateid4(_t[2], _t[3])
+        f_lrf_stateid = stateid4(_t2, _t3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_lrf_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2286,7 +2213,7 @@ _layoutreturn4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]
 _layoutreturn4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_layoutreturn_type4_MAP[(1,)[0]], dec_layoutreturn_file4)}
 
 
-def enc_layoutreturn4(w: _Writer, v: layoutreturn4) -> None:
+def _enc_any_layoutreturn4(w: _Writer, v: layoutreturn4) -> None:
     try:
         _d = v.lr_returntype
         _f = _layoutreturn4_ENC.get(_d, _void_encode)
@@ -2297,21 +2224,69 @@ def enc_layoutreturn4(w: _Writer, v: layoutreturn4) -> None:
         raise _XdrError(f'cannot encode layoutreturn4: {_e!r}', len(w)) from None
 
 
+def _dec_any_layoutreturn4(r: _Reader, off: int) -> tuple[layoutreturn4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v29: _Any
+        _f29: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d29,) = _S2.unpack_from(buf, off)
+        _a29 = _layoutreturn4_ARMS.get(_d29)
+        if _a29 is None:
+            _d29 = _layoutreturn_type4_MAP[(_d29,)[0]]
+            _f29 = _void_decode
+        else:
+            _d29, _f29 = _a29
+        _v29, off = _f29(r, off + 4)
+        _u = layoutreturn4(_d29, _v29)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated layoutreturn4', o0) from None
+    return _u, off
+
+
+def enc_layoutreturn4(w: _Writer, v: layoutreturn4) -> None:
+    try:
+        _u30 = v
+        _d30 = _u30.lr_returntype
+        _w30: _Any
+        if _d30 == 1:
+            _w30 = _u30.value
+            _s31 = _w30
+            if len(_s31.lrf_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S14.pack(1, _s31.lrf_offset, _s31.lrf_length, _s31.lrf_stateid.seqid, _s31.lrf_stateid.other)
+            _v = _s31.lrf_body
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        else:
+            _enc_any_layoutreturn4(w, _u30)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode layoutreturn4: {_e!r}', len(w)) from None
+
+
 def dec_layoutreturn4(r: _Reader, off: int) -> tuple[layoutreturn4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v27: _Any
-        _f27: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d27,) = _S2.unpack_from(buf, off)
-        _a27 = _layoutreturn4_ARMS.get(_d27)
-        if _a27 is None:
-            _d27 = _layoutreturn_type4_MAP[(_d27,)[0]]
-            _f27 = _void_decode
+        _v32: _Any
+        (_d32,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d32 == 1:
+            _i33_lrf_offset, _i33_lrf_length, _t2, _t3 = _S13.unpack_from(buf, off)
+            off += 32
+            _i33_lrf_stateid = stateid4(_t2, _t3)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i33_lrf_body = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _v32 = layoutreturn_file4(_i33_lrf_offset, _i33_lrf_length, _i33_lrf_stateid, _i33_lrf_body)
+            _u = layoutreturn4(LAYOUTRETURN4_FILE, _v32)
         else:
-            _d27, _f27 = _a27
-        _v27, off = _f27(r, off + 4)
-        _u = layoutreturn4(_d27, _v27)
+            _u, off = _dec_any_layoutreturn4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated layoutreturn4', o0) from None
     return _u, off
@@ -2359,18 +2334,18 @@ class fs4_status:
 
 def enc_fs4_status(w: _Writer, v: fs4_status) -> None:
     try:
-        w += _S13.pack(v.fss_absent, v.fss_type)
+        w += _S15.pack(v.fss_absent, v.fss_type)
         _v = v.fss_source
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
         _v = v.fss_current
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        w += _S14.pack(v.fss_age, v.fss_version.seconds, v.fss_version.nseconds)
+        w += _S8.pack(v.fss_age, v.fss_version.seconds, v.fss_version.nseconds)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fs4_status: {_e}', len(w)) from None
 
@@ -2379,17 +2354,15 @@ def dec_fs4_status(r: _Reader, off: int) -> tuple[fs4_status, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S13.unpack_from(buf, off)
+        _t0, _t1 = _S15.unpack_from(buf, off)
         off += 8
-        f_fss_absent = _BOOL[_t[0]]
-        f_fss_type = _fs4_status_type_MAP[_t[1]]
+        f_fss_absent = _BOOL[_t0]
+        f_fss_type = _fs4_status_type_MAP[_t1]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_fss_source = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -2397,14 +2370,11 @@ def dec_fs4_status(r: _Reader, off: int) -> tuple[fs4_status, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_fss_current = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S14.unpack_from(buf, off)
+        f_fss_age, _t1, _t2 = _S8.unpack_from(buf, off)
         off += 16
-        f_fss_age = _t[0]
-        f_fss_version = nfstime4(_t[1], _t[2])
+        f_fss_version = nfstime4(_t1, _t2)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fs4_status', o0) from None
     return fs4_status(f_fss_absent, f_fss_type, f_fss_source, f_fss_current, f_fss_age, f_fss_version), off
@@ -2424,9 +2394,8 @@ def dec_threshold4_read_size(r: _Reader, off: int) -> tuple[threshold4_read_size
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated threshold4_read_size', o0) from None
     return _v, off
@@ -2446,9 +2415,8 @@ def dec_threshold4_write_size(r: _Reader, off: int) -> tuple[threshold4_write_si
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated threshold4_write_size', o0) from None
     return _v, off
@@ -2468,9 +2436,8 @@ def dec_threshold4_read_iosize(r: _Reader, off: int) -> tuple[threshold4_read_io
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated threshold4_read_iosize', o0) from None
     return _v, off
@@ -2490,9 +2457,940 @@ def dec_threshold4_write_iosize(r: _Reader, off: int) -> tuple[threshold4_write_
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated threshold4_write_iosize', o0) from None
+    return _v, off
+
+
+@_dataclass(slots=True)
+class threshold_item4:
+    thi_layout_type: layouttype4
+    thi_hintset: list[int]
+    thi_hintlist: bytes
+
+
+def enc_threshold_item4(w: _Writer, v: threshold_item4) -> None:
+    try:
+        w += _S2.pack(v.thi_layout_type)
+        _a34 = v.thi_hintset
+        _n = len(_a34)
+        w += _S0.pack(_n)
+        for _x34 in _a34:
+            w += _S0.pack(_x34)
+        _v = v.thi_hintlist
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode threshold_item4: {_e}', len(w)) from None
+
+
+def dec_threshold_item4(r: _Reader, off: int) -> tuple[threshold_item4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        f_thi_layout_type = _layouttype4_MAP[_t0]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_thi_hintset = []
+        _c35 = _n
+        for _ in range(_c35):
+            (_x35,) = _S0.unpack_from(buf, off)
+            off += 4
+            f_thi_hintset.append(_x35)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_thi_hintlist = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated threshold_item4', o0) from None
+    return threshold_item4(f_thi_layout_type, f_thi_hintset, f_thi_hintlist), off
+
+
+@_dataclass(slots=True)
+class mdsthreshold4:
+    mth_hints: list[threshold_item4]
+
+
+def enc_mdsthreshold4(w: _Writer, v: mdsthreshold4) -> None:
+    try:
+        _a36 = v.mth_hints
+        _n = len(_a36)
+        w += _S0.pack(_n)
+        for _x36 in _a36:
+            _s37 = _x36
+            w += _S2.pack(_s37.thi_layout_type)
+            _a38 = _s37.thi_hintset
+            _n = len(_a38)
+            w += _S0.pack(_n)
+            for _x38 in _a38:
+                w += _S0.pack(_x38)
+            _v = _s37.thi_hintlist
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode mdsthreshold4: {_e}', len(w)) from None
+
+
+def dec_mdsthreshold4(r: _Reader, off: int) -> tuple[mdsthreshold4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 12 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_mth_hints = []
+        _c39 = _n
+        for _ in range(_c39):
+            (_t0,) = _S2.unpack_from(buf, off)
+            off += 4
+            _i40_thi_layout_type = _layouttype4_MAP[_t0]
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i40_thi_hintset = []
+            _c41 = _n
+            for _ in range(_c41):
+                (_x41,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i40_thi_hintset.append(_x41)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i40_thi_hintlist = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _x39 = threshold_item4(_i40_thi_layout_type, _i40_thi_hintset, _i40_thi_hintlist)
+            f_mth_hints.append(_x39)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated mdsthreshold4', o0) from None
+    return mdsthreshold4(f_mth_hints), off
+
+
+@_dataclass(slots=True)
+class retention_get4:
+    rg_duration: int
+    rg_begin_time: list[nfstime4]
+
+
+def enc_retention_get4(w: _Writer, v: retention_get4) -> None:
+    try:
+        w += _S4.pack(v.rg_duration)
+        _a42 = v.rg_begin_time
+        _n = len(_a42)
+        if _n > 1:
+            raise _XdrError('rg_begin_time: length %d exceeds 1' % _n, len(w))
+        w += _S0.pack(_n)
+        for _x42 in _a42:
+            w += _S7.pack(_x42.seconds, _x42.nseconds)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode retention_get4: {_e}', len(w)) from None
+
+
+def dec_retention_get4(r: _Reader, off: int) -> tuple[retention_get4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (f_rg_duration,) = _S4.unpack_from(buf, off)
+        off += 8
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1:
+            raise _XdrError('rg_begin_time: length %d exceeds 1' % _n, off)
+        off += 4
+        if _n * 12 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_rg_begin_time = []
+        _c43 = _n
+        for _ in range(_c43):
+            _x43 = nfstime4(*_S7.unpack_from(buf, off))
+            off += 12
+            f_rg_begin_time.append(_x43)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated retention_get4', o0) from None
+    return retention_get4(f_rg_duration, f_rg_begin_time), off
+
+
+@_dataclass(slots=True)
+class retention_set4:
+    rs_enable: bool
+    rs_duration: list[int]
+
+
+def enc_retention_set4(w: _Writer, v: retention_set4) -> None:
+    try:
+        w += _S0.pack(v.rs_enable)
+        _a44 = v.rs_duration
+        _n = len(_a44)
+        if _n > 1:
+            raise _XdrError('rs_duration: length %d exceeds 1' % _n, len(w))
+        w += _S0.pack(_n)
+        for _x44 in _a44:
+            w += _S4.pack(_x44)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode retention_set4: {_e}', len(w)) from None
+
+
+def dec_retention_set4(r: _Reader, off: int) -> tuple[retention_set4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        f_rs_enable = _BOOL[_t0]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1:
+            raise _XdrError('rs_duration: length %d exceeds 1' % _n, off)
+        off += 4
+        if _n * 8 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_rs_duration = []
+        _c45 = _n
+        for _ in range(_c45):
+            (_x45,) = _S4.unpack_from(buf, off)
+            off += 8
+            f_rs_duration.append(_x45)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated retention_set4', o0) from None
+    return retention_set4(f_rs_enable, f_rs_duration), off
+
+
+fs_charset_cap4: _TypeAlias = "int"
+
+
+def enc_fs_charset_cap4(w: _Writer, v: fs_charset_cap4) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fs_charset_cap4: {_e}', len(w)) from None
+
+
+def dec_fs_charset_cap4(r: _Reader, off: int) -> tuple[fs_charset_cap4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_v,) = _S0.unpack_from(buf, off)
+        off += 4
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fs_charset_cap4', o0) from None
+    return _v, off
+
+
+@_dataclass(slots=True)
+class fs_locations_server4:
+    fls_currency: int
+    fls_info: bytes
+    fls_server: bytes
+
+
+def enc_fs_locations_server4(w: _Writer, v: fs_locations_server4) -> None:
+    try:
+        w += _S2.pack(v.fls_currency)
+        _v = v.fls_info
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _v = v.fls_server
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fs_locations_server4: {_e}', len(w)) from None
+
+
+def dec_fs_locations_server4(r: _Reader, off: int) -> tuple[fs_locations_server4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (f_fls_currency,) = _S2.unpack_from(buf, off)
+        off += 4
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_fls_info = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_fls_server = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fs_locations_server4', o0) from None
+    return fs_locations_server4(f_fls_currency, f_fls_info, f_fls_server), off
+
+
+@_dataclass(slots=True)
+class fs_locations_item4:
+    fli_entries: list[fs_locations_server4]
+    fli_rootpath: list[bytes]
+
+
+def enc_fs_locations_item4(w: _Writer, v: fs_locations_item4) -> None:
+    try:
+        _a46 = v.fli_entries
+        _n = len(_a46)
+        w += _S0.pack(_n)
+        for _x46 in _a46:
+            _s47 = _x46
+            w += _S2.pack(_s47.fls_currency)
+            _v = _s47.fls_info
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            _v = _s47.fls_server
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        _a48 = v.fli_rootpath
+        _n = len(_a48)
+        w += _S0.pack(_n)
+        for _x48 in _a48:
+            _v = _x48
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fs_locations_item4: {_e}', len(w)) from None
+
+
+def dec_fs_locations_item4(r: _Reader, off: int) -> tuple[fs_locations_item4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 12 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_fli_entries = []
+        _c49 = _n
+        for _ in range(_c49):
+            (_i50_fls_currency,) = _S2.unpack_from(buf, off)
+            off += 4
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i50_fls_info = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i50_fls_server = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _x49 = fs_locations_server4(_i50_fls_currency, _i50_fls_info, _i50_fls_server)
+            f_fli_entries.append(_x49)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_fli_rootpath = []
+        _c51 = _n
+        for _ in range(_c51):
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _x51 = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            f_fli_rootpath.append(_x51)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fs_locations_item4', o0) from None
+    return fs_locations_item4(f_fli_entries, f_fli_rootpath), off
+
+
+@_dataclass(slots=True)
+class fs_locations_info4:
+    fli_flags: int
+    fli_valid_for: int
+    fli_fs_root: list[bytes]
+    fli_items: list[fs_locations_item4]
+
+
+def enc_fs_locations_info4(w: _Writer, v: fs_locations_info4) -> None:
+    try:
+        w += _S15.pack(v.fli_flags, v.fli_valid_for)
+        _a52 = v.fli_fs_root
+        _n = len(_a52)
+        w += _S0.pack(_n)
+        for _x52 in _a52:
+            _v = _x52
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        _a53 = v.fli_items
+        _n = len(_a53)
+        w += _S0.pack(_n)
+        for _x53 in _a53:
+            _s54 = _x53
+            _a55 = _s54.fli_entries
+            _n = len(_a55)
+            w += _S0.pack(_n)
+            for _x55 in _a55:
+                enc_fs_locations_server4(w, _x55)
+            _a56 = _s54.fli_rootpath
+            _n = len(_a56)
+            w += _S0.pack(_n)
+            for _x56 in _a56:
+                _v = _x56
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fs_locations_info4: {_e}', len(w)) from None
+
+
+def dec_fs_locations_info4(r: _Reader, off: int) -> tuple[fs_locations_info4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        f_fli_flags, f_fli_valid_for = _S15.unpack_from(buf, off)
+        off += 8
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_fli_fs_root = []
+        _c57 = _n
+        for _ in range(_c57):
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _x57 = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            f_fli_fs_root.append(_x57)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 8 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_fli_items = []
+        _c58 = _n
+        for _ in range(_c58):
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 12 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i59_fli_entries = []
+            _c60 = _n
+            for _ in range(_c60):
+                _x60, off = dec_fs_locations_server4(r, off)
+                _i59_fli_entries.append(_x60)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i59_fli_rootpath = []
+            _c61 = _n
+            for _ in range(_c61):
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _x61 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _i59_fli_rootpath.append(_x61)
+            _x58 = fs_locations_item4(_i59_fli_entries, _i59_fli_rootpath)
+            f_fli_items.append(_x58)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fs_locations_info4', o0) from None
+    return fs_locations_info4(f_fli_flags, f_fli_valid_for, f_fli_fs_root, f_fli_items), off
+
+
+fattr4_supported_attrs: _TypeAlias = "list[int]"
+
+
+def enc_fattr4_supported_attrs(w: _Writer, v: fattr4_supported_attrs) -> None:
+    try:
+        _a62 = v
+        _n = len(_a62)
+        w += _S0.pack(_n)
+        for _x62 in _a62:
+            w += _S0.pack(_x62)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_supported_attrs: {_e}', len(w)) from None
+
+
+def dec_fattr4_supported_attrs(r: _Reader, off: int) -> tuple[fattr4_supported_attrs, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _v = []
+        _c63 = _n
+        for _ in range(_c63):
+            (_x63,) = _S0.unpack_from(buf, off)
+            off += 4
+            _v.append(_x63)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_supported_attrs', o0) from None
+    return _v, off
+
+
+fattr4_type = nfs_ftype4
+
+
+def enc_fattr4_type(w: _Writer, v: fattr4_type) -> None:
+    try:
+        w += _S2.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_type: {_e}', len(w)) from None
+
+
+def dec_fattr4_type(r: _Reader, off: int) -> tuple[fattr4_type, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        _v = _nfs_ftype4_MAP[_t0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_type', o0) from None
+    return _v, off
+
+
+fattr4_fh_expire_type: _TypeAlias = "int"
+
+
+def enc_fattr4_fh_expire_type(w: _Writer, v: fattr4_fh_expire_type) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_fh_expire_type: {_e}', len(w)) from None
+
+
+def dec_fattr4_fh_expire_type(r: _Reader, off: int) -> tuple[fattr4_fh_expire_type, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_v,) = _S0.unpack_from(buf, off)
+        off += 4
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_fh_expire_type', o0) from None
+    return _v, off
+
+
+fattr4_change: _TypeAlias = "int"
+
+
+def enc_fattr4_change(w: _Writer, v: fattr4_change) -> None:
+    try:
+        w += _S4.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_change: {_e}', len(w)) from None
+
+
+def dec_fattr4_change(r: _Reader, off: int) -> tuple[fattr4_change, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_v,) = _S4.unpack_from(buf, off)
+        off += 8
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_change', o0) from None
+    return _v, off
+
+
+fattr4_size: _TypeAlias = "int"
+
+
+def enc_fattr4_size(w: _Writer, v: fattr4_size) -> None:
+    try:
+        w += _S4.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_size: {_e}', len(w)) from None
+
+
+def dec_fattr4_size(r: _Reader, off: int) -> tuple[fattr4_size, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_v,) = _S4.unpack_from(buf, off)
+        off += 8
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_size', o0) from None
+    return _v, off
+
+
+fattr4_link_support: _TypeAlias = "bool"
+
+
+def enc_fattr4_link_support(w: _Writer, v: fattr4_link_support) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_link_support: {_e}', len(w)) from None
+
+
+def dec_fattr4_link_support(r: _Reader, off: int) -> tuple[fattr4_link_support, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        _v = _BOOL[_t0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_link_support', o0) from None
+    return _v, off
+
+
+fattr4_symlink_support: _TypeAlias = "bool"
+
+
+def enc_fattr4_symlink_support(w: _Writer, v: fattr4_symlink_support) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_symlink_support: {_e}', len(w)) from None
+
+
+def dec_fattr4_symlink_support(r: _Reader, off: int) -> tuple[fattr4_symlink_support, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        _v = _BOOL[_t0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_symlink_support', o0) from None
+    return _v, off
+
+
+fattr4_named_attr: _TypeAlias = "bool"
+
+
+def enc_fattr4_named_attr(w: _Writer, v: fattr4_named_attr) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_named_attr: {_e}', len(w)) from None
+
+
+def dec_fattr4_named_attr(r: _Reader, off: int) -> tuple[fattr4_named_attr, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        _v = _BOOL[_t0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_named_attr', o0) from None
+    return _v, off
+
+
+fattr4_fsid = fsid4
+
+
+def enc_fattr4_fsid(w: _Writer, v: fattr4_fsid) -> None:
+    try:
+        w += _S9.pack(v.major, v.minor)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_fsid: {_e}', len(w)) from None
+
+
+def dec_fattr4_fsid(r: _Reader, off: int) -> tuple[fattr4_fsid, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v = fsid4(*_S9.unpack_from(buf, off))
+        off += 16
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_fsid', o0) from None
+    return _v, off
+
+
+fattr4_unique_handles: _TypeAlias = "bool"
+
+
+def enc_fattr4_unique_handles(w: _Writer, v: fattr4_unique_handles) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_unique_handles: {_e}', len(w)) from None
+
+
+def dec_fattr4_unique_handles(r: _Reader, off: int) -> tuple[fattr4_unique_handles, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        _v = _BOOL[_t0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_unique_handles', o0) from None
+    return _v, off
+
+
+fattr4_lease_time: _TypeAlias = "int"
+
+
+def enc_fattr4_lease_time(w: _Writer, v: fattr4_lease_time) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_lease_time: {_e}', len(w)) from None
+
+
+def dec_fattr4_lease_time(r: _Reader, off: int) -> tuple[fattr4_lease_time, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_v,) = _S0.unpack_from(buf, off)
+        off += 4
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_lease_time', o0) from None
+    return _v, off
+
+
+fattr4_rdattr_error = nfsstat4
+
+
+def enc_fattr4_rdattr_error(w: _Writer, v: fattr4_rdattr_error) -> None:
+    try:
+        w += _S2.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_rdattr_error: {_e}', len(w)) from None
+
+
+def dec_fattr4_rdattr_error(r: _Reader, off: int) -> tuple[fattr4_rdattr_error, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        _v = _nfsstat4_MAP[_t0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_rdattr_error', o0) from None
+    return _v, off
+
+
+fattr4_acl: _TypeAlias = "list[nfsace4]"
+
+
+def enc_fattr4_acl(w: _Writer, v: fattr4_acl) -> None:
+    try:
+        _a64 = v
+        _n = len(_a64)
+        w += _S0.pack(_n)
+        for _x64 in _a64:
+            _s65 = _x64
+            w += _S10.pack(_s65.type, _s65.flag, _s65.access_mask)
+            _v = _s65.who
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_acl: {_e}', len(w)) from None
+
+
+def dec_fattr4_acl(r: _Reader, off: int) -> tuple[fattr4_acl, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 16 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _v = []
+        _c66 = _n
+        for _ in range(_c66):
+            _i67_type, _i67_flag, _i67_access_mask = _S10.unpack_from(buf, off)
+            off += 12
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i67_who = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _x66 = nfsace4(_i67_type, _i67_flag, _i67_access_mask, _i67_who)
+            _v.append(_x66)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_acl', o0) from None
+    return _v, off
+
+
+fattr4_aclsupport: _TypeAlias = "int"
+
+
+def enc_fattr4_aclsupport(w: _Writer, v: fattr4_aclsupport) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_aclsupport: {_e}', len(w)) from None
+
+
+def dec_fattr4_aclsupport(r: _Reader, off: int) -> tuple[fattr4_aclsupport, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_v,) = _S0.unpack_from(buf, off)
+        off += 4
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_aclsupport', o0) from None
+    return _v, off
+
+
+fattr4_archive: _TypeAlias = "bool"
+
+
+def enc_fattr4_archive(w: _Writer, v: fattr4_archive) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_archive: {_e}', len(w)) from None
+
+
+def dec_fattr4_archive(r: _Reader, off: int) -> tuple[fattr4_archive, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        _v = _BOOL[_t0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_archive', o0) from None
+    return _v, off
+
+
+fattr4_cansettime: _TypeAlias = "bool"
+
+
+def enc_fattr4_cansettime(w: _Writer, v: fattr4_cansettime) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_cansettime: {_e}', len(w)) from None
+
+
+def dec_fattr4_cansettime(r: _Reader, off: int) -> tuple[fattr4_cansettime, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        _v = _BOOL[_t0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_cansettime', o0) from None
+    return _v, off
+
+
+fattr4_case_insensitive: _TypeAlias = "bool"
+
+
+def enc_fattr4_case_insensitive(w: _Writer, v: fattr4_case_insensitive) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_case_insensitive: {_e}', len(w)) from None
+
+
+def dec_fattr4_case_insensitive(r: _Reader, off: int) -> tuple[fattr4_case_insensitive, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        _v = _BOOL[_t0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_case_insensitive', o0) from None
+    return _v, off
+
+
+fattr4_case_preserving: _TypeAlias = "bool"
+
+
+def enc_fattr4_case_preserving(w: _Writer, v: fattr4_case_preserving) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_case_preserving: {_e}', len(w)) from None
+
+
+def dec_fattr4_case_preserving(r: _Reader, off: int) -> tuple[fattr4_case_preserving, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        _v = _BOOL[_t0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_case_preserving', o0) from None
+    return _v, off
+
+
+fattr4_chown_restricted: _TypeAlias = "bool"
+
+
+def enc_fattr4_chown_restricted(w: _Writer, v: fattr4_chown_restricted) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_chown_restricted: {_e}', len(w)) from None
+
+
+def dec_fattr4_chown_restricted(r: _Reader, off: int) -> tuple[fattr4_chown_restricted, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        _v = _BOOL[_t0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_chown_restricted', o0) from None
+    return _v, off
+
+
+fattr4_fileid: _TypeAlias = "int"
+
+
+def enc_fattr4_fileid(w: _Writer, v: fattr4_fileid) -> None:
+    try:
+        w += _S4.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_fileid: {_e}', len(w)) from None
+
+
+def dec_fattr4_fileid(r: _Reader, off: int) -> tuple[fattr4_fileid, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_v,) = _S4.unpack_from(buf, off)
+        off += 8
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_fileid', o0) from None
     return _v, off

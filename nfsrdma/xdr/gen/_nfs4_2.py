@@ -23,6 +23,7 @@ from nfsrdma.xdr.runtime import (
     U32 as _U32,
     Operation as _Operation,
     Buffer as _Buffer,
+    DdpItem as _DdpItem,
     Reader as _Reader,
     Writer as _Writer,
     XdrError as _XdrError,
@@ -32,1010 +33,63 @@ from nfsrdma.xdr.runtime import (
 
 
 from nfsrdma.xdr.gen._nfs4_1 import (
+    NFS4_OK,
+    SET_TO_CLIENT_TIME4,
+    _dec_any_settime4,
+    _enc_any_settime4,
     _fs4_status_type_MAP,
     _layouttype4_MAP,
     _nfs_ftype4_MAP,
     _nfsstat4_MAP,
-    _settime4_ARMS,
-    _time_how4_MAP,
-    enc_settime4,
+    change_policy4,
+    dec_fs_locations_server4,
+    dec_specdata4,
+    dec_stateid4,
+    enc_fs_locations_server4,
+    enc_specdata4,
+    enc_stateid4,
     fs4_status,
     fs_location4,
     fs_locations4,
-    fsid4,
+    fs_locations_info4,
+    fs_locations_item4,
     layouthint4,
     layouttype4,
+    mdsthreshold4,
     mode_masked4,
+    netaddr4,
     nfs_ftype4,
     nfsace4,
+    nfsacl41,
     nfsstat4,
     nfstime4,
+    retention_get4,
+    retention_set4,
     settime4,
     specdata4,
+    stateid4,
+    threshold_item4,
 )
 
 _S0: _Final = _struct.Struct('>I')
 _S1: _Final = _struct.Struct('>II')
 _S2: _Final = _struct.Struct('>i')
 _S4: _Final = _struct.Struct('>Q')
+_S6: _Final = _struct.Struct('>8s')
 _S7: _Final = _struct.Struct('>qI')
-_S8: _Final = _struct.Struct('>QQ')
-_S9: _Final = _struct.Struct('>III')
-_S13: _Final = _struct.Struct('>Ii')
-_S14: _Final = _struct.Struct('>iqI')
-
-
-@_dataclass(slots=True)
-class threshold_item4:
-    thi_layout_type: layouttype4
-    thi_hintset: list[int]
-    thi_hintlist: bytes
-
-
-def enc_threshold_item4(w: _Writer, v: threshold_item4) -> None:
-    try:
-        w += _S2.pack(v.thi_layout_type)
-        _a28 = v.thi_hintset
-        _n = len(_a28)
-        w += _U32.pack(_n)
-        for _x28 in _a28:
-            w += _S0.pack(_x28)
-        _v = v.thi_hintlist
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode threshold_item4: {_e}', len(w)) from None
-
-
-def dec_threshold_item4(r: _Reader, off: int) -> tuple[threshold_item4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        f_thi_layout_type = _layouttype4_MAP[_t[0]]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_thi_hintset = []
-        _c29 = _n
-        for _ in range(_c29):
-            _t = _S0.unpack_from(buf, off)
-            off += 4
-            _x29 = _t[0]
-            f_thi_hintset.append(_x29)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_thi_hintlist = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated threshold_item4', o0) from None
-    return threshold_item4(f_thi_layout_type, f_thi_hintset, f_thi_hintlist), off
-
-
-@_dataclass(slots=True)
-class mdsthreshold4:
-    mth_hints: list[threshold_item4]
-
-
-def enc_mdsthreshold4(w: _Writer, v: mdsthreshold4) -> None:
-    try:
-        _a30 = v.mth_hints
-        _n = len(_a30)
-        w += _U32.pack(_n)
-        for _x30 in _a30:
-            _s31 = _x30
-            w += _S2.pack(_s31.thi_layout_type)
-            _a32 = _s31.thi_hintset
-            _n = len(_a32)
-            w += _U32.pack(_n)
-            for _x32 in _a32:
-                w += _S0.pack(_x32)
-            _v = _s31.thi_hintlist
-            _n = len(_v)
-            w += _U32.pack(_n)
-            w += _v
-            w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode mdsthreshold4: {_e}', len(w)) from None
-
-
-def dec_mdsthreshold4(r: _Reader, off: int) -> tuple[mdsthreshold4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 12 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_mth_hints = []
-        _c33 = _n
-        for _ in range(_c33):
-            _t = _S2.unpack_from(buf, off)
-            off += 4
-            _i34_thi_layout_type = _layouttype4_MAP[_t[0]]
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n * 4 > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i34_thi_hintset = []
-            _c35 = _n
-            for _ in range(_c35):
-                _t = _S0.unpack_from(buf, off)
-                off += 4
-                _x35 = _t[0]
-                _i34_thi_hintset.append(_x35)
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _i34_thi_hintlist = bytes(buf[off:_e])
-            off = _e + (-_n & 3)
-            _x33 = threshold_item4(_i34_thi_layout_type, _i34_thi_hintset, _i34_thi_hintlist)
-            f_mth_hints.append(_x33)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated mdsthreshold4', o0) from None
-    return mdsthreshold4(f_mth_hints), off
-
-
-@_dataclass(slots=True)
-class retention_get4:
-    rg_duration: int
-    rg_begin_time: list[nfstime4]
-
-
-def enc_retention_get4(w: _Writer, v: retention_get4) -> None:
-    try:
-        w += _S4.pack(v.rg_duration)
-        _a36 = v.rg_begin_time
-        _n = len(_a36)
-        if _n > 1:
-            raise _XdrError('rg_begin_time: length %d exceeds 1' % _n, len(w))
-        w += _U32.pack(_n)
-        for _x36 in _a36:
-            w += _S7.pack(_x36.seconds, _x36.nseconds)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode retention_get4: {_e}', len(w)) from None
-
-
-def dec_retention_get4(r: _Reader, off: int) -> tuple[retention_get4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S4.unpack_from(buf, off)
-        off += 8
-        f_rg_duration = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1:
-            raise _XdrError('rg_begin_time: length %d exceeds 1' % _n, off)
-        off += 4
-        if _n * 12 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_rg_begin_time = []
-        _c37 = _n
-        for _ in range(_c37):
-            _t = _S7.unpack_from(buf, off)
-            off += 12
-            _x37 = nfstime4(_t[0], _t[1])
-            f_rg_begin_time.append(_x37)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated retention_get4', o0) from None
-    return retention_get4(f_rg_duration, f_rg_begin_time), off
-
-
-@_dataclass(slots=True)
-class retention_set4:
-    rs_enable: bool
-    rs_duration: list[int]
-
-
-def enc_retention_set4(w: _Writer, v: retention_set4) -> None:
-    try:
-        w += _S0.pack(v.rs_enable)
-        _a38 = v.rs_duration
-        _n = len(_a38)
-        if _n > 1:
-            raise _XdrError('rs_duration: length %d exceeds 1' % _n, len(w))
-        w += _U32.pack(_n)
-        for _x38 in _a38:
-            w += _S4.pack(_x38)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode retention_set4: {_e}', len(w)) from None
-
-
-def dec_retention_set4(r: _Reader, off: int) -> tuple[retention_set4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        f_rs_enable = _BOOL[_t[0]]
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1:
-            raise _XdrError('rs_duration: length %d exceeds 1' % _n, off)
-        off += 4
-        if _n * 8 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_rs_duration = []
-        _c39 = _n
-        for _ in range(_c39):
-            _t = _S4.unpack_from(buf, off)
-            off += 8
-            _x39 = _t[0]
-            f_rs_duration.append(_x39)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated retention_set4', o0) from None
-    return retention_set4(f_rs_enable, f_rs_duration), off
-
-
-fs_charset_cap4: _TypeAlias = "int"
-
-
-def enc_fs_charset_cap4(w: _Writer, v: fs_charset_cap4) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fs_charset_cap4: {_e}', len(w)) from None
-
-
-def dec_fs_charset_cap4(r: _Reader, off: int) -> tuple[fs_charset_cap4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _t[0]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fs_charset_cap4', o0) from None
-    return _v, off
-
-
-@_dataclass(slots=True)
-class fs_locations_server4:
-    fls_currency: int
-    fls_info: bytes
-    fls_server: bytes
-
-
-def enc_fs_locations_server4(w: _Writer, v: fs_locations_server4) -> None:
-    try:
-        w += _S2.pack(v.fls_currency)
-        _v = v.fls_info
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        _v = v.fls_server
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fs_locations_server4: {_e}', len(w)) from None
-
-
-def dec_fs_locations_server4(r: _Reader, off: int) -> tuple[fs_locations_server4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        f_fls_currency = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_fls_info = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_fls_server = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fs_locations_server4', o0) from None
-    return fs_locations_server4(f_fls_currency, f_fls_info, f_fls_server), off
-
-
-@_dataclass(slots=True)
-class fs_locations_item4:
-    fli_entries: list[fs_locations_server4]
-    fli_rootpath: list[bytes]
-
-
-def enc_fs_locations_item4(w: _Writer, v: fs_locations_item4) -> None:
-    try:
-        _a40 = v.fli_entries
-        _n = len(_a40)
-        w += _U32.pack(_n)
-        for _x40 in _a40:
-            _s41 = _x40
-            w += _S2.pack(_s41.fls_currency)
-            _v = _s41.fls_info
-            _n = len(_v)
-            w += _U32.pack(_n)
-            w += _v
-            w += _PAD[_n & 3]
-            _v = _s41.fls_server
-            _n = len(_v)
-            w += _U32.pack(_n)
-            w += _v
-            w += _PAD[_n & 3]
-        _a42 = v.fli_rootpath
-        _n = len(_a42)
-        w += _U32.pack(_n)
-        for _x42 in _a42:
-            _v = _x42
-            _n = len(_v)
-            w += _U32.pack(_n)
-            w += _v
-            w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fs_locations_item4: {_e}', len(w)) from None
-
-
-def dec_fs_locations_item4(r: _Reader, off: int) -> tuple[fs_locations_item4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 12 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_fli_entries = []
-        _c43 = _n
-        for _ in range(_c43):
-            _t = _S2.unpack_from(buf, off)
-            off += 4
-            _i44_fls_currency = _t[0]
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _i44_fls_info = bytes(buf[off:_e])
-            off = _e + (-_n & 3)
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _i44_fls_server = bytes(buf[off:_e])
-            off = _e + (-_n & 3)
-            _x43 = fs_locations_server4(_i44_fls_currency, _i44_fls_info, _i44_fls_server)
-            f_fli_entries.append(_x43)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_fli_rootpath = []
-        _c45 = _n
-        for _ in range(_c45):
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _x45 = bytes(buf[off:_e])
-            off = _e + (-_n & 3)
-            f_fli_rootpath.append(_x45)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fs_locations_item4', o0) from None
-    return fs_locations_item4(f_fli_entries, f_fli_rootpath), off
-
-
-@_dataclass(slots=True)
-class fs_locations_info4:
-    fli_flags: int
-    fli_valid_for: int
-    fli_fs_root: list[bytes]
-    fli_items: list[fs_locations_item4]
-
-
-def enc_fs_locations_info4(w: _Writer, v: fs_locations_info4) -> None:
-    try:
-        w += _S13.pack(v.fli_flags, v.fli_valid_for)
-        _a46 = v.fli_fs_root
-        _n = len(_a46)
-        w += _U32.pack(_n)
-        for _x46 in _a46:
-            _v = _x46
-            _n = len(_v)
-            w += _U32.pack(_n)
-            w += _v
-            w += _PAD[_n & 3]
-        _a47 = v.fli_items
-        _n = len(_a47)
-        w += _U32.pack(_n)
-        for _x47 in _a47:
-            _s48 = _x47
-            _a49 = _s48.fli_entries
-            _n = len(_a49)
-            w += _U32.pack(_n)
-            for _x49 in _a49:
-                enc_fs_locations_server4(w, _x49)
-            _a50 = _s48.fli_rootpath
-            _n = len(_a50)
-            w += _U32.pack(_n)
-            for _x50 in _a50:
-                _v = _x50
-                _n = len(_v)
-                w += _U32.pack(_n)
-                w += _v
-                w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fs_locations_info4: {_e}', len(w)) from None
-
-
-def dec_fs_locations_info4(r: _Reader, off: int) -> tuple[fs_locations_info4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S13.unpack_from(buf, off)
-        off += 8
-        f_fli_flags = _t[0]
-        f_fli_valid_for = _t[1]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_fli_fs_root = []
-        _c51 = _n
-        for _ in range(_c51):
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _x51 = bytes(buf[off:_e])
-            off = _e + (-_n & 3)
-            f_fli_fs_root.append(_x51)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 8 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_fli_items = []
-        _c52 = _n
-        for _ in range(_c52):
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n * 12 > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i53_fli_entries = []
-            _c54 = _n
-            for _ in range(_c54):
-                _x54, off = dec_fs_locations_server4(r, off)
-                _i53_fli_entries.append(_x54)
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n * 4 > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i53_fli_rootpath = []
-            _c55 = _n
-            for _ in range(_c55):
-                (_n,) = _U32.unpack_from(buf, off)
-                off += 4
-                if _n > len(buf) - off:
-                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-                _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
-                _x55 = bytes(buf[off:_e])
-                off = _e + (-_n & 3)
-                _i53_fli_rootpath.append(_x55)
-            _x52 = fs_locations_item4(_i53_fli_entries, _i53_fli_rootpath)
-            f_fli_items.append(_x52)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fs_locations_info4', o0) from None
-    return fs_locations_info4(f_fli_flags, f_fli_valid_for, f_fli_fs_root, f_fli_items), off
-
-
-fattr4_supported_attrs: _TypeAlias = "list[int]"
-
-
-def enc_fattr4_supported_attrs(w: _Writer, v: fattr4_supported_attrs) -> None:
-    try:
-        _a56 = v
-        _n = len(_a56)
-        w += _U32.pack(_n)
-        for _x56 in _a56:
-            w += _S0.pack(_x56)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_supported_attrs: {_e}', len(w)) from None
-
-
-def dec_fattr4_supported_attrs(r: _Reader, off: int) -> tuple[fattr4_supported_attrs, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _v = []
-        _c57 = _n
-        for _ in range(_c57):
-            _t = _S0.unpack_from(buf, off)
-            off += 4
-            _x57 = _t[0]
-            _v.append(_x57)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_supported_attrs', o0) from None
-    return _v, off
-
-
-fattr4_type = nfs_ftype4
-
-
-def enc_fattr4_type(w: _Writer, v: fattr4_type) -> None:
-    try:
-        w += _S2.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_type: {_e}', len(w)) from None
-
-
-def dec_fattr4_type(r: _Reader, off: int) -> tuple[fattr4_type, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        _v = _nfs_ftype4_MAP[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_type', o0) from None
-    return _v, off
-
-
-fattr4_fh_expire_type: _TypeAlias = "int"
-
-
-def enc_fattr4_fh_expire_type(w: _Writer, v: fattr4_fh_expire_type) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_fh_expire_type: {_e}', len(w)) from None
-
-
-def dec_fattr4_fh_expire_type(r: _Reader, off: int) -> tuple[fattr4_fh_expire_type, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _t[0]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_fh_expire_type', o0) from None
-    return _v, off
-
-
-fattr4_change: _TypeAlias = "int"
-
-
-def enc_fattr4_change(w: _Writer, v: fattr4_change) -> None:
-    try:
-        w += _S4.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_change: {_e}', len(w)) from None
-
-
-def dec_fattr4_change(r: _Reader, off: int) -> tuple[fattr4_change, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S4.unpack_from(buf, off)
-        off += 8
-        _v = _t[0]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_change', o0) from None
-    return _v, off
-
-
-fattr4_size: _TypeAlias = "int"
-
-
-def enc_fattr4_size(w: _Writer, v: fattr4_size) -> None:
-    try:
-        w += _S4.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_size: {_e}', len(w)) from None
-
-
-def dec_fattr4_size(r: _Reader, off: int) -> tuple[fattr4_size, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S4.unpack_from(buf, off)
-        off += 8
-        _v = _t[0]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_size', o0) from None
-    return _v, off
-
-
-fattr4_link_support: _TypeAlias = "bool"
-
-
-def enc_fattr4_link_support(w: _Writer, v: fattr4_link_support) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_link_support: {_e}', len(w)) from None
-
-
-def dec_fattr4_link_support(r: _Reader, off: int) -> tuple[fattr4_link_support, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _BOOL[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_link_support', o0) from None
-    return _v, off
-
-
-fattr4_symlink_support: _TypeAlias = "bool"
-
-
-def enc_fattr4_symlink_support(w: _Writer, v: fattr4_symlink_support) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_symlink_support: {_e}', len(w)) from None
-
-
-def dec_fattr4_symlink_support(r: _Reader, off: int) -> tuple[fattr4_symlink_support, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _BOOL[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_symlink_support', o0) from None
-    return _v, off
-
-
-fattr4_named_attr: _TypeAlias = "bool"
-
-
-def enc_fattr4_named_attr(w: _Writer, v: fattr4_named_attr) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_named_attr: {_e}', len(w)) from None
-
-
-def dec_fattr4_named_attr(r: _Reader, off: int) -> tuple[fattr4_named_attr, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _BOOL[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_named_attr', o0) from None
-    return _v, off
-
-
-fattr4_fsid = fsid4
-
-
-def enc_fattr4_fsid(w: _Writer, v: fattr4_fsid) -> None:
-    try:
-        w += _S8.pack(v.major, v.minor)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_fsid: {_e}', len(w)) from None
-
-
-def dec_fattr4_fsid(r: _Reader, off: int) -> tuple[fattr4_fsid, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S8.unpack_from(buf, off)
-        off += 16
-        _v = fsid4(_t[0], _t[1])
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_fsid', o0) from None
-    return _v, off
-
-
-fattr4_unique_handles: _TypeAlias = "bool"
-
-
-def enc_fattr4_unique_handles(w: _Writer, v: fattr4_unique_handles) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_unique_handles: {_e}', len(w)) from None
-
-
-def dec_fattr4_unique_handles(r: _Reader, off: int) -> tuple[fattr4_unique_handles, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _BOOL[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_unique_handles', o0) from None
-    return _v, off
-
-
-fattr4_lease_time: _TypeAlias = "int"
-
-
-def enc_fattr4_lease_time(w: _Writer, v: fattr4_lease_time) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_lease_time: {_e}', len(w)) from None
-
-
-def dec_fattr4_lease_time(r: _Reader, off: int) -> tuple[fattr4_lease_time, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _t[0]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_lease_time', o0) from None
-    return _v, off
-
-
-fattr4_rdattr_error = nfsstat4
-
-
-def enc_fattr4_rdattr_error(w: _Writer, v: fattr4_rdattr_error) -> None:
-    try:
-        w += _S2.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_rdattr_error: {_e}', len(w)) from None
-
-
-def dec_fattr4_rdattr_error(r: _Reader, off: int) -> tuple[fattr4_rdattr_error, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        _v = _nfsstat4_MAP[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_rdattr_error', o0) from None
-    return _v, off
-
-
-fattr4_acl: _TypeAlias = "list[nfsace4]"
-
-
-def enc_fattr4_acl(w: _Writer, v: fattr4_acl) -> None:
-    try:
-        _a58 = v
-        _n = len(_a58)
-        w += _U32.pack(_n)
-        for _x58 in _a58:
-            _s59 = _x58
-            w += _S9.pack(_s59.type, _s59.flag, _s59.access_mask)
-            _v = _s59.who
-            _n = len(_v)
-            w += _U32.pack(_n)
-            w += _v
-            w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_acl: {_e}', len(w)) from None
-
-
-def dec_fattr4_acl(r: _Reader, off: int) -> tuple[fattr4_acl, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 16 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _v = []
-        _c60 = _n
-        for _ in range(_c60):
-            _t = _S9.unpack_from(buf, off)
-            off += 12
-            _i61_type = _t[0]
-            _i61_flag = _t[1]
-            _i61_access_mask = _t[2]
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _i61_who = bytes(buf[off:_e])
-            off = _e + (-_n & 3)
-            _x60 = nfsace4(_i61_type, _i61_flag, _i61_access_mask, _i61_who)
-            _v.append(_x60)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_acl', o0) from None
-    return _v, off
-
-
-fattr4_aclsupport: _TypeAlias = "int"
-
-
-def enc_fattr4_aclsupport(w: _Writer, v: fattr4_aclsupport) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_aclsupport: {_e}', len(w)) from None
-
-
-def dec_fattr4_aclsupport(r: _Reader, off: int) -> tuple[fattr4_aclsupport, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _t[0]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_aclsupport', o0) from None
-    return _v, off
-
-
-fattr4_archive: _TypeAlias = "bool"
-
-
-def enc_fattr4_archive(w: _Writer, v: fattr4_archive) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_archive: {_e}', len(w)) from None
-
-
-def dec_fattr4_archive(r: _Reader, off: int) -> tuple[fattr4_archive, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _BOOL[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_archive', o0) from None
-    return _v, off
-
-
-fattr4_cansettime: _TypeAlias = "bool"
-
-
-def enc_fattr4_cansettime(w: _Writer, v: fattr4_cansettime) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_cansettime: {_e}', len(w)) from None
-
-
-def dec_fattr4_cansettime(r: _Reader, off: int) -> tuple[fattr4_cansettime, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _BOOL[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_cansettime', o0) from None
-    return _v, off
-
-
-fattr4_case_insensitive: _TypeAlias = "bool"
-
-
-def enc_fattr4_case_insensitive(w: _Writer, v: fattr4_case_insensitive) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_case_insensitive: {_e}', len(w)) from None
-
-
-def dec_fattr4_case_insensitive(r: _Reader, off: int) -> tuple[fattr4_case_insensitive, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _BOOL[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_case_insensitive', o0) from None
-    return _v, off
-
-
-fattr4_case_preserving: _TypeAlias = "bool"
-
-
-def enc_fattr4_case_preserving(w: _Writer, v: fattr4_case_preserving) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_case_preserving: {_e}', len(w)) from None
-
-
-def dec_fattr4_case_preserving(r: _Reader, off: int) -> tuple[fattr4_case_preserving, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _BOOL[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_case_preserving', o0) from None
-    return _v, off
-
-
-fattr4_chown_restricted: _TypeAlias = "bool"
-
-
-def enc_fattr4_chown_restricted(w: _Writer, v: fattr4_chown_restricted) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_chown_restricted: {_e}', len(w)) from None
-
-
-def dec_fattr4_chown_restricted(r: _Reader, off: int) -> tuple[fattr4_chown_restricted, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _BOOL[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_chown_restricted', o0) from None
-    return _v, off
-
-
-fattr4_fileid: _TypeAlias = "int"
-
-
-def enc_fattr4_fileid(w: _Writer, v: fattr4_fileid) -> None:
-    try:
-        w += _S4.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_fileid: {_e}', len(w)) from None
-
-
-def dec_fattr4_fileid(r: _Reader, off: int) -> tuple[fattr4_fileid, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S4.unpack_from(buf, off)
-        off += 8
-        _v = _t[0]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_fileid', o0) from None
-    return _v, off
+_S8: _Final = _struct.Struct('>iqI')
+_S9: _Final = _struct.Struct('>QQ')
+_S10: _Final = _struct.Struct('>III')
+_S11: _Final = _struct.Struct('>I12s')
+_S15: _Final = _struct.Struct('>Ii')
+_S16: _Final = _struct.Struct('>IQQ')
+_S17: _Final = _struct.Struct('>16sIIQ')
+_S18: _Final = _struct.Struct('>iII')
+_S19: _Final = _struct.Struct('>II12s')
+_S20: _Final = _struct.Struct('>iI12s')
+_S21: _Final = _struct.Struct('>QI')
+_S22: _Final = _struct.Struct('>i8s')
+_S23: _Final = _struct.Struct('>iI')
 
 
 fattr4_files_avail: _TypeAlias = "int"
@@ -1052,9 +106,8 @@ def dec_fattr4_files_avail(r: _Reader, off: int) -> tuple[fattr4_files_avail, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_files_avail', o0) from None
     return _v, off
@@ -1069,7 +122,7 @@ def enc_fattr4_filehandle(w: _Writer, v: fattr4_filehandle) -> None:
         _n = len(_v)
         if _n > 128:
             raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, len(w))
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1087,8 +140,6 @@ def dec_fattr4_filehandle(r: _Reader, off: int) -> tuple[fattr4_filehandle, int]
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1110,9 +161,8 @@ def dec_fattr4_files_free(r: _Reader, off: int) -> tuple[fattr4_files_free, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_files_free', o0) from None
     return _v, off
@@ -1132,9 +182,8 @@ def dec_fattr4_files_total(r: _Reader, off: int) -> tuple[fattr4_files_total, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_files_total', o0) from None
     return _v, off
@@ -1145,37 +194,37 @@ fattr4_fs_locations = fs_locations4
 
 def enc_fattr4_fs_locations(w: _Writer, v: fattr4_fs_locations) -> None:
     try:
-        _s62 = v
-        _a63 = _s62.fs_root
-        _n = len(_a63)
-        w += _U32.pack(_n)
-        for _x63 in _a63:
-            _v = _x63
+        _s68 = v
+        _a69 = _s68.fs_root
+        _n = len(_a69)
+        w += _S0.pack(_n)
+        for _x69 in _a69:
+            _v = _x69
             _n = len(_v)
-            w += _U32.pack(_n)
+            w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        _a64 = _s62.locations
-        _n = len(_a64)
-        w += _U32.pack(_n)
-        for _x64 in _a64:
-            _s65 = _x64
-            _a66 = _s65.server
-            _n = len(_a66)
-            w += _U32.pack(_n)
-            for _x66 in _a66:
-                _v = _x66
+        _a70 = _s68.locations
+        _n = len(_a70)
+        w += _S0.pack(_n)
+        for _x70 in _a70:
+            _s71 = _x70
+            _a72 = _s71.server
+            _n = len(_a72)
+            w += _S0.pack(_n)
+            for _x72 in _a72:
+                _v = _x72
                 _n = len(_v)
-                w += _U32.pack(_n)
+                w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
-            _a67 = _s65.rootpath
-            _n = len(_a67)
-            w += _U32.pack(_n)
-            for _x67 in _a67:
-                _v = _x67
+            _a73 = _s71.rootpath
+            _n = len(_a73)
+            w += _S0.pack(_n)
+            for _x73 in _a73:
+                _v = _x73
                 _n = len(_v)
-                w += _U32.pack(_n)
+                w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1190,63 +239,57 @@ def dec_fattr4_fs_locations(r: _Reader, off: int) -> tuple[fattr4_fs_locations, 
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i68_fs_root = []
-        _c69 = _n
-        for _ in range(_c69):
+        _i74_fs_root = []
+        _c75 = _n
+        for _ in range(_c75):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _x69 = bytes(buf[off:_e])
+            _x75 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i68_fs_root.append(_x69)
+            _i74_fs_root.append(_x75)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i68_locations = []
-        _c70 = _n
-        for _ in range(_c70):
+        _i74_locations = []
+        _c76 = _n
+        for _ in range(_c76):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i71_server = []
-            _c72 = _n
-            for _ in range(_c72):
+            _i77_server = []
+            _c78 = _n
+            for _ in range(_c78):
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
-                _x72 = bytes(buf[off:_e])
+                _x78 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _i71_server.append(_x72)
+                _i77_server.append(_x78)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i71_rootpath = []
-            _c73 = _n
-            for _ in range(_c73):
+            _i77_rootpath = []
+            _c79 = _n
+            for _ in range(_c79):
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
-                _x73 = bytes(buf[off:_e])
+                _x79 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _i71_rootpath.append(_x73)
-            _x70 = fs_location4(_i71_server, _i71_rootpath)
-            _i68_locations.append(_x70)
-        _v = fs_locations4(_i68_fs_root, _i68_locations)
+                _i77_rootpath.append(_x79)
+            _x76 = fs_location4(_i77_server, _i77_rootpath)
+            _i74_locations.append(_x76)
+        _v = fs_locations4(_i74_fs_root, _i74_locations)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_fs_locations', o0) from None
     return _v, off
@@ -1266,9 +309,9 @@ def dec_fattr4_hidden(r: _Reader, off: int) -> tuple[fattr4_hidden, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _BOOL[_t[0]]
+        _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_hidden', o0) from None
     return _v, off
@@ -1288,9 +331,9 @@ def dec_fattr4_homogeneous(r: _Reader, off: int) -> tuple[fattr4_homogeneous, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _BOOL[_t[0]]
+        _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_homogeneous', o0) from None
     return _v, off
@@ -1310,9 +353,8 @@ def dec_fattr4_maxfilesize(r: _Reader, off: int) -> tuple[fattr4_maxfilesize, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_maxfilesize', o0) from None
     return _v, off
@@ -1332,9 +374,8 @@ def dec_fattr4_maxlink(r: _Reader, off: int) -> tuple[fattr4_maxlink, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_maxlink', o0) from None
     return _v, off
@@ -1354,9 +395,8 @@ def dec_fattr4_maxname(r: _Reader, off: int) -> tuple[fattr4_maxname, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_maxname', o0) from None
     return _v, off
@@ -1376,9 +416,8 @@ def dec_fattr4_maxread(r: _Reader, off: int) -> tuple[fattr4_maxread, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_maxread', o0) from None
     return _v, off
@@ -1398,9 +437,8 @@ def dec_fattr4_maxwrite(r: _Reader, off: int) -> tuple[fattr4_maxwrite, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_maxwrite', o0) from None
     return _v, off
@@ -1413,7 +451,7 @@ def enc_fattr4_mimetype(w: _Writer, v: fattr4_mimetype) -> None:
     try:
         _v = v
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1429,8 +467,6 @@ def dec_fattr4_mimetype(r: _Reader, off: int) -> tuple[fattr4_mimetype, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1452,9 +488,8 @@ def dec_fattr4_mode(r: _Reader, off: int) -> tuple[fattr4_mode, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_mode', o0) from None
     return _v, off
@@ -1474,9 +509,8 @@ def dec_fattr4_mode_set_masked(r: _Reader, off: int) -> tuple[fattr4_mode_set_ma
     buf = r.buf
     o0 = off
     try:
-        _t = _S1.unpack_from(buf, off)
+        _v = mode_masked4(*_S1.unpack_from(buf, off))
         off += 8
-        _v = mode_masked4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_mode_set_masked', o0) from None
     return _v, off
@@ -1496,9 +530,8 @@ def dec_fattr4_mounted_on_fileid(r: _Reader, off: int) -> tuple[fattr4_mounted_o
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_mounted_on_fileid', o0) from None
     return _v, off
@@ -1518,9 +551,9 @@ def dec_fattr4_no_trunc(r: _Reader, off: int) -> tuple[fattr4_no_trunc, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _BOOL[_t[0]]
+        _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_no_trunc', o0) from None
     return _v, off
@@ -1540,9 +573,8 @@ def dec_fattr4_numlinks(r: _Reader, off: int) -> tuple[fattr4_numlinks, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_numlinks', o0) from None
     return _v, off
@@ -1555,7 +587,7 @@ def enc_fattr4_owner(w: _Writer, v: fattr4_owner) -> None:
     try:
         _v = v
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1571,8 +603,6 @@ def dec_fattr4_owner(r: _Reader, off: int) -> tuple[fattr4_owner, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1587,7 +617,7 @@ def enc_fattr4_owner_group(w: _Writer, v: fattr4_owner_group) -> None:
     try:
         _v = v
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1603,8 +633,6 @@ def dec_fattr4_owner_group(r: _Reader, off: int) -> tuple[fattr4_owner_group, in
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1626,9 +654,8 @@ def dec_fattr4_quota_avail_hard(r: _Reader, off: int) -> tuple[fattr4_quota_avai
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_quota_avail_hard', o0) from None
     return _v, off
@@ -1648,9 +675,8 @@ def dec_fattr4_quota_avail_soft(r: _Reader, off: int) -> tuple[fattr4_quota_avai
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_quota_avail_soft', o0) from None
     return _v, off
@@ -1670,9 +696,8 @@ def dec_fattr4_quota_used(r: _Reader, off: int) -> tuple[fattr4_quota_used, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_quota_used', o0) from None
     return _v, off
@@ -1692,9 +717,8 @@ def dec_fattr4_rawdev(r: _Reader, off: int) -> tuple[fattr4_rawdev, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S1.unpack_from(buf, off)
+        _v = specdata4(*_S1.unpack_from(buf, off))
         off += 8
-        _v = specdata4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_rawdev', o0) from None
     return _v, off
@@ -1714,9 +738,8 @@ def dec_fattr4_space_avail(r: _Reader, off: int) -> tuple[fattr4_space_avail, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_space_avail', o0) from None
     return _v, off
@@ -1736,9 +759,8 @@ def dec_fattr4_space_free(r: _Reader, off: int) -> tuple[fattr4_space_free, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_space_free', o0) from None
     return _v, off
@@ -1758,9 +780,8 @@ def dec_fattr4_space_total(r: _Reader, off: int) -> tuple[fattr4_space_total, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_space_total', o0) from None
     return _v, off
@@ -1780,9 +801,8 @@ def dec_fattr4_space_used(r: _Reader, off: int) -> tuple[fattr4_space_used, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_v,) = _S4.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_space_used', o0) from None
     return _v, off
@@ -1802,9 +822,9 @@ def dec_fattr4_system(r: _Reader, off: int) -> tuple[fattr4_system, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _BOOL[_t[0]]
+        _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_system', o0) from None
     return _v, off
@@ -1824,9 +844,8 @@ def dec_fattr4_time_access(r: _Reader, off: int) -> tuple[fattr4_time_access, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S7.unpack_from(buf, off)
+        _v = nfstime4(*_S7.unpack_from(buf, off))
         off += 12
-        _v = nfstime4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_time_access', o0) from None
     return _v, off
@@ -1837,7 +856,14 @@ fattr4_time_access_set = settime4
 
 def enc_fattr4_time_access_set(w: _Writer, v: fattr4_time_access_set) -> None:
     try:
-        enc_settime4(w, v)
+        _u80 = v
+        _d80 = _u80.set_it
+        _w80: _Any
+        if _d80 == 1:
+            _w80 = _u80.value
+            w += _S8.pack(1, _w80.seconds, _w80.nseconds)
+        else:
+            _enc_any_settime4(w, _u80)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_time_access_set: {_e}', len(w)) from None
 
@@ -1846,17 +872,15 @@ def dec_fattr4_time_access_set(r: _Reader, off: int) -> tuple[fattr4_time_access
     buf = r.buf
     o0 = off
     try:
-        _v74: _Any
-        _f74: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d74,) = _S2.unpack_from(buf, off)
-        _a74 = _settime4_ARMS.get(_d74)
-        if _a74 is None:
-            _d74 = _time_how4_MAP[(_d74,)[0]]
-            _f74 = _void_decode
+        _v81: _Any
+        (_d81,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d81 == 1:
+            _v81 = nfstime4(*_S7.unpack_from(buf, off))
+            off += 12
+            _v = settime4(SET_TO_CLIENT_TIME4, _v81)
         else:
-            _d74, _f74 = _a74
-        _v74, off = _f74(r, off + 4)
-        _v = settime4(_d74, _v74)
+            _v, off = _dec_any_settime4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_time_access_set', o0) from None
     return _v, off
@@ -1876,9 +900,8 @@ def dec_fattr4_time_backup(r: _Reader, off: int) -> tuple[fattr4_time_backup, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S7.unpack_from(buf, off)
+        _v = nfstime4(*_S7.unpack_from(buf, off))
         off += 12
-        _v = nfstime4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_time_backup', o0) from None
     return _v, off
@@ -1898,9 +921,8 @@ def dec_fattr4_time_create(r: _Reader, off: int) -> tuple[fattr4_time_create, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S7.unpack_from(buf, off)
+        _v = nfstime4(*_S7.unpack_from(buf, off))
         off += 12
-        _v = nfstime4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_time_create', o0) from None
     return _v, off
@@ -1920,9 +942,8 @@ def dec_fattr4_time_delta(r: _Reader, off: int) -> tuple[fattr4_time_delta, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S7.unpack_from(buf, off)
+        _v = nfstime4(*_S7.unpack_from(buf, off))
         off += 12
-        _v = nfstime4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_time_delta', o0) from None
     return _v, off
@@ -1942,9 +963,8 @@ def dec_fattr4_time_metadata(r: _Reader, off: int) -> tuple[fattr4_time_metadata
     buf = r.buf
     o0 = off
     try:
-        _t = _S7.unpack_from(buf, off)
+        _v = nfstime4(*_S7.unpack_from(buf, off))
         off += 12
-        _v = nfstime4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_time_metadata', o0) from None
     return _v, off
@@ -1964,9 +984,8 @@ def dec_fattr4_time_modify(r: _Reader, off: int) -> tuple[fattr4_time_modify, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S7.unpack_from(buf, off)
+        _v = nfstime4(*_S7.unpack_from(buf, off))
         off += 12
-        _v = nfstime4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_time_modify', o0) from None
     return _v, off
@@ -1977,7 +996,14 @@ fattr4_time_modify_set = settime4
 
 def enc_fattr4_time_modify_set(w: _Writer, v: fattr4_time_modify_set) -> None:
     try:
-        enc_settime4(w, v)
+        _u82 = v
+        _d82 = _u82.set_it
+        _w82: _Any
+        if _d82 == 1:
+            _w82 = _u82.value
+            w += _S8.pack(1, _w82.seconds, _w82.nseconds)
+        else:
+            _enc_any_settime4(w, _u82)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_time_modify_set: {_e}', len(w)) from None
 
@@ -1986,17 +1012,15 @@ def dec_fattr4_time_modify_set(r: _Reader, off: int) -> tuple[fattr4_time_modify
     buf = r.buf
     o0 = off
     try:
-        _v75: _Any
-        _f75: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d75,) = _S2.unpack_from(buf, off)
-        _a75 = _settime4_ARMS.get(_d75)
-        if _a75 is None:
-            _d75 = _time_how4_MAP[(_d75,)[0]]
-            _f75 = _void_decode
+        _v83: _Any
+        (_d83,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d83 == 1:
+            _v83 = nfstime4(*_S7.unpack_from(buf, off))
+            off += 12
+            _v = settime4(SET_TO_CLIENT_TIME4, _v83)
         else:
-            _d75, _f75 = _a75
-        _v75, off = _f75(r, off + 4)
-        _v = settime4(_d75, _v75)
+            _v, off = _dec_any_settime4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_time_modify_set', o0) from None
     return _v, off
@@ -2007,11 +1031,11 @@ fattr4_suppattr_exclcreat: _TypeAlias = "list[int]"
 
 def enc_fattr4_suppattr_exclcreat(w: _Writer, v: fattr4_suppattr_exclcreat) -> None:
     try:
-        _a76 = v
-        _n = len(_a76)
-        w += _U32.pack(_n)
-        for _x76 in _a76:
-            w += _S0.pack(_x76)
+        _a84 = v
+        _n = len(_a84)
+        w += _S0.pack(_n)
+        for _x84 in _a84:
+            w += _S0.pack(_x84)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_suppattr_exclcreat: {_e}', len(w)) from None
 
@@ -2025,12 +1049,11 @@ def dec_fattr4_suppattr_exclcreat(r: _Reader, off: int) -> tuple[fattr4_suppattr
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
-        _c77 = _n
-        for _ in range(_c77):
-            _t = _S0.unpack_from(buf, off)
+        _c85 = _n
+        for _ in range(_c85):
+            (_x85,) = _S0.unpack_from(buf, off)
             off += 4
-            _x77 = _t[0]
-            _v.append(_x77)
+            _v.append(_x85)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_suppattr_exclcreat', o0) from None
     return _v, off
@@ -2050,9 +1073,8 @@ def dec_fattr4_dir_notif_delay(r: _Reader, off: int) -> tuple[fattr4_dir_notif_d
     buf = r.buf
     o0 = off
     try:
-        _t = _S7.unpack_from(buf, off)
+        _v = nfstime4(*_S7.unpack_from(buf, off))
         off += 12
-        _v = nfstime4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_dir_notif_delay', o0) from None
     return _v, off
@@ -2072,9 +1094,8 @@ def dec_fattr4_dirent_notif_delay(r: _Reader, off: int) -> tuple[fattr4_dirent_n
     buf = r.buf
     o0 = off
     try:
-        _t = _S7.unpack_from(buf, off)
+        _v = nfstime4(*_S7.unpack_from(buf, off))
         off += 12
-        _v = nfstime4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_dirent_notif_delay', o0) from None
     return _v, off
@@ -2085,11 +1106,11 @@ fattr4_fs_layout_types: _TypeAlias = "list[layouttype4]"
 
 def enc_fattr4_fs_layout_types(w: _Writer, v: fattr4_fs_layout_types) -> None:
     try:
-        _a78 = v
-        _n = len(_a78)
-        w += _U32.pack(_n)
-        for _x78 in _a78:
-            w += _S2.pack(_x78)
+        _a86 = v
+        _n = len(_a86)
+        w += _S0.pack(_n)
+        for _x86 in _a86:
+            w += _S2.pack(_x86)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_fs_layout_types: {_e}', len(w)) from None
 
@@ -2103,12 +1124,12 @@ def dec_fattr4_fs_layout_types(r: _Reader, off: int) -> tuple[fattr4_fs_layout_t
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
-        _c79 = _n
-        for _ in range(_c79):
-            _t = _S2.unpack_from(buf, off)
+        _c87 = _n
+        for _ in range(_c87):
+            (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _x79 = _layouttype4_MAP[_t[0]]
-            _v.append(_x79)
+            _x87 = _layouttype4_MAP[_t0]
+            _v.append(_x87)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_fs_layout_types', o0) from None
     return _v, off
@@ -2119,19 +1140,19 @@ fattr4_fs_status = fs4_status
 
 def enc_fattr4_fs_status(w: _Writer, v: fattr4_fs_status) -> None:
     try:
-        _s80 = v
-        w += _S13.pack(_s80.fss_absent, _s80.fss_type)
-        _v = _s80.fss_source
+        _s88 = v
+        w += _S15.pack(_s88.fss_absent, _s88.fss_type)
+        _v = _s88.fss_source
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _v = _s80.fss_current
+        _v = _s88.fss_current
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        w += _S14.pack(_s80.fss_age, _s80.fss_version.seconds, _s80.fss_version.nseconds)
+        w += _S8.pack(_s88.fss_age, _s88.fss_version.seconds, _s88.fss_version.nseconds)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_fs_status: {_e}', len(w)) from None
 
@@ -2140,33 +1161,28 @@ def dec_fattr4_fs_status(r: _Reader, off: int) -> tuple[fattr4_fs_status, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S13.unpack_from(buf, off)
+        _t0, _t1 = _S15.unpack_from(buf, off)
         off += 8
-        _i81_fss_absent = _BOOL[_t[0]]
-        _i81_fss_type = _fs4_status_type_MAP[_t[1]]
+        _i89_fss_absent = _BOOL[_t0]
+        _i89_fss_type = _fs4_status_type_MAP[_t1]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i81_fss_source = bytes(buf[off:_e])
+        _i89_fss_source = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i81_fss_current = bytes(buf[off:_e])
+        _i89_fss_current = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S14.unpack_from(buf, off)
+        _i89_fss_age, _t1, _t2 = _S8.unpack_from(buf, off)
         off += 16
-        _i81_fss_age = _t[0]
-        _i81_fss_version = nfstime4(_t[1], _t[2])
-        _v = fs4_status(_i81_fss_absent, _i81_fss_type, _i81_fss_source, _i81_fss_current, _i81_fss_age, _i81_fss_version)
+        _i89_fss_version = nfstime4(_t1, _t2)
+        _v = fs4_status(_i89_fss_absent, _i89_fss_type, _i89_fss_source, _i89_fss_current, _i89_fss_age, _i89_fss_version)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_fs_status', o0) from None
     return _v, off
@@ -2186,9 +1202,8 @@ def dec_fattr4_fs_charset_cap(r: _Reader, off: int) -> tuple[fattr4_fs_charset_c
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_fs_charset_cap', o0) from None
     return _v, off
@@ -2208,9 +1223,8 @@ def dec_fattr4_layout_alignment(r: _Reader, off: int) -> tuple[fattr4_layout_ali
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_layout_alignment', o0) from None
     return _v, off
@@ -2230,9 +1244,8 @@ def dec_fattr4_layout_blksize(r: _Reader, off: int) -> tuple[fattr4_layout_blksi
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_layout_blksize', o0) from None
     return _v, off
@@ -2243,11 +1256,11 @@ fattr4_layout_hint = layouthint4
 
 def enc_fattr4_layout_hint(w: _Writer, v: fattr4_layout_hint) -> None:
     try:
-        _s82 = v
-        w += _S2.pack(_s82.loh_type)
-        _v = _s82.loh_body
+        _s90 = v
+        w += _S2.pack(_s90.loh_type)
+        _v = _s90.loh_body
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -2258,19 +1271,17 @@ def dec_fattr4_layout_hint(r: _Reader, off: int) -> tuple[fattr4_layout_hint, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        _i83_loh_type = _layouttype4_MAP[_t[0]]
+        _i91_loh_type = _layouttype4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i83_loh_body = bytes(buf[off:_e])
+        _i91_loh_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _v = layouthint4(_i83_loh_type, _i83_loh_body)
+        _v = layouthint4(_i91_loh_type, _i91_loh_body)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_layout_hint', o0) from None
     return _v, off
@@ -2281,11 +1292,11 @@ fattr4_layout_types: _TypeAlias = "list[layouttype4]"
 
 def enc_fattr4_layout_types(w: _Writer, v: fattr4_layout_types) -> None:
     try:
-        _a84 = v
-        _n = len(_a84)
-        w += _U32.pack(_n)
-        for _x84 in _a84:
-            w += _S2.pack(_x84)
+        _a92 = v
+        _n = len(_a92)
+        w += _S0.pack(_n)
+        for _x92 in _a92:
+            w += _S2.pack(_x92)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_layout_types: {_e}', len(w)) from None
 
@@ -2299,12 +1310,12 @@ def dec_fattr4_layout_types(r: _Reader, off: int) -> tuple[fattr4_layout_types, 
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
-        _c85 = _n
-        for _ in range(_c85):
-            _t = _S2.unpack_from(buf, off)
+        _c93 = _n
+        for _ in range(_c93):
+            (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _x85 = _layouttype4_MAP[_t[0]]
-            _v.append(_x85)
+            _x93 = _layouttype4_MAP[_t0]
+            _v.append(_x93)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_layout_types', o0) from None
     return _v, off
@@ -2315,21 +1326,21 @@ fattr4_mdsthreshold = mdsthreshold4
 
 def enc_fattr4_mdsthreshold(w: _Writer, v: fattr4_mdsthreshold) -> None:
     try:
-        _s86 = v
-        _a87 = _s86.mth_hints
-        _n = len(_a87)
-        w += _U32.pack(_n)
-        for _x87 in _a87:
-            _s88 = _x87
-            w += _S2.pack(_s88.thi_layout_type)
-            _a89 = _s88.thi_hintset
-            _n = len(_a89)
-            w += _U32.pack(_n)
-            for _x89 in _a89:
-                w += _S0.pack(_x89)
-            _v = _s88.thi_hintlist
+        _s94 = v
+        _a95 = _s94.mth_hints
+        _n = len(_a95)
+        w += _S0.pack(_n)
+        for _x95 in _a95:
+            _s96 = _x95
+            w += _S2.pack(_s96.thi_layout_type)
+            _a97 = _s96.thi_hintset
+            _n = len(_a97)
+            w += _S0.pack(_n)
+            for _x97 in _a97:
+                w += _S0.pack(_x97)
+            _v = _s96.thi_hintlist
             _n = len(_v)
-            w += _U32.pack(_n)
+            w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -2344,35 +1355,32 @@ def dec_fattr4_mdsthreshold(r: _Reader, off: int) -> tuple[fattr4_mdsthreshold, 
         off += 4
         if _n * 12 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i90_mth_hints = []
-        _c91 = _n
-        for _ in range(_c91):
-            _t = _S2.unpack_from(buf, off)
+        _i98_mth_hints = []
+        _c99 = _n
+        for _ in range(_c99):
+            (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _i92_thi_layout_type = _layouttype4_MAP[_t[0]]
+            _i100_thi_layout_type = _layouttype4_MAP[_t0]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i92_thi_hintset = []
-            _c93 = _n
-            for _ in range(_c93):
-                _t = _S0.unpack_from(buf, off)
+            _i100_thi_hintset = []
+            _c101 = _n
+            for _ in range(_c101):
+                (_x101,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x93 = _t[0]
-                _i92_thi_hintset.append(_x93)
+                _i100_thi_hintset.append(_x101)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _i92_thi_hintlist = bytes(buf[off:_e])
+            _i100_thi_hintlist = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _x91 = threshold_item4(_i92_thi_layout_type, _i92_thi_hintset, _i92_thi_hintlist)
-            _i90_mth_hints.append(_x91)
-        _v = mdsthreshold4(_i90_mth_hints)
+            _x99 = threshold_item4(_i100_thi_layout_type, _i100_thi_hintset, _i100_thi_hintlist)
+            _i98_mth_hints.append(_x99)
+        _v = mdsthreshold4(_i98_mth_hints)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_mdsthreshold', o0) from None
     return _v, off
@@ -2383,15 +1391,15 @@ fattr4_retention_get = retention_get4
 
 def enc_fattr4_retention_get(w: _Writer, v: fattr4_retention_get) -> None:
     try:
-        _s94 = v
-        w += _S4.pack(_s94.rg_duration)
-        _a95 = _s94.rg_begin_time
-        _n = len(_a95)
+        _s102 = v
+        w += _S4.pack(_s102.rg_duration)
+        _a103 = _s102.rg_begin_time
+        _n = len(_a103)
         if _n > 1:
             raise _XdrError('rg_begin_time: length %d exceeds 1' % _n, len(w))
-        w += _U32.pack(_n)
-        for _x95 in _a95:
-            w += _S7.pack(_x95.seconds, _x95.nseconds)
+        w += _S0.pack(_n)
+        for _x103 in _a103:
+            w += _S7.pack(_x103.seconds, _x103.nseconds)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_retention_get: {_e}', len(w)) from None
 
@@ -2400,23 +1408,21 @@ def dec_fattr4_retention_get(r: _Reader, off: int) -> tuple[fattr4_retention_get
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_i104_rg_duration,) = _S4.unpack_from(buf, off)
         off += 8
-        _i96_rg_duration = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('rg_begin_time: length %d exceeds 1' % _n, off)
         off += 4
         if _n * 12 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i96_rg_begin_time = []
-        _c97 = _n
-        for _ in range(_c97):
-            _t = _S7.unpack_from(buf, off)
+        _i104_rg_begin_time = []
+        _c105 = _n
+        for _ in range(_c105):
+            _x105 = nfstime4(*_S7.unpack_from(buf, off))
             off += 12
-            _x97 = nfstime4(_t[0], _t[1])
-            _i96_rg_begin_time.append(_x97)
-        _v = retention_get4(_i96_rg_duration, _i96_rg_begin_time)
+            _i104_rg_begin_time.append(_x105)
+        _v = retention_get4(_i104_rg_duration, _i104_rg_begin_time)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_retention_get', o0) from None
     return _v, off
@@ -2427,15 +1433,15 @@ fattr4_retention_set = retention_set4
 
 def enc_fattr4_retention_set(w: _Writer, v: fattr4_retention_set) -> None:
     try:
-        _s98 = v
-        w += _S0.pack(_s98.rs_enable)
-        _a99 = _s98.rs_duration
-        _n = len(_a99)
+        _s106 = v
+        w += _S0.pack(_s106.rs_enable)
+        _a107 = _s106.rs_duration
+        _n = len(_a107)
         if _n > 1:
             raise _XdrError('rs_duration: length %d exceeds 1' % _n, len(w))
-        w += _U32.pack(_n)
-        for _x99 in _a99:
-            w += _S4.pack(_x99)
+        w += _S0.pack(_n)
+        for _x107 in _a107:
+            w += _S4.pack(_x107)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_retention_set: {_e}', len(w)) from None
 
@@ -2444,23 +1450,22 @@ def dec_fattr4_retention_set(r: _Reader, off: int) -> tuple[fattr4_retention_set
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _i100_rs_enable = _BOOL[_t[0]]
+        _i108_rs_enable = _BOOL[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('rs_duration: length %d exceeds 1' % _n, off)
         off += 4
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i100_rs_duration = []
-        _c101 = _n
-        for _ in range(_c101):
-            _t = _S4.unpack_from(buf, off)
+        _i108_rs_duration = []
+        _c109 = _n
+        for _ in range(_c109):
+            (_x109,) = _S4.unpack_from(buf, off)
             off += 8
-            _x101 = _t[0]
-            _i100_rs_duration.append(_x101)
-        _v = retention_set4(_i100_rs_enable, _i100_rs_duration)
+            _i108_rs_duration.append(_x109)
+        _v = retention_set4(_i108_rs_enable, _i108_rs_duration)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_retention_set', o0) from None
     return _v, off
@@ -2471,15 +1476,15 @@ fattr4_retentevt_get = retention_get4
 
 def enc_fattr4_retentevt_get(w: _Writer, v: fattr4_retentevt_get) -> None:
     try:
-        _s102 = v
-        w += _S4.pack(_s102.rg_duration)
-        _a103 = _s102.rg_begin_time
-        _n = len(_a103)
+        _s110 = v
+        w += _S4.pack(_s110.rg_duration)
+        _a111 = _s110.rg_begin_time
+        _n = len(_a111)
         if _n > 1:
             raise _XdrError('rg_begin_time: length %d exceeds 1' % _n, len(w))
-        w += _U32.pack(_n)
-        for _x103 in _a103:
-            w += _S7.pack(_x103.seconds, _x103.nseconds)
+        w += _S0.pack(_n)
+        for _x111 in _a111:
+            w += _S7.pack(_x111.seconds, _x111.nseconds)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_retentevt_get: {_e}', len(w)) from None
 
@@ -2488,23 +1493,1950 @@ def dec_fattr4_retentevt_get(r: _Reader, off: int) -> tuple[fattr4_retentevt_get
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (_i112_rg_duration,) = _S4.unpack_from(buf, off)
         off += 8
-        _i104_rg_duration = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('rg_begin_time: length %d exceeds 1' % _n, off)
         off += 4
         if _n * 12 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i104_rg_begin_time = []
-        _c105 = _n
-        for _ in range(_c105):
-            _t = _S7.unpack_from(buf, off)
+        _i112_rg_begin_time = []
+        _c113 = _n
+        for _ in range(_c113):
+            _x113 = nfstime4(*_S7.unpack_from(buf, off))
             off += 12
-            _x105 = nfstime4(_t[0], _t[1])
-            _i104_rg_begin_time.append(_x105)
-        _v = retention_get4(_i104_rg_duration, _i104_rg_begin_time)
+            _i112_rg_begin_time.append(_x113)
+        _v = retention_get4(_i112_rg_duration, _i112_rg_begin_time)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_retentevt_get', o0) from None
     return _v, off
+
+
+fattr4_retentevt_set = retention_set4
+
+
+def enc_fattr4_retentevt_set(w: _Writer, v: fattr4_retentevt_set) -> None:
+    try:
+        _s114 = v
+        w += _S0.pack(_s114.rs_enable)
+        _a115 = _s114.rs_duration
+        _n = len(_a115)
+        if _n > 1:
+            raise _XdrError('rs_duration: length %d exceeds 1' % _n, len(w))
+        w += _S0.pack(_n)
+        for _x115 in _a115:
+            w += _S4.pack(_x115)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_retentevt_set: {_e}', len(w)) from None
+
+
+def dec_fattr4_retentevt_set(r: _Reader, off: int) -> tuple[fattr4_retentevt_set, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        _i116_rs_enable = _BOOL[_t0]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1:
+            raise _XdrError('rs_duration: length %d exceeds 1' % _n, off)
+        off += 4
+        if _n * 8 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i116_rs_duration = []
+        _c117 = _n
+        for _ in range(_c117):
+            (_x117,) = _S4.unpack_from(buf, off)
+            off += 8
+            _i116_rs_duration.append(_x117)
+        _v = retention_set4(_i116_rs_enable, _i116_rs_duration)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_retentevt_set', o0) from None
+    return _v, off
+
+
+fattr4_retention_hold: _TypeAlias = "int"
+
+
+def enc_fattr4_retention_hold(w: _Writer, v: fattr4_retention_hold) -> None:
+    try:
+        w += _S4.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_retention_hold: {_e}', len(w)) from None
+
+
+def dec_fattr4_retention_hold(r: _Reader, off: int) -> tuple[fattr4_retention_hold, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_v,) = _S4.unpack_from(buf, off)
+        off += 8
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_retention_hold', o0) from None
+    return _v, off
+
+
+fattr4_dacl = nfsacl41
+
+
+def enc_fattr4_dacl(w: _Writer, v: fattr4_dacl) -> None:
+    try:
+        _s118 = v
+        w += _S0.pack(_s118.na41_flag)
+        _a119 = _s118.na41_aces
+        _n = len(_a119)
+        w += _S0.pack(_n)
+        for _x119 in _a119:
+            _s120 = _x119
+            w += _S10.pack(_s120.type, _s120.flag, _s120.access_mask)
+            _v = _s120.who
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_dacl: {_e}', len(w)) from None
+
+
+def dec_fattr4_dacl(r: _Reader, off: int) -> tuple[fattr4_dacl, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_i121_na41_flag,) = _S0.unpack_from(buf, off)
+        off += 4
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 16 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i121_na41_aces = []
+        _c122 = _n
+        for _ in range(_c122):
+            _i123_type, _i123_flag, _i123_access_mask = _S10.unpack_from(buf, off)
+            off += 12
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i123_who = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _x122 = nfsace4(_i123_type, _i123_flag, _i123_access_mask, _i123_who)
+            _i121_na41_aces.append(_x122)
+        _v = nfsacl41(_i121_na41_flag, _i121_na41_aces)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_dacl', o0) from None
+    return _v, off
+
+
+fattr4_sacl = nfsacl41
+
+
+def enc_fattr4_sacl(w: _Writer, v: fattr4_sacl) -> None:
+    try:
+        _s124 = v
+        w += _S0.pack(_s124.na41_flag)
+        _a125 = _s124.na41_aces
+        _n = len(_a125)
+        w += _S0.pack(_n)
+        for _x125 in _a125:
+            _s126 = _x125
+            w += _S10.pack(_s126.type, _s126.flag, _s126.access_mask)
+            _v = _s126.who
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_sacl: {_e}', len(w)) from None
+
+
+def dec_fattr4_sacl(r: _Reader, off: int) -> tuple[fattr4_sacl, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_i127_na41_flag,) = _S0.unpack_from(buf, off)
+        off += 4
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 16 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i127_na41_aces = []
+        _c128 = _n
+        for _ in range(_c128):
+            _i129_type, _i129_flag, _i129_access_mask = _S10.unpack_from(buf, off)
+            off += 12
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i129_who = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _x128 = nfsace4(_i129_type, _i129_flag, _i129_access_mask, _i129_who)
+            _i127_na41_aces.append(_x128)
+        _v = nfsacl41(_i127_na41_flag, _i127_na41_aces)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_sacl', o0) from None
+    return _v, off
+
+
+fattr4_change_policy = change_policy4
+
+
+def enc_fattr4_change_policy(w: _Writer, v: fattr4_change_policy) -> None:
+    try:
+        w += _S9.pack(v.cp_major, v.cp_minor)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_change_policy: {_e}', len(w)) from None
+
+
+def dec_fattr4_change_policy(r: _Reader, off: int) -> tuple[fattr4_change_policy, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v = change_policy4(*_S9.unpack_from(buf, off))
+        off += 16
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_change_policy', o0) from None
+    return _v, off
+
+
+fattr4_fs_locations_info = fs_locations_info4
+
+
+def enc_fattr4_fs_locations_info(w: _Writer, v: fattr4_fs_locations_info) -> None:
+    try:
+        _s130 = v
+        w += _S15.pack(_s130.fli_flags, _s130.fli_valid_for)
+        _a131 = _s130.fli_fs_root
+        _n = len(_a131)
+        w += _S0.pack(_n)
+        for _x131 in _a131:
+            _v = _x131
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        _a132 = _s130.fli_items
+        _n = len(_a132)
+        w += _S0.pack(_n)
+        for _x132 in _a132:
+            _s133 = _x132
+            _a134 = _s133.fli_entries
+            _n = len(_a134)
+            w += _S0.pack(_n)
+            for _x134 in _a134:
+                enc_fs_locations_server4(w, _x134)
+            _a135 = _s133.fli_rootpath
+            _n = len(_a135)
+            w += _S0.pack(_n)
+            for _x135 in _a135:
+                _v = _x135
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_fs_locations_info: {_e}', len(w)) from None
+
+
+def dec_fattr4_fs_locations_info(r: _Reader, off: int) -> tuple[fattr4_fs_locations_info, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _i136_fli_flags, _i136_fli_valid_for = _S15.unpack_from(buf, off)
+        off += 8
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i136_fli_fs_root = []
+        _c137 = _n
+        for _ in range(_c137):
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _x137 = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i136_fli_fs_root.append(_x137)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 8 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i136_fli_items = []
+        _c138 = _n
+        for _ in range(_c138):
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 12 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i139_fli_entries = []
+            _c140 = _n
+            for _ in range(_c140):
+                _x140, off = dec_fs_locations_server4(r, off)
+                _i139_fli_entries.append(_x140)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i139_fli_rootpath = []
+            _c141 = _n
+            for _ in range(_c141):
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _x141 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _i139_fli_rootpath.append(_x141)
+            _x138 = fs_locations_item4(_i139_fli_entries, _i139_fli_rootpath)
+            _i136_fli_items.append(_x138)
+        _v = fs_locations_info4(_i136_fli_flags, _i136_fli_valid_for, _i136_fli_fs_root, _i136_fli_items)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_fs_locations_info', o0) from None
+    return _v, off
+
+
+class change_attr_type4(_IntEnum):
+    NFS4_CHANGE_TYPE_IS_MONOTONIC_INCR = 0
+    NFS4_CHANGE_TYPE_IS_VERSION_COUNTER = 1
+    NFS4_CHANGE_TYPE_IS_VERSION_COUNTER_NOPNFS = 2
+    NFS4_CHANGE_TYPE_IS_TIME_METADATA = 3
+    NFS4_CHANGE_TYPE_IS_UNDEFINED = 4
+
+
+_change_attr_type4_MAP: _Final[dict[int, change_attr_type4]] = {m.value: m for m in change_attr_type4}
+NFS4_CHANGE_TYPE_IS_MONOTONIC_INCR = change_attr_type4.NFS4_CHANGE_TYPE_IS_MONOTONIC_INCR
+NFS4_CHANGE_TYPE_IS_VERSION_COUNTER = change_attr_type4.NFS4_CHANGE_TYPE_IS_VERSION_COUNTER
+NFS4_CHANGE_TYPE_IS_VERSION_COUNTER_NOPNFS = change_attr_type4.NFS4_CHANGE_TYPE_IS_VERSION_COUNTER_NOPNFS
+NFS4_CHANGE_TYPE_IS_TIME_METADATA = change_attr_type4.NFS4_CHANGE_TYPE_IS_TIME_METADATA
+NFS4_CHANGE_TYPE_IS_UNDEFINED = change_attr_type4.NFS4_CHANGE_TYPE_IS_UNDEFINED
+
+
+def enc_change_attr_type4(w: _Writer, v: change_attr_type4) -> None:
+    try:
+        w += _I32.pack(_change_attr_type4_MAP[v])
+    except (KeyError, TypeError, _struct.error):
+        raise _XdrError(f'{v!r} is not a change_attr_type4', len(w)) from None
+
+
+def dec_change_attr_type4(r: _Reader, off: int) -> tuple[change_attr_type4, int]:
+    try:
+        return _change_attr_type4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
+    except (KeyError, _struct.error):
+        raise _XdrError('invalid or truncated change_attr_type4', off) from None
+
+
+policy4: _TypeAlias = "int"
+
+
+def enc_policy4(w: _Writer, v: policy4) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode policy4: {_e}', len(w)) from None
+
+
+def dec_policy4(r: _Reader, off: int) -> tuple[policy4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_v,) = _S0.unpack_from(buf, off)
+        off += 4
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated policy4', o0) from None
+    return _v, off
+
+
+@_dataclass(slots=True)
+class labelformat_spec4:
+    lfs_lfs: int
+    lfs_pi: int
+
+
+def enc_labelformat_spec4(w: _Writer, v: labelformat_spec4) -> None:
+    try:
+        w += _S1.pack(v.lfs_lfs, v.lfs_pi)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode labelformat_spec4: {_e}', len(w)) from None
+
+
+def dec_labelformat_spec4(r: _Reader, off: int) -> tuple[labelformat_spec4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _u = labelformat_spec4(*_S1.unpack_from(buf, off))
+        off += 8
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated labelformat_spec4', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class sec_label4:
+    slai_lfs: labelformat_spec4
+    slai_data: bytes
+
+
+def enc_sec_label4(w: _Writer, v: sec_label4) -> None:
+    try:
+        w += _S1.pack(v.slai_lfs.lfs_lfs, v.slai_lfs.lfs_pi)
+        _v = v.slai_data
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode sec_label4: {_e}', len(w)) from None
+
+
+def dec_sec_label4(r: _Reader, off: int) -> tuple[sec_label4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        f_slai_lfs = labelformat_spec4(*_S1.unpack_from(buf, off))
+        off += 8
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_slai_data = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated sec_label4', o0) from None
+    return sec_label4(f_slai_lfs, f_slai_data), off
+
+
+fattr4_clone_blksize: _TypeAlias = "int"
+
+
+def enc_fattr4_clone_blksize(w: _Writer, v: fattr4_clone_blksize) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_clone_blksize: {_e}', len(w)) from None
+
+
+def dec_fattr4_clone_blksize(r: _Reader, off: int) -> tuple[fattr4_clone_blksize, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_v,) = _S0.unpack_from(buf, off)
+        off += 4
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_clone_blksize', o0) from None
+    return _v, off
+
+
+fattr4_space_freed: _TypeAlias = "int"
+
+
+def enc_fattr4_space_freed(w: _Writer, v: fattr4_space_freed) -> None:
+    try:
+        w += _S4.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_space_freed: {_e}', len(w)) from None
+
+
+def dec_fattr4_space_freed(r: _Reader, off: int) -> tuple[fattr4_space_freed, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_v,) = _S4.unpack_from(buf, off)
+        off += 8
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_space_freed', o0) from None
+    return _v, off
+
+
+fattr4_change_attr_type = change_attr_type4
+
+
+def enc_fattr4_change_attr_type(w: _Writer, v: fattr4_change_attr_type) -> None:
+    try:
+        w += _S2.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_change_attr_type: {_e}', len(w)) from None
+
+
+def dec_fattr4_change_attr_type(r: _Reader, off: int) -> tuple[fattr4_change_attr_type, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        _v = _change_attr_type4_MAP[_t0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_change_attr_type', o0) from None
+    return _v, off
+
+
+fattr4_sec_label = sec_label4
+
+
+def enc_fattr4_sec_label(w: _Writer, v: fattr4_sec_label) -> None:
+    try:
+        _s142 = v
+        w += _S1.pack(_s142.slai_lfs.lfs_lfs, _s142.slai_lfs.lfs_pi)
+        _v = _s142.slai_data
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_sec_label: {_e}', len(w)) from None
+
+
+def dec_fattr4_sec_label(r: _Reader, off: int) -> tuple[fattr4_sec_label, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _i143_slai_lfs = labelformat_spec4(*_S1.unpack_from(buf, off))
+        off += 8
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i143_slai_data = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        _v = sec_label4(_i143_slai_lfs, _i143_slai_data)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_sec_label', o0) from None
+    return _v, off
+
+
+fattr4_xattr_support: _TypeAlias = "bool"
+
+
+def enc_fattr4_xattr_support(w: _Writer, v: fattr4_xattr_support) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_xattr_support: {_e}', len(w)) from None
+
+
+def dec_fattr4_xattr_support(r: _Reader, off: int) -> tuple[fattr4_xattr_support, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        _v = _BOOL[_t0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_xattr_support', o0) from None
+    return _v, off
+
+
+@_dataclass(slots=True)
+class fattr4:
+    attrmask: list[int]
+    attr_vals: bytes
+
+
+def enc_fattr4(w: _Writer, v: fattr4) -> None:
+    try:
+        _a144 = v.attrmask
+        _n = len(_a144)
+        w += _S0.pack(_n)
+        for _x144 in _a144:
+            w += _S0.pack(_x144)
+        _v = v.attr_vals
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4: {_e}', len(w)) from None
+
+
+def dec_fattr4(r: _Reader, off: int) -> tuple[fattr4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_attrmask = []
+        _c145 = _n
+        for _ in range(_c145):
+            (_x145,) = _S0.unpack_from(buf, off)
+            off += 4
+            f_attrmask.append(_x145)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_attr_vals = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4', o0) from None
+    return fattr4(f_attrmask, f_attr_vals), off
+
+
+@_dataclass(slots=True)
+class change_info4:
+    atomic: bool
+    before: int
+    after: int
+
+
+def enc_change_info4(w: _Writer, v: change_info4) -> None:
+    try:
+        w += _S16.pack(v.atomic, v.before, v.after)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode change_info4: {_e}', len(w)) from None
+
+
+def dec_change_info4(r: _Reader, off: int) -> tuple[change_info4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, _t2 = _S16.unpack_from(buf, off)
+        off += 20
+        _u = change_info4(_BOOL[_t0], _t1, _t2)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated change_info4', o0) from None
+    return _u, off
+
+
+clientaddr4 = netaddr4
+
+
+def enc_clientaddr4(w: _Writer, v: clientaddr4) -> None:
+    try:
+        _s146 = v
+        _v = _s146.na_r_netid.encode('utf-8', 'surrogateescape')
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _v = _s146.na_r_addr.encode('utf-8', 'surrogateescape')
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode clientaddr4: {_e}', len(w)) from None
+
+
+def dec_clientaddr4(r: _Reader, off: int) -> tuple[clientaddr4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i147_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i147_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+        off = _e + (-_n & 3)
+        _v = netaddr4(_i147_na_r_netid, _i147_na_r_addr)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated clientaddr4', o0) from None
+    return _v, off
+
+
+@_dataclass(slots=True)
+class cb_client4:
+    cb_program: int
+    cb_location: netaddr4
+
+
+def enc_cb_client4(w: _Writer, v: cb_client4) -> None:
+    try:
+        w += _S0.pack(v.cb_program)
+        _s148 = v.cb_location
+        _v = _s148.na_r_netid.encode('utf-8', 'surrogateescape')
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _v = _s148.na_r_addr.encode('utf-8', 'surrogateescape')
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode cb_client4: {_e}', len(w)) from None
+
+
+def dec_cb_client4(r: _Reader, off: int) -> tuple[cb_client4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (f_cb_program,) = _S0.unpack_from(buf, off)
+        off += 4
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i149_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i149_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+        off = _e + (-_n & 3)
+        f_cb_location = netaddr4(_i149_na_r_netid, _i149_na_r_addr)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated cb_client4', o0) from None
+    return cb_client4(f_cb_program, f_cb_location), off
+
+
+@_dataclass(slots=True)
+class nfs_client_id4:
+    verifier: bytes
+    id: bytes
+
+
+def enc_nfs_client_id4(w: _Writer, v: nfs_client_id4) -> None:
+    try:
+        if len(v.verifier) != 8: raise _XdrError('fixed opaque verifier must be 8 bytes', len(w))
+        w += _S6.pack(v.verifier)
+        _v = v.id
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('id: length %d exceeds 1024' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_client_id4: {_e}', len(w)) from None
+
+
+def dec_nfs_client_id4(r: _Reader, off: int) -> tuple[nfs_client_id4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (f_verifier,) = _S6.unpack_from(buf, off)
+        off += 8
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('id: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_id = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated nfs_client_id4', o0) from None
+    return nfs_client_id4(f_verifier, f_id), off
+
+
+@_dataclass(slots=True)
+class client_owner4:
+    co_verifier: bytes
+    co_ownerid: bytes
+
+
+def enc_client_owner4(w: _Writer, v: client_owner4) -> None:
+    try:
+        if len(v.co_verifier) != 8: raise _XdrError('fixed opaque co_verifier must be 8 bytes', len(w))
+        w += _S6.pack(v.co_verifier)
+        _v = v.co_ownerid
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('co_ownerid: length %d exceeds 1024' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode client_owner4: {_e}', len(w)) from None
+
+
+def dec_client_owner4(r: _Reader, off: int) -> tuple[client_owner4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (f_co_verifier,) = _S6.unpack_from(buf, off)
+        off += 8
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('co_ownerid: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_co_ownerid = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated client_owner4', o0) from None
+    return client_owner4(f_co_verifier, f_co_ownerid), off
+
+
+@_dataclass(slots=True)
+class server_owner4:
+    so_minor_id: int
+    so_major_id: bytes
+
+
+def enc_server_owner4(w: _Writer, v: server_owner4) -> None:
+    try:
+        w += _S4.pack(v.so_minor_id)
+        _v = v.so_major_id
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('so_major_id: length %d exceeds 1024' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode server_owner4: {_e}', len(w)) from None
+
+
+def dec_server_owner4(r: _Reader, off: int) -> tuple[server_owner4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (f_so_minor_id,) = _S4.unpack_from(buf, off)
+        off += 8
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('so_major_id: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_so_major_id = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated server_owner4', o0) from None
+    return server_owner4(f_so_minor_id, f_so_major_id), off
+
+
+@_dataclass(slots=True)
+class state_owner4:
+    clientid: int
+    owner: bytes
+
+
+def enc_state_owner4(w: _Writer, v: state_owner4) -> None:
+    try:
+        w += _S4.pack(v.clientid)
+        _v = v.owner
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode state_owner4: {_e}', len(w)) from None
+
+
+def dec_state_owner4(r: _Reader, off: int) -> tuple[state_owner4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (f_clientid,) = _S4.unpack_from(buf, off)
+        off += 8
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_owner = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated state_owner4', o0) from None
+    return state_owner4(f_clientid, f_owner), off
+
+
+open_owner4 = state_owner4
+
+
+def enc_open_owner4(w: _Writer, v: open_owner4) -> None:
+    try:
+        _s150 = v
+        w += _S4.pack(_s150.clientid)
+        _v = _s150.owner
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode open_owner4: {_e}', len(w)) from None
+
+
+def dec_open_owner4(r: _Reader, off: int) -> tuple[open_owner4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_i151_clientid,) = _S4.unpack_from(buf, off)
+        off += 8
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i151_owner = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        _v = state_owner4(_i151_clientid, _i151_owner)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated open_owner4', o0) from None
+    return _v, off
+
+
+lock_owner4 = state_owner4
+
+
+def enc_lock_owner4(w: _Writer, v: lock_owner4) -> None:
+    try:
+        _s152 = v
+        w += _S4.pack(_s152.clientid)
+        _v = _s152.owner
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode lock_owner4: {_e}', len(w)) from None
+
+
+def dec_lock_owner4(r: _Reader, off: int) -> tuple[lock_owner4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_i153_clientid,) = _S4.unpack_from(buf, off)
+        off += 8
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i153_owner = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        _v = state_owner4(_i153_clientid, _i153_owner)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated lock_owner4', o0) from None
+    return _v, off
+
+
+class nfs_lock_type4(_IntEnum):
+    READ_LT = 1
+    WRITE_LT = 2
+    READW_LT = 3
+    WRITEW_LT = 4
+
+
+_nfs_lock_type4_MAP: _Final[dict[int, nfs_lock_type4]] = {m.value: m for m in nfs_lock_type4}
+READ_LT = nfs_lock_type4.READ_LT
+WRITE_LT = nfs_lock_type4.WRITE_LT
+READW_LT = nfs_lock_type4.READW_LT
+WRITEW_LT = nfs_lock_type4.WRITEW_LT
+
+
+def enc_nfs_lock_type4(w: _Writer, v: nfs_lock_type4) -> None:
+    try:
+        w += _I32.pack(_nfs_lock_type4_MAP[v])
+    except (KeyError, TypeError, _struct.error):
+        raise _XdrError(f'{v!r} is not a nfs_lock_type4', len(w)) from None
+
+
+def dec_nfs_lock_type4(r: _Reader, off: int) -> tuple[nfs_lock_type4, int]:
+    try:
+        return _nfs_lock_type4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
+    except (KeyError, _struct.error):
+        raise _XdrError('invalid or truncated nfs_lock_type4', off) from None
+
+
+class ssv_subkey4(_IntEnum):
+    SSV4_SUBKEY_MIC_I2T = 1
+    SSV4_SUBKEY_MIC_T2I = 2
+    SSV4_SUBKEY_SEAL_I2T = 3
+    SSV4_SUBKEY_SEAL_T2I = 4
+
+
+_ssv_subkey4_MAP: _Final[dict[int, ssv_subkey4]] = {m.value: m for m in ssv_subkey4}
+SSV4_SUBKEY_MIC_I2T = ssv_subkey4.SSV4_SUBKEY_MIC_I2T
+SSV4_SUBKEY_MIC_T2I = ssv_subkey4.SSV4_SUBKEY_MIC_T2I
+SSV4_SUBKEY_SEAL_I2T = ssv_subkey4.SSV4_SUBKEY_SEAL_I2T
+SSV4_SUBKEY_SEAL_T2I = ssv_subkey4.SSV4_SUBKEY_SEAL_T2I
+
+
+def enc_ssv_subkey4(w: _Writer, v: ssv_subkey4) -> None:
+    try:
+        w += _I32.pack(_ssv_subkey4_MAP[v])
+    except (KeyError, TypeError, _struct.error):
+        raise _XdrError(f'{v!r} is not a ssv_subkey4', len(w)) from None
+
+
+def dec_ssv_subkey4(r: _Reader, off: int) -> tuple[ssv_subkey4, int]:
+    try:
+        return _ssv_subkey4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
+    except (KeyError, _struct.error):
+        raise _XdrError('invalid or truncated ssv_subkey4', off) from None
+
+
+@_dataclass(slots=True)
+class ssv_mic_plain_tkn4:
+    smpt_ssv_seq: int
+    smpt_orig_plain: bytes
+
+
+def enc_ssv_mic_plain_tkn4(w: _Writer, v: ssv_mic_plain_tkn4) -> None:
+    try:
+        w += _S0.pack(v.smpt_ssv_seq)
+        _v = v.smpt_orig_plain
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode ssv_mic_plain_tkn4: {_e}', len(w)) from None
+
+
+def dec_ssv_mic_plain_tkn4(r: _Reader, off: int) -> tuple[ssv_mic_plain_tkn4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (f_smpt_ssv_seq,) = _S0.unpack_from(buf, off)
+        off += 4
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_smpt_orig_plain = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated ssv_mic_plain_tkn4', o0) from None
+    return ssv_mic_plain_tkn4(f_smpt_ssv_seq, f_smpt_orig_plain), off
+
+
+@_dataclass(slots=True)
+class ssv_mic_tkn4:
+    smt_ssv_seq: int
+    smt_hmac: bytes
+
+
+def enc_ssv_mic_tkn4(w: _Writer, v: ssv_mic_tkn4) -> None:
+    try:
+        w += _S0.pack(v.smt_ssv_seq)
+        _v = v.smt_hmac
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode ssv_mic_tkn4: {_e}', len(w)) from None
+
+
+def dec_ssv_mic_tkn4(r: _Reader, off: int) -> tuple[ssv_mic_tkn4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (f_smt_ssv_seq,) = _S0.unpack_from(buf, off)
+        off += 4
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_smt_hmac = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated ssv_mic_tkn4', o0) from None
+    return ssv_mic_tkn4(f_smt_ssv_seq, f_smt_hmac), off
+
+
+@_dataclass(slots=True)
+class ssv_seal_plain_tkn4:
+    sspt_confounder: bytes
+    sspt_ssv_seq: int
+    sspt_orig_plain: bytes
+    sspt_pad: bytes
+
+
+def enc_ssv_seal_plain_tkn4(w: _Writer, v: ssv_seal_plain_tkn4) -> None:
+    try:
+        _v = v.sspt_confounder
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        w += _S0.pack(v.sspt_ssv_seq)
+        _v = v.sspt_orig_plain
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _v = v.sspt_pad
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode ssv_seal_plain_tkn4: {_e}', len(w)) from None
+
+
+def dec_ssv_seal_plain_tkn4(r: _Reader, off: int) -> tuple[ssv_seal_plain_tkn4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_sspt_confounder = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (f_sspt_ssv_seq,) = _S0.unpack_from(buf, off)
+        off += 4
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_sspt_orig_plain = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_sspt_pad = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated ssv_seal_plain_tkn4', o0) from None
+    return ssv_seal_plain_tkn4(f_sspt_confounder, f_sspt_ssv_seq, f_sspt_orig_plain, f_sspt_pad), off
+
+
+@_dataclass(slots=True)
+class ssv_seal_cipher_tkn4:
+    ssct_ssv_seq: int
+    ssct_iv: bytes
+    ssct_encr_data: bytes
+    ssct_hmac: bytes
+
+
+def enc_ssv_seal_cipher_tkn4(w: _Writer, v: ssv_seal_cipher_tkn4) -> None:
+    try:
+        w += _S0.pack(v.ssct_ssv_seq)
+        _v = v.ssct_iv
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _v = v.ssct_encr_data
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _v = v.ssct_hmac
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode ssv_seal_cipher_tkn4: {_e}', len(w)) from None
+
+
+def dec_ssv_seal_cipher_tkn4(r: _Reader, off: int) -> tuple[ssv_seal_cipher_tkn4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (f_ssct_ssv_seq,) = _S0.unpack_from(buf, off)
+        off += 4
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_ssct_iv = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_ssct_encr_data = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_ssct_hmac = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated ssv_seal_cipher_tkn4', o0) from None
+    return ssv_seal_cipher_tkn4(f_ssct_ssv_seq, f_ssct_iv, f_ssct_encr_data, f_ssct_hmac), off
+
+
+nfl_util4: _TypeAlias = "int"
+
+
+def enc_nfl_util4(w: _Writer, v: nfl_util4) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfl_util4: {_e}', len(w)) from None
+
+
+def dec_nfl_util4(r: _Reader, off: int) -> tuple[nfl_util4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_v,) = _S0.unpack_from(buf, off)
+        off += 4
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated nfl_util4', o0) from None
+    return _v, off
+
+
+class filelayout_hint_care4(_IntEnum):
+    NFLH4_CARE_DENSE = 1
+    NFLH4_CARE_COMMIT_THRU_MDS = 2
+    NFLH4_CARE_STRIPE_UNIT_SIZE = 64
+    NFLH4_CARE_STRIPE_COUNT = 128
+
+
+_filelayout_hint_care4_MAP: _Final[dict[int, filelayout_hint_care4]] = {m.value: m for m in filelayout_hint_care4}
+NFLH4_CARE_DENSE = filelayout_hint_care4.NFLH4_CARE_DENSE
+NFLH4_CARE_COMMIT_THRU_MDS = filelayout_hint_care4.NFLH4_CARE_COMMIT_THRU_MDS
+NFLH4_CARE_STRIPE_UNIT_SIZE = filelayout_hint_care4.NFLH4_CARE_STRIPE_UNIT_SIZE
+NFLH4_CARE_STRIPE_COUNT = filelayout_hint_care4.NFLH4_CARE_STRIPE_COUNT
+
+
+def enc_filelayout_hint_care4(w: _Writer, v: filelayout_hint_care4) -> None:
+    try:
+        w += _I32.pack(_filelayout_hint_care4_MAP[v])
+    except (KeyError, TypeError, _struct.error):
+        raise _XdrError(f'{v!r} is not a filelayout_hint_care4', len(w)) from None
+
+
+def dec_filelayout_hint_care4(r: _Reader, off: int) -> tuple[filelayout_hint_care4, int]:
+    try:
+        return _filelayout_hint_care4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
+    except (KeyError, _struct.error):
+        raise _XdrError('invalid or truncated filelayout_hint_care4', off) from None
+
+
+@_dataclass(slots=True)
+class nfsv4_1_file_layouthint4:
+    nflh_care: int
+    nflh_util: int
+    nflh_stripe_count: int
+
+
+def enc_nfsv4_1_file_layouthint4(w: _Writer, v: nfsv4_1_file_layouthint4) -> None:
+    try:
+        w += _S10.pack(v.nflh_care, v.nflh_util, v.nflh_stripe_count)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfsv4_1_file_layouthint4: {_e}', len(w)) from None
+
+
+def dec_nfsv4_1_file_layouthint4(r: _Reader, off: int) -> tuple[nfsv4_1_file_layouthint4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _u = nfsv4_1_file_layouthint4(*_S10.unpack_from(buf, off))
+        off += 12
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated nfsv4_1_file_layouthint4', o0) from None
+    return _u, off
+
+
+multipath_list4: _TypeAlias = "list[netaddr4]"
+
+
+def enc_multipath_list4(w: _Writer, v: multipath_list4) -> None:
+    try:
+        _a154 = v
+        _n = len(_a154)
+        w += _S0.pack(_n)
+        for _x154 in _a154:
+            _s155 = _x154
+            _v = _s155.na_r_netid.encode('utf-8', 'surrogateescape')
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            _v = _s155.na_r_addr.encode('utf-8', 'surrogateescape')
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode multipath_list4: {_e}', len(w)) from None
+
+
+def dec_multipath_list4(r: _Reader, off: int) -> tuple[multipath_list4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 8 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _v = []
+        _c156 = _n
+        for _ in range(_c156):
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i157_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+            off = _e + (-_n & 3)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i157_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+            off = _e + (-_n & 3)
+            _x156 = netaddr4(_i157_na_r_netid, _i157_na_r_addr)
+            _v.append(_x156)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated multipath_list4', o0) from None
+    return _v, off
+
+
+@_dataclass(slots=True)
+class nfsv4_1_file_layout_ds_addr4:
+    nflda_stripe_indices: list[int]
+    nflda_multipath_ds_list: list[list[netaddr4]]
+
+
+def enc_nfsv4_1_file_layout_ds_addr4(w: _Writer, v: nfsv4_1_file_layout_ds_addr4) -> None:
+    try:
+        _a158 = v.nflda_stripe_indices
+        _n = len(_a158)
+        w += _S0.pack(_n)
+        for _x158 in _a158:
+            w += _S0.pack(_x158)
+        _a159 = v.nflda_multipath_ds_list
+        _n = len(_a159)
+        w += _S0.pack(_n)
+        for _x159 in _a159:
+            _a160 = _x159
+            _n = len(_a160)
+            w += _S0.pack(_n)
+            for _x160 in _a160:
+                _s161 = _x160
+                _v = _s161.na_r_netid.encode('utf-8', 'surrogateescape')
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+                _v = _s161.na_r_addr.encode('utf-8', 'surrogateescape')
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfsv4_1_file_layout_ds_addr4: {_e}', len(w)) from None
+
+
+def dec_nfsv4_1_file_layout_ds_addr4(r: _Reader, off: int) -> tuple[nfsv4_1_file_layout_ds_addr4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_nflda_stripe_indices = []
+        _c162 = _n
+        for _ in range(_c162):
+            (_x162,) = _S0.unpack_from(buf, off)
+            off += 4
+            f_nflda_stripe_indices.append(_x162)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_nflda_multipath_ds_list = []
+        _c163 = _n
+        for _ in range(_c163):
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 8 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _x163 = []
+            _c164 = _n
+            for _ in range(_c164):
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _i165_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+                off = _e + (-_n & 3)
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _i165_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+                off = _e + (-_n & 3)
+                _x164 = netaddr4(_i165_na_r_netid, _i165_na_r_addr)
+                _x163.append(_x164)
+            f_nflda_multipath_ds_list.append(_x163)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated nfsv4_1_file_layout_ds_addr4', o0) from None
+    return nfsv4_1_file_layout_ds_addr4(f_nflda_stripe_indices, f_nflda_multipath_ds_list), off
+
+
+@_dataclass(slots=True)
+class nfsv4_1_file_layout4:
+    nfl_deviceid: bytes
+    nfl_util: int
+    nfl_first_stripe_index: int
+    nfl_pattern_offset: int
+    nfl_fh_list: list[bytes]
+
+
+def enc_nfsv4_1_file_layout4(w: _Writer, v: nfsv4_1_file_layout4) -> None:
+    try:
+        if len(v.nfl_deviceid) != 16: raise _XdrError('fixed opaque nfl_deviceid must be 16 bytes', len(w))
+        w += _S17.pack(v.nfl_deviceid, v.nfl_util, v.nfl_first_stripe_index, v.nfl_pattern_offset)
+        _a166 = v.nfl_fh_list
+        _n = len(_a166)
+        w += _S0.pack(_n)
+        for _x166 in _a166:
+            _v = _x166
+            _n = len(_v)
+            if _n > 128:
+                raise _XdrError('opaque: length %d exceeds 128' % _n, len(w))
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfsv4_1_file_layout4: {_e}', len(w)) from None
+
+
+def dec_nfsv4_1_file_layout4(r: _Reader, off: int) -> tuple[nfsv4_1_file_layout4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        f_nfl_deviceid, f_nfl_util, f_nfl_first_stripe_index, f_nfl_pattern_offset = _S17.unpack_from(buf, off)
+        off += 32
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_nfl_fh_list = []
+        _c167 = _n
+        for _ in range(_c167):
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 128:
+                raise _XdrError('opaque: length %d exceeds 128' % _n, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _x167 = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            f_nfl_fh_list.append(_x167)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated nfsv4_1_file_layout4', o0) from None
+    return nfsv4_1_file_layout4(f_nfl_deviceid, f_nfl_util, f_nfl_first_stripe_index, f_nfl_pattern_offset, f_nfl_fh_list), off
+
+
+@_dataclass(slots=True)
+class ACCESS4args:
+    access: int
+
+
+def enc_ACCESS4args(w: _Writer, v: ACCESS4args) -> None:
+    try:
+        w += _S0.pack(v.access)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode ACCESS4args: {_e}', len(w)) from None
+
+
+def dec_ACCESS4args(r: _Reader, off: int) -> tuple[ACCESS4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _u = ACCESS4args(*_S0.unpack_from(buf, off))
+        off += 4
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated ACCESS4args', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class ACCESS4resok:
+    supported: int
+    access: int
+
+
+def enc_ACCESS4resok(w: _Writer, v: ACCESS4resok) -> None:
+    try:
+        w += _S1.pack(v.supported, v.access)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode ACCESS4resok: {_e}', len(w)) from None
+
+
+def dec_ACCESS4resok(r: _Reader, off: int) -> tuple[ACCESS4resok, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _u = ACCESS4resok(*_S1.unpack_from(buf, off))
+        off += 8
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated ACCESS4resok', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class ACCESS4res:
+    status: nfsstat4
+    value: ACCESS4resok | None = None
+
+
+_ACCESS4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_ACCESS4resok}
+_ACCESS4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_ACCESS4resok}
+_ACCESS4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_ACCESS4resok)}
+
+
+def _enc_any_ACCESS4res(w: _Writer, v: ACCESS4res) -> None:
+    try:
+        _d = v.status
+        _f = _ACCESS4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode ACCESS4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_ACCESS4res(r: _Reader, off: int) -> tuple[ACCESS4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v168: _Any
+        _f168: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d168,) = _S2.unpack_from(buf, off)
+        _a168 = _ACCESS4res_ARMS.get(_d168)
+        if _a168 is None:
+            _d168 = _nfsstat4_MAP[(_d168,)[0]]
+            _f168 = _void_decode
+        else:
+            _d168, _f168 = _a168
+        _v168, off = _f168(r, off + 4)
+        _u = ACCESS4res(_d168, _v168)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated ACCESS4res', o0) from None
+    return _u, off
+
+
+def enc_ACCESS4res(w: _Writer, v: ACCESS4res) -> None:
+    try:
+        _u169 = v
+        _d169 = _u169.status
+        _w169: _Any
+        if _d169 == 0:
+            _w169 = _u169.value
+            w += _S18.pack(0, _w169.supported, _w169.access)
+        else:
+            _enc_any_ACCESS4res(w, _u169)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode ACCESS4res: {_e!r}', len(w)) from None
+
+
+def dec_ACCESS4res(r: _Reader, off: int) -> tuple[ACCESS4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v170: _Any
+        (_d170,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d170 == 0:
+            _v170 = ACCESS4resok(*_S1.unpack_from(buf, off))
+            off += 8
+            _u = ACCESS4res(NFS4_OK, _v170)
+        else:
+            _u, off = _dec_any_ACCESS4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated ACCESS4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class CLOSE4args:
+    seqid: int
+    open_stateid: stateid4
+
+
+def enc_CLOSE4args(w: _Writer, v: CLOSE4args) -> None:
+    try:
+        if len(v.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S19.pack(v.seqid, v.open_stateid.seqid, v.open_stateid.other)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode CLOSE4args: {_e}', len(w)) from None
+
+
+def dec_CLOSE4args(r: _Reader, off: int) -> tuple[CLOSE4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, _t2 = _S19.unpack_from(buf, off)
+        off += 20
+        _u = CLOSE4args(_t0, stateid4(_t1, _t2))
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated CLOSE4args', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class CLOSE4res:
+    status: nfsstat4
+    value: stateid4 | None = None
+
+
+_CLOSE4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_stateid4}
+_CLOSE4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_stateid4}
+_CLOSE4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_stateid4)}
+
+
+def _enc_any_CLOSE4res(w: _Writer, v: CLOSE4res) -> None:
+    try:
+        _d = v.status
+        _f = _CLOSE4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode CLOSE4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_CLOSE4res(r: _Reader, off: int) -> tuple[CLOSE4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v171: _Any
+        _f171: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d171,) = _S2.unpack_from(buf, off)
+        _a171 = _CLOSE4res_ARMS.get(_d171)
+        if _a171 is None:
+            _d171 = _nfsstat4_MAP[(_d171,)[0]]
+            _f171 = _void_decode
+        else:
+            _d171, _f171 = _a171
+        _v171, off = _f171(r, off + 4)
+        _u = CLOSE4res(_d171, _v171)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated CLOSE4res', o0) from None
+    return _u, off
+
+
+def enc_CLOSE4res(w: _Writer, v: CLOSE4res) -> None:
+    try:
+        _u172 = v
+        _d172 = _u172.status
+        _w172: _Any
+        if _d172 == 0:
+            _w172 = _u172.value
+            if len(_w172.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S20.pack(0, _w172.seqid, _w172.other)
+        else:
+            _enc_any_CLOSE4res(w, _u172)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode CLOSE4res: {_e!r}', len(w)) from None
+
+
+def dec_CLOSE4res(r: _Reader, off: int) -> tuple[CLOSE4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v173: _Any
+        (_d173,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d173 == 0:
+            _v173 = stateid4(*_S11.unpack_from(buf, off))
+            off += 16
+            _u = CLOSE4res(NFS4_OK, _v173)
+        else:
+            _u, off = _dec_any_CLOSE4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated CLOSE4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class COMMIT4args:
+    offset: int
+    count: int
+
+
+def enc_COMMIT4args(w: _Writer, v: COMMIT4args) -> None:
+    try:
+        w += _S21.pack(v.offset, v.count)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode COMMIT4args: {_e}', len(w)) from None
+
+
+def dec_COMMIT4args(r: _Reader, off: int) -> tuple[COMMIT4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _u = COMMIT4args(*_S21.unpack_from(buf, off))
+        off += 12
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated COMMIT4args', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class COMMIT4resok:
+    writeverf: bytes
+
+
+def enc_COMMIT4resok(w: _Writer, v: COMMIT4resok) -> None:
+    try:
+        if len(v.writeverf) != 8: raise _XdrError('fixed opaque writeverf must be 8 bytes', len(w))
+        w += _S6.pack(v.writeverf)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode COMMIT4resok: {_e}', len(w)) from None
+
+
+def dec_COMMIT4resok(r: _Reader, off: int) -> tuple[COMMIT4resok, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _u = COMMIT4resok(*_S6.unpack_from(buf, off))
+        off += 8
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated COMMIT4resok', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class COMMIT4res:
+    status: nfsstat4
+    value: COMMIT4resok | None = None
+
+
+_COMMIT4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_COMMIT4resok}
+_COMMIT4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_COMMIT4resok}
+_COMMIT4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_COMMIT4resok)}
+
+
+def _enc_any_COMMIT4res(w: _Writer, v: COMMIT4res) -> None:
+    try:
+        _d = v.status
+        _f = _COMMIT4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode COMMIT4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_COMMIT4res(r: _Reader, off: int) -> tuple[COMMIT4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v174: _Any
+        _f174: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d174,) = _S2.unpack_from(buf, off)
+        _a174 = _COMMIT4res_ARMS.get(_d174)
+        if _a174 is None:
+            _d174 = _nfsstat4_MAP[(_d174,)[0]]
+            _f174 = _void_decode
+        else:
+            _d174, _f174 = _a174
+        _v174, off = _f174(r, off + 4)
+        _u = COMMIT4res(_d174, _v174)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated COMMIT4res', o0) from None
+    return _u, off
+
+
+def enc_COMMIT4res(w: _Writer, v: COMMIT4res) -> None:
+    try:
+        _u175 = v
+        _d175 = _u175.status
+        _w175: _Any
+        if _d175 == 0:
+            _w175 = _u175.value
+            if len(_w175.writeverf) != 8: raise _XdrError('fixed opaque writeverf must be 8 bytes', len(w))
+            w += _S22.pack(0, _w175.writeverf)
+        else:
+            _enc_any_COMMIT4res(w, _u175)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode COMMIT4res: {_e!r}', len(w)) from None
+
+
+def dec_COMMIT4res(r: _Reader, off: int) -> tuple[COMMIT4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v176: _Any
+        (_d176,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d176 == 0:
+            _v176 = COMMIT4resok(*_S6.unpack_from(buf, off))
+            off += 8
+            _u = COMMIT4res(NFS4_OK, _v176)
+        else:
+            _u, off = _dec_any_COMMIT4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated COMMIT4res', o0) from None
+    return _u, off
+
+
+def enc_createtype4_linkdata(w: _Writer, v: _Buffer) -> None:
+    try:
+        _dv = v
+        _n = len(_dv)
+        w += _S0.pack(_n)
+        w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode createtype4.linkdata: {_e}', len(w)) from None
+
+
+def dec_createtype4_linkdata(r: _Reader, off: int) -> tuple[_Buffer, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        if r.ordered or r.chunks:
+            _v, off = r.take_ddp(off, None)
+        else:
+            if off + 4 > len(buf):
+                raise _XdrError('truncated opaque length', off)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            _e = off + _n
+            if _e + (-_n & 3) > len(buf):
+                raise _XdrError(f'opaque of {_n} bytes runs past the end', off)
+            _v = (buf if isinstance(buf, memoryview) else memoryview(buf))[off:_e]
+            off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated createtype4.linkdata', o0) from None
+    return _v, off
+
+
+@_dataclass(slots=True)
+class createtype4:
+    type: nfs_ftype4
+    value: _Buffer | specdata4 | None = None
+
+
+_createtype4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {5: enc_createtype4_linkdata, 3: enc_specdata4, 4: enc_specdata4, 6: _void_encode, 7: _void_encode, 2: _void_encode}
+_createtype4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {5: dec_createtype4_linkdata, 3: dec_specdata4, 4: dec_specdata4, 6: _void_decode, 7: _void_decode, 2: _void_decode}
+_createtype4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {5: (_nfs_ftype4_MAP[(5,)[0]], dec_createtype4_linkdata), 3: (_nfs_ftype4_MAP[(3,)[0]], dec_specdata4), 4: (_nfs_ftype4_MAP[(4,)[0]], dec_specdata4), 6: (_nfs_ftype4_MAP[(6,)[0]], _void_decode), 7: (_nfs_ftype4_MAP[(7,)[0]], _void_decode), 2: (_nfs_ftype4_MAP[(2,)[0]], _void_decode)}
+
+
+def _enc_any_createtype4(w: _Writer, v: createtype4) -> None:
+    try:
+        _d = v.type
+        _f = _createtype4_ENC.get(_d, _void_encode)
+        _d = _nfs_ftype4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode createtype4: {_e!r}', len(w)) from None
+
+
+def dec_createtype4(r: _Reader, off: int) -> tuple[createtype4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v177: _Any
+        _f177: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d177,) = _S2.unpack_from(buf, off)
+        _a177 = _createtype4_ARMS.get(_d177)
+        if _a177 is None:
+            _d177 = _nfs_ftype4_MAP[(_d177,)[0]]
+            _f177 = _void_decode
+        else:
+            _d177, _f177 = _a177
+        _v177, off = _f177(r, off + 4)
+        _u = createtype4(_d177, _v177)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated createtype4', o0) from None
+    return _u, off
+
+
+def _enc_createtype4_5(w: _Writer, v: _Buffer) -> None:
+    try:
+        _dv = v
+        _n = len(_dv)
+        w += _S23.pack(5, _n)
+        w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode createtype4.linkdata: {_e}', len(w)) from None
+
+
+def _enc_createtype4_3(w: _Writer, v: specdata4) -> None:
+    try:
+        w += _S18.pack(3, v.specdata1, v.specdata2)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode createtype4.devdata: {_e}', len(w)) from None
+
+
+def _enc_createtype4_4(w: _Writer, v: specdata4) -> None:
+    try:
+        w += _S18.pack(4, v.specdata1, v.specdata2)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode createtype4.devdata: {_e}', len(w)) from None
+
+
+def _enc_createtype4_6(w: _Writer, v: None) -> None:
+    try:
+        w += b'\x00\x00\x00\x06'
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode createtype4.: {_e}', len(w)) from None
+
+
+def _enc_createtype4_7(w: _Writer, v: None) -> None:
+    try:
+        w += b'\x00\x00\x00\x07'
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode createtype4.: {_e}', len(w)) from None
+
+
+def _enc_createtype4_2(w: _Writer, v: None) -> None:
+    try:
+        w += b'\x00\x00\x00\x02'
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode createtype4.: {_e}', len(w)) from None
+
+
+_createtype4_ENCX: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {5: _enc_createtype4_5, 3: _enc_createtype4_3, 4: _enc_createtype4_4, 6: _enc_createtype4_6, 7: _enc_createtype4_7, 2: _enc_createtype4_2}
+
+
+def enc_createtype4(w: _Writer, v: createtype4) -> None:
+    try:
+        _f = _createtype4_ENCX.get(v.type)
+        if _f is None:
+            _enc_any_createtype4(w, v)
+        else:
+            _f(w, v.value)
+    except (TypeError, AttributeError) as _e:
+        raise _XdrError(f'cannot encode createtype4: {_e!r}', len(w)) from None

@@ -23,6 +23,7 @@ from nfsrdma.xdr.runtime import (
     U32 as _U32,
     Operation as _Operation,
     Buffer as _Buffer,
+    DdpItem as _DdpItem,
     Reader as _Reader,
     Writer as _Writer,
     XdrError as _XdrError,
@@ -32,27 +33,34 @@ from nfsrdma.xdr.runtime import (
 
 
 from nfsrdma.xdr.gen._nfs4_1 import (
+    NFS4ERR_DENIED,
+    NFS4_OK,
     _nfs_ftype4_MAP,
     _nfsstat4_MAP,
-    change_policy4,
-    dec_specdata4,
+    dec_component4,
     dec_stateid4,
-    enc_specdata4,
+    dec_uint64_t,
+    dec_verifier4,
+    enc_component4,
     enc_stateid4,
-    netaddr4,
-    nfs_ftype4,
+    enc_uint64_t,
+    enc_verifier4,
     nfsace4,
-    nfsacl41,
     nfsstat4,
-    specdata4,
     stateid4,
 )
 from nfsrdma.xdr.gen._nfs4_2 import (
-    dec_fs_locations_server4,
-    enc_fs_locations_server4,
-    fs_locations_info4,
-    fs_locations_item4,
-    retention_set4,
+    _createtype4_ARMS,
+    _createtype4_ENCX,
+    _nfs_lock_type4_MAP,
+    change_info4,
+    createtype4,
+    dec_fattr4,
+    enc_createtype4,
+    enc_fattr4,
+    fattr4,
+    nfs_lock_type4,
+    state_owner4,
 )
 
 _S0: _Final = _struct.Struct('>I')
@@ -60,1882 +68,28 @@ _S1: _Final = _struct.Struct('>II')
 _S2: _Final = _struct.Struct('>i')
 _S4: _Final = _struct.Struct('>Q')
 _S6: _Final = _struct.Struct('>8s')
-_S8: _Final = _struct.Struct('>QQ')
-_S9: _Final = _struct.Struct('>III')
-_S10: _Final = _struct.Struct('>I12s')
-_S13: _Final = _struct.Struct('>Ii')
-_S15: _Final = _struct.Struct('>IQQ')
-_S16: _Final = _struct.Struct('>16sIIQ')
-_S17: _Final = _struct.Struct('>II12s')
-_S18: _Final = _struct.Struct('>QI')
-
-
-fattr4_retentevt_set = retention_set4
-
-
-def enc_fattr4_retentevt_set(w: _Writer, v: fattr4_retentevt_set) -> None:
-    try:
-        _s106 = v
-        w += _S0.pack(_s106.rs_enable)
-        _a107 = _s106.rs_duration
-        _n = len(_a107)
-        if _n > 1:
-            raise _XdrError('rs_duration: length %d exceeds 1' % _n, len(w))
-        w += _U32.pack(_n)
-        for _x107 in _a107:
-            w += _S4.pack(_x107)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_retentevt_set: {_e}', len(w)) from None
-
-
-def dec_fattr4_retentevt_set(r: _Reader, off: int) -> tuple[fattr4_retentevt_set, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _i108_rs_enable = _BOOL[_t[0]]
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1:
-            raise _XdrError('rs_duration: length %d exceeds 1' % _n, off)
-        off += 4
-        if _n * 8 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i108_rs_duration = []
-        _c109 = _n
-        for _ in range(_c109):
-            _t = _S4.unpack_from(buf, off)
-            off += 8
-            _x109 = _t[0]
-            _i108_rs_duration.append(_x109)
-        _v = retention_set4(_i108_rs_enable, _i108_rs_duration)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_retentevt_set', o0) from None
-    return _v, off
-
-
-fattr4_retention_hold: _TypeAlias = "int"
-
-
-def enc_fattr4_retention_hold(w: _Writer, v: fattr4_retention_hold) -> None:
-    try:
-        w += _S4.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_retention_hold: {_e}', len(w)) from None
-
-
-def dec_fattr4_retention_hold(r: _Reader, off: int) -> tuple[fattr4_retention_hold, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S4.unpack_from(buf, off)
-        off += 8
-        _v = _t[0]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_retention_hold', o0) from None
-    return _v, off
-
-
-fattr4_dacl = nfsacl41
-
-
-def enc_fattr4_dacl(w: _Writer, v: fattr4_dacl) -> None:
-    try:
-        _s110 = v
-        w += _S0.pack(_s110.na41_flag)
-        _a111 = _s110.na41_aces
-        _n = len(_a111)
-        w += _U32.pack(_n)
-        for _x111 in _a111:
-            _s112 = _x111
-            w += _S9.pack(_s112.type, _s112.flag, _s112.access_mask)
-            _v = _s112.who
-            _n = len(_v)
-            w += _U32.pack(_n)
-            w += _v
-            w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_dacl: {_e}', len(w)) from None
-
-
-def dec_fattr4_dacl(r: _Reader, off: int) -> tuple[fattr4_dacl, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _i113_na41_flag = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 16 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i113_na41_aces = []
-        _c114 = _n
-        for _ in range(_c114):
-            _t = _S9.unpack_from(buf, off)
-            off += 12
-            _i115_type = _t[0]
-            _i115_flag = _t[1]
-            _i115_access_mask = _t[2]
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _i115_who = bytes(buf[off:_e])
-            off = _e + (-_n & 3)
-            _x114 = nfsace4(_i115_type, _i115_flag, _i115_access_mask, _i115_who)
-            _i113_na41_aces.append(_x114)
-        _v = nfsacl41(_i113_na41_flag, _i113_na41_aces)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_dacl', o0) from None
-    return _v, off
-
-
-fattr4_sacl = nfsacl41
-
-
-def enc_fattr4_sacl(w: _Writer, v: fattr4_sacl) -> None:
-    try:
-        _s116 = v
-        w += _S0.pack(_s116.na41_flag)
-        _a117 = _s116.na41_aces
-        _n = len(_a117)
-        w += _U32.pack(_n)
-        for _x117 in _a117:
-            _s118 = _x117
-            w += _S9.pack(_s118.type, _s118.flag, _s118.access_mask)
-            _v = _s118.who
-            _n = len(_v)
-            w += _U32.pack(_n)
-            w += _v
-            w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_sacl: {_e}', len(w)) from None
-
-
-def dec_fattr4_sacl(r: _Reader, off: int) -> tuple[fattr4_sacl, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _i119_na41_flag = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 16 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i119_na41_aces = []
-        _c120 = _n
-        for _ in range(_c120):
-            _t = _S9.unpack_from(buf, off)
-            off += 12
-            _i121_type = _t[0]
-            _i121_flag = _t[1]
-            _i121_access_mask = _t[2]
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _i121_who = bytes(buf[off:_e])
-            off = _e + (-_n & 3)
-            _x120 = nfsace4(_i121_type, _i121_flag, _i121_access_mask, _i121_who)
-            _i119_na41_aces.append(_x120)
-        _v = nfsacl41(_i119_na41_flag, _i119_na41_aces)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_sacl', o0) from None
-    return _v, off
-
-
-fattr4_change_policy = change_policy4
-
-
-def enc_fattr4_change_policy(w: _Writer, v: fattr4_change_policy) -> None:
-    try:
-        w += _S8.pack(v.cp_major, v.cp_minor)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_change_policy: {_e}', len(w)) from None
-
-
-def dec_fattr4_change_policy(r: _Reader, off: int) -> tuple[fattr4_change_policy, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S8.unpack_from(buf, off)
-        off += 16
-        _v = change_policy4(_t[0], _t[1])
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_change_policy', o0) from None
-    return _v, off
-
-
-fattr4_fs_locations_info = fs_locations_info4
-
-
-def enc_fattr4_fs_locations_info(w: _Writer, v: fattr4_fs_locations_info) -> None:
-    try:
-        _s122 = v
-        w += _S13.pack(_s122.fli_flags, _s122.fli_valid_for)
-        _a123 = _s122.fli_fs_root
-        _n = len(_a123)
-        w += _U32.pack(_n)
-        for _x123 in _a123:
-            _v = _x123
-            _n = len(_v)
-            w += _U32.pack(_n)
-            w += _v
-            w += _PAD[_n & 3]
-        _a124 = _s122.fli_items
-        _n = len(_a124)
-        w += _U32.pack(_n)
-        for _x124 in _a124:
-            _s125 = _x124
-            _a126 = _s125.fli_entries
-            _n = len(_a126)
-            w += _U32.pack(_n)
-            for _x126 in _a126:
-                enc_fs_locations_server4(w, _x126)
-            _a127 = _s125.fli_rootpath
-            _n = len(_a127)
-            w += _U32.pack(_n)
-            for _x127 in _a127:
-                _v = _x127
-                _n = len(_v)
-                w += _U32.pack(_n)
-                w += _v
-                w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_fs_locations_info: {_e}', len(w)) from None
-
-
-def dec_fattr4_fs_locations_info(r: _Reader, off: int) -> tuple[fattr4_fs_locations_info, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S13.unpack_from(buf, off)
-        off += 8
-        _i128_fli_flags = _t[0]
-        _i128_fli_valid_for = _t[1]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i128_fli_fs_root = []
-        _c129 = _n
-        for _ in range(_c129):
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _x129 = bytes(buf[off:_e])
-            off = _e + (-_n & 3)
-            _i128_fli_fs_root.append(_x129)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 8 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i128_fli_items = []
-        _c130 = _n
-        for _ in range(_c130):
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n * 12 > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i131_fli_entries = []
-            _c132 = _n
-            for _ in range(_c132):
-                _x132, off = dec_fs_locations_server4(r, off)
-                _i131_fli_entries.append(_x132)
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n * 4 > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i131_fli_rootpath = []
-            _c133 = _n
-            for _ in range(_c133):
-                (_n,) = _U32.unpack_from(buf, off)
-                off += 4
-                if _n > len(buf) - off:
-                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-                _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('opaque runs past the end', off)
-                _x133 = bytes(buf[off:_e])
-                off = _e + (-_n & 3)
-                _i131_fli_rootpath.append(_x133)
-            _x130 = fs_locations_item4(_i131_fli_entries, _i131_fli_rootpath)
-            _i128_fli_items.append(_x130)
-        _v = fs_locations_info4(_i128_fli_flags, _i128_fli_valid_for, _i128_fli_fs_root, _i128_fli_items)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_fs_locations_info', o0) from None
-    return _v, off
-
-
-class change_attr_type4(_IntEnum):
-    NFS4_CHANGE_TYPE_IS_MONOTONIC_INCR = 0
-    NFS4_CHANGE_TYPE_IS_VERSION_COUNTER = 1
-    NFS4_CHANGE_TYPE_IS_VERSION_COUNTER_NOPNFS = 2
-    NFS4_CHANGE_TYPE_IS_TIME_METADATA = 3
-    NFS4_CHANGE_TYPE_IS_UNDEFINED = 4
-
-
-_change_attr_type4_MAP: _Final[dict[int, change_attr_type4]] = {m.value: m for m in change_attr_type4}
-NFS4_CHANGE_TYPE_IS_MONOTONIC_INCR = change_attr_type4.NFS4_CHANGE_TYPE_IS_MONOTONIC_INCR
-NFS4_CHANGE_TYPE_IS_VERSION_COUNTER = change_attr_type4.NFS4_CHANGE_TYPE_IS_VERSION_COUNTER
-NFS4_CHANGE_TYPE_IS_VERSION_COUNTER_NOPNFS = change_attr_type4.NFS4_CHANGE_TYPE_IS_VERSION_COUNTER_NOPNFS
-NFS4_CHANGE_TYPE_IS_TIME_METADATA = change_attr_type4.NFS4_CHANGE_TYPE_IS_TIME_METADATA
-NFS4_CHANGE_TYPE_IS_UNDEFINED = change_attr_type4.NFS4_CHANGE_TYPE_IS_UNDEFINED
-
-
-def enc_change_attr_type4(w: _Writer, v: change_attr_type4) -> None:
-    try:
-        w += _I32.pack(_change_attr_type4_MAP[v])
-    except (KeyError, TypeError, _struct.error):
-        raise _XdrError(f'{v!r} is not a change_attr_type4', len(w)) from None
-
-
-def dec_change_attr_type4(r: _Reader, off: int) -> tuple[change_attr_type4, int]:
-    try:
-        return _change_attr_type4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
-    except (KeyError, _struct.error):
-        raise _XdrError('invalid or truncated change_attr_type4', off) from None
-
-
-policy4: _TypeAlias = "int"
-
-
-def enc_policy4(w: _Writer, v: policy4) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode policy4: {_e}', len(w)) from None
-
-
-def dec_policy4(r: _Reader, off: int) -> tuple[policy4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _t[0]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated policy4', o0) from None
-    return _v, off
-
-
-@_dataclass(slots=True)
-class labelformat_spec4:
-    lfs_lfs: int
-    lfs_pi: int
-
-
-def enc_labelformat_spec4(w: _Writer, v: labelformat_spec4) -> None:
-    try:
-        w += _S1.pack(v.lfs_lfs, v.lfs_pi)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode labelformat_spec4: {_e}', len(w)) from None
-
-
-def dec_labelformat_spec4(r: _Reader, off: int) -> tuple[labelformat_spec4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S1.unpack_from(buf, off)
-        off += 8
-        f_lfs_lfs = _t[0]
-        f_lfs_pi = _t[1]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated labelformat_spec4', o0) from None
-    return labelformat_spec4(f_lfs_lfs, f_lfs_pi), off
-
-
-@_dataclass(slots=True)
-class sec_label4:
-    slai_lfs: labelformat_spec4
-    slai_data: bytes
-
-
-def enc_sec_label4(w: _Writer, v: sec_label4) -> None:
-    try:
-        w += _S1.pack(v.slai_lfs.lfs_lfs, v.slai_lfs.lfs_pi)
-        _v = v.slai_data
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode sec_label4: {_e}', len(w)) from None
-
-
-def dec_sec_label4(r: _Reader, off: int) -> tuple[sec_label4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S1.unpack_from(buf, off)
-        off += 8
-        f_slai_lfs = labelformat_spec4(_t[0], _t[1])
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_slai_data = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated sec_label4', o0) from None
-    return sec_label4(f_slai_lfs, f_slai_data), off
-
-
-fattr4_clone_blksize: _TypeAlias = "int"
-
-
-def enc_fattr4_clone_blksize(w: _Writer, v: fattr4_clone_blksize) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_clone_blksize: {_e}', len(w)) from None
-
-
-def dec_fattr4_clone_blksize(r: _Reader, off: int) -> tuple[fattr4_clone_blksize, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _t[0]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_clone_blksize', o0) from None
-    return _v, off
-
-
-fattr4_space_freed: _TypeAlias = "int"
-
-
-def enc_fattr4_space_freed(w: _Writer, v: fattr4_space_freed) -> None:
-    try:
-        w += _S4.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_space_freed: {_e}', len(w)) from None
-
-
-def dec_fattr4_space_freed(r: _Reader, off: int) -> tuple[fattr4_space_freed, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S4.unpack_from(buf, off)
-        off += 8
-        _v = _t[0]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_space_freed', o0) from None
-    return _v, off
-
-
-fattr4_change_attr_type = change_attr_type4
-
-
-def enc_fattr4_change_attr_type(w: _Writer, v: fattr4_change_attr_type) -> None:
-    try:
-        w += _S2.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_change_attr_type: {_e}', len(w)) from None
-
-
-def dec_fattr4_change_attr_type(r: _Reader, off: int) -> tuple[fattr4_change_attr_type, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        _v = _change_attr_type4_MAP[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_change_attr_type', o0) from None
-    return _v, off
-
-
-fattr4_sec_label = sec_label4
-
-
-def enc_fattr4_sec_label(w: _Writer, v: fattr4_sec_label) -> None:
-    try:
-        _s134 = v
-        w += _S1.pack(_s134.slai_lfs.lfs_lfs, _s134.slai_lfs.lfs_pi)
-        _v = _s134.slai_data
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_sec_label: {_e}', len(w)) from None
-
-
-def dec_fattr4_sec_label(r: _Reader, off: int) -> tuple[fattr4_sec_label, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S1.unpack_from(buf, off)
-        off += 8
-        _i135_slai_lfs = labelformat_spec4(_t[0], _t[1])
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i135_slai_data = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        _v = sec_label4(_i135_slai_lfs, _i135_slai_data)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_sec_label', o0) from None
-    return _v, off
-
-
-fattr4_xattr_support: _TypeAlias = "bool"
-
-
-def enc_fattr4_xattr_support(w: _Writer, v: fattr4_xattr_support) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_xattr_support: {_e}', len(w)) from None
-
-
-def dec_fattr4_xattr_support(r: _Reader, off: int) -> tuple[fattr4_xattr_support, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _BOOL[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_xattr_support', o0) from None
-    return _v, off
-
-
-@_dataclass(slots=True)
-class fattr4:
-    attrmask: list[int]
-    attr_vals: bytes
-
-
-def enc_fattr4(w: _Writer, v: fattr4) -> None:
-    try:
-        _a136 = v.attrmask
-        _n = len(_a136)
-        w += _U32.pack(_n)
-        for _x136 in _a136:
-            w += _S0.pack(_x136)
-        _v = v.attr_vals
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4: {_e}', len(w)) from None
-
-
-def dec_fattr4(r: _Reader, off: int) -> tuple[fattr4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_attrmask = []
-        _c137 = _n
-        for _ in range(_c137):
-            _t = _S0.unpack_from(buf, off)
-            off += 4
-            _x137 = _t[0]
-            f_attrmask.append(_x137)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_attr_vals = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4', o0) from None
-    return fattr4(f_attrmask, f_attr_vals), off
-
-
-@_dataclass(slots=True)
-class change_info4:
-    atomic: bool
-    before: int
-    after: int
-
-
-def enc_change_info4(w: _Writer, v: change_info4) -> None:
-    try:
-        w += _S15.pack(v.atomic, v.before, v.after)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode change_info4: {_e}', len(w)) from None
-
-
-def dec_change_info4(r: _Reader, off: int) -> tuple[change_info4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S15.unpack_from(buf, off)
-        off += 20
-        f_atomic = _BOOL[_t[0]]
-        f_before = _t[1]
-        f_after = _t[2]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated change_info4', o0) from None
-    return change_info4(f_atomic, f_before, f_after), off
-
-
-clientaddr4 = netaddr4
-
-
-def enc_clientaddr4(w: _Writer, v: clientaddr4) -> None:
-    try:
-        _s138 = v
-        _v = _s138.na_r_netid.encode('utf-8', 'surrogateescape')
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        _v = _s138.na_r_addr.encode('utf-8', 'surrogateescape')
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode clientaddr4: {_e}', len(w)) from None
-
-
-def dec_clientaddr4(r: _Reader, off: int) -> tuple[clientaddr4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('string runs past the end', off)
-        _i139_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
-        off = _e + (-_n & 3)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('string runs past the end', off)
-        _i139_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
-        off = _e + (-_n & 3)
-        _v = netaddr4(_i139_na_r_netid, _i139_na_r_addr)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated clientaddr4', o0) from None
-    return _v, off
-
-
-@_dataclass(slots=True)
-class cb_client4:
-    cb_program: int
-    cb_location: netaddr4
-
-
-def enc_cb_client4(w: _Writer, v: cb_client4) -> None:
-    try:
-        w += _S0.pack(v.cb_program)
-        _s140 = v.cb_location
-        _v = _s140.na_r_netid.encode('utf-8', 'surrogateescape')
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        _v = _s140.na_r_addr.encode('utf-8', 'surrogateescape')
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode cb_client4: {_e}', len(w)) from None
-
-
-def dec_cb_client4(r: _Reader, off: int) -> tuple[cb_client4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        f_cb_program = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('string runs past the end', off)
-        _i141_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
-        off = _e + (-_n & 3)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('string runs past the end', off)
-        _i141_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
-        off = _e + (-_n & 3)
-        f_cb_location = netaddr4(_i141_na_r_netid, _i141_na_r_addr)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated cb_client4', o0) from None
-    return cb_client4(f_cb_program, f_cb_location), off
-
-
-@_dataclass(slots=True)
-class nfs_client_id4:
-    verifier: bytes
-    id: bytes
-
-
-def enc_nfs_client_id4(w: _Writer, v: nfs_client_id4) -> None:
-    try:
-        if len(v.verifier) != 8: raise _XdrError('fixed opaque verifier must be 8 bytes', len(w))
-        w += _S6.pack(v.verifier)
-        _v = v.id
-        _n = len(_v)
-        if _n > 1024:
-            raise _XdrError('id: length %d exceeds 1024' % _n, len(w))
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode nfs_client_id4: {_e}', len(w)) from None
-
-
-def dec_nfs_client_id4(r: _Reader, off: int) -> tuple[nfs_client_id4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S6.unpack_from(buf, off)
-        off += 8
-        f_verifier = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1024:
-            raise _XdrError('id: length %d exceeds 1024' % _n, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_id = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated nfs_client_id4', o0) from None
-    return nfs_client_id4(f_verifier, f_id), off
-
-
-@_dataclass(slots=True)
-class client_owner4:
-    co_verifier: bytes
-    co_ownerid: bytes
-
-
-def enc_client_owner4(w: _Writer, v: client_owner4) -> None:
-    try:
-        if len(v.co_verifier) != 8: raise _XdrError('fixed opaque co_verifier must be 8 bytes', len(w))
-        w += _S6.pack(v.co_verifier)
-        _v = v.co_ownerid
-        _n = len(_v)
-        if _n > 1024:
-            raise _XdrError('co_ownerid: length %d exceeds 1024' % _n, len(w))
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode client_owner4: {_e}', len(w)) from None
-
-
-def dec_client_owner4(r: _Reader, off: int) -> tuple[client_owner4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S6.unpack_from(buf, off)
-        off += 8
-        f_co_verifier = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1024:
-            raise _XdrError('co_ownerid: length %d exceeds 1024' % _n, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_co_ownerid = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated client_owner4', o0) from None
-    return client_owner4(f_co_verifier, f_co_ownerid), off
-
-
-@_dataclass(slots=True)
-class server_owner4:
-    so_minor_id: int
-    so_major_id: bytes
-
-
-def enc_server_owner4(w: _Writer, v: server_owner4) -> None:
-    try:
-        w += _S4.pack(v.so_minor_id)
-        _v = v.so_major_id
-        _n = len(_v)
-        if _n > 1024:
-            raise _XdrError('so_major_id: length %d exceeds 1024' % _n, len(w))
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode server_owner4: {_e}', len(w)) from None
-
-
-def dec_server_owner4(r: _Reader, off: int) -> tuple[server_owner4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S4.unpack_from(buf, off)
-        off += 8
-        f_so_minor_id = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1024:
-            raise _XdrError('so_major_id: length %d exceeds 1024' % _n, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_so_major_id = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated server_owner4', o0) from None
-    return server_owner4(f_so_minor_id, f_so_major_id), off
-
-
-@_dataclass(slots=True)
-class state_owner4:
-    clientid: int
-    owner: bytes
-
-
-def enc_state_owner4(w: _Writer, v: state_owner4) -> None:
-    try:
-        w += _S4.pack(v.clientid)
-        _v = v.owner
-        _n = len(_v)
-        if _n > 1024:
-            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode state_owner4: {_e}', len(w)) from None
-
-
-def dec_state_owner4(r: _Reader, off: int) -> tuple[state_owner4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S4.unpack_from(buf, off)
-        off += 8
-        f_clientid = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1024:
-            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_owner = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated state_owner4', o0) from None
-    return state_owner4(f_clientid, f_owner), off
-
-
-open_owner4 = state_owner4
-
-
-def enc_open_owner4(w: _Writer, v: open_owner4) -> None:
-    try:
-        _s142 = v
-        w += _S4.pack(_s142.clientid)
-        _v = _s142.owner
-        _n = len(_v)
-        if _n > 1024:
-            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode open_owner4: {_e}', len(w)) from None
-
-
-def dec_open_owner4(r: _Reader, off: int) -> tuple[open_owner4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S4.unpack_from(buf, off)
-        off += 8
-        _i143_clientid = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1024:
-            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i143_owner = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        _v = state_owner4(_i143_clientid, _i143_owner)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated open_owner4', o0) from None
-    return _v, off
-
-
-lock_owner4 = state_owner4
-
-
-def enc_lock_owner4(w: _Writer, v: lock_owner4) -> None:
-    try:
-        _s144 = v
-        w += _S4.pack(_s144.clientid)
-        _v = _s144.owner
-        _n = len(_v)
-        if _n > 1024:
-            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode lock_owner4: {_e}', len(w)) from None
-
-
-def dec_lock_owner4(r: _Reader, off: int) -> tuple[lock_owner4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S4.unpack_from(buf, off)
-        off += 8
-        _i145_clientid = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1024:
-            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i145_owner = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        _v = state_owner4(_i145_clientid, _i145_owner)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated lock_owner4', o0) from None
-    return _v, off
-
-
-class nfs_lock_type4(_IntEnum):
-    READ_LT = 1
-    WRITE_LT = 2
-    READW_LT = 3
-    WRITEW_LT = 4
-
-
-_nfs_lock_type4_MAP: _Final[dict[int, nfs_lock_type4]] = {m.value: m for m in nfs_lock_type4}
-READ_LT = nfs_lock_type4.READ_LT
-WRITE_LT = nfs_lock_type4.WRITE_LT
-READW_LT = nfs_lock_type4.READW_LT
-WRITEW_LT = nfs_lock_type4.WRITEW_LT
-
-
-def enc_nfs_lock_type4(w: _Writer, v: nfs_lock_type4) -> None:
-    try:
-        w += _I32.pack(_nfs_lock_type4_MAP[v])
-    except (KeyError, TypeError, _struct.error):
-        raise _XdrError(f'{v!r} is not a nfs_lock_type4', len(w)) from None
-
-
-def dec_nfs_lock_type4(r: _Reader, off: int) -> tuple[nfs_lock_type4, int]:
-    try:
-        return _nfs_lock_type4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
-    except (KeyError, _struct.error):
-        raise _XdrError('invalid or truncated nfs_lock_type4', off) from None
-
-
-class ssv_subkey4(_IntEnum):
-    SSV4_SUBKEY_MIC_I2T = 1
-    SSV4_SUBKEY_MIC_T2I = 2
-    SSV4_SUBKEY_SEAL_I2T = 3
-    SSV4_SUBKEY_SEAL_T2I = 4
-
-
-_ssv_subkey4_MAP: _Final[dict[int, ssv_subkey4]] = {m.value: m for m in ssv_subkey4}
-SSV4_SUBKEY_MIC_I2T = ssv_subkey4.SSV4_SUBKEY_MIC_I2T
-SSV4_SUBKEY_MIC_T2I = ssv_subkey4.SSV4_SUBKEY_MIC_T2I
-SSV4_SUBKEY_SEAL_I2T = ssv_subkey4.SSV4_SUBKEY_SEAL_I2T
-SSV4_SUBKEY_SEAL_T2I = ssv_subkey4.SSV4_SUBKEY_SEAL_T2I
-
-
-def enc_ssv_subkey4(w: _Writer, v: ssv_subkey4) -> None:
-    try:
-        w += _I32.pack(_ssv_subkey4_MAP[v])
-    except (KeyError, TypeError, _struct.error):
-        raise _XdrError(f'{v!r} is not a ssv_subkey4', len(w)) from None
-
-
-def dec_ssv_subkey4(r: _Reader, off: int) -> tuple[ssv_subkey4, int]:
-    try:
-        return _ssv_subkey4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
-    except (KeyError, _struct.error):
-        raise _XdrError('invalid or truncated ssv_subkey4', off) from None
-
-
-@_dataclass(slots=True)
-class ssv_mic_plain_tkn4:
-    smpt_ssv_seq: int
-    smpt_orig_plain: bytes
-
-
-def enc_ssv_mic_plain_tkn4(w: _Writer, v: ssv_mic_plain_tkn4) -> None:
-    try:
-        w += _S0.pack(v.smpt_ssv_seq)
-        _v = v.smpt_orig_plain
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode ssv_mic_plain_tkn4: {_e}', len(w)) from None
-
-
-def dec_ssv_mic_plain_tkn4(r: _Reader, off: int) -> tuple[ssv_mic_plain_tkn4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        f_smpt_ssv_seq = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_smpt_orig_plain = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated ssv_mic_plain_tkn4', o0) from None
-    return ssv_mic_plain_tkn4(f_smpt_ssv_seq, f_smpt_orig_plain), off
-
-
-@_dataclass(slots=True)
-class ssv_mic_tkn4:
-    smt_ssv_seq: int
-    smt_hmac: bytes
-
-
-def enc_ssv_mic_tkn4(w: _Writer, v: ssv_mic_tkn4) -> None:
-    try:
-        w += _S0.pack(v.smt_ssv_seq)
-        _v = v.smt_hmac
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode ssv_mic_tkn4: {_e}', len(w)) from None
-
-
-def dec_ssv_mic_tkn4(r: _Reader, off: int) -> tuple[ssv_mic_tkn4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        f_smt_ssv_seq = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_smt_hmac = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated ssv_mic_tkn4', o0) from None
-    return ssv_mic_tkn4(f_smt_ssv_seq, f_smt_hmac), off
-
-
-@_dataclass(slots=True)
-class ssv_seal_plain_tkn4:
-    sspt_confounder: bytes
-    sspt_ssv_seq: int
-    sspt_orig_plain: bytes
-    sspt_pad: bytes
-
-
-def enc_ssv_seal_plain_tkn4(w: _Writer, v: ssv_seal_plain_tkn4) -> None:
-    try:
-        _v = v.sspt_confounder
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        w += _S0.pack(v.sspt_ssv_seq)
-        _v = v.sspt_orig_plain
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        _v = v.sspt_pad
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode ssv_seal_plain_tkn4: {_e}', len(w)) from None
-
-
-def dec_ssv_seal_plain_tkn4(r: _Reader, off: int) -> tuple[ssv_seal_plain_tkn4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_sspt_confounder = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        f_sspt_ssv_seq = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_sspt_orig_plain = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_sspt_pad = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated ssv_seal_plain_tkn4', o0) from None
-    return ssv_seal_plain_tkn4(f_sspt_confounder, f_sspt_ssv_seq, f_sspt_orig_plain, f_sspt_pad), off
-
-
-@_dataclass(slots=True)
-class ssv_seal_cipher_tkn4:
-    ssct_ssv_seq: int
-    ssct_iv: bytes
-    ssct_encr_data: bytes
-    ssct_hmac: bytes
-
-
-def enc_ssv_seal_cipher_tkn4(w: _Writer, v: ssv_seal_cipher_tkn4) -> None:
-    try:
-        w += _S0.pack(v.ssct_ssv_seq)
-        _v = v.ssct_iv
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        _v = v.ssct_encr_data
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        _v = v.ssct_hmac
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode ssv_seal_cipher_tkn4: {_e}', len(w)) from None
-
-
-def dec_ssv_seal_cipher_tkn4(r: _Reader, off: int) -> tuple[ssv_seal_cipher_tkn4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        f_ssct_ssv_seq = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_ssct_iv = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_ssct_encr_data = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_ssct_hmac = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated ssv_seal_cipher_tkn4', o0) from None
-    return ssv_seal_cipher_tkn4(f_ssct_ssv_seq, f_ssct_iv, f_ssct_encr_data, f_ssct_hmac), off
-
-
-nfl_util4: _TypeAlias = "int"
-
-
-def enc_nfl_util4(w: _Writer, v: nfl_util4) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode nfl_util4: {_e}', len(w)) from None
-
-
-def dec_nfl_util4(r: _Reader, off: int) -> tuple[nfl_util4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _t[0]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated nfl_util4', o0) from None
-    return _v, off
-
-
-class filelayout_hint_care4(_IntEnum):
-    NFLH4_CARE_DENSE = 1
-    NFLH4_CARE_COMMIT_THRU_MDS = 2
-    NFLH4_CARE_STRIPE_UNIT_SIZE = 64
-    NFLH4_CARE_STRIPE_COUNT = 128
-
-
-_filelayout_hint_care4_MAP: _Final[dict[int, filelayout_hint_care4]] = {m.value: m for m in filelayout_hint_care4}
-NFLH4_CARE_DENSE = filelayout_hint_care4.NFLH4_CARE_DENSE
-NFLH4_CARE_COMMIT_THRU_MDS = filelayout_hint_care4.NFLH4_CARE_COMMIT_THRU_MDS
-NFLH4_CARE_STRIPE_UNIT_SIZE = filelayout_hint_care4.NFLH4_CARE_STRIPE_UNIT_SIZE
-NFLH4_CARE_STRIPE_COUNT = filelayout_hint_care4.NFLH4_CARE_STRIPE_COUNT
-
-
-def enc_filelayout_hint_care4(w: _Writer, v: filelayout_hint_care4) -> None:
-    try:
-        w += _I32.pack(_filelayout_hint_care4_MAP[v])
-    except (KeyError, TypeError, _struct.error):
-        raise _XdrError(f'{v!r} is not a filelayout_hint_care4', len(w)) from None
-
-
-def dec_filelayout_hint_care4(r: _Reader, off: int) -> tuple[filelayout_hint_care4, int]:
-    try:
-        return _filelayout_hint_care4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
-    except (KeyError, _struct.error):
-        raise _XdrError('invalid or truncated filelayout_hint_care4', off) from None
-
-
-@_dataclass(slots=True)
-class nfsv4_1_file_layouthint4:
-    nflh_care: int
-    nflh_util: int
-    nflh_stripe_count: int
-
-
-def enc_nfsv4_1_file_layouthint4(w: _Writer, v: nfsv4_1_file_layouthint4) -> None:
-    try:
-        w += _S9.pack(v.nflh_care, v.nflh_util, v.nflh_stripe_count)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode nfsv4_1_file_layouthint4: {_e}', len(w)) from None
-
-
-def dec_nfsv4_1_file_layouthint4(r: _Reader, off: int) -> tuple[nfsv4_1_file_layouthint4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S9.unpack_from(buf, off)
-        off += 12
-        f_nflh_care = _t[0]
-        f_nflh_util = _t[1]
-        f_nflh_stripe_count = _t[2]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated nfsv4_1_file_layouthint4', o0) from None
-    return nfsv4_1_file_layouthint4(f_nflh_care, f_nflh_util, f_nflh_stripe_count), off
-
-
-multipath_list4: _TypeAlias = "list[netaddr4]"
-
-
-def enc_multipath_list4(w: _Writer, v: multipath_list4) -> None:
-    try:
-        _a146 = v
-        _n = len(_a146)
-        w += _U32.pack(_n)
-        for _x146 in _a146:
-            _s147 = _x146
-            _v = _s147.na_r_netid.encode('utf-8', 'surrogateescape')
-            _n = len(_v)
-            w += _U32.pack(_n)
-            w += _v
-            w += _PAD[_n & 3]
-            _v = _s147.na_r_addr.encode('utf-8', 'surrogateescape')
-            _n = len(_v)
-            w += _U32.pack(_n)
-            w += _v
-            w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode multipath_list4: {_e}', len(w)) from None
-
-
-def dec_multipath_list4(r: _Reader, off: int) -> tuple[multipath_list4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 8 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _v = []
-        _c148 = _n
-        for _ in range(_c148):
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('string runs past the end', off)
-            _i149_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
-            off = _e + (-_n & 3)
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('string runs past the end', off)
-            _i149_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
-            off = _e + (-_n & 3)
-            _x148 = netaddr4(_i149_na_r_netid, _i149_na_r_addr)
-            _v.append(_x148)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated multipath_list4', o0) from None
-    return _v, off
-
-
-@_dataclass(slots=True)
-class nfsv4_1_file_layout_ds_addr4:
-    nflda_stripe_indices: list[int]
-    nflda_multipath_ds_list: list[list[netaddr4]]
-
-
-def enc_nfsv4_1_file_layout_ds_addr4(w: _Writer, v: nfsv4_1_file_layout_ds_addr4) -> None:
-    try:
-        _a150 = v.nflda_stripe_indices
-        _n = len(_a150)
-        w += _U32.pack(_n)
-        for _x150 in _a150:
-            w += _S0.pack(_x150)
-        _a151 = v.nflda_multipath_ds_list
-        _n = len(_a151)
-        w += _U32.pack(_n)
-        for _x151 in _a151:
-            _a152 = _x151
-            _n = len(_a152)
-            w += _U32.pack(_n)
-            for _x152 in _a152:
-                _s153 = _x152
-                _v = _s153.na_r_netid.encode('utf-8', 'surrogateescape')
-                _n = len(_v)
-                w += _U32.pack(_n)
-                w += _v
-                w += _PAD[_n & 3]
-                _v = _s153.na_r_addr.encode('utf-8', 'surrogateescape')
-                _n = len(_v)
-                w += _U32.pack(_n)
-                w += _v
-                w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode nfsv4_1_file_layout_ds_addr4: {_e}', len(w)) from None
-
-
-def dec_nfsv4_1_file_layout_ds_addr4(r: _Reader, off: int) -> tuple[nfsv4_1_file_layout_ds_addr4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_nflda_stripe_indices = []
-        _c154 = _n
-        for _ in range(_c154):
-            _t = _S0.unpack_from(buf, off)
-            off += 4
-            _x154 = _t[0]
-            f_nflda_stripe_indices.append(_x154)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_nflda_multipath_ds_list = []
-        _c155 = _n
-        for _ in range(_c155):
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n * 8 > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _x155 = []
-            _c156 = _n
-            for _ in range(_c156):
-                (_n,) = _U32.unpack_from(buf, off)
-                off += 4
-                if _n > len(buf) - off:
-                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-                _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('string runs past the end', off)
-                _i157_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
-                off = _e + (-_n & 3)
-                (_n,) = _U32.unpack_from(buf, off)
-                off += 4
-                if _n > len(buf) - off:
-                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-                _e = off + _n
-                if _e > len(buf):
-                    raise _XdrError('string runs past the end', off)
-                _i157_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
-                off = _e + (-_n & 3)
-                _x156 = netaddr4(_i157_na_r_netid, _i157_na_r_addr)
-                _x155.append(_x156)
-            f_nflda_multipath_ds_list.append(_x155)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated nfsv4_1_file_layout_ds_addr4', o0) from None
-    return nfsv4_1_file_layout_ds_addr4(f_nflda_stripe_indices, f_nflda_multipath_ds_list), off
-
-
-@_dataclass(slots=True)
-class nfsv4_1_file_layout4:
-    nfl_deviceid: bytes
-    nfl_util: int
-    nfl_first_stripe_index: int
-    nfl_pattern_offset: int
-    nfl_fh_list: list[bytes]
-
-
-def enc_nfsv4_1_file_layout4(w: _Writer, v: nfsv4_1_file_layout4) -> None:
-    try:
-        if len(v.nfl_deviceid) != 16: raise _XdrError('fixed opaque nfl_deviceid must be 16 bytes', len(w))
-        w += _S16.pack(v.nfl_deviceid, v.nfl_util, v.nfl_first_stripe_index, v.nfl_pattern_offset)
-        _a158 = v.nfl_fh_list
-        _n = len(_a158)
-        w += _U32.pack(_n)
-        for _x158 in _a158:
-            _v = _x158
-            _n = len(_v)
-            if _n > 128:
-                raise _XdrError('opaque: length %d exceeds 128' % _n, len(w))
-            w += _U32.pack(_n)
-            w += _v
-            w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode nfsv4_1_file_layout4: {_e}', len(w)) from None
-
-
-def dec_nfsv4_1_file_layout4(r: _Reader, off: int) -> tuple[nfsv4_1_file_layout4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S16.unpack_from(buf, off)
-        off += 32
-        f_nfl_deviceid = _t[0]
-        f_nfl_util = _t[1]
-        f_nfl_first_stripe_index = _t[2]
-        f_nfl_pattern_offset = _t[3]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_nfl_fh_list = []
-        _c159 = _n
-        for _ in range(_c159):
-            (_n,) = _U32.unpack_from(buf, off)
-            if _n > 128:
-                raise _XdrError('opaque: length %d exceeds 128' % _n, off)
-            off += 4
-            if _n > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _x159 = bytes(buf[off:_e])
-            off = _e + (-_n & 3)
-            f_nfl_fh_list.append(_x159)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated nfsv4_1_file_layout4', o0) from None
-    return nfsv4_1_file_layout4(f_nfl_deviceid, f_nfl_util, f_nfl_first_stripe_index, f_nfl_pattern_offset, f_nfl_fh_list), off
-
-
-@_dataclass(slots=True)
-class ACCESS4args:
-    access: int
-
-
-def enc_ACCESS4args(w: _Writer, v: ACCESS4args) -> None:
-    try:
-        w += _S0.pack(v.access)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode ACCESS4args: {_e}', len(w)) from None
-
-
-def dec_ACCESS4args(r: _Reader, off: int) -> tuple[ACCESS4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        f_access = _t[0]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated ACCESS4args', o0) from None
-    return ACCESS4args(f_access), off
-
-
-@_dataclass(slots=True)
-class ACCESS4resok:
-    supported: int
-    access: int
-
-
-def enc_ACCESS4resok(w: _Writer, v: ACCESS4resok) -> None:
-    try:
-        w += _S1.pack(v.supported, v.access)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode ACCESS4resok: {_e}', len(w)) from None
-
-
-def dec_ACCESS4resok(r: _Reader, off: int) -> tuple[ACCESS4resok, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S1.unpack_from(buf, off)
-        off += 8
-        f_supported = _t[0]
-        f_access = _t[1]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated ACCESS4resok', o0) from None
-    return ACCESS4resok(f_supported, f_access), off
-
-
-@_dataclass(slots=True)
-class ACCESS4res:
-    status: nfsstat4
-    value: ACCESS4resok | None = None
-
-
-_ACCESS4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_ACCESS4resok}
-_ACCESS4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_ACCESS4resok}
-_ACCESS4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_ACCESS4resok)}
-
-
-def enc_ACCESS4res(w: _Writer, v: ACCESS4res) -> None:
-    try:
-        _d = v.status
-        _f = _ACCESS4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode ACCESS4res: {_e!r}', len(w)) from None
-
-
-def dec_ACCESS4res(r: _Reader, off: int) -> tuple[ACCESS4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v160: _Any
-        _f160: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d160,) = _S2.unpack_from(buf, off)
-        _a160 = _ACCESS4res_ARMS.get(_d160)
-        if _a160 is None:
-            _d160 = _nfsstat4_MAP[(_d160,)[0]]
-            _f160 = _void_decode
-        else:
-            _d160, _f160 = _a160
-        _v160, off = _f160(r, off + 4)
-        _u = ACCESS4res(_d160, _v160)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated ACCESS4res', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class CLOSE4args:
-    seqid: int
-    open_stateid: stateid4
-
-
-def enc_CLOSE4args(w: _Writer, v: CLOSE4args) -> None:
-    try:
-        if len(v.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S17.pack(v.seqid, v.open_stateid.seqid, v.open_stateid.other)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode CLOSE4args: {_e}', len(w)) from None
-
-
-def dec_CLOSE4args(r: _Reader, off: int) -> tuple[CLOSE4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S17.unpack_from(buf, off)
-        off += 20
-        f_seqid = _t[0]
-        f_open_stateid = stateid4(_t[1], _t[2])
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated CLOSE4args', o0) from None
-    return CLOSE4args(f_seqid, f_open_stateid), off
-
-
-@_dataclass(slots=True)
-class CLOSE4res:
-    status: nfsstat4
-    value: stateid4 | None = None
-
-
-_CLOSE4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_stateid4}
-_CLOSE4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_stateid4}
-_CLOSE4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_stateid4)}
-
-
-def enc_CLOSE4res(w: _Writer, v: CLOSE4res) -> None:
-    try:
-        _d = v.status
-        _f = _CLOSE4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode CLOSE4res: {_e!r}', len(w)) from None
-
-
-def dec_CLOSE4res(r: _Reader, off: int) -> tuple[CLOSE4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v161: _Any
-        _f161: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d161,) = _S2.unpack_from(buf, off)
-        _a161 = _CLOSE4res_ARMS.get(_d161)
-        if _a161 is None:
-            _d161 = _nfsstat4_MAP[(_d161,)[0]]
-            _f161 = _void_decode
-        else:
-            _d161, _f161 = _a161
-        _v161, off = _f161(r, off + 4)
-        _u = CLOSE4res(_d161, _v161)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated CLOSE4res', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class COMMIT4args:
-    offset: int
-    count: int
-
-
-def enc_COMMIT4args(w: _Writer, v: COMMIT4args) -> None:
-    try:
-        w += _S18.pack(v.offset, v.count)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode COMMIT4args: {_e}', len(w)) from None
-
-
-def dec_COMMIT4args(r: _Reader, off: int) -> tuple[COMMIT4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S18.unpack_from(buf, off)
-        off += 12
-        f_offset = _t[0]
-        f_count = _t[1]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated COMMIT4args', o0) from None
-    return COMMIT4args(f_offset, f_count), off
-
-
-@_dataclass(slots=True)
-class COMMIT4resok:
-    writeverf: bytes
-
-
-def enc_COMMIT4resok(w: _Writer, v: COMMIT4resok) -> None:
-    try:
-        if len(v.writeverf) != 8: raise _XdrError('fixed opaque writeverf must be 8 bytes', len(w))
-        w += _S6.pack(v.writeverf)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode COMMIT4resok: {_e}', len(w)) from None
-
-
-def dec_COMMIT4resok(r: _Reader, off: int) -> tuple[COMMIT4resok, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S6.unpack_from(buf, off)
-        off += 8
-        f_writeverf = _t[0]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated COMMIT4resok', o0) from None
-    return COMMIT4resok(f_writeverf), off
-
-
-@_dataclass(slots=True)
-class COMMIT4res:
-    status: nfsstat4
-    value: COMMIT4resok | None = None
-
-
-_COMMIT4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_COMMIT4resok}
-_COMMIT4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_COMMIT4resok}
-_COMMIT4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_COMMIT4resok)}
-
-
-def enc_COMMIT4res(w: _Writer, v: COMMIT4res) -> None:
-    try:
-        _d = v.status
-        _f = _COMMIT4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode COMMIT4res: {_e!r}', len(w)) from None
-
-
-def dec_COMMIT4res(r: _Reader, off: int) -> tuple[COMMIT4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v162: _Any
-        _f162: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d162,) = _S2.unpack_from(buf, off)
-        _a162 = _COMMIT4res_ARMS.get(_d162)
-        if _a162 is None:
-            _d162 = _nfsstat4_MAP[(_d162,)[0]]
-            _f162 = _void_decode
-        else:
-            _d162, _f162 = _a162
-        _v162, off = _f162(r, off + 4)
-        _u = COMMIT4res(_d162, _v162)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated COMMIT4res', o0) from None
-    return _u, off
-
-
-def enc_createtype4_linkdata(w: _Writer, v: _Buffer) -> None:
-    try:
-        w.put_ddp(v, None)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode createtype4.linkdata: {_e}', len(w)) from None
-
-
-def dec_createtype4_linkdata(r: _Reader, off: int) -> tuple[_Buffer, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v, off = r.take_ddp(off, None)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated createtype4.linkdata', o0) from None
-    return _v, off
-
-
-@_dataclass(slots=True)
-class createtype4:
-    type: nfs_ftype4
-    value: _Buffer | specdata4 | None = None
-
-
-_createtype4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {5: enc_createtype4_linkdata, 3: enc_specdata4, 4: enc_specdata4, 6: _void_encode, 7: _void_encode, 2: _void_encode}
-_createtype4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {5: dec_createtype4_linkdata, 3: dec_specdata4, 4: dec_specdata4, 6: _void_decode, 7: _void_decode, 2: _void_decode}
-_createtype4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {5: (_nfs_ftype4_MAP[(5,)[0]], dec_createtype4_linkdata), 3: (_nfs_ftype4_MAP[(3,)[0]], dec_specdata4), 4: (_nfs_ftype4_MAP[(4,)[0]], dec_specdata4), 6: (_nfs_ftype4_MAP[(6,)[0]], _void_decode), 7: (_nfs_ftype4_MAP[(7,)[0]], _void_decode), 2: (_nfs_ftype4_MAP[(2,)[0]], _void_decode)}
-
-
-def enc_createtype4(w: _Writer, v: createtype4) -> None:
-    try:
-        _d = v.type
-        _f = _createtype4_ENC.get(_d, _void_encode)
-        _d = _nfs_ftype4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode createtype4: {_e!r}', len(w)) from None
-
-
-def dec_createtype4(r: _Reader, off: int) -> tuple[createtype4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v163: _Any
-        _f163: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d163,) = _S2.unpack_from(buf, off)
-        _a163 = _createtype4_ARMS.get(_d163)
-        if _a163 is None:
-            _d163 = _nfs_ftype4_MAP[(_d163,)[0]]
-            _f163 = _void_decode
-        else:
-            _d163, _f163 = _a163
-        _v163, off = _f163(r, off + 4)
-        _u = createtype4(_d163, _v163)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated createtype4', o0) from None
-    return _u, off
+_S10: _Final = _struct.Struct('>III')
+_S11: _Final = _struct.Struct('>I12s')
+_S12: _Final = _struct.Struct('>QQi')
+_S16: _Final = _struct.Struct('>IQQ')
+_S18: _Final = _struct.Struct('>iII')
+_S20: _Final = _struct.Struct('>iI12s')
+_S22: _Final = _struct.Struct('>i8s')
+_S23: _Final = _struct.Struct('>iI')
+_S24: _Final = _struct.Struct('>iIQQ')
+_S25: _Final = _struct.Struct('>II12sI')
+_S26: _Final = _struct.Struct('>I12sI')
+_S27: _Final = _struct.Struct('>III12sI')
+_S28: _Final = _struct.Struct('>iQQi')
+_S29: _Final = _struct.Struct('>iQQ')
+_S30: _Final = _struct.Struct('>iII12sQQ')
+_S31: _Final = _struct.Struct('>iiI')
+_S32: _Final = _struct.Struct('>ii8s')
+_S33: _Final = _struct.Struct('>iQ')
+_S34: _Final = _struct.Struct('>ii')
+_S35: _Final = _struct.Struct('>iI12sI')
+_S36: _Final = _struct.Struct('>I12sIQQI')
+_S37: _Final = _struct.Struct('>iI12sIQQI')
 
 
 @_dataclass(slots=True)
@@ -1947,21 +101,26 @@ class CREATE4args:
 
 def enc_CREATE4args(w: _Writer, v: CREATE4args) -> None:
     try:
-        enc_createtype4(w, v.objtype)
+        _u178 = v.objtype
+        _f178 = _createtype4_ENCX.get(_u178.type)
+        if _f178 is None:
+            enc_createtype4(w, _u178)
+        else:
+            _f178(w, _u178.value)
         _v = v.objname
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _s164 = v.createattrs
-        _a165 = _s164.attrmask
-        _n = len(_a165)
-        w += _U32.pack(_n)
-        for _x165 in _a165:
-            w += _S0.pack(_x165)
-        _v = _s164.attr_vals
+        _s179 = v.createattrs
+        _a180 = _s179.attrmask
+        _n = len(_a180)
+        w += _S0.pack(_n)
+        for _x180 in _a180:
+            w += _S0.pack(_x180)
+        _v = _s179.attr_vals
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1972,47 +131,42 @@ def dec_CREATE4args(r: _Reader, off: int) -> tuple[CREATE4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _v166: _Any
-        _f166: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d166,) = _S2.unpack_from(buf, off)
-        _a166 = _createtype4_ARMS.get(_d166)
-        if _a166 is None:
-            _d166 = _nfs_ftype4_MAP[(_d166,)[0]]
-            _f166 = _void_decode
+        _v181: _Any
+        _f181: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d181,) = _S2.unpack_from(buf, off)
+        _a181 = _createtype4_ARMS.get(_d181)
+        if _a181 is None:
+            _d181 = _nfs_ftype4_MAP[(_d181,)[0]]
+            _f181 = _void_decode
         else:
-            _d166, _f166 = _a166
-        _v166, off = _f166(r, off + 4)
-        f_objtype = createtype4(_d166, _v166)
+            _d181, _f181 = _a181
+        _v181, off = _f181(r, off + 4)
+        f_objtype = createtype4(_d181, _v181)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_objname = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i167_attrmask = []
-        _c168 = _n
-        for _ in range(_c168):
-            _t = _S0.unpack_from(buf, off)
+        _i182_attrmask = []
+        _c183 = _n
+        for _ in range(_c183):
+            (_x183,) = _S0.unpack_from(buf, off)
             off += 4
-            _x168 = _t[0]
-            _i167_attrmask.append(_x168)
+            _i182_attrmask.append(_x183)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i167_attr_vals = bytes(buf[off:_e])
+        _i182_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_createattrs = fattr4(_i167_attrmask, _i167_attr_vals)
+        f_createattrs = fattr4(_i182_attrmask, _i182_attr_vals)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CREATE4args', o0) from None
     return CREATE4args(f_objtype, f_objname, f_createattrs), off
@@ -2026,12 +180,12 @@ class CREATE4resok:
 
 def enc_CREATE4resok(w: _Writer, v: CREATE4resok) -> None:
     try:
-        w += _S15.pack(v.cinfo.atomic, v.cinfo.before, v.cinfo.after)
-        _a169 = v.attrset
-        _n = len(_a169)
-        w += _U32.pack(_n)
-        for _x169 in _a169:
-            w += _S0.pack(_x169)
+        w += _S16.pack(v.cinfo.atomic, v.cinfo.before, v.cinfo.after)
+        _a184 = v.attrset
+        _n = len(_a184)
+        w += _S0.pack(_n)
+        for _x184 in _a184:
+            w += _S0.pack(_x184)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CREATE4resok: {_e}', len(w)) from None
 
@@ -2040,20 +194,19 @@ def dec_CREATE4resok(r: _Reader, off: int) -> tuple[CREATE4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S15.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S16.unpack_from(buf, off)
         off += 20
-        f_cinfo = change_info4(_BOOL[_t[0]], _t[1], _t[2])
+        f_cinfo = change_info4(_BOOL[_t0], _t1, _t2)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_attrset = []
-        _c170 = _n
-        for _ in range(_c170):
-            _t = _S0.unpack_from(buf, off)
+        _c185 = _n
+        for _ in range(_c185):
+            (_x185,) = _S0.unpack_from(buf, off)
             off += 4
-            _x170 = _t[0]
-            f_attrset.append(_x170)
+            f_attrset.append(_x185)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CREATE4resok', o0) from None
     return CREATE4resok(f_cinfo, f_attrset), off
@@ -2070,7 +223,7 @@ _CREATE4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] 
 _CREATE4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_CREATE4resok)}
 
 
-def enc_CREATE4res(w: _Writer, v: CREATE4res) -> None:
+def _enc_any_CREATE4res(w: _Writer, v: CREATE4res) -> None:
     try:
         _d = v.status
         _f = _CREATE4res_ENC.get(_d, _void_encode)
@@ -2081,21 +234,71 @@ def enc_CREATE4res(w: _Writer, v: CREATE4res) -> None:
         raise _XdrError(f'cannot encode CREATE4res: {_e!r}', len(w)) from None
 
 
+def _dec_any_CREATE4res(r: _Reader, off: int) -> tuple[CREATE4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v186: _Any
+        _f186: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d186,) = _S2.unpack_from(buf, off)
+        _a186 = _CREATE4res_ARMS.get(_d186)
+        if _a186 is None:
+            _d186 = _nfsstat4_MAP[(_d186,)[0]]
+            _f186 = _void_decode
+        else:
+            _d186, _f186 = _a186
+        _v186, off = _f186(r, off + 4)
+        _u = CREATE4res(_d186, _v186)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated CREATE4res', o0) from None
+    return _u, off
+
+
+def enc_CREATE4res(w: _Writer, v: CREATE4res) -> None:
+    try:
+        _u187 = v
+        _d187 = _u187.status
+        _w187: _Any
+        if _d187 == 0:
+            _w187 = _u187.value
+            _s188 = _w187
+            w += _S24.pack(0, _s188.cinfo.atomic, _s188.cinfo.before, _s188.cinfo.after)
+            _a189 = _s188.attrset
+            _n = len(_a189)
+            w += _S0.pack(_n)
+            for _x189 in _a189:
+                w += _S0.pack(_x189)
+        else:
+            _enc_any_CREATE4res(w, _u187)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode CREATE4res: {_e!r}', len(w)) from None
+
+
 def dec_CREATE4res(r: _Reader, off: int) -> tuple[CREATE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v171: _Any
-        _f171: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d171,) = _S2.unpack_from(buf, off)
-        _a171 = _CREATE4res_ARMS.get(_d171)
-        if _a171 is None:
-            _d171 = _nfsstat4_MAP[(_d171,)[0]]
-            _f171 = _void_decode
+        _v190: _Any
+        (_d190,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d190 == 0:
+            _t0, _t1, _t2 = _S16.unpack_from(buf, off)
+            off += 20
+            _i191_cinfo = change_info4(_BOOL[_t0], _t1, _t2)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i191_attrset = []
+            _c192 = _n
+            for _ in range(_c192):
+                (_x192,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i191_attrset.append(_x192)
+            _v190 = CREATE4resok(_i191_cinfo, _i191_attrset)
+            _u = CREATE4res(NFS4_OK, _v190)
         else:
-            _d171, _f171 = _a171
-        _v171, off = _f171(r, off + 4)
-        _u = CREATE4res(_d171, _v171)
+            _u, off = _dec_any_CREATE4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CREATE4res', o0) from None
     return _u, off
@@ -2117,12 +320,11 @@ def dec_DELEGPURGE4args(r: _Reader, off: int) -> tuple[DELEGPURGE4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        _u = DELEGPURGE4args(*_S4.unpack_from(buf, off))
         off += 8
-        f_clientid = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated DELEGPURGE4args', o0) from None
-    return DELEGPURGE4args(f_clientid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2141,12 +343,12 @@ def dec_DELEGPURGE4res(r: _Reader, off: int) -> tuple[DELEGPURGE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = DELEGPURGE4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated DELEGPURGE4res', o0) from None
-    return DELEGPURGE4res(f_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2157,7 +359,7 @@ class DELEGRETURN4args:
 def enc_DELEGRETURN4args(w: _Writer, v: DELEGRETURN4args) -> None:
     try:
         if len(v.deleg_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S10.pack(v.deleg_stateid.seqid, v.deleg_stateid.other)
+        w += _S11.pack(v.deleg_stateid.seqid, v.deleg_stateid.other)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode DELEGRETURN4args: {_e}', len(w)) from None
 
@@ -2166,12 +368,12 @@ def dec_DELEGRETURN4args(r: _Reader, off: int) -> tuple[DELEGRETURN4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S10.unpack_from(buf, off)
+        _t0, _t1 = _S11.unpack_from(buf, off)
         off += 16
-        f_deleg_stateid = stateid4(_t[0], _t[1])
+        _u = DELEGRETURN4args(stateid4(_t0, _t1))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated DELEGRETURN4args', o0) from None
-    return DELEGRETURN4args(f_deleg_stateid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2190,12 +392,12 @@ def dec_DELEGRETURN4res(r: _Reader, off: int) -> tuple[DELEGRETURN4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = DELEGRETURN4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated DELEGRETURN4res', o0) from None
-    return DELEGRETURN4res(f_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2205,11 +407,11 @@ class GETATTR4args:
 
 def enc_GETATTR4args(w: _Writer, v: GETATTR4args) -> None:
     try:
-        _a172 = v.attr_request
-        _n = len(_a172)
-        w += _U32.pack(_n)
-        for _x172 in _a172:
-            w += _S0.pack(_x172)
+        _a193 = v.attr_request
+        _n = len(_a193)
+        w += _S0.pack(_n)
+        for _x193 in _a193:
+            w += _S0.pack(_x193)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode GETATTR4args: {_e}', len(w)) from None
 
@@ -2223,12 +425,11 @@ def dec_GETATTR4args(r: _Reader, off: int) -> tuple[GETATTR4args, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_attr_request = []
-        _c173 = _n
-        for _ in range(_c173):
-            _t = _S0.unpack_from(buf, off)
+        _c194 = _n
+        for _ in range(_c194):
+            (_x194,) = _S0.unpack_from(buf, off)
             off += 4
-            _x173 = _t[0]
-            f_attr_request.append(_x173)
+            f_attr_request.append(_x194)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GETATTR4args', o0) from None
     return GETATTR4args(f_attr_request), off
@@ -2241,15 +442,15 @@ class GETATTR4resok:
 
 def enc_GETATTR4resok(w: _Writer, v: GETATTR4resok) -> None:
     try:
-        _s174 = v.obj_attributes
-        _a175 = _s174.attrmask
-        _n = len(_a175)
-        w += _U32.pack(_n)
-        for _x175 in _a175:
-            w += _S0.pack(_x175)
-        _v = _s174.attr_vals
+        _s195 = v.obj_attributes
+        _a196 = _s195.attrmask
+        _n = len(_a196)
+        w += _S0.pack(_n)
+        for _x196 in _a196:
+            w += _S0.pack(_x196)
+        _v = _s195.attr_vals
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -2264,23 +465,20 @@ def dec_GETATTR4resok(r: _Reader, off: int) -> tuple[GETATTR4resok, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i176_attrmask = []
-        _c177 = _n
-        for _ in range(_c177):
-            _t = _S0.unpack_from(buf, off)
+        _i197_attrmask = []
+        _c198 = _n
+        for _ in range(_c198):
+            (_x198,) = _S0.unpack_from(buf, off)
             off += 4
-            _x177 = _t[0]
-            _i176_attrmask.append(_x177)
+            _i197_attrmask.append(_x198)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i176_attr_vals = bytes(buf[off:_e])
+        _i197_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_obj_attributes = fattr4(_i176_attrmask, _i176_attr_vals)
+        f_obj_attributes = fattr4(_i197_attrmask, _i197_attr_vals)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GETATTR4resok', o0) from None
     return GETATTR4resok(f_obj_attributes), off
@@ -2297,7 +495,7 @@ _GETATTR4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]]
 _GETATTR4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_GETATTR4resok)}
 
 
-def enc_GETATTR4res(w: _Writer, v: GETATTR4res) -> None:
+def _enc_any_GETATTR4res(w: _Writer, v: GETATTR4res) -> None:
     try:
         _d = v.status
         _f = _GETATTR4res_ENC.get(_d, _void_encode)
@@ -2308,21 +506,81 @@ def enc_GETATTR4res(w: _Writer, v: GETATTR4res) -> None:
         raise _XdrError(f'cannot encode GETATTR4res: {_e!r}', len(w)) from None
 
 
+def _dec_any_GETATTR4res(r: _Reader, off: int) -> tuple[GETATTR4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v199: _Any
+        _f199: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d199,) = _S2.unpack_from(buf, off)
+        _a199 = _GETATTR4res_ARMS.get(_d199)
+        if _a199 is None:
+            _d199 = _nfsstat4_MAP[(_d199,)[0]]
+            _f199 = _void_decode
+        else:
+            _d199, _f199 = _a199
+        _v199, off = _f199(r, off + 4)
+        _u = GETATTR4res(_d199, _v199)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GETATTR4res', o0) from None
+    return _u, off
+
+
+def enc_GETATTR4res(w: _Writer, v: GETATTR4res) -> None:
+    try:
+        _u200 = v
+        _d200 = _u200.status
+        _w200: _Any
+        if _d200 == 0:
+            _w200 = _u200.value
+            _s201 = _w200
+            _s202 = _s201.obj_attributes
+            _a203 = _s202.attrmask
+            _n = len(_a203)
+            w += _S23.pack(0, _n)
+            for _x203 in _a203:
+                w += _S0.pack(_x203)
+            _v = _s202.attr_vals
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        else:
+            _enc_any_GETATTR4res(w, _u200)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode GETATTR4res: {_e!r}', len(w)) from None
+
+
 def dec_GETATTR4res(r: _Reader, off: int) -> tuple[GETATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v178: _Any
-        _f178: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d178,) = _S2.unpack_from(buf, off)
-        _a178 = _GETATTR4res_ARMS.get(_d178)
-        if _a178 is None:
-            _d178 = _nfsstat4_MAP[(_d178,)[0]]
-            _f178 = _void_decode
+        _v204: _Any
+        (_d204,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d204 == 0:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i206_attrmask = []
+            _c207 = _n
+            for _ in range(_c207):
+                (_x207,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i206_attrmask.append(_x207)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i206_attr_vals = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i205_obj_attributes = fattr4(_i206_attrmask, _i206_attr_vals)
+            _v204 = GETATTR4resok(_i205_obj_attributes)
+            _u = GETATTR4res(NFS4_OK, _v204)
         else:
-            _d178, _f178 = _a178
-        _v178, off = _f178(r, off + 4)
-        _u = GETATTR4res(_d178, _v178)
+            _u, off = _dec_any_GETATTR4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GETATTR4res', o0) from None
     return _u, off
@@ -2339,7 +597,7 @@ def enc_GETFH4resok(w: _Writer, v: GETFH4resok) -> None:
         _n = len(_v)
         if _n > 128:
             raise _XdrError('object: length %d exceeds 128' % _n, len(w))
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -2357,8 +615,6 @@ def dec_GETFH4resok(r: _Reader, off: int) -> tuple[GETFH4resok, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_object = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2377,7 +633,7 @@ _GETFH4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] =
 _GETFH4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_GETFH4resok)}
 
 
-def enc_GETFH4res(w: _Writer, v: GETFH4res) -> None:
+def _enc_any_GETFH4res(w: _Writer, v: GETFH4res) -> None:
     try:
         _d = v.status
         _f = _GETFH4res_ENC.get(_d, _void_encode)
@@ -2388,21 +644,68 @@ def enc_GETFH4res(w: _Writer, v: GETFH4res) -> None:
         raise _XdrError(f'cannot encode GETFH4res: {_e!r}', len(w)) from None
 
 
+def _dec_any_GETFH4res(r: _Reader, off: int) -> tuple[GETFH4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v208: _Any
+        _f208: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d208,) = _S2.unpack_from(buf, off)
+        _a208 = _GETFH4res_ARMS.get(_d208)
+        if _a208 is None:
+            _d208 = _nfsstat4_MAP[(_d208,)[0]]
+            _f208 = _void_decode
+        else:
+            _d208, _f208 = _a208
+        _v208, off = _f208(r, off + 4)
+        _u = GETFH4res(_d208, _v208)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GETFH4res', o0) from None
+    return _u, off
+
+
+def enc_GETFH4res(w: _Writer, v: GETFH4res) -> None:
+    try:
+        _u209 = v
+        _d209 = _u209.status
+        _w209: _Any
+        if _d209 == 0:
+            _w209 = _u209.value
+            _s210 = _w209
+            _v = _s210.object
+            _n = len(_v)
+            if _n > 128:
+                raise _XdrError('object: length %d exceeds 128' % _n, len(w))
+            w += _S23.pack(0, _n)
+            w += _v
+            w += _PAD[_n & 3]
+        else:
+            _enc_any_GETFH4res(w, _u209)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode GETFH4res: {_e!r}', len(w)) from None
+
+
 def dec_GETFH4res(r: _Reader, off: int) -> tuple[GETFH4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v179: _Any
-        _f179: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d179,) = _S2.unpack_from(buf, off)
-        _a179 = _GETFH4res_ARMS.get(_d179)
-        if _a179 is None:
-            _d179 = _nfsstat4_MAP[(_d179,)[0]]
-            _f179 = _void_decode
+        _v211: _Any
+        (_d211,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d211 == 0:
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 128:
+                raise _XdrError('object: length %d exceeds 128' % _n, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i212_object = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _v211 = GETFH4resok(_i212_object)
+            _u = GETFH4res(NFS4_OK, _v211)
         else:
-            _d179, _f179 = _a179
-        _v179, off = _f179(r, off + 4)
-        _u = GETFH4res(_d179, _v179)
+            _u, off = _dec_any_GETFH4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GETFH4res', o0) from None
     return _u, off
@@ -2417,7 +720,7 @@ def enc_LINK4args(w: _Writer, v: LINK4args) -> None:
     try:
         _v = v.newname
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -2433,8 +736,6 @@ def dec_LINK4args(r: _Reader, off: int) -> tuple[LINK4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_newname = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2449,7 +750,7 @@ class LINK4resok:
 
 def enc_LINK4resok(w: _Writer, v: LINK4resok) -> None:
     try:
-        w += _S15.pack(v.cinfo.atomic, v.cinfo.before, v.cinfo.after)
+        w += _S16.pack(v.cinfo.atomic, v.cinfo.before, v.cinfo.after)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode LINK4resok: {_e}', len(w)) from None
 
@@ -2458,12 +759,12 @@ def dec_LINK4resok(r: _Reader, off: int) -> tuple[LINK4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S15.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S16.unpack_from(buf, off)
         off += 20
-        f_cinfo = change_info4(_BOOL[_t[0]], _t[1], _t[2])
+        _u = LINK4resok(change_info4(_BOOL[_t0], _t1, _t2))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LINK4resok', o0) from None
-    return LINK4resok(f_cinfo), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2477,7 +778,7 @@ _LINK4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = 
 _LINK4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_LINK4resok)}
 
 
-def enc_LINK4res(w: _Writer, v: LINK4res) -> None:
+def _enc_any_LINK4res(w: _Writer, v: LINK4res) -> None:
     try:
         _d = v.status
         _f = _LINK4res_ENC.get(_d, _void_encode)
@@ -2488,21 +789,2610 @@ def enc_LINK4res(w: _Writer, v: LINK4res) -> None:
         raise _XdrError(f'cannot encode LINK4res: {_e!r}', len(w)) from None
 
 
+def _dec_any_LINK4res(r: _Reader, off: int) -> tuple[LINK4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v213: _Any
+        _f213: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d213,) = _S2.unpack_from(buf, off)
+        _a213 = _LINK4res_ARMS.get(_d213)
+        if _a213 is None:
+            _d213 = _nfsstat4_MAP[(_d213,)[0]]
+            _f213 = _void_decode
+        else:
+            _d213, _f213 = _a213
+        _v213, off = _f213(r, off + 4)
+        _u = LINK4res(_d213, _v213)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LINK4res', o0) from None
+    return _u, off
+
+
+def enc_LINK4res(w: _Writer, v: LINK4res) -> None:
+    try:
+        _u214 = v
+        _d214 = _u214.status
+        _w214: _Any
+        if _d214 == 0:
+            _w214 = _u214.value
+            w += _S24.pack(0, _w214.cinfo.atomic, _w214.cinfo.before, _w214.cinfo.after)
+        else:
+            _enc_any_LINK4res(w, _u214)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LINK4res: {_e!r}', len(w)) from None
+
+
 def dec_LINK4res(r: _Reader, off: int) -> tuple[LINK4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v180: _Any
-        _f180: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d180,) = _S2.unpack_from(buf, off)
-        _a180 = _LINK4res_ARMS.get(_d180)
-        if _a180 is None:
-            _d180 = _nfsstat4_MAP[(_d180,)[0]]
-            _f180 = _void_decode
+        _v215: _Any
+        (_d215,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d215 == 0:
+            _t0, _t1, _t2 = _S16.unpack_from(buf, off)
+            off += 20
+            _v215 = LINK4resok(change_info4(_BOOL[_t0], _t1, _t2))
+            _u = LINK4res(NFS4_OK, _v215)
         else:
-            _d180, _f180 = _a180
-        _v180, off = _f180(r, off + 4)
-        _u = LINK4res(_d180, _v180)
+            _u, off = _dec_any_LINK4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LINK4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class open_to_lock_owner4:
+    open_seqid: int
+    open_stateid: stateid4
+    lock_seqid: int
+    lock_owner: state_owner4
+
+
+def enc_open_to_lock_owner4(w: _Writer, v: open_to_lock_owner4) -> None:
+    try:
+        if len(v.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S25.pack(v.open_seqid, v.open_stateid.seqid, v.open_stateid.other, v.lock_seqid)
+        _s216 = v.lock_owner
+        w += _S4.pack(_s216.clientid)
+        _v = _s216.owner
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode open_to_lock_owner4: {_e}', len(w)) from None
+
+
+def dec_open_to_lock_owner4(r: _Reader, off: int) -> tuple[open_to_lock_owner4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        f_open_seqid, _t1, _t2, f_lock_seqid = _S25.unpack_from(buf, off)
+        off += 24
+        f_open_stateid = stateid4(_t1, _t2)
+        (_i217_clientid,) = _S4.unpack_from(buf, off)
+        off += 8
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i217_owner = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_lock_owner = state_owner4(_i217_clientid, _i217_owner)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated open_to_lock_owner4', o0) from None
+    return open_to_lock_owner4(f_open_seqid, f_open_stateid, f_lock_seqid, f_lock_owner), off
+
+
+@_dataclass(slots=True)
+class exist_lock_owner4:
+    lock_stateid: stateid4
+    lock_seqid: int
+
+
+def enc_exist_lock_owner4(w: _Writer, v: exist_lock_owner4) -> None:
+    try:
+        if len(v.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S26.pack(v.lock_stateid.seqid, v.lock_stateid.other, v.lock_seqid)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode exist_lock_owner4: {_e}', len(w)) from None
+
+
+def dec_exist_lock_owner4(r: _Reader, off: int) -> tuple[exist_lock_owner4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, _t2 = _S26.unpack_from(buf, off)
+        off += 20
+        _u = exist_lock_owner4(stateid4(_t0, _t1), _t2)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated exist_lock_owner4', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class locker4:
+    new_lock_owner: bool
+    value: open_to_lock_owner4 | exist_lock_owner4 | None = None
+
+
+_locker4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_open_to_lock_owner4, 0: enc_exist_lock_owner4}
+_locker4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_open_to_lock_owner4, 0: dec_exist_lock_owner4}
+_locker4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_BOOL[(1,)[0]], dec_open_to_lock_owner4), 0: (_BOOL[(0,)[0]], dec_exist_lock_owner4)}
+
+
+def _enc_any_locker4(w: _Writer, v: locker4) -> None:
+    try:
+        _d = v.new_lock_owner
+        _f = _locker4_ENC.get(_d)
+        if _f is None:
+            raise _XdrError(f'{_d!r} is not a case of locker4', len(w))
+        w += _S0.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode locker4: {_e!r}', len(w)) from None
+
+
+def _dec_any_locker4(r: _Reader, off: int) -> tuple[locker4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v218: _Any
+        _f218: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d218,) = _S0.unpack_from(buf, off)
+        _a218 = _locker4_ARMS.get(_d218)
+        if _a218 is None:
+            raise _XdrError('%r is not a case of locker4' % (_d218,), off)
+        else:
+            _d218, _f218 = _a218
+        _v218, off = _f218(r, off + 4)
+        _u = locker4(_d218, _v218)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated locker4', o0) from None
+    return _u, off
+
+
+def enc_locker4(w: _Writer, v: locker4) -> None:
+    try:
+        _u219 = v
+        _d219 = _u219.new_lock_owner
+        _w219: _Any
+        if _d219 == 1:
+            _w219 = _u219.value
+            _s220 = _w219
+            if len(_s220.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S27.pack(1, _s220.open_seqid, _s220.open_stateid.seqid, _s220.open_stateid.other, _s220.lock_seqid)
+            _s221 = _s220.lock_owner
+            w += _S4.pack(_s221.clientid)
+            _v = _s221.owner
+            _n = len(_v)
+            if _n > 1024:
+                raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        elif _d219 == 0:
+            _w219 = _u219.value
+            if len(_w219.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S25.pack(0, _w219.lock_stateid.seqid, _w219.lock_stateid.other, _w219.lock_seqid)
+        else:
+            _enc_any_locker4(w, _u219)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode locker4: {_e!r}', len(w)) from None
+
+
+def dec_locker4(r: _Reader, off: int) -> tuple[locker4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v222: _Any
+        (_d222,) = _S0.unpack_from(buf, off)
+        off += 4
+        if _d222 == 1:
+            _i223_open_seqid, _t1, _t2, _i223_lock_seqid = _S25.unpack_from(buf, off)
+            off += 24
+            _i223_open_stateid = stateid4(_t1, _t2)
+            (_i224_clientid,) = _S4.unpack_from(buf, off)
+            off += 8
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 1024:
+                raise _XdrError('owner: length %d exceeds 1024' % _n, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i224_owner = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i223_lock_owner = state_owner4(_i224_clientid, _i224_owner)
+            _v222 = open_to_lock_owner4(_i223_open_seqid, _i223_open_stateid, _i223_lock_seqid, _i223_lock_owner)
+            _u = locker4(True, _v222)
+        elif _d222 == 0:
+            _t0, _t1, _t2 = _S26.unpack_from(buf, off)
+            off += 20
+            _v222 = exist_lock_owner4(stateid4(_t0, _t1), _t2)
+            _u = locker4(False, _v222)
+        else:
+            _u, off = _dec_any_locker4(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated locker4', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class LOCK4args:
+    locktype: nfs_lock_type4
+    reclaim: bool
+    offset: int
+    length: int
+    locker: locker4
+
+
+def enc_LOCK4args(w: _Writer, v: LOCK4args) -> None:
+    try:
+        w += _S24.pack(v.locktype, v.reclaim, v.offset, v.length)
+        _u225 = v.locker
+        _d225 = _u225.new_lock_owner
+        _w225: _Any
+        if _d225 == 1:
+            _w225 = _u225.value
+            _s226 = _w225
+            if len(_s226.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S27.pack(1, _s226.open_seqid, _s226.open_stateid.seqid, _s226.open_stateid.other, _s226.lock_seqid)
+            _s227 = _s226.lock_owner
+            w += _S4.pack(_s227.clientid)
+            _v = _s227.owner
+            _n = len(_v)
+            if _n > 1024:
+                raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        elif _d225 == 0:
+            _w225 = _u225.value
+            if len(_w225.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S25.pack(0, _w225.lock_stateid.seqid, _w225.lock_stateid.other, _w225.lock_seqid)
+        else:
+            _enc_any_locker4(w, _u225)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LOCK4args: {_e}', len(w)) from None
+
+
+def dec_LOCK4args(r: _Reader, off: int) -> tuple[LOCK4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, f_offset, f_length = _S24.unpack_from(buf, off)
+        off += 24
+        f_locktype = _nfs_lock_type4_MAP[_t0]
+        f_reclaim = _BOOL[_t1]
+        _v228: _Any
+        (_d228,) = _S0.unpack_from(buf, off)
+        off += 4
+        if _d228 == 1:
+            _i229_open_seqid, _t1, _t2, _i229_lock_seqid = _S25.unpack_from(buf, off)
+            off += 24
+            _i229_open_stateid = stateid4(_t1, _t2)
+            (_i230_clientid,) = _S4.unpack_from(buf, off)
+            off += 8
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 1024:
+                raise _XdrError('owner: length %d exceeds 1024' % _n, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i230_owner = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i229_lock_owner = state_owner4(_i230_clientid, _i230_owner)
+            _v228 = open_to_lock_owner4(_i229_open_seqid, _i229_open_stateid, _i229_lock_seqid, _i229_lock_owner)
+            f_locker = locker4(True, _v228)
+        elif _d228 == 0:
+            _t0, _t1, _t2 = _S26.unpack_from(buf, off)
+            off += 20
+            _v228 = exist_lock_owner4(stateid4(_t0, _t1), _t2)
+            f_locker = locker4(False, _v228)
+        else:
+            f_locker, off = _dec_any_locker4(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LOCK4args', o0) from None
+    return LOCK4args(f_locktype, f_reclaim, f_offset, f_length, f_locker), off
+
+
+@_dataclass(slots=True)
+class LOCK4denied:
+    offset: int
+    length: int
+    locktype: nfs_lock_type4
+    owner: state_owner4
+
+
+def enc_LOCK4denied(w: _Writer, v: LOCK4denied) -> None:
+    try:
+        w += _S12.pack(v.offset, v.length, v.locktype)
+        _s231 = v.owner
+        w += _S4.pack(_s231.clientid)
+        _v = _s231.owner
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LOCK4denied: {_e}', len(w)) from None
+
+
+def dec_LOCK4denied(r: _Reader, off: int) -> tuple[LOCK4denied, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        f_offset, f_length, _t2 = _S12.unpack_from(buf, off)
+        off += 20
+        f_locktype = _nfs_lock_type4_MAP[_t2]
+        (_i232_clientid,) = _S4.unpack_from(buf, off)
+        off += 8
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i232_owner = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_owner = state_owner4(_i232_clientid, _i232_owner)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LOCK4denied', o0) from None
+    return LOCK4denied(f_offset, f_length, f_locktype, f_owner), off
+
+
+@_dataclass(slots=True)
+class LOCK4resok:
+    lock_stateid: stateid4
+
+
+def enc_LOCK4resok(w: _Writer, v: LOCK4resok) -> None:
+    try:
+        if len(v.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S11.pack(v.lock_stateid.seqid, v.lock_stateid.other)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LOCK4resok: {_e}', len(w)) from None
+
+
+def dec_LOCK4resok(r: _Reader, off: int) -> tuple[LOCK4resok, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1 = _S11.unpack_from(buf, off)
+        off += 16
+        _u = LOCK4resok(stateid4(_t0, _t1))
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LOCK4resok', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class LOCK4res:
+    status: nfsstat4
+    value: LOCK4resok | LOCK4denied | None = None
+
+
+_LOCK4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_LOCK4resok, 10010: enc_LOCK4denied}
+_LOCK4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_LOCK4resok, 10010: dec_LOCK4denied}
+_LOCK4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_LOCK4resok), 10010: (_nfsstat4_MAP[(10010,)[0]], dec_LOCK4denied)}
+
+
+def _enc_any_LOCK4res(w: _Writer, v: LOCK4res) -> None:
+    try:
+        _d = v.status
+        _f = _LOCK4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode LOCK4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_LOCK4res(r: _Reader, off: int) -> tuple[LOCK4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v233: _Any
+        _f233: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d233,) = _S2.unpack_from(buf, off)
+        _a233 = _LOCK4res_ARMS.get(_d233)
+        if _a233 is None:
+            _d233 = _nfsstat4_MAP[(_d233,)[0]]
+            _f233 = _void_decode
+        else:
+            _d233, _f233 = _a233
+        _v233, off = _f233(r, off + 4)
+        _u = LOCK4res(_d233, _v233)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LOCK4res', o0) from None
+    return _u, off
+
+
+def enc_LOCK4res(w: _Writer, v: LOCK4res) -> None:
+    try:
+        _u234 = v
+        _d234 = _u234.status
+        _w234: _Any
+        if _d234 == 0:
+            _w234 = _u234.value
+            if len(_w234.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S20.pack(0, _w234.lock_stateid.seqid, _w234.lock_stateid.other)
+        elif _d234 == 10010:
+            _w234 = _u234.value
+            _s235 = _w234
+            w += _S28.pack(10010, _s235.offset, _s235.length, _s235.locktype)
+            _s236 = _s235.owner
+            w += _S4.pack(_s236.clientid)
+            _v = _s236.owner
+            _n = len(_v)
+            if _n > 1024:
+                raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        else:
+            _enc_any_LOCK4res(w, _u234)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LOCK4res: {_e!r}', len(w)) from None
+
+
+def dec_LOCK4res(r: _Reader, off: int) -> tuple[LOCK4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v237: _Any
+        (_d237,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d237 == 0:
+            _t0, _t1 = _S11.unpack_from(buf, off)
+            off += 16
+            _v237 = LOCK4resok(stateid4(_t0, _t1))
+            _u = LOCK4res(NFS4_OK, _v237)
+        elif _d237 == 10010:
+            _i238_offset, _i238_length, _t2 = _S12.unpack_from(buf, off)
+            off += 20
+            _i238_locktype = _nfs_lock_type4_MAP[_t2]
+            (_i239_clientid,) = _S4.unpack_from(buf, off)
+            off += 8
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 1024:
+                raise _XdrError('owner: length %d exceeds 1024' % _n, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i239_owner = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i238_owner = state_owner4(_i239_clientid, _i239_owner)
+            _v237 = LOCK4denied(_i238_offset, _i238_length, _i238_locktype, _i238_owner)
+            _u = LOCK4res(NFS4ERR_DENIED, _v237)
+        else:
+            _u, off = _dec_any_LOCK4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LOCK4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class LOCKT4args:
+    locktype: nfs_lock_type4
+    offset: int
+    length: int
+    owner: state_owner4
+
+
+def enc_LOCKT4args(w: _Writer, v: LOCKT4args) -> None:
+    try:
+        w += _S29.pack(v.locktype, v.offset, v.length)
+        _s240 = v.owner
+        w += _S4.pack(_s240.clientid)
+        _v = _s240.owner
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LOCKT4args: {_e}', len(w)) from None
+
+
+def dec_LOCKT4args(r: _Reader, off: int) -> tuple[LOCKT4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, f_offset, f_length = _S29.unpack_from(buf, off)
+        off += 20
+        f_locktype = _nfs_lock_type4_MAP[_t0]
+        (_i241_clientid,) = _S4.unpack_from(buf, off)
+        off += 8
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i241_owner = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_owner = state_owner4(_i241_clientid, _i241_owner)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LOCKT4args', o0) from None
+    return LOCKT4args(f_locktype, f_offset, f_length, f_owner), off
+
+
+@_dataclass(slots=True)
+class LOCKT4res:
+    status: nfsstat4
+    value: LOCK4denied | None = None
+
+
+_LOCKT4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {10010: enc_LOCK4denied, 0: _void_encode}
+_LOCKT4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {10010: dec_LOCK4denied, 0: _void_decode}
+_LOCKT4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {10010: (_nfsstat4_MAP[(10010,)[0]], dec_LOCK4denied), 0: (_nfsstat4_MAP[(0,)[0]], _void_decode)}
+
+
+def _enc_any_LOCKT4res(w: _Writer, v: LOCKT4res) -> None:
+    try:
+        _d = v.status
+        _f = _LOCKT4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode LOCKT4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_LOCKT4res(r: _Reader, off: int) -> tuple[LOCKT4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v242: _Any
+        _f242: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d242,) = _S2.unpack_from(buf, off)
+        _a242 = _LOCKT4res_ARMS.get(_d242)
+        if _a242 is None:
+            _d242 = _nfsstat4_MAP[(_d242,)[0]]
+            _f242 = _void_decode
+        else:
+            _d242, _f242 = _a242
+        _v242, off = _f242(r, off + 4)
+        _u = LOCKT4res(_d242, _v242)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LOCKT4res', o0) from None
+    return _u, off
+
+
+def enc_LOCKT4res(w: _Writer, v: LOCKT4res) -> None:
+    try:
+        _u243 = v
+        _d243 = _u243.status
+        _w243: _Any
+        if _d243 == 10010:
+            _w243 = _u243.value
+            _s244 = _w243
+            w += _S28.pack(10010, _s244.offset, _s244.length, _s244.locktype)
+            _s245 = _s244.owner
+            w += _S4.pack(_s245.clientid)
+            _v = _s245.owner
+            _n = len(_v)
+            if _n > 1024:
+                raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        elif _d243 == 0:
+            w += b'\x00\x00\x00\x00'
+        else:
+            _enc_any_LOCKT4res(w, _u243)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LOCKT4res: {_e!r}', len(w)) from None
+
+
+def dec_LOCKT4res(r: _Reader, off: int) -> tuple[LOCKT4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v246: _Any
+        (_d246,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d246 == 10010:
+            _i247_offset, _i247_length, _t2 = _S12.unpack_from(buf, off)
+            off += 20
+            _i247_locktype = _nfs_lock_type4_MAP[_t2]
+            (_i248_clientid,) = _S4.unpack_from(buf, off)
+            off += 8
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 1024:
+                raise _XdrError('owner: length %d exceeds 1024' % _n, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i248_owner = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i247_owner = state_owner4(_i248_clientid, _i248_owner)
+            _v246 = LOCK4denied(_i247_offset, _i247_length, _i247_locktype, _i247_owner)
+            _u = LOCKT4res(NFS4ERR_DENIED, _v246)
+        elif _d246 == 0:
+            _u = LOCKT4res(NFS4_OK, None)
+        else:
+            _u, off = _dec_any_LOCKT4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LOCKT4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class LOCKU4args:
+    locktype: nfs_lock_type4
+    seqid: int
+    lock_stateid: stateid4
+    offset: int
+    length: int
+
+
+def enc_LOCKU4args(w: _Writer, v: LOCKU4args) -> None:
+    try:
+        if len(v.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S30.pack(v.locktype, v.seqid, v.lock_stateid.seqid, v.lock_stateid.other, v.offset, v.length)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LOCKU4args: {_e}', len(w)) from None
+
+
+def dec_LOCKU4args(r: _Reader, off: int) -> tuple[LOCKU4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, _t2, _t3, _t4, _t5 = _S30.unpack_from(buf, off)
+        off += 40
+        _u = LOCKU4args(_nfs_lock_type4_MAP[_t0], _t1, stateid4(_t2, _t3), _t4, _t5)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LOCKU4args', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class LOCKU4res:
+    status: nfsstat4
+    value: stateid4 | None = None
+
+
+_LOCKU4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_stateid4}
+_LOCKU4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_stateid4}
+_LOCKU4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_stateid4)}
+
+
+def _enc_any_LOCKU4res(w: _Writer, v: LOCKU4res) -> None:
+    try:
+        _d = v.status
+        _f = _LOCKU4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode LOCKU4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_LOCKU4res(r: _Reader, off: int) -> tuple[LOCKU4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v249: _Any
+        _f249: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d249,) = _S2.unpack_from(buf, off)
+        _a249 = _LOCKU4res_ARMS.get(_d249)
+        if _a249 is None:
+            _d249 = _nfsstat4_MAP[(_d249,)[0]]
+            _f249 = _void_decode
+        else:
+            _d249, _f249 = _a249
+        _v249, off = _f249(r, off + 4)
+        _u = LOCKU4res(_d249, _v249)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LOCKU4res', o0) from None
+    return _u, off
+
+
+def enc_LOCKU4res(w: _Writer, v: LOCKU4res) -> None:
+    try:
+        _u250 = v
+        _d250 = _u250.status
+        _w250: _Any
+        if _d250 == 0:
+            _w250 = _u250.value
+            if len(_w250.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S20.pack(0, _w250.seqid, _w250.other)
+        else:
+            _enc_any_LOCKU4res(w, _u250)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LOCKU4res: {_e!r}', len(w)) from None
+
+
+def dec_LOCKU4res(r: _Reader, off: int) -> tuple[LOCKU4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v251: _Any
+        (_d251,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d251 == 0:
+            _v251 = stateid4(*_S11.unpack_from(buf, off))
+            off += 16
+            _u = LOCKU4res(NFS4_OK, _v251)
+        else:
+            _u, off = _dec_any_LOCKU4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LOCKU4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class LOOKUP4args:
+    objname: bytes
+
+
+def enc_LOOKUP4args(w: _Writer, v: LOOKUP4args) -> None:
+    try:
+        _v = v.objname
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LOOKUP4args: {_e}', len(w)) from None
+
+
+def dec_LOOKUP4args(r: _Reader, off: int) -> tuple[LOOKUP4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_objname = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LOOKUP4args', o0) from None
+    return LOOKUP4args(f_objname), off
+
+
+@_dataclass(slots=True)
+class LOOKUP4res:
+    status: nfsstat4
+
+
+def enc_LOOKUP4res(w: _Writer, v: LOOKUP4res) -> None:
+    try:
+        w += _S2.pack(v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LOOKUP4res: {_e}', len(w)) from None
+
+
+def dec_LOOKUP4res(r: _Reader, off: int) -> tuple[LOOKUP4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        _u = LOOKUP4res(_nfsstat4_MAP[_t0])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LOOKUP4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class LOOKUPP4res:
+    status: nfsstat4
+
+
+def enc_LOOKUPP4res(w: _Writer, v: LOOKUPP4res) -> None:
+    try:
+        w += _S2.pack(v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LOOKUPP4res: {_e}', len(w)) from None
+
+
+def dec_LOOKUPP4res(r: _Reader, off: int) -> tuple[LOOKUPP4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        _u = LOOKUPP4res(_nfsstat4_MAP[_t0])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LOOKUPP4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class NVERIFY4args:
+    obj_attributes: fattr4
+
+
+def enc_NVERIFY4args(w: _Writer, v: NVERIFY4args) -> None:
+    try:
+        _s252 = v.obj_attributes
+        _a253 = _s252.attrmask
+        _n = len(_a253)
+        w += _S0.pack(_n)
+        for _x253 in _a253:
+            w += _S0.pack(_x253)
+        _v = _s252.attr_vals
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode NVERIFY4args: {_e}', len(w)) from None
+
+
+def dec_NVERIFY4args(r: _Reader, off: int) -> tuple[NVERIFY4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i254_attrmask = []
+        _c255 = _n
+        for _ in range(_c255):
+            (_x255,) = _S0.unpack_from(buf, off)
+            off += 4
+            _i254_attrmask.append(_x255)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i254_attr_vals = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_obj_attributes = fattr4(_i254_attrmask, _i254_attr_vals)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated NVERIFY4args', o0) from None
+    return NVERIFY4args(f_obj_attributes), off
+
+
+@_dataclass(slots=True)
+class NVERIFY4res:
+    status: nfsstat4
+
+
+def enc_NVERIFY4res(w: _Writer, v: NVERIFY4res) -> None:
+    try:
+        w += _S2.pack(v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode NVERIFY4res: {_e}', len(w)) from None
+
+
+def dec_NVERIFY4res(r: _Reader, off: int) -> tuple[NVERIFY4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        _u = NVERIFY4res(_nfsstat4_MAP[_t0])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated NVERIFY4res', o0) from None
+    return _u, off
+
+
+class createmode4(_IntEnum):
+    UNCHECKED4 = 0
+    GUARDED4 = 1
+    EXCLUSIVE4 = 2
+    EXCLUSIVE4_1 = 3
+
+
+_createmode4_MAP: _Final[dict[int, createmode4]] = {m.value: m for m in createmode4}
+UNCHECKED4 = createmode4.UNCHECKED4
+GUARDED4 = createmode4.GUARDED4
+EXCLUSIVE4 = createmode4.EXCLUSIVE4
+EXCLUSIVE4_1 = createmode4.EXCLUSIVE4_1
+
+
+def enc_createmode4(w: _Writer, v: createmode4) -> None:
+    try:
+        w += _I32.pack(_createmode4_MAP[v])
+    except (KeyError, TypeError, _struct.error):
+        raise _XdrError(f'{v!r} is not a createmode4', len(w)) from None
+
+
+def dec_createmode4(r: _Reader, off: int) -> tuple[createmode4, int]:
+    try:
+        return _createmode4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
+    except (KeyError, _struct.error):
+        raise _XdrError('invalid or truncated createmode4', off) from None
+
+
+@_dataclass(slots=True)
+class creatverfattr:
+    cva_verf: bytes
+    cva_attrs: fattr4
+
+
+def enc_creatverfattr(w: _Writer, v: creatverfattr) -> None:
+    try:
+        if len(v.cva_verf) != 8: raise _XdrError('fixed opaque cva_verf must be 8 bytes', len(w))
+        w += _S6.pack(v.cva_verf)
+        _s256 = v.cva_attrs
+        _a257 = _s256.attrmask
+        _n = len(_a257)
+        w += _S0.pack(_n)
+        for _x257 in _a257:
+            w += _S0.pack(_x257)
+        _v = _s256.attr_vals
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode creatverfattr: {_e}', len(w)) from None
+
+
+def dec_creatverfattr(r: _Reader, off: int) -> tuple[creatverfattr, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (f_cva_verf,) = _S6.unpack_from(buf, off)
+        off += 8
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i258_attrmask = []
+        _c259 = _n
+        for _ in range(_c259):
+            (_x259,) = _S0.unpack_from(buf, off)
+            off += 4
+            _i258_attrmask.append(_x259)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i258_attr_vals = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_cva_attrs = fattr4(_i258_attrmask, _i258_attr_vals)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated creatverfattr', o0) from None
+    return creatverfattr(f_cva_verf, f_cva_attrs), off
+
+
+@_dataclass(slots=True)
+class createhow4:
+    mode: createmode4
+    value: fattr4 | bytes | creatverfattr | None = None
+
+
+_createhow4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_fattr4, 1: enc_fattr4, 2: enc_verifier4, 3: enc_creatverfattr}
+_createhow4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_fattr4, 1: dec_fattr4, 2: dec_verifier4, 3: dec_creatverfattr}
+_createhow4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_createmode4_MAP[(0,)[0]], dec_fattr4), 1: (_createmode4_MAP[(1,)[0]], dec_fattr4), 2: (_createmode4_MAP[(2,)[0]], dec_verifier4), 3: (_createmode4_MAP[(3,)[0]], dec_creatverfattr)}
+
+
+def _enc_any_createhow4(w: _Writer, v: createhow4) -> None:
+    try:
+        _d = v.mode
+        _f = _createhow4_ENC.get(_d)
+        if _f is None:
+            raise _XdrError(f'{_d!r} is not a case of createhow4', len(w))
+        _d = _createmode4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode createhow4: {_e!r}', len(w)) from None
+
+
+def _dec_any_createhow4(r: _Reader, off: int) -> tuple[createhow4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v260: _Any
+        _f260: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d260,) = _S2.unpack_from(buf, off)
+        _a260 = _createhow4_ARMS.get(_d260)
+        if _a260 is None:
+            raise _XdrError('%r is not a case of createhow4' % (_d260,), off)
+        else:
+            _d260, _f260 = _a260
+        _v260, off = _f260(r, off + 4)
+        _u = createhow4(_d260, _v260)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated createhow4', o0) from None
+    return _u, off
+
+
+def enc_createhow4(w: _Writer, v: createhow4) -> None:
+    try:
+        _u261 = v
+        _d261 = _u261.mode
+        _w261: _Any
+        if _d261 == 0:
+            _w261 = _u261.value
+            _s262 = _w261
+            _a263 = _s262.attrmask
+            _n = len(_a263)
+            w += _S23.pack(0, _n)
+            for _x263 in _a263:
+                w += _S0.pack(_x263)
+            _v = _s262.attr_vals
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        elif _d261 == 1:
+            _w261 = _u261.value
+            _s264 = _w261
+            _a265 = _s264.attrmask
+            _n = len(_a265)
+            w += _S23.pack(1, _n)
+            for _x265 in _a265:
+                w += _S0.pack(_x265)
+            _v = _s264.attr_vals
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        elif _d261 == 2:
+            _w261 = _u261.value
+            if len(_w261) != 8: raise _XdrError('fixed opaque createverf must be 8 bytes', len(w))
+            w += _S22.pack(2, _w261)
+        elif _d261 == 3:
+            _w261 = _u261.value
+            _s266 = _w261
+            if len(_s266.cva_verf) != 8: raise _XdrError('fixed opaque cva_verf must be 8 bytes', len(w))
+            w += _S22.pack(3, _s266.cva_verf)
+            _s267 = _s266.cva_attrs
+            _a268 = _s267.attrmask
+            _n = len(_a268)
+            w += _S0.pack(_n)
+            for _x268 in _a268:
+                w += _S0.pack(_x268)
+            _v = _s267.attr_vals
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        else:
+            _enc_any_createhow4(w, _u261)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode createhow4: {_e!r}', len(w)) from None
+
+
+def dec_createhow4(r: _Reader, off: int) -> tuple[createhow4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v269: _Any
+        (_d269,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d269 in (0, 1):
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i270_attrmask = []
+            _c271 = _n
+            for _ in range(_c271):
+                (_x271,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i270_attrmask.append(_x271)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i270_attr_vals = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _v269 = fattr4(_i270_attrmask, _i270_attr_vals)
+            _u = createhow4(_createmode4_MAP[(_d269,)[0]], _v269)
+        elif _d269 == 2:
+            (_v269,) = _S6.unpack_from(buf, off)
+            off += 8
+            _u = createhow4(EXCLUSIVE4, _v269)
+        elif _d269 == 3:
+            (_i272_cva_verf,) = _S6.unpack_from(buf, off)
+            off += 8
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i273_attrmask = []
+            _c274 = _n
+            for _ in range(_c274):
+                (_x274,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i273_attrmask.append(_x274)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i273_attr_vals = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i272_cva_attrs = fattr4(_i273_attrmask, _i273_attr_vals)
+            _v269 = creatverfattr(_i272_cva_verf, _i272_cva_attrs)
+            _u = createhow4(EXCLUSIVE4_1, _v269)
+        else:
+            _u, off = _dec_any_createhow4(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated createhow4', o0) from None
+    return _u, off
+
+
+class opentype4(_IntEnum):
+    OPEN4_NOCREATE = 0
+    OPEN4_CREATE = 1
+
+
+_opentype4_MAP: _Final[dict[int, opentype4]] = {m.value: m for m in opentype4}
+OPEN4_NOCREATE = opentype4.OPEN4_NOCREATE
+OPEN4_CREATE = opentype4.OPEN4_CREATE
+
+
+def enc_opentype4(w: _Writer, v: opentype4) -> None:
+    try:
+        w += _I32.pack(_opentype4_MAP[v])
+    except (KeyError, TypeError, _struct.error):
+        raise _XdrError(f'{v!r} is not a opentype4', len(w)) from None
+
+
+def dec_opentype4(r: _Reader, off: int) -> tuple[opentype4, int]:
+    try:
+        return _opentype4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
+    except (KeyError, _struct.error):
+        raise _XdrError('invalid or truncated opentype4', off) from None
+
+
+@_dataclass(slots=True)
+class openflag4:
+    opentype: opentype4
+    value: createhow4 | None = None
+
+
+_openflag4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_createhow4}
+_openflag4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_createhow4}
+_openflag4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_opentype4_MAP[(1,)[0]], dec_createhow4)}
+
+
+def _enc_any_openflag4(w: _Writer, v: openflag4) -> None:
+    try:
+        _d = v.opentype
+        _f = _openflag4_ENC.get(_d, _void_encode)
+        _d = _opentype4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode openflag4: {_e!r}', len(w)) from None
+
+
+def _dec_any_openflag4(r: _Reader, off: int) -> tuple[openflag4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v275: _Any
+        _f275: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d275,) = _S2.unpack_from(buf, off)
+        _a275 = _openflag4_ARMS.get(_d275)
+        if _a275 is None:
+            _d275 = _opentype4_MAP[(_d275,)[0]]
+            _f275 = _void_decode
+        else:
+            _d275, _f275 = _a275
+        _v275, off = _f275(r, off + 4)
+        _u = openflag4(_d275, _v275)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated openflag4', o0) from None
+    return _u, off
+
+
+def enc_openflag4(w: _Writer, v: openflag4) -> None:
+    try:
+        _u276 = v
+        _d276 = _u276.opentype
+        _w276: _Any
+        if _d276 == 1:
+            _w276 = _u276.value
+            _u277 = _w276
+            _d277 = _u277.mode
+            _w277: _Any
+            if _d277 == 0:
+                _w277 = _u277.value
+                _s278 = _w277
+                _a279 = _s278.attrmask
+                _n = len(_a279)
+                w += _S31.pack(1, 0, _n)
+                for _x279 in _a279:
+                    w += _S0.pack(_x279)
+                _v = _s278.attr_vals
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+            elif _d277 == 1:
+                _w277 = _u277.value
+                _s280 = _w277
+                _a281 = _s280.attrmask
+                _n = len(_a281)
+                w += _S31.pack(1, 1, _n)
+                for _x281 in _a281:
+                    w += _S0.pack(_x281)
+                _v = _s280.attr_vals
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+            elif _d277 == 2:
+                _w277 = _u277.value
+                if len(_w277) != 8: raise _XdrError('fixed opaque createverf must be 8 bytes', len(w))
+                w += _S32.pack(1, 2, _w277)
+            elif _d277 == 3:
+                _w277 = _u277.value
+                _s282 = _w277
+                if len(_s282.cva_verf) != 8: raise _XdrError('fixed opaque cva_verf must be 8 bytes', len(w))
+                w += _S32.pack(1, 3, _s282.cva_verf)
+                enc_fattr4(w, _s282.cva_attrs)
+            else:
+                w += b'\x00\x00\x00\x01'
+                _enc_any_createhow4(w, _u277)
+        else:
+            _enc_any_openflag4(w, _u276)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode openflag4: {_e!r}', len(w)) from None
+
+
+def dec_openflag4(r: _Reader, off: int) -> tuple[openflag4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v283: _Any
+        (_d283,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d283 == 1:
+            _v284: _Any
+            (_d284,) = _S2.unpack_from(buf, off)
+            off += 4
+            if _d284 in (0, 1):
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n * 4 > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _i285_attrmask = []
+                _c286 = _n
+                for _ in range(_c286):
+                    (_x286,) = _S0.unpack_from(buf, off)
+                    off += 4
+                    _i285_attrmask.append(_x286)
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _i285_attr_vals = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _v284 = fattr4(_i285_attrmask, _i285_attr_vals)
+                _v283 = createhow4(_createmode4_MAP[(_d284,)[0]], _v284)
+            elif _d284 == 2:
+                (_v284,) = _S6.unpack_from(buf, off)
+                off += 8
+                _v283 = createhow4(EXCLUSIVE4, _v284)
+            elif _d284 == 3:
+                (_i287_cva_verf,) = _S6.unpack_from(buf, off)
+                off += 8
+                _i287_cva_attrs, off = dec_fattr4(r, off)
+                _v284 = creatverfattr(_i287_cva_verf, _i287_cva_attrs)
+                _v283 = createhow4(EXCLUSIVE4_1, _v284)
+            else:
+                _v283, off = _dec_any_createhow4(r, off - 4)
+            _u = openflag4(OPEN4_CREATE, _v283)
+        else:
+            _u, off = _dec_any_openflag4(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated openflag4', o0) from None
+    return _u, off
+
+
+class limit_by4(_IntEnum):
+    NFS_LIMIT_SIZE = 1
+    NFS_LIMIT_BLOCKS = 2
+
+
+_limit_by4_MAP: _Final[dict[int, limit_by4]] = {m.value: m for m in limit_by4}
+NFS_LIMIT_SIZE = limit_by4.NFS_LIMIT_SIZE
+NFS_LIMIT_BLOCKS = limit_by4.NFS_LIMIT_BLOCKS
+
+
+def enc_limit_by4(w: _Writer, v: limit_by4) -> None:
+    try:
+        w += _I32.pack(_limit_by4_MAP[v])
+    except (KeyError, TypeError, _struct.error):
+        raise _XdrError(f'{v!r} is not a limit_by4', len(w)) from None
+
+
+def dec_limit_by4(r: _Reader, off: int) -> tuple[limit_by4, int]:
+    try:
+        return _limit_by4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
+    except (KeyError, _struct.error):
+        raise _XdrError('invalid or truncated limit_by4', off) from None
+
+
+@_dataclass(slots=True)
+class nfs_modified_limit4:
+    num_blocks: int
+    bytes_per_block: int
+
+
+def enc_nfs_modified_limit4(w: _Writer, v: nfs_modified_limit4) -> None:
+    try:
+        w += _S1.pack(v.num_blocks, v.bytes_per_block)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_modified_limit4: {_e}', len(w)) from None
+
+
+def dec_nfs_modified_limit4(r: _Reader, off: int) -> tuple[nfs_modified_limit4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _u = nfs_modified_limit4(*_S1.unpack_from(buf, off))
+        off += 8
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated nfs_modified_limit4', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class nfs_space_limit4:
+    limitby: limit_by4
+    value: int | nfs_modified_limit4 | None = None
+
+
+_nfs_space_limit4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_uint64_t, 2: enc_nfs_modified_limit4}
+_nfs_space_limit4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_uint64_t, 2: dec_nfs_modified_limit4}
+_nfs_space_limit4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_limit_by4_MAP[(1,)[0]], dec_uint64_t), 2: (_limit_by4_MAP[(2,)[0]], dec_nfs_modified_limit4)}
+
+
+def _enc_any_nfs_space_limit4(w: _Writer, v: nfs_space_limit4) -> None:
+    try:
+        _d = v.limitby
+        _f = _nfs_space_limit4_ENC.get(_d)
+        if _f is None:
+            raise _XdrError(f'{_d!r} is not a case of nfs_space_limit4', len(w))
+        _d = _limit_by4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode nfs_space_limit4: {_e!r}', len(w)) from None
+
+
+def _dec_any_nfs_space_limit4(r: _Reader, off: int) -> tuple[nfs_space_limit4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v288: _Any
+        _f288: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d288,) = _S2.unpack_from(buf, off)
+        _a288 = _nfs_space_limit4_ARMS.get(_d288)
+        if _a288 is None:
+            raise _XdrError('%r is not a case of nfs_space_limit4' % (_d288,), off)
+        else:
+            _d288, _f288 = _a288
+        _v288, off = _f288(r, off + 4)
+        _u = nfs_space_limit4(_d288, _v288)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated nfs_space_limit4', o0) from None
+    return _u, off
+
+
+def enc_nfs_space_limit4(w: _Writer, v: nfs_space_limit4) -> None:
+    try:
+        _u289 = v
+        _d289 = _u289.limitby
+        _w289: _Any
+        if _d289 == 1:
+            _w289 = _u289.value
+            w += _S33.pack(1, _w289)
+        elif _d289 == 2:
+            _w289 = _u289.value
+            w += _S18.pack(2, _w289.num_blocks, _w289.bytes_per_block)
+        else:
+            _enc_any_nfs_space_limit4(w, _u289)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_space_limit4: {_e!r}', len(w)) from None
+
+
+def dec_nfs_space_limit4(r: _Reader, off: int) -> tuple[nfs_space_limit4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v290: _Any
+        (_d290,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d290 == 1:
+            (_v290,) = _S4.unpack_from(buf, off)
+            off += 8
+            _u = nfs_space_limit4(NFS_LIMIT_SIZE, _v290)
+        elif _d290 == 2:
+            _v290 = nfs_modified_limit4(*_S1.unpack_from(buf, off))
+            off += 8
+            _u = nfs_space_limit4(NFS_LIMIT_BLOCKS, _v290)
+        else:
+            _u, off = _dec_any_nfs_space_limit4(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated nfs_space_limit4', o0) from None
+    return _u, off
+
+
+class open_delegation_type4(_IntEnum):
+    OPEN_DELEGATE_NONE = 0
+    OPEN_DELEGATE_READ = 1
+    OPEN_DELEGATE_WRITE = 2
+    OPEN_DELEGATE_NONE_EXT = 3
+
+
+_open_delegation_type4_MAP: _Final[dict[int, open_delegation_type4]] = {m.value: m for m in open_delegation_type4}
+OPEN_DELEGATE_NONE = open_delegation_type4.OPEN_DELEGATE_NONE
+OPEN_DELEGATE_READ = open_delegation_type4.OPEN_DELEGATE_READ
+OPEN_DELEGATE_WRITE = open_delegation_type4.OPEN_DELEGATE_WRITE
+OPEN_DELEGATE_NONE_EXT = open_delegation_type4.OPEN_DELEGATE_NONE_EXT
+
+
+def enc_open_delegation_type4(w: _Writer, v: open_delegation_type4) -> None:
+    try:
+        w += _I32.pack(_open_delegation_type4_MAP[v])
+    except (KeyError, TypeError, _struct.error):
+        raise _XdrError(f'{v!r} is not a open_delegation_type4', len(w)) from None
+
+
+def dec_open_delegation_type4(r: _Reader, off: int) -> tuple[open_delegation_type4, int]:
+    try:
+        return _open_delegation_type4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
+    except (KeyError, _struct.error):
+        raise _XdrError('invalid or truncated open_delegation_type4', off) from None
+
+
+class open_claim_type4(_IntEnum):
+    CLAIM_NULL = 0
+    CLAIM_PREVIOUS = 1
+    CLAIM_DELEGATE_CUR = 2
+    CLAIM_DELEGATE_PREV = 3
+    CLAIM_FH = 4
+    CLAIM_DELEG_CUR_FH = 5
+    CLAIM_DELEG_PREV_FH = 6
+
+
+_open_claim_type4_MAP: _Final[dict[int, open_claim_type4]] = {m.value: m for m in open_claim_type4}
+CLAIM_NULL = open_claim_type4.CLAIM_NULL
+CLAIM_PREVIOUS = open_claim_type4.CLAIM_PREVIOUS
+CLAIM_DELEGATE_CUR = open_claim_type4.CLAIM_DELEGATE_CUR
+CLAIM_DELEGATE_PREV = open_claim_type4.CLAIM_DELEGATE_PREV
+CLAIM_FH = open_claim_type4.CLAIM_FH
+CLAIM_DELEG_CUR_FH = open_claim_type4.CLAIM_DELEG_CUR_FH
+CLAIM_DELEG_PREV_FH = open_claim_type4.CLAIM_DELEG_PREV_FH
+
+
+def enc_open_claim_type4(w: _Writer, v: open_claim_type4) -> None:
+    try:
+        w += _I32.pack(_open_claim_type4_MAP[v])
+    except (KeyError, TypeError, _struct.error):
+        raise _XdrError(f'{v!r} is not a open_claim_type4', len(w)) from None
+
+
+def dec_open_claim_type4(r: _Reader, off: int) -> tuple[open_claim_type4, int]:
+    try:
+        return _open_claim_type4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
+    except (KeyError, _struct.error):
+        raise _XdrError('invalid or truncated open_claim_type4', off) from None
+
+
+@_dataclass(slots=True)
+class open_claim_delegate_cur4:
+    delegate_stateid: stateid4
+    file: bytes
+
+
+def enc_open_claim_delegate_cur4(w: _Writer, v: open_claim_delegate_cur4) -> None:
+    try:
+        if len(v.delegate_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S11.pack(v.delegate_stateid.seqid, v.delegate_stateid.other)
+        _v = v.file
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode open_claim_delegate_cur4: {_e}', len(w)) from None
+
+
+def dec_open_claim_delegate_cur4(r: _Reader, off: int) -> tuple[open_claim_delegate_cur4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        f_delegate_stateid = stateid4(*_S11.unpack_from(buf, off))
+        off += 16
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_file = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated open_claim_delegate_cur4', o0) from None
+    return open_claim_delegate_cur4(f_delegate_stateid, f_file), off
+
+
+@_dataclass(slots=True)
+class open_claim4:
+    claim: open_claim_type4
+    value: bytes | open_delegation_type4 | open_claim_delegate_cur4 | stateid4 | None = None
+
+
+_open_claim4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_component4, 1: enc_open_delegation_type4, 2: enc_open_claim_delegate_cur4, 3: enc_component4, 4: _void_encode, 6: _void_encode, 5: enc_stateid4}
+_open_claim4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_component4, 1: dec_open_delegation_type4, 2: dec_open_claim_delegate_cur4, 3: dec_component4, 4: _void_decode, 6: _void_decode, 5: dec_stateid4}
+_open_claim4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_open_claim_type4_MAP[(0,)[0]], dec_component4), 1: (_open_claim_type4_MAP[(1,)[0]], dec_open_delegation_type4), 2: (_open_claim_type4_MAP[(2,)[0]], dec_open_claim_delegate_cur4), 3: (_open_claim_type4_MAP[(3,)[0]], dec_component4), 4: (_open_claim_type4_MAP[(4,)[0]], _void_decode), 6: (_open_claim_type4_MAP[(6,)[0]], _void_decode), 5: (_open_claim_type4_MAP[(5,)[0]], dec_stateid4)}
+
+
+def _enc_any_open_claim4(w: _Writer, v: open_claim4) -> None:
+    try:
+        _d = v.claim
+        _f = _open_claim4_ENC.get(_d)
+        if _f is None:
+            raise _XdrError(f'{_d!r} is not a case of open_claim4', len(w))
+        _d = _open_claim_type4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode open_claim4: {_e!r}', len(w)) from None
+
+
+def dec_open_claim4(r: _Reader, off: int) -> tuple[open_claim4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v291: _Any
+        _f291: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d291,) = _S2.unpack_from(buf, off)
+        _a291 = _open_claim4_ARMS.get(_d291)
+        if _a291 is None:
+            raise _XdrError('%r is not a case of open_claim4' % (_d291,), off)
+        else:
+            _d291, _f291 = _a291
+        _v291, off = _f291(r, off + 4)
+        _u = open_claim4(_d291, _v291)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated open_claim4', o0) from None
+    return _u, off
+
+
+def _enc_open_claim4_0(w: _Writer, v: bytes) -> None:
+    try:
+        _v = v
+        _n = len(_v)
+        w += _S23.pack(0, _n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode open_claim4.file: {_e}', len(w)) from None
+
+
+def _enc_open_claim4_1(w: _Writer, v: open_delegation_type4) -> None:
+    try:
+        w += _S34.pack(1, v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode open_claim4.delegate_type: {_e}', len(w)) from None
+
+
+def _enc_open_claim4_2(w: _Writer, v: open_claim_delegate_cur4) -> None:
+    try:
+        _s292 = v
+        if len(_s292.delegate_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S20.pack(2, _s292.delegate_stateid.seqid, _s292.delegate_stateid.other)
+        _v = _s292.file
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode open_claim4.delegate_cur_info: {_e}', len(w)) from None
+
+
+def _enc_open_claim4_3(w: _Writer, v: bytes) -> None:
+    try:
+        _v = v
+        _n = len(_v)
+        w += _S23.pack(3, _n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode open_claim4.file_delegate_prev: {_e}', len(w)) from None
+
+
+def _enc_open_claim4_4(w: _Writer, v: None) -> None:
+    try:
+        w += b'\x00\x00\x00\x04'
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode open_claim4.: {_e}', len(w)) from None
+
+
+def _enc_open_claim4_6(w: _Writer, v: None) -> None:
+    try:
+        w += b'\x00\x00\x00\x06'
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode open_claim4.: {_e}', len(w)) from None
+
+
+def _enc_open_claim4_5(w: _Writer, v: stateid4) -> None:
+    try:
+        if len(v.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S20.pack(5, v.seqid, v.other)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode open_claim4.oc_delegate_stateid: {_e}', len(w)) from None
+
+
+_open_claim4_ENCX: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: _enc_open_claim4_0, 1: _enc_open_claim4_1, 2: _enc_open_claim4_2, 3: _enc_open_claim4_3, 4: _enc_open_claim4_4, 6: _enc_open_claim4_6, 5: _enc_open_claim4_5}
+
+
+def enc_open_claim4(w: _Writer, v: open_claim4) -> None:
+    try:
+        _f = _open_claim4_ENCX.get(v.claim)
+        if _f is None:
+            _enc_any_open_claim4(w, v)
+        else:
+            _f(w, v.value)
+    except (TypeError, AttributeError) as _e:
+        raise _XdrError(f'cannot encode open_claim4: {_e!r}', len(w)) from None
+
+
+@_dataclass(slots=True)
+class OPEN4args:
+    seqid: int
+    share_access: int
+    share_deny: int
+    owner: state_owner4
+    openhow: openflag4
+    claim: open_claim4
+
+
+def enc_OPEN4args(w: _Writer, v: OPEN4args) -> None:
+    try:
+        w += _S10.pack(v.seqid, v.share_access, v.share_deny)
+        _s293 = v.owner
+        w += _S4.pack(_s293.clientid)
+        _v = _s293.owner
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _u294 = v.openhow
+        _d294 = _u294.opentype
+        _w294: _Any
+        if _d294 == 1:
+            _w294 = _u294.value
+            _u295 = _w294
+            _d295 = _u295.mode
+            _w295: _Any
+            if _d295 == 0:
+                _w295 = _u295.value
+                _s296 = _w295
+                _a297 = _s296.attrmask
+                _n = len(_a297)
+                w += _S31.pack(1, 0, _n)
+                for _x297 in _a297:
+                    w += _S0.pack(_x297)
+                _v = _s296.attr_vals
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+            elif _d295 == 1:
+                _w295 = _u295.value
+                _s298 = _w295
+                _a299 = _s298.attrmask
+                _n = len(_a299)
+                w += _S31.pack(1, 1, _n)
+                for _x299 in _a299:
+                    w += _S0.pack(_x299)
+                _v = _s298.attr_vals
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+            elif _d295 == 2:
+                _w295 = _u295.value
+                if len(_w295) != 8: raise _XdrError('fixed opaque createverf must be 8 bytes', len(w))
+                w += _S32.pack(1, 2, _w295)
+            elif _d295 == 3:
+                _w295 = _u295.value
+                _s300 = _w295
+                if len(_s300.cva_verf) != 8: raise _XdrError('fixed opaque cva_verf must be 8 bytes', len(w))
+                w += _S32.pack(1, 3, _s300.cva_verf)
+                enc_fattr4(w, _s300.cva_attrs)
+            else:
+                w += b'\x00\x00\x00\x01'
+                _enc_any_createhow4(w, _u295)
+        else:
+            _enc_any_openflag4(w, _u294)
+        _u301 = v.claim
+        _f301 = _open_claim4_ENCX.get(_u301.claim)
+        if _f301 is None:
+            enc_open_claim4(w, _u301)
+        else:
+            _f301(w, _u301.value)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode OPEN4args: {_e}', len(w)) from None
+
+
+def dec_OPEN4args(r: _Reader, off: int) -> tuple[OPEN4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        f_seqid, f_share_access, f_share_deny = _S10.unpack_from(buf, off)
+        off += 12
+        (_i302_clientid,) = _S4.unpack_from(buf, off)
+        off += 8
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i302_owner = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_owner = state_owner4(_i302_clientid, _i302_owner)
+        _v303: _Any
+        (_d303,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d303 == 1:
+            _v304: _Any
+            (_d304,) = _S2.unpack_from(buf, off)
+            off += 4
+            if _d304 in (0, 1):
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n * 4 > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _i305_attrmask = []
+                _c306 = _n
+                for _ in range(_c306):
+                    (_x306,) = _S0.unpack_from(buf, off)
+                    off += 4
+                    _i305_attrmask.append(_x306)
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _i305_attr_vals = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _v304 = fattr4(_i305_attrmask, _i305_attr_vals)
+                _v303 = createhow4(_createmode4_MAP[(_d304,)[0]], _v304)
+            elif _d304 == 2:
+                (_v304,) = _S6.unpack_from(buf, off)
+                off += 8
+                _v303 = createhow4(EXCLUSIVE4, _v304)
+            elif _d304 == 3:
+                (_i307_cva_verf,) = _S6.unpack_from(buf, off)
+                off += 8
+                _i307_cva_attrs, off = dec_fattr4(r, off)
+                _v304 = creatverfattr(_i307_cva_verf, _i307_cva_attrs)
+                _v303 = createhow4(EXCLUSIVE4_1, _v304)
+            else:
+                _v303, off = _dec_any_createhow4(r, off - 4)
+            f_openhow = openflag4(OPEN4_CREATE, _v303)
+        else:
+            f_openhow, off = _dec_any_openflag4(r, off - 4)
+        _v308: _Any
+        _f308: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d308,) = _S2.unpack_from(buf, off)
+        _a308 = _open_claim4_ARMS.get(_d308)
+        if _a308 is None:
+            raise _XdrError('%r is not a case of open_claim4' % (_d308,), off)
+        else:
+            _d308, _f308 = _a308
+        _v308, off = _f308(r, off + 4)
+        f_claim = open_claim4(_d308, _v308)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated OPEN4args', o0) from None
+    return OPEN4args(f_seqid, f_share_access, f_share_deny, f_owner, f_openhow, f_claim), off
+
+
+@_dataclass(slots=True)
+class open_read_delegation4:
+    stateid: stateid4
+    recall: bool
+    permissions: nfsace4
+
+
+def enc_open_read_delegation4(w: _Writer, v: open_read_delegation4) -> None:
+    try:
+        if len(v.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S26.pack(v.stateid.seqid, v.stateid.other, v.recall)
+        _s309 = v.permissions
+        w += _S10.pack(_s309.type, _s309.flag, _s309.access_mask)
+        _v = _s309.who
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode open_read_delegation4: {_e}', len(w)) from None
+
+
+def dec_open_read_delegation4(r: _Reader, off: int) -> tuple[open_read_delegation4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, _t2 = _S26.unpack_from(buf, off)
+        off += 20
+        f_stateid = stateid4(_t0, _t1)
+        f_recall = _BOOL[_t2]
+        _i310_type, _i310_flag, _i310_access_mask = _S10.unpack_from(buf, off)
+        off += 12
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i310_who = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_permissions = nfsace4(_i310_type, _i310_flag, _i310_access_mask, _i310_who)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated open_read_delegation4', o0) from None
+    return open_read_delegation4(f_stateid, f_recall, f_permissions), off
+
+
+@_dataclass(slots=True)
+class open_write_delegation4:
+    stateid: stateid4
+    recall: bool
+    space_limit: nfs_space_limit4
+    permissions: nfsace4
+
+
+def enc_open_write_delegation4(w: _Writer, v: open_write_delegation4) -> None:
+    try:
+        if len(v.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S26.pack(v.stateid.seqid, v.stateid.other, v.recall)
+        _u311 = v.space_limit
+        _d311 = _u311.limitby
+        _w311: _Any
+        if _d311 == 1:
+            _w311 = _u311.value
+            w += _S33.pack(1, _w311)
+        elif _d311 == 2:
+            _w311 = _u311.value
+            w += _S18.pack(2, _w311.num_blocks, _w311.bytes_per_block)
+        else:
+            _enc_any_nfs_space_limit4(w, _u311)
+        _s312 = v.permissions
+        w += _S10.pack(_s312.type, _s312.flag, _s312.access_mask)
+        _v = _s312.who
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode open_write_delegation4: {_e}', len(w)) from None
+
+
+def dec_open_write_delegation4(r: _Reader, off: int) -> tuple[open_write_delegation4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, _t2 = _S26.unpack_from(buf, off)
+        off += 20
+        f_stateid = stateid4(_t0, _t1)
+        f_recall = _BOOL[_t2]
+        _v313: _Any
+        (_d313,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d313 == 1:
+            (_v313,) = _S4.unpack_from(buf, off)
+            off += 8
+            f_space_limit = nfs_space_limit4(NFS_LIMIT_SIZE, _v313)
+        elif _d313 == 2:
+            _v313 = nfs_modified_limit4(*_S1.unpack_from(buf, off))
+            off += 8
+            f_space_limit = nfs_space_limit4(NFS_LIMIT_BLOCKS, _v313)
+        else:
+            f_space_limit, off = _dec_any_nfs_space_limit4(r, off - 4)
+        _i314_type, _i314_flag, _i314_access_mask = _S10.unpack_from(buf, off)
+        off += 12
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i314_who = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_permissions = nfsace4(_i314_type, _i314_flag, _i314_access_mask, _i314_who)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated open_write_delegation4', o0) from None
+    return open_write_delegation4(f_stateid, f_recall, f_space_limit, f_permissions), off
+
+
+class why_no_delegation4(_IntEnum):
+    WND4_NOT_WANTED = 0
+    WND4_CONTENTION = 1
+    WND4_RESOURCE = 2
+    WND4_NOT_SUPP_FTYPE = 3
+    WND4_WRITE_DELEG_NOT_SUPP_FTYPE = 4
+    WND4_NOT_SUPP_UPGRADE = 5
+    WND4_NOT_SUPP_DOWNGRADE = 6
+    WND4_CANCELLED = 7
+    WND4_IS_DIR = 8
+
+
+_why_no_delegation4_MAP: _Final[dict[int, why_no_delegation4]] = {m.value: m for m in why_no_delegation4}
+WND4_NOT_WANTED = why_no_delegation4.WND4_NOT_WANTED
+WND4_CONTENTION = why_no_delegation4.WND4_CONTENTION
+WND4_RESOURCE = why_no_delegation4.WND4_RESOURCE
+WND4_NOT_SUPP_FTYPE = why_no_delegation4.WND4_NOT_SUPP_FTYPE
+WND4_WRITE_DELEG_NOT_SUPP_FTYPE = why_no_delegation4.WND4_WRITE_DELEG_NOT_SUPP_FTYPE
+WND4_NOT_SUPP_UPGRADE = why_no_delegation4.WND4_NOT_SUPP_UPGRADE
+WND4_NOT_SUPP_DOWNGRADE = why_no_delegation4.WND4_NOT_SUPP_DOWNGRADE
+WND4_CANCELLED = why_no_delegation4.WND4_CANCELLED
+WND4_IS_DIR = why_no_delegation4.WND4_IS_DIR
+
+
+def enc_why_no_delegation4(w: _Writer, v: why_no_delegation4) -> None:
+    try:
+        w += _I32.pack(_why_no_delegation4_MAP[v])
+    except (KeyError, TypeError, _struct.error):
+        raise _XdrError(f'{v!r} is not a why_no_delegation4', len(w)) from None
+
+
+def dec_why_no_delegation4(r: _Reader, off: int) -> tuple[why_no_delegation4, int]:
+    try:
+        return _why_no_delegation4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
+    except (KeyError, _struct.error):
+        raise _XdrError('invalid or truncated why_no_delegation4', off) from None
+
+
+def enc_open_none_delegation4_ond_server_will_push_deleg(w: _Writer, v: bool) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode open_none_delegation4.ond_server_will_push_deleg: {_e}', len(w)) from None
+
+
+def dec_open_none_delegation4_ond_server_will_push_deleg(r: _Reader, off: int) -> tuple[bool, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        _v = _BOOL[_t0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated open_none_delegation4.ond_server_will_push_deleg', o0) from None
+    return _v, off
+
+
+def enc_open_none_delegation4_ond_server_will_signal_avail(w: _Writer, v: bool) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode open_none_delegation4.ond_server_will_signal_avail: {_e}', len(w)) from None
+
+
+def dec_open_none_delegation4_ond_server_will_signal_avail(r: _Reader, off: int) -> tuple[bool, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        _v = _BOOL[_t0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated open_none_delegation4.ond_server_will_signal_avail', o0) from None
+    return _v, off
+
+
+@_dataclass(slots=True)
+class open_none_delegation4:
+    ond_why: why_no_delegation4
+    value: bool | None = None
+
+
+_open_none_delegation4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_open_none_delegation4_ond_server_will_push_deleg, 2: enc_open_none_delegation4_ond_server_will_signal_avail}
+_open_none_delegation4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_open_none_delegation4_ond_server_will_push_deleg, 2: dec_open_none_delegation4_ond_server_will_signal_avail}
+_open_none_delegation4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_why_no_delegation4_MAP[(1,)[0]], dec_open_none_delegation4_ond_server_will_push_deleg), 2: (_why_no_delegation4_MAP[(2,)[0]], dec_open_none_delegation4_ond_server_will_signal_avail)}
+
+
+def _enc_any_open_none_delegation4(w: _Writer, v: open_none_delegation4) -> None:
+    try:
+        _d = v.ond_why
+        _f = _open_none_delegation4_ENC.get(_d, _void_encode)
+        _d = _why_no_delegation4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode open_none_delegation4: {_e!r}', len(w)) from None
+
+
+def _dec_any_open_none_delegation4(r: _Reader, off: int) -> tuple[open_none_delegation4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v315: _Any
+        _f315: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d315,) = _S2.unpack_from(buf, off)
+        _a315 = _open_none_delegation4_ARMS.get(_d315)
+        if _a315 is None:
+            _d315 = _why_no_delegation4_MAP[(_d315,)[0]]
+            _f315 = _void_decode
+        else:
+            _d315, _f315 = _a315
+        _v315, off = _f315(r, off + 4)
+        _u = open_none_delegation4(_d315, _v315)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated open_none_delegation4', o0) from None
+    return _u, off
+
+
+def enc_open_none_delegation4(w: _Writer, v: open_none_delegation4) -> None:
+    try:
+        _u316 = v
+        _d316 = _u316.ond_why
+        _w316: _Any
+        if _d316 == 1:
+            _w316 = _u316.value
+            w += _S23.pack(1, _w316)
+        elif _d316 == 2:
+            _w316 = _u316.value
+            w += _S23.pack(2, _w316)
+        else:
+            _enc_any_open_none_delegation4(w, _u316)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode open_none_delegation4: {_e!r}', len(w)) from None
+
+
+def dec_open_none_delegation4(r: _Reader, off: int) -> tuple[open_none_delegation4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v317: _Any
+        (_d317,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d317 == 1:
+            (_t0,) = _S0.unpack_from(buf, off)
+            off += 4
+            _v317 = _BOOL[_t0]
+            _u = open_none_delegation4(WND4_CONTENTION, _v317)
+        elif _d317 == 2:
+            (_t0,) = _S0.unpack_from(buf, off)
+            off += 4
+            _v317 = _BOOL[_t0]
+            _u = open_none_delegation4(WND4_RESOURCE, _v317)
+        else:
+            _u, off = _dec_any_open_none_delegation4(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated open_none_delegation4', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class open_delegation4:
+    delegation_type: open_delegation_type4
+    value: open_read_delegation4 | open_write_delegation4 | open_none_delegation4 | None = None
+
+
+_open_delegation4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: _void_encode, 1: enc_open_read_delegation4, 2: enc_open_write_delegation4, 3: enc_open_none_delegation4}
+_open_delegation4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: _void_decode, 1: dec_open_read_delegation4, 2: dec_open_write_delegation4, 3: dec_open_none_delegation4}
+_open_delegation4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_open_delegation_type4_MAP[(0,)[0]], _void_decode), 1: (_open_delegation_type4_MAP[(1,)[0]], dec_open_read_delegation4), 2: (_open_delegation_type4_MAP[(2,)[0]], dec_open_write_delegation4), 3: (_open_delegation_type4_MAP[(3,)[0]], dec_open_none_delegation4)}
+
+
+def _enc_any_open_delegation4(w: _Writer, v: open_delegation4) -> None:
+    try:
+        _d = v.delegation_type
+        _f = _open_delegation4_ENC.get(_d)
+        if _f is None:
+            raise _XdrError(f'{_d!r} is not a case of open_delegation4', len(w))
+        _d = _open_delegation_type4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode open_delegation4: {_e!r}', len(w)) from None
+
+
+def _dec_any_open_delegation4(r: _Reader, off: int) -> tuple[open_delegation4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v318: _Any
+        _f318: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d318,) = _S2.unpack_from(buf, off)
+        _a318 = _open_delegation4_ARMS.get(_d318)
+        if _a318 is None:
+            raise _XdrError('%r is not a case of open_delegation4' % (_d318,), off)
+        else:
+            _d318, _f318 = _a318
+        _v318, off = _f318(r, off + 4)
+        _u = open_delegation4(_d318, _v318)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated open_delegation4', o0) from None
+    return _u, off
+
+
+def enc_open_delegation4(w: _Writer, v: open_delegation4) -> None:
+    try:
+        _u319 = v
+        _d319 = _u319.delegation_type
+        _w319: _Any
+        if _d319 == 0:
+            w += b'\x00\x00\x00\x00'
+        elif _d319 == 1:
+            _w319 = _u319.value
+            _s320 = _w319
+            if len(_s320.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S35.pack(1, _s320.stateid.seqid, _s320.stateid.other, _s320.recall)
+            _s321 = _s320.permissions
+            w += _S10.pack(_s321.type, _s321.flag, _s321.access_mask)
+            _v = _s321.who
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        elif _d319 == 2:
+            _w319 = _u319.value
+            _s322 = _w319
+            if len(_s322.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S35.pack(2, _s322.stateid.seqid, _s322.stateid.other, _s322.recall)
+            _u323 = _s322.space_limit
+            _d323 = _u323.limitby
+            _w323: _Any
+            if _d323 == 1:
+                _w323 = _u323.value
+                w += _S33.pack(1, _w323)
+            elif _d323 == 2:
+                _w323 = _u323.value
+                w += _S18.pack(2, _w323.num_blocks, _w323.bytes_per_block)
+            else:
+                _enc_any_nfs_space_limit4(w, _u323)
+            _s324 = _s322.permissions
+            w += _S10.pack(_s324.type, _s324.flag, _s324.access_mask)
+            _v = _s324.who
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        elif _d319 == 3:
+            _w319 = _u319.value
+            _u325 = _w319
+            _d325 = _u325.ond_why
+            _w325: _Any
+            if _d325 == 1:
+                _w325 = _u325.value
+                w += _S31.pack(3, 1, _w325)
+            elif _d325 == 2:
+                _w325 = _u325.value
+                w += _S31.pack(3, 2, _w325)
+            else:
+                w += b'\x00\x00\x00\x03'
+                _enc_any_open_none_delegation4(w, _u325)
+        else:
+            _enc_any_open_delegation4(w, _u319)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode open_delegation4: {_e!r}', len(w)) from None
+
+
+def dec_open_delegation4(r: _Reader, off: int) -> tuple[open_delegation4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v326: _Any
+        (_d326,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d326 == 0:
+            _u = open_delegation4(OPEN_DELEGATE_NONE, None)
+        elif _d326 == 1:
+            _t0, _t1, _t2 = _S26.unpack_from(buf, off)
+            off += 20
+            _i327_stateid = stateid4(_t0, _t1)
+            _i327_recall = _BOOL[_t2]
+            _i328_type, _i328_flag, _i328_access_mask = _S10.unpack_from(buf, off)
+            off += 12
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i328_who = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i327_permissions = nfsace4(_i328_type, _i328_flag, _i328_access_mask, _i328_who)
+            _v326 = open_read_delegation4(_i327_stateid, _i327_recall, _i327_permissions)
+            _u = open_delegation4(OPEN_DELEGATE_READ, _v326)
+        elif _d326 == 2:
+            _t0, _t1, _t2 = _S26.unpack_from(buf, off)
+            off += 20
+            _i329_stateid = stateid4(_t0, _t1)
+            _i329_recall = _BOOL[_t2]
+            _v330: _Any
+            (_d330,) = _S2.unpack_from(buf, off)
+            off += 4
+            if _d330 == 1:
+                (_v330,) = _S4.unpack_from(buf, off)
+                off += 8
+                _i329_space_limit = nfs_space_limit4(NFS_LIMIT_SIZE, _v330)
+            elif _d330 == 2:
+                _v330 = nfs_modified_limit4(*_S1.unpack_from(buf, off))
+                off += 8
+                _i329_space_limit = nfs_space_limit4(NFS_LIMIT_BLOCKS, _v330)
+            else:
+                _i329_space_limit, off = _dec_any_nfs_space_limit4(r, off - 4)
+            _i331_type, _i331_flag, _i331_access_mask = _S10.unpack_from(buf, off)
+            off += 12
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i331_who = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i329_permissions = nfsace4(_i331_type, _i331_flag, _i331_access_mask, _i331_who)
+            _v326 = open_write_delegation4(_i329_stateid, _i329_recall, _i329_space_limit, _i329_permissions)
+            _u = open_delegation4(OPEN_DELEGATE_WRITE, _v326)
+        elif _d326 == 3:
+            _v332: _Any
+            (_d332,) = _S2.unpack_from(buf, off)
+            off += 4
+            if _d332 == 1:
+                (_t0,) = _S0.unpack_from(buf, off)
+                off += 4
+                _v332 = _BOOL[_t0]
+                _v326 = open_none_delegation4(WND4_CONTENTION, _v332)
+            elif _d332 == 2:
+                (_t0,) = _S0.unpack_from(buf, off)
+                off += 4
+                _v332 = _BOOL[_t0]
+                _v326 = open_none_delegation4(WND4_RESOURCE, _v332)
+            else:
+                _v326, off = _dec_any_open_none_delegation4(r, off - 4)
+            _u = open_delegation4(OPEN_DELEGATE_NONE_EXT, _v326)
+        else:
+            _u, off = _dec_any_open_delegation4(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated open_delegation4', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class OPEN4resok:
+    stateid: stateid4
+    cinfo: change_info4
+    rflags: int
+    attrset: list[int]
+    delegation: open_delegation4
+
+
+def enc_OPEN4resok(w: _Writer, v: OPEN4resok) -> None:
+    try:
+        if len(v.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S36.pack(v.stateid.seqid, v.stateid.other, v.cinfo.atomic, v.cinfo.before, v.cinfo.after, v.rflags)
+        _a333 = v.attrset
+        _n = len(_a333)
+        w += _S0.pack(_n)
+        for _x333 in _a333:
+            w += _S0.pack(_x333)
+        _u334 = v.delegation
+        _d334 = _u334.delegation_type
+        _w334: _Any
+        if _d334 == 0:
+            w += b'\x00\x00\x00\x00'
+        elif _d334 == 1:
+            _w334 = _u334.value
+            _s335 = _w334
+            if len(_s335.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S35.pack(1, _s335.stateid.seqid, _s335.stateid.other, _s335.recall)
+            _s336 = _s335.permissions
+            w += _S10.pack(_s336.type, _s336.flag, _s336.access_mask)
+            _v = _s336.who
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        elif _d334 == 2:
+            _w334 = _u334.value
+            _s337 = _w334
+            if len(_s337.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S35.pack(2, _s337.stateid.seqid, _s337.stateid.other, _s337.recall)
+            _u338 = _s337.space_limit
+            _d338 = _u338.limitby
+            _w338: _Any
+            if _d338 == 1:
+                _w338 = _u338.value
+                w += _S33.pack(1, _w338)
+            elif _d338 == 2:
+                _w338 = _u338.value
+                w += _S18.pack(2, _w338.num_blocks, _w338.bytes_per_block)
+            else:
+                _enc_any_nfs_space_limit4(w, _u338)
+            _s339 = _s337.permissions
+            w += _S10.pack(_s339.type, _s339.flag, _s339.access_mask)
+            _v = _s339.who
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        elif _d334 == 3:
+            _w334 = _u334.value
+            _u340 = _w334
+            _d340 = _u340.ond_why
+            _w340: _Any
+            if _d340 == 1:
+                _w340 = _u340.value
+                w += _S31.pack(3, 1, _w340)
+            elif _d340 == 2:
+                _w340 = _u340.value
+                w += _S31.pack(3, 2, _w340)
+            else:
+                w += b'\x00\x00\x00\x03'
+                _enc_any_open_none_delegation4(w, _u340)
+        else:
+            _enc_any_open_delegation4(w, _u334)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode OPEN4resok: {_e}', len(w)) from None
+
+
+def dec_OPEN4resok(r: _Reader, off: int) -> tuple[OPEN4resok, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, _t2, _t3, _t4, f_rflags = _S36.unpack_from(buf, off)
+        off += 40
+        f_stateid = stateid4(_t0, _t1)
+        f_cinfo = change_info4(_BOOL[_t2], _t3, _t4)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_attrset = []
+        _c341 = _n
+        for _ in range(_c341):
+            (_x341,) = _S0.unpack_from(buf, off)
+            off += 4
+            f_attrset.append(_x341)
+        _v342: _Any
+        (_d342,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d342 == 0:
+            f_delegation = open_delegation4(OPEN_DELEGATE_NONE, None)
+        elif _d342 == 1:
+            _t0, _t1, _t2 = _S26.unpack_from(buf, off)
+            off += 20
+            _i343_stateid = stateid4(_t0, _t1)
+            _i343_recall = _BOOL[_t2]
+            _i344_type, _i344_flag, _i344_access_mask = _S10.unpack_from(buf, off)
+            off += 12
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i344_who = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i343_permissions = nfsace4(_i344_type, _i344_flag, _i344_access_mask, _i344_who)
+            _v342 = open_read_delegation4(_i343_stateid, _i343_recall, _i343_permissions)
+            f_delegation = open_delegation4(OPEN_DELEGATE_READ, _v342)
+        elif _d342 == 2:
+            _t0, _t1, _t2 = _S26.unpack_from(buf, off)
+            off += 20
+            _i345_stateid = stateid4(_t0, _t1)
+            _i345_recall = _BOOL[_t2]
+            _v346: _Any
+            (_d346,) = _S2.unpack_from(buf, off)
+            off += 4
+            if _d346 == 1:
+                (_v346,) = _S4.unpack_from(buf, off)
+                off += 8
+                _i345_space_limit = nfs_space_limit4(NFS_LIMIT_SIZE, _v346)
+            elif _d346 == 2:
+                _v346 = nfs_modified_limit4(*_S1.unpack_from(buf, off))
+                off += 8
+                _i345_space_limit = nfs_space_limit4(NFS_LIMIT_BLOCKS, _v346)
+            else:
+                _i345_space_limit, off = _dec_any_nfs_space_limit4(r, off - 4)
+            _i347_type, _i347_flag, _i347_access_mask = _S10.unpack_from(buf, off)
+            off += 12
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i347_who = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i345_permissions = nfsace4(_i347_type, _i347_flag, _i347_access_mask, _i347_who)
+            _v342 = open_write_delegation4(_i345_stateid, _i345_recall, _i345_space_limit, _i345_permissions)
+            f_delegation = open_delegation4(OPEN_DELEGATE_WRITE, _v342)
+        elif _d342 == 3:
+            _v348: _Any
+            (_d348,) = _S2.unpack_from(buf, off)
+            off += 4
+            if _d348 == 1:
+                (_t0,) = _S0.unpack_from(buf, off)
+                off += 4
+                _v348 = _BOOL[_t0]
+                _v342 = open_none_delegation4(WND4_CONTENTION, _v348)
+            elif _d348 == 2:
+                (_t0,) = _S0.unpack_from(buf, off)
+                off += 4
+                _v348 = _BOOL[_t0]
+                _v342 = open_none_delegation4(WND4_RESOURCE, _v348)
+            else:
+                _v342, off = _dec_any_open_none_delegation4(r, off - 4)
+            f_delegation = open_delegation4(OPEN_DELEGATE_NONE_EXT, _v342)
+        else:
+            f_delegation, off = _dec_any_open_delegation4(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated OPEN4resok', o0) from None
+    return OPEN4resok(f_stateid, f_cinfo, f_rflags, f_attrset, f_delegation), off
+
+
+@_dataclass(slots=True)
+class OPEN4res:
+    status: nfsstat4
+    value: OPEN4resok | None = None
+
+
+_OPEN4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_OPEN4resok}
+_OPEN4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_OPEN4resok}
+_OPEN4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_OPEN4resok)}
+
+
+def _enc_any_OPEN4res(w: _Writer, v: OPEN4res) -> None:
+    try:
+        _d = v.status
+        _f = _OPEN4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode OPEN4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_OPEN4res(r: _Reader, off: int) -> tuple[OPEN4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v349: _Any
+        _f349: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d349,) = _S2.unpack_from(buf, off)
+        _a349 = _OPEN4res_ARMS.get(_d349)
+        if _a349 is None:
+            _d349 = _nfsstat4_MAP[(_d349,)[0]]
+            _f349 = _void_decode
+        else:
+            _d349, _f349 = _a349
+        _v349, off = _f349(r, off + 4)
+        _u = OPEN4res(_d349, _v349)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated OPEN4res', o0) from None
+    return _u, off
+
+
+def enc_OPEN4res(w: _Writer, v: OPEN4res) -> None:
+    try:
+        _u350 = v
+        _d350 = _u350.status
+        _w350: _Any
+        if _d350 == 0:
+            _w350 = _u350.value
+            _s351 = _w350
+            if len(_s351.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S37.pack(0, _s351.stateid.seqid, _s351.stateid.other, _s351.cinfo.atomic, _s351.cinfo.before, _s351.cinfo.after, _s351.rflags)
+            _a352 = _s351.attrset
+            _n = len(_a352)
+            w += _S0.pack(_n)
+            for _x352 in _a352:
+                w += _S0.pack(_x352)
+            _u353 = _s351.delegation
+            _d353 = _u353.delegation_type
+            _w353: _Any
+            if _d353 == 0:
+                w += b'\x00\x00\x00\x00'
+            elif _d353 == 1:
+                _w353 = _u353.value
+                w += b'\x00\x00\x00\x01'
+                enc_open_read_delegation4(w, _w353)
+            elif _d353 == 2:
+                _w353 = _u353.value
+                w += b'\x00\x00\x00\x02'
+                enc_open_write_delegation4(w, _w353)
+            elif _d353 == 3:
+                _w353 = _u353.value
+                w += b'\x00\x00\x00\x03'
+                enc_open_none_delegation4(w, _w353)
+            else:
+                _enc_any_open_delegation4(w, _u353)
+        else:
+            _enc_any_OPEN4res(w, _u350)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode OPEN4res: {_e!r}', len(w)) from None
+
+
+def dec_OPEN4res(r: _Reader, off: int) -> tuple[OPEN4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v354: _Any
+        (_d354,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d354 == 0:
+            _t0, _t1, _t2, _t3, _t4, _i355_rflags = _S36.unpack_from(buf, off)
+            off += 40
+            _i355_stateid = stateid4(_t0, _t1)
+            _i355_cinfo = change_info4(_BOOL[_t2], _t3, _t4)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i355_attrset = []
+            _c356 = _n
+            for _ in range(_c356):
+                (_x356,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i355_attrset.append(_x356)
+            _v357: _Any
+            (_d357,) = _S2.unpack_from(buf, off)
+            off += 4
+            if _d357 == 0:
+                _i355_delegation = open_delegation4(OPEN_DELEGATE_NONE, None)
+            elif _d357 == 1:
+                _v357, off = dec_open_read_delegation4(r, off)
+                _i355_delegation = open_delegation4(OPEN_DELEGATE_READ, _v357)
+            elif _d357 == 2:
+                _v357, off = dec_open_write_delegation4(r, off)
+                _i355_delegation = open_delegation4(OPEN_DELEGATE_WRITE, _v357)
+            elif _d357 == 3:
+                _v357, off = dec_open_none_delegation4(r, off)
+                _i355_delegation = open_delegation4(OPEN_DELEGATE_NONE_EXT, _v357)
+            else:
+                _i355_delegation, off = _dec_any_open_delegation4(r, off - 4)
+            _v354 = OPEN4resok(_i355_stateid, _i355_cinfo, _i355_rflags, _i355_attrset, _i355_delegation)
+            _u = OPEN4res(NFS4_OK, _v354)
+        else:
+            _u, off = _dec_any_OPEN4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated OPEN4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class OPENATTR4args:
+    createdir: bool
+
+
+def enc_OPENATTR4args(w: _Writer, v: OPENATTR4args) -> None:
+    try:
+        w += _S0.pack(v.createdir)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode OPENATTR4args: {_e}', len(w)) from None
+
+
+def dec_OPENATTR4args(r: _Reader, off: int) -> tuple[OPENATTR4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        _u = OPENATTR4args(_BOOL[_t0])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated OPENATTR4args', o0) from None
     return _u, off

@@ -23,6 +23,7 @@ from nfsrdma.xdr.runtime import (
     U32 as _U32,
     Operation as _Operation,
     Buffer as _Buffer,
+    DdpItem as _DdpItem,
     Reader as _Reader,
     Writer as _Writer,
     XdrError as _XdrError,
@@ -31,28 +32,30 @@ from nfsrdma.xdr.runtime import (
 )
 
 
-from nfsrdma.xdr.gen._nfs4_3 import (
-    _nfs_lock_type4_MAP,
-    change_info4,
-    dec_fattr4,
-    enc_fattr4,
-    fattr4,
-    nfs_lock_type4,
-    state_owner4,
-)
 from nfsrdma.xdr.gen._nfs4_1 import (
+    NFS4ERR_CLID_INUSE,
+    NFS4_OK,
     _nfsstat4_MAP,
-    dec_component4,
-    dec_stateid4,
-    dec_uint64_t,
-    dec_verifier4,
-    enc_component4,
-    enc_stateid4,
-    enc_uint64_t,
-    enc_verifier4,
-    nfsace4,
+    _rpc_gss_svc_t_MAP,
+    authsys_parms,
+    dec_authsys_parms,
+    dec_netaddr4,
+    enc_authsys_parms,
+    enc_netaddr4,
+    netaddr4,
+    nfs_impl_id4,
     nfsstat4,
+    nfstime4,
+    rpc_gss_svc_t,
     stateid4,
+)
+from nfsrdma.xdr.gen._nfs4_2 import (
+    cb_client4,
+    change_info4,
+    client_owner4,
+    fattr4,
+    nfs_client_id4,
+    state_owner4,
 )
 
 _S0: _Final = _struct.Struct('>I')
@@ -60,1541 +63,27 @@ _S1: _Final = _struct.Struct('>II')
 _S2: _Final = _struct.Struct('>i')
 _S4: _Final = _struct.Struct('>Q')
 _S6: _Final = _struct.Struct('>8s')
-_S9: _Final = _struct.Struct('>III')
-_S10: _Final = _struct.Struct('>I12s')
-_S11: _Final = _struct.Struct('>QQi')
-_S15: _Final = _struct.Struct('>IQQ')
-_S19: _Final = _struct.Struct('>II12sI')
-_S20: _Final = _struct.Struct('>I12sI')
-_S21: _Final = _struct.Struct('>iIQQ')
-_S22: _Final = _struct.Struct('>iQQ')
-_S23: _Final = _struct.Struct('>iII12sQQ')
-_S24: _Final = _struct.Struct('>I12sIQQI')
-_S25: _Final = _struct.Struct('>I12sIII')
-_S26: _Final = _struct.Struct('>I12sQI')
-_S27: _Final = _struct.Struct('>Q8sII')
-_S28: _Final = _struct.Struct('>IQQIQQ')
-
-
-@_dataclass(slots=True)
-class open_to_lock_owner4:
-    open_seqid: int
-    open_stateid: stateid4
-    lock_seqid: int
-    lock_owner: state_owner4
-
-
-def enc_open_to_lock_owner4(w: _Writer, v: open_to_lock_owner4) -> None:
-    try:
-        if len(v.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S19.pack(v.open_seqid, v.open_stateid.seqid, v.open_stateid.other, v.lock_seqid)
-        _s181 = v.lock_owner
-        w += _S4.pack(_s181.clientid)
-        _v = _s181.owner
-        _n = len(_v)
-        if _n > 1024:
-            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode open_to_lock_owner4: {_e}', len(w)) from None
-
-
-def dec_open_to_lock_owner4(r: _Reader, off: int) -> tuple[open_to_lock_owner4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S19.unpack_from(buf, off)
-        off += 24
-        f_open_seqid = _t[0]
-        f_open_stateid = stateid4(_t[1], _t[2])
-        f_lock_seqid = _t[3]
-        _t = _S4.unpack_from(buf, off)
-        off += 8
-        _i182_clientid = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1024:
-            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i182_owner = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        f_lock_owner = state_owner4(_i182_clientid, _i182_owner)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated open_to_lock_owner4', o0) from None
-    return open_to_lock_owner4(f_open_seqid, f_open_stateid, f_lock_seqid, f_lock_owner), off
-
-
-@_dataclass(slots=True)
-class exist_lock_owner4:
-    lock_stateid: stateid4
-    lock_seqid: int
-
-
-def enc_exist_lock_owner4(w: _Writer, v: exist_lock_owner4) -> None:
-    try:
-        if len(v.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S20.pack(v.lock_stateid.seqid, v.lock_stateid.other, v.lock_seqid)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode exist_lock_owner4: {_e}', len(w)) from None
-
-
-def dec_exist_lock_owner4(r: _Reader, off: int) -> tuple[exist_lock_owner4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S20.unpack_from(buf, off)
-        off += 20
-        f_lock_stateid = stateid4(_t[0], _t[1])
-        f_lock_seqid = _t[2]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated exist_lock_owner4', o0) from None
-    return exist_lock_owner4(f_lock_stateid, f_lock_seqid), off
-
-
-@_dataclass(slots=True)
-class locker4:
-    new_lock_owner: bool
-    value: open_to_lock_owner4 | exist_lock_owner4 | None = None
-
-
-_locker4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_open_to_lock_owner4, 0: enc_exist_lock_owner4}
-_locker4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_open_to_lock_owner4, 0: dec_exist_lock_owner4}
-_locker4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_BOOL[(1,)[0]], dec_open_to_lock_owner4), 0: (_BOOL[(0,)[0]], dec_exist_lock_owner4)}
-
-
-def enc_locker4(w: _Writer, v: locker4) -> None:
-    try:
-        _d = v.new_lock_owner
-        _f = _locker4_ENC.get(_d)
-        if _f is None:
-            raise _XdrError(f'{_d!r} is not a case of locker4', len(w))
-        w += _S0.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode locker4: {_e!r}', len(w)) from None
-
-
-def dec_locker4(r: _Reader, off: int) -> tuple[locker4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v183: _Any
-        _f183: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d183,) = _S0.unpack_from(buf, off)
-        _a183 = _locker4_ARMS.get(_d183)
-        if _a183 is None:
-            raise _XdrError('%r is not a case of locker4' % (_d183,), off)
-        else:
-            _d183, _f183 = _a183
-        _v183, off = _f183(r, off + 4)
-        _u = locker4(_d183, _v183)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated locker4', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class LOCK4args:
-    locktype: nfs_lock_type4
-    reclaim: bool
-    offset: int
-    length: int
-    locker: locker4
-
-
-def enc_LOCK4args(w: _Writer, v: LOCK4args) -> None:
-    try:
-        w += _S21.pack(v.locktype, v.reclaim, v.offset, v.length)
-        enc_locker4(w, v.locker)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode LOCK4args: {_e}', len(w)) from None
-
-
-def dec_LOCK4args(r: _Reader, off: int) -> tuple[LOCK4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S21.unpack_from(buf, off)
-        off += 24
-        f_locktype = _nfs_lock_type4_MAP[_t[0]]
-        f_reclaim = _BOOL[_t[1]]
-        f_offset = _t[2]
-        f_length = _t[3]
-        _v184: _Any
-        _f184: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d184,) = _S0.unpack_from(buf, off)
-        _a184 = _locker4_ARMS.get(_d184)
-        if _a184 is None:
-            raise _XdrError('%r is not a case of locker4' % (_d184,), off)
-        else:
-            _d184, _f184 = _a184
-        _v184, off = _f184(r, off + 4)
-        f_locker = locker4(_d184, _v184)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LOCK4args', o0) from None
-    return LOCK4args(f_locktype, f_reclaim, f_offset, f_length, f_locker), off
-
-
-@_dataclass(slots=True)
-class LOCK4denied:
-    offset: int
-    length: int
-    locktype: nfs_lock_type4
-    owner: state_owner4
-
-
-def enc_LOCK4denied(w: _Writer, v: LOCK4denied) -> None:
-    try:
-        w += _S11.pack(v.offset, v.length, v.locktype)
-        _s185 = v.owner
-        w += _S4.pack(_s185.clientid)
-        _v = _s185.owner
-        _n = len(_v)
-        if _n > 1024:
-            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode LOCK4denied: {_e}', len(w)) from None
-
-
-def dec_LOCK4denied(r: _Reader, off: int) -> tuple[LOCK4denied, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S11.unpack_from(buf, off)
-        off += 20
-        f_offset = _t[0]
-        f_length = _t[1]
-        f_locktype = _nfs_lock_type4_MAP[_t[2]]
-        _t = _S4.unpack_from(buf, off)
-        off += 8
-        _i186_clientid = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1024:
-            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i186_owner = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        f_owner = state_owner4(_i186_clientid, _i186_owner)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LOCK4denied', o0) from None
-    return LOCK4denied(f_offset, f_length, f_locktype, f_owner), off
-
-
-@_dataclass(slots=True)
-class LOCK4resok:
-    lock_stateid: stateid4
-
-
-def enc_LOCK4resok(w: _Writer, v: LOCK4resok) -> None:
-    try:
-        if len(v.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S10.pack(v.lock_stateid.seqid, v.lock_stateid.other)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode LOCK4resok: {_e}', len(w)) from None
-
-
-def dec_LOCK4resok(r: _Reader, off: int) -> tuple[LOCK4resok, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S10.unpack_from(buf, off)
-        off += 16
-        f_lock_stateid = stateid4(_t[0], _t[1])
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LOCK4resok', o0) from None
-    return LOCK4resok(f_lock_stateid), off
-
-
-@_dataclass(slots=True)
-class LOCK4res:
-    status: nfsstat4
-    value: LOCK4resok | LOCK4denied | None = None
-
-
-_LOCK4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_LOCK4resok, 10010: enc_LOCK4denied}
-_LOCK4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_LOCK4resok, 10010: dec_LOCK4denied}
-_LOCK4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_LOCK4resok), 10010: (_nfsstat4_MAP[(10010,)[0]], dec_LOCK4denied)}
-
-
-def enc_LOCK4res(w: _Writer, v: LOCK4res) -> None:
-    try:
-        _d = v.status
-        _f = _LOCK4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode LOCK4res: {_e!r}', len(w)) from None
-
-
-def dec_LOCK4res(r: _Reader, off: int) -> tuple[LOCK4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v187: _Any
-        _f187: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d187,) = _S2.unpack_from(buf, off)
-        _a187 = _LOCK4res_ARMS.get(_d187)
-        if _a187 is None:
-            _d187 = _nfsstat4_MAP[(_d187,)[0]]
-            _f187 = _void_decode
-        else:
-            _d187, _f187 = _a187
-        _v187, off = _f187(r, off + 4)
-        _u = LOCK4res(_d187, _v187)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LOCK4res', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class LOCKT4args:
-    locktype: nfs_lock_type4
-    offset: int
-    length: int
-    owner: state_owner4
-
-
-def enc_LOCKT4args(w: _Writer, v: LOCKT4args) -> None:
-    try:
-        w += _S22.pack(v.locktype, v.offset, v.length)
-        _s188 = v.owner
-        w += _S4.pack(_s188.clientid)
-        _v = _s188.owner
-        _n = len(_v)
-        if _n > 1024:
-            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode LOCKT4args: {_e}', len(w)) from None
-
-
-def dec_LOCKT4args(r: _Reader, off: int) -> tuple[LOCKT4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S22.unpack_from(buf, off)
-        off += 20
-        f_locktype = _nfs_lock_type4_MAP[_t[0]]
-        f_offset = _t[1]
-        f_length = _t[2]
-        _t = _S4.unpack_from(buf, off)
-        off += 8
-        _i189_clientid = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1024:
-            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i189_owner = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        f_owner = state_owner4(_i189_clientid, _i189_owner)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LOCKT4args', o0) from None
-    return LOCKT4args(f_locktype, f_offset, f_length, f_owner), off
-
-
-@_dataclass(slots=True)
-class LOCKT4res:
-    status: nfsstat4
-    value: LOCK4denied | None = None
-
-
-_LOCKT4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {10010: enc_LOCK4denied, 0: _void_encode}
-_LOCKT4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {10010: dec_LOCK4denied, 0: _void_decode}
-_LOCKT4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {10010: (_nfsstat4_MAP[(10010,)[0]], dec_LOCK4denied), 0: (_nfsstat4_MAP[(0,)[0]], _void_decode)}
-
-
-def enc_LOCKT4res(w: _Writer, v: LOCKT4res) -> None:
-    try:
-        _d = v.status
-        _f = _LOCKT4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode LOCKT4res: {_e!r}', len(w)) from None
-
-
-def dec_LOCKT4res(r: _Reader, off: int) -> tuple[LOCKT4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v190: _Any
-        _f190: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d190,) = _S2.unpack_from(buf, off)
-        _a190 = _LOCKT4res_ARMS.get(_d190)
-        if _a190 is None:
-            _d190 = _nfsstat4_MAP[(_d190,)[0]]
-            _f190 = _void_decode
-        else:
-            _d190, _f190 = _a190
-        _v190, off = _f190(r, off + 4)
-        _u = LOCKT4res(_d190, _v190)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LOCKT4res', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class LOCKU4args:
-    locktype: nfs_lock_type4
-    seqid: int
-    lock_stateid: stateid4
-    offset: int
-    length: int
-
-
-def enc_LOCKU4args(w: _Writer, v: LOCKU4args) -> None:
-    try:
-        if len(v.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S23.pack(v.locktype, v.seqid, v.lock_stateid.seqid, v.lock_stateid.other, v.offset, v.length)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode LOCKU4args: {_e}', len(w)) from None
-
-
-def dec_LOCKU4args(r: _Reader, off: int) -> tuple[LOCKU4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S23.unpack_from(buf, off)
-        off += 40
-        f_locktype = _nfs_lock_type4_MAP[_t[0]]
-        f_seqid = _t[1]
-        f_lock_stateid = stateid4(_t[2], _t[3])
-        f_offset = _t[4]
-        f_length = _t[5]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LOCKU4args', o0) from None
-    return LOCKU4args(f_locktype, f_seqid, f_lock_stateid, f_offset, f_length), off
-
-
-@_dataclass(slots=True)
-class LOCKU4res:
-    status: nfsstat4
-    value: stateid4 | None = None
-
-
-_LOCKU4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_stateid4}
-_LOCKU4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_stateid4}
-_LOCKU4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_stateid4)}
-
-
-def enc_LOCKU4res(w: _Writer, v: LOCKU4res) -> None:
-    try:
-        _d = v.status
-        _f = _LOCKU4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode LOCKU4res: {_e!r}', len(w)) from None
-
-
-def dec_LOCKU4res(r: _Reader, off: int) -> tuple[LOCKU4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v191: _Any
-        _f191: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d191,) = _S2.unpack_from(buf, off)
-        _a191 = _LOCKU4res_ARMS.get(_d191)
-        if _a191 is None:
-            _d191 = _nfsstat4_MAP[(_d191,)[0]]
-            _f191 = _void_decode
-        else:
-            _d191, _f191 = _a191
-        _v191, off = _f191(r, off + 4)
-        _u = LOCKU4res(_d191, _v191)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LOCKU4res', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class LOOKUP4args:
-    objname: bytes
-
-
-def enc_LOOKUP4args(w: _Writer, v: LOOKUP4args) -> None:
-    try:
-        _v = v.objname
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode LOOKUP4args: {_e}', len(w)) from None
-
-
-def dec_LOOKUP4args(r: _Reader, off: int) -> tuple[LOOKUP4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_objname = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LOOKUP4args', o0) from None
-    return LOOKUP4args(f_objname), off
-
-
-@_dataclass(slots=True)
-class LOOKUP4res:
-    status: nfsstat4
-
-
-def enc_LOOKUP4res(w: _Writer, v: LOOKUP4res) -> None:
-    try:
-        w += _S2.pack(v.status)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode LOOKUP4res: {_e}', len(w)) from None
-
-
-def dec_LOOKUP4res(r: _Reader, off: int) -> tuple[LOOKUP4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LOOKUP4res', o0) from None
-    return LOOKUP4res(f_status), off
-
-
-@_dataclass(slots=True)
-class LOOKUPP4res:
-    status: nfsstat4
-
-
-def enc_LOOKUPP4res(w: _Writer, v: LOOKUPP4res) -> None:
-    try:
-        w += _S2.pack(v.status)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode LOOKUPP4res: {_e}', len(w)) from None
-
-
-def dec_LOOKUPP4res(r: _Reader, off: int) -> tuple[LOOKUPP4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LOOKUPP4res', o0) from None
-    return LOOKUPP4res(f_status), off
-
-
-@_dataclass(slots=True)
-class NVERIFY4args:
-    obj_attributes: fattr4
-
-
-def enc_NVERIFY4args(w: _Writer, v: NVERIFY4args) -> None:
-    try:
-        _s192 = v.obj_attributes
-        _a193 = _s192.attrmask
-        _n = len(_a193)
-        w += _U32.pack(_n)
-        for _x193 in _a193:
-            w += _S0.pack(_x193)
-        _v = _s192.attr_vals
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode NVERIFY4args: {_e}', len(w)) from None
-
-
-def dec_NVERIFY4args(r: _Reader, off: int) -> tuple[NVERIFY4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i194_attrmask = []
-        _c195 = _n
-        for _ in range(_c195):
-            _t = _S0.unpack_from(buf, off)
-            off += 4
-            _x195 = _t[0]
-            _i194_attrmask.append(_x195)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i194_attr_vals = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        f_obj_attributes = fattr4(_i194_attrmask, _i194_attr_vals)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated NVERIFY4args', o0) from None
-    return NVERIFY4args(f_obj_attributes), off
-
-
-@_dataclass(slots=True)
-class NVERIFY4res:
-    status: nfsstat4
-
-
-def enc_NVERIFY4res(w: _Writer, v: NVERIFY4res) -> None:
-    try:
-        w += _S2.pack(v.status)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode NVERIFY4res: {_e}', len(w)) from None
-
-
-def dec_NVERIFY4res(r: _Reader, off: int) -> tuple[NVERIFY4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated NVERIFY4res', o0) from None
-    return NVERIFY4res(f_status), off
-
-
-class createmode4(_IntEnum):
-    UNCHECKED4 = 0
-    GUARDED4 = 1
-    EXCLUSIVE4 = 2
-    EXCLUSIVE4_1 = 3
-
-
-_createmode4_MAP: _Final[dict[int, createmode4]] = {m.value: m for m in createmode4}
-UNCHECKED4 = createmode4.UNCHECKED4
-GUARDED4 = createmode4.GUARDED4
-EXCLUSIVE4 = createmode4.EXCLUSIVE4
-EXCLUSIVE4_1 = createmode4.EXCLUSIVE4_1
-
-
-def enc_createmode4(w: _Writer, v: createmode4) -> None:
-    try:
-        w += _I32.pack(_createmode4_MAP[v])
-    except (KeyError, TypeError, _struct.error):
-        raise _XdrError(f'{v!r} is not a createmode4', len(w)) from None
-
-
-def dec_createmode4(r: _Reader, off: int) -> tuple[createmode4, int]:
-    try:
-        return _createmode4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
-    except (KeyError, _struct.error):
-        raise _XdrError('invalid or truncated createmode4', off) from None
-
-
-@_dataclass(slots=True)
-class creatverfattr:
-    cva_verf: bytes
-    cva_attrs: fattr4
-
-
-def enc_creatverfattr(w: _Writer, v: creatverfattr) -> None:
-    try:
-        if len(v.cva_verf) != 8: raise _XdrError('fixed opaque cva_verf must be 8 bytes', len(w))
-        w += _S6.pack(v.cva_verf)
-        _s196 = v.cva_attrs
-        _a197 = _s196.attrmask
-        _n = len(_a197)
-        w += _U32.pack(_n)
-        for _x197 in _a197:
-            w += _S0.pack(_x197)
-        _v = _s196.attr_vals
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode creatverfattr: {_e}', len(w)) from None
-
-
-def dec_creatverfattr(r: _Reader, off: int) -> tuple[creatverfattr, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S6.unpack_from(buf, off)
-        off += 8
-        f_cva_verf = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i198_attrmask = []
-        _c199 = _n
-        for _ in range(_c199):
-            _t = _S0.unpack_from(buf, off)
-            off += 4
-            _x199 = _t[0]
-            _i198_attrmask.append(_x199)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i198_attr_vals = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        f_cva_attrs = fattr4(_i198_attrmask, _i198_attr_vals)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated creatverfattr', o0) from None
-    return creatverfattr(f_cva_verf, f_cva_attrs), off
-
-
-@_dataclass(slots=True)
-class createhow4:
-    mode: createmode4
-    value: fattr4 | bytes | creatverfattr | None = None
-
-
-_createhow4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_fattr4, 1: enc_fattr4, 2: enc_verifier4, 3: enc_creatverfattr}
-_createhow4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_fattr4, 1: dec_fattr4, 2: dec_verifier4, 3: dec_creatverfattr}
-_createhow4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_createmode4_MAP[(0,)[0]], dec_fattr4), 1: (_createmode4_MAP[(1,)[0]], dec_fattr4), 2: (_createmode4_MAP[(2,)[0]], dec_verifier4), 3: (_createmode4_MAP[(3,)[0]], dec_creatverfattr)}
-
-
-def enc_createhow4(w: _Writer, v: createhow4) -> None:
-    try:
-        _d = v.mode
-        _f = _createhow4_ENC.get(_d)
-        if _f is None:
-            raise _XdrError(f'{_d!r} is not a case of createhow4', len(w))
-        _d = _createmode4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode createhow4: {_e!r}', len(w)) from None
-
-
-def dec_createhow4(r: _Reader, off: int) -> tuple[createhow4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v200: _Any
-        _f200: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d200,) = _S2.unpack_from(buf, off)
-        _a200 = _createhow4_ARMS.get(_d200)
-        if _a200 is None:
-            raise _XdrError('%r is not a case of createhow4' % (_d200,), off)
-        else:
-            _d200, _f200 = _a200
-        _v200, off = _f200(r, off + 4)
-        _u = createhow4(_d200, _v200)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated createhow4', o0) from None
-    return _u, off
-
-
-class opentype4(_IntEnum):
-    OPEN4_NOCREATE = 0
-    OPEN4_CREATE = 1
-
-
-_opentype4_MAP: _Final[dict[int, opentype4]] = {m.value: m for m in opentype4}
-OPEN4_NOCREATE = opentype4.OPEN4_NOCREATE
-OPEN4_CREATE = opentype4.OPEN4_CREATE
-
-
-def enc_opentype4(w: _Writer, v: opentype4) -> None:
-    try:
-        w += _I32.pack(_opentype4_MAP[v])
-    except (KeyError, TypeError, _struct.error):
-        raise _XdrError(f'{v!r} is not a opentype4', len(w)) from None
-
-
-def dec_opentype4(r: _Reader, off: int) -> tuple[opentype4, int]:
-    try:
-        return _opentype4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
-    except (KeyError, _struct.error):
-        raise _XdrError('invalid or truncated opentype4', off) from None
-
-
-@_dataclass(slots=True)
-class openflag4:
-    opentype: opentype4
-    value: createhow4 | None = None
-
-
-_openflag4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_createhow4}
-_openflag4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_createhow4}
-_openflag4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_opentype4_MAP[(1,)[0]], dec_createhow4)}
-
-
-def enc_openflag4(w: _Writer, v: openflag4) -> None:
-    try:
-        _d = v.opentype
-        _f = _openflag4_ENC.get(_d, _void_encode)
-        _d = _opentype4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode openflag4: {_e!r}', len(w)) from None
-
-
-def dec_openflag4(r: _Reader, off: int) -> tuple[openflag4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v201: _Any
-        _f201: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d201,) = _S2.unpack_from(buf, off)
-        _a201 = _openflag4_ARMS.get(_d201)
-        if _a201 is None:
-            _d201 = _opentype4_MAP[(_d201,)[0]]
-            _f201 = _void_decode
-        else:
-            _d201, _f201 = _a201
-        _v201, off = _f201(r, off + 4)
-        _u = openflag4(_d201, _v201)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated openflag4', o0) from None
-    return _u, off
-
-
-class limit_by4(_IntEnum):
-    NFS_LIMIT_SIZE = 1
-    NFS_LIMIT_BLOCKS = 2
-
-
-_limit_by4_MAP: _Final[dict[int, limit_by4]] = {m.value: m for m in limit_by4}
-NFS_LIMIT_SIZE = limit_by4.NFS_LIMIT_SIZE
-NFS_LIMIT_BLOCKS = limit_by4.NFS_LIMIT_BLOCKS
-
-
-def enc_limit_by4(w: _Writer, v: limit_by4) -> None:
-    try:
-        w += _I32.pack(_limit_by4_MAP[v])
-    except (KeyError, TypeError, _struct.error):
-        raise _XdrError(f'{v!r} is not a limit_by4', len(w)) from None
-
-
-def dec_limit_by4(r: _Reader, off: int) -> tuple[limit_by4, int]:
-    try:
-        return _limit_by4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
-    except (KeyError, _struct.error):
-        raise _XdrError('invalid or truncated limit_by4', off) from None
-
-
-@_dataclass(slots=True)
-class nfs_modified_limit4:
-    num_blocks: int
-    bytes_per_block: int
-
-
-def enc_nfs_modified_limit4(w: _Writer, v: nfs_modified_limit4) -> None:
-    try:
-        w += _S1.pack(v.num_blocks, v.bytes_per_block)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode nfs_modified_limit4: {_e}', len(w)) from None
-
-
-def dec_nfs_modified_limit4(r: _Reader, off: int) -> tuple[nfs_modified_limit4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S1.unpack_from(buf, off)
-        off += 8
-        f_num_blocks = _t[0]
-        f_bytes_per_block = _t[1]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated nfs_modified_limit4', o0) from None
-    return nfs_modified_limit4(f_num_blocks, f_bytes_per_block), off
-
-
-@_dataclass(slots=True)
-class nfs_space_limit4:
-    limitby: limit_by4
-    value: int | nfs_modified_limit4 | None = None
-
-
-_nfs_space_limit4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_uint64_t, 2: enc_nfs_modified_limit4}
-_nfs_space_limit4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_uint64_t, 2: dec_nfs_modified_limit4}
-_nfs_space_limit4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_limit_by4_MAP[(1,)[0]], dec_uint64_t), 2: (_limit_by4_MAP[(2,)[0]], dec_nfs_modified_limit4)}
-
-
-def enc_nfs_space_limit4(w: _Writer, v: nfs_space_limit4) -> None:
-    try:
-        _d = v.limitby
-        _f = _nfs_space_limit4_ENC.get(_d)
-        if _f is None:
-            raise _XdrError(f'{_d!r} is not a case of nfs_space_limit4', len(w))
-        _d = _limit_by4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode nfs_space_limit4: {_e!r}', len(w)) from None
-
-
-def dec_nfs_space_limit4(r: _Reader, off: int) -> tuple[nfs_space_limit4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v202: _Any
-        _f202: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d202,) = _S2.unpack_from(buf, off)
-        _a202 = _nfs_space_limit4_ARMS.get(_d202)
-        if _a202 is None:
-            raise _XdrError('%r is not a case of nfs_space_limit4' % (_d202,), off)
-        else:
-            _d202, _f202 = _a202
-        _v202, off = _f202(r, off + 4)
-        _u = nfs_space_limit4(_d202, _v202)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated nfs_space_limit4', o0) from None
-    return _u, off
-
-
-class open_delegation_type4(_IntEnum):
-    OPEN_DELEGATE_NONE = 0
-    OPEN_DELEGATE_READ = 1
-    OPEN_DELEGATE_WRITE = 2
-    OPEN_DELEGATE_NONE_EXT = 3
-
-
-_open_delegation_type4_MAP: _Final[dict[int, open_delegation_type4]] = {m.value: m for m in open_delegation_type4}
-OPEN_DELEGATE_NONE = open_delegation_type4.OPEN_DELEGATE_NONE
-OPEN_DELEGATE_READ = open_delegation_type4.OPEN_DELEGATE_READ
-OPEN_DELEGATE_WRITE = open_delegation_type4.OPEN_DELEGATE_WRITE
-OPEN_DELEGATE_NONE_EXT = open_delegation_type4.OPEN_DELEGATE_NONE_EXT
-
-
-def enc_open_delegation_type4(w: _Writer, v: open_delegation_type4) -> None:
-    try:
-        w += _I32.pack(_open_delegation_type4_MAP[v])
-    except (KeyError, TypeError, _struct.error):
-        raise _XdrError(f'{v!r} is not a open_delegation_type4', len(w)) from None
-
-
-def dec_open_delegation_type4(r: _Reader, off: int) -> tuple[open_delegation_type4, int]:
-    try:
-        return _open_delegation_type4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
-    except (KeyError, _struct.error):
-        raise _XdrError('invalid or truncated open_delegation_type4', off) from None
-
-
-class open_claim_type4(_IntEnum):
-    CLAIM_NULL = 0
-    CLAIM_PREVIOUS = 1
-    CLAIM_DELEGATE_CUR = 2
-    CLAIM_DELEGATE_PREV = 3
-    CLAIM_FH = 4
-    CLAIM_DELEG_CUR_FH = 5
-    CLAIM_DELEG_PREV_FH = 6
-
-
-_open_claim_type4_MAP: _Final[dict[int, open_claim_type4]] = {m.value: m for m in open_claim_type4}
-CLAIM_NULL = open_claim_type4.CLAIM_NULL
-CLAIM_PREVIOUS = open_claim_type4.CLAIM_PREVIOUS
-CLAIM_DELEGATE_CUR = open_claim_type4.CLAIM_DELEGATE_CUR
-CLAIM_DELEGATE_PREV = open_claim_type4.CLAIM_DELEGATE_PREV
-CLAIM_FH = open_claim_type4.CLAIM_FH
-CLAIM_DELEG_CUR_FH = open_claim_type4.CLAIM_DELEG_CUR_FH
-CLAIM_DELEG_PREV_FH = open_claim_type4.CLAIM_DELEG_PREV_FH
-
-
-def enc_open_claim_type4(w: _Writer, v: open_claim_type4) -> None:
-    try:
-        w += _I32.pack(_open_claim_type4_MAP[v])
-    except (KeyError, TypeError, _struct.error):
-        raise _XdrError(f'{v!r} is not a open_claim_type4', len(w)) from None
-
-
-def dec_open_claim_type4(r: _Reader, off: int) -> tuple[open_claim_type4, int]:
-    try:
-        return _open_claim_type4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
-    except (KeyError, _struct.error):
-        raise _XdrError('invalid or truncated open_claim_type4', off) from None
-
-
-@_dataclass(slots=True)
-class open_claim_delegate_cur4:
-    delegate_stateid: stateid4
-    file: bytes
-
-
-def enc_open_claim_delegate_cur4(w: _Writer, v: open_claim_delegate_cur4) -> None:
-    try:
-        if len(v.delegate_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S10.pack(v.delegate_stateid.seqid, v.delegate_stateid.other)
-        _v = v.file
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode open_claim_delegate_cur4: {_e}', len(w)) from None
-
-
-def dec_open_claim_delegate_cur4(r: _Reader, off: int) -> tuple[open_claim_delegate_cur4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S10.unpack_from(buf, off)
-        off += 16
-        f_delegate_stateid = stateid4(_t[0], _t[1])
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_file = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated open_claim_delegate_cur4', o0) from None
-    return open_claim_delegate_cur4(f_delegate_stateid, f_file), off
-
-
-@_dataclass(slots=True)
-class open_claim4:
-    claim: open_claim_type4
-    value: bytes | open_delegation_type4 | open_claim_delegate_cur4 | stateid4 | None = None
-
-
-_open_claim4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_component4, 1: enc_open_delegation_type4, 2: enc_open_claim_delegate_cur4, 3: enc_component4, 4: _void_encode, 6: _void_encode, 5: enc_stateid4}
-_open_claim4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_component4, 1: dec_open_delegation_type4, 2: dec_open_claim_delegate_cur4, 3: dec_component4, 4: _void_decode, 6: _void_decode, 5: dec_stateid4}
-_open_claim4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_open_claim_type4_MAP[(0,)[0]], dec_component4), 1: (_open_claim_type4_MAP[(1,)[0]], dec_open_delegation_type4), 2: (_open_claim_type4_MAP[(2,)[0]], dec_open_claim_delegate_cur4), 3: (_open_claim_type4_MAP[(3,)[0]], dec_component4), 4: (_open_claim_type4_MAP[(4,)[0]], _void_decode), 6: (_open_claim_type4_MAP[(6,)[0]], _void_decode), 5: (_open_claim_type4_MAP[(5,)[0]], dec_stateid4)}
-
-
-def enc_open_claim4(w: _Writer, v: open_claim4) -> None:
-    try:
-        _d = v.claim
-        _f = _open_claim4_ENC.get(_d)
-        if _f is None:
-            raise _XdrError(f'{_d!r} is not a case of open_claim4', len(w))
-        _d = _open_claim_type4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode open_claim4: {_e!r}', len(w)) from None
-
-
-def dec_open_claim4(r: _Reader, off: int) -> tuple[open_claim4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v203: _Any
-        _f203: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d203,) = _S2.unpack_from(buf, off)
-        _a203 = _open_claim4_ARMS.get(_d203)
-        if _a203 is None:
-            raise _XdrError('%r is not a case of open_claim4' % (_d203,), off)
-        else:
-            _d203, _f203 = _a203
-        _v203, off = _f203(r, off + 4)
-        _u = open_claim4(_d203, _v203)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated open_claim4', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class OPEN4args:
-    seqid: int
-    share_access: int
-    share_deny: int
-    owner: state_owner4
-    openhow: openflag4
-    claim: open_claim4
-
-
-def enc_OPEN4args(w: _Writer, v: OPEN4args) -> None:
-    try:
-        w += _S9.pack(v.seqid, v.share_access, v.share_deny)
-        _s204 = v.owner
-        w += _S4.pack(_s204.clientid)
-        _v = _s204.owner
-        _n = len(_v)
-        if _n > 1024:
-            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        enc_openflag4(w, v.openhow)
-        enc_open_claim4(w, v.claim)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode OPEN4args: {_e}', len(w)) from None
-
-
-def dec_OPEN4args(r: _Reader, off: int) -> tuple[OPEN4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S9.unpack_from(buf, off)
-        off += 12
-        f_seqid = _t[0]
-        f_share_access = _t[1]
-        f_share_deny = _t[2]
-        _t = _S4.unpack_from(buf, off)
-        off += 8
-        _i205_clientid = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1024:
-            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i205_owner = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        f_owner = state_owner4(_i205_clientid, _i205_owner)
-        _v206: _Any
-        _f206: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d206,) = _S2.unpack_from(buf, off)
-        _a206 = _openflag4_ARMS.get(_d206)
-        if _a206 is None:
-            _d206 = _opentype4_MAP[(_d206,)[0]]
-            _f206 = _void_decode
-        else:
-            _d206, _f206 = _a206
-        _v206, off = _f206(r, off + 4)
-        f_openhow = openflag4(_d206, _v206)
-        _v207: _Any
-        _f207: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d207,) = _S2.unpack_from(buf, off)
-        _a207 = _open_claim4_ARMS.get(_d207)
-        if _a207 is None:
-            raise _XdrError('%r is not a case of open_claim4' % (_d207,), off)
-        else:
-            _d207, _f207 = _a207
-        _v207, off = _f207(r, off + 4)
-        f_claim = open_claim4(_d207, _v207)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated OPEN4args', o0) from None
-    return OPEN4args(f_seqid, f_share_access, f_share_deny, f_owner, f_openhow, f_claim), off
-
-
-@_dataclass(slots=True)
-class open_read_delegation4:
-    stateid: stateid4
-    recall: bool
-    permissions: nfsace4
-
-
-def enc_open_read_delegation4(w: _Writer, v: open_read_delegation4) -> None:
-    try:
-        if len(v.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S20.pack(v.stateid.seqid, v.stateid.other, v.recall)
-        _s208 = v.permissions
-        w += _S9.pack(_s208.type, _s208.flag, _s208.access_mask)
-        _v = _s208.who
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode open_read_delegation4: {_e}', len(w)) from None
-
-
-def dec_open_read_delegation4(r: _Reader, off: int) -> tuple[open_read_delegation4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S20.unpack_from(buf, off)
-        off += 20
-        f_stateid = stateid4(_t[0], _t[1])
-        f_recall = _BOOL[_t[2]]
-        _t = _S9.unpack_from(buf, off)
-        off += 12
-        _i209_type = _t[0]
-        _i209_flag = _t[1]
-        _i209_access_mask = _t[2]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i209_who = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        f_permissions = nfsace4(_i209_type, _i209_flag, _i209_access_mask, _i209_who)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated open_read_delegation4', o0) from None
-    return open_read_delegation4(f_stateid, f_recall, f_permissions), off
-
-
-@_dataclass(slots=True)
-class open_write_delegation4:
-    stateid: stateid4
-    recall: bool
-    space_limit: nfs_space_limit4
-    permissions: nfsace4
-
-
-def enc_open_write_delegation4(w: _Writer, v: open_write_delegation4) -> None:
-    try:
-        if len(v.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S20.pack(v.stateid.seqid, v.stateid.other, v.recall)
-        enc_nfs_space_limit4(w, v.space_limit)
-        _s210 = v.permissions
-        w += _S9.pack(_s210.type, _s210.flag, _s210.access_mask)
-        _v = _s210.who
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode open_write_delegation4: {_e}', len(w)) from None
-
-
-def dec_open_write_delegation4(r: _Reader, off: int) -> tuple[open_write_delegation4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S20.unpack_from(buf, off)
-        off += 20
-        f_stateid = stateid4(_t[0], _t[1])
-        f_recall = _BOOL[_t[2]]
-        _v211: _Any
-        _f211: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d211,) = _S2.unpack_from(buf, off)
-        _a211 = _nfs_space_limit4_ARMS.get(_d211)
-        if _a211 is None:
-            raise _XdrError('%r is not a case of nfs_space_limit4' % (_d211,), off)
-        else:
-            _d211, _f211 = _a211
-        _v211, off = _f211(r, off + 4)
-        f_space_limit = nfs_space_limit4(_d211, _v211)
-        _t = _S9.unpack_from(buf, off)
-        off += 12
-        _i212_type = _t[0]
-        _i212_flag = _t[1]
-        _i212_access_mask = _t[2]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i212_who = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        f_permissions = nfsace4(_i212_type, _i212_flag, _i212_access_mask, _i212_who)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated open_write_delegation4', o0) from None
-    return open_write_delegation4(f_stateid, f_recall, f_space_limit, f_permissions), off
-
-
-class why_no_delegation4(_IntEnum):
-    WND4_NOT_WANTED = 0
-    WND4_CONTENTION = 1
-    WND4_RESOURCE = 2
-    WND4_NOT_SUPP_FTYPE = 3
-    WND4_WRITE_DELEG_NOT_SUPP_FTYPE = 4
-    WND4_NOT_SUPP_UPGRADE = 5
-    WND4_NOT_SUPP_DOWNGRADE = 6
-    WND4_CANCELLED = 7
-    WND4_IS_DIR = 8
-
-
-_why_no_delegation4_MAP: _Final[dict[int, why_no_delegation4]] = {m.value: m for m in why_no_delegation4}
-WND4_NOT_WANTED = why_no_delegation4.WND4_NOT_WANTED
-WND4_CONTENTION = why_no_delegation4.WND4_CONTENTION
-WND4_RESOURCE = why_no_delegation4.WND4_RESOURCE
-WND4_NOT_SUPP_FTYPE = why_no_delegation4.WND4_NOT_SUPP_FTYPE
-WND4_WRITE_DELEG_NOT_SUPP_FTYPE = why_no_delegation4.WND4_WRITE_DELEG_NOT_SUPP_FTYPE
-WND4_NOT_SUPP_UPGRADE = why_no_delegation4.WND4_NOT_SUPP_UPGRADE
-WND4_NOT_SUPP_DOWNGRADE = why_no_delegation4.WND4_NOT_SUPP_DOWNGRADE
-WND4_CANCELLED = why_no_delegation4.WND4_CANCELLED
-WND4_IS_DIR = why_no_delegation4.WND4_IS_DIR
-
-
-def enc_why_no_delegation4(w: _Writer, v: why_no_delegation4) -> None:
-    try:
-        w += _I32.pack(_why_no_delegation4_MAP[v])
-    except (KeyError, TypeError, _struct.error):
-        raise _XdrError(f'{v!r} is not a why_no_delegation4', len(w)) from None
-
-
-def dec_why_no_delegation4(r: _Reader, off: int) -> tuple[why_no_delegation4, int]:
-    try:
-        return _why_no_delegation4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
-    except (KeyError, _struct.error):
-        raise _XdrError('invalid or truncated why_no_delegation4', off) from None
-
-
-def enc_open_none_delegation4_ond_server_will_push_deleg(w: _Writer, v: bool) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode open_none_delegation4.ond_server_will_push_deleg: {_e}', len(w)) from None
-
-
-def dec_open_none_delegation4_ond_server_will_push_deleg(r: _Reader, off: int) -> tuple[bool, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _BOOL[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated open_none_delegation4.ond_server_will_push_deleg', o0) from None
-    return _v, off
-
-
-def enc_open_none_delegation4_ond_server_will_signal_avail(w: _Writer, v: bool) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode open_none_delegation4.ond_server_will_signal_avail: {_e}', len(w)) from None
-
-
-def dec_open_none_delegation4_ond_server_will_signal_avail(r: _Reader, off: int) -> tuple[bool, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _BOOL[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated open_none_delegation4.ond_server_will_signal_avail', o0) from None
-    return _v, off
-
-
-@_dataclass(slots=True)
-class open_none_delegation4:
-    ond_why: why_no_delegation4
-    value: bool | None = None
-
-
-_open_none_delegation4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_open_none_delegation4_ond_server_will_push_deleg, 2: enc_open_none_delegation4_ond_server_will_signal_avail}
-_open_none_delegation4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_open_none_delegation4_ond_server_will_push_deleg, 2: dec_open_none_delegation4_ond_server_will_signal_avail}
-_open_none_delegation4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_why_no_delegation4_MAP[(1,)[0]], dec_open_none_delegation4_ond_server_will_push_deleg), 2: (_why_no_delegation4_MAP[(2,)[0]], dec_open_none_delegation4_ond_server_will_signal_avail)}
-
-
-def enc_open_none_delegation4(w: _Writer, v: open_none_delegation4) -> None:
-    try:
-        _d = v.ond_why
-        _f = _open_none_delegation4_ENC.get(_d, _void_encode)
-        _d = _why_no_delegation4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode open_none_delegation4: {_e!r}', len(w)) from None
-
-
-def dec_open_none_delegation4(r: _Reader, off: int) -> tuple[open_none_delegation4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v213: _Any
-        _f213: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d213,) = _S2.unpack_from(buf, off)
-        _a213 = _open_none_delegation4_ARMS.get(_d213)
-        if _a213 is None:
-            _d213 = _why_no_delegation4_MAP[(_d213,)[0]]
-            _f213 = _void_decode
-        else:
-            _d213, _f213 = _a213
-        _v213, off = _f213(r, off + 4)
-        _u = open_none_delegation4(_d213, _v213)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated open_none_delegation4', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class open_delegation4:
-    delegation_type: open_delegation_type4
-    value: open_read_delegation4 | open_write_delegation4 | open_none_delegation4 | None = None
-
-
-_open_delegation4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: _void_encode, 1: enc_open_read_delegation4, 2: enc_open_write_delegation4, 3: enc_open_none_delegation4}
-_open_delegation4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: _void_decode, 1: dec_open_read_delegation4, 2: dec_open_write_delegation4, 3: dec_open_none_delegation4}
-_open_delegation4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_open_delegation_type4_MAP[(0,)[0]], _void_decode), 1: (_open_delegation_type4_MAP[(1,)[0]], dec_open_read_delegation4), 2: (_open_delegation_type4_MAP[(2,)[0]], dec_open_write_delegation4), 3: (_open_delegation_type4_MAP[(3,)[0]], dec_open_none_delegation4)}
-
-
-def enc_open_delegation4(w: _Writer, v: open_delegation4) -> None:
-    try:
-        _d = v.delegation_type
-        _f = _open_delegation4_ENC.get(_d)
-        if _f is None:
-            raise _XdrError(f'{_d!r} is not a case of open_delegation4', len(w))
-        _d = _open_delegation_type4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode open_delegation4: {_e!r}', len(w)) from None
-
-
-def dec_open_delegation4(r: _Reader, off: int) -> tuple[open_delegation4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v214: _Any
-        _f214: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d214,) = _S2.unpack_from(buf, off)
-        _a214 = _open_delegation4_ARMS.get(_d214)
-        if _a214 is None:
-            raise _XdrError('%r is not a case of open_delegation4' % (_d214,), off)
-        else:
-            _d214, _f214 = _a214
-        _v214, off = _f214(r, off + 4)
-        _u = open_delegation4(_d214, _v214)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated open_delegation4', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class OPEN4resok:
-    stateid: stateid4
-    cinfo: change_info4
-    rflags: int
-    attrset: list[int]
-    delegation: open_delegation4
-
-
-def enc_OPEN4resok(w: _Writer, v: OPEN4resok) -> None:
-    try:
-        if len(v.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S24.pack(v.stateid.seqid, v.stateid.other, v.cinfo.atomic, v.cinfo.before, v.cinfo.after, v.rflags)
-        _a215 = v.attrset
-        _n = len(_a215)
-        w += _U32.pack(_n)
-        for _x215 in _a215:
-            w += _S0.pack(_x215)
-        enc_open_delegation4(w, v.delegation)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode OPEN4resok: {_e}', len(w)) from None
-
-
-def dec_OPEN4resok(r: _Reader, off: int) -> tuple[OPEN4resok, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S24.unpack_from(buf, off)
-        off += 40
-        f_stateid = stateid4(_t[0], _t[1])
-        f_cinfo = change_info4(_BOOL[_t[2]], _t[3], _t[4])
-        f_rflags = _t[5]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_attrset = []
-        _c216 = _n
-        for _ in range(_c216):
-            _t = _S0.unpack_from(buf, off)
-            off += 4
-            _x216 = _t[0]
-            f_attrset.append(_x216)
-        _v217: _Any
-        _f217: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d217,) = _S2.unpack_from(buf, off)
-        _a217 = _open_delegation4_ARMS.get(_d217)
-        if _a217 is None:
-            raise _XdrError('%r is not a case of open_delegation4' % (_d217,), off)
-        else:
-            _d217, _f217 = _a217
-        _v217, off = _f217(r, off + 4)
-        f_delegation = open_delegation4(_d217, _v217)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated OPEN4resok', o0) from None
-    return OPEN4resok(f_stateid, f_cinfo, f_rflags, f_attrset, f_delegation), off
-
-
-@_dataclass(slots=True)
-class OPEN4res:
-    status: nfsstat4
-    value: OPEN4resok | None = None
-
-
-_OPEN4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_OPEN4resok}
-_OPEN4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_OPEN4resok}
-_OPEN4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_OPEN4resok)}
-
-
-def enc_OPEN4res(w: _Writer, v: OPEN4res) -> None:
-    try:
-        _d = v.status
-        _f = _OPEN4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode OPEN4res: {_e!r}', len(w)) from None
-
-
-def dec_OPEN4res(r: _Reader, off: int) -> tuple[OPEN4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v218: _Any
-        _f218: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d218,) = _S2.unpack_from(buf, off)
-        _a218 = _OPEN4res_ARMS.get(_d218)
-        if _a218 is None:
-            _d218 = _nfsstat4_MAP[(_d218,)[0]]
-            _f218 = _void_decode
-        else:
-            _d218, _f218 = _a218
-        _v218, off = _f218(r, off + 4)
-        _u = OPEN4res(_d218, _v218)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated OPEN4res', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class OPENATTR4args:
-    createdir: bool
-
-
-def enc_OPENATTR4args(w: _Writer, v: OPENATTR4args) -> None:
-    try:
-        w += _S0.pack(v.createdir)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode OPENATTR4args: {_e}', len(w)) from None
-
-
-def dec_OPENATTR4args(r: _Reader, off: int) -> tuple[OPENATTR4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        f_createdir = _BOOL[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated OPENATTR4args', o0) from None
-    return OPENATTR4args(f_createdir), off
+_S7: _Final = _struct.Struct('>qI')
+_S11: _Final = _struct.Struct('>I12s')
+_S15: _Final = _struct.Struct('>Ii')
+_S16: _Final = _struct.Struct('>IQQ')
+_S20: _Final = _struct.Struct('>iI12s')
+_S22: _Final = _struct.Struct('>i8s')
+_S23: _Final = _struct.Struct('>iI')
+_S24: _Final = _struct.Struct('>iIQQ')
+_S26: _Final = _struct.Struct('>I12sI')
+_S38: _Final = _struct.Struct('>I12sIII')
+_S39: _Final = _struct.Struct('>I12sQI')
+_S40: _Final = _struct.Struct('>Q8sII')
+_S41: _Final = _struct.Struct('>IQQIQQ')
+_S42: _Final = _struct.Struct('>iIQQIQQ')
+_S43: _Final = _struct.Struct('>Q8s')
+_S44: _Final = _struct.Struct('>iQ8s')
+_S45: _Final = _struct.Struct('>I12sQi')
+_S46: _Final = _struct.Struct('>Ii8s')
+_S47: _Final = _struct.Struct('>iIi8s')
+_S48: _Final = _struct.Struct('>16siI')
+_S49: _Final = _struct.Struct('>i16siI')
 
 
 @_dataclass(slots=True)
@@ -1613,12 +102,12 @@ def dec_OPENATTR4res(r: _Reader, off: int) -> tuple[OPENATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = OPENATTR4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OPENATTR4res', o0) from None
-    return OPENATTR4res(f_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1630,7 +119,7 @@ class OPEN_CONFIRM4args:
 def enc_OPEN_CONFIRM4args(w: _Writer, v: OPEN_CONFIRM4args) -> None:
     try:
         if len(v.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S20.pack(v.open_stateid.seqid, v.open_stateid.other, v.seqid)
+        w += _S26.pack(v.open_stateid.seqid, v.open_stateid.other, v.seqid)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode OPEN_CONFIRM4args: {_e}', len(w)) from None
 
@@ -1639,13 +128,12 @@ def dec_OPEN_CONFIRM4args(r: _Reader, off: int) -> tuple[OPEN_CONFIRM4args, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S20.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S26.unpack_from(buf, off)
         off += 20
-        f_open_stateid = stateid4(_t[0], _t[1])
-        f_seqid = _t[2]
+        _u = OPEN_CONFIRM4args(stateid4(_t0, _t1), _t2)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OPEN_CONFIRM4args', o0) from None
-    return OPEN_CONFIRM4args(f_open_stateid, f_seqid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1656,7 +144,7 @@ class OPEN_CONFIRM4resok:
 def enc_OPEN_CONFIRM4resok(w: _Writer, v: OPEN_CONFIRM4resok) -> None:
     try:
         if len(v.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S10.pack(v.open_stateid.seqid, v.open_stateid.other)
+        w += _S11.pack(v.open_stateid.seqid, v.open_stateid.other)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode OPEN_CONFIRM4resok: {_e}', len(w)) from None
 
@@ -1665,12 +153,12 @@ def dec_OPEN_CONFIRM4resok(r: _Reader, off: int) -> tuple[OPEN_CONFIRM4resok, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S10.unpack_from(buf, off)
+        _t0, _t1 = _S11.unpack_from(buf, off)
         off += 16
-        f_open_stateid = stateid4(_t[0], _t[1])
+        _u = OPEN_CONFIRM4resok(stateid4(_t0, _t1))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OPEN_CONFIRM4resok', o0) from None
-    return OPEN_CONFIRM4resok(f_open_stateid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1684,7 +172,7 @@ _OPEN_CONFIRM4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, in
 _OPEN_CONFIRM4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_OPEN_CONFIRM4resok)}
 
 
-def enc_OPEN_CONFIRM4res(w: _Writer, v: OPEN_CONFIRM4res) -> None:
+def _enc_any_OPEN_CONFIRM4res(w: _Writer, v: OPEN_CONFIRM4res) -> None:
     try:
         _d = v.status
         _f = _OPEN_CONFIRM4res_ENC.get(_d, _void_encode)
@@ -1695,21 +183,55 @@ def enc_OPEN_CONFIRM4res(w: _Writer, v: OPEN_CONFIRM4res) -> None:
         raise _XdrError(f'cannot encode OPEN_CONFIRM4res: {_e!r}', len(w)) from None
 
 
+def _dec_any_OPEN_CONFIRM4res(r: _Reader, off: int) -> tuple[OPEN_CONFIRM4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v358: _Any
+        _f358: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d358,) = _S2.unpack_from(buf, off)
+        _a358 = _OPEN_CONFIRM4res_ARMS.get(_d358)
+        if _a358 is None:
+            _d358 = _nfsstat4_MAP[(_d358,)[0]]
+            _f358 = _void_decode
+        else:
+            _d358, _f358 = _a358
+        _v358, off = _f358(r, off + 4)
+        _u = OPEN_CONFIRM4res(_d358, _v358)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated OPEN_CONFIRM4res', o0) from None
+    return _u, off
+
+
+def enc_OPEN_CONFIRM4res(w: _Writer, v: OPEN_CONFIRM4res) -> None:
+    try:
+        _u359 = v
+        _d359 = _u359.status
+        _w359: _Any
+        if _d359 == 0:
+            _w359 = _u359.value
+            if len(_w359.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S20.pack(0, _w359.open_stateid.seqid, _w359.open_stateid.other)
+        else:
+            _enc_any_OPEN_CONFIRM4res(w, _u359)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode OPEN_CONFIRM4res: {_e!r}', len(w)) from None
+
+
 def dec_OPEN_CONFIRM4res(r: _Reader, off: int) -> tuple[OPEN_CONFIRM4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v219: _Any
-        _f219: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d219,) = _S2.unpack_from(buf, off)
-        _a219 = _OPEN_CONFIRM4res_ARMS.get(_d219)
-        if _a219 is None:
-            _d219 = _nfsstat4_MAP[(_d219,)[0]]
-            _f219 = _void_decode
+        _v360: _Any
+        (_d360,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d360 == 0:
+            _t0, _t1 = _S11.unpack_from(buf, off)
+            off += 16
+            _v360 = OPEN_CONFIRM4resok(stateid4(_t0, _t1))
+            _u = OPEN_CONFIRM4res(NFS4_OK, _v360)
         else:
-            _d219, _f219 = _a219
-        _v219, off = _f219(r, off + 4)
-        _u = OPEN_CONFIRM4res(_d219, _v219)
+            _u, off = _dec_any_OPEN_CONFIRM4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OPEN_CONFIRM4res', o0) from None
     return _u, off
@@ -1726,7 +248,7 @@ class OPEN_DOWNGRADE4args:
 def enc_OPEN_DOWNGRADE4args(w: _Writer, v: OPEN_DOWNGRADE4args) -> None:
     try:
         if len(v.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S25.pack(v.open_stateid.seqid, v.open_stateid.other, v.seqid, v.share_access, v.share_deny)
+        w += _S38.pack(v.open_stateid.seqid, v.open_stateid.other, v.seqid, v.share_access, v.share_deny)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode OPEN_DOWNGRADE4args: {_e}', len(w)) from None
 
@@ -1735,15 +257,12 @@ def dec_OPEN_DOWNGRADE4args(r: _Reader, off: int) -> tuple[OPEN_DOWNGRADE4args, 
     buf = r.buf
     o0 = off
     try:
-        _t = _S25.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, _t4 = _S38.unpack_from(buf, off)
         off += 28
-        f_open_stateid = stateid4(_t[0], _t[1])
-        f_seqid = _t[2]
-        f_share_access = _t[3]
-        f_share_deny = _t[4]
+        _u = OPEN_DOWNGRADE4args(stateid4(_t0, _t1), _t2, _t3, _t4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OPEN_DOWNGRADE4args', o0) from None
-    return OPEN_DOWNGRADE4args(f_open_stateid, f_seqid, f_share_access, f_share_deny), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1754,7 +273,7 @@ class OPEN_DOWNGRADE4resok:
 def enc_OPEN_DOWNGRADE4resok(w: _Writer, v: OPEN_DOWNGRADE4resok) -> None:
     try:
         if len(v.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S10.pack(v.open_stateid.seqid, v.open_stateid.other)
+        w += _S11.pack(v.open_stateid.seqid, v.open_stateid.other)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode OPEN_DOWNGRADE4resok: {_e}', len(w)) from None
 
@@ -1763,12 +282,12 @@ def dec_OPEN_DOWNGRADE4resok(r: _Reader, off: int) -> tuple[OPEN_DOWNGRADE4resok
     buf = r.buf
     o0 = off
     try:
-        _t = _S10.unpack_from(buf, off)
+        _t0, _t1 = _S11.unpack_from(buf, off)
         off += 16
-        f_open_stateid = stateid4(_t[0], _t[1])
+        _u = OPEN_DOWNGRADE4resok(stateid4(_t0, _t1))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OPEN_DOWNGRADE4resok', o0) from None
-    return OPEN_DOWNGRADE4resok(f_open_stateid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1782,7 +301,7 @@ _OPEN_DOWNGRADE4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, 
 _OPEN_DOWNGRADE4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_OPEN_DOWNGRADE4resok)}
 
 
-def enc_OPEN_DOWNGRADE4res(w: _Writer, v: OPEN_DOWNGRADE4res) -> None:
+def _enc_any_OPEN_DOWNGRADE4res(w: _Writer, v: OPEN_DOWNGRADE4res) -> None:
     try:
         _d = v.status
         _f = _OPEN_DOWNGRADE4res_ENC.get(_d, _void_encode)
@@ -1793,21 +312,55 @@ def enc_OPEN_DOWNGRADE4res(w: _Writer, v: OPEN_DOWNGRADE4res) -> None:
         raise _XdrError(f'cannot encode OPEN_DOWNGRADE4res: {_e!r}', len(w)) from None
 
 
+def _dec_any_OPEN_DOWNGRADE4res(r: _Reader, off: int) -> tuple[OPEN_DOWNGRADE4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v361: _Any
+        _f361: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d361,) = _S2.unpack_from(buf, off)
+        _a361 = _OPEN_DOWNGRADE4res_ARMS.get(_d361)
+        if _a361 is None:
+            _d361 = _nfsstat4_MAP[(_d361,)[0]]
+            _f361 = _void_decode
+        else:
+            _d361, _f361 = _a361
+        _v361, off = _f361(r, off + 4)
+        _u = OPEN_DOWNGRADE4res(_d361, _v361)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated OPEN_DOWNGRADE4res', o0) from None
+    return _u, off
+
+
+def enc_OPEN_DOWNGRADE4res(w: _Writer, v: OPEN_DOWNGRADE4res) -> None:
+    try:
+        _u362 = v
+        _d362 = _u362.status
+        _w362: _Any
+        if _d362 == 0:
+            _w362 = _u362.value
+            if len(_w362.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S20.pack(0, _w362.open_stateid.seqid, _w362.open_stateid.other)
+        else:
+            _enc_any_OPEN_DOWNGRADE4res(w, _u362)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode OPEN_DOWNGRADE4res: {_e!r}', len(w)) from None
+
+
 def dec_OPEN_DOWNGRADE4res(r: _Reader, off: int) -> tuple[OPEN_DOWNGRADE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v220: _Any
-        _f220: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d220,) = _S2.unpack_from(buf, off)
-        _a220 = _OPEN_DOWNGRADE4res_ARMS.get(_d220)
-        if _a220 is None:
-            _d220 = _nfsstat4_MAP[(_d220,)[0]]
-            _f220 = _void_decode
+        _v363: _Any
+        (_d363,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d363 == 0:
+            _t0, _t1 = _S11.unpack_from(buf, off)
+            off += 16
+            _v363 = OPEN_DOWNGRADE4resok(stateid4(_t0, _t1))
+            _u = OPEN_DOWNGRADE4res(NFS4_OK, _v363)
         else:
-            _d220, _f220 = _a220
-        _v220, off = _f220(r, off + 4)
-        _u = OPEN_DOWNGRADE4res(_d220, _v220)
+            _u, off = _dec_any_OPEN_DOWNGRADE4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OPEN_DOWNGRADE4res', o0) from None
     return _u, off
@@ -1824,7 +377,7 @@ def enc_PUTFH4args(w: _Writer, v: PUTFH4args) -> None:
         _n = len(_v)
         if _n > 128:
             raise _XdrError('object: length %d exceeds 128' % _n, len(w))
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1842,8 +395,6 @@ def dec_PUTFH4args(r: _Reader, off: int) -> tuple[PUTFH4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_object = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1867,12 +418,12 @@ def dec_PUTFH4res(r: _Reader, off: int) -> tuple[PUTFH4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = PUTFH4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated PUTFH4res', o0) from None
-    return PUTFH4res(f_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1891,12 +442,12 @@ def dec_PUTPUBFH4res(r: _Reader, off: int) -> tuple[PUTPUBFH4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = PUTPUBFH4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated PUTPUBFH4res', o0) from None
-    return PUTPUBFH4res(f_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1915,12 +466,12 @@ def dec_PUTROOTFH4res(r: _Reader, off: int) -> tuple[PUTROOTFH4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = PUTROOTFH4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated PUTROOTFH4res', o0) from None
-    return PUTROOTFH4res(f_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1933,7 +484,7 @@ class READ4args:
 def enc_READ4args(w: _Writer, v: READ4args) -> None:
     try:
         if len(v.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S26.pack(v.stateid.seqid, v.stateid.other, v.offset, v.count)
+        w += _S39.pack(v.stateid.seqid, v.stateid.other, v.offset, v.count)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode READ4args: {_e}', len(w)) from None
 
@@ -1942,14 +493,12 @@ def dec_READ4args(r: _Reader, off: int) -> tuple[READ4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S26.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3 = _S39.unpack_from(buf, off)
         off += 28
-        f_stateid = stateid4(_t[0], _t[1])
-        f_offset = _t[2]
-        f_count = _t[3]
+        _u = READ4args(stateid4(_t0, _t1), _t2, _t3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated READ4args', o0) from None
-    return READ4args(f_stateid, f_offset, f_count), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1961,7 +510,10 @@ class READ4resok:
 def enc_READ4resok(w: _Writer, v: READ4resok) -> None:
     try:
         w += _S0.pack(v.eof)
-        w.put_ddp(v.data, None)
+        _dv = v.data
+        _n = len(_dv)
+        w += _S0.pack(_n)
+        w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode READ4resok: {_e}', len(w)) from None
 
@@ -1970,10 +522,21 @@ def dec_READ4resok(r: _Reader, off: int) -> tuple[READ4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        f_eof = _BOOL[_t[0]]
-        f_data, off = r.take_ddp(off, None)
+        f_eof = _BOOL[_t0]
+        if r.ordered or r.chunks:
+            f_data, off = r.take_ddp(off, None)
+        else:
+            if off + 4 > len(buf):
+                raise _XdrError('truncated opaque length', off)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            _e = off + _n
+            if _e + (-_n & 3) > len(buf):
+                raise _XdrError(f'opaque of {_n} bytes runs past the end', off)
+            f_data = (buf if isinstance(buf, memoryview) else memoryview(buf))[off:_e]
+            off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated READ4resok', o0) from None
     return READ4resok(f_eof, f_data), off
@@ -1990,7 +553,7 @@ _READ4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = 
 _READ4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_READ4resok)}
 
 
-def enc_READ4res(w: _Writer, v: READ4res) -> None:
+def _enc_any_READ4res(w: _Writer, v: READ4res) -> None:
     try:
         _d = v.status
         _f = _READ4res_ENC.get(_d, _void_encode)
@@ -2001,21 +564,72 @@ def enc_READ4res(w: _Writer, v: READ4res) -> None:
         raise _XdrError(f'cannot encode READ4res: {_e!r}', len(w)) from None
 
 
+def _dec_any_READ4res(r: _Reader, off: int) -> tuple[READ4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v364: _Any
+        _f364: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d364,) = _S2.unpack_from(buf, off)
+        _a364 = _READ4res_ARMS.get(_d364)
+        if _a364 is None:
+            _d364 = _nfsstat4_MAP[(_d364,)[0]]
+            _f364 = _void_decode
+        else:
+            _d364, _f364 = _a364
+        _v364, off = _f364(r, off + 4)
+        _u = READ4res(_d364, _v364)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated READ4res', o0) from None
+    return _u, off
+
+
+def enc_READ4res(w: _Writer, v: READ4res) -> None:
+    try:
+        _u365 = v
+        _d365 = _u365.status
+        _w365: _Any
+        if _d365 == 0:
+            _w365 = _u365.value
+            _s366 = _w365
+            w += _S23.pack(0, _s366.eof)
+            _dv = _s366.data
+            _n = len(_dv)
+            w += _S0.pack(_n)
+            w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
+        else:
+            _enc_any_READ4res(w, _u365)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode READ4res: {_e!r}', len(w)) from None
+
+
 def dec_READ4res(r: _Reader, off: int) -> tuple[READ4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v221: _Any
-        _f221: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d221,) = _S2.unpack_from(buf, off)
-        _a221 = _READ4res_ARMS.get(_d221)
-        if _a221 is None:
-            _d221 = _nfsstat4_MAP[(_d221,)[0]]
-            _f221 = _void_decode
+        _v367: _Any
+        (_d367,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d367 == 0:
+            (_t0,) = _S0.unpack_from(buf, off)
+            off += 4
+            _i368_eof = _BOOL[_t0]
+            if r.ordered or r.chunks:
+                _i368_data, off = r.take_ddp(off, None)
+            else:
+                if off + 4 > len(buf):
+                    raise _XdrError('truncated opaque length', off)
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                _e = off + _n
+                if _e + (-_n & 3) > len(buf):
+                    raise _XdrError(f'opaque of {_n} bytes runs past the end', off)
+                _i368_data = (buf if isinstance(buf, memoryview) else memoryview(buf))[off:_e]
+                off = _e + (-_n & 3)
+            _v367 = READ4resok(_i368_eof, _i368_data)
+            _u = READ4res(NFS4_OK, _v367)
         else:
-            _d221, _f221 = _a221
-        _v221, off = _f221(r, off + 4)
-        _u = READ4res(_d221, _v221)
+            _u, off = _dec_any_READ4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated READ4res', o0) from None
     return _u, off
@@ -2033,12 +647,12 @@ class READDIR4args:
 def enc_READDIR4args(w: _Writer, v: READDIR4args) -> None:
     try:
         if len(v.cookieverf) != 8: raise _XdrError('fixed opaque cookieverf must be 8 bytes', len(w))
-        w += _S27.pack(v.cookie, v.cookieverf, v.dircount, v.maxcount)
-        _a222 = v.attr_request
-        _n = len(_a222)
-        w += _U32.pack(_n)
-        for _x222 in _a222:
-            w += _S0.pack(_x222)
+        w += _S40.pack(v.cookie, v.cookieverf, v.dircount, v.maxcount)
+        _a369 = v.attr_request
+        _n = len(_a369)
+        w += _S0.pack(_n)
+        for _x369 in _a369:
+            w += _S0.pack(_x369)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode READDIR4args: {_e}', len(w)) from None
 
@@ -2047,23 +661,18 @@ def dec_READDIR4args(r: _Reader, off: int) -> tuple[READDIR4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S27.unpack_from(buf, off)
+        f_cookie, f_cookieverf, f_dircount, f_maxcount = _S40.unpack_from(buf, off)
         off += 24
-        f_cookie = _t[0]
-        f_cookieverf = _t[1]
-        f_dircount = _t[2]
-        f_maxcount = _t[3]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_attr_request = []
-        _c223 = _n
-        for _ in range(_c223):
-            _t = _S0.unpack_from(buf, off)
+        _c370 = _n
+        for _ in range(_c370):
+            (_x370,) = _S0.unpack_from(buf, off)
             off += 4
-            _x223 = _t[0]
-            f_attr_request.append(_x223)
+            f_attr_request.append(_x370)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated READDIR4args', o0) from None
     return READDIR4args(f_cookie, f_cookieverf, f_dircount, f_maxcount, f_attr_request), off
@@ -2081,18 +690,18 @@ def enc_entry4(w: _Writer, v: entry4) -> None:
         w += _S4.pack(v.cookie)
         _v = v.name
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _s224 = v.attrs
-        _a225 = _s224.attrmask
-        _n = len(_a225)
-        w += _U32.pack(_n)
-        for _x225 in _a225:
-            w += _S0.pack(_x225)
-        _v = _s224.attr_vals
+        _s371 = v.attrs
+        _a372 = _s371.attrmask
+        _n = len(_a372)
+        w += _S0.pack(_n)
+        for _x372 in _a372:
+            w += _S0.pack(_x372)
+        _v = _s371.attr_vals
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -2103,39 +712,33 @@ def dec_entry4(r: _Reader, off: int) -> tuple[entry4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (f_cookie,) = _S4.unpack_from(buf, off)
         off += 8
-        f_cookie = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_name = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i226_attrmask = []
-        _c227 = _n
-        for _ in range(_c227):
-            _t = _S0.unpack_from(buf, off)
+        _i373_attrmask = []
+        _c374 = _n
+        for _ in range(_c374):
+            (_x374,) = _S0.unpack_from(buf, off)
             off += 4
-            _x227 = _t[0]
-            _i226_attrmask.append(_x227)
+            _i373_attrmask.append(_x374)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i226_attr_vals = bytes(buf[off:_e])
+        _i373_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_attrs = fattr4(_i226_attrmask, _i226_attr_vals)
+        f_attrs = fattr4(_i373_attrmask, _i373_attr_vals)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated entry4', o0) from None
     return entry4(f_cookie, f_name, f_attrs), off
@@ -2183,9 +786,9 @@ def dec_dirlist4(r: _Reader, off: int) -> tuple[dirlist4, int]:
     o0 = off
     try:
         f_entries, off = _dec_list_entry4(r, off)
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        f_eof = _BOOL[_t[0]]
+        f_eof = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated dirlist4', o0) from None
     return dirlist4(f_entries, f_eof), off
@@ -2201,9 +804,9 @@ def enc_READDIR4resok(w: _Writer, v: READDIR4resok) -> None:
     try:
         if len(v.cookieverf) != 8: raise _XdrError('fixed opaque cookieverf must be 8 bytes', len(w))
         w += _S6.pack(v.cookieverf)
-        _s228 = v.reply
-        _enc_list_entry4(w, _s228.entries)
-        w += _S0.pack(_s228.eof)
+        _s375 = v.reply
+        _enc_list_entry4(w, _s375.entries)
+        w += _S0.pack(_s375.eof)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode READDIR4resok: {_e}', len(w)) from None
 
@@ -2212,14 +815,13 @@ def dec_READDIR4resok(r: _Reader, off: int) -> tuple[READDIR4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S6.unpack_from(buf, off)
+        (f_cookieverf,) = _S6.unpack_from(buf, off)
         off += 8
-        f_cookieverf = _t[0]
-        _i229_entries, off = _dec_list_entry4(r, off)
-        _t = _S0.unpack_from(buf, off)
+        _i376_entries, off = _dec_list_entry4(r, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _i229_eof = _BOOL[_t[0]]
-        f_reply = dirlist4(_i229_entries, _i229_eof)
+        _i376_eof = _BOOL[_t0]
+        f_reply = dirlist4(_i376_entries, _i376_eof)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated READDIR4resok', o0) from None
     return READDIR4resok(f_cookieverf, f_reply), off
@@ -2236,7 +838,7 @@ _READDIR4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]]
 _READDIR4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_READDIR4resok)}
 
 
-def enc_READDIR4res(w: _Writer, v: READDIR4res) -> None:
+def _enc_any_READDIR4res(w: _Writer, v: READDIR4res) -> None:
     try:
         _d = v.status
         _f = _READDIR4res_ENC.get(_d, _void_encode)
@@ -2247,21 +849,64 @@ def enc_READDIR4res(w: _Writer, v: READDIR4res) -> None:
         raise _XdrError(f'cannot encode READDIR4res: {_e!r}', len(w)) from None
 
 
+def _dec_any_READDIR4res(r: _Reader, off: int) -> tuple[READDIR4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v377: _Any
+        _f377: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d377,) = _S2.unpack_from(buf, off)
+        _a377 = _READDIR4res_ARMS.get(_d377)
+        if _a377 is None:
+            _d377 = _nfsstat4_MAP[(_d377,)[0]]
+            _f377 = _void_decode
+        else:
+            _d377, _f377 = _a377
+        _v377, off = _f377(r, off + 4)
+        _u = READDIR4res(_d377, _v377)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated READDIR4res', o0) from None
+    return _u, off
+
+
+def enc_READDIR4res(w: _Writer, v: READDIR4res) -> None:
+    try:
+        _u378 = v
+        _d378 = _u378.status
+        _w378: _Any
+        if _d378 == 0:
+            _w378 = _u378.value
+            _s379 = _w378
+            if len(_s379.cookieverf) != 8: raise _XdrError('fixed opaque cookieverf must be 8 bytes', len(w))
+            w += _S22.pack(0, _s379.cookieverf)
+            _s380 = _s379.reply
+            _enc_list_entry4(w, _s380.entries)
+            w += _S0.pack(_s380.eof)
+        else:
+            _enc_any_READDIR4res(w, _u378)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode READDIR4res: {_e!r}', len(w)) from None
+
+
 def dec_READDIR4res(r: _Reader, off: int) -> tuple[READDIR4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v230: _Any
-        _f230: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d230,) = _S2.unpack_from(buf, off)
-        _a230 = _READDIR4res_ARMS.get(_d230)
-        if _a230 is None:
-            _d230 = _nfsstat4_MAP[(_d230,)[0]]
-            _f230 = _void_decode
+        _v381: _Any
+        (_d381,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d381 == 0:
+            (_i382_cookieverf,) = _S6.unpack_from(buf, off)
+            off += 8
+            _i383_entries, off = _dec_list_entry4(r, off)
+            (_t0,) = _S0.unpack_from(buf, off)
+            off += 4
+            _i383_eof = _BOOL[_t0]
+            _i382_reply = dirlist4(_i383_entries, _i383_eof)
+            _v381 = READDIR4resok(_i382_cookieverf, _i382_reply)
+            _u = READDIR4res(NFS4_OK, _v381)
         else:
-            _d230, _f230 = _a230
-        _v230, off = _f230(r, off + 4)
-        _u = READDIR4res(_d230, _v230)
+            _u, off = _dec_any_READDIR4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated READDIR4res', o0) from None
     return _u, off
@@ -2274,7 +919,10 @@ class READLINK4resok:
 
 def enc_READLINK4resok(w: _Writer, v: READLINK4resok) -> None:
     try:
-        w.put_ddp(v.link, None)
+        _dv = v.link
+        _n = len(_dv)
+        w += _S0.pack(_n)
+        w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode READLINK4resok: {_e}', len(w)) from None
 
@@ -2283,7 +931,18 @@ def dec_READLINK4resok(r: _Reader, off: int) -> tuple[READLINK4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        f_link, off = r.take_ddp(off, None)
+        if r.ordered or r.chunks:
+            f_link, off = r.take_ddp(off, None)
+        else:
+            if off + 4 > len(buf):
+                raise _XdrError('truncated opaque length', off)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            _e = off + _n
+            if _e + (-_n & 3) > len(buf):
+                raise _XdrError(f'opaque of {_n} bytes runs past the end', off)
+            f_link = (buf if isinstance(buf, memoryview) else memoryview(buf))[off:_e]
+            off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated READLINK4resok', o0) from None
     return READLINK4resok(f_link), off
@@ -2300,7 +959,7 @@ _READLINK4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]
 _READLINK4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_READLINK4resok)}
 
 
-def enc_READLINK4res(w: _Writer, v: READLINK4res) -> None:
+def _enc_any_READLINK4res(w: _Writer, v: READLINK4res) -> None:
     try:
         _d = v.status
         _f = _READLINK4res_ENC.get(_d, _void_encode)
@@ -2311,21 +970,68 @@ def enc_READLINK4res(w: _Writer, v: READLINK4res) -> None:
         raise _XdrError(f'cannot encode READLINK4res: {_e!r}', len(w)) from None
 
 
+def _dec_any_READLINK4res(r: _Reader, off: int) -> tuple[READLINK4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v384: _Any
+        _f384: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d384,) = _S2.unpack_from(buf, off)
+        _a384 = _READLINK4res_ARMS.get(_d384)
+        if _a384 is None:
+            _d384 = _nfsstat4_MAP[(_d384,)[0]]
+            _f384 = _void_decode
+        else:
+            _d384, _f384 = _a384
+        _v384, off = _f384(r, off + 4)
+        _u = READLINK4res(_d384, _v384)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated READLINK4res', o0) from None
+    return _u, off
+
+
+def enc_READLINK4res(w: _Writer, v: READLINK4res) -> None:
+    try:
+        _u385 = v
+        _d385 = _u385.status
+        _w385: _Any
+        if _d385 == 0:
+            _w385 = _u385.value
+            _s386 = _w385
+            _dv = _s386.link
+            _n = len(_dv)
+            w += _S23.pack(0, _n)
+            w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
+        else:
+            _enc_any_READLINK4res(w, _u385)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode READLINK4res: {_e!r}', len(w)) from None
+
+
 def dec_READLINK4res(r: _Reader, off: int) -> tuple[READLINK4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v231: _Any
-        _f231: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d231,) = _S2.unpack_from(buf, off)
-        _a231 = _READLINK4res_ARMS.get(_d231)
-        if _a231 is None:
-            _d231 = _nfsstat4_MAP[(_d231,)[0]]
-            _f231 = _void_decode
+        _v387: _Any
+        (_d387,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d387 == 0:
+            if r.ordered or r.chunks:
+                _i388_link, off = r.take_ddp(off, None)
+            else:
+                if off + 4 > len(buf):
+                    raise _XdrError('truncated opaque length', off)
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                _e = off + _n
+                if _e + (-_n & 3) > len(buf):
+                    raise _XdrError(f'opaque of {_n} bytes runs past the end', off)
+                _i388_link = (buf if isinstance(buf, memoryview) else memoryview(buf))[off:_e]
+                off = _e + (-_n & 3)
+            _v387 = READLINK4resok(_i388_link)
+            _u = READLINK4res(NFS4_OK, _v387)
         else:
-            _d231, _f231 = _a231
-        _v231, off = _f231(r, off + 4)
-        _u = READLINK4res(_d231, _v231)
+            _u, off = _dec_any_READLINK4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated READLINK4res', o0) from None
     return _u, off
@@ -2340,7 +1046,7 @@ def enc_REMOVE4args(w: _Writer, v: REMOVE4args) -> None:
     try:
         _v = v.target
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -2356,8 +1062,6 @@ def dec_REMOVE4args(r: _Reader, off: int) -> tuple[REMOVE4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_target = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2372,7 +1076,7 @@ class REMOVE4resok:
 
 def enc_REMOVE4resok(w: _Writer, v: REMOVE4resok) -> None:
     try:
-        w += _S15.pack(v.cinfo.atomic, v.cinfo.before, v.cinfo.after)
+        w += _S16.pack(v.cinfo.atomic, v.cinfo.before, v.cinfo.after)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode REMOVE4resok: {_e}', len(w)) from None
 
@@ -2381,12 +1085,12 @@ def dec_REMOVE4resok(r: _Reader, off: int) -> tuple[REMOVE4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S15.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S16.unpack_from(buf, off)
         off += 20
-        f_cinfo = change_info4(_BOOL[_t[0]], _t[1], _t[2])
+        _u = REMOVE4resok(change_info4(_BOOL[_t0], _t1, _t2))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated REMOVE4resok', o0) from None
-    return REMOVE4resok(f_cinfo), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2400,7 +1104,7 @@ _REMOVE4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] 
 _REMOVE4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_REMOVE4resok)}
 
 
-def enc_REMOVE4res(w: _Writer, v: REMOVE4res) -> None:
+def _enc_any_REMOVE4res(w: _Writer, v: REMOVE4res) -> None:
     try:
         _d = v.status
         _f = _REMOVE4res_ENC.get(_d, _void_encode)
@@ -2411,21 +1115,54 @@ def enc_REMOVE4res(w: _Writer, v: REMOVE4res) -> None:
         raise _XdrError(f'cannot encode REMOVE4res: {_e!r}', len(w)) from None
 
 
+def _dec_any_REMOVE4res(r: _Reader, off: int) -> tuple[REMOVE4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v389: _Any
+        _f389: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d389,) = _S2.unpack_from(buf, off)
+        _a389 = _REMOVE4res_ARMS.get(_d389)
+        if _a389 is None:
+            _d389 = _nfsstat4_MAP[(_d389,)[0]]
+            _f389 = _void_decode
+        else:
+            _d389, _f389 = _a389
+        _v389, off = _f389(r, off + 4)
+        _u = REMOVE4res(_d389, _v389)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated REMOVE4res', o0) from None
+    return _u, off
+
+
+def enc_REMOVE4res(w: _Writer, v: REMOVE4res) -> None:
+    try:
+        _u390 = v
+        _d390 = _u390.status
+        _w390: _Any
+        if _d390 == 0:
+            _w390 = _u390.value
+            w += _S24.pack(0, _w390.cinfo.atomic, _w390.cinfo.before, _w390.cinfo.after)
+        else:
+            _enc_any_REMOVE4res(w, _u390)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode REMOVE4res: {_e!r}', len(w)) from None
+
+
 def dec_REMOVE4res(r: _Reader, off: int) -> tuple[REMOVE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v232: _Any
-        _f232: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d232,) = _S2.unpack_from(buf, off)
-        _a232 = _REMOVE4res_ARMS.get(_d232)
-        if _a232 is None:
-            _d232 = _nfsstat4_MAP[(_d232,)[0]]
-            _f232 = _void_decode
+        _v391: _Any
+        (_d391,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d391 == 0:
+            _t0, _t1, _t2 = _S16.unpack_from(buf, off)
+            off += 20
+            _v391 = REMOVE4resok(change_info4(_BOOL[_t0], _t1, _t2))
+            _u = REMOVE4res(NFS4_OK, _v391)
         else:
-            _d232, _f232 = _a232
-        _v232, off = _f232(r, off + 4)
-        _u = REMOVE4res(_d232, _v232)
+            _u, off = _dec_any_REMOVE4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated REMOVE4res', o0) from None
     return _u, off
@@ -2441,12 +1178,12 @@ def enc_RENAME4args(w: _Writer, v: RENAME4args) -> None:
     try:
         _v = v.oldname
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
         _v = v.newname
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -2462,8 +1199,6 @@ def dec_RENAME4args(r: _Reader, off: int) -> tuple[RENAME4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_oldname = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -2471,8 +1206,6 @@ def dec_RENAME4args(r: _Reader, off: int) -> tuple[RENAME4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_newname = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2488,7 +1221,7 @@ class RENAME4resok:
 
 def enc_RENAME4resok(w: _Writer, v: RENAME4resok) -> None:
     try:
-        w += _S28.pack(v.source_cinfo.atomic, v.source_cinfo.before, v.source_cinfo.after, v.target_cinfo.atomic, v.target_cinfo.before, v.target_cinfo.after)
+        w += _S41.pack(v.source_cinfo.atomic, v.source_cinfo.before, v.source_cinfo.after, v.target_cinfo.atomic, v.target_cinfo.before, v.target_cinfo.after)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode RENAME4resok: {_e}', len(w)) from None
 
@@ -2497,13 +1230,12 @@ def dec_RENAME4resok(r: _Reader, off: int) -> tuple[RENAME4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S28.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, _t4, _t5 = _S41.unpack_from(buf, off)
         off += 40
-        f_source_cinfo = change_info4(_BOOL[_t[0]], _t[1], _t[2])
-        f_target_cinfo = change_info4(_BOOL[_t[3]], _t[4], _t[5])
+        _u = RENAME4resok(change_info4(_BOOL[_t0], _t1, _t2), change_info4(_BOOL[_t3], _t4, _t5))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated RENAME4resok', o0) from None
-    return RENAME4resok(f_source_cinfo, f_target_cinfo), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2517,7 +1249,7 @@ _RENAME4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] 
 _RENAME4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_RENAME4resok)}
 
 
-def enc_RENAME4res(w: _Writer, v: RENAME4res) -> None:
+def _enc_any_RENAME4res(w: _Writer, v: RENAME4res) -> None:
     try:
         _d = v.status
         _f = _RENAME4res_ENC.get(_d, _void_encode)
@@ -2528,21 +1260,2332 @@ def enc_RENAME4res(w: _Writer, v: RENAME4res) -> None:
         raise _XdrError(f'cannot encode RENAME4res: {_e!r}', len(w)) from None
 
 
+def _dec_any_RENAME4res(r: _Reader, off: int) -> tuple[RENAME4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v392: _Any
+        _f392: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d392,) = _S2.unpack_from(buf, off)
+        _a392 = _RENAME4res_ARMS.get(_d392)
+        if _a392 is None:
+            _d392 = _nfsstat4_MAP[(_d392,)[0]]
+            _f392 = _void_decode
+        else:
+            _d392, _f392 = _a392
+        _v392, off = _f392(r, off + 4)
+        _u = RENAME4res(_d392, _v392)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated RENAME4res', o0) from None
+    return _u, off
+
+
+def enc_RENAME4res(w: _Writer, v: RENAME4res) -> None:
+    try:
+        _u393 = v
+        _d393 = _u393.status
+        _w393: _Any
+        if _d393 == 0:
+            _w393 = _u393.value
+            w += _S42.pack(0, _w393.source_cinfo.atomic, _w393.source_cinfo.before, _w393.source_cinfo.after, _w393.target_cinfo.atomic, _w393.target_cinfo.before, _w393.target_cinfo.after)
+        else:
+            _enc_any_RENAME4res(w, _u393)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode RENAME4res: {_e!r}', len(w)) from None
+
+
 def dec_RENAME4res(r: _Reader, off: int) -> tuple[RENAME4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v233: _Any
-        _f233: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d233,) = _S2.unpack_from(buf, off)
-        _a233 = _RENAME4res_ARMS.get(_d233)
-        if _a233 is None:
-            _d233 = _nfsstat4_MAP[(_d233,)[0]]
-            _f233 = _void_decode
+        _v394: _Any
+        (_d394,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d394 == 0:
+            _t0, _t1, _t2, _t3, _t4, _t5 = _S41.unpack_from(buf, off)
+            off += 40
+            _v394 = RENAME4resok(change_info4(_BOOL[_t0], _t1, _t2), change_info4(_BOOL[_t3], _t4, _t5))
+            _u = RENAME4res(NFS4_OK, _v394)
         else:
-            _d233, _f233 = _a233
-        _v233, off = _f233(r, off + 4)
-        _u = RENAME4res(_d233, _v233)
+            _u, off = _dec_any_RENAME4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated RENAME4res', o0) from None
     return _u, off
+
+
+@_dataclass(slots=True)
+class RENEW4args:
+    clientid: int
+
+
+def enc_RENEW4args(w: _Writer, v: RENEW4args) -> None:
+    try:
+        w += _S4.pack(v.clientid)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode RENEW4args: {_e}', len(w)) from None
+
+
+def dec_RENEW4args(r: _Reader, off: int) -> tuple[RENEW4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _u = RENEW4args(*_S4.unpack_from(buf, off))
+        off += 8
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated RENEW4args', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class RENEW4res:
+    status: nfsstat4
+
+
+def enc_RENEW4res(w: _Writer, v: RENEW4res) -> None:
+    try:
+        w += _S2.pack(v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode RENEW4res: {_e}', len(w)) from None
+
+
+def dec_RENEW4res(r: _Reader, off: int) -> tuple[RENEW4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        _u = RENEW4res(_nfsstat4_MAP[_t0])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated RENEW4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class RESTOREFH4res:
+    status: nfsstat4
+
+
+def enc_RESTOREFH4res(w: _Writer, v: RESTOREFH4res) -> None:
+    try:
+        w += _S2.pack(v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode RESTOREFH4res: {_e}', len(w)) from None
+
+
+def dec_RESTOREFH4res(r: _Reader, off: int) -> tuple[RESTOREFH4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        _u = RESTOREFH4res(_nfsstat4_MAP[_t0])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated RESTOREFH4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class SAVEFH4res:
+    status: nfsstat4
+
+
+def enc_SAVEFH4res(w: _Writer, v: SAVEFH4res) -> None:
+    try:
+        w += _S2.pack(v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SAVEFH4res: {_e}', len(w)) from None
+
+
+def dec_SAVEFH4res(r: _Reader, off: int) -> tuple[SAVEFH4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        _u = SAVEFH4res(_nfsstat4_MAP[_t0])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SAVEFH4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class SECINFO4args:
+    name: bytes
+
+
+def enc_SECINFO4args(w: _Writer, v: SECINFO4args) -> None:
+    try:
+        _v = v.name
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SECINFO4args: {_e}', len(w)) from None
+
+
+def dec_SECINFO4args(r: _Reader, off: int) -> tuple[SECINFO4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_name = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SECINFO4args', o0) from None
+    return SECINFO4args(f_name), off
+
+
+@_dataclass(slots=True)
+class rpcsec_gss_info:
+    oid: bytes
+    qop: int
+    service: rpc_gss_svc_t
+
+
+def enc_rpcsec_gss_info(w: _Writer, v: rpcsec_gss_info) -> None:
+    try:
+        _v = v.oid
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        w += _S15.pack(v.qop, v.service)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode rpcsec_gss_info: {_e}', len(w)) from None
+
+
+def dec_rpcsec_gss_info(r: _Reader, off: int) -> tuple[rpcsec_gss_info, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_oid = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_qop, _t1 = _S15.unpack_from(buf, off)
+        off += 8
+        f_service = _rpc_gss_svc_t_MAP[_t1]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated rpcsec_gss_info', o0) from None
+    return rpcsec_gss_info(f_oid, f_qop, f_service), off
+
+
+@_dataclass(slots=True)
+class secinfo4:
+    flavor: int
+    value: rpcsec_gss_info | None = None
+
+
+_secinfo4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {6: enc_rpcsec_gss_info}
+_secinfo4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {6: dec_rpcsec_gss_info}
+_secinfo4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {6: ((6,)[0], dec_rpcsec_gss_info)}
+
+
+def _enc_any_secinfo4(w: _Writer, v: secinfo4) -> None:
+    try:
+        _d = v.flavor
+        _f = _secinfo4_ENC.get(_d, _void_encode)
+        w += _S0.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode secinfo4: {_e!r}', len(w)) from None
+
+
+def _dec_any_secinfo4(r: _Reader, off: int) -> tuple[secinfo4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v395: _Any
+        _f395: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d395,) = _S0.unpack_from(buf, off)
+        _a395 = _secinfo4_ARMS.get(_d395)
+        if _a395 is None:
+            _d395 = (_d395,)[0]
+            _f395 = _void_decode
+        else:
+            _d395, _f395 = _a395
+        _v395, off = _f395(r, off + 4)
+        _u = secinfo4(_d395, _v395)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated secinfo4', o0) from None
+    return _u, off
+
+
+def enc_secinfo4(w: _Writer, v: secinfo4) -> None:
+    try:
+        _u396 = v
+        _d396 = _u396.flavor
+        _w396: _Any
+        if _d396 == 6:
+            _w396 = _u396.value
+            _s397 = _w396
+            _v = _s397.oid
+            _n = len(_v)
+            w += _S1.pack(6, _n)
+            w += _v
+            w += _PAD[_n & 3]
+            w += _S15.pack(_s397.qop, _s397.service)
+        else:
+            _enc_any_secinfo4(w, _u396)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode secinfo4: {_e!r}', len(w)) from None
+
+
+def dec_secinfo4(r: _Reader, off: int) -> tuple[secinfo4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v398: _Any
+        (_d398,) = _S0.unpack_from(buf, off)
+        off += 4
+        if _d398 == 6:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i399_oid = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i399_qop, _t1 = _S15.unpack_from(buf, off)
+            off += 8
+            _i399_service = _rpc_gss_svc_t_MAP[_t1]
+            _v398 = rpcsec_gss_info(_i399_oid, _i399_qop, _i399_service)
+            _u = secinfo4((6,)[0], _v398)
+        else:
+            _u, off = _dec_any_secinfo4(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated secinfo4', o0) from None
+    return _u, off
+
+
+SECINFO4resok: _TypeAlias = "list[secinfo4]"
+
+
+def enc_SECINFO4resok(w: _Writer, v: SECINFO4resok) -> None:
+    try:
+        _a400 = v
+        _n = len(_a400)
+        w += _S0.pack(_n)
+        for _x400 in _a400:
+            _u401 = _x400
+            _d401 = _u401.flavor
+            _w401: _Any
+            if _d401 == 6:
+                _w401 = _u401.value
+                _s402 = _w401
+                _v = _s402.oid
+                _n = len(_v)
+                w += _S1.pack(6, _n)
+                w += _v
+                w += _PAD[_n & 3]
+                w += _S15.pack(_s402.qop, _s402.service)
+            else:
+                _enc_any_secinfo4(w, _u401)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SECINFO4resok: {_e}', len(w)) from None
+
+
+def dec_SECINFO4resok(r: _Reader, off: int) -> tuple[SECINFO4resok, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _v = []
+        _c403 = _n
+        for _ in range(_c403):
+            _v404: _Any
+            (_d404,) = _S0.unpack_from(buf, off)
+            off += 4
+            if _d404 == 6:
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _i405_oid = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _i405_qop, _t1 = _S15.unpack_from(buf, off)
+                off += 8
+                _i405_service = _rpc_gss_svc_t_MAP[_t1]
+                _v404 = rpcsec_gss_info(_i405_oid, _i405_qop, _i405_service)
+                _x403 = secinfo4((6,)[0], _v404)
+            else:
+                _x403, off = _dec_any_secinfo4(r, off - 4)
+            _v.append(_x403)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SECINFO4resok', o0) from None
+    return _v, off
+
+
+@_dataclass(slots=True)
+class SECINFO4res:
+    status: nfsstat4
+    value: list[secinfo4] | None = None
+
+
+_SECINFO4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_SECINFO4resok}
+_SECINFO4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_SECINFO4resok}
+_SECINFO4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_SECINFO4resok)}
+
+
+def _enc_any_SECINFO4res(w: _Writer, v: SECINFO4res) -> None:
+    try:
+        _d = v.status
+        _f = _SECINFO4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode SECINFO4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_SECINFO4res(r: _Reader, off: int) -> tuple[SECINFO4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v406: _Any
+        _f406: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d406,) = _S2.unpack_from(buf, off)
+        _a406 = _SECINFO4res_ARMS.get(_d406)
+        if _a406 is None:
+            _d406 = _nfsstat4_MAP[(_d406,)[0]]
+            _f406 = _void_decode
+        else:
+            _d406, _f406 = _a406
+        _v406, off = _f406(r, off + 4)
+        _u = SECINFO4res(_d406, _v406)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SECINFO4res', o0) from None
+    return _u, off
+
+
+def enc_SECINFO4res(w: _Writer, v: SECINFO4res) -> None:
+    try:
+        _u407 = v
+        _d407 = _u407.status
+        _w407: _Any
+        if _d407 == 0:
+            _w407 = _u407.value
+            _a408 = _w407
+            _n = len(_a408)
+            w += _S23.pack(0, _n)
+            for _x408 in _a408:
+                _u409 = _x408
+                _d409 = _u409.flavor
+                _w409: _Any
+                if _d409 == 6:
+                    _w409 = _u409.value
+                    w += b'\x00\x00\x00\x06'
+                    enc_rpcsec_gss_info(w, _w409)
+                else:
+                    _enc_any_secinfo4(w, _u409)
+        else:
+            _enc_any_SECINFO4res(w, _u407)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SECINFO4res: {_e!r}', len(w)) from None
+
+
+def dec_SECINFO4res(r: _Reader, off: int) -> tuple[SECINFO4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v410: _Any
+        (_d410,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d410 == 0:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _v410 = []
+            _c411 = _n
+            for _ in range(_c411):
+                _v412: _Any
+                (_d412,) = _S0.unpack_from(buf, off)
+                off += 4
+                if _d412 == 6:
+                    _v412, off = dec_rpcsec_gss_info(r, off)
+                    _x411 = secinfo4((6,)[0], _v412)
+                else:
+                    _x411, off = _dec_any_secinfo4(r, off - 4)
+                _v410.append(_x411)
+            _u = SECINFO4res(NFS4_OK, _v410)
+        else:
+            _u, off = _dec_any_SECINFO4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SECINFO4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class SETATTR4args:
+    stateid: stateid4
+    obj_attributes: fattr4
+
+
+def enc_SETATTR4args(w: _Writer, v: SETATTR4args) -> None:
+    try:
+        if len(v.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S11.pack(v.stateid.seqid, v.stateid.other)
+        _s413 = v.obj_attributes
+        _a414 = _s413.attrmask
+        _n = len(_a414)
+        w += _S0.pack(_n)
+        for _x414 in _a414:
+            w += _S0.pack(_x414)
+        _v = _s413.attr_vals
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SETATTR4args: {_e}', len(w)) from None
+
+
+def dec_SETATTR4args(r: _Reader, off: int) -> tuple[SETATTR4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        f_stateid = stateid4(*_S11.unpack_from(buf, off))
+        off += 16
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i415_attrmask = []
+        _c416 = _n
+        for _ in range(_c416):
+            (_x416,) = _S0.unpack_from(buf, off)
+            off += 4
+            _i415_attrmask.append(_x416)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i415_attr_vals = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_obj_attributes = fattr4(_i415_attrmask, _i415_attr_vals)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SETATTR4args', o0) from None
+    return SETATTR4args(f_stateid, f_obj_attributes), off
+
+
+@_dataclass(slots=True)
+class SETATTR4res:
+    status: nfsstat4
+    attrsset: list[int]
+
+
+def enc_SETATTR4res(w: _Writer, v: SETATTR4res) -> None:
+    try:
+        w += _S2.pack(v.status)
+        _a417 = v.attrsset
+        _n = len(_a417)
+        w += _S0.pack(_n)
+        for _x417 in _a417:
+            w += _S0.pack(_x417)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SETATTR4res: {_e}', len(w)) from None
+
+
+def dec_SETATTR4res(r: _Reader, off: int) -> tuple[SETATTR4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        f_status = _nfsstat4_MAP[_t0]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_attrsset = []
+        _c418 = _n
+        for _ in range(_c418):
+            (_x418,) = _S0.unpack_from(buf, off)
+            off += 4
+            f_attrsset.append(_x418)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SETATTR4res', o0) from None
+    return SETATTR4res(f_status, f_attrsset), off
+
+
+@_dataclass(slots=True)
+class SETCLIENTID4args:
+    client: nfs_client_id4
+    callback: cb_client4
+    callback_ident: int
+
+
+def enc_SETCLIENTID4args(w: _Writer, v: SETCLIENTID4args) -> None:
+    try:
+        _s419 = v.client
+        if len(_s419.verifier) != 8: raise _XdrError('fixed opaque verifier must be 8 bytes', len(w))
+        w += _S6.pack(_s419.verifier)
+        _v = _s419.id
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('id: length %d exceeds 1024' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _s420 = v.callback
+        w += _S0.pack(_s420.cb_program)
+        _s421 = _s420.cb_location
+        _v = _s421.na_r_netid.encode('utf-8', 'surrogateescape')
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _v = _s421.na_r_addr.encode('utf-8', 'surrogateescape')
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        w += _S0.pack(v.callback_ident)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SETCLIENTID4args: {_e}', len(w)) from None
+
+
+def dec_SETCLIENTID4args(r: _Reader, off: int) -> tuple[SETCLIENTID4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_i422_verifier,) = _S6.unpack_from(buf, off)
+        off += 8
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('id: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i422_id = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_client = nfs_client_id4(_i422_verifier, _i422_id)
+        (_i423_cb_program,) = _S0.unpack_from(buf, off)
+        off += 4
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i424_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i424_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+        off = _e + (-_n & 3)
+        _i423_cb_location = netaddr4(_i424_na_r_netid, _i424_na_r_addr)
+        f_callback = cb_client4(_i423_cb_program, _i423_cb_location)
+        (f_callback_ident,) = _S0.unpack_from(buf, off)
+        off += 4
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SETCLIENTID4args', o0) from None
+    return SETCLIENTID4args(f_client, f_callback, f_callback_ident), off
+
+
+@_dataclass(slots=True)
+class SETCLIENTID4resok:
+    clientid: int
+    setclientid_confirm: bytes
+
+
+def enc_SETCLIENTID4resok(w: _Writer, v: SETCLIENTID4resok) -> None:
+    try:
+        if len(v.setclientid_confirm) != 8: raise _XdrError('fixed opaque setclientid_confirm must be 8 bytes', len(w))
+        w += _S43.pack(v.clientid, v.setclientid_confirm)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SETCLIENTID4resok: {_e}', len(w)) from None
+
+
+def dec_SETCLIENTID4resok(r: _Reader, off: int) -> tuple[SETCLIENTID4resok, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _u = SETCLIENTID4resok(*_S43.unpack_from(buf, off))
+        off += 16
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SETCLIENTID4resok', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class SETCLIENTID4res:
+    status: nfsstat4
+    value: SETCLIENTID4resok | netaddr4 | None = None
+
+
+_SETCLIENTID4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_SETCLIENTID4resok, 10017: enc_netaddr4}
+_SETCLIENTID4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_SETCLIENTID4resok, 10017: dec_netaddr4}
+_SETCLIENTID4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_SETCLIENTID4resok), 10017: (_nfsstat4_MAP[(10017,)[0]], dec_netaddr4)}
+
+
+def _enc_any_SETCLIENTID4res(w: _Writer, v: SETCLIENTID4res) -> None:
+    try:
+        _d = v.status
+        _f = _SETCLIENTID4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode SETCLIENTID4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_SETCLIENTID4res(r: _Reader, off: int) -> tuple[SETCLIENTID4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v425: _Any
+        _f425: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d425,) = _S2.unpack_from(buf, off)
+        _a425 = _SETCLIENTID4res_ARMS.get(_d425)
+        if _a425 is None:
+            _d425 = _nfsstat4_MAP[(_d425,)[0]]
+            _f425 = _void_decode
+        else:
+            _d425, _f425 = _a425
+        _v425, off = _f425(r, off + 4)
+        _u = SETCLIENTID4res(_d425, _v425)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SETCLIENTID4res', o0) from None
+    return _u, off
+
+
+def enc_SETCLIENTID4res(w: _Writer, v: SETCLIENTID4res) -> None:
+    try:
+        _u426 = v
+        _d426 = _u426.status
+        _w426: _Any
+        if _d426 == 0:
+            _w426 = _u426.value
+            if len(_w426.setclientid_confirm) != 8: raise _XdrError('fixed opaque setclientid_confirm must be 8 bytes', len(w))
+            w += _S44.pack(0, _w426.clientid, _w426.setclientid_confirm)
+        elif _d426 == 10017:
+            _w426 = _u426.value
+            _s427 = _w426
+            _v = _s427.na_r_netid.encode('utf-8', 'surrogateescape')
+            _n = len(_v)
+            w += _S23.pack(10017, _n)
+            w += _v
+            w += _PAD[_n & 3]
+            _v = _s427.na_r_addr.encode('utf-8', 'surrogateescape')
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        else:
+            _enc_any_SETCLIENTID4res(w, _u426)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SETCLIENTID4res: {_e!r}', len(w)) from None
+
+
+def dec_SETCLIENTID4res(r: _Reader, off: int) -> tuple[SETCLIENTID4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v428: _Any
+        (_d428,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d428 == 0:
+            _v428 = SETCLIENTID4resok(*_S43.unpack_from(buf, off))
+            off += 16
+            _u = SETCLIENTID4res(NFS4_OK, _v428)
+        elif _d428 == 10017:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i429_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+            off = _e + (-_n & 3)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i429_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+            off = _e + (-_n & 3)
+            _v428 = netaddr4(_i429_na_r_netid, _i429_na_r_addr)
+            _u = SETCLIENTID4res(NFS4ERR_CLID_INUSE, _v428)
+        else:
+            _u, off = _dec_any_SETCLIENTID4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SETCLIENTID4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class SETCLIENTID_CONFIRM4args:
+    clientid: int
+    setclientid_confirm: bytes
+
+
+def enc_SETCLIENTID_CONFIRM4args(w: _Writer, v: SETCLIENTID_CONFIRM4args) -> None:
+    try:
+        if len(v.setclientid_confirm) != 8: raise _XdrError('fixed opaque setclientid_confirm must be 8 bytes', len(w))
+        w += _S43.pack(v.clientid, v.setclientid_confirm)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SETCLIENTID_CONFIRM4args: {_e}', len(w)) from None
+
+
+def dec_SETCLIENTID_CONFIRM4args(r: _Reader, off: int) -> tuple[SETCLIENTID_CONFIRM4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _u = SETCLIENTID_CONFIRM4args(*_S43.unpack_from(buf, off))
+        off += 16
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SETCLIENTID_CONFIRM4args', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class SETCLIENTID_CONFIRM4res:
+    status: nfsstat4
+
+
+def enc_SETCLIENTID_CONFIRM4res(w: _Writer, v: SETCLIENTID_CONFIRM4res) -> None:
+    try:
+        w += _S2.pack(v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SETCLIENTID_CONFIRM4res: {_e}', len(w)) from None
+
+
+def dec_SETCLIENTID_CONFIRM4res(r: _Reader, off: int) -> tuple[SETCLIENTID_CONFIRM4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        _u = SETCLIENTID_CONFIRM4res(_nfsstat4_MAP[_t0])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SETCLIENTID_CONFIRM4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class VERIFY4args:
+    obj_attributes: fattr4
+
+
+def enc_VERIFY4args(w: _Writer, v: VERIFY4args) -> None:
+    try:
+        _s430 = v.obj_attributes
+        _a431 = _s430.attrmask
+        _n = len(_a431)
+        w += _S0.pack(_n)
+        for _x431 in _a431:
+            w += _S0.pack(_x431)
+        _v = _s430.attr_vals
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode VERIFY4args: {_e}', len(w)) from None
+
+
+def dec_VERIFY4args(r: _Reader, off: int) -> tuple[VERIFY4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i432_attrmask = []
+        _c433 = _n
+        for _ in range(_c433):
+            (_x433,) = _S0.unpack_from(buf, off)
+            off += 4
+            _i432_attrmask.append(_x433)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i432_attr_vals = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_obj_attributes = fattr4(_i432_attrmask, _i432_attr_vals)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated VERIFY4args', o0) from None
+    return VERIFY4args(f_obj_attributes), off
+
+
+@_dataclass(slots=True)
+class VERIFY4res:
+    status: nfsstat4
+
+
+def enc_VERIFY4res(w: _Writer, v: VERIFY4res) -> None:
+    try:
+        w += _S2.pack(v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode VERIFY4res: {_e}', len(w)) from None
+
+
+def dec_VERIFY4res(r: _Reader, off: int) -> tuple[VERIFY4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        _u = VERIFY4res(_nfsstat4_MAP[_t0])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated VERIFY4res', o0) from None
+    return _u, off
+
+
+class stable_how4(_IntEnum):
+    UNSTABLE4 = 0
+    DATA_SYNC4 = 1
+    FILE_SYNC4 = 2
+
+
+_stable_how4_MAP: _Final[dict[int, stable_how4]] = {m.value: m for m in stable_how4}
+UNSTABLE4 = stable_how4.UNSTABLE4
+DATA_SYNC4 = stable_how4.DATA_SYNC4
+FILE_SYNC4 = stable_how4.FILE_SYNC4
+
+
+def enc_stable_how4(w: _Writer, v: stable_how4) -> None:
+    try:
+        w += _I32.pack(_stable_how4_MAP[v])
+    except (KeyError, TypeError, _struct.error):
+        raise _XdrError(f'{v!r} is not a stable_how4', len(w)) from None
+
+
+def dec_stable_how4(r: _Reader, off: int) -> tuple[stable_how4, int]:
+    try:
+        return _stable_how4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
+    except (KeyError, _struct.error):
+        raise _XdrError('invalid or truncated stable_how4', off) from None
+
+
+@_dataclass(slots=True)
+class WRITE4args:
+    stateid: stateid4
+    offset: int
+    stable: stable_how4
+    data: _Buffer
+
+
+def enc_WRITE4args(w: _Writer, v: WRITE4args) -> None:
+    try:
+        if len(v.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S45.pack(v.stateid.seqid, v.stateid.other, v.offset, v.stable)
+        _dv = v.data
+        _n = len(_dv)
+        w += _S0.pack(_n)
+        w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode WRITE4args: {_e}', len(w)) from None
+
+
+def dec_WRITE4args(r: _Reader, off: int) -> tuple[WRITE4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, f_offset, _t3 = _S45.unpack_from(buf, off)
+        off += 28
+        f_stateid = stateid4(_t0, _t1)
+        f_stable = _stable_how4_MAP[_t3]
+        if r.ordered or r.chunks:
+            f_data, off = r.take_ddp(off, None)
+        else:
+            if off + 4 > len(buf):
+                raise _XdrError('truncated opaque length', off)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            _e = off + _n
+            if _e + (-_n & 3) > len(buf):
+                raise _XdrError(f'opaque of {_n} bytes runs past the end', off)
+            f_data = (buf if isinstance(buf, memoryview) else memoryview(buf))[off:_e]
+            off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated WRITE4args', o0) from None
+    return WRITE4args(f_stateid, f_offset, f_stable, f_data), off
+
+
+@_dataclass(slots=True)
+class WRITE4resok:
+    count: int
+    committed: stable_how4
+    writeverf: bytes
+
+
+def enc_WRITE4resok(w: _Writer, v: WRITE4resok) -> None:
+    try:
+        if len(v.writeverf) != 8: raise _XdrError('fixed opaque writeverf must be 8 bytes', len(w))
+        w += _S46.pack(v.count, v.committed, v.writeverf)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode WRITE4resok: {_e}', len(w)) from None
+
+
+def dec_WRITE4resok(r: _Reader, off: int) -> tuple[WRITE4resok, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, _t2 = _S46.unpack_from(buf, off)
+        off += 16
+        _u = WRITE4resok(_t0, _stable_how4_MAP[_t1], _t2)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated WRITE4resok', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class WRITE4res:
+    status: nfsstat4
+    value: WRITE4resok | None = None
+
+
+_WRITE4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_WRITE4resok}
+_WRITE4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_WRITE4resok}
+_WRITE4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_WRITE4resok)}
+
+
+def _enc_any_WRITE4res(w: _Writer, v: WRITE4res) -> None:
+    try:
+        _d = v.status
+        _f = _WRITE4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode WRITE4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_WRITE4res(r: _Reader, off: int) -> tuple[WRITE4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v434: _Any
+        _f434: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d434,) = _S2.unpack_from(buf, off)
+        _a434 = _WRITE4res_ARMS.get(_d434)
+        if _a434 is None:
+            _d434 = _nfsstat4_MAP[(_d434,)[0]]
+            _f434 = _void_decode
+        else:
+            _d434, _f434 = _a434
+        _v434, off = _f434(r, off + 4)
+        _u = WRITE4res(_d434, _v434)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated WRITE4res', o0) from None
+    return _u, off
+
+
+def enc_WRITE4res(w: _Writer, v: WRITE4res) -> None:
+    try:
+        _u435 = v
+        _d435 = _u435.status
+        _w435: _Any
+        if _d435 == 0:
+            _w435 = _u435.value
+            if len(_w435.writeverf) != 8: raise _XdrError('fixed opaque writeverf must be 8 bytes', len(w))
+            w += _S47.pack(0, _w435.count, _w435.committed, _w435.writeverf)
+        else:
+            _enc_any_WRITE4res(w, _u435)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode WRITE4res: {_e!r}', len(w)) from None
+
+
+def dec_WRITE4res(r: _Reader, off: int) -> tuple[WRITE4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v436: _Any
+        (_d436,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d436 == 0:
+            _t0, _t1, _t2 = _S46.unpack_from(buf, off)
+            off += 16
+            _v436 = WRITE4resok(_t0, _stable_how4_MAP[_t1], _t2)
+            _u = WRITE4res(NFS4_OK, _v436)
+        else:
+            _u, off = _dec_any_WRITE4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated WRITE4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class RELEASE_LOCKOWNER4args:
+    lock_owner: state_owner4
+
+
+def enc_RELEASE_LOCKOWNER4args(w: _Writer, v: RELEASE_LOCKOWNER4args) -> None:
+    try:
+        _s437 = v.lock_owner
+        w += _S4.pack(_s437.clientid)
+        _v = _s437.owner
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode RELEASE_LOCKOWNER4args: {_e}', len(w)) from None
+
+
+def dec_RELEASE_LOCKOWNER4args(r: _Reader, off: int) -> tuple[RELEASE_LOCKOWNER4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_i438_clientid,) = _S4.unpack_from(buf, off)
+        off += 8
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i438_owner = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_lock_owner = state_owner4(_i438_clientid, _i438_owner)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated RELEASE_LOCKOWNER4args', o0) from None
+    return RELEASE_LOCKOWNER4args(f_lock_owner), off
+
+
+@_dataclass(slots=True)
+class RELEASE_LOCKOWNER4res:
+    status: nfsstat4
+
+
+def enc_RELEASE_LOCKOWNER4res(w: _Writer, v: RELEASE_LOCKOWNER4res) -> None:
+    try:
+        w += _S2.pack(v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode RELEASE_LOCKOWNER4res: {_e}', len(w)) from None
+
+
+def dec_RELEASE_LOCKOWNER4res(r: _Reader, off: int) -> tuple[RELEASE_LOCKOWNER4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        _u = RELEASE_LOCKOWNER4res(_nfsstat4_MAP[_t0])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated RELEASE_LOCKOWNER4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class ILLEGAL4res:
+    status: nfsstat4
+
+
+def enc_ILLEGAL4res(w: _Writer, v: ILLEGAL4res) -> None:
+    try:
+        w += _S2.pack(v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode ILLEGAL4res: {_e}', len(w)) from None
+
+
+def dec_ILLEGAL4res(r: _Reader, off: int) -> tuple[ILLEGAL4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        _u = ILLEGAL4res(_nfsstat4_MAP[_t0])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated ILLEGAL4res', o0) from None
+    return _u, off
+
+
+gsshandle4_t: _TypeAlias = "bytes"
+
+
+def enc_gsshandle4_t(w: _Writer, v: gsshandle4_t) -> None:
+    try:
+        _v = v
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode gsshandle4_t: {_e}', len(w)) from None
+
+
+def dec_gsshandle4_t(r: _Reader, off: int) -> tuple[gsshandle4_t, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _v = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated gsshandle4_t', o0) from None
+    return _v, off
+
+
+@_dataclass(slots=True)
+class gss_cb_handles4:
+    gcbp_service: rpc_gss_svc_t
+    gcbp_handle_from_server: bytes
+    gcbp_handle_from_client: bytes
+
+
+def enc_gss_cb_handles4(w: _Writer, v: gss_cb_handles4) -> None:
+    try:
+        w += _S2.pack(v.gcbp_service)
+        _v = v.gcbp_handle_from_server
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _v = v.gcbp_handle_from_client
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode gss_cb_handles4: {_e}', len(w)) from None
+
+
+def dec_gss_cb_handles4(r: _Reader, off: int) -> tuple[gss_cb_handles4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        f_gcbp_service = _rpc_gss_svc_t_MAP[_t0]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_gcbp_handle_from_server = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_gcbp_handle_from_client = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated gss_cb_handles4', o0) from None
+    return gss_cb_handles4(f_gcbp_service, f_gcbp_handle_from_server, f_gcbp_handle_from_client), off
+
+
+@_dataclass(slots=True)
+class callback_sec_parms4:
+    cb_secflavor: int
+    value: authsys_parms | gss_cb_handles4 | None = None
+
+
+_callback_sec_parms4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: _void_encode, 1: enc_authsys_parms, 6: enc_gss_cb_handles4}
+_callback_sec_parms4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: _void_decode, 1: dec_authsys_parms, 6: dec_gss_cb_handles4}
+_callback_sec_parms4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: ((0,)[0], _void_decode), 1: ((1,)[0], dec_authsys_parms), 6: ((6,)[0], dec_gss_cb_handles4)}
+
+
+def _enc_any_callback_sec_parms4(w: _Writer, v: callback_sec_parms4) -> None:
+    try:
+        _d = v.cb_secflavor
+        _f = _callback_sec_parms4_ENC.get(_d)
+        if _f is None:
+            raise _XdrError(f'{_d!r} is not a case of callback_sec_parms4', len(w))
+        w += _S0.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode callback_sec_parms4: {_e!r}', len(w)) from None
+
+
+def _dec_any_callback_sec_parms4(r: _Reader, off: int) -> tuple[callback_sec_parms4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v439: _Any
+        _f439: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d439,) = _S0.unpack_from(buf, off)
+        _a439 = _callback_sec_parms4_ARMS.get(_d439)
+        if _a439 is None:
+            raise _XdrError('%r is not a case of callback_sec_parms4' % (_d439,), off)
+        else:
+            _d439, _f439 = _a439
+        _v439, off = _f439(r, off + 4)
+        _u = callback_sec_parms4(_d439, _v439)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated callback_sec_parms4', o0) from None
+    return _u, off
+
+
+def enc_callback_sec_parms4(w: _Writer, v: callback_sec_parms4) -> None:
+    try:
+        _u440 = v
+        _d440 = _u440.cb_secflavor
+        _w440: _Any
+        if _d440 == 0:
+            w += b'\x00\x00\x00\x00'
+        elif _d440 == 1:
+            _w440 = _u440.value
+            _s441 = _w440
+            w += _S1.pack(1, _s441.stamp)
+            _v = _s441.machinename.encode('utf-8', 'surrogateescape')
+            _n = len(_v)
+            if _n > 255:
+                raise _XdrError('machinename: length %d exceeds 255' % _n, len(w))
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            w += _S1.pack(_s441.uid, _s441.gid)
+            _a442 = _s441.gids
+            _n = len(_a442)
+            if _n > 16:
+                raise _XdrError('gids: length %d exceeds 16' % _n, len(w))
+            w += _S0.pack(_n)
+            w += _struct.pack('>%dI' % _n, *_a442)
+        elif _d440 == 6:
+            _w440 = _u440.value
+            _s443 = _w440
+            w += _S15.pack(6, _s443.gcbp_service)
+            _v = _s443.gcbp_handle_from_server
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            _v = _s443.gcbp_handle_from_client
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        else:
+            _enc_any_callback_sec_parms4(w, _u440)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode callback_sec_parms4: {_e!r}', len(w)) from None
+
+
+def dec_callback_sec_parms4(r: _Reader, off: int) -> tuple[callback_sec_parms4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v444: _Any
+        (_d444,) = _S0.unpack_from(buf, off)
+        off += 4
+        if _d444 == 0:
+            _u = callback_sec_parms4((0,)[0], None)
+        elif _d444 == 1:
+            (_i445_stamp,) = _S0.unpack_from(buf, off)
+            off += 4
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 255:
+                raise _XdrError('machinename: length %d exceeds 255' % _n, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i445_machinename = str(buf[off:_e], 'utf-8', 'surrogateescape')
+            off = _e + (-_n & 3)
+            _i445_uid, _i445_gid = _S1.unpack_from(buf, off)
+            off += 8
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 16:
+                raise _XdrError('gids: length %d exceeds 16' % _n, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _t = _struct.unpack_from('>%dI' % _n, buf, off)
+            off += 4 * _n
+            _i445_gids = list(_t)
+            _v444 = authsys_parms(_i445_stamp, _i445_machinename, _i445_uid, _i445_gid, _i445_gids)
+            _u = callback_sec_parms4((1,)[0], _v444)
+        elif _d444 == 6:
+            (_t0,) = _S2.unpack_from(buf, off)
+            off += 4
+            _i446_gcbp_service = _rpc_gss_svc_t_MAP[_t0]
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i446_gcbp_handle_from_server = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i446_gcbp_handle_from_client = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _v444 = gss_cb_handles4(_i446_gcbp_service, _i446_gcbp_handle_from_server, _i446_gcbp_handle_from_client)
+            _u = callback_sec_parms4((6,)[0], _v444)
+        else:
+            _u, off = _dec_any_callback_sec_parms4(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated callback_sec_parms4', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class BACKCHANNEL_CTL4args:
+    bca_cb_program: int
+    bca_sec_parms: list[callback_sec_parms4]
+
+
+def enc_BACKCHANNEL_CTL4args(w: _Writer, v: BACKCHANNEL_CTL4args) -> None:
+    try:
+        w += _S0.pack(v.bca_cb_program)
+        _a447 = v.bca_sec_parms
+        _n = len(_a447)
+        w += _S0.pack(_n)
+        for _x447 in _a447:
+            _u448 = _x447
+            _d448 = _u448.cb_secflavor
+            _w448: _Any
+            if _d448 == 0:
+                w += b'\x00\x00\x00\x00'
+            elif _d448 == 1:
+                _w448 = _u448.value
+                _s449 = _w448
+                w += _S1.pack(1, _s449.stamp)
+                _v = _s449.machinename.encode('utf-8', 'surrogateescape')
+                _n = len(_v)
+                if _n > 255:
+                    raise _XdrError('machinename: length %d exceeds 255' % _n, len(w))
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+                w += _S1.pack(_s449.uid, _s449.gid)
+                _a450 = _s449.gids
+                _n = len(_a450)
+                if _n > 16:
+                    raise _XdrError('gids: length %d exceeds 16' % _n, len(w))
+                w += _S0.pack(_n)
+                w += _struct.pack('>%dI' % _n, *_a450)
+            elif _d448 == 6:
+                _w448 = _u448.value
+                _s451 = _w448
+                w += _S15.pack(6, _s451.gcbp_service)
+                _v = _s451.gcbp_handle_from_server
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+                _v = _s451.gcbp_handle_from_client
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+            else:
+                _enc_any_callback_sec_parms4(w, _u448)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode BACKCHANNEL_CTL4args: {_e}', len(w)) from None
+
+
+def dec_BACKCHANNEL_CTL4args(r: _Reader, off: int) -> tuple[BACKCHANNEL_CTL4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (f_bca_cb_program,) = _S0.unpack_from(buf, off)
+        off += 4
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_bca_sec_parms = []
+        _c452 = _n
+        for _ in range(_c452):
+            _v453: _Any
+            (_d453,) = _S0.unpack_from(buf, off)
+            off += 4
+            if _d453 == 0:
+                _x452 = callback_sec_parms4((0,)[0], None)
+            elif _d453 == 1:
+                (_i454_stamp,) = _S0.unpack_from(buf, off)
+                off += 4
+                (_n,) = _U32.unpack_from(buf, off)
+                if _n > 255:
+                    raise _XdrError('machinename: length %d exceeds 255' % _n, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _i454_machinename = str(buf[off:_e], 'utf-8', 'surrogateescape')
+                off = _e + (-_n & 3)
+                _i454_uid, _i454_gid = _S1.unpack_from(buf, off)
+                off += 8
+                (_n,) = _U32.unpack_from(buf, off)
+                if _n > 16:
+                    raise _XdrError('gids: length %d exceeds 16' % _n, off)
+                off += 4
+                if _n * 4 > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _t = _struct.unpack_from('>%dI' % _n, buf, off)
+                off += 4 * _n
+                _i454_gids = list(_t)
+                _v453 = authsys_parms(_i454_stamp, _i454_machinename, _i454_uid, _i454_gid, _i454_gids)
+                _x452 = callback_sec_parms4((1,)[0], _v453)
+            elif _d453 == 6:
+                (_t0,) = _S2.unpack_from(buf, off)
+                off += 4
+                _i455_gcbp_service = _rpc_gss_svc_t_MAP[_t0]
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _i455_gcbp_handle_from_server = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _i455_gcbp_handle_from_client = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _v453 = gss_cb_handles4(_i455_gcbp_service, _i455_gcbp_handle_from_server, _i455_gcbp_handle_from_client)
+                _x452 = callback_sec_parms4((6,)[0], _v453)
+            else:
+                _x452, off = _dec_any_callback_sec_parms4(r, off - 4)
+            f_bca_sec_parms.append(_x452)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated BACKCHANNEL_CTL4args', o0) from None
+    return BACKCHANNEL_CTL4args(f_bca_cb_program, f_bca_sec_parms), off
+
+
+@_dataclass(slots=True)
+class BACKCHANNEL_CTL4res:
+    bcr_status: nfsstat4
+
+
+def enc_BACKCHANNEL_CTL4res(w: _Writer, v: BACKCHANNEL_CTL4res) -> None:
+    try:
+        w += _S2.pack(v.bcr_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode BACKCHANNEL_CTL4res: {_e}', len(w)) from None
+
+
+def dec_BACKCHANNEL_CTL4res(r: _Reader, off: int) -> tuple[BACKCHANNEL_CTL4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        _u = BACKCHANNEL_CTL4res(_nfsstat4_MAP[_t0])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated BACKCHANNEL_CTL4res', o0) from None
+    return _u, off
+
+
+class channel_dir_from_client4(_IntEnum):
+    CDFC4_FORE = 1
+    CDFC4_BACK = 2
+    CDFC4_FORE_OR_BOTH = 3
+    CDFC4_BACK_OR_BOTH = 7
+
+
+_channel_dir_from_client4_MAP: _Final[dict[int, channel_dir_from_client4]] = {m.value: m for m in channel_dir_from_client4}
+CDFC4_FORE = channel_dir_from_client4.CDFC4_FORE
+CDFC4_BACK = channel_dir_from_client4.CDFC4_BACK
+CDFC4_FORE_OR_BOTH = channel_dir_from_client4.CDFC4_FORE_OR_BOTH
+CDFC4_BACK_OR_BOTH = channel_dir_from_client4.CDFC4_BACK_OR_BOTH
+
+
+def enc_channel_dir_from_client4(w: _Writer, v: channel_dir_from_client4) -> None:
+    try:
+        w += _I32.pack(_channel_dir_from_client4_MAP[v])
+    except (KeyError, TypeError, _struct.error):
+        raise _XdrError(f'{v!r} is not a channel_dir_from_client4', len(w)) from None
+
+
+def dec_channel_dir_from_client4(r: _Reader, off: int) -> tuple[channel_dir_from_client4, int]:
+    try:
+        return _channel_dir_from_client4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
+    except (KeyError, _struct.error):
+        raise _XdrError('invalid or truncated channel_dir_from_client4', off) from None
+
+
+@_dataclass(slots=True)
+class BIND_CONN_TO_SESSION4args:
+    bctsa_sessid: bytes
+    bctsa_dir: channel_dir_from_client4
+    bctsa_use_conn_in_rdma_mode: bool
+
+
+def enc_BIND_CONN_TO_SESSION4args(w: _Writer, v: BIND_CONN_TO_SESSION4args) -> None:
+    try:
+        if len(v.bctsa_sessid) != 16: raise _XdrError('fixed opaque bctsa_sessid must be 16 bytes', len(w))
+        w += _S48.pack(v.bctsa_sessid, v.bctsa_dir, v.bctsa_use_conn_in_rdma_mode)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode BIND_CONN_TO_SESSION4args: {_e}', len(w)) from None
+
+
+def dec_BIND_CONN_TO_SESSION4args(r: _Reader, off: int) -> tuple[BIND_CONN_TO_SESSION4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, _t2 = _S48.unpack_from(buf, off)
+        off += 24
+        _u = BIND_CONN_TO_SESSION4args(_t0, _channel_dir_from_client4_MAP[_t1], _BOOL[_t2])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated BIND_CONN_TO_SESSION4args', o0) from None
+    return _u, off
+
+
+class channel_dir_from_server4(_IntEnum):
+    CDFS4_FORE = 1
+    CDFS4_BACK = 2
+    CDFS4_BOTH = 3
+
+
+_channel_dir_from_server4_MAP: _Final[dict[int, channel_dir_from_server4]] = {m.value: m for m in channel_dir_from_server4}
+CDFS4_FORE = channel_dir_from_server4.CDFS4_FORE
+CDFS4_BACK = channel_dir_from_server4.CDFS4_BACK
+CDFS4_BOTH = channel_dir_from_server4.CDFS4_BOTH
+
+
+def enc_channel_dir_from_server4(w: _Writer, v: channel_dir_from_server4) -> None:
+    try:
+        w += _I32.pack(_channel_dir_from_server4_MAP[v])
+    except (KeyError, TypeError, _struct.error):
+        raise _XdrError(f'{v!r} is not a channel_dir_from_server4', len(w)) from None
+
+
+def dec_channel_dir_from_server4(r: _Reader, off: int) -> tuple[channel_dir_from_server4, int]:
+    try:
+        return _channel_dir_from_server4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
+    except (KeyError, _struct.error):
+        raise _XdrError('invalid or truncated channel_dir_from_server4', off) from None
+
+
+@_dataclass(slots=True)
+class BIND_CONN_TO_SESSION4resok:
+    bctsr_sessid: bytes
+    bctsr_dir: channel_dir_from_server4
+    bctsr_use_conn_in_rdma_mode: bool
+
+
+def enc_BIND_CONN_TO_SESSION4resok(w: _Writer, v: BIND_CONN_TO_SESSION4resok) -> None:
+    try:
+        if len(v.bctsr_sessid) != 16: raise _XdrError('fixed opaque bctsr_sessid must be 16 bytes', len(w))
+        w += _S48.pack(v.bctsr_sessid, v.bctsr_dir, v.bctsr_use_conn_in_rdma_mode)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode BIND_CONN_TO_SESSION4resok: {_e}', len(w)) from None
+
+
+def dec_BIND_CONN_TO_SESSION4resok(r: _Reader, off: int) -> tuple[BIND_CONN_TO_SESSION4resok, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, _t2 = _S48.unpack_from(buf, off)
+        off += 24
+        _u = BIND_CONN_TO_SESSION4resok(_t0, _channel_dir_from_server4_MAP[_t1], _BOOL[_t2])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated BIND_CONN_TO_SESSION4resok', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class BIND_CONN_TO_SESSION4res:
+    bctsr_status: nfsstat4
+    value: BIND_CONN_TO_SESSION4resok | None = None
+
+
+_BIND_CONN_TO_SESSION4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_BIND_CONN_TO_SESSION4resok}
+_BIND_CONN_TO_SESSION4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_BIND_CONN_TO_SESSION4resok}
+_BIND_CONN_TO_SESSION4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_BIND_CONN_TO_SESSION4resok)}
+
+
+def _enc_any_BIND_CONN_TO_SESSION4res(w: _Writer, v: BIND_CONN_TO_SESSION4res) -> None:
+    try:
+        _d = v.bctsr_status
+        _f = _BIND_CONN_TO_SESSION4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode BIND_CONN_TO_SESSION4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_BIND_CONN_TO_SESSION4res(r: _Reader, off: int) -> tuple[BIND_CONN_TO_SESSION4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v456: _Any
+        _f456: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d456,) = _S2.unpack_from(buf, off)
+        _a456 = _BIND_CONN_TO_SESSION4res_ARMS.get(_d456)
+        if _a456 is None:
+            _d456 = _nfsstat4_MAP[(_d456,)[0]]
+            _f456 = _void_decode
+        else:
+            _d456, _f456 = _a456
+        _v456, off = _f456(r, off + 4)
+        _u = BIND_CONN_TO_SESSION4res(_d456, _v456)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated BIND_CONN_TO_SESSION4res', o0) from None
+    return _u, off
+
+
+def enc_BIND_CONN_TO_SESSION4res(w: _Writer, v: BIND_CONN_TO_SESSION4res) -> None:
+    try:
+        _u457 = v
+        _d457 = _u457.bctsr_status
+        _w457: _Any
+        if _d457 == 0:
+            _w457 = _u457.value
+            if len(_w457.bctsr_sessid) != 16: raise _XdrError('fixed opaque bctsr_sessid must be 16 bytes', len(w))
+            w += _S49.pack(0, _w457.bctsr_sessid, _w457.bctsr_dir, _w457.bctsr_use_conn_in_rdma_mode)
+        else:
+            _enc_any_BIND_CONN_TO_SESSION4res(w, _u457)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode BIND_CONN_TO_SESSION4res: {_e!r}', len(w)) from None
+
+
+def dec_BIND_CONN_TO_SESSION4res(r: _Reader, off: int) -> tuple[BIND_CONN_TO_SESSION4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v458: _Any
+        (_d458,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d458 == 0:
+            _t0, _t1, _t2 = _S48.unpack_from(buf, off)
+            off += 24
+            _v458 = BIND_CONN_TO_SESSION4resok(_t0, _channel_dir_from_server4_MAP[_t1], _BOOL[_t2])
+            _u = BIND_CONN_TO_SESSION4res(NFS4_OK, _v458)
+        else:
+            _u, off = _dec_any_BIND_CONN_TO_SESSION4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated BIND_CONN_TO_SESSION4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class state_protect_ops4:
+    spo_must_enforce: list[int]
+    spo_must_allow: list[int]
+
+
+def enc_state_protect_ops4(w: _Writer, v: state_protect_ops4) -> None:
+    try:
+        _a459 = v.spo_must_enforce
+        _n = len(_a459)
+        w += _S0.pack(_n)
+        for _x459 in _a459:
+            w += _S0.pack(_x459)
+        _a460 = v.spo_must_allow
+        _n = len(_a460)
+        w += _S0.pack(_n)
+        for _x460 in _a460:
+            w += _S0.pack(_x460)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode state_protect_ops4: {_e}', len(w)) from None
+
+
+def dec_state_protect_ops4(r: _Reader, off: int) -> tuple[state_protect_ops4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_spo_must_enforce = []
+        _c461 = _n
+        for _ in range(_c461):
+            (_x461,) = _S0.unpack_from(buf, off)
+            off += 4
+            f_spo_must_enforce.append(_x461)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_spo_must_allow = []
+        _c462 = _n
+        for _ in range(_c462):
+            (_x462,) = _S0.unpack_from(buf, off)
+            off += 4
+            f_spo_must_allow.append(_x462)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated state_protect_ops4', o0) from None
+    return state_protect_ops4(f_spo_must_enforce, f_spo_must_allow), off
+
+
+@_dataclass(slots=True)
+class ssv_sp_parms4:
+    ssp_ops: state_protect_ops4
+    ssp_hash_algs: list[bytes]
+    ssp_encr_algs: list[bytes]
+    ssp_window: int
+    ssp_num_gss_handles: int
+
+
+def enc_ssv_sp_parms4(w: _Writer, v: ssv_sp_parms4) -> None:
+    try:
+        _s463 = v.ssp_ops
+        _a464 = _s463.spo_must_enforce
+        _n = len(_a464)
+        w += _S0.pack(_n)
+        for _x464 in _a464:
+            w += _S0.pack(_x464)
+        _a465 = _s463.spo_must_allow
+        _n = len(_a465)
+        w += _S0.pack(_n)
+        for _x465 in _a465:
+            w += _S0.pack(_x465)
+        _a466 = v.ssp_hash_algs
+        _n = len(_a466)
+        w += _S0.pack(_n)
+        for _x466 in _a466:
+            _v = _x466
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        _a467 = v.ssp_encr_algs
+        _n = len(_a467)
+        w += _S0.pack(_n)
+        for _x467 in _a467:
+            _v = _x467
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        w += _S1.pack(v.ssp_window, v.ssp_num_gss_handles)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode ssv_sp_parms4: {_e}', len(w)) from None
+
+
+def dec_ssv_sp_parms4(r: _Reader, off: int) -> tuple[ssv_sp_parms4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i468_spo_must_enforce = []
+        _c469 = _n
+        for _ in range(_c469):
+            (_x469,) = _S0.unpack_from(buf, off)
+            off += 4
+            _i468_spo_must_enforce.append(_x469)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i468_spo_must_allow = []
+        _c470 = _n
+        for _ in range(_c470):
+            (_x470,) = _S0.unpack_from(buf, off)
+            off += 4
+            _i468_spo_must_allow.append(_x470)
+        f_ssp_ops = state_protect_ops4(_i468_spo_must_enforce, _i468_spo_must_allow)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_ssp_hash_algs = []
+        _c471 = _n
+        for _ in range(_c471):
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _x471 = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            f_ssp_hash_algs.append(_x471)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_ssp_encr_algs = []
+        _c472 = _n
+        for _ in range(_c472):
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _x472 = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            f_ssp_encr_algs.append(_x472)
+        f_ssp_window, f_ssp_num_gss_handles = _S1.unpack_from(buf, off)
+        off += 8
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated ssv_sp_parms4', o0) from None
+    return ssv_sp_parms4(f_ssp_ops, f_ssp_hash_algs, f_ssp_encr_algs, f_ssp_window, f_ssp_num_gss_handles), off
+
+
+class state_protect_how4(_IntEnum):
+    SP4_NONE = 0
+    SP4_MACH_CRED = 1
+    SP4_SSV = 2
+
+
+_state_protect_how4_MAP: _Final[dict[int, state_protect_how4]] = {m.value: m for m in state_protect_how4}
+SP4_NONE = state_protect_how4.SP4_NONE
+SP4_MACH_CRED = state_protect_how4.SP4_MACH_CRED
+SP4_SSV = state_protect_how4.SP4_SSV
+
+
+def enc_state_protect_how4(w: _Writer, v: state_protect_how4) -> None:
+    try:
+        w += _I32.pack(_state_protect_how4_MAP[v])
+    except (KeyError, TypeError, _struct.error):
+        raise _XdrError(f'{v!r} is not a state_protect_how4', len(w)) from None
+
+
+def dec_state_protect_how4(r: _Reader, off: int) -> tuple[state_protect_how4, int]:
+    try:
+        return _state_protect_how4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
+    except (KeyError, _struct.error):
+        raise _XdrError('invalid or truncated state_protect_how4', off) from None
+
+
+@_dataclass(slots=True)
+class state_protect4_a:
+    spa_how: state_protect_how4
+    value: state_protect_ops4 | ssv_sp_parms4 | None = None
+
+
+_state_protect4_a_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: _void_encode, 1: enc_state_protect_ops4, 2: enc_ssv_sp_parms4}
+_state_protect4_a_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: _void_decode, 1: dec_state_protect_ops4, 2: dec_ssv_sp_parms4}
+_state_protect4_a_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_state_protect_how4_MAP[(0,)[0]], _void_decode), 1: (_state_protect_how4_MAP[(1,)[0]], dec_state_protect_ops4), 2: (_state_protect_how4_MAP[(2,)[0]], dec_ssv_sp_parms4)}
+
+
+def _enc_any_state_protect4_a(w: _Writer, v: state_protect4_a) -> None:
+    try:
+        _d = v.spa_how
+        _f = _state_protect4_a_ENC.get(_d)
+        if _f is None:
+            raise _XdrError(f'{_d!r} is not a case of state_protect4_a', len(w))
+        _d = _state_protect_how4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode state_protect4_a: {_e!r}', len(w)) from None
+
+
+def _dec_any_state_protect4_a(r: _Reader, off: int) -> tuple[state_protect4_a, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v473: _Any
+        _f473: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d473,) = _S2.unpack_from(buf, off)
+        _a473 = _state_protect4_a_ARMS.get(_d473)
+        if _a473 is None:
+            raise _XdrError('%r is not a case of state_protect4_a' % (_d473,), off)
+        else:
+            _d473, _f473 = _a473
+        _v473, off = _f473(r, off + 4)
+        _u = state_protect4_a(_d473, _v473)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated state_protect4_a', o0) from None
+    return _u, off
+
+
+def enc_state_protect4_a(w: _Writer, v: state_protect4_a) -> None:
+    try:
+        _u474 = v
+        _d474 = _u474.spa_how
+        _w474: _Any
+        if _d474 == 0:
+            w += b'\x00\x00\x00\x00'
+        elif _d474 == 1:
+            _w474 = _u474.value
+            _s475 = _w474
+            _a476 = _s475.spo_must_enforce
+            _n = len(_a476)
+            w += _S23.pack(1, _n)
+            for _x476 in _a476:
+                w += _S0.pack(_x476)
+            _a477 = _s475.spo_must_allow
+            _n = len(_a477)
+            w += _S0.pack(_n)
+            for _x477 in _a477:
+                w += _S0.pack(_x477)
+        elif _d474 == 2:
+            _w474 = _u474.value
+            _s478 = _w474
+            _s479 = _s478.ssp_ops
+            _a480 = _s479.spo_must_enforce
+            _n = len(_a480)
+            w += _S23.pack(2, _n)
+            for _x480 in _a480:
+                w += _S0.pack(_x480)
+            _a481 = _s479.spo_must_allow
+            _n = len(_a481)
+            w += _S0.pack(_n)
+            for _x481 in _a481:
+                w += _S0.pack(_x481)
+            _a482 = _s478.ssp_hash_algs
+            _n = len(_a482)
+            w += _S0.pack(_n)
+            for _x482 in _a482:
+                _v = _x482
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+            _a483 = _s478.ssp_encr_algs
+            _n = len(_a483)
+            w += _S0.pack(_n)
+            for _x483 in _a483:
+                _v = _x483
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+            w += _S1.pack(_s478.ssp_window, _s478.ssp_num_gss_handles)
+        else:
+            _enc_any_state_protect4_a(w, _u474)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode state_protect4_a: {_e!r}', len(w)) from None
+
+
+def dec_state_protect4_a(r: _Reader, off: int) -> tuple[state_protect4_a, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v484: _Any
+        (_d484,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d484 == 0:
+            _u = state_protect4_a(SP4_NONE, None)
+        elif _d484 == 1:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i485_spo_must_enforce = []
+            _c486 = _n
+            for _ in range(_c486):
+                (_x486,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i485_spo_must_enforce.append(_x486)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i485_spo_must_allow = []
+            _c487 = _n
+            for _ in range(_c487):
+                (_x487,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i485_spo_must_allow.append(_x487)
+            _v484 = state_protect_ops4(_i485_spo_must_enforce, _i485_spo_must_allow)
+            _u = state_protect4_a(SP4_MACH_CRED, _v484)
+        elif _d484 == 2:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i489_spo_must_enforce = []
+            _c490 = _n
+            for _ in range(_c490):
+                (_x490,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i489_spo_must_enforce.append(_x490)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i489_spo_must_allow = []
+            _c491 = _n
+            for _ in range(_c491):
+                (_x491,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i489_spo_must_allow.append(_x491)
+            _i488_ssp_ops = state_protect_ops4(_i489_spo_must_enforce, _i489_spo_must_allow)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i488_ssp_hash_algs = []
+            _c492 = _n
+            for _ in range(_c492):
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _x492 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _i488_ssp_hash_algs.append(_x492)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i488_ssp_encr_algs = []
+            _c493 = _n
+            for _ in range(_c493):
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _x493 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _i488_ssp_encr_algs.append(_x493)
+            _i488_ssp_window, _i488_ssp_num_gss_handles = _S1.unpack_from(buf, off)
+            off += 8
+            _v484 = ssv_sp_parms4(_i488_ssp_ops, _i488_ssp_hash_algs, _i488_ssp_encr_algs, _i488_ssp_window, _i488_ssp_num_gss_handles)
+            _u = state_protect4_a(SP4_SSV, _v484)
+        else:
+            _u, off = _dec_any_state_protect4_a(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated state_protect4_a', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class EXCHANGE_ID4args:
+    eia_clientowner: client_owner4
+    eia_flags: int
+    eia_state_protect: state_protect4_a
+    eia_client_impl_id: list[nfs_impl_id4]
+
+
+def enc_EXCHANGE_ID4args(w: _Writer, v: EXCHANGE_ID4args) -> None:
+    try:
+        _s494 = v.eia_clientowner
+        if len(_s494.co_verifier) != 8: raise _XdrError('fixed opaque co_verifier must be 8 bytes', len(w))
+        w += _S6.pack(_s494.co_verifier)
+        _v = _s494.co_ownerid
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('co_ownerid: length %d exceeds 1024' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        w += _S0.pack(v.eia_flags)
+        _u495 = v.eia_state_protect
+        _d495 = _u495.spa_how
+        _w495: _Any
+        if _d495 == 0:
+            w += b'\x00\x00\x00\x00'
+        elif _d495 == 1:
+            _w495 = _u495.value
+            _s496 = _w495
+            _a497 = _s496.spo_must_enforce
+            _n = len(_a497)
+            w += _S23.pack(1, _n)
+            for _x497 in _a497:
+                w += _S0.pack(_x497)
+            _a498 = _s496.spo_must_allow
+            _n = len(_a498)
+            w += _S0.pack(_n)
+            for _x498 in _a498:
+                w += _S0.pack(_x498)
+        elif _d495 == 2:
+            _w495 = _u495.value
+            _s499 = _w495
+            _s500 = _s499.ssp_ops
+            _a501 = _s500.spo_must_enforce
+            _n = len(_a501)
+            w += _S23.pack(2, _n)
+            for _x501 in _a501:
+                w += _S0.pack(_x501)
+            _a502 = _s500.spo_must_allow
+            _n = len(_a502)
+            w += _S0.pack(_n)
+            for _x502 in _a502:
+                w += _S0.pack(_x502)
+            _a503 = _s499.ssp_hash_algs
+            _n = len(_a503)
+            w += _S0.pack(_n)
+            for _x503 in _a503:
+                _v = _x503
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+            _a504 = _s499.ssp_encr_algs
+            _n = len(_a504)
+            w += _S0.pack(_n)
+            for _x504 in _a504:
+                _v = _x504
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+            w += _S1.pack(_s499.ssp_window, _s499.ssp_num_gss_handles)
+        else:
+            _enc_any_state_protect4_a(w, _u495)
+        _a505 = v.eia_client_impl_id
+        _n = len(_a505)
+        if _n > 1:
+            raise _XdrError('eia_client_impl_id: length %d exceeds 1' % _n, len(w))
+        w += _S0.pack(_n)
+        for _x505 in _a505:
+            _s506 = _x505
+            _v = _s506.nii_domain
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            _v = _s506.nii_name
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            w += _S7.pack(_s506.nii_date.seconds, _s506.nii_date.nseconds)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode EXCHANGE_ID4args: {_e}', len(w)) from None
+
+
+def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_i507_co_verifier,) = _S6.unpack_from(buf, off)
+        off += 8
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('co_ownerid: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i507_co_ownerid = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_eia_clientowner = client_owner4(_i507_co_verifier, _i507_co_ownerid)
+        (f_eia_flags,) = _S0.unpack_from(buf, off)
+        off += 4
+        _v508: _Any
+        (_d508,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d508 == 0:
+            f_eia_state_protect = state_protect4_a(SP4_NONE, None)
+        elif _d508 == 1:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i509_spo_must_enforce = []
+            _c510 = _n
+            for _ in range(_c510):
+                (_x510,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i509_spo_must_enforce.append(_x510)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i509_spo_must_allow = []
+            _c511 = _n
+            for _ in range(_c511):
+                (_x511,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i509_spo_must_allow.append(_x511)
+            _v508 = state_protect_ops4(_i509_spo_must_enforce, _i509_spo_must_allow)
+            f_eia_state_protect = state_protect4_a(SP4_MACH_CRED, _v508)
+        elif _d508 == 2:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i513_spo_must_enforce = []
+            _c514 = _n
+            for _ in range(_c514):
+                (_x514,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i513_spo_must_enforce.append(_x514)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i513_spo_must_allow = []
+            _c515 = _n
+            for _ in range(_c515):
+                (_x515,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i513_spo_must_allow.append(_x515)
+            _i512_ssp_ops = state_protect_ops4(_i513_spo_must_enforce, _i513_spo_must_allow)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i512_ssp_hash_algs = []
+            _c516 = _n
+            for _ in range(_c516):
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _x516 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _i512_ssp_hash_algs.append(_x516)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i512_ssp_encr_algs = []
+            _c517 = _n
+            for _ in range(_c517):
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _x517 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _i512_ssp_encr_algs.append(_x517)
+            _i512_ssp_window, _i512_ssp_num_gss_handles = _S1.unpack_from(buf, off)
+            off += 8
+            _v508 = ssv_sp_parms4(_i512_ssp_ops, _i512_ssp_hash_algs, _i512_ssp_encr_algs, _i512_ssp_window, _i512_ssp_num_gss_handles)
+            f_eia_state_protect = state_protect4_a(SP4_SSV, _v508)
+        else:
+            f_eia_state_protect, off = _dec_any_state_protect4_a(r, off - 4)
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1:
+            raise _XdrError('eia_client_impl_id: length %d exceeds 1' % _n, off)
+        off += 4
+        if _n * 20 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_eia_client_impl_id = []
+        _c518 = _n
+        for _ in range(_c518):
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i519_nii_domain = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i519_nii_name = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i519_nii_date = nfstime4(*_S7.unpack_from(buf, off))
+            off += 12
+            _x518 = nfs_impl_id4(_i519_nii_domain, _i519_nii_name, _i519_nii_date)
+            f_eia_client_impl_id.append(_x518)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated EXCHANGE_ID4args', o0) from None
+    return EXCHANGE_ID4args(f_eia_clientowner, f_eia_flags, f_eia_state_protect, f_eia_client_impl_id), off

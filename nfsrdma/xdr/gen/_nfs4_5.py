@@ -23,6 +23,7 @@ from nfsrdma.xdr.runtime import (
     U32 as _U32,
     Operation as _Operation,
     Buffer as _Buffer,
+    DdpItem as _DdpItem,
     Reader as _Reader,
     Writer as _Writer,
     XdrError as _XdrError,
@@ -32,27 +33,68 @@ from nfsrdma.xdr.runtime import (
 
 
 from nfsrdma.xdr.gen._nfs4_1 import (
+    LAYOUTRETURN4_FILE,
+    NFS4ERR_LAYOUTTRYLATER,
+    NFS4ERR_TOOSMALL,
+    NFS4_OK,
+    _dec_any_layoutreturn4,
+    _enc_any_layoutreturn4,
+    _layoutiomode4_MAP,
+    _layouttype4_MAP,
     _nfsstat4_MAP,
     _rpc_gss_svc_t_MAP,
     authsys_parms,
-    dec_authsys_parms,
-    dec_netaddr4,
-    enc_authsys_parms,
-    enc_netaddr4,
-    netaddr4,
+    dec_count4,
+    dec_layout4,
+    dec_length4,
+    dec_nfs_impl_id4,
+    dec_nfstime4,
+    dec_offset4,
+    dec_stateid4,
+    device_addr4,
+    enc_count4,
+    enc_layout4,
+    enc_length4,
+    enc_nfs_impl_id4,
+    enc_nfstime4,
+    enc_offset4,
+    enc_stateid4,
+    layout4,
+    layout_content4,
+    layoutiomode4,
+    layoutreturn4,
+    layoutreturn_file4,
+    layouttype4,
+    layoutupdate4,
     nfs_impl_id4,
     nfsstat4,
     nfstime4,
-    rpc_gss_svc_t,
     stateid4,
 )
-from nfsrdma.xdr.gen._nfs4_3 import (
-    cb_client4,
-    client_owner4,
-    fattr4,
-    nfs_client_id4,
+from nfsrdma.xdr.gen._nfs4_4 import (
+    SECINFO4res,
+    SP4_MACH_CRED,
+    SP4_NONE,
+    SP4_SSV,
+    _dec_any_SECINFO4res,
+    _dec_any_callback_sec_parms4,
+    _dec_any_secinfo4,
+    _enc_any_SECINFO4res,
+    _enc_any_callback_sec_parms4,
+    _enc_any_secinfo4,
+    _state_protect_how4_MAP,
+    callback_sec_parms4,
+    dec_rpcsec_gss_info,
+    dec_state_protect_ops4,
+    enc_rpcsec_gss_info,
+    enc_state_protect_ops4,
+    gss_cb_handles4,
+    secinfo4,
+    state_protect_how4,
+    state_protect_ops4,
+)
+from nfsrdma.xdr.gen._nfs4_2 import (
     server_owner4,
-    state_owner4,
 )
 
 _S0: _Final = _struct.Struct('>I')
@@ -60,1622 +102,40 @@ _S1: _Final = _struct.Struct('>II')
 _S2: _Final = _struct.Struct('>i')
 _S4: _Final = _struct.Struct('>Q')
 _S5: _Final = _struct.Struct('>16s')
-_S6: _Final = _struct.Struct('>8s')
 _S7: _Final = _struct.Struct('>qI')
-_S10: _Final = _struct.Struct('>I12s')
-_S13: _Final = _struct.Struct('>Ii')
-_S29: _Final = _struct.Struct('>Q8s')
-_S30: _Final = _struct.Struct('>I12sQi')
-_S31: _Final = _struct.Struct('>Ii8s')
-_S32: _Final = _struct.Struct('>16siI')
-_S33: _Final = _struct.Struct('>IIII')
-_S34: _Final = _struct.Struct('>QII')
-_S35: _Final = _struct.Struct('>IIIIII')
-_S36: _Final = _struct.Struct('>16sII')
-_S37: _Final = _struct.Struct('>qIqI')
-
-
-@_dataclass(slots=True)
-class RENEW4args:
-    clientid: int
-
-
-def enc_RENEW4args(w: _Writer, v: RENEW4args) -> None:
-    try:
-        w += _S4.pack(v.clientid)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode RENEW4args: {_e}', len(w)) from None
-
-
-def dec_RENEW4args(r: _Reader, off: int) -> tuple[RENEW4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S4.unpack_from(buf, off)
-        off += 8
-        f_clientid = _t[0]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated RENEW4args', o0) from None
-    return RENEW4args(f_clientid), off
-
-
-@_dataclass(slots=True)
-class RENEW4res:
-    status: nfsstat4
-
-
-def enc_RENEW4res(w: _Writer, v: RENEW4res) -> None:
-    try:
-        w += _S2.pack(v.status)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode RENEW4res: {_e}', len(w)) from None
-
-
-def dec_RENEW4res(r: _Reader, off: int) -> tuple[RENEW4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated RENEW4res', o0) from None
-    return RENEW4res(f_status), off
-
-
-@_dataclass(slots=True)
-class RESTOREFH4res:
-    status: nfsstat4
-
-
-def enc_RESTOREFH4res(w: _Writer, v: RESTOREFH4res) -> None:
-    try:
-        w += _S2.pack(v.status)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode RESTOREFH4res: {_e}', len(w)) from None
-
-
-def dec_RESTOREFH4res(r: _Reader, off: int) -> tuple[RESTOREFH4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated RESTOREFH4res', o0) from None
-    return RESTOREFH4res(f_status), off
-
-
-@_dataclass(slots=True)
-class SAVEFH4res:
-    status: nfsstat4
-
-
-def enc_SAVEFH4res(w: _Writer, v: SAVEFH4res) -> None:
-    try:
-        w += _S2.pack(v.status)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode SAVEFH4res: {_e}', len(w)) from None
-
-
-def dec_SAVEFH4res(r: _Reader, off: int) -> tuple[SAVEFH4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SAVEFH4res', o0) from None
-    return SAVEFH4res(f_status), off
-
-
-@_dataclass(slots=True)
-class SECINFO4args:
-    name: bytes
-
-
-def enc_SECINFO4args(w: _Writer, v: SECINFO4args) -> None:
-    try:
-        _v = v.name
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode SECINFO4args: {_e}', len(w)) from None
-
-
-def dec_SECINFO4args(r: _Reader, off: int) -> tuple[SECINFO4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_name = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SECINFO4args', o0) from None
-    return SECINFO4args(f_name), off
-
-
-@_dataclass(slots=True)
-class rpcsec_gss_info:
-    oid: bytes
-    qop: int
-    service: rpc_gss_svc_t
-
-
-def enc_rpcsec_gss_info(w: _Writer, v: rpcsec_gss_info) -> None:
-    try:
-        _v = v.oid
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        w += _S13.pack(v.qop, v.service)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode rpcsec_gss_info: {_e}', len(w)) from None
-
-
-def dec_rpcsec_gss_info(r: _Reader, off: int) -> tuple[rpcsec_gss_info, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_oid = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        _t = _S13.unpack_from(buf, off)
-        off += 8
-        f_qop = _t[0]
-        f_service = _rpc_gss_svc_t_MAP[_t[1]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated rpcsec_gss_info', o0) from None
-    return rpcsec_gss_info(f_oid, f_qop, f_service), off
-
-
-@_dataclass(slots=True)
-class secinfo4:
-    flavor: int
-    value: rpcsec_gss_info | None = None
-
-
-_secinfo4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {6: enc_rpcsec_gss_info}
-_secinfo4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {6: dec_rpcsec_gss_info}
-_secinfo4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {6: ((6,)[0], dec_rpcsec_gss_info)}
-
-
-def enc_secinfo4(w: _Writer, v: secinfo4) -> None:
-    try:
-        _d = v.flavor
-        _f = _secinfo4_ENC.get(_d, _void_encode)
-        w += _S0.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode secinfo4: {_e!r}', len(w)) from None
-
-
-def dec_secinfo4(r: _Reader, off: int) -> tuple[secinfo4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v234: _Any
-        _f234: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d234,) = _S0.unpack_from(buf, off)
-        _a234 = _secinfo4_ARMS.get(_d234)
-        if _a234 is None:
-            _d234 = (_d234,)[0]
-            _f234 = _void_decode
-        else:
-            _d234, _f234 = _a234
-        _v234, off = _f234(r, off + 4)
-        _u = secinfo4(_d234, _v234)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated secinfo4', o0) from None
-    return _u, off
-
-
-SECINFO4resok: _TypeAlias = "list[secinfo4]"
-
-
-def enc_SECINFO4resok(w: _Writer, v: SECINFO4resok) -> None:
-    try:
-        _a235 = v
-        _n = len(_a235)
-        w += _U32.pack(_n)
-        for _x235 in _a235:
-            enc_secinfo4(w, _x235)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode SECINFO4resok: {_e}', len(w)) from None
-
-
-def dec_SECINFO4resok(r: _Reader, off: int) -> tuple[SECINFO4resok, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _v = []
-        _c236 = _n
-        for _ in range(_c236):
-            _v237: _Any
-            _f237: _Callable[[_Reader, int], tuple[_Any, int]]
-            (_d237,) = _S0.unpack_from(buf, off)
-            _a237 = _secinfo4_ARMS.get(_d237)
-            if _a237 is None:
-                _d237 = (_d237,)[0]
-                _f237 = _void_decode
-            else:
-                _d237, _f237 = _a237
-            _v237, off = _f237(r, off + 4)
-            _x236 = secinfo4(_d237, _v237)
-            _v.append(_x236)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SECINFO4resok', o0) from None
-    return _v, off
-
-
-@_dataclass(slots=True)
-class SECINFO4res:
-    status: nfsstat4
-    value: list[secinfo4] | None = None
-
-
-_SECINFO4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_SECINFO4resok}
-_SECINFO4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_SECINFO4resok}
-_SECINFO4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_SECINFO4resok)}
-
-
-def enc_SECINFO4res(w: _Writer, v: SECINFO4res) -> None:
-    try:
-        _d = v.status
-        _f = _SECINFO4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode SECINFO4res: {_e!r}', len(w)) from None
-
-
-def dec_SECINFO4res(r: _Reader, off: int) -> tuple[SECINFO4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v238: _Any
-        _f238: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d238,) = _S2.unpack_from(buf, off)
-        _a238 = _SECINFO4res_ARMS.get(_d238)
-        if _a238 is None:
-            _d238 = _nfsstat4_MAP[(_d238,)[0]]
-            _f238 = _void_decode
-        else:
-            _d238, _f238 = _a238
-        _v238, off = _f238(r, off + 4)
-        _u = SECINFO4res(_d238, _v238)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SECINFO4res', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class SETATTR4args:
-    stateid: stateid4
-    obj_attributes: fattr4
-
-
-def enc_SETATTR4args(w: _Writer, v: SETATTR4args) -> None:
-    try:
-        if len(v.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S10.pack(v.stateid.seqid, v.stateid.other)
-        _s239 = v.obj_attributes
-        _a240 = _s239.attrmask
-        _n = len(_a240)
-        w += _U32.pack(_n)
-        for _x240 in _a240:
-            w += _S0.pack(_x240)
-        _v = _s239.attr_vals
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode SETATTR4args: {_e}', len(w)) from None
-
-
-def dec_SETATTR4args(r: _Reader, off: int) -> tuple[SETATTR4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S10.unpack_from(buf, off)
-        off += 16
-        f_stateid = stateid4(_t[0], _t[1])
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i241_attrmask = []
-        _c242 = _n
-        for _ in range(_c242):
-            _t = _S0.unpack_from(buf, off)
-            off += 4
-            _x242 = _t[0]
-            _i241_attrmask.append(_x242)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i241_attr_vals = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        f_obj_attributes = fattr4(_i241_attrmask, _i241_attr_vals)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SETATTR4args', o0) from None
-    return SETATTR4args(f_stateid, f_obj_attributes), off
-
-
-@_dataclass(slots=True)
-class SETATTR4res:
-    status: nfsstat4
-    attrsset: list[int]
-
-
-def enc_SETATTR4res(w: _Writer, v: SETATTR4res) -> None:
-    try:
-        w += _S2.pack(v.status)
-        _a243 = v.attrsset
-        _n = len(_a243)
-        w += _U32.pack(_n)
-        for _x243 in _a243:
-            w += _S0.pack(_x243)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode SETATTR4res: {_e}', len(w)) from None
-
-
-def dec_SETATTR4res(r: _Reader, off: int) -> tuple[SETATTR4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_attrsset = []
-        _c244 = _n
-        for _ in range(_c244):
-            _t = _S0.unpack_from(buf, off)
-            off += 4
-            _x244 = _t[0]
-            f_attrsset.append(_x244)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SETATTR4res', o0) from None
-    return SETATTR4res(f_status, f_attrsset), off
-
-
-@_dataclass(slots=True)
-class SETCLIENTID4args:
-    client: nfs_client_id4
-    callback: cb_client4
-    callback_ident: int
-
-
-def enc_SETCLIENTID4args(w: _Writer, v: SETCLIENTID4args) -> None:
-    try:
-        _s245 = v.client
-        if len(_s245.verifier) != 8: raise _XdrError('fixed opaque verifier must be 8 bytes', len(w))
-        w += _S6.pack(_s245.verifier)
-        _v = _s245.id
-        _n = len(_v)
-        if _n > 1024:
-            raise _XdrError('id: length %d exceeds 1024' % _n, len(w))
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        _s246 = v.callback
-        w += _S0.pack(_s246.cb_program)
-        _s247 = _s246.cb_location
-        _v = _s247.na_r_netid.encode('utf-8', 'surrogateescape')
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        _v = _s247.na_r_addr.encode('utf-8', 'surrogateescape')
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        w += _S0.pack(v.callback_ident)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode SETCLIENTID4args: {_e}', len(w)) from None
-
-
-def dec_SETCLIENTID4args(r: _Reader, off: int) -> tuple[SETCLIENTID4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S6.unpack_from(buf, off)
-        off += 8
-        _i248_verifier = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1024:
-            raise _XdrError('id: length %d exceeds 1024' % _n, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i248_id = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        f_client = nfs_client_id4(_i248_verifier, _i248_id)
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _i249_cb_program = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('string runs past the end', off)
-        _i250_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
-        off = _e + (-_n & 3)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('string runs past the end', off)
-        _i250_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
-        off = _e + (-_n & 3)
-        _i249_cb_location = netaddr4(_i250_na_r_netid, _i250_na_r_addr)
-        f_callback = cb_client4(_i249_cb_program, _i249_cb_location)
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        f_callback_ident = _t[0]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SETCLIENTID4args', o0) from None
-    return SETCLIENTID4args(f_client, f_callback, f_callback_ident), off
-
-
-@_dataclass(slots=True)
-class SETCLIENTID4resok:
-    clientid: int
-    setclientid_confirm: bytes
-
-
-def enc_SETCLIENTID4resok(w: _Writer, v: SETCLIENTID4resok) -> None:
-    try:
-        if len(v.setclientid_confirm) != 8: raise _XdrError('fixed opaque setclientid_confirm must be 8 bytes', len(w))
-        w += _S29.pack(v.clientid, v.setclientid_confirm)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode SETCLIENTID4resok: {_e}', len(w)) from None
-
-
-def dec_SETCLIENTID4resok(r: _Reader, off: int) -> tuple[SETCLIENTID4resok, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S29.unpack_from(buf, off)
-        off += 16
-        f_clientid = _t[0]
-        f_setclientid_confirm = _t[1]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SETCLIENTID4resok', o0) from None
-    return SETCLIENTID4resok(f_clientid, f_setclientid_confirm), off
-
-
-@_dataclass(slots=True)
-class SETCLIENTID4res:
-    status: nfsstat4
-    value: SETCLIENTID4resok | netaddr4 | None = None
-
-
-_SETCLIENTID4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_SETCLIENTID4resok, 10017: enc_netaddr4}
-_SETCLIENTID4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_SETCLIENTID4resok, 10017: dec_netaddr4}
-_SETCLIENTID4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_SETCLIENTID4resok), 10017: (_nfsstat4_MAP[(10017,)[0]], dec_netaddr4)}
-
-
-def enc_SETCLIENTID4res(w: _Writer, v: SETCLIENTID4res) -> None:
-    try:
-        _d = v.status
-        _f = _SETCLIENTID4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode SETCLIENTID4res: {_e!r}', len(w)) from None
-
-
-def dec_SETCLIENTID4res(r: _Reader, off: int) -> tuple[SETCLIENTID4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v251: _Any
-        _f251: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d251,) = _S2.unpack_from(buf, off)
-        _a251 = _SETCLIENTID4res_ARMS.get(_d251)
-        if _a251 is None:
-            _d251 = _nfsstat4_MAP[(_d251,)[0]]
-            _f251 = _void_decode
-        else:
-            _d251, _f251 = _a251
-        _v251, off = _f251(r, off + 4)
-        _u = SETCLIENTID4res(_d251, _v251)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SETCLIENTID4res', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class SETCLIENTID_CONFIRM4args:
-    clientid: int
-    setclientid_confirm: bytes
-
-
-def enc_SETCLIENTID_CONFIRM4args(w: _Writer, v: SETCLIENTID_CONFIRM4args) -> None:
-    try:
-        if len(v.setclientid_confirm) != 8: raise _XdrError('fixed opaque setclientid_confirm must be 8 bytes', len(w))
-        w += _S29.pack(v.clientid, v.setclientid_confirm)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode SETCLIENTID_CONFIRM4args: {_e}', len(w)) from None
-
-
-def dec_SETCLIENTID_CONFIRM4args(r: _Reader, off: int) -> tuple[SETCLIENTID_CONFIRM4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S29.unpack_from(buf, off)
-        off += 16
-        f_clientid = _t[0]
-        f_setclientid_confirm = _t[1]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SETCLIENTID_CONFIRM4args', o0) from None
-    return SETCLIENTID_CONFIRM4args(f_clientid, f_setclientid_confirm), off
-
-
-@_dataclass(slots=True)
-class SETCLIENTID_CONFIRM4res:
-    status: nfsstat4
-
-
-def enc_SETCLIENTID_CONFIRM4res(w: _Writer, v: SETCLIENTID_CONFIRM4res) -> None:
-    try:
-        w += _S2.pack(v.status)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode SETCLIENTID_CONFIRM4res: {_e}', len(w)) from None
-
-
-def dec_SETCLIENTID_CONFIRM4res(r: _Reader, off: int) -> tuple[SETCLIENTID_CONFIRM4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SETCLIENTID_CONFIRM4res', o0) from None
-    return SETCLIENTID_CONFIRM4res(f_status), off
-
-
-@_dataclass(slots=True)
-class VERIFY4args:
-    obj_attributes: fattr4
-
-
-def enc_VERIFY4args(w: _Writer, v: VERIFY4args) -> None:
-    try:
-        _s252 = v.obj_attributes
-        _a253 = _s252.attrmask
-        _n = len(_a253)
-        w += _U32.pack(_n)
-        for _x253 in _a253:
-            w += _S0.pack(_x253)
-        _v = _s252.attr_vals
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode VERIFY4args: {_e}', len(w)) from None
-
-
-def dec_VERIFY4args(r: _Reader, off: int) -> tuple[VERIFY4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i254_attrmask = []
-        _c255 = _n
-        for _ in range(_c255):
-            _t = _S0.unpack_from(buf, off)
-            off += 4
-            _x255 = _t[0]
-            _i254_attrmask.append(_x255)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i254_attr_vals = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        f_obj_attributes = fattr4(_i254_attrmask, _i254_attr_vals)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated VERIFY4args', o0) from None
-    return VERIFY4args(f_obj_attributes), off
-
-
-@_dataclass(slots=True)
-class VERIFY4res:
-    status: nfsstat4
-
-
-def enc_VERIFY4res(w: _Writer, v: VERIFY4res) -> None:
-    try:
-        w += _S2.pack(v.status)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode VERIFY4res: {_e}', len(w)) from None
-
-
-def dec_VERIFY4res(r: _Reader, off: int) -> tuple[VERIFY4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated VERIFY4res', o0) from None
-    return VERIFY4res(f_status), off
-
-
-class stable_how4(_IntEnum):
-    UNSTABLE4 = 0
-    DATA_SYNC4 = 1
-    FILE_SYNC4 = 2
-
-
-_stable_how4_MAP: _Final[dict[int, stable_how4]] = {m.value: m for m in stable_how4}
-UNSTABLE4 = stable_how4.UNSTABLE4
-DATA_SYNC4 = stable_how4.DATA_SYNC4
-FILE_SYNC4 = stable_how4.FILE_SYNC4
-
-
-def enc_stable_how4(w: _Writer, v: stable_how4) -> None:
-    try:
-        w += _I32.pack(_stable_how4_MAP[v])
-    except (KeyError, TypeError, _struct.error):
-        raise _XdrError(f'{v!r} is not a stable_how4', len(w)) from None
-
-
-def dec_stable_how4(r: _Reader, off: int) -> tuple[stable_how4, int]:
-    try:
-        return _stable_how4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
-    except (KeyError, _struct.error):
-        raise _XdrError('invalid or truncated stable_how4', off) from None
-
-
-@_dataclass(slots=True)
-class WRITE4args:
-    stateid: stateid4
-    offset: int
-    stable: stable_how4
-    data: _Buffer
-
-
-def enc_WRITE4args(w: _Writer, v: WRITE4args) -> None:
-    try:
-        if len(v.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S30.pack(v.stateid.seqid, v.stateid.other, v.offset, v.stable)
-        w.put_ddp(v.data, None)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode WRITE4args: {_e}', len(w)) from None
-
-
-def dec_WRITE4args(r: _Reader, off: int) -> tuple[WRITE4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S30.unpack_from(buf, off)
-        off += 28
-        f_stateid = stateid4(_t[0], _t[1])
-        f_offset = _t[2]
-        f_stable = _stable_how4_MAP[_t[3]]
-        f_data, off = r.take_ddp(off, None)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated WRITE4args', o0) from None
-    return WRITE4args(f_stateid, f_offset, f_stable, f_data), off
-
-
-@_dataclass(slots=True)
-class WRITE4resok:
-    count: int
-    committed: stable_how4
-    writeverf: bytes
-
-
-def enc_WRITE4resok(w: _Writer, v: WRITE4resok) -> None:
-    try:
-        if len(v.writeverf) != 8: raise _XdrError('fixed opaque writeverf must be 8 bytes', len(w))
-        w += _S31.pack(v.count, v.committed, v.writeverf)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode WRITE4resok: {_e}', len(w)) from None
-
-
-def dec_WRITE4resok(r: _Reader, off: int) -> tuple[WRITE4resok, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S31.unpack_from(buf, off)
-        off += 16
-        f_count = _t[0]
-        f_committed = _stable_how4_MAP[_t[1]]
-        f_writeverf = _t[2]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated WRITE4resok', o0) from None
-    return WRITE4resok(f_count, f_committed, f_writeverf), off
-
-
-@_dataclass(slots=True)
-class WRITE4res:
-    status: nfsstat4
-    value: WRITE4resok | None = None
-
-
-_WRITE4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_WRITE4resok}
-_WRITE4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_WRITE4resok}
-_WRITE4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_WRITE4resok)}
-
-
-def enc_WRITE4res(w: _Writer, v: WRITE4res) -> None:
-    try:
-        _d = v.status
-        _f = _WRITE4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode WRITE4res: {_e!r}', len(w)) from None
-
-
-def dec_WRITE4res(r: _Reader, off: int) -> tuple[WRITE4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v256: _Any
-        _f256: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d256,) = _S2.unpack_from(buf, off)
-        _a256 = _WRITE4res_ARMS.get(_d256)
-        if _a256 is None:
-            _d256 = _nfsstat4_MAP[(_d256,)[0]]
-            _f256 = _void_decode
-        else:
-            _d256, _f256 = _a256
-        _v256, off = _f256(r, off + 4)
-        _u = WRITE4res(_d256, _v256)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated WRITE4res', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class RELEASE_LOCKOWNER4args:
-    lock_owner: state_owner4
-
-
-def enc_RELEASE_LOCKOWNER4args(w: _Writer, v: RELEASE_LOCKOWNER4args) -> None:
-    try:
-        _s257 = v.lock_owner
-        w += _S4.pack(_s257.clientid)
-        _v = _s257.owner
-        _n = len(_v)
-        if _n > 1024:
-            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode RELEASE_LOCKOWNER4args: {_e}', len(w)) from None
-
-
-def dec_RELEASE_LOCKOWNER4args(r: _Reader, off: int) -> tuple[RELEASE_LOCKOWNER4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S4.unpack_from(buf, off)
-        off += 8
-        _i258_clientid = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1024:
-            raise _XdrError('owner: length %d exceeds 1024' % _n, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i258_owner = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        f_lock_owner = state_owner4(_i258_clientid, _i258_owner)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated RELEASE_LOCKOWNER4args', o0) from None
-    return RELEASE_LOCKOWNER4args(f_lock_owner), off
-
-
-@_dataclass(slots=True)
-class RELEASE_LOCKOWNER4res:
-    status: nfsstat4
-
-
-def enc_RELEASE_LOCKOWNER4res(w: _Writer, v: RELEASE_LOCKOWNER4res) -> None:
-    try:
-        w += _S2.pack(v.status)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode RELEASE_LOCKOWNER4res: {_e}', len(w)) from None
-
-
-def dec_RELEASE_LOCKOWNER4res(r: _Reader, off: int) -> tuple[RELEASE_LOCKOWNER4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated RELEASE_LOCKOWNER4res', o0) from None
-    return RELEASE_LOCKOWNER4res(f_status), off
-
-
-@_dataclass(slots=True)
-class ILLEGAL4res:
-    status: nfsstat4
-
-
-def enc_ILLEGAL4res(w: _Writer, v: ILLEGAL4res) -> None:
-    try:
-        w += _S2.pack(v.status)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode ILLEGAL4res: {_e}', len(w)) from None
-
-
-def dec_ILLEGAL4res(r: _Reader, off: int) -> tuple[ILLEGAL4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated ILLEGAL4res', o0) from None
-    return ILLEGAL4res(f_status), off
-
-
-gsshandle4_t: _TypeAlias = "bytes"
-
-
-def enc_gsshandle4_t(w: _Writer, v: gsshandle4_t) -> None:
-    try:
-        _v = v
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode gsshandle4_t: {_e}', len(w)) from None
-
-
-def dec_gsshandle4_t(r: _Reader, off: int) -> tuple[gsshandle4_t, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _v = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated gsshandle4_t', o0) from None
-    return _v, off
-
-
-@_dataclass(slots=True)
-class gss_cb_handles4:
-    gcbp_service: rpc_gss_svc_t
-    gcbp_handle_from_server: bytes
-    gcbp_handle_from_client: bytes
-
-
-def enc_gss_cb_handles4(w: _Writer, v: gss_cb_handles4) -> None:
-    try:
-        w += _S2.pack(v.gcbp_service)
-        _v = v.gcbp_handle_from_server
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        _v = v.gcbp_handle_from_client
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode gss_cb_handles4: {_e}', len(w)) from None
-
-
-def dec_gss_cb_handles4(r: _Reader, off: int) -> tuple[gss_cb_handles4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        f_gcbp_service = _rpc_gss_svc_t_MAP[_t[0]]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_gcbp_handle_from_server = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_gcbp_handle_from_client = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated gss_cb_handles4', o0) from None
-    return gss_cb_handles4(f_gcbp_service, f_gcbp_handle_from_server, f_gcbp_handle_from_client), off
-
-
-@_dataclass(slots=True)
-class callback_sec_parms4:
-    cb_secflavor: int
-    value: authsys_parms | gss_cb_handles4 | None = None
-
-
-_callback_sec_parms4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: _void_encode, 1: enc_authsys_parms, 6: enc_gss_cb_handles4}
-_callback_sec_parms4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: _void_decode, 1: dec_authsys_parms, 6: dec_gss_cb_handles4}
-_callback_sec_parms4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: ((0,)[0], _void_decode), 1: ((1,)[0], dec_authsys_parms), 6: ((6,)[0], dec_gss_cb_handles4)}
-
-
-def enc_callback_sec_parms4(w: _Writer, v: callback_sec_parms4) -> None:
-    try:
-        _d = v.cb_secflavor
-        _f = _callback_sec_parms4_ENC.get(_d)
-        if _f is None:
-            raise _XdrError(f'{_d!r} is not a case of callback_sec_parms4', len(w))
-        w += _S0.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode callback_sec_parms4: {_e!r}', len(w)) from None
-
-
-def dec_callback_sec_parms4(r: _Reader, off: int) -> tuple[callback_sec_parms4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v259: _Any
-        _f259: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d259,) = _S0.unpack_from(buf, off)
-        _a259 = _callback_sec_parms4_ARMS.get(_d259)
-        if _a259 is None:
-            raise _XdrError('%r is not a case of callback_sec_parms4' % (_d259,), off)
-        else:
-            _d259, _f259 = _a259
-        _v259, off = _f259(r, off + 4)
-        _u = callback_sec_parms4(_d259, _v259)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated callback_sec_parms4', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class BACKCHANNEL_CTL4args:
-    bca_cb_program: int
-    bca_sec_parms: list[callback_sec_parms4]
-
-
-def enc_BACKCHANNEL_CTL4args(w: _Writer, v: BACKCHANNEL_CTL4args) -> None:
-    try:
-        w += _S0.pack(v.bca_cb_program)
-        _a260 = v.bca_sec_parms
-        _n = len(_a260)
-        w += _U32.pack(_n)
-        for _x260 in _a260:
-            enc_callback_sec_parms4(w, _x260)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode BACKCHANNEL_CTL4args: {_e}', len(w)) from None
-
-
-def dec_BACKCHANNEL_CTL4args(r: _Reader, off: int) -> tuple[BACKCHANNEL_CTL4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        f_bca_cb_program = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_bca_sec_parms = []
-        _c261 = _n
-        for _ in range(_c261):
-            _v262: _Any
-            _f262: _Callable[[_Reader, int], tuple[_Any, int]]
-            (_d262,) = _S0.unpack_from(buf, off)
-            _a262 = _callback_sec_parms4_ARMS.get(_d262)
-            if _a262 is None:
-                raise _XdrError('%r is not a case of callback_sec_parms4' % (_d262,), off)
-            else:
-                _d262, _f262 = _a262
-            _v262, off = _f262(r, off + 4)
-            _x261 = callback_sec_parms4(_d262, _v262)
-            f_bca_sec_parms.append(_x261)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated BACKCHANNEL_CTL4args', o0) from None
-    return BACKCHANNEL_CTL4args(f_bca_cb_program, f_bca_sec_parms), off
-
-
-@_dataclass(slots=True)
-class BACKCHANNEL_CTL4res:
-    bcr_status: nfsstat4
-
-
-def enc_BACKCHANNEL_CTL4res(w: _Writer, v: BACKCHANNEL_CTL4res) -> None:
-    try:
-        w += _S2.pack(v.bcr_status)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode BACKCHANNEL_CTL4res: {_e}', len(w)) from None
-
-
-def dec_BACKCHANNEL_CTL4res(r: _Reader, off: int) -> tuple[BACKCHANNEL_CTL4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        f_bcr_status = _nfsstat4_MAP[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated BACKCHANNEL_CTL4res', o0) from None
-    return BACKCHANNEL_CTL4res(f_bcr_status), off
-
-
-class channel_dir_from_client4(_IntEnum):
-    CDFC4_FORE = 1
-    CDFC4_BACK = 2
-    CDFC4_FORE_OR_BOTH = 3
-    CDFC4_BACK_OR_BOTH = 7
-
-
-_channel_dir_from_client4_MAP: _Final[dict[int, channel_dir_from_client4]] = {m.value: m for m in channel_dir_from_client4}
-CDFC4_FORE = channel_dir_from_client4.CDFC4_FORE
-CDFC4_BACK = channel_dir_from_client4.CDFC4_BACK
-CDFC4_FORE_OR_BOTH = channel_dir_from_client4.CDFC4_FORE_OR_BOTH
-CDFC4_BACK_OR_BOTH = channel_dir_from_client4.CDFC4_BACK_OR_BOTH
-
-
-def enc_channel_dir_from_client4(w: _Writer, v: channel_dir_from_client4) -> None:
-    try:
-        w += _I32.pack(_channel_dir_from_client4_MAP[v])
-    except (KeyError, TypeError, _struct.error):
-        raise _XdrError(f'{v!r} is not a channel_dir_from_client4', len(w)) from None
-
-
-def dec_channel_dir_from_client4(r: _Reader, off: int) -> tuple[channel_dir_from_client4, int]:
-    try:
-        return _channel_dir_from_client4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
-    except (KeyError, _struct.error):
-        raise _XdrError('invalid or truncated channel_dir_from_client4', off) from None
-
-
-@_dataclass(slots=True)
-class BIND_CONN_TO_SESSION4args:
-    bctsa_sessid: bytes
-    bctsa_dir: channel_dir_from_client4
-    bctsa_use_conn_in_rdma_mode: bool
-
-
-def enc_BIND_CONN_TO_SESSION4args(w: _Writer, v: BIND_CONN_TO_SESSION4args) -> None:
-    try:
-        if len(v.bctsa_sessid) != 16: raise _XdrError('fixed opaque bctsa_sessid must be 16 bytes', len(w))
-        w += _S32.pack(v.bctsa_sessid, v.bctsa_dir, v.bctsa_use_conn_in_rdma_mode)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode BIND_CONN_TO_SESSION4args: {_e}', len(w)) from None
-
-
-def dec_BIND_CONN_TO_SESSION4args(r: _Reader, off: int) -> tuple[BIND_CONN_TO_SESSION4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S32.unpack_from(buf, off)
-        off += 24
-        f_bctsa_sessid = _t[0]
-        f_bctsa_dir = _channel_dir_from_client4_MAP[_t[1]]
-        f_bctsa_use_conn_in_rdma_mode = _BOOL[_t[2]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated BIND_CONN_TO_SESSION4args', o0) from None
-    return BIND_CONN_TO_SESSION4args(f_bctsa_sessid, f_bctsa_dir, f_bctsa_use_conn_in_rdma_mode), off
-
-
-class channel_dir_from_server4(_IntEnum):
-    CDFS4_FORE = 1
-    CDFS4_BACK = 2
-    CDFS4_BOTH = 3
-
-
-_channel_dir_from_server4_MAP: _Final[dict[int, channel_dir_from_server4]] = {m.value: m for m in channel_dir_from_server4}
-CDFS4_FORE = channel_dir_from_server4.CDFS4_FORE
-CDFS4_BACK = channel_dir_from_server4.CDFS4_BACK
-CDFS4_BOTH = channel_dir_from_server4.CDFS4_BOTH
-
-
-def enc_channel_dir_from_server4(w: _Writer, v: channel_dir_from_server4) -> None:
-    try:
-        w += _I32.pack(_channel_dir_from_server4_MAP[v])
-    except (KeyError, TypeError, _struct.error):
-        raise _XdrError(f'{v!r} is not a channel_dir_from_server4', len(w)) from None
-
-
-def dec_channel_dir_from_server4(r: _Reader, off: int) -> tuple[channel_dir_from_server4, int]:
-    try:
-        return _channel_dir_from_server4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
-    except (KeyError, _struct.error):
-        raise _XdrError('invalid or truncated channel_dir_from_server4', off) from None
-
-
-@_dataclass(slots=True)
-class BIND_CONN_TO_SESSION4resok:
-    bctsr_sessid: bytes
-    bctsr_dir: channel_dir_from_server4
-    bctsr_use_conn_in_rdma_mode: bool
-
-
-def enc_BIND_CONN_TO_SESSION4resok(w: _Writer, v: BIND_CONN_TO_SESSION4resok) -> None:
-    try:
-        if len(v.bctsr_sessid) != 16: raise _XdrError('fixed opaque bctsr_sessid must be 16 bytes', len(w))
-        w += _S32.pack(v.bctsr_sessid, v.bctsr_dir, v.bctsr_use_conn_in_rdma_mode)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode BIND_CONN_TO_SESSION4resok: {_e}', len(w)) from None
-
-
-def dec_BIND_CONN_TO_SESSION4resok(r: _Reader, off: int) -> tuple[BIND_CONN_TO_SESSION4resok, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S32.unpack_from(buf, off)
-        off += 24
-        f_bctsr_sessid = _t[0]
-        f_bctsr_dir = _channel_dir_from_server4_MAP[_t[1]]
-        f_bctsr_use_conn_in_rdma_mode = _BOOL[_t[2]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated BIND_CONN_TO_SESSION4resok', o0) from None
-    return BIND_CONN_TO_SESSION4resok(f_bctsr_sessid, f_bctsr_dir, f_bctsr_use_conn_in_rdma_mode), off
-
-
-@_dataclass(slots=True)
-class BIND_CONN_TO_SESSION4res:
-    bctsr_status: nfsstat4
-    value: BIND_CONN_TO_SESSION4resok | None = None
-
-
-_BIND_CONN_TO_SESSION4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_BIND_CONN_TO_SESSION4resok}
-_BIND_CONN_TO_SESSION4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_BIND_CONN_TO_SESSION4resok}
-_BIND_CONN_TO_SESSION4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_BIND_CONN_TO_SESSION4resok)}
-
-
-def enc_BIND_CONN_TO_SESSION4res(w: _Writer, v: BIND_CONN_TO_SESSION4res) -> None:
-    try:
-        _d = v.bctsr_status
-        _f = _BIND_CONN_TO_SESSION4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode BIND_CONN_TO_SESSION4res: {_e!r}', len(w)) from None
-
-
-def dec_BIND_CONN_TO_SESSION4res(r: _Reader, off: int) -> tuple[BIND_CONN_TO_SESSION4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v263: _Any
-        _f263: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d263,) = _S2.unpack_from(buf, off)
-        _a263 = _BIND_CONN_TO_SESSION4res_ARMS.get(_d263)
-        if _a263 is None:
-            _d263 = _nfsstat4_MAP[(_d263,)[0]]
-            _f263 = _void_decode
-        else:
-            _d263, _f263 = _a263
-        _v263, off = _f263(r, off + 4)
-        _u = BIND_CONN_TO_SESSION4res(_d263, _v263)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated BIND_CONN_TO_SESSION4res', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class state_protect_ops4:
-    spo_must_enforce: list[int]
-    spo_must_allow: list[int]
-
-
-def enc_state_protect_ops4(w: _Writer, v: state_protect_ops4) -> None:
-    try:
-        _a264 = v.spo_must_enforce
-        _n = len(_a264)
-        w += _U32.pack(_n)
-        for _x264 in _a264:
-            w += _S0.pack(_x264)
-        _a265 = v.spo_must_allow
-        _n = len(_a265)
-        w += _U32.pack(_n)
-        for _x265 in _a265:
-            w += _S0.pack(_x265)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode state_protect_ops4: {_e}', len(w)) from None
-
-
-def dec_state_protect_ops4(r: _Reader, off: int) -> tuple[state_protect_ops4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_spo_must_enforce = []
-        _c266 = _n
-        for _ in range(_c266):
-            _t = _S0.unpack_from(buf, off)
-            off += 4
-            _x266 = _t[0]
-            f_spo_must_enforce.append(_x266)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_spo_must_allow = []
-        _c267 = _n
-        for _ in range(_c267):
-            _t = _S0.unpack_from(buf, off)
-            off += 4
-            _x267 = _t[0]
-            f_spo_must_allow.append(_x267)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated state_protect_ops4', o0) from None
-    return state_protect_ops4(f_spo_must_enforce, f_spo_must_allow), off
-
-
-@_dataclass(slots=True)
-class ssv_sp_parms4:
-    ssp_ops: state_protect_ops4
-    ssp_hash_algs: list[bytes]
-    ssp_encr_algs: list[bytes]
-    ssp_window: int
-    ssp_num_gss_handles: int
-
-
-def enc_ssv_sp_parms4(w: _Writer, v: ssv_sp_parms4) -> None:
-    try:
-        _s268 = v.ssp_ops
-        _a269 = _s268.spo_must_enforce
-        _n = len(_a269)
-        w += _U32.pack(_n)
-        for _x269 in _a269:
-            w += _S0.pack(_x269)
-        _a270 = _s268.spo_must_allow
-        _n = len(_a270)
-        w += _U32.pack(_n)
-        for _x270 in _a270:
-            w += _S0.pack(_x270)
-        _a271 = v.ssp_hash_algs
-        _n = len(_a271)
-        w += _U32.pack(_n)
-        for _x271 in _a271:
-            _v = _x271
-            _n = len(_v)
-            w += _U32.pack(_n)
-            w += _v
-            w += _PAD[_n & 3]
-        _a272 = v.ssp_encr_algs
-        _n = len(_a272)
-        w += _U32.pack(_n)
-        for _x272 in _a272:
-            _v = _x272
-            _n = len(_v)
-            w += _U32.pack(_n)
-            w += _v
-            w += _PAD[_n & 3]
-        w += _S1.pack(v.ssp_window, v.ssp_num_gss_handles)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode ssv_sp_parms4: {_e}', len(w)) from None
-
-
-def dec_ssv_sp_parms4(r: _Reader, off: int) -> tuple[ssv_sp_parms4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i273_spo_must_enforce = []
-        _c274 = _n
-        for _ in range(_c274):
-            _t = _S0.unpack_from(buf, off)
-            off += 4
-            _x274 = _t[0]
-            _i273_spo_must_enforce.append(_x274)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i273_spo_must_allow = []
-        _c275 = _n
-        for _ in range(_c275):
-            _t = _S0.unpack_from(buf, off)
-            off += 4
-            _x275 = _t[0]
-            _i273_spo_must_allow.append(_x275)
-        f_ssp_ops = state_protect_ops4(_i273_spo_must_enforce, _i273_spo_must_allow)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_ssp_hash_algs = []
-        _c276 = _n
-        for _ in range(_c276):
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _x276 = bytes(buf[off:_e])
-            off = _e + (-_n & 3)
-            f_ssp_hash_algs.append(_x276)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_ssp_encr_algs = []
-        _c277 = _n
-        for _ in range(_c277):
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _x277 = bytes(buf[off:_e])
-            off = _e + (-_n & 3)
-            f_ssp_encr_algs.append(_x277)
-        _t = _S1.unpack_from(buf, off)
-        off += 8
-        f_ssp_window = _t[0]
-        f_ssp_num_gss_handles = _t[1]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated ssv_sp_parms4', o0) from None
-    return ssv_sp_parms4(f_ssp_ops, f_ssp_hash_algs, f_ssp_encr_algs, f_ssp_window, f_ssp_num_gss_handles), off
-
-
-class state_protect_how4(_IntEnum):
-    SP4_NONE = 0
-    SP4_MACH_CRED = 1
-    SP4_SSV = 2
-
-
-_state_protect_how4_MAP: _Final[dict[int, state_protect_how4]] = {m.value: m for m in state_protect_how4}
-SP4_NONE = state_protect_how4.SP4_NONE
-SP4_MACH_CRED = state_protect_how4.SP4_MACH_CRED
-SP4_SSV = state_protect_how4.SP4_SSV
-
-
-def enc_state_protect_how4(w: _Writer, v: state_protect_how4) -> None:
-    try:
-        w += _I32.pack(_state_protect_how4_MAP[v])
-    except (KeyError, TypeError, _struct.error):
-        raise _XdrError(f'{v!r} is not a state_protect_how4', len(w)) from None
-
-
-def dec_state_protect_how4(r: _Reader, off: int) -> tuple[state_protect_how4, int]:
-    try:
-        return _state_protect_how4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
-    except (KeyError, _struct.error):
-        raise _XdrError('invalid or truncated state_protect_how4', off) from None
-
-
-@_dataclass(slots=True)
-class state_protect4_a:
-    spa_how: state_protect_how4
-    value: state_protect_ops4 | ssv_sp_parms4 | None = None
-
-
-_state_protect4_a_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: _void_encode, 1: enc_state_protect_ops4, 2: enc_ssv_sp_parms4}
-_state_protect4_a_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: _void_decode, 1: dec_state_protect_ops4, 2: dec_ssv_sp_parms4}
-_state_protect4_a_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_state_protect_how4_MAP[(0,)[0]], _void_decode), 1: (_state_protect_how4_MAP[(1,)[0]], dec_state_protect_ops4), 2: (_state_protect_how4_MAP[(2,)[0]], dec_ssv_sp_parms4)}
-
-
-def enc_state_protect4_a(w: _Writer, v: state_protect4_a) -> None:
-    try:
-        _d = v.spa_how
-        _f = _state_protect4_a_ENC.get(_d)
-        if _f is None:
-            raise _XdrError(f'{_d!r} is not a case of state_protect4_a', len(w))
-        _d = _state_protect_how4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode state_protect4_a: {_e!r}', len(w)) from None
-
-
-def dec_state_protect4_a(r: _Reader, off: int) -> tuple[state_protect4_a, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v278: _Any
-        _f278: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d278,) = _S2.unpack_from(buf, off)
-        _a278 = _state_protect4_a_ARMS.get(_d278)
-        if _a278 is None:
-            raise _XdrError('%r is not a case of state_protect4_a' % (_d278,), off)
-        else:
-            _d278, _f278 = _a278
-        _v278, off = _f278(r, off + 4)
-        _u = state_protect4_a(_d278, _v278)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated state_protect4_a', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class EXCHANGE_ID4args:
-    eia_clientowner: client_owner4
-    eia_flags: int
-    eia_state_protect: state_protect4_a
-    eia_client_impl_id: list[nfs_impl_id4]
-
-
-def enc_EXCHANGE_ID4args(w: _Writer, v: EXCHANGE_ID4args) -> None:
-    try:
-        _s279 = v.eia_clientowner
-        if len(_s279.co_verifier) != 8: raise _XdrError('fixed opaque co_verifier must be 8 bytes', len(w))
-        w += _S6.pack(_s279.co_verifier)
-        _v = _s279.co_ownerid
-        _n = len(_v)
-        if _n > 1024:
-            raise _XdrError('co_ownerid: length %d exceeds 1024' % _n, len(w))
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        w += _S0.pack(v.eia_flags)
-        enc_state_protect4_a(w, v.eia_state_protect)
-        _a280 = v.eia_client_impl_id
-        _n = len(_a280)
-        if _n > 1:
-            raise _XdrError('eia_client_impl_id: length %d exceeds 1' % _n, len(w))
-        w += _U32.pack(_n)
-        for _x280 in _a280:
-            _s281 = _x280
-            _v = _s281.nii_domain
-            _n = len(_v)
-            w += _U32.pack(_n)
-            w += _v
-            w += _PAD[_n & 3]
-            _v = _s281.nii_name
-            _n = len(_v)
-            w += _U32.pack(_n)
-            w += _v
-            w += _PAD[_n & 3]
-            w += _S7.pack(_s281.nii_date.seconds, _s281.nii_date.nseconds)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode EXCHANGE_ID4args: {_e}', len(w)) from None
-
-
-def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S6.unpack_from(buf, off)
-        off += 8
-        _i282_co_verifier = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1024:
-            raise _XdrError('co_ownerid: length %d exceeds 1024' % _n, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i282_co_ownerid = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        f_eia_clientowner = client_owner4(_i282_co_verifier, _i282_co_ownerid)
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        f_eia_flags = _t[0]
-        _v283: _Any
-        _f283: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d283,) = _S2.unpack_from(buf, off)
-        _a283 = _state_protect4_a_ARMS.get(_d283)
-        if _a283 is None:
-            raise _XdrError('%r is not a case of state_protect4_a' % (_d283,), off)
-        else:
-            _d283, _f283 = _a283
-        _v283, off = _f283(r, off + 4)
-        f_eia_state_protect = state_protect4_a(_d283, _v283)
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1:
-            raise _XdrError('eia_client_impl_id: length %d exceeds 1' % _n, off)
-        off += 4
-        if _n * 20 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_eia_client_impl_id = []
-        _c284 = _n
-        for _ in range(_c284):
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _i285_nii_domain = bytes(buf[off:_e])
-            off = _e + (-_n & 3)
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _i285_nii_name = bytes(buf[off:_e])
-            off = _e + (-_n & 3)
-            _t = _S7.unpack_from(buf, off)
-            off += 12
-            _i285_nii_date = nfstime4(_t[0], _t[1])
-            _x284 = nfs_impl_id4(_i285_nii_domain, _i285_nii_name, _i285_nii_date)
-            f_eia_client_impl_id.append(_x284)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated EXCHANGE_ID4args', o0) from None
-    return EXCHANGE_ID4args(f_eia_clientowner, f_eia_flags, f_eia_state_protect, f_eia_client_impl_id), off
+_S11: _Final = _struct.Struct('>I12s')
+_S12: _Final = _struct.Struct('>QQi')
+_S13: _Final = _struct.Struct('>QQI12s')
+_S14: _Final = _struct.Struct('>iQQI12s')
+_S15: _Final = _struct.Struct('>Ii')
+_S19: _Final = _struct.Struct('>II12s')
+_S23: _Final = _struct.Struct('>iI')
+_S31: _Final = _struct.Struct('>iiI')
+_S34: _Final = _struct.Struct('>ii')
+_S43: _Final = _struct.Struct('>Q8s')
+_S44: _Final = _struct.Struct('>iQ8s')
+_S48: _Final = _struct.Struct('>16siI')
+_S50: _Final = _struct.Struct('>IIII')
+_S51: _Final = _struct.Struct('>QII')
+_S52: _Final = _struct.Struct('>iQII')
+_S53: _Final = _struct.Struct('>IIIIII')
+_S54: _Final = _struct.Struct('>16sII')
+_S55: _Final = _struct.Struct('>i16sII')
+_S56: _Final = _struct.Struct('>qIqI')
+_S57: _Final = _struct.Struct('>8sI12s')
+_S58: _Final = _struct.Struct('>i8sI12s')
+_S59: _Final = _struct.Struct('>ii8sI12s')
+_S60: _Final = _struct.Struct('>iIQ8s')
+_S61: _Final = _struct.Struct('>IqI')
+_S62: _Final = _struct.Struct('>IQ')
+_S63: _Final = _struct.Struct('>QQII12s')
+_S64: _Final = _struct.Struct('>iIQ')
+_S65: _Final = _struct.Struct('>IiiQQQI12sI')
+_S66: _Final = _struct.Struct('>iII12s')
+_S67: _Final = _struct.Struct('>Iii')
+_S68: _Final = _struct.Struct('>16sIIII')
+_S69: _Final = _struct.Struct('>16sIIIII')
+_S70: _Final = _struct.Struct('>i16sIIIII')
 
 
 @_dataclass(slots=True)
@@ -1690,25 +150,25 @@ class ssv_prot_info4:
 
 def enc_ssv_prot_info4(w: _Writer, v: ssv_prot_info4) -> None:
     try:
-        _s286 = v.spi_ops
-        _a287 = _s286.spo_must_enforce
-        _n = len(_a287)
-        w += _U32.pack(_n)
-        for _x287 in _a287:
-            w += _S0.pack(_x287)
-        _a288 = _s286.spo_must_allow
-        _n = len(_a288)
-        w += _U32.pack(_n)
-        for _x288 in _a288:
-            w += _S0.pack(_x288)
-        w += _S33.pack(v.spi_hash_alg, v.spi_encr_alg, v.spi_ssv_len, v.spi_window)
-        _a289 = v.spi_handles
-        _n = len(_a289)
-        w += _U32.pack(_n)
-        for _x289 in _a289:
-            _v = _x289
+        _s520 = v.spi_ops
+        _a521 = _s520.spo_must_enforce
+        _n = len(_a521)
+        w += _S0.pack(_n)
+        for _x521 in _a521:
+            w += _S0.pack(_x521)
+        _a522 = _s520.spo_must_allow
+        _n = len(_a522)
+        w += _S0.pack(_n)
+        for _x522 in _a522:
+            w += _S0.pack(_x522)
+        w += _S50.pack(v.spi_hash_alg, v.spi_encr_alg, v.spi_ssv_len, v.spi_window)
+        _a523 = v.spi_handles
+        _n = len(_a523)
+        w += _S0.pack(_n)
+        for _x523 in _a523:
+            _v = _x523
             _n = len(_v)
-            w += _U32.pack(_n)
+            w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1723,48 +183,40 @@ def dec_ssv_prot_info4(r: _Reader, off: int) -> tuple[ssv_prot_info4, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i290_spo_must_enforce = []
-        _c291 = _n
-        for _ in range(_c291):
-            _t = _S0.unpack_from(buf, off)
+        _i524_spo_must_enforce = []
+        _c525 = _n
+        for _ in range(_c525):
+            (_x525,) = _S0.unpack_from(buf, off)
             off += 4
-            _x291 = _t[0]
-            _i290_spo_must_enforce.append(_x291)
+            _i524_spo_must_enforce.append(_x525)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i290_spo_must_allow = []
-        _c292 = _n
-        for _ in range(_c292):
-            _t = _S0.unpack_from(buf, off)
+        _i524_spo_must_allow = []
+        _c526 = _n
+        for _ in range(_c526):
+            (_x526,) = _S0.unpack_from(buf, off)
             off += 4
-            _x292 = _t[0]
-            _i290_spo_must_allow.append(_x292)
-        f_spi_ops = state_protect_ops4(_i290_spo_must_enforce, _i290_spo_must_allow)
-        _t = _S33.unpack_from(buf, off)
+            _i524_spo_must_allow.append(_x526)
+        f_spi_ops = state_protect_ops4(_i524_spo_must_enforce, _i524_spo_must_allow)
+        f_spi_hash_alg, f_spi_encr_alg, f_spi_ssv_len, f_spi_window = _S50.unpack_from(buf, off)
         off += 16
-        f_spi_hash_alg = _t[0]
-        f_spi_encr_alg = _t[1]
-        f_spi_ssv_len = _t[2]
-        f_spi_window = _t[3]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_spi_handles = []
-        _c293 = _n
-        for _ in range(_c293):
+        _c527 = _n
+        for _ in range(_c527):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _x293 = bytes(buf[off:_e])
+            _x527 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_spi_handles.append(_x293)
+            f_spi_handles.append(_x527)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated ssv_prot_info4', o0) from None
     return ssv_prot_info4(f_spi_ops, f_spi_hash_alg, f_spi_encr_alg, f_spi_ssv_len, f_spi_window, f_spi_handles), off
@@ -1781,7 +233,7 @@ _state_protect4_r_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, in
 _state_protect4_r_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_state_protect_how4_MAP[(0,)[0]], _void_decode), 1: (_state_protect_how4_MAP[(1,)[0]], dec_state_protect_ops4), 2: (_state_protect_how4_MAP[(2,)[0]], dec_ssv_prot_info4)}
 
 
-def enc_state_protect4_r(w: _Writer, v: state_protect4_r) -> None:
+def _enc_any_state_protect4_r(w: _Writer, v: state_protect4_r) -> None:
     try:
         _d = v.spr_how
         _f = _state_protect4_r_ENC.get(_d)
@@ -1794,20 +246,150 @@ def enc_state_protect4_r(w: _Writer, v: state_protect4_r) -> None:
         raise _XdrError(f'cannot encode state_protect4_r: {_e!r}', len(w)) from None
 
 
+def _dec_any_state_protect4_r(r: _Reader, off: int) -> tuple[state_protect4_r, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v528: _Any
+        _f528: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d528,) = _S2.unpack_from(buf, off)
+        _a528 = _state_protect4_r_ARMS.get(_d528)
+        if _a528 is None:
+            raise _XdrError('%r is not a case of state_protect4_r' % (_d528,), off)
+        else:
+            _d528, _f528 = _a528
+        _v528, off = _f528(r, off + 4)
+        _u = state_protect4_r(_d528, _v528)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated state_protect4_r', o0) from None
+    return _u, off
+
+
+def enc_state_protect4_r(w: _Writer, v: state_protect4_r) -> None:
+    try:
+        _u529 = v
+        _d529 = _u529.spr_how
+        _w529: _Any
+        if _d529 == 0:
+            w += b'\x00\x00\x00\x00'
+        elif _d529 == 1:
+            _w529 = _u529.value
+            _s530 = _w529
+            _a531 = _s530.spo_must_enforce
+            _n = len(_a531)
+            w += _S23.pack(1, _n)
+            for _x531 in _a531:
+                w += _S0.pack(_x531)
+            _a532 = _s530.spo_must_allow
+            _n = len(_a532)
+            w += _S0.pack(_n)
+            for _x532 in _a532:
+                w += _S0.pack(_x532)
+        elif _d529 == 2:
+            _w529 = _u529.value
+            _s533 = _w529
+            _s534 = _s533.spi_ops
+            _a535 = _s534.spo_must_enforce
+            _n = len(_a535)
+            w += _S23.pack(2, _n)
+            for _x535 in _a535:
+                w += _S0.pack(_x535)
+            _a536 = _s534.spo_must_allow
+            _n = len(_a536)
+            w += _S0.pack(_n)
+            for _x536 in _a536:
+                w += _S0.pack(_x536)
+            w += _S50.pack(_s533.spi_hash_alg, _s533.spi_encr_alg, _s533.spi_ssv_len, _s533.spi_window)
+            _a537 = _s533.spi_handles
+            _n = len(_a537)
+            w += _S0.pack(_n)
+            for _x537 in _a537:
+                _v = _x537
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+        else:
+            _enc_any_state_protect4_r(w, _u529)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode state_protect4_r: {_e!r}', len(w)) from None
+
+
 def dec_state_protect4_r(r: _Reader, off: int) -> tuple[state_protect4_r, int]:
     buf = r.buf
     o0 = off
     try:
-        _v294: _Any
-        _f294: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d294,) = _S2.unpack_from(buf, off)
-        _a294 = _state_protect4_r_ARMS.get(_d294)
-        if _a294 is None:
-            raise _XdrError('%r is not a case of state_protect4_r' % (_d294,), off)
+        _v538: _Any
+        (_d538,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d538 == 0:
+            _u = state_protect4_r(SP4_NONE, None)
+        elif _d538 == 1:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i539_spo_must_enforce = []
+            _c540 = _n
+            for _ in range(_c540):
+                (_x540,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i539_spo_must_enforce.append(_x540)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i539_spo_must_allow = []
+            _c541 = _n
+            for _ in range(_c541):
+                (_x541,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i539_spo_must_allow.append(_x541)
+            _v538 = state_protect_ops4(_i539_spo_must_enforce, _i539_spo_must_allow)
+            _u = state_protect4_r(SP4_MACH_CRED, _v538)
+        elif _d538 == 2:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i543_spo_must_enforce = []
+            _c544 = _n
+            for _ in range(_c544):
+                (_x544,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i543_spo_must_enforce.append(_x544)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i543_spo_must_allow = []
+            _c545 = _n
+            for _ in range(_c545):
+                (_x545,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i543_spo_must_allow.append(_x545)
+            _i542_spi_ops = state_protect_ops4(_i543_spo_must_enforce, _i543_spo_must_allow)
+            _i542_spi_hash_alg, _i542_spi_encr_alg, _i542_spi_ssv_len, _i542_spi_window = _S50.unpack_from(buf, off)
+            off += 16
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i542_spi_handles = []
+            _c546 = _n
+            for _ in range(_c546):
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _x546 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _i542_spi_handles.append(_x546)
+            _v538 = ssv_prot_info4(_i542_spi_ops, _i542_spi_hash_alg, _i542_spi_encr_alg, _i542_spi_ssv_len, _i542_spi_window, _i542_spi_handles)
+            _u = state_protect4_r(SP4_SSV, _v538)
         else:
-            _d294, _f294 = _a294
-        _v294, off = _f294(r, off + 4)
-        _u = state_protect4_r(_d294, _v294)
+            _u, off = _dec_any_state_protect4_r(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated state_protect4_r', o0) from None
     return _u, off
@@ -1826,42 +408,85 @@ class EXCHANGE_ID4resok:
 
 def enc_EXCHANGE_ID4resok(w: _Writer, v: EXCHANGE_ID4resok) -> None:
     try:
-        w += _S34.pack(v.eir_clientid, v.eir_sequenceid, v.eir_flags)
-        enc_state_protect4_r(w, v.eir_state_protect)
-        _s295 = v.eir_server_owner
-        w += _S4.pack(_s295.so_minor_id)
-        _v = _s295.so_major_id
+        w += _S51.pack(v.eir_clientid, v.eir_sequenceid, v.eir_flags)
+        _u547 = v.eir_state_protect
+        _d547 = _u547.spr_how
+        _w547: _Any
+        if _d547 == 0:
+            w += b'\x00\x00\x00\x00'
+        elif _d547 == 1:
+            _w547 = _u547.value
+            _s548 = _w547
+            _a549 = _s548.spo_must_enforce
+            _n = len(_a549)
+            w += _S23.pack(1, _n)
+            for _x549 in _a549:
+                w += _S0.pack(_x549)
+            _a550 = _s548.spo_must_allow
+            _n = len(_a550)
+            w += _S0.pack(_n)
+            for _x550 in _a550:
+                w += _S0.pack(_x550)
+        elif _d547 == 2:
+            _w547 = _u547.value
+            _s551 = _w547
+            _s552 = _s551.spi_ops
+            _a553 = _s552.spo_must_enforce
+            _n = len(_a553)
+            w += _S23.pack(2, _n)
+            for _x553 in _a553:
+                w += _S0.pack(_x553)
+            _a554 = _s552.spo_must_allow
+            _n = len(_a554)
+            w += _S0.pack(_n)
+            for _x554 in _a554:
+                w += _S0.pack(_x554)
+            w += _S50.pack(_s551.spi_hash_alg, _s551.spi_encr_alg, _s551.spi_ssv_len, _s551.spi_window)
+            _a555 = _s551.spi_handles
+            _n = len(_a555)
+            w += _S0.pack(_n)
+            for _x555 in _a555:
+                _v = _x555
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+        else:
+            _enc_any_state_protect4_r(w, _u547)
+        _s556 = v.eir_server_owner
+        w += _S4.pack(_s556.so_minor_id)
+        _v = _s556.so_major_id
         _n = len(_v)
         if _n > 1024:
             raise _XdrError('so_major_id: length %d exceeds 1024' % _n, len(w))
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
         _v = v.eir_server_scope
         _n = len(_v)
         if _n > 1024:
             raise _XdrError('eir_server_scope: length %d exceeds 1024' % _n, len(w))
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _a296 = v.eir_server_impl_id
-        _n = len(_a296)
+        _a557 = v.eir_server_impl_id
+        _n = len(_a557)
         if _n > 1:
             raise _XdrError('eir_server_impl_id: length %d exceeds 1' % _n, len(w))
-        w += _U32.pack(_n)
-        for _x296 in _a296:
-            _s297 = _x296
-            _v = _s297.nii_domain
+        w += _S0.pack(_n)
+        for _x557 in _a557:
+            _s558 = _x557
+            _v = _s558.nii_domain
             _n = len(_v)
-            w += _U32.pack(_n)
+            w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-            _v = _s297.nii_name
+            _v = _s558.nii_name
             _n = len(_v)
-            w += _U32.pack(_n)
+            w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-            w += _S7.pack(_s297.nii_date.seconds, _s297.nii_date.nseconds)
+            w += _S7.pack(_s558.nii_date.seconds, _s558.nii_date.nseconds)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode EXCHANGE_ID4resok: {_e}', len(w)) from None
 
@@ -1870,24 +495,81 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S34.unpack_from(buf, off)
+        f_eir_clientid, f_eir_sequenceid, f_eir_flags = _S51.unpack_from(buf, off)
         off += 16
-        f_eir_clientid = _t[0]
-        f_eir_sequenceid = _t[1]
-        f_eir_flags = _t[2]
-        _v298: _Any
-        _f298: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d298,) = _S2.unpack_from(buf, off)
-        _a298 = _state_protect4_r_ARMS.get(_d298)
-        if _a298 is None:
-            raise _XdrError('%r is not a case of state_protect4_r' % (_d298,), off)
+        _v559: _Any
+        (_d559,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d559 == 0:
+            f_eir_state_protect = state_protect4_r(SP4_NONE, None)
+        elif _d559 == 1:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i560_spo_must_enforce = []
+            _c561 = _n
+            for _ in range(_c561):
+                (_x561,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i560_spo_must_enforce.append(_x561)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i560_spo_must_allow = []
+            _c562 = _n
+            for _ in range(_c562):
+                (_x562,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i560_spo_must_allow.append(_x562)
+            _v559 = state_protect_ops4(_i560_spo_must_enforce, _i560_spo_must_allow)
+            f_eir_state_protect = state_protect4_r(SP4_MACH_CRED, _v559)
+        elif _d559 == 2:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i564_spo_must_enforce = []
+            _c565 = _n
+            for _ in range(_c565):
+                (_x565,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i564_spo_must_enforce.append(_x565)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i564_spo_must_allow = []
+            _c566 = _n
+            for _ in range(_c566):
+                (_x566,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i564_spo_must_allow.append(_x566)
+            _i563_spi_ops = state_protect_ops4(_i564_spo_must_enforce, _i564_spo_must_allow)
+            _i563_spi_hash_alg, _i563_spi_encr_alg, _i563_spi_ssv_len, _i563_spi_window = _S50.unpack_from(buf, off)
+            off += 16
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i563_spi_handles = []
+            _c567 = _n
+            for _ in range(_c567):
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _x567 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _i563_spi_handles.append(_x567)
+            _v559 = ssv_prot_info4(_i563_spi_ops, _i563_spi_hash_alg, _i563_spi_encr_alg, _i563_spi_ssv_len, _i563_spi_window, _i563_spi_handles)
+            f_eir_state_protect = state_protect4_r(SP4_SSV, _v559)
         else:
-            _d298, _f298 = _a298
-        _v298, off = _f298(r, off + 4)
-        f_eir_state_protect = state_protect4_r(_d298, _v298)
-        _t = _S4.unpack_from(buf, off)
+            f_eir_state_protect, off = _dec_any_state_protect4_r(r, off - 4)
+        (_i568_so_minor_id,) = _S4.unpack_from(buf, off)
         off += 8
-        _i299_so_minor_id = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
             raise _XdrError('so_major_id: length %d exceeds 1024' % _n, off)
@@ -1895,11 +577,9 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i299_so_major_id = bytes(buf[off:_e])
+        _i568_so_major_id = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_eir_server_owner = server_owner4(_i299_so_minor_id, _i299_so_major_id)
+        f_eir_server_owner = server_owner4(_i568_so_minor_id, _i568_so_major_id)
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
             raise _XdrError('eir_server_scope: length %d exceeds 1024' % _n, off)
@@ -1907,8 +587,6 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_eir_server_scope = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -1918,31 +596,26 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
         if _n * 20 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_eir_server_impl_id = []
-        _c300 = _n
-        for _ in range(_c300):
+        _c569 = _n
+        for _ in range(_c569):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _i301_nii_domain = bytes(buf[off:_e])
+            _i570_nii_domain = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _i301_nii_name = bytes(buf[off:_e])
+            _i570_nii_name = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _t = _S7.unpack_from(buf, off)
+            _i570_nii_date = nfstime4(*_S7.unpack_from(buf, off))
             off += 12
-            _i301_nii_date = nfstime4(_t[0], _t[1])
-            _x300 = nfs_impl_id4(_i301_nii_domain, _i301_nii_name, _i301_nii_date)
-            f_eir_server_impl_id.append(_x300)
+            _x569 = nfs_impl_id4(_i570_nii_domain, _i570_nii_name, _i570_nii_date)
+            f_eir_server_impl_id.append(_x569)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated EXCHANGE_ID4resok', o0) from None
     return EXCHANGE_ID4resok(f_eir_clientid, f_eir_sequenceid, f_eir_flags, f_eir_state_protect, f_eir_server_owner, f_eir_server_scope, f_eir_server_impl_id), off
@@ -1959,7 +632,7 @@ _EXCHANGE_ID4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int
 _EXCHANGE_ID4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_EXCHANGE_ID4resok)}
 
 
-def enc_EXCHANGE_ID4res(w: _Writer, v: EXCHANGE_ID4res) -> None:
+def _enc_any_EXCHANGE_ID4res(w: _Writer, v: EXCHANGE_ID4res) -> None:
     try:
         _d = v.eir_status
         _f = _EXCHANGE_ID4res_ENC.get(_d, _void_encode)
@@ -1970,21 +643,138 @@ def enc_EXCHANGE_ID4res(w: _Writer, v: EXCHANGE_ID4res) -> None:
         raise _XdrError(f'cannot encode EXCHANGE_ID4res: {_e!r}', len(w)) from None
 
 
+def _dec_any_EXCHANGE_ID4res(r: _Reader, off: int) -> tuple[EXCHANGE_ID4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v571: _Any
+        _f571: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d571,) = _S2.unpack_from(buf, off)
+        _a571 = _EXCHANGE_ID4res_ARMS.get(_d571)
+        if _a571 is None:
+            _d571 = _nfsstat4_MAP[(_d571,)[0]]
+            _f571 = _void_decode
+        else:
+            _d571, _f571 = _a571
+        _v571, off = _f571(r, off + 4)
+        _u = EXCHANGE_ID4res(_d571, _v571)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated EXCHANGE_ID4res', o0) from None
+    return _u, off
+
+
+def enc_EXCHANGE_ID4res(w: _Writer, v: EXCHANGE_ID4res) -> None:
+    try:
+        _u572 = v
+        _d572 = _u572.eir_status
+        _w572: _Any
+        if _d572 == 0:
+            _w572 = _u572.value
+            _s573 = _w572
+            w += _S52.pack(0, _s573.eir_clientid, _s573.eir_sequenceid, _s573.eir_flags)
+            _u574 = _s573.eir_state_protect
+            _d574 = _u574.spr_how
+            _w574: _Any
+            if _d574 == 0:
+                w += b'\x00\x00\x00\x00'
+            elif _d574 == 1:
+                _w574 = _u574.value
+                w += b'\x00\x00\x00\x01'
+                enc_state_protect_ops4(w, _w574)
+            elif _d574 == 2:
+                _w574 = _u574.value
+                w += b'\x00\x00\x00\x02'
+                enc_ssv_prot_info4(w, _w574)
+            else:
+                _enc_any_state_protect4_r(w, _u574)
+            _s575 = _s573.eir_server_owner
+            w += _S4.pack(_s575.so_minor_id)
+            _v = _s575.so_major_id
+            _n = len(_v)
+            if _n > 1024:
+                raise _XdrError('so_major_id: length %d exceeds 1024' % _n, len(w))
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            _v = _s573.eir_server_scope
+            _n = len(_v)
+            if _n > 1024:
+                raise _XdrError('eir_server_scope: length %d exceeds 1024' % _n, len(w))
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            _a576 = _s573.eir_server_impl_id
+            _n = len(_a576)
+            if _n > 1:
+                raise _XdrError('eir_server_impl_id: length %d exceeds 1' % _n, len(w))
+            w += _S0.pack(_n)
+            for _x576 in _a576:
+                enc_nfs_impl_id4(w, _x576)
+        else:
+            _enc_any_EXCHANGE_ID4res(w, _u572)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode EXCHANGE_ID4res: {_e!r}', len(w)) from None
+
+
 def dec_EXCHANGE_ID4res(r: _Reader, off: int) -> tuple[EXCHANGE_ID4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v302: _Any
-        _f302: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d302,) = _S2.unpack_from(buf, off)
-        _a302 = _EXCHANGE_ID4res_ARMS.get(_d302)
-        if _a302 is None:
-            _d302 = _nfsstat4_MAP[(_d302,)[0]]
-            _f302 = _void_decode
+        _v577: _Any
+        (_d577,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d577 == 0:
+            _i578_eir_clientid, _i578_eir_sequenceid, _i578_eir_flags = _S51.unpack_from(buf, off)
+            off += 16
+            _v579: _Any
+            (_d579,) = _S2.unpack_from(buf, off)
+            off += 4
+            if _d579 == 0:
+                _i578_eir_state_protect = state_protect4_r(SP4_NONE, None)
+            elif _d579 == 1:
+                _v579, off = dec_state_protect_ops4(r, off)
+                _i578_eir_state_protect = state_protect4_r(SP4_MACH_CRED, _v579)
+            elif _d579 == 2:
+                _v579, off = dec_ssv_prot_info4(r, off)
+                _i578_eir_state_protect = state_protect4_r(SP4_SSV, _v579)
+            else:
+                _i578_eir_state_protect, off = _dec_any_state_protect4_r(r, off - 4)
+            (_i580_so_minor_id,) = _S4.unpack_from(buf, off)
+            off += 8
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 1024:
+                raise _XdrError('so_major_id: length %d exceeds 1024' % _n, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i580_so_major_id = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i578_eir_server_owner = server_owner4(_i580_so_minor_id, _i580_so_major_id)
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 1024:
+                raise _XdrError('eir_server_scope: length %d exceeds 1024' % _n, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i578_eir_server_scope = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 1:
+                raise _XdrError('eir_server_impl_id: length %d exceeds 1' % _n, off)
+            off += 4
+            if _n * 20 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i578_eir_server_impl_id = []
+            _c581 = _n
+            for _ in range(_c581):
+                _x581, off = dec_nfs_impl_id4(r, off)
+                _i578_eir_server_impl_id.append(_x581)
+            _v577 = EXCHANGE_ID4resok(_i578_eir_clientid, _i578_eir_sequenceid, _i578_eir_flags, _i578_eir_state_protect, _i578_eir_server_owner, _i578_eir_server_scope, _i578_eir_server_impl_id)
+            _u = EXCHANGE_ID4res(NFS4_OK, _v577)
         else:
-            _d302, _f302 = _a302
-        _v302, off = _f302(r, off + 4)
-        _u = EXCHANGE_ID4res(_d302, _v302)
+            _u, off = _dec_any_EXCHANGE_ID4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated EXCHANGE_ID4res', o0) from None
     return _u, off
@@ -2003,14 +793,14 @@ class channel_attrs4:
 
 def enc_channel_attrs4(w: _Writer, v: channel_attrs4) -> None:
     try:
-        w += _S35.pack(v.ca_headerpadsize, v.ca_maxrequestsize, v.ca_maxresponsesize, v.ca_maxresponsesize_cached, v.ca_maxoperations, v.ca_maxrequests)
-        _a303 = v.ca_rdma_ird
-        _n = len(_a303)
+        w += _S53.pack(v.ca_headerpadsize, v.ca_maxrequestsize, v.ca_maxresponsesize, v.ca_maxresponsesize_cached, v.ca_maxoperations, v.ca_maxrequests)
+        _a582 = v.ca_rdma_ird
+        _n = len(_a582)
         if _n > 1:
             raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, len(w))
-        w += _U32.pack(_n)
-        for _x303 in _a303:
-            w += _S0.pack(_x303)
+        w += _S0.pack(_n)
+        for _x582 in _a582:
+            w += _S0.pack(_x582)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode channel_attrs4: {_e}', len(w)) from None
 
@@ -2019,14 +809,8 @@ def dec_channel_attrs4(r: _Reader, off: int) -> tuple[channel_attrs4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S35.unpack_from(buf, off)
+        f_ca_headerpadsize, f_ca_maxrequestsize, f_ca_maxresponsesize, f_ca_maxresponsesize_cached, f_ca_maxoperations, f_ca_maxrequests = _S53.unpack_from(buf, off)
         off += 24
-        f_ca_headerpadsize = _t[0]
-        f_ca_maxrequestsize = _t[1]
-        f_ca_maxresponsesize = _t[2]
-        f_ca_maxresponsesize_cached = _t[3]
-        f_ca_maxoperations = _t[4]
-        f_ca_maxrequests = _t[5]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, off)
@@ -2034,12 +818,11 @@ def dec_channel_attrs4(r: _Reader, off: int) -> tuple[channel_attrs4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_ca_rdma_ird = []
-        _c304 = _n
-        for _ in range(_c304):
-            _t = _S0.unpack_from(buf, off)
+        _c583 = _n
+        for _ in range(_c583):
+            (_x583,) = _S0.unpack_from(buf, off)
             off += 4
-            _x304 = _t[0]
-            f_ca_rdma_ird.append(_x304)
+            f_ca_rdma_ird.append(_x583)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated channel_attrs4', o0) from None
     return channel_attrs4(f_ca_headerpadsize, f_ca_maxrequestsize, f_ca_maxresponsesize, f_ca_maxresponsesize_cached, f_ca_maxoperations, f_ca_maxrequests, f_ca_rdma_ird), off
@@ -2058,31 +841,69 @@ class CREATE_SESSION4args:
 
 def enc_CREATE_SESSION4args(w: _Writer, v: CREATE_SESSION4args) -> None:
     try:
-        w += _S34.pack(v.csa_clientid, v.csa_sequence, v.csa_flags)
-        _s305 = v.csa_fore_chan_attrs
-        w += _S35.pack(_s305.ca_headerpadsize, _s305.ca_maxrequestsize, _s305.ca_maxresponsesize, _s305.ca_maxresponsesize_cached, _s305.ca_maxoperations, _s305.ca_maxrequests)
-        _a306 = _s305.ca_rdma_ird
-        _n = len(_a306)
+        w += _S51.pack(v.csa_clientid, v.csa_sequence, v.csa_flags)
+        _s584 = v.csa_fore_chan_attrs
+        w += _S53.pack(_s584.ca_headerpadsize, _s584.ca_maxrequestsize, _s584.ca_maxresponsesize, _s584.ca_maxresponsesize_cached, _s584.ca_maxoperations, _s584.ca_maxrequests)
+        _a585 = _s584.ca_rdma_ird
+        _n = len(_a585)
         if _n > 1:
             raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, len(w))
-        w += _U32.pack(_n)
-        for _x306 in _a306:
-            w += _S0.pack(_x306)
-        _s307 = v.csa_back_chan_attrs
-        w += _S35.pack(_s307.ca_headerpadsize, _s307.ca_maxrequestsize, _s307.ca_maxresponsesize, _s307.ca_maxresponsesize_cached, _s307.ca_maxoperations, _s307.ca_maxrequests)
-        _a308 = _s307.ca_rdma_ird
-        _n = len(_a308)
+        w += _S0.pack(_n)
+        for _x585 in _a585:
+            w += _S0.pack(_x585)
+        _s586 = v.csa_back_chan_attrs
+        w += _S53.pack(_s586.ca_headerpadsize, _s586.ca_maxrequestsize, _s586.ca_maxresponsesize, _s586.ca_maxresponsesize_cached, _s586.ca_maxoperations, _s586.ca_maxrequests)
+        _a587 = _s586.ca_rdma_ird
+        _n = len(_a587)
         if _n > 1:
             raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, len(w))
-        w += _U32.pack(_n)
-        for _x308 in _a308:
-            w += _S0.pack(_x308)
+        w += _S0.pack(_n)
+        for _x587 in _a587:
+            w += _S0.pack(_x587)
         w += _S0.pack(v.csa_cb_program)
-        _a309 = v.csa_sec_parms
-        _n = len(_a309)
-        w += _U32.pack(_n)
-        for _x309 in _a309:
-            enc_callback_sec_parms4(w, _x309)
+        _a588 = v.csa_sec_parms
+        _n = len(_a588)
+        w += _S0.pack(_n)
+        for _x588 in _a588:
+            _u589 = _x588
+            _d589 = _u589.cb_secflavor
+            _w589: _Any
+            if _d589 == 0:
+                w += b'\x00\x00\x00\x00'
+            elif _d589 == 1:
+                _w589 = _u589.value
+                _s590 = _w589
+                w += _S1.pack(1, _s590.stamp)
+                _v = _s590.machinename.encode('utf-8', 'surrogateescape')
+                _n = len(_v)
+                if _n > 255:
+                    raise _XdrError('machinename: length %d exceeds 255' % _n, len(w))
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+                w += _S1.pack(_s590.uid, _s590.gid)
+                _a591 = _s590.gids
+                _n = len(_a591)
+                if _n > 16:
+                    raise _XdrError('gids: length %d exceeds 16' % _n, len(w))
+                w += _S0.pack(_n)
+                w += _struct.pack('>%dI' % _n, *_a591)
+            elif _d589 == 6:
+                _w589 = _u589.value
+                _s592 = _w589
+                w += _S15.pack(6, _s592.gcbp_service)
+                _v = _s592.gcbp_handle_from_server
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+                _v = _s592.gcbp_handle_from_client
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+            else:
+                _enc_any_callback_sec_parms4(w, _u589)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CREATE_SESSION4args: {_e}', len(w)) from None
 
@@ -2091,76 +912,100 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
     buf = r.buf
     o0 = off
     try:
-        _t = _S34.unpack_from(buf, off)
+        f_csa_clientid, f_csa_sequence, f_csa_flags = _S51.unpack_from(buf, off)
         off += 16
-        f_csa_clientid = _t[0]
-        f_csa_sequence = _t[1]
-        f_csa_flags = _t[2]
-        _t = _S35.unpack_from(buf, off)
+        _i593_ca_headerpadsize, _i593_ca_maxrequestsize, _i593_ca_maxresponsesize, _i593_ca_maxresponsesize_cached, _i593_ca_maxoperations, _i593_ca_maxrequests = _S53.unpack_from(buf, off)
         off += 24
-        _i310_ca_headerpadsize = _t[0]
-        _i310_ca_maxrequestsize = _t[1]
-        _i310_ca_maxresponsesize = _t[2]
-        _i310_ca_maxresponsesize_cached = _t[3]
-        _i310_ca_maxoperations = _t[4]
-        _i310_ca_maxrequests = _t[5]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i310_ca_rdma_ird = []
-        _c311 = _n
-        for _ in range(_c311):
-            _t = _S0.unpack_from(buf, off)
+        _i593_ca_rdma_ird = []
+        _c594 = _n
+        for _ in range(_c594):
+            (_x594,) = _S0.unpack_from(buf, off)
             off += 4
-            _x311 = _t[0]
-            _i310_ca_rdma_ird.append(_x311)
-        f_csa_fore_chan_attrs = channel_attrs4(_i310_ca_headerpadsize, _i310_ca_maxrequestsize, _i310_ca_maxresponsesize, _i310_ca_maxresponsesize_cached, _i310_ca_maxoperations, _i310_ca_maxrequests, _i310_ca_rdma_ird)
-        _t = _S35.unpack_from(buf, off)
+            _i593_ca_rdma_ird.append(_x594)
+        f_csa_fore_chan_attrs = channel_attrs4(_i593_ca_headerpadsize, _i593_ca_maxrequestsize, _i593_ca_maxresponsesize, _i593_ca_maxresponsesize_cached, _i593_ca_maxoperations, _i593_ca_maxrequests, _i593_ca_rdma_ird)
+        _i595_ca_headerpadsize, _i595_ca_maxrequestsize, _i595_ca_maxresponsesize, _i595_ca_maxresponsesize_cached, _i595_ca_maxoperations, _i595_ca_maxrequests = _S53.unpack_from(buf, off)
         off += 24
-        _i312_ca_headerpadsize = _t[0]
-        _i312_ca_maxrequestsize = _t[1]
-        _i312_ca_maxresponsesize = _t[2]
-        _i312_ca_maxresponsesize_cached = _t[3]
-        _i312_ca_maxoperations = _t[4]
-        _i312_ca_maxrequests = _t[5]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i312_ca_rdma_ird = []
-        _c313 = _n
-        for _ in range(_c313):
-            _t = _S0.unpack_from(buf, off)
+        _i595_ca_rdma_ird = []
+        _c596 = _n
+        for _ in range(_c596):
+            (_x596,) = _S0.unpack_from(buf, off)
             off += 4
-            _x313 = _t[0]
-            _i312_ca_rdma_ird.append(_x313)
-        f_csa_back_chan_attrs = channel_attrs4(_i312_ca_headerpadsize, _i312_ca_maxrequestsize, _i312_ca_maxresponsesize, _i312_ca_maxresponsesize_cached, _i312_ca_maxoperations, _i312_ca_maxrequests, _i312_ca_rdma_ird)
-        _t = _S0.unpack_from(buf, off)
+            _i595_ca_rdma_ird.append(_x596)
+        f_csa_back_chan_attrs = channel_attrs4(_i595_ca_headerpadsize, _i595_ca_maxrequestsize, _i595_ca_maxresponsesize, _i595_ca_maxresponsesize_cached, _i595_ca_maxoperations, _i595_ca_maxrequests, _i595_ca_rdma_ird)
+        (f_csa_cb_program,) = _S0.unpack_from(buf, off)
         off += 4
-        f_csa_cb_program = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_csa_sec_parms = []
-        _c314 = _n
-        for _ in range(_c314):
-            _v315: _Any
-            _f315: _Callable[[_Reader, int], tuple[_Any, int]]
-            (_d315,) = _S0.unpack_from(buf, off)
-            _a315 = _callback_sec_parms4_ARMS.get(_d315)
-            if _a315 is None:
-                raise _XdrError('%r is not a case of callback_sec_parms4' % (_d315,), off)
+        _c597 = _n
+        for _ in range(_c597):
+            _v598: _Any
+            (_d598,) = _S0.unpack_from(buf, off)
+            off += 4
+            if _d598 == 0:
+                _x597 = callback_sec_parms4((0,)[0], None)
+            elif _d598 == 1:
+                (_i599_stamp,) = _S0.unpack_from(buf, off)
+                off += 4
+                (_n,) = _U32.unpack_from(buf, off)
+                if _n > 255:
+                    raise _XdrError('machinename: length %d exceeds 255' % _n, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _i599_machinename = str(buf[off:_e], 'utf-8', 'surrogateescape')
+                off = _e + (-_n & 3)
+                _i599_uid, _i599_gid = _S1.unpack_from(buf, off)
+                off += 8
+                (_n,) = _U32.unpack_from(buf, off)
+                if _n > 16:
+                    raise _XdrError('gids: length %d exceeds 16' % _n, off)
+                off += 4
+                if _n * 4 > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _t = _struct.unpack_from('>%dI' % _n, buf, off)
+                off += 4 * _n
+                _i599_gids = list(_t)
+                _v598 = authsys_parms(_i599_stamp, _i599_machinename, _i599_uid, _i599_gid, _i599_gids)
+                _x597 = callback_sec_parms4((1,)[0], _v598)
+            elif _d598 == 6:
+                (_t0,) = _S2.unpack_from(buf, off)
+                off += 4
+                _i600_gcbp_service = _rpc_gss_svc_t_MAP[_t0]
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _i600_gcbp_handle_from_server = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _i600_gcbp_handle_from_client = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _v598 = gss_cb_handles4(_i600_gcbp_service, _i600_gcbp_handle_from_server, _i600_gcbp_handle_from_client)
+                _x597 = callback_sec_parms4((6,)[0], _v598)
             else:
-                _d315, _f315 = _a315
-            _v315, off = _f315(r, off + 4)
-            _x314 = callback_sec_parms4(_d315, _v315)
-            f_csa_sec_parms.append(_x314)
+                _x597, off = _dec_any_callback_sec_parms4(r, off - 4)
+            f_csa_sec_parms.append(_x597)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CREATE_SESSION4args', o0) from None
     return CREATE_SESSION4args(f_csa_clientid, f_csa_sequence, f_csa_flags, f_csa_fore_chan_attrs, f_csa_back_chan_attrs, f_csa_cb_program, f_csa_sec_parms), off
@@ -2178,25 +1023,25 @@ class CREATE_SESSION4resok:
 def enc_CREATE_SESSION4resok(w: _Writer, v: CREATE_SESSION4resok) -> None:
     try:
         if len(v.csr_sessionid) != 16: raise _XdrError('fixed opaque csr_sessionid must be 16 bytes', len(w))
-        w += _S36.pack(v.csr_sessionid, v.csr_sequence, v.csr_flags)
-        _s316 = v.csr_fore_chan_attrs
-        w += _S35.pack(_s316.ca_headerpadsize, _s316.ca_maxrequestsize, _s316.ca_maxresponsesize, _s316.ca_maxresponsesize_cached, _s316.ca_maxoperations, _s316.ca_maxrequests)
-        _a317 = _s316.ca_rdma_ird
-        _n = len(_a317)
+        w += _S54.pack(v.csr_sessionid, v.csr_sequence, v.csr_flags)
+        _s601 = v.csr_fore_chan_attrs
+        w += _S53.pack(_s601.ca_headerpadsize, _s601.ca_maxrequestsize, _s601.ca_maxresponsesize, _s601.ca_maxresponsesize_cached, _s601.ca_maxoperations, _s601.ca_maxrequests)
+        _a602 = _s601.ca_rdma_ird
+        _n = len(_a602)
         if _n > 1:
             raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, len(w))
-        w += _U32.pack(_n)
-        for _x317 in _a317:
-            w += _S0.pack(_x317)
-        _s318 = v.csr_back_chan_attrs
-        w += _S35.pack(_s318.ca_headerpadsize, _s318.ca_maxrequestsize, _s318.ca_maxresponsesize, _s318.ca_maxresponsesize_cached, _s318.ca_maxoperations, _s318.ca_maxrequests)
-        _a319 = _s318.ca_rdma_ird
-        _n = len(_a319)
+        w += _S0.pack(_n)
+        for _x602 in _a602:
+            w += _S0.pack(_x602)
+        _s603 = v.csr_back_chan_attrs
+        w += _S53.pack(_s603.ca_headerpadsize, _s603.ca_maxrequestsize, _s603.ca_maxresponsesize, _s603.ca_maxresponsesize_cached, _s603.ca_maxoperations, _s603.ca_maxrequests)
+        _a604 = _s603.ca_rdma_ird
+        _n = len(_a604)
         if _n > 1:
             raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, len(w))
-        w += _U32.pack(_n)
-        for _x319 in _a319:
-            w += _S0.pack(_x319)
+        w += _S0.pack(_n)
+        for _x604 in _a604:
+            w += _S0.pack(_x604)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CREATE_SESSION4resok: {_e}', len(w)) from None
 
@@ -2205,55 +1050,38 @@ def dec_CREATE_SESSION4resok(r: _Reader, off: int) -> tuple[CREATE_SESSION4resok
     buf = r.buf
     o0 = off
     try:
-        _t = _S36.unpack_from(buf, off)
+        f_csr_sessionid, f_csr_sequence, f_csr_flags = _S54.unpack_from(buf, off)
         off += 24
-        f_csr_sessionid = _t[0]
-        f_csr_sequence = _t[1]
-        f_csr_flags = _t[2]
-        _t = _S35.unpack_from(buf, off)
+        _i605_ca_headerpadsize, _i605_ca_maxrequestsize, _i605_ca_maxresponsesize, _i605_ca_maxresponsesize_cached, _i605_ca_maxoperations, _i605_ca_maxrequests = _S53.unpack_from(buf, off)
         off += 24
-        _i320_ca_headerpadsize = _t[0]
-        _i320_ca_maxrequestsize = _t[1]
-        _i320_ca_maxresponsesize = _t[2]
-        _i320_ca_maxresponsesize_cached = _t[3]
-        _i320_ca_maxoperations = _t[4]
-        _i320_ca_maxrequests = _t[5]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i320_ca_rdma_ird = []
-        _c321 = _n
-        for _ in range(_c321):
-            _t = _S0.unpack_from(buf, off)
+        _i605_ca_rdma_ird = []
+        _c606 = _n
+        for _ in range(_c606):
+            (_x606,) = _S0.unpack_from(buf, off)
             off += 4
-            _x321 = _t[0]
-            _i320_ca_rdma_ird.append(_x321)
-        f_csr_fore_chan_attrs = channel_attrs4(_i320_ca_headerpadsize, _i320_ca_maxrequestsize, _i320_ca_maxresponsesize, _i320_ca_maxresponsesize_cached, _i320_ca_maxoperations, _i320_ca_maxrequests, _i320_ca_rdma_ird)
-        _t = _S35.unpack_from(buf, off)
+            _i605_ca_rdma_ird.append(_x606)
+        f_csr_fore_chan_attrs = channel_attrs4(_i605_ca_headerpadsize, _i605_ca_maxrequestsize, _i605_ca_maxresponsesize, _i605_ca_maxresponsesize_cached, _i605_ca_maxoperations, _i605_ca_maxrequests, _i605_ca_rdma_ird)
+        _i607_ca_headerpadsize, _i607_ca_maxrequestsize, _i607_ca_maxresponsesize, _i607_ca_maxresponsesize_cached, _i607_ca_maxoperations, _i607_ca_maxrequests = _S53.unpack_from(buf, off)
         off += 24
-        _i322_ca_headerpadsize = _t[0]
-        _i322_ca_maxrequestsize = _t[1]
-        _i322_ca_maxresponsesize = _t[2]
-        _i322_ca_maxresponsesize_cached = _t[3]
-        _i322_ca_maxoperations = _t[4]
-        _i322_ca_maxrequests = _t[5]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i322_ca_rdma_ird = []
-        _c323 = _n
-        for _ in range(_c323):
-            _t = _S0.unpack_from(buf, off)
+        _i607_ca_rdma_ird = []
+        _c608 = _n
+        for _ in range(_c608):
+            (_x608,) = _S0.unpack_from(buf, off)
             off += 4
-            _x323 = _t[0]
-            _i322_ca_rdma_ird.append(_x323)
-        f_csr_back_chan_attrs = channel_attrs4(_i322_ca_headerpadsize, _i322_ca_maxrequestsize, _i322_ca_maxresponsesize, _i322_ca_maxresponsesize_cached, _i322_ca_maxoperations, _i322_ca_maxrequests, _i322_ca_rdma_ird)
+            _i607_ca_rdma_ird.append(_x608)
+        f_csr_back_chan_attrs = channel_attrs4(_i607_ca_headerpadsize, _i607_ca_maxrequestsize, _i607_ca_maxresponsesize, _i607_ca_maxresponsesize_cached, _i607_ca_maxoperations, _i607_ca_maxrequests, _i607_ca_rdma_ird)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CREATE_SESSION4resok', o0) from None
     return CREATE_SESSION4resok(f_csr_sessionid, f_csr_sequence, f_csr_flags, f_csr_fore_chan_attrs, f_csr_back_chan_attrs), off
@@ -2270,7 +1098,7 @@ _CREATE_SESSION4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, 
 _CREATE_SESSION4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_CREATE_SESSION4resok)}
 
 
-def enc_CREATE_SESSION4res(w: _Writer, v: CREATE_SESSION4res) -> None:
+def _enc_any_CREATE_SESSION4res(w: _Writer, v: CREATE_SESSION4res) -> None:
     try:
         _d = v.csr_status
         _f = _CREATE_SESSION4res_ENC.get(_d, _void_encode)
@@ -2281,21 +1109,104 @@ def enc_CREATE_SESSION4res(w: _Writer, v: CREATE_SESSION4res) -> None:
         raise _XdrError(f'cannot encode CREATE_SESSION4res: {_e!r}', len(w)) from None
 
 
+def _dec_any_CREATE_SESSION4res(r: _Reader, off: int) -> tuple[CREATE_SESSION4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v609: _Any
+        _f609: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d609,) = _S2.unpack_from(buf, off)
+        _a609 = _CREATE_SESSION4res_ARMS.get(_d609)
+        if _a609 is None:
+            _d609 = _nfsstat4_MAP[(_d609,)[0]]
+            _f609 = _void_decode
+        else:
+            _d609, _f609 = _a609
+        _v609, off = _f609(r, off + 4)
+        _u = CREATE_SESSION4res(_d609, _v609)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated CREATE_SESSION4res', o0) from None
+    return _u, off
+
+
+def enc_CREATE_SESSION4res(w: _Writer, v: CREATE_SESSION4res) -> None:
+    try:
+        _u610 = v
+        _d610 = _u610.csr_status
+        _w610: _Any
+        if _d610 == 0:
+            _w610 = _u610.value
+            _s611 = _w610
+            if len(_s611.csr_sessionid) != 16: raise _XdrError('fixed opaque csr_sessionid must be 16 bytes', len(w))
+            w += _S55.pack(0, _s611.csr_sessionid, _s611.csr_sequence, _s611.csr_flags)
+            _s612 = _s611.csr_fore_chan_attrs
+            w += _S53.pack(_s612.ca_headerpadsize, _s612.ca_maxrequestsize, _s612.ca_maxresponsesize, _s612.ca_maxresponsesize_cached, _s612.ca_maxoperations, _s612.ca_maxrequests)
+            _a613 = _s612.ca_rdma_ird
+            _n = len(_a613)
+            if _n > 1:
+                raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, len(w))
+            w += _S0.pack(_n)
+            for _x613 in _a613:
+                w += _S0.pack(_x613)
+            _s614 = _s611.csr_back_chan_attrs
+            w += _S53.pack(_s614.ca_headerpadsize, _s614.ca_maxrequestsize, _s614.ca_maxresponsesize, _s614.ca_maxresponsesize_cached, _s614.ca_maxoperations, _s614.ca_maxrequests)
+            _a615 = _s614.ca_rdma_ird
+            _n = len(_a615)
+            if _n > 1:
+                raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, len(w))
+            w += _S0.pack(_n)
+            for _x615 in _a615:
+                w += _S0.pack(_x615)
+        else:
+            _enc_any_CREATE_SESSION4res(w, _u610)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode CREATE_SESSION4res: {_e!r}', len(w)) from None
+
+
 def dec_CREATE_SESSION4res(r: _Reader, off: int) -> tuple[CREATE_SESSION4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v324: _Any
-        _f324: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d324,) = _S2.unpack_from(buf, off)
-        _a324 = _CREATE_SESSION4res_ARMS.get(_d324)
-        if _a324 is None:
-            _d324 = _nfsstat4_MAP[(_d324,)[0]]
-            _f324 = _void_decode
+        _v616: _Any
+        (_d616,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d616 == 0:
+            _i617_csr_sessionid, _i617_csr_sequence, _i617_csr_flags = _S54.unpack_from(buf, off)
+            off += 24
+            _i618_ca_headerpadsize, _i618_ca_maxrequestsize, _i618_ca_maxresponsesize, _i618_ca_maxresponsesize_cached, _i618_ca_maxoperations, _i618_ca_maxrequests = _S53.unpack_from(buf, off)
+            off += 24
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 1:
+                raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i618_ca_rdma_ird = []
+            _c619 = _n
+            for _ in range(_c619):
+                (_x619,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i618_ca_rdma_ird.append(_x619)
+            _i617_csr_fore_chan_attrs = channel_attrs4(_i618_ca_headerpadsize, _i618_ca_maxrequestsize, _i618_ca_maxresponsesize, _i618_ca_maxresponsesize_cached, _i618_ca_maxoperations, _i618_ca_maxrequests, _i618_ca_rdma_ird)
+            _i620_ca_headerpadsize, _i620_ca_maxrequestsize, _i620_ca_maxresponsesize, _i620_ca_maxresponsesize_cached, _i620_ca_maxoperations, _i620_ca_maxrequests = _S53.unpack_from(buf, off)
+            off += 24
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 1:
+                raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i620_ca_rdma_ird = []
+            _c621 = _n
+            for _ in range(_c621):
+                (_x621,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i620_ca_rdma_ird.append(_x621)
+            _i617_csr_back_chan_attrs = channel_attrs4(_i620_ca_headerpadsize, _i620_ca_maxrequestsize, _i620_ca_maxresponsesize, _i620_ca_maxresponsesize_cached, _i620_ca_maxoperations, _i620_ca_maxrequests, _i620_ca_rdma_ird)
+            _v616 = CREATE_SESSION4resok(_i617_csr_sessionid, _i617_csr_sequence, _i617_csr_flags, _i617_csr_fore_chan_attrs, _i617_csr_back_chan_attrs)
+            _u = CREATE_SESSION4res(NFS4_OK, _v616)
         else:
-            _d324, _f324 = _a324
-        _v324, off = _f324(r, off + 4)
-        _u = CREATE_SESSION4res(_d324, _v324)
+            _u, off = _dec_any_CREATE_SESSION4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CREATE_SESSION4res', o0) from None
     return _u, off
@@ -2318,12 +1229,11 @@ def dec_DESTROY_SESSION4args(r: _Reader, off: int) -> tuple[DESTROY_SESSION4args
     buf = r.buf
     o0 = off
     try:
-        _t = _S5.unpack_from(buf, off)
+        _u = DESTROY_SESSION4args(*_S5.unpack_from(buf, off))
         off += 16
-        f_dsa_sessionid = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated DESTROY_SESSION4args', o0) from None
-    return DESTROY_SESSION4args(f_dsa_sessionid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2342,12 +1252,12 @@ def dec_DESTROY_SESSION4res(r: _Reader, off: int) -> tuple[DESTROY_SESSION4res, 
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_dsr_status = _nfsstat4_MAP[_t[0]]
+        _u = DESTROY_SESSION4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated DESTROY_SESSION4res', o0) from None
-    return DESTROY_SESSION4res(f_dsr_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2358,7 +1268,7 @@ class FREE_STATEID4args:
 def enc_FREE_STATEID4args(w: _Writer, v: FREE_STATEID4args) -> None:
     try:
         if len(v.fsa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S10.pack(v.fsa_stateid.seqid, v.fsa_stateid.other)
+        w += _S11.pack(v.fsa_stateid.seqid, v.fsa_stateid.other)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode FREE_STATEID4args: {_e}', len(w)) from None
 
@@ -2367,12 +1277,12 @@ def dec_FREE_STATEID4args(r: _Reader, off: int) -> tuple[FREE_STATEID4args, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S10.unpack_from(buf, off)
+        _t0, _t1 = _S11.unpack_from(buf, off)
         off += 16
-        f_fsa_stateid = stateid4(_t[0], _t[1])
+        _u = FREE_STATEID4args(stateid4(_t0, _t1))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated FREE_STATEID4args', o0) from None
-    return FREE_STATEID4args(f_fsa_stateid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2391,12 +1301,12 @@ def dec_FREE_STATEID4res(r: _Reader, off: int) -> tuple[FREE_STATEID4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_fsr_status = _nfsstat4_MAP[_t[0]]
+        _u = FREE_STATEID4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated FREE_STATEID4res', o0) from None
-    return FREE_STATEID4res(f_fsr_status), off
+    return _u, off
 
 
 attr_notice4 = nfstime4
@@ -2413,9 +1323,8 @@ def dec_attr_notice4(r: _Reader, off: int) -> tuple[attr_notice4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S7.unpack_from(buf, off)
+        _v = nfstime4(*_S7.unpack_from(buf, off))
         off += 12
-        _v = nfstime4(_t[0], _t[1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated attr_notice4', o0) from None
     return _v, off
@@ -2434,22 +1343,22 @@ class GET_DIR_DELEGATION4args:
 def enc_GET_DIR_DELEGATION4args(w: _Writer, v: GET_DIR_DELEGATION4args) -> None:
     try:
         w += _S0.pack(v.gdda_signal_deleg_avail)
-        _a325 = v.gdda_notification_types
-        _n = len(_a325)
-        w += _U32.pack(_n)
-        for _x325 in _a325:
-            w += _S0.pack(_x325)
-        w += _S37.pack(v.gdda_child_attr_delay.seconds, v.gdda_child_attr_delay.nseconds, v.gdda_dir_attr_delay.seconds, v.gdda_dir_attr_delay.nseconds)
-        _a326 = v.gdda_child_attributes
-        _n = len(_a326)
-        w += _U32.pack(_n)
-        for _x326 in _a326:
-            w += _S0.pack(_x326)
-        _a327 = v.gdda_dir_attributes
-        _n = len(_a327)
-        w += _U32.pack(_n)
-        for _x327 in _a327:
-            w += _S0.pack(_x327)
+        _a622 = v.gdda_notification_types
+        _n = len(_a622)
+        w += _S0.pack(_n)
+        for _x622 in _a622:
+            w += _S0.pack(_x622)
+        w += _S56.pack(v.gdda_child_attr_delay.seconds, v.gdda_child_attr_delay.nseconds, v.gdda_dir_attr_delay.seconds, v.gdda_dir_attr_delay.nseconds)
+        _a623 = v.gdda_child_attributes
+        _n = len(_a623)
+        w += _S0.pack(_n)
+        for _x623 in _a623:
+            w += _S0.pack(_x623)
+        _a624 = v.gdda_dir_attributes
+        _n = len(_a624)
+        w += _S0.pack(_n)
+        for _x624 in _a624:
+            w += _S0.pack(_x624)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode GET_DIR_DELEGATION4args: {_e}', len(w)) from None
 
@@ -2458,46 +1367,1976 @@ def dec_GET_DIR_DELEGATION4args(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATIO
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        f_gdda_signal_deleg_avail = _BOOL[_t[0]]
+        f_gdda_signal_deleg_avail = _BOOL[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_gdda_notification_types = []
-        _c328 = _n
-        for _ in range(_c328):
-            _t = _S0.unpack_from(buf, off)
+        _c625 = _n
+        for _ in range(_c625):
+            (_x625,) = _S0.unpack_from(buf, off)
             off += 4
-            _x328 = _t[0]
-            f_gdda_notification_types.append(_x328)
-        _t = _S37.unpack_from(buf, off)
+            f_gdda_notification_types.append(_x625)
+        _t0, _t1, _t2, _t3 = _S56.unpack_from(buf, off)
         off += 24
-        f_gdda_child_attr_delay = nfstime4(_t[0], _t[1])
-        f_gdda_dir_attr_delay = nfstime4(_t[2], _t[3])
+        f_gdda_child_attr_delay = nfstime4(_t0, _t1)
+        f_gdda_dir_attr_delay = nfstime4(_t2, _t3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_gdda_child_attributes = []
-        _c329 = _n
-        for _ in range(_c329):
-            _t = _S0.unpack_from(buf, off)
+        _c626 = _n
+        for _ in range(_c626):
+            (_x626,) = _S0.unpack_from(buf, off)
             off += 4
-            _x329 = _t[0]
-            f_gdda_child_attributes.append(_x329)
+            f_gdda_child_attributes.append(_x626)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_gdda_dir_attributes = []
-        _c330 = _n
-        for _ in range(_c330):
-            _t = _S0.unpack_from(buf, off)
+        _c627 = _n
+        for _ in range(_c627):
+            (_x627,) = _S0.unpack_from(buf, off)
             off += 4
-            _x330 = _t[0]
-            f_gdda_dir_attributes.append(_x330)
+            f_gdda_dir_attributes.append(_x627)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GET_DIR_DELEGATION4args', o0) from None
     return GET_DIR_DELEGATION4args(f_gdda_signal_deleg_avail, f_gdda_notification_types, f_gdda_child_attr_delay, f_gdda_dir_attr_delay, f_gdda_child_attributes, f_gdda_dir_attributes), off
+
+
+@_dataclass(slots=True)
+class GET_DIR_DELEGATION4resok:
+    gddr_cookieverf: bytes
+    gddr_stateid: stateid4
+    gddr_notification: list[int]
+    gddr_child_attributes: list[int]
+    gddr_dir_attributes: list[int]
+
+
+def enc_GET_DIR_DELEGATION4resok(w: _Writer, v: GET_DIR_DELEGATION4resok) -> None:
+    try:
+        if len(v.gddr_cookieverf) != 8: raise _XdrError('fixed opaque gddr_cookieverf must be 8 bytes', len(w))
+        if len(v.gddr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S57.pack(v.gddr_cookieverf, v.gddr_stateid.seqid, v.gddr_stateid.other)
+        _a628 = v.gddr_notification
+        _n = len(_a628)
+        w += _S0.pack(_n)
+        for _x628 in _a628:
+            w += _S0.pack(_x628)
+        _a629 = v.gddr_child_attributes
+        _n = len(_a629)
+        w += _S0.pack(_n)
+        for _x629 in _a629:
+            w += _S0.pack(_x629)
+        _a630 = v.gddr_dir_attributes
+        _n = len(_a630)
+        w += _S0.pack(_n)
+        for _x630 in _a630:
+            w += _S0.pack(_x630)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode GET_DIR_DELEGATION4resok: {_e}', len(w)) from None
+
+
+def dec_GET_DIR_DELEGATION4resok(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATION4resok, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        f_gddr_cookieverf, _t1, _t2 = _S57.unpack_from(buf, off)
+        off += 24
+        f_gddr_stateid = stateid4(_t1, _t2)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_gddr_notification = []
+        _c631 = _n
+        for _ in range(_c631):
+            (_x631,) = _S0.unpack_from(buf, off)
+            off += 4
+            f_gddr_notification.append(_x631)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_gddr_child_attributes = []
+        _c632 = _n
+        for _ in range(_c632):
+            (_x632,) = _S0.unpack_from(buf, off)
+            off += 4
+            f_gddr_child_attributes.append(_x632)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_gddr_dir_attributes = []
+        _c633 = _n
+        for _ in range(_c633):
+            (_x633,) = _S0.unpack_from(buf, off)
+            off += 4
+            f_gddr_dir_attributes.append(_x633)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GET_DIR_DELEGATION4resok', o0) from None
+    return GET_DIR_DELEGATION4resok(f_gddr_cookieverf, f_gddr_stateid, f_gddr_notification, f_gddr_child_attributes, f_gddr_dir_attributes), off
+
+
+class gddrnf4_status(_IntEnum):
+    GDD4_OK = 0
+    GDD4_UNAVAIL = 1
+
+
+_gddrnf4_status_MAP: _Final[dict[int, gddrnf4_status]] = {m.value: m for m in gddrnf4_status}
+GDD4_OK = gddrnf4_status.GDD4_OK
+GDD4_UNAVAIL = gddrnf4_status.GDD4_UNAVAIL
+
+
+def enc_gddrnf4_status(w: _Writer, v: gddrnf4_status) -> None:
+    try:
+        w += _I32.pack(_gddrnf4_status_MAP[v])
+    except (KeyError, TypeError, _struct.error):
+        raise _XdrError(f'{v!r} is not a gddrnf4_status', len(w)) from None
+
+
+def dec_gddrnf4_status(r: _Reader, off: int) -> tuple[gddrnf4_status, int]:
+    try:
+        return _gddrnf4_status_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
+    except (KeyError, _struct.error):
+        raise _XdrError('invalid or truncated gddrnf4_status', off) from None
+
+
+def enc_GET_DIR_DELEGATION4res_non_fatal_gddrnf_will_signal_deleg_avail(w: _Writer, v: bool) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode GET_DIR_DELEGATION4res_non_fatal.gddrnf_will_signal_deleg_avail: {_e}', len(w)) from None
+
+
+def dec_GET_DIR_DELEGATION4res_non_fatal_gddrnf_will_signal_deleg_avail(r: _Reader, off: int) -> tuple[bool, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        _v = _BOOL[_t0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GET_DIR_DELEGATION4res_non_fatal.gddrnf_will_signal_deleg_avail', o0) from None
+    return _v, off
+
+
+@_dataclass(slots=True)
+class GET_DIR_DELEGATION4res_non_fatal:
+    gddrnf_status: gddrnf4_status
+    value: GET_DIR_DELEGATION4resok | bool | None = None
+
+
+_GET_DIR_DELEGATION4res_non_fatal_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_GET_DIR_DELEGATION4resok, 1: enc_GET_DIR_DELEGATION4res_non_fatal_gddrnf_will_signal_deleg_avail}
+_GET_DIR_DELEGATION4res_non_fatal_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_GET_DIR_DELEGATION4resok, 1: dec_GET_DIR_DELEGATION4res_non_fatal_gddrnf_will_signal_deleg_avail}
+_GET_DIR_DELEGATION4res_non_fatal_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_gddrnf4_status_MAP[(0,)[0]], dec_GET_DIR_DELEGATION4resok), 1: (_gddrnf4_status_MAP[(1,)[0]], dec_GET_DIR_DELEGATION4res_non_fatal_gddrnf_will_signal_deleg_avail)}
+
+
+def _enc_any_GET_DIR_DELEGATION4res_non_fatal(w: _Writer, v: GET_DIR_DELEGATION4res_non_fatal) -> None:
+    try:
+        _d = v.gddrnf_status
+        _f = _GET_DIR_DELEGATION4res_non_fatal_ENC.get(_d)
+        if _f is None:
+            raise _XdrError(f'{_d!r} is not a case of GET_DIR_DELEGATION4res_non_fatal', len(w))
+        _d = _gddrnf4_status_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode GET_DIR_DELEGATION4res_non_fatal: {_e!r}', len(w)) from None
+
+
+def _dec_any_GET_DIR_DELEGATION4res_non_fatal(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATION4res_non_fatal, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v634: _Any
+        _f634: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d634,) = _S2.unpack_from(buf, off)
+        _a634 = _GET_DIR_DELEGATION4res_non_fatal_ARMS.get(_d634)
+        if _a634 is None:
+            raise _XdrError('%r is not a case of GET_DIR_DELEGATION4res_non_fatal' % (_d634,), off)
+        else:
+            _d634, _f634 = _a634
+        _v634, off = _f634(r, off + 4)
+        _u = GET_DIR_DELEGATION4res_non_fatal(_d634, _v634)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GET_DIR_DELEGATION4res_non_fatal', o0) from None
+    return _u, off
+
+
+def enc_GET_DIR_DELEGATION4res_non_fatal(w: _Writer, v: GET_DIR_DELEGATION4res_non_fatal) -> None:
+    try:
+        _u635 = v
+        _d635 = _u635.gddrnf_status
+        _w635: _Any
+        if _d635 == 0:
+            _w635 = _u635.value
+            _s636 = _w635
+            if len(_s636.gddr_cookieverf) != 8: raise _XdrError('fixed opaque gddr_cookieverf must be 8 bytes', len(w))
+            if len(_s636.gddr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S58.pack(0, _s636.gddr_cookieverf, _s636.gddr_stateid.seqid, _s636.gddr_stateid.other)
+            _a637 = _s636.gddr_notification
+            _n = len(_a637)
+            w += _S0.pack(_n)
+            for _x637 in _a637:
+                w += _S0.pack(_x637)
+            _a638 = _s636.gddr_child_attributes
+            _n = len(_a638)
+            w += _S0.pack(_n)
+            for _x638 in _a638:
+                w += _S0.pack(_x638)
+            _a639 = _s636.gddr_dir_attributes
+            _n = len(_a639)
+            w += _S0.pack(_n)
+            for _x639 in _a639:
+                w += _S0.pack(_x639)
+        elif _d635 == 1:
+            _w635 = _u635.value
+            w += _S23.pack(1, _w635)
+        else:
+            _enc_any_GET_DIR_DELEGATION4res_non_fatal(w, _u635)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode GET_DIR_DELEGATION4res_non_fatal: {_e!r}', len(w)) from None
+
+
+def dec_GET_DIR_DELEGATION4res_non_fatal(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATION4res_non_fatal, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v640: _Any
+        (_d640,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d640 == 0:
+            _i641_gddr_cookieverf, _t1, _t2 = _S57.unpack_from(buf, off)
+            off += 24
+            _i641_gddr_stateid = stateid4(_t1, _t2)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i641_gddr_notification = []
+            _c642 = _n
+            for _ in range(_c642):
+                (_x642,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i641_gddr_notification.append(_x642)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i641_gddr_child_attributes = []
+            _c643 = _n
+            for _ in range(_c643):
+                (_x643,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i641_gddr_child_attributes.append(_x643)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i641_gddr_dir_attributes = []
+            _c644 = _n
+            for _ in range(_c644):
+                (_x644,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i641_gddr_dir_attributes.append(_x644)
+            _v640 = GET_DIR_DELEGATION4resok(_i641_gddr_cookieverf, _i641_gddr_stateid, _i641_gddr_notification, _i641_gddr_child_attributes, _i641_gddr_dir_attributes)
+            _u = GET_DIR_DELEGATION4res_non_fatal(GDD4_OK, _v640)
+        elif _d640 == 1:
+            (_t0,) = _S0.unpack_from(buf, off)
+            off += 4
+            _v640 = _BOOL[_t0]
+            _u = GET_DIR_DELEGATION4res_non_fatal(GDD4_UNAVAIL, _v640)
+        else:
+            _u, off = _dec_any_GET_DIR_DELEGATION4res_non_fatal(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GET_DIR_DELEGATION4res_non_fatal', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class GET_DIR_DELEGATION4res:
+    gddr_status: nfsstat4
+    value: GET_DIR_DELEGATION4res_non_fatal | None = None
+
+
+_GET_DIR_DELEGATION4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_GET_DIR_DELEGATION4res_non_fatal}
+_GET_DIR_DELEGATION4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_GET_DIR_DELEGATION4res_non_fatal}
+_GET_DIR_DELEGATION4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_GET_DIR_DELEGATION4res_non_fatal)}
+
+
+def _enc_any_GET_DIR_DELEGATION4res(w: _Writer, v: GET_DIR_DELEGATION4res) -> None:
+    try:
+        _d = v.gddr_status
+        _f = _GET_DIR_DELEGATION4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode GET_DIR_DELEGATION4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_GET_DIR_DELEGATION4res(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATION4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v645: _Any
+        _f645: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d645,) = _S2.unpack_from(buf, off)
+        _a645 = _GET_DIR_DELEGATION4res_ARMS.get(_d645)
+        if _a645 is None:
+            _d645 = _nfsstat4_MAP[(_d645,)[0]]
+            _f645 = _void_decode
+        else:
+            _d645, _f645 = _a645
+        _v645, off = _f645(r, off + 4)
+        _u = GET_DIR_DELEGATION4res(_d645, _v645)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GET_DIR_DELEGATION4res', o0) from None
+    return _u, off
+
+
+def enc_GET_DIR_DELEGATION4res(w: _Writer, v: GET_DIR_DELEGATION4res) -> None:
+    try:
+        _u646 = v
+        _d646 = _u646.gddr_status
+        _w646: _Any
+        if _d646 == 0:
+            _w646 = _u646.value
+            _u647 = _w646
+            _d647 = _u647.gddrnf_status
+            _w647: _Any
+            if _d647 == 0:
+                _w647 = _u647.value
+                _s648 = _w647
+                if len(_s648.gddr_cookieverf) != 8: raise _XdrError('fixed opaque gddr_cookieverf must be 8 bytes', len(w))
+                if len(_s648.gddr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+                w += _S59.pack(0, 0, _s648.gddr_cookieverf, _s648.gddr_stateid.seqid, _s648.gddr_stateid.other)
+                _a649 = _s648.gddr_notification
+                _n = len(_a649)
+                w += _S0.pack(_n)
+                for _x649 in _a649:
+                    w += _S0.pack(_x649)
+                _a650 = _s648.gddr_child_attributes
+                _n = len(_a650)
+                w += _S0.pack(_n)
+                for _x650 in _a650:
+                    w += _S0.pack(_x650)
+                _a651 = _s648.gddr_dir_attributes
+                _n = len(_a651)
+                w += _S0.pack(_n)
+                for _x651 in _a651:
+                    w += _S0.pack(_x651)
+            elif _d647 == 1:
+                _w647 = _u647.value
+                w += _S31.pack(0, 1, _w647)
+            else:
+                w += b'\x00\x00\x00\x00'
+                _enc_any_GET_DIR_DELEGATION4res_non_fatal(w, _u647)
+        else:
+            _enc_any_GET_DIR_DELEGATION4res(w, _u646)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode GET_DIR_DELEGATION4res: {_e!r}', len(w)) from None
+
+
+def dec_GET_DIR_DELEGATION4res(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATION4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v652: _Any
+        (_d652,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d652 == 0:
+            _v653: _Any
+            (_d653,) = _S2.unpack_from(buf, off)
+            off += 4
+            if _d653 == 0:
+                _i654_gddr_cookieverf, _t1, _t2 = _S57.unpack_from(buf, off)
+                off += 24
+                _i654_gddr_stateid = stateid4(_t1, _t2)
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n * 4 > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _i654_gddr_notification = []
+                _c655 = _n
+                for _ in range(_c655):
+                    (_x655,) = _S0.unpack_from(buf, off)
+                    off += 4
+                    _i654_gddr_notification.append(_x655)
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n * 4 > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _i654_gddr_child_attributes = []
+                _c656 = _n
+                for _ in range(_c656):
+                    (_x656,) = _S0.unpack_from(buf, off)
+                    off += 4
+                    _i654_gddr_child_attributes.append(_x656)
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n * 4 > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _i654_gddr_dir_attributes = []
+                _c657 = _n
+                for _ in range(_c657):
+                    (_x657,) = _S0.unpack_from(buf, off)
+                    off += 4
+                    _i654_gddr_dir_attributes.append(_x657)
+                _v653 = GET_DIR_DELEGATION4resok(_i654_gddr_cookieverf, _i654_gddr_stateid, _i654_gddr_notification, _i654_gddr_child_attributes, _i654_gddr_dir_attributes)
+                _v652 = GET_DIR_DELEGATION4res_non_fatal(GDD4_OK, _v653)
+            elif _d653 == 1:
+                (_t0,) = _S0.unpack_from(buf, off)
+                off += 4
+                _v653 = _BOOL[_t0]
+                _v652 = GET_DIR_DELEGATION4res_non_fatal(GDD4_UNAVAIL, _v653)
+            else:
+                _v652, off = _dec_any_GET_DIR_DELEGATION4res_non_fatal(r, off - 4)
+            _u = GET_DIR_DELEGATION4res(NFS4_OK, _v652)
+        else:
+            _u, off = _dec_any_GET_DIR_DELEGATION4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GET_DIR_DELEGATION4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class GETDEVICEINFO4args:
+    gdia_device_id: bytes
+    gdia_layout_type: layouttype4
+    gdia_maxcount: int
+    gdia_notify_types: list[int]
+
+
+def enc_GETDEVICEINFO4args(w: _Writer, v: GETDEVICEINFO4args) -> None:
+    try:
+        if len(v.gdia_device_id) != 16: raise _XdrError('fixed opaque gdia_device_id must be 16 bytes', len(w))
+        w += _S48.pack(v.gdia_device_id, v.gdia_layout_type, v.gdia_maxcount)
+        _a658 = v.gdia_notify_types
+        _n = len(_a658)
+        w += _S0.pack(_n)
+        for _x658 in _a658:
+            w += _S0.pack(_x658)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode GETDEVICEINFO4args: {_e}', len(w)) from None
+
+
+def dec_GETDEVICEINFO4args(r: _Reader, off: int) -> tuple[GETDEVICEINFO4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        f_gdia_device_id, _t1, f_gdia_maxcount = _S48.unpack_from(buf, off)
+        off += 24
+        f_gdia_layout_type = _layouttype4_MAP[_t1]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_gdia_notify_types = []
+        _c659 = _n
+        for _ in range(_c659):
+            (_x659,) = _S0.unpack_from(buf, off)
+            off += 4
+            f_gdia_notify_types.append(_x659)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GETDEVICEINFO4args', o0) from None
+    return GETDEVICEINFO4args(f_gdia_device_id, f_gdia_layout_type, f_gdia_maxcount, f_gdia_notify_types), off
+
+
+@_dataclass(slots=True)
+class GETDEVICEINFO4resok:
+    gdir_device_addr: device_addr4
+    gdir_notification: list[int]
+
+
+def enc_GETDEVICEINFO4resok(w: _Writer, v: GETDEVICEINFO4resok) -> None:
+    try:
+        _s660 = v.gdir_device_addr
+        w += _S2.pack(_s660.da_layout_type)
+        _v = _s660.da_addr_body
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _a661 = v.gdir_notification
+        _n = len(_a661)
+        w += _S0.pack(_n)
+        for _x661 in _a661:
+            w += _S0.pack(_x661)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode GETDEVICEINFO4resok: {_e}', len(w)) from None
+
+
+def dec_GETDEVICEINFO4resok(r: _Reader, off: int) -> tuple[GETDEVICEINFO4resok, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        _i662_da_layout_type = _layouttype4_MAP[_t0]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i662_da_addr_body = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_gdir_device_addr = device_addr4(_i662_da_layout_type, _i662_da_addr_body)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_gdir_notification = []
+        _c663 = _n
+        for _ in range(_c663):
+            (_x663,) = _S0.unpack_from(buf, off)
+            off += 4
+            f_gdir_notification.append(_x663)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GETDEVICEINFO4resok', o0) from None
+    return GETDEVICEINFO4resok(f_gdir_device_addr, f_gdir_notification), off
+
+
+@_dataclass(slots=True)
+class GETDEVICEINFO4res:
+    gdir_status: nfsstat4
+    value: GETDEVICEINFO4resok | int | None = None
+
+
+_GETDEVICEINFO4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_GETDEVICEINFO4resok, 10005: enc_count4}
+_GETDEVICEINFO4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_GETDEVICEINFO4resok, 10005: dec_count4}
+_GETDEVICEINFO4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_GETDEVICEINFO4resok), 10005: (_nfsstat4_MAP[(10005,)[0]], dec_count4)}
+
+
+def _enc_any_GETDEVICEINFO4res(w: _Writer, v: GETDEVICEINFO4res) -> None:
+    try:
+        _d = v.gdir_status
+        _f = _GETDEVICEINFO4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode GETDEVICEINFO4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_GETDEVICEINFO4res(r: _Reader, off: int) -> tuple[GETDEVICEINFO4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v664: _Any
+        _f664: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d664,) = _S2.unpack_from(buf, off)
+        _a664 = _GETDEVICEINFO4res_ARMS.get(_d664)
+        if _a664 is None:
+            _d664 = _nfsstat4_MAP[(_d664,)[0]]
+            _f664 = _void_decode
+        else:
+            _d664, _f664 = _a664
+        _v664, off = _f664(r, off + 4)
+        _u = GETDEVICEINFO4res(_d664, _v664)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GETDEVICEINFO4res', o0) from None
+    return _u, off
+
+
+def enc_GETDEVICEINFO4res(w: _Writer, v: GETDEVICEINFO4res) -> None:
+    try:
+        _u665 = v
+        _d665 = _u665.gdir_status
+        _w665: _Any
+        if _d665 == 0:
+            _w665 = _u665.value
+            _s666 = _w665
+            _s667 = _s666.gdir_device_addr
+            w += _S34.pack(0, _s667.da_layout_type)
+            _v = _s667.da_addr_body
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            _a668 = _s666.gdir_notification
+            _n = len(_a668)
+            w += _S0.pack(_n)
+            for _x668 in _a668:
+                w += _S0.pack(_x668)
+        elif _d665 == 10005:
+            _w665 = _u665.value
+            w += _S23.pack(10005, _w665)
+        else:
+            _enc_any_GETDEVICEINFO4res(w, _u665)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode GETDEVICEINFO4res: {_e!r}', len(w)) from None
+
+
+def dec_GETDEVICEINFO4res(r: _Reader, off: int) -> tuple[GETDEVICEINFO4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v669: _Any
+        (_d669,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d669 == 0:
+            (_t0,) = _S2.unpack_from(buf, off)
+            off += 4
+            _i671_da_layout_type = _layouttype4_MAP[_t0]
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i671_da_addr_body = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i670_gdir_device_addr = device_addr4(_i671_da_layout_type, _i671_da_addr_body)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i670_gdir_notification = []
+            _c672 = _n
+            for _ in range(_c672):
+                (_x672,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i670_gdir_notification.append(_x672)
+            _v669 = GETDEVICEINFO4resok(_i670_gdir_device_addr, _i670_gdir_notification)
+            _u = GETDEVICEINFO4res(NFS4_OK, _v669)
+        elif _d669 == 10005:
+            (_v669,) = _S0.unpack_from(buf, off)
+            off += 4
+            _u = GETDEVICEINFO4res(NFS4ERR_TOOSMALL, _v669)
+        else:
+            _u, off = _dec_any_GETDEVICEINFO4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GETDEVICEINFO4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class GETDEVICELIST4args:
+    gdla_layout_type: layouttype4
+    gdla_maxdevices: int
+    gdla_cookie: int
+    gdla_cookieverf: bytes
+
+
+def enc_GETDEVICELIST4args(w: _Writer, v: GETDEVICELIST4args) -> None:
+    try:
+        if len(v.gdla_cookieverf) != 8: raise _XdrError('fixed opaque gdla_cookieverf must be 8 bytes', len(w))
+        w += _S60.pack(v.gdla_layout_type, v.gdla_maxdevices, v.gdla_cookie, v.gdla_cookieverf)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode GETDEVICELIST4args: {_e}', len(w)) from None
+
+
+def dec_GETDEVICELIST4args(r: _Reader, off: int) -> tuple[GETDEVICELIST4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, _t2, _t3 = _S60.unpack_from(buf, off)
+        off += 24
+        _u = GETDEVICELIST4args(_layouttype4_MAP[_t0], _t1, _t2, _t3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GETDEVICELIST4args', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class GETDEVICELIST4resok:
+    gdlr_cookie: int
+    gdlr_cookieverf: bytes
+    gdlr_deviceid_list: list[bytes]
+    gdlr_eof: bool
+
+
+def enc_GETDEVICELIST4resok(w: _Writer, v: GETDEVICELIST4resok) -> None:
+    try:
+        if len(v.gdlr_cookieverf) != 8: raise _XdrError('fixed opaque gdlr_cookieverf must be 8 bytes', len(w))
+        w += _S43.pack(v.gdlr_cookie, v.gdlr_cookieverf)
+        _a673 = v.gdlr_deviceid_list
+        _n = len(_a673)
+        w += _S0.pack(_n)
+        for _x673 in _a673:
+            if len(_x673) != 16: raise _XdrError('fixed opaque  must be 16 bytes', len(w))
+            w += _S5.pack(_x673)
+        w += _S0.pack(v.gdlr_eof)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode GETDEVICELIST4resok: {_e}', len(w)) from None
+
+
+def dec_GETDEVICELIST4resok(r: _Reader, off: int) -> tuple[GETDEVICELIST4resok, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        f_gdlr_cookie, f_gdlr_cookieverf = _S43.unpack_from(buf, off)
+        off += 16
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 16 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_gdlr_deviceid_list = []
+        _c674 = _n
+        for _ in range(_c674):
+            (_x674,) = _S5.unpack_from(buf, off)
+            off += 16
+            f_gdlr_deviceid_list.append(_x674)
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        f_gdlr_eof = _BOOL[_t0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GETDEVICELIST4resok', o0) from None
+    return GETDEVICELIST4resok(f_gdlr_cookie, f_gdlr_cookieverf, f_gdlr_deviceid_list, f_gdlr_eof), off
+
+
+@_dataclass(slots=True)
+class GETDEVICELIST4res:
+    gdlr_status: nfsstat4
+    value: GETDEVICELIST4resok | None = None
+
+
+_GETDEVICELIST4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_GETDEVICELIST4resok}
+_GETDEVICELIST4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_GETDEVICELIST4resok}
+_GETDEVICELIST4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_GETDEVICELIST4resok)}
+
+
+def _enc_any_GETDEVICELIST4res(w: _Writer, v: GETDEVICELIST4res) -> None:
+    try:
+        _d = v.gdlr_status
+        _f = _GETDEVICELIST4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode GETDEVICELIST4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_GETDEVICELIST4res(r: _Reader, off: int) -> tuple[GETDEVICELIST4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v675: _Any
+        _f675: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d675,) = _S2.unpack_from(buf, off)
+        _a675 = _GETDEVICELIST4res_ARMS.get(_d675)
+        if _a675 is None:
+            _d675 = _nfsstat4_MAP[(_d675,)[0]]
+            _f675 = _void_decode
+        else:
+            _d675, _f675 = _a675
+        _v675, off = _f675(r, off + 4)
+        _u = GETDEVICELIST4res(_d675, _v675)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GETDEVICELIST4res', o0) from None
+    return _u, off
+
+
+def enc_GETDEVICELIST4res(w: _Writer, v: GETDEVICELIST4res) -> None:
+    try:
+        _u676 = v
+        _d676 = _u676.gdlr_status
+        _w676: _Any
+        if _d676 == 0:
+            _w676 = _u676.value
+            _s677 = _w676
+            if len(_s677.gdlr_cookieverf) != 8: raise _XdrError('fixed opaque gdlr_cookieverf must be 8 bytes', len(w))
+            w += _S44.pack(0, _s677.gdlr_cookie, _s677.gdlr_cookieverf)
+            _a678 = _s677.gdlr_deviceid_list
+            _n = len(_a678)
+            w += _S0.pack(_n)
+            for _x678 in _a678:
+                if len(_x678) != 16: raise _XdrError('fixed opaque  must be 16 bytes', len(w))
+                w += _S5.pack(_x678)
+            w += _S0.pack(_s677.gdlr_eof)
+        else:
+            _enc_any_GETDEVICELIST4res(w, _u676)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode GETDEVICELIST4res: {_e!r}', len(w)) from None
+
+
+def dec_GETDEVICELIST4res(r: _Reader, off: int) -> tuple[GETDEVICELIST4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v679: _Any
+        (_d679,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d679 == 0:
+            _i680_gdlr_cookie, _i680_gdlr_cookieverf = _S43.unpack_from(buf, off)
+            off += 16
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 16 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i680_gdlr_deviceid_list = []
+            _c681 = _n
+            for _ in range(_c681):
+                (_x681,) = _S5.unpack_from(buf, off)
+                off += 16
+                _i680_gdlr_deviceid_list.append(_x681)
+            (_t0,) = _S0.unpack_from(buf, off)
+            off += 4
+            _i680_gdlr_eof = _BOOL[_t0]
+            _v679 = GETDEVICELIST4resok(_i680_gdlr_cookie, _i680_gdlr_cookieverf, _i680_gdlr_deviceid_list, _i680_gdlr_eof)
+            _u = GETDEVICELIST4res(NFS4_OK, _v679)
+        else:
+            _u, off = _dec_any_GETDEVICELIST4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GETDEVICELIST4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class newtime4:
+    nt_timechanged: bool
+    value: nfstime4 | None = None
+
+
+_newtime4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_nfstime4, 0: _void_encode}
+_newtime4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_nfstime4, 0: _void_decode}
+_newtime4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_BOOL[(1,)[0]], dec_nfstime4), 0: (_BOOL[(0,)[0]], _void_decode)}
+
+
+def _enc_any_newtime4(w: _Writer, v: newtime4) -> None:
+    try:
+        _d = v.nt_timechanged
+        _f = _newtime4_ENC.get(_d)
+        if _f is None:
+            raise _XdrError(f'{_d!r} is not a case of newtime4', len(w))
+        w += _S0.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode newtime4: {_e!r}', len(w)) from None
+
+
+def _dec_any_newtime4(r: _Reader, off: int) -> tuple[newtime4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v682: _Any
+        _f682: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d682,) = _S0.unpack_from(buf, off)
+        _a682 = _newtime4_ARMS.get(_d682)
+        if _a682 is None:
+            raise _XdrError('%r is not a case of newtime4' % (_d682,), off)
+        else:
+            _d682, _f682 = _a682
+        _v682, off = _f682(r, off + 4)
+        _u = newtime4(_d682, _v682)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated newtime4', o0) from None
+    return _u, off
+
+
+def enc_newtime4(w: _Writer, v: newtime4) -> None:
+    try:
+        _u683 = v
+        _d683 = _u683.nt_timechanged
+        _w683: _Any
+        if _d683 == 1:
+            _w683 = _u683.value
+            w += _S61.pack(1, _w683.seconds, _w683.nseconds)
+        elif _d683 == 0:
+            w += b'\x00\x00\x00\x00'
+        else:
+            _enc_any_newtime4(w, _u683)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode newtime4: {_e!r}', len(w)) from None
+
+
+def dec_newtime4(r: _Reader, off: int) -> tuple[newtime4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v684: _Any
+        (_d684,) = _S0.unpack_from(buf, off)
+        off += 4
+        if _d684 == 1:
+            _v684 = nfstime4(*_S7.unpack_from(buf, off))
+            off += 12
+            _u = newtime4(True, _v684)
+        elif _d684 == 0:
+            _u = newtime4(False, None)
+        else:
+            _u, off = _dec_any_newtime4(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated newtime4', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class newoffset4:
+    no_newoffset: bool
+    value: int | None = None
+
+
+_newoffset4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_offset4, 0: _void_encode}
+_newoffset4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_offset4, 0: _void_decode}
+_newoffset4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_BOOL[(1,)[0]], dec_offset4), 0: (_BOOL[(0,)[0]], _void_decode)}
+
+
+def _enc_any_newoffset4(w: _Writer, v: newoffset4) -> None:
+    try:
+        _d = v.no_newoffset
+        _f = _newoffset4_ENC.get(_d)
+        if _f is None:
+            raise _XdrError(f'{_d!r} is not a case of newoffset4', len(w))
+        w += _S0.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode newoffset4: {_e!r}', len(w)) from None
+
+
+def _dec_any_newoffset4(r: _Reader, off: int) -> tuple[newoffset4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v685: _Any
+        _f685: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d685,) = _S0.unpack_from(buf, off)
+        _a685 = _newoffset4_ARMS.get(_d685)
+        if _a685 is None:
+            raise _XdrError('%r is not a case of newoffset4' % (_d685,), off)
+        else:
+            _d685, _f685 = _a685
+        _v685, off = _f685(r, off + 4)
+        _u = newoffset4(_d685, _v685)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated newoffset4', o0) from None
+    return _u, off
+
+
+def enc_newoffset4(w: _Writer, v: newoffset4) -> None:
+    try:
+        _u686 = v
+        _d686 = _u686.no_newoffset
+        _w686: _Any
+        if _d686 == 1:
+            _w686 = _u686.value
+            w += _S62.pack(1, _w686)
+        elif _d686 == 0:
+            w += b'\x00\x00\x00\x00'
+        else:
+            _enc_any_newoffset4(w, _u686)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode newoffset4: {_e!r}', len(w)) from None
+
+
+def dec_newoffset4(r: _Reader, off: int) -> tuple[newoffset4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v687: _Any
+        (_d687,) = _S0.unpack_from(buf, off)
+        off += 4
+        if _d687 == 1:
+            (_v687,) = _S4.unpack_from(buf, off)
+            off += 8
+            _u = newoffset4(True, _v687)
+        elif _d687 == 0:
+            _u = newoffset4(False, None)
+        else:
+            _u, off = _dec_any_newoffset4(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated newoffset4', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class LAYOUTCOMMIT4args:
+    loca_offset: int
+    loca_length: int
+    loca_reclaim: bool
+    loca_stateid: stateid4
+    loca_last_write_offset: newoffset4
+    loca_time_modify: newtime4
+    loca_layoutupdate: layoutupdate4
+
+
+def enc_LAYOUTCOMMIT4args(w: _Writer, v: LAYOUTCOMMIT4args) -> None:
+    try:
+        if len(v.loca_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S63.pack(v.loca_offset, v.loca_length, v.loca_reclaim, v.loca_stateid.seqid, v.loca_stateid.other)
+        _u688 = v.loca_last_write_offset
+        _d688 = _u688.no_newoffset
+        _w688: _Any
+        if _d688 == 1:
+            _w688 = _u688.value
+            w += _S62.pack(1, _w688)
+        elif _d688 == 0:
+            w += b'\x00\x00\x00\x00'
+        else:
+            _enc_any_newoffset4(w, _u688)
+        _u689 = v.loca_time_modify
+        _d689 = _u689.nt_timechanged
+        _w689: _Any
+        if _d689 == 1:
+            _w689 = _u689.value
+            w += _S61.pack(1, _w689.seconds, _w689.nseconds)
+        elif _d689 == 0:
+            w += b'\x00\x00\x00\x00'
+        else:
+            _enc_any_newtime4(w, _u689)
+        _s690 = v.loca_layoutupdate
+        w += _S2.pack(_s690.lou_type)
+        _v = _s690.lou_body
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LAYOUTCOMMIT4args: {_e}', len(w)) from None
+
+
+def dec_LAYOUTCOMMIT4args(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        f_loca_offset, f_loca_length, _t2, _t3, _t4 = _S63.unpack_from(buf, off)
+        off += 36
+        f_loca_reclaim = _BOOL[_t2]
+        f_loca_stateid = stateid4(_t3, _t4)
+        _v691: _Any
+        (_d691,) = _S0.unpack_from(buf, off)
+        off += 4
+        if _d691 == 1:
+            (_v691,) = _S4.unpack_from(buf, off)
+            off += 8
+            f_loca_last_write_offset = newoffset4(True, _v691)
+        elif _d691 == 0:
+            f_loca_last_write_offset = newoffset4(False, None)
+        else:
+            f_loca_last_write_offset, off = _dec_any_newoffset4(r, off - 4)
+        _v692: _Any
+        (_d692,) = _S0.unpack_from(buf, off)
+        off += 4
+        if _d692 == 1:
+            _v692 = nfstime4(*_S7.unpack_from(buf, off))
+            off += 12
+            f_loca_time_modify = newtime4(True, _v692)
+        elif _d692 == 0:
+            f_loca_time_modify = newtime4(False, None)
+        else:
+            f_loca_time_modify, off = _dec_any_newtime4(r, off - 4)
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        _i693_lou_type = _layouttype4_MAP[_t0]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i693_lou_body = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_loca_layoutupdate = layoutupdate4(_i693_lou_type, _i693_lou_body)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LAYOUTCOMMIT4args', o0) from None
+    return LAYOUTCOMMIT4args(f_loca_offset, f_loca_length, f_loca_reclaim, f_loca_stateid, f_loca_last_write_offset, f_loca_time_modify, f_loca_layoutupdate), off
+
+
+@_dataclass(slots=True)
+class newsize4:
+    ns_sizechanged: bool
+    value: int | None = None
+
+
+_newsize4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_length4, 0: _void_encode}
+_newsize4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_length4, 0: _void_decode}
+_newsize4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_BOOL[(1,)[0]], dec_length4), 0: (_BOOL[(0,)[0]], _void_decode)}
+
+
+def _enc_any_newsize4(w: _Writer, v: newsize4) -> None:
+    try:
+        _d = v.ns_sizechanged
+        _f = _newsize4_ENC.get(_d)
+        if _f is None:
+            raise _XdrError(f'{_d!r} is not a case of newsize4', len(w))
+        w += _S0.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode newsize4: {_e!r}', len(w)) from None
+
+
+def _dec_any_newsize4(r: _Reader, off: int) -> tuple[newsize4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v694: _Any
+        _f694: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d694,) = _S0.unpack_from(buf, off)
+        _a694 = _newsize4_ARMS.get(_d694)
+        if _a694 is None:
+            raise _XdrError('%r is not a case of newsize4' % (_d694,), off)
+        else:
+            _d694, _f694 = _a694
+        _v694, off = _f694(r, off + 4)
+        _u = newsize4(_d694, _v694)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated newsize4', o0) from None
+    return _u, off
+
+
+def enc_newsize4(w: _Writer, v: newsize4) -> None:
+    try:
+        _u695 = v
+        _d695 = _u695.ns_sizechanged
+        _w695: _Any
+        if _d695 == 1:
+            _w695 = _u695.value
+            w += _S62.pack(1, _w695)
+        elif _d695 == 0:
+            w += b'\x00\x00\x00\x00'
+        else:
+            _enc_any_newsize4(w, _u695)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode newsize4: {_e!r}', len(w)) from None
+
+
+def dec_newsize4(r: _Reader, off: int) -> tuple[newsize4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v696: _Any
+        (_d696,) = _S0.unpack_from(buf, off)
+        off += 4
+        if _d696 == 1:
+            (_v696,) = _S4.unpack_from(buf, off)
+            off += 8
+            _u = newsize4(True, _v696)
+        elif _d696 == 0:
+            _u = newsize4(False, None)
+        else:
+            _u, off = _dec_any_newsize4(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated newsize4', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class LAYOUTCOMMIT4resok:
+    locr_newsize: newsize4
+
+
+def enc_LAYOUTCOMMIT4resok(w: _Writer, v: LAYOUTCOMMIT4resok) -> None:
+    try:
+        _u697 = v.locr_newsize
+        _d697 = _u697.ns_sizechanged
+        _w697: _Any
+        if _d697 == 1:
+            _w697 = _u697.value
+            w += _S62.pack(1, _w697)
+        elif _d697 == 0:
+            w += b'\x00\x00\x00\x00'
+        else:
+            _enc_any_newsize4(w, _u697)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LAYOUTCOMMIT4resok: {_e}', len(w)) from None
+
+
+def dec_LAYOUTCOMMIT4resok(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4resok, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v698: _Any
+        (_d698,) = _S0.unpack_from(buf, off)
+        off += 4
+        if _d698 == 1:
+            (_v698,) = _S4.unpack_from(buf, off)
+            off += 8
+            f_locr_newsize = newsize4(True, _v698)
+        elif _d698 == 0:
+            f_locr_newsize = newsize4(False, None)
+        else:
+            f_locr_newsize, off = _dec_any_newsize4(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LAYOUTCOMMIT4resok', o0) from None
+    return LAYOUTCOMMIT4resok(f_locr_newsize), off
+
+
+@_dataclass(slots=True)
+class LAYOUTCOMMIT4res:
+    locr_status: nfsstat4
+    value: LAYOUTCOMMIT4resok | None = None
+
+
+_LAYOUTCOMMIT4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_LAYOUTCOMMIT4resok}
+_LAYOUTCOMMIT4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_LAYOUTCOMMIT4resok}
+_LAYOUTCOMMIT4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_LAYOUTCOMMIT4resok)}
+
+
+def _enc_any_LAYOUTCOMMIT4res(w: _Writer, v: LAYOUTCOMMIT4res) -> None:
+    try:
+        _d = v.locr_status
+        _f = _LAYOUTCOMMIT4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode LAYOUTCOMMIT4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_LAYOUTCOMMIT4res(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v699: _Any
+        _f699: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d699,) = _S2.unpack_from(buf, off)
+        _a699 = _LAYOUTCOMMIT4res_ARMS.get(_d699)
+        if _a699 is None:
+            _d699 = _nfsstat4_MAP[(_d699,)[0]]
+            _f699 = _void_decode
+        else:
+            _d699, _f699 = _a699
+        _v699, off = _f699(r, off + 4)
+        _u = LAYOUTCOMMIT4res(_d699, _v699)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LAYOUTCOMMIT4res', o0) from None
+    return _u, off
+
+
+def enc_LAYOUTCOMMIT4res(w: _Writer, v: LAYOUTCOMMIT4res) -> None:
+    try:
+        _u700 = v
+        _d700 = _u700.locr_status
+        _w700: _Any
+        if _d700 == 0:
+            _w700 = _u700.value
+            _s701 = _w700
+            _u702 = _s701.locr_newsize
+            _d702 = _u702.ns_sizechanged
+            _w702: _Any
+            if _d702 == 1:
+                _w702 = _u702.value
+                w += _S64.pack(0, 1, _w702)
+            elif _d702 == 0:
+                w += b'\x00\x00\x00\x00\x00\x00\x00\x00'
+            else:
+                w += b'\x00\x00\x00\x00'
+                _enc_any_newsize4(w, _u702)
+        else:
+            _enc_any_LAYOUTCOMMIT4res(w, _u700)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LAYOUTCOMMIT4res: {_e!r}', len(w)) from None
+
+
+def dec_LAYOUTCOMMIT4res(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v703: _Any
+        (_d703,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d703 == 0:
+            _v705: _Any
+            (_d705,) = _S0.unpack_from(buf, off)
+            off += 4
+            if _d705 == 1:
+                (_v705,) = _S4.unpack_from(buf, off)
+                off += 8
+                _i704_locr_newsize = newsize4(True, _v705)
+            elif _d705 == 0:
+                _i704_locr_newsize = newsize4(False, None)
+            else:
+                _i704_locr_newsize, off = _dec_any_newsize4(r, off - 4)
+            _v703 = LAYOUTCOMMIT4resok(_i704_locr_newsize)
+            _u = LAYOUTCOMMIT4res(NFS4_OK, _v703)
+        else:
+            _u, off = _dec_any_LAYOUTCOMMIT4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LAYOUTCOMMIT4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class LAYOUTGET4args:
+    loga_signal_layout_avail: bool
+    loga_layout_type: layouttype4
+    loga_iomode: layoutiomode4
+    loga_offset: int
+    loga_length: int
+    loga_minlength: int
+    loga_stateid: stateid4
+    loga_maxcount: int
+
+
+def enc_LAYOUTGET4args(w: _Writer, v: LAYOUTGET4args) -> None:
+    try:
+        if len(v.loga_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S65.pack(v.loga_signal_layout_avail, v.loga_layout_type, v.loga_iomode, v.loga_offset, v.loga_length, v.loga_minlength, v.loga_stateid.seqid, v.loga_stateid.other, v.loga_maxcount)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LAYOUTGET4args: {_e}', len(w)) from None
+
+
+def dec_LAYOUTGET4args(r: _Reader, off: int) -> tuple[LAYOUTGET4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _S65.unpack_from(buf, off)
+        off += 56
+        _u = LAYOUTGET4args(_BOOL[_t0], _layouttype4_MAP[_t1], _layoutiomode4_MAP[_t2], _t3, _t4, _t5, stateid4(_t6, _t7), _t8)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LAYOUTGET4args', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class LAYOUTGET4resok:
+    logr_return_on_close: bool
+    logr_stateid: stateid4
+    logr_layout: list[layout4]
+
+
+def enc_LAYOUTGET4resok(w: _Writer, v: LAYOUTGET4resok) -> None:
+    try:
+        if len(v.logr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S19.pack(v.logr_return_on_close, v.logr_stateid.seqid, v.logr_stateid.other)
+        _a706 = v.logr_layout
+        _n = len(_a706)
+        w += _S0.pack(_n)
+        for _x706 in _a706:
+            _s707 = _x706
+            w += _S12.pack(_s707.lo_offset, _s707.lo_length, _s707.lo_iomode)
+            _s708 = _s707.lo_content
+            w += _S2.pack(_s708.loc_type)
+            _v = _s708.loc_body
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LAYOUTGET4resok: {_e}', len(w)) from None
+
+
+def dec_LAYOUTGET4resok(r: _Reader, off: int) -> tuple[LAYOUTGET4resok, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, _t2 = _S19.unpack_from(buf, off)
+        off += 20
+        f_logr_return_on_close = _BOOL[_t0]
+        f_logr_stateid = stateid4(_t1, _t2)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 28 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_logr_layout = []
+        _c709 = _n
+        for _ in range(_c709):
+            _i710_lo_offset, _i710_lo_length, _t2 = _S12.unpack_from(buf, off)
+            off += 20
+            _i710_lo_iomode = _layoutiomode4_MAP[_t2]
+            (_t0,) = _S2.unpack_from(buf, off)
+            off += 4
+            _i711_loc_type = _layouttype4_MAP[_t0]
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i711_loc_body = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i710_lo_content = layout_content4(_i711_loc_type, _i711_loc_body)
+            _x709 = layout4(_i710_lo_offset, _i710_lo_length, _i710_lo_iomode, _i710_lo_content)
+            f_logr_layout.append(_x709)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LAYOUTGET4resok', o0) from None
+    return LAYOUTGET4resok(f_logr_return_on_close, f_logr_stateid, f_logr_layout), off
+
+
+def enc_LAYOUTGET4res_logr_will_signal_layout_avail(w: _Writer, v: bool) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LAYOUTGET4res.logr_will_signal_layout_avail: {_e}', len(w)) from None
+
+
+def dec_LAYOUTGET4res_logr_will_signal_layout_avail(r: _Reader, off: int) -> tuple[bool, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        _v = _BOOL[_t0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LAYOUTGET4res.logr_will_signal_layout_avail', o0) from None
+    return _v, off
+
+
+@_dataclass(slots=True)
+class LAYOUTGET4res:
+    logr_status: nfsstat4
+    value: LAYOUTGET4resok | bool | None = None
+
+
+_LAYOUTGET4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_LAYOUTGET4resok, 10058: enc_LAYOUTGET4res_logr_will_signal_layout_avail}
+_LAYOUTGET4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_LAYOUTGET4resok, 10058: dec_LAYOUTGET4res_logr_will_signal_layout_avail}
+_LAYOUTGET4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_LAYOUTGET4resok), 10058: (_nfsstat4_MAP[(10058,)[0]], dec_LAYOUTGET4res_logr_will_signal_layout_avail)}
+
+
+def _enc_any_LAYOUTGET4res(w: _Writer, v: LAYOUTGET4res) -> None:
+    try:
+        _d = v.logr_status
+        _f = _LAYOUTGET4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode LAYOUTGET4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_LAYOUTGET4res(r: _Reader, off: int) -> tuple[LAYOUTGET4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v712: _Any
+        _f712: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d712,) = _S2.unpack_from(buf, off)
+        _a712 = _LAYOUTGET4res_ARMS.get(_d712)
+        if _a712 is None:
+            _d712 = _nfsstat4_MAP[(_d712,)[0]]
+            _f712 = _void_decode
+        else:
+            _d712, _f712 = _a712
+        _v712, off = _f712(r, off + 4)
+        _u = LAYOUTGET4res(_d712, _v712)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LAYOUTGET4res', o0) from None
+    return _u, off
+
+
+def enc_LAYOUTGET4res(w: _Writer, v: LAYOUTGET4res) -> None:
+    try:
+        _u713 = v
+        _d713 = _u713.logr_status
+        _w713: _Any
+        if _d713 == 0:
+            _w713 = _u713.value
+            _s714 = _w713
+            if len(_s714.logr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S66.pack(0, _s714.logr_return_on_close, _s714.logr_stateid.seqid, _s714.logr_stateid.other)
+            _a715 = _s714.logr_layout
+            _n = len(_a715)
+            w += _S0.pack(_n)
+            for _x715 in _a715:
+                enc_layout4(w, _x715)
+        elif _d713 == 10058:
+            _w713 = _u713.value
+            w += _S23.pack(10058, _w713)
+        else:
+            _enc_any_LAYOUTGET4res(w, _u713)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LAYOUTGET4res: {_e!r}', len(w)) from None
+
+
+def dec_LAYOUTGET4res(r: _Reader, off: int) -> tuple[LAYOUTGET4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v716: _Any
+        (_d716,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d716 == 0:
+            _t0, _t1, _t2 = _S19.unpack_from(buf, off)
+            off += 20
+            _i717_logr_return_on_close = _BOOL[_t0]
+            _i717_logr_stateid = stateid4(_t1, _t2)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 28 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i717_logr_layout = []
+            _c718 = _n
+            for _ in range(_c718):
+                _x718, off = dec_layout4(r, off)
+                _i717_logr_layout.append(_x718)
+            _v716 = LAYOUTGET4resok(_i717_logr_return_on_close, _i717_logr_stateid, _i717_logr_layout)
+            _u = LAYOUTGET4res(NFS4_OK, _v716)
+        elif _d716 == 10058:
+            (_t0,) = _S0.unpack_from(buf, off)
+            off += 4
+            _v716 = _BOOL[_t0]
+            _u = LAYOUTGET4res(NFS4ERR_LAYOUTTRYLATER, _v716)
+        else:
+            _u, off = _dec_any_LAYOUTGET4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LAYOUTGET4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class LAYOUTRETURN4args:
+    lora_reclaim: bool
+    lora_layout_type: layouttype4
+    lora_iomode: layoutiomode4
+    lora_layoutreturn: layoutreturn4
+
+
+def enc_LAYOUTRETURN4args(w: _Writer, v: LAYOUTRETURN4args) -> None:
+    try:
+        w += _S67.pack(v.lora_reclaim, v.lora_layout_type, v.lora_iomode)
+        _u719 = v.lora_layoutreturn
+        _d719 = _u719.lr_returntype
+        _w719: _Any
+        if _d719 == 1:
+            _w719 = _u719.value
+            _s720 = _w719
+            if len(_s720.lrf_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S14.pack(1, _s720.lrf_offset, _s720.lrf_length, _s720.lrf_stateid.seqid, _s720.lrf_stateid.other)
+            _v = _s720.lrf_body
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        else:
+            _enc_any_layoutreturn4(w, _u719)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LAYOUTRETURN4args: {_e}', len(w)) from None
+
+
+def dec_LAYOUTRETURN4args(r: _Reader, off: int) -> tuple[LAYOUTRETURN4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, _t2 = _S67.unpack_from(buf, off)
+        off += 12
+        f_lora_reclaim = _BOOL[_t0]
+        f_lora_layout_type = _layouttype4_MAP[_t1]
+        f_lora_iomode = _layoutiomode4_MAP[_t2]
+        _v721: _Any
+        (_d721,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d721 == 1:
+            _i722_lrf_offset, _i722_lrf_length, _t2, _t3 = _S13.unpack_from(buf, off)
+            off += 32
+            _i722_lrf_stateid = stateid4(_t2, _t3)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i722_lrf_body = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _v721 = layoutreturn_file4(_i722_lrf_offset, _i722_lrf_length, _i722_lrf_stateid, _i722_lrf_body)
+            f_lora_layoutreturn = layoutreturn4(LAYOUTRETURN4_FILE, _v721)
+        else:
+            f_lora_layoutreturn, off = _dec_any_layoutreturn4(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LAYOUTRETURN4args', o0) from None
+    return LAYOUTRETURN4args(f_lora_reclaim, f_lora_layout_type, f_lora_iomode, f_lora_layoutreturn), off
+
+
+@_dataclass(slots=True)
+class layoutreturn_stateid:
+    lrs_present: bool
+    value: stateid4 | None = None
+
+
+_layoutreturn_stateid_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_stateid4, 0: _void_encode}
+_layoutreturn_stateid_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_stateid4, 0: _void_decode}
+_layoutreturn_stateid_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_BOOL[(1,)[0]], dec_stateid4), 0: (_BOOL[(0,)[0]], _void_decode)}
+
+
+def _enc_any_layoutreturn_stateid(w: _Writer, v: layoutreturn_stateid) -> None:
+    try:
+        _d = v.lrs_present
+        _f = _layoutreturn_stateid_ENC.get(_d)
+        if _f is None:
+            raise _XdrError(f'{_d!r} is not a case of layoutreturn_stateid', len(w))
+        w += _S0.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode layoutreturn_stateid: {_e!r}', len(w)) from None
+
+
+def _dec_any_layoutreturn_stateid(r: _Reader, off: int) -> tuple[layoutreturn_stateid, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v723: _Any
+        _f723: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d723,) = _S0.unpack_from(buf, off)
+        _a723 = _layoutreturn_stateid_ARMS.get(_d723)
+        if _a723 is None:
+            raise _XdrError('%r is not a case of layoutreturn_stateid' % (_d723,), off)
+        else:
+            _d723, _f723 = _a723
+        _v723, off = _f723(r, off + 4)
+        _u = layoutreturn_stateid(_d723, _v723)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated layoutreturn_stateid', o0) from None
+    return _u, off
+
+
+def enc_layoutreturn_stateid(w: _Writer, v: layoutreturn_stateid) -> None:
+    try:
+        _u724 = v
+        _d724 = _u724.lrs_present
+        _w724: _Any
+        if _d724 == 1:
+            _w724 = _u724.value
+            if len(_w724.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S19.pack(1, _w724.seqid, _w724.other)
+        elif _d724 == 0:
+            w += b'\x00\x00\x00\x00'
+        else:
+            _enc_any_layoutreturn_stateid(w, _u724)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode layoutreturn_stateid: {_e!r}', len(w)) from None
+
+
+def dec_layoutreturn_stateid(r: _Reader, off: int) -> tuple[layoutreturn_stateid, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v725: _Any
+        (_d725,) = _S0.unpack_from(buf, off)
+        off += 4
+        if _d725 == 1:
+            _v725 = stateid4(*_S11.unpack_from(buf, off))
+            off += 16
+            _u = layoutreturn_stateid(True, _v725)
+        elif _d725 == 0:
+            _u = layoutreturn_stateid(False, None)
+        else:
+            _u, off = _dec_any_layoutreturn_stateid(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated layoutreturn_stateid', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class LAYOUTRETURN4res:
+    lorr_status: nfsstat4
+    value: layoutreturn_stateid | None = None
+
+
+_LAYOUTRETURN4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_layoutreturn_stateid}
+_LAYOUTRETURN4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_layoutreturn_stateid}
+_LAYOUTRETURN4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_layoutreturn_stateid)}
+
+
+def _enc_any_LAYOUTRETURN4res(w: _Writer, v: LAYOUTRETURN4res) -> None:
+    try:
+        _d = v.lorr_status
+        _f = _LAYOUTRETURN4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode LAYOUTRETURN4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_LAYOUTRETURN4res(r: _Reader, off: int) -> tuple[LAYOUTRETURN4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v726: _Any
+        _f726: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d726,) = _S2.unpack_from(buf, off)
+        _a726 = _LAYOUTRETURN4res_ARMS.get(_d726)
+        if _a726 is None:
+            _d726 = _nfsstat4_MAP[(_d726,)[0]]
+            _f726 = _void_decode
+        else:
+            _d726, _f726 = _a726
+        _v726, off = _f726(r, off + 4)
+        _u = LAYOUTRETURN4res(_d726, _v726)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LAYOUTRETURN4res', o0) from None
+    return _u, off
+
+
+def enc_LAYOUTRETURN4res(w: _Writer, v: LAYOUTRETURN4res) -> None:
+    try:
+        _u727 = v
+        _d727 = _u727.lorr_status
+        _w727: _Any
+        if _d727 == 0:
+            _w727 = _u727.value
+            _u728 = _w727
+            _d728 = _u728.lrs_present
+            _w728: _Any
+            if _d728 == 1:
+                _w728 = _u728.value
+                if len(_w728.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+                w += _S66.pack(0, 1, _w728.seqid, _w728.other)
+            elif _d728 == 0:
+                w += b'\x00\x00\x00\x00\x00\x00\x00\x00'
+            else:
+                w += b'\x00\x00\x00\x00'
+                _enc_any_layoutreturn_stateid(w, _u728)
+        else:
+            _enc_any_LAYOUTRETURN4res(w, _u727)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LAYOUTRETURN4res: {_e!r}', len(w)) from None
+
+
+def dec_LAYOUTRETURN4res(r: _Reader, off: int) -> tuple[LAYOUTRETURN4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v729: _Any
+        (_d729,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d729 == 0:
+            _v730: _Any
+            (_d730,) = _S0.unpack_from(buf, off)
+            off += 4
+            if _d730 == 1:
+                _v730 = stateid4(*_S11.unpack_from(buf, off))
+                off += 16
+                _v729 = layoutreturn_stateid(True, _v730)
+            elif _d730 == 0:
+                _v729 = layoutreturn_stateid(False, None)
+            else:
+                _v729, off = _dec_any_layoutreturn_stateid(r, off - 4)
+            _u = LAYOUTRETURN4res(NFS4_OK, _v729)
+        else:
+            _u, off = _dec_any_LAYOUTRETURN4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LAYOUTRETURN4res', o0) from None
+    return _u, off
+
+
+class secinfo_style4(_IntEnum):
+    SECINFO_STYLE4_CURRENT_FH = 0
+    SECINFO_STYLE4_PARENT = 1
+
+
+_secinfo_style4_MAP: _Final[dict[int, secinfo_style4]] = {m.value: m for m in secinfo_style4}
+SECINFO_STYLE4_CURRENT_FH = secinfo_style4.SECINFO_STYLE4_CURRENT_FH
+SECINFO_STYLE4_PARENT = secinfo_style4.SECINFO_STYLE4_PARENT
+
+
+def enc_secinfo_style4(w: _Writer, v: secinfo_style4) -> None:
+    try:
+        w += _I32.pack(_secinfo_style4_MAP[v])
+    except (KeyError, TypeError, _struct.error):
+        raise _XdrError(f'{v!r} is not a secinfo_style4', len(w)) from None
+
+
+def dec_secinfo_style4(r: _Reader, off: int) -> tuple[secinfo_style4, int]:
+    try:
+        return _secinfo_style4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
+    except (KeyError, _struct.error):
+        raise _XdrError('invalid or truncated secinfo_style4', off) from None
+
+
+SECINFO_NO_NAME4args = secinfo_style4
+
+
+def enc_SECINFO_NO_NAME4args(w: _Writer, v: SECINFO_NO_NAME4args) -> None:
+    try:
+        w += _S2.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SECINFO_NO_NAME4args: {_e}', len(w)) from None
+
+
+def dec_SECINFO_NO_NAME4args(r: _Reader, off: int) -> tuple[SECINFO_NO_NAME4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        _v = _secinfo_style4_MAP[_t0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SECINFO_NO_NAME4args', o0) from None
+    return _v, off
+
+
+SECINFO_NO_NAME4res = SECINFO4res
+
+
+def enc_SECINFO_NO_NAME4res(w: _Writer, v: SECINFO_NO_NAME4res) -> None:
+    try:
+        _u731 = v
+        _d731 = _u731.status
+        _w731: _Any
+        if _d731 == 0:
+            _w731 = _u731.value
+            _a732 = _w731
+            _n = len(_a732)
+            w += _S23.pack(0, _n)
+            for _x732 in _a732:
+                _u733 = _x732
+                _d733 = _u733.flavor
+                _w733: _Any
+                if _d733 == 6:
+                    _w733 = _u733.value
+                    w += b'\x00\x00\x00\x06'
+                    enc_rpcsec_gss_info(w, _w733)
+                else:
+                    _enc_any_secinfo4(w, _u733)
+        else:
+            _enc_any_SECINFO4res(w, _u731)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SECINFO_NO_NAME4res: {_e}', len(w)) from None
+
+
+def dec_SECINFO_NO_NAME4res(r: _Reader, off: int) -> tuple[SECINFO_NO_NAME4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v734: _Any
+        (_d734,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d734 == 0:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _v734 = []
+            _c735 = _n
+            for _ in range(_c735):
+                _v736: _Any
+                (_d736,) = _S0.unpack_from(buf, off)
+                off += 4
+                if _d736 == 6:
+                    _v736, off = dec_rpcsec_gss_info(r, off)
+                    _x735 = secinfo4((6,)[0], _v736)
+                else:
+                    _x735, off = _dec_any_secinfo4(r, off - 4)
+                _v734.append(_x735)
+            _v = SECINFO4res(NFS4_OK, _v734)
+        else:
+            _v, off = _dec_any_SECINFO4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SECINFO_NO_NAME4res', o0) from None
+    return _v, off
+
+
+@_dataclass(slots=True)
+class SEQUENCE4args:
+    sa_sessionid: bytes
+    sa_sequenceid: int
+    sa_slotid: int
+    sa_highest_slotid: int
+    sa_cachethis: bool
+
+
+def enc_SEQUENCE4args(w: _Writer, v: SEQUENCE4args) -> None:
+    try:
+        if len(v.sa_sessionid) != 16: raise _XdrError('fixed opaque sa_sessionid must be 16 bytes', len(w))
+        w += _S68.pack(v.sa_sessionid, v.sa_sequenceid, v.sa_slotid, v.sa_highest_slotid, v.sa_cachethis)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SEQUENCE4args: {_e}', len(w)) from None
+
+
+def dec_SEQUENCE4args(r: _Reader, off: int) -> tuple[SEQUENCE4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, _t2, _t3, _t4 = _S68.unpack_from(buf, off)
+        off += 32
+        _u = SEQUENCE4args(_t0, _t1, _t2, _t3, _BOOL[_t4])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SEQUENCE4args', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class SEQUENCE4resok:
+    sr_sessionid: bytes
+    sr_sequenceid: int
+    sr_slotid: int
+    sr_highest_slotid: int
+    sr_target_highest_slotid: int
+    sr_status_flags: int
+
+
+def enc_SEQUENCE4resok(w: _Writer, v: SEQUENCE4resok) -> None:
+    try:
+        if len(v.sr_sessionid) != 16: raise _XdrError('fixed opaque sr_sessionid must be 16 bytes', len(w))
+        w += _S69.pack(v.sr_sessionid, v.sr_sequenceid, v.sr_slotid, v.sr_highest_slotid, v.sr_target_highest_slotid, v.sr_status_flags)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SEQUENCE4resok: {_e}', len(w)) from None
+
+
+def dec_SEQUENCE4resok(r: _Reader, off: int) -> tuple[SEQUENCE4resok, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _u = SEQUENCE4resok(*_S69.unpack_from(buf, off))
+        off += 36
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SEQUENCE4resok', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class SEQUENCE4res:
+    sr_status: nfsstat4
+    value: SEQUENCE4resok | None = None
+
+
+_SEQUENCE4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_SEQUENCE4resok}
+_SEQUENCE4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_SEQUENCE4resok}
+_SEQUENCE4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_SEQUENCE4resok)}
+
+
+def _enc_any_SEQUENCE4res(w: _Writer, v: SEQUENCE4res) -> None:
+    try:
+        _d = v.sr_status
+        _f = _SEQUENCE4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode SEQUENCE4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_SEQUENCE4res(r: _Reader, off: int) -> tuple[SEQUENCE4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v737: _Any
+        _f737: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d737,) = _S2.unpack_from(buf, off)
+        _a737 = _SEQUENCE4res_ARMS.get(_d737)
+        if _a737 is None:
+            _d737 = _nfsstat4_MAP[(_d737,)[0]]
+            _f737 = _void_decode
+        else:
+            _d737, _f737 = _a737
+        _v737, off = _f737(r, off + 4)
+        _u = SEQUENCE4res(_d737, _v737)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SEQUENCE4res', o0) from None
+    return _u, off
+
+
+def enc_SEQUENCE4res(w: _Writer, v: SEQUENCE4res) -> None:
+    try:
+        _u738 = v
+        _d738 = _u738.sr_status
+        _w738: _Any
+        if _d738 == 0:
+            _w738 = _u738.value
+            if len(_w738.sr_sessionid) != 16: raise _XdrError('fixed opaque sr_sessionid must be 16 bytes', len(w))
+            w += _S70.pack(0, _w738.sr_sessionid, _w738.sr_sequenceid, _w738.sr_slotid, _w738.sr_highest_slotid, _w738.sr_target_highest_slotid, _w738.sr_status_flags)
+        else:
+            _enc_any_SEQUENCE4res(w, _u738)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SEQUENCE4res: {_e!r}', len(w)) from None
+
+
+def dec_SEQUENCE4res(r: _Reader, off: int) -> tuple[SEQUENCE4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v739: _Any
+        (_d739,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d739 == 0:
+            _v739 = SEQUENCE4resok(*_S69.unpack_from(buf, off))
+            off += 36
+            _u = SEQUENCE4res(NFS4_OK, _v739)
+        else:
+            _u, off = _dec_any_SEQUENCE4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SEQUENCE4res', o0) from None
+    return _u, off

@@ -23,6 +23,7 @@ from nfsrdma.xdr.runtime import (
     U32 as _U32,
     Operation as _Operation,
     Buffer as _Buffer,
+    DdpItem as _DdpItem,
     Reader as _Reader,
     Writer as _Writer,
     XdrError as _XdrError,
@@ -31,1309 +32,96 @@ from nfsrdma.xdr.runtime import (
 )
 
 
-from nfsrdma.xdr.gen._nfs4_5 import (
-    SECINFO4res,
-    _SECINFO4res_ARMS,
-    _stable_how4_MAP,
-    enc_SECINFO4res,
-    stable_how4,
+from nfsrdma.xdr.gen._nfs4_3 import (
+    CLAIM_DELEG_PREV_FH,
+    CLAIM_FH,
+    CLAIM_PREVIOUS,
+    OPEN_DELEGATE_NONE,
+    OPEN_DELEGATE_NONE_EXT,
+    OPEN_DELEGATE_READ,
+    OPEN_DELEGATE_WRITE,
+    WND4_CONTENTION,
+    WND4_RESOURCE,
+    _dec_any_open_delegation4,
+    _dec_any_open_none_delegation4,
+    _enc_any_open_delegation4,
+    _enc_any_open_none_delegation4,
+    _open_claim_type4_MAP,
+    _open_delegation_type4_MAP,
+    dec_nfs_space_limit4,
+    dec_open_delegation4,
+    dec_open_delegation_type4,
+    enc_nfs_space_limit4,
+    enc_open_delegation4,
+    enc_open_delegation_type4,
+    open_claim_type4,
+    open_delegation4,
+    open_delegation_type4,
+    open_none_delegation4,
+    open_read_delegation4,
+    open_write_delegation4,
 )
 from nfsrdma.xdr.gen._nfs4_1 import (
-    _layoutiomode4_MAP,
-    _layoutreturn4_ARMS,
-    _layoutreturn_type4_MAP,
+    NFS4ERR_OFFLOAD_NO_REQS,
+    NFS4_OK,
     _layouttype4_MAP,
     _nfsstat4_MAP,
-    dec_count4,
-    dec_length4,
     dec_netaddr4,
-    dec_nfstime4,
-    dec_offset4,
-    dec_stateid4,
+    dec_nfsace4,
     dec_utf8str_cis,
-    device_addr4,
-    enc_count4,
-    enc_layoutreturn4,
-    enc_length4,
     enc_netaddr4,
-    enc_nfstime4,
-    enc_offset4,
-    enc_stateid4,
+    enc_nfsace4,
     enc_utf8str_cis,
-    layout4,
-    layout_content4,
-    layoutiomode4,
-    layoutreturn4,
-    layouttype4,
     layoutupdate4,
     netaddr4,
     nfsstat4,
     nfstime4,
     stateid4,
 )
+from nfsrdma.xdr.gen._nfs4_5 import (
+    SEQUENCE4args,
+    SEQUENCE4res,
+    SEQUENCE4resok,
+    _dec_any_SEQUENCE4res,
+    _enc_any_SEQUENCE4res,
+)
 from nfsrdma.xdr.gen._nfs4_4 import (
-    _open_claim_type4_MAP,
-    dec_open_delegation4,
-    dec_open_delegation_type4,
-    enc_open_delegation4,
-    enc_open_delegation_type4,
-    open_claim_type4,
-    open_delegation4,
-    open_delegation_type4,
+    _stable_how4_MAP,
+    stable_how4,
 )
 
 _S0: _Final = _struct.Struct('>I')
 _S1: _Final = _struct.Struct('>II')
 _S2: _Final = _struct.Struct('>i')
 _S4: _Final = _struct.Struct('>Q')
-_S5: _Final = _struct.Struct('>16s')
-_S8: _Final = _struct.Struct('>QQ')
-_S10: _Final = _struct.Struct('>I12s')
-_S11: _Final = _struct.Struct('>QQi')
-_S17: _Final = _struct.Struct('>II12s')
-_S29: _Final = _struct.Struct('>Q8s')
-_S32: _Final = _struct.Struct('>16siI')
-_S38: _Final = _struct.Struct('>8sI12s')
-_S39: _Final = _struct.Struct('>iIQ8s')
-_S40: _Final = _struct.Struct('>QQII12s')
-_S41: _Final = _struct.Struct('>IiiQQQI12sI')
-_S42: _Final = _struct.Struct('>Iii')
-_S43: _Final = _struct.Struct('>16sIIII')
-_S44: _Final = _struct.Struct('>16sIIIII')
-_S45: _Final = _struct.Struct('>QQQQIQ')
-_S46: _Final = _struct.Struct('>Qi8s')
-_S47: _Final = _struct.Struct('>I12sQQ')
-_S48: _Final = _struct.Struct('>I12sI12sQQQII')
-_S49: _Final = _struct.Struct('>qII12s')
-
-
-@_dataclass(slots=True)
-class GET_DIR_DELEGATION4resok:
-    gddr_cookieverf: bytes
-    gddr_stateid: stateid4
-    gddr_notification: list[int]
-    gddr_child_attributes: list[int]
-    gddr_dir_attributes: list[int]
-
-
-def enc_GET_DIR_DELEGATION4resok(w: _Writer, v: GET_DIR_DELEGATION4resok) -> None:
-    try:
-        if len(v.gddr_cookieverf) != 8: raise _XdrError('fixed opaque gddr_cookieverf must be 8 bytes', len(w))
-        if len(v.gddr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S38.pack(v.gddr_cookieverf, v.gddr_stateid.seqid, v.gddr_stateid.other)
-        _a331 = v.gddr_notification
-        _n = len(_a331)
-        w += _U32.pack(_n)
-        for _x331 in _a331:
-            w += _S0.pack(_x331)
-        _a332 = v.gddr_child_attributes
-        _n = len(_a332)
-        w += _U32.pack(_n)
-        for _x332 in _a332:
-            w += _S0.pack(_x332)
-        _a333 = v.gddr_dir_attributes
-        _n = len(_a333)
-        w += _U32.pack(_n)
-        for _x333 in _a333:
-            w += _S0.pack(_x333)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode GET_DIR_DELEGATION4resok: {_e}', len(w)) from None
-
-
-def dec_GET_DIR_DELEGATION4resok(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATION4resok, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S38.unpack_from(buf, off)
-        off += 24
-        f_gddr_cookieverf = _t[0]
-        f_gddr_stateid = stateid4(_t[1], _t[2])
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_gddr_notification = []
-        _c334 = _n
-        for _ in range(_c334):
-            _t = _S0.unpack_from(buf, off)
-            off += 4
-            _x334 = _t[0]
-            f_gddr_notification.append(_x334)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_gddr_child_attributes = []
-        _c335 = _n
-        for _ in range(_c335):
-            _t = _S0.unpack_from(buf, off)
-            off += 4
-            _x335 = _t[0]
-            f_gddr_child_attributes.append(_x335)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_gddr_dir_attributes = []
-        _c336 = _n
-        for _ in range(_c336):
-            _t = _S0.unpack_from(buf, off)
-            off += 4
-            _x336 = _t[0]
-            f_gddr_dir_attributes.append(_x336)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated GET_DIR_DELEGATION4resok', o0) from None
-    return GET_DIR_DELEGATION4resok(f_gddr_cookieverf, f_gddr_stateid, f_gddr_notification, f_gddr_child_attributes, f_gddr_dir_attributes), off
-
-
-class gddrnf4_status(_IntEnum):
-    GDD4_OK = 0
-    GDD4_UNAVAIL = 1
-
-
-_gddrnf4_status_MAP: _Final[dict[int, gddrnf4_status]] = {m.value: m for m in gddrnf4_status}
-GDD4_OK = gddrnf4_status.GDD4_OK
-GDD4_UNAVAIL = gddrnf4_status.GDD4_UNAVAIL
-
-
-def enc_gddrnf4_status(w: _Writer, v: gddrnf4_status) -> None:
-    try:
-        w += _I32.pack(_gddrnf4_status_MAP[v])
-    except (KeyError, TypeError, _struct.error):
-        raise _XdrError(f'{v!r} is not a gddrnf4_status', len(w)) from None
-
-
-def dec_gddrnf4_status(r: _Reader, off: int) -> tuple[gddrnf4_status, int]:
-    try:
-        return _gddrnf4_status_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
-    except (KeyError, _struct.error):
-        raise _XdrError('invalid or truncated gddrnf4_status', off) from None
-
-
-def enc_GET_DIR_DELEGATION4res_non_fatal_gddrnf_will_signal_deleg_avail(w: _Writer, v: bool) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode GET_DIR_DELEGATION4res_non_fatal.gddrnf_will_signal_deleg_avail: {_e}', len(w)) from None
-
-
-def dec_GET_DIR_DELEGATION4res_non_fatal_gddrnf_will_signal_deleg_avail(r: _Reader, off: int) -> tuple[bool, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _BOOL[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated GET_DIR_DELEGATION4res_non_fatal.gddrnf_will_signal_deleg_avail', o0) from None
-    return _v, off
-
-
-@_dataclass(slots=True)
-class GET_DIR_DELEGATION4res_non_fatal:
-    gddrnf_status: gddrnf4_status
-    value: GET_DIR_DELEGATION4resok | bool | None = None
-
-
-_GET_DIR_DELEGATION4res_non_fatal_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_GET_DIR_DELEGATION4resok, 1: enc_GET_DIR_DELEGATION4res_non_fatal_gddrnf_will_signal_deleg_avail}
-_GET_DIR_DELEGATION4res_non_fatal_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_GET_DIR_DELEGATION4resok, 1: dec_GET_DIR_DELEGATION4res_non_fatal_gddrnf_will_signal_deleg_avail}
-_GET_DIR_DELEGATION4res_non_fatal_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_gddrnf4_status_MAP[(0,)[0]], dec_GET_DIR_DELEGATION4resok), 1: (_gddrnf4_status_MAP[(1,)[0]], dec_GET_DIR_DELEGATION4res_non_fatal_gddrnf_will_signal_deleg_avail)}
-
-
-def enc_GET_DIR_DELEGATION4res_non_fatal(w: _Writer, v: GET_DIR_DELEGATION4res_non_fatal) -> None:
-    try:
-        _d = v.gddrnf_status
-        _f = _GET_DIR_DELEGATION4res_non_fatal_ENC.get(_d)
-        if _f is None:
-            raise _XdrError(f'{_d!r} is not a case of GET_DIR_DELEGATION4res_non_fatal', len(w))
-        _d = _gddrnf4_status_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode GET_DIR_DELEGATION4res_non_fatal: {_e!r}', len(w)) from None
-
-
-def dec_GET_DIR_DELEGATION4res_non_fatal(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATION4res_non_fatal, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v337: _Any
-        _f337: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d337,) = _S2.unpack_from(buf, off)
-        _a337 = _GET_DIR_DELEGATION4res_non_fatal_ARMS.get(_d337)
-        if _a337 is None:
-            raise _XdrError('%r is not a case of GET_DIR_DELEGATION4res_non_fatal' % (_d337,), off)
-        else:
-            _d337, _f337 = _a337
-        _v337, off = _f337(r, off + 4)
-        _u = GET_DIR_DELEGATION4res_non_fatal(_d337, _v337)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated GET_DIR_DELEGATION4res_non_fatal', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class GET_DIR_DELEGATION4res:
-    gddr_status: nfsstat4
-    value: GET_DIR_DELEGATION4res_non_fatal | None = None
-
-
-_GET_DIR_DELEGATION4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_GET_DIR_DELEGATION4res_non_fatal}
-_GET_DIR_DELEGATION4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_GET_DIR_DELEGATION4res_non_fatal}
-_GET_DIR_DELEGATION4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_GET_DIR_DELEGATION4res_non_fatal)}
-
-
-def enc_GET_DIR_DELEGATION4res(w: _Writer, v: GET_DIR_DELEGATION4res) -> None:
-    try:
-        _d = v.gddr_status
-        _f = _GET_DIR_DELEGATION4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode GET_DIR_DELEGATION4res: {_e!r}', len(w)) from None
-
-
-def dec_GET_DIR_DELEGATION4res(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATION4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v338: _Any
-        _f338: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d338,) = _S2.unpack_from(buf, off)
-        _a338 = _GET_DIR_DELEGATION4res_ARMS.get(_d338)
-        if _a338 is None:
-            _d338 = _nfsstat4_MAP[(_d338,)[0]]
-            _f338 = _void_decode
-        else:
-            _d338, _f338 = _a338
-        _v338, off = _f338(r, off + 4)
-        _u = GET_DIR_DELEGATION4res(_d338, _v338)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated GET_DIR_DELEGATION4res', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class GETDEVICEINFO4args:
-    gdia_device_id: bytes
-    gdia_layout_type: layouttype4
-    gdia_maxcount: int
-    gdia_notify_types: list[int]
-
-
-def enc_GETDEVICEINFO4args(w: _Writer, v: GETDEVICEINFO4args) -> None:
-    try:
-        if len(v.gdia_device_id) != 16: raise _XdrError('fixed opaque gdia_device_id must be 16 bytes', len(w))
-        w += _S32.pack(v.gdia_device_id, v.gdia_layout_type, v.gdia_maxcount)
-        _a339 = v.gdia_notify_types
-        _n = len(_a339)
-        w += _U32.pack(_n)
-        for _x339 in _a339:
-            w += _S0.pack(_x339)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode GETDEVICEINFO4args: {_e}', len(w)) from None
-
-
-def dec_GETDEVICEINFO4args(r: _Reader, off: int) -> tuple[GETDEVICEINFO4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S32.unpack_from(buf, off)
-        off += 24
-        f_gdia_device_id = _t[0]
-        f_gdia_layout_type = _layouttype4_MAP[_t[1]]
-        f_gdia_maxcount = _t[2]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_gdia_notify_types = []
-        _c340 = _n
-        for _ in range(_c340):
-            _t = _S0.unpack_from(buf, off)
-            off += 4
-            _x340 = _t[0]
-            f_gdia_notify_types.append(_x340)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated GETDEVICEINFO4args', o0) from None
-    return GETDEVICEINFO4args(f_gdia_device_id, f_gdia_layout_type, f_gdia_maxcount, f_gdia_notify_types), off
-
-
-@_dataclass(slots=True)
-class GETDEVICEINFO4resok:
-    gdir_device_addr: device_addr4
-    gdir_notification: list[int]
-
-
-def enc_GETDEVICEINFO4resok(w: _Writer, v: GETDEVICEINFO4resok) -> None:
-    try:
-        _s341 = v.gdir_device_addr
-        w += _S2.pack(_s341.da_layout_type)
-        _v = _s341.da_addr_body
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        _a342 = v.gdir_notification
-        _n = len(_a342)
-        w += _U32.pack(_n)
-        for _x342 in _a342:
-            w += _S0.pack(_x342)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode GETDEVICEINFO4resok: {_e}', len(w)) from None
-
-
-def dec_GETDEVICEINFO4resok(r: _Reader, off: int) -> tuple[GETDEVICEINFO4resok, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        _i343_da_layout_type = _layouttype4_MAP[_t[0]]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i343_da_addr_body = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        f_gdir_device_addr = device_addr4(_i343_da_layout_type, _i343_da_addr_body)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_gdir_notification = []
-        _c344 = _n
-        for _ in range(_c344):
-            _t = _S0.unpack_from(buf, off)
-            off += 4
-            _x344 = _t[0]
-            f_gdir_notification.append(_x344)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated GETDEVICEINFO4resok', o0) from None
-    return GETDEVICEINFO4resok(f_gdir_device_addr, f_gdir_notification), off
-
-
-@_dataclass(slots=True)
-class GETDEVICEINFO4res:
-    gdir_status: nfsstat4
-    value: GETDEVICEINFO4resok | int | None = None
-
-
-_GETDEVICEINFO4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_GETDEVICEINFO4resok, 10005: enc_count4}
-_GETDEVICEINFO4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_GETDEVICEINFO4resok, 10005: dec_count4}
-_GETDEVICEINFO4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_GETDEVICEINFO4resok), 10005: (_nfsstat4_MAP[(10005,)[0]], dec_count4)}
-
-
-def enc_GETDEVICEINFO4res(w: _Writer, v: GETDEVICEINFO4res) -> None:
-    try:
-        _d = v.gdir_status
-        _f = _GETDEVICEINFO4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode GETDEVICEINFO4res: {_e!r}', len(w)) from None
-
-
-def dec_GETDEVICEINFO4res(r: _Reader, off: int) -> tuple[GETDEVICEINFO4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v345: _Any
-        _f345: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d345,) = _S2.unpack_from(buf, off)
-        _a345 = _GETDEVICEINFO4res_ARMS.get(_d345)
-        if _a345 is None:
-            _d345 = _nfsstat4_MAP[(_d345,)[0]]
-            _f345 = _void_decode
-        else:
-            _d345, _f345 = _a345
-        _v345, off = _f345(r, off + 4)
-        _u = GETDEVICEINFO4res(_d345, _v345)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated GETDEVICEINFO4res', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class GETDEVICELIST4args:
-    gdla_layout_type: layouttype4
-    gdla_maxdevices: int
-    gdla_cookie: int
-    gdla_cookieverf: bytes
-
-
-def enc_GETDEVICELIST4args(w: _Writer, v: GETDEVICELIST4args) -> None:
-    try:
-        if len(v.gdla_cookieverf) != 8: raise _XdrError('fixed opaque gdla_cookieverf must be 8 bytes', len(w))
-        w += _S39.pack(v.gdla_layout_type, v.gdla_maxdevices, v.gdla_cookie, v.gdla_cookieverf)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode GETDEVICELIST4args: {_e}', len(w)) from None
-
-
-def dec_GETDEVICELIST4args(r: _Reader, off: int) -> tuple[GETDEVICELIST4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S39.unpack_from(buf, off)
-        off += 24
-        f_gdla_layout_type = _layouttype4_MAP[_t[0]]
-        f_gdla_maxdevices = _t[1]
-        f_gdla_cookie = _t[2]
-        f_gdla_cookieverf = _t[3]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated GETDEVICELIST4args', o0) from None
-    return GETDEVICELIST4args(f_gdla_layout_type, f_gdla_maxdevices, f_gdla_cookie, f_gdla_cookieverf), off
-
-
-@_dataclass(slots=True)
-class GETDEVICELIST4resok:
-    gdlr_cookie: int
-    gdlr_cookieverf: bytes
-    gdlr_deviceid_list: list[bytes]
-    gdlr_eof: bool
-
-
-def enc_GETDEVICELIST4resok(w: _Writer, v: GETDEVICELIST4resok) -> None:
-    try:
-        if len(v.gdlr_cookieverf) != 8: raise _XdrError('fixed opaque gdlr_cookieverf must be 8 bytes', len(w))
-        w += _S29.pack(v.gdlr_cookie, v.gdlr_cookieverf)
-        _a346 = v.gdlr_deviceid_list
-        _n = len(_a346)
-        w += _U32.pack(_n)
-        for _x346 in _a346:
-            if len(_x346) != 16: raise _XdrError('fixed opaque  must be 16 bytes', len(w))
-            w += _S5.pack(_x346)
-        w += _S0.pack(v.gdlr_eof)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode GETDEVICELIST4resok: {_e}', len(w)) from None
-
-
-def dec_GETDEVICELIST4resok(r: _Reader, off: int) -> tuple[GETDEVICELIST4resok, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S29.unpack_from(buf, off)
-        off += 16
-        f_gdlr_cookie = _t[0]
-        f_gdlr_cookieverf = _t[1]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 16 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_gdlr_deviceid_list = []
-        _c347 = _n
-        for _ in range(_c347):
-            _t = _S5.unpack_from(buf, off)
-            off += 16
-            _x347 = _t[0]
-            f_gdlr_deviceid_list.append(_x347)
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        f_gdlr_eof = _BOOL[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated GETDEVICELIST4resok', o0) from None
-    return GETDEVICELIST4resok(f_gdlr_cookie, f_gdlr_cookieverf, f_gdlr_deviceid_list, f_gdlr_eof), off
-
-
-@_dataclass(slots=True)
-class GETDEVICELIST4res:
-    gdlr_status: nfsstat4
-    value: GETDEVICELIST4resok | None = None
-
-
-_GETDEVICELIST4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_GETDEVICELIST4resok}
-_GETDEVICELIST4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_GETDEVICELIST4resok}
-_GETDEVICELIST4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_GETDEVICELIST4resok)}
-
-
-def enc_GETDEVICELIST4res(w: _Writer, v: GETDEVICELIST4res) -> None:
-    try:
-        _d = v.gdlr_status
-        _f = _GETDEVICELIST4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode GETDEVICELIST4res: {_e!r}', len(w)) from None
-
-
-def dec_GETDEVICELIST4res(r: _Reader, off: int) -> tuple[GETDEVICELIST4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v348: _Any
-        _f348: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d348,) = _S2.unpack_from(buf, off)
-        _a348 = _GETDEVICELIST4res_ARMS.get(_d348)
-        if _a348 is None:
-            _d348 = _nfsstat4_MAP[(_d348,)[0]]
-            _f348 = _void_decode
-        else:
-            _d348, _f348 = _a348
-        _v348, off = _f348(r, off + 4)
-        _u = GETDEVICELIST4res(_d348, _v348)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated GETDEVICELIST4res', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class newtime4:
-    nt_timechanged: bool
-    value: nfstime4 | None = None
-
-
-_newtime4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_nfstime4, 0: _void_encode}
-_newtime4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_nfstime4, 0: _void_decode}
-_newtime4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_BOOL[(1,)[0]], dec_nfstime4), 0: (_BOOL[(0,)[0]], _void_decode)}
-
-
-def enc_newtime4(w: _Writer, v: newtime4) -> None:
-    try:
-        _d = v.nt_timechanged
-        _f = _newtime4_ENC.get(_d)
-        if _f is None:
-            raise _XdrError(f'{_d!r} is not a case of newtime4', len(w))
-        w += _S0.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode newtime4: {_e!r}', len(w)) from None
-
-
-def dec_newtime4(r: _Reader, off: int) -> tuple[newtime4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v349: _Any
-        _f349: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d349,) = _S0.unpack_from(buf, off)
-        _a349 = _newtime4_ARMS.get(_d349)
-        if _a349 is None:
-            raise _XdrError('%r is not a case of newtime4' % (_d349,), off)
-        else:
-            _d349, _f349 = _a349
-        _v349, off = _f349(r, off + 4)
-        _u = newtime4(_d349, _v349)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated newtime4', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class newoffset4:
-    no_newoffset: bool
-    value: int | None = None
-
-
-_newoffset4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_offset4, 0: _void_encode}
-_newoffset4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_offset4, 0: _void_decode}
-_newoffset4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_BOOL[(1,)[0]], dec_offset4), 0: (_BOOL[(0,)[0]], _void_decode)}
-
-
-def enc_newoffset4(w: _Writer, v: newoffset4) -> None:
-    try:
-        _d = v.no_newoffset
-        _f = _newoffset4_ENC.get(_d)
-        if _f is None:
-            raise _XdrError(f'{_d!r} is not a case of newoffset4', len(w))
-        w += _S0.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode newoffset4: {_e!r}', len(w)) from None
-
-
-def dec_newoffset4(r: _Reader, off: int) -> tuple[newoffset4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v350: _Any
-        _f350: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d350,) = _S0.unpack_from(buf, off)
-        _a350 = _newoffset4_ARMS.get(_d350)
-        if _a350 is None:
-            raise _XdrError('%r is not a case of newoffset4' % (_d350,), off)
-        else:
-            _d350, _f350 = _a350
-        _v350, off = _f350(r, off + 4)
-        _u = newoffset4(_d350, _v350)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated newoffset4', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class LAYOUTCOMMIT4args:
-    loca_offset: int
-    loca_length: int
-    loca_reclaim: bool
-    loca_stateid: stateid4
-    loca_last_write_offset: newoffset4
-    loca_time_modify: newtime4
-    loca_layoutupdate: layoutupdate4
-
-
-def enc_LAYOUTCOMMIT4args(w: _Writer, v: LAYOUTCOMMIT4args) -> None:
-    try:
-        if len(v.loca_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S40.pack(v.loca_offset, v.loca_length, v.loca_reclaim, v.loca_stateid.seqid, v.loca_stateid.other)
-        enc_newoffset4(w, v.loca_last_write_offset)
-        enc_newtime4(w, v.loca_time_modify)
-        _s351 = v.loca_layoutupdate
-        w += _S2.pack(_s351.lou_type)
-        _v = _s351.lou_body
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode LAYOUTCOMMIT4args: {_e}', len(w)) from None
-
-
-def dec_LAYOUTCOMMIT4args(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S40.unpack_from(buf, off)
-        off += 36
-        f_loca_offset = _t[0]
-        f_loca_length = _t[1]
-        f_loca_reclaim = _BOOL[_t[2]]
-        f_loca_stateid = stateid4(_t[3], _t[4])
-        _v352: _Any
-        _f352: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d352,) = _S0.unpack_from(buf, off)
-        _a352 = _newoffset4_ARMS.get(_d352)
-        if _a352 is None:
-            raise _XdrError('%r is not a case of newoffset4' % (_d352,), off)
-        else:
-            _d352, _f352 = _a352
-        _v352, off = _f352(r, off + 4)
-        f_loca_last_write_offset = newoffset4(_d352, _v352)
-        _v353: _Any
-        _f353: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d353,) = _S0.unpack_from(buf, off)
-        _a353 = _newtime4_ARMS.get(_d353)
-        if _a353 is None:
-            raise _XdrError('%r is not a case of newtime4' % (_d353,), off)
-        else:
-            _d353, _f353 = _a353
-        _v353, off = _f353(r, off + 4)
-        f_loca_time_modify = newtime4(_d353, _v353)
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        _i354_lou_type = _layouttype4_MAP[_t[0]]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i354_lou_body = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        f_loca_layoutupdate = layoutupdate4(_i354_lou_type, _i354_lou_body)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LAYOUTCOMMIT4args', o0) from None
-    return LAYOUTCOMMIT4args(f_loca_offset, f_loca_length, f_loca_reclaim, f_loca_stateid, f_loca_last_write_offset, f_loca_time_modify, f_loca_layoutupdate), off
-
-
-@_dataclass(slots=True)
-class newsize4:
-    ns_sizechanged: bool
-    value: int | None = None
-
-
-_newsize4_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_length4, 0: _void_encode}
-_newsize4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_length4, 0: _void_decode}
-_newsize4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_BOOL[(1,)[0]], dec_length4), 0: (_BOOL[(0,)[0]], _void_decode)}
-
-
-def enc_newsize4(w: _Writer, v: newsize4) -> None:
-    try:
-        _d = v.ns_sizechanged
-        _f = _newsize4_ENC.get(_d)
-        if _f is None:
-            raise _XdrError(f'{_d!r} is not a case of newsize4', len(w))
-        w += _S0.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode newsize4: {_e!r}', len(w)) from None
-
-
-def dec_newsize4(r: _Reader, off: int) -> tuple[newsize4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v355: _Any
-        _f355: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d355,) = _S0.unpack_from(buf, off)
-        _a355 = _newsize4_ARMS.get(_d355)
-        if _a355 is None:
-            raise _XdrError('%r is not a case of newsize4' % (_d355,), off)
-        else:
-            _d355, _f355 = _a355
-        _v355, off = _f355(r, off + 4)
-        _u = newsize4(_d355, _v355)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated newsize4', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class LAYOUTCOMMIT4resok:
-    locr_newsize: newsize4
-
-
-def enc_LAYOUTCOMMIT4resok(w: _Writer, v: LAYOUTCOMMIT4resok) -> None:
-    try:
-        enc_newsize4(w, v.locr_newsize)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode LAYOUTCOMMIT4resok: {_e}', len(w)) from None
-
-
-def dec_LAYOUTCOMMIT4resok(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4resok, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v356: _Any
-        _f356: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d356,) = _S0.unpack_from(buf, off)
-        _a356 = _newsize4_ARMS.get(_d356)
-        if _a356 is None:
-            raise _XdrError('%r is not a case of newsize4' % (_d356,), off)
-        else:
-            _d356, _f356 = _a356
-        _v356, off = _f356(r, off + 4)
-        f_locr_newsize = newsize4(_d356, _v356)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LAYOUTCOMMIT4resok', o0) from None
-    return LAYOUTCOMMIT4resok(f_locr_newsize), off
-
-
-@_dataclass(slots=True)
-class LAYOUTCOMMIT4res:
-    locr_status: nfsstat4
-    value: LAYOUTCOMMIT4resok | None = None
-
-
-_LAYOUTCOMMIT4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_LAYOUTCOMMIT4resok}
-_LAYOUTCOMMIT4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_LAYOUTCOMMIT4resok}
-_LAYOUTCOMMIT4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_LAYOUTCOMMIT4resok)}
-
-
-def enc_LAYOUTCOMMIT4res(w: _Writer, v: LAYOUTCOMMIT4res) -> None:
-    try:
-        _d = v.locr_status
-        _f = _LAYOUTCOMMIT4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode LAYOUTCOMMIT4res: {_e!r}', len(w)) from None
-
-
-def dec_LAYOUTCOMMIT4res(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v357: _Any
-        _f357: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d357,) = _S2.unpack_from(buf, off)
-        _a357 = _LAYOUTCOMMIT4res_ARMS.get(_d357)
-        if _a357 is None:
-            _d357 = _nfsstat4_MAP[(_d357,)[0]]
-            _f357 = _void_decode
-        else:
-            _d357, _f357 = _a357
-        _v357, off = _f357(r, off + 4)
-        _u = LAYOUTCOMMIT4res(_d357, _v357)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LAYOUTCOMMIT4res', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class LAYOUTGET4args:
-    loga_signal_layout_avail: bool
-    loga_layout_type: layouttype4
-    loga_iomode: layoutiomode4
-    loga_offset: int
-    loga_length: int
-    loga_minlength: int
-    loga_stateid: stateid4
-    loga_maxcount: int
-
-
-def enc_LAYOUTGET4args(w: _Writer, v: LAYOUTGET4args) -> None:
-    try:
-        if len(v.loga_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S41.pack(v.loga_signal_layout_avail, v.loga_layout_type, v.loga_iomode, v.loga_offset, v.loga_length, v.loga_minlength, v.loga_stateid.seqid, v.loga_stateid.other, v.loga_maxcount)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode LAYOUTGET4args: {_e}', len(w)) from None
-
-
-def dec_LAYOUTGET4args(r: _Reader, off: int) -> tuple[LAYOUTGET4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S41.unpack_from(buf, off)
-        off += 56
-        f_loga_signal_layout_avail = _BOOL[_t[0]]
-        f_loga_layout_type = _layouttype4_MAP[_t[1]]
-        f_loga_iomode = _layoutiomode4_MAP[_t[2]]
-        f_loga_offset = _t[3]
-        f_loga_length = _t[4]
-        f_loga_minlength = _t[5]
-        f_loga_stateid = stateid4(_t[6], _t[7])
-        f_loga_maxcount = _t[8]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LAYOUTGET4args', o0) from None
-    return LAYOUTGET4args(f_loga_signal_layout_avail, f_loga_layout_type, f_loga_iomode, f_loga_offset, f_loga_length, f_loga_minlength, f_loga_stateid, f_loga_maxcount), off
-
-
-@_dataclass(slots=True)
-class LAYOUTGET4resok:
-    logr_return_on_close: bool
-    logr_stateid: stateid4
-    logr_layout: list[layout4]
-
-
-def enc_LAYOUTGET4resok(w: _Writer, v: LAYOUTGET4resok) -> None:
-    try:
-        if len(v.logr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S17.pack(v.logr_return_on_close, v.logr_stateid.seqid, v.logr_stateid.other)
-        _a358 = v.logr_layout
-        _n = len(_a358)
-        w += _U32.pack(_n)
-        for _x358 in _a358:
-            _s359 = _x358
-            w += _S11.pack(_s359.lo_offset, _s359.lo_length, _s359.lo_iomode)
-            _s360 = _s359.lo_content
-            w += _S2.pack(_s360.loc_type)
-            _v = _s360.loc_body
-            _n = len(_v)
-            w += _U32.pack(_n)
-            w += _v
-            w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode LAYOUTGET4resok: {_e}', len(w)) from None
-
-
-def dec_LAYOUTGET4resok(r: _Reader, off: int) -> tuple[LAYOUTGET4resok, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S17.unpack_from(buf, off)
-        off += 20
-        f_logr_return_on_close = _BOOL[_t[0]]
-        f_logr_stateid = stateid4(_t[1], _t[2])
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 28 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_logr_layout = []
-        _c361 = _n
-        for _ in range(_c361):
-            _t = _S11.unpack_from(buf, off)
-            off += 20
-            _i362_lo_offset = _t[0]
-            _i362_lo_length = _t[1]
-            _i362_lo_iomode = _layoutiomode4_MAP[_t[2]]
-            _t = _S2.unpack_from(buf, off)
-            off += 4
-            _i363_loc_type = _layouttype4_MAP[_t[0]]
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _i363_loc_body = bytes(buf[off:_e])
-            off = _e + (-_n & 3)
-            _i362_lo_content = layout_content4(_i363_loc_type, _i363_loc_body)
-            _x361 = layout4(_i362_lo_offset, _i362_lo_length, _i362_lo_iomode, _i362_lo_content)
-            f_logr_layout.append(_x361)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LAYOUTGET4resok', o0) from None
-    return LAYOUTGET4resok(f_logr_return_on_close, f_logr_stateid, f_logr_layout), off
-
-
-def enc_LAYOUTGET4res_logr_will_signal_layout_avail(w: _Writer, v: bool) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode LAYOUTGET4res.logr_will_signal_layout_avail: {_e}', len(w)) from None
-
-
-def dec_LAYOUTGET4res_logr_will_signal_layout_avail(r: _Reader, off: int) -> tuple[bool, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _BOOL[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LAYOUTGET4res.logr_will_signal_layout_avail', o0) from None
-    return _v, off
-
-
-@_dataclass(slots=True)
-class LAYOUTGET4res:
-    logr_status: nfsstat4
-    value: LAYOUTGET4resok | bool | None = None
-
-
-_LAYOUTGET4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_LAYOUTGET4resok, 10058: enc_LAYOUTGET4res_logr_will_signal_layout_avail}
-_LAYOUTGET4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_LAYOUTGET4resok, 10058: dec_LAYOUTGET4res_logr_will_signal_layout_avail}
-_LAYOUTGET4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_LAYOUTGET4resok), 10058: (_nfsstat4_MAP[(10058,)[0]], dec_LAYOUTGET4res_logr_will_signal_layout_avail)}
-
-
-def enc_LAYOUTGET4res(w: _Writer, v: LAYOUTGET4res) -> None:
-    try:
-        _d = v.logr_status
-        _f = _LAYOUTGET4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode LAYOUTGET4res: {_e!r}', len(w)) from None
-
-
-def dec_LAYOUTGET4res(r: _Reader, off: int) -> tuple[LAYOUTGET4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v364: _Any
-        _f364: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d364,) = _S2.unpack_from(buf, off)
-        _a364 = _LAYOUTGET4res_ARMS.get(_d364)
-        if _a364 is None:
-            _d364 = _nfsstat4_MAP[(_d364,)[0]]
-            _f364 = _void_decode
-        else:
-            _d364, _f364 = _a364
-        _v364, off = _f364(r, off + 4)
-        _u = LAYOUTGET4res(_d364, _v364)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LAYOUTGET4res', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class LAYOUTRETURN4args:
-    lora_reclaim: bool
-    lora_layout_type: layouttype4
-    lora_iomode: layoutiomode4
-    lora_layoutreturn: layoutreturn4
-
-
-def enc_LAYOUTRETURN4args(w: _Writer, v: LAYOUTRETURN4args) -> None:
-    try:
-        w += _S42.pack(v.lora_reclaim, v.lora_layout_type, v.lora_iomode)
-        enc_layoutreturn4(w, v.lora_layoutreturn)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode LAYOUTRETURN4args: {_e}', len(w)) from None
-
-
-def dec_LAYOUTRETURN4args(r: _Reader, off: int) -> tuple[LAYOUTRETURN4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S42.unpack_from(buf, off)
-        off += 12
-        f_lora_reclaim = _BOOL[_t[0]]
-        f_lora_layout_type = _layouttype4_MAP[_t[1]]
-        f_lora_iomode = _layoutiomode4_MAP[_t[2]]
-        _v365: _Any
-        _f365: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d365,) = _S2.unpack_from(buf, off)
-        _a365 = _layoutreturn4_ARMS.get(_d365)
-        if _a365 is None:
-            _d365 = _layoutreturn_type4_MAP[(_d365,)[0]]
-            _f365 = _void_decode
-        else:
-            _d365, _f365 = _a365
-        _v365, off = _f365(r, off + 4)
-        f_lora_layoutreturn = layoutreturn4(_d365, _v365)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LAYOUTRETURN4args', o0) from None
-    return LAYOUTRETURN4args(f_lora_reclaim, f_lora_layout_type, f_lora_iomode, f_lora_layoutreturn), off
-
-
-@_dataclass(slots=True)
-class layoutreturn_stateid:
-    lrs_present: bool
-    value: stateid4 | None = None
-
-
-_layoutreturn_stateid_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: enc_stateid4, 0: _void_encode}
-_layoutreturn_stateid_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {1: dec_stateid4, 0: _void_decode}
-_layoutreturn_stateid_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_BOOL[(1,)[0]], dec_stateid4), 0: (_BOOL[(0,)[0]], _void_decode)}
-
-
-def enc_layoutreturn_stateid(w: _Writer, v: layoutreturn_stateid) -> None:
-    try:
-        _d = v.lrs_present
-        _f = _layoutreturn_stateid_ENC.get(_d)
-        if _f is None:
-            raise _XdrError(f'{_d!r} is not a case of layoutreturn_stateid', len(w))
-        w += _S0.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode layoutreturn_stateid: {_e!r}', len(w)) from None
-
-
-def dec_layoutreturn_stateid(r: _Reader, off: int) -> tuple[layoutreturn_stateid, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v366: _Any
-        _f366: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d366,) = _S0.unpack_from(buf, off)
-        _a366 = _layoutreturn_stateid_ARMS.get(_d366)
-        if _a366 is None:
-            raise _XdrError('%r is not a case of layoutreturn_stateid' % (_d366,), off)
-        else:
-            _d366, _f366 = _a366
-        _v366, off = _f366(r, off + 4)
-        _u = layoutreturn_stateid(_d366, _v366)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated layoutreturn_stateid', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class LAYOUTRETURN4res:
-    lorr_status: nfsstat4
-    value: layoutreturn_stateid | None = None
-
-
-_LAYOUTRETURN4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_layoutreturn_stateid}
-_LAYOUTRETURN4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_layoutreturn_stateid}
-_LAYOUTRETURN4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_layoutreturn_stateid)}
-
-
-def enc_LAYOUTRETURN4res(w: _Writer, v: LAYOUTRETURN4res) -> None:
-    try:
-        _d = v.lorr_status
-        _f = _LAYOUTRETURN4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode LAYOUTRETURN4res: {_e!r}', len(w)) from None
-
-
-def dec_LAYOUTRETURN4res(r: _Reader, off: int) -> tuple[LAYOUTRETURN4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v367: _Any
-        _f367: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d367,) = _S2.unpack_from(buf, off)
-        _a367 = _LAYOUTRETURN4res_ARMS.get(_d367)
-        if _a367 is None:
-            _d367 = _nfsstat4_MAP[(_d367,)[0]]
-            _f367 = _void_decode
-        else:
-            _d367, _f367 = _a367
-        _v367, off = _f367(r, off + 4)
-        _u = LAYOUTRETURN4res(_d367, _v367)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LAYOUTRETURN4res', o0) from None
-    return _u, off
-
-
-class secinfo_style4(_IntEnum):
-    SECINFO_STYLE4_CURRENT_FH = 0
-    SECINFO_STYLE4_PARENT = 1
-
-
-_secinfo_style4_MAP: _Final[dict[int, secinfo_style4]] = {m.value: m for m in secinfo_style4}
-SECINFO_STYLE4_CURRENT_FH = secinfo_style4.SECINFO_STYLE4_CURRENT_FH
-SECINFO_STYLE4_PARENT = secinfo_style4.SECINFO_STYLE4_PARENT
-
-
-def enc_secinfo_style4(w: _Writer, v: secinfo_style4) -> None:
-    try:
-        w += _I32.pack(_secinfo_style4_MAP[v])
-    except (KeyError, TypeError, _struct.error):
-        raise _XdrError(f'{v!r} is not a secinfo_style4', len(w)) from None
-
-
-def dec_secinfo_style4(r: _Reader, off: int) -> tuple[secinfo_style4, int]:
-    try:
-        return _secinfo_style4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
-    except (KeyError, _struct.error):
-        raise _XdrError('invalid or truncated secinfo_style4', off) from None
-
-
-SECINFO_NO_NAME4args = secinfo_style4
-
-
-def enc_SECINFO_NO_NAME4args(w: _Writer, v: SECINFO_NO_NAME4args) -> None:
-    try:
-        w += _S2.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode SECINFO_NO_NAME4args: {_e}', len(w)) from None
-
-
-def dec_SECINFO_NO_NAME4args(r: _Reader, off: int) -> tuple[SECINFO_NO_NAME4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        _v = _secinfo_style4_MAP[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SECINFO_NO_NAME4args', o0) from None
-    return _v, off
-
-
-SECINFO_NO_NAME4res = SECINFO4res
-
-
-def enc_SECINFO_NO_NAME4res(w: _Writer, v: SECINFO_NO_NAME4res) -> None:
-    try:
-        enc_SECINFO4res(w, v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode SECINFO_NO_NAME4res: {_e}', len(w)) from None
-
-
-def dec_SECINFO_NO_NAME4res(r: _Reader, off: int) -> tuple[SECINFO_NO_NAME4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v368: _Any
-        _f368: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d368,) = _S2.unpack_from(buf, off)
-        _a368 = _SECINFO4res_ARMS.get(_d368)
-        if _a368 is None:
-            _d368 = _nfsstat4_MAP[(_d368,)[0]]
-            _f368 = _void_decode
-        else:
-            _d368, _f368 = _a368
-        _v368, off = _f368(r, off + 4)
-        _v = SECINFO4res(_d368, _v368)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SECINFO_NO_NAME4res', o0) from None
-    return _v, off
-
-
-@_dataclass(slots=True)
-class SEQUENCE4args:
-    sa_sessionid: bytes
-    sa_sequenceid: int
-    sa_slotid: int
-    sa_highest_slotid: int
-    sa_cachethis: bool
-
-
-def enc_SEQUENCE4args(w: _Writer, v: SEQUENCE4args) -> None:
-    try:
-        if len(v.sa_sessionid) != 16: raise _XdrError('fixed opaque sa_sessionid must be 16 bytes', len(w))
-        w += _S43.pack(v.sa_sessionid, v.sa_sequenceid, v.sa_slotid, v.sa_highest_slotid, v.sa_cachethis)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode SEQUENCE4args: {_e}', len(w)) from None
-
-
-def dec_SEQUENCE4args(r: _Reader, off: int) -> tuple[SEQUENCE4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S43.unpack_from(buf, off)
-        off += 32
-        f_sa_sessionid = _t[0]
-        f_sa_sequenceid = _t[1]
-        f_sa_slotid = _t[2]
-        f_sa_highest_slotid = _t[3]
-        f_sa_cachethis = _BOOL[_t[4]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SEQUENCE4args', o0) from None
-    return SEQUENCE4args(f_sa_sessionid, f_sa_sequenceid, f_sa_slotid, f_sa_highest_slotid, f_sa_cachethis), off
-
-
-@_dataclass(slots=True)
-class SEQUENCE4resok:
-    sr_sessionid: bytes
-    sr_sequenceid: int
-    sr_slotid: int
-    sr_highest_slotid: int
-    sr_target_highest_slotid: int
-    sr_status_flags: int
-
-
-def enc_SEQUENCE4resok(w: _Writer, v: SEQUENCE4resok) -> None:
-    try:
-        if len(v.sr_sessionid) != 16: raise _XdrError('fixed opaque sr_sessionid must be 16 bytes', len(w))
-        w += _S44.pack(v.sr_sessionid, v.sr_sequenceid, v.sr_slotid, v.sr_highest_slotid, v.sr_target_highest_slotid, v.sr_status_flags)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode SEQUENCE4resok: {_e}', len(w)) from None
-
-
-def dec_SEQUENCE4resok(r: _Reader, off: int) -> tuple[SEQUENCE4resok, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S44.unpack_from(buf, off)
-        off += 36
-        f_sr_sessionid = _t[0]
-        f_sr_sequenceid = _t[1]
-        f_sr_slotid = _t[2]
-        f_sr_highest_slotid = _t[3]
-        f_sr_target_highest_slotid = _t[4]
-        f_sr_status_flags = _t[5]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SEQUENCE4resok', o0) from None
-    return SEQUENCE4resok(f_sr_sessionid, f_sr_sequenceid, f_sr_slotid, f_sr_highest_slotid, f_sr_target_highest_slotid, f_sr_status_flags), off
-
-
-@_dataclass(slots=True)
-class SEQUENCE4res:
-    sr_status: nfsstat4
-    value: SEQUENCE4resok | None = None
-
-
-_SEQUENCE4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_SEQUENCE4resok}
-_SEQUENCE4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_SEQUENCE4resok}
-_SEQUENCE4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_SEQUENCE4resok)}
-
-
-def enc_SEQUENCE4res(w: _Writer, v: SEQUENCE4res) -> None:
-    try:
-        _d = v.sr_status
-        _f = _SEQUENCE4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode SEQUENCE4res: {_e!r}', len(w)) from None
-
-
-def dec_SEQUENCE4res(r: _Reader, off: int) -> tuple[SEQUENCE4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v369: _Any
-        _f369: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d369,) = _S2.unpack_from(buf, off)
-        _a369 = _SEQUENCE4res_ARMS.get(_d369)
-        if _a369 is None:
-            _d369 = _nfsstat4_MAP[(_d369,)[0]]
-            _f369 = _void_decode
-        else:
-            _d369, _f369 = _a369
-        _v369, off = _f369(r, off + 4)
-        _u = SEQUENCE4res(_d369, _v369)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SEQUENCE4res', o0) from None
-    return _u, off
+_S9: _Final = _struct.Struct('>QQ')
+_S11: _Final = _struct.Struct('>I12s')
+_S13: _Final = _struct.Struct('>QQI12s')
+_S18: _Final = _struct.Struct('>iII')
+_S23: _Final = _struct.Struct('>iI')
+_S26: _Final = _struct.Struct('>I12sI')
+_S29: _Final = _struct.Struct('>iQQ')
+_S33: _Final = _struct.Struct('>iQ')
+_S34: _Final = _struct.Struct('>ii')
+_S39: _Final = _struct.Struct('>I12sQI')
+_S45: _Final = _struct.Struct('>I12sQi')
+_S48: _Final = _struct.Struct('>16siI')
+_S62: _Final = _struct.Struct('>IQ')
+_S64: _Final = _struct.Struct('>iIQ')
+_S68: _Final = _struct.Struct('>16sIIII')
+_S69: _Final = _struct.Struct('>16sIIIII')
+_S70: _Final = _struct.Struct('>i16sIIIII')
+_S71: _Final = _struct.Struct('>iiI12sI')
+_S72: _Final = _struct.Struct('>iiiI')
+_S73: _Final = _struct.Struct('>QQQQIQ')
+_S74: _Final = _struct.Struct('>Qi8s')
+_S75: _Final = _struct.Struct('>I12sQQ')
+_S76: _Final = _struct.Struct('>I12sI12sQQQII')
+_S77: _Final = _struct.Struct('>qII12s')
+_S78: _Final = _struct.Struct('>iqII12s')
+_S79: _Final = _struct.Struct('>QQI12sQQQQ16s')
+_S80: _Final = _struct.Struct('>I12si')
+_S81: _Final = _struct.Struct('>I12sI12sQQQ')
 
 
 @_dataclass(slots=True)
@@ -1344,7 +132,7 @@ class ssa_digest_input4:
 def enc_ssa_digest_input4(w: _Writer, v: ssa_digest_input4) -> None:
     try:
         if len(v.sdi_seqargs.sa_sessionid) != 16: raise _XdrError('fixed opaque sa_sessionid must be 16 bytes', len(w))
-        w += _S43.pack(v.sdi_seqargs.sa_sessionid, v.sdi_seqargs.sa_sequenceid, v.sdi_seqargs.sa_slotid, v.sdi_seqargs.sa_highest_slotid, v.sdi_seqargs.sa_cachethis)
+        w += _S68.pack(v.sdi_seqargs.sa_sessionid, v.sdi_seqargs.sa_sequenceid, v.sdi_seqargs.sa_slotid, v.sdi_seqargs.sa_highest_slotid, v.sdi_seqargs.sa_cachethis)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode ssa_digest_input4: {_e}', len(w)) from None
 
@@ -1353,12 +141,12 @@ def dec_ssa_digest_input4(r: _Reader, off: int) -> tuple[ssa_digest_input4, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S43.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, _t4 = _S68.unpack_from(buf, off)
         off += 32
-        f_sdi_seqargs = SEQUENCE4args(_t[0], _t[1], _t[2], _t[3], _BOOL[_t[4]])
+        _u = ssa_digest_input4(SEQUENCE4args(_t0, _t1, _t2, _t3, _BOOL[_t4]))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated ssa_digest_input4', o0) from None
-    return ssa_digest_input4(f_sdi_seqargs), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1371,12 +159,12 @@ def enc_SET_SSV4args(w: _Writer, v: SET_SSV4args) -> None:
     try:
         _v = v.ssa_ssv
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
         _v = v.ssa_digest
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1392,8 +180,6 @@ def dec_SET_SSV4args(r: _Reader, off: int) -> tuple[SET_SSV4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_ssa_ssv = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -1401,8 +187,6 @@ def dec_SET_SSV4args(r: _Reader, off: int) -> tuple[SET_SSV4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_ssa_digest = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1417,7 +201,15 @@ class ssr_digest_input4:
 
 def enc_ssr_digest_input4(w: _Writer, v: ssr_digest_input4) -> None:
     try:
-        enc_SEQUENCE4res(w, v.sdi_seqres)
+        _u740 = v.sdi_seqres
+        _d740 = _u740.sr_status
+        _w740: _Any
+        if _d740 == 0:
+            _w740 = _u740.value
+            if len(_w740.sr_sessionid) != 16: raise _XdrError('fixed opaque sr_sessionid must be 16 bytes', len(w))
+            w += _S70.pack(0, _w740.sr_sessionid, _w740.sr_sequenceid, _w740.sr_slotid, _w740.sr_highest_slotid, _w740.sr_target_highest_slotid, _w740.sr_status_flags)
+        else:
+            _enc_any_SEQUENCE4res(w, _u740)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode ssr_digest_input4: {_e}', len(w)) from None
 
@@ -1426,17 +218,15 @@ def dec_ssr_digest_input4(r: _Reader, off: int) -> tuple[ssr_digest_input4, int]
     buf = r.buf
     o0 = off
     try:
-        _v370: _Any
-        _f370: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d370,) = _S2.unpack_from(buf, off)
-        _a370 = _SEQUENCE4res_ARMS.get(_d370)
-        if _a370 is None:
-            _d370 = _nfsstat4_MAP[(_d370,)[0]]
-            _f370 = _void_decode
+        _v741: _Any
+        (_d741,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d741 == 0:
+            _v741 = SEQUENCE4resok(*_S69.unpack_from(buf, off))
+            off += 36
+            f_sdi_seqres = SEQUENCE4res(NFS4_OK, _v741)
         else:
-            _d370, _f370 = _a370
-        _v370, off = _f370(r, off + 4)
-        f_sdi_seqres = SEQUENCE4res(_d370, _v370)
+            f_sdi_seqres, off = _dec_any_SEQUENCE4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated ssr_digest_input4', o0) from None
     return ssr_digest_input4(f_sdi_seqres), off
@@ -1451,7 +241,7 @@ def enc_SET_SSV4resok(w: _Writer, v: SET_SSV4resok) -> None:
     try:
         _v = v.ssr_digest
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1467,8 +257,6 @@ def dec_SET_SSV4resok(r: _Reader, off: int) -> tuple[SET_SSV4resok, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_ssr_digest = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1487,7 +275,7 @@ _SET_SSV4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]]
 _SET_SSV4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_SET_SSV4resok)}
 
 
-def enc_SET_SSV4res(w: _Writer, v: SET_SSV4res) -> None:
+def _enc_any_SET_SSV4res(w: _Writer, v: SET_SSV4res) -> None:
     try:
         _d = v.ssr_status
         _f = _SET_SSV4res_ENC.get(_d, _void_encode)
@@ -1498,21 +286,64 @@ def enc_SET_SSV4res(w: _Writer, v: SET_SSV4res) -> None:
         raise _XdrError(f'cannot encode SET_SSV4res: {_e!r}', len(w)) from None
 
 
+def _dec_any_SET_SSV4res(r: _Reader, off: int) -> tuple[SET_SSV4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v742: _Any
+        _f742: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d742,) = _S2.unpack_from(buf, off)
+        _a742 = _SET_SSV4res_ARMS.get(_d742)
+        if _a742 is None:
+            _d742 = _nfsstat4_MAP[(_d742,)[0]]
+            _f742 = _void_decode
+        else:
+            _d742, _f742 = _a742
+        _v742, off = _f742(r, off + 4)
+        _u = SET_SSV4res(_d742, _v742)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SET_SSV4res', o0) from None
+    return _u, off
+
+
+def enc_SET_SSV4res(w: _Writer, v: SET_SSV4res) -> None:
+    try:
+        _u743 = v
+        _d743 = _u743.ssr_status
+        _w743: _Any
+        if _d743 == 0:
+            _w743 = _u743.value
+            _s744 = _w743
+            _v = _s744.ssr_digest
+            _n = len(_v)
+            w += _S23.pack(0, _n)
+            w += _v
+            w += _PAD[_n & 3]
+        else:
+            _enc_any_SET_SSV4res(w, _u743)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SET_SSV4res: {_e!r}', len(w)) from None
+
+
 def dec_SET_SSV4res(r: _Reader, off: int) -> tuple[SET_SSV4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v371: _Any
-        _f371: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d371,) = _S2.unpack_from(buf, off)
-        _a371 = _SET_SSV4res_ARMS.get(_d371)
-        if _a371 is None:
-            _d371 = _nfsstat4_MAP[(_d371,)[0]]
-            _f371 = _void_decode
+        _v745: _Any
+        (_d745,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d745 == 0:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i746_ssr_digest = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _v745 = SET_SSV4resok(_i746_ssr_digest)
+            _u = SET_SSV4res(NFS4_OK, _v745)
         else:
-            _d371, _f371 = _a371
-        _v371, off = _f371(r, off + 4)
-        _u = SET_SSV4res(_d371, _v371)
+            _u, off = _dec_any_SET_SSV4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SET_SSV4res', o0) from None
     return _u, off
@@ -1525,12 +356,12 @@ class TEST_STATEID4args:
 
 def enc_TEST_STATEID4args(w: _Writer, v: TEST_STATEID4args) -> None:
     try:
-        _a372 = v.ts_stateids
-        _n = len(_a372)
-        w += _U32.pack(_n)
-        for _x372 in _a372:
-            if len(_x372.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S10.pack(_x372.seqid, _x372.other)
+        _a747 = v.ts_stateids
+        _n = len(_a747)
+        w += _S0.pack(_n)
+        for _x747 in _a747:
+            if len(_x747.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S11.pack(_x747.seqid, _x747.other)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode TEST_STATEID4args: {_e}', len(w)) from None
 
@@ -1544,12 +375,11 @@ def dec_TEST_STATEID4args(r: _Reader, off: int) -> tuple[TEST_STATEID4args, int]
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_ts_stateids = []
-        _c373 = _n
-        for _ in range(_c373):
-            _t = _S10.unpack_from(buf, off)
+        _c748 = _n
+        for _ in range(_c748):
+            _x748 = stateid4(*_S11.unpack_from(buf, off))
             off += 16
-            _x373 = stateid4(_t[0], _t[1])
-            f_ts_stateids.append(_x373)
+            f_ts_stateids.append(_x748)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated TEST_STATEID4args', o0) from None
     return TEST_STATEID4args(f_ts_stateids), off
@@ -1562,11 +392,11 @@ class TEST_STATEID4resok:
 
 def enc_TEST_STATEID4resok(w: _Writer, v: TEST_STATEID4resok) -> None:
     try:
-        _a374 = v.tsr_status_codes
-        _n = len(_a374)
-        w += _U32.pack(_n)
-        for _x374 in _a374:
-            w += _S2.pack(_x374)
+        _a749 = v.tsr_status_codes
+        _n = len(_a749)
+        w += _S0.pack(_n)
+        for _x749 in _a749:
+            w += _S2.pack(_x749)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode TEST_STATEID4resok: {_e}', len(w)) from None
 
@@ -1580,12 +410,12 @@ def dec_TEST_STATEID4resok(r: _Reader, off: int) -> tuple[TEST_STATEID4resok, in
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_tsr_status_codes = []
-        _c375 = _n
-        for _ in range(_c375):
-            _t = _S2.unpack_from(buf, off)
+        _c750 = _n
+        for _ in range(_c750):
+            (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _x375 = _nfsstat4_MAP[_t[0]]
-            f_tsr_status_codes.append(_x375)
+            _x750 = _nfsstat4_MAP[_t0]
+            f_tsr_status_codes.append(_x750)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated TEST_STATEID4resok', o0) from None
     return TEST_STATEID4resok(f_tsr_status_codes), off
@@ -1602,7 +432,7 @@ _TEST_STATEID4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, in
 _TEST_STATEID4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_TEST_STATEID4resok)}
 
 
-def enc_TEST_STATEID4res(w: _Writer, v: TEST_STATEID4res) -> None:
+def _enc_any_TEST_STATEID4res(w: _Writer, v: TEST_STATEID4res) -> None:
     try:
         _d = v.tsr_status
         _f = _TEST_STATEID4res_ENC.get(_d, _void_encode)
@@ -1613,21 +443,68 @@ def enc_TEST_STATEID4res(w: _Writer, v: TEST_STATEID4res) -> None:
         raise _XdrError(f'cannot encode TEST_STATEID4res: {_e!r}', len(w)) from None
 
 
+def _dec_any_TEST_STATEID4res(r: _Reader, off: int) -> tuple[TEST_STATEID4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v751: _Any
+        _f751: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d751,) = _S2.unpack_from(buf, off)
+        _a751 = _TEST_STATEID4res_ARMS.get(_d751)
+        if _a751 is None:
+            _d751 = _nfsstat4_MAP[(_d751,)[0]]
+            _f751 = _void_decode
+        else:
+            _d751, _f751 = _a751
+        _v751, off = _f751(r, off + 4)
+        _u = TEST_STATEID4res(_d751, _v751)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated TEST_STATEID4res', o0) from None
+    return _u, off
+
+
+def enc_TEST_STATEID4res(w: _Writer, v: TEST_STATEID4res) -> None:
+    try:
+        _u752 = v
+        _d752 = _u752.tsr_status
+        _w752: _Any
+        if _d752 == 0:
+            _w752 = _u752.value
+            _s753 = _w752
+            _a754 = _s753.tsr_status_codes
+            _n = len(_a754)
+            w += _S23.pack(0, _n)
+            for _x754 in _a754:
+                w += _S2.pack(_x754)
+        else:
+            _enc_any_TEST_STATEID4res(w, _u752)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode TEST_STATEID4res: {_e!r}', len(w)) from None
+
+
 def dec_TEST_STATEID4res(r: _Reader, off: int) -> tuple[TEST_STATEID4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v376: _Any
-        _f376: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d376,) = _S2.unpack_from(buf, off)
-        _a376 = _TEST_STATEID4res_ARMS.get(_d376)
-        if _a376 is None:
-            _d376 = _nfsstat4_MAP[(_d376,)[0]]
-            _f376 = _void_decode
+        _v755: _Any
+        (_d755,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d755 == 0:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i756_tsr_status_codes = []
+            _c757 = _n
+            for _ in range(_c757):
+                (_t0,) = _S2.unpack_from(buf, off)
+                off += 4
+                _x757 = _nfsstat4_MAP[_t0]
+                _i756_tsr_status_codes.append(_x757)
+            _v755 = TEST_STATEID4resok(_i756_tsr_status_codes)
+            _u = TEST_STATEID4res(NFS4_OK, _v755)
         else:
-            _d376, _f376 = _a376
-        _v376, off = _f376(r, off + 4)
-        _u = TEST_STATEID4res(_d376, _v376)
+            _u, off = _dec_any_TEST_STATEID4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated TEST_STATEID4res', o0) from None
     return _u, off
@@ -1644,7 +521,7 @@ _deleg_claim4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]
 _deleg_claim4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {4: (_open_claim_type4_MAP[(4,)[0]], _void_decode), 6: (_open_claim_type4_MAP[(6,)[0]], _void_decode), 1: (_open_claim_type4_MAP[(1,)[0]], dec_open_delegation_type4)}
 
 
-def enc_deleg_claim4(w: _Writer, v: deleg_claim4) -> None:
+def _enc_any_deleg_claim4(w: _Writer, v: deleg_claim4) -> None:
     try:
         _d = v.dc_claim
         _f = _deleg_claim4_ENC.get(_d)
@@ -1657,20 +534,61 @@ def enc_deleg_claim4(w: _Writer, v: deleg_claim4) -> None:
         raise _XdrError(f'cannot encode deleg_claim4: {_e!r}', len(w)) from None
 
 
+def _dec_any_deleg_claim4(r: _Reader, off: int) -> tuple[deleg_claim4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v758: _Any
+        _f758: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d758,) = _S2.unpack_from(buf, off)
+        _a758 = _deleg_claim4_ARMS.get(_d758)
+        if _a758 is None:
+            raise _XdrError('%r is not a case of deleg_claim4' % (_d758,), off)
+        else:
+            _d758, _f758 = _a758
+        _v758, off = _f758(r, off + 4)
+        _u = deleg_claim4(_d758, _v758)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated deleg_claim4', o0) from None
+    return _u, off
+
+
+def enc_deleg_claim4(w: _Writer, v: deleg_claim4) -> None:
+    try:
+        _u759 = v
+        _d759 = _u759.dc_claim
+        _w759: _Any
+        if _d759 == 4:
+            w += b'\x00\x00\x00\x04'
+        elif _d759 == 6:
+            w += b'\x00\x00\x00\x06'
+        elif _d759 == 1:
+            _w759 = _u759.value
+            w += _S34.pack(1, _w759)
+        else:
+            _enc_any_deleg_claim4(w, _u759)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode deleg_claim4: {_e!r}', len(w)) from None
+
+
 def dec_deleg_claim4(r: _Reader, off: int) -> tuple[deleg_claim4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v377: _Any
-        _f377: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d377,) = _S2.unpack_from(buf, off)
-        _a377 = _deleg_claim4_ARMS.get(_d377)
-        if _a377 is None:
-            raise _XdrError('%r is not a case of deleg_claim4' % (_d377,), off)
+        _v760: _Any
+        (_d760,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d760 == 4:
+            _u = deleg_claim4(CLAIM_FH, None)
+        elif _d760 == 6:
+            _u = deleg_claim4(CLAIM_DELEG_PREV_FH, None)
+        elif _d760 == 1:
+            (_t0,) = _S2.unpack_from(buf, off)
+            off += 4
+            _v760 = _open_delegation_type4_MAP[_t0]
+            _u = deleg_claim4(CLAIM_PREVIOUS, _v760)
         else:
-            _d377, _f377 = _a377
-        _v377, off = _f377(r, off + 4)
-        _u = deleg_claim4(_d377, _v377)
+            _u, off = _dec_any_deleg_claim4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated deleg_claim4', o0) from None
     return _u, off
@@ -1685,7 +603,18 @@ class WANT_DELEGATION4args:
 def enc_WANT_DELEGATION4args(w: _Writer, v: WANT_DELEGATION4args) -> None:
     try:
         w += _S0.pack(v.wda_want)
-        enc_deleg_claim4(w, v.wda_claim)
+        _u761 = v.wda_claim
+        _d761 = _u761.dc_claim
+        _w761: _Any
+        if _d761 == 4:
+            w += b'\x00\x00\x00\x04'
+        elif _d761 == 6:
+            w += b'\x00\x00\x00\x06'
+        elif _d761 == 1:
+            _w761 = _u761.value
+            w += _S34.pack(1, _w761)
+        else:
+            _enc_any_deleg_claim4(w, _u761)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode WANT_DELEGATION4args: {_e}', len(w)) from None
 
@@ -1694,19 +623,22 @@ def dec_WANT_DELEGATION4args(r: _Reader, off: int) -> tuple[WANT_DELEGATION4args
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (f_wda_want,) = _S0.unpack_from(buf, off)
         off += 4
-        f_wda_want = _t[0]
-        _v378: _Any
-        _f378: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d378,) = _S2.unpack_from(buf, off)
-        _a378 = _deleg_claim4_ARMS.get(_d378)
-        if _a378 is None:
-            raise _XdrError('%r is not a case of deleg_claim4' % (_d378,), off)
+        _v762: _Any
+        (_d762,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d762 == 4:
+            f_wda_claim = deleg_claim4(CLAIM_FH, None)
+        elif _d762 == 6:
+            f_wda_claim = deleg_claim4(CLAIM_DELEG_PREV_FH, None)
+        elif _d762 == 1:
+            (_t0,) = _S2.unpack_from(buf, off)
+            off += 4
+            _v762 = _open_delegation_type4_MAP[_t0]
+            f_wda_claim = deleg_claim4(CLAIM_PREVIOUS, _v762)
         else:
-            _d378, _f378 = _a378
-        _v378, off = _f378(r, off + 4)
-        f_wda_claim = deleg_claim4(_d378, _v378)
+            f_wda_claim, off = _dec_any_deleg_claim4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated WANT_DELEGATION4args', o0) from None
     return WANT_DELEGATION4args(f_wda_want, f_wda_claim), off
@@ -1723,7 +655,7 @@ _WANT_DELEGATION4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any,
 _WANT_DELEGATION4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_open_delegation4)}
 
 
-def enc_WANT_DELEGATION4res(w: _Writer, v: WANT_DELEGATION4res) -> None:
+def _enc_any_WANT_DELEGATION4res(w: _Writer, v: WANT_DELEGATION4res) -> None:
     try:
         _d = v.wdr_status
         _f = _WANT_DELEGATION4res_ENC.get(_d, _void_encode)
@@ -1734,21 +666,126 @@ def enc_WANT_DELEGATION4res(w: _Writer, v: WANT_DELEGATION4res) -> None:
         raise _XdrError(f'cannot encode WANT_DELEGATION4res: {_e!r}', len(w)) from None
 
 
+def _dec_any_WANT_DELEGATION4res(r: _Reader, off: int) -> tuple[WANT_DELEGATION4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v763: _Any
+        _f763: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d763,) = _S2.unpack_from(buf, off)
+        _a763 = _WANT_DELEGATION4res_ARMS.get(_d763)
+        if _a763 is None:
+            _d763 = _nfsstat4_MAP[(_d763,)[0]]
+            _f763 = _void_decode
+        else:
+            _d763, _f763 = _a763
+        _v763, off = _f763(r, off + 4)
+        _u = WANT_DELEGATION4res(_d763, _v763)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated WANT_DELEGATION4res', o0) from None
+    return _u, off
+
+
+def enc_WANT_DELEGATION4res(w: _Writer, v: WANT_DELEGATION4res) -> None:
+    try:
+        _u764 = v
+        _d764 = _u764.wdr_status
+        _w764: _Any
+        if _d764 == 0:
+            _w764 = _u764.value
+            _u765 = _w764
+            _d765 = _u765.delegation_type
+            _w765: _Any
+            if _d765 == 0:
+                w += b'\x00\x00\x00\x00\x00\x00\x00\x00'
+            elif _d765 == 1:
+                _w765 = _u765.value
+                _s766 = _w765
+                if len(_s766.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+                w += _S71.pack(0, 1, _s766.stateid.seqid, _s766.stateid.other, _s766.recall)
+                enc_nfsace4(w, _s766.permissions)
+            elif _d765 == 2:
+                _w765 = _u765.value
+                _s767 = _w765
+                if len(_s767.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+                w += _S71.pack(0, 2, _s767.stateid.seqid, _s767.stateid.other, _s767.recall)
+                enc_nfs_space_limit4(w, _s767.space_limit)
+                enc_nfsace4(w, _s767.permissions)
+            elif _d765 == 3:
+                _w765 = _u765.value
+                _u768 = _w765
+                _d768 = _u768.ond_why
+                _w768: _Any
+                if _d768 == 1:
+                    _w768 = _u768.value
+                    w += _S72.pack(0, 3, 1, _w768)
+                elif _d768 == 2:
+                    _w768 = _u768.value
+                    w += _S72.pack(0, 3, 2, _w768)
+                else:
+                    w += b'\x00\x00\x00\x00\x00\x00\x00\x03'
+                    _enc_any_open_none_delegation4(w, _u768)
+            else:
+                w += b'\x00\x00\x00\x00'
+                _enc_any_open_delegation4(w, _u765)
+        else:
+            _enc_any_WANT_DELEGATION4res(w, _u764)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode WANT_DELEGATION4res: {_e!r}', len(w)) from None
+
+
 def dec_WANT_DELEGATION4res(r: _Reader, off: int) -> tuple[WANT_DELEGATION4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v379: _Any
-        _f379: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d379,) = _S2.unpack_from(buf, off)
-        _a379 = _WANT_DELEGATION4res_ARMS.get(_d379)
-        if _a379 is None:
-            _d379 = _nfsstat4_MAP[(_d379,)[0]]
-            _f379 = _void_decode
+        _v769: _Any
+        (_d769,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d769 == 0:
+            _v770: _Any
+            (_d770,) = _S2.unpack_from(buf, off)
+            off += 4
+            if _d770 == 0:
+                _v769 = open_delegation4(OPEN_DELEGATE_NONE, None)
+            elif _d770 == 1:
+                _t0, _t1, _t2 = _S26.unpack_from(buf, off)
+                off += 20
+                _i771_stateid = stateid4(_t0, _t1)
+                _i771_recall = _BOOL[_t2]
+                _i771_permissions, off = dec_nfsace4(r, off)
+                _v770 = open_read_delegation4(_i771_stateid, _i771_recall, _i771_permissions)
+                _v769 = open_delegation4(OPEN_DELEGATE_READ, _v770)
+            elif _d770 == 2:
+                _t0, _t1, _t2 = _S26.unpack_from(buf, off)
+                off += 20
+                _i772_stateid = stateid4(_t0, _t1)
+                _i772_recall = _BOOL[_t2]
+                _i772_space_limit, off = dec_nfs_space_limit4(r, off)
+                _i772_permissions, off = dec_nfsace4(r, off)
+                _v770 = open_write_delegation4(_i772_stateid, _i772_recall, _i772_space_limit, _i772_permissions)
+                _v769 = open_delegation4(OPEN_DELEGATE_WRITE, _v770)
+            elif _d770 == 3:
+                _v773: _Any
+                (_d773,) = _S2.unpack_from(buf, off)
+                off += 4
+                if _d773 == 1:
+                    (_t0,) = _S0.unpack_from(buf, off)
+                    off += 4
+                    _v773 = _BOOL[_t0]
+                    _v770 = open_none_delegation4(WND4_CONTENTION, _v773)
+                elif _d773 == 2:
+                    (_t0,) = _S0.unpack_from(buf, off)
+                    off += 4
+                    _v773 = _BOOL[_t0]
+                    _v770 = open_none_delegation4(WND4_RESOURCE, _v773)
+                else:
+                    _v770, off = _dec_any_open_none_delegation4(r, off - 4)
+                _v769 = open_delegation4(OPEN_DELEGATE_NONE_EXT, _v770)
+            else:
+                _v769, off = _dec_any_open_delegation4(r, off - 4)
+            _u = WANT_DELEGATION4res(NFS4_OK, _v769)
         else:
-            _d379, _f379 = _a379
-        _v379, off = _f379(r, off + 4)
-        _u = WANT_DELEGATION4res(_d379, _v379)
+            _u, off = _dec_any_WANT_DELEGATION4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated WANT_DELEGATION4res', o0) from None
     return _u, off
@@ -1770,12 +807,11 @@ def dec_DESTROY_CLIENTID4args(r: _Reader, off: int) -> tuple[DESTROY_CLIENTID4ar
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        _u = DESTROY_CLIENTID4args(*_S4.unpack_from(buf, off))
         off += 8
-        f_dca_clientid = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated DESTROY_CLIENTID4args', o0) from None
-    return DESTROY_CLIENTID4args(f_dca_clientid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1794,12 +830,12 @@ def dec_DESTROY_CLIENTID4res(r: _Reader, off: int) -> tuple[DESTROY_CLIENTID4res
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_dcr_status = _nfsstat4_MAP[_t[0]]
+        _u = DESTROY_CLIENTID4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated DESTROY_CLIENTID4res', o0) from None
-    return DESTROY_CLIENTID4res(f_dcr_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1818,12 +854,12 @@ def dec_RECLAIM_COMPLETE4args(r: _Reader, off: int) -> tuple[RECLAIM_COMPLETE4ar
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        f_rca_one_fs = _BOOL[_t[0]]
+        _u = RECLAIM_COMPLETE4args(_BOOL[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated RECLAIM_COMPLETE4args', o0) from None
-    return RECLAIM_COMPLETE4args(f_rca_one_fs), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1842,12 +878,12 @@ def dec_RECLAIM_COMPLETE4res(r: _Reader, off: int) -> tuple[RECLAIM_COMPLETE4res
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_rcr_status = _nfsstat4_MAP[_t[0]]
+        _u = RECLAIM_COMPLETE4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated RECLAIM_COMPLETE4res', o0) from None
-    return RECLAIM_COMPLETE4res(f_rcr_status), off
+    return _u, off
 
 
 class netloc_type4(_IntEnum):
@@ -1887,7 +923,7 @@ _netloc4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {
 _netloc4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_netloc_type4_MAP[(1,)[0]], dec_utf8str_cis), 2: (_netloc_type4_MAP[(2,)[0]], dec_utf8str_cis), 3: (_netloc_type4_MAP[(3,)[0]], dec_netaddr4)}
 
 
-def enc_netloc4(w: _Writer, v: netloc4) -> None:
+def _enc_any_netloc4(w: _Writer, v: netloc4) -> None:
     try:
         _d = v.nl_type
         _f = _netloc4_ENC.get(_d)
@@ -1900,20 +936,107 @@ def enc_netloc4(w: _Writer, v: netloc4) -> None:
         raise _XdrError(f'cannot encode netloc4: {_e!r}', len(w)) from None
 
 
+def _dec_any_netloc4(r: _Reader, off: int) -> tuple[netloc4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v774: _Any
+        _f774: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d774,) = _S2.unpack_from(buf, off)
+        _a774 = _netloc4_ARMS.get(_d774)
+        if _a774 is None:
+            raise _XdrError('%r is not a case of netloc4' % (_d774,), off)
+        else:
+            _d774, _f774 = _a774
+        _v774, off = _f774(r, off + 4)
+        _u = netloc4(_d774, _v774)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated netloc4', o0) from None
+    return _u, off
+
+
+def enc_netloc4(w: _Writer, v: netloc4) -> None:
+    try:
+        _u775 = v
+        _d775 = _u775.nl_type
+        _w775: _Any
+        if _d775 == 1:
+            _w775 = _u775.value
+            _v = _w775
+            _n = len(_v)
+            w += _S23.pack(1, _n)
+            w += _v
+            w += _PAD[_n & 3]
+        elif _d775 == 2:
+            _w775 = _u775.value
+            _v = _w775
+            _n = len(_v)
+            w += _S23.pack(2, _n)
+            w += _v
+            w += _PAD[_n & 3]
+        elif _d775 == 3:
+            _w775 = _u775.value
+            _s776 = _w775
+            _v = _s776.na_r_netid.encode('utf-8', 'surrogateescape')
+            _n = len(_v)
+            w += _S23.pack(3, _n)
+            w += _v
+            w += _PAD[_n & 3]
+            _v = _s776.na_r_addr.encode('utf-8', 'surrogateescape')
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        else:
+            _enc_any_netloc4(w, _u775)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode netloc4: {_e!r}', len(w)) from None
+
+
 def dec_netloc4(r: _Reader, off: int) -> tuple[netloc4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v380: _Any
-        _f380: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d380,) = _S2.unpack_from(buf, off)
-        _a380 = _netloc4_ARMS.get(_d380)
-        if _a380 is None:
-            raise _XdrError('%r is not a case of netloc4' % (_d380,), off)
+        _v777: _Any
+        (_d777,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d777 == 1:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _v777 = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _u = netloc4(NL4_NAME, _v777)
+        elif _d777 == 2:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _v777 = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _u = netloc4(NL4_URL, _v777)
+        elif _d777 == 3:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i778_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+            off = _e + (-_n & 3)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i778_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+            off = _e + (-_n & 3)
+            _v777 = netaddr4(_i778_na_r_netid, _i778_na_r_addr)
+            _u = netloc4(NL4_NETADDR, _v777)
         else:
-            _d380, _f380 = _a380
-        _v380, off = _f380(r, off + 4)
-        _u = netloc4(_d380, _v380)
+            _u, off = _dec_any_netloc4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated netloc4', o0) from None
     return _u, off
@@ -1951,7 +1074,7 @@ class data_info4:
 
 def enc_data_info4(w: _Writer, v: data_info4) -> None:
     try:
-        w += _S8.pack(v.di_offset, v.di_length)
+        w += _S9.pack(v.di_offset, v.di_length)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode data_info4: {_e}', len(w)) from None
 
@@ -1960,13 +1083,11 @@ def dec_data_info4(r: _Reader, off: int) -> tuple[data_info4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S8.unpack_from(buf, off)
+        _u = data_info4(*_S9.unpack_from(buf, off))
         off += 16
-        f_di_offset = _t[0]
-        f_di_length = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated data_info4', o0) from None
-    return data_info4(f_di_offset, f_di_length), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1980,7 +1101,7 @@ def enc_data4(w: _Writer, v: data4) -> None:
         w += _S4.pack(v.d_offset)
         _v = v.d_data
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1991,16 +1112,13 @@ def dec_data4(r: _Reader, off: int) -> tuple[data4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (f_d_offset,) = _S4.unpack_from(buf, off)
         off += 8
-        f_d_offset = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_d_data = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2021,10 +1139,10 @@ class app_data_block4:
 
 def enc_app_data_block4(w: _Writer, v: app_data_block4) -> None:
     try:
-        w += _S45.pack(v.adb_offset, v.adb_block_size, v.adb_block_count, v.adb_reloff_blocknum, v.adb_block_num, v.adb_reloff_pattern)
+        w += _S73.pack(v.adb_offset, v.adb_block_size, v.adb_block_count, v.adb_reloff_blocknum, v.adb_block_num, v.adb_reloff_pattern)
         _v = v.adb_pattern
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -2035,21 +1153,13 @@ def dec_app_data_block4(r: _Reader, off: int) -> tuple[app_data_block4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S45.unpack_from(buf, off)
+        f_adb_offset, f_adb_block_size, f_adb_block_count, f_adb_reloff_blocknum, f_adb_block_num, f_adb_reloff_pattern = _S73.unpack_from(buf, off)
         off += 44
-        f_adb_offset = _t[0]
-        f_adb_block_size = _t[1]
-        f_adb_block_count = _t[2]
-        f_adb_reloff_blocknum = _t[3]
-        f_adb_block_num = _t[4]
-        f_adb_reloff_pattern = _t[5]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_adb_pattern = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2067,16 +1177,16 @@ class write_response4:
 
 def enc_write_response4(w: _Writer, v: write_response4) -> None:
     try:
-        _a381 = v.wr_callback_id
-        _n = len(_a381)
+        _a779 = v.wr_callback_id
+        _n = len(_a779)
         if _n > 1:
             raise _XdrError('wr_callback_id: length %d exceeds 1' % _n, len(w))
-        w += _U32.pack(_n)
-        for _x381 in _a381:
-            if len(_x381.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S10.pack(_x381.seqid, _x381.other)
+        w += _S0.pack(_n)
+        for _x779 in _a779:
+            if len(_x779.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S11.pack(_x779.seqid, _x779.other)
         if len(v.wr_writeverf) != 8: raise _XdrError('fixed opaque wr_writeverf must be 8 bytes', len(w))
-        w += _S46.pack(v.wr_count, v.wr_committed, v.wr_writeverf)
+        w += _S74.pack(v.wr_count, v.wr_committed, v.wr_writeverf)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode write_response4: {_e}', len(w)) from None
 
@@ -2092,17 +1202,14 @@ def dec_write_response4(r: _Reader, off: int) -> tuple[write_response4, int]:
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_wr_callback_id = []
-        _c382 = _n
-        for _ in range(_c382):
-            _t = _S10.unpack_from(buf, off)
+        _c780 = _n
+        for _ in range(_c780):
+            _x780 = stateid4(*_S11.unpack_from(buf, off))
             off += 16
-            _x382 = stateid4(_t[0], _t[1])
-            f_wr_callback_id.append(_x382)
-        _t = _S46.unpack_from(buf, off)
+            f_wr_callback_id.append(_x780)
+        f_wr_count, _t1, f_wr_writeverf = _S74.unpack_from(buf, off)
         off += 20
-        f_wr_count = _t[0]
-        f_wr_committed = _stable_how4_MAP[_t[1]]
-        f_wr_writeverf = _t[2]
+        f_wr_committed = _stable_how4_MAP[_t1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated write_response4', o0) from None
     return write_response4(f_wr_callback_id, f_wr_count, f_wr_committed, f_wr_writeverf), off
@@ -2118,7 +1225,7 @@ class ALLOCATE4args:
 def enc_ALLOCATE4args(w: _Writer, v: ALLOCATE4args) -> None:
     try:
         if len(v.aa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S47.pack(v.aa_stateid.seqid, v.aa_stateid.other, v.aa_offset, v.aa_length)
+        w += _S75.pack(v.aa_stateid.seqid, v.aa_stateid.other, v.aa_offset, v.aa_length)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode ALLOCATE4args: {_e}', len(w)) from None
 
@@ -2127,14 +1234,12 @@ def dec_ALLOCATE4args(r: _Reader, off: int) -> tuple[ALLOCATE4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S47.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3 = _S75.unpack_from(buf, off)
         off += 32
-        f_aa_stateid = stateid4(_t[0], _t[1])
-        f_aa_offset = _t[2]
-        f_aa_length = _t[3]
+        _u = ALLOCATE4args(stateid4(_t0, _t1), _t2, _t3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated ALLOCATE4args', o0) from None
-    return ALLOCATE4args(f_aa_stateid, f_aa_offset, f_aa_length), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2153,12 +1258,12 @@ def dec_ALLOCATE4res(r: _Reader, off: int) -> tuple[ALLOCATE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_ar_status = _nfsstat4_MAP[_t[0]]
+        _u = ALLOCATE4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated ALLOCATE4res', o0) from None
-    return ALLOCATE4res(f_ar_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2177,12 +1282,43 @@ def enc_COPY4args(w: _Writer, v: COPY4args) -> None:
     try:
         if len(v.ca_src_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         if len(v.ca_dst_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S48.pack(v.ca_src_stateid.seqid, v.ca_src_stateid.other, v.ca_dst_stateid.seqid, v.ca_dst_stateid.other, v.ca_src_offset, v.ca_dst_offset, v.ca_count, v.ca_consecutive, v.ca_synchronous)
-        _a383 = v.ca_source_server
-        _n = len(_a383)
-        w += _U32.pack(_n)
-        for _x383 in _a383:
-            enc_netloc4(w, _x383)
+        w += _S76.pack(v.ca_src_stateid.seqid, v.ca_src_stateid.other, v.ca_dst_stateid.seqid, v.ca_dst_stateid.other, v.ca_src_offset, v.ca_dst_offset, v.ca_count, v.ca_consecutive, v.ca_synchronous)
+        _a781 = v.ca_source_server
+        _n = len(_a781)
+        w += _S0.pack(_n)
+        for _x781 in _a781:
+            _u782 = _x781
+            _d782 = _u782.nl_type
+            _w782: _Any
+            if _d782 == 1:
+                _w782 = _u782.value
+                _v = _w782
+                _n = len(_v)
+                w += _S23.pack(1, _n)
+                w += _v
+                w += _PAD[_n & 3]
+            elif _d782 == 2:
+                _w782 = _u782.value
+                _v = _w782
+                _n = len(_v)
+                w += _S23.pack(2, _n)
+                w += _v
+                w += _PAD[_n & 3]
+            elif _d782 == 3:
+                _w782 = _u782.value
+                _s783 = _w782
+                _v = _s783.na_r_netid.encode('utf-8', 'surrogateescape')
+                _n = len(_v)
+                w += _S23.pack(3, _n)
+                w += _v
+                w += _PAD[_n & 3]
+                _v = _s783.na_r_addr.encode('utf-8', 'surrogateescape')
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+            else:
+                _enc_any_netloc4(w, _u782)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode COPY4args: {_e}', len(w)) from None
 
@@ -2191,33 +1327,60 @@ def dec_COPY4args(r: _Reader, off: int) -> tuple[COPY4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S48.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, f_ca_src_offset, f_ca_dst_offset, f_ca_count, _t7, _t8 = _S76.unpack_from(buf, off)
         off += 64
-        f_ca_src_stateid = stateid4(_t[0], _t[1])
-        f_ca_dst_stateid = stateid4(_t[2], _t[3])
-        f_ca_src_offset = _t[4]
-        f_ca_dst_offset = _t[5]
-        f_ca_count = _t[6]
-        f_ca_consecutive = _BOOL[_t[7]]
-        f_ca_synchronous = _BOOL[_t[8]]
+        f_ca_src_stateid = stateid4(_t0, _t1)
+        f_ca_dst_stateid = stateid4(_t2, _t3)
+        f_ca_consecutive = _BOOL[_t7]
+        f_ca_synchronous = _BOOL[_t8]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_ca_source_server = []
-        _c384 = _n
-        for _ in range(_c384):
-            _v385: _Any
-            _f385: _Callable[[_Reader, int], tuple[_Any, int]]
-            (_d385,) = _S2.unpack_from(buf, off)
-            _a385 = _netloc4_ARMS.get(_d385)
-            if _a385 is None:
-                raise _XdrError('%r is not a case of netloc4' % (_d385,), off)
+        _c784 = _n
+        for _ in range(_c784):
+            _v785: _Any
+            (_d785,) = _S2.unpack_from(buf, off)
+            off += 4
+            if _d785 == 1:
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _v785 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _x784 = netloc4(NL4_NAME, _v785)
+            elif _d785 == 2:
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _v785 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _x784 = netloc4(NL4_URL, _v785)
+            elif _d785 == 3:
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _i786_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+                off = _e + (-_n & 3)
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _i786_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+                off = _e + (-_n & 3)
+                _v785 = netaddr4(_i786_na_r_netid, _i786_na_r_addr)
+                _x784 = netloc4(NL4_NETADDR, _v785)
             else:
-                _d385, _f385 = _a385
-            _v385, off = _f385(r, off + 4)
-            _x384 = netloc4(_d385, _v385)
-            f_ca_source_server.append(_x384)
+                _x784, off = _dec_any_netloc4(r, off - 4)
+            f_ca_source_server.append(_x784)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated COPY4args', o0) from None
     return COPY4args(f_ca_src_stateid, f_ca_dst_stateid, f_ca_src_offset, f_ca_dst_offset, f_ca_count, f_ca_consecutive, f_ca_synchronous, f_ca_source_server), off
@@ -2240,13 +1403,12 @@ def dec_copy_requirements4(r: _Reader, off: int) -> tuple[copy_requirements4, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S1.unpack_from(buf, off)
+        _t0, _t1 = _S1.unpack_from(buf, off)
         off += 8
-        f_cr_consecutive = _BOOL[_t[0]]
-        f_cr_synchronous = _BOOL[_t[1]]
+        _u = copy_requirements4(_BOOL[_t0], _BOOL[_t1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated copy_requirements4', o0) from None
-    return copy_requirements4(f_cr_consecutive, f_cr_synchronous), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2257,17 +1419,17 @@ class COPY4resok:
 
 def enc_COPY4resok(w: _Writer, v: COPY4resok) -> None:
     try:
-        _s386 = v.cr_response
-        _a387 = _s386.wr_callback_id
-        _n = len(_a387)
+        _s787 = v.cr_response
+        _a788 = _s787.wr_callback_id
+        _n = len(_a788)
         if _n > 1:
             raise _XdrError('wr_callback_id: length %d exceeds 1' % _n, len(w))
-        w += _U32.pack(_n)
-        for _x387 in _a387:
-            if len(_x387.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S10.pack(_x387.seqid, _x387.other)
-        if len(_s386.wr_writeverf) != 8: raise _XdrError('fixed opaque wr_writeverf must be 8 bytes', len(w))
-        w += _S46.pack(_s386.wr_count, _s386.wr_committed, _s386.wr_writeverf)
+        w += _S0.pack(_n)
+        for _x788 in _a788:
+            if len(_x788.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S11.pack(_x788.seqid, _x788.other)
+        if len(_s787.wr_writeverf) != 8: raise _XdrError('fixed opaque wr_writeverf must be 8 bytes', len(w))
+        w += _S74.pack(_s787.wr_count, _s787.wr_committed, _s787.wr_writeverf)
         w += _S1.pack(v.cr_requirements.cr_consecutive, v.cr_requirements.cr_synchronous)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode COPY4resok: {_e}', len(w)) from None
@@ -2283,22 +1445,19 @@ def dec_COPY4resok(r: _Reader, off: int) -> tuple[COPY4resok, int]:
         off += 4
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i388_wr_callback_id = []
-        _c389 = _n
-        for _ in range(_c389):
-            _t = _S10.unpack_from(buf, off)
+        _i789_wr_callback_id = []
+        _c790 = _n
+        for _ in range(_c790):
+            _x790 = stateid4(*_S11.unpack_from(buf, off))
             off += 16
-            _x389 = stateid4(_t[0], _t[1])
-            _i388_wr_callback_id.append(_x389)
-        _t = _S46.unpack_from(buf, off)
+            _i789_wr_callback_id.append(_x790)
+        _i789_wr_count, _t1, _i789_wr_writeverf = _S74.unpack_from(buf, off)
         off += 20
-        _i388_wr_count = _t[0]
-        _i388_wr_committed = _stable_how4_MAP[_t[1]]
-        _i388_wr_writeverf = _t[2]
-        f_cr_response = write_response4(_i388_wr_callback_id, _i388_wr_count, _i388_wr_committed, _i388_wr_writeverf)
-        _t = _S1.unpack_from(buf, off)
+        _i789_wr_committed = _stable_how4_MAP[_t1]
+        f_cr_response = write_response4(_i789_wr_callback_id, _i789_wr_count, _i789_wr_committed, _i789_wr_writeverf)
+        _t0, _t1 = _S1.unpack_from(buf, off)
         off += 8
-        f_cr_requirements = copy_requirements4(_BOOL[_t[0]], _BOOL[_t[1]])
+        f_cr_requirements = copy_requirements4(_BOOL[_t0], _BOOL[_t1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated COPY4resok', o0) from None
     return COPY4resok(f_cr_response, f_cr_requirements), off
@@ -2315,7 +1474,7 @@ _COPY4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = 
 _COPY4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_COPY4resok), 10094: (_nfsstat4_MAP[(10094,)[0]], dec_copy_requirements4)}
 
 
-def enc_COPY4res(w: _Writer, v: COPY4res) -> None:
+def _enc_any_COPY4res(w: _Writer, v: COPY4res) -> None:
     try:
         _d = v.cr_status
         _f = _COPY4res_ENC.get(_d, _void_encode)
@@ -2326,21 +1485,91 @@ def enc_COPY4res(w: _Writer, v: COPY4res) -> None:
         raise _XdrError(f'cannot encode COPY4res: {_e!r}', len(w)) from None
 
 
+def _dec_any_COPY4res(r: _Reader, off: int) -> tuple[COPY4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v791: _Any
+        _f791: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d791,) = _S2.unpack_from(buf, off)
+        _a791 = _COPY4res_ARMS.get(_d791)
+        if _a791 is None:
+            _d791 = _nfsstat4_MAP[(_d791,)[0]]
+            _f791 = _void_decode
+        else:
+            _d791, _f791 = _a791
+        _v791, off = _f791(r, off + 4)
+        _u = COPY4res(_d791, _v791)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated COPY4res', o0) from None
+    return _u, off
+
+
+def enc_COPY4res(w: _Writer, v: COPY4res) -> None:
+    try:
+        _u792 = v
+        _d792 = _u792.cr_status
+        _w792: _Any
+        if _d792 == 0:
+            _w792 = _u792.value
+            _s793 = _w792
+            _s794 = _s793.cr_response
+            _a795 = _s794.wr_callback_id
+            _n = len(_a795)
+            if _n > 1:
+                raise _XdrError('wr_callback_id: length %d exceeds 1' % _n, len(w))
+            w += _S23.pack(0, _n)
+            for _x795 in _a795:
+                if len(_x795.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+                w += _S11.pack(_x795.seqid, _x795.other)
+            if len(_s794.wr_writeverf) != 8: raise _XdrError('fixed opaque wr_writeverf must be 8 bytes', len(w))
+            w += _S74.pack(_s794.wr_count, _s794.wr_committed, _s794.wr_writeverf)
+            w += _S1.pack(_s793.cr_requirements.cr_consecutive, _s793.cr_requirements.cr_synchronous)
+        elif _d792 == 10094:
+            _w792 = _u792.value
+            w += _S18.pack(10094, _w792.cr_consecutive, _w792.cr_synchronous)
+        else:
+            _enc_any_COPY4res(w, _u792)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode COPY4res: {_e!r}', len(w)) from None
+
+
 def dec_COPY4res(r: _Reader, off: int) -> tuple[COPY4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v390: _Any
-        _f390: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d390,) = _S2.unpack_from(buf, off)
-        _a390 = _COPY4res_ARMS.get(_d390)
-        if _a390 is None:
-            _d390 = _nfsstat4_MAP[(_d390,)[0]]
-            _f390 = _void_decode
+        _v796: _Any
+        (_d796,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d796 == 0:
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 1:
+                raise _XdrError('wr_callback_id: length %d exceeds 1' % _n, off)
+            off += 4
+            if _n * 16 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i798_wr_callback_id = []
+            _c799 = _n
+            for _ in range(_c799):
+                _x799 = stateid4(*_S11.unpack_from(buf, off))
+                off += 16
+                _i798_wr_callback_id.append(_x799)
+            _i798_wr_count, _t1, _i798_wr_writeverf = _S74.unpack_from(buf, off)
+            off += 20
+            _i798_wr_committed = _stable_how4_MAP[_t1]
+            _i797_cr_response = write_response4(_i798_wr_callback_id, _i798_wr_count, _i798_wr_committed, _i798_wr_writeverf)
+            _t0, _t1 = _S1.unpack_from(buf, off)
+            off += 8
+            _i797_cr_requirements = copy_requirements4(_BOOL[_t0], _BOOL[_t1])
+            _v796 = COPY4resok(_i797_cr_response, _i797_cr_requirements)
+            _u = COPY4res(NFS4_OK, _v796)
+        elif _d796 == 10094:
+            _t0, _t1 = _S1.unpack_from(buf, off)
+            off += 8
+            _v796 = copy_requirements4(_BOOL[_t0], _BOOL[_t1])
+            _u = COPY4res(NFS4ERR_OFFLOAD_NO_REQS, _v796)
         else:
-            _d390, _f390 = _a390
-        _v390, off = _f390(r, off + 4)
-        _u = COPY4res(_d390, _v390)
+            _u, off = _dec_any_COPY4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated COPY4res', o0) from None
     return _u, off
@@ -2355,8 +1584,39 @@ class COPY_NOTIFY4args:
 def enc_COPY_NOTIFY4args(w: _Writer, v: COPY_NOTIFY4args) -> None:
     try:
         if len(v.cna_src_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S10.pack(v.cna_src_stateid.seqid, v.cna_src_stateid.other)
-        enc_netloc4(w, v.cna_destination_server)
+        w += _S11.pack(v.cna_src_stateid.seqid, v.cna_src_stateid.other)
+        _u800 = v.cna_destination_server
+        _d800 = _u800.nl_type
+        _w800: _Any
+        if _d800 == 1:
+            _w800 = _u800.value
+            _v = _w800
+            _n = len(_v)
+            w += _S23.pack(1, _n)
+            w += _v
+            w += _PAD[_n & 3]
+        elif _d800 == 2:
+            _w800 = _u800.value
+            _v = _w800
+            _n = len(_v)
+            w += _S23.pack(2, _n)
+            w += _v
+            w += _PAD[_n & 3]
+        elif _d800 == 3:
+            _w800 = _u800.value
+            _s801 = _w800
+            _v = _s801.na_r_netid.encode('utf-8', 'surrogateescape')
+            _n = len(_v)
+            w += _S23.pack(3, _n)
+            w += _v
+            w += _PAD[_n & 3]
+            _v = _s801.na_r_addr.encode('utf-8', 'surrogateescape')
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        else:
+            _enc_any_netloc4(w, _u800)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode COPY_NOTIFY4args: {_e}', len(w)) from None
 
@@ -2365,19 +1625,48 @@ def dec_COPY_NOTIFY4args(r: _Reader, off: int) -> tuple[COPY_NOTIFY4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S10.unpack_from(buf, off)
+        f_cna_src_stateid = stateid4(*_S11.unpack_from(buf, off))
         off += 16
-        f_cna_src_stateid = stateid4(_t[0], _t[1])
-        _v391: _Any
-        _f391: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d391,) = _S2.unpack_from(buf, off)
-        _a391 = _netloc4_ARMS.get(_d391)
-        if _a391 is None:
-            raise _XdrError('%r is not a case of netloc4' % (_d391,), off)
+        _v802: _Any
+        (_d802,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d802 == 1:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _v802 = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            f_cna_destination_server = netloc4(NL4_NAME, _v802)
+        elif _d802 == 2:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _v802 = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            f_cna_destination_server = netloc4(NL4_URL, _v802)
+        elif _d802 == 3:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i803_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+            off = _e + (-_n & 3)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i803_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+            off = _e + (-_n & 3)
+            _v802 = netaddr4(_i803_na_r_netid, _i803_na_r_addr)
+            f_cna_destination_server = netloc4(NL4_NETADDR, _v802)
         else:
-            _d391, _f391 = _a391
-        _v391, off = _f391(r, off + 4)
-        f_cna_destination_server = netloc4(_d391, _v391)
+            f_cna_destination_server, off = _dec_any_netloc4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated COPY_NOTIFY4args', o0) from None
     return COPY_NOTIFY4args(f_cna_src_stateid, f_cna_destination_server), off
@@ -2393,12 +1682,43 @@ class COPY_NOTIFY4resok:
 def enc_COPY_NOTIFY4resok(w: _Writer, v: COPY_NOTIFY4resok) -> None:
     try:
         if len(v.cnr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S49.pack(v.cnr_lease_time.seconds, v.cnr_lease_time.nseconds, v.cnr_stateid.seqid, v.cnr_stateid.other)
-        _a392 = v.cnr_source_server
-        _n = len(_a392)
-        w += _U32.pack(_n)
-        for _x392 in _a392:
-            enc_netloc4(w, _x392)
+        w += _S77.pack(v.cnr_lease_time.seconds, v.cnr_lease_time.nseconds, v.cnr_stateid.seqid, v.cnr_stateid.other)
+        _a804 = v.cnr_source_server
+        _n = len(_a804)
+        w += _S0.pack(_n)
+        for _x804 in _a804:
+            _u805 = _x804
+            _d805 = _u805.nl_type
+            _w805: _Any
+            if _d805 == 1:
+                _w805 = _u805.value
+                _v = _w805
+                _n = len(_v)
+                w += _S23.pack(1, _n)
+                w += _v
+                w += _PAD[_n & 3]
+            elif _d805 == 2:
+                _w805 = _u805.value
+                _v = _w805
+                _n = len(_v)
+                w += _S23.pack(2, _n)
+                w += _v
+                w += _PAD[_n & 3]
+            elif _d805 == 3:
+                _w805 = _u805.value
+                _s806 = _w805
+                _v = _s806.na_r_netid.encode('utf-8', 'surrogateescape')
+                _n = len(_v)
+                w += _S23.pack(3, _n)
+                w += _v
+                w += _PAD[_n & 3]
+                _v = _s806.na_r_addr.encode('utf-8', 'surrogateescape')
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+            else:
+                _enc_any_netloc4(w, _u805)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode COPY_NOTIFY4resok: {_e}', len(w)) from None
 
@@ -2407,28 +1727,58 @@ def dec_COPY_NOTIFY4resok(r: _Reader, off: int) -> tuple[COPY_NOTIFY4resok, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S49.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3 = _S77.unpack_from(buf, off)
         off += 28
-        f_cnr_lease_time = nfstime4(_t[0], _t[1])
-        f_cnr_stateid = stateid4(_t[2], _t[3])
+        f_cnr_lease_time = nfstime4(_t0, _t1)
+        f_cnr_stateid = stateid4(_t2, _t3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_cnr_source_server = []
-        _c393 = _n
-        for _ in range(_c393):
-            _v394: _Any
-            _f394: _Callable[[_Reader, int], tuple[_Any, int]]
-            (_d394,) = _S2.unpack_from(buf, off)
-            _a394 = _netloc4_ARMS.get(_d394)
-            if _a394 is None:
-                raise _XdrError('%r is not a case of netloc4' % (_d394,), off)
+        _c807 = _n
+        for _ in range(_c807):
+            _v808: _Any
+            (_d808,) = _S2.unpack_from(buf, off)
+            off += 4
+            if _d808 == 1:
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _v808 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _x807 = netloc4(NL4_NAME, _v808)
+            elif _d808 == 2:
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _v808 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _x807 = netloc4(NL4_URL, _v808)
+            elif _d808 == 3:
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _i809_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+                off = _e + (-_n & 3)
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _i809_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+                off = _e + (-_n & 3)
+                _v808 = netaddr4(_i809_na_r_netid, _i809_na_r_addr)
+                _x807 = netloc4(NL4_NETADDR, _v808)
             else:
-                _d394, _f394 = _a394
-            _v394, off = _f394(r, off + 4)
-            _x393 = netloc4(_d394, _v394)
-            f_cnr_source_server.append(_x393)
+                _x807, off = _dec_any_netloc4(r, off - 4)
+            f_cnr_source_server.append(_x807)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated COPY_NOTIFY4resok', o0) from None
     return COPY_NOTIFY4resok(f_cnr_lease_time, f_cnr_stateid, f_cnr_source_server), off
@@ -2445,7 +1795,7 @@ _COPY_NOTIFY4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int
 _COPY_NOTIFY4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_COPY_NOTIFY4resok)}
 
 
-def enc_COPY_NOTIFY4res(w: _Writer, v: COPY_NOTIFY4res) -> None:
+def _enc_any_COPY_NOTIFY4res(w: _Writer, v: COPY_NOTIFY4res) -> None:
     try:
         _d = v.cnr_status
         _f = _COPY_NOTIFY4res_ENC.get(_d, _void_encode)
@@ -2456,21 +1806,72 @@ def enc_COPY_NOTIFY4res(w: _Writer, v: COPY_NOTIFY4res) -> None:
         raise _XdrError(f'cannot encode COPY_NOTIFY4res: {_e!r}', len(w)) from None
 
 
+def _dec_any_COPY_NOTIFY4res(r: _Reader, off: int) -> tuple[COPY_NOTIFY4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v810: _Any
+        _f810: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d810,) = _S2.unpack_from(buf, off)
+        _a810 = _COPY_NOTIFY4res_ARMS.get(_d810)
+        if _a810 is None:
+            _d810 = _nfsstat4_MAP[(_d810,)[0]]
+            _f810 = _void_decode
+        else:
+            _d810, _f810 = _a810
+        _v810, off = _f810(r, off + 4)
+        _u = COPY_NOTIFY4res(_d810, _v810)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated COPY_NOTIFY4res', o0) from None
+    return _u, off
+
+
+def enc_COPY_NOTIFY4res(w: _Writer, v: COPY_NOTIFY4res) -> None:
+    try:
+        _u811 = v
+        _d811 = _u811.cnr_status
+        _w811: _Any
+        if _d811 == 0:
+            _w811 = _u811.value
+            _s812 = _w811
+            if len(_s812.cnr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S78.pack(0, _s812.cnr_lease_time.seconds, _s812.cnr_lease_time.nseconds, _s812.cnr_stateid.seqid, _s812.cnr_stateid.other)
+            _a813 = _s812.cnr_source_server
+            _n = len(_a813)
+            w += _S0.pack(_n)
+            for _x813 in _a813:
+                enc_netloc4(w, _x813)
+        else:
+            _enc_any_COPY_NOTIFY4res(w, _u811)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode COPY_NOTIFY4res: {_e!r}', len(w)) from None
+
+
 def dec_COPY_NOTIFY4res(r: _Reader, off: int) -> tuple[COPY_NOTIFY4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v395: _Any
-        _f395: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d395,) = _S2.unpack_from(buf, off)
-        _a395 = _COPY_NOTIFY4res_ARMS.get(_d395)
-        if _a395 is None:
-            _d395 = _nfsstat4_MAP[(_d395,)[0]]
-            _f395 = _void_decode
+        _v814: _Any
+        (_d814,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d814 == 0:
+            _t0, _t1, _t2, _t3 = _S77.unpack_from(buf, off)
+            off += 28
+            _i815_cnr_lease_time = nfstime4(_t0, _t1)
+            _i815_cnr_stateid = stateid4(_t2, _t3)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i815_cnr_source_server = []
+            _c816 = _n
+            for _ in range(_c816):
+                _x816, off = dec_netloc4(r, off)
+                _i815_cnr_source_server.append(_x816)
+            _v814 = COPY_NOTIFY4resok(_i815_cnr_lease_time, _i815_cnr_stateid, _i815_cnr_source_server)
+            _u = COPY_NOTIFY4res(NFS4_OK, _v814)
         else:
-            _d395, _f395 = _a395
-        _v395, off = _f395(r, off + 4)
-        _u = COPY_NOTIFY4res(_d395, _v395)
+            _u, off = _dec_any_COPY_NOTIFY4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated COPY_NOTIFY4res', o0) from None
     return _u, off
@@ -2486,7 +1887,7 @@ class DEALLOCATE4args:
 def enc_DEALLOCATE4args(w: _Writer, v: DEALLOCATE4args) -> None:
     try:
         if len(v.da_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S47.pack(v.da_stateid.seqid, v.da_stateid.other, v.da_offset, v.da_length)
+        w += _S75.pack(v.da_stateid.seqid, v.da_stateid.other, v.da_offset, v.da_length)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode DEALLOCATE4args: {_e}', len(w)) from None
 
@@ -2495,14 +1896,12 @@ def dec_DEALLOCATE4args(r: _Reader, off: int) -> tuple[DEALLOCATE4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S47.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3 = _S75.unpack_from(buf, off)
         off += 32
-        f_da_stateid = stateid4(_t[0], _t[1])
-        f_da_offset = _t[2]
-        f_da_length = _t[3]
+        _u = DEALLOCATE4args(stateid4(_t0, _t1), _t2, _t3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated DEALLOCATE4args', o0) from None
-    return DEALLOCATE4args(f_da_stateid, f_da_offset, f_da_length), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2521,12 +1920,12 @@ def dec_DEALLOCATE4res(r: _Reader, off: int) -> tuple[DEALLOCATE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_dr_status = _nfsstat4_MAP[_t[0]]
+        _u = DEALLOCATE4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated DEALLOCATE4res', o0) from None
-    return DEALLOCATE4res(f_dr_status), off
+    return _u, off
 
 
 class IO_ADVISE_type4(_IntEnum):
@@ -2569,3 +1968,1442 @@ def dec_IO_ADVISE_type4(r: _Reader, off: int) -> tuple[IO_ADVISE_type4, int]:
         return _IO_ADVISE_type4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
     except (KeyError, _struct.error):
         raise _XdrError('invalid or truncated IO_ADVISE_type4', off) from None
+
+
+@_dataclass(slots=True)
+class IO_ADVISE4args:
+    iaa_stateid: stateid4
+    iaa_offset: int
+    iaa_count: int
+    iaa_hints: list[int]
+
+
+def enc_IO_ADVISE4args(w: _Writer, v: IO_ADVISE4args) -> None:
+    try:
+        if len(v.iaa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S75.pack(v.iaa_stateid.seqid, v.iaa_stateid.other, v.iaa_offset, v.iaa_count)
+        _a817 = v.iaa_hints
+        _n = len(_a817)
+        w += _S0.pack(_n)
+        for _x817 in _a817:
+            w += _S0.pack(_x817)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode IO_ADVISE4args: {_e}', len(w)) from None
+
+
+def dec_IO_ADVISE4args(r: _Reader, off: int) -> tuple[IO_ADVISE4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, f_iaa_offset, f_iaa_count = _S75.unpack_from(buf, off)
+        off += 32
+        f_iaa_stateid = stateid4(_t0, _t1)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_iaa_hints = []
+        _c818 = _n
+        for _ in range(_c818):
+            (_x818,) = _S0.unpack_from(buf, off)
+            off += 4
+            f_iaa_hints.append(_x818)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated IO_ADVISE4args', o0) from None
+    return IO_ADVISE4args(f_iaa_stateid, f_iaa_offset, f_iaa_count, f_iaa_hints), off
+
+
+@_dataclass(slots=True)
+class IO_ADVISE4resok:
+    ior_hints: list[int]
+
+
+def enc_IO_ADVISE4resok(w: _Writer, v: IO_ADVISE4resok) -> None:
+    try:
+        _a819 = v.ior_hints
+        _n = len(_a819)
+        w += _S0.pack(_n)
+        for _x819 in _a819:
+            w += _S0.pack(_x819)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode IO_ADVISE4resok: {_e}', len(w)) from None
+
+
+def dec_IO_ADVISE4resok(r: _Reader, off: int) -> tuple[IO_ADVISE4resok, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_ior_hints = []
+        _c820 = _n
+        for _ in range(_c820):
+            (_x820,) = _S0.unpack_from(buf, off)
+            off += 4
+            f_ior_hints.append(_x820)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated IO_ADVISE4resok', o0) from None
+    return IO_ADVISE4resok(f_ior_hints), off
+
+
+@_dataclass(slots=True)
+class IO_ADVISE4res:
+    ior_status: nfsstat4
+    value: IO_ADVISE4resok | None = None
+
+
+_IO_ADVISE4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_IO_ADVISE4resok}
+_IO_ADVISE4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_IO_ADVISE4resok}
+_IO_ADVISE4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_IO_ADVISE4resok)}
+
+
+def _enc_any_IO_ADVISE4res(w: _Writer, v: IO_ADVISE4res) -> None:
+    try:
+        _d = v.ior_status
+        _f = _IO_ADVISE4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode IO_ADVISE4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_IO_ADVISE4res(r: _Reader, off: int) -> tuple[IO_ADVISE4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v821: _Any
+        _f821: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d821,) = _S2.unpack_from(buf, off)
+        _a821 = _IO_ADVISE4res_ARMS.get(_d821)
+        if _a821 is None:
+            _d821 = _nfsstat4_MAP[(_d821,)[0]]
+            _f821 = _void_decode
+        else:
+            _d821, _f821 = _a821
+        _v821, off = _f821(r, off + 4)
+        _u = IO_ADVISE4res(_d821, _v821)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated IO_ADVISE4res', o0) from None
+    return _u, off
+
+
+def enc_IO_ADVISE4res(w: _Writer, v: IO_ADVISE4res) -> None:
+    try:
+        _u822 = v
+        _d822 = _u822.ior_status
+        _w822: _Any
+        if _d822 == 0:
+            _w822 = _u822.value
+            _s823 = _w822
+            _a824 = _s823.ior_hints
+            _n = len(_a824)
+            w += _S23.pack(0, _n)
+            for _x824 in _a824:
+                w += _S0.pack(_x824)
+        else:
+            _enc_any_IO_ADVISE4res(w, _u822)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode IO_ADVISE4res: {_e!r}', len(w)) from None
+
+
+def dec_IO_ADVISE4res(r: _Reader, off: int) -> tuple[IO_ADVISE4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v825: _Any
+        (_d825,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d825 == 0:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i826_ior_hints = []
+            _c827 = _n
+            for _ in range(_c827):
+                (_x827,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i826_ior_hints.append(_x827)
+            _v825 = IO_ADVISE4resok(_i826_ior_hints)
+            _u = IO_ADVISE4res(NFS4_OK, _v825)
+        else:
+            _u, off = _dec_any_IO_ADVISE4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated IO_ADVISE4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class device_error4:
+    de_deviceid: bytes
+    de_status: nfsstat4
+    de_opnum: int
+
+
+def enc_device_error4(w: _Writer, v: device_error4) -> None:
+    try:
+        if len(v.de_deviceid) != 16: raise _XdrError('fixed opaque de_deviceid must be 16 bytes', len(w))
+        w += _S48.pack(v.de_deviceid, v.de_status, v.de_opnum)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode device_error4: {_e}', len(w)) from None
+
+
+def dec_device_error4(r: _Reader, off: int) -> tuple[device_error4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, _t2 = _S48.unpack_from(buf, off)
+        off += 24
+        _u = device_error4(_t0, _nfsstat4_MAP[_t1], _t2)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated device_error4', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class LAYOUTERROR4args:
+    lea_offset: int
+    lea_length: int
+    lea_stateid: stateid4
+    lea_errors: list[device_error4]
+
+
+def enc_LAYOUTERROR4args(w: _Writer, v: LAYOUTERROR4args) -> None:
+    try:
+        if len(v.lea_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S13.pack(v.lea_offset, v.lea_length, v.lea_stateid.seqid, v.lea_stateid.other)
+        _a828 = v.lea_errors
+        _n = len(_a828)
+        w += _S0.pack(_n)
+        for _x828 in _a828:
+            if len(_x828.de_deviceid) != 16: raise _XdrError('fixed opaque de_deviceid must be 16 bytes', len(w))
+            w += _S48.pack(_x828.de_deviceid, _x828.de_status, _x828.de_opnum)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LAYOUTERROR4args: {_e}', len(w)) from None
+
+
+def dec_LAYOUTERROR4args(r: _Reader, off: int) -> tuple[LAYOUTERROR4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        f_lea_offset, f_lea_length, _t2, _t3 = _S13.unpack_from(buf, off)
+        off += 32
+        f_lea_stateid = stateid4(_t2, _t3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 24 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_lea_errors = []
+        _c829 = _n
+        for _ in range(_c829):
+            _t0, _t1, _t2 = _S48.unpack_from(buf, off)
+            off += 24
+            _x829 = device_error4(_t0, _nfsstat4_MAP[_t1], _t2)
+            f_lea_errors.append(_x829)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LAYOUTERROR4args', o0) from None
+    return LAYOUTERROR4args(f_lea_offset, f_lea_length, f_lea_stateid, f_lea_errors), off
+
+
+@_dataclass(slots=True)
+class LAYOUTERROR4res:
+    ler_status: nfsstat4
+
+
+def enc_LAYOUTERROR4res(w: _Writer, v: LAYOUTERROR4res) -> None:
+    try:
+        w += _S2.pack(v.ler_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LAYOUTERROR4res: {_e}', len(w)) from None
+
+
+def dec_LAYOUTERROR4res(r: _Reader, off: int) -> tuple[LAYOUTERROR4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        _u = LAYOUTERROR4res(_nfsstat4_MAP[_t0])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LAYOUTERROR4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class io_info4:
+    ii_count: int
+    ii_bytes: int
+
+
+def enc_io_info4(w: _Writer, v: io_info4) -> None:
+    try:
+        w += _S9.pack(v.ii_count, v.ii_bytes)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode io_info4: {_e}', len(w)) from None
+
+
+def dec_io_info4(r: _Reader, off: int) -> tuple[io_info4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _u = io_info4(*_S9.unpack_from(buf, off))
+        off += 16
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated io_info4', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class LAYOUTSTATS4args:
+    lsa_offset: int
+    lsa_length: int
+    lsa_stateid: stateid4
+    lsa_read: io_info4
+    lsa_write: io_info4
+    lsa_deviceid: bytes
+    lsa_layoutupdate: layoutupdate4
+
+
+def enc_LAYOUTSTATS4args(w: _Writer, v: LAYOUTSTATS4args) -> None:
+    try:
+        if len(v.lsa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        if len(v.lsa_deviceid) != 16: raise _XdrError('fixed opaque lsa_deviceid must be 16 bytes', len(w))
+        w += _S79.pack(v.lsa_offset, v.lsa_length, v.lsa_stateid.seqid, v.lsa_stateid.other, v.lsa_read.ii_count, v.lsa_read.ii_bytes, v.lsa_write.ii_count, v.lsa_write.ii_bytes, v.lsa_deviceid)
+        _s830 = v.lsa_layoutupdate
+        w += _S2.pack(_s830.lou_type)
+        _v = _s830.lou_body
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LAYOUTSTATS4args: {_e}', len(w)) from None
+
+
+def dec_LAYOUTSTATS4args(r: _Reader, off: int) -> tuple[LAYOUTSTATS4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        f_lsa_offset, f_lsa_length, _t2, _t3, _t4, _t5, _t6, _t7, f_lsa_deviceid = _S79.unpack_from(buf, off)
+        off += 80
+        f_lsa_stateid = stateid4(_t2, _t3)
+        f_lsa_read = io_info4(_t4, _t5)
+        f_lsa_write = io_info4(_t6, _t7)
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        _i831_lou_type = _layouttype4_MAP[_t0]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i831_lou_body = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_lsa_layoutupdate = layoutupdate4(_i831_lou_type, _i831_lou_body)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LAYOUTSTATS4args', o0) from None
+    return LAYOUTSTATS4args(f_lsa_offset, f_lsa_length, f_lsa_stateid, f_lsa_read, f_lsa_write, f_lsa_deviceid, f_lsa_layoutupdate), off
+
+
+@_dataclass(slots=True)
+class LAYOUTSTATS4res:
+    lsr_status: nfsstat4
+
+
+def enc_LAYOUTSTATS4res(w: _Writer, v: LAYOUTSTATS4res) -> None:
+    try:
+        w += _S2.pack(v.lsr_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LAYOUTSTATS4res: {_e}', len(w)) from None
+
+
+def dec_LAYOUTSTATS4res(r: _Reader, off: int) -> tuple[LAYOUTSTATS4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        _u = LAYOUTSTATS4res(_nfsstat4_MAP[_t0])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LAYOUTSTATS4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class OFFLOAD_CANCEL4args:
+    oca_stateid: stateid4
+
+
+def enc_OFFLOAD_CANCEL4args(w: _Writer, v: OFFLOAD_CANCEL4args) -> None:
+    try:
+        if len(v.oca_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S11.pack(v.oca_stateid.seqid, v.oca_stateid.other)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode OFFLOAD_CANCEL4args: {_e}', len(w)) from None
+
+
+def dec_OFFLOAD_CANCEL4args(r: _Reader, off: int) -> tuple[OFFLOAD_CANCEL4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1 = _S11.unpack_from(buf, off)
+        off += 16
+        _u = OFFLOAD_CANCEL4args(stateid4(_t0, _t1))
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated OFFLOAD_CANCEL4args', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class OFFLOAD_CANCEL4res:
+    ocr_status: nfsstat4
+
+
+def enc_OFFLOAD_CANCEL4res(w: _Writer, v: OFFLOAD_CANCEL4res) -> None:
+    try:
+        w += _S2.pack(v.ocr_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode OFFLOAD_CANCEL4res: {_e}', len(w)) from None
+
+
+def dec_OFFLOAD_CANCEL4res(r: _Reader, off: int) -> tuple[OFFLOAD_CANCEL4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        _u = OFFLOAD_CANCEL4res(_nfsstat4_MAP[_t0])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated OFFLOAD_CANCEL4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class OFFLOAD_STATUS4args:
+    osa_stateid: stateid4
+
+
+def enc_OFFLOAD_STATUS4args(w: _Writer, v: OFFLOAD_STATUS4args) -> None:
+    try:
+        if len(v.osa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S11.pack(v.osa_stateid.seqid, v.osa_stateid.other)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode OFFLOAD_STATUS4args: {_e}', len(w)) from None
+
+
+def dec_OFFLOAD_STATUS4args(r: _Reader, off: int) -> tuple[OFFLOAD_STATUS4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1 = _S11.unpack_from(buf, off)
+        off += 16
+        _u = OFFLOAD_STATUS4args(stateid4(_t0, _t1))
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated OFFLOAD_STATUS4args', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class OFFLOAD_STATUS4resok:
+    osr_count: int
+    osr_complete: list[nfsstat4]
+
+
+def enc_OFFLOAD_STATUS4resok(w: _Writer, v: OFFLOAD_STATUS4resok) -> None:
+    try:
+        w += _S4.pack(v.osr_count)
+        _a832 = v.osr_complete
+        _n = len(_a832)
+        if _n > 1:
+            raise _XdrError('osr_complete: length %d exceeds 1' % _n, len(w))
+        w += _S0.pack(_n)
+        for _x832 in _a832:
+            w += _S2.pack(_x832)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode OFFLOAD_STATUS4resok: {_e}', len(w)) from None
+
+
+def dec_OFFLOAD_STATUS4resok(r: _Reader, off: int) -> tuple[OFFLOAD_STATUS4resok, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (f_osr_count,) = _S4.unpack_from(buf, off)
+        off += 8
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1:
+            raise _XdrError('osr_complete: length %d exceeds 1' % _n, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_osr_complete = []
+        _c833 = _n
+        for _ in range(_c833):
+            (_t0,) = _S2.unpack_from(buf, off)
+            off += 4
+            _x833 = _nfsstat4_MAP[_t0]
+            f_osr_complete.append(_x833)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated OFFLOAD_STATUS4resok', o0) from None
+    return OFFLOAD_STATUS4resok(f_osr_count, f_osr_complete), off
+
+
+@_dataclass(slots=True)
+class OFFLOAD_STATUS4res:
+    osr_status: nfsstat4
+    value: OFFLOAD_STATUS4resok | None = None
+
+
+_OFFLOAD_STATUS4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_OFFLOAD_STATUS4resok}
+_OFFLOAD_STATUS4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_OFFLOAD_STATUS4resok}
+_OFFLOAD_STATUS4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_OFFLOAD_STATUS4resok)}
+
+
+def _enc_any_OFFLOAD_STATUS4res(w: _Writer, v: OFFLOAD_STATUS4res) -> None:
+    try:
+        _d = v.osr_status
+        _f = _OFFLOAD_STATUS4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode OFFLOAD_STATUS4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_OFFLOAD_STATUS4res(r: _Reader, off: int) -> tuple[OFFLOAD_STATUS4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v834: _Any
+        _f834: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d834,) = _S2.unpack_from(buf, off)
+        _a834 = _OFFLOAD_STATUS4res_ARMS.get(_d834)
+        if _a834 is None:
+            _d834 = _nfsstat4_MAP[(_d834,)[0]]
+            _f834 = _void_decode
+        else:
+            _d834, _f834 = _a834
+        _v834, off = _f834(r, off + 4)
+        _u = OFFLOAD_STATUS4res(_d834, _v834)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated OFFLOAD_STATUS4res', o0) from None
+    return _u, off
+
+
+def enc_OFFLOAD_STATUS4res(w: _Writer, v: OFFLOAD_STATUS4res) -> None:
+    try:
+        _u835 = v
+        _d835 = _u835.osr_status
+        _w835: _Any
+        if _d835 == 0:
+            _w835 = _u835.value
+            _s836 = _w835
+            w += _S33.pack(0, _s836.osr_count)
+            _a837 = _s836.osr_complete
+            _n = len(_a837)
+            if _n > 1:
+                raise _XdrError('osr_complete: length %d exceeds 1' % _n, len(w))
+            w += _S0.pack(_n)
+            for _x837 in _a837:
+                w += _S2.pack(_x837)
+        else:
+            _enc_any_OFFLOAD_STATUS4res(w, _u835)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode OFFLOAD_STATUS4res: {_e!r}', len(w)) from None
+
+
+def dec_OFFLOAD_STATUS4res(r: _Reader, off: int) -> tuple[OFFLOAD_STATUS4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v838: _Any
+        (_d838,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d838 == 0:
+            (_i839_osr_count,) = _S4.unpack_from(buf, off)
+            off += 8
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 1:
+                raise _XdrError('osr_complete: length %d exceeds 1' % _n, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i839_osr_complete = []
+            _c840 = _n
+            for _ in range(_c840):
+                (_t0,) = _S2.unpack_from(buf, off)
+                off += 4
+                _x840 = _nfsstat4_MAP[_t0]
+                _i839_osr_complete.append(_x840)
+            _v838 = OFFLOAD_STATUS4resok(_i839_osr_count, _i839_osr_complete)
+            _u = OFFLOAD_STATUS4res(NFS4_OK, _v838)
+        else:
+            _u, off = _dec_any_OFFLOAD_STATUS4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated OFFLOAD_STATUS4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class READ_PLUS4args:
+    rpa_stateid: stateid4
+    rpa_offset: int
+    rpa_count: int
+
+
+def enc_READ_PLUS4args(w: _Writer, v: READ_PLUS4args) -> None:
+    try:
+        if len(v.rpa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S39.pack(v.rpa_stateid.seqid, v.rpa_stateid.other, v.rpa_offset, v.rpa_count)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode READ_PLUS4args: {_e}', len(w)) from None
+
+
+def dec_READ_PLUS4args(r: _Reader, off: int) -> tuple[READ_PLUS4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, _t2, _t3 = _S39.unpack_from(buf, off)
+        off += 28
+        _u = READ_PLUS4args(stateid4(_t0, _t1), _t2, _t3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated READ_PLUS4args', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class read_plus_content:
+    rpc_content: data_content4
+    value: data4 | data_info4 | None = None
+
+
+_read_plus_content_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_data4, 1: enc_data_info4}
+_read_plus_content_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_data4, 1: dec_data_info4}
+_read_plus_content_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_data_content4_MAP[(0,)[0]], dec_data4), 1: (_data_content4_MAP[(1,)[0]], dec_data_info4)}
+
+
+def _enc_any_read_plus_content(w: _Writer, v: read_plus_content) -> None:
+    try:
+        _d = v.rpc_content
+        _f = _read_plus_content_ENC.get(_d, _void_encode)
+        _d = _data_content4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode read_plus_content: {_e!r}', len(w)) from None
+
+
+def _dec_any_read_plus_content(r: _Reader, off: int) -> tuple[read_plus_content, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v841: _Any
+        _f841: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d841,) = _S2.unpack_from(buf, off)
+        _a841 = _read_plus_content_ARMS.get(_d841)
+        if _a841 is None:
+            _d841 = _data_content4_MAP[(_d841,)[0]]
+            _f841 = _void_decode
+        else:
+            _d841, _f841 = _a841
+        _v841, off = _f841(r, off + 4)
+        _u = read_plus_content(_d841, _v841)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated read_plus_content', o0) from None
+    return _u, off
+
+
+def enc_read_plus_content(w: _Writer, v: read_plus_content) -> None:
+    try:
+        _u842 = v
+        _d842 = _u842.rpc_content
+        _w842: _Any
+        if _d842 == 0:
+            _w842 = _u842.value
+            _s843 = _w842
+            w += _S33.pack(0, _s843.d_offset)
+            _v = _s843.d_data
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        elif _d842 == 1:
+            _w842 = _u842.value
+            w += _S29.pack(1, _w842.di_offset, _w842.di_length)
+        else:
+            _enc_any_read_plus_content(w, _u842)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode read_plus_content: {_e!r}', len(w)) from None
+
+
+def dec_read_plus_content(r: _Reader, off: int) -> tuple[read_plus_content, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v844: _Any
+        (_d844,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d844 == 0:
+            (_i845_d_offset,) = _S4.unpack_from(buf, off)
+            off += 8
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i845_d_data = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _v844 = data4(_i845_d_offset, _i845_d_data)
+            _u = read_plus_content(NFS4_CONTENT_DATA, _v844)
+        elif _d844 == 1:
+            _v844 = data_info4(*_S9.unpack_from(buf, off))
+            off += 16
+            _u = read_plus_content(NFS4_CONTENT_HOLE, _v844)
+        else:
+            _u, off = _dec_any_read_plus_content(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated read_plus_content', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class read_plus_res4:
+    rpr_eof: bool
+    rpr_contents: list[read_plus_content]
+
+
+def enc_read_plus_res4(w: _Writer, v: read_plus_res4) -> None:
+    try:
+        w += _S0.pack(v.rpr_eof)
+        _a846 = v.rpr_contents
+        _n = len(_a846)
+        w += _S0.pack(_n)
+        for _x846 in _a846:
+            _u847 = _x846
+            _d847 = _u847.rpc_content
+            _w847: _Any
+            if _d847 == 0:
+                _w847 = _u847.value
+                _s848 = _w847
+                w += _S33.pack(0, _s848.d_offset)
+                _v = _s848.d_data
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+            elif _d847 == 1:
+                _w847 = _u847.value
+                w += _S29.pack(1, _w847.di_offset, _w847.di_length)
+            else:
+                _enc_any_read_plus_content(w, _u847)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode read_plus_res4: {_e}', len(w)) from None
+
+
+def dec_read_plus_res4(r: _Reader, off: int) -> tuple[read_plus_res4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        f_rpr_eof = _BOOL[_t0]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_rpr_contents = []
+        _c849 = _n
+        for _ in range(_c849):
+            _v850: _Any
+            (_d850,) = _S2.unpack_from(buf, off)
+            off += 4
+            if _d850 == 0:
+                (_i851_d_offset,) = _S4.unpack_from(buf, off)
+                off += 8
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _i851_d_data = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _v850 = data4(_i851_d_offset, _i851_d_data)
+                _x849 = read_plus_content(NFS4_CONTENT_DATA, _v850)
+            elif _d850 == 1:
+                _v850 = data_info4(*_S9.unpack_from(buf, off))
+                off += 16
+                _x849 = read_plus_content(NFS4_CONTENT_HOLE, _v850)
+            else:
+                _x849, off = _dec_any_read_plus_content(r, off - 4)
+            f_rpr_contents.append(_x849)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated read_plus_res4', o0) from None
+    return read_plus_res4(f_rpr_eof, f_rpr_contents), off
+
+
+@_dataclass(slots=True)
+class READ_PLUS4res:
+    rp_status: nfsstat4
+    value: read_plus_res4 | None = None
+
+
+_READ_PLUS4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_read_plus_res4}
+_READ_PLUS4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_read_plus_res4}
+_READ_PLUS4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_read_plus_res4)}
+
+
+def _enc_any_READ_PLUS4res(w: _Writer, v: READ_PLUS4res) -> None:
+    try:
+        _d = v.rp_status
+        _f = _READ_PLUS4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode READ_PLUS4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_READ_PLUS4res(r: _Reader, off: int) -> tuple[READ_PLUS4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v852: _Any
+        _f852: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d852,) = _S2.unpack_from(buf, off)
+        _a852 = _READ_PLUS4res_ARMS.get(_d852)
+        if _a852 is None:
+            _d852 = _nfsstat4_MAP[(_d852,)[0]]
+            _f852 = _void_decode
+        else:
+            _d852, _f852 = _a852
+        _v852, off = _f852(r, off + 4)
+        _u = READ_PLUS4res(_d852, _v852)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated READ_PLUS4res', o0) from None
+    return _u, off
+
+
+def enc_READ_PLUS4res(w: _Writer, v: READ_PLUS4res) -> None:
+    try:
+        _u853 = v
+        _d853 = _u853.rp_status
+        _w853: _Any
+        if _d853 == 0:
+            _w853 = _u853.value
+            _s854 = _w853
+            w += _S23.pack(0, _s854.rpr_eof)
+            _a855 = _s854.rpr_contents
+            _n = len(_a855)
+            w += _S0.pack(_n)
+            for _x855 in _a855:
+                enc_read_plus_content(w, _x855)
+        else:
+            _enc_any_READ_PLUS4res(w, _u853)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode READ_PLUS4res: {_e!r}', len(w)) from None
+
+
+def dec_READ_PLUS4res(r: _Reader, off: int) -> tuple[READ_PLUS4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v856: _Any
+        (_d856,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d856 == 0:
+            (_t0,) = _S0.unpack_from(buf, off)
+            off += 4
+            _i857_rpr_eof = _BOOL[_t0]
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i857_rpr_contents = []
+            _c858 = _n
+            for _ in range(_c858):
+                _x858, off = dec_read_plus_content(r, off)
+                _i857_rpr_contents.append(_x858)
+            _v856 = read_plus_res4(_i857_rpr_eof, _i857_rpr_contents)
+            _u = READ_PLUS4res(NFS4_OK, _v856)
+        else:
+            _u, off = _dec_any_READ_PLUS4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated READ_PLUS4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class SEEK4args:
+    sa_stateid: stateid4
+    sa_offset: int
+    sa_what: data_content4
+
+
+def enc_SEEK4args(w: _Writer, v: SEEK4args) -> None:
+    try:
+        if len(v.sa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S45.pack(v.sa_stateid.seqid, v.sa_stateid.other, v.sa_offset, v.sa_what)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SEEK4args: {_e}', len(w)) from None
+
+
+def dec_SEEK4args(r: _Reader, off: int) -> tuple[SEEK4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, _t2, _t3 = _S45.unpack_from(buf, off)
+        off += 28
+        _u = SEEK4args(stateid4(_t0, _t1), _t2, _data_content4_MAP[_t3])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SEEK4args', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class seek_res4:
+    sr_eof: bool
+    sr_offset: int
+
+
+def enc_seek_res4(w: _Writer, v: seek_res4) -> None:
+    try:
+        w += _S62.pack(v.sr_eof, v.sr_offset)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode seek_res4: {_e}', len(w)) from None
+
+
+def dec_seek_res4(r: _Reader, off: int) -> tuple[seek_res4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1 = _S62.unpack_from(buf, off)
+        off += 12
+        _u = seek_res4(_BOOL[_t0], _t1)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated seek_res4', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class SEEK4res:
+    sa_status: nfsstat4
+    value: seek_res4 | None = None
+
+
+_SEEK4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_seek_res4}
+_SEEK4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_seek_res4}
+_SEEK4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_seek_res4)}
+
+
+def _enc_any_SEEK4res(w: _Writer, v: SEEK4res) -> None:
+    try:
+        _d = v.sa_status
+        _f = _SEEK4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode SEEK4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_SEEK4res(r: _Reader, off: int) -> tuple[SEEK4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v859: _Any
+        _f859: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d859,) = _S2.unpack_from(buf, off)
+        _a859 = _SEEK4res_ARMS.get(_d859)
+        if _a859 is None:
+            _d859 = _nfsstat4_MAP[(_d859,)[0]]
+            _f859 = _void_decode
+        else:
+            _d859, _f859 = _a859
+        _v859, off = _f859(r, off + 4)
+        _u = SEEK4res(_d859, _v859)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SEEK4res', o0) from None
+    return _u, off
+
+
+def enc_SEEK4res(w: _Writer, v: SEEK4res) -> None:
+    try:
+        _u860 = v
+        _d860 = _u860.sa_status
+        _w860: _Any
+        if _d860 == 0:
+            _w860 = _u860.value
+            w += _S64.pack(0, _w860.sr_eof, _w860.sr_offset)
+        else:
+            _enc_any_SEEK4res(w, _u860)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SEEK4res: {_e!r}', len(w)) from None
+
+
+def dec_SEEK4res(r: _Reader, off: int) -> tuple[SEEK4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v861: _Any
+        (_d861,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d861 == 0:
+            _t0, _t1 = _S62.unpack_from(buf, off)
+            off += 12
+            _v861 = seek_res4(_BOOL[_t0], _t1)
+            _u = SEEK4res(NFS4_OK, _v861)
+        else:
+            _u, off = _dec_any_SEEK4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SEEK4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class WRITE_SAME4args:
+    wsa_stateid: stateid4
+    wsa_stable: stable_how4
+    wsa_adb: app_data_block4
+
+
+def enc_WRITE_SAME4args(w: _Writer, v: WRITE_SAME4args) -> None:
+    try:
+        if len(v.wsa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S80.pack(v.wsa_stateid.seqid, v.wsa_stateid.other, v.wsa_stable)
+        _s862 = v.wsa_adb
+        w += _S73.pack(_s862.adb_offset, _s862.adb_block_size, _s862.adb_block_count, _s862.adb_reloff_blocknum, _s862.adb_block_num, _s862.adb_reloff_pattern)
+        _v = _s862.adb_pattern
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode WRITE_SAME4args: {_e}', len(w)) from None
+
+
+def dec_WRITE_SAME4args(r: _Reader, off: int) -> tuple[WRITE_SAME4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, _t2 = _S80.unpack_from(buf, off)
+        off += 20
+        f_wsa_stateid = stateid4(_t0, _t1)
+        f_wsa_stable = _stable_how4_MAP[_t2]
+        _i863_adb_offset, _i863_adb_block_size, _i863_adb_block_count, _i863_adb_reloff_blocknum, _i863_adb_block_num, _i863_adb_reloff_pattern = _S73.unpack_from(buf, off)
+        off += 44
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i863_adb_pattern = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_wsa_adb = app_data_block4(_i863_adb_offset, _i863_adb_block_size, _i863_adb_block_count, _i863_adb_reloff_blocknum, _i863_adb_block_num, _i863_adb_reloff_pattern, _i863_adb_pattern)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated WRITE_SAME4args', o0) from None
+    return WRITE_SAME4args(f_wsa_stateid, f_wsa_stable, f_wsa_adb), off
+
+
+@_dataclass(slots=True)
+class WRITE_SAME4res:
+    wsr_status: nfsstat4
+    value: write_response4 | None = None
+
+
+_WRITE_SAME4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_write_response4}
+_WRITE_SAME4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_write_response4}
+_WRITE_SAME4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_write_response4)}
+
+
+def _enc_any_WRITE_SAME4res(w: _Writer, v: WRITE_SAME4res) -> None:
+    try:
+        _d = v.wsr_status
+        _f = _WRITE_SAME4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode WRITE_SAME4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_WRITE_SAME4res(r: _Reader, off: int) -> tuple[WRITE_SAME4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v864: _Any
+        _f864: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d864,) = _S2.unpack_from(buf, off)
+        _a864 = _WRITE_SAME4res_ARMS.get(_d864)
+        if _a864 is None:
+            _d864 = _nfsstat4_MAP[(_d864,)[0]]
+            _f864 = _void_decode
+        else:
+            _d864, _f864 = _a864
+        _v864, off = _f864(r, off + 4)
+        _u = WRITE_SAME4res(_d864, _v864)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated WRITE_SAME4res', o0) from None
+    return _u, off
+
+
+def enc_WRITE_SAME4res(w: _Writer, v: WRITE_SAME4res) -> None:
+    try:
+        _u865 = v
+        _d865 = _u865.wsr_status
+        _w865: _Any
+        if _d865 == 0:
+            _w865 = _u865.value
+            _s866 = _w865
+            _a867 = _s866.wr_callback_id
+            _n = len(_a867)
+            if _n > 1:
+                raise _XdrError('wr_callback_id: length %d exceeds 1' % _n, len(w))
+            w += _S23.pack(0, _n)
+            for _x867 in _a867:
+                if len(_x867.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+                w += _S11.pack(_x867.seqid, _x867.other)
+            if len(_s866.wr_writeverf) != 8: raise _XdrError('fixed opaque wr_writeverf must be 8 bytes', len(w))
+            w += _S74.pack(_s866.wr_count, _s866.wr_committed, _s866.wr_writeverf)
+        else:
+            _enc_any_WRITE_SAME4res(w, _u865)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode WRITE_SAME4res: {_e!r}', len(w)) from None
+
+
+def dec_WRITE_SAME4res(r: _Reader, off: int) -> tuple[WRITE_SAME4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v868: _Any
+        (_d868,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d868 == 0:
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 1:
+                raise _XdrError('wr_callback_id: length %d exceeds 1' % _n, off)
+            off += 4
+            if _n * 16 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i869_wr_callback_id = []
+            _c870 = _n
+            for _ in range(_c870):
+                _x870 = stateid4(*_S11.unpack_from(buf, off))
+                off += 16
+                _i869_wr_callback_id.append(_x870)
+            _i869_wr_count, _t1, _i869_wr_writeverf = _S74.unpack_from(buf, off)
+            off += 20
+            _i869_wr_committed = _stable_how4_MAP[_t1]
+            _v868 = write_response4(_i869_wr_callback_id, _i869_wr_count, _i869_wr_committed, _i869_wr_writeverf)
+            _u = WRITE_SAME4res(NFS4_OK, _v868)
+        else:
+            _u, off = _dec_any_WRITE_SAME4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated WRITE_SAME4res', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class CLONE4args:
+    cl_src_stateid: stateid4
+    cl_dst_stateid: stateid4
+    cl_src_offset: int
+    cl_dst_offset: int
+    cl_count: int
+
+
+def enc_CLONE4args(w: _Writer, v: CLONE4args) -> None:
+    try:
+        if len(v.cl_src_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        if len(v.cl_dst_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S81.pack(v.cl_src_stateid.seqid, v.cl_src_stateid.other, v.cl_dst_stateid.seqid, v.cl_dst_stateid.other, v.cl_src_offset, v.cl_dst_offset, v.cl_count)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode CLONE4args: {_e}', len(w)) from None
+
+
+def dec_CLONE4args(r: _Reader, off: int) -> tuple[CLONE4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _S81.unpack_from(buf, off)
+        off += 56
+        _u = CLONE4args(stateid4(_t0, _t1), stateid4(_t2, _t3), _t4, _t5, _t6)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated CLONE4args', o0) from None
+    return _u, off
+
+
+@_dataclass(slots=True)
+class CLONE4res:
+    cl_status: nfsstat4
+
+
+def enc_CLONE4res(w: _Writer, v: CLONE4res) -> None:
+    try:
+        w += _S2.pack(v.cl_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode CLONE4res: {_e}', len(w)) from None
+
+
+def dec_CLONE4res(r: _Reader, off: int) -> tuple[CLONE4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        _u = CLONE4res(_nfsstat4_MAP[_t0])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated CLONE4res', o0) from None
+    return _u, off
+
+
+xattrkey4: _TypeAlias = "bytes"
+
+
+def enc_xattrkey4(w: _Writer, v: xattrkey4) -> None:
+    try:
+        _v = v
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode xattrkey4: {_e}', len(w)) from None
+
+
+def dec_xattrkey4(r: _Reader, off: int) -> tuple[xattrkey4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _v = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated xattrkey4', o0) from None
+    return _v, off
+
+
+xattrvalue4: _TypeAlias = "bytes"
+
+
+def enc_xattrvalue4(w: _Writer, v: xattrvalue4) -> None:
+    try:
+        _v = v
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode xattrvalue4: {_e}', len(w)) from None
+
+
+def dec_xattrvalue4(r: _Reader, off: int) -> tuple[xattrvalue4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _v = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated xattrvalue4', o0) from None
+    return _v, off
+
+
+@_dataclass(slots=True)
+class GETXATTR4args:
+    gxa_name: bytes
+
+
+def enc_GETXATTR4args(w: _Writer, v: GETXATTR4args) -> None:
+    try:
+        _v = v.gxa_name
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode GETXATTR4args: {_e}', len(w)) from None
+
+
+def dec_GETXATTR4args(r: _Reader, off: int) -> tuple[GETXATTR4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_gxa_name = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GETXATTR4args', o0) from None
+    return GETXATTR4args(f_gxa_name), off
+
+
+@_dataclass(slots=True)
+class GETXATTR4res:
+    gxr_status: nfsstat4
+    value: bytes | None = None
+
+
+_GETXATTR4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_xattrvalue4}
+_GETXATTR4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_xattrvalue4}
+_GETXATTR4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_xattrvalue4)}
+
+
+def _enc_any_GETXATTR4res(w: _Writer, v: GETXATTR4res) -> None:
+    try:
+        _d = v.gxr_status
+        _f = _GETXATTR4res_ENC.get(_d, _void_encode)
+        _d = _nfsstat4_MAP[_d]
+        w += _S2.pack(_d)
+        _f(w, v.value)
+    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
+        raise _XdrError(f'cannot encode GETXATTR4res: {_e!r}', len(w)) from None
+
+
+def _dec_any_GETXATTR4res(r: _Reader, off: int) -> tuple[GETXATTR4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v871: _Any
+        _f871: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d871,) = _S2.unpack_from(buf, off)
+        _a871 = _GETXATTR4res_ARMS.get(_d871)
+        if _a871 is None:
+            _d871 = _nfsstat4_MAP[(_d871,)[0]]
+            _f871 = _void_decode
+        else:
+            _d871, _f871 = _a871
+        _v871, off = _f871(r, off + 4)
+        _u = GETXATTR4res(_d871, _v871)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GETXATTR4res', o0) from None
+    return _u, off
+
+
+def enc_GETXATTR4res(w: _Writer, v: GETXATTR4res) -> None:
+    try:
+        _u872 = v
+        _d872 = _u872.gxr_status
+        _w872: _Any
+        if _d872 == 0:
+            _w872 = _u872.value
+            _v = _w872
+            _n = len(_v)
+            w += _S23.pack(0, _n)
+            w += _v
+            w += _PAD[_n & 3]
+        else:
+            _enc_any_GETXATTR4res(w, _u872)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode GETXATTR4res: {_e!r}', len(w)) from None
+
+
+def dec_GETXATTR4res(r: _Reader, off: int) -> tuple[GETXATTR4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v873: _Any
+        (_d873,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d873 == 0:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _v873 = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _u = GETXATTR4res(NFS4_OK, _v873)
+        else:
+            _u, off = _dec_any_GETXATTR4res(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated GETXATTR4res', o0) from None
+    return _u, off
+
+
+class setxattr_option4(_IntEnum):
+    SETXATTR4_EITHER = 0
+    SETXATTR4_CREATE = 1
+    SETXATTR4_REPLACE = 2
+
+
+_setxattr_option4_MAP: _Final[dict[int, setxattr_option4]] = {m.value: m for m in setxattr_option4}
+SETXATTR4_EITHER = setxattr_option4.SETXATTR4_EITHER
+SETXATTR4_CREATE = setxattr_option4.SETXATTR4_CREATE
+SETXATTR4_REPLACE = setxattr_option4.SETXATTR4_REPLACE
+
+
+def enc_setxattr_option4(w: _Writer, v: setxattr_option4) -> None:
+    try:
+        w += _I32.pack(_setxattr_option4_MAP[v])
+    except (KeyError, TypeError, _struct.error):
+        raise _XdrError(f'{v!r} is not a setxattr_option4', len(w)) from None
+
+
+def dec_setxattr_option4(r: _Reader, off: int) -> tuple[setxattr_option4, int]:
+    try:
+        return _setxattr_option4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
+    except (KeyError, _struct.error):
+        raise _XdrError('invalid or truncated setxattr_option4', off) from None
+
+
+@_dataclass(slots=True)
+class SETXATTR4args:
+    sxa_option: setxattr_option4
+    sxa_key: bytes
+    sxa_value: bytes
+
+
+def enc_SETXATTR4args(w: _Writer, v: SETXATTR4args) -> None:
+    try:
+        w += _S2.pack(v.sxa_option)
+        _v = v.sxa_key
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _v = v.sxa_value
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SETXATTR4args: {_e}', len(w)) from None
+
+
+def dec_SETXATTR4args(r: _Reader, off: int) -> tuple[SETXATTR4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        f_sxa_option = _setxattr_option4_MAP[_t0]
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_sxa_key = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_sxa_value = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SETXATTR4args', o0) from None
+    return SETXATTR4args(f_sxa_option, f_sxa_key, f_sxa_value), off

@@ -23,6 +23,7 @@ from nfsrdma.xdr.runtime import (
     U32 as _U32,
     Operation as _Operation,
     Buffer as _Buffer,
+    DdpItem as _DdpItem,
     Reader as _Reader,
     Writer as _Writer,
     XdrError as _XdrError,
@@ -31,24 +32,17 @@ from nfsrdma.xdr.runtime import (
 )
 
 
-from nfsrdma.xdr.gen._nfs4_3 import (
+from nfsrdma.xdr.gen._nfs4_2 import (
     ACCESS4args,
     ACCESS4res,
     CLOSE4args,
     CLOSE4res,
     COMMIT4args,
     COMMIT4res,
-    CREATE4args,
-    CREATE4res,
-    DELEGPURGE4args,
-    DELEGPURGE4res,
-    DELEGRETURN4args,
-    DELEGRETURN4res,
-    GETATTR4args,
-    GETATTR4res,
-    GETFH4res,
-    LINK4args,
-    LINK4res,
+    _createtype4_ENCX,
+    _enc_any_ACCESS4res,
+    _enc_any_CLOSE4res,
+    _enc_any_COMMIT4res,
     change_info4,
     dec_ACCESS4args,
     dec_ACCESS4res,
@@ -56,17 +50,6 @@ from nfsrdma.xdr.gen._nfs4_3 import (
     dec_CLOSE4res,
     dec_COMMIT4args,
     dec_COMMIT4res,
-    dec_CREATE4args,
-    dec_CREATE4res,
-    dec_DELEGPURGE4args,
-    dec_DELEGPURGE4res,
-    dec_DELEGRETURN4args,
-    dec_DELEGRETURN4res,
-    dec_GETATTR4args,
-    dec_GETATTR4res,
-    dec_GETFH4res,
-    dec_LINK4args,
-    dec_LINK4res,
     dec_change_info4,
     enc_ACCESS4args,
     enc_ACCESS4res,
@@ -74,23 +57,18 @@ from nfsrdma.xdr.gen._nfs4_3 import (
     enc_CLOSE4res,
     enc_COMMIT4args,
     enc_COMMIT4res,
-    enc_CREATE4args,
-    enc_CREATE4res,
-    enc_DELEGPURGE4args,
-    enc_DELEGPURGE4res,
-    enc_DELEGRETURN4args,
-    enc_DELEGRETURN4res,
-    enc_GETATTR4args,
-    enc_GETATTR4res,
-    enc_GETFH4res,
-    enc_LINK4args,
-    enc_LINK4res,
     enc_change_info4,
+    enc_createtype4,
+    enc_fattr4,
+    enc_server_owner4,
+    enc_state_owner4,
     fattr4,
 )
 from nfsrdma.xdr.gen._nfs4_6 import (
     ALLOCATE4args,
     ALLOCATE4res,
+    CLONE4args,
+    CLONE4res,
     COPY4args,
     COPY4res,
     COPY_NOTIFY4args,
@@ -99,34 +77,50 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     DEALLOCATE4res,
     DESTROY_CLIENTID4args,
     DESTROY_CLIENTID4res,
-    GETDEVICEINFO4args,
-    GETDEVICEINFO4res,
-    GETDEVICELIST4args,
-    GETDEVICELIST4res,
-    GET_DIR_DELEGATION4res,
-    LAYOUTCOMMIT4args,
-    LAYOUTCOMMIT4res,
-    LAYOUTGET4args,
-    LAYOUTGET4res,
-    LAYOUTRETURN4args,
-    LAYOUTRETURN4res,
+    GETXATTR4args,
+    GETXATTR4res,
+    IO_ADVISE4args,
+    IO_ADVISE4res,
+    LAYOUTERROR4args,
+    LAYOUTERROR4res,
+    LAYOUTSTATS4args,
+    LAYOUTSTATS4res,
+    OFFLOAD_CANCEL4args,
+    OFFLOAD_CANCEL4res,
+    OFFLOAD_STATUS4args,
+    OFFLOAD_STATUS4res,
+    READ_PLUS4args,
+    READ_PLUS4res,
     RECLAIM_COMPLETE4args,
     RECLAIM_COMPLETE4res,
-    SEQUENCE4args,
-    SEQUENCE4res,
+    SEEK4args,
+    SEEK4res,
+    SETXATTR4args,
     SET_SSV4args,
     SET_SSV4res,
     TEST_STATEID4args,
     TEST_STATEID4res,
     WANT_DELEGATION4args,
     WANT_DELEGATION4res,
-    _data_content4_MAP,
-    app_data_block4,
-    data4,
-    data_content4,
-    data_info4,
+    WRITE_SAME4args,
+    WRITE_SAME4res,
+    _enc_any_COPY4res,
+    _enc_any_COPY_NOTIFY4res,
+    _enc_any_GETXATTR4res,
+    _enc_any_IO_ADVISE4res,
+    _enc_any_OFFLOAD_STATUS4res,
+    _enc_any_READ_PLUS4res,
+    _enc_any_SEEK4res,
+    _enc_any_SET_SSV4res,
+    _enc_any_TEST_STATEID4res,
+    _enc_any_WANT_DELEGATION4res,
+    _enc_any_WRITE_SAME4res,
+    _enc_any_deleg_claim4,
+    _enc_any_netloc4,
     dec_ALLOCATE4args,
     dec_ALLOCATE4res,
+    dec_CLONE4args,
+    dec_CLONE4res,
     dec_COPY4args,
     dec_COPY4res,
     dec_COPY_NOTIFY4args,
@@ -135,33 +129,37 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     dec_DEALLOCATE4res,
     dec_DESTROY_CLIENTID4args,
     dec_DESTROY_CLIENTID4res,
-    dec_GETDEVICEINFO4args,
-    dec_GETDEVICEINFO4res,
-    dec_GETDEVICELIST4args,
-    dec_GETDEVICELIST4res,
-    dec_GET_DIR_DELEGATION4res,
-    dec_LAYOUTCOMMIT4args,
-    dec_LAYOUTCOMMIT4res,
-    dec_LAYOUTGET4args,
-    dec_LAYOUTGET4res,
-    dec_LAYOUTRETURN4args,
-    dec_LAYOUTRETURN4res,
+    dec_GETXATTR4args,
+    dec_GETXATTR4res,
+    dec_IO_ADVISE4args,
+    dec_IO_ADVISE4res,
+    dec_LAYOUTERROR4args,
+    dec_LAYOUTERROR4res,
+    dec_LAYOUTSTATS4args,
+    dec_LAYOUTSTATS4res,
+    dec_OFFLOAD_CANCEL4args,
+    dec_OFFLOAD_CANCEL4res,
+    dec_OFFLOAD_STATUS4args,
+    dec_OFFLOAD_STATUS4res,
+    dec_READ_PLUS4args,
+    dec_READ_PLUS4res,
     dec_RECLAIM_COMPLETE4args,
     dec_RECLAIM_COMPLETE4res,
-    dec_SECINFO_NO_NAME4args,
-    dec_SEQUENCE4args,
-    dec_SEQUENCE4res,
+    dec_SEEK4args,
+    dec_SEEK4res,
+    dec_SETXATTR4args,
     dec_SET_SSV4args,
     dec_SET_SSV4res,
     dec_TEST_STATEID4args,
     dec_TEST_STATEID4res,
     dec_WANT_DELEGATION4args,
     dec_WANT_DELEGATION4res,
-    dec_data4,
-    dec_data_info4,
-    dec_write_response4,
+    dec_WRITE_SAME4args,
+    dec_WRITE_SAME4res,
     enc_ALLOCATE4args,
     enc_ALLOCATE4res,
+    enc_CLONE4args,
+    enc_CLONE4res,
     enc_COPY4args,
     enc_COPY4res,
     enc_COPY_NOTIFY4args,
@@ -170,51 +168,64 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     enc_DEALLOCATE4res,
     enc_DESTROY_CLIENTID4args,
     enc_DESTROY_CLIENTID4res,
-    enc_GETDEVICEINFO4args,
-    enc_GETDEVICEINFO4res,
-    enc_GETDEVICELIST4args,
-    enc_GETDEVICELIST4res,
-    enc_GET_DIR_DELEGATION4res,
-    enc_LAYOUTCOMMIT4args,
-    enc_LAYOUTCOMMIT4res,
-    enc_LAYOUTGET4args,
-    enc_LAYOUTGET4res,
-    enc_LAYOUTRETURN4args,
-    enc_LAYOUTRETURN4res,
+    enc_GETXATTR4args,
+    enc_GETXATTR4res,
+    enc_IO_ADVISE4args,
+    enc_IO_ADVISE4res,
+    enc_LAYOUTERROR4args,
+    enc_LAYOUTERROR4res,
+    enc_LAYOUTSTATS4args,
+    enc_LAYOUTSTATS4res,
+    enc_OFFLOAD_CANCEL4args,
+    enc_OFFLOAD_CANCEL4res,
+    enc_OFFLOAD_STATUS4args,
+    enc_OFFLOAD_STATUS4res,
+    enc_READ_PLUS4args,
+    enc_READ_PLUS4res,
     enc_RECLAIM_COMPLETE4args,
     enc_RECLAIM_COMPLETE4res,
-    enc_SECINFO_NO_NAME4args,
-    enc_SEQUENCE4args,
-    enc_SEQUENCE4res,
+    enc_SEEK4args,
+    enc_SEEK4res,
+    enc_SETXATTR4args,
     enc_SET_SSV4args,
     enc_SET_SSV4res,
     enc_TEST_STATEID4args,
     enc_TEST_STATEID4res,
     enc_WANT_DELEGATION4args,
     enc_WANT_DELEGATION4res,
-    enc_data4,
-    enc_data_info4,
+    enc_WRITE_SAME4args,
+    enc_WRITE_SAME4res,
+    enc_netloc4,
+    enc_read_plus_content,
     enc_write_response4,
-    secinfo_style4,
-    write_response4,
 )
-from nfsrdma.xdr.gen._nfs4_5 import (
+from nfsrdma.xdr.gen._nfs4_4 import (
     BACKCHANNEL_CTL4args,
     BACKCHANNEL_CTL4res,
     BIND_CONN_TO_SESSION4args,
     BIND_CONN_TO_SESSION4res,
-    CREATE_SESSION4args,
-    CREATE_SESSION4res,
-    DESTROY_SESSION4args,
-    DESTROY_SESSION4res,
     EXCHANGE_ID4args,
-    EXCHANGE_ID4res,
-    FREE_STATEID4args,
-    FREE_STATEID4res,
-    GET_DIR_DELEGATION4args,
     ILLEGAL4res,
+    OPENATTR4res,
+    OPEN_CONFIRM4args,
+    OPEN_CONFIRM4res,
+    OPEN_DOWNGRADE4args,
+    OPEN_DOWNGRADE4res,
+    PUTFH4args,
+    PUTFH4res,
+    PUTPUBFH4res,
+    PUTROOTFH4res,
+    READ4args,
+    READ4res,
+    READDIR4args,
+    READDIR4res,
+    READLINK4res,
     RELEASE_LOCKOWNER4args,
     RELEASE_LOCKOWNER4res,
+    REMOVE4args,
+    REMOVE4res,
+    RENAME4args,
+    RENAME4res,
     RENEW4args,
     RENEW4res,
     RESTOREFH4res,
@@ -231,23 +242,44 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     VERIFY4res,
     WRITE4args,
     WRITE4res,
-    _stable_how4_MAP,
+    _enc_any_BIND_CONN_TO_SESSION4res,
+    _enc_any_OPEN_CONFIRM4res,
+    _enc_any_OPEN_DOWNGRADE4res,
+    _enc_any_READ4res,
+    _enc_any_READDIR4res,
+    _enc_any_READLINK4res,
+    _enc_any_REMOVE4res,
+    _enc_any_RENAME4res,
+    _enc_any_SECINFO4res,
+    _enc_any_SETCLIENTID4res,
+    _enc_any_WRITE4res,
+    _enc_any_state_protect4_a,
     dec_BACKCHANNEL_CTL4args,
     dec_BACKCHANNEL_CTL4res,
     dec_BIND_CONN_TO_SESSION4args,
     dec_BIND_CONN_TO_SESSION4res,
-    dec_CREATE_SESSION4args,
-    dec_CREATE_SESSION4res,
-    dec_DESTROY_SESSION4args,
-    dec_DESTROY_SESSION4res,
     dec_EXCHANGE_ID4args,
-    dec_EXCHANGE_ID4res,
-    dec_FREE_STATEID4args,
-    dec_FREE_STATEID4res,
-    dec_GET_DIR_DELEGATION4args,
     dec_ILLEGAL4res,
+    dec_OPENATTR4res,
+    dec_OPEN_CONFIRM4args,
+    dec_OPEN_CONFIRM4res,
+    dec_OPEN_DOWNGRADE4args,
+    dec_OPEN_DOWNGRADE4res,
+    dec_PUTFH4args,
+    dec_PUTFH4res,
+    dec_PUTPUBFH4res,
+    dec_PUTROOTFH4res,
+    dec_READ4args,
+    dec_READ4res,
+    dec_READDIR4args,
+    dec_READDIR4res,
+    dec_READLINK4res,
     dec_RELEASE_LOCKOWNER4args,
     dec_RELEASE_LOCKOWNER4res,
+    dec_REMOVE4args,
+    dec_REMOVE4res,
+    dec_RENAME4args,
+    dec_RENAME4res,
     dec_RENEW4args,
     dec_RENEW4res,
     dec_RESTOREFH4res,
@@ -268,18 +300,28 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     enc_BACKCHANNEL_CTL4res,
     enc_BIND_CONN_TO_SESSION4args,
     enc_BIND_CONN_TO_SESSION4res,
-    enc_CREATE_SESSION4args,
-    enc_CREATE_SESSION4res,
-    enc_DESTROY_SESSION4args,
-    enc_DESTROY_SESSION4res,
     enc_EXCHANGE_ID4args,
-    enc_EXCHANGE_ID4res,
-    enc_FREE_STATEID4args,
-    enc_FREE_STATEID4res,
-    enc_GET_DIR_DELEGATION4args,
     enc_ILLEGAL4res,
+    enc_OPENATTR4res,
+    enc_OPEN_CONFIRM4args,
+    enc_OPEN_CONFIRM4res,
+    enc_OPEN_DOWNGRADE4args,
+    enc_OPEN_DOWNGRADE4res,
+    enc_PUTFH4args,
+    enc_PUTFH4res,
+    enc_PUTPUBFH4res,
+    enc_PUTROOTFH4res,
+    enc_READ4args,
+    enc_READ4res,
+    enc_READDIR4args,
+    enc_READDIR4res,
+    enc_READLINK4res,
     enc_RELEASE_LOCKOWNER4args,
     enc_RELEASE_LOCKOWNER4res,
+    enc_REMOVE4args,
+    enc_REMOVE4res,
+    enc_RENAME4args,
+    enc_RENAME4res,
     enc_RENEW4args,
     enc_RENEW4res,
     enc_RESTOREFH4res,
@@ -296,9 +338,24 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     enc_VERIFY4res,
     enc_WRITE4args,
     enc_WRITE4res,
-    stable_how4,
+    enc_callback_sec_parms4,
+    enc_dirlist4,
+    enc_secinfo4,
+    enc_ssv_sp_parms4,
+    enc_state_protect_ops4,
 )
-from nfsrdma.xdr.gen._nfs4_4 import (
+from nfsrdma.xdr.gen._nfs4_3 import (
+    CREATE4args,
+    CREATE4res,
+    DELEGPURGE4args,
+    DELEGPURGE4res,
+    DELEGRETURN4args,
+    DELEGRETURN4res,
+    GETATTR4args,
+    GETATTR4res,
+    GETFH4res,
+    LINK4args,
+    LINK4res,
     LOCK4args,
     LOCK4res,
     LOCKT4args,
@@ -313,24 +370,29 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     OPEN4args,
     OPEN4res,
     OPENATTR4args,
-    OPENATTR4res,
-    OPEN_CONFIRM4args,
-    OPEN_CONFIRM4res,
-    OPEN_DOWNGRADE4args,
-    OPEN_DOWNGRADE4res,
-    PUTFH4args,
-    PUTFH4res,
-    PUTPUBFH4res,
-    PUTROOTFH4res,
-    READ4args,
-    READ4res,
-    READDIR4args,
-    READDIR4res,
-    READLINK4res,
-    REMOVE4args,
-    REMOVE4res,
-    RENAME4args,
-    RENAME4res,
+    _enc_any_CREATE4res,
+    _enc_any_GETATTR4res,
+    _enc_any_GETFH4res,
+    _enc_any_LINK4res,
+    _enc_any_LOCK4res,
+    _enc_any_LOCKT4res,
+    _enc_any_LOCKU4res,
+    _enc_any_OPEN4res,
+    _enc_any_locker4,
+    _enc_any_open_delegation4,
+    _enc_any_openflag4,
+    _open_claim4_ENCX,
+    dec_CREATE4args,
+    dec_CREATE4res,
+    dec_DELEGPURGE4args,
+    dec_DELEGPURGE4res,
+    dec_DELEGRETURN4args,
+    dec_DELEGRETURN4res,
+    dec_GETATTR4args,
+    dec_GETATTR4res,
+    dec_GETFH4res,
+    dec_LINK4args,
+    dec_LINK4res,
     dec_LOCK4args,
     dec_LOCK4res,
     dec_LOCKT4args,
@@ -345,24 +407,17 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     dec_OPEN4args,
     dec_OPEN4res,
     dec_OPENATTR4args,
-    dec_OPENATTR4res,
-    dec_OPEN_CONFIRM4args,
-    dec_OPEN_CONFIRM4res,
-    dec_OPEN_DOWNGRADE4args,
-    dec_OPEN_DOWNGRADE4res,
-    dec_PUTFH4args,
-    dec_PUTFH4res,
-    dec_PUTPUBFH4res,
-    dec_PUTROOTFH4res,
-    dec_READ4args,
-    dec_READ4res,
-    dec_READDIR4args,
-    dec_READDIR4res,
-    dec_READLINK4res,
-    dec_REMOVE4args,
-    dec_REMOVE4res,
-    dec_RENAME4args,
-    dec_RENAME4res,
+    enc_CREATE4args,
+    enc_CREATE4res,
+    enc_DELEGPURGE4args,
+    enc_DELEGPURGE4res,
+    enc_DELEGRETURN4args,
+    enc_DELEGRETURN4res,
+    enc_GETATTR4args,
+    enc_GETATTR4res,
+    enc_GETFH4res,
+    enc_LINK4args,
+    enc_LINK4res,
     enc_LOCK4args,
     enc_LOCK4res,
     enc_LOCKT4args,
@@ -377,1181 +432,185 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     enc_OPEN4args,
     enc_OPEN4res,
     enc_OPENATTR4args,
-    enc_OPENATTR4res,
-    enc_OPEN_CONFIRM4args,
-    enc_OPEN_CONFIRM4res,
-    enc_OPEN_DOWNGRADE4args,
-    enc_OPEN_DOWNGRADE4res,
-    enc_PUTFH4args,
-    enc_PUTFH4res,
-    enc_PUTPUBFH4res,
-    enc_PUTROOTFH4res,
-    enc_READ4args,
-    enc_READ4res,
-    enc_READDIR4args,
-    enc_READDIR4res,
-    enc_READLINK4res,
-    enc_REMOVE4args,
-    enc_REMOVE4res,
-    enc_RENAME4args,
-    enc_RENAME4res,
+    enc_createhow4,
+    enc_open_claim4,
+    enc_open_delegation4,
+    enc_open_none_delegation4,
+    enc_open_read_delegation4,
+    enc_open_to_lock_owner4,
+    enc_open_write_delegation4,
+)
+from nfsrdma.xdr.gen._nfs4_5 import (
+    CREATE_SESSION4args,
+    CREATE_SESSION4res,
+    DESTROY_SESSION4args,
+    DESTROY_SESSION4res,
+    EXCHANGE_ID4res,
+    FREE_STATEID4args,
+    FREE_STATEID4res,
+    GETDEVICEINFO4args,
+    GETDEVICEINFO4res,
+    GETDEVICELIST4args,
+    GETDEVICELIST4res,
+    GET_DIR_DELEGATION4args,
+    GET_DIR_DELEGATION4res,
+    LAYOUTCOMMIT4args,
+    LAYOUTCOMMIT4res,
+    LAYOUTGET4args,
+    LAYOUTGET4res,
+    LAYOUTRETURN4args,
+    LAYOUTRETURN4res,
+    SEQUENCE4args,
+    SEQUENCE4res,
+    _enc_any_CREATE_SESSION4res,
+    _enc_any_EXCHANGE_ID4res,
+    _enc_any_GETDEVICEINFO4res,
+    _enc_any_GETDEVICELIST4res,
+    _enc_any_GET_DIR_DELEGATION4res,
+    _enc_any_GET_DIR_DELEGATION4res_non_fatal,
+    _enc_any_LAYOUTCOMMIT4res,
+    _enc_any_LAYOUTGET4res,
+    _enc_any_LAYOUTRETURN4res,
+    _enc_any_SEQUENCE4res,
+    _enc_any_layoutreturn_stateid,
+    _enc_any_newoffset4,
+    _enc_any_newtime4,
+    dec_CREATE_SESSION4args,
+    dec_CREATE_SESSION4res,
+    dec_DESTROY_SESSION4args,
+    dec_DESTROY_SESSION4res,
+    dec_EXCHANGE_ID4res,
+    dec_FREE_STATEID4args,
+    dec_FREE_STATEID4res,
+    dec_GETDEVICEINFO4args,
+    dec_GETDEVICEINFO4res,
+    dec_GETDEVICELIST4args,
+    dec_GETDEVICELIST4res,
+    dec_GET_DIR_DELEGATION4args,
+    dec_GET_DIR_DELEGATION4res,
+    dec_LAYOUTCOMMIT4args,
+    dec_LAYOUTCOMMIT4res,
+    dec_LAYOUTGET4args,
+    dec_LAYOUTGET4res,
+    dec_LAYOUTRETURN4args,
+    dec_LAYOUTRETURN4res,
+    dec_SECINFO_NO_NAME4args,
+    dec_SEQUENCE4args,
+    dec_SEQUENCE4res,
+    enc_CREATE_SESSION4args,
+    enc_CREATE_SESSION4res,
+    enc_DESTROY_SESSION4args,
+    enc_DESTROY_SESSION4res,
+    enc_EXCHANGE_ID4res,
+    enc_FREE_STATEID4args,
+    enc_FREE_STATEID4res,
+    enc_GETDEVICEINFO4args,
+    enc_GETDEVICEINFO4res,
+    enc_GETDEVICELIST4args,
+    enc_GETDEVICELIST4res,
+    enc_GET_DIR_DELEGATION4args,
+    enc_GET_DIR_DELEGATION4res,
+    enc_GET_DIR_DELEGATION4resok,
+    enc_LAYOUTCOMMIT4args,
+    enc_LAYOUTCOMMIT4res,
+    enc_LAYOUTGET4args,
+    enc_LAYOUTGET4res,
+    enc_LAYOUTRETURN4args,
+    enc_LAYOUTRETURN4res,
+    enc_SECINFO_NO_NAME4args,
+    enc_SEQUENCE4args,
+    enc_SEQUENCE4res,
+    enc_channel_attrs4,
+    enc_newsize4,
+    enc_state_protect4_r,
+    secinfo_style4,
 )
 from nfsrdma.xdr.gen._nfs4_1 import (
-    _layoutiomode4_MAP,
-    _layouttype4_MAP,
+    NFS4_OK,
+    _enc_any_layoutreturn4,
     _nfsstat4_MAP,
     dec_fsid4,
+    enc_device_addr4,
     enc_fsid4,
+    enc_layout4,
+    enc_layoutreturn_file4,
+    enc_netaddr4,
+    enc_nfs_impl_id4,
     fsid4,
-    layoutiomode4,
-    layouttype4,
-    layoutupdate4,
     nfsstat4,
     stateid4,
 )
 
 _S0: _Final = _struct.Struct('>I')
+_S1: _Final = _struct.Struct('>II')
 _S2: _Final = _struct.Struct('>i')
 _S4: _Final = _struct.Struct('>Q')
-_S8: _Final = _struct.Struct('>QQ')
-_S10: _Final = _struct.Struct('>I12s')
-_S12: _Final = _struct.Struct('>QQI12s')
-_S18: _Final = _struct.Struct('>QI')
-_S20: _Final = _struct.Struct('>I12sI')
-_S26: _Final = _struct.Struct('>I12sQI')
-_S30: _Final = _struct.Struct('>I12sQi')
-_S32: _Final = _struct.Struct('>16siI')
-_S45: _Final = _struct.Struct('>QQQQIQ')
-_S47: _Final = _struct.Struct('>I12sQQ')
-_S50: _Final = _struct.Struct('>QQI12sQQQQ16s')
-_S51: _Final = _struct.Struct('>IQ')
-_S52: _Final = _struct.Struct('>I12si')
-_S53: _Final = _struct.Struct('>I12sI12sQQQ')
-_S54: _Final = _struct.Struct('>iiI')
-
-
-@_dataclass(slots=True)
-class IO_ADVISE4args:
-    iaa_stateid: stateid4
-    iaa_offset: int
-    iaa_count: int
-    iaa_hints: list[int]
-
-
-def enc_IO_ADVISE4args(w: _Writer, v: IO_ADVISE4args) -> None:
-    try:
-        if len(v.iaa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S47.pack(v.iaa_stateid.seqid, v.iaa_stateid.other, v.iaa_offset, v.iaa_count)
-        _a396 = v.iaa_hints
-        _n = len(_a396)
-        w += _U32.pack(_n)
-        for _x396 in _a396:
-            w += _S0.pack(_x396)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode IO_ADVISE4args: {_e}', len(w)) from None
-
-
-def dec_IO_ADVISE4args(r: _Reader, off: int) -> tuple[IO_ADVISE4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S47.unpack_from(buf, off)
-        off += 32
-        f_iaa_stateid = stateid4(_t[0], _t[1])
-        f_iaa_offset = _t[2]
-        f_iaa_count = _t[3]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_iaa_hints = []
-        _c397 = _n
-        for _ in range(_c397):
-            _t = _S0.unpack_from(buf, off)
-            off += 4
-            _x397 = _t[0]
-            f_iaa_hints.append(_x397)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated IO_ADVISE4args', o0) from None
-    return IO_ADVISE4args(f_iaa_stateid, f_iaa_offset, f_iaa_count, f_iaa_hints), off
-
-
-@_dataclass(slots=True)
-class IO_ADVISE4resok:
-    ior_hints: list[int]
-
-
-def enc_IO_ADVISE4resok(w: _Writer, v: IO_ADVISE4resok) -> None:
-    try:
-        _a398 = v.ior_hints
-        _n = len(_a398)
-        w += _U32.pack(_n)
-        for _x398 in _a398:
-            w += _S0.pack(_x398)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode IO_ADVISE4resok: {_e}', len(w)) from None
-
-
-def dec_IO_ADVISE4resok(r: _Reader, off: int) -> tuple[IO_ADVISE4resok, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_ior_hints = []
-        _c399 = _n
-        for _ in range(_c399):
-            _t = _S0.unpack_from(buf, off)
-            off += 4
-            _x399 = _t[0]
-            f_ior_hints.append(_x399)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated IO_ADVISE4resok', o0) from None
-    return IO_ADVISE4resok(f_ior_hints), off
-
-
-@_dataclass(slots=True)
-class IO_ADVISE4res:
-    ior_status: nfsstat4
-    value: IO_ADVISE4resok | None = None
-
-
-_IO_ADVISE4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_IO_ADVISE4resok}
-_IO_ADVISE4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_IO_ADVISE4resok}
-_IO_ADVISE4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_IO_ADVISE4resok)}
-
-
-def enc_IO_ADVISE4res(w: _Writer, v: IO_ADVISE4res) -> None:
-    try:
-        _d = v.ior_status
-        _f = _IO_ADVISE4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode IO_ADVISE4res: {_e!r}', len(w)) from None
-
-
-def dec_IO_ADVISE4res(r: _Reader, off: int) -> tuple[IO_ADVISE4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v400: _Any
-        _f400: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d400,) = _S2.unpack_from(buf, off)
-        _a400 = _IO_ADVISE4res_ARMS.get(_d400)
-        if _a400 is None:
-            _d400 = _nfsstat4_MAP[(_d400,)[0]]
-            _f400 = _void_decode
-        else:
-            _d400, _f400 = _a400
-        _v400, off = _f400(r, off + 4)
-        _u = IO_ADVISE4res(_d400, _v400)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated IO_ADVISE4res', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class device_error4:
-    de_deviceid: bytes
-    de_status: nfsstat4
-    de_opnum: int
-
-
-def enc_device_error4(w: _Writer, v: device_error4) -> None:
-    try:
-        if len(v.de_deviceid) != 16: raise _XdrError('fixed opaque de_deviceid must be 16 bytes', len(w))
-        w += _S32.pack(v.de_deviceid, v.de_status, v.de_opnum)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode device_error4: {_e}', len(w)) from None
-
-
-def dec_device_error4(r: _Reader, off: int) -> tuple[device_error4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S32.unpack_from(buf, off)
-        off += 24
-        f_de_deviceid = _t[0]
-        f_de_status = _nfsstat4_MAP[_t[1]]
-        f_de_opnum = _t[2]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated device_error4', o0) from None
-    return device_error4(f_de_deviceid, f_de_status, f_de_opnum), off
-
-
-@_dataclass(slots=True)
-class LAYOUTERROR4args:
-    lea_offset: int
-    lea_length: int
-    lea_stateid: stateid4
-    lea_errors: list[device_error4]
-
-
-def enc_LAYOUTERROR4args(w: _Writer, v: LAYOUTERROR4args) -> None:
-    try:
-        if len(v.lea_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S12.pack(v.lea_offset, v.lea_length, v.lea_stateid.seqid, v.lea_stateid.other)
-        _a401 = v.lea_errors
-        _n = len(_a401)
-        w += _U32.pack(_n)
-        for _x401 in _a401:
-            if len(_x401.de_deviceid) != 16: raise _XdrError('fixed opaque de_deviceid must be 16 bytes', len(w))
-            w += _S32.pack(_x401.de_deviceid, _x401.de_status, _x401.de_opnum)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode LAYOUTERROR4args: {_e}', len(w)) from None
-
-
-def dec_LAYOUTERROR4args(r: _Reader, off: int) -> tuple[LAYOUTERROR4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S12.unpack_from(buf, off)
-        off += 32
-        f_lea_offset = _t[0]
-        f_lea_length = _t[1]
-        f_lea_stateid = stateid4(_t[2], _t[3])
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 24 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_lea_errors = []
-        _c402 = _n
-        for _ in range(_c402):
-            _t = _S32.unpack_from(buf, off)
-            off += 24
-            _x402 = device_error4(_t[0], _nfsstat4_MAP[_t[1]], _t[2])
-            f_lea_errors.append(_x402)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LAYOUTERROR4args', o0) from None
-    return LAYOUTERROR4args(f_lea_offset, f_lea_length, f_lea_stateid, f_lea_errors), off
-
-
-@_dataclass(slots=True)
-class LAYOUTERROR4res:
-    ler_status: nfsstat4
-
-
-def enc_LAYOUTERROR4res(w: _Writer, v: LAYOUTERROR4res) -> None:
-    try:
-        w += _S2.pack(v.ler_status)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode LAYOUTERROR4res: {_e}', len(w)) from None
-
-
-def dec_LAYOUTERROR4res(r: _Reader, off: int) -> tuple[LAYOUTERROR4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        f_ler_status = _nfsstat4_MAP[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LAYOUTERROR4res', o0) from None
-    return LAYOUTERROR4res(f_ler_status), off
-
-
-@_dataclass(slots=True)
-class io_info4:
-    ii_count: int
-    ii_bytes: int
-
-
-def enc_io_info4(w: _Writer, v: io_info4) -> None:
-    try:
-        w += _S8.pack(v.ii_count, v.ii_bytes)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode io_info4: {_e}', len(w)) from None
-
-
-def dec_io_info4(r: _Reader, off: int) -> tuple[io_info4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S8.unpack_from(buf, off)
-        off += 16
-        f_ii_count = _t[0]
-        f_ii_bytes = _t[1]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated io_info4', o0) from None
-    return io_info4(f_ii_count, f_ii_bytes), off
-
-
-@_dataclass(slots=True)
-class LAYOUTSTATS4args:
-    lsa_offset: int
-    lsa_length: int
-    lsa_stateid: stateid4
-    lsa_read: io_info4
-    lsa_write: io_info4
-    lsa_deviceid: bytes
-    lsa_layoutupdate: layoutupdate4
-
-
-def enc_LAYOUTSTATS4args(w: _Writer, v: LAYOUTSTATS4args) -> None:
-    try:
-        if len(v.lsa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        if len(v.lsa_deviceid) != 16: raise _XdrError('fixed opaque lsa_deviceid must be 16 bytes', len(w))
-        w += _S50.pack(v.lsa_offset, v.lsa_length, v.lsa_stateid.seqid, v.lsa_stateid.other, v.lsa_read.ii_count, v.lsa_read.ii_bytes, v.lsa_write.ii_count, v.lsa_write.ii_bytes, v.lsa_deviceid)
-        _s403 = v.lsa_layoutupdate
-        w += _S2.pack(_s403.lou_type)
-        _v = _s403.lou_body
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode LAYOUTSTATS4args: {_e}', len(w)) from None
-
-
-def dec_LAYOUTSTATS4args(r: _Reader, off: int) -> tuple[LAYOUTSTATS4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S50.unpack_from(buf, off)
-        off += 80
-        f_lsa_offset = _t[0]
-        f_lsa_length = _t[1]
-        f_lsa_stateid = stateid4(_t[2], _t[3])
-        f_lsa_read = io_info4(_t[4], _t[5])
-        f_lsa_write = io_info4(_t[6], _t[7])
-        f_lsa_deviceid = _t[8]
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        _i404_lou_type = _layouttype4_MAP[_t[0]]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i404_lou_body = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        f_lsa_layoutupdate = layoutupdate4(_i404_lou_type, _i404_lou_body)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LAYOUTSTATS4args', o0) from None
-    return LAYOUTSTATS4args(f_lsa_offset, f_lsa_length, f_lsa_stateid, f_lsa_read, f_lsa_write, f_lsa_deviceid, f_lsa_layoutupdate), off
-
-
-@_dataclass(slots=True)
-class LAYOUTSTATS4res:
-    lsr_status: nfsstat4
-
-
-def enc_LAYOUTSTATS4res(w: _Writer, v: LAYOUTSTATS4res) -> None:
-    try:
-        w += _S2.pack(v.lsr_status)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode LAYOUTSTATS4res: {_e}', len(w)) from None
-
-
-def dec_LAYOUTSTATS4res(r: _Reader, off: int) -> tuple[LAYOUTSTATS4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        f_lsr_status = _nfsstat4_MAP[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated LAYOUTSTATS4res', o0) from None
-    return LAYOUTSTATS4res(f_lsr_status), off
-
-
-@_dataclass(slots=True)
-class OFFLOAD_CANCEL4args:
-    oca_stateid: stateid4
-
-
-def enc_OFFLOAD_CANCEL4args(w: _Writer, v: OFFLOAD_CANCEL4args) -> None:
-    try:
-        if len(v.oca_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S10.pack(v.oca_stateid.seqid, v.oca_stateid.other)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode OFFLOAD_CANCEL4args: {_e}', len(w)) from None
-
-
-def dec_OFFLOAD_CANCEL4args(r: _Reader, off: int) -> tuple[OFFLOAD_CANCEL4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S10.unpack_from(buf, off)
-        off += 16
-        f_oca_stateid = stateid4(_t[0], _t[1])
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated OFFLOAD_CANCEL4args', o0) from None
-    return OFFLOAD_CANCEL4args(f_oca_stateid), off
-
-
-@_dataclass(slots=True)
-class OFFLOAD_CANCEL4res:
-    ocr_status: nfsstat4
-
-
-def enc_OFFLOAD_CANCEL4res(w: _Writer, v: OFFLOAD_CANCEL4res) -> None:
-    try:
-        w += _S2.pack(v.ocr_status)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode OFFLOAD_CANCEL4res: {_e}', len(w)) from None
-
-
-def dec_OFFLOAD_CANCEL4res(r: _Reader, off: int) -> tuple[OFFLOAD_CANCEL4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        f_ocr_status = _nfsstat4_MAP[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated OFFLOAD_CANCEL4res', o0) from None
-    return OFFLOAD_CANCEL4res(f_ocr_status), off
-
-
-@_dataclass(slots=True)
-class OFFLOAD_STATUS4args:
-    osa_stateid: stateid4
-
-
-def enc_OFFLOAD_STATUS4args(w: _Writer, v: OFFLOAD_STATUS4args) -> None:
-    try:
-        if len(v.osa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S10.pack(v.osa_stateid.seqid, v.osa_stateid.other)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode OFFLOAD_STATUS4args: {_e}', len(w)) from None
-
-
-def dec_OFFLOAD_STATUS4args(r: _Reader, off: int) -> tuple[OFFLOAD_STATUS4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S10.unpack_from(buf, off)
-        off += 16
-        f_osa_stateid = stateid4(_t[0], _t[1])
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated OFFLOAD_STATUS4args', o0) from None
-    return OFFLOAD_STATUS4args(f_osa_stateid), off
-
-
-@_dataclass(slots=True)
-class OFFLOAD_STATUS4resok:
-    osr_count: int
-    osr_complete: list[nfsstat4]
-
-
-def enc_OFFLOAD_STATUS4resok(w: _Writer, v: OFFLOAD_STATUS4resok) -> None:
-    try:
-        w += _S4.pack(v.osr_count)
-        _a405 = v.osr_complete
-        _n = len(_a405)
-        if _n > 1:
-            raise _XdrError('osr_complete: length %d exceeds 1' % _n, len(w))
-        w += _U32.pack(_n)
-        for _x405 in _a405:
-            w += _S2.pack(_x405)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode OFFLOAD_STATUS4resok: {_e}', len(w)) from None
-
-
-def dec_OFFLOAD_STATUS4resok(r: _Reader, off: int) -> tuple[OFFLOAD_STATUS4resok, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S4.unpack_from(buf, off)
-        off += 8
-        f_osr_count = _t[0]
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1:
-            raise _XdrError('osr_complete: length %d exceeds 1' % _n, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_osr_complete = []
-        _c406 = _n
-        for _ in range(_c406):
-            _t = _S2.unpack_from(buf, off)
-            off += 4
-            _x406 = _nfsstat4_MAP[_t[0]]
-            f_osr_complete.append(_x406)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated OFFLOAD_STATUS4resok', o0) from None
-    return OFFLOAD_STATUS4resok(f_osr_count, f_osr_complete), off
-
-
-@_dataclass(slots=True)
-class OFFLOAD_STATUS4res:
-    osr_status: nfsstat4
-    value: OFFLOAD_STATUS4resok | None = None
-
-
-_OFFLOAD_STATUS4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_OFFLOAD_STATUS4resok}
-_OFFLOAD_STATUS4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_OFFLOAD_STATUS4resok}
-_OFFLOAD_STATUS4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_OFFLOAD_STATUS4resok)}
-
-
-def enc_OFFLOAD_STATUS4res(w: _Writer, v: OFFLOAD_STATUS4res) -> None:
-    try:
-        _d = v.osr_status
-        _f = _OFFLOAD_STATUS4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode OFFLOAD_STATUS4res: {_e!r}', len(w)) from None
-
-
-def dec_OFFLOAD_STATUS4res(r: _Reader, off: int) -> tuple[OFFLOAD_STATUS4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v407: _Any
-        _f407: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d407,) = _S2.unpack_from(buf, off)
-        _a407 = _OFFLOAD_STATUS4res_ARMS.get(_d407)
-        if _a407 is None:
-            _d407 = _nfsstat4_MAP[(_d407,)[0]]
-            _f407 = _void_decode
-        else:
-            _d407, _f407 = _a407
-        _v407, off = _f407(r, off + 4)
-        _u = OFFLOAD_STATUS4res(_d407, _v407)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated OFFLOAD_STATUS4res', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class READ_PLUS4args:
-    rpa_stateid: stateid4
-    rpa_offset: int
-    rpa_count: int
-
-
-def enc_READ_PLUS4args(w: _Writer, v: READ_PLUS4args) -> None:
-    try:
-        if len(v.rpa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S26.pack(v.rpa_stateid.seqid, v.rpa_stateid.other, v.rpa_offset, v.rpa_count)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode READ_PLUS4args: {_e}', len(w)) from None
-
-
-def dec_READ_PLUS4args(r: _Reader, off: int) -> tuple[READ_PLUS4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S26.unpack_from(buf, off)
-        off += 28
-        f_rpa_stateid = stateid4(_t[0], _t[1])
-        f_rpa_offset = _t[2]
-        f_rpa_count = _t[3]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated READ_PLUS4args', o0) from None
-    return READ_PLUS4args(f_rpa_stateid, f_rpa_offset, f_rpa_count), off
-
-
-@_dataclass(slots=True)
-class read_plus_content:
-    rpc_content: data_content4
-    value: data4 | data_info4 | None = None
-
-
-_read_plus_content_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_data4, 1: enc_data_info4}
-_read_plus_content_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_data4, 1: dec_data_info4}
-_read_plus_content_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_data_content4_MAP[(0,)[0]], dec_data4), 1: (_data_content4_MAP[(1,)[0]], dec_data_info4)}
-
-
-def enc_read_plus_content(w: _Writer, v: read_plus_content) -> None:
-    try:
-        _d = v.rpc_content
-        _f = _read_plus_content_ENC.get(_d, _void_encode)
-        _d = _data_content4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode read_plus_content: {_e!r}', len(w)) from None
-
-
-def dec_read_plus_content(r: _Reader, off: int) -> tuple[read_plus_content, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v408: _Any
-        _f408: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d408,) = _S2.unpack_from(buf, off)
-        _a408 = _read_plus_content_ARMS.get(_d408)
-        if _a408 is None:
-            _d408 = _data_content4_MAP[(_d408,)[0]]
-            _f408 = _void_decode
-        else:
-            _d408, _f408 = _a408
-        _v408, off = _f408(r, off + 4)
-        _u = read_plus_content(_d408, _v408)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated read_plus_content', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class read_plus_res4:
-    rpr_eof: bool
-    rpr_contents: list[read_plus_content]
-
-
-def enc_read_plus_res4(w: _Writer, v: read_plus_res4) -> None:
-    try:
-        w += _S0.pack(v.rpr_eof)
-        _a409 = v.rpr_contents
-        _n = len(_a409)
-        w += _U32.pack(_n)
-        for _x409 in _a409:
-            enc_read_plus_content(w, _x409)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode read_plus_res4: {_e}', len(w)) from None
-
-
-def dec_read_plus_res4(r: _Reader, off: int) -> tuple[read_plus_res4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S0.unpack_from(buf, off)
-        off += 4
-        f_rpr_eof = _BOOL[_t[0]]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_rpr_contents = []
-        _c410 = _n
-        for _ in range(_c410):
-            _v411: _Any
-            _f411: _Callable[[_Reader, int], tuple[_Any, int]]
-            (_d411,) = _S2.unpack_from(buf, off)
-            _a411 = _read_plus_content_ARMS.get(_d411)
-            if _a411 is None:
-                _d411 = _data_content4_MAP[(_d411,)[0]]
-                _f411 = _void_decode
-            else:
-                _d411, _f411 = _a411
-            _v411, off = _f411(r, off + 4)
-            _x410 = read_plus_content(_d411, _v411)
-            f_rpr_contents.append(_x410)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated read_plus_res4', o0) from None
-    return read_plus_res4(f_rpr_eof, f_rpr_contents), off
-
-
-@_dataclass(slots=True)
-class READ_PLUS4res:
-    rp_status: nfsstat4
-    value: read_plus_res4 | None = None
-
-
-_READ_PLUS4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_read_plus_res4}
-_READ_PLUS4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_read_plus_res4}
-_READ_PLUS4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_read_plus_res4)}
-
-
-def enc_READ_PLUS4res(w: _Writer, v: READ_PLUS4res) -> None:
-    try:
-        _d = v.rp_status
-        _f = _READ_PLUS4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode READ_PLUS4res: {_e!r}', len(w)) from None
-
-
-def dec_READ_PLUS4res(r: _Reader, off: int) -> tuple[READ_PLUS4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v412: _Any
-        _f412: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d412,) = _S2.unpack_from(buf, off)
-        _a412 = _READ_PLUS4res_ARMS.get(_d412)
-        if _a412 is None:
-            _d412 = _nfsstat4_MAP[(_d412,)[0]]
-            _f412 = _void_decode
-        else:
-            _d412, _f412 = _a412
-        _v412, off = _f412(r, off + 4)
-        _u = READ_PLUS4res(_d412, _v412)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated READ_PLUS4res', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class SEEK4args:
-    sa_stateid: stateid4
-    sa_offset: int
-    sa_what: data_content4
-
-
-def enc_SEEK4args(w: _Writer, v: SEEK4args) -> None:
-    try:
-        if len(v.sa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S30.pack(v.sa_stateid.seqid, v.sa_stateid.other, v.sa_offset, v.sa_what)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode SEEK4args: {_e}', len(w)) from None
-
-
-def dec_SEEK4args(r: _Reader, off: int) -> tuple[SEEK4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S30.unpack_from(buf, off)
-        off += 28
-        f_sa_stateid = stateid4(_t[0], _t[1])
-        f_sa_offset = _t[2]
-        f_sa_what = _data_content4_MAP[_t[3]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SEEK4args', o0) from None
-    return SEEK4args(f_sa_stateid, f_sa_offset, f_sa_what), off
-
-
-@_dataclass(slots=True)
-class seek_res4:
-    sr_eof: bool
-    sr_offset: int
-
-
-def enc_seek_res4(w: _Writer, v: seek_res4) -> None:
-    try:
-        w += _S51.pack(v.sr_eof, v.sr_offset)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode seek_res4: {_e}', len(w)) from None
-
-
-def dec_seek_res4(r: _Reader, off: int) -> tuple[seek_res4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S51.unpack_from(buf, off)
-        off += 12
-        f_sr_eof = _BOOL[_t[0]]
-        f_sr_offset = _t[1]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated seek_res4', o0) from None
-    return seek_res4(f_sr_eof, f_sr_offset), off
-
-
-@_dataclass(slots=True)
-class SEEK4res:
-    sa_status: nfsstat4
-    value: seek_res4 | None = None
-
-
-_SEEK4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_seek_res4}
-_SEEK4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_seek_res4}
-_SEEK4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_seek_res4)}
-
-
-def enc_SEEK4res(w: _Writer, v: SEEK4res) -> None:
-    try:
-        _d = v.sa_status
-        _f = _SEEK4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode SEEK4res: {_e!r}', len(w)) from None
-
-
-def dec_SEEK4res(r: _Reader, off: int) -> tuple[SEEK4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v413: _Any
-        _f413: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d413,) = _S2.unpack_from(buf, off)
-        _a413 = _SEEK4res_ARMS.get(_d413)
-        if _a413 is None:
-            _d413 = _nfsstat4_MAP[(_d413,)[0]]
-            _f413 = _void_decode
-        else:
-            _d413, _f413 = _a413
-        _v413, off = _f413(r, off + 4)
-        _u = SEEK4res(_d413, _v413)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SEEK4res', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class WRITE_SAME4args:
-    wsa_stateid: stateid4
-    wsa_stable: stable_how4
-    wsa_adb: app_data_block4
-
-
-def enc_WRITE_SAME4args(w: _Writer, v: WRITE_SAME4args) -> None:
-    try:
-        if len(v.wsa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S52.pack(v.wsa_stateid.seqid, v.wsa_stateid.other, v.wsa_stable)
-        _s414 = v.wsa_adb
-        w += _S45.pack(_s414.adb_offset, _s414.adb_block_size, _s414.adb_block_count, _s414.adb_reloff_blocknum, _s414.adb_block_num, _s414.adb_reloff_pattern)
-        _v = _s414.adb_pattern
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode WRITE_SAME4args: {_e}', len(w)) from None
-
-
-def dec_WRITE_SAME4args(r: _Reader, off: int) -> tuple[WRITE_SAME4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S52.unpack_from(buf, off)
-        off += 20
-        f_wsa_stateid = stateid4(_t[0], _t[1])
-        f_wsa_stable = _stable_how4_MAP[_t[2]]
-        _t = _S45.unpack_from(buf, off)
-        off += 44
-        _i415_adb_offset = _t[0]
-        _i415_adb_block_size = _t[1]
-        _i415_adb_block_count = _t[2]
-        _i415_adb_reloff_blocknum = _t[3]
-        _i415_adb_block_num = _t[4]
-        _i415_adb_reloff_pattern = _t[5]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i415_adb_pattern = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        f_wsa_adb = app_data_block4(_i415_adb_offset, _i415_adb_block_size, _i415_adb_block_count, _i415_adb_reloff_blocknum, _i415_adb_block_num, _i415_adb_reloff_pattern, _i415_adb_pattern)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated WRITE_SAME4args', o0) from None
-    return WRITE_SAME4args(f_wsa_stateid, f_wsa_stable, f_wsa_adb), off
-
-
-@_dataclass(slots=True)
-class WRITE_SAME4res:
-    wsr_status: nfsstat4
-    value: write_response4 | None = None
-
-
-_WRITE_SAME4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_write_response4}
-_WRITE_SAME4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_write_response4}
-_WRITE_SAME4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_write_response4)}
-
-
-def enc_WRITE_SAME4res(w: _Writer, v: WRITE_SAME4res) -> None:
-    try:
-        _d = v.wsr_status
-        _f = _WRITE_SAME4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode WRITE_SAME4res: {_e!r}', len(w)) from None
-
-
-def dec_WRITE_SAME4res(r: _Reader, off: int) -> tuple[WRITE_SAME4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v416: _Any
-        _f416: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d416,) = _S2.unpack_from(buf, off)
-        _a416 = _WRITE_SAME4res_ARMS.get(_d416)
-        if _a416 is None:
-            _d416 = _nfsstat4_MAP[(_d416,)[0]]
-            _f416 = _void_decode
-        else:
-            _d416, _f416 = _a416
-        _v416, off = _f416(r, off + 4)
-        _u = WRITE_SAME4res(_d416, _v416)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated WRITE_SAME4res', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class CLONE4args:
-    cl_src_stateid: stateid4
-    cl_dst_stateid: stateid4
-    cl_src_offset: int
-    cl_dst_offset: int
-    cl_count: int
-
-
-def enc_CLONE4args(w: _Writer, v: CLONE4args) -> None:
-    try:
-        if len(v.cl_src_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        if len(v.cl_dst_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S53.pack(v.cl_src_stateid.seqid, v.cl_src_stateid.other, v.cl_dst_stateid.seqid, v.cl_dst_stateid.other, v.cl_src_offset, v.cl_dst_offset, v.cl_count)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode CLONE4args: {_e}', len(w)) from None
-
-
-def dec_CLONE4args(r: _Reader, off: int) -> tuple[CLONE4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S53.unpack_from(buf, off)
-        off += 56
-        f_cl_src_stateid = stateid4(_t[0], _t[1])
-        f_cl_dst_stateid = stateid4(_t[2], _t[3])
-        f_cl_src_offset = _t[4]
-        f_cl_dst_offset = _t[5]
-        f_cl_count = _t[6]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated CLONE4args', o0) from None
-    return CLONE4args(f_cl_src_stateid, f_cl_dst_stateid, f_cl_src_offset, f_cl_dst_offset, f_cl_count), off
-
-
-@_dataclass(slots=True)
-class CLONE4res:
-    cl_status: nfsstat4
-
-
-def enc_CLONE4res(w: _Writer, v: CLONE4res) -> None:
-    try:
-        w += _S2.pack(v.cl_status)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode CLONE4res: {_e}', len(w)) from None
-
-
-def dec_CLONE4res(r: _Reader, off: int) -> tuple[CLONE4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        f_cl_status = _nfsstat4_MAP[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated CLONE4res', o0) from None
-    return CLONE4res(f_cl_status), off
-
-
-xattrkey4: _TypeAlias = "bytes"
-
-
-def enc_xattrkey4(w: _Writer, v: xattrkey4) -> None:
-    try:
-        _v = v
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode xattrkey4: {_e}', len(w)) from None
-
-
-def dec_xattrkey4(r: _Reader, off: int) -> tuple[xattrkey4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _v = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated xattrkey4', o0) from None
-    return _v, off
-
-
-xattrvalue4: _TypeAlias = "bytes"
-
-
-def enc_xattrvalue4(w: _Writer, v: xattrvalue4) -> None:
-    try:
-        _v = v
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode xattrvalue4: {_e}', len(w)) from None
-
-
-def dec_xattrvalue4(r: _Reader, off: int) -> tuple[xattrvalue4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _v = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated xattrvalue4', o0) from None
-    return _v, off
-
-
-@_dataclass(slots=True)
-class GETXATTR4args:
-    gxa_name: bytes
-
-
-def enc_GETXATTR4args(w: _Writer, v: GETXATTR4args) -> None:
-    try:
-        _v = v.gxa_name
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode GETXATTR4args: {_e}', len(w)) from None
-
-
-def dec_GETXATTR4args(r: _Reader, off: int) -> tuple[GETXATTR4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_gxa_name = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated GETXATTR4args', o0) from None
-    return GETXATTR4args(f_gxa_name), off
-
-
-@_dataclass(slots=True)
-class GETXATTR4res:
-    gxr_status: nfsstat4
-    value: bytes | None = None
-
-
-_GETXATTR4res_ENC: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: enc_xattrvalue4}
-_GETXATTR4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = {0: dec_xattrvalue4}
-_GETXATTR4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_xattrvalue4)}
-
-
-def enc_GETXATTR4res(w: _Writer, v: GETXATTR4res) -> None:
-    try:
-        _d = v.gxr_status
-        _f = _GETXATTR4res_ENC.get(_d, _void_encode)
-        _d = _nfsstat4_MAP[_d]
-        w += _S2.pack(_d)
-        _f(w, v.value)
-    except (_struct.error, TypeError, AttributeError, KeyError) as _e:
-        raise _XdrError(f'cannot encode GETXATTR4res: {_e!r}', len(w)) from None
-
-
-def dec_GETXATTR4res(r: _Reader, off: int) -> tuple[GETXATTR4res, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _v417: _Any
-        _f417: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d417,) = _S2.unpack_from(buf, off)
-        _a417 = _GETXATTR4res_ARMS.get(_d417)
-        if _a417 is None:
-            _d417 = _nfsstat4_MAP[(_d417,)[0]]
-            _f417 = _void_decode
-        else:
-            _d417, _f417 = _a417
-        _v417, off = _f417(r, off + 4)
-        _u = GETXATTR4res(_d417, _v417)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated GETXATTR4res', o0) from None
-    return _u, off
-
-
-class setxattr_option4(_IntEnum):
-    SETXATTR4_EITHER = 0
-    SETXATTR4_CREATE = 1
-    SETXATTR4_REPLACE = 2
-
-
-_setxattr_option4_MAP: _Final[dict[int, setxattr_option4]] = {m.value: m for m in setxattr_option4}
-SETXATTR4_EITHER = setxattr_option4.SETXATTR4_EITHER
-SETXATTR4_CREATE = setxattr_option4.SETXATTR4_CREATE
-SETXATTR4_REPLACE = setxattr_option4.SETXATTR4_REPLACE
-
-
-def enc_setxattr_option4(w: _Writer, v: setxattr_option4) -> None:
-    try:
-        w += _I32.pack(_setxattr_option4_MAP[v])
-    except (KeyError, TypeError, _struct.error):
-        raise _XdrError(f'{v!r} is not a setxattr_option4', len(w)) from None
-
-
-def dec_setxattr_option4(r: _Reader, off: int) -> tuple[setxattr_option4, int]:
-    try:
-        return _setxattr_option4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
-    except (KeyError, _struct.error):
-        raise _XdrError('invalid or truncated setxattr_option4', off) from None
-
-
-@_dataclass(slots=True)
-class SETXATTR4args:
-    sxa_option: setxattr_option4
-    sxa_key: bytes
-    sxa_value: bytes
-
-
-def enc_SETXATTR4args(w: _Writer, v: SETXATTR4args) -> None:
-    try:
-        w += _S2.pack(v.sxa_option)
-        _v = v.sxa_key
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        _v = v.sxa_value
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode SETXATTR4args: {_e}', len(w)) from None
-
-
-def dec_SETXATTR4args(r: _Reader, off: int) -> tuple[SETXATTR4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S2.unpack_from(buf, off)
-        off += 4
-        f_sxa_option = _setxattr_option4_MAP[_t[0]]
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_sxa_key = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_sxa_value = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated SETXATTR4args', o0) from None
-    return SETXATTR4args(f_sxa_option, f_sxa_key, f_sxa_value), off
+_S5: _Final = _struct.Struct('>16s')
+_S9: _Final = _struct.Struct('>QQ')
+_S11: _Final = _struct.Struct('>I12s')
+_S13: _Final = _struct.Struct('>QQI12s')
+_S14: _Final = _struct.Struct('>iQQI12s')
+_S16: _Final = _struct.Struct('>IQQ')
+_S20: _Final = _struct.Struct('>iI12s')
+_S21: _Final = _struct.Struct('>QI')
+_S22: _Final = _struct.Struct('>i8s')
+_S23: _Final = _struct.Struct('>iI')
+_S24: _Final = _struct.Struct('>iIQQ')
+_S25: _Final = _struct.Struct('>II12sI')
+_S26: _Final = _struct.Struct('>I12sI')
+_S29: _Final = _struct.Struct('>iQQ')
+_S31: _Final = _struct.Struct('>iiI')
+_S32: _Final = _struct.Struct('>ii8s')
+_S33: _Final = _struct.Struct('>iQ')
+_S34: _Final = _struct.Struct('>ii')
+_S35: _Final = _struct.Struct('>iI12sI')
+_S44: _Final = _struct.Struct('>iQ8s')
+_S48: _Final = _struct.Struct('>16siI')
+_S49: _Final = _struct.Struct('>i16siI')
+_S52: _Final = _struct.Struct('>iQII')
+_S53: _Final = _struct.Struct('>IIIIII')
+_S56: _Final = _struct.Struct('>qIqI')
+_S61: _Final = _struct.Struct('>IqI')
+_S62: _Final = _struct.Struct('>IQ')
+_S66: _Final = _struct.Struct('>iII12s')
+_S72: _Final = _struct.Struct('>iiiI')
+_S73: _Final = _struct.Struct('>QQQQIQ')
+_S74: _Final = _struct.Struct('>Qi8s')
+_S82: _Final = _struct.Struct('>iQI')
+_S83: _Final = _struct.Struct('>iiIQQ')
+_S84: _Final = _struct.Struct('>iiQQ')
+_S85: _Final = _struct.Struct('>iiII12sQQ')
+_S86: _Final = _struct.Struct('>iIII')
+_S87: _Final = _struct.Struct('>iI12sIII')
+_S88: _Final = _struct.Struct('>iI12sQI')
+_S89: _Final = _struct.Struct('>iQ8sII')
+_S90: _Final = _struct.Struct('>iI12sQi')
+_S91: _Final = _struct.Struct('>i16s')
+_S92: _Final = _struct.Struct('>iiIQ8s')
+_S93: _Final = _struct.Struct('>iQQII12s')
+_S94: _Final = _struct.Struct('>iIiiQQQI12sI')
+_S95: _Final = _struct.Struct('>iIii')
+_S96: _Final = _struct.Struct('>i16sIIII')
+_S97: _Final = _struct.Struct('>iI12sQQ')
+_S98: _Final = _struct.Struct('>iI12sI12sQQQII')
+_S99: _Final = _struct.Struct('>iQQI12sQQQQ16s')
+_S100: _Final = _struct.Struct('>iI12si')
+_S101: _Final = _struct.Struct('>iI12sI12sQQQ')
+_S102: _Final = _struct.Struct('>iiII')
+_S103: _Final = _struct.Struct('>iiI12s')
+_S104: _Final = _struct.Struct('>iiQQi')
+_S105: _Final = _struct.Struct('>iiI12sIQQI')
+_S106: _Final = _struct.Struct('>iiIQQIQQ')
+_S107: _Final = _struct.Struct('>iiQ8s')
+_S108: _Final = _struct.Struct('>iiIi8s')
+_S109: _Final = _struct.Struct('>ii16siI')
+_S110: _Final = _struct.Struct('>iiQII')
+_S111: _Final = _struct.Struct('>ii16sII')
+_S112: _Final = _struct.Struct('>iiII12s')
+_S113: _Final = _struct.Struct('>ii16sIIIII')
+_S114: _Final = _struct.Struct('>iiqII12s')
+_S115: _Final = _struct.Struct('>iiQ')
+_S116: _Final = _struct.Struct('>iiIQ')
 
 
 @_dataclass(slots=True)
@@ -1565,7 +624,7 @@ _SETXATTR4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]
 _SETXATTR4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_change_info4)}
 
 
-def enc_SETXATTR4res(w: _Writer, v: SETXATTR4res) -> None:
+def _enc_any_SETXATTR4res(w: _Writer, v: SETXATTR4res) -> None:
     try:
         _d = v.sxr_status
         _f = _SETXATTR4res_ENC.get(_d, _void_encode)
@@ -1576,21 +635,54 @@ def enc_SETXATTR4res(w: _Writer, v: SETXATTR4res) -> None:
         raise _XdrError(f'cannot encode SETXATTR4res: {_e!r}', len(w)) from None
 
 
+def _dec_any_SETXATTR4res(r: _Reader, off: int) -> tuple[SETXATTR4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v874: _Any
+        _f874: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d874,) = _S2.unpack_from(buf, off)
+        _a874 = _SETXATTR4res_ARMS.get(_d874)
+        if _a874 is None:
+            _d874 = _nfsstat4_MAP[(_d874,)[0]]
+            _f874 = _void_decode
+        else:
+            _d874, _f874 = _a874
+        _v874, off = _f874(r, off + 4)
+        _u = SETXATTR4res(_d874, _v874)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated SETXATTR4res', o0) from None
+    return _u, off
+
+
+def enc_SETXATTR4res(w: _Writer, v: SETXATTR4res) -> None:
+    try:
+        _u875 = v
+        _d875 = _u875.sxr_status
+        _w875: _Any
+        if _d875 == 0:
+            _w875 = _u875.value
+            w += _S24.pack(0, _w875.atomic, _w875.before, _w875.after)
+        else:
+            _enc_any_SETXATTR4res(w, _u875)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode SETXATTR4res: {_e!r}', len(w)) from None
+
+
 def dec_SETXATTR4res(r: _Reader, off: int) -> tuple[SETXATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v418: _Any
-        _f418: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d418,) = _S2.unpack_from(buf, off)
-        _a418 = _SETXATTR4res_ARMS.get(_d418)
-        if _a418 is None:
-            _d418 = _nfsstat4_MAP[(_d418,)[0]]
-            _f418 = _void_decode
+        _v876: _Any
+        (_d876,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d876 == 0:
+            _t0, _t1, _t2 = _S16.unpack_from(buf, off)
+            off += 20
+            _v876 = change_info4(_BOOL[_t0], _t1, _t2)
+            _u = SETXATTR4res(NFS4_OK, _v876)
         else:
-            _d418, _f418 = _a418
-        _v418, off = _f418(r, off + 4)
-        _u = SETXATTR4res(_d418, _v418)
+            _u, off = _dec_any_SETXATTR4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SETXATTR4res', o0) from None
     return _u, off
@@ -1604,7 +696,7 @@ class LISTXATTRS4args:
 
 def enc_LISTXATTRS4args(w: _Writer, v: LISTXATTRS4args) -> None:
     try:
-        w += _S18.pack(v.lxa_cookie, v.lxa_maxcount)
+        w += _S21.pack(v.lxa_cookie, v.lxa_maxcount)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode LISTXATTRS4args: {_e}', len(w)) from None
 
@@ -1613,13 +705,11 @@ def dec_LISTXATTRS4args(r: _Reader, off: int) -> tuple[LISTXATTRS4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S18.unpack_from(buf, off)
+        _u = LISTXATTRS4args(*_S21.unpack_from(buf, off))
         off += 12
-        f_lxa_cookie = _t[0]
-        f_lxa_maxcount = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LISTXATTRS4args', o0) from None
-    return LISTXATTRS4args(f_lxa_cookie, f_lxa_maxcount), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1632,13 +722,13 @@ class LISTXATTRS4resok:
 def enc_LISTXATTRS4resok(w: _Writer, v: LISTXATTRS4resok) -> None:
     try:
         w += _S4.pack(v.lxr_cookie)
-        _a419 = v.lxr_names
-        _n = len(_a419)
-        w += _U32.pack(_n)
-        for _x419 in _a419:
-            _v = _x419
+        _a877 = v.lxr_names
+        _n = len(_a877)
+        w += _S0.pack(_n)
+        for _x877 in _a877:
+            _v = _x877
             _n = len(_v)
-            w += _U32.pack(_n)
+            w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
         w += _S0.pack(v.lxr_eof)
@@ -1650,29 +740,26 @@ def dec_LISTXATTRS4resok(r: _Reader, off: int) -> tuple[LISTXATTRS4resok, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        (f_lxr_cookie,) = _S4.unpack_from(buf, off)
         off += 8
-        f_lxr_cookie = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_lxr_names = []
-        _c420 = _n
-        for _ in range(_c420):
+        _c878 = _n
+        for _ in range(_c878):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _x420 = bytes(buf[off:_e])
+            _x878 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_lxr_names.append(_x420)
-        _t = _S0.unpack_from(buf, off)
+            f_lxr_names.append(_x878)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        f_lxr_eof = _BOOL[_t[0]]
+        f_lxr_eof = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LISTXATTRS4resok', o0) from None
     return LISTXATTRS4resok(f_lxr_cookie, f_lxr_names, f_lxr_eof), off
@@ -1689,7 +776,7 @@ _LISTXATTRS4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]
 _LISTXATTRS4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_LISTXATTRS4resok)}
 
 
-def enc_LISTXATTRS4res(w: _Writer, v: LISTXATTRS4res) -> None:
+def _enc_any_LISTXATTRS4res(w: _Writer, v: LISTXATTRS4res) -> None:
     try:
         _d = v.lxr_status
         _f = _LISTXATTRS4res_ENC.get(_d, _void_encode)
@@ -1700,21 +787,83 @@ def enc_LISTXATTRS4res(w: _Writer, v: LISTXATTRS4res) -> None:
         raise _XdrError(f'cannot encode LISTXATTRS4res: {_e!r}', len(w)) from None
 
 
+def _dec_any_LISTXATTRS4res(r: _Reader, off: int) -> tuple[LISTXATTRS4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v879: _Any
+        _f879: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d879,) = _S2.unpack_from(buf, off)
+        _a879 = _LISTXATTRS4res_ARMS.get(_d879)
+        if _a879 is None:
+            _d879 = _nfsstat4_MAP[(_d879,)[0]]
+            _f879 = _void_decode
+        else:
+            _d879, _f879 = _a879
+        _v879, off = _f879(r, off + 4)
+        _u = LISTXATTRS4res(_d879, _v879)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated LISTXATTRS4res', o0) from None
+    return _u, off
+
+
+def enc_LISTXATTRS4res(w: _Writer, v: LISTXATTRS4res) -> None:
+    try:
+        _u880 = v
+        _d880 = _u880.lxr_status
+        _w880: _Any
+        if _d880 == 0:
+            _w880 = _u880.value
+            _s881 = _w880
+            w += _S33.pack(0, _s881.lxr_cookie)
+            _a882 = _s881.lxr_names
+            _n = len(_a882)
+            w += _S0.pack(_n)
+            for _x882 in _a882:
+                _v = _x882
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+            w += _S0.pack(_s881.lxr_eof)
+        else:
+            _enc_any_LISTXATTRS4res(w, _u880)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode LISTXATTRS4res: {_e!r}', len(w)) from None
+
+
 def dec_LISTXATTRS4res(r: _Reader, off: int) -> tuple[LISTXATTRS4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v421: _Any
-        _f421: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d421,) = _S2.unpack_from(buf, off)
-        _a421 = _LISTXATTRS4res_ARMS.get(_d421)
-        if _a421 is None:
-            _d421 = _nfsstat4_MAP[(_d421,)[0]]
-            _f421 = _void_decode
+        _v883: _Any
+        (_d883,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d883 == 0:
+            (_i884_lxr_cookie,) = _S4.unpack_from(buf, off)
+            off += 8
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i884_lxr_names = []
+            _c885 = _n
+            for _ in range(_c885):
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _x885 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _i884_lxr_names.append(_x885)
+            (_t0,) = _S0.unpack_from(buf, off)
+            off += 4
+            _i884_lxr_eof = _BOOL[_t0]
+            _v883 = LISTXATTRS4resok(_i884_lxr_cookie, _i884_lxr_names, _i884_lxr_eof)
+            _u = LISTXATTRS4res(NFS4_OK, _v883)
         else:
-            _d421, _f421 = _a421
-        _v421, off = _f421(r, off + 4)
-        _u = LISTXATTRS4res(_d421, _v421)
+            _u, off = _dec_any_LISTXATTRS4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LISTXATTRS4res', o0) from None
     return _u, off
@@ -1729,7 +878,7 @@ def enc_REMOVEXATTR4args(w: _Writer, v: REMOVEXATTR4args) -> None:
     try:
         _v = v.rxa_name
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1745,8 +894,6 @@ def dec_REMOVEXATTR4args(r: _Reader, off: int) -> tuple[REMOVEXATTR4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_rxa_name = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1765,7 +912,7 @@ _REMOVEXATTR4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int
 _REMOVEXATTR4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_change_info4)}
 
 
-def enc_REMOVEXATTR4res(w: _Writer, v: REMOVEXATTR4res) -> None:
+def _enc_any_REMOVEXATTR4res(w: _Writer, v: REMOVEXATTR4res) -> None:
     try:
         _d = v.rxr_status
         _f = _REMOVEXATTR4res_ENC.get(_d, _void_encode)
@@ -1776,21 +923,54 @@ def enc_REMOVEXATTR4res(w: _Writer, v: REMOVEXATTR4res) -> None:
         raise _XdrError(f'cannot encode REMOVEXATTR4res: {_e!r}', len(w)) from None
 
 
+def _dec_any_REMOVEXATTR4res(r: _Reader, off: int) -> tuple[REMOVEXATTR4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v886: _Any
+        _f886: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d886,) = _S2.unpack_from(buf, off)
+        _a886 = _REMOVEXATTR4res_ARMS.get(_d886)
+        if _a886 is None:
+            _d886 = _nfsstat4_MAP[(_d886,)[0]]
+            _f886 = _void_decode
+        else:
+            _d886, _f886 = _a886
+        _v886, off = _f886(r, off + 4)
+        _u = REMOVEXATTR4res(_d886, _v886)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated REMOVEXATTR4res', o0) from None
+    return _u, off
+
+
+def enc_REMOVEXATTR4res(w: _Writer, v: REMOVEXATTR4res) -> None:
+    try:
+        _u887 = v
+        _d887 = _u887.rxr_status
+        _w887: _Any
+        if _d887 == 0:
+            _w887 = _u887.value
+            w += _S24.pack(0, _w887.atomic, _w887.before, _w887.after)
+        else:
+            _enc_any_REMOVEXATTR4res(w, _u887)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode REMOVEXATTR4res: {_e!r}', len(w)) from None
+
+
 def dec_REMOVEXATTR4res(r: _Reader, off: int) -> tuple[REMOVEXATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v422: _Any
-        _f422: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d422,) = _S2.unpack_from(buf, off)
-        _a422 = _REMOVEXATTR4res_ARMS.get(_d422)
-        if _a422 is None:
-            _d422 = _nfsstat4_MAP[(_d422,)[0]]
-            _f422 = _void_decode
+        _v888: _Any
+        (_d888,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d888 == 0:
+            _t0, _t1, _t2 = _S16.unpack_from(buf, off)
+            off += 20
+            _v888 = change_info4(_BOOL[_t0], _t1, _t2)
+            _u = REMOVEXATTR4res(NFS4_OK, _v888)
         else:
-            _d422, _f422 = _a422
-        _v422, off = _f422(r, off + 4)
-        _u = REMOVEXATTR4res(_d422, _v422)
+            _u, off = _dec_any_REMOVEXATTR4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated REMOVEXATTR4res', o0) from None
     return _u, off
@@ -1975,7 +1155,7 @@ _nfs_argop4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] 
 _nfs_argop4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {3: (_nfs_opnum4_MAP[(3,)[0]], dec_ACCESS4args), 4: (_nfs_opnum4_MAP[(4,)[0]], dec_CLOSE4args), 5: (_nfs_opnum4_MAP[(5,)[0]], dec_COMMIT4args), 6: (_nfs_opnum4_MAP[(6,)[0]], dec_CREATE4args), 7: (_nfs_opnum4_MAP[(7,)[0]], dec_DELEGPURGE4args), 8: (_nfs_opnum4_MAP[(8,)[0]], dec_DELEGRETURN4args), 9: (_nfs_opnum4_MAP[(9,)[0]], dec_GETATTR4args), 10: (_nfs_opnum4_MAP[(10,)[0]], _void_decode), 11: (_nfs_opnum4_MAP[(11,)[0]], dec_LINK4args), 12: (_nfs_opnum4_MAP[(12,)[0]], dec_LOCK4args), 13: (_nfs_opnum4_MAP[(13,)[0]], dec_LOCKT4args), 14: (_nfs_opnum4_MAP[(14,)[0]], dec_LOCKU4args), 15: (_nfs_opnum4_MAP[(15,)[0]], dec_LOOKUP4args), 16: (_nfs_opnum4_MAP[(16,)[0]], _void_decode), 17: (_nfs_opnum4_MAP[(17,)[0]], dec_NVERIFY4args), 18: (_nfs_opnum4_MAP[(18,)[0]], dec_OPEN4args), 19: (_nfs_opnum4_MAP[(19,)[0]], dec_OPENATTR4args), 20: (_nfs_opnum4_MAP[(20,)[0]], dec_OPEN_CONFIRM4args), 21: (_nfs_opnum4_MAP[(21,)[0]], dec_OPEN_DOWNGRADE4args), 22: (_nfs_opnum4_MAP[(22,)[0]], dec_PUTFH4args), 23: (_nfs_opnum4_MAP[(23,)[0]], _void_decode), 24: (_nfs_opnum4_MAP[(24,)[0]], _void_decode), 25: (_nfs_opnum4_MAP[(25,)[0]], dec_READ4args), 26: (_nfs_opnum4_MAP[(26,)[0]], dec_READDIR4args), 27: (_nfs_opnum4_MAP[(27,)[0]], _void_decode), 28: (_nfs_opnum4_MAP[(28,)[0]], dec_REMOVE4args), 29: (_nfs_opnum4_MAP[(29,)[0]], dec_RENAME4args), 30: (_nfs_opnum4_MAP[(30,)[0]], dec_RENEW4args), 31: (_nfs_opnum4_MAP[(31,)[0]], _void_decode), 32: (_nfs_opnum4_MAP[(32,)[0]], _void_decode), 33: (_nfs_opnum4_MAP[(33,)[0]], dec_SECINFO4args), 34: (_nfs_opnum4_MAP[(34,)[0]], dec_SETATTR4args), 35: (_nfs_opnum4_MAP[(35,)[0]], dec_SETCLIENTID4args), 36: (_nfs_opnum4_MAP[(36,)[0]], dec_SETCLIENTID_CONFIRM4args), 37: (_nfs_opnum4_MAP[(37,)[0]], dec_VERIFY4args), 38: (_nfs_opnum4_MAP[(38,)[0]], dec_WRITE4args), 39: (_nfs_opnum4_MAP[(39,)[0]], dec_RELEASE_LOCKOWNER4args), 40: (_nfs_opnum4_MAP[(40,)[0]], dec_BACKCHANNEL_CTL4args), 41: (_nfs_opnum4_MAP[(41,)[0]], dec_BIND_CONN_TO_SESSION4args), 42: (_nfs_opnum4_MAP[(42,)[0]], dec_EXCHANGE_ID4args), 43: (_nfs_opnum4_MAP[(43,)[0]], dec_CREATE_SESSION4args), 44: (_nfs_opnum4_MAP[(44,)[0]], dec_DESTROY_SESSION4args), 45: (_nfs_opnum4_MAP[(45,)[0]], dec_FREE_STATEID4args), 46: (_nfs_opnum4_MAP[(46,)[0]], dec_GET_DIR_DELEGATION4args), 47: (_nfs_opnum4_MAP[(47,)[0]], dec_GETDEVICEINFO4args), 48: (_nfs_opnum4_MAP[(48,)[0]], dec_GETDEVICELIST4args), 49: (_nfs_opnum4_MAP[(49,)[0]], dec_LAYOUTCOMMIT4args), 50: (_nfs_opnum4_MAP[(50,)[0]], dec_LAYOUTGET4args), 51: (_nfs_opnum4_MAP[(51,)[0]], dec_LAYOUTRETURN4args), 52: (_nfs_opnum4_MAP[(52,)[0]], dec_SECINFO_NO_NAME4args), 53: (_nfs_opnum4_MAP[(53,)[0]], dec_SEQUENCE4args), 54: (_nfs_opnum4_MAP[(54,)[0]], dec_SET_SSV4args), 55: (_nfs_opnum4_MAP[(55,)[0]], dec_TEST_STATEID4args), 56: (_nfs_opnum4_MAP[(56,)[0]], dec_WANT_DELEGATION4args), 57: (_nfs_opnum4_MAP[(57,)[0]], dec_DESTROY_CLIENTID4args), 58: (_nfs_opnum4_MAP[(58,)[0]], dec_RECLAIM_COMPLETE4args), 59: (_nfs_opnum4_MAP[(59,)[0]], dec_ALLOCATE4args), 60: (_nfs_opnum4_MAP[(60,)[0]], dec_COPY4args), 61: (_nfs_opnum4_MAP[(61,)[0]], dec_COPY_NOTIFY4args), 62: (_nfs_opnum4_MAP[(62,)[0]], dec_DEALLOCATE4args), 63: (_nfs_opnum4_MAP[(63,)[0]], dec_IO_ADVISE4args), 64: (_nfs_opnum4_MAP[(64,)[0]], dec_LAYOUTERROR4args), 65: (_nfs_opnum4_MAP[(65,)[0]], dec_LAYOUTSTATS4args), 66: (_nfs_opnum4_MAP[(66,)[0]], dec_OFFLOAD_CANCEL4args), 67: (_nfs_opnum4_MAP[(67,)[0]], dec_OFFLOAD_STATUS4args), 68: (_nfs_opnum4_MAP[(68,)[0]], dec_READ_PLUS4args), 69: (_nfs_opnum4_MAP[(69,)[0]], dec_SEEK4args), 70: (_nfs_opnum4_MAP[(70,)[0]], dec_WRITE_SAME4args), 71: (_nfs_opnum4_MAP[(71,)[0]], dec_CLONE4args), 72: (_nfs_opnum4_MAP[(72,)[0]], dec_GETXATTR4args), 73: (_nfs_opnum4_MAP[(73,)[0]], dec_SETXATTR4args), 74: (_nfs_opnum4_MAP[(74,)[0]], dec_LISTXATTRS4args), 75: (_nfs_opnum4_MAP[(75,)[0]], dec_REMOVEXATTR4args), 10044: (_nfs_opnum4_MAP[(10044,)[0]], _void_decode)}
 
 
-def enc_nfs_argop4(w: _Writer, v: nfs_argop4) -> None:
+def _enc_any_nfs_argop4(w: _Writer, v: nfs_argop4) -> None:
     try:
         _d = v.argop
         _f = _nfs_argop4_ENC.get(_d)
@@ -1992,19 +1172,1001 @@ def dec_nfs_argop4(r: _Reader, off: int) -> tuple[nfs_argop4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v423: _Any
-        _f423: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d423,) = _S2.unpack_from(buf, off)
-        _a423 = _nfs_argop4_ARMS.get(_d423)
-        if _a423 is None:
-            raise _XdrError('%r is not a case of nfs_argop4' % (_d423,), off)
+        _v889: _Any
+        _f889: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d889,) = _S2.unpack_from(buf, off)
+        _a889 = _nfs_argop4_ARMS.get(_d889)
+        if _a889 is None:
+            raise _XdrError('%r is not a case of nfs_argop4' % (_d889,), off)
         else:
-            _d423, _f423 = _a423
-        _v423, off = _f423(r, off + 4)
-        _u = nfs_argop4(_d423, _v423)
+            _d889, _f889 = _a889
+        _v889, off = _f889(r, off + 4)
+        _u = nfs_argop4(_d889, _v889)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfs_argop4', o0) from None
     return _u, off
+
+
+def _enc_nfs_argop4_3(w: _Writer, v: ACCESS4args) -> None:
+    try:
+        w += _S23.pack(3, v.access)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opaccess: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_4(w: _Writer, v: CLOSE4args) -> None:
+    try:
+        if len(v.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S66.pack(4, v.seqid, v.open_stateid.seqid, v.open_stateid.other)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opclose: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_5(w: _Writer, v: COMMIT4args) -> None:
+    try:
+        w += _S82.pack(5, v.offset, v.count)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opcommit: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_6(w: _Writer, v: CREATE4args) -> None:
+    try:
+        _s890 = v
+        w += b'\x00\x00\x00\x06'
+        _u891 = _s890.objtype
+        _f891 = _createtype4_ENCX.get(_u891.type)
+        if _f891 is None:
+            enc_createtype4(w, _u891)
+        else:
+            _f891(w, _u891.value)
+        _v = _s890.objname
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _s892 = _s890.createattrs
+        _a893 = _s892.attrmask
+        _n = len(_a893)
+        w += _S0.pack(_n)
+        for _x893 in _a893:
+            w += _S0.pack(_x893)
+        _v = _s892.attr_vals
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opcreate: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_7(w: _Writer, v: DELEGPURGE4args) -> None:
+    try:
+        w += _S33.pack(7, v.clientid)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opdelegpurge: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_8(w: _Writer, v: DELEGRETURN4args) -> None:
+    try:
+        if len(v.deleg_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S20.pack(8, v.deleg_stateid.seqid, v.deleg_stateid.other)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opdelegreturn: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_9(w: _Writer, v: GETATTR4args) -> None:
+    try:
+        _s894 = v
+        _a895 = _s894.attr_request
+        _n = len(_a895)
+        w += _S23.pack(9, _n)
+        for _x895 in _a895:
+            w += _S0.pack(_x895)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opgetattr: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_10(w: _Writer, v: None) -> None:
+    try:
+        w += b'\x00\x00\x00\n'
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_11(w: _Writer, v: LINK4args) -> None:
+    try:
+        _s896 = v
+        _v = _s896.newname
+        _n = len(_v)
+        w += _S23.pack(11, _n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.oplink: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_12(w: _Writer, v: LOCK4args) -> None:
+    try:
+        _s897 = v
+        w += _S83.pack(12, _s897.locktype, _s897.reclaim, _s897.offset, _s897.length)
+        _u898 = _s897.locker
+        _d898 = _u898.new_lock_owner
+        _w898: _Any
+        if _d898 == 1:
+            _w898 = _u898.value
+            w += b'\x00\x00\x00\x01'
+            enc_open_to_lock_owner4(w, _w898)
+        elif _d898 == 0:
+            _w898 = _u898.value
+            if len(_w898.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S25.pack(0, _w898.lock_stateid.seqid, _w898.lock_stateid.other, _w898.lock_seqid)
+        else:
+            _enc_any_locker4(w, _u898)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.oplock: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_13(w: _Writer, v: LOCKT4args) -> None:
+    try:
+        _s899 = v
+        w += _S84.pack(13, _s899.locktype, _s899.offset, _s899.length)
+        _s900 = _s899.owner
+        w += _S4.pack(_s900.clientid)
+        _v = _s900.owner
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.oplockt: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_14(w: _Writer, v: LOCKU4args) -> None:
+    try:
+        if len(v.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S85.pack(14, v.locktype, v.seqid, v.lock_stateid.seqid, v.lock_stateid.other, v.offset, v.length)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.oplocku: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_15(w: _Writer, v: LOOKUP4args) -> None:
+    try:
+        _s901 = v
+        _v = _s901.objname
+        _n = len(_v)
+        w += _S23.pack(15, _n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.oplookup: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_16(w: _Writer, v: None) -> None:
+    try:
+        w += b'\x00\x00\x00\x10'
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_17(w: _Writer, v: NVERIFY4args) -> None:
+    try:
+        _s902 = v
+        _s903 = _s902.obj_attributes
+        _a904 = _s903.attrmask
+        _n = len(_a904)
+        w += _S23.pack(17, _n)
+        for _x904 in _a904:
+            w += _S0.pack(_x904)
+        _v = _s903.attr_vals
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opnverify: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_18(w: _Writer, v: OPEN4args) -> None:
+    try:
+        _s905 = v
+        w += _S86.pack(18, _s905.seqid, _s905.share_access, _s905.share_deny)
+        _s906 = _s905.owner
+        w += _S4.pack(_s906.clientid)
+        _v = _s906.owner
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _u907 = _s905.openhow
+        _d907 = _u907.opentype
+        _w907: _Any
+        if _d907 == 1:
+            _w907 = _u907.value
+            w += b'\x00\x00\x00\x01'
+            enc_createhow4(w, _w907)
+        else:
+            _enc_any_openflag4(w, _u907)
+        _u908 = _s905.claim
+        _f908 = _open_claim4_ENCX.get(_u908.claim)
+        if _f908 is None:
+            enc_open_claim4(w, _u908)
+        else:
+            _f908(w, _u908.value)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opopen: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_19(w: _Writer, v: OPENATTR4args) -> None:
+    try:
+        w += _S23.pack(19, v.createdir)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opopenattr: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_20(w: _Writer, v: OPEN_CONFIRM4args) -> None:
+    try:
+        if len(v.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S35.pack(20, v.open_stateid.seqid, v.open_stateid.other, v.seqid)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opopen_confirm: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_21(w: _Writer, v: OPEN_DOWNGRADE4args) -> None:
+    try:
+        if len(v.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S87.pack(21, v.open_stateid.seqid, v.open_stateid.other, v.seqid, v.share_access, v.share_deny)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opopen_downgrade: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_22(w: _Writer, v: PUTFH4args) -> None:
+    try:
+        _s909 = v
+        _v = _s909.object
+        _n = len(_v)
+        if _n > 128:
+            raise _XdrError('object: length %d exceeds 128' % _n, len(w))
+        w += _S23.pack(22, _n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opputfh: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_23(w: _Writer, v: None) -> None:
+    try:
+        w += b'\x00\x00\x00\x17'
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_24(w: _Writer, v: None) -> None:
+    try:
+        w += b'\x00\x00\x00\x18'
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_25(w: _Writer, v: READ4args) -> None:
+    try:
+        if len(v.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S88.pack(25, v.stateid.seqid, v.stateid.other, v.offset, v.count)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opread: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_26(w: _Writer, v: READDIR4args) -> None:
+    try:
+        _s910 = v
+        if len(_s910.cookieverf) != 8: raise _XdrError('fixed opaque cookieverf must be 8 bytes', len(w))
+        w += _S89.pack(26, _s910.cookie, _s910.cookieverf, _s910.dircount, _s910.maxcount)
+        _a911 = _s910.attr_request
+        _n = len(_a911)
+        w += _S0.pack(_n)
+        for _x911 in _a911:
+            w += _S0.pack(_x911)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opreaddir: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_27(w: _Writer, v: None) -> None:
+    try:
+        w += b'\x00\x00\x00\x1b'
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_28(w: _Writer, v: REMOVE4args) -> None:
+    try:
+        _s912 = v
+        _v = _s912.target
+        _n = len(_v)
+        w += _S23.pack(28, _n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opremove: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_29(w: _Writer, v: RENAME4args) -> None:
+    try:
+        _s913 = v
+        _v = _s913.oldname
+        _n = len(_v)
+        w += _S23.pack(29, _n)
+        w += _v
+        w += _PAD[_n & 3]
+        _v = _s913.newname
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.oprename: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_30(w: _Writer, v: RENEW4args) -> None:
+    try:
+        w += _S33.pack(30, v.clientid)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.oprenew: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_31(w: _Writer, v: None) -> None:
+    try:
+        w += b'\x00\x00\x00\x1f'
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_32(w: _Writer, v: None) -> None:
+    try:
+        w += b'\x00\x00\x00 '
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_33(w: _Writer, v: SECINFO4args) -> None:
+    try:
+        _s914 = v
+        _v = _s914.name
+        _n = len(_v)
+        w += _S23.pack(33, _n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opsecinfo: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_34(w: _Writer, v: SETATTR4args) -> None:
+    try:
+        _s915 = v
+        if len(_s915.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S20.pack(34, _s915.stateid.seqid, _s915.stateid.other)
+        _s916 = _s915.obj_attributes
+        _a917 = _s916.attrmask
+        _n = len(_a917)
+        w += _S0.pack(_n)
+        for _x917 in _a917:
+            w += _S0.pack(_x917)
+        _v = _s916.attr_vals
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opsetattr: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_35(w: _Writer, v: SETCLIENTID4args) -> None:
+    try:
+        _s918 = v
+        _s919 = _s918.client
+        if len(_s919.verifier) != 8: raise _XdrError('fixed opaque verifier must be 8 bytes', len(w))
+        w += _S22.pack(35, _s919.verifier)
+        _v = _s919.id
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('id: length %d exceeds 1024' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _s920 = _s918.callback
+        w += _S0.pack(_s920.cb_program)
+        enc_netaddr4(w, _s920.cb_location)
+        w += _S0.pack(_s918.callback_ident)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opsetclientid: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_36(w: _Writer, v: SETCLIENTID_CONFIRM4args) -> None:
+    try:
+        if len(v.setclientid_confirm) != 8: raise _XdrError('fixed opaque setclientid_confirm must be 8 bytes', len(w))
+        w += _S44.pack(36, v.clientid, v.setclientid_confirm)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opsetclientid_confirm: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_37(w: _Writer, v: VERIFY4args) -> None:
+    try:
+        _s921 = v
+        _s922 = _s921.obj_attributes
+        _a923 = _s922.attrmask
+        _n = len(_a923)
+        w += _S23.pack(37, _n)
+        for _x923 in _a923:
+            w += _S0.pack(_x923)
+        _v = _s922.attr_vals
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opverify: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_38(w: _Writer, v: WRITE4args) -> None:
+    try:
+        _s924 = v
+        if len(_s924.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S90.pack(38, _s924.stateid.seqid, _s924.stateid.other, _s924.offset, _s924.stable)
+        _dv = _s924.data
+        _n = len(_dv)
+        w += _S0.pack(_n)
+        w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opwrite: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_39(w: _Writer, v: RELEASE_LOCKOWNER4args) -> None:
+    try:
+        _s925 = v
+        _s926 = _s925.lock_owner
+        w += _S33.pack(39, _s926.clientid)
+        _v = _s926.owner
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.oprelease_lockowner: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_40(w: _Writer, v: BACKCHANNEL_CTL4args) -> None:
+    try:
+        _s927 = v
+        w += _S23.pack(40, _s927.bca_cb_program)
+        _a928 = _s927.bca_sec_parms
+        _n = len(_a928)
+        w += _S0.pack(_n)
+        for _x928 in _a928:
+            enc_callback_sec_parms4(w, _x928)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opbackchannel_ctl: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_41(w: _Writer, v: BIND_CONN_TO_SESSION4args) -> None:
+    try:
+        if len(v.bctsa_sessid) != 16: raise _XdrError('fixed opaque bctsa_sessid must be 16 bytes', len(w))
+        w += _S49.pack(41, v.bctsa_sessid, v.bctsa_dir, v.bctsa_use_conn_in_rdma_mode)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opbind_conn_to_session: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_42(w: _Writer, v: EXCHANGE_ID4args) -> None:
+    try:
+        _s929 = v
+        _s930 = _s929.eia_clientowner
+        if len(_s930.co_verifier) != 8: raise _XdrError('fixed opaque co_verifier must be 8 bytes', len(w))
+        w += _S22.pack(42, _s930.co_verifier)
+        _v = _s930.co_ownerid
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('co_ownerid: length %d exceeds 1024' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        w += _S0.pack(_s929.eia_flags)
+        _u931 = _s929.eia_state_protect
+        _d931 = _u931.spa_how
+        _w931: _Any
+        if _d931 == 0:
+            w += b'\x00\x00\x00\x00'
+        elif _d931 == 1:
+            _w931 = _u931.value
+            w += b'\x00\x00\x00\x01'
+            enc_state_protect_ops4(w, _w931)
+        elif _d931 == 2:
+            _w931 = _u931.value
+            w += b'\x00\x00\x00\x02'
+            enc_ssv_sp_parms4(w, _w931)
+        else:
+            _enc_any_state_protect4_a(w, _u931)
+        _a932 = _s929.eia_client_impl_id
+        _n = len(_a932)
+        if _n > 1:
+            raise _XdrError('eia_client_impl_id: length %d exceeds 1' % _n, len(w))
+        w += _S0.pack(_n)
+        for _x932 in _a932:
+            enc_nfs_impl_id4(w, _x932)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opexchange_id: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_43(w: _Writer, v: CREATE_SESSION4args) -> None:
+    try:
+        _s933 = v
+        w += _S52.pack(43, _s933.csa_clientid, _s933.csa_sequence, _s933.csa_flags)
+        _s934 = _s933.csa_fore_chan_attrs
+        w += _S53.pack(_s934.ca_headerpadsize, _s934.ca_maxrequestsize, _s934.ca_maxresponsesize, _s934.ca_maxresponsesize_cached, _s934.ca_maxoperations, _s934.ca_maxrequests)
+        _a935 = _s934.ca_rdma_ird
+        _n = len(_a935)
+        if _n > 1:
+            raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, len(w))
+        w += _S0.pack(_n)
+        for _x935 in _a935:
+            w += _S0.pack(_x935)
+        _s936 = _s933.csa_back_chan_attrs
+        w += _S53.pack(_s936.ca_headerpadsize, _s936.ca_maxrequestsize, _s936.ca_maxresponsesize, _s936.ca_maxresponsesize_cached, _s936.ca_maxoperations, _s936.ca_maxrequests)
+        _a937 = _s936.ca_rdma_ird
+        _n = len(_a937)
+        if _n > 1:
+            raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, len(w))
+        w += _S0.pack(_n)
+        for _x937 in _a937:
+            w += _S0.pack(_x937)
+        w += _S0.pack(_s933.csa_cb_program)
+        _a938 = _s933.csa_sec_parms
+        _n = len(_a938)
+        w += _S0.pack(_n)
+        for _x938 in _a938:
+            enc_callback_sec_parms4(w, _x938)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opcreate_session: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_44(w: _Writer, v: DESTROY_SESSION4args) -> None:
+    try:
+        if len(v.dsa_sessionid) != 16: raise _XdrError('fixed opaque dsa_sessionid must be 16 bytes', len(w))
+        w += _S91.pack(44, v.dsa_sessionid)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opdestroy_session: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_45(w: _Writer, v: FREE_STATEID4args) -> None:
+    try:
+        if len(v.fsa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S20.pack(45, v.fsa_stateid.seqid, v.fsa_stateid.other)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opfree_stateid: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_46(w: _Writer, v: GET_DIR_DELEGATION4args) -> None:
+    try:
+        _s939 = v
+        w += _S23.pack(46, _s939.gdda_signal_deleg_avail)
+        _a940 = _s939.gdda_notification_types
+        _n = len(_a940)
+        w += _S0.pack(_n)
+        for _x940 in _a940:
+            w += _S0.pack(_x940)
+        w += _S56.pack(_s939.gdda_child_attr_delay.seconds, _s939.gdda_child_attr_delay.nseconds, _s939.gdda_dir_attr_delay.seconds, _s939.gdda_dir_attr_delay.nseconds)
+        _a941 = _s939.gdda_child_attributes
+        _n = len(_a941)
+        w += _S0.pack(_n)
+        for _x941 in _a941:
+            w += _S0.pack(_x941)
+        _a942 = _s939.gdda_dir_attributes
+        _n = len(_a942)
+        w += _S0.pack(_n)
+        for _x942 in _a942:
+            w += _S0.pack(_x942)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opget_dir_delegation: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_47(w: _Writer, v: GETDEVICEINFO4args) -> None:
+    try:
+        _s943 = v
+        if len(_s943.gdia_device_id) != 16: raise _XdrError('fixed opaque gdia_device_id must be 16 bytes', len(w))
+        w += _S49.pack(47, _s943.gdia_device_id, _s943.gdia_layout_type, _s943.gdia_maxcount)
+        _a944 = _s943.gdia_notify_types
+        _n = len(_a944)
+        w += _S0.pack(_n)
+        for _x944 in _a944:
+            w += _S0.pack(_x944)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opgetdeviceinfo: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_48(w: _Writer, v: GETDEVICELIST4args) -> None:
+    try:
+        if len(v.gdla_cookieverf) != 8: raise _XdrError('fixed opaque gdla_cookieverf must be 8 bytes', len(w))
+        w += _S92.pack(48, v.gdla_layout_type, v.gdla_maxdevices, v.gdla_cookie, v.gdla_cookieverf)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opgetdevicelist: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_49(w: _Writer, v: LAYOUTCOMMIT4args) -> None:
+    try:
+        _s945 = v
+        if len(_s945.loca_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S93.pack(49, _s945.loca_offset, _s945.loca_length, _s945.loca_reclaim, _s945.loca_stateid.seqid, _s945.loca_stateid.other)
+        _u946 = _s945.loca_last_write_offset
+        _d946 = _u946.no_newoffset
+        _w946: _Any
+        if _d946 == 1:
+            _w946 = _u946.value
+            w += _S62.pack(1, _w946)
+        elif _d946 == 0:
+            w += b'\x00\x00\x00\x00'
+        else:
+            _enc_any_newoffset4(w, _u946)
+        _u947 = _s945.loca_time_modify
+        _d947 = _u947.nt_timechanged
+        _w947: _Any
+        if _d947 == 1:
+            _w947 = _u947.value
+            w += _S61.pack(1, _w947.seconds, _w947.nseconds)
+        elif _d947 == 0:
+            w += b'\x00\x00\x00\x00'
+        else:
+            _enc_any_newtime4(w, _u947)
+        _s948 = _s945.loca_layoutupdate
+        w += _S2.pack(_s948.lou_type)
+        _v = _s948.lou_body
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.oplayoutcommit: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_50(w: _Writer, v: LAYOUTGET4args) -> None:
+    try:
+        if len(v.loga_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S94.pack(50, v.loga_signal_layout_avail, v.loga_layout_type, v.loga_iomode, v.loga_offset, v.loga_length, v.loga_minlength, v.loga_stateid.seqid, v.loga_stateid.other, v.loga_maxcount)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.oplayoutget: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_51(w: _Writer, v: LAYOUTRETURN4args) -> None:
+    try:
+        _s949 = v
+        w += _S95.pack(51, _s949.lora_reclaim, _s949.lora_layout_type, _s949.lora_iomode)
+        _u950 = _s949.lora_layoutreturn
+        _d950 = _u950.lr_returntype
+        _w950: _Any
+        if _d950 == 1:
+            _w950 = _u950.value
+            w += b'\x00\x00\x00\x01'
+            enc_layoutreturn_file4(w, _w950)
+        else:
+            _enc_any_layoutreturn4(w, _u950)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.oplayoutreturn: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_52(w: _Writer, v: secinfo_style4) -> None:
+    try:
+        w += _S34.pack(52, v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opsecinfo_no_name: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_53(w: _Writer, v: SEQUENCE4args) -> None:
+    try:
+        if len(v.sa_sessionid) != 16: raise _XdrError('fixed opaque sa_sessionid must be 16 bytes', len(w))
+        w += _S96.pack(53, v.sa_sessionid, v.sa_sequenceid, v.sa_slotid, v.sa_highest_slotid, v.sa_cachethis)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opsequence: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_54(w: _Writer, v: SET_SSV4args) -> None:
+    try:
+        _s951 = v
+        _v = _s951.ssa_ssv
+        _n = len(_v)
+        w += _S23.pack(54, _n)
+        w += _v
+        w += _PAD[_n & 3]
+        _v = _s951.ssa_digest
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opset_ssv: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_55(w: _Writer, v: TEST_STATEID4args) -> None:
+    try:
+        _s952 = v
+        _a953 = _s952.ts_stateids
+        _n = len(_a953)
+        w += _S23.pack(55, _n)
+        for _x953 in _a953:
+            if len(_x953.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S11.pack(_x953.seqid, _x953.other)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.optest_stateid: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_56(w: _Writer, v: WANT_DELEGATION4args) -> None:
+    try:
+        _s954 = v
+        w += _S23.pack(56, _s954.wda_want)
+        _u955 = _s954.wda_claim
+        _d955 = _u955.dc_claim
+        _w955: _Any
+        if _d955 == 4:
+            w += b'\x00\x00\x00\x04'
+        elif _d955 == 6:
+            w += b'\x00\x00\x00\x06'
+        elif _d955 == 1:
+            _w955 = _u955.value
+            w += _S34.pack(1, _w955)
+        else:
+            _enc_any_deleg_claim4(w, _u955)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opwant_delegation: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_57(w: _Writer, v: DESTROY_CLIENTID4args) -> None:
+    try:
+        w += _S33.pack(57, v.dca_clientid)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opdestroy_clientid: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_58(w: _Writer, v: RECLAIM_COMPLETE4args) -> None:
+    try:
+        w += _S23.pack(58, v.rca_one_fs)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opreclaim_complete: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_59(w: _Writer, v: ALLOCATE4args) -> None:
+    try:
+        if len(v.aa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S97.pack(59, v.aa_stateid.seqid, v.aa_stateid.other, v.aa_offset, v.aa_length)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opallocate: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_60(w: _Writer, v: COPY4args) -> None:
+    try:
+        _s956 = v
+        if len(_s956.ca_src_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        if len(_s956.ca_dst_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S98.pack(60, _s956.ca_src_stateid.seqid, _s956.ca_src_stateid.other, _s956.ca_dst_stateid.seqid, _s956.ca_dst_stateid.other, _s956.ca_src_offset, _s956.ca_dst_offset, _s956.ca_count, _s956.ca_consecutive, _s956.ca_synchronous)
+        _a957 = _s956.ca_source_server
+        _n = len(_a957)
+        w += _S0.pack(_n)
+        for _x957 in _a957:
+            enc_netloc4(w, _x957)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opcopy: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_61(w: _Writer, v: COPY_NOTIFY4args) -> None:
+    try:
+        _s958 = v
+        if len(_s958.cna_src_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S20.pack(61, _s958.cna_src_stateid.seqid, _s958.cna_src_stateid.other)
+        _u959 = _s958.cna_destination_server
+        _d959 = _u959.nl_type
+        _w959: _Any
+        if _d959 == 1:
+            _w959 = _u959.value
+            _v = _w959
+            _n = len(_v)
+            w += _S23.pack(1, _n)
+            w += _v
+            w += _PAD[_n & 3]
+        elif _d959 == 2:
+            _w959 = _u959.value
+            _v = _w959
+            _n = len(_v)
+            w += _S23.pack(2, _n)
+            w += _v
+            w += _PAD[_n & 3]
+        elif _d959 == 3:
+            _w959 = _u959.value
+            w += b'\x00\x00\x00\x03'
+            enc_netaddr4(w, _w959)
+        else:
+            _enc_any_netloc4(w, _u959)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opcopy_notify: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_62(w: _Writer, v: DEALLOCATE4args) -> None:
+    try:
+        if len(v.da_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S97.pack(62, v.da_stateid.seqid, v.da_stateid.other, v.da_offset, v.da_length)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opdeallocate: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_63(w: _Writer, v: IO_ADVISE4args) -> None:
+    try:
+        _s960 = v
+        if len(_s960.iaa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S97.pack(63, _s960.iaa_stateid.seqid, _s960.iaa_stateid.other, _s960.iaa_offset, _s960.iaa_count)
+        _a961 = _s960.iaa_hints
+        _n = len(_a961)
+        w += _S0.pack(_n)
+        for _x961 in _a961:
+            w += _S0.pack(_x961)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opio_advise: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_64(w: _Writer, v: LAYOUTERROR4args) -> None:
+    try:
+        _s962 = v
+        if len(_s962.lea_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S14.pack(64, _s962.lea_offset, _s962.lea_length, _s962.lea_stateid.seqid, _s962.lea_stateid.other)
+        _a963 = _s962.lea_errors
+        _n = len(_a963)
+        w += _S0.pack(_n)
+        for _x963 in _a963:
+            if len(_x963.de_deviceid) != 16: raise _XdrError('fixed opaque de_deviceid must be 16 bytes', len(w))
+            w += _S48.pack(_x963.de_deviceid, _x963.de_status, _x963.de_opnum)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.oplayouterror: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_65(w: _Writer, v: LAYOUTSTATS4args) -> None:
+    try:
+        _s964 = v
+        if len(_s964.lsa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        if len(_s964.lsa_deviceid) != 16: raise _XdrError('fixed opaque lsa_deviceid must be 16 bytes', len(w))
+        w += _S99.pack(65, _s964.lsa_offset, _s964.lsa_length, _s964.lsa_stateid.seqid, _s964.lsa_stateid.other, _s964.lsa_read.ii_count, _s964.lsa_read.ii_bytes, _s964.lsa_write.ii_count, _s964.lsa_write.ii_bytes, _s964.lsa_deviceid)
+        _s965 = _s964.lsa_layoutupdate
+        w += _S2.pack(_s965.lou_type)
+        _v = _s965.lou_body
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.oplayoutstats: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_66(w: _Writer, v: OFFLOAD_CANCEL4args) -> None:
+    try:
+        if len(v.oca_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S20.pack(66, v.oca_stateid.seqid, v.oca_stateid.other)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opoffload_cancel: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_67(w: _Writer, v: OFFLOAD_STATUS4args) -> None:
+    try:
+        if len(v.osa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S20.pack(67, v.osa_stateid.seqid, v.osa_stateid.other)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opoffload_status: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_68(w: _Writer, v: READ_PLUS4args) -> None:
+    try:
+        if len(v.rpa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S88.pack(68, v.rpa_stateid.seqid, v.rpa_stateid.other, v.rpa_offset, v.rpa_count)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opread_plus: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_69(w: _Writer, v: SEEK4args) -> None:
+    try:
+        if len(v.sa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S90.pack(69, v.sa_stateid.seqid, v.sa_stateid.other, v.sa_offset, v.sa_what)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opseek: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_70(w: _Writer, v: WRITE_SAME4args) -> None:
+    try:
+        _s966 = v
+        if len(_s966.wsa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S100.pack(70, _s966.wsa_stateid.seqid, _s966.wsa_stateid.other, _s966.wsa_stable)
+        _s967 = _s966.wsa_adb
+        w += _S73.pack(_s967.adb_offset, _s967.adb_block_size, _s967.adb_block_count, _s967.adb_reloff_blocknum, _s967.adb_block_num, _s967.adb_reloff_pattern)
+        _v = _s967.adb_pattern
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opwrite_same: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_71(w: _Writer, v: CLONE4args) -> None:
+    try:
+        if len(v.cl_src_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        if len(v.cl_dst_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S101.pack(71, v.cl_src_stateid.seqid, v.cl_src_stateid.other, v.cl_dst_stateid.seqid, v.cl_dst_stateid.other, v.cl_src_offset, v.cl_dst_offset, v.cl_count)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opclone: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_72(w: _Writer, v: GETXATTR4args) -> None:
+    try:
+        _s968 = v
+        _v = _s968.gxa_name
+        _n = len(_v)
+        w += _S23.pack(72, _n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opgetxattr: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_73(w: _Writer, v: SETXATTR4args) -> None:
+    try:
+        _s969 = v
+        w += _S34.pack(73, _s969.sxa_option)
+        _v = _s969.sxa_key
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _v = _s969.sxa_value
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opsetxattr: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_74(w: _Writer, v: LISTXATTRS4args) -> None:
+    try:
+        w += _S82.pack(74, v.lxa_cookie, v.lxa_maxcount)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.oplistxattrs: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_75(w: _Writer, v: REMOVEXATTR4args) -> None:
+    try:
+        _s970 = v
+        _v = _s970.rxa_name
+        _n = len(_v)
+        w += _S23.pack(75, _n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.opremovexattr: {_e}', len(w)) from None
+
+
+def _enc_nfs_argop4_10044(w: _Writer, v: None) -> None:
+    try:
+        w += b"\x00\x00'<"
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4.: {_e}', len(w)) from None
+
+
+_nfs_argop4_ENCX: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {3: _enc_nfs_argop4_3, 4: _enc_nfs_argop4_4, 5: _enc_nfs_argop4_5, 6: _enc_nfs_argop4_6, 7: _enc_nfs_argop4_7, 8: _enc_nfs_argop4_8, 9: _enc_nfs_argop4_9, 10: _enc_nfs_argop4_10, 11: _enc_nfs_argop4_11, 12: _enc_nfs_argop4_12, 13: _enc_nfs_argop4_13, 14: _enc_nfs_argop4_14, 15: _enc_nfs_argop4_15, 16: _enc_nfs_argop4_16, 17: _enc_nfs_argop4_17, 18: _enc_nfs_argop4_18, 19: _enc_nfs_argop4_19, 20: _enc_nfs_argop4_20, 21: _enc_nfs_argop4_21, 22: _enc_nfs_argop4_22, 23: _enc_nfs_argop4_23, 24: _enc_nfs_argop4_24, 25: _enc_nfs_argop4_25, 26: _enc_nfs_argop4_26, 27: _enc_nfs_argop4_27, 28: _enc_nfs_argop4_28, 29: _enc_nfs_argop4_29, 30: _enc_nfs_argop4_30, 31: _enc_nfs_argop4_31, 32: _enc_nfs_argop4_32, 33: _enc_nfs_argop4_33, 34: _enc_nfs_argop4_34, 35: _enc_nfs_argop4_35, 36: _enc_nfs_argop4_36, 37: _enc_nfs_argop4_37, 38: _enc_nfs_argop4_38, 39: _enc_nfs_argop4_39, 40: _enc_nfs_argop4_40, 41: _enc_nfs_argop4_41, 42: _enc_nfs_argop4_42, 43: _enc_nfs_argop4_43, 44: _enc_nfs_argop4_44, 45: _enc_nfs_argop4_45, 46: _enc_nfs_argop4_46, 47: _enc_nfs_argop4_47, 48: _enc_nfs_argop4_48, 49: _enc_nfs_argop4_49, 50: _enc_nfs_argop4_50, 51: _enc_nfs_argop4_51, 52: _enc_nfs_argop4_52, 53: _enc_nfs_argop4_53, 54: _enc_nfs_argop4_54, 55: _enc_nfs_argop4_55, 56: _enc_nfs_argop4_56, 57: _enc_nfs_argop4_57, 58: _enc_nfs_argop4_58, 59: _enc_nfs_argop4_59, 60: _enc_nfs_argop4_60, 61: _enc_nfs_argop4_61, 62: _enc_nfs_argop4_62, 63: _enc_nfs_argop4_63, 64: _enc_nfs_argop4_64, 65: _enc_nfs_argop4_65, 66: _enc_nfs_argop4_66, 67: _enc_nfs_argop4_67, 68: _enc_nfs_argop4_68, 69: _enc_nfs_argop4_69, 70: _enc_nfs_argop4_70, 71: _enc_nfs_argop4_71, 72: _enc_nfs_argop4_72, 73: _enc_nfs_argop4_73, 74: _enc_nfs_argop4_74, 75: _enc_nfs_argop4_75, 10044: _enc_nfs_argop4_10044}
+
+
+def enc_nfs_argop4(w: _Writer, v: nfs_argop4) -> None:
+    try:
+        _f = _nfs_argop4_ENCX.get(v.argop)
+        if _f is None:
+            _enc_any_nfs_argop4(w, v)
+        else:
+            _f(w, v.value)
+    except (TypeError, AttributeError) as _e:
+        raise _XdrError(f'cannot encode nfs_argop4: {_e!r}', len(w)) from None
 
 
 @_dataclass(slots=True)
@@ -2018,7 +2180,7 @@ _nfs_resop4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] 
 _nfs_resop4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {3: (_nfs_opnum4_MAP[(3,)[0]], dec_ACCESS4res), 4: (_nfs_opnum4_MAP[(4,)[0]], dec_CLOSE4res), 5: (_nfs_opnum4_MAP[(5,)[0]], dec_COMMIT4res), 6: (_nfs_opnum4_MAP[(6,)[0]], dec_CREATE4res), 7: (_nfs_opnum4_MAP[(7,)[0]], dec_DELEGPURGE4res), 8: (_nfs_opnum4_MAP[(8,)[0]], dec_DELEGRETURN4res), 9: (_nfs_opnum4_MAP[(9,)[0]], dec_GETATTR4res), 10: (_nfs_opnum4_MAP[(10,)[0]], dec_GETFH4res), 11: (_nfs_opnum4_MAP[(11,)[0]], dec_LINK4res), 12: (_nfs_opnum4_MAP[(12,)[0]], dec_LOCK4res), 13: (_nfs_opnum4_MAP[(13,)[0]], dec_LOCKT4res), 14: (_nfs_opnum4_MAP[(14,)[0]], dec_LOCKU4res), 15: (_nfs_opnum4_MAP[(15,)[0]], dec_LOOKUP4res), 16: (_nfs_opnum4_MAP[(16,)[0]], dec_LOOKUPP4res), 17: (_nfs_opnum4_MAP[(17,)[0]], dec_NVERIFY4res), 18: (_nfs_opnum4_MAP[(18,)[0]], dec_OPEN4res), 19: (_nfs_opnum4_MAP[(19,)[0]], dec_OPENATTR4res), 20: (_nfs_opnum4_MAP[(20,)[0]], dec_OPEN_CONFIRM4res), 21: (_nfs_opnum4_MAP[(21,)[0]], dec_OPEN_DOWNGRADE4res), 22: (_nfs_opnum4_MAP[(22,)[0]], dec_PUTFH4res), 23: (_nfs_opnum4_MAP[(23,)[0]], dec_PUTPUBFH4res), 24: (_nfs_opnum4_MAP[(24,)[0]], dec_PUTROOTFH4res), 25: (_nfs_opnum4_MAP[(25,)[0]], dec_READ4res), 26: (_nfs_opnum4_MAP[(26,)[0]], dec_READDIR4res), 27: (_nfs_opnum4_MAP[(27,)[0]], dec_READLINK4res), 28: (_nfs_opnum4_MAP[(28,)[0]], dec_REMOVE4res), 29: (_nfs_opnum4_MAP[(29,)[0]], dec_RENAME4res), 30: (_nfs_opnum4_MAP[(30,)[0]], dec_RENEW4res), 31: (_nfs_opnum4_MAP[(31,)[0]], dec_RESTOREFH4res), 32: (_nfs_opnum4_MAP[(32,)[0]], dec_SAVEFH4res), 33: (_nfs_opnum4_MAP[(33,)[0]], dec_SECINFO4res), 34: (_nfs_opnum4_MAP[(34,)[0]], dec_SETATTR4res), 35: (_nfs_opnum4_MAP[(35,)[0]], dec_SETCLIENTID4res), 36: (_nfs_opnum4_MAP[(36,)[0]], dec_SETCLIENTID_CONFIRM4res), 37: (_nfs_opnum4_MAP[(37,)[0]], dec_VERIFY4res), 38: (_nfs_opnum4_MAP[(38,)[0]], dec_WRITE4res), 39: (_nfs_opnum4_MAP[(39,)[0]], dec_RELEASE_LOCKOWNER4res), 40: (_nfs_opnum4_MAP[(40,)[0]], dec_BACKCHANNEL_CTL4res), 41: (_nfs_opnum4_MAP[(41,)[0]], dec_BIND_CONN_TO_SESSION4res), 42: (_nfs_opnum4_MAP[(42,)[0]], dec_EXCHANGE_ID4res), 43: (_nfs_opnum4_MAP[(43,)[0]], dec_CREATE_SESSION4res), 44: (_nfs_opnum4_MAP[(44,)[0]], dec_DESTROY_SESSION4res), 45: (_nfs_opnum4_MAP[(45,)[0]], dec_FREE_STATEID4res), 46: (_nfs_opnum4_MAP[(46,)[0]], dec_GET_DIR_DELEGATION4res), 47: (_nfs_opnum4_MAP[(47,)[0]], dec_GETDEVICEINFO4res), 48: (_nfs_opnum4_MAP[(48,)[0]], dec_GETDEVICELIST4res), 49: (_nfs_opnum4_MAP[(49,)[0]], dec_LAYOUTCOMMIT4res), 50: (_nfs_opnum4_MAP[(50,)[0]], dec_LAYOUTGET4res), 51: (_nfs_opnum4_MAP[(51,)[0]], dec_LAYOUTRETURN4res), 52: (_nfs_opnum4_MAP[(52,)[0]], dec_SECINFO4res), 53: (_nfs_opnum4_MAP[(53,)[0]], dec_SEQUENCE4res), 54: (_nfs_opnum4_MAP[(54,)[0]], dec_SET_SSV4res), 55: (_nfs_opnum4_MAP[(55,)[0]], dec_TEST_STATEID4res), 56: (_nfs_opnum4_MAP[(56,)[0]], dec_WANT_DELEGATION4res), 57: (_nfs_opnum4_MAP[(57,)[0]], dec_DESTROY_CLIENTID4res), 58: (_nfs_opnum4_MAP[(58,)[0]], dec_RECLAIM_COMPLETE4res), 59: (_nfs_opnum4_MAP[(59,)[0]], dec_ALLOCATE4res), 60: (_nfs_opnum4_MAP[(60,)[0]], dec_COPY4res), 61: (_nfs_opnum4_MAP[(61,)[0]], dec_COPY_NOTIFY4res), 62: (_nfs_opnum4_MAP[(62,)[0]], dec_DEALLOCATE4res), 63: (_nfs_opnum4_MAP[(63,)[0]], dec_IO_ADVISE4res), 64: (_nfs_opnum4_MAP[(64,)[0]], dec_LAYOUTERROR4res), 65: (_nfs_opnum4_MAP[(65,)[0]], dec_LAYOUTSTATS4res), 66: (_nfs_opnum4_MAP[(66,)[0]], dec_OFFLOAD_CANCEL4res), 67: (_nfs_opnum4_MAP[(67,)[0]], dec_OFFLOAD_STATUS4res), 68: (_nfs_opnum4_MAP[(68,)[0]], dec_READ_PLUS4res), 69: (_nfs_opnum4_MAP[(69,)[0]], dec_SEEK4res), 70: (_nfs_opnum4_MAP[(70,)[0]], dec_WRITE_SAME4res), 71: (_nfs_opnum4_MAP[(71,)[0]], dec_CLONE4res), 72: (_nfs_opnum4_MAP[(72,)[0]], dec_GETXATTR4res), 73: (_nfs_opnum4_MAP[(73,)[0]], dec_SETXATTR4res), 74: (_nfs_opnum4_MAP[(74,)[0]], dec_LISTXATTRS4res), 75: (_nfs_opnum4_MAP[(75,)[0]], dec_REMOVEXATTR4res), 10044: (_nfs_opnum4_MAP[(10044,)[0]], dec_ILLEGAL4res)}
 
 
-def enc_nfs_resop4(w: _Writer, v: nfs_resop4) -> None:
+def _enc_any_nfs_resop4(w: _Writer, v: nfs_resop4) -> None:
     try:
         _d = v.resop
         _f = _nfs_resop4_ENC.get(_d)
@@ -2035,19 +2197,1161 @@ def dec_nfs_resop4(r: _Reader, off: int) -> tuple[nfs_resop4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v424: _Any
-        _f424: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d424,) = _S2.unpack_from(buf, off)
-        _a424 = _nfs_resop4_ARMS.get(_d424)
-        if _a424 is None:
-            raise _XdrError('%r is not a case of nfs_resop4' % (_d424,), off)
+        _v971: _Any
+        _f971: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d971,) = _S2.unpack_from(buf, off)
+        _a971 = _nfs_resop4_ARMS.get(_d971)
+        if _a971 is None:
+            raise _XdrError('%r is not a case of nfs_resop4' % (_d971,), off)
         else:
-            _d424, _f424 = _a424
-        _v424, off = _f424(r, off + 4)
-        _u = nfs_resop4(_d424, _v424)
+            _d971, _f971 = _a971
+        _v971, off = _f971(r, off + 4)
+        _u = nfs_resop4(_d971, _v971)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfs_resop4', o0) from None
     return _u, off
+
+
+def _enc_nfs_resop4_3(w: _Writer, v: ACCESS4res) -> None:
+    try:
+        _u972 = v
+        _d972 = _u972.status
+        _w972: _Any
+        if _d972 == 0:
+            _w972 = _u972.value
+            w += _S102.pack(3, 0, _w972.supported, _w972.access)
+        else:
+            w += b'\x00\x00\x00\x03'
+            _enc_any_ACCESS4res(w, _u972)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opaccess: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_4(w: _Writer, v: CLOSE4res) -> None:
+    try:
+        _u973 = v
+        _d973 = _u973.status
+        _w973: _Any
+        if _d973 == 0:
+            _w973 = _u973.value
+            if len(_w973.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S103.pack(4, 0, _w973.seqid, _w973.other)
+        else:
+            w += b'\x00\x00\x00\x04'
+            _enc_any_CLOSE4res(w, _u973)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opclose: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_5(w: _Writer, v: COMMIT4res) -> None:
+    try:
+        _u974 = v
+        _d974 = _u974.status
+        _w974: _Any
+        if _d974 == 0:
+            _w974 = _u974.value
+            if len(_w974.writeverf) != 8: raise _XdrError('fixed opaque writeverf must be 8 bytes', len(w))
+            w += _S32.pack(5, 0, _w974.writeverf)
+        else:
+            w += b'\x00\x00\x00\x05'
+            _enc_any_COMMIT4res(w, _u974)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opcommit: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_6(w: _Writer, v: CREATE4res) -> None:
+    try:
+        _u975 = v
+        _d975 = _u975.status
+        _w975: _Any
+        if _d975 == 0:
+            _w975 = _u975.value
+            _s976 = _w975
+            w += _S83.pack(6, 0, _s976.cinfo.atomic, _s976.cinfo.before, _s976.cinfo.after)
+            _a977 = _s976.attrset
+            _n = len(_a977)
+            w += _S0.pack(_n)
+            for _x977 in _a977:
+                w += _S0.pack(_x977)
+        else:
+            w += b'\x00\x00\x00\x06'
+            _enc_any_CREATE4res(w, _u975)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opcreate: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_7(w: _Writer, v: DELEGPURGE4res) -> None:
+    try:
+        w += _S34.pack(7, v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opdelegpurge: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_8(w: _Writer, v: DELEGRETURN4res) -> None:
+    try:
+        w += _S34.pack(8, v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opdelegreturn: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_9(w: _Writer, v: GETATTR4res) -> None:
+    try:
+        _u978 = v
+        _d978 = _u978.status
+        _w978: _Any
+        if _d978 == 0:
+            _w978 = _u978.value
+            _s979 = _w978
+            w += b'\x00\x00\x00\t\x00\x00\x00\x00'
+            enc_fattr4(w, _s979.obj_attributes)
+        else:
+            w += b'\x00\x00\x00\t'
+            _enc_any_GETATTR4res(w, _u978)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opgetattr: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_10(w: _Writer, v: GETFH4res) -> None:
+    try:
+        _u980 = v
+        _d980 = _u980.status
+        _w980: _Any
+        if _d980 == 0:
+            _w980 = _u980.value
+            _s981 = _w980
+            _v = _s981.object
+            _n = len(_v)
+            if _n > 128:
+                raise _XdrError('object: length %d exceeds 128' % _n, len(w))
+            w += _S31.pack(10, 0, _n)
+            w += _v
+            w += _PAD[_n & 3]
+        else:
+            w += b'\x00\x00\x00\n'
+            _enc_any_GETFH4res(w, _u980)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opgetfh: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_11(w: _Writer, v: LINK4res) -> None:
+    try:
+        _u982 = v
+        _d982 = _u982.status
+        _w982: _Any
+        if _d982 == 0:
+            _w982 = _u982.value
+            w += _S83.pack(11, 0, _w982.cinfo.atomic, _w982.cinfo.before, _w982.cinfo.after)
+        else:
+            w += b'\x00\x00\x00\x0b'
+            _enc_any_LINK4res(w, _u982)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.oplink: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_12(w: _Writer, v: LOCK4res) -> None:
+    try:
+        _u983 = v
+        _d983 = _u983.status
+        _w983: _Any
+        if _d983 == 0:
+            _w983 = _u983.value
+            if len(_w983.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S103.pack(12, 0, _w983.lock_stateid.seqid, _w983.lock_stateid.other)
+        elif _d983 == 10010:
+            _w983 = _u983.value
+            _s984 = _w983
+            w += _S104.pack(12, 10010, _s984.offset, _s984.length, _s984.locktype)
+            enc_state_owner4(w, _s984.owner)
+        else:
+            w += b'\x00\x00\x00\x0c'
+            _enc_any_LOCK4res(w, _u983)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.oplock: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_13(w: _Writer, v: LOCKT4res) -> None:
+    try:
+        _u985 = v
+        _d985 = _u985.status
+        _w985: _Any
+        if _d985 == 10010:
+            _w985 = _u985.value
+            _s986 = _w985
+            w += _S104.pack(13, 10010, _s986.offset, _s986.length, _s986.locktype)
+            enc_state_owner4(w, _s986.owner)
+        elif _d985 == 0:
+            w += b'\x00\x00\x00\r\x00\x00\x00\x00'
+        else:
+            w += b'\x00\x00\x00\r'
+            _enc_any_LOCKT4res(w, _u985)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.oplockt: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_14(w: _Writer, v: LOCKU4res) -> None:
+    try:
+        _u987 = v
+        _d987 = _u987.status
+        _w987: _Any
+        if _d987 == 0:
+            _w987 = _u987.value
+            if len(_w987.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S103.pack(14, 0, _w987.seqid, _w987.other)
+        else:
+            w += b'\x00\x00\x00\x0e'
+            _enc_any_LOCKU4res(w, _u987)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.oplocku: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_15(w: _Writer, v: LOOKUP4res) -> None:
+    try:
+        w += _S34.pack(15, v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.oplookup: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_16(w: _Writer, v: LOOKUPP4res) -> None:
+    try:
+        w += _S34.pack(16, v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.oplookupp: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_17(w: _Writer, v: NVERIFY4res) -> None:
+    try:
+        w += _S34.pack(17, v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opnverify: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_18(w: _Writer, v: OPEN4res) -> None:
+    try:
+        _u988 = v
+        _d988 = _u988.status
+        _w988: _Any
+        if _d988 == 0:
+            _w988 = _u988.value
+            _s989 = _w988
+            if len(_s989.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S105.pack(18, 0, _s989.stateid.seqid, _s989.stateid.other, _s989.cinfo.atomic, _s989.cinfo.before, _s989.cinfo.after, _s989.rflags)
+            _a990 = _s989.attrset
+            _n = len(_a990)
+            w += _S0.pack(_n)
+            for _x990 in _a990:
+                w += _S0.pack(_x990)
+            enc_open_delegation4(w, _s989.delegation)
+        else:
+            w += b'\x00\x00\x00\x12'
+            _enc_any_OPEN4res(w, _u988)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opopen: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_19(w: _Writer, v: OPENATTR4res) -> None:
+    try:
+        w += _S34.pack(19, v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opopenattr: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_20(w: _Writer, v: OPEN_CONFIRM4res) -> None:
+    try:
+        _u991 = v
+        _d991 = _u991.status
+        _w991: _Any
+        if _d991 == 0:
+            _w991 = _u991.value
+            if len(_w991.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S103.pack(20, 0, _w991.open_stateid.seqid, _w991.open_stateid.other)
+        else:
+            w += b'\x00\x00\x00\x14'
+            _enc_any_OPEN_CONFIRM4res(w, _u991)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opopen_confirm: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_21(w: _Writer, v: OPEN_DOWNGRADE4res) -> None:
+    try:
+        _u992 = v
+        _d992 = _u992.status
+        _w992: _Any
+        if _d992 == 0:
+            _w992 = _u992.value
+            if len(_w992.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S103.pack(21, 0, _w992.open_stateid.seqid, _w992.open_stateid.other)
+        else:
+            w += b'\x00\x00\x00\x15'
+            _enc_any_OPEN_DOWNGRADE4res(w, _u992)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opopen_downgrade: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_22(w: _Writer, v: PUTFH4res) -> None:
+    try:
+        w += _S34.pack(22, v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opputfh: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_23(w: _Writer, v: PUTPUBFH4res) -> None:
+    try:
+        w += _S34.pack(23, v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opputpubfh: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_24(w: _Writer, v: PUTROOTFH4res) -> None:
+    try:
+        w += _S34.pack(24, v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opputrootfh: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_25(w: _Writer, v: READ4res) -> None:
+    try:
+        _u993 = v
+        _d993 = _u993.status
+        _w993: _Any
+        if _d993 == 0:
+            _w993 = _u993.value
+            _s994 = _w993
+            w += _S31.pack(25, 0, _s994.eof)
+            _dv = _s994.data
+            _n = len(_dv)
+            w += _S0.pack(_n)
+            w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
+        else:
+            w += b'\x00\x00\x00\x19'
+            _enc_any_READ4res(w, _u993)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opread: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_26(w: _Writer, v: READDIR4res) -> None:
+    try:
+        _u995 = v
+        _d995 = _u995.status
+        _w995: _Any
+        if _d995 == 0:
+            _w995 = _u995.value
+            _s996 = _w995
+            if len(_s996.cookieverf) != 8: raise _XdrError('fixed opaque cookieverf must be 8 bytes', len(w))
+            w += _S32.pack(26, 0, _s996.cookieverf)
+            enc_dirlist4(w, _s996.reply)
+        else:
+            w += b'\x00\x00\x00\x1a'
+            _enc_any_READDIR4res(w, _u995)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opreaddir: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_27(w: _Writer, v: READLINK4res) -> None:
+    try:
+        _u997 = v
+        _d997 = _u997.status
+        _w997: _Any
+        if _d997 == 0:
+            _w997 = _u997.value
+            _s998 = _w997
+            _dv = _s998.link
+            _n = len(_dv)
+            w += _S31.pack(27, 0, _n)
+            w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
+        else:
+            w += b'\x00\x00\x00\x1b'
+            _enc_any_READLINK4res(w, _u997)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opreadlink: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_28(w: _Writer, v: REMOVE4res) -> None:
+    try:
+        _u999 = v
+        _d999 = _u999.status
+        _w999: _Any
+        if _d999 == 0:
+            _w999 = _u999.value
+            w += _S83.pack(28, 0, _w999.cinfo.atomic, _w999.cinfo.before, _w999.cinfo.after)
+        else:
+            w += b'\x00\x00\x00\x1c'
+            _enc_any_REMOVE4res(w, _u999)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opremove: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_29(w: _Writer, v: RENAME4res) -> None:
+    try:
+        _u1000 = v
+        _d1000 = _u1000.status
+        _w1000: _Any
+        if _d1000 == 0:
+            _w1000 = _u1000.value
+            w += _S106.pack(29, 0, _w1000.source_cinfo.atomic, _w1000.source_cinfo.before, _w1000.source_cinfo.after, _w1000.target_cinfo.atomic, _w1000.target_cinfo.before, _w1000.target_cinfo.after)
+        else:
+            w += b'\x00\x00\x00\x1d'
+            _enc_any_RENAME4res(w, _u1000)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.oprename: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_30(w: _Writer, v: RENEW4res) -> None:
+    try:
+        w += _S34.pack(30, v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.oprenew: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_31(w: _Writer, v: RESTOREFH4res) -> None:
+    try:
+        w += _S34.pack(31, v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.oprestorefh: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_32(w: _Writer, v: SAVEFH4res) -> None:
+    try:
+        w += _S34.pack(32, v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opsavefh: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_33(w: _Writer, v: SECINFO4res) -> None:
+    try:
+        _u1001 = v
+        _d1001 = _u1001.status
+        _w1001: _Any
+        if _d1001 == 0:
+            _w1001 = _u1001.value
+            _a1002 = _w1001
+            _n = len(_a1002)
+            w += _S31.pack(33, 0, _n)
+            for _x1002 in _a1002:
+                enc_secinfo4(w, _x1002)
+        else:
+            w += b'\x00\x00\x00!'
+            _enc_any_SECINFO4res(w, _u1001)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opsecinfo: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_34(w: _Writer, v: SETATTR4res) -> None:
+    try:
+        _s1003 = v
+        w += _S34.pack(34, _s1003.status)
+        _a1004 = _s1003.attrsset
+        _n = len(_a1004)
+        w += _S0.pack(_n)
+        for _x1004 in _a1004:
+            w += _S0.pack(_x1004)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opsetattr: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_35(w: _Writer, v: SETCLIENTID4res) -> None:
+    try:
+        _u1005 = v
+        _d1005 = _u1005.status
+        _w1005: _Any
+        if _d1005 == 0:
+            _w1005 = _u1005.value
+            if len(_w1005.setclientid_confirm) != 8: raise _XdrError('fixed opaque setclientid_confirm must be 8 bytes', len(w))
+            w += _S107.pack(35, 0, _w1005.clientid, _w1005.setclientid_confirm)
+        elif _d1005 == 10017:
+            _w1005 = _u1005.value
+            _s1006 = _w1005
+            _v = _s1006.na_r_netid.encode('utf-8', 'surrogateescape')
+            _n = len(_v)
+            w += _S31.pack(35, 10017, _n)
+            w += _v
+            w += _PAD[_n & 3]
+            _v = _s1006.na_r_addr.encode('utf-8', 'surrogateescape')
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        else:
+            w += b'\x00\x00\x00#'
+            _enc_any_SETCLIENTID4res(w, _u1005)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opsetclientid: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_36(w: _Writer, v: SETCLIENTID_CONFIRM4res) -> None:
+    try:
+        w += _S34.pack(36, v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opsetclientid_confirm: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_37(w: _Writer, v: VERIFY4res) -> None:
+    try:
+        w += _S34.pack(37, v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opverify: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_38(w: _Writer, v: WRITE4res) -> None:
+    try:
+        _u1007 = v
+        _d1007 = _u1007.status
+        _w1007: _Any
+        if _d1007 == 0:
+            _w1007 = _u1007.value
+            if len(_w1007.writeverf) != 8: raise _XdrError('fixed opaque writeverf must be 8 bytes', len(w))
+            w += _S108.pack(38, 0, _w1007.count, _w1007.committed, _w1007.writeverf)
+        else:
+            w += b'\x00\x00\x00&'
+            _enc_any_WRITE4res(w, _u1007)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opwrite: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_39(w: _Writer, v: RELEASE_LOCKOWNER4res) -> None:
+    try:
+        w += _S34.pack(39, v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.oprelease_lockowner: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_40(w: _Writer, v: BACKCHANNEL_CTL4res) -> None:
+    try:
+        w += _S34.pack(40, v.bcr_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opbackchannel_ctl: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_41(w: _Writer, v: BIND_CONN_TO_SESSION4res) -> None:
+    try:
+        _u1008 = v
+        _d1008 = _u1008.bctsr_status
+        _w1008: _Any
+        if _d1008 == 0:
+            _w1008 = _u1008.value
+            if len(_w1008.bctsr_sessid) != 16: raise _XdrError('fixed opaque bctsr_sessid must be 16 bytes', len(w))
+            w += _S109.pack(41, 0, _w1008.bctsr_sessid, _w1008.bctsr_dir, _w1008.bctsr_use_conn_in_rdma_mode)
+        else:
+            w += b'\x00\x00\x00)'
+            _enc_any_BIND_CONN_TO_SESSION4res(w, _u1008)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opbind_conn_to_session: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_42(w: _Writer, v: EXCHANGE_ID4res) -> None:
+    try:
+        _u1009 = v
+        _d1009 = _u1009.eir_status
+        _w1009: _Any
+        if _d1009 == 0:
+            _w1009 = _u1009.value
+            _s1010 = _w1009
+            w += _S110.pack(42, 0, _s1010.eir_clientid, _s1010.eir_sequenceid, _s1010.eir_flags)
+            enc_state_protect4_r(w, _s1010.eir_state_protect)
+            enc_server_owner4(w, _s1010.eir_server_owner)
+            _v = _s1010.eir_server_scope
+            _n = len(_v)
+            if _n > 1024:
+                raise _XdrError('eir_server_scope: length %d exceeds 1024' % _n, len(w))
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            _a1011 = _s1010.eir_server_impl_id
+            _n = len(_a1011)
+            if _n > 1:
+                raise _XdrError('eir_server_impl_id: length %d exceeds 1' % _n, len(w))
+            w += _S0.pack(_n)
+            for _x1011 in _a1011:
+                enc_nfs_impl_id4(w, _x1011)
+        else:
+            w += b'\x00\x00\x00*'
+            _enc_any_EXCHANGE_ID4res(w, _u1009)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opexchange_id: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_43(w: _Writer, v: CREATE_SESSION4res) -> None:
+    try:
+        _u1012 = v
+        _d1012 = _u1012.csr_status
+        _w1012: _Any
+        if _d1012 == 0:
+            _w1012 = _u1012.value
+            _s1013 = _w1012
+            if len(_s1013.csr_sessionid) != 16: raise _XdrError('fixed opaque csr_sessionid must be 16 bytes', len(w))
+            w += _S111.pack(43, 0, _s1013.csr_sessionid, _s1013.csr_sequence, _s1013.csr_flags)
+            enc_channel_attrs4(w, _s1013.csr_fore_chan_attrs)
+            enc_channel_attrs4(w, _s1013.csr_back_chan_attrs)
+        else:
+            w += b'\x00\x00\x00+'
+            _enc_any_CREATE_SESSION4res(w, _u1012)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opcreate_session: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_44(w: _Writer, v: DESTROY_SESSION4res) -> None:
+    try:
+        w += _S34.pack(44, v.dsr_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opdestroy_session: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_45(w: _Writer, v: FREE_STATEID4res) -> None:
+    try:
+        w += _S34.pack(45, v.fsr_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opfree_stateid: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_46(w: _Writer, v: GET_DIR_DELEGATION4res) -> None:
+    try:
+        _u1014 = v
+        _d1014 = _u1014.gddr_status
+        _w1014: _Any
+        if _d1014 == 0:
+            _w1014 = _u1014.value
+            _u1015 = _w1014
+            _d1015 = _u1015.gddrnf_status
+            _w1015: _Any
+            if _d1015 == 0:
+                _w1015 = _u1015.value
+                w += b'\x00\x00\x00.\x00\x00\x00\x00\x00\x00\x00\x00'
+                enc_GET_DIR_DELEGATION4resok(w, _w1015)
+            elif _d1015 == 1:
+                _w1015 = _u1015.value
+                w += _S72.pack(46, 0, 1, _w1015)
+            else:
+                w += b'\x00\x00\x00.\x00\x00\x00\x00'
+                _enc_any_GET_DIR_DELEGATION4res_non_fatal(w, _u1015)
+        else:
+            w += b'\x00\x00\x00.'
+            _enc_any_GET_DIR_DELEGATION4res(w, _u1014)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opget_dir_delegation: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_47(w: _Writer, v: GETDEVICEINFO4res) -> None:
+    try:
+        _u1016 = v
+        _d1016 = _u1016.gdir_status
+        _w1016: _Any
+        if _d1016 == 0:
+            _w1016 = _u1016.value
+            _s1017 = _w1016
+            w += b'\x00\x00\x00/\x00\x00\x00\x00'
+            enc_device_addr4(w, _s1017.gdir_device_addr)
+            _a1018 = _s1017.gdir_notification
+            _n = len(_a1018)
+            w += _S0.pack(_n)
+            for _x1018 in _a1018:
+                w += _S0.pack(_x1018)
+        elif _d1016 == 10005:
+            _w1016 = _u1016.value
+            w += _S31.pack(47, 10005, _w1016)
+        else:
+            w += b'\x00\x00\x00/'
+            _enc_any_GETDEVICEINFO4res(w, _u1016)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opgetdeviceinfo: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_48(w: _Writer, v: GETDEVICELIST4res) -> None:
+    try:
+        _u1019 = v
+        _d1019 = _u1019.gdlr_status
+        _w1019: _Any
+        if _d1019 == 0:
+            _w1019 = _u1019.value
+            _s1020 = _w1019
+            if len(_s1020.gdlr_cookieverf) != 8: raise _XdrError('fixed opaque gdlr_cookieverf must be 8 bytes', len(w))
+            w += _S107.pack(48, 0, _s1020.gdlr_cookie, _s1020.gdlr_cookieverf)
+            _a1021 = _s1020.gdlr_deviceid_list
+            _n = len(_a1021)
+            w += _S0.pack(_n)
+            for _x1021 in _a1021:
+                if len(_x1021) != 16: raise _XdrError('fixed opaque  must be 16 bytes', len(w))
+                w += _S5.pack(_x1021)
+            w += _S0.pack(_s1020.gdlr_eof)
+        else:
+            w += b'\x00\x00\x000'
+            _enc_any_GETDEVICELIST4res(w, _u1019)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opgetdevicelist: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_49(w: _Writer, v: LAYOUTCOMMIT4res) -> None:
+    try:
+        _u1022 = v
+        _d1022 = _u1022.locr_status
+        _w1022: _Any
+        if _d1022 == 0:
+            _w1022 = _u1022.value
+            _s1023 = _w1022
+            w += b'\x00\x00\x001\x00\x00\x00\x00'
+            enc_newsize4(w, _s1023.locr_newsize)
+        else:
+            w += b'\x00\x00\x001'
+            _enc_any_LAYOUTCOMMIT4res(w, _u1022)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.oplayoutcommit: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_50(w: _Writer, v: LAYOUTGET4res) -> None:
+    try:
+        _u1024 = v
+        _d1024 = _u1024.logr_status
+        _w1024: _Any
+        if _d1024 == 0:
+            _w1024 = _u1024.value
+            _s1025 = _w1024
+            if len(_s1025.logr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S112.pack(50, 0, _s1025.logr_return_on_close, _s1025.logr_stateid.seqid, _s1025.logr_stateid.other)
+            _a1026 = _s1025.logr_layout
+            _n = len(_a1026)
+            w += _S0.pack(_n)
+            for _x1026 in _a1026:
+                enc_layout4(w, _x1026)
+        elif _d1024 == 10058:
+            _w1024 = _u1024.value
+            w += _S31.pack(50, 10058, _w1024)
+        else:
+            w += b'\x00\x00\x002'
+            _enc_any_LAYOUTGET4res(w, _u1024)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.oplayoutget: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_51(w: _Writer, v: LAYOUTRETURN4res) -> None:
+    try:
+        _u1027 = v
+        _d1027 = _u1027.lorr_status
+        _w1027: _Any
+        if _d1027 == 0:
+            _w1027 = _u1027.value
+            _u1028 = _w1027
+            _d1028 = _u1028.lrs_present
+            _w1028: _Any
+            if _d1028 == 1:
+                _w1028 = _u1028.value
+                if len(_w1028.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+                w += _S112.pack(51, 0, 1, _w1028.seqid, _w1028.other)
+            elif _d1028 == 0:
+                w += b'\x00\x00\x003\x00\x00\x00\x00\x00\x00\x00\x00'
+            else:
+                w += b'\x00\x00\x003\x00\x00\x00\x00'
+                _enc_any_layoutreturn_stateid(w, _u1028)
+        else:
+            w += b'\x00\x00\x003'
+            _enc_any_LAYOUTRETURN4res(w, _u1027)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.oplayoutreturn: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_52(w: _Writer, v: SECINFO4res) -> None:
+    try:
+        _u1029 = v
+        _d1029 = _u1029.status
+        _w1029: _Any
+        if _d1029 == 0:
+            _w1029 = _u1029.value
+            _a1030 = _w1029
+            _n = len(_a1030)
+            w += _S31.pack(52, 0, _n)
+            for _x1030 in _a1030:
+                enc_secinfo4(w, _x1030)
+        else:
+            w += b'\x00\x00\x004'
+            _enc_any_SECINFO4res(w, _u1029)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opsecinfo_no_name: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_53(w: _Writer, v: SEQUENCE4res) -> None:
+    try:
+        _u1031 = v
+        _d1031 = _u1031.sr_status
+        _w1031: _Any
+        if _d1031 == 0:
+            _w1031 = _u1031.value
+            if len(_w1031.sr_sessionid) != 16: raise _XdrError('fixed opaque sr_sessionid must be 16 bytes', len(w))
+            w += _S113.pack(53, 0, _w1031.sr_sessionid, _w1031.sr_sequenceid, _w1031.sr_slotid, _w1031.sr_highest_slotid, _w1031.sr_target_highest_slotid, _w1031.sr_status_flags)
+        else:
+            w += b'\x00\x00\x005'
+            _enc_any_SEQUENCE4res(w, _u1031)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opsequence: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_54(w: _Writer, v: SET_SSV4res) -> None:
+    try:
+        _u1032 = v
+        _d1032 = _u1032.ssr_status
+        _w1032: _Any
+        if _d1032 == 0:
+            _w1032 = _u1032.value
+            _s1033 = _w1032
+            _v = _s1033.ssr_digest
+            _n = len(_v)
+            w += _S31.pack(54, 0, _n)
+            w += _v
+            w += _PAD[_n & 3]
+        else:
+            w += b'\x00\x00\x006'
+            _enc_any_SET_SSV4res(w, _u1032)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opset_ssv: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_55(w: _Writer, v: TEST_STATEID4res) -> None:
+    try:
+        _u1034 = v
+        _d1034 = _u1034.tsr_status
+        _w1034: _Any
+        if _d1034 == 0:
+            _w1034 = _u1034.value
+            _s1035 = _w1034
+            _a1036 = _s1035.tsr_status_codes
+            _n = len(_a1036)
+            w += _S31.pack(55, 0, _n)
+            for _x1036 in _a1036:
+                w += _S2.pack(_x1036)
+        else:
+            w += b'\x00\x00\x007'
+            _enc_any_TEST_STATEID4res(w, _u1034)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.optest_stateid: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_56(w: _Writer, v: WANT_DELEGATION4res) -> None:
+    try:
+        _u1037 = v
+        _d1037 = _u1037.wdr_status
+        _w1037: _Any
+        if _d1037 == 0:
+            _w1037 = _u1037.value
+            _u1038 = _w1037
+            _d1038 = _u1038.delegation_type
+            _w1038: _Any
+            if _d1038 == 0:
+                w += b'\x00\x00\x008\x00\x00\x00\x00\x00\x00\x00\x00'
+            elif _d1038 == 1:
+                _w1038 = _u1038.value
+                w += b'\x00\x00\x008\x00\x00\x00\x00\x00\x00\x00\x01'
+                enc_open_read_delegation4(w, _w1038)
+            elif _d1038 == 2:
+                _w1038 = _u1038.value
+                w += b'\x00\x00\x008\x00\x00\x00\x00\x00\x00\x00\x02'
+                enc_open_write_delegation4(w, _w1038)
+            elif _d1038 == 3:
+                _w1038 = _u1038.value
+                w += b'\x00\x00\x008\x00\x00\x00\x00\x00\x00\x00\x03'
+                enc_open_none_delegation4(w, _w1038)
+            else:
+                w += b'\x00\x00\x008\x00\x00\x00\x00'
+                _enc_any_open_delegation4(w, _u1038)
+        else:
+            w += b'\x00\x00\x008'
+            _enc_any_WANT_DELEGATION4res(w, _u1037)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opwant_delegation: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_57(w: _Writer, v: DESTROY_CLIENTID4res) -> None:
+    try:
+        w += _S34.pack(57, v.dcr_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opdestroy_clientid: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_58(w: _Writer, v: RECLAIM_COMPLETE4res) -> None:
+    try:
+        w += _S34.pack(58, v.rcr_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opreclaim_complete: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_59(w: _Writer, v: ALLOCATE4res) -> None:
+    try:
+        w += _S34.pack(59, v.ar_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opallocate: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_60(w: _Writer, v: COPY4res) -> None:
+    try:
+        _u1039 = v
+        _d1039 = _u1039.cr_status
+        _w1039: _Any
+        if _d1039 == 0:
+            _w1039 = _u1039.value
+            _s1040 = _w1039
+            w += b'\x00\x00\x00<\x00\x00\x00\x00'
+            enc_write_response4(w, _s1040.cr_response)
+            w += _S1.pack(_s1040.cr_requirements.cr_consecutive, _s1040.cr_requirements.cr_synchronous)
+        elif _d1039 == 10094:
+            _w1039 = _u1039.value
+            w += _S102.pack(60, 10094, _w1039.cr_consecutive, _w1039.cr_synchronous)
+        else:
+            w += b'\x00\x00\x00<'
+            _enc_any_COPY4res(w, _u1039)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opcopy: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_61(w: _Writer, v: COPY_NOTIFY4res) -> None:
+    try:
+        _u1041 = v
+        _d1041 = _u1041.cnr_status
+        _w1041: _Any
+        if _d1041 == 0:
+            _w1041 = _u1041.value
+            _s1042 = _w1041
+            if len(_s1042.cnr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S114.pack(61, 0, _s1042.cnr_lease_time.seconds, _s1042.cnr_lease_time.nseconds, _s1042.cnr_stateid.seqid, _s1042.cnr_stateid.other)
+            _a1043 = _s1042.cnr_source_server
+            _n = len(_a1043)
+            w += _S0.pack(_n)
+            for _x1043 in _a1043:
+                enc_netloc4(w, _x1043)
+        else:
+            w += b'\x00\x00\x00='
+            _enc_any_COPY_NOTIFY4res(w, _u1041)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opcopy_notify: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_62(w: _Writer, v: DEALLOCATE4res) -> None:
+    try:
+        w += _S34.pack(62, v.dr_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opdeallocate: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_63(w: _Writer, v: IO_ADVISE4res) -> None:
+    try:
+        _u1044 = v
+        _d1044 = _u1044.ior_status
+        _w1044: _Any
+        if _d1044 == 0:
+            _w1044 = _u1044.value
+            _s1045 = _w1044
+            _a1046 = _s1045.ior_hints
+            _n = len(_a1046)
+            w += _S31.pack(63, 0, _n)
+            for _x1046 in _a1046:
+                w += _S0.pack(_x1046)
+        else:
+            w += b'\x00\x00\x00?'
+            _enc_any_IO_ADVISE4res(w, _u1044)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opio_advise: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_64(w: _Writer, v: LAYOUTERROR4res) -> None:
+    try:
+        w += _S34.pack(64, v.ler_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.oplayouterror: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_65(w: _Writer, v: LAYOUTSTATS4res) -> None:
+    try:
+        w += _S34.pack(65, v.lsr_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.oplayoutstats: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_66(w: _Writer, v: OFFLOAD_CANCEL4res) -> None:
+    try:
+        w += _S34.pack(66, v.ocr_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opoffload_cancel: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_67(w: _Writer, v: OFFLOAD_STATUS4res) -> None:
+    try:
+        _u1047 = v
+        _d1047 = _u1047.osr_status
+        _w1047: _Any
+        if _d1047 == 0:
+            _w1047 = _u1047.value
+            _s1048 = _w1047
+            w += _S115.pack(67, 0, _s1048.osr_count)
+            _a1049 = _s1048.osr_complete
+            _n = len(_a1049)
+            if _n > 1:
+                raise _XdrError('osr_complete: length %d exceeds 1' % _n, len(w))
+            w += _S0.pack(_n)
+            for _x1049 in _a1049:
+                w += _S2.pack(_x1049)
+        else:
+            w += b'\x00\x00\x00C'
+            _enc_any_OFFLOAD_STATUS4res(w, _u1047)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opoffload_status: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_68(w: _Writer, v: READ_PLUS4res) -> None:
+    try:
+        _u1050 = v
+        _d1050 = _u1050.rp_status
+        _w1050: _Any
+        if _d1050 == 0:
+            _w1050 = _u1050.value
+            _s1051 = _w1050
+            w += _S31.pack(68, 0, _s1051.rpr_eof)
+            _a1052 = _s1051.rpr_contents
+            _n = len(_a1052)
+            w += _S0.pack(_n)
+            for _x1052 in _a1052:
+                enc_read_plus_content(w, _x1052)
+        else:
+            w += b'\x00\x00\x00D'
+            _enc_any_READ_PLUS4res(w, _u1050)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opread_plus: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_69(w: _Writer, v: SEEK4res) -> None:
+    try:
+        _u1053 = v
+        _d1053 = _u1053.sa_status
+        _w1053: _Any
+        if _d1053 == 0:
+            _w1053 = _u1053.value
+            w += _S116.pack(69, 0, _w1053.sr_eof, _w1053.sr_offset)
+        else:
+            w += b'\x00\x00\x00E'
+            _enc_any_SEEK4res(w, _u1053)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opseek: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_70(w: _Writer, v: WRITE_SAME4res) -> None:
+    try:
+        _u1054 = v
+        _d1054 = _u1054.wsr_status
+        _w1054: _Any
+        if _d1054 == 0:
+            _w1054 = _u1054.value
+            _s1055 = _w1054
+            _a1056 = _s1055.wr_callback_id
+            _n = len(_a1056)
+            if _n > 1:
+                raise _XdrError('wr_callback_id: length %d exceeds 1' % _n, len(w))
+            w += _S31.pack(70, 0, _n)
+            for _x1056 in _a1056:
+                if len(_x1056.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+                w += _S11.pack(_x1056.seqid, _x1056.other)
+            if len(_s1055.wr_writeverf) != 8: raise _XdrError('fixed opaque wr_writeverf must be 8 bytes', len(w))
+            w += _S74.pack(_s1055.wr_count, _s1055.wr_committed, _s1055.wr_writeverf)
+        else:
+            w += b'\x00\x00\x00F'
+            _enc_any_WRITE_SAME4res(w, _u1054)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opwrite_same: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_71(w: _Writer, v: CLONE4res) -> None:
+    try:
+        w += _S34.pack(71, v.cl_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opclone: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_72(w: _Writer, v: GETXATTR4res) -> None:
+    try:
+        _u1057 = v
+        _d1057 = _u1057.gxr_status
+        _w1057: _Any
+        if _d1057 == 0:
+            _w1057 = _u1057.value
+            _v = _w1057
+            _n = len(_v)
+            w += _S31.pack(72, 0, _n)
+            w += _v
+            w += _PAD[_n & 3]
+        else:
+            w += b'\x00\x00\x00H'
+            _enc_any_GETXATTR4res(w, _u1057)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opgetxattr: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_73(w: _Writer, v: SETXATTR4res) -> None:
+    try:
+        _u1058 = v
+        _d1058 = _u1058.sxr_status
+        _w1058: _Any
+        if _d1058 == 0:
+            _w1058 = _u1058.value
+            w += _S83.pack(73, 0, _w1058.atomic, _w1058.before, _w1058.after)
+        else:
+            w += b'\x00\x00\x00I'
+            _enc_any_SETXATTR4res(w, _u1058)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opsetxattr: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_74(w: _Writer, v: LISTXATTRS4res) -> None:
+    try:
+        _u1059 = v
+        _d1059 = _u1059.lxr_status
+        _w1059: _Any
+        if _d1059 == 0:
+            _w1059 = _u1059.value
+            _s1060 = _w1059
+            w += _S115.pack(74, 0, _s1060.lxr_cookie)
+            _a1061 = _s1060.lxr_names
+            _n = len(_a1061)
+            w += _S0.pack(_n)
+            for _x1061 in _a1061:
+                _v = _x1061
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+            w += _S0.pack(_s1060.lxr_eof)
+        else:
+            w += b'\x00\x00\x00J'
+            _enc_any_LISTXATTRS4res(w, _u1059)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.oplistxattrs: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_75(w: _Writer, v: REMOVEXATTR4res) -> None:
+    try:
+        _u1062 = v
+        _d1062 = _u1062.rxr_status
+        _w1062: _Any
+        if _d1062 == 0:
+            _w1062 = _u1062.value
+            w += _S83.pack(75, 0, _w1062.atomic, _w1062.before, _w1062.after)
+        else:
+            w += b'\x00\x00\x00K'
+            _enc_any_REMOVEXATTR4res(w, _u1062)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opremovexattr: {_e}', len(w)) from None
+
+
+def _enc_nfs_resop4_10044(w: _Writer, v: ILLEGAL4res) -> None:
+    try:
+        w += _S34.pack(10044, v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4.opillegal: {_e}', len(w)) from None
+
+
+_nfs_resop4_ENCX: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {3: _enc_nfs_resop4_3, 4: _enc_nfs_resop4_4, 5: _enc_nfs_resop4_5, 6: _enc_nfs_resop4_6, 7: _enc_nfs_resop4_7, 8: _enc_nfs_resop4_8, 9: _enc_nfs_resop4_9, 10: _enc_nfs_resop4_10, 11: _enc_nfs_resop4_11, 12: _enc_nfs_resop4_12, 13: _enc_nfs_resop4_13, 14: _enc_nfs_resop4_14, 15: _enc_nfs_resop4_15, 16: _enc_nfs_resop4_16, 17: _enc_nfs_resop4_17, 18: _enc_nfs_resop4_18, 19: _enc_nfs_resop4_19, 20: _enc_nfs_resop4_20, 21: _enc_nfs_resop4_21, 22: _enc_nfs_resop4_22, 23: _enc_nfs_resop4_23, 24: _enc_nfs_resop4_24, 25: _enc_nfs_resop4_25, 26: _enc_nfs_resop4_26, 27: _enc_nfs_resop4_27, 28: _enc_nfs_resop4_28, 29: _enc_nfs_resop4_29, 30: _enc_nfs_resop4_30, 31: _enc_nfs_resop4_31, 32: _enc_nfs_resop4_32, 33: _enc_nfs_resop4_33, 34: _enc_nfs_resop4_34, 35: _enc_nfs_resop4_35, 36: _enc_nfs_resop4_36, 37: _enc_nfs_resop4_37, 38: _enc_nfs_resop4_38, 39: _enc_nfs_resop4_39, 40: _enc_nfs_resop4_40, 41: _enc_nfs_resop4_41, 42: _enc_nfs_resop4_42, 43: _enc_nfs_resop4_43, 44: _enc_nfs_resop4_44, 45: _enc_nfs_resop4_45, 46: _enc_nfs_resop4_46, 47: _enc_nfs_resop4_47, 48: _enc_nfs_resop4_48, 49: _enc_nfs_resop4_49, 50: _enc_nfs_resop4_50, 51: _enc_nfs_resop4_51, 52: _enc_nfs_resop4_52, 53: _enc_nfs_resop4_53, 54: _enc_nfs_resop4_54, 55: _enc_nfs_resop4_55, 56: _enc_nfs_resop4_56, 57: _enc_nfs_resop4_57, 58: _enc_nfs_resop4_58, 59: _enc_nfs_resop4_59, 60: _enc_nfs_resop4_60, 61: _enc_nfs_resop4_61, 62: _enc_nfs_resop4_62, 63: _enc_nfs_resop4_63, 64: _enc_nfs_resop4_64, 65: _enc_nfs_resop4_65, 66: _enc_nfs_resop4_66, 67: _enc_nfs_resop4_67, 68: _enc_nfs_resop4_68, 69: _enc_nfs_resop4_69, 70: _enc_nfs_resop4_70, 71: _enc_nfs_resop4_71, 72: _enc_nfs_resop4_72, 73: _enc_nfs_resop4_73, 74: _enc_nfs_resop4_74, 75: _enc_nfs_resop4_75, 10044: _enc_nfs_resop4_10044}
+
+
+def enc_nfs_resop4(w: _Writer, v: nfs_resop4) -> None:
+    try:
+        _f = _nfs_resop4_ENCX.get(v.resop)
+        if _f is None:
+            _enc_any_nfs_resop4(w, v)
+        else:
+            _f(w, v.value)
+    except (TypeError, AttributeError) as _e:
+        raise _XdrError(f'cannot encode nfs_resop4: {_e!r}', len(w)) from None
 
 
 @_dataclass(slots=True)
@@ -2061,15 +3365,20 @@ def enc_COMPOUND4args(w: _Writer, v: COMPOUND4args) -> None:
     try:
         _v = v.tag
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
         w += _S0.pack(v.minorversion)
-        _a425 = v.argarray
-        _n = len(_a425)
-        w += _U32.pack(_n)
-        for _x425 in _a425:
-            enc_nfs_argop4(w, _x425)
+        _a1063 = v.argarray
+        _n = len(_a1063)
+        w += _S0.pack(_n)
+        for _x1063 in _a1063:
+            _u1064 = _x1063
+            _f1064 = _nfs_argop4_ENCX.get(_u1064.argop)
+            if _f1064 is None:
+                enc_nfs_argop4(w, _u1064)
+            else:
+                _f1064(w, _u1064.value)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode COMPOUND4args: {_e}', len(w)) from None
 
@@ -2083,31 +3392,28 @@ def dec_COMPOUND4args(r: _Reader, off: int) -> tuple[COMPOUND4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_tag = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S0.unpack_from(buf, off)
+        (f_minorversion,) = _S0.unpack_from(buf, off)
         off += 4
-        f_minorversion = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_argarray = []
-        _c426 = _n
-        for _ in range(_c426):
-            _v427: _Any
-            _f427: _Callable[[_Reader, int], tuple[_Any, int]]
-            (_d427,) = _S2.unpack_from(buf, off)
-            _a427 = _nfs_argop4_ARMS.get(_d427)
-            if _a427 is None:
-                raise _XdrError('%r is not a case of nfs_argop4' % (_d427,), off)
+        _c1065 = _n
+        for _ in range(_c1065):
+            _v1066: _Any
+            _f1066: _Callable[[_Reader, int], tuple[_Any, int]]
+            (_d1066,) = _S2.unpack_from(buf, off)
+            _a1066 = _nfs_argop4_ARMS.get(_d1066)
+            if _a1066 is None:
+                raise _XdrError('%r is not a case of nfs_argop4' % (_d1066,), off)
             else:
-                _d427, _f427 = _a427
-            _v427, off = _f427(r, off + 4)
-            _x426 = nfs_argop4(_d427, _v427)
-            f_argarray.append(_x426)
+                _d1066, _f1066 = _a1066
+            _v1066, off = _f1066(r, off + 4)
+            _x1065 = nfs_argop4(_d1066, _v1066)
+            f_argarray.append(_x1065)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated COMPOUND4args', o0) from None
     return COMPOUND4args(f_tag, f_minorversion, f_argarray), off
@@ -2125,14 +3431,19 @@ def enc_COMPOUND4res(w: _Writer, v: COMPOUND4res) -> None:
         w += _S2.pack(v.status)
         _v = v.tag
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _a428 = v.resarray
-        _n = len(_a428)
-        w += _U32.pack(_n)
-        for _x428 in _a428:
-            enc_nfs_resop4(w, _x428)
+        _a1067 = v.resarray
+        _n = len(_a1067)
+        w += _S0.pack(_n)
+        for _x1067 in _a1067:
+            _u1068 = _x1067
+            _f1068 = _nfs_resop4_ENCX.get(_u1068.resop)
+            if _f1068 is None:
+                enc_nfs_resop4(w, _u1068)
+            else:
+                _f1068(w, _u1068.value)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode COMPOUND4res: {_e}', len(w)) from None
 
@@ -2141,16 +3452,14 @@ def dec_COMPOUND4res(r: _Reader, off: int) -> tuple[COMPOUND4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        f_status = _nfsstat4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_tag = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -2158,19 +3467,19 @@ def dec_COMPOUND4res(r: _Reader, off: int) -> tuple[COMPOUND4res, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_resarray = []
-        _c429 = _n
-        for _ in range(_c429):
-            _v430: _Any
-            _f430: _Callable[[_Reader, int], tuple[_Any, int]]
-            (_d430,) = _S2.unpack_from(buf, off)
-            _a430 = _nfs_resop4_ARMS.get(_d430)
-            if _a430 is None:
-                raise _XdrError('%r is not a case of nfs_resop4' % (_d430,), off)
+        _c1069 = _n
+        for _ in range(_c1069):
+            _v1070: _Any
+            _f1070: _Callable[[_Reader, int], tuple[_Any, int]]
+            (_d1070,) = _S2.unpack_from(buf, off)
+            _a1070 = _nfs_resop4_ARMS.get(_d1070)
+            if _a1070 is None:
+                raise _XdrError('%r is not a case of nfs_resop4' % (_d1070,), off)
             else:
-                _d430, _f430 = _a430
-            _v430, off = _f430(r, off + 4)
-            _x429 = nfs_resop4(_d430, _v430)
-            f_resarray.append(_x429)
+                _d1070, _f1070 = _a1070
+            _v1070, off = _f1070(r, off + 4)
+            _x1069 = nfs_resop4(_d1070, _v1070)
+            f_resarray.append(_x1069)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated COMPOUND4res', o0) from None
     return COMPOUND4res(f_status, f_tag, f_resarray), off
@@ -2188,14 +3497,14 @@ def enc_CB_GETATTR4args(w: _Writer, v: CB_GETATTR4args) -> None:
         _n = len(_v)
         if _n > 128:
             raise _XdrError('fh: length %d exceeds 128' % _n, len(w))
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _a431 = v.attr_request
-        _n = len(_a431)
-        w += _U32.pack(_n)
-        for _x431 in _a431:
-            w += _S0.pack(_x431)
+        _a1071 = v.attr_request
+        _n = len(_a1071)
+        w += _S0.pack(_n)
+        for _x1071 in _a1071:
+            w += _S0.pack(_x1071)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_GETATTR4args: {_e}', len(w)) from None
 
@@ -2211,8 +3520,6 @@ def dec_CB_GETATTR4args(r: _Reader, off: int) -> tuple[CB_GETATTR4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -2220,12 +3527,11 @@ def dec_CB_GETATTR4args(r: _Reader, off: int) -> tuple[CB_GETATTR4args, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_attr_request = []
-        _c432 = _n
-        for _ in range(_c432):
-            _t = _S0.unpack_from(buf, off)
+        _c1072 = _n
+        for _ in range(_c1072):
+            (_x1072,) = _S0.unpack_from(buf, off)
             off += 4
-            _x432 = _t[0]
-            f_attr_request.append(_x432)
+            f_attr_request.append(_x1072)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_GETATTR4args', o0) from None
     return CB_GETATTR4args(f_fh, f_attr_request), off
@@ -2238,15 +3544,15 @@ class CB_GETATTR4resok:
 
 def enc_CB_GETATTR4resok(w: _Writer, v: CB_GETATTR4resok) -> None:
     try:
-        _s433 = v.obj_attributes
-        _a434 = _s433.attrmask
-        _n = len(_a434)
-        w += _U32.pack(_n)
-        for _x434 in _a434:
-            w += _S0.pack(_x434)
-        _v = _s433.attr_vals
+        _s1073 = v.obj_attributes
+        _a1074 = _s1073.attrmask
+        _n = len(_a1074)
+        w += _S0.pack(_n)
+        for _x1074 in _a1074:
+            w += _S0.pack(_x1074)
+        _v = _s1073.attr_vals
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -2261,23 +3567,20 @@ def dec_CB_GETATTR4resok(r: _Reader, off: int) -> tuple[CB_GETATTR4resok, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i435_attrmask = []
-        _c436 = _n
-        for _ in range(_c436):
-            _t = _S0.unpack_from(buf, off)
+        _i1075_attrmask = []
+        _c1076 = _n
+        for _ in range(_c1076):
+            (_x1076,) = _S0.unpack_from(buf, off)
             off += 4
-            _x436 = _t[0]
-            _i435_attrmask.append(_x436)
+            _i1075_attrmask.append(_x1076)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i435_attr_vals = bytes(buf[off:_e])
+        _i1075_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_obj_attributes = fattr4(_i435_attrmask, _i435_attr_vals)
+        f_obj_attributes = fattr4(_i1075_attrmask, _i1075_attr_vals)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_GETATTR4resok', o0) from None
     return CB_GETATTR4resok(f_obj_attributes), off
@@ -2294,7 +3597,7 @@ _CB_GETATTR4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]
 _CB_GETATTR4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_CB_GETATTR4resok)}
 
 
-def enc_CB_GETATTR4res(w: _Writer, v: CB_GETATTR4res) -> None:
+def _enc_any_CB_GETATTR4res(w: _Writer, v: CB_GETATTR4res) -> None:
     try:
         _d = v.status
         _f = _CB_GETATTR4res_ENC.get(_d, _void_encode)
@@ -2305,21 +3608,81 @@ def enc_CB_GETATTR4res(w: _Writer, v: CB_GETATTR4res) -> None:
         raise _XdrError(f'cannot encode CB_GETATTR4res: {_e!r}', len(w)) from None
 
 
+def _dec_any_CB_GETATTR4res(r: _Reader, off: int) -> tuple[CB_GETATTR4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v1077: _Any
+        _f1077: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d1077,) = _S2.unpack_from(buf, off)
+        _a1077 = _CB_GETATTR4res_ARMS.get(_d1077)
+        if _a1077 is None:
+            _d1077 = _nfsstat4_MAP[(_d1077,)[0]]
+            _f1077 = _void_decode
+        else:
+            _d1077, _f1077 = _a1077
+        _v1077, off = _f1077(r, off + 4)
+        _u = CB_GETATTR4res(_d1077, _v1077)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated CB_GETATTR4res', o0) from None
+    return _u, off
+
+
+def enc_CB_GETATTR4res(w: _Writer, v: CB_GETATTR4res) -> None:
+    try:
+        _u1078 = v
+        _d1078 = _u1078.status
+        _w1078: _Any
+        if _d1078 == 0:
+            _w1078 = _u1078.value
+            _s1079 = _w1078
+            _s1080 = _s1079.obj_attributes
+            _a1081 = _s1080.attrmask
+            _n = len(_a1081)
+            w += _S23.pack(0, _n)
+            for _x1081 in _a1081:
+                w += _S0.pack(_x1081)
+            _v = _s1080.attr_vals
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        else:
+            _enc_any_CB_GETATTR4res(w, _u1078)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode CB_GETATTR4res: {_e!r}', len(w)) from None
+
+
 def dec_CB_GETATTR4res(r: _Reader, off: int) -> tuple[CB_GETATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v437: _Any
-        _f437: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d437,) = _S2.unpack_from(buf, off)
-        _a437 = _CB_GETATTR4res_ARMS.get(_d437)
-        if _a437 is None:
-            _d437 = _nfsstat4_MAP[(_d437,)[0]]
-            _f437 = _void_decode
+        _v1082: _Any
+        (_d1082,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d1082 == 0:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i1084_attrmask = []
+            _c1085 = _n
+            for _ in range(_c1085):
+                (_x1085,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i1084_attrmask.append(_x1085)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i1084_attr_vals = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i1083_obj_attributes = fattr4(_i1084_attrmask, _i1084_attr_vals)
+            _v1082 = CB_GETATTR4resok(_i1083_obj_attributes)
+            _u = CB_GETATTR4res(NFS4_OK, _v1082)
         else:
-            _d437, _f437 = _a437
-        _v437, off = _f437(r, off + 4)
-        _u = CB_GETATTR4res(_d437, _v437)
+            _u, off = _dec_any_CB_GETATTR4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_GETATTR4res', o0) from None
     return _u, off
@@ -2335,12 +3698,12 @@ class CB_RECALL4args:
 def enc_CB_RECALL4args(w: _Writer, v: CB_RECALL4args) -> None:
     try:
         if len(v.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S20.pack(v.stateid.seqid, v.stateid.other, v.truncate)
+        w += _S26.pack(v.stateid.seqid, v.stateid.other, v.truncate)
         _v = v.fh
         _n = len(_v)
         if _n > 128:
             raise _XdrError('fh: length %d exceeds 128' % _n, len(w))
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -2351,10 +3714,10 @@ def dec_CB_RECALL4args(r: _Reader, off: int) -> tuple[CB_RECALL4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S20.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S26.unpack_from(buf, off)
         off += 20
-        f_stateid = stateid4(_t[0], _t[1])
-        f_truncate = _BOOL[_t[2]]
+        f_stateid = stateid4(_t0, _t1)
+        f_truncate = _BOOL[_t2]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 128:
             raise _XdrError('fh: length %d exceeds 128' % _n, off)
@@ -2362,8 +3725,6 @@ def dec_CB_RECALL4args(r: _Reader, off: int) -> tuple[CB_RECALL4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2387,12 +3748,12 @@ def dec_CB_RECALL4res(r: _Reader, off: int) -> tuple[CB_RECALL4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = CB_RECALL4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_RECALL4res', o0) from None
-    return CB_RECALL4res(f_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2411,12 +3772,12 @@ def dec_CB_ILLEGAL4res(r: _Reader, off: int) -> tuple[CB_ILLEGAL4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        _u = CB_ILLEGAL4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_ILLEGAL4res', o0) from None
-    return CB_ILLEGAL4res(f_status), off
+    return _u, off
 
 
 class layoutrecall_type4(_IntEnum):
@@ -2459,11 +3820,11 @@ def enc_layoutrecall_file4(w: _Writer, v: layoutrecall_file4) -> None:
         _n = len(_v)
         if _n > 128:
             raise _XdrError('lor_fh: length %d exceeds 128' % _n, len(w))
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
         if len(v.lor_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S12.pack(v.lor_offset, v.lor_length, v.lor_stateid.seqid, v.lor_stateid.other)
+        w += _S13.pack(v.lor_offset, v.lor_length, v.lor_stateid.seqid, v.lor_stateid.other)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode layoutrecall_file4: {_e}', len(w)) from None
 
@@ -2479,15 +3840,11 @@ def dec_layoutrecall_file4(r: _Reader, off: int) -> tuple[layoutrecall_file4, in
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_lor_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S12.unpack_from(buf, off)
+        f_lor_offset, f_lor_length, _t2, _t3 = _S13.unpack_from(buf, off)
         off += 32
-        f_lor_offset = _t[0]
-        f_lor_length = _t[1]
-        f_lor_stateid = stateid4(_t[2], _t[3])
+        f_lor_stateid = stateid4(_t2, _t3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated layoutrecall_file4', o0) from None
     return layoutrecall_file4(f_lor_fh, f_lor_offset, f_lor_length, f_lor_stateid), off
@@ -2504,7 +3861,7 @@ _layoutrecall4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]
 _layoutrecall4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_layoutrecall_type4_MAP[(1,)[0]], dec_layoutrecall_file4), 2: (_layoutrecall_type4_MAP[(2,)[0]], dec_fsid4), 3: (_layoutrecall_type4_MAP[(3,)[0]], _void_decode)}
 
 
-def enc_layoutrecall4(w: _Writer, v: layoutrecall4) -> None:
+def _enc_any_layoutrecall4(w: _Writer, v: layoutrecall4) -> None:
     try:
         _d = v.lor_recalltype
         _f = _layoutrecall4_ENC.get(_d)
@@ -2517,329 +3874,83 @@ def enc_layoutrecall4(w: _Writer, v: layoutrecall4) -> None:
         raise _XdrError(f'cannot encode layoutrecall4: {_e!r}', len(w)) from None
 
 
-def dec_layoutrecall4(r: _Reader, off: int) -> tuple[layoutrecall4, int]:
+def _dec_any_layoutrecall4(r: _Reader, off: int) -> tuple[layoutrecall4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v438: _Any
-        _f438: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d438,) = _S2.unpack_from(buf, off)
-        _a438 = _layoutrecall4_ARMS.get(_d438)
-        if _a438 is None:
-            raise _XdrError('%r is not a case of layoutrecall4' % (_d438,), off)
+        _v1086: _Any
+        _f1086: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d1086,) = _S2.unpack_from(buf, off)
+        _a1086 = _layoutrecall4_ARMS.get(_d1086)
+        if _a1086 is None:
+            raise _XdrError('%r is not a case of layoutrecall4' % (_d1086,), off)
         else:
-            _d438, _f438 = _a438
-        _v438, off = _f438(r, off + 4)
-        _u = layoutrecall4(_d438, _v438)
+            _d1086, _f1086 = _a1086
+        _v1086, off = _f1086(r, off + 4)
+        _u = layoutrecall4(_d1086, _v1086)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated layoutrecall4', o0) from None
     return _u, off
 
 
-@_dataclass(slots=True)
-class CB_LAYOUTRECALL4args:
-    clora_type: layouttype4
-    clora_iomode: layoutiomode4
-    clora_changed: bool
-    clora_recall: layoutrecall4
-
-
-def enc_CB_LAYOUTRECALL4args(w: _Writer, v: CB_LAYOUTRECALL4args) -> None:
+def enc_layoutrecall4(w: _Writer, v: layoutrecall4) -> None:
     try:
-        w += _S54.pack(v.clora_type, v.clora_iomode, v.clora_changed)
-        enc_layoutrecall4(w, v.clora_recall)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode CB_LAYOUTRECALL4args: {_e}', len(w)) from None
-
-
-def dec_CB_LAYOUTRECALL4args(r: _Reader, off: int) -> tuple[CB_LAYOUTRECALL4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        _t = _S54.unpack_from(buf, off)
-        off += 12
-        f_clora_type = _layouttype4_MAP[_t[0]]
-        f_clora_iomode = _layoutiomode4_MAP[_t[1]]
-        f_clora_changed = _BOOL[_t[2]]
-        _v439: _Any
-        _f439: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d439,) = _S2.unpack_from(buf, off)
-        _a439 = _layoutrecall4_ARMS.get(_d439)
-        if _a439 is None:
-            raise _XdrError('%r is not a case of layoutrecall4' % (_d439,), off)
+        _u1087 = v
+        _d1087 = _u1087.lor_recalltype
+        _w1087: _Any
+        if _d1087 == 1:
+            _w1087 = _u1087.value
+            _s1088 = _w1087
+            _v = _s1088.lor_fh
+            _n = len(_v)
+            if _n > 128:
+                raise _XdrError('lor_fh: length %d exceeds 128' % _n, len(w))
+            w += _S23.pack(1, _n)
+            w += _v
+            w += _PAD[_n & 3]
+            if len(_s1088.lor_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S13.pack(_s1088.lor_offset, _s1088.lor_length, _s1088.lor_stateid.seqid, _s1088.lor_stateid.other)
+        elif _d1087 == 2:
+            _w1087 = _u1087.value
+            w += _S29.pack(2, _w1087.major, _w1087.minor)
+        elif _d1087 == 3:
+            w += b'\x00\x00\x00\x03'
         else:
-            _d439, _f439 = _a439
-        _v439, off = _f439(r, off + 4)
-        f_clora_recall = layoutrecall4(_d439, _v439)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated CB_LAYOUTRECALL4args', o0) from None
-    return CB_LAYOUTRECALL4args(f_clora_type, f_clora_iomode, f_clora_changed, f_clora_recall), off
+            _enc_any_layoutrecall4(w, _u1087)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode layoutrecall4: {_e!r}', len(w)) from None
 
 
-@_dataclass(slots=True)
-class CB_LAYOUTRECALL4res:
-    clorr_status: nfsstat4
-
-
-def enc_CB_LAYOUTRECALL4res(w: _Writer, v: CB_LAYOUTRECALL4res) -> None:
-    try:
-        w += _S2.pack(v.clorr_status)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode CB_LAYOUTRECALL4res: {_e}', len(w)) from None
-
-
-def dec_CB_LAYOUTRECALL4res(r: _Reader, off: int) -> tuple[CB_LAYOUTRECALL4res, int]:
+def dec_layoutrecall4(r: _Reader, off: int) -> tuple[layoutrecall4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        _v1089: _Any
+        (_d1089,) = _S2.unpack_from(buf, off)
         off += 4
-        f_clorr_status = _nfsstat4_MAP[_t[0]]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated CB_LAYOUTRECALL4res', o0) from None
-    return CB_LAYOUTRECALL4res(f_clorr_status), off
-
-
-class notify_type4(_IntEnum):
-    NOTIFY4_CHANGE_CHILD_ATTRS = 0
-    NOTIFY4_CHANGE_DIR_ATTRS = 1
-    NOTIFY4_REMOVE_ENTRY = 2
-    NOTIFY4_ADD_ENTRY = 3
-    NOTIFY4_RENAME_ENTRY = 4
-    NOTIFY4_CHANGE_COOKIE_VERIFIER = 5
-
-
-_notify_type4_MAP: _Final[dict[int, notify_type4]] = {m.value: m for m in notify_type4}
-NOTIFY4_CHANGE_CHILD_ATTRS = notify_type4.NOTIFY4_CHANGE_CHILD_ATTRS
-NOTIFY4_CHANGE_DIR_ATTRS = notify_type4.NOTIFY4_CHANGE_DIR_ATTRS
-NOTIFY4_REMOVE_ENTRY = notify_type4.NOTIFY4_REMOVE_ENTRY
-NOTIFY4_ADD_ENTRY = notify_type4.NOTIFY4_ADD_ENTRY
-NOTIFY4_RENAME_ENTRY = notify_type4.NOTIFY4_RENAME_ENTRY
-NOTIFY4_CHANGE_COOKIE_VERIFIER = notify_type4.NOTIFY4_CHANGE_COOKIE_VERIFIER
-
-
-def enc_notify_type4(w: _Writer, v: notify_type4) -> None:
-    try:
-        w += _I32.pack(_notify_type4_MAP[v])
-    except (KeyError, TypeError, _struct.error):
-        raise _XdrError(f'{v!r} is not a notify_type4', len(w)) from None
-
-
-def dec_notify_type4(r: _Reader, off: int) -> tuple[notify_type4, int]:
-    try:
-        return _notify_type4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
-    except (KeyError, _struct.error):
-        raise _XdrError('invalid or truncated notify_type4', off) from None
-
-
-@_dataclass(slots=True)
-class notify_entry4:
-    ne_file: bytes
-    ne_attrs: fattr4
-
-
-def enc_notify_entry4(w: _Writer, v: notify_entry4) -> None:
-    try:
-        _v = v.ne_file
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        _s440 = v.ne_attrs
-        _a441 = _s440.attrmask
-        _n = len(_a441)
-        w += _U32.pack(_n)
-        for _x441 in _a441:
-            w += _S0.pack(_x441)
-        _v = _s440.attr_vals
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode notify_entry4: {_e}', len(w)) from None
-
-
-def dec_notify_entry4(r: _Reader, off: int) -> tuple[notify_entry4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        f_ne_file = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i442_attrmask = []
-        _c443 = _n
-        for _ in range(_c443):
-            _t = _S0.unpack_from(buf, off)
+        if _d1089 == 1:
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 128:
+                raise _XdrError('lor_fh: length %d exceeds 128' % _n, off)
             off += 4
-            _x443 = _t[0]
-            _i442_attrmask.append(_x443)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i442_attr_vals = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        f_ne_attrs = fattr4(_i442_attrmask, _i442_attr_vals)
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i1090_lor_fh = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i1090_lor_offset, _i1090_lor_length, _t2, _t3 = _S13.unpack_from(buf, off)
+            off += 32
+            _i1090_lor_stateid = stateid4(_t2, _t3)
+            _v1089 = layoutrecall_file4(_i1090_lor_fh, _i1090_lor_offset, _i1090_lor_length, _i1090_lor_stateid)
+            _u = layoutrecall4(LAYOUTRECALL4_FILE, _v1089)
+        elif _d1089 == 2:
+            _v1089 = fsid4(*_S9.unpack_from(buf, off))
+            off += 16
+            _u = layoutrecall4(LAYOUTRECALL4_FSID, _v1089)
+        elif _d1089 == 3:
+            _u = layoutrecall4(LAYOUTRECALL4_ALL, None)
+        else:
+            _u, off = _dec_any_layoutrecall4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated notify_entry4', o0) from None
-    return notify_entry4(f_ne_file, f_ne_attrs), off
-
-
-@_dataclass(slots=True)
-class prev_entry4:
-    pe_prev_entry: notify_entry4
-    pe_prev_entry_cookie: int
-
-
-def enc_prev_entry4(w: _Writer, v: prev_entry4) -> None:
-    try:
-        _s444 = v.pe_prev_entry
-        _v = _s444.ne_file
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        _s445 = _s444.ne_attrs
-        _a446 = _s445.attrmask
-        _n = len(_a446)
-        w += _U32.pack(_n)
-        for _x446 in _a446:
-            w += _S0.pack(_x446)
-        _v = _s445.attr_vals
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        w += _S4.pack(v.pe_prev_entry_cookie)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode prev_entry4: {_e}', len(w)) from None
-
-
-def dec_prev_entry4(r: _Reader, off: int) -> tuple[prev_entry4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i447_ne_file = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i448_attrmask = []
-        _c449 = _n
-        for _ in range(_c449):
-            _t = _S0.unpack_from(buf, off)
-            off += 4
-            _x449 = _t[0]
-            _i448_attrmask.append(_x449)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i448_attr_vals = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        _i447_ne_attrs = fattr4(_i448_attrmask, _i448_attr_vals)
-        f_pe_prev_entry = notify_entry4(_i447_ne_file, _i447_ne_attrs)
-        _t = _S4.unpack_from(buf, off)
-        off += 8
-        f_pe_prev_entry_cookie = _t[0]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated prev_entry4', o0) from None
-    return prev_entry4(f_pe_prev_entry, f_pe_prev_entry_cookie), off
-
-
-@_dataclass(slots=True)
-class notify_remove4:
-    nrm_old_entry: notify_entry4
-    nrm_old_entry_cookie: int
-
-
-def enc_notify_remove4(w: _Writer, v: notify_remove4) -> None:
-    try:
-        _s450 = v.nrm_old_entry
-        _v = _s450.ne_file
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        _s451 = _s450.ne_attrs
-        _a452 = _s451.attrmask
-        _n = len(_a452)
-        w += _U32.pack(_n)
-        for _x452 in _a452:
-            w += _S0.pack(_x452)
-        _v = _s451.attr_vals
-        _n = len(_v)
-        w += _U32.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        w += _S4.pack(v.nrm_old_entry_cookie)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode notify_remove4: {_e}', len(w)) from None
-
-
-def dec_notify_remove4(r: _Reader, off: int) -> tuple[notify_remove4, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i453_ne_file = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i454_attrmask = []
-        _c455 = _n
-        for _ in range(_c455):
-            _t = _S0.unpack_from(buf, off)
-            off += 4
-            _x455 = _t[0]
-            _i454_attrmask.append(_x455)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i454_attr_vals = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        _i453_ne_attrs = fattr4(_i454_attrmask, _i454_attr_vals)
-        f_nrm_old_entry = notify_entry4(_i453_ne_file, _i453_ne_attrs)
-        _t = _S4.unpack_from(buf, off)
-        off += 8
-        f_nrm_old_entry_cookie = _t[0]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated notify_remove4', o0) from None
-    return notify_remove4(f_nrm_old_entry, f_nrm_old_entry_cookie), off
+        raise _XdrError('invalid or truncated layoutrecall4', o0) from None
+    return _u, off

@@ -23,6 +23,7 @@ from nfsrdma.xdr.runtime import (
     U32 as _U32,
     Operation as _Operation,
     Buffer as _Buffer,
+    DdpItem as _DdpItem,
     Reader as _Reader,
     Writer as _Writer,
     XdrError as _XdrError,
@@ -31,41 +32,19 @@ from nfsrdma.xdr.runtime import (
 )
 
 
-from nfsrdma.xdr.gen._nfs4_3 import (
+from nfsrdma.xdr.gen._nfs4_2 import (
     ACCESS4args,
     ACCESS4res,
     CLOSE4args,
     CLOSE4res,
     COMMIT4args,
     COMMIT4res,
-    CREATE4args,
-    CREATE4res,
-    DELEGPURGE4args,
-    DELEGPURGE4res,
-    DELEGRETURN4args,
-    DELEGRETURN4res,
-    GETATTR4args,
-    GETATTR4res,
-    GETFH4res,
-    LINK4args,
-    LINK4res,
     dec_ACCESS4args,
     dec_ACCESS4res,
     dec_CLOSE4args,
     dec_CLOSE4res,
     dec_COMMIT4args,
     dec_COMMIT4res,
-    dec_CREATE4args,
-    dec_CREATE4res,
-    dec_DELEGPURGE4args,
-    dec_DELEGPURGE4res,
-    dec_DELEGRETURN4args,
-    dec_DELEGRETURN4res,
-    dec_GETATTR4args,
-    dec_GETATTR4res,
-    dec_GETFH4res,
-    dec_LINK4args,
-    dec_LINK4res,
     dec_fattr4,
     enc_ACCESS4args,
     enc_ACCESS4res,
@@ -73,17 +52,6 @@ from nfsrdma.xdr.gen._nfs4_3 import (
     enc_CLOSE4res,
     enc_COMMIT4args,
     enc_COMMIT4res,
-    enc_CREATE4args,
-    enc_CREATE4res,
-    enc_DELEGPURGE4args,
-    enc_DELEGPURGE4res,
-    enc_DELEGRETURN4args,
-    enc_DELEGRETURN4res,
-    enc_GETATTR4args,
-    enc_GETATTR4res,
-    enc_GETFH4res,
-    enc_LINK4args,
-    enc_LINK4res,
     enc_fattr4,
     fattr4,
     state_owner4,
@@ -91,6 +59,8 @@ from nfsrdma.xdr.gen._nfs4_3 import (
 from nfsrdma.xdr.gen._nfs4_6 import (
     ALLOCATE4args,
     ALLOCATE4res,
+    CLONE4args,
+    CLONE4res,
     COPY4args,
     COPY4res,
     COPY_NOTIFY4args,
@@ -99,29 +69,37 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     DEALLOCATE4res,
     DESTROY_CLIENTID4args,
     DESTROY_CLIENTID4res,
-    GETDEVICEINFO4args,
-    GETDEVICEINFO4res,
-    GETDEVICELIST4args,
-    GETDEVICELIST4res,
-    GET_DIR_DELEGATION4res,
-    LAYOUTCOMMIT4args,
-    LAYOUTCOMMIT4res,
-    LAYOUTGET4args,
-    LAYOUTGET4res,
-    LAYOUTRETURN4args,
-    LAYOUTRETURN4res,
+    GETXATTR4args,
+    GETXATTR4res,
+    IO_ADVISE4args,
+    IO_ADVISE4res,
+    LAYOUTERROR4args,
+    LAYOUTERROR4res,
+    LAYOUTSTATS4args,
+    LAYOUTSTATS4res,
+    OFFLOAD_CANCEL4args,
+    OFFLOAD_CANCEL4res,
+    OFFLOAD_STATUS4args,
+    OFFLOAD_STATUS4res,
+    READ_PLUS4args,
+    READ_PLUS4res,
     RECLAIM_COMPLETE4args,
     RECLAIM_COMPLETE4res,
-    SEQUENCE4args,
-    SEQUENCE4res,
+    SEEK4args,
+    SEEK4res,
+    SETXATTR4args,
     SET_SSV4args,
     SET_SSV4res,
     TEST_STATEID4args,
     TEST_STATEID4res,
     WANT_DELEGATION4args,
     WANT_DELEGATION4res,
+    WRITE_SAME4args,
+    WRITE_SAME4res,
     dec_ALLOCATE4args,
     dec_ALLOCATE4res,
+    dec_CLONE4args,
+    dec_CLONE4res,
     dec_COPY4args,
     dec_COPY4res,
     dec_COPY_NOTIFY4args,
@@ -130,31 +108,38 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     dec_DEALLOCATE4res,
     dec_DESTROY_CLIENTID4args,
     dec_DESTROY_CLIENTID4res,
-    dec_GETDEVICEINFO4args,
-    dec_GETDEVICEINFO4res,
-    dec_GETDEVICELIST4args,
-    dec_GETDEVICELIST4res,
-    dec_GET_DIR_DELEGATION4res,
-    dec_LAYOUTCOMMIT4args,
-    dec_LAYOUTCOMMIT4res,
-    dec_LAYOUTGET4args,
-    dec_LAYOUTGET4res,
-    dec_LAYOUTRETURN4args,
-    dec_LAYOUTRETURN4res,
+    dec_GETXATTR4args,
+    dec_GETXATTR4res,
+    dec_IO_ADVISE4args,
+    dec_IO_ADVISE4res,
+    dec_LAYOUTERROR4args,
+    dec_LAYOUTERROR4res,
+    dec_LAYOUTSTATS4args,
+    dec_LAYOUTSTATS4res,
+    dec_OFFLOAD_CANCEL4args,
+    dec_OFFLOAD_CANCEL4res,
+    dec_OFFLOAD_STATUS4args,
+    dec_OFFLOAD_STATUS4res,
+    dec_READ_PLUS4args,
+    dec_READ_PLUS4res,
     dec_RECLAIM_COMPLETE4args,
     dec_RECLAIM_COMPLETE4res,
-    dec_SECINFO_NO_NAME4args,
-    dec_SEQUENCE4args,
-    dec_SEQUENCE4res,
+    dec_SEEK4args,
+    dec_SEEK4res,
+    dec_SETXATTR4args,
     dec_SET_SSV4args,
     dec_SET_SSV4res,
     dec_TEST_STATEID4args,
     dec_TEST_STATEID4res,
     dec_WANT_DELEGATION4args,
     dec_WANT_DELEGATION4res,
+    dec_WRITE_SAME4args,
+    dec_WRITE_SAME4res,
     dec_write_response4,
     enc_ALLOCATE4args,
     enc_ALLOCATE4res,
+    enc_CLONE4args,
+    enc_CLONE4res,
     enc_COPY4args,
     enc_COPY4res,
     enc_COPY_NOTIFY4args,
@@ -163,49 +148,63 @@ from nfsrdma.xdr.gen._nfs4_6 import (
     enc_DEALLOCATE4res,
     enc_DESTROY_CLIENTID4args,
     enc_DESTROY_CLIENTID4res,
-    enc_GETDEVICEINFO4args,
-    enc_GETDEVICEINFO4res,
-    enc_GETDEVICELIST4args,
-    enc_GETDEVICELIST4res,
-    enc_GET_DIR_DELEGATION4res,
-    enc_LAYOUTCOMMIT4args,
-    enc_LAYOUTCOMMIT4res,
-    enc_LAYOUTGET4args,
-    enc_LAYOUTGET4res,
-    enc_LAYOUTRETURN4args,
-    enc_LAYOUTRETURN4res,
+    enc_GETXATTR4args,
+    enc_GETXATTR4res,
+    enc_IO_ADVISE4args,
+    enc_IO_ADVISE4res,
+    enc_LAYOUTERROR4args,
+    enc_LAYOUTERROR4res,
+    enc_LAYOUTSTATS4args,
+    enc_LAYOUTSTATS4res,
+    enc_OFFLOAD_CANCEL4args,
+    enc_OFFLOAD_CANCEL4res,
+    enc_OFFLOAD_STATUS4args,
+    enc_OFFLOAD_STATUS4res,
+    enc_READ_PLUS4args,
+    enc_READ_PLUS4res,
     enc_RECLAIM_COMPLETE4args,
     enc_RECLAIM_COMPLETE4res,
-    enc_SECINFO_NO_NAME4args,
-    enc_SEQUENCE4args,
-    enc_SEQUENCE4res,
+    enc_SEEK4args,
+    enc_SEEK4res,
+    enc_SETXATTR4args,
     enc_SET_SSV4args,
     enc_SET_SSV4res,
     enc_TEST_STATEID4args,
     enc_TEST_STATEID4res,
     enc_WANT_DELEGATION4args,
     enc_WANT_DELEGATION4res,
+    enc_WRITE_SAME4args,
+    enc_WRITE_SAME4res,
     enc_write_response4,
-    secinfo_style4,
     write_response4,
 )
-from nfsrdma.xdr.gen._nfs4_5 import (
+from nfsrdma.xdr.gen._nfs4_4 import (
     BACKCHANNEL_CTL4args,
     BACKCHANNEL_CTL4res,
     BIND_CONN_TO_SESSION4args,
     BIND_CONN_TO_SESSION4res,
-    CREATE_SESSION4args,
-    CREATE_SESSION4res,
-    DESTROY_SESSION4args,
-    DESTROY_SESSION4res,
     EXCHANGE_ID4args,
-    EXCHANGE_ID4res,
-    FREE_STATEID4args,
-    FREE_STATEID4res,
-    GET_DIR_DELEGATION4args,
     ILLEGAL4res,
+    OPENATTR4res,
+    OPEN_CONFIRM4args,
+    OPEN_CONFIRM4res,
+    OPEN_DOWNGRADE4args,
+    OPEN_DOWNGRADE4res,
+    PUTFH4args,
+    PUTFH4res,
+    PUTPUBFH4res,
+    PUTROOTFH4res,
+    READ4args,
+    READ4res,
+    READDIR4args,
+    READDIR4res,
+    READLINK4res,
     RELEASE_LOCKOWNER4args,
     RELEASE_LOCKOWNER4res,
+    REMOVE4args,
+    REMOVE4res,
+    RENAME4args,
+    RENAME4res,
     RENEW4args,
     RENEW4res,
     RESTOREFH4res,
@@ -222,22 +221,33 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     VERIFY4res,
     WRITE4args,
     WRITE4res,
+    _stable_how4_MAP,
     dec_BACKCHANNEL_CTL4args,
     dec_BACKCHANNEL_CTL4res,
     dec_BIND_CONN_TO_SESSION4args,
     dec_BIND_CONN_TO_SESSION4res,
-    dec_CREATE_SESSION4args,
-    dec_CREATE_SESSION4res,
-    dec_DESTROY_SESSION4args,
-    dec_DESTROY_SESSION4res,
     dec_EXCHANGE_ID4args,
-    dec_EXCHANGE_ID4res,
-    dec_FREE_STATEID4args,
-    dec_FREE_STATEID4res,
-    dec_GET_DIR_DELEGATION4args,
     dec_ILLEGAL4res,
+    dec_OPENATTR4res,
+    dec_OPEN_CONFIRM4args,
+    dec_OPEN_CONFIRM4res,
+    dec_OPEN_DOWNGRADE4args,
+    dec_OPEN_DOWNGRADE4res,
+    dec_PUTFH4args,
+    dec_PUTFH4res,
+    dec_PUTPUBFH4res,
+    dec_PUTROOTFH4res,
+    dec_READ4args,
+    dec_READ4res,
+    dec_READDIR4args,
+    dec_READDIR4res,
+    dec_READLINK4res,
     dec_RELEASE_LOCKOWNER4args,
     dec_RELEASE_LOCKOWNER4res,
+    dec_REMOVE4args,
+    dec_REMOVE4res,
+    dec_RENAME4args,
+    dec_RENAME4res,
     dec_RENEW4args,
     dec_RENEW4res,
     dec_RESTOREFH4res,
@@ -258,18 +268,28 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     enc_BACKCHANNEL_CTL4res,
     enc_BIND_CONN_TO_SESSION4args,
     enc_BIND_CONN_TO_SESSION4res,
-    enc_CREATE_SESSION4args,
-    enc_CREATE_SESSION4res,
-    enc_DESTROY_SESSION4args,
-    enc_DESTROY_SESSION4res,
     enc_EXCHANGE_ID4args,
-    enc_EXCHANGE_ID4res,
-    enc_FREE_STATEID4args,
-    enc_FREE_STATEID4res,
-    enc_GET_DIR_DELEGATION4args,
     enc_ILLEGAL4res,
+    enc_OPENATTR4res,
+    enc_OPEN_CONFIRM4args,
+    enc_OPEN_CONFIRM4res,
+    enc_OPEN_DOWNGRADE4args,
+    enc_OPEN_DOWNGRADE4res,
+    enc_PUTFH4args,
+    enc_PUTFH4res,
+    enc_PUTPUBFH4res,
+    enc_PUTROOTFH4res,
+    enc_READ4args,
+    enc_READ4res,
+    enc_READDIR4args,
+    enc_READDIR4res,
+    enc_READLINK4res,
     enc_RELEASE_LOCKOWNER4args,
     enc_RELEASE_LOCKOWNER4res,
+    enc_REMOVE4args,
+    enc_REMOVE4res,
+    enc_RENAME4args,
+    enc_RENAME4res,
     enc_RENEW4args,
     enc_RENEW4res,
     enc_RESTOREFH4res,
@@ -291,28 +311,15 @@ from nfsrdma.xdr.gen._nfs4_7 import (
     CB_GETATTR4args,
     CB_GETATTR4res,
     CB_ILLEGAL4res,
-    CB_LAYOUTRECALL4args,
-    CB_LAYOUTRECALL4res,
     CB_RECALL4args,
     CB_RECALL4res,
-    CLONE4args,
-    CLONE4res,
     COMPOUND4args,
     COMPOUND4res,
-    GETXATTR4args,
-    GETXATTR4res,
-    IO_ADVISE4args,
-    IO_ADVISE4res,
-    LAYOUTERROR4args,
-    LAYOUTERROR4res,
-    LAYOUTSTATS4args,
-    LAYOUTSTATS4res,
+    LAYOUTRECALL4_ALL,
+    LAYOUTRECALL4_FILE,
+    LAYOUTRECALL4_FSID,
     LISTXATTRS4args,
     LISTXATTRS4res,
-    OFFLOAD_CANCEL4args,
-    OFFLOAD_CANCEL4res,
-    OFFLOAD_STATUS4args,
-    OFFLOAD_STATUS4res,
     OP_ACCESS,
     OP_ALLOCATE,
     OP_BACKCHANNEL_CTL,
@@ -387,89 +394,48 @@ from nfsrdma.xdr.gen._nfs4_7 import (
     OP_WANT_DELEGATION,
     OP_WRITE,
     OP_WRITE_SAME,
-    READ_PLUS4args,
-    READ_PLUS4res,
     REMOVEXATTR4args,
     REMOVEXATTR4res,
-    SEEK4args,
-    SEEK4res,
-    SETXATTR4args,
     SETXATTR4res,
-    WRITE_SAME4args,
-    WRITE_SAME4res,
+    _dec_any_layoutrecall4,
+    _enc_any_CB_GETATTR4res,
+    _enc_any_layoutrecall4,
     dec_CB_GETATTR4args,
     dec_CB_GETATTR4res,
     dec_CB_ILLEGAL4res,
-    dec_CB_LAYOUTRECALL4args,
-    dec_CB_LAYOUTRECALL4res,
     dec_CB_RECALL4args,
     dec_CB_RECALL4res,
-    dec_CLONE4args,
-    dec_CLONE4res,
-    dec_GETXATTR4args,
-    dec_GETXATTR4res,
-    dec_IO_ADVISE4args,
-    dec_IO_ADVISE4res,
-    dec_LAYOUTERROR4args,
-    dec_LAYOUTERROR4res,
-    dec_LAYOUTSTATS4args,
-    dec_LAYOUTSTATS4res,
     dec_LISTXATTRS4args,
     dec_LISTXATTRS4res,
-    dec_OFFLOAD_CANCEL4args,
-    dec_OFFLOAD_CANCEL4res,
-    dec_OFFLOAD_STATUS4args,
-    dec_OFFLOAD_STATUS4res,
-    dec_READ_PLUS4args,
-    dec_READ_PLUS4res,
     dec_REMOVEXATTR4args,
     dec_REMOVEXATTR4res,
-    dec_SEEK4args,
-    dec_SEEK4res,
-    dec_SETXATTR4args,
     dec_SETXATTR4res,
-    dec_WRITE_SAME4args,
-    dec_WRITE_SAME4res,
-    dec_notify_entry4,
     enc_CB_GETATTR4args,
     enc_CB_GETATTR4res,
     enc_CB_ILLEGAL4res,
-    enc_CB_LAYOUTRECALL4args,
-    enc_CB_LAYOUTRECALL4res,
     enc_CB_RECALL4args,
     enc_CB_RECALL4res,
-    enc_CLONE4args,
-    enc_CLONE4res,
-    enc_GETXATTR4args,
-    enc_GETXATTR4res,
-    enc_IO_ADVISE4args,
-    enc_IO_ADVISE4res,
-    enc_LAYOUTERROR4args,
-    enc_LAYOUTERROR4res,
-    enc_LAYOUTSTATS4args,
-    enc_LAYOUTSTATS4res,
     enc_LISTXATTRS4args,
     enc_LISTXATTRS4res,
-    enc_OFFLOAD_CANCEL4args,
-    enc_OFFLOAD_CANCEL4res,
-    enc_OFFLOAD_STATUS4args,
-    enc_OFFLOAD_STATUS4res,
-    enc_READ_PLUS4args,
-    enc_READ_PLUS4res,
     enc_REMOVEXATTR4args,
     enc_REMOVEXATTR4res,
-    enc_SEEK4args,
-    enc_SEEK4res,
-    enc_SETXATTR4args,
     enc_SETXATTR4res,
-    enc_WRITE_SAME4args,
-    enc_WRITE_SAME4res,
-    enc_notify_entry4,
-    notify_entry4,
-    notify_remove4,
-    prev_entry4,
+    enc_layoutrecall_file4,
+    layoutrecall4,
+    layoutrecall_file4,
 )
-from nfsrdma.xdr.gen._nfs4_4 import (
+from nfsrdma.xdr.gen._nfs4_3 import (
+    CREATE4args,
+    CREATE4res,
+    DELEGPURGE4args,
+    DELEGPURGE4res,
+    DELEGRETURN4args,
+    DELEGRETURN4res,
+    GETATTR4args,
+    GETATTR4res,
+    GETFH4res,
+    LINK4args,
+    LINK4res,
     LOCK4args,
     LOCK4res,
     LOCKT4args,
@@ -479,30 +445,36 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     LOOKUP4args,
     LOOKUP4res,
     LOOKUPP4res,
+    NFS_LIMIT_BLOCKS,
+    NFS_LIMIT_SIZE,
     NVERIFY4args,
     NVERIFY4res,
     OPEN4args,
     OPEN4res,
     OPENATTR4args,
-    OPENATTR4res,
-    OPEN_CONFIRM4args,
-    OPEN_CONFIRM4res,
-    OPEN_DOWNGRADE4args,
-    OPEN_DOWNGRADE4res,
-    PUTFH4args,
-    PUTFH4res,
-    PUTPUBFH4res,
-    PUTROOTFH4res,
-    READ4args,
-    READ4res,
-    READDIR4args,
-    READDIR4res,
-    READLINK4res,
-    REMOVE4args,
-    REMOVE4res,
-    RENAME4args,
-    RENAME4res,
-    _open_delegation4_ARMS,
+    OPEN_DELEGATE_NONE,
+    OPEN_DELEGATE_NONE_EXT,
+    OPEN_DELEGATE_READ,
+    OPEN_DELEGATE_WRITE,
+    WND4_CONTENTION,
+    WND4_RESOURCE,
+    _dec_any_nfs_space_limit4,
+    _dec_any_open_delegation4,
+    _dec_any_open_none_delegation4,
+    _enc_any_nfs_space_limit4,
+    _enc_any_open_delegation4,
+    _enc_any_open_none_delegation4,
+    dec_CREATE4args,
+    dec_CREATE4res,
+    dec_DELEGPURGE4args,
+    dec_DELEGPURGE4res,
+    dec_DELEGRETURN4args,
+    dec_DELEGRETURN4res,
+    dec_GETATTR4args,
+    dec_GETATTR4res,
+    dec_GETFH4res,
+    dec_LINK4args,
+    dec_LINK4res,
     dec_LOCK4args,
     dec_LOCK4res,
     dec_LOCKT4args,
@@ -517,24 +489,17 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     dec_OPEN4args,
     dec_OPEN4res,
     dec_OPENATTR4args,
-    dec_OPENATTR4res,
-    dec_OPEN_CONFIRM4args,
-    dec_OPEN_CONFIRM4res,
-    dec_OPEN_DOWNGRADE4args,
-    dec_OPEN_DOWNGRADE4res,
-    dec_PUTFH4args,
-    dec_PUTFH4res,
-    dec_PUTPUBFH4res,
-    dec_PUTROOTFH4res,
-    dec_READ4args,
-    dec_READ4res,
-    dec_READDIR4args,
-    dec_READDIR4res,
-    dec_READLINK4res,
-    dec_REMOVE4args,
-    dec_REMOVE4res,
-    dec_RENAME4args,
-    dec_RENAME4res,
+    enc_CREATE4args,
+    enc_CREATE4res,
+    enc_DELEGPURGE4args,
+    enc_DELEGPURGE4res,
+    enc_DELEGRETURN4args,
+    enc_DELEGRETURN4res,
+    enc_GETATTR4args,
+    enc_GETATTR4res,
+    enc_GETFH4res,
+    enc_LINK4args,
+    enc_LINK4res,
     enc_LOCK4args,
     enc_LOCK4res,
     enc_LOCKT4args,
@@ -549,33 +514,95 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     enc_OPEN4args,
     enc_OPEN4res,
     enc_OPENATTR4args,
-    enc_OPENATTR4res,
-    enc_OPEN_CONFIRM4args,
-    enc_OPEN_CONFIRM4res,
-    enc_OPEN_DOWNGRADE4args,
-    enc_OPEN_DOWNGRADE4res,
-    enc_PUTFH4args,
-    enc_PUTFH4res,
-    enc_PUTPUBFH4res,
-    enc_PUTROOTFH4res,
-    enc_READ4args,
-    enc_READ4res,
-    enc_READDIR4args,
-    enc_READDIR4res,
-    enc_READLINK4res,
-    enc_REMOVE4args,
-    enc_REMOVE4res,
-    enc_RENAME4args,
-    enc_RENAME4res,
-    enc_open_delegation4,
+    enc_open_none_delegation4,
+    enc_open_read_delegation4,
+    enc_open_write_delegation4,
+    nfs_modified_limit4,
+    nfs_space_limit4,
     open_delegation4,
+    open_none_delegation4,
+    open_read_delegation4,
+    open_write_delegation4,
+)
+from nfsrdma.xdr.gen._nfs4_5 import (
+    CREATE_SESSION4args,
+    CREATE_SESSION4res,
+    DESTROY_SESSION4args,
+    DESTROY_SESSION4res,
+    EXCHANGE_ID4res,
+    FREE_STATEID4args,
+    FREE_STATEID4res,
+    GETDEVICEINFO4args,
+    GETDEVICEINFO4res,
+    GETDEVICELIST4args,
+    GETDEVICELIST4res,
+    GET_DIR_DELEGATION4args,
+    GET_DIR_DELEGATION4res,
+    LAYOUTCOMMIT4args,
+    LAYOUTCOMMIT4res,
+    LAYOUTGET4args,
+    LAYOUTGET4res,
+    LAYOUTRETURN4args,
+    LAYOUTRETURN4res,
+    SEQUENCE4args,
+    SEQUENCE4res,
+    dec_CREATE_SESSION4args,
+    dec_CREATE_SESSION4res,
+    dec_DESTROY_SESSION4args,
+    dec_DESTROY_SESSION4res,
+    dec_EXCHANGE_ID4res,
+    dec_FREE_STATEID4args,
+    dec_FREE_STATEID4res,
+    dec_GETDEVICEINFO4args,
+    dec_GETDEVICEINFO4res,
+    dec_GETDEVICELIST4args,
+    dec_GETDEVICELIST4res,
+    dec_GET_DIR_DELEGATION4args,
+    dec_GET_DIR_DELEGATION4res,
+    dec_LAYOUTCOMMIT4args,
+    dec_LAYOUTCOMMIT4res,
+    dec_LAYOUTGET4args,
+    dec_LAYOUTGET4res,
+    dec_LAYOUTRETURN4args,
+    dec_LAYOUTRETURN4res,
+    dec_SECINFO_NO_NAME4args,
+    dec_SEQUENCE4args,
+    dec_SEQUENCE4res,
+    enc_CREATE_SESSION4args,
+    enc_CREATE_SESSION4res,
+    enc_DESTROY_SESSION4args,
+    enc_DESTROY_SESSION4res,
+    enc_EXCHANGE_ID4res,
+    enc_FREE_STATEID4args,
+    enc_FREE_STATEID4res,
+    enc_GETDEVICEINFO4args,
+    enc_GETDEVICEINFO4res,
+    enc_GETDEVICELIST4args,
+    enc_GETDEVICELIST4res,
+    enc_GET_DIR_DELEGATION4args,
+    enc_GET_DIR_DELEGATION4res,
+    enc_LAYOUTCOMMIT4args,
+    enc_LAYOUTCOMMIT4res,
+    enc_LAYOUTGET4args,
+    enc_LAYOUTGET4res,
+    enc_LAYOUTRETURN4args,
+    enc_LAYOUTRETURN4res,
+    enc_SECINFO_NO_NAME4args,
+    enc_SEQUENCE4args,
+    enc_SEQUENCE4res,
+    secinfo_style4,
 )
 from nfsrdma.xdr.gen._nfs4_1 import (
+    NFS4_OK,
+    _layoutiomode4_MAP,
     _layouttype4_MAP,
     _nfsstat4_MAP,
     dec_length4,
     enc_length4,
+    fsid4,
+    layoutiomode4,
     layouttype4,
+    nfsace4,
     nfsstat4,
     stateid4,
 )
@@ -585,11 +612,358 @@ _S1: _Final = _struct.Struct('>II')
 _S2: _Final = _struct.Struct('>i')
 _S4: _Final = _struct.Struct('>Q')
 _S5: _Final = _struct.Struct('>16s')
-_S10: _Final = _struct.Struct('>I12s')
-_S43: _Final = _struct.Struct('>16sIIII')
-_S55: _Final = _struct.Struct('>8s8s')
-_S56: _Final = _struct.Struct('>i16s')
-_S57: _Final = _struct.Struct('>i16sI')
+_S9: _Final = _struct.Struct('>QQ')
+_S10: _Final = _struct.Struct('>III')
+_S11: _Final = _struct.Struct('>I12s')
+_S13: _Final = _struct.Struct('>QQI12s')
+_S15: _Final = _struct.Struct('>Ii')
+_S18: _Final = _struct.Struct('>iII')
+_S19: _Final = _struct.Struct('>II12s')
+_S23: _Final = _struct.Struct('>iI')
+_S25: _Final = _struct.Struct('>II12sI')
+_S26: _Final = _struct.Struct('>I12sI')
+_S29: _Final = _struct.Struct('>iQQ')
+_S31: _Final = _struct.Struct('>iiI')
+_S33: _Final = _struct.Struct('>iQ')
+_S35: _Final = _struct.Struct('>iI12sI')
+_S68: _Final = _struct.Struct('>16sIIII')
+_S74: _Final = _struct.Struct('>Qi8s')
+_S91: _Final = _struct.Struct('>i16s')
+_S96: _Final = _struct.Struct('>i16sIIII')
+_S117: _Final = _struct.Struct('>8s8s')
+_S118: _Final = _struct.Struct('>i16sI')
+_S119: _Final = _struct.Struct('>IiiI')
+_S120: _Final = _struct.Struct('>I16sIIII')
+_S121: _Final = _struct.Struct('>Ii16sIIII')
+
+
+@_dataclass(slots=True)
+class CB_LAYOUTRECALL4args:
+    clora_type: layouttype4
+    clora_iomode: layoutiomode4
+    clora_changed: bool
+    clora_recall: layoutrecall4
+
+
+def enc_CB_LAYOUTRECALL4args(w: _Writer, v: CB_LAYOUTRECALL4args) -> None:
+    try:
+        w += _S31.pack(v.clora_type, v.clora_iomode, v.clora_changed)
+        _u1091 = v.clora_recall
+        _d1091 = _u1091.lor_recalltype
+        _w1091: _Any
+        if _d1091 == 1:
+            _w1091 = _u1091.value
+            _s1092 = _w1091
+            _v = _s1092.lor_fh
+            _n = len(_v)
+            if _n > 128:
+                raise _XdrError('lor_fh: length %d exceeds 128' % _n, len(w))
+            w += _S23.pack(1, _n)
+            w += _v
+            w += _PAD[_n & 3]
+            if len(_s1092.lor_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S13.pack(_s1092.lor_offset, _s1092.lor_length, _s1092.lor_stateid.seqid, _s1092.lor_stateid.other)
+        elif _d1091 == 2:
+            _w1091 = _u1091.value
+            w += _S29.pack(2, _w1091.major, _w1091.minor)
+        elif _d1091 == 3:
+            w += b'\x00\x00\x00\x03'
+        else:
+            _enc_any_layoutrecall4(w, _u1091)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode CB_LAYOUTRECALL4args: {_e}', len(w)) from None
+
+
+def dec_CB_LAYOUTRECALL4args(r: _Reader, off: int) -> tuple[CB_LAYOUTRECALL4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _t0, _t1, _t2 = _S31.unpack_from(buf, off)
+        off += 12
+        f_clora_type = _layouttype4_MAP[_t0]
+        f_clora_iomode = _layoutiomode4_MAP[_t1]
+        f_clora_changed = _BOOL[_t2]
+        _v1093: _Any
+        (_d1093,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d1093 == 1:
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 128:
+                raise _XdrError('lor_fh: length %d exceeds 128' % _n, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i1094_lor_fh = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i1094_lor_offset, _i1094_lor_length, _t2, _t3 = _S13.unpack_from(buf, off)
+            off += 32
+            _i1094_lor_stateid = stateid4(_t2, _t3)
+            _v1093 = layoutrecall_file4(_i1094_lor_fh, _i1094_lor_offset, _i1094_lor_length, _i1094_lor_stateid)
+            f_clora_recall = layoutrecall4(LAYOUTRECALL4_FILE, _v1093)
+        elif _d1093 == 2:
+            _v1093 = fsid4(*_S9.unpack_from(buf, off))
+            off += 16
+            f_clora_recall = layoutrecall4(LAYOUTRECALL4_FSID, _v1093)
+        elif _d1093 == 3:
+            f_clora_recall = layoutrecall4(LAYOUTRECALL4_ALL, None)
+        else:
+            f_clora_recall, off = _dec_any_layoutrecall4(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated CB_LAYOUTRECALL4args', o0) from None
+    return CB_LAYOUTRECALL4args(f_clora_type, f_clora_iomode, f_clora_changed, f_clora_recall), off
+
+
+@_dataclass(slots=True)
+class CB_LAYOUTRECALL4res:
+    clorr_status: nfsstat4
+
+
+def enc_CB_LAYOUTRECALL4res(w: _Writer, v: CB_LAYOUTRECALL4res) -> None:
+    try:
+        w += _S2.pack(v.clorr_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode CB_LAYOUTRECALL4res: {_e}', len(w)) from None
+
+
+def dec_CB_LAYOUTRECALL4res(r: _Reader, off: int) -> tuple[CB_LAYOUTRECALL4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S2.unpack_from(buf, off)
+        off += 4
+        _u = CB_LAYOUTRECALL4res(_nfsstat4_MAP[_t0])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated CB_LAYOUTRECALL4res', o0) from None
+    return _u, off
+
+
+class notify_type4(_IntEnum):
+    NOTIFY4_CHANGE_CHILD_ATTRS = 0
+    NOTIFY4_CHANGE_DIR_ATTRS = 1
+    NOTIFY4_REMOVE_ENTRY = 2
+    NOTIFY4_ADD_ENTRY = 3
+    NOTIFY4_RENAME_ENTRY = 4
+    NOTIFY4_CHANGE_COOKIE_VERIFIER = 5
+
+
+_notify_type4_MAP: _Final[dict[int, notify_type4]] = {m.value: m for m in notify_type4}
+NOTIFY4_CHANGE_CHILD_ATTRS = notify_type4.NOTIFY4_CHANGE_CHILD_ATTRS
+NOTIFY4_CHANGE_DIR_ATTRS = notify_type4.NOTIFY4_CHANGE_DIR_ATTRS
+NOTIFY4_REMOVE_ENTRY = notify_type4.NOTIFY4_REMOVE_ENTRY
+NOTIFY4_ADD_ENTRY = notify_type4.NOTIFY4_ADD_ENTRY
+NOTIFY4_RENAME_ENTRY = notify_type4.NOTIFY4_RENAME_ENTRY
+NOTIFY4_CHANGE_COOKIE_VERIFIER = notify_type4.NOTIFY4_CHANGE_COOKIE_VERIFIER
+
+
+def enc_notify_type4(w: _Writer, v: notify_type4) -> None:
+    try:
+        w += _I32.pack(_notify_type4_MAP[v])
+    except (KeyError, TypeError, _struct.error):
+        raise _XdrError(f'{v!r} is not a notify_type4', len(w)) from None
+
+
+def dec_notify_type4(r: _Reader, off: int) -> tuple[notify_type4, int]:
+    try:
+        return _notify_type4_MAP[_I32.unpack_from(r.buf, off)[0]], off + 4
+    except (KeyError, _struct.error):
+        raise _XdrError('invalid or truncated notify_type4', off) from None
+
+
+@_dataclass(slots=True)
+class notify_entry4:
+    ne_file: bytes
+    ne_attrs: fattr4
+
+
+def enc_notify_entry4(w: _Writer, v: notify_entry4) -> None:
+    try:
+        _v = v.ne_file
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _s1095 = v.ne_attrs
+        _a1096 = _s1095.attrmask
+        _n = len(_a1096)
+        w += _S0.pack(_n)
+        for _x1096 in _a1096:
+            w += _S0.pack(_x1096)
+        _v = _s1095.attr_vals
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode notify_entry4: {_e}', len(w)) from None
+
+
+def dec_notify_entry4(r: _Reader, off: int) -> tuple[notify_entry4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        f_ne_file = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i1097_attrmask = []
+        _c1098 = _n
+        for _ in range(_c1098):
+            (_x1098,) = _S0.unpack_from(buf, off)
+            off += 4
+            _i1097_attrmask.append(_x1098)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i1097_attr_vals = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_ne_attrs = fattr4(_i1097_attrmask, _i1097_attr_vals)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated notify_entry4', o0) from None
+    return notify_entry4(f_ne_file, f_ne_attrs), off
+
+
+@_dataclass(slots=True)
+class prev_entry4:
+    pe_prev_entry: notify_entry4
+    pe_prev_entry_cookie: int
+
+
+def enc_prev_entry4(w: _Writer, v: prev_entry4) -> None:
+    try:
+        _s1099 = v.pe_prev_entry
+        _v = _s1099.ne_file
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _s1100 = _s1099.ne_attrs
+        _a1101 = _s1100.attrmask
+        _n = len(_a1101)
+        w += _S0.pack(_n)
+        for _x1101 in _a1101:
+            w += _S0.pack(_x1101)
+        _v = _s1100.attr_vals
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        w += _S4.pack(v.pe_prev_entry_cookie)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode prev_entry4: {_e}', len(w)) from None
+
+
+def dec_prev_entry4(r: _Reader, off: int) -> tuple[prev_entry4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i1102_ne_file = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i1103_attrmask = []
+        _c1104 = _n
+        for _ in range(_c1104):
+            (_x1104,) = _S0.unpack_from(buf, off)
+            off += 4
+            _i1103_attrmask.append(_x1104)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i1103_attr_vals = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        _i1102_ne_attrs = fattr4(_i1103_attrmask, _i1103_attr_vals)
+        f_pe_prev_entry = notify_entry4(_i1102_ne_file, _i1102_ne_attrs)
+        (f_pe_prev_entry_cookie,) = _S4.unpack_from(buf, off)
+        off += 8
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated prev_entry4', o0) from None
+    return prev_entry4(f_pe_prev_entry, f_pe_prev_entry_cookie), off
+
+
+@_dataclass(slots=True)
+class notify_remove4:
+    nrm_old_entry: notify_entry4
+    nrm_old_entry_cookie: int
+
+
+def enc_notify_remove4(w: _Writer, v: notify_remove4) -> None:
+    try:
+        _s1105 = v.nrm_old_entry
+        _v = _s1105.ne_file
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _s1106 = _s1105.ne_attrs
+        _a1107 = _s1106.attrmask
+        _n = len(_a1107)
+        w += _S0.pack(_n)
+        for _x1107 in _a1107:
+            w += _S0.pack(_x1107)
+        _v = _s1106.attr_vals
+        _n = len(_v)
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        w += _S4.pack(v.nrm_old_entry_cookie)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode notify_remove4: {_e}', len(w)) from None
+
+
+def dec_notify_remove4(r: _Reader, off: int) -> tuple[notify_remove4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i1108_ne_file = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i1109_attrmask = []
+        _c1110 = _n
+        for _ in range(_c1110):
+            (_x1110,) = _S0.unpack_from(buf, off)
+            off += 4
+            _i1109_attrmask.append(_x1110)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i1109_attr_vals = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        _i1108_ne_attrs = fattr4(_i1109_attrmask, _i1109_attr_vals)
+        f_nrm_old_entry = notify_entry4(_i1108_ne_file, _i1108_ne_attrs)
+        (f_nrm_old_entry_cookie,) = _S4.unpack_from(buf, off)
+        off += 8
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated notify_remove4', o0) from None
+    return notify_remove4(f_nrm_old_entry, f_nrm_old_entry_cookie), off
 
 
 @_dataclass(slots=True)
@@ -603,60 +977,60 @@ class notify_add4:
 
 def enc_notify_add4(w: _Writer, v: notify_add4) -> None:
     try:
-        _a456 = v.nad_old_entry
-        _n = len(_a456)
+        _a1111 = v.nad_old_entry
+        _n = len(_a1111)
         if _n > 1:
             raise _XdrError('nad_old_entry: length %d exceeds 1' % _n, len(w))
-        w += _U32.pack(_n)
-        for _x456 in _a456:
-            _s457 = _x456
-            _s458 = _s457.nrm_old_entry
-            _v = _s458.ne_file
+        w += _S0.pack(_n)
+        for _x1111 in _a1111:
+            _s1112 = _x1111
+            _s1113 = _s1112.nrm_old_entry
+            _v = _s1113.ne_file
             _n = len(_v)
-            w += _U32.pack(_n)
+            w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-            enc_fattr4(w, _s458.ne_attrs)
-            w += _S4.pack(_s457.nrm_old_entry_cookie)
-        _s459 = v.nad_new_entry
-        _v = _s459.ne_file
+            enc_fattr4(w, _s1113.ne_attrs)
+            w += _S4.pack(_s1112.nrm_old_entry_cookie)
+        _s1114 = v.nad_new_entry
+        _v = _s1114.ne_file
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _s460 = _s459.ne_attrs
-        _a461 = _s460.attrmask
-        _n = len(_a461)
-        w += _U32.pack(_n)
-        for _x461 in _a461:
-            w += _S0.pack(_x461)
-        _v = _s460.attr_vals
+        _s1115 = _s1114.ne_attrs
+        _a1116 = _s1115.attrmask
+        _n = len(_a1116)
+        w += _S0.pack(_n)
+        for _x1116 in _a1116:
+            w += _S0.pack(_x1116)
+        _v = _s1115.attr_vals
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _a462 = v.nad_new_entry_cookie
-        _n = len(_a462)
+        _a1117 = v.nad_new_entry_cookie
+        _n = len(_a1117)
         if _n > 1:
             raise _XdrError('nad_new_entry_cookie: length %d exceeds 1' % _n, len(w))
-        w += _U32.pack(_n)
-        for _x462 in _a462:
-            w += _S4.pack(_x462)
-        _a463 = v.nad_prev_entry
-        _n = len(_a463)
+        w += _S0.pack(_n)
+        for _x1117 in _a1117:
+            w += _S4.pack(_x1117)
+        _a1118 = v.nad_prev_entry
+        _n = len(_a1118)
         if _n > 1:
             raise _XdrError('nad_prev_entry: length %d exceeds 1' % _n, len(w))
-        w += _U32.pack(_n)
-        for _x463 in _a463:
-            _s464 = _x463
-            _s465 = _s464.pe_prev_entry
-            _v = _s465.ne_file
+        w += _S0.pack(_n)
+        for _x1118 in _a1118:
+            _s1119 = _x1118
+            _s1120 = _s1119.pe_prev_entry
+            _v = _s1120.ne_file
             _n = len(_v)
-            w += _U32.pack(_n)
+            w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-            enc_fattr4(w, _s465.ne_attrs)
-            w += _S4.pack(_s464.pe_prev_entry_cookie)
+            enc_fattr4(w, _s1120.ne_attrs)
+            w += _S4.pack(_s1119.pe_prev_entry_cookie)
         w += _S0.pack(v.nad_last_entry)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode notify_add4: {_e}', len(w)) from None
@@ -673,55 +1047,47 @@ def dec_notify_add4(r: _Reader, off: int) -> tuple[notify_add4, int]:
         if _n * 20 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_nad_old_entry = []
-        _c466 = _n
-        for _ in range(_c466):
+        _c1121 = _n
+        for _ in range(_c1121):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _i468_ne_file = bytes(buf[off:_e])
+            _i1123_ne_file = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i468_ne_attrs, off = dec_fattr4(r, off)
-            _i467_nrm_old_entry = notify_entry4(_i468_ne_file, _i468_ne_attrs)
-            _t = _S4.unpack_from(buf, off)
+            _i1123_ne_attrs, off = dec_fattr4(r, off)
+            _i1122_nrm_old_entry = notify_entry4(_i1123_ne_file, _i1123_ne_attrs)
+            (_i1122_nrm_old_entry_cookie,) = _S4.unpack_from(buf, off)
             off += 8
-            _i467_nrm_old_entry_cookie = _t[0]
-            _x466 = notify_remove4(_i467_nrm_old_entry, _i467_nrm_old_entry_cookie)
-            f_nad_old_entry.append(_x466)
+            _x1121 = notify_remove4(_i1122_nrm_old_entry, _i1122_nrm_old_entry_cookie)
+            f_nad_old_entry.append(_x1121)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i469_ne_file = bytes(buf[off:_e])
+        _i1124_ne_file = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i470_attrmask = []
-        _c471 = _n
-        for _ in range(_c471):
-            _t = _S0.unpack_from(buf, off)
+        _i1125_attrmask = []
+        _c1126 = _n
+        for _ in range(_c1126):
+            (_x1126,) = _S0.unpack_from(buf, off)
             off += 4
-            _x471 = _t[0]
-            _i470_attrmask.append(_x471)
+            _i1125_attrmask.append(_x1126)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i470_attr_vals = bytes(buf[off:_e])
+        _i1125_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _i469_ne_attrs = fattr4(_i470_attrmask, _i470_attr_vals)
-        f_nad_new_entry = notify_entry4(_i469_ne_file, _i469_ne_attrs)
+        _i1124_ne_attrs = fattr4(_i1125_attrmask, _i1125_attr_vals)
+        f_nad_new_entry = notify_entry4(_i1124_ne_file, _i1124_ne_attrs)
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('nad_new_entry_cookie: length %d exceeds 1' % _n, off)
@@ -729,12 +1095,11 @@ def dec_notify_add4(r: _Reader, off: int) -> tuple[notify_add4, int]:
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_nad_new_entry_cookie = []
-        _c472 = _n
-        for _ in range(_c472):
-            _t = _S4.unpack_from(buf, off)
+        _c1127 = _n
+        for _ in range(_c1127):
+            (_x1127,) = _S4.unpack_from(buf, off)
             off += 8
-            _x472 = _t[0]
-            f_nad_new_entry_cookie.append(_x472)
+            f_nad_new_entry_cookie.append(_x1127)
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('nad_prev_entry: length %d exceeds 1' % _n, off)
@@ -742,27 +1107,24 @@ def dec_notify_add4(r: _Reader, off: int) -> tuple[notify_add4, int]:
         if _n * 20 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_nad_prev_entry = []
-        _c473 = _n
-        for _ in range(_c473):
+        _c1128 = _n
+        for _ in range(_c1128):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _i475_ne_file = bytes(buf[off:_e])
+            _i1130_ne_file = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i475_ne_attrs, off = dec_fattr4(r, off)
-            _i474_pe_prev_entry = notify_entry4(_i475_ne_file, _i475_ne_attrs)
-            _t = _S4.unpack_from(buf, off)
+            _i1130_ne_attrs, off = dec_fattr4(r, off)
+            _i1129_pe_prev_entry = notify_entry4(_i1130_ne_file, _i1130_ne_attrs)
+            (_i1129_pe_prev_entry_cookie,) = _S4.unpack_from(buf, off)
             off += 8
-            _i474_pe_prev_entry_cookie = _t[0]
-            _x473 = prev_entry4(_i474_pe_prev_entry, _i474_pe_prev_entry_cookie)
-            f_nad_prev_entry.append(_x473)
-        _t = _S0.unpack_from(buf, off)
+            _x1128 = prev_entry4(_i1129_pe_prev_entry, _i1129_pe_prev_entry_cookie)
+            f_nad_prev_entry.append(_x1128)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        f_nad_last_entry = _BOOL[_t[0]]
+        f_nad_last_entry = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated notify_add4', o0) from None
     return notify_add4(f_nad_old_entry, f_nad_new_entry, f_nad_new_entry_cookie, f_nad_prev_entry, f_nad_last_entry), off
@@ -775,21 +1137,21 @@ class notify_attr4:
 
 def enc_notify_attr4(w: _Writer, v: notify_attr4) -> None:
     try:
-        _s476 = v.na_changed_entry
-        _v = _s476.ne_file
+        _s1131 = v.na_changed_entry
+        _v = _s1131.ne_file
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _s477 = _s476.ne_attrs
-        _a478 = _s477.attrmask
-        _n = len(_a478)
-        w += _U32.pack(_n)
-        for _x478 in _a478:
-            w += _S0.pack(_x478)
-        _v = _s477.attr_vals
+        _s1132 = _s1131.ne_attrs
+        _a1133 = _s1132.attrmask
+        _n = len(_a1133)
+        w += _S0.pack(_n)
+        for _x1133 in _a1133:
+            w += _S0.pack(_x1133)
+        _v = _s1132.attr_vals
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -805,32 +1167,27 @@ def dec_notify_attr4(r: _Reader, off: int) -> tuple[notify_attr4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i479_ne_file = bytes(buf[off:_e])
+        _i1134_ne_file = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i480_attrmask = []
-        _c481 = _n
-        for _ in range(_c481):
-            _t = _S0.unpack_from(buf, off)
+        _i1135_attrmask = []
+        _c1136 = _n
+        for _ in range(_c1136):
+            (_x1136,) = _S0.unpack_from(buf, off)
             off += 4
-            _x481 = _t[0]
-            _i480_attrmask.append(_x481)
+            _i1135_attrmask.append(_x1136)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i480_attr_vals = bytes(buf[off:_e])
+        _i1135_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _i479_ne_attrs = fattr4(_i480_attrmask, _i480_attr_vals)
-        f_na_changed_entry = notify_entry4(_i479_ne_file, _i479_ne_attrs)
+        _i1134_ne_attrs = fattr4(_i1135_attrmask, _i1135_attr_vals)
+        f_na_changed_entry = notify_entry4(_i1134_ne_file, _i1134_ne_attrs)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated notify_attr4', o0) from None
     return notify_attr4(f_na_changed_entry), off
@@ -844,69 +1201,69 @@ class notify_rename4:
 
 def enc_notify_rename4(w: _Writer, v: notify_rename4) -> None:
     try:
-        _s482 = v.nrn_old_entry
-        _s483 = _s482.nrm_old_entry
-        _v = _s483.ne_file
+        _s1137 = v.nrn_old_entry
+        _s1138 = _s1137.nrm_old_entry
+        _v = _s1138.ne_file
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _s484 = _s483.ne_attrs
-        _a485 = _s484.attrmask
-        _n = len(_a485)
-        w += _U32.pack(_n)
-        for _x485 in _a485:
-            w += _S0.pack(_x485)
-        _v = _s484.attr_vals
+        _s1139 = _s1138.ne_attrs
+        _a1140 = _s1139.attrmask
+        _n = len(_a1140)
+        w += _S0.pack(_n)
+        for _x1140 in _a1140:
+            w += _S0.pack(_x1140)
+        _v = _s1139.attr_vals
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        w += _S4.pack(_s482.nrm_old_entry_cookie)
-        _s486 = v.nrn_new_entry
-        _a487 = _s486.nad_old_entry
-        _n = len(_a487)
+        w += _S4.pack(_s1137.nrm_old_entry_cookie)
+        _s1141 = v.nrn_new_entry
+        _a1142 = _s1141.nad_old_entry
+        _n = len(_a1142)
         if _n > 1:
             raise _XdrError('nad_old_entry: length %d exceeds 1' % _n, len(w))
-        w += _U32.pack(_n)
-        for _x487 in _a487:
-            _s488 = _x487
-            enc_notify_entry4(w, _s488.nrm_old_entry)
-            w += _S4.pack(_s488.nrm_old_entry_cookie)
-        _s489 = _s486.nad_new_entry
-        _v = _s489.ne_file
+        w += _S0.pack(_n)
+        for _x1142 in _a1142:
+            _s1143 = _x1142
+            enc_notify_entry4(w, _s1143.nrm_old_entry)
+            w += _S4.pack(_s1143.nrm_old_entry_cookie)
+        _s1144 = _s1141.nad_new_entry
+        _v = _s1144.ne_file
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _s490 = _s489.ne_attrs
-        _a491 = _s490.attrmask
-        _n = len(_a491)
-        w += _U32.pack(_n)
-        for _x491 in _a491:
-            w += _S0.pack(_x491)
-        _v = _s490.attr_vals
+        _s1145 = _s1144.ne_attrs
+        _a1146 = _s1145.attrmask
+        _n = len(_a1146)
+        w += _S0.pack(_n)
+        for _x1146 in _a1146:
+            w += _S0.pack(_x1146)
+        _v = _s1145.attr_vals
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _a492 = _s486.nad_new_entry_cookie
-        _n = len(_a492)
+        _a1147 = _s1141.nad_new_entry_cookie
+        _n = len(_a1147)
         if _n > 1:
             raise _XdrError('nad_new_entry_cookie: length %d exceeds 1' % _n, len(w))
-        w += _U32.pack(_n)
-        for _x492 in _a492:
-            w += _S4.pack(_x492)
-        _a493 = _s486.nad_prev_entry
-        _n = len(_a493)
+        w += _S0.pack(_n)
+        for _x1147 in _a1147:
+            w += _S4.pack(_x1147)
+        _a1148 = _s1141.nad_prev_entry
+        _n = len(_a1148)
         if _n > 1:
             raise _XdrError('nad_prev_entry: length %d exceeds 1' % _n, len(w))
-        w += _U32.pack(_n)
-        for _x493 in _a493:
-            _s494 = _x493
-            enc_notify_entry4(w, _s494.pe_prev_entry)
-            w += _S4.pack(_s494.pe_prev_entry_cookie)
-        w += _S0.pack(_s486.nad_last_entry)
+        w += _S0.pack(_n)
+        for _x1148 in _a1148:
+            _s1149 = _x1148
+            enc_notify_entry4(w, _s1149.pe_prev_entry)
+            w += _S4.pack(_s1149.pe_prev_entry_cookie)
+        w += _S0.pack(_s1141.nad_last_entry)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode notify_rename4: {_e}', len(w)) from None
 
@@ -920,114 +1277,100 @@ def dec_notify_rename4(r: _Reader, off: int) -> tuple[notify_rename4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i496_ne_file = bytes(buf[off:_e])
+        _i1151_ne_file = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i497_attrmask = []
-        _c498 = _n
-        for _ in range(_c498):
-            _t = _S0.unpack_from(buf, off)
+        _i1152_attrmask = []
+        _c1153 = _n
+        for _ in range(_c1153):
+            (_x1153,) = _S0.unpack_from(buf, off)
             off += 4
-            _x498 = _t[0]
-            _i497_attrmask.append(_x498)
+            _i1152_attrmask.append(_x1153)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i497_attr_vals = bytes(buf[off:_e])
+        _i1152_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _i496_ne_attrs = fattr4(_i497_attrmask, _i497_attr_vals)
-        _i495_nrm_old_entry = notify_entry4(_i496_ne_file, _i496_ne_attrs)
-        _t = _S4.unpack_from(buf, off)
+        _i1151_ne_attrs = fattr4(_i1152_attrmask, _i1152_attr_vals)
+        _i1150_nrm_old_entry = notify_entry4(_i1151_ne_file, _i1151_ne_attrs)
+        (_i1150_nrm_old_entry_cookie,) = _S4.unpack_from(buf, off)
         off += 8
-        _i495_nrm_old_entry_cookie = _t[0]
-        f_nrn_old_entry = notify_remove4(_i495_nrm_old_entry, _i495_nrm_old_entry_cookie)
+        f_nrn_old_entry = notify_remove4(_i1150_nrm_old_entry, _i1150_nrm_old_entry_cookie)
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('nad_old_entry: length %d exceeds 1' % _n, off)
         off += 4
         if _n * 20 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i499_nad_old_entry = []
-        _c500 = _n
-        for _ in range(_c500):
-            _i501_nrm_old_entry, off = dec_notify_entry4(r, off)
-            _t = _S4.unpack_from(buf, off)
+        _i1154_nad_old_entry = []
+        _c1155 = _n
+        for _ in range(_c1155):
+            _i1156_nrm_old_entry, off = dec_notify_entry4(r, off)
+            (_i1156_nrm_old_entry_cookie,) = _S4.unpack_from(buf, off)
             off += 8
-            _i501_nrm_old_entry_cookie = _t[0]
-            _x500 = notify_remove4(_i501_nrm_old_entry, _i501_nrm_old_entry_cookie)
-            _i499_nad_old_entry.append(_x500)
+            _x1155 = notify_remove4(_i1156_nrm_old_entry, _i1156_nrm_old_entry_cookie)
+            _i1154_nad_old_entry.append(_x1155)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i502_ne_file = bytes(buf[off:_e])
+        _i1157_ne_file = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i503_attrmask = []
-        _c504 = _n
-        for _ in range(_c504):
-            _t = _S0.unpack_from(buf, off)
+        _i1158_attrmask = []
+        _c1159 = _n
+        for _ in range(_c1159):
+            (_x1159,) = _S0.unpack_from(buf, off)
             off += 4
-            _x504 = _t[0]
-            _i503_attrmask.append(_x504)
+            _i1158_attrmask.append(_x1159)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i503_attr_vals = bytes(buf[off:_e])
+        _i1158_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _i502_ne_attrs = fattr4(_i503_attrmask, _i503_attr_vals)
-        _i499_nad_new_entry = notify_entry4(_i502_ne_file, _i502_ne_attrs)
+        _i1157_ne_attrs = fattr4(_i1158_attrmask, _i1158_attr_vals)
+        _i1154_nad_new_entry = notify_entry4(_i1157_ne_file, _i1157_ne_attrs)
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('nad_new_entry_cookie: length %d exceeds 1' % _n, off)
         off += 4
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i499_nad_new_entry_cookie = []
-        _c505 = _n
-        for _ in range(_c505):
-            _t = _S4.unpack_from(buf, off)
+        _i1154_nad_new_entry_cookie = []
+        _c1160 = _n
+        for _ in range(_c1160):
+            (_x1160,) = _S4.unpack_from(buf, off)
             off += 8
-            _x505 = _t[0]
-            _i499_nad_new_entry_cookie.append(_x505)
+            _i1154_nad_new_entry_cookie.append(_x1160)
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('nad_prev_entry: length %d exceeds 1' % _n, off)
         off += 4
         if _n * 20 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i499_nad_prev_entry = []
-        _c506 = _n
-        for _ in range(_c506):
-            _i507_pe_prev_entry, off = dec_notify_entry4(r, off)
-            _t = _S4.unpack_from(buf, off)
+        _i1154_nad_prev_entry = []
+        _c1161 = _n
+        for _ in range(_c1161):
+            _i1162_pe_prev_entry, off = dec_notify_entry4(r, off)
+            (_i1162_pe_prev_entry_cookie,) = _S4.unpack_from(buf, off)
             off += 8
-            _i507_pe_prev_entry_cookie = _t[0]
-            _x506 = prev_entry4(_i507_pe_prev_entry, _i507_pe_prev_entry_cookie)
-            _i499_nad_prev_entry.append(_x506)
-        _t = _S0.unpack_from(buf, off)
+            _x1161 = prev_entry4(_i1162_pe_prev_entry, _i1162_pe_prev_entry_cookie)
+            _i1154_nad_prev_entry.append(_x1161)
+        (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _i499_nad_last_entry = _BOOL[_t[0]]
-        f_nrn_new_entry = notify_add4(_i499_nad_old_entry, _i499_nad_new_entry, _i499_nad_new_entry_cookie, _i499_nad_prev_entry, _i499_nad_last_entry)
+        _i1154_nad_last_entry = _BOOL[_t0]
+        f_nrn_new_entry = notify_add4(_i1154_nad_old_entry, _i1154_nad_new_entry, _i1154_nad_new_entry_cookie, _i1154_nad_prev_entry, _i1154_nad_last_entry)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated notify_rename4', o0) from None
     return notify_rename4(f_nrn_old_entry, f_nrn_new_entry), off
@@ -1043,7 +1386,7 @@ def enc_notify_verifier4(w: _Writer, v: notify_verifier4) -> None:
     try:
         if len(v.nv_old_cookieverf) != 8: raise _XdrError('fixed opaque nv_old_cookieverf must be 8 bytes', len(w))
         if len(v.nv_new_cookieverf) != 8: raise _XdrError('fixed opaque nv_new_cookieverf must be 8 bytes', len(w))
-        w += _S55.pack(v.nv_old_cookieverf, v.nv_new_cookieverf)
+        w += _S117.pack(v.nv_old_cookieverf, v.nv_new_cookieverf)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode notify_verifier4: {_e}', len(w)) from None
 
@@ -1052,13 +1395,11 @@ def dec_notify_verifier4(r: _Reader, off: int) -> tuple[notify_verifier4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S55.unpack_from(buf, off)
+        _u = notify_verifier4(*_S117.unpack_from(buf, off))
         off += 16
-        f_nv_old_cookieverf = _t[0]
-        f_nv_new_cookieverf = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated notify_verifier4', o0) from None
-    return notify_verifier4(f_nv_old_cookieverf, f_nv_new_cookieverf), off
+    return _u, off
 
 
 notifylist4: _TypeAlias = "bytes"
@@ -1068,7 +1409,7 @@ def enc_notifylist4(w: _Writer, v: notifylist4) -> None:
     try:
         _v = v
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1084,8 +1425,6 @@ def dec_notifylist4(r: _Reader, off: int) -> tuple[notifylist4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _v = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1101,14 +1440,14 @@ class notify4:
 
 def enc_notify4(w: _Writer, v: notify4) -> None:
     try:
-        _a508 = v.notify_mask
-        _n = len(_a508)
-        w += _U32.pack(_n)
-        for _x508 in _a508:
-            w += _S0.pack(_x508)
+        _a1163 = v.notify_mask
+        _n = len(_a1163)
+        w += _S0.pack(_n)
+        for _x1163 in _a1163:
+            w += _S0.pack(_x1163)
         _v = v.notify_vals
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1124,19 +1463,16 @@ def dec_notify4(r: _Reader, off: int) -> tuple[notify4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_notify_mask = []
-        _c509 = _n
-        for _ in range(_c509):
-            _t = _S0.unpack_from(buf, off)
+        _c1164 = _n
+        for _ in range(_c1164):
+            (_x1164,) = _S0.unpack_from(buf, off)
             off += 4
-            _x509 = _t[0]
-            f_notify_mask.append(_x509)
+            f_notify_mask.append(_x1164)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_notify_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1154,27 +1490,27 @@ class CB_NOTIFY4args:
 def enc_CB_NOTIFY4args(w: _Writer, v: CB_NOTIFY4args) -> None:
     try:
         if len(v.cna_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S10.pack(v.cna_stateid.seqid, v.cna_stateid.other)
+        w += _S11.pack(v.cna_stateid.seqid, v.cna_stateid.other)
         _v = v.cna_fh
         _n = len(_v)
         if _n > 128:
             raise _XdrError('cna_fh: length %d exceeds 128' % _n, len(w))
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _a510 = v.cna_changes
-        _n = len(_a510)
-        w += _U32.pack(_n)
-        for _x510 in _a510:
-            _s511 = _x510
-            _a512 = _s511.notify_mask
-            _n = len(_a512)
-            w += _U32.pack(_n)
-            for _x512 in _a512:
-                w += _S0.pack(_x512)
-            _v = _s511.notify_vals
+        _a1165 = v.cna_changes
+        _n = len(_a1165)
+        w += _S0.pack(_n)
+        for _x1165 in _a1165:
+            _s1166 = _x1165
+            _a1167 = _s1166.notify_mask
+            _n = len(_a1167)
+            w += _S0.pack(_n)
+            for _x1167 in _a1167:
+                w += _S0.pack(_x1167)
+            _v = _s1166.notify_vals
             _n = len(_v)
-            w += _U32.pack(_n)
+            w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1185,9 +1521,8 @@ def dec_CB_NOTIFY4args(r: _Reader, off: int) -> tuple[CB_NOTIFY4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S10.unpack_from(buf, off)
+        f_cna_stateid = stateid4(*_S11.unpack_from(buf, off))
         off += 16
-        f_cna_stateid = stateid4(_t[0], _t[1])
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 128:
             raise _XdrError('cna_fh: length %d exceeds 128' % _n, off)
@@ -1195,8 +1530,6 @@ def dec_CB_NOTIFY4args(r: _Reader, off: int) -> tuple[CB_NOTIFY4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_cna_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -1204,30 +1537,27 @@ def dec_CB_NOTIFY4args(r: _Reader, off: int) -> tuple[CB_NOTIFY4args, int]:
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_cna_changes = []
-        _c513 = _n
-        for _ in range(_c513):
+        _c1168 = _n
+        for _ in range(_c1168):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i514_notify_mask = []
-            _c515 = _n
-            for _ in range(_c515):
-                _t = _S0.unpack_from(buf, off)
+            _i1169_notify_mask = []
+            _c1170 = _n
+            for _ in range(_c1170):
+                (_x1170,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x515 = _t[0]
-                _i514_notify_mask.append(_x515)
+                _i1169_notify_mask.append(_x1170)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _i514_notify_vals = bytes(buf[off:_e])
+            _i1169_notify_vals = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _x513 = notify4(_i514_notify_mask, _i514_notify_vals)
-            f_cna_changes.append(_x513)
+            _x1168 = notify4(_i1169_notify_mask, _i1169_notify_vals)
+            f_cna_changes.append(_x1168)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_NOTIFY4args', o0) from None
     return CB_NOTIFY4args(f_cna_stateid, f_cna_fh, f_cna_changes), off
@@ -1249,12 +1579,12 @@ def dec_CB_NOTIFY4res(r: _Reader, off: int) -> tuple[CB_NOTIFY4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_cnr_status = _nfsstat4_MAP[_t[0]]
+        _u = CB_NOTIFY4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_NOTIFY4res', o0) from None
-    return CB_NOTIFY4res(f_cnr_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1269,10 +1599,65 @@ def enc_CB_PUSH_DELEG4args(w: _Writer, v: CB_PUSH_DELEG4args) -> None:
         _n = len(_v)
         if _n > 128:
             raise _XdrError('cpda_fh: length %d exceeds 128' % _n, len(w))
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        enc_open_delegation4(w, v.cpda_delegation)
+        _u1171 = v.cpda_delegation
+        _d1171 = _u1171.delegation_type
+        _w1171: _Any
+        if _d1171 == 0:
+            w += b'\x00\x00\x00\x00'
+        elif _d1171 == 1:
+            _w1171 = _u1171.value
+            _s1172 = _w1171
+            if len(_s1172.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S35.pack(1, _s1172.stateid.seqid, _s1172.stateid.other, _s1172.recall)
+            _s1173 = _s1172.permissions
+            w += _S10.pack(_s1173.type, _s1173.flag, _s1173.access_mask)
+            _v = _s1173.who
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        elif _d1171 == 2:
+            _w1171 = _u1171.value
+            _s1174 = _w1171
+            if len(_s1174.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S35.pack(2, _s1174.stateid.seqid, _s1174.stateid.other, _s1174.recall)
+            _u1175 = _s1174.space_limit
+            _d1175 = _u1175.limitby
+            _w1175: _Any
+            if _d1175 == 1:
+                _w1175 = _u1175.value
+                w += _S33.pack(1, _w1175)
+            elif _d1175 == 2:
+                _w1175 = _u1175.value
+                w += _S18.pack(2, _w1175.num_blocks, _w1175.bytes_per_block)
+            else:
+                _enc_any_nfs_space_limit4(w, _u1175)
+            _s1176 = _s1174.permissions
+            w += _S10.pack(_s1176.type, _s1176.flag, _s1176.access_mask)
+            _v = _s1176.who
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        elif _d1171 == 3:
+            _w1171 = _u1171.value
+            _u1177 = _w1171
+            _d1177 = _u1177.ond_why
+            _w1177: _Any
+            if _d1177 == 1:
+                _w1177 = _u1177.value
+                w += _S31.pack(3, 1, _w1177)
+            elif _d1177 == 2:
+                _w1177 = _u1177.value
+                w += _S31.pack(3, 2, _w1177)
+            else:
+                w += b'\x00\x00\x00\x03'
+                _enc_any_open_none_delegation4(w, _u1177)
+        else:
+            _enc_any_open_delegation4(w, _u1171)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_PUSH_DELEG4args: {_e}', len(w)) from None
 
@@ -1288,20 +1673,79 @@ def dec_CB_PUSH_DELEG4args(r: _Reader, off: int) -> tuple[CB_PUSH_DELEG4args, in
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_cpda_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _v516: _Any
-        _f516: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d516,) = _S2.unpack_from(buf, off)
-        _a516 = _open_delegation4_ARMS.get(_d516)
-        if _a516 is None:
-            raise _XdrError('%r is not a case of open_delegation4' % (_d516,), off)
+        _v1178: _Any
+        (_d1178,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d1178 == 0:
+            f_cpda_delegation = open_delegation4(OPEN_DELEGATE_NONE, None)
+        elif _d1178 == 1:
+            _t0, _t1, _t2 = _S26.unpack_from(buf, off)
+            off += 20
+            _i1179_stateid = stateid4(_t0, _t1)
+            _i1179_recall = _BOOL[_t2]
+            _i1180_type, _i1180_flag, _i1180_access_mask = _S10.unpack_from(buf, off)
+            off += 12
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i1180_who = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i1179_permissions = nfsace4(_i1180_type, _i1180_flag, _i1180_access_mask, _i1180_who)
+            _v1178 = open_read_delegation4(_i1179_stateid, _i1179_recall, _i1179_permissions)
+            f_cpda_delegation = open_delegation4(OPEN_DELEGATE_READ, _v1178)
+        elif _d1178 == 2:
+            _t0, _t1, _t2 = _S26.unpack_from(buf, off)
+            off += 20
+            _i1181_stateid = stateid4(_t0, _t1)
+            _i1181_recall = _BOOL[_t2]
+            _v1182: _Any
+            (_d1182,) = _S2.unpack_from(buf, off)
+            off += 4
+            if _d1182 == 1:
+                (_v1182,) = _S4.unpack_from(buf, off)
+                off += 8
+                _i1181_space_limit = nfs_space_limit4(NFS_LIMIT_SIZE, _v1182)
+            elif _d1182 == 2:
+                _v1182 = nfs_modified_limit4(*_S1.unpack_from(buf, off))
+                off += 8
+                _i1181_space_limit = nfs_space_limit4(NFS_LIMIT_BLOCKS, _v1182)
+            else:
+                _i1181_space_limit, off = _dec_any_nfs_space_limit4(r, off - 4)
+            _i1183_type, _i1183_flag, _i1183_access_mask = _S10.unpack_from(buf, off)
+            off += 12
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i1183_who = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i1181_permissions = nfsace4(_i1183_type, _i1183_flag, _i1183_access_mask, _i1183_who)
+            _v1178 = open_write_delegation4(_i1181_stateid, _i1181_recall, _i1181_space_limit, _i1181_permissions)
+            f_cpda_delegation = open_delegation4(OPEN_DELEGATE_WRITE, _v1178)
+        elif _d1178 == 3:
+            _v1184: _Any
+            (_d1184,) = _S2.unpack_from(buf, off)
+            off += 4
+            if _d1184 == 1:
+                (_t0,) = _S0.unpack_from(buf, off)
+                off += 4
+                _v1184 = _BOOL[_t0]
+                _v1178 = open_none_delegation4(WND4_CONTENTION, _v1184)
+            elif _d1184 == 2:
+                (_t0,) = _S0.unpack_from(buf, off)
+                off += 4
+                _v1184 = _BOOL[_t0]
+                _v1178 = open_none_delegation4(WND4_RESOURCE, _v1184)
+            else:
+                _v1178, off = _dec_any_open_none_delegation4(r, off - 4)
+            f_cpda_delegation = open_delegation4(OPEN_DELEGATE_NONE_EXT, _v1178)
         else:
-            _d516, _f516 = _a516
-        _v516, off = _f516(r, off + 4)
-        f_cpda_delegation = open_delegation4(_d516, _v516)
+            f_cpda_delegation, off = _dec_any_open_delegation4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_PUSH_DELEG4args', o0) from None
     return CB_PUSH_DELEG4args(f_cpda_fh, f_cpda_delegation), off
@@ -1323,12 +1767,12 @@ def dec_CB_PUSH_DELEG4res(r: _Reader, off: int) -> tuple[CB_PUSH_DELEG4res, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_cpdr_status = _nfsstat4_MAP[_t[0]]
+        _u = CB_PUSH_DELEG4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_PUSH_DELEG4res', o0) from None
-    return CB_PUSH_DELEG4res(f_cpdr_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1340,11 +1784,11 @@ class CB_RECALL_ANY4args:
 def enc_CB_RECALL_ANY4args(w: _Writer, v: CB_RECALL_ANY4args) -> None:
     try:
         w += _S0.pack(v.craa_objects_to_keep)
-        _a517 = v.craa_type_mask
-        _n = len(_a517)
-        w += _U32.pack(_n)
-        for _x517 in _a517:
-            w += _S0.pack(_x517)
+        _a1185 = v.craa_type_mask
+        _n = len(_a1185)
+        w += _S0.pack(_n)
+        for _x1185 in _a1185:
+            w += _S0.pack(_x1185)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_RECALL_ANY4args: {_e}', len(w)) from None
 
@@ -1353,20 +1797,18 @@ def dec_CB_RECALL_ANY4args(r: _Reader, off: int) -> tuple[CB_RECALL_ANY4args, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (f_craa_objects_to_keep,) = _S0.unpack_from(buf, off)
         off += 4
-        f_craa_objects_to_keep = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_craa_type_mask = []
-        _c518 = _n
-        for _ in range(_c518):
-            _t = _S0.unpack_from(buf, off)
+        _c1186 = _n
+        for _ in range(_c1186):
+            (_x1186,) = _S0.unpack_from(buf, off)
             off += 4
-            _x518 = _t[0]
-            f_craa_type_mask.append(_x518)
+            f_craa_type_mask.append(_x1186)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_RECALL_ANY4args', o0) from None
     return CB_RECALL_ANY4args(f_craa_objects_to_keep, f_craa_type_mask), off
@@ -1388,12 +1830,12 @@ def dec_CB_RECALL_ANY4res(r: _Reader, off: int) -> tuple[CB_RECALL_ANY4res, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_crar_status = _nfsstat4_MAP[_t[0]]
+        _u = CB_RECALL_ANY4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_RECALL_ANY4res', o0) from None
-    return CB_RECALL_ANY4res(f_crar_status), off
+    return _u, off
 
 
 CB_RECALLABLE_OBJ_AVAIL4args = CB_RECALL_ANY4args
@@ -1401,13 +1843,13 @@ CB_RECALLABLE_OBJ_AVAIL4args = CB_RECALL_ANY4args
 
 def enc_CB_RECALLABLE_OBJ_AVAIL4args(w: _Writer, v: CB_RECALLABLE_OBJ_AVAIL4args) -> None:
     try:
-        _s519 = v
-        w += _S0.pack(_s519.craa_objects_to_keep)
-        _a520 = _s519.craa_type_mask
-        _n = len(_a520)
-        w += _U32.pack(_n)
-        for _x520 in _a520:
-            w += _S0.pack(_x520)
+        _s1187 = v
+        w += _S0.pack(_s1187.craa_objects_to_keep)
+        _a1188 = _s1187.craa_type_mask
+        _n = len(_a1188)
+        w += _S0.pack(_n)
+        for _x1188 in _a1188:
+            w += _S0.pack(_x1188)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_RECALLABLE_OBJ_AVAIL4args: {_e}', len(w)) from None
 
@@ -1416,21 +1858,19 @@ def dec_CB_RECALLABLE_OBJ_AVAIL4args(r: _Reader, off: int) -> tuple[CB_RECALLABL
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_i1189_craa_objects_to_keep,) = _S0.unpack_from(buf, off)
         off += 4
-        _i521_craa_objects_to_keep = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i521_craa_type_mask = []
-        _c522 = _n
-        for _ in range(_c522):
-            _t = _S0.unpack_from(buf, off)
+        _i1189_craa_type_mask = []
+        _c1190 = _n
+        for _ in range(_c1190):
+            (_x1190,) = _S0.unpack_from(buf, off)
             off += 4
-            _x522 = _t[0]
-            _i521_craa_type_mask.append(_x522)
-        _v = CB_RECALL_ANY4args(_i521_craa_objects_to_keep, _i521_craa_type_mask)
+            _i1189_craa_type_mask.append(_x1190)
+        _v = CB_RECALL_ANY4args(_i1189_craa_objects_to_keep, _i1189_craa_type_mask)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_RECALLABLE_OBJ_AVAIL4args', o0) from None
     return _v, off
@@ -1452,12 +1892,12 @@ def dec_CB_RECALLABLE_OBJ_AVAIL4res(r: _Reader, off: int) -> tuple[CB_RECALLABLE
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_croa_status = _nfsstat4_MAP[_t[0]]
+        _u = CB_RECALLABLE_OBJ_AVAIL4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_RECALLABLE_OBJ_AVAIL4res', o0) from None
-    return CB_RECALLABLE_OBJ_AVAIL4res(f_croa_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1476,12 +1916,11 @@ def dec_CB_RECALL_SLOT4args(r: _Reader, off: int) -> tuple[CB_RECALL_SLOT4args, 
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        _u = CB_RECALL_SLOT4args(*_S0.unpack_from(buf, off))
         off += 4
-        f_rsa_target_highest_slotid = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_RECALL_SLOT4args', o0) from None
-    return CB_RECALL_SLOT4args(f_rsa_target_highest_slotid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1500,12 +1939,12 @@ def dec_CB_RECALL_SLOT4res(r: _Reader, off: int) -> tuple[CB_RECALL_SLOT4res, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_rsr_status = _nfsstat4_MAP[_t[0]]
+        _u = CB_RECALL_SLOT4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_RECALL_SLOT4res', o0) from None
-    return CB_RECALL_SLOT4res(f_rsr_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1525,13 +1964,11 @@ def dec_referring_call4(r: _Reader, off: int) -> tuple[referring_call4, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S1.unpack_from(buf, off)
+        _u = referring_call4(*_S1.unpack_from(buf, off))
         off += 8
-        f_rc_sequenceid = _t[0]
-        f_rc_slotid = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated referring_call4', o0) from None
-    return referring_call4(f_rc_sequenceid, f_rc_slotid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1544,11 +1981,11 @@ def enc_referring_call_list4(w: _Writer, v: referring_call_list4) -> None:
     try:
         if len(v.rcl_sessionid) != 16: raise _XdrError('fixed opaque rcl_sessionid must be 16 bytes', len(w))
         w += _S5.pack(v.rcl_sessionid)
-        _a523 = v.rcl_referring_calls
-        _n = len(_a523)
-        w += _U32.pack(_n)
-        for _x523 in _a523:
-            w += _S1.pack(_x523.rc_sequenceid, _x523.rc_slotid)
+        _a1191 = v.rcl_referring_calls
+        _n = len(_a1191)
+        w += _S0.pack(_n)
+        for _x1191 in _a1191:
+            w += _S1.pack(_x1191.rc_sequenceid, _x1191.rc_slotid)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode referring_call_list4: {_e}', len(w)) from None
 
@@ -1557,20 +1994,18 @@ def dec_referring_call_list4(r: _Reader, off: int) -> tuple[referring_call_list4
     buf = r.buf
     o0 = off
     try:
-        _t = _S5.unpack_from(buf, off)
+        (f_rcl_sessionid,) = _S5.unpack_from(buf, off)
         off += 16
-        f_rcl_sessionid = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_rcl_referring_calls = []
-        _c524 = _n
-        for _ in range(_c524):
-            _t = _S1.unpack_from(buf, off)
+        _c1192 = _n
+        for _ in range(_c1192):
+            _x1192 = referring_call4(*_S1.unpack_from(buf, off))
             off += 8
-            _x524 = referring_call4(_t[0], _t[1])
-            f_rcl_referring_calls.append(_x524)
+            f_rcl_referring_calls.append(_x1192)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated referring_call_list4', o0) from None
     return referring_call_list4(f_rcl_sessionid, f_rcl_referring_calls), off
@@ -1589,19 +2024,19 @@ class CB_SEQUENCE4args:
 def enc_CB_SEQUENCE4args(w: _Writer, v: CB_SEQUENCE4args) -> None:
     try:
         if len(v.csa_sessionid) != 16: raise _XdrError('fixed opaque csa_sessionid must be 16 bytes', len(w))
-        w += _S43.pack(v.csa_sessionid, v.csa_sequenceid, v.csa_slotid, v.csa_highest_slotid, v.csa_cachethis)
-        _a525 = v.csa_referring_call_lists
-        _n = len(_a525)
-        w += _U32.pack(_n)
-        for _x525 in _a525:
-            _s526 = _x525
-            if len(_s526.rcl_sessionid) != 16: raise _XdrError('fixed opaque rcl_sessionid must be 16 bytes', len(w))
-            w += _S5.pack(_s526.rcl_sessionid)
-            _a527 = _s526.rcl_referring_calls
-            _n = len(_a527)
-            w += _U32.pack(_n)
-            for _x527 in _a527:
-                w += _S1.pack(_x527.rc_sequenceid, _x527.rc_slotid)
+        w += _S68.pack(v.csa_sessionid, v.csa_sequenceid, v.csa_slotid, v.csa_highest_slotid, v.csa_cachethis)
+        _a1193 = v.csa_referring_call_lists
+        _n = len(_a1193)
+        w += _S0.pack(_n)
+        for _x1193 in _a1193:
+            _s1194 = _x1193
+            if len(_s1194.rcl_sessionid) != 16: raise _XdrError('fixed opaque rcl_sessionid must be 16 bytes', len(w))
+            w += _S5.pack(_s1194.rcl_sessionid)
+            _a1195 = _s1194.rcl_referring_calls
+            _n = len(_a1195)
+            w += _S0.pack(_n)
+            for _x1195 in _a1195:
+                w += _S1.pack(_x1195.rc_sequenceid, _x1195.rc_slotid)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_SEQUENCE4args: {_e}', len(w)) from None
 
@@ -1610,36 +2045,30 @@ def dec_CB_SEQUENCE4args(r: _Reader, off: int) -> tuple[CB_SEQUENCE4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S43.unpack_from(buf, off)
+        f_csa_sessionid, f_csa_sequenceid, f_csa_slotid, f_csa_highest_slotid, _t4 = _S68.unpack_from(buf, off)
         off += 32
-        f_csa_sessionid = _t[0]
-        f_csa_sequenceid = _t[1]
-        f_csa_slotid = _t[2]
-        f_csa_highest_slotid = _t[3]
-        f_csa_cachethis = _BOOL[_t[4]]
+        f_csa_cachethis = _BOOL[_t4]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 20 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_csa_referring_call_lists = []
-        _c528 = _n
-        for _ in range(_c528):
-            _t = _S5.unpack_from(buf, off)
+        _c1196 = _n
+        for _ in range(_c1196):
+            (_i1197_rcl_sessionid,) = _S5.unpack_from(buf, off)
             off += 16
-            _i529_rcl_sessionid = _t[0]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 8 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i529_rcl_referring_calls = []
-            _c530 = _n
-            for _ in range(_c530):
-                _t = _S1.unpack_from(buf, off)
+            _i1197_rcl_referring_calls = []
+            _c1198 = _n
+            for _ in range(_c1198):
+                _x1198 = referring_call4(*_S1.unpack_from(buf, off))
                 off += 8
-                _x530 = referring_call4(_t[0], _t[1])
-                _i529_rcl_referring_calls.append(_x530)
-            _x528 = referring_call_list4(_i529_rcl_sessionid, _i529_rcl_referring_calls)
-            f_csa_referring_call_lists.append(_x528)
+                _i1197_rcl_referring_calls.append(_x1198)
+            _x1196 = referring_call_list4(_i1197_rcl_sessionid, _i1197_rcl_referring_calls)
+            f_csa_referring_call_lists.append(_x1196)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_SEQUENCE4args', o0) from None
     return CB_SEQUENCE4args(f_csa_sessionid, f_csa_sequenceid, f_csa_slotid, f_csa_highest_slotid, f_csa_cachethis, f_csa_referring_call_lists), off
@@ -1657,7 +2086,7 @@ class CB_SEQUENCE4resok:
 def enc_CB_SEQUENCE4resok(w: _Writer, v: CB_SEQUENCE4resok) -> None:
     try:
         if len(v.csr_sessionid) != 16: raise _XdrError('fixed opaque csr_sessionid must be 16 bytes', len(w))
-        w += _S43.pack(v.csr_sessionid, v.csr_sequenceid, v.csr_slotid, v.csr_highest_slotid, v.csr_target_highest_slotid)
+        w += _S68.pack(v.csr_sessionid, v.csr_sequenceid, v.csr_slotid, v.csr_highest_slotid, v.csr_target_highest_slotid)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_SEQUENCE4resok: {_e}', len(w)) from None
 
@@ -1666,16 +2095,11 @@ def dec_CB_SEQUENCE4resok(r: _Reader, off: int) -> tuple[CB_SEQUENCE4resok, int]
     buf = r.buf
     o0 = off
     try:
-        _t = _S43.unpack_from(buf, off)
+        _u = CB_SEQUENCE4resok(*_S68.unpack_from(buf, off))
         off += 32
-        f_csr_sessionid = _t[0]
-        f_csr_sequenceid = _t[1]
-        f_csr_slotid = _t[2]
-        f_csr_highest_slotid = _t[3]
-        f_csr_target_highest_slotid = _t[4]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_SEQUENCE4resok', o0) from None
-    return CB_SEQUENCE4resok(f_csr_sessionid, f_csr_sequenceid, f_csr_slotid, f_csr_highest_slotid, f_csr_target_highest_slotid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1689,7 +2113,7 @@ _CB_SEQUENCE4res_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int
 _CB_SEQUENCE4res_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_CB_SEQUENCE4resok)}
 
 
-def enc_CB_SEQUENCE4res(w: _Writer, v: CB_SEQUENCE4res) -> None:
+def _enc_any_CB_SEQUENCE4res(w: _Writer, v: CB_SEQUENCE4res) -> None:
     try:
         _d = v.csr_status
         _f = _CB_SEQUENCE4res_ENC.get(_d, _void_encode)
@@ -1700,21 +2124,54 @@ def enc_CB_SEQUENCE4res(w: _Writer, v: CB_SEQUENCE4res) -> None:
         raise _XdrError(f'cannot encode CB_SEQUENCE4res: {_e!r}', len(w)) from None
 
 
+def _dec_any_CB_SEQUENCE4res(r: _Reader, off: int) -> tuple[CB_SEQUENCE4res, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v1199: _Any
+        _f1199: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d1199,) = _S2.unpack_from(buf, off)
+        _a1199 = _CB_SEQUENCE4res_ARMS.get(_d1199)
+        if _a1199 is None:
+            _d1199 = _nfsstat4_MAP[(_d1199,)[0]]
+            _f1199 = _void_decode
+        else:
+            _d1199, _f1199 = _a1199
+        _v1199, off = _f1199(r, off + 4)
+        _u = CB_SEQUENCE4res(_d1199, _v1199)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated CB_SEQUENCE4res', o0) from None
+    return _u, off
+
+
+def enc_CB_SEQUENCE4res(w: _Writer, v: CB_SEQUENCE4res) -> None:
+    try:
+        _u1200 = v
+        _d1200 = _u1200.csr_status
+        _w1200: _Any
+        if _d1200 == 0:
+            _w1200 = _u1200.value
+            if len(_w1200.csr_sessionid) != 16: raise _XdrError('fixed opaque csr_sessionid must be 16 bytes', len(w))
+            w += _S96.pack(0, _w1200.csr_sessionid, _w1200.csr_sequenceid, _w1200.csr_slotid, _w1200.csr_highest_slotid, _w1200.csr_target_highest_slotid)
+        else:
+            _enc_any_CB_SEQUENCE4res(w, _u1200)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode CB_SEQUENCE4res: {_e!r}', len(w)) from None
+
+
 def dec_CB_SEQUENCE4res(r: _Reader, off: int) -> tuple[CB_SEQUENCE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v531: _Any
-        _f531: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d531,) = _S2.unpack_from(buf, off)
-        _a531 = _CB_SEQUENCE4res_ARMS.get(_d531)
-        if _a531 is None:
-            _d531 = _nfsstat4_MAP[(_d531,)[0]]
-            _f531 = _void_decode
+        _v1201: _Any
+        (_d1201,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d1201 == 0:
+            _v1201 = CB_SEQUENCE4resok(*_S68.unpack_from(buf, off))
+            off += 32
+            _u = CB_SEQUENCE4res(NFS4_OK, _v1201)
         else:
-            _d531, _f531 = _a531
-        _v531, off = _f531(r, off + 4)
-        _u = CB_SEQUENCE4res(_d531, _v531)
+            _u, off = _dec_any_CB_SEQUENCE4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_SEQUENCE4res', o0) from None
     return _u, off
@@ -1737,13 +2194,12 @@ def dec_CB_WANTS_CANCELLED4args(r: _Reader, off: int) -> tuple[CB_WANTS_CANCELLE
     buf = r.buf
     o0 = off
     try:
-        _t = _S1.unpack_from(buf, off)
+        _t0, _t1 = _S1.unpack_from(buf, off)
         off += 8
-        f_cwca_contended_wants_cancelled = _BOOL[_t[0]]
-        f_cwca_resourced_wants_cancelled = _BOOL[_t[1]]
+        _u = CB_WANTS_CANCELLED4args(_BOOL[_t0], _BOOL[_t1])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_WANTS_CANCELLED4args', o0) from None
-    return CB_WANTS_CANCELLED4args(f_cwca_contended_wants_cancelled, f_cwca_resourced_wants_cancelled), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1762,12 +2218,12 @@ def dec_CB_WANTS_CANCELLED4res(r: _Reader, off: int) -> tuple[CB_WANTS_CANCELLED
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_cwcr_status = _nfsstat4_MAP[_t[0]]
+        _u = CB_WANTS_CANCELLED4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_WANTS_CANCELLED4res', o0) from None
-    return CB_WANTS_CANCELLED4res(f_cwcr_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1782,16 +2238,16 @@ def enc_CB_NOTIFY_LOCK4args(w: _Writer, v: CB_NOTIFY_LOCK4args) -> None:
         _n = len(_v)
         if _n > 128:
             raise _XdrError('cnla_fh: length %d exceeds 128' % _n, len(w))
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _s532 = v.cnla_lock_owner
-        w += _S4.pack(_s532.clientid)
-        _v = _s532.owner
+        _s1202 = v.cnla_lock_owner
+        w += _S4.pack(_s1202.clientid)
+        _v = _s1202.owner
         _n = len(_v)
         if _n > 1024:
             raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1809,13 +2265,10 @@ def dec_CB_NOTIFY_LOCK4args(r: _Reader, off: int) -> tuple[CB_NOTIFY_LOCK4args, 
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_cnla_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S4.unpack_from(buf, off)
+        (_i1203_clientid,) = _S4.unpack_from(buf, off)
         off += 8
-        _i533_clientid = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
             raise _XdrError('owner: length %d exceeds 1024' % _n, off)
@@ -1823,11 +2276,9 @@ def dec_CB_NOTIFY_LOCK4args(r: _Reader, off: int) -> tuple[CB_NOTIFY_LOCK4args, 
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i533_owner = bytes(buf[off:_e])
+        _i1203_owner = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_cnla_lock_owner = state_owner4(_i533_clientid, _i533_owner)
+        f_cnla_lock_owner = state_owner4(_i1203_clientid, _i1203_owner)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_NOTIFY_LOCK4args', o0) from None
     return CB_NOTIFY_LOCK4args(f_cnla_fh, f_cnla_lock_owner), off
@@ -1849,12 +2300,12 @@ def dec_CB_NOTIFY_LOCK4res(r: _Reader, off: int) -> tuple[CB_NOTIFY_LOCK4res, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_cnlr_status = _nfsstat4_MAP[_t[0]]
+        _u = CB_NOTIFY_LOCK4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_NOTIFY_LOCK4res', o0) from None
-    return CB_NOTIFY_LOCK4res(f_cnlr_status), off
+    return _u, off
 
 
 class notify_deviceid_type4(_IntEnum):
@@ -1890,7 +2341,7 @@ class notify_deviceid_delete4:
 def enc_notify_deviceid_delete4(w: _Writer, v: notify_deviceid_delete4) -> None:
     try:
         if len(v.ndd_deviceid) != 16: raise _XdrError('fixed opaque ndd_deviceid must be 16 bytes', len(w))
-        w += _S56.pack(v.ndd_layouttype, v.ndd_deviceid)
+        w += _S91.pack(v.ndd_layouttype, v.ndd_deviceid)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode notify_deviceid_delete4: {_e}', len(w)) from None
 
@@ -1899,13 +2350,12 @@ def dec_notify_deviceid_delete4(r: _Reader, off: int) -> tuple[notify_deviceid_d
     buf = r.buf
     o0 = off
     try:
-        _t = _S56.unpack_from(buf, off)
+        _t0, _t1 = _S91.unpack_from(buf, off)
         off += 20
-        f_ndd_layouttype = _layouttype4_MAP[_t[0]]
-        f_ndd_deviceid = _t[1]
+        _u = notify_deviceid_delete4(_layouttype4_MAP[_t0], _t1)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated notify_deviceid_delete4', o0) from None
-    return notify_deviceid_delete4(f_ndd_layouttype, f_ndd_deviceid), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1918,7 +2368,7 @@ class notify_deviceid_change4:
 def enc_notify_deviceid_change4(w: _Writer, v: notify_deviceid_change4) -> None:
     try:
         if len(v.ndc_deviceid) != 16: raise _XdrError('fixed opaque ndc_deviceid must be 16 bytes', len(w))
-        w += _S57.pack(v.ndc_layouttype, v.ndc_deviceid, v.ndc_immediate)
+        w += _S118.pack(v.ndc_layouttype, v.ndc_deviceid, v.ndc_immediate)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode notify_deviceid_change4: {_e}', len(w)) from None
 
@@ -1927,14 +2377,12 @@ def dec_notify_deviceid_change4(r: _Reader, off: int) -> tuple[notify_deviceid_c
     buf = r.buf
     o0 = off
     try:
-        _t = _S57.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S118.unpack_from(buf, off)
         off += 24
-        f_ndc_layouttype = _layouttype4_MAP[_t[0]]
-        f_ndc_deviceid = _t[1]
-        f_ndc_immediate = _BOOL[_t[2]]
+        _u = notify_deviceid_change4(_layouttype4_MAP[_t0], _t1, _BOOL[_t2])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated notify_deviceid_change4', o0) from None
-    return notify_deviceid_change4(f_ndc_layouttype, f_ndc_deviceid, f_ndc_immediate), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1944,19 +2392,19 @@ class CB_NOTIFY_DEVICEID4args:
 
 def enc_CB_NOTIFY_DEVICEID4args(w: _Writer, v: CB_NOTIFY_DEVICEID4args) -> None:
     try:
-        _a534 = v.cnda_changes
-        _n = len(_a534)
-        w += _U32.pack(_n)
-        for _x534 in _a534:
-            _s535 = _x534
-            _a536 = _s535.notify_mask
-            _n = len(_a536)
-            w += _U32.pack(_n)
-            for _x536 in _a536:
-                w += _S0.pack(_x536)
-            _v = _s535.notify_vals
+        _a1204 = v.cnda_changes
+        _n = len(_a1204)
+        w += _S0.pack(_n)
+        for _x1204 in _a1204:
+            _s1205 = _x1204
+            _a1206 = _s1205.notify_mask
+            _n = len(_a1206)
+            w += _S0.pack(_n)
+            for _x1206 in _a1206:
+                w += _S0.pack(_x1206)
+            _v = _s1205.notify_vals
             _n = len(_v)
-            w += _U32.pack(_n)
+            w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1972,30 +2420,27 @@ def dec_CB_NOTIFY_DEVICEID4args(r: _Reader, off: int) -> tuple[CB_NOTIFY_DEVICEI
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_cnda_changes = []
-        _c537 = _n
-        for _ in range(_c537):
+        _c1207 = _n
+        for _ in range(_c1207):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i538_notify_mask = []
-            _c539 = _n
-            for _ in range(_c539):
-                _t = _S0.unpack_from(buf, off)
+            _i1208_notify_mask = []
+            _c1209 = _n
+            for _ in range(_c1209):
+                (_x1209,) = _S0.unpack_from(buf, off)
                 off += 4
-                _x539 = _t[0]
-                _i538_notify_mask.append(_x539)
+                _i1208_notify_mask.append(_x1209)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            if _e > len(buf):
-                raise _XdrError('opaque runs past the end', off)
-            _i538_notify_vals = bytes(buf[off:_e])
+            _i1208_notify_vals = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _x537 = notify4(_i538_notify_mask, _i538_notify_vals)
-            f_cnda_changes.append(_x537)
+            _x1207 = notify4(_i1208_notify_mask, _i1208_notify_vals)
+            f_cnda_changes.append(_x1207)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_NOTIFY_DEVICEID4args', o0) from None
     return CB_NOTIFY_DEVICEID4args(f_cnda_changes), off
@@ -2017,12 +2462,12 @@ def dec_CB_NOTIFY_DEVICEID4res(r: _Reader, off: int) -> tuple[CB_NOTIFY_DEVICEID
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_cndr_status = _nfsstat4_MAP[_t[0]]
+        _u = CB_NOTIFY_DEVICEID4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_NOTIFY_DEVICEID4res', o0) from None
-    return CB_NOTIFY_DEVICEID4res(f_cndr_status), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -2036,7 +2481,7 @@ _offload_info4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]
 _offload_info4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_nfsstat4_MAP[(0,)[0]], dec_write_response4)}
 
 
-def enc_offload_info4(w: _Writer, v: offload_info4) -> None:
+def _enc_any_offload_info4(w: _Writer, v: offload_info4) -> None:
     try:
         _d = v.coa_status
         _f = _offload_info4_ENC.get(_d, enc_length4)
@@ -2047,21 +2492,77 @@ def enc_offload_info4(w: _Writer, v: offload_info4) -> None:
         raise _XdrError(f'cannot encode offload_info4: {_e!r}', len(w)) from None
 
 
+def _dec_any_offload_info4(r: _Reader, off: int) -> tuple[offload_info4, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v1210: _Any
+        _f1210: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d1210,) = _S2.unpack_from(buf, off)
+        _a1210 = _offload_info4_ARMS.get(_d1210)
+        if _a1210 is None:
+            _d1210 = _nfsstat4_MAP[(_d1210,)[0]]
+            _f1210 = dec_length4
+        else:
+            _d1210, _f1210 = _a1210
+        _v1210, off = _f1210(r, off + 4)
+        _u = offload_info4(_d1210, _v1210)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated offload_info4', o0) from None
+    return _u, off
+
+
+def enc_offload_info4(w: _Writer, v: offload_info4) -> None:
+    try:
+        _u1211 = v
+        _d1211 = _u1211.coa_status
+        _w1211: _Any
+        if _d1211 == 0:
+            _w1211 = _u1211.value
+            _s1212 = _w1211
+            _a1213 = _s1212.wr_callback_id
+            _n = len(_a1213)
+            if _n > 1:
+                raise _XdrError('wr_callback_id: length %d exceeds 1' % _n, len(w))
+            w += _S23.pack(0, _n)
+            for _x1213 in _a1213:
+                if len(_x1213.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+                w += _S11.pack(_x1213.seqid, _x1213.other)
+            if len(_s1212.wr_writeverf) != 8: raise _XdrError('fixed opaque wr_writeverf must be 8 bytes', len(w))
+            w += _S74.pack(_s1212.wr_count, _s1212.wr_committed, _s1212.wr_writeverf)
+        else:
+            _enc_any_offload_info4(w, _u1211)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode offload_info4: {_e!r}', len(w)) from None
+
+
 def dec_offload_info4(r: _Reader, off: int) -> tuple[offload_info4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v540: _Any
-        _f540: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d540,) = _S2.unpack_from(buf, off)
-        _a540 = _offload_info4_ARMS.get(_d540)
-        if _a540 is None:
-            _d540 = _nfsstat4_MAP[(_d540,)[0]]
-            _f540 = dec_length4
+        _v1214: _Any
+        (_d1214,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d1214 == 0:
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 1:
+                raise _XdrError('wr_callback_id: length %d exceeds 1' % _n, off)
+            off += 4
+            if _n * 16 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i1215_wr_callback_id = []
+            _c1216 = _n
+            for _ in range(_c1216):
+                _x1216 = stateid4(*_S11.unpack_from(buf, off))
+                off += 16
+                _i1215_wr_callback_id.append(_x1216)
+            _i1215_wr_count, _t1, _i1215_wr_writeverf = _S74.unpack_from(buf, off)
+            off += 20
+            _i1215_wr_committed = _stable_how4_MAP[_t1]
+            _v1214 = write_response4(_i1215_wr_callback_id, _i1215_wr_count, _i1215_wr_committed, _i1215_wr_writeverf)
+            _u = offload_info4(NFS4_OK, _v1214)
         else:
-            _d540, _f540 = _a540
-        _v540, off = _f540(r, off + 4)
-        _u = offload_info4(_d540, _v540)
+            _u, off = _dec_any_offload_info4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated offload_info4', o0) from None
     return _u, off
@@ -2080,12 +2581,29 @@ def enc_CB_OFFLOAD4args(w: _Writer, v: CB_OFFLOAD4args) -> None:
         _n = len(_v)
         if _n > 128:
             raise _XdrError('coa_fh: length %d exceeds 128' % _n, len(w))
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
         if len(v.coa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S10.pack(v.coa_stateid.seqid, v.coa_stateid.other)
-        enc_offload_info4(w, v.coa_offload_info)
+        w += _S11.pack(v.coa_stateid.seqid, v.coa_stateid.other)
+        _u1217 = v.coa_offload_info
+        _d1217 = _u1217.coa_status
+        _w1217: _Any
+        if _d1217 == 0:
+            _w1217 = _u1217.value
+            _s1218 = _w1217
+            _a1219 = _s1218.wr_callback_id
+            _n = len(_a1219)
+            if _n > 1:
+                raise _XdrError('wr_callback_id: length %d exceeds 1' % _n, len(w))
+            w += _S23.pack(0, _n)
+            for _x1219 in _a1219:
+                if len(_x1219.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+                w += _S11.pack(_x1219.seqid, _x1219.other)
+            if len(_s1218.wr_writeverf) != 8: raise _XdrError('fixed opaque wr_writeverf must be 8 bytes', len(w))
+            w += _S74.pack(_s1218.wr_count, _s1218.wr_committed, _s1218.wr_writeverf)
+        else:
+            _enc_any_offload_info4(w, _u1217)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_OFFLOAD4args: {_e}', len(w)) from None
 
@@ -2101,24 +2619,33 @@ def dec_CB_OFFLOAD4args(r: _Reader, off: int) -> tuple[CB_OFFLOAD4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_coa_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S10.unpack_from(buf, off)
+        f_coa_stateid = stateid4(*_S11.unpack_from(buf, off))
         off += 16
-        f_coa_stateid = stateid4(_t[0], _t[1])
-        _v541: _Any
-        _f541: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d541,) = _S2.unpack_from(buf, off)
-        _a541 = _offload_info4_ARMS.get(_d541)
-        if _a541 is None:
-            _d541 = _nfsstat4_MAP[(_d541,)[0]]
-            _f541 = dec_length4
+        _v1220: _Any
+        (_d1220,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d1220 == 0:
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 1:
+                raise _XdrError('wr_callback_id: length %d exceeds 1' % _n, off)
+            off += 4
+            if _n * 16 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i1221_wr_callback_id = []
+            _c1222 = _n
+            for _ in range(_c1222):
+                _x1222 = stateid4(*_S11.unpack_from(buf, off))
+                off += 16
+                _i1221_wr_callback_id.append(_x1222)
+            _i1221_wr_count, _t1, _i1221_wr_writeverf = _S74.unpack_from(buf, off)
+            off += 20
+            _i1221_wr_committed = _stable_how4_MAP[_t1]
+            _v1220 = write_response4(_i1221_wr_callback_id, _i1221_wr_count, _i1221_wr_committed, _i1221_wr_writeverf)
+            f_coa_offload_info = offload_info4(NFS4_OK, _v1220)
         else:
-            _d541, _f541 = _a541
-        _v541, off = _f541(r, off + 4)
-        f_coa_offload_info = offload_info4(_d541, _v541)
+            f_coa_offload_info, off = _dec_any_offload_info4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_OFFLOAD4args', o0) from None
     return CB_OFFLOAD4args(f_coa_fh, f_coa_stateid, f_coa_offload_info), off
@@ -2140,12 +2667,12 @@ def dec_CB_OFFLOAD4res(r: _Reader, off: int) -> tuple[CB_OFFLOAD4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_cor_status = _nfsstat4_MAP[_t[0]]
+        _u = CB_OFFLOAD4res(_nfsstat4_MAP[_t0])
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_OFFLOAD4res', o0) from None
-    return CB_OFFLOAD4res(f_cor_status), off
+    return _u, off
 
 
 class nfs_cb_opnum4(_IntEnum):
@@ -2207,7 +2734,7 @@ _nfs_cb_argop4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]
 _nfs_cb_argop4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {3: ((3,)[0], dec_CB_GETATTR4args), 4: ((4,)[0], dec_CB_RECALL4args), 5: ((5,)[0], dec_CB_LAYOUTRECALL4args), 6: ((6,)[0], dec_CB_NOTIFY4args), 7: ((7,)[0], dec_CB_PUSH_DELEG4args), 8: ((8,)[0], dec_CB_RECALL_ANY4args), 9: ((9,)[0], dec_CB_RECALL_ANY4args), 10: ((10,)[0], dec_CB_RECALL_SLOT4args), 11: ((11,)[0], dec_CB_SEQUENCE4args), 12: ((12,)[0], dec_CB_WANTS_CANCELLED4args), 13: ((13,)[0], dec_CB_NOTIFY_LOCK4args), 14: ((14,)[0], dec_CB_NOTIFY_DEVICEID4args), 15: ((15,)[0], dec_CB_OFFLOAD4args), 10044: ((10044,)[0], _void_decode)}
 
 
-def enc_nfs_cb_argop4(w: _Writer, v: nfs_cb_argop4) -> None:
+def _enc_any_nfs_cb_argop4(w: _Writer, v: nfs_cb_argop4) -> None:
     try:
         _d = v.argop
         _f = _nfs_cb_argop4_ENC.get(_d)
@@ -2223,19 +2750,265 @@ def dec_nfs_cb_argop4(r: _Reader, off: int) -> tuple[nfs_cb_argop4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v542: _Any
-        _f542: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d542,) = _S0.unpack_from(buf, off)
-        _a542 = _nfs_cb_argop4_ARMS.get(_d542)
-        if _a542 is None:
-            raise _XdrError('%r is not a case of nfs_cb_argop4' % (_d542,), off)
+        _v1223: _Any
+        _f1223: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d1223,) = _S0.unpack_from(buf, off)
+        _a1223 = _nfs_cb_argop4_ARMS.get(_d1223)
+        if _a1223 is None:
+            raise _XdrError('%r is not a case of nfs_cb_argop4' % (_d1223,), off)
         else:
-            _d542, _f542 = _a542
-        _v542, off = _f542(r, off + 4)
-        _u = nfs_cb_argop4(_d542, _v542)
+            _d1223, _f1223 = _a1223
+        _v1223, off = _f1223(r, off + 4)
+        _u = nfs_cb_argop4(_d1223, _v1223)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfs_cb_argop4', o0) from None
     return _u, off
+
+
+def _enc_nfs_cb_argop4_3(w: _Writer, v: CB_GETATTR4args) -> None:
+    try:
+        _s1224 = v
+        _v = _s1224.fh
+        _n = len(_v)
+        if _n > 128:
+            raise _XdrError('fh: length %d exceeds 128' % _n, len(w))
+        w += _S1.pack(3, _n)
+        w += _v
+        w += _PAD[_n & 3]
+        _a1225 = _s1224.attr_request
+        _n = len(_a1225)
+        w += _S0.pack(_n)
+        for _x1225 in _a1225:
+            w += _S0.pack(_x1225)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_argop4.opcbgetattr: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_argop4_4(w: _Writer, v: CB_RECALL4args) -> None:
+    try:
+        _s1226 = v
+        if len(_s1226.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S25.pack(4, _s1226.stateid.seqid, _s1226.stateid.other, _s1226.truncate)
+        _v = _s1226.fh
+        _n = len(_v)
+        if _n > 128:
+            raise _XdrError('fh: length %d exceeds 128' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_argop4.opcbrecall: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_argop4_5(w: _Writer, v: CB_LAYOUTRECALL4args) -> None:
+    try:
+        _s1227 = v
+        w += _S119.pack(5, _s1227.clora_type, _s1227.clora_iomode, _s1227.clora_changed)
+        _u1228 = _s1227.clora_recall
+        _d1228 = _u1228.lor_recalltype
+        _w1228: _Any
+        if _d1228 == 1:
+            _w1228 = _u1228.value
+            w += b'\x00\x00\x00\x01'
+            enc_layoutrecall_file4(w, _w1228)
+        elif _d1228 == 2:
+            _w1228 = _u1228.value
+            w += _S29.pack(2, _w1228.major, _w1228.minor)
+        elif _d1228 == 3:
+            w += b'\x00\x00\x00\x03'
+        else:
+            _enc_any_layoutrecall4(w, _u1228)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_argop4.opcblayoutrecall: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_argop4_6(w: _Writer, v: CB_NOTIFY4args) -> None:
+    try:
+        _s1229 = v
+        if len(_s1229.cna_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S19.pack(6, _s1229.cna_stateid.seqid, _s1229.cna_stateid.other)
+        _v = _s1229.cna_fh
+        _n = len(_v)
+        if _n > 128:
+            raise _XdrError('cna_fh: length %d exceeds 128' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        _a1230 = _s1229.cna_changes
+        _n = len(_a1230)
+        w += _S0.pack(_n)
+        for _x1230 in _a1230:
+            enc_notify4(w, _x1230)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_argop4.opcbnotify: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_argop4_7(w: _Writer, v: CB_PUSH_DELEG4args) -> None:
+    try:
+        _s1231 = v
+        _v = _s1231.cpda_fh
+        _n = len(_v)
+        if _n > 128:
+            raise _XdrError('cpda_fh: length %d exceeds 128' % _n, len(w))
+        w += _S1.pack(7, _n)
+        w += _v
+        w += _PAD[_n & 3]
+        _u1232 = _s1231.cpda_delegation
+        _d1232 = _u1232.delegation_type
+        _w1232: _Any
+        if _d1232 == 0:
+            w += b'\x00\x00\x00\x00'
+        elif _d1232 == 1:
+            _w1232 = _u1232.value
+            w += b'\x00\x00\x00\x01'
+            enc_open_read_delegation4(w, _w1232)
+        elif _d1232 == 2:
+            _w1232 = _u1232.value
+            w += b'\x00\x00\x00\x02'
+            enc_open_write_delegation4(w, _w1232)
+        elif _d1232 == 3:
+            _w1232 = _u1232.value
+            w += b'\x00\x00\x00\x03'
+            enc_open_none_delegation4(w, _w1232)
+        else:
+            _enc_any_open_delegation4(w, _u1232)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_argop4.opcbpush_deleg: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_argop4_8(w: _Writer, v: CB_RECALL_ANY4args) -> None:
+    try:
+        _s1233 = v
+        w += _S1.pack(8, _s1233.craa_objects_to_keep)
+        _a1234 = _s1233.craa_type_mask
+        _n = len(_a1234)
+        w += _S0.pack(_n)
+        for _x1234 in _a1234:
+            w += _S0.pack(_x1234)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_argop4.opcbrecall_any: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_argop4_9(w: _Writer, v: CB_RECALL_ANY4args) -> None:
+    try:
+        _s1235 = v
+        w += _S1.pack(9, _s1235.craa_objects_to_keep)
+        _a1236 = _s1235.craa_type_mask
+        _n = len(_a1236)
+        w += _S0.pack(_n)
+        for _x1236 in _a1236:
+            w += _S0.pack(_x1236)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_argop4.opcbrecallable_obj_avail: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_argop4_10(w: _Writer, v: CB_RECALL_SLOT4args) -> None:
+    try:
+        w += _S1.pack(10, v.rsa_target_highest_slotid)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_argop4.opcbrecall_slot: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_argop4_11(w: _Writer, v: CB_SEQUENCE4args) -> None:
+    try:
+        _s1237 = v
+        if len(_s1237.csa_sessionid) != 16: raise _XdrError('fixed opaque csa_sessionid must be 16 bytes', len(w))
+        w += _S120.pack(11, _s1237.csa_sessionid, _s1237.csa_sequenceid, _s1237.csa_slotid, _s1237.csa_highest_slotid, _s1237.csa_cachethis)
+        _a1238 = _s1237.csa_referring_call_lists
+        _n = len(_a1238)
+        w += _S0.pack(_n)
+        for _x1238 in _a1238:
+            enc_referring_call_list4(w, _x1238)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_argop4.opcbsequence: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_argop4_12(w: _Writer, v: CB_WANTS_CANCELLED4args) -> None:
+    try:
+        w += _S10.pack(12, v.cwca_contended_wants_cancelled, v.cwca_resourced_wants_cancelled)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_argop4.opcbwants_cancelled: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_argop4_13(w: _Writer, v: CB_NOTIFY_LOCK4args) -> None:
+    try:
+        _s1239 = v
+        _v = _s1239.cnla_fh
+        _n = len(_v)
+        if _n > 128:
+            raise _XdrError('cnla_fh: length %d exceeds 128' % _n, len(w))
+        w += _S1.pack(13, _n)
+        w += _v
+        w += _PAD[_n & 3]
+        _s1240 = _s1239.cnla_lock_owner
+        w += _S4.pack(_s1240.clientid)
+        _v = _s1240.owner
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_argop4.opcbnotify_lock: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_argop4_14(w: _Writer, v: CB_NOTIFY_DEVICEID4args) -> None:
+    try:
+        _s1241 = v
+        _a1242 = _s1241.cnda_changes
+        _n = len(_a1242)
+        w += _S1.pack(14, _n)
+        for _x1242 in _a1242:
+            enc_notify4(w, _x1242)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_argop4.opcbnotify_deviceid: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_argop4_15(w: _Writer, v: CB_OFFLOAD4args) -> None:
+    try:
+        _s1243 = v
+        _v = _s1243.coa_fh
+        _n = len(_v)
+        if _n > 128:
+            raise _XdrError('coa_fh: length %d exceeds 128' % _n, len(w))
+        w += _S1.pack(15, _n)
+        w += _v
+        w += _PAD[_n & 3]
+        if len(_s1243.coa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S11.pack(_s1243.coa_stateid.seqid, _s1243.coa_stateid.other)
+        _u1244 = _s1243.coa_offload_info
+        _d1244 = _u1244.coa_status
+        _w1244: _Any
+        if _d1244 == 0:
+            _w1244 = _u1244.value
+            w += b'\x00\x00\x00\x00'
+            enc_write_response4(w, _w1244)
+        else:
+            _enc_any_offload_info4(w, _u1244)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_argop4.opcboffload: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_argop4_10044(w: _Writer, v: None) -> None:
+    try:
+        w += b"\x00\x00'<"
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_argop4.: {_e}', len(w)) from None
+
+
+_nfs_cb_argop4_ENCX: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {3: _enc_nfs_cb_argop4_3, 4: _enc_nfs_cb_argop4_4, 5: _enc_nfs_cb_argop4_5, 6: _enc_nfs_cb_argop4_6, 7: _enc_nfs_cb_argop4_7, 8: _enc_nfs_cb_argop4_8, 9: _enc_nfs_cb_argop4_9, 10: _enc_nfs_cb_argop4_10, 11: _enc_nfs_cb_argop4_11, 12: _enc_nfs_cb_argop4_12, 13: _enc_nfs_cb_argop4_13, 14: _enc_nfs_cb_argop4_14, 15: _enc_nfs_cb_argop4_15, 10044: _enc_nfs_cb_argop4_10044}
+
+
+def enc_nfs_cb_argop4(w: _Writer, v: nfs_cb_argop4) -> None:
+    try:
+        _f = _nfs_cb_argop4_ENCX.get(v.argop)
+        if _f is None:
+            _enc_any_nfs_cb_argop4(w, v)
+        else:
+            _f(w, v.value)
+    except (TypeError, AttributeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_argop4: {_e!r}', len(w)) from None
 
 
 @_dataclass(slots=True)
@@ -2249,7 +3022,7 @@ _nfs_cb_resop4_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]
 _nfs_cb_resop4_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {3: ((3,)[0], dec_CB_GETATTR4res), 4: ((4,)[0], dec_CB_RECALL4res), 5: ((5,)[0], dec_CB_LAYOUTRECALL4res), 6: ((6,)[0], dec_CB_NOTIFY4res), 7: ((7,)[0], dec_CB_PUSH_DELEG4res), 8: ((8,)[0], dec_CB_RECALL_ANY4res), 9: ((9,)[0], dec_CB_RECALLABLE_OBJ_AVAIL4res), 10: ((10,)[0], dec_CB_RECALL_SLOT4res), 11: ((11,)[0], dec_CB_SEQUENCE4res), 12: ((12,)[0], dec_CB_WANTS_CANCELLED4res), 13: ((13,)[0], dec_CB_NOTIFY_LOCK4res), 14: ((14,)[0], dec_CB_NOTIFY_DEVICEID4res), 15: ((15,)[0], dec_CB_OFFLOAD4res), 10044: ((10044,)[0], dec_CB_ILLEGAL4res)}
 
 
-def enc_nfs_cb_resop4(w: _Writer, v: nfs_cb_resop4) -> None:
+def _enc_any_nfs_cb_resop4(w: _Writer, v: nfs_cb_resop4) -> None:
     try:
         _d = v.resop
         _f = _nfs_cb_resop4_ENC.get(_d)
@@ -2265,19 +3038,150 @@ def dec_nfs_cb_resop4(r: _Reader, off: int) -> tuple[nfs_cb_resop4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v543: _Any
-        _f543: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d543,) = _S0.unpack_from(buf, off)
-        _a543 = _nfs_cb_resop4_ARMS.get(_d543)
-        if _a543 is None:
-            raise _XdrError('%r is not a case of nfs_cb_resop4' % (_d543,), off)
+        _v1245: _Any
+        _f1245: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d1245,) = _S0.unpack_from(buf, off)
+        _a1245 = _nfs_cb_resop4_ARMS.get(_d1245)
+        if _a1245 is None:
+            raise _XdrError('%r is not a case of nfs_cb_resop4' % (_d1245,), off)
         else:
-            _d543, _f543 = _a543
-        _v543, off = _f543(r, off + 4)
-        _u = nfs_cb_resop4(_d543, _v543)
+            _d1245, _f1245 = _a1245
+        _v1245, off = _f1245(r, off + 4)
+        _u = nfs_cb_resop4(_d1245, _v1245)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfs_cb_resop4', o0) from None
     return _u, off
+
+
+def _enc_nfs_cb_resop4_3(w: _Writer, v: CB_GETATTR4res) -> None:
+    try:
+        _u1246 = v
+        _d1246 = _u1246.status
+        _w1246: _Any
+        if _d1246 == 0:
+            _w1246 = _u1246.value
+            _s1247 = _w1246
+            w += b'\x00\x00\x00\x03\x00\x00\x00\x00'
+            enc_fattr4(w, _s1247.obj_attributes)
+        else:
+            w += b'\x00\x00\x00\x03'
+            _enc_any_CB_GETATTR4res(w, _u1246)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_resop4.opcbgetattr: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_resop4_4(w: _Writer, v: CB_RECALL4res) -> None:
+    try:
+        w += _S15.pack(4, v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_resop4.opcbrecall: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_resop4_5(w: _Writer, v: CB_LAYOUTRECALL4res) -> None:
+    try:
+        w += _S15.pack(5, v.clorr_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_resop4.opcblayoutrecall: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_resop4_6(w: _Writer, v: CB_NOTIFY4res) -> None:
+    try:
+        w += _S15.pack(6, v.cnr_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_resop4.opcbnotify: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_resop4_7(w: _Writer, v: CB_PUSH_DELEG4res) -> None:
+    try:
+        w += _S15.pack(7, v.cpdr_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_resop4.opcbpush_deleg: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_resop4_8(w: _Writer, v: CB_RECALL_ANY4res) -> None:
+    try:
+        w += _S15.pack(8, v.crar_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_resop4.opcbrecall_any: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_resop4_9(w: _Writer, v: CB_RECALLABLE_OBJ_AVAIL4res) -> None:
+    try:
+        w += _S15.pack(9, v.croa_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_resop4.opcbrecallable_obj_avail: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_resop4_10(w: _Writer, v: CB_RECALL_SLOT4res) -> None:
+    try:
+        w += _S15.pack(10, v.rsr_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_resop4.opcbrecall_slot: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_resop4_11(w: _Writer, v: CB_SEQUENCE4res) -> None:
+    try:
+        _u1248 = v
+        _d1248 = _u1248.csr_status
+        _w1248: _Any
+        if _d1248 == 0:
+            _w1248 = _u1248.value
+            if len(_w1248.csr_sessionid) != 16: raise _XdrError('fixed opaque csr_sessionid must be 16 bytes', len(w))
+            w += _S121.pack(11, 0, _w1248.csr_sessionid, _w1248.csr_sequenceid, _w1248.csr_slotid, _w1248.csr_highest_slotid, _w1248.csr_target_highest_slotid)
+        else:
+            w += b'\x00\x00\x00\x0b'
+            _enc_any_CB_SEQUENCE4res(w, _u1248)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_resop4.opcbsequence: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_resop4_12(w: _Writer, v: CB_WANTS_CANCELLED4res) -> None:
+    try:
+        w += _S15.pack(12, v.cwcr_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_resop4.opcbwants_cancelled: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_resop4_13(w: _Writer, v: CB_NOTIFY_LOCK4res) -> None:
+    try:
+        w += _S15.pack(13, v.cnlr_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_resop4.opcbnotify_lock: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_resop4_14(w: _Writer, v: CB_NOTIFY_DEVICEID4res) -> None:
+    try:
+        w += _S15.pack(14, v.cndr_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_resop4.opcbnotify_deviceid: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_resop4_15(w: _Writer, v: CB_OFFLOAD4res) -> None:
+    try:
+        w += _S15.pack(15, v.cor_status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_resop4.opcboffload: {_e}', len(w)) from None
+
+
+def _enc_nfs_cb_resop4_10044(w: _Writer, v: CB_ILLEGAL4res) -> None:
+    try:
+        w += _S15.pack(10044, v.status)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_resop4.opcbillegal: {_e}', len(w)) from None
+
+
+_nfs_cb_resop4_ENCX: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {3: _enc_nfs_cb_resop4_3, 4: _enc_nfs_cb_resop4_4, 5: _enc_nfs_cb_resop4_5, 6: _enc_nfs_cb_resop4_6, 7: _enc_nfs_cb_resop4_7, 8: _enc_nfs_cb_resop4_8, 9: _enc_nfs_cb_resop4_9, 10: _enc_nfs_cb_resop4_10, 11: _enc_nfs_cb_resop4_11, 12: _enc_nfs_cb_resop4_12, 13: _enc_nfs_cb_resop4_13, 14: _enc_nfs_cb_resop4_14, 15: _enc_nfs_cb_resop4_15, 10044: _enc_nfs_cb_resop4_10044}
+
+
+def enc_nfs_cb_resop4(w: _Writer, v: nfs_cb_resop4) -> None:
+    try:
+        _f = _nfs_cb_resop4_ENCX.get(v.resop)
+        if _f is None:
+            _enc_any_nfs_cb_resop4(w, v)
+        else:
+            _f(w, v.value)
+    except (TypeError, AttributeError) as _e:
+        raise _XdrError(f'cannot encode nfs_cb_resop4: {_e!r}', len(w)) from None
 
 
 @_dataclass(slots=True)
@@ -2292,15 +3196,20 @@ def enc_CB_COMPOUND4args(w: _Writer, v: CB_COMPOUND4args) -> None:
     try:
         _v = v.tag
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
         w += _S1.pack(v.minorversion, v.callback_ident)
-        _a544 = v.argarray
-        _n = len(_a544)
-        w += _U32.pack(_n)
-        for _x544 in _a544:
-            enc_nfs_cb_argop4(w, _x544)
+        _a1249 = v.argarray
+        _n = len(_a1249)
+        w += _S0.pack(_n)
+        for _x1249 in _a1249:
+            _u1250 = _x1249
+            _f1250 = _nfs_cb_argop4_ENCX.get(_u1250.argop)
+            if _f1250 is None:
+                enc_nfs_cb_argop4(w, _u1250)
+            else:
+                _f1250(w, _u1250.value)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_COMPOUND4args: {_e}', len(w)) from None
 
@@ -2314,32 +3223,28 @@ def dec_CB_COMPOUND4args(r: _Reader, off: int) -> tuple[CB_COMPOUND4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_tag = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S1.unpack_from(buf, off)
+        f_minorversion, f_callback_ident = _S1.unpack_from(buf, off)
         off += 8
-        f_minorversion = _t[0]
-        f_callback_ident = _t[1]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_argarray = []
-        _c545 = _n
-        for _ in range(_c545):
-            _v546: _Any
-            _f546: _Callable[[_Reader, int], tuple[_Any, int]]
-            (_d546,) = _S0.unpack_from(buf, off)
-            _a546 = _nfs_cb_argop4_ARMS.get(_d546)
-            if _a546 is None:
-                raise _XdrError('%r is not a case of nfs_cb_argop4' % (_d546,), off)
+        _c1251 = _n
+        for _ in range(_c1251):
+            _v1252: _Any
+            _f1252: _Callable[[_Reader, int], tuple[_Any, int]]
+            (_d1252,) = _S0.unpack_from(buf, off)
+            _a1252 = _nfs_cb_argop4_ARMS.get(_d1252)
+            if _a1252 is None:
+                raise _XdrError('%r is not a case of nfs_cb_argop4' % (_d1252,), off)
             else:
-                _d546, _f546 = _a546
-            _v546, off = _f546(r, off + 4)
-            _x545 = nfs_cb_argop4(_d546, _v546)
-            f_argarray.append(_x545)
+                _d1252, _f1252 = _a1252
+            _v1252, off = _f1252(r, off + 4)
+            _x1251 = nfs_cb_argop4(_d1252, _v1252)
+            f_argarray.append(_x1251)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_COMPOUND4args', o0) from None
     return CB_COMPOUND4args(f_tag, f_minorversion, f_callback_ident, f_argarray), off
@@ -2357,14 +3262,19 @@ def enc_CB_COMPOUND4res(w: _Writer, v: CB_COMPOUND4res) -> None:
         w += _S2.pack(v.status)
         _v = v.tag
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _a547 = v.resarray
-        _n = len(_a547)
-        w += _U32.pack(_n)
-        for _x547 in _a547:
-            enc_nfs_cb_resop4(w, _x547)
+        _a1253 = v.resarray
+        _n = len(_a1253)
+        w += _S0.pack(_n)
+        for _x1253 in _a1253:
+            _u1254 = _x1253
+            _f1254 = _nfs_cb_resop4_ENCX.get(_u1254.resop)
+            if _f1254 is None:
+                enc_nfs_cb_resop4(w, _u1254)
+            else:
+                _f1254(w, _u1254.value)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_COMPOUND4res: {_e}', len(w)) from None
 
@@ -2373,16 +3283,14 @@ def dec_CB_COMPOUND4res(r: _Reader, off: int) -> tuple[CB_COMPOUND4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        f_status = _nfsstat4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_tag = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -2390,19 +3298,19 @@ def dec_CB_COMPOUND4res(r: _Reader, off: int) -> tuple[CB_COMPOUND4res, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_resarray = []
-        _c548 = _n
-        for _ in range(_c548):
-            _v549: _Any
-            _f549: _Callable[[_Reader, int], tuple[_Any, int]]
-            (_d549,) = _S0.unpack_from(buf, off)
-            _a549 = _nfs_cb_resop4_ARMS.get(_d549)
-            if _a549 is None:
-                raise _XdrError('%r is not a case of nfs_cb_resop4' % (_d549,), off)
+        _c1255 = _n
+        for _ in range(_c1255):
+            _v1256: _Any
+            _f1256: _Callable[[_Reader, int], tuple[_Any, int]]
+            (_d1256,) = _S0.unpack_from(buf, off)
+            _a1256 = _nfs_cb_resop4_ARMS.get(_d1256)
+            if _a1256 is None:
+                raise _XdrError('%r is not a case of nfs_cb_resop4' % (_d1256,), off)
             else:
-                _d549, _f549 = _a549
-            _v549, off = _f549(r, off + 4)
-            _x548 = nfs_cb_resop4(_d549, _v549)
-            f_resarray.append(_x548)
+                _d1256, _f1256 = _a1256
+            _v1256, off = _f1256(r, off + 4)
+            _x1255 = nfs_cb_resop4(_d1256, _v1256)
+            f_resarray.append(_x1255)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_COMPOUND4res', o0) from None
     return CB_COMPOUND4res(f_status, f_tag, f_resarray), off
@@ -2424,13 +3332,10 @@ def peek_COMPOUND4args(r: _Reader, off: int) -> tuple[COMPOUND4args_head, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_tag = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S0.unpack_from(buf, off)
+        (f_minorversion,) = _S0.unpack_from(buf, off)
         off += 4
-        f_minorversion = _t[0]
         (f_count,) = _U32.unpack_from(buf, off)
         off += 4
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2442,7 +3347,7 @@ def enc_COMPOUND4args_head(w: _Writer, v: COMPOUND4args_head) -> None:
     try:
         _v = v.tag
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
         w += _S0.pack(v.minorversion)
@@ -2462,16 +3367,14 @@ def peek_COMPOUND4res(r: _Reader, off: int) -> tuple[COMPOUND4res_head, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        f_status = _nfsstat4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_tag = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (f_count,) = _U32.unpack_from(buf, off)
@@ -2486,7 +3389,7 @@ def enc_COMPOUND4res_head(w: _Writer, v: COMPOUND4res_head) -> None:
         w += _S2.pack(v.status)
         _v = v.tag
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
         w += _U32.pack(v.resarray)
@@ -2511,14 +3414,10 @@ def peek_CB_COMPOUND4args(r: _Reader, off: int) -> tuple[CB_COMPOUND4args_head, 
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_tag = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S1.unpack_from(buf, off)
+        f_minorversion, f_callback_ident = _S1.unpack_from(buf, off)
         off += 8
-        f_minorversion = _t[0]
-        f_callback_ident = _t[1]
         (f_count,) = _U32.unpack_from(buf, off)
         off += 4
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2530,7 +3429,7 @@ def enc_CB_COMPOUND4args_head(w: _Writer, v: CB_COMPOUND4args_head) -> None:
     try:
         _v = v.tag
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
         w += _S1.pack(v.minorversion, v.callback_ident)
@@ -2550,16 +3449,14 @@ def peek_CB_COMPOUND4res(r: _Reader, off: int) -> tuple[CB_COMPOUND4res_head, in
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        f_status = _nfsstat4_MAP[_t[0]]
+        f_status = _nfsstat4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_tag = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (f_count,) = _U32.unpack_from(buf, off)
@@ -2574,7 +3471,7 @@ def enc_CB_COMPOUND4res_head(w: _Writer, v: CB_COMPOUND4res_head) -> None:
         w += _S2.pack(v.status)
         _v = v.tag
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
         w += _U32.pack(v.resarray)

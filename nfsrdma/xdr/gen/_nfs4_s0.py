@@ -23,6 +23,7 @@ from nfsrdma.xdr.runtime import (
     U32 as _U32,
     Operation as _Operation,
     Buffer as _Buffer,
+    DdpItem as _DdpItem,
     Reader as _Reader,
     Writer as _Writer,
     XdrError as _XdrError,
@@ -34,72 +35,30 @@ from nfsrdma.xdr.runtime import (
 from nfsrdma.xdr.gen._nfs4_0 import (
     FH4_PERSISTENT,
 )
-from nfsrdma.xdr.gen._nfs4_3 import (
+from nfsrdma.xdr.gen._nfs4_2 import (
     NFS4_CHANGE_TYPE_IS_UNDEFINED,
     _change_attr_type4_MAP,
     dec_fattr4_change_attr_type,
     dec_fattr4_change_policy,
     dec_fattr4_clone_blksize,
     dec_fattr4_dacl,
-    dec_fattr4_fs_locations_info,
-    dec_fattr4_retentevt_set,
-    dec_fattr4_retention_hold,
-    dec_fattr4_sacl,
-    dec_fattr4_sec_label,
-    dec_fattr4_space_freed,
-    dec_fattr4_xattr_support,
-    enc_fattr4_change_attr_type,
-    enc_fattr4_change_policy,
-    enc_fattr4_clone_blksize,
-    enc_fattr4_dacl,
-    enc_fattr4_fs_locations_info,
-    enc_fattr4_retentevt_set,
-    enc_fattr4_retention_hold,
-    enc_fattr4_sacl,
-    enc_fattr4_sec_label,
-    enc_fattr4_space_freed,
-    enc_fattr4_xattr_support,
-    fattr4,
-)
-from nfsrdma.xdr.gen._nfs4_1 import (
-    _nfs_ftype4_MAP,
-    _nfsstat4_MAP,
-    change_policy4,
-    fsid4,
-    mode_masked4,
-    nfstime4,
-    specdata4,
-)
-from nfsrdma.xdr.gen._nfs4_2 import (
-    dec_fattr4_acl,
-    dec_fattr4_aclsupport,
-    dec_fattr4_archive,
-    dec_fattr4_cansettime,
-    dec_fattr4_case_insensitive,
-    dec_fattr4_case_preserving,
-    dec_fattr4_change,
-    dec_fattr4_chown_restricted,
     dec_fattr4_dir_notif_delay,
     dec_fattr4_dirent_notif_delay,
-    dec_fattr4_fh_expire_type,
     dec_fattr4_filehandle,
-    dec_fattr4_fileid,
     dec_fattr4_files_avail,
     dec_fattr4_files_free,
     dec_fattr4_files_total,
     dec_fattr4_fs_charset_cap,
     dec_fattr4_fs_layout_types,
     dec_fattr4_fs_locations,
+    dec_fattr4_fs_locations_info,
     dec_fattr4_fs_status,
-    dec_fattr4_fsid,
     dec_fattr4_hidden,
     dec_fattr4_homogeneous,
     dec_fattr4_layout_alignment,
     dec_fattr4_layout_blksize,
     dec_fattr4_layout_hint,
     dec_fattr4_layout_types,
-    dec_fattr4_lease_time,
-    dec_fattr4_link_support,
     dec_fattr4_maxfilesize,
     dec_fattr4_maxlink,
     dec_fattr4_maxname,
@@ -110,7 +69,6 @@ from nfsrdma.xdr.gen._nfs4_2 import (
     dec_fattr4_mode,
     dec_fattr4_mode_set_masked,
     dec_fattr4_mounted_on_fileid,
-    dec_fattr4_named_attr,
     dec_fattr4_no_trunc,
     dec_fattr4_numlinks,
     dec_fattr4_owner,
@@ -119,18 +77,19 @@ from nfsrdma.xdr.gen._nfs4_2 import (
     dec_fattr4_quota_avail_soft,
     dec_fattr4_quota_used,
     dec_fattr4_rawdev,
-    dec_fattr4_rdattr_error,
     dec_fattr4_retentevt_get,
+    dec_fattr4_retentevt_set,
     dec_fattr4_retention_get,
+    dec_fattr4_retention_hold,
     dec_fattr4_retention_set,
-    dec_fattr4_size,
+    dec_fattr4_sacl,
+    dec_fattr4_sec_label,
     dec_fattr4_space_avail,
     dec_fattr4_space_free,
+    dec_fattr4_space_freed,
     dec_fattr4_space_total,
     dec_fattr4_space_used,
     dec_fattr4_suppattr_exclcreat,
-    dec_fattr4_supported_attrs,
-    dec_fattr4_symlink_support,
     dec_fattr4_system,
     dec_fattr4_time_access,
     dec_fattr4_time_access_set,
@@ -140,37 +99,28 @@ from nfsrdma.xdr.gen._nfs4_2 import (
     dec_fattr4_time_metadata,
     dec_fattr4_time_modify,
     dec_fattr4_time_modify_set,
-    dec_fattr4_type,
-    dec_fattr4_unique_handles,
-    enc_fattr4_acl,
-    enc_fattr4_aclsupport,
-    enc_fattr4_archive,
-    enc_fattr4_cansettime,
-    enc_fattr4_case_insensitive,
-    enc_fattr4_case_preserving,
-    enc_fattr4_change,
-    enc_fattr4_chown_restricted,
+    dec_fattr4_xattr_support,
+    enc_fattr4_change_attr_type,
+    enc_fattr4_change_policy,
+    enc_fattr4_clone_blksize,
+    enc_fattr4_dacl,
     enc_fattr4_dir_notif_delay,
     enc_fattr4_dirent_notif_delay,
-    enc_fattr4_fh_expire_type,
     enc_fattr4_filehandle,
-    enc_fattr4_fileid,
     enc_fattr4_files_avail,
     enc_fattr4_files_free,
     enc_fattr4_files_total,
     enc_fattr4_fs_charset_cap,
     enc_fattr4_fs_layout_types,
     enc_fattr4_fs_locations,
+    enc_fattr4_fs_locations_info,
     enc_fattr4_fs_status,
-    enc_fattr4_fsid,
     enc_fattr4_hidden,
     enc_fattr4_homogeneous,
     enc_fattr4_layout_alignment,
     enc_fattr4_layout_blksize,
     enc_fattr4_layout_hint,
     enc_fattr4_layout_types,
-    enc_fattr4_lease_time,
-    enc_fattr4_link_support,
     enc_fattr4_maxfilesize,
     enc_fattr4_maxlink,
     enc_fattr4_maxname,
@@ -181,7 +131,6 @@ from nfsrdma.xdr.gen._nfs4_2 import (
     enc_fattr4_mode,
     enc_fattr4_mode_set_masked,
     enc_fattr4_mounted_on_fileid,
-    enc_fattr4_named_attr,
     enc_fattr4_no_trunc,
     enc_fattr4_numlinks,
     enc_fattr4_owner,
@@ -190,18 +139,19 @@ from nfsrdma.xdr.gen._nfs4_2 import (
     enc_fattr4_quota_avail_soft,
     enc_fattr4_quota_used,
     enc_fattr4_rawdev,
-    enc_fattr4_rdattr_error,
     enc_fattr4_retentevt_get,
+    enc_fattr4_retentevt_set,
     enc_fattr4_retention_get,
+    enc_fattr4_retention_hold,
     enc_fattr4_retention_set,
-    enc_fattr4_size,
+    enc_fattr4_sacl,
+    enc_fattr4_sec_label,
     enc_fattr4_space_avail,
     enc_fattr4_space_free,
+    enc_fattr4_space_freed,
     enc_fattr4_space_total,
     enc_fattr4_space_used,
     enc_fattr4_suppattr_exclcreat,
-    enc_fattr4_supported_attrs,
-    enc_fattr4_symlink_support,
     enc_fattr4_system,
     enc_fattr4_time_access,
     enc_fattr4_time_access_set,
@@ -211,8 +161,58 @@ from nfsrdma.xdr.gen._nfs4_2 import (
     enc_fattr4_time_metadata,
     enc_fattr4_time_modify,
     enc_fattr4_time_modify_set,
+    enc_fattr4_xattr_support,
+    fattr4,
+    fattr4_filehandle,
+)
+from nfsrdma.xdr.gen._nfs4_1 import (
+    _nfs_ftype4_MAP,
+    _nfsstat4_MAP,
+    change_policy4,
+    dec_fattr4_acl,
+    dec_fattr4_aclsupport,
+    dec_fattr4_archive,
+    dec_fattr4_cansettime,
+    dec_fattr4_case_insensitive,
+    dec_fattr4_case_preserving,
+    dec_fattr4_change,
+    dec_fattr4_chown_restricted,
+    dec_fattr4_fh_expire_type,
+    dec_fattr4_fileid,
+    dec_fattr4_fsid,
+    dec_fattr4_lease_time,
+    dec_fattr4_link_support,
+    dec_fattr4_named_attr,
+    dec_fattr4_rdattr_error,
+    dec_fattr4_size,
+    dec_fattr4_supported_attrs,
+    dec_fattr4_symlink_support,
+    dec_fattr4_type,
+    dec_fattr4_unique_handles,
+    enc_fattr4_acl,
+    enc_fattr4_aclsupport,
+    enc_fattr4_archive,
+    enc_fattr4_cansettime,
+    enc_fattr4_case_insensitive,
+    enc_fattr4_case_preserving,
+    enc_fattr4_change,
+    enc_fattr4_chown_restricted,
+    enc_fattr4_fh_expire_type,
+    enc_fattr4_fileid,
+    enc_fattr4_fsid,
+    enc_fattr4_lease_time,
+    enc_fattr4_link_support,
+    enc_fattr4_named_attr,
+    enc_fattr4_rdattr_error,
+    enc_fattr4_size,
+    enc_fattr4_supported_attrs,
+    enc_fattr4_symlink_support,
     enc_fattr4_type,
     enc_fattr4_unique_handles,
+    fsid4,
+    mode_masked4,
+    nfstime4,
+    specdata4,
 )
 
 _S0: _Final = _struct.Struct('>I')
@@ -220,171 +220,171 @@ _S1: _Final = _struct.Struct('>II')
 _S2: _Final = _struct.Struct('>i')
 _S4: _Final = _struct.Struct('>Q')
 _S7: _Final = _struct.Struct('>qI')
-_S8: _Final = _struct.Struct('>QQ')
-_S9: _Final = _struct.Struct('>III')
-_S11: _Final = _struct.Struct('>QQi')
-_S13: _Final = _struct.Struct('>Ii')
-_S15: _Final = _struct.Struct('>IQQ')
-_S18: _Final = _struct.Struct('>QI')
-_S21: _Final = _struct.Struct('>iIQQ')
-_S22: _Final = _struct.Struct('>iQQ')
-_S33: _Final = _struct.Struct('>IIII')
-_S34: _Final = _struct.Struct('>QII')
-_S35: _Final = _struct.Struct('>IIIIII')
-_S37: _Final = _struct.Struct('>qIqI')
-_S51: _Final = _struct.Struct('>IQ')
-_S54: _Final = _struct.Struct('>iiI')
-_S58: _Final = _struct.Struct('>iQ')
-_S59: _Final = _struct.Struct('>QQQ')
-_S60: _Final = _struct.Struct('>iQQQ')
-_S61: _Final = _struct.Struct('>QQQQ')
-_S62: _Final = _struct.Struct('>iQQQQ')
-_S63: _Final = _struct.Struct('>ii')
-_S64: _Final = _struct.Struct('>Qi')
-_S65: _Final = _struct.Struct('>iQi')
-_S66: _Final = _struct.Struct('>iQQi')
-_S67: _Final = _struct.Struct('>QQQi')
-_S68: _Final = _struct.Struct('>iQQQi')
-_S69: _Final = _struct.Struct('>QQQQi')
-_S70: _Final = _struct.Struct('>iQQQQi')
-_S71: _Final = _struct.Struct('>QQQQQ')
-_S72: _Final = _struct.Struct('>iQQQQQ')
-_S73: _Final = _struct.Struct('>iiQ')
-_S74: _Final = _struct.Struct('>QiQ')
-_S75: _Final = _struct.Struct('>iQiQ')
-_S76: _Final = _struct.Struct('>QQiQ')
-_S77: _Final = _struct.Struct('>iQQiQ')
-_S78: _Final = _struct.Struct('>QQQiQ')
-_S79: _Final = _struct.Struct('>iQQQiQ')
-_S80: _Final = _struct.Struct('>QQQQiQ')
-_S81: _Final = _struct.Struct('>iQQQQiQ')
-_S82: _Final = _struct.Struct('>iI')
-_S83: _Final = _struct.Struct('>iQI')
-_S84: _Final = _struct.Struct('>QQI')
-_S85: _Final = _struct.Struct('>iQQI')
-_S86: _Final = _struct.Struct('>QQQI')
-_S87: _Final = _struct.Struct('>iQQQI')
-_S88: _Final = _struct.Struct('>QQQQI')
-_S89: _Final = _struct.Struct('>iQQQQI')
-_S90: _Final = _struct.Struct('>QiI')
-_S91: _Final = _struct.Struct('>iQiI')
-_S92: _Final = _struct.Struct('>QQiI')
-_S93: _Final = _struct.Struct('>iQQiI')
-_S94: _Final = _struct.Struct('>QQQiI')
-_S95: _Final = _struct.Struct('>iQQQiI')
-_S96: _Final = _struct.Struct('>QQQQiI')
-_S97: _Final = _struct.Struct('>iQQQQiI')
-_S98: _Final = _struct.Struct('>QQQQQI')
-_S99: _Final = _struct.Struct('>iQQQQQI')
-_S100: _Final = _struct.Struct('>iiQI')
-_S101: _Final = _struct.Struct('>QiQI')
-_S102: _Final = _struct.Struct('>iQiQI')
-_S103: _Final = _struct.Struct('>QQiQI')
-_S104: _Final = _struct.Struct('>iQQiQI')
-_S105: _Final = _struct.Struct('>QQQiQI')
-_S106: _Final = _struct.Struct('>iQQQiQI')
-_S107: _Final = _struct.Struct('>QQQQiQI')
-_S108: _Final = _struct.Struct('>iQQQQiQI')
-_S109: _Final = _struct.Struct('>IIQ')
-_S110: _Final = _struct.Struct('>IIIQ')
-_S111: _Final = _struct.Struct('>IqI')
-_S112: _Final = _struct.Struct('>IIqI')
-_S113: _Final = _struct.Struct('>IIIqI')
-_S114: _Final = _struct.Struct('>QqI')
-_S115: _Final = _struct.Struct('>IQqI')
-_S116: _Final = _struct.Struct('>IIQqI')
-_S117: _Final = _struct.Struct('>IIIQqI')
-_S118: _Final = _struct.Struct('>IqIqI')
-_S119: _Final = _struct.Struct('>IIqIqI')
-_S120: _Final = _struct.Struct('>IIIqIqI')
-_S121: _Final = _struct.Struct('>QqIqI')
-_S122: _Final = _struct.Struct('>IQqIqI')
-_S123: _Final = _struct.Struct('>IIQqIqI')
-_S124: _Final = _struct.Struct('>IIIQqIqI')
-_S125: _Final = _struct.Struct('>qIqIqI')
-_S126: _Final = _struct.Struct('>IqIqIqI')
-_S127: _Final = _struct.Struct('>IIqIqIqI')
-_S128: _Final = _struct.Struct('>IIIqIqIqI')
-_S129: _Final = _struct.Struct('>QqIqIqI')
-_S130: _Final = _struct.Struct('>IQqIqIqI')
-_S131: _Final = _struct.Struct('>IIQqIqIqI')
-_S132: _Final = _struct.Struct('>IIIQqIqIqI')
-_S133: _Final = _struct.Struct('>IIQQ')
-_S134: _Final = _struct.Struct('>IIIQQ')
-_S135: _Final = _struct.Struct('>qIQ')
-_S136: _Final = _struct.Struct('>IqIQ')
-_S137: _Final = _struct.Struct('>IIqIQ')
-_S138: _Final = _struct.Struct('>IIIqIQ')
-_S139: _Final = _struct.Struct('>QqIQ')
-_S140: _Final = _struct.Struct('>IQqIQ')
-_S141: _Final = _struct.Struct('>IIQqIQ')
-_S142: _Final = _struct.Struct('>IIIQqIQ')
-_S143: _Final = _struct.Struct('>qIqIQ')
-_S144: _Final = _struct.Struct('>IqIqIQ')
-_S145: _Final = _struct.Struct('>IIqIqIQ')
-_S146: _Final = _struct.Struct('>IIIqIqIQ')
-_S147: _Final = _struct.Struct('>QqIqIQ')
-_S148: _Final = _struct.Struct('>IQqIqIQ')
-_S149: _Final = _struct.Struct('>IIQqIqIQ')
-_S150: _Final = _struct.Struct('>IIIQqIqIQ')
-_S151: _Final = _struct.Struct('>qIqIqIQ')
-_S152: _Final = _struct.Struct('>IqIqIqIQ')
-_S153: _Final = _struct.Struct('>IIqIqIqIQ')
-_S154: _Final = _struct.Struct('>IIIqIqIqIQ')
-_S155: _Final = _struct.Struct('>QqIqIqIQ')
-_S156: _Final = _struct.Struct('>IQqIqIqIQ')
-_S157: _Final = _struct.Struct('>IIQqIqIqIQ')
-_S158: _Final = _struct.Struct('>IIIQqIqIqIQ')
-_S159: _Final = _struct.Struct('>IIIIi')
-_S160: _Final = _struct.Struct('>IIIII')
-_S161: _Final = _struct.Struct('>IIIIiI')
-_S162: _Final = _struct.Struct('>IIIIQ')
-_S163: _Final = _struct.Struct('>IIIIiQ')
-_S164: _Final = _struct.Struct('>IIIIIQ')
-_S165: _Final = _struct.Struct('>iIQ')
-_S166: _Final = _struct.Struct('>IIIIiIQ')
-_S167: _Final = _struct.Struct('>IIIIQQ')
-_S168: _Final = _struct.Struct('>IIIIiQQ')
-_S169: _Final = _struct.Struct('>IIIIIQQ')
-_S170: _Final = _struct.Struct('>IIIIiIQQ')
-_S171: _Final = _struct.Struct('>IQQI')
-_S172: _Final = _struct.Struct('>IIQQI')
-_S173: _Final = _struct.Struct('>IIIQQI')
-_S174: _Final = _struct.Struct('>IiI')
-_S175: _Final = _struct.Struct('>iII')
-_S176: _Final = _struct.Struct('>IiII')
-_S177: _Final = _struct.Struct('>iIII')
-_S178: _Final = _struct.Struct('>IiIII')
-_S179: _Final = _struct.Struct('>QIQ')
-_S180: _Final = _struct.Struct('>QQIQ')
-_S181: _Final = _struct.Struct('>QQII')
-_S182: _Final = _struct.Struct('>IQI')
-_S183: _Final = _struct.Struct('>QIQI')
-_S184: _Final = _struct.Struct('>QQIQI')
-_S185: _Final = _struct.Struct('>IQII')
-_S186: _Final = _struct.Struct('>IQQII')
-_S187: _Final = _struct.Struct('>QQqI')
-_S188: _Final = _struct.Struct('>QQQqI')
-_S189: _Final = _struct.Struct('>QQqIqI')
-_S190: _Final = _struct.Struct('>QQQqIqI')
-_S191: _Final = _struct.Struct('>qIIII')
-_S192: _Final = _struct.Struct('>qIqIIII')
-_S193: _Final = _struct.Struct('>QIII')
-_S194: _Final = _struct.Struct('>qIQIII')
-_S195: _Final = _struct.Struct('>qIqIQIII')
-_S196: _Final = _struct.Struct('>qII')
-_S197: _Final = _struct.Struct('>qIqII')
-_S198: _Final = _struct.Struct('>qIQI')
-_S199: _Final = _struct.Struct('>qIqIQI')
-_S200: _Final = _struct.Struct('>qIIIII')
-_S201: _Final = _struct.Struct('>qIqIIIII')
-_S202: _Final = _struct.Struct('>QIIII')
-_S203: _Final = _struct.Struct('>qIQIIII')
-_S204: _Final = _struct.Struct('>qIqIQIIII')
-_S205: _Final = _struct.Struct('>iQQQQQII')
-_S206: _Final = _struct.Struct('>QQQQQQ')
-_S207: _Final = _struct.Struct('>IQQQqI')
-_S208: _Final = _struct.Struct('>IIIIIIIIIIIII')
+_S9: _Final = _struct.Struct('>QQ')
+_S10: _Final = _struct.Struct('>III')
+_S12: _Final = _struct.Struct('>QQi')
+_S15: _Final = _struct.Struct('>Ii')
+_S16: _Final = _struct.Struct('>IQQ')
+_S18: _Final = _struct.Struct('>iII')
+_S21: _Final = _struct.Struct('>QI')
+_S23: _Final = _struct.Struct('>iI')
+_S24: _Final = _struct.Struct('>iIQQ')
+_S28: _Final = _struct.Struct('>iQQi')
+_S29: _Final = _struct.Struct('>iQQ')
+_S31: _Final = _struct.Struct('>iiI')
+_S33: _Final = _struct.Struct('>iQ')
+_S34: _Final = _struct.Struct('>ii')
+_S50: _Final = _struct.Struct('>IIII')
+_S51: _Final = _struct.Struct('>QII')
+_S53: _Final = _struct.Struct('>IIIIII')
+_S56: _Final = _struct.Struct('>qIqI')
+_S61: _Final = _struct.Struct('>IqI')
+_S62: _Final = _struct.Struct('>IQ')
+_S64: _Final = _struct.Struct('>iIQ')
+_S82: _Final = _struct.Struct('>iQI')
+_S86: _Final = _struct.Struct('>iIII')
+_S115: _Final = _struct.Struct('>iiQ')
+_S122: _Final = _struct.Struct('>QQQ')
+_S123: _Final = _struct.Struct('>iQQQ')
+_S124: _Final = _struct.Struct('>QQQQ')
+_S125: _Final = _struct.Struct('>iQQQQ')
+_S126: _Final = _struct.Struct('>Qi')
+_S127: _Final = _struct.Struct('>iQi')
+_S128: _Final = _struct.Struct('>QQQi')
+_S129: _Final = _struct.Struct('>iQQQi')
+_S130: _Final = _struct.Struct('>QQQQi')
+_S131: _Final = _struct.Struct('>iQQQQi')
+_S132: _Final = _struct.Struct('>QQQQQ')
+_S133: _Final = _struct.Struct('>iQQQQQ')
+_S134: _Final = _struct.Struct('>QiQ')
+_S135: _Final = _struct.Struct('>iQiQ')
+_S136: _Final = _struct.Struct('>QQiQ')
+_S137: _Final = _struct.Struct('>iQQiQ')
+_S138: _Final = _struct.Struct('>QQQiQ')
+_S139: _Final = _struct.Struct('>iQQQiQ')
+_S140: _Final = _struct.Struct('>QQQQiQ')
+_S141: _Final = _struct.Struct('>iQQQQiQ')
+_S142: _Final = _struct.Struct('>QQI')
+_S143: _Final = _struct.Struct('>iQQI')
+_S144: _Final = _struct.Struct('>QQQI')
+_S145: _Final = _struct.Struct('>iQQQI')
+_S146: _Final = _struct.Struct('>QQQQI')
+_S147: _Final = _struct.Struct('>iQQQQI')
+_S148: _Final = _struct.Struct('>QiI')
+_S149: _Final = _struct.Struct('>iQiI')
+_S150: _Final = _struct.Struct('>QQiI')
+_S151: _Final = _struct.Struct('>iQQiI')
+_S152: _Final = _struct.Struct('>QQQiI')
+_S153: _Final = _struct.Struct('>iQQQiI')
+_S154: _Final = _struct.Struct('>QQQQiI')
+_S155: _Final = _struct.Struct('>iQQQQiI')
+_S156: _Final = _struct.Struct('>QQQQQI')
+_S157: _Final = _struct.Struct('>iQQQQQI')
+_S158: _Final = _struct.Struct('>iiQI')
+_S159: _Final = _struct.Struct('>QiQI')
+_S160: _Final = _struct.Struct('>iQiQI')
+_S161: _Final = _struct.Struct('>QQiQI')
+_S162: _Final = _struct.Struct('>iQQiQI')
+_S163: _Final = _struct.Struct('>QQQiQI')
+_S164: _Final = _struct.Struct('>iQQQiQI')
+_S165: _Final = _struct.Struct('>QQQQiQI')
+_S166: _Final = _struct.Struct('>iQQQQiQI')
+_S167: _Final = _struct.Struct('>IIQ')
+_S168: _Final = _struct.Struct('>IIIQ')
+_S169: _Final = _struct.Struct('>IIqI')
+_S170: _Final = _struct.Struct('>IIIqI')
+_S171: _Final = _struct.Struct('>QqI')
+_S172: _Final = _struct.Struct('>IQqI')
+_S173: _Final = _struct.Struct('>IIQqI')
+_S174: _Final = _struct.Struct('>IIIQqI')
+_S175: _Final = _struct.Struct('>IqIqI')
+_S176: _Final = _struct.Struct('>IIqIqI')
+_S177: _Final = _struct.Struct('>IIIqIqI')
+_S178: _Final = _struct.Struct('>QqIqI')
+_S179: _Final = _struct.Struct('>IQqIqI')
+_S180: _Final = _struct.Struct('>IIQqIqI')
+_S181: _Final = _struct.Struct('>IIIQqIqI')
+_S182: _Final = _struct.Struct('>qIqIqI')
+_S183: _Final = _struct.Struct('>IqIqIqI')
+_S184: _Final = _struct.Struct('>IIqIqIqI')
+_S185: _Final = _struct.Struct('>IIIqIqIqI')
+_S186: _Final = _struct.Struct('>QqIqIqI')
+_S187: _Final = _struct.Struct('>IQqIqIqI')
+_S188: _Final = _struct.Struct('>IIQqIqIqI')
+_S189: _Final = _struct.Struct('>IIIQqIqIqI')
+_S190: _Final = _struct.Struct('>IIQQ')
+_S191: _Final = _struct.Struct('>IIIQQ')
+_S192: _Final = _struct.Struct('>qIQ')
+_S193: _Final = _struct.Struct('>IqIQ')
+_S194: _Final = _struct.Struct('>IIqIQ')
+_S195: _Final = _struct.Struct('>IIIqIQ')
+_S196: _Final = _struct.Struct('>QqIQ')
+_S197: _Final = _struct.Struct('>IQqIQ')
+_S198: _Final = _struct.Struct('>IIQqIQ')
+_S199: _Final = _struct.Struct('>IIIQqIQ')
+_S200: _Final = _struct.Struct('>qIqIQ')
+_S201: _Final = _struct.Struct('>IqIqIQ')
+_S202: _Final = _struct.Struct('>IIqIqIQ')
+_S203: _Final = _struct.Struct('>IIIqIqIQ')
+_S204: _Final = _struct.Struct('>QqIqIQ')
+_S205: _Final = _struct.Struct('>IQqIqIQ')
+_S206: _Final = _struct.Struct('>IIQqIqIQ')
+_S207: _Final = _struct.Struct('>IIIQqIqIQ')
+_S208: _Final = _struct.Struct('>qIqIqIQ')
+_S209: _Final = _struct.Struct('>IqIqIqIQ')
+_S210: _Final = _struct.Struct('>IIqIqIqIQ')
+_S211: _Final = _struct.Struct('>IIIqIqIqIQ')
+_S212: _Final = _struct.Struct('>QqIqIqIQ')
+_S213: _Final = _struct.Struct('>IQqIqIqIQ')
+_S214: _Final = _struct.Struct('>IIQqIqIqIQ')
+_S215: _Final = _struct.Struct('>IIIQqIqIqIQ')
+_S216: _Final = _struct.Struct('>IIIIi')
+_S217: _Final = _struct.Struct('>IIIII')
+_S218: _Final = _struct.Struct('>IIIIiI')
+_S219: _Final = _struct.Struct('>IIIIQ')
+_S220: _Final = _struct.Struct('>IIIIiQ')
+_S221: _Final = _struct.Struct('>IIIIIQ')
+_S222: _Final = _struct.Struct('>IIIIiIQ')
+_S223: _Final = _struct.Struct('>IIIIQQ')
+_S224: _Final = _struct.Struct('>IIIIiQQ')
+_S225: _Final = _struct.Struct('>IIIIIQQ')
+_S226: _Final = _struct.Struct('>IIIIiIQQ')
+_S227: _Final = _struct.Struct('>IQQI')
+_S228: _Final = _struct.Struct('>IIQQI')
+_S229: _Final = _struct.Struct('>IIIQQI')
+_S230: _Final = _struct.Struct('>IiI')
+_S231: _Final = _struct.Struct('>IiII')
+_S232: _Final = _struct.Struct('>IiIII')
+_S233: _Final = _struct.Struct('>QIQ')
+_S234: _Final = _struct.Struct('>QQIQ')
+_S235: _Final = _struct.Struct('>QQII')
+_S236: _Final = _struct.Struct('>IQI')
+_S237: _Final = _struct.Struct('>QIQI')
+_S238: _Final = _struct.Struct('>QQIQI')
+_S239: _Final = _struct.Struct('>IQII')
+_S240: _Final = _struct.Struct('>IQQII')
+_S241: _Final = _struct.Struct('>QQqI')
+_S242: _Final = _struct.Struct('>QQQqI')
+_S243: _Final = _struct.Struct('>QQqIqI')
+_S244: _Final = _struct.Struct('>QQQqIqI')
+_S245: _Final = _struct.Struct('>qIIII')
+_S246: _Final = _struct.Struct('>qIqIIII')
+_S247: _Final = _struct.Struct('>QIII')
+_S248: _Final = _struct.Struct('>qIQIII')
+_S249: _Final = _struct.Struct('>qIqIQIII')
+_S250: _Final = _struct.Struct('>qII')
+_S251: _Final = _struct.Struct('>qIqII')
+_S252: _Final = _struct.Struct('>qIQI')
+_S253: _Final = _struct.Struct('>qIqIQI')
+_S254: _Final = _struct.Struct('>qIIIII')
+_S255: _Final = _struct.Struct('>qIqIIIII')
+_S256: _Final = _struct.Struct('>QIIII')
+_S257: _Final = _struct.Struct('>qIQIIII')
+_S258: _Final = _struct.Struct('>qIqIQIIII')
+_S259: _Final = _struct.Struct('>iQQQQQII')
+_S260: _Final = _struct.Struct('>QQQQQQ')
+_S261: _Final = _struct.Struct('>IQQQqI')
+_S262: _Final = _struct.Struct('>IIIIIIIIIIIII')
 
 
 # -- fattr4 attribute-mask codecs (nfsrdma.xdr.fattrgen) ------------------------------
@@ -536,7 +536,7 @@ def _fattr4_encode_l0g0_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l0g0_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S58_pack(a.type, a.change)
+    return _fattr4_S33_pack(a.type, a.change)
 
 
 def _fattr4_encode_l0g0_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -544,47 +544,47 @@ def _fattr4_encode_l0g0_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l0g0_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S58_pack(a.type, a.size)
+    return _fattr4_S33_pack(a.type, a.size)
 
 
 def _fattr4_encode_l0g0_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S8_pack(a.change, a.size)
+    return _fattr4_S9_pack(a.change, a.size)
 
 
 def _fattr4_encode_l0g0_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S22_pack(a.type, a.change, a.size)
+    return _fattr4_S29_pack(a.type, a.change, a.size)
 
 
 def _fattr4_encode_l0g0_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S8_pack(*a.fsid)
+    return _fattr4_S9_pack(*a.fsid)
 
 
 def _fattr4_encode_l0g0_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S22_pack(a.type, *a.fsid)
+    return _fattr4_S29_pack(a.type, *a.fsid)
 
 
 def _fattr4_encode_l0g0_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S59_pack(a.change, *a.fsid)
+    return _fattr4_S122_pack(a.change, *a.fsid)
 
 
 def _fattr4_encode_l0g0_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S60_pack(a.type, a.change, *a.fsid)
+    return _fattr4_S123_pack(a.type, a.change, *a.fsid)
 
 
 def _fattr4_encode_l0g0_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S59_pack(a.size, *a.fsid)
+    return _fattr4_S122_pack(a.size, *a.fsid)
 
 
 def _fattr4_encode_l0g0_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S60_pack(a.type, a.size, *a.fsid)
+    return _fattr4_S123_pack(a.type, a.size, *a.fsid)
 
 
 def _fattr4_encode_l0g0_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S61_pack(a.change, a.size, *a.fsid)
+    return _fattr4_S124_pack(a.change, a.size, *a.fsid)
 
 
 def _fattr4_encode_l0g0_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S62_pack(a.type, a.change, a.size, *a.fsid)
+    return _fattr4_S125_pack(a.type, a.change, a.size, *a.fsid)
 
 
 def _fattr4_encode_l0g0_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -592,63 +592,63 @@ def _fattr4_encode_l0g0_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l0g0_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S63_pack(a.type, err)
+    return _fattr4_S34_pack(a.type, err)
 
 
 def _fattr4_encode_l0g0_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S64_pack(a.change, err)
+    return _fattr4_S126_pack(a.change, err)
 
 
 def _fattr4_encode_l0g0_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S65_pack(a.type, a.change, err)
+    return _fattr4_S127_pack(a.type, a.change, err)
 
 
 def _fattr4_encode_l0g0_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S64_pack(a.size, err)
+    return _fattr4_S126_pack(a.size, err)
 
 
 def _fattr4_encode_l0g0_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S65_pack(a.type, a.size, err)
+    return _fattr4_S127_pack(a.type, a.size, err)
 
 
 def _fattr4_encode_l0g0_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S11_pack(a.change, a.size, err)
+    return _fattr4_S12_pack(a.change, a.size, err)
 
 
 def _fattr4_encode_l0g0_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S66_pack(a.type, a.change, a.size, err)
+    return _fattr4_S28_pack(a.type, a.change, a.size, err)
 
 
 def _fattr4_encode_l0g0_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S11_pack(*a.fsid, err)
+    return _fattr4_S12_pack(*a.fsid, err)
 
 
 def _fattr4_encode_l0g0_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S66_pack(a.type, *a.fsid, err)
+    return _fattr4_S28_pack(a.type, *a.fsid, err)
 
 
 def _fattr4_encode_l0g0_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S67_pack(a.change, *a.fsid, err)
+    return _fattr4_S128_pack(a.change, *a.fsid, err)
 
 
 def _fattr4_encode_l0g0_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S68_pack(a.type, a.change, *a.fsid, err)
+    return _fattr4_S129_pack(a.type, a.change, *a.fsid, err)
 
 
 def _fattr4_encode_l0g0_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S67_pack(a.size, *a.fsid, err)
+    return _fattr4_S128_pack(a.size, *a.fsid, err)
 
 
 def _fattr4_encode_l0g0_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S68_pack(a.type, a.size, *a.fsid, err)
+    return _fattr4_S129_pack(a.type, a.size, *a.fsid, err)
 
 
 def _fattr4_encode_l0g0_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S69_pack(a.change, a.size, *a.fsid, err)
+    return _fattr4_S130_pack(a.change, a.size, *a.fsid, err)
 
 
 def _fattr4_encode_l0g0_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S70_pack(a.type, a.change, a.size, *a.fsid, err)
+    return _fattr4_S131_pack(a.type, a.change, a.size, *a.fsid, err)
 
 
 def _fattr4_encode_l0g0_32(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -664,7 +664,7 @@ def _fattr4_encode_l0g0_34(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l0g0_35(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S58_pack(a.type, a.change) + _fattr4_opaque(fh)
+    return _fattr4_S33_pack(a.type, a.change) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_36(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -672,47 +672,47 @@ def _fattr4_encode_l0g0_36(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l0g0_37(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S58_pack(a.type, a.size) + _fattr4_opaque(fh)
+    return _fattr4_S33_pack(a.type, a.size) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_38(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S8_pack(a.change, a.size) + _fattr4_opaque(fh)
+    return _fattr4_S9_pack(a.change, a.size) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_39(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S22_pack(a.type, a.change, a.size) + _fattr4_opaque(fh)
+    return _fattr4_S29_pack(a.type, a.change, a.size) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_40(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S8_pack(*a.fsid) + _fattr4_opaque(fh)
+    return _fattr4_S9_pack(*a.fsid) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_41(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S22_pack(a.type, *a.fsid) + _fattr4_opaque(fh)
+    return _fattr4_S29_pack(a.type, *a.fsid) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_42(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S59_pack(a.change, *a.fsid) + _fattr4_opaque(fh)
+    return _fattr4_S122_pack(a.change, *a.fsid) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_43(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S60_pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh)
+    return _fattr4_S123_pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_44(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S59_pack(a.size, *a.fsid) + _fattr4_opaque(fh)
+    return _fattr4_S122_pack(a.size, *a.fsid) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_45(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S60_pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh)
+    return _fattr4_S123_pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_46(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S61_pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh)
+    return _fattr4_S124_pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_47(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S62_pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh)
+    return _fattr4_S125_pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_48(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -720,63 +720,63 @@ def _fattr4_encode_l0g0_48(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l0g0_49(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S63_pack(a.type, err) + _fattr4_opaque(fh)
+    return _fattr4_S34_pack(a.type, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_50(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S64_pack(a.change, err) + _fattr4_opaque(fh)
+    return _fattr4_S126_pack(a.change, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_51(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S65_pack(a.type, a.change, err) + _fattr4_opaque(fh)
+    return _fattr4_S127_pack(a.type, a.change, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_52(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S64_pack(a.size, err) + _fattr4_opaque(fh)
+    return _fattr4_S126_pack(a.size, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_53(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S65_pack(a.type, a.size, err) + _fattr4_opaque(fh)
+    return _fattr4_S127_pack(a.type, a.size, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_54(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S11_pack(a.change, a.size, err) + _fattr4_opaque(fh)
+    return _fattr4_S12_pack(a.change, a.size, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_55(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S66_pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh)
+    return _fattr4_S28_pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_56(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S11_pack(*a.fsid, err) + _fattr4_opaque(fh)
+    return _fattr4_S12_pack(*a.fsid, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_57(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S66_pack(a.type, *a.fsid, err) + _fattr4_opaque(fh)
+    return _fattr4_S28_pack(a.type, *a.fsid, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_58(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S67_pack(a.change, *a.fsid, err) + _fattr4_opaque(fh)
+    return _fattr4_S128_pack(a.change, *a.fsid, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_59(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S68_pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh)
+    return _fattr4_S129_pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_60(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S67_pack(a.size, *a.fsid, err) + _fattr4_opaque(fh)
+    return _fattr4_S128_pack(a.size, *a.fsid, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_61(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S68_pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh)
+    return _fattr4_S129_pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_62(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S69_pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh)
+    return _fattr4_S130_pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_63(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S70_pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh)
+    return _fattr4_S131_pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh)
 
 
 def _fattr4_encode_l0g0_64(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -784,127 +784,127 @@ def _fattr4_encode_l0g0_64(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l0g0_65(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S58_pack(a.type, a.fileid)
+    return _fattr4_S33_pack(a.type, a.fileid)
 
 
 def _fattr4_encode_l0g0_66(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S8_pack(a.change, a.fileid)
+    return _fattr4_S9_pack(a.change, a.fileid)
 
 
 def _fattr4_encode_l0g0_67(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S22_pack(a.type, a.change, a.fileid)
+    return _fattr4_S29_pack(a.type, a.change, a.fileid)
 
 
 def _fattr4_encode_l0g0_68(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S8_pack(a.size, a.fileid)
+    return _fattr4_S9_pack(a.size, a.fileid)
 
 
 def _fattr4_encode_l0g0_69(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S22_pack(a.type, a.size, a.fileid)
+    return _fattr4_S29_pack(a.type, a.size, a.fileid)
 
 
 def _fattr4_encode_l0g0_70(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S59_pack(a.change, a.size, a.fileid)
+    return _fattr4_S122_pack(a.change, a.size, a.fileid)
 
 
 def _fattr4_encode_l0g0_71(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S60_pack(a.type, a.change, a.size, a.fileid)
+    return _fattr4_S123_pack(a.type, a.change, a.size, a.fileid)
 
 
 def _fattr4_encode_l0g0_72(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S59_pack(*a.fsid, a.fileid)
+    return _fattr4_S122_pack(*a.fsid, a.fileid)
 
 
 def _fattr4_encode_l0g0_73(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S60_pack(a.type, *a.fsid, a.fileid)
+    return _fattr4_S123_pack(a.type, *a.fsid, a.fileid)
 
 
 def _fattr4_encode_l0g0_74(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S61_pack(a.change, *a.fsid, a.fileid)
+    return _fattr4_S124_pack(a.change, *a.fsid, a.fileid)
 
 
 def _fattr4_encode_l0g0_75(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S62_pack(a.type, a.change, *a.fsid, a.fileid)
+    return _fattr4_S125_pack(a.type, a.change, *a.fsid, a.fileid)
 
 
 def _fattr4_encode_l0g0_76(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S61_pack(a.size, *a.fsid, a.fileid)
+    return _fattr4_S124_pack(a.size, *a.fsid, a.fileid)
 
 
 def _fattr4_encode_l0g0_77(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S62_pack(a.type, a.size, *a.fsid, a.fileid)
+    return _fattr4_S125_pack(a.type, a.size, *a.fsid, a.fileid)
 
 
 def _fattr4_encode_l0g0_78(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S71_pack(a.change, a.size, *a.fsid, a.fileid)
+    return _fattr4_S132_pack(a.change, a.size, *a.fsid, a.fileid)
 
 
 def _fattr4_encode_l0g0_79(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S72_pack(a.type, a.change, a.size, *a.fsid, a.fileid)
+    return _fattr4_S133_pack(a.type, a.change, a.size, *a.fsid, a.fileid)
 
 
 def _fattr4_encode_l0g0_80(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S58_pack(err, a.fileid)
+    return _fattr4_S33_pack(err, a.fileid)
 
 
 def _fattr4_encode_l0g0_81(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S73_pack(a.type, err, a.fileid)
+    return _fattr4_S115_pack(a.type, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_82(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S74_pack(a.change, err, a.fileid)
+    return _fattr4_S134_pack(a.change, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_83(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S75_pack(a.type, a.change, err, a.fileid)
+    return _fattr4_S135_pack(a.type, a.change, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_84(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S74_pack(a.size, err, a.fileid)
+    return _fattr4_S134_pack(a.size, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_85(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S75_pack(a.type, a.size, err, a.fileid)
+    return _fattr4_S135_pack(a.type, a.size, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_86(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S76_pack(a.change, a.size, err, a.fileid)
+    return _fattr4_S136_pack(a.change, a.size, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_87(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S77_pack(a.type, a.change, a.size, err, a.fileid)
+    return _fattr4_S137_pack(a.type, a.change, a.size, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_88(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S76_pack(*a.fsid, err, a.fileid)
+    return _fattr4_S136_pack(*a.fsid, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_89(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S77_pack(a.type, *a.fsid, err, a.fileid)
+    return _fattr4_S137_pack(a.type, *a.fsid, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_90(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S78_pack(a.change, *a.fsid, err, a.fileid)
+    return _fattr4_S138_pack(a.change, *a.fsid, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_91(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S79_pack(a.type, a.change, *a.fsid, err, a.fileid)
+    return _fattr4_S139_pack(a.type, a.change, *a.fsid, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_92(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S78_pack(a.size, *a.fsid, err, a.fileid)
+    return _fattr4_S138_pack(a.size, *a.fsid, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_93(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S79_pack(a.type, a.size, *a.fsid, err, a.fileid)
+    return _fattr4_S139_pack(a.type, a.size, *a.fsid, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_94(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S80_pack(a.change, a.size, *a.fsid, err, a.fileid)
+    return _fattr4_S140_pack(a.change, a.size, *a.fsid, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_95(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S81_pack(a.type, a.change, a.size, *a.fsid, err, a.fileid)
+    return _fattr4_S141_pack(a.type, a.change, a.size, *a.fsid, err, a.fileid)
 
 
 def _fattr4_encode_l0g0_96(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -920,7 +920,7 @@ def _fattr4_encode_l0g0_98(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l0g0_99(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S58_pack(a.type, a.change) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S33_pack(a.type, a.change) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_100(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -928,47 +928,47 @@ def _fattr4_encode_l0g0_100(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -
 
 
 def _fattr4_encode_l0g0_101(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S58_pack(a.type, a.size) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S33_pack(a.type, a.size) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_102(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S8_pack(a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S9_pack(a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_103(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S22_pack(a.type, a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S29_pack(a.type, a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_104(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S8_pack(*a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S9_pack(*a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_105(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S22_pack(a.type, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S29_pack(a.type, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_106(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S59_pack(a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S122_pack(a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_107(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S60_pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S123_pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_108(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S59_pack(a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S122_pack(a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_109(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S60_pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S123_pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_110(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S61_pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S124_pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_111(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S62_pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S125_pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_112(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -976,63 +976,63 @@ def _fattr4_encode_l0g0_112(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -
 
 
 def _fattr4_encode_l0g0_113(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S63_pack(a.type, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S34_pack(a.type, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_114(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S64_pack(a.change, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S126_pack(a.change, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_115(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S65_pack(a.type, a.change, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S127_pack(a.type, a.change, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_116(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S64_pack(a.size, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S126_pack(a.size, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_117(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S65_pack(a.type, a.size, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S127_pack(a.type, a.size, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_118(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S11_pack(a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S12_pack(a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_119(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S66_pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S28_pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_120(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S11_pack(*a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S12_pack(*a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_121(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S66_pack(a.type, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S28_pack(a.type, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_122(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S67_pack(a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S128_pack(a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_123(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S68_pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S129_pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_124(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S67_pack(a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S128_pack(a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_125(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S68_pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S129_pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_126(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S69_pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S130_pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_127(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S70_pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
+    return _fattr4_S131_pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S4_pack(a.fileid)
 
 
 def _fattr4_encode_l0g0_128(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -1040,127 +1040,127 @@ def _fattr4_encode_l0g0_128(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -
 
 
 def _fattr4_encode_l0g0_129(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S82_pack(a.type, a.mode)
+    return _fattr4_S23_pack(a.type, a.mode)
 
 
 def _fattr4_encode_l0g0_130(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S18_pack(a.change, a.mode)
+    return _fattr4_S21_pack(a.change, a.mode)
 
 
 def _fattr4_encode_l0g0_131(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S83_pack(a.type, a.change, a.mode)
+    return _fattr4_S82_pack(a.type, a.change, a.mode)
 
 
 def _fattr4_encode_l0g0_132(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S18_pack(a.size, a.mode)
+    return _fattr4_S21_pack(a.size, a.mode)
 
 
 def _fattr4_encode_l0g0_133(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S83_pack(a.type, a.size, a.mode)
+    return _fattr4_S82_pack(a.type, a.size, a.mode)
 
 
 def _fattr4_encode_l0g0_134(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S84_pack(a.change, a.size, a.mode)
+    return _fattr4_S142_pack(a.change, a.size, a.mode)
 
 
 def _fattr4_encode_l0g0_135(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S85_pack(a.type, a.change, a.size, a.mode)
+    return _fattr4_S143_pack(a.type, a.change, a.size, a.mode)
 
 
 def _fattr4_encode_l0g0_136(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S84_pack(*a.fsid, a.mode)
+    return _fattr4_S142_pack(*a.fsid, a.mode)
 
 
 def _fattr4_encode_l0g0_137(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S85_pack(a.type, *a.fsid, a.mode)
+    return _fattr4_S143_pack(a.type, *a.fsid, a.mode)
 
 
 def _fattr4_encode_l0g0_138(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S86_pack(a.change, *a.fsid, a.mode)
+    return _fattr4_S144_pack(a.change, *a.fsid, a.mode)
 
 
 def _fattr4_encode_l0g0_139(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S87_pack(a.type, a.change, *a.fsid, a.mode)
+    return _fattr4_S145_pack(a.type, a.change, *a.fsid, a.mode)
 
 
 def _fattr4_encode_l0g0_140(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S86_pack(a.size, *a.fsid, a.mode)
+    return _fattr4_S144_pack(a.size, *a.fsid, a.mode)
 
 
 def _fattr4_encode_l0g0_141(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S87_pack(a.type, a.size, *a.fsid, a.mode)
+    return _fattr4_S145_pack(a.type, a.size, *a.fsid, a.mode)
 
 
 def _fattr4_encode_l0g0_142(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S88_pack(a.change, a.size, *a.fsid, a.mode)
+    return _fattr4_S146_pack(a.change, a.size, *a.fsid, a.mode)
 
 
 def _fattr4_encode_l0g0_143(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S89_pack(a.type, a.change, a.size, *a.fsid, a.mode)
+    return _fattr4_S147_pack(a.type, a.change, a.size, *a.fsid, a.mode)
 
 
 def _fattr4_encode_l0g0_144(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S82_pack(err, a.mode)
+    return _fattr4_S23_pack(err, a.mode)
 
 
 def _fattr4_encode_l0g0_145(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S54_pack(a.type, err, a.mode)
+    return _fattr4_S31_pack(a.type, err, a.mode)
 
 
 def _fattr4_encode_l0g0_146(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S90_pack(a.change, err, a.mode)
+    return _fattr4_S148_pack(a.change, err, a.mode)
 
 
 def _fattr4_encode_l0g0_147(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S91_pack(a.type, a.change, err, a.mode)
+    return _fattr4_S149_pack(a.type, a.change, err, a.mode)
 
 
 def _fattr4_encode_l0g0_148(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S90_pack(a.size, err, a.mode)
+    return _fattr4_S148_pack(a.size, err, a.mode)
 
 
 def _fattr4_encode_l0g0_149(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S91_pack(a.type, a.size, err, a.mode)
+    return _fattr4_S149_pack(a.type, a.size, err, a.mode)
 
 
 def _fattr4_encode_l0g0_150(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S92_pack(a.change, a.size, err, a.mode)
+    return _fattr4_S150_pack(a.change, a.size, err, a.mode)
 
 
 def _fattr4_encode_l0g0_151(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S93_pack(a.type, a.change, a.size, err, a.mode)
+    return _fattr4_S151_pack(a.type, a.change, a.size, err, a.mode)
 
 
 def _fattr4_encode_l0g0_152(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S92_pack(*a.fsid, err, a.mode)
+    return _fattr4_S150_pack(*a.fsid, err, a.mode)
 
 
 def _fattr4_encode_l0g0_153(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S93_pack(a.type, *a.fsid, err, a.mode)
+    return _fattr4_S151_pack(a.type, *a.fsid, err, a.mode)
 
 
 def _fattr4_encode_l0g0_154(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S94_pack(a.change, *a.fsid, err, a.mode)
+    return _fattr4_S152_pack(a.change, *a.fsid, err, a.mode)
 
 
 def _fattr4_encode_l0g0_155(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S95_pack(a.type, a.change, *a.fsid, err, a.mode)
+    return _fattr4_S153_pack(a.type, a.change, *a.fsid, err, a.mode)
 
 
 def _fattr4_encode_l0g0_156(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S94_pack(a.size, *a.fsid, err, a.mode)
+    return _fattr4_S152_pack(a.size, *a.fsid, err, a.mode)
 
 
 def _fattr4_encode_l0g0_157(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S95_pack(a.type, a.size, *a.fsid, err, a.mode)
+    return _fattr4_S153_pack(a.type, a.size, *a.fsid, err, a.mode)
 
 
 def _fattr4_encode_l0g0_158(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S96_pack(a.change, a.size, *a.fsid, err, a.mode)
+    return _fattr4_S154_pack(a.change, a.size, *a.fsid, err, a.mode)
 
 
 def _fattr4_encode_l0g0_159(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S97_pack(a.type, a.change, a.size, *a.fsid, err, a.mode)
+    return _fattr4_S155_pack(a.type, a.change, a.size, *a.fsid, err, a.mode)
 
 
 def _fattr4_encode_l0g0_160(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -1176,7 +1176,7 @@ def _fattr4_encode_l0g0_162(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -
 
 
 def _fattr4_encode_l0g0_163(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S58_pack(a.type, a.change) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S33_pack(a.type, a.change) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_164(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -1184,47 +1184,47 @@ def _fattr4_encode_l0g0_164(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -
 
 
 def _fattr4_encode_l0g0_165(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S58_pack(a.type, a.size) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S33_pack(a.type, a.size) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_166(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S8_pack(a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S9_pack(a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_167(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S22_pack(a.type, a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S29_pack(a.type, a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_168(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S8_pack(*a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S9_pack(*a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_169(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S22_pack(a.type, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S29_pack(a.type, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_170(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S59_pack(a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S122_pack(a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_171(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S60_pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S123_pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_172(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S59_pack(a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S122_pack(a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_173(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S60_pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S123_pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_174(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S61_pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S124_pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_175(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S62_pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S125_pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_176(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -1232,319 +1232,319 @@ def _fattr4_encode_l0g0_176(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -
 
 
 def _fattr4_encode_l0g0_177(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S63_pack(a.type, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S34_pack(a.type, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_178(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S64_pack(a.change, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S126_pack(a.change, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_179(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S65_pack(a.type, a.change, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S127_pack(a.type, a.change, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_180(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S64_pack(a.size, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S126_pack(a.size, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_181(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S65_pack(a.type, a.size, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S127_pack(a.type, a.size, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_182(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S11_pack(a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S12_pack(a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_183(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S66_pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S28_pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_184(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S11_pack(*a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S12_pack(*a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_185(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S66_pack(a.type, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S28_pack(a.type, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_186(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S67_pack(a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S128_pack(a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_187(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S68_pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S129_pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_188(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S67_pack(a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S128_pack(a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_189(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S68_pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S129_pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_190(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S69_pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S130_pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_191(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S70_pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
+    return _fattr4_S131_pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S0_pack(a.mode)
 
 
 def _fattr4_encode_l0g0_192(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_193(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S83_pack(a.type, a.fileid, a.mode)
+    return _fattr4_S82_pack(a.type, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_194(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S84_pack(a.change, a.fileid, a.mode)
+    return _fattr4_S142_pack(a.change, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_195(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S85_pack(a.type, a.change, a.fileid, a.mode)
+    return _fattr4_S143_pack(a.type, a.change, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_196(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S84_pack(a.size, a.fileid, a.mode)
+    return _fattr4_S142_pack(a.size, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_197(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S85_pack(a.type, a.size, a.fileid, a.mode)
+    return _fattr4_S143_pack(a.type, a.size, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_198(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S86_pack(a.change, a.size, a.fileid, a.mode)
+    return _fattr4_S144_pack(a.change, a.size, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_199(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S87_pack(a.type, a.change, a.size, a.fileid, a.mode)
+    return _fattr4_S145_pack(a.type, a.change, a.size, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_200(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S86_pack(*a.fsid, a.fileid, a.mode)
+    return _fattr4_S144_pack(*a.fsid, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_201(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S87_pack(a.type, *a.fsid, a.fileid, a.mode)
+    return _fattr4_S145_pack(a.type, *a.fsid, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_202(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S88_pack(a.change, *a.fsid, a.fileid, a.mode)
+    return _fattr4_S146_pack(a.change, *a.fsid, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_203(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S89_pack(a.type, a.change, *a.fsid, a.fileid, a.mode)
+    return _fattr4_S147_pack(a.type, a.change, *a.fsid, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_204(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S88_pack(a.size, *a.fsid, a.fileid, a.mode)
+    return _fattr4_S146_pack(a.size, *a.fsid, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_205(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S89_pack(a.type, a.size, *a.fsid, a.fileid, a.mode)
+    return _fattr4_S147_pack(a.type, a.size, *a.fsid, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_206(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S98_pack(a.change, a.size, *a.fsid, a.fileid, a.mode)
+    return _fattr4_S156_pack(a.change, a.size, *a.fsid, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_207(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S99_pack(a.type, a.change, a.size, *a.fsid, a.fileid, a.mode)
+    return _fattr4_S157_pack(a.type, a.change, a.size, *a.fsid, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_208(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S83_pack(err, a.fileid, a.mode)
+    return _fattr4_S82_pack(err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_209(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S100_pack(a.type, err, a.fileid, a.mode)
+    return _fattr4_S158_pack(a.type, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_210(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S101_pack(a.change, err, a.fileid, a.mode)
+    return _fattr4_S159_pack(a.change, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_211(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S102_pack(a.type, a.change, err, a.fileid, a.mode)
+    return _fattr4_S160_pack(a.type, a.change, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_212(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S101_pack(a.size, err, a.fileid, a.mode)
+    return _fattr4_S159_pack(a.size, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_213(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S102_pack(a.type, a.size, err, a.fileid, a.mode)
+    return _fattr4_S160_pack(a.type, a.size, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_214(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S103_pack(a.change, a.size, err, a.fileid, a.mode)
+    return _fattr4_S161_pack(a.change, a.size, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_215(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S104_pack(a.type, a.change, a.size, err, a.fileid, a.mode)
+    return _fattr4_S162_pack(a.type, a.change, a.size, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_216(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S103_pack(*a.fsid, err, a.fileid, a.mode)
+    return _fattr4_S161_pack(*a.fsid, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_217(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S104_pack(a.type, *a.fsid, err, a.fileid, a.mode)
+    return _fattr4_S162_pack(a.type, *a.fsid, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_218(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S105_pack(a.change, *a.fsid, err, a.fileid, a.mode)
+    return _fattr4_S163_pack(a.change, *a.fsid, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_219(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S106_pack(a.type, a.change, *a.fsid, err, a.fileid, a.mode)
+    return _fattr4_S164_pack(a.type, a.change, *a.fsid, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_220(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S105_pack(a.size, *a.fsid, err, a.fileid, a.mode)
+    return _fattr4_S163_pack(a.size, *a.fsid, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_221(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S106_pack(a.type, a.size, *a.fsid, err, a.fileid, a.mode)
+    return _fattr4_S164_pack(a.type, a.size, *a.fsid, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_222(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S107_pack(a.change, a.size, *a.fsid, err, a.fileid, a.mode)
+    return _fattr4_S165_pack(a.change, a.size, *a.fsid, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_223(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S108_pack(a.type, a.change, a.size, *a.fsid, err, a.fileid, a.mode)
+    return _fattr4_S166_pack(a.type, a.change, a.size, *a.fsid, err, a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_224(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_225(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S2_pack(a.type) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S2_pack(a.type) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_226(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S4_pack(a.change) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S4_pack(a.change) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_227(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S58_pack(a.type, a.change) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S33_pack(a.type, a.change) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_228(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S4_pack(a.size) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S4_pack(a.size) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_229(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S58_pack(a.type, a.size) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S33_pack(a.type, a.size) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_230(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S8_pack(a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S9_pack(a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_231(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S22_pack(a.type, a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S29_pack(a.type, a.change, a.size) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_232(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S8_pack(*a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S9_pack(*a.fsid) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_233(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S22_pack(a.type, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S29_pack(a.type, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_234(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S59_pack(a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S122_pack(a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_235(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S60_pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S123_pack(a.type, a.change, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_236(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S59_pack(a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S122_pack(a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_237(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S60_pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S123_pack(a.type, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_238(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S61_pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S124_pack(a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_239(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S62_pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S125_pack(a.type, a.change, a.size, *a.fsid) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_240(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S2_pack(err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S2_pack(err) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_241(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S63_pack(a.type, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S34_pack(a.type, err) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_242(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S64_pack(a.change, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S126_pack(a.change, err) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_243(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S65_pack(a.type, a.change, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S127_pack(a.type, a.change, err) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_244(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S64_pack(a.size, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S126_pack(a.size, err) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_245(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S65_pack(a.type, a.size, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S127_pack(a.type, a.size, err) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_246(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S11_pack(a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S12_pack(a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_247(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S66_pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S28_pack(a.type, a.change, a.size, err) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_248(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S11_pack(*a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S12_pack(*a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_249(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S66_pack(a.type, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S28_pack(a.type, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_250(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S67_pack(a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S128_pack(a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_251(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S68_pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S129_pack(a.type, a.change, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_252(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S67_pack(a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S128_pack(a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_253(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S68_pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S129_pack(a.type, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_254(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S69_pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S130_pack(a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g0_255(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S70_pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S18_pack(a.fileid, a.mode)
+    return _fattr4_S131_pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S21_pack(a.fileid, a.mode)
 
 
 def _fattr4_encode_l0g1_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -1580,7 +1580,7 @@ def _fattr4_encode_l0g1_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l0g1_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S9_pack(a.nlink, *a.rdev)
+    return _fattr4_S10_pack(a.nlink, *a.rdev)
 
 
 def _fattr4_encode_l0g1_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -1612,7 +1612,7 @@ def _fattr4_encode_l0g1_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l0g1_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S51_pack(a.nlink, a.space_used)
+    return _fattr4_S62_pack(a.nlink, a.space_used)
 
 
 def _fattr4_encode_l0g1_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -1640,35 +1640,35 @@ def _fattr4_encode_l0g1_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l0g1_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S109_pack(*a.rdev, a.space_used)
+    return _fattr4_S167_pack(*a.rdev, a.space_used)
 
 
 def _fattr4_encode_l0g1_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S110_pack(a.nlink, *a.rdev, a.space_used)
+    return _fattr4_S168_pack(a.nlink, *a.rdev, a.space_used)
 
 
 def _fattr4_encode_l0g1_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S109_pack(*a.rdev, a.space_used)
+    return _fattr4_decimal(a.uid) + _fattr4_S167_pack(*a.rdev, a.space_used)
 
 
 def _fattr4_encode_l0g1_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S109_pack(*a.rdev, a.space_used)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S167_pack(*a.rdev, a.space_used)
 
 
 def _fattr4_encode_l0g1_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S109_pack(*a.rdev, a.space_used)
+    return _fattr4_decimal(a.gid) + _fattr4_S167_pack(*a.rdev, a.space_used)
 
 
 def _fattr4_encode_l0g1_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S109_pack(*a.rdev, a.space_used)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S167_pack(*a.rdev, a.space_used)
 
 
 def _fattr4_encode_l0g1_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S109_pack(*a.rdev, a.space_used)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S167_pack(*a.rdev, a.space_used)
 
 
 def _fattr4_encode_l0g1_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S109_pack(*a.rdev, a.space_used)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S167_pack(*a.rdev, a.space_used)
 
 
 def _fattr4_encode_l0g1_32(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -1676,7 +1676,7 @@ def _fattr4_encode_l0g1_32(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l0g1_33(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S111_pack(a.nlink, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S61_pack(a.nlink, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_34(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -1704,99 +1704,99 @@ def _fattr4_encode_l0g1_39(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l0g1_40(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S112_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S169_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_41(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S113_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S170_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_42(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S112_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S169_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_43(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S112_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S169_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_44(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S112_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S169_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_45(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S112_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S169_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_46(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S112_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S169_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_47(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S112_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S169_pack(*a.rdev, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_48(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S114_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S171_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_49(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S115_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S172_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_50(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S114_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S171_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_51(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S114_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S171_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_52(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S114_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S171_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_53(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S114_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S171_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_54(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S114_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S171_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_55(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S114_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S171_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_56(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S116_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S173_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_57(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S117_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S174_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_58(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S116_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S173_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_59(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S116_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S173_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_60(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S116_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S173_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_61(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S116_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S173_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_62(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S116_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S173_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_63(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S116_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S173_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_64(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -1804,7 +1804,7 @@ def _fattr4_encode_l0g1_64(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l0g1_65(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S111_pack(a.nlink, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S61_pack(a.nlink, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_66(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -1832,227 +1832,227 @@ def _fattr4_encode_l0g1_71(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l0g1_72(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S112_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S169_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_73(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S113_pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S170_pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_74(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S112_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S169_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_75(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S112_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S169_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_76(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S112_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S169_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_77(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S112_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S169_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_78(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S112_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S169_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_79(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S112_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S169_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_80(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S114_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S171_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_81(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S115_pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S172_pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_82(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S114_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S171_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_83(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S114_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S171_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_84(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S114_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S171_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_85(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S114_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S171_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_86(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S114_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S171_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_87(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S114_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S171_pack(a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_88(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S116_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S173_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_89(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S117_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S174_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_90(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S116_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S173_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_91(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S116_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S173_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_92(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S116_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S173_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_93(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S116_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S173_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_94(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S116_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S173_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_95(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S116_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S173_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_96(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S56_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_97(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S118_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S175_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_98(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S56_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_99(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S56_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_100(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S56_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_101(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S56_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_102(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S56_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_103(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S56_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_104(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S176_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_105(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S120_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S177_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_106(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S176_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_107(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S176_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_108(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S176_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_109(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S176_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_110(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S176_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_111(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S176_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_112(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S178_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_113(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S122_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S179_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_114(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S178_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_115(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S178_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_116(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S178_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_117(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S178_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_118(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S178_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_119(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S178_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_120(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S180_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_121(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S124_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S181_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_122(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S180_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_123(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S180_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_124(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S180_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_125(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S180_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_126(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S180_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_127(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S180_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_128(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -2060,7 +2060,7 @@ def _fattr4_encode_l0g1_128(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -
 
 
 def _fattr4_encode_l0g1_129(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S111_pack(a.nlink, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S61_pack(a.nlink, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_130(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -2088,483 +2088,483 @@ def _fattr4_encode_l0g1_135(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -
 
 
 def _fattr4_encode_l0g1_136(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S112_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S169_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_137(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S113_pack(a.nlink, *a.rdev, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S170_pack(a.nlink, *a.rdev, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_138(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S112_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S169_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_139(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S112_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S169_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_140(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S112_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S169_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_141(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S112_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S169_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_142(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S112_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S169_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_143(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S112_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S169_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_144(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S114_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S171_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_145(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S115_pack(a.nlink, a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S172_pack(a.nlink, a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_146(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S114_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S171_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_147(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S114_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S171_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_148(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S114_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S171_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_149(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S114_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S171_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_150(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S114_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S171_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_151(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S114_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S171_pack(a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_152(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S116_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S173_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_153(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S117_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S174_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_154(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S116_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S173_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_155(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S116_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S173_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_156(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S116_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S173_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_157(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S116_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S173_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_158(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S116_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S173_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_159(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S116_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S173_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_160(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S56_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_161(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S118_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S175_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_162(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S56_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_163(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S56_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_164(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S56_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_165(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S56_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_166(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S56_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_167(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S56_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_168(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S176_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_169(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S120_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S177_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_170(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S176_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_171(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S176_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_172(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S176_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_173(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S176_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_174(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S176_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_175(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S119_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S176_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_176(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S178_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_177(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S122_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S179_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_178(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S178_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_179(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S178_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_180(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S178_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_181(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S178_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_182(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S178_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_183(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S178_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_184(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S180_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_185(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S124_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S181_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_186(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S180_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_187(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S180_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_188(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S180_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_189(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S180_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_190(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S180_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_191(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S180_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_192(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S56_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_193(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S118_pack(a.nlink, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S175_pack(a.nlink, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_194(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S56_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_195(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S56_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_196(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S56_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_197(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S56_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_198(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S56_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_199(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S56_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_200(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S119_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S176_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_201(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S120_pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S177_pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_202(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S119_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S176_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_203(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S119_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S176_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_204(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S119_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S176_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_205(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S119_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S176_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_206(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S119_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S176_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_207(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S119_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S176_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_208(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S121_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S178_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_209(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S122_pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S179_pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_210(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S121_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S178_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_211(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S121_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S178_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_212(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S121_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S178_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_213(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S121_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S178_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_214(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S121_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S178_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_215(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S121_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S178_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_216(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S180_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_217(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S124_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S181_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_218(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S180_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_219(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S180_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_220(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S180_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_221(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S180_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_222(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S180_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_223(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S123_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S180_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_224(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S125_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S182_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_225(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S126_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S183_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_226(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S125_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S182_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_227(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S125_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S182_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_228(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S125_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S182_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_229(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S125_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S182_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_230(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S125_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S182_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_231(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S125_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S182_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_232(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S127_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S184_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_233(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S128_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S185_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_234(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S127_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S184_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_235(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S127_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S184_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_236(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S127_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S184_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_237(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S127_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S184_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_238(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S127_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S184_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_239(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S127_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S184_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_240(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S129_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S186_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_241(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S130_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S187_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_242(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S129_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S186_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_243(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S129_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S186_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_244(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S129_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S186_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_245(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S129_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S186_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_246(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S129_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S186_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_247(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S129_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S186_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_248(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S131_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S188_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_249(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S132_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S189_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_250(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S131_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_S188_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_251(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S131_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S188_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_252(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S131_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.gid) + _fattr4_S188_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_253(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S131_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S188_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_254(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S131_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S188_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_255(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S131_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S188_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l0g1_256(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -2572,7 +2572,7 @@ def _fattr4_encode_l0g1_256(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -
 
 
 def _fattr4_encode_l0g1_257(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S51_pack(a.nlink, a.mounted_on_fileid)
+    return _fattr4_S62_pack(a.nlink, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_258(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -2600,999 +2600,999 @@ def _fattr4_encode_l0g1_263(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -
 
 
 def _fattr4_encode_l0g1_264(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S109_pack(*a.rdev, a.mounted_on_fileid)
+    return _fattr4_S167_pack(*a.rdev, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_265(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S110_pack(a.nlink, *a.rdev, a.mounted_on_fileid)
+    return _fattr4_S168_pack(a.nlink, *a.rdev, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_266(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S109_pack(*a.rdev, a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S167_pack(*a.rdev, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_267(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S109_pack(*a.rdev, a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S167_pack(*a.rdev, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_268(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S109_pack(*a.rdev, a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S167_pack(*a.rdev, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_269(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S109_pack(*a.rdev, a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S167_pack(*a.rdev, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_270(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S109_pack(*a.rdev, a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S167_pack(*a.rdev, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_271(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S109_pack(*a.rdev, a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S167_pack(*a.rdev, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_272(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S8_pack(a.space_used, a.mounted_on_fileid)
+    return _fattr4_S9_pack(a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_273(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S15_pack(a.nlink, a.space_used, a.mounted_on_fileid)
+    return _fattr4_S16_pack(a.nlink, a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_274(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S8_pack(a.space_used, a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S9_pack(a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_275(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S8_pack(a.space_used, a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S9_pack(a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_276(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S8_pack(a.space_used, a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S9_pack(a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_277(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S8_pack(a.space_used, a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S9_pack(a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_278(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S8_pack(a.space_used, a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S9_pack(a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_279(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S8_pack(a.space_used, a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S9_pack(a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_280(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S133_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+    return _fattr4_S190_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_281(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S134_pack(a.nlink, *a.rdev, a.space_used, a.mounted_on_fileid)
+    return _fattr4_S191_pack(a.nlink, *a.rdev, a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_282(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S133_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S190_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_283(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S133_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S190_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_284(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S190_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_285(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S190_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_286(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S190_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_287(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S133_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S190_pack(*a.rdev, a.space_used, a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_288(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S192_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_289(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S136_pack(a.nlink, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S193_pack(a.nlink, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_290(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S192_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_291(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S192_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_292(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S192_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_293(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S192_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_294(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S192_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_295(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S192_pack(*divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_296(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S194_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_297(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S138_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S195_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_298(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S194_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_299(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S194_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_300(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S194_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_301(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S194_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_302(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S194_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_303(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S194_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_304(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S196_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_305(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S140_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S197_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_306(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S196_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_307(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S196_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_308(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S196_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_309(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S196_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_310(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S196_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_311(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S196_pack(a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_312(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S198_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_313(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S142_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S199_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_314(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S198_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_315(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S198_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_316(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S198_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_317(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S198_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_318(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S198_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_319(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S198_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_320(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S192_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_321(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S136_pack(a.nlink, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S193_pack(a.nlink, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_322(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S192_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_323(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S192_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_324(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S192_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_325(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S192_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_326(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S192_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_327(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S192_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_328(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S137_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S194_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_329(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S138_pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S195_pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_330(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S137_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S194_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_331(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S137_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S194_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_332(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S194_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_333(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S194_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_334(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S194_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_335(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S194_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_336(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S139_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S196_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_337(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S140_pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S197_pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_338(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S139_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S196_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_339(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S139_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S196_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_340(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S196_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_341(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S196_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_342(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S196_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_343(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S196_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_344(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S198_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_345(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S142_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S199_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_346(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S198_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_347(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S198_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_348(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S198_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_349(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S198_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_350(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S198_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_351(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S198_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_352(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S200_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_353(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S144_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S201_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_354(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S200_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_355(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S200_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_356(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S200_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_357(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S200_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_358(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S200_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_359(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S200_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_360(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S202_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_361(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S146_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S203_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_362(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S202_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_363(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S202_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_364(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S202_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_365(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S202_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_366(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S202_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_367(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S202_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_368(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S204_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_369(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S148_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S205_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_370(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S204_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_371(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S204_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_372(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S204_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_373(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S204_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_374(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S204_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_375(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S204_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_376(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S206_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_377(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S150_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S207_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_378(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S206_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_379(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S206_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_380(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S206_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_381(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S206_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_382(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S206_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_383(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S206_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_384(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S135_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S192_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_385(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S136_pack(a.nlink, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S193_pack(a.nlink, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_386(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S135_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S192_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_387(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S135_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S192_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_388(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S192_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_389(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S192_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_390(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S192_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_391(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S135_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S192_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_392(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S137_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S194_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_393(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S138_pack(a.nlink, *a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S195_pack(a.nlink, *a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_394(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S137_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S194_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_395(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S137_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S194_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_396(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S194_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_397(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S194_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_398(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S194_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_399(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S137_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S194_pack(*a.rdev, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_400(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S139_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S196_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_401(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S140_pack(a.nlink, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S197_pack(a.nlink, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_402(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S139_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S196_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_403(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S139_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S196_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_404(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S196_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_405(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S196_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_406(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S196_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_407(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S139_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S196_pack(a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_408(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S198_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_409(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S142_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S199_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_410(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S198_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_411(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S198_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_412(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S198_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_413(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S198_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_414(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S198_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_415(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S141_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S198_pack(*a.rdev, a.space_used, *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_416(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S200_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_417(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S144_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S201_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_418(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S200_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_419(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S200_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_420(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S200_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_421(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S200_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_422(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S200_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_423(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S143_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S200_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_424(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S202_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_425(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S146_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S203_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_426(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S202_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_427(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S202_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_428(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S202_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_429(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S202_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_430(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S202_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_431(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S145_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S202_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_432(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S204_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_433(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S148_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S205_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_434(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S204_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_435(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S204_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_436(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S204_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_437(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S204_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_438(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S204_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_439(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S147_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S204_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_440(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S206_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_441(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S150_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S207_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_442(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S206_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_443(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S206_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_444(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S206_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_445(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S206_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_446(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S206_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_447(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S206_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_448(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S143_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S200_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_449(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S144_pack(a.nlink, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S201_pack(a.nlink, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_450(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S143_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S200_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_451(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S143_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S200_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_452(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S143_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S200_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_453(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S143_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S200_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_454(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S143_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S200_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_455(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S143_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S200_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_456(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S145_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S202_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_457(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S146_pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S203_pack(a.nlink, *a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_458(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S145_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S202_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_459(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S145_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S202_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_460(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S145_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S202_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_461(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S145_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S202_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_462(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S145_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S202_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_463(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S145_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S202_pack(*a.rdev, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_464(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S147_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S204_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_465(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S148_pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S205_pack(a.nlink, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_466(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S147_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S204_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_467(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S147_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S204_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_468(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S147_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S204_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_469(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S147_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S204_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_470(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S147_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S204_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_471(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S147_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S204_pack(a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_472(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S206_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_473(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S150_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S207_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_474(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S206_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_475(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S206_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_476(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S206_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_477(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S206_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_478(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S206_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_479(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S149_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S206_pack(*a.rdev, a.space_used, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_480(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S151_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S208_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_481(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S152_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S209_pack(a.nlink, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_482(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S151_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S208_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_483(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S151_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S208_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_484(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S151_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S208_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_485(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S151_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S208_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_486(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S151_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S208_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_487(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S151_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S208_pack(*divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_488(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S153_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S210_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_489(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S154_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S211_pack(a.nlink, *a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_490(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S153_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S210_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_491(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S153_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S210_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_492(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S153_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S210_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_493(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S153_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S210_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_494(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S153_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S210_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_495(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S153_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S210_pack(*a.rdev, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_496(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S155_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S212_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_497(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S156_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S213_pack(a.nlink, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_498(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S155_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S212_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_499(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S155_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S212_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_500(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S155_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S212_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_501(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S155_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S212_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_502(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S155_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S212_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_503(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S155_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S212_pack(a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_504(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S157_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S214_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_505(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S158_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S215_pack(a.nlink, *a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_506(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S157_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_S214_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_507(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S157_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S214_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_508(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S157_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.gid) + _fattr4_S214_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_509(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S157_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S214_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_510(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S157_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S214_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l0g1_511(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S157_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S214_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l1g0_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S33_pack(3, 4244615167, 16367166, 321536)
+    return _fattr4_S50_pack(3, 4244615167, 16367166, 321536)
 
 
 def _fattr4_encode_l1g0_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -3600,7 +3600,7 @@ def _fattr4_encode_l1g0_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g0_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S159_pack(3, 4244615167, 16367166, 321536, a.type)
+    return _fattr4_S216_pack(3, 4244615167, 16367166, 321536, a.type)
 
 
 def _fattr4_encode_l1g0_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -3608,15 +3608,15 @@ def _fattr4_encode_l1g0_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g0_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S160_pack(3, 4244615167, 16367166, 321536, FH4_PERSISTENT)
+    return _fattr4_S217_pack(3, 4244615167, 16367166, 321536, FH4_PERSISTENT)
 
 
 def _fattr4_encode_l1g0_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S82_pack(a.type, FH4_PERSISTENT)
+    return _fattr4_S23_pack(a.type, FH4_PERSISTENT)
 
 
 def _fattr4_encode_l1g0_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S161_pack(3, 4244615167, 16367166, 321536, a.type, FH4_PERSISTENT)
+    return _fattr4_S218_pack(3, 4244615167, 16367166, 321536, a.type, FH4_PERSISTENT)
 
 
 def _fattr4_encode_l1g0_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -3624,31 +3624,31 @@ def _fattr4_encode_l1g0_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g0_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S162_pack(3, 4244615167, 16367166, 321536, a.change)
+    return _fattr4_S219_pack(3, 4244615167, 16367166, 321536, a.change)
 
 
 def _fattr4_encode_l1g0_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S58_pack(a.type, a.change)
+    return _fattr4_S33_pack(a.type, a.change)
 
 
 def _fattr4_encode_l1g0_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S163_pack(3, 4244615167, 16367166, 321536, a.type, a.change)
+    return _fattr4_S220_pack(3, 4244615167, 16367166, 321536, a.type, a.change)
 
 
 def _fattr4_encode_l1g0_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S51_pack(FH4_PERSISTENT, a.change)
+    return _fattr4_S62_pack(FH4_PERSISTENT, a.change)
 
 
 def _fattr4_encode_l1g0_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S164_pack(3, 4244615167, 16367166, 321536, FH4_PERSISTENT, a.change)
+    return _fattr4_S221_pack(3, 4244615167, 16367166, 321536, FH4_PERSISTENT, a.change)
 
 
 def _fattr4_encode_l1g0_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S165_pack(a.type, FH4_PERSISTENT, a.change)
+    return _fattr4_S64_pack(a.type, FH4_PERSISTENT, a.change)
 
 
 def _fattr4_encode_l1g0_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S166_pack(3, 4244615167, 16367166, 321536, a.type, FH4_PERSISTENT, a.change)
+    return _fattr4_S222_pack(3, 4244615167, 16367166, 321536, a.type, FH4_PERSISTENT, a.change)
 
 
 def _fattr4_encode_l1g0_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -3656,63 +3656,63 @@ def _fattr4_encode_l1g0_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l1g0_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S162_pack(3, 4244615167, 16367166, 321536, a.size)
+    return _fattr4_S219_pack(3, 4244615167, 16367166, 321536, a.size)
 
 
 def _fattr4_encode_l1g0_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S58_pack(a.type, a.size)
+    return _fattr4_S33_pack(a.type, a.size)
 
 
 def _fattr4_encode_l1g0_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S163_pack(3, 4244615167, 16367166, 321536, a.type, a.size)
+    return _fattr4_S220_pack(3, 4244615167, 16367166, 321536, a.type, a.size)
 
 
 def _fattr4_encode_l1g0_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S51_pack(FH4_PERSISTENT, a.size)
+    return _fattr4_S62_pack(FH4_PERSISTENT, a.size)
 
 
 def _fattr4_encode_l1g0_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S164_pack(3, 4244615167, 16367166, 321536, FH4_PERSISTENT, a.size)
+    return _fattr4_S221_pack(3, 4244615167, 16367166, 321536, FH4_PERSISTENT, a.size)
 
 
 def _fattr4_encode_l1g0_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S165_pack(a.type, FH4_PERSISTENT, a.size)
+    return _fattr4_S64_pack(a.type, FH4_PERSISTENT, a.size)
 
 
 def _fattr4_encode_l1g0_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S166_pack(3, 4244615167, 16367166, 321536, a.type, FH4_PERSISTENT, a.size)
+    return _fattr4_S222_pack(3, 4244615167, 16367166, 321536, a.type, FH4_PERSISTENT, a.size)
 
 
 def _fattr4_encode_l1g0_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S8_pack(a.change, a.size)
+    return _fattr4_S9_pack(a.change, a.size)
 
 
 def _fattr4_encode_l1g0_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S167_pack(3, 4244615167, 16367166, 321536, a.change, a.size)
+    return _fattr4_S223_pack(3, 4244615167, 16367166, 321536, a.change, a.size)
 
 
 def _fattr4_encode_l1g0_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S22_pack(a.type, a.change, a.size)
+    return _fattr4_S29_pack(a.type, a.change, a.size)
 
 
 def _fattr4_encode_l1g0_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S168_pack(3, 4244615167, 16367166, 321536, a.type, a.change, a.size)
+    return _fattr4_S224_pack(3, 4244615167, 16367166, 321536, a.type, a.change, a.size)
 
 
 def _fattr4_encode_l1g0_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S15_pack(FH4_PERSISTENT, a.change, a.size)
+    return _fattr4_S16_pack(FH4_PERSISTENT, a.change, a.size)
 
 
 def _fattr4_encode_l1g0_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S169_pack(3, 4244615167, 16367166, 321536, FH4_PERSISTENT, a.change, a.size)
+    return _fattr4_S225_pack(3, 4244615167, 16367166, 321536, FH4_PERSISTENT, a.change, a.size)
 
 
 def _fattr4_encode_l1g0_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S21_pack(a.type, FH4_PERSISTENT, a.change, a.size)
+    return _fattr4_S24_pack(a.type, FH4_PERSISTENT, a.change, a.size)
 
 
 def _fattr4_encode_l1g0_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S170_pack(3, 4244615167, 16367166, 321536, a.type, FH4_PERSISTENT, a.change, a.size)
+    return _fattr4_S226_pack(3, 4244615167, 16367166, 321536, a.type, FH4_PERSISTENT, a.change, a.size)
 
 
 def _fattr4_encode_l1g1_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -3740,39 +3740,39 @@ def _fattr4_encode_l1g1_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g1_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S9_pack(1, 1, 0)
+    return _fattr4_S10_pack(1, 1, 0)
 
 
 def _fattr4_encode_l1g1_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S8_pack(*a.fsid)
+    return _fattr4_S9_pack(*a.fsid)
 
 
 def _fattr4_encode_l1g1_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S15_pack(1, *a.fsid)
+    return _fattr4_S16_pack(1, *a.fsid)
 
 
 def _fattr4_encode_l1g1_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S15_pack(1, *a.fsid)
+    return _fattr4_S16_pack(1, *a.fsid)
 
 
 def _fattr4_encode_l1g1_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S133_pack(1, 1, *a.fsid)
+    return _fattr4_S190_pack(1, 1, *a.fsid)
 
 
 def _fattr4_encode_l1g1_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S15_pack(0, *a.fsid)
+    return _fattr4_S16_pack(0, *a.fsid)
 
 
 def _fattr4_encode_l1g1_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S133_pack(1, 0, *a.fsid)
+    return _fattr4_S190_pack(1, 0, *a.fsid)
 
 
 def _fattr4_encode_l1g1_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S133_pack(1, 0, *a.fsid)
+    return _fattr4_S190_pack(1, 0, *a.fsid)
 
 
 def _fattr4_encode_l1g1_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S134_pack(1, 1, 0, *a.fsid)
+    return _fattr4_S191_pack(1, 1, 0, *a.fsid)
 
 
 def _fattr4_encode_l1g1_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -3788,7 +3788,7 @@ def _fattr4_encode_l1g1_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l1g1_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S9_pack(1, 1, 1)
+    return _fattr4_S10_pack(1, 1, 1)
 
 
 def _fattr4_encode_l1g1_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -3796,47 +3796,47 @@ def _fattr4_encode_l1g1_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l1g1_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S9_pack(1, 0, 1)
+    return _fattr4_S10_pack(1, 0, 1)
 
 
 def _fattr4_encode_l1g1_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S9_pack(1, 0, 1)
+    return _fattr4_S10_pack(1, 0, 1)
 
 
 def _fattr4_encode_l1g1_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S33_pack(1, 1, 0, 1)
+    return _fattr4_S50_pack(1, 1, 0, 1)
 
 
 def _fattr4_encode_l1g1_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S84_pack(*a.fsid, 1)
+    return _fattr4_S142_pack(*a.fsid, 1)
 
 
 def _fattr4_encode_l1g1_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S171_pack(1, *a.fsid, 1)
+    return _fattr4_S227_pack(1, *a.fsid, 1)
 
 
 def _fattr4_encode_l1g1_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S171_pack(1, *a.fsid, 1)
+    return _fattr4_S227_pack(1, *a.fsid, 1)
 
 
 def _fattr4_encode_l1g1_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S172_pack(1, 1, *a.fsid, 1)
+    return _fattr4_S228_pack(1, 1, *a.fsid, 1)
 
 
 def _fattr4_encode_l1g1_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S171_pack(0, *a.fsid, 1)
+    return _fattr4_S227_pack(0, *a.fsid, 1)
 
 
 def _fattr4_encode_l1g1_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S172_pack(1, 0, *a.fsid, 1)
+    return _fattr4_S228_pack(1, 0, *a.fsid, 1)
 
 
 def _fattr4_encode_l1g1_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S172_pack(1, 0, *a.fsid, 1)
+    return _fattr4_S228_pack(1, 0, *a.fsid, 1)
 
 
 def _fattr4_encode_l1g1_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S173_pack(1, 1, 0, *a.fsid, 1)
+    return _fattr4_S229_pack(1, 1, 0, *a.fsid, 1)
 
 
 def _fattr4_encode_l1g2_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -3848,7 +3848,7 @@ def _fattr4_encode_l1g2_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g2_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S13_pack(cfg.lease_time, err)
+    return _fattr4_S15_pack(cfg.lease_time, err)
 
 
 def _fattr4_encode_l1g2_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -3860,11 +3860,11 @@ def _fattr4_encode_l1g2_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g2_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S82_pack(err, 0)
+    return _fattr4_S23_pack(err, 0)
 
 
 def _fattr4_encode_l1g2_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S174_pack(cfg.lease_time, err, 0)
+    return _fattr4_S230_pack(cfg.lease_time, err, 0)
 
 
 def _fattr4_encode_l1g2_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -3876,11 +3876,11 @@ def _fattr4_encode_l1g2_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g2_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S82_pack(err, 1)
+    return _fattr4_S23_pack(err, 1)
 
 
 def _fattr4_encode_l1g2_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S174_pack(cfg.lease_time, err, 1)
+    return _fattr4_S230_pack(cfg.lease_time, err, 1)
 
 
 def _fattr4_encode_l1g2_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -3888,15 +3888,15 @@ def _fattr4_encode_l1g2_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l1g2_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S9_pack(cfg.lease_time, 0, 1)
+    return _fattr4_S10_pack(cfg.lease_time, 0, 1)
 
 
 def _fattr4_encode_l1g2_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S175_pack(err, 0, 1)
+    return _fattr4_S18_pack(err, 0, 1)
 
 
 def _fattr4_encode_l1g2_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S176_pack(cfg.lease_time, err, 0, 1)
+    return _fattr4_S231_pack(cfg.lease_time, err, 0, 1)
 
 
 def _fattr4_encode_l1g2_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -3908,11 +3908,11 @@ def _fattr4_encode_l1g2_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l1g2_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S82_pack(err, 0)
+    return _fattr4_S23_pack(err, 0)
 
 
 def _fattr4_encode_l1g2_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S174_pack(cfg.lease_time, err, 0)
+    return _fattr4_S230_pack(cfg.lease_time, err, 0)
 
 
 def _fattr4_encode_l1g2_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -3920,15 +3920,15 @@ def _fattr4_encode_l1g2_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l1g2_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S9_pack(cfg.lease_time, 0, 0)
+    return _fattr4_S10_pack(cfg.lease_time, 0, 0)
 
 
 def _fattr4_encode_l1g2_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S175_pack(err, 0, 0)
+    return _fattr4_S18_pack(err, 0, 0)
 
 
 def _fattr4_encode_l1g2_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S176_pack(cfg.lease_time, err, 0, 0)
+    return _fattr4_S231_pack(cfg.lease_time, err, 0, 0)
 
 
 def _fattr4_encode_l1g2_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -3936,31 +3936,31 @@ def _fattr4_encode_l1g2_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l1g2_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S9_pack(cfg.lease_time, 1, 0)
+    return _fattr4_S10_pack(cfg.lease_time, 1, 0)
 
 
 def _fattr4_encode_l1g2_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S175_pack(err, 1, 0)
+    return _fattr4_S18_pack(err, 1, 0)
 
 
 def _fattr4_encode_l1g2_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S176_pack(cfg.lease_time, err, 1, 0)
+    return _fattr4_S231_pack(cfg.lease_time, err, 1, 0)
 
 
 def _fattr4_encode_l1g2_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S9_pack(0, 1, 0)
+    return _fattr4_S10_pack(0, 1, 0)
 
 
 def _fattr4_encode_l1g2_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S33_pack(cfg.lease_time, 0, 1, 0)
+    return _fattr4_S50_pack(cfg.lease_time, 0, 1, 0)
 
 
 def _fattr4_encode_l1g2_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S177_pack(err, 0, 1, 0)
+    return _fattr4_S86_pack(err, 0, 1, 0)
 
 
 def _fattr4_encode_l1g2_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S178_pack(cfg.lease_time, err, 0, 1, 0)
+    return _fattr4_S232_pack(cfg.lease_time, err, 0, 1, 0)
 
 
 def _fattr4_encode_l1g3_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -3996,15 +3996,15 @@ def _fattr4_encode_l1g3_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g3_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S51_pack(1, a.fileid)
+    return _fattr4_S62_pack(1, a.fileid)
 
 
 def _fattr4_encode_l1g3_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S51_pack(1, a.fileid)
+    return _fattr4_S62_pack(1, a.fileid)
 
 
 def _fattr4_encode_l1g3_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S109_pack(1, 1, a.fileid)
+    return _fattr4_S167_pack(1, 1, a.fileid)
 
 
 def _fattr4_encode_l1g3_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4028,15 +4028,15 @@ def _fattr4_encode_l1g3_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l1g3_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S51_pack(1, fs.files_avail)
+    return _fattr4_S62_pack(1, fs.files_avail)
 
 
 def _fattr4_encode_l1g3_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S51_pack(1, fs.files_avail)
+    return _fattr4_S62_pack(1, fs.files_avail)
 
 
 def _fattr4_encode_l1g3_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S109_pack(1, 1, fs.files_avail)
+    return _fattr4_S167_pack(1, 1, fs.files_avail)
 
 
 def _fattr4_encode_l1g3_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4056,35 +4056,35 @@ def _fattr4_encode_l1g3_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l1g3_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S8_pack(a.fileid, fs.files_avail)
+    return _fattr4_S9_pack(a.fileid, fs.files_avail)
 
 
 def _fattr4_encode_l1g3_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S15_pack(1, a.fileid, fs.files_avail)
+    return _fattr4_S16_pack(1, a.fileid, fs.files_avail)
 
 
 def _fattr4_encode_l1g3_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S15_pack(1, a.fileid, fs.files_avail)
+    return _fattr4_S16_pack(1, a.fileid, fs.files_avail)
 
 
 def _fattr4_encode_l1g3_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S133_pack(1, 1, a.fileid, fs.files_avail)
+    return _fattr4_S190_pack(1, 1, a.fileid, fs.files_avail)
 
 
 def _fattr4_encode_l1g3_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_opaque(fh) + _fattr4_S8_pack(a.fileid, fs.files_avail)
+    return _fattr4_opaque(fh) + _fattr4_S9_pack(a.fileid, fs.files_avail)
 
 
 def _fattr4_encode_l1g3_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(1) + _fattr4_opaque(fh) + _fattr4_S8_pack(a.fileid, fs.files_avail)
+    return _fattr4_S0_pack(1) + _fattr4_opaque(fh) + _fattr4_S9_pack(a.fileid, fs.files_avail)
 
 
 def _fattr4_encode_l1g3_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(1) + _fattr4_opaque(fh) + _fattr4_S8_pack(a.fileid, fs.files_avail)
+    return _fattr4_S0_pack(1) + _fattr4_opaque(fh) + _fattr4_S9_pack(a.fileid, fs.files_avail)
 
 
 def _fattr4_encode_l1g3_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S1_pack(1, 1) + _fattr4_opaque(fh) + _fattr4_S8_pack(a.fileid, fs.files_avail)
+    return _fattr4_S1_pack(1, 1) + _fattr4_opaque(fh) + _fattr4_S9_pack(a.fileid, fs.files_avail)
 
 
 def _fattr4_encode_l1g4_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4096,7 +4096,7 @@ def _fattr4_encode_l1g4_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g4_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S8_pack(fs.files_free, fs.files_total)
+    return _fattr4_S9_pack(fs.files_free, fs.files_total)
 
 
 def _fattr4_encode_l1g4_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4104,15 +4104,15 @@ def _fattr4_encode_l1g4_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g4_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S18_pack(fs.files_free, 1)
+    return _fattr4_S21_pack(fs.files_free, 1)
 
 
 def _fattr4_encode_l1g4_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S18_pack(fs.files_total, 1)
+    return _fattr4_S21_pack(fs.files_total, 1)
 
 
 def _fattr4_encode_l1g4_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S84_pack(fs.files_free, fs.files_total, 1)
+    return _fattr4_S142_pack(fs.files_free, fs.files_total, 1)
 
 
 def _fattr4_encode_l1g4_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4120,31 +4120,31 @@ def _fattr4_encode_l1g4_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g4_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S8_pack(fs.files_free, 9223372036854775807)
+    return _fattr4_S9_pack(fs.files_free, 9223372036854775807)
 
 
 def _fattr4_encode_l1g4_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S8_pack(fs.files_total, 9223372036854775807)
+    return _fattr4_S9_pack(fs.files_total, 9223372036854775807)
 
 
 def _fattr4_encode_l1g4_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S59_pack(fs.files_free, fs.files_total, 9223372036854775807)
+    return _fattr4_S122_pack(fs.files_free, fs.files_total, 9223372036854775807)
 
 
 def _fattr4_encode_l1g4_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S51_pack(1, 9223372036854775807)
+    return _fattr4_S62_pack(1, 9223372036854775807)
 
 
 def _fattr4_encode_l1g4_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S179_pack(fs.files_free, 1, 9223372036854775807)
+    return _fattr4_S233_pack(fs.files_free, 1, 9223372036854775807)
 
 
 def _fattr4_encode_l1g4_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S179_pack(fs.files_total, 1, 9223372036854775807)
+    return _fattr4_S233_pack(fs.files_total, 1, 9223372036854775807)
 
 
 def _fattr4_encode_l1g4_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S180_pack(fs.files_free, fs.files_total, 1, 9223372036854775807)
+    return _fattr4_S234_pack(fs.files_free, fs.files_total, 1, 9223372036854775807)
 
 
 def _fattr4_encode_l1g4_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4152,15 +4152,15 @@ def _fattr4_encode_l1g4_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l1g4_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S18_pack(fs.files_free, min(fs.max_link, 4294967295))
+    return _fattr4_S21_pack(fs.files_free, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S18_pack(fs.files_total, min(fs.max_link, 4294967295))
+    return _fattr4_S21_pack(fs.files_total, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S84_pack(fs.files_free, fs.files_total, min(fs.max_link, 4294967295))
+    return _fattr4_S142_pack(fs.files_free, fs.files_total, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4168,47 +4168,47 @@ def _fattr4_encode_l1g4_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l1g4_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S34_pack(fs.files_free, 1, min(fs.max_link, 4294967295))
+    return _fattr4_S51_pack(fs.files_free, 1, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S34_pack(fs.files_total, 1, min(fs.max_link, 4294967295))
+    return _fattr4_S51_pack(fs.files_total, 1, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S181_pack(fs.files_free, fs.files_total, 1, min(fs.max_link, 4294967295))
+    return _fattr4_S235_pack(fs.files_free, fs.files_total, 1, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S18_pack(9223372036854775807, min(fs.max_link, 4294967295))
+    return _fattr4_S21_pack(9223372036854775807, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S84_pack(fs.files_free, 9223372036854775807, min(fs.max_link, 4294967295))
+    return _fattr4_S142_pack(fs.files_free, 9223372036854775807, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S84_pack(fs.files_total, 9223372036854775807, min(fs.max_link, 4294967295))
+    return _fattr4_S142_pack(fs.files_total, 9223372036854775807, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S86_pack(fs.files_free, fs.files_total, 9223372036854775807, min(fs.max_link, 4294967295))
+    return _fattr4_S144_pack(fs.files_free, fs.files_total, 9223372036854775807, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S182_pack(1, 9223372036854775807, min(fs.max_link, 4294967295))
+    return _fattr4_S236_pack(1, 9223372036854775807, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S183_pack(fs.files_free, 1, 9223372036854775807, min(fs.max_link, 4294967295))
+    return _fattr4_S237_pack(fs.files_free, 1, 9223372036854775807, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S183_pack(fs.files_total, 1, 9223372036854775807, min(fs.max_link, 4294967295))
+    return _fattr4_S237_pack(fs.files_total, 1, 9223372036854775807, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g4_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S184_pack(fs.files_free, fs.files_total, 1, 9223372036854775807, min(fs.max_link, 4294967295))
+    return _fattr4_S238_pack(fs.files_free, fs.files_total, 1, 9223372036854775807, min(fs.max_link, 4294967295))
 
 
 def _fattr4_encode_l1g5_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4220,7 +4220,7 @@ def _fattr4_encode_l1g5_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g5_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S51_pack(min(fs.max_name, 4294967295), cfg.max_io)
+    return _fattr4_S62_pack(min(fs.max_name, 4294967295), cfg.max_io)
 
 
 def _fattr4_encode_l1g5_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4228,15 +4228,15 @@ def _fattr4_encode_l1g5_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g5_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S51_pack(min(fs.max_name, 4294967295), cfg.max_io)
+    return _fattr4_S62_pack(min(fs.max_name, 4294967295), cfg.max_io)
 
 
 def _fattr4_encode_l1g5_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S8_pack(cfg.max_io, cfg.max_io)
+    return _fattr4_S9_pack(cfg.max_io, cfg.max_io)
 
 
 def _fattr4_encode_l1g5_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S15_pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io)
+    return _fattr4_S16_pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io)
 
 
 def _fattr4_encode_l1g5_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4248,27 +4248,27 @@ def _fattr4_encode_l1g5_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g5_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S18_pack(cfg.max_io, a.mode)
+    return _fattr4_S21_pack(cfg.max_io, a.mode)
 
 
 def _fattr4_encode_l1g5_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S182_pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode)
+    return _fattr4_S236_pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode)
 
 
 def _fattr4_encode_l1g5_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S18_pack(cfg.max_io, a.mode)
+    return _fattr4_S21_pack(cfg.max_io, a.mode)
 
 
 def _fattr4_encode_l1g5_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S182_pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode)
+    return _fattr4_S236_pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode)
 
 
 def _fattr4_encode_l1g5_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S84_pack(cfg.max_io, cfg.max_io, a.mode)
+    return _fattr4_S142_pack(cfg.max_io, cfg.max_io, a.mode)
 
 
 def _fattr4_encode_l1g5_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S171_pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io, a.mode)
+    return _fattr4_S227_pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io, a.mode)
 
 
 def _fattr4_encode_l1g5_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4280,27 +4280,27 @@ def _fattr4_encode_l1g5_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l1g5_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S18_pack(cfg.max_io, 1)
+    return _fattr4_S21_pack(cfg.max_io, 1)
 
 
 def _fattr4_encode_l1g5_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S182_pack(min(fs.max_name, 4294967295), cfg.max_io, 1)
+    return _fattr4_S236_pack(min(fs.max_name, 4294967295), cfg.max_io, 1)
 
 
 def _fattr4_encode_l1g5_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S18_pack(cfg.max_io, 1)
+    return _fattr4_S21_pack(cfg.max_io, 1)
 
 
 def _fattr4_encode_l1g5_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S182_pack(min(fs.max_name, 4294967295), cfg.max_io, 1)
+    return _fattr4_S236_pack(min(fs.max_name, 4294967295), cfg.max_io, 1)
 
 
 def _fattr4_encode_l1g5_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S84_pack(cfg.max_io, cfg.max_io, 1)
+    return _fattr4_S142_pack(cfg.max_io, cfg.max_io, 1)
 
 
 def _fattr4_encode_l1g5_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S171_pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io, 1)
+    return _fattr4_S227_pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io, 1)
 
 
 def _fattr4_encode_l1g5_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4308,31 +4308,31 @@ def _fattr4_encode_l1g5_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l1g5_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S9_pack(min(fs.max_name, 4294967295), a.mode, 1)
+    return _fattr4_S10_pack(min(fs.max_name, 4294967295), a.mode, 1)
 
 
 def _fattr4_encode_l1g5_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S34_pack(cfg.max_io, a.mode, 1)
+    return _fattr4_S51_pack(cfg.max_io, a.mode, 1)
 
 
 def _fattr4_encode_l1g5_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S185_pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode, 1)
+    return _fattr4_S239_pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode, 1)
 
 
 def _fattr4_encode_l1g5_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S34_pack(cfg.max_io, a.mode, 1)
+    return _fattr4_S51_pack(cfg.max_io, a.mode, 1)
 
 
 def _fattr4_encode_l1g5_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S185_pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode, 1)
+    return _fattr4_S239_pack(min(fs.max_name, 4294967295), cfg.max_io, a.mode, 1)
 
 
 def _fattr4_encode_l1g5_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S181_pack(cfg.max_io, cfg.max_io, a.mode, 1)
+    return _fattr4_S235_pack(cfg.max_io, cfg.max_io, a.mode, 1)
 
 
 def _fattr4_encode_l1g5_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S186_pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io, a.mode, 1)
+    return _fattr4_S240_pack(min(fs.max_name, 4294967295), cfg.max_io, cfg.max_io, a.mode, 1)
 
 
 def _fattr4_encode_l1g6_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4368,7 +4368,7 @@ def _fattr4_encode_l1g6_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g6_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S9_pack(a.nlink, *a.rdev)
+    return _fattr4_S10_pack(a.nlink, *a.rdev)
 
 
 def _fattr4_encode_l1g6_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4400,7 +4400,7 @@ def _fattr4_encode_l1g6_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l1g6_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S51_pack(a.nlink, fs.bytes_avail)
+    return _fattr4_S62_pack(a.nlink, fs.bytes_avail)
 
 
 def _fattr4_encode_l1g6_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4428,35 +4428,35 @@ def _fattr4_encode_l1g6_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l1g6_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S109_pack(*a.rdev, fs.bytes_avail)
+    return _fattr4_S167_pack(*a.rdev, fs.bytes_avail)
 
 
 def _fattr4_encode_l1g6_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S110_pack(a.nlink, *a.rdev, fs.bytes_avail)
+    return _fattr4_S168_pack(a.nlink, *a.rdev, fs.bytes_avail)
 
 
 def _fattr4_encode_l1g6_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_S109_pack(*a.rdev, fs.bytes_avail)
+    return _fattr4_decimal(a.uid) + _fattr4_S167_pack(*a.rdev, fs.bytes_avail)
 
 
 def _fattr4_encode_l1g6_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S109_pack(*a.rdev, fs.bytes_avail)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_S167_pack(*a.rdev, fs.bytes_avail)
 
 
 def _fattr4_encode_l1g6_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.gid) + _fattr4_S109_pack(*a.rdev, fs.bytes_avail)
+    return _fattr4_decimal(a.gid) + _fattr4_S167_pack(*a.rdev, fs.bytes_avail)
 
 
 def _fattr4_encode_l1g6_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S109_pack(*a.rdev, fs.bytes_avail)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.gid) + _fattr4_S167_pack(*a.rdev, fs.bytes_avail)
 
 
 def _fattr4_encode_l1g6_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S109_pack(*a.rdev, fs.bytes_avail)
+    return _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S167_pack(*a.rdev, fs.bytes_avail)
 
 
 def _fattr4_encode_l1g6_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S109_pack(*a.rdev, fs.bytes_avail)
+    return _fattr4_S0_pack(a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S167_pack(*a.rdev, fs.bytes_avail)
 
 
 def _fattr4_encode_l1g7_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4468,7 +4468,7 @@ def _fattr4_encode_l1g7_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g7_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S8_pack(fs.bytes_free, fs.bytes_total)
+    return _fattr4_S9_pack(fs.bytes_free, fs.bytes_total)
 
 
 def _fattr4_encode_l1g7_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4476,15 +4476,15 @@ def _fattr4_encode_l1g7_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g7_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S8_pack(fs.bytes_free, a.space_used)
+    return _fattr4_S9_pack(fs.bytes_free, a.space_used)
 
 
 def _fattr4_encode_l1g7_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S8_pack(fs.bytes_total, a.space_used)
+    return _fattr4_S9_pack(fs.bytes_total, a.space_used)
 
 
 def _fattr4_encode_l1g7_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S59_pack(fs.bytes_free, fs.bytes_total, a.space_used)
+    return _fattr4_S122_pack(fs.bytes_free, fs.bytes_total, a.space_used)
 
 
 def _fattr4_encode_l1g7_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4492,31 +4492,31 @@ def _fattr4_encode_l1g7_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g7_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S114_pack(fs.bytes_free, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S171_pack(fs.bytes_free, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l1g7_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S114_pack(fs.bytes_total, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S171_pack(fs.bytes_total, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l1g7_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S187_pack(fs.bytes_free, fs.bytes_total, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S241_pack(fs.bytes_free, fs.bytes_total, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l1g7_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S114_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S171_pack(a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l1g7_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S187_pack(fs.bytes_free, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S241_pack(fs.bytes_free, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l1g7_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S187_pack(fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S241_pack(fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l1g7_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S188_pack(fs.bytes_free, fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000))
+    return _fattr4_S242_pack(fs.bytes_free, fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000))
 
 
 def _fattr4_encode_l1g7_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4524,63 +4524,63 @@ def _fattr4_encode_l1g7_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l1g7_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S114_pack(fs.bytes_free, 0, 1)
+    return _fattr4_S171_pack(fs.bytes_free, 0, 1)
 
 
 def _fattr4_encode_l1g7_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S114_pack(fs.bytes_total, 0, 1)
+    return _fattr4_S171_pack(fs.bytes_total, 0, 1)
 
 
 def _fattr4_encode_l1g7_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S187_pack(fs.bytes_free, fs.bytes_total, 0, 1)
+    return _fattr4_S241_pack(fs.bytes_free, fs.bytes_total, 0, 1)
 
 
 def _fattr4_encode_l1g7_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S114_pack(a.space_used, 0, 1)
+    return _fattr4_S171_pack(a.space_used, 0, 1)
 
 
 def _fattr4_encode_l1g7_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S187_pack(fs.bytes_free, a.space_used, 0, 1)
+    return _fattr4_S241_pack(fs.bytes_free, a.space_used, 0, 1)
 
 
 def _fattr4_encode_l1g7_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S187_pack(fs.bytes_total, a.space_used, 0, 1)
+    return _fattr4_S241_pack(fs.bytes_total, a.space_used, 0, 1)
 
 
 def _fattr4_encode_l1g7_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S188_pack(fs.bytes_free, fs.bytes_total, a.space_used, 0, 1)
+    return _fattr4_S242_pack(fs.bytes_free, fs.bytes_total, a.space_used, 0, 1)
 
 
 def _fattr4_encode_l1g7_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S37_pack(*divmod(a.atime_ns, 1000000000), 0, 1)
+    return _fattr4_S56_pack(*divmod(a.atime_ns, 1000000000), 0, 1)
 
 
 def _fattr4_encode_l1g7_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S121_pack(fs.bytes_free, *divmod(a.atime_ns, 1000000000), 0, 1)
+    return _fattr4_S178_pack(fs.bytes_free, *divmod(a.atime_ns, 1000000000), 0, 1)
 
 
 def _fattr4_encode_l1g7_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S121_pack(fs.bytes_total, *divmod(a.atime_ns, 1000000000), 0, 1)
+    return _fattr4_S178_pack(fs.bytes_total, *divmod(a.atime_ns, 1000000000), 0, 1)
 
 
 def _fattr4_encode_l1g7_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S189_pack(fs.bytes_free, fs.bytes_total, *divmod(a.atime_ns, 1000000000), 0, 1)
+    return _fattr4_S243_pack(fs.bytes_free, fs.bytes_total, *divmod(a.atime_ns, 1000000000), 0, 1)
 
 
 def _fattr4_encode_l1g7_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S121_pack(a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
+    return _fattr4_S178_pack(a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
 
 
 def _fattr4_encode_l1g7_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S189_pack(fs.bytes_free, a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
+    return _fattr4_S243_pack(fs.bytes_free, a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
 
 
 def _fattr4_encode_l1g7_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S189_pack(fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
+    return _fattr4_S243_pack(fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
 
 
 def _fattr4_encode_l1g7_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S190_pack(fs.bytes_free, fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
+    return _fattr4_S244_pack(fs.bytes_free, fs.bytes_total, a.space_used, *divmod(a.atime_ns, 1000000000), 0, 1)
 
 
 def _fattr4_encode_l1g8_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4592,7 +4592,7 @@ def _fattr4_encode_l1g8_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g8_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S37_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S56_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_encode_l1g8_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4600,47 +4600,47 @@ def _fattr4_encode_l1g8_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g8_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S135_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S192_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l1g8_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S135_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S192_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l1g8_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S143_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S200_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_encode_l1g8_8(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S9_pack(2, 16, 50)
+    return _fattr4_S10_pack(2, 16, 50)
 
 
 def _fattr4_encode_l1g8_9(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S191_pack(*divmod(a.ctime_ns, 1000000000), 2, 16, 50)
+    return _fattr4_S245_pack(*divmod(a.ctime_ns, 1000000000), 2, 16, 50)
 
 
 def _fattr4_encode_l1g8_10(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S191_pack(*divmod(a.mtime_ns, 1000000000), 2, 16, 50)
+    return _fattr4_S245_pack(*divmod(a.mtime_ns, 1000000000), 2, 16, 50)
 
 
 def _fattr4_encode_l1g8_11(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S192_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), 2, 16, 50)
+    return _fattr4_S246_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), 2, 16, 50)
 
 
 def _fattr4_encode_l1g8_12(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S193_pack(a.mounted_on_fileid, 2, 16, 50)
+    return _fattr4_S247_pack(a.mounted_on_fileid, 2, 16, 50)
 
 
 def _fattr4_encode_l1g8_13(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S194_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50)
+    return _fattr4_S248_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50)
 
 
 def _fattr4_encode_l1g8_14(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S194_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50)
+    return _fattr4_S248_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50)
 
 
 def _fattr4_encode_l1g8_15(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S195_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50)
+    return _fattr4_S249_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50)
 
 
 def _fattr4_encode_l1g8_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4648,63 +4648,63 @@ def _fattr4_encode_l1g8_16(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) ->
 
 
 def _fattr4_encode_l1g8_17(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S196_pack(*divmod(a.ctime_ns, 1000000000), 4096)
+    return _fattr4_S250_pack(*divmod(a.ctime_ns, 1000000000), 4096)
 
 
 def _fattr4_encode_l1g8_18(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S196_pack(*divmod(a.mtime_ns, 1000000000), 4096)
+    return _fattr4_S250_pack(*divmod(a.mtime_ns, 1000000000), 4096)
 
 
 def _fattr4_encode_l1g8_19(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S197_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), 4096)
+    return _fattr4_S251_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), 4096)
 
 
 def _fattr4_encode_l1g8_20(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S18_pack(a.mounted_on_fileid, 4096)
+    return _fattr4_S21_pack(a.mounted_on_fileid, 4096)
 
 
 def _fattr4_encode_l1g8_21(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S198_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid, 4096)
+    return _fattr4_S252_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid, 4096)
 
 
 def _fattr4_encode_l1g8_22(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S198_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid, 4096)
+    return _fattr4_S252_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid, 4096)
 
 
 def _fattr4_encode_l1g8_23(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S199_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid, 4096)
+    return _fattr4_S253_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid, 4096)
 
 
 def _fattr4_encode_l1g8_24(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S33_pack(2, 16, 50, 4096)
+    return _fattr4_S50_pack(2, 16, 50, 4096)
 
 
 def _fattr4_encode_l1g8_25(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S200_pack(*divmod(a.ctime_ns, 1000000000), 2, 16, 50, 4096)
+    return _fattr4_S254_pack(*divmod(a.ctime_ns, 1000000000), 2, 16, 50, 4096)
 
 
 def _fattr4_encode_l1g8_26(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S200_pack(*divmod(a.mtime_ns, 1000000000), 2, 16, 50, 4096)
+    return _fattr4_S254_pack(*divmod(a.mtime_ns, 1000000000), 2, 16, 50, 4096)
 
 
 def _fattr4_encode_l1g8_27(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S201_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), 2, 16, 50, 4096)
+    return _fattr4_S255_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), 2, 16, 50, 4096)
 
 
 def _fattr4_encode_l1g8_28(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S202_pack(a.mounted_on_fileid, 2, 16, 50, 4096)
+    return _fattr4_S256_pack(a.mounted_on_fileid, 2, 16, 50, 4096)
 
 
 def _fattr4_encode_l1g8_29(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S203_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50, 4096)
+    return _fattr4_S257_pack(*divmod(a.ctime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50, 4096)
 
 
 def _fattr4_encode_l1g8_30(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S203_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50, 4096)
+    return _fattr4_S257_pack(*divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50, 4096)
 
 
 def _fattr4_encode_l1g8_31(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S204_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50, 4096)
+    return _fattr4_S258_pack(*divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid, 2, 16, 50, 4096)
 
 
 def _fattr4_encode_l1g9_1(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4716,7 +4716,7 @@ def _fattr4_encode_l1g9_2(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g9_3(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S64_pack(a.space_used if a.nlink <= 1 else 0, NFS4_CHANGE_TYPE_IS_UNDEFINED)
+    return _fattr4_S126_pack(a.space_used if a.nlink <= 1 else 0, NFS4_CHANGE_TYPE_IS_UNDEFINED)
 
 
 def _fattr4_encode_l1g9_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4724,15 +4724,15 @@ def _fattr4_encode_l1g9_4(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> 
 
 
 def _fattr4_encode_l1g9_5(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S18_pack(a.space_used if a.nlink <= 1 else 0, fs.user_xattrs)
+    return _fattr4_S21_pack(a.space_used if a.nlink <= 1 else 0, fs.user_xattrs)
 
 
 def _fattr4_encode_l1g9_6(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S82_pack(NFS4_CHANGE_TYPE_IS_UNDEFINED, fs.user_xattrs)
+    return _fattr4_S23_pack(NFS4_CHANGE_TYPE_IS_UNDEFINED, fs.user_xattrs)
 
 
 def _fattr4_encode_l1g9_7(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S90_pack(a.space_used if a.nlink <= 1 else 0, NFS4_CHANGE_TYPE_IS_UNDEFINED, fs.user_xattrs)
+    return _fattr4_S148_pack(a.space_used if a.nlink <= 1 else 0, NFS4_CHANGE_TYPE_IS_UNDEFINED, fs.user_xattrs)
 
 
 # Layers of attribute groups, each group's subsets with their encoders: a mask is
@@ -4747,7 +4747,7 @@ def _fattr4_decode_linux_fattr(data: _Buffer) -> dict[int, _Any]:
     off = 0
     out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S205_unpack_from(buf, off)
+        _t = _fattr4_S259_unpack_from(buf, off)
         off += 52
         out[1] = _nfs_ftype4_MAP[_t[0]]
         out[3] = _t[1]
@@ -4756,9 +4756,21 @@ def _fattr4_decode_linux_fattr(data: _Buffer) -> dict[int, _Any]:
         out[20] = _t[5]
         out[33] = _t[6]
         out[35] = _t[7]
-        out[36], off = dec_fattr4_owner(r, off)
-        out[37], off = dec_fattr4_owner_group(r, off)
-        _t = _fattr4_S157_unpack_from(buf, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        out[36] = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        out[37] = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        _t = _fattr4_S214_unpack_from(buf, off)
         off += 60
         out[41] = specdata4(_t[0], _t[1])
         out[45] = _t[2]
@@ -4774,7 +4786,7 @@ def _fattr4_decode_linux_fattr(data: _Buffer) -> dict[int, _Any]:
 
 
 def _fattr4_encode_linux_fattr(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S205_pack(a.type, a.change, a.size, *a.fsid, a.fileid, a.mode, a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S157_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S259_pack(a.type, a.change, a.size, *a.fsid, a.fileid, a.mode, a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S214_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_decode_linux_readdir_plus(data: _Buffer) -> dict[int, _Any]:
@@ -4783,22 +4795,42 @@ def _fattr4_decode_linux_readdir_plus(data: _Buffer) -> dict[int, _Any]:
     off = 0
     out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S70_unpack_from(buf, off)
+        _t = _fattr4_S131_unpack_from(buf, off)
         off += 40
         out[1] = _nfs_ftype4_MAP[_t[0]]
         out[3] = _t[1]
         out[4] = _t[2]
         out[8] = fsid4(_t[3], _t[4])
         out[11] = _nfsstat4_MAP[_t[5]]
-        out[19], off = dec_fattr4_filehandle(r, off)
-        _t = _fattr4_S34_unpack_from(buf, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 128:
+            raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        out[19] = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        _t = _fattr4_S51_unpack_from(buf, off)
         off += 16
         out[20] = _t[0]
         out[33] = _t[1]
         out[35] = _t[2]
-        out[36], off = dec_fattr4_owner(r, off)
-        out[37], off = dec_fattr4_owner_group(r, off)
-        _t = _fattr4_S157_unpack_from(buf, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        out[36] = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        out[37] = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        _t = _fattr4_S214_unpack_from(buf, off)
         off += 60
         out[41] = specdata4(_t[0], _t[1])
         out[45] = _t[2]
@@ -4814,7 +4846,7 @@ def _fattr4_decode_linux_readdir_plus(data: _Buffer) -> dict[int, _Any]:
 
 
 def _fattr4_encode_linux_readdir_plus(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S70_pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S34_pack(a.fileid, a.mode, a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S157_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
+    return _fattr4_S131_pack(a.type, a.change, a.size, *a.fsid, err) + _fattr4_opaque(fh) + _fattr4_S51_pack(a.fileid, a.mode, a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S214_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000), a.mounted_on_fileid)
 
 
 def _fattr4_decode_linux_readdir(data: _Buffer) -> dict[int, _Any]:
@@ -4823,7 +4855,7 @@ def _fattr4_decode_linux_readdir(data: _Buffer) -> dict[int, _Any]:
     off = 0
     out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S58_unpack_from(buf, off)
+        _t = _fattr4_S33_unpack_from(buf, off)
         off += 12
         out[11] = _nfsstat4_MAP[_t[0]]
         out[55] = _t[1]
@@ -4835,7 +4867,7 @@ def _fattr4_decode_linux_readdir(data: _Buffer) -> dict[int, _Any]:
 
 
 def _fattr4_encode_linux_readdir(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S58_pack(err, a.mounted_on_fileid)
+    return _fattr4_S33_pack(err, a.mounted_on_fileid)
 
 
 def _fattr4_decode_linux_cache_consistency(data: _Buffer) -> dict[int, _Any]:
@@ -4844,7 +4876,7 @@ def _fattr4_decode_linux_cache_consistency(data: _Buffer) -> dict[int, _Any]:
     off = 0
     out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S189_unpack_from(buf, off)
+        _t = _fattr4_S243_unpack_from(buf, off)
         off += 40
         out[3] = _t[0]
         out[4] = _t[1]
@@ -4858,7 +4890,7 @@ def _fattr4_decode_linux_cache_consistency(data: _Buffer) -> dict[int, _Any]:
 
 
 def _fattr4_encode_linux_cache_consistency(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S189_pack(a.change, a.size, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S243_pack(a.change, a.size, *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_decode_linux_open_noattr(data: _Buffer) -> dict[int, _Any]:
@@ -4867,7 +4899,7 @@ def _fattr4_decode_linux_open_noattr(data: _Buffer) -> dict[int, _Any]:
     off = 0
     out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S58_unpack_from(buf, off)
+        _t = _fattr4_S33_unpack_from(buf, off)
         off += 12
         out[1] = _nfs_ftype4_MAP[_t[0]]
         out[20] = _t[1]
@@ -4879,7 +4911,7 @@ def _fattr4_decode_linux_open_noattr(data: _Buffer) -> dict[int, _Any]:
 
 
 def _fattr4_encode_linux_open_noattr(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S58_pack(a.type, a.fileid)
+    return _fattr4_S33_pack(a.type, a.fileid)
 
 
 def _fattr4_decode_linux_statfs(data: _Buffer) -> dict[int, _Any]:
@@ -4888,7 +4920,7 @@ def _fattr4_decode_linux_statfs(data: _Buffer) -> dict[int, _Any]:
     off = 0
     out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S206_unpack_from(buf, off)
+        _t = _fattr4_S260_unpack_from(buf, off)
         off += 48
         out[21] = _t[0]
         out[22] = _t[1]
@@ -4904,7 +4936,7 @@ def _fattr4_decode_linux_statfs(data: _Buffer) -> dict[int, _Any]:
 
 
 def _fattr4_encode_linux_statfs(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S206_pack(fs.files_avail, fs.files_free, fs.files_total, fs.bytes_avail, fs.bytes_free, fs.bytes_total)
+    return _fattr4_S260_pack(fs.files_avail, fs.files_free, fs.files_total, fs.bytes_avail, fs.bytes_free, fs.bytes_total)
 
 
 def _fattr4_decode_linux_pathconf(data: _Buffer) -> dict[int, _Any]:
@@ -4934,7 +4966,7 @@ def _fattr4_decode_linux_fsinfo(data: _Buffer) -> dict[int, _Any]:
     off = 0
     out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S207_unpack_from(buf, off)
+        _t = _fattr4_S261_unpack_from(buf, off)
         off += 40
         out[10] = _t[0]
         out[27] = _t[1]
@@ -4949,7 +4981,7 @@ def _fattr4_decode_linux_fsinfo(data: _Buffer) -> dict[int, _Any]:
 
 
 def _fattr4_encode_linux_fsinfo(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S207_pack(cfg.lease_time, 9223372036854775807, cfg.max_io, cfg.max_io, 0, 1)
+    return _fattr4_S261_pack(cfg.lease_time, 9223372036854775807, cfg.max_io, cfg.max_io, 0, 1)
 
 
 def _fattr4_decode_linux_server_caps(data: _Buffer) -> dict[int, _Any]:
@@ -4959,7 +4991,7 @@ def _fattr4_decode_linux_server_caps(data: _Buffer) -> dict[int, _Any]:
     out: dict[int, _Any] = {}
     try:
         out[0], off = dec_fattr4_supported_attrs(r, off)
-        _t = _fattr4_S35_unpack_from(buf, off)
+        _t = _fattr4_S53_unpack_from(buf, off)
         off += 24
         out[2] = _t[0]
         out[5] = _BOOL[_t[1]]
@@ -4976,7 +5008,7 @@ def _fattr4_decode_linux_server_caps(data: _Buffer) -> dict[int, _Any]:
 
 
 def _fattr4_encode_linux_server_caps(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S208_pack(3, 4244615167, 16367166, 321536, FH4_PERSISTENT, 1, 1, 0, 0, 1, 2, 16, 50)
+    return _fattr4_S262_pack(3, 4244615167, 16367166, 321536, FH4_PERSISTENT, 1, 1, 0, 0, 1, 2, 16, 50)
 
 
 def _fattr4_decode_client_stat(data: _Buffer) -> dict[int, _Any]:
@@ -4985,7 +5017,7 @@ def _fattr4_decode_client_stat(data: _Buffer) -> dict[int, _Any]:
     off = 0
     out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S205_unpack_from(buf, off)
+        _t = _fattr4_S259_unpack_from(buf, off)
         off += 52
         out[1] = _nfs_ftype4_MAP[_t[0]]
         out[3] = _t[1]
@@ -4994,9 +5026,21 @@ def _fattr4_decode_client_stat(data: _Buffer) -> dict[int, _Any]:
         out[20] = _t[5]
         out[33] = _t[6]
         out[35] = _t[7]
-        out[36], off = dec_fattr4_owner(r, off)
-        out[37], off = dec_fattr4_owner_group(r, off)
-        _t = _fattr4_S131_unpack_from(buf, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        out[36] = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        out[37] = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        _t = _fattr4_S188_unpack_from(buf, off)
         off += 52
         out[41] = specdata4(_t[0], _t[1])
         out[45] = _t[2]
@@ -5011,7 +5055,7 @@ def _fattr4_decode_client_stat(data: _Buffer) -> dict[int, _Any]:
 
 
 def _fattr4_encode_client_stat(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
-    return _fattr4_S205_pack(a.type, a.change, a.size, *a.fsid, a.fileid, a.mode, a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S131_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
+    return _fattr4_S259_pack(a.type, a.change, a.size, *a.fsid, a.fileid, a.mode, a.nlink) + _fattr4_decimal(a.uid) + _fattr4_decimal(a.gid) + _fattr4_S188_pack(*a.rdev, a.space_used, *divmod(a.atime_ns, 1000000000), *divmod(a.ctime_ns, 1000000000), *divmod(a.mtime_ns, 1000000000))
 
 
 def _fattr4_decode_rdattr_error(data: _Buffer) -> dict[int, _Any]:
@@ -5080,8 +5124,20 @@ def _fattr4_decode_set_owners(data: _Buffer) -> dict[int, _Any]:
     off = 0
     out: dict[int, _Any] = {}
     try:
-        out[36], off = dec_fattr4_owner(r, off)
-        out[37], off = dec_fattr4_owner_group(r, off)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        out[36] = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        out[37] = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
@@ -5123,7 +5179,7 @@ def _fattr4_decode_l0g0_2(r: _Reader, buf: _Any, off: int, out: dict[int, _Any])
 
 
 def _fattr4_decode_l0g0_3(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S58_unpack_from(buf, off)
+    _t = _fattr4_S33_unpack_from(buf, off)
     off += 12
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -5138,7 +5194,7 @@ def _fattr4_decode_l0g0_4(r: _Reader, buf: _Any, off: int, out: dict[int, _Any])
 
 
 def _fattr4_decode_l0g0_5(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S58_unpack_from(buf, off)
+    _t = _fattr4_S33_unpack_from(buf, off)
     off += 12
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
@@ -5146,7 +5202,7 @@ def _fattr4_decode_l0g0_5(r: _Reader, buf: _Any, off: int, out: dict[int, _Any])
 
 
 def _fattr4_decode_l0g0_6(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S8_unpack_from(buf, off)
+    _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[3] = _t[0]
     out[4] = _t[1]
@@ -5154,7 +5210,7 @@ def _fattr4_decode_l0g0_6(r: _Reader, buf: _Any, off: int, out: dict[int, _Any])
 
 
 def _fattr4_decode_l0g0_7(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S22_unpack_from(buf, off)
+    _t = _fattr4_S29_unpack_from(buf, off)
     off += 20
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -5163,14 +5219,14 @@ def _fattr4_decode_l0g0_7(r: _Reader, buf: _Any, off: int, out: dict[int, _Any])
 
 
 def _fattr4_decode_l0g0_8(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S8_unpack_from(buf, off)
+    _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[8] = fsid4(_t[0], _t[1])
     return off
 
 
 def _fattr4_decode_l0g0_9(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S22_unpack_from(buf, off)
+    _t = _fattr4_S29_unpack_from(buf, off)
     off += 20
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
@@ -5178,7 +5234,7 @@ def _fattr4_decode_l0g0_9(r: _Reader, buf: _Any, off: int, out: dict[int, _Any])
 
 
 def _fattr4_decode_l0g0_10(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S59_unpack_from(buf, off)
+    _t = _fattr4_S122_unpack_from(buf, off)
     off += 24
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
@@ -5186,7 +5242,7 @@ def _fattr4_decode_l0g0_10(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_11(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S60_unpack_from(buf, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
     off += 28
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -5195,7 +5251,7 @@ def _fattr4_decode_l0g0_11(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_12(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S59_unpack_from(buf, off)
+    _t = _fattr4_S122_unpack_from(buf, off)
     off += 24
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
@@ -5203,7 +5259,7 @@ def _fattr4_decode_l0g0_12(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_13(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S60_unpack_from(buf, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
     off += 28
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
@@ -5212,7 +5268,7 @@ def _fattr4_decode_l0g0_13(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_14(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S61_unpack_from(buf, off)
+    _t = _fattr4_S124_unpack_from(buf, off)
     off += 32
     out[3] = _t[0]
     out[4] = _t[1]
@@ -5221,7 +5277,7 @@ def _fattr4_decode_l0g0_14(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_15(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S62_unpack_from(buf, off)
+    _t = _fattr4_S125_unpack_from(buf, off)
     off += 36
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -5238,7 +5294,7 @@ def _fattr4_decode_l0g0_16(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_17(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S63_unpack_from(buf, off)
+    _t = _fattr4_S34_unpack_from(buf, off)
     off += 8
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[11] = _nfsstat4_MAP[_t[1]]
@@ -5246,7 +5302,7 @@ def _fattr4_decode_l0g0_17(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_18(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S64_unpack_from(buf, off)
+    _t = _fattr4_S126_unpack_from(buf, off)
     off += 12
     out[3] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
@@ -5254,7 +5310,7 @@ def _fattr4_decode_l0g0_18(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_19(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S65_unpack_from(buf, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
     off += 16
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -5263,7 +5319,7 @@ def _fattr4_decode_l0g0_19(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_20(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S64_unpack_from(buf, off)
+    _t = _fattr4_S126_unpack_from(buf, off)
     off += 12
     out[4] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
@@ -5271,7 +5327,7 @@ def _fattr4_decode_l0g0_20(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_21(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S65_unpack_from(buf, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
     off += 16
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
@@ -5280,7 +5336,7 @@ def _fattr4_decode_l0g0_21(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_22(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S11_unpack_from(buf, off)
+    _t = _fattr4_S12_unpack_from(buf, off)
     off += 20
     out[3] = _t[0]
     out[4] = _t[1]
@@ -5289,7 +5345,7 @@ def _fattr4_decode_l0g0_22(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_23(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S66_unpack_from(buf, off)
+    _t = _fattr4_S28_unpack_from(buf, off)
     off += 24
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -5299,7 +5355,7 @@ def _fattr4_decode_l0g0_23(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_24(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S11_unpack_from(buf, off)
+    _t = _fattr4_S12_unpack_from(buf, off)
     off += 20
     out[8] = fsid4(_t[0], _t[1])
     out[11] = _nfsstat4_MAP[_t[2]]
@@ -5307,7 +5363,7 @@ def _fattr4_decode_l0g0_24(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_25(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S66_unpack_from(buf, off)
+    _t = _fattr4_S28_unpack_from(buf, off)
     off += 24
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
@@ -5316,7 +5372,7 @@ def _fattr4_decode_l0g0_25(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_26(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S67_unpack_from(buf, off)
+    _t = _fattr4_S128_unpack_from(buf, off)
     off += 28
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
@@ -5325,7 +5381,7 @@ def _fattr4_decode_l0g0_26(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_27(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S68_unpack_from(buf, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
     off += 32
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -5335,7 +5391,7 @@ def _fattr4_decode_l0g0_27(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_28(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S67_unpack_from(buf, off)
+    _t = _fattr4_S128_unpack_from(buf, off)
     off += 28
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
@@ -5344,7 +5400,7 @@ def _fattr4_decode_l0g0_28(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_29(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S68_unpack_from(buf, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
     off += 32
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
@@ -5354,7 +5410,7 @@ def _fattr4_decode_l0g0_29(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_30(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S69_unpack_from(buf, off)
+    _t = _fattr4_S130_unpack_from(buf, off)
     off += 36
     out[3] = _t[0]
     out[4] = _t[1]
@@ -5364,7 +5420,7 @@ def _fattr4_decode_l0g0_30(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_31(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S70_unpack_from(buf, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
     off += 40
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -5375,7 +5431,15 @@ def _fattr4_decode_l0g0_31(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_32(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5383,7 +5447,15 @@ def _fattr4_decode_l0g0_33(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S2_unpack_from(buf, off)
     off += 4
     out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5391,16 +5463,32 @@ def _fattr4_decode_l0g0_34(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[3] = _t[0]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_35(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S58_unpack_from(buf, off)
+    _t = _fattr4_S33_unpack_from(buf, off)
     off += 12
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5408,111 +5496,207 @@ def _fattr4_decode_l0g0_36(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[4] = _t[0]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_37(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S58_unpack_from(buf, off)
+    _t = _fattr4_S33_unpack_from(buf, off)
     off += 12
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_38(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S8_unpack_from(buf, off)
+    _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[3] = _t[0]
     out[4] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_39(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S22_unpack_from(buf, off)
+    _t = _fattr4_S29_unpack_from(buf, off)
     off += 20
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[4] = _t[2]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_40(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S8_unpack_from(buf, off)
+    _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[8] = fsid4(_t[0], _t[1])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_41(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S22_unpack_from(buf, off)
+    _t = _fattr4_S29_unpack_from(buf, off)
     off += 20
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_42(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S59_unpack_from(buf, off)
+    _t = _fattr4_S122_unpack_from(buf, off)
     off += 24
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_43(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S60_unpack_from(buf, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
     off += 28
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_44(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S59_unpack_from(buf, off)
+    _t = _fattr4_S122_unpack_from(buf, off)
     off += 24
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_45(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S60_unpack_from(buf, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
     off += 28
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_46(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S61_unpack_from(buf, off)
+    _t = _fattr4_S124_unpack_from(buf, off)
     off += 32
     out[3] = _t[0]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_47(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S62_unpack_from(buf, off)
+    _t = _fattr4_S125_unpack_from(buf, off)
     off += 36
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[4] = _t[2]
     out[8] = fsid4(_t[3], _t[4])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5520,159 +5704,287 @@ def _fattr4_decode_l0g0_48(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S2_unpack_from(buf, off)
     off += 4
     out[11] = _nfsstat4_MAP[_t[0]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_49(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S63_unpack_from(buf, off)
+    _t = _fattr4_S34_unpack_from(buf, off)
     off += 8
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_50(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S64_unpack_from(buf, off)
+    _t = _fattr4_S126_unpack_from(buf, off)
     off += 12
     out[3] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_51(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S65_unpack_from(buf, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
     off += 16
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_52(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S64_unpack_from(buf, off)
+    _t = _fattr4_S126_unpack_from(buf, off)
     off += 12
     out[4] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_53(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S65_unpack_from(buf, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
     off += 16
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_54(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S11_unpack_from(buf, off)
+    _t = _fattr4_S12_unpack_from(buf, off)
     off += 20
     out[3] = _t[0]
     out[4] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_55(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S66_unpack_from(buf, off)
+    _t = _fattr4_S28_unpack_from(buf, off)
     off += 24
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[4] = _t[2]
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_56(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S11_unpack_from(buf, off)
+    _t = _fattr4_S12_unpack_from(buf, off)
     off += 20
     out[8] = fsid4(_t[0], _t[1])
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_57(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S66_unpack_from(buf, off)
+    _t = _fattr4_S28_unpack_from(buf, off)
     off += 24
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_58(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S67_unpack_from(buf, off)
+    _t = _fattr4_S128_unpack_from(buf, off)
     off += 28
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_59(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S68_unpack_from(buf, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
     off += 32
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_60(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S67_unpack_from(buf, off)
+    _t = _fattr4_S128_unpack_from(buf, off)
     off += 28
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_61(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S68_unpack_from(buf, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
     off += 32
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_62(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S69_unpack_from(buf, off)
+    _t = _fattr4_S130_unpack_from(buf, off)
     off += 36
     out[3] = _t[0]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g0_63(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S70_unpack_from(buf, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
     off += 40
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[4] = _t[2]
     out[8] = fsid4(_t[3], _t[4])
     out[11] = _nfsstat4_MAP[_t[5]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -5684,7 +5996,7 @@ def _fattr4_decode_l0g0_64(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_65(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S58_unpack_from(buf, off)
+    _t = _fattr4_S33_unpack_from(buf, off)
     off += 12
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[20] = _t[1]
@@ -5692,7 +6004,7 @@ def _fattr4_decode_l0g0_65(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_66(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S8_unpack_from(buf, off)
+    _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[3] = _t[0]
     out[20] = _t[1]
@@ -5700,7 +6012,7 @@ def _fattr4_decode_l0g0_66(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_67(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S22_unpack_from(buf, off)
+    _t = _fattr4_S29_unpack_from(buf, off)
     off += 20
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -5709,7 +6021,7 @@ def _fattr4_decode_l0g0_67(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_68(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S8_unpack_from(buf, off)
+    _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[4] = _t[0]
     out[20] = _t[1]
@@ -5717,7 +6029,7 @@ def _fattr4_decode_l0g0_68(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_69(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S22_unpack_from(buf, off)
+    _t = _fattr4_S29_unpack_from(buf, off)
     off += 20
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
@@ -5726,7 +6038,7 @@ def _fattr4_decode_l0g0_69(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_70(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S59_unpack_from(buf, off)
+    _t = _fattr4_S122_unpack_from(buf, off)
     off += 24
     out[3] = _t[0]
     out[4] = _t[1]
@@ -5735,7 +6047,7 @@ def _fattr4_decode_l0g0_70(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_71(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S60_unpack_from(buf, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
     off += 28
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -5745,7 +6057,7 @@ def _fattr4_decode_l0g0_71(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_72(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S59_unpack_from(buf, off)
+    _t = _fattr4_S122_unpack_from(buf, off)
     off += 24
     out[8] = fsid4(_t[0], _t[1])
     out[20] = _t[2]
@@ -5753,7 +6065,7 @@ def _fattr4_decode_l0g0_72(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_73(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S60_unpack_from(buf, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
     off += 28
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
@@ -5762,7 +6074,7 @@ def _fattr4_decode_l0g0_73(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_74(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S61_unpack_from(buf, off)
+    _t = _fattr4_S124_unpack_from(buf, off)
     off += 32
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
@@ -5771,7 +6083,7 @@ def _fattr4_decode_l0g0_74(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_75(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S62_unpack_from(buf, off)
+    _t = _fattr4_S125_unpack_from(buf, off)
     off += 36
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -5781,7 +6093,7 @@ def _fattr4_decode_l0g0_75(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_76(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S61_unpack_from(buf, off)
+    _t = _fattr4_S124_unpack_from(buf, off)
     off += 32
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
@@ -5790,7 +6102,7 @@ def _fattr4_decode_l0g0_76(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_77(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S62_unpack_from(buf, off)
+    _t = _fattr4_S125_unpack_from(buf, off)
     off += 36
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
@@ -5800,7 +6112,7 @@ def _fattr4_decode_l0g0_77(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_78(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S71_unpack_from(buf, off)
+    _t = _fattr4_S132_unpack_from(buf, off)
     off += 40
     out[3] = _t[0]
     out[4] = _t[1]
@@ -5810,7 +6122,7 @@ def _fattr4_decode_l0g0_78(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_79(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S72_unpack_from(buf, off)
+    _t = _fattr4_S133_unpack_from(buf, off)
     off += 44
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -5821,7 +6133,7 @@ def _fattr4_decode_l0g0_79(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_80(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S58_unpack_from(buf, off)
+    _t = _fattr4_S33_unpack_from(buf, off)
     off += 12
     out[11] = _nfsstat4_MAP[_t[0]]
     out[20] = _t[1]
@@ -5829,7 +6141,7 @@ def _fattr4_decode_l0g0_80(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_81(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S73_unpack_from(buf, off)
+    _t = _fattr4_S115_unpack_from(buf, off)
     off += 16
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[11] = _nfsstat4_MAP[_t[1]]
@@ -5838,7 +6150,7 @@ def _fattr4_decode_l0g0_81(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_82(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S74_unpack_from(buf, off)
+    _t = _fattr4_S134_unpack_from(buf, off)
     off += 20
     out[3] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
@@ -5847,7 +6159,7 @@ def _fattr4_decode_l0g0_82(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_83(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S75_unpack_from(buf, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
     off += 24
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -5857,7 +6169,7 @@ def _fattr4_decode_l0g0_83(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_84(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S74_unpack_from(buf, off)
+    _t = _fattr4_S134_unpack_from(buf, off)
     off += 20
     out[4] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
@@ -5866,7 +6178,7 @@ def _fattr4_decode_l0g0_84(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_85(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S75_unpack_from(buf, off)
+    _t = _fattr4_S135_unpack_from(buf, off)
     off += 24
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
@@ -5876,7 +6188,7 @@ def _fattr4_decode_l0g0_85(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_86(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S76_unpack_from(buf, off)
+    _t = _fattr4_S136_unpack_from(buf, off)
     off += 28
     out[3] = _t[0]
     out[4] = _t[1]
@@ -5886,7 +6198,7 @@ def _fattr4_decode_l0g0_86(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_87(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S77_unpack_from(buf, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
     off += 32
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -5897,7 +6209,7 @@ def _fattr4_decode_l0g0_87(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_88(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S76_unpack_from(buf, off)
+    _t = _fattr4_S136_unpack_from(buf, off)
     off += 28
     out[8] = fsid4(_t[0], _t[1])
     out[11] = _nfsstat4_MAP[_t[2]]
@@ -5906,7 +6218,7 @@ def _fattr4_decode_l0g0_88(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_89(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S77_unpack_from(buf, off)
+    _t = _fattr4_S137_unpack_from(buf, off)
     off += 32
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
@@ -5916,7 +6228,7 @@ def _fattr4_decode_l0g0_89(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_90(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S78_unpack_from(buf, off)
+    _t = _fattr4_S138_unpack_from(buf, off)
     off += 36
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
@@ -5926,7 +6238,7 @@ def _fattr4_decode_l0g0_90(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_91(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S79_unpack_from(buf, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
     off += 40
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -5937,7 +6249,7 @@ def _fattr4_decode_l0g0_91(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_92(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S78_unpack_from(buf, off)
+    _t = _fattr4_S138_unpack_from(buf, off)
     off += 36
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
@@ -5947,7 +6259,7 @@ def _fattr4_decode_l0g0_92(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_93(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S79_unpack_from(buf, off)
+    _t = _fattr4_S139_unpack_from(buf, off)
     off += 40
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
@@ -5958,7 +6270,7 @@ def _fattr4_decode_l0g0_93(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_94(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S80_unpack_from(buf, off)
+    _t = _fattr4_S140_unpack_from(buf, off)
     off += 44
     out[3] = _t[0]
     out[4] = _t[1]
@@ -5969,7 +6281,7 @@ def _fattr4_decode_l0g0_94(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_95(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S81_unpack_from(buf, off)
+    _t = _fattr4_S141_unpack_from(buf, off)
     off += 48
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -5981,7 +6293,15 @@ def _fattr4_decode_l0g0_95(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_96(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -5992,7 +6312,15 @@ def _fattr4_decode_l0g0_97(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S2_unpack_from(buf, off)
     off += 4
     out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6003,7 +6331,15 @@ def _fattr4_decode_l0g0_98(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[3] = _t[0]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6011,11 +6347,19 @@ def _fattr4_decode_l0g0_98(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g0_99(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S58_unpack_from(buf, off)
+    _t = _fattr4_S33_unpack_from(buf, off)
     off += 12
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6026,7 +6370,15 @@ def _fattr4_decode_l0g0_100(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[4] = _t[0]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6034,11 +6386,19 @@ def _fattr4_decode_l0g0_100(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_101(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S58_unpack_from(buf, off)
+    _t = _fattr4_S33_unpack_from(buf, off)
     off += 12
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6046,11 +6406,19 @@ def _fattr4_decode_l0g0_101(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_102(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S8_unpack_from(buf, off)
+    _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[3] = _t[0]
     out[4] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6058,12 +6426,20 @@ def _fattr4_decode_l0g0_102(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_103(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S22_unpack_from(buf, off)
+    _t = _fattr4_S29_unpack_from(buf, off)
     off += 20
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[4] = _t[2]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6071,10 +6447,18 @@ def _fattr4_decode_l0g0_103(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_104(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S8_unpack_from(buf, off)
+    _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[8] = fsid4(_t[0], _t[1])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6082,11 +6466,19 @@ def _fattr4_decode_l0g0_104(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_105(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S22_unpack_from(buf, off)
+    _t = _fattr4_S29_unpack_from(buf, off)
     off += 20
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6094,11 +6486,19 @@ def _fattr4_decode_l0g0_105(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_106(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S59_unpack_from(buf, off)
+    _t = _fattr4_S122_unpack_from(buf, off)
     off += 24
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6106,12 +6506,20 @@ def _fattr4_decode_l0g0_106(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_107(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S60_unpack_from(buf, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
     off += 28
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6119,11 +6527,19 @@ def _fattr4_decode_l0g0_107(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_108(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S59_unpack_from(buf, off)
+    _t = _fattr4_S122_unpack_from(buf, off)
     off += 24
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6131,12 +6547,20 @@ def _fattr4_decode_l0g0_108(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_109(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S60_unpack_from(buf, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
     off += 28
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6144,12 +6568,20 @@ def _fattr4_decode_l0g0_109(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_110(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S61_unpack_from(buf, off)
+    _t = _fattr4_S124_unpack_from(buf, off)
     off += 32
     out[3] = _t[0]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6157,13 +6589,21 @@ def _fattr4_decode_l0g0_110(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_111(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S62_unpack_from(buf, off)
+    _t = _fattr4_S125_unpack_from(buf, off)
     off += 36
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[4] = _t[2]
     out[8] = fsid4(_t[3], _t[4])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6174,7 +6614,15 @@ def _fattr4_decode_l0g0_112(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S2_unpack_from(buf, off)
     off += 4
     out[11] = _nfsstat4_MAP[_t[0]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6182,11 +6630,19 @@ def _fattr4_decode_l0g0_112(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_113(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S63_unpack_from(buf, off)
+    _t = _fattr4_S34_unpack_from(buf, off)
     off += 8
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6194,11 +6650,19 @@ def _fattr4_decode_l0g0_113(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_114(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S64_unpack_from(buf, off)
+    _t = _fattr4_S126_unpack_from(buf, off)
     off += 12
     out[3] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6206,12 +6670,20 @@ def _fattr4_decode_l0g0_114(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_115(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S65_unpack_from(buf, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
     off += 16
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6219,11 +6691,19 @@ def _fattr4_decode_l0g0_115(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_116(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S64_unpack_from(buf, off)
+    _t = _fattr4_S126_unpack_from(buf, off)
     off += 12
     out[4] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6231,12 +6711,20 @@ def _fattr4_decode_l0g0_116(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_117(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S65_unpack_from(buf, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
     off += 16
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6244,12 +6732,20 @@ def _fattr4_decode_l0g0_117(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_118(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S11_unpack_from(buf, off)
+    _t = _fattr4_S12_unpack_from(buf, off)
     off += 20
     out[3] = _t[0]
     out[4] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6257,13 +6753,21 @@ def _fattr4_decode_l0g0_118(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_119(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S66_unpack_from(buf, off)
+    _t = _fattr4_S28_unpack_from(buf, off)
     off += 24
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[4] = _t[2]
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6271,11 +6775,19 @@ def _fattr4_decode_l0g0_119(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_120(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S11_unpack_from(buf, off)
+    _t = _fattr4_S12_unpack_from(buf, off)
     off += 20
     out[8] = fsid4(_t[0], _t[1])
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6283,12 +6795,20 @@ def _fattr4_decode_l0g0_120(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_121(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S66_unpack_from(buf, off)
+    _t = _fattr4_S28_unpack_from(buf, off)
     off += 24
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6296,12 +6816,20 @@ def _fattr4_decode_l0g0_121(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_122(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S67_unpack_from(buf, off)
+    _t = _fattr4_S128_unpack_from(buf, off)
     off += 28
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6309,13 +6837,21 @@ def _fattr4_decode_l0g0_122(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_123(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S68_unpack_from(buf, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
     off += 32
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6323,12 +6859,20 @@ def _fattr4_decode_l0g0_123(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_124(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S67_unpack_from(buf, off)
+    _t = _fattr4_S128_unpack_from(buf, off)
     off += 28
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6336,13 +6880,21 @@ def _fattr4_decode_l0g0_124(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_125(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S68_unpack_from(buf, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
     off += 32
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6350,13 +6902,21 @@ def _fattr4_decode_l0g0_125(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_126(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S69_unpack_from(buf, off)
+    _t = _fattr4_S130_unpack_from(buf, off)
     off += 36
     out[3] = _t[0]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6364,14 +6924,22 @@ def _fattr4_decode_l0g0_126(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_127(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S70_unpack_from(buf, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
     off += 40
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[4] = _t[2]
     out[8] = fsid4(_t[3], _t[4])
     out[11] = _nfsstat4_MAP[_t[5]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[20] = _t[0]
@@ -6386,7 +6954,7 @@ def _fattr4_decode_l0g0_128(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_129(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S82_unpack_from(buf, off)
+    _t = _fattr4_S23_unpack_from(buf, off)
     off += 8
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[33] = _t[1]
@@ -6394,7 +6962,7 @@ def _fattr4_decode_l0g0_129(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_130(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S18_unpack_from(buf, off)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[3] = _t[0]
     out[33] = _t[1]
@@ -6402,7 +6970,7 @@ def _fattr4_decode_l0g0_130(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_131(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S83_unpack_from(buf, off)
+    _t = _fattr4_S82_unpack_from(buf, off)
     off += 16
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -6411,7 +6979,7 @@ def _fattr4_decode_l0g0_131(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_132(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S18_unpack_from(buf, off)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[4] = _t[0]
     out[33] = _t[1]
@@ -6419,7 +6987,7 @@ def _fattr4_decode_l0g0_132(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_133(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S83_unpack_from(buf, off)
+    _t = _fattr4_S82_unpack_from(buf, off)
     off += 16
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
@@ -6428,7 +6996,7 @@ def _fattr4_decode_l0g0_133(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_134(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S84_unpack_from(buf, off)
+    _t = _fattr4_S142_unpack_from(buf, off)
     off += 20
     out[3] = _t[0]
     out[4] = _t[1]
@@ -6437,7 +7005,7 @@ def _fattr4_decode_l0g0_134(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_135(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S85_unpack_from(buf, off)
+    _t = _fattr4_S143_unpack_from(buf, off)
     off += 24
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -6447,7 +7015,7 @@ def _fattr4_decode_l0g0_135(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_136(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S84_unpack_from(buf, off)
+    _t = _fattr4_S142_unpack_from(buf, off)
     off += 20
     out[8] = fsid4(_t[0], _t[1])
     out[33] = _t[2]
@@ -6455,7 +7023,7 @@ def _fattr4_decode_l0g0_136(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_137(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S85_unpack_from(buf, off)
+    _t = _fattr4_S143_unpack_from(buf, off)
     off += 24
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
@@ -6464,7 +7032,7 @@ def _fattr4_decode_l0g0_137(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_138(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S86_unpack_from(buf, off)
+    _t = _fattr4_S144_unpack_from(buf, off)
     off += 28
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
@@ -6473,7 +7041,7 @@ def _fattr4_decode_l0g0_138(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_139(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S87_unpack_from(buf, off)
+    _t = _fattr4_S145_unpack_from(buf, off)
     off += 32
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -6483,7 +7051,7 @@ def _fattr4_decode_l0g0_139(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_140(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S86_unpack_from(buf, off)
+    _t = _fattr4_S144_unpack_from(buf, off)
     off += 28
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
@@ -6492,7 +7060,7 @@ def _fattr4_decode_l0g0_140(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_141(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S87_unpack_from(buf, off)
+    _t = _fattr4_S145_unpack_from(buf, off)
     off += 32
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
@@ -6502,7 +7070,7 @@ def _fattr4_decode_l0g0_141(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_142(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S88_unpack_from(buf, off)
+    _t = _fattr4_S146_unpack_from(buf, off)
     off += 36
     out[3] = _t[0]
     out[4] = _t[1]
@@ -6512,7 +7080,7 @@ def _fattr4_decode_l0g0_142(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_143(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S89_unpack_from(buf, off)
+    _t = _fattr4_S147_unpack_from(buf, off)
     off += 40
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -6523,7 +7091,7 @@ def _fattr4_decode_l0g0_143(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_144(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S82_unpack_from(buf, off)
+    _t = _fattr4_S23_unpack_from(buf, off)
     off += 8
     out[11] = _nfsstat4_MAP[_t[0]]
     out[33] = _t[1]
@@ -6531,7 +7099,7 @@ def _fattr4_decode_l0g0_144(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_145(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S54_unpack_from(buf, off)
+    _t = _fattr4_S31_unpack_from(buf, off)
     off += 12
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[11] = _nfsstat4_MAP[_t[1]]
@@ -6540,7 +7108,7 @@ def _fattr4_decode_l0g0_145(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_146(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S90_unpack_from(buf, off)
+    _t = _fattr4_S148_unpack_from(buf, off)
     off += 16
     out[3] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
@@ -6549,7 +7117,7 @@ def _fattr4_decode_l0g0_146(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_147(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S91_unpack_from(buf, off)
+    _t = _fattr4_S149_unpack_from(buf, off)
     off += 20
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -6559,7 +7127,7 @@ def _fattr4_decode_l0g0_147(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_148(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S90_unpack_from(buf, off)
+    _t = _fattr4_S148_unpack_from(buf, off)
     off += 16
     out[4] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
@@ -6568,7 +7136,7 @@ def _fattr4_decode_l0g0_148(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_149(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S91_unpack_from(buf, off)
+    _t = _fattr4_S149_unpack_from(buf, off)
     off += 20
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
@@ -6578,7 +7146,7 @@ def _fattr4_decode_l0g0_149(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_150(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S92_unpack_from(buf, off)
+    _t = _fattr4_S150_unpack_from(buf, off)
     off += 24
     out[3] = _t[0]
     out[4] = _t[1]
@@ -6588,7 +7156,7 @@ def _fattr4_decode_l0g0_150(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_151(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S93_unpack_from(buf, off)
+    _t = _fattr4_S151_unpack_from(buf, off)
     off += 28
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -6599,7 +7167,7 @@ def _fattr4_decode_l0g0_151(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_152(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S92_unpack_from(buf, off)
+    _t = _fattr4_S150_unpack_from(buf, off)
     off += 24
     out[8] = fsid4(_t[0], _t[1])
     out[11] = _nfsstat4_MAP[_t[2]]
@@ -6608,7 +7176,7 @@ def _fattr4_decode_l0g0_152(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_153(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S93_unpack_from(buf, off)
+    _t = _fattr4_S151_unpack_from(buf, off)
     off += 28
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
@@ -6618,7 +7186,7 @@ def _fattr4_decode_l0g0_153(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_154(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S94_unpack_from(buf, off)
+    _t = _fattr4_S152_unpack_from(buf, off)
     off += 32
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
@@ -6628,7 +7196,7 @@ def _fattr4_decode_l0g0_154(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_155(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S95_unpack_from(buf, off)
+    _t = _fattr4_S153_unpack_from(buf, off)
     off += 36
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -6639,7 +7207,7 @@ def _fattr4_decode_l0g0_155(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_156(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S94_unpack_from(buf, off)
+    _t = _fattr4_S152_unpack_from(buf, off)
     off += 32
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
@@ -6649,7 +7217,7 @@ def _fattr4_decode_l0g0_156(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_157(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S95_unpack_from(buf, off)
+    _t = _fattr4_S153_unpack_from(buf, off)
     off += 36
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
@@ -6660,7 +7228,7 @@ def _fattr4_decode_l0g0_157(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_158(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S96_unpack_from(buf, off)
+    _t = _fattr4_S154_unpack_from(buf, off)
     off += 40
     out[3] = _t[0]
     out[4] = _t[1]
@@ -6671,7 +7239,7 @@ def _fattr4_decode_l0g0_158(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_159(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S97_unpack_from(buf, off)
+    _t = _fattr4_S155_unpack_from(buf, off)
     off += 44
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -6683,7 +7251,15 @@ def _fattr4_decode_l0g0_159(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_160(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6694,7 +7270,15 @@ def _fattr4_decode_l0g0_161(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S2_unpack_from(buf, off)
     off += 4
     out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6705,7 +7289,15 @@ def _fattr4_decode_l0g0_162(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[3] = _t[0]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6713,11 +7305,19 @@ def _fattr4_decode_l0g0_162(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_163(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S58_unpack_from(buf, off)
+    _t = _fattr4_S33_unpack_from(buf, off)
     off += 12
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6728,7 +7328,15 @@ def _fattr4_decode_l0g0_164(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[4] = _t[0]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6736,11 +7344,19 @@ def _fattr4_decode_l0g0_164(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_165(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S58_unpack_from(buf, off)
+    _t = _fattr4_S33_unpack_from(buf, off)
     off += 12
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6748,11 +7364,19 @@ def _fattr4_decode_l0g0_165(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_166(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S8_unpack_from(buf, off)
+    _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[3] = _t[0]
     out[4] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6760,12 +7384,20 @@ def _fattr4_decode_l0g0_166(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_167(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S22_unpack_from(buf, off)
+    _t = _fattr4_S29_unpack_from(buf, off)
     off += 20
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[4] = _t[2]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6773,10 +7405,18 @@ def _fattr4_decode_l0g0_167(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_168(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S8_unpack_from(buf, off)
+    _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[8] = fsid4(_t[0], _t[1])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6784,11 +7424,19 @@ def _fattr4_decode_l0g0_168(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_169(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S22_unpack_from(buf, off)
+    _t = _fattr4_S29_unpack_from(buf, off)
     off += 20
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6796,11 +7444,19 @@ def _fattr4_decode_l0g0_169(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_170(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S59_unpack_from(buf, off)
+    _t = _fattr4_S122_unpack_from(buf, off)
     off += 24
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6808,12 +7464,20 @@ def _fattr4_decode_l0g0_170(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_171(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S60_unpack_from(buf, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
     off += 28
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6821,11 +7485,19 @@ def _fattr4_decode_l0g0_171(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_172(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S59_unpack_from(buf, off)
+    _t = _fattr4_S122_unpack_from(buf, off)
     off += 24
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6833,12 +7505,20 @@ def _fattr4_decode_l0g0_172(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_173(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S60_unpack_from(buf, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
     off += 28
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6846,12 +7526,20 @@ def _fattr4_decode_l0g0_173(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_174(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S61_unpack_from(buf, off)
+    _t = _fattr4_S124_unpack_from(buf, off)
     off += 32
     out[3] = _t[0]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6859,13 +7547,21 @@ def _fattr4_decode_l0g0_174(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_175(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S62_unpack_from(buf, off)
+    _t = _fattr4_S125_unpack_from(buf, off)
     off += 36
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[4] = _t[2]
     out[8] = fsid4(_t[3], _t[4])
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6876,7 +7572,15 @@ def _fattr4_decode_l0g0_176(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S2_unpack_from(buf, off)
     off += 4
     out[11] = _nfsstat4_MAP[_t[0]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6884,11 +7588,19 @@ def _fattr4_decode_l0g0_176(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_177(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S63_unpack_from(buf, off)
+    _t = _fattr4_S34_unpack_from(buf, off)
     off += 8
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6896,11 +7608,19 @@ def _fattr4_decode_l0g0_177(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_178(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S64_unpack_from(buf, off)
+    _t = _fattr4_S126_unpack_from(buf, off)
     off += 12
     out[3] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6908,12 +7628,20 @@ def _fattr4_decode_l0g0_178(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_179(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S65_unpack_from(buf, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
     off += 16
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6921,11 +7649,19 @@ def _fattr4_decode_l0g0_179(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_180(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S64_unpack_from(buf, off)
+    _t = _fattr4_S126_unpack_from(buf, off)
     off += 12
     out[4] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6933,12 +7669,20 @@ def _fattr4_decode_l0g0_180(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_181(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S65_unpack_from(buf, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
     off += 16
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6946,12 +7690,20 @@ def _fattr4_decode_l0g0_181(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_182(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S11_unpack_from(buf, off)
+    _t = _fattr4_S12_unpack_from(buf, off)
     off += 20
     out[3] = _t[0]
     out[4] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6959,13 +7711,21 @@ def _fattr4_decode_l0g0_182(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_183(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S66_unpack_from(buf, off)
+    _t = _fattr4_S28_unpack_from(buf, off)
     off += 24
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[4] = _t[2]
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6973,11 +7733,19 @@ def _fattr4_decode_l0g0_183(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_184(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S11_unpack_from(buf, off)
+    _t = _fattr4_S12_unpack_from(buf, off)
     off += 20
     out[8] = fsid4(_t[0], _t[1])
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6985,12 +7753,20 @@ def _fattr4_decode_l0g0_184(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_185(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S66_unpack_from(buf, off)
+    _t = _fattr4_S28_unpack_from(buf, off)
     off += 24
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -6998,12 +7774,20 @@ def _fattr4_decode_l0g0_185(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_186(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S67_unpack_from(buf, off)
+    _t = _fattr4_S128_unpack_from(buf, off)
     off += 28
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -7011,13 +7795,21 @@ def _fattr4_decode_l0g0_186(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_187(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S68_unpack_from(buf, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
     off += 32
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -7025,12 +7817,20 @@ def _fattr4_decode_l0g0_187(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_188(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S67_unpack_from(buf, off)
+    _t = _fattr4_S128_unpack_from(buf, off)
     off += 28
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -7038,13 +7838,21 @@ def _fattr4_decode_l0g0_188(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_189(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S68_unpack_from(buf, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
     off += 32
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -7052,13 +7860,21 @@ def _fattr4_decode_l0g0_189(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_190(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S69_unpack_from(buf, off)
+    _t = _fattr4_S130_unpack_from(buf, off)
     off += 36
     out[3] = _t[0]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -7066,14 +7882,22 @@ def _fattr4_decode_l0g0_190(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_191(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S70_unpack_from(buf, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
     off += 40
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[4] = _t[2]
     out[8] = fsid4(_t[3], _t[4])
     out[11] = _nfsstat4_MAP[_t[5]]
-    out[19], off = dec_fattr4_filehandle(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[33] = _t[0]
@@ -7081,7 +7905,7 @@ def _fattr4_decode_l0g0_191(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_192(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S18_unpack_from(buf, off)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7089,7 +7913,7 @@ def _fattr4_decode_l0g0_192(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_193(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S83_unpack_from(buf, off)
+    _t = _fattr4_S82_unpack_from(buf, off)
     off += 16
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[20] = _t[1]
@@ -7098,7 +7922,7 @@ def _fattr4_decode_l0g0_193(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_194(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S84_unpack_from(buf, off)
+    _t = _fattr4_S142_unpack_from(buf, off)
     off += 20
     out[3] = _t[0]
     out[20] = _t[1]
@@ -7107,7 +7931,7 @@ def _fattr4_decode_l0g0_194(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_195(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S85_unpack_from(buf, off)
+    _t = _fattr4_S143_unpack_from(buf, off)
     off += 24
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -7117,7 +7941,7 @@ def _fattr4_decode_l0g0_195(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_196(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S84_unpack_from(buf, off)
+    _t = _fattr4_S142_unpack_from(buf, off)
     off += 20
     out[4] = _t[0]
     out[20] = _t[1]
@@ -7126,7 +7950,7 @@ def _fattr4_decode_l0g0_196(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_197(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S85_unpack_from(buf, off)
+    _t = _fattr4_S143_unpack_from(buf, off)
     off += 24
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
@@ -7136,7 +7960,7 @@ def _fattr4_decode_l0g0_197(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_198(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S86_unpack_from(buf, off)
+    _t = _fattr4_S144_unpack_from(buf, off)
     off += 28
     out[3] = _t[0]
     out[4] = _t[1]
@@ -7146,7 +7970,7 @@ def _fattr4_decode_l0g0_198(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_199(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S87_unpack_from(buf, off)
+    _t = _fattr4_S145_unpack_from(buf, off)
     off += 32
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -7157,7 +7981,7 @@ def _fattr4_decode_l0g0_199(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_200(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S86_unpack_from(buf, off)
+    _t = _fattr4_S144_unpack_from(buf, off)
     off += 28
     out[8] = fsid4(_t[0], _t[1])
     out[20] = _t[2]
@@ -7166,7 +7990,7 @@ def _fattr4_decode_l0g0_200(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_201(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S87_unpack_from(buf, off)
+    _t = _fattr4_S145_unpack_from(buf, off)
     off += 32
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
@@ -7176,7 +8000,7 @@ def _fattr4_decode_l0g0_201(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_202(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S88_unpack_from(buf, off)
+    _t = _fattr4_S146_unpack_from(buf, off)
     off += 36
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
@@ -7186,7 +8010,7 @@ def _fattr4_decode_l0g0_202(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_203(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S89_unpack_from(buf, off)
+    _t = _fattr4_S147_unpack_from(buf, off)
     off += 40
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -7197,7 +8021,7 @@ def _fattr4_decode_l0g0_203(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_204(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S88_unpack_from(buf, off)
+    _t = _fattr4_S146_unpack_from(buf, off)
     off += 36
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
@@ -7207,7 +8031,7 @@ def _fattr4_decode_l0g0_204(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_205(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S89_unpack_from(buf, off)
+    _t = _fattr4_S147_unpack_from(buf, off)
     off += 40
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
@@ -7218,7 +8042,7 @@ def _fattr4_decode_l0g0_205(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_206(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S98_unpack_from(buf, off)
+    _t = _fattr4_S156_unpack_from(buf, off)
     off += 44
     out[3] = _t[0]
     out[4] = _t[1]
@@ -7229,7 +8053,7 @@ def _fattr4_decode_l0g0_206(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_207(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S99_unpack_from(buf, off)
+    _t = _fattr4_S157_unpack_from(buf, off)
     off += 48
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -7241,7 +8065,7 @@ def _fattr4_decode_l0g0_207(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_208(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S83_unpack_from(buf, off)
+    _t = _fattr4_S82_unpack_from(buf, off)
     off += 16
     out[11] = _nfsstat4_MAP[_t[0]]
     out[20] = _t[1]
@@ -7250,7 +8074,7 @@ def _fattr4_decode_l0g0_208(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_209(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S100_unpack_from(buf, off)
+    _t = _fattr4_S158_unpack_from(buf, off)
     off += 20
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[11] = _nfsstat4_MAP[_t[1]]
@@ -7260,7 +8084,7 @@ def _fattr4_decode_l0g0_209(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_210(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S101_unpack_from(buf, off)
+    _t = _fattr4_S159_unpack_from(buf, off)
     off += 24
     out[3] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
@@ -7270,7 +8094,7 @@ def _fattr4_decode_l0g0_210(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_211(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S102_unpack_from(buf, off)
+    _t = _fattr4_S160_unpack_from(buf, off)
     off += 28
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -7281,7 +8105,7 @@ def _fattr4_decode_l0g0_211(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_212(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S101_unpack_from(buf, off)
+    _t = _fattr4_S159_unpack_from(buf, off)
     off += 24
     out[4] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
@@ -7291,7 +8115,7 @@ def _fattr4_decode_l0g0_212(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_213(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S102_unpack_from(buf, off)
+    _t = _fattr4_S160_unpack_from(buf, off)
     off += 28
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
@@ -7302,7 +8126,7 @@ def _fattr4_decode_l0g0_213(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_214(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S103_unpack_from(buf, off)
+    _t = _fattr4_S161_unpack_from(buf, off)
     off += 32
     out[3] = _t[0]
     out[4] = _t[1]
@@ -7313,7 +8137,7 @@ def _fattr4_decode_l0g0_214(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_215(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S104_unpack_from(buf, off)
+    _t = _fattr4_S162_unpack_from(buf, off)
     off += 36
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -7325,7 +8149,7 @@ def _fattr4_decode_l0g0_215(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_216(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S103_unpack_from(buf, off)
+    _t = _fattr4_S161_unpack_from(buf, off)
     off += 32
     out[8] = fsid4(_t[0], _t[1])
     out[11] = _nfsstat4_MAP[_t[2]]
@@ -7335,7 +8159,7 @@ def _fattr4_decode_l0g0_216(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_217(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S104_unpack_from(buf, off)
+    _t = _fattr4_S162_unpack_from(buf, off)
     off += 36
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
@@ -7346,7 +8170,7 @@ def _fattr4_decode_l0g0_217(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_218(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S105_unpack_from(buf, off)
+    _t = _fattr4_S163_unpack_from(buf, off)
     off += 40
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
@@ -7357,7 +8181,7 @@ def _fattr4_decode_l0g0_218(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_219(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S106_unpack_from(buf, off)
+    _t = _fattr4_S164_unpack_from(buf, off)
     off += 44
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -7369,7 +8193,7 @@ def _fattr4_decode_l0g0_219(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_220(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S105_unpack_from(buf, off)
+    _t = _fattr4_S163_unpack_from(buf, off)
     off += 40
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
@@ -7380,7 +8204,7 @@ def _fattr4_decode_l0g0_220(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_221(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S106_unpack_from(buf, off)
+    _t = _fattr4_S164_unpack_from(buf, off)
     off += 44
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
@@ -7392,7 +8216,7 @@ def _fattr4_decode_l0g0_221(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_222(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S107_unpack_from(buf, off)
+    _t = _fattr4_S165_unpack_from(buf, off)
     off += 48
     out[3] = _t[0]
     out[4] = _t[1]
@@ -7404,7 +8228,7 @@ def _fattr4_decode_l0g0_222(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_223(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S108_unpack_from(buf, off)
+    _t = _fattr4_S166_unpack_from(buf, off)
     off += 52
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
@@ -7417,8 +8241,16 @@ def _fattr4_decode_l0g0_223(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_224(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7429,8 +8261,16 @@ def _fattr4_decode_l0g0_225(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S2_unpack_from(buf, off)
     off += 4
     out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7441,8 +8281,16 @@ def _fattr4_decode_l0g0_226(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[3] = _t[0]
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7450,12 +8298,20 @@ def _fattr4_decode_l0g0_226(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_227(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S58_unpack_from(buf, off)
+    _t = _fattr4_S33_unpack_from(buf, off)
     off += 12
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7466,8 +8322,16 @@ def _fattr4_decode_l0g0_228(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[4] = _t[0]
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7475,12 +8339,20 @@ def _fattr4_decode_l0g0_228(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_229(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S58_unpack_from(buf, off)
+    _t = _fattr4_S33_unpack_from(buf, off)
     off += 12
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7488,12 +8360,20 @@ def _fattr4_decode_l0g0_229(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_230(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S8_unpack_from(buf, off)
+    _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[3] = _t[0]
     out[4] = _t[1]
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7501,13 +8381,21 @@ def _fattr4_decode_l0g0_230(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_231(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S22_unpack_from(buf, off)
+    _t = _fattr4_S29_unpack_from(buf, off)
     off += 20
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[4] = _t[2]
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7515,11 +8403,19 @@ def _fattr4_decode_l0g0_231(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_232(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S8_unpack_from(buf, off)
+    _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[8] = fsid4(_t[0], _t[1])
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7527,12 +8423,20 @@ def _fattr4_decode_l0g0_232(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_233(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S22_unpack_from(buf, off)
+    _t = _fattr4_S29_unpack_from(buf, off)
     off += 20
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7540,12 +8444,20 @@ def _fattr4_decode_l0g0_233(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_234(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S59_unpack_from(buf, off)
+    _t = _fattr4_S122_unpack_from(buf, off)
     off += 24
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7553,13 +8465,21 @@ def _fattr4_decode_l0g0_234(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_235(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S60_unpack_from(buf, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
     off += 28
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7567,12 +8487,20 @@ def _fattr4_decode_l0g0_235(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_236(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S59_unpack_from(buf, off)
+    _t = _fattr4_S122_unpack_from(buf, off)
     off += 24
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7580,13 +8508,21 @@ def _fattr4_decode_l0g0_236(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_237(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S60_unpack_from(buf, off)
+    _t = _fattr4_S123_unpack_from(buf, off)
     off += 28
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7594,13 +8530,21 @@ def _fattr4_decode_l0g0_237(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_238(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S61_unpack_from(buf, off)
+    _t = _fattr4_S124_unpack_from(buf, off)
     off += 32
     out[3] = _t[0]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7608,14 +8552,22 @@ def _fattr4_decode_l0g0_238(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_239(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S62_unpack_from(buf, off)
+    _t = _fattr4_S125_unpack_from(buf, off)
     off += 36
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[4] = _t[2]
     out[8] = fsid4(_t[3], _t[4])
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7626,8 +8578,16 @@ def _fattr4_decode_l0g0_240(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S2_unpack_from(buf, off)
     off += 4
     out[11] = _nfsstat4_MAP[_t[0]]
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7635,12 +8595,20 @@ def _fattr4_decode_l0g0_240(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_241(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S63_unpack_from(buf, off)
+    _t = _fattr4_S34_unpack_from(buf, off)
     off += 8
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7648,12 +8616,20 @@ def _fattr4_decode_l0g0_241(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_242(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S64_unpack_from(buf, off)
+    _t = _fattr4_S126_unpack_from(buf, off)
     off += 12
     out[3] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7661,13 +8637,21 @@ def _fattr4_decode_l0g0_242(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_243(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S65_unpack_from(buf, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
     off += 16
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7675,12 +8659,20 @@ def _fattr4_decode_l0g0_243(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_244(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S64_unpack_from(buf, off)
+    _t = _fattr4_S126_unpack_from(buf, off)
     off += 12
     out[4] = _t[0]
     out[11] = _nfsstat4_MAP[_t[1]]
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7688,13 +8680,21 @@ def _fattr4_decode_l0g0_244(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_245(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S65_unpack_from(buf, off)
+    _t = _fattr4_S127_unpack_from(buf, off)
     off += 16
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7702,13 +8702,21 @@ def _fattr4_decode_l0g0_245(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_246(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S11_unpack_from(buf, off)
+    _t = _fattr4_S12_unpack_from(buf, off)
     off += 20
     out[3] = _t[0]
     out[4] = _t[1]
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7716,14 +8724,22 @@ def _fattr4_decode_l0g0_246(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_247(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S66_unpack_from(buf, off)
+    _t = _fattr4_S28_unpack_from(buf, off)
     off += 24
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[4] = _t[2]
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7731,12 +8747,20 @@ def _fattr4_decode_l0g0_247(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_248(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S11_unpack_from(buf, off)
+    _t = _fattr4_S12_unpack_from(buf, off)
     off += 20
     out[8] = fsid4(_t[0], _t[1])
     out[11] = _nfsstat4_MAP[_t[2]]
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7744,13 +8768,21 @@ def _fattr4_decode_l0g0_248(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_249(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S66_unpack_from(buf, off)
+    _t = _fattr4_S28_unpack_from(buf, off)
     off += 24
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7758,13 +8790,21 @@ def _fattr4_decode_l0g0_249(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_250(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S67_unpack_from(buf, off)
+    _t = _fattr4_S128_unpack_from(buf, off)
     off += 28
     out[3] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7772,14 +8812,22 @@ def _fattr4_decode_l0g0_250(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_251(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S68_unpack_from(buf, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
     off += 32
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7787,13 +8835,21 @@ def _fattr4_decode_l0g0_251(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_252(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S67_unpack_from(buf, off)
+    _t = _fattr4_S128_unpack_from(buf, off)
     off += 28
     out[4] = _t[0]
     out[8] = fsid4(_t[1], _t[2])
     out[11] = _nfsstat4_MAP[_t[3]]
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7801,14 +8857,22 @@ def _fattr4_decode_l0g0_252(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_253(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S68_unpack_from(buf, off)
+    _t = _fattr4_S129_unpack_from(buf, off)
     off += 32
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7816,14 +8880,22 @@ def _fattr4_decode_l0g0_253(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_254(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S69_unpack_from(buf, off)
+    _t = _fattr4_S130_unpack_from(buf, off)
     off += 36
     out[3] = _t[0]
     out[4] = _t[1]
     out[8] = fsid4(_t[2], _t[3])
     out[11] = _nfsstat4_MAP[_t[4]]
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7831,15 +8903,23 @@ def _fattr4_decode_l0g0_254(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g0_255(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S70_unpack_from(buf, off)
+    _t = _fattr4_S131_unpack_from(buf, off)
     off += 40
     out[1] = _nfs_ftype4_MAP[_t[0]]
     out[3] = _t[1]
     out[4] = _t[2]
     out[8] = fsid4(_t[3], _t[4])
     out[11] = _nfsstat4_MAP[_t[5]]
-    out[19], off = dec_fattr4_filehandle(r, off)
-    _t = _fattr4_S18_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    if _n > 128:
+        raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[19] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S21_unpack_from(buf, off)
     off += 12
     out[20] = _t[0]
     out[33] = _t[1]
@@ -7854,7 +8934,13 @@ def _fattr4_decode_l0g1_1(r: _Reader, buf: _Any, off: int, out: dict[int, _Any])
 
 
 def _fattr4_decode_l0g1_2(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -7862,12 +8948,24 @@ def _fattr4_decode_l0g1_3(r: _Reader, buf: _Any, off: int, out: dict[int, _Any])
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g1_4(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -7875,13 +8973,31 @@ def _fattr4_decode_l0g1_5(r: _Reader, buf: _Any, off: int, out: dict[int, _Any])
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
 def _fattr4_decode_l0g1_6(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -7889,8 +9005,20 @@ def _fattr4_decode_l0g1_7(r: _Reader, buf: _Any, off: int, out: dict[int, _Any])
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     return off
 
 
@@ -7902,7 +9030,7 @@ def _fattr4_decode_l0g1_8(r: _Reader, buf: _Any, off: int, out: dict[int, _Any])
 
 
 def _fattr4_decode_l0g1_9(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S9_unpack_from(buf, off)
+    _t = _fattr4_S10_unpack_from(buf, off)
     off += 12
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -7910,7 +9038,13 @@ def _fattr4_decode_l0g1_9(r: _Reader, buf: _Any, off: int, out: dict[int, _Any])
 
 
 def _fattr4_decode_l0g1_10(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S1_unpack_from(buf, off)
     off += 8
     out[41] = specdata4(_t[0], _t[1])
@@ -7921,7 +9055,13 @@ def _fattr4_decode_l0g1_11(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S1_unpack_from(buf, off)
     off += 8
     out[41] = specdata4(_t[0], _t[1])
@@ -7929,7 +9069,13 @@ def _fattr4_decode_l0g1_11(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_12(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S1_unpack_from(buf, off)
     off += 8
     out[41] = specdata4(_t[0], _t[1])
@@ -7940,7 +9086,13 @@ def _fattr4_decode_l0g1_13(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S1_unpack_from(buf, off)
     off += 8
     out[41] = specdata4(_t[0], _t[1])
@@ -7948,8 +9100,20 @@ def _fattr4_decode_l0g1_13(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_14(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S1_unpack_from(buf, off)
     off += 8
     out[41] = specdata4(_t[0], _t[1])
@@ -7960,8 +9124,20 @@ def _fattr4_decode_l0g1_15(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S1_unpack_from(buf, off)
     off += 8
     out[41] = specdata4(_t[0], _t[1])
@@ -7976,7 +9152,7 @@ def _fattr4_decode_l0g1_16(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_17(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S51_unpack_from(buf, off)
+    _t = _fattr4_S62_unpack_from(buf, off)
     off += 12
     out[35] = _t[0]
     out[45] = _t[1]
@@ -7984,7 +9160,13 @@ def _fattr4_decode_l0g1_17(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_18(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[45] = _t[0]
@@ -7995,7 +9177,13 @@ def _fattr4_decode_l0g1_19(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[45] = _t[0]
@@ -8003,7 +9191,13 @@ def _fattr4_decode_l0g1_19(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_20(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[45] = _t[0]
@@ -8014,7 +9208,13 @@ def _fattr4_decode_l0g1_21(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[45] = _t[0]
@@ -8022,8 +9222,20 @@ def _fattr4_decode_l0g1_21(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_22(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[45] = _t[0]
@@ -8034,8 +9246,20 @@ def _fattr4_decode_l0g1_23(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[45] = _t[0]
@@ -8043,7 +9267,7 @@ def _fattr4_decode_l0g1_23(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_24(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S109_unpack_from(buf, off)
+    _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -8051,7 +9275,7 @@ def _fattr4_decode_l0g1_24(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_25(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S110_unpack_from(buf, off)
+    _t = _fattr4_S168_unpack_from(buf, off)
     off += 20
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -8060,8 +9284,14 @@ def _fattr4_decode_l0g1_25(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_26(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S109_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -8072,8 +9302,14 @@ def _fattr4_decode_l0g1_27(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S109_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -8081,8 +9317,14 @@ def _fattr4_decode_l0g1_27(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_28(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S109_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -8093,8 +9335,14 @@ def _fattr4_decode_l0g1_29(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S109_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -8102,9 +9350,21 @@ def _fattr4_decode_l0g1_29(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_30(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S109_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -8115,9 +9375,21 @@ def _fattr4_decode_l0g1_31(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S109_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -8132,7 +9404,7 @@ def _fattr4_decode_l0g1_32(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_33(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S111_unpack_from(buf, off)
+    _t = _fattr4_S61_unpack_from(buf, off)
     off += 16
     out[35] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -8140,7 +9412,13 @@ def _fattr4_decode_l0g1_33(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_34(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[47] = nfstime4(_t[0], _t[1])
@@ -8151,7 +9429,13 @@ def _fattr4_decode_l0g1_35(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[47] = nfstime4(_t[0], _t[1])
@@ -8159,7 +9443,13 @@ def _fattr4_decode_l0g1_35(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_36(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[47] = nfstime4(_t[0], _t[1])
@@ -8170,7 +9460,13 @@ def _fattr4_decode_l0g1_37(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[47] = nfstime4(_t[0], _t[1])
@@ -8178,8 +9474,20 @@ def _fattr4_decode_l0g1_37(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_38(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[47] = nfstime4(_t[0], _t[1])
@@ -8190,8 +9498,20 @@ def _fattr4_decode_l0g1_39(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[47] = nfstime4(_t[0], _t[1])
@@ -8199,7 +9519,7 @@ def _fattr4_decode_l0g1_39(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_40(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S112_unpack_from(buf, off)
+    _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -8207,7 +9527,7 @@ def _fattr4_decode_l0g1_40(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_41(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S113_unpack_from(buf, off)
+    _t = _fattr4_S170_unpack_from(buf, off)
     off += 24
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -8216,8 +9536,14 @@ def _fattr4_decode_l0g1_41(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_42(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S112_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -8228,8 +9554,14 @@ def _fattr4_decode_l0g1_43(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S112_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -8237,8 +9569,14 @@ def _fattr4_decode_l0g1_43(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_44(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S112_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -8249,8 +9587,14 @@ def _fattr4_decode_l0g1_45(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S112_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -8258,9 +9602,21 @@ def _fattr4_decode_l0g1_45(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_46(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S112_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -8271,9 +9627,21 @@ def _fattr4_decode_l0g1_47(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S112_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -8281,7 +9649,7 @@ def _fattr4_decode_l0g1_47(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_48(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S114_unpack_from(buf, off)
+    _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -8289,7 +9657,7 @@ def _fattr4_decode_l0g1_48(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_49(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S115_unpack_from(buf, off)
+    _t = _fattr4_S172_unpack_from(buf, off)
     off += 24
     out[35] = _t[0]
     out[45] = _t[1]
@@ -8298,8 +9666,14 @@ def _fattr4_decode_l0g1_49(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_50(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S114_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -8310,8 +9684,14 @@ def _fattr4_decode_l0g1_51(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S114_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -8319,8 +9699,14 @@ def _fattr4_decode_l0g1_51(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_52(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S114_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -8331,8 +9717,14 @@ def _fattr4_decode_l0g1_53(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S114_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -8340,9 +9732,21 @@ def _fattr4_decode_l0g1_53(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_54(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S114_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -8353,9 +9757,21 @@ def _fattr4_decode_l0g1_55(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S114_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -8363,7 +9779,7 @@ def _fattr4_decode_l0g1_55(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_56(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S116_unpack_from(buf, off)
+    _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -8372,7 +9788,7 @@ def _fattr4_decode_l0g1_56(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_57(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S117_unpack_from(buf, off)
+    _t = _fattr4_S174_unpack_from(buf, off)
     off += 32
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -8382,8 +9798,14 @@ def _fattr4_decode_l0g1_57(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_58(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S116_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -8395,8 +9817,14 @@ def _fattr4_decode_l0g1_59(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S116_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -8405,8 +9833,14 @@ def _fattr4_decode_l0g1_59(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_60(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S116_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -8418,8 +9852,14 @@ def _fattr4_decode_l0g1_61(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S116_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -8428,9 +9868,21 @@ def _fattr4_decode_l0g1_61(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_62(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S116_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -8442,9 +9894,21 @@ def _fattr4_decode_l0g1_63(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S116_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -8460,7 +9924,7 @@ def _fattr4_decode_l0g1_64(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_65(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S111_unpack_from(buf, off)
+    _t = _fattr4_S61_unpack_from(buf, off)
     off += 16
     out[35] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -8468,7 +9932,13 @@ def _fattr4_decode_l0g1_65(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_66(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[52] = nfstime4(_t[0], _t[1])
@@ -8479,7 +9949,13 @@ def _fattr4_decode_l0g1_67(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[52] = nfstime4(_t[0], _t[1])
@@ -8487,7 +9963,13 @@ def _fattr4_decode_l0g1_67(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_68(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[52] = nfstime4(_t[0], _t[1])
@@ -8498,7 +9980,13 @@ def _fattr4_decode_l0g1_69(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[52] = nfstime4(_t[0], _t[1])
@@ -8506,8 +9994,20 @@ def _fattr4_decode_l0g1_69(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_70(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[52] = nfstime4(_t[0], _t[1])
@@ -8518,8 +10018,20 @@ def _fattr4_decode_l0g1_71(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[52] = nfstime4(_t[0], _t[1])
@@ -8527,7 +10039,7 @@ def _fattr4_decode_l0g1_71(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_72(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S112_unpack_from(buf, off)
+    _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -8535,7 +10047,7 @@ def _fattr4_decode_l0g1_72(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_73(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S113_unpack_from(buf, off)
+    _t = _fattr4_S170_unpack_from(buf, off)
     off += 24
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -8544,8 +10056,14 @@ def _fattr4_decode_l0g1_73(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_74(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S112_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -8556,8 +10074,14 @@ def _fattr4_decode_l0g1_75(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S112_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -8565,8 +10089,14 @@ def _fattr4_decode_l0g1_75(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_76(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S112_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -8577,8 +10107,14 @@ def _fattr4_decode_l0g1_77(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S112_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -8586,9 +10122,21 @@ def _fattr4_decode_l0g1_77(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_78(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S112_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -8599,9 +10147,21 @@ def _fattr4_decode_l0g1_79(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S112_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -8609,7 +10169,7 @@ def _fattr4_decode_l0g1_79(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_80(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S114_unpack_from(buf, off)
+    _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -8617,7 +10177,7 @@ def _fattr4_decode_l0g1_80(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_81(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S115_unpack_from(buf, off)
+    _t = _fattr4_S172_unpack_from(buf, off)
     off += 24
     out[35] = _t[0]
     out[45] = _t[1]
@@ -8626,8 +10186,14 @@ def _fattr4_decode_l0g1_81(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_82(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S114_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -8638,8 +10204,14 @@ def _fattr4_decode_l0g1_83(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S114_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -8647,8 +10219,14 @@ def _fattr4_decode_l0g1_83(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_84(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S114_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -8659,8 +10237,14 @@ def _fattr4_decode_l0g1_85(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S114_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -8668,9 +10252,21 @@ def _fattr4_decode_l0g1_85(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_86(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S114_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -8681,9 +10277,21 @@ def _fattr4_decode_l0g1_87(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S114_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -8691,7 +10299,7 @@ def _fattr4_decode_l0g1_87(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_88(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S116_unpack_from(buf, off)
+    _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -8700,7 +10308,7 @@ def _fattr4_decode_l0g1_88(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_89(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S117_unpack_from(buf, off)
+    _t = _fattr4_S174_unpack_from(buf, off)
     off += 32
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -8710,8 +10318,14 @@ def _fattr4_decode_l0g1_89(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_90(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S116_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -8723,8 +10337,14 @@ def _fattr4_decode_l0g1_91(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S116_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -8733,8 +10353,14 @@ def _fattr4_decode_l0g1_91(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_92(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S116_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -8746,8 +10372,14 @@ def _fattr4_decode_l0g1_93(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S116_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -8756,9 +10388,21 @@ def _fattr4_decode_l0g1_93(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_94(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S116_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -8770,9 +10414,21 @@ def _fattr4_decode_l0g1_95(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S116_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -8781,7 +10437,7 @@ def _fattr4_decode_l0g1_95(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_96(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S37_unpack_from(buf, off)
+    _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -8789,7 +10445,7 @@ def _fattr4_decode_l0g1_96(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_97(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S118_unpack_from(buf, off)
+    _t = _fattr4_S175_unpack_from(buf, off)
     off += 28
     out[35] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -8798,8 +10454,14 @@ def _fattr4_decode_l0g1_97(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_98(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S37_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -8810,8 +10472,14 @@ def _fattr4_decode_l0g1_99(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S37_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -8819,8 +10487,14 @@ def _fattr4_decode_l0g1_99(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
 
 
 def _fattr4_decode_l0g1_100(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S37_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -8831,8 +10505,14 @@ def _fattr4_decode_l0g1_101(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S37_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -8840,9 +10520,21 @@ def _fattr4_decode_l0g1_101(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_102(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S37_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -8853,9 +10545,21 @@ def _fattr4_decode_l0g1_103(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S37_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -8863,7 +10567,7 @@ def _fattr4_decode_l0g1_103(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_104(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S119_unpack_from(buf, off)
+    _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -8872,7 +10576,7 @@ def _fattr4_decode_l0g1_104(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_105(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S120_unpack_from(buf, off)
+    _t = _fattr4_S177_unpack_from(buf, off)
     off += 36
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -8882,8 +10586,14 @@ def _fattr4_decode_l0g1_105(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_106(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S119_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -8895,8 +10605,14 @@ def _fattr4_decode_l0g1_107(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S119_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -8905,8 +10621,14 @@ def _fattr4_decode_l0g1_107(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_108(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S119_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -8918,8 +10640,14 @@ def _fattr4_decode_l0g1_109(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S119_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -8928,9 +10656,21 @@ def _fattr4_decode_l0g1_109(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_110(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S119_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -8942,9 +10682,21 @@ def _fattr4_decode_l0g1_111(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S119_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -8953,7 +10705,7 @@ def _fattr4_decode_l0g1_111(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_112(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S121_unpack_from(buf, off)
+    _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -8962,7 +10714,7 @@ def _fattr4_decode_l0g1_112(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_113(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S122_unpack_from(buf, off)
+    _t = _fattr4_S179_unpack_from(buf, off)
     off += 36
     out[35] = _t[0]
     out[45] = _t[1]
@@ -8972,8 +10724,14 @@ def _fattr4_decode_l0g1_113(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_114(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S121_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -8985,8 +10743,14 @@ def _fattr4_decode_l0g1_115(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S121_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -8995,8 +10759,14 @@ def _fattr4_decode_l0g1_115(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_116(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S121_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -9008,8 +10778,14 @@ def _fattr4_decode_l0g1_117(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S121_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -9018,9 +10794,21 @@ def _fattr4_decode_l0g1_117(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_118(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S121_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -9032,9 +10820,21 @@ def _fattr4_decode_l0g1_119(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S121_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -9043,7 +10843,7 @@ def _fattr4_decode_l0g1_119(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_120(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S123_unpack_from(buf, off)
+    _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -9053,7 +10853,7 @@ def _fattr4_decode_l0g1_120(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_121(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S124_unpack_from(buf, off)
+    _t = _fattr4_S181_unpack_from(buf, off)
     off += 44
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -9064,8 +10864,14 @@ def _fattr4_decode_l0g1_121(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_122(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S123_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -9078,8 +10884,14 @@ def _fattr4_decode_l0g1_123(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S123_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -9089,8 +10901,14 @@ def _fattr4_decode_l0g1_123(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_124(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S123_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -9103,8 +10921,14 @@ def _fattr4_decode_l0g1_125(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S123_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -9114,9 +10938,21 @@ def _fattr4_decode_l0g1_125(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_126(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S123_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -9129,9 +10965,21 @@ def _fattr4_decode_l0g1_127(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S123_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -9148,7 +10996,7 @@ def _fattr4_decode_l0g1_128(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_129(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S111_unpack_from(buf, off)
+    _t = _fattr4_S61_unpack_from(buf, off)
     off += 16
     out[35] = _t[0]
     out[53] = nfstime4(_t[1], _t[2])
@@ -9156,7 +11004,13 @@ def _fattr4_decode_l0g1_129(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_130(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[53] = nfstime4(_t[0], _t[1])
@@ -9167,7 +11021,13 @@ def _fattr4_decode_l0g1_131(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[53] = nfstime4(_t[0], _t[1])
@@ -9175,7 +11035,13 @@ def _fattr4_decode_l0g1_131(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_132(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[53] = nfstime4(_t[0], _t[1])
@@ -9186,7 +11052,13 @@ def _fattr4_decode_l0g1_133(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[53] = nfstime4(_t[0], _t[1])
@@ -9194,8 +11066,20 @@ def _fattr4_decode_l0g1_133(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_134(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[53] = nfstime4(_t[0], _t[1])
@@ -9206,8 +11090,20 @@ def _fattr4_decode_l0g1_135(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S7_unpack_from(buf, off)
     off += 12
     out[53] = nfstime4(_t[0], _t[1])
@@ -9215,7 +11111,7 @@ def _fattr4_decode_l0g1_135(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_136(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S112_unpack_from(buf, off)
+    _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -9223,7 +11119,7 @@ def _fattr4_decode_l0g1_136(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_137(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S113_unpack_from(buf, off)
+    _t = _fattr4_S170_unpack_from(buf, off)
     off += 24
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -9232,8 +11128,14 @@ def _fattr4_decode_l0g1_137(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_138(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S112_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -9244,8 +11146,14 @@ def _fattr4_decode_l0g1_139(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S112_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -9253,8 +11161,14 @@ def _fattr4_decode_l0g1_139(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_140(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S112_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -9265,8 +11179,14 @@ def _fattr4_decode_l0g1_141(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S112_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -9274,9 +11194,21 @@ def _fattr4_decode_l0g1_141(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_142(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S112_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -9287,9 +11219,21 @@ def _fattr4_decode_l0g1_143(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S112_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S169_unpack_from(buf, off)
     off += 20
     out[41] = specdata4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -9297,7 +11241,7 @@ def _fattr4_decode_l0g1_143(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_144(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S114_unpack_from(buf, off)
+    _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
     out[53] = nfstime4(_t[1], _t[2])
@@ -9305,7 +11249,7 @@ def _fattr4_decode_l0g1_144(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_145(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S115_unpack_from(buf, off)
+    _t = _fattr4_S172_unpack_from(buf, off)
     off += 24
     out[35] = _t[0]
     out[45] = _t[1]
@@ -9314,8 +11258,14 @@ def _fattr4_decode_l0g1_145(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_146(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S114_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
     out[53] = nfstime4(_t[1], _t[2])
@@ -9326,8 +11276,14 @@ def _fattr4_decode_l0g1_147(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S114_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
     out[53] = nfstime4(_t[1], _t[2])
@@ -9335,8 +11291,14 @@ def _fattr4_decode_l0g1_147(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_148(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S114_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
     out[53] = nfstime4(_t[1], _t[2])
@@ -9347,8 +11309,14 @@ def _fattr4_decode_l0g1_149(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S114_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
     out[53] = nfstime4(_t[1], _t[2])
@@ -9356,9 +11324,21 @@ def _fattr4_decode_l0g1_149(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_150(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S114_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
     out[53] = nfstime4(_t[1], _t[2])
@@ -9369,9 +11349,21 @@ def _fattr4_decode_l0g1_151(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S114_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S171_unpack_from(buf, off)
     off += 20
     out[45] = _t[0]
     out[53] = nfstime4(_t[1], _t[2])
@@ -9379,7 +11371,7 @@ def _fattr4_decode_l0g1_151(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_152(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S116_unpack_from(buf, off)
+    _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -9388,7 +11380,7 @@ def _fattr4_decode_l0g1_152(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_153(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S117_unpack_from(buf, off)
+    _t = _fattr4_S174_unpack_from(buf, off)
     off += 32
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -9398,8 +11390,14 @@ def _fattr4_decode_l0g1_153(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_154(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S116_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -9411,8 +11409,14 @@ def _fattr4_decode_l0g1_155(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S116_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -9421,8 +11425,14 @@ def _fattr4_decode_l0g1_155(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_156(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S116_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -9434,8 +11444,14 @@ def _fattr4_decode_l0g1_157(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S116_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -9444,9 +11460,21 @@ def _fattr4_decode_l0g1_157(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_158(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S116_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -9458,9 +11486,21 @@ def _fattr4_decode_l0g1_159(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S116_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S173_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -9469,7 +11509,7 @@ def _fattr4_decode_l0g1_159(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_160(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S37_unpack_from(buf, off)
+    _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -9477,7 +11517,7 @@ def _fattr4_decode_l0g1_160(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_161(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S118_unpack_from(buf, off)
+    _t = _fattr4_S175_unpack_from(buf, off)
     off += 28
     out[35] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -9486,8 +11526,14 @@ def _fattr4_decode_l0g1_161(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_162(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S37_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -9498,8 +11544,14 @@ def _fattr4_decode_l0g1_163(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S37_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -9507,8 +11559,14 @@ def _fattr4_decode_l0g1_163(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_164(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S37_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -9519,8 +11577,14 @@ def _fattr4_decode_l0g1_165(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S37_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -9528,9 +11592,21 @@ def _fattr4_decode_l0g1_165(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_166(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S37_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -9541,9 +11617,21 @@ def _fattr4_decode_l0g1_167(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S37_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[47] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -9551,7 +11639,7 @@ def _fattr4_decode_l0g1_167(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_168(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S119_unpack_from(buf, off)
+    _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -9560,7 +11648,7 @@ def _fattr4_decode_l0g1_168(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_169(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S120_unpack_from(buf, off)
+    _t = _fattr4_S177_unpack_from(buf, off)
     off += 36
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -9570,8 +11658,14 @@ def _fattr4_decode_l0g1_169(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_170(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S119_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -9583,8 +11677,14 @@ def _fattr4_decode_l0g1_171(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S119_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -9593,8 +11693,14 @@ def _fattr4_decode_l0g1_171(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_172(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S119_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -9606,8 +11712,14 @@ def _fattr4_decode_l0g1_173(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S119_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -9616,9 +11728,21 @@ def _fattr4_decode_l0g1_173(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_174(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S119_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -9630,9 +11754,21 @@ def _fattr4_decode_l0g1_175(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S119_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -9641,7 +11777,7 @@ def _fattr4_decode_l0g1_175(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_176(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S121_unpack_from(buf, off)
+    _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -9650,7 +11786,7 @@ def _fattr4_decode_l0g1_176(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_177(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S122_unpack_from(buf, off)
+    _t = _fattr4_S179_unpack_from(buf, off)
     off += 36
     out[35] = _t[0]
     out[45] = _t[1]
@@ -9660,8 +11796,14 @@ def _fattr4_decode_l0g1_177(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_178(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S121_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -9673,8 +11815,14 @@ def _fattr4_decode_l0g1_179(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S121_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -9683,8 +11831,14 @@ def _fattr4_decode_l0g1_179(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_180(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S121_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -9696,8 +11850,14 @@ def _fattr4_decode_l0g1_181(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S121_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -9706,9 +11866,21 @@ def _fattr4_decode_l0g1_181(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_182(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S121_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -9720,9 +11892,21 @@ def _fattr4_decode_l0g1_183(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S121_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -9731,7 +11915,7 @@ def _fattr4_decode_l0g1_183(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_184(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S123_unpack_from(buf, off)
+    _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -9741,7 +11925,7 @@ def _fattr4_decode_l0g1_184(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_185(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S124_unpack_from(buf, off)
+    _t = _fattr4_S181_unpack_from(buf, off)
     off += 44
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -9752,8 +11936,14 @@ def _fattr4_decode_l0g1_185(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_186(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S123_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -9766,8 +11956,14 @@ def _fattr4_decode_l0g1_187(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S123_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -9777,8 +11973,14 @@ def _fattr4_decode_l0g1_187(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_188(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S123_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -9791,8 +11993,14 @@ def _fattr4_decode_l0g1_189(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S123_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -9802,9 +12010,21 @@ def _fattr4_decode_l0g1_189(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_190(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S123_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -9817,9 +12037,21 @@ def _fattr4_decode_l0g1_191(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S123_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -9829,7 +12061,7 @@ def _fattr4_decode_l0g1_191(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_192(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S37_unpack_from(buf, off)
+    _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[52] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -9837,7 +12069,7 @@ def _fattr4_decode_l0g1_192(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_193(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S118_unpack_from(buf, off)
+    _t = _fattr4_S175_unpack_from(buf, off)
     off += 28
     out[35] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -9846,8 +12078,14 @@ def _fattr4_decode_l0g1_193(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_194(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S37_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[52] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -9858,8 +12096,14 @@ def _fattr4_decode_l0g1_195(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S37_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[52] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -9867,8 +12111,14 @@ def _fattr4_decode_l0g1_195(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_196(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S37_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[52] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -9879,8 +12129,14 @@ def _fattr4_decode_l0g1_197(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S37_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[52] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -9888,9 +12144,21 @@ def _fattr4_decode_l0g1_197(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_198(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S37_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[52] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -9901,9 +12169,21 @@ def _fattr4_decode_l0g1_199(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S37_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S56_unpack_from(buf, off)
     off += 24
     out[52] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -9911,7 +12191,7 @@ def _fattr4_decode_l0g1_199(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_200(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S119_unpack_from(buf, off)
+    _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -9920,7 +12200,7 @@ def _fattr4_decode_l0g1_200(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_201(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S120_unpack_from(buf, off)
+    _t = _fattr4_S177_unpack_from(buf, off)
     off += 36
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -9930,8 +12210,14 @@ def _fattr4_decode_l0g1_201(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_202(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S119_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -9943,8 +12229,14 @@ def _fattr4_decode_l0g1_203(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S119_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -9953,8 +12245,14 @@ def _fattr4_decode_l0g1_203(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_204(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S119_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -9966,8 +12264,14 @@ def _fattr4_decode_l0g1_205(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S119_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -9976,9 +12280,21 @@ def _fattr4_decode_l0g1_205(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_206(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S119_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -9990,9 +12306,21 @@ def _fattr4_decode_l0g1_207(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S119_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S176_unpack_from(buf, off)
     off += 32
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -10001,7 +12329,7 @@ def _fattr4_decode_l0g1_207(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_208(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S121_unpack_from(buf, off)
+    _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -10010,7 +12338,7 @@ def _fattr4_decode_l0g1_208(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_209(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S122_unpack_from(buf, off)
+    _t = _fattr4_S179_unpack_from(buf, off)
     off += 36
     out[35] = _t[0]
     out[45] = _t[1]
@@ -10020,8 +12348,14 @@ def _fattr4_decode_l0g1_209(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_210(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S121_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -10033,8 +12367,14 @@ def _fattr4_decode_l0g1_211(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S121_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -10043,8 +12383,14 @@ def _fattr4_decode_l0g1_211(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_212(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S121_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -10056,8 +12402,14 @@ def _fattr4_decode_l0g1_213(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S121_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -10066,9 +12418,21 @@ def _fattr4_decode_l0g1_213(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_214(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S121_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -10080,9 +12444,21 @@ def _fattr4_decode_l0g1_215(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S121_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S178_unpack_from(buf, off)
     off += 32
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -10091,7 +12467,7 @@ def _fattr4_decode_l0g1_215(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_216(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S123_unpack_from(buf, off)
+    _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -10101,7 +12477,7 @@ def _fattr4_decode_l0g1_216(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_217(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S124_unpack_from(buf, off)
+    _t = _fattr4_S181_unpack_from(buf, off)
     off += 44
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -10112,8 +12488,14 @@ def _fattr4_decode_l0g1_217(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_218(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S123_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -10126,8 +12508,14 @@ def _fattr4_decode_l0g1_219(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S123_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -10137,8 +12525,14 @@ def _fattr4_decode_l0g1_219(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_220(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S123_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -10151,8 +12545,14 @@ def _fattr4_decode_l0g1_221(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S123_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -10162,9 +12562,21 @@ def _fattr4_decode_l0g1_221(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_222(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S123_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -10177,9 +12589,21 @@ def _fattr4_decode_l0g1_223(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S123_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S180_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -10189,7 +12613,7 @@ def _fattr4_decode_l0g1_223(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_224(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S125_unpack_from(buf, off)
+    _t = _fattr4_S182_unpack_from(buf, off)
     off += 36
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -10198,7 +12622,7 @@ def _fattr4_decode_l0g1_224(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_225(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S126_unpack_from(buf, off)
+    _t = _fattr4_S183_unpack_from(buf, off)
     off += 40
     out[35] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -10208,8 +12632,14 @@ def _fattr4_decode_l0g1_225(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_226(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S125_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S182_unpack_from(buf, off)
     off += 36
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -10221,8 +12651,14 @@ def _fattr4_decode_l0g1_227(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S125_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S182_unpack_from(buf, off)
     off += 36
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -10231,8 +12667,14 @@ def _fattr4_decode_l0g1_227(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_228(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S125_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S182_unpack_from(buf, off)
     off += 36
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -10244,8 +12686,14 @@ def _fattr4_decode_l0g1_229(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S125_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S182_unpack_from(buf, off)
     off += 36
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -10254,9 +12702,21 @@ def _fattr4_decode_l0g1_229(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_230(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S125_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S182_unpack_from(buf, off)
     off += 36
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -10268,9 +12728,21 @@ def _fattr4_decode_l0g1_231(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S125_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S182_unpack_from(buf, off)
     off += 36
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -10279,7 +12751,7 @@ def _fattr4_decode_l0g1_231(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_232(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S127_unpack_from(buf, off)
+    _t = _fattr4_S184_unpack_from(buf, off)
     off += 44
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -10289,7 +12761,7 @@ def _fattr4_decode_l0g1_232(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_233(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S128_unpack_from(buf, off)
+    _t = _fattr4_S185_unpack_from(buf, off)
     off += 48
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -10300,8 +12772,14 @@ def _fattr4_decode_l0g1_233(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_234(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S127_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S184_unpack_from(buf, off)
     off += 44
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -10314,8 +12792,14 @@ def _fattr4_decode_l0g1_235(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S127_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S184_unpack_from(buf, off)
     off += 44
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -10325,8 +12809,14 @@ def _fattr4_decode_l0g1_235(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_236(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S127_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S184_unpack_from(buf, off)
     off += 44
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -10339,8 +12829,14 @@ def _fattr4_decode_l0g1_237(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S127_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S184_unpack_from(buf, off)
     off += 44
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -10350,9 +12846,21 @@ def _fattr4_decode_l0g1_237(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_238(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S127_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S184_unpack_from(buf, off)
     off += 44
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -10365,9 +12873,21 @@ def _fattr4_decode_l0g1_239(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S127_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S184_unpack_from(buf, off)
     off += 44
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -10377,7 +12897,7 @@ def _fattr4_decode_l0g1_239(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_240(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S129_unpack_from(buf, off)
+    _t = _fattr4_S186_unpack_from(buf, off)
     off += 44
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -10387,7 +12907,7 @@ def _fattr4_decode_l0g1_240(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_241(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S130_unpack_from(buf, off)
+    _t = _fattr4_S187_unpack_from(buf, off)
     off += 48
     out[35] = _t[0]
     out[45] = _t[1]
@@ -10398,8 +12918,14 @@ def _fattr4_decode_l0g1_241(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_242(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S129_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S186_unpack_from(buf, off)
     off += 44
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -10412,8 +12938,14 @@ def _fattr4_decode_l0g1_243(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S129_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S186_unpack_from(buf, off)
     off += 44
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -10423,8 +12955,14 @@ def _fattr4_decode_l0g1_243(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_244(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S129_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S186_unpack_from(buf, off)
     off += 44
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -10437,8 +12975,14 @@ def _fattr4_decode_l0g1_245(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S129_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S186_unpack_from(buf, off)
     off += 44
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -10448,9 +12992,21 @@ def _fattr4_decode_l0g1_245(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_246(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S129_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S186_unpack_from(buf, off)
     off += 44
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -10463,9 +13019,21 @@ def _fattr4_decode_l0g1_247(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S129_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S186_unpack_from(buf, off)
     off += 44
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -10475,7 +13043,7 @@ def _fattr4_decode_l0g1_247(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_248(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S131_unpack_from(buf, off)
+    _t = _fattr4_S188_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -10486,7 +13054,7 @@ def _fattr4_decode_l0g1_248(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_249(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S132_unpack_from(buf, off)
+    _t = _fattr4_S189_unpack_from(buf, off)
     off += 56
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -10498,8 +13066,14 @@ def _fattr4_decode_l0g1_249(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_250(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S131_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S188_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -10513,8 +13087,14 @@ def _fattr4_decode_l0g1_251(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S131_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S188_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -10525,8 +13105,14 @@ def _fattr4_decode_l0g1_251(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_252(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S131_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S188_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -10540,8 +13126,14 @@ def _fattr4_decode_l0g1_253(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S131_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S188_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -10552,9 +13144,21 @@ def _fattr4_decode_l0g1_253(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_254(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S131_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S188_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -10568,9 +13172,21 @@ def _fattr4_decode_l0g1_255(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S131_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S188_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -10588,7 +13204,7 @@ def _fattr4_decode_l0g1_256(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_257(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S51_unpack_from(buf, off)
+    _t = _fattr4_S62_unpack_from(buf, off)
     off += 12
     out[35] = _t[0]
     out[55] = _t[1]
@@ -10596,7 +13212,13 @@ def _fattr4_decode_l0g1_257(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_258(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[55] = _t[0]
@@ -10607,7 +13229,13 @@ def _fattr4_decode_l0g1_259(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[55] = _t[0]
@@ -10615,7 +13243,13 @@ def _fattr4_decode_l0g1_259(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_260(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[55] = _t[0]
@@ -10626,7 +13260,13 @@ def _fattr4_decode_l0g1_261(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[55] = _t[0]
@@ -10634,8 +13274,20 @@ def _fattr4_decode_l0g1_261(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_262(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[55] = _t[0]
@@ -10646,8 +13298,20 @@ def _fattr4_decode_l0g1_263(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
     _t = _fattr4_S4_unpack_from(buf, off)
     off += 8
     out[55] = _t[0]
@@ -10655,7 +13319,7 @@ def _fattr4_decode_l0g1_263(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_264(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S109_unpack_from(buf, off)
+    _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
     out[55] = _t[2]
@@ -10663,7 +13327,7 @@ def _fattr4_decode_l0g1_264(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_265(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S110_unpack_from(buf, off)
+    _t = _fattr4_S168_unpack_from(buf, off)
     off += 20
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -10672,8 +13336,14 @@ def _fattr4_decode_l0g1_265(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_266(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S109_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
     out[55] = _t[2]
@@ -10684,8 +13354,14 @@ def _fattr4_decode_l0g1_267(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S109_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
     out[55] = _t[2]
@@ -10693,8 +13369,14 @@ def _fattr4_decode_l0g1_267(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_268(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S109_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
     out[55] = _t[2]
@@ -10705,8 +13387,14 @@ def _fattr4_decode_l0g1_269(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S109_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
     out[55] = _t[2]
@@ -10714,9 +13402,21 @@ def _fattr4_decode_l0g1_269(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_270(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S109_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
     out[55] = _t[2]
@@ -10727,9 +13427,21 @@ def _fattr4_decode_l0g1_271(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S109_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S167_unpack_from(buf, off)
     off += 16
     out[41] = specdata4(_t[0], _t[1])
     out[55] = _t[2]
@@ -10737,7 +13449,7 @@ def _fattr4_decode_l0g1_271(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_272(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S8_unpack_from(buf, off)
+    _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[45] = _t[0]
     out[55] = _t[1]
@@ -10745,7 +13457,7 @@ def _fattr4_decode_l0g1_272(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_273(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S15_unpack_from(buf, off)
+    _t = _fattr4_S16_unpack_from(buf, off)
     off += 20
     out[35] = _t[0]
     out[45] = _t[1]
@@ -10754,8 +13466,14 @@ def _fattr4_decode_l0g1_273(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_274(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S8_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[45] = _t[0]
     out[55] = _t[1]
@@ -10766,8 +13484,14 @@ def _fattr4_decode_l0g1_275(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S8_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[45] = _t[0]
     out[55] = _t[1]
@@ -10775,8 +13499,14 @@ def _fattr4_decode_l0g1_275(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_276(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S8_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[45] = _t[0]
     out[55] = _t[1]
@@ -10787,8 +13517,14 @@ def _fattr4_decode_l0g1_277(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S8_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[45] = _t[0]
     out[55] = _t[1]
@@ -10796,9 +13532,21 @@ def _fattr4_decode_l0g1_277(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_278(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S8_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[45] = _t[0]
     out[55] = _t[1]
@@ -10809,9 +13557,21 @@ def _fattr4_decode_l0g1_279(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S8_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S9_unpack_from(buf, off)
     off += 16
     out[45] = _t[0]
     out[55] = _t[1]
@@ -10819,7 +13579,7 @@ def _fattr4_decode_l0g1_279(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_280(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S133_unpack_from(buf, off)
+    _t = _fattr4_S190_unpack_from(buf, off)
     off += 24
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -10828,7 +13588,7 @@ def _fattr4_decode_l0g1_280(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_281(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S134_unpack_from(buf, off)
+    _t = _fattr4_S191_unpack_from(buf, off)
     off += 28
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -10838,8 +13598,14 @@ def _fattr4_decode_l0g1_281(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_282(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S133_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S190_unpack_from(buf, off)
     off += 24
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -10851,8 +13617,14 @@ def _fattr4_decode_l0g1_283(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S133_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S190_unpack_from(buf, off)
     off += 24
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -10861,8 +13633,14 @@ def _fattr4_decode_l0g1_283(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_284(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S133_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S190_unpack_from(buf, off)
     off += 24
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -10874,8 +13652,14 @@ def _fattr4_decode_l0g1_285(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S133_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S190_unpack_from(buf, off)
     off += 24
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -10884,9 +13668,21 @@ def _fattr4_decode_l0g1_285(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_286(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S133_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S190_unpack_from(buf, off)
     off += 24
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -10898,9 +13694,21 @@ def _fattr4_decode_l0g1_287(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S133_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S190_unpack_from(buf, off)
     off += 24
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -10909,7 +13717,7 @@ def _fattr4_decode_l0g1_287(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_288(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S135_unpack_from(buf, off)
+    _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[47] = nfstime4(_t[0], _t[1])
     out[55] = _t[2]
@@ -10917,7 +13725,7 @@ def _fattr4_decode_l0g1_288(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_289(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S136_unpack_from(buf, off)
+    _t = _fattr4_S193_unpack_from(buf, off)
     off += 24
     out[35] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -10926,8 +13734,14 @@ def _fattr4_decode_l0g1_289(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_290(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S135_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[47] = nfstime4(_t[0], _t[1])
     out[55] = _t[2]
@@ -10938,8 +13752,14 @@ def _fattr4_decode_l0g1_291(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S135_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[47] = nfstime4(_t[0], _t[1])
     out[55] = _t[2]
@@ -10947,8 +13767,14 @@ def _fattr4_decode_l0g1_291(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_292(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S135_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[47] = nfstime4(_t[0], _t[1])
     out[55] = _t[2]
@@ -10959,8 +13785,14 @@ def _fattr4_decode_l0g1_293(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S135_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[47] = nfstime4(_t[0], _t[1])
     out[55] = _t[2]
@@ -10968,9 +13800,21 @@ def _fattr4_decode_l0g1_293(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_294(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S135_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[47] = nfstime4(_t[0], _t[1])
     out[55] = _t[2]
@@ -10981,9 +13825,21 @@ def _fattr4_decode_l0g1_295(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S135_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[47] = nfstime4(_t[0], _t[1])
     out[55] = _t[2]
@@ -10991,7 +13847,7 @@ def _fattr4_decode_l0g1_295(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_296(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S137_unpack_from(buf, off)
+    _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -11000,7 +13856,7 @@ def _fattr4_decode_l0g1_296(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_297(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S138_unpack_from(buf, off)
+    _t = _fattr4_S195_unpack_from(buf, off)
     off += 32
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -11010,8 +13866,14 @@ def _fattr4_decode_l0g1_297(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_298(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S137_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -11023,8 +13885,14 @@ def _fattr4_decode_l0g1_299(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S137_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -11033,8 +13901,14 @@ def _fattr4_decode_l0g1_299(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_300(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S137_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -11046,8 +13920,14 @@ def _fattr4_decode_l0g1_301(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S137_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -11056,9 +13936,21 @@ def _fattr4_decode_l0g1_301(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_302(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S137_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -11070,9 +13962,21 @@ def _fattr4_decode_l0g1_303(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S137_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -11081,7 +13985,7 @@ def _fattr4_decode_l0g1_303(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_304(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S139_unpack_from(buf, off)
+    _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -11090,7 +13994,7 @@ def _fattr4_decode_l0g1_304(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_305(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S140_unpack_from(buf, off)
+    _t = _fattr4_S197_unpack_from(buf, off)
     off += 32
     out[35] = _t[0]
     out[45] = _t[1]
@@ -11100,8 +14004,14 @@ def _fattr4_decode_l0g1_305(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_306(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S139_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -11113,8 +14023,14 @@ def _fattr4_decode_l0g1_307(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S139_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -11123,8 +14039,14 @@ def _fattr4_decode_l0g1_307(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_308(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S139_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -11136,8 +14058,14 @@ def _fattr4_decode_l0g1_309(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S139_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -11146,9 +14074,21 @@ def _fattr4_decode_l0g1_309(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_310(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S139_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -11160,9 +14100,21 @@ def _fattr4_decode_l0g1_311(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S139_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -11171,7 +14123,7 @@ def _fattr4_decode_l0g1_311(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_312(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S141_unpack_from(buf, off)
+    _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -11181,7 +14133,7 @@ def _fattr4_decode_l0g1_312(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_313(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S142_unpack_from(buf, off)
+    _t = _fattr4_S199_unpack_from(buf, off)
     off += 40
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -11192,8 +14144,14 @@ def _fattr4_decode_l0g1_313(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_314(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S141_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -11206,8 +14164,14 @@ def _fattr4_decode_l0g1_315(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S141_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -11217,8 +14181,14 @@ def _fattr4_decode_l0g1_315(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_316(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S141_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -11231,8 +14201,14 @@ def _fattr4_decode_l0g1_317(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S141_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -11242,9 +14218,21 @@ def _fattr4_decode_l0g1_317(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_318(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S141_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -11257,9 +14245,21 @@ def _fattr4_decode_l0g1_319(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S141_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -11269,7 +14269,7 @@ def _fattr4_decode_l0g1_319(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_320(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S135_unpack_from(buf, off)
+    _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[52] = nfstime4(_t[0], _t[1])
     out[55] = _t[2]
@@ -11277,7 +14277,7 @@ def _fattr4_decode_l0g1_320(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_321(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S136_unpack_from(buf, off)
+    _t = _fattr4_S193_unpack_from(buf, off)
     off += 24
     out[35] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -11286,8 +14286,14 @@ def _fattr4_decode_l0g1_321(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_322(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S135_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[52] = nfstime4(_t[0], _t[1])
     out[55] = _t[2]
@@ -11298,8 +14304,14 @@ def _fattr4_decode_l0g1_323(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S135_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[52] = nfstime4(_t[0], _t[1])
     out[55] = _t[2]
@@ -11307,8 +14319,14 @@ def _fattr4_decode_l0g1_323(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_324(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S135_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[52] = nfstime4(_t[0], _t[1])
     out[55] = _t[2]
@@ -11319,8 +14337,14 @@ def _fattr4_decode_l0g1_325(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S135_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[52] = nfstime4(_t[0], _t[1])
     out[55] = _t[2]
@@ -11328,9 +14352,21 @@ def _fattr4_decode_l0g1_325(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_326(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S135_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[52] = nfstime4(_t[0], _t[1])
     out[55] = _t[2]
@@ -11341,9 +14377,21 @@ def _fattr4_decode_l0g1_327(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S135_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[52] = nfstime4(_t[0], _t[1])
     out[55] = _t[2]
@@ -11351,7 +14399,7 @@ def _fattr4_decode_l0g1_327(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_328(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S137_unpack_from(buf, off)
+    _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -11360,7 +14408,7 @@ def _fattr4_decode_l0g1_328(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_329(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S138_unpack_from(buf, off)
+    _t = _fattr4_S195_unpack_from(buf, off)
     off += 32
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -11370,8 +14418,14 @@ def _fattr4_decode_l0g1_329(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_330(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S137_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -11383,8 +14437,14 @@ def _fattr4_decode_l0g1_331(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S137_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -11393,8 +14453,14 @@ def _fattr4_decode_l0g1_331(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_332(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S137_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -11406,8 +14472,14 @@ def _fattr4_decode_l0g1_333(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S137_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -11416,9 +14488,21 @@ def _fattr4_decode_l0g1_333(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_334(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S137_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -11430,9 +14514,21 @@ def _fattr4_decode_l0g1_335(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S137_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -11441,7 +14537,7 @@ def _fattr4_decode_l0g1_335(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_336(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S139_unpack_from(buf, off)
+    _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -11450,7 +14546,7 @@ def _fattr4_decode_l0g1_336(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_337(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S140_unpack_from(buf, off)
+    _t = _fattr4_S197_unpack_from(buf, off)
     off += 32
     out[35] = _t[0]
     out[45] = _t[1]
@@ -11460,8 +14556,14 @@ def _fattr4_decode_l0g1_337(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_338(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S139_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -11473,8 +14575,14 @@ def _fattr4_decode_l0g1_339(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S139_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -11483,8 +14591,14 @@ def _fattr4_decode_l0g1_339(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_340(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S139_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -11496,8 +14610,14 @@ def _fattr4_decode_l0g1_341(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S139_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -11506,9 +14626,21 @@ def _fattr4_decode_l0g1_341(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_342(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S139_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -11520,9 +14652,21 @@ def _fattr4_decode_l0g1_343(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S139_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -11531,7 +14675,7 @@ def _fattr4_decode_l0g1_343(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_344(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S141_unpack_from(buf, off)
+    _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -11541,7 +14685,7 @@ def _fattr4_decode_l0g1_344(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_345(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S142_unpack_from(buf, off)
+    _t = _fattr4_S199_unpack_from(buf, off)
     off += 40
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -11552,8 +14696,14 @@ def _fattr4_decode_l0g1_345(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_346(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S141_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -11566,8 +14716,14 @@ def _fattr4_decode_l0g1_347(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S141_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -11577,8 +14733,14 @@ def _fattr4_decode_l0g1_347(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_348(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S141_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -11591,8 +14753,14 @@ def _fattr4_decode_l0g1_349(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S141_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -11602,9 +14770,21 @@ def _fattr4_decode_l0g1_349(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_350(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S141_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -11617,9 +14797,21 @@ def _fattr4_decode_l0g1_351(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S141_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -11629,7 +14821,7 @@ def _fattr4_decode_l0g1_351(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_352(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S143_unpack_from(buf, off)
+    _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -11638,7 +14830,7 @@ def _fattr4_decode_l0g1_352(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_353(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S144_unpack_from(buf, off)
+    _t = _fattr4_S201_unpack_from(buf, off)
     off += 36
     out[35] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -11648,8 +14840,14 @@ def _fattr4_decode_l0g1_353(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_354(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S143_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -11661,8 +14859,14 @@ def _fattr4_decode_l0g1_355(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S143_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -11671,8 +14875,14 @@ def _fattr4_decode_l0g1_355(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_356(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S143_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -11684,8 +14894,14 @@ def _fattr4_decode_l0g1_357(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S143_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -11694,9 +14910,21 @@ def _fattr4_decode_l0g1_357(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_358(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S143_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -11708,9 +14936,21 @@ def _fattr4_decode_l0g1_359(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S143_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -11719,7 +14959,7 @@ def _fattr4_decode_l0g1_359(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_360(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S145_unpack_from(buf, off)
+    _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -11729,7 +14969,7 @@ def _fattr4_decode_l0g1_360(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_361(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S146_unpack_from(buf, off)
+    _t = _fattr4_S203_unpack_from(buf, off)
     off += 44
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -11740,8 +14980,14 @@ def _fattr4_decode_l0g1_361(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_362(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S145_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -11754,8 +15000,14 @@ def _fattr4_decode_l0g1_363(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S145_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -11765,8 +15017,14 @@ def _fattr4_decode_l0g1_363(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_364(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S145_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -11779,8 +15037,14 @@ def _fattr4_decode_l0g1_365(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S145_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -11790,9 +15054,21 @@ def _fattr4_decode_l0g1_365(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_366(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S145_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -11805,9 +15081,21 @@ def _fattr4_decode_l0g1_367(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S145_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -11817,7 +15105,7 @@ def _fattr4_decode_l0g1_367(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_368(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S147_unpack_from(buf, off)
+    _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -11827,7 +15115,7 @@ def _fattr4_decode_l0g1_368(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_369(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S148_unpack_from(buf, off)
+    _t = _fattr4_S205_unpack_from(buf, off)
     off += 44
     out[35] = _t[0]
     out[45] = _t[1]
@@ -11838,8 +15126,14 @@ def _fattr4_decode_l0g1_369(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_370(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S147_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -11852,8 +15146,14 @@ def _fattr4_decode_l0g1_371(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S147_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -11863,8 +15163,14 @@ def _fattr4_decode_l0g1_371(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_372(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S147_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -11877,8 +15183,14 @@ def _fattr4_decode_l0g1_373(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S147_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -11888,9 +15200,21 @@ def _fattr4_decode_l0g1_373(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_374(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S147_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -11903,9 +15227,21 @@ def _fattr4_decode_l0g1_375(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S147_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -11915,7 +15251,7 @@ def _fattr4_decode_l0g1_375(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_376(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S149_unpack_from(buf, off)
+    _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -11926,7 +15262,7 @@ def _fattr4_decode_l0g1_376(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_377(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S150_unpack_from(buf, off)
+    _t = _fattr4_S207_unpack_from(buf, off)
     off += 52
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -11938,8 +15274,14 @@ def _fattr4_decode_l0g1_377(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_378(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S149_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -11953,8 +15295,14 @@ def _fattr4_decode_l0g1_379(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S149_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -11965,8 +15313,14 @@ def _fattr4_decode_l0g1_379(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_380(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S149_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -11980,8 +15334,14 @@ def _fattr4_decode_l0g1_381(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S149_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -11992,9 +15352,21 @@ def _fattr4_decode_l0g1_381(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_382(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S149_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -12008,9 +15380,21 @@ def _fattr4_decode_l0g1_383(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S149_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -12021,7 +15405,7 @@ def _fattr4_decode_l0g1_383(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_384(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S135_unpack_from(buf, off)
+    _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[53] = nfstime4(_t[0], _t[1])
     out[55] = _t[2]
@@ -12029,7 +15413,7 @@ def _fattr4_decode_l0g1_384(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_385(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S136_unpack_from(buf, off)
+    _t = _fattr4_S193_unpack_from(buf, off)
     off += 24
     out[35] = _t[0]
     out[53] = nfstime4(_t[1], _t[2])
@@ -12038,8 +15422,14 @@ def _fattr4_decode_l0g1_385(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_386(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S135_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[53] = nfstime4(_t[0], _t[1])
     out[55] = _t[2]
@@ -12050,8 +15440,14 @@ def _fattr4_decode_l0g1_387(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S135_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[53] = nfstime4(_t[0], _t[1])
     out[55] = _t[2]
@@ -12059,8 +15455,14 @@ def _fattr4_decode_l0g1_387(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_388(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S135_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[53] = nfstime4(_t[0], _t[1])
     out[55] = _t[2]
@@ -12071,8 +15473,14 @@ def _fattr4_decode_l0g1_389(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S135_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[53] = nfstime4(_t[0], _t[1])
     out[55] = _t[2]
@@ -12080,9 +15488,21 @@ def _fattr4_decode_l0g1_389(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_390(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S135_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[53] = nfstime4(_t[0], _t[1])
     out[55] = _t[2]
@@ -12093,9 +15513,21 @@ def _fattr4_decode_l0g1_391(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S135_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S192_unpack_from(buf, off)
     off += 20
     out[53] = nfstime4(_t[0], _t[1])
     out[55] = _t[2]
@@ -12103,7 +15535,7 @@ def _fattr4_decode_l0g1_391(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_392(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S137_unpack_from(buf, off)
+    _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -12112,7 +15544,7 @@ def _fattr4_decode_l0g1_392(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_393(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S138_unpack_from(buf, off)
+    _t = _fattr4_S195_unpack_from(buf, off)
     off += 32
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -12122,8 +15554,14 @@ def _fattr4_decode_l0g1_393(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_394(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S137_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -12135,8 +15573,14 @@ def _fattr4_decode_l0g1_395(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S137_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -12145,8 +15589,14 @@ def _fattr4_decode_l0g1_395(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_396(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S137_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -12158,8 +15608,14 @@ def _fattr4_decode_l0g1_397(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S137_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -12168,9 +15624,21 @@ def _fattr4_decode_l0g1_397(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_398(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S137_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -12182,9 +15650,21 @@ def _fattr4_decode_l0g1_399(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S137_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S194_unpack_from(buf, off)
     off += 28
     out[41] = specdata4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -12193,7 +15673,7 @@ def _fattr4_decode_l0g1_399(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_400(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S139_unpack_from(buf, off)
+    _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
     out[53] = nfstime4(_t[1], _t[2])
@@ -12202,7 +15682,7 @@ def _fattr4_decode_l0g1_400(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_401(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S140_unpack_from(buf, off)
+    _t = _fattr4_S197_unpack_from(buf, off)
     off += 32
     out[35] = _t[0]
     out[45] = _t[1]
@@ -12212,8 +15692,14 @@ def _fattr4_decode_l0g1_401(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_402(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S139_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
     out[53] = nfstime4(_t[1], _t[2])
@@ -12225,8 +15711,14 @@ def _fattr4_decode_l0g1_403(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S139_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
     out[53] = nfstime4(_t[1], _t[2])
@@ -12235,8 +15727,14 @@ def _fattr4_decode_l0g1_403(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_404(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S139_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
     out[53] = nfstime4(_t[1], _t[2])
@@ -12248,8 +15746,14 @@ def _fattr4_decode_l0g1_405(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S139_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
     out[53] = nfstime4(_t[1], _t[2])
@@ -12258,9 +15762,21 @@ def _fattr4_decode_l0g1_405(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_406(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S139_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
     out[53] = nfstime4(_t[1], _t[2])
@@ -12272,9 +15788,21 @@ def _fattr4_decode_l0g1_407(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S139_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S196_unpack_from(buf, off)
     off += 28
     out[45] = _t[0]
     out[53] = nfstime4(_t[1], _t[2])
@@ -12283,7 +15811,7 @@ def _fattr4_decode_l0g1_407(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_408(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S141_unpack_from(buf, off)
+    _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -12293,7 +15821,7 @@ def _fattr4_decode_l0g1_408(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_409(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S142_unpack_from(buf, off)
+    _t = _fattr4_S199_unpack_from(buf, off)
     off += 40
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -12304,8 +15832,14 @@ def _fattr4_decode_l0g1_409(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_410(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S141_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -12318,8 +15852,14 @@ def _fattr4_decode_l0g1_411(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S141_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -12329,8 +15869,14 @@ def _fattr4_decode_l0g1_411(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_412(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S141_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -12343,8 +15889,14 @@ def _fattr4_decode_l0g1_413(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S141_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -12354,9 +15906,21 @@ def _fattr4_decode_l0g1_413(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_414(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S141_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -12369,9 +15933,21 @@ def _fattr4_decode_l0g1_415(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S141_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S198_unpack_from(buf, off)
     off += 36
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -12381,7 +15957,7 @@ def _fattr4_decode_l0g1_415(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_416(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S143_unpack_from(buf, off)
+    _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -12390,7 +15966,7 @@ def _fattr4_decode_l0g1_416(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_417(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S144_unpack_from(buf, off)
+    _t = _fattr4_S201_unpack_from(buf, off)
     off += 36
     out[35] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -12400,8 +15976,14 @@ def _fattr4_decode_l0g1_417(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_418(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S143_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -12413,8 +15995,14 @@ def _fattr4_decode_l0g1_419(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S143_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -12423,8 +16011,14 @@ def _fattr4_decode_l0g1_419(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_420(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S143_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -12436,8 +16030,14 @@ def _fattr4_decode_l0g1_421(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S143_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -12446,9 +16046,21 @@ def _fattr4_decode_l0g1_421(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_422(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S143_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -12460,9 +16072,21 @@ def _fattr4_decode_l0g1_423(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S143_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[47] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -12471,7 +16095,7 @@ def _fattr4_decode_l0g1_423(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_424(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S145_unpack_from(buf, off)
+    _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -12481,7 +16105,7 @@ def _fattr4_decode_l0g1_424(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_425(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S146_unpack_from(buf, off)
+    _t = _fattr4_S203_unpack_from(buf, off)
     off += 44
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -12492,8 +16116,14 @@ def _fattr4_decode_l0g1_425(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_426(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S145_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -12506,8 +16136,14 @@ def _fattr4_decode_l0g1_427(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S145_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -12517,8 +16153,14 @@ def _fattr4_decode_l0g1_427(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_428(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S145_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -12531,8 +16173,14 @@ def _fattr4_decode_l0g1_429(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S145_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -12542,9 +16190,21 @@ def _fattr4_decode_l0g1_429(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_430(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S145_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -12557,9 +16217,21 @@ def _fattr4_decode_l0g1_431(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S145_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -12569,7 +16241,7 @@ def _fattr4_decode_l0g1_431(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_432(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S147_unpack_from(buf, off)
+    _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -12579,7 +16251,7 @@ def _fattr4_decode_l0g1_432(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_433(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S148_unpack_from(buf, off)
+    _t = _fattr4_S205_unpack_from(buf, off)
     off += 44
     out[35] = _t[0]
     out[45] = _t[1]
@@ -12590,8 +16262,14 @@ def _fattr4_decode_l0g1_433(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_434(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S147_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -12604,8 +16282,14 @@ def _fattr4_decode_l0g1_435(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S147_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -12615,8 +16299,14 @@ def _fattr4_decode_l0g1_435(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_436(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S147_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -12629,8 +16319,14 @@ def _fattr4_decode_l0g1_437(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S147_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -12640,9 +16336,21 @@ def _fattr4_decode_l0g1_437(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_438(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S147_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -12655,9 +16363,21 @@ def _fattr4_decode_l0g1_439(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S147_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -12667,7 +16387,7 @@ def _fattr4_decode_l0g1_439(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_440(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S149_unpack_from(buf, off)
+    _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -12678,7 +16398,7 @@ def _fattr4_decode_l0g1_440(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_441(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S150_unpack_from(buf, off)
+    _t = _fattr4_S207_unpack_from(buf, off)
     off += 52
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -12690,8 +16410,14 @@ def _fattr4_decode_l0g1_441(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_442(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S149_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -12705,8 +16431,14 @@ def _fattr4_decode_l0g1_443(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S149_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -12717,8 +16449,14 @@ def _fattr4_decode_l0g1_443(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_444(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S149_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -12732,8 +16470,14 @@ def _fattr4_decode_l0g1_445(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S149_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -12744,9 +16488,21 @@ def _fattr4_decode_l0g1_445(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_446(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S149_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -12760,9 +16516,21 @@ def _fattr4_decode_l0g1_447(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S149_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -12773,7 +16541,7 @@ def _fattr4_decode_l0g1_447(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_448(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S143_unpack_from(buf, off)
+    _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[52] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -12782,7 +16550,7 @@ def _fattr4_decode_l0g1_448(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_449(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S144_unpack_from(buf, off)
+    _t = _fattr4_S201_unpack_from(buf, off)
     off += 36
     out[35] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -12792,8 +16560,14 @@ def _fattr4_decode_l0g1_449(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_450(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S143_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[52] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -12805,8 +16579,14 @@ def _fattr4_decode_l0g1_451(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S143_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[52] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -12815,8 +16595,14 @@ def _fattr4_decode_l0g1_451(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_452(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S143_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[52] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -12828,8 +16614,14 @@ def _fattr4_decode_l0g1_453(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S143_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[52] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -12838,9 +16630,21 @@ def _fattr4_decode_l0g1_453(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_454(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S143_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[52] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -12852,9 +16656,21 @@ def _fattr4_decode_l0g1_455(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S143_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S200_unpack_from(buf, off)
     off += 32
     out[52] = nfstime4(_t[0], _t[1])
     out[53] = nfstime4(_t[2], _t[3])
@@ -12863,7 +16679,7 @@ def _fattr4_decode_l0g1_455(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_456(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S145_unpack_from(buf, off)
+    _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -12873,7 +16689,7 @@ def _fattr4_decode_l0g1_456(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_457(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S146_unpack_from(buf, off)
+    _t = _fattr4_S203_unpack_from(buf, off)
     off += 44
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -12884,8 +16700,14 @@ def _fattr4_decode_l0g1_457(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_458(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S145_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -12898,8 +16720,14 @@ def _fattr4_decode_l0g1_459(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S145_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -12909,8 +16737,14 @@ def _fattr4_decode_l0g1_459(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_460(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S145_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -12923,8 +16757,14 @@ def _fattr4_decode_l0g1_461(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S145_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -12934,9 +16774,21 @@ def _fattr4_decode_l0g1_461(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_462(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S145_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -12949,9 +16801,21 @@ def _fattr4_decode_l0g1_463(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S145_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S202_unpack_from(buf, off)
     off += 40
     out[41] = specdata4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -12961,7 +16825,7 @@ def _fattr4_decode_l0g1_463(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_464(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S147_unpack_from(buf, off)
+    _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -12971,7 +16835,7 @@ def _fattr4_decode_l0g1_464(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_465(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S148_unpack_from(buf, off)
+    _t = _fattr4_S205_unpack_from(buf, off)
     off += 44
     out[35] = _t[0]
     out[45] = _t[1]
@@ -12982,8 +16846,14 @@ def _fattr4_decode_l0g1_465(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_466(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S147_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -12996,8 +16866,14 @@ def _fattr4_decode_l0g1_467(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S147_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -13007,8 +16883,14 @@ def _fattr4_decode_l0g1_467(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_468(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S147_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -13021,8 +16903,14 @@ def _fattr4_decode_l0g1_469(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S147_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -13032,9 +16920,21 @@ def _fattr4_decode_l0g1_469(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_470(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S147_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -13047,9 +16947,21 @@ def _fattr4_decode_l0g1_471(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S147_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S204_unpack_from(buf, off)
     off += 40
     out[45] = _t[0]
     out[52] = nfstime4(_t[1], _t[2])
@@ -13059,7 +16971,7 @@ def _fattr4_decode_l0g1_471(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_472(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S149_unpack_from(buf, off)
+    _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -13070,7 +16982,7 @@ def _fattr4_decode_l0g1_472(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_473(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S150_unpack_from(buf, off)
+    _t = _fattr4_S207_unpack_from(buf, off)
     off += 52
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -13082,8 +16994,14 @@ def _fattr4_decode_l0g1_473(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_474(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S149_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -13097,8 +17015,14 @@ def _fattr4_decode_l0g1_475(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S149_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -13109,8 +17033,14 @@ def _fattr4_decode_l0g1_475(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_476(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S149_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -13124,8 +17054,14 @@ def _fattr4_decode_l0g1_477(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S149_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -13136,9 +17072,21 @@ def _fattr4_decode_l0g1_477(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_478(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S149_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -13152,9 +17100,21 @@ def _fattr4_decode_l0g1_479(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S149_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S206_unpack_from(buf, off)
     off += 48
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -13165,7 +17125,7 @@ def _fattr4_decode_l0g1_479(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_480(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S151_unpack_from(buf, off)
+    _t = _fattr4_S208_unpack_from(buf, off)
     off += 44
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -13175,7 +17135,7 @@ def _fattr4_decode_l0g1_480(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_481(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S152_unpack_from(buf, off)
+    _t = _fattr4_S209_unpack_from(buf, off)
     off += 48
     out[35] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -13186,8 +17146,14 @@ def _fattr4_decode_l0g1_481(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_482(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S151_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S208_unpack_from(buf, off)
     off += 44
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -13200,8 +17166,14 @@ def _fattr4_decode_l0g1_483(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S151_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S208_unpack_from(buf, off)
     off += 44
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -13211,8 +17183,14 @@ def _fattr4_decode_l0g1_483(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_484(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S151_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S208_unpack_from(buf, off)
     off += 44
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -13225,8 +17203,14 @@ def _fattr4_decode_l0g1_485(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S151_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S208_unpack_from(buf, off)
     off += 44
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -13236,9 +17220,21 @@ def _fattr4_decode_l0g1_485(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_486(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S151_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S208_unpack_from(buf, off)
     off += 44
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -13251,9 +17247,21 @@ def _fattr4_decode_l0g1_487(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S151_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S208_unpack_from(buf, off)
     off += 44
     out[47] = nfstime4(_t[0], _t[1])
     out[52] = nfstime4(_t[2], _t[3])
@@ -13263,7 +17271,7 @@ def _fattr4_decode_l0g1_487(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_488(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S153_unpack_from(buf, off)
+    _t = _fattr4_S210_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -13274,7 +17282,7 @@ def _fattr4_decode_l0g1_488(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_489(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S154_unpack_from(buf, off)
+    _t = _fattr4_S211_unpack_from(buf, off)
     off += 56
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -13286,8 +17294,14 @@ def _fattr4_decode_l0g1_489(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_490(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S153_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S210_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -13301,8 +17315,14 @@ def _fattr4_decode_l0g1_491(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S153_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S210_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -13313,8 +17333,14 @@ def _fattr4_decode_l0g1_491(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_492(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S153_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S210_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -13328,8 +17354,14 @@ def _fattr4_decode_l0g1_493(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S153_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S210_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -13340,9 +17372,21 @@ def _fattr4_decode_l0g1_493(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_494(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S153_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S210_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -13356,9 +17400,21 @@ def _fattr4_decode_l0g1_495(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S153_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S210_unpack_from(buf, off)
     off += 52
     out[41] = specdata4(_t[0], _t[1])
     out[47] = nfstime4(_t[2], _t[3])
@@ -13369,7 +17425,7 @@ def _fattr4_decode_l0g1_495(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_496(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S155_unpack_from(buf, off)
+    _t = _fattr4_S212_unpack_from(buf, off)
     off += 52
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -13380,7 +17436,7 @@ def _fattr4_decode_l0g1_496(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_497(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S156_unpack_from(buf, off)
+    _t = _fattr4_S213_unpack_from(buf, off)
     off += 56
     out[35] = _t[0]
     out[45] = _t[1]
@@ -13392,8 +17448,14 @@ def _fattr4_decode_l0g1_497(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_498(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S155_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S212_unpack_from(buf, off)
     off += 52
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -13407,8 +17469,14 @@ def _fattr4_decode_l0g1_499(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S155_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S212_unpack_from(buf, off)
     off += 52
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -13419,8 +17487,14 @@ def _fattr4_decode_l0g1_499(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_500(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S155_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S212_unpack_from(buf, off)
     off += 52
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -13434,8 +17508,14 @@ def _fattr4_decode_l0g1_501(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S155_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S212_unpack_from(buf, off)
     off += 52
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -13446,9 +17526,21 @@ def _fattr4_decode_l0g1_501(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_502(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S155_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S212_unpack_from(buf, off)
     off += 52
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -13462,9 +17554,21 @@ def _fattr4_decode_l0g1_503(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S155_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S212_unpack_from(buf, off)
     off += 52
     out[45] = _t[0]
     out[47] = nfstime4(_t[1], _t[2])
@@ -13475,7 +17579,7 @@ def _fattr4_decode_l0g1_503(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_504(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S157_unpack_from(buf, off)
+    _t = _fattr4_S214_unpack_from(buf, off)
     off += 60
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -13487,7 +17591,7 @@ def _fattr4_decode_l0g1_504(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_505(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S158_unpack_from(buf, off)
+    _t = _fattr4_S215_unpack_from(buf, off)
     off += 64
     out[35] = _t[0]
     out[41] = specdata4(_t[1], _t[2])
@@ -13500,8 +17604,14 @@ def _fattr4_decode_l0g1_505(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_506(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S157_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S214_unpack_from(buf, off)
     off += 60
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -13516,8 +17626,14 @@ def _fattr4_decode_l0g1_507(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    _t = _fattr4_S157_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S214_unpack_from(buf, off)
     off += 60
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -13529,8 +17645,14 @@ def _fattr4_decode_l0g1_507(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_508(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S157_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S214_unpack_from(buf, off)
     off += 60
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -13545,8 +17667,14 @@ def _fattr4_decode_l0g1_509(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S157_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S214_unpack_from(buf, off)
     off += 60
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -13558,9 +17686,21 @@ def _fattr4_decode_l0g1_509(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
 
 
 def _fattr4_decode_l0g1_510(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S157_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S214_unpack_from(buf, off)
     off += 60
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -13575,9 +17715,21 @@ def _fattr4_decode_l0g1_511(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     _t = _fattr4_S0_unpack_from(buf, off)
     off += 4
     out[35] = _t[0]
-    out[36], off = dec_fattr4_owner(r, off)
-    out[37], off = dec_fattr4_owner_group(r, off)
-    _t = _fattr4_S157_unpack_from(buf, off)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[36] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    (_n,) = _U32.unpack_from(buf, off)
+    off += 4
+    if _n > len(buf) - off:
+        raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+    _e = off + _n
+    out[37] = bytes(buf[off:_e])
+    off = _e + (-_n & 3)
+    _t = _fattr4_S214_unpack_from(buf, off)
     off += 60
     out[41] = specdata4(_t[0], _t[1])
     out[45] = _t[2]
@@ -13597,52 +17749,10 @@ ATTRIBUTE_MASK_ENCODERS: dict[tuple[int, ...], _Callable[[_Any, _Any, bytes, _An
 
 _fattr4_S0_pack = _S0.pack
 _fattr4_S0_unpack_from = _S0.unpack_from
-_fattr4_S100_pack = _S100.pack
-_fattr4_S100_unpack_from = _S100.unpack_from
-_fattr4_S101_pack = _S101.pack
-_fattr4_S101_unpack_from = _S101.unpack_from
-_fattr4_S102_pack = _S102.pack
-_fattr4_S102_unpack_from = _S102.unpack_from
-_fattr4_S103_pack = _S103.pack
-_fattr4_S103_unpack_from = _S103.unpack_from
-_fattr4_S104_pack = _S104.pack
-_fattr4_S104_unpack_from = _S104.unpack_from
-_fattr4_S105_pack = _S105.pack
-_fattr4_S105_unpack_from = _S105.unpack_from
-_fattr4_S106_pack = _S106.pack
-_fattr4_S106_unpack_from = _S106.unpack_from
-_fattr4_S107_pack = _S107.pack
-_fattr4_S107_unpack_from = _S107.unpack_from
-_fattr4_S108_pack = _S108.pack
-_fattr4_S108_unpack_from = _S108.unpack_from
-_fattr4_S109_pack = _S109.pack
-_fattr4_S109_unpack_from = _S109.unpack_from
-_fattr4_S110_pack = _S110.pack
-_fattr4_S110_unpack_from = _S110.unpack_from
-_fattr4_S111_pack = _S111.pack
-_fattr4_S111_unpack_from = _S111.unpack_from
-_fattr4_S112_pack = _S112.pack
-_fattr4_S112_unpack_from = _S112.unpack_from
-_fattr4_S113_pack = _S113.pack
-_fattr4_S113_unpack_from = _S113.unpack_from
-_fattr4_S114_pack = _S114.pack
-_fattr4_S114_unpack_from = _S114.unpack_from
+_fattr4_S10_pack = _S10.pack
+_fattr4_S10_unpack_from = _S10.unpack_from
 _fattr4_S115_pack = _S115.pack
 _fattr4_S115_unpack_from = _S115.unpack_from
-_fattr4_S116_pack = _S116.pack
-_fattr4_S116_unpack_from = _S116.unpack_from
-_fattr4_S117_pack = _S117.pack
-_fattr4_S117_unpack_from = _S117.unpack_from
-_fattr4_S118_pack = _S118.pack
-_fattr4_S118_unpack_from = _S118.unpack_from
-_fattr4_S119_pack = _S119.pack
-_fattr4_S119_unpack_from = _S119.unpack_from
-_fattr4_S11_pack = _S11.pack
-_fattr4_S11_unpack_from = _S11.unpack_from
-_fattr4_S120_pack = _S120.pack
-_fattr4_S120_unpack_from = _S120.unpack_from
-_fattr4_S121_pack = _S121.pack
-_fattr4_S121_unpack_from = _S121.unpack_from
 _fattr4_S122_pack = _S122.pack
 _fattr4_S122_unpack_from = _S122.unpack_from
 _fattr4_S123_pack = _S123.pack
@@ -13659,6 +17769,8 @@ _fattr4_S128_pack = _S128.pack
 _fattr4_S128_unpack_from = _S128.unpack_from
 _fattr4_S129_pack = _S129.pack
 _fattr4_S129_unpack_from = _S129.unpack_from
+_fattr4_S12_pack = _S12.pack
+_fattr4_S12_unpack_from = _S12.unpack_from
 _fattr4_S130_pack = _S130.pack
 _fattr4_S130_unpack_from = _S130.unpack_from
 _fattr4_S131_pack = _S131.pack
@@ -13679,7 +17791,6 @@ _fattr4_S138_pack = _S138.pack
 _fattr4_S138_unpack_from = _S138.unpack_from
 _fattr4_S139_pack = _S139.pack
 _fattr4_S139_unpack_from = _S139.unpack_from
-_fattr4_S13_pack = _S13.pack
 _fattr4_S140_pack = _S140.pack
 _fattr4_S140_unpack_from = _S140.unpack_from
 _fattr4_S141_pack = _S141.pack
@@ -13719,58 +17830,103 @@ _fattr4_S157_unpack_from = _S157.unpack_from
 _fattr4_S158_pack = _S158.pack
 _fattr4_S158_unpack_from = _S158.unpack_from
 _fattr4_S159_pack = _S159.pack
+_fattr4_S159_unpack_from = _S159.unpack_from
 _fattr4_S15_pack = _S15.pack
-_fattr4_S15_unpack_from = _S15.unpack_from
 _fattr4_S160_pack = _S160.pack
+_fattr4_S160_unpack_from = _S160.unpack_from
 _fattr4_S161_pack = _S161.pack
+_fattr4_S161_unpack_from = _S161.unpack_from
 _fattr4_S162_pack = _S162.pack
+_fattr4_S162_unpack_from = _S162.unpack_from
 _fattr4_S163_pack = _S163.pack
+_fattr4_S163_unpack_from = _S163.unpack_from
 _fattr4_S164_pack = _S164.pack
+_fattr4_S164_unpack_from = _S164.unpack_from
 _fattr4_S165_pack = _S165.pack
+_fattr4_S165_unpack_from = _S165.unpack_from
 _fattr4_S166_pack = _S166.pack
+_fattr4_S166_unpack_from = _S166.unpack_from
 _fattr4_S167_pack = _S167.pack
+_fattr4_S167_unpack_from = _S167.unpack_from
 _fattr4_S168_pack = _S168.pack
+_fattr4_S168_unpack_from = _S168.unpack_from
 _fattr4_S169_pack = _S169.pack
+_fattr4_S169_unpack_from = _S169.unpack_from
+_fattr4_S16_pack = _S16.pack
+_fattr4_S16_unpack_from = _S16.unpack_from
 _fattr4_S170_pack = _S170.pack
+_fattr4_S170_unpack_from = _S170.unpack_from
 _fattr4_S171_pack = _S171.pack
+_fattr4_S171_unpack_from = _S171.unpack_from
 _fattr4_S172_pack = _S172.pack
+_fattr4_S172_unpack_from = _S172.unpack_from
 _fattr4_S173_pack = _S173.pack
+_fattr4_S173_unpack_from = _S173.unpack_from
 _fattr4_S174_pack = _S174.pack
+_fattr4_S174_unpack_from = _S174.unpack_from
 _fattr4_S175_pack = _S175.pack
+_fattr4_S175_unpack_from = _S175.unpack_from
 _fattr4_S176_pack = _S176.pack
+_fattr4_S176_unpack_from = _S176.unpack_from
 _fattr4_S177_pack = _S177.pack
+_fattr4_S177_unpack_from = _S177.unpack_from
 _fattr4_S178_pack = _S178.pack
+_fattr4_S178_unpack_from = _S178.unpack_from
 _fattr4_S179_pack = _S179.pack
+_fattr4_S179_unpack_from = _S179.unpack_from
 _fattr4_S180_pack = _S180.pack
+_fattr4_S180_unpack_from = _S180.unpack_from
 _fattr4_S181_pack = _S181.pack
+_fattr4_S181_unpack_from = _S181.unpack_from
 _fattr4_S182_pack = _S182.pack
+_fattr4_S182_unpack_from = _S182.unpack_from
 _fattr4_S183_pack = _S183.pack
+_fattr4_S183_unpack_from = _S183.unpack_from
 _fattr4_S184_pack = _S184.pack
+_fattr4_S184_unpack_from = _S184.unpack_from
 _fattr4_S185_pack = _S185.pack
+_fattr4_S185_unpack_from = _S185.unpack_from
 _fattr4_S186_pack = _S186.pack
+_fattr4_S186_unpack_from = _S186.unpack_from
 _fattr4_S187_pack = _S187.pack
+_fattr4_S187_unpack_from = _S187.unpack_from
 _fattr4_S188_pack = _S188.pack
+_fattr4_S188_unpack_from = _S188.unpack_from
 _fattr4_S189_pack = _S189.pack
 _fattr4_S189_unpack_from = _S189.unpack_from
 _fattr4_S18_pack = _S18.pack
-_fattr4_S18_unpack_from = _S18.unpack_from
 _fattr4_S190_pack = _S190.pack
+_fattr4_S190_unpack_from = _S190.unpack_from
 _fattr4_S191_pack = _S191.pack
+_fattr4_S191_unpack_from = _S191.unpack_from
 _fattr4_S192_pack = _S192.pack
+_fattr4_S192_unpack_from = _S192.unpack_from
 _fattr4_S193_pack = _S193.pack
+_fattr4_S193_unpack_from = _S193.unpack_from
 _fattr4_S194_pack = _S194.pack
+_fattr4_S194_unpack_from = _S194.unpack_from
 _fattr4_S195_pack = _S195.pack
+_fattr4_S195_unpack_from = _S195.unpack_from
 _fattr4_S196_pack = _S196.pack
+_fattr4_S196_unpack_from = _S196.unpack_from
 _fattr4_S197_pack = _S197.pack
+_fattr4_S197_unpack_from = _S197.unpack_from
 _fattr4_S198_pack = _S198.pack
+_fattr4_S198_unpack_from = _S198.unpack_from
 _fattr4_S199_pack = _S199.pack
+_fattr4_S199_unpack_from = _S199.unpack_from
 _fattr4_S1_pack = _S1.pack
 _fattr4_S1_unpack_from = _S1.unpack_from
 _fattr4_S200_pack = _S200.pack
+_fattr4_S200_unpack_from = _S200.unpack_from
 _fattr4_S201_pack = _S201.pack
+_fattr4_S201_unpack_from = _S201.unpack_from
 _fattr4_S202_pack = _S202.pack
+_fattr4_S202_unpack_from = _S202.unpack_from
 _fattr4_S203_pack = _S203.pack
+_fattr4_S203_unpack_from = _S203.unpack_from
 _fattr4_S204_pack = _S204.pack
+_fattr4_S204_unpack_from = _S204.unpack_from
 _fattr4_S205_pack = _S205.pack
 _fattr4_S205_unpack_from = _S205.unpack_from
 _fattr4_S206_pack = _S206.pack
@@ -13778,110 +17934,106 @@ _fattr4_S206_unpack_from = _S206.unpack_from
 _fattr4_S207_pack = _S207.pack
 _fattr4_S207_unpack_from = _S207.unpack_from
 _fattr4_S208_pack = _S208.pack
+_fattr4_S208_unpack_from = _S208.unpack_from
+_fattr4_S209_pack = _S209.pack
+_fattr4_S209_unpack_from = _S209.unpack_from
+_fattr4_S210_pack = _S210.pack
+_fattr4_S210_unpack_from = _S210.unpack_from
+_fattr4_S211_pack = _S211.pack
+_fattr4_S211_unpack_from = _S211.unpack_from
+_fattr4_S212_pack = _S212.pack
+_fattr4_S212_unpack_from = _S212.unpack_from
+_fattr4_S213_pack = _S213.pack
+_fattr4_S213_unpack_from = _S213.unpack_from
+_fattr4_S214_pack = _S214.pack
+_fattr4_S214_unpack_from = _S214.unpack_from
+_fattr4_S215_pack = _S215.pack
+_fattr4_S215_unpack_from = _S215.unpack_from
+_fattr4_S216_pack = _S216.pack
+_fattr4_S217_pack = _S217.pack
+_fattr4_S218_pack = _S218.pack
+_fattr4_S219_pack = _S219.pack
 _fattr4_S21_pack = _S21.pack
-_fattr4_S22_pack = _S22.pack
-_fattr4_S22_unpack_from = _S22.unpack_from
+_fattr4_S21_unpack_from = _S21.unpack_from
+_fattr4_S220_pack = _S220.pack
+_fattr4_S221_pack = _S221.pack
+_fattr4_S222_pack = _S222.pack
+_fattr4_S223_pack = _S223.pack
+_fattr4_S224_pack = _S224.pack
+_fattr4_S225_pack = _S225.pack
+_fattr4_S226_pack = _S226.pack
+_fattr4_S227_pack = _S227.pack
+_fattr4_S228_pack = _S228.pack
+_fattr4_S229_pack = _S229.pack
+_fattr4_S230_pack = _S230.pack
+_fattr4_S231_pack = _S231.pack
+_fattr4_S232_pack = _S232.pack
+_fattr4_S233_pack = _S233.pack
+_fattr4_S234_pack = _S234.pack
+_fattr4_S235_pack = _S235.pack
+_fattr4_S236_pack = _S236.pack
+_fattr4_S237_pack = _S237.pack
+_fattr4_S238_pack = _S238.pack
+_fattr4_S239_pack = _S239.pack
+_fattr4_S23_pack = _S23.pack
+_fattr4_S23_unpack_from = _S23.unpack_from
+_fattr4_S240_pack = _S240.pack
+_fattr4_S241_pack = _S241.pack
+_fattr4_S242_pack = _S242.pack
+_fattr4_S243_pack = _S243.pack
+_fattr4_S243_unpack_from = _S243.unpack_from
+_fattr4_S244_pack = _S244.pack
+_fattr4_S245_pack = _S245.pack
+_fattr4_S246_pack = _S246.pack
+_fattr4_S247_pack = _S247.pack
+_fattr4_S248_pack = _S248.pack
+_fattr4_S249_pack = _S249.pack
+_fattr4_S24_pack = _S24.pack
+_fattr4_S250_pack = _S250.pack
+_fattr4_S251_pack = _S251.pack
+_fattr4_S252_pack = _S252.pack
+_fattr4_S253_pack = _S253.pack
+_fattr4_S254_pack = _S254.pack
+_fattr4_S255_pack = _S255.pack
+_fattr4_S256_pack = _S256.pack
+_fattr4_S257_pack = _S257.pack
+_fattr4_S258_pack = _S258.pack
+_fattr4_S259_pack = _S259.pack
+_fattr4_S259_unpack_from = _S259.unpack_from
+_fattr4_S260_pack = _S260.pack
+_fattr4_S260_unpack_from = _S260.unpack_from
+_fattr4_S261_pack = _S261.pack
+_fattr4_S261_unpack_from = _S261.unpack_from
+_fattr4_S262_pack = _S262.pack
+_fattr4_S28_pack = _S28.pack
+_fattr4_S28_unpack_from = _S28.unpack_from
+_fattr4_S29_pack = _S29.pack
+_fattr4_S29_unpack_from = _S29.unpack_from
 _fattr4_S2_pack = _S2.pack
 _fattr4_S2_unpack_from = _S2.unpack_from
+_fattr4_S31_pack = _S31.pack
+_fattr4_S31_unpack_from = _S31.unpack_from
 _fattr4_S33_pack = _S33.pack
+_fattr4_S33_unpack_from = _S33.unpack_from
 _fattr4_S34_pack = _S34.pack
 _fattr4_S34_unpack_from = _S34.unpack_from
-_fattr4_S35_unpack_from = _S35.unpack_from
-_fattr4_S37_pack = _S37.pack
-_fattr4_S37_unpack_from = _S37.unpack_from
 _fattr4_S4_pack = _S4.pack
 _fattr4_S4_unpack_from = _S4.unpack_from
+_fattr4_S50_pack = _S50.pack
 _fattr4_S51_pack = _S51.pack
 _fattr4_S51_unpack_from = _S51.unpack_from
-_fattr4_S54_pack = _S54.pack
-_fattr4_S54_unpack_from = _S54.unpack_from
-_fattr4_S58_pack = _S58.pack
-_fattr4_S58_unpack_from = _S58.unpack_from
-_fattr4_S59_pack = _S59.pack
-_fattr4_S59_unpack_from = _S59.unpack_from
-_fattr4_S60_pack = _S60.pack
-_fattr4_S60_unpack_from = _S60.unpack_from
+_fattr4_S53_unpack_from = _S53.unpack_from
+_fattr4_S56_pack = _S56.pack
+_fattr4_S56_unpack_from = _S56.unpack_from
 _fattr4_S61_pack = _S61.pack
 _fattr4_S61_unpack_from = _S61.unpack_from
 _fattr4_S62_pack = _S62.pack
 _fattr4_S62_unpack_from = _S62.unpack_from
-_fattr4_S63_pack = _S63.pack
-_fattr4_S63_unpack_from = _S63.unpack_from
 _fattr4_S64_pack = _S64.pack
-_fattr4_S64_unpack_from = _S64.unpack_from
-_fattr4_S65_pack = _S65.pack
-_fattr4_S65_unpack_from = _S65.unpack_from
-_fattr4_S66_pack = _S66.pack
-_fattr4_S66_unpack_from = _S66.unpack_from
-_fattr4_S67_pack = _S67.pack
-_fattr4_S67_unpack_from = _S67.unpack_from
-_fattr4_S68_pack = _S68.pack
-_fattr4_S68_unpack_from = _S68.unpack_from
-_fattr4_S69_pack = _S69.pack
-_fattr4_S69_unpack_from = _S69.unpack_from
-_fattr4_S70_pack = _S70.pack
-_fattr4_S70_unpack_from = _S70.unpack_from
-_fattr4_S71_pack = _S71.pack
-_fattr4_S71_unpack_from = _S71.unpack_from
-_fattr4_S72_pack = _S72.pack
-_fattr4_S72_unpack_from = _S72.unpack_from
-_fattr4_S73_pack = _S73.pack
-_fattr4_S73_unpack_from = _S73.unpack_from
-_fattr4_S74_pack = _S74.pack
-_fattr4_S74_unpack_from = _S74.unpack_from
-_fattr4_S75_pack = _S75.pack
-_fattr4_S75_unpack_from = _S75.unpack_from
-_fattr4_S76_pack = _S76.pack
-_fattr4_S76_unpack_from = _S76.unpack_from
-_fattr4_S77_pack = _S77.pack
-_fattr4_S77_unpack_from = _S77.unpack_from
-_fattr4_S78_pack = _S78.pack
-_fattr4_S78_unpack_from = _S78.unpack_from
-_fattr4_S79_pack = _S79.pack
-_fattr4_S79_unpack_from = _S79.unpack_from
 _fattr4_S7_pack = _S7.pack
 _fattr4_S7_unpack_from = _S7.unpack_from
-_fattr4_S80_pack = _S80.pack
-_fattr4_S80_unpack_from = _S80.unpack_from
-_fattr4_S81_pack = _S81.pack
-_fattr4_S81_unpack_from = _S81.unpack_from
 _fattr4_S82_pack = _S82.pack
 _fattr4_S82_unpack_from = _S82.unpack_from
-_fattr4_S83_pack = _S83.pack
-_fattr4_S83_unpack_from = _S83.unpack_from
-_fattr4_S84_pack = _S84.pack
-_fattr4_S84_unpack_from = _S84.unpack_from
-_fattr4_S85_pack = _S85.pack
-_fattr4_S85_unpack_from = _S85.unpack_from
 _fattr4_S86_pack = _S86.pack
-_fattr4_S86_unpack_from = _S86.unpack_from
-_fattr4_S87_pack = _S87.pack
-_fattr4_S87_unpack_from = _S87.unpack_from
-_fattr4_S88_pack = _S88.pack
-_fattr4_S88_unpack_from = _S88.unpack_from
-_fattr4_S89_pack = _S89.pack
-_fattr4_S89_unpack_from = _S89.unpack_from
-_fattr4_S8_pack = _S8.pack
-_fattr4_S8_unpack_from = _S8.unpack_from
-_fattr4_S90_pack = _S90.pack
-_fattr4_S90_unpack_from = _S90.unpack_from
-_fattr4_S91_pack = _S91.pack
-_fattr4_S91_unpack_from = _S91.unpack_from
-_fattr4_S92_pack = _S92.pack
-_fattr4_S92_unpack_from = _S92.unpack_from
-_fattr4_S93_pack = _S93.pack
-_fattr4_S93_unpack_from = _S93.unpack_from
-_fattr4_S94_pack = _S94.pack
-_fattr4_S94_unpack_from = _S94.unpack_from
-_fattr4_S95_pack = _S95.pack
-_fattr4_S95_unpack_from = _S95.unpack_from
-_fattr4_S96_pack = _S96.pack
-_fattr4_S96_unpack_from = _S96.unpack_from
-_fattr4_S97_pack = _S97.pack
-_fattr4_S97_unpack_from = _S97.unpack_from
-_fattr4_S98_pack = _S98.pack
-_fattr4_S98_unpack_from = _S98.unpack_from
-_fattr4_S99_pack = _S99.pack
-_fattr4_S99_unpack_from = _S99.unpack_from
 _fattr4_S9_pack = _S9.pack
 _fattr4_S9_unpack_from = _S9.unpack_from

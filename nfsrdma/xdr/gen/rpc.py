@@ -23,6 +23,7 @@ from nfsrdma.xdr.runtime import (
     U32 as _U32,
     Operation as _Operation,
     Buffer as _Buffer,
+    DdpItem as _DdpItem,
     Reader as _Reader,
     Writer as _Writer,
     XdrError as _XdrError,
@@ -36,6 +37,14 @@ _S0: _Final = _struct.Struct('>I')
 _S1: _Final = _struct.Struct('>II')
 _S2: _Final = _struct.Struct('>IIII')
 _S3: _Final = _struct.Struct('>i')
+_S4: _Final = _struct.Struct('>iII')
+_S5: _Final = _struct.Struct('>ii')
+_S6: _Final = _struct.Struct('>iI')
+_S7: _Final = _struct.Struct('>iiII')
+_S8: _Final = _struct.Struct('>iii')
+_S9: _Final = _struct.Struct('>iIIII')
+_S10: _Final = _struct.Struct('>iiiII')
+_S11: _Final = _struct.Struct('>iiii')
 
 
 class auth_flavor(_IntEnum):
@@ -81,7 +90,7 @@ def enc_opaque_auth(w: _Writer, v: opaque_auth) -> None:
         _n = len(_v)
         if _n > 400:
             raise _XdrError('body: length %d exceeds 400' % _n, len(w))
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -92,9 +101,8 @@ def dec_opaque_auth(r: _Reader, off: int) -> tuple[opaque_auth, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (f_flavor,) = _S0.unpack_from(buf, off)
         off += 4
-        f_flavor = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 400:
             raise _XdrError('body: length %d exceeds 400' % _n, off)
@@ -102,8 +110,6 @@ def dec_opaque_auth(r: _Reader, off: int) -> tuple[opaque_auth, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -282,13 +288,11 @@ def dec_mismatch_info(r: _Reader, off: int) -> tuple[mismatch_info, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S1.unpack_from(buf, off)
+        _u = mismatch_info(*_S1.unpack_from(buf, off))
         off += 8
-        f_low = _t[0]
-        f_high = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated mismatch_info', o0) from None
-    return mismatch_info(f_low, f_high), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -310,7 +314,7 @@ def enc_call_body(w: _Writer, v: call_body) -> None:
         _n = len(_v)
         if _n > 400:
             raise _XdrError('body: length %d exceeds 400' % _n, len(w))
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
         _s2 = v.verf
@@ -319,7 +323,7 @@ def enc_call_body(w: _Writer, v: call_body) -> None:
         _n = len(_v)
         if _n > 400:
             raise _XdrError('body: length %d exceeds 400' % _n, len(w))
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -330,15 +334,10 @@ def dec_call_body(r: _Reader, off: int) -> tuple[call_body, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        f_rpcvers, f_prog, f_vers, f_proc = _S2.unpack_from(buf, off)
         off += 16
-        f_rpcvers = _t[0]
-        f_prog = _t[1]
-        f_vers = _t[2]
-        f_proc = _t[3]
-        _t = _S0.unpack_from(buf, off)
+        (_i3_flavor,) = _S0.unpack_from(buf, off)
         off += 4
-        _i3_flavor = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 400:
             raise _XdrError('body: length %d exceeds 400' % _n, off)
@@ -346,14 +345,11 @@ def dec_call_body(r: _Reader, off: int) -> tuple[call_body, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i3_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_cred = opaque_auth(_i3_flavor, _i3_body)
-        _t = _S0.unpack_from(buf, off)
+        (_i4_flavor,) = _S0.unpack_from(buf, off)
         off += 4
-        _i4_flavor = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 400:
             raise _XdrError('body: length %d exceeds 400' % _n, off)
@@ -361,8 +357,6 @@ def dec_call_body(r: _Reader, off: int) -> tuple[call_body, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         _i4_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         f_verf = opaque_auth(_i4_flavor, _i4_body)
@@ -382,7 +376,7 @@ _accepted_reply_data_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any,
 _accepted_reply_data_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_accept_stat_MAP[(0,)[0]], _void_decode), 2: (_accept_stat_MAP[(2,)[0]], dec_mismatch_info)}
 
 
-def enc_accepted_reply_data(w: _Writer, v: accepted_reply_data) -> None:
+def _enc_any_accepted_reply_data(w: _Writer, v: accepted_reply_data) -> None:
     try:
         _d = v.stat
         _f = _accepted_reply_data_ENC.get(_d, _void_encode)
@@ -393,7 +387,7 @@ def enc_accepted_reply_data(w: _Writer, v: accepted_reply_data) -> None:
         raise _XdrError(f'cannot encode accepted_reply_data: {_e!r}', len(w)) from None
 
 
-def dec_accepted_reply_data(r: _Reader, off: int) -> tuple[accepted_reply_data, int]:
+def _dec_any_accepted_reply_data(r: _Reader, off: int) -> tuple[accepted_reply_data, int]:
     buf = r.buf
     o0 = off
     try:
@@ -413,6 +407,42 @@ def dec_accepted_reply_data(r: _Reader, off: int) -> tuple[accepted_reply_data, 
     return _u, off
 
 
+def enc_accepted_reply_data(w: _Writer, v: accepted_reply_data) -> None:
+    try:
+        _u6 = v
+        _d6 = _u6.stat
+        _w6: _Any
+        if _d6 == 0:
+            w += b'\x00\x00\x00\x00'
+        elif _d6 == 2:
+            _w6 = _u6.value
+            w += _S4.pack(2, _w6.low, _w6.high)
+        else:
+            _enc_any_accepted_reply_data(w, _u6)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode accepted_reply_data: {_e!r}', len(w)) from None
+
+
+def dec_accepted_reply_data(r: _Reader, off: int) -> tuple[accepted_reply_data, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v7: _Any
+        (_d7,) = _S3.unpack_from(buf, off)
+        off += 4
+        if _d7 == 0:
+            _u = accepted_reply_data(SUCCESS, None)
+        elif _d7 == 2:
+            _v7 = mismatch_info(*_S1.unpack_from(buf, off))
+            off += 8
+            _u = accepted_reply_data(PROG_MISMATCH, _v7)
+        else:
+            _u, off = _dec_any_accepted_reply_data(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated accepted_reply_data', o0) from None
+    return _u, off
+
+
 @_dataclass(slots=True)
 class accepted_reply:
     verf: opaque_auth
@@ -421,16 +451,25 @@ class accepted_reply:
 
 def enc_accepted_reply(w: _Writer, v: accepted_reply) -> None:
     try:
-        _s6 = v.verf
-        w += _S0.pack(_s6.flavor)
-        _v = _s6.body
+        _s8 = v.verf
+        w += _S0.pack(_s8.flavor)
+        _v = _s8.body
         _n = len(_v)
         if _n > 400:
             raise _XdrError('body: length %d exceeds 400' % _n, len(w))
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        enc_accepted_reply_data(w, v.reply_data)
+        _u9 = v.reply_data
+        _d9 = _u9.stat
+        _w9: _Any
+        if _d9 == 0:
+            w += b'\x00\x00\x00\x00'
+        elif _d9 == 2:
+            _w9 = _u9.value
+            w += _S4.pack(2, _w9.low, _w9.high)
+        else:
+            _enc_any_accepted_reply_data(w, _u9)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode accepted_reply: {_e}', len(w)) from None
 
@@ -439,9 +478,8 @@ def dec_accepted_reply(r: _Reader, off: int) -> tuple[accepted_reply, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_i10_flavor,) = _S0.unpack_from(buf, off)
         off += 4
-        _i7_flavor = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 400:
             raise _XdrError('body: length %d exceeds 400' % _n, off)
@@ -449,22 +487,20 @@ def dec_accepted_reply(r: _Reader, off: int) -> tuple[accepted_reply, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
-        _i7_body = bytes(buf[off:_e])
+        _i10_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_verf = opaque_auth(_i7_flavor, _i7_body)
-        _v8: _Any
-        _f8: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d8,) = _S3.unpack_from(buf, off)
-        _a8 = _accepted_reply_data_ARMS.get(_d8)
-        if _a8 is None:
-            _d8 = _accept_stat_MAP[(_d8,)[0]]
-            _f8 = _void_decode
+        f_verf = opaque_auth(_i10_flavor, _i10_body)
+        _v11: _Any
+        (_d11,) = _S3.unpack_from(buf, off)
+        off += 4
+        if _d11 == 0:
+            f_reply_data = accepted_reply_data(SUCCESS, None)
+        elif _d11 == 2:
+            _v11 = mismatch_info(*_S1.unpack_from(buf, off))
+            off += 8
+            f_reply_data = accepted_reply_data(PROG_MISMATCH, _v11)
         else:
-            _d8, _f8 = _a8
-        _v8, off = _f8(r, off + 4)
-        f_reply_data = accepted_reply_data(_d8, _v8)
+            f_reply_data, off = _dec_any_accepted_reply_data(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated accepted_reply', o0) from None
     return accepted_reply(f_verf, f_reply_data), off
@@ -481,7 +517,7 @@ _rejected_reply_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]
 _rejected_reply_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_reject_stat_MAP[(0,)[0]], dec_mismatch_info), 1: (_reject_stat_MAP[(1,)[0]], dec_auth_stat)}
 
 
-def enc_rejected_reply(w: _Writer, v: rejected_reply) -> None:
+def _enc_any_rejected_reply(w: _Writer, v: rejected_reply) -> None:
     try:
         _d = v.stat
         _f = _rejected_reply_ENC.get(_d)
@@ -494,20 +530,60 @@ def enc_rejected_reply(w: _Writer, v: rejected_reply) -> None:
         raise _XdrError(f'cannot encode rejected_reply: {_e!r}', len(w)) from None
 
 
+def _dec_any_rejected_reply(r: _Reader, off: int) -> tuple[rejected_reply, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v12: _Any
+        _f12: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d12,) = _S3.unpack_from(buf, off)
+        _a12 = _rejected_reply_ARMS.get(_d12)
+        if _a12 is None:
+            raise _XdrError('%r is not a case of rejected_reply' % (_d12,), off)
+        else:
+            _d12, _f12 = _a12
+        _v12, off = _f12(r, off + 4)
+        _u = rejected_reply(_d12, _v12)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated rejected_reply', o0) from None
+    return _u, off
+
+
+def enc_rejected_reply(w: _Writer, v: rejected_reply) -> None:
+    try:
+        _u13 = v
+        _d13 = _u13.stat
+        _w13: _Any
+        if _d13 == 0:
+            _w13 = _u13.value
+            w += _S4.pack(0, _w13.low, _w13.high)
+        elif _d13 == 1:
+            _w13 = _u13.value
+            w += _S5.pack(1, _w13)
+        else:
+            _enc_any_rejected_reply(w, _u13)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode rejected_reply: {_e!r}', len(w)) from None
+
+
 def dec_rejected_reply(r: _Reader, off: int) -> tuple[rejected_reply, int]:
     buf = r.buf
     o0 = off
     try:
-        _v9: _Any
-        _f9: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d9,) = _S3.unpack_from(buf, off)
-        _a9 = _rejected_reply_ARMS.get(_d9)
-        if _a9 is None:
-            raise _XdrError('%r is not a case of rejected_reply' % (_d9,), off)
+        _v14: _Any
+        (_d14,) = _S3.unpack_from(buf, off)
+        off += 4
+        if _d14 == 0:
+            _v14 = mismatch_info(*_S1.unpack_from(buf, off))
+            off += 8
+            _u = rejected_reply(RPC_MISMATCH, _v14)
+        elif _d14 == 1:
+            (_t0,) = _S3.unpack_from(buf, off)
+            off += 4
+            _v14 = _auth_stat_MAP[_t0]
+            _u = rejected_reply(AUTH_ERROR, _v14)
         else:
-            _d9, _f9 = _a9
-        _v9, off = _f9(r, off + 4)
-        _u = rejected_reply(_d9, _v9)
+            _u, off = _dec_any_rejected_reply(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated rejected_reply', o0) from None
     return _u, off
@@ -524,7 +600,7 @@ _reply_body_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] 
 _reply_body_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_reply_stat_MAP[(0,)[0]], dec_accepted_reply), 1: (_reply_stat_MAP[(1,)[0]], dec_rejected_reply)}
 
 
-def enc_reply_body(w: _Writer, v: reply_body) -> None:
+def _enc_any_reply_body(w: _Writer, v: reply_body) -> None:
     try:
         _d = v.stat
         _f = _reply_body_ENC.get(_d)
@@ -537,20 +613,123 @@ def enc_reply_body(w: _Writer, v: reply_body) -> None:
         raise _XdrError(f'cannot encode reply_body: {_e!r}', len(w)) from None
 
 
+def _dec_any_reply_body(r: _Reader, off: int) -> tuple[reply_body, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v15: _Any
+        _f15: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d15,) = _S3.unpack_from(buf, off)
+        _a15 = _reply_body_ARMS.get(_d15)
+        if _a15 is None:
+            raise _XdrError('%r is not a case of reply_body' % (_d15,), off)
+        else:
+            _d15, _f15 = _a15
+        _v15, off = _f15(r, off + 4)
+        _u = reply_body(_d15, _v15)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated reply_body', o0) from None
+    return _u, off
+
+
+def enc_reply_body(w: _Writer, v: reply_body) -> None:
+    try:
+        _u16 = v
+        _d16 = _u16.stat
+        _w16: _Any
+        if _d16 == 0:
+            _w16 = _u16.value
+            _s17 = _w16
+            _s18 = _s17.verf
+            w += _S6.pack(0, _s18.flavor)
+            _v = _s18.body
+            _n = len(_v)
+            if _n > 400:
+                raise _XdrError('body: length %d exceeds 400' % _n, len(w))
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            _u19 = _s17.reply_data
+            _d19 = _u19.stat
+            _w19: _Any
+            if _d19 == 0:
+                w += b'\x00\x00\x00\x00'
+            elif _d19 == 2:
+                _w19 = _u19.value
+                w += _S4.pack(2, _w19.low, _w19.high)
+            else:
+                _enc_any_accepted_reply_data(w, _u19)
+        elif _d16 == 1:
+            _w16 = _u16.value
+            _u20 = _w16
+            _d20 = _u20.stat
+            _w20: _Any
+            if _d20 == 0:
+                _w20 = _u20.value
+                w += _S7.pack(1, 0, _w20.low, _w20.high)
+            elif _d20 == 1:
+                _w20 = _u20.value
+                w += _S8.pack(1, 1, _w20)
+            else:
+                w += b'\x00\x00\x00\x01'
+                _enc_any_rejected_reply(w, _u20)
+        else:
+            _enc_any_reply_body(w, _u16)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode reply_body: {_e!r}', len(w)) from None
+
+
 def dec_reply_body(r: _Reader, off: int) -> tuple[reply_body, int]:
     buf = r.buf
     o0 = off
     try:
-        _v10: _Any
-        _f10: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d10,) = _S3.unpack_from(buf, off)
-        _a10 = _reply_body_ARMS.get(_d10)
-        if _a10 is None:
-            raise _XdrError('%r is not a case of reply_body' % (_d10,), off)
+        _v21: _Any
+        (_d21,) = _S3.unpack_from(buf, off)
+        off += 4
+        if _d21 == 0:
+            (_i23_flavor,) = _S0.unpack_from(buf, off)
+            off += 4
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 400:
+                raise _XdrError('body: length %d exceeds 400' % _n, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i23_body = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i22_verf = opaque_auth(_i23_flavor, _i23_body)
+            _v24: _Any
+            (_d24,) = _S3.unpack_from(buf, off)
+            off += 4
+            if _d24 == 0:
+                _i22_reply_data = accepted_reply_data(SUCCESS, None)
+            elif _d24 == 2:
+                _v24 = mismatch_info(*_S1.unpack_from(buf, off))
+                off += 8
+                _i22_reply_data = accepted_reply_data(PROG_MISMATCH, _v24)
+            else:
+                _i22_reply_data, off = _dec_any_accepted_reply_data(r, off - 4)
+            _v21 = accepted_reply(_i22_verf, _i22_reply_data)
+            _u = reply_body(MSG_ACCEPTED, _v21)
+        elif _d21 == 1:
+            _v25: _Any
+            (_d25,) = _S3.unpack_from(buf, off)
+            off += 4
+            if _d25 == 0:
+                _v25 = mismatch_info(*_S1.unpack_from(buf, off))
+                off += 8
+                _v21 = rejected_reply(RPC_MISMATCH, _v25)
+            elif _d25 == 1:
+                (_t0,) = _S3.unpack_from(buf, off)
+                off += 4
+                _v25 = _auth_stat_MAP[_t0]
+                _v21 = rejected_reply(AUTH_ERROR, _v25)
+            else:
+                _v21, off = _dec_any_rejected_reply(r, off - 4)
+            _u = reply_body(MSG_DENIED, _v21)
         else:
-            _d10, _f10 = _a10
-        _v10, off = _f10(r, off + 4)
-        _u = reply_body(_d10, _v10)
+            _u, off = _dec_any_reply_body(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated reply_body', o0) from None
     return _u, off
@@ -567,7 +746,7 @@ _rpc_msg_body_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]
 _rpc_msg_body_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_msg_type_MAP[(0,)[0]], dec_call_body), 1: (_msg_type_MAP[(1,)[0]], dec_reply_body)}
 
 
-def enc_rpc_msg_body(w: _Writer, v: rpc_msg_body) -> None:
+def _enc_any_rpc_msg_body(w: _Writer, v: rpc_msg_body) -> None:
     try:
         _d = v.mtype
         _f = _rpc_msg_body_ENC.get(_d)
@@ -580,20 +759,152 @@ def enc_rpc_msg_body(w: _Writer, v: rpc_msg_body) -> None:
         raise _XdrError(f'cannot encode rpc_msg_body: {_e!r}', len(w)) from None
 
 
+def _dec_any_rpc_msg_body(r: _Reader, off: int) -> tuple[rpc_msg_body, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v26: _Any
+        _f26: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d26,) = _S3.unpack_from(buf, off)
+        _a26 = _rpc_msg_body_ARMS.get(_d26)
+        if _a26 is None:
+            raise _XdrError('%r is not a case of rpc_msg_body' % (_d26,), off)
+        else:
+            _d26, _f26 = _a26
+        _v26, off = _f26(r, off + 4)
+        _u = rpc_msg_body(_d26, _v26)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated rpc_msg_body', o0) from None
+    return _u, off
+
+
+def enc_rpc_msg_body(w: _Writer, v: rpc_msg_body) -> None:
+    try:
+        _u27 = v
+        _d27 = _u27.mtype
+        _w27: _Any
+        if _d27 == 0:
+            _w27 = _u27.value
+            _s28 = _w27
+            w += _S9.pack(0, _s28.rpcvers, _s28.prog, _s28.vers, _s28.proc)
+            _s29 = _s28.cred
+            w += _S0.pack(_s29.flavor)
+            _v = _s29.body
+            _n = len(_v)
+            if _n > 400:
+                raise _XdrError('body: length %d exceeds 400' % _n, len(w))
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            _s30 = _s28.verf
+            w += _S0.pack(_s30.flavor)
+            _v = _s30.body
+            _n = len(_v)
+            if _n > 400:
+                raise _XdrError('body: length %d exceeds 400' % _n, len(w))
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        elif _d27 == 1:
+            _w27 = _u27.value
+            _u31 = _w27
+            _d31 = _u31.stat
+            _w31: _Any
+            if _d31 == 0:
+                _w31 = _u31.value
+                _s32 = _w31
+                w += b'\x00\x00\x00\x01\x00\x00\x00\x00'
+                enc_opaque_auth(w, _s32.verf)
+                enc_accepted_reply_data(w, _s32.reply_data)
+            elif _d31 == 1:
+                _w31 = _u31.value
+                _u33 = _w31
+                _d33 = _u33.stat
+                _w33: _Any
+                if _d33 == 0:
+                    _w33 = _u33.value
+                    w += _S10.pack(1, 1, 0, _w33.low, _w33.high)
+                elif _d33 == 1:
+                    _w33 = _u33.value
+                    w += _S11.pack(1, 1, 1, _w33)
+                else:
+                    w += b'\x00\x00\x00\x01\x00\x00\x00\x01'
+                    _enc_any_rejected_reply(w, _u33)
+            else:
+                w += b'\x00\x00\x00\x01'
+                _enc_any_reply_body(w, _u31)
+        else:
+            _enc_any_rpc_msg_body(w, _u27)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode rpc_msg_body: {_e!r}', len(w)) from None
+
+
 def dec_rpc_msg_body(r: _Reader, off: int) -> tuple[rpc_msg_body, int]:
     buf = r.buf
     o0 = off
     try:
-        _v11: _Any
-        _f11: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d11,) = _S3.unpack_from(buf, off)
-        _a11 = _rpc_msg_body_ARMS.get(_d11)
-        if _a11 is None:
-            raise _XdrError('%r is not a case of rpc_msg_body' % (_d11,), off)
+        _v34: _Any
+        (_d34,) = _S3.unpack_from(buf, off)
+        off += 4
+        if _d34 == 0:
+            _i35_rpcvers, _i35_prog, _i35_vers, _i35_proc = _S2.unpack_from(buf, off)
+            off += 16
+            (_i36_flavor,) = _S0.unpack_from(buf, off)
+            off += 4
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 400:
+                raise _XdrError('body: length %d exceeds 400' % _n, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i36_body = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i35_cred = opaque_auth(_i36_flavor, _i36_body)
+            (_i37_flavor,) = _S0.unpack_from(buf, off)
+            off += 4
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 400:
+                raise _XdrError('body: length %d exceeds 400' % _n, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i37_body = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i35_verf = opaque_auth(_i37_flavor, _i37_body)
+            _v34 = call_body(_i35_rpcvers, _i35_prog, _i35_vers, _i35_proc, _i35_cred, _i35_verf)
+            _u = rpc_msg_body(CALL, _v34)
+        elif _d34 == 1:
+            _v38: _Any
+            (_d38,) = _S3.unpack_from(buf, off)
+            off += 4
+            if _d38 == 0:
+                _i39_verf, off = dec_opaque_auth(r, off)
+                _i39_reply_data, off = dec_accepted_reply_data(r, off)
+                _v38 = accepted_reply(_i39_verf, _i39_reply_data)
+                _v34 = reply_body(MSG_ACCEPTED, _v38)
+            elif _d38 == 1:
+                _v40: _Any
+                (_d40,) = _S3.unpack_from(buf, off)
+                off += 4
+                if _d40 == 0:
+                    _v40 = mismatch_info(*_S1.unpack_from(buf, off))
+                    off += 8
+                    _v38 = rejected_reply(RPC_MISMATCH, _v40)
+                elif _d40 == 1:
+                    (_t0,) = _S3.unpack_from(buf, off)
+                    off += 4
+                    _v40 = _auth_stat_MAP[_t0]
+                    _v38 = rejected_reply(AUTH_ERROR, _v40)
+                else:
+                    _v38, off = _dec_any_rejected_reply(r, off - 4)
+                _v34 = reply_body(MSG_DENIED, _v38)
+            else:
+                _v34, off = _dec_any_reply_body(r, off - 4)
+            _u = rpc_msg_body(REPLY, _v34)
         else:
-            _d11, _f11 = _a11
-        _v11, off = _f11(r, off + 4)
-        _u = rpc_msg_body(_d11, _v11)
+            _u, off = _dec_any_rpc_msg_body(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated rpc_msg_body', o0) from None
     return _u, off
@@ -608,7 +919,61 @@ class rpc_msg:
 def enc_rpc_msg(w: _Writer, v: rpc_msg) -> None:
     try:
         w += _S0.pack(v.xid)
-        enc_rpc_msg_body(w, v.body)
+        _u41 = v.body
+        _d41 = _u41.mtype
+        _w41: _Any
+        if _d41 == 0:
+            _w41 = _u41.value
+            _s42 = _w41
+            w += _S9.pack(0, _s42.rpcvers, _s42.prog, _s42.vers, _s42.proc)
+            _s43 = _s42.cred
+            w += _S0.pack(_s43.flavor)
+            _v = _s43.body
+            _n = len(_v)
+            if _n > 400:
+                raise _XdrError('body: length %d exceeds 400' % _n, len(w))
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            _s44 = _s42.verf
+            w += _S0.pack(_s44.flavor)
+            _v = _s44.body
+            _n = len(_v)
+            if _n > 400:
+                raise _XdrError('body: length %d exceeds 400' % _n, len(w))
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        elif _d41 == 1:
+            _w41 = _u41.value
+            _u45 = _w41
+            _d45 = _u45.stat
+            _w45: _Any
+            if _d45 == 0:
+                _w45 = _u45.value
+                _s46 = _w45
+                w += b'\x00\x00\x00\x01\x00\x00\x00\x00'
+                enc_opaque_auth(w, _s46.verf)
+                enc_accepted_reply_data(w, _s46.reply_data)
+            elif _d45 == 1:
+                _w45 = _u45.value
+                _u47 = _w45
+                _d47 = _u47.stat
+                _w47: _Any
+                if _d47 == 0:
+                    _w47 = _u47.value
+                    w += _S10.pack(1, 1, 0, _w47.low, _w47.high)
+                elif _d47 == 1:
+                    _w47 = _u47.value
+                    w += _S11.pack(1, 1, 1, _w47)
+                else:
+                    w += b'\x00\x00\x00\x01\x00\x00\x00\x01'
+                    _enc_any_rejected_reply(w, _u47)
+            else:
+                w += b'\x00\x00\x00\x01'
+                _enc_any_reply_body(w, _u45)
+        else:
+            _enc_any_rpc_msg_body(w, _u41)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode rpc_msg: {_e}', len(w)) from None
 
@@ -617,19 +982,70 @@ def dec_rpc_msg(r: _Reader, off: int) -> tuple[rpc_msg, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (f_xid,) = _S0.unpack_from(buf, off)
         off += 4
-        f_xid = _t[0]
-        _v12: _Any
-        _f12: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d12,) = _S3.unpack_from(buf, off)
-        _a12 = _rpc_msg_body_ARMS.get(_d12)
-        if _a12 is None:
-            raise _XdrError('%r is not a case of rpc_msg_body' % (_d12,), off)
+        _v48: _Any
+        (_d48,) = _S3.unpack_from(buf, off)
+        off += 4
+        if _d48 == 0:
+            _i49_rpcvers, _i49_prog, _i49_vers, _i49_proc = _S2.unpack_from(buf, off)
+            off += 16
+            (_i50_flavor,) = _S0.unpack_from(buf, off)
+            off += 4
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 400:
+                raise _XdrError('body: length %d exceeds 400' % _n, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i50_body = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i49_cred = opaque_auth(_i50_flavor, _i50_body)
+            (_i51_flavor,) = _S0.unpack_from(buf, off)
+            off += 4
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 400:
+                raise _XdrError('body: length %d exceeds 400' % _n, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i51_body = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i49_verf = opaque_auth(_i51_flavor, _i51_body)
+            _v48 = call_body(_i49_rpcvers, _i49_prog, _i49_vers, _i49_proc, _i49_cred, _i49_verf)
+            f_body = rpc_msg_body(CALL, _v48)
+        elif _d48 == 1:
+            _v52: _Any
+            (_d52,) = _S3.unpack_from(buf, off)
+            off += 4
+            if _d52 == 0:
+                _i53_verf, off = dec_opaque_auth(r, off)
+                _i53_reply_data, off = dec_accepted_reply_data(r, off)
+                _v52 = accepted_reply(_i53_verf, _i53_reply_data)
+                _v48 = reply_body(MSG_ACCEPTED, _v52)
+            elif _d52 == 1:
+                _v54: _Any
+                (_d54,) = _S3.unpack_from(buf, off)
+                off += 4
+                if _d54 == 0:
+                    _v54 = mismatch_info(*_S1.unpack_from(buf, off))
+                    off += 8
+                    _v52 = rejected_reply(RPC_MISMATCH, _v54)
+                elif _d54 == 1:
+                    (_t0,) = _S3.unpack_from(buf, off)
+                    off += 4
+                    _v54 = _auth_stat_MAP[_t0]
+                    _v52 = rejected_reply(AUTH_ERROR, _v54)
+                else:
+                    _v52, off = _dec_any_rejected_reply(r, off - 4)
+                _v48 = reply_body(MSG_DENIED, _v52)
+            else:
+                _v48, off = _dec_any_reply_body(r, off - 4)
+            f_body = rpc_msg_body(REPLY, _v48)
         else:
-            _d12, _f12 = _a12
-        _v12, off = _f12(r, off + 4)
-        f_body = rpc_msg_body(_d12, _v12)
+            f_body, off = _dec_any_rpc_msg_body(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated rpc_msg', o0) from None
     return rpc_msg(f_xid, f_body), off
@@ -651,16 +1067,16 @@ def enc_authsys_parms(w: _Writer, v: authsys_parms) -> None:
         _n = len(_v)
         if _n > 255:
             raise _XdrError('machinename: length %d exceeds 255' % _n, len(w))
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
         w += _S1.pack(v.uid, v.gid)
-        _a13 = v.gids
-        _n = len(_a13)
+        _a55 = v.gids
+        _n = len(_a55)
         if _n > 16:
             raise _XdrError('gids: length %d exceeds 16' % _n, len(w))
-        w += _U32.pack(_n)
-        w += _struct.pack('>%dI' % _n, *_a13)
+        w += _S0.pack(_n)
+        w += _struct.pack('>%dI' % _n, *_a55)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode authsys_parms: {_e}', len(w)) from None
 
@@ -669,9 +1085,8 @@ def dec_authsys_parms(r: _Reader, off: int) -> tuple[authsys_parms, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (f_stamp,) = _S0.unpack_from(buf, off)
         off += 4
-        f_stamp = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 255:
             raise _XdrError('machinename: length %d exceeds 255' % _n, off)
@@ -679,14 +1094,10 @@ def dec_authsys_parms(r: _Reader, off: int) -> tuple[authsys_parms, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('string runs past the end', off)
         f_machinename = str(buf[off:_e], 'utf-8', 'surrogateescape')
         off = _e + (-_n & 3)
-        _t = _S1.unpack_from(buf, off)
+        f_uid, f_gid = _S1.unpack_from(buf, off)
         off += 8
-        f_uid = _t[0]
-        f_gid = _t[1]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 16:
             raise _XdrError('gids: length %d exceeds 16' % _n, off)

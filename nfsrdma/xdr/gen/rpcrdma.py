@@ -23,6 +23,7 @@ from nfsrdma.xdr.runtime import (
     U32 as _U32,
     Operation as _Operation,
     Buffer as _Buffer,
+    DdpItem as _DdpItem,
     Reader as _Reader,
     Writer as _Writer,
     XdrError as _XdrError,
@@ -39,9 +40,14 @@ _S2: _Final = _struct.Struct('>IIQ')
 _S3: _Final = _struct.Struct('>IIIQ')
 _S4: _Final = _struct.Struct('>II')
 _S5: _Final = _struct.Struct('>i')
-_S6: _Final = _struct.Struct('>III')
-_S7: _Final = _struct.Struct('>IiI')
-_S8: _Final = _struct.Struct('>IIII')
+_S6: _Final = _struct.Struct('>iII')
+_S7: _Final = _struct.Struct('>iiII')
+_S8: _Final = _struct.Struct('>III')
+_S9: _Final = _struct.Struct('>IiI')
+_S10: _Final = _struct.Struct('>iI')
+_S11: _Final = _struct.Struct('>iIII')
+_S12: _Final = _struct.Struct('>iIiI')
+_S13: _Final = _struct.Struct('>IIII')
 
 
 uint32: _TypeAlias = "int"
@@ -58,9 +64,8 @@ def dec_uint32(r: _Reader, off: int) -> tuple[uint32, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated uint32', o0) from None
     return _v, off
@@ -80,9 +85,8 @@ def dec_uint64(r: _Reader, off: int) -> tuple[uint64, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S1.unpack_from(buf, off)
+        (_v,) = _S1.unpack_from(buf, off)
         off += 8
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated uint64', o0) from None
     return _v, off
@@ -106,14 +110,11 @@ def dec_xdr_rdma_segment(r: _Reader, off: int) -> tuple[xdr_rdma_segment, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S2.unpack_from(buf, off)
+        _u = xdr_rdma_segment(*_S2.unpack_from(buf, off))
         off += 16
-        f_handle = _t[0]
-        f_length = _t[1]
-        f_offset = _t[2]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xdr_rdma_segment', o0) from None
-    return xdr_rdma_segment(f_handle, f_length, f_offset), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -133,13 +134,12 @@ def dec_xdr_read_chunk(r: _Reader, off: int) -> tuple[xdr_read_chunk, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S3.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3 = _S3.unpack_from(buf, off)
         off += 20
-        f_position = _t[0]
-        f_target = xdr_rdma_segment(_t[1], _t[2], _t[3])
+        _u = xdr_read_chunk(_t0, xdr_rdma_segment(_t1, _t2, _t3))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xdr_read_chunk', o0) from None
-    return xdr_read_chunk(f_position, f_target), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -158,9 +158,9 @@ def dec_xdr_read_list(r: _Reader, off: int) -> tuple[xdr_read_list, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S3.unpack_from(buf, off)
+        _t0, _t1, _t2, _t3 = _S3.unpack_from(buf, off)
         off += 20
-        f_entry = xdr_read_chunk(_t[0], xdr_rdma_segment(_t[1], _t[2], _t[3]))
+        f_entry = xdr_read_chunk(_t0, xdr_rdma_segment(_t1, _t2, _t3))
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xdr_read_list', o0) from None
     return xdr_read_list(f_entry), off
@@ -187,9 +187,9 @@ def _dec_list_xdr_read_list(r: _Reader, off: int) -> tuple[list[xdr_read_chunk],
             raise _XdrError('list link is not a bool', off - 4)
         o0 = off
         try:
-            _t = _S3.unpack_from(buf, off)
+            _t0, _t1, _t2, _t3 = _S3.unpack_from(buf, off)
             off += 20
-            _x = xdr_read_chunk(_t[0], xdr_rdma_segment(_t[1], _t[2], _t[3]))
+            _x = xdr_read_chunk(_t0, xdr_rdma_segment(_t1, _t2, _t3))
         except (_struct.error, KeyError, IndexError, UnicodeError):
             raise _XdrError('invalid or truncated xdr_read_list', o0) from None
         items.append(_x)
@@ -204,7 +204,7 @@ def enc_xdr_write_chunk(w: _Writer, v: xdr_write_chunk) -> None:
     try:
         _a1 = v.target
         _n = len(_a1)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         for _x1 in _a1:
             w += _S2.pack(_x1.handle, _x1.length, _x1.offset)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -222,9 +222,8 @@ def dec_xdr_write_chunk(r: _Reader, off: int) -> tuple[xdr_write_chunk, int]:
         f_target = []
         _c2 = _n
         for _ in range(_c2):
-            _t = _S2.unpack_from(buf, off)
+            _x2 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
             off += 16
-            _x2 = xdr_rdma_segment(_t[0], _t[1], _t[2])
             f_target.append(_x2)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xdr_write_chunk', o0) from None
@@ -241,7 +240,7 @@ def enc_xdr_write_list(w: _Writer, v: xdr_write_list) -> None:
         _s3 = v.entry
         _a4 = _s3.target
         _n = len(_a4)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         for _x4 in _a4:
             w += _S2.pack(_x4.handle, _x4.length, _x4.offset)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -259,9 +258,8 @@ def dec_xdr_write_list(r: _Reader, off: int) -> tuple[xdr_write_list, int]:
         _i5_target = []
         _c6 = _n
         for _ in range(_c6):
-            _t = _S2.unpack_from(buf, off)
+            _x6 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
             off += 16
-            _x6 = xdr_rdma_segment(_t[0], _t[1], _t[2])
             _i5_target.append(_x6)
         f_entry = xdr_write_chunk(_i5_target)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -275,7 +273,7 @@ def _enc_list_xdr_write_list(w: _Writer, items: list[xdr_write_chunk]) -> None:
         _s7 = _i
         _a8 = _s7.target
         _n = len(_a8)
-        w += _U32.pack(_n)
+        w += _S0.pack(_n)
         for _x8 in _a8:
             w += _S2.pack(_x8.handle, _x8.length, _x8.offset)
     w += _FALSE
@@ -302,9 +300,8 @@ def _dec_list_xdr_write_list(r: _Reader, off: int) -> tuple[list[xdr_write_chunk
             _i9_target = []
             _c10 = _n
             for _ in range(_c10):
-                _t = _S2.unpack_from(buf, off)
+                _x10 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
                 off += 16
-                _x10 = xdr_rdma_segment(_t[0], _t[1], _t[2])
                 _i9_target.append(_x10)
             _x = xdr_write_chunk(_i9_target)
         except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -417,10 +414,8 @@ def dec_rpc_rdma_header_padded(r: _Reader, off: int) -> tuple[rpc_rdma_header_pa
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        f_rdma_align, f_rdma_thresh = _S4.unpack_from(buf, off)
         off += 8
-        f_rdma_align = _t[0]
-        f_rdma_thresh = _t[1]
         f_rdma_reads, off = _dec_list_xdr_read_list(r, off)
         f_rdma_writes, off = _dec_list_xdr_write_list(r, off)
         (_p,) = _U32.unpack_from(buf, off)
@@ -477,13 +472,11 @@ def dec_rpc_rdma_errvers(r: _Reader, off: int) -> tuple[rpc_rdma_errvers, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        _u = rpc_rdma_errvers(*_S4.unpack_from(buf, off))
         off += 8
-        f_rdma_vers_low = _t[0]
-        f_rdma_vers_high = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated rpc_rdma_errvers', o0) from None
-    return rpc_rdma_errvers(f_rdma_vers_low, f_rdma_vers_high), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -497,7 +490,7 @@ _rpc_rdma_error_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]
 _rpc_rdma_error_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_rpc_rdma_errcode_MAP[(1,)[0]], dec_rpc_rdma_errvers), 2: (_rpc_rdma_errcode_MAP[(2,)[0]], _void_decode)}
 
 
-def enc_rpc_rdma_error(w: _Writer, v: rpc_rdma_error) -> None:
+def _enc_any_rpc_rdma_error(w: _Writer, v: rpc_rdma_error) -> None:
     try:
         _d = v.err
         _f = _rpc_rdma_error_ENC.get(_d)
@@ -510,7 +503,7 @@ def enc_rpc_rdma_error(w: _Writer, v: rpc_rdma_error) -> None:
         raise _XdrError(f'cannot encode rpc_rdma_error: {_e!r}', len(w)) from None
 
 
-def dec_rpc_rdma_error(r: _Reader, off: int) -> tuple[rpc_rdma_error, int]:
+def _dec_any_rpc_rdma_error(r: _Reader, off: int) -> tuple[rpc_rdma_error, int]:
     buf = r.buf
     o0 = off
     try:
@@ -524,6 +517,42 @@ def dec_rpc_rdma_error(r: _Reader, off: int) -> tuple[rpc_rdma_error, int]:
             _d11, _f11 = _a11
         _v11, off = _f11(r, off + 4)
         _u = rpc_rdma_error(_d11, _v11)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated rpc_rdma_error', o0) from None
+    return _u, off
+
+
+def enc_rpc_rdma_error(w: _Writer, v: rpc_rdma_error) -> None:
+    try:
+        _u12 = v
+        _d12 = _u12.err
+        _w12: _Any
+        if _d12 == 1:
+            _w12 = _u12.value
+            w += _S6.pack(1, _w12.rdma_vers_low, _w12.rdma_vers_high)
+        elif _d12 == 2:
+            w += b'\x00\x00\x00\x02'
+        else:
+            _enc_any_rpc_rdma_error(w, _u12)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode rpc_rdma_error: {_e!r}', len(w)) from None
+
+
+def dec_rpc_rdma_error(r: _Reader, off: int) -> tuple[rpc_rdma_error, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v13: _Any
+        (_d13,) = _S5.unpack_from(buf, off)
+        off += 4
+        if _d13 == 1:
+            _v13 = rpc_rdma_errvers(*_S4.unpack_from(buf, off))
+            off += 8
+            _u = rpc_rdma_error(ERR_VERS, _v13)
+        elif _d13 == 2:
+            _u = rpc_rdma_error(ERR_CHUNK, None)
+        else:
+            _u, off = _dec_any_rpc_rdma_error(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated rpc_rdma_error', o0) from None
     return _u, off
@@ -570,7 +599,7 @@ _rdma_body_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] =
 _rdma_body_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {0: (_rdma_proc_MAP[(0,)[0]], dec_rpc_rdma_header), 1: (_rdma_proc_MAP[(1,)[0]], dec_rpc_rdma_header_nomsg), 2: (_rdma_proc_MAP[(2,)[0]], dec_rpc_rdma_header_padded), 3: (_rdma_proc_MAP[(3,)[0]], _void_decode), 4: (_rdma_proc_MAP[(4,)[0]], dec_rpc_rdma_error)}
 
 
-def enc_rdma_body(w: _Writer, v: rdma_body) -> None:
+def _enc_any_rdma_body(w: _Writer, v: rdma_body) -> None:
     try:
         _d = v.proc
         _f = _rdma_body_ENC.get(_d)
@@ -587,19 +616,102 @@ def dec_rdma_body(r: _Reader, off: int) -> tuple[rdma_body, int]:
     buf = r.buf
     o0 = off
     try:
-        _v12: _Any
-        _f12: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d12,) = _S5.unpack_from(buf, off)
-        _a12 = _rdma_body_ARMS.get(_d12)
-        if _a12 is None:
-            raise _XdrError('%r is not a case of rdma_body' % (_d12,), off)
+        _v14: _Any
+        _f14: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d14,) = _S5.unpack_from(buf, off)
+        _a14 = _rdma_body_ARMS.get(_d14)
+        if _a14 is None:
+            raise _XdrError('%r is not a case of rdma_body' % (_d14,), off)
         else:
-            _d12, _f12 = _a12
-        _v12, off = _f12(r, off + 4)
-        _u = rdma_body(_d12, _v12)
+            _d14, _f14 = _a14
+        _v14, off = _f14(r, off + 4)
+        _u = rdma_body(_d14, _v14)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated rdma_body', o0) from None
     return _u, off
+
+
+def _enc_rdma_body_0(w: _Writer, v: rpc_rdma_header) -> None:
+    try:
+        _s15 = v
+        w += b'\x00\x00\x00\x00'
+        _enc_list_xdr_read_list(w, _s15.rdma_reads)
+        _enc_list_xdr_write_list(w, _s15.rdma_writes)
+        if _s15.rdma_reply is None:
+            w += _FALSE
+        else:
+            w += _TRUE
+            enc_xdr_write_chunk(w, _s15.rdma_reply)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode rdma_body.rdma_msg: {_e}', len(w)) from None
+
+
+def _enc_rdma_body_1(w: _Writer, v: rpc_rdma_header_nomsg) -> None:
+    try:
+        _s16 = v
+        w += b'\x00\x00\x00\x01'
+        _enc_list_xdr_read_list(w, _s16.rdma_reads)
+        _enc_list_xdr_write_list(w, _s16.rdma_writes)
+        if _s16.rdma_reply is None:
+            w += _FALSE
+        else:
+            w += _TRUE
+            enc_xdr_write_chunk(w, _s16.rdma_reply)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode rdma_body.rdma_nomsg: {_e}', len(w)) from None
+
+
+def _enc_rdma_body_2(w: _Writer, v: rpc_rdma_header_padded) -> None:
+    try:
+        _s17 = v
+        w += _S6.pack(2, _s17.rdma_align, _s17.rdma_thresh)
+        _enc_list_xdr_read_list(w, _s17.rdma_reads)
+        _enc_list_xdr_write_list(w, _s17.rdma_writes)
+        if _s17.rdma_reply is None:
+            w += _FALSE
+        else:
+            w += _TRUE
+            enc_xdr_write_chunk(w, _s17.rdma_reply)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode rdma_body.rdma_msgp: {_e}', len(w)) from None
+
+
+def _enc_rdma_body_3(w: _Writer, v: None) -> None:
+    try:
+        w += b'\x00\x00\x00\x03'
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode rdma_body.: {_e}', len(w)) from None
+
+
+def _enc_rdma_body_4(w: _Writer, v: rpc_rdma_error) -> None:
+    try:
+        _u18 = v
+        _d18 = _u18.err
+        _w18: _Any
+        if _d18 == 1:
+            _w18 = _u18.value
+            w += _S7.pack(4, 1, _w18.rdma_vers_low, _w18.rdma_vers_high)
+        elif _d18 == 2:
+            w += b'\x00\x00\x00\x04\x00\x00\x00\x02'
+        else:
+            w += b'\x00\x00\x00\x04'
+            _enc_any_rpc_rdma_error(w, _u18)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode rdma_body.rdma_error: {_e}', len(w)) from None
+
+
+_rdma_body_ENCX: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {0: _enc_rdma_body_0, 1: _enc_rdma_body_1, 2: _enc_rdma_body_2, 3: _enc_rdma_body_3, 4: _enc_rdma_body_4}
+
+
+def enc_rdma_body(w: _Writer, v: rdma_body) -> None:
+    try:
+        _f = _rdma_body_ENCX.get(v.proc)
+        if _f is None:
+            _enc_any_rdma_body(w, v)
+        else:
+            _f(w, v.value)
+    except (TypeError, AttributeError) as _e:
+        raise _XdrError(f'cannot encode rdma_body: {_e!r}', len(w)) from None
 
 
 @_dataclass(slots=True)
@@ -612,8 +724,13 @@ class rdma_msg:
 
 def enc_rdma_msg(w: _Writer, v: rdma_msg) -> None:
     try:
-        w += _S6.pack(v.rdma_xid, v.rdma_vers, v.rdma_credit)
-        enc_rdma_body(w, v.rdma_body)
+        w += _S8.pack(v.rdma_xid, v.rdma_vers, v.rdma_credit)
+        _u19 = v.rdma_body
+        _f19 = _rdma_body_ENCX.get(_u19.proc)
+        if _f19 is None:
+            enc_rdma_body(w, _u19)
+        else:
+            _f19(w, _u19.value)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode rdma_msg: {_e}', len(w)) from None
 
@@ -622,21 +739,18 @@ def dec_rdma_msg(r: _Reader, off: int) -> tuple[rdma_msg, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S6.unpack_from(buf, off)
+        f_rdma_xid, f_rdma_vers, f_rdma_credit = _S8.unpack_from(buf, off)
         off += 12
-        f_rdma_xid = _t[0]
-        f_rdma_vers = _t[1]
-        f_rdma_credit = _t[2]
-        _v13: _Any
-        _f13: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d13,) = _S5.unpack_from(buf, off)
-        _a13 = _rdma_body_ARMS.get(_d13)
-        if _a13 is None:
-            raise _XdrError('%r is not a case of rdma_body' % (_d13,), off)
+        _v20: _Any
+        _f20: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d20,) = _S5.unpack_from(buf, off)
+        _a20 = _rdma_body_ARMS.get(_d20)
+        if _a20 is None:
+            raise _XdrError('%r is not a case of rdma_body' % (_d20,), off)
         else:
-            _d13, _f13 = _a13
-        _v13, off = _f13(r, off + 4)
-        f_rdma_body = rdma_body(_d13, _v13)
+            _d20, _f20 = _a20
+        _v20, off = _f20(r, off + 4)
+        f_rdma_body = rdma_body(_d20, _v20)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated rdma_msg', o0) from None
     return rdma_msg(f_rdma_xid, f_rdma_vers, f_rdma_credit, f_rdma_body), off
@@ -656,9 +770,8 @@ def dec_xms_grpxn(r: _Reader, off: int) -> tuple[xms_grpxn, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xms_grpxn', o0) from None
     return _v, off
@@ -678,9 +791,8 @@ def dec_xms_grpxc(r: _Reader, off: int) -> tuple[xms_grpxc, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xms_grpxc', o0) from None
     return _v, off
@@ -700,9 +812,8 @@ def dec_xmdp_itemlen(r: _Reader, off: int) -> tuple[xmdp_itemlen, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xmdp_itemlen', o0) from None
     return _v, off
@@ -722,9 +833,8 @@ def dec_xmdp_pldisp(r: _Reader, off: int) -> tuple[xmdp_pldisp, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xmdp_pldisp', o0) from None
     return _v, off
@@ -744,9 +854,8 @@ def dec_xmdp_vsdisp(r: _Reader, off: int) -> tuple[xmdp_vsdisp, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (_v,) = _S0.unpack_from(buf, off)
         off += 4
-        _v = _t[0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xmdp_vsdisp', o0) from None
     return _v, off
@@ -785,7 +894,7 @@ class xms_id:
 
 def enc_xms_id(w: _Writer, v: xms_id) -> None:
     try:
-        w += _S7.pack(v.xmsi_xid, v.xmsi_dir, v.xmsi_seq)
+        w += _S9.pack(v.xmsi_xid, v.xmsi_dir, v.xmsi_seq)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode xms_id: {_e}', len(w)) from None
 
@@ -794,14 +903,12 @@ def dec_xms_id(r: _Reader, off: int) -> tuple[xms_id, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S7.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S9.unpack_from(buf, off)
         off += 12
-        f_xmsi_xid = _t[0]
-        f_xmsi_dir = _xms_dir_MAP[_t[1]]
-        f_xmsi_seq = _t[2]
+        _u = xms_id(_t0, _xms_dir_MAP[_t1], _t2)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xms_id', o0) from None
-    return xms_id(f_xmsi_xid, f_xmsi_dir, f_xmsi_seq), off
+    return _u, off
 
 
 class xmdp_type(_IntEnum):
@@ -845,11 +952,11 @@ class xmdp_tbsnloc:
 def enc_xmdp_tbsnloc(w: _Writer, v: xmdp_tbsnloc) -> None:
     try:
         w += _S0.pack(v.xmdl_offset)
-        _a14 = v.xmdl_bsnum
-        _n = len(_a14)
-        w += _U32.pack(_n)
-        for _x14 in _a14:
-            w += _S0.pack(_x14)
+        _a21 = v.xmdl_bsnum
+        _n = len(_a21)
+        w += _S0.pack(_n)
+        for _x21 in _a21:
+            w += _S0.pack(_x21)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode xmdp_tbsnloc: {_e}', len(w)) from None
 
@@ -858,20 +965,18 @@ def dec_xmdp_tbsnloc(r: _Reader, off: int) -> tuple[xmdp_tbsnloc, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        (f_xmdl_offset,) = _S0.unpack_from(buf, off)
         off += 4
-        f_xmdl_offset = _t[0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_xmdl_bsnum = []
-        _c15 = _n
-        for _ in range(_c15):
-            _t = _S0.unpack_from(buf, off)
+        _c22 = _n
+        for _ in range(_c22):
+            (_x22,) = _S0.unpack_from(buf, off)
             off += 4
-            _x15 = _t[0]
-            f_xmdl_bsnum.append(_x15)
+            f_xmdl_bsnum.append(_x22)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xmdp_tbsnloc', o0) from None
     return xmdp_tbsnloc(f_xmdl_offset, f_xmdl_bsnum), off
@@ -879,11 +984,11 @@ def dec_xmdp_tbsnloc(r: _Reader, off: int) -> tuple[xmdp_tbsnloc, int]:
 
 def enc_xmdp_loc_xmdl_ex(w: _Writer, v: list[xdr_rdma_segment]) -> None:
     try:
-        _a16 = v
-        _n = len(_a16)
-        w += _U32.pack(_n)
-        for _x16 in _a16:
-            w += _S2.pack(_x16.handle, _x16.length, _x16.offset)
+        _a23 = v
+        _n = len(_a23)
+        w += _S0.pack(_n)
+        for _x23 in _a23:
+            w += _S2.pack(_x23.handle, _x23.length, _x23.offset)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode xmdp_loc.xmdl_ex: {_e}', len(w)) from None
 
@@ -897,12 +1002,11 @@ def dec_xmdp_loc_xmdl_ex(r: _Reader, off: int) -> tuple[list[xdr_rdma_segment], 
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
-        _c17 = _n
-        for _ in range(_c17):
-            _t = _S2.unpack_from(buf, off)
+        _c24 = _n
+        for _ in range(_c24):
+            _x24 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
             off += 16
-            _x17 = xdr_rdma_segment(_t[0], _t[1], _t[2])
-            _v.append(_x17)
+            _v.append(_x24)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xmdp_loc.xmdl_ex', o0) from None
     return _v, off
@@ -919,7 +1023,7 @@ _xmdp_loc_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = 
 _xmdp_loc_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_xmdp_type_MAP[(1,)[0]], dec_xmdp_loc_xmdl_ex), 2: (_xmdp_type_MAP[(2,)[0]], dec_xmdp_tbsnloc), 5: (_xmdp_type_MAP[(5,)[0]], _void_decode), 6: (_xmdp_type_MAP[(6,)[0]], _void_decode)}
 
 
-def enc_xmdp_loc(w: _Writer, v: xmdp_loc) -> None:
+def _enc_any_xmdp_loc(w: _Writer, v: xmdp_loc) -> None:
     try:
         _d = v.xmdl_type
         _f = _xmdp_loc_ENC.get(_d)
@@ -932,20 +1036,94 @@ def enc_xmdp_loc(w: _Writer, v: xmdp_loc) -> None:
         raise _XdrError(f'cannot encode xmdp_loc: {_e!r}', len(w)) from None
 
 
+def _dec_any_xmdp_loc(r: _Reader, off: int) -> tuple[xmdp_loc, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v25: _Any
+        _f25: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d25,) = _S5.unpack_from(buf, off)
+        _a25 = _xmdp_loc_ARMS.get(_d25)
+        if _a25 is None:
+            raise _XdrError('%r is not a case of xmdp_loc' % (_d25,), off)
+        else:
+            _d25, _f25 = _a25
+        _v25, off = _f25(r, off + 4)
+        _u = xmdp_loc(_d25, _v25)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated xmdp_loc', o0) from None
+    return _u, off
+
+
+def enc_xmdp_loc(w: _Writer, v: xmdp_loc) -> None:
+    try:
+        _u26 = v
+        _d26 = _u26.xmdl_type
+        _w26: _Any
+        if _d26 == 1:
+            _w26 = _u26.value
+            _a27 = _w26
+            _n = len(_a27)
+            w += _S10.pack(1, _n)
+            for _x27 in _a27:
+                w += _S2.pack(_x27.handle, _x27.length, _x27.offset)
+        elif _d26 == 2:
+            _w26 = _u26.value
+            _s28 = _w26
+            w += _S10.pack(2, _s28.xmdl_offset)
+            _a29 = _s28.xmdl_bsnum
+            _n = len(_a29)
+            w += _S0.pack(_n)
+            for _x29 in _a29:
+                w += _S0.pack(_x29)
+        elif _d26 == 5:
+            w += b'\x00\x00\x00\x05'
+        elif _d26 == 6:
+            w += b'\x00\x00\x00\x06'
+        else:
+            _enc_any_xmdp_loc(w, _u26)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode xmdp_loc: {_e!r}', len(w)) from None
+
+
 def dec_xmdp_loc(r: _Reader, off: int) -> tuple[xmdp_loc, int]:
     buf = r.buf
     o0 = off
     try:
-        _v18: _Any
-        _f18: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d18,) = _S5.unpack_from(buf, off)
-        _a18 = _xmdp_loc_ARMS.get(_d18)
-        if _a18 is None:
-            raise _XdrError('%r is not a case of xmdp_loc' % (_d18,), off)
+        _v30: _Any
+        (_d30,) = _S5.unpack_from(buf, off)
+        off += 4
+        if _d30 == 1:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 16 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _v30 = []
+            _c31 = _n
+            for _ in range(_c31):
+                _x31 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
+                off += 16
+                _v30.append(_x31)
+            _u = xmdp_loc(XMPTYPE_EXRW, _v30)
+        elif _d30 == 2:
+            (_i32_xmdl_offset,) = _S0.unpack_from(buf, off)
+            off += 4
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i32_xmdl_bsnum = []
+            _c33 = _n
+            for _ in range(_c33):
+                (_x33,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i32_xmdl_bsnum.append(_x33)
+            _v30 = xmdp_tbsnloc(_i32_xmdl_offset, _i32_xmdl_bsnum)
+            _u = xmdp_loc(XMPTYPE_TBSN, _v30)
+        elif _d30 in (5, 6):
+            _u = xmdp_loc(_xmdp_type_MAP[(_d30,)[0]], None)
         else:
-            _d18, _f18 = _a18
-        _v18, off = _f18(r, off + 4)
-        _u = xmdp_loc(_d18, _v18)
+            _u, off = _dec_any_xmdp_loc(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xmdp_loc', o0) from None
     return _u, off
@@ -961,7 +1139,31 @@ class xmdp_mitem:
 def enc_xmdp_mitem(w: _Writer, v: xmdp_mitem) -> None:
     try:
         w += _S4.pack(v.xmdmi_disp, v.xmdmi_length)
-        enc_xmdp_loc(w, v.xmdmi_where)
+        _u34 = v.xmdmi_where
+        _d34 = _u34.xmdl_type
+        _w34: _Any
+        if _d34 == 1:
+            _w34 = _u34.value
+            _a35 = _w34
+            _n = len(_a35)
+            w += _S10.pack(1, _n)
+            for _x35 in _a35:
+                w += _S2.pack(_x35.handle, _x35.length, _x35.offset)
+        elif _d34 == 2:
+            _w34 = _u34.value
+            _s36 = _w34
+            w += _S10.pack(2, _s36.xmdl_offset)
+            _a37 = _s36.xmdl_bsnum
+            _n = len(_a37)
+            w += _S0.pack(_n)
+            for _x37 in _a37:
+                w += _S0.pack(_x37)
+        elif _d34 == 5:
+            w += b'\x00\x00\x00\x05'
+        elif _d34 == 6:
+            w += b'\x00\x00\x00\x06'
+        else:
+            _enc_any_xmdp_loc(w, _u34)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode xmdp_mitem: {_e}', len(w)) from None
 
@@ -970,20 +1172,42 @@ def dec_xmdp_mitem(r: _Reader, off: int) -> tuple[xmdp_mitem, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        f_xmdmi_disp, f_xmdmi_length = _S4.unpack_from(buf, off)
         off += 8
-        f_xmdmi_disp = _t[0]
-        f_xmdmi_length = _t[1]
-        _v19: _Any
-        _f19: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d19,) = _S5.unpack_from(buf, off)
-        _a19 = _xmdp_loc_ARMS.get(_d19)
-        if _a19 is None:
-            raise _XdrError('%r is not a case of xmdp_loc' % (_d19,), off)
+        _v38: _Any
+        (_d38,) = _S5.unpack_from(buf, off)
+        off += 4
+        if _d38 == 1:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 16 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _v38 = []
+            _c39 = _n
+            for _ in range(_c39):
+                _x39 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
+                off += 16
+                _v38.append(_x39)
+            f_xmdmi_where = xmdp_loc(XMPTYPE_EXRW, _v38)
+        elif _d38 == 2:
+            (_i40_xmdl_offset,) = _S0.unpack_from(buf, off)
+            off += 4
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i40_xmdl_bsnum = []
+            _c41 = _n
+            for _ in range(_c41):
+                (_x41,) = _S0.unpack_from(buf, off)
+                off += 4
+                _i40_xmdl_bsnum.append(_x41)
+            _v38 = xmdp_tbsnloc(_i40_xmdl_offset, _i40_xmdl_bsnum)
+            f_xmdmi_where = xmdp_loc(XMPTYPE_TBSN, _v38)
+        elif _d38 in (5, 6):
+            f_xmdmi_where = xmdp_loc(_xmdp_type_MAP[(_d38,)[0]], None)
         else:
-            _d19, _f19 = _a19
-        _v19, off = _f19(r, off + 4)
-        f_xmdmi_where = xmdp_loc(_d19, _v19)
+            f_xmdmi_where, off = _dec_any_xmdp_loc(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xmdp_mitem', o0) from None
     return xmdp_mitem(f_xmdmi_disp, f_xmdmi_length, f_xmdmi_where), off
@@ -1001,29 +1225,48 @@ class optxmt_req:
 
 def enc_optxmt_req(w: _Writer, v: optxmt_req) -> None:
     try:
-        _a20 = v.optxrq_dp
-        _n = len(_a20)
-        w += _U32.pack(_n)
-        for _x20 in _a20:
-            _s21 = _x20
-            w += _S4.pack(_s21.xmdmi_disp, _s21.xmdmi_length)
-            enc_xmdp_loc(w, _s21.xmdmi_where)
-        _a22 = v.optxrq_writes
-        _n = len(_a22)
-        w += _U32.pack(_n)
-        for _x22 in _a22:
-            _s23 = _x22
-            _a24 = _s23.target
-            _n = len(_a24)
-            w += _U32.pack(_n)
-            for _x24 in _a24:
-                w += _S2.pack(_x24.handle, _x24.length, _x24.offset)
+        _a42 = v.optxrq_dp
+        _n = len(_a42)
+        w += _S0.pack(_n)
+        for _x42 in _a42:
+            _s43 = _x42
+            w += _S4.pack(_s43.xmdmi_disp, _s43.xmdmi_length)
+            _u44 = _s43.xmdmi_where
+            _d44 = _u44.xmdl_type
+            _w44: _Any
+            if _d44 == 1:
+                _w44 = _u44.value
+                _a45 = _w44
+                _n = len(_a45)
+                w += _S10.pack(1, _n)
+                for _x45 in _a45:
+                    w += _S2.pack(_x45.handle, _x45.length, _x45.offset)
+            elif _d44 == 2:
+                _w44 = _u44.value
+                w += b'\x00\x00\x00\x02'
+                enc_xmdp_tbsnloc(w, _w44)
+            elif _d44 == 5:
+                w += b'\x00\x00\x00\x05'
+            elif _d44 == 6:
+                w += b'\x00\x00\x00\x06'
+            else:
+                _enc_any_xmdp_loc(w, _u44)
+        _a46 = v.optxrq_writes
+        _n = len(_a46)
+        w += _S0.pack(_n)
+        for _x46 in _a46:
+            _s47 = _x46
+            _a48 = _s47.target
+            _n = len(_a48)
+            w += _S0.pack(_n)
+            for _x48 in _a48:
+                w += _S2.pack(_x48.handle, _x48.length, _x48.offset)
         if v.optxrq_repch is None:
             w += _FALSE
         else:
             w += _TRUE
             enc_xdr_write_chunk(w, v.optxrq_repch)
-        w += _S6.pack(v.optxrq_count, v.optxrq_rsbuf, v.optxrq_pslen)
+        w += _S8.pack(v.optxrq_count, v.optxrq_rsbuf, v.optxrq_pslen)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode optxmt_req: {_e}', len(w)) from None
 
@@ -1037,44 +1280,53 @@ def dec_optxmt_req(r: _Reader, off: int) -> tuple[optxmt_req, int]:
         if _n * 12 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_optxrq_dp = []
-        _c25 = _n
-        for _ in range(_c25):
-            _t = _S4.unpack_from(buf, off)
+        _c49 = _n
+        for _ in range(_c49):
+            _i50_xmdmi_disp, _i50_xmdmi_length = _S4.unpack_from(buf, off)
             off += 8
-            _i26_xmdmi_disp = _t[0]
-            _i26_xmdmi_length = _t[1]
-            _v27: _Any
-            _f27: _Callable[[_Reader, int], tuple[_Any, int]]
-            (_d27,) = _S5.unpack_from(buf, off)
-            _a27 = _xmdp_loc_ARMS.get(_d27)
-            if _a27 is None:
-                raise _XdrError('%r is not a case of xmdp_loc' % (_d27,), off)
+            _v51: _Any
+            (_d51,) = _S5.unpack_from(buf, off)
+            off += 4
+            if _d51 == 1:
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n * 16 > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _v51 = []
+                _c52 = _n
+                for _ in range(_c52):
+                    _x52 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
+                    off += 16
+                    _v51.append(_x52)
+                _i50_xmdmi_where = xmdp_loc(XMPTYPE_EXRW, _v51)
+            elif _d51 == 2:
+                _v51, off = dec_xmdp_tbsnloc(r, off)
+                _i50_xmdmi_where = xmdp_loc(XMPTYPE_TBSN, _v51)
+            elif _d51 in (5, 6):
+                _i50_xmdmi_where = xmdp_loc(_xmdp_type_MAP[(_d51,)[0]], None)
             else:
-                _d27, _f27 = _a27
-            _v27, off = _f27(r, off + 4)
-            _i26_xmdmi_where = xmdp_loc(_d27, _v27)
-            _x25 = xmdp_mitem(_i26_xmdmi_disp, _i26_xmdmi_length, _i26_xmdmi_where)
-            f_optxrq_dp.append(_x25)
+                _i50_xmdmi_where, off = _dec_any_xmdp_loc(r, off - 4)
+            _x49 = xmdp_mitem(_i50_xmdmi_disp, _i50_xmdmi_length, _i50_xmdmi_where)
+            f_optxrq_dp.append(_x49)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_optxrq_writes = []
-        _c28 = _n
-        for _ in range(_c28):
+        _c53 = _n
+        for _ in range(_c53):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 16 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i29_target = []
-            _c30 = _n
-            for _ in range(_c30):
-                _t = _S2.unpack_from(buf, off)
+            _i54_target = []
+            _c55 = _n
+            for _ in range(_c55):
+                _x55 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
                 off += 16
-                _x30 = xdr_rdma_segment(_t[0], _t[1], _t[2])
-                _i29_target.append(_x30)
-            _x28 = xdr_write_chunk(_i29_target)
-            f_optxrq_writes.append(_x28)
+                _i54_target.append(_x55)
+            _x53 = xdr_write_chunk(_i54_target)
+            f_optxrq_writes.append(_x53)
         (_p,) = _U32.unpack_from(buf, off)
         off += 4
         if _p == 1:
@@ -1083,11 +1335,8 @@ def dec_optxmt_req(r: _Reader, off: int) -> tuple[optxmt_req, int]:
             f_optxrq_repch = None
         else:
             raise _XdrError('optional-data flag is not a bool', off - 4)
-        _t = _S6.unpack_from(buf, off)
+        f_optxrq_count, f_optxrq_rsbuf, f_optxrq_pslen = _S8.unpack_from(buf, off)
         off += 12
-        f_optxrq_count = _t[0]
-        f_optxrq_rsbuf = _t[1]
-        f_optxrq_pslen = _t[2]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated optxmt_req', o0) from None
     return optxmt_req(f_optxrq_dp, f_optxrq_writes, f_optxrq_repch, f_optxrq_count, f_optxrq_rsbuf, f_optxrq_pslen), off
@@ -1102,13 +1351,32 @@ class optxmt_resp:
 
 def enc_optxmt_resp(w: _Writer, v: optxmt_resp) -> None:
     try:
-        _a31 = v.optxrs_dp
-        _n = len(_a31)
-        w += _U32.pack(_n)
-        for _x31 in _a31:
-            _s32 = _x31
-            w += _S4.pack(_s32.xmdmi_disp, _s32.xmdmi_length)
-            enc_xmdp_loc(w, _s32.xmdmi_where)
+        _a56 = v.optxrs_dp
+        _n = len(_a56)
+        w += _S0.pack(_n)
+        for _x56 in _a56:
+            _s57 = _x56
+            w += _S4.pack(_s57.xmdmi_disp, _s57.xmdmi_length)
+            _u58 = _s57.xmdmi_where
+            _d58 = _u58.xmdl_type
+            _w58: _Any
+            if _d58 == 1:
+                _w58 = _u58.value
+                _a59 = _w58
+                _n = len(_a59)
+                w += _S10.pack(1, _n)
+                for _x59 in _a59:
+                    w += _S2.pack(_x59.handle, _x59.length, _x59.offset)
+            elif _d58 == 2:
+                _w58 = _u58.value
+                w += b'\x00\x00\x00\x02'
+                enc_xmdp_tbsnloc(w, _w58)
+            elif _d58 == 5:
+                w += b'\x00\x00\x00\x05'
+            elif _d58 == 6:
+                w += b'\x00\x00\x00\x06'
+            else:
+                _enc_any_xmdp_loc(w, _u58)
         w += _S4.pack(v.optxrs_count, v.optxrs_pslen)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode optxmt_resp: {_e}', len(w)) from None
@@ -1123,28 +1391,36 @@ def dec_optxmt_resp(r: _Reader, off: int) -> tuple[optxmt_resp, int]:
         if _n * 12 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_optxrs_dp = []
-        _c33 = _n
-        for _ in range(_c33):
-            _t = _S4.unpack_from(buf, off)
+        _c60 = _n
+        for _ in range(_c60):
+            _i61_xmdmi_disp, _i61_xmdmi_length = _S4.unpack_from(buf, off)
             off += 8
-            _i34_xmdmi_disp = _t[0]
-            _i34_xmdmi_length = _t[1]
-            _v35: _Any
-            _f35: _Callable[[_Reader, int], tuple[_Any, int]]
-            (_d35,) = _S5.unpack_from(buf, off)
-            _a35 = _xmdp_loc_ARMS.get(_d35)
-            if _a35 is None:
-                raise _XdrError('%r is not a case of xmdp_loc' % (_d35,), off)
+            _v62: _Any
+            (_d62,) = _S5.unpack_from(buf, off)
+            off += 4
+            if _d62 == 1:
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n * 16 > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _v62 = []
+                _c63 = _n
+                for _ in range(_c63):
+                    _x63 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
+                    off += 16
+                    _v62.append(_x63)
+                _i61_xmdmi_where = xmdp_loc(XMPTYPE_EXRW, _v62)
+            elif _d62 == 2:
+                _v62, off = dec_xmdp_tbsnloc(r, off)
+                _i61_xmdmi_where = xmdp_loc(XMPTYPE_TBSN, _v62)
+            elif _d62 in (5, 6):
+                _i61_xmdmi_where = xmdp_loc(_xmdp_type_MAP[(_d62,)[0]], None)
             else:
-                _d35, _f35 = _a35
-            _v35, off = _f35(r, off + 4)
-            _i34_xmdmi_where = xmdp_loc(_d35, _v35)
-            _x33 = xmdp_mitem(_i34_xmdmi_disp, _i34_xmdmi_length, _i34_xmdmi_where)
-            f_optxrs_dp.append(_x33)
-        _t = _S4.unpack_from(buf, off)
+                _i61_xmdmi_where, off = _dec_any_xmdp_loc(r, off - 4)
+            _x60 = xmdp_mitem(_i61_xmdmi_disp, _i61_xmdmi_length, _i61_xmdmi_where)
+            f_optxrs_dp.append(_x60)
+        f_optxrs_count, f_optxrs_pslen = _S4.unpack_from(buf, off)
         off += 8
-        f_optxrs_count = _t[0]
-        f_optxrs_pslen = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated optxmt_resp', o0) from None
     return optxmt_resp(f_optxrs_dp, f_optxrs_count, f_optxrs_pslen), off
@@ -1159,7 +1435,7 @@ class optxmt_cont:
 
 def enc_optxmt_cont(w: _Writer, v: optxmt_cont) -> None:
     try:
-        w += _S6.pack(v.optxc_xnum, v.optxc_itype, v.optxc_pslen)
+        w += _S8.pack(v.optxc_xnum, v.optxc_itype, v.optxc_pslen)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode optxmt_cont: {_e}', len(w)) from None
 
@@ -1168,14 +1444,11 @@ def dec_optxmt_cont(r: _Reader, off: int) -> tuple[optxmt_cont, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S6.unpack_from(buf, off)
+        _u = optxmt_cont(*_S8.unpack_from(buf, off))
         off += 12
-        f_optxc_xnum = _t[0]
-        f_optxc_itype = _t[1]
-        f_optxc_pslen = _t[2]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated optxmt_cont', o0) from None
-    return optxmt_cont(f_optxc_xnum, f_optxc_itype, f_optxc_pslen), off
+    return _u, off
 
 
 class optr_err(_IntEnum):
@@ -1231,13 +1504,11 @@ def dec_optr_expect(r: _Reader, off: int) -> tuple[optr_expect, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S4.unpack_from(buf, off)
+        _u = optr_expect(*_S4.unpack_from(buf, off))
         off += 8
-        f_optre_expect = _t[0]
-        f_optre_current = _t[1]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated optr_expect', o0) from None
-    return optr_expect(f_optre_expect, f_optre_current), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1249,7 +1520,7 @@ class optr_range:
 
 def enc_optr_range(w: _Writer, v: optr_range) -> None:
     try:
-        w += _S6.pack(v.optrr_value, v.optrr_min, v.optrr_max)
+        w += _S8.pack(v.optrr_value, v.optrr_min, v.optrr_max)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode optr_range: {_e}', len(w)) from None
 
@@ -1258,14 +1529,11 @@ def dec_optr_range(r: _Reader, off: int) -> tuple[optr_range, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S6.unpack_from(buf, off)
+        _u = optr_range(*_S8.unpack_from(buf, off))
         off += 12
-        f_optrr_value = _t[0]
-        f_optrr_min = _t[1]
-        f_optrr_max = _t[2]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated optr_range', o0) from None
-    return optr_range(f_optrr_value, f_optrr_min, f_optrr_max), off
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -1279,7 +1547,7 @@ _optr_info_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] =
 _optr_info_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_optr_err_MAP[(1,)[0]], dec_optr_expect), 2: (_optr_err_MAP[(2,)[0]], dec_optr_expect), 4: (_optr_err_MAP[(4,)[0]], dec_optr_expect), 5: (_optr_err_MAP[(5,)[0]], dec_optr_expect), 3: (_optr_err_MAP[(3,)[0]], _void_decode), 6: (_optr_err_MAP[(6,)[0]], dec_optr_range), 7: (_optr_err_MAP[(7,)[0]], dec_optr_range), 8: (_optr_err_MAP[(8,)[0]], dec_optr_range)}
 
 
-def enc_optr_info(w: _Writer, v: optr_info) -> None:
+def _enc_any_optr_info(w: _Writer, v: optr_info) -> None:
     try:
         _d = v.optre_which
         _f = _optr_info_ENC.get(_d)
@@ -1296,19 +1564,89 @@ def dec_optr_info(r: _Reader, off: int) -> tuple[optr_info, int]:
     buf = r.buf
     o0 = off
     try:
-        _v36: _Any
-        _f36: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d36,) = _S5.unpack_from(buf, off)
-        _a36 = _optr_info_ARMS.get(_d36)
-        if _a36 is None:
-            raise _XdrError('%r is not a case of optr_info' % (_d36,), off)
+        _v64: _Any
+        _f64: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d64,) = _S5.unpack_from(buf, off)
+        _a64 = _optr_info_ARMS.get(_d64)
+        if _a64 is None:
+            raise _XdrError('%r is not a case of optr_info' % (_d64,), off)
         else:
-            _d36, _f36 = _a36
-        _v36, off = _f36(r, off + 4)
-        _u = optr_info(_d36, _v36)
+            _d64, _f64 = _a64
+        _v64, off = _f64(r, off + 4)
+        _u = optr_info(_d64, _v64)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated optr_info', o0) from None
     return _u, off
+
+
+def _enc_optr_info_1(w: _Writer, v: optr_expect) -> None:
+    try:
+        w += _S6.pack(1, v.optre_expect, v.optre_current)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode optr_info.optre_expected: {_e}', len(w)) from None
+
+
+def _enc_optr_info_2(w: _Writer, v: optr_expect) -> None:
+    try:
+        w += _S6.pack(2, v.optre_expect, v.optre_current)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode optr_info.optre_expected: {_e}', len(w)) from None
+
+
+def _enc_optr_info_4(w: _Writer, v: optr_expect) -> None:
+    try:
+        w += _S6.pack(4, v.optre_expect, v.optre_current)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode optr_info.optre_expected: {_e}', len(w)) from None
+
+
+def _enc_optr_info_5(w: _Writer, v: optr_expect) -> None:
+    try:
+        w += _S6.pack(5, v.optre_expect, v.optre_current)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode optr_info.optre_expected: {_e}', len(w)) from None
+
+
+def _enc_optr_info_3(w: _Writer, v: None) -> None:
+    try:
+        w += b'\x00\x00\x00\x03'
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode optr_info.: {_e}', len(w)) from None
+
+
+def _enc_optr_info_6(w: _Writer, v: optr_range) -> None:
+    try:
+        w += _S11.pack(6, v.optrr_value, v.optrr_min, v.optrr_max)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode optr_info.optre_range: {_e}', len(w)) from None
+
+
+def _enc_optr_info_7(w: _Writer, v: optr_range) -> None:
+    try:
+        w += _S11.pack(7, v.optrr_value, v.optrr_min, v.optrr_max)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode optr_info.optre_range: {_e}', len(w)) from None
+
+
+def _enc_optr_info_8(w: _Writer, v: optr_range) -> None:
+    try:
+        w += _S11.pack(8, v.optrr_value, v.optrr_min, v.optrr_max)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode optr_info.optre_range: {_e}', len(w)) from None
+
+
+_optr_info_ENCX: _Final[dict[int, _Callable[[_Writer, _Any], None]]] = {1: _enc_optr_info_1, 2: _enc_optr_info_2, 4: _enc_optr_info_4, 5: _enc_optr_info_5, 3: _enc_optr_info_3, 6: _enc_optr_info_6, 7: _enc_optr_info_7, 8: _enc_optr_info_8}
+
+
+def enc_optr_info(w: _Writer, v: optr_info) -> None:
+    try:
+        _f = _optr_info_ENCX.get(v.optre_which)
+        if _f is None:
+            _enc_any_optr_info(w, v)
+        else:
+            _f(w, v.value)
+    except (TypeError, AttributeError) as _e:
+        raise _XdrError(f'cannot encode optr_info: {_e!r}', len(w)) from None
 
 
 @_dataclass(slots=True)
@@ -1320,13 +1658,18 @@ class optrept_err:
 
 def enc_optrept_err(w: _Writer, v: optrept_err) -> None:
     try:
-        w += _S7.pack(v.optre_bad.xmsi_xid, v.optre_bad.xmsi_dir, v.optre_bad.xmsi_seq)
+        w += _S9.pack(v.optre_bad.xmsi_xid, v.optre_bad.xmsi_dir, v.optre_bad.xmsi_seq)
         if v.optre_lead is None:
             w += _FALSE
         else:
             w += _TRUE
             enc_xms_id(w, v.optre_lead)
-        enc_optr_info(w, v.optre_info)
+        _u65 = v.optre_info
+        _f65 = _optr_info_ENCX.get(_u65.optre_which)
+        if _f65 is None:
+            enc_optr_info(w, _u65)
+        else:
+            _f65(w, _u65.value)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode optrept_err: {_e}', len(w)) from None
 
@@ -1335,9 +1678,9 @@ def dec_optrept_err(r: _Reader, off: int) -> tuple[optrept_err, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S7.unpack_from(buf, off)
+        _t0, _t1, _t2 = _S9.unpack_from(buf, off)
         off += 12
-        f_optre_bad = xms_id(_t[0], _xms_dir_MAP[_t[1]], _t[2])
+        f_optre_bad = xms_id(_t0, _xms_dir_MAP[_t1], _t2)
         (_p,) = _U32.unpack_from(buf, off)
         off += 4
         if _p == 1:
@@ -1346,16 +1689,16 @@ def dec_optrept_err(r: _Reader, off: int) -> tuple[optrept_err, int]:
             f_optre_lead = None
         else:
             raise _XdrError('optional-data flag is not a bool', off - 4)
-        _v37: _Any
-        _f37: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d37,) = _S5.unpack_from(buf, off)
-        _a37 = _optr_info_ARMS.get(_d37)
-        if _a37 is None:
-            raise _XdrError('%r is not a case of optr_info' % (_d37,), off)
+        _v66: _Any
+        _f66: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d66,) = _S5.unpack_from(buf, off)
+        _a66 = _optr_info_ARMS.get(_d66)
+        if _a66 is None:
+            raise _XdrError('%r is not a case of optr_info' % (_d66,), off)
         else:
-            _d37, _f37 = _a37
-        _v37, off = _f37(r, off + 4)
-        f_optre_info = optr_info(_d37, _v37)
+            _d66, _f66 = _a66
+        _v66, off = _f66(r, off + 4)
+        f_optre_info = optr_info(_d66, _v66)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated optrept_err', o0) from None
     return optrept_err(f_optre_bad, f_optre_lead, f_optre_info), off
@@ -1400,7 +1743,7 @@ _rtr_body_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]]]] = 
 _rtr_body_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: (_ropt_type_MAP[(1,)[0]], dec_optxmt_req), 2: (_ropt_type_MAP[(2,)[0]], dec_optxmt_resp), 3: (_ropt_type_MAP[(3,)[0]], dec_optxmt_cont), 4: (_ropt_type_MAP[(4,)[0]], dec_optrept_err)}
 
 
-def enc_rtr_body(w: _Writer, v: rtr_body) -> None:
+def _enc_any_rtr_body(w: _Writer, v: rtr_body) -> None:
     try:
         _d = v.ropt
         _f = _rtr_body_ENC.get(_d)
@@ -1413,20 +1756,164 @@ def enc_rtr_body(w: _Writer, v: rtr_body) -> None:
         raise _XdrError(f'cannot encode rtr_body: {_e!r}', len(w)) from None
 
 
+def _dec_any_rtr_body(r: _Reader, off: int) -> tuple[rtr_body, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v67: _Any
+        _f67: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d67,) = _S5.unpack_from(buf, off)
+        _a67 = _rtr_body_ARMS.get(_d67)
+        if _a67 is None:
+            raise _XdrError('%r is not a case of rtr_body' % (_d67,), off)
+        else:
+            _d67, _f67 = _a67
+        _v67, off = _f67(r, off + 4)
+        _u = rtr_body(_d67, _v67)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated rtr_body', o0) from None
+    return _u, off
+
+
+def enc_rtr_body(w: _Writer, v: rtr_body) -> None:
+    try:
+        _u68 = v
+        _d68 = _u68.ropt
+        _w68: _Any
+        if _d68 == 1:
+            _w68 = _u68.value
+            _s69 = _w68
+            _a70 = _s69.optxrq_dp
+            _n = len(_a70)
+            w += _S10.pack(1, _n)
+            for _x70 in _a70:
+                enc_xmdp_mitem(w, _x70)
+            _a71 = _s69.optxrq_writes
+            _n = len(_a71)
+            w += _S0.pack(_n)
+            for _x71 in _a71:
+                enc_xdr_write_chunk(w, _x71)
+            if _s69.optxrq_repch is None:
+                w += _FALSE
+            else:
+                w += _TRUE
+                enc_xdr_write_chunk(w, _s69.optxrq_repch)
+            w += _S8.pack(_s69.optxrq_count, _s69.optxrq_rsbuf, _s69.optxrq_pslen)
+        elif _d68 == 2:
+            _w68 = _u68.value
+            _s72 = _w68
+            _a73 = _s72.optxrs_dp
+            _n = len(_a73)
+            w += _S10.pack(2, _n)
+            for _x73 in _a73:
+                enc_xmdp_mitem(w, _x73)
+            w += _S4.pack(_s72.optxrs_count, _s72.optxrs_pslen)
+        elif _d68 == 3:
+            _w68 = _u68.value
+            w += _S11.pack(3, _w68.optxc_xnum, _w68.optxc_itype, _w68.optxc_pslen)
+        elif _d68 == 4:
+            _w68 = _u68.value
+            _s74 = _w68
+            w += _S12.pack(4, _s74.optre_bad.xmsi_xid, _s74.optre_bad.xmsi_dir, _s74.optre_bad.xmsi_seq)
+            if _s74.optre_lead is None:
+                w += _FALSE
+            else:
+                w += _TRUE
+                enc_xms_id(w, _s74.optre_lead)
+            _u75 = _s74.optre_info
+            _f75 = _optr_info_ENCX.get(_u75.optre_which)
+            if _f75 is None:
+                enc_optr_info(w, _u75)
+            else:
+                _f75(w, _u75.value)
+        else:
+            _enc_any_rtr_body(w, _u68)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode rtr_body: {_e!r}', len(w)) from None
+
+
 def dec_rtr_body(r: _Reader, off: int) -> tuple[rtr_body, int]:
     buf = r.buf
     o0 = off
     try:
-        _v38: _Any
-        _f38: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d38,) = _S5.unpack_from(buf, off)
-        _a38 = _rtr_body_ARMS.get(_d38)
-        if _a38 is None:
-            raise _XdrError('%r is not a case of rtr_body' % (_d38,), off)
+        _v76: _Any
+        (_d76,) = _S5.unpack_from(buf, off)
+        off += 4
+        if _d76 == 1:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 12 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i77_optxrq_dp = []
+            _c78 = _n
+            for _ in range(_c78):
+                _x78, off = dec_xmdp_mitem(r, off)
+                _i77_optxrq_dp.append(_x78)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i77_optxrq_writes = []
+            _c79 = _n
+            for _ in range(_c79):
+                _x79, off = dec_xdr_write_chunk(r, off)
+                _i77_optxrq_writes.append(_x79)
+            (_p,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _p == 1:
+                _i77_optxrq_repch, off = dec_xdr_write_chunk(r, off)
+            elif _p == 0:
+                _i77_optxrq_repch = None
+            else:
+                raise _XdrError('optional-data flag is not a bool', off - 4)
+            _i77_optxrq_count, _i77_optxrq_rsbuf, _i77_optxrq_pslen = _S8.unpack_from(buf, off)
+            off += 12
+            _v76 = optxmt_req(_i77_optxrq_dp, _i77_optxrq_writes, _i77_optxrq_repch, _i77_optxrq_count, _i77_optxrq_rsbuf, _i77_optxrq_pslen)
+            _u = rtr_body(ROPT_XMTREQ, _v76)
+        elif _d76 == 2:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 12 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i80_optxrs_dp = []
+            _c81 = _n
+            for _ in range(_c81):
+                _x81, off = dec_xmdp_mitem(r, off)
+                _i80_optxrs_dp.append(_x81)
+            _i80_optxrs_count, _i80_optxrs_pslen = _S4.unpack_from(buf, off)
+            off += 8
+            _v76 = optxmt_resp(_i80_optxrs_dp, _i80_optxrs_count, _i80_optxrs_pslen)
+            _u = rtr_body(ROPT_XMTRESP, _v76)
+        elif _d76 == 3:
+            _v76 = optxmt_cont(*_S8.unpack_from(buf, off))
+            off += 12
+            _u = rtr_body(ROPT_XMTCONT, _v76)
+        elif _d76 == 4:
+            _t0, _t1, _t2 = _S9.unpack_from(buf, off)
+            off += 12
+            _i82_optre_bad = xms_id(_t0, _xms_dir_MAP[_t1], _t2)
+            (_p,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _p == 1:
+                _i82_optre_lead, off = dec_xms_id(r, off)
+            elif _p == 0:
+                _i82_optre_lead = None
+            else:
+                raise _XdrError('optional-data flag is not a bool', off - 4)
+            _v83: _Any
+            _f83: _Callable[[_Reader, int], tuple[_Any, int]]
+            (_d83,) = _S5.unpack_from(buf, off)
+            _a83 = _optr_info_ARMS.get(_d83)
+            if _a83 is None:
+                raise _XdrError('%r is not a case of optr_info' % (_d83,), off)
+            else:
+                _d83, _f83 = _a83
+            _v83, off = _f83(r, off + 4)
+            _i82_optre_info = optr_info(_d83, _v83)
+            _v76 = optrept_err(_i82_optre_bad, _i82_optre_lead, _i82_optre_info)
+            _u = rtr_body(ROPT_REPTERR, _v76)
         else:
-            _d38, _f38 = _a38
-        _v38, off = _f38(r, off + 4)
-        _u = rtr_body(_d38, _v38)
+            _u, off = _dec_any_rtr_body(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated rtr_body', o0) from None
     return _u, off
@@ -1443,8 +1930,58 @@ class rtr_msg:
 
 def enc_rtr_msg(w: _Writer, v: rtr_msg) -> None:
     try:
-        w += _S8.pack(v.rtr_xid, v.rtr_vers, v.rtr_credit, v.rtr_proc)
-        enc_rtr_body(w, v.rtr_body)
+        w += _S13.pack(v.rtr_xid, v.rtr_vers, v.rtr_credit, v.rtr_proc)
+        _u84 = v.rtr_body
+        _d84 = _u84.ropt
+        _w84: _Any
+        if _d84 == 1:
+            _w84 = _u84.value
+            _s85 = _w84
+            _a86 = _s85.optxrq_dp
+            _n = len(_a86)
+            w += _S10.pack(1, _n)
+            for _x86 in _a86:
+                enc_xmdp_mitem(w, _x86)
+            _a87 = _s85.optxrq_writes
+            _n = len(_a87)
+            w += _S0.pack(_n)
+            for _x87 in _a87:
+                enc_xdr_write_chunk(w, _x87)
+            if _s85.optxrq_repch is None:
+                w += _FALSE
+            else:
+                w += _TRUE
+                enc_xdr_write_chunk(w, _s85.optxrq_repch)
+            w += _S8.pack(_s85.optxrq_count, _s85.optxrq_rsbuf, _s85.optxrq_pslen)
+        elif _d84 == 2:
+            _w84 = _u84.value
+            _s88 = _w84
+            _a89 = _s88.optxrs_dp
+            _n = len(_a89)
+            w += _S10.pack(2, _n)
+            for _x89 in _a89:
+                enc_xmdp_mitem(w, _x89)
+            w += _S4.pack(_s88.optxrs_count, _s88.optxrs_pslen)
+        elif _d84 == 3:
+            _w84 = _u84.value
+            w += _S11.pack(3, _w84.optxc_xnum, _w84.optxc_itype, _w84.optxc_pslen)
+        elif _d84 == 4:
+            _w84 = _u84.value
+            _s90 = _w84
+            w += _S12.pack(4, _s90.optre_bad.xmsi_xid, _s90.optre_bad.xmsi_dir, _s90.optre_bad.xmsi_seq)
+            if _s90.optre_lead is None:
+                w += _FALSE
+            else:
+                w += _TRUE
+                enc_xms_id(w, _s90.optre_lead)
+            _u91 = _s90.optre_info
+            _f91 = _optr_info_ENCX.get(_u91.optre_which)
+            if _f91 is None:
+                enc_optr_info(w, _u91)
+            else:
+                _f91(w, _u91.value)
+        else:
+            _enc_any_rtr_body(w, _u84)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode rtr_msg: {_e}', len(w)) from None
 
@@ -1453,22 +1990,86 @@ def dec_rtr_msg(r: _Reader, off: int) -> tuple[rtr_msg, int]:
     buf = r.buf
     o0 = off
     try:
-        _t = _S8.unpack_from(buf, off)
+        f_rtr_xid, f_rtr_vers, f_rtr_credit, f_rtr_proc = _S13.unpack_from(buf, off)
         off += 16
-        f_rtr_xid = _t[0]
-        f_rtr_vers = _t[1]
-        f_rtr_credit = _t[2]
-        f_rtr_proc = _t[3]
-        _v39: _Any
-        _f39: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d39,) = _S5.unpack_from(buf, off)
-        _a39 = _rtr_body_ARMS.get(_d39)
-        if _a39 is None:
-            raise _XdrError('%r is not a case of rtr_body' % (_d39,), off)
+        _v92: _Any
+        (_d92,) = _S5.unpack_from(buf, off)
+        off += 4
+        if _d92 == 1:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 12 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i93_optxrq_dp = []
+            _c94 = _n
+            for _ in range(_c94):
+                _x94, off = dec_xmdp_mitem(r, off)
+                _i93_optxrq_dp.append(_x94)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i93_optxrq_writes = []
+            _c95 = _n
+            for _ in range(_c95):
+                _x95, off = dec_xdr_write_chunk(r, off)
+                _i93_optxrq_writes.append(_x95)
+            (_p,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _p == 1:
+                _i93_optxrq_repch, off = dec_xdr_write_chunk(r, off)
+            elif _p == 0:
+                _i93_optxrq_repch = None
+            else:
+                raise _XdrError('optional-data flag is not a bool', off - 4)
+            _i93_optxrq_count, _i93_optxrq_rsbuf, _i93_optxrq_pslen = _S8.unpack_from(buf, off)
+            off += 12
+            _v92 = optxmt_req(_i93_optxrq_dp, _i93_optxrq_writes, _i93_optxrq_repch, _i93_optxrq_count, _i93_optxrq_rsbuf, _i93_optxrq_pslen)
+            f_rtr_body = rtr_body(ROPT_XMTREQ, _v92)
+        elif _d92 == 2:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 12 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i96_optxrs_dp = []
+            _c97 = _n
+            for _ in range(_c97):
+                _x97, off = dec_xmdp_mitem(r, off)
+                _i96_optxrs_dp.append(_x97)
+            _i96_optxrs_count, _i96_optxrs_pslen = _S4.unpack_from(buf, off)
+            off += 8
+            _v92 = optxmt_resp(_i96_optxrs_dp, _i96_optxrs_count, _i96_optxrs_pslen)
+            f_rtr_body = rtr_body(ROPT_XMTRESP, _v92)
+        elif _d92 == 3:
+            _v92 = optxmt_cont(*_S8.unpack_from(buf, off))
+            off += 12
+            f_rtr_body = rtr_body(ROPT_XMTCONT, _v92)
+        elif _d92 == 4:
+            _t0, _t1, _t2 = _S9.unpack_from(buf, off)
+            off += 12
+            _i98_optre_bad = xms_id(_t0, _xms_dir_MAP[_t1], _t2)
+            (_p,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _p == 1:
+                _i98_optre_lead, off = dec_xms_id(r, off)
+            elif _p == 0:
+                _i98_optre_lead = None
+            else:
+                raise _XdrError('optional-data flag is not a bool', off - 4)
+            _v99: _Any
+            _f99: _Callable[[_Reader, int], tuple[_Any, int]]
+            (_d99,) = _S5.unpack_from(buf, off)
+            _a99 = _optr_info_ARMS.get(_d99)
+            if _a99 is None:
+                raise _XdrError('%r is not a case of optr_info' % (_d99,), off)
+            else:
+                _d99, _f99 = _a99
+            _v99, off = _f99(r, off + 4)
+            _i98_optre_info = optr_info(_d99, _v99)
+            _v92 = optrept_err(_i98_optre_bad, _i98_optre_lead, _i98_optre_info)
+            f_rtr_body = rtr_body(ROPT_REPTERR, _v92)
         else:
-            _d39, _f39 = _a39
-        _v39, off = _f39(r, off + 4)
-        f_rtr_body = rtr_body(_d39, _v39)
+            f_rtr_body, off = _dec_any_rtr_body(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated rtr_msg', o0) from None
     return rtr_msg(f_rtr_xid, f_rtr_vers, f_rtr_credit, f_rtr_proc, f_rtr_body), off

@@ -23,6 +23,7 @@ from nfsrdma.xdr.runtime import (
     U32 as _U32,
     Operation as _Operation,
     Buffer as _Buffer,
+    DdpItem as _DdpItem,
     Reader as _Reader,
     Writer as _Writer,
     XdrError as _XdrError,
@@ -36,7 +37,8 @@ MAXSEQ = 2147483648
 
 _S0: _Final = _struct.Struct('>iIi')
 _S1: _Final = _struct.Struct('>I')
-_S2: _Final = _struct.Struct('>III')
+_S2: _Final = _struct.Struct('>IiIi')
+_S3: _Final = _struct.Struct('>III')
 
 
 class rpc_gss_proc_t(_IntEnum):
@@ -106,7 +108,7 @@ def enc_rpc_gss_cred_vers_1_t(w: _Writer, v: rpc_gss_cred_vers_1_t) -> None:
         w += _S0.pack(v.gss_proc, v.seq_num, v.service)
         _v = v.handle
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S1.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -117,18 +119,15 @@ def dec_rpc_gss_cred_vers_1_t(r: _Reader, off: int) -> tuple[rpc_gss_cred_vers_1
     buf = r.buf
     o0 = off
     try:
-        _t = _S0.unpack_from(buf, off)
+        _t0, f_seq_num, _t2 = _S0.unpack_from(buf, off)
         off += 12
-        f_gss_proc = _rpc_gss_proc_t_MAP[_t[0]]
-        f_seq_num = _t[1]
-        f_service = _rpc_gss_service_t_MAP[_t[2]]
+        f_gss_proc = _rpc_gss_proc_t_MAP[_t0]
+        f_service = _rpc_gss_service_t_MAP[_t2]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_handle = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -147,7 +146,7 @@ _rpc_gss_cred_t_DEC: _Final[dict[int, _Callable[[_Reader, int], tuple[_Any, int]
 _rpc_gss_cred_t_ARMS: _Final[dict[int, tuple[_Any, _Any]]] = {1: ((1,)[0], dec_rpc_gss_cred_vers_1_t)}
 
 
-def enc_rpc_gss_cred_t(w: _Writer, v: rpc_gss_cred_t) -> None:
+def _enc_any_rpc_gss_cred_t(w: _Writer, v: rpc_gss_cred_t) -> None:
     try:
         _d = v.version
         _f = _rpc_gss_cred_t_ENC.get(_d)
@@ -159,7 +158,7 @@ def enc_rpc_gss_cred_t(w: _Writer, v: rpc_gss_cred_t) -> None:
         raise _XdrError(f'cannot encode rpc_gss_cred_t: {_e!r}', len(w)) from None
 
 
-def dec_rpc_gss_cred_t(r: _Reader, off: int) -> tuple[rpc_gss_cred_t, int]:
+def _dec_any_rpc_gss_cred_t(r: _Reader, off: int) -> tuple[rpc_gss_cred_t, int]:
     buf = r.buf
     o0 = off
     try:
@@ -178,6 +177,54 @@ def dec_rpc_gss_cred_t(r: _Reader, off: int) -> tuple[rpc_gss_cred_t, int]:
     return _u, off
 
 
+def enc_rpc_gss_cred_t(w: _Writer, v: rpc_gss_cred_t) -> None:
+    try:
+        _u2 = v
+        _d2 = _u2.version
+        _w2: _Any
+        if _d2 == 1:
+            _w2 = _u2.value
+            _s3 = _w2
+            w += _S2.pack(1, _s3.gss_proc, _s3.seq_num, _s3.service)
+            _v = _s3.handle
+            _n = len(_v)
+            w += _S1.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+        else:
+            _enc_any_rpc_gss_cred_t(w, _u2)
+    except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode rpc_gss_cred_t: {_e!r}', len(w)) from None
+
+
+def dec_rpc_gss_cred_t(r: _Reader, off: int) -> tuple[rpc_gss_cred_t, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        _v4: _Any
+        (_d4,) = _S1.unpack_from(buf, off)
+        off += 4
+        if _d4 == 1:
+            _t0, _i5_seq_num, _t2 = _S0.unpack_from(buf, off)
+            off += 12
+            _i5_gss_proc = _rpc_gss_proc_t_MAP[_t0]
+            _i5_service = _rpc_gss_service_t_MAP[_t2]
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i5_handle = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _v4 = rpc_gss_cred_vers_1_t(_i5_gss_proc, _i5_seq_num, _i5_service, _i5_handle)
+            _u = rpc_gss_cred_t((1,)[0], _v4)
+        else:
+            _u, off = _dec_any_rpc_gss_cred_t(r, off - 4)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated rpc_gss_cred_t', o0) from None
+    return _u, off
+
+
 @_dataclass(slots=True)
 class rpc_gss_init_arg:
     gss_token: bytes
@@ -187,7 +234,7 @@ def enc_rpc_gss_init_arg(w: _Writer, v: rpc_gss_init_arg) -> None:
     try:
         _v = v.gss_token
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S1.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -203,8 +250,6 @@ def dec_rpc_gss_init_arg(r: _Reader, off: int) -> tuple[rpc_gss_init_arg, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_gss_token = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -225,13 +270,13 @@ def enc_rpc_gss_init_res(w: _Writer, v: rpc_gss_init_res) -> None:
     try:
         _v = v.handle
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S1.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        w += _S2.pack(v.gss_major, v.gss_minor, v.seq_window)
+        w += _S3.pack(v.gss_major, v.gss_minor, v.seq_window)
         _v = v.gss_token
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S1.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -247,22 +292,15 @@ def dec_rpc_gss_init_res(r: _Reader, off: int) -> tuple[rpc_gss_init_res, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_handle = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _S2.unpack_from(buf, off)
+        f_gss_major, f_gss_minor, f_seq_window = _S3.unpack_from(buf, off)
         off += 12
-        f_gss_major = _t[0]
-        f_gss_minor = _t[1]
-        f_seq_window = _t[2]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_gss_token = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -280,12 +318,12 @@ def enc_rpc_gss_integ_data(w: _Writer, v: rpc_gss_integ_data) -> None:
     try:
         _v = v.databody_integ
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S1.pack(_n)
         w += _v
         w += _PAD[_n & 3]
         _v = v.checksum
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S1.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -301,8 +339,6 @@ def dec_rpc_gss_integ_data(r: _Reader, off: int) -> tuple[rpc_gss_integ_data, in
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_databody_integ = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
@@ -310,8 +346,6 @@ def dec_rpc_gss_integ_data(r: _Reader, off: int) -> tuple[rpc_gss_integ_data, in
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_checksum = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -328,7 +362,7 @@ def enc_rpc_gss_priv_data(w: _Writer, v: rpc_gss_priv_data) -> None:
     try:
         _v = v.databody_priv
         _n = len(_v)
-        w += _U32.pack(_n)
+        w += _S1.pack(_n)
         w += _v
         w += _PAD[_n & 3]
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -344,8 +378,6 @@ def dec_rpc_gss_priv_data(r: _Reader, off: int) -> tuple[rpc_gss_priv_data, int]
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        if _e > len(buf):
-            raise _XdrError('opaque runs past the end', off)
         f_databody_priv = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError, UnicodeError):

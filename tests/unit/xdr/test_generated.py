@@ -50,12 +50,16 @@ def test_ul1_ul2_only_the_four_ddp_eligible_items_can_leave_the_stream() -> None
     users = set()
     for block in src.split("\ndef ")[1:]:
         name = block.split("(", 1)[0]
-        if "put_ddp(" in block or "take_ddp(" in block:
+        if "_DdpItem(" in block or "take_ddp(" in block:
             users.add(name)
+    # The four items' codecs, and those that code them inline: the READ and READLINK result
+    # unions, and the per-case encoders of WRITE, READ, READLINK and of a symlink's createtype4.
     assert users == {
         "enc_WRITE4args", "dec_WRITE4args", "enc_READ4resok", "dec_READ4resok",
         "enc_READLINK4resok", "dec_READLINK4resok",
         "enc_createtype4_linkdata", "dec_createtype4_linkdata",
+        "enc_READ4res", "dec_READ4res", "enc_READLINK4res", "dec_READLINK4res",
+        "_enc_nfs_argop4_38", "_enc_nfs_resop4_25", "_enc_nfs_resop4_27", "_enc_createtype4_5",
     }  # fmt: skip
     assert {
         ("WRITE4args", "data"), ("createtype4", "linkdata"),
