@@ -42,17 +42,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MINOR_VERSIONS = frozenset({1, 2})  # NFSv4.1, and NFSv4.2 (RFC 7862) beside it
-LAST_V41_OP = nfs4.OP_RECLAIM_COMPLETE  # operations above it exist from NFSv4.2 on
+LAST_V41_OP = nfs4.nfs_opnum4.OP_RECLAIM_COMPLETE  # operations above it exist from NFSv4.2 on
 SESSIONLESS_OPS = frozenset(
     {
-        nfs4.OP_EXCHANGE_ID,
-        nfs4.OP_CREATE_SESSION,
-        nfs4.OP_DESTROY_SESSION,
-        nfs4.OP_DESTROY_CLIENTID,
-        nfs4.OP_BIND_CONN_TO_SESSION,
+        nfs4.nfs_opnum4.OP_EXCHANGE_ID,
+        nfs4.nfs_opnum4.OP_CREATE_SESSION,
+        nfs4.nfs_opnum4.OP_DESTROY_SESSION,
+        nfs4.nfs_opnum4.OP_DESTROY_CLIENTID,
+        nfs4.nfs_opnum4.OP_BIND_CONN_TO_SESSION,
     }
 )
-READ_CLASS_OPS = frozenset({nfs4.OP_READ, nfs4.OP_READLINK})  # RFC 8267 section 6.4.1
+READ_CLASS_OPS = frozenset(
+    {nfs4.nfs_opnum4.OP_READ, nfs4.nfs_opnum4.OP_READLINK}
+)  # RFC 8267 section 6.4.1
 # Every operation of the specification, by number (a table of different operations).
 _OPERATIONS: dict[int, Operation[Any, Any]] = nfs4.OPERATIONS
 _ILLEGAL = nfs4.OPERATION_ILLEGAL
@@ -100,12 +102,19 @@ def _must_wait(outcome: object) -> bool:
 # every other COMPOUND take the generic path, which is the reference (a property test compares
 # the two byte for byte). Results of both are recorded by ``_Run._record``, the one place.
 FAST_PATHS = True
-_FAST_THIRD = (nfs4.OP_READ, nfs4.OP_WRITE, nfs4.OP_GETATTR, nfs4.OP_ACCESS, nfs4.OP_LOOKUP)
+_FAST_THIRD = (
+    nfs4.nfs_opnum4.OP_READ,
+    nfs4.nfs_opnum4.OP_WRITE,
+    nfs4.nfs_opnum4.OP_GETATTR,
+    nfs4.nfs_opnum4.OP_ACCESS,
+    nfs4.nfs_opnum4.OP_LOOKUP,
+)
 _SEQUENCE_ARGS_SIZE = 32  # sessionid (16), sequenceid, slotid, highest_slotid, cachethis
 _Step = tuple[Operation[Any, Any], Any]  # an operation and its handler
 _FAST_STEPS: dict[int, tuple[_Step, _Step, _Step]] = {
     third: tuple(  # type: ignore[misc]
-        (HANDLERS[n].op, HANDLERS[n].handler) for n in (nfs4.OP_SEQUENCE, nfs4.OP_PUTFH, third)
+        (HANDLERS[n].op, HANDLERS[n].handler)
+        for n in (nfs4.nfs_opnum4.OP_SEQUENCE, nfs4.nfs_opnum4.OP_PUTFH, third)
     )
     for third in _FAST_THIRD
 }
@@ -114,7 +123,7 @@ _PUTFH_RESULT = nfs4.PUTFH4res(nfs4.NFS4_OK)
 _UNTAGGED_HEAD = pack(nfs4.enc_COMPOUND4res_head, nfs4.COMPOUND4res_head(nfs4.NFS4_OK, b"", 0))
 # conn.context key of the connection's last (RPC credential, file-system identity) pair
 _CRED_MEMO = "nfs4.compound.cred"
-_PUTFH_OK = _OPNUM_LEN.pack(nfs4.OP_PUTFH, nfs4.NFS4_OK)  # PUTFH's nfs_resop4 on success
+_PUTFH_OK = _OPNUM_LEN.pack(nfs4.nfs_opnum4.OP_PUTFH, nfs4.NFS4_OK)  # PUTFH's nfs_resop4 on success
 
 
 def _fast_steps(r: Reader, off: int, count: int) -> tuple[_Step, _Step, _Step] | None:
