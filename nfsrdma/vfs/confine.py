@@ -28,9 +28,11 @@
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import select
 import threading
+from collections.abc import Callable
 from typing import Final
 
 from nfsrdma.vfs import syscalls
@@ -79,18 +81,17 @@ class MoveWatch:
     """The process's fanotify group watching the exports' file systems for names moved or
     removed, and the epoch those events advance (see the module docstring).
 
-    ``epoch`` changes after every batch of events is taken in, and only then: a descriptor
-    checked while the epoch was E (read before the check) may be trusted while it still is E.
-    Taking events in (``poll``) holds a lock, so a thread that polls while another drains
-    waits for the new epoch instead of seeing an empty queue under the old one."""
+    ``epoch`` changes whenever events are taken in, and only then: a descriptor checked while
+    the epoch was E (read before the check) may be trusted while it still is E."""
 
     def __init__(self) -> None:
         self.fd = -1
         self.active = False  # a file system is watched: windows poll
         self.epoch = 0
         self.lost = False  # the group failed (read error): no trust from now on
-        self._lock = threading.Lock()
-        self._poll: select.poll | None = None
+        self._epochs = itertools.count(1)  # (next() is atomic under the GIL)
+        self._lock = threading.Lock()  # watch() only
+        self._ready: Callable[[float], list[tuple[int, int]]] | None = None
         self._watched: set[int] = set()  # st_dev of the watched file systems
 
     def watch(self, dirfd: int) -> bool:
@@ -109,33 +110,34 @@ class MoveWatch:
                     fd = syscalls.fanotify_init(
                         syscalls.FAN_CLOEXEC | syscalls.FAN_NONBLOCK | syscalls.FAN_REPORT_DIR_FID
                     )
-                    poller = select.poll()
-                    poller.register(fd, select.POLLIN)
-                    self.fd, self._poll = fd, poller
+                    ready = select.epoll(1)
+                    ready.register(fd, select.EPOLLIN)
+                    self.fd, self._ready = fd, ready.poll
                 syscalls.fanotify_mark_filesystem(self.fd, _MOVE_EVENTS, dirfd)
                 self._watched.add(dev)
-                self.epoch += 1  # (what happened before the mark was not seen)
+                self.epoch = next(self._epochs)  # (what happened before the mark was not seen)
                 self.active = True
                 return True
         except OSError:
             return False
 
     def poll(self) -> None:
-        """Take in the events queued since the last poll; any: a new epoch."""
-        poller = self._poll
-        if poller is None:
+        """Take in the events queued since the last poll; any: a new epoch, before and after
+        draining them. Before: a thread that finds the queue empty while this one drains it
+        sees a new epoch already; after: a check made meanwhile may predate an event drained
+        with the others."""
+        ready = self._ready
+        if ready is None or not ready(0):
             return
-        with self._lock:  # (not while another thread drains: wait for its new epoch)
-            if not poller.poll(0):
-                return
-            try:
-                while True:
-                    os.read(self.fd, 65536)
-            except BlockingIOError:
-                pass
-            except OSError:
-                self.lost = True  # (never trusted again: ``trusted`` reads ``lost``)
-            self.epoch += 1
+        self.epoch = next(self._epochs)
+        try:
+            while True:
+                os.read(self.fd, 65536)
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.lost = True  # (never trusted again)
+        self.epoch = next(self._epochs)
 
     def trusted(self, epoch: int) -> bool:
         """Whether a check made in ``epoch`` still holds (no move or removal taken in since)."""
