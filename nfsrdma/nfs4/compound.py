@@ -123,6 +123,9 @@ _PUTFH_RESULT = nfs4.PUTFH4res(nfs4.NFS4_OK)
 _UNTAGGED_HEAD = pack(nfs4.enc_COMPOUND4res_head, nfs4.COMPOUND4res_head(nfs4.NFS4_OK, b"", 0))
 # conn.context key of the connection's last (RPC credential, file-system identity) pair
 _CRED_MEMO = "nfs4.compound.cred"
+# SEQUENCE's nfs_resop4 on success: operation, status, then SEQUENCE4resok (RFC 8881 18.46)
+_SEQUENCE_OK = struct.Struct(">II16sIIIII")
+_SEQUENCE4res = nfs4.SEQUENCE4res
 _PUTFH_OK = _OPNUM_LEN.pack(nfs4.nfs_opnum4.OP_PUTFH, nfs4.NFS4_OK)  # PUTFH's nfs_resop4 on success
 
 
@@ -301,7 +304,7 @@ class _Run:
             outcome = seq_handler(ctx, args)
         except Exception as e:
             outcome = self._failed(seq_op, e)
-        if self._record(seq_op, outcome):
+        if not self._sequence_ok(outcome) and self._record(seq_op, outcome):
             return None
         session = ctx.session
         if session is None:
@@ -349,6 +352,44 @@ class _Run:
         if self._record(op, outcome) or self.i >= ctx.op_count:
             return None
         return self._advance()
+
+    def _sequence_ok(self, outcome: object) -> bool:
+        """Record a new request's successful SEQUENCE as ``_record`` would, its result packed
+        in one step; False (nothing written) for any other outcome, left to ``_record``."""
+        seq, session = self.ctx.sequence, self.ctx.session
+        if (
+            seq is None
+            or session is None
+            or seq.replay is not None
+            or seq.uncached_retry
+            or type(outcome) is not _SEQUENCE4res
+        ):
+            return False
+        ok = outcome.value
+        if outcome.sr_status != nfs4.NFS4_OK or ok is None or len(ok.sr_sessionid) != 16:
+            return False
+        w = self.w
+        size = len(w) - self.head + _SEQUENCE_OK.size
+        fore = session.fore
+        if w.ddp or size > fore.ca_maxresponsesize_cached or size > fore.ca_maxresponsesize:
+            return False  # (the limits: as the generic path checks them)
+        try:
+            w += _SEQUENCE_OK.pack(
+                nfs4.OP_SEQUENCE,
+                nfs4.NFS4_OK,
+                ok.sr_sessionid,
+                ok.sr_sequenceid,
+                ok.sr_slotid,
+                ok.sr_highest_slotid,
+                ok.sr_target_highest_slotid,
+                ok.sr_status_flags,
+            )
+        except struct.error:
+            return False  # (not a valid result: the generic encoder says how)
+        self.status = nfs4.NFS4_OK
+        self.done += 1
+        self.recorded.append((nfs4.OP_SEQUENCE, nfs4.NFS4_OK, time.monotonic()))
+        return True
 
     def _undecodable(self, op: Operation[Any, Any], e: XdrError) -> None:
         log.info("%s: %s arguments do not decode: %s", self.ctx.conn.peer, op.name, e)
