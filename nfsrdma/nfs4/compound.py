@@ -120,6 +120,7 @@ _FAST_STEPS: dict[int, tuple[_Step, _Step, _Step]] = {
 }
 _OPNUM_LEN = struct.Struct(">II")
 _PUTFH_RESULT = nfs4.PUTFH4res(nfs4.NFS4_OK)
+_UNTAGGED_ARGS_HEAD = struct.Struct(">III")  # COMPOUND4args: tag length 0, minorversion, count
 _UNTAGGED_HEAD = pack(nfs4.enc_COMPOUND4res_head, nfs4.COMPOUND4res_head(nfs4.NFS4_OK, b"", 0))
 # conn.context key of the connection's last (RPC credential, file-system identity) pair
 _CRED_MEMO = "nfs4.compound.cred"
@@ -172,33 +173,40 @@ def compound(server: ServerState, call: RpcCall, w: Writer) -> Awaitable[None] |
     RPC layer to await. Raises XdrError when not even the COMPOUND header decodes (the
     caller answers GARBAGE_ARGS)."""
     r = call.reader
-    head_args, off = nfs4.peek_COMPOUND4args(r, call.offset)
-    tag, count = head_args.tag, head_args.argarray
+    buf, offset = r.buf, call.offset
     head = len(w)
-    if tag:
-        nfs4.enc_COMPOUND4res_head(w, nfs4.COMPOUND4res_head(nfs4.NFS4_OK, tag, 0))
-    else:  # the Linux client's: a constant
+    tag_length = -1
+    if offset + 12 <= len(buf):
+        tag_length, minorversion, count = _UNTAGGED_ARGS_HEAD.unpack_from(buf, offset)
+    if tag_length == 0:  # untagged (the Linux client's): the reply's head is a constant
+        off = offset + 12
         w += _UNTAGGED_HEAD
+    else:
+        head_args, off = nfs4.peek_COMPOUND4args(r, offset)
+        tag, minorversion, count = head_args.tag, head_args.minorversion, head_args.argarray
+        nfs4.enc_COMPOUND4res_head(w, nfs4.COMPOUND4res_head(nfs4.NFS4_OK, tag, 0))
+        try:
+            tag.decode("utf-8")
+        except UnicodeDecodeError:
+            if minorversion in MINOR_VERSIONS:
+                _patch(w, head, len(w) - 4, nfs4.NFS4ERR_INVAL, 0)
+                return None
     count_at = len(w) - 4  # status and count are set when the COMPOUND ends (_patch)
-    if head_args.minorversion not in MINOR_VERSIONS:
+    if minorversion not in MINOR_VERSIONS:
         _patch(w, head, count_at, nfs4.NFS4ERR_MINOR_VERS_MISMATCH, 0)
         return None
-    try:
-        tag.decode("utf-8")
-    except UnicodeDecodeError:
-        _patch(w, head, count_at, nfs4.NFS4ERR_INVAL, 0)
-        return None
-    if count * 4 > len(r.buf) - off:
+    if count * 4 > len(buf) - off:
         raise XdrError(f"{count} operations cannot fit in the request", off - 4)
     ctx = CompoundContext(
-        server=server,
-        cred=cred_of(server, call),
-        principal=call.cred,
-        conn=call.conn,
-        now=time.monotonic(),
-        op_count=count,
-        request_size=_request_size(r, call.offset),
-        minorversion=head_args.minorversion,
+        server,
+        cred_of(server, call),
+        call.cred,
+        call.conn,
+        time.monotonic(),
+        count,
+        0,
+        _request_size(r, offset),
+        minorversion=minorversion,
         inbound=call.inbound,
     )
     return _Run(ctx, r, off, w, head, count_at).run()
