@@ -178,6 +178,12 @@ class Resolver:
         self._kept: dict[bytes, int] = {}
         self._kept_capacity = 2 * self.fds.capacity
         self.watched = watch_moves and confine.MOVES.watch(root_fd)
+        if watch_moves and not self.watched:
+            log.info(
+                "%s: no move watch (fanotify needs CAP_SYS_ADMIN and a local file system): "
+                "each COMPOUND checks its descriptors anew",
+                root_path,
+            )
 
     def _choose_mode(self, root_path: str, mode: HandleMode, ktype: int, khandle: bytes) -> bool:
         if mode == "cache":
