@@ -4,7 +4,10 @@
 cached descriptor re-establishes that the object is inside the export) and without it (the
 descriptor cache alone, as before), the two interleaved in one process so that a shared,
 loaded machine affects both alike; the minimum of many rounds. Served from the detached mount
-clone (root's default) and without it (unprivileged servers). Needs root for the clone.
+clone (root's default) and without it (unprivileged servers). Needs root for the clone. Then
+each call in a check window of its own, as PUTFH in a COMPOUND: without and with the move watch
+(``vfs/confine.py``: checked once, then trusted while nothing on the file system moves;
+``*_watch_on`` says whether the export could have it).
 
     PYTHONPATH=$PWD .venv/bin/python bench/putfh_confinement.py [--rounds 25] [--calls 5000]
 """
@@ -16,7 +19,7 @@ import os
 import tempfile
 import time
 
-from nfsrdma.vfs import Cred, Export, LocalVfs
+from nfsrdma.vfs import Cred, Export, LocalVfs, confine
 
 ROOT = Cred(0, 0, ())
 
@@ -53,6 +56,22 @@ def measure(clone: bool, rounds: int, calls: int) -> dict[str, float]:
                         us = (time.perf_counter() - t0) / calls * 1e6
                         key = f"{name}_{mode}_us"
                         best[key] = min(best.get(key, us), us)
+                    # As PUTFH in a COMPOUND of its own: a check window around each call, with
+                    # the move watch (the descriptor trusted while nothing moves) and without.
+                    res._acquire_inside = checked  # type: ignore[method-assign]
+                    watched = res.watched
+                    for mode, watch in (("window", False), ("watched", watched)):
+                        res.watched = watch
+                        t0 = time.perf_counter()
+                        for _ in range(calls):
+                            confine.open_window()
+                            vfs.check(fh)
+                            confine.close_window()
+                        us = (time.perf_counter() - t0) / calls * 1e6
+                        key = f"{name}_{mode}_us"
+                        best[key] = min(best.get(key, us), us)
+                    res.watched = watched
+            best["watch_on"] = float(watched)
             return best
         finally:
             vfs.release_identity()
@@ -70,10 +89,17 @@ def main() -> None:
         best = measure(clone, args.rounds, args.calls)
         for name in ("file_depth1", "dir_depth8", "file_depth9"):
             b, a = best[f"{name}_before_us"], best[f"{name}_after_us"]
-            print(f"{tag:8} {name:12} PUTFH {b:6.2f} us -> {a:6.2f} us (+{a - b:.2f} us)")
+            win, wat = best[f"{name}_window_us"], best[f"{name}_watched_us"]
+            print(
+                f"{tag:8} {name:12} PUTFH {b:6.2f} us -> {a:6.2f} us (+{a - b:.2f} us); "
+                f"one per window {win:6.2f} us, with the move watch {wat:6.2f} us"
+            )
         figures[f"{tag}_before_us"] = best["file_depth9_before_us"]
         figures[f"{tag}_after_us"] = best["file_depth9_after_us"]
         figures[f"{tag}_added_us"] = best["file_depth9_after_us"] - best["file_depth9_before_us"]
+        figures[f"{tag}_window_us"] = best["file_depth9_window_us"]
+        figures[f"{tag}_watched_us"] = best["file_depth9_watched_us"]
+        figures[f"{tag}_watch_on"] = best["watch_on"]
     print(" ".join(f"{k}={v:.2f}" for k, v in figures.items()))
 
 

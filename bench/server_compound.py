@@ -62,11 +62,12 @@ def _op(num: int, args: object = None) -> nfs4.nfs_argop4:
 
 
 class Bench:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, watch_moves: bool = True) -> None:
         export = root / "export"
         export.mkdir()
         self.vfs = LocalVfs(
-            Export(root=str(export), state_dir=str(root / "state"), root_squash=False)
+            Export(root=str(export), state_dir=str(root / "state"), root_squash=False),
+            watch_moves=watch_moves,
         )
         cfg = ServerConfig()
         sessions = ServerSessions.from_config(cfg, on_client_expired=lambda _c: None)

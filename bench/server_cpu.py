@@ -13,7 +13,11 @@ then SEQUENCE+PUTFH+CLOSE (``openclose_us``: per COMPOUND, the pair's time halve
 Figures are process CPU microseconds per COMPOUND, median of ``--repeat`` measures (robust on a
 shared machine). Then ``--rss-count`` (10^5) more READ COMPOUNDs run and the resident set size
 is printed before and after (``rss_growth_kib``: it must stay flat: reply cache and pools are
-bounded). Last line: ``read_us=… getattr_us=… openclose_us=… rss_kib=… rss_growth_kib=… build=…``.
+bounded). Last line: ``read_us=… getattr_us=… openclose_us=… rss_kib=… rss_growth_kib=… build=…
+move_watch=on|off`` (whether the export's file system is watched for moves, so that PUTFH's
+confinement check is saved across COMPOUNDs: vfs/confine.py; ``--no-move-watch`` turns it
+off; ``--dir`` puts the temporary export elsewhere, e.g. on a file system of its own, where
+other processes' renames do not end the watch's epochs).
 """
 
 from __future__ import annotations
@@ -128,12 +132,23 @@ def main() -> int:
     ap.add_argument("--count", type=int, default=5000, help="COMPOUNDs per measure")
     ap.add_argument("--repeat", type=int, default=7, help="measures; the median is kept")
     ap.add_argument("--rss-count", type=int, default=100_000, help="COMPOUNDs for the RSS check")
+    ap.add_argument(
+        "--no-move-watch",
+        action="store_true",
+        help="check every descriptor in every COMPOUND (vfs/confine.py MoveWatch off)",
+    )
+    ap.add_argument("--dir", default=None, help="where the temporary export is made")
+    ap.add_argument(
+        "--shapes",
+        default="read,getattr,openclose",
+        help="the shapes to measure, comma-separated (to profile one alone)",
+    )
     return asyncio.run(measure(ap.parse_args()))
 
 
 async def measure(args: argparse.Namespace) -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        bench = Bench(Path(tmp))
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        bench = Bench(Path(tmp), watch_moves=not args.no_move_watch)
         try:
             return await _measure(bench, args)
         finally:
@@ -268,7 +283,10 @@ async def _measure(bench: Bench, args: argparse.Namespace) -> int:
         return total / n / 2 / 1000
 
     figures: dict[str, float] = {}
+    shapes = set(args.shapes.split(","))
     for key, make in (("read_us", read_req), ("getattr_us", getattr_req)):
+        if key[:-3] not in shapes:
+            continue
         runs = []
         for _ in range(args.repeat):
             requests = [make() for _ in range(args.count)]
@@ -277,11 +295,13 @@ async def _measure(bench: Bench, args: argparse.Namespace) -> int:
             raise RuntimeError(f"{key}: {nfs4.nfsstat4(served.last_status()).name}")
         figures[key] = statistics.median(runs)
         print(f"{key:>14}: {figures[key]:7.2f} us CPU per COMPOUND (runs {_fmt(runs)})")
-    runs = [await pairs_per_compound(max(1, args.count // 4)) for _ in range(args.repeat)]
-    figures["openclose_us"] = statistics.median(runs)
-    print(
-        f"{'openclose_us':>14}: {figures['openclose_us']:7.2f} us CPU per COMPOUND (runs {_fmt(runs)})"
-    )
+    if "openclose" in shapes:
+        runs = [await pairs_per_compound(max(1, args.count // 4)) for _ in range(args.repeat)]
+        figures["openclose_us"] = statistics.median(runs)
+        print(
+            f"{'openclose_us':>14}: {figures['openclose_us']:7.2f} us CPU per COMPOUND"
+            f" (runs {_fmt(runs)})"
+        )
 
     # Memory: 10^5 more COMPOUNDs, in batches (requests are built batch by batch).
     batch = 5000
@@ -300,9 +320,10 @@ async def _measure(bench: Bench, args: argparse.Namespace) -> int:
         raise RuntimeError("READ failed during the RSS run")
     print(f"RSS after {args.rss_count} COMPOUNDs: {end} KiB (after warm-up {start} KiB)")
     build = "compiled" if nfsrdma.build().startswith("compiled") else "pure"
+    watched = "on" if bench.vfs._res.watched else "off"
     print(
         " ".join(f"{k}={v:.2f}" for k, v in figures.items())
-        + f" rss_kib={end} rss_growth_kib={end - start} build={build}"
+        + f" rss_kib={end} rss_growth_kib={end - start} build={build} move_watch={watched}"
     )
     return 0
 

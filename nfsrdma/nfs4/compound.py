@@ -42,17 +42,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MINOR_VERSIONS = frozenset({1, 2})  # NFSv4.1, and NFSv4.2 (RFC 7862) beside it
-LAST_V41_OP = nfs4.OP_RECLAIM_COMPLETE  # operations above it exist from NFSv4.2 on
+LAST_V41_OP = nfs4.nfs_opnum4.OP_RECLAIM_COMPLETE  # operations above it exist from NFSv4.2 on
 SESSIONLESS_OPS = frozenset(
     {
-        nfs4.OP_EXCHANGE_ID,
-        nfs4.OP_CREATE_SESSION,
-        nfs4.OP_DESTROY_SESSION,
-        nfs4.OP_DESTROY_CLIENTID,
-        nfs4.OP_BIND_CONN_TO_SESSION,
+        nfs4.nfs_opnum4.OP_EXCHANGE_ID,
+        nfs4.nfs_opnum4.OP_CREATE_SESSION,
+        nfs4.nfs_opnum4.OP_DESTROY_SESSION,
+        nfs4.nfs_opnum4.OP_DESTROY_CLIENTID,
+        nfs4.nfs_opnum4.OP_BIND_CONN_TO_SESSION,
     }
 )
-READ_CLASS_OPS = frozenset({nfs4.OP_READ, nfs4.OP_READLINK})  # RFC 8267 section 6.4.1
+READ_CLASS_OPS = frozenset(
+    {nfs4.nfs_opnum4.OP_READ, nfs4.nfs_opnum4.OP_READLINK}
+)  # RFC 8267 section 6.4.1
 # Every operation of the specification, by number (a table of different operations).
 _OPERATIONS: dict[int, Operation[Any, Any]] = nfs4.OPERATIONS
 _ILLEGAL = nfs4.OPERATION_ILLEGAL
@@ -100,21 +102,32 @@ def _must_wait(outcome: object) -> bool:
 # every other COMPOUND take the generic path, which is the reference (a property test compares
 # the two byte for byte). Results of both are recorded by ``_Run._record``, the one place.
 FAST_PATHS = True
-_FAST_THIRD = (nfs4.OP_READ, nfs4.OP_WRITE, nfs4.OP_GETATTR, nfs4.OP_ACCESS, nfs4.OP_LOOKUP)
+_FAST_THIRD = (
+    nfs4.nfs_opnum4.OP_READ,
+    nfs4.nfs_opnum4.OP_WRITE,
+    nfs4.nfs_opnum4.OP_GETATTR,
+    nfs4.nfs_opnum4.OP_ACCESS,
+    nfs4.nfs_opnum4.OP_LOOKUP,
+)
 _SEQUENCE_ARGS_SIZE = 32  # sessionid (16), sequenceid, slotid, highest_slotid, cachethis
 _Step = tuple[Operation[Any, Any], Any]  # an operation and its handler
 _FAST_STEPS: dict[int, tuple[_Step, _Step, _Step]] = {
     third: tuple(  # type: ignore[misc]
-        (HANDLERS[n].op, HANDLERS[n].handler) for n in (nfs4.OP_SEQUENCE, nfs4.OP_PUTFH, third)
+        (HANDLERS[n].op, HANDLERS[n].handler)
+        for n in (nfs4.nfs_opnum4.OP_SEQUENCE, nfs4.nfs_opnum4.OP_PUTFH, third)
     )
     for third in _FAST_THIRD
 }
 _OPNUM_LEN = struct.Struct(">II")
 _PUTFH_RESULT = nfs4.PUTFH4res(nfs4.NFS4_OK)
+_UNTAGGED_ARGS_HEAD = struct.Struct(">III")  # COMPOUND4args: tag length 0, minorversion, count
 _UNTAGGED_HEAD = pack(nfs4.enc_COMPOUND4res_head, nfs4.COMPOUND4res_head(nfs4.NFS4_OK, b"", 0))
 # conn.context key of the connection's last (RPC credential, file-system identity) pair
 _CRED_MEMO = "nfs4.compound.cred"
-_PUTFH_OK = _OPNUM_LEN.pack(nfs4.OP_PUTFH, nfs4.NFS4_OK)  # PUTFH's nfs_resop4 on success
+# SEQUENCE's nfs_resop4 on success: operation, status, then SEQUENCE4resok (RFC 8881 18.46)
+_SEQUENCE_OK = struct.Struct(">II16sIIIII")
+_SEQUENCE4res = nfs4.SEQUENCE4res
+_PUTFH_OK = _OPNUM_LEN.pack(nfs4.nfs_opnum4.OP_PUTFH, nfs4.NFS4_OK)  # PUTFH's nfs_resop4 on success
 
 
 def _fast_steps(r: Reader, off: int, count: int) -> tuple[_Step, _Step, _Step] | None:
@@ -160,33 +173,40 @@ def compound(server: ServerState, call: RpcCall, w: Writer) -> Awaitable[None] |
     RPC layer to await. Raises XdrError when not even the COMPOUND header decodes (the
     caller answers GARBAGE_ARGS)."""
     r = call.reader
-    head_args, off = nfs4.peek_COMPOUND4args(r, call.offset)
-    tag, count = head_args.tag, head_args.argarray
+    buf, offset = r.buf, call.offset
     head = len(w)
-    if tag:
-        nfs4.enc_COMPOUND4res_head(w, nfs4.COMPOUND4res_head(nfs4.NFS4_OK, tag, 0))
-    else:  # the Linux client's: a constant
+    tag_length = -1
+    if offset + 12 <= len(buf):
+        tag_length, minorversion, count = _UNTAGGED_ARGS_HEAD.unpack_from(buf, offset)
+    if tag_length == 0:  # untagged (the Linux client's): the reply's head is a constant
+        off = offset + 12
         w += _UNTAGGED_HEAD
+    else:
+        head_args, off = nfs4.peek_COMPOUND4args(r, offset)
+        tag, minorversion, count = head_args.tag, head_args.minorversion, head_args.argarray
+        nfs4.enc_COMPOUND4res_head(w, nfs4.COMPOUND4res_head(nfs4.NFS4_OK, tag, 0))
+        try:
+            tag.decode("utf-8")
+        except UnicodeDecodeError:
+            if minorversion in MINOR_VERSIONS:
+                _patch(w, head, len(w) - 4, nfs4.NFS4ERR_INVAL, 0)
+                return None
     count_at = len(w) - 4  # status and count are set when the COMPOUND ends (_patch)
-    if head_args.minorversion not in MINOR_VERSIONS:
+    if minorversion not in MINOR_VERSIONS:
         _patch(w, head, count_at, nfs4.NFS4ERR_MINOR_VERS_MISMATCH, 0)
         return None
-    try:
-        tag.decode("utf-8")
-    except UnicodeDecodeError:
-        _patch(w, head, count_at, nfs4.NFS4ERR_INVAL, 0)
-        return None
-    if count * 4 > len(r.buf) - off:
+    if count * 4 > len(buf) - off:
         raise XdrError(f"{count} operations cannot fit in the request", off - 4)
     ctx = CompoundContext(
-        server=server,
-        cred=cred_of(server, call),
-        principal=call.cred,
-        conn=call.conn,
-        now=time.monotonic(),
-        op_count=count,
-        request_size=_request_size(r, call.offset),
-        minorversion=head_args.minorversion,
+        server,
+        cred_of(server, call),
+        call.cred,
+        call.conn,
+        time.monotonic(),
+        count,
+        0,
+        _request_size(r, offset),
+        minorversion=minorversion,
         inbound=call.inbound,
     )
     return _Run(ctx, r, off, w, head, count_at).run()
@@ -292,7 +312,7 @@ class _Run:
             outcome = seq_handler(ctx, args)
         except Exception as e:
             outcome = self._failed(seq_op, e)
-        if self._record(seq_op, outcome):
+        if not self._sequence_ok(outcome) and self._record(seq_op, outcome):
             return None
         session = ctx.session
         if session is None:
@@ -340,6 +360,44 @@ class _Run:
         if self._record(op, outcome) or self.i >= ctx.op_count:
             return None
         return self._advance()
+
+    def _sequence_ok(self, outcome: object) -> bool:
+        """Record a new request's successful SEQUENCE as ``_record`` would, its result packed
+        in one step; False (nothing written) for any other outcome, left to ``_record``."""
+        seq, session = self.ctx.sequence, self.ctx.session
+        if (
+            seq is None
+            or session is None
+            or seq.replay is not None
+            or seq.uncached_retry
+            or type(outcome) is not _SEQUENCE4res
+        ):
+            return False
+        ok = outcome.value
+        if outcome.sr_status != nfs4.NFS4_OK or ok is None or len(ok.sr_sessionid) != 16:
+            return False
+        w = self.w
+        size = len(w) - self.head + _SEQUENCE_OK.size
+        fore = session.fore
+        if w.ddp or size > fore.ca_maxresponsesize_cached or size > fore.ca_maxresponsesize:
+            return False  # (the limits: as the generic path checks them)
+        try:
+            w += _SEQUENCE_OK.pack(
+                nfs4.OP_SEQUENCE,
+                nfs4.NFS4_OK,
+                ok.sr_sessionid,
+                ok.sr_sequenceid,
+                ok.sr_slotid,
+                ok.sr_highest_slotid,
+                ok.sr_target_highest_slotid,
+                ok.sr_status_flags,
+            )
+        except struct.error:
+            return False  # (not a valid result: the generic encoder says how)
+        self.status = nfs4.NFS4_OK
+        self.done += 1
+        self.recorded.append((nfs4.OP_SEQUENCE, nfs4.NFS4_OK, time.monotonic()))
+        return True
 
     def _undecodable(self, op: Operation[Any, Any], e: XdrError) -> None:
         log.info("%s: %s arguments do not decode: %s", self.ctx.conn.peer, op.name, e)

@@ -21,7 +21,6 @@ Anything else is a server bug: NFS4ERR_SERVERFAULT, logged.
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Protocol, TypeAlias, TypeVar
 
 from nfsrdma.vfs.base import Cred
@@ -57,27 +56,69 @@ CURRENT_STATEID = nfs4.stateid4(1, bytes(12))
 INVALID_STATEID = nfs4.stateid4(0xFFFFFFFF, bytes(12))
 
 
-@dataclass(slots=True)
 class CompoundContext:
-    """The state of one COMPOUND while its operations run (RFC 8881 section 16.2.3)."""
+    """The state of one COMPOUND while its operations run (RFC 8881 section 16.2.3).
 
-    server: ServerState
-    cred: Cred  # the file-system identity (AUTH_SYS as sent; squashing is the VFS's job)
-    principal: Credential  # the RPC credential, for client-id and session ownership checks
-    conn: RpcConnection  # the connection the COMPOUND came on
-    now: float  # monotonic seconds at the start of the COMPOUND
-    op_count: int = 0
-    op_index: int = 0
-    request_size: int = 0
-    current_fh: bytes | None = None
-    saved_fh: bytes | None = None
-    current_stateid: nfs4.stateid4 | None = None
-    saved_stateid: nfs4.stateid4 | None = None
-    session: Session | None = None  # set by SEQUENCE
-    sequence: SequenceResult | None = None  # set by SEQUENCE (the slot held by this COMPOUND)
-    cachethis: bool = False
-    minorversion: int = 1  # the COMPOUND's: which operations and attributes exist
-    inbound: Inbound | None = None  # the request as the transport gave it (for ``lend``)
+    A plain slotted class rather than a dataclass: its field types are known to the type
+    checker only (imports under TYPE_CHECKING), which a compiled dataclass would evaluate."""
+
+    __slots__ = (
+        "cachethis",
+        "conn",
+        "cred",
+        "current_fh",
+        "current_stateid",
+        "inbound",
+        "minorversion",
+        "now",
+        "op_count",
+        "op_index",
+        "principal",
+        "request_size",
+        "saved_fh",
+        "saved_stateid",
+        "sequence",
+        "server",
+        "session",
+    )
+
+    def __init__(
+        self,
+        server: ServerState,
+        cred: Cred,
+        principal: Credential,
+        conn: RpcConnection,
+        now: float,
+        op_count: int = 0,
+        op_index: int = 0,
+        request_size: int = 0,
+        current_fh: bytes | None = None,
+        saved_fh: bytes | None = None,
+        current_stateid: nfs4.stateid4 | None = None,
+        saved_stateid: nfs4.stateid4 | None = None,
+        session: Session | None = None,
+        sequence: SequenceResult | None = None,
+        cachethis: bool = False,
+        minorversion: int = 1,
+        inbound: Inbound | None = None,
+    ) -> None:
+        self.server = server
+        self.cred = cred  # the file-system identity (AUTH_SYS as sent; squashing: the VFS's)
+        self.principal = principal  # the RPC credential, for client-id and session ownership
+        self.conn = conn  # the connection the COMPOUND came on
+        self.now = now  # monotonic seconds at the start of the COMPOUND
+        self.op_count = op_count
+        self.op_index = op_index
+        self.request_size = request_size
+        self.current_fh = current_fh
+        self.saved_fh = saved_fh
+        self.current_stateid = current_stateid
+        self.saved_stateid = saved_stateid
+        self.session = session  # set by SEQUENCE
+        self.sequence = sequence  # set by SEQUENCE (the slot held by this COMPOUND)
+        self.cachethis = cachethis
+        self.minorversion = minorversion  # the COMPOUND's: which operations/attributes exist
+        self.inbound = inbound  # the request as the transport gave it (for ``lend``)
 
     def fh(self) -> bytes:
         """The current filehandle, or NFS4ERR_NOFILEHANDLE."""
@@ -121,12 +162,15 @@ class OpHandler(Protocol[A_contra, R_co]):
     def __call__(self, ctx: CompoundContext, args: A_contra, /) -> R_co | Awaitable[R_co]: ...
 
 
-@dataclass(frozen=True, slots=True)
 class Bound(Generic[A, R]):
-    """An operation and its handler, their types matched."""
+    """An operation and its handler, their types matched (a plain class: mypyc does not take
+    a slotted generic dataclass)."""
 
-    op: Operation[A, R]
-    handler: OpHandler[A, R]
+    __slots__ = ("handler", "op")
+
+    def __init__(self, op: Operation[A, R], handler: OpHandler[A, R]) -> None:
+        self.op = op
+        self.handler = handler
 
 
 def bind(op: Operation[A, R], handler: OpHandler[A, R]) -> Bound[A, R]:

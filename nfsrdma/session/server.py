@@ -97,10 +97,10 @@ SLOT_OVERHEAD = 256  # bytes per slot charged to the reply-cache budget besides 
 IMPL_DOMAIN = b"nfsrdma.invalid"
 
 _DIRECTIONS = {
-    nfs4.CDFC4_FORE: FORE,
-    nfs4.CDFC4_BACK: BACK,
-    nfs4.CDFC4_FORE_OR_BOTH: BOTH,
-    nfs4.CDFC4_BACK_OR_BOTH: BOTH,
+    nfs4.channel_dir_from_client4.CDFC4_FORE: FORE,
+    nfs4.channel_dir_from_client4.CDFC4_BACK: BACK,
+    nfs4.channel_dir_from_client4.CDFC4_FORE_OR_BOTH: BOTH,
+    nfs4.channel_dir_from_client4.CDFC4_BACK_OR_BOTH: BOTH,
 }
 
 
@@ -1044,10 +1044,10 @@ def _version() -> str:
 # spo_must_enforce): the operations that make, rebind or destroy a client's sessions and record.
 MACH_CRED_OPS = frozenset(
     {
-        nfs4.OP_CREATE_SESSION,
-        nfs4.OP_DESTROY_SESSION,
-        nfs4.OP_DESTROY_CLIENTID,
-        nfs4.OP_BIND_CONN_TO_SESSION,
+        nfs4.nfs_opnum4.OP_CREATE_SESSION,
+        nfs4.nfs_opnum4.OP_DESTROY_SESSION,
+        nfs4.nfs_opnum4.OP_DESTROY_CLIENTID,
+        nfs4.nfs_opnum4.OP_BIND_CONN_TO_SESSION,
     }
 )
 

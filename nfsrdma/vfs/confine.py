@@ -14,15 +14,28 @@
   descriptor found inside the export stays so for the rest of the window (the same trust as
   between a check and the use that follows it, stretched over microseconds of one COMPOUND).
   Closing the window forgets everything it learnt; outside a window every use is checked.
+* A *move watch* (:class:`MoveWatch`, fanotify) extends that trust across windows where it can
+  be proven safe: on a local file system (ext4, XFS, Btrfs, tmpfs, F2FS) that the server may
+  watch whole (CAP_SYS_ADMIN), every rename, unlink and rmdir anywhere on it queues an event
+  before its system call returns. Opening a window polls the queue (one ``poll`` instead of a
+  ``readlink`` per descriptor); any event, or a lost one (queue overflow is an event too),
+  starts a new *epoch*, and a descriptor found inside stays trusted only while the epoch in
+  which it was checked lasts. So a COMPOUND that starts after a local process moved an object
+  (or an ancestor) out, or removed a name, checks again, as before; only the ``readlink`` of
+  descriptors that nothing can have moved is saved.
 """
 
 from __future__ import annotations
 
 import errno
+import itertools
 import os
+import select
 import threading
+from collections.abc import Callable
 from typing import Final
 
+from nfsrdma.vfs import syscalls
 from nfsrdma.vfs.base import NAME_MAX
 
 O_PATH_NOFOLLOW: Final = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -37,8 +50,11 @@ WINDOW = threading.local()
 
 
 def open_window() -> None:
-    """Open the calling thread's check window (see the module docstring)."""
+    """Open the calling thread's check window (see the module docstring); with a move watch,
+    take in the moves and removals that happened since the last window (a new epoch)."""
     WINDOW.checked = set()
+    if MOVES.active:
+        MOVES.poll()
 
 
 def close_window() -> None:
@@ -50,6 +66,85 @@ def window() -> set[tuple[int, bytes]] | None:
     """The calling thread's open check window, or None."""
     checked: set[tuple[int, bytes]] | None = getattr(WINDOW, "checked", None)
     return checked
+
+
+# File systems whose every change of names goes through this kernel's VFS (so fanotify sees
+# it): ext4, XFS, Btrfs, tmpfs, F2FS. Not network or FUSE file systems, nor overlayfs, whose
+# lower layers may change unseen.
+LOCAL_FILESYSTEMS: Final = frozenset({0xEF53, 0x58465342, 0x9123683E, 0x01021994, 0xF2F52010})
+_MOVE_EVENTS: Final = (
+    syscalls.FAN_MOVED_FROM | syscalls.FAN_MOVED_TO | syscalls.FAN_DELETE | syscalls.FAN_ONDIR
+)
+
+
+class MoveWatch:
+    """The process's fanotify group watching the exports' file systems for names moved or
+    removed, and the epoch those events advance (see the module docstring).
+
+    ``epoch`` changes whenever events are taken in, and only then: a descriptor checked while
+    the epoch was E (read before the check) may be trusted while it still is E."""
+
+    def __init__(self) -> None:
+        self.fd = -1
+        self.active = False  # a file system is watched: windows poll
+        self.epoch = 0
+        self.lost = False  # the group failed (read error): no trust from now on
+        self._epochs = itertools.count(1)  # (next() is atomic under the GIL)
+        self._lock = threading.Lock()  # watch() only
+        self._ready: Callable[[float], list[tuple[int, int]]] | None = None
+        self._watched: set[int] = set()  # st_dev of the watched file systems
+
+    def watch(self, dirfd: int) -> bool:
+        """Watch the file system of the directory ``dirfd``; whether it is (False: not local,
+        or fanotify refused: no privilege, an old kernel, no file handles on it)."""
+        try:
+            if syscalls.fs_type(dirfd) not in LOCAL_FILESYSTEMS:
+                return False
+            dev = os.fstat(dirfd).st_dev
+            with self._lock:
+                if self.lost:
+                    return False
+                if dev in self._watched:
+                    return True
+                if self.fd < 0:
+                    fd = syscalls.fanotify_init(
+                        syscalls.FAN_CLOEXEC | syscalls.FAN_NONBLOCK | syscalls.FAN_REPORT_DIR_FID
+                    )
+                    ready = select.epoll(1)
+                    ready.register(fd, select.EPOLLIN)
+                    self.fd, self._ready = fd, ready.poll
+                syscalls.fanotify_mark_filesystem(self.fd, _MOVE_EVENTS, dirfd)
+                self._watched.add(dev)
+                self.epoch = next(self._epochs)  # (what happened before the mark was not seen)
+                self.active = True
+                return True
+        except OSError:
+            return False
+
+    def poll(self) -> None:
+        """Take in the events queued since the last poll; any: a new epoch, before and after
+        draining them. Before: a thread that finds the queue empty while this one drains it
+        sees a new epoch already; after: a check made meanwhile may predate an event drained
+        with the others."""
+        ready = self._ready
+        if ready is None or not ready(0):
+            return
+        self.epoch = next(self._epochs)
+        try:
+            while True:
+                os.read(self.fd, 65536)
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.lost = True  # (never trusted again)
+        self.epoch = next(self._epochs)
+
+    def trusted(self, epoch: int) -> bool:
+        """Whether a check made in ``epoch`` still holds (no move or removal taken in since)."""
+        return epoch == self.epoch and not self.lost
+
+
+MOVES: Final = MoveWatch()
 
 
 def check_name(name: bytes | str) -> bytes:

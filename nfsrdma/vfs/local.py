@@ -99,10 +99,12 @@ class LocalVfs(Vfs):
         identity: FsIdentity | None = None,
         fd_cache_size: int | None = None,
         location_cache_size: int = 1 << 18,
+        watch_moves: bool = True,
     ) -> None:
         """``handle_mode``/``clone_mount`` force the unprivileged fallbacks (for tests);
         ``fd_cache_size`` bounds the O_PATH descriptor cache (default: a quarter of
-        RLIMIT_NOFILE, at most 4096)."""
+        RLIMIT_NOFILE, at most 4096); ``watch_moves=False`` checks every descriptor in every
+        COMPOUND (no move watch: vfs/resolver.py)."""
         self.export = export
         self.write_verifier = os.urandom(NFS4_VERIFIER_SIZE)
         self._ident = identity if identity is not None else FsIdentity()
@@ -126,6 +128,7 @@ class LocalVfs(Vfs):
             clone_mount=clone_mount,
             fd_cache_size=fd_cache_size,
             location_cache_size=location_cache_size,
+            watch_moves=watch_moves,
         )
         self.kernel_handles = self._res.kernel_handles
         self.cloned = self._res.cloned

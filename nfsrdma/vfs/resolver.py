@@ -59,6 +59,14 @@ The window closes when the COMPOUND ends or must wait (file I/O in the thread po
 belongs to the thread that opened it, so each COMPOUND checks afresh; a descriptor dropped
 meanwhile (REMOVE, RENAME over it: ``forget``) is resolved and checked again, as always.
 
+Across COMPOUNDs, the check is saved only where nothing can have moved the object: when the
+export's file system is watched for moves and removals (``confine.MoveWatch``: fanotify on a
+local file system, as root), a descriptor found inside is trusted in later windows until the
+watch takes in any rename, unlink or rmdir on that file system (or loses events). Every window
+polls the watch first, so a COMPOUND that starts after such a change checks again; nothing is
+trusted outside a window (the thread pool's uses are all checked). ``watch_moves=False`` turns
+this off.
+
 Open files removed through this server
 --------------------------------------
 A regular file whose last name a client removed through this server (REMOVE, or RENAME over it)
@@ -87,7 +95,7 @@ from typing import Final, Literal
 
 from nfsrdma.vfs import confine, syscalls
 from nfsrdma.vfs.base import BadHandle, StaleHandle
-from nfsrdma.vfs.confine import WINDOW, open_component
+from nfsrdma.vfs.confine import MOVES, WINDOW, open_component
 from nfsrdma.vfs.fdcache import FdCache, Pin
 from nfsrdma.vfs.handles import NO_KERNEL_HANDLE, HandleCodec
 from nfsrdma.vfs.identity import FsIdentity
@@ -120,6 +128,7 @@ class Resolver:
         clone_mount: bool = True,
         fd_cache_size: int | None = None,
         location_cache_size: int = 1 << 18,
+        watch_moves: bool = True,
     ) -> None:
         self._codec = codec
         self._ident = ident
@@ -164,6 +173,17 @@ class Resolver:
         self._proc_fds = confine.open_proc_fds()
         self.fds = FdCache(fd_cache_size or default_fd_cache_size())
         self.fds.add_permanent(self.root_fh, root_fd, rst.st_ino)
+        # Descriptors found inside, by handle, with the move watch's epoch of their check
+        # (confine.MoveWatch): trusted in later check windows while that epoch lasts.
+        self._kept: dict[bytes, int] = {}
+        self._kept_capacity = 2 * self.fds.capacity
+        self.watched = watch_moves and confine.MOVES.watch(root_fd)
+        if watch_moves and not self.watched:
+            log.info(
+                "%s: no move watch (fanotify needs CAP_SYS_ADMIN and a local file system): "
+                "each COMPOUND checks its descriptors anew",
+                root_path,
+            )
 
     def _choose_mode(self, root_path: str, mode: HandleMode, ktype: int, khandle: bytes) -> bool:
         if mode == "cache":
@@ -281,12 +301,23 @@ class Resolver:
         if pin is None or pin.fd == self._root_fd:
             return pin
         checked = getattr(WINDOW, "checked", None)  # confine.window(), inlined
-        if checked is not None and (self._root_fd, fh) in checked:
-            return pin  # found inside earlier in this check window
+        epoch = -1
+        if checked is not None:
+            if (self._root_fd, fh) in checked:
+                return pin  # found inside earlier in this check window
+            if self.watched:
+                epoch = MOVES.epoch  # (read before the check: see MoveWatch)
+                if self._kept.get(fh) == epoch and not MOVES.lost:
+                    return pin  # found inside in an earlier window, nothing moved since
         try:
             if self._inside(pin.fd):
                 if checked is not None:
                     checked.add((self._root_fd, fh))
+                    if epoch >= 0:
+                        kept = self._kept
+                        if len(kept) >= self._kept_capacity:
+                            kept.clear()
+                        kept[fh] = epoch
                 return pin
         except BaseException:
             pin.release()
@@ -412,5 +443,6 @@ class Resolver:
     def forget(self, fh: bytes) -> None:
         """The object is gone: drop its descriptor and location."""
         self.fds.discard(fh)
+        self._kept.pop(fh, None)
         with self._loc_lock:
             self._locations.pop(fh, None)

@@ -228,3 +228,59 @@ def allocate(fd: int, offset: int, length: int) -> None:
     emulation by writing zeros, unlike posix_fallocate: EOPNOTSUPP where unsupported)."""
     if _fallocate(fd, 0, offset, length) != 0:
         _raise_errno("fallocate")
+
+
+# fanotify(7), for the watch of names moved or removed (confine.MoveWatch).
+FAN_CLOEXEC: Final = 0x01
+FAN_NONBLOCK: Final = 0x02
+FAN_REPORT_DIR_FID: Final = 0x400  # directory-entry events need a FID report (no descriptors)
+FAN_MARK_ADD: Final = 0x01
+FAN_MARK_FILESYSTEM: Final = 0x100  # the whole file system (superblock) of the path given
+FAN_MOVED_FROM: Final = 0x40
+FAN_MOVED_TO: Final = 0x80
+FAN_DELETE: Final = 0x200
+FAN_ONDIR: Final = 0x40000000
+_fanotify_init = getattr(_libc, "fanotify_init", None)
+_fanotify_mark = getattr(_libc, "fanotify_mark", None)
+if _fanotify_init is not None and _fanotify_mark is not None:
+    _fanotify_init.argtypes = [ctypes.c_uint, ctypes.c_uint]
+    _fanotify_init.restype = ctypes.c_int
+    _fanotify_mark.argtypes = [
+        ctypes.c_int,
+        ctypes.c_uint,
+        ctypes.c_uint64,
+        ctypes.c_int,
+        ctypes.c_char_p,
+    ]
+    _fanotify_mark.restype = ctypes.c_int
+
+
+def fanotify_init(flags: int) -> int:
+    """A fanotify group (needs CAP_SYS_ADMIN for the marks used here); its descriptor."""
+    if _fanotify_init is None:
+        raise OSError(errno.ENOSYS, "fanotify_init: not in this C library")
+    fd = int(_fanotify_init(flags, os.O_RDONLY | os.O_CLOEXEC))
+    if fd < 0:
+        _raise_errno("fanotify_init")
+    return fd
+
+
+def fanotify_mark_filesystem(group: int, mask: int, dirfd: int) -> None:
+    """Add ``mask`` for the whole file system of the directory ``dirfd`` (may be O_PATH)."""
+    assert _fanotify_mark is not None
+    if _fanotify_mark(group, FAN_MARK_ADD | FAN_MARK_FILESYSTEM, mask, dirfd, b".") != 0:
+        _raise_errno("fanotify_mark")
+
+
+_fstatfs = _libc.fstatfs
+_fstatfs.argtypes = [ctypes.c_int, ctypes.c_void_p]
+_fstatfs.restype = ctypes.c_int
+_STATFS_SIZE: Final = 256  # struct statfs is 120 octets on 64-bit Linux; f_type comes first
+
+
+def fs_type(fd: int) -> int:
+    """The file system's magic number (statfs ``f_type``) of ``fd``'s object."""
+    buf = ctypes.create_string_buffer(_STATFS_SIZE)
+    if _fstatfs(fd, buf) != 0:
+        _raise_errno("fstatfs")
+    return int(ctypes.c_long.from_buffer(buf).value) & 0xFFFFFFFF

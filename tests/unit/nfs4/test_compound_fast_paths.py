@@ -436,3 +436,44 @@ def test_read_data_counts_toward_the_cached_reply_limit() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(scenario(Path(tmp)))
+
+
+@pytest.mark.parametrize(
+    ("tag", "minor", "status"),
+    [
+        (b"", 1, nfs4.NFS4ERR_OP_NOT_IN_SESSION),
+        (b"", 7, nfs4.NFS4ERR_MINOR_VERS_MISMATCH),
+        (b"linux", 1, nfs4.NFS4ERR_OP_NOT_IN_SESSION),
+        (b"\xff\xfe", 1, nfs4.NFS4ERR_INVAL),  # not UTF-8
+        (b"\xff\xfe", 7, nfs4.NFS4ERR_MINOR_VERS_MISMATCH),  # the version is looked at first
+    ],
+)
+def test_the_compound_header_untagged_or_tagged(tag: bytes, minor: int, status: int) -> None:
+    """The untagged header (the Linux client's) is read without the generic decoder; both
+    kinds give the reply the generic decoder's would: the tag echoed, the version and the
+    tag's UTF-8 checked in that order, and a truncated header is GARBAGE_ARGS."""
+
+    async def scenario(root: Path) -> None:
+        (root / "export").mkdir()
+        server = Server(root, fast=True)
+        try:
+            w = Writer()
+            message.encode_call(w, 1, nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 1, CRED)
+            nfs4.enc_COMPOUND4args(w, nfs4.COMPOUND4args(tag, minor, [_op(nfs4.OP_PUTROOTFH)]))
+            data = bytes(w.flatten())
+            res = unpack(nfs4.dec_COMPOUND4res, await server.send(data))
+            assert (res.status, res.tag) == (status, tag)
+            valid = status == nfs4.NFS4ERR_OP_NOT_IN_SESSION  # (PUTROOTFH without SEQUENCE)
+            assert len(res.resarray) == valid
+            # COMPOUND4args: tag (length and padded octets), minorversion, count, one opnum
+            head = 4 + len(tag) + (-len(tag) & 3) + 8
+            start = len(data) - head - 4
+            for end in range(start, start + head):  # the header cut short
+                assert await server.send(data[:end]) == b"GARBAGE_ARGS", end - start
+            cut = await server.send(data[: start + head])  # no room for its one operation
+            assert (cut == b"GARBAGE_ARGS") == valid
+        finally:
+            server.state.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(scenario(Path(tmp)))
