@@ -114,6 +114,12 @@ POST_MODES = ("pyverbs", "direct", "thread")
 DEFAULT_POST_MODE = "pyverbs"
 DEFAULT_OFFLOAD_BYTES = 0
 _unavailable_logged = False
+_paths_logged: set[str] = set()
+_PATH_TEXT = {
+    "pyverbs": "pyverbs (GIL held)",
+    "direct": "direct (GIL released, loop thread)",
+    "thread": "thread (GIL released, one thread per queue pair)",
+}
 
 
 def post_mode() -> str:
@@ -301,6 +307,9 @@ class PyverbsQueuePair:
                 if mode == "thread":
                     self._offload_bytes = offload_bytes()
                     self._post_thread = PostThread(f"verbs-post-{self.qp_num}")
+        if self.post_path not in _paths_logged:
+            _paths_logged.add(self.post_path)
+            log.info("send queues posted by: %s", _PATH_TEXT[self.post_path])
         self._loop.add_reader(self._comp_fd, self._on_cq_readable)
 
     @property
