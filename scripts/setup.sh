@@ -17,6 +17,7 @@ test_pkgs=("${serve_pkgs[@]}" qemu-system-x86 linux-image-amd64 ibverbs-utils rd
   attr  # setfattr/getfattr: the NFSv4.2 extended-attribute test bed checks
   tshark)  # nfsrdma conform --trace: the pcap is decoded in tests
 test_pkgs+=(systemd)  # systemd-analyze verifies contrib/nfsrdma.service
+test_pkgs+=(libibverbs-dev)  # <infiniband/verbs.h>: the struct probe of tests/unit/rdma/test_verbs_direct.py
 case "$profile" in
   serve) pkgs=("${serve_pkgs[@]}"); extras="fast,metrics" ;;
   test) pkgs=("${test_pkgs[@]}"); extras="dev,testbed" ;;

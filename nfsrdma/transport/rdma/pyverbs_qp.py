@@ -15,16 +15,29 @@ loop thread for every receive and send. A posted work request is copied by the p
 the same ``RecvWR`` goes out again for a receive buffer, the same ``SendWR`` for a plain Send of
 the same bytes of the same buffer (only ``wr_id``, and the rkey to invalidate, change), and the
 same ``SGE`` for the same memory; each cache is bounded (``_WR_CACHE`` entries, then cleared).
+
+How the send queue is posted is chosen per queue pair by ``NFSRDMA_VERBS_POST`` (``post_mode``):
+``pyverbs`` (``QP.post_send``, GIL held for the call), ``direct`` (``verbs_direct``: the
+provider's ``post_send`` through ctypes, GIL released, on the loop thread) or ``thread`` (the
+same, from one thread per queue pair, in submission order, for chains moving at least
+``NFSRDMA_VERBS_OFFLOAD_BYTES`` of RDMA data, and for everything behind them; smaller ones are
+posted directly from the loop while the thread is idle). A post that fails on the thread is
+reported as error completions of the work requests not posted, and the connection breaks, as
+a failed work request would do. When the raw verbs objects cannot be found in pyverbs's, the
+queue pair posts through pyverbs and says so once in the log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import errno
+import functools
 import itertools
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import pyverbs.enums as e
@@ -55,8 +68,24 @@ from nfsrdma.transport.rdma.provider import (
 )
 from nfsrdma.transport.rdma.pyverbs_memory import PyverbsPD, PyverbsRegion, PyverbsWindow
 from nfsrdma.transport.rdma.rdmacm import QpAttr
+from nfsrdma.transport.rdma.verbs_direct import (
+    DirectUnavailable,
+    IbvSendWr,
+    IbvSge,
+    PostThread,
+    SendPoster,
+    chain,
+)
 
-__all__ = ["PyverbsQueuePair", "VerbsDevice", "qp_attributes", "wc_opcode"]
+__all__ = [
+    "POST_MODES",
+    "PyverbsQueuePair",
+    "VerbsDevice",
+    "offload_bytes",
+    "post_mode",
+    "qp_attributes",
+    "wc_opcode",
+]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +104,51 @@ _CRED_HINT = (
 def _post_failure(exc: PyverbsError) -> ProviderError:
     hint = _CRED_HINT if getattr(exc, "error_code", None) == errno.EACCES else ""
     return ProviderError(f"post_send failed: {exc}{hint}")
+
+
+def _errno_text(rc: int) -> str:
+    return f"post_send failed: {os.strerror(rc)}{_CRED_HINT if rc == errno.EACCES else ''}"
+
+
+POST_MODES = ("pyverbs", "direct", "thread")
+DEFAULT_POST_MODE = "pyverbs"
+DEFAULT_OFFLOAD_BYTES = 0
+_unavailable_logged = False
+_paths_logged: set[str] = set()
+_PATH_TEXT = {
+    "pyverbs": "pyverbs (GIL held)",
+    "direct": "direct (GIL released, loop thread)",
+    "thread": "thread (GIL released, one thread per queue pair)",
+}
+
+
+def post_mode() -> str:
+    """How send queues are posted (``NFSRDMA_VERBS_POST``; unknown values: the default)."""
+    mode = os.environ.get("NFSRDMA_VERBS_POST", "") or DEFAULT_POST_MODE
+    if mode not in POST_MODES:
+        log.warning("NFSRDMA_VERBS_POST=%s is not one of %s", mode, ", ".join(POST_MODES))
+        return DEFAULT_POST_MODE
+    return mode
+
+
+def offload_bytes() -> int:
+    """RDMA bytes from which a chain is posted by the queue pair's thread (``thread`` mode)."""
+    try:
+        return max(0, int(os.environ.get("NFSRDMA_VERBS_OFFLOAD_BYTES", DEFAULT_OFFLOAD_BYTES)))
+    except ValueError:
+        return DEFAULT_OFFLOAD_BYTES
+
+
+def _post_kept(poster: SendPoster, first: IbvSendWr, keep: list[object]) -> tuple[int, int]:
+    return poster.post(first)
+
+
+def _pyverbs_post(qp: QP, wr: SendWR) -> tuple[int, int]:
+    try:
+        qp.post_send(wr)
+    except PyverbsError as exc:
+        return int(getattr(exc, "error_code", 0) or errno.EIO), 0
+    return 0, 0
 
 
 COMPLETION_CHANNEL = "anon_inode:[infinibandevent]"
@@ -217,7 +291,33 @@ class PyverbsQueuePair:
                 with contextlib.suppress(PyverbsError):
                     obj.close()
             raise ProviderError(f"cannot create the queue pair: {exc}") from exc
+        self._poster: SendPoster | None = None
+        self._post_thread: PostThread | None = None
+        self._offload_bytes = 0
+        mode = post_mode()
+        if mode != "pyverbs":
+            try:
+                self._poster = SendPoster(context, self._qp)
+            except DirectUnavailable as exc:
+                global _unavailable_logged
+                if not _unavailable_logged:
+                    _unavailable_logged = True
+                    log.warning("posting through pyverbs (GIL held): %s", exc)
+            else:
+                if mode == "thread":
+                    self._offload_bytes = offload_bytes()
+                    self._post_thread = PostThread(f"verbs-post-{self.qp_num}")
+        if self.post_path not in _paths_logged:
+            _paths_logged.add(self.post_path)
+            log.info("send queues posted by: %s", _PATH_TEXT[self.post_path])
         self._loop.add_reader(self._comp_fd, self._on_cq_readable)
+
+    @property
+    def post_path(self) -> str:
+        """The post path in use: ``pyverbs``, ``direct`` or ``thread``."""
+        if self._post_thread is not None:
+            return "thread"
+        return "pyverbs" if self._poster is None else "direct"
 
     @property
     def config(self) -> QueuePairConfig:
@@ -260,6 +360,8 @@ class PyverbsQueuePair:
 
     def _release_verbs(self) -> None:
         self._loop.remove_reader(self._comp_fd)
+        if self._post_thread is not None:
+            self._post_thread.stop()  # no post runs on the queue pair once it is destroyed
         for obj in (self._qp, self._cq, self._comp):
             try:
                 obj.close()
@@ -338,11 +440,88 @@ class PyverbsQueuePair:
         self._outstanding[wr_id] = opcode
 
     def _post_send_wr(self, wr_id: int, wr: SendWR) -> None:
+        thread = self._post_thread
+        if thread is not None and not thread.idle:  # behind the thread's posts, in order
+            self._queue_post(thread, [wr_id], [], functools.partial(_pyverbs_post, self._qp, wr))
+            return
         try:
             self._qp.post_send(wr)
         except PyverbsError as exc:
             self._outstanding.pop(wr_id, None)
             raise _post_failure(exc) from exc
+
+    # The GIL-free path (verbs_direct).
+
+    def _direct_wr(
+        self, wr_id: int, opcode: int, sges: Sequence[Sge], flags: int, keep: list[object]
+    ) -> IbvSendWr:
+        if not sges:
+            raise ProviderError("a work request needs at least one SGE")
+        elements = (IbvSge * len(sges))(*[IbvSge(s.addr, s.length, s.lkey) for s in sges])
+        wr = IbvSendWr(wr_id=wr_id, num_sge=len(sges), opcode=opcode, send_flags=flags)
+        wr.sg_list = ctypes.cast(elements, ctypes.POINTER(IbvSge))
+        keep.append(elements)
+        keep.append(wr)
+        return wr
+
+    def _direct_post(
+        self,
+        poster: SendPoster,
+        ids: list[int],
+        wrs: list[IbvSendWr],
+        keep: list[object],
+        size: int,
+    ) -> None:
+        """Post ``wrs`` (already tracked as ``ids``) as one chain, from the loop or the thread."""
+        first = chain(wrs)
+        thread = self._post_thread
+        if thread is not None and (size >= self._offload_bytes or not thread.idle):
+            addresses = [ctypes.addressof(w) for w in wrs]
+            # The partial holds the chain's structures until the post is over.
+            self._queue_post(
+                thread, ids, addresses, functools.partial(_post_kept, poster, first, keep)
+            )
+            return
+        rc, bad = poster.post(first)
+        if rc:
+            addresses = [ctypes.addressof(w) for w in wrs]
+            start = addresses.index(bad) if bad in addresses else 0
+            for i in ids[start:]:
+                self._outstanding.pop(i, None)
+            raise ProviderError(_errno_text(rc))
+
+    def _queue_post(
+        self,
+        thread: PostThread,
+        ids: list[int],
+        addresses: list[int],
+        post: Callable[[], tuple[int, int]],
+    ) -> None:
+        loop = self._loop
+
+        def failed(rc: int, bad: int) -> None:  # on the post thread
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody to tell
+                loop.call_soon_threadsafe(self._post_failed, ids, addresses, rc, bad)
+
+        try:
+            thread.submit((post, failed))
+        except DirectUnavailable as exc:
+            for i in ids:
+                self._outstanding.pop(i, None)
+            raise ProviderError("connection closed") from exc
+
+    def _post_failed(self, ids: list[int], addresses: list[int], rc: int, bad: int) -> None:
+        """A chain the thread could not post: its work requests from ``bad`` on complete in
+        error (those before it were posted and complete by themselves), the connection breaks."""
+        if self._closed:
+            return
+        start = addresses.index(bad) if bad in addresses else 0
+        log.error("%s", _errno_text(rc))
+        for i in ids[start:]:
+            opcode = self._outstanding.pop(i, None)
+            if opcode is not None and not self._closed:
+                self._on_event(Completion(i, WcStatus.LOC_QP_OP_ERR, opcode))
+        self._break(_errno_text(rc), WcStatus.LOC_QP_OP_ERR)
 
     def _sges(self, sges: Sequence[Sge]) -> list[SGE]:
         if not sges:
@@ -388,6 +567,9 @@ class PyverbsQueuePair:
             raise ProviderError("inline send exceeds max_inline_data")
         if invalidate_rkey is not None and not self._device.caps.remote_invalidate:
             raise ProviderError("Send with Invalidate not supported by the device")
+        if self._poster is not None:
+            self._direct_send(self._poster, wr_id, sges, invalidate_rkey, inline, writes)
+            return
         if not writes and len(sges) == 1:
             # The common case: one buffer, nothing chained; its work request is reused.
             s = sges[0]
@@ -428,6 +610,47 @@ class PyverbsQueuePair:
                 self._outstanding.pop(i, None)
             raise _post_failure(exc) from exc
 
+    def _direct_send(
+        self,
+        poster: SendPoster,
+        wr_id: int,
+        sges: Sequence[Sge],
+        invalidate_rkey: int | None,
+        inline: bool,
+        writes: Sequence[RdmaWriteRequest],
+    ) -> None:
+        keep: list[object] = []
+        wrs = [
+            self._direct_rdma(e.IBV_WR_RDMA_WRITE, w.wr_id, w.sges, w.remote_addr, w.rkey, keep)
+            for w in writes
+        ]
+        flags = e.IBV_SEND_SIGNALED | (e.IBV_SEND_INLINE if inline else 0)
+        opcode = e.IBV_WR_SEND if invalidate_rkey is None else e.IBV_WR_SEND_WITH_INV
+        send = self._direct_wr(wr_id, opcode, sges, flags, keep)
+        if invalidate_rkey is not None:
+            send.invalidate_rkey = invalidate_rkey
+        wrs.append(send)
+        ids = [w.wr_id for w in writes]
+        for i in ids:
+            self._track(i, WcOpcode.RDMA_WRITE, sending=True)
+        self._track(wr_id, WcOpcode.SEND, sending=True)
+        size = sum(s.length for w in writes for s in w.sges)
+        self._direct_post(poster, [*ids, wr_id], wrs, keep, size)
+
+    def _direct_rdma(
+        self,
+        opcode: int,
+        wr_id: int,
+        sges: Sequence[Sge],
+        remote_addr: int,
+        rkey: int,
+        keep: list[object],
+    ) -> IbvSendWr:
+        wr = self._direct_wr(wr_id, opcode, sges, e.IBV_SEND_SIGNALED, keep)
+        wr.wr.rdma.remote_addr = remote_addr
+        wr.wr.rdma.rkey = rkey
+        return wr
+
     def _send_wr(
         self, wr_id: int, sges: Sequence[Sge], inline: bool, invalidate_rkey: int | None
     ) -> SendWR:
@@ -458,6 +681,13 @@ class PyverbsQueuePair:
     def _post_rdma(
         self, opcode: WcOpcode, wr_id: int, sges: Sequence[Sge], remote_addr: int, rkey: int
     ) -> None:
+        poster = self._poster
+        if poster is not None:
+            keep: list[object] = []
+            wr = self._direct_rdma(_SEND_OPCODES[opcode], wr_id, sges, remote_addr, rkey, keep)
+            self._track(wr_id, opcode, sending=True)
+            self._direct_post(poster, [wr_id], [wr], keep, sum(s.length for s in sges))
+            return
         wr = self._rdma_wr(opcode, wr_id, sges, remote_addr, rkey)
         self._track(wr_id, opcode, sending=True)
         self._post_send_wr(wr_id, wr)
