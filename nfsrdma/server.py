@@ -196,6 +196,8 @@ class NFSServer:
             nfs4.NFS_V4,
             {nfs4.NFSPROC4_NULL: null_procedure, nfs4.NFSPROC4_COMPOUND: self._compound},
         )
+        # The admin socket and metrics first: once a client can connect, `nfsrdma stats` answers.
+        await self.stats.start()
         srv = await listen_tcp(self.bind, self.requested_tcp_port, self._accept)
         self._servers.append(srv)
         rdma = await self._start_rdma() if self.rdma_port is not None else "off"
@@ -217,7 +219,6 @@ class NFSServer:
             state.state_per_client,
         )
         self._reaper = asyncio.create_task(self._reap_leases())
-        await self.stats.start()
 
     async def _start_rdma(self) -> str:
         """Listen for RPC-over-RDMA when a device exists (UL-9); say where, or why not."""
