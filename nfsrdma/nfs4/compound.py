@@ -28,7 +28,7 @@ from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, Outcome
 from nfsrdma.nfs4.errors import status_of
 from nfsrdma.nfs4.ops import HANDLERS
 from nfsrdma.nfs4.ops.filehandle import put_fh
-from nfsrdma.nfs4.ops.lookup import FLAVOUR_RULES, wrong_security
+from nfsrdma.nfs4.ops.lookup import flavour_asked, wrong_security
 from nfsrdma.rpc.auth import Credential, pseudoflavor_of
 from nfsrdma.vfs.base import Cred, Origin
 from nfsrdma.vfs.confine import close_window, open_window
@@ -232,6 +232,7 @@ class _Run:
         "ddp_bytes",
         "ddp_items",
         "done",
+        "flavour_asked",
         "head",
         "i",
         "off",
@@ -262,6 +263,7 @@ class _Run:
         self.recorded: list[tuple[int, int, float]] = []
         self.ddp_items = 0  # how many of w.ddp are counted in ddp_bytes
         self.ddp_bytes = 0  # their padded size (they count toward the reply's size)
+        self.flavour_asked = flavour_asked(ctx.server.security)  # (see _wrong_flavour)
 
     def run(self) -> Awaitable[None] | None:
         """Run operations until the end, or until one must wait: then a coroutine goes on."""
@@ -328,7 +330,7 @@ class _Run:
             self._undecodable(putfh_op, e)
             return None
         try:
-            if self._wrong_flavour(nfs4.OP_PUTFH):
+            if nfs4.OP_PUTFH in self.flavour_asked and self._wrong_flavour(nfs4.OP_PUTFH):
                 raise Nfs4Error(nfs4.NFS4ERR_WRONGSEC)
             put_fh(ctx, fh.object)
         except Exception as e:
@@ -357,7 +359,7 @@ class _Run:
             self._undecodable(op, e)
             return None
         try:
-            if op.number in FLAVOUR_RULES and self._wrong_flavour(op.number):
+            if op.number in self.flavour_asked and self._wrong_flavour(op.number):
                 outcome = op.error(nfs4.NFS4ERR_WRONGSEC)
             else:
                 outcome = handler(ctx, args)
@@ -448,15 +450,16 @@ class _Run:
         if bound is None:
             return op, op.error(nfs4.NFS4ERR_NOTSUPP)
         try:
-            if opnum in FLAVOUR_RULES and self._wrong_flavour(opnum):
+            if opnum in self.flavour_asked and self._wrong_flavour(opnum):
                 return op, op.error(nfs4.NFS4ERR_WRONGSEC)
             return op, bound.handler(ctx, args)
         except Exception as e:
             return op, self._failed(op, e)
 
     def _wrong_flavour(self, opnum: int) -> bool:
-        """NFS4ERR_WRONGSEC for the operation about to run (one of ``FLAVOUR_RULES``, its
-        arguments decoded)? The one place either path asks."""
+        """NFS4ERR_WRONGSEC for the operation about to run (its arguments decoded)? The one
+        place either path asks, for every operation in ``flavour_asked`` (the others are
+        never refused for their flavour)."""
         return wrong_security(self.ctx, opnum, self._following)
 
     def _following(self) -> int | None:

@@ -122,6 +122,20 @@ FLAVOUR_RULES: dict[int, int] = {
 }
 
 
+# The operations ``wrong_security`` is asked about: under the server's own flavours, all of the
+# table but SECINFO's; without them, only those that ask the export's rule.
+_ASKED = (
+    frozenset(op for op, rule in FLAVOUR_RULES.items() if rule == NO_CRED),
+    frozenset(op for op, rule in FLAVOUR_RULES.items() if rule != SECINFO),
+)
+
+
+def flavour_asked(security: tuple[int, ...] | None) -> frozenset[int]:
+    """The operations at which the COMPOUND must ask ``wrong_security`` on a server with the
+    flavours ``security`` (None: no list of its own); any other is never refused for them."""
+    return _ASKED[security is not None]
+
+
 def wrong_security(ctx: CompoundContext, op: int, following: Callable[[], int | None]) -> bool:
     """NFS4ERR_WRONGSEC for operation ``op`` of the table, about to run? ``following`` gives
     the operation after it (None at the end of the COMPOUND); it is asked only when the
