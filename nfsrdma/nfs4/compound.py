@@ -101,8 +101,8 @@ def _must_wait(outcome: object) -> bool:
 # lookups and position checks, which cannot fail there; the rest of the COMPOUND, if any, and
 # every other COMPOUND take the generic path, which is the reference (a property test compares
 # the two byte for byte). Results of both are recorded by ``_Run._record``, the one place, and
-# the flavour rules (NFS4ERR_WRONGSEC) of both are asked by ``_Run._wrong_flavour``, the one
-# place (its table: ops/lookup.py ``FLAVOUR_RULES``).
+# the flavour rules (NFS4ERR_WRONGSEC) of both are asked of ops/lookup.py ``wrong_security``
+# (its table: ``FLAVOUR_RULES``) before each operation in ``_Run.flavour_asked``.
 FAST_PATHS = True
 _FAST_THIRD = (
     nfs4.nfs_opnum4.OP_READ,
@@ -129,7 +129,8 @@ _CRED_MEMO = "nfs4.compound.cred"
 # SEQUENCE's nfs_resop4 on success: operation, status, then SEQUENCE4resok (RFC 8881 18.46)
 _SEQUENCE_OK = struct.Struct(">II16sIIIII")
 _SEQUENCE4res = nfs4.SEQUENCE4res
-_PUTFH_OK = _OPNUM_LEN.pack(nfs4.nfs_opnum4.OP_PUTFH, nfs4.NFS4_OK)  # PUTFH's nfs_resop4 on success
+_PUTFH = nfs4.OP_PUTFH
+_PUTFH_OK = _OPNUM_LEN.pack(_PUTFH, nfs4.NFS4_OK)  # PUTFH's nfs_resop4 on success
 
 
 def _fast_steps(r: Reader, off: int, count: int) -> tuple[_Step, _Step, _Step] | None:
@@ -263,7 +264,8 @@ class _Run:
         self.recorded: list[tuple[int, int, float]] = []
         self.ddp_items = 0  # how many of w.ddp are counted in ddp_bytes
         self.ddp_bytes = 0  # their padded size (they count toward the reply's size)
-        self.flavour_asked = flavour_asked(ctx.server.security)  # (see _wrong_flavour)
+        # The operations whose flavour is checked on this server (the others never are).
+        self.flavour_asked = flavour_asked(ctx.server.security, ctx.server.vfs)
 
     def run(self) -> Awaitable[None] | None:
         """Run operations until the end, or until one must wait: then a coroutine goes on."""
@@ -303,7 +305,7 @@ class _Run:
         """``_advance`` for a fast-path prefix: its operations are known to be these, at these
         positions, and none can be out of place once SEQUENCE has succeeded; then the rest.
         SEQUENCE and PUTFH never wait, and PUTFH's success is a constant piece of reply. The
-        flavour rules are asked as the generic path asks them (``_wrong_flavour``)."""
+        flavour rules are asked as the generic path asks them."""
         ctx, r, w = self.ctx, self.r, self.w
         (seq_op, seq_handler), (putfh_op, _), (op, handler) = steps
         ctx.op_index = 0
@@ -330,7 +332,7 @@ class _Run:
             self._undecodable(putfh_op, e)
             return None
         try:
-            if nfs4.OP_PUTFH in self.flavour_asked and self._wrong_flavour(nfs4.OP_PUTFH):
+            if _PUTFH in self.flavour_asked and wrong_security(ctx, _PUTFH, self._following):
                 raise Nfs4Error(nfs4.NFS4ERR_WRONGSEC)
             put_fh(ctx, fh.object)
         except Exception as e:
@@ -359,7 +361,8 @@ class _Run:
             self._undecodable(op, e)
             return None
         try:
-            if op.number in self.flavour_asked and self._wrong_flavour(op.number):
+            number = op.number
+            if number in self.flavour_asked and wrong_security(ctx, number, self._following):
                 outcome = op.error(nfs4.NFS4ERR_WRONGSEC)
             else:
                 outcome = handler(ctx, args)
@@ -450,17 +453,11 @@ class _Run:
         if bound is None:
             return op, op.error(nfs4.NFS4ERR_NOTSUPP)
         try:
-            if opnum in self.flavour_asked and self._wrong_flavour(opnum):
+            if opnum in self.flavour_asked and wrong_security(ctx, opnum, self._following):
                 return op, op.error(nfs4.NFS4ERR_WRONGSEC)
             return op, bound.handler(ctx, args)
         except Exception as e:
             return op, self._failed(op, e)
-
-    def _wrong_flavour(self, opnum: int) -> bool:
-        """NFS4ERR_WRONGSEC for the operation about to run (its arguments decoded)? The one
-        place either path asks, for every operation in ``flavour_asked`` (the others are
-        never refused for their flavour)."""
-        return wrong_security(self.ctx, opnum, self._following)
 
     def _following(self) -> int | None:
         """The number of the operation after the current one (None: it is the last)."""

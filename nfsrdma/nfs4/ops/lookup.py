@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
 from nfsrdma.rpc.auth import KRB5, pseudoflavor_of
 from nfsrdma.rpc.gss_mech import KRB5_OID_DER
-from nfsrdma.vfs.base import NAME_MAX, FileType, WrongSecurity
+from nfsrdma.vfs.base import NAME_MAX, FileType, Vfs, WrongSecurity
 from nfsrdma.xdr.gen import nfs4
 
 _OK = nfs4.NFS4_OK
@@ -122,18 +122,22 @@ FLAVOUR_RULES: dict[int, int] = {
 }
 
 
-# The operations ``wrong_security`` is asked about: under the server's own flavours, all of the
-# table but SECINFO's; without them, only those that ask the export's rule.
-_ASKED = (
-    frozenset(op for op, rule in FLAVOUR_RULES.items() if rule == NO_CRED),
-    frozenset(op for op, rule in FLAVOUR_RULES.items() if rule != SECINFO),
-)
+# The operations ``wrong_security`` is asked about, by (the server has flavours of its own,
+# its VFS has client rules): all of the table but SECINFO's; without the server's flavours,
+# those that ask the export's rule; without either, none.
+_ASKED = {
+    (True, True): frozenset(op for op, rule in FLAVOUR_RULES.items() if rule != SECINFO),
+    (True, False): frozenset(op for op, rule in FLAVOUR_RULES.items() if rule != SECINFO),
+    (False, True): frozenset(op for op, rule in FLAVOUR_RULES.items() if rule == NO_CRED),
+    (False, False): frozenset[int](),
+}
 
 
-def flavour_asked(security: tuple[int, ...] | None) -> frozenset[int]:
+def flavour_asked(security: tuple[int, ...] | None, vfs: Vfs) -> frozenset[int]:
     """The operations at which the COMPOUND must ask ``wrong_security`` on a server with the
-    flavours ``security`` (None: no list of its own); any other is never refused for them."""
-    return _ASKED[security is not None]
+    flavours ``security`` (None: no list of its own) over ``vfs``; any other is never refused
+    for its flavour. A VFS whose ``admit`` is the base class's has no client rules."""
+    return _ASKED[security is not None, type(vfs).admit is not Vfs.admit]
 
 
 def wrong_security(ctx: CompoundContext, op: int, following: Callable[[], int | None]) -> bool:
