@@ -163,10 +163,15 @@ class CompoundDriver:
         return out
 
     async def call(
-        self, ops: list[nfs4.nfs_argop4], cred: rpc.opaque_auth | None = None, **kw: object
+        self,
+        ops: list[nfs4.nfs_argop4],
+        cred: rpc.opaque_auth | None = None,
+        *,
+        tag: bytes = b"",
+        minor: int = 1,
     ) -> nfs4.COMPOUND4res:
         """``ops`` run, the reply decoded (whatever its status)."""
-        out = await self.send(self.request(ops, cred, **kw))  # type: ignore[arg-type]
+        out = await self.send(self.request(ops, cred, tag=tag, minor=minor))
         return unpack(nfs4.dec_COMPOUND4res, out.flatten())
 
     async def result(self, ops: list[nfs4.nfs_argop4]) -> nfs4.COMPOUND4res:
