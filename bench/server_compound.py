@@ -26,111 +26,30 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from attr_encode import linux_getattr_bitmap
 
 from nfsrdma.nfs4.attrs import bitmap_of
-from nfsrdma.nfs4.compound import compound
-from nfsrdma.nfs4.server_state import ServerConfig, ServerState
-from nfsrdma.nfs4.state import StateManager
-from nfsrdma.rpc import message
-from nfsrdma.rpc.auth import auth_sys, credential_of
-from nfsrdma.rpc.connection import RpcConnection
-from nfsrdma.rpc.server import RpcCall
-from nfsrdma.session.server import ServerSessions
-from nfsrdma.transport.base import Connection, Inbound, ReplyExpectation
-from nfsrdma.vfs import Export, LocalVfs
+from nfsrdma.nfs4.inprocess import CompoundDriver, argop, local_state
+from nfsrdma.nfs4.server_state import ServerState
+from nfsrdma.vfs import LocalVfs
 from nfsrdma.xdr.gen import nfs4
-from nfsrdma.xdr.runtime import Reader, Writer
 
-CRED = auth_sys(0, 0, (), "bench-host")
 OK = nfs4.NFS4_OK
 LINUX_BITMAP = linux_getattr_bitmap()
+_op = argop  # (the name bench/server_cpu.py and bench/profile_compound.py import)
 
 
-class _Nowhere(Connection):
-    kind = "mem"
+class Bench(CompoundDriver):
+    """The in-process driver (``nfsrdma.nfs4.inprocess``) over a fresh local export in
+    ``root``, with the names the benchmarks use."""
 
-    def send_call(self, xid: int, msg: Writer, expect: ReplyExpectation | None) -> None:
-        raise ConnectionError("no peer")
-
-    def send_reply(self, request: Inbound, msg: Writer) -> None:
-        pass
-
-    def close(self) -> None:
-        self._closed(None)
-
-
-def _op(num: int, args: object = None) -> nfs4.nfs_argop4:
-    return nfs4.nfs_argop4(nfs4.nfs_opnum4(num), args)
-
-
-class Bench:
     def __init__(self, root: Path, *, watch_moves: bool = True) -> None:
-        export = root / "export"
-        export.mkdir()
-        self.vfs = LocalVfs(
-            Export(root=str(export), state_dir=str(root / "state"), root_squash=False),
-            watch_moves=watch_moves,
-        )
-        cfg = ServerConfig()
-        sessions = ServerSessions.from_config(cfg, on_client_expired=lambda _c: None)
-        self.server = ServerState(cfg, self.vfs, sessions, StateManager(self.vfs))
-        self.conn = RpcConnection(_Nowhere("bench"))
-        self.xid = 0
-        self.seqid = 0
-        self.sessionid = b""
+        (root / "export").mkdir()
+        super().__init__(local_state(root, watch_moves=watch_moves), peer="bench")
+        vfs = self.state.vfs
+        assert isinstance(vfs, LocalVfs)
+        self.vfs = vfs
 
-    def request(self, ops: list[nfs4.nfs_argop4]) -> bytes:
-        self.xid += 1
-        w = Writer()
-        message.encode_call(w, self.xid, nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 1, CRED)
-        nfs4.enc_COMPOUND4args(w, nfs4.COMPOUND4args(b"", 1, ops))
-        return bytes(w.flatten())
-
-    async def run(self, data: bytes) -> Writer:
-        reader = Reader(data)
-        xid, body, off = message.decode_call(reader)
-        call = RpcCall(
-            xid,
-            body.prog,
-            body.vers,
-            body.proc,
-            credential_of(body.cred, body.verf),
-            reader,
-            off,
-            self.conn,
-            Inbound(reader),
-        )
-        out = Writer()
-        pending = compound(self.server, call, out)
-        if pending is not None:
-            await pending
-        return out
-
-    async def result(self, ops: list[nfs4.nfs_argop4]) -> nfs4.COMPOUND4res:
-        out = await self.run(self.request(ops))
-        res, _ = nfs4.dec_COMPOUND4res(Reader(out.flatten()), 0)
-        assert res.status == OK, nfs4.nfsstat4(res.status).name
-        return res
-
-    async def mount(self) -> bytes:
-        owner = nfs4.client_owner4(b"boot0001", b"bench client")
-        eia = nfs4.EXCHANGE_ID4args(owner, 0, nfs4.state_protect4_a(nfs4.SP4_NONE), [])
-        eir = (await self.result([_op(nfs4.OP_EXCHANGE_ID, eia)])).resarray[0].value.value
-        fore = nfs4.channel_attrs4(0, 1049620, 1049480, 3428, 8, 64, [])
-        back = nfs4.channel_attrs4(0, 4096, 4096, 0, 2, 1, [])
-        csa = nfs4.CREATE_SESSION4args(
-            eir.eir_clientid, eir.eir_sequenceid, 0, fore, back, 0x40000000, []
-        )
-        csr = (await self.result([_op(nfs4.OP_CREATE_SESSION, csa)])).resarray[0].value.value
-        self.sessionid = csr.csr_sessionid
-        await self.result(
-            [self.sequence(), _op(nfs4.OP_RECLAIM_COMPLETE, nfs4.RECLAIM_COMPLETE4args(False))]
-        )
-        root = await self.result([self.sequence(), _op(nfs4.OP_PUTROOTFH), _op(nfs4.OP_GETFH)])
-        fh: bytes = root.resarray[2].value.value.object
-        return fh
-
-    def sequence(self) -> nfs4.nfs_argop4:
-        self.seqid += 1
-        return _op(nfs4.OP_SEQUENCE, nfs4.SEQUENCE4args(self.sessionid, self.seqid, 0, 0, False))
+    @property
+    def server(self) -> ServerState:
+        return self.state
 
 
 async def time_compounds(bench: Bench, make: Callable[[], list[nfs4.nfs_argop4]], n: int) -> float:
@@ -138,7 +57,7 @@ async def time_compounds(bench: Bench, make: Callable[[], list[nfs4.nfs_argop4]]
     requests = [bench.request(make()) for _ in range(n)]
     t0 = time.process_time_ns()
     for data in requests:
-        await bench.run(data)
+        await bench.send(data)
     return (time.process_time_ns() - t0) / n / 1000
 
 

@@ -28,7 +28,7 @@ from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, Outcome
 from nfsrdma.nfs4.errors import status_of
 from nfsrdma.nfs4.ops import HANDLERS
 from nfsrdma.nfs4.ops.filehandle import put_fh
-from nfsrdma.nfs4.ops.lookup import SECURITY_CHECKED, wrong_security
+from nfsrdma.nfs4.ops.lookup import flavour_asked, wrong_security
 from nfsrdma.rpc.auth import Credential, pseudoflavor_of
 from nfsrdma.vfs.base import Cred, Origin
 from nfsrdma.vfs.confine import close_window, open_window
@@ -100,7 +100,9 @@ def _must_wait(outcome: object) -> bool:
 # have a fixed size, PUTFH's are one opaque), and its operations run without the generic
 # lookups and position checks, which cannot fail there; the rest of the COMPOUND, if any, and
 # every other COMPOUND take the generic path, which is the reference (a property test compares
-# the two byte for byte). Results of both are recorded by ``_Run._record``, the one place.
+# the two byte for byte). Results of both are recorded by ``_Run._record``, the one place, and
+# the flavour rules (NFS4ERR_WRONGSEC) of both are asked of ops/lookup.py ``wrong_security``
+# (its table: ``FLAVOUR_RULES``) before each operation in ``_Run.flavour_asked``.
 FAST_PATHS = True
 _FAST_THIRD = (
     nfs4.nfs_opnum4.OP_READ,
@@ -127,7 +129,8 @@ _CRED_MEMO = "nfs4.compound.cred"
 # SEQUENCE's nfs_resop4 on success: operation, status, then SEQUENCE4resok (RFC 8881 18.46)
 _SEQUENCE_OK = struct.Struct(">II16sIIIII")
 _SEQUENCE4res = nfs4.SEQUENCE4res
-_PUTFH_OK = _OPNUM_LEN.pack(nfs4.nfs_opnum4.OP_PUTFH, nfs4.NFS4_OK)  # PUTFH's nfs_resop4 on success
+_PUTFH = nfs4.OP_PUTFH
+_PUTFH_OK = _OPNUM_LEN.pack(_PUTFH, nfs4.NFS4_OK)  # PUTFH's nfs_resop4 on success
 
 
 def _fast_steps(r: Reader, off: int, count: int) -> tuple[_Step, _Step, _Step] | None:
@@ -230,6 +233,7 @@ class _Run:
         "ddp_bytes",
         "ddp_items",
         "done",
+        "flavour_asked",
         "head",
         "i",
         "off",
@@ -260,6 +264,8 @@ class _Run:
         self.recorded: list[tuple[int, int, float]] = []
         self.ddp_items = 0  # how many of w.ddp are counted in ddp_bytes
         self.ddp_bytes = 0  # their padded size (they count toward the reply's size)
+        # The operations whose flavour is checked on this server (the others never are).
+        self.flavour_asked = flavour_asked(ctx.server.security, ctx.server.vfs)
 
     def run(self) -> Awaitable[None] | None:
         """Run operations until the end, or until one must wait: then a coroutine goes on."""
@@ -268,7 +274,7 @@ class _Run:
         open_window()
         try:
             steps = None
-            if FAST_PATHS and self.ctx.server.security is None:  # (no WRONGSEC to check)
+            if FAST_PATHS:
                 steps = _fast_steps(self.r, self.off, self.ctx.op_count)
             waiting = self._advance() if steps is None else self._advance_fast(steps)
         except BaseException:
@@ -298,7 +304,8 @@ class _Run:
     ) -> tuple[Operation[Any, Any], Awaitable[Any]] | None:
         """``_advance`` for a fast-path prefix: its operations are known to be these, at these
         positions, and none can be out of place once SEQUENCE has succeeded; then the rest.
-        SEQUENCE and PUTFH never wait, and PUTFH's success is a constant piece of reply."""
+        SEQUENCE and PUTFH never wait, and PUTFH's success is a constant piece of reply. The
+        flavour rules are asked as the generic path asks them."""
         ctx, r, w = self.ctx, self.r, self.w
         (seq_op, seq_handler), (putfh_op, _), (op, handler) = steps
         ctx.op_index = 0
@@ -325,6 +332,8 @@ class _Run:
             self._undecodable(putfh_op, e)
             return None
         try:
+            if _PUTFH in self.flavour_asked and wrong_security(ctx, _PUTFH, self._following):
+                raise Nfs4Error(nfs4.NFS4ERR_WRONGSEC)
             put_fh(ctx, fh.object)
         except Exception as e:
             if self._record(putfh_op, self._failed(putfh_op, e)):
@@ -352,7 +361,11 @@ class _Run:
             self._undecodable(op, e)
             return None
         try:
-            outcome = handler(ctx, args)
+            number = op.number
+            if number in self.flavour_asked and wrong_security(ctx, number, self._following):
+                outcome = op.error(nfs4.NFS4ERR_WRONGSEC)
+            else:
+                outcome = handler(ctx, args)
         except Exception as e:
             outcome = self._failed(op, e)
         if _must_wait(outcome):
@@ -439,14 +452,16 @@ class _Run:
         bound = HANDLERS.get(opnum)
         if bound is None:
             return op, op.error(nfs4.NFS4ERR_NOTSUPP)
-        if ctx.server.security is not None and opnum in SECURITY_CHECKED:
-            following = _peek_op(r, self.off).number if self.i < ctx.op_count else None
-            if wrong_security(ctx, opnum, following):
-                return op, op.error(nfs4.NFS4ERR_WRONGSEC)
         try:
+            if opnum in self.flavour_asked and wrong_security(ctx, opnum, self._following):
+                return op, op.error(nfs4.NFS4ERR_WRONGSEC)
             return op, bound.handler(ctx, args)
         except Exception as e:
             return op, self._failed(op, e)
+
+    def _following(self) -> int | None:
+        """The number of the operation after the current one (None: it is the last)."""
+        return _peek_op(self.r, self.off).number if self.i < self.ctx.op_count else None
 
     def _failed(self, op: Operation[Any, Any], e: Exception) -> Any:
         status = status_of(e)

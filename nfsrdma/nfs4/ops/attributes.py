@@ -45,7 +45,6 @@ def getattr_(
     ctx: CompoundContext, args: nfs4.GETATTR4args
 ) -> nfs4.GETATTR4res | Awaitable[nfs4.GETATTR4res]:
     fh = ctx.fh()
-    ctx.server.vfs.admit(ctx.cred, fh, flavor=True)  # the export's flavours (2.6.3.1.1.7)
     check_readable(args.attr_request)
     if write_delegation_elsewhere(ctx, fh, args.attr_request):  # CB_GETATTR first (10.4.3)
         return getattr_from_holder(ctx, fh, args.attr_request)
@@ -84,7 +83,6 @@ def _same(ctx: CompoundContext, fattr: nfs4.fattr4) -> bool:
     """Whether the object's attributes encode exactly as the client's (knfsd compares the
     same way: attribute values have one canonical XDR form, owners are numeric)."""
     fh = ctx.fh()
-    ctx.server.vfs.admit(ctx.cred, fh, flavor=True)  # the export's flavours (2.6.3.1.1.7)
     check_minor_version(fattr.attrmask, ctx.minorversion)
     check_verifiable(fattr.attrmask)
     ours = object_attrs(ctx.server.vfs, fh, fattr.attrmask, ctx.server.config)

@@ -39,8 +39,8 @@ def put_fh(ctx: CompoundContext, fh: bytes) -> None:
         raise BadHandle(f"filehandle of {len(fh)} octets")
     # Validated now, so that a forged or stale handle fails on PUTFH itself, as with knfsd.
     ctx.server.vfs.check(fh)
-    # The client's export rule: NFS4ERR_ACCESS now; a wrong flavour is for the next
-    # operation to refuse (SECINFO_NO_NAME must still answer, RFC 8881 section 2.6.3.1.1).
+    # The client's export rule: NFS4ERR_ACCESS now; a wrong flavour is for the flavour rules
+    # to refuse (ops/lookup.py FLAVOUR_RULES, asked by the COMPOUND before each operation).
     ctx.server.vfs.admit(ctx.cred, fh)
     ctx.set_fh(fh)
 

@@ -5,12 +5,12 @@ and the component-name checks every name-taking operation shares.
 from __future__ import annotations
 
 import errno
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
 from nfsrdma.rpc.auth import KRB5, pseudoflavor_of
 from nfsrdma.rpc.gss_mech import KRB5_OID_DER
-from nfsrdma.vfs.base import NAME_MAX, FileType
+from nfsrdma.vfs.base import NAME_MAX, FileType, Vfs, WrongSecurity
 from nfsrdma.xdr.gen import nfs4
 
 _OK = nfs4.NFS4_OK
@@ -96,28 +96,83 @@ def _flavors(ctx: CompoundContext, flavors: Sequence[int]) -> nfs4.SECINFO4res:
     return nfs4.SECINFO4res(_OK, secinfo_entries(flavors if security is None else security))
 
 
-# Operations at which the flavour of the request is checked against the export's (RFC 8881
-# section 2.6.3.1.1): those that set the current filehandle from nothing (the put-filehandle
-# family) and those that cross to another object by name. Every other operation works on a
-# filehandle one of these produced, in the same (single) export.
-_PUT_FH = frozenset({nfs4.OP_PUTFH, nfs4.OP_PUTROOTFH, nfs4.OP_PUTPUBFH, nfs4.OP_RESTOREFH})
-_BY_NAME = frozenset({nfs4.OP_LOOKUP, nfs4.OP_LOOKUPP, nfs4.OP_OPEN})
-_SECINFO = frozenset({nfs4.OP_SECINFO, nfs4.OP_SECINFO_NO_NAME})
-SECURITY_CHECKED = _PUT_FH | _BY_NAME
+# The flavour rule table (RFC 8881 section 2.6.3.1.1): the roles operations play in deciding
+# NFS4ERR_WRONGSEC. The COMPOUND asks ``wrong_security`` before running each operation of the
+# table, on its fast paths as on the generic path (compound.py), and nowhere else; an
+# operation not in the table is never refused for its flavour by the COMPOUND (the VFS still
+# refuses a call that carries a credential into an export whose ``sec=`` rule does not list
+# its flavour: vfs/namespace.py ``admit``).
+PUT_FH = 1  # sets the current filehandle from nothing (PUTFH and its family, RESTOREFH)
+BY_NAME = 2  # crosses to another object by name
+SECINFO = 3  # asks which flavours to use: answered whatever the flavour
+NO_CRED = 4  # uses the current object with no credential of its own: the export's rule asked here
+FLAVOUR_RULES: dict[int, int] = {
+    nfs4.OP_PUTFH: PUT_FH,
+    nfs4.OP_PUTROOTFH: PUT_FH,
+    nfs4.OP_PUTPUBFH: PUT_FH,
+    nfs4.OP_RESTOREFH: PUT_FH,
+    nfs4.OP_LOOKUP: BY_NAME,
+    nfs4.OP_LOOKUPP: BY_NAME,
+    nfs4.OP_OPEN: BY_NAME,
+    nfs4.OP_SECINFO: SECINFO,
+    nfs4.OP_SECINFO_NO_NAME: SECINFO,
+    nfs4.OP_GETATTR: NO_CRED,
+    nfs4.OP_VERIFY: NO_CRED,
+    nfs4.OP_NVERIFY: NO_CRED,
+}
 
 
-def wrong_security(ctx: CompoundContext, op: int, following: int | None) -> bool:
-    """NFS4ERR_WRONGSEC for operation ``op`` (followed by ``following``, None at the end)?
+# The operations ``wrong_security`` is asked about, by (the server has flavours of its own,
+# its VFS has client rules): all of the table but SECINFO's; without the server's flavours,
+# those that ask the export's rule; without either, none.
+_ASKED = {
+    (True, True): frozenset(op for op, rule in FLAVOUR_RULES.items() if rule != SECINFO),
+    (True, False): frozenset(op for op, rule in FLAVOUR_RULES.items() if rule != SECINFO),
+    (False, True): frozenset(op for op, rule in FLAVOUR_RULES.items() if rule == NO_CRED),
+    (False, False): frozenset[int](),
+}
 
+
+def flavour_asked(security: tuple[int, ...] | None, vfs: Vfs) -> frozenset[int]:
+    """The operations at which the COMPOUND must ask ``wrong_security`` on a server with the
+    flavours ``security`` (None: no list of its own) over ``vfs``; any other is never refused
+    for its flavour. A VFS whose ``admit`` is the base class's has no client rules."""
+    return _ASKED[security is not None, type(vfs).admit is not Vfs.admit]
+
+
+def wrong_security(ctx: CompoundContext, op: int, following: Callable[[], int | None]) -> bool:
+    """NFS4ERR_WRONGSEC for operation ``op`` of the table, about to run? ``following`` gives
+    the operation after it (None at the end of the COMPOUND); it is asked only when the
+    answer depends on it.
+
+    With the server's flavours (``--sec``), for a put-filehandle, LOOKUP, LOOKUPP or OPEN:
     - a put-filehandle operation followed by SECINFO or SECINFO_NO_NAME, by LOOKUP, LOOKUPP or
       OPEN (which check the object they reach), or by nothing, is never refused (2.6.3.1.1.1
       to 2.6.3.1.1.4), so a client can always ask, from the root down, which flavours to use;
     - otherwise, and for LOOKUP, LOOKUPP and OPEN not followed by a SECINFO, the request's
-      pseudo-flavour must be one of the export's (2.6.3.1.1.5 to 2.6.3.1.1.7)."""
-    security = ctx.server.security
-    if security is None or following in _SECINFO:
+      pseudo-flavour must be one of the server's (2.6.3.1.1.5 to 2.6.3.1.1.7).
+    With an export's ``sec=`` rule, for GETATTR, VERIFY and NVERIFY, whose VFS calls carry no
+    credential for the export to judge: the request's flavour must be one the rule lists
+    (2.6.3.1.1.7); a put-filehandle operation leaves that to the operation after it (PUTFH
+    checks only the client's address, ``filehandle.put_fh``)."""
+    rule = FLAVOUR_RULES[op]
+    if rule == NO_CRED:
+        fh = ctx.current_fh
+        if fh is None:
+            return False  # (the operation itself answers NFS4ERR_NOFILEHANDLE)
+        try:
+            ctx.server.vfs.admit(ctx.cred, fh, flavor=True)
+        except WrongSecurity:
+            return True
         return False
-    if op in _PUT_FH and (following is None or following in _BY_NAME):
+    security = ctx.server.security
+    if security is None or rule == SECINFO:
+        return False
+    after = following()
+    after_rule = FLAVOUR_RULES.get(after, 0) if after is not None else 0
+    if after_rule == SECINFO:
+        return False
+    if rule == PUT_FH and (after is None or after_rule == BY_NAME):
         return False
     return pseudoflavor_of(ctx.principal) not in security
 

@@ -6,32 +6,15 @@ from __future__ import annotations
 from typing import Any, cast
 
 from nfsrdma.nfs4.compound import cred_of
-from nfsrdma.rpc import message
-from nfsrdma.rpc.auth import auth_sys, credential_of
+from nfsrdma.nfs4.inprocess import MemoryConnection, compound_call, rpc_call
+from nfsrdma.rpc.auth import auth_sys
 from nfsrdma.rpc.connection import RpcConnection
 from nfsrdma.rpc.server import RpcCall
-from nfsrdma.transport.base import Connection, Inbound, ReplyExpectation
 from nfsrdma.vfs.base import Cred, Origin
-from nfsrdma.xdr.runtime import Reader, Writer
-
-
-class MemoryConnection(Connection):
-    kind = "mem"
-
-    def send_call(self, xid: int, msg: Writer, expect: ReplyExpectation | None) -> None:
-        raise ConnectionError("no peer")
-
-    def send_reply(self, request: Inbound, msg: Writer) -> None:
-        pass
-
-    def close(self) -> None:
-        self._closed(None)
 
 
 def _call(conn: RpcConnection, uid: int, gid: int, gids: tuple[int, ...]) -> RpcCall:
-    cred = credential_of(auth_sys(uid, gid, gids, "host"), message.AUTH_NONE_VERF)
-    reader = Reader(b"")
-    return RpcCall(1, 100003, 4, 1, cred, reader, 0, conn, Inbound(reader))
+    return rpc_call(conn, compound_call(1, [], auth_sys(uid, gid, gids, "host")))
 
 
 def test_the_identity_follows_the_caller_on_one_connection() -> None:

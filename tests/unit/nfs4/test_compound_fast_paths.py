@@ -19,83 +19,67 @@ from hypothesis import strategies as st
 
 from nfsrdma.nfs4 import compound as compound_module
 from nfsrdma.nfs4.attrs import bitmap_of
-from nfsrdma.nfs4.compound import compound
-from nfsrdma.nfs4.server_state import ServerConfig, ServerState
-from nfsrdma.nfs4.state import StateManager
+from nfsrdma.nfs4.inprocess import CompoundDriver, argop, compound_call, local_state
+from nfsrdma.nfs4.server_state import ServerConfig
 from nfsrdma.rpc import message
-from nfsrdma.rpc.auth import auth_sys, credential_of
-from nfsrdma.rpc.connection import RpcConnection
-from nfsrdma.rpc.server import RpcCall
-from nfsrdma.session.server import ServerSessions
-from nfsrdma.transport.base import Connection, Inbound, ReplyExpectation
-from nfsrdma.vfs import Export, LocalVfs
+from nfsrdma.rpc.auth import AUTH_NONE_CRED, auth_sys
+from nfsrdma.vfs.base import Vfs
+from nfsrdma.vfs.exports import parse
+from nfsrdma.vfs.namespace import NamespaceVfs
 from nfsrdma.xdr.gen import nfs4
-from nfsrdma.xdr.runtime import Reader, Writer, XdrError, unpack
+from nfsrdma.xdr.runtime import Reader, XdrError, unpack
 
 CRED = auth_sys(0, 0, (), "client-host")
+CREDS = {"sys": CRED, "none": AUTH_NONE_CRED}
 OK = nfs4.NFS4_OK
 ANON = nfs4.stateid4(0, bytes(12))
+PEER = "192.0.2.7:801"
+# The security policies a server may have: none, the server's own flavours (``--sec sys``),
+# an exports file whose rule for the export says ``sec=sys``. Under either of the last two,
+# AUTH_NONE requests are refused NFS4ERR_WRONGSEC where the flavour rules say.
+POLICIES = ("none", "server sec=sys", "export sec=sys")
+_op = argop
 
 
-class MemoryConnection(Connection):
-    kind = "mem"
-
-    def send_call(self, xid: int, msg: Writer, expect: ReplyExpectation | None) -> None:
-        raise ConnectionError("no peer")
-
-    def send_reply(self, request: Inbound, msg: Writer) -> None:
-        pass
-
-    def close(self) -> None:
-        self._closed(None)
-
-
-def _op(num: int, args: object = None) -> nfs4.nfs_argop4:
-    return nfs4.nfs_argop4(nfs4.nfs_opnum4(num), args)
+def _vfs(root: Path, policy: str) -> Vfs | None:
+    if policy != "export sec=sys":
+        return None
+    table = parse(f"{root / 'export'} *(rw,insecure,no_root_squash,sec=sys)\n")
+    vfs = NamespaceVfs(table, state_dir=str(root / "state"))
+    vfs._started_ns = 10**18  # the pseudo directories' times: the same on both servers
+    return vfs
 
 
 class Server:
-    def __init__(self, root: Path, fast: bool) -> None:
+    def __init__(self, root: Path, fast: bool, policy: str = "none") -> None:
         self.fast = fast
-        vfs = LocalVfs(
-            Export(root=str(root / "export"), state_dir=str(root / "state"), root_squash=False)
-        )
-        vfs.write_verifier = b"verifier"
         cfg = ServerConfig(lease_time=60, slots=4, max_response_size_cached=2048)
-        rand = random.Random(7)
-        sessions = ServerSessions.from_config(
-            cfg, on_client_expired=lambda _c: None, random_bytes=rand.randbytes
+        self.state = local_state(
+            root,
+            config=cfg,
+            vfs=_vfs(root, policy),
+            random_bytes=random.Random(7).randbytes,
+            instance=b"inst",
         )
-        self.state = ServerState(cfg, vfs, sessions, StateManager(vfs, instance=b"inst"))
-        self.conn = RpcConnection(MemoryConnection("peer"))
+        self.state.vfs.write_verifier = b"verifier"
+        if policy == "server sec=sys":
+            self.state.security = (nfs4.AUTH_SYS,)
+        self.driver = CompoundDriver(self.state, PEER)
 
     async def send(self, data: bytes) -> bytes:
-        reader = Reader(data)
-        xid, body, off = message.decode_call(reader)
-        call = RpcCall(
-            xid,
-            body.prog,
-            body.vers,
-            body.proc,
-            credential_of(body.cred, body.verf),
-            reader,
-            off,
-            self.conn,
-            Inbound(reader),
-        )
-        out = Writer()
         saved = compound_module.FAST_PATHS
         compound_module.FAST_PATHS = self.fast
         try:
-            try:
-                pending = compound(self.state, call, out)
-            except XdrError:
-                return b"GARBAGE_ARGS"
-            if pending is not None:
-                await pending
+            out = await self.driver.send(data)
+        except XdrError:
+            return b"GARBAGE_ARGS"
         finally:
             compound_module.FAST_PATHS = saved
         return bytes(out.flatten())
+
+    def close(self) -> None:
+        self.state.vfs.release_identity()  # (AUTH_NONE requests took on the anonymous one)
+        self.state.close()
 
 
 @dataclass
@@ -106,18 +90,20 @@ class Pair:
     generic: Server
     xid: int = 0
     sessionid: bytes = b""
-    root_fh: bytes = b""
+    root_fh: bytes = b""  # the export's root (below the pseudo-root where there is one)
+    pseudo_fh: bytes = b""  # PUTROOTFH's
     file_fh: bytes = b""
     stateid: nfs4.stateid4 = field(default_factory=lambda: ANON)
     seqids: list[int] = field(default_factory=list)
 
-    def encode(self, ops: list[nfs4.nfs_argop4], cut: int = 0) -> bytes:
+    def encode(self, ops: list[nfs4.nfs_argop4], cut: int = 0, auth: str = "sys") -> bytes:
         self.xid += 1
-        w = Writer()
-        message.encode_call(w, self.xid, nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 1, CRED)
-        nfs4.enc_COMPOUND4args(w, nfs4.COMPOUND4args(b"", 1, ops))
-        data = bytes(w.flatten())
+        data = compound_call(self.xid, ops, CREDS[auth])
         return data[: len(data) - cut] if cut else data
+
+    def close(self) -> None:
+        self.fast.close()
+        self.generic.close()
 
     async def both(self, data: bytes) -> bytes:
         fast = await self.fast.send(data)
@@ -135,21 +121,21 @@ class Pair:
         assert res.status == OK, nfs4.nfsstat4(res.status).name
         return res
 
-    async def setup(self) -> None:
-        owner = nfs4.client_owner4(b"boot0001", b"prop client")
-        eia = nfs4.EXCHANGE_ID4args(owner, 0, nfs4.state_protect4_a(nfs4.SP4_NONE), [])
-        eir = (await self.ok([_op(nfs4.OP_EXCHANGE_ID, eia)])).resarray[0].value.value
+    async def setup(self, below: Path | None = None) -> None:
+        """A session on each; ``below``: the export's path under the pseudo-root, if any."""
         fore = nfs4.channel_attrs4(0, 1049620, 1049480, 2048, 8, 4, [])
-        back = nfs4.channel_attrs4(0, 4096, 4096, 0, 2, 1, [])
-        csa = nfs4.CREATE_SESSION4args(eir.eir_clientid, eir.eir_sequenceid, 0, fore, back, 0, [])
-        csr = (await self.ok([_op(nfs4.OP_CREATE_SESSION, csa)])).resarray[0].value.value
-        self.sessionid = csr.csr_sessionid
-        self.seqids = [0, 0, 0, 0]
-        await self.ok(
-            [self.seq(0, 1), _op(nfs4.OP_RECLAIM_COMPLETE, nfs4.RECLAIM_COMPLETE4args(False))]
-        )
-        res = await self.ok([self.seq(0, 1), _op(nfs4.OP_PUTROOTFH), _op(nfs4.OP_GETFH)])
-        self.root_fh = res.resarray[2].value.value.object
+        for server in (self.fast, self.generic):
+            self.pseudo_fh = await server.driver.mount(b"prop client", fore, cb_program=0)
+        assert self.fast.driver.sessionid == self.generic.driver.sessionid
+        self.sessionid = self.fast.driver.sessionid
+        self.seqids = [self.fast.driver.seqid, 0, 0, 0]
+        self.root_fh = self.pseudo_fh
+        if below is not None:
+            steps = [_op(nfs4.OP_LOOKUP, nfs4.LOOKUP4args(p.encode())) for p in below.parts[1:]]
+            res = await self.ok(
+                [self.seq(0, 1), _op(nfs4.OP_PUTROOTFH), *steps, _op(nfs4.OP_GETFH)]
+            )
+            self.root_fh = res.resarray[-1].value.value.object
         opened = await self.ok(
             [
                 self.seq(0, 1),
@@ -188,7 +174,7 @@ u64 = st.one_of(
 )
 count = st.one_of(st.sampled_from([0, 1, 100, 4096, 5000, 1 << 20]), u32)
 stateid_kind = st.sampled_from(["open", "anon", "random", "bypass"])
-fh_kind = st.sampled_from(["file", "root", "random", "empty"])
+fh_kind = st.sampled_from(["file", "root", "pseudo", "random", "empty"])
 name = st.one_of(
     st.sampled_from([b"f", b"missing", b".", b"..", b"", b"a/b"]), st.binary(max_size=20)
 )
@@ -197,7 +183,11 @@ bitmap = st.lists(u32, max_size=3)
 
 @st.composite
 def third_op(draw: st.DrawFn) -> tuple[str, object]:
-    kind = draw(st.sampled_from(["READ", "WRITE", "GETATTR", "ACCESS", "LOOKUP", "GETFH"]))
+    kind = draw(
+        st.sampled_from(
+            ["READ", "WRITE", "GETATTR", "ACCESS", "LOOKUP", "GETFH", "SECINFO_NO_NAME"]
+        )
+    )
     if kind == "READ":
         return kind, (draw(stateid_kind), draw(u64), draw(count))
     if kind == "WRITE":
@@ -213,6 +203,8 @@ def third_op(draw: st.DrawFn) -> tuple[str, object]:
         return kind, draw(u32)
     if kind == "LOOKUP":
         return kind, draw(name)
+    if kind == "SECINFO_NO_NAME":
+        return kind, draw(st.integers(0, 2))
     return kind, None
 
 
@@ -224,8 +216,11 @@ def compounds(draw: st.DrawFn) -> dict[str, object]:
         "cachethis": draw(st.booleans()),
         "fh": draw(fh_kind),
         "third": draw(third_op()),
-        "extra": draw(st.sampled_from([None, None, "GETFH", "GETATTR", "SEQUENCE"])),
+        "extra": draw(
+            st.sampled_from([None, None, "GETFH", "GETATTR", "SEQUENCE", "SECINFO_NO_NAME"])
+        ),
         "cut": draw(st.sampled_from([0, 0, 0, 0, 1, 4, 9, 30])),
+        "auth": draw(st.sampled_from(["sys", "sys", "none"])),
     }
 
 
@@ -249,7 +244,13 @@ def build(pair: Pair, c: dict[str, object], rand_fh: bytes, rand_sid: bytes) -> 
         "random": nfs4.stateid4(1, rand_sid),
         "bypass": nfs4.stateid4(0xFFFFFFFF, b"\xff" * 12),
     }
-    fh = {"file": pair.file_fh, "root": pair.root_fh, "random": rand_fh, "empty": b""}[str(c["fh"])]
+    fh = {
+        "file": pair.file_fh,
+        "root": pair.root_fh,
+        "pseudo": pair.pseudo_fh,
+        "random": rand_fh,
+        "empty": b"",
+    }[str(c["fh"])]
     ops = [
         pair.seq(int(c["slot"]), int(c["delta"]), bool(c["cachethis"])),
         _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(fh)),
@@ -267,6 +268,8 @@ def build(pair: Pair, c: dict[str, object], rand_fh: bytes, rand_sid: bytes) -> 
         ops.append(_op(nfs4.OP_ACCESS, nfs4.ACCESS4args(a)))
     elif kind == "LOOKUP":
         ops.append(_op(nfs4.OP_LOOKUP, nfs4.LOOKUP4args(a)))
+    elif kind == "SECINFO_NO_NAME":
+        ops.append(_op(nfs4.OP_SECINFO_NO_NAME, a))
     else:
         ops.append(_op(nfs4.OP_GETFH))
     extra = c["extra"]
@@ -280,9 +283,12 @@ def build(pair: Pair, c: dict[str, object], rand_fh: bytes, rand_sid: bytes) -> 
         ops.append(_op(nfs4.OP_GETATTR, nfs4.GETATTR4args(LINUX_BITMAP)))
     elif extra == "SEQUENCE":
         ops.append(pair.seq(0, 0))
-    return pair.encode(ops, int(c["cut"]))  # type: ignore[call-overload]
+    elif extra == "SECINFO_NO_NAME":
+        ops.append(_op(nfs4.OP_SECINFO_NO_NAME, nfs4.SECINFO_STYLE4_CURRENT_FH))
+    return pair.encode(ops, int(c["cut"]), str(c.get("auth", "sys")))  # type: ignore[call-overload]
 
 
+@pytest.mark.parametrize("policy", POLICIES)
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     steps=st.lists(
@@ -292,15 +298,17 @@ def build(pair: Pair, c: dict[str, object], rand_fh: bytes, rand_sid: bytes) -> 
     )
 )
 def test_fast_paths_reply_byte_for_byte_as_the_generic_path(
-    steps: list[tuple[dict[str, object], bytes, bytes]],
+    policy: str, steps: list[tuple[dict[str, object], bytes, bytes]]
 ) -> None:
+    """... with no security policy, with the server's flavours and with an export's."""
+
     async def scenario(root: Path) -> int:
         (root / "export").mkdir()
         # Made here, not by an OPEN: a server keeps its own count of the changes it made.
         (root / "export" / "f").write_bytes(bytes(range(256)) * 20)
-        pair = Pair(Server(root, fast=True), Server(root, fast=False))
+        pair = Pair(Server(root, True, policy), Server(root, False, policy))
         try:
-            await pair.setup()
+            await pair.setup(root / "export" if policy == "export sec=sys" else None)
             fast_taken = 0
             for c, rand_fh, rand_sid in steps:
                 data = build(pair, c, rand_fh, rand_sid)
@@ -308,8 +316,7 @@ def test_fast_paths_reply_byte_for_byte_as_the_generic_path(
                 await pair.both(data)
             return fast_taken
         finally:
-            pair.fast.state.close()
-            pair.generic.state.close()
+            pair.close()
 
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(scenario(Path(tmp)))
@@ -401,8 +408,7 @@ def test_an_export_with_flavours_refuses_auth_sys_on_the_fast_shapes_too(third: 
             assert res.status == nfs4.NFS4ERR_WRONGSEC
             assert [r.resop for r in res.resarray] == [nfs4.OP_SEQUENCE, nfs4.OP_PUTFH]
         finally:
-            pair.fast.state.close()
-            pair.generic.state.close()
+            pair.close()
 
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(scenario(Path(tmp)))
@@ -431,8 +437,7 @@ def test_read_data_counts_toward_the_cached_reply_limit() -> None:
                 res = unpack(nfs4.dec_COMPOUND4res, await pair.both(build(pair, c, b"", b"")))
                 assert (res.status, len(res.resarray)) == (status, 3)
         finally:
-            pair.fast.state.close()
-            pair.generic.state.close()
+            pair.close()
 
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(scenario(Path(tmp)))
@@ -457,10 +462,7 @@ def test_the_compound_header_untagged_or_tagged(tag: bytes, minor: int, status: 
         (root / "export").mkdir()
         server = Server(root, fast=True)
         try:
-            w = Writer()
-            message.encode_call(w, 1, nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 1, CRED)
-            nfs4.enc_COMPOUND4args(w, nfs4.COMPOUND4args(tag, minor, [_op(nfs4.OP_PUTROOTFH)]))
-            data = bytes(w.flatten())
+            data = compound_call(1, [_op(nfs4.OP_PUTROOTFH)], CRED, tag=tag, minor=minor)
             res = unpack(nfs4.dec_COMPOUND4res, await server.send(data))
             assert (res.status, res.tag) == (status, tag)
             valid = status == nfs4.NFS4ERR_OP_NOT_IN_SESSION  # (PUTROOTFH without SEQUENCE)
@@ -473,7 +475,104 @@ def test_the_compound_header_untagged_or_tagged(tag: bytes, minor: int, status: 
             cut = await server.send(data[: start + head])  # no room for its one operation
             assert (cut == b"GARBAGE_ARGS") == valid
         finally:
-            server.state.close()
+            server.close()
 
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(scenario(Path(tmp)))
+
+
+# The flavour rules (RFC 8881 section 2.6.3.1.1; nfs4/ops/lookup.py FLAVOUR_RULES): a PUTFH of a
+# directory of the export, then what follows, under AUTH_NONE, which both policies refuse.
+# The statuses after SEQUENCE's, with the server's flavours and with the export's rule.
+_GETATTR = nfs4.GETATTR4args(bitmap_of([nfs4.FATTR4_TYPE]))
+_LOOKUP_F = _op(nfs4.OP_LOOKUP, nfs4.LOOKUP4args(b"f"))
+_NO_NAME = _op(nfs4.OP_SECINFO_NO_NAME, nfs4.SECINFO_STYLE4_CURRENT_FH)
+_SAVE_RESTORE = [_op(nfs4.OP_SAVEFH), _op(nfs4.OP_RESTOREFH)]
+_OK, _WRONGSEC = "OK", "WRONGSEC"
+RULE_CASES: dict[str, tuple[list[nfs4.nfs_argop4], list[str], list[str]]] = {
+    "at the end": ([], [_OK], [_OK]),
+    "GETFH": ([_op(nfs4.OP_GETFH)], [_WRONGSEC], [_OK, _OK]),
+    "GETATTR": ([_op(nfs4.OP_GETATTR, _GETATTR)], [_WRONGSEC], [_OK, _WRONGSEC]),
+    "VERIFY": (
+        [_op(nfs4.OP_VERIFY, nfs4.VERIFY4args(nfs4.fattr4([], b"")))],
+        [_WRONGSEC],
+        [_OK, _WRONGSEC],
+    ),
+    "NVERIFY": (
+        [_op(nfs4.OP_NVERIFY, nfs4.NVERIFY4args(nfs4.fattr4([], b"")))],
+        [_WRONGSEC],
+        [_OK, _WRONGSEC],
+    ),
+    "ACCESS": ([_op(nfs4.OP_ACCESS, nfs4.ACCESS4args(1))], [_WRONGSEC], [_OK, _WRONGSEC]),
+    "READDIR": (
+        [_op(nfs4.OP_READDIR, nfs4.READDIR4args(0, bytes(8), 4096, 4096, []))],
+        [_WRONGSEC],
+        [_OK, _WRONGSEC],
+    ),
+    "LOOKUP": ([_LOOKUP_F], [_OK, _WRONGSEC], [_OK, _WRONGSEC]),
+    "LOOKUP, GETFH": ([_LOOKUP_F, _op(nfs4.OP_GETFH)], [_OK, _WRONGSEC], [_OK, _WRONGSEC]),
+    "LOOKUP, SECINFO_NO_NAME": ([_LOOKUP_F, _NO_NAME], [_OK, _OK, _OK], [_OK, _WRONGSEC]),
+    "LOOKUPP": ([_op(nfs4.OP_LOOKUPP)], [_OK, _WRONGSEC], [_OK, _WRONGSEC]),
+    "SECINFO": ([_op(nfs4.OP_SECINFO, nfs4.SECINFO4args(b"f"))], [_OK, _OK], [_OK, _OK]),
+    "SECINFO_NO_NAME": ([_NO_NAME], [_OK, _OK], [_OK, _OK]),
+    "SAVEFH, RESTOREFH": (_SAVE_RESTORE, [_WRONGSEC], [_OK, _OK, _OK]),
+    "SAVEFH, RESTOREFH, SECINFO_NO_NAME": (
+        [*_SAVE_RESTORE, _NO_NAME],
+        [_WRONGSEC],
+        [_OK, _OK, _OK, _OK],
+    ),
+    "PUTROOTFH": ([_op(nfs4.OP_PUTROOTFH)], [_WRONGSEC], [_OK, _OK]),
+    "PUTROOTFH, GETFH": ([_op(nfs4.OP_PUTROOTFH), _op(nfs4.OP_GETFH)], [_WRONGSEC], [_OK] * 3),
+}
+
+
+@pytest.mark.parametrize("policy", POLICIES[1:])
+def test_the_flavour_rules_after_putfh_on_both_paths(policy: str) -> None:
+    """PUTFH followed by each kind of operation (the table's roles, and operations outside
+    it), at the end of the COMPOUND, and before SECINFO / SECINFO_NO_NAME: AUTH_NONE gets
+    NFS4ERR_WRONGSEC where the rules say, at the same operation on the fast and the generic
+    path; AUTH_SYS, which both policies list, never does."""
+
+    async def scenario(root: Path) -> None:
+        (root / "export" / "d").mkdir(parents=True)
+        (root / "export" / "d" / "f").write_bytes(b"data")
+        (root / "export" / "f").write_bytes(b"data")
+        pair = Pair(Server(root, True, policy), Server(root, False, policy))
+        try:
+            await pair.setup(root / "export" if policy == "export sec=sys" else None)
+            res = await pair.ok(
+                [
+                    pair.seq(0, 1),
+                    _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(pair.root_fh)),
+                    _op(nfs4.OP_LOOKUP, nfs4.LOOKUP4args(b"d")),
+                    _op(nfs4.OP_GETFH),
+                ]
+            )
+            put_d = _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(res.resarray[-1].value.value.object))
+            cases = dict(RULE_CASES)  # and a second PUTFH: only the last one counts
+            cases["PUTFH, GETATTR"] = (
+                [put_d, _op(nfs4.OP_GETATTR, _GETATTR)],
+                [_WRONGSEC],
+                [_OK, _OK, _WRONGSEC],
+            )
+            for case, (after, server_sec, export_sec) in cases.items():
+                for auth in ("none", "sys"):
+                    ops = [pair.seq(0, 1), put_d, *after]
+                    reply = await pair.both(pair.encode(ops, auth=auth))
+                    res = unpack(nfs4.dec_COMPOUND4res, reply)
+                    got = [_short(r) for r in res.resarray[1:]]
+                    if auth == "sys":
+                        assert _WRONGSEC not in got, (case, got)
+                    else:
+                        want = server_sec if policy == "server sec=sys" else export_sec
+                        assert got == want, case
+        finally:
+            pair.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(scenario(Path(tmp)))
+
+
+def _short(resop: nfs4.nfs_resop4) -> str:
+    status = nfs4.nfsstat4(resop.value.status).name
+    return "OK" if status == "NFS4_OK" else status.removeprefix("NFS4ERR_")

@@ -10,17 +10,15 @@ from pathlib import Path
 import pytest
 
 from nfsrdma.nfs4.compound import compound
+from nfsrdma.nfs4.inprocess import MemoryConnection, compound_call, rpc_call
 from nfsrdma.nfs4.server_state import ServerConfig, ServerState
 from nfsrdma.nfs4.state import StateManager
-from nfsrdma.rpc import message
-from nfsrdma.rpc.auth import auth_sys, credential_of
+from nfsrdma.rpc.auth import auth_sys
 from nfsrdma.rpc.connection import RpcConnection
-from nfsrdma.rpc.server import RpcCall
 from nfsrdma.session.server import ServerSessions
-from nfsrdma.transport.base import Connection, Inbound, ReplyExpectation
 from nfsrdma.vfs import Export, LocalVfs
 from nfsrdma.xdr.gen import nfs4, rpc
-from nfsrdma.xdr.runtime import Reader, Writer, unpack
+from nfsrdma.xdr.runtime import Writer, unpack
 
 from .helpers import (
     op,
@@ -35,22 +33,6 @@ from .helpers import (
 ROOT_CRED = auth_sys(0, 0, (), "client-host")
 USER_CRED = auth_sys(1000, 1000, (), "client-host")
 OK = nfs4.NFS4_OK
-
-
-class MemoryConnection(Connection):
-    """A transport connection with nothing behind it: the COMPOUND layer only needs its
-    identity."""
-
-    kind = "mem"
-
-    def send_call(self, xid: int, msg: Writer, expect: ReplyExpectation | None) -> None:
-        raise ConnectionError("no peer")
-
-    def send_reply(self, request: Inbound, msg: Writer) -> None:
-        pass
-
-    def close(self) -> None:
-        self._closed(None)
 
 
 @dataclass
@@ -74,22 +56,7 @@ class Server:
         minor: int = 1,
     ) -> tuple[nfs4.COMPOUND4res, bytes]:
         self.xid += 1
-        w = Writer()
-        message.encode_call(w, self.xid, nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 1, cred)
-        nfs4.enc_COMPOUND4args(w, nfs4.COMPOUND4args(b"t", minor, ops))
-        reader = Reader(w.flatten())
-        xid, body, off = message.decode_call(reader)
-        call = RpcCall(
-            xid,
-            body.prog,
-            body.vers,
-            body.proc,
-            credential_of(body.cred, body.verf),
-            reader,
-            off,
-            conn,
-            Inbound(reader),
-        )
+        call = rpc_call(conn, compound_call(self.xid, ops, cred, tag=b"t", minor=minor))
         out = Writer()
         pending = compound(self.state, call, out)  # runs synchronously unless I/O must wait
         if pending is not None:
