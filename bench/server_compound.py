@@ -36,7 +36,7 @@ from nfsrdma.rpc.server import RpcCall
 from nfsrdma.session.server import ServerSessions
 from nfsrdma.transport.base import Connection, Inbound, ReplyExpectation
 from nfsrdma.vfs import Export, LocalVfs
-from nfsrdma.xdr.gen import nfs4
+from nfsrdma.xdr.gen import nfs4, rpc
 from nfsrdma.xdr.runtime import Reader, Writer
 
 CRED = auth_sys(0, 0, (), "bench-host")
@@ -62,11 +62,19 @@ def _op(num: int, args: object = None) -> nfs4.nfs_argop4:
 
 
 class Bench:
-    def __init__(self, root: Path, *, watch_moves: bool = True) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        watch_moves: bool = True,
+        cred: rpc.opaque_auth = CRED,
+        root_squash: bool = False,
+    ) -> None:
         export = root / "export"
         export.mkdir()
+        self.cred = cred  # the AUTH_SYS credential every request carries
         self.vfs = LocalVfs(
-            Export(root=str(export), state_dir=str(root / "state"), root_squash=False),
+            Export(root=str(export), state_dir=str(root / "state"), root_squash=root_squash),
             watch_moves=watch_moves,
         )
         cfg = ServerConfig()
@@ -80,7 +88,7 @@ class Bench:
     def request(self, ops: list[nfs4.nfs_argop4]) -> bytes:
         self.xid += 1
         w = Writer()
-        message.encode_call(w, self.xid, nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 1, CRED)
+        message.encode_call(w, self.xid, nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 1, self.cred)
         nfs4.enc_COMPOUND4args(w, nfs4.COMPOUND4args(b"", 1, ops))
         return bytes(w.flatten())
 

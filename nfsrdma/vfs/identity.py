@@ -20,7 +20,10 @@ made on a protected thread that needs another identity runs, synchronously, in a
 of its own (:func:`off_protected_threads`). Calls as the server's own identity run in place.
 The hand-off is two locks and one long-lived thread (about half what a thread pool's future
 costs, which is as much as a whole small COMPOUND); protected threads share that worker, one
-call at a time.
+call at a time. The call takes the caller's confinement check window with it (``confine.py``):
+the caller waits while it runs, so it is still the same uninterrupted run of one COMPOUND, and
+what the call found inside the export counts for the caller too (and the reverse).
+:func:`handoffs` counts the hand-offs made (``bench/server_cpu.py`` prints them per COMPOUND).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import threading
 from collections.abc import Callable
 from typing import Concatenate, Final, ParamSpec, Protocol, TypeVar, cast
 
-from nfsrdma.vfs import syscalls
+from nfsrdma.vfs import confine, syscalls
 from nfsrdma.vfs.base import Cred, Export
 
 log = logging.getLogger("nfsrdma.vfs")
@@ -98,6 +101,12 @@ class _Handoff:
 
 _handoff: _Handoff | None = None
 _handoff_lock = threading.Lock()  # one protected thread's call at a time
+_handoffs = 0  # calls handed off so far (under _handoff_lock)
+
+
+def handoffs() -> int:
+    """How many VFS calls have run in the identity worker since the process started."""
+    return _handoffs
 
 
 def _retire(worker: _Handoff) -> None:
@@ -107,11 +116,21 @@ def _retire(worker: _Handoff) -> None:
 
 
 def _in_identity_worker(job: Callable[[], R]) -> R:
-    global _handoff
+    global _handoff, _handoffs
+    checked = confine.window()
+
+    def windowed() -> R:  # in the caller's check window (the caller waits meanwhile)
+        confine.WINDOW.checked = checked
+        try:
+            return job()
+        finally:
+            confine.WINDOW.checked = None
+
     with _handoff_lock:
+        _handoffs += 1
         if _handoff is None:
             _handoff = _Handoff()
-        return _handoff.call(job)
+        return _handoff.call(job if checked is None else windowed)
 
 
 class _UsesIdentity(Protocol):
