@@ -410,10 +410,13 @@ async def _measure(bench: Bench, args: argparse.Namespace) -> int:
             ]
         )
 
+    kinds: dict[str, int] = {}
+
     async def timed(request: bytes, what: str) -> int:
         t0 = time.process_time_ns()
         await served.send(request)
         spent = time.process_time_ns() - t0
+        kinds[what] = kinds.get(what, 0) + spent
         if served.last_status() != OK:
             raise RuntimeError(f"meta {what}: {nfs4.nfsstat4(served.last_status()).name}")
         return spent
@@ -440,6 +443,11 @@ async def _measure(bench: Bench, args: argparse.Namespace) -> int:
         runs = [us for us, _ in measured]
         tail["meta_us"] = statistics.median(runs)
         tail["meta_handoffs"] = measured[-1][1]
+        rounds = 2 + args.repeat * max(1, args.count // 8)
+        print(
+            f"{'':>14}  by COMPOUND: "
+            + ", ".join(f"{k} {v / rounds / 1000:.1f}" for k, v in kinds.items())
+        )
         print(
             f"{'meta_us':>14}: {tail['meta_us']:7.2f} us CPU per COMPOUND"
             f" (runs {_fmt(runs)}), {tail['meta_handoffs']:.2f} identity hand-offs per COMPOUND"
