@@ -15,7 +15,9 @@ Protected threads. Linux refuses ``write()`` commands on an RDMA device file (``
 rdma_cm``, and the verbs device: memory registration, and every Send on soft-RoCE) from a thread
 whose credentials changed after the file was opened (``ib_safe_file_access``: the error is
 EACCES). The event loop drives the RDMA transport, so its thread must never change identity:
-the server marks it with :func:`protect_current_thread` before it opens a device, and a VFS call
+the server marks it with :func:`protect_current_thread` before it opens a device (only when it
+has an RDMA listener: a TCP-only server's loop switches in place, a few system calls on a
+change of caller instead of two thread switches per call), and a VFS call
 made on a protected thread that needs another identity runs, synchronously, in a worker thread
 of its own (:func:`off_protected_threads`). Calls as the server's own identity run in place.
 The hand-off is two locks and one long-lived thread (about half what a thread pool's future
@@ -49,13 +51,16 @@ _warned_unprivileged = False
 _thread = threading.local()
 
 
-_protected: set[int] = set()  # threads (by ident) whose credentials must never change
-
-
 def protect_current_thread() -> None:
     """The calling thread issues RDMA commands: it keeps its credentials from now on. A thread
-    that never switched identity is taken to have the process's own (the server's)."""
-    _protected.add(threading.get_ident())
+    that never switched identity is taken to have the process's own (the server's). The mark
+    is the thread's own (thread-local): a later thread that gets the same ident is not marked."""
+    _thread.protected = True
+
+
+def is_protected() -> bool:
+    """Whether the calling thread is protected (:func:`protect_current_thread`)."""
+    return getattr(_thread, "protected", False) is True
 
 
 class _Handoff:
@@ -154,7 +159,7 @@ def off_protected_threads(
     def call(self: V, cred: Cred, /, *args: P.args, **kwargs: P.kwargs) -> R:
         if (
             self._ident.enabled
-            and threading.get_ident() in _protected
+            and getattr(_thread, "protected", False)
             and self._cred(cred) != self._ident.current()
         ):
             return _in_identity_worker(lambda: fn(self, cred, *args, **kwargs))
@@ -200,7 +205,7 @@ class FsIdentity:
         current = getattr(_thread, "current", None)
         if not self.enabled or current == cred:
             return
-        if threading.get_ident() in _protected:
+        if getattr(_thread, "protected", False):
             if current is None and cred == self.server:
                 _thread.current = cred  # never switched: it has the process's credentials
                 return

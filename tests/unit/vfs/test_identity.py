@@ -22,8 +22,9 @@ from nfsrdma.vfs import (
     Export,
     FileType,
     LocalVfs,
+    confine,
+    identity,
 )
-from nfsrdma.vfs import confine, identity
 from nfsrdma.vfs.identity import FsIdentity, handoffs, protect_current_thread, squash
 
 from .conftest import ROOT, U1000, U1001, MakeVfs, needs_root
