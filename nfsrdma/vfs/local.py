@@ -231,6 +231,14 @@ class LocalVfs(Vfs):
         finally:
             pin.release()
 
+    def change(self, fh: bytes) -> int:
+        pin = self._res.pin(fh)
+        try:
+            count = self._changes.get(pin.fileid)
+            return ChangeCounter.value(self._res.stat(pin).st_ctime_ns, count)
+        finally:
+            pin.release()
+
     def check(self, fh: bytes) -> None:
         # No fstat for the link count: a pinned descriptor is the root, an open file removed
         # through this server (served until closed), or was found linked inside the export
