@@ -620,7 +620,8 @@ class LocalVfs(Vfs):
             if how == CreateMode.EXCLUSIVE and verifier is not None:
                 os.utime(fd, ns=attrs.verifier_times(verifier))
             path_fd = os.open(proc_path(fd), os.O_PATH | os.O_CLOEXEC)
-            fh, st = self._res.make_handle(path_fd)
+            # (the same object as fd: its fstat gives the inode and device make_handle needs)
+            fh, st = self._res.make_handle(path_fd, st)
         except BaseException:
             os.close(fd)
             if path_fd >= 0:
