@@ -187,6 +187,7 @@ async def measure(args: argparse.Namespace) -> int:
         try:
             return await _measure(bench, args)
         finally:
+            bench.vfs.release_identity()  # (unprotected, this thread acted as the callers)
             bench.server.close()
 
 
