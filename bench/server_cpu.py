@@ -39,6 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -116,6 +117,103 @@ class Served:
         reply = b"".join(bytes(p) for p in self.transport.last)[4:]
         # xid, REPLY, MSG_ACCEPTED, verifier (flavor, empty body), SUCCESS: then COMPOUND4res
         return int.from_bytes(reply[24:28], "big")
+
+
+class MetaFiles:
+    """The meta shape: one file created, closed, looked up and removed, in the four COMPOUNDs
+    the Linux client sends for nfsbench.py's meta phase. The CLOSE needs the OPEN's stateid and
+    the file's handle, so requests are encoded as they go; ``send`` (the caller's: it times or
+    profiles) is given each request alone."""
+
+    ACCESS_ALL = (
+        nfs4.ACCESS4_READ
+        | nfs4.ACCESS4_LOOKUP
+        | nfs4.ACCESS4_MODIFY
+        | nfs4.ACCESS4_EXTEND
+        | nfs4.ACCESS4_DELETE
+        | nfs4.ACCESS4_EXECUTE
+    )
+
+    def __init__(self, bench: Bench, served: Served, dir_fh: bytes) -> None:
+        self.bench, self.served, self.dir_fh = bench, served, dir_fh
+        self.owner = nfs4.open_owner4(1, b"meta")
+        self.mode = nfs4.fattr4(bitmap_of([nfs4.FATTR4_MODE]), (0o644).to_bytes(4, "big"))
+        self.verifier = 0
+
+    def _rec(self, ops: list[nfs4.nfs_argop4]) -> bytes:
+        return marked(self.bench.request([self.bench.sequence(), *ops]))
+
+    def open(self, name: bytes) -> bytes:
+        self.verifier += 1
+        how = nfs4.createhow4(
+            nfs4.EXCLUSIVE4_1, nfs4.creatverfattr(self.verifier.to_bytes(8, "big"), self.mode)
+        )
+        args = nfs4.OPEN4args(
+            0,
+            nfs4.OPEN4_SHARE_ACCESS_WRITE,
+            nfs4.OPEN4_SHARE_DENY_NONE,
+            self.owner,
+            nfs4.openflag4(nfs4.OPEN4_CREATE, how),
+            nfs4.open_claim4(nfs4.CLAIM_NULL, name),
+        )
+        return self._rec(
+            [
+                _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(self.dir_fh)),
+                _op(nfs4.OP_OPEN, args),
+                _op(nfs4.OP_GETFH),
+                _op(nfs4.OP_ACCESS, nfs4.ACCESS4args(self.ACCESS_ALL)),
+                _op(nfs4.OP_GETATTR, nfs4.GETATTR4args(LINUX_BITMAP)),
+            ]
+        )
+
+    def close(self, fh: bytes, sid: nfs4.stateid4) -> bytes:
+        return self._rec(
+            [
+                _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(fh)),
+                _op(nfs4.OP_CLOSE, nfs4.CLOSE4args(0, sid)),
+                _op(nfs4.OP_GETATTR, nfs4.GETATTR4args(LINUX_BITMAP)),
+            ]
+        )
+
+    def lookup(self, name: bytes) -> bytes:
+        return self._rec(
+            [
+                _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(self.dir_fh)),
+                _op(nfs4.OP_LOOKUP, nfs4.LOOKUP4args(name)),
+                _op(nfs4.OP_GETFH),
+                _op(nfs4.OP_GETATTR, nfs4.GETATTR4args(LINUX_BITMAP)),
+            ]
+        )
+
+    def remove(self, name: bytes) -> bytes:
+        return self._rec(
+            [
+                _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(self.dir_fh)),
+                _op(nfs4.OP_REMOVE, nfs4.REMOVE4args(name)),
+            ]
+        )
+
+    async def one_file(self, name: bytes, send: Callable[[bytes, str], Awaitable[int]]) -> int:
+        """The four COMPOUNDs for ``name``; the sum of what ``send`` returned. Every reply must
+        be NFS4_OK."""
+        total = await self._checked(send, self.open(name), "OPEN")
+        reply = b"".join(bytes(p) for p in self.served.transport.last)[4:]
+        res, _ = nfs4.dec_COMPOUND4res(Reader(reply), 24)
+        sid = res.resarray[2].value.value.stateid
+        fh = res.resarray[3].value.value.object
+        total += await self._checked(send, self.close(fh, sid), "CLOSE")
+        total += await self._checked(send, self.lookup(name), "LOOKUP")
+        total += await self._checked(send, self.remove(name), "REMOVE")
+        return total
+
+    async def _checked(
+        self, send: Callable[[bytes, str], Awaitable[int]], request: bytes, what: str
+    ) -> int:
+        spent = await send(request, what)
+        status = self.served.last_status()
+        if status != OK:
+            raise RuntimeError(f"meta {what}: {nfs4.nfsstat4(status).name}")
+        return spent
 
 
 def marked(data: bytes) -> bytes:
@@ -339,78 +437,7 @@ async def _measure(bench: Bench, args: argparse.Namespace) -> int:
             f" (runs {_fmt(runs)})"
         )
 
-    # The meta shape: one file created, closed, looked up and removed per round, four
-    # COMPOUNDs; the CLOSE needs the OPEN's stateid and the file's handle, so requests are
-    # encoded as they go (outside the time taken).
-    meta_owner = nfs4.open_owner4(1, b"meta")
-    mode_attrs = nfs4.fattr4(bitmap_of([nfs4.FATTR4_MODE]), (0o644).to_bytes(4, "big"))
-    access_all = (
-        nfs4.ACCESS4_READ
-        | nfs4.ACCESS4_LOOKUP
-        | nfs4.ACCESS4_MODIFY
-        | nfs4.ACCESS4_EXTEND
-        | nfs4.ACCESS4_DELETE
-        | nfs4.ACCESS4_EXECUTE
-    )
-    meta_round = [0]
-
-    def meta_open(name: bytes) -> bytes:
-        meta_round[0] += 1
-        how = nfs4.createhow4(
-            nfs4.EXCLUSIVE4_1,
-            nfs4.creatverfattr(meta_round[0].to_bytes(8, "big"), mode_attrs),
-        )
-        return rec(
-            [
-                bench.sequence(),
-                _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(root_fh)),
-                _op(
-                    nfs4.OP_OPEN,
-                    nfs4.OPEN4args(
-                        0,
-                        nfs4.OPEN4_SHARE_ACCESS_WRITE,
-                        nfs4.OPEN4_SHARE_DENY_NONE,
-                        meta_owner,
-                        nfs4.openflag4(nfs4.OPEN4_CREATE, how),
-                        nfs4.open_claim4(nfs4.CLAIM_NULL, name),
-                    ),
-                ),
-                _op(nfs4.OP_GETFH),
-                _op(nfs4.OP_ACCESS, nfs4.ACCESS4args(access_all)),
-                _op(nfs4.OP_GETATTR, nfs4.GETATTR4args(LINUX_BITMAP)),
-            ]
-        )
-
-    def meta_close(file_fh: bytes, sid: nfs4.stateid4) -> bytes:
-        return rec(
-            [
-                bench.sequence(),
-                _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(file_fh)),
-                _op(nfs4.OP_CLOSE, nfs4.CLOSE4args(0, sid)),
-                _op(nfs4.OP_GETATTR, nfs4.GETATTR4args(LINUX_BITMAP)),
-            ]
-        )
-
-    def meta_lookup(name: bytes) -> bytes:
-        return rec(
-            [
-                bench.sequence(),
-                _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(root_fh)),
-                _op(nfs4.OP_LOOKUP, nfs4.LOOKUP4args(name)),
-                _op(nfs4.OP_GETFH),
-                _op(nfs4.OP_GETATTR, nfs4.GETATTR4args(LINUX_BITMAP)),
-            ]
-        )
-
-    def meta_remove(name: bytes) -> bytes:
-        return rec(
-            [
-                bench.sequence(),
-                _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(root_fh)),
-                _op(nfs4.OP_REMOVE, nfs4.REMOVE4args(name)),
-            ]
-        )
-
+    meta = MetaFiles(bench, served, root_fh)
     kinds: dict[str, int] = {}
 
     async def timed(request: bytes, what: str) -> int:
@@ -418,8 +445,6 @@ async def _measure(bench: Bench, args: argparse.Namespace) -> int:
         await served.send(request)
         spent = time.process_time_ns() - t0
         kinds[what] = kinds.get(what, 0) + spent
-        if served.last_status() != OK:
-            raise RuntimeError(f"meta {what}: {nfs4.nfsstat4(served.last_status()).name}")
         return spent
 
     # (an older nfsrdma has no hand-off count: the bench can measure it too, as nan)
@@ -429,15 +454,7 @@ async def _measure(bench: Bench, args: argparse.Namespace) -> int:
         total = 0
         handed = count_handoffs()
         for i in range(n):
-            name = b"m%d" % i
-            total += await timed(meta_open(name), "OPEN")
-            reply = b"".join(bytes(p) for p in served.transport.last)[4:]
-            res, _ = nfs4.dec_COMPOUND4res(Reader(reply), 24)
-            sid = res.resarray[2].value.value.stateid
-            file_fh = res.resarray[3].value.value.object
-            total += await timed(meta_close(file_fh, sid), "CLOSE")
-            total += await timed(meta_lookup(name), "LOOKUP")
-            total += await timed(meta_remove(name), "REMOVE")
+            total += await meta.one_file(b"m%d" % i, timed)
         return total / n / 4 / 1000, (count_handoffs() - handed) / n / 4
 
     tail: dict[str, float] = {}
