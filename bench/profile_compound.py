@@ -1,11 +1,12 @@
 """Profile the server's COMPOUND path with cProfile: the same in-process path as
 ``bench/server_cpu.py`` (record parser, RPC dispatch, COMPOUND, local VFS, reply framing).
 
-Usage: ``python bench/profile_compound.py [read|getattr|openclose] [--count N] [--top N]
+Usage: ``python bench/profile_compound.py [read|getattr|openclose|meta] [--count N] [--top N]
 [--out FILE]``. ``openclose`` profiles the pair of ``bench/server_cpu.py``: SEQUENCE+PUTFH+OPEN
 (no create, a second owner)+GETFH, then SEQUENCE+PUTFH+CLOSE of that open (``--count`` pairs;
 the figure is per COMPOUND, and the client side's encoding and decoding of the pair is profiled
-out).
+out). ``meta`` profiles ``server_cpu.py``'s meta shape (the Linux client's create, close, stat
+and remove of a file: four COMPOUNDs; ``--count`` files, the figure per COMPOUND).
 Prints the functions by own time (tottime) and by cumulative time; ``--out`` also saves the
 raw profile (for ``python -m pstats`` or snakeviz). Note that a compiled (mypyc) module's
 functions do not appear as Python frames: profile the pure build (``NFSRDMA_PURE=1``) to see
@@ -29,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 from server_compound import Bench, _op
-from server_cpu import LINUX_BITMAP, Served, marked
+from server_cpu import LINUX_BITMAP, MetaFiles, Served, marked
 
 from nfsrdma.nfs4.attrs import bitmap_of
 from nfsrdma.xdr.gen import nfs4
@@ -63,6 +64,10 @@ async def run(args: argparse.Namespace) -> int:
             )
             fh: bytes = created.resarray[3].value.value.object
             stateid = created.resarray[2].value.value.stateid
+            if args.shape == "meta":
+                us, prof = await _meta(MetaFiles(bench, served, root_fh), args.count)
+                args.count *= 4
+                return _report(prof, us, args)
             if args.shape == "openclose":
                 us, prof = await _openclose(bench, served, root_fh, fh, args.count)
                 args.count *= 2
@@ -153,6 +158,22 @@ async def _openclose(
     return total / count / 2 / 1000, prof
 
 
+async def _meta(meta: MetaFiles, count: int) -> tuple[float, cProfile.Profile]:
+    prof = cProfile.Profile()
+
+    async def send(request: bytes, what: str) -> int:
+        t0 = time.process_time_ns()
+        prof.enable()
+        await meta.served.send(request)
+        prof.disable()
+        return time.process_time_ns() - t0
+
+    total = 0
+    for i in range(count):
+        total += await meta.one_file(b"p%d" % i, send)
+    return total / count / 4 / 1000, prof
+
+
 def _report(prof: cProfile.Profile, us: float, args: argparse.Namespace) -> int:
     stats = pstats.Stats(prof)
     if args.out:
@@ -165,7 +186,9 @@ def _report(prof: cProfile.Profile, us: float, args: argparse.Namespace) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("shape", nargs="?", choices=("read", "getattr", "openclose"), default="read")
+    ap.add_argument(
+        "shape", nargs="?", choices=("read", "getattr", "openclose", "meta"), default="read"
+    )
     ap.add_argument("--count", type=int, default=5000)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--out", default="")

@@ -26,10 +26,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from attr_encode import linux_getattr_bitmap
 
 from nfsrdma.nfs4.attrs import bitmap_of
-from nfsrdma.nfs4.inprocess import CompoundDriver, argop, local_state
+from nfsrdma.nfs4.inprocess import ROOT_CRED, CompoundDriver, argop, local_state
 from nfsrdma.nfs4.server_state import ServerState
 from nfsrdma.vfs import LocalVfs
-from nfsrdma.xdr.gen import nfs4
+from nfsrdma.xdr.gen import nfs4, rpc
 
 OK = nfs4.NFS4_OK
 LINUX_BITMAP = linux_getattr_bitmap()
@@ -40,9 +40,17 @@ class Bench(CompoundDriver):
     """The in-process driver (``nfsrdma.nfs4.inprocess``) over a fresh local export in
     ``root``, with the names the benchmarks use."""
 
-    def __init__(self, root: Path, *, watch_moves: bool = True) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        watch_moves: bool = True,
+        cred: rpc.opaque_auth = ROOT_CRED,
+        root_squash: bool = False,
+    ) -> None:
         (root / "export").mkdir()
-        super().__init__(local_state(root, watch_moves=watch_moves), peer="bench")
+        state = local_state(root, watch_moves=watch_moves, root_squash=root_squash)
+        super().__init__(state, peer="bench", cred=cred)  # cred: what every request carries
         vfs = self.state.vfs
         assert isinstance(vfs, LocalVfs)
         self.vfs = vfs

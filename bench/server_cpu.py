@@ -10,11 +10,21 @@ every one runs (no reply-cache hit), and every reply is checked to be NFS4_OK.
 Shapes: SEQUENCE+PUTFH+READ(4 KiB) (``read_us``), SEQUENCE+PUTFH+GETATTR of the Linux client's
 attributes (``getattr_us``), and an OPEN (no create) / CLOSE pair: SEQUENCE+PUTFH+OPEN+GETFH
 then SEQUENCE+PUTFH+CLOSE (``openclose_us``: per COMPOUND, the pair's time halved).
+The ``meta`` shape is the Linux client's create/stat/remove of one file (``bench/nfsbench.py``'s
+meta phase), four COMPOUNDs as that client sends them: SEQUENCE+PUTFH+OPEN(EXCLUSIVE4_1 create,
+mode)+GETFH+ACCESS+GETATTR; SEQUENCE+PUTFH+CLOSE+GETATTR; SEQUENCE+PUTFH+LOOKUP+GETFH+GETATTR
+(the stat after the client dropped its caches); SEQUENCE+PUTFH+REMOVE (``meta_us``: per
+COMPOUND, and ``meta_handoffs``: VFS calls handed to the identity worker per COMPOUND,
+vfs/identity.py). As the test bed runs the server, ``--protect`` marks the loop thread as the
+server does (it drives RDMA: a call for another identity runs in the identity worker),
+``--caller UID:GID:GIDS`` sets the AUTH_SYS credential (default ``0:0:``, root with no
+supplementary groups, as the Linux client's machine credential) and ``--root-squash`` squashes
+root (as ``nfsbench.py --root-squash``).
 Figures are process CPU microseconds per COMPOUND, median of ``--repeat`` measures (robust on a
 shared machine). Then ``--rss-count`` (10^5) more READ COMPOUNDs run and the resident set size
 is printed before and after (``rss_growth_kib``: it must stay flat: reply cache and pools are
 bounded). Last line: ``read_us=… getattr_us=… openclose_us=… rss_kib=… rss_growth_kib=… build=…
-move_watch=on|off`` (whether the export's file system is watched for moves, so that PUTFH's
+move_watch=on|off meta_us=… meta_handoffs=… protected=0|1`` (whether the export's file system is watched for moves, so that PUTFH's
 confinement check is saved across COMPOUNDs: vfs/confine.py; ``--no-move-watch`` turns it
 off; ``--dir`` puts the temporary export elsewhere, e.g. on a file system of its own, where
 other processes' renames do not end the watch's epochs).
@@ -29,6 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -41,9 +52,11 @@ import nfsrdma
 from nfsrdma.nfs4.attrs import bitmap_of
 from nfsrdma.nfs4.compound import compound
 from nfsrdma.nfs4.server_state import ServerState
+from nfsrdma.rpc.auth import auth_sys
 from nfsrdma.rpc.connection import RpcConnection
 from nfsrdma.rpc.server import Dispatcher, null_procedure
 from nfsrdma.transport.tcp import LAST_FRAGMENT, TcpConnection
+from nfsrdma.vfs import identity
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Reader
 
@@ -106,6 +119,103 @@ class Served:
         return int.from_bytes(reply[24:28], "big")
 
 
+class MetaFiles:
+    """The meta shape: one file created, closed, looked up and removed, in the four COMPOUNDs
+    the Linux client sends for nfsbench.py's meta phase. The CLOSE needs the OPEN's stateid and
+    the file's handle, so requests are encoded as they go; ``send`` (the caller's: it times or
+    profiles) is given each request alone."""
+
+    ACCESS_ALL = (
+        nfs4.ACCESS4_READ
+        | nfs4.ACCESS4_LOOKUP
+        | nfs4.ACCESS4_MODIFY
+        | nfs4.ACCESS4_EXTEND
+        | nfs4.ACCESS4_DELETE
+        | nfs4.ACCESS4_EXECUTE
+    )
+
+    def __init__(self, bench: Bench, served: Served, dir_fh: bytes) -> None:
+        self.bench, self.served, self.dir_fh = bench, served, dir_fh
+        self.owner = nfs4.open_owner4(1, b"meta")
+        self.mode = nfs4.fattr4(bitmap_of([nfs4.FATTR4_MODE]), (0o644).to_bytes(4, "big"))
+        self.verifier = 0
+
+    def _rec(self, ops: list[nfs4.nfs_argop4]) -> bytes:
+        return marked(self.bench.request([self.bench.sequence(), *ops]))
+
+    def open(self, name: bytes) -> bytes:
+        self.verifier += 1
+        how = nfs4.createhow4(
+            nfs4.EXCLUSIVE4_1, nfs4.creatverfattr(self.verifier.to_bytes(8, "big"), self.mode)
+        )
+        args = nfs4.OPEN4args(
+            0,
+            nfs4.OPEN4_SHARE_ACCESS_WRITE,
+            nfs4.OPEN4_SHARE_DENY_NONE,
+            self.owner,
+            nfs4.openflag4(nfs4.OPEN4_CREATE, how),
+            nfs4.open_claim4(nfs4.CLAIM_NULL, name),
+        )
+        return self._rec(
+            [
+                _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(self.dir_fh)),
+                _op(nfs4.OP_OPEN, args),
+                _op(nfs4.OP_GETFH),
+                _op(nfs4.OP_ACCESS, nfs4.ACCESS4args(self.ACCESS_ALL)),
+                _op(nfs4.OP_GETATTR, nfs4.GETATTR4args(LINUX_BITMAP)),
+            ]
+        )
+
+    def close(self, fh: bytes, sid: nfs4.stateid4) -> bytes:
+        return self._rec(
+            [
+                _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(fh)),
+                _op(nfs4.OP_CLOSE, nfs4.CLOSE4args(0, sid)),
+                _op(nfs4.OP_GETATTR, nfs4.GETATTR4args(LINUX_BITMAP)),
+            ]
+        )
+
+    def lookup(self, name: bytes) -> bytes:
+        return self._rec(
+            [
+                _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(self.dir_fh)),
+                _op(nfs4.OP_LOOKUP, nfs4.LOOKUP4args(name)),
+                _op(nfs4.OP_GETFH),
+                _op(nfs4.OP_GETATTR, nfs4.GETATTR4args(LINUX_BITMAP)),
+            ]
+        )
+
+    def remove(self, name: bytes) -> bytes:
+        return self._rec(
+            [
+                _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(self.dir_fh)),
+                _op(nfs4.OP_REMOVE, nfs4.REMOVE4args(name)),
+            ]
+        )
+
+    async def one_file(self, name: bytes, send: Callable[[bytes, str], Awaitable[int]]) -> int:
+        """The four COMPOUNDs for ``name``; the sum of what ``send`` returned. Every reply must
+        be NFS4_OK."""
+        total = await self._checked(send, self.open(name), "OPEN")
+        reply = b"".join(bytes(p) for p in self.served.transport.last)[4:]
+        res, _ = nfs4.dec_COMPOUND4res(Reader(reply), 24)
+        sid = res.resarray[2].value.value.stateid
+        fh = res.resarray[3].value.value.object
+        total += await self._checked(send, self.close(fh, sid), "CLOSE")
+        total += await self._checked(send, self.lookup(name), "LOOKUP")
+        total += await self._checked(send, self.remove(name), "REMOVE")
+        return total
+
+    async def _checked(
+        self, send: Callable[[bytes, str], Awaitable[int]], request: bytes, what: str
+    ) -> int:
+        spent = await send(request, what)
+        status = self.served.last_status()
+        if status != OK:
+            raise RuntimeError(f"meta {what}: {nfs4.nfsstat4(status).name}")
+        return spent
+
+
 def marked(data: bytes) -> bytes:
     return (LAST_FRAGMENT | len(data)).to_bytes(4, "big") + data
 
@@ -140,18 +250,42 @@ def main() -> int:
     ap.add_argument("--dir", default=None, help="where the temporary export is made")
     ap.add_argument(
         "--shapes",
-        default="read,getattr,openclose",
+        default="read,getattr,openclose,meta",
         help="the shapes to measure, comma-separated (to profile one alone)",
     )
+    ap.add_argument(
+        "--protect",
+        action="store_true",
+        help="protect the loop thread as the server does (the identity worker runs calls for "
+        "other identities)",
+    )
+    ap.add_argument(
+        "--caller",
+        default="0:0:",
+        help="the AUTH_SYS credential, UID:GID:GID,GID,... (default 0:0: root, no groups)",
+    )
+    ap.add_argument("--root-squash", action="store_true", help="the export squashes root")
     return asyncio.run(measure(ap.parse_args()))
 
 
 async def measure(args: argparse.Namespace) -> int:
+    uid, gid, groups = args.caller.split(":")
+    cred = auth_sys(int(uid), int(gid), [int(g) for g in groups.split(",") if g], "bench-host")
+    if args.protect:
+        identity.protect_current_thread()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        bench = Bench(Path(tmp), watch_moves=not args.no_move_watch)
+        os.chmod(tmp, 0o755)
+        bench = Bench(
+            Path(tmp),
+            watch_moves=not args.no_move_watch,
+            cred=cred,
+            root_squash=args.root_squash,
+        )
+        (Path(tmp) / "export").chmod(0o777)  # any caller may create there
         try:
             return await _measure(bench, args)
         finally:
+            bench.vfs.release_identity()  # (unprotected, this thread acted as the callers)
             bench.server.close()
 
 
@@ -303,6 +437,43 @@ async def _measure(bench: Bench, args: argparse.Namespace) -> int:
             f" (runs {_fmt(runs)})"
         )
 
+    meta = MetaFiles(bench, served, root_fh)
+    kinds: dict[str, int] = {}
+
+    async def timed(request: bytes, what: str) -> int:
+        t0 = time.process_time_ns()
+        await served.send(request)
+        spent = time.process_time_ns() - t0
+        kinds[what] = kinds.get(what, 0) + spent
+        return spent
+
+    # (an older nfsrdma has no hand-off count: the bench can measure it too, as nan)
+    count_handoffs = getattr(identity, "handoffs", lambda: float("nan"))
+
+    async def meta_per_compound(n: int) -> tuple[float, float]:
+        total = 0
+        handed = count_handoffs()
+        for i in range(n):
+            total += await meta.one_file(b"m%d" % i, timed)
+        return total / n / 4 / 1000, (count_handoffs() - handed) / n / 4
+
+    tail: dict[str, float] = {}
+    if "meta" in shapes:
+        await meta_per_compound(2)  # warm-up
+        measured = [await meta_per_compound(max(1, args.count // 8)) for _ in range(args.repeat)]
+        runs = [us for us, _ in measured]
+        tail["meta_us"] = statistics.median(runs)
+        tail["meta_handoffs"] = measured[-1][1]
+        rounds = 2 + args.repeat * max(1, args.count // 8)
+        print(
+            f"{'':>14}  by COMPOUND: "
+            + ", ".join(f"{k} {v / rounds / 1000:.1f}" for k, v in kinds.items())
+        )
+        print(
+            f"{'meta_us':>14}: {tail['meta_us']:7.2f} us CPU per COMPOUND"
+            f" (runs {_fmt(runs)}), {tail['meta_handoffs']:.2f} identity hand-offs per COMPOUND"
+        )
+
     # Memory: 10^5 more COMPOUNDs, in batches (requests are built batch by batch).
     batch = 5000
     done = 0
@@ -324,6 +495,8 @@ async def _measure(bench: Bench, args: argparse.Namespace) -> int:
     print(
         " ".join(f"{k}={v:.2f}" for k, v in figures.items())
         + f" rss_kib={end} rss_growth_kib={end - start} build={build} move_watch={watched}"
+        + "".join(f" {k}={v:.2f}" for k, v in tail.items())
+        + f" protected={int(args.protect)}"
     )
     return 0
 

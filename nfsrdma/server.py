@@ -152,8 +152,10 @@ class NFSServer:
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         cfg = self.config
-        # The loop thread drives RDMA: it must keep its credentials (vfs/identity.py).
-        protect_current_thread()
+        # The loop thread drives RDMA: it must keep its credentials (vfs/identity.py). Without
+        # an RDMA listener it switches identity in place (no hand-off to the identity worker).
+        if self.rdma_port is not None:
+            protect_current_thread()
         vfs: Vfs
         if self.exports is not None:
             vfs = self.namespace = NamespaceVfs(self.exports, state_dir=self.export.state_dir)

@@ -73,16 +73,17 @@ def local_state(
     config: ServerConfig | None = None,
     vfs: Vfs | None = None,
     watch_moves: bool = True,
+    root_squash: bool = False,
     random_bytes: Callable[[int], bytes] | None = None,
     instance: bytes | None = None,
     on_client_expired: Callable[[int], None] | None = None,
 ) -> ServerState:
-    """A server over ``vfs``, by default a local export of ``root``/export (which must exist)
-    without root squashing, its state in ``root``/state. ``random_bytes`` (session ids) and
+    """A server over ``vfs``, by default a local export of ``root``/export (which must exist),
+    root squashed or not, its state in ``root``/state. ``random_bytes`` (session ids) and
     ``instance`` (stateids) make two servers built alike answer alike."""
     if vfs is None:
         vfs = LocalVfs(
-            Export(root=str(root / "export"), state_dir=str(root / "state"), root_squash=False),
+            Export(root=str(root / "export"), state_dir=str(root / "state"), root_squash=root_squash),
             watch_moves=watch_moves,
         )
     cfg = config or ServerConfig()

@@ -23,24 +23,41 @@ FTYPE: Final[dict[int, FileType]] = {
 S_IFMT_OF: Final[dict[FileType, int]] = {v: k for k, v in FTYPE.items()}
 
 
+_DEVICES: dict[int, tuple[int, int]] = {}  # device number -> (major, minor), a few entries
+
+
+def _device(number: int) -> tuple[int, int]:
+    pair = _DEVICES.get(number)
+    if pair is None:
+        if len(_DEVICES) >= 1024:
+            _DEVICES.clear()
+        pair = _DEVICES[number] = (os.major(number), os.minor(number))
+    return pair
+
+
 def from_stat(st: os.stat_result, count: int) -> Attributes:
-    """``count`` is the file's change counter, read before the ``fstat`` that produced ``st``."""
+    """``count`` is the file's change counter, read before the ``fstat`` that produced ``st``.
+    (Fields in order, device numbers split once per device: this runs for every GETATTR.)"""
+    mode = st.st_mode
+    ino = st.st_ino
+    ctime = st.st_ctime_ns
+    rdev = st.st_rdev
     return Attributes(
-        type=FTYPE[stat.S_IFMT(st.st_mode)],
-        mode=stat.S_IMODE(st.st_mode),
-        nlink=st.st_nlink,
-        uid=st.st_uid,
-        gid=st.st_gid,
-        size=st.st_size,
-        space_used=st.st_blocks * 512,
-        rdev=(os.major(st.st_rdev), os.minor(st.st_rdev)),
-        fsid=(os.major(st.st_dev), os.minor(st.st_dev)),
-        fileid=st.st_ino,
-        mounted_on_fileid=st.st_ino,
-        atime_ns=st.st_atime_ns,
-        mtime_ns=st.st_mtime_ns,
-        ctime_ns=st.st_ctime_ns,
-        change=ChangeCounter.value(st.st_ctime_ns, count),
+        FTYPE[mode & 0o170000],  # stat.S_IFMT
+        mode & 0o7777,  # stat.S_IMODE
+        st.st_nlink,
+        st.st_uid,
+        st.st_gid,
+        st.st_size,
+        st.st_blocks * 512,
+        _device(rdev) if rdev else (0, 0),
+        _device(st.st_dev),
+        ino,
+        ino,
+        st.st_atime_ns,
+        st.st_mtime_ns,
+        ctime,
+        ChangeCounter.value(ctime, count),
     )
 
 

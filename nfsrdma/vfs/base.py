@@ -402,6 +402,11 @@ class Vfs(abc.ABC):
     @abc.abstractmethod
     def getattr(self, fh: bytes) -> Attributes: ...
 
+    def change(self, fh: bytes) -> int:
+        """``getattr(fh).change`` alone (a directory's change_info before and after a change of
+        its entries); backends may read it more cheaply."""
+        return self.getattr(fh).change
+
     @abc.abstractmethod
     def check(self, fh: bytes) -> None:
         """Raise BadHandle or StaleHandle unless ``fh`` names a live object (PUTFH)."""

@@ -15,12 +15,17 @@ Protected threads. Linux refuses ``write()`` commands on an RDMA device file (``
 rdma_cm``, and the verbs device: memory registration, and every Send on soft-RoCE) from a thread
 whose credentials changed after the file was opened (``ib_safe_file_access``: the error is
 EACCES). The event loop drives the RDMA transport, so its thread must never change identity:
-the server marks it with :func:`protect_current_thread` before it opens a device, and a VFS call
+the server marks it with :func:`protect_current_thread` before it opens a device (only when it
+has an RDMA listener: a TCP-only server's loop switches in place, a few system calls on a
+change of caller instead of two thread switches per call), and a VFS call
 made on a protected thread that needs another identity runs, synchronously, in a worker thread
 of its own (:func:`off_protected_threads`). Calls as the server's own identity run in place.
 The hand-off is two locks and one long-lived thread (about half what a thread pool's future
 costs, which is as much as a whole small COMPOUND); protected threads share that worker, one
-call at a time.
+call at a time. The call takes the caller's confinement check window with it (``confine.py``):
+the caller waits while it runs, so it is still the same uninterrupted run of one COMPOUND, and
+what the call found inside the export counts for the caller too (and the reverse).
+:func:`handoffs` counts the hand-offs made (``bench/server_cpu.py`` prints them per COMPOUND).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import threading
 from collections.abc import Callable
 from typing import Concatenate, Final, ParamSpec, Protocol, TypeVar, cast
 
-from nfsrdma.vfs import syscalls
+from nfsrdma.vfs import confine, syscalls
 from nfsrdma.vfs.base import Cred, Export
 
 log = logging.getLogger("nfsrdma.vfs")
@@ -46,13 +51,16 @@ _warned_unprivileged = False
 _thread = threading.local()
 
 
-_protected: set[int] = set()  # threads (by ident) whose credentials must never change
-
-
 def protect_current_thread() -> None:
     """The calling thread issues RDMA commands: it keeps its credentials from now on. A thread
-    that never switched identity is taken to have the process's own (the server's)."""
-    _protected.add(threading.get_ident())
+    that never switched identity is taken to have the process's own (the server's). The mark
+    is the thread's own (thread-local): a later thread that gets the same ident is not marked."""
+    _thread.protected = True
+
+
+def is_protected() -> bool:
+    """Whether the calling thread is protected (:func:`protect_current_thread`)."""
+    return getattr(_thread, "protected", False) is True
 
 
 class _Handoff:
@@ -98,6 +106,12 @@ class _Handoff:
 
 _handoff: _Handoff | None = None
 _handoff_lock = threading.Lock()  # one protected thread's call at a time
+_handoffs = 0  # calls handed off so far (under _handoff_lock)
+
+
+def handoffs() -> int:
+    """How many VFS calls have run in the identity worker since the process started."""
+    return _handoffs
 
 
 def _retire(worker: _Handoff) -> None:
@@ -107,11 +121,21 @@ def _retire(worker: _Handoff) -> None:
 
 
 def _in_identity_worker(job: Callable[[], R]) -> R:
-    global _handoff
+    global _handoff, _handoffs
+    checked = confine.window()
+
+    def windowed() -> R:  # in the caller's check window (the caller waits meanwhile)
+        confine.WINDOW.checked = checked
+        try:
+            return job()
+        finally:
+            confine.WINDOW.checked = None
+
     with _handoff_lock:
+        _handoffs += 1
         if _handoff is None:
             _handoff = _Handoff()
-        return _handoff.call(job)
+        return _handoff.call(job if checked is None else windowed)
 
 
 class _UsesIdentity(Protocol):
@@ -135,7 +159,7 @@ def off_protected_threads(
     def call(self: V, cred: Cred, /, *args: P.args, **kwargs: P.kwargs) -> R:
         if (
             self._ident.enabled
-            and threading.get_ident() in _protected
+            and getattr(_thread, "protected", False)
             and self._cred(cred) != self._ident.current()
         ):
             return _in_identity_worker(lambda: fn(self, cred, *args, **kwargs))
@@ -181,7 +205,7 @@ class FsIdentity:
         current = getattr(_thread, "current", None)
         if not self.enabled or current == cred:
             return
-        if threading.get_ident() in _protected:
+        if getattr(_thread, "protected", False):
             if current is None and cred == self.server:
                 _thread.current = cred  # never switched: it has the process's credentials
                 return

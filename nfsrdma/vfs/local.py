@@ -231,6 +231,14 @@ class LocalVfs(Vfs):
         finally:
             pin.release()
 
+    def change(self, fh: bytes) -> int:
+        pin = self._res.pin(fh)
+        try:
+            count = self._changes.get(pin.fileid)
+            return ChangeCounter.value(self._res.stat(pin).st_ctime_ns, count)
+        finally:
+            pin.release()
+
     def check(self, fh: bytes) -> None:
         # No fstat for the link count: a pinned descriptor is the root, an open file removed
         # through this server (served until closed), or was found linked inside the export
@@ -612,7 +620,8 @@ class LocalVfs(Vfs):
             if how == CreateMode.EXCLUSIVE and verifier is not None:
                 os.utime(fd, ns=attrs.verifier_times(verifier))
             path_fd = os.open(proc_path(fd), os.O_PATH | os.O_CLOEXEC)
-            fh, st = self._res.make_handle(path_fd)
+            # (the same object as fd: its fstat gives the inode and device make_handle needs)
+            fh, st = self._res.make_handle(path_fd, st)
         except BaseException:
             os.close(fd)
             if path_fd >= 0:

@@ -485,6 +485,13 @@ class NamespaceVfs(Vfs):
         assert node is not None
         return self._node_attrs(snap, node)
 
+    def change(self, fh: bytes) -> int:
+        snap, node, mounted, inner = self._route(fh)
+        if mounted is not None:
+            return mounted.vfs.change(inner)  # (_attrs changes fsid and mounted_on only)
+        assert node is not None
+        return self._node_attrs(snap, node).change
+
     def setattr(
         self,
         cred: Cred,

@@ -40,7 +40,7 @@ def _saved(ctx: CompoundContext) -> bytes:
 
 
 def _change(ctx: CompoundContext, fh: bytes) -> int:
-    return ctx.server.vfs.getattr(fh).change
+    return ctx.server.vfs.change(fh)
 
 
 def _linkdata(data: bytes | memoryview | None) -> bytes:

@@ -189,7 +189,7 @@ def _resolve(ctx: CompoundContext, args: nfs4.OPEN4args, access: int) -> tuple[_
             # The create path opens an existing file at once.
             check_name(ctx, dir_fh, name, local_write=bool(access & ACCESS_WRITE), local_open=True)
             target = _create(ctx, dir_fh, name, args.openhow.value, access)
-            after = vfs.getattr(dir_fh).change if target.created else dir_attrs.change
+            after = vfs.change(dir_fh) if target.created else dir_attrs.change
             return target, dir_attrs.change, after
         fh = vfs.lookup(ctx.cred, dir_fh, name)
         check_regular(vfs.getattr(fh).type)

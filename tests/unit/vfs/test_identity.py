@@ -22,8 +22,10 @@ from nfsrdma.vfs import (
     Export,
     FileType,
     LocalVfs,
+    confine,
+    identity,
 )
-from nfsrdma.vfs.identity import FsIdentity, protect_current_thread, squash
+from nfsrdma.vfs.identity import FsIdentity, handoffs, protect_current_thread, squash
 
 from .conftest import ROOT, U1000, U1001, MakeVfs, needs_root
 
@@ -276,6 +278,75 @@ def test_a_protected_thread_keeps_its_credentials(make_vfs: MakeVfs, tmp_path: P
             vfs.lookup(ROOT, fh, "x")  # root may search it
 
     _in_new_thread(scenario)
+
+
+@needs_root
+def test_a_protected_thread_creates_as_each_caller_in_turn(
+    make_vfs: MakeVfs, export_dir: Path
+) -> None:
+    """Calls for different identities on a protected thread, alternating: each object belongs
+    to its own caller (no call runs with the identity the previous one left behind), each
+    call for an identity other than the server's is handed off exactly once, and the
+    server's own calls are not handed off."""
+    export_dir.chmod(0o777)
+    vfs = make_vfs(root_squash=False)
+    root = vfs.root_handle()
+    callers = [U1000, ROOT, U1001, U1001, ROOT, U1000]
+    counted: list[int] = []
+
+    def scenario() -> None:
+        protect_current_thread()
+        before = _thread_creds()
+        for i, who in enumerate(callers):
+            start = handoffs()
+            _, of, _ = vfs.create_file(who, root, b"f%d" % i, 0o644)
+            of.close()
+            if i % 2:
+                vfs.remove(who, root, b"f%d" % i)
+            counted.append(handoffs() - start)
+        assert _thread_creds() == before
+
+    _in_new_thread(scenario)
+    for i, who in enumerate(callers):
+        if i % 2 == 0:
+            st = (export_dir / f"f{i}").stat()
+            assert (st.st_uid, st.st_gid) == (who.uid, who.gid)
+        else:
+            assert not (export_dir / f"f{i}").exists()
+    calls = [1 if i % 2 == 0 else 2 for i in range(len(callers))]
+    server = vfs._ident.server
+    assert counted == [0 if who == server else n for who, n in zip(callers, calls, strict=True)]
+
+
+@needs_root
+def test_a_handed_off_call_works_in_the_callers_check_window(
+    make_vfs: MakeVfs, export_dir: Path
+) -> None:
+    """The caller waits while its call runs in the identity worker: what the call found
+    inside the export (a LOOKUP's object) counts in the caller's check window, and the worker
+    keeps no window once the call is over."""
+    (export_dir / "f").write_bytes(b"x")
+    vfs = make_vfs(root_squash=False)
+    root = vfs.root_handle()
+    seen: list[bool] = []
+
+    def worker_window() -> object:
+        return confine.window()
+
+    def scenario() -> None:
+        protect_current_thread()
+        confine.open_window()
+        try:
+            fh = vfs.lookup(U1000, root, b"f")
+            checked = confine.window()
+            assert checked is not None
+            seen.append(any(h == fh for _, h in checked))
+        finally:
+            confine.close_window()
+
+    _in_new_thread(scenario)
+    assert seen == [True]
+    assert identity._in_identity_worker(worker_window) is None
 
 
 def _thread_creds() -> list[str]:
