@@ -83,7 +83,9 @@ def local_state(
     ``instance`` (stateids) make two servers built alike answer alike."""
     if vfs is None:
         vfs = LocalVfs(
-            Export(root=str(root / "export"), state_dir=str(root / "state"), root_squash=root_squash),
+            Export(
+                root=str(root / "export"), state_dir=str(root / "state"), root_squash=root_squash
+            ),
             watch_moves=watch_moves,
         )
     cfg = config or ServerConfig()
