@@ -365,22 +365,21 @@ class RdmaConnectionBase(Connection):
             self._teardown(ConnectionError(f"rdma connection lost: {ev.reason}"))
             return
         kind, ctx = self._wr_ctx.pop(ev.wr_id, ("?", None))
-        covered = self.sq.completed(ev.wr_id) if kind in _SEND_QUEUE_KINDS else None
-        if covered:  # unsignalled work requests before this one are done too
-            for wr in covered:
+        send_queue = kind in _SEND_QUEUE_KINDS
+        if send_queue:  # unsignalled work requests before this one are done too
+            for wr in self.sq.completed(ev.wr_id):
                 self._release(wr)
         if kind == "recv" and isinstance(ctx, PooledBuffer):
             self._on_recv(ev, ctx)
         elif kind == "send" and isinstance(ctx, PooledBuffer):
             ctx.release()
-            self._flush()
         elif kind == "read" and isinstance(ctx, InCall):
             self._on_read_done(ev, ctx)
         elif kind == "write" and isinstance(ctx, Scratch):
             ctx.release()  # the local source of one RDMA Write
         if not ev.ok and not self.closed and ev.status is not WcStatus.WR_FLUSH_ERR:
             log.warning("rdma %s: %s completion failed: %s", self.peer, kind, ev.status.name)
-        if covered and not self.closed:  # room in the send queue: what waited for it
+        if send_queue and not self.closed:  # room in the send queue: what waited for it
             self._pump_reads()
             self._flush()
 
