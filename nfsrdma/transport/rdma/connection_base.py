@@ -537,9 +537,14 @@ class RdmaConnectionBase(Connection):
     # -- teardown ----------------------------------------------------------------------
     def counters(self) -> str:
         """The connection's RDMA and rtrext counters, ``name=value`` (logged at close)."""
-        names = ("sends", "rdma_reads", "rdma_writes", "read_chunks", "write_chunks",
-                 "reply_chunks", *RTR_COUNTERS)  # fmt: skip
-        return " ".join(f"{n}={self.stats[n]}" for n in names)
+        names = ("sends", "sends_unsignaled", "rdma_reads", "rdma_writes", "read_chunks",
+                 "write_chunks", "reply_chunks", *RTR_COUNTERS)  # fmt: skip
+        line = " ".join(f"{n}={self.stats[n]}" for n in names)
+        # What crossed the verbs boundary, where the provider counts it (both of ours do).
+        verbs = getattr(self.qp, "counts", None)
+        if verbs:
+            line += " verbs: " + " ".join(f"{k}={v}" for k, v in sorted(verbs.items()))
+        return line
 
     def close(self) -> None:
         self.closing = True
