@@ -30,6 +30,7 @@ from nfsrdma.xdr.runtime import U32
 from tests.unit.rdma.test_rpc_rdma import P_READ, PROG, VERS, Rig, call_write, closed, rig
 
 N = 32
+SELECTIVE = RdmaOptions(signal_every=8)
 READ_SIZE = 8000  # beyond the 4 KiB inline threshold: a Write chunk
 WRITE_SIZE = 8000  # beyond the inline threshold: a Read chunk the server pulls
 
@@ -84,9 +85,9 @@ async def _per_reply(op: str, options: RdmaOptions) -> dict[str, float]:
 
 @pytest.mark.parametrize("op", sorted(OPS))
 async def test_a_reply_costs_one_post_and_rarely_a_completion(op: str) -> None:
-    every = RdmaOptions(signal_every=1)  # the former behaviour: every work request signalled
+    every = RdmaOptions(signal_every=1)  # the default: every work request signalled
     old = await _per_reply(op, every)
-    new = await _per_reply(op, RdmaOptions())
+    new = await _per_reply(op, SELECTIVE)
     rdma = 1 if op in ("read", "write") else 0  # the reply's RDMA Write, or the call's Read
     # One post per reply (the Writes chained ahead of the Send), plus the call's RDMA Read.
     assert old["doorbells"] == new["doorbells"] == 1 + (op == "write")
@@ -103,7 +104,7 @@ async def test_a_reply_costs_one_post_and_rarely_a_completion(op: str) -> None:
 
 
 async def test_buffers_are_reused_only_after_a_completion_covers_them() -> None:
-    async with rig() as r:
+    async with rig(SELECTIVE) as r:
         await _null(r)
         conn, qp = _server(r)
         order: list[int] = []  # server send queue work requests, in posting order
@@ -167,7 +168,7 @@ async def test_the_send_queue_never_overflows_under_a_burst_at_full_credits(
         return dataclasses.replace(qp_config(self), max_send_wr=depth)
 
     monkeypatch.setattr(RdmaConnection, "qp_config", small)
-    async with rig() as r:
+    async with rig(SELECTIVE, SELECTIVE) as r:
         conn, qp = _server(r)
         assert qp.config.max_send_wr == depth
         credits = conn.policy.grant
@@ -180,7 +181,7 @@ async def test_the_send_queue_never_overflows_under_a_burst_at_full_credits(
 
 
 async def test_an_error_completion_behind_unsignalled_work_tears_down_cleanly() -> None:
-    async with rig() as r:
+    async with rig(SELECTIVE) as r:
         conn, _ = _server(r)
         for _ in range(3):
             await _read(r)
@@ -224,3 +225,13 @@ def test_send_queue_accounting() -> None:
     assert sq.used == 0
     with pytest.raises(ValueError):
         SendQueue(1)
+
+
+def test_signalling_is_chosen_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NFSRDMA_SIGNAL_EVERY", raising=False)
+    assert RdmaOptions().signal_every == 1  # the default: every work request signalled
+    monkeypatch.setenv("NFSRDMA_SIGNAL_EVERY", "8")
+    assert RdmaOptions().signal_every == 8
+    for bad in ("0", "-3", "many"):
+        monkeypatch.setenv("NFSRDMA_SIGNAL_EVERY", bad)
+        assert RdmaOptions().signal_every == 1
