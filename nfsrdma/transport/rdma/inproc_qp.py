@@ -6,6 +6,7 @@ queue pair (see ``inproc`` for the failure model)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
 from collections import deque
 from collections.abc import Sequence
@@ -71,6 +72,7 @@ class _WorkRequest:
     bind_length: int = 0
     bind_access: Access = Access.LOCAL_WRITE & 0
     rnr_left: int | None = None
+    signaled: bool = True
 
 
 class InprocConnection:
@@ -97,6 +99,12 @@ class InprocConnection:
         self._state = _State.INIT
         self._peer: InprocConnection | None = None
         self._sq: deque[_WorkRequest] = deque()
+        # Send queue slots in use: work requests posted and not yet covered by a completion
+        # (an unsignalled one is covered by the next signalled one's, as on hardware).
+        self._unretired: deque[int] = deque()
+        # What crossed the verbs boundary: post calls (doorbells), work requests, signalled
+        # ones, receives posted, completions delivered.
+        self.counts: collections.Counter[str] = collections.Counter()
         self._rq: deque[tuple[int, Sge]] = deque()
         self._outstanding: set[int] = set()
         self._scheduled = False
@@ -254,6 +262,7 @@ class InprocConnection:
         if len(self._rq) >= self._config.max_recv_wr:
             raise ProviderError("receive queue full (ENOMEM)")
         self._outstanding.add(wr_id)
+        self.counts["recv_wrs"] += 1
         if self._state is _State.ERROR:
             self._emit(Completion(wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV))
             self._outstanding.discard(wr_id)
@@ -264,21 +273,36 @@ class InprocConnection:
             peer._cancel_rnr()
             peer._schedule()
 
-    def _post(self, wr: _WorkRequest) -> None:
+    def _post(self, wr: _WorkRequest, *, doorbell: bool = True) -> None:
         self._check_post(wr.wr_id)
         if self._state in (_State.INIT, _State.CONNECTING):
             raise ProviderError("queue pair not connected (EINVAL)")
         if len(wr.sges) > self._config.max_send_sge:
             raise ProviderError(f"{len(wr.sges)} SGEs exceed max_send_sge")
-        if len(self._sq) >= self._config.max_send_wr:
+        if len(self._unretired) >= self._config.max_send_wr:
             raise ProviderError("send queue full (ENOMEM)")
+        counts = self.counts
+        counts["doorbells"] += doorbell
+        counts["send_wrs"] += 1
+        counts["signaled"] += wr.signaled
         self._outstanding.add(wr.wr_id)
         if self._state is _State.ERROR:
             self._emit(Completion(wr.wr_id, WcStatus.WR_FLUSH_ERR, wr.opcode))
             self._outstanding.discard(wr.wr_id)
             return
         self._sq.append(wr)
+        self._unretired.append(wr.wr_id)
         self._schedule()
+
+    def _retire(self, wr_id: int) -> None:
+        """A send queue completion of ``wr_id``: its slot and those of the unsignalled work
+        requests before it are free."""
+        unretired = self._unretired
+        while unretired:
+            first = unretired.popleft()
+            self._outstanding.discard(first)
+            if first == wr_id:
+                return
 
     def post_send(
         self,
@@ -288,10 +312,15 @@ class InprocConnection:
         invalidate_rkey: int | None = None,
         inline: bool = False,
         writes: Sequence[RdmaWriteRequest] = (),
+        signaled: bool = True,
     ) -> None:
         inline_data = None
-        for w in writes:  # posted in order ahead of the Send, as a linked list would be
-            self.post_rdma_write(w.wr_id, w.sges, w.remote_addr, w.rkey)
+        if len(self._unretired) + len(writes) + 1 > self._config.max_send_wr:
+            raise ProviderError("send queue full (ENOMEM)")  # nothing of the chain posted
+        for n, w in enumerate(writes):  # in order ahead of the Send, as a linked list would be
+            wr = _WorkRequest(w.wr_id, WcOpcode.RDMA_WRITE, tuple(w.sges), w.remote_addr, w.rkey)
+            wr.signaled = w.signaled
+            self._post(wr, doorbell=n == 0)
         if invalidate_rkey is not None and not self._device.caps.remote_invalidate:
             raise ProviderError("Send with Invalidate not supported by the device")
         if inline:
@@ -309,7 +338,9 @@ class InprocConnection:
                 tuple(sges),
                 invalidate_rkey=invalidate_rkey,
                 inline_data=inline_data,
-            )
+                signaled=signaled,
+            ),
+            doorbell=not writes,
         )
 
     def post_rdma_write(self, wr_id: int, sges: Sequence[Sge], remote_addr: int, rkey: int) -> None:
@@ -379,7 +410,9 @@ class InprocConnection:
             if byte_len is None:  # receiver not ready: wait for a receive or the RNR timer
                 return
             self._sq.popleft()
-            self._complete(wr.wr_id, wr.opcode, WcStatus.SUCCESS, byte_len)
+            if wr.signaled:
+                self._retire(wr.wr_id)
+                self._complete(wr.wr_id, wr.opcode, WcStatus.SUCCESS, byte_len)
 
     def _gather(self, sges: tuple[Sge, ...]) -> bytes:
         return b"".join(bytes(self._pd.local(s, write=False)) for s in sges)
@@ -491,6 +524,7 @@ class InprocConnection:
         invalidated_rkey: int | None = None,
     ) -> None:
         self._outstanding.discard(wr_id)
+        self.counts["completions"] += 1
         self._emit(Completion(wr_id, status, opcode, byte_len, invalidated_rkey))
 
     def _emit(self, event: ConnectionEvent) -> None:
@@ -503,6 +537,7 @@ class InprocConnection:
     def _fail(self, wr: _WorkRequest, err: WcError) -> None:
         """Complete ``wr`` with its error and break this side; then the peer: the receive it
         consumed fails, and it breaks with its own status (or by the CM disconnect)."""
+        self._retire(wr.wr_id)
         self._complete(wr.wr_id, wr.opcode, err.status)
         self._break(f"{wr.opcode.name} failed: {err.reason}", err.status, notify_peer=False)
         peer = self._peer
@@ -517,6 +552,10 @@ class InprocConnection:
 
     def _flush(self) -> None:
         self._cancel_rnr()
+        # Unsignalled work requests that had executed complete silently; the rest are flushed,
+        # each with a completion, signalled or not.
+        while self._unretired:
+            self._outstanding.discard(self._unretired.popleft())
         while self._sq:
             wr = self._sq.popleft()
             self._complete(wr.wr_id, wr.opcode, WcStatus.WR_FLUSH_ERR)

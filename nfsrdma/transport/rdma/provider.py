@@ -14,8 +14,11 @@ Model (as on hardware, RFC 8166 on an RC queue pair):
   (PD-24): active side ``device.resolve()`` then ``conn.establish()``; passive side
   ``listener.get_request()``, ``request.create_connection()`` then ``conn.establish()`` (or
   ``request.reject()``). Private data goes out with ``establish`` and the peer's comes back.
-- Every posted work request completes exactly once with a ``Completion`` (all work requests are
-  signaled). Completions and ``Disconnected`` are delivered to the connection's event handler
+- Every posted work request completes exactly once with a ``Completion``, except a send queue
+  work request posted unsignalled (``signaled=False``): it reports a completion only when it
+  fails (flushed ones included); when it succeeds, the completion of a later signalled work
+  request of the same send queue covers it (send queue completions come in posting order),
+  and only then are its queue slot and the memory it reads free again. Completions and ``Disconnected`` are delivered to the connection's event handler
   from the event loop, never from inside a ``post_*`` call (no re-entrancy).
 - The first error completion breaks the connection, as on hardware: the queue pair goes to the
   error state, all outstanding work requests complete with ``WR_FLUSH_ERR``, the peer is
@@ -163,6 +166,7 @@ class RdmaWriteRequest:
     sges: Sequence[Sge]
     remote_addr: int
     rkey: int
+    signaled: bool = True  # False: no completion unless it fails (covered by a later one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,10 +302,13 @@ class Connection(Protocol):
         invalidate_rkey: int | None = None,
         inline: bool = False,
         writes: Sequence[RdmaWriteRequest] = (),
+        signaled: bool = True,
     ) -> None:
         """Send (or Send with Invalidate of the peer's ``invalidate_rkey``), preceded by
         ``writes`` posted in the same call (one doorbell for the lot; RC ordering delivers
-        the written data before the Send, TR-19). Each work request completes on its own."""
+        the written data before the Send, TR-19). Each signalled work request completes on
+        its own; unsignalled ones (``signaled=False``, ``RdmaWriteRequest.signaled``) only
+        in error."""
         ...
 
     def post_rdma_write(

@@ -30,6 +30,7 @@ queue pair posts through pyverbs and says so once in the log.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ctypes
 import errno
@@ -259,12 +260,18 @@ class PyverbsQueuePair:
         self._config = config
         self._on_event = on_event
         self._outstanding: dict[int, WcOpcode] = {}
+        # Send queue work requests in posting order, until a completion covers them (an
+        # unsignalled one has none of its own when it succeeds).
+        self._sq_order: collections.deque[int] = collections.deque()
+        # What crossed the verbs boundary: post calls (one system call each on rxe), work
+        # requests, signalled ones, receives, CQ events, polls, completions.
+        self.counts: collections.Counter[str] = collections.Counter()
         self._state = "init"
         self._disconnected = False
         self._closed = False
         self._sge_cache: dict[tuple[int, int, int], SGE] = {}
         self._recv_wrs: dict[tuple[int, int, int], RecvWR] = {}
-        self._send_wrs: dict[tuple[int, int, int, bool, bool], SendWR] = {}
+        self._send_wrs: dict[tuple[int, int, int, bool, bool, bool], SendWR] = {}
         context = device.context
         self._comp, self._comp_fd = create_with_descriptor(
             lambda: CompChannel(context), COMPLETION_CHANNEL
@@ -282,7 +289,11 @@ class PyverbsQueuePair:
                 max_recv_sge=config.max_recv_sge,
                 max_inline_data=config.max_inline_data,
             )
-            init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self._cq, rcq=self._cq, cap=cap)
+            # sq_sig_all=0: only work requests posted with IBV_SEND_SIGNALED complete when
+            # they succeed (pyverbs's default, 1, would signal every one).
+            init = QPInitAttr(
+                qp_type=e.IBV_QPT_RC, scq=self._cq, rcq=self._cq, cap=cap, sq_sig_all=0
+            )
             self._qp = QP(device.pd.pd, init)
             created.insert(0, self._qp)
             self._modify(e.IBV_QPS_INIT)
@@ -399,11 +410,15 @@ class PyverbsQueuePair:
         self._cq.ack_events(1)
         self._cq.req_notify()
         completions: list[Completion] = []
+        counts = self.counts
+        counts["cq_events"] += 1
         while True:
             count, wcs = self._cq.poll(_POLL_BATCH)
+            counts["polls"] += 1
             completions.extend(self._completion(wc) for wc in wcs)
             if count < _POLL_BATCH:
                 break
+        counts["completions"] += len(completions)
         failure: Completion | None = None
         for completion in completions:
             if self._closed:
@@ -421,6 +436,8 @@ class PyverbsQueuePair:
         opcode = self._outstanding.pop(wr_id, None)
         if opcode is None:
             opcode = wc_opcode(int(wc.opcode))
+        elif opcode is not WcOpcode.RECV:
+            self._retire(wr_id)
         status = WcStatus.of(int(wc.status))
         invalidated = None
         ok = status is WcStatus.SUCCESS
@@ -428,9 +445,18 @@ class PyverbsQueuePair:
             invalidated = int(wc.imm_data)
         return Completion(wr_id, status, opcode, int(wc.byte_len) if ok else 0, invalidated)
 
+    def _retire(self, wr_id: int) -> None:
+        """A send queue completion of ``wr_id`` covers the work requests posted before it."""
+        order, outstanding = self._sq_order, self._outstanding
+        while order:
+            first = order.popleft()
+            if first == wr_id:
+                return
+            outstanding.pop(first, None)
+
     # Posting.
 
-    def _track(self, wr_id: int, opcode: WcOpcode, sending: bool) -> None:
+    def _track(self, wr_id: int, opcode: WcOpcode, sending: bool, signaled: bool = True) -> None:
         if self._closed:
             raise ProviderError("connection closed")
         if sending and self._state in ("init", "connecting"):
@@ -438,8 +464,16 @@ class PyverbsQueuePair:
         if wr_id in self._outstanding:
             raise ProviderError(f"wr_id {wr_id} is still outstanding")
         self._outstanding[wr_id] = opcode
+        counts = self.counts
+        if sending:
+            self._sq_order.append(wr_id)
+            counts["send_wrs"] += 1
+            counts["signaled"] += signaled
+        else:
+            counts["recv_wrs"] += 1
 
     def _post_send_wr(self, wr_id: int, wr: SendWR) -> None:
+        self.counts["doorbells"] += 1
         thread = self._post_thread
         if thread is not None and not thread.idle:  # behind the thread's posts, in order
             self._queue_post(thread, [wr_id], [], functools.partial(_pyverbs_post, self._qp, wr))
@@ -473,6 +507,7 @@ class PyverbsQueuePair:
         size: int,
     ) -> None:
         """Post ``wrs`` (already tracked as ``ids``) as one chain, from the loop or the thread."""
+        self.counts["doorbells"] += 1
         first = chain(wrs)
         thread = self._post_thread
         if thread is not None and (size >= self._offload_bytes or not thread.idle):
@@ -562,47 +597,51 @@ class PyverbsQueuePair:
         invalidate_rkey: int | None = None,
         inline: bool = False,
         writes: Sequence[RdmaWriteRequest] = (),
+        signaled: bool = True,
     ) -> None:
         if inline and sum(s.length for s in sges) > self._config.max_inline_data:
             raise ProviderError("inline send exceeds max_inline_data")
         if invalidate_rkey is not None and not self._device.caps.remote_invalidate:
             raise ProviderError("Send with Invalidate not supported by the device")
         if self._poster is not None:
-            self._direct_send(self._poster, wr_id, sges, invalidate_rkey, inline, writes)
+            self._direct_send(self._poster, wr_id, sges, invalidate_rkey, inline, writes, signaled)
             return
         if not writes and len(sges) == 1:
             # The common case: one buffer, nothing chained; its work request is reused.
             s = sges[0]
-            key = (s.addr, s.length, s.lkey, inline, invalidate_rkey is not None)
+            key = (s.addr, s.length, s.lkey, inline, invalidate_rkey is not None, signaled)
             wr = self._send_wrs.get(key)
             if wr is None:
                 if len(self._send_wrs) >= _WR_CACHE:
                     self._send_wrs.clear()
-                wr = self._send_wrs[key] = self._send_wr(wr_id, sges, inline, invalidate_rkey)
+                wr = self._send_wrs[key] = self._send_wr(
+                    wr_id, sges, inline, invalidate_rkey, signaled
+                )
             else:
                 wr.wr_id = wr_id
             if invalidate_rkey is not None:
                 wr.imm_data = invalidate_rkey  # shares the union with invalidate_rkey
-            self._track(wr_id, WcOpcode.SEND, sending=True)
+            self._track(wr_id, WcOpcode.SEND, sending=True, signaled=signaled)
             self._post_send_wr(wr_id, wr)
             return
-        wr = self._send_wr(wr_id, sges, inline, invalidate_rkey)
+        wr = self._send_wr(wr_id, sges, inline, invalidate_rkey, signaled)
         if not writes:
-            self._track(wr_id, WcOpcode.SEND, sending=True)
+            self._track(wr_id, WcOpcode.SEND, sending=True, signaled=signaled)
             self._post_send_wr(wr_id, wr)
             return
         # The RDMA Writes, then the Send, linked into one list: one ibv_post_send.
         chain = [
-            self._rdma_wr(WcOpcode.RDMA_WRITE, w.wr_id, w.sges, w.remote_addr, w.rkey)
+            self._rdma_wr(WcOpcode.RDMA_WRITE, w.wr_id, w.sges, w.remote_addr, w.rkey, w.signaled)
             for w in writes
         ]
         chain.append(wr)
         for prev, nxt in itertools.pairwise(chain):
             prev.next_wr = nxt
         ids = [w.wr_id for w in writes]
-        for i in ids:
-            self._track(i, WcOpcode.RDMA_WRITE, sending=True)
-        self._track(wr_id, WcOpcode.SEND, sending=True)
+        for w in writes:
+            self._track(w.wr_id, WcOpcode.RDMA_WRITE, sending=True, signaled=w.signaled)
+        self._track(wr_id, WcOpcode.SEND, sending=True, signaled=signaled)
+        self.counts["doorbells"] += 1
         try:
             self._qp.post_send(chain[0])
         except PyverbsError as exc:
@@ -618,22 +657,25 @@ class PyverbsQueuePair:
         invalidate_rkey: int | None,
         inline: bool,
         writes: Sequence[RdmaWriteRequest],
+        signaled: bool,
     ) -> None:
         keep: list[object] = []
         wrs = [
-            self._direct_rdma(e.IBV_WR_RDMA_WRITE, w.wr_id, w.sges, w.remote_addr, w.rkey, keep)
+            self._direct_rdma(
+                e.IBV_WR_RDMA_WRITE, w.wr_id, w.sges, w.remote_addr, w.rkey, keep, w.signaled
+            )
             for w in writes
         ]
-        flags = e.IBV_SEND_SIGNALED | (e.IBV_SEND_INLINE if inline else 0)
+        flags = (e.IBV_SEND_SIGNALED if signaled else 0) | (e.IBV_SEND_INLINE if inline else 0)
         opcode = e.IBV_WR_SEND if invalidate_rkey is None else e.IBV_WR_SEND_WITH_INV
         send = self._direct_wr(wr_id, opcode, sges, flags, keep)
         if invalidate_rkey is not None:
             send.invalidate_rkey = invalidate_rkey
         wrs.append(send)
         ids = [w.wr_id for w in writes]
-        for i in ids:
-            self._track(i, WcOpcode.RDMA_WRITE, sending=True)
-        self._track(wr_id, WcOpcode.SEND, sending=True)
+        for w in writes:
+            self._track(w.wr_id, WcOpcode.RDMA_WRITE, sending=True, signaled=w.signaled)
+        self._track(wr_id, WcOpcode.SEND, sending=True, signaled=signaled)
         size = sum(s.length for w in writes for s in w.sges)
         self._direct_post(poster, [*ids, wr_id], wrs, keep, size)
 
@@ -645,17 +687,24 @@ class PyverbsQueuePair:
         remote_addr: int,
         rkey: int,
         keep: list[object],
+        signaled: bool = True,
     ) -> IbvSendWr:
-        wr = self._direct_wr(wr_id, opcode, sges, e.IBV_SEND_SIGNALED, keep)
+        flags = e.IBV_SEND_SIGNALED if signaled else 0
+        wr = self._direct_wr(wr_id, opcode, sges, flags, keep)
         wr.wr.rdma.remote_addr = remote_addr
         wr.wr.rdma.rkey = rkey
         return wr
 
     def _send_wr(
-        self, wr_id: int, sges: Sequence[Sge], inline: bool, invalidate_rkey: int | None
+        self,
+        wr_id: int,
+        sges: Sequence[Sge],
+        inline: bool,
+        invalidate_rkey: int | None,
+        signaled: bool = True,
     ) -> SendWR:
         elements = self._sges(sges)
-        flags = e.IBV_SEND_SIGNALED | (e.IBV_SEND_INLINE if inline else 0)
+        flags = (e.IBV_SEND_SIGNALED if signaled else 0) | (e.IBV_SEND_INLINE if inline else 0)
         opcode = e.IBV_WR_SEND if invalidate_rkey is None else e.IBV_WR_SEND_WITH_INV
         wr = SendWR(
             wr_id=wr_id, opcode=opcode, num_sge=len(elements), sg=elements, send_flags=flags
@@ -665,7 +714,13 @@ class PyverbsQueuePair:
         return wr
 
     def _rdma_wr(
-        self, opcode: WcOpcode, wr_id: int, sges: Sequence[Sge], remote_addr: int, rkey: int
+        self,
+        opcode: WcOpcode,
+        wr_id: int,
+        sges: Sequence[Sge],
+        remote_addr: int,
+        rkey: int,
+        signaled: bool = True,
     ) -> SendWR:
         elements = self._sges(sges)
         wr = SendWR(
@@ -673,7 +728,7 @@ class PyverbsQueuePair:
             opcode=_SEND_OPCODES[opcode],
             num_sge=len(elements),
             sg=elements,
-            send_flags=e.IBV_SEND_SIGNALED,
+            send_flags=e.IBV_SEND_SIGNALED if signaled else 0,
         )
         wr.set_wr_rdma(rkey, remote_addr)
         return wr

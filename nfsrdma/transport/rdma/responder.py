@@ -148,11 +148,17 @@ class Responder(RdmaConnectionBase):
 
     def _pump_reads(self) -> None:
         """Post queued RDMA Reads within the ORD, once the connection is established."""
-        while self._read_backlog and self.ready and self._reads_in_flight < self.max_reads:
+        while (
+            self._read_backlog
+            and self.ready
+            and self._reads_in_flight < self.max_reads
+            and self.sq.room(1)
+        ):
             wr, sge, addr, rkey = self._read_backlog.popleft()
             self._reads_in_flight += 1
             assert self.qp is not None
             self.qp.post_rdma_read(wr, [sge], addr, rkey)
+            self.sq.posted([wr], True)
 
     def _on_read_done(self, ev: Completion, call: InCall) -> None:
         self._reads_in_flight -= 1
@@ -228,10 +234,11 @@ class Responder(RdmaConnectionBase):
             seg = write.segment
             writes.append(
                 RdmaWriteRequest(
-                    self._wr_id("write", local),  # released when the Write completes
+                    self._wr_id("write", local),  # released once a completion covers it
                     [local.sge(offset, n)],
                     seg.offset + write.segment_offset,
                     seg.handle,
+                    signaled=self.options.signal_every <= 1,  # else the Send's covers it
                 )
             )
             self.stats["rdma_writes"] += 1

@@ -119,4 +119,7 @@ async def test_read_and_write_data_stay_in_registered_memory(
         assert conn.stats["rdma_writes_in_place"] == size // RSIZE
         assert conn.stats["rdma_write_bytes_copied"] == 0
         assert conn.data_pool is not None
-        assert conn.data_pool.in_use == 0  # every lent buffer came back
+        # Every lent buffer came back, but those of RDMA Writes posted unsignalled that no
+        # completion has covered yet (reused after the next signalled one).
+        held = [c for k, c in conn._wr_ctx.values() if k == "write"]
+        assert conn.data_pool.in_use == len(held) < conn.options.signal_every

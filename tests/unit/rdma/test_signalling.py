@@ -1,0 +1,237 @@
+"""Selective signalling on the send queue: what a reply costs at the verbs boundary, buffers
+reused only once a completion covers them, a send queue that never overflows, and teardown
+after an error completion. Our RPC-over-RDMA client and server on the in-process provider
+(which, like hardware, completes an unsignalled work request only when it fails and frees its
+send queue slot only when a later completion covers it)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from nfsrdma.transport.base import ReplyExpectation
+from nfsrdma.transport.rdma.calls import Scratch
+from nfsrdma.transport.rdma.endpoint import RdmaConnection, RdmaOptions
+from nfsrdma.transport.rdma.inproc_qp import InprocConnection
+from nfsrdma.transport.rdma.pool import PooledBuffer
+from nfsrdma.transport.rdma.provider import (
+    Completion,
+    ConnectionEvent,
+    QueuePairConfig,
+    RdmaWriteRequest,
+)
+from nfsrdma.transport.rdma.sendqueue import SendQueue
+from nfsrdma.xdr.gen import nfs4
+from nfsrdma.xdr.runtime import U32
+from tests.unit.rdma.test_rpc_rdma import P_READ, PROG, VERS, Rig, call_write, closed, rig
+
+N = 32
+SELECTIVE = RdmaOptions(signal_every=8)
+READ_SIZE = 8000  # beyond the 4 KiB inline threshold: a Write chunk
+WRITE_SIZE = 8000  # beyond the inline threshold: a Read chunk the server pulls
+
+
+def _server(r: Rig) -> tuple[RdmaConnection, InprocConnection]:
+    conn = r.server[0]
+    assert isinstance(conn.qp, InprocConnection)
+    return conn, conn.qp
+
+
+async def _read(r: Rig, size: int = READ_SIZE) -> None:
+    assert r.rpc is not None
+    sink = memoryview(bytearray(size + 100))
+    res = await r.rpc.call(
+        PROG,
+        VERS,
+        P_READ,
+        lambda w: w.extend(U32.pack(size)),
+        expect=ReplyExpectation([sink], max_size=512),
+    )
+    out, _ = nfs4.dec_READ4res(res.reader, res.offset)
+    assert bytes(out.value.data) == bytes(i % 251 for i in range(size))
+
+
+async def _null(r: Rig) -> None:
+    assert r.rpc is not None
+    await r.rpc.call(PROG, VERS, 0, lambda w: None)
+
+
+async def _write(r: Rig) -> None:
+    n, _ = await call_write(r, bytes(WRITE_SIZE))
+    assert n == WRITE_SIZE
+
+
+OPS = {"getattr_like": _null, "read": _read, "write": _write}
+
+
+async def _per_reply(op: str, options: RdmaOptions) -> dict[str, float]:
+    """The server's verbs-boundary counts per reply over ``N`` calls, one at a time."""
+    async with rig(server_opts=options) as r:
+        await OPS[op](r)  # warm: the connection is up and has answered once
+        conn, qp = _server(r)
+        before = Counter(qp.counts)
+        sends = conn.stats["sends"]
+        for _ in range(N):
+            await OPS[op](r)
+        assert conn.stats["sends"] - sends == N
+        delta = Counter(qp.counts)
+        delta.subtract(before)
+        return {k: v / N for k, v in delta.items()}
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+async def test_a_reply_costs_one_post_and_rarely_a_completion(op: str) -> None:
+    every = RdmaOptions(signal_every=1)  # the default: every work request signalled
+    old = await _per_reply(op, every)
+    new = await _per_reply(op, SELECTIVE)
+    rdma = 1 if op in ("read", "write") else 0  # the reply's RDMA Write, or the call's Read
+    # One post per reply (the Writes chained ahead of the Send), plus the call's RDMA Read.
+    assert old["doorbells"] == new["doorbells"] == 1 + (op == "write")
+    assert old["send_wrs"] == new["send_wrs"] == 1 + rdma
+    assert old["recv_wrs"] == new["recv_wrs"] == 1  # the call's receive, reposted
+    assert old["signaled"] == 1 + rdma
+    # Now: the RDMA Read is signalled (its data is awaited) and its completion covers the
+    # Sends before it; the Write is never signalled; the Send one in eight (none when Reads
+    # cover them). Completions: the receive's, the Read's, and the signalled Sends'.
+    sends = 0 if op == "write" else 1 / 8
+    assert new["signaled"] == (op == "write") + sends
+    assert new["completions"] == 1 + (op == "write") + sends
+    assert old["completions"] == 2 + rdma
+
+
+async def test_buffers_are_reused_only_after_a_completion_covers_them() -> None:
+    async with rig(SELECTIVE) as r:
+        await _null(r)
+        conn, qp = _server(r)
+        order: list[int] = []  # server send queue work requests, in posting order
+        where: dict[int, list[int]] = {}  # wr_id -> the addresses it reads
+        done = -1  # posting index of the latest send queue completion delivered
+        released: list[tuple[int, int]] = []  # (posting index of the buffer's use, done then)
+        post_send, on_event = qp.post_send, conn._on_event
+
+        def spy_post(wr_id: int, sges: Any, **kw: Any) -> None:
+            for w in kw.get("writes", ()):
+                order.append(w.wr_id)
+                where[w.wr_id] = [s.addr for s in w.sges]
+            order.append(wr_id)
+            where[wr_id] = [s.addr for s in sges]
+            post_send(wr_id, sges, **kw)
+
+        def spy_event(ev: ConnectionEvent) -> None:
+            nonlocal done
+            if isinstance(ev, Completion) and ev.wr_id in order:
+                done = max(done, order.index(ev.wr_id))
+            on_event(ev)
+
+        def watch(put: Any) -> Any:
+            def spy_put(buf: PooledBuffer) -> None:
+                used = [i for i, wr in enumerate(order) if buf.addr in where[wr]]
+                if used:
+                    released.append((used[-1], done))
+                put(buf)
+
+            return spy_put
+
+        qp.post_send = spy_post  # type: ignore[method-assign]
+        conn._on_event = spy_event  # type: ignore[method-assign]
+        assert conn.data_pool is not None
+        conn.send_pool.put = watch(conn.send_pool.put)  # type: ignore[method-assign]
+        conn.data_pool.put = watch(conn.data_pool.put)  # type: ignore[method-assign]
+        for i in range(40):
+            await (_read(r) if i % 2 else _null(r))
+        assert conn.stats["sends_unsignaled"] > 0
+        assert released, "no buffer came back"
+        # Each buffer came back only once a completion of it or of a later work request had
+        # been delivered (send queue completions come in posting order).
+        assert all(use <= covered for use, covered in released), released
+        # Nothing posted unsignalled is lost: what is still held is what no completion covered.
+        held = [wr for wr in order if wr in conn._wr_ctx]
+        assert len(held) == conn.sq.used
+        assert conn.send_pool.in_use + conn.data_pool.in_use == len(held)
+
+
+@pytest.mark.parametrize("depth", [3, 8, 17])
+async def test_the_send_queue_never_overflows_under_a_burst_at_full_credits(
+    depth: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Queue pairs with ``depth`` send queue slots (both sides); the client fills every credit
+    with READs (an RDMA Write and a Send each) and WRITEs (an RDMA Read) at once, several
+    times: the in-process provider refuses a post beyond the depth (ENOMEM), which would
+    break the connection."""
+    qp_config = RdmaConnection.qp_config
+
+    def small(self: RdmaConnection) -> QueuePairConfig:
+        return dataclasses.replace(qp_config(self), max_send_wr=depth)
+
+    monkeypatch.setattr(RdmaConnection, "qp_config", small)
+    async with rig(SELECTIVE, SELECTIVE) as r:
+        conn, qp = _server(r)
+        assert qp.config.max_send_wr == depth
+        credits = conn.policy.grant
+        for _ in range(4):
+            calls = [_read(r) if i % 3 else _write(r) for i in range(credits)]
+            await asyncio.gather(*calls)
+        assert not conn.closed
+        assert conn.stats["sends"] == 4 * credits
+        assert conn.sq.used <= depth
+
+
+async def test_an_error_completion_behind_unsignalled_work_tears_down_cleanly() -> None:
+    async with rig(SELECTIVE) as r:
+        conn, _ = _server(r)
+        for _ in range(3):
+            await _read(r)
+        assert conn.sq.used > 0  # unsignalled work requests no completion has covered
+        assert conn.data_pool is not None
+        # An RDMA Write to an rkey the client never exposed: it fails (REM_ACCESS_ERR), the
+        # queue pair goes to the error state and flushes the Send behind it.
+        local = Scratch(conn.data_pool.get(), None)
+        bad = RdmaWriteRequest(
+            conn._wr_id("write", local), [local.sge(0, 64)], 0x1000, 0xDEAD, signaled=False
+        )
+        conn._send([b"\0" * 28], None, [bad])
+        await closed(conn)
+        assert conn.closed
+        assert conn.sq.used == 0
+        assert not [k for k, _ in conn._wr_ctx.values() if k in ("send", "write")]
+        assert conn.send_pool.in_use == 0
+        assert conn.data_pool.in_use == 0
+
+
+def test_send_queue_accounting() -> None:
+    sq = SendQueue(8, signal_every=3)
+    assert sq.room(8) and not sq.room(9)
+    assert not sq.should_signal(2)
+    sq.posted([1, 2], signaled=False)
+    assert not sq.should_signal(1)
+    sq.posted([3], signaled=False)
+    assert sq.should_signal(1)  # the third chain in a row
+    assert sq.should_signal(1, pressure=True)
+    sq.posted([4], signaled=True)
+    assert sq.should_signal(4)  # more than half full after it
+    assert not sq.room(5)
+    with pytest.raises(OverflowError):
+        sq.posted([5, 6, 7, 8, 9], signaled=True)
+    assert sq.completed(4) == [1, 2, 3]  # covered by the signalled one after them
+    assert sq.used == 0
+    sq.posted([5, 6], signaled=False)
+    assert sq.completed(5) == []  # an error completion of an unsignalled one
+    assert sq.completed(99) == []  # unknown: covers nothing
+    assert sq.clear() == [6]
+    assert sq.used == 0
+    with pytest.raises(ValueError):
+        SendQueue(1)
+
+
+def test_signalling_is_chosen_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NFSRDMA_SIGNAL_EVERY", raising=False)
+    assert RdmaOptions().signal_every == 1  # the default: every work request signalled
+    monkeypatch.setenv("NFSRDMA_SIGNAL_EVERY", "8")
+    assert RdmaOptions().signal_every == 8
+    for bad in ("0", "-3", "many"):
+        monkeypatch.setenv("NFSRDMA_SIGNAL_EVERY", bad)
+        assert RdmaOptions().signal_every == 1
