@@ -254,6 +254,9 @@ class NFSServer:
         if self.namespace is None:
             log.warning("reload: the server was not started with an exports file")
             return False
+        # This runs on the loop thread, which may act as the last caller (a TCP-only server
+        # switches identity in place, vfs/identity.py): read the file as the server.
+        self.namespace.release_identity()
         try:
             if table is None:
                 assert self.exports_file is not None

@@ -12,9 +12,12 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from nfsrdma.rpc.auth import AUTH_NONE_CRED, auth_sys
 from nfsrdma.rpc.connection import RpcConnection
@@ -397,3 +400,42 @@ def test_serve_refuses_a_bad_exports_file(tmp_path: Path) -> None:
     )
     assert out.returncode == 2
     assert f"{exports}:1: unknown option 'nonsense'" in out.stderr.decode()
+
+
+def _fsuid() -> int:
+    """The calling thread's file-system uid (the fourth field of its ``Uid:`` line)."""
+    for line in Path("/proc/thread-self/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[4])
+    raise AssertionError("no Uid: line")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (CI runs as root)")
+def test_reload_reads_the_exports_file_as_the_server(tmp_path: Path) -> None:
+    """A TCP-only server's loop thread switches to each caller's identity in place
+    (vfs/identity.py); SIGHUP's reload runs on that thread and must still read a root-only
+    exports file and open the exports as the server, whoever the last caller was. (In a
+    thread of its own: a thread that once ran an RDMA server stays protected.)"""
+    seen: list[object] = []
+
+    async def scenario() -> None:
+        async with serving(tmp_path) as (server, tree):
+            (tmp_path / "exports").chmod(0o600)
+            c = await Client.open("127.0.0.1", server.tcp_port)
+            try:
+                await c.last([putroot(), *lookups(tree / "srv/team"), mkdir("by-user")], USER)
+            finally:
+                c.close()
+            seen.append(_fsuid())  # the loop thread acts as the last caller
+            seen.append(server.reload_exports())
+
+    def run() -> None:
+        try:
+            asyncio.run(scenario())
+        except BaseException as e:
+            seen.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert seen == [1000, True]
