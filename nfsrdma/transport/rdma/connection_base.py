@@ -550,10 +550,11 @@ class RdmaConnectionBase(Connection):
         names = ("sends", "sends_unsignaled", "rdma_reads", "rdma_writes", "read_chunks",
                  "write_chunks", "reply_chunks", *RTR_COUNTERS)  # fmt: skip
         line = " ".join(f"{n}={self.stats[n]}" for n in names)
-        # What crossed the verbs boundary, where the provider counts it (both of ours do).
+        # What crossed the verbs boundary, where the provider counts it (both of ours do);
+        # still ``name=value`` only (tests and operators' scripts split the line on it).
         verbs = getattr(self.qp, "counts", None)
         if verbs:
-            line += " verbs: " + " ".join(f"{k}={v}" for k, v in sorted(verbs.items()))
+            line += "".join(f" verbs_{k}={v}" for k, v in sorted(verbs.items()))
         return line
 
     def close(self) -> None:

@@ -235,3 +235,15 @@ def test_signalling_is_chosen_by_the_environment(monkeypatch: pytest.MonkeyPatch
     for bad in ("0", "-3", "many"):
         monkeypatch.setenv("NFSRDMA_SIGNAL_EVERY", bad)
         assert RdmaOptions().signal_every == 1
+
+
+async def test_the_close_line_is_name_value_pairs_with_the_verbs_counts() -> None:
+    """The counters logged at close (``RdmaConnectionBase.counters``) stay ``name=value``
+    tokens, the provider's counts among them: the test bed and scripts parse the line."""
+    async with rig() as r:
+        await _read(r)
+        conn, _ = _server(r)
+        tokens = conn.counters().split()
+    pairs = dict(t.split("=") for t in tokens if "=" in t)
+    assert len(pairs) == len(tokens), tokens
+    assert int(pairs["verbs_send_wrs"]) >= 2 and int(pairs["verbs_doorbells"]) >= 1
