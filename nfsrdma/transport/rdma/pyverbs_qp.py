@@ -12,9 +12,11 @@ flag bit (``IB_WC_WITH_INVALIDATE``, which is ``IBV_WC_IP_CSUM_OK`` in user spac
 Work requests are reused: every pyverbs object costs an allocation and a ``logging.getLogger``
 (under the logging lock) when made, which a profile of the server in the test bed shows on the
 loop thread for every receive and send. A posted work request is copied by the provider, so
-the same ``RecvWR`` goes out again for a receive buffer, the same ``SendWR`` for a plain Send of
-the same bytes of the same buffer (only ``wr_id``, and the rkey to invalidate, change), and the
-same ``SGE`` for the same memory; each cache is bounded (``_WR_CACHE`` entries, then cleared).
+the same ``RecvWR`` goes out again for a receive buffer (a bounded cache, ``_WR_CACHE``
+entries), and one ``SendWR`` per queue pair for every Send, whatever its buffer, with one more
+per RDMA Write of a chain (``pyverbs_wr``: their scatter element is rewritten in place).
+Completions are polled through ctypes into one preallocated batch (``verbs_poll``; no pyverbs
+``WC`` per completion) unless ``NFSRDMA_VERBS_POLL=pyverbs`` or the CQ is not found.
 
 How the send queue is posted is chosen per queue pair by ``NFSRDMA_VERBS_POST`` (``post_mode``):
 ``pyverbs`` (``QP.post_send``, GIL held for the call), ``direct`` (``verbs_direct``: the
@@ -35,7 +37,6 @@ import contextlib
 import ctypes
 import errno
 import functools
-import itertools
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -43,7 +44,7 @@ from typing import Protocol
 
 import pyverbs.enums as e
 from pyverbs.addr import GID, AHAttr, GlobalRoute
-from pyverbs.cq import CQ, WC, CompChannel
+from pyverbs.cq import CQ, CompChannel
 from pyverbs.device import Context
 from pyverbs.mr import MWBindInfo
 from pyverbs.pyverbs_error import PyverbsError, PyverbsRDMAError
@@ -68,6 +69,7 @@ from nfsrdma.transport.rdma.provider import (
     WcStatus,
 )
 from nfsrdma.transport.rdma.pyverbs_memory import PyverbsPD, PyverbsRegion, PyverbsWindow
+from nfsrdma.transport.rdma.pyverbs_wr import ReusedWrs
 from nfsrdma.transport.rdma.rdmacm import QpAttr
 from nfsrdma.transport.rdma.verbs_direct import (
     DirectUnavailable,
@@ -77,12 +79,14 @@ from nfsrdma.transport.rdma.verbs_direct import (
     SendPoster,
     chain,
 )
+from nfsrdma.transport.rdma.verbs_poll import CqPoller
 
 __all__ = [
     "POST_MODES",
     "PyverbsQueuePair",
     "VerbsDevice",
     "offload_bytes",
+    "poll_mode",
     "post_mode",
     "qp_attributes",
     "wc_opcode",
@@ -129,6 +133,21 @@ def post_mode() -> str:
     if mode not in POST_MODES:
         log.warning("NFSRDMA_VERBS_POST=%s is not one of %s", mode, ", ".join(POST_MODES))
         return DEFAULT_POST_MODE
+    return mode
+
+
+POLL_MODES = ("direct", "pyverbs")
+DEFAULT_POLL_MODE = "direct"
+_poll_unavailable_logged = False
+
+
+def poll_mode() -> str:
+    """How completion queues are polled (``NFSRDMA_VERBS_POLL``: ``direct``, ctypes into one
+    preallocated batch, or ``pyverbs``, one ``WC`` object per completion)."""
+    mode = os.environ.get("NFSRDMA_VERBS_POLL", "") or DEFAULT_POLL_MODE
+    if mode not in POLL_MODES:
+        log.warning("NFSRDMA_VERBS_POLL=%s is not one of %s", mode, ", ".join(POLL_MODES))
+        return DEFAULT_POLL_MODE
     return mode
 
 
@@ -269,9 +288,8 @@ class PyverbsQueuePair:
         self._state = "init"
         self._disconnected = False
         self._closed = False
-        self._sge_cache: dict[tuple[int, int, int], SGE] = {}
         self._recv_wrs: dict[tuple[int, int, int], RecvWR] = {}
-        self._send_wrs: dict[tuple[int, int, int, bool, bool, bool], SendWR] = {}
+        self._wrs = ReusedWrs()  # the pyverbs path's Send and RDMA work requests
         context = device.context
         self._comp, self._comp_fd = create_with_descriptor(
             lambda: CompChannel(context), COMPLETION_CHANNEL
@@ -302,6 +320,15 @@ class PyverbsQueuePair:
                 with contextlib.suppress(PyverbsError):
                     obj.close()
             raise ProviderError(f"cannot create the queue pair: {exc}") from exc
+        self._cq_poller: CqPoller | None = None
+        if poll_mode() == "direct":
+            try:
+                self._cq_poller = CqPoller(context, self._cq, _POLL_BATCH)
+            except DirectUnavailable as exc:
+                global _poll_unavailable_logged
+                if not _poll_unavailable_logged:
+                    _poll_unavailable_logged = True
+                    log.warning("polling completions through pyverbs: %s", exc)
         self._poster: SendPoster | None = None
         self._post_thread: PostThread | None = None
         self._offload_bytes = 0
@@ -412,10 +439,33 @@ class PyverbsQueuePair:
         completions: list[Completion] = []
         counts = self.counts
         counts["cq_events"] += 1
+        poller = self._cq_poller
         while True:
-            count, wcs = self._cq.poll(_POLL_BATCH)
             counts["polls"] += 1
-            completions.extend(self._completion(wc) for wc in wcs)
+            if poller is not None:
+                try:
+                    rows = poller.poll()
+                except OSError as exc:
+                    log.error("ibv_poll_cq failed: %s", exc)
+                    self._break(f"ibv_poll_cq failed: {exc}", None)
+                    return
+                completions.extend(
+                    self._completion(row[0], row[1], row[2], row[4], row[5], row[8]) for row in rows
+                )
+                count = len(rows)
+            else:
+                count, wcs = self._cq.poll(_POLL_BATCH)
+                completions.extend(
+                    self._completion(
+                        int(wc.wr_id),
+                        int(wc.status),
+                        int(wc.opcode),
+                        int(wc.byte_len),
+                        int(wc.imm_data),
+                        int(wc.wc_flags),
+                    )
+                    for wc in wcs
+                )
             if count < _POLL_BATCH:
                 break
         counts["completions"] += len(completions)
@@ -431,19 +481,20 @@ class PyverbsQueuePair:
                 f"{failure.opcode.name} completed with {failure.status.name}", failure.status
             )
 
-    def _completion(self, wc: WC) -> Completion:
-        wr_id = int(wc.wr_id)
+    def _completion(
+        self, wr_id: int, status_code: int, opcode_code: int, byte_len: int, imm: int, flags: int
+    ) -> Completion:
         opcode = self._outstanding.pop(wr_id, None)
         if opcode is None:
-            opcode = wc_opcode(int(wc.opcode))
+            opcode = wc_opcode(opcode_code)
         elif opcode is not WcOpcode.RECV:
             self._retire(wr_id)
-        status = WcStatus.of(int(wc.status))
+        status = WcStatus.of(status_code)
         invalidated = None
         ok = status is WcStatus.SUCCESS
-        if ok and opcode is WcOpcode.RECV and int(wc.wc_flags) & self._device.with_inv_mask:
-            invalidated = int(wc.imm_data)
-        return Completion(wr_id, status, opcode, int(wc.byte_len) if ok else 0, invalidated)
+        if ok and opcode is WcOpcode.RECV and flags & self._device.with_inv_mask:
+            invalidated = imm
+        return Completion(wr_id, status, opcode, byte_len if ok else 0, invalidated)
 
     def _retire(self, wr_id: int) -> None:
         """A send queue completion of ``wr_id`` covers the work requests posted before it."""
@@ -558,21 +609,6 @@ class PyverbsQueuePair:
                 self._on_event(Completion(i, WcStatus.LOC_QP_OP_ERR, opcode))
         self._break(_errno_text(rc), WcStatus.LOC_QP_OP_ERR)
 
-    def _sges(self, sges: Sequence[Sge]) -> list[SGE]:
-        if not sges:
-            raise ProviderError("a work request needs at least one SGE")
-        cache = self._sge_cache
-        out = []
-        for s in sges:
-            key = (s.addr, s.length, s.lkey)
-            element = cache.get(key)
-            if element is None:
-                if len(cache) >= _WR_CACHE:
-                    cache.clear()
-                element = cache[key] = SGE(s.addr, s.length, s.lkey)
-            out.append(element)
-        return out
-
     def post_recv(self, wr_id: int, sge: Sge) -> None:
         self._track(wr_id, WcOpcode.RECV, sending=False)
         key = (sge.addr, sge.length, sge.lkey)
@@ -581,7 +617,8 @@ class PyverbsQueuePair:
             if wr is None:
                 if len(self._recv_wrs) >= _WR_CACHE:
                     self._recv_wrs.clear()
-                wr = self._recv_wrs[key] = RecvWR(wr_id=wr_id, num_sge=1, sg=self._sges([sge]))
+                element = SGE(sge.addr, sge.length, sge.lkey)  # copied into the RecvWR
+                wr = self._recv_wrs[key] = RecvWR(wr_id=wr_id, num_sge=1, sg=[element])
             else:
                 wr.wr_id = wr_id
             self._qp.post_recv(wr)
@@ -606,44 +643,40 @@ class PyverbsQueuePair:
         if self._poster is not None:
             self._direct_send(self._poster, wr_id, sges, invalidate_rkey, inline, writes, signaled)
             return
-        if not writes and len(sges) == 1:
-            # The common case: one buffer, nothing chained; its work request is reused.
-            s = sges[0]
-            key = (s.addr, s.length, s.lkey, inline, invalidate_rkey is not None, signaled)
-            wr = self._send_wrs.get(key)
-            if wr is None:
-                if len(self._send_wrs) >= _WR_CACHE:
-                    self._send_wrs.clear()
-                wr = self._send_wrs[key] = self._send_wr(
-                    wr_id, sges, inline, invalidate_rkey, signaled
-                )
-            else:
-                wr.wr_id = wr_id
-            if invalidate_rkey is not None:
-                wr.imm_data = invalidate_rkey  # shares the union with invalidate_rkey
-            self._track(wr_id, WcOpcode.SEND, sending=True, signaled=signaled)
-            self._post_send_wr(wr_id, wr)
-            return
-        wr = self._send_wr(wr_id, sges, inline, invalidate_rkey, signaled)
+        wrs = self._wrs
+        flags = (e.IBV_SEND_SIGNALED if signaled else 0) | (e.IBV_SEND_INLINE if inline else 0)
+        try:
+            wr = wrs.send(wr_id, sges, flags, invalidate_rkey)
+        except ValueError as exc:
+            raise ProviderError(str(exc)) from exc
         if not writes:
             self._track(wr_id, WcOpcode.SEND, sending=True, signaled=signaled)
             self._post_send_wr(wr_id, wr)
             return
-        # The RDMA Writes, then the Send, linked into one list: one ibv_post_send.
-        chain = [
-            self._rdma_wr(WcOpcode.RDMA_WRITE, w.wr_id, w.sges, w.remote_addr, w.rkey, w.signaled)
-            for w in writes
-        ]
-        chain.append(wr)
-        for prev, nxt in itertools.pairwise(chain):
-            prev.next_wr = nxt
+        # The RDMA Writes, then the Send, linked into one list: one ibv_post_send. Linked from
+        # the last, each to the one after it.
+        first = wr
+        for i in range(len(writes) - 1, -1, -1):
+            w = writes[i]
+            try:
+                first = wrs.link(
+                    i,
+                    w.wr_id,
+                    w.sges,
+                    w.remote_addr,
+                    w.rkey,
+                    e.IBV_SEND_SIGNALED if w.signaled else 0,
+                    first,
+                )
+            except ValueError as exc:
+                raise ProviderError(str(exc)) from exc
         ids = [w.wr_id for w in writes]
         for w in writes:
             self._track(w.wr_id, WcOpcode.RDMA_WRITE, sending=True, signaled=w.signaled)
         self._track(wr_id, WcOpcode.SEND, sending=True, signaled=signaled)
         self.counts["doorbells"] += 1
         try:
-            self._qp.post_send(chain[0])
+            self._qp.post_send(first)
         except PyverbsError as exc:
             for i in [*ids, wr_id]:
                 self._outstanding.pop(i, None)
@@ -695,44 +728,6 @@ class PyverbsQueuePair:
         wr.wr.rdma.rkey = rkey
         return wr
 
-    def _send_wr(
-        self,
-        wr_id: int,
-        sges: Sequence[Sge],
-        inline: bool,
-        invalidate_rkey: int | None,
-        signaled: bool = True,
-    ) -> SendWR:
-        elements = self._sges(sges)
-        flags = (e.IBV_SEND_SIGNALED if signaled else 0) | (e.IBV_SEND_INLINE if inline else 0)
-        opcode = e.IBV_WR_SEND if invalidate_rkey is None else e.IBV_WR_SEND_WITH_INV
-        wr = SendWR(
-            wr_id=wr_id, opcode=opcode, num_sge=len(elements), sg=elements, send_flags=flags
-        )
-        if invalidate_rkey is not None:
-            wr.imm_data = invalidate_rkey  # shares the union with invalidate_rkey
-        return wr
-
-    def _rdma_wr(
-        self,
-        opcode: WcOpcode,
-        wr_id: int,
-        sges: Sequence[Sge],
-        remote_addr: int,
-        rkey: int,
-        signaled: bool = True,
-    ) -> SendWR:
-        elements = self._sges(sges)
-        wr = SendWR(
-            wr_id=wr_id,
-            opcode=_SEND_OPCODES[opcode],
-            num_sge=len(elements),
-            sg=elements,
-            send_flags=e.IBV_SEND_SIGNALED if signaled else 0,
-        )
-        wr.set_wr_rdma(rkey, remote_addr)
-        return wr
-
     def _post_rdma(
         self, opcode: WcOpcode, wr_id: int, sges: Sequence[Sge], remote_addr: int, rkey: int
     ) -> None:
@@ -743,7 +738,12 @@ class PyverbsQueuePair:
             self._track(wr_id, opcode, sending=True)
             self._direct_post(poster, [wr_id], [wr], keep, sum(s.length for s in sges))
             return
-        wr = self._rdma_wr(opcode, wr_id, sges, remote_addr, rkey)
+        try:
+            wr = self._wrs.lone(
+                wr_id, _SEND_OPCODES[opcode], sges, remote_addr, rkey, e.IBV_SEND_SIGNALED
+            )
+        except ValueError as exc:
+            raise ProviderError(str(exc)) from exc
         self._track(wr_id, opcode, sending=True)
         self._post_send_wr(wr_id, wr)
 

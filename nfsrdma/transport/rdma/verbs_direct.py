@@ -35,7 +35,9 @@ from collections.abc import Callable, Sequence
 
 __all__ = [
     "CONTEXT_CMD_FD_OFFSET",
+    "CONTEXT_POLL_CQ_OFFSET",
     "CONTEXT_POST_SEND_OFFSET",
+    "CQ_CQE_OFFSET",
     "QP_NUM_OFFSET",
     "DirectUnavailable",
     "IbvMwBindInfo",
@@ -45,6 +47,7 @@ __all__ = [
     "SendPoster",
     "chain",
     "locate",
+    "locate_cq",
 ]
 
 _u16, _u32, _u64 = ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64
@@ -57,6 +60,10 @@ _PTR_SIZE = ctypes.sizeof(_ptr)
 CONTEXT_POST_SEND_OFFSET = _PTR_SIZE * (1 + 25)
 CONTEXT_CMD_FD_OFFSET = _PTR_SIZE * (1 + 32)
 QP_NUM_OFFSET = _PTR_SIZE * 6 + 4
+# struct ibv_cq: ``context``, ``channel``, ``cq_context``, ``handle``, then ``cqe``; the ops'
+# poll_cq is the 12th pointer.
+CQ_CQE_OFFSET = _PTR_SIZE * 3 + 4
+CONTEXT_POLL_CQ_OFFSET = _PTR_SIZE * (1 + 11)
 _QP_TYPE_OFFSET = QP_NUM_OFFSET + 8
 _IBV_QPT_RC = 2
 _USER_TOP = 1 << 47  # x86-64 user addresses are below this
@@ -154,6 +161,41 @@ def _words(memory: _Memory, obj: object) -> list[int]:
     return [w for (w,) in struct.iter_unpack("=Q", raw)]
 
 
+def _find_context(memory: _Memory, context: object) -> int:
+    cmd_fd = int(getattr(context, "cmd_fd", -1))
+    if cmd_fd < 0:
+        raise DirectUnavailable("a pyverbs Context without cmd_fd")
+    for word in _words(memory, context):
+        raw = memory.read(word, CONTEXT_CMD_FD_OFFSET + 4)
+        if raw is not None and struct.unpack_from("=i", raw, CONTEXT_CMD_FD_OFFSET)[0] == cmd_fd:
+            return word
+    raise DirectUnavailable("no struct ibv_context found in the pyverbs Context")
+
+
+def locate_cq(context: object, cq: object) -> tuple[int, int]:
+    """The ``struct ibv_context *`` and ``struct ibv_cq *`` inside pyverbs ``context``/``cq``
+    (the CQ's ``context`` and ``cqe`` must match). Raises ``DirectUnavailable`` otherwise."""
+    if _PTR_SIZE != 8:
+        raise DirectUnavailable("only 64-bit layouts are known")
+    cqe = int(getattr(cq, "cqe", -1))
+    if cqe < 0:
+        raise DirectUnavailable("a pyverbs CQ without cqe")
+    memory = _Memory()
+    try:
+        ctx_ptr = _find_context(memory, context)
+        for word in _words(memory, cq):
+            raw = memory.read(word, CQ_CQE_OFFSET + 4)
+            if raw is None:
+                continue
+            (cq_ctx,) = struct.unpack_from("=Q", raw, 0)
+            (size,) = struct.unpack_from("=i", raw, CQ_CQE_OFFSET)
+            if cq_ctx == ctx_ptr and size == cqe:
+                return ctx_ptr, word
+        raise DirectUnavailable("no struct ibv_cq found in the pyverbs CQ")
+    finally:
+        memory.close()
+
+
 def locate(context: object, qp: object) -> tuple[int, int]:
     """The ``struct ibv_context *`` and ``struct ibv_qp *`` inside pyverbs ``context``/``qp``.
 
@@ -166,17 +208,7 @@ def locate(context: object, qp: object) -> tuple[int, int]:
         raise DirectUnavailable("pyverbs objects without cmd_fd/qp_num")
     memory = _Memory()
     try:
-        ctx_ptr = 0
-        for word in _words(memory, context):
-            raw = memory.read(word, CONTEXT_CMD_FD_OFFSET + 4)
-            if (
-                raw is not None
-                and struct.unpack_from("=i", raw, CONTEXT_CMD_FD_OFFSET)[0] == cmd_fd
-            ):
-                ctx_ptr = word
-                break
-        if not ctx_ptr:
-            raise DirectUnavailable("no struct ibv_context found in the pyverbs Context")
+        ctx_ptr = _find_context(memory, context)
         for word in _words(memory, qp):
             raw = memory.read(word, _QP_TYPE_OFFSET + 4)
             if raw is None:

@@ -1,0 +1,118 @@
+"""Send queue work requests that pyverbs makes once per queue pair and rewrites per post.
+
+Every pyverbs object costs an allocation and a ``logging.getLogger`` (under the logging lock)
+when made, and the loop thread posts a Send for every reply, with an RDMA Write ahead of it for
+every Write chunk. ``ibv_post_send`` copies the work requests it is given, so the same objects
+can go out again at once, whatever buffer they describe: a ``SendWR``'s ``sg_list`` setter
+points the work request at the ``SGE``'s own ``struct ibv_sge`` (no copy), so rewriting that
+``SGE``'s address, length and key rewrites the work request's scatter list. Kept per queue
+pair: one Send, one lone RDMA Read/Write (never linked to another), and as many chained RDMA
+Writes as the longest chain so far; each object's ``next`` is set before every post of a
+chain, and the Send's and the lone one's never are (they always end their list).
+
+Only for the pyverbs post path, where the post happens before the next one is built (the
+``thread`` path queues posts and builds ctypes structures of its own). Multi-element
+scatter lists get fresh objects (a ``SendWR`` can point at one ``SGE`` only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyverbs.enums as e
+from pyverbs.wr import SGE, SendWR
+
+from nfsrdma.transport.rdma.provider import Sge
+
+__all__ = ["ReusedWrs"]
+
+
+class _Slot:
+    """One ``SendWR`` whose scatter list is its own ``SGE``."""
+
+    __slots__ = ("sge", "wr")
+
+    def __init__(self, opcode: int) -> None:
+        self.sge = SGE(0, 0, 0)
+        self.wr = SendWR(opcode=opcode, num_sge=1, sg=[self.sge], send_flags=0)
+        self.wr.sg_list = self.sge  # the work request now reads this SGE's element
+
+    def fill(self, wr_id: int, opcode: int, s: Sge, flags: int) -> SendWR:
+        sge, wr = self.sge, self.wr
+        sge.addr = s.addr
+        sge.length = s.length
+        sge.lkey = s.lkey
+        wr.wr_id = wr_id
+        wr.opcode = opcode
+        wr.send_flags = flags
+        return wr
+
+
+class ReusedWrs:
+    """The reusable work requests of one queue pair (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self._send = _Slot(e.IBV_WR_SEND)
+        self._lone = _Slot(e.IBV_WR_RDMA_WRITE)
+        self._links: list[_Slot] = []
+        self.made = 4  # pyverbs objects made so far (two per slot, one per fresh SGE and WR)
+
+    def send(
+        self, wr_id: int, sges: Sequence[Sge], flags: int, invalidate_rkey: int | None
+    ) -> SendWR:
+        """The Send (with Invalidate when ``invalidate_rkey`` is given), ending any list."""
+        opcode = e.IBV_WR_SEND if invalidate_rkey is None else e.IBV_WR_SEND_WITH_INV
+        if len(sges) != 1:
+            return self._fresh(wr_id, opcode, sges, flags, invalidate_rkey)
+        wr = self._send.fill(wr_id, opcode, sges[0], flags)
+        if invalidate_rkey is not None:
+            wr.imm_data = invalidate_rkey  # shares the union with invalidate_rkey
+        return wr
+
+    def lone(
+        self, wr_id: int, opcode: int, sges: Sequence[Sge], remote_addr: int, rkey: int, flags: int
+    ) -> SendWR:
+        """An RDMA Read or Write posted by itself."""
+        if len(sges) != 1:
+            wr = self._fresh(wr_id, opcode, sges, flags, None)
+        else:
+            wr = self._lone.fill(wr_id, opcode, sges[0], flags)
+        wr.set_wr_rdma(rkey, remote_addr)
+        return wr
+
+    def link(
+        self,
+        index: int,
+        wr_id: int,
+        sges: Sequence[Sge],
+        remote_addr: int,
+        rkey: int,
+        flags: int,
+        next_wr: SendWR,
+    ) -> SendWR:
+        """The ``index``-th RDMA Write of a chain, linked to ``next_wr``."""
+        if len(sges) != 1:
+            wr = self._fresh(wr_id, e.IBV_WR_RDMA_WRITE, sges, flags, None)
+        else:
+            links = self._links
+            while len(links) <= index:
+                links.append(_Slot(e.IBV_WR_RDMA_WRITE))
+                self.made += 2
+            wr = links[index].fill(wr_id, e.IBV_WR_RDMA_WRITE, sges[0], flags)
+        wr.set_wr_rdma(rkey, remote_addr)
+        wr.next_wr = next_wr
+        return wr
+
+    def _fresh(
+        self, wr_id: int, opcode: int, sges: Sequence[Sge], flags: int, imm: int | None
+    ) -> SendWR:
+        if not sges:
+            raise ValueError("a work request needs at least one SGE")
+        elements = [SGE(s.addr, s.length, s.lkey) for s in sges]
+        self.made += len(elements) + 1
+        wr = SendWR(
+            wr_id=wr_id, opcode=opcode, num_sge=len(elements), sg=elements, send_flags=flags
+        )
+        if imm is not None:
+            wr.imm_data = imm
+        return wr
