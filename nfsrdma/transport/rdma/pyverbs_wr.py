@@ -6,9 +6,10 @@ every Write chunk. ``ibv_post_send`` copies the work requests it is given, so th
 can go out again at once, whatever buffer they describe: a ``SendWR``'s ``sg_list`` setter
 points the work request at the ``SGE``'s own ``struct ibv_sge`` (no copy), so rewriting that
 ``SGE``'s address, length and key rewrites the work request's scatter list. Kept per queue
-pair: one Send, one lone RDMA Read/Write (never linked to another), and as many chained RDMA
-Writes as the longest chain so far; each object's ``next`` is set before every post of a
-chain, and the Send's and the lone one's never are (they always end their list).
+pair: one Send per opcode and flags combination, one lone RDMA Read/Write (never linked to
+another), and as many chained RDMA Writes as the longest chain so far; each object's ``next``
+is set before every post of a chain, and the Sends' and the lone one's never are (they always
+end their list).
 
 Only for the pyverbs post path, where the post happens before the next one is built (the
 ``thread`` path queues posts and builds ctypes structures of its own). Multi-element
@@ -32,17 +33,22 @@ class _Slot:
 
     __slots__ = ("sge", "wr")
 
-    def __init__(self, opcode: int) -> None:
+    def __init__(self, opcode: int, flags: int = 0) -> None:
         self.sge = SGE(0, 0, 0)
-        self.wr = SendWR(opcode=opcode, num_sge=1, sg=[self.sge], send_flags=0)
+        self.wr = SendWR(opcode=opcode, num_sge=1, sg=[self.sge], send_flags=flags)
         self.wr.sg_list = self.sge  # the work request now reads this SGE's element
 
-    def fill(self, wr_id: int, opcode: int, s: Sge, flags: int) -> SendWR:
+    def point(self, wr_id: int, s: Sge) -> SendWR:
+        """This slot's work request, as ``wr_id`` over ``s`` (opcode and flags unchanged)."""
         sge, wr = self.sge, self.wr
         sge.addr = s.addr
         sge.length = s.length
         sge.lkey = s.lkey
         wr.wr_id = wr_id
+        return wr
+
+    def fill(self, wr_id: int, opcode: int, s: Sge, flags: int) -> SendWR:
+        wr = self.point(wr_id, s)
         wr.opcode = opcode
         wr.send_flags = flags
         return wr
@@ -52,10 +58,12 @@ class ReusedWrs:
     """The reusable work requests of one queue pair (see the module's docstring)."""
 
     def __init__(self) -> None:
-        self._send = _Slot(e.IBV_WR_SEND)
+        # One Send per opcode and flags in use (a handful), so a post rewrites only its
+        # scatter element and wr_id.
+        self._sends: dict[int, _Slot] = {}
         self._lone = _Slot(e.IBV_WR_RDMA_WRITE)
         self._links: list[_Slot] = []
-        self.made = 4  # pyverbs objects made so far (two per slot, one per fresh SGE and WR)
+        self.made = 2  # pyverbs objects made so far (two per slot, one per fresh SGE and WR)
 
     def send(
         self, wr_id: int, sges: Sequence[Sge], flags: int, invalidate_rkey: int | None
@@ -64,7 +72,12 @@ class ReusedWrs:
         opcode = e.IBV_WR_SEND if invalidate_rkey is None else e.IBV_WR_SEND_WITH_INV
         if len(sges) != 1:
             return self._fresh(wr_id, opcode, sges, flags, invalidate_rkey)
-        wr = self._send.fill(wr_id, opcode, sges[0], flags)
+        key = flags | opcode << 16
+        slot = self._sends.get(key)
+        if slot is None:
+            slot = self._sends[key] = _Slot(opcode, flags)
+            self.made += 2
+        wr = slot.point(wr_id, sges[0])
         if invalidate_rkey is not None:
             wr.imm_data = invalidate_rkey  # shares the union with invalidate_rkey
         return wr

@@ -36,18 +36,23 @@ def _sges(c: IbvSendWr) -> list[tuple[int, int, int]]:
 
 def test_one_send_work_request_describes_whichever_buffer_is_posted() -> None:
     wrs = ReusedWrs()
-    made = wrs.made
     first = wrs.send(1, [Sge(0x10000, 100, 7)], e.IBV_SEND_SIGNALED, None)
     c = _c_wr(first)
     assert (c.wr_id, c.opcode, c.send_flags) == (1, e.IBV_WR_SEND, e.IBV_SEND_SIGNALED)
     assert _sges(c) == [(0x10000, 100, 7)]
     assert not c.next
-    # Rotating buffers (selective signalling) and lengths: the same object, rewritten.
+    unsignaled = wrs.send(2, [Sge(0x10000, 100, 7)], 0, None)
+    assert _c_wr(unsignaled).send_flags == 0 and c.send_flags == e.IBV_SEND_SIGNALED
+    made = wrs.made
+    # Rotating buffers (selective signalling) and lengths: the same objects, rewritten.
     for i in range(1000):
-        wr = wrs.send(2 + i, [Sge(0x20000 + 4096 * (i % 40), 60 + i, 9)], 0, None)
-        assert wr is first
-    assert (c.wr_id, c.send_flags) == (1001, 0)
+        signaled = i % 8 == 7
+        flags = e.IBV_SEND_SIGNALED if signaled else 0
+        wr = wrs.send(3 + i, [Sge(0x20000 + 4096 * (i % 40), 60 + i, 9)], flags, None)
+        assert wr is (first if signaled else unsignaled)
+    assert (c.wr_id, c.send_flags) == (1002, e.IBV_SEND_SIGNALED)
     assert _sges(c) == [(0x20000 + 4096 * (999 % 40), 60 + 999, 9)]
+    assert _c_wr(unsignaled).wr_id == 1001
     assert wrs.made == made  # no pyverbs object per post
 
 
@@ -61,7 +66,7 @@ def test_send_with_invalidate_carries_the_rkey() -> None:
 
 def test_a_chain_of_writes_links_to_the_send_which_ends_it() -> None:
     wrs = ReusedWrs()
-    send = wrs.send(30, [Sge(0x9000, 200, 3)], e.IBV_SEND_SIGNALED, None)
+    send = wrs.send(30, [Sge(0x9000, 200, 3)], 0, None)
     second = wrs.link(1, 21, [Sge(0x5000, 8000, 4)], 0xF000, 0x77, 0, send)
     first = wrs.link(0, 20, [Sge(0x4000, 4096, 4)], 0xE000, 0x66, 0, second)
     made = wrs.made
