@@ -69,7 +69,7 @@ from nfsrdma.transport.rdma.provider import (
     WcStatus,
 )
 from nfsrdma.transport.rdma.pyverbs_memory import PyverbsPD, PyverbsRegion, PyverbsWindow
-from nfsrdma.transport.rdma.pyverbs_wr import ReusedWrs
+from nfsrdma.transport.rdma.pyverbs_wr import Chain, RdmaChain, ReusedWrs, SendChain
 from nfsrdma.transport.rdma.rdmacm import QpAttr
 from nfsrdma.transport.rdma.verbs_direct import (
     DirectUnavailable,
@@ -89,6 +89,7 @@ __all__ = [
     "poll_mode",
     "post_mode",
     "qp_attributes",
+    "verbs_batch",
     "wc_opcode",
 ]
 
@@ -149,6 +150,18 @@ def poll_mode() -> str:
         log.warning("NFSRDMA_VERBS_POLL=%s is not one of %s", mode, ", ".join(POLL_MODES))
         return DEFAULT_POLL_MODE
     return mode
+
+
+def verbs_batch() -> bool:
+    """Whether the pyverbs path posts the replies that one CQ event's completions produced
+    with one ``ibv_post_send`` (``NFSRDMA_VERBS_BATCH=1``; default off)."""
+    return os.environ.get("NFSRDMA_VERBS_BATCH", "0") not in ("", "0")
+
+
+def _chain_ids(chain: Chain) -> list[int]:
+    if isinstance(chain, SendChain):
+        return [*(w.wr_id for w in chain.writes), chain.wr_id]
+    return [chain.wr_id]
 
 
 def offload_bytes() -> int:
@@ -290,6 +303,8 @@ class PyverbsQueuePair:
         self._closed = False
         self._recv_wrs: dict[tuple[int, int, int], RecvWR] = {}
         self._wrs = ReusedWrs()  # the pyverbs path's Send and RDMA work requests
+        self._batch = verbs_batch()
+        self._held: list[Chain] | None = None  # chains held back during a dispatch
         context = device.context
         self._comp, self._comp_fd = create_with_descriptor(
             lambda: CompChannel(context), COMPLETION_CHANNEL
@@ -470,12 +485,19 @@ class PyverbsQueuePair:
                 break
         counts["completions"] += len(completions)
         failure: Completion | None = None
-        for completion in completions:
-            if self._closed:
-                return
-            self._on_event(completion)
-            if failure is None and not completion.ok:
-                failure = completion
+        hold = self._batch and self._poster is None and len(completions) > 1
+        if hold:
+            self._held = []
+        try:
+            for completion in completions:
+                if self._closed:
+                    return
+                self._on_event(completion)
+                if failure is None and not completion.ok:
+                    failure = completion
+        finally:
+            if hold:
+                self._ring_held()
         if failure is not None:
             self._break(
                 f"{failure.opcode.name} completed with {failure.status.name}", failure.status
@@ -524,6 +546,8 @@ class PyverbsQueuePair:
             counts["recv_wrs"] += 1
 
     def _post_send_wr(self, wr_id: int, wr: SendWR) -> None:
+        if self._held:  # behind the chains held back, in order
+            self._ring_held()
         self.counts["doorbells"] += 1
         thread = self._post_thread
         if thread is not None and not thread.idle:  # behind the thread's posts, in order
@@ -643,44 +667,52 @@ class PyverbsQueuePair:
         if self._poster is not None:
             self._direct_send(self._poster, wr_id, sges, invalidate_rkey, inline, writes, signaled)
             return
-        wrs = self._wrs
+        if not sges or any(not w.sges for w in writes):
+            raise ProviderError("a work request needs at least one SGE")
         flags = (e.IBV_SEND_SIGNALED if signaled else 0) | (e.IBV_SEND_INLINE if inline else 0)
-        try:
-            wr = wrs.send(wr_id, sges, flags, invalidate_rkey)
-        except ValueError as exc:
-            raise ProviderError(str(exc)) from exc
-        if not writes:
-            self._track(wr_id, WcOpcode.SEND, sending=True, signaled=signaled)
-            self._post_send_wr(wr_id, wr)
-            return
-        # The RDMA Writes, then the Send, linked into one list: one ibv_post_send. Linked from
-        # the last, each to the one after it.
-        first = wr
-        for i in range(len(writes) - 1, -1, -1):
-            w = writes[i]
-            try:
-                first = wrs.link(
-                    i,
-                    w.wr_id,
-                    w.sges,
-                    w.remote_addr,
-                    w.rkey,
-                    e.IBV_SEND_SIGNALED if w.signaled else 0,
-                    first,
-                )
-            except ValueError as exc:
-                raise ProviderError(str(exc)) from exc
-        ids = [w.wr_id for w in writes]
         for w in writes:
             self._track(w.wr_id, WcOpcode.RDMA_WRITE, sending=True, signaled=w.signaled)
         self._track(wr_id, WcOpcode.SEND, sending=True, signaled=signaled)
-        self.counts["doorbells"] += 1
+        self._chain(SendChain(wr_id, sges, flags, invalidate_rkey, writes))
+
+    # The pyverbs path: chains posted at once, or held while completions are dispatched and
+    # posted together after them (one ibv_post_send, one doorbell, for all the replies that
+    # the completions of one CQ event produced).
+
+    def _chain(self, chain: Chain) -> None:
+        held = self._held
+        if held is not None:
+            held.append(chain)
+            return
         try:
-            self._qp.post_send(first)
+            self._ring([chain])
         except PyverbsError as exc:
-            for i in [*ids, wr_id]:
+            for i in _chain_ids(chain):
                 self._outstanding.pop(i, None)
             raise _post_failure(exc) from exc
+
+    def _ring(self, chains: list[Chain]) -> None:
+        first = self._wrs.batch(chains)
+        self.counts["doorbells"] += 1
+        self._qp.post_send(first)
+
+    def _ring_held(self) -> None:
+        """Post what was held back; a failure is the chains' error completions and a broken
+        connection (their posts already returned to the callers)."""
+        held, self._held = self._held, None
+        if not held or self._closed:
+            return
+        try:
+            self._ring(held)
+        except PyverbsError as exc:
+            reason = str(_post_failure(exc))
+            log.error("%s", reason)
+            for chain in held:
+                for i in _chain_ids(chain):
+                    opcode = self._outstanding.pop(i, None)
+                    if opcode is not None and not self._closed:
+                        self._on_event(Completion(i, WcStatus.LOC_QP_OP_ERR, opcode))
+            self._break(reason, WcStatus.LOC_QP_OP_ERR)
 
     def _direct_send(
         self,
@@ -738,14 +770,12 @@ class PyverbsQueuePair:
             self._track(wr_id, opcode, sending=True)
             self._direct_post(poster, [wr_id], [wr], keep, sum(s.length for s in sges))
             return
-        try:
-            wr = self._wrs.lone(
-                wr_id, _SEND_OPCODES[opcode], sges, remote_addr, rkey, e.IBV_SEND_SIGNALED
-            )
-        except ValueError as exc:
-            raise ProviderError(str(exc)) from exc
+        if not sges:
+            raise ProviderError("a work request needs at least one SGE")
         self._track(wr_id, opcode, sending=True)
-        self._post_send_wr(wr_id, wr)
+        self._chain(
+            RdmaChain(wr_id, _SEND_OPCODES[opcode], sges, remote_addr, rkey, e.IBV_SEND_SIGNALED)
+        )
 
     def post_rdma_write(self, wr_id: int, sges: Sequence[Sge], remote_addr: int, rkey: int) -> None:
         self._post_rdma(WcOpcode.RDMA_WRITE, wr_id, sges, remote_addr, rkey)

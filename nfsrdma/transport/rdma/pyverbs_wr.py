@@ -19,13 +19,40 @@ scatter lists get fresh objects (a ``SendWR`` can point at one ``SGE`` only).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pyverbs.enums as e
 from pyverbs.wr import SGE, SendWR
 
-from nfsrdma.transport.rdma.provider import Sge
+from nfsrdma.transport.rdma.provider import RdmaWriteRequest, Sge
 
-__all__ = ["ReusedWrs"]
+__all__ = ["Chain", "RdmaChain", "ReusedWrs", "SendChain"]
+
+
+@dataclass(frozen=True, slots=True)
+class SendChain:
+    """A Send (with Invalidate when ``invalidate_rkey`` is set), the RDMA Writes ahead of it."""
+
+    wr_id: int
+    sges: Sequence[Sge]
+    flags: int
+    invalidate_rkey: int | None
+    writes: Sequence[RdmaWriteRequest]
+
+
+@dataclass(frozen=True, slots=True)
+class RdmaChain:
+    """An RDMA Read or Write by itself."""
+
+    wr_id: int
+    opcode: int
+    sges: Sequence[Sge]
+    remote_addr: int
+    rkey: int
+    flags: int
+
+
+Chain = SendChain | RdmaChain
 
 
 class _Slot:
@@ -64,6 +91,9 @@ class ReusedWrs:
         self._lone = _Slot(e.IBV_WR_RDMA_WRITE)
         self._links: list[_Slot] = []
         self.made = 2  # pyverbs objects made so far (two per slot, one per fresh SGE and WR)
+        # Fresh objects of the list being built: a SendWR's ``next`` is a bare C pointer, so
+        # nothing else holds them until the post (kept until the next batch).
+        self._fresh_wrs: list[SendWR] = []
 
     def send(
         self, wr_id: int, sges: Sequence[Sge], flags: int, invalidate_rkey: int | None
@@ -116,6 +146,36 @@ class ReusedWrs:
         wr.next_wr = next_wr
         return wr
 
+    def batch(self, chains: Sequence[Chain]) -> SendWR:
+        """``chains`` in order as one list (one ``ibv_post_send``). The last one ends the list
+        and uses the reusable objects; a Send or lone RDMA work request followed by another
+        chain is a fresh object (a reusable one's ``next`` could not be cleared again)."""
+        self._fresh_wrs.clear()
+        nxt: SendWR | None = None
+        index = 0  # chained RDMA Writes so far, each with its own reusable object
+        for c in reversed(chains):
+            if isinstance(c, SendChain):
+                if nxt is None:
+                    wr = self.send(c.wr_id, c.sges, c.flags, c.invalidate_rkey)
+                else:
+                    opcode = e.IBV_WR_SEND if c.invalidate_rkey is None else e.IBV_WR_SEND_WITH_INV
+                    wr = self._fresh(c.wr_id, opcode, c.sges, c.flags, c.invalidate_rkey)
+                    wr.next_wr = nxt
+                for w in reversed(c.writes):
+                    flags = e.IBV_SEND_SIGNALED if w.signaled else 0
+                    wr = self.link(index, w.wr_id, w.sges, w.remote_addr, w.rkey, flags, wr)
+                    index += 1
+            elif nxt is None:
+                wr = self.lone(c.wr_id, c.opcode, c.sges, c.remote_addr, c.rkey, c.flags)
+            else:
+                wr = self._fresh(c.wr_id, c.opcode, c.sges, c.flags, None)
+                wr.set_wr_rdma(c.rkey, c.remote_addr)
+                wr.next_wr = nxt
+            nxt = wr
+        if nxt is None:
+            raise ValueError("nothing to post")
+        return nxt
+
     def _fresh(
         self, wr_id: int, opcode: int, sges: Sequence[Sge], flags: int, imm: int | None
     ) -> SendWR:
@@ -128,4 +188,5 @@ class ReusedWrs:
         )
         if imm is not None:
             wr.imm_data = imm
+        self._fresh_wrs.append(wr)
         return wr
