@@ -30,7 +30,7 @@ import pyverbs.enums as e
 from pyverbs.cq import WC
 from pyverbs.wr import SGE, SendWR
 
-from nfsrdma.transport.rdma.provider import Sge
+from nfsrdma.transport.rdma.provider import RdmaWriteRequest, Sge
 from nfsrdma.transport.rdma.pyverbs_wr import ReusedWrs
 from nfsrdma.transport.rdma.verbs_poll import _WC, WC_SIZE
 
@@ -101,14 +101,15 @@ def main() -> None:
         return old.send(i, buf(i), i % 8 == 0)
 
     def new_send(i: int) -> object:
-        return new.send(i, [buf(i)], e.IBV_SEND_SIGNALED if i % 8 == 0 else 0, None)
+        flags = e.IBV_SEND_SIGNALED if i % 8 == 0 else 0
+        return new.chain(i, [buf(i)], flags, None, ())
 
     def old_chain(i: int) -> object:
         return old.chain(2 * i + 1, buf(i), data)
 
     def new_chain(i: int) -> object:
-        send = new.send(2 * i + 1, [buf(i)], 0, None)
-        return new.link(0, 2 * i, [data], 0xE000, 0x55, 0, send)
+        write = RdmaWriteRequest(2 * i, [data], 0xE000, 0x55, False)
+        return new.chain(2 * i + 1, [buf(i)], 0, None, [write])
 
     raw = ctypes.create_string_buffer(WC_SIZE * 32)
     for k in range(2):

@@ -673,7 +673,19 @@ class PyverbsQueuePair:
         for w in writes:
             self._track(w.wr_id, WcOpcode.RDMA_WRITE, sending=True, signaled=w.signaled)
         self._track(wr_id, WcOpcode.SEND, sending=True, signaled=signaled)
-        self._chain(SendChain(wr_id, sges, flags, invalidate_rkey, writes))
+        held = self._held
+        if held is not None:
+            held.append(SendChain(wr_id, sges, flags, invalidate_rkey, writes))
+            return
+        first = self._wrs.chain(wr_id, sges, flags, invalidate_rkey, writes)
+        self.counts["doorbells"] += 1
+        try:
+            self._qp.post_send(first)
+        except PyverbsError as exc:
+            for w in writes:
+                self._outstanding.pop(w.wr_id, None)
+            self._outstanding.pop(wr_id, None)
+            raise _post_failure(exc) from exc
 
     # The pyverbs path: chains posted at once, or held while completions are dispatched and
     # posted together after them (one ibv_post_send, one doorbell, for all the replies that

@@ -146,6 +146,25 @@ class ReusedWrs:
         wr.next_wr = next_wr
         return wr
 
+    def chain(
+        self,
+        wr_id: int,
+        sges: Sequence[Sge],
+        flags: int,
+        invalidate_rkey: int | None,
+        writes: Sequence[RdmaWriteRequest],
+    ) -> SendWR:
+        """One Send and the RDMA Writes ahead of it, as a list of its own (the common post)."""
+        fresh = self._fresh_wrs
+        if fresh:
+            fresh.clear()
+        wr = self.send(wr_id, sges, flags, invalidate_rkey)
+        for i in range(len(writes) - 1, -1, -1):
+            w = writes[i]
+            flags = e.IBV_SEND_SIGNALED if w.signaled else 0
+            wr = self.link(i, w.wr_id, w.sges, w.remote_addr, w.rkey, flags, wr)
+        return wr
+
     def batch(self, chains: Sequence[Chain]) -> SendWR:
         """``chains`` in order as one list (one ``ibv_post_send``). The last one ends the list
         and uses the reusable objects; a Send or lone RDMA work request followed by another
