@@ -206,3 +206,39 @@ def test_a_failed_batch_completes_in_error_and_breaks(loop: asyncio.AbstractEven
     loop.call_soon(after.set_result, None)  # runs after the delivery already scheduled
     loop.run_until_complete(after)
     assert isinstance(h.events[-1], Disconnected)
+
+
+def test_polled_rows_become_completions(loop: asyncio.AbstractEventLoop) -> None:
+    """The ctypes poll's rows: status, opcode, length, and a remote invalidation's rkey (the
+    device's flag mask), as the pyverbs WC path reported them."""
+    qp, h = _bare(False, loop)
+    qp._device.with_inv_mask = 0x40  # type: ignore[misc]
+    qp._outstanding.update({1: WcOpcode.RECV, 2: WcOpcode.RECV})
+    qp._cq_poller.poll = lambda: [  # type: ignore[union-attr]
+        (1, 0, 128, 0, 180, 0x1234ABCD, 1, 0, 0x40, 0, 0, 0, 0),
+        (2, 0, 128, 0, 90, 0x99, 1, 0, 0, 0, 0, 0, 0),
+        (77, 5, 0, 0x11, 0, 0, 1, 0, 0, 0, 0, 0, 0),  # unknown wr_id, flushed Send
+    ]
+    qp._on_cq_readable()
+    got = [ev for ev in h.events if isinstance(ev, Completion)]
+    assert got == [
+        Completion(1, WcStatus.SUCCESS, WcOpcode.RECV, 180, 0x1234ABCD),
+        Completion(2, WcStatus.SUCCESS, WcOpcode.RECV, 90, None),
+        Completion(77, WcStatus.WR_FLUSH_ERR, WcOpcode.SEND, 0, None),
+    ]
+    assert qp.broken  # an error completion breaks the connection
+
+
+def test_a_failing_poll_breaks_the_connection(loop: asyncio.AbstractEventLoop) -> None:
+    qp, h = _bare(False, loop)
+
+    def fail() -> list[tuple[int, ...]]:
+        raise OSError(5, "ibv_poll_cq failed")
+
+    qp._cq_poller.poll = fail  # type: ignore[union-attr]
+    qp._on_cq_readable()
+    assert qp.broken
+    after: asyncio.Future[None] = loop.create_future()
+    loop.call_soon(after.set_result, None)
+    loop.run_until_complete(after)
+    assert isinstance(h.events[-1], Disconnected) and "poll_cq" in h.events[-1].reason
