@@ -164,10 +164,16 @@ class LocalVfs(Vfs):
         """After ENOENT inside a directory: a removed directory means a stale handle."""
         self._res.stat(pin)
 
-    def _after_unlink(self, fd: int, parent_fh: bytes, name: bytes) -> None:
-        """Bookkeeping for an object that just lost the name ``name`` (``fd`` still open)."""
+    def _after_unlink(
+        self, fd: int, parent_fh: bytes, name: bytes, fh: bytes | None = None
+    ) -> None:
+        """Bookkeeping for an object that just lost the name ``name`` (``fd`` still open; its
+        handle ``fh`` if known)."""
         try:
-            fh, st = self._res.make_handle(fd)
+            if fh is None:
+                fh, st = self._res.make_handle(fd)
+            else:
+                st = os.fstat(fd)
         except OSError:
             return
         if st.st_nlink == 0:
@@ -221,6 +227,30 @@ class LocalVfs(Vfs):
                 raise
         return _posix_access(st, cred if self._ident.enabled else self._ident.server, mode)
 
+    def _access_results(
+        self, fd: int, st: os.stat_result, cred: Cred, wants: set[int]
+    ) -> dict[int, bool]:
+        """Whether the caller has each access mode (R_OK/W_OK/X_OK combinations) in ``wants``,
+        in as few checks as the answers allow: execute of a regular file with no execute bit is
+        refused without asking (the kernel refuses it to everyone: no capability overrides it,
+        no ACL entry can grant it past the mask the group bits show); the others are asked
+        together first, and one by one only if not all are granted."""
+        results: dict[int, bool] = {}
+        if stat.S_ISREG(st.st_mode) and not st.st_mode & 0o111:
+            for want in wants:
+                if want & os.X_OK:
+                    results[want] = False
+        ask = [want for want in wants if want not in results]
+        if len(ask) > 1:
+            union = 0
+            for want in ask:
+                union |= want
+            if self._access_ok(fd, st, cred, union):
+                return dict.fromkeys(ask, True) | results
+        for want in ask:
+            results[want] = self._access_ok(fd, st, cred, want)
+        return results
+
     # ----------------------------------------------------------------- queries
 
     def getattr(self, fh: bytes) -> Attributes:
@@ -251,6 +281,11 @@ class LocalVfs(Vfs):
         pin = self._res.pin(dir_fh)
         try:
             self._ident.apply(self._cred(cred))
+            known = self._res.object_at_name(pin, bname)
+            if known is not None:  # the name's object is cached: no open, no handle to make
+                known[0].release()
+                self._res.found_inside(known[0].key)
+                return known[0].key
             try:
                 fd = open_component(pin.fd, bname)
             except FileNotFoundError:
@@ -322,14 +357,12 @@ class LocalVfs(Vfs):
                 }
             if self.export.read_only:
                 mask &= ~_MODIFYING
+            wants = {want for bit, want in table.items() if mask & bit}
+            results = self._access_results(pin.fd, st, ecred, wants)
             allowed = 0
-            results: dict[int, bool] = {}
             for bit, want in table.items():
-                if mask & bit:
-                    if want not in results:
-                        results[want] = self._access_ok(pin.fd, st, ecred, want)
-                    if results[want]:
-                        allowed |= bit
+                if mask & bit and results[want]:
+                    allowed |= bit
             return allowed
         finally:
             pin.release()
@@ -630,6 +663,7 @@ class LocalVfs(Vfs):
         self._changes.bump(pin.fileid)
         self._res.remember(fh, pin.key, name)
         self._res.fds.put(fh, path_fd, st.st_ino)
+        self._res.found_inside(fh)  # (made by name in a directory inside: as LOOKUP's)
         of = self._open_file(fd, fh, st.st_ino, readable=True, writable=True)
         return fh, of, True
 
@@ -664,6 +698,7 @@ class LocalVfs(Vfs):
             raise
         self._res.remember(fh, pin.key, name)
         self._res.fds.put(fh, path_fd, st.st_ino)
+        self._res.found_inside(fh)  # (opened by name in a directory inside: as LOOKUP's)
         of = self._open_file(fd, fh, st.st_ino, readable=read, writable=write)
         return fh, of, created
 
@@ -822,6 +857,22 @@ class LocalVfs(Vfs):
         try:
             self._ident.apply(self._cred(cred))
             for _ in range(4):
+                known = self._res.object_at_name(pin, bname)
+                if known is not None:  # the name's object is cached: no open, no handle to make
+                    kpin, kst = known
+                    try:
+                        try:
+                            if stat.S_ISDIR(kst.st_mode):
+                                os.rmdir(bname, dir_fd=pin.fd)
+                            else:
+                                os.unlink(bname, dir_fd=pin.fd)
+                        except (IsADirectoryError, NotADirectoryError):
+                            continue  # replaced by another type meanwhile
+                        self._changes.bump(pin.fileid)
+                        self._after_unlink(kpin.fd, pin.key, bname, kpin.key)
+                        return
+                    finally:
+                        kpin.release()
                 try:
                     vfd = open_component(pin.fd, bname)
                 except FileNotFoundError:

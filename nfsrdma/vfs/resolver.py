@@ -134,6 +134,9 @@ class Resolver:
         self._ident = ident
         self._loc_lock = threading.Lock()
         self._locations: OrderedDict[bytes, tuple[bytes, bytes]] = OrderedDict()
+        # The reverse of _locations, (parent handle, name) -> handle: a hint only, confirmed by
+        # an fstatat of the name against a cached descriptor (object_at_name)
+        self._names: dict[tuple[bytes, bytes], bytes] = {}
         self._orphans: dict[bytes, tuple[int, int]] = {}  # fh -> (O_PATH fd, fileid)
         self._location_capacity = location_cache_size
         self.cloned = False
@@ -277,7 +280,7 @@ class Resolver:
         with self._loc_lock:
             old = self._orphans.get(fh)
             self._orphans[fh] = (dup, fileid)
-            self._locations.pop(fh, None)
+            self._drop_location(fh)
         if old is not None:
             os.close(old[0])
         self.fds.discard(fh)  # a cached descriptor would read as " (deleted)": use the orphan
@@ -429,20 +432,58 @@ class Resolver:
         with self._loc_lock:
             if not replace and fh in self._locations:
                 return
+            self._drop_location(fh)
             self._locations[fh] = (parent_fh, name)
-            self._locations.move_to_end(fh)
+            self._names[parent_fh, name] = fh
             while len(self._locations) > self._location_capacity:
-                self._locations.popitem(last=False)
+                self._drop_location(next(iter(self._locations)))
+
+    def _drop_location(self, fh: bytes) -> None:
+        """Forget where ``fh`` was seen (``_loc_lock`` held)."""
+        loc = self._locations.pop(fh, None)
+        if loc is not None and self._names.get(loc) == fh:
+            del self._names[loc]
 
     def unname(self, fh: bytes, parent_fh: bytes, name: bytes) -> None:
         """``name`` in ``parent_fh`` no longer refers to ``fh``."""
         with self._loc_lock:
             if self._locations.get(fh) == (parent_fh, name):
-                del self._locations[fh]
+                self._drop_location(fh)
 
     def forget(self, fh: bytes) -> None:
         """The object is gone: drop its descriptor and location."""
         self.fds.discard(fh)
         self._kept.pop(fh, None)
         with self._loc_lock:
-            self._locations.pop(fh, None)
+            self._drop_location(fh)
+
+    def object_at_name(self, dir_pin: Pin, name: bytes) -> tuple[Pin, os.stat_result] | None:
+        """The cached descriptor of the object ``name`` in the directory ``dir_pin`` (inside the
+        export, the caller's identity applied) refers to now, pinned, with the name's stat; None
+        (nothing pinned) unless the name was last seen as a handle whose descriptor is cached.
+
+        One fstatat of the name (no symlink followed, the caller's search permission checked by
+        the kernel) instead of an open, fstat, name_to_handle_at and close: the name's inode is
+        the cached descriptor's, which keeps that inode from being reused while it is open, so
+        the object found by name *is* the cached one, and inside the export (the same trust as
+        LOOKUP's descriptor opened by name). Only on a cloned export mount, which has no
+        submounts to cross (make_handle's mount check is not needed); errors (no such name,
+        no permission) give None: the caller's usual path answers them."""
+        if not self.cloned:
+            return None
+        with self._loc_lock:
+            fh = self._names.get((dir_pin.key, name))
+        if fh is None:
+            return None
+        pin = self.fds.acquire(fh)
+        if pin is None:
+            return None
+        try:
+            st = os.stat(name, dir_fd=dir_pin.fd, follow_symlinks=False)
+        except OSError:
+            pin.release()
+            return None
+        if st.st_ino != pin.fileid or st.st_dev != self.dev or pin.fd == self._root_fd:
+            pin.release()
+            return None
+        return pin, st
