@@ -49,12 +49,25 @@ DELETED: Final = b" (deleted)"
 WINDOW = threading.local()
 
 
+class Checked(set[tuple[int, bytes]]):
+    """A check window's set of what it found inside, with the move watch's epoch when the
+    window opened (after its poll): what the window finds inside *by name* (LOOKUP, a create)
+    may be trusted in later windows while that epoch lasts, since any move or removal that
+    could have taken it out since the window opened ends the epoch at a later poll."""
+
+    __slots__ = ("epoch",)
+
+    def __init__(self, epoch: int) -> None:
+        super().__init__()
+        self.epoch = epoch
+
+
 def open_window() -> None:
     """Open the calling thread's check window (see the module docstring); with a move watch,
     take in the moves and removals that happened since the last window (a new epoch)."""
-    WINDOW.checked = set()
     if MOVES.active:
         MOVES.poll()
+    WINDOW.checked = Checked(MOVES.epoch)
 
 
 def close_window() -> None:

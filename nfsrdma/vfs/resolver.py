@@ -335,6 +335,12 @@ class Resolver:
         checked = getattr(WINDOW, "checked", None)
         if checked is not None:
             checked.add((self._root_fd, fh))
+            epoch = getattr(checked, "epoch", -1)
+            if self.watched and epoch >= 0:  # kept while the window's opening epoch lasts
+                kept = self._kept
+                if len(kept) >= self._kept_capacity:
+                    kept.clear()
+                kept[fh] = epoch
 
     def _inside(self, fd: int, st: os.stat_result | None = None) -> bool:
         """Whether ``fd`` (not the root's) names an object inside the export now."""
