@@ -17,8 +17,8 @@
 * A *move watch* (:class:`MoveWatch`, fanotify) extends that trust across windows where it can
   be proven safe: on a local file system (ext4, XFS, Btrfs, tmpfs, F2FS) that the server may
   watch whole (CAP_SYS_ADMIN), every rename, unlink and rmdir anywhere on it queues an event
-  before its system call returns. Opening a window polls the queue (one ``poll`` instead of a
-  ``readlink`` per descriptor); any event, or a lost one (queue overflow is an event too),
+  before its system call returns. Opening a window polls the queue (one non-blocking ``read``
+  instead of a ``readlink`` per descriptor); any event, or a lost one (queue overflow is an event too),
   starts a new *epoch*, and a descriptor found inside stays trusted only while the epoch in
   which it was checked lasts. So a COMPOUND that starts after a local process moved an object
   (or an ancestor) out, or removed a name, checks again, as before; only the ``readlink`` of
@@ -30,9 +30,7 @@ from __future__ import annotations
 import errno
 import itertools
 import os
-import select
 import threading
-from collections.abc import Callable
 from typing import Final
 
 from nfsrdma.vfs import syscalls
@@ -85,6 +83,8 @@ def window() -> set[tuple[int, bytes]] | None:
 # it): ext4, XFS, Btrfs, tmpfs, F2FS. Not network or FUSE file systems, nor overlayfs, whose
 # lower layers may change unseen.
 LOCAL_FILESYSTEMS: Final = frozenset({0xEF53, 0x58465342, 0x9123683E, 0x01021994, 0xF2F52010})
+_EVENTS_READ: Final = 16384  # octets of events read at once (a DIR_FID event: about 56)
+_EVENT_MAX: Final = 4096  # more than one event with its file handle (a full read: read again)
 _MOVE_EVENTS: Final = (
     syscalls.FAN_MOVED_FROM | syscalls.FAN_MOVED_TO | syscalls.FAN_DELETE | syscalls.FAN_ONDIR
 )
@@ -104,7 +104,7 @@ class MoveWatch:
         self.lost = False  # the group failed (read error): no trust from now on
         self._epochs = itertools.count(1)  # (next() is atomic under the GIL)
         self._lock = threading.Lock()  # watch() only
-        self._ready: Callable[[float], list[tuple[int, int]]] | None = None
+        self._polling = threading.Lock()  # one poll at a time: read and new epoch together
         self._watched: set[int] = set()  # st_dev of the watched file systems
 
     def watch(self, dirfd: int) -> bool:
@@ -120,12 +120,9 @@ class MoveWatch:
                 if dev in self._watched:
                     return True
                 if self.fd < 0:
-                    fd = syscalls.fanotify_init(
+                    self.fd = syscalls.fanotify_init(
                         syscalls.FAN_CLOEXEC | syscalls.FAN_NONBLOCK | syscalls.FAN_REPORT_DIR_FID
                     )
-                    ready = select.epoll(1)
-                    ready.register(fd, select.EPOLLIN)
-                    self.fd, self._ready = fd, ready.poll
                 syscalls.fanotify_mark_filesystem(self.fd, _MOVE_EVENTS, dirfd)
                 self._watched.add(dev)
                 self.epoch = next(self._epochs)  # (what happened before the mark was not seen)
@@ -135,22 +132,25 @@ class MoveWatch:
             return False
 
     def poll(self) -> None:
-        """Take in the events queued since the last poll; any: a new epoch, before and after
-        draining them. Before: a thread that finds the queue empty while this one drains it
-        sees a new epoch already; after: a check made meanwhile may predate an event drained
-        with the others."""
-        ready = self._ready
-        if ready is None or not ready(0):
+        """Take in the events queued since the last poll; any: a new epoch. One non-blocking
+        read of the queue (nothing queued: EAGAIN), the next ones only while reads come back
+        full. Polls run one at a time, and the epoch changes before the lock is released: a
+        thread that finds the queue empty because another one just took its events in waits
+        for that poll to end, so it sees the new epoch too."""
+        if self.fd < 0:
             return
-        self.epoch = next(self._epochs)
-        try:
-            while True:
-                os.read(self.fd, 65536)
-        except BlockingIOError:
-            pass
-        except OSError:
-            self.lost = True  # (never trusted again)
-        self.epoch = next(self._epochs)
+        with self._polling:
+            got = False
+            try:
+                while len(os.read(self.fd, _EVENTS_READ)) > _EVENTS_READ - _EVENT_MAX:
+                    got = True
+                got = True
+            except BlockingIOError:
+                pass
+            except OSError:
+                self.lost = True  # (never trusted again)
+            if got:
+                self.epoch = next(self._epochs)
 
     def trusted(self, epoch: int) -> bool:
         """Whether a check made in ``epoch`` still holds (no move or removal taken in since)."""

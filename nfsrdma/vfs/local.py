@@ -165,26 +165,31 @@ class LocalVfs(Vfs):
         self._res.stat(pin)
 
     def _after_unlink(
-        self, fd: int, parent_fh: bytes, name: bytes, fh: bytes | None = None
+        self, fd: int, parent_fh: bytes, name: bytes, fh: bytes | None = None, gone: int = -1
     ) -> None:
         """Bookkeeping for an object that just lost the name ``name`` (``fd`` still open; its
-        handle ``fh`` if known)."""
-        try:
-            if fh is None:
-                fh, st = self._res.make_handle(fd)
-            else:
-                st = os.fstat(fd)
-        except OSError:
-            return
-        if st.st_nlink == 0:
+        handle ``fh`` if known; ``gone``: its fileid if it had no other name, so no fstat is
+        needed to know it has none left)."""
+        if fh is not None and gone >= 0:
+            nlink, fileid = 0, gone
+        else:
+            try:
+                if fh is None:
+                    fh, st = self._res.make_handle(fd)
+                else:
+                    st = os.fstat(fd)
+            except OSError:
+                return
+            nlink, fileid = st.st_nlink, st.st_ino
+        if nlink == 0:
             with self._open_lock:
                 still_open = fh in self._open_counts
                 if still_open:  # under the lock: the last close cannot slip in between
-                    self._res.keep_orphan(fh, fd, st.st_ino)
+                    self._res.keep_orphan(fh, fd, fileid)
             if not still_open:
                 self._res.forget(fh)
             return
-        self._changes.bump(st.st_ino)
+        self._changes.bump(fileid)
         self._res.unname(fh, parent_fh, name)
 
     def _open_file(
@@ -869,7 +874,11 @@ class LocalVfs(Vfs):
                         except (IsADirectoryError, NotADirectoryError):
                             continue  # replaced by another type meanwhile
                         self._changes.bump(pin.fileid)
-                        self._after_unlink(kpin.fd, pin.key, bname, kpin.key)
+                        # A directory has one name; a file with one link had one (a link made
+                        # meanwhile: its handle is resolved again, by the kernel's handle)
+                        one = stat.S_ISDIR(kst.st_mode) or kst.st_nlink == 1
+                        gone = kst.st_ino if one else -1
+                        self._after_unlink(kpin.fd, pin.key, bname, kpin.key, gone)
                         return
                     finally:
                         kpin.release()

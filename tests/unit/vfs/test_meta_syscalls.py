@@ -30,8 +30,10 @@ from nfsrdma.vfs import (
     FileType,
     LocalVfs,
     StaleHandle,
+    attrs,
+    confine,
+    syscalls,
 )
-from nfsrdma.vfs import attrs, confine, syscalls
 
 from .conftest import ROOT, U1000, MakeVfs, needs_root
 
@@ -152,9 +154,7 @@ def test_remove_of_a_cached_name_opens_nothing_and_its_handle_is_stale(
         vfs.remove(ROOT, vfs.root_handle(), b"f")
 
 
-def test_remove_of_a_cached_name_replaced_by_a_directory(
-    vfs: LocalVfs, export_dir: Path
-) -> None:
+def test_remove_of_a_cached_name_replaced_by_a_directory(vfs: LocalVfs, export_dir: Path) -> None:
     fh = _created(vfs, b"f")
     os.unlink(export_dir / "f")
     (export_dir / "f").mkdir()
@@ -279,9 +279,7 @@ def test_access_asks_once_and_refuses_execute_without_an_execute_bit(
     assert os.access(export_dir / "f", os.X_OK) is False  # what the kernel says too
 
 
-def test_access_splits_when_not_everything_is_granted(
-    vfs: LocalVfs, export_dir: Path
-) -> None:
+def test_access_splits_when_not_everything_is_granted(vfs: LocalVfs, export_dir: Path) -> None:
     (export_dir / "r").write_bytes(b"r")
     os.chmod(export_dir / "r", 0o645)
     fh = vfs.lookup(ROOT, vfs.root_handle(), b"r")
@@ -292,3 +290,25 @@ def test_access_splits_when_not_everything_is_granted(
     vfs.release_identity()
     os.chmod(export_dir / "r", 0o600)
     assert vfs.access(U1000, fh, ALL) == 0
+
+
+def test_remove_of_a_cached_name_with_another_link_inside_keeps_its_handle(
+    vfs: LocalVfs, export_dir: Path
+) -> None:
+    fh = _created(vfs, b"f")
+    os.link(export_dir / "f", export_dir / "g")
+    vfs.remove(ROOT, vfs.root_handle(), b"f")
+    assert vfs.getattr(fh).nlink == 1
+    assert vfs.lookup(ROOT, vfs.root_handle(), b"g") == fh
+
+
+def test_remove_of_a_cached_open_file_serves_it_until_closed(
+    vfs: LocalVfs, export_dir: Path
+) -> None:
+    fh, of, _ = vfs.create_file(ROOT, vfs.root_handle(), b"f", 0o644)
+    of.write(0, b"data")
+    vfs.remove(ROOT, vfs.root_handle(), b"f")
+    assert vfs.getattr(fh).size == 4  # removed while open: still served
+    of.close()
+    with pytest.raises(StaleHandle):
+        vfs.getattr(fh)
