@@ -30,6 +30,7 @@ from __future__ import annotations
 import errno
 import itertools
 import os
+import struct
 import threading
 from typing import Final
 
@@ -85,6 +86,8 @@ def window() -> set[tuple[int, bytes]] | None:
 LOCAL_FILESYSTEMS: Final = frozenset({0xEF53, 0x58465342, 0x9123683E, 0x01021994, 0xF2F52010})
 _EVENTS_READ: Final = 16384  # octets of events read at once (a DIR_FID event: about 56)
 _EVENT_MAX: Final = 4096  # more than one event with its file handle (a full read: read again)
+_EVENT_HEAD: Final = struct.Struct("=IBBHQii")  # struct fanotify_event_metadata
+_OWN_REMOVAL: Final = syscalls.FAN_DELETE | syscalls.FAN_ONDIR
 _MOVE_EVENTS: Final = (
     syscalls.FAN_MOVED_FROM | syscalls.FAN_MOVED_TO | syscalls.FAN_DELETE | syscalls.FAN_ONDIR
 )
@@ -106,6 +109,9 @@ class MoveWatch:
         self._lock = threading.Lock()  # watch() only
         self._polling = threading.Lock()  # one poll at a time: read and new epoch together
         self._watched: set[int] = set()  # st_dev of the watched file systems
+        # Removals this server is making, by thread ID: their events do not end the epoch
+        self._expected: dict[int, int] = {}
+        self._expect_lock = threading.Lock()
 
     def watch(self, dirfd: int) -> bool:
         """Watch the file system of the directory ``dirfd``; whether it is (False: not local,
@@ -121,7 +127,10 @@ class MoveWatch:
                     return True
                 if self.fd < 0:
                     self.fd = syscalls.fanotify_init(
-                        syscalls.FAN_CLOEXEC | syscalls.FAN_NONBLOCK | syscalls.FAN_REPORT_DIR_FID
+                        syscalls.FAN_CLOEXEC
+                        | syscalls.FAN_NONBLOCK
+                        | syscalls.FAN_REPORT_DIR_FID
+                        | syscalls.FAN_REPORT_TID
                     )
                 syscalls.fanotify_mark_filesystem(self.fd, _MOVE_EVENTS, dirfd)
                 self._watched.add(dev)
@@ -132,25 +141,76 @@ class MoveWatch:
             return False
 
     def poll(self) -> None:
-        """Take in the events queued since the last poll; any: a new epoch. One non-blocking
-        read of the queue (nothing queued: EAGAIN), the next ones only while reads come back
-        full. Polls run one at a time, and the epoch changes before the lock is released: a
-        thread that finds the queue empty because another one just took its events in waits
-        for that poll to end, so it sees the new epoch too."""
+        """Take in the events queued since the last poll; any but those of the server's own
+        removals (:meth:`expect_removal`): a new epoch. One non-blocking read of the queue
+        (nothing queued: EAGAIN), the next ones only while reads come back full. Polls run one
+        at a time, and the epoch changes before the lock is released: a thread that finds the
+        queue empty because another one just took its events in waits for that poll to end,
+        so it sees the new epoch too."""
         if self.fd < 0:
             return
         with self._polling:
-            got = False
+            foreign = False
             try:
-                while len(os.read(self.fd, _EVENTS_READ)) > _EVENTS_READ - _EVENT_MAX:
-                    got = True
-                got = True
+                while True:
+                    events = os.read(self.fd, _EVENTS_READ)
+                    foreign = self._foreign(events) or foreign
+                    if len(events) <= _EVENTS_READ - _EVENT_MAX:
+                        break
             except BlockingIOError:
                 pass
             except OSError:
                 self.lost = True  # (never trusted again)
-            if got:
+            if foreign:
                 self.epoch = next(self._epochs)
+
+    def _foreign(self, events: bytes) -> bool:
+        """Whether ``events`` hold any but the expected removals (which they use up)."""
+        foreign = False
+        at = 0
+        with self._expect_lock:
+            expected = self._expected
+            while at + _EVENT_HEAD.size <= len(events):
+                size, _, _, _, mask, _, tid = _EVENT_HEAD.unpack_from(events, at)
+                if size < _EVENT_HEAD.size:
+                    return True  # (malformed: trust nothing)
+                at += size
+                if mask & syscalls.FAN_Q_OVERFLOW:
+                    expected.clear()  # (their events may be lost: never match them later)
+                    foreign = True
+                elif mask & ~_OWN_REMOVAL == 0 and expected.get(tid, 0) > 0:
+                    expected[tid] -= 1
+                    if not expected[tid]:
+                        del expected[tid]
+                else:
+                    foreign = True
+        return foreign
+
+    def expect_removal(self) -> int:
+        """The calling thread is about to remove a name on a watched file system and then
+        drop the trust of what it removed (the object, if it keeps other names:
+        ``Resolver.distrust``): its event is not to end the epoch. Returns the token for
+        :meth:`unexpect` (if the removal fails: no event comes)."""
+        if not self.active:
+            return -1
+        tid = _thread_id()
+        with self._expect_lock:
+            self._expected[tid] = self._expected.get(tid, 0) + 1
+        return tid
+
+    def unexpect(self, token: int) -> None:
+        if token < 0:
+            return
+        with self._expect_lock:
+            left = self._expected.get(token, 0) - 1
+            if left > 0:
+                self._expected[token] = left
+            else:
+                self._expected.pop(token, None)
+
+    def new_epoch(self) -> None:
+        """Trust nothing checked so far (a removal whose object could not be told)."""
+        self.epoch = next(self._epochs)
 
     def trusted(self, epoch: int) -> bool:
         """Whether a check made in ``epoch`` still holds (no move or removal taken in since)."""
@@ -158,6 +218,22 @@ class MoveWatch:
 
 
 MOVES: Final = MoveWatch()
+
+_TID = threading.local()  # the calling thread's kernel thread ID, asked once (a system call)
+
+
+def _thread_id() -> int:
+    tid: int | None = getattr(_TID, "id", None)
+    if tid is None:
+        tid = _TID.id = threading.get_native_id()
+    return tid
+
+
+def _forget_thread_id() -> None:
+    _TID.id = None  # a forked child's thread has another ID
+
+
+os.register_at_fork(after_in_child=_forget_thread_id)
 
 
 def check_name(name: bytes | str) -> bytes:

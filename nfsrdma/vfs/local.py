@@ -166,10 +166,10 @@ class LocalVfs(Vfs):
 
     def _after_unlink(
         self, fd: int, parent_fh: bytes, name: bytes, fh: bytes | None = None, gone: int = -1
-    ) -> None:
+    ) -> bytes | None:
         """Bookkeeping for an object that just lost the name ``name`` (``fd`` still open; its
         handle ``fh`` if known; ``gone``: its fileid if it had no other name, so no fstat is
-        needed to know it has none left)."""
+        needed to know it has none left). Its handle, None if it could not be told."""
         if fh is not None and gone >= 0:
             nlink, fileid = 0, gone
         else:
@@ -179,7 +179,7 @@ class LocalVfs(Vfs):
                 else:
                     st = os.fstat(fd)
             except OSError:
-                return
+                return None
             nlink, fileid = st.st_nlink, st.st_ino
         if nlink == 0:
             with self._open_lock:
@@ -188,9 +188,10 @@ class LocalVfs(Vfs):
                     self._res.keep_orphan(fh, fd, fileid)
             if not still_open:
                 self._res.forget(fh)
-            return
+            return fh
         self._changes.bump(fileid)
         self._res.unname(fh, parent_fh, name)
+        return fh
 
     def _open_file(
         self, fd: int, fh: bytes, fileid: int, *, readable: bool, writable: bool
@@ -866,19 +867,16 @@ class LocalVfs(Vfs):
                 if known is not None:  # the name's object is cached: no open, no handle to make
                     kpin, kst = known
                     try:
-                        try:
-                            if stat.S_ISDIR(kst.st_mode):
-                                os.rmdir(bname, dir_fd=pin.fd)
-                            else:
-                                os.unlink(bname, dir_fd=pin.fd)
-                        except (IsADirectoryError, NotADirectoryError):
+                        token = self._unlink(pin, bname, stat.S_ISDIR(kst.st_mode))
+                        if token is None:
                             continue  # replaced by another type meanwhile
                         self._changes.bump(pin.fileid)
                         # A directory has one name; a file with one link had one (a link made
                         # meanwhile: its handle is resolved again, by the kernel's handle)
                         one = stat.S_ISDIR(kst.st_mode) or kst.st_nlink == 1
                         gone = kst.st_ino if one else -1
-                        self._after_unlink(kpin.fd, pin.key, bname, kpin.key, gone)
+                        fh = self._after_unlink(kpin.fd, pin.key, bname, kpin.key, gone)
+                        self._res.removed(token, fh, True)
                         return
                     finally:
                         kpin.release()
@@ -888,22 +886,35 @@ class LocalVfs(Vfs):
                     self._check_dir_alive(pin)
                     raise
                 try:
-                    is_dir = stat.S_ISDIR(os.fstat(vfd).st_mode)
-                    try:
-                        if is_dir:
-                            os.rmdir(bname, dir_fd=pin.fd)
-                        else:
-                            os.unlink(bname, dir_fd=pin.fd)
-                    except (IsADirectoryError, NotADirectoryError):
+                    token = self._unlink(pin, bname, stat.S_ISDIR(os.fstat(vfd).st_mode))
+                    if token is None:
                         continue  # replaced by another type meanwhile
                     self._changes.bump(pin.fileid)
-                    self._after_unlink(vfd, pin.key, bname)
+                    self._res.removed(token, self._after_unlink(vfd, pin.key, bname), True)
                     return
                 finally:
                     os.close(vfd)
             raise OSError(errno.EAGAIN, "name keeps changing type")
         finally:
             pin.release()
+
+    def _unlink(self, pin: Pin, name: bytes, is_dir: bool) -> int | None:
+        """rmdir or unlink ``name`` in ``pin``, announced to the move watch (the caller calls
+        ``Resolver.removed`` once it knows what it removed); None if the name is not of that
+        type (any more)."""
+        token = self._res.removing()
+        try:
+            if is_dir:
+                os.rmdir(name, dir_fd=pin.fd)
+            else:
+                os.unlink(name, dir_fd=pin.fd)
+        except (IsADirectoryError, NotADirectoryError):
+            self._res.removed(token, None, False)
+            return None
+        except BaseException:
+            self._res.removed(token, None, False)
+            raise
+        return token
 
     @off_protected_threads
     def rename(

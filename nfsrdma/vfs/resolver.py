@@ -456,6 +456,24 @@ class Resolver:
             if self._locations.get(fh) == (parent_fh, name):
                 self._drop_location(fh)
 
+    def removing(self) -> int:
+        """Before the server removes a name in this export: its move-watch event is not to end
+        the epoch (``MoveWatch.expect_removal``); the token for ``removed``."""
+        return MOVES.expect_removal() if self.watched else -1
+
+    def removed(self, token: int, fh: bytes | None, ok: bool) -> None:
+        """After the removal ``removing`` announced: on failure no event comes; on success the
+        object it removed (``fh``: None if it could not be told) is trusted no more (it may be
+        left with names outside the export only), every other one still is."""
+        if token < 0:
+            return
+        if not ok:
+            MOVES.unexpect(token)
+        elif fh is None:
+            MOVES.new_epoch()
+        else:
+            self._kept.pop(fh, None)
+
     def forget(self, fh: bytes) -> None:
         """The object is gone: drop its descriptor and location."""
         self.fds.discard(fh)

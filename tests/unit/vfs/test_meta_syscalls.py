@@ -312,3 +312,66 @@ def test_remove_of_a_cached_open_file_serves_it_until_closed(
     of.close()
     with pytest.raises(StaleHandle):
         vfs.getattr(fh)
+
+
+def test_a_removal_through_the_server_keeps_the_other_descriptors_trusted(
+    vfs: LocalVfs, export_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's own REMOVE drops the trust of what it removed, so its move-watch event
+    does not end the epoch: the next COMPOUND checks nothing again."""
+    assert vfs._res.watched
+    (export_dir / "d").mkdir()
+    d = vfs.lookup(ROOT, vfs.root_handle(), b"d")
+    fh, of, _ = vfs.create_file(ROOT, d, b"f", 0o644)
+    of.close()
+    _in_window(vfs, d)
+    calls = Calls(monkeypatch, (os, "readlink"))
+    confine.open_window()
+    try:
+        vfs.remove(ROOT, d, b"f")
+    finally:
+        confine.close_window()
+    _in_window(vfs, d)
+    assert calls.counts["readlink"] == 0
+    with pytest.raises(StaleHandle):
+        _in_window(vfs, fh)
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "not-cached"])
+def test_a_removal_through_the_server_leaving_a_link_outside_is_not_trusted(
+    vfs: LocalVfs, export_dir: Path, tmp_path: Path, cached: bool
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (export_dir / "f").write_bytes(b"x")
+    fh = vfs.lookup(ROOT, vfs.root_handle(), b"f")
+    _in_window(vfs, fh)  # checked and kept
+    os.link(export_dir / "f", outside / "f")
+    _in_window(vfs, fh)  # (the link is no move: nothing ended the epoch)
+    if not cached:
+        vfs._res.fds.discard(fh)  # REMOVE opens the name and makes its handle
+    vfs.remove(ROOT, vfs.root_handle(), b"f")
+    with pytest.raises(StaleHandle):
+        _in_window(vfs, fh)
+
+
+def test_a_failed_removal_leaves_no_expected_event(
+    vfs: LocalVfs, export_dir: Path, tmp_path: Path
+) -> None:
+    """A removal that fails makes no event: a local unlink made after it by the same thread
+    must still end the epoch."""
+    (export_dir / "d").mkdir()
+    (export_dir / "d" / "x").write_bytes(b"")
+    (export_dir / "f").write_bytes(b"x")
+    fh = vfs.lookup(ROOT, vfs.root_handle(), b"f")
+    _in_window(vfs, fh)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.link(export_dir / "f", outside / "f")
+    with pytest.raises(OSError):
+        vfs.remove(ROOT, vfs.root_handle(), b"d")  # not empty
+    with pytest.raises(FileNotFoundError):
+        vfs.remove(ROOT, vfs.root_handle(), b"nothing")
+    os.unlink(export_dir / "f")  # a local process's (this thread's) removal
+    with pytest.raises(StaleHandle):
+        _in_window(vfs, fh)
