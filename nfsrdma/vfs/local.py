@@ -275,6 +275,16 @@ class LocalVfs(Vfs):
         finally:
             pin.release()
 
+    def file_type(self, fh: bytes) -> FileType:
+        pin = self._res.pin(fh)  # (inside the export, as getattr)
+        try:
+            mode = self._res.known_type(fh)
+            if mode is None:
+                mode = self._res.stat(pin).st_mode & 0o170000
+            return attrs.FTYPE[mode]
+        finally:
+            pin.release()
+
     def check(self, fh: bytes) -> None:
         # No fstat for the link count: a pinned descriptor is the root, an open file removed
         # through this server (served until closed), or was found linked inside the export

@@ -107,6 +107,9 @@ RESOURCE_ERRNOS: Final = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 _NO_KHANDLE_ERRNOS: Final = (errno.EOPNOTSUPP, errno.ENOSYS, errno.EOVERFLOW)
 
 
+_TYPES_MAX: Final = 1 << 16  # file types remembered by handle
+
+
 def default_fd_cache_size() -> int:
     """A quarter of the descriptor limit, between 64 and 4096."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -137,6 +140,9 @@ class Resolver:
         # The reverse of _locations, (parent handle, name) -> handle: a hint only, confirmed by
         # an fstatat of the name against a cached descriptor (object_at_name)
         self._names: dict[tuple[bytes, bytes], bytes] = {}
+        # File types (S_IFMT) of handles made with a kernel handle (which names one inode for
+        # ever, so its type cannot change); bounded: forgotten all at once when full
+        self._types: dict[bytes, int] = {}
         self._orphans: dict[bytes, tuple[int, int]] = {}  # fh -> (O_PATH fd, fileid)
         self._location_capacity = location_cache_size
         self.cloned = False
@@ -427,7 +433,18 @@ class Resolver:
                 raise OSError(errno.EACCES, "object on another mount (not crossed)")
         elif st.st_dev != self.dev:  # no mount IDs (kernel < 5.8): compare devices
             raise OSError(errno.EACCES, "object on another file system (not crossed)")
-        return self._codec.pack(st.st_ino, ktype, khandle), st
+        fh = self._codec.pack(st.st_ino, ktype, khandle)
+        if ktype != NO_KERNEL_HANDLE:
+            types = self._types
+            if len(types) >= _TYPES_MAX:
+                types.clear()
+            types[fh] = st.st_mode & 0o170000  # stat.S_IFMT
+        return fh, st
+
+    def known_type(self, fh: bytes) -> int | None:
+        """The S_IFMT bits of ``fh``'s object if this resolver made it with a kernel handle
+        (an inode's type never changes), else None."""
+        return self._types.get(fh)
 
     # ----------------------------------------------------------------- bookkeeping
 
@@ -478,6 +495,7 @@ class Resolver:
         """The object is gone: drop its descriptor and location."""
         self.fds.discard(fh)
         self._kept.pop(fh, None)
+        self._types.pop(fh, None)
         with self._loc_lock:
             self._drop_location(fh)
 

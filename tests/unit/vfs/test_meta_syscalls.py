@@ -375,3 +375,24 @@ def test_a_failed_removal_leaves_no_expected_event(
     os.unlink(export_dir / "f")  # a local process's (this thread's) removal
     with pytest.raises(StaleHandle):
         _in_window(vfs, fh)
+
+
+def test_the_type_of_a_handle_made_here_needs_no_fstat(
+    vfs: LocalVfs, export_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fh = _created(vfs, b"f")
+    (export_dir / "d").mkdir()
+    os.symlink("f", export_dir / "l")
+    d = vfs.lookup(ROOT, vfs.root_handle(), b"d")
+    link = vfs.lookup(ROOT, vfs.root_handle(), b"l")
+    calls = Calls(monkeypatch, (os, "fstat"))
+    assert [vfs.file_type(h) for h in (fh, d, link)] == [
+        FileType.NF4REG,
+        FileType.NF4DIR,
+        FileType.NF4LNK,
+    ]
+    assert calls.counts["fstat"] == 0
+    assert vfs.file_type(vfs.root_handle()) == FileType.NF4DIR  # (not made: asked)
+    vfs.remove(ROOT, vfs.root_handle(), b"f")
+    with pytest.raises(StaleHandle):
+        vfs.file_type(fh)
