@@ -18,11 +18,13 @@
   be proven safe: on a local file system (ext4, XFS, Btrfs, tmpfs, F2FS) that the server may
   watch whole (CAP_SYS_ADMIN), every rename, unlink and rmdir anywhere on it queues an event
   before its system call returns. Opening a window polls the queue (one non-blocking ``read``
-  instead of a ``readlink`` per descriptor); any event, or a lost one (queue overflow is an event too),
-  starts a new *epoch*, and a descriptor found inside stays trusted only while the epoch in
+  instead of a ``readlink`` per descriptor); any event, or a lost one (queue overflow is an
+  event too), starts a new *epoch*, and a descriptor found inside stays trusted only while the epoch in
   which it was checked lasts. So a COMPOUND that starts after a local process moved an object
   (or an ancestor) out, or removed a name, checks again, as before; only the ``readlink`` of
-  descriptors that nothing can have moved is saved.
+  descriptors that nothing can have moved is saved. The server's own removals
+  (:meth:`MoveWatch.expect_removal`) do not end the epoch: the server drops the trust of what it
+  removed itself, which is all a removal can take out of the export.
 """
 
 from __future__ import annotations
