@@ -32,8 +32,10 @@ from __future__ import annotations
 import errno
 import itertools
 import os
+import select
 import struct
 import threading
+from collections.abc import Callable
 from typing import Final
 
 from nfsrdma.vfs import syscalls
@@ -110,6 +112,7 @@ class MoveWatch:
         self._epochs = itertools.count(1)  # (next() is atomic under the GIL)
         self._lock = threading.Lock()  # watch() only
         self._polling = threading.Lock()  # one poll at a time: read and new epoch together
+        self._ready: Callable[[float], list[tuple[int, int]]] | None = None
         self._watched: set[int] = set()  # st_dev of the watched file systems
         # Removals this server is making, by thread ID: their events do not end the epoch
         self._expected: dict[int, int] = {}
@@ -128,12 +131,15 @@ class MoveWatch:
                 if dev in self._watched:
                     return True
                 if self.fd < 0:
-                    self.fd = syscalls.fanotify_init(
+                    fd = syscalls.fanotify_init(
                         syscalls.FAN_CLOEXEC
                         | syscalls.FAN_NONBLOCK
                         | syscalls.FAN_REPORT_DIR_FID
                         | syscalls.FAN_REPORT_TID
                     )
+                    ready = select.epoll(1)
+                    ready.register(fd, select.EPOLLIN)
+                    self.fd, self._ready = fd, ready.poll
                 syscalls.fanotify_mark_filesystem(self.fd, _MOVE_EVENTS, dirfd)
                 self._watched.add(dev)
                 self.epoch = next(self._epochs)  # (what happened before the mark was not seen)
@@ -144,12 +150,16 @@ class MoveWatch:
 
     def poll(self) -> None:
         """Take in the events queued since the last poll; any but those of the server's own
-        removals (:meth:`expect_removal`): a new epoch. One non-blocking read of the queue
-        (nothing queued: EAGAIN), the next ones only while reads come back full. Polls run one
-        at a time, and the epoch changes before the lock is released: a thread that finds the
-        queue empty because another one just took its events in waits for that poll to end,
-        so it sees the new epoch too."""
-        if self.fd < 0:
+        removals (:meth:`expect_removal`): a new epoch. An ``epoll_wait`` that does not wait
+        (cheaper than a read that fails with EAGAIN), then one read of the queue, the next ones
+        only while reads come back full. Polls that find events run one at a time, and the
+        epoch changes before the lock is released: a thread that finds the queue empty because
+        another one is taking its events in waits for that poll to end, so it sees the new
+        epoch too."""
+        ready = self._ready
+        if ready is None:
+            return
+        if not ready(0) and not self._polling.locked():
             return
         with self._polling:
             foreign = False
