@@ -172,6 +172,8 @@ class Resolver:
                 self._root_mnt = syscalls.mount_id(root_fd)
             self._khandles = ktype != NO_KERNEL_HANDLE
             self.root_fh = codec.pack(rst.st_ino, ktype, khandle)
+            if ktype != NO_KERNEL_HANDLE:
+                self._types[self.root_fh] = stat.S_IFDIR
             self.kernel_handles = self._choose_mode(root_path, handle_mode, ktype, khandle)
         except BaseException:
             os.close(root_fd)
