@@ -11,8 +11,8 @@ Shapes: SEQUENCE+PUTFH+READ(4 KiB) (``read_us``), SEQUENCE+PUTFH+GETATTR of the 
 attributes (``getattr_us``), and an OPEN (no create) / CLOSE pair: SEQUENCE+PUTFH+OPEN+GETFH
 then SEQUENCE+PUTFH+CLOSE (``openclose_us``: per COMPOUND, the pair's time halved).
 The ``meta`` shape is the Linux client's create/stat/remove of one file (``bench/nfsbench.py``'s
-meta phase), four COMPOUNDs as that client sends them: SEQUENCE+PUTFH+OPEN(EXCLUSIVE4_1 create,
-mode)+GETFH+ACCESS+GETATTR; SEQUENCE+PUTFH+CLOSE+GETATTR; SEQUENCE+PUTFH+LOOKUP+GETFH+GETATTR
+meta phase), four COMPOUNDs as that client sends them, in a subdirectory ``meta`` of the
+export as nfsbench.py's: SEQUENCE+PUTFH+OPEN(EXCLUSIVE4_1 create, mode)+GETFH+ACCESS+GETATTR; SEQUENCE+PUTFH+CLOSE+GETATTR; SEQUENCE+PUTFH+LOOKUP+GETFH+GETATTR
 (the stat after the client dropped its caches); SEQUENCE+PUTFH+REMOVE (``meta_us``: per
 COMPOUND, and ``meta_handoffs``: VFS calls handed to the identity worker per COMPOUND,
 vfs/identity.py). As the test bed runs the server, ``--protect`` marks the loop thread as the
@@ -282,6 +282,8 @@ async def measure(args: argparse.Namespace) -> int:
             root_squash=args.root_squash,
         )
         (Path(tmp) / "export").chmod(0o777)  # any caller may create there
+        (Path(tmp) / "export" / "meta").mkdir()  # the meta shape's directory, as nfsbench.py's
+        (Path(tmp) / "export" / "meta").chmod(0o777)
         try:
             return await _measure(bench, args)
         finally:
@@ -437,7 +439,15 @@ async def _measure(bench: Bench, args: argparse.Namespace) -> int:
             f" (runs {_fmt(runs)})"
         )
 
-    meta = MetaFiles(bench, served, root_fh)
+    looked_up = await bench.result(
+        [
+            bench.sequence(),
+            _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(root_fh)),
+            _op(nfs4.OP_LOOKUP, nfs4.LOOKUP4args(b"meta")),
+            _op(nfs4.OP_GETFH),
+        ]
+    )
+    meta = MetaFiles(bench, served, looked_up.resarray[3].value.value.object)
     kinds: dict[str, int] = {}
 
     async def timed(request: bytes, what: str) -> int:

@@ -407,6 +407,11 @@ class Vfs(abc.ABC):
         its entries); backends may read it more cheaply."""
         return self.getattr(fh).change
 
+    def file_type(self, fh: bytes) -> FileType:
+        """``getattr(fh).type`` alone (ACCESS: which bits apply); an object's type never
+        changes, so backends may know it without asking the file system."""
+        return self.getattr(fh).type
+
     @abc.abstractmethod
     def check(self, fh: bytes) -> None:
         """Raise BadHandle or StaleHandle unless ``fh`` names a live object (PUTFH)."""

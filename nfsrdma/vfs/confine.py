@@ -17,12 +17,14 @@
 * A *move watch* (:class:`MoveWatch`, fanotify) extends that trust across windows where it can
   be proven safe: on a local file system (ext4, XFS, Btrfs, tmpfs, F2FS) that the server may
   watch whole (CAP_SYS_ADMIN), every rename, unlink and rmdir anywhere on it queues an event
-  before its system call returns. Opening a window polls the queue (one ``poll`` instead of a
-  ``readlink`` per descriptor); any event, or a lost one (queue overflow is an event too),
-  starts a new *epoch*, and a descriptor found inside stays trusted only while the epoch in
+  before its system call returns. Opening a window polls the queue (one non-blocking ``read``
+  instead of a ``readlink`` per descriptor); any event, or a lost one (queue overflow is an
+  event too), starts a new *epoch*, and a descriptor found inside stays trusted only while the epoch in
   which it was checked lasts. So a COMPOUND that starts after a local process moved an object
   (or an ancestor) out, or removed a name, checks again, as before; only the ``readlink`` of
-  descriptors that nothing can have moved is saved.
+  descriptors that nothing can have moved is saved. The server's own removals
+  (:meth:`MoveWatch.expect_removal`) do not end the epoch: the server drops the trust of what it
+  removed itself, which is all a removal can take out of the export.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import errno
 import itertools
 import os
 import select
+import struct
 import threading
 from collections.abc import Callable
 from typing import Final
@@ -49,12 +52,25 @@ DELETED: Final = b" (deleted)"
 WINDOW = threading.local()
 
 
+class Checked(set[tuple[int, bytes]]):
+    """A check window's set of what it found inside, with the move watch's epoch when the
+    window opened (after its poll): what the window finds inside *by name* (LOOKUP, a create)
+    may be trusted in later windows while that epoch lasts, since any move or removal that
+    could have taken it out since the window opened ends the epoch at a later poll."""
+
+    __slots__ = ("epoch",)
+
+    def __init__(self, epoch: int) -> None:
+        super().__init__()
+        self.epoch = epoch
+
+
 def open_window() -> None:
     """Open the calling thread's check window (see the module docstring); with a move watch,
     take in the moves and removals that happened since the last window (a new epoch)."""
-    WINDOW.checked = set()
     if MOVES.active:
         MOVES.poll()
+    WINDOW.checked = Checked(MOVES.epoch)
 
 
 def close_window() -> None:
@@ -72,6 +88,10 @@ def window() -> set[tuple[int, bytes]] | None:
 # it): ext4, XFS, Btrfs, tmpfs, F2FS. Not network or FUSE file systems, nor overlayfs, whose
 # lower layers may change unseen.
 LOCAL_FILESYSTEMS: Final = frozenset({0xEF53, 0x58465342, 0x9123683E, 0x01021994, 0xF2F52010})
+_EVENTS_READ: Final = 16384  # octets of events read at once (a DIR_FID event: about 56)
+_EVENT_MAX: Final = 4096  # more than one event with its file handle (a full read: read again)
+_EVENT_HEAD: Final = struct.Struct("=IBBHQii")  # struct fanotify_event_metadata
+_OWN_REMOVAL: Final = syscalls.FAN_DELETE | syscalls.FAN_ONDIR
 _MOVE_EVENTS: Final = (
     syscalls.FAN_MOVED_FROM | syscalls.FAN_MOVED_TO | syscalls.FAN_DELETE | syscalls.FAN_ONDIR
 )
@@ -91,8 +111,12 @@ class MoveWatch:
         self.lost = False  # the group failed (read error): no trust from now on
         self._epochs = itertools.count(1)  # (next() is atomic under the GIL)
         self._lock = threading.Lock()  # watch() only
+        self._polling = threading.Lock()  # one poll at a time: read and new epoch together
         self._ready: Callable[[float], list[tuple[int, int]]] | None = None
         self._watched: set[int] = set()  # st_dev of the watched file systems
+        # Removals this server is making, by thread ID: their events do not end the epoch
+        self._expected: dict[int, int] = {}
+        self._expect_lock = threading.Lock()
 
     def watch(self, dirfd: int) -> bool:
         """Watch the file system of the directory ``dirfd``; whether it is (False: not local,
@@ -108,7 +132,10 @@ class MoveWatch:
                     return True
                 if self.fd < 0:
                     fd = syscalls.fanotify_init(
-                        syscalls.FAN_CLOEXEC | syscalls.FAN_NONBLOCK | syscalls.FAN_REPORT_DIR_FID
+                        syscalls.FAN_CLOEXEC
+                        | syscalls.FAN_NONBLOCK
+                        | syscalls.FAN_REPORT_DIR_FID
+                        | syscalls.FAN_REPORT_TID
                     )
                     ready = select.epoll(1)
                     ready.register(fd, select.EPOLLIN)
@@ -122,21 +149,79 @@ class MoveWatch:
             return False
 
     def poll(self) -> None:
-        """Take in the events queued since the last poll; any: a new epoch, before and after
-        draining them. Before: a thread that finds the queue empty while this one drains it
-        sees a new epoch already; after: a check made meanwhile may predate an event drained
-        with the others."""
+        """Take in the events queued since the last poll; any but those of the server's own
+        removals (:meth:`expect_removal`): a new epoch. An ``epoll_wait`` that does not wait
+        (cheaper than a read that fails with EAGAIN), then one read of the queue, the next ones
+        only while reads come back full. Polls that find events run one at a time, and the
+        epoch changes before the lock is released: a thread that finds the queue empty because
+        another one is taking its events in waits for that poll to end, so it sees the new
+        epoch too."""
         ready = self._ready
-        if ready is None or not ready(0):
+        if ready is None:
             return
-        self.epoch = next(self._epochs)
-        try:
-            while True:
-                os.read(self.fd, 65536)
-        except BlockingIOError:
-            pass
-        except OSError:
-            self.lost = True  # (never trusted again)
+        if not ready(0) and not self._polling.locked():
+            return
+        with self._polling:
+            foreign = False
+            try:
+                while True:
+                    events = os.read(self.fd, _EVENTS_READ)
+                    foreign = self._foreign(events) or foreign
+                    if len(events) <= _EVENTS_READ - _EVENT_MAX:
+                        break
+            except BlockingIOError:
+                pass
+            except OSError:
+                self.lost = True  # (never trusted again)
+            if foreign:
+                self.epoch = next(self._epochs)
+
+    def _foreign(self, events: bytes) -> bool:
+        """Whether ``events`` hold any but the expected removals (which they use up)."""
+        foreign = False
+        at = 0
+        with self._expect_lock:
+            expected = self._expected
+            while at + _EVENT_HEAD.size <= len(events):
+                size, _, _, _, mask, _, tid = _EVENT_HEAD.unpack_from(events, at)
+                if size < _EVENT_HEAD.size:
+                    return True  # (malformed: trust nothing)
+                at += size
+                if mask & syscalls.FAN_Q_OVERFLOW:
+                    expected.clear()  # (their events may be lost: never match them later)
+                    foreign = True
+                elif mask & ~_OWN_REMOVAL == 0 and expected.get(tid, 0) > 0:
+                    expected[tid] -= 1
+                    if not expected[tid]:
+                        del expected[tid]
+                else:
+                    foreign = True
+        return foreign
+
+    def expect_removal(self) -> int:
+        """The calling thread is about to remove a name on a watched file system and then
+        drop the trust of what it removed (the object, if it keeps other names:
+        ``Resolver.distrust``): its event is not to end the epoch. Returns the token for
+        :meth:`unexpect` (if the removal fails: no event comes)."""
+        if not self.active:
+            return -1
+        tid = _thread_id()
+        with self._expect_lock:
+            self._expected[tid] = self._expected.get(tid, 0) + 1
+        return tid
+
+    def unexpect(self, token: int) -> None:
+        if token < 0:
+            return
+        with self._expect_lock:
+            left = self._expected.get(token, 0) - 1
+            if left > 0:
+                self._expected[token] = left
+            else:
+                self._expected.pop(token, None)
+
+    def new_epoch(self) -> None:
+        """Trust nothing checked so far (a removal whose object could not be told)."""
         self.epoch = next(self._epochs)
 
     def trusted(self, epoch: int) -> bool:
@@ -145,6 +230,22 @@ class MoveWatch:
 
 
 MOVES: Final = MoveWatch()
+
+_TID = threading.local()  # the calling thread's kernel thread ID, asked once (a system call)
+
+
+def _thread_id() -> int:
+    tid: int | None = getattr(_TID, "id", None)
+    if tid is None:
+        tid = _TID.id = threading.get_native_id()
+    return tid
+
+
+def _forget_thread_id() -> None:
+    _TID.id = None  # a forked child's thread has another ID
+
+
+os.register_at_fork(after_in_child=_forget_thread_id)
 
 
 def check_name(name: bytes | str) -> bytes:

@@ -164,22 +164,34 @@ class LocalVfs(Vfs):
         """After ENOENT inside a directory: a removed directory means a stale handle."""
         self._res.stat(pin)
 
-    def _after_unlink(self, fd: int, parent_fh: bytes, name: bytes) -> None:
-        """Bookkeeping for an object that just lost the name ``name`` (``fd`` still open)."""
-        try:
-            fh, st = self._res.make_handle(fd)
-        except OSError:
-            return
-        if st.st_nlink == 0:
+    def _after_unlink(
+        self, fd: int, parent_fh: bytes, name: bytes, fh: bytes | None = None, gone: int = -1
+    ) -> bytes | None:
+        """Bookkeeping for an object that just lost the name ``name`` (``fd`` still open; its
+        handle ``fh`` if known; ``gone``: its fileid if it had no other name, so no fstat is
+        needed to know it has none left). Its handle, None if it could not be told."""
+        if fh is not None and gone >= 0:
+            nlink, fileid = 0, gone
+        else:
+            try:
+                if fh is None:
+                    fh, st = self._res.make_handle(fd)
+                else:
+                    st = os.fstat(fd)
+            except OSError:
+                return None
+            nlink, fileid = st.st_nlink, st.st_ino
+        if nlink == 0:
             with self._open_lock:
                 still_open = fh in self._open_counts
                 if still_open:  # under the lock: the last close cannot slip in between
-                    self._res.keep_orphan(fh, fd, st.st_ino)
+                    self._res.keep_orphan(fh, fd, fileid)
             if not still_open:
                 self._res.forget(fh)
-            return
-        self._changes.bump(st.st_ino)
+            return fh
+        self._changes.bump(fileid)
         self._res.unname(fh, parent_fh, name)
+        return fh
 
     def _open_file(
         self, fd: int, fh: bytes, fileid: int, *, readable: bool, writable: bool
@@ -221,6 +233,30 @@ class LocalVfs(Vfs):
                 raise
         return _posix_access(st, cred if self._ident.enabled else self._ident.server, mode)
 
+    def _access_results(
+        self, fd: int, st: os.stat_result, cred: Cred, wants: set[int]
+    ) -> dict[int, bool]:
+        """Whether the caller has each access mode (R_OK/W_OK/X_OK combinations) in ``wants``,
+        in as few checks as the answers allow: execute of a regular file with no execute bit is
+        refused without asking (the kernel refuses it to everyone: no capability overrides it,
+        no ACL entry can grant it past the mask the group bits show); the others are asked
+        together first, and one by one only if not all are granted."""
+        results: dict[int, bool] = {}
+        if stat.S_ISREG(st.st_mode) and not st.st_mode & 0o111:
+            for want in wants:
+                if want & os.X_OK:
+                    results[want] = False
+        ask = [want for want in wants if want not in results]
+        if len(ask) > 1:
+            union = 0
+            for want in ask:
+                union |= want
+            if self._access_ok(fd, st, cred, union):
+                return dict.fromkeys(ask, True) | results
+        for want in ask:
+            results[want] = self._access_ok(fd, st, cred, want)
+        return results
+
     # ----------------------------------------------------------------- queries
 
     def getattr(self, fh: bytes) -> Attributes:
@@ -239,6 +275,16 @@ class LocalVfs(Vfs):
         finally:
             pin.release()
 
+    def file_type(self, fh: bytes) -> FileType:
+        pin = self._res.pin(fh)  # (inside the export, as getattr)
+        try:
+            mode = self._res.known_type(fh)
+            if mode is None:
+                mode = self._res.stat(pin).st_mode & 0o170000
+            return attrs.FTYPE[mode]
+        finally:
+            pin.release()
+
     def check(self, fh: bytes) -> None:
         # No fstat for the link count: a pinned descriptor is the root, an open file removed
         # through this server (served until closed), or was found linked inside the export
@@ -251,6 +297,11 @@ class LocalVfs(Vfs):
         pin = self._res.pin(dir_fh)
         try:
             self._ident.apply(self._cred(cred))
+            known = self._res.object_at_name(pin, bname)
+            if known is not None:  # the name's object is cached: no open, no handle to make
+                known[0].release()
+                self._res.found_inside(known[0].key)
+                return known[0].key
             try:
                 fd = open_component(pin.fd, bname)
             except FileNotFoundError:
@@ -322,14 +373,12 @@ class LocalVfs(Vfs):
                 }
             if self.export.read_only:
                 mask &= ~_MODIFYING
+            wants = {want for bit, want in table.items() if mask & bit}
+            results = self._access_results(pin.fd, st, ecred, wants)
             allowed = 0
-            results: dict[int, bool] = {}
             for bit, want in table.items():
-                if mask & bit:
-                    if want not in results:
-                        results[want] = self._access_ok(pin.fd, st, ecred, want)
-                    if results[want]:
-                        allowed |= bit
+                if mask & bit and results[want]:
+                    allowed |= bit
             return allowed
         finally:
             pin.release()
@@ -630,6 +679,7 @@ class LocalVfs(Vfs):
         self._changes.bump(pin.fileid)
         self._res.remember(fh, pin.key, name)
         self._res.fds.put(fh, path_fd, st.st_ino)
+        self._res.found_inside(fh)  # (made by name in a directory inside: as LOOKUP's)
         of = self._open_file(fd, fh, st.st_ino, readable=True, writable=True)
         return fh, of, True
 
@@ -664,6 +714,7 @@ class LocalVfs(Vfs):
             raise
         self._res.remember(fh, pin.key, name)
         self._res.fds.put(fh, path_fd, st.st_ino)
+        self._res.found_inside(fh)  # (opened by name in a directory inside: as LOOKUP's)
         of = self._open_file(fd, fh, st.st_ino, readable=read, writable=write)
         return fh, of, created
 
@@ -822,28 +873,58 @@ class LocalVfs(Vfs):
         try:
             self._ident.apply(self._cred(cred))
             for _ in range(4):
+                known = self._res.object_at_name(pin, bname)
+                if known is not None:  # the name's object is cached: no open, no handle to make
+                    kpin, kst = known
+                    try:
+                        token = self._unlink(pin, bname, stat.S_ISDIR(kst.st_mode))
+                        if token is None:
+                            continue  # replaced by another type meanwhile
+                        self._changes.bump(pin.fileid)
+                        # A directory has one name; a file with one link had one (a link made
+                        # meanwhile: its handle is resolved again, by the kernel's handle)
+                        one = stat.S_ISDIR(kst.st_mode) or kst.st_nlink == 1
+                        gone = kst.st_ino if one else -1
+                        fh = self._after_unlink(kpin.fd, pin.key, bname, kpin.key, gone)
+                        self._res.removed(token, fh, True)
+                        return
+                    finally:
+                        kpin.release()
                 try:
                     vfd = open_component(pin.fd, bname)
                 except FileNotFoundError:
                     self._check_dir_alive(pin)
                     raise
                 try:
-                    is_dir = stat.S_ISDIR(os.fstat(vfd).st_mode)
-                    try:
-                        if is_dir:
-                            os.rmdir(bname, dir_fd=pin.fd)
-                        else:
-                            os.unlink(bname, dir_fd=pin.fd)
-                    except (IsADirectoryError, NotADirectoryError):
+                    token = self._unlink(pin, bname, stat.S_ISDIR(os.fstat(vfd).st_mode))
+                    if token is None:
                         continue  # replaced by another type meanwhile
                     self._changes.bump(pin.fileid)
-                    self._after_unlink(vfd, pin.key, bname)
+                    self._res.removed(token, self._after_unlink(vfd, pin.key, bname), True)
                     return
                 finally:
                     os.close(vfd)
             raise OSError(errno.EAGAIN, "name keeps changing type")
         finally:
             pin.release()
+
+    def _unlink(self, pin: Pin, name: bytes, is_dir: bool) -> int | None:
+        """rmdir or unlink ``name`` in ``pin``, announced to the move watch (the caller calls
+        ``Resolver.removed`` once it knows what it removed); None if the name is not of that
+        type (any more)."""
+        token = self._res.removing()
+        try:
+            if is_dir:
+                os.rmdir(name, dir_fd=pin.fd)
+            else:
+                os.unlink(name, dir_fd=pin.fd)
+        except (IsADirectoryError, NotADirectoryError):
+            self._res.removed(token, None, False)
+            return None
+        except BaseException:
+            self._res.removed(token, None, False)
+            raise
+        return token
 
     @off_protected_threads
     def rename(

@@ -485,6 +485,13 @@ class NamespaceVfs(Vfs):
         assert node is not None
         return self._node_attrs(snap, node)
 
+    def file_type(self, fh: bytes) -> FileType:
+        snap, node, mounted, inner = self._route(fh)
+        if mounted is not None:
+            return mounted.vfs.file_type(inner)
+        assert node is not None
+        return self._node_attrs(snap, node).type
+
     def change(self, fh: bytes) -> int:
         snap, node, mounted, inner = self._route(fh)
         if mounted is not None:

@@ -107,6 +107,9 @@ RESOURCE_ERRNOS: Final = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 _NO_KHANDLE_ERRNOS: Final = (errno.EOPNOTSUPP, errno.ENOSYS, errno.EOVERFLOW)
 
 
+_TYPES_MAX: Final = 1 << 16  # file types remembered by handle
+
+
 def default_fd_cache_size() -> int:
     """A quarter of the descriptor limit, between 64 and 4096."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -134,6 +137,12 @@ class Resolver:
         self._ident = ident
         self._loc_lock = threading.Lock()
         self._locations: OrderedDict[bytes, tuple[bytes, bytes]] = OrderedDict()
+        # The reverse of _locations, (parent handle, name) -> handle: a hint only, confirmed by
+        # an fstatat of the name against a cached descriptor (object_at_name)
+        self._names: dict[tuple[bytes, bytes], bytes] = {}
+        # File types (S_IFMT) of handles made with a kernel handle (which names one inode for
+        # ever, so its type cannot change); bounded: forgotten all at once when full
+        self._types: dict[bytes, int] = {}
         self._orphans: dict[bytes, tuple[int, int]] = {}  # fh -> (O_PATH fd, fileid)
         self._location_capacity = location_cache_size
         self.cloned = False
@@ -163,6 +172,8 @@ class Resolver:
                 self._root_mnt = syscalls.mount_id(root_fd)
             self._khandles = ktype != NO_KERNEL_HANDLE
             self.root_fh = codec.pack(rst.st_ino, ktype, khandle)
+            if ktype != NO_KERNEL_HANDLE:
+                self._types[self.root_fh] = stat.S_IFDIR
             self.kernel_handles = self._choose_mode(root_path, handle_mode, ktype, khandle)
         except BaseException:
             os.close(root_fd)
@@ -277,7 +288,7 @@ class Resolver:
         with self._loc_lock:
             old = self._orphans.get(fh)
             self._orphans[fh] = (dup, fileid)
-            self._locations.pop(fh, None)
+            self._drop_location(fh)
         if old is not None:
             os.close(old[0])
         self.fds.discard(fh)  # a cached descriptor would read as " (deleted)": use the orphan
@@ -332,6 +343,12 @@ class Resolver:
         checked = getattr(WINDOW, "checked", None)
         if checked is not None:
             checked.add((self._root_fd, fh))
+            epoch = getattr(checked, "epoch", -1)
+            if self.watched and epoch >= 0:  # kept while the window's opening epoch lasts
+                kept = self._kept
+                if len(kept) >= self._kept_capacity:
+                    kept.clear()
+                kept[fh] = epoch
 
     def _inside(self, fd: int, st: os.stat_result | None = None) -> bool:
         """Whether ``fd`` (not the root's) names an object inside the export now."""
@@ -418,7 +435,18 @@ class Resolver:
                 raise OSError(errno.EACCES, "object on another mount (not crossed)")
         elif st.st_dev != self.dev:  # no mount IDs (kernel < 5.8): compare devices
             raise OSError(errno.EACCES, "object on another file system (not crossed)")
-        return self._codec.pack(st.st_ino, ktype, khandle), st
+        fh = self._codec.pack(st.st_ino, ktype, khandle)
+        if ktype != NO_KERNEL_HANDLE:
+            types = self._types
+            if len(types) >= _TYPES_MAX:
+                types.clear()
+            types[fh] = st.st_mode & 0o170000  # stat.S_IFMT
+        return fh, st
+
+    def known_type(self, fh: bytes) -> int | None:
+        """The S_IFMT bits of ``fh``'s object if this resolver made it with a kernel handle
+        (an inode's type never changes), else None."""
+        return self._types.get(fh)
 
     # ----------------------------------------------------------------- bookkeeping
 
@@ -429,20 +457,77 @@ class Resolver:
         with self._loc_lock:
             if not replace and fh in self._locations:
                 return
+            self._drop_location(fh)
             self._locations[fh] = (parent_fh, name)
-            self._locations.move_to_end(fh)
+            self._names[parent_fh, name] = fh
             while len(self._locations) > self._location_capacity:
-                self._locations.popitem(last=False)
+                self._drop_location(next(iter(self._locations)))
+
+    def _drop_location(self, fh: bytes) -> None:
+        """Forget where ``fh`` was seen (``_loc_lock`` held)."""
+        loc = self._locations.pop(fh, None)
+        if loc is not None and self._names.get(loc) == fh:
+            del self._names[loc]
 
     def unname(self, fh: bytes, parent_fh: bytes, name: bytes) -> None:
         """``name`` in ``parent_fh`` no longer refers to ``fh``."""
         with self._loc_lock:
             if self._locations.get(fh) == (parent_fh, name):
-                del self._locations[fh]
+                self._drop_location(fh)
+
+    def removing(self) -> int:
+        """Before the server removes a name in this export: its move-watch event is not to end
+        the epoch (``MoveWatch.expect_removal``); the token for ``removed``."""
+        return MOVES.expect_removal() if self.watched else -1
+
+    def removed(self, token: int, fh: bytes | None, ok: bool) -> None:
+        """After the removal ``removing`` announced: on failure no event comes; on success the
+        object it removed (``fh``: None if it could not be told) is trusted no more (it may be
+        left with names outside the export only), every other one still is."""
+        if token < 0:
+            return
+        if not ok:
+            MOVES.unexpect(token)
+        elif fh is None:
+            MOVES.new_epoch()
+        else:
+            self._kept.pop(fh, None)
 
     def forget(self, fh: bytes) -> None:
         """The object is gone: drop its descriptor and location."""
         self.fds.discard(fh)
         self._kept.pop(fh, None)
+        self._types.pop(fh, None)
         with self._loc_lock:
-            self._locations.pop(fh, None)
+            self._drop_location(fh)
+
+    def object_at_name(self, dir_pin: Pin, name: bytes) -> tuple[Pin, os.stat_result] | None:
+        """The cached descriptor of the object ``name`` in the directory ``dir_pin`` (inside the
+        export, the caller's identity applied) refers to now, pinned, with the name's stat; None
+        (nothing pinned) unless the name was last seen as a handle whose descriptor is cached.
+
+        One fstatat of the name (no symlink followed, the caller's search permission checked by
+        the kernel) instead of an open, fstat, name_to_handle_at and close: the name's inode is
+        the cached descriptor's, which keeps that inode from being reused while it is open, so
+        the object found by name *is* the cached one, and inside the export (the same trust as
+        LOOKUP's descriptor opened by name). Only on a cloned export mount, which has no
+        submounts to cross (make_handle's mount check is not needed); errors (no such name,
+        no permission) give None: the caller's usual path answers them."""
+        if not self.cloned:
+            return None
+        with self._loc_lock:
+            fh = self._names.get((dir_pin.key, name))
+        if fh is None:
+            return None
+        pin = self.fds.acquire(fh)
+        if pin is None:
+            return None
+        try:
+            st = os.stat(name, dir_fd=dir_pin.fd, follow_symlinks=False)
+        except OSError:
+            pin.release()
+            return None
+        if st.st_ino != pin.fileid or st.st_dev != self.dev or pin.fd == self._root_fd:
+            pin.release()
+            return None
+        return pin, st

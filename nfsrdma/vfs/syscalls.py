@@ -234,6 +234,8 @@ def allocate(fd: int, offset: int, length: int) -> None:
 FAN_CLOEXEC: Final = 0x01
 FAN_NONBLOCK: Final = 0x02
 FAN_REPORT_DIR_FID: Final = 0x400  # directory-entry events need a FID report (no descriptors)
+FAN_REPORT_TID: Final = 0x100  # events carry the thread ID of their cause, not the process ID
+FAN_Q_OVERFLOW: Final = 0x4000
 FAN_MARK_ADD: Final = 0x01
 FAN_MARK_FILESYSTEM: Final = 0x100  # the whole file system (superblock) of the path given
 FAN_MOVED_FROM: Final = 0x40

@@ -110,7 +110,7 @@ def access(ctx: CompoundContext, args: nfs4.ACCESS4args) -> nfs4.ACCESS4res:
     if args.access & ~(ACCESS4_ALL | xattr_bits):
         raise Nfs4Error(nfs4.NFS4ERR_INVAL)  # NFSv4.2 xattr bits in 4.1, or garbage
     vfs = ctx.server.vfs
-    ftype = vfs.getattr(fh).type
+    ftype = vfs.file_type(fh)
     kind = DIRECTORY_ACCESS if ftype == FileType.NF4DIR else OTHER_ACCESS
     supported = args.access & kind
     xattr_wanted = args.access & xattr_bits if ftype in (FileType.NF4DIR, FileType.NF4REG) else 0

@@ -182,18 +182,18 @@ def _resolve(ctx: CompoundContext, args: nfs4.OPEN4args, access: int) -> tuple[_
         dir_fh = ctx.fh()
         assert isinstance(claim.value, bytes)
         name = check_component(claim.value)
-        dir_attrs = vfs.getattr(dir_fh)
-        check_directory(dir_attrs.type)
+        before = vfs.change(dir_fh)  # (a removed directory: stale, first)
+        check_directory(vfs.file_type(dir_fh))
         if creating:
             assert isinstance(args.openhow.value, nfs4.createhow4)
             # The create path opens an existing file at once.
             check_name(ctx, dir_fh, name, local_write=bool(access & ACCESS_WRITE), local_open=True)
             target = _create(ctx, dir_fh, name, args.openhow.value, access)
-            after = vfs.change(dir_fh) if target.created else dir_attrs.change
-            return target, dir_attrs.change, after
+            after = vfs.change(dir_fh) if target.created else before
+            return target, before, after
         fh = vfs.lookup(ctx.cred, dir_fh, name)
-        check_regular(vfs.getattr(fh).type)
-        return _Target(fh), dir_attrs.change, dir_attrs.change
+        check_regular(vfs.file_type(fh))  # (a removed file: stale at the open)
+        return _Target(fh), before, before
     if claim.claim == nfs4.CLAIM_FH:
         fh = ctx.fh()
         if creating:
