@@ -23,7 +23,7 @@ from nfsrdma.transport.rdma.endpoint import (
     RdmaOptions,
     connect_rdma,
 )
-from nfsrdma.transport.rdma.inproc import InprocFabric
+from nfsrdma.transport.rdma.inproc import InprocFabric, call_read
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import U32, Writer, XdrError, unpack_from
 from tests.unit.conditions import Changes
@@ -231,19 +231,11 @@ async def test_tr7_ul1_write_data_by_read_chunk(size: int) -> None:
 async def test_ul14_read_data_lands_in_the_callers_buffer(size: int) -> None:
     async with rig() as r:
         assert r.rpc is not None
-        sink = memoryview(bytearray(size + 100))
-        res = await r.rpc.call(
-            PROG,
-            VERS,
-            P_READ,
-            lambda w: w.extend(U32.pack(size)),
-            expect=ReplyExpectation([sink], max_size=512),
-        )
-        out, _ = nfs4.dec_READ4res(res.reader, res.offset)
-        assert bytes(out.value.data) == bytes(i % 251 for i in range(size))
-        assert out.value.data.obj is sink.obj  # placed directly: no copy
+        out, sink = await call_read(r.rpc, PROG, VERS, P_READ, size)
+        assert bytes(out.data) == bytes(i % 251 for i in range(size))
+        assert out.data.obj is sink.obj  # placed directly: no copy
         assert r.client is not None and r.client.stats["write_chunks"] == 1
-        assert bytes(sink[:size]) == bytes(out.value.data)
+        assert bytes(sink[:size]) == bytes(out.data)
 
 
 async def test_tr10_long_reply_through_the_reply_chunk() -> None:
