@@ -354,6 +354,36 @@ async def test_tr14_calls_beyond_the_grant_end_that_connection() -> None:
         assert r.client.closed and r.server[0].stats["credit_overruns"] == 1
 
 
+async def test_tr14_long_calls_behind_a_reply_the_requester_cannot_receive_end_it() -> None:
+    """The test bed's flood (tests/testbed/test_rdma_peers.py), here: the requester stops
+    posting receives and uses up those it had, so the responder's next reply waits for a
+    receive for ever, and every RDMA Read the responder posts after it waits behind it (work
+    requests execute in order). Long calls then stay outstanding at the responder, whatever
+    the timing, until they pass its credits and it ends the connection. (Plain v1: with
+    rtrext, calls this long would come as continued Sends, needing no RDMA Read.)"""
+    async with rig(RdmaOptions(credits=3), RdmaOptions(rtrext=False)) as r:
+        assert r.rpc is not None and r.client is not None
+        client, rpc = r.client, r.rpc
+        await rpc.call(PROG, VERS, 0)
+        client._post_recv = lambda buf: buf.release()  # type: ignore[method-assign]
+        for _ in range(client.recv_pool.count):  # one reply per receive still posted
+            await rpc.call(PROG, VERS, 0)
+        client.credits.granted = client.credits.local_max = 100  # ignore the grant
+        stalled = asyncio.create_task(rpc.call(PROG, VERS, 0, timeout=5))
+        done = await asyncio.gather(
+            *[
+                rpc.call(PROG, VERS, 0, lambda w: w.extend(bytes(6000)), timeout=5)
+                for _ in range(20)
+            ],
+            return_exceptions=True,
+        )
+        assert all(isinstance(d, ConnectionError) for d in done), done
+        with pytest.raises(ConnectionError):
+            await stalled
+        assert r.server[0].stats["credit_overruns"] == 1
+        assert client.stats["read_chunks"] == 20  # they were Long calls
+
+
 async def test_ul26_a_probe_uses_the_credit_kept_back() -> None:
     """With every ordinary credit in use, a keepalive probe still goes out (UL-26)."""
     async with rig(RdmaOptions(credits=3)) as r:
