@@ -29,10 +29,9 @@ from pathlib import Path
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from server_compound import Bench, _op
-from server_cpu import LINUX_BITMAP, MetaFiles, Served, marked
+from server_compound import Bench, _op, open_op
+from server_cpu import LINUX_BITMAP, NO_CREATE, MetaFiles, Served, marked
 
-from nfsrdma.nfs4.attrs import bitmap_of
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Reader
 
@@ -43,27 +42,7 @@ async def run(args: argparse.Namespace) -> int:
         try:
             root_fh = await bench.mount()
             served = Served(bench.server)
-            how = nfs4.createhow4(nfs4.UNCHECKED4, nfs4.fattr4(bitmap_of([]), b""))
-            created = await bench.result(
-                [
-                    bench.sequence(),
-                    _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(root_fh)),
-                    _op(
-                        nfs4.OP_OPEN,
-                        nfs4.OPEN4args(
-                            0,
-                            nfs4.OPEN4_SHARE_ACCESS_BOTH,
-                            nfs4.OPEN4_SHARE_DENY_NONE,
-                            nfs4.open_owner4(1, b"bench"),
-                            nfs4.openflag4(nfs4.OPEN4_CREATE, how),
-                            nfs4.open_claim4(nfs4.CLAIM_NULL, b"file"),
-                        ),
-                    ),
-                    _op(nfs4.OP_GETFH),
-                ]
-            )
-            fh: bytes = created.resarray[3].value.value.object
-            stateid = created.resarray[2].value.value.stateid
+            fh, stateid = await bench.create_file(root_fh)
             if args.shape == "meta":
                 us, prof = await _meta(MetaFiles(bench, served, root_fh), args.count)
                 args.count *= 4
@@ -107,17 +86,7 @@ async def _openclose(
                 [
                     bench.sequence(),
                     _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(root_fh)),
-                    _op(
-                        nfs4.OP_OPEN,
-                        nfs4.OPEN4args(
-                            0,
-                            nfs4.OPEN4_SHARE_ACCESS_READ,
-                            nfs4.OPEN4_SHARE_DENY_NONE,
-                            owner,
-                            nfs4.openflag4(nfs4.OPEN4_NOCREATE, None),
-                            nfs4.open_claim4(nfs4.CLAIM_NULL, b"file"),
-                        ),
-                    ),
+                    open_op(b"file", owner, nfs4.OPEN4_SHARE_ACCESS_READ, NO_CREATE),
                     _op(nfs4.OP_GETFH),
                 ]
             )

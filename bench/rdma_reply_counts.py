@@ -33,13 +33,13 @@ from typing import Any
 
 from nfsrdma.rpc.connection import RpcConnection
 from nfsrdma.rpc.server import Dispatcher, RpcCall, null_procedure
-from nfsrdma.transport.base import ReplyExpectation
 from nfsrdma.transport.rdma.endpoint import (
     RdmaConnection,
     RdmaListener,
     RdmaOptions,
     connect_rdma,
 )
+from nfsrdma.transport.rdma.inproc import call_read
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import U32, Writer, unpack_from
 
@@ -78,16 +78,8 @@ async def _call(rpc: RpcConnection, kind: str, size: int) -> None:
     if kind == "getattr":
         await rpc.call(PROG, VERS, 0, lambda w: None)
     elif kind == "read":
-        sink = memoryview(bytearray(size + 100))
-        res = await rpc.call(
-            PROG,
-            VERS,
-            P_READ,
-            lambda w: w.extend(U32.pack(size)),
-            expect=ReplyExpectation([sink], max_size=512),
-        )
-        out, _ = nfs4.dec_READ4res(res.reader, res.offset)
-        assert len(out.value.data) == size
+        out, _ = await call_read(rpc, PROG, VERS, P_READ, size)
+        assert len(out.data) == size
     else:
         data = bytes(size)
         res = await rpc.call(PROG, VERS, P_WRITE, lambda w: _write_args(w, data))

@@ -36,6 +36,15 @@ LINUX_BITMAP = linux_getattr_bitmap()
 _op = argop  # (the name bench/server_cpu.py and bench/profile_compound.py import)
 
 
+def open_op(
+    name: bytes, owner: nfs4.open_owner4, access: int, flag: nfs4.openflag4
+) -> nfs4.nfs_argop4:
+    """OPEN of ``name`` in the current directory by ``owner`` (CLAIM_NULL, deny none)."""
+    claim = nfs4.open_claim4(nfs4.CLAIM_NULL, name)
+    args = nfs4.OPEN4args(0, access, nfs4.OPEN4_SHARE_DENY_NONE, owner, flag, claim)
+    return _op(nfs4.OP_OPEN, args)
+
+
 class Bench(CompoundDriver):
     """The in-process driver (``nfsrdma.nfs4.inprocess``) over a fresh local export in
     ``root``, with the names the benchmarks use."""
@@ -59,6 +68,36 @@ class Bench(CompoundDriver):
     def server(self) -> ServerState:
         return self.state
 
+    async def create_file(
+        self, dir_fh: bytes, name: bytes = b"file", data: bytes = b""
+    ) -> tuple[bytes, nfs4.stateid4]:
+        """``name`` created in ``dir_fh`` (OPEN UNCHECKED4 for reading and writing by owner
+        "bench", left open), then ``data`` written to it (FILE_SYNC4) unless empty: the file's
+        handle and its open stateid."""
+        unchecked = nfs4.createhow4(nfs4.UNCHECKED4, nfs4.fattr4(bitmap_of([]), b""))
+        owner = nfs4.open_owner4(1, b"bench")
+        access, create = nfs4.OPEN4_SHARE_ACCESS_BOTH, nfs4.openflag4(nfs4.OPEN4_CREATE, unchecked)
+        created = await self.result(
+            [
+                self.sequence(),
+                _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(dir_fh)),
+                open_op(name, owner, access, create),
+                _op(nfs4.OP_GETFH),
+            ]
+        )
+        fh: bytes = created.resarray[3].value.value.object
+        stateid: nfs4.stateid4 = created.resarray[2].value.value.stateid
+        if data:
+            write = nfs4.WRITE4args(stateid, 0, nfs4.FILE_SYNC4, data)
+            await self.result(
+                [
+                    self.sequence(),
+                    _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(fh)),
+                    _op(nfs4.OP_WRITE, write),
+                ]
+            )
+        return fh, stateid
+
 
 async def time_compounds(bench: Bench, make: Callable[[], list[nfs4.nfs_argop4]], n: int) -> float:
     """Microseconds of process CPU per COMPOUND (requests are encoded beforehand)."""
@@ -81,38 +120,7 @@ async def measure(args: argparse.Namespace) -> int:
         bench = Bench(Path(tmp))
         try:
             root_fh = await bench.mount()
-            name = b"file"
-            how = nfs4.createhow4(nfs4.UNCHECKED4, nfs4.fattr4(bitmap_of([]), b""))
-            created = await bench.result(
-                [
-                    bench.sequence(),
-                    _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(root_fh)),
-                    _op(
-                        nfs4.OP_OPEN,
-                        nfs4.OPEN4args(
-                            0,
-                            nfs4.OPEN4_SHARE_ACCESS_BOTH,
-                            nfs4.OPEN4_SHARE_DENY_NONE,
-                            nfs4.open_owner4(1, b"bench"),
-                            nfs4.openflag4(nfs4.OPEN4_CREATE, how),
-                            nfs4.open_claim4(nfs4.CLAIM_NULL, name),
-                        ),
-                    ),
-                    _op(nfs4.OP_GETFH),
-                ]
-            )
-            fh: bytes = created.resarray[3].value.value.object
-            stateid = created.resarray[2].value.value.stateid
-            await bench.result(
-                [
-                    bench.sequence(),
-                    _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(fh)),
-                    _op(
-                        nfs4.OP_WRITE,
-                        nfs4.WRITE4args(stateid, 0, nfs4.FILE_SYNC4, bytes(range(256)) * 16),
-                    ),
-                ]
-            )
+            fh, stateid = await bench.create_file(root_fh, data=bytes(range(256)) * 16)
             mode = nfs4.fattr4(bitmap_of([nfs4.FATTR4_MODE]), (0o644).to_bytes(4, "big"))
 
             def getattr_ops() -> list[nfs4.nfs_argop4]:

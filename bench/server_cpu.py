@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 from attr_encode import linux_getattr_bitmap
-from server_compound import Bench, _op
+from server_compound import Bench, _op, open_op
 
 import nfsrdma
 from nfsrdma.nfs4.attrs import bitmap_of
@@ -62,6 +62,7 @@ from nfsrdma.xdr.runtime import Reader
 
 OK = nfs4.NFS4_OK
 LINUX_BITMAP = linux_getattr_bitmap()
+NO_CREATE = nfs4.openflag4(nfs4.OPEN4_NOCREATE, None)
 
 
 class MemoryTransport:
@@ -148,18 +149,11 @@ class MetaFiles:
         how = nfs4.createhow4(
             nfs4.EXCLUSIVE4_1, nfs4.creatverfattr(self.verifier.to_bytes(8, "big"), self.mode)
         )
-        args = nfs4.OPEN4args(
-            0,
-            nfs4.OPEN4_SHARE_ACCESS_WRITE,
-            nfs4.OPEN4_SHARE_DENY_NONE,
-            self.owner,
-            nfs4.openflag4(nfs4.OPEN4_CREATE, how),
-            nfs4.open_claim4(nfs4.CLAIM_NULL, name),
-        )
+        create = nfs4.openflag4(nfs4.OPEN4_CREATE, how)
         return self._rec(
             [
                 _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(self.dir_fh)),
-                _op(nfs4.OP_OPEN, args),
+                open_op(name, self.owner, nfs4.OPEN4_SHARE_ACCESS_WRITE, create),
                 _op(nfs4.OP_GETFH),
                 _op(nfs4.OP_ACCESS, nfs4.ACCESS4args(self.ACCESS_ALL)),
                 _op(nfs4.OP_GETATTR, nfs4.GETATTR4args(LINUX_BITMAP)),
@@ -294,35 +288,7 @@ async def measure(args: argparse.Namespace) -> int:
 async def _measure(bench: Bench, args: argparse.Namespace) -> int:
     root_fh = await bench.mount()
     served = Served(bench.server)
-    owner = nfs4.open_owner4(1, b"bench")
-    how = nfs4.createhow4(nfs4.UNCHECKED4, nfs4.fattr4(bitmap_of([]), b""))
-    created = await bench.result(
-        [
-            bench.sequence(),
-            _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(root_fh)),
-            _op(
-                nfs4.OP_OPEN,
-                nfs4.OPEN4args(
-                    0,
-                    nfs4.OPEN4_SHARE_ACCESS_BOTH,
-                    nfs4.OPEN4_SHARE_DENY_NONE,
-                    owner,
-                    nfs4.openflag4(nfs4.OPEN4_CREATE, how),
-                    nfs4.open_claim4(nfs4.CLAIM_NULL, b"file"),
-                ),
-            ),
-            _op(nfs4.OP_GETFH),
-        ]
-    )
-    fh: bytes = created.resarray[3].value.value.object
-    stateid = created.resarray[2].value.value.stateid
-    await bench.result(
-        [
-            bench.sequence(),
-            _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(fh)),
-            _op(nfs4.OP_WRITE, nfs4.WRITE4args(stateid, 0, nfs4.FILE_SYNC4, bytes(4096))),
-        ]
-    )
+    fh, stateid = await bench.create_file(root_fh, data=bytes(4096))
 
     def rec(ops: list[nfs4.nfs_argop4]) -> bytes:
         return marked(bench.request(ops))
@@ -355,17 +321,7 @@ async def _measure(bench: Bench, args: argparse.Namespace) -> int:
             [
                 bench.sequence(),
                 _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(root_fh)),
-                _op(
-                    nfs4.OP_OPEN,
-                    nfs4.OPEN4args(
-                        0,
-                        nfs4.OPEN4_SHARE_ACCESS_READ,
-                        nfs4.OPEN4_SHARE_DENY_NONE,
-                        pair_owner,
-                        nfs4.openflag4(nfs4.OPEN4_NOCREATE, None),
-                        nfs4.open_claim4(nfs4.CLAIM_NULL, b"file"),
-                    ),
-                ),
+                open_op(b"file", pair_owner, nfs4.OPEN4_SHARE_ACCESS_READ, NO_CREATE),
                 _op(nfs4.OP_GETFH),
             ]
         )

@@ -28,7 +28,7 @@ from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, Outcome
 from nfsrdma.nfs4.errors import status_of
 from nfsrdma.nfs4.ops import HANDLERS
 from nfsrdma.nfs4.ops.filehandle import put_fh
-from nfsrdma.nfs4.ops.lookup import flavour_asked, wrong_security
+from nfsrdma.nfs4.ops.lookup import PUT_FH_OPS, flavour_asked, wrong_security
 from nfsrdma.rpc.auth import Credential, pseudoflavor_of
 from nfsrdma.vfs.base import Cred, Origin
 from nfsrdma.vfs.confine import close_window, open_window
@@ -102,7 +102,8 @@ def _must_wait(outcome: object) -> bool:
 # every other COMPOUND take the generic path, which is the reference (a property test compares
 # the two byte for byte). Results of both are recorded by ``_Run._record``, the one place, and
 # the flavour rules (NFS4ERR_WRONGSEC) of both are asked of ops/lookup.py ``wrong_security``
-# (its table: ``FLAVOUR_RULES``) before each operation in ``_Run.flavour_asked``.
+# (its table: ``FLAVOUR_RULES``) about each operation in ``_Run.flavour_asked``: before it
+# runs, or for a put-filehandle operation (``PUT_FH_OPS``) once it has put its filehandle.
 FAST_PATHS = True
 _FAST_THIRD = (
     nfs4.nfs_opnum4.OP_READ,
@@ -332,9 +333,9 @@ class _Run:
             self._undecodable(putfh_op, e)
             return None
         try:
+            put_fh(ctx, fh.object)
             if _PUTFH in self.flavour_asked and wrong_security(ctx, _PUTFH, self._following):
                 raise Nfs4Error(nfs4.NFS4ERR_WRONGSEC)
-            put_fh(ctx, fh.object)
         except Exception as e:
             if self._record(putfh_op, self._failed(putfh_op, e)):
                 return None
@@ -453,15 +454,28 @@ class _Run:
         if bound is None:
             return op, op.error(nfs4.NFS4ERR_NOTSUPP)
         try:
-            if opnum in self.flavour_asked and wrong_security(ctx, opnum, self._following):
-                return op, op.error(nfs4.NFS4ERR_WRONGSEC)
+            if opnum in self.flavour_asked:
+                if opnum in PUT_FH_OPS:  # judged on the filehandle it puts
+                    result = bound.handler(ctx, args)
+                    if wrong_security(ctx, opnum, self._following):
+                        return op, op.error(nfs4.NFS4ERR_WRONGSEC)
+                    return op, result
+                if wrong_security(ctx, opnum, self._following):
+                    return op, op.error(nfs4.NFS4ERR_WRONGSEC)
             return op, bound.handler(ctx, args)
         except Exception as e:
             return op, self._failed(op, e)
 
     def _following(self) -> int | None:
-        """The number of the operation after the current one (None: it is the last)."""
-        return _peek_op(self.r, self.off).number if self.i < self.ctx.op_count else None
+        """The number of the operation after the current one, SAVEFH skipped (None: there is
+        none), for the flavour rules (RFC 8881 section 2.6.3.1.1.1)."""
+        i, off = self.i, self.off
+        while i < self.ctx.op_count:
+            number = _peek_op(self.r, off).number
+            if number != nfs4.OP_SAVEFH:
+                return number
+            i, off = i + 1, off + 4  # (SAVEFH has no arguments)
+        return None
 
     def _failed(self, op: Operation[Any, Any], e: Exception) -> Any:
         status = status_of(e)

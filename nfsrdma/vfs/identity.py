@@ -157,11 +157,7 @@ def off_protected_threads(
     and wait for it; everywhere else, run it in place."""
 
     def call(self: V, cred: Cred, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        if (
-            self._ident.enabled
-            and getattr(_thread, "protected", False)
-            and self._cred(cred) != self._ident.current()
-        ):
+        if self._ident.enabled and is_protected() and self._cred(cred) != self._ident.current():
             return _in_identity_worker(lambda: fn(self, cred, *args, **kwargs))
         return fn(self, cred, *args, **kwargs)
 
@@ -205,7 +201,7 @@ class FsIdentity:
         current = getattr(_thread, "current", None)
         if not self.enabled or current == cred:
             return
-        if getattr(_thread, "protected", False):
+        if is_protected():
             if current is None and cred == self.server:
                 _thread.current = cred  # never switched: it has the process's credentials
                 return

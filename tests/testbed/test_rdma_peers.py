@@ -236,12 +236,21 @@ async def test_tr14_a_client_flooding_past_its_credits_is_disconnected_others_ar
 ) -> None:
     """TR-14 / SS-24: a requester must never have more calls outstanding than its grant; our
     responder ends the connection of one that does (RFC 8166 section 3.3.1 allows it) and keeps
-    serving everyone else (TR-15). The flood is eight times the grant of Long calls (a 6 KiB
-    tag goes by a position-zero Read chunk), which stay outstanding at the server while it
-    RDMA-Reads them, so the overrun really happens there. Exactly: that connection is closed,
-    the server logged the credit overrun as the reason, every call that was answered got its
-    right reply and every other one failed with the lost connection, and another connection
-    is served as before."""
+    serving everyone else (TR-15). Exactly: that connection is closed, the server logged the
+    credit overrun as the reason, the calls on it failed with the lost connection (any
+    answered got its right reply), and another connection is served as before.
+
+    Deterministic, with no race between the flood and the server's answers: the flooding
+    client first stops posting receives and lets the server's replies use up the ones it had,
+    so the next reply the server sends it (to a NULL call) meets no receive and waits for one
+    (receiver not ready, retried for ever: rnr_retry 7). A reliable connection executes a queue
+    pair's work requests in order, so every RDMA Read the server posts after that Send waits
+    behind it. The flood is Long calls (a 6 KiB tag goes by a position-zero Read chunk): the
+    server reposts each receive at once but can answer none of them, since it cannot pull them
+    (at most its ORD of Reads, 16, posted before that Send, could complete). The flood, eight
+    times the grant, piles up at the server past its credits (grant plus backchannel)
+    however fast or slow it runs. The same test on the host: tests/unit/rdma/test_rpc_rdma.py
+    ::test_tr14_long_calls_behind_a_reply_the_requester_cannot_receive_end_it."""
     tag = b"f" * 6000
 
     def args(w: Writer) -> None:
@@ -253,12 +262,18 @@ async def test_tr14_a_client_flooding_past_its_credits_is_disconnected_others_ar
     log_before = len(ours.proc.log.read_text())
     async with rdma_to(OURS_RDMA_PORT) as (_, _good, good_rpc):
         # Plain v1 (rtrext off): the flood must be Long calls by position-zero Read chunk; with
-        # rtrext they would go as continued Sends, which the server answers at once.
+        # rtrext they would go as continued Sends, which need no RDMA Read.
         async with rdma_to(OURS_RDMA_PORT, RdmaOptions(rtrext=False)) as (_, conn, rpc):
             await rpc.call(nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 0, timeout=30)
             n = 8 * conn.credits.granted
+            # Every receive is posted now; from here on, none is posted again, and one reply
+            # per receive uses them all up.
+            conn._post_recv = lambda buf: buf.release()  # type: ignore[method-assign]
+            for _ in range(conn.recv_pool.count):
+                await rpc.call(nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 0, timeout=30)
             conn.credits.granted = conn.credits.local_max = 1000  # pretend we were granted more
             ended = closed(conn)
+            stalled = asyncio.create_task(rpc.call(nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 0, timeout=120))
             calls = [
                 asyncio.create_task(
                     rpc.call(
@@ -272,13 +287,15 @@ async def test_tr14_a_client_flooding_past_its_credits_is_disconnected_others_ar
                 )
                 for _ in range(n)
             ]
-            done = await asyncio.gather(*calls, return_exceptions=True)
-            await asyncio.wait_for(ended, 30)
+            await asyncio.wait_for(ended, 60)  # the server closed it: nothing else could
             assert conn.closed
+            with pytest.raises(ConnectionError):
+                await stalled  # its reply never found a receive
+            done = await asyncio.gather(*calls, return_exceptions=True)
             failed = [d for d in done if isinstance(d, BaseException)]
             answered = [d for d in done if not isinstance(d, BaseException)]
-            assert failed and all(isinstance(e, ConnectionError) for e in failed), failed
-            for res in answered:  # status NFS4_OK, then the tag echoed
+            assert len(failed) > n // 2 and all(isinstance(e, ConnectionError) for e in failed)
+            for res in answered:  # none is expected; any must be right: NFS4_OK, the tag
                 assert res.reader.buf[res.offset : res.offset + 8] == bytes(4) + (6000).to_bytes(
                     4, "big"
                 )

@@ -97,15 +97,15 @@ def _flavors(ctx: CompoundContext, flavors: Sequence[int]) -> nfs4.SECINFO4res:
 
 
 # The flavour rule table (RFC 8881 section 2.6.3.1.1): the roles operations play in deciding
-# NFS4ERR_WRONGSEC. The COMPOUND asks ``wrong_security`` before running each operation of the
-# table, on its fast paths as on the generic path (compound.py), and nowhere else; an
-# operation not in the table is never refused for its flavour by the COMPOUND (the VFS still
-# refuses a call that carries a credential into an export whose ``sec=`` rule does not list
-# its flavour: vfs/namespace.py ``admit``).
+# NFS4ERR_WRONGSEC. The COMPOUND asks ``wrong_security`` about each operation of the table
+# (a put-filehandle operation once it has put its filehandle, any other before it runs), on its
+# fast paths as on the generic path (compound.py), and nowhere else; an operation not in the
+# table is never refused for its flavour by the COMPOUND. The rule is the same whether the
+# flavours come from the server (``--sec``) or from an export's ``sec=`` rule (the VFS's
+# ``admit``), or both; only LOOKUP/LOOKUPP/OPEN differ, see ``wrong_security``.
 PUT_FH = 1  # sets the current filehandle from nothing (PUTFH and its family, RESTOREFH)
 BY_NAME = 2  # crosses to another object by name
 SECINFO = 3  # asks which flavours to use: answered whatever the flavour
-NO_CRED = 4  # uses the current object with no credential of its own: the export's rule asked here
 FLAVOUR_RULES: dict[int, int] = {
     nfs4.OP_PUTFH: PUT_FH,
     nfs4.OP_PUTROOTFH: PUT_FH,
@@ -116,19 +116,24 @@ FLAVOUR_RULES: dict[int, int] = {
     nfs4.OP_OPEN: BY_NAME,
     nfs4.OP_SECINFO: SECINFO,
     nfs4.OP_SECINFO_NO_NAME: SECINFO,
-    nfs4.OP_GETATTR: NO_CRED,
-    nfs4.OP_VERIFY: NO_CRED,
-    nfs4.OP_NVERIFY: NO_CRED,
 }
+PUT_FH_OPS = frozenset(op for op, rule in FLAVOUR_RULES.items() if rule == PUT_FH)
+# What may follow a put-filehandle operation (SAVEFH aside) for it never to be refused: nothing
+# (2.6.3.1.1.6), SECINFO or SECINFO_NO_NAME (2.6.3.1.1.5), LOOKUP, LOOKUPP or OPEN, which
+# check the object they reach (2.6.3.1.1.3, 2.6.3.1.1.4), another put-filehandle operation
+# (2.6.3.1.1.2).
+_NOTHING = -1  # the rule of what follows the last operation (0: an operation not in the table)
+_PUT_FH_EXEMPT = frozenset((_NOTHING, SECINFO, BY_NAME, PUT_FH))
 
 
 # The operations ``wrong_security`` is asked about, by (the server has flavours of its own,
-# its VFS has client rules): all of the table but SECINFO's; without the server's flavours,
-# those that ask the export's rule; without either, none.
+# its VFS has client rules): all of the table but SECINFO's; with the exports' rules alone,
+# the put-filehandle operations (LOOKUP, LOOKUPP and OPEN are judged by the VFS itself);
+# without either, none.
 _ASKED = {
     (True, True): frozenset(op for op, rule in FLAVOUR_RULES.items() if rule != SECINFO),
     (True, False): frozenset(op for op, rule in FLAVOUR_RULES.items() if rule != SECINFO),
-    (False, True): frozenset(op for op, rule in FLAVOUR_RULES.items() if rule == NO_CRED),
+    (False, True): PUT_FH_OPS,
     (False, False): frozenset[int](),
 }
 
@@ -141,40 +146,54 @@ def flavour_asked(security: tuple[int, ...] | None, vfs: Vfs) -> frozenset[int]:
 
 
 def wrong_security(ctx: CompoundContext, op: int, following: Callable[[], int | None]) -> bool:
-    """NFS4ERR_WRONGSEC for operation ``op`` of the table, about to run? ``following`` gives
-    the operation after it (None at the end of the COMPOUND); it is asked only when the
-    answer depends on it.
+    """NFS4ERR_WRONGSEC for operation ``op`` of the table? ``following`` gives the operation
+    after it, SAVEFH skipped (None at the end of the COMPOUND; 2.6.3.1.1.1: SAVEFH is never
+    refused, and the server acts as if it were not there); it is asked only when the answer
+    depends on it.
 
-    With the server's flavours (``--sec``), for a put-filehandle, LOOKUP, LOOKUPP or OPEN:
-    - a put-filehandle operation followed by SECINFO or SECINFO_NO_NAME, by LOOKUP, LOOKUPP or
-      OPEN (which check the object they reach), or by nothing, is never refused (2.6.3.1.1.1
-      to 2.6.3.1.1.4), so a client can always ask, from the root down, which flavours to use;
-    - otherwise, and for LOOKUP, LOOKUPP and OPEN not followed by a SECINFO, the request's
-      pseudo-flavour must be one of the server's (2.6.3.1.1.5 to 2.6.3.1.1.7).
-    With an export's ``sec=`` rule, for GETATTR, VERIFY and NVERIFY, whose VFS calls carry no
-    credential for the export to judge: the request's flavour must be one the rule lists
-    (2.6.3.1.1.7); a put-filehandle operation leaves that to the operation after it (PUTFH
-    checks only the client's address, ``filehandle.put_fh``)."""
+    A put-filehandle operation (PUTFH, PUTROOTFH, PUTPUBFH, RESTOREFH) is asked once it has
+    put its filehandle. Followed by nothing, by SECINFO or SECINFO_NO_NAME, by LOOKUP, LOOKUPP
+    or OPEN, or by another put-filehandle operation, it is never refused (2.6.3.1.1.2 to
+    2.6.3.1.1.6), so a client can always ask, from the root down, which flavours to use;
+    followed by anything else, it is refused unless the request's pseudo-flavour is allowed
+    for the filehandle it put (2.6.3.1.1.7): one of the server's (``--sec``), if it has a list,
+    and one its export's ``sec=`` rule lists, if the VFS has rules. No operation after it is
+    refused for its flavour then (only put-filehandle operations, LOOKUP, LOOKUPP and OPEN
+    may be).
+
+    LOOKUP, LOOKUPP and OPEN are judged on the object they reach. With the server's flavours,
+    here, unless a SECINFO or SECINFO_NO_NAME follows (a server-wide list is the same for
+    every object, and the client is then asking which flavours to use). With an export's
+    ``sec=`` rule, by the VFS, which refuses the call into an export whose rule does not list
+    the flavour, SECINFO following or not: LOOKUP + SECINFO_NO_NAME is refused there, and
+    PUTFH + SECINFO (with the name) is the way to ask, under either policy."""
     rule = FLAVOUR_RULES[op]
-    if rule == NO_CRED:
-        fh = ctx.current_fh
-        if fh is None:
-            return False  # (the operation itself answers NFS4ERR_NOFILEHANDLE)
+    if rule == SECINFO:
+        return False
+    after = following()
+    after_rule = FLAVOUR_RULES.get(after, 0) if after is not None else _NOTHING
+    if rule == PUT_FH:
+        if after_rule in _PUT_FH_EXEMPT:
+            return False
+        return not _flavour_allowed(ctx, ctx.current_fh)
+    if after_rule == SECINFO:
+        return False
+    security = ctx.server.security
+    return security is not None and pseudoflavor_of(ctx.principal) not in security
+
+
+def _flavour_allowed(ctx: CompoundContext, fh: bytes | None) -> bool:
+    """Is the request's pseudo-flavour one of the server's (if it has a list) and one the
+    ``sec=`` rule of ``fh``'s export lists (if the VFS has rules)?"""
+    security = ctx.server.security
+    if security is not None and pseudoflavor_of(ctx.principal) not in security:
+        return False
+    if fh is not None:
         try:
             ctx.server.vfs.admit(ctx.cred, fh, flavor=True)
         except WrongSecurity:
-            return True
-        return False
-    security = ctx.server.security
-    if security is None or rule == SECINFO:
-        return False
-    after = following()
-    after_rule = FLAVOUR_RULES.get(after, 0) if after is not None else 0
-    if after_rule == SECINFO:
-        return False
-    if rule == PUT_FH and (after is None or after_rule == BY_NAME):
-        return False
-    return pseudoflavor_of(ctx.principal) not in security
+            return False
+    return True
 
 
 def secinfo(ctx: CompoundContext, args: nfs4.SECINFO4args) -> nfs4.SECINFO4res:

@@ -28,7 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
+from nfsrdma.transport.base import ReplyExpectation
 from nfsrdma.transport.rdma.inproc_memory import InprocPD, InprocRegion, InprocWindow
 from nfsrdma.transport.rdma.inproc_qp import InprocConnection, pad
 from nfsrdma.transport.rdma.provider import (
@@ -42,6 +45,8 @@ from nfsrdma.transport.rdma.provider import (
     QueuePairConfig,
     check_config,
 )
+from nfsrdma.xdr.gen import nfs4
+from nfsrdma.xdr.runtime import U32, Reader, Writer
 
 __all__ = [
     "DEFAULT_CAPS",
@@ -53,6 +58,7 @@ __all__ = [
     "InprocPD",
     "InprocRegion",
     "InprocWindow",
+    "call_read",
 ]
 
 DEFAULT_CAPS = DeviceCaps(
@@ -250,3 +256,49 @@ class InprocConnectRequest(ConnectRequestBase):
 
     def _active_waiting(self) -> bool:
         return self._active._connect_future is not None and not self._active._connect_future.done()
+
+
+class _Reply(Protocol):
+    """What ``call_read`` needs of a reply (``nfsrdma.rpc.connection.RpcResult``)."""
+
+    @property
+    def reader(self) -> Reader: ...
+    @property
+    def offset(self) -> int: ...
+
+
+class _Caller(Protocol):
+    """What ``call_read`` needs of a caller (``nfsrdma.rpc.connection.RpcConnection``); typed
+    by shape so that this module does not import the RPC layer above it."""
+
+    def call(
+        self,
+        prog: int,
+        vers: int,
+        proc: int,
+        encode_args: Callable[[Writer], None] | None = None,
+        *,
+        expect: ReplyExpectation | None = None,
+    ) -> Awaitable[_Reply]: ...
+
+
+async def call_read(
+    rpc: _Caller, prog: int, vers: int, proc: int, size: int
+) -> tuple[nfs4.READ4resok, memoryview]:
+    """A READ-like call of the test rigs (unit tests and ``bench/``): procedure ``proc`` takes
+    the byte count as one XDR unsigned int and answers a ``READ4res`` whose data may go by RDMA
+    Write into a Write chunk. The caller lends a sink of ``size + 100`` bytes for the data and
+    a 512-byte bound for the rest of the reply. Returns the decoded result (its data is a view
+    of wherever the transport placed it) and the sink."""
+    sink = memoryview(bytearray(size + 100))
+    res = await rpc.call(
+        prog,
+        vers,
+        proc,
+        lambda w: w.extend(U32.pack(size)),
+        expect=ReplyExpectation([sink], max_size=512),
+    )
+    out, _ = nfs4.dec_READ4res(res.reader, res.offset)
+    if out.status != nfs4.NFS4_OK or out.value is None:
+        raise AssertionError(f"READ-like call failed: {out.status}")
+    return out.value, sink

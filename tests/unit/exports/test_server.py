@@ -251,16 +251,16 @@ async def _secinfo(server: NFSServer, tree: Path) -> None:
         )
         assert res.status == OK
         assert [f.flavor for f in res.resarray[-1].value.value] == [nfs4.RPCSEC_GSS] * 3 + [1]
-        # ... but the next operation that uses the export does, GETATTR and VERIFY too
-        # (they take no credential of their own).
+        # ... but followed by anything else (READDIR, GETATTR, VERIFY), PUTFH is refused
+        # itself (RFC 8881 section 2.6.3.1.1.7).
         put_krb = op(nfs4.OP_PUTFH, nfs4.PUTFH4args(krb_fh))
         res = await b.call([put_krb, readdir()], AUTH_NONE_CRED)
-        assert statuses(res)[1:] == [OK, nfs4.NFS4ERR_WRONGSEC]
+        assert statuses(res)[1:] == [nfs4.NFS4ERR_WRONGSEC]
         res = await b.call([put_krb, getfsid()], AUTH_NONE_CRED)
-        assert statuses(res)[1:] == [OK, nfs4.NFS4ERR_WRONGSEC]
+        assert statuses(res)[1:] == [nfs4.NFS4ERR_WRONGSEC]
         verify = nfs4.VERIFY4args(nfs4.fattr4([], b""))
         res = await b.call([put_krb, op(nfs4.OP_VERIFY, verify)], AUTH_NONE_CRED)
-        assert statuses(res)[1:] == [OK, nfs4.NFS4ERR_WRONGSEC]
+        assert statuses(res)[1:] == [nfs4.NFS4ERR_WRONGSEC]
         assert statuses(await b.call([put_krb, getfsid()]))[1:] == [OK, OK]  # AUTH_SYS listed
         # /srv/pub says sec=sys:none.
         res = await b.call(

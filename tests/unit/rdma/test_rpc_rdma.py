@@ -23,7 +23,7 @@ from nfsrdma.transport.rdma.endpoint import (
     RdmaOptions,
     connect_rdma,
 )
-from nfsrdma.transport.rdma.inproc import InprocFabric
+from nfsrdma.transport.rdma.inproc import InprocFabric, call_read
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import U32, Writer, XdrError, unpack_from
 from tests.unit.conditions import Changes
@@ -231,19 +231,11 @@ async def test_tr7_ul1_write_data_by_read_chunk(size: int) -> None:
 async def test_ul14_read_data_lands_in_the_callers_buffer(size: int) -> None:
     async with rig() as r:
         assert r.rpc is not None
-        sink = memoryview(bytearray(size + 100))
-        res = await r.rpc.call(
-            PROG,
-            VERS,
-            P_READ,
-            lambda w: w.extend(U32.pack(size)),
-            expect=ReplyExpectation([sink], max_size=512),
-        )
-        out, _ = nfs4.dec_READ4res(res.reader, res.offset)
-        assert bytes(out.value.data) == bytes(i % 251 for i in range(size))
-        assert out.value.data.obj is sink.obj  # placed directly: no copy
+        out, sink = await call_read(r.rpc, PROG, VERS, P_READ, size)
+        assert bytes(out.data) == bytes(i % 251 for i in range(size))
+        assert out.data.obj is sink.obj  # placed directly: no copy
         assert r.client is not None and r.client.stats["write_chunks"] == 1
-        assert bytes(sink[:size]) == bytes(out.value.data)
+        assert bytes(sink[:size]) == bytes(out.data)
 
 
 async def test_tr10_long_reply_through_the_reply_chunk() -> None:
@@ -360,6 +352,36 @@ async def test_tr14_calls_beyond_the_grant_end_that_connection() -> None:
         # backchannel) ends the connection, and every call fails with it.
         assert all(isinstance(d, ConnectionError) for d in done), done
         assert r.client.closed and r.server[0].stats["credit_overruns"] == 1
+
+
+async def test_tr14_long_calls_behind_a_reply_the_requester_cannot_receive_end_it() -> None:
+    """The test bed's flood (tests/testbed/test_rdma_peers.py), here: the requester stops
+    posting receives and uses up those it had, so the responder's next reply waits for a
+    receive for ever, and every RDMA Read the responder posts after it waits behind it (work
+    requests execute in order). Long calls then stay outstanding at the responder, whatever
+    the timing, until they pass its credits and it ends the connection. (Plain v1: with
+    rtrext, calls this long would come as continued Sends, needing no RDMA Read.)"""
+    async with rig(RdmaOptions(credits=3), RdmaOptions(rtrext=False)) as r:
+        assert r.rpc is not None and r.client is not None
+        client, rpc = r.client, r.rpc
+        await rpc.call(PROG, VERS, 0)
+        client._post_recv = lambda buf: buf.release()  # type: ignore[method-assign]
+        for _ in range(client.recv_pool.count):  # one reply per receive still posted
+            await rpc.call(PROG, VERS, 0)
+        client.credits.granted = client.credits.local_max = 100  # ignore the grant
+        stalled = asyncio.create_task(rpc.call(PROG, VERS, 0, timeout=5))
+        done = await asyncio.gather(
+            *[
+                rpc.call(PROG, VERS, 0, lambda w: w.extend(bytes(6000)), timeout=5)
+                for _ in range(20)
+            ],
+            return_exceptions=True,
+        )
+        assert all(isinstance(d, ConnectionError) for d in done), done
+        with pytest.raises(ConnectionError):
+            await stalled
+        assert r.server[0].stats["credit_overruns"] == 1
+        assert client.stats["read_chunks"] == 20  # they were Long calls
 
 
 async def test_ul26_a_probe_uses_the_credit_kept_back() -> None:

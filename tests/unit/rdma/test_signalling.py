@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from nfsrdma.transport.base import ReplyExpectation
 from nfsrdma.transport.rdma.calls import Scratch
 from nfsrdma.transport.rdma.endpoint import RdmaConnection, RdmaOptions
+from nfsrdma.transport.rdma.inproc import call_read
 from nfsrdma.transport.rdma.inproc_qp import InprocConnection
 from nfsrdma.transport.rdma.pool import PooledBuffer
 from nfsrdma.transport.rdma.provider import (
@@ -25,8 +25,6 @@ from nfsrdma.transport.rdma.provider import (
     RdmaWriteRequest,
 )
 from nfsrdma.transport.rdma.sendqueue import SendQueue
-from nfsrdma.xdr.gen import nfs4
-from nfsrdma.xdr.runtime import U32
 from tests.unit.rdma.test_rpc_rdma import P_READ, PROG, VERS, Rig, call_write, closed, rig
 
 N = 32
@@ -43,16 +41,8 @@ def _server(r: Rig) -> tuple[RdmaConnection, InprocConnection]:
 
 async def _read(r: Rig, size: int = READ_SIZE) -> None:
     assert r.rpc is not None
-    sink = memoryview(bytearray(size + 100))
-    res = await r.rpc.call(
-        PROG,
-        VERS,
-        P_READ,
-        lambda w: w.extend(U32.pack(size)),
-        expect=ReplyExpectation([sink], max_size=512),
-    )
-    out, _ = nfs4.dec_READ4res(res.reader, res.offset)
-    assert bytes(out.value.data) == bytes(i % 251 for i in range(size))
+    out, _ = await call_read(r.rpc, PROG, VERS, P_READ, size)
+    assert bytes(out.data) == bytes(i % 251 for i in range(size))
 
 
 async def _null(r: Rig) -> None:
