@@ -121,9 +121,10 @@ class Pair:
         assert res.status == OK, nfs4.nfsstat4(res.status).name
         return res
 
-    async def setup(self, below: Path | None = None) -> None:
-        """A session on each; ``below``: the export's path under the pseudo-root, if any."""
-        fore = nfs4.channel_attrs4(0, 1049620, 1049480, 2048, 8, 4, [])
+    async def setup(self, below: Path | None = None, cached: int = 2048) -> None:
+        """A session on each; ``below``: the export's path under the pseudo-root, if any;
+        ``cached``: the fore channel's ca_maxresponsesize_cached."""
+        fore = nfs4.channel_attrs4(0, 1049620, 1049480, cached, 8, 4, [])
         for server in (self.fast, self.generic):
             self.pseudo_fh = await server.driver.mount(b"prop client", fore, cb_program=0)
         assert self.fast.driver.sessionid == self.generic.driver.sessionid
@@ -576,3 +577,74 @@ def test_the_flavour_rules_after_putfh_on_both_paths(policy: str) -> None:
 def _short(resop: nfs4.nfs_resop4) -> str:
     status = nfs4.nfsstat4(resop.value.status).name
     return "OK" if status == "NFS4_OK" else status.removeprefix("NFS4ERR_")
+
+
+def test_a_fast_getattr_is_written_without_the_generic_encoder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The property above compares something for GETATTR's own result writer
+    (``_Run._getattr_ok``): on the fast path a successful GETATTR never reaches ``_record``;
+    on the generic path it does, and both replies are the same."""
+    recorded: list[int] = []
+    generic_record = compound_module._Run._record
+
+    def spy(run: compound_module._Run, op: object, res: object) -> bool:
+        recorded.append(op.number)  # type: ignore[attr-defined]
+        return generic_record(run, op, res)  # type: ignore[arg-type]
+
+    async def scenario(root: Path) -> None:
+        (root / "export").mkdir()
+        (root / "export" / "f").write_bytes(b"data")
+        pair = Pair(Server(root, fast=True), Server(root, fast=False))
+        try:
+            await pair.setup()
+            monkeypatch.setattr(compound_module._Run, "_record", spy)
+            c = {
+                "slot": 0,
+                "delta": 1,
+                "cachethis": False,
+                "fh": "file",
+                "third": ("GETATTR", "linux"),
+                "extra": None,
+                "cut": 0,
+            }
+            reply = await pair.both(build(pair, c, b"", bytes(12)))
+            assert unpack(nfs4.dec_COMPOUND4res, reply).status == OK
+        finally:
+            pair.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(scenario(Path(tmp)))
+    assert recorded.count(nfs4.OP_GETATTR) == 1  # the generic server's only
+
+
+@pytest.mark.parametrize("cachethis", [False, True])
+def test_a_fast_getattr_over_the_cached_reply_limit(cachethis: bool) -> None:
+    """A GETATTR result that takes the reply past ca_maxresponsesize_cached (120 here):
+    NFS4ERR_REP_TOO_BIG_TO_CACHE when the client asked for it to be cached, as the generic path
+    answers; within the limit otherwise (GETATTR's own writer checks the limits too)."""
+
+    async def scenario(root: Path) -> None:
+        (root / "export").mkdir()
+        (root / "export" / "f").write_bytes(b"data")
+        pair = Pair(Server(root, fast=True), Server(root, fast=False))
+        try:
+            await pair.setup(cached=120)
+            c = {
+                "slot": 0,
+                "delta": 1,
+                "cachethis": cachethis,
+                "fh": "file",
+                "third": ("GETATTR", "linux"),
+                "extra": None,
+                "cut": 0,
+            }
+            reply = await pair.both(build(pair, c, b"", bytes(12)))
+            res = unpack(nfs4.dec_COMPOUND4res, reply)
+            assert res.status == (nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE if cachethis else OK)
+            assert [r.resop for r in res.resarray][-1] == nfs4.OP_GETATTR
+        finally:
+            pair.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(scenario(Path(tmp)))
