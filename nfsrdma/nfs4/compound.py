@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from inspect import isawaitable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, Outcome
 from nfsrdma.nfs4.errors import status_of
@@ -160,9 +160,10 @@ def _fast_steps(r: Reader, off: int, count: int) -> tuple[_Step, _Step, _Step] |
 def cred_of(server: ServerState, call: RpcCall) -> Cred:
     c = call.cred
     context = call.conn.context
-    memo = context.get(_CRED_MEMO)  # the connection's last caller (credentials are shared)
+    memo: Any = context.get(_CRED_MEMO)  # the connection's last caller (shared credentials)
     if memo is not None:
-        last, cred = cast(tuple[Credential, Cred], memo)
+        known: tuple[Credential, Cred] = memo  # (not typing.cast: a subscript at every call)
+        last, cred = known
         if last is c:
             return cred
     origin = Origin(call.conn.peer, pseudoflavor_of(c), call.conn.conn.kind)  # export rules
