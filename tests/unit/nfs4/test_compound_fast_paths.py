@@ -417,7 +417,8 @@ def test_an_export_with_flavours_refuses_auth_sys_on_the_fast_shapes_too(third: 
 
 def test_read_data_counts_toward_the_cached_reply_limit() -> None:
     """READ data travels as a DDP item beside the reply's bytes: it counts toward
-    ca_maxresponsesize_cached (2048 here), on both paths."""
+    ca_maxresponsesize_cached (2048 here), on both paths, and still when a GETATTR follows
+    (the fast path's READ writer counts its data for the operations after it)."""
 
     async def scenario(root: Path) -> None:
         (root / "export").mkdir()
@@ -425,18 +426,24 @@ def test_read_data_counts_toward_the_cached_reply_limit() -> None:
         pair = Pair(Server(root, fast=True), Server(root, fast=False))
         try:
             await pair.setup()
-            for count, status in ((1900, OK), (2100, nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE)):
+            too_big = nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE
+            for count, extra, status, results in (
+                (1900, None, OK, 3),
+                (2100, None, too_big, 3),
+                (1600, "GETATTR", OK, 4),
+                (1950, "GETATTR", too_big, 4),
+            ):
                 c = {
                     "slot": 0,
                     "delta": 1,
                     "cachethis": True,
                     "fh": "file",
                     "third": ("READ", ("open", 0, count)),
-                    "extra": None,
+                    "extra": extra,
                     "cut": 0,
                 }
                 res = unpack(nfs4.dec_COMPOUND4res, await pair.both(build(pair, c, b"", b"")))
-                assert (res.status, len(res.resarray)) == (status, 3)
+                assert (res.status, len(res.resarray)) == (status, results)
         finally:
             pair.close()
 
@@ -579,12 +586,13 @@ def _short(resop: nfs4.nfs_resop4) -> str:
     return "OK" if status == "NFS4_OK" else status.removeprefix("NFS4ERR_")
 
 
-def test_a_fast_getattr_is_written_without_the_generic_encoder(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("third", ["GETATTR", "READ"])
+def test_a_fast_getattr_or_read_is_written_without_the_generic_encoder(
+    monkeypatch: pytest.MonkeyPatch, third: str
 ) -> None:
-    """The property above compares something for GETATTR's own result writer
-    (``_Run._getattr_ok``): on the fast path a successful GETATTR never reaches ``_record``;
-    on the generic path it does, and both replies are the same."""
+    """The property above compares something for the result writers of GETATTR and READ
+    (``_Run._getattr_ok``, ``_Run._read_ok``): on the fast path a successful one never
+    reaches ``_record``; on the generic path it does, and both replies are the same."""
     recorded: list[int] = []
     generic_record = compound_module._Run._record
 
@@ -604,7 +612,7 @@ def test_a_fast_getattr_is_written_without_the_generic_encoder(
                 "delta": 1,
                 "cachethis": False,
                 "fh": "file",
-                "third": ("GETATTR", "linux"),
+                "third": (third, "linux" if third == "GETATTR" else ("open", 0, 4096)),
                 "extra": None,
                 "cut": 0,
             }
@@ -615,7 +623,7 @@ def test_a_fast_getattr_is_written_without_the_generic_encoder(
 
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(scenario(Path(tmp)))
-    assert recorded.count(nfs4.OP_GETATTR) == 1  # the generic server's only
+    assert recorded.count(getattr(nfs4, f"OP_{third}")) == 1  # the generic server's only
 
 
 @pytest.mark.parametrize("cachethis", [False, True])
