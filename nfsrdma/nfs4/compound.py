@@ -104,12 +104,13 @@ def _must_wait(outcome: object) -> bool:
 # the flavour rules (NFS4ERR_WRONGSEC) of both are asked of ops/lookup.py ``wrong_security``
 # (its table: ``FLAVOUR_RULES``) before each operation in ``_Run.flavour_asked``.
 FAST_PATHS = True
-_FAST_THIRD = (
-    nfs4.nfs_opnum4.OP_READ,
-    nfs4.nfs_opnum4.OP_WRITE,
-    nfs4.nfs_opnum4.OP_GETATTR,
-    nfs4.nfs_opnum4.OP_ACCESS,
-    nfs4.nfs_opnum4.OP_LOOKUP,
+# The third operation may be any NFSv4.1 operation this server has (OPEN, CLOSE, REMOVE,
+# ... too: the Linux client's create, stat and remove), but SEQUENCE (out of place there):
+# once SEQUENCE has succeeded, none of them can be out of place at position 2 either.
+_FAST_THIRD = tuple(
+    n
+    for n in sorted(HANDLERS)
+    if n <= LAST_V41_OP and n not in (nfs4.nfs_opnum4.OP_SEQUENCE, nfs4.nfs_opnum4.OP_ILLEGAL)
 )
 _SEQUENCE_ARGS_SIZE = 32  # sessionid (16), sequenceid, slotid, highest_slotid, cachethis
 _Step = tuple[Operation[Any, Any], Any]  # an operation and its handler

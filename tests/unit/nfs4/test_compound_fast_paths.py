@@ -186,7 +186,18 @@ bitmap = st.lists(u32, max_size=3)
 def third_op(draw: st.DrawFn) -> tuple[str, object]:
     kind = draw(
         st.sampled_from(
-            ["READ", "WRITE", "GETATTR", "ACCESS", "LOOKUP", "GETFH", "SECINFO_NO_NAME"]
+            [
+                "READ",
+                "WRITE",
+                "GETATTR",
+                "ACCESS",
+                "LOOKUP",
+                "GETFH",
+                "SECINFO_NO_NAME",
+                "OPEN",
+                "CLOSE",
+                "SEQUENCE",
+            ]
         )
     )
     if kind == "READ":
@@ -206,6 +217,10 @@ def third_op(draw: st.DrawFn) -> tuple[str, object]:
         return kind, draw(name)
     if kind == "SECINFO_NO_NAME":
         return kind, draw(st.integers(0, 2))
+    if kind == "OPEN":  # the open file or a random name, read or write access, two owners
+        return kind, (draw(st.one_of(st.just(b"f"), name)), draw(st.integers(1, 2)))
+    if kind == "CLOSE":
+        return kind, draw(stateid_kind)
     return kind, None
 
 
@@ -271,6 +286,21 @@ def build(pair: Pair, c: dict[str, object], rand_fh: bytes, rand_sid: bytes) -> 
         ops.append(_op(nfs4.OP_LOOKUP, nfs4.LOOKUP4args(a)))
     elif kind == "SECINFO_NO_NAME":
         ops.append(_op(nfs4.OP_SECINFO_NO_NAME, a))
+    elif kind == "OPEN":
+        file, access = a
+        args = nfs4.OPEN4args(
+            0,
+            access,
+            nfs4.OPEN4_SHARE_DENY_NONE,
+            nfs4.open_owner4(1, b"prop-%d" % access),
+            nfs4.openflag4(nfs4.OPEN4_NOCREATE, None),
+            nfs4.open_claim4(nfs4.CLAIM_NULL, file),
+        )
+        ops.append(_op(nfs4.OP_OPEN, args))
+    elif kind == "CLOSE":
+        ops.append(_op(nfs4.OP_CLOSE, nfs4.CLOSE4args(0, sid[a])))
+    elif kind == "SEQUENCE":
+        ops.append(pair.seq(0, 0))
     else:
         ops.append(_op(nfs4.OP_GETFH))
     extra = c["extra"]
@@ -349,7 +379,9 @@ def _is_fast(data: bytes) -> bool:
     return compound_module._fast_steps(r, off, head.argarray) is not None
 
 
-@pytest.mark.parametrize("third", ["READ", "WRITE", "GETATTR", "ACCESS", "LOOKUP"])
+@pytest.mark.parametrize(
+    "third", ["READ", "WRITE", "GETATTR", "ACCESS", "LOOKUP", "OPEN", "CLOSE", "GETFH"]
+)
 def test_the_linux_shapes_take_the_fast_path(third: str) -> None:
     """The property above compares something: these requests do take the fast path."""
     pair = Pair(Server.__new__(Server), Server.__new__(Server))
@@ -365,6 +397,9 @@ def test_the_linux_shapes_take_the_fast_path(third: str) -> None:
         "GETATTR": "linux",
         "ACCESS": 63,
         "LOOKUP": b"f",
+        "OPEN": (b"f", 1),
+        "CLOSE": "open",
+        "GETFH": None,
     }
     c = {
         "slot": 0,
@@ -376,7 +411,7 @@ def test_the_linux_shapes_take_the_fast_path(third: str) -> None:
         "cut": 0,
     }
     assert _is_fast(build(pair, c, b"", bytes(12)))
-    c["fh"], c["third"] = "root", ("GETFH", None)
+    c["fh"], c["third"] = "root", ("SEQUENCE", None)  # out of place: the generic path says so
     assert not _is_fast(build(pair, c, b"", bytes(12)))
 
 
