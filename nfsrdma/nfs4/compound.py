@@ -137,11 +137,6 @@ _PUTFH_OK = _OPNUM_LEN.pack(_PUTFH, nfs4.NFS4_OK)  # PUTFH's nfs_resop4 on succe
 _GETATTR = nfs4.OP_GETATTR
 _GETATTR4res = nfs4.GETATTR4res
 _GETATTR_OK = tuple(struct.Struct(f">III{n}II") for n in range(5))
-# READ's nfs_resop4 on success up to its data: operation, status, eof, the data's length
-_READ = nfs4.OP_READ
-_READ4res = nfs4.READ4res
-_READ_OK = struct.Struct(">IIII")
-_BUFFERS = frozenset({bytes, bytearray, memoryview})
 _PAD = (b"", b"\0\0\0", b"\0\0", b"\0")  # XDR padding after n octets, by n % 4
 
 
@@ -385,48 +380,11 @@ class _Run:
             outcome = self._failed(op, e)
         if _must_wait(outcome):
             return op, outcome
-        if number == _READ:
-            written = self._read_ok(outcome)
-        else:
-            written = number == _GETATTR and self._getattr_ok(outcome)
-        if not written and self._record(op, outcome):
+        if not (number == _GETATTR and self._getattr_ok(outcome)) and self._record(op, outcome):
             return None
         if self.i >= ctx.op_count:
             return None
         return self._advance()
-
-    def _read_ok(self, outcome: object) -> bool:
-        """Record a successful READ as ``_record`` would: its head packed in one step, its data
-        a DDP item (the first of the reply); False (nothing written) for any other outcome, or
-        where DDP items came before it, left to ``_record``."""
-        if type(outcome) is not _READ4res or outcome.status != nfs4.NFS4_OK:
-            return False
-        ok = outcome.value
-        w, session = self.w, self.ctx.session
-        if ok is None or session is None or w.ddp or self.ddp_items:
-            return False
-        data = ok.data
-        if type(data) not in _BUFFERS:
-            return False
-        n = len(data)
-        padded = n + (-n & 3)
-        total = len(w) - self.head + 16 + padded
-        fore = session.fore
-        if total > fore.ca_maxresponsesize_cached or total > fore.ca_maxresponsesize:
-            return False  # (the limits: as the generic path checks them)
-        try:
-            head = _READ_OK.pack(nfs4.OP_READ, nfs4.NFS4_OK, ok.eof, n)
-        except struct.error:
-            return False  # (not a valid result: the generic encoder says how)
-        tag = w.ddp_tag = self.read_class
-        self.read_class = tag + 1
-        w += head
-        w.ddp.append(DdpItem(len(w), data, tag))
-        self.ddp_items, self.ddp_bytes = 1, padded
-        self.status = nfs4.NFS4_OK
-        self.done += 1
-        self.recorded.append((nfs4.OP_READ, nfs4.NFS4_OK, time.monotonic()))
-        return True
 
     def _getattr_ok(self, outcome: object) -> bool:
         """Record a successful GETATTR as ``_record`` would, its result's head packed in one
