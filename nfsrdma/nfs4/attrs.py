@@ -184,6 +184,27 @@ def check_readable(bitmap: Sequence[int]) -> None:
             raise Nfs4Error(nfs4.NFS4ERR_INVAL)
 
 
+# GETATTR's plan by (request bitmap, minor version), once the bitmap was found readable; at
+# most 256 (a client asks for a few bitmaps over and over).
+_GETATTR_PLANS: dict[tuple[int, tuple[int, ...]], tuple[Plan, bool]] = {}
+
+
+def getattr_plan(bitmap: Sequence[int], minor: int) -> tuple[Plan, bool]:
+    """GETATTR's encoder for a request bitmap in a minor version (``check_readable``, then
+    ``for_minor_version``), and whether its fattr4 goes through ``fattr_for_minor_version``
+    (minor version 1 asking for supported_attrs). Raises Nfs4Error as ``check_readable``."""
+    key = (minor, tuple(bitmap))
+    known = _GETATTR_PLANS.get(key)
+    if known is None:
+        check_readable(bitmap)
+        plan = _ENCODERS.plan(for_minor_version(bitmap, minor))
+        known = (plan, minor < 2 and bool(plan.mask) and bool(plan.mask[0] & 1))
+        if len(_GETATTR_PLANS) >= 256:
+            _GETATTR_PLANS.clear()
+        _GETATTR_PLANS[key] = known
+    return known
+
+
 def object_attrs(vfs: Vfs, fh: bytes, bitmap: Sequence[int], config: FattrConfig) -> nfs4.fattr4:
     """GETATTR of one object: ``vfs.getattr`` (and ``vfs.statfs`` only when needed), encoded."""
     plan = _ENCODERS.plan(bitmap)

@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from inspect import isawaitable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, Outcome
 from nfsrdma.nfs4.errors import status_of
@@ -105,12 +105,13 @@ def _must_wait(outcome: object) -> bool:
 # (its table: ``FLAVOUR_RULES``) about each operation in ``_Run.flavour_asked``: before it
 # runs, or for a put-filehandle operation (``PUT_FH_OPS``) once it has put its filehandle.
 FAST_PATHS = True
-_FAST_THIRD = (
-    nfs4.nfs_opnum4.OP_READ,
-    nfs4.nfs_opnum4.OP_WRITE,
-    nfs4.nfs_opnum4.OP_GETATTR,
-    nfs4.nfs_opnum4.OP_ACCESS,
-    nfs4.nfs_opnum4.OP_LOOKUP,
+# The third operation may be any NFSv4.1 operation this server has (OPEN, CLOSE, REMOVE,
+# ... too: the Linux client's create, stat and remove), but SEQUENCE (out of place there):
+# once SEQUENCE has succeeded, none of them can be out of place at position 2 either.
+_FAST_THIRD = tuple(
+    n
+    for n in sorted(HANDLERS)
+    if n <= LAST_V41_OP and n not in (nfs4.nfs_opnum4.OP_SEQUENCE, nfs4.nfs_opnum4.OP_ILLEGAL)
 )
 _SEQUENCE_ARGS_SIZE = 32  # sessionid (16), sequenceid, slotid, highest_slotid, cachethis
 _Step = tuple[Operation[Any, Any], Any]  # an operation and its handler
@@ -132,6 +133,12 @@ _SEQUENCE_OK = struct.Struct(">II16sIIIII")
 _SEQUENCE4res = nfs4.SEQUENCE4res
 _PUTFH = nfs4.OP_PUTFH
 _PUTFH_OK = _OPNUM_LEN.pack(_PUTFH, nfs4.NFS4_OK)  # PUTFH's nfs_resop4 on success
+# GETATTR's nfs_resop4 on success up to the attribute values: operation, status, the bitmap
+# (count and words), the values' length; by the bitmap's word count (RFC 8881 18.7)
+_GETATTR = nfs4.OP_GETATTR
+_GETATTR4res = nfs4.GETATTR4res
+_GETATTR_OK = tuple(struct.Struct(f">III{n}II") for n in range(5))
+_PAD = (b"", b"\0\0\0", b"\0\0", b"\0")  # XDR padding after n octets, by n % 4
 
 
 def _fast_steps(r: Reader, off: int, count: int) -> tuple[_Step, _Step, _Step] | None:
@@ -155,9 +162,10 @@ def _fast_steps(r: Reader, off: int, count: int) -> tuple[_Step, _Step, _Step] |
 def cred_of(server: ServerState, call: RpcCall) -> Cred:
     c = call.cred
     context = call.conn.context
-    memo = context.get(_CRED_MEMO)  # the connection's last caller (credentials are shared)
+    memo: Any = context.get(_CRED_MEMO)  # the connection's last caller (shared credentials)
     if memo is not None:
-        last, cred = cast(tuple[Credential, Cred], memo)
+        known: tuple[Credential, Cred] = memo  # (not typing.cast: a subscript at every call)
+        last, cred = known
         if last is c:
             return cred
     origin = Origin(call.conn.peer, pseudoflavor_of(c), call.conn.conn.kind)  # export rules
@@ -296,6 +304,8 @@ class _Run:
             op, outcome = self._start()
             if _must_wait(outcome):
                 return op, outcome
+            if FAST_PATHS and op.number == _GETATTR and self._getattr_ok(outcome):
+                continue  # (GETATTR after GETFH, OPEN, CLOSE, WRITE: the Linux client's)
             if self._record(op, outcome):
                 break
         return None
@@ -371,9 +381,42 @@ class _Run:
             outcome = self._failed(op, e)
         if _must_wait(outcome):
             return op, outcome
-        if self._record(op, outcome) or self.i >= ctx.op_count:
+        if not (number == _GETATTR and self._getattr_ok(outcome)) and self._record(op, outcome):
+            return None
+        if self.i >= ctx.op_count:
             return None
         return self._advance()
+
+    def _getattr_ok(self, outcome: object) -> bool:
+        """Record a successful GETATTR as ``_record`` would, its result's head packed in one
+        step; False (nothing written) for any other outcome, left to ``_record``."""
+        if type(outcome) is not _GETATTR4res or outcome.status != nfs4.NFS4_OK:
+            return False
+        ok = outcome.value
+        if ok is None:
+            return False
+        fattr = ok.obj_attributes
+        mask, vals = fattr.attrmask, fattr.attr_vals
+        n, size = len(mask), len(vals)
+        if n >= len(_GETATTR_OK) or type(vals) is not bytes:
+            return False
+        w, session = self.w, self.ctx.session
+        total = len(w) - self.head + 16 + 4 * n + size + (-size & 3)
+        if session is None or w.ddp or self.ddp_items:
+            return False
+        fore = session.fore
+        if total > fore.ca_maxresponsesize_cached or total > fore.ca_maxresponsesize:
+            return False  # (the limits: as the generic path checks them)
+        try:
+            w += _GETATTR_OK[n].pack(nfs4.OP_GETATTR, nfs4.NFS4_OK, n, *mask, size)
+        except struct.error:
+            return False  # (not a valid result: the generic encoder says how)
+        w += vals
+        w += _PAD[size & 3]
+        self.status = nfs4.NFS4_OK
+        self.done += 1
+        self.recorded.append((nfs4.OP_GETATTR, nfs4.NFS4_OK, time.monotonic()))
+        return True
 
     def _sequence_ok(self, outcome: object) -> bool:
         """Record a new request's successful SEQUENCE as ``_record`` would, its result packed

@@ -35,6 +35,11 @@ def _reply_ok() -> rpc.reply_body:
 _REPLY_OK = _reply_ok()
 _REPLY_OK_TAIL = pack(rpc.enc_rpc_msg, rpc.rpc_msg(0, rpc.rpc_msg_body(rpc.REPLY, _REPLY_OK)))[4:]
 _REPLY_OK_LEN = 4 + len(_REPLY_OK_TAIL)
+# For the dispatcher's fast path (rpc/server.py): a call's head up to its credential's length,
+# an AUTH_NONE verifier as encoded, and an accepted SUCCESS reply after its XID.
+CALL_FAST = _CALL_FAST
+AUTH_NONE_BYTES = _AUTH_NONE_BYTES
+REPLY_OK_TAIL = _REPLY_OK_TAIL
 _auth_bytes: dict[tuple[int, bytes], bytes] = {}
 
 

@@ -24,17 +24,26 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nfsrdma.rpc import message
-from nfsrdma.rpc.auth import AuthError, Credential, credential_of
+from nfsrdma.rpc.auth import ANONYMOUS, KNOWN_SYS, AuthError, Credential, credential_of
 from nfsrdma.rpc.connection import RpcConnection
 from nfsrdma.rpc.errors import RpcAcceptError
 from nfsrdma.transport.base import Inbound
 from nfsrdma.xdr.gen import rpc
+from nfsrdma.xdr.runtime import U32 as _U32
 from nfsrdma.xdr.runtime import Reader, Writer, XdrError
 
 if TYPE_CHECKING:
     from nfsrdma.rpc.gss import GssServer, ReplyProtection
 
 log = logging.getLogger(__name__)
+
+_CALL_FAST = message.CALL_FAST
+_AUTH_NONE_BYTES = message.AUTH_NONE_BYTES
+_REPLY_OK_TAIL = message.REPLY_OK_TAIL
+_KNOWN_SYS = KNOWN_SYS
+_CALL = int(rpc.CALL)
+_AUTH_SYS = int(rpc.AUTH_SYS)
+_AUTH_NONE = int(rpc.AUTH_NONE)
 
 
 @dataclass(slots=True)
@@ -65,15 +74,52 @@ class Dispatcher:
         self, gss: GssServer | None = None, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.programs: dict[int, dict[int, dict[int, Handler]]] = {}
+        # Every procedure by (program, version, procedure), for the fast path.
+        self._procedures: dict[tuple[int, int, int], Handler] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.gss = gss
         self.clock = clock
 
     def add(self, prog: int, vers: int, procedures: dict[int, Handler]) -> None:
         self.programs.setdefault(prog, {})[vers] = dict(procedures)
+        self._procedures = {
+            (p, v, n): h
+            for p, versions in self.programs.items()
+            for v, procs in versions.items()
+            for n, h in procs.items()
+        }
 
     def dispatch(self, conn: RpcConnection, inbound: Inbound) -> None:
-        """Handle one inbound call; the reply goes back on ``conn``."""
+        """Handle one inbound call; the reply goes back on ``conn``.
+
+        The usual call (RPC version 2, an AUTH_SYS credential seen before or AUTH_NONE, an
+        AUTH_NONE verifier, a known procedure) is read by one ``struct`` call and its reply
+        header is a constant after the XID; anything else takes the full path below."""
+        r = inbound.reader
+        buf = r.buf
+        if len(buf) >= 40:
+            xid, mtype, rpcvers, prog, vers, proc, flavor, n = _CALL_FAST.unpack_from(buf, 0)
+            end = 32 + n + (-n & 3)
+            if mtype == _CALL and rpcvers == 2 and buf[end : end + 8] == _AUTH_NONE_BYTES:
+                cred: Credential | None = None
+                if flavor == _AUTH_SYS:
+                    if n <= 400:
+                        cred = _KNOWN_SYS.get(bytes(buf[32 : 32 + n]))
+                elif flavor == _AUTH_NONE and n == 0:
+                    cred = ANONYMOUS
+                handler = self._procedures.get((prog, vers, proc))
+                if cred is not None and handler is not None:
+                    w = Writer()
+                    w += _U32.pack(xid)
+                    w += _REPLY_OK_TAIL
+                    call = RpcCall(xid, prog, vers, proc, cred, r, end + 8, conn, inbound)
+                    call.results_at = len(w)
+                    self._call(handler, call, w, 0)
+                    return
+        self._dispatch(conn, inbound)
+
+    def _dispatch(self, conn: RpcConnection, inbound: Inbound) -> None:
+        """``dispatch`` for every call: the reference, header decoded in full."""
         r = inbound.reader
         try:
             xid, _mtype = message.peek(r.buf)
@@ -161,10 +207,14 @@ class Dispatcher:
         self._run(handler, call, w)
 
     def _run(self, handler: Handler, call: RpcCall, w: Writer) -> None:
-        conn = call.conn
         mark = len(w)
         message.encode_accepted(w, call.xid, verf=call.verf or message.AUTH_NONE_VERF)
         call.results_at = len(w)
+        self._call(handler, call, w, mark)
+
+    def _call(self, handler: Handler, call: RpcCall, w: Writer, mark: int) -> None:
+        """Run a call's handler after its reply header (in ``w`` from ``mark``); send."""
+        conn = call.conn
         try:
             result = handler(call, w)
         except Exception as e:

@@ -633,13 +633,13 @@ class ServerSessions:
             or top >= session.fore.ca_maxrequests
         ):
             self._note_slot_use(session, top, now)
-        resok = nfs4.SEQUENCE4resok(
-            sr_sessionid=session.sessionid,
-            sr_sequenceid=seqid,
-            sr_slotid=slotid,
-            sr_highest_slotid=slots.count - 1,
-            sr_target_highest_slotid=slots.target_highest_slotid,
-            sr_status_flags=self._status_flags(session),
+        resok = nfs4.SEQUENCE4resok(  # (sr_ fields in order: positional is cheaper)
+            session.sessionid,
+            seqid,
+            slotid,
+            slots.count - 1,
+            slots.target_highest_slotid,
+            self._status_flags(session),
         )
         result = SequenceResult(session, slot, seqid, resok)
         if disposition is Disposition.NEW:

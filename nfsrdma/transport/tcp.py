@@ -132,7 +132,7 @@ def frame(
     pieces: list[bytes | bytearray | memoryview], max_fragment: int = MAX_FRAGMENT
 ) -> list[bytes | bytearray | memoryview]:
     """Record-mark a message given as pieces, in fragments of at most ``max_fragment`` bytes."""
-    total = sum(len(p) for p in pieces)
+    total = sum(map(len, pieces))
     if total <= max_fragment:
         return [_MARK.pack(LAST_FRAGMENT | total), *pieces]
     flat = memoryview(b"".join(pieces))

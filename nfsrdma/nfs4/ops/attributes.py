@@ -8,11 +8,10 @@ from collections.abc import Awaitable
 from nfsrdma.nfs4 import grace
 from nfsrdma.nfs4.attrs import (
     check_minor_version,
-    check_readable,
     check_verifiable,
     decode_settable,
     fattr_for_minor_version,
-    for_minor_version,
+    getattr_plan,
     object_attrs,
 )
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
@@ -35,6 +34,8 @@ from nfsrdma.vfs.base import (
 from nfsrdma.xdr.gen import nfs4
 
 _OK = nfs4.NFS4_OK
+_GETATTR4res = nfs4.GETATTR4res
+_GETATTR4resok = nfs4.GETATTR4resok
 # The ACCESS4 bits that mean something for each kind of object (as knfsd answers).
 DIRECTORY_ACCESS = ACCESS4_READ | ACCESS4_LOOKUP | ACCESS4_MODIFY | ACCESS4_EXTEND | ACCESS4_DELETE
 OTHER_ACCESS = ACCESS4_READ | ACCESS4_MODIFY | ACCESS4_EXTEND | ACCESS4_EXECUTE
@@ -45,13 +46,17 @@ def getattr_(
     ctx: CompoundContext, args: nfs4.GETATTR4args
 ) -> nfs4.GETATTR4res | Awaitable[nfs4.GETATTR4res]:
     fh = ctx.fh()
-    check_readable(args.attr_request)
+    minor = ctx.minorversion
+    plan, for_minor = getattr_plan(args.attr_request, minor)  # (check_readable's errors)
     if write_delegation_elsewhere(ctx, fh, args.attr_request):  # CB_GETATTR first (10.4.3)
         return getattr_from_holder(ctx, fh, args.attr_request)
-    request = for_minor_version(args.attr_request, ctx.minorversion)
-    fattr = object_attrs(ctx.server.vfs, fh, request, ctx.server.config)
-    fattr = fattr_for_minor_version(fattr, ctx.minorversion)
-    return nfs4.GETATTR4res(_OK, nfs4.GETATTR4resok(fattr))
+    server = ctx.server
+    vfs = server.vfs
+    attributes = vfs.getattr(fh)
+    fattr = plan.encode(attributes, vfs.statfs(fh) if plan.needs_fs else None, fh, server.config)
+    if for_minor:
+        fattr = fattr_for_minor_version(fattr, minor)
+    return _GETATTR4res(_OK, _GETATTR4resok(fattr))
 
 
 def setattr_(ctx: CompoundContext, args: nfs4.SETATTR4args) -> nfs4.SETATTR4res:

@@ -121,9 +121,10 @@ class Pair:
         assert res.status == OK, nfs4.nfsstat4(res.status).name
         return res
 
-    async def setup(self, below: Path | None = None) -> None:
-        """A session on each; ``below``: the export's path under the pseudo-root, if any."""
-        fore = nfs4.channel_attrs4(0, 1049620, 1049480, 2048, 8, 4, [])
+    async def setup(self, below: Path | None = None, cached: int = 2048) -> None:
+        """A session on each; ``below``: the export's path under the pseudo-root, if any;
+        ``cached``: the fore channel's ca_maxresponsesize_cached."""
+        fore = nfs4.channel_attrs4(0, 1049620, 1049480, cached, 8, 4, [])
         for server in (self.fast, self.generic):
             self.pseudo_fh = await server.driver.mount(b"prop client", fore, cb_program=0)
         assert self.fast.driver.sessionid == self.generic.driver.sessionid
@@ -185,7 +186,18 @@ bitmap = st.lists(u32, max_size=3)
 def third_op(draw: st.DrawFn) -> tuple[str, object]:
     kind = draw(
         st.sampled_from(
-            ["READ", "WRITE", "GETATTR", "ACCESS", "LOOKUP", "GETFH", "SECINFO_NO_NAME"]
+            [
+                "READ",
+                "WRITE",
+                "GETATTR",
+                "ACCESS",
+                "LOOKUP",
+                "GETFH",
+                "SECINFO_NO_NAME",
+                "OPEN",
+                "CLOSE",
+                "SEQUENCE",
+            ]
         )
     )
     if kind == "READ":
@@ -205,6 +217,10 @@ def third_op(draw: st.DrawFn) -> tuple[str, object]:
         return kind, draw(name)
     if kind == "SECINFO_NO_NAME":
         return kind, draw(st.integers(0, 2))
+    if kind == "OPEN":  # the open file or a random name, read or write access, two owners
+        return kind, (draw(st.one_of(st.just(b"f"), name)), draw(st.integers(1, 2)))
+    if kind == "CLOSE":
+        return kind, draw(stateid_kind)
     return kind, None
 
 
@@ -270,6 +286,21 @@ def build(pair: Pair, c: dict[str, object], rand_fh: bytes, rand_sid: bytes) -> 
         ops.append(_op(nfs4.OP_LOOKUP, nfs4.LOOKUP4args(a)))
     elif kind == "SECINFO_NO_NAME":
         ops.append(_op(nfs4.OP_SECINFO_NO_NAME, a))
+    elif kind == "OPEN":
+        file, access = a
+        args = nfs4.OPEN4args(
+            0,
+            access,
+            nfs4.OPEN4_SHARE_DENY_NONE,
+            nfs4.open_owner4(1, b"prop-%d" % access),
+            nfs4.openflag4(nfs4.OPEN4_NOCREATE, None),
+            nfs4.open_claim4(nfs4.CLAIM_NULL, file),
+        )
+        ops.append(_op(nfs4.OP_OPEN, args))
+    elif kind == "CLOSE":
+        ops.append(_op(nfs4.OP_CLOSE, nfs4.CLOSE4args(0, sid[a])))
+    elif kind == "SEQUENCE":
+        ops.append(pair.seq(0, 0))
     else:
         ops.append(_op(nfs4.OP_GETFH))
     extra = c["extra"]
@@ -348,7 +379,9 @@ def _is_fast(data: bytes) -> bool:
     return compound_module._fast_steps(r, off, head.argarray) is not None
 
 
-@pytest.mark.parametrize("third", ["READ", "WRITE", "GETATTR", "ACCESS", "LOOKUP"])
+@pytest.mark.parametrize(
+    "third", ["READ", "WRITE", "GETATTR", "ACCESS", "LOOKUP", "OPEN", "CLOSE", "GETFH"]
+)
 def test_the_linux_shapes_take_the_fast_path(third: str) -> None:
     """The property above compares something: these requests do take the fast path."""
     pair = Pair(Server.__new__(Server), Server.__new__(Server))
@@ -364,6 +397,9 @@ def test_the_linux_shapes_take_the_fast_path(third: str) -> None:
         "GETATTR": "linux",
         "ACCESS": 63,
         "LOOKUP": b"f",
+        "OPEN": (b"f", 1),
+        "CLOSE": "open",
+        "GETFH": None,
     }
     c = {
         "slot": 0,
@@ -375,7 +411,7 @@ def test_the_linux_shapes_take_the_fast_path(third: str) -> None:
         "cut": 0,
     }
     assert _is_fast(build(pair, c, b"", bytes(12)))
-    c["fh"], c["third"] = "root", ("GETFH", None)
+    c["fh"], c["third"] = "root", ("SEQUENCE", None)  # out of place: the generic path says so
     assert not _is_fast(build(pair, c, b"", bytes(12)))
 
 
@@ -416,7 +452,8 @@ def test_an_export_with_flavours_refuses_auth_sys_on_the_fast_shapes_too(third: 
 
 def test_read_data_counts_toward_the_cached_reply_limit() -> None:
     """READ data travels as a DDP item beside the reply's bytes: it counts toward
-    ca_maxresponsesize_cached (2048 here), on both paths."""
+    ca_maxresponsesize_cached (2048 here), on both paths, and still when a GETATTR follows
+    (the fast path's GETATTR writer counts the READ data before it)."""
 
     async def scenario(root: Path) -> None:
         (root / "export").mkdir()
@@ -424,18 +461,24 @@ def test_read_data_counts_toward_the_cached_reply_limit() -> None:
         pair = Pair(Server(root, fast=True), Server(root, fast=False))
         try:
             await pair.setup()
-            for count, status in ((1900, OK), (2100, nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE)):
+            too_big = nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE
+            for count, extra, status, results in (
+                (1900, None, OK, 3),
+                (2100, None, too_big, 3),
+                (1600, "GETATTR", OK, 4),
+                (1950, "GETATTR", too_big, 4),
+            ):
                 c = {
                     "slot": 0,
                     "delta": 1,
                     "cachethis": True,
                     "fh": "file",
                     "third": ("READ", ("open", 0, count)),
-                    "extra": None,
+                    "extra": extra,
                     "cut": 0,
                 }
                 res = unpack(nfs4.dec_COMPOUND4res, await pair.both(build(pair, c, b"", b"")))
-                assert (res.status, len(res.resarray)) == (status, 3)
+                assert (res.status, len(res.resarray)) == (status, results)
         finally:
             pair.close()
 
@@ -581,3 +624,76 @@ def test_the_flavour_rules_after_putfh_on_both_paths(policy: str) -> None:
 def _short(resop: nfs4.nfs_resop4) -> str:
     status = nfs4.nfsstat4(resop.value.status).name
     return "OK" if status == "NFS4_OK" else status.removeprefix("NFS4ERR_")
+
+
+@pytest.mark.parametrize("third", ["GETATTR", "GETFH"])
+def test_a_fast_getattr_is_written_without_the_generic_encoder(
+    monkeypatch: pytest.MonkeyPatch, third: str
+) -> None:
+    """The property above compares something for GETATTR's result writer
+    (``_Run._getattr_ok``): on the fast path a successful GETATTR (third, or after another
+    operation, as GETFH) never reaches ``_record``; on the generic path it does, and both
+    replies are the same."""
+    recorded: list[int] = []
+    generic_record = compound_module._Run._record
+
+    def spy(run: compound_module._Run, op: object, res: object) -> bool:
+        recorded.append(op.number)  # type: ignore[attr-defined]
+        return generic_record(run, op, res)  # type: ignore[arg-type]
+
+    async def scenario(root: Path) -> None:
+        (root / "export").mkdir()
+        (root / "export" / "f").write_bytes(b"data")
+        pair = Pair(Server(root, fast=True), Server(root, fast=False))
+        try:
+            await pair.setup()
+            monkeypatch.setattr(compound_module._Run, "_record", spy)
+            c = {
+                "slot": 0,
+                "delta": 1,
+                "cachethis": False,
+                "fh": "file",
+                "third": (third, "linux" if third == "GETATTR" else None),
+                "extra": "GETATTR" if third == "GETFH" else None,
+                "cut": 0,
+            }
+            reply = await pair.both(build(pair, c, b"", bytes(12)))
+            assert unpack(nfs4.dec_COMPOUND4res, reply).status == OK
+        finally:
+            pair.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(scenario(Path(tmp)))
+    assert recorded.count(nfs4.OP_GETATTR) == 1  # the generic server's only
+
+
+@pytest.mark.parametrize("cachethis", [False, True])
+def test_a_fast_getattr_over_the_cached_reply_limit(cachethis: bool) -> None:
+    """A GETATTR result that takes the reply past ca_maxresponsesize_cached (120 here):
+    NFS4ERR_REP_TOO_BIG_TO_CACHE when the client asked for it to be cached, as the generic path
+    answers; within the limit otherwise (GETATTR's own writer checks the limits too)."""
+
+    async def scenario(root: Path) -> None:
+        (root / "export").mkdir()
+        (root / "export" / "f").write_bytes(b"data")
+        pair = Pair(Server(root, fast=True), Server(root, fast=False))
+        try:
+            await pair.setup(cached=120)
+            c = {
+                "slot": 0,
+                "delta": 1,
+                "cachethis": cachethis,
+                "fh": "file",
+                "third": ("GETATTR", "linux"),
+                "extra": None,
+                "cut": 0,
+            }
+            reply = await pair.both(build(pair, c, b"", bytes(12)))
+            res = unpack(nfs4.dec_COMPOUND4res, reply)
+            assert res.status == (nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE if cachethis else OK)
+            assert [r.resop for r in res.resarray][-1] == nfs4.OP_GETATTR
+        finally:
+            pair.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(scenario(Path(tmp)))
