@@ -107,11 +107,15 @@ def _must_wait(outcome: object) -> bool:
 FAST_PATHS = True
 # The third operation may be any NFSv4.1 operation this server has (OPEN, CLOSE, REMOVE,
 # ... too: the Linux client's create, stat and remove), but SEQUENCE (out of place there):
-# once SEQUENCE has succeeded, none of them can be out of place at position 2 either.
+# once SEQUENCE has succeeded, none of them can be out of place at position 2 either. Nor a
+# put-filehandle operation: its flavour rule is asked after it has put its filehandle, which
+# only the generic path does.
 _FAST_THIRD = tuple(
     n
     for n in sorted(HANDLERS)
-    if n <= LAST_V41_OP and n not in (nfs4.nfs_opnum4.OP_SEQUENCE, nfs4.nfs_opnum4.OP_ILLEGAL)
+    if n <= LAST_V41_OP
+    and n not in (nfs4.nfs_opnum4.OP_SEQUENCE, nfs4.nfs_opnum4.OP_ILLEGAL)
+    and n not in PUT_FH_OPS
 )
 _SEQUENCE_ARGS_SIZE = 32  # sessionid (16), sequenceid, slotid, highest_slotid, cachethis
 _Step = tuple[Operation[Any, Any], Any]  # an operation and its handler
