@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from nfsrdma.transport.rdma.inproc import InprocDevice, InprocFabric
 from nfsrdma.transport.rdma.inproc_qp import InprocConnection
@@ -120,3 +123,15 @@ async def connect_pair(
     )
     server, got = await task
     return Pair(fabric, client_dev, server_dev, client, server, ce, se, accepted, got)
+
+
+def verbs_header_layout(work: Path, probe: str) -> dict[str, int]:
+    """Compile and run ``probe`` (C printing "name value" lines about <infiniband/verbs.h>)
+    in ``work``; its lines as a dictionary. Fails without a C compiler or the header."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "no C compiler (scripts/setup.sh installs build-essential)"
+    assert Path("/usr/include/infiniband/verbs.h").exists(), "libibverbs-dev is not installed"
+    (work / "probe.c").write_text(probe)
+    subprocess.run([cc, "-o", str(work / "probe"), str(work / "probe.c")], check=True)
+    out = subprocess.run([str(work / "probe")], check=True, capture_output=True, text=True)
+    return {k: int(v) for k, v in (line.split() for line in out.stdout.splitlines())}

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import shutil
-import subprocess
 import threading
-from pathlib import Path
 
 import pytest
 
 from nfsrdma.transport.rdma import verbs_direct as vd
+from tests.unit.rdma.helpers import verbs_header_layout
 
 PROBE = r"""
 #include <stddef.h>
@@ -48,14 +46,7 @@ int main(void) {
 
 @pytest.fixture(scope="module")
 def header_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    assert cc, "no C compiler (scripts/setup.sh installs build-essential)"
-    assert Path("/usr/include/infiniband/verbs.h").exists(), "libibverbs-dev is not installed"
-    work = tmp_path_factory.mktemp("probe")
-    (work / "probe.c").write_text(PROBE)
-    subprocess.run([cc, "-o", str(work / "probe"), str(work / "probe.c")], check=True)
-    out = subprocess.run([str(work / "probe")], check=True, capture_output=True, text=True)
-    return {k: int(v) for k, v in (line.split() for line in out.stdout.splitlines())}
+    return verbs_header_layout(tmp_path_factory.mktemp("probe"), PROBE)
 
 
 def _offset(cls: type[ctypes.Structure], path: str) -> int:
