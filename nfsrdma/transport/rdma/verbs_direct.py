@@ -161,15 +161,30 @@ def _words(memory: _Memory, obj: object) -> list[int]:
     return [w for (w,) in struct.iter_unpack("=Q", raw)]
 
 
+def _pointee(
+    memory: _Memory, obj: object, size: int, matches: Callable[[bytes], bool]
+) -> int | None:
+    """The first pointer among ``obj``'s fields to ``size`` readable octets that ``matches``."""
+    for word in _words(memory, obj):
+        raw = memory.read(word, size)
+        if raw is not None and matches(raw):
+            return word
+    return None
+
+
 def _find_context(memory: _Memory, context: object) -> int:
     cmd_fd = int(getattr(context, "cmd_fd", -1))
     if cmd_fd < 0:
         raise DirectUnavailable("a pyverbs Context without cmd_fd")
-    for word in _words(memory, context):
-        raw = memory.read(word, CONTEXT_CMD_FD_OFFSET + 4)
-        if raw is not None and struct.unpack_from("=i", raw, CONTEXT_CMD_FD_OFFSET)[0] == cmd_fd:
-            return word
-    raise DirectUnavailable("no struct ibv_context found in the pyverbs Context")
+
+    def is_context(raw: bytes) -> bool:
+        (fd,) = struct.unpack_from("=i", raw, CONTEXT_CMD_FD_OFFSET)
+        return bool(fd == cmd_fd)
+
+    found = _pointee(memory, context, CONTEXT_CMD_FD_OFFSET + 4, is_context)
+    if found is None:
+        raise DirectUnavailable("no struct ibv_context found in the pyverbs Context")
+    return found
 
 
 def locate_cq(context: object, cq: object) -> tuple[int, int]:
@@ -183,15 +198,16 @@ def locate_cq(context: object, cq: object) -> tuple[int, int]:
     memory = _Memory()
     try:
         ctx_ptr = _find_context(memory, context)
-        for word in _words(memory, cq):
-            raw = memory.read(word, CQ_CQE_OFFSET + 4)
-            if raw is None:
-                continue
+
+        def is_cq(raw: bytes) -> bool:
             (cq_ctx,) = struct.unpack_from("=Q", raw, 0)
             (size,) = struct.unpack_from("=i", raw, CQ_CQE_OFFSET)
-            if cq_ctx == ctx_ptr and size == cqe:
-                return ctx_ptr, word
-        raise DirectUnavailable("no struct ibv_cq found in the pyverbs CQ")
+            return bool(cq_ctx == ctx_ptr and size == cqe)
+
+        found = _pointee(memory, cq, CQ_CQE_OFFSET + 4, is_cq)
+        if found is None:
+            raise DirectUnavailable("no struct ibv_cq found in the pyverbs CQ")
+        return ctx_ptr, found
     finally:
         memory.close()
 
@@ -209,16 +225,17 @@ def locate(context: object, qp: object) -> tuple[int, int]:
     memory = _Memory()
     try:
         ctx_ptr = _find_context(memory, context)
-        for word in _words(memory, qp):
-            raw = memory.read(word, _QP_TYPE_OFFSET + 4)
-            if raw is None:
-                continue
+
+        def is_qp(raw: bytes) -> bool:
             (qp_ctx,) = struct.unpack_from("=Q", raw, 0)
             (num,) = struct.unpack_from("=I", raw, QP_NUM_OFFSET)
             (kind,) = struct.unpack_from("=I", raw, _QP_TYPE_OFFSET)
-            if qp_ctx == ctx_ptr and num == qp_num and kind == _IBV_QPT_RC:
-                return ctx_ptr, word
-        raise DirectUnavailable("no struct ibv_qp found in the pyverbs QP")
+            return bool(qp_ctx == ctx_ptr and num == qp_num and kind == _IBV_QPT_RC)
+
+        found = _pointee(memory, qp, _QP_TYPE_OFFSET + 4, is_qp)
+        if found is None:
+            raise DirectUnavailable("no struct ibv_qp found in the pyverbs QP")
+        return ctx_ptr, found
     finally:
         memory.close()
 

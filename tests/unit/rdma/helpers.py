@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -135,3 +136,16 @@ def verbs_header_layout(work: Path, probe: str) -> dict[str, int]:
     subprocess.run([cc, "-o", str(work / "probe"), str(work / "probe.c")], check=True)
     out = subprocess.run([str(work / "probe")], check=True, capture_output=True, text=True)
     return {k: int(v) for k, v in (line.split() for line in out.stdout.splitlines())}
+
+
+class FakeContext(ctypes.Structure):
+    """A provider's ``struct ibv_context`` as far as ``verbs_direct``/``verbs_poll`` read it
+    (a ctypes object's own memory holds the pointer to its buffer, as a pyverbs object holds
+    its ``ibv_*`` pointer)."""
+
+    _fields_ = (
+        ("device", ctypes.c_void_p),
+        ("ops", ctypes.c_void_p * 32),
+        ("cmd_fd", ctypes.c_int),
+        ("async_fd", ctypes.c_int),
+    )

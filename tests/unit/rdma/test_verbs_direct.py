@@ -17,7 +17,7 @@ import threading
 import pytest
 
 from nfsrdma.transport.rdma import verbs_direct as vd
-from tests.unit.rdma.helpers import verbs_header_layout
+from tests.unit.rdma.helpers import FakeContext, verbs_header_layout
 
 PROBE = r"""
 #include <stddef.h>
@@ -100,15 +100,6 @@ def test_context_and_qp_offsets_match_the_header(header_layout: dict[str, int]) 
 
 # A fake provider: struct ibv_context / ibv_qp as ctypes structures (a ctypes object's own
 # memory holds the pointer to its buffer, as a pyverbs object holds its ibv_* pointer).
-
-
-class FakeContext(ctypes.Structure):
-    _fields_ = (
-        ("device", ctypes.c_void_p),
-        ("ops", ctypes.c_void_p * 32),
-        ("cmd_fd", ctypes.c_int),
-        ("async_fd", ctypes.c_int),
-    )
 
 
 class FakeQp(ctypes.Structure):

@@ -13,7 +13,7 @@ import pytest
 
 from nfsrdma.transport.rdma import verbs_direct as vd
 from nfsrdma.transport.rdma import verbs_poll as vp
-from tests.unit.rdma.helpers import verbs_header_layout
+from tests.unit.rdma.helpers import FakeContext, verbs_header_layout
 
 PROBE = r"""
 #include <stddef.h>
@@ -53,15 +53,6 @@ def test_wc_and_cq_layouts_match_the_header(header_layout: dict[str, int]) -> No
     assert h["ibv_cq.context"] == 0
     assert h["ibv_cq.cqe"] == vd.CQ_CQE_OFFSET
     assert h["ibv_context.ops.poll_cq"] == vd.CONTEXT_POLL_CQ_OFFSET
-
-
-class FakeContext(ctypes.Structure):
-    _fields_ = (
-        ("device", ctypes.c_void_p),
-        ("ops", ctypes.c_void_p * 32),
-        ("cmd_fd", ctypes.c_int),
-        ("async_fd", ctypes.c_int),
-    )
 
 
 class FakeCq(ctypes.Structure):
