@@ -203,6 +203,7 @@ class NFSServer:
         srv = await listen_tcp(self.bind, self.requested_tcp_port, self._accept)
         self._servers.append(srv)
         rdma = await self._start_rdma() if self.rdma_port is not None else "off"
+        grace.serving(time.monotonic())  # (reclaims can come from now: the period starts)
         log.info(
             "serving %s over NFSv4.1 and 4.2: tcp %s:%d, rdma %s%s",
             what,

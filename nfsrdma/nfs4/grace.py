@@ -13,7 +13,8 @@ reclaim (as knfsd's nfsdcld does).
 
 Grace
 -----
-A restart with records starts a grace period of ``grace_time`` seconds (one lease by default).
+A restart with records starts a grace period of ``grace_time`` seconds (one lease by default),
+counted from when the server accepts connections (``serving``).
 During it only reclaims take state (OPEN with CLAIM_PREVIOUS, LOCK with ``reclaim`` set);
 any other OPEN or LOCK, and I/O or a SETATTR of size with a special stateid (whose right to
 proceed depends on share reservations that may still be reclaimed: section 8.4.2 and knfsd),
@@ -88,6 +89,7 @@ class Grace:
         self._owners: dict[int, bytes] = {}  # client id -> co_ownerid, of recorded clients
         self.reclaimed_opens = 0
         self.reclaimed_locks = 0
+        self.grace_time = grace_time
         self._active = bool(self.previous)
         self.ended_why = "" if self._active else "no clients to reclaim"
         self.ends_at = now + grace_time if self._active else now
@@ -97,6 +99,13 @@ class Grace:
                 shared.begin(grace_time)
 
     # ------------------------------------------------------------------ the period
+
+    def serving(self, now: float) -> None:
+        """The server accepts connections from ``now``: the period runs from here, so that a
+        slow start (opening the state, the RDMA device) does not eat the time the previous
+        clients have to come back and reclaim."""
+        if self._active:
+            self.ends_at = max(self.ends_at, now + self.grace_time)
 
     def in_grace(self, now: float) -> bool:
         """In our grace period, or in another server's (a shared file system)."""

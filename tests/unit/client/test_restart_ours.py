@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import nfsrdma.client as nc
+import nfsrdma.server as server_module
 from nfsrdma.nfs4.server_state import ServerConfig
 from nfsrdma.server import NFSServer
+from nfsrdma.transport.tcp import listen_tcp
 
 
 def _server(tmp_path: Path, port: int = 0) -> NFSServer:
@@ -31,9 +35,17 @@ def _server(tmp_path: Path, port: int = 0) -> NFSServer:
 
 
 async def test_our_client_reclaims_open_and_lock_after_our_server_restarts(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "export").mkdir()
+    listening: list[float] = []  # when each instance's listener was up
+
+    async def listen_and_note(*args: Any, **kwargs: Any) -> Any:
+        srv = await listen_tcp(*args, **kwargs)
+        listening.append(time.monotonic())
+        return srv
+
+    monkeypatch.setattr(server_module, "listen_tcp", listen_and_note)
     first_data, second_data = os.urandom(200_000), os.urandom(100_000)
     server = _server(tmp_path)
     await server.start()
@@ -51,6 +63,9 @@ async def test_our_client_reclaims_open_and_lock_after_our_server_restarts(
             assert server.state is not None
             grace = server.state.grace
             assert grace.previous == {fs.session.opts.owner} and grace.ended_why == ""
+            # the period runs from when connections were accepted, not from the start's first
+            # step (a slow start must not eat the clients' time to reclaim)
+            assert grace.ends_at >= listening[-1] + server.config.grace_seconds
             await f.write(second_data)  # the same file object, after the restart
             await f.fsync()
             s = fs.session.stats

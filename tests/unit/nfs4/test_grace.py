@@ -21,7 +21,7 @@ import pytest
 from nfsrdma.nfs4 import compound as compound_module
 from nfsrdma.nfs4.attrs import bitmap_of
 from nfsrdma.nfs4.context import ANONYMOUS_STATEID
-from nfsrdma.nfs4.grace import Grace
+from nfsrdma.nfs4.grace import Grace, MemoryStore
 from nfsrdma.nfs4.server_state import ServerConfig, ServerState
 from nfsrdma.nfs4.state import StateManager
 from nfsrdma.rpc.connection import RpcConnection
@@ -275,6 +275,19 @@ async def test_grace_period_runs_out(bed: Bed, clock: Clock) -> None:
     b2 = await Client(second, b"client-b").mount()
     await b2.reopen(fh, NO_GRACE)  # too late
     assert bed.db().load() == {b"client-a"}
+
+
+def test_grace_runs_from_when_the_server_serves(tmp_path: Path) -> None:
+    """RFC 8881 section 8.4.2: the previous clients get the whole period to reclaim, however
+    long the restart took before connections were accepted (``serving``); a first start, with
+    no records, has no period to move."""
+    grace = Grace(MemoryStore([b"client-a"]), 10, 100.0)
+    grace.serving(108.0)  # eight seconds of start-up
+    assert grace.own_grace(117.9)
+    assert not grace.own_grace(118.0) and grace.ended_why == "time is up"
+    first = Grace(MemoryStore(), 10, 100.0)
+    first.serving(108.0)
+    assert not first.own_grace(108.0) and first.ended_why == "no clients to reclaim"
 
 
 async def test_18_51_3_new_client_id_needs_reclaim_complete(bed: Bed) -> None:
