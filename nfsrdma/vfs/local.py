@@ -548,7 +548,8 @@ class LocalVfs(Vfs):
     def _open_regular(
         self,
         pin_fd: int,
-        st: os.stat_result,
+        fmt: int,
+        st: os.stat_result | None,
         ecred: Cred,
         *,
         read: bool,
@@ -556,12 +557,13 @@ class LocalVfs(Vfs):
         truncate: bool = False,
         owner_override: bool = False,
     ) -> int:
-        """Reopen an O_PATH descriptor of a regular file for I/O, permission-checked."""
-        if stat.S_ISDIR(st.st_mode):
-            raise OSError(errno.EISDIR, "is a directory")
-        if stat.S_ISLNK(st.st_mode):
-            raise OSError(errno.ELOOP, "is a symbolic link")
-        if not stat.S_ISREG(st.st_mode):
+        """Reopen an O_PATH descriptor of a regular file (``fmt``: its S_IFMT bits) for I/O,
+        permission-checked; ``st`` (None: not made yet) is only needed when refused."""
+        if fmt != stat.S_IFREG:
+            if fmt == stat.S_IFDIR:
+                raise OSError(errno.EISDIR, "is a directory")
+            if fmt == stat.S_IFLNK:
+                raise OSError(errno.ELOOP, "is a symbolic link")
             raise OSError(errno.EINVAL, "not a regular file")
         flags = (os.O_RDWR if read else os.O_WRONLY) if write else os.O_RDONLY
         flags |= os.O_CLOEXEC | (os.O_TRUNC if truncate else 0)
@@ -570,6 +572,8 @@ class LocalVfs(Vfs):
         except PermissionError:
             if not self._ident.enabled:
                 raise
+            if st is None:
+                st = os.fstat(pin_fd)
             is_owner = owner_override and st.st_uid == ecred.uid
             # knfsd NFSD_MAY_READ_IF_EXEC: clients must READ a file to execute it.
             read_if_exec = read and not write and self._access_ok(pin_fd, st, ecred, os.X_OK)
@@ -591,15 +595,25 @@ class LocalVfs(Vfs):
             raise OSError(errno.EINVAL, "bad open mode")
         pin = self._res.pin(fh)
         try:
-            st = self._res.stat(pin)
+            # The type alone decides, and an inode's never changes: known for every handle
+            # made with a kernel handle, no fstat then. (No link count either: a pinned
+            # descriptor is linked inside the export or an open file removed through this
+            # server, as for ``check``.)
+            st: os.stat_result | None = None
+            fmt = self._res.known_type(pin.key)
+            if fmt is None:
+                st = self._res.stat(pin)
+                fmt = stat.S_IFMT(st.st_mode)
             ecred = self._cred(cred)
             self._ident.apply(ecred)
-            fd = self._open_regular(pin.fd, st, ecred, read=read, write=write, truncate=truncate)
+            fd = self._open_regular(
+                pin.fd, fmt, st, ecred, read=read, write=write, truncate=truncate
+            )
         finally:
             pin.release()
         if truncate:
-            self._changes.bump(st.st_ino)
-        return self._open_file(fd, pin.key, st.st_ino, readable=read, writable=write)
+            self._changes.bump(pin.fileid)
+        return self._open_file(fd, pin.key, pin.fileid, readable=read, writable=write)
 
     @off_protected_threads
     def create_file(
@@ -703,11 +717,19 @@ class LocalVfs(Vfs):
                     raise OSError(errno.EEXIST, "exists (exclusive create, other verifier)")
                 # The retry of our own create: answer as the first attempt did.
                 fd = self._open_regular(
-                    path_fd, st, ecred, read=True, write=True, owner_override=True
+                    path_fd,
+                    stat.S_IFMT(st.st_mode),
+                    st,
+                    ecred,
+                    read=True,
+                    write=True,
+                    owner_override=True,
                 )
                 created, read, write = True, True, True
             else:
-                fd = self._open_regular(path_fd, st, ecred, read=read, write=write)
+                fd = self._open_regular(
+                    path_fd, stat.S_IFMT(st.st_mode), st, ecred, read=read, write=write
+                )
                 created = False
         except BaseException:
             os.close(path_fd)

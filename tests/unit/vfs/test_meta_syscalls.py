@@ -15,6 +15,7 @@ These run as root (CI does): the export mount is cloned there, which the fstatat
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from nfsrdma.vfs import (
     syscalls,
 )
 
-from .conftest import ROOT, U1000, MakeVfs, needs_root
+from .conftest import ROOT, U1000, U1001, MakeVfs, needs_root
 
 pytestmark = needs_root
 
@@ -418,3 +419,37 @@ def test_the_type_of_a_handle_made_here_needs_no_fstat(
     vfs.remove(ROOT, vfs.root_handle(), b"f")
     with pytest.raises(StaleHandle):
         vfs.file_type(fh)
+
+
+def test_open_of_a_handle_made_here_needs_no_fstat(
+    vfs: LocalVfs, export_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OPEN's reopen for I/O (RFC 8881 §18.16) asks the type the resolver knows: no fstat;
+    the other types keep their errors, and a refused open still gets its exceptions (the
+    owner's and knfsd's read-if-exec), which need the mode: it is asked then."""
+    fh = _created(vfs, b"f")
+    (export_dir / "d").mkdir()
+    os.symlink("f", export_dir / "l")
+    d = vfs.lookup(ROOT, vfs.root_handle(), b"d")
+    link = vfs.lookup(ROOT, vfs.root_handle(), b"l")
+    (export_dir / "prog").write_bytes(b"\x7fELF")
+    os.chown(export_dir / "prog", 1000, 1000)
+    os.chmod(export_dir / "prog", 0o711)
+    prog = vfs.lookup(ROOT, vfs.root_handle(), b"prog")
+    calls = Calls(monkeypatch, (os, "fstat"))
+    of = vfs.open(ROOT, fh, read=True, write=True)
+    assert of.write(0, b"data") == 4
+    of.close()
+    assert calls.counts["fstat"] == 0
+    with pytest.raises(IsADirectoryError):
+        vfs.open(ROOT, d, read=True, write=False)
+    with pytest.raises(OSError) as e:
+        vfs.open(ROOT, link, read=True, write=False)
+    assert e.value.errno == errno.ELOOP
+    assert calls.counts["fstat"] == 0
+    of = vfs.open(U1001, prog, read=True, write=False)  # refused by mode, allowed: exec
+    assert of.read(0, 4) == (b"\x7fELF", True)
+    of.close()
+    with pytest.raises(PermissionError):
+        vfs.open(U1001, prog, read=True, write=True)
+    vfs.release_identity()
