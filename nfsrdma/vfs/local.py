@@ -260,10 +260,14 @@ class LocalVfs(Vfs):
     # ----------------------------------------------------------------- queries
 
     def getattr(self, fh: bytes) -> Attributes:
+        memo = self._res.stat_memo  # (read before the pin, which drops it)
         pin = self._res.pin(fh)
         try:
-            count = self._changes.get(pin.fileid)
-            return attrs.from_stat(self._res.stat(pin), count)
+            changes = self._changes
+            count = changes.get(pin.fileid)
+            # ACCESS or LOOKUP just before, in this COMPOUND, made the fstat: no second one
+            st = self._res.kept_stat(memo, pin, changes.generation) or self._res.stat(pin)
+            return attrs.from_stat(st, count)
         finally:
             pin.release()
 
@@ -297,10 +301,13 @@ class LocalVfs(Vfs):
         pin = self._res.pin(dir_fh)
         try:
             self._ident.apply(self._cred(cred))
+            generation = self._changes.generation
             known = self._res.object_at_name(pin, bname)
             if known is not None:  # the name's object is cached: no open, no handle to make
                 known[0].release()
                 self._res.found_inside(known[0].key)
+                # the name's fstatat is the object's: for a GETATTR right after
+                self._res.keep_stat(known[0].key, generation, known[1])
                 return known[0].key
             try:
                 fd = open_component(pin.fd, bname)
@@ -317,6 +324,7 @@ class LocalVfs(Vfs):
         self._res.remember(fh, pin.key, bname)
         self._res.fds.put(fh, fd, st.st_ino)
         self._res.found_inside(fh)
+        self._res.keep_stat(fh, generation, st)  # (make_handle's fstat of it)
         return fh
 
     @off_protected_threads
@@ -353,9 +361,11 @@ class LocalVfs(Vfs):
     def access(self, cred: Cred, fh: bytes, mask: int) -> int:
         pin = self._res.pin(fh)
         try:
+            generation = self._changes.generation
             st = self._res.stat(pin)
             ecred = self._cred(cred)
             self._ident.apply(ecred)
+            self._res.keep_stat(pin.key, generation, st)  # for a GETATTR right after
             if stat.S_ISDIR(st.st_mode):
                 table = {
                     ACCESS4_READ: os.R_OK,

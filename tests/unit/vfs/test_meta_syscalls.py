@@ -453,3 +453,96 @@ def test_open_of_a_handle_made_here_needs_no_fstat(
     with pytest.raises(PermissionError):
         vfs.open(U1001, prog, read=True, write=True)
     vfs.release_identity()
+
+
+def _window() -> None:
+    confine.close_window()
+    confine.open_window()
+
+
+def test_getattr_right_after_access_or_lookup_in_a_window_makes_no_fstat(
+    vfs: LocalVfs, export_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Linux client's OPEN+GETFH+ACCESS+GETATTR and LOOKUP+GETFH+GETATTR: the GETATTR
+    takes the fstat (or the name's fstatat) made by the VFS call just before, in the same
+    check window; outside a window, or in the next one, it asks again."""
+    fh = _created(vfs, b"f")
+    (export_dir / "new").write_bytes(b"12345")
+    calls = Calls(monkeypatch, (os, "fstat"), (os, "stat"))
+    confine.open_window()
+    try:
+        assert vfs.access(ROOT, fh, ACCESS4_READ) == ACCESS4_READ
+        assert calls.counts == {"fstat": 1, "stat": 0}
+        assert vfs.getattr(fh).size == 0
+        assert calls.counts == {"fstat": 1, "stat": 0}
+        assert vfs.getattr(fh).size == 0  # a second GETATTR asks (kept for one only)
+        assert calls.counts == {"fstat": 2, "stat": 0}
+        calls.reset()
+        assert vfs.lookup(ROOT, vfs.root_handle(), b"f") == fh  # a cached name: fstatat
+        assert vfs.getattr(fh).type == FileType.NF4REG
+        assert calls.counts == {"fstat": 0, "stat": 1}
+        calls.reset()
+        new = vfs.lookup(ROOT, vfs.root_handle(), b"new")  # opened: make_handle's fstat
+        assert vfs.getattr(new).size == 5
+        assert calls.counts == {"fstat": 1, "stat": 0}
+        calls.reset()
+        vfs.access(ROOT, fh, ACCESS4_READ)
+        _window()  # the COMPOUND waited, or ended: a new window
+        vfs.getattr(fh)
+        assert calls.counts == {"fstat": 2, "stat": 0}
+    finally:
+        confine.close_window()
+    calls.reset()
+    vfs.access(ROOT, fh, ACCESS4_READ)  # no window: nothing kept
+    vfs.getattr(fh)
+    assert calls.counts == {"fstat": 2, "stat": 0}
+
+
+def test_getattr_after_access_sees_every_change_the_server_made_in_between(
+    vfs: LocalVfs, export_dir: Path
+) -> None:
+    """A modification by the server (any object, any thread: the change counter's
+    generation) or another resolution between them drops the kept stat: the change attribute
+    and size a GETATTR reports always follow the server's own changes (RFC 8881 §5.8.1.4)."""
+    fh = _created(vfs, b"f")
+    other = _created(vfs, b"g")
+    confine.open_window()
+    try:
+        before = vfs.getattr(fh)
+        vfs.access(ROOT, fh, ACCESS4_READ)
+        of = vfs.open(ROOT, fh, read=True, write=True)  # (a resolution too)
+        vfs.access(ROOT, fh, ACCESS4_READ)
+        assert of.write(0, b"data") == 4  # a WRITE after the ACCESS: bumps the change count
+        after = vfs.getattr(fh)
+        assert after.size == 4 and after.change != before.change
+        vfs.access(ROOT, fh, ACCESS4_READ)
+        vfs.setattr(ROOT, other, mode=0o600)  # another object modified by the server
+        assert vfs.getattr(fh).change == after.change
+        vfs.access(ROOT, fh, ACCESS4_READ)
+        assert of.write(4, b"more") == 4
+        assert vfs.getattr(fh).size == 8
+        of.close()
+        vfs.access(ROOT, fh, ACCESS4_READ)
+        vfs.check(other)  # another resolution in between: asked again
+        os.truncate(export_dir / "f", 1)  # (another process; seen since asked again)
+        assert vfs.getattr(fh).size == 1
+    finally:
+        confine.close_window()
+
+
+def test_a_local_change_after_access_shows_from_the_next_window(
+    vfs: LocalVfs, export_dir: Path
+) -> None:
+    """A change by another process between ACCESS and GETATTR of one COMPOUND is concurrent
+    with it: the GETATTR may report the object as the ACCESS saw it (a moment within the
+    COMPOUND), and the next COMPOUND sees the change."""
+    fh = _created(vfs, b"f")
+    confine.open_window()
+    try:
+        vfs.access(ROOT, fh, ACCESS4_READ)
+        os.truncate(export_dir / "f", 3)
+        assert vfs.getattr(fh).size == 0  # as the ACCESS saw it
+        _window()
+        assert vfs.getattr(fh).size == 3
+    finally:
+        confine.close_window()
