@@ -218,12 +218,15 @@ class LocalVfs(Vfs):
             self._open_counts.pop(fh, None)
             self._res.drop_orphan(fh)
 
-    def _fix_mode(self, fd: int, st: os.stat_result, mode: int) -> None:
-        """Give a new object the bits the process umask stripped (knfsd creates with umask 0)."""
+    def _fix_mode(self, fd: int, st: os.stat_result, mode: int) -> bool:
+        """Give a new object the bits the process umask stripped (knfsd creates with umask 0);
+        whether its mode had to be changed."""
         extra = mode & 0o7777 & self._umask
         have = stat.S_IMODE(st.st_mode)
         if extra and have & extra != extra:
             os.chmod(proc_path(fd), have | extra)
+            return True
+        return False
 
     def _access_ok(self, fd: int, st: os.stat_result, cred: Cred, mode: int) -> bool:
         try:
@@ -265,14 +268,16 @@ class LocalVfs(Vfs):
         try:
             changes = self._changes
             count = changes.get(pin.fileid)
-            # ACCESS or LOOKUP just before, in this COMPOUND, made the fstat: no second one
+            # ACCESS, LOOKUP or a create just before, in this COMPOUND, made the fstat
             st = self._res.kept_stat(memo, pin, changes.generation) or self._res.stat(pin)
             return attrs.from_stat(st, count)
         finally:
             pin.release()
 
     def change(self, fh: bytes) -> int:
+        memo = self._res.stat_memo  # (a read-only query: what was kept stays kept)
         pin = self._res.pin(fh)
+        self._res.stat_memo = memo
         try:
             count = self._changes.get(pin.fileid)
             return ChangeCounter.value(self._res.stat(pin).st_ctime_ns, count)
@@ -280,7 +285,9 @@ class LocalVfs(Vfs):
             pin.release()
 
     def file_type(self, fh: bytes) -> FileType:
+        memo = self._res.stat_memo  # (a read-only query: what was kept stays kept)
         pin = self._res.pin(fh)  # (inside the export, as getattr)
+        self._res.stat_memo = memo
         try:
             mode = self._res.known_type(fh)
             if mode is None:
@@ -359,10 +366,12 @@ class LocalVfs(Vfs):
 
     @off_protected_threads
     def access(self, cred: Cred, fh: bytes, mask: int) -> int:
+        memo = self._res.stat_memo  # (read before the pin, which drops it)
         pin = self._res.pin(fh)
         try:
             generation = self._changes.generation
-            st = self._res.stat(pin)
+            # OPEN's create just before, in this COMPOUND, made the fstat: no second one
+            st = self._res.kept_stat(memo, pin, generation) or self._res.stat(pin)
             ecred = self._cred(cred)
             self._ident.apply(ecred)
             self._res.keep_stat(pin.key, generation, st)  # for a GETATTR right after
@@ -686,12 +695,16 @@ class LocalVfs(Vfs):
         how: CreateMode,
         verifier: bytes | None,
     ) -> tuple[bytes, LocalOpenFile, bool]:
+        self._changes.bump(pin.fileid)  # (the directory changed: whatever fails below)
+        generation = self._changes.generation
         path_fd = -1
         try:
-            st = os.fstat(fd)
-            self._fix_mode(fd, st, mode)
+            # The verifier first: the fstat after it has the object's attributes as they are
+            # now, for the ACCESS and GETATTR that follow in the Linux client's COMPOUND.
             if how == CreateMode.EXCLUSIVE and verifier is not None:
                 os.utime(fd, ns=attrs.verifier_times(verifier))
+            st = os.fstat(fd)
+            fixed = self._fix_mode(fd, st, mode)
             path_fd = os.open(proc_path(fd), os.O_PATH | os.O_CLOEXEC)
             # (the same object as fd: its fstat gives the inode and device make_handle needs)
             fh, st = self._res.make_handle(path_fd, st)
@@ -700,11 +713,12 @@ class LocalVfs(Vfs):
             if path_fd >= 0:
                 os.close(path_fd)
             raise
-        self._changes.bump(pin.fileid)
         self._res.remember(fh, pin.key, name)
         self._res.fds.put(fh, path_fd, st.st_ino)
         self._res.found_inside(fh)  # (made by name in a directory inside: as LOOKUP's)
         of = self._open_file(fd, fh, st.st_ino, readable=True, writable=True)
+        if not fixed:  # (a chmod made the fstat's mode and ctime old)
+            self._res.keep_stat(fh, generation, st)
         return fh, of, True
 
     def _open_existing(

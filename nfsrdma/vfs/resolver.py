@@ -430,9 +430,10 @@ class Resolver:
         memo: tuple[object, bytes, int, os.stat_result] | None, pin: Pin, generation: int
     ) -> os.stat_result | None:
         """The stat ``memo`` (``stat_memo`` read just *before* ``pin`` was made, which drops
-        it) if it may stand for an fstat of ``pin`` now, else None: it was kept by the one
-        VFS call before this resolution (any resolution in between, on any thread, dropped
-        it), in this same check window (the same thread, in one COMPOUND that has not waited
+        it) if it may stand for an fstat of ``pin`` now, else None: it was kept by the last
+        VFS call before this resolution but the read-only queries of a type or a change
+        attribute (any other resolution in between, on any thread, dropped it), in this same
+        check window (the same thread, in one COMPOUND that has not waited
         since: the window closes before anything waits), of this object, and the server has
         made no modification of anything since before that stat (``generation``: every one
         counts, whichever thread makes it). So nothing this server does can have changed the

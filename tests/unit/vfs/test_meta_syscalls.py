@@ -546,3 +546,54 @@ def test_a_local_change_after_access_shows_from_the_next_window(
         assert vfs.getattr(fh).size == 3
     finally:
         confine.close_window()
+
+
+def test_access_and_getattr_after_an_exclusive_create_take_its_fstat(
+    vfs: LocalVfs, export_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OPEN(EXCLUSIVE4_1 create)+GETFH+ACCESS+GETATTR: the created file's fstat, made after
+    the verifier is stored (RFC 8881 §18.16.3), serves ACCESS and GETATTR; the directory's
+    change (OPEN's change_info) and the type in between keep it. The attributes are those
+    of the file on disk, verifier times included."""
+    verf = bytes.fromhex("0123456789abcdef")
+    calls = Calls(monkeypatch, (os, "fstat"))
+    confine.open_window()
+    try:
+        fh, of, created = vfs.create_file(
+            ROOT, vfs.root_handle(), b"x", 0o644, CreateMode.EXCLUSIVE, verf
+        )
+        assert created and calls.counts["fstat"] == 1
+        vfs.change(vfs.root_handle())  # (change_info after: the directory's own fstat)
+        assert vfs.file_type(fh) == FileType.NF4REG
+        assert vfs.access(ROOT, fh, ALL) == ALL & ~ACCESS4_EXECUTE
+        got = vfs.getattr(fh)
+        assert calls.counts["fstat"] == 2
+    finally:
+        confine.close_window()
+    of.close()
+    st = os.stat(export_dir / "x")
+    assert (got.atime_ns, got.mtime_ns) == attrs.verifier_times(verf)
+    assert (got.atime_ns, got.mtime_ns, got.ctime_ns) == (
+        st.st_atime_ns,
+        st.st_mtime_ns,
+        st.st_ctime_ns,
+    )
+    assert got.mode & 0o7777 == 0o644
+
+
+def test_a_created_file_whose_mode_was_fixed_is_asked_again(
+    vfs: LocalVfs, export_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bits the process umask took are given back by a chmod after the fstat: that
+    fstat is not kept, and ACCESS and GETATTR see the mode the file has."""
+    monkeypatch.setattr(vfs, "_umask", 0o022)
+    confine.open_window()
+    try:
+        fh, of, _ = vfs.create_file(ROOT, vfs.root_handle(), b"w", 0o777)
+        assert vfs.access(ROOT, fh, ACCESS4_EXECUTE) == ACCESS4_EXECUTE
+        got = vfs.getattr(fh)
+    finally:
+        confine.close_window()
+    of.close()
+    assert got.mode & 0o7777 == 0o777
+    assert got.ctime_ns == os.stat(export_dir / "w").st_ctime_ns
