@@ -587,7 +587,7 @@ class LocalVfs(Vfs):
         flags = (os.O_RDWR if read else os.O_WRONLY) if write else os.O_RDONLY
         flags |= os.O_CLOEXEC | (os.O_TRUNC if truncate else 0)
         try:
-            return os.open(proc_path(pin_fd), flags)
+            return self._res.reopen(pin_fd, flags)
         except PermissionError:
             if not self._ident.enabled:
                 raise
@@ -600,7 +600,7 @@ class LocalVfs(Vfs):
                 raise
         self._ident.apply_server()
         try:
-            return os.open(proc_path(pin_fd), flags)
+            return self._res.reopen(pin_fd, flags)
         finally:
             self._ident.apply(ecred)
 
@@ -705,7 +705,7 @@ class LocalVfs(Vfs):
                 os.utime(fd, ns=attrs.verifier_times(verifier))
             st = os.fstat(fd)
             fixed = self._fix_mode(fd, st, mode)
-            path_fd = os.open(proc_path(fd), os.O_PATH | os.O_CLOEXEC)
+            path_fd = self._res.reopen(fd, os.O_PATH | os.O_CLOEXEC)
             # (the same object as fd: its fstat gives the inode and device make_handle needs)
             fh, st = self._res.make_handle(path_fd, st)
         except BaseException:

@@ -416,6 +416,12 @@ class Resolver:
             raise StaleHandle("object was removed")
         return st
 
+    def reopen(self, fd: int, flags: int) -> int:
+        """Open ``fd``'s object again by its /proc magic link (``confine.proc_path``: a new
+        open file, permission-checked for the calling identity), walked from the descriptor
+        of ``/proc/self/fd`` this resolver holds: one path component instead of four."""
+        return os.open(b"%d" % fd, flags, dir_fd=self._proc_fds)
+
     def keep_stat(self, fh: bytes, generation: int, st: os.stat_result) -> None:
         """Keep ``st``, a stat of ``fh``'s object made while the backend's count of its own
         modifications (``ChangeCounter.generation``) was ``generation`` (read before the stat),
