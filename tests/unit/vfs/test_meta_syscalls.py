@@ -9,6 +9,11 @@ and the guarantees each cut keeps.
   move watch, in later windows until something moves or is removed on the file system.
 * ACCESS asks the wanted modes together, and refuses execute of a regular file that has no
   execute bit without asking (the kernel refuses it to everyone).
+* A GETATTR right after ACCESS, LOOKUP or an exclusive create in one COMPOUND (and the ACCESS
+  after that create) takes their fstat instead of making another (``Resolver.keep_stat``):
+  only in the same check window, one resolution later, with no modification by the server
+  in between.
+* OPEN's open for I/O asks the type the resolver knows instead of an fstat.
 
 These run as root (CI does): the export mount is cloned there, which the fstatat path needs.
 """
