@@ -125,9 +125,10 @@ class OpenState:
     access: int
     deny: int
     openfile: OpenFile
-    # share_access / share_deny values of the OPENs in effect (OPEN_DOWNGRADE's rule)
-    access_modes: set[int] = field(default_factory=set)
-    deny_modes: set[int] = field(default_factory=set)
+    # share_access / share_deny values of the OPENs in effect (OPEN_DOWNGRADE's rule), as
+    # bit masks: bit v set when v is one of them (values 0..3)
+    access_modes: int = 0
+    deny_modes: int = 0
     lock_states: list[LockState] = field(default_factory=list)
 
     @property
@@ -139,7 +140,7 @@ class OpenState:
         return nfs4.stateid4(self.seqid, self.other)
 
     def has_locks(self) -> bool:
-        return any(ls.ranges for ls in self.lock_states)
+        return bool(self.lock_states) and any(ls.ranges for ls in self.lock_states)
 
 
 @dataclass(eq=False, slots=True)
@@ -228,7 +229,10 @@ class StateManager:
 
     def _register(self, state: State) -> None:
         self._states[state.other] = state
-        self._by_client.setdefault(state.clientid, set()).add(state.other)
+        others = self._by_client.get(state.clientid)
+        if others is None:
+            others = self._by_client[state.clientid] = set()
+        others.add(state.other)
 
     def _unregister(self, state: State) -> None:
         self._states.pop(state.other, None)
@@ -343,12 +347,13 @@ class StateManager:
         f = self._files.get(fh)
         if f is None:
             return
-        holders = {
-            o.clientid
-            for o in f.opens.values()
-            if o is not mine and ((access & o.deny) or (deny & o.access))
-        }
-        if holders and not self.make_way(holders):
+        holders: set[int] | None = None
+        for o in f.opens.values():
+            if o is not mine and ((access & o.deny) or (deny & o.access)):
+                if holders is None:
+                    holders = set()
+                holders.add(o.clientid)
+        if holders is not None and not self.make_way(holders):
             raise Nfs4Error(nfs4.NFS4ERR_SHARE_DENIED)
 
     def check_room(self, clientid: int, opening: bool) -> None:
@@ -361,7 +366,8 @@ class StateManager:
         if held < self.state_per_client and not (
             opening and self.open_count >= self.max_open_files
         ):
-            self._over_budget.discard(clientid)
+            if self._over_budget:
+                self._over_budget.discard(clientid)
             return
         if clientid not in self._over_budget:
             self._over_budget.add(clientid)
@@ -410,8 +416,8 @@ class StateManager:
             access=access,
             deny=deny,
             openfile=openfile,
-            access_modes={access},
-            deny_modes={deny},
+            access_modes=1 << access,
+            deny_modes=1 << deny,
         )
         f.opens[key] = state
         self._register(state)
@@ -425,8 +431,8 @@ class StateManager:
         (if given) replaces the open's file, which is closed."""
         state.access |= access
         state.deny |= deny
-        state.access_modes.add(access)
-        state.deny_modes.add(deny)
+        state.access_modes |= 1 << access
+        state.deny_modes |= 1 << deny
         if openfile is not None and openfile is not state.openfile:
             old, state.openfile = state.openfile, openfile
             _close_quietly(old)
@@ -441,8 +447,8 @@ class StateManager:
             raise Nfs4Error(nfs4.NFS4ERR_INVAL)
         state.access = access
         state.deny = deny
-        state.access_modes = {a for a in state.access_modes if a & ~access == 0} | {access}
-        state.deny_modes = {d for d in state.deny_modes if d & ~deny == 0} | {deny}
+        state.access_modes = _within(state.access_modes, access) | 1 << access
+        state.deny_modes = _within(state.deny_modes, deny) | 1 << deny
         state.seqid = next_seqid(state.seqid)
 
     def close_open(self, state: OpenState) -> None:
@@ -453,11 +459,13 @@ class StateManager:
         self._drop_open(state)
 
     def _drop_open(self, state: OpenState) -> None:
-        for ls in list(state.lock_states):
-            self._drop_lock_state(ls)
+        if state.lock_states:
+            for ls in list(state.lock_states):
+                self._drop_lock_state(ls)
         f = state.file
-        if f.opens.get(state.key) is state:
-            del f.opens[state.key]
+        key = (state.clientid, state.owner)
+        if f.opens.get(key) is state:
+            del f.opens[key]
             self.open_count -= 1
         self._unregister(state)
         _close_quietly(state.openfile)
@@ -712,12 +720,22 @@ def check_seqid_of(sent: int, current: int) -> None:
     raise Nfs4Error(nfs4.NFS4ERR_BAD_STATEID)
 
 
-def _union_of_subset(value: int, modes: set[int]) -> bool:
-    """Whether ``value`` is the union of some of ``modes`` (0 is the empty union)."""
+def _within(mask: int, value: int) -> int:
+    """The values of the mode mask ``mask`` that are subsets of ``value``, as a mask."""
+    kept = 0
+    for v in range(4):
+        if mask >> v & 1 and v & ~value == 0:
+            kept |= 1 << v
+    return kept
+
+
+def _union_of_subset(value: int, modes: int) -> bool:
+    """Whether ``value`` is the union of some of the values in the mode mask ``modes`` (0 is
+    the empty union)."""
     union = 0
-    for m in modes:
-        if m & ~value == 0:
-            union |= m
+    for v in range(4):
+        if modes >> v & 1 and v & ~value == 0:
+            union |= v
     return union == value
 
 

@@ -23,6 +23,9 @@ class ChangeCounter:
         self.capacity = capacity
         self._counts: OrderedDict[int, int] = OrderedDict()
         self._lock = threading.Lock()
+        # Bumps of any file so far: unchanged between two reads, the server modified nothing
+        # in between (``Resolver.kept_stat``).
+        self.generation = 0
 
     def get(self, fileid: int) -> int:
         return self._counts.get(fileid, 0)
@@ -30,6 +33,7 @@ class ChangeCounter:
     def bump(self, fileid: int) -> None:
         with self._lock:
             self._counts[fileid] = self._counts.get(fileid, 0) + 1
+            self.generation += 1
             self._counts.move_to_end(fileid)
             if len(self._counts) > self.capacity:
                 self._counts.popitem(last=False)

@@ -218,12 +218,15 @@ class LocalVfs(Vfs):
             self._open_counts.pop(fh, None)
             self._res.drop_orphan(fh)
 
-    def _fix_mode(self, fd: int, st: os.stat_result, mode: int) -> None:
-        """Give a new object the bits the process umask stripped (knfsd creates with umask 0)."""
+    def _fix_mode(self, fd: int, st: os.stat_result, mode: int) -> bool:
+        """Give a new object the bits the process umask stripped (knfsd creates with umask 0);
+        whether its mode had to be changed."""
         extra = mode & 0o7777 & self._umask
         have = stat.S_IMODE(st.st_mode)
         if extra and have & extra != extra:
             os.chmod(proc_path(fd), have | extra)
+            return True
+        return False
 
     def _access_ok(self, fd: int, st: os.stat_result, cred: Cred, mode: int) -> bool:
         try:
@@ -260,15 +263,21 @@ class LocalVfs(Vfs):
     # ----------------------------------------------------------------- queries
 
     def getattr(self, fh: bytes) -> Attributes:
+        memo = self._res.stat_memo  # (read before the pin, which drops it)
         pin = self._res.pin(fh)
         try:
-            count = self._changes.get(pin.fileid)
-            return attrs.from_stat(self._res.stat(pin), count)
+            changes = self._changes
+            count = changes.get(pin.fileid)
+            # ACCESS, LOOKUP or a create just before, in this COMPOUND, made the fstat
+            st = self._res.kept_stat(memo, pin, changes.generation) or self._res.stat(pin)
+            return attrs.from_stat(st, count)
         finally:
             pin.release()
 
     def change(self, fh: bytes) -> int:
+        memo = self._res.stat_memo  # (a read-only query: what was kept stays kept)
         pin = self._res.pin(fh)
+        self._res.stat_memo = memo
         try:
             count = self._changes.get(pin.fileid)
             return ChangeCounter.value(self._res.stat(pin).st_ctime_ns, count)
@@ -276,7 +285,9 @@ class LocalVfs(Vfs):
             pin.release()
 
     def file_type(self, fh: bytes) -> FileType:
+        memo = self._res.stat_memo  # (a read-only query: what was kept stays kept)
         pin = self._res.pin(fh)  # (inside the export, as getattr)
+        self._res.stat_memo = memo
         try:
             mode = self._res.known_type(fh)
             if mode is None:
@@ -297,10 +308,13 @@ class LocalVfs(Vfs):
         pin = self._res.pin(dir_fh)
         try:
             self._ident.apply(self._cred(cred))
+            generation = self._changes.generation
             known = self._res.object_at_name(pin, bname)
             if known is not None:  # the name's object is cached: no open, no handle to make
                 known[0].release()
                 self._res.found_inside(known[0].key)
+                # the name's fstatat is the object's: for a GETATTR right after
+                self._res.keep_stat(known[0].key, generation, known[1])
                 return known[0].key
             try:
                 fd = open_component(pin.fd, bname)
@@ -317,6 +331,7 @@ class LocalVfs(Vfs):
         self._res.remember(fh, pin.key, bname)
         self._res.fds.put(fh, fd, st.st_ino)
         self._res.found_inside(fh)
+        self._res.keep_stat(fh, generation, st)  # (make_handle's fstat of it)
         return fh
 
     @off_protected_threads
@@ -351,11 +366,15 @@ class LocalVfs(Vfs):
 
     @off_protected_threads
     def access(self, cred: Cred, fh: bytes, mask: int) -> int:
+        memo = self._res.stat_memo  # (read before the pin, which drops it)
         pin = self._res.pin(fh)
         try:
-            st = self._res.stat(pin)
+            generation = self._changes.generation
+            # OPEN's create just before, in this COMPOUND, made the fstat: no second one
+            st = self._res.kept_stat(memo, pin, generation) or self._res.stat(pin)
             ecred = self._cred(cred)
             self._ident.apply(ecred)
+            self._res.keep_stat(pin.key, generation, st)  # for a GETATTR right after
             if stat.S_ISDIR(st.st_mode):
                 table = {
                     ACCESS4_READ: os.R_OK,
@@ -548,7 +567,8 @@ class LocalVfs(Vfs):
     def _open_regular(
         self,
         pin_fd: int,
-        st: os.stat_result,
+        fmt: int,
+        st: os.stat_result | None,
         ecred: Cred,
         *,
         read: bool,
@@ -556,20 +576,23 @@ class LocalVfs(Vfs):
         truncate: bool = False,
         owner_override: bool = False,
     ) -> int:
-        """Reopen an O_PATH descriptor of a regular file for I/O, permission-checked."""
-        if stat.S_ISDIR(st.st_mode):
-            raise OSError(errno.EISDIR, "is a directory")
-        if stat.S_ISLNK(st.st_mode):
-            raise OSError(errno.ELOOP, "is a symbolic link")
-        if not stat.S_ISREG(st.st_mode):
+        """Reopen an O_PATH descriptor of a regular file (``fmt``: its S_IFMT bits) for I/O,
+        permission-checked; ``st`` (None: not made yet) is only needed when refused."""
+        if fmt != stat.S_IFREG:
+            if fmt == stat.S_IFDIR:
+                raise OSError(errno.EISDIR, "is a directory")
+            if fmt == stat.S_IFLNK:
+                raise OSError(errno.ELOOP, "is a symbolic link")
             raise OSError(errno.EINVAL, "not a regular file")
         flags = (os.O_RDWR if read else os.O_WRONLY) if write else os.O_RDONLY
         flags |= os.O_CLOEXEC | (os.O_TRUNC if truncate else 0)
         try:
-            return os.open(proc_path(pin_fd), flags)
+            return self._res.reopen(pin_fd, flags)
         except PermissionError:
             if not self._ident.enabled:
                 raise
+            if st is None:
+                st = os.fstat(pin_fd)
             is_owner = owner_override and st.st_uid == ecred.uid
             # knfsd NFSD_MAY_READ_IF_EXEC: clients must READ a file to execute it.
             read_if_exec = read and not write and self._access_ok(pin_fd, st, ecred, os.X_OK)
@@ -577,7 +600,7 @@ class LocalVfs(Vfs):
                 raise
         self._ident.apply_server()
         try:
-            return os.open(proc_path(pin_fd), flags)
+            return self._res.reopen(pin_fd, flags)
         finally:
             self._ident.apply(ecred)
 
@@ -591,15 +614,25 @@ class LocalVfs(Vfs):
             raise OSError(errno.EINVAL, "bad open mode")
         pin = self._res.pin(fh)
         try:
-            st = self._res.stat(pin)
+            # The type alone decides, and an inode's never changes: known for every handle
+            # made with a kernel handle, no fstat then. (No link count either: a pinned
+            # descriptor is linked inside the export or an open file removed through this
+            # server, as for ``check``.)
+            st: os.stat_result | None = None
+            fmt = self._res.known_type(pin.key)
+            if fmt is None:
+                st = self._res.stat(pin)
+                fmt = stat.S_IFMT(st.st_mode)
             ecred = self._cred(cred)
             self._ident.apply(ecred)
-            fd = self._open_regular(pin.fd, st, ecred, read=read, write=write, truncate=truncate)
+            fd = self._open_regular(
+                pin.fd, fmt, st, ecred, read=read, write=write, truncate=truncate
+            )
         finally:
             pin.release()
         if truncate:
-            self._changes.bump(st.st_ino)
-        return self._open_file(fd, pin.key, st.st_ino, readable=read, writable=write)
+            self._changes.bump(pin.fileid)
+        return self._open_file(fd, pin.key, pin.fileid, readable=read, writable=write)
 
     @off_protected_threads
     def create_file(
@@ -662,13 +695,17 @@ class LocalVfs(Vfs):
         how: CreateMode,
         verifier: bytes | None,
     ) -> tuple[bytes, LocalOpenFile, bool]:
+        self._changes.bump(pin.fileid)  # (the directory changed: whatever fails below)
+        generation = self._changes.generation
         path_fd = -1
         try:
-            st = os.fstat(fd)
-            self._fix_mode(fd, st, mode)
+            # The verifier first: the fstat after it has the object's attributes as they are
+            # now, for the ACCESS and GETATTR that follow in the Linux client's COMPOUND.
             if how == CreateMode.EXCLUSIVE and verifier is not None:
                 os.utime(fd, ns=attrs.verifier_times(verifier))
-            path_fd = os.open(proc_path(fd), os.O_PATH | os.O_CLOEXEC)
+            st = os.fstat(fd)
+            fixed = self._fix_mode(fd, st, mode)
+            path_fd = self._res.reopen(fd, os.O_PATH | os.O_CLOEXEC)
             # (the same object as fd: its fstat gives the inode and device make_handle needs)
             fh, st = self._res.make_handle(path_fd, st)
         except BaseException:
@@ -676,11 +713,12 @@ class LocalVfs(Vfs):
             if path_fd >= 0:
                 os.close(path_fd)
             raise
-        self._changes.bump(pin.fileid)
         self._res.remember(fh, pin.key, name)
         self._res.fds.put(fh, path_fd, st.st_ino)
         self._res.found_inside(fh)  # (made by name in a directory inside: as LOOKUP's)
         of = self._open_file(fd, fh, st.st_ino, readable=True, writable=True)
+        if not fixed:  # (a chmod made the fstat's mode and ctime old)
+            self._res.keep_stat(fh, generation, st)
         return fh, of, True
 
     def _open_existing(
@@ -703,11 +741,19 @@ class LocalVfs(Vfs):
                     raise OSError(errno.EEXIST, "exists (exclusive create, other verifier)")
                 # The retry of our own create: answer as the first attempt did.
                 fd = self._open_regular(
-                    path_fd, st, ecred, read=True, write=True, owner_override=True
+                    path_fd,
+                    stat.S_IFMT(st.st_mode),
+                    st,
+                    ecred,
+                    read=True,
+                    write=True,
+                    owner_override=True,
                 )
                 created, read, write = True, True, True
             else:
-                fd = self._open_regular(path_fd, st, ecred, read=read, write=write)
+                fd = self._open_regular(
+                    path_fd, stat.S_IFMT(st.st_mode), st, ecred, read=read, write=write
+                )
                 created = False
         except BaseException:
             os.close(path_fd)

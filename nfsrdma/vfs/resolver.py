@@ -143,6 +143,8 @@ class Resolver:
         # File types (S_IFMT) of handles made with a kernel handle (which names one inode for
         # ever, so its type cannot change); bounded: forgotten all at once when full
         self._types: dict[bytes, int] = {}
+        # The last stat a caller kept for the next resolution (``keep_stat``, ``kept_stat``).
+        self.stat_memo: tuple[object, bytes, int, os.stat_result] | None = None
         self._orphans: dict[bytes, tuple[int, int]] = {}  # fh -> (O_PATH fd, fileid)
         self._location_capacity = location_cache_size
         self.cloned = False
@@ -235,6 +237,7 @@ class Resolver:
     def pin(self, fh: bytes) -> Pin:
         """The object of ``fh``, pinned in the descriptor cache (resolved on a miss), checked to
         be inside the export now (StaleHandle otherwise)."""
+        self.stat_memo = None  # (kept for the next resolution only: this one)
         if not isinstance(fh, bytes):
             if not isinstance(fh, bytearray | memoryview):
                 raise BadHandle("handle must be bytes")
@@ -412,6 +415,44 @@ class Resolver:
             self.forget(pin.key)
             raise StaleHandle("object was removed")
         return st
+
+    def reopen(self, fd: int, flags: int) -> int:
+        """Open ``fd``'s object again by its /proc magic link (``confine.proc_path``: a new
+        open file, permission-checked for the calling identity), walked from the descriptor
+        of ``/proc/self/fd`` this resolver holds: one path component instead of four."""
+        return os.open(b"%d" % fd, flags, dir_fd=self._proc_fds)
+
+    def keep_stat(self, fh: bytes, generation: int, st: os.stat_result) -> None:
+        """Keep ``st``, a stat of ``fh``'s object made while the backend's count of its own
+        modifications (``ChangeCounter.generation``) was ``generation`` (read before the stat),
+        for the next resolution in the calling thread's check window: :meth:`kept_stat`.
+        Nothing is kept outside a window."""
+        checked = getattr(WINDOW, "checked", None)
+        if checked is not None:
+            self.stat_memo = (checked, fh, generation, st)
+
+    @staticmethod
+    def kept_stat(
+        memo: tuple[object, bytes, int, os.stat_result] | None, pin: Pin, generation: int
+    ) -> os.stat_result | None:
+        """The stat ``memo`` (``stat_memo`` read just *before* ``pin`` was made, which drops
+        it) if it may stand for an fstat of ``pin`` now, else None: it was kept by the last
+        VFS call before this resolution but the read-only queries of a type or a change
+        attribute (any other resolution in between, on any thread, dropped it), in this same
+        check window (the same thread, in one COMPOUND that has not waited
+        since: the window closes before anything waits), of this object, and the server has
+        made no modification of anything since before that stat (``generation``: every one
+        counts, whichever thread makes it). So nothing this server does can have changed the
+        object in between, and a change by another process is concurrent with the COMPOUND:
+        the attributes are the object's at a moment within it, as an fstat's."""
+        if (
+            memo is None
+            or memo[1] != pin.key
+            or memo[2] != generation
+            or memo[0] is not getattr(WINDOW, "checked", None)
+        ):
+            return None
+        return memo[3]
 
     # ----------------------------------------------------------------- descriptor → handle
 

@@ -37,6 +37,8 @@ _WANT_FLAGS: Final = (
     nfs4.OPEN4_SHARE_ACCESS_WANT_SIGNAL_DELEG_WHEN_RESRC_AVAIL
     | nfs4.OPEN4_SHARE_ACCESS_WANT_PUSH_DELEG_WHEN_UNCONTENDED
 )
+_RFLAGS: Final = nfs4.OPEN4_RESULT_LOCKTYPE_POSIX
+_RFLAGS_NOTIFY: Final = _RFLAGS | nfs4.OPEN4_RESULT_MAY_NOTIFY_LOCK  # (CB_NOTIFY_LOCK sent)
 _WANTS: Final = frozenset(
     {
         nfs4.OPEN4_SHARE_ACCESS_WANT_NO_PREFERENCE,
@@ -283,16 +285,15 @@ def op_open(ctx: CompoundContext, args: nfs4.OPEN4args) -> nfs4.OPEN4res:
         state = sm.add_open(clientid, args.owner.owner, fh, access, deny, keep)
     grace.opened(ctx, reclaim)
     ctx.set_fh(fh)
-    ctx.current_stateid = state.stateid
+    ctx.current_stateid = stateid = nfs4.stateid4(state.seqid, state.other)
     return nfs4.OPEN4res(
         nfs4.NFS4_OK,
         nfs4.OPEN4resok(
-            stateid=state.stateid,
-            cinfo=nfs4.change_info4(False, before, after),
-            rflags=nfs4.OPEN4_RESULT_LOCKTYPE_POSIX
-            | (nfs4.OPEN4_RESULT_MAY_NOTIFY_LOCK if sm.notifies_locks else 0),
-            attrset=target.attrset or [],
-            delegation=_delegation(ctx, sm, state, want, created=target.created),
+            stateid,
+            nfs4.change_info4(False, before, after),
+            _RFLAGS_NOTIFY if sm.notify_lock is not None else _RFLAGS,
+            target.attrset or [],
+            _delegation(ctx, sm, state, want, created=target.created),
         ),
     )
 

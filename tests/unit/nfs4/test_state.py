@@ -415,3 +415,54 @@ def test_check_setattr_size(sm: StateManager, vfs: LocalVfs) -> None:
         with pytest.raises(Nfs4Error) as e:
             sm.check_setattr_size(ctx, special, fh)
         assert status(e) == "NFS4ERR_LOCKED"
+
+
+def _union_of_some(value: int, modes: set[int]) -> bool:
+    """RFC 8881 §18.18.3, written out: ``value`` is the union of a subset of ``modes``."""
+    return any(
+        value == _union(subset)
+        for n in range(len(modes) + 1)
+        for subset in itertools.combinations(sorted(modes), n)
+    )
+
+
+def _union(values: tuple[int, ...]) -> int:
+    out = 0
+    for v in values:
+        out |= v
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    opens=st.lists(st.tuples(st.integers(1, 3), st.integers(0, 3)), min_size=1, max_size=4),
+    downgrades=st.lists(st.tuples(st.integers(1, 3), st.integers(0, 3)), max_size=3),
+)
+def test_downgrade_follows_the_opens_in_effect(
+    opens: list[tuple[int, int]], downgrades: list[tuple[int, int]]
+) -> None:
+    """OPEN_DOWNGRADE (RFC 8881 §18.18.3) against the rule written with sets: the share
+    values of the OPENs in effect are kept as bit masks; every downgrade is accepted or
+    refused (NFS4ERR_INVAL) as the rule says, and leaves the values the rule leaves."""
+    sm = StateManager(None, instance=b"INST")
+    of = SimpleNamespace(readable=True, writable=True, close=lambda: None)
+    access, deny = opens[0]
+    o = sm.add_open(A, b"a", b"f" * 16, access, deny, of)  # type: ignore[arg-type]
+    acc_modes, deny_modes = {access}, {deny}
+    for access, deny in opens[1:]:
+        sm.upgrade_open(o, access, deny, None)
+        acc_modes.add(access)
+        deny_modes.add(deny)
+    for access, deny in downgrades:
+        if access & ~o.access or deny & ~o.deny:
+            continue  # (op_open_downgrade refuses these before asking the state)
+        if not (_union_of_some(access, acc_modes) and _union_of_some(deny, deny_modes)):
+            with pytest.raises(Nfs4Error):
+                sm.downgrade_open(o, access, deny)
+            continue
+        sm.downgrade_open(o, access, deny)
+        acc_modes = {a for a in acc_modes if a & ~access == 0} | {access}
+        deny_modes = {d for d in deny_modes if d & ~deny == 0} | {deny}
+        assert (o.access, o.deny) == (access, deny)
+        assert o.access_modes == sum(1 << a for a in acc_modes)
+        assert o.deny_modes == sum(1 << d for d in deny_modes)

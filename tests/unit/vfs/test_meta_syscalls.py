@@ -9,12 +9,18 @@ and the guarantees each cut keeps.
   move watch, in later windows until something moves or is removed on the file system.
 * ACCESS asks the wanted modes together, and refuses execute of a regular file that has no
   execute bit without asking (the kernel refuses it to everyone).
+* A GETATTR right after ACCESS, LOOKUP or an exclusive create in one COMPOUND (and the ACCESS
+  after that create) takes their fstat instead of making another (``Resolver.keep_stat``):
+  only in the same check window, one resolution later, with no modification by the server
+  in between.
+* OPEN's open for I/O asks the type the resolver knows instead of an fstat.
 
 These run as root (CI does): the export mount is cloned there, which the fstatat path needs.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Any
@@ -35,7 +41,7 @@ from nfsrdma.vfs import (
     syscalls,
 )
 
-from .conftest import ROOT, U1000, MakeVfs, needs_root
+from .conftest import ROOT, U1000, U1001, MakeVfs, needs_root
 
 pytestmark = needs_root
 
@@ -418,3 +424,181 @@ def test_the_type_of_a_handle_made_here_needs_no_fstat(
     vfs.remove(ROOT, vfs.root_handle(), b"f")
     with pytest.raises(StaleHandle):
         vfs.file_type(fh)
+
+
+def test_open_of_a_handle_made_here_needs_no_fstat(
+    vfs: LocalVfs, export_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OPEN's reopen for I/O (RFC 8881 §18.16) asks the type the resolver knows: no fstat;
+    the other types keep their errors, and a refused open still gets its exceptions (the
+    owner's and knfsd's read-if-exec), which need the mode: it is asked then."""
+    fh = _created(vfs, b"f")
+    (export_dir / "d").mkdir()
+    os.symlink("f", export_dir / "l")
+    d = vfs.lookup(ROOT, vfs.root_handle(), b"d")
+    link = vfs.lookup(ROOT, vfs.root_handle(), b"l")
+    (export_dir / "prog").write_bytes(b"\x7fELF")
+    os.chown(export_dir / "prog", 1000, 1000)
+    os.chmod(export_dir / "prog", 0o711)
+    prog = vfs.lookup(ROOT, vfs.root_handle(), b"prog")
+    calls = Calls(monkeypatch, (os, "fstat"))
+    of = vfs.open(ROOT, fh, read=True, write=True)
+    assert of.write(0, b"data") == 4
+    of.close()
+    assert calls.counts["fstat"] == 0
+    with pytest.raises(IsADirectoryError):
+        vfs.open(ROOT, d, read=True, write=False)
+    with pytest.raises(OSError) as e:
+        vfs.open(ROOT, link, read=True, write=False)
+    assert e.value.errno == errno.ELOOP
+    assert calls.counts["fstat"] == 0
+    of = vfs.open(U1001, prog, read=True, write=False)  # refused by mode, allowed: exec
+    assert of.read(0, 4) == (b"\x7fELF", True)
+    of.close()
+    with pytest.raises(PermissionError):
+        vfs.open(U1001, prog, read=True, write=True)
+    vfs.release_identity()
+
+
+def _window() -> None:
+    confine.close_window()
+    confine.open_window()
+
+
+def test_getattr_right_after_access_or_lookup_in_a_window_makes_no_fstat(
+    vfs: LocalVfs, export_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Linux client's OPEN+GETFH+ACCESS+GETATTR and LOOKUP+GETFH+GETATTR: the GETATTR
+    takes the fstat (or the name's fstatat) made by the VFS call just before, in the same
+    check window; outside a window, or in the next one, it asks again."""
+    fh = _created(vfs, b"f")
+    (export_dir / "new").write_bytes(b"12345")
+    calls = Calls(monkeypatch, (os, "fstat"), (os, "stat"))
+    confine.open_window()
+    try:
+        assert vfs.access(ROOT, fh, ACCESS4_READ) == ACCESS4_READ
+        assert calls.counts == {"fstat": 1, "stat": 0}
+        assert vfs.getattr(fh).size == 0
+        assert calls.counts == {"fstat": 1, "stat": 0}
+        assert vfs.getattr(fh).size == 0  # a second GETATTR asks (kept for one only)
+        assert calls.counts == {"fstat": 2, "stat": 0}
+        calls.reset()
+        assert vfs.lookup(ROOT, vfs.root_handle(), b"f") == fh  # a cached name: fstatat
+        assert vfs.getattr(fh).type == FileType.NF4REG
+        assert calls.counts == {"fstat": 0, "stat": 1}
+        calls.reset()
+        new = vfs.lookup(ROOT, vfs.root_handle(), b"new")  # opened: make_handle's fstat
+        assert vfs.getattr(new).size == 5
+        assert calls.counts == {"fstat": 1, "stat": 0}
+        calls.reset()
+        vfs.access(ROOT, fh, ACCESS4_READ)
+        _window()  # the COMPOUND waited, or ended: a new window
+        vfs.getattr(fh)
+        assert calls.counts == {"fstat": 2, "stat": 0}
+    finally:
+        confine.close_window()
+    calls.reset()
+    vfs.access(ROOT, fh, ACCESS4_READ)  # no window: nothing kept
+    vfs.getattr(fh)
+    assert calls.counts == {"fstat": 2, "stat": 0}
+
+
+def test_getattr_after_access_sees_every_change_the_server_made_in_between(
+    vfs: LocalVfs, export_dir: Path
+) -> None:
+    """A modification by the server (any object, any thread: the change counter's
+    generation) or another resolution between them drops the kept stat: the change attribute
+    and size a GETATTR reports always follow the server's own changes (RFC 8881 §5.8.1.4)."""
+    fh = _created(vfs, b"f")
+    other = _created(vfs, b"g")
+    confine.open_window()
+    try:
+        before = vfs.getattr(fh)
+        vfs.access(ROOT, fh, ACCESS4_READ)
+        of = vfs.open(ROOT, fh, read=True, write=True)  # (a resolution too)
+        vfs.access(ROOT, fh, ACCESS4_READ)
+        assert of.write(0, b"data") == 4  # a WRITE after the ACCESS: bumps the change count
+        after = vfs.getattr(fh)
+        assert after.size == 4 and after.change != before.change
+        vfs.access(ROOT, fh, ACCESS4_READ)
+        vfs.setattr(ROOT, other, mode=0o600)  # another object modified by the server
+        assert vfs.getattr(fh).change == after.change
+        vfs.access(ROOT, fh, ACCESS4_READ)
+        assert of.write(4, b"more") == 4
+        assert vfs.getattr(fh).size == 8
+        of.close()
+        vfs.access(ROOT, fh, ACCESS4_READ)
+        vfs.check(other)  # another resolution in between: asked again
+        os.truncate(export_dir / "f", 1)  # (another process; seen since asked again)
+        assert vfs.getattr(fh).size == 1
+    finally:
+        confine.close_window()
+
+
+def test_a_local_change_after_access_shows_from_the_next_window(
+    vfs: LocalVfs, export_dir: Path
+) -> None:
+    """A change by another process between ACCESS and GETATTR of one COMPOUND is concurrent
+    with it: the GETATTR may report the object as the ACCESS saw it (a moment within the
+    COMPOUND), and the next COMPOUND sees the change."""
+    fh = _created(vfs, b"f")
+    confine.open_window()
+    try:
+        vfs.access(ROOT, fh, ACCESS4_READ)
+        os.truncate(export_dir / "f", 3)
+        assert vfs.getattr(fh).size == 0  # as the ACCESS saw it
+        _window()
+        assert vfs.getattr(fh).size == 3
+    finally:
+        confine.close_window()
+
+
+def test_access_and_getattr_after_an_exclusive_create_take_its_fstat(
+    vfs: LocalVfs, export_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OPEN(EXCLUSIVE4_1 create)+GETFH+ACCESS+GETATTR: the created file's fstat, made after
+    the verifier is stored (RFC 8881 §18.16.3), serves ACCESS and GETATTR; the directory's
+    change (OPEN's change_info) and the type in between keep it. The attributes are those
+    of the file on disk, verifier times included."""
+    verf = bytes.fromhex("0123456789abcdef")
+    calls = Calls(monkeypatch, (os, "fstat"))
+    confine.open_window()
+    try:
+        fh, of, created = vfs.create_file(
+            ROOT, vfs.root_handle(), b"x", 0o644, CreateMode.EXCLUSIVE, verf
+        )
+        assert created and calls.counts["fstat"] == 1
+        vfs.change(vfs.root_handle())  # (change_info after: the directory's own fstat)
+        assert vfs.file_type(fh) == FileType.NF4REG
+        assert vfs.access(ROOT, fh, ALL) == ALL & ~ACCESS4_EXECUTE
+        got = vfs.getattr(fh)
+        assert calls.counts["fstat"] == 2
+    finally:
+        confine.close_window()
+    of.close()
+    st = os.stat(export_dir / "x")
+    assert (got.atime_ns, got.mtime_ns) == attrs.verifier_times(verf)
+    assert (got.atime_ns, got.mtime_ns, got.ctime_ns) == (
+        st.st_atime_ns,
+        st.st_mtime_ns,
+        st.st_ctime_ns,
+    )
+    assert got.mode & 0o7777 == 0o644
+
+
+def test_a_created_file_whose_mode_was_fixed_is_asked_again(
+    vfs: LocalVfs, export_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bits the process umask took are given back by a chmod after the fstat: that
+    fstat is not kept, and ACCESS and GETATTR see the mode the file has."""
+    monkeypatch.setattr(vfs, "_umask", 0o022)
+    confine.open_window()
+    try:
+        fh, of, _ = vfs.create_file(ROOT, vfs.root_handle(), b"w", 0o777)
+        assert vfs.access(ROOT, fh, ACCESS4_EXECUTE) == ACCESS4_EXECUTE
+        got = vfs.getattr(fh)
+    finally:
+        confine.close_window()
+    of.close()
+    assert got.mode & 0o7777 == 0o777
+    assert got.ctime_ns == os.stat(export_dir / "w").st_ctime_ns
