@@ -30,6 +30,7 @@ from nfsrdma.nfs4.ops import HANDLERS
 from nfsrdma.nfs4.ops.filehandle import put_fh
 from nfsrdma.nfs4.ops.lookup import PUT_FH_OPS, flavour_asked, wrong_security
 from nfsrdma.rpc.auth import Credential, pseudoflavor_of
+from nfsrdma.session.errors import SessionError
 from nfsrdma.vfs.base import Cred, Origin
 from nfsrdma.vfs.confine import close_window, open_window
 from nfsrdma.xdr.gen import nfs4
@@ -134,6 +135,8 @@ _UNTAGGED_HEAD = pack(nfs4.enc_COMPOUND4res_head, nfs4.COMPOUND4res_head(nfs4.NF
 _CRED_MEMO = "nfs4.compound.cred"
 # SEQUENCE's nfs_resop4 on success: operation, status, then SEQUENCE4resok (RFC 8881 18.46)
 _SEQUENCE_OK = struct.Struct(">II16sIIIII")
+# SEQUENCE4args (RFC 8881 18.46): sessionid, sequenceid, slotid, highest_slotid, cachethis
+_SEQUENCE_ARGS = struct.Struct(">16sIIII")
 _SEQUENCE4res = nfs4.SEQUENCE4res
 _PUTFH = nfs4.OP_PUTFH
 _PUTFH_OK = _OPNUM_LEN.pack(_PUTFH, nfs4.NFS4_OK)  # PUTFH's nfs_resop4 on success
@@ -322,23 +325,62 @@ class _Run:
         SEQUENCE and PUTFH never wait, and PUTFH's success is a constant piece of reply. The
         flavour rules are asked as the generic path asks them."""
         ctx, r, w = self.ctx, self.r, self.w
-        (seq_op, seq_handler), (putfh_op, _), (op, handler) = steps
+        (seq_op, _), (putfh_op, _), (op, handler) = steps
+        # SEQUENCE's arguments read by one struct call (their size is fixed), the session
+        # table asked with them (``sequence_of``, what ops/session_ops.py ``sequence`` asks),
+        # and a new request's success packed from its values: no argument, result or resok
+        # objects. Its other outcomes are recorded by ``_record``, the reference.
+        off = self.off + 4
+        sessionid, seqid, slotid, highest, cachethis = _SEQUENCE_ARGS.unpack_from(r.buf, off)
+        if cachethis > 1:  # not an XDR bool (NFS4ERR_BADXDR): the reference path says so
+            return self._advance()
         ctx.op_index = 0
         self.i = 1
+        self.off = off + _SEQUENCE_ARGS_SIZE
         try:
-            args, self.off = seq_op.dec_args(r, self.off + 4)
-        except XdrError as e:
-            self._undecodable(seq_op, e)
+            seq = ctx.server.sessions.sequence_of(
+                sessionid,
+                seqid,
+                slotid,
+                highest,
+                cachethis == 1,
+                ctx.conn,
+                ctx.now,
+                ctx.op_count,
+                ctx.request_size,
+            )
+        except SessionError as e:  # (as ops/session_ops.py ``sequence`` raises it)
+            self._record(seq_op, self._failed(seq_op, Nfs4Error(e.status)))
             return None
-        try:
-            outcome = seq_handler(ctx, args)
         except Exception as e:
-            outcome = self._failed(seq_op, e)
-        if not self._sequence_ok(outcome) and self._record(seq_op, outcome):
+            self._record(seq_op, self._failed(seq_op, e))
             return None
-        session = ctx.session
-        if session is None:
-            return self._advance()  # (cannot happen: SEQUENCE succeeded) the reference
+        ctx.session = session = seq.session
+        ctx.sequence = seq
+        ctx.cachethis = seq.cachethis
+        size, fore = len(w) - self.head + _SEQUENCE_OK.size, session.fore
+        if (
+            seq.replay is not None
+            or seq.uncached_retry
+            or w.ddp
+            or size > fore.ca_maxresponsesize_cached
+            or size > fore.ca_maxresponsesize
+        ):  # a retry, or the limits (as the generic path checks them): ``_record``
+            if self._record(seq_op, _SEQUENCE4res(nfs4.NFS4_OK, seq.resok)):
+                return None
+        else:
+            w += _SEQUENCE_OK.pack(
+                nfs4.OP_SEQUENCE,
+                nfs4.NFS4_OK,
+                session.sessionid,
+                seqid,
+                slotid,
+                seq.highest_slotid,
+                seq.target_highest_slotid,
+                seq.status_flags,
+            )
+            self.done += 1
+            self.recorded.append((nfs4.OP_SEQUENCE, nfs4.NFS4_OK, time.monotonic()))
         ctx.op_index = 1
         self.i = 2
         try:
@@ -420,44 +462,6 @@ class _Run:
         self.status = nfs4.NFS4_OK
         self.done += 1
         self.recorded.append((nfs4.OP_GETATTR, nfs4.NFS4_OK, time.monotonic()))
-        return True
-
-    def _sequence_ok(self, outcome: object) -> bool:
-        """Record a new request's successful SEQUENCE as ``_record`` would, its result packed
-        in one step; False (nothing written) for any other outcome, left to ``_record``."""
-        seq, session = self.ctx.sequence, self.ctx.session
-        if (
-            seq is None
-            or session is None
-            or seq.replay is not None
-            or seq.uncached_retry
-            or type(outcome) is not _SEQUENCE4res
-        ):
-            return False
-        ok = outcome.value
-        if outcome.sr_status != nfs4.NFS4_OK or ok is None or len(ok.sr_sessionid) != 16:
-            return False
-        w = self.w
-        size = len(w) - self.head + _SEQUENCE_OK.size
-        fore = session.fore
-        if w.ddp or size > fore.ca_maxresponsesize_cached or size > fore.ca_maxresponsesize:
-            return False  # (the limits: as the generic path checks them)
-        try:
-            w += _SEQUENCE_OK.pack(
-                nfs4.OP_SEQUENCE,
-                nfs4.NFS4_OK,
-                ok.sr_sessionid,
-                ok.sr_sequenceid,
-                ok.sr_slotid,
-                ok.sr_highest_slotid,
-                ok.sr_target_highest_slotid,
-                ok.sr_status_flags,
-            )
-        except struct.error:
-            return False  # (not a valid result: the generic encoder says how)
-        self.status = nfs4.NFS4_OK
-        self.done += 1
-        self.recorded.append((nfs4.OP_SEQUENCE, nfs4.NFS4_OK, time.monotonic()))
         return True
 
     def _undecodable(self, op: Operation[Any, Any], e: XdrError) -> None:

@@ -237,6 +237,13 @@ def compounds(draw: st.DrawFn) -> dict[str, object]:
         ),
         "cut": draw(st.sampled_from([0, 0, 0, 0, 1, 4, 9, 30])),
         "auth": draw(st.sampled_from(["sys", "sys", "none"])),
+        # SEQUENCE's arguments as the fast path reads them (one struct call, RFC 8881 18.46):
+        # an unknown session, other sa_highest_slotid values, sa_cachethis not an XDR bool
+        "seqargs": draw(
+            st.sampled_from(
+                ["", "", "", "", "badsession", "highest0", "highest9", "highestmax", "bool2"]
+            )
+        ),
     }
 
 
@@ -267,10 +274,14 @@ def build(pair: Pair, c: dict[str, object], rand_fh: bytes, rand_sid: bytes) -> 
         "random": rand_fh,
         "empty": b"",
     }[str(c["fh"])]
-    ops = [
-        pair.seq(int(c["slot"]), int(c["delta"]), bool(c["cachethis"])),
-        _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(fh)),
-    ]  # type: ignore[call-overload]
+    first = pair.seq(int(c["slot"]), int(c["delta"]), bool(c["cachethis"]))
+    seqargs, seq_args = str(c.get("seqargs", "")), first.value
+    assert isinstance(seq_args, nfs4.SEQUENCE4args)
+    if seqargs == "badsession":
+        seq_args.sa_sessionid = bytes(16)
+    elif seqargs.startswith("highest"):
+        seq_args.sa_highest_slotid = {"0": 0, "9": 9, "max": 0xFFFFFFFF}[seqargs[7:]]
+    ops = [first, _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(fh))]  # type: ignore[call-overload]
     kind, a = c["third"]  # type: ignore[misc]
     if kind == "READ":
         ops.append(_op(nfs4.OP_READ, nfs4.READ4args(sid[a[0]], a[1], a[2])))
@@ -316,7 +327,12 @@ def build(pair: Pair, c: dict[str, object], rand_fh: bytes, rand_sid: bytes) -> 
         ops.append(pair.seq(0, 0))
     elif extra == "SECINFO_NO_NAME":
         ops.append(_op(nfs4.OP_SECINFO_NO_NAME, nfs4.SECINFO_STYLE4_CURRENT_FH))
-    return pair.encode(ops, int(c["cut"]), str(c.get("auth", "sys")))  # type: ignore[call-overload]
+    data = pair.encode(ops, 0, str(c.get("auth", "sys")))  # type: ignore[call-overload]
+    if seqargs == "bool2":  # sa_cachethis, the last word of the first SEQUENCE's arguments
+        at = data.index(seq_args.sa_sessionid) + 28
+        data = data[:at] + (2).to_bytes(4, "big") + data[at + 4 :]
+    cut = int(c["cut"])
+    return data[: len(data) - cut] if cut else data
 
 
 @pytest.mark.parametrize("policy", POLICIES)
