@@ -560,8 +560,14 @@ class _Run:
         session = ctx.session
         if session is not None:
             # The reply's size limits (REP_TOO_BIG, REP_TOO_BIG_TO_CACHE), DDP data counted.
-            if len(w.ddp) != self.ddp_items:
-                self._count_ddp()
+            ddp, counted = w.ddp, self.ddp_items
+            if len(ddp) != counted:
+                if len(ddp) == counted + 1:  # one more item (a READ's data): _count_ddp's sum
+                    n = len(ddp[counted].data)
+                    self.ddp_bytes += n + (-n & 3)
+                    self.ddp_items = counted + 1
+                else:
+                    self._count_ddp()
             size, fore = len(w) - self.head + self.ddp_bytes, session.fore
             too_big = 0
             if size > fore.ca_maxresponsesize_cached or size > fore.ca_maxresponsesize:

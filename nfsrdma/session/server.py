@@ -856,7 +856,9 @@ class ServerSessions:
     def _status_flags(self, session: Session) -> int:
         client = session.client
         flags = client.status_flags
-        if session.wants_back_channel and not session.back_path_up:
+        if session.wants_back_channel:
+            if session.back_path_up:
+                return flags  # (a session of the client wants a back channel and has one)
             flags |= nfs4.SEQ4_STATUS_CB_PATH_DOWN_SESSION
         wanting = up = False
         for s in client.sessions.values():
