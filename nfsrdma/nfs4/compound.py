@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, Outcome
 from nfsrdma.nfs4.errors import status_of
 from nfsrdma.nfs4.ops import HANDLERS
+from nfsrdma.nfs4.ops.attributes import getattr_values
 from nfsrdma.nfs4.ops.filehandle import put_fh
 from nfsrdma.nfs4.ops.lookup import PUT_FH_OPS, flavour_asked, wrong_security
 from nfsrdma.rpc.auth import Credential, pseudoflavor_of
@@ -146,6 +147,7 @@ _GETATTR = nfs4.OP_GETATTR
 _GETATTR4res = nfs4.GETATTR4res
 _GETATTR_OK = tuple(struct.Struct(f">III{n}II") for n in range(5))
 _PAD = (b"", b"\0\0\0", b"\0\0", b"\0")  # XDR padding after n octets, by n % 4
+_BITMAPS = tuple(struct.Struct(f">{n}I") for n in range(5))  # bitmap4's words, by count
 
 
 def _fast_steps(r: Reader, off: int, count: int) -> tuple[_Step, _Step, _Step] | None:
@@ -383,13 +385,13 @@ class _Run:
             self.recorded.append((nfs4.OP_SEQUENCE, nfs4.NFS4_OK, time.monotonic()))
         ctx.op_index = 1
         self.i = 2
+        # PUTFH4args read in place: _fast_steps found its opaque whole, within NFS4_FHSIZE.
+        buf, off = r.buf, self.off + 8
+        (n,) = _STATUS_COUNT.unpack_from(buf, off - 4)
+        fh = bytes(buf[off : off + n])
+        self.off = off + n + (-n & 3)
         try:
-            fh, self.off = putfh_op.dec_args(r, self.off + 4)
-        except XdrError as e:
-            self._undecodable(putfh_op, e)
-            return None
-        try:
-            put_fh(ctx, fh.object)
+            put_fh(ctx, fh)
             if _PUTFH in self.flavour_asked and wrong_security(ctx, _PUTFH, self._following):
                 raise Nfs4Error(nfs4.NFS4ERR_WRONGSEC)
         except Exception as e:
@@ -412,13 +414,15 @@ class _Run:
                 self.recorded.append((nfs4.OP_PUTFH, nfs4.NFS4_OK, time.monotonic()))
         ctx.op_index = 2
         self.i = 3
+        number = op.number
+        if number == _GETATTR:
+            return self._getattr_fast(op)
         try:
             args, self.off = op.dec_args(r, self.off + 4)
         except XdrError as e:
             self._undecodable(op, e)
             return None
         try:
-            number = op.number
             if number in self.flavour_asked and wrong_security(ctx, number, self._following):
                 outcome = op.error(nfs4.NFS4ERR_WRONGSEC)
             else:
@@ -427,9 +431,49 @@ class _Run:
             outcome = self._failed(op, e)
         if _must_wait(outcome):
             return op, outcome
-        if not (number == _GETATTR and self._getattr_ok(outcome)) and self._record(op, outcome):
+        if self._record(op, outcome) or self.i >= ctx.op_count:
             return None
-        if self.i >= ctx.op_count:
+        return self._advance()
+
+    def _getattr_fast(
+        self, op: Operation[Any, Any]
+    ) -> tuple[Operation[Any, Any], Awaitable[Any]] | None:
+        """GETATTR third on a fast path: its bitmap read by one struct call (no GETATTR4args),
+        ops/attributes.py ``getattr_values`` asked (what GETATTR's handler asks), and a result
+        of mask and values packed with no fattr4 or result objects; any other outcome, as
+        the handler's, is recorded by ``_record``."""
+        ctx, r = self.ctx, self.r
+        buf, off = r.buf, self.off + 4
+        n = -1
+        if off + 4 <= len(buf):
+            (n,) = _STATUS_COUNT.unpack_from(buf, off)
+        if 0 <= n < len(_BITMAPS) and off + 4 + 4 * n <= len(buf):
+            bitmap = list(_BITMAPS[n].unpack_from(buf, off + 4))
+            self.off = off + 4 + 4 * n
+        else:  # a longer bitmap, or a truncated one: the codec decodes (or refuses) it
+            try:
+                args, self.off = op.dec_args(r, off)
+            except XdrError as e:
+                self._undecodable(op, e)
+                return None
+            bitmap = args.attr_request
+        try:
+            if _GETATTR in self.flavour_asked and wrong_security(ctx, _GETATTR, self._following):
+                outcome: Any = op.error(nfs4.NFS4ERR_WRONGSEC)
+            else:
+                outcome = getattr_values(ctx, bitmap)
+        except Exception as e:
+            outcome = self._failed(op, e)
+        if type(outcome) is tuple:
+            mask, vals = outcome
+            if self._getattr_pack(mask, vals):
+                if self.i >= ctx.op_count:
+                    return None
+                return self._advance()
+            outcome = _GETATTR4res(nfs4.NFS4_OK, nfs4.GETATTR4resok(nfs4.fattr4(mask.copy(), vals)))
+        elif _must_wait(outcome):
+            return op, outcome
+        if self._record(op, outcome) or self.i >= ctx.op_count:
             return None
         return self._advance()
 
@@ -442,7 +486,10 @@ class _Run:
         if ok is None:
             return False
         fattr = ok.obj_attributes
-        mask, vals = fattr.attrmask, fattr.attr_vals
+        return self._getattr_pack(fattr.attrmask, fattr.attr_vals)
+
+    def _getattr_pack(self, mask: list[int], vals: bytes) -> bool:
+        """``_getattr_ok`` for a GETATTR4resok of ``mask`` and ``vals``."""
         n, size = len(mask), len(vals)
         if n >= len(_GETATTR_OK) or type(vals) is not bytes:
             return False
