@@ -29,6 +29,7 @@ from nfsrdma.nfs4.errors import status_of
 from nfsrdma.nfs4.ops import HANDLERS
 from nfsrdma.nfs4.ops.attributes import getattr_values
 from nfsrdma.nfs4.ops.filehandle import put_fh
+from nfsrdma.nfs4.ops.io import read_file
 from nfsrdma.nfs4.ops.lookup import PUT_FH_OPS, flavour_asked, wrong_security
 from nfsrdma.rpc.auth import Credential, pseudoflavor_of
 from nfsrdma.session.errors import SessionError
@@ -147,6 +148,9 @@ _GETATTR = nfs4.OP_GETATTR
 _GETATTR4res = nfs4.GETATTR4res
 _GETATTR_OK = tuple(struct.Struct(f">III{n}II") for n in range(5))
 _PAD = (b"", b"\0\0\0", b"\0\0", b"\0")  # XDR padding after n octets, by n % 4
+_READ = nfs4.OP_READ
+_READ_ARGS = struct.Struct(">I12sQI")  # READ4args: stateid (seqid, other), offset, count
+_stateid4 = nfs4.stateid4
 _BITMAPS = tuple(struct.Struct(f">{n}I") for n in range(5))  # bitmap4's words, by count
 
 
@@ -424,14 +428,23 @@ class _Run:
         number = op.number
         if number == _GETATTR:
             return self._getattr_fast(op)
-        try:
-            args, self.off = op.dec_args(r, self.off + 4)
-        except XdrError as e:
-            self._undecodable(op, e)
-            return None
+        off = self.off + 4
+        buf = r.buf
+        read = number == _READ and off + _READ_ARGS.size <= len(buf)
+        if read:  # READ4args read by one struct call: ops/io.py ``read`` takes its fields
+            seqid, other, offset, count = _READ_ARGS.unpack_from(buf, off)
+            self.off = off + _READ_ARGS.size
+        else:
+            try:
+                args, self.off = op.dec_args(r, off)
+            except XdrError as e:
+                self._undecodable(op, e)
+                return None
         try:
             if number in self.flavour_asked and wrong_security(ctx, number, self._following):
                 outcome = op.error(nfs4.NFS4ERR_WRONGSEC)
+            elif read:
+                outcome = read_file(ctx, _stateid4(seqid, other), offset, count)
             else:
                 outcome = handler(ctx, args)
         except Exception as e:

@@ -682,7 +682,9 @@ class ServerSessions:
             slotid,
             slots.count - 1,
             slots.target_highest_slotid,
-            self._status_flags(session),
+            client.status_flags  # (_status_flags' first answer, inlined)
+            if session.wants_back_channel and session.back_path_up
+            else self._status_flags(session),
         )
         if disposition is Disposition.NEW:
             slots.begin(slot, seqid)

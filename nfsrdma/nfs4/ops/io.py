@@ -57,12 +57,20 @@ def _sink(ctx: CompoundContext, count: int) -> memoryview | None:
 def op_read(ctx: CompoundContext, args: nfs4.READ4args) -> nfs4.READ4res | Awaitable[nfs4.READ4res]:
     """Small reads are answered at once; large ones (and anonymous reads, which open the
     file) continue in the thread pool, and the result is an awaitable."""
+    return read_file(ctx, args.stateid, args.offset, args.count)
+
+
+def read_file(
+    ctx: CompoundContext, stateid: nfs4.stateid4, offset: int, count: int
+) -> nfs4.READ4res | Awaitable[nfs4.READ4res]:
+    """READ's work, from READ4args's fields (the COMPOUND fast path reads them without
+    building the arguments)."""
     # (ctx.fh(), ctx.resolve_stateid and ctx.clientid inlined: the usual READ, with an open,
     # lock or delegation stateid, only reads them)
     fh = ctx.current_fh
     if fh is None:
         raise Nfs4Error(nfs4.NFS4ERR_NOFILEHANDLE)
-    sid = args.stateid
+    sid = stateid
     if sid.other in _SPECIAL_OTHERS:  # the current, anonymous or bypass stateid
         sid = ctx.resolve_stateid(sid)
         if is_anonymous(sid):
@@ -74,8 +82,7 @@ def op_read(ctx: CompoundContext, args: nfs4.READ4args) -> nfs4.READ4res | Await
     if of is None:  # anonymous I/O: a write delegation of another client stands in the way
         check_conflicts(ctx, fh, write=False, local_open=True)
     config = server.config
-    count = min(args.count, config.max_io)
-    offset = args.offset
+    count = min(count, config.max_io)
     if offset > MAX_FILE_OFFSET:  # beyond any end of file
         return nfs4.READ4res(nfs4.NFS4_OK, nfs4.READ4resok(True, b""))
     if of is None:
