@@ -12,6 +12,7 @@ import random
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,6 +24,7 @@ from nfsrdma.nfs4.inprocess import CompoundDriver, argop, compound_call, local_s
 from nfsrdma.nfs4.server_state import ServerConfig
 from nfsrdma.rpc import message
 from nfsrdma.rpc.auth import AUTH_NONE_CRED, auth_sys
+from nfsrdma.session.server import SequenceResult, ServerSessions
 from nfsrdma.vfs.base import Vfs
 from nfsrdma.vfs.exports import parse
 from nfsrdma.vfs.namespace import NamespaceVfs
@@ -713,3 +715,55 @@ def test_a_fast_getattr_over_the_cached_reply_limit(cachethis: bool) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(scenario(Path(tmp)))
+
+
+@pytest.mark.parametrize("third", ["READ", "GETATTR", "ACCESS"])
+def test_a_fast_sequence_reads_its_arguments_in_place(
+    monkeypatch: pytest.MonkeyPatch, third: str
+) -> None:
+    """The property above compares something for SEQUENCE on the fast path: its arguments
+    read in place and the session table asked with their fields (``sequence_of``, not
+    ``sequence`` with SEQUENCE4args), its success packed without ``_record``; the generic
+    server goes through both, and the replies are the same (RFC 8881 section 18.46)."""
+    recorded: list[int] = []
+    asked: list[bytes] = []
+    generic_record = compound_module._Run._record
+    generic_sequence = ServerSessions.sequence
+
+    def spy(run: compound_module._Run, op: object, res: object) -> bool:
+        recorded.append(op.number)  # type: ignore[attr-defined]
+        return generic_record(run, op, res)  # type: ignore[arg-type]
+
+    def spy_sequence(
+        sessions: ServerSessions, args: nfs4.SEQUENCE4args, **kw: Any
+    ) -> SequenceResult:
+        asked.append(args.sa_sessionid)
+        return generic_sequence(sessions, args, **kw)
+
+    async def scenario(root: Path) -> None:
+        (root / "export").mkdir()
+        (root / "export" / "f").write_bytes(b"data")
+        pair = Pair(Server(root, fast=True), Server(root, fast=False))
+        try:
+            await pair.setup()
+            monkeypatch.setattr(compound_module._Run, "_record", spy)
+            monkeypatch.setattr(ServerSessions, "sequence", spy_sequence)
+            args = {"READ": ("open", 0, 100), "GETATTR": "linux", "ACCESS": 63}[third]
+            c = {
+                "slot": 0,
+                "delta": 1,
+                "cachethis": False,
+                "fh": "file",
+                "third": (third, args),
+                "extra": None,
+                "cut": 0,
+            }
+            reply = await pair.both(build(pair, c, b"", bytes(12)))
+            assert unpack(nfs4.dec_COMPOUND4res, reply).status == OK
+        finally:
+            pair.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(scenario(Path(tmp)))
+    assert recorded.count(nfs4.OP_SEQUENCE) == 1  # the generic server's only
+    assert len(asked) == 1
