@@ -27,9 +27,12 @@ from typing import TYPE_CHECKING, Any
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, Outcome
 from nfsrdma.nfs4.errors import status_of
 from nfsrdma.nfs4.ops import HANDLERS
+from nfsrdma.nfs4.ops.attributes import getattr_values
 from nfsrdma.nfs4.ops.filehandle import put_fh
+from nfsrdma.nfs4.ops.io import read_file
 from nfsrdma.nfs4.ops.lookup import PUT_FH_OPS, flavour_asked, wrong_security
 from nfsrdma.rpc.auth import Credential, pseudoflavor_of
+from nfsrdma.session.errors import SessionError
 from nfsrdma.vfs.base import Cred, Origin
 from nfsrdma.vfs.confine import close_window, open_window
 from nfsrdma.xdr.gen import nfs4
@@ -134,6 +137,8 @@ _UNTAGGED_HEAD = pack(nfs4.enc_COMPOUND4res_head, nfs4.COMPOUND4res_head(nfs4.NF
 _CRED_MEMO = "nfs4.compound.cred"
 # SEQUENCE's nfs_resop4 on success: operation, status, then SEQUENCE4resok (RFC 8881 18.46)
 _SEQUENCE_OK = struct.Struct(">II16sIIIII")
+# SEQUENCE4args (RFC 8881 18.46): sessionid, sequenceid, slotid, highest_slotid, cachethis
+_SEQUENCE_ARGS = struct.Struct(">16sIIII")
 _SEQUENCE4res = nfs4.SEQUENCE4res
 _PUTFH = nfs4.OP_PUTFH
 _PUTFH_OK = _OPNUM_LEN.pack(_PUTFH, nfs4.NFS4_OK)  # PUTFH's nfs_resop4 on success
@@ -143,6 +148,10 @@ _GETATTR = nfs4.OP_GETATTR
 _GETATTR4res = nfs4.GETATTR4res
 _GETATTR_OK = tuple(struct.Struct(f">III{n}II") for n in range(5))
 _PAD = (b"", b"\0\0\0", b"\0\0", b"\0")  # XDR padding after n octets, by n % 4
+_READ = nfs4.OP_READ
+_READ_ARGS = struct.Struct(">I12sQI")  # READ4args: stateid (seqid, other), offset, count
+_stateid4 = nfs4.stateid4
+_BITMAPS = tuple(struct.Struct(f">{n}I") for n in range(5))  # bitmap4's words, by count
 
 
 def _fast_steps(r: Reader, off: int, count: int) -> tuple[_Step, _Step, _Step] | None:
@@ -213,7 +222,7 @@ def compound(server: ServerState, call: RpcCall, w: Writer) -> Awaitable[None] |
         return None
     if count * 4 > len(buf) - off:
         raise XdrError(f"{count} operations cannot fit in the request", off - 4)
-    ctx = CompoundContext(
+    ctx = CompoundContext(  # (positional: cheaper than keywords)
         server,
         cred_of(server, call),
         call.cred,
@@ -221,9 +230,16 @@ def compound(server: ServerState, call: RpcCall, w: Writer) -> Awaitable[None] |
         time.monotonic(),
         count,
         0,
-        _request_size(r, offset),
-        minorversion=minorversion,
-        inbound=call.inbound,
+        _request_size(r, offset) if r.chunks else len(buf) - offset,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        False,
+        minorversion,
+        call.inbound,
     )
     return _Run(ctx, r, off, w, head, count_at).run()
 
@@ -322,32 +338,71 @@ class _Run:
         SEQUENCE and PUTFH never wait, and PUTFH's success is a constant piece of reply. The
         flavour rules are asked as the generic path asks them."""
         ctx, r, w = self.ctx, self.r, self.w
-        (seq_op, seq_handler), (putfh_op, _), (op, handler) = steps
+        (seq_op, _), (putfh_op, _), (op, handler) = steps
+        # SEQUENCE's arguments read by one struct call (their size is fixed), the session
+        # table asked with them (``sequence_of``, what ops/session_ops.py ``sequence`` asks),
+        # and a new request's success packed from its values: no argument, result or resok
+        # objects. Its other outcomes are recorded by ``_record``, the reference.
+        off = self.off + 4
+        sessionid, seqid, slotid, highest, cachethis = _SEQUENCE_ARGS.unpack_from(r.buf, off)
+        if cachethis > 1:  # not an XDR bool (NFS4ERR_BADXDR): the reference path says so
+            return self._advance()
         ctx.op_index = 0
         self.i = 1
+        self.off = off + _SEQUENCE_ARGS_SIZE
         try:
-            args, self.off = seq_op.dec_args(r, self.off + 4)
-        except XdrError as e:
-            self._undecodable(seq_op, e)
+            seq = ctx.server.sessions.sequence_of(
+                sessionid,
+                seqid,
+                slotid,
+                highest,
+                cachethis == 1,
+                ctx.conn,
+                ctx.now,
+                ctx.op_count,
+                ctx.request_size,
+            )
+        except SessionError as e:  # (as ops/session_ops.py ``sequence`` raises it)
+            self._record(seq_op, self._failed(seq_op, Nfs4Error(e.status)))
             return None
-        try:
-            outcome = seq_handler(ctx, args)
         except Exception as e:
-            outcome = self._failed(seq_op, e)
-        if not self._sequence_ok(outcome) and self._record(seq_op, outcome):
+            self._record(seq_op, self._failed(seq_op, e))
             return None
-        session = ctx.session
-        if session is None:
-            return self._advance()  # (cannot happen: SEQUENCE succeeded) the reference
+        ctx.session = session = seq.session
+        ctx.sequence = seq
+        ctx.cachethis = seq.cachethis
+        size, fore = len(w) - self.head + _SEQUENCE_OK.size, session.fore
+        if (
+            seq.replay is not None
+            or seq.uncached_retry
+            or w.ddp
+            or size > fore.ca_maxresponsesize_cached
+            or size > fore.ca_maxresponsesize
+        ):  # a retry, or the limits (as the generic path checks them): ``_record``
+            if self._record(seq_op, _SEQUENCE4res(nfs4.NFS4_OK, seq.resok)):
+                return None
+        else:
+            w += _SEQUENCE_OK.pack(
+                nfs4.OP_SEQUENCE,
+                nfs4.NFS4_OK,
+                session.sessionid,
+                seqid,
+                slotid,
+                seq.highest_slotid,
+                seq.target_highest_slotid,
+                seq.status_flags,
+            )
+            self.done += 1
+            self.recorded.append((nfs4.OP_SEQUENCE, nfs4.NFS4_OK, time.monotonic()))
         ctx.op_index = 1
         self.i = 2
+        # PUTFH4args read in place: _fast_steps found its opaque whole, within NFS4_FHSIZE.
+        buf, off = r.buf, self.off + 8
+        (n,) = _STATUS_COUNT.unpack_from(buf, off - 4)
+        fh = bytes(buf[off : off + n])
+        self.off = off + n + (-n & 3)
         try:
-            fh, self.off = putfh_op.dec_args(r, self.off + 4)
-        except XdrError as e:
-            self._undecodable(putfh_op, e)
-            return None
-        try:
-            put_fh(ctx, fh.object)
+            put_fh(ctx, fh)
             if _PUTFH in self.flavour_asked and wrong_security(ctx, _PUTFH, self._following):
                 raise Nfs4Error(nfs4.NFS4ERR_WRONGSEC)
         except Exception as e:
@@ -370,24 +425,75 @@ class _Run:
                 self.recorded.append((nfs4.OP_PUTFH, nfs4.NFS4_OK, time.monotonic()))
         ctx.op_index = 2
         self.i = 3
+        number = op.number
+        if number == _GETATTR:
+            return self._getattr_fast(op)
+        off = self.off + 4
+        buf = r.buf
+        read = number == _READ and off + _READ_ARGS.size <= len(buf)
+        if read:  # READ4args read by one struct call: ops/io.py ``read`` takes its fields
+            seqid, other, offset, count = _READ_ARGS.unpack_from(buf, off)
+            self.off = off + _READ_ARGS.size
+        else:
+            try:
+                args, self.off = op.dec_args(r, off)
+            except XdrError as e:
+                self._undecodable(op, e)
+                return None
         try:
-            args, self.off = op.dec_args(r, self.off + 4)
-        except XdrError as e:
-            self._undecodable(op, e)
-            return None
-        try:
-            number = op.number
             if number in self.flavour_asked and wrong_security(ctx, number, self._following):
                 outcome = op.error(nfs4.NFS4ERR_WRONGSEC)
+            elif read:
+                outcome = read_file(ctx, _stateid4(seqid, other), offset, count)
             else:
                 outcome = handler(ctx, args)
         except Exception as e:
             outcome = self._failed(op, e)
         if _must_wait(outcome):
             return op, outcome
-        if not (number == _GETATTR and self._getattr_ok(outcome)) and self._record(op, outcome):
+        if self._record(op, outcome) or self.i >= ctx.op_count:
             return None
-        if self.i >= ctx.op_count:
+        return self._advance()
+
+    def _getattr_fast(
+        self, op: Operation[Any, Any]
+    ) -> tuple[Operation[Any, Any], Awaitable[Any]] | None:
+        """GETATTR third on a fast path: its bitmap read by one struct call (no GETATTR4args),
+        ops/attributes.py ``getattr_values`` asked (what GETATTR's handler asks), and a result
+        of mask and values packed with no fattr4 or result objects; any other outcome, as
+        the handler's, is recorded by ``_record``."""
+        ctx, r = self.ctx, self.r
+        buf, off = r.buf, self.off + 4
+        n = -1
+        if off + 4 <= len(buf):
+            (n,) = _STATUS_COUNT.unpack_from(buf, off)
+        if 0 <= n < len(_BITMAPS) and off + 4 + 4 * n <= len(buf):
+            bitmap = list(_BITMAPS[n].unpack_from(buf, off + 4))
+            self.off = off + 4 + 4 * n
+        else:  # a longer bitmap, or a truncated one: the codec decodes (or refuses) it
+            try:
+                args, self.off = op.dec_args(r, off)
+            except XdrError as e:
+                self._undecodable(op, e)
+                return None
+            bitmap = args.attr_request
+        try:
+            if _GETATTR in self.flavour_asked and wrong_security(ctx, _GETATTR, self._following):
+                outcome: Any = op.error(nfs4.NFS4ERR_WRONGSEC)
+            else:
+                outcome = getattr_values(ctx, bitmap)
+        except Exception as e:
+            outcome = self._failed(op, e)
+        if type(outcome) is tuple:
+            mask, vals = outcome
+            if self._getattr_pack(mask, vals):
+                if self.i >= ctx.op_count:
+                    return None
+                return self._advance()
+            outcome = _GETATTR4res(nfs4.NFS4_OK, nfs4.GETATTR4resok(nfs4.fattr4(mask.copy(), vals)))
+        elif _must_wait(outcome):
+            return op, outcome
+        if self._record(op, outcome) or self.i >= ctx.op_count:
             return None
         return self._advance()
 
@@ -400,7 +506,10 @@ class _Run:
         if ok is None:
             return False
         fattr = ok.obj_attributes
-        mask, vals = fattr.attrmask, fattr.attr_vals
+        return self._getattr_pack(fattr.attrmask, fattr.attr_vals)
+
+    def _getattr_pack(self, mask: list[int], vals: bytes) -> bool:
+        """``_getattr_ok`` for a GETATTR4resok of ``mask`` and ``vals``."""
         n, size = len(mask), len(vals)
         if n >= len(_GETATTR_OK) or type(vals) is not bytes:
             return False
@@ -420,44 +529,6 @@ class _Run:
         self.status = nfs4.NFS4_OK
         self.done += 1
         self.recorded.append((nfs4.OP_GETATTR, nfs4.NFS4_OK, time.monotonic()))
-        return True
-
-    def _sequence_ok(self, outcome: object) -> bool:
-        """Record a new request's successful SEQUENCE as ``_record`` would, its result packed
-        in one step; False (nothing written) for any other outcome, left to ``_record``."""
-        seq, session = self.ctx.sequence, self.ctx.session
-        if (
-            seq is None
-            or session is None
-            or seq.replay is not None
-            or seq.uncached_retry
-            or type(outcome) is not _SEQUENCE4res
-        ):
-            return False
-        ok = outcome.value
-        if outcome.sr_status != nfs4.NFS4_OK or ok is None or len(ok.sr_sessionid) != 16:
-            return False
-        w = self.w
-        size = len(w) - self.head + _SEQUENCE_OK.size
-        fore = session.fore
-        if w.ddp or size > fore.ca_maxresponsesize_cached or size > fore.ca_maxresponsesize:
-            return False  # (the limits: as the generic path checks them)
-        try:
-            w += _SEQUENCE_OK.pack(
-                nfs4.OP_SEQUENCE,
-                nfs4.NFS4_OK,
-                ok.sr_sessionid,
-                ok.sr_sequenceid,
-                ok.sr_slotid,
-                ok.sr_highest_slotid,
-                ok.sr_target_highest_slotid,
-                ok.sr_status_flags,
-            )
-        except struct.error:
-            return False  # (not a valid result: the generic encoder says how)
-        self.status = nfs4.NFS4_OK
-        self.done += 1
-        self.recorded.append((nfs4.OP_SEQUENCE, nfs4.NFS4_OK, time.monotonic()))
         return True
 
     def _undecodable(self, op: Operation[Any, Any], e: XdrError) -> None:
@@ -556,8 +627,14 @@ class _Run:
         session = ctx.session
         if session is not None:
             # The reply's size limits (REP_TOO_BIG, REP_TOO_BIG_TO_CACHE), DDP data counted.
-            if len(w.ddp) != self.ddp_items:
-                self._count_ddp()
+            ddp, counted = w.ddp, self.ddp_items
+            if len(ddp) != counted:
+                if len(ddp) == counted + 1:  # one more item (a READ's data): _count_ddp's sum
+                    n = len(ddp[counted].data)
+                    self.ddp_bytes += n + (-n & 3)
+                    self.ddp_items = counted + 1
+                else:
+                    self._count_ddp()
             size, fore = len(w) - self.head + self.ddp_bytes, session.fore
             too_big = 0
             if size > fore.ca_maxresponsesize_cached or size > fore.ca_maxresponsesize:
@@ -598,7 +675,8 @@ class _Run:
         """Complete the reply header and hand the reply to the slot (exactly once)."""
         ctx, w, head = self.ctx, self.w, self.head
         seq, ctx.sequence = ctx.sequence, None
-        table = ctx.server.stats.table(ctx.conn.conn.kind)
+        stats, kind = ctx.server.stats, ctx.conn.conn.kind
+        table = stats.tables.get(kind) or stats.table(kind)  # (ServerStats.table, inlined)
         table.record_run(ctx.now, self.recorded, self.replayed)
         if not self.replayed:
             _patch(w, head, self.count_at, self.status, self.done)

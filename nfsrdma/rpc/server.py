@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -29,7 +30,6 @@ from nfsrdma.rpc.connection import RpcConnection
 from nfsrdma.rpc.errors import RpcAcceptError
 from nfsrdma.transport.base import Inbound
 from nfsrdma.xdr.gen import rpc
-from nfsrdma.xdr.runtime import U32 as _U32
 from nfsrdma.xdr.runtime import Reader, Writer, XdrError
 
 if TYPE_CHECKING:
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 _CALL_FAST = message.CALL_FAST
 _AUTH_NONE_BYTES = message.AUTH_NONE_BYTES
 _REPLY_OK_TAIL = message.REPLY_OK_TAIL
+_REPLY_HEAD = struct.Struct(f">I{len(_REPLY_OK_TAIL)}s")  # XID, then the constant tail
 _KNOWN_SYS = KNOWN_SYS
 _CALL = int(rpc.CALL)
 _AUTH_SYS = int(rpc.AUTH_SYS)
@@ -110,11 +111,20 @@ class Dispatcher:
                 handler = self._procedures.get((prog, vers, proc))
                 if cred is not None and handler is not None:
                     w = Writer()
-                    w += _U32.pack(xid)
-                    w += _REPLY_OK_TAIL
+                    w += _REPLY_HEAD.pack(xid, _REPLY_OK_TAIL)
                     call = RpcCall(xid, prog, vers, proc, cred, r, end + 8, conn, inbound)
                     call.results_at = len(w)
-                    self._call(handler, call, w, 0)
+                    # ``_call`` and ``_send`` inlined (no verifier, no protection here)
+                    try:
+                        result = handler(call, w)
+                    except Exception as e:
+                        self._failed(call, w, 0, e)
+                        self._send(call, w)
+                        return
+                    if result is None:
+                        conn.send_reply(inbound, w)
+                    else:
+                        self._wait(call, w, 0, result)
                     return
         self._dispatch(conn, inbound)
 
@@ -214,7 +224,6 @@ class Dispatcher:
 
     def _call(self, handler: Handler, call: RpcCall, w: Writer, mark: int) -> None:
         """Run a call's handler after its reply header (in ``w`` from ``mark``); send."""
-        conn = call.conn
         try:
             result = handler(call, w)
         except Exception as e:
@@ -224,6 +233,11 @@ class Dispatcher:
         if result is None:
             self._send(call, w)
             return
+        self._wait(call, w, mark, result)
+
+    def _wait(self, call: RpcCall, w: Writer, mark: int, result: Awaitable[None]) -> None:
+        """The handler has to wait: the reply is sent when ``result`` is done."""
+        conn = call.conn
         task = asyncio.ensure_future(self._finish(call, w, mark, result))
         self._tasks.add(task)
         conn.calls_in_progress += 1

@@ -175,15 +175,30 @@ class SlotRecall:
 @dataclass(slots=True, eq=False)
 class SequenceResult:
     """What SEQUENCE found: the session and slot this COMPOUND holds (when ``replay`` is None
-    and ``uncached_retry`` is false), or the retry to answer."""
+    and ``uncached_retry`` is false), or the retry to answer; with the values of its
+    SEQUENCE4resok (``resok``, made when asked: the COMPOUND fast path packs them directly)."""
 
     session: Session
     slot: Slot
     seqid: int
-    resok: nfs4.SEQUENCE4resok
+    slotid: int
+    highest_slotid: int  # sr_highest_slotid
+    target_highest_slotid: int  # sr_target_highest_slotid
+    status_flags: int  # sr_status_flags
     cachethis: bool = False
     replay: object | None = None  # the cached reply of the request this one retries
     uncached_retry: bool = False  # a retry whose reply was not cached
+
+    @property
+    def resok(self) -> nfs4.SEQUENCE4resok:
+        return nfs4.SEQUENCE4resok(  # (sr_ fields in order: positional is cheaper)
+            self.session.sessionid,
+            self.seqid,
+            self.slotid,
+            self.highest_slotid,
+            self.target_highest_slotid,
+            self.status_flags,
+        )
 
 
 class ServerSessions:
@@ -590,10 +605,38 @@ class ServerSessions:
         op_count: int,
         request_size: int,
     ) -> SequenceResult:
-        self.now = max(self.now, now)
-        session = self.sessions.get(args.sa_sessionid)
+        return self.sequence_of(
+            args.sa_sessionid,
+            args.sa_sequenceid,
+            args.sa_slotid,
+            args.sa_highest_slotid,
+            args.sa_cachethis,
+            conn,
+            now,
+            op_count,
+            request_size,
+        )
+
+    def sequence_of(
+        self,
+        sessionid: bytes,
+        seqid: int,
+        slotid: int,
+        highest: int,
+        cachethis: bool,
+        conn: Hashable,
+        now: float,
+        op_count: int,
+        request_size: int,
+    ) -> SequenceResult:
+        """``sequence`` with SEQUENCE4args's fields as they were sent (sa_sessionid,
+        sa_sequenceid, sa_slotid, sa_highest_slotid, sa_cachethis): the COMPOUND fast path
+        reads them without building the arguments."""
+        if now > self.now:
+            self.now = now
+        session = self.sessions.get(sessionid)
         if session is None:
-            raise SessionError(nfs4.NFS4ERR_BADSESSION, args.sa_sessionid.hex())
+            raise SessionError(nfs4.NFS4ERR_BADSESSION, sessionid.hex())
         fore = session.fore
         if op_count > fore.ca_maxoperations:
             raise SessionError(nfs4.NFS4ERR_TOO_MANY_OPS, f"{op_count} operations")
@@ -609,7 +652,6 @@ class ServerSessions:
                 )
             self._bind(session, conn, bound | FORE)  # SP4_NONE: bound by use (SS-12)
         slots = session.slots
-        slotid, seqid, highest = args.sa_slotid, args.sa_sequenceid, args.sa_highest_slotid
         # The usual case, a new request on an idle slot, without the full classification.
         slot = slots.slots[slotid] if 0 <= slotid < slots.count else None
         if slot is not None and seqid == (slot.seqid + 1) & SEQID_MASK and not slot.busy:
@@ -633,18 +675,20 @@ class ServerSessions:
             or top >= session.fore.ca_maxrequests
         ):
             self._note_slot_use(session, top, now)
-        resok = nfs4.SEQUENCE4resok(  # (sr_ fields in order: positional is cheaper)
-            session.sessionid,
+        result = SequenceResult(
+            session,
+            slot,
             seqid,
             slotid,
             slots.count - 1,
             slots.target_highest_slotid,
-            self._status_flags(session),
+            client.status_flags  # (_status_flags' first answer, inlined)
+            if session.wants_back_channel and session.back_path_up
+            else self._status_flags(session),
         )
-        result = SequenceResult(session, slot, seqid, resok)
         if disposition is Disposition.NEW:
             slots.begin(slot, seqid)
-            result.cachethis = args.sa_cachethis
+            result.cachethis = cachethis
         elif disposition is Disposition.REPLAY:
             result.replay = slot.reply
         else:
@@ -814,7 +858,9 @@ class ServerSessions:
     def _status_flags(self, session: Session) -> int:
         client = session.client
         flags = client.status_flags
-        if session.wants_back_channel and not session.back_path_up:
+        if session.wants_back_channel:
+            if session.back_path_up:
+                return flags  # (a session of the client wants a back channel and has one)
             flags |= nfs4.SEQ4_STATUS_CB_PATH_DOWN_SESSION
         wanting = up = False
         for s in client.sessions.values():

@@ -60,9 +60,7 @@ class Checked(set[tuple[int, bytes]]):
 
     __slots__ = ("epoch",)
 
-    def __init__(self, epoch: int) -> None:
-        super().__init__()
-        self.epoch = epoch
+    epoch: int  # (set by ``open_window``: no __init__ of its own, set's is cheaper)
 
 
 def open_window() -> None:
@@ -70,7 +68,9 @@ def open_window() -> None:
     take in the moves and removals that happened since the last window (a new epoch)."""
     if MOVES.active:
         MOVES.poll()
-    WINDOW.checked = Checked(MOVES.epoch)
+    checked = Checked()
+    checked.epoch = MOVES.epoch
+    WINDOW.checked = checked
 
 
 def close_window() -> None:

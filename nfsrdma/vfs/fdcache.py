@@ -28,7 +28,14 @@ class Pin:
         self.dead = False
 
     def release(self) -> None:
-        self._cache.release(self)
+        # (FdCache.release, inlined: every pin of the hot path ends here)
+        with self._cache._lock:
+            if self.pins < 0:
+                return
+            self.pins -= 1
+            close = self.dead and self.pins == 0
+        if close:
+            os.close(self.fd)
 
     def __enter__(self) -> Pin:
         return self

@@ -71,19 +71,35 @@ class LocalOpenFile(OpenFile):
     def read(self, offset: int, count: int) -> tuple[bytes, bool]:
         if not self.readable:
             raise OSError(errno.EBADF, "not open for reading")
-        fd = self._enter()
-        try:
-            if count > PROBE_MAX:
+        if count > PROBE_MAX:
+            fd = self._enter()
+            try:
                 data = os.pread(fd, count, offset)
                 return data, self._eof(fd, offset, count, len(data))
-            # One octet more tells whether the data reaches the end of file, without the
-            # fstat (a system call costs more than copying a small read once).
+            finally:
+                self._exit()
+        # A small read (the usual one): ``_enter`` and ``_exit`` inlined. One octet more tells
+        # whether the data reaches the end of file, without the fstat (a system call costs
+        # more than copying a small read once).
+        lock = self._lock
+        with lock:
+            if self._closing:
+                raise OSError(errno.EBADF, "file is closed")
+            self._busy += 1
+            fd = self._fd
+        try:
             data = os.pread(fd, count + 1, offset)
-            if len(data) > count:
-                return data[:count], False
-            return data, True
         finally:
-            self._exit()
+            with lock:
+                self._busy -= 1
+                last = self._closing and self._busy == 0
+                if last:
+                    self._fd = -1
+            if last:
+                os.close(fd)
+        if len(data) > count:
+            return data[:count], False
+        return data, True
 
     def readinto(self, offset: int, buf: memoryview | bytearray) -> tuple[int, bool]:
         if not self.readable:

@@ -45,15 +45,35 @@ XATTR_ACCESS = nfs4.ACCESS4_XAREAD | nfs4.ACCESS4_XAWRITE | nfs4.ACCESS4_XALIST
 def getattr_(
     ctx: CompoundContext, args: nfs4.GETATTR4args
 ) -> nfs4.GETATTR4res | Awaitable[nfs4.GETATTR4res]:
-    fh = ctx.fh()
+    got = getattr_values(ctx, args.attr_request)
+    if isinstance(got, tuple):
+        mask, vals = got
+        return _GETATTR4res(_OK, _GETATTR4resok(nfs4.fattr4(mask.copy(), vals)))
+    return got
+
+
+def getattr_values(
+    ctx: CompoundContext, bitmap: list[int]
+) -> tuple[list[int], bytes] | nfs4.GETATTR4res | Awaitable[nfs4.GETATTR4res]:
+    """GETATTR's work: the usual success as the result's attribute mask (the plan's own:
+    not to be changed) and encoded values, which the COMPOUND fast path packs without
+    building the result; the result itself (or an awaitable of it) otherwise."""
+    fh = ctx.current_fh
+    if fh is None:
+        raise Nfs4Error(nfs4.NFS4ERR_NOFILEHANDLE)
     minor = ctx.minorversion
-    plan, for_minor = getattr_plan(args.attr_request, minor)  # (check_readable's errors)
-    if write_delegation_elsewhere(ctx, fh, args.attr_request):  # CB_GETATTR first (10.4.3)
-        return getattr_from_holder(ctx, fh, args.attr_request)
+    plan, for_minor = getattr_plan(bitmap, minor)  # (check_readable's errors)
+    if write_delegation_elsewhere(ctx, fh, bitmap):  # CB_GETATTR first (10.4.3)
+        return getattr_from_holder(ctx, fh, bitmap)
     server = ctx.server
     vfs = server.vfs
     attributes = vfs.getattr(fh)
-    fattr = plan.encode(attributes, vfs.statfs(fh) if plan.needs_fs else None, fh, server.config)
+    if plan.needs_fs:
+        fattr = plan.encode(attributes, vfs.statfs(fh), fh, server.config)
+    elif not for_minor:
+        return plan.mask, plan.fn(attributes, None, fh, server.config, 0)
+    else:
+        fattr = plan.encode(attributes, None, fh, server.config)
     if for_minor:
         fattr = fattr_for_minor_version(fattr, minor)
     return _GETATTR4res(_OK, _GETATTR4resok(fattr))

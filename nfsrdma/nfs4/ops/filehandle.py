@@ -41,8 +41,10 @@ def put_fh(ctx: CompoundContext, fh: bytes) -> None:
     ctx.server.vfs.check(fh)
     # The client's export rule: NFS4ERR_ACCESS now; a wrong flavour is for the flavour rules
     # to refuse (ops/lookup.py FLAVOUR_RULES, asked by the COMPOUND before each operation).
-    ctx.server.vfs.admit(ctx.cred, fh)
-    ctx.set_fh(fh)
+    vfs = ctx.server.vfs
+    vfs.admit(ctx.cred, fh)
+    ctx.current_fh = fh  # (ctx.set_fh, inlined: a new current filehandle, no current stateid)
+    ctx.current_stateid = None
 
 
 def getfh(ctx: CompoundContext, args: None) -> nfs4.GETFH4res:

@@ -26,6 +26,8 @@ from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Buffer
 
 MAX_FILE_OFFSET: Final = (1 << 63) - 1  # no file on the server can extend past this
+# ``other`` of the special stateids (RFC 8881 section 8.2.3): all zeros or all ones
+_SPECIAL_OTHERS: Final = frozenset({bytes(12), b"\xff" * 12})
 UINT64_MAX: Final = (1 << 64) - 1
 
 T = TypeVar("T")
@@ -55,23 +57,40 @@ def _sink(ctx: CompoundContext, count: int) -> memoryview | None:
 def op_read(ctx: CompoundContext, args: nfs4.READ4args) -> nfs4.READ4res | Awaitable[nfs4.READ4res]:
     """Small reads are answered at once; large ones (and anonymous reads, which open the
     file) continue in the thread pool, and the result is an awaitable."""
-    fh = ctx.fh()
-    sid = ctx.resolve_stateid(args.stateid)
-    server = ctx.server
-    if is_anonymous(sid):
-        grace.check_special_stateid(ctx)
-    of = server.state_manager.io_file(ctx.clientid, sid, fh, write=False)
+    return read_file(ctx, args.stateid, args.offset, args.count)
+
+
+def read_file(
+    ctx: CompoundContext, stateid: nfs4.stateid4, offset: int, count: int
+) -> nfs4.READ4res | Awaitable[nfs4.READ4res]:
+    """READ's work, from READ4args's fields (the COMPOUND fast path reads them without
+    building the arguments)."""
+    # (ctx.fh(), ctx.resolve_stateid and ctx.clientid inlined: the usual READ, with an open,
+    # lock or delegation stateid, only reads them)
+    fh = ctx.current_fh
+    if fh is None:
+        raise Nfs4Error(nfs4.NFS4ERR_NOFILEHANDLE)
+    sid = stateid
+    if sid.other in _SPECIAL_OTHERS:  # the current, anonymous or bypass stateid
+        sid = ctx.resolve_stateid(sid)
+        if is_anonymous(sid):
+            grace.check_special_stateid(ctx)
+    server, session = ctx.server, ctx.session
+    if session is None:
+        raise Nfs4Error(nfs4.NFS4ERR_OP_NOT_IN_SESSION)
+    of = server.state_manager.io_file(session.clientid, sid, fh, write=False)
     if of is None:  # anonymous I/O: a write delegation of another client stands in the way
         check_conflicts(ctx, fh, write=False, local_open=True)
-    count = min(args.count, server.config.max_io)
-    offset = args.offset
+    config = server.config
+    count = min(count, config.max_io)
     if offset > MAX_FILE_OFFSET:  # beyond any end of file
         return nfs4.READ4res(nfs4.NFS4_OK, nfs4.READ4resok(True, b""))
     if of is None:
         cred, vfs = ctx.cred, server.vfs
         return _read_result(_offload(ctx, lambda: vfs.anonymous_read(cred, fh, offset, count)))
-    sink = _sink(ctx, count)
-    if count >= server.config.large_io:
+    inbound = ctx.inbound  # (_sink inlined)
+    sink = None if inbound is None or count <= 0 else ctx.conn.conn.lend(inbound, count)
+    if count >= config.large_io:
         return _read_result(_offload(ctx, lambda: _read_into(of, offset, count, sink)))
     if sink is not None:
         view, eof = _read_into(of, offset, count, sink)

@@ -12,6 +12,7 @@ import random
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,6 +24,7 @@ from nfsrdma.nfs4.inprocess import CompoundDriver, argop, compound_call, local_s
 from nfsrdma.nfs4.server_state import ServerConfig
 from nfsrdma.rpc import message
 from nfsrdma.rpc.auth import AUTH_NONE_CRED, auth_sys
+from nfsrdma.session.server import SequenceResult, ServerSessions
 from nfsrdma.vfs.base import Vfs
 from nfsrdma.vfs.exports import parse
 from nfsrdma.vfs.namespace import NamespaceVfs
@@ -179,7 +181,7 @@ fh_kind = st.sampled_from(["file", "root", "pseudo", "random", "empty"])
 name = st.one_of(
     st.sampled_from([b"f", b"missing", b".", b"..", b"", b"a/b"]), st.binary(max_size=20)
 )
-bitmap = st.lists(u32, max_size=3)
+bitmap = st.lists(u32, max_size=6)  # (the fast path reads up to 4 words itself)
 
 
 @st.composite
@@ -237,6 +239,13 @@ def compounds(draw: st.DrawFn) -> dict[str, object]:
         ),
         "cut": draw(st.sampled_from([0, 0, 0, 0, 1, 4, 9, 30])),
         "auth": draw(st.sampled_from(["sys", "sys", "none"])),
+        # SEQUENCE's arguments as the fast path reads them (one struct call, RFC 8881 18.46):
+        # an unknown session, other sa_highest_slotid values, sa_cachethis not an XDR bool
+        "seqargs": draw(
+            st.sampled_from(
+                ["", "", "", "", "badsession", "highest0", "highest9", "highestmax", "bool2"]
+            )
+        ),
     }
 
 
@@ -267,10 +276,14 @@ def build(pair: Pair, c: dict[str, object], rand_fh: bytes, rand_sid: bytes) -> 
         "random": rand_fh,
         "empty": b"",
     }[str(c["fh"])]
-    ops = [
-        pair.seq(int(c["slot"]), int(c["delta"]), bool(c["cachethis"])),
-        _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(fh)),
-    ]  # type: ignore[call-overload]
+    first = pair.seq(int(c["slot"]), int(c["delta"]), bool(c["cachethis"]))
+    seqargs, seq_args = str(c.get("seqargs", "")), first.value
+    assert isinstance(seq_args, nfs4.SEQUENCE4args)
+    if seqargs == "badsession":
+        seq_args.sa_sessionid = bytes(16)
+    elif seqargs.startswith("highest"):
+        seq_args.sa_highest_slotid = {"0": 0, "9": 9, "max": 0xFFFFFFFF}[seqargs[7:]]
+    ops = [first, _op(nfs4.OP_PUTFH, nfs4.PUTFH4args(fh))]  # type: ignore[call-overload]
     kind, a = c["third"]  # type: ignore[misc]
     if kind == "READ":
         ops.append(_op(nfs4.OP_READ, nfs4.READ4args(sid[a[0]], a[1], a[2])))
@@ -316,7 +329,12 @@ def build(pair: Pair, c: dict[str, object], rand_fh: bytes, rand_sid: bytes) -> 
         ops.append(pair.seq(0, 0))
     elif extra == "SECINFO_NO_NAME":
         ops.append(_op(nfs4.OP_SECINFO_NO_NAME, nfs4.SECINFO_STYLE4_CURRENT_FH))
-    return pair.encode(ops, int(c["cut"]), str(c.get("auth", "sys")))  # type: ignore[call-overload]
+    data = pair.encode(ops, 0, str(c.get("auth", "sys")))  # type: ignore[call-overload]
+    if seqargs == "bool2":  # sa_cachethis, the last word of the first SEQUENCE's arguments
+        at = data.index(seq_args.sa_sessionid) + 28
+        data = data[:at] + (2).to_bytes(4, "big") + data[at + 4 :]
+    cut = int(c["cut"])
+    return data[: len(data) - cut] if cut else data
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -697,3 +715,55 @@ def test_a_fast_getattr_over_the_cached_reply_limit(cachethis: bool) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(scenario(Path(tmp)))
+
+
+@pytest.mark.parametrize("third", ["READ", "GETATTR", "ACCESS"])
+def test_a_fast_sequence_reads_its_arguments_in_place(
+    monkeypatch: pytest.MonkeyPatch, third: str
+) -> None:
+    """The property above compares something for SEQUENCE on the fast path: its arguments
+    read in place and the session table asked with their fields (``sequence_of``, not
+    ``sequence`` with SEQUENCE4args), its success packed without ``_record``; the generic
+    server goes through both, and the replies are the same (RFC 8881 section 18.46)."""
+    recorded: list[int] = []
+    asked: list[bytes] = []
+    generic_record = compound_module._Run._record
+    generic_sequence = ServerSessions.sequence
+
+    def spy(run: compound_module._Run, op: object, res: object) -> bool:
+        recorded.append(op.number)  # type: ignore[attr-defined]
+        return generic_record(run, op, res)  # type: ignore[arg-type]
+
+    def spy_sequence(
+        sessions: ServerSessions, args: nfs4.SEQUENCE4args, **kw: Any
+    ) -> SequenceResult:
+        asked.append(args.sa_sessionid)
+        return generic_sequence(sessions, args, **kw)
+
+    async def scenario(root: Path) -> None:
+        (root / "export").mkdir()
+        (root / "export" / "f").write_bytes(b"data")
+        pair = Pair(Server(root, fast=True), Server(root, fast=False))
+        try:
+            await pair.setup()
+            monkeypatch.setattr(compound_module._Run, "_record", spy)
+            monkeypatch.setattr(ServerSessions, "sequence", spy_sequence)
+            args = {"READ": ("open", 0, 100), "GETATTR": "linux", "ACCESS": 63}[third]
+            c = {
+                "slot": 0,
+                "delta": 1,
+                "cachethis": False,
+                "fh": "file",
+                "third": (third, args),
+                "extra": None,
+                "cut": 0,
+            }
+            reply = await pair.both(build(pair, c, b"", bytes(12)))
+            assert unpack(nfs4.dec_COMPOUND4res, reply).status == OK
+        finally:
+            pair.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(scenario(Path(tmp)))
+    assert recorded.count(nfs4.OP_SEQUENCE) == 1  # the generic server's only
+    assert len(asked) == 1
