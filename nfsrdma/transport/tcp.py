@@ -26,19 +26,19 @@ import struct
 from collections.abc import Callable
 
 from nfsrdma.transport.base import Connection, Inbound, ReplyExpectation
+from nfsrdma.transport.tcp_receive import (
+    LAST_FRAGMENT,
+    MARK_SIZE,
+    MAX_FRAGMENT,
+    Record,
+    RecordReceiver,
+    RecordTooLarge,
+)
 from nfsrdma.xdr.runtime import Reader, Writer
 
-LAST_FRAGMENT = 0x80000000
-MAX_FRAGMENT = 0x7FFFFFFF
 DEFAULT_MAX_RECORD = 4 << 20
 MAX_FRAGMENTS = 1024
-MARK_SIZE = 4
 _MARK = struct.Struct(">I")
-
-
-class RecordTooLarge(ConnectionError):
-    """A record exceeds the size limit, or has too many fragments."""
-
 
 class RecordParser:
     """Sans-IO record-marking decoder: feed bytes, get whole records."""
@@ -144,7 +144,11 @@ def frame(
     return out
 
 
-class TcpConnection(Connection, asyncio.Protocol):
+class TcpConnection(Connection, asyncio.BufferedProtocol):
+    """Both roles' TCP connection. Bytes are received into the buffers of a
+    ``RecordReceiver`` (``tcp_receive.py``): a large record straight into a buffer of its own
+    size, which is the record handed on (no copy in Python)."""
+
     kind = "tcp"
 
     def __init__(
@@ -157,17 +161,18 @@ class TcpConnection(Connection, asyncio.Protocol):
         on_made: Callable[[TcpConnection], None] | None = None,
     ) -> None:
         Connection.__init__(self, peer)
-        self.parser = RecordParser(max_record, max_fragments)
+        self.rx = RecordReceiver(max_record, max_fragments)
         self.max_fragment = max_fragment
         self.transport: asyncio.Transport | None = None
         self._on_made = on_made
         self._writable = asyncio.Event()
         self._writable.set()
         self._abort_reason: BaseException | None = None
+        self._lent = memoryview(b"")  # the buffer lent for the last receive (for the tap)
         # Pieces of replies held while one receive's records are delivered (None: not now).
         self._held: list[bytes | bytearray | memoryview] | None = None
 
-    # -- asyncio.Protocol --------------------------------------------------------------
+    # -- asyncio.BufferedProtocol --------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
         sock = transport.get_extra_info("socket")
@@ -179,16 +184,38 @@ class TcpConnection(Connection, asyncio.Protocol):
         if self._on_made is not None:
             self._on_made(self)
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        buf = self._lent = self.rx.get_buffer()
+        return buf
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.tap is not None:
+            self.tap(False, bytes(self._lent[:nbytes]))
+        try:
+            records = self.rx.received(nbytes)
+        except RecordTooLarge as e:
+            self._too_large(e)
+            return
+        self._deliver_all(records)
+
     def data_received(self, data: bytes) -> None:
+        """Bytes received elsewhere (the in-process benches and tests): copied into the
+        receiver's buffers, with the same records and rules as a receive from the socket."""
         if self.tap is not None:
             self.tap(False, bytes(data))
         try:
-            records = self.parser.feed(data)
+            records = self.rx.feed(data)
         except RecordTooLarge as e:
-            # Logged once, by whoever watches the connection close (with this reason). Without
-            # its traceback, the reason does not keep this connection's frames alive.
-            self._abort(e.with_traceback(None))
+            self._too_large(e)
             return
+        self._deliver_all(records)
+
+    def _too_large(self, e: RecordTooLarge) -> None:
+        # Logged once, by whoever watches the connection close (with this reason). Without
+        # its traceback, the reason does not keep this connection's frames alive.
+        self._abort(e.with_traceback(None))
+
+    def _deliver_all(self, records: list[Record]) -> None:
         if len(records) == 1:
             self._deliver(Inbound(Reader(records[0])))
             return
@@ -207,13 +234,13 @@ class TcpConnection(Connection, asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._writable.set()
-        self.parser.reset()
+        self.rx.reset()
         self.transport = None
         self._closed(exc or self._abort_reason)
 
     @property
     def receiving(self) -> bool:
-        return self.parser.in_record
+        return self.rx.in_record
 
     def pause_writing(self) -> None:
         # The peer is not reading what we send: stop reading its requests until it does.
@@ -266,7 +293,7 @@ class TcpConnection(Connection, asyncio.Protocol):
             self._closed(exc)
 
     def _abort(self, exc: BaseException) -> None:
-        self.parser.reset()
+        self.rx.reset()
         if self.transport is not None:
             self.transport.abort()
         self._closed(exc)
