@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import subprocess
@@ -41,10 +42,8 @@ def _proc_cpu_s(pid: int) -> float:
     of /proc/PID/stat); the server's threads (loop, thread pool) outlive the measures."""
     total = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # a thread ended
             total += int((task / "schedstat").read_text().split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            pass  # a thread that ended meanwhile
     return total / 1e9
 
 
@@ -113,9 +112,7 @@ def one(args: argparse.Namespace) -> int:
         try:
             assert server.stdout is not None and server.stdin is not None
             port = int(server.stdout.readline())
-            figures = _run(
-                transfer(port, server.pid, args.size_mib << 20, args.repeat), args.loop
-            )
+            figures = _run(transfer(port, server.pid, args.size_mib << 20, args.repeat), args.loop)
         finally:
             if server.stdin is not None:
                 server.stdin.close()

@@ -40,6 +40,7 @@ DEFAULT_MAX_RECORD = 4 << 20
 MAX_FRAGMENTS = 1024
 _MARK = struct.Struct(">I")
 
+
 class RecordParser:
     """Sans-IO record-marking decoder: feed bytes, get whole records."""
 

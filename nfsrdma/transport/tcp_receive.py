@@ -70,8 +70,9 @@ class RecordReceiver:
 
     @property
     def buffered(self) -> int:
-        """Bytes held for an incomplete record."""
-        return self._end - self._start + self._filled + len(self._record)
+        """Bytes held for an incomplete record (the mark of a direct receive counted)."""
+        direct = self._filled + MARK_SIZE if self._direct is not None else 0
+        return self._end - self._start + direct + len(self._record)
 
     @property
     def in_record(self) -> bool:
