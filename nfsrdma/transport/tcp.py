@@ -12,6 +12,12 @@ the record limit: fragments are gathered into one buffer, with no bookkeeping pe
 Reading pauses while the peer is not draining our replies, so a client cannot make us buffer
 without bound.
 
+``RecordParser`` is the reference decoder (bytes fed in, records out). ``TcpConnection``
+receives through ``RecordReceiver`` (``tcp_receive.py``, the same rules, property-tested
+against the parser): bytes land in its buffers (``asyncio.BufferedProtocol``), and a large
+fragment straight in a buffer of its own that becomes the record, so a 1 MiB WRITE's data is
+written to the file, and a 1 MiB READ reply decoded, where the socket put it.
+
 Replies made while the records of one receive are delivered (answered without waiting) are
 held and written together when the last of those records has been handled: one system call
 and as few segments as the data needs, instead of one of each per reply. The order on the wire
@@ -163,13 +169,14 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
     ) -> None:
         Connection.__init__(self, peer)
         self.rx = RecordReceiver(max_record, max_fragments)
+        # The event loop asks for a buffer before every receive: the receiver's own method.
+        self.get_buffer = self.rx.get_buffer  # type: ignore[method-assign]
         self.max_fragment = max_fragment
         self.transport: asyncio.Transport | None = None
         self._on_made = on_made
         self._writable = asyncio.Event()
         self._writable.set()
         self._abort_reason: BaseException | None = None
-        self._lent = memoryview(b"")  # the buffer lent for the last receive (for the tap)
         # Pieces of replies held while one receive's records are delivered (None: not now).
         self._held: list[bytes | bytearray | memoryview] | None = None
 
@@ -186,18 +193,21 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
             self._on_made(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        buf = self._lent = self.rx.get_buffer()
-        return buf
+        return self.rx.get_buffer(sizehint)  # (bound to the instance in __init__: no frame)
 
     def buffer_updated(self, nbytes: int) -> None:
+        rx = self.rx
         if self.tap is not None:
-            self.tap(False, bytes(self._lent[:nbytes]))
+            self.tap(False, rx.last_received(nbytes))
         try:
-            records = self.rx.received(nbytes)
+            records = rx.received(nbytes)
         except RecordTooLarge as e:
             self._too_large(e)
             return
-        self._deliver_all(records)
+        if len(records) == 1:
+            self._deliver(Inbound(Reader(records[0])))
+        elif records:
+            self._deliver_all(records)
 
     def data_received(self, data: bytes) -> None:
         """Bytes received elsewhere (the in-process benches and tests): copied into the

@@ -94,11 +94,19 @@ class RecordReceiver:
         self._cost = 0
         self._fragments = 0
 
-    def get_buffer(self) -> memoryview:
-        """Where the next received bytes go (never empty)."""
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where the next received bytes go (never empty; ``sizehint`` is ignored)."""
         if self._direct is not None:
             return self._direct_view[self._filled :]
-        return self._view[self._end :]
+        end = self._end
+        return self._view[end:] if end else self._view
+
+    def last_received(self, n: int) -> bytes:
+        """A copy of the ``n`` bytes just written to the last ``get_buffer`` (before
+        ``received``: for a capture hook)."""
+        if self._direct is not None:
+            return bytes(self._direct_view[self._filled : self._filled + n])
+        return bytes(self._view[self._end : self._end + n])
 
     def received(self, n: int) -> list[Record]:
         """``n`` bytes were written at the start of the last ``get_buffer``; return the records
@@ -108,7 +116,18 @@ class RecordReceiver:
             if self._filled < len(self._direct):
                 return []
             return self._direct_done()
-        self._end += n
+        start = self._start
+        end = self._end = self._end + n
+        if not self._fragments and end - start > MARK_SIZE:
+            # The usual receive: exactly one whole one-fragment record.
+            (mark,) = _MARK.unpack_from(self._buf, start)
+            if (
+                mark & LAST_FRAGMENT
+                and start + MARK_SIZE + (mark & MAX_FRAGMENT) == end
+                and end - start - MARK_SIZE <= self.max_record
+            ):
+                self._start = self._end = 0
+                return [bytes(self._view[start + MARK_SIZE : end])]
         return self._parse()
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Record]:

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import nfsrdma.client as nc
 from nfsrdma.server import NFSServer
+from nfsrdma.transport.base import Inbound
 from nfsrdma.transport.tcp import TcpConnection
-from nfsrdma.transport.tcp_receive import Record
+from nfsrdma.transport.tcp_receive import RecordReceiver
 from nfsrdma.vfs.openfile import LocalOpenFile
+from nfsrdma.xdr.runtime import Buffer
 
 MIB = 1 << 20
 
@@ -33,23 +34,25 @@ def _address(buf: memoryview | bytes | bytearray) -> int | None:
 async def _transfer(export: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     size = 4 * MIB
     data = os.urandom(size)
-    lent: list[tuple[int, int, int]] = []  # (connection id, start, end) of each lent buffer
-    records: list[tuple[int, Record]] = []  # (connection id, record) of each large record
+    lent: list[tuple[int, int, int]] = []  # (receiver id, start, end) of each lent buffer
+    records: list[tuple[int, Buffer]] = []  # (receiver id, record) of each large record
     writes: list[tuple[int | None, int]] = []
-    get_buffer: Callable[[TcpConnection, int], memoryview] = TcpConnection.get_buffer
-    deliver_all = TcpConnection._deliver_all
+    get_buffer = RecordReceiver.get_buffer
+    deliver = TcpConnection._deliver
     write = LocalOpenFile.write
 
-    def watched_get_buffer(self: TcpConnection, sizehint: int) -> memoryview:
+    def watched_get_buffer(self: RecordReceiver, sizehint: int = -1) -> memoryview:
         buf = get_buffer(self, sizehint)
         start = _address(buf)
         assert start is not None
-        lent.append((self.id, start, start + len(buf)))
+        lent.append((id(self), start, start + len(buf)))
         return buf
 
-    def watched_deliver_all(self: TcpConnection, recs: list[Record]) -> None:
-        records.extend((self.id, r) for r in recs if len(r) >= MIB)
-        deliver_all(self, recs)
+    def watched_deliver(self: TcpConnection, msg: Inbound) -> None:
+        rec = msg.reader.buf
+        if len(rec) >= MIB:
+            records.append((id(self.rx), rec.obj if isinstance(rec, memoryview) else rec))
+        deliver(self, msg)
 
     def watched_write(
         self: LocalOpenFile, offset: int, buf: bytes | memoryview | bytearray, stable: bool = False
@@ -57,15 +60,13 @@ async def _transfer(export: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         writes.append((_address(buf), len(buf)))
         return write(self, offset, buf, stable)
 
-    monkeypatch.setattr(TcpConnection, "get_buffer", watched_get_buffer)
-    monkeypatch.setattr(TcpConnection, "_deliver_all", watched_deliver_all)
+    monkeypatch.setattr(RecordReceiver, "get_buffer", watched_get_buffer)
+    monkeypatch.setattr(TcpConnection, "_deliver", watched_deliver)
     monkeypatch.setattr(LocalOpenFile, "write", watched_write)
 
-    def received_into(conn: int, addr: int | None, n: int) -> bool:
-        """[addr, addr + n) lies in memory a receive of ``conn`` was given to fill."""
-        return addr is not None and any(
-            c == conn and s <= addr + n and addr < e for c, s, e in lent
-        )
+    def received_into(rx: int, addr: int | None, n: int) -> bool:
+        """[addr, addr + n) lies in memory a receive of ``rx`` was given to fill."""
+        return addr is not None and any(c == rx and s <= addr + n and addr < e for c, s, e in lent)
 
     server = NFSServer(str(export), bind="127.0.0.1", tcp_port=0, root_squash=False)
     await server.start()
@@ -79,7 +80,7 @@ async def _transfer(export: Path, monkeypatch: pytest.MonkeyPatch) -> None:
             async with fs.open("f", "rb") as f:
                 assert await f.readinto(sink) == size
             assert sink == data
-            server_ids = {c.conn.id for c in server.connections}
+            server_ids = {id(c.conn.rx) for c in server.connections}
     finally:
         await server.close()
     # Every 1 MiB WRITE went to the file from the memory the server's socket received into ...
@@ -92,10 +93,10 @@ async def _transfer(export: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     client_records = [r for c, r in records if c != server_id]
     server_records = [r for c, r in records if c == server_id]
     assert len(server_records) == len(client_records) == size // MIB
-    for conn, rec in records:
+    for rx, rec in records:
         assert isinstance(rec, bytearray)
         a = _address(rec)
-        assert a is not None and received_into(conn, a, len(rec))
+        assert a is not None and received_into(rx, a, len(rec))
 
 
 async def test_large_records_are_received_in_place(
