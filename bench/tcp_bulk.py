@@ -9,12 +9,15 @@ are kept. Both sides use uvloop when installed (``--loop asyncio``: the standard
 
 Figures, in µs of CPU per MiB moved (so per 1 MiB COMPOUND): ``write_server`` (the server
 receiving the WRITEs: record receive, decode, ``pwrite``), ``read_client`` (our client receiving
-the READ replies), and the other two sides for reference. Last line:
-``write_server_us=… read_client_us=… read_server_us=… write_client_us=… loop=…``.
+the READ replies), and the other two sides for reference; then ``null_server_us`` and
+``null_client_us``: µs of CPU per NFS NULL call, ``--nulls`` of them with 64 in flight on one
+connection of their own (small records, several per receive: the path that must not get
+slower). Last line: ``write_server_us=… read_client_us=… read_server_us=… write_client_us=…
+null_server_us=… null_client_us=… loop=…``.
 
 A/B: ``--trees A,B --rounds N`` runs this script for each tree in turn (``PYTHONPATH`` set to
 the tree), N rounds alternated, and prints each tree's medians and B/A; last line
-``write_server_ratio=… read_client_ratio=… read_server_ratio=… write_client_ratio=…`` (B/A:
+``write_server_ratio=… read_client_ratio=… … null_client_ratio=…`` (B/A:
 below 1 means B spends less CPU).
 """
 
@@ -34,7 +37,15 @@ from pathlib import Path
 if not os.environ.get("PYTHONPATH"):
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-KEYS = ("write_server_us", "read_client_us", "read_server_us", "write_client_us")
+KEYS = (
+    "write_server_us",
+    "read_client_us",
+    "read_server_us",
+    "write_client_us",
+    "null_server_us",
+    "null_client_us",
+)
+NFS_PROGRAM, NFS_V4 = 100003, 4
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -70,7 +81,9 @@ def serve(export: str, state: str, loop: str) -> None:
 
 
 # -- the client (this process) ---------------------------------------------------------------
-async def transfer(port: int, server_pid: int, size: int, repeat: int) -> dict[str, float]:
+async def transfer(
+    port: int, server_pid: int, size: int, repeat: int, nulls: int
+) -> dict[str, float]:
     import nfsrdma.client as nc
 
     data = memoryview(os.urandom(size))
@@ -96,7 +109,37 @@ async def transfer(port: int, server_pid: int, size: int, repeat: int) -> dict[s
                 runs["read_server_us"].append((s2 - s1) / mib * 1e6)
                 runs["read_client_us"].append((c2 - c1) / mib * 1e6)
         await fs.remove("bulk")
+    for _ in range(repeat):
+        server_us, client_us = await null_calls(port, server_pid, nulls)
+        runs["null_server_us"].append(server_us)
+        runs["null_client_us"].append(client_us)
     return {k: statistics.median(v) for k, v in runs.items()}
+
+
+async def null_calls(port: int, server_pid: int, count: int) -> tuple[float, float]:
+    """(server, client) µs of CPU per NFS NULL call, 64 in flight on one connection: small
+    records, several per receive."""
+    from nfsrdma.rpc.connection import RpcConnection
+    from nfsrdma.transport.tcp import connect_tcp
+
+    conn = RpcConnection(await connect_tcp("127.0.0.1", port))
+    try:
+        left = count
+
+        async def worker() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                await conn.call(NFS_PROGRAM, NFS_V4, 0)
+
+        await asyncio.gather(*[worker() for _ in range(8)])  # warm-up
+        left = count
+        s0, c0 = _proc_cpu_s(server_pid), time.process_time()
+        await asyncio.gather(*[worker() for _ in range(64)])
+        s1, c1 = _proc_cpu_s(server_pid), time.process_time()
+    finally:
+        conn.close()
+    return (s1 - s0) / count * 1e6, (c1 - c0) / count * 1e6
 
 
 def one(args: argparse.Namespace) -> int:
@@ -112,13 +155,15 @@ def one(args: argparse.Namespace) -> int:
         try:
             assert server.stdout is not None and server.stdin is not None
             port = int(server.stdout.readline())
-            figures = _run(transfer(port, server.pid, args.size_mib << 20, args.repeat), args.loop)
+            figures = _run(
+                transfer(port, server.pid, args.size_mib << 20, args.repeat, args.nulls), args.loop
+            )
         finally:
             if server.stdin is not None:
                 server.stdin.close()
             server.wait(30)
     assert isinstance(figures, dict)
-    print(" ".join(f"{k}={v:.0f}" for k, v in figures.items()) + f" loop={args.loop}")
+    print(" ".join(f"{k}={v:.1f}" for k, v in figures.items()) + f" loop={args.loop}")
     return 0
 
 
@@ -128,7 +173,7 @@ def ab(args: argparse.Namespace) -> int:
     for r in range(args.rounds):
         for tree in trees:
             cmd = [sys.executable, os.path.abspath(__file__), "--size-mib", str(args.size_mib)]
-            cmd += ["--repeat", str(args.repeat), "--loop", args.loop]
+            cmd += ["--repeat", str(args.repeat), "--loop", args.loop, "--nulls", str(args.nulls)]
             env = dict(os.environ, PYTHONPATH=tree)
             out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=True)
             last = dict(kv.split("=", 1) for kv in out.stdout.split("\n")[-2].split())
@@ -137,7 +182,7 @@ def ab(args: argparse.Namespace) -> int:
             print(f"round {r} {tree}: {out.stdout.splitlines()[-1]}", flush=True)
     med = {t: {k: statistics.median(v) for k, v in got[t].items()} for t in trees}
     for t in trees:
-        print(f"{t}: " + " ".join(f"{k}={med[t][k]:.0f}" for k in KEYS))
+        print(f"{t}: " + " ".join(f"{k}={med[t][k]:.1f}" for k in KEYS))
     a, b = trees[0], trees[-1]
     print(" ".join(f"{k[:-3]}_ratio={med[b][k] / med[a][k]:.2f}" for k in KEYS))
     return 0
@@ -151,6 +196,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size-mib", type=int, default=64, help="file size (default 64)")
     ap.add_argument("--repeat", type=int, default=3, help="measured rounds per run (median)")
+    ap.add_argument("--nulls", type=int, default=20000, help="NULL calls per measure")
     ap.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
     ap.add_argument("--trees", default=None, help="A,B: source trees to compare, alternated")
     ap.add_argument("--rounds", type=int, default=3, help="with --trees: runs per tree")
