@@ -10,9 +10,10 @@ fragment arrives, on any split of the byte stream.
 
 Ordinary records are received into one small buffer of ``buffer_size`` bytes that is reused;
 each is copied out of it once (as ``bytes``), so nothing downstream keeps a view of it. When a
-mark announces a fragment larger than ``direct_threshold`` that has not all arrived, a buffer
-of the fragment's size is made, what already arrived of it is copied there once, and the rest
-is received straight into it: a one-fragment record (Linux's 1 MiB WRITE, our client's 1 MiB
+fragment larger than ``direct_threshold`` has filled the rest of that buffer without ending
+there, a buffer of the fragment's size is made, what already arrived of it is copied there
+once, and the rest is received straight into it (a peer must send a buffer's worth of a
+fragment before its mark makes us hold more; never more than the record limit): a one-fragment record (Linux's 1 MiB WRITE, our client's 1 MiB
 READ reply) is then handed on as that buffer (a ``bytearray`` never reused), and the decoded
 WRITE data is a view of it, written to the file with no copy in Python. Fragments of a
 record of several are gathered into one buffer, as ``RecordParser`` does.
@@ -195,8 +196,10 @@ class RecordReceiver:
             start = pos + MARK_SIZE
             have = end - start
             if have < n:
-                if n > self.direct_threshold:
-                    # Receive the rest straight into a buffer of the fragment's size.
+                if n > self.direct_threshold and end == len(buf):
+                    # The shared buffer is full of the fragment (so its mark cannot make us
+                    # hold more than the peer sent, times the buffer's share of the record
+                    # limit): receive the rest straight into a buffer of the fragment's size.
                     frag = bytearray(n)
                     frag[:have] = view[start:end]
                     self._direct = frag
@@ -221,10 +224,12 @@ class RecordReceiver:
         if pos == end:
             self._start = self._end = 0
             return records
-        # Keep the incomplete tail; move it to the front if what it still needs would not fit.
+        # Keep the incomplete tail; move it to the front if what it still needs would not fit
+        # (a fragment above the threshold needs only the rest of the buffer: then it goes on
+        # in a buffer of its own).
         need = MARK_SIZE
         if end - pos >= MARK_SIZE:
-            need += _MARK.unpack_from(buf, pos)[0] & MAX_FRAGMENT
+            need += min(_MARK.unpack_from(buf, pos)[0] & MAX_FRAGMENT, self.direct_threshold)
         if pos + need > len(buf):
             view[: end - pos] = view[pos:end]
             end -= pos

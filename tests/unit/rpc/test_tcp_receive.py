@@ -169,9 +169,13 @@ def test_a_large_record_is_the_buffer_it_was_received_into() -> None:
     first = rx.get_buffer()
     first[:1000] = stream[:1000]
     assert rx.received(1000) == []
-    assert rx.receiving_direct and rx.buffered == 1000
+    assert not rx.receiving_direct  # a mark alone does not make us hold a megabyte
+    more = rx.get_buffer()
+    more[:] = stream[1000 : 1000 + len(more)]
+    assert rx.received(len(more)) == []
+    assert rx.receiving_direct and rx.buffered == len(first)  # the shared buffer, copied once
     lent: list[memoryview] = []
-    pos = 1000
+    pos = len(first)
     records: list[bytes | bytearray] = []
     while pos < len(stream):
         buf = rx.get_buffer()
@@ -184,6 +188,16 @@ def test_a_large_record_is_the_buffer_it_was_received_into() -> None:
     assert all(b.obj is records[0] for b in lent)  # every receive went into the record itself
     assert not rx.in_record and rx.buffered == 0
     assert rx.get_buffer().obj is first.obj  # and the shared buffer is used again
+
+
+def test_a_mark_alone_does_not_make_the_receiver_hold_more() -> None:
+    """A hostile peer announcing a large fragment and sending little of it: the receiver holds
+    what was sent (in the shared buffer) until a buffer's worth has arrived."""
+    rx = RecordReceiver(4 << 20, 1024, buffer_size=1024, direct_threshold=512)
+    receive(rx, _mark(4 << 20, True) + b"z" * 1019, [100])
+    assert not rx.receiving_direct and rx.buffered == 1023
+    receive(rx, b"z", [1])
+    assert rx.receiving_direct and rx.buffered == 1024
 
 
 def test_limits_are_checked_before_any_buffer_is_made() -> None:
@@ -209,8 +223,8 @@ def test_a_direct_fragment_counts_against_the_record_limit() -> None:
 def test_reset_drops_a_direct_receive() -> None:
     rx = RecordReceiver(4 << 20, 1024)
     buf = rx.get_buffer()
-    buf[:8] = _mark(100_000, True) + b"abcd"
-    rx.received(8)
+    buf[:] = (_mark(100_000, True) + b"abcd" * 10_000)[: len(buf)]
+    rx.received(len(buf))
     assert rx.receiving_direct and rx.in_record
     rx.reset()
     assert not rx.in_record and rx.buffered == 0
