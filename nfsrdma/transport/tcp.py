@@ -12,6 +12,12 @@ the record limit: fragments are gathered into one buffer, with no bookkeeping pe
 Reading pauses while the peer is not draining our replies, so a client cannot make us buffer
 without bound.
 
+``RecordParser`` is the reference decoder (bytes fed in, records out). ``TcpConnection``
+receives through ``RecordReceiver`` (``tcp_receive.py``, the same rules, property-tested
+against the parser): bytes land in its buffers (``asyncio.BufferedProtocol``), and a large
+fragment straight in a buffer of its own that becomes the record, so a 1 MiB WRITE's data is
+written to the file, and a 1 MiB READ reply decoded, where the socket put it.
+
 Replies made while the records of one receive are delivered (answered without waiting) are
 held and written together when the last of those records has been handled: one system call
 and as few segments as the data needs, instead of one of each per reply. The order on the wire
@@ -26,18 +32,19 @@ import struct
 from collections.abc import Callable
 
 from nfsrdma.transport.base import Connection, Inbound, ReplyExpectation
+from nfsrdma.transport.tcp_receive import (
+    LAST_FRAGMENT,
+    MARK_SIZE,
+    MAX_FRAGMENT,
+    Record,
+    RecordReceiver,
+    RecordTooLarge,
+)
 from nfsrdma.xdr.runtime import Reader, Writer
 
-LAST_FRAGMENT = 0x80000000
-MAX_FRAGMENT = 0x7FFFFFFF
 DEFAULT_MAX_RECORD = 4 << 20
 MAX_FRAGMENTS = 1024
-MARK_SIZE = 4
 _MARK = struct.Struct(">I")
-
-
-class RecordTooLarge(ConnectionError):
-    """A record exceeds the size limit, or has too many fragments."""
 
 
 class RecordParser:
@@ -144,7 +151,11 @@ def frame(
     return out
 
 
-class TcpConnection(Connection, asyncio.Protocol):
+class TcpConnection(Connection, asyncio.BufferedProtocol):
+    """Both roles' TCP connection. Bytes are received into the buffers of a
+    ``RecordReceiver`` (``tcp_receive.py``): a large record straight into a buffer of its own
+    size, which is the record handed on (no copy in Python)."""
+
     kind = "tcp"
 
     def __init__(
@@ -157,7 +168,9 @@ class TcpConnection(Connection, asyncio.Protocol):
         on_made: Callable[[TcpConnection], None] | None = None,
     ) -> None:
         Connection.__init__(self, peer)
-        self.parser = RecordParser(max_record, max_fragments)
+        self.rx = RecordReceiver(max_record, max_fragments)
+        # The event loop asks for a buffer before every receive: the receiver's own method.
+        self.get_buffer = self.rx.get_buffer  # type: ignore[method-assign]
         self.max_fragment = max_fragment
         self.transport: asyncio.Transport | None = None
         self._on_made = on_made
@@ -167,7 +180,7 @@ class TcpConnection(Connection, asyncio.Protocol):
         # Pieces of replies held while one receive's records are delivered (None: not now).
         self._held: list[bytes | bytearray | memoryview] | None = None
 
-    # -- asyncio.Protocol --------------------------------------------------------------
+    # -- asyncio.BufferedProtocol --------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
         sock = transport.get_extra_info("socket")
@@ -179,16 +192,41 @@ class TcpConnection(Connection, asyncio.Protocol):
         if self._on_made is not None:
             self._on_made(self)
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.rx.get_buffer(sizehint)  # (bound to the instance in __init__: no frame)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        rx = self.rx
+        if self.tap is not None:
+            self.tap(False, rx.last_received(nbytes))
+        try:
+            records = rx.received(nbytes)
+        except RecordTooLarge as e:
+            self._too_large(e)
+            return
+        if len(records) == 1:
+            self._deliver(Inbound(Reader(records[0])))
+        elif records:
+            self._deliver_all(records)
+
     def data_received(self, data: bytes) -> None:
+        """Bytes received elsewhere (the in-process benches and tests): copied into the
+        receiver's buffers, with the same records and rules as a receive from the socket."""
         if self.tap is not None:
             self.tap(False, bytes(data))
         try:
-            records = self.parser.feed(data)
+            records = self.rx.feed(data)
         except RecordTooLarge as e:
-            # Logged once, by whoever watches the connection close (with this reason). Without
-            # its traceback, the reason does not keep this connection's frames alive.
-            self._abort(e.with_traceback(None))
+            self._too_large(e)
             return
+        self._deliver_all(records)
+
+    def _too_large(self, e: RecordTooLarge) -> None:
+        # Logged once, by whoever watches the connection close (with this reason). Without
+        # its traceback, the reason does not keep this connection's frames alive.
+        self._abort(e.with_traceback(None))
+
+    def _deliver_all(self, records: list[Record]) -> None:
         if len(records) == 1:
             self._deliver(Inbound(Reader(records[0])))
             return
@@ -207,13 +245,13 @@ class TcpConnection(Connection, asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._writable.set()
-        self.parser.reset()
+        self.rx.reset()
         self.transport = None
         self._closed(exc or self._abort_reason)
 
     @property
     def receiving(self) -> bool:
-        return self.parser.in_record
+        return self.rx.in_record
 
     def pause_writing(self) -> None:
         # The peer is not reading what we send: stop reading its requests until it does.
@@ -266,7 +304,7 @@ class TcpConnection(Connection, asyncio.Protocol):
             self._closed(exc)
 
     def _abort(self, exc: BaseException) -> None:
-        self.parser.reset()
+        self.rx.reset()
         if self.transport is not None:
             self.transport.abort()
         self._closed(exc)
