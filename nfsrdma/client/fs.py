@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import inspect
 import posixpath
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -740,14 +741,25 @@ class NfsClient:
 
 
 async def gather_limited(coros: list[Awaitable[T]], limit: int) -> list[T]:
-    """Run awaitables with at most ``limit`` at a time; results in order."""
-    sem = asyncio.Semaphore(limit)
+    """Run awaitables with at most ``limit`` at a time; results in order. ``limit`` workers
+    take the awaitables in turn (no task, no semaphore wait per awaitable). The first
+    exception is raised at once; the other workers go on with the rest, as ``gather`` would.
+    Cancelled, it closes the coroutines it had not started."""
+    out: list[Any] = [None] * len(coros)
+    todo = iter(enumerate(coros))
 
-    async def one(c: Awaitable[T]) -> T:
-        async with sem:
-            return await c
+    async def worker() -> None:
+        for i, c in todo:
+            out[i] = await c
 
-    return list(await asyncio.gather(*(one(c) for c in coros)))
+    try:
+        await asyncio.gather(*(worker() for _ in range(min(max(1, limit), len(coros)))))
+    except asyncio.CancelledError:
+        for _, c in todo:
+            if inspect.iscoroutine(c):
+                c.close()
+        raise
+    return out
 
 
 def _want(om: OpenMode) -> int:
