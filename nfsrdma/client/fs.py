@@ -31,15 +31,15 @@ from nfsrdma.client.deleg_cache import DelegatedCache
 from nfsrdma.client.errors import NfsError, nfs_error
 from nfsrdma.client.file import STATE_LOST, NfsFile, OpenMode, new_owner, parse_mode
 from nfsrdma.client.url import NfsUrl, normalise
-from nfsrdma.session.client import ClientSession
+from nfsrdma.session.client import ClientSession, constant_op
 from nfsrdma.session.client_backchannel import Recall
 from nfsrdma.xdr.gen import nfs4
 
 MAX_SYMLINKS = 40
 READDIR_MAXCOUNT = 64 << 10
 # Operations that never change, built once.
-GETFH = ops.getfh()
-GETATTR_STAT = ops.getattr_(STAT_ATTRS)
+GETFH = constant_op(ops.getfh())
+GETATTR_STAT = constant_op(ops.getattr_(STAT_ATTRS))
 T = TypeVar("T")
 
 

@@ -133,3 +133,38 @@ def test_channel_attributes_and_negotiation() -> None:
     assert (n.slots, n.max_operations, n.backchannel) == (16, 8, False)
     assert n.rsize == 126976 - 126976 % 4096 and n.rsize % 4096 == 0 and n.rsize <= 131072
     assert n.wsize <= 262144 and n.wsize % 4096 == 0
+
+
+@pytest.mark.parametrize(
+    ("ftype", "fmt"),
+    [
+        (nfs4.NF4REG, stat.S_IFREG),
+        (nfs4.NF4DIR, stat.S_IFDIR),
+        (nfs4.NF4BLK, stat.S_IFBLK),
+        (nfs4.NF4CHR, stat.S_IFCHR),
+        (nfs4.NF4LNK, stat.S_IFLNK),
+        (nfs4.NF4SOCK, stat.S_IFSOCK),
+        (nfs4.NF4FIFO, stat.S_IFIFO),
+        (nfs4.NF4ATTRDIR, 0),  # no S_IFMT of its own: the permission bits alone
+    ],
+)
+def test_file_stat_of_each_type_is_an_immutable_stat_result(ftype: int, fmt: int) -> None:
+    """RFC 8881 section 5.8.1.2 (type) and 6.2.4 (mode) become st_mode as os.stat has it."""
+    st = file_stat(
+        {
+            nfs4.FATTR4_TYPE: nfs4.nfs_ftype4(ftype),
+            nfs4.FATTR4_MODE: 0o4755,
+            nfs4.FATTR4_RAWDEV: nfs4.specdata4(8, 1),
+            nfs4.FATTR4_SPACE_USED: 1025,
+            nfs4.FATTR4_CHANGE: 9,
+        }
+    )
+    assert st.st_mode == fmt | 0o4755 and st.type == ftype
+    assert (st.st_rdev, st.st_blocks, st.change, st.st_nlink) == (8 << 8 | 1, 3, 9, 1)
+    assert (st.st_uid, st.st_gid, st.owner) == (65534, 65534, "")
+    with pytest.raises(AttributeError):
+        st.st_size = 1  # type: ignore[misc]
+    assert st == file_stat({nfs4.FATTR4_TYPE: ftype, nfs4.FATTR4_MODE: 0o4755})._replace(
+        st_rdev=8 << 8 | 1, st_blocks=3, change=9
+    )
+    assert hash(st) == hash(st._replace())
