@@ -318,7 +318,8 @@ class ClientSession:
         started = self.clock()
         try:
             while True:
-                await self._wait_ready(reclaim)
+                if self._failure is not None or self._closing or not self._ready.is_set():
+                    await self._wait_ready(reclaim)
                 step: Step = call.next_step()
                 conn_gen = self.core.conn_gen
                 if isinstance(step, Send):
