@@ -52,8 +52,22 @@ def decode_name(name: bytes) -> str:
 
 
 def split_path(path: str) -> list[bytes]:
+    """The components of ``path`` under the base directory, as ``normalise`` makes them
+    (``.``, empty components and ``..`` resolved); a path that is already plain (most are)
+    is split without it."""
+    parts = path.strip("/").split("/")
+    for p in parts:
+        if not p or p == "." or p == "..":
+            break
+    else:
+        return [p.encode("utf-8", "surrogateescape") for p in parts]
     norm = normalise(path)
     return [encode_name(p) for p in norm.split("/") if p and p != "."]
+
+
+def _shown(comps: list[bytes]) -> str:
+    """A path for an error message."""
+    return "/" + b"/".join(comps).decode("utf-8", "replace")
 
 
 @dataclass(slots=True)
@@ -189,7 +203,7 @@ class NfsClient:
         following symbolic links on the way (and at the end when ``follow``)."""
         here = self.base_fh if start is None else start
         comps = list(comps)
-        shown = "/" + b"/".join(comps).decode("utf-8", "replace")
+        first = comps
         for _ in range(MAX_SYMLINKS):
             room = max(1, self.max_ops - 4)
             if len(comps) > room:
@@ -214,8 +228,8 @@ class NfsClient:
                 fh, _st = await self._lookup(comps[: failed - 1], follow=False, start=here)
                 here, comps = await self._expand(here, comps, failed - 1, fh)
                 continue
-            raise nfs_error(res.status, ops._failed_op(res), shown)
-        raise OSError(errno.ELOOP, "too many levels of symbolic links", shown)
+            raise nfs_error(res.status, ops._failed_op(res), _shown(first))
+        raise OSError(errno.ELOOP, "too many levels of symbolic links", _shown(first))
 
     async def _expand(
         self, here: bytes, comps: list[bytes], n: int, link_fh: bytes

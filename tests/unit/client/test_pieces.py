@@ -168,3 +168,28 @@ def test_file_stat_of_each_type_is_an_immutable_stat_result(ftype: int, fmt: int
         st_rdev=8 << 8 | 1, st_blocks=3, change=9
     )
     assert hash(st) == hash(st._replace())
+
+
+def test_split_path_agrees_with_normalising_first() -> None:
+    """The shortcut for plain paths gives what normalising (``.``, ``..``, empty components,
+    leading and trailing slashes) and splitting gives, for every mix of those."""
+    import random
+
+    from nfsrdma.client.fs import split_path
+    from nfsrdma.client.url import normalise
+
+    def reference(path: str) -> list[bytes]:
+        return [
+            p.encode("utf-8", "surrogateescape")
+            for p in normalise(path).split("/")
+            if p and p != "."
+        ]
+
+    rng = random.Random(5661)
+    pieces = ["a", "bb", ".", "..", "", "...", ".x", "x.", "é", "\udcff", " "]
+    cases = ["", "/", "//", "a", "/a/b/", "a/../..", "../a", "./a", "a//b", "a/./b"]
+    for _ in range(3000):
+        parts = [rng.choice(pieces) for _ in range(rng.randint(1, 5))]
+        cases.append(rng.choice(["", "/", "//"]) + "/".join(parts) + rng.choice(["", "/"]))
+    for path in cases:
+        assert split_path(path) == reference(path), path
