@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import stat as stat_mod
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from nfsrdma.nfs4.attr_decode import NAMES, decode_values
 from nfsrdma.nfs4.attrs import parse_owner
@@ -84,7 +83,7 @@ def id_to_owner(n: int) -> bytes:
 
 
 # -- stat ----------------------------------------------------------------------------------------
-_IFMT = {
+_IFMT: dict[int, int] = {  # by nfs_ftype4 (an IntEnum: plain ints find them)
     nfs4.NF4REG: stat_mod.S_IFREG,
     nfs4.NF4DIR: stat_mod.S_IFDIR,
     nfs4.NF4BLK: stat_mod.S_IFBLK,
@@ -99,9 +98,10 @@ def _ns(t: nfs4.nfstime4 | None) -> int:
     return 0 if t is None else t.seconds * 1_000_000_000 + t.nseconds
 
 
-@dataclass(frozen=True, slots=True)
-class FileStat:
-    """A file's attributes, named as ``os.stat_result`` names them (plus NFS extras)."""
+class FileStat(NamedTuple):
+    """A file's attributes, named as ``os.stat_result`` names them (plus NFS extras); like
+    ``os.stat_result``, an immutable tuple (made several times cheaper than a frozen
+    dataclass: one per ``stat``)."""
 
     st_mode: int
     st_ino: int
@@ -162,29 +162,30 @@ class FileStat:
 
 
 def file_stat(values: dict[int, Any]) -> FileStat:
-    ftype = int(values.get(nfs4.FATTR4_TYPE, nfs4.NF4REG))
-    mode = int(values.get(nfs4.FATTR4_MODE, 0)) & 0o7777
-    fsid = values.get(nfs4.FATTR4_FSID)
-    rawdev = values.get(nfs4.FATTR4_RAWDEV)
-    owner = bytes(values.get(nfs4.FATTR4_OWNER, b""))
-    group = bytes(values.get(nfs4.FATTR4_OWNER_GROUP, b""))
+    get = values.get
+    ftype = int(get(nfs4.FATTR4_TYPE, nfs4.NF4REG))
+    mode = int(get(nfs4.FATTR4_MODE, 0)) & 0o7777
+    fsid = get(nfs4.FATTR4_FSID)
+    rawdev = get(nfs4.FATTR4_RAWDEV)
+    owner = bytes(get(nfs4.FATTR4_OWNER, b""))
+    group = bytes(get(nfs4.FATTR4_OWNER_GROUP, b""))
     return FileStat(
-        st_mode=_IFMT.get(nfs4.nfs_ftype4(ftype), 0) | mode if ftype in _IFMT else mode,
-        st_ino=int(values.get(nfs4.FATTR4_FILEID, 0)),
-        st_dev=((fsid.major & 0xFFFFFFFF) << 32 | (fsid.minor & 0xFFFFFFFF)) if fsid else 0,
-        st_nlink=int(values.get(nfs4.FATTR4_NUMLINKS, 1)),
-        st_uid=owner_to_id(owner) if owner else NOBODY,
-        st_gid=owner_to_id(group, group=True) if group else NOBODY,
-        st_size=int(values.get(nfs4.FATTR4_SIZE, 0)),
-        st_atime_ns=_ns(values.get(nfs4.FATTR4_TIME_ACCESS)),
-        st_mtime_ns=_ns(values.get(nfs4.FATTR4_TIME_MODIFY)),
-        st_ctime_ns=_ns(values.get(nfs4.FATTR4_TIME_METADATA)),
-        st_blocks=(int(values.get(nfs4.FATTR4_SPACE_USED, 0)) + 511) // 512,
-        st_rdev=(rawdev.specdata1 << 8 | rawdev.specdata2) if rawdev else 0,
-        type=ftype,
-        change=int(values.get(nfs4.FATTR4_CHANGE, 0)),
-        owner=owner.decode("utf-8", "replace"),
-        group=group.decode("utf-8", "replace"),
+        _IFMT.get(ftype, 0) | mode,
+        int(get(nfs4.FATTR4_FILEID, 0)),
+        ((fsid.major & 0xFFFFFFFF) << 32 | (fsid.minor & 0xFFFFFFFF)) if fsid else 0,
+        int(get(nfs4.FATTR4_NUMLINKS, 1)),
+        owner_to_id(owner) if owner else NOBODY,
+        owner_to_id(group, group=True) if group else NOBODY,
+        int(get(nfs4.FATTR4_SIZE, 0)),
+        _ns(get(nfs4.FATTR4_TIME_ACCESS)),
+        _ns(get(nfs4.FATTR4_TIME_MODIFY)),
+        _ns(get(nfs4.FATTR4_TIME_METADATA)),
+        (int(get(nfs4.FATTR4_SPACE_USED, 0)) + 511) // 512,
+        (rawdev.specdata1 << 8 | rawdev.specdata2) if rawdev else 0,
+        ftype,
+        int(get(nfs4.FATTR4_CHANGE, 0)),
+        owner.decode("utf-8", "replace"),
+        group.decode("utf-8", "replace"),
     )
 
 

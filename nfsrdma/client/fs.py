@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import inspect
 import posixpath
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -30,15 +31,15 @@ from nfsrdma.client.deleg_cache import DelegatedCache
 from nfsrdma.client.errors import NfsError, nfs_error
 from nfsrdma.client.file import STATE_LOST, NfsFile, OpenMode, new_owner, parse_mode
 from nfsrdma.client.url import NfsUrl, normalise
-from nfsrdma.session.client import ClientSession
+from nfsrdma.session.client import ClientSession, constant_op
 from nfsrdma.session.client_backchannel import Recall
 from nfsrdma.xdr.gen import nfs4
 
 MAX_SYMLINKS = 40
 READDIR_MAXCOUNT = 64 << 10
 # Operations that never change, built once.
-GETFH = ops.getfh()
-GETATTR_STAT = ops.getattr_(STAT_ATTRS)
+GETFH = constant_op(ops.getfh())
+GETATTR_STAT = constant_op(ops.getattr_(STAT_ATTRS))
 T = TypeVar("T")
 
 
@@ -51,8 +52,22 @@ def decode_name(name: bytes) -> str:
 
 
 def split_path(path: str) -> list[bytes]:
+    """The components of ``path`` under the base directory, as ``normalise`` makes them
+    (``.``, empty components and ``..`` resolved); a path that is already plain (most are)
+    is split without it."""
+    parts = path.strip("/").split("/")
+    for p in parts:
+        if not p or p == "." or p == "..":
+            break
+    else:
+        return [p.encode("utf-8", "surrogateescape") for p in parts]
     norm = normalise(path)
     return [encode_name(p) for p in norm.split("/") if p and p != "."]
+
+
+def _shown(comps: list[bytes]) -> str:
+    """A path for an error message."""
+    return "/" + b"/".join(comps).decode("utf-8", "replace")
 
 
 @dataclass(slots=True)
@@ -188,7 +203,7 @@ class NfsClient:
         following symbolic links on the way (and at the end when ``follow``)."""
         here = self.base_fh if start is None else start
         comps = list(comps)
-        shown = "/" + b"/".join(comps).decode("utf-8", "replace")
+        first = comps
         for _ in range(MAX_SYMLINKS):
             room = max(1, self.max_ops - 4)
             if len(comps) > room:
@@ -213,8 +228,8 @@ class NfsClient:
                 fh, _st = await self._lookup(comps[: failed - 1], follow=False, start=here)
                 here, comps = await self._expand(here, comps, failed - 1, fh)
                 continue
-            raise nfs_error(res.status, ops._failed_op(res), shown)
-        raise OSError(errno.ELOOP, "too many levels of symbolic links", shown)
+            raise nfs_error(res.status, ops._failed_op(res), _shown(first))
+        raise OSError(errno.ELOOP, "too many levels of symbolic links", _shown(first))
 
     async def _expand(
         self, here: bytes, comps: list[bytes], n: int, link_fh: bytes
@@ -740,14 +755,25 @@ class NfsClient:
 
 
 async def gather_limited(coros: list[Awaitable[T]], limit: int) -> list[T]:
-    """Run awaitables with at most ``limit`` at a time; results in order."""
-    sem = asyncio.Semaphore(limit)
+    """Run awaitables with at most ``limit`` at a time; results in order. ``limit`` workers
+    take the awaitables in turn (no task, no semaphore wait per awaitable). The first
+    exception is raised at once; the other workers go on with the rest, as ``gather`` would.
+    Cancelled, it closes the coroutines it had not started."""
+    out: list[Any] = [None] * len(coros)
+    todo = iter(enumerate(coros))
 
-    async def one(c: Awaitable[T]) -> T:
-        async with sem:
-            return await c
+    async def worker() -> None:
+        for i, c in todo:
+            out[i] = await c
 
-    return list(await asyncio.gather(*(one(c) for c in coros)))
+    try:
+        await asyncio.gather(*(worker() for _ in range(min(max(1, limit), len(coros)))))
+    except asyncio.CancelledError:
+        for _, c in todo:
+            if inspect.iscoroutine(c):
+                c.close()
+        raise
+    return out
 
 
 def _want(om: OpenMode) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -89,7 +89,7 @@ class RpcConnection:
             xid = self._xid = (self._xid + 1) & 0xFFFFFFFF
         return xid
 
-    async def call(
+    def call(
         self,
         prog: int,
         vers: int,
@@ -101,14 +101,29 @@ class RpcConnection:
         expect: ReplyExpectation | None = None,
         probe: bool = False,
         auth: CallAuth | None = None,
-    ) -> RpcResult:
-        """Send a call and wait for its reply. Raises RpcAcceptError, RpcDenied, RpcTimeout,
-        RpcConnectionLost; XdrError if the reply header is malformed. A ``probe`` (keepalive)
-        may use the transport credit kept back for it (UL-26). With ``auth`` (RPCSEC_GSS) the
-        call is protected by it, and resent once on a new context when the server refuses
-        the one used (the call did not run)."""
+    ) -> Coroutine[Any, Any, RpcResult]:
+        """Send a call and wait for its reply (a coroutine). Raises RpcAcceptError, RpcDenied,
+        RpcTimeout, RpcConnectionLost; XdrError if the reply header is malformed. A ``probe``
+        (keepalive) may use the transport credit kept back for it (UL-26). With ``auth``
+        (RPCSEC_GSS) the call is protected by it, and resent once on a new context when the
+        server refuses the one used (the call did not run). Without ``auth`` the coroutine is
+        the call itself (one coroutine frame less on a client's every call)."""
         if auth is None:
-            return await self._call(prog, vers, proc, encode_args, cred, timeout, expect, probe)
+            return self._call(prog, vers, proc, encode_args, cred, timeout, expect, probe)
+        return self._call_with(auth, prog, vers, proc, encode_args, cred, timeout, expect, probe)
+
+    async def _call_with(
+        self,
+        auth: CallAuth,
+        prog: int,
+        vers: int,
+        proc: int,
+        encode_args: Callable[[Writer], None] | None,
+        cred: rpc.opaque_auth,
+        timeout: float | None,
+        expect: ReplyExpectation | None,
+        probe: bool,
+    ) -> RpcResult:
         for attempt in range(3):
             await auth.prepare(self, prog, vers)
             state: list[Any] = []

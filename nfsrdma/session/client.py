@@ -88,6 +88,23 @@ ConnectFn = Callable[[], Awaitable[Connection]]
 DEFAULT_REPLY_SIZE = 8192
 
 
+# Operations that never change (GETFH, the GETATTR of ``stat``...), encoded once by
+# ``constant_op``: by the object's identity, with the object kept so the identity stays its own.
+_ENCODED: dict[int, tuple[nfs4.nfs_argop4, bytes]] = {}
+
+
+def constant_op(op: nfs4.nfs_argop4) -> nfs4.nfs_argop4:
+    """``op``, encoded now (by the generated codec) and for good: a COMPOUND that carries this
+    very object copies those bytes instead of encoding it again. Only for an operation that
+    nothing changes afterwards and that has no DDP-eligible item (RFC 8267)."""
+    w = Writer()
+    nfs4.enc_nfs_argop4(w, op)
+    if w.ddp:
+        raise ValueError("an operation with a DDP-eligible item is encoded with each call")
+    _ENCODED[id(op)] = (op, bytes(w))
+    return op
+
+
 class SessionError(OSError):
     """The session cannot carry calls (closed, or it could not be re-established)."""
 
@@ -301,7 +318,8 @@ class ClientSession:
         started = self.clock()
         try:
             while True:
-                await self._wait_ready(reclaim)
+                if self._failure is not None or self._closing or not self._ready.is_set():
+                    await self._wait_ready(reclaim)
                 step: Step = call.next_step()
                 conn_gen = self.core.conn_gen
                 if isinstance(step, Send):
@@ -381,7 +399,8 @@ class ClientSession:
                     reply = ReplyExpectation(expect.sinks, full)
             self.core.on_wire[token] = self.clock()
         try:
-            res = await self._send(rpc, send.slot, ops, send.cachethis, reply, tag)
+            all_ops = self._sequenced(send.slot, ops, send.cachethis)
+            res = await self._call(rpc, all_ops, reply, tag)
         except TransportCallError as e:
             overrun = (
                 isinstance(e, RdmaErrorReply)
@@ -431,21 +450,18 @@ class ClientSession:
     # ------------------------------------------------------------------------------------------
     # Sending
 
-    async def _send(
-        self,
-        rpc: RpcConnection,
-        slot: RequesterSlot,
-        ops: list[nfs4.nfs_argop4],
-        cachethis: bool,
-        expect: ReplyExpectation | None,
-        tag: bytes,
-    ) -> nfs4.COMPOUND4res:
-        session = self.negotiated
+    def _sequenced(
+        self, slot: RequesterSlot, ops: list[nfs4.nfs_argop4], cachethis: bool
+    ) -> list[nfs4.nfs_argop4]:
+        """SEQUENCE on ``slot`` (its current seqid) + ``ops``."""
         seq = nfs4.SEQUENCE4args(
-            session.sessionid, slot.seqid, slot.slotid, self.slots.highest_slotid(), cachethis
+            self.negotiated.sessionid,
+            slot.seqid,
+            slot.slotid,
+            self.slots.highest_slotid(),
+            cachethis,
         )
-        all_ops = [nfs4.nfs_argop4(nfs4.OP_SEQUENCE, seq), *ops]
-        return await self._call(rpc, all_ops, expect, tag)
+        return [nfs4.nfs_argop4(nfs4.OP_SEQUENCE, seq), *ops]
 
     async def _call(
         self,
@@ -462,7 +478,11 @@ class ClientSession:
             nfs4.enc_uint32_t(w, len(ops))
             for i, op in enumerate(ops):
                 w.ddp_tag = i
-                nfs4.enc_nfs_argop4(w, op)
+                done = _ENCODED.get(id(op))
+                if done is not None:
+                    w += done[1]
+                else:
+                    nfs4.enc_nfs_argop4(w, op)
 
         result = await rpc.call(
             nfs4.NFS4_PROGRAM,

@@ -22,6 +22,10 @@ Replies made while the records of one receive are delivered (answered without wa
 held and written together when the last of those records has been handled: one system call
 and as few segments as the data needs, instead of one of each per reply. The order on the wire
 is unchanged, and a reply made later (after a wait) is written at once.
+
+Calls (the requester's side) are gathered the same way: a call is written when the event loop
+has run what is ready now, with the other calls made meanwhile (a client with many calls in
+flight sends the calls its tasks make after one receive of replies in one system call).
 """
 
 from __future__ import annotations
@@ -179,6 +183,8 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
         self._abort_reason: BaseException | None = None
         # Pieces of replies held while one receive's records are delivered (None: not now).
         self._held: list[bytes | bytearray | memoryview] | None = None
+        # Calls waiting for the loop's next turn (None: none queued, no flush scheduled).
+        self._calls_out: list[bytes | bytearray | memoryview] | None = None
 
     # -- asyncio.BufferedProtocol --------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -279,7 +285,23 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
         t.writelines(pieces)
 
     def send_call(self, xid: int, msg: Writer, expect: ReplyExpectation | None) -> None:
-        self._send(msg)
+        t = self.transport
+        if t is None or t.is_closing():
+            raise ConnectionError(f"tcp connection to {self.peer} is closed")
+        pieces = frame(msg.pieces(), self.max_fragment)
+        if self.tap is not None:
+            self.tap(True, b"".join(bytes(p) for p in pieces))
+        out = self._calls_out
+        if out is None:
+            self._calls_out = out = []
+            asyncio.get_running_loop().call_soon(self._flush_calls)
+        out += pieces
+
+    def _flush_calls(self) -> None:
+        out, self._calls_out = self._calls_out, None
+        t = self.transport
+        if out and t is not None and not t.is_closing():
+            t.writelines(out)
 
     def send_reply(self, request: Inbound, msg: Writer) -> None:
         self._send(msg)
@@ -292,6 +314,7 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
             held, self._held = self._held, None
             if held and not self.transport.is_closing():
                 self.transport.writelines(held)  # replies made before the close go first
+            self._flush_calls()
             self.transport.close()
         else:
             self._closed(None)

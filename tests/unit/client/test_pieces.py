@@ -133,3 +133,63 @@ def test_channel_attributes_and_negotiation() -> None:
     assert (n.slots, n.max_operations, n.backchannel) == (16, 8, False)
     assert n.rsize == 126976 - 126976 % 4096 and n.rsize % 4096 == 0 and n.rsize <= 131072
     assert n.wsize <= 262144 and n.wsize % 4096 == 0
+
+
+@pytest.mark.parametrize(
+    ("ftype", "fmt"),
+    [
+        (nfs4.NF4REG, stat.S_IFREG),
+        (nfs4.NF4DIR, stat.S_IFDIR),
+        (nfs4.NF4BLK, stat.S_IFBLK),
+        (nfs4.NF4CHR, stat.S_IFCHR),
+        (nfs4.NF4LNK, stat.S_IFLNK),
+        (nfs4.NF4SOCK, stat.S_IFSOCK),
+        (nfs4.NF4FIFO, stat.S_IFIFO),
+        (nfs4.NF4ATTRDIR, 0),  # no S_IFMT of its own: the permission bits alone
+    ],
+)
+def test_file_stat_of_each_type_is_an_immutable_stat_result(ftype: int, fmt: int) -> None:
+    """RFC 8881 section 5.8.1.2 (type) and 6.2.4 (mode) become st_mode as os.stat has it."""
+    st = file_stat(
+        {
+            nfs4.FATTR4_TYPE: nfs4.nfs_ftype4(ftype),
+            nfs4.FATTR4_MODE: 0o4755,
+            nfs4.FATTR4_RAWDEV: nfs4.specdata4(8, 1),
+            nfs4.FATTR4_SPACE_USED: 1025,
+            nfs4.FATTR4_CHANGE: 9,
+        }
+    )
+    assert st.st_mode == fmt | 0o4755 and st.type == ftype
+    assert (st.st_rdev, st.st_blocks, st.change, st.st_nlink) == (8 << 8 | 1, 3, 9, 1)
+    assert (st.st_uid, st.st_gid, st.owner) == (65534, 65534, "")
+    with pytest.raises(AttributeError):
+        st.st_size = 1  # type: ignore[misc]
+    assert st == file_stat({nfs4.FATTR4_TYPE: ftype, nfs4.FATTR4_MODE: 0o4755})._replace(
+        st_rdev=8 << 8 | 1, st_blocks=3, change=9
+    )
+    assert hash(st) == hash(st._replace())
+
+
+def test_split_path_agrees_with_normalising_first() -> None:
+    """The shortcut for plain paths gives what normalising (``.``, ``..``, empty components,
+    leading and trailing slashes) and splitting gives, for every mix of those."""
+    import random
+
+    from nfsrdma.client.fs import split_path
+    from nfsrdma.client.url import normalise
+
+    def reference(path: str) -> list[bytes]:
+        return [
+            p.encode("utf-8", "surrogateescape")
+            for p in normalise(path).split("/")
+            if p and p != "."
+        ]
+
+    rng = random.Random(5661)
+    pieces = ["a", "bb", ".", "..", "", "...", ".x", "x.", "é", "\udcff", " "]
+    cases = ["", "/", "//", "a", "/a/b/", "a/../..", "../a", "./a", "a//b", "a/./b"]
+    for _ in range(3000):
+        parts = [rng.choice(pieces) for _ in range(rng.randint(1, 5))]
+        cases.append(rng.choice(["", "/", "//"]) + "/".join(parts) + rng.choice(["", "/"]))
+    for path in cases:
+        assert split_path(path) == reference(path), path

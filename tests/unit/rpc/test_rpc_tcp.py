@@ -370,3 +370,39 @@ async def test_replies_to_one_receive_are_written_together() -> None:
         assert await _replies(reader, 1) == [(30, struct.pack(">I", 10))]
         assert writes == [2]
         writer.close()
+
+
+async def test_calls_made_in_one_turn_are_written_together() -> None:
+    """The requester's calls made while the loop runs what is ready now leave in one write (a
+    system call), in order, when that turn is over; a call made later is written in its own;
+    a close writes queued calls first."""
+    async with serving() as port:
+        c = await _client(port)
+        t = c.conn.transport  # type: ignore[attr-defined]
+        assert t is not None
+        writes: list[int] = []
+        real = t.writelines
+
+        def writelines(pieces: list[bytes | bytearray | memoryview]) -> None:
+            writes.append(len(pieces))
+            real(pieces)
+
+        t.writelines = writelines
+        calls = [asyncio.ensure_future(c.call(PROG, VERS, 1, _arg(n))) for n in range(5)]
+        got = await asyncio.wait_for(asyncio.gather(*calls), 10)
+        assert [struct.unpack_from(">I", r.reader.buf, r.offset)[0] for r in got] == [
+            2 * n for n in range(5)
+        ]
+        assert writes == [5 * 2]  # one write: a mark and the call, five times
+        writes.clear()
+        res = await c.call(PROG, VERS, 1, _arg(4))
+        assert struct.unpack_from(">I", res.reader.buf, res.offset) == (8,)
+        assert writes == [2]
+        # Queued and then closed in the same turn: the call still goes out before the FIN.
+        writes.clear()
+        lost = asyncio.ensure_future(c.call(PROG, VERS, 1, _arg(1)))
+        await asyncio.sleep(0)  # the call is made and queued
+        c.close()
+        with pytest.raises(RpcConnectionLost):
+            await lost
+        assert writes == [2]
