@@ -43,6 +43,7 @@ from nfsrdma.transport.tcp_receive import (
     Record,
     RecordReceiver,
     RecordTooLarge,
+    check_mark,
 )
 from nfsrdma.xdr.runtime import Reader, Writer
 
@@ -105,14 +106,9 @@ class RecordParser:
         end = len(src)
         while end - pos >= MARK_SIZE:
             (mark,) = _MARK.unpack_from(src, pos)
-            n = mark & MAX_FRAGMENT
-            cost = self._cost + n + (MARK_SIZE if self._fragments else 0)
-            if cost > self.max_record:
-                raise RecordTooLarge(
-                    f"record of at least {cost} bytes (marks included) exceeds {self.max_record}"
-                )
-            if not mark & LAST_FRAGMENT and self._fragments + 1 >= self.max_fragments:
-                raise RecordTooLarge(f"record of more than {self.max_fragments} fragments")
+            n, cost = check_mark(
+                mark, self._cost, self._fragments, self.max_record, self.max_fragments
+            )
             if end - pos - MARK_SIZE < n:
                 break
             start = pos + MARK_SIZE
@@ -271,13 +267,21 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
             self.transport.resume_reading()
 
     # -- Connection ----------------------------------------------------------------------
-    def _send(self, msg: Writer) -> None:
+    def _framed(
+        self, msg: Writer
+    ) -> tuple[asyncio.Transport, list[bytes | bytearray | memoryview]]:
+        """The open transport and ``msg`` record-marked (shown to the tap); ConnectionError if
+        the connection is closed."""
         t = self.transport
         if t is None or t.is_closing():
             raise ConnectionError(f"tcp connection to {self.peer} is closed")
         pieces = frame(msg.pieces(), self.max_fragment)
         if self.tap is not None:
             self.tap(True, b"".join(bytes(p) for p in pieces))
+        return t, pieces
+
+    def _send(self, msg: Writer) -> None:
+        t, pieces = self._framed(msg)
         held = self._held
         if held is not None:
             held += pieces  # written with the other replies of this receive
@@ -285,12 +289,7 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
         t.writelines(pieces)
 
     def send_call(self, xid: int, msg: Writer, expect: ReplyExpectation | None) -> None:
-        t = self.transport
-        if t is None or t.is_closing():
-            raise ConnectionError(f"tcp connection to {self.peer} is closed")
-        pieces = frame(msg.pieces(), self.max_fragment)
-        if self.tap is not None:
-            self.tap(True, b"".join(bytes(p) for p in pieces))
+        _, pieces = self._framed(msg)
         out = self._calls_out
         if out is None:
             self._calls_out = out = []

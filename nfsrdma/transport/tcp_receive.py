@@ -37,6 +37,24 @@ class RecordTooLarge(ConnectionError):
     """A record exceeds the size limit, or has too many fragments."""
 
 
+def check_mark(
+    mark: int, cost: int, fragments: int, max_record: int, max_fragments: int
+) -> tuple[int, int]:
+    """A fragment's ``mark`` judged before its bytes arrive, with the record so far (``cost``:
+    its payload plus a mark for every fragment but the first; ``fragments`` finished): its
+    length and the record's cost with it; RecordTooLarge if the record would exceed
+    ``max_record`` or ``max_fragments``."""
+    n = mark & MAX_FRAGMENT
+    cost += n + (MARK_SIZE if fragments else 0)
+    if cost > max_record:
+        raise RecordTooLarge(
+            f"record of at least {cost} bytes (marks included) exceeds {max_record}"
+        )
+    if not mark & LAST_FRAGMENT and fragments + 1 >= max_fragments:
+        raise RecordTooLarge(f"record of more than {max_fragments} fragments")
+    return n, cost
+
+
 class RecordReceiver:
     """Sans-IO record-marking decoder that owns the buffers bytes are received into."""
 
@@ -185,14 +203,9 @@ class RecordReceiver:
         pos, end = self._start, self._end
         while end - pos >= MARK_SIZE:
             (mark,) = _MARK.unpack_from(buf, pos)
-            n = mark & MAX_FRAGMENT
-            cost = self._cost + n + (MARK_SIZE if self._fragments else 0)
-            if cost > self.max_record:
-                raise RecordTooLarge(
-                    f"record of at least {cost} bytes (marks included) exceeds {self.max_record}"
-                )
-            if not mark & LAST_FRAGMENT and self._fragments + 1 >= self.max_fragments:
-                raise RecordTooLarge(f"record of more than {self.max_fragments} fragments")
+            n, cost = check_mark(
+                mark, self._cost, self._fragments, self.max_record, self.max_fragments
+            )
             start = pos + MARK_SIZE
             have = end - start
             if have < n:
