@@ -20,7 +20,11 @@ any other OPEN or LOCK, and I/O or a SETATTR of size with a special stateid (who
 proceed depends on share reservations that may still be reclaimed: section 8.4.2 and knfsd),
 get NFS4ERR_GRACE. Grace ends when the time is up or, earlier, once every client that had a
 record has sent RECLAIM_COMPLETE; records of clients that did not come back are then
-forgotten. A first start (no records) has no grace period.
+forgotten. A first start (no records) has no grace period. When the time is up while a client
+that came back is still reclaiming (a reclaim of it was accepted, its RECLAIM_COMPLETE has not
+come), the period is extended once, to twice ``grace_time`` from its start, so that a client
+slowed down by a loaded server does not lose what it was reclaiming (knfsd extends its grace
+period for clients still reclaiming up to the same bound).
 
 Reclaims get NFS4ERR_NO_GRACE outside the grace period, from a client that has no record of
 the previous instance, and from a client that already sent RECLAIM_COMPLETE (section 18.51.3).
@@ -90,6 +94,9 @@ class Grace:
         self.reclaimed_opens = 0
         self.reclaimed_locks = 0
         self.grace_time = grace_time
+        self._started = now  # the period's start (``serving`` moves it)
+        self._reclaiming: set[bytes] = set()  # previous owners with an accepted reclaim
+        self._extended = False
         self._active = bool(self.previous)
         self.ended_why = "" if self._active else "no clients to reclaim"
         self.ends_at = now + grace_time if self._active else now
@@ -104,8 +111,9 @@ class Grace:
         """The server accepts connections from ``now``: the period runs from here, so that a
         slow start (opening the state, the RDMA device) does not eat the time the previous
         clients have to come back and reclaim."""
-        if self._active:
-            self.ends_at = max(self.ends_at, now + self.grace_time)
+        if self._active and now + self.grace_time > self.ends_at:
+            self._started = now
+            self.ends_at = now + self.grace_time
 
     def in_grace(self, now: float) -> bool:
         """In our grace period, or in another server's (a shared file system)."""
@@ -114,7 +122,16 @@ class Grace:
     def own_grace(self, now: float) -> bool:
         """In this instance's own grace period (the one its previous clients reclaim in)."""
         if self._active and now >= self.ends_at:
-            self._end("time is up")
+            if not self._extended and self._reclaiming - self._reclaimed:
+                self._extended = True
+                self.ends_at = self._started + 2 * self.grace_time
+                log.info(
+                    "grace period extended by %gs: %d clients are still reclaiming",
+                    self.grace_time,
+                    len(self._reclaiming - self._reclaimed),
+                )
+            if now >= self.ends_at:
+                self._end("time is up")
         return self._active
 
     def tick(self, now: float) -> None:
@@ -147,6 +164,7 @@ class Grace:
             raise Nfs4Error(nfs4.NFS4ERR_NO_GRACE)
         if owner not in self.previous or reclaim_complete:
             raise Nfs4Error(nfs4.NFS4ERR_NO_GRACE)
+        self._reclaiming.add(owner)
 
     def check_new_state(self, reclaim_complete: bool, now: float) -> None:
         """A non-reclaim OPEN or LOCK: NFS4ERR_GRACE before the client's RECLAIM_COMPLETE

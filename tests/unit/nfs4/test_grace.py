@@ -20,7 +20,7 @@ import pytest
 
 from nfsrdma.nfs4 import compound as compound_module
 from nfsrdma.nfs4.attrs import bitmap_of
-from nfsrdma.nfs4.context import ANONYMOUS_STATEID
+from nfsrdma.nfs4.context import ANONYMOUS_STATEID, Nfs4Error
 from nfsrdma.nfs4.grace import Grace, MemoryStore
 from nfsrdma.nfs4.server_state import ServerConfig, ServerState
 from nfsrdma.nfs4.state import StateManager
@@ -288,6 +288,36 @@ def test_grace_runs_from_when_the_server_serves(tmp_path: Path) -> None:
     first = Grace(MemoryStore(), 10, 100.0)
     first.serving(108.0)
     assert not first.own_grace(108.0) and first.ended_why == "no clients to reclaim"
+
+
+def test_grace_waits_once_for_a_client_still_reclaiming() -> None:
+    """Time up while a client that came back has reclaims accepted but no RECLAIM_COMPLETE
+    yet: the period goes on, once, to twice the grace time from its start; its reclaims are
+    still accepted meanwhile, and its RECLAIM_COMPLETE ends the period when it was the last."""
+    grace = Grace(MemoryStore([b"client-a"]), 10, 0.0)
+    grace.serving(5.0)
+    grace.check_reclaim(b"client-a", False, 14.0)  # an OPEN CLAIM_PREVIOUS
+    assert grace.own_grace(15.0)  # time is up at 15: extended to 25
+    grace.check_reclaim(b"client-a", False, 20.0)  # a LOCK reclaim: still accepted
+    assert grace.own_grace(24.9)
+    grace.reclaim_complete(1, b"client-a", 21.0)
+    assert not grace.own_grace(21.0) and grace.ended_why == "every client reclaimed"
+
+
+def test_grace_extends_only_for_a_reclaim_in_progress() -> None:
+    """No extension for clients that never came back or already completed, and only one:
+    at twice the grace time the period ends even if a client is still reclaiming."""
+    idle = Grace(MemoryStore([b"client-a", b"client-b"]), 10, 0.0)
+    idle.check_reclaim(b"client-a", False, 1.0)
+    idle.reclaim_complete(1, b"client-a", 2.0)  # client-b never comes back
+    assert not idle.own_grace(10.0) and idle.ended_why == "time is up"
+    slow = Grace(MemoryStore([b"client-a"]), 10, 0.0)
+    slow.check_reclaim(b"client-a", False, 9.0)
+    assert slow.own_grace(19.9)
+    assert not slow.own_grace(20.0) and slow.ended_why == "time is up"
+    with pytest.raises(Nfs4Error) as e:
+        slow.check_reclaim(b"client-a", False, 20.5)
+    assert e.value.status == nfs4.NFS4ERR_NO_GRACE
 
 
 async def test_18_51_3_new_client_id_needs_reclaim_complete(bed: Bed) -> None:
