@@ -262,6 +262,22 @@ LINUX_BITMAP = bitmap_of(
 )
 
 
+def _plain(
+    third: tuple[str, object], *, extra: object = None, cachethis: bool = False
+) -> dict[str, object]:
+    """A well-formed case of ``compounds``: slot 0, the next seqid, the file's handle,
+    ``third`` (and ``extra``) after SEQUENCE and PUTFH, nothing cut."""
+    return {
+        "slot": 0,
+        "delta": 1,
+        "cachethis": cachethis,
+        "fh": "file",
+        "third": third,
+        "extra": extra,
+        "cut": 0,
+    }
+
+
 def build(pair: Pair, c: dict[str, object], rand_fh: bytes, rand_sid: bytes) -> bytes:
     sid = {
         "open": pair.stateid,
@@ -419,15 +435,7 @@ def test_the_linux_shapes_take_the_fast_path(third: str) -> None:
         "CLOSE": "open",
         "GETFH": None,
     }
-    c = {
-        "slot": 0,
-        "delta": 1,
-        "cachethis": False,
-        "fh": "file",
-        "third": (third, args[third]),
-        "extra": None,
-        "cut": 0,
-    }
+    c = _plain((third, args[third]))
     assert _is_fast(build(pair, c, b"", bytes(12)))
     c["fh"], c["third"] = "root", ("SEQUENCE", None)  # out of place: the generic path says so
     assert not _is_fast(build(pair, c, b"", bytes(12)))
@@ -448,15 +456,7 @@ def test_an_export_with_flavours_refuses_auth_sys_on_the_fast_shapes_too(third: 
             krb5 = 390003
             pair.fast.state.security = pair.generic.state.security = (krb5,)
             args = {"READ": ("open", 0, 4), "GETATTR": "linux", "ACCESS": 63}[third]
-            c = {
-                "slot": 0,
-                "delta": 1,
-                "cachethis": False,
-                "fh": "file",
-                "third": (third, args),
-                "extra": None,
-                "cut": 0,
-            }
+            c = _plain((third, args))
             reply = await pair.both(build(pair, c, b"", bytes(12)))
             res = unpack(nfs4.dec_COMPOUND4res, reply)
             assert res.status == nfs4.NFS4ERR_WRONGSEC
@@ -486,15 +486,7 @@ def test_read_data_counts_toward_the_cached_reply_limit() -> None:
                 (1600, "GETATTR", OK, 4),
                 (1950, "GETATTR", too_big, 4),
             ):
-                c = {
-                    "slot": 0,
-                    "delta": 1,
-                    "cachethis": True,
-                    "fh": "file",
-                    "third": ("READ", ("open", 0, count)),
-                    "extra": extra,
-                    "cut": 0,
-                }
+                c = _plain(("READ", ("open", 0, count)), extra=extra, cachethis=True)
                 res = unpack(nfs4.dec_COMPOUND4res, await pair.both(build(pair, c, b"", b"")))
                 assert (res.status, len(res.resarray)) == (status, results)
         finally:
@@ -666,15 +658,10 @@ def test_a_fast_getattr_is_written_without_the_generic_encoder(
         try:
             await pair.setup()
             monkeypatch.setattr(compound_module._Run, "_record", spy)
-            c = {
-                "slot": 0,
-                "delta": 1,
-                "cachethis": False,
-                "fh": "file",
-                "third": (third, "linux" if third == "GETATTR" else None),
-                "extra": "GETATTR" if third == "GETFH" else None,
-                "cut": 0,
-            }
+            c = _plain(
+                (third, "linux" if third == "GETATTR" else None),
+                extra="GETATTR" if third == "GETFH" else None,
+            )
             reply = await pair.both(build(pair, c, b"", bytes(12)))
             assert unpack(nfs4.dec_COMPOUND4res, reply).status == OK
         finally:
@@ -697,15 +684,7 @@ def test_a_fast_getattr_over_the_cached_reply_limit(cachethis: bool) -> None:
         pair = Pair(Server(root, fast=True), Server(root, fast=False))
         try:
             await pair.setup(cached=120)
-            c = {
-                "slot": 0,
-                "delta": 1,
-                "cachethis": cachethis,
-                "fh": "file",
-                "third": ("GETATTR", "linux"),
-                "extra": None,
-                "cut": 0,
-            }
+            c = _plain(("GETATTR", "linux"), cachethis=cachethis)
             reply = await pair.both(build(pair, c, b"", bytes(12)))
             res = unpack(nfs4.dec_COMPOUND4res, reply)
             assert res.status == (nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE if cachethis else OK)
@@ -749,15 +728,7 @@ def test_a_fast_sequence_reads_its_arguments_in_place(
             monkeypatch.setattr(compound_module._Run, "_record", spy)
             monkeypatch.setattr(ServerSessions, "sequence", spy_sequence)
             args = {"READ": ("open", 0, 100), "GETATTR": "linux", "ACCESS": 63}[third]
-            c = {
-                "slot": 0,
-                "delta": 1,
-                "cachethis": False,
-                "fh": "file",
-                "third": (third, args),
-                "extra": None,
-                "cut": 0,
-            }
+            c = _plain((third, args))
             reply = await pair.both(build(pair, c, b"", bytes(12)))
             assert unpack(nfs4.dec_COMPOUND4res, reply).status == OK
         finally:
