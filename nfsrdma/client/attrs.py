@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import stat as stat_mod
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from nfsrdma.nfs4.attr_decode import NAMES, decode_values
 from nfsrdma.nfs4.attrs import parse_owner
@@ -47,10 +47,10 @@ def decode_bitmap(words: list[int]) -> list[int]:
     return [i * 32 + b for i, w in enumerate(words) for b in range(32) if w >> b & 1]
 
 
-def decode_attrs(f: nfs4.fattr4) -> dict[int, Any]:
-    """The values of a fattr4, by attribute number (compiled per attribute mask, shared with
-    the server side: ``nfsrdma.nfs4.attr_decode``). Raises XdrError on malformed values."""
-    return decode_values(f)
+# The values of a fattr4, by attribute number (compiled per attribute mask, shared with the
+# server side: ``nfsrdma.nfs4.attr_decode``). Raises XdrError on malformed values. The same
+# function, not a wrapper: a call less per GETATTR reply.
+decode_attrs: Final = decode_values
 
 
 def encode_attrs(values: dict[int, Any]) -> nfs4.fattr4:

@@ -27,6 +27,7 @@ many values as its attribute's XDR type holds is a generation error.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -331,21 +332,74 @@ class _Section:
         return body
 
     def mask_decoder(self, mask_name: str, numbers: list[int]) -> str:
+        """A mask's decoder: every value into a local, in the order and with the checks of
+        ``decoder_body``, and the dictionary built once at the end (one dictionary display
+        instead of a store per attribute). A Reader is made only for the generated codecs that
+        take one (variable-size values other than opaques and strings)."""
+        g = self.g
         fn = f"_fattr4_decode_{mask_name}"
-        body = self.decoder_body(numbers)
+        body: list[str] = []
+        values: list[str] = []
+        fmt: list[str] = []
+        builds: list[tuple[int, str]] = []
+        items = 0  # unpacked values so far: their locals are _t0, _t1, ...
+        needs_reader = False
+
+        def flush() -> None:
+            nonlocal items
+            if not fmt:
+                return
+            layouts = [self.fixed_layout(name) for _, name in builds]
+            count = sum(layout[1] for layout in layouts if layout is not None)
+            names = [f"_t{items + k}" for k in range(count)]
+            target = f"({names[0]},)" if count == 1 else ", ".join(names)
+            sv = self.bound(g.struct_var("".join(fmt)), "unpack_from")
+            body.append(f"        {target} = {sv}(buf, off)")
+            body.append(f"        off += {_struct_size(''.join(fmt))}")
+            for (n, name), layout in zip(builds, layouts, strict=True):
+                assert layout is not None
+                build = g.build_type(f"fattr4_{name}", "_t", items)
+                local = _TUPLE_ITEM.sub(lambda m: f"_t{int(m.group(1))}", build)
+                if local != f"_t{items}" or layout[1] != 1:
+                    body.append(f"        _v{n} = {local}")  # converted or built here, as before
+                    local = f"_v{n}"
+                values.append(f"{n}: {local}")
+                items += layout[1]
+            fmt.clear()
+            builds.clear()
+
+        for n in numbers:
+            name = self.names[n]
+            layout = self.fixed_layout(name)
+            if layout is not None:
+                fmt.append(layout[0])
+                builds.append((n, name))
+                continue
+            flush()
+            d = g.resolve(Decl(f"fattr4_{name}", f"fattr4_{name}"))
+            if d.kind is Kind.VARIABLE and d.type in ("opaque", "string"):
+                body += g.dec_stmts(d, f"_v{n}", False, "        ")
+            else:
+                needs_reader = True
+                body.append(f"        _v{n}, off = dec_fattr4_{name}(r, off)")
+            values.append(f"{n}: _v{n}")
+        flush()
+        start = (
+            ["    r = _Reader(data)", "    buf = r.buf"]
+            if needs_reader
+            else ["    buf = data if data.__class__ is bytes else memoryview(data)"]
+        )
         self.out += [
             f"def {fn}(data: _Buffer) -> dict[int, _Any]:",
-            "    r = _Reader(data)",
-            "    buf = r.buf",
+            *start,
             "    off = 0",
-            "    out: dict[int, _Any] = {}",
             "    try:",
             *body,
             "    except (_struct.error, KeyError, IndexError):",
             "        raise _XdrError('malformed attribute values', off) from None",
             "    if off != len(buf):",
             "        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)",
-            "    return out",
+            f"    return {{{', '.join(values)}}}",
             "",
             "",
         ]
@@ -404,6 +458,9 @@ def _top_level_split(expr: str) -> list[str]:
             start = i + 1
     parts.append(expr[start:])
     return parts
+
+
+_TUPLE_ITEM = re.compile(r"_t\[(\d+)\]")  # an item of the unpacked tuple, as a build names it
 
 
 def _struct_size(fmt: str) -> int:

@@ -4743,47 +4743,38 @@ SERVER_ATTRIBUTE_LAYERS: tuple[tuple[dict[int, tuple[int, int]], tuple[dict[int,
 
 
 def _fattr4_decode_linux_fattr(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S259_unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S259_unpack_from(buf, off)
         off += 52
-        out[1] = _nfs_ftype4_MAP[_t[0]]
-        out[3] = _t[1]
-        out[4] = _t[2]
-        out[8] = fsid4(_t[3], _t[4])
-        out[20] = _t[5]
-        out[33] = _t[6]
-        out[35] = _t[7]
+        _v1 = _nfs_ftype4_MAP[_t0]
+        _v8 = fsid4(_t3, _t4)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        out[36] = bytes(buf[off:_e])
+        _v36 = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        out[37] = bytes(buf[off:_e])
+        _v37 = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _fattr4_S214_unpack_from(buf, off)
+        _t8, _t9, _t10, _t11, _t12, _t13, _t14, _t15, _t16, _t17 = _fattr4_S214_unpack_from(buf, off)
         off += 60
-        out[41] = specdata4(_t[0], _t[1])
-        out[45] = _t[2]
-        out[47] = nfstime4(_t[3], _t[4])
-        out[52] = nfstime4(_t[5], _t[6])
-        out[53] = nfstime4(_t[7], _t[8])
-        out[55] = _t[9]
+        _v41 = specdata4(_t8, _t9)
+        _v47 = nfstime4(_t11, _t12)
+        _v52 = nfstime4(_t13, _t14)
+        _v53 = nfstime4(_t15, _t16)
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {1: _v1, 3: _t1, 4: _t2, 8: _v8, 20: _t5, 33: _t6, 35: _t7, 36: _v36, 37: _v37, 41: _v41, 45: _t10, 47: _v47, 52: _v52, 53: _v53, 55: _t17}
 
 
 def _fattr4_encode_linux_fattr(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4791,18 +4782,14 @@ def _fattr4_encode_linux_fattr(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int
 
 
 def _fattr4_decode_linux_readdir_plus(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S131_unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S131_unpack_from(buf, off)
         off += 40
-        out[1] = _nfs_ftype4_MAP[_t[0]]
-        out[3] = _t[1]
-        out[4] = _t[2]
-        out[8] = fsid4(_t[3], _t[4])
-        out[11] = _nfsstat4_MAP[_t[5]]
+        _v1 = _nfs_ftype4_MAP[_t0]
+        _v8 = fsid4(_t3, _t4)
+        _v11 = _nfsstat4_MAP[_t5]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 128:
             raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -4810,40 +4797,35 @@ def _fattr4_decode_linux_readdir_plus(data: _Buffer) -> dict[int, _Any]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        out[19] = bytes(buf[off:_e])
+        _v19 = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _fattr4_S51_unpack_from(buf, off)
+        _t6, _t7, _t8 = _fattr4_S51_unpack_from(buf, off)
         off += 16
-        out[20] = _t[0]
-        out[33] = _t[1]
-        out[35] = _t[2]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        out[36] = bytes(buf[off:_e])
+        _v36 = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        out[37] = bytes(buf[off:_e])
+        _v37 = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _fattr4_S214_unpack_from(buf, off)
+        _t9, _t10, _t11, _t12, _t13, _t14, _t15, _t16, _t17, _t18 = _fattr4_S214_unpack_from(buf, off)
         off += 60
-        out[41] = specdata4(_t[0], _t[1])
-        out[45] = _t[2]
-        out[47] = nfstime4(_t[3], _t[4])
-        out[52] = nfstime4(_t[5], _t[6])
-        out[53] = nfstime4(_t[7], _t[8])
-        out[55] = _t[9]
+        _v41 = specdata4(_t9, _t10)
+        _v47 = nfstime4(_t12, _t13)
+        _v52 = nfstime4(_t14, _t15)
+        _v53 = nfstime4(_t16, _t17)
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {1: _v1, 3: _t1, 4: _t2, 8: _v8, 11: _v11, 19: _v19, 20: _t6, 33: _t7, 35: _t8, 36: _v36, 37: _v37, 41: _v41, 45: _t11, 47: _v47, 52: _v52, 53: _v53, 55: _t18}
 
 
 def _fattr4_encode_linux_readdir_plus(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4851,20 +4833,17 @@ def _fattr4_encode_linux_readdir_plus(a: _Any, fs: _Any, fh: bytes, cfg: _Any, e
 
 
 def _fattr4_decode_linux_readdir(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S33_unpack_from(buf, off)
+        _t0, _t1 = _fattr4_S33_unpack_from(buf, off)
         off += 12
-        out[11] = _nfsstat4_MAP[_t[0]]
-        out[55] = _t[1]
+        _v11 = _nfsstat4_MAP[_t0]
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {11: _v11, 55: _t1}
 
 
 def _fattr4_encode_linux_readdir(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4872,22 +4851,18 @@ def _fattr4_encode_linux_readdir(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: i
 
 
 def _fattr4_decode_linux_cache_consistency(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S243_unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S243_unpack_from(buf, off)
         off += 40
-        out[3] = _t[0]
-        out[4] = _t[1]
-        out[52] = nfstime4(_t[2], _t[3])
-        out[53] = nfstime4(_t[4], _t[5])
+        _v52 = nfstime4(_t2, _t3)
+        _v53 = nfstime4(_t4, _t5)
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {3: _t0, 4: _t1, 52: _v52, 53: _v53}
 
 
 def _fattr4_encode_linux_cache_consistency(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4895,20 +4870,17 @@ def _fattr4_encode_linux_cache_consistency(a: _Any, fs: _Any, fh: bytes, cfg: _A
 
 
 def _fattr4_decode_linux_open_noattr(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S33_unpack_from(buf, off)
+        _t0, _t1 = _fattr4_S33_unpack_from(buf, off)
         off += 12
-        out[1] = _nfs_ftype4_MAP[_t[0]]
-        out[20] = _t[1]
+        _v1 = _nfs_ftype4_MAP[_t0]
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {1: _v1, 20: _t1}
 
 
 def _fattr4_encode_linux_open_noattr(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4916,24 +4888,16 @@ def _fattr4_encode_linux_open_noattr(a: _Any, fs: _Any, fh: bytes, cfg: _Any, er
 
 
 def _fattr4_decode_linux_statfs(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S260_unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S260_unpack_from(buf, off)
         off += 48
-        out[21] = _t[0]
-        out[22] = _t[1]
-        out[23] = _t[2]
-        out[42] = _t[3]
-        out[43] = _t[4]
-        out[44] = _t[5]
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {21: _t0, 22: _t1, 23: _t2, 42: _t3, 43: _t4, 44: _t5}
 
 
 def _fattr4_encode_linux_statfs(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4941,20 +4905,16 @@ def _fattr4_encode_linux_statfs(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: in
 
 
 def _fattr4_decode_linux_pathconf(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S1_unpack_from(buf, off)
+        _t0, _t1 = _fattr4_S1_unpack_from(buf, off)
         off += 8
-        out[28] = _t[0]
-        out[29] = _t[1]
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {28: _t0, 29: _t1}
 
 
 def _fattr4_encode_linux_pathconf(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4962,23 +4922,17 @@ def _fattr4_encode_linux_pathconf(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: 
 
 
 def _fattr4_decode_linux_fsinfo(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S261_unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S261_unpack_from(buf, off)
         off += 40
-        out[10] = _t[0]
-        out[27] = _t[1]
-        out[30] = _t[2]
-        out[31] = _t[3]
-        out[51] = nfstime4(_t[4], _t[5])
+        _v51 = nfstime4(_t4, _t5)
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {10: _t0, 27: _t1, 30: _t2, 31: _t3, 51: _v51}
 
 
 def _fattr4_encode_linux_fsinfo(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4989,23 +4943,20 @@ def _fattr4_decode_linux_server_caps(data: _Buffer) -> dict[int, _Any]:
     r = _Reader(data)
     buf = r.buf
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        out[0], off = dec_fattr4_supported_attrs(r, off)
-        _t = _fattr4_S53_unpack_from(buf, off)
+        _v0, off = dec_fattr4_supported_attrs(r, off)
+        _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S53_unpack_from(buf, off)
         off += 24
-        out[2] = _t[0]
-        out[5] = _BOOL[_t[1]]
-        out[6] = _BOOL[_t[2]]
-        out[13] = _t[3]
-        out[16] = _BOOL[_t[4]]
-        out[17] = _BOOL[_t[5]]
-        out[75], off = dec_fattr4_suppattr_exclcreat(r, off)
+        _v5 = _BOOL[_t1]
+        _v6 = _BOOL[_t2]
+        _v16 = _BOOL[_t4]
+        _v17 = _BOOL[_t5]
+        _v75, off = dec_fattr4_suppattr_exclcreat(r, off)
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {0: _v0, 2: _t0, 5: _v5, 6: _v6, 13: _t3, 16: _v16, 17: _v17, 75: _v75}
 
 
 def _fattr4_encode_linux_server_caps(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -5013,46 +4964,38 @@ def _fattr4_encode_linux_server_caps(a: _Any, fs: _Any, fh: bytes, cfg: _Any, er
 
 
 def _fattr4_decode_client_stat(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S259_unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S259_unpack_from(buf, off)
         off += 52
-        out[1] = _nfs_ftype4_MAP[_t[0]]
-        out[3] = _t[1]
-        out[4] = _t[2]
-        out[8] = fsid4(_t[3], _t[4])
-        out[20] = _t[5]
-        out[33] = _t[6]
-        out[35] = _t[7]
+        _v1 = _nfs_ftype4_MAP[_t0]
+        _v8 = fsid4(_t3, _t4)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        out[36] = bytes(buf[off:_e])
+        _v36 = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        out[37] = bytes(buf[off:_e])
+        _v37 = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _fattr4_S188_unpack_from(buf, off)
+        _t8, _t9, _t10, _t11, _t12, _t13, _t14, _t15, _t16 = _fattr4_S188_unpack_from(buf, off)
         off += 52
-        out[41] = specdata4(_t[0], _t[1])
-        out[45] = _t[2]
-        out[47] = nfstime4(_t[3], _t[4])
-        out[52] = nfstime4(_t[5], _t[6])
-        out[53] = nfstime4(_t[7], _t[8])
+        _v41 = specdata4(_t8, _t9)
+        _v47 = nfstime4(_t11, _t12)
+        _v52 = nfstime4(_t13, _t14)
+        _v53 = nfstime4(_t15, _t16)
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {1: _v1, 3: _t1, 4: _t2, 8: _v8, 20: _t5, 33: _t6, 35: _t7, 36: _v36, 37: _v37, 41: _v41, 45: _t10, 47: _v47, 52: _v52, 53: _v53}
 
 
 def _fattr4_encode_client_stat(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -5060,19 +5003,17 @@ def _fattr4_encode_client_stat(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int
 
 
 def _fattr4_decode_rdattr_error(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S2_unpack_from(buf, off)
+        (_t0,) = _fattr4_S2_unpack_from(buf, off)
         off += 4
-        out[11] = _nfsstat4_MAP[_t[0]]
+        _v11 = _nfsstat4_MAP[_t0]
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {11: _v11}
 
 
 def _fattr4_encode_rdattr_error(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -5080,19 +5021,16 @@ def _fattr4_encode_rdattr_error(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: in
 
 
 def _fattr4_decode_set_mode(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S0_unpack_from(buf, off)
+        (_t0,) = _fattr4_S0_unpack_from(buf, off)
         off += 4
-        out[33] = _t[0]
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {33: _t0}
 
 
 def _fattr4_encode_set_mode(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -5100,19 +5038,16 @@ def _fattr4_encode_set_mode(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -
 
 
 def _fattr4_decode_set_size(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S4_unpack_from(buf, off)
+        (_t0,) = _fattr4_S4_unpack_from(buf, off)
         off += 8
-        out[4] = _t[0]
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {4: _t0}
 
 
 def _fattr4_encode_set_size(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -5120,30 +5055,28 @@ def _fattr4_encode_set_size(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -
 
 
 def _fattr4_decode_set_owners(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        out[36] = bytes(buf[off:_e])
+        _v36 = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        out[37] = bytes(buf[off:_e])
+        _v37 = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {36: _v36, 37: _v37}
 
 
 def _fattr4_encode_set_owners(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -5154,15 +5087,14 @@ def _fattr4_decode_set_times(data: _Buffer) -> dict[int, _Any]:
     r = _Reader(data)
     buf = r.buf
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        out[48], off = dec_fattr4_time_access_set(r, off)
-        out[54], off = dec_fattr4_time_modify_set(r, off)
+        _v48, off = dec_fattr4_time_access_set(r, off)
+        _v54, off = dec_fattr4_time_modify_set(r, off)
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {48: _v48, 54: _v54}
 
 
 def _fattr4_decode_l0g0_1(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
