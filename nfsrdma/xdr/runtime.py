@@ -81,9 +81,7 @@ class Reader:
     ) -> None:
         # bytes stay bytes (slicing them is cheapest); anything else is viewed, not copied.
         self.buf: bytes | memoryview = (
-            data
-            if data.__class__ is bytes or isinstance(data, memoryview)
-            else memoryview(data)
+            data if data.__class__ is bytes or isinstance(data, memoryview) else memoryview(data)
         )
         self.chunks = chunks
         self.ordered = ordered
