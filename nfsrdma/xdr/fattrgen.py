@@ -263,9 +263,11 @@ class _Section:
                 for subset in range(1, 1 << len(group)):
                     numbers = [n for k, n in enumerate(group) if subset >> k & 1]
                     fn = f"_fattr4_decode_l{li}g{gi}_{subset}"
+                    body, values, _ = self.decoder_body(numbers)
                     self.out += [
                         f"def {fn}(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:",
-                        *(line[4:] for line in self.decoder_body(numbers)),
+                        *(line[4:] for line in body),
+                        *(f"    out[{n}] = {v}" for n, v in values),
                         "    return off",
                         "",
                         "",
@@ -291,55 +293,14 @@ class _Section:
             "",
         ]
 
-    def decoder_body(self, numbers: list[int]) -> list[str]:
-        """Statements decoding ``numbers``' values at ``off`` of ``buf`` into ``out``."""
+    def decoder_body(self, numbers: list[int]) -> tuple[list[str], list[tuple[int, str]], bool]:
+        """Statements decoding ``numbers``' values at ``off`` of ``buf`` into locals: the
+        statements, each attribute's local, and whether they need ``r`` (a Reader: for the
+        generated codecs of variable-size values other than opaques and strings). Every run of
+        fixed-size values is one unpack; conversions and builds happen right after it."""
         g = self.g
         body: list[str] = []
-        fmt: list[str] = []
-        builds: list[tuple[int, str]] = []
-
-        def flush() -> None:
-            if not fmt:
-                return
-            sv = self.bound(g.struct_var("".join(fmt)), "unpack_from")
-            size = _struct_size("".join(fmt))
-            body.append(f"        _t = {sv}(buf, off)")
-            body.append(f"        off += {size}")
-            i = 0
-            for n, name in builds:
-                layout = self.fixed_layout(name)
-                assert layout is not None
-                body.append(f"        out[{n}] = {g.build_type(f'fattr4_{name}', '_t', i)}")
-                i += layout[1]
-            fmt.clear()
-            builds.clear()
-
-        for n in numbers:
-            name = self.names[n]
-            layout = self.fixed_layout(name)
-            if layout is not None:
-                fmt.append(layout[0])
-                builds.append((n, name))
-                continue
-            flush()
-            d = g.resolve(Decl(f"fattr4_{name}", f"fattr4_{name}"))
-            if d.kind is Kind.VARIABLE and d.type in ("opaque", "string"):
-                # owner strings, file handles: inline, bounds checked as dec_fattr4_X does
-                body += g.dec_stmts(d, f"out[{n}]", False, "        ")
-            else:
-                body.append(f"        out[{n}], off = dec_fattr4_{name}(r, off)")
-        flush()
-        return body
-
-    def mask_decoder(self, mask_name: str, numbers: list[int]) -> str:
-        """A mask's decoder: every value into a local, in the order and with the checks of
-        ``decoder_body``, and the dictionary built once at the end (one dictionary display
-        instead of a store per attribute). A Reader is made only for the generated codecs that
-        take one (variable-size values other than opaques and strings)."""
-        g = self.g
-        fn = f"_fattr4_decode_{mask_name}"
-        body: list[str] = []
-        values: list[str] = []
+        values: list[tuple[int, str]] = []
         fmt: list[str] = []
         builds: list[tuple[int, str]] = []
         items = 0  # unpacked values so far: their locals are _t0, _t1, ...
@@ -361,9 +322,9 @@ class _Section:
                 build = g.build_type(f"fattr4_{name}", "_t", items)
                 local = _TUPLE_ITEM.sub(lambda m: f"_t{int(m.group(1))}", build)
                 if local != f"_t{items}" or layout[1] != 1:
-                    body.append(f"        _v{n} = {local}")  # converted or built here, as before
+                    body.append(f"        _v{n} = {local}")  # converted or built here
                     local = f"_v{n}"
-                values.append(f"{n}: {local}")
+                values.append((n, local))
                 items += layout[1]
             fmt.clear()
             builds.clear()
@@ -378,12 +339,20 @@ class _Section:
             flush()
             d = g.resolve(Decl(f"fattr4_{name}", f"fattr4_{name}"))
             if d.kind is Kind.VARIABLE and d.type in ("opaque", "string"):
+                # owner strings, file handles: inline, bounds checked as dec_fattr4_X does
                 body += g.dec_stmts(d, f"_v{n}", False, "        ")
             else:
                 needs_reader = True
                 body.append(f"        _v{n}, off = dec_fattr4_{name}(r, off)")
-            values.append(f"{n}: _v{n}")
+            values.append((n, f"_v{n}"))
         flush()
+        return body, values, needs_reader
+
+    def mask_decoder(self, mask_name: str, numbers: list[int]) -> str:
+        """A mask's decoder: the values into locals (``decoder_body``), and the dictionary
+        built once at the end (one display instead of a store per attribute)."""
+        fn = f"_fattr4_decode_{mask_name}"
+        body, values, needs_reader = self.decoder_body(numbers)
         start = (
             ["    r = _Reader(data)", "    buf = r.buf"]
             if needs_reader
@@ -399,7 +368,7 @@ class _Section:
             "        raise _XdrError('malformed attribute values', off) from None",
             "    if off != len(buf):",
             "        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)",
-            f"    return {{{', '.join(values)}}}",
+            f"    return {{{', '.join(f'{n}: {v}' for n, v in values)}}}",
             "",
             "",
         ]
