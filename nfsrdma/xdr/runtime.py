@@ -80,8 +80,11 @@ class Reader:
         ordered: list[Buffer | None] | None = None,
     ) -> None:
         # bytes stay bytes (slicing them is cheapest); anything else is viewed, not copied.
+        # (The class check first: bytes is what nearly every caller gives.)
         self.buf: bytes | memoryview = (
-            data if data.__class__ is bytes or isinstance(data, memoryview) else memoryview(data)
+            data
+            if data.__class__ is bytes or isinstance(data, bytes | memoryview)
+            else memoryview(data)
         )
         self.chunks = chunks
         self.ordered = ordered
