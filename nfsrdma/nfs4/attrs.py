@@ -268,7 +268,8 @@ class Settable:
 
 
 _NS = 1_000_000_000
-_ID_MAX = 0xFFFFFFFE  # (uid_t)-1 means "unchanged" to chown(2): not a valid owner
+ID_MAX = 0xFFFFFFFE  # (uid_t)-1 means "unchanged" to chown(2): not a valid owner
+ID_DIGITS = 10  # digits of the longest numeric owner (ID_MAX)
 MODE_BITS: Final = 0o7777
 
 
@@ -327,7 +328,7 @@ def parse_owner(text: bytes, *, group: bool) -> int:
     if not s:
         raise Nfs4Error(nfs4.NFS4ERR_INVAL)
     if s.isascii() and s.isdigit():
-        if len(s) > 10 or int(s) > _ID_MAX:
+        if len(s) > ID_DIGITS or int(s) > ID_MAX:
             raise Nfs4Error(nfs4.NFS4ERR_BADOWNER)
         return int(s)
     name = s.rpartition("@")[0] if "@" in s else s

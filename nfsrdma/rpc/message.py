@@ -41,6 +41,10 @@ CALL_FAST = _CALL_FAST
 AUTH_NONE_BYTES = _AUTH_NONE_BYTES
 REPLY_OK_TAIL = _REPLY_OK_TAIL
 _auth_bytes: dict[tuple[int, bytes], bytes] = {}
+_CALL = rpc.CALL
+_opaque_auth = rpc.opaque_auth
+_call_body = rpc.call_body
+_U32_unpack_from = U32.unpack_from
 
 
 @dataclass(slots=True)
@@ -62,13 +66,31 @@ def peek(buf: Buffer) -> tuple[int, int]:
     return xid, mtype
 
 
+_UNKNOWN = object()
+# The last credential encoded: the object, its body and flavor then, and its bytes. A client
+# sends the same credential object with every call; the body and flavor are compared too, as
+# the object could have been changed since.
+_last_auth: tuple[rpc.opaque_auth, object, int, bytes] = (
+    AUTH_NONE_VERF,
+    AUTH_NONE_VERF.body,
+    AUTH_NONE_VERF.flavor,
+    _AUTH_NONE_BYTES,
+)
+
+
 def _auth(cred: rpc.opaque_auth) -> bytes:
+    global _last_auth
+    last = _last_auth
+    if cred is last[0] and cred.body is last[1] and cred.flavor == last[2]:
+        return last[3]
     key = (cred.flavor, bytes(cred.body))
     encoded = _auth_bytes.get(key)
     if encoded is None:
         encoded = pack(rpc.enc_opaque_auth, cred)
         if len(_auth_bytes) < 256:  # a client uses one or two credentials
             _auth_bytes[key] = encoded
+    body = cred.body  # a body that can change in place (not bytes) is never taken as known
+    _last_auth = (cred, body if body.__class__ is bytes else _UNKNOWN, cred.flavor, encoded)
     return encoded
 
 
@@ -81,9 +103,9 @@ def encode_call(
     cred: rpc.opaque_auth,
     verf: rpc.opaque_auth = AUTH_NONE_VERF,
 ) -> None:
-    w += _CALL_HEAD.pack(xid, rpc.CALL, RPC_VERSION, prog, vers, proc)
+    w += _CALL_HEAD.pack(xid, _CALL, RPC_VERSION, prog, vers, proc)
     w += _auth(cred)
-    w += _auth(verf)
+    w += _AUTH_NONE_BYTES if verf is AUTH_NONE_VERF else _auth(verf)
 
 
 def decode_call(r: Reader) -> tuple[int, rpc.call_body, int]:
@@ -92,9 +114,9 @@ def decode_call(r: Reader) -> tuple[int, rpc.call_body, int]:
     if len(buf) >= 40:
         xid, mtype, rpcvers, prog, vers, proc, flavor, n = _CALL_FAST.unpack_from(buf, 0)
         end = 32 + n + (-n & 3)
-        if mtype == rpc.CALL and n <= 400 and buf[end : end + 8] == _AUTH_NONE_BYTES:
-            cred = rpc.opaque_auth(flavor, bytes(buf[32 : 32 + n]))
-            return xid, rpc.call_body(rpcvers, prog, vers, proc, cred, AUTH_NONE_VERF), end + 8
+        if mtype == _CALL and n <= 400 and buf[end : end + 8] == _AUTH_NONE_BYTES:
+            cred = _opaque_auth(flavor, bytes(buf[32 : 32 + n]))
+            return xid, _call_body(rpcvers, prog, vers, proc, cred, AUTH_NONE_VERF), end + 8
     (xid,) = struct.unpack_from(">I", buf, 0)
     msg, off = rpc.dec_rpc_msg(r, 0)
     if msg.body.mtype != rpc.CALL or not isinstance(msg.body.value, rpc.call_body):
@@ -140,7 +162,8 @@ def decode_reply(r: Reader) -> tuple[ReplyHeader, int]:
     """The reply header and the offset where the results start."""
     buf = r.buf
     if buf[4:_REPLY_OK_LEN] == _REPLY_OK_TAIL:
-        return ReplyHeader(U32.unpack_from(buf, 0)[0], _REPLY_OK), _REPLY_OK_LEN
+        (xid,) = _U32_unpack_from(buf, 0)
+        return ReplyHeader(xid, _REPLY_OK), _REPLY_OK_LEN
     msg, off = rpc.dec_rpc_msg(r, 0)
     if msg.body.mtype != rpc.REPLY or not isinstance(msg.body.value, rpc.reply_body):
         raise XdrError("not a reply", 4)

@@ -40,10 +40,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nfsrdma.xdr.ast import Arm, Decl, Enum_, Kind, Spec, Struct, Typedef, Union
+from nfsrdma.xdr.runtime import U32_ARRAYS
 
 _INT_FMT = {"int": "i", "unsigned int": "I", "hyper": "q", "unsigned hyper": "Q"}
 INLINE_DEPTH = 3  # how deep struct/union codecs are inlined into their users
 _FIXED_ARRAY_FUSE_LIMIT = 16
+U32_ARRAY_MAX = len(U32_ARRAYS)  # arrays of unsigned ints shorter than this: precompiled
 SMALL_UNION_CASES = 4  # unions with at most this many cases are coded inline, case by case
 # Fixed-size items written before a declaration: (struct format, literal value) pairs.
 Head = tuple[tuple[str, str], ...]
@@ -260,6 +262,18 @@ class Generator:
             return f"list[{self.list_elem(t.name)[0]}]"
         return typ
 
+    def int_type(self, typ: str) -> bool:
+        """Whether ``typ`` is a plain integer type (directly or through typedefs)."""
+        return self.resolve(Decl("", typ)).type in _INT_FMT
+
+    @staticmethod
+    def array_struct(fmt: str) -> str:
+        """The ``struct.Struct`` of ``_n`` integers of format ``fmt``: precompiled for the
+        short arrays (bitmaps) when ``fmt`` is an unsigned int, else from struct's cache."""
+        if fmt == "I":
+            return f"(_U32_ARRAYS[_n] if _n < {U32_ARRAY_MAX} else _struct.Struct('>%dI' % _n))"
+        return f"_struct.Struct('>%d{fmt}' % _n)"
+
     def struct_var(self, fmt: str) -> str:
         if fmt not in self.structs_fmt:
             self.structs_fmt[fmt] = f"_S{len(self.structs_fmt)}"
@@ -422,9 +436,9 @@ class Generator:
         else:
             lines.append(f"_n = {r.size}")
         elem = self.fixed_of_type(r.type)
-        if elem is not None and elem.items == 1 and r.type in _INT_FMT:
+        if elem is not None and elem.items == 1 and self.int_type(r.type):
             lines += [
-                f"_t = _struct.unpack_from('>%d{elem.fmt}' % _n, buf, off)",
+                f"_t = {self.array_struct(elem.fmt)}.unpack_from(buf, off)",
                 f"off += {elem.size} * _n",
                 f"{target} = list(_t)",
             ]
@@ -551,8 +565,8 @@ class Generator:
             ]
             lines += self.emit_head(head)
         elem = self.fixed_of_type(r.type)
-        if elem is not None and elem.items == 1 and r.type in _INT_FMT:
-            lines.append(f"w += _struct.pack('>%d{elem.fmt}' % _n, *{a})")
+        if elem is not None and elem.items == 1 and self.int_type(r.type):
+            lines.append(f"w += {self.array_struct(elem.fmt)}.pack(*{a})")
         else:
             lines.append(f"for {x} in {a}:")
             lines += self.enc_stmts(Decl("", r.type), x, False, "    ", depth + 1)
@@ -1240,6 +1254,7 @@ class Generator:
             "    PAD as _PAD,",
             "    TRUE as _TRUE,",
             "    U32 as _U32,",
+            "    U32_ARRAYS as _U32_ARRAYS,",
             "    Operation as _Operation,",
             "    Buffer as _Buffer,",
             "    DdpItem as _DdpItem,",

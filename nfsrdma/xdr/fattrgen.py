@@ -27,6 +27,7 @@ many values as its attribute's XDR type holds is a generation error.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -262,9 +263,11 @@ class _Section:
                 for subset in range(1, 1 << len(group)):
                     numbers = [n for k, n in enumerate(group) if subset >> k & 1]
                     fn = f"_fattr4_decode_l{li}g{gi}_{subset}"
+                    body, values, _ = self.decoder_body(numbers)
                     self.out += [
                         f"def {fn}(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:",
-                        *(line[4:] for line in self.decoder_body(numbers)),
+                        *(line[4:] for line in body),
+                        *(f"    out[{n}] = {v}" for n, v in values),
                         "    return off",
                         "",
                         "",
@@ -290,26 +293,39 @@ class _Section:
             "",
         ]
 
-    def decoder_body(self, numbers: list[int]) -> list[str]:
-        """Statements decoding ``numbers``' values at ``off`` of ``buf`` into ``out``."""
+    def decoder_body(self, numbers: list[int]) -> tuple[list[str], list[tuple[int, str]], bool]:
+        """Statements decoding ``numbers``' values at ``off`` of ``buf`` into locals: the
+        statements, each attribute's local, and whether they need ``r`` (a Reader: for the
+        generated codecs of variable-size values other than opaques and strings). Every run of
+        fixed-size values is one unpack; conversions and builds happen right after it."""
         g = self.g
         body: list[str] = []
+        values: list[tuple[int, str]] = []
         fmt: list[str] = []
         builds: list[tuple[int, str]] = []
+        items = 0  # unpacked values so far: their locals are _t0, _t1, ...
+        needs_reader = False
 
         def flush() -> None:
+            nonlocal items
             if not fmt:
                 return
+            layouts = [self.fixed_layout(name) for _, name in builds]
+            count = sum(layout[1] for layout in layouts if layout is not None)
+            names = [f"_t{items + k}" for k in range(count)]
+            target = f"({names[0]},)" if count == 1 else ", ".join(names)
             sv = self.bound(g.struct_var("".join(fmt)), "unpack_from")
-            size = _struct_size("".join(fmt))
-            body.append(f"        _t = {sv}(buf, off)")
-            body.append(f"        off += {size}")
-            i = 0
-            for n, name in builds:
-                layout = self.fixed_layout(name)
+            body.append(f"        {target} = {sv}(buf, off)")
+            body.append(f"        off += {_struct_size(''.join(fmt))}")
+            for (n, name), layout in zip(builds, layouts, strict=True):
                 assert layout is not None
-                body.append(f"        out[{n}] = {g.build_type(f'fattr4_{name}', '_t', i)}")
-                i += layout[1]
+                build = g.build_type(f"fattr4_{name}", "_t", items)
+                local = _TUPLE_ITEM.sub(lambda m: f"_t{int(m.group(1))}", build)
+                if local != f"_t{items}" or layout[1] != 1:
+                    body.append(f"        _v{n} = {local}")  # converted or built here
+                    local = f"_v{n}"
+                values.append((n, local))
+                items += layout[1]
             fmt.clear()
             builds.clear()
 
@@ -324,28 +340,35 @@ class _Section:
             d = g.resolve(Decl(f"fattr4_{name}", f"fattr4_{name}"))
             if d.kind is Kind.VARIABLE and d.type in ("opaque", "string"):
                 # owner strings, file handles: inline, bounds checked as dec_fattr4_X does
-                body += g.dec_stmts(d, f"out[{n}]", False, "        ")
+                body += g.dec_stmts(d, f"_v{n}", False, "        ")
             else:
-                body.append(f"        out[{n}], off = dec_fattr4_{name}(r, off)")
+                needs_reader = True
+                body.append(f"        _v{n}, off = dec_fattr4_{name}(r, off)")
+            values.append((n, f"_v{n}"))
         flush()
-        return body
+        return body, values, needs_reader
 
     def mask_decoder(self, mask_name: str, numbers: list[int]) -> str:
+        """A mask's decoder: the values into locals (``decoder_body``), and the dictionary
+        built once at the end (one display instead of a store per attribute)."""
         fn = f"_fattr4_decode_{mask_name}"
-        body = self.decoder_body(numbers)
+        body, values, needs_reader = self.decoder_body(numbers)
+        start = (
+            ["    r = _Reader(data)", "    buf = r.buf"]
+            if needs_reader
+            else ["    buf = data if data.__class__ is bytes else memoryview(data)"]
+        )
         self.out += [
             f"def {fn}(data: _Buffer) -> dict[int, _Any]:",
-            "    r = _Reader(data)",
-            "    buf = r.buf",
+            *start,
             "    off = 0",
-            "    out: dict[int, _Any] = {}",
             "    try:",
             *body,
             "    except (_struct.error, KeyError, IndexError):",
             "        raise _XdrError('malformed attribute values', off) from None",
             "    if off != len(buf):",
             "        raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)",
-            "    return out",
+            f"    return {{{', '.join(f'{n}: {v}' for n, v in values)}}}",
             "",
             "",
         ]
@@ -404,6 +427,9 @@ def _top_level_split(expr: str) -> list[str]:
             start = i + 1
     parts.append(expr[start:])
     return parts
+
+
+_TUPLE_ITEM = re.compile(r"_t\[(\d+)\]")  # an item of the unpacked tuple, as a build names it
 
 
 def _struct_size(fmt: str) -> int:

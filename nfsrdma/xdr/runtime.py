@@ -35,6 +35,7 @@ __all__ = [
     "PAD",
     "TRUE",
     "U32",
+    "U32_ARRAYS",
     "U64",
     "Buffer",
     "DdpItem",
@@ -55,6 +56,8 @@ I64 = struct.Struct(">q")
 TRUE = U32.pack(1)
 FALSE = U32.pack(0)
 BOOL = (False, True)
+# The Structs of arrays of 0 to 8 unsigned ints (bitmaps), by count; longer arrays make theirs.
+U32_ARRAYS = tuple(struct.Struct(f">{n}I") for n in range(9))
 
 
 class Reader:
@@ -77,8 +80,11 @@ class Reader:
         ordered: list[Buffer | None] | None = None,
     ) -> None:
         # bytes stay bytes (slicing them is cheapest); anything else is viewed, not copied.
+        # (The class check first: bytes is what nearly every caller gives.)
         self.buf: bytes | memoryview = (
-            data if isinstance(data, bytes | memoryview) else memoryview(data)
+            data
+            if data.__class__ is bytes or isinstance(data, bytes | memoryview)
+            else memoryview(data)
         )
         self.chunks = chunks
         self.ordered = ordered

@@ -21,6 +21,7 @@ from nfsrdma.xdr.runtime import (
     PAD as _PAD,
     TRUE as _TRUE,
     U32 as _U32,
+    U32_ARRAYS as _U32_ARRAYS,
     Operation as _Operation,
     Buffer as _Buffer,
     DdpItem as _DdpItem,
@@ -106,7 +107,7 @@ def enc_authsys_parms(w: _Writer, v: authsys_parms) -> None:
         if _n > 16:
             raise _XdrError('gids: length %d exceeds 16' % _n, len(w))
         w += _S0.pack(_n)
-        w += _struct.pack('>%dI' % _n, *_a1)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a1)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode authsys_parms: {_e}', len(w)) from None
 
@@ -134,7 +135,7 @@ def dec_authsys_parms(r: _Reader, off: int) -> tuple[authsys_parms, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _t = _struct.unpack_from('>%dI' % _n, buf, off)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
         off += 4 * _n
         f_gids = list(_t)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -574,8 +575,7 @@ def enc_bitmap4(w: _Writer, v: bitmap4) -> None:
         _a2 = v
         _n = len(_a2)
         w += _S0.pack(_n)
-        for _x2 in _a2:
-            w += _S0.pack(_x2)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a2)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode bitmap4: {_e}', len(w)) from None
 
@@ -588,12 +588,9 @@ def dec_bitmap4(r: _Reader, off: int) -> tuple[bitmap4, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _v = []
-        _c3 = _n
-        for _ in range(_c3):
-            (_x3,) = _S0.unpack_from(buf, off)
-            off += 4
-            _v.append(_x3)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _v = list(_t)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated bitmap4', o0) from None
     return _v, off
@@ -1101,11 +1098,11 @@ pathname4: _TypeAlias = "list[bytes]"
 
 def enc_pathname4(w: _Writer, v: pathname4) -> None:
     try:
-        _a4 = v
-        _n = len(_a4)
+        _a3 = v
+        _n = len(_a3)
         w += _S0.pack(_n)
-        for _x4 in _a4:
-            _v = _x4
+        for _x3 in _a3:
+            _v = _x3
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
@@ -1123,16 +1120,16 @@ def dec_pathname4(r: _Reader, off: int) -> tuple[pathname4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
-        _c5 = _n
-        for _ in range(_c5):
+        _c4 = _n
+        for _ in range(_c4):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _x5 = bytes(buf[off:_e])
+            _x4 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _v.append(_x5)
+            _v.append(_x4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated pathname4', o0) from None
     return _v, off
@@ -1234,17 +1231,17 @@ def _dec_any_settime4(r: _Reader, off: int) -> tuple[settime4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v6: _Any
-        _f6: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d6,) = _S2.unpack_from(buf, off)
-        _a6 = _settime4_ARMS.get(_d6)
-        if _a6 is None:
-            _d6 = _time_how4_MAP[(_d6,)[0]]
-            _f6 = _void_decode
+        _v5: _Any
+        _f5: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d5,) = _S2.unpack_from(buf, off)
+        _a5 = _settime4_ARMS.get(_d5)
+        if _a5 is None:
+            _d5 = _time_how4_MAP[(_d5,)[0]]
+            _f5 = _void_decode
         else:
-            _d6, _f6 = _a6
-        _v6, off = _f6(r, off + 4)
-        _u = settime4(_d6, _v6)
+            _d5, _f5 = _a5
+        _v5, off = _f5(r, off + 4)
+        _u = settime4(_d5, _v5)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated settime4', o0) from None
     return _u, off
@@ -1252,14 +1249,14 @@ def _dec_any_settime4(r: _Reader, off: int) -> tuple[settime4, int]:
 
 def enc_settime4(w: _Writer, v: settime4) -> None:
     try:
-        _u7 = v
-        _d7 = _u7.set_it
-        _w7: _Any
-        if _d7 == 1:
-            _w7 = _u7.value
-            w += _S8.pack(1, _w7.seconds, _w7.nseconds)
+        _u6 = v
+        _d6 = _u6.set_it
+        _w6: _Any
+        if _d6 == 1:
+            _w6 = _u6.value
+            w += _S8.pack(1, _w6.seconds, _w6.nseconds)
         else:
-            _enc_any_settime4(w, _u7)
+            _enc_any_settime4(w, _u6)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode settime4: {_e!r}', len(w)) from None
 
@@ -1268,13 +1265,13 @@ def dec_settime4(r: _Reader, off: int) -> tuple[settime4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v8: _Any
-        (_d8,) = _S2.unpack_from(buf, off)
+        _v7: _Any
+        (_d7,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d8 == 1:
-            _v8 = nfstime4(*_S7.unpack_from(buf, off))
+        if _d7 == 1:
+            _v7 = nfstime4(*_S7.unpack_from(buf, off))
             off += 12
-            _u = settime4(SET_TO_CLIENT_TIME4, _v8)
+            _u = settime4(SET_TO_CLIENT_TIME4, _v7)
         else:
             _u, off = _dec_any_settime4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1359,20 +1356,20 @@ class fs_location4:
 
 def enc_fs_location4(w: _Writer, v: fs_location4) -> None:
     try:
-        _a9 = v.server
-        _n = len(_a9)
+        _a8 = v.server
+        _n = len(_a8)
         w += _S0.pack(_n)
-        for _x9 in _a9:
-            _v = _x9
+        for _x8 in _a8:
+            _v = _x8
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        _a10 = v.rootpath
-        _n = len(_a10)
+        _a9 = v.rootpath
+        _n = len(_a9)
         w += _S0.pack(_n)
-        for _x10 in _a10:
-            _v = _x10
+        for _x9 in _a9:
+            _v = _x9
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
@@ -1390,6 +1387,21 @@ def dec_fs_location4(r: _Reader, off: int) -> tuple[fs_location4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_server = []
+        _c10 = _n
+        for _ in range(_c10):
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _x10 = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            f_server.append(_x10)
+        (_n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if _n * 4 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_rootpath = []
         _c11 = _n
         for _ in range(_c11):
             (_n,) = _U32.unpack_from(buf, off)
@@ -1399,22 +1411,7 @@ def dec_fs_location4(r: _Reader, off: int) -> tuple[fs_location4, int]:
             _e = off + _n
             _x11 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_server.append(_x11)
-        (_n,) = _U32.unpack_from(buf, off)
-        off += 4
-        if _n * 4 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_rootpath = []
-        _c12 = _n
-        for _ in range(_c12):
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _e = off + _n
-            _x12 = bytes(buf[off:_e])
-            off = _e + (-_n & 3)
-            f_rootpath.append(_x12)
+            f_rootpath.append(_x11)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fs_location4', o0) from None
     return fs_location4(f_server, f_rootpath), off
@@ -1428,34 +1425,34 @@ class fs_locations4:
 
 def enc_fs_locations4(w: _Writer, v: fs_locations4) -> None:
     try:
-        _a13 = v.fs_root
-        _n = len(_a13)
+        _a12 = v.fs_root
+        _n = len(_a12)
         w += _S0.pack(_n)
-        for _x13 in _a13:
-            _v = _x13
+        for _x12 in _a12:
+            _v = _x12
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        _a14 = v.locations
-        _n = len(_a14)
+        _a13 = v.locations
+        _n = len(_a13)
         w += _S0.pack(_n)
-        for _x14 in _a14:
-            _s15 = _x14
-            _a16 = _s15.server
-            _n = len(_a16)
+        for _x13 in _a13:
+            _s14 = _x13
+            _a15 = _s14.server
+            _n = len(_a15)
             w += _S0.pack(_n)
-            for _x16 in _a16:
-                _v = _x16
+            for _x15 in _a15:
+                _v = _x15
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
-            _a17 = _s15.rootpath
-            _n = len(_a17)
+            _a16 = _s14.rootpath
+            _n = len(_a16)
             w += _S0.pack(_n)
-            for _x17 in _a17:
-                _v = _x17
+            for _x16 in _a16:
+                _v = _x16
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
@@ -1473,28 +1470,43 @@ def dec_fs_locations4(r: _Reader, off: int) -> tuple[fs_locations4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_fs_root = []
-        _c18 = _n
-        for _ in range(_c18):
+        _c17 = _n
+        for _ in range(_c17):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _x18 = bytes(buf[off:_e])
+            _x17 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_fs_root.append(_x18)
+            f_fs_root.append(_x17)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_locations = []
-        _c19 = _n
-        for _ in range(_c19):
+        _c18 = _n
+        for _ in range(_c18):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i20_server = []
+            _i19_server = []
+            _c20 = _n
+            for _ in range(_c20):
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _x20 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _i19_server.append(_x20)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i19_rootpath = []
             _c21 = _n
             for _ in range(_c21):
                 (_n,) = _U32.unpack_from(buf, off)
@@ -1504,24 +1516,9 @@ def dec_fs_locations4(r: _Reader, off: int) -> tuple[fs_locations4, int]:
                 _e = off + _n
                 _x21 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _i20_server.append(_x21)
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n * 4 > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i20_rootpath = []
-            _c22 = _n
-            for _ in range(_c22):
-                (_n,) = _U32.unpack_from(buf, off)
-                off += 4
-                if _n > len(buf) - off:
-                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-                _e = off + _n
-                _x22 = bytes(buf[off:_e])
-                off = _e + (-_n & 3)
-                _i20_rootpath.append(_x22)
-            _x19 = fs_location4(_i20_server, _i20_rootpath)
-            f_locations.append(_x19)
+                _i19_rootpath.append(_x21)
+            _x18 = fs_location4(_i19_server, _i19_rootpath)
+            f_locations.append(_x18)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fs_locations4', o0) from None
     return fs_locations4(f_fs_root, f_locations), off
@@ -1658,13 +1655,13 @@ class nfsacl41:
 def enc_nfsacl41(w: _Writer, v: nfsacl41) -> None:
     try:
         w += _S0.pack(v.na41_flag)
-        _a23 = v.na41_aces
-        _n = len(_a23)
+        _a22 = v.na41_aces
+        _n = len(_a22)
         w += _S0.pack(_n)
-        for _x23 in _a23:
-            _s24 = _x23
-            w += _S10.pack(_s24.type, _s24.flag, _s24.access_mask)
-            _v = _s24.who
+        for _x22 in _a22:
+            _s23 = _x22
+            w += _S10.pack(_s23.type, _s23.flag, _s23.access_mask)
+            _v = _s23.who
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
@@ -1684,19 +1681,19 @@ def dec_nfsacl41(r: _Reader, off: int) -> tuple[nfsacl41, int]:
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_na41_aces = []
-        _c25 = _n
-        for _ in range(_c25):
-            _i26_type, _i26_flag, _i26_access_mask = _S10.unpack_from(buf, off)
+        _c24 = _n
+        for _ in range(_c24):
+            _i25_type, _i25_flag, _i25_access_mask = _S10.unpack_from(buf, off)
             off += 12
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i26_who = bytes(buf[off:_e])
+            _i25_who = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _x25 = nfsace4(_i26_type, _i26_flag, _i26_access_mask, _i26_who)
-            f_na41_aces.append(_x25)
+            _x24 = nfsace4(_i25_type, _i25_flag, _i25_access_mask, _i25_who)
+            f_na41_aces.append(_x24)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfsacl41', o0) from None
     return nfsacl41(f_na41_flag, f_na41_aces), off
@@ -2006,9 +2003,9 @@ class layout4:
 def enc_layout4(w: _Writer, v: layout4) -> None:
     try:
         w += _S12.pack(v.lo_offset, v.lo_length, v.lo_iomode)
-        _s27 = v.lo_content
-        w += _S2.pack(_s27.loc_type)
-        _v = _s27.loc_body
+        _s26 = v.lo_content
+        w += _S2.pack(_s26.loc_type)
+        _v = _s26.loc_body
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -2026,15 +2023,15 @@ def dec_layout4(r: _Reader, off: int) -> tuple[layout4, int]:
         f_lo_iomode = _layoutiomode4_MAP[_t2]
         (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        _i28_loc_type = _layouttype4_MAP[_t0]
+        _i27_loc_type = _layouttype4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i28_loc_body = bytes(buf[off:_e])
+        _i27_loc_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_lo_content = layout_content4(_i28_loc_type, _i28_loc_body)
+        f_lo_content = layout_content4(_i27_loc_type, _i27_loc_body)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated layout4', o0) from None
     return layout4(f_lo_offset, f_lo_length, f_lo_iomode, f_lo_content), off
@@ -2228,17 +2225,17 @@ def _dec_any_layoutreturn4(r: _Reader, off: int) -> tuple[layoutreturn4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v29: _Any
-        _f29: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d29,) = _S2.unpack_from(buf, off)
-        _a29 = _layoutreturn4_ARMS.get(_d29)
-        if _a29 is None:
-            _d29 = _layoutreturn_type4_MAP[(_d29,)[0]]
-            _f29 = _void_decode
+        _v28: _Any
+        _f28: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d28,) = _S2.unpack_from(buf, off)
+        _a28 = _layoutreturn4_ARMS.get(_d28)
+        if _a28 is None:
+            _d28 = _layoutreturn_type4_MAP[(_d28,)[0]]
+            _f28 = _void_decode
         else:
-            _d29, _f29 = _a29
-        _v29, off = _f29(r, off + 4)
-        _u = layoutreturn4(_d29, _v29)
+            _d28, _f28 = _a28
+        _v28, off = _f28(r, off + 4)
+        _u = layoutreturn4(_d28, _v28)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated layoutreturn4', o0) from None
     return _u, off
@@ -2246,21 +2243,21 @@ def _dec_any_layoutreturn4(r: _Reader, off: int) -> tuple[layoutreturn4, int]:
 
 def enc_layoutreturn4(w: _Writer, v: layoutreturn4) -> None:
     try:
-        _u30 = v
-        _d30 = _u30.lr_returntype
-        _w30: _Any
-        if _d30 == 1:
-            _w30 = _u30.value
-            _s31 = _w30
-            if len(_s31.lrf_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S14.pack(1, _s31.lrf_offset, _s31.lrf_length, _s31.lrf_stateid.seqid, _s31.lrf_stateid.other)
-            _v = _s31.lrf_body
+        _u29 = v
+        _d29 = _u29.lr_returntype
+        _w29: _Any
+        if _d29 == 1:
+            _w29 = _u29.value
+            _s30 = _w29
+            if len(_s30.lrf_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S14.pack(1, _s30.lrf_offset, _s30.lrf_length, _s30.lrf_stateid.seqid, _s30.lrf_stateid.other)
+            _v = _s30.lrf_body
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
         else:
-            _enc_any_layoutreturn4(w, _u30)
+            _enc_any_layoutreturn4(w, _u29)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode layoutreturn4: {_e!r}', len(w)) from None
 
@@ -2269,22 +2266,22 @@ def dec_layoutreturn4(r: _Reader, off: int) -> tuple[layoutreturn4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v32: _Any
-        (_d32,) = _S2.unpack_from(buf, off)
+        _v31: _Any
+        (_d31,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d32 == 1:
-            _i33_lrf_offset, _i33_lrf_length, _t2, _t3 = _S13.unpack_from(buf, off)
+        if _d31 == 1:
+            _i32_lrf_offset, _i32_lrf_length, _t2, _t3 = _S13.unpack_from(buf, off)
             off += 32
-            _i33_lrf_stateid = stateid4(_t2, _t3)
+            _i32_lrf_stateid = stateid4(_t2, _t3)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i33_lrf_body = bytes(buf[off:_e])
+            _i32_lrf_body = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _v32 = layoutreturn_file4(_i33_lrf_offset, _i33_lrf_length, _i33_lrf_stateid, _i33_lrf_body)
-            _u = layoutreturn4(LAYOUTRETURN4_FILE, _v32)
+            _v31 = layoutreturn_file4(_i32_lrf_offset, _i32_lrf_length, _i32_lrf_stateid, _i32_lrf_body)
+            _u = layoutreturn4(LAYOUTRETURN4_FILE, _v31)
         else:
             _u, off = _dec_any_layoutreturn4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2474,11 +2471,10 @@ class threshold_item4:
 def enc_threshold_item4(w: _Writer, v: threshold_item4) -> None:
     try:
         w += _S2.pack(v.thi_layout_type)
-        _a34 = v.thi_hintset
-        _n = len(_a34)
+        _a33 = v.thi_hintset
+        _n = len(_a33)
         w += _S0.pack(_n)
-        for _x34 in _a34:
-            w += _S0.pack(_x34)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a33)
         _v = v.thi_hintlist
         _n = len(_v)
         w += _S0.pack(_n)
@@ -2499,12 +2495,9 @@ def dec_threshold_item4(r: _Reader, off: int) -> tuple[threshold_item4, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_thi_hintset = []
-        _c35 = _n
-        for _ in range(_c35):
-            (_x35,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_thi_hintset.append(_x35)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_thi_hintset = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2524,18 +2517,17 @@ class mdsthreshold4:
 
 def enc_mdsthreshold4(w: _Writer, v: mdsthreshold4) -> None:
     try:
-        _a36 = v.mth_hints
-        _n = len(_a36)
+        _a34 = v.mth_hints
+        _n = len(_a34)
         w += _S0.pack(_n)
-        for _x36 in _a36:
-            _s37 = _x36
-            w += _S2.pack(_s37.thi_layout_type)
-            _a38 = _s37.thi_hintset
-            _n = len(_a38)
+        for _x34 in _a34:
+            _s35 = _x34
+            w += _S2.pack(_s35.thi_layout_type)
+            _a36 = _s35.thi_hintset
+            _n = len(_a36)
             w += _S0.pack(_n)
-            for _x38 in _a38:
-                w += _S0.pack(_x38)
-            _v = _s37.thi_hintlist
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a36)
+            _v = _s35.thi_hintlist
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
@@ -2553,30 +2545,27 @@ def dec_mdsthreshold4(r: _Reader, off: int) -> tuple[mdsthreshold4, int]:
         if _n * 12 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_mth_hints = []
-        _c39 = _n
-        for _ in range(_c39):
+        _c37 = _n
+        for _ in range(_c37):
             (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _i40_thi_layout_type = _layouttype4_MAP[_t0]
+            _i38_thi_layout_type = _layouttype4_MAP[_t0]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i40_thi_hintset = []
-            _c41 = _n
-            for _ in range(_c41):
-                (_x41,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i40_thi_hintset.append(_x41)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i38_thi_hintset = list(_t)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i40_thi_hintlist = bytes(buf[off:_e])
+            _i38_thi_hintlist = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _x39 = threshold_item4(_i40_thi_layout_type, _i40_thi_hintset, _i40_thi_hintlist)
-            f_mth_hints.append(_x39)
+            _x37 = threshold_item4(_i38_thi_layout_type, _i38_thi_hintset, _i38_thi_hintlist)
+            f_mth_hints.append(_x37)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated mdsthreshold4', o0) from None
     return mdsthreshold4(f_mth_hints), off
@@ -2591,13 +2580,13 @@ class retention_get4:
 def enc_retention_get4(w: _Writer, v: retention_get4) -> None:
     try:
         w += _S4.pack(v.rg_duration)
-        _a42 = v.rg_begin_time
-        _n = len(_a42)
+        _a39 = v.rg_begin_time
+        _n = len(_a39)
         if _n > 1:
             raise _XdrError('rg_begin_time: length %d exceeds 1' % _n, len(w))
         w += _S0.pack(_n)
-        for _x42 in _a42:
-            w += _S7.pack(_x42.seconds, _x42.nseconds)
+        for _x39 in _a39:
+            w += _S7.pack(_x39.seconds, _x39.nseconds)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode retention_get4: {_e}', len(w)) from None
 
@@ -2615,11 +2604,11 @@ def dec_retention_get4(r: _Reader, off: int) -> tuple[retention_get4, int]:
         if _n * 12 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_rg_begin_time = []
-        _c43 = _n
-        for _ in range(_c43):
-            _x43 = nfstime4(*_S7.unpack_from(buf, off))
+        _c40 = _n
+        for _ in range(_c40):
+            _x40 = nfstime4(*_S7.unpack_from(buf, off))
             off += 12
-            f_rg_begin_time.append(_x43)
+            f_rg_begin_time.append(_x40)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated retention_get4', o0) from None
     return retention_get4(f_rg_duration, f_rg_begin_time), off
@@ -2634,13 +2623,12 @@ class retention_set4:
 def enc_retention_set4(w: _Writer, v: retention_set4) -> None:
     try:
         w += _S0.pack(v.rs_enable)
-        _a44 = v.rs_duration
-        _n = len(_a44)
+        _a41 = v.rs_duration
+        _n = len(_a41)
         if _n > 1:
             raise _XdrError('rs_duration: length %d exceeds 1' % _n, len(w))
         w += _S0.pack(_n)
-        for _x44 in _a44:
-            w += _S4.pack(_x44)
+        w += _struct.Struct('>%dQ' % _n).pack(*_a41)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode retention_set4: {_e}', len(w)) from None
 
@@ -2658,12 +2646,9 @@ def dec_retention_set4(r: _Reader, off: int) -> tuple[retention_set4, int]:
         off += 4
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_rs_duration = []
-        _c45 = _n
-        for _ in range(_c45):
-            (_x45,) = _S4.unpack_from(buf, off)
-            off += 8
-            f_rs_duration.append(_x45)
+        _t = _struct.Struct('>%dQ' % _n).unpack_from(buf, off)
+        off += 8 * _n
+        f_rs_duration = list(_t)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated retention_set4', o0) from None
     return retention_set4(f_rs_enable, f_rs_duration), off
@@ -2747,27 +2732,27 @@ class fs_locations_item4:
 
 def enc_fs_locations_item4(w: _Writer, v: fs_locations_item4) -> None:
     try:
-        _a46 = v.fli_entries
-        _n = len(_a46)
+        _a42 = v.fli_entries
+        _n = len(_a42)
         w += _S0.pack(_n)
-        for _x46 in _a46:
-            _s47 = _x46
-            w += _S2.pack(_s47.fls_currency)
-            _v = _s47.fls_info
+        for _x42 in _a42:
+            _s43 = _x42
+            w += _S2.pack(_s43.fls_currency)
+            _v = _s43.fls_info
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-            _v = _s47.fls_server
+            _v = _s43.fls_server
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        _a48 = v.fli_rootpath
-        _n = len(_a48)
+        _a44 = v.fli_rootpath
+        _n = len(_a44)
         w += _S0.pack(_n)
-        for _x48 in _a48:
-            _v = _x48
+        for _x44 in _a44:
+            _v = _x44
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
@@ -2785,41 +2770,41 @@ def dec_fs_locations_item4(r: _Reader, off: int) -> tuple[fs_locations_item4, in
         if _n * 12 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_fli_entries = []
-        _c49 = _n
-        for _ in range(_c49):
-            (_i50_fls_currency,) = _S2.unpack_from(buf, off)
+        _c45 = _n
+        for _ in range(_c45):
+            (_i46_fls_currency,) = _S2.unpack_from(buf, off)
             off += 4
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i50_fls_info = bytes(buf[off:_e])
+            _i46_fls_info = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i50_fls_server = bytes(buf[off:_e])
+            _i46_fls_server = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _x49 = fs_locations_server4(_i50_fls_currency, _i50_fls_info, _i50_fls_server)
-            f_fli_entries.append(_x49)
+            _x45 = fs_locations_server4(_i46_fls_currency, _i46_fls_info, _i46_fls_server)
+            f_fli_entries.append(_x45)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_fli_rootpath = []
-        _c51 = _n
-        for _ in range(_c51):
+        _c47 = _n
+        for _ in range(_c47):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _x51 = bytes(buf[off:_e])
+            _x47 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_fli_rootpath.append(_x51)
+            f_fli_rootpath.append(_x47)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fs_locations_item4', o0) from None
     return fs_locations_item4(f_fli_entries, f_fli_rootpath), off
@@ -2836,30 +2821,30 @@ class fs_locations_info4:
 def enc_fs_locations_info4(w: _Writer, v: fs_locations_info4) -> None:
     try:
         w += _S15.pack(v.fli_flags, v.fli_valid_for)
-        _a52 = v.fli_fs_root
-        _n = len(_a52)
+        _a48 = v.fli_fs_root
+        _n = len(_a48)
         w += _S0.pack(_n)
-        for _x52 in _a52:
-            _v = _x52
+        for _x48 in _a48:
+            _v = _x48
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        _a53 = v.fli_items
-        _n = len(_a53)
+        _a49 = v.fli_items
+        _n = len(_a49)
         w += _S0.pack(_n)
-        for _x53 in _a53:
-            _s54 = _x53
-            _a55 = _s54.fli_entries
-            _n = len(_a55)
+        for _x49 in _a49:
+            _s50 = _x49
+            _a51 = _s50.fli_entries
+            _n = len(_a51)
             w += _S0.pack(_n)
-            for _x55 in _a55:
-                enc_fs_locations_server4(w, _x55)
-            _a56 = _s54.fli_rootpath
-            _n = len(_a56)
+            for _x51 in _a51:
+                enc_fs_locations_server4(w, _x51)
+            _a52 = _s50.fli_rootpath
+            _n = len(_a52)
             w += _S0.pack(_n)
-            for _x56 in _a56:
-                _v = _x56
+            for _x52 in _a52:
+                _v = _x52
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
@@ -2879,49 +2864,49 @@ def dec_fs_locations_info4(r: _Reader, off: int) -> tuple[fs_locations_info4, in
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_fli_fs_root = []
-        _c57 = _n
-        for _ in range(_c57):
+        _c53 = _n
+        for _ in range(_c53):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _x57 = bytes(buf[off:_e])
+            _x53 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_fli_fs_root.append(_x57)
+            f_fli_fs_root.append(_x53)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_fli_items = []
-        _c58 = _n
-        for _ in range(_c58):
+        _c54 = _n
+        for _ in range(_c54):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 12 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i59_fli_entries = []
-            _c60 = _n
-            for _ in range(_c60):
-                _x60, off = dec_fs_locations_server4(r, off)
-                _i59_fli_entries.append(_x60)
+            _i55_fli_entries = []
+            _c56 = _n
+            for _ in range(_c56):
+                _x56, off = dec_fs_locations_server4(r, off)
+                _i55_fli_entries.append(_x56)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i59_fli_rootpath = []
-            _c61 = _n
-            for _ in range(_c61):
+            _i55_fli_rootpath = []
+            _c57 = _n
+            for _ in range(_c57):
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _x61 = bytes(buf[off:_e])
+                _x57 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _i59_fli_rootpath.append(_x61)
-            _x58 = fs_locations_item4(_i59_fli_entries, _i59_fli_rootpath)
-            f_fli_items.append(_x58)
+                _i55_fli_rootpath.append(_x57)
+            _x54 = fs_locations_item4(_i55_fli_entries, _i55_fli_rootpath)
+            f_fli_items.append(_x54)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fs_locations_info4', o0) from None
     return fs_locations_info4(f_fli_flags, f_fli_valid_for, f_fli_fs_root, f_fli_items), off
@@ -2932,11 +2917,10 @@ fattr4_supported_attrs: _TypeAlias = "list[int]"
 
 def enc_fattr4_supported_attrs(w: _Writer, v: fattr4_supported_attrs) -> None:
     try:
-        _a62 = v
-        _n = len(_a62)
+        _a58 = v
+        _n = len(_a58)
         w += _S0.pack(_n)
-        for _x62 in _a62:
-            w += _S0.pack(_x62)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a58)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_supported_attrs: {_e}', len(w)) from None
 
@@ -2949,12 +2933,9 @@ def dec_fattr4_supported_attrs(r: _Reader, off: int) -> tuple[fattr4_supported_a
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _v = []
-        _c63 = _n
-        for _ in range(_c63):
-            (_x63,) = _S0.unpack_from(buf, off)
-            off += 4
-            _v.append(_x63)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _v = list(_t)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_supported_attrs', o0) from None
     return _v, off
@@ -3202,13 +3183,13 @@ fattr4_acl: _TypeAlias = "list[nfsace4]"
 
 def enc_fattr4_acl(w: _Writer, v: fattr4_acl) -> None:
     try:
-        _a64 = v
-        _n = len(_a64)
+        _a59 = v
+        _n = len(_a59)
         w += _S0.pack(_n)
-        for _x64 in _a64:
-            _s65 = _x64
-            w += _S10.pack(_s65.type, _s65.flag, _s65.access_mask)
-            _v = _s65.who
+        for _x59 in _a59:
+            _s60 = _x59
+            w += _S10.pack(_s60.type, _s60.flag, _s60.access_mask)
+            _v = _s60.who
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
@@ -3226,19 +3207,19 @@ def dec_fattr4_acl(r: _Reader, off: int) -> tuple[fattr4_acl, int]:
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
-        _c66 = _n
-        for _ in range(_c66):
-            _i67_type, _i67_flag, _i67_access_mask = _S10.unpack_from(buf, off)
+        _c61 = _n
+        for _ in range(_c61):
+            _i62_type, _i62_flag, _i62_access_mask = _S10.unpack_from(buf, off)
             off += 12
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i67_who = bytes(buf[off:_e])
+            _i62_who = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _x66 = nfsace4(_i67_type, _i67_flag, _i67_access_mask, _i67_who)
-            _v.append(_x66)
+            _x61 = nfsace4(_i62_type, _i62_flag, _i62_access_mask, _i62_who)
+            _v.append(_x61)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_acl', o0) from None
     return _v, off
@@ -3350,47 +3331,4 @@ def dec_fattr4_case_preserving(r: _Reader, off: int) -> tuple[fattr4_case_preser
         _v = _BOOL[_t0]
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_case_preserving', o0) from None
-    return _v, off
-
-
-fattr4_chown_restricted: _TypeAlias = "bool"
-
-
-def enc_fattr4_chown_restricted(w: _Writer, v: fattr4_chown_restricted) -> None:
-    try:
-        w += _S0.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_chown_restricted: {_e}', len(w)) from None
-
-
-def dec_fattr4_chown_restricted(r: _Reader, off: int) -> tuple[fattr4_chown_restricted, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_t0,) = _S0.unpack_from(buf, off)
-        off += 4
-        _v = _BOOL[_t0]
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_chown_restricted', o0) from None
-    return _v, off
-
-
-fattr4_fileid: _TypeAlias = "int"
-
-
-def enc_fattr4_fileid(w: _Writer, v: fattr4_fileid) -> None:
-    try:
-        w += _S4.pack(v)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_fileid: {_e}', len(w)) from None
-
-
-def dec_fattr4_fileid(r: _Reader, off: int) -> tuple[fattr4_fileid, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_v,) = _S4.unpack_from(buf, off)
-        off += 8
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_fileid', o0) from None
     return _v, off

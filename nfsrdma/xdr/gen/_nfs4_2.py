@@ -21,6 +21,7 @@ from nfsrdma.xdr.runtime import (
     PAD as _PAD,
     TRUE as _TRUE,
     U32 as _U32,
+    U32_ARRAYS as _U32_ARRAYS,
     Operation as _Operation,
     Buffer as _Buffer,
     DdpItem as _DdpItem,
@@ -90,6 +91,49 @@ _S20: _Final = _struct.Struct('>iI12s')
 _S21: _Final = _struct.Struct('>QI')
 _S22: _Final = _struct.Struct('>i8s')
 _S23: _Final = _struct.Struct('>iI')
+
+
+fattr4_chown_restricted: _TypeAlias = "bool"
+
+
+def enc_fattr4_chown_restricted(w: _Writer, v: fattr4_chown_restricted) -> None:
+    try:
+        w += _S0.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_chown_restricted: {_e}', len(w)) from None
+
+
+def dec_fattr4_chown_restricted(r: _Reader, off: int) -> tuple[fattr4_chown_restricted, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        _v = _BOOL[_t0]
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_chown_restricted', o0) from None
+    return _v, off
+
+
+fattr4_fileid: _TypeAlias = "int"
+
+
+def enc_fattr4_fileid(w: _Writer, v: fattr4_fileid) -> None:
+    try:
+        w += _S4.pack(v)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_fileid: {_e}', len(w)) from None
+
+
+def dec_fattr4_fileid(r: _Reader, off: int) -> tuple[fattr4_fileid, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_v,) = _S4.unpack_from(buf, off)
+        off += 8
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_fileid', o0) from None
+    return _v, off
 
 
 fattr4_files_avail: _TypeAlias = "int"
@@ -194,35 +238,35 @@ fattr4_fs_locations = fs_locations4
 
 def enc_fattr4_fs_locations(w: _Writer, v: fattr4_fs_locations) -> None:
     try:
-        _s68 = v
-        _a69 = _s68.fs_root
-        _n = len(_a69)
+        _s63 = v
+        _a64 = _s63.fs_root
+        _n = len(_a64)
         w += _S0.pack(_n)
-        for _x69 in _a69:
-            _v = _x69
+        for _x64 in _a64:
+            _v = _x64
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        _a70 = _s68.locations
-        _n = len(_a70)
+        _a65 = _s63.locations
+        _n = len(_a65)
         w += _S0.pack(_n)
-        for _x70 in _a70:
-            _s71 = _x70
-            _a72 = _s71.server
-            _n = len(_a72)
+        for _x65 in _a65:
+            _s66 = _x65
+            _a67 = _s66.server
+            _n = len(_a67)
             w += _S0.pack(_n)
-            for _x72 in _a72:
-                _v = _x72
+            for _x67 in _a67:
+                _v = _x67
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
-            _a73 = _s71.rootpath
-            _n = len(_a73)
+            _a68 = _s66.rootpath
+            _n = len(_a68)
             w += _S0.pack(_n)
-            for _x73 in _a73:
-                _v = _x73
+            for _x68 in _a68:
+                _v = _x68
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
@@ -239,57 +283,57 @@ def dec_fattr4_fs_locations(r: _Reader, off: int) -> tuple[fattr4_fs_locations, 
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i74_fs_root = []
-        _c75 = _n
-        for _ in range(_c75):
+        _i69_fs_root = []
+        _c70 = _n
+        for _ in range(_c70):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _x75 = bytes(buf[off:_e])
+            _x70 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i74_fs_root.append(_x75)
+            _i69_fs_root.append(_x70)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i74_locations = []
-        _c76 = _n
-        for _ in range(_c76):
+        _i69_locations = []
+        _c71 = _n
+        for _ in range(_c71):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i77_server = []
-            _c78 = _n
-            for _ in range(_c78):
+            _i72_server = []
+            _c73 = _n
+            for _ in range(_c73):
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _x78 = bytes(buf[off:_e])
+                _x73 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _i77_server.append(_x78)
+                _i72_server.append(_x73)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i77_rootpath = []
-            _c79 = _n
-            for _ in range(_c79):
+            _i72_rootpath = []
+            _c74 = _n
+            for _ in range(_c74):
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _x79 = bytes(buf[off:_e])
+                _x74 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _i77_rootpath.append(_x79)
-            _x76 = fs_location4(_i77_server, _i77_rootpath)
-            _i74_locations.append(_x76)
-        _v = fs_locations4(_i74_fs_root, _i74_locations)
+                _i72_rootpath.append(_x74)
+            _x71 = fs_location4(_i72_server, _i72_rootpath)
+            _i69_locations.append(_x71)
+        _v = fs_locations4(_i69_fs_root, _i69_locations)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_fs_locations', o0) from None
     return _v, off
@@ -856,14 +900,14 @@ fattr4_time_access_set = settime4
 
 def enc_fattr4_time_access_set(w: _Writer, v: fattr4_time_access_set) -> None:
     try:
-        _u80 = v
-        _d80 = _u80.set_it
-        _w80: _Any
-        if _d80 == 1:
-            _w80 = _u80.value
-            w += _S8.pack(1, _w80.seconds, _w80.nseconds)
+        _u75 = v
+        _d75 = _u75.set_it
+        _w75: _Any
+        if _d75 == 1:
+            _w75 = _u75.value
+            w += _S8.pack(1, _w75.seconds, _w75.nseconds)
         else:
-            _enc_any_settime4(w, _u80)
+            _enc_any_settime4(w, _u75)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_time_access_set: {_e}', len(w)) from None
 
@@ -872,13 +916,13 @@ def dec_fattr4_time_access_set(r: _Reader, off: int) -> tuple[fattr4_time_access
     buf = r.buf
     o0 = off
     try:
-        _v81: _Any
-        (_d81,) = _S2.unpack_from(buf, off)
+        _v76: _Any
+        (_d76,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d81 == 1:
-            _v81 = nfstime4(*_S7.unpack_from(buf, off))
+        if _d76 == 1:
+            _v76 = nfstime4(*_S7.unpack_from(buf, off))
             off += 12
-            _v = settime4(SET_TO_CLIENT_TIME4, _v81)
+            _v = settime4(SET_TO_CLIENT_TIME4, _v76)
         else:
             _v, off = _dec_any_settime4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -996,14 +1040,14 @@ fattr4_time_modify_set = settime4
 
 def enc_fattr4_time_modify_set(w: _Writer, v: fattr4_time_modify_set) -> None:
     try:
-        _u82 = v
-        _d82 = _u82.set_it
-        _w82: _Any
-        if _d82 == 1:
-            _w82 = _u82.value
-            w += _S8.pack(1, _w82.seconds, _w82.nseconds)
+        _u77 = v
+        _d77 = _u77.set_it
+        _w77: _Any
+        if _d77 == 1:
+            _w77 = _u77.value
+            w += _S8.pack(1, _w77.seconds, _w77.nseconds)
         else:
-            _enc_any_settime4(w, _u82)
+            _enc_any_settime4(w, _u77)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_time_modify_set: {_e}', len(w)) from None
 
@@ -1012,13 +1056,13 @@ def dec_fattr4_time_modify_set(r: _Reader, off: int) -> tuple[fattr4_time_modify
     buf = r.buf
     o0 = off
     try:
-        _v83: _Any
-        (_d83,) = _S2.unpack_from(buf, off)
+        _v78: _Any
+        (_d78,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d83 == 1:
-            _v83 = nfstime4(*_S7.unpack_from(buf, off))
+        if _d78 == 1:
+            _v78 = nfstime4(*_S7.unpack_from(buf, off))
             off += 12
-            _v = settime4(SET_TO_CLIENT_TIME4, _v83)
+            _v = settime4(SET_TO_CLIENT_TIME4, _v78)
         else:
             _v, off = _dec_any_settime4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1031,11 +1075,10 @@ fattr4_suppattr_exclcreat: _TypeAlias = "list[int]"
 
 def enc_fattr4_suppattr_exclcreat(w: _Writer, v: fattr4_suppattr_exclcreat) -> None:
     try:
-        _a84 = v
-        _n = len(_a84)
+        _a79 = v
+        _n = len(_a79)
         w += _S0.pack(_n)
-        for _x84 in _a84:
-            w += _S0.pack(_x84)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a79)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_suppattr_exclcreat: {_e}', len(w)) from None
 
@@ -1048,12 +1091,9 @@ def dec_fattr4_suppattr_exclcreat(r: _Reader, off: int) -> tuple[fattr4_suppattr
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _v = []
-        _c85 = _n
-        for _ in range(_c85):
-            (_x85,) = _S0.unpack_from(buf, off)
-            off += 4
-            _v.append(_x85)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _v = list(_t)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_suppattr_exclcreat', o0) from None
     return _v, off
@@ -1106,11 +1146,11 @@ fattr4_fs_layout_types: _TypeAlias = "list[layouttype4]"
 
 def enc_fattr4_fs_layout_types(w: _Writer, v: fattr4_fs_layout_types) -> None:
     try:
-        _a86 = v
-        _n = len(_a86)
+        _a80 = v
+        _n = len(_a80)
         w += _S0.pack(_n)
-        for _x86 in _a86:
-            w += _S2.pack(_x86)
+        for _x80 in _a80:
+            w += _S2.pack(_x80)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_fs_layout_types: {_e}', len(w)) from None
 
@@ -1124,12 +1164,12 @@ def dec_fattr4_fs_layout_types(r: _Reader, off: int) -> tuple[fattr4_fs_layout_t
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
-        _c87 = _n
-        for _ in range(_c87):
+        _c81 = _n
+        for _ in range(_c81):
             (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _x87 = _layouttype4_MAP[_t0]
-            _v.append(_x87)
+            _x81 = _layouttype4_MAP[_t0]
+            _v.append(_x81)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_fs_layout_types', o0) from None
     return _v, off
@@ -1140,19 +1180,19 @@ fattr4_fs_status = fs4_status
 
 def enc_fattr4_fs_status(w: _Writer, v: fattr4_fs_status) -> None:
     try:
-        _s88 = v
-        w += _S15.pack(_s88.fss_absent, _s88.fss_type)
-        _v = _s88.fss_source
+        _s82 = v
+        w += _S15.pack(_s82.fss_absent, _s82.fss_type)
+        _v = _s82.fss_source
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _v = _s88.fss_current
+        _v = _s82.fss_current
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        w += _S8.pack(_s88.fss_age, _s88.fss_version.seconds, _s88.fss_version.nseconds)
+        w += _S8.pack(_s82.fss_age, _s82.fss_version.seconds, _s82.fss_version.nseconds)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_fs_status: {_e}', len(w)) from None
 
@@ -1163,26 +1203,26 @@ def dec_fattr4_fs_status(r: _Reader, off: int) -> tuple[fattr4_fs_status, int]:
     try:
         _t0, _t1 = _S15.unpack_from(buf, off)
         off += 8
-        _i89_fss_absent = _BOOL[_t0]
-        _i89_fss_type = _fs4_status_type_MAP[_t1]
+        _i83_fss_absent = _BOOL[_t0]
+        _i83_fss_type = _fs4_status_type_MAP[_t1]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i89_fss_source = bytes(buf[off:_e])
+        _i83_fss_source = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i89_fss_current = bytes(buf[off:_e])
+        _i83_fss_current = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _i89_fss_age, _t1, _t2 = _S8.unpack_from(buf, off)
+        _i83_fss_age, _t1, _t2 = _S8.unpack_from(buf, off)
         off += 16
-        _i89_fss_version = nfstime4(_t1, _t2)
-        _v = fs4_status(_i89_fss_absent, _i89_fss_type, _i89_fss_source, _i89_fss_current, _i89_fss_age, _i89_fss_version)
+        _i83_fss_version = nfstime4(_t1, _t2)
+        _v = fs4_status(_i83_fss_absent, _i83_fss_type, _i83_fss_source, _i83_fss_current, _i83_fss_age, _i83_fss_version)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_fs_status', o0) from None
     return _v, off
@@ -1256,9 +1296,9 @@ fattr4_layout_hint = layouthint4
 
 def enc_fattr4_layout_hint(w: _Writer, v: fattr4_layout_hint) -> None:
     try:
-        _s90 = v
-        w += _S2.pack(_s90.loh_type)
-        _v = _s90.loh_body
+        _s84 = v
+        w += _S2.pack(_s84.loh_type)
+        _v = _s84.loh_body
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -1273,15 +1313,15 @@ def dec_fattr4_layout_hint(r: _Reader, off: int) -> tuple[fattr4_layout_hint, in
     try:
         (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        _i91_loh_type = _layouttype4_MAP[_t0]
+        _i85_loh_type = _layouttype4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i91_loh_body = bytes(buf[off:_e])
+        _i85_loh_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _v = layouthint4(_i91_loh_type, _i91_loh_body)
+        _v = layouthint4(_i85_loh_type, _i85_loh_body)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_layout_hint', o0) from None
     return _v, off
@@ -1292,11 +1332,11 @@ fattr4_layout_types: _TypeAlias = "list[layouttype4]"
 
 def enc_fattr4_layout_types(w: _Writer, v: fattr4_layout_types) -> None:
     try:
-        _a92 = v
-        _n = len(_a92)
+        _a86 = v
+        _n = len(_a86)
         w += _S0.pack(_n)
-        for _x92 in _a92:
-            w += _S2.pack(_x92)
+        for _x86 in _a86:
+            w += _S2.pack(_x86)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode fattr4_layout_types: {_e}', len(w)) from None
 
@@ -1310,12 +1350,12 @@ def dec_fattr4_layout_types(r: _Reader, off: int) -> tuple[fattr4_layout_types, 
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
-        _c93 = _n
-        for _ in range(_c93):
+        _c87 = _n
+        for _ in range(_c87):
             (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _x93 = _layouttype4_MAP[_t0]
-            _v.append(_x93)
+            _x87 = _layouttype4_MAP[_t0]
+            _v.append(_x87)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_layout_types', o0) from None
     return _v, off
@@ -1326,19 +1366,18 @@ fattr4_mdsthreshold = mdsthreshold4
 
 def enc_fattr4_mdsthreshold(w: _Writer, v: fattr4_mdsthreshold) -> None:
     try:
-        _s94 = v
-        _a95 = _s94.mth_hints
-        _n = len(_a95)
+        _s88 = v
+        _a89 = _s88.mth_hints
+        _n = len(_a89)
         w += _S0.pack(_n)
-        for _x95 in _a95:
-            _s96 = _x95
-            w += _S2.pack(_s96.thi_layout_type)
-            _a97 = _s96.thi_hintset
-            _n = len(_a97)
+        for _x89 in _a89:
+            _s90 = _x89
+            w += _S2.pack(_s90.thi_layout_type)
+            _a91 = _s90.thi_hintset
+            _n = len(_a91)
             w += _S0.pack(_n)
-            for _x97 in _a97:
-                w += _S0.pack(_x97)
-            _v = _s96.thi_hintlist
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a91)
+            _v = _s90.thi_hintlist
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
@@ -1355,32 +1394,29 @@ def dec_fattr4_mdsthreshold(r: _Reader, off: int) -> tuple[fattr4_mdsthreshold, 
         off += 4
         if _n * 12 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i98_mth_hints = []
-        _c99 = _n
-        for _ in range(_c99):
+        _i92_mth_hints = []
+        _c93 = _n
+        for _ in range(_c93):
             (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _i100_thi_layout_type = _layouttype4_MAP[_t0]
+            _i94_thi_layout_type = _layouttype4_MAP[_t0]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i100_thi_hintset = []
-            _c101 = _n
-            for _ in range(_c101):
-                (_x101,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i100_thi_hintset.append(_x101)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i94_thi_hintset = list(_t)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i100_thi_hintlist = bytes(buf[off:_e])
+            _i94_thi_hintlist = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _x99 = threshold_item4(_i100_thi_layout_type, _i100_thi_hintset, _i100_thi_hintlist)
-            _i98_mth_hints.append(_x99)
-        _v = mdsthreshold4(_i98_mth_hints)
+            _x93 = threshold_item4(_i94_thi_layout_type, _i94_thi_hintset, _i94_thi_hintlist)
+            _i92_mth_hints.append(_x93)
+        _v = mdsthreshold4(_i92_mth_hints)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_mdsthreshold', o0) from None
     return _v, off
@@ -1390,6 +1426,87 @@ fattr4_retention_get = retention_get4
 
 
 def enc_fattr4_retention_get(w: _Writer, v: fattr4_retention_get) -> None:
+    try:
+        _s95 = v
+        w += _S4.pack(_s95.rg_duration)
+        _a96 = _s95.rg_begin_time
+        _n = len(_a96)
+        if _n > 1:
+            raise _XdrError('rg_begin_time: length %d exceeds 1' % _n, len(w))
+        w += _S0.pack(_n)
+        for _x96 in _a96:
+            w += _S7.pack(_x96.seconds, _x96.nseconds)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_retention_get: {_e}', len(w)) from None
+
+
+def dec_fattr4_retention_get(r: _Reader, off: int) -> tuple[fattr4_retention_get, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_i97_rg_duration,) = _S4.unpack_from(buf, off)
+        off += 8
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1:
+            raise _XdrError('rg_begin_time: length %d exceeds 1' % _n, off)
+        off += 4
+        if _n * 12 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _i97_rg_begin_time = []
+        _c98 = _n
+        for _ in range(_c98):
+            _x98 = nfstime4(*_S7.unpack_from(buf, off))
+            off += 12
+            _i97_rg_begin_time.append(_x98)
+        _v = retention_get4(_i97_rg_duration, _i97_rg_begin_time)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_retention_get', o0) from None
+    return _v, off
+
+
+fattr4_retention_set = retention_set4
+
+
+def enc_fattr4_retention_set(w: _Writer, v: fattr4_retention_set) -> None:
+    try:
+        _s99 = v
+        w += _S0.pack(_s99.rs_enable)
+        _a100 = _s99.rs_duration
+        _n = len(_a100)
+        if _n > 1:
+            raise _XdrError('rs_duration: length %d exceeds 1' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _struct.Struct('>%dQ' % _n).pack(*_a100)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode fattr4_retention_set: {_e}', len(w)) from None
+
+
+def dec_fattr4_retention_set(r: _Reader, off: int) -> tuple[fattr4_retention_set, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        _i101_rs_enable = _BOOL[_t0]
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1:
+            raise _XdrError('rs_duration: length %d exceeds 1' % _n, off)
+        off += 4
+        if _n * 8 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _t = _struct.Struct('>%dQ' % _n).unpack_from(buf, off)
+        off += 8 * _n
+        _i101_rs_duration = list(_t)
+        _v = retention_set4(_i101_rs_enable, _i101_rs_duration)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated fattr4_retention_set', o0) from None
+    return _v, off
+
+
+fattr4_retentevt_get = retention_get4
+
+
+def enc_fattr4_retentevt_get(w: _Writer, v: fattr4_retentevt_get) -> None:
     try:
         _s102 = v
         w += _S4.pack(_s102.rg_duration)
@@ -1401,10 +1518,10 @@ def enc_fattr4_retention_get(w: _Writer, v: fattr4_retention_get) -> None:
         for _x103 in _a103:
             w += _S7.pack(_x103.seconds, _x103.nseconds)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_retention_get: {_e}', len(w)) from None
+        raise _XdrError(f'cannot encode fattr4_retentevt_get: {_e}', len(w)) from None
 
 
-def dec_fattr4_retention_get(r: _Reader, off: int) -> tuple[fattr4_retention_get, int]:
+def dec_fattr4_retentevt_get(r: _Reader, off: int) -> tuple[fattr4_retentevt_get, int]:
     buf = r.buf
     o0 = off
     try:
@@ -1424,14 +1541,14 @@ def dec_fattr4_retention_get(r: _Reader, off: int) -> tuple[fattr4_retention_get
             _i104_rg_begin_time.append(_x105)
         _v = retention_get4(_i104_rg_duration, _i104_rg_begin_time)
     except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_retention_get', o0) from None
+        raise _XdrError('invalid or truncated fattr4_retentevt_get', o0) from None
     return _v, off
 
 
-fattr4_retention_set = retention_set4
+fattr4_retentevt_set = retention_set4
 
 
-def enc_fattr4_retention_set(w: _Writer, v: fattr4_retention_set) -> None:
+def enc_fattr4_retentevt_set(w: _Writer, v: fattr4_retentevt_set) -> None:
     try:
         _s106 = v
         w += _S0.pack(_s106.rs_enable)
@@ -1440,13 +1557,12 @@ def enc_fattr4_retention_set(w: _Writer, v: fattr4_retention_set) -> None:
         if _n > 1:
             raise _XdrError('rs_duration: length %d exceeds 1' % _n, len(w))
         w += _S0.pack(_n)
-        for _x107 in _a107:
-            w += _S4.pack(_x107)
+        w += _struct.Struct('>%dQ' % _n).pack(*_a107)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_retention_set: {_e}', len(w)) from None
+        raise _XdrError(f'cannot encode fattr4_retentevt_set: {_e}', len(w)) from None
 
 
-def dec_fattr4_retention_set(r: _Reader, off: int) -> tuple[fattr4_retention_set, int]:
+def dec_fattr4_retentevt_set(r: _Reader, off: int) -> tuple[fattr4_retentevt_set, int]:
     buf = r.buf
     o0 = off
     try:
@@ -1459,98 +1575,10 @@ def dec_fattr4_retention_set(r: _Reader, off: int) -> tuple[fattr4_retention_set
         off += 4
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i108_rs_duration = []
-        _c109 = _n
-        for _ in range(_c109):
-            (_x109,) = _S4.unpack_from(buf, off)
-            off += 8
-            _i108_rs_duration.append(_x109)
+        _t = _struct.Struct('>%dQ' % _n).unpack_from(buf, off)
+        off += 8 * _n
+        _i108_rs_duration = list(_t)
         _v = retention_set4(_i108_rs_enable, _i108_rs_duration)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_retention_set', o0) from None
-    return _v, off
-
-
-fattr4_retentevt_get = retention_get4
-
-
-def enc_fattr4_retentevt_get(w: _Writer, v: fattr4_retentevt_get) -> None:
-    try:
-        _s110 = v
-        w += _S4.pack(_s110.rg_duration)
-        _a111 = _s110.rg_begin_time
-        _n = len(_a111)
-        if _n > 1:
-            raise _XdrError('rg_begin_time: length %d exceeds 1' % _n, len(w))
-        w += _S0.pack(_n)
-        for _x111 in _a111:
-            w += _S7.pack(_x111.seconds, _x111.nseconds)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_retentevt_get: {_e}', len(w)) from None
-
-
-def dec_fattr4_retentevt_get(r: _Reader, off: int) -> tuple[fattr4_retentevt_get, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_i112_rg_duration,) = _S4.unpack_from(buf, off)
-        off += 8
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1:
-            raise _XdrError('rg_begin_time: length %d exceeds 1' % _n, off)
-        off += 4
-        if _n * 12 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i112_rg_begin_time = []
-        _c113 = _n
-        for _ in range(_c113):
-            _x113 = nfstime4(*_S7.unpack_from(buf, off))
-            off += 12
-            _i112_rg_begin_time.append(_x113)
-        _v = retention_get4(_i112_rg_duration, _i112_rg_begin_time)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated fattr4_retentevt_get', o0) from None
-    return _v, off
-
-
-fattr4_retentevt_set = retention_set4
-
-
-def enc_fattr4_retentevt_set(w: _Writer, v: fattr4_retentevt_set) -> None:
-    try:
-        _s114 = v
-        w += _S0.pack(_s114.rs_enable)
-        _a115 = _s114.rs_duration
-        _n = len(_a115)
-        if _n > 1:
-            raise _XdrError('rs_duration: length %d exceeds 1' % _n, len(w))
-        w += _S0.pack(_n)
-        for _x115 in _a115:
-            w += _S4.pack(_x115)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode fattr4_retentevt_set: {_e}', len(w)) from None
-
-
-def dec_fattr4_retentevt_set(r: _Reader, off: int) -> tuple[fattr4_retentevt_set, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_t0,) = _S0.unpack_from(buf, off)
-        off += 4
-        _i116_rs_enable = _BOOL[_t0]
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1:
-            raise _XdrError('rs_duration: length %d exceeds 1' % _n, off)
-        off += 4
-        if _n * 8 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i116_rs_duration = []
-        _c117 = _n
-        for _ in range(_c117):
-            (_x117,) = _S4.unpack_from(buf, off)
-            off += 8
-            _i116_rs_duration.append(_x117)
-        _v = retention_set4(_i116_rs_enable, _i116_rs_duration)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_retentevt_set', o0) from None
     return _v, off
@@ -1582,15 +1610,15 @@ fattr4_dacl = nfsacl41
 
 def enc_fattr4_dacl(w: _Writer, v: fattr4_dacl) -> None:
     try:
-        _s118 = v
-        w += _S0.pack(_s118.na41_flag)
-        _a119 = _s118.na41_aces
-        _n = len(_a119)
+        _s109 = v
+        w += _S0.pack(_s109.na41_flag)
+        _a110 = _s109.na41_aces
+        _n = len(_a110)
         w += _S0.pack(_n)
-        for _x119 in _a119:
-            _s120 = _x119
-            w += _S10.pack(_s120.type, _s120.flag, _s120.access_mask)
-            _v = _s120.who
+        for _x110 in _a110:
+            _s111 = _x110
+            w += _S10.pack(_s111.type, _s111.flag, _s111.access_mask)
+            _v = _s111.who
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
@@ -1603,27 +1631,27 @@ def dec_fattr4_dacl(r: _Reader, off: int) -> tuple[fattr4_dacl, int]:
     buf = r.buf
     o0 = off
     try:
-        (_i121_na41_flag,) = _S0.unpack_from(buf, off)
+        (_i112_na41_flag,) = _S0.unpack_from(buf, off)
         off += 4
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i121_na41_aces = []
-        _c122 = _n
-        for _ in range(_c122):
-            _i123_type, _i123_flag, _i123_access_mask = _S10.unpack_from(buf, off)
+        _i112_na41_aces = []
+        _c113 = _n
+        for _ in range(_c113):
+            _i114_type, _i114_flag, _i114_access_mask = _S10.unpack_from(buf, off)
             off += 12
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i123_who = bytes(buf[off:_e])
+            _i114_who = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _x122 = nfsace4(_i123_type, _i123_flag, _i123_access_mask, _i123_who)
-            _i121_na41_aces.append(_x122)
-        _v = nfsacl41(_i121_na41_flag, _i121_na41_aces)
+            _x113 = nfsace4(_i114_type, _i114_flag, _i114_access_mask, _i114_who)
+            _i112_na41_aces.append(_x113)
+        _v = nfsacl41(_i112_na41_flag, _i112_na41_aces)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_dacl', o0) from None
     return _v, off
@@ -1634,15 +1662,15 @@ fattr4_sacl = nfsacl41
 
 def enc_fattr4_sacl(w: _Writer, v: fattr4_sacl) -> None:
     try:
-        _s124 = v
-        w += _S0.pack(_s124.na41_flag)
-        _a125 = _s124.na41_aces
-        _n = len(_a125)
+        _s115 = v
+        w += _S0.pack(_s115.na41_flag)
+        _a116 = _s115.na41_aces
+        _n = len(_a116)
         w += _S0.pack(_n)
-        for _x125 in _a125:
-            _s126 = _x125
-            w += _S10.pack(_s126.type, _s126.flag, _s126.access_mask)
-            _v = _s126.who
+        for _x116 in _a116:
+            _s117 = _x116
+            w += _S10.pack(_s117.type, _s117.flag, _s117.access_mask)
+            _v = _s117.who
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
@@ -1655,27 +1683,27 @@ def dec_fattr4_sacl(r: _Reader, off: int) -> tuple[fattr4_sacl, int]:
     buf = r.buf
     o0 = off
     try:
-        (_i127_na41_flag,) = _S0.unpack_from(buf, off)
+        (_i118_na41_flag,) = _S0.unpack_from(buf, off)
         off += 4
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i127_na41_aces = []
-        _c128 = _n
-        for _ in range(_c128):
-            _i129_type, _i129_flag, _i129_access_mask = _S10.unpack_from(buf, off)
+        _i118_na41_aces = []
+        _c119 = _n
+        for _ in range(_c119):
+            _i120_type, _i120_flag, _i120_access_mask = _S10.unpack_from(buf, off)
             off += 12
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i129_who = bytes(buf[off:_e])
+            _i120_who = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _x128 = nfsace4(_i129_type, _i129_flag, _i129_access_mask, _i129_who)
-            _i127_na41_aces.append(_x128)
-        _v = nfsacl41(_i127_na41_flag, _i127_na41_aces)
+            _x119 = nfsace4(_i120_type, _i120_flag, _i120_access_mask, _i120_who)
+            _i118_na41_aces.append(_x119)
+        _v = nfsacl41(_i118_na41_flag, _i118_na41_aces)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_sacl', o0) from None
     return _v, off
@@ -1707,32 +1735,32 @@ fattr4_fs_locations_info = fs_locations_info4
 
 def enc_fattr4_fs_locations_info(w: _Writer, v: fattr4_fs_locations_info) -> None:
     try:
-        _s130 = v
-        w += _S15.pack(_s130.fli_flags, _s130.fli_valid_for)
-        _a131 = _s130.fli_fs_root
-        _n = len(_a131)
+        _s121 = v
+        w += _S15.pack(_s121.fli_flags, _s121.fli_valid_for)
+        _a122 = _s121.fli_fs_root
+        _n = len(_a122)
         w += _S0.pack(_n)
-        for _x131 in _a131:
-            _v = _x131
+        for _x122 in _a122:
+            _v = _x122
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        _a132 = _s130.fli_items
-        _n = len(_a132)
+        _a123 = _s121.fli_items
+        _n = len(_a123)
         w += _S0.pack(_n)
-        for _x132 in _a132:
-            _s133 = _x132
-            _a134 = _s133.fli_entries
-            _n = len(_a134)
+        for _x123 in _a123:
+            _s124 = _x123
+            _a125 = _s124.fli_entries
+            _n = len(_a125)
             w += _S0.pack(_n)
-            for _x134 in _a134:
-                enc_fs_locations_server4(w, _x134)
-            _a135 = _s133.fli_rootpath
-            _n = len(_a135)
+            for _x125 in _a125:
+                enc_fs_locations_server4(w, _x125)
+            _a126 = _s124.fli_rootpath
+            _n = len(_a126)
             w += _S0.pack(_n)
-            for _x135 in _a135:
-                _v = _x135
+            for _x126 in _a126:
+                _v = _x126
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
@@ -1745,57 +1773,57 @@ def dec_fattr4_fs_locations_info(r: _Reader, off: int) -> tuple[fattr4_fs_locati
     buf = r.buf
     o0 = off
     try:
-        _i136_fli_flags, _i136_fli_valid_for = _S15.unpack_from(buf, off)
+        _i127_fli_flags, _i127_fli_valid_for = _S15.unpack_from(buf, off)
         off += 8
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i136_fli_fs_root = []
-        _c137 = _n
-        for _ in range(_c137):
+        _i127_fli_fs_root = []
+        _c128 = _n
+        for _ in range(_c128):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _x137 = bytes(buf[off:_e])
+            _x128 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i136_fli_fs_root.append(_x137)
+            _i127_fli_fs_root.append(_x128)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i136_fli_items = []
-        _c138 = _n
-        for _ in range(_c138):
+        _i127_fli_items = []
+        _c129 = _n
+        for _ in range(_c129):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 12 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i139_fli_entries = []
-            _c140 = _n
-            for _ in range(_c140):
-                _x140, off = dec_fs_locations_server4(r, off)
-                _i139_fli_entries.append(_x140)
+            _i130_fli_entries = []
+            _c131 = _n
+            for _ in range(_c131):
+                _x131, off = dec_fs_locations_server4(r, off)
+                _i130_fli_entries.append(_x131)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i139_fli_rootpath = []
-            _c141 = _n
-            for _ in range(_c141):
+            _i130_fli_rootpath = []
+            _c132 = _n
+            for _ in range(_c132):
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _x141 = bytes(buf[off:_e])
+                _x132 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _i139_fli_rootpath.append(_x141)
-            _x138 = fs_locations_item4(_i139_fli_entries, _i139_fli_rootpath)
-            _i136_fli_items.append(_x138)
-        _v = fs_locations_info4(_i136_fli_flags, _i136_fli_valid_for, _i136_fli_fs_root, _i136_fli_items)
+                _i130_fli_rootpath.append(_x132)
+            _x129 = fs_locations_item4(_i130_fli_entries, _i130_fli_rootpath)
+            _i127_fli_items.append(_x129)
+        _v = fs_locations_info4(_i127_fli_flags, _i127_fli_valid_for, _i127_fli_fs_root, _i127_fli_items)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_fs_locations_info', o0) from None
     return _v, off
@@ -1981,9 +2009,9 @@ fattr4_sec_label = sec_label4
 
 def enc_fattr4_sec_label(w: _Writer, v: fattr4_sec_label) -> None:
     try:
-        _s142 = v
-        w += _S1.pack(_s142.slai_lfs.lfs_lfs, _s142.slai_lfs.lfs_pi)
-        _v = _s142.slai_data
+        _s133 = v
+        w += _S1.pack(_s133.slai_lfs.lfs_lfs, _s133.slai_lfs.lfs_pi)
+        _v = _s133.slai_data
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -1996,16 +2024,16 @@ def dec_fattr4_sec_label(r: _Reader, off: int) -> tuple[fattr4_sec_label, int]:
     buf = r.buf
     o0 = off
     try:
-        _i143_slai_lfs = labelformat_spec4(*_S1.unpack_from(buf, off))
+        _i134_slai_lfs = labelformat_spec4(*_S1.unpack_from(buf, off))
         off += 8
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i143_slai_data = bytes(buf[off:_e])
+        _i134_slai_data = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _v = sec_label4(_i143_slai_lfs, _i143_slai_data)
+        _v = sec_label4(_i134_slai_lfs, _i134_slai_data)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated fattr4_sec_label', o0) from None
     return _v, off
@@ -2041,11 +2069,10 @@ class fattr4:
 
 def enc_fattr4(w: _Writer, v: fattr4) -> None:
     try:
-        _a144 = v.attrmask
-        _n = len(_a144)
+        _a135 = v.attrmask
+        _n = len(_a135)
         w += _S0.pack(_n)
-        for _x144 in _a144:
-            w += _S0.pack(_x144)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a135)
         _v = v.attr_vals
         _n = len(_v)
         w += _S0.pack(_n)
@@ -2063,12 +2090,9 @@ def dec_fattr4(r: _Reader, off: int) -> tuple[fattr4, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_attrmask = []
-        _c145 = _n
-        for _ in range(_c145):
-            (_x145,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_attrmask.append(_x145)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_attrmask = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -2112,13 +2136,13 @@ clientaddr4 = netaddr4
 
 def enc_clientaddr4(w: _Writer, v: clientaddr4) -> None:
     try:
-        _s146 = v
-        _v = _s146.na_r_netid.encode('utf-8', 'surrogateescape')
+        _s136 = v
+        _v = _s136.na_r_netid.encode('utf-8', 'surrogateescape')
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _v = _s146.na_r_addr.encode('utf-8', 'surrogateescape')
+        _v = _s136.na_r_addr.encode('utf-8', 'surrogateescape')
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -2136,16 +2160,16 @@ def dec_clientaddr4(r: _Reader, off: int) -> tuple[clientaddr4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i147_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+        _i137_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i147_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+        _i137_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
         off = _e + (-_n & 3)
-        _v = netaddr4(_i147_na_r_netid, _i147_na_r_addr)
+        _v = netaddr4(_i137_na_r_netid, _i137_na_r_addr)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated clientaddr4', o0) from None
     return _v, off
@@ -2160,13 +2184,13 @@ class cb_client4:
 def enc_cb_client4(w: _Writer, v: cb_client4) -> None:
     try:
         w += _S0.pack(v.cb_program)
-        _s148 = v.cb_location
-        _v = _s148.na_r_netid.encode('utf-8', 'surrogateescape')
+        _s138 = v.cb_location
+        _v = _s138.na_r_netid.encode('utf-8', 'surrogateescape')
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _v = _s148.na_r_addr.encode('utf-8', 'surrogateescape')
+        _v = _s138.na_r_addr.encode('utf-8', 'surrogateescape')
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -2186,16 +2210,16 @@ def dec_cb_client4(r: _Reader, off: int) -> tuple[cb_client4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i149_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+        _i139_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i149_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+        _i139_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
         off = _e + (-_n & 3)
-        f_cb_location = netaddr4(_i149_na_r_netid, _i149_na_r_addr)
+        f_cb_location = netaddr4(_i139_na_r_netid, _i139_na_r_addr)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated cb_client4', o0) from None
     return cb_client4(f_cb_program, f_cb_location), off
@@ -2368,9 +2392,9 @@ open_owner4 = state_owner4
 
 def enc_open_owner4(w: _Writer, v: open_owner4) -> None:
     try:
-        _s150 = v
-        w += _S4.pack(_s150.clientid)
-        _v = _s150.owner
+        _s140 = v
+        w += _S4.pack(_s140.clientid)
+        _v = _s140.owner
         _n = len(_v)
         if _n > 1024:
             raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
@@ -2385,7 +2409,7 @@ def dec_open_owner4(r: _Reader, off: int) -> tuple[open_owner4, int]:
     buf = r.buf
     o0 = off
     try:
-        (_i151_clientid,) = _S4.unpack_from(buf, off)
+        (_i141_clientid,) = _S4.unpack_from(buf, off)
         off += 8
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
@@ -2394,9 +2418,9 @@ def dec_open_owner4(r: _Reader, off: int) -> tuple[open_owner4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i151_owner = bytes(buf[off:_e])
+        _i141_owner = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _v = state_owner4(_i151_clientid, _i151_owner)
+        _v = state_owner4(_i141_clientid, _i141_owner)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated open_owner4', o0) from None
     return _v, off
@@ -2407,9 +2431,9 @@ lock_owner4 = state_owner4
 
 def enc_lock_owner4(w: _Writer, v: lock_owner4) -> None:
     try:
-        _s152 = v
-        w += _S4.pack(_s152.clientid)
-        _v = _s152.owner
+        _s142 = v
+        w += _S4.pack(_s142.clientid)
+        _v = _s142.owner
         _n = len(_v)
         if _n > 1024:
             raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
@@ -2424,7 +2448,7 @@ def dec_lock_owner4(r: _Reader, off: int) -> tuple[lock_owner4, int]:
     buf = r.buf
     o0 = off
     try:
-        (_i153_clientid,) = _S4.unpack_from(buf, off)
+        (_i143_clientid,) = _S4.unpack_from(buf, off)
         off += 8
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
@@ -2433,9 +2457,9 @@ def dec_lock_owner4(r: _Reader, off: int) -> tuple[lock_owner4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i153_owner = bytes(buf[off:_e])
+        _i143_owner = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _v = state_owner4(_i153_clientid, _i153_owner)
+        _v = state_owner4(_i143_clientid, _i143_owner)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated lock_owner4', o0) from None
     return _v, off
@@ -2772,17 +2796,17 @@ multipath_list4: _TypeAlias = "list[netaddr4]"
 
 def enc_multipath_list4(w: _Writer, v: multipath_list4) -> None:
     try:
-        _a154 = v
-        _n = len(_a154)
+        _a144 = v
+        _n = len(_a144)
         w += _S0.pack(_n)
-        for _x154 in _a154:
-            _s155 = _x154
-            _v = _s155.na_r_netid.encode('utf-8', 'surrogateescape')
+        for _x144 in _a144:
+            _s145 = _x144
+            _v = _s145.na_r_netid.encode('utf-8', 'surrogateescape')
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-            _v = _s155.na_r_addr.encode('utf-8', 'surrogateescape')
+            _v = _s145.na_r_addr.encode('utf-8', 'surrogateescape')
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
@@ -2800,24 +2824,24 @@ def dec_multipath_list4(r: _Reader, off: int) -> tuple[multipath_list4, int]:
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
-        _c156 = _n
-        for _ in range(_c156):
+        _c146 = _n
+        for _ in range(_c146):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i157_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+            _i147_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
             off = _e + (-_n & 3)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i157_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+            _i147_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
             off = _e + (-_n & 3)
-            _x156 = netaddr4(_i157_na_r_netid, _i157_na_r_addr)
-            _v.append(_x156)
+            _x146 = netaddr4(_i147_na_r_netid, _i147_na_r_addr)
+            _v.append(_x146)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated multipath_list4', o0) from None
     return _v, off
@@ -2831,26 +2855,25 @@ class nfsv4_1_file_layout_ds_addr4:
 
 def enc_nfsv4_1_file_layout_ds_addr4(w: _Writer, v: nfsv4_1_file_layout_ds_addr4) -> None:
     try:
-        _a158 = v.nflda_stripe_indices
-        _n = len(_a158)
+        _a148 = v.nflda_stripe_indices
+        _n = len(_a148)
         w += _S0.pack(_n)
-        for _x158 in _a158:
-            w += _S0.pack(_x158)
-        _a159 = v.nflda_multipath_ds_list
-        _n = len(_a159)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a148)
+        _a149 = v.nflda_multipath_ds_list
+        _n = len(_a149)
         w += _S0.pack(_n)
-        for _x159 in _a159:
-            _a160 = _x159
-            _n = len(_a160)
+        for _x149 in _a149:
+            _a150 = _x149
+            _n = len(_a150)
             w += _S0.pack(_n)
-            for _x160 in _a160:
-                _s161 = _x160
-                _v = _s161.na_r_netid.encode('utf-8', 'surrogateescape')
+            for _x150 in _a150:
+                _s151 = _x150
+                _v = _s151.na_r_netid.encode('utf-8', 'surrogateescape')
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
-                _v = _s161.na_r_addr.encode('utf-8', 'surrogateescape')
+                _v = _s151.na_r_addr.encode('utf-8', 'surrogateescape')
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
@@ -2867,43 +2890,40 @@ def dec_nfsv4_1_file_layout_ds_addr4(r: _Reader, off: int) -> tuple[nfsv4_1_file
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_nflda_stripe_indices = []
-        _c162 = _n
-        for _ in range(_c162):
-            (_x162,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_nflda_stripe_indices.append(_x162)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_nflda_stripe_indices = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_nflda_multipath_ds_list = []
-        _c163 = _n
-        for _ in range(_c163):
+        _c152 = _n
+        for _ in range(_c152):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 8 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _x163 = []
-            _c164 = _n
-            for _ in range(_c164):
+            _x152 = []
+            _c153 = _n
+            for _ in range(_c153):
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _i165_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+                _i154_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
                 off = _e + (-_n & 3)
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _i165_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+                _i154_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
                 off = _e + (-_n & 3)
-                _x164 = netaddr4(_i165_na_r_netid, _i165_na_r_addr)
-                _x163.append(_x164)
-            f_nflda_multipath_ds_list.append(_x163)
+                _x153 = netaddr4(_i154_na_r_netid, _i154_na_r_addr)
+                _x152.append(_x153)
+            f_nflda_multipath_ds_list.append(_x152)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfsv4_1_file_layout_ds_addr4', o0) from None
     return nfsv4_1_file_layout_ds_addr4(f_nflda_stripe_indices, f_nflda_multipath_ds_list), off
@@ -2922,11 +2942,11 @@ def enc_nfsv4_1_file_layout4(w: _Writer, v: nfsv4_1_file_layout4) -> None:
     try:
         if len(v.nfl_deviceid) != 16: raise _XdrError('fixed opaque nfl_deviceid must be 16 bytes', len(w))
         w += _S17.pack(v.nfl_deviceid, v.nfl_util, v.nfl_first_stripe_index, v.nfl_pattern_offset)
-        _a166 = v.nfl_fh_list
-        _n = len(_a166)
+        _a155 = v.nfl_fh_list
+        _n = len(_a155)
         w += _S0.pack(_n)
-        for _x166 in _a166:
-            _v = _x166
+        for _x155 in _a155:
+            _v = _x155
             _n = len(_v)
             if _n > 128:
                 raise _XdrError('opaque: length %d exceeds 128' % _n, len(w))
@@ -2948,8 +2968,8 @@ def dec_nfsv4_1_file_layout4(r: _Reader, off: int) -> tuple[nfsv4_1_file_layout4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_nfl_fh_list = []
-        _c167 = _n
-        for _ in range(_c167):
+        _c156 = _n
+        for _ in range(_c156):
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 128:
                 raise _XdrError('opaque: length %d exceeds 128' % _n, off)
@@ -2957,9 +2977,9 @@ def dec_nfsv4_1_file_layout4(r: _Reader, off: int) -> tuple[nfsv4_1_file_layout4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _x167 = bytes(buf[off:_e])
+            _x156 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_nfl_fh_list.append(_x167)
+            f_nfl_fh_list.append(_x156)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfsv4_1_file_layout4', o0) from None
     return nfsv4_1_file_layout4(f_nfl_deviceid, f_nfl_util, f_nfl_first_stripe_index, f_nfl_pattern_offset, f_nfl_fh_list), off
@@ -3038,17 +3058,17 @@ def _dec_any_ACCESS4res(r: _Reader, off: int) -> tuple[ACCESS4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v168: _Any
-        _f168: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d168,) = _S2.unpack_from(buf, off)
-        _a168 = _ACCESS4res_ARMS.get(_d168)
-        if _a168 is None:
-            _d168 = _nfsstat4_MAP[(_d168,)[0]]
-            _f168 = _void_decode
+        _v157: _Any
+        _f157: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d157,) = _S2.unpack_from(buf, off)
+        _a157 = _ACCESS4res_ARMS.get(_d157)
+        if _a157 is None:
+            _d157 = _nfsstat4_MAP[(_d157,)[0]]
+            _f157 = _void_decode
         else:
-            _d168, _f168 = _a168
-        _v168, off = _f168(r, off + 4)
-        _u = ACCESS4res(_d168, _v168)
+            _d157, _f157 = _a157
+        _v157, off = _f157(r, off + 4)
+        _u = ACCESS4res(_d157, _v157)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated ACCESS4res', o0) from None
     return _u, off
@@ -3056,14 +3076,14 @@ def _dec_any_ACCESS4res(r: _Reader, off: int) -> tuple[ACCESS4res, int]:
 
 def enc_ACCESS4res(w: _Writer, v: ACCESS4res) -> None:
     try:
-        _u169 = v
-        _d169 = _u169.status
-        _w169: _Any
-        if _d169 == 0:
-            _w169 = _u169.value
-            w += _S18.pack(0, _w169.supported, _w169.access)
+        _u158 = v
+        _d158 = _u158.status
+        _w158: _Any
+        if _d158 == 0:
+            _w158 = _u158.value
+            w += _S18.pack(0, _w158.supported, _w158.access)
         else:
-            _enc_any_ACCESS4res(w, _u169)
+            _enc_any_ACCESS4res(w, _u158)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode ACCESS4res: {_e!r}', len(w)) from None
 
@@ -3072,13 +3092,13 @@ def dec_ACCESS4res(r: _Reader, off: int) -> tuple[ACCESS4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v170: _Any
-        (_d170,) = _S2.unpack_from(buf, off)
+        _v159: _Any
+        (_d159,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d170 == 0:
-            _v170 = ACCESS4resok(*_S1.unpack_from(buf, off))
+        if _d159 == 0:
+            _v159 = ACCESS4resok(*_S1.unpack_from(buf, off))
             off += 8
-            _u = ACCESS4res(NFS4_OK, _v170)
+            _u = ACCESS4res(NFS4_OK, _v159)
         else:
             _u, off = _dec_any_ACCESS4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -3138,17 +3158,17 @@ def _dec_any_CLOSE4res(r: _Reader, off: int) -> tuple[CLOSE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v171: _Any
-        _f171: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d171,) = _S2.unpack_from(buf, off)
-        _a171 = _CLOSE4res_ARMS.get(_d171)
-        if _a171 is None:
-            _d171 = _nfsstat4_MAP[(_d171,)[0]]
-            _f171 = _void_decode
+        _v160: _Any
+        _f160: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d160,) = _S2.unpack_from(buf, off)
+        _a160 = _CLOSE4res_ARMS.get(_d160)
+        if _a160 is None:
+            _d160 = _nfsstat4_MAP[(_d160,)[0]]
+            _f160 = _void_decode
         else:
-            _d171, _f171 = _a171
-        _v171, off = _f171(r, off + 4)
-        _u = CLOSE4res(_d171, _v171)
+            _d160, _f160 = _a160
+        _v160, off = _f160(r, off + 4)
+        _u = CLOSE4res(_d160, _v160)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CLOSE4res', o0) from None
     return _u, off
@@ -3156,15 +3176,15 @@ def _dec_any_CLOSE4res(r: _Reader, off: int) -> tuple[CLOSE4res, int]:
 
 def enc_CLOSE4res(w: _Writer, v: CLOSE4res) -> None:
     try:
-        _u172 = v
-        _d172 = _u172.status
-        _w172: _Any
-        if _d172 == 0:
-            _w172 = _u172.value
-            if len(_w172.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S20.pack(0, _w172.seqid, _w172.other)
+        _u161 = v
+        _d161 = _u161.status
+        _w161: _Any
+        if _d161 == 0:
+            _w161 = _u161.value
+            if len(_w161.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S20.pack(0, _w161.seqid, _w161.other)
         else:
-            _enc_any_CLOSE4res(w, _u172)
+            _enc_any_CLOSE4res(w, _u161)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CLOSE4res: {_e!r}', len(w)) from None
 
@@ -3173,13 +3193,13 @@ def dec_CLOSE4res(r: _Reader, off: int) -> tuple[CLOSE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v173: _Any
-        (_d173,) = _S2.unpack_from(buf, off)
+        _v162: _Any
+        (_d162,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d173 == 0:
-            _v173 = stateid4(*_S11.unpack_from(buf, off))
+        if _d162 == 0:
+            _v162 = stateid4(*_S11.unpack_from(buf, off))
             off += 16
-            _u = CLOSE4res(NFS4_OK, _v173)
+            _u = CLOSE4res(NFS4_OK, _v162)
         else:
             _u, off = _dec_any_CLOSE4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -3261,17 +3281,17 @@ def _dec_any_COMMIT4res(r: _Reader, off: int) -> tuple[COMMIT4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v174: _Any
-        _f174: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d174,) = _S2.unpack_from(buf, off)
-        _a174 = _COMMIT4res_ARMS.get(_d174)
-        if _a174 is None:
-            _d174 = _nfsstat4_MAP[(_d174,)[0]]
-            _f174 = _void_decode
+        _v163: _Any
+        _f163: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d163,) = _S2.unpack_from(buf, off)
+        _a163 = _COMMIT4res_ARMS.get(_d163)
+        if _a163 is None:
+            _d163 = _nfsstat4_MAP[(_d163,)[0]]
+            _f163 = _void_decode
         else:
-            _d174, _f174 = _a174
-        _v174, off = _f174(r, off + 4)
-        _u = COMMIT4res(_d174, _v174)
+            _d163, _f163 = _a163
+        _v163, off = _f163(r, off + 4)
+        _u = COMMIT4res(_d163, _v163)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated COMMIT4res', o0) from None
     return _u, off
@@ -3279,15 +3299,15 @@ def _dec_any_COMMIT4res(r: _Reader, off: int) -> tuple[COMMIT4res, int]:
 
 def enc_COMMIT4res(w: _Writer, v: COMMIT4res) -> None:
     try:
-        _u175 = v
-        _d175 = _u175.status
-        _w175: _Any
-        if _d175 == 0:
-            _w175 = _u175.value
-            if len(_w175.writeverf) != 8: raise _XdrError('fixed opaque writeverf must be 8 bytes', len(w))
-            w += _S22.pack(0, _w175.writeverf)
+        _u164 = v
+        _d164 = _u164.status
+        _w164: _Any
+        if _d164 == 0:
+            _w164 = _u164.value
+            if len(_w164.writeverf) != 8: raise _XdrError('fixed opaque writeverf must be 8 bytes', len(w))
+            w += _S22.pack(0, _w164.writeverf)
         else:
-            _enc_any_COMMIT4res(w, _u175)
+            _enc_any_COMMIT4res(w, _u164)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode COMMIT4res: {_e!r}', len(w)) from None
 
@@ -3296,13 +3316,13 @@ def dec_COMMIT4res(r: _Reader, off: int) -> tuple[COMMIT4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v176: _Any
-        (_d176,) = _S2.unpack_from(buf, off)
+        _v165: _Any
+        (_d165,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d176 == 0:
-            _v176 = COMMIT4resok(*_S6.unpack_from(buf, off))
+        if _d165 == 0:
+            _v165 = COMMIT4resok(*_S6.unpack_from(buf, off))
             off += 8
-            _u = COMMIT4res(NFS4_OK, _v176)
+            _u = COMMIT4res(NFS4_OK, _v165)
         else:
             _u, off = _dec_any_COMMIT4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -3367,17 +3387,17 @@ def dec_createtype4(r: _Reader, off: int) -> tuple[createtype4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v177: _Any
-        _f177: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d177,) = _S2.unpack_from(buf, off)
-        _a177 = _createtype4_ARMS.get(_d177)
-        if _a177 is None:
-            _d177 = _nfs_ftype4_MAP[(_d177,)[0]]
-            _f177 = _void_decode
+        _v166: _Any
+        _f166: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d166,) = _S2.unpack_from(buf, off)
+        _a166 = _createtype4_ARMS.get(_d166)
+        if _a166 is None:
+            _d166 = _nfs_ftype4_MAP[(_d166,)[0]]
+            _f166 = _void_decode
         else:
-            _d177, _f177 = _a177
-        _v177, off = _f177(r, off + 4)
-        _u = createtype4(_d177, _v177)
+            _d166, _f166 = _a166
+        _v166, off = _f166(r, off + 4)
+        _u = createtype4(_d166, _v166)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated createtype4', o0) from None
     return _u, off

@@ -21,6 +21,7 @@ from nfsrdma.xdr.runtime import (
     PAD as _PAD,
     TRUE as _TRUE,
     U32 as _U32,
+    U32_ARRAYS as _U32_ARRAYS,
     Operation as _Operation,
     Buffer as _Buffer,
     DdpItem as _DdpItem,
@@ -101,24 +102,23 @@ class CREATE4args:
 
 def enc_CREATE4args(w: _Writer, v: CREATE4args) -> None:
     try:
-        _u178 = v.objtype
-        _f178 = _createtype4_ENCX.get(_u178.type)
-        if _f178 is None:
-            enc_createtype4(w, _u178)
+        _u167 = v.objtype
+        _f167 = _createtype4_ENCX.get(_u167.type)
+        if _f167 is None:
+            enc_createtype4(w, _u167)
         else:
-            _f178(w, _u178.value)
+            _f167(w, _u167.value)
         _v = v.objname
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _s179 = v.createattrs
-        _a180 = _s179.attrmask
-        _n = len(_a180)
+        _s168 = v.createattrs
+        _a169 = _s168.attrmask
+        _n = len(_a169)
         w += _S0.pack(_n)
-        for _x180 in _a180:
-            w += _S0.pack(_x180)
-        _v = _s179.attr_vals
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a169)
+        _v = _s168.attr_vals
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -131,17 +131,17 @@ def dec_CREATE4args(r: _Reader, off: int) -> tuple[CREATE4args, int]:
     buf = r.buf
     o0 = off
     try:
-        _v181: _Any
-        _f181: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d181,) = _S2.unpack_from(buf, off)
-        _a181 = _createtype4_ARMS.get(_d181)
-        if _a181 is None:
-            _d181 = _nfs_ftype4_MAP[(_d181,)[0]]
-            _f181 = _void_decode
+        _v170: _Any
+        _f170: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d170,) = _S2.unpack_from(buf, off)
+        _a170 = _createtype4_ARMS.get(_d170)
+        if _a170 is None:
+            _d170 = _nfs_ftype4_MAP[(_d170,)[0]]
+            _f170 = _void_decode
         else:
-            _d181, _f181 = _a181
-        _v181, off = _f181(r, off + 4)
-        f_objtype = createtype4(_d181, _v181)
+            _d170, _f170 = _a170
+        _v170, off = _f170(r, off + 4)
+        f_objtype = createtype4(_d170, _v170)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -153,20 +153,17 @@ def dec_CREATE4args(r: _Reader, off: int) -> tuple[CREATE4args, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i182_attrmask = []
-        _c183 = _n
-        for _ in range(_c183):
-            (_x183,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i182_attrmask.append(_x183)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i171_attrmask = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i182_attr_vals = bytes(buf[off:_e])
+        _i171_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_createattrs = fattr4(_i182_attrmask, _i182_attr_vals)
+        f_createattrs = fattr4(_i171_attrmask, _i171_attr_vals)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CREATE4args', o0) from None
     return CREATE4args(f_objtype, f_objname, f_createattrs), off
@@ -181,11 +178,10 @@ class CREATE4resok:
 def enc_CREATE4resok(w: _Writer, v: CREATE4resok) -> None:
     try:
         w += _S16.pack(v.cinfo.atomic, v.cinfo.before, v.cinfo.after)
-        _a184 = v.attrset
-        _n = len(_a184)
+        _a172 = v.attrset
+        _n = len(_a172)
         w += _S0.pack(_n)
-        for _x184 in _a184:
-            w += _S0.pack(_x184)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a172)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CREATE4resok: {_e}', len(w)) from None
 
@@ -201,12 +197,9 @@ def dec_CREATE4resok(r: _Reader, off: int) -> tuple[CREATE4resok, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_attrset = []
-        _c185 = _n
-        for _ in range(_c185):
-            (_x185,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_attrset.append(_x185)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_attrset = list(_t)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CREATE4resok', o0) from None
     return CREATE4resok(f_cinfo, f_attrset), off
@@ -238,17 +231,17 @@ def _dec_any_CREATE4res(r: _Reader, off: int) -> tuple[CREATE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v186: _Any
-        _f186: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d186,) = _S2.unpack_from(buf, off)
-        _a186 = _CREATE4res_ARMS.get(_d186)
-        if _a186 is None:
-            _d186 = _nfsstat4_MAP[(_d186,)[0]]
-            _f186 = _void_decode
+        _v173: _Any
+        _f173: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d173,) = _S2.unpack_from(buf, off)
+        _a173 = _CREATE4res_ARMS.get(_d173)
+        if _a173 is None:
+            _d173 = _nfsstat4_MAP[(_d173,)[0]]
+            _f173 = _void_decode
         else:
-            _d186, _f186 = _a186
-        _v186, off = _f186(r, off + 4)
-        _u = CREATE4res(_d186, _v186)
+            _d173, _f173 = _a173
+        _v173, off = _f173(r, off + 4)
+        _u = CREATE4res(_d173, _v173)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CREATE4res', o0) from None
     return _u, off
@@ -256,20 +249,19 @@ def _dec_any_CREATE4res(r: _Reader, off: int) -> tuple[CREATE4res, int]:
 
 def enc_CREATE4res(w: _Writer, v: CREATE4res) -> None:
     try:
-        _u187 = v
-        _d187 = _u187.status
-        _w187: _Any
-        if _d187 == 0:
-            _w187 = _u187.value
-            _s188 = _w187
-            w += _S24.pack(0, _s188.cinfo.atomic, _s188.cinfo.before, _s188.cinfo.after)
-            _a189 = _s188.attrset
-            _n = len(_a189)
+        _u174 = v
+        _d174 = _u174.status
+        _w174: _Any
+        if _d174 == 0:
+            _w174 = _u174.value
+            _s175 = _w174
+            w += _S24.pack(0, _s175.cinfo.atomic, _s175.cinfo.before, _s175.cinfo.after)
+            _a176 = _s175.attrset
+            _n = len(_a176)
             w += _S0.pack(_n)
-            for _x189 in _a189:
-                w += _S0.pack(_x189)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a176)
         else:
-            _enc_any_CREATE4res(w, _u187)
+            _enc_any_CREATE4res(w, _u174)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CREATE4res: {_e!r}', len(w)) from None
 
@@ -278,25 +270,22 @@ def dec_CREATE4res(r: _Reader, off: int) -> tuple[CREATE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v190: _Any
-        (_d190,) = _S2.unpack_from(buf, off)
+        _v177: _Any
+        (_d177,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d190 == 0:
+        if _d177 == 0:
             _t0, _t1, _t2 = _S16.unpack_from(buf, off)
             off += 20
-            _i191_cinfo = change_info4(_BOOL[_t0], _t1, _t2)
+            _i178_cinfo = change_info4(_BOOL[_t0], _t1, _t2)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i191_attrset = []
-            _c192 = _n
-            for _ in range(_c192):
-                (_x192,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i191_attrset.append(_x192)
-            _v190 = CREATE4resok(_i191_cinfo, _i191_attrset)
-            _u = CREATE4res(NFS4_OK, _v190)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i178_attrset = list(_t)
+            _v177 = CREATE4resok(_i178_cinfo, _i178_attrset)
+            _u = CREATE4res(NFS4_OK, _v177)
         else:
             _u, off = _dec_any_CREATE4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -407,11 +396,10 @@ class GETATTR4args:
 
 def enc_GETATTR4args(w: _Writer, v: GETATTR4args) -> None:
     try:
-        _a193 = v.attr_request
-        _n = len(_a193)
+        _a179 = v.attr_request
+        _n = len(_a179)
         w += _S0.pack(_n)
-        for _x193 in _a193:
-            w += _S0.pack(_x193)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a179)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode GETATTR4args: {_e}', len(w)) from None
 
@@ -424,12 +412,9 @@ def dec_GETATTR4args(r: _Reader, off: int) -> tuple[GETATTR4args, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_attr_request = []
-        _c194 = _n
-        for _ in range(_c194):
-            (_x194,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_attr_request.append(_x194)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_attr_request = list(_t)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GETATTR4args', o0) from None
     return GETATTR4args(f_attr_request), off
@@ -442,13 +427,12 @@ class GETATTR4resok:
 
 def enc_GETATTR4resok(w: _Writer, v: GETATTR4resok) -> None:
     try:
-        _s195 = v.obj_attributes
-        _a196 = _s195.attrmask
-        _n = len(_a196)
+        _s180 = v.obj_attributes
+        _a181 = _s180.attrmask
+        _n = len(_a181)
         w += _S0.pack(_n)
-        for _x196 in _a196:
-            w += _S0.pack(_x196)
-        _v = _s195.attr_vals
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a181)
+        _v = _s180.attr_vals
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -465,20 +449,17 @@ def dec_GETATTR4resok(r: _Reader, off: int) -> tuple[GETATTR4resok, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i197_attrmask = []
-        _c198 = _n
-        for _ in range(_c198):
-            (_x198,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i197_attrmask.append(_x198)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i182_attrmask = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i197_attr_vals = bytes(buf[off:_e])
+        _i182_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_obj_attributes = fattr4(_i197_attrmask, _i197_attr_vals)
+        f_obj_attributes = fattr4(_i182_attrmask, _i182_attr_vals)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GETATTR4resok', o0) from None
     return GETATTR4resok(f_obj_attributes), off
@@ -510,17 +491,17 @@ def _dec_any_GETATTR4res(r: _Reader, off: int) -> tuple[GETATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v199: _Any
-        _f199: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d199,) = _S2.unpack_from(buf, off)
-        _a199 = _GETATTR4res_ARMS.get(_d199)
-        if _a199 is None:
-            _d199 = _nfsstat4_MAP[(_d199,)[0]]
-            _f199 = _void_decode
+        _v183: _Any
+        _f183: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d183,) = _S2.unpack_from(buf, off)
+        _a183 = _GETATTR4res_ARMS.get(_d183)
+        if _a183 is None:
+            _d183 = _nfsstat4_MAP[(_d183,)[0]]
+            _f183 = _void_decode
         else:
-            _d199, _f199 = _a199
-        _v199, off = _f199(r, off + 4)
-        _u = GETATTR4res(_d199, _v199)
+            _d183, _f183 = _a183
+        _v183, off = _f183(r, off + 4)
+        _u = GETATTR4res(_d183, _v183)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GETATTR4res', o0) from None
     return _u, off
@@ -528,25 +509,24 @@ def _dec_any_GETATTR4res(r: _Reader, off: int) -> tuple[GETATTR4res, int]:
 
 def enc_GETATTR4res(w: _Writer, v: GETATTR4res) -> None:
     try:
-        _u200 = v
-        _d200 = _u200.status
-        _w200: _Any
-        if _d200 == 0:
-            _w200 = _u200.value
-            _s201 = _w200
-            _s202 = _s201.obj_attributes
-            _a203 = _s202.attrmask
-            _n = len(_a203)
+        _u184 = v
+        _d184 = _u184.status
+        _w184: _Any
+        if _d184 == 0:
+            _w184 = _u184.value
+            _s185 = _w184
+            _s186 = _s185.obj_attributes
+            _a187 = _s186.attrmask
+            _n = len(_a187)
             w += _S23.pack(0, _n)
-            for _x203 in _a203:
-                w += _S0.pack(_x203)
-            _v = _s202.attr_vals
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a187)
+            _v = _s186.attr_vals
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
         else:
-            _enc_any_GETATTR4res(w, _u200)
+            _enc_any_GETATTR4res(w, _u184)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode GETATTR4res: {_e!r}', len(w)) from None
 
@@ -555,30 +535,27 @@ def dec_GETATTR4res(r: _Reader, off: int) -> tuple[GETATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v204: _Any
-        (_d204,) = _S2.unpack_from(buf, off)
+        _v188: _Any
+        (_d188,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d204 == 0:
+        if _d188 == 0:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i206_attrmask = []
-            _c207 = _n
-            for _ in range(_c207):
-                (_x207,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i206_attrmask.append(_x207)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i190_attrmask = list(_t)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i206_attr_vals = bytes(buf[off:_e])
+            _i190_attr_vals = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i205_obj_attributes = fattr4(_i206_attrmask, _i206_attr_vals)
-            _v204 = GETATTR4resok(_i205_obj_attributes)
-            _u = GETATTR4res(NFS4_OK, _v204)
+            _i189_obj_attributes = fattr4(_i190_attrmask, _i190_attr_vals)
+            _v188 = GETATTR4resok(_i189_obj_attributes)
+            _u = GETATTR4res(NFS4_OK, _v188)
         else:
             _u, off = _dec_any_GETATTR4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -648,17 +625,17 @@ def _dec_any_GETFH4res(r: _Reader, off: int) -> tuple[GETFH4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v208: _Any
-        _f208: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d208,) = _S2.unpack_from(buf, off)
-        _a208 = _GETFH4res_ARMS.get(_d208)
-        if _a208 is None:
-            _d208 = _nfsstat4_MAP[(_d208,)[0]]
-            _f208 = _void_decode
+        _v191: _Any
+        _f191: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d191,) = _S2.unpack_from(buf, off)
+        _a191 = _GETFH4res_ARMS.get(_d191)
+        if _a191 is None:
+            _d191 = _nfsstat4_MAP[(_d191,)[0]]
+            _f191 = _void_decode
         else:
-            _d208, _f208 = _a208
-        _v208, off = _f208(r, off + 4)
-        _u = GETFH4res(_d208, _v208)
+            _d191, _f191 = _a191
+        _v191, off = _f191(r, off + 4)
+        _u = GETFH4res(_d191, _v191)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GETFH4res', o0) from None
     return _u, off
@@ -666,13 +643,13 @@ def _dec_any_GETFH4res(r: _Reader, off: int) -> tuple[GETFH4res, int]:
 
 def enc_GETFH4res(w: _Writer, v: GETFH4res) -> None:
     try:
-        _u209 = v
-        _d209 = _u209.status
-        _w209: _Any
-        if _d209 == 0:
-            _w209 = _u209.value
-            _s210 = _w209
-            _v = _s210.object
+        _u192 = v
+        _d192 = _u192.status
+        _w192: _Any
+        if _d192 == 0:
+            _w192 = _u192.value
+            _s193 = _w192
+            _v = _s193.object
             _n = len(_v)
             if _n > 128:
                 raise _XdrError('object: length %d exceeds 128' % _n, len(w))
@@ -680,7 +657,7 @@ def enc_GETFH4res(w: _Writer, v: GETFH4res) -> None:
             w += _v
             w += _PAD[_n & 3]
         else:
-            _enc_any_GETFH4res(w, _u209)
+            _enc_any_GETFH4res(w, _u192)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode GETFH4res: {_e!r}', len(w)) from None
 
@@ -689,10 +666,10 @@ def dec_GETFH4res(r: _Reader, off: int) -> tuple[GETFH4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v211: _Any
-        (_d211,) = _S2.unpack_from(buf, off)
+        _v194: _Any
+        (_d194,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d211 == 0:
+        if _d194 == 0:
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 128:
                 raise _XdrError('object: length %d exceeds 128' % _n, off)
@@ -700,10 +677,10 @@ def dec_GETFH4res(r: _Reader, off: int) -> tuple[GETFH4res, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i212_object = bytes(buf[off:_e])
+            _i195_object = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _v211 = GETFH4resok(_i212_object)
-            _u = GETFH4res(NFS4_OK, _v211)
+            _v194 = GETFH4resok(_i195_object)
+            _u = GETFH4res(NFS4_OK, _v194)
         else:
             _u, off = _dec_any_GETFH4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -793,17 +770,17 @@ def _dec_any_LINK4res(r: _Reader, off: int) -> tuple[LINK4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v213: _Any
-        _f213: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d213,) = _S2.unpack_from(buf, off)
-        _a213 = _LINK4res_ARMS.get(_d213)
-        if _a213 is None:
-            _d213 = _nfsstat4_MAP[(_d213,)[0]]
-            _f213 = _void_decode
+        _v196: _Any
+        _f196: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d196,) = _S2.unpack_from(buf, off)
+        _a196 = _LINK4res_ARMS.get(_d196)
+        if _a196 is None:
+            _d196 = _nfsstat4_MAP[(_d196,)[0]]
+            _f196 = _void_decode
         else:
-            _d213, _f213 = _a213
-        _v213, off = _f213(r, off + 4)
-        _u = LINK4res(_d213, _v213)
+            _d196, _f196 = _a196
+        _v196, off = _f196(r, off + 4)
+        _u = LINK4res(_d196, _v196)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LINK4res', o0) from None
     return _u, off
@@ -811,14 +788,14 @@ def _dec_any_LINK4res(r: _Reader, off: int) -> tuple[LINK4res, int]:
 
 def enc_LINK4res(w: _Writer, v: LINK4res) -> None:
     try:
-        _u214 = v
-        _d214 = _u214.status
-        _w214: _Any
-        if _d214 == 0:
-            _w214 = _u214.value
-            w += _S24.pack(0, _w214.cinfo.atomic, _w214.cinfo.before, _w214.cinfo.after)
+        _u197 = v
+        _d197 = _u197.status
+        _w197: _Any
+        if _d197 == 0:
+            _w197 = _u197.value
+            w += _S24.pack(0, _w197.cinfo.atomic, _w197.cinfo.before, _w197.cinfo.after)
         else:
-            _enc_any_LINK4res(w, _u214)
+            _enc_any_LINK4res(w, _u197)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode LINK4res: {_e!r}', len(w)) from None
 
@@ -827,14 +804,14 @@ def dec_LINK4res(r: _Reader, off: int) -> tuple[LINK4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v215: _Any
-        (_d215,) = _S2.unpack_from(buf, off)
+        _v198: _Any
+        (_d198,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d215 == 0:
+        if _d198 == 0:
             _t0, _t1, _t2 = _S16.unpack_from(buf, off)
             off += 20
-            _v215 = LINK4resok(change_info4(_BOOL[_t0], _t1, _t2))
-            _u = LINK4res(NFS4_OK, _v215)
+            _v198 = LINK4resok(change_info4(_BOOL[_t0], _t1, _t2))
+            _u = LINK4res(NFS4_OK, _v198)
         else:
             _u, off = _dec_any_LINK4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -854,9 +831,9 @@ def enc_open_to_lock_owner4(w: _Writer, v: open_to_lock_owner4) -> None:
     try:
         if len(v.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S25.pack(v.open_seqid, v.open_stateid.seqid, v.open_stateid.other, v.lock_seqid)
-        _s216 = v.lock_owner
-        w += _S4.pack(_s216.clientid)
-        _v = _s216.owner
+        _s199 = v.lock_owner
+        w += _S4.pack(_s199.clientid)
+        _v = _s199.owner
         _n = len(_v)
         if _n > 1024:
             raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
@@ -874,7 +851,7 @@ def dec_open_to_lock_owner4(r: _Reader, off: int) -> tuple[open_to_lock_owner4, 
         f_open_seqid, _t1, _t2, f_lock_seqid = _S25.unpack_from(buf, off)
         off += 24
         f_open_stateid = stateid4(_t1, _t2)
-        (_i217_clientid,) = _S4.unpack_from(buf, off)
+        (_i200_clientid,) = _S4.unpack_from(buf, off)
         off += 8
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
@@ -883,9 +860,9 @@ def dec_open_to_lock_owner4(r: _Reader, off: int) -> tuple[open_to_lock_owner4, 
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i217_owner = bytes(buf[off:_e])
+        _i200_owner = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_lock_owner = state_owner4(_i217_clientid, _i217_owner)
+        f_lock_owner = state_owner4(_i200_clientid, _i200_owner)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated open_to_lock_owner4', o0) from None
     return open_to_lock_owner4(f_open_seqid, f_open_stateid, f_lock_seqid, f_lock_owner), off
@@ -944,16 +921,16 @@ def _dec_any_locker4(r: _Reader, off: int) -> tuple[locker4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v218: _Any
-        _f218: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d218,) = _S0.unpack_from(buf, off)
-        _a218 = _locker4_ARMS.get(_d218)
-        if _a218 is None:
-            raise _XdrError('%r is not a case of locker4' % (_d218,), off)
+        _v201: _Any
+        _f201: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d201,) = _S0.unpack_from(buf, off)
+        _a201 = _locker4_ARMS.get(_d201)
+        if _a201 is None:
+            raise _XdrError('%r is not a case of locker4' % (_d201,), off)
         else:
-            _d218, _f218 = _a218
-        _v218, off = _f218(r, off + 4)
-        _u = locker4(_d218, _v218)
+            _d201, _f201 = _a201
+        _v201, off = _f201(r, off + 4)
+        _u = locker4(_d201, _v201)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated locker4', o0) from None
     return _u, off
@@ -961,29 +938,29 @@ def _dec_any_locker4(r: _Reader, off: int) -> tuple[locker4, int]:
 
 def enc_locker4(w: _Writer, v: locker4) -> None:
     try:
-        _u219 = v
-        _d219 = _u219.new_lock_owner
-        _w219: _Any
-        if _d219 == 1:
-            _w219 = _u219.value
-            _s220 = _w219
-            if len(_s220.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S27.pack(1, _s220.open_seqid, _s220.open_stateid.seqid, _s220.open_stateid.other, _s220.lock_seqid)
-            _s221 = _s220.lock_owner
-            w += _S4.pack(_s221.clientid)
-            _v = _s221.owner
+        _u202 = v
+        _d202 = _u202.new_lock_owner
+        _w202: _Any
+        if _d202 == 1:
+            _w202 = _u202.value
+            _s203 = _w202
+            if len(_s203.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S27.pack(1, _s203.open_seqid, _s203.open_stateid.seqid, _s203.open_stateid.other, _s203.lock_seqid)
+            _s204 = _s203.lock_owner
+            w += _S4.pack(_s204.clientid)
+            _v = _s204.owner
             _n = len(_v)
             if _n > 1024:
                 raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        elif _d219 == 0:
-            _w219 = _u219.value
-            if len(_w219.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S25.pack(0, _w219.lock_stateid.seqid, _w219.lock_stateid.other, _w219.lock_seqid)
+        elif _d202 == 0:
+            _w202 = _u202.value
+            if len(_w202.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S25.pack(0, _w202.lock_stateid.seqid, _w202.lock_stateid.other, _w202.lock_seqid)
         else:
-            _enc_any_locker4(w, _u219)
+            _enc_any_locker4(w, _u202)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode locker4: {_e!r}', len(w)) from None
 
@@ -992,14 +969,14 @@ def dec_locker4(r: _Reader, off: int) -> tuple[locker4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v222: _Any
-        (_d222,) = _S0.unpack_from(buf, off)
+        _v205: _Any
+        (_d205,) = _S0.unpack_from(buf, off)
         off += 4
-        if _d222 == 1:
-            _i223_open_seqid, _t1, _t2, _i223_lock_seqid = _S25.unpack_from(buf, off)
+        if _d205 == 1:
+            _i206_open_seqid, _t1, _t2, _i206_lock_seqid = _S25.unpack_from(buf, off)
             off += 24
-            _i223_open_stateid = stateid4(_t1, _t2)
-            (_i224_clientid,) = _S4.unpack_from(buf, off)
+            _i206_open_stateid = stateid4(_t1, _t2)
+            (_i207_clientid,) = _S4.unpack_from(buf, off)
             off += 8
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 1024:
@@ -1008,16 +985,16 @@ def dec_locker4(r: _Reader, off: int) -> tuple[locker4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i224_owner = bytes(buf[off:_e])
+            _i207_owner = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i223_lock_owner = state_owner4(_i224_clientid, _i224_owner)
-            _v222 = open_to_lock_owner4(_i223_open_seqid, _i223_open_stateid, _i223_lock_seqid, _i223_lock_owner)
-            _u = locker4(True, _v222)
-        elif _d222 == 0:
+            _i206_lock_owner = state_owner4(_i207_clientid, _i207_owner)
+            _v205 = open_to_lock_owner4(_i206_open_seqid, _i206_open_stateid, _i206_lock_seqid, _i206_lock_owner)
+            _u = locker4(True, _v205)
+        elif _d205 == 0:
             _t0, _t1, _t2 = _S26.unpack_from(buf, off)
             off += 20
-            _v222 = exist_lock_owner4(stateid4(_t0, _t1), _t2)
-            _u = locker4(False, _v222)
+            _v205 = exist_lock_owner4(stateid4(_t0, _t1), _t2)
+            _u = locker4(False, _v205)
         else:
             _u, off = _dec_any_locker4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1037,29 +1014,29 @@ class LOCK4args:
 def enc_LOCK4args(w: _Writer, v: LOCK4args) -> None:
     try:
         w += _S24.pack(v.locktype, v.reclaim, v.offset, v.length)
-        _u225 = v.locker
-        _d225 = _u225.new_lock_owner
-        _w225: _Any
-        if _d225 == 1:
-            _w225 = _u225.value
-            _s226 = _w225
-            if len(_s226.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S27.pack(1, _s226.open_seqid, _s226.open_stateid.seqid, _s226.open_stateid.other, _s226.lock_seqid)
-            _s227 = _s226.lock_owner
-            w += _S4.pack(_s227.clientid)
-            _v = _s227.owner
+        _u208 = v.locker
+        _d208 = _u208.new_lock_owner
+        _w208: _Any
+        if _d208 == 1:
+            _w208 = _u208.value
+            _s209 = _w208
+            if len(_s209.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S27.pack(1, _s209.open_seqid, _s209.open_stateid.seqid, _s209.open_stateid.other, _s209.lock_seqid)
+            _s210 = _s209.lock_owner
+            w += _S4.pack(_s210.clientid)
+            _v = _s210.owner
             _n = len(_v)
             if _n > 1024:
                 raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        elif _d225 == 0:
-            _w225 = _u225.value
-            if len(_w225.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S25.pack(0, _w225.lock_stateid.seqid, _w225.lock_stateid.other, _w225.lock_seqid)
+        elif _d208 == 0:
+            _w208 = _u208.value
+            if len(_w208.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S25.pack(0, _w208.lock_stateid.seqid, _w208.lock_stateid.other, _w208.lock_seqid)
         else:
-            _enc_any_locker4(w, _u225)
+            _enc_any_locker4(w, _u208)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode LOCK4args: {_e}', len(w)) from None
 
@@ -1072,14 +1049,14 @@ def dec_LOCK4args(r: _Reader, off: int) -> tuple[LOCK4args, int]:
         off += 24
         f_locktype = _nfs_lock_type4_MAP[_t0]
         f_reclaim = _BOOL[_t1]
-        _v228: _Any
-        (_d228,) = _S0.unpack_from(buf, off)
+        _v211: _Any
+        (_d211,) = _S0.unpack_from(buf, off)
         off += 4
-        if _d228 == 1:
-            _i229_open_seqid, _t1, _t2, _i229_lock_seqid = _S25.unpack_from(buf, off)
+        if _d211 == 1:
+            _i212_open_seqid, _t1, _t2, _i212_lock_seqid = _S25.unpack_from(buf, off)
             off += 24
-            _i229_open_stateid = stateid4(_t1, _t2)
-            (_i230_clientid,) = _S4.unpack_from(buf, off)
+            _i212_open_stateid = stateid4(_t1, _t2)
+            (_i213_clientid,) = _S4.unpack_from(buf, off)
             off += 8
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 1024:
@@ -1088,16 +1065,16 @@ def dec_LOCK4args(r: _Reader, off: int) -> tuple[LOCK4args, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i230_owner = bytes(buf[off:_e])
+            _i213_owner = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i229_lock_owner = state_owner4(_i230_clientid, _i230_owner)
-            _v228 = open_to_lock_owner4(_i229_open_seqid, _i229_open_stateid, _i229_lock_seqid, _i229_lock_owner)
-            f_locker = locker4(True, _v228)
-        elif _d228 == 0:
+            _i212_lock_owner = state_owner4(_i213_clientid, _i213_owner)
+            _v211 = open_to_lock_owner4(_i212_open_seqid, _i212_open_stateid, _i212_lock_seqid, _i212_lock_owner)
+            f_locker = locker4(True, _v211)
+        elif _d211 == 0:
             _t0, _t1, _t2 = _S26.unpack_from(buf, off)
             off += 20
-            _v228 = exist_lock_owner4(stateid4(_t0, _t1), _t2)
-            f_locker = locker4(False, _v228)
+            _v211 = exist_lock_owner4(stateid4(_t0, _t1), _t2)
+            f_locker = locker4(False, _v211)
         else:
             f_locker, off = _dec_any_locker4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1116,9 +1093,9 @@ class LOCK4denied:
 def enc_LOCK4denied(w: _Writer, v: LOCK4denied) -> None:
     try:
         w += _S12.pack(v.offset, v.length, v.locktype)
-        _s231 = v.owner
-        w += _S4.pack(_s231.clientid)
-        _v = _s231.owner
+        _s214 = v.owner
+        w += _S4.pack(_s214.clientid)
+        _v = _s214.owner
         _n = len(_v)
         if _n > 1024:
             raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
@@ -1136,7 +1113,7 @@ def dec_LOCK4denied(r: _Reader, off: int) -> tuple[LOCK4denied, int]:
         f_offset, f_length, _t2 = _S12.unpack_from(buf, off)
         off += 20
         f_locktype = _nfs_lock_type4_MAP[_t2]
-        (_i232_clientid,) = _S4.unpack_from(buf, off)
+        (_i215_clientid,) = _S4.unpack_from(buf, off)
         off += 8
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
@@ -1145,9 +1122,9 @@ def dec_LOCK4denied(r: _Reader, off: int) -> tuple[LOCK4denied, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i232_owner = bytes(buf[off:_e])
+        _i215_owner = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_owner = state_owner4(_i232_clientid, _i232_owner)
+        f_owner = state_owner4(_i215_clientid, _i215_owner)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LOCK4denied', o0) from None
     return LOCK4denied(f_offset, f_length, f_locktype, f_owner), off
@@ -1204,17 +1181,17 @@ def _dec_any_LOCK4res(r: _Reader, off: int) -> tuple[LOCK4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v233: _Any
-        _f233: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d233,) = _S2.unpack_from(buf, off)
-        _a233 = _LOCK4res_ARMS.get(_d233)
-        if _a233 is None:
-            _d233 = _nfsstat4_MAP[(_d233,)[0]]
-            _f233 = _void_decode
+        _v216: _Any
+        _f216: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d216,) = _S2.unpack_from(buf, off)
+        _a216 = _LOCK4res_ARMS.get(_d216)
+        if _a216 is None:
+            _d216 = _nfsstat4_MAP[(_d216,)[0]]
+            _f216 = _void_decode
         else:
-            _d233, _f233 = _a233
-        _v233, off = _f233(r, off + 4)
-        _u = LOCK4res(_d233, _v233)
+            _d216, _f216 = _a216
+        _v216, off = _f216(r, off + 4)
+        _u = LOCK4res(_d216, _v216)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LOCK4res', o0) from None
     return _u, off
@@ -1222,20 +1199,20 @@ def _dec_any_LOCK4res(r: _Reader, off: int) -> tuple[LOCK4res, int]:
 
 def enc_LOCK4res(w: _Writer, v: LOCK4res) -> None:
     try:
-        _u234 = v
-        _d234 = _u234.status
-        _w234: _Any
-        if _d234 == 0:
-            _w234 = _u234.value
-            if len(_w234.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S20.pack(0, _w234.lock_stateid.seqid, _w234.lock_stateid.other)
-        elif _d234 == 10010:
-            _w234 = _u234.value
-            _s235 = _w234
-            w += _S28.pack(10010, _s235.offset, _s235.length, _s235.locktype)
-            _s236 = _s235.owner
-            w += _S4.pack(_s236.clientid)
-            _v = _s236.owner
+        _u217 = v
+        _d217 = _u217.status
+        _w217: _Any
+        if _d217 == 0:
+            _w217 = _u217.value
+            if len(_w217.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S20.pack(0, _w217.lock_stateid.seqid, _w217.lock_stateid.other)
+        elif _d217 == 10010:
+            _w217 = _u217.value
+            _s218 = _w217
+            w += _S28.pack(10010, _s218.offset, _s218.length, _s218.locktype)
+            _s219 = _s218.owner
+            w += _S4.pack(_s219.clientid)
+            _v = _s219.owner
             _n = len(_v)
             if _n > 1024:
                 raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
@@ -1243,7 +1220,7 @@ def enc_LOCK4res(w: _Writer, v: LOCK4res) -> None:
             w += _v
             w += _PAD[_n & 3]
         else:
-            _enc_any_LOCK4res(w, _u234)
+            _enc_any_LOCK4res(w, _u217)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode LOCK4res: {_e!r}', len(w)) from None
 
@@ -1252,19 +1229,19 @@ def dec_LOCK4res(r: _Reader, off: int) -> tuple[LOCK4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v237: _Any
-        (_d237,) = _S2.unpack_from(buf, off)
+        _v220: _Any
+        (_d220,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d237 == 0:
+        if _d220 == 0:
             _t0, _t1 = _S11.unpack_from(buf, off)
             off += 16
-            _v237 = LOCK4resok(stateid4(_t0, _t1))
-            _u = LOCK4res(NFS4_OK, _v237)
-        elif _d237 == 10010:
-            _i238_offset, _i238_length, _t2 = _S12.unpack_from(buf, off)
+            _v220 = LOCK4resok(stateid4(_t0, _t1))
+            _u = LOCK4res(NFS4_OK, _v220)
+        elif _d220 == 10010:
+            _i221_offset, _i221_length, _t2 = _S12.unpack_from(buf, off)
             off += 20
-            _i238_locktype = _nfs_lock_type4_MAP[_t2]
-            (_i239_clientid,) = _S4.unpack_from(buf, off)
+            _i221_locktype = _nfs_lock_type4_MAP[_t2]
+            (_i222_clientid,) = _S4.unpack_from(buf, off)
             off += 8
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 1024:
@@ -1273,11 +1250,11 @@ def dec_LOCK4res(r: _Reader, off: int) -> tuple[LOCK4res, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i239_owner = bytes(buf[off:_e])
+            _i222_owner = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i238_owner = state_owner4(_i239_clientid, _i239_owner)
-            _v237 = LOCK4denied(_i238_offset, _i238_length, _i238_locktype, _i238_owner)
-            _u = LOCK4res(NFS4ERR_DENIED, _v237)
+            _i221_owner = state_owner4(_i222_clientid, _i222_owner)
+            _v220 = LOCK4denied(_i221_offset, _i221_length, _i221_locktype, _i221_owner)
+            _u = LOCK4res(NFS4ERR_DENIED, _v220)
         else:
             _u, off = _dec_any_LOCK4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1296,9 +1273,9 @@ class LOCKT4args:
 def enc_LOCKT4args(w: _Writer, v: LOCKT4args) -> None:
     try:
         w += _S29.pack(v.locktype, v.offset, v.length)
-        _s240 = v.owner
-        w += _S4.pack(_s240.clientid)
-        _v = _s240.owner
+        _s223 = v.owner
+        w += _S4.pack(_s223.clientid)
+        _v = _s223.owner
         _n = len(_v)
         if _n > 1024:
             raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
@@ -1316,7 +1293,7 @@ def dec_LOCKT4args(r: _Reader, off: int) -> tuple[LOCKT4args, int]:
         _t0, f_offset, f_length = _S29.unpack_from(buf, off)
         off += 20
         f_locktype = _nfs_lock_type4_MAP[_t0]
-        (_i241_clientid,) = _S4.unpack_from(buf, off)
+        (_i224_clientid,) = _S4.unpack_from(buf, off)
         off += 8
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
@@ -1325,9 +1302,9 @@ def dec_LOCKT4args(r: _Reader, off: int) -> tuple[LOCKT4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i241_owner = bytes(buf[off:_e])
+        _i224_owner = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_owner = state_owner4(_i241_clientid, _i241_owner)
+        f_owner = state_owner4(_i224_clientid, _i224_owner)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LOCKT4args', o0) from None
     return LOCKT4args(f_locktype, f_offset, f_length, f_owner), off
@@ -1359,17 +1336,17 @@ def _dec_any_LOCKT4res(r: _Reader, off: int) -> tuple[LOCKT4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v242: _Any
-        _f242: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d242,) = _S2.unpack_from(buf, off)
-        _a242 = _LOCKT4res_ARMS.get(_d242)
-        if _a242 is None:
-            _d242 = _nfsstat4_MAP[(_d242,)[0]]
-            _f242 = _void_decode
+        _v225: _Any
+        _f225: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d225,) = _S2.unpack_from(buf, off)
+        _a225 = _LOCKT4res_ARMS.get(_d225)
+        if _a225 is None:
+            _d225 = _nfsstat4_MAP[(_d225,)[0]]
+            _f225 = _void_decode
         else:
-            _d242, _f242 = _a242
-        _v242, off = _f242(r, off + 4)
-        _u = LOCKT4res(_d242, _v242)
+            _d225, _f225 = _a225
+        _v225, off = _f225(r, off + 4)
+        _u = LOCKT4res(_d225, _v225)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LOCKT4res', o0) from None
     return _u, off
@@ -1377,26 +1354,26 @@ def _dec_any_LOCKT4res(r: _Reader, off: int) -> tuple[LOCKT4res, int]:
 
 def enc_LOCKT4res(w: _Writer, v: LOCKT4res) -> None:
     try:
-        _u243 = v
-        _d243 = _u243.status
-        _w243: _Any
-        if _d243 == 10010:
-            _w243 = _u243.value
-            _s244 = _w243
-            w += _S28.pack(10010, _s244.offset, _s244.length, _s244.locktype)
-            _s245 = _s244.owner
-            w += _S4.pack(_s245.clientid)
-            _v = _s245.owner
+        _u226 = v
+        _d226 = _u226.status
+        _w226: _Any
+        if _d226 == 10010:
+            _w226 = _u226.value
+            _s227 = _w226
+            w += _S28.pack(10010, _s227.offset, _s227.length, _s227.locktype)
+            _s228 = _s227.owner
+            w += _S4.pack(_s228.clientid)
+            _v = _s228.owner
             _n = len(_v)
             if _n > 1024:
                 raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        elif _d243 == 0:
+        elif _d226 == 0:
             w += b'\x00\x00\x00\x00'
         else:
-            _enc_any_LOCKT4res(w, _u243)
+            _enc_any_LOCKT4res(w, _u226)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode LOCKT4res: {_e!r}', len(w)) from None
 
@@ -1405,14 +1382,14 @@ def dec_LOCKT4res(r: _Reader, off: int) -> tuple[LOCKT4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v246: _Any
-        (_d246,) = _S2.unpack_from(buf, off)
+        _v229: _Any
+        (_d229,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d246 == 10010:
-            _i247_offset, _i247_length, _t2 = _S12.unpack_from(buf, off)
+        if _d229 == 10010:
+            _i230_offset, _i230_length, _t2 = _S12.unpack_from(buf, off)
             off += 20
-            _i247_locktype = _nfs_lock_type4_MAP[_t2]
-            (_i248_clientid,) = _S4.unpack_from(buf, off)
+            _i230_locktype = _nfs_lock_type4_MAP[_t2]
+            (_i231_clientid,) = _S4.unpack_from(buf, off)
             off += 8
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 1024:
@@ -1421,12 +1398,12 @@ def dec_LOCKT4res(r: _Reader, off: int) -> tuple[LOCKT4res, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i248_owner = bytes(buf[off:_e])
+            _i231_owner = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i247_owner = state_owner4(_i248_clientid, _i248_owner)
-            _v246 = LOCK4denied(_i247_offset, _i247_length, _i247_locktype, _i247_owner)
-            _u = LOCKT4res(NFS4ERR_DENIED, _v246)
-        elif _d246 == 0:
+            _i230_owner = state_owner4(_i231_clientid, _i231_owner)
+            _v229 = LOCK4denied(_i230_offset, _i230_length, _i230_locktype, _i230_owner)
+            _u = LOCKT4res(NFS4ERR_DENIED, _v229)
+        elif _d229 == 0:
             _u = LOCKT4res(NFS4_OK, None)
         else:
             _u, off = _dec_any_LOCKT4res(r, off - 4)
@@ -1490,17 +1467,17 @@ def _dec_any_LOCKU4res(r: _Reader, off: int) -> tuple[LOCKU4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v249: _Any
-        _f249: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d249,) = _S2.unpack_from(buf, off)
-        _a249 = _LOCKU4res_ARMS.get(_d249)
-        if _a249 is None:
-            _d249 = _nfsstat4_MAP[(_d249,)[0]]
-            _f249 = _void_decode
+        _v232: _Any
+        _f232: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d232,) = _S2.unpack_from(buf, off)
+        _a232 = _LOCKU4res_ARMS.get(_d232)
+        if _a232 is None:
+            _d232 = _nfsstat4_MAP[(_d232,)[0]]
+            _f232 = _void_decode
         else:
-            _d249, _f249 = _a249
-        _v249, off = _f249(r, off + 4)
-        _u = LOCKU4res(_d249, _v249)
+            _d232, _f232 = _a232
+        _v232, off = _f232(r, off + 4)
+        _u = LOCKU4res(_d232, _v232)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LOCKU4res', o0) from None
     return _u, off
@@ -1508,15 +1485,15 @@ def _dec_any_LOCKU4res(r: _Reader, off: int) -> tuple[LOCKU4res, int]:
 
 def enc_LOCKU4res(w: _Writer, v: LOCKU4res) -> None:
     try:
-        _u250 = v
-        _d250 = _u250.status
-        _w250: _Any
-        if _d250 == 0:
-            _w250 = _u250.value
-            if len(_w250.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S20.pack(0, _w250.seqid, _w250.other)
+        _u233 = v
+        _d233 = _u233.status
+        _w233: _Any
+        if _d233 == 0:
+            _w233 = _u233.value
+            if len(_w233.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S20.pack(0, _w233.seqid, _w233.other)
         else:
-            _enc_any_LOCKU4res(w, _u250)
+            _enc_any_LOCKU4res(w, _u233)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode LOCKU4res: {_e!r}', len(w)) from None
 
@@ -1525,13 +1502,13 @@ def dec_LOCKU4res(r: _Reader, off: int) -> tuple[LOCKU4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v251: _Any
-        (_d251,) = _S2.unpack_from(buf, off)
+        _v234: _Any
+        (_d234,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d251 == 0:
-            _v251 = stateid4(*_S11.unpack_from(buf, off))
+        if _d234 == 0:
+            _v234 = stateid4(*_S11.unpack_from(buf, off))
             off += 16
-            _u = LOCKU4res(NFS4_OK, _v251)
+            _u = LOCKU4res(NFS4_OK, _v234)
         else:
             _u, off = _dec_any_LOCKU4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1626,13 +1603,12 @@ class NVERIFY4args:
 
 def enc_NVERIFY4args(w: _Writer, v: NVERIFY4args) -> None:
     try:
-        _s252 = v.obj_attributes
-        _a253 = _s252.attrmask
-        _n = len(_a253)
+        _s235 = v.obj_attributes
+        _a236 = _s235.attrmask
+        _n = len(_a236)
         w += _S0.pack(_n)
-        for _x253 in _a253:
-            w += _S0.pack(_x253)
-        _v = _s252.attr_vals
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a236)
+        _v = _s235.attr_vals
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -1649,20 +1625,17 @@ def dec_NVERIFY4args(r: _Reader, off: int) -> tuple[NVERIFY4args, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i254_attrmask = []
-        _c255 = _n
-        for _ in range(_c255):
-            (_x255,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i254_attrmask.append(_x255)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i237_attrmask = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i254_attr_vals = bytes(buf[off:_e])
+        _i237_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_obj_attributes = fattr4(_i254_attrmask, _i254_attr_vals)
+        f_obj_attributes = fattr4(_i237_attrmask, _i237_attr_vals)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated NVERIFY4args', o0) from None
     return NVERIFY4args(f_obj_attributes), off
@@ -1730,13 +1703,12 @@ def enc_creatverfattr(w: _Writer, v: creatverfattr) -> None:
     try:
         if len(v.cva_verf) != 8: raise _XdrError('fixed opaque cva_verf must be 8 bytes', len(w))
         w += _S6.pack(v.cva_verf)
-        _s256 = v.cva_attrs
-        _a257 = _s256.attrmask
-        _n = len(_a257)
+        _s238 = v.cva_attrs
+        _a239 = _s238.attrmask
+        _n = len(_a239)
         w += _S0.pack(_n)
-        for _x257 in _a257:
-            w += _S0.pack(_x257)
-        _v = _s256.attr_vals
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a239)
+        _v = _s238.attr_vals
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -1755,20 +1727,17 @@ def dec_creatverfattr(r: _Reader, off: int) -> tuple[creatverfattr, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i258_attrmask = []
-        _c259 = _n
-        for _ in range(_c259):
-            (_x259,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i258_attrmask.append(_x259)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i240_attrmask = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i258_attr_vals = bytes(buf[off:_e])
+        _i240_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_cva_attrs = fattr4(_i258_attrmask, _i258_attr_vals)
+        f_cva_attrs = fattr4(_i240_attrmask, _i240_attr_vals)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated creatverfattr', o0) from None
     return creatverfattr(f_cva_verf, f_cva_attrs), off
@@ -1802,16 +1771,16 @@ def _dec_any_createhow4(r: _Reader, off: int) -> tuple[createhow4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v260: _Any
-        _f260: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d260,) = _S2.unpack_from(buf, off)
-        _a260 = _createhow4_ARMS.get(_d260)
-        if _a260 is None:
-            raise _XdrError('%r is not a case of createhow4' % (_d260,), off)
+        _v241: _Any
+        _f241: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d241,) = _S2.unpack_from(buf, off)
+        _a241 = _createhow4_ARMS.get(_d241)
+        if _a241 is None:
+            raise _XdrError('%r is not a case of createhow4' % (_d241,), off)
         else:
-            _d260, _f260 = _a260
-        _v260, off = _f260(r, off + 4)
-        _u = createhow4(_d260, _v260)
+            _d241, _f241 = _a241
+        _v241, off = _f241(r, off + 4)
+        _u = createhow4(_d241, _v241)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated createhow4', o0) from None
     return _u, off
@@ -1819,57 +1788,54 @@ def _dec_any_createhow4(r: _Reader, off: int) -> tuple[createhow4, int]:
 
 def enc_createhow4(w: _Writer, v: createhow4) -> None:
     try:
-        _u261 = v
-        _d261 = _u261.mode
-        _w261: _Any
-        if _d261 == 0:
-            _w261 = _u261.value
-            _s262 = _w261
-            _a263 = _s262.attrmask
-            _n = len(_a263)
+        _u242 = v
+        _d242 = _u242.mode
+        _w242: _Any
+        if _d242 == 0:
+            _w242 = _u242.value
+            _s243 = _w242
+            _a244 = _s243.attrmask
+            _n = len(_a244)
             w += _S23.pack(0, _n)
-            for _x263 in _a263:
-                w += _S0.pack(_x263)
-            _v = _s262.attr_vals
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a244)
+            _v = _s243.attr_vals
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        elif _d261 == 1:
-            _w261 = _u261.value
-            _s264 = _w261
-            _a265 = _s264.attrmask
-            _n = len(_a265)
+        elif _d242 == 1:
+            _w242 = _u242.value
+            _s245 = _w242
+            _a246 = _s245.attrmask
+            _n = len(_a246)
             w += _S23.pack(1, _n)
-            for _x265 in _a265:
-                w += _S0.pack(_x265)
-            _v = _s264.attr_vals
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a246)
+            _v = _s245.attr_vals
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        elif _d261 == 2:
-            _w261 = _u261.value
-            if len(_w261) != 8: raise _XdrError('fixed opaque createverf must be 8 bytes', len(w))
-            w += _S22.pack(2, _w261)
-        elif _d261 == 3:
-            _w261 = _u261.value
-            _s266 = _w261
-            if len(_s266.cva_verf) != 8: raise _XdrError('fixed opaque cva_verf must be 8 bytes', len(w))
-            w += _S22.pack(3, _s266.cva_verf)
-            _s267 = _s266.cva_attrs
-            _a268 = _s267.attrmask
-            _n = len(_a268)
+        elif _d242 == 2:
+            _w242 = _u242.value
+            if len(_w242) != 8: raise _XdrError('fixed opaque createverf must be 8 bytes', len(w))
+            w += _S22.pack(2, _w242)
+        elif _d242 == 3:
+            _w242 = _u242.value
+            _s247 = _w242
+            if len(_s247.cva_verf) != 8: raise _XdrError('fixed opaque cva_verf must be 8 bytes', len(w))
+            w += _S22.pack(3, _s247.cva_verf)
+            _s248 = _s247.cva_attrs
+            _a249 = _s248.attrmask
+            _n = len(_a249)
             w += _S0.pack(_n)
-            for _x268 in _a268:
-                w += _S0.pack(_x268)
-            _v = _s267.attr_vals
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a249)
+            _v = _s248.attr_vals
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
         else:
-            _enc_any_createhow4(w, _u261)
+            _enc_any_createhow4(w, _u242)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode createhow4: {_e!r}', len(w)) from None
 
@@ -1878,56 +1844,50 @@ def dec_createhow4(r: _Reader, off: int) -> tuple[createhow4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v269: _Any
-        (_d269,) = _S2.unpack_from(buf, off)
+        _v250: _Any
+        (_d250,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d269 in (0, 1):
+        if _d250 in (0, 1):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i270_attrmask = []
-            _c271 = _n
-            for _ in range(_c271):
-                (_x271,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i270_attrmask.append(_x271)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i251_attrmask = list(_t)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i270_attr_vals = bytes(buf[off:_e])
+            _i251_attr_vals = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _v269 = fattr4(_i270_attrmask, _i270_attr_vals)
-            _u = createhow4(_createmode4_MAP[(_d269,)[0]], _v269)
-        elif _d269 == 2:
-            (_v269,) = _S6.unpack_from(buf, off)
+            _v250 = fattr4(_i251_attrmask, _i251_attr_vals)
+            _u = createhow4(_createmode4_MAP[(_d250,)[0]], _v250)
+        elif _d250 == 2:
+            (_v250,) = _S6.unpack_from(buf, off)
             off += 8
-            _u = createhow4(EXCLUSIVE4, _v269)
-        elif _d269 == 3:
-            (_i272_cva_verf,) = _S6.unpack_from(buf, off)
+            _u = createhow4(EXCLUSIVE4, _v250)
+        elif _d250 == 3:
+            (_i252_cva_verf,) = _S6.unpack_from(buf, off)
             off += 8
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i273_attrmask = []
-            _c274 = _n
-            for _ in range(_c274):
-                (_x274,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i273_attrmask.append(_x274)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i253_attrmask = list(_t)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i273_attr_vals = bytes(buf[off:_e])
+            _i253_attr_vals = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i272_cva_attrs = fattr4(_i273_attrmask, _i273_attr_vals)
-            _v269 = creatverfattr(_i272_cva_verf, _i272_cva_attrs)
-            _u = createhow4(EXCLUSIVE4_1, _v269)
+            _i252_cva_attrs = fattr4(_i253_attrmask, _i253_attr_vals)
+            _v250 = creatverfattr(_i252_cva_verf, _i252_cva_attrs)
+            _u = createhow4(EXCLUSIVE4_1, _v250)
         else:
             _u, off = _dec_any_createhow4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1985,17 +1945,17 @@ def _dec_any_openflag4(r: _Reader, off: int) -> tuple[openflag4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v275: _Any
-        _f275: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d275,) = _S2.unpack_from(buf, off)
-        _a275 = _openflag4_ARMS.get(_d275)
-        if _a275 is None:
-            _d275 = _opentype4_MAP[(_d275,)[0]]
-            _f275 = _void_decode
+        _v254: _Any
+        _f254: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d254,) = _S2.unpack_from(buf, off)
+        _a254 = _openflag4_ARMS.get(_d254)
+        if _a254 is None:
+            _d254 = _opentype4_MAP[(_d254,)[0]]
+            _f254 = _void_decode
         else:
-            _d275, _f275 = _a275
-        _v275, off = _f275(r, off + 4)
-        _u = openflag4(_d275, _v275)
+            _d254, _f254 = _a254
+        _v254, off = _f254(r, off + 4)
+        _u = openflag4(_d254, _v254)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated openflag4', o0) from None
     return _u, off
@@ -2003,55 +1963,53 @@ def _dec_any_openflag4(r: _Reader, off: int) -> tuple[openflag4, int]:
 
 def enc_openflag4(w: _Writer, v: openflag4) -> None:
     try:
-        _u276 = v
-        _d276 = _u276.opentype
-        _w276: _Any
-        if _d276 == 1:
-            _w276 = _u276.value
-            _u277 = _w276
-            _d277 = _u277.mode
-            _w277: _Any
-            if _d277 == 0:
-                _w277 = _u277.value
-                _s278 = _w277
-                _a279 = _s278.attrmask
-                _n = len(_a279)
+        _u255 = v
+        _d255 = _u255.opentype
+        _w255: _Any
+        if _d255 == 1:
+            _w255 = _u255.value
+            _u256 = _w255
+            _d256 = _u256.mode
+            _w256: _Any
+            if _d256 == 0:
+                _w256 = _u256.value
+                _s257 = _w256
+                _a258 = _s257.attrmask
+                _n = len(_a258)
                 w += _S31.pack(1, 0, _n)
-                for _x279 in _a279:
-                    w += _S0.pack(_x279)
-                _v = _s278.attr_vals
+                w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a258)
+                _v = _s257.attr_vals
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
-            elif _d277 == 1:
-                _w277 = _u277.value
-                _s280 = _w277
-                _a281 = _s280.attrmask
-                _n = len(_a281)
+            elif _d256 == 1:
+                _w256 = _u256.value
+                _s259 = _w256
+                _a260 = _s259.attrmask
+                _n = len(_a260)
                 w += _S31.pack(1, 1, _n)
-                for _x281 in _a281:
-                    w += _S0.pack(_x281)
-                _v = _s280.attr_vals
+                w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a260)
+                _v = _s259.attr_vals
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
-            elif _d277 == 2:
-                _w277 = _u277.value
-                if len(_w277) != 8: raise _XdrError('fixed opaque createverf must be 8 bytes', len(w))
-                w += _S32.pack(1, 2, _w277)
-            elif _d277 == 3:
-                _w277 = _u277.value
-                _s282 = _w277
-                if len(_s282.cva_verf) != 8: raise _XdrError('fixed opaque cva_verf must be 8 bytes', len(w))
-                w += _S32.pack(1, 3, _s282.cva_verf)
-                enc_fattr4(w, _s282.cva_attrs)
+            elif _d256 == 2:
+                _w256 = _u256.value
+                if len(_w256) != 8: raise _XdrError('fixed opaque createverf must be 8 bytes', len(w))
+                w += _S32.pack(1, 2, _w256)
+            elif _d256 == 3:
+                _w256 = _u256.value
+                _s261 = _w256
+                if len(_s261.cva_verf) != 8: raise _XdrError('fixed opaque cva_verf must be 8 bytes', len(w))
+                w += _S32.pack(1, 3, _s261.cva_verf)
+                enc_fattr4(w, _s261.cva_attrs)
             else:
                 w += b'\x00\x00\x00\x01'
-                _enc_any_createhow4(w, _u277)
+                _enc_any_createhow4(w, _u256)
         else:
-            _enc_any_openflag4(w, _u276)
+            _enc_any_openflag4(w, _u255)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode openflag4: {_e!r}', len(w)) from None
 
@@ -2060,46 +2018,43 @@ def dec_openflag4(r: _Reader, off: int) -> tuple[openflag4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v283: _Any
-        (_d283,) = _S2.unpack_from(buf, off)
+        _v262: _Any
+        (_d262,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d283 == 1:
-            _v284: _Any
-            (_d284,) = _S2.unpack_from(buf, off)
+        if _d262 == 1:
+            _v263: _Any
+            (_d263,) = _S2.unpack_from(buf, off)
             off += 4
-            if _d284 in (0, 1):
+            if _d263 in (0, 1):
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n * 4 > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-                _i285_attrmask = []
-                _c286 = _n
-                for _ in range(_c286):
-                    (_x286,) = _S0.unpack_from(buf, off)
-                    off += 4
-                    _i285_attrmask.append(_x286)
+                _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+                off += 4 * _n
+                _i264_attrmask = list(_t)
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _i285_attr_vals = bytes(buf[off:_e])
+                _i264_attr_vals = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _v284 = fattr4(_i285_attrmask, _i285_attr_vals)
-                _v283 = createhow4(_createmode4_MAP[(_d284,)[0]], _v284)
-            elif _d284 == 2:
-                (_v284,) = _S6.unpack_from(buf, off)
+                _v263 = fattr4(_i264_attrmask, _i264_attr_vals)
+                _v262 = createhow4(_createmode4_MAP[(_d263,)[0]], _v263)
+            elif _d263 == 2:
+                (_v263,) = _S6.unpack_from(buf, off)
                 off += 8
-                _v283 = createhow4(EXCLUSIVE4, _v284)
-            elif _d284 == 3:
-                (_i287_cva_verf,) = _S6.unpack_from(buf, off)
+                _v262 = createhow4(EXCLUSIVE4, _v263)
+            elif _d263 == 3:
+                (_i265_cva_verf,) = _S6.unpack_from(buf, off)
                 off += 8
-                _i287_cva_attrs, off = dec_fattr4(r, off)
-                _v284 = creatverfattr(_i287_cva_verf, _i287_cva_attrs)
-                _v283 = createhow4(EXCLUSIVE4_1, _v284)
+                _i265_cva_attrs, off = dec_fattr4(r, off)
+                _v263 = creatverfattr(_i265_cva_verf, _i265_cva_attrs)
+                _v262 = createhow4(EXCLUSIVE4_1, _v263)
             else:
-                _v283, off = _dec_any_createhow4(r, off - 4)
-            _u = openflag4(OPEN4_CREATE, _v283)
+                _v262, off = _dec_any_createhow4(r, off - 4)
+            _u = openflag4(OPEN4_CREATE, _v262)
         else:
             _u, off = _dec_any_openflag4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2183,16 +2138,16 @@ def _dec_any_nfs_space_limit4(r: _Reader, off: int) -> tuple[nfs_space_limit4, i
     buf = r.buf
     o0 = off
     try:
-        _v288: _Any
-        _f288: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d288,) = _S2.unpack_from(buf, off)
-        _a288 = _nfs_space_limit4_ARMS.get(_d288)
-        if _a288 is None:
-            raise _XdrError('%r is not a case of nfs_space_limit4' % (_d288,), off)
+        _v266: _Any
+        _f266: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d266,) = _S2.unpack_from(buf, off)
+        _a266 = _nfs_space_limit4_ARMS.get(_d266)
+        if _a266 is None:
+            raise _XdrError('%r is not a case of nfs_space_limit4' % (_d266,), off)
         else:
-            _d288, _f288 = _a288
-        _v288, off = _f288(r, off + 4)
-        _u = nfs_space_limit4(_d288, _v288)
+            _d266, _f266 = _a266
+        _v266, off = _f266(r, off + 4)
+        _u = nfs_space_limit4(_d266, _v266)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfs_space_limit4', o0) from None
     return _u, off
@@ -2200,17 +2155,17 @@ def _dec_any_nfs_space_limit4(r: _Reader, off: int) -> tuple[nfs_space_limit4, i
 
 def enc_nfs_space_limit4(w: _Writer, v: nfs_space_limit4) -> None:
     try:
-        _u289 = v
-        _d289 = _u289.limitby
-        _w289: _Any
-        if _d289 == 1:
-            _w289 = _u289.value
-            w += _S33.pack(1, _w289)
-        elif _d289 == 2:
-            _w289 = _u289.value
-            w += _S18.pack(2, _w289.num_blocks, _w289.bytes_per_block)
+        _u267 = v
+        _d267 = _u267.limitby
+        _w267: _Any
+        if _d267 == 1:
+            _w267 = _u267.value
+            w += _S33.pack(1, _w267)
+        elif _d267 == 2:
+            _w267 = _u267.value
+            w += _S18.pack(2, _w267.num_blocks, _w267.bytes_per_block)
         else:
-            _enc_any_nfs_space_limit4(w, _u289)
+            _enc_any_nfs_space_limit4(w, _u267)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_space_limit4: {_e!r}', len(w)) from None
 
@@ -2219,17 +2174,17 @@ def dec_nfs_space_limit4(r: _Reader, off: int) -> tuple[nfs_space_limit4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v290: _Any
-        (_d290,) = _S2.unpack_from(buf, off)
+        _v268: _Any
+        (_d268,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d290 == 1:
-            (_v290,) = _S4.unpack_from(buf, off)
+        if _d268 == 1:
+            (_v268,) = _S4.unpack_from(buf, off)
             off += 8
-            _u = nfs_space_limit4(NFS_LIMIT_SIZE, _v290)
-        elif _d290 == 2:
-            _v290 = nfs_modified_limit4(*_S1.unpack_from(buf, off))
+            _u = nfs_space_limit4(NFS_LIMIT_SIZE, _v268)
+        elif _d268 == 2:
+            _v268 = nfs_modified_limit4(*_S1.unpack_from(buf, off))
             off += 8
-            _u = nfs_space_limit4(NFS_LIMIT_BLOCKS, _v290)
+            _u = nfs_space_limit4(NFS_LIMIT_BLOCKS, _v268)
         else:
             _u, off = _dec_any_nfs_space_limit4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2364,16 +2319,16 @@ def dec_open_claim4(r: _Reader, off: int) -> tuple[open_claim4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v291: _Any
-        _f291: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d291,) = _S2.unpack_from(buf, off)
-        _a291 = _open_claim4_ARMS.get(_d291)
-        if _a291 is None:
-            raise _XdrError('%r is not a case of open_claim4' % (_d291,), off)
+        _v269: _Any
+        _f269: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d269,) = _S2.unpack_from(buf, off)
+        _a269 = _open_claim4_ARMS.get(_d269)
+        if _a269 is None:
+            raise _XdrError('%r is not a case of open_claim4' % (_d269,), off)
         else:
-            _d291, _f291 = _a291
-        _v291, off = _f291(r, off + 4)
-        _u = open_claim4(_d291, _v291)
+            _d269, _f269 = _a269
+        _v269, off = _f269(r, off + 4)
+        _u = open_claim4(_d269, _v269)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated open_claim4', o0) from None
     return _u, off
@@ -2399,10 +2354,10 @@ def _enc_open_claim4_1(w: _Writer, v: open_delegation_type4) -> None:
 
 def _enc_open_claim4_2(w: _Writer, v: open_claim_delegate_cur4) -> None:
     try:
-        _s292 = v
-        if len(_s292.delegate_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S20.pack(2, _s292.delegate_stateid.seqid, _s292.delegate_stateid.other)
-        _v = _s292.file
+        _s270 = v
+        if len(_s270.delegate_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S20.pack(2, _s270.delegate_stateid.seqid, _s270.delegate_stateid.other)
+        _v = _s270.file
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -2471,70 +2426,68 @@ class OPEN4args:
 def enc_OPEN4args(w: _Writer, v: OPEN4args) -> None:
     try:
         w += _S10.pack(v.seqid, v.share_access, v.share_deny)
-        _s293 = v.owner
-        w += _S4.pack(_s293.clientid)
-        _v = _s293.owner
+        _s271 = v.owner
+        w += _S4.pack(_s271.clientid)
+        _v = _s271.owner
         _n = len(_v)
         if _n > 1024:
             raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _u294 = v.openhow
-        _d294 = _u294.opentype
-        _w294: _Any
-        if _d294 == 1:
-            _w294 = _u294.value
-            _u295 = _w294
-            _d295 = _u295.mode
-            _w295: _Any
-            if _d295 == 0:
-                _w295 = _u295.value
-                _s296 = _w295
-                _a297 = _s296.attrmask
-                _n = len(_a297)
+        _u272 = v.openhow
+        _d272 = _u272.opentype
+        _w272: _Any
+        if _d272 == 1:
+            _w272 = _u272.value
+            _u273 = _w272
+            _d273 = _u273.mode
+            _w273: _Any
+            if _d273 == 0:
+                _w273 = _u273.value
+                _s274 = _w273
+                _a275 = _s274.attrmask
+                _n = len(_a275)
                 w += _S31.pack(1, 0, _n)
-                for _x297 in _a297:
-                    w += _S0.pack(_x297)
-                _v = _s296.attr_vals
+                w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a275)
+                _v = _s274.attr_vals
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
-            elif _d295 == 1:
-                _w295 = _u295.value
-                _s298 = _w295
-                _a299 = _s298.attrmask
-                _n = len(_a299)
+            elif _d273 == 1:
+                _w273 = _u273.value
+                _s276 = _w273
+                _a277 = _s276.attrmask
+                _n = len(_a277)
                 w += _S31.pack(1, 1, _n)
-                for _x299 in _a299:
-                    w += _S0.pack(_x299)
-                _v = _s298.attr_vals
+                w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a277)
+                _v = _s276.attr_vals
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
-            elif _d295 == 2:
-                _w295 = _u295.value
-                if len(_w295) != 8: raise _XdrError('fixed opaque createverf must be 8 bytes', len(w))
-                w += _S32.pack(1, 2, _w295)
-            elif _d295 == 3:
-                _w295 = _u295.value
-                _s300 = _w295
-                if len(_s300.cva_verf) != 8: raise _XdrError('fixed opaque cva_verf must be 8 bytes', len(w))
-                w += _S32.pack(1, 3, _s300.cva_verf)
-                enc_fattr4(w, _s300.cva_attrs)
+            elif _d273 == 2:
+                _w273 = _u273.value
+                if len(_w273) != 8: raise _XdrError('fixed opaque createverf must be 8 bytes', len(w))
+                w += _S32.pack(1, 2, _w273)
+            elif _d273 == 3:
+                _w273 = _u273.value
+                _s278 = _w273
+                if len(_s278.cva_verf) != 8: raise _XdrError('fixed opaque cva_verf must be 8 bytes', len(w))
+                w += _S32.pack(1, 3, _s278.cva_verf)
+                enc_fattr4(w, _s278.cva_attrs)
             else:
                 w += b'\x00\x00\x00\x01'
-                _enc_any_createhow4(w, _u295)
+                _enc_any_createhow4(w, _u273)
         else:
-            _enc_any_openflag4(w, _u294)
-        _u301 = v.claim
-        _f301 = _open_claim4_ENCX.get(_u301.claim)
-        if _f301 is None:
-            enc_open_claim4(w, _u301)
+            _enc_any_openflag4(w, _u272)
+        _u279 = v.claim
+        _f279 = _open_claim4_ENCX.get(_u279.claim)
+        if _f279 is None:
+            enc_open_claim4(w, _u279)
         else:
-            _f301(w, _u301.value)
+            _f279(w, _u279.value)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode OPEN4args: {_e}', len(w)) from None
 
@@ -2545,7 +2498,7 @@ def dec_OPEN4args(r: _Reader, off: int) -> tuple[OPEN4args, int]:
     try:
         f_seqid, f_share_access, f_share_deny = _S10.unpack_from(buf, off)
         off += 12
-        (_i302_clientid,) = _S4.unpack_from(buf, off)
+        (_i280_clientid,) = _S4.unpack_from(buf, off)
         off += 8
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
@@ -2554,61 +2507,58 @@ def dec_OPEN4args(r: _Reader, off: int) -> tuple[OPEN4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i302_owner = bytes(buf[off:_e])
+        _i280_owner = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_owner = state_owner4(_i302_clientid, _i302_owner)
-        _v303: _Any
-        (_d303,) = _S2.unpack_from(buf, off)
+        f_owner = state_owner4(_i280_clientid, _i280_owner)
+        _v281: _Any
+        (_d281,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d303 == 1:
-            _v304: _Any
-            (_d304,) = _S2.unpack_from(buf, off)
+        if _d281 == 1:
+            _v282: _Any
+            (_d282,) = _S2.unpack_from(buf, off)
             off += 4
-            if _d304 in (0, 1):
+            if _d282 in (0, 1):
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n * 4 > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-                _i305_attrmask = []
-                _c306 = _n
-                for _ in range(_c306):
-                    (_x306,) = _S0.unpack_from(buf, off)
-                    off += 4
-                    _i305_attrmask.append(_x306)
+                _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+                off += 4 * _n
+                _i283_attrmask = list(_t)
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _i305_attr_vals = bytes(buf[off:_e])
+                _i283_attr_vals = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _v304 = fattr4(_i305_attrmask, _i305_attr_vals)
-                _v303 = createhow4(_createmode4_MAP[(_d304,)[0]], _v304)
-            elif _d304 == 2:
-                (_v304,) = _S6.unpack_from(buf, off)
+                _v282 = fattr4(_i283_attrmask, _i283_attr_vals)
+                _v281 = createhow4(_createmode4_MAP[(_d282,)[0]], _v282)
+            elif _d282 == 2:
+                (_v282,) = _S6.unpack_from(buf, off)
                 off += 8
-                _v303 = createhow4(EXCLUSIVE4, _v304)
-            elif _d304 == 3:
-                (_i307_cva_verf,) = _S6.unpack_from(buf, off)
+                _v281 = createhow4(EXCLUSIVE4, _v282)
+            elif _d282 == 3:
+                (_i284_cva_verf,) = _S6.unpack_from(buf, off)
                 off += 8
-                _i307_cva_attrs, off = dec_fattr4(r, off)
-                _v304 = creatverfattr(_i307_cva_verf, _i307_cva_attrs)
-                _v303 = createhow4(EXCLUSIVE4_1, _v304)
+                _i284_cva_attrs, off = dec_fattr4(r, off)
+                _v282 = creatverfattr(_i284_cva_verf, _i284_cva_attrs)
+                _v281 = createhow4(EXCLUSIVE4_1, _v282)
             else:
-                _v303, off = _dec_any_createhow4(r, off - 4)
-            f_openhow = openflag4(OPEN4_CREATE, _v303)
+                _v281, off = _dec_any_createhow4(r, off - 4)
+            f_openhow = openflag4(OPEN4_CREATE, _v281)
         else:
             f_openhow, off = _dec_any_openflag4(r, off - 4)
-        _v308: _Any
-        _f308: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d308,) = _S2.unpack_from(buf, off)
-        _a308 = _open_claim4_ARMS.get(_d308)
-        if _a308 is None:
-            raise _XdrError('%r is not a case of open_claim4' % (_d308,), off)
+        _v285: _Any
+        _f285: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d285,) = _S2.unpack_from(buf, off)
+        _a285 = _open_claim4_ARMS.get(_d285)
+        if _a285 is None:
+            raise _XdrError('%r is not a case of open_claim4' % (_d285,), off)
         else:
-            _d308, _f308 = _a308
-        _v308, off = _f308(r, off + 4)
-        f_claim = open_claim4(_d308, _v308)
+            _d285, _f285 = _a285
+        _v285, off = _f285(r, off + 4)
+        f_claim = open_claim4(_d285, _v285)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OPEN4args', o0) from None
     return OPEN4args(f_seqid, f_share_access, f_share_deny, f_owner, f_openhow, f_claim), off
@@ -2625,9 +2575,9 @@ def enc_open_read_delegation4(w: _Writer, v: open_read_delegation4) -> None:
     try:
         if len(v.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S26.pack(v.stateid.seqid, v.stateid.other, v.recall)
-        _s309 = v.permissions
-        w += _S10.pack(_s309.type, _s309.flag, _s309.access_mask)
-        _v = _s309.who
+        _s286 = v.permissions
+        w += _S10.pack(_s286.type, _s286.flag, _s286.access_mask)
+        _v = _s286.who
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -2644,16 +2594,16 @@ def dec_open_read_delegation4(r: _Reader, off: int) -> tuple[open_read_delegatio
         off += 20
         f_stateid = stateid4(_t0, _t1)
         f_recall = _BOOL[_t2]
-        _i310_type, _i310_flag, _i310_access_mask = _S10.unpack_from(buf, off)
+        _i287_type, _i287_flag, _i287_access_mask = _S10.unpack_from(buf, off)
         off += 12
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i310_who = bytes(buf[off:_e])
+        _i287_who = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_permissions = nfsace4(_i310_type, _i310_flag, _i310_access_mask, _i310_who)
+        f_permissions = nfsace4(_i287_type, _i287_flag, _i287_access_mask, _i287_who)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated open_read_delegation4', o0) from None
     return open_read_delegation4(f_stateid, f_recall, f_permissions), off
@@ -2671,20 +2621,20 @@ def enc_open_write_delegation4(w: _Writer, v: open_write_delegation4) -> None:
     try:
         if len(v.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S26.pack(v.stateid.seqid, v.stateid.other, v.recall)
-        _u311 = v.space_limit
-        _d311 = _u311.limitby
-        _w311: _Any
-        if _d311 == 1:
-            _w311 = _u311.value
-            w += _S33.pack(1, _w311)
-        elif _d311 == 2:
-            _w311 = _u311.value
-            w += _S18.pack(2, _w311.num_blocks, _w311.bytes_per_block)
+        _u288 = v.space_limit
+        _d288 = _u288.limitby
+        _w288: _Any
+        if _d288 == 1:
+            _w288 = _u288.value
+            w += _S33.pack(1, _w288)
+        elif _d288 == 2:
+            _w288 = _u288.value
+            w += _S18.pack(2, _w288.num_blocks, _w288.bytes_per_block)
         else:
-            _enc_any_nfs_space_limit4(w, _u311)
-        _s312 = v.permissions
-        w += _S10.pack(_s312.type, _s312.flag, _s312.access_mask)
-        _v = _s312.who
+            _enc_any_nfs_space_limit4(w, _u288)
+        _s289 = v.permissions
+        w += _S10.pack(_s289.type, _s289.flag, _s289.access_mask)
+        _v = _s289.who
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -2701,29 +2651,29 @@ def dec_open_write_delegation4(r: _Reader, off: int) -> tuple[open_write_delegat
         off += 20
         f_stateid = stateid4(_t0, _t1)
         f_recall = _BOOL[_t2]
-        _v313: _Any
-        (_d313,) = _S2.unpack_from(buf, off)
+        _v290: _Any
+        (_d290,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d313 == 1:
-            (_v313,) = _S4.unpack_from(buf, off)
+        if _d290 == 1:
+            (_v290,) = _S4.unpack_from(buf, off)
             off += 8
-            f_space_limit = nfs_space_limit4(NFS_LIMIT_SIZE, _v313)
-        elif _d313 == 2:
-            _v313 = nfs_modified_limit4(*_S1.unpack_from(buf, off))
+            f_space_limit = nfs_space_limit4(NFS_LIMIT_SIZE, _v290)
+        elif _d290 == 2:
+            _v290 = nfs_modified_limit4(*_S1.unpack_from(buf, off))
             off += 8
-            f_space_limit = nfs_space_limit4(NFS_LIMIT_BLOCKS, _v313)
+            f_space_limit = nfs_space_limit4(NFS_LIMIT_BLOCKS, _v290)
         else:
             f_space_limit, off = _dec_any_nfs_space_limit4(r, off - 4)
-        _i314_type, _i314_flag, _i314_access_mask = _S10.unpack_from(buf, off)
+        _i291_type, _i291_flag, _i291_access_mask = _S10.unpack_from(buf, off)
         off += 12
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i314_who = bytes(buf[off:_e])
+        _i291_who = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_permissions = nfsace4(_i314_type, _i314_flag, _i314_access_mask, _i314_who)
+        f_permissions = nfsace4(_i291_type, _i291_flag, _i291_access_mask, _i291_who)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated open_write_delegation4', o0) from None
     return open_write_delegation4(f_stateid, f_recall, f_space_limit, f_permissions), off
@@ -2831,17 +2781,17 @@ def _dec_any_open_none_delegation4(r: _Reader, off: int) -> tuple[open_none_dele
     buf = r.buf
     o0 = off
     try:
-        _v315: _Any
-        _f315: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d315,) = _S2.unpack_from(buf, off)
-        _a315 = _open_none_delegation4_ARMS.get(_d315)
-        if _a315 is None:
-            _d315 = _why_no_delegation4_MAP[(_d315,)[0]]
-            _f315 = _void_decode
+        _v292: _Any
+        _f292: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d292,) = _S2.unpack_from(buf, off)
+        _a292 = _open_none_delegation4_ARMS.get(_d292)
+        if _a292 is None:
+            _d292 = _why_no_delegation4_MAP[(_d292,)[0]]
+            _f292 = _void_decode
         else:
-            _d315, _f315 = _a315
-        _v315, off = _f315(r, off + 4)
-        _u = open_none_delegation4(_d315, _v315)
+            _d292, _f292 = _a292
+        _v292, off = _f292(r, off + 4)
+        _u = open_none_delegation4(_d292, _v292)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated open_none_delegation4', o0) from None
     return _u, off
@@ -2849,17 +2799,17 @@ def _dec_any_open_none_delegation4(r: _Reader, off: int) -> tuple[open_none_dele
 
 def enc_open_none_delegation4(w: _Writer, v: open_none_delegation4) -> None:
     try:
-        _u316 = v
-        _d316 = _u316.ond_why
-        _w316: _Any
-        if _d316 == 1:
-            _w316 = _u316.value
-            w += _S23.pack(1, _w316)
-        elif _d316 == 2:
-            _w316 = _u316.value
-            w += _S23.pack(2, _w316)
+        _u293 = v
+        _d293 = _u293.ond_why
+        _w293: _Any
+        if _d293 == 1:
+            _w293 = _u293.value
+            w += _S23.pack(1, _w293)
+        elif _d293 == 2:
+            _w293 = _u293.value
+            w += _S23.pack(2, _w293)
         else:
-            _enc_any_open_none_delegation4(w, _u316)
+            _enc_any_open_none_delegation4(w, _u293)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode open_none_delegation4: {_e!r}', len(w)) from None
 
@@ -2868,19 +2818,19 @@ def dec_open_none_delegation4(r: _Reader, off: int) -> tuple[open_none_delegatio
     buf = r.buf
     o0 = off
     try:
-        _v317: _Any
-        (_d317,) = _S2.unpack_from(buf, off)
+        _v294: _Any
+        (_d294,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d317 == 1:
+        if _d294 == 1:
             (_t0,) = _S0.unpack_from(buf, off)
             off += 4
-            _v317 = _BOOL[_t0]
-            _u = open_none_delegation4(WND4_CONTENTION, _v317)
-        elif _d317 == 2:
+            _v294 = _BOOL[_t0]
+            _u = open_none_delegation4(WND4_CONTENTION, _v294)
+        elif _d294 == 2:
             (_t0,) = _S0.unpack_from(buf, off)
             off += 4
-            _v317 = _BOOL[_t0]
-            _u = open_none_delegation4(WND4_RESOURCE, _v317)
+            _v294 = _BOOL[_t0]
+            _u = open_none_delegation4(WND4_RESOURCE, _v294)
         else:
             _u, off = _dec_any_open_none_delegation4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2916,16 +2866,16 @@ def _dec_any_open_delegation4(r: _Reader, off: int) -> tuple[open_delegation4, i
     buf = r.buf
     o0 = off
     try:
-        _v318: _Any
-        _f318: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d318,) = _S2.unpack_from(buf, off)
-        _a318 = _open_delegation4_ARMS.get(_d318)
-        if _a318 is None:
-            raise _XdrError('%r is not a case of open_delegation4' % (_d318,), off)
+        _v295: _Any
+        _f295: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d295,) = _S2.unpack_from(buf, off)
+        _a295 = _open_delegation4_ARMS.get(_d295)
+        if _a295 is None:
+            raise _XdrError('%r is not a case of open_delegation4' % (_d295,), off)
         else:
-            _d318, _f318 = _a318
-        _v318, off = _f318(r, off + 4)
-        _u = open_delegation4(_d318, _v318)
+            _d295, _f295 = _a295
+        _v295, off = _f295(r, off + 4)
+        _u = open_delegation4(_d295, _v295)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated open_delegation4', o0) from None
     return _u, off
@@ -2933,62 +2883,62 @@ def _dec_any_open_delegation4(r: _Reader, off: int) -> tuple[open_delegation4, i
 
 def enc_open_delegation4(w: _Writer, v: open_delegation4) -> None:
     try:
-        _u319 = v
-        _d319 = _u319.delegation_type
-        _w319: _Any
-        if _d319 == 0:
+        _u296 = v
+        _d296 = _u296.delegation_type
+        _w296: _Any
+        if _d296 == 0:
             w += b'\x00\x00\x00\x00'
-        elif _d319 == 1:
-            _w319 = _u319.value
-            _s320 = _w319
-            if len(_s320.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S35.pack(1, _s320.stateid.seqid, _s320.stateid.other, _s320.recall)
-            _s321 = _s320.permissions
-            w += _S10.pack(_s321.type, _s321.flag, _s321.access_mask)
-            _v = _s321.who
+        elif _d296 == 1:
+            _w296 = _u296.value
+            _s297 = _w296
+            if len(_s297.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S35.pack(1, _s297.stateid.seqid, _s297.stateid.other, _s297.recall)
+            _s298 = _s297.permissions
+            w += _S10.pack(_s298.type, _s298.flag, _s298.access_mask)
+            _v = _s298.who
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        elif _d319 == 2:
-            _w319 = _u319.value
-            _s322 = _w319
-            if len(_s322.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S35.pack(2, _s322.stateid.seqid, _s322.stateid.other, _s322.recall)
-            _u323 = _s322.space_limit
-            _d323 = _u323.limitby
-            _w323: _Any
-            if _d323 == 1:
-                _w323 = _u323.value
-                w += _S33.pack(1, _w323)
-            elif _d323 == 2:
-                _w323 = _u323.value
-                w += _S18.pack(2, _w323.num_blocks, _w323.bytes_per_block)
+        elif _d296 == 2:
+            _w296 = _u296.value
+            _s299 = _w296
+            if len(_s299.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S35.pack(2, _s299.stateid.seqid, _s299.stateid.other, _s299.recall)
+            _u300 = _s299.space_limit
+            _d300 = _u300.limitby
+            _w300: _Any
+            if _d300 == 1:
+                _w300 = _u300.value
+                w += _S33.pack(1, _w300)
+            elif _d300 == 2:
+                _w300 = _u300.value
+                w += _S18.pack(2, _w300.num_blocks, _w300.bytes_per_block)
             else:
-                _enc_any_nfs_space_limit4(w, _u323)
-            _s324 = _s322.permissions
-            w += _S10.pack(_s324.type, _s324.flag, _s324.access_mask)
-            _v = _s324.who
+                _enc_any_nfs_space_limit4(w, _u300)
+            _s301 = _s299.permissions
+            w += _S10.pack(_s301.type, _s301.flag, _s301.access_mask)
+            _v = _s301.who
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        elif _d319 == 3:
-            _w319 = _u319.value
-            _u325 = _w319
-            _d325 = _u325.ond_why
-            _w325: _Any
-            if _d325 == 1:
-                _w325 = _u325.value
-                w += _S31.pack(3, 1, _w325)
-            elif _d325 == 2:
-                _w325 = _u325.value
-                w += _S31.pack(3, 2, _w325)
+        elif _d296 == 3:
+            _w296 = _u296.value
+            _u302 = _w296
+            _d302 = _u302.ond_why
+            _w302: _Any
+            if _d302 == 1:
+                _w302 = _u302.value
+                w += _S31.pack(3, 1, _w302)
+            elif _d302 == 2:
+                _w302 = _u302.value
+                w += _S31.pack(3, 2, _w302)
             else:
                 w += b'\x00\x00\x00\x03'
-                _enc_any_open_none_delegation4(w, _u325)
+                _enc_any_open_none_delegation4(w, _u302)
         else:
-            _enc_any_open_delegation4(w, _u319)
+            _enc_any_open_delegation4(w, _u296)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode open_delegation4: {_e!r}', len(w)) from None
 
@@ -2997,75 +2947,75 @@ def dec_open_delegation4(r: _Reader, off: int) -> tuple[open_delegation4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v326: _Any
-        (_d326,) = _S2.unpack_from(buf, off)
+        _v303: _Any
+        (_d303,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d326 == 0:
+        if _d303 == 0:
             _u = open_delegation4(OPEN_DELEGATE_NONE, None)
-        elif _d326 == 1:
+        elif _d303 == 1:
             _t0, _t1, _t2 = _S26.unpack_from(buf, off)
             off += 20
-            _i327_stateid = stateid4(_t0, _t1)
-            _i327_recall = _BOOL[_t2]
-            _i328_type, _i328_flag, _i328_access_mask = _S10.unpack_from(buf, off)
+            _i304_stateid = stateid4(_t0, _t1)
+            _i304_recall = _BOOL[_t2]
+            _i305_type, _i305_flag, _i305_access_mask = _S10.unpack_from(buf, off)
             off += 12
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i328_who = bytes(buf[off:_e])
+            _i305_who = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i327_permissions = nfsace4(_i328_type, _i328_flag, _i328_access_mask, _i328_who)
-            _v326 = open_read_delegation4(_i327_stateid, _i327_recall, _i327_permissions)
-            _u = open_delegation4(OPEN_DELEGATE_READ, _v326)
-        elif _d326 == 2:
+            _i304_permissions = nfsace4(_i305_type, _i305_flag, _i305_access_mask, _i305_who)
+            _v303 = open_read_delegation4(_i304_stateid, _i304_recall, _i304_permissions)
+            _u = open_delegation4(OPEN_DELEGATE_READ, _v303)
+        elif _d303 == 2:
             _t0, _t1, _t2 = _S26.unpack_from(buf, off)
             off += 20
-            _i329_stateid = stateid4(_t0, _t1)
-            _i329_recall = _BOOL[_t2]
-            _v330: _Any
-            (_d330,) = _S2.unpack_from(buf, off)
+            _i306_stateid = stateid4(_t0, _t1)
+            _i306_recall = _BOOL[_t2]
+            _v307: _Any
+            (_d307,) = _S2.unpack_from(buf, off)
             off += 4
-            if _d330 == 1:
-                (_v330,) = _S4.unpack_from(buf, off)
+            if _d307 == 1:
+                (_v307,) = _S4.unpack_from(buf, off)
                 off += 8
-                _i329_space_limit = nfs_space_limit4(NFS_LIMIT_SIZE, _v330)
-            elif _d330 == 2:
-                _v330 = nfs_modified_limit4(*_S1.unpack_from(buf, off))
+                _i306_space_limit = nfs_space_limit4(NFS_LIMIT_SIZE, _v307)
+            elif _d307 == 2:
+                _v307 = nfs_modified_limit4(*_S1.unpack_from(buf, off))
                 off += 8
-                _i329_space_limit = nfs_space_limit4(NFS_LIMIT_BLOCKS, _v330)
+                _i306_space_limit = nfs_space_limit4(NFS_LIMIT_BLOCKS, _v307)
             else:
-                _i329_space_limit, off = _dec_any_nfs_space_limit4(r, off - 4)
-            _i331_type, _i331_flag, _i331_access_mask = _S10.unpack_from(buf, off)
+                _i306_space_limit, off = _dec_any_nfs_space_limit4(r, off - 4)
+            _i308_type, _i308_flag, _i308_access_mask = _S10.unpack_from(buf, off)
             off += 12
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i331_who = bytes(buf[off:_e])
+            _i308_who = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i329_permissions = nfsace4(_i331_type, _i331_flag, _i331_access_mask, _i331_who)
-            _v326 = open_write_delegation4(_i329_stateid, _i329_recall, _i329_space_limit, _i329_permissions)
-            _u = open_delegation4(OPEN_DELEGATE_WRITE, _v326)
-        elif _d326 == 3:
-            _v332: _Any
-            (_d332,) = _S2.unpack_from(buf, off)
+            _i306_permissions = nfsace4(_i308_type, _i308_flag, _i308_access_mask, _i308_who)
+            _v303 = open_write_delegation4(_i306_stateid, _i306_recall, _i306_space_limit, _i306_permissions)
+            _u = open_delegation4(OPEN_DELEGATE_WRITE, _v303)
+        elif _d303 == 3:
+            _v309: _Any
+            (_d309,) = _S2.unpack_from(buf, off)
             off += 4
-            if _d332 == 1:
+            if _d309 == 1:
                 (_t0,) = _S0.unpack_from(buf, off)
                 off += 4
-                _v332 = _BOOL[_t0]
-                _v326 = open_none_delegation4(WND4_CONTENTION, _v332)
-            elif _d332 == 2:
+                _v309 = _BOOL[_t0]
+                _v303 = open_none_delegation4(WND4_CONTENTION, _v309)
+            elif _d309 == 2:
                 (_t0,) = _S0.unpack_from(buf, off)
                 off += 4
-                _v332 = _BOOL[_t0]
-                _v326 = open_none_delegation4(WND4_RESOURCE, _v332)
+                _v309 = _BOOL[_t0]
+                _v303 = open_none_delegation4(WND4_RESOURCE, _v309)
             else:
-                _v326, off = _dec_any_open_none_delegation4(r, off - 4)
-            _u = open_delegation4(OPEN_DELEGATE_NONE_EXT, _v326)
+                _v303, off = _dec_any_open_none_delegation4(r, off - 4)
+            _u = open_delegation4(OPEN_DELEGATE_NONE_EXT, _v303)
         else:
             _u, off = _dec_any_open_delegation4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -3086,67 +3036,66 @@ def enc_OPEN4resok(w: _Writer, v: OPEN4resok) -> None:
     try:
         if len(v.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S36.pack(v.stateid.seqid, v.stateid.other, v.cinfo.atomic, v.cinfo.before, v.cinfo.after, v.rflags)
-        _a333 = v.attrset
-        _n = len(_a333)
+        _a310 = v.attrset
+        _n = len(_a310)
         w += _S0.pack(_n)
-        for _x333 in _a333:
-            w += _S0.pack(_x333)
-        _u334 = v.delegation
-        _d334 = _u334.delegation_type
-        _w334: _Any
-        if _d334 == 0:
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a310)
+        _u311 = v.delegation
+        _d311 = _u311.delegation_type
+        _w311: _Any
+        if _d311 == 0:
             w += b'\x00\x00\x00\x00'
-        elif _d334 == 1:
-            _w334 = _u334.value
-            _s335 = _w334
-            if len(_s335.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S35.pack(1, _s335.stateid.seqid, _s335.stateid.other, _s335.recall)
-            _s336 = _s335.permissions
-            w += _S10.pack(_s336.type, _s336.flag, _s336.access_mask)
-            _v = _s336.who
+        elif _d311 == 1:
+            _w311 = _u311.value
+            _s312 = _w311
+            if len(_s312.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S35.pack(1, _s312.stateid.seqid, _s312.stateid.other, _s312.recall)
+            _s313 = _s312.permissions
+            w += _S10.pack(_s313.type, _s313.flag, _s313.access_mask)
+            _v = _s313.who
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        elif _d334 == 2:
-            _w334 = _u334.value
-            _s337 = _w334
-            if len(_s337.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S35.pack(2, _s337.stateid.seqid, _s337.stateid.other, _s337.recall)
-            _u338 = _s337.space_limit
-            _d338 = _u338.limitby
-            _w338: _Any
-            if _d338 == 1:
-                _w338 = _u338.value
-                w += _S33.pack(1, _w338)
-            elif _d338 == 2:
-                _w338 = _u338.value
-                w += _S18.pack(2, _w338.num_blocks, _w338.bytes_per_block)
+        elif _d311 == 2:
+            _w311 = _u311.value
+            _s314 = _w311
+            if len(_s314.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S35.pack(2, _s314.stateid.seqid, _s314.stateid.other, _s314.recall)
+            _u315 = _s314.space_limit
+            _d315 = _u315.limitby
+            _w315: _Any
+            if _d315 == 1:
+                _w315 = _u315.value
+                w += _S33.pack(1, _w315)
+            elif _d315 == 2:
+                _w315 = _u315.value
+                w += _S18.pack(2, _w315.num_blocks, _w315.bytes_per_block)
             else:
-                _enc_any_nfs_space_limit4(w, _u338)
-            _s339 = _s337.permissions
-            w += _S10.pack(_s339.type, _s339.flag, _s339.access_mask)
-            _v = _s339.who
+                _enc_any_nfs_space_limit4(w, _u315)
+            _s316 = _s314.permissions
+            w += _S10.pack(_s316.type, _s316.flag, _s316.access_mask)
+            _v = _s316.who
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        elif _d334 == 3:
-            _w334 = _u334.value
-            _u340 = _w334
-            _d340 = _u340.ond_why
-            _w340: _Any
-            if _d340 == 1:
-                _w340 = _u340.value
-                w += _S31.pack(3, 1, _w340)
-            elif _d340 == 2:
-                _w340 = _u340.value
-                w += _S31.pack(3, 2, _w340)
+        elif _d311 == 3:
+            _w311 = _u311.value
+            _u317 = _w311
+            _d317 = _u317.ond_why
+            _w317: _Any
+            if _d317 == 1:
+                _w317 = _u317.value
+                w += _S31.pack(3, 1, _w317)
+            elif _d317 == 2:
+                _w317 = _u317.value
+                w += _S31.pack(3, 2, _w317)
             else:
                 w += b'\x00\x00\x00\x03'
-                _enc_any_open_none_delegation4(w, _u340)
+                _enc_any_open_none_delegation4(w, _u317)
         else:
-            _enc_any_open_delegation4(w, _u334)
+            _enc_any_open_delegation4(w, _u311)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode OPEN4resok: {_e}', len(w)) from None
 
@@ -3163,81 +3112,78 @@ def dec_OPEN4resok(r: _Reader, off: int) -> tuple[OPEN4resok, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_attrset = []
-        _c341 = _n
-        for _ in range(_c341):
-            (_x341,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_attrset.append(_x341)
-        _v342: _Any
-        (_d342,) = _S2.unpack_from(buf, off)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_attrset = list(_t)
+        _v318: _Any
+        (_d318,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d342 == 0:
+        if _d318 == 0:
             f_delegation = open_delegation4(OPEN_DELEGATE_NONE, None)
-        elif _d342 == 1:
+        elif _d318 == 1:
             _t0, _t1, _t2 = _S26.unpack_from(buf, off)
             off += 20
-            _i343_stateid = stateid4(_t0, _t1)
-            _i343_recall = _BOOL[_t2]
-            _i344_type, _i344_flag, _i344_access_mask = _S10.unpack_from(buf, off)
+            _i319_stateid = stateid4(_t0, _t1)
+            _i319_recall = _BOOL[_t2]
+            _i320_type, _i320_flag, _i320_access_mask = _S10.unpack_from(buf, off)
             off += 12
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i344_who = bytes(buf[off:_e])
+            _i320_who = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i343_permissions = nfsace4(_i344_type, _i344_flag, _i344_access_mask, _i344_who)
-            _v342 = open_read_delegation4(_i343_stateid, _i343_recall, _i343_permissions)
-            f_delegation = open_delegation4(OPEN_DELEGATE_READ, _v342)
-        elif _d342 == 2:
+            _i319_permissions = nfsace4(_i320_type, _i320_flag, _i320_access_mask, _i320_who)
+            _v318 = open_read_delegation4(_i319_stateid, _i319_recall, _i319_permissions)
+            f_delegation = open_delegation4(OPEN_DELEGATE_READ, _v318)
+        elif _d318 == 2:
             _t0, _t1, _t2 = _S26.unpack_from(buf, off)
             off += 20
-            _i345_stateid = stateid4(_t0, _t1)
-            _i345_recall = _BOOL[_t2]
-            _v346: _Any
-            (_d346,) = _S2.unpack_from(buf, off)
+            _i321_stateid = stateid4(_t0, _t1)
+            _i321_recall = _BOOL[_t2]
+            _v322: _Any
+            (_d322,) = _S2.unpack_from(buf, off)
             off += 4
-            if _d346 == 1:
-                (_v346,) = _S4.unpack_from(buf, off)
+            if _d322 == 1:
+                (_v322,) = _S4.unpack_from(buf, off)
                 off += 8
-                _i345_space_limit = nfs_space_limit4(NFS_LIMIT_SIZE, _v346)
-            elif _d346 == 2:
-                _v346 = nfs_modified_limit4(*_S1.unpack_from(buf, off))
+                _i321_space_limit = nfs_space_limit4(NFS_LIMIT_SIZE, _v322)
+            elif _d322 == 2:
+                _v322 = nfs_modified_limit4(*_S1.unpack_from(buf, off))
                 off += 8
-                _i345_space_limit = nfs_space_limit4(NFS_LIMIT_BLOCKS, _v346)
+                _i321_space_limit = nfs_space_limit4(NFS_LIMIT_BLOCKS, _v322)
             else:
-                _i345_space_limit, off = _dec_any_nfs_space_limit4(r, off - 4)
-            _i347_type, _i347_flag, _i347_access_mask = _S10.unpack_from(buf, off)
+                _i321_space_limit, off = _dec_any_nfs_space_limit4(r, off - 4)
+            _i323_type, _i323_flag, _i323_access_mask = _S10.unpack_from(buf, off)
             off += 12
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i347_who = bytes(buf[off:_e])
+            _i323_who = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i345_permissions = nfsace4(_i347_type, _i347_flag, _i347_access_mask, _i347_who)
-            _v342 = open_write_delegation4(_i345_stateid, _i345_recall, _i345_space_limit, _i345_permissions)
-            f_delegation = open_delegation4(OPEN_DELEGATE_WRITE, _v342)
-        elif _d342 == 3:
-            _v348: _Any
-            (_d348,) = _S2.unpack_from(buf, off)
+            _i321_permissions = nfsace4(_i323_type, _i323_flag, _i323_access_mask, _i323_who)
+            _v318 = open_write_delegation4(_i321_stateid, _i321_recall, _i321_space_limit, _i321_permissions)
+            f_delegation = open_delegation4(OPEN_DELEGATE_WRITE, _v318)
+        elif _d318 == 3:
+            _v324: _Any
+            (_d324,) = _S2.unpack_from(buf, off)
             off += 4
-            if _d348 == 1:
+            if _d324 == 1:
                 (_t0,) = _S0.unpack_from(buf, off)
                 off += 4
-                _v348 = _BOOL[_t0]
-                _v342 = open_none_delegation4(WND4_CONTENTION, _v348)
-            elif _d348 == 2:
+                _v324 = _BOOL[_t0]
+                _v318 = open_none_delegation4(WND4_CONTENTION, _v324)
+            elif _d324 == 2:
                 (_t0,) = _S0.unpack_from(buf, off)
                 off += 4
-                _v348 = _BOOL[_t0]
-                _v342 = open_none_delegation4(WND4_RESOURCE, _v348)
+                _v324 = _BOOL[_t0]
+                _v318 = open_none_delegation4(WND4_RESOURCE, _v324)
             else:
-                _v342, off = _dec_any_open_none_delegation4(r, off - 4)
-            f_delegation = open_delegation4(OPEN_DELEGATE_NONE_EXT, _v342)
+                _v318, off = _dec_any_open_none_delegation4(r, off - 4)
+            f_delegation = open_delegation4(OPEN_DELEGATE_NONE_EXT, _v318)
         else:
             f_delegation, off = _dec_any_open_delegation4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -3271,17 +3217,17 @@ def _dec_any_OPEN4res(r: _Reader, off: int) -> tuple[OPEN4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v349: _Any
-        _f349: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d349,) = _S2.unpack_from(buf, off)
-        _a349 = _OPEN4res_ARMS.get(_d349)
-        if _a349 is None:
-            _d349 = _nfsstat4_MAP[(_d349,)[0]]
-            _f349 = _void_decode
+        _v325: _Any
+        _f325: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d325,) = _S2.unpack_from(buf, off)
+        _a325 = _OPEN4res_ARMS.get(_d325)
+        if _a325 is None:
+            _d325 = _nfsstat4_MAP[(_d325,)[0]]
+            _f325 = _void_decode
         else:
-            _d349, _f349 = _a349
-        _v349, off = _f349(r, off + 4)
-        _u = OPEN4res(_d349, _v349)
+            _d325, _f325 = _a325
+        _v325, off = _f325(r, off + 4)
+        _u = OPEN4res(_d325, _v325)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OPEN4res', o0) from None
     return _u, off
@@ -3289,40 +3235,39 @@ def _dec_any_OPEN4res(r: _Reader, off: int) -> tuple[OPEN4res, int]:
 
 def enc_OPEN4res(w: _Writer, v: OPEN4res) -> None:
     try:
-        _u350 = v
-        _d350 = _u350.status
-        _w350: _Any
-        if _d350 == 0:
-            _w350 = _u350.value
-            _s351 = _w350
-            if len(_s351.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S37.pack(0, _s351.stateid.seqid, _s351.stateid.other, _s351.cinfo.atomic, _s351.cinfo.before, _s351.cinfo.after, _s351.rflags)
-            _a352 = _s351.attrset
-            _n = len(_a352)
+        _u326 = v
+        _d326 = _u326.status
+        _w326: _Any
+        if _d326 == 0:
+            _w326 = _u326.value
+            _s327 = _w326
+            if len(_s327.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S37.pack(0, _s327.stateid.seqid, _s327.stateid.other, _s327.cinfo.atomic, _s327.cinfo.before, _s327.cinfo.after, _s327.rflags)
+            _a328 = _s327.attrset
+            _n = len(_a328)
             w += _S0.pack(_n)
-            for _x352 in _a352:
-                w += _S0.pack(_x352)
-            _u353 = _s351.delegation
-            _d353 = _u353.delegation_type
-            _w353: _Any
-            if _d353 == 0:
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a328)
+            _u329 = _s327.delegation
+            _d329 = _u329.delegation_type
+            _w329: _Any
+            if _d329 == 0:
                 w += b'\x00\x00\x00\x00'
-            elif _d353 == 1:
-                _w353 = _u353.value
+            elif _d329 == 1:
+                _w329 = _u329.value
                 w += b'\x00\x00\x00\x01'
-                enc_open_read_delegation4(w, _w353)
-            elif _d353 == 2:
-                _w353 = _u353.value
+                enc_open_read_delegation4(w, _w329)
+            elif _d329 == 2:
+                _w329 = _u329.value
                 w += b'\x00\x00\x00\x02'
-                enc_open_write_delegation4(w, _w353)
-            elif _d353 == 3:
-                _w353 = _u353.value
+                enc_open_write_delegation4(w, _w329)
+            elif _d329 == 3:
+                _w329 = _u329.value
                 w += b'\x00\x00\x00\x03'
-                enc_open_none_delegation4(w, _w353)
+                enc_open_none_delegation4(w, _w329)
             else:
-                _enc_any_open_delegation4(w, _u353)
+                _enc_any_open_delegation4(w, _u329)
         else:
-            _enc_any_OPEN4res(w, _u350)
+            _enc_any_OPEN4res(w, _u326)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode OPEN4res: {_e!r}', len(w)) from None
 
@@ -3331,68 +3276,41 @@ def dec_OPEN4res(r: _Reader, off: int) -> tuple[OPEN4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v354: _Any
-        (_d354,) = _S2.unpack_from(buf, off)
+        _v330: _Any
+        (_d330,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d354 == 0:
-            _t0, _t1, _t2, _t3, _t4, _i355_rflags = _S36.unpack_from(buf, off)
+        if _d330 == 0:
+            _t0, _t1, _t2, _t3, _t4, _i331_rflags = _S36.unpack_from(buf, off)
             off += 40
-            _i355_stateid = stateid4(_t0, _t1)
-            _i355_cinfo = change_info4(_BOOL[_t2], _t3, _t4)
+            _i331_stateid = stateid4(_t0, _t1)
+            _i331_cinfo = change_info4(_BOOL[_t2], _t3, _t4)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i355_attrset = []
-            _c356 = _n
-            for _ in range(_c356):
-                (_x356,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i355_attrset.append(_x356)
-            _v357: _Any
-            (_d357,) = _S2.unpack_from(buf, off)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i331_attrset = list(_t)
+            _v332: _Any
+            (_d332,) = _S2.unpack_from(buf, off)
             off += 4
-            if _d357 == 0:
-                _i355_delegation = open_delegation4(OPEN_DELEGATE_NONE, None)
-            elif _d357 == 1:
-                _v357, off = dec_open_read_delegation4(r, off)
-                _i355_delegation = open_delegation4(OPEN_DELEGATE_READ, _v357)
-            elif _d357 == 2:
-                _v357, off = dec_open_write_delegation4(r, off)
-                _i355_delegation = open_delegation4(OPEN_DELEGATE_WRITE, _v357)
-            elif _d357 == 3:
-                _v357, off = dec_open_none_delegation4(r, off)
-                _i355_delegation = open_delegation4(OPEN_DELEGATE_NONE_EXT, _v357)
+            if _d332 == 0:
+                _i331_delegation = open_delegation4(OPEN_DELEGATE_NONE, None)
+            elif _d332 == 1:
+                _v332, off = dec_open_read_delegation4(r, off)
+                _i331_delegation = open_delegation4(OPEN_DELEGATE_READ, _v332)
+            elif _d332 == 2:
+                _v332, off = dec_open_write_delegation4(r, off)
+                _i331_delegation = open_delegation4(OPEN_DELEGATE_WRITE, _v332)
+            elif _d332 == 3:
+                _v332, off = dec_open_none_delegation4(r, off)
+                _i331_delegation = open_delegation4(OPEN_DELEGATE_NONE_EXT, _v332)
             else:
-                _i355_delegation, off = _dec_any_open_delegation4(r, off - 4)
-            _v354 = OPEN4resok(_i355_stateid, _i355_cinfo, _i355_rflags, _i355_attrset, _i355_delegation)
-            _u = OPEN4res(NFS4_OK, _v354)
+                _i331_delegation, off = _dec_any_open_delegation4(r, off - 4)
+            _v330 = OPEN4resok(_i331_stateid, _i331_cinfo, _i331_rflags, _i331_attrset, _i331_delegation)
+            _u = OPEN4res(NFS4_OK, _v330)
         else:
             _u, off = _dec_any_OPEN4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OPEN4res', o0) from None
-    return _u, off
-
-
-@_dataclass(slots=True)
-class OPENATTR4args:
-    createdir: bool
-
-
-def enc_OPENATTR4args(w: _Writer, v: OPENATTR4args) -> None:
-    try:
-        w += _S0.pack(v.createdir)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode OPENATTR4args: {_e}', len(w)) from None
-
-
-def dec_OPENATTR4args(r: _Reader, off: int) -> tuple[OPENATTR4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_t0,) = _S0.unpack_from(buf, off)
-        off += 4
-        _u = OPENATTR4args(_BOOL[_t0])
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated OPENATTR4args', o0) from None
     return _u, off

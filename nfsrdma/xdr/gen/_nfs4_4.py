@@ -21,6 +21,7 @@ from nfsrdma.xdr.runtime import (
     PAD as _PAD,
     TRUE as _TRUE,
     U32 as _U32,
+    U32_ARRAYS as _U32_ARRAYS,
     Operation as _Operation,
     Buffer as _Buffer,
     DdpItem as _DdpItem,
@@ -43,16 +44,13 @@ from nfsrdma.xdr.gen._nfs4_1 import (
     enc_authsys_parms,
     enc_netaddr4,
     netaddr4,
-    nfs_impl_id4,
     nfsstat4,
-    nfstime4,
     rpc_gss_svc_t,
     stateid4,
 )
 from nfsrdma.xdr.gen._nfs4_2 import (
     cb_client4,
     change_info4,
-    client_owner4,
     fattr4,
     nfs_client_id4,
     state_owner4,
@@ -63,7 +61,6 @@ _S1: _Final = _struct.Struct('>II')
 _S2: _Final = _struct.Struct('>i')
 _S4: _Final = _struct.Struct('>Q')
 _S6: _Final = _struct.Struct('>8s')
-_S7: _Final = _struct.Struct('>qI')
 _S11: _Final = _struct.Struct('>I12s')
 _S15: _Final = _struct.Struct('>Ii')
 _S16: _Final = _struct.Struct('>IQQ')
@@ -84,6 +81,30 @@ _S46: _Final = _struct.Struct('>Ii8s')
 _S47: _Final = _struct.Struct('>iIi8s')
 _S48: _Final = _struct.Struct('>16siI')
 _S49: _Final = _struct.Struct('>i16siI')
+
+
+@_dataclass(slots=True)
+class OPENATTR4args:
+    createdir: bool
+
+
+def enc_OPENATTR4args(w: _Writer, v: OPENATTR4args) -> None:
+    try:
+        w += _S0.pack(v.createdir)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode OPENATTR4args: {_e}', len(w)) from None
+
+
+def dec_OPENATTR4args(r: _Reader, off: int) -> tuple[OPENATTR4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_t0,) = _S0.unpack_from(buf, off)
+        off += 4
+        _u = OPENATTR4args(_BOOL[_t0])
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated OPENATTR4args', o0) from None
+    return _u, off
 
 
 @_dataclass(slots=True)
@@ -187,17 +208,17 @@ def _dec_any_OPEN_CONFIRM4res(r: _Reader, off: int) -> tuple[OPEN_CONFIRM4res, i
     buf = r.buf
     o0 = off
     try:
-        _v358: _Any
-        _f358: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d358,) = _S2.unpack_from(buf, off)
-        _a358 = _OPEN_CONFIRM4res_ARMS.get(_d358)
-        if _a358 is None:
-            _d358 = _nfsstat4_MAP[(_d358,)[0]]
-            _f358 = _void_decode
+        _v333: _Any
+        _f333: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d333,) = _S2.unpack_from(buf, off)
+        _a333 = _OPEN_CONFIRM4res_ARMS.get(_d333)
+        if _a333 is None:
+            _d333 = _nfsstat4_MAP[(_d333,)[0]]
+            _f333 = _void_decode
         else:
-            _d358, _f358 = _a358
-        _v358, off = _f358(r, off + 4)
-        _u = OPEN_CONFIRM4res(_d358, _v358)
+            _d333, _f333 = _a333
+        _v333, off = _f333(r, off + 4)
+        _u = OPEN_CONFIRM4res(_d333, _v333)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OPEN_CONFIRM4res', o0) from None
     return _u, off
@@ -205,15 +226,15 @@ def _dec_any_OPEN_CONFIRM4res(r: _Reader, off: int) -> tuple[OPEN_CONFIRM4res, i
 
 def enc_OPEN_CONFIRM4res(w: _Writer, v: OPEN_CONFIRM4res) -> None:
     try:
-        _u359 = v
-        _d359 = _u359.status
-        _w359: _Any
-        if _d359 == 0:
-            _w359 = _u359.value
-            if len(_w359.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S20.pack(0, _w359.open_stateid.seqid, _w359.open_stateid.other)
+        _u334 = v
+        _d334 = _u334.status
+        _w334: _Any
+        if _d334 == 0:
+            _w334 = _u334.value
+            if len(_w334.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S20.pack(0, _w334.open_stateid.seqid, _w334.open_stateid.other)
         else:
-            _enc_any_OPEN_CONFIRM4res(w, _u359)
+            _enc_any_OPEN_CONFIRM4res(w, _u334)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode OPEN_CONFIRM4res: {_e!r}', len(w)) from None
 
@@ -222,14 +243,14 @@ def dec_OPEN_CONFIRM4res(r: _Reader, off: int) -> tuple[OPEN_CONFIRM4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v360: _Any
-        (_d360,) = _S2.unpack_from(buf, off)
+        _v335: _Any
+        (_d335,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d360 == 0:
+        if _d335 == 0:
             _t0, _t1 = _S11.unpack_from(buf, off)
             off += 16
-            _v360 = OPEN_CONFIRM4resok(stateid4(_t0, _t1))
-            _u = OPEN_CONFIRM4res(NFS4_OK, _v360)
+            _v335 = OPEN_CONFIRM4resok(stateid4(_t0, _t1))
+            _u = OPEN_CONFIRM4res(NFS4_OK, _v335)
         else:
             _u, off = _dec_any_OPEN_CONFIRM4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -316,17 +337,17 @@ def _dec_any_OPEN_DOWNGRADE4res(r: _Reader, off: int) -> tuple[OPEN_DOWNGRADE4re
     buf = r.buf
     o0 = off
     try:
-        _v361: _Any
-        _f361: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d361,) = _S2.unpack_from(buf, off)
-        _a361 = _OPEN_DOWNGRADE4res_ARMS.get(_d361)
-        if _a361 is None:
-            _d361 = _nfsstat4_MAP[(_d361,)[0]]
-            _f361 = _void_decode
+        _v336: _Any
+        _f336: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d336,) = _S2.unpack_from(buf, off)
+        _a336 = _OPEN_DOWNGRADE4res_ARMS.get(_d336)
+        if _a336 is None:
+            _d336 = _nfsstat4_MAP[(_d336,)[0]]
+            _f336 = _void_decode
         else:
-            _d361, _f361 = _a361
-        _v361, off = _f361(r, off + 4)
-        _u = OPEN_DOWNGRADE4res(_d361, _v361)
+            _d336, _f336 = _a336
+        _v336, off = _f336(r, off + 4)
+        _u = OPEN_DOWNGRADE4res(_d336, _v336)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OPEN_DOWNGRADE4res', o0) from None
     return _u, off
@@ -334,15 +355,15 @@ def _dec_any_OPEN_DOWNGRADE4res(r: _Reader, off: int) -> tuple[OPEN_DOWNGRADE4re
 
 def enc_OPEN_DOWNGRADE4res(w: _Writer, v: OPEN_DOWNGRADE4res) -> None:
     try:
-        _u362 = v
-        _d362 = _u362.status
-        _w362: _Any
-        if _d362 == 0:
-            _w362 = _u362.value
-            if len(_w362.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S20.pack(0, _w362.open_stateid.seqid, _w362.open_stateid.other)
+        _u337 = v
+        _d337 = _u337.status
+        _w337: _Any
+        if _d337 == 0:
+            _w337 = _u337.value
+            if len(_w337.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S20.pack(0, _w337.open_stateid.seqid, _w337.open_stateid.other)
         else:
-            _enc_any_OPEN_DOWNGRADE4res(w, _u362)
+            _enc_any_OPEN_DOWNGRADE4res(w, _u337)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode OPEN_DOWNGRADE4res: {_e!r}', len(w)) from None
 
@@ -351,14 +372,14 @@ def dec_OPEN_DOWNGRADE4res(r: _Reader, off: int) -> tuple[OPEN_DOWNGRADE4res, in
     buf = r.buf
     o0 = off
     try:
-        _v363: _Any
-        (_d363,) = _S2.unpack_from(buf, off)
+        _v338: _Any
+        (_d338,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d363 == 0:
+        if _d338 == 0:
             _t0, _t1 = _S11.unpack_from(buf, off)
             off += 16
-            _v363 = OPEN_DOWNGRADE4resok(stateid4(_t0, _t1))
-            _u = OPEN_DOWNGRADE4res(NFS4_OK, _v363)
+            _v338 = OPEN_DOWNGRADE4resok(stateid4(_t0, _t1))
+            _u = OPEN_DOWNGRADE4res(NFS4_OK, _v338)
         else:
             _u, off = _dec_any_OPEN_DOWNGRADE4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -568,17 +589,17 @@ def _dec_any_READ4res(r: _Reader, off: int) -> tuple[READ4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v364: _Any
-        _f364: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d364,) = _S2.unpack_from(buf, off)
-        _a364 = _READ4res_ARMS.get(_d364)
-        if _a364 is None:
-            _d364 = _nfsstat4_MAP[(_d364,)[0]]
-            _f364 = _void_decode
+        _v339: _Any
+        _f339: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d339,) = _S2.unpack_from(buf, off)
+        _a339 = _READ4res_ARMS.get(_d339)
+        if _a339 is None:
+            _d339 = _nfsstat4_MAP[(_d339,)[0]]
+            _f339 = _void_decode
         else:
-            _d364, _f364 = _a364
-        _v364, off = _f364(r, off + 4)
-        _u = READ4res(_d364, _v364)
+            _d339, _f339 = _a339
+        _v339, off = _f339(r, off + 4)
+        _u = READ4res(_d339, _v339)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated READ4res', o0) from None
     return _u, off
@@ -586,19 +607,19 @@ def _dec_any_READ4res(r: _Reader, off: int) -> tuple[READ4res, int]:
 
 def enc_READ4res(w: _Writer, v: READ4res) -> None:
     try:
-        _u365 = v
-        _d365 = _u365.status
-        _w365: _Any
-        if _d365 == 0:
-            _w365 = _u365.value
-            _s366 = _w365
-            w += _S23.pack(0, _s366.eof)
-            _dv = _s366.data
+        _u340 = v
+        _d340 = _u340.status
+        _w340: _Any
+        if _d340 == 0:
+            _w340 = _u340.value
+            _s341 = _w340
+            w += _S23.pack(0, _s341.eof)
+            _dv = _s341.data
             _n = len(_dv)
             w += _S0.pack(_n)
             w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
         else:
-            _enc_any_READ4res(w, _u365)
+            _enc_any_READ4res(w, _u340)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode READ4res: {_e!r}', len(w)) from None
 
@@ -607,15 +628,15 @@ def dec_READ4res(r: _Reader, off: int) -> tuple[READ4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v367: _Any
-        (_d367,) = _S2.unpack_from(buf, off)
+        _v342: _Any
+        (_d342,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d367 == 0:
+        if _d342 == 0:
             (_t0,) = _S0.unpack_from(buf, off)
             off += 4
-            _i368_eof = _BOOL[_t0]
+            _i343_eof = _BOOL[_t0]
             if r.ordered or r.chunks:
-                _i368_data, off = r.take_ddp(off, None)
+                _i343_data, off = r.take_ddp(off, None)
             else:
                 if off + 4 > len(buf):
                     raise _XdrError('truncated opaque length', off)
@@ -624,10 +645,10 @@ def dec_READ4res(r: _Reader, off: int) -> tuple[READ4res, int]:
                 _e = off + _n
                 if _e + (-_n & 3) > len(buf):
                     raise _XdrError(f'opaque of {_n} bytes runs past the end', off)
-                _i368_data = (buf if isinstance(buf, memoryview) else memoryview(buf))[off:_e]
+                _i343_data = (buf if isinstance(buf, memoryview) else memoryview(buf))[off:_e]
                 off = _e + (-_n & 3)
-            _v367 = READ4resok(_i368_eof, _i368_data)
-            _u = READ4res(NFS4_OK, _v367)
+            _v342 = READ4resok(_i343_eof, _i343_data)
+            _u = READ4res(NFS4_OK, _v342)
         else:
             _u, off = _dec_any_READ4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -648,11 +669,10 @@ def enc_READDIR4args(w: _Writer, v: READDIR4args) -> None:
     try:
         if len(v.cookieverf) != 8: raise _XdrError('fixed opaque cookieverf must be 8 bytes', len(w))
         w += _S40.pack(v.cookie, v.cookieverf, v.dircount, v.maxcount)
-        _a369 = v.attr_request
-        _n = len(_a369)
+        _a344 = v.attr_request
+        _n = len(_a344)
         w += _S0.pack(_n)
-        for _x369 in _a369:
-            w += _S0.pack(_x369)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a344)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode READDIR4args: {_e}', len(w)) from None
 
@@ -667,12 +687,9 @@ def dec_READDIR4args(r: _Reader, off: int) -> tuple[READDIR4args, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_attr_request = []
-        _c370 = _n
-        for _ in range(_c370):
-            (_x370,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_attr_request.append(_x370)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_attr_request = list(_t)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated READDIR4args', o0) from None
     return READDIR4args(f_cookie, f_cookieverf, f_dircount, f_maxcount, f_attr_request), off
@@ -693,13 +710,12 @@ def enc_entry4(w: _Writer, v: entry4) -> None:
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _s371 = v.attrs
-        _a372 = _s371.attrmask
-        _n = len(_a372)
+        _s345 = v.attrs
+        _a346 = _s345.attrmask
+        _n = len(_a346)
         w += _S0.pack(_n)
-        for _x372 in _a372:
-            w += _S0.pack(_x372)
-        _v = _s371.attr_vals
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a346)
+        _v = _s345.attr_vals
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -725,20 +741,17 @@ def dec_entry4(r: _Reader, off: int) -> tuple[entry4, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i373_attrmask = []
-        _c374 = _n
-        for _ in range(_c374):
-            (_x374,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i373_attrmask.append(_x374)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i347_attrmask = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i373_attr_vals = bytes(buf[off:_e])
+        _i347_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_attrs = fattr4(_i373_attrmask, _i373_attr_vals)
+        f_attrs = fattr4(_i347_attrmask, _i347_attr_vals)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated entry4', o0) from None
     return entry4(f_cookie, f_name, f_attrs), off
@@ -804,9 +817,9 @@ def enc_READDIR4resok(w: _Writer, v: READDIR4resok) -> None:
     try:
         if len(v.cookieverf) != 8: raise _XdrError('fixed opaque cookieverf must be 8 bytes', len(w))
         w += _S6.pack(v.cookieverf)
-        _s375 = v.reply
-        _enc_list_entry4(w, _s375.entries)
-        w += _S0.pack(_s375.eof)
+        _s348 = v.reply
+        _enc_list_entry4(w, _s348.entries)
+        w += _S0.pack(_s348.eof)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode READDIR4resok: {_e}', len(w)) from None
 
@@ -817,11 +830,11 @@ def dec_READDIR4resok(r: _Reader, off: int) -> tuple[READDIR4resok, int]:
     try:
         (f_cookieverf,) = _S6.unpack_from(buf, off)
         off += 8
-        _i376_entries, off = _dec_list_entry4(r, off)
+        _i349_entries, off = _dec_list_entry4(r, off)
         (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _i376_eof = _BOOL[_t0]
-        f_reply = dirlist4(_i376_entries, _i376_eof)
+        _i349_eof = _BOOL[_t0]
+        f_reply = dirlist4(_i349_entries, _i349_eof)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated READDIR4resok', o0) from None
     return READDIR4resok(f_cookieverf, f_reply), off
@@ -853,17 +866,17 @@ def _dec_any_READDIR4res(r: _Reader, off: int) -> tuple[READDIR4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v377: _Any
-        _f377: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d377,) = _S2.unpack_from(buf, off)
-        _a377 = _READDIR4res_ARMS.get(_d377)
-        if _a377 is None:
-            _d377 = _nfsstat4_MAP[(_d377,)[0]]
-            _f377 = _void_decode
+        _v350: _Any
+        _f350: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d350,) = _S2.unpack_from(buf, off)
+        _a350 = _READDIR4res_ARMS.get(_d350)
+        if _a350 is None:
+            _d350 = _nfsstat4_MAP[(_d350,)[0]]
+            _f350 = _void_decode
         else:
-            _d377, _f377 = _a377
-        _v377, off = _f377(r, off + 4)
-        _u = READDIR4res(_d377, _v377)
+            _d350, _f350 = _a350
+        _v350, off = _f350(r, off + 4)
+        _u = READDIR4res(_d350, _v350)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated READDIR4res', o0) from None
     return _u, off
@@ -871,19 +884,19 @@ def _dec_any_READDIR4res(r: _Reader, off: int) -> tuple[READDIR4res, int]:
 
 def enc_READDIR4res(w: _Writer, v: READDIR4res) -> None:
     try:
-        _u378 = v
-        _d378 = _u378.status
-        _w378: _Any
-        if _d378 == 0:
-            _w378 = _u378.value
-            _s379 = _w378
-            if len(_s379.cookieverf) != 8: raise _XdrError('fixed opaque cookieverf must be 8 bytes', len(w))
-            w += _S22.pack(0, _s379.cookieverf)
-            _s380 = _s379.reply
-            _enc_list_entry4(w, _s380.entries)
-            w += _S0.pack(_s380.eof)
+        _u351 = v
+        _d351 = _u351.status
+        _w351: _Any
+        if _d351 == 0:
+            _w351 = _u351.value
+            _s352 = _w351
+            if len(_s352.cookieverf) != 8: raise _XdrError('fixed opaque cookieverf must be 8 bytes', len(w))
+            w += _S22.pack(0, _s352.cookieverf)
+            _s353 = _s352.reply
+            _enc_list_entry4(w, _s353.entries)
+            w += _S0.pack(_s353.eof)
         else:
-            _enc_any_READDIR4res(w, _u378)
+            _enc_any_READDIR4res(w, _u351)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode READDIR4res: {_e!r}', len(w)) from None
 
@@ -892,19 +905,19 @@ def dec_READDIR4res(r: _Reader, off: int) -> tuple[READDIR4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v381: _Any
-        (_d381,) = _S2.unpack_from(buf, off)
+        _v354: _Any
+        (_d354,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d381 == 0:
-            (_i382_cookieverf,) = _S6.unpack_from(buf, off)
+        if _d354 == 0:
+            (_i355_cookieverf,) = _S6.unpack_from(buf, off)
             off += 8
-            _i383_entries, off = _dec_list_entry4(r, off)
+            _i356_entries, off = _dec_list_entry4(r, off)
             (_t0,) = _S0.unpack_from(buf, off)
             off += 4
-            _i383_eof = _BOOL[_t0]
-            _i382_reply = dirlist4(_i383_entries, _i383_eof)
-            _v381 = READDIR4resok(_i382_cookieverf, _i382_reply)
-            _u = READDIR4res(NFS4_OK, _v381)
+            _i356_eof = _BOOL[_t0]
+            _i355_reply = dirlist4(_i356_entries, _i356_eof)
+            _v354 = READDIR4resok(_i355_cookieverf, _i355_reply)
+            _u = READDIR4res(NFS4_OK, _v354)
         else:
             _u, off = _dec_any_READDIR4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -974,17 +987,17 @@ def _dec_any_READLINK4res(r: _Reader, off: int) -> tuple[READLINK4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v384: _Any
-        _f384: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d384,) = _S2.unpack_from(buf, off)
-        _a384 = _READLINK4res_ARMS.get(_d384)
-        if _a384 is None:
-            _d384 = _nfsstat4_MAP[(_d384,)[0]]
-            _f384 = _void_decode
+        _v357: _Any
+        _f357: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d357,) = _S2.unpack_from(buf, off)
+        _a357 = _READLINK4res_ARMS.get(_d357)
+        if _a357 is None:
+            _d357 = _nfsstat4_MAP[(_d357,)[0]]
+            _f357 = _void_decode
         else:
-            _d384, _f384 = _a384
-        _v384, off = _f384(r, off + 4)
-        _u = READLINK4res(_d384, _v384)
+            _d357, _f357 = _a357
+        _v357, off = _f357(r, off + 4)
+        _u = READLINK4res(_d357, _v357)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated READLINK4res', o0) from None
     return _u, off
@@ -992,18 +1005,18 @@ def _dec_any_READLINK4res(r: _Reader, off: int) -> tuple[READLINK4res, int]:
 
 def enc_READLINK4res(w: _Writer, v: READLINK4res) -> None:
     try:
-        _u385 = v
-        _d385 = _u385.status
-        _w385: _Any
-        if _d385 == 0:
-            _w385 = _u385.value
-            _s386 = _w385
-            _dv = _s386.link
+        _u358 = v
+        _d358 = _u358.status
+        _w358: _Any
+        if _d358 == 0:
+            _w358 = _u358.value
+            _s359 = _w358
+            _dv = _s359.link
             _n = len(_dv)
             w += _S23.pack(0, _n)
             w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
         else:
-            _enc_any_READLINK4res(w, _u385)
+            _enc_any_READLINK4res(w, _u358)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode READLINK4res: {_e!r}', len(w)) from None
 
@@ -1012,12 +1025,12 @@ def dec_READLINK4res(r: _Reader, off: int) -> tuple[READLINK4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v387: _Any
-        (_d387,) = _S2.unpack_from(buf, off)
+        _v360: _Any
+        (_d360,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d387 == 0:
+        if _d360 == 0:
             if r.ordered or r.chunks:
-                _i388_link, off = r.take_ddp(off, None)
+                _i361_link, off = r.take_ddp(off, None)
             else:
                 if off + 4 > len(buf):
                     raise _XdrError('truncated opaque length', off)
@@ -1026,10 +1039,10 @@ def dec_READLINK4res(r: _Reader, off: int) -> tuple[READLINK4res, int]:
                 _e = off + _n
                 if _e + (-_n & 3) > len(buf):
                     raise _XdrError(f'opaque of {_n} bytes runs past the end', off)
-                _i388_link = (buf if isinstance(buf, memoryview) else memoryview(buf))[off:_e]
+                _i361_link = (buf if isinstance(buf, memoryview) else memoryview(buf))[off:_e]
                 off = _e + (-_n & 3)
-            _v387 = READLINK4resok(_i388_link)
-            _u = READLINK4res(NFS4_OK, _v387)
+            _v360 = READLINK4resok(_i361_link)
+            _u = READLINK4res(NFS4_OK, _v360)
         else:
             _u, off = _dec_any_READLINK4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1119,17 +1132,17 @@ def _dec_any_REMOVE4res(r: _Reader, off: int) -> tuple[REMOVE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v389: _Any
-        _f389: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d389,) = _S2.unpack_from(buf, off)
-        _a389 = _REMOVE4res_ARMS.get(_d389)
-        if _a389 is None:
-            _d389 = _nfsstat4_MAP[(_d389,)[0]]
-            _f389 = _void_decode
+        _v362: _Any
+        _f362: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d362,) = _S2.unpack_from(buf, off)
+        _a362 = _REMOVE4res_ARMS.get(_d362)
+        if _a362 is None:
+            _d362 = _nfsstat4_MAP[(_d362,)[0]]
+            _f362 = _void_decode
         else:
-            _d389, _f389 = _a389
-        _v389, off = _f389(r, off + 4)
-        _u = REMOVE4res(_d389, _v389)
+            _d362, _f362 = _a362
+        _v362, off = _f362(r, off + 4)
+        _u = REMOVE4res(_d362, _v362)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated REMOVE4res', o0) from None
     return _u, off
@@ -1137,14 +1150,14 @@ def _dec_any_REMOVE4res(r: _Reader, off: int) -> tuple[REMOVE4res, int]:
 
 def enc_REMOVE4res(w: _Writer, v: REMOVE4res) -> None:
     try:
-        _u390 = v
-        _d390 = _u390.status
-        _w390: _Any
-        if _d390 == 0:
-            _w390 = _u390.value
-            w += _S24.pack(0, _w390.cinfo.atomic, _w390.cinfo.before, _w390.cinfo.after)
+        _u363 = v
+        _d363 = _u363.status
+        _w363: _Any
+        if _d363 == 0:
+            _w363 = _u363.value
+            w += _S24.pack(0, _w363.cinfo.atomic, _w363.cinfo.before, _w363.cinfo.after)
         else:
-            _enc_any_REMOVE4res(w, _u390)
+            _enc_any_REMOVE4res(w, _u363)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode REMOVE4res: {_e!r}', len(w)) from None
 
@@ -1153,14 +1166,14 @@ def dec_REMOVE4res(r: _Reader, off: int) -> tuple[REMOVE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v391: _Any
-        (_d391,) = _S2.unpack_from(buf, off)
+        _v364: _Any
+        (_d364,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d391 == 0:
+        if _d364 == 0:
             _t0, _t1, _t2 = _S16.unpack_from(buf, off)
             off += 20
-            _v391 = REMOVE4resok(change_info4(_BOOL[_t0], _t1, _t2))
-            _u = REMOVE4res(NFS4_OK, _v391)
+            _v364 = REMOVE4resok(change_info4(_BOOL[_t0], _t1, _t2))
+            _u = REMOVE4res(NFS4_OK, _v364)
         else:
             _u, off = _dec_any_REMOVE4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1264,17 +1277,17 @@ def _dec_any_RENAME4res(r: _Reader, off: int) -> tuple[RENAME4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v392: _Any
-        _f392: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d392,) = _S2.unpack_from(buf, off)
-        _a392 = _RENAME4res_ARMS.get(_d392)
-        if _a392 is None:
-            _d392 = _nfsstat4_MAP[(_d392,)[0]]
-            _f392 = _void_decode
+        _v365: _Any
+        _f365: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d365,) = _S2.unpack_from(buf, off)
+        _a365 = _RENAME4res_ARMS.get(_d365)
+        if _a365 is None:
+            _d365 = _nfsstat4_MAP[(_d365,)[0]]
+            _f365 = _void_decode
         else:
-            _d392, _f392 = _a392
-        _v392, off = _f392(r, off + 4)
-        _u = RENAME4res(_d392, _v392)
+            _d365, _f365 = _a365
+        _v365, off = _f365(r, off + 4)
+        _u = RENAME4res(_d365, _v365)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated RENAME4res', o0) from None
     return _u, off
@@ -1282,14 +1295,14 @@ def _dec_any_RENAME4res(r: _Reader, off: int) -> tuple[RENAME4res, int]:
 
 def enc_RENAME4res(w: _Writer, v: RENAME4res) -> None:
     try:
-        _u393 = v
-        _d393 = _u393.status
-        _w393: _Any
-        if _d393 == 0:
-            _w393 = _u393.value
-            w += _S42.pack(0, _w393.source_cinfo.atomic, _w393.source_cinfo.before, _w393.source_cinfo.after, _w393.target_cinfo.atomic, _w393.target_cinfo.before, _w393.target_cinfo.after)
+        _u366 = v
+        _d366 = _u366.status
+        _w366: _Any
+        if _d366 == 0:
+            _w366 = _u366.value
+            w += _S42.pack(0, _w366.source_cinfo.atomic, _w366.source_cinfo.before, _w366.source_cinfo.after, _w366.target_cinfo.atomic, _w366.target_cinfo.before, _w366.target_cinfo.after)
         else:
-            _enc_any_RENAME4res(w, _u393)
+            _enc_any_RENAME4res(w, _u366)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode RENAME4res: {_e!r}', len(w)) from None
 
@@ -1298,14 +1311,14 @@ def dec_RENAME4res(r: _Reader, off: int) -> tuple[RENAME4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v394: _Any
-        (_d394,) = _S2.unpack_from(buf, off)
+        _v367: _Any
+        (_d367,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d394 == 0:
+        if _d367 == 0:
             _t0, _t1, _t2, _t3, _t4, _t5 = _S41.unpack_from(buf, off)
             off += 40
-            _v394 = RENAME4resok(change_info4(_BOOL[_t0], _t1, _t2), change_info4(_BOOL[_t3], _t4, _t5))
-            _u = RENAME4res(NFS4_OK, _v394)
+            _v367 = RENAME4resok(change_info4(_BOOL[_t0], _t1, _t2), change_info4(_BOOL[_t3], _t4, _t5))
+            _u = RENAME4res(NFS4_OK, _v367)
         else:
             _u, off = _dec_any_RENAME4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1503,17 +1516,17 @@ def _dec_any_secinfo4(r: _Reader, off: int) -> tuple[secinfo4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v395: _Any
-        _f395: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d395,) = _S0.unpack_from(buf, off)
-        _a395 = _secinfo4_ARMS.get(_d395)
-        if _a395 is None:
-            _d395 = (_d395,)[0]
-            _f395 = _void_decode
+        _v368: _Any
+        _f368: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d368,) = _S0.unpack_from(buf, off)
+        _a368 = _secinfo4_ARMS.get(_d368)
+        if _a368 is None:
+            _d368 = (_d368,)[0]
+            _f368 = _void_decode
         else:
-            _d395, _f395 = _a395
-        _v395, off = _f395(r, off + 4)
-        _u = secinfo4(_d395, _v395)
+            _d368, _f368 = _a368
+        _v368, off = _f368(r, off + 4)
+        _u = secinfo4(_d368, _v368)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated secinfo4', o0) from None
     return _u, off
@@ -1521,20 +1534,20 @@ def _dec_any_secinfo4(r: _Reader, off: int) -> tuple[secinfo4, int]:
 
 def enc_secinfo4(w: _Writer, v: secinfo4) -> None:
     try:
-        _u396 = v
-        _d396 = _u396.flavor
-        _w396: _Any
-        if _d396 == 6:
-            _w396 = _u396.value
-            _s397 = _w396
-            _v = _s397.oid
+        _u369 = v
+        _d369 = _u369.flavor
+        _w369: _Any
+        if _d369 == 6:
+            _w369 = _u369.value
+            _s370 = _w369
+            _v = _s370.oid
             _n = len(_v)
             w += _S1.pack(6, _n)
             w += _v
             w += _PAD[_n & 3]
-            w += _S15.pack(_s397.qop, _s397.service)
+            w += _S15.pack(_s370.qop, _s370.service)
         else:
-            _enc_any_secinfo4(w, _u396)
+            _enc_any_secinfo4(w, _u369)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode secinfo4: {_e!r}', len(w)) from None
 
@@ -1543,22 +1556,22 @@ def dec_secinfo4(r: _Reader, off: int) -> tuple[secinfo4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v398: _Any
-        (_d398,) = _S0.unpack_from(buf, off)
+        _v371: _Any
+        (_d371,) = _S0.unpack_from(buf, off)
         off += 4
-        if _d398 == 6:
+        if _d371 == 6:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i399_oid = bytes(buf[off:_e])
+            _i372_oid = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i399_qop, _t1 = _S15.unpack_from(buf, off)
+            _i372_qop, _t1 = _S15.unpack_from(buf, off)
             off += 8
-            _i399_service = _rpc_gss_svc_t_MAP[_t1]
-            _v398 = rpcsec_gss_info(_i399_oid, _i399_qop, _i399_service)
-            _u = secinfo4((6,)[0], _v398)
+            _i372_service = _rpc_gss_svc_t_MAP[_t1]
+            _v371 = rpcsec_gss_info(_i372_oid, _i372_qop, _i372_service)
+            _u = secinfo4((6,)[0], _v371)
         else:
             _u, off = _dec_any_secinfo4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1571,24 +1584,24 @@ SECINFO4resok: _TypeAlias = "list[secinfo4]"
 
 def enc_SECINFO4resok(w: _Writer, v: SECINFO4resok) -> None:
     try:
-        _a400 = v
-        _n = len(_a400)
+        _a373 = v
+        _n = len(_a373)
         w += _S0.pack(_n)
-        for _x400 in _a400:
-            _u401 = _x400
-            _d401 = _u401.flavor
-            _w401: _Any
-            if _d401 == 6:
-                _w401 = _u401.value
-                _s402 = _w401
-                _v = _s402.oid
+        for _x373 in _a373:
+            _u374 = _x373
+            _d374 = _u374.flavor
+            _w374: _Any
+            if _d374 == 6:
+                _w374 = _u374.value
+                _s375 = _w374
+                _v = _s375.oid
                 _n = len(_v)
                 w += _S1.pack(6, _n)
                 w += _v
                 w += _PAD[_n & 3]
-                w += _S15.pack(_s402.qop, _s402.service)
+                w += _S15.pack(_s375.qop, _s375.service)
             else:
-                _enc_any_secinfo4(w, _u401)
+                _enc_any_secinfo4(w, _u374)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode SECINFO4resok: {_e}', len(w)) from None
 
@@ -1602,27 +1615,27 @@ def dec_SECINFO4resok(r: _Reader, off: int) -> tuple[SECINFO4resok, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
-        _c403 = _n
-        for _ in range(_c403):
-            _v404: _Any
-            (_d404,) = _S0.unpack_from(buf, off)
+        _c376 = _n
+        for _ in range(_c376):
+            _v377: _Any
+            (_d377,) = _S0.unpack_from(buf, off)
             off += 4
-            if _d404 == 6:
+            if _d377 == 6:
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _i405_oid = bytes(buf[off:_e])
+                _i378_oid = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _i405_qop, _t1 = _S15.unpack_from(buf, off)
+                _i378_qop, _t1 = _S15.unpack_from(buf, off)
                 off += 8
-                _i405_service = _rpc_gss_svc_t_MAP[_t1]
-                _v404 = rpcsec_gss_info(_i405_oid, _i405_qop, _i405_service)
-                _x403 = secinfo4((6,)[0], _v404)
+                _i378_service = _rpc_gss_svc_t_MAP[_t1]
+                _v377 = rpcsec_gss_info(_i378_oid, _i378_qop, _i378_service)
+                _x376 = secinfo4((6,)[0], _v377)
             else:
-                _x403, off = _dec_any_secinfo4(r, off - 4)
-            _v.append(_x403)
+                _x376, off = _dec_any_secinfo4(r, off - 4)
+            _v.append(_x376)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SECINFO4resok', o0) from None
     return _v, off
@@ -1654,17 +1667,17 @@ def _dec_any_SECINFO4res(r: _Reader, off: int) -> tuple[SECINFO4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v406: _Any
-        _f406: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d406,) = _S2.unpack_from(buf, off)
-        _a406 = _SECINFO4res_ARMS.get(_d406)
-        if _a406 is None:
-            _d406 = _nfsstat4_MAP[(_d406,)[0]]
-            _f406 = _void_decode
+        _v379: _Any
+        _f379: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d379,) = _S2.unpack_from(buf, off)
+        _a379 = _SECINFO4res_ARMS.get(_d379)
+        if _a379 is None:
+            _d379 = _nfsstat4_MAP[(_d379,)[0]]
+            _f379 = _void_decode
         else:
-            _d406, _f406 = _a406
-        _v406, off = _f406(r, off + 4)
-        _u = SECINFO4res(_d406, _v406)
+            _d379, _f379 = _a379
+        _v379, off = _f379(r, off + 4)
+        _u = SECINFO4res(_d379, _v379)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SECINFO4res', o0) from None
     return _u, off
@@ -1672,26 +1685,26 @@ def _dec_any_SECINFO4res(r: _Reader, off: int) -> tuple[SECINFO4res, int]:
 
 def enc_SECINFO4res(w: _Writer, v: SECINFO4res) -> None:
     try:
-        _u407 = v
-        _d407 = _u407.status
-        _w407: _Any
-        if _d407 == 0:
-            _w407 = _u407.value
-            _a408 = _w407
-            _n = len(_a408)
+        _u380 = v
+        _d380 = _u380.status
+        _w380: _Any
+        if _d380 == 0:
+            _w380 = _u380.value
+            _a381 = _w380
+            _n = len(_a381)
             w += _S23.pack(0, _n)
-            for _x408 in _a408:
-                _u409 = _x408
-                _d409 = _u409.flavor
-                _w409: _Any
-                if _d409 == 6:
-                    _w409 = _u409.value
+            for _x381 in _a381:
+                _u382 = _x381
+                _d382 = _u382.flavor
+                _w382: _Any
+                if _d382 == 6:
+                    _w382 = _u382.value
                     w += b'\x00\x00\x00\x06'
-                    enc_rpcsec_gss_info(w, _w409)
+                    enc_rpcsec_gss_info(w, _w382)
                 else:
-                    _enc_any_secinfo4(w, _u409)
+                    _enc_any_secinfo4(w, _u382)
         else:
-            _enc_any_SECINFO4res(w, _u407)
+            _enc_any_SECINFO4res(w, _u380)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode SECINFO4res: {_e!r}', len(w)) from None
 
@@ -1700,27 +1713,27 @@ def dec_SECINFO4res(r: _Reader, off: int) -> tuple[SECINFO4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v410: _Any
-        (_d410,) = _S2.unpack_from(buf, off)
+        _v383: _Any
+        (_d383,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d410 == 0:
+        if _d383 == 0:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _v410 = []
-            _c411 = _n
-            for _ in range(_c411):
-                _v412: _Any
-                (_d412,) = _S0.unpack_from(buf, off)
+            _v383 = []
+            _c384 = _n
+            for _ in range(_c384):
+                _v385: _Any
+                (_d385,) = _S0.unpack_from(buf, off)
                 off += 4
-                if _d412 == 6:
-                    _v412, off = dec_rpcsec_gss_info(r, off)
-                    _x411 = secinfo4((6,)[0], _v412)
+                if _d385 == 6:
+                    _v385, off = dec_rpcsec_gss_info(r, off)
+                    _x384 = secinfo4((6,)[0], _v385)
                 else:
-                    _x411, off = _dec_any_secinfo4(r, off - 4)
-                _v410.append(_x411)
-            _u = SECINFO4res(NFS4_OK, _v410)
+                    _x384, off = _dec_any_secinfo4(r, off - 4)
+                _v383.append(_x384)
+            _u = SECINFO4res(NFS4_OK, _v383)
         else:
             _u, off = _dec_any_SECINFO4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1738,13 +1751,12 @@ def enc_SETATTR4args(w: _Writer, v: SETATTR4args) -> None:
     try:
         if len(v.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S11.pack(v.stateid.seqid, v.stateid.other)
-        _s413 = v.obj_attributes
-        _a414 = _s413.attrmask
-        _n = len(_a414)
+        _s386 = v.obj_attributes
+        _a387 = _s386.attrmask
+        _n = len(_a387)
         w += _S0.pack(_n)
-        for _x414 in _a414:
-            w += _S0.pack(_x414)
-        _v = _s413.attr_vals
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a387)
+        _v = _s386.attr_vals
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -1763,20 +1775,17 @@ def dec_SETATTR4args(r: _Reader, off: int) -> tuple[SETATTR4args, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i415_attrmask = []
-        _c416 = _n
-        for _ in range(_c416):
-            (_x416,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i415_attrmask.append(_x416)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i388_attrmask = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i415_attr_vals = bytes(buf[off:_e])
+        _i388_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_obj_attributes = fattr4(_i415_attrmask, _i415_attr_vals)
+        f_obj_attributes = fattr4(_i388_attrmask, _i388_attr_vals)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SETATTR4args', o0) from None
     return SETATTR4args(f_stateid, f_obj_attributes), off
@@ -1791,11 +1800,10 @@ class SETATTR4res:
 def enc_SETATTR4res(w: _Writer, v: SETATTR4res) -> None:
     try:
         w += _S2.pack(v.status)
-        _a417 = v.attrsset
-        _n = len(_a417)
+        _a389 = v.attrsset
+        _n = len(_a389)
         w += _S0.pack(_n)
-        for _x417 in _a417:
-            w += _S0.pack(_x417)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a389)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode SETATTR4res: {_e}', len(w)) from None
 
@@ -1811,12 +1819,9 @@ def dec_SETATTR4res(r: _Reader, off: int) -> tuple[SETATTR4res, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_attrsset = []
-        _c418 = _n
-        for _ in range(_c418):
-            (_x418,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_attrsset.append(_x418)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_attrsset = list(_t)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SETATTR4res', o0) from None
     return SETATTR4res(f_status, f_attrsset), off
@@ -1831,25 +1836,25 @@ class SETCLIENTID4args:
 
 def enc_SETCLIENTID4args(w: _Writer, v: SETCLIENTID4args) -> None:
     try:
-        _s419 = v.client
-        if len(_s419.verifier) != 8: raise _XdrError('fixed opaque verifier must be 8 bytes', len(w))
-        w += _S6.pack(_s419.verifier)
-        _v = _s419.id
+        _s390 = v.client
+        if len(_s390.verifier) != 8: raise _XdrError('fixed opaque verifier must be 8 bytes', len(w))
+        w += _S6.pack(_s390.verifier)
+        _v = _s390.id
         _n = len(_v)
         if _n > 1024:
             raise _XdrError('id: length %d exceeds 1024' % _n, len(w))
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _s420 = v.callback
-        w += _S0.pack(_s420.cb_program)
-        _s421 = _s420.cb_location
-        _v = _s421.na_r_netid.encode('utf-8', 'surrogateescape')
+        _s391 = v.callback
+        w += _S0.pack(_s391.cb_program)
+        _s392 = _s391.cb_location
+        _v = _s392.na_r_netid.encode('utf-8', 'surrogateescape')
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _v = _s421.na_r_addr.encode('utf-8', 'surrogateescape')
+        _v = _s392.na_r_addr.encode('utf-8', 'surrogateescape')
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -1863,7 +1868,7 @@ def dec_SETCLIENTID4args(r: _Reader, off: int) -> tuple[SETCLIENTID4args, int]:
     buf = r.buf
     o0 = off
     try:
-        (_i422_verifier,) = _S6.unpack_from(buf, off)
+        (_i393_verifier,) = _S6.unpack_from(buf, off)
         off += 8
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
@@ -1872,27 +1877,27 @@ def dec_SETCLIENTID4args(r: _Reader, off: int) -> tuple[SETCLIENTID4args, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i422_id = bytes(buf[off:_e])
+        _i393_id = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_client = nfs_client_id4(_i422_verifier, _i422_id)
-        (_i423_cb_program,) = _S0.unpack_from(buf, off)
+        f_client = nfs_client_id4(_i393_verifier, _i393_id)
+        (_i394_cb_program,) = _S0.unpack_from(buf, off)
         off += 4
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i424_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+        _i395_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i424_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+        _i395_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
         off = _e + (-_n & 3)
-        _i423_cb_location = netaddr4(_i424_na_r_netid, _i424_na_r_addr)
-        f_callback = cb_client4(_i423_cb_program, _i423_cb_location)
+        _i394_cb_location = netaddr4(_i395_na_r_netid, _i395_na_r_addr)
+        f_callback = cb_client4(_i394_cb_program, _i394_cb_location)
         (f_callback_ident,) = _S0.unpack_from(buf, off)
         off += 4
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1951,17 +1956,17 @@ def _dec_any_SETCLIENTID4res(r: _Reader, off: int) -> tuple[SETCLIENTID4res, int
     buf = r.buf
     o0 = off
     try:
-        _v425: _Any
-        _f425: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d425,) = _S2.unpack_from(buf, off)
-        _a425 = _SETCLIENTID4res_ARMS.get(_d425)
-        if _a425 is None:
-            _d425 = _nfsstat4_MAP[(_d425,)[0]]
-            _f425 = _void_decode
+        _v396: _Any
+        _f396: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d396,) = _S2.unpack_from(buf, off)
+        _a396 = _SETCLIENTID4res_ARMS.get(_d396)
+        if _a396 is None:
+            _d396 = _nfsstat4_MAP[(_d396,)[0]]
+            _f396 = _void_decode
         else:
-            _d425, _f425 = _a425
-        _v425, off = _f425(r, off + 4)
-        _u = SETCLIENTID4res(_d425, _v425)
+            _d396, _f396 = _a396
+        _v396, off = _f396(r, off + 4)
+        _u = SETCLIENTID4res(_d396, _v396)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SETCLIENTID4res', o0) from None
     return _u, off
@@ -1969,28 +1974,28 @@ def _dec_any_SETCLIENTID4res(r: _Reader, off: int) -> tuple[SETCLIENTID4res, int
 
 def enc_SETCLIENTID4res(w: _Writer, v: SETCLIENTID4res) -> None:
     try:
-        _u426 = v
-        _d426 = _u426.status
-        _w426: _Any
-        if _d426 == 0:
-            _w426 = _u426.value
-            if len(_w426.setclientid_confirm) != 8: raise _XdrError('fixed opaque setclientid_confirm must be 8 bytes', len(w))
-            w += _S44.pack(0, _w426.clientid, _w426.setclientid_confirm)
-        elif _d426 == 10017:
-            _w426 = _u426.value
-            _s427 = _w426
-            _v = _s427.na_r_netid.encode('utf-8', 'surrogateescape')
+        _u397 = v
+        _d397 = _u397.status
+        _w397: _Any
+        if _d397 == 0:
+            _w397 = _u397.value
+            if len(_w397.setclientid_confirm) != 8: raise _XdrError('fixed opaque setclientid_confirm must be 8 bytes', len(w))
+            w += _S44.pack(0, _w397.clientid, _w397.setclientid_confirm)
+        elif _d397 == 10017:
+            _w397 = _u397.value
+            _s398 = _w397
+            _v = _s398.na_r_netid.encode('utf-8', 'surrogateescape')
             _n = len(_v)
             w += _S23.pack(10017, _n)
             w += _v
             w += _PAD[_n & 3]
-            _v = _s427.na_r_addr.encode('utf-8', 'surrogateescape')
+            _v = _s398.na_r_addr.encode('utf-8', 'surrogateescape')
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
         else:
-            _enc_any_SETCLIENTID4res(w, _u426)
+            _enc_any_SETCLIENTID4res(w, _u397)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode SETCLIENTID4res: {_e!r}', len(w)) from None
 
@@ -1999,30 +2004,30 @@ def dec_SETCLIENTID4res(r: _Reader, off: int) -> tuple[SETCLIENTID4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v428: _Any
-        (_d428,) = _S2.unpack_from(buf, off)
+        _v399: _Any
+        (_d399,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d428 == 0:
-            _v428 = SETCLIENTID4resok(*_S43.unpack_from(buf, off))
+        if _d399 == 0:
+            _v399 = SETCLIENTID4resok(*_S43.unpack_from(buf, off))
             off += 16
-            _u = SETCLIENTID4res(NFS4_OK, _v428)
-        elif _d428 == 10017:
+            _u = SETCLIENTID4res(NFS4_OK, _v399)
+        elif _d399 == 10017:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i429_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+            _i400_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
             off = _e + (-_n & 3)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i429_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+            _i400_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
             off = _e + (-_n & 3)
-            _v428 = netaddr4(_i429_na_r_netid, _i429_na_r_addr)
-            _u = SETCLIENTID4res(NFS4ERR_CLID_INUSE, _v428)
+            _v399 = netaddr4(_i400_na_r_netid, _i400_na_r_addr)
+            _u = SETCLIENTID4res(NFS4ERR_CLID_INUSE, _v399)
         else:
             _u, off = _dec_any_SETCLIENTID4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2086,13 +2091,12 @@ class VERIFY4args:
 
 def enc_VERIFY4args(w: _Writer, v: VERIFY4args) -> None:
     try:
-        _s430 = v.obj_attributes
-        _a431 = _s430.attrmask
-        _n = len(_a431)
+        _s401 = v.obj_attributes
+        _a402 = _s401.attrmask
+        _n = len(_a402)
         w += _S0.pack(_n)
-        for _x431 in _a431:
-            w += _S0.pack(_x431)
-        _v = _s430.attr_vals
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a402)
+        _v = _s401.attr_vals
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -2109,20 +2113,17 @@ def dec_VERIFY4args(r: _Reader, off: int) -> tuple[VERIFY4args, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i432_attrmask = []
-        _c433 = _n
-        for _ in range(_c433):
-            (_x433,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i432_attrmask.append(_x433)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i403_attrmask = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i432_attr_vals = bytes(buf[off:_e])
+        _i403_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_obj_attributes = fattr4(_i432_attrmask, _i432_attr_vals)
+        f_obj_attributes = fattr4(_i403_attrmask, _i403_attr_vals)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated VERIFY4args', o0) from None
     return VERIFY4args(f_obj_attributes), off
@@ -2276,17 +2277,17 @@ def _dec_any_WRITE4res(r: _Reader, off: int) -> tuple[WRITE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v434: _Any
-        _f434: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d434,) = _S2.unpack_from(buf, off)
-        _a434 = _WRITE4res_ARMS.get(_d434)
-        if _a434 is None:
-            _d434 = _nfsstat4_MAP[(_d434,)[0]]
-            _f434 = _void_decode
+        _v404: _Any
+        _f404: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d404,) = _S2.unpack_from(buf, off)
+        _a404 = _WRITE4res_ARMS.get(_d404)
+        if _a404 is None:
+            _d404 = _nfsstat4_MAP[(_d404,)[0]]
+            _f404 = _void_decode
         else:
-            _d434, _f434 = _a434
-        _v434, off = _f434(r, off + 4)
-        _u = WRITE4res(_d434, _v434)
+            _d404, _f404 = _a404
+        _v404, off = _f404(r, off + 4)
+        _u = WRITE4res(_d404, _v404)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated WRITE4res', o0) from None
     return _u, off
@@ -2294,15 +2295,15 @@ def _dec_any_WRITE4res(r: _Reader, off: int) -> tuple[WRITE4res, int]:
 
 def enc_WRITE4res(w: _Writer, v: WRITE4res) -> None:
     try:
-        _u435 = v
-        _d435 = _u435.status
-        _w435: _Any
-        if _d435 == 0:
-            _w435 = _u435.value
-            if len(_w435.writeverf) != 8: raise _XdrError('fixed opaque writeverf must be 8 bytes', len(w))
-            w += _S47.pack(0, _w435.count, _w435.committed, _w435.writeverf)
+        _u405 = v
+        _d405 = _u405.status
+        _w405: _Any
+        if _d405 == 0:
+            _w405 = _u405.value
+            if len(_w405.writeverf) != 8: raise _XdrError('fixed opaque writeverf must be 8 bytes', len(w))
+            w += _S47.pack(0, _w405.count, _w405.committed, _w405.writeverf)
         else:
-            _enc_any_WRITE4res(w, _u435)
+            _enc_any_WRITE4res(w, _u405)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode WRITE4res: {_e!r}', len(w)) from None
 
@@ -2311,14 +2312,14 @@ def dec_WRITE4res(r: _Reader, off: int) -> tuple[WRITE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v436: _Any
-        (_d436,) = _S2.unpack_from(buf, off)
+        _v406: _Any
+        (_d406,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d436 == 0:
+        if _d406 == 0:
             _t0, _t1, _t2 = _S46.unpack_from(buf, off)
             off += 16
-            _v436 = WRITE4resok(_t0, _stable_how4_MAP[_t1], _t2)
-            _u = WRITE4res(NFS4_OK, _v436)
+            _v406 = WRITE4resok(_t0, _stable_how4_MAP[_t1], _t2)
+            _u = WRITE4res(NFS4_OK, _v406)
         else:
             _u, off = _dec_any_WRITE4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2333,9 +2334,9 @@ class RELEASE_LOCKOWNER4args:
 
 def enc_RELEASE_LOCKOWNER4args(w: _Writer, v: RELEASE_LOCKOWNER4args) -> None:
     try:
-        _s437 = v.lock_owner
-        w += _S4.pack(_s437.clientid)
-        _v = _s437.owner
+        _s407 = v.lock_owner
+        w += _S4.pack(_s407.clientid)
+        _v = _s407.owner
         _n = len(_v)
         if _n > 1024:
             raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
@@ -2350,7 +2351,7 @@ def dec_RELEASE_LOCKOWNER4args(r: _Reader, off: int) -> tuple[RELEASE_LOCKOWNER4
     buf = r.buf
     o0 = off
     try:
-        (_i438_clientid,) = _S4.unpack_from(buf, off)
+        (_i408_clientid,) = _S4.unpack_from(buf, off)
         off += 8
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
@@ -2359,9 +2360,9 @@ def dec_RELEASE_LOCKOWNER4args(r: _Reader, off: int) -> tuple[RELEASE_LOCKOWNER4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i438_owner = bytes(buf[off:_e])
+        _i408_owner = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_lock_owner = state_owner4(_i438_clientid, _i438_owner)
+        f_lock_owner = state_owner4(_i408_clientid, _i408_owner)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated RELEASE_LOCKOWNER4args', o0) from None
     return RELEASE_LOCKOWNER4args(f_lock_owner), off
@@ -2522,16 +2523,16 @@ def _dec_any_callback_sec_parms4(r: _Reader, off: int) -> tuple[callback_sec_par
     buf = r.buf
     o0 = off
     try:
-        _v439: _Any
-        _f439: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d439,) = _S0.unpack_from(buf, off)
-        _a439 = _callback_sec_parms4_ARMS.get(_d439)
-        if _a439 is None:
-            raise _XdrError('%r is not a case of callback_sec_parms4' % (_d439,), off)
+        _v409: _Any
+        _f409: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d409,) = _S0.unpack_from(buf, off)
+        _a409 = _callback_sec_parms4_ARMS.get(_d409)
+        if _a409 is None:
+            raise _XdrError('%r is not a case of callback_sec_parms4' % (_d409,), off)
         else:
-            _d439, _f439 = _a439
-        _v439, off = _f439(r, off + 4)
-        _u = callback_sec_parms4(_d439, _v439)
+            _d409, _f409 = _a409
+        _v409, off = _f409(r, off + 4)
+        _u = callback_sec_parms4(_d409, _v409)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated callback_sec_parms4', o0) from None
     return _u, off
@@ -2539,45 +2540,45 @@ def _dec_any_callback_sec_parms4(r: _Reader, off: int) -> tuple[callback_sec_par
 
 def enc_callback_sec_parms4(w: _Writer, v: callback_sec_parms4) -> None:
     try:
-        _u440 = v
-        _d440 = _u440.cb_secflavor
-        _w440: _Any
-        if _d440 == 0:
+        _u410 = v
+        _d410 = _u410.cb_secflavor
+        _w410: _Any
+        if _d410 == 0:
             w += b'\x00\x00\x00\x00'
-        elif _d440 == 1:
-            _w440 = _u440.value
-            _s441 = _w440
-            w += _S1.pack(1, _s441.stamp)
-            _v = _s441.machinename.encode('utf-8', 'surrogateescape')
+        elif _d410 == 1:
+            _w410 = _u410.value
+            _s411 = _w410
+            w += _S1.pack(1, _s411.stamp)
+            _v = _s411.machinename.encode('utf-8', 'surrogateescape')
             _n = len(_v)
             if _n > 255:
                 raise _XdrError('machinename: length %d exceeds 255' % _n, len(w))
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-            w += _S1.pack(_s441.uid, _s441.gid)
-            _a442 = _s441.gids
-            _n = len(_a442)
+            w += _S1.pack(_s411.uid, _s411.gid)
+            _a412 = _s411.gids
+            _n = len(_a412)
             if _n > 16:
                 raise _XdrError('gids: length %d exceeds 16' % _n, len(w))
             w += _S0.pack(_n)
-            w += _struct.pack('>%dI' % _n, *_a442)
-        elif _d440 == 6:
-            _w440 = _u440.value
-            _s443 = _w440
-            w += _S15.pack(6, _s443.gcbp_service)
-            _v = _s443.gcbp_handle_from_server
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a412)
+        elif _d410 == 6:
+            _w410 = _u410.value
+            _s413 = _w410
+            w += _S15.pack(6, _s413.gcbp_service)
+            _v = _s413.gcbp_handle_from_server
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-            _v = _s443.gcbp_handle_from_client
+            _v = _s413.gcbp_handle_from_client
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
         else:
-            _enc_any_callback_sec_parms4(w, _u440)
+            _enc_any_callback_sec_parms4(w, _u410)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode callback_sec_parms4: {_e!r}', len(w)) from None
 
@@ -2586,13 +2587,13 @@ def dec_callback_sec_parms4(r: _Reader, off: int) -> tuple[callback_sec_parms4, 
     buf = r.buf
     o0 = off
     try:
-        _v444: _Any
-        (_d444,) = _S0.unpack_from(buf, off)
+        _v414: _Any
+        (_d414,) = _S0.unpack_from(buf, off)
         off += 4
-        if _d444 == 0:
+        if _d414 == 0:
             _u = callback_sec_parms4((0,)[0], None)
-        elif _d444 == 1:
-            (_i445_stamp,) = _S0.unpack_from(buf, off)
+        elif _d414 == 1:
+            (_i415_stamp,) = _S0.unpack_from(buf, off)
             off += 4
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 255:
@@ -2601,9 +2602,9 @@ def dec_callback_sec_parms4(r: _Reader, off: int) -> tuple[callback_sec_parms4, 
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i445_machinename = str(buf[off:_e], 'utf-8', 'surrogateescape')
+            _i415_machinename = str(buf[off:_e], 'utf-8', 'surrogateescape')
             off = _e + (-_n & 3)
-            _i445_uid, _i445_gid = _S1.unpack_from(buf, off)
+            _i415_uid, _i415_gid = _S1.unpack_from(buf, off)
             off += 8
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 16:
@@ -2611,31 +2612,31 @@ def dec_callback_sec_parms4(r: _Reader, off: int) -> tuple[callback_sec_parms4, 
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _t = _struct.unpack_from('>%dI' % _n, buf, off)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
             off += 4 * _n
-            _i445_gids = list(_t)
-            _v444 = authsys_parms(_i445_stamp, _i445_machinename, _i445_uid, _i445_gid, _i445_gids)
-            _u = callback_sec_parms4((1,)[0], _v444)
-        elif _d444 == 6:
+            _i415_gids = list(_t)
+            _v414 = authsys_parms(_i415_stamp, _i415_machinename, _i415_uid, _i415_gid, _i415_gids)
+            _u = callback_sec_parms4((1,)[0], _v414)
+        elif _d414 == 6:
             (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _i446_gcbp_service = _rpc_gss_svc_t_MAP[_t0]
+            _i416_gcbp_service = _rpc_gss_svc_t_MAP[_t0]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i446_gcbp_handle_from_server = bytes(buf[off:_e])
+            _i416_gcbp_handle_from_server = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i446_gcbp_handle_from_client = bytes(buf[off:_e])
+            _i416_gcbp_handle_from_client = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _v444 = gss_cb_handles4(_i446_gcbp_service, _i446_gcbp_handle_from_server, _i446_gcbp_handle_from_client)
-            _u = callback_sec_parms4((6,)[0], _v444)
+            _v414 = gss_cb_handles4(_i416_gcbp_service, _i416_gcbp_handle_from_server, _i416_gcbp_handle_from_client)
+            _u = callback_sec_parms4((6,)[0], _v414)
         else:
             _u, off = _dec_any_callback_sec_parms4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2652,49 +2653,49 @@ class BACKCHANNEL_CTL4args:
 def enc_BACKCHANNEL_CTL4args(w: _Writer, v: BACKCHANNEL_CTL4args) -> None:
     try:
         w += _S0.pack(v.bca_cb_program)
-        _a447 = v.bca_sec_parms
-        _n = len(_a447)
+        _a417 = v.bca_sec_parms
+        _n = len(_a417)
         w += _S0.pack(_n)
-        for _x447 in _a447:
-            _u448 = _x447
-            _d448 = _u448.cb_secflavor
-            _w448: _Any
-            if _d448 == 0:
+        for _x417 in _a417:
+            _u418 = _x417
+            _d418 = _u418.cb_secflavor
+            _w418: _Any
+            if _d418 == 0:
                 w += b'\x00\x00\x00\x00'
-            elif _d448 == 1:
-                _w448 = _u448.value
-                _s449 = _w448
-                w += _S1.pack(1, _s449.stamp)
-                _v = _s449.machinename.encode('utf-8', 'surrogateescape')
+            elif _d418 == 1:
+                _w418 = _u418.value
+                _s419 = _w418
+                w += _S1.pack(1, _s419.stamp)
+                _v = _s419.machinename.encode('utf-8', 'surrogateescape')
                 _n = len(_v)
                 if _n > 255:
                     raise _XdrError('machinename: length %d exceeds 255' % _n, len(w))
                 w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
-                w += _S1.pack(_s449.uid, _s449.gid)
-                _a450 = _s449.gids
-                _n = len(_a450)
+                w += _S1.pack(_s419.uid, _s419.gid)
+                _a420 = _s419.gids
+                _n = len(_a420)
                 if _n > 16:
                     raise _XdrError('gids: length %d exceeds 16' % _n, len(w))
                 w += _S0.pack(_n)
-                w += _struct.pack('>%dI' % _n, *_a450)
-            elif _d448 == 6:
-                _w448 = _u448.value
-                _s451 = _w448
-                w += _S15.pack(6, _s451.gcbp_service)
-                _v = _s451.gcbp_handle_from_server
+                w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a420)
+            elif _d418 == 6:
+                _w418 = _u418.value
+                _s421 = _w418
+                w += _S15.pack(6, _s421.gcbp_service)
+                _v = _s421.gcbp_handle_from_server
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
-                _v = _s451.gcbp_handle_from_client
+                _v = _s421.gcbp_handle_from_client
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
             else:
-                _enc_any_callback_sec_parms4(w, _u448)
+                _enc_any_callback_sec_parms4(w, _u418)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode BACKCHANNEL_CTL4args: {_e}', len(w)) from None
 
@@ -2710,15 +2711,15 @@ def dec_BACKCHANNEL_CTL4args(r: _Reader, off: int) -> tuple[BACKCHANNEL_CTL4args
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_bca_sec_parms = []
-        _c452 = _n
-        for _ in range(_c452):
-            _v453: _Any
-            (_d453,) = _S0.unpack_from(buf, off)
+        _c422 = _n
+        for _ in range(_c422):
+            _v423: _Any
+            (_d423,) = _S0.unpack_from(buf, off)
             off += 4
-            if _d453 == 0:
-                _x452 = callback_sec_parms4((0,)[0], None)
-            elif _d453 == 1:
-                (_i454_stamp,) = _S0.unpack_from(buf, off)
+            if _d423 == 0:
+                _x422 = callback_sec_parms4((0,)[0], None)
+            elif _d423 == 1:
+                (_i424_stamp,) = _S0.unpack_from(buf, off)
                 off += 4
                 (_n,) = _U32.unpack_from(buf, off)
                 if _n > 255:
@@ -2727,9 +2728,9 @@ def dec_BACKCHANNEL_CTL4args(r: _Reader, off: int) -> tuple[BACKCHANNEL_CTL4args
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _i454_machinename = str(buf[off:_e], 'utf-8', 'surrogateescape')
+                _i424_machinename = str(buf[off:_e], 'utf-8', 'surrogateescape')
                 off = _e + (-_n & 3)
-                _i454_uid, _i454_gid = _S1.unpack_from(buf, off)
+                _i424_uid, _i424_gid = _S1.unpack_from(buf, off)
                 off += 8
                 (_n,) = _U32.unpack_from(buf, off)
                 if _n > 16:
@@ -2737,34 +2738,34 @@ def dec_BACKCHANNEL_CTL4args(r: _Reader, off: int) -> tuple[BACKCHANNEL_CTL4args
                 off += 4
                 if _n * 4 > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-                _t = _struct.unpack_from('>%dI' % _n, buf, off)
+                _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
                 off += 4 * _n
-                _i454_gids = list(_t)
-                _v453 = authsys_parms(_i454_stamp, _i454_machinename, _i454_uid, _i454_gid, _i454_gids)
-                _x452 = callback_sec_parms4((1,)[0], _v453)
-            elif _d453 == 6:
+                _i424_gids = list(_t)
+                _v423 = authsys_parms(_i424_stamp, _i424_machinename, _i424_uid, _i424_gid, _i424_gids)
+                _x422 = callback_sec_parms4((1,)[0], _v423)
+            elif _d423 == 6:
                 (_t0,) = _S2.unpack_from(buf, off)
                 off += 4
-                _i455_gcbp_service = _rpc_gss_svc_t_MAP[_t0]
+                _i425_gcbp_service = _rpc_gss_svc_t_MAP[_t0]
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _i455_gcbp_handle_from_server = bytes(buf[off:_e])
+                _i425_gcbp_handle_from_server = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _i455_gcbp_handle_from_client = bytes(buf[off:_e])
+                _i425_gcbp_handle_from_client = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _v453 = gss_cb_handles4(_i455_gcbp_service, _i455_gcbp_handle_from_server, _i455_gcbp_handle_from_client)
-                _x452 = callback_sec_parms4((6,)[0], _v453)
+                _v423 = gss_cb_handles4(_i425_gcbp_service, _i425_gcbp_handle_from_server, _i425_gcbp_handle_from_client)
+                _x422 = callback_sec_parms4((6,)[0], _v423)
             else:
-                _x452, off = _dec_any_callback_sec_parms4(r, off - 4)
-            f_bca_sec_parms.append(_x452)
+                _x422, off = _dec_any_callback_sec_parms4(r, off - 4)
+            f_bca_sec_parms.append(_x422)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated BACKCHANNEL_CTL4args', o0) from None
     return BACKCHANNEL_CTL4args(f_bca_cb_program, f_bca_sec_parms), off
@@ -2928,17 +2929,17 @@ def _dec_any_BIND_CONN_TO_SESSION4res(r: _Reader, off: int) -> tuple[BIND_CONN_T
     buf = r.buf
     o0 = off
     try:
-        _v456: _Any
-        _f456: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d456,) = _S2.unpack_from(buf, off)
-        _a456 = _BIND_CONN_TO_SESSION4res_ARMS.get(_d456)
-        if _a456 is None:
-            _d456 = _nfsstat4_MAP[(_d456,)[0]]
-            _f456 = _void_decode
+        _v426: _Any
+        _f426: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d426,) = _S2.unpack_from(buf, off)
+        _a426 = _BIND_CONN_TO_SESSION4res_ARMS.get(_d426)
+        if _a426 is None:
+            _d426 = _nfsstat4_MAP[(_d426,)[0]]
+            _f426 = _void_decode
         else:
-            _d456, _f456 = _a456
-        _v456, off = _f456(r, off + 4)
-        _u = BIND_CONN_TO_SESSION4res(_d456, _v456)
+            _d426, _f426 = _a426
+        _v426, off = _f426(r, off + 4)
+        _u = BIND_CONN_TO_SESSION4res(_d426, _v426)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated BIND_CONN_TO_SESSION4res', o0) from None
     return _u, off
@@ -2946,15 +2947,15 @@ def _dec_any_BIND_CONN_TO_SESSION4res(r: _Reader, off: int) -> tuple[BIND_CONN_T
 
 def enc_BIND_CONN_TO_SESSION4res(w: _Writer, v: BIND_CONN_TO_SESSION4res) -> None:
     try:
-        _u457 = v
-        _d457 = _u457.bctsr_status
-        _w457: _Any
-        if _d457 == 0:
-            _w457 = _u457.value
-            if len(_w457.bctsr_sessid) != 16: raise _XdrError('fixed opaque bctsr_sessid must be 16 bytes', len(w))
-            w += _S49.pack(0, _w457.bctsr_sessid, _w457.bctsr_dir, _w457.bctsr_use_conn_in_rdma_mode)
+        _u427 = v
+        _d427 = _u427.bctsr_status
+        _w427: _Any
+        if _d427 == 0:
+            _w427 = _u427.value
+            if len(_w427.bctsr_sessid) != 16: raise _XdrError('fixed opaque bctsr_sessid must be 16 bytes', len(w))
+            w += _S49.pack(0, _w427.bctsr_sessid, _w427.bctsr_dir, _w427.bctsr_use_conn_in_rdma_mode)
         else:
-            _enc_any_BIND_CONN_TO_SESSION4res(w, _u457)
+            _enc_any_BIND_CONN_TO_SESSION4res(w, _u427)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode BIND_CONN_TO_SESSION4res: {_e!r}', len(w)) from None
 
@@ -2963,14 +2964,14 @@ def dec_BIND_CONN_TO_SESSION4res(r: _Reader, off: int) -> tuple[BIND_CONN_TO_SES
     buf = r.buf
     o0 = off
     try:
-        _v458: _Any
-        (_d458,) = _S2.unpack_from(buf, off)
+        _v428: _Any
+        (_d428,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d458 == 0:
+        if _d428 == 0:
             _t0, _t1, _t2 = _S48.unpack_from(buf, off)
             off += 24
-            _v458 = BIND_CONN_TO_SESSION4resok(_t0, _channel_dir_from_server4_MAP[_t1], _BOOL[_t2])
-            _u = BIND_CONN_TO_SESSION4res(NFS4_OK, _v458)
+            _v428 = BIND_CONN_TO_SESSION4resok(_t0, _channel_dir_from_server4_MAP[_t1], _BOOL[_t2])
+            _u = BIND_CONN_TO_SESSION4res(NFS4_OK, _v428)
         else:
             _u, off = _dec_any_BIND_CONN_TO_SESSION4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2986,16 +2987,14 @@ class state_protect_ops4:
 
 def enc_state_protect_ops4(w: _Writer, v: state_protect_ops4) -> None:
     try:
-        _a459 = v.spo_must_enforce
-        _n = len(_a459)
+        _a429 = v.spo_must_enforce
+        _n = len(_a429)
         w += _S0.pack(_n)
-        for _x459 in _a459:
-            w += _S0.pack(_x459)
-        _a460 = v.spo_must_allow
-        _n = len(_a460)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a429)
+        _a430 = v.spo_must_allow
+        _n = len(_a430)
         w += _S0.pack(_n)
-        for _x460 in _a460:
-            w += _S0.pack(_x460)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a430)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode state_protect_ops4: {_e}', len(w)) from None
 
@@ -3008,22 +3007,16 @@ def dec_state_protect_ops4(r: _Reader, off: int) -> tuple[state_protect_ops4, in
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_spo_must_enforce = []
-        _c461 = _n
-        for _ in range(_c461):
-            (_x461,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_spo_must_enforce.append(_x461)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_spo_must_enforce = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_spo_must_allow = []
-        _c462 = _n
-        for _ in range(_c462):
-            (_x462,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_spo_must_allow.append(_x462)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_spo_must_allow = list(_t)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated state_protect_ops4', o0) from None
     return state_protect_ops4(f_spo_must_enforce, f_spo_must_allow), off
@@ -3040,31 +3033,29 @@ class ssv_sp_parms4:
 
 def enc_ssv_sp_parms4(w: _Writer, v: ssv_sp_parms4) -> None:
     try:
-        _s463 = v.ssp_ops
-        _a464 = _s463.spo_must_enforce
-        _n = len(_a464)
+        _s431 = v.ssp_ops
+        _a432 = _s431.spo_must_enforce
+        _n = len(_a432)
         w += _S0.pack(_n)
-        for _x464 in _a464:
-            w += _S0.pack(_x464)
-        _a465 = _s463.spo_must_allow
-        _n = len(_a465)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a432)
+        _a433 = _s431.spo_must_allow
+        _n = len(_a433)
         w += _S0.pack(_n)
-        for _x465 in _a465:
-            w += _S0.pack(_x465)
-        _a466 = v.ssp_hash_algs
-        _n = len(_a466)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a433)
+        _a434 = v.ssp_hash_algs
+        _n = len(_a434)
         w += _S0.pack(_n)
-        for _x466 in _a466:
-            _v = _x466
+        for _x434 in _a434:
+            _v = _x434
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        _a467 = v.ssp_encr_algs
-        _n = len(_a467)
+        _a435 = v.ssp_encr_algs
+        _n = len(_a435)
         w += _S0.pack(_n)
-        for _x467 in _a467:
-            _v = _x467
+        for _x435 in _a435:
+            _v = _x435
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
@@ -3082,53 +3073,47 @@ def dec_ssv_sp_parms4(r: _Reader, off: int) -> tuple[ssv_sp_parms4, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i468_spo_must_enforce = []
-        _c469 = _n
-        for _ in range(_c469):
-            (_x469,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i468_spo_must_enforce.append(_x469)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i436_spo_must_enforce = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i468_spo_must_allow = []
-        _c470 = _n
-        for _ in range(_c470):
-            (_x470,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i468_spo_must_allow.append(_x470)
-        f_ssp_ops = state_protect_ops4(_i468_spo_must_enforce, _i468_spo_must_allow)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i436_spo_must_allow = list(_t)
+        f_ssp_ops = state_protect_ops4(_i436_spo_must_enforce, _i436_spo_must_allow)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_ssp_hash_algs = []
-        _c471 = _n
-        for _ in range(_c471):
+        _c437 = _n
+        for _ in range(_c437):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _x471 = bytes(buf[off:_e])
+            _x437 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_ssp_hash_algs.append(_x471)
+            f_ssp_hash_algs.append(_x437)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_ssp_encr_algs = []
-        _c472 = _n
-        for _ in range(_c472):
+        _c438 = _n
+        for _ in range(_c438):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _x472 = bytes(buf[off:_e])
+            _x438 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_ssp_encr_algs.append(_x472)
+            f_ssp_encr_algs.append(_x438)
         f_ssp_window, f_ssp_num_gss_handles = _S1.unpack_from(buf, off)
         off += 8
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -3190,16 +3175,16 @@ def _dec_any_state_protect4_a(r: _Reader, off: int) -> tuple[state_protect4_a, i
     buf = r.buf
     o0 = off
     try:
-        _v473: _Any
-        _f473: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d473,) = _S2.unpack_from(buf, off)
-        _a473 = _state_protect4_a_ARMS.get(_d473)
-        if _a473 is None:
-            raise _XdrError('%r is not a case of state_protect4_a' % (_d473,), off)
+        _v439: _Any
+        _f439: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d439,) = _S2.unpack_from(buf, off)
+        _a439 = _state_protect4_a_ARMS.get(_d439)
+        if _a439 is None:
+            raise _XdrError('%r is not a case of state_protect4_a' % (_d439,), off)
         else:
-            _d473, _f473 = _a473
-        _v473, off = _f473(r, off + 4)
-        _u = state_protect4_a(_d473, _v473)
+            _d439, _f439 = _a439
+        _v439, off = _f439(r, off + 4)
+        _u = state_protect4_a(_d439, _v439)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated state_protect4_a', o0) from None
     return _u, off
@@ -3207,59 +3192,55 @@ def _dec_any_state_protect4_a(r: _Reader, off: int) -> tuple[state_protect4_a, i
 
 def enc_state_protect4_a(w: _Writer, v: state_protect4_a) -> None:
     try:
-        _u474 = v
-        _d474 = _u474.spa_how
-        _w474: _Any
-        if _d474 == 0:
+        _u440 = v
+        _d440 = _u440.spa_how
+        _w440: _Any
+        if _d440 == 0:
             w += b'\x00\x00\x00\x00'
-        elif _d474 == 1:
-            _w474 = _u474.value
-            _s475 = _w474
-            _a476 = _s475.spo_must_enforce
-            _n = len(_a476)
+        elif _d440 == 1:
+            _w440 = _u440.value
+            _s441 = _w440
+            _a442 = _s441.spo_must_enforce
+            _n = len(_a442)
             w += _S23.pack(1, _n)
-            for _x476 in _a476:
-                w += _S0.pack(_x476)
-            _a477 = _s475.spo_must_allow
-            _n = len(_a477)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a442)
+            _a443 = _s441.spo_must_allow
+            _n = len(_a443)
             w += _S0.pack(_n)
-            for _x477 in _a477:
-                w += _S0.pack(_x477)
-        elif _d474 == 2:
-            _w474 = _u474.value
-            _s478 = _w474
-            _s479 = _s478.ssp_ops
-            _a480 = _s479.spo_must_enforce
-            _n = len(_a480)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a443)
+        elif _d440 == 2:
+            _w440 = _u440.value
+            _s444 = _w440
+            _s445 = _s444.ssp_ops
+            _a446 = _s445.spo_must_enforce
+            _n = len(_a446)
             w += _S23.pack(2, _n)
-            for _x480 in _a480:
-                w += _S0.pack(_x480)
-            _a481 = _s479.spo_must_allow
-            _n = len(_a481)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a446)
+            _a447 = _s445.spo_must_allow
+            _n = len(_a447)
             w += _S0.pack(_n)
-            for _x481 in _a481:
-                w += _S0.pack(_x481)
-            _a482 = _s478.ssp_hash_algs
-            _n = len(_a482)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a447)
+            _a448 = _s444.ssp_hash_algs
+            _n = len(_a448)
             w += _S0.pack(_n)
-            for _x482 in _a482:
-                _v = _x482
+            for _x448 in _a448:
+                _v = _x448
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
-            _a483 = _s478.ssp_encr_algs
-            _n = len(_a483)
+            _a449 = _s444.ssp_encr_algs
+            _n = len(_a449)
             w += _S0.pack(_n)
-            for _x483 in _a483:
-                _v = _x483
+            for _x449 in _a449:
+                _v = _x449
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
-            w += _S1.pack(_s478.ssp_window, _s478.ssp_num_gss_handles)
+            w += _S1.pack(_s444.ssp_window, _s444.ssp_num_gss_handles)
         else:
-            _enc_any_state_protect4_a(w, _u474)
+            _enc_any_state_protect4_a(w, _u440)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode state_protect4_a: {_e!r}', len(w)) from None
 
@@ -3268,324 +3249,80 @@ def dec_state_protect4_a(r: _Reader, off: int) -> tuple[state_protect4_a, int]:
     buf = r.buf
     o0 = off
     try:
-        _v484: _Any
-        (_d484,) = _S2.unpack_from(buf, off)
+        _v450: _Any
+        (_d450,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d484 == 0:
+        if _d450 == 0:
             _u = state_protect4_a(SP4_NONE, None)
-        elif _d484 == 1:
+        elif _d450 == 1:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i485_spo_must_enforce = []
-            _c486 = _n
-            for _ in range(_c486):
-                (_x486,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i485_spo_must_enforce.append(_x486)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i451_spo_must_enforce = list(_t)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i485_spo_must_allow = []
-            _c487 = _n
-            for _ in range(_c487):
-                (_x487,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i485_spo_must_allow.append(_x487)
-            _v484 = state_protect_ops4(_i485_spo_must_enforce, _i485_spo_must_allow)
-            _u = state_protect4_a(SP4_MACH_CRED, _v484)
-        elif _d484 == 2:
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i451_spo_must_allow = list(_t)
+            _v450 = state_protect_ops4(_i451_spo_must_enforce, _i451_spo_must_allow)
+            _u = state_protect4_a(SP4_MACH_CRED, _v450)
+        elif _d450 == 2:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i489_spo_must_enforce = []
-            _c490 = _n
-            for _ in range(_c490):
-                (_x490,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i489_spo_must_enforce.append(_x490)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i453_spo_must_enforce = list(_t)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i489_spo_must_allow = []
-            _c491 = _n
-            for _ in range(_c491):
-                (_x491,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i489_spo_must_allow.append(_x491)
-            _i488_ssp_ops = state_protect_ops4(_i489_spo_must_enforce, _i489_spo_must_allow)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i453_spo_must_allow = list(_t)
+            _i452_ssp_ops = state_protect_ops4(_i453_spo_must_enforce, _i453_spo_must_allow)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i488_ssp_hash_algs = []
-            _c492 = _n
-            for _ in range(_c492):
+            _i452_ssp_hash_algs = []
+            _c454 = _n
+            for _ in range(_c454):
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _x492 = bytes(buf[off:_e])
+                _x454 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _i488_ssp_hash_algs.append(_x492)
+                _i452_ssp_hash_algs.append(_x454)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i488_ssp_encr_algs = []
-            _c493 = _n
-            for _ in range(_c493):
+            _i452_ssp_encr_algs = []
+            _c455 = _n
+            for _ in range(_c455):
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _x493 = bytes(buf[off:_e])
+                _x455 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _i488_ssp_encr_algs.append(_x493)
-            _i488_ssp_window, _i488_ssp_num_gss_handles = _S1.unpack_from(buf, off)
+                _i452_ssp_encr_algs.append(_x455)
+            _i452_ssp_window, _i452_ssp_num_gss_handles = _S1.unpack_from(buf, off)
             off += 8
-            _v484 = ssv_sp_parms4(_i488_ssp_ops, _i488_ssp_hash_algs, _i488_ssp_encr_algs, _i488_ssp_window, _i488_ssp_num_gss_handles)
-            _u = state_protect4_a(SP4_SSV, _v484)
+            _v450 = ssv_sp_parms4(_i452_ssp_ops, _i452_ssp_hash_algs, _i452_ssp_encr_algs, _i452_ssp_window, _i452_ssp_num_gss_handles)
+            _u = state_protect4_a(SP4_SSV, _v450)
         else:
             _u, off = _dec_any_state_protect4_a(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated state_protect4_a', o0) from None
     return _u, off
-
-
-@_dataclass(slots=True)
-class EXCHANGE_ID4args:
-    eia_clientowner: client_owner4
-    eia_flags: int
-    eia_state_protect: state_protect4_a
-    eia_client_impl_id: list[nfs_impl_id4]
-
-
-def enc_EXCHANGE_ID4args(w: _Writer, v: EXCHANGE_ID4args) -> None:
-    try:
-        _s494 = v.eia_clientowner
-        if len(_s494.co_verifier) != 8: raise _XdrError('fixed opaque co_verifier must be 8 bytes', len(w))
-        w += _S6.pack(_s494.co_verifier)
-        _v = _s494.co_ownerid
-        _n = len(_v)
-        if _n > 1024:
-            raise _XdrError('co_ownerid: length %d exceeds 1024' % _n, len(w))
-        w += _S0.pack(_n)
-        w += _v
-        w += _PAD[_n & 3]
-        w += _S0.pack(v.eia_flags)
-        _u495 = v.eia_state_protect
-        _d495 = _u495.spa_how
-        _w495: _Any
-        if _d495 == 0:
-            w += b'\x00\x00\x00\x00'
-        elif _d495 == 1:
-            _w495 = _u495.value
-            _s496 = _w495
-            _a497 = _s496.spo_must_enforce
-            _n = len(_a497)
-            w += _S23.pack(1, _n)
-            for _x497 in _a497:
-                w += _S0.pack(_x497)
-            _a498 = _s496.spo_must_allow
-            _n = len(_a498)
-            w += _S0.pack(_n)
-            for _x498 in _a498:
-                w += _S0.pack(_x498)
-        elif _d495 == 2:
-            _w495 = _u495.value
-            _s499 = _w495
-            _s500 = _s499.ssp_ops
-            _a501 = _s500.spo_must_enforce
-            _n = len(_a501)
-            w += _S23.pack(2, _n)
-            for _x501 in _a501:
-                w += _S0.pack(_x501)
-            _a502 = _s500.spo_must_allow
-            _n = len(_a502)
-            w += _S0.pack(_n)
-            for _x502 in _a502:
-                w += _S0.pack(_x502)
-            _a503 = _s499.ssp_hash_algs
-            _n = len(_a503)
-            w += _S0.pack(_n)
-            for _x503 in _a503:
-                _v = _x503
-                _n = len(_v)
-                w += _S0.pack(_n)
-                w += _v
-                w += _PAD[_n & 3]
-            _a504 = _s499.ssp_encr_algs
-            _n = len(_a504)
-            w += _S0.pack(_n)
-            for _x504 in _a504:
-                _v = _x504
-                _n = len(_v)
-                w += _S0.pack(_n)
-                w += _v
-                w += _PAD[_n & 3]
-            w += _S1.pack(_s499.ssp_window, _s499.ssp_num_gss_handles)
-        else:
-            _enc_any_state_protect4_a(w, _u495)
-        _a505 = v.eia_client_impl_id
-        _n = len(_a505)
-        if _n > 1:
-            raise _XdrError('eia_client_impl_id: length %d exceeds 1' % _n, len(w))
-        w += _S0.pack(_n)
-        for _x505 in _a505:
-            _s506 = _x505
-            _v = _s506.nii_domain
-            _n = len(_v)
-            w += _S0.pack(_n)
-            w += _v
-            w += _PAD[_n & 3]
-            _v = _s506.nii_name
-            _n = len(_v)
-            w += _S0.pack(_n)
-            w += _v
-            w += _PAD[_n & 3]
-            w += _S7.pack(_s506.nii_date.seconds, _s506.nii_date.nseconds)
-    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
-        raise _XdrError(f'cannot encode EXCHANGE_ID4args: {_e}', len(w)) from None
-
-
-def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
-    buf = r.buf
-    o0 = off
-    try:
-        (_i507_co_verifier,) = _S6.unpack_from(buf, off)
-        off += 8
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1024:
-            raise _XdrError('co_ownerid: length %d exceeds 1024' % _n, off)
-        off += 4
-        if _n > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _e = off + _n
-        _i507_co_ownerid = bytes(buf[off:_e])
-        off = _e + (-_n & 3)
-        f_eia_clientowner = client_owner4(_i507_co_verifier, _i507_co_ownerid)
-        (f_eia_flags,) = _S0.unpack_from(buf, off)
-        off += 4
-        _v508: _Any
-        (_d508,) = _S2.unpack_from(buf, off)
-        off += 4
-        if _d508 == 0:
-            f_eia_state_protect = state_protect4_a(SP4_NONE, None)
-        elif _d508 == 1:
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n * 4 > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i509_spo_must_enforce = []
-            _c510 = _n
-            for _ in range(_c510):
-                (_x510,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i509_spo_must_enforce.append(_x510)
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n * 4 > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i509_spo_must_allow = []
-            _c511 = _n
-            for _ in range(_c511):
-                (_x511,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i509_spo_must_allow.append(_x511)
-            _v508 = state_protect_ops4(_i509_spo_must_enforce, _i509_spo_must_allow)
-            f_eia_state_protect = state_protect4_a(SP4_MACH_CRED, _v508)
-        elif _d508 == 2:
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n * 4 > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i513_spo_must_enforce = []
-            _c514 = _n
-            for _ in range(_c514):
-                (_x514,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i513_spo_must_enforce.append(_x514)
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n * 4 > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i513_spo_must_allow = []
-            _c515 = _n
-            for _ in range(_c515):
-                (_x515,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i513_spo_must_allow.append(_x515)
-            _i512_ssp_ops = state_protect_ops4(_i513_spo_must_enforce, _i513_spo_must_allow)
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n * 4 > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i512_ssp_hash_algs = []
-            _c516 = _n
-            for _ in range(_c516):
-                (_n,) = _U32.unpack_from(buf, off)
-                off += 4
-                if _n > len(buf) - off:
-                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-                _e = off + _n
-                _x516 = bytes(buf[off:_e])
-                off = _e + (-_n & 3)
-                _i512_ssp_hash_algs.append(_x516)
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n * 4 > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i512_ssp_encr_algs = []
-            _c517 = _n
-            for _ in range(_c517):
-                (_n,) = _U32.unpack_from(buf, off)
-                off += 4
-                if _n > len(buf) - off:
-                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-                _e = off + _n
-                _x517 = bytes(buf[off:_e])
-                off = _e + (-_n & 3)
-                _i512_ssp_encr_algs.append(_x517)
-            _i512_ssp_window, _i512_ssp_num_gss_handles = _S1.unpack_from(buf, off)
-            off += 8
-            _v508 = ssv_sp_parms4(_i512_ssp_ops, _i512_ssp_hash_algs, _i512_ssp_encr_algs, _i512_ssp_window, _i512_ssp_num_gss_handles)
-            f_eia_state_protect = state_protect4_a(SP4_SSV, _v508)
-        else:
-            f_eia_state_protect, off = _dec_any_state_protect4_a(r, off - 4)
-        (_n,) = _U32.unpack_from(buf, off)
-        if _n > 1:
-            raise _XdrError('eia_client_impl_id: length %d exceeds 1' % _n, off)
-        off += 4
-        if _n * 20 > len(buf) - off:
-            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_eia_client_impl_id = []
-        _c518 = _n
-        for _ in range(_c518):
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _e = off + _n
-            _i519_nii_domain = bytes(buf[off:_e])
-            off = _e + (-_n & 3)
-            (_n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if _n > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _e = off + _n
-            _i519_nii_name = bytes(buf[off:_e])
-            off = _e + (-_n & 3)
-            _i519_nii_date = nfstime4(*_S7.unpack_from(buf, off))
-            off += 12
-            _x518 = nfs_impl_id4(_i519_nii_domain, _i519_nii_name, _i519_nii_date)
-            f_eia_client_impl_id.append(_x518)
-    except (_struct.error, KeyError, IndexError, UnicodeError):
-        raise _XdrError('invalid or truncated EXCHANGE_ID4args', o0) from None
-    return EXCHANGE_ID4args(f_eia_clientowner, f_eia_flags, f_eia_state_protect, f_eia_client_impl_id), off

@@ -21,6 +21,7 @@ from nfsrdma.xdr.runtime import (
     PAD as _PAD,
     TRUE as _TRUE,
     U32 as _U32,
+    U32_ARRAYS as _U32_ARRAYS,
     Operation as _Operation,
     Buffer as _Buffer,
     DdpItem as _DdpItem,
@@ -79,9 +80,11 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     _dec_any_SECINFO4res,
     _dec_any_callback_sec_parms4,
     _dec_any_secinfo4,
+    _dec_any_state_protect4_a,
     _enc_any_SECINFO4res,
     _enc_any_callback_sec_parms4,
     _enc_any_secinfo4,
+    _enc_any_state_protect4_a,
     _state_protect_how4_MAP,
     callback_sec_parms4,
     dec_rpcsec_gss_info,
@@ -90,10 +93,13 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     enc_state_protect_ops4,
     gss_cb_handles4,
     secinfo4,
+    ssv_sp_parms4,
+    state_protect4_a,
     state_protect_how4,
     state_protect_ops4,
 )
 from nfsrdma.xdr.gen._nfs4_2 import (
+    client_owner4,
     server_owner4,
 )
 
@@ -102,6 +108,7 @@ _S1: _Final = _struct.Struct('>II')
 _S2: _Final = _struct.Struct('>i')
 _S4: _Final = _struct.Struct('>Q')
 _S5: _Final = _struct.Struct('>16s')
+_S6: _Final = _struct.Struct('>8s')
 _S7: _Final = _struct.Struct('>qI')
 _S11: _Final = _struct.Struct('>I12s')
 _S12: _Final = _struct.Struct('>QQi')
@@ -139,6 +146,222 @@ _S70: _Final = _struct.Struct('>i16sIIIII')
 
 
 @_dataclass(slots=True)
+class EXCHANGE_ID4args:
+    eia_clientowner: client_owner4
+    eia_flags: int
+    eia_state_protect: state_protect4_a
+    eia_client_impl_id: list[nfs_impl_id4]
+
+
+def enc_EXCHANGE_ID4args(w: _Writer, v: EXCHANGE_ID4args) -> None:
+    try:
+        _s456 = v.eia_clientowner
+        if len(_s456.co_verifier) != 8: raise _XdrError('fixed opaque co_verifier must be 8 bytes', len(w))
+        w += _S6.pack(_s456.co_verifier)
+        _v = _s456.co_ownerid
+        _n = len(_v)
+        if _n > 1024:
+            raise _XdrError('co_ownerid: length %d exceeds 1024' % _n, len(w))
+        w += _S0.pack(_n)
+        w += _v
+        w += _PAD[_n & 3]
+        w += _S0.pack(v.eia_flags)
+        _u457 = v.eia_state_protect
+        _d457 = _u457.spa_how
+        _w457: _Any
+        if _d457 == 0:
+            w += b'\x00\x00\x00\x00'
+        elif _d457 == 1:
+            _w457 = _u457.value
+            _s458 = _w457
+            _a459 = _s458.spo_must_enforce
+            _n = len(_a459)
+            w += _S23.pack(1, _n)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a459)
+            _a460 = _s458.spo_must_allow
+            _n = len(_a460)
+            w += _S0.pack(_n)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a460)
+        elif _d457 == 2:
+            _w457 = _u457.value
+            _s461 = _w457
+            _s462 = _s461.ssp_ops
+            _a463 = _s462.spo_must_enforce
+            _n = len(_a463)
+            w += _S23.pack(2, _n)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a463)
+            _a464 = _s462.spo_must_allow
+            _n = len(_a464)
+            w += _S0.pack(_n)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a464)
+            _a465 = _s461.ssp_hash_algs
+            _n = len(_a465)
+            w += _S0.pack(_n)
+            for _x465 in _a465:
+                _v = _x465
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+            _a466 = _s461.ssp_encr_algs
+            _n = len(_a466)
+            w += _S0.pack(_n)
+            for _x466 in _a466:
+                _v = _x466
+                _n = len(_v)
+                w += _S0.pack(_n)
+                w += _v
+                w += _PAD[_n & 3]
+            w += _S1.pack(_s461.ssp_window, _s461.ssp_num_gss_handles)
+        else:
+            _enc_any_state_protect4_a(w, _u457)
+        _a467 = v.eia_client_impl_id
+        _n = len(_a467)
+        if _n > 1:
+            raise _XdrError('eia_client_impl_id: length %d exceeds 1' % _n, len(w))
+        w += _S0.pack(_n)
+        for _x467 in _a467:
+            _s468 = _x467
+            _v = _s468.nii_domain
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            _v = _s468.nii_name
+            _n = len(_v)
+            w += _S0.pack(_n)
+            w += _v
+            w += _PAD[_n & 3]
+            w += _S7.pack(_s468.nii_date.seconds, _s468.nii_date.nseconds)
+    except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
+        raise _XdrError(f'cannot encode EXCHANGE_ID4args: {_e}', len(w)) from None
+
+
+def dec_EXCHANGE_ID4args(r: _Reader, off: int) -> tuple[EXCHANGE_ID4args, int]:
+    buf = r.buf
+    o0 = off
+    try:
+        (_i469_co_verifier,) = _S6.unpack_from(buf, off)
+        off += 8
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1024:
+            raise _XdrError('co_ownerid: length %d exceeds 1024' % _n, off)
+        off += 4
+        if _n > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        _e = off + _n
+        _i469_co_ownerid = bytes(buf[off:_e])
+        off = _e + (-_n & 3)
+        f_eia_clientowner = client_owner4(_i469_co_verifier, _i469_co_ownerid)
+        (f_eia_flags,) = _S0.unpack_from(buf, off)
+        off += 4
+        _v470: _Any
+        (_d470,) = _S2.unpack_from(buf, off)
+        off += 4
+        if _d470 == 0:
+            f_eia_state_protect = state_protect4_a(SP4_NONE, None)
+        elif _d470 == 1:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i471_spo_must_enforce = list(_t)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i471_spo_must_allow = list(_t)
+            _v470 = state_protect_ops4(_i471_spo_must_enforce, _i471_spo_must_allow)
+            f_eia_state_protect = state_protect4_a(SP4_MACH_CRED, _v470)
+        elif _d470 == 2:
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i473_spo_must_enforce = list(_t)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i473_spo_must_allow = list(_t)
+            _i472_ssp_ops = state_protect_ops4(_i473_spo_must_enforce, _i473_spo_must_allow)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i472_ssp_hash_algs = []
+            _c474 = _n
+            for _ in range(_c474):
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _x474 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _i472_ssp_hash_algs.append(_x474)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _i472_ssp_encr_algs = []
+            _c475 = _n
+            for _ in range(_c475):
+                (_n,) = _U32.unpack_from(buf, off)
+                off += 4
+                if _n > len(buf) - off:
+                    raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+                _e = off + _n
+                _x475 = bytes(buf[off:_e])
+                off = _e + (-_n & 3)
+                _i472_ssp_encr_algs.append(_x475)
+            _i472_ssp_window, _i472_ssp_num_gss_handles = _S1.unpack_from(buf, off)
+            off += 8
+            _v470 = ssv_sp_parms4(_i472_ssp_ops, _i472_ssp_hash_algs, _i472_ssp_encr_algs, _i472_ssp_window, _i472_ssp_num_gss_handles)
+            f_eia_state_protect = state_protect4_a(SP4_SSV, _v470)
+        else:
+            f_eia_state_protect, off = _dec_any_state_protect4_a(r, off - 4)
+        (_n,) = _U32.unpack_from(buf, off)
+        if _n > 1:
+            raise _XdrError('eia_client_impl_id: length %d exceeds 1' % _n, off)
+        off += 4
+        if _n * 20 > len(buf) - off:
+            raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+        f_eia_client_impl_id = []
+        _c476 = _n
+        for _ in range(_c476):
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i477_nii_domain = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            (_n,) = _U32.unpack_from(buf, off)
+            off += 4
+            if _n > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _e = off + _n
+            _i477_nii_name = bytes(buf[off:_e])
+            off = _e + (-_n & 3)
+            _i477_nii_date = nfstime4(*_S7.unpack_from(buf, off))
+            off += 12
+            _x476 = nfs_impl_id4(_i477_nii_domain, _i477_nii_name, _i477_nii_date)
+            f_eia_client_impl_id.append(_x476)
+    except (_struct.error, KeyError, IndexError, UnicodeError):
+        raise _XdrError('invalid or truncated EXCHANGE_ID4args', o0) from None
+    return EXCHANGE_ID4args(f_eia_clientowner, f_eia_flags, f_eia_state_protect, f_eia_client_impl_id), off
+
+
+@_dataclass(slots=True)
 class ssv_prot_info4:
     spi_ops: state_protect_ops4
     spi_hash_alg: int
@@ -150,23 +373,21 @@ class ssv_prot_info4:
 
 def enc_ssv_prot_info4(w: _Writer, v: ssv_prot_info4) -> None:
     try:
-        _s520 = v.spi_ops
-        _a521 = _s520.spo_must_enforce
-        _n = len(_a521)
+        _s478 = v.spi_ops
+        _a479 = _s478.spo_must_enforce
+        _n = len(_a479)
         w += _S0.pack(_n)
-        for _x521 in _a521:
-            w += _S0.pack(_x521)
-        _a522 = _s520.spo_must_allow
-        _n = len(_a522)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a479)
+        _a480 = _s478.spo_must_allow
+        _n = len(_a480)
         w += _S0.pack(_n)
-        for _x522 in _a522:
-            w += _S0.pack(_x522)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a480)
         w += _S50.pack(v.spi_hash_alg, v.spi_encr_alg, v.spi_ssv_len, v.spi_window)
-        _a523 = v.spi_handles
-        _n = len(_a523)
+        _a481 = v.spi_handles
+        _n = len(_a481)
         w += _S0.pack(_n)
-        for _x523 in _a523:
-            _v = _x523
+        for _x481 in _a481:
+            _v = _x481
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
@@ -183,23 +404,17 @@ def dec_ssv_prot_info4(r: _Reader, off: int) -> tuple[ssv_prot_info4, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i524_spo_must_enforce = []
-        _c525 = _n
-        for _ in range(_c525):
-            (_x525,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i524_spo_must_enforce.append(_x525)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i482_spo_must_enforce = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i524_spo_must_allow = []
-        _c526 = _n
-        for _ in range(_c526):
-            (_x526,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i524_spo_must_allow.append(_x526)
-        f_spi_ops = state_protect_ops4(_i524_spo_must_enforce, _i524_spo_must_allow)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i482_spo_must_allow = list(_t)
+        f_spi_ops = state_protect_ops4(_i482_spo_must_enforce, _i482_spo_must_allow)
         f_spi_hash_alg, f_spi_encr_alg, f_spi_ssv_len, f_spi_window = _S50.unpack_from(buf, off)
         off += 16
         (_n,) = _U32.unpack_from(buf, off)
@@ -207,16 +422,16 @@ def dec_ssv_prot_info4(r: _Reader, off: int) -> tuple[ssv_prot_info4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_spi_handles = []
-        _c527 = _n
-        for _ in range(_c527):
+        _c483 = _n
+        for _ in range(_c483):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _x527 = bytes(buf[off:_e])
+            _x483 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_spi_handles.append(_x527)
+            f_spi_handles.append(_x483)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated ssv_prot_info4', o0) from None
     return ssv_prot_info4(f_spi_ops, f_spi_hash_alg, f_spi_encr_alg, f_spi_ssv_len, f_spi_window, f_spi_handles), off
@@ -250,16 +465,16 @@ def _dec_any_state_protect4_r(r: _Reader, off: int) -> tuple[state_protect4_r, i
     buf = r.buf
     o0 = off
     try:
-        _v528: _Any
-        _f528: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d528,) = _S2.unpack_from(buf, off)
-        _a528 = _state_protect4_r_ARMS.get(_d528)
-        if _a528 is None:
-            raise _XdrError('%r is not a case of state_protect4_r' % (_d528,), off)
+        _v484: _Any
+        _f484: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d484,) = _S2.unpack_from(buf, off)
+        _a484 = _state_protect4_r_ARMS.get(_d484)
+        if _a484 is None:
+            raise _XdrError('%r is not a case of state_protect4_r' % (_d484,), off)
         else:
-            _d528, _f528 = _a528
-        _v528, off = _f528(r, off + 4)
-        _u = state_protect4_r(_d528, _v528)
+            _d484, _f484 = _a484
+        _v484, off = _f484(r, off + 4)
+        _u = state_protect4_r(_d484, _v484)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated state_protect4_r', o0) from None
     return _u, off
@@ -267,50 +482,46 @@ def _dec_any_state_protect4_r(r: _Reader, off: int) -> tuple[state_protect4_r, i
 
 def enc_state_protect4_r(w: _Writer, v: state_protect4_r) -> None:
     try:
-        _u529 = v
-        _d529 = _u529.spr_how
-        _w529: _Any
-        if _d529 == 0:
+        _u485 = v
+        _d485 = _u485.spr_how
+        _w485: _Any
+        if _d485 == 0:
             w += b'\x00\x00\x00\x00'
-        elif _d529 == 1:
-            _w529 = _u529.value
-            _s530 = _w529
-            _a531 = _s530.spo_must_enforce
-            _n = len(_a531)
+        elif _d485 == 1:
+            _w485 = _u485.value
+            _s486 = _w485
+            _a487 = _s486.spo_must_enforce
+            _n = len(_a487)
             w += _S23.pack(1, _n)
-            for _x531 in _a531:
-                w += _S0.pack(_x531)
-            _a532 = _s530.spo_must_allow
-            _n = len(_a532)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a487)
+            _a488 = _s486.spo_must_allow
+            _n = len(_a488)
             w += _S0.pack(_n)
-            for _x532 in _a532:
-                w += _S0.pack(_x532)
-        elif _d529 == 2:
-            _w529 = _u529.value
-            _s533 = _w529
-            _s534 = _s533.spi_ops
-            _a535 = _s534.spo_must_enforce
-            _n = len(_a535)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a488)
+        elif _d485 == 2:
+            _w485 = _u485.value
+            _s489 = _w485
+            _s490 = _s489.spi_ops
+            _a491 = _s490.spo_must_enforce
+            _n = len(_a491)
             w += _S23.pack(2, _n)
-            for _x535 in _a535:
-                w += _S0.pack(_x535)
-            _a536 = _s534.spo_must_allow
-            _n = len(_a536)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a491)
+            _a492 = _s490.spo_must_allow
+            _n = len(_a492)
             w += _S0.pack(_n)
-            for _x536 in _a536:
-                w += _S0.pack(_x536)
-            w += _S50.pack(_s533.spi_hash_alg, _s533.spi_encr_alg, _s533.spi_ssv_len, _s533.spi_window)
-            _a537 = _s533.spi_handles
-            _n = len(_a537)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a492)
+            w += _S50.pack(_s489.spi_hash_alg, _s489.spi_encr_alg, _s489.spi_ssv_len, _s489.spi_window)
+            _a493 = _s489.spi_handles
+            _n = len(_a493)
             w += _S0.pack(_n)
-            for _x537 in _a537:
-                _v = _x537
+            for _x493 in _a493:
+                _v = _x493
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
         else:
-            _enc_any_state_protect4_r(w, _u529)
+            _enc_any_state_protect4_r(w, _u485)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode state_protect4_r: {_e!r}', len(w)) from None
 
@@ -319,75 +530,63 @@ def dec_state_protect4_r(r: _Reader, off: int) -> tuple[state_protect4_r, int]:
     buf = r.buf
     o0 = off
     try:
-        _v538: _Any
-        (_d538,) = _S2.unpack_from(buf, off)
+        _v494: _Any
+        (_d494,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d538 == 0:
+        if _d494 == 0:
             _u = state_protect4_r(SP4_NONE, None)
-        elif _d538 == 1:
+        elif _d494 == 1:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i539_spo_must_enforce = []
-            _c540 = _n
-            for _ in range(_c540):
-                (_x540,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i539_spo_must_enforce.append(_x540)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i495_spo_must_enforce = list(_t)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i539_spo_must_allow = []
-            _c541 = _n
-            for _ in range(_c541):
-                (_x541,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i539_spo_must_allow.append(_x541)
-            _v538 = state_protect_ops4(_i539_spo_must_enforce, _i539_spo_must_allow)
-            _u = state_protect4_r(SP4_MACH_CRED, _v538)
-        elif _d538 == 2:
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i495_spo_must_allow = list(_t)
+            _v494 = state_protect_ops4(_i495_spo_must_enforce, _i495_spo_must_allow)
+            _u = state_protect4_r(SP4_MACH_CRED, _v494)
+        elif _d494 == 2:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i543_spo_must_enforce = []
-            _c544 = _n
-            for _ in range(_c544):
-                (_x544,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i543_spo_must_enforce.append(_x544)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i497_spo_must_enforce = list(_t)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i543_spo_must_allow = []
-            _c545 = _n
-            for _ in range(_c545):
-                (_x545,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i543_spo_must_allow.append(_x545)
-            _i542_spi_ops = state_protect_ops4(_i543_spo_must_enforce, _i543_spo_must_allow)
-            _i542_spi_hash_alg, _i542_spi_encr_alg, _i542_spi_ssv_len, _i542_spi_window = _S50.unpack_from(buf, off)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i497_spo_must_allow = list(_t)
+            _i496_spi_ops = state_protect_ops4(_i497_spo_must_enforce, _i497_spo_must_allow)
+            _i496_spi_hash_alg, _i496_spi_encr_alg, _i496_spi_ssv_len, _i496_spi_window = _S50.unpack_from(buf, off)
             off += 16
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i542_spi_handles = []
-            _c546 = _n
-            for _ in range(_c546):
+            _i496_spi_handles = []
+            _c498 = _n
+            for _ in range(_c498):
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _x546 = bytes(buf[off:_e])
+                _x498 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _i542_spi_handles.append(_x546)
-            _v538 = ssv_prot_info4(_i542_spi_ops, _i542_spi_hash_alg, _i542_spi_encr_alg, _i542_spi_ssv_len, _i542_spi_window, _i542_spi_handles)
-            _u = state_protect4_r(SP4_SSV, _v538)
+                _i496_spi_handles.append(_x498)
+            _v494 = ssv_prot_info4(_i496_spi_ops, _i496_spi_hash_alg, _i496_spi_encr_alg, _i496_spi_ssv_len, _i496_spi_window, _i496_spi_handles)
+            _u = state_protect4_r(SP4_SSV, _v494)
         else:
             _u, off = _dec_any_state_protect4_r(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -409,53 +608,49 @@ class EXCHANGE_ID4resok:
 def enc_EXCHANGE_ID4resok(w: _Writer, v: EXCHANGE_ID4resok) -> None:
     try:
         w += _S51.pack(v.eir_clientid, v.eir_sequenceid, v.eir_flags)
-        _u547 = v.eir_state_protect
-        _d547 = _u547.spr_how
-        _w547: _Any
-        if _d547 == 0:
+        _u499 = v.eir_state_protect
+        _d499 = _u499.spr_how
+        _w499: _Any
+        if _d499 == 0:
             w += b'\x00\x00\x00\x00'
-        elif _d547 == 1:
-            _w547 = _u547.value
-            _s548 = _w547
-            _a549 = _s548.spo_must_enforce
-            _n = len(_a549)
+        elif _d499 == 1:
+            _w499 = _u499.value
+            _s500 = _w499
+            _a501 = _s500.spo_must_enforce
+            _n = len(_a501)
             w += _S23.pack(1, _n)
-            for _x549 in _a549:
-                w += _S0.pack(_x549)
-            _a550 = _s548.spo_must_allow
-            _n = len(_a550)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a501)
+            _a502 = _s500.spo_must_allow
+            _n = len(_a502)
             w += _S0.pack(_n)
-            for _x550 in _a550:
-                w += _S0.pack(_x550)
-        elif _d547 == 2:
-            _w547 = _u547.value
-            _s551 = _w547
-            _s552 = _s551.spi_ops
-            _a553 = _s552.spo_must_enforce
-            _n = len(_a553)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a502)
+        elif _d499 == 2:
+            _w499 = _u499.value
+            _s503 = _w499
+            _s504 = _s503.spi_ops
+            _a505 = _s504.spo_must_enforce
+            _n = len(_a505)
             w += _S23.pack(2, _n)
-            for _x553 in _a553:
-                w += _S0.pack(_x553)
-            _a554 = _s552.spo_must_allow
-            _n = len(_a554)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a505)
+            _a506 = _s504.spo_must_allow
+            _n = len(_a506)
             w += _S0.pack(_n)
-            for _x554 in _a554:
-                w += _S0.pack(_x554)
-            w += _S50.pack(_s551.spi_hash_alg, _s551.spi_encr_alg, _s551.spi_ssv_len, _s551.spi_window)
-            _a555 = _s551.spi_handles
-            _n = len(_a555)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a506)
+            w += _S50.pack(_s503.spi_hash_alg, _s503.spi_encr_alg, _s503.spi_ssv_len, _s503.spi_window)
+            _a507 = _s503.spi_handles
+            _n = len(_a507)
             w += _S0.pack(_n)
-            for _x555 in _a555:
-                _v = _x555
+            for _x507 in _a507:
+                _v = _x507
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
         else:
-            _enc_any_state_protect4_r(w, _u547)
-        _s556 = v.eir_server_owner
-        w += _S4.pack(_s556.so_minor_id)
-        _v = _s556.so_major_id
+            _enc_any_state_protect4_r(w, _u499)
+        _s508 = v.eir_server_owner
+        w += _S4.pack(_s508.so_minor_id)
+        _v = _s508.so_major_id
         _n = len(_v)
         if _n > 1024:
             raise _XdrError('so_major_id: length %d exceeds 1024' % _n, len(w))
@@ -469,24 +664,24 @@ def enc_EXCHANGE_ID4resok(w: _Writer, v: EXCHANGE_ID4resok) -> None:
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _a557 = v.eir_server_impl_id
-        _n = len(_a557)
+        _a509 = v.eir_server_impl_id
+        _n = len(_a509)
         if _n > 1:
             raise _XdrError('eir_server_impl_id: length %d exceeds 1' % _n, len(w))
         w += _S0.pack(_n)
-        for _x557 in _a557:
-            _s558 = _x557
-            _v = _s558.nii_domain
+        for _x509 in _a509:
+            _s510 = _x509
+            _v = _s510.nii_domain
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-            _v = _s558.nii_name
+            _v = _s510.nii_name
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-            w += _S7.pack(_s558.nii_date.seconds, _s558.nii_date.nseconds)
+            w += _S7.pack(_s510.nii_date.seconds, _s510.nii_date.nseconds)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode EXCHANGE_ID4resok: {_e}', len(w)) from None
 
@@ -497,78 +692,66 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
     try:
         f_eir_clientid, f_eir_sequenceid, f_eir_flags = _S51.unpack_from(buf, off)
         off += 16
-        _v559: _Any
-        (_d559,) = _S2.unpack_from(buf, off)
+        _v511: _Any
+        (_d511,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d559 == 0:
+        if _d511 == 0:
             f_eir_state_protect = state_protect4_r(SP4_NONE, None)
-        elif _d559 == 1:
+        elif _d511 == 1:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i560_spo_must_enforce = []
-            _c561 = _n
-            for _ in range(_c561):
-                (_x561,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i560_spo_must_enforce.append(_x561)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i512_spo_must_enforce = list(_t)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i560_spo_must_allow = []
-            _c562 = _n
-            for _ in range(_c562):
-                (_x562,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i560_spo_must_allow.append(_x562)
-            _v559 = state_protect_ops4(_i560_spo_must_enforce, _i560_spo_must_allow)
-            f_eir_state_protect = state_protect4_r(SP4_MACH_CRED, _v559)
-        elif _d559 == 2:
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i512_spo_must_allow = list(_t)
+            _v511 = state_protect_ops4(_i512_spo_must_enforce, _i512_spo_must_allow)
+            f_eir_state_protect = state_protect4_r(SP4_MACH_CRED, _v511)
+        elif _d511 == 2:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i564_spo_must_enforce = []
-            _c565 = _n
-            for _ in range(_c565):
-                (_x565,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i564_spo_must_enforce.append(_x565)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i514_spo_must_enforce = list(_t)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i564_spo_must_allow = []
-            _c566 = _n
-            for _ in range(_c566):
-                (_x566,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i564_spo_must_allow.append(_x566)
-            _i563_spi_ops = state_protect_ops4(_i564_spo_must_enforce, _i564_spo_must_allow)
-            _i563_spi_hash_alg, _i563_spi_encr_alg, _i563_spi_ssv_len, _i563_spi_window = _S50.unpack_from(buf, off)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i514_spo_must_allow = list(_t)
+            _i513_spi_ops = state_protect_ops4(_i514_spo_must_enforce, _i514_spo_must_allow)
+            _i513_spi_hash_alg, _i513_spi_encr_alg, _i513_spi_ssv_len, _i513_spi_window = _S50.unpack_from(buf, off)
             off += 16
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i563_spi_handles = []
-            _c567 = _n
-            for _ in range(_c567):
+            _i513_spi_handles = []
+            _c515 = _n
+            for _ in range(_c515):
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _x567 = bytes(buf[off:_e])
+                _x515 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _i563_spi_handles.append(_x567)
-            _v559 = ssv_prot_info4(_i563_spi_ops, _i563_spi_hash_alg, _i563_spi_encr_alg, _i563_spi_ssv_len, _i563_spi_window, _i563_spi_handles)
-            f_eir_state_protect = state_protect4_r(SP4_SSV, _v559)
+                _i513_spi_handles.append(_x515)
+            _v511 = ssv_prot_info4(_i513_spi_ops, _i513_spi_hash_alg, _i513_spi_encr_alg, _i513_spi_ssv_len, _i513_spi_window, _i513_spi_handles)
+            f_eir_state_protect = state_protect4_r(SP4_SSV, _v511)
         else:
             f_eir_state_protect, off = _dec_any_state_protect4_r(r, off - 4)
-        (_i568_so_minor_id,) = _S4.unpack_from(buf, off)
+        (_i516_so_minor_id,) = _S4.unpack_from(buf, off)
         off += 8
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
@@ -577,9 +760,9 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i568_so_major_id = bytes(buf[off:_e])
+        _i516_so_major_id = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_eir_server_owner = server_owner4(_i568_so_minor_id, _i568_so_major_id)
+        f_eir_server_owner = server_owner4(_i516_so_minor_id, _i516_so_major_id)
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
             raise _XdrError('eir_server_scope: length %d exceeds 1024' % _n, off)
@@ -596,26 +779,26 @@ def dec_EXCHANGE_ID4resok(r: _Reader, off: int) -> tuple[EXCHANGE_ID4resok, int]
         if _n * 20 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_eir_server_impl_id = []
-        _c569 = _n
-        for _ in range(_c569):
+        _c517 = _n
+        for _ in range(_c517):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i570_nii_domain = bytes(buf[off:_e])
+            _i518_nii_domain = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i570_nii_name = bytes(buf[off:_e])
+            _i518_nii_name = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i570_nii_date = nfstime4(*_S7.unpack_from(buf, off))
+            _i518_nii_date = nfstime4(*_S7.unpack_from(buf, off))
             off += 12
-            _x569 = nfs_impl_id4(_i570_nii_domain, _i570_nii_name, _i570_nii_date)
-            f_eir_server_impl_id.append(_x569)
+            _x517 = nfs_impl_id4(_i518_nii_domain, _i518_nii_name, _i518_nii_date)
+            f_eir_server_impl_id.append(_x517)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated EXCHANGE_ID4resok', o0) from None
     return EXCHANGE_ID4resok(f_eir_clientid, f_eir_sequenceid, f_eir_flags, f_eir_state_protect, f_eir_server_owner, f_eir_server_scope, f_eir_server_impl_id), off
@@ -647,17 +830,17 @@ def _dec_any_EXCHANGE_ID4res(r: _Reader, off: int) -> tuple[EXCHANGE_ID4res, int
     buf = r.buf
     o0 = off
     try:
-        _v571: _Any
-        _f571: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d571,) = _S2.unpack_from(buf, off)
-        _a571 = _EXCHANGE_ID4res_ARMS.get(_d571)
-        if _a571 is None:
-            _d571 = _nfsstat4_MAP[(_d571,)[0]]
-            _f571 = _void_decode
+        _v519: _Any
+        _f519: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d519,) = _S2.unpack_from(buf, off)
+        _a519 = _EXCHANGE_ID4res_ARMS.get(_d519)
+        if _a519 is None:
+            _d519 = _nfsstat4_MAP[(_d519,)[0]]
+            _f519 = _void_decode
         else:
-            _d571, _f571 = _a571
-        _v571, off = _f571(r, off + 4)
-        _u = EXCHANGE_ID4res(_d571, _v571)
+            _d519, _f519 = _a519
+        _v519, off = _f519(r, off + 4)
+        _u = EXCHANGE_ID4res(_d519, _v519)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated EXCHANGE_ID4res', o0) from None
     return _u, off
@@ -665,53 +848,53 @@ def _dec_any_EXCHANGE_ID4res(r: _Reader, off: int) -> tuple[EXCHANGE_ID4res, int
 
 def enc_EXCHANGE_ID4res(w: _Writer, v: EXCHANGE_ID4res) -> None:
     try:
-        _u572 = v
-        _d572 = _u572.eir_status
-        _w572: _Any
-        if _d572 == 0:
-            _w572 = _u572.value
-            _s573 = _w572
-            w += _S52.pack(0, _s573.eir_clientid, _s573.eir_sequenceid, _s573.eir_flags)
-            _u574 = _s573.eir_state_protect
-            _d574 = _u574.spr_how
-            _w574: _Any
-            if _d574 == 0:
+        _u520 = v
+        _d520 = _u520.eir_status
+        _w520: _Any
+        if _d520 == 0:
+            _w520 = _u520.value
+            _s521 = _w520
+            w += _S52.pack(0, _s521.eir_clientid, _s521.eir_sequenceid, _s521.eir_flags)
+            _u522 = _s521.eir_state_protect
+            _d522 = _u522.spr_how
+            _w522: _Any
+            if _d522 == 0:
                 w += b'\x00\x00\x00\x00'
-            elif _d574 == 1:
-                _w574 = _u574.value
+            elif _d522 == 1:
+                _w522 = _u522.value
                 w += b'\x00\x00\x00\x01'
-                enc_state_protect_ops4(w, _w574)
-            elif _d574 == 2:
-                _w574 = _u574.value
+                enc_state_protect_ops4(w, _w522)
+            elif _d522 == 2:
+                _w522 = _u522.value
                 w += b'\x00\x00\x00\x02'
-                enc_ssv_prot_info4(w, _w574)
+                enc_ssv_prot_info4(w, _w522)
             else:
-                _enc_any_state_protect4_r(w, _u574)
-            _s575 = _s573.eir_server_owner
-            w += _S4.pack(_s575.so_minor_id)
-            _v = _s575.so_major_id
+                _enc_any_state_protect4_r(w, _u522)
+            _s523 = _s521.eir_server_owner
+            w += _S4.pack(_s523.so_minor_id)
+            _v = _s523.so_major_id
             _n = len(_v)
             if _n > 1024:
                 raise _XdrError('so_major_id: length %d exceeds 1024' % _n, len(w))
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-            _v = _s573.eir_server_scope
+            _v = _s521.eir_server_scope
             _n = len(_v)
             if _n > 1024:
                 raise _XdrError('eir_server_scope: length %d exceeds 1024' % _n, len(w))
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-            _a576 = _s573.eir_server_impl_id
-            _n = len(_a576)
+            _a524 = _s521.eir_server_impl_id
+            _n = len(_a524)
             if _n > 1:
                 raise _XdrError('eir_server_impl_id: length %d exceeds 1' % _n, len(w))
             w += _S0.pack(_n)
-            for _x576 in _a576:
-                enc_nfs_impl_id4(w, _x576)
+            for _x524 in _a524:
+                enc_nfs_impl_id4(w, _x524)
         else:
-            _enc_any_EXCHANGE_ID4res(w, _u572)
+            _enc_any_EXCHANGE_ID4res(w, _u520)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode EXCHANGE_ID4res: {_e!r}', len(w)) from None
 
@@ -720,26 +903,26 @@ def dec_EXCHANGE_ID4res(r: _Reader, off: int) -> tuple[EXCHANGE_ID4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v577: _Any
-        (_d577,) = _S2.unpack_from(buf, off)
+        _v525: _Any
+        (_d525,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d577 == 0:
-            _i578_eir_clientid, _i578_eir_sequenceid, _i578_eir_flags = _S51.unpack_from(buf, off)
+        if _d525 == 0:
+            _i526_eir_clientid, _i526_eir_sequenceid, _i526_eir_flags = _S51.unpack_from(buf, off)
             off += 16
-            _v579: _Any
-            (_d579,) = _S2.unpack_from(buf, off)
+            _v527: _Any
+            (_d527,) = _S2.unpack_from(buf, off)
             off += 4
-            if _d579 == 0:
-                _i578_eir_state_protect = state_protect4_r(SP4_NONE, None)
-            elif _d579 == 1:
-                _v579, off = dec_state_protect_ops4(r, off)
-                _i578_eir_state_protect = state_protect4_r(SP4_MACH_CRED, _v579)
-            elif _d579 == 2:
-                _v579, off = dec_ssv_prot_info4(r, off)
-                _i578_eir_state_protect = state_protect4_r(SP4_SSV, _v579)
+            if _d527 == 0:
+                _i526_eir_state_protect = state_protect4_r(SP4_NONE, None)
+            elif _d527 == 1:
+                _v527, off = dec_state_protect_ops4(r, off)
+                _i526_eir_state_protect = state_protect4_r(SP4_MACH_CRED, _v527)
+            elif _d527 == 2:
+                _v527, off = dec_ssv_prot_info4(r, off)
+                _i526_eir_state_protect = state_protect4_r(SP4_SSV, _v527)
             else:
-                _i578_eir_state_protect, off = _dec_any_state_protect4_r(r, off - 4)
-            (_i580_so_minor_id,) = _S4.unpack_from(buf, off)
+                _i526_eir_state_protect, off = _dec_any_state_protect4_r(r, off - 4)
+            (_i528_so_minor_id,) = _S4.unpack_from(buf, off)
             off += 8
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 1024:
@@ -748,9 +931,9 @@ def dec_EXCHANGE_ID4res(r: _Reader, off: int) -> tuple[EXCHANGE_ID4res, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i580_so_major_id = bytes(buf[off:_e])
+            _i528_so_major_id = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i578_eir_server_owner = server_owner4(_i580_so_minor_id, _i580_so_major_id)
+            _i526_eir_server_owner = server_owner4(_i528_so_minor_id, _i528_so_major_id)
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 1024:
                 raise _XdrError('eir_server_scope: length %d exceeds 1024' % _n, off)
@@ -758,7 +941,7 @@ def dec_EXCHANGE_ID4res(r: _Reader, off: int) -> tuple[EXCHANGE_ID4res, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i578_eir_server_scope = bytes(buf[off:_e])
+            _i526_eir_server_scope = bytes(buf[off:_e])
             off = _e + (-_n & 3)
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 1:
@@ -766,13 +949,13 @@ def dec_EXCHANGE_ID4res(r: _Reader, off: int) -> tuple[EXCHANGE_ID4res, int]:
             off += 4
             if _n * 20 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i578_eir_server_impl_id = []
-            _c581 = _n
-            for _ in range(_c581):
-                _x581, off = dec_nfs_impl_id4(r, off)
-                _i578_eir_server_impl_id.append(_x581)
-            _v577 = EXCHANGE_ID4resok(_i578_eir_clientid, _i578_eir_sequenceid, _i578_eir_flags, _i578_eir_state_protect, _i578_eir_server_owner, _i578_eir_server_scope, _i578_eir_server_impl_id)
-            _u = EXCHANGE_ID4res(NFS4_OK, _v577)
+            _i526_eir_server_impl_id = []
+            _c529 = _n
+            for _ in range(_c529):
+                _x529, off = dec_nfs_impl_id4(r, off)
+                _i526_eir_server_impl_id.append(_x529)
+            _v525 = EXCHANGE_ID4resok(_i526_eir_clientid, _i526_eir_sequenceid, _i526_eir_flags, _i526_eir_state_protect, _i526_eir_server_owner, _i526_eir_server_scope, _i526_eir_server_impl_id)
+            _u = EXCHANGE_ID4res(NFS4_OK, _v525)
         else:
             _u, off = _dec_any_EXCHANGE_ID4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -794,13 +977,12 @@ class channel_attrs4:
 def enc_channel_attrs4(w: _Writer, v: channel_attrs4) -> None:
     try:
         w += _S53.pack(v.ca_headerpadsize, v.ca_maxrequestsize, v.ca_maxresponsesize, v.ca_maxresponsesize_cached, v.ca_maxoperations, v.ca_maxrequests)
-        _a582 = v.ca_rdma_ird
-        _n = len(_a582)
+        _a530 = v.ca_rdma_ird
+        _n = len(_a530)
         if _n > 1:
             raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, len(w))
         w += _S0.pack(_n)
-        for _x582 in _a582:
-            w += _S0.pack(_x582)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a530)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode channel_attrs4: {_e}', len(w)) from None
 
@@ -817,12 +999,9 @@ def dec_channel_attrs4(r: _Reader, off: int) -> tuple[channel_attrs4, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_ca_rdma_ird = []
-        _c583 = _n
-        for _ in range(_c583):
-            (_x583,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_ca_rdma_ird.append(_x583)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_ca_rdma_ird = list(_t)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated channel_attrs4', o0) from None
     return channel_attrs4(f_ca_headerpadsize, f_ca_maxrequestsize, f_ca_maxresponsesize, f_ca_maxresponsesize_cached, f_ca_maxoperations, f_ca_maxrequests, f_ca_rdma_ird), off
@@ -842,68 +1021,66 @@ class CREATE_SESSION4args:
 def enc_CREATE_SESSION4args(w: _Writer, v: CREATE_SESSION4args) -> None:
     try:
         w += _S51.pack(v.csa_clientid, v.csa_sequence, v.csa_flags)
-        _s584 = v.csa_fore_chan_attrs
-        w += _S53.pack(_s584.ca_headerpadsize, _s584.ca_maxrequestsize, _s584.ca_maxresponsesize, _s584.ca_maxresponsesize_cached, _s584.ca_maxoperations, _s584.ca_maxrequests)
-        _a585 = _s584.ca_rdma_ird
-        _n = len(_a585)
+        _s531 = v.csa_fore_chan_attrs
+        w += _S53.pack(_s531.ca_headerpadsize, _s531.ca_maxrequestsize, _s531.ca_maxresponsesize, _s531.ca_maxresponsesize_cached, _s531.ca_maxoperations, _s531.ca_maxrequests)
+        _a532 = _s531.ca_rdma_ird
+        _n = len(_a532)
         if _n > 1:
             raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, len(w))
         w += _S0.pack(_n)
-        for _x585 in _a585:
-            w += _S0.pack(_x585)
-        _s586 = v.csa_back_chan_attrs
-        w += _S53.pack(_s586.ca_headerpadsize, _s586.ca_maxrequestsize, _s586.ca_maxresponsesize, _s586.ca_maxresponsesize_cached, _s586.ca_maxoperations, _s586.ca_maxrequests)
-        _a587 = _s586.ca_rdma_ird
-        _n = len(_a587)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a532)
+        _s533 = v.csa_back_chan_attrs
+        w += _S53.pack(_s533.ca_headerpadsize, _s533.ca_maxrequestsize, _s533.ca_maxresponsesize, _s533.ca_maxresponsesize_cached, _s533.ca_maxoperations, _s533.ca_maxrequests)
+        _a534 = _s533.ca_rdma_ird
+        _n = len(_a534)
         if _n > 1:
             raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, len(w))
         w += _S0.pack(_n)
-        for _x587 in _a587:
-            w += _S0.pack(_x587)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a534)
         w += _S0.pack(v.csa_cb_program)
-        _a588 = v.csa_sec_parms
-        _n = len(_a588)
+        _a535 = v.csa_sec_parms
+        _n = len(_a535)
         w += _S0.pack(_n)
-        for _x588 in _a588:
-            _u589 = _x588
-            _d589 = _u589.cb_secflavor
-            _w589: _Any
-            if _d589 == 0:
+        for _x535 in _a535:
+            _u536 = _x535
+            _d536 = _u536.cb_secflavor
+            _w536: _Any
+            if _d536 == 0:
                 w += b'\x00\x00\x00\x00'
-            elif _d589 == 1:
-                _w589 = _u589.value
-                _s590 = _w589
-                w += _S1.pack(1, _s590.stamp)
-                _v = _s590.machinename.encode('utf-8', 'surrogateescape')
+            elif _d536 == 1:
+                _w536 = _u536.value
+                _s537 = _w536
+                w += _S1.pack(1, _s537.stamp)
+                _v = _s537.machinename.encode('utf-8', 'surrogateescape')
                 _n = len(_v)
                 if _n > 255:
                     raise _XdrError('machinename: length %d exceeds 255' % _n, len(w))
                 w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
-                w += _S1.pack(_s590.uid, _s590.gid)
-                _a591 = _s590.gids
-                _n = len(_a591)
+                w += _S1.pack(_s537.uid, _s537.gid)
+                _a538 = _s537.gids
+                _n = len(_a538)
                 if _n > 16:
                     raise _XdrError('gids: length %d exceeds 16' % _n, len(w))
                 w += _S0.pack(_n)
-                w += _struct.pack('>%dI' % _n, *_a591)
-            elif _d589 == 6:
-                _w589 = _u589.value
-                _s592 = _w589
-                w += _S15.pack(6, _s592.gcbp_service)
-                _v = _s592.gcbp_handle_from_server
+                w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a538)
+            elif _d536 == 6:
+                _w536 = _u536.value
+                _s539 = _w536
+                w += _S15.pack(6, _s539.gcbp_service)
+                _v = _s539.gcbp_handle_from_server
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
-                _v = _s592.gcbp_handle_from_client
+                _v = _s539.gcbp_handle_from_client
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
             else:
-                _enc_any_callback_sec_parms4(w, _u589)
+                _enc_any_callback_sec_parms4(w, _u536)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CREATE_SESSION4args: {_e}', len(w)) from None
 
@@ -914,7 +1091,7 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
     try:
         f_csa_clientid, f_csa_sequence, f_csa_flags = _S51.unpack_from(buf, off)
         off += 16
-        _i593_ca_headerpadsize, _i593_ca_maxrequestsize, _i593_ca_maxresponsesize, _i593_ca_maxresponsesize_cached, _i593_ca_maxoperations, _i593_ca_maxrequests = _S53.unpack_from(buf, off)
+        _i540_ca_headerpadsize, _i540_ca_maxrequestsize, _i540_ca_maxresponsesize, _i540_ca_maxresponsesize_cached, _i540_ca_maxoperations, _i540_ca_maxrequests = _S53.unpack_from(buf, off)
         off += 24
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
@@ -922,14 +1099,11 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i593_ca_rdma_ird = []
-        _c594 = _n
-        for _ in range(_c594):
-            (_x594,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i593_ca_rdma_ird.append(_x594)
-        f_csa_fore_chan_attrs = channel_attrs4(_i593_ca_headerpadsize, _i593_ca_maxrequestsize, _i593_ca_maxresponsesize, _i593_ca_maxresponsesize_cached, _i593_ca_maxoperations, _i593_ca_maxrequests, _i593_ca_rdma_ird)
-        _i595_ca_headerpadsize, _i595_ca_maxrequestsize, _i595_ca_maxresponsesize, _i595_ca_maxresponsesize_cached, _i595_ca_maxoperations, _i595_ca_maxrequests = _S53.unpack_from(buf, off)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i540_ca_rdma_ird = list(_t)
+        f_csa_fore_chan_attrs = channel_attrs4(_i540_ca_headerpadsize, _i540_ca_maxrequestsize, _i540_ca_maxresponsesize, _i540_ca_maxresponsesize_cached, _i540_ca_maxoperations, _i540_ca_maxrequests, _i540_ca_rdma_ird)
+        _i541_ca_headerpadsize, _i541_ca_maxrequestsize, _i541_ca_maxresponsesize, _i541_ca_maxresponsesize_cached, _i541_ca_maxoperations, _i541_ca_maxrequests = _S53.unpack_from(buf, off)
         off += 24
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
@@ -937,13 +1111,10 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i595_ca_rdma_ird = []
-        _c596 = _n
-        for _ in range(_c596):
-            (_x596,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i595_ca_rdma_ird.append(_x596)
-        f_csa_back_chan_attrs = channel_attrs4(_i595_ca_headerpadsize, _i595_ca_maxrequestsize, _i595_ca_maxresponsesize, _i595_ca_maxresponsesize_cached, _i595_ca_maxoperations, _i595_ca_maxrequests, _i595_ca_rdma_ird)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i541_ca_rdma_ird = list(_t)
+        f_csa_back_chan_attrs = channel_attrs4(_i541_ca_headerpadsize, _i541_ca_maxrequestsize, _i541_ca_maxresponsesize, _i541_ca_maxresponsesize_cached, _i541_ca_maxoperations, _i541_ca_maxrequests, _i541_ca_rdma_ird)
         (f_csa_cb_program,) = _S0.unpack_from(buf, off)
         off += 4
         (_n,) = _U32.unpack_from(buf, off)
@@ -951,15 +1122,15 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_csa_sec_parms = []
-        _c597 = _n
-        for _ in range(_c597):
-            _v598: _Any
-            (_d598,) = _S0.unpack_from(buf, off)
+        _c542 = _n
+        for _ in range(_c542):
+            _v543: _Any
+            (_d543,) = _S0.unpack_from(buf, off)
             off += 4
-            if _d598 == 0:
-                _x597 = callback_sec_parms4((0,)[0], None)
-            elif _d598 == 1:
-                (_i599_stamp,) = _S0.unpack_from(buf, off)
+            if _d543 == 0:
+                _x542 = callback_sec_parms4((0,)[0], None)
+            elif _d543 == 1:
+                (_i544_stamp,) = _S0.unpack_from(buf, off)
                 off += 4
                 (_n,) = _U32.unpack_from(buf, off)
                 if _n > 255:
@@ -968,9 +1139,9 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _i599_machinename = str(buf[off:_e], 'utf-8', 'surrogateescape')
+                _i544_machinename = str(buf[off:_e], 'utf-8', 'surrogateescape')
                 off = _e + (-_n & 3)
-                _i599_uid, _i599_gid = _S1.unpack_from(buf, off)
+                _i544_uid, _i544_gid = _S1.unpack_from(buf, off)
                 off += 8
                 (_n,) = _U32.unpack_from(buf, off)
                 if _n > 16:
@@ -978,34 +1149,34 @@ def dec_CREATE_SESSION4args(r: _Reader, off: int) -> tuple[CREATE_SESSION4args, 
                 off += 4
                 if _n * 4 > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-                _t = _struct.unpack_from('>%dI' % _n, buf, off)
+                _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
                 off += 4 * _n
-                _i599_gids = list(_t)
-                _v598 = authsys_parms(_i599_stamp, _i599_machinename, _i599_uid, _i599_gid, _i599_gids)
-                _x597 = callback_sec_parms4((1,)[0], _v598)
-            elif _d598 == 6:
+                _i544_gids = list(_t)
+                _v543 = authsys_parms(_i544_stamp, _i544_machinename, _i544_uid, _i544_gid, _i544_gids)
+                _x542 = callback_sec_parms4((1,)[0], _v543)
+            elif _d543 == 6:
                 (_t0,) = _S2.unpack_from(buf, off)
                 off += 4
-                _i600_gcbp_service = _rpc_gss_svc_t_MAP[_t0]
+                _i545_gcbp_service = _rpc_gss_svc_t_MAP[_t0]
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _i600_gcbp_handle_from_server = bytes(buf[off:_e])
+                _i545_gcbp_handle_from_server = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _i600_gcbp_handle_from_client = bytes(buf[off:_e])
+                _i545_gcbp_handle_from_client = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _v598 = gss_cb_handles4(_i600_gcbp_service, _i600_gcbp_handle_from_server, _i600_gcbp_handle_from_client)
-                _x597 = callback_sec_parms4((6,)[0], _v598)
+                _v543 = gss_cb_handles4(_i545_gcbp_service, _i545_gcbp_handle_from_server, _i545_gcbp_handle_from_client)
+                _x542 = callback_sec_parms4((6,)[0], _v543)
             else:
-                _x597, off = _dec_any_callback_sec_parms4(r, off - 4)
-            f_csa_sec_parms.append(_x597)
+                _x542, off = _dec_any_callback_sec_parms4(r, off - 4)
+            f_csa_sec_parms.append(_x542)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CREATE_SESSION4args', o0) from None
     return CREATE_SESSION4args(f_csa_clientid, f_csa_sequence, f_csa_flags, f_csa_fore_chan_attrs, f_csa_back_chan_attrs, f_csa_cb_program, f_csa_sec_parms), off
@@ -1024,24 +1195,22 @@ def enc_CREATE_SESSION4resok(w: _Writer, v: CREATE_SESSION4resok) -> None:
     try:
         if len(v.csr_sessionid) != 16: raise _XdrError('fixed opaque csr_sessionid must be 16 bytes', len(w))
         w += _S54.pack(v.csr_sessionid, v.csr_sequence, v.csr_flags)
-        _s601 = v.csr_fore_chan_attrs
-        w += _S53.pack(_s601.ca_headerpadsize, _s601.ca_maxrequestsize, _s601.ca_maxresponsesize, _s601.ca_maxresponsesize_cached, _s601.ca_maxoperations, _s601.ca_maxrequests)
-        _a602 = _s601.ca_rdma_ird
-        _n = len(_a602)
+        _s546 = v.csr_fore_chan_attrs
+        w += _S53.pack(_s546.ca_headerpadsize, _s546.ca_maxrequestsize, _s546.ca_maxresponsesize, _s546.ca_maxresponsesize_cached, _s546.ca_maxoperations, _s546.ca_maxrequests)
+        _a547 = _s546.ca_rdma_ird
+        _n = len(_a547)
         if _n > 1:
             raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, len(w))
         w += _S0.pack(_n)
-        for _x602 in _a602:
-            w += _S0.pack(_x602)
-        _s603 = v.csr_back_chan_attrs
-        w += _S53.pack(_s603.ca_headerpadsize, _s603.ca_maxrequestsize, _s603.ca_maxresponsesize, _s603.ca_maxresponsesize_cached, _s603.ca_maxoperations, _s603.ca_maxrequests)
-        _a604 = _s603.ca_rdma_ird
-        _n = len(_a604)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a547)
+        _s548 = v.csr_back_chan_attrs
+        w += _S53.pack(_s548.ca_headerpadsize, _s548.ca_maxrequestsize, _s548.ca_maxresponsesize, _s548.ca_maxresponsesize_cached, _s548.ca_maxoperations, _s548.ca_maxrequests)
+        _a549 = _s548.ca_rdma_ird
+        _n = len(_a549)
         if _n > 1:
             raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, len(w))
         w += _S0.pack(_n)
-        for _x604 in _a604:
-            w += _S0.pack(_x604)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a549)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CREATE_SESSION4resok: {_e}', len(w)) from None
 
@@ -1052,7 +1221,7 @@ def dec_CREATE_SESSION4resok(r: _Reader, off: int) -> tuple[CREATE_SESSION4resok
     try:
         f_csr_sessionid, f_csr_sequence, f_csr_flags = _S54.unpack_from(buf, off)
         off += 24
-        _i605_ca_headerpadsize, _i605_ca_maxrequestsize, _i605_ca_maxresponsesize, _i605_ca_maxresponsesize_cached, _i605_ca_maxoperations, _i605_ca_maxrequests = _S53.unpack_from(buf, off)
+        _i550_ca_headerpadsize, _i550_ca_maxrequestsize, _i550_ca_maxresponsesize, _i550_ca_maxresponsesize_cached, _i550_ca_maxoperations, _i550_ca_maxrequests = _S53.unpack_from(buf, off)
         off += 24
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
@@ -1060,14 +1229,11 @@ def dec_CREATE_SESSION4resok(r: _Reader, off: int) -> tuple[CREATE_SESSION4resok
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i605_ca_rdma_ird = []
-        _c606 = _n
-        for _ in range(_c606):
-            (_x606,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i605_ca_rdma_ird.append(_x606)
-        f_csr_fore_chan_attrs = channel_attrs4(_i605_ca_headerpadsize, _i605_ca_maxrequestsize, _i605_ca_maxresponsesize, _i605_ca_maxresponsesize_cached, _i605_ca_maxoperations, _i605_ca_maxrequests, _i605_ca_rdma_ird)
-        _i607_ca_headerpadsize, _i607_ca_maxrequestsize, _i607_ca_maxresponsesize, _i607_ca_maxresponsesize_cached, _i607_ca_maxoperations, _i607_ca_maxrequests = _S53.unpack_from(buf, off)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i550_ca_rdma_ird = list(_t)
+        f_csr_fore_chan_attrs = channel_attrs4(_i550_ca_headerpadsize, _i550_ca_maxrequestsize, _i550_ca_maxresponsesize, _i550_ca_maxresponsesize_cached, _i550_ca_maxoperations, _i550_ca_maxrequests, _i550_ca_rdma_ird)
+        _i551_ca_headerpadsize, _i551_ca_maxrequestsize, _i551_ca_maxresponsesize, _i551_ca_maxresponsesize_cached, _i551_ca_maxoperations, _i551_ca_maxrequests = _S53.unpack_from(buf, off)
         off += 24
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
@@ -1075,13 +1241,10 @@ def dec_CREATE_SESSION4resok(r: _Reader, off: int) -> tuple[CREATE_SESSION4resok
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i607_ca_rdma_ird = []
-        _c608 = _n
-        for _ in range(_c608):
-            (_x608,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i607_ca_rdma_ird.append(_x608)
-        f_csr_back_chan_attrs = channel_attrs4(_i607_ca_headerpadsize, _i607_ca_maxrequestsize, _i607_ca_maxresponsesize, _i607_ca_maxresponsesize_cached, _i607_ca_maxoperations, _i607_ca_maxrequests, _i607_ca_rdma_ird)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i551_ca_rdma_ird = list(_t)
+        f_csr_back_chan_attrs = channel_attrs4(_i551_ca_headerpadsize, _i551_ca_maxrequestsize, _i551_ca_maxresponsesize, _i551_ca_maxresponsesize_cached, _i551_ca_maxoperations, _i551_ca_maxrequests, _i551_ca_rdma_ird)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CREATE_SESSION4resok', o0) from None
     return CREATE_SESSION4resok(f_csr_sessionid, f_csr_sequence, f_csr_flags, f_csr_fore_chan_attrs, f_csr_back_chan_attrs), off
@@ -1113,17 +1276,17 @@ def _dec_any_CREATE_SESSION4res(r: _Reader, off: int) -> tuple[CREATE_SESSION4re
     buf = r.buf
     o0 = off
     try:
-        _v609: _Any
-        _f609: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d609,) = _S2.unpack_from(buf, off)
-        _a609 = _CREATE_SESSION4res_ARMS.get(_d609)
-        if _a609 is None:
-            _d609 = _nfsstat4_MAP[(_d609,)[0]]
-            _f609 = _void_decode
+        _v552: _Any
+        _f552: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d552,) = _S2.unpack_from(buf, off)
+        _a552 = _CREATE_SESSION4res_ARMS.get(_d552)
+        if _a552 is None:
+            _d552 = _nfsstat4_MAP[(_d552,)[0]]
+            _f552 = _void_decode
         else:
-            _d609, _f609 = _a609
-        _v609, off = _f609(r, off + 4)
-        _u = CREATE_SESSION4res(_d609, _v609)
+            _d552, _f552 = _a552
+        _v552, off = _f552(r, off + 4)
+        _u = CREATE_SESSION4res(_d552, _v552)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CREATE_SESSION4res', o0) from None
     return _u, off
@@ -1131,34 +1294,32 @@ def _dec_any_CREATE_SESSION4res(r: _Reader, off: int) -> tuple[CREATE_SESSION4re
 
 def enc_CREATE_SESSION4res(w: _Writer, v: CREATE_SESSION4res) -> None:
     try:
-        _u610 = v
-        _d610 = _u610.csr_status
-        _w610: _Any
-        if _d610 == 0:
-            _w610 = _u610.value
-            _s611 = _w610
-            if len(_s611.csr_sessionid) != 16: raise _XdrError('fixed opaque csr_sessionid must be 16 bytes', len(w))
-            w += _S55.pack(0, _s611.csr_sessionid, _s611.csr_sequence, _s611.csr_flags)
-            _s612 = _s611.csr_fore_chan_attrs
-            w += _S53.pack(_s612.ca_headerpadsize, _s612.ca_maxrequestsize, _s612.ca_maxresponsesize, _s612.ca_maxresponsesize_cached, _s612.ca_maxoperations, _s612.ca_maxrequests)
-            _a613 = _s612.ca_rdma_ird
-            _n = len(_a613)
+        _u553 = v
+        _d553 = _u553.csr_status
+        _w553: _Any
+        if _d553 == 0:
+            _w553 = _u553.value
+            _s554 = _w553
+            if len(_s554.csr_sessionid) != 16: raise _XdrError('fixed opaque csr_sessionid must be 16 bytes', len(w))
+            w += _S55.pack(0, _s554.csr_sessionid, _s554.csr_sequence, _s554.csr_flags)
+            _s555 = _s554.csr_fore_chan_attrs
+            w += _S53.pack(_s555.ca_headerpadsize, _s555.ca_maxrequestsize, _s555.ca_maxresponsesize, _s555.ca_maxresponsesize_cached, _s555.ca_maxoperations, _s555.ca_maxrequests)
+            _a556 = _s555.ca_rdma_ird
+            _n = len(_a556)
             if _n > 1:
                 raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, len(w))
             w += _S0.pack(_n)
-            for _x613 in _a613:
-                w += _S0.pack(_x613)
-            _s614 = _s611.csr_back_chan_attrs
-            w += _S53.pack(_s614.ca_headerpadsize, _s614.ca_maxrequestsize, _s614.ca_maxresponsesize, _s614.ca_maxresponsesize_cached, _s614.ca_maxoperations, _s614.ca_maxrequests)
-            _a615 = _s614.ca_rdma_ird
-            _n = len(_a615)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a556)
+            _s557 = _s554.csr_back_chan_attrs
+            w += _S53.pack(_s557.ca_headerpadsize, _s557.ca_maxrequestsize, _s557.ca_maxresponsesize, _s557.ca_maxresponsesize_cached, _s557.ca_maxoperations, _s557.ca_maxrequests)
+            _a558 = _s557.ca_rdma_ird
+            _n = len(_a558)
             if _n > 1:
                 raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, len(w))
             w += _S0.pack(_n)
-            for _x615 in _a615:
-                w += _S0.pack(_x615)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a558)
         else:
-            _enc_any_CREATE_SESSION4res(w, _u610)
+            _enc_any_CREATE_SESSION4res(w, _u553)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CREATE_SESSION4res: {_e!r}', len(w)) from None
 
@@ -1167,28 +1328,13 @@ def dec_CREATE_SESSION4res(r: _Reader, off: int) -> tuple[CREATE_SESSION4res, in
     buf = r.buf
     o0 = off
     try:
-        _v616: _Any
-        (_d616,) = _S2.unpack_from(buf, off)
+        _v559: _Any
+        (_d559,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d616 == 0:
-            _i617_csr_sessionid, _i617_csr_sequence, _i617_csr_flags = _S54.unpack_from(buf, off)
+        if _d559 == 0:
+            _i560_csr_sessionid, _i560_csr_sequence, _i560_csr_flags = _S54.unpack_from(buf, off)
             off += 24
-            _i618_ca_headerpadsize, _i618_ca_maxrequestsize, _i618_ca_maxresponsesize, _i618_ca_maxresponsesize_cached, _i618_ca_maxoperations, _i618_ca_maxrequests = _S53.unpack_from(buf, off)
-            off += 24
-            (_n,) = _U32.unpack_from(buf, off)
-            if _n > 1:
-                raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, off)
-            off += 4
-            if _n * 4 > len(buf) - off:
-                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i618_ca_rdma_ird = []
-            _c619 = _n
-            for _ in range(_c619):
-                (_x619,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i618_ca_rdma_ird.append(_x619)
-            _i617_csr_fore_chan_attrs = channel_attrs4(_i618_ca_headerpadsize, _i618_ca_maxrequestsize, _i618_ca_maxresponsesize, _i618_ca_maxresponsesize_cached, _i618_ca_maxoperations, _i618_ca_maxrequests, _i618_ca_rdma_ird)
-            _i620_ca_headerpadsize, _i620_ca_maxrequestsize, _i620_ca_maxresponsesize, _i620_ca_maxresponsesize_cached, _i620_ca_maxoperations, _i620_ca_maxrequests = _S53.unpack_from(buf, off)
+            _i561_ca_headerpadsize, _i561_ca_maxrequestsize, _i561_ca_maxresponsesize, _i561_ca_maxresponsesize_cached, _i561_ca_maxoperations, _i561_ca_maxrequests = _S53.unpack_from(buf, off)
             off += 24
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 1:
@@ -1196,15 +1342,24 @@ def dec_CREATE_SESSION4res(r: _Reader, off: int) -> tuple[CREATE_SESSION4res, in
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i620_ca_rdma_ird = []
-            _c621 = _n
-            for _ in range(_c621):
-                (_x621,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i620_ca_rdma_ird.append(_x621)
-            _i617_csr_back_chan_attrs = channel_attrs4(_i620_ca_headerpadsize, _i620_ca_maxrequestsize, _i620_ca_maxresponsesize, _i620_ca_maxresponsesize_cached, _i620_ca_maxoperations, _i620_ca_maxrequests, _i620_ca_rdma_ird)
-            _v616 = CREATE_SESSION4resok(_i617_csr_sessionid, _i617_csr_sequence, _i617_csr_flags, _i617_csr_fore_chan_attrs, _i617_csr_back_chan_attrs)
-            _u = CREATE_SESSION4res(NFS4_OK, _v616)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i561_ca_rdma_ird = list(_t)
+            _i560_csr_fore_chan_attrs = channel_attrs4(_i561_ca_headerpadsize, _i561_ca_maxrequestsize, _i561_ca_maxresponsesize, _i561_ca_maxresponsesize_cached, _i561_ca_maxoperations, _i561_ca_maxrequests, _i561_ca_rdma_ird)
+            _i562_ca_headerpadsize, _i562_ca_maxrequestsize, _i562_ca_maxresponsesize, _i562_ca_maxresponsesize_cached, _i562_ca_maxoperations, _i562_ca_maxrequests = _S53.unpack_from(buf, off)
+            off += 24
+            (_n,) = _U32.unpack_from(buf, off)
+            if _n > 1:
+                raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, off)
+            off += 4
+            if _n * 4 > len(buf) - off:
+                raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i562_ca_rdma_ird = list(_t)
+            _i560_csr_back_chan_attrs = channel_attrs4(_i562_ca_headerpadsize, _i562_ca_maxrequestsize, _i562_ca_maxresponsesize, _i562_ca_maxresponsesize_cached, _i562_ca_maxoperations, _i562_ca_maxrequests, _i562_ca_rdma_ird)
+            _v559 = CREATE_SESSION4resok(_i560_csr_sessionid, _i560_csr_sequence, _i560_csr_flags, _i560_csr_fore_chan_attrs, _i560_csr_back_chan_attrs)
+            _u = CREATE_SESSION4res(NFS4_OK, _v559)
         else:
             _u, off = _dec_any_CREATE_SESSION4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1343,22 +1498,19 @@ class GET_DIR_DELEGATION4args:
 def enc_GET_DIR_DELEGATION4args(w: _Writer, v: GET_DIR_DELEGATION4args) -> None:
     try:
         w += _S0.pack(v.gdda_signal_deleg_avail)
-        _a622 = v.gdda_notification_types
-        _n = len(_a622)
+        _a563 = v.gdda_notification_types
+        _n = len(_a563)
         w += _S0.pack(_n)
-        for _x622 in _a622:
-            w += _S0.pack(_x622)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a563)
         w += _S56.pack(v.gdda_child_attr_delay.seconds, v.gdda_child_attr_delay.nseconds, v.gdda_dir_attr_delay.seconds, v.gdda_dir_attr_delay.nseconds)
-        _a623 = v.gdda_child_attributes
-        _n = len(_a623)
+        _a564 = v.gdda_child_attributes
+        _n = len(_a564)
         w += _S0.pack(_n)
-        for _x623 in _a623:
-            w += _S0.pack(_x623)
-        _a624 = v.gdda_dir_attributes
-        _n = len(_a624)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a564)
+        _a565 = v.gdda_dir_attributes
+        _n = len(_a565)
         w += _S0.pack(_n)
-        for _x624 in _a624:
-            w += _S0.pack(_x624)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a565)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode GET_DIR_DELEGATION4args: {_e}', len(w)) from None
 
@@ -1374,12 +1526,9 @@ def dec_GET_DIR_DELEGATION4args(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATIO
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_gdda_notification_types = []
-        _c625 = _n
-        for _ in range(_c625):
-            (_x625,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_gdda_notification_types.append(_x625)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_gdda_notification_types = list(_t)
         _t0, _t1, _t2, _t3 = _S56.unpack_from(buf, off)
         off += 24
         f_gdda_child_attr_delay = nfstime4(_t0, _t1)
@@ -1388,22 +1537,16 @@ def dec_GET_DIR_DELEGATION4args(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATIO
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_gdda_child_attributes = []
-        _c626 = _n
-        for _ in range(_c626):
-            (_x626,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_gdda_child_attributes.append(_x626)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_gdda_child_attributes = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_gdda_dir_attributes = []
-        _c627 = _n
-        for _ in range(_c627):
-            (_x627,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_gdda_dir_attributes.append(_x627)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_gdda_dir_attributes = list(_t)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GET_DIR_DELEGATION4args', o0) from None
     return GET_DIR_DELEGATION4args(f_gdda_signal_deleg_avail, f_gdda_notification_types, f_gdda_child_attr_delay, f_gdda_dir_attr_delay, f_gdda_child_attributes, f_gdda_dir_attributes), off
@@ -1423,21 +1566,18 @@ def enc_GET_DIR_DELEGATION4resok(w: _Writer, v: GET_DIR_DELEGATION4resok) -> Non
         if len(v.gddr_cookieverf) != 8: raise _XdrError('fixed opaque gddr_cookieverf must be 8 bytes', len(w))
         if len(v.gddr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S57.pack(v.gddr_cookieverf, v.gddr_stateid.seqid, v.gddr_stateid.other)
-        _a628 = v.gddr_notification
-        _n = len(_a628)
+        _a566 = v.gddr_notification
+        _n = len(_a566)
         w += _S0.pack(_n)
-        for _x628 in _a628:
-            w += _S0.pack(_x628)
-        _a629 = v.gddr_child_attributes
-        _n = len(_a629)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a566)
+        _a567 = v.gddr_child_attributes
+        _n = len(_a567)
         w += _S0.pack(_n)
-        for _x629 in _a629:
-            w += _S0.pack(_x629)
-        _a630 = v.gddr_dir_attributes
-        _n = len(_a630)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a567)
+        _a568 = v.gddr_dir_attributes
+        _n = len(_a568)
         w += _S0.pack(_n)
-        for _x630 in _a630:
-            w += _S0.pack(_x630)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a568)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode GET_DIR_DELEGATION4resok: {_e}', len(w)) from None
 
@@ -1453,32 +1593,23 @@ def dec_GET_DIR_DELEGATION4resok(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATI
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_gddr_notification = []
-        _c631 = _n
-        for _ in range(_c631):
-            (_x631,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_gddr_notification.append(_x631)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_gddr_notification = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_gddr_child_attributes = []
-        _c632 = _n
-        for _ in range(_c632):
-            (_x632,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_gddr_child_attributes.append(_x632)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_gddr_child_attributes = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_gddr_dir_attributes = []
-        _c633 = _n
-        for _ in range(_c633):
-            (_x633,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_gddr_dir_attributes.append(_x633)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_gddr_dir_attributes = list(_t)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GET_DIR_DELEGATION4resok', o0) from None
     return GET_DIR_DELEGATION4resok(f_gddr_cookieverf, f_gddr_stateid, f_gddr_notification, f_gddr_child_attributes, f_gddr_dir_attributes), off
@@ -1555,16 +1686,16 @@ def _dec_any_GET_DIR_DELEGATION4res_non_fatal(r: _Reader, off: int) -> tuple[GET
     buf = r.buf
     o0 = off
     try:
-        _v634: _Any
-        _f634: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d634,) = _S2.unpack_from(buf, off)
-        _a634 = _GET_DIR_DELEGATION4res_non_fatal_ARMS.get(_d634)
-        if _a634 is None:
-            raise _XdrError('%r is not a case of GET_DIR_DELEGATION4res_non_fatal' % (_d634,), off)
+        _v569: _Any
+        _f569: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d569,) = _S2.unpack_from(buf, off)
+        _a569 = _GET_DIR_DELEGATION4res_non_fatal_ARMS.get(_d569)
+        if _a569 is None:
+            raise _XdrError('%r is not a case of GET_DIR_DELEGATION4res_non_fatal' % (_d569,), off)
         else:
-            _d634, _f634 = _a634
-        _v634, off = _f634(r, off + 4)
-        _u = GET_DIR_DELEGATION4res_non_fatal(_d634, _v634)
+            _d569, _f569 = _a569
+        _v569, off = _f569(r, off + 4)
+        _u = GET_DIR_DELEGATION4res_non_fatal(_d569, _v569)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GET_DIR_DELEGATION4res_non_fatal', o0) from None
     return _u, off
@@ -1572,35 +1703,32 @@ def _dec_any_GET_DIR_DELEGATION4res_non_fatal(r: _Reader, off: int) -> tuple[GET
 
 def enc_GET_DIR_DELEGATION4res_non_fatal(w: _Writer, v: GET_DIR_DELEGATION4res_non_fatal) -> None:
     try:
-        _u635 = v
-        _d635 = _u635.gddrnf_status
-        _w635: _Any
-        if _d635 == 0:
-            _w635 = _u635.value
-            _s636 = _w635
-            if len(_s636.gddr_cookieverf) != 8: raise _XdrError('fixed opaque gddr_cookieverf must be 8 bytes', len(w))
-            if len(_s636.gddr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S58.pack(0, _s636.gddr_cookieverf, _s636.gddr_stateid.seqid, _s636.gddr_stateid.other)
-            _a637 = _s636.gddr_notification
-            _n = len(_a637)
+        _u570 = v
+        _d570 = _u570.gddrnf_status
+        _w570: _Any
+        if _d570 == 0:
+            _w570 = _u570.value
+            _s571 = _w570
+            if len(_s571.gddr_cookieverf) != 8: raise _XdrError('fixed opaque gddr_cookieverf must be 8 bytes', len(w))
+            if len(_s571.gddr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S58.pack(0, _s571.gddr_cookieverf, _s571.gddr_stateid.seqid, _s571.gddr_stateid.other)
+            _a572 = _s571.gddr_notification
+            _n = len(_a572)
             w += _S0.pack(_n)
-            for _x637 in _a637:
-                w += _S0.pack(_x637)
-            _a638 = _s636.gddr_child_attributes
-            _n = len(_a638)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a572)
+            _a573 = _s571.gddr_child_attributes
+            _n = len(_a573)
             w += _S0.pack(_n)
-            for _x638 in _a638:
-                w += _S0.pack(_x638)
-            _a639 = _s636.gddr_dir_attributes
-            _n = len(_a639)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a573)
+            _a574 = _s571.gddr_dir_attributes
+            _n = len(_a574)
             w += _S0.pack(_n)
-            for _x639 in _a639:
-                w += _S0.pack(_x639)
-        elif _d635 == 1:
-            _w635 = _u635.value
-            w += _S23.pack(1, _w635)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a574)
+        elif _d570 == 1:
+            _w570 = _u570.value
+            w += _S23.pack(1, _w570)
         else:
-            _enc_any_GET_DIR_DELEGATION4res_non_fatal(w, _u635)
+            _enc_any_GET_DIR_DELEGATION4res_non_fatal(w, _u570)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode GET_DIR_DELEGATION4res_non_fatal: {_e!r}', len(w)) from None
 
@@ -1609,50 +1737,41 @@ def dec_GET_DIR_DELEGATION4res_non_fatal(r: _Reader, off: int) -> tuple[GET_DIR_
     buf = r.buf
     o0 = off
     try:
-        _v640: _Any
-        (_d640,) = _S2.unpack_from(buf, off)
+        _v575: _Any
+        (_d575,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d640 == 0:
-            _i641_gddr_cookieverf, _t1, _t2 = _S57.unpack_from(buf, off)
+        if _d575 == 0:
+            _i576_gddr_cookieverf, _t1, _t2 = _S57.unpack_from(buf, off)
             off += 24
-            _i641_gddr_stateid = stateid4(_t1, _t2)
+            _i576_gddr_stateid = stateid4(_t1, _t2)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i641_gddr_notification = []
-            _c642 = _n
-            for _ in range(_c642):
-                (_x642,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i641_gddr_notification.append(_x642)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i576_gddr_notification = list(_t)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i641_gddr_child_attributes = []
-            _c643 = _n
-            for _ in range(_c643):
-                (_x643,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i641_gddr_child_attributes.append(_x643)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i576_gddr_child_attributes = list(_t)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i641_gddr_dir_attributes = []
-            _c644 = _n
-            for _ in range(_c644):
-                (_x644,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i641_gddr_dir_attributes.append(_x644)
-            _v640 = GET_DIR_DELEGATION4resok(_i641_gddr_cookieverf, _i641_gddr_stateid, _i641_gddr_notification, _i641_gddr_child_attributes, _i641_gddr_dir_attributes)
-            _u = GET_DIR_DELEGATION4res_non_fatal(GDD4_OK, _v640)
-        elif _d640 == 1:
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i576_gddr_dir_attributes = list(_t)
+            _v575 = GET_DIR_DELEGATION4resok(_i576_gddr_cookieverf, _i576_gddr_stateid, _i576_gddr_notification, _i576_gddr_child_attributes, _i576_gddr_dir_attributes)
+            _u = GET_DIR_DELEGATION4res_non_fatal(GDD4_OK, _v575)
+        elif _d575 == 1:
             (_t0,) = _S0.unpack_from(buf, off)
             off += 4
-            _v640 = _BOOL[_t0]
-            _u = GET_DIR_DELEGATION4res_non_fatal(GDD4_UNAVAIL, _v640)
+            _v575 = _BOOL[_t0]
+            _u = GET_DIR_DELEGATION4res_non_fatal(GDD4_UNAVAIL, _v575)
         else:
             _u, off = _dec_any_GET_DIR_DELEGATION4res_non_fatal(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1686,17 +1805,17 @@ def _dec_any_GET_DIR_DELEGATION4res(r: _Reader, off: int) -> tuple[GET_DIR_DELEG
     buf = r.buf
     o0 = off
     try:
-        _v645: _Any
-        _f645: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d645,) = _S2.unpack_from(buf, off)
-        _a645 = _GET_DIR_DELEGATION4res_ARMS.get(_d645)
-        if _a645 is None:
-            _d645 = _nfsstat4_MAP[(_d645,)[0]]
-            _f645 = _void_decode
+        _v577: _Any
+        _f577: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d577,) = _S2.unpack_from(buf, off)
+        _a577 = _GET_DIR_DELEGATION4res_ARMS.get(_d577)
+        if _a577 is None:
+            _d577 = _nfsstat4_MAP[(_d577,)[0]]
+            _f577 = _void_decode
         else:
-            _d645, _f645 = _a645
-        _v645, off = _f645(r, off + 4)
-        _u = GET_DIR_DELEGATION4res(_d645, _v645)
+            _d577, _f577 = _a577
+        _v577, off = _f577(r, off + 4)
+        _u = GET_DIR_DELEGATION4res(_d577, _v577)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GET_DIR_DELEGATION4res', o0) from None
     return _u, off
@@ -1704,43 +1823,40 @@ def _dec_any_GET_DIR_DELEGATION4res(r: _Reader, off: int) -> tuple[GET_DIR_DELEG
 
 def enc_GET_DIR_DELEGATION4res(w: _Writer, v: GET_DIR_DELEGATION4res) -> None:
     try:
-        _u646 = v
-        _d646 = _u646.gddr_status
-        _w646: _Any
-        if _d646 == 0:
-            _w646 = _u646.value
-            _u647 = _w646
-            _d647 = _u647.gddrnf_status
-            _w647: _Any
-            if _d647 == 0:
-                _w647 = _u647.value
-                _s648 = _w647
-                if len(_s648.gddr_cookieverf) != 8: raise _XdrError('fixed opaque gddr_cookieverf must be 8 bytes', len(w))
-                if len(_s648.gddr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-                w += _S59.pack(0, 0, _s648.gddr_cookieverf, _s648.gddr_stateid.seqid, _s648.gddr_stateid.other)
-                _a649 = _s648.gddr_notification
-                _n = len(_a649)
+        _u578 = v
+        _d578 = _u578.gddr_status
+        _w578: _Any
+        if _d578 == 0:
+            _w578 = _u578.value
+            _u579 = _w578
+            _d579 = _u579.gddrnf_status
+            _w579: _Any
+            if _d579 == 0:
+                _w579 = _u579.value
+                _s580 = _w579
+                if len(_s580.gddr_cookieverf) != 8: raise _XdrError('fixed opaque gddr_cookieverf must be 8 bytes', len(w))
+                if len(_s580.gddr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+                w += _S59.pack(0, 0, _s580.gddr_cookieverf, _s580.gddr_stateid.seqid, _s580.gddr_stateid.other)
+                _a581 = _s580.gddr_notification
+                _n = len(_a581)
                 w += _S0.pack(_n)
-                for _x649 in _a649:
-                    w += _S0.pack(_x649)
-                _a650 = _s648.gddr_child_attributes
-                _n = len(_a650)
+                w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a581)
+                _a582 = _s580.gddr_child_attributes
+                _n = len(_a582)
                 w += _S0.pack(_n)
-                for _x650 in _a650:
-                    w += _S0.pack(_x650)
-                _a651 = _s648.gddr_dir_attributes
-                _n = len(_a651)
+                w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a582)
+                _a583 = _s580.gddr_dir_attributes
+                _n = len(_a583)
                 w += _S0.pack(_n)
-                for _x651 in _a651:
-                    w += _S0.pack(_x651)
-            elif _d647 == 1:
-                _w647 = _u647.value
-                w += _S31.pack(0, 1, _w647)
+                w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a583)
+            elif _d579 == 1:
+                _w579 = _u579.value
+                w += _S31.pack(0, 1, _w579)
             else:
                 w += b'\x00\x00\x00\x00'
-                _enc_any_GET_DIR_DELEGATION4res_non_fatal(w, _u647)
+                _enc_any_GET_DIR_DELEGATION4res_non_fatal(w, _u579)
         else:
-            _enc_any_GET_DIR_DELEGATION4res(w, _u646)
+            _enc_any_GET_DIR_DELEGATION4res(w, _u578)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode GET_DIR_DELEGATION4res: {_e!r}', len(w)) from None
 
@@ -1749,57 +1865,48 @@ def dec_GET_DIR_DELEGATION4res(r: _Reader, off: int) -> tuple[GET_DIR_DELEGATION
     buf = r.buf
     o0 = off
     try:
-        _v652: _Any
-        (_d652,) = _S2.unpack_from(buf, off)
+        _v584: _Any
+        (_d584,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d652 == 0:
-            _v653: _Any
-            (_d653,) = _S2.unpack_from(buf, off)
+        if _d584 == 0:
+            _v585: _Any
+            (_d585,) = _S2.unpack_from(buf, off)
             off += 4
-            if _d653 == 0:
-                _i654_gddr_cookieverf, _t1, _t2 = _S57.unpack_from(buf, off)
+            if _d585 == 0:
+                _i586_gddr_cookieverf, _t1, _t2 = _S57.unpack_from(buf, off)
                 off += 24
-                _i654_gddr_stateid = stateid4(_t1, _t2)
+                _i586_gddr_stateid = stateid4(_t1, _t2)
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n * 4 > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-                _i654_gddr_notification = []
-                _c655 = _n
-                for _ in range(_c655):
-                    (_x655,) = _S0.unpack_from(buf, off)
-                    off += 4
-                    _i654_gddr_notification.append(_x655)
+                _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+                off += 4 * _n
+                _i586_gddr_notification = list(_t)
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n * 4 > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-                _i654_gddr_child_attributes = []
-                _c656 = _n
-                for _ in range(_c656):
-                    (_x656,) = _S0.unpack_from(buf, off)
-                    off += 4
-                    _i654_gddr_child_attributes.append(_x656)
+                _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+                off += 4 * _n
+                _i586_gddr_child_attributes = list(_t)
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n * 4 > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-                _i654_gddr_dir_attributes = []
-                _c657 = _n
-                for _ in range(_c657):
-                    (_x657,) = _S0.unpack_from(buf, off)
-                    off += 4
-                    _i654_gddr_dir_attributes.append(_x657)
-                _v653 = GET_DIR_DELEGATION4resok(_i654_gddr_cookieverf, _i654_gddr_stateid, _i654_gddr_notification, _i654_gddr_child_attributes, _i654_gddr_dir_attributes)
-                _v652 = GET_DIR_DELEGATION4res_non_fatal(GDD4_OK, _v653)
-            elif _d653 == 1:
+                _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+                off += 4 * _n
+                _i586_gddr_dir_attributes = list(_t)
+                _v585 = GET_DIR_DELEGATION4resok(_i586_gddr_cookieverf, _i586_gddr_stateid, _i586_gddr_notification, _i586_gddr_child_attributes, _i586_gddr_dir_attributes)
+                _v584 = GET_DIR_DELEGATION4res_non_fatal(GDD4_OK, _v585)
+            elif _d585 == 1:
                 (_t0,) = _S0.unpack_from(buf, off)
                 off += 4
-                _v653 = _BOOL[_t0]
-                _v652 = GET_DIR_DELEGATION4res_non_fatal(GDD4_UNAVAIL, _v653)
+                _v585 = _BOOL[_t0]
+                _v584 = GET_DIR_DELEGATION4res_non_fatal(GDD4_UNAVAIL, _v585)
             else:
-                _v652, off = _dec_any_GET_DIR_DELEGATION4res_non_fatal(r, off - 4)
-            _u = GET_DIR_DELEGATION4res(NFS4_OK, _v652)
+                _v584, off = _dec_any_GET_DIR_DELEGATION4res_non_fatal(r, off - 4)
+            _u = GET_DIR_DELEGATION4res(NFS4_OK, _v584)
         else:
             _u, off = _dec_any_GET_DIR_DELEGATION4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1819,11 +1926,10 @@ def enc_GETDEVICEINFO4args(w: _Writer, v: GETDEVICEINFO4args) -> None:
     try:
         if len(v.gdia_device_id) != 16: raise _XdrError('fixed opaque gdia_device_id must be 16 bytes', len(w))
         w += _S48.pack(v.gdia_device_id, v.gdia_layout_type, v.gdia_maxcount)
-        _a658 = v.gdia_notify_types
-        _n = len(_a658)
+        _a587 = v.gdia_notify_types
+        _n = len(_a587)
         w += _S0.pack(_n)
-        for _x658 in _a658:
-            w += _S0.pack(_x658)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a587)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode GETDEVICEINFO4args: {_e}', len(w)) from None
 
@@ -1839,12 +1945,9 @@ def dec_GETDEVICEINFO4args(r: _Reader, off: int) -> tuple[GETDEVICEINFO4args, in
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_gdia_notify_types = []
-        _c659 = _n
-        for _ in range(_c659):
-            (_x659,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_gdia_notify_types.append(_x659)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_gdia_notify_types = list(_t)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GETDEVICEINFO4args', o0) from None
     return GETDEVICEINFO4args(f_gdia_device_id, f_gdia_layout_type, f_gdia_maxcount, f_gdia_notify_types), off
@@ -1858,18 +1961,17 @@ class GETDEVICEINFO4resok:
 
 def enc_GETDEVICEINFO4resok(w: _Writer, v: GETDEVICEINFO4resok) -> None:
     try:
-        _s660 = v.gdir_device_addr
-        w += _S2.pack(_s660.da_layout_type)
-        _v = _s660.da_addr_body
+        _s588 = v.gdir_device_addr
+        w += _S2.pack(_s588.da_layout_type)
+        _v = _s588.da_addr_body
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _a661 = v.gdir_notification
-        _n = len(_a661)
+        _a589 = v.gdir_notification
+        _n = len(_a589)
         w += _S0.pack(_n)
-        for _x661 in _a661:
-            w += _S0.pack(_x661)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a589)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode GETDEVICEINFO4resok: {_e}', len(w)) from None
 
@@ -1880,25 +1982,22 @@ def dec_GETDEVICEINFO4resok(r: _Reader, off: int) -> tuple[GETDEVICEINFO4resok, 
     try:
         (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        _i662_da_layout_type = _layouttype4_MAP[_t0]
+        _i590_da_layout_type = _layouttype4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i662_da_addr_body = bytes(buf[off:_e])
+        _i590_da_addr_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_gdir_device_addr = device_addr4(_i662_da_layout_type, _i662_da_addr_body)
+        f_gdir_device_addr = device_addr4(_i590_da_layout_type, _i590_da_addr_body)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_gdir_notification = []
-        _c663 = _n
-        for _ in range(_c663):
-            (_x663,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_gdir_notification.append(_x663)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_gdir_notification = list(_t)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GETDEVICEINFO4resok', o0) from None
     return GETDEVICEINFO4resok(f_gdir_device_addr, f_gdir_notification), off
@@ -1930,17 +2029,17 @@ def _dec_any_GETDEVICEINFO4res(r: _Reader, off: int) -> tuple[GETDEVICEINFO4res,
     buf = r.buf
     o0 = off
     try:
-        _v664: _Any
-        _f664: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d664,) = _S2.unpack_from(buf, off)
-        _a664 = _GETDEVICEINFO4res_ARMS.get(_d664)
-        if _a664 is None:
-            _d664 = _nfsstat4_MAP[(_d664,)[0]]
-            _f664 = _void_decode
+        _v591: _Any
+        _f591: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d591,) = _S2.unpack_from(buf, off)
+        _a591 = _GETDEVICEINFO4res_ARMS.get(_d591)
+        if _a591 is None:
+            _d591 = _nfsstat4_MAP[(_d591,)[0]]
+            _f591 = _void_decode
         else:
-            _d664, _f664 = _a664
-        _v664, off = _f664(r, off + 4)
-        _u = GETDEVICEINFO4res(_d664, _v664)
+            _d591, _f591 = _a591
+        _v591, off = _f591(r, off + 4)
+        _u = GETDEVICEINFO4res(_d591, _v591)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GETDEVICEINFO4res', o0) from None
     return _u, off
@@ -1948,29 +2047,28 @@ def _dec_any_GETDEVICEINFO4res(r: _Reader, off: int) -> tuple[GETDEVICEINFO4res,
 
 def enc_GETDEVICEINFO4res(w: _Writer, v: GETDEVICEINFO4res) -> None:
     try:
-        _u665 = v
-        _d665 = _u665.gdir_status
-        _w665: _Any
-        if _d665 == 0:
-            _w665 = _u665.value
-            _s666 = _w665
-            _s667 = _s666.gdir_device_addr
-            w += _S34.pack(0, _s667.da_layout_type)
-            _v = _s667.da_addr_body
+        _u592 = v
+        _d592 = _u592.gdir_status
+        _w592: _Any
+        if _d592 == 0:
+            _w592 = _u592.value
+            _s593 = _w592
+            _s594 = _s593.gdir_device_addr
+            w += _S34.pack(0, _s594.da_layout_type)
+            _v = _s594.da_addr_body
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-            _a668 = _s666.gdir_notification
-            _n = len(_a668)
+            _a595 = _s593.gdir_notification
+            _n = len(_a595)
             w += _S0.pack(_n)
-            for _x668 in _a668:
-                w += _S0.pack(_x668)
-        elif _d665 == 10005:
-            _w665 = _u665.value
-            w += _S23.pack(10005, _w665)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a595)
+        elif _d592 == 10005:
+            _w592 = _u592.value
+            w += _S23.pack(10005, _w592)
         else:
-            _enc_any_GETDEVICEINFO4res(w, _u665)
+            _enc_any_GETDEVICEINFO4res(w, _u592)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode GETDEVICEINFO4res: {_e!r}', len(w)) from None
 
@@ -1979,37 +2077,34 @@ def dec_GETDEVICEINFO4res(r: _Reader, off: int) -> tuple[GETDEVICEINFO4res, int]
     buf = r.buf
     o0 = off
     try:
-        _v669: _Any
-        (_d669,) = _S2.unpack_from(buf, off)
+        _v596: _Any
+        (_d596,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d669 == 0:
+        if _d596 == 0:
             (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _i671_da_layout_type = _layouttype4_MAP[_t0]
+            _i598_da_layout_type = _layouttype4_MAP[_t0]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i671_da_addr_body = bytes(buf[off:_e])
+            _i598_da_addr_body = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i670_gdir_device_addr = device_addr4(_i671_da_layout_type, _i671_da_addr_body)
+            _i597_gdir_device_addr = device_addr4(_i598_da_layout_type, _i598_da_addr_body)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i670_gdir_notification = []
-            _c672 = _n
-            for _ in range(_c672):
-                (_x672,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i670_gdir_notification.append(_x672)
-            _v669 = GETDEVICEINFO4resok(_i670_gdir_device_addr, _i670_gdir_notification)
-            _u = GETDEVICEINFO4res(NFS4_OK, _v669)
-        elif _d669 == 10005:
-            (_v669,) = _S0.unpack_from(buf, off)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i597_gdir_notification = list(_t)
+            _v596 = GETDEVICEINFO4resok(_i597_gdir_device_addr, _i597_gdir_notification)
+            _u = GETDEVICEINFO4res(NFS4_OK, _v596)
+        elif _d596 == 10005:
+            (_v596,) = _S0.unpack_from(buf, off)
             off += 4
-            _u = GETDEVICEINFO4res(NFS4ERR_TOOSMALL, _v669)
+            _u = GETDEVICEINFO4res(NFS4ERR_TOOSMALL, _v596)
         else:
             _u, off = _dec_any_GETDEVICEINFO4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2057,12 +2152,12 @@ def enc_GETDEVICELIST4resok(w: _Writer, v: GETDEVICELIST4resok) -> None:
     try:
         if len(v.gdlr_cookieverf) != 8: raise _XdrError('fixed opaque gdlr_cookieverf must be 8 bytes', len(w))
         w += _S43.pack(v.gdlr_cookie, v.gdlr_cookieverf)
-        _a673 = v.gdlr_deviceid_list
-        _n = len(_a673)
+        _a599 = v.gdlr_deviceid_list
+        _n = len(_a599)
         w += _S0.pack(_n)
-        for _x673 in _a673:
-            if len(_x673) != 16: raise _XdrError('fixed opaque  must be 16 bytes', len(w))
-            w += _S5.pack(_x673)
+        for _x599 in _a599:
+            if len(_x599) != 16: raise _XdrError('fixed opaque  must be 16 bytes', len(w))
+            w += _S5.pack(_x599)
         w += _S0.pack(v.gdlr_eof)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode GETDEVICELIST4resok: {_e}', len(w)) from None
@@ -2079,11 +2174,11 @@ def dec_GETDEVICELIST4resok(r: _Reader, off: int) -> tuple[GETDEVICELIST4resok, 
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_gdlr_deviceid_list = []
-        _c674 = _n
-        for _ in range(_c674):
-            (_x674,) = _S5.unpack_from(buf, off)
+        _c600 = _n
+        for _ in range(_c600):
+            (_x600,) = _S5.unpack_from(buf, off)
             off += 16
-            f_gdlr_deviceid_list.append(_x674)
+            f_gdlr_deviceid_list.append(_x600)
         (_t0,) = _S0.unpack_from(buf, off)
         off += 4
         f_gdlr_eof = _BOOL[_t0]
@@ -2118,17 +2213,17 @@ def _dec_any_GETDEVICELIST4res(r: _Reader, off: int) -> tuple[GETDEVICELIST4res,
     buf = r.buf
     o0 = off
     try:
-        _v675: _Any
-        _f675: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d675,) = _S2.unpack_from(buf, off)
-        _a675 = _GETDEVICELIST4res_ARMS.get(_d675)
-        if _a675 is None:
-            _d675 = _nfsstat4_MAP[(_d675,)[0]]
-            _f675 = _void_decode
+        _v601: _Any
+        _f601: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d601,) = _S2.unpack_from(buf, off)
+        _a601 = _GETDEVICELIST4res_ARMS.get(_d601)
+        if _a601 is None:
+            _d601 = _nfsstat4_MAP[(_d601,)[0]]
+            _f601 = _void_decode
         else:
-            _d675, _f675 = _a675
-        _v675, off = _f675(r, off + 4)
-        _u = GETDEVICELIST4res(_d675, _v675)
+            _d601, _f601 = _a601
+        _v601, off = _f601(r, off + 4)
+        _u = GETDEVICELIST4res(_d601, _v601)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GETDEVICELIST4res', o0) from None
     return _u, off
@@ -2136,23 +2231,23 @@ def _dec_any_GETDEVICELIST4res(r: _Reader, off: int) -> tuple[GETDEVICELIST4res,
 
 def enc_GETDEVICELIST4res(w: _Writer, v: GETDEVICELIST4res) -> None:
     try:
-        _u676 = v
-        _d676 = _u676.gdlr_status
-        _w676: _Any
-        if _d676 == 0:
-            _w676 = _u676.value
-            _s677 = _w676
-            if len(_s677.gdlr_cookieverf) != 8: raise _XdrError('fixed opaque gdlr_cookieverf must be 8 bytes', len(w))
-            w += _S44.pack(0, _s677.gdlr_cookie, _s677.gdlr_cookieverf)
-            _a678 = _s677.gdlr_deviceid_list
-            _n = len(_a678)
+        _u602 = v
+        _d602 = _u602.gdlr_status
+        _w602: _Any
+        if _d602 == 0:
+            _w602 = _u602.value
+            _s603 = _w602
+            if len(_s603.gdlr_cookieverf) != 8: raise _XdrError('fixed opaque gdlr_cookieverf must be 8 bytes', len(w))
+            w += _S44.pack(0, _s603.gdlr_cookie, _s603.gdlr_cookieverf)
+            _a604 = _s603.gdlr_deviceid_list
+            _n = len(_a604)
             w += _S0.pack(_n)
-            for _x678 in _a678:
-                if len(_x678) != 16: raise _XdrError('fixed opaque  must be 16 bytes', len(w))
-                w += _S5.pack(_x678)
-            w += _S0.pack(_s677.gdlr_eof)
+            for _x604 in _a604:
+                if len(_x604) != 16: raise _XdrError('fixed opaque  must be 16 bytes', len(w))
+                w += _S5.pack(_x604)
+            w += _S0.pack(_s603.gdlr_eof)
         else:
-            _enc_any_GETDEVICELIST4res(w, _u676)
+            _enc_any_GETDEVICELIST4res(w, _u602)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode GETDEVICELIST4res: {_e!r}', len(w)) from None
 
@@ -2161,27 +2256,27 @@ def dec_GETDEVICELIST4res(r: _Reader, off: int) -> tuple[GETDEVICELIST4res, int]
     buf = r.buf
     o0 = off
     try:
-        _v679: _Any
-        (_d679,) = _S2.unpack_from(buf, off)
+        _v605: _Any
+        (_d605,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d679 == 0:
-            _i680_gdlr_cookie, _i680_gdlr_cookieverf = _S43.unpack_from(buf, off)
+        if _d605 == 0:
+            _i606_gdlr_cookie, _i606_gdlr_cookieverf = _S43.unpack_from(buf, off)
             off += 16
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 16 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i680_gdlr_deviceid_list = []
-            _c681 = _n
-            for _ in range(_c681):
-                (_x681,) = _S5.unpack_from(buf, off)
+            _i606_gdlr_deviceid_list = []
+            _c607 = _n
+            for _ in range(_c607):
+                (_x607,) = _S5.unpack_from(buf, off)
                 off += 16
-                _i680_gdlr_deviceid_list.append(_x681)
+                _i606_gdlr_deviceid_list.append(_x607)
             (_t0,) = _S0.unpack_from(buf, off)
             off += 4
-            _i680_gdlr_eof = _BOOL[_t0]
-            _v679 = GETDEVICELIST4resok(_i680_gdlr_cookie, _i680_gdlr_cookieverf, _i680_gdlr_deviceid_list, _i680_gdlr_eof)
-            _u = GETDEVICELIST4res(NFS4_OK, _v679)
+            _i606_gdlr_eof = _BOOL[_t0]
+            _v605 = GETDEVICELIST4resok(_i606_gdlr_cookie, _i606_gdlr_cookieverf, _i606_gdlr_deviceid_list, _i606_gdlr_eof)
+            _u = GETDEVICELIST4res(NFS4_OK, _v605)
         else:
             _u, off = _dec_any_GETDEVICELIST4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2216,16 +2311,16 @@ def _dec_any_newtime4(r: _Reader, off: int) -> tuple[newtime4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v682: _Any
-        _f682: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d682,) = _S0.unpack_from(buf, off)
-        _a682 = _newtime4_ARMS.get(_d682)
-        if _a682 is None:
-            raise _XdrError('%r is not a case of newtime4' % (_d682,), off)
+        _v608: _Any
+        _f608: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d608,) = _S0.unpack_from(buf, off)
+        _a608 = _newtime4_ARMS.get(_d608)
+        if _a608 is None:
+            raise _XdrError('%r is not a case of newtime4' % (_d608,), off)
         else:
-            _d682, _f682 = _a682
-        _v682, off = _f682(r, off + 4)
-        _u = newtime4(_d682, _v682)
+            _d608, _f608 = _a608
+        _v608, off = _f608(r, off + 4)
+        _u = newtime4(_d608, _v608)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated newtime4', o0) from None
     return _u, off
@@ -2233,16 +2328,16 @@ def _dec_any_newtime4(r: _Reader, off: int) -> tuple[newtime4, int]:
 
 def enc_newtime4(w: _Writer, v: newtime4) -> None:
     try:
-        _u683 = v
-        _d683 = _u683.nt_timechanged
-        _w683: _Any
-        if _d683 == 1:
-            _w683 = _u683.value
-            w += _S61.pack(1, _w683.seconds, _w683.nseconds)
-        elif _d683 == 0:
+        _u609 = v
+        _d609 = _u609.nt_timechanged
+        _w609: _Any
+        if _d609 == 1:
+            _w609 = _u609.value
+            w += _S61.pack(1, _w609.seconds, _w609.nseconds)
+        elif _d609 == 0:
             w += b'\x00\x00\x00\x00'
         else:
-            _enc_any_newtime4(w, _u683)
+            _enc_any_newtime4(w, _u609)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode newtime4: {_e!r}', len(w)) from None
 
@@ -2251,14 +2346,14 @@ def dec_newtime4(r: _Reader, off: int) -> tuple[newtime4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v684: _Any
-        (_d684,) = _S0.unpack_from(buf, off)
+        _v610: _Any
+        (_d610,) = _S0.unpack_from(buf, off)
         off += 4
-        if _d684 == 1:
-            _v684 = nfstime4(*_S7.unpack_from(buf, off))
+        if _d610 == 1:
+            _v610 = nfstime4(*_S7.unpack_from(buf, off))
             off += 12
-            _u = newtime4(True, _v684)
-        elif _d684 == 0:
+            _u = newtime4(True, _v610)
+        elif _d610 == 0:
             _u = newtime4(False, None)
         else:
             _u, off = _dec_any_newtime4(r, off - 4)
@@ -2294,16 +2389,16 @@ def _dec_any_newoffset4(r: _Reader, off: int) -> tuple[newoffset4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v685: _Any
-        _f685: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d685,) = _S0.unpack_from(buf, off)
-        _a685 = _newoffset4_ARMS.get(_d685)
-        if _a685 is None:
-            raise _XdrError('%r is not a case of newoffset4' % (_d685,), off)
+        _v611: _Any
+        _f611: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d611,) = _S0.unpack_from(buf, off)
+        _a611 = _newoffset4_ARMS.get(_d611)
+        if _a611 is None:
+            raise _XdrError('%r is not a case of newoffset4' % (_d611,), off)
         else:
-            _d685, _f685 = _a685
-        _v685, off = _f685(r, off + 4)
-        _u = newoffset4(_d685, _v685)
+            _d611, _f611 = _a611
+        _v611, off = _f611(r, off + 4)
+        _u = newoffset4(_d611, _v611)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated newoffset4', o0) from None
     return _u, off
@@ -2311,16 +2406,16 @@ def _dec_any_newoffset4(r: _Reader, off: int) -> tuple[newoffset4, int]:
 
 def enc_newoffset4(w: _Writer, v: newoffset4) -> None:
     try:
-        _u686 = v
-        _d686 = _u686.no_newoffset
-        _w686: _Any
-        if _d686 == 1:
-            _w686 = _u686.value
-            w += _S62.pack(1, _w686)
-        elif _d686 == 0:
+        _u612 = v
+        _d612 = _u612.no_newoffset
+        _w612: _Any
+        if _d612 == 1:
+            _w612 = _u612.value
+            w += _S62.pack(1, _w612)
+        elif _d612 == 0:
             w += b'\x00\x00\x00\x00'
         else:
-            _enc_any_newoffset4(w, _u686)
+            _enc_any_newoffset4(w, _u612)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode newoffset4: {_e!r}', len(w)) from None
 
@@ -2329,14 +2424,14 @@ def dec_newoffset4(r: _Reader, off: int) -> tuple[newoffset4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v687: _Any
-        (_d687,) = _S0.unpack_from(buf, off)
+        _v613: _Any
+        (_d613,) = _S0.unpack_from(buf, off)
         off += 4
-        if _d687 == 1:
-            (_v687,) = _S4.unpack_from(buf, off)
+        if _d613 == 1:
+            (_v613,) = _S4.unpack_from(buf, off)
             off += 8
-            _u = newoffset4(True, _v687)
-        elif _d687 == 0:
+            _u = newoffset4(True, _v613)
+        elif _d613 == 0:
             _u = newoffset4(False, None)
         else:
             _u, off = _dec_any_newoffset4(r, off - 4)
@@ -2360,29 +2455,29 @@ def enc_LAYOUTCOMMIT4args(w: _Writer, v: LAYOUTCOMMIT4args) -> None:
     try:
         if len(v.loca_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S63.pack(v.loca_offset, v.loca_length, v.loca_reclaim, v.loca_stateid.seqid, v.loca_stateid.other)
-        _u688 = v.loca_last_write_offset
-        _d688 = _u688.no_newoffset
-        _w688: _Any
-        if _d688 == 1:
-            _w688 = _u688.value
-            w += _S62.pack(1, _w688)
-        elif _d688 == 0:
+        _u614 = v.loca_last_write_offset
+        _d614 = _u614.no_newoffset
+        _w614: _Any
+        if _d614 == 1:
+            _w614 = _u614.value
+            w += _S62.pack(1, _w614)
+        elif _d614 == 0:
             w += b'\x00\x00\x00\x00'
         else:
-            _enc_any_newoffset4(w, _u688)
-        _u689 = v.loca_time_modify
-        _d689 = _u689.nt_timechanged
-        _w689: _Any
-        if _d689 == 1:
-            _w689 = _u689.value
-            w += _S61.pack(1, _w689.seconds, _w689.nseconds)
-        elif _d689 == 0:
+            _enc_any_newoffset4(w, _u614)
+        _u615 = v.loca_time_modify
+        _d615 = _u615.nt_timechanged
+        _w615: _Any
+        if _d615 == 1:
+            _w615 = _u615.value
+            w += _S61.pack(1, _w615.seconds, _w615.nseconds)
+        elif _d615 == 0:
             w += b'\x00\x00\x00\x00'
         else:
-            _enc_any_newtime4(w, _u689)
-        _s690 = v.loca_layoutupdate
-        w += _S2.pack(_s690.lou_type)
-        _v = _s690.lou_body
+            _enc_any_newtime4(w, _u615)
+        _s616 = v.loca_layoutupdate
+        w += _S2.pack(_s616.lou_type)
+        _v = _s616.lou_body
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -2399,39 +2494,39 @@ def dec_LAYOUTCOMMIT4args(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4args, int]
         off += 36
         f_loca_reclaim = _BOOL[_t2]
         f_loca_stateid = stateid4(_t3, _t4)
-        _v691: _Any
-        (_d691,) = _S0.unpack_from(buf, off)
+        _v617: _Any
+        (_d617,) = _S0.unpack_from(buf, off)
         off += 4
-        if _d691 == 1:
-            (_v691,) = _S4.unpack_from(buf, off)
+        if _d617 == 1:
+            (_v617,) = _S4.unpack_from(buf, off)
             off += 8
-            f_loca_last_write_offset = newoffset4(True, _v691)
-        elif _d691 == 0:
+            f_loca_last_write_offset = newoffset4(True, _v617)
+        elif _d617 == 0:
             f_loca_last_write_offset = newoffset4(False, None)
         else:
             f_loca_last_write_offset, off = _dec_any_newoffset4(r, off - 4)
-        _v692: _Any
-        (_d692,) = _S0.unpack_from(buf, off)
+        _v618: _Any
+        (_d618,) = _S0.unpack_from(buf, off)
         off += 4
-        if _d692 == 1:
-            _v692 = nfstime4(*_S7.unpack_from(buf, off))
+        if _d618 == 1:
+            _v618 = nfstime4(*_S7.unpack_from(buf, off))
             off += 12
-            f_loca_time_modify = newtime4(True, _v692)
-        elif _d692 == 0:
+            f_loca_time_modify = newtime4(True, _v618)
+        elif _d618 == 0:
             f_loca_time_modify = newtime4(False, None)
         else:
             f_loca_time_modify, off = _dec_any_newtime4(r, off - 4)
         (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        _i693_lou_type = _layouttype4_MAP[_t0]
+        _i619_lou_type = _layouttype4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i693_lou_body = bytes(buf[off:_e])
+        _i619_lou_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_loca_layoutupdate = layoutupdate4(_i693_lou_type, _i693_lou_body)
+        f_loca_layoutupdate = layoutupdate4(_i619_lou_type, _i619_lou_body)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LAYOUTCOMMIT4args', o0) from None
     return LAYOUTCOMMIT4args(f_loca_offset, f_loca_length, f_loca_reclaim, f_loca_stateid, f_loca_last_write_offset, f_loca_time_modify, f_loca_layoutupdate), off
@@ -2464,16 +2559,16 @@ def _dec_any_newsize4(r: _Reader, off: int) -> tuple[newsize4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v694: _Any
-        _f694: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d694,) = _S0.unpack_from(buf, off)
-        _a694 = _newsize4_ARMS.get(_d694)
-        if _a694 is None:
-            raise _XdrError('%r is not a case of newsize4' % (_d694,), off)
+        _v620: _Any
+        _f620: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d620,) = _S0.unpack_from(buf, off)
+        _a620 = _newsize4_ARMS.get(_d620)
+        if _a620 is None:
+            raise _XdrError('%r is not a case of newsize4' % (_d620,), off)
         else:
-            _d694, _f694 = _a694
-        _v694, off = _f694(r, off + 4)
-        _u = newsize4(_d694, _v694)
+            _d620, _f620 = _a620
+        _v620, off = _f620(r, off + 4)
+        _u = newsize4(_d620, _v620)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated newsize4', o0) from None
     return _u, off
@@ -2481,16 +2576,16 @@ def _dec_any_newsize4(r: _Reader, off: int) -> tuple[newsize4, int]:
 
 def enc_newsize4(w: _Writer, v: newsize4) -> None:
     try:
-        _u695 = v
-        _d695 = _u695.ns_sizechanged
-        _w695: _Any
-        if _d695 == 1:
-            _w695 = _u695.value
-            w += _S62.pack(1, _w695)
-        elif _d695 == 0:
+        _u621 = v
+        _d621 = _u621.ns_sizechanged
+        _w621: _Any
+        if _d621 == 1:
+            _w621 = _u621.value
+            w += _S62.pack(1, _w621)
+        elif _d621 == 0:
             w += b'\x00\x00\x00\x00'
         else:
-            _enc_any_newsize4(w, _u695)
+            _enc_any_newsize4(w, _u621)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode newsize4: {_e!r}', len(w)) from None
 
@@ -2499,14 +2594,14 @@ def dec_newsize4(r: _Reader, off: int) -> tuple[newsize4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v696: _Any
-        (_d696,) = _S0.unpack_from(buf, off)
+        _v622: _Any
+        (_d622,) = _S0.unpack_from(buf, off)
         off += 4
-        if _d696 == 1:
-            (_v696,) = _S4.unpack_from(buf, off)
+        if _d622 == 1:
+            (_v622,) = _S4.unpack_from(buf, off)
             off += 8
-            _u = newsize4(True, _v696)
-        elif _d696 == 0:
+            _u = newsize4(True, _v622)
+        elif _d622 == 0:
             _u = newsize4(False, None)
         else:
             _u, off = _dec_any_newsize4(r, off - 4)
@@ -2522,16 +2617,16 @@ class LAYOUTCOMMIT4resok:
 
 def enc_LAYOUTCOMMIT4resok(w: _Writer, v: LAYOUTCOMMIT4resok) -> None:
     try:
-        _u697 = v.locr_newsize
-        _d697 = _u697.ns_sizechanged
-        _w697: _Any
-        if _d697 == 1:
-            _w697 = _u697.value
-            w += _S62.pack(1, _w697)
-        elif _d697 == 0:
+        _u623 = v.locr_newsize
+        _d623 = _u623.ns_sizechanged
+        _w623: _Any
+        if _d623 == 1:
+            _w623 = _u623.value
+            w += _S62.pack(1, _w623)
+        elif _d623 == 0:
             w += b'\x00\x00\x00\x00'
         else:
-            _enc_any_newsize4(w, _u697)
+            _enc_any_newsize4(w, _u623)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode LAYOUTCOMMIT4resok: {_e}', len(w)) from None
 
@@ -2540,14 +2635,14 @@ def dec_LAYOUTCOMMIT4resok(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4resok, in
     buf = r.buf
     o0 = off
     try:
-        _v698: _Any
-        (_d698,) = _S0.unpack_from(buf, off)
+        _v624: _Any
+        (_d624,) = _S0.unpack_from(buf, off)
         off += 4
-        if _d698 == 1:
-            (_v698,) = _S4.unpack_from(buf, off)
+        if _d624 == 1:
+            (_v624,) = _S4.unpack_from(buf, off)
             off += 8
-            f_locr_newsize = newsize4(True, _v698)
-        elif _d698 == 0:
+            f_locr_newsize = newsize4(True, _v624)
+        elif _d624 == 0:
             f_locr_newsize = newsize4(False, None)
         else:
             f_locr_newsize, off = _dec_any_newsize4(r, off - 4)
@@ -2582,17 +2677,17 @@ def _dec_any_LAYOUTCOMMIT4res(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4res, i
     buf = r.buf
     o0 = off
     try:
-        _v699: _Any
-        _f699: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d699,) = _S2.unpack_from(buf, off)
-        _a699 = _LAYOUTCOMMIT4res_ARMS.get(_d699)
-        if _a699 is None:
-            _d699 = _nfsstat4_MAP[(_d699,)[0]]
-            _f699 = _void_decode
+        _v625: _Any
+        _f625: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d625,) = _S2.unpack_from(buf, off)
+        _a625 = _LAYOUTCOMMIT4res_ARMS.get(_d625)
+        if _a625 is None:
+            _d625 = _nfsstat4_MAP[(_d625,)[0]]
+            _f625 = _void_decode
         else:
-            _d699, _f699 = _a699
-        _v699, off = _f699(r, off + 4)
-        _u = LAYOUTCOMMIT4res(_d699, _v699)
+            _d625, _f625 = _a625
+        _v625, off = _f625(r, off + 4)
+        _u = LAYOUTCOMMIT4res(_d625, _v625)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LAYOUTCOMMIT4res', o0) from None
     return _u, off
@@ -2600,25 +2695,25 @@ def _dec_any_LAYOUTCOMMIT4res(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4res, i
 
 def enc_LAYOUTCOMMIT4res(w: _Writer, v: LAYOUTCOMMIT4res) -> None:
     try:
-        _u700 = v
-        _d700 = _u700.locr_status
-        _w700: _Any
-        if _d700 == 0:
-            _w700 = _u700.value
-            _s701 = _w700
-            _u702 = _s701.locr_newsize
-            _d702 = _u702.ns_sizechanged
-            _w702: _Any
-            if _d702 == 1:
-                _w702 = _u702.value
-                w += _S64.pack(0, 1, _w702)
-            elif _d702 == 0:
+        _u626 = v
+        _d626 = _u626.locr_status
+        _w626: _Any
+        if _d626 == 0:
+            _w626 = _u626.value
+            _s627 = _w626
+            _u628 = _s627.locr_newsize
+            _d628 = _u628.ns_sizechanged
+            _w628: _Any
+            if _d628 == 1:
+                _w628 = _u628.value
+                w += _S64.pack(0, 1, _w628)
+            elif _d628 == 0:
                 w += b'\x00\x00\x00\x00\x00\x00\x00\x00'
             else:
                 w += b'\x00\x00\x00\x00'
-                _enc_any_newsize4(w, _u702)
+                _enc_any_newsize4(w, _u628)
         else:
-            _enc_any_LAYOUTCOMMIT4res(w, _u700)
+            _enc_any_LAYOUTCOMMIT4res(w, _u626)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode LAYOUTCOMMIT4res: {_e!r}', len(w)) from None
 
@@ -2627,23 +2722,23 @@ def dec_LAYOUTCOMMIT4res(r: _Reader, off: int) -> tuple[LAYOUTCOMMIT4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v703: _Any
-        (_d703,) = _S2.unpack_from(buf, off)
+        _v629: _Any
+        (_d629,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d703 == 0:
-            _v705: _Any
-            (_d705,) = _S0.unpack_from(buf, off)
+        if _d629 == 0:
+            _v631: _Any
+            (_d631,) = _S0.unpack_from(buf, off)
             off += 4
-            if _d705 == 1:
-                (_v705,) = _S4.unpack_from(buf, off)
+            if _d631 == 1:
+                (_v631,) = _S4.unpack_from(buf, off)
                 off += 8
-                _i704_locr_newsize = newsize4(True, _v705)
-            elif _d705 == 0:
-                _i704_locr_newsize = newsize4(False, None)
+                _i630_locr_newsize = newsize4(True, _v631)
+            elif _d631 == 0:
+                _i630_locr_newsize = newsize4(False, None)
             else:
-                _i704_locr_newsize, off = _dec_any_newsize4(r, off - 4)
-            _v703 = LAYOUTCOMMIT4resok(_i704_locr_newsize)
-            _u = LAYOUTCOMMIT4res(NFS4_OK, _v703)
+                _i630_locr_newsize, off = _dec_any_newsize4(r, off - 4)
+            _v629 = LAYOUTCOMMIT4resok(_i630_locr_newsize)
+            _u = LAYOUTCOMMIT4res(NFS4_OK, _v629)
         else:
             _u, off = _dec_any_LAYOUTCOMMIT4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2694,15 +2789,15 @@ def enc_LAYOUTGET4resok(w: _Writer, v: LAYOUTGET4resok) -> None:
     try:
         if len(v.logr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S19.pack(v.logr_return_on_close, v.logr_stateid.seqid, v.logr_stateid.other)
-        _a706 = v.logr_layout
-        _n = len(_a706)
+        _a632 = v.logr_layout
+        _n = len(_a632)
         w += _S0.pack(_n)
-        for _x706 in _a706:
-            _s707 = _x706
-            w += _S12.pack(_s707.lo_offset, _s707.lo_length, _s707.lo_iomode)
-            _s708 = _s707.lo_content
-            w += _S2.pack(_s708.loc_type)
-            _v = _s708.loc_body
+        for _x632 in _a632:
+            _s633 = _x632
+            w += _S12.pack(_s633.lo_offset, _s633.lo_length, _s633.lo_iomode)
+            _s634 = _s633.lo_content
+            w += _S2.pack(_s634.loc_type)
+            _v = _s634.loc_body
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
@@ -2724,24 +2819,24 @@ def dec_LAYOUTGET4resok(r: _Reader, off: int) -> tuple[LAYOUTGET4resok, int]:
         if _n * 28 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_logr_layout = []
-        _c709 = _n
-        for _ in range(_c709):
-            _i710_lo_offset, _i710_lo_length, _t2 = _S12.unpack_from(buf, off)
+        _c635 = _n
+        for _ in range(_c635):
+            _i636_lo_offset, _i636_lo_length, _t2 = _S12.unpack_from(buf, off)
             off += 20
-            _i710_lo_iomode = _layoutiomode4_MAP[_t2]
+            _i636_lo_iomode = _layoutiomode4_MAP[_t2]
             (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _i711_loc_type = _layouttype4_MAP[_t0]
+            _i637_loc_type = _layouttype4_MAP[_t0]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i711_loc_body = bytes(buf[off:_e])
+            _i637_loc_body = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i710_lo_content = layout_content4(_i711_loc_type, _i711_loc_body)
-            _x709 = layout4(_i710_lo_offset, _i710_lo_length, _i710_lo_iomode, _i710_lo_content)
-            f_logr_layout.append(_x709)
+            _i636_lo_content = layout_content4(_i637_loc_type, _i637_loc_body)
+            _x635 = layout4(_i636_lo_offset, _i636_lo_length, _i636_lo_iomode, _i636_lo_content)
+            f_logr_layout.append(_x635)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LAYOUTGET4resok', o0) from None
     return LAYOUTGET4resok(f_logr_return_on_close, f_logr_stateid, f_logr_layout), off
@@ -2792,17 +2887,17 @@ def _dec_any_LAYOUTGET4res(r: _Reader, off: int) -> tuple[LAYOUTGET4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v712: _Any
-        _f712: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d712,) = _S2.unpack_from(buf, off)
-        _a712 = _LAYOUTGET4res_ARMS.get(_d712)
-        if _a712 is None:
-            _d712 = _nfsstat4_MAP[(_d712,)[0]]
-            _f712 = _void_decode
+        _v638: _Any
+        _f638: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d638,) = _S2.unpack_from(buf, off)
+        _a638 = _LAYOUTGET4res_ARMS.get(_d638)
+        if _a638 is None:
+            _d638 = _nfsstat4_MAP[(_d638,)[0]]
+            _f638 = _void_decode
         else:
-            _d712, _f712 = _a712
-        _v712, off = _f712(r, off + 4)
-        _u = LAYOUTGET4res(_d712, _v712)
+            _d638, _f638 = _a638
+        _v638, off = _f638(r, off + 4)
+        _u = LAYOUTGET4res(_d638, _v638)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LAYOUTGET4res', o0) from None
     return _u, off
@@ -2810,24 +2905,24 @@ def _dec_any_LAYOUTGET4res(r: _Reader, off: int) -> tuple[LAYOUTGET4res, int]:
 
 def enc_LAYOUTGET4res(w: _Writer, v: LAYOUTGET4res) -> None:
     try:
-        _u713 = v
-        _d713 = _u713.logr_status
-        _w713: _Any
-        if _d713 == 0:
-            _w713 = _u713.value
-            _s714 = _w713
-            if len(_s714.logr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S66.pack(0, _s714.logr_return_on_close, _s714.logr_stateid.seqid, _s714.logr_stateid.other)
-            _a715 = _s714.logr_layout
-            _n = len(_a715)
+        _u639 = v
+        _d639 = _u639.logr_status
+        _w639: _Any
+        if _d639 == 0:
+            _w639 = _u639.value
+            _s640 = _w639
+            if len(_s640.logr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S66.pack(0, _s640.logr_return_on_close, _s640.logr_stateid.seqid, _s640.logr_stateid.other)
+            _a641 = _s640.logr_layout
+            _n = len(_a641)
             w += _S0.pack(_n)
-            for _x715 in _a715:
-                enc_layout4(w, _x715)
-        elif _d713 == 10058:
-            _w713 = _u713.value
-            w += _S23.pack(10058, _w713)
+            for _x641 in _a641:
+                enc_layout4(w, _x641)
+        elif _d639 == 10058:
+            _w639 = _u639.value
+            w += _S23.pack(10058, _w639)
         else:
-            _enc_any_LAYOUTGET4res(w, _u713)
+            _enc_any_LAYOUTGET4res(w, _u639)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode LAYOUTGET4res: {_e!r}', len(w)) from None
 
@@ -2836,30 +2931,30 @@ def dec_LAYOUTGET4res(r: _Reader, off: int) -> tuple[LAYOUTGET4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v716: _Any
-        (_d716,) = _S2.unpack_from(buf, off)
+        _v642: _Any
+        (_d642,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d716 == 0:
+        if _d642 == 0:
             _t0, _t1, _t2 = _S19.unpack_from(buf, off)
             off += 20
-            _i717_logr_return_on_close = _BOOL[_t0]
-            _i717_logr_stateid = stateid4(_t1, _t2)
+            _i643_logr_return_on_close = _BOOL[_t0]
+            _i643_logr_stateid = stateid4(_t1, _t2)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 28 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i717_logr_layout = []
-            _c718 = _n
-            for _ in range(_c718):
-                _x718, off = dec_layout4(r, off)
-                _i717_logr_layout.append(_x718)
-            _v716 = LAYOUTGET4resok(_i717_logr_return_on_close, _i717_logr_stateid, _i717_logr_layout)
-            _u = LAYOUTGET4res(NFS4_OK, _v716)
-        elif _d716 == 10058:
+            _i643_logr_layout = []
+            _c644 = _n
+            for _ in range(_c644):
+                _x644, off = dec_layout4(r, off)
+                _i643_logr_layout.append(_x644)
+            _v642 = LAYOUTGET4resok(_i643_logr_return_on_close, _i643_logr_stateid, _i643_logr_layout)
+            _u = LAYOUTGET4res(NFS4_OK, _v642)
+        elif _d642 == 10058:
             (_t0,) = _S0.unpack_from(buf, off)
             off += 4
-            _v716 = _BOOL[_t0]
-            _u = LAYOUTGET4res(NFS4ERR_LAYOUTTRYLATER, _v716)
+            _v642 = _BOOL[_t0]
+            _u = LAYOUTGET4res(NFS4ERR_LAYOUTTRYLATER, _v642)
         else:
             _u, off = _dec_any_LAYOUTGET4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2878,21 +2973,21 @@ class LAYOUTRETURN4args:
 def enc_LAYOUTRETURN4args(w: _Writer, v: LAYOUTRETURN4args) -> None:
     try:
         w += _S67.pack(v.lora_reclaim, v.lora_layout_type, v.lora_iomode)
-        _u719 = v.lora_layoutreturn
-        _d719 = _u719.lr_returntype
-        _w719: _Any
-        if _d719 == 1:
-            _w719 = _u719.value
-            _s720 = _w719
-            if len(_s720.lrf_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S14.pack(1, _s720.lrf_offset, _s720.lrf_length, _s720.lrf_stateid.seqid, _s720.lrf_stateid.other)
-            _v = _s720.lrf_body
+        _u645 = v.lora_layoutreturn
+        _d645 = _u645.lr_returntype
+        _w645: _Any
+        if _d645 == 1:
+            _w645 = _u645.value
+            _s646 = _w645
+            if len(_s646.lrf_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S14.pack(1, _s646.lrf_offset, _s646.lrf_length, _s646.lrf_stateid.seqid, _s646.lrf_stateid.other)
+            _v = _s646.lrf_body
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
         else:
-            _enc_any_layoutreturn4(w, _u719)
+            _enc_any_layoutreturn4(w, _u645)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode LAYOUTRETURN4args: {_e}', len(w)) from None
 
@@ -2906,22 +3001,22 @@ def dec_LAYOUTRETURN4args(r: _Reader, off: int) -> tuple[LAYOUTRETURN4args, int]
         f_lora_reclaim = _BOOL[_t0]
         f_lora_layout_type = _layouttype4_MAP[_t1]
         f_lora_iomode = _layoutiomode4_MAP[_t2]
-        _v721: _Any
-        (_d721,) = _S2.unpack_from(buf, off)
+        _v647: _Any
+        (_d647,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d721 == 1:
-            _i722_lrf_offset, _i722_lrf_length, _t2, _t3 = _S13.unpack_from(buf, off)
+        if _d647 == 1:
+            _i648_lrf_offset, _i648_lrf_length, _t2, _t3 = _S13.unpack_from(buf, off)
             off += 32
-            _i722_lrf_stateid = stateid4(_t2, _t3)
+            _i648_lrf_stateid = stateid4(_t2, _t3)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i722_lrf_body = bytes(buf[off:_e])
+            _i648_lrf_body = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _v721 = layoutreturn_file4(_i722_lrf_offset, _i722_lrf_length, _i722_lrf_stateid, _i722_lrf_body)
-            f_lora_layoutreturn = layoutreturn4(LAYOUTRETURN4_FILE, _v721)
+            _v647 = layoutreturn_file4(_i648_lrf_offset, _i648_lrf_length, _i648_lrf_stateid, _i648_lrf_body)
+            f_lora_layoutreturn = layoutreturn4(LAYOUTRETURN4_FILE, _v647)
         else:
             f_lora_layoutreturn, off = _dec_any_layoutreturn4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2956,16 +3051,16 @@ def _dec_any_layoutreturn_stateid(r: _Reader, off: int) -> tuple[layoutreturn_st
     buf = r.buf
     o0 = off
     try:
-        _v723: _Any
-        _f723: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d723,) = _S0.unpack_from(buf, off)
-        _a723 = _layoutreturn_stateid_ARMS.get(_d723)
-        if _a723 is None:
-            raise _XdrError('%r is not a case of layoutreturn_stateid' % (_d723,), off)
+        _v649: _Any
+        _f649: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d649,) = _S0.unpack_from(buf, off)
+        _a649 = _layoutreturn_stateid_ARMS.get(_d649)
+        if _a649 is None:
+            raise _XdrError('%r is not a case of layoutreturn_stateid' % (_d649,), off)
         else:
-            _d723, _f723 = _a723
-        _v723, off = _f723(r, off + 4)
-        _u = layoutreturn_stateid(_d723, _v723)
+            _d649, _f649 = _a649
+        _v649, off = _f649(r, off + 4)
+        _u = layoutreturn_stateid(_d649, _v649)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated layoutreturn_stateid', o0) from None
     return _u, off
@@ -2973,17 +3068,17 @@ def _dec_any_layoutreturn_stateid(r: _Reader, off: int) -> tuple[layoutreturn_st
 
 def enc_layoutreturn_stateid(w: _Writer, v: layoutreturn_stateid) -> None:
     try:
-        _u724 = v
-        _d724 = _u724.lrs_present
-        _w724: _Any
-        if _d724 == 1:
-            _w724 = _u724.value
-            if len(_w724.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S19.pack(1, _w724.seqid, _w724.other)
-        elif _d724 == 0:
+        _u650 = v
+        _d650 = _u650.lrs_present
+        _w650: _Any
+        if _d650 == 1:
+            _w650 = _u650.value
+            if len(_w650.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S19.pack(1, _w650.seqid, _w650.other)
+        elif _d650 == 0:
             w += b'\x00\x00\x00\x00'
         else:
-            _enc_any_layoutreturn_stateid(w, _u724)
+            _enc_any_layoutreturn_stateid(w, _u650)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode layoutreturn_stateid: {_e!r}', len(w)) from None
 
@@ -2992,14 +3087,14 @@ def dec_layoutreturn_stateid(r: _Reader, off: int) -> tuple[layoutreturn_stateid
     buf = r.buf
     o0 = off
     try:
-        _v725: _Any
-        (_d725,) = _S0.unpack_from(buf, off)
+        _v651: _Any
+        (_d651,) = _S0.unpack_from(buf, off)
         off += 4
-        if _d725 == 1:
-            _v725 = stateid4(*_S11.unpack_from(buf, off))
+        if _d651 == 1:
+            _v651 = stateid4(*_S11.unpack_from(buf, off))
             off += 16
-            _u = layoutreturn_stateid(True, _v725)
-        elif _d725 == 0:
+            _u = layoutreturn_stateid(True, _v651)
+        elif _d651 == 0:
             _u = layoutreturn_stateid(False, None)
         else:
             _u, off = _dec_any_layoutreturn_stateid(r, off - 4)
@@ -3034,17 +3129,17 @@ def _dec_any_LAYOUTRETURN4res(r: _Reader, off: int) -> tuple[LAYOUTRETURN4res, i
     buf = r.buf
     o0 = off
     try:
-        _v726: _Any
-        _f726: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d726,) = _S2.unpack_from(buf, off)
-        _a726 = _LAYOUTRETURN4res_ARMS.get(_d726)
-        if _a726 is None:
-            _d726 = _nfsstat4_MAP[(_d726,)[0]]
-            _f726 = _void_decode
+        _v652: _Any
+        _f652: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d652,) = _S2.unpack_from(buf, off)
+        _a652 = _LAYOUTRETURN4res_ARMS.get(_d652)
+        if _a652 is None:
+            _d652 = _nfsstat4_MAP[(_d652,)[0]]
+            _f652 = _void_decode
         else:
-            _d726, _f726 = _a726
-        _v726, off = _f726(r, off + 4)
-        _u = LAYOUTRETURN4res(_d726, _v726)
+            _d652, _f652 = _a652
+        _v652, off = _f652(r, off + 4)
+        _u = LAYOUTRETURN4res(_d652, _v652)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LAYOUTRETURN4res', o0) from None
     return _u, off
@@ -3052,25 +3147,25 @@ def _dec_any_LAYOUTRETURN4res(r: _Reader, off: int) -> tuple[LAYOUTRETURN4res, i
 
 def enc_LAYOUTRETURN4res(w: _Writer, v: LAYOUTRETURN4res) -> None:
     try:
-        _u727 = v
-        _d727 = _u727.lorr_status
-        _w727: _Any
-        if _d727 == 0:
-            _w727 = _u727.value
-            _u728 = _w727
-            _d728 = _u728.lrs_present
-            _w728: _Any
-            if _d728 == 1:
-                _w728 = _u728.value
-                if len(_w728.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-                w += _S66.pack(0, 1, _w728.seqid, _w728.other)
-            elif _d728 == 0:
+        _u653 = v
+        _d653 = _u653.lorr_status
+        _w653: _Any
+        if _d653 == 0:
+            _w653 = _u653.value
+            _u654 = _w653
+            _d654 = _u654.lrs_present
+            _w654: _Any
+            if _d654 == 1:
+                _w654 = _u654.value
+                if len(_w654.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+                w += _S66.pack(0, 1, _w654.seqid, _w654.other)
+            elif _d654 == 0:
                 w += b'\x00\x00\x00\x00\x00\x00\x00\x00'
             else:
                 w += b'\x00\x00\x00\x00'
-                _enc_any_layoutreturn_stateid(w, _u728)
+                _enc_any_layoutreturn_stateid(w, _u654)
         else:
-            _enc_any_LAYOUTRETURN4res(w, _u727)
+            _enc_any_LAYOUTRETURN4res(w, _u653)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode LAYOUTRETURN4res: {_e!r}', len(w)) from None
 
@@ -3079,22 +3174,22 @@ def dec_LAYOUTRETURN4res(r: _Reader, off: int) -> tuple[LAYOUTRETURN4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v729: _Any
-        (_d729,) = _S2.unpack_from(buf, off)
+        _v655: _Any
+        (_d655,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d729 == 0:
-            _v730: _Any
-            (_d730,) = _S0.unpack_from(buf, off)
+        if _d655 == 0:
+            _v656: _Any
+            (_d656,) = _S0.unpack_from(buf, off)
             off += 4
-            if _d730 == 1:
-                _v730 = stateid4(*_S11.unpack_from(buf, off))
+            if _d656 == 1:
+                _v656 = stateid4(*_S11.unpack_from(buf, off))
                 off += 16
-                _v729 = layoutreturn_stateid(True, _v730)
-            elif _d730 == 0:
-                _v729 = layoutreturn_stateid(False, None)
+                _v655 = layoutreturn_stateid(True, _v656)
+            elif _d656 == 0:
+                _v655 = layoutreturn_stateid(False, None)
             else:
-                _v729, off = _dec_any_layoutreturn_stateid(r, off - 4)
-            _u = LAYOUTRETURN4res(NFS4_OK, _v729)
+                _v655, off = _dec_any_layoutreturn_stateid(r, off - 4)
+            _u = LAYOUTRETURN4res(NFS4_OK, _v655)
         else:
             _u, off = _dec_any_LAYOUTRETURN4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -3153,26 +3248,26 @@ SECINFO_NO_NAME4res = SECINFO4res
 
 def enc_SECINFO_NO_NAME4res(w: _Writer, v: SECINFO_NO_NAME4res) -> None:
     try:
-        _u731 = v
-        _d731 = _u731.status
-        _w731: _Any
-        if _d731 == 0:
-            _w731 = _u731.value
-            _a732 = _w731
-            _n = len(_a732)
+        _u657 = v
+        _d657 = _u657.status
+        _w657: _Any
+        if _d657 == 0:
+            _w657 = _u657.value
+            _a658 = _w657
+            _n = len(_a658)
             w += _S23.pack(0, _n)
-            for _x732 in _a732:
-                _u733 = _x732
-                _d733 = _u733.flavor
-                _w733: _Any
-                if _d733 == 6:
-                    _w733 = _u733.value
+            for _x658 in _a658:
+                _u659 = _x658
+                _d659 = _u659.flavor
+                _w659: _Any
+                if _d659 == 6:
+                    _w659 = _u659.value
                     w += b'\x00\x00\x00\x06'
-                    enc_rpcsec_gss_info(w, _w733)
+                    enc_rpcsec_gss_info(w, _w659)
                 else:
-                    _enc_any_secinfo4(w, _u733)
+                    _enc_any_secinfo4(w, _u659)
         else:
-            _enc_any_SECINFO4res(w, _u731)
+            _enc_any_SECINFO4res(w, _u657)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode SECINFO_NO_NAME4res: {_e}', len(w)) from None
 
@@ -3181,27 +3276,27 @@ def dec_SECINFO_NO_NAME4res(r: _Reader, off: int) -> tuple[SECINFO_NO_NAME4res, 
     buf = r.buf
     o0 = off
     try:
-        _v734: _Any
-        (_d734,) = _S2.unpack_from(buf, off)
+        _v660: _Any
+        (_d660,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d734 == 0:
+        if _d660 == 0:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _v734 = []
-            _c735 = _n
-            for _ in range(_c735):
-                _v736: _Any
-                (_d736,) = _S0.unpack_from(buf, off)
+            _v660 = []
+            _c661 = _n
+            for _ in range(_c661):
+                _v662: _Any
+                (_d662,) = _S0.unpack_from(buf, off)
                 off += 4
-                if _d736 == 6:
-                    _v736, off = dec_rpcsec_gss_info(r, off)
-                    _x735 = secinfo4((6,)[0], _v736)
+                if _d662 == 6:
+                    _v662, off = dec_rpcsec_gss_info(r, off)
+                    _x661 = secinfo4((6,)[0], _v662)
                 else:
-                    _x735, off = _dec_any_secinfo4(r, off - 4)
-                _v734.append(_x735)
-            _v = SECINFO4res(NFS4_OK, _v734)
+                    _x661, off = _dec_any_secinfo4(r, off - 4)
+                _v660.append(_x661)
+            _v = SECINFO4res(NFS4_OK, _v660)
         else:
             _v, off = _dec_any_SECINFO4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -3293,17 +3388,17 @@ def _dec_any_SEQUENCE4res(r: _Reader, off: int) -> tuple[SEQUENCE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v737: _Any
-        _f737: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d737,) = _S2.unpack_from(buf, off)
-        _a737 = _SEQUENCE4res_ARMS.get(_d737)
-        if _a737 is None:
-            _d737 = _nfsstat4_MAP[(_d737,)[0]]
-            _f737 = _void_decode
+        _v663: _Any
+        _f663: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d663,) = _S2.unpack_from(buf, off)
+        _a663 = _SEQUENCE4res_ARMS.get(_d663)
+        if _a663 is None:
+            _d663 = _nfsstat4_MAP[(_d663,)[0]]
+            _f663 = _void_decode
         else:
-            _d737, _f737 = _a737
-        _v737, off = _f737(r, off + 4)
-        _u = SEQUENCE4res(_d737, _v737)
+            _d663, _f663 = _a663
+        _v663, off = _f663(r, off + 4)
+        _u = SEQUENCE4res(_d663, _v663)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SEQUENCE4res', o0) from None
     return _u, off
@@ -3311,15 +3406,15 @@ def _dec_any_SEQUENCE4res(r: _Reader, off: int) -> tuple[SEQUENCE4res, int]:
 
 def enc_SEQUENCE4res(w: _Writer, v: SEQUENCE4res) -> None:
     try:
-        _u738 = v
-        _d738 = _u738.sr_status
-        _w738: _Any
-        if _d738 == 0:
-            _w738 = _u738.value
-            if len(_w738.sr_sessionid) != 16: raise _XdrError('fixed opaque sr_sessionid must be 16 bytes', len(w))
-            w += _S70.pack(0, _w738.sr_sessionid, _w738.sr_sequenceid, _w738.sr_slotid, _w738.sr_highest_slotid, _w738.sr_target_highest_slotid, _w738.sr_status_flags)
+        _u664 = v
+        _d664 = _u664.sr_status
+        _w664: _Any
+        if _d664 == 0:
+            _w664 = _u664.value
+            if len(_w664.sr_sessionid) != 16: raise _XdrError('fixed opaque sr_sessionid must be 16 bytes', len(w))
+            w += _S70.pack(0, _w664.sr_sessionid, _w664.sr_sequenceid, _w664.sr_slotid, _w664.sr_highest_slotid, _w664.sr_target_highest_slotid, _w664.sr_status_flags)
         else:
-            _enc_any_SEQUENCE4res(w, _u738)
+            _enc_any_SEQUENCE4res(w, _u664)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode SEQUENCE4res: {_e!r}', len(w)) from None
 
@@ -3328,13 +3423,13 @@ def dec_SEQUENCE4res(r: _Reader, off: int) -> tuple[SEQUENCE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v739: _Any
-        (_d739,) = _S2.unpack_from(buf, off)
+        _v665: _Any
+        (_d665,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d739 == 0:
-            _v739 = SEQUENCE4resok(*_S69.unpack_from(buf, off))
+        if _d665 == 0:
+            _v665 = SEQUENCE4resok(*_S69.unpack_from(buf, off))
             off += 36
-            _u = SEQUENCE4res(NFS4_OK, _v739)
+            _u = SEQUENCE4res(NFS4_OK, _v665)
         else:
             _u, off = _dec_any_SEQUENCE4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):

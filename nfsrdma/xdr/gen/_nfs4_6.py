@@ -21,6 +21,7 @@ from nfsrdma.xdr.runtime import (
     PAD as _PAD,
     TRUE as _TRUE,
     U32 as _U32,
+    U32_ARRAYS as _U32_ARRAYS,
     Operation as _Operation,
     Buffer as _Buffer,
     DdpItem as _DdpItem,
@@ -201,15 +202,15 @@ class ssr_digest_input4:
 
 def enc_ssr_digest_input4(w: _Writer, v: ssr_digest_input4) -> None:
     try:
-        _u740 = v.sdi_seqres
-        _d740 = _u740.sr_status
-        _w740: _Any
-        if _d740 == 0:
-            _w740 = _u740.value
-            if len(_w740.sr_sessionid) != 16: raise _XdrError('fixed opaque sr_sessionid must be 16 bytes', len(w))
-            w += _S70.pack(0, _w740.sr_sessionid, _w740.sr_sequenceid, _w740.sr_slotid, _w740.sr_highest_slotid, _w740.sr_target_highest_slotid, _w740.sr_status_flags)
+        _u666 = v.sdi_seqres
+        _d666 = _u666.sr_status
+        _w666: _Any
+        if _d666 == 0:
+            _w666 = _u666.value
+            if len(_w666.sr_sessionid) != 16: raise _XdrError('fixed opaque sr_sessionid must be 16 bytes', len(w))
+            w += _S70.pack(0, _w666.sr_sessionid, _w666.sr_sequenceid, _w666.sr_slotid, _w666.sr_highest_slotid, _w666.sr_target_highest_slotid, _w666.sr_status_flags)
         else:
-            _enc_any_SEQUENCE4res(w, _u740)
+            _enc_any_SEQUENCE4res(w, _u666)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode ssr_digest_input4: {_e}', len(w)) from None
 
@@ -218,13 +219,13 @@ def dec_ssr_digest_input4(r: _Reader, off: int) -> tuple[ssr_digest_input4, int]
     buf = r.buf
     o0 = off
     try:
-        _v741: _Any
-        (_d741,) = _S2.unpack_from(buf, off)
+        _v667: _Any
+        (_d667,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d741 == 0:
-            _v741 = SEQUENCE4resok(*_S69.unpack_from(buf, off))
+        if _d667 == 0:
+            _v667 = SEQUENCE4resok(*_S69.unpack_from(buf, off))
             off += 36
-            f_sdi_seqres = SEQUENCE4res(NFS4_OK, _v741)
+            f_sdi_seqres = SEQUENCE4res(NFS4_OK, _v667)
         else:
             f_sdi_seqres, off = _dec_any_SEQUENCE4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -290,17 +291,17 @@ def _dec_any_SET_SSV4res(r: _Reader, off: int) -> tuple[SET_SSV4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v742: _Any
-        _f742: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d742,) = _S2.unpack_from(buf, off)
-        _a742 = _SET_SSV4res_ARMS.get(_d742)
-        if _a742 is None:
-            _d742 = _nfsstat4_MAP[(_d742,)[0]]
-            _f742 = _void_decode
+        _v668: _Any
+        _f668: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d668,) = _S2.unpack_from(buf, off)
+        _a668 = _SET_SSV4res_ARMS.get(_d668)
+        if _a668 is None:
+            _d668 = _nfsstat4_MAP[(_d668,)[0]]
+            _f668 = _void_decode
         else:
-            _d742, _f742 = _a742
-        _v742, off = _f742(r, off + 4)
-        _u = SET_SSV4res(_d742, _v742)
+            _d668, _f668 = _a668
+        _v668, off = _f668(r, off + 4)
+        _u = SET_SSV4res(_d668, _v668)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SET_SSV4res', o0) from None
     return _u, off
@@ -308,19 +309,19 @@ def _dec_any_SET_SSV4res(r: _Reader, off: int) -> tuple[SET_SSV4res, int]:
 
 def enc_SET_SSV4res(w: _Writer, v: SET_SSV4res) -> None:
     try:
-        _u743 = v
-        _d743 = _u743.ssr_status
-        _w743: _Any
-        if _d743 == 0:
-            _w743 = _u743.value
-            _s744 = _w743
-            _v = _s744.ssr_digest
+        _u669 = v
+        _d669 = _u669.ssr_status
+        _w669: _Any
+        if _d669 == 0:
+            _w669 = _u669.value
+            _s670 = _w669
+            _v = _s670.ssr_digest
             _n = len(_v)
             w += _S23.pack(0, _n)
             w += _v
             w += _PAD[_n & 3]
         else:
-            _enc_any_SET_SSV4res(w, _u743)
+            _enc_any_SET_SSV4res(w, _u669)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode SET_SSV4res: {_e!r}', len(w)) from None
 
@@ -329,19 +330,19 @@ def dec_SET_SSV4res(r: _Reader, off: int) -> tuple[SET_SSV4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v745: _Any
-        (_d745,) = _S2.unpack_from(buf, off)
+        _v671: _Any
+        (_d671,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d745 == 0:
+        if _d671 == 0:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i746_ssr_digest = bytes(buf[off:_e])
+            _i672_ssr_digest = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _v745 = SET_SSV4resok(_i746_ssr_digest)
-            _u = SET_SSV4res(NFS4_OK, _v745)
+            _v671 = SET_SSV4resok(_i672_ssr_digest)
+            _u = SET_SSV4res(NFS4_OK, _v671)
         else:
             _u, off = _dec_any_SET_SSV4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -356,12 +357,12 @@ class TEST_STATEID4args:
 
 def enc_TEST_STATEID4args(w: _Writer, v: TEST_STATEID4args) -> None:
     try:
-        _a747 = v.ts_stateids
-        _n = len(_a747)
+        _a673 = v.ts_stateids
+        _n = len(_a673)
         w += _S0.pack(_n)
-        for _x747 in _a747:
-            if len(_x747.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S11.pack(_x747.seqid, _x747.other)
+        for _x673 in _a673:
+            if len(_x673.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S11.pack(_x673.seqid, _x673.other)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode TEST_STATEID4args: {_e}', len(w)) from None
 
@@ -375,11 +376,11 @@ def dec_TEST_STATEID4args(r: _Reader, off: int) -> tuple[TEST_STATEID4args, int]
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_ts_stateids = []
-        _c748 = _n
-        for _ in range(_c748):
-            _x748 = stateid4(*_S11.unpack_from(buf, off))
+        _c674 = _n
+        for _ in range(_c674):
+            _x674 = stateid4(*_S11.unpack_from(buf, off))
             off += 16
-            f_ts_stateids.append(_x748)
+            f_ts_stateids.append(_x674)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated TEST_STATEID4args', o0) from None
     return TEST_STATEID4args(f_ts_stateids), off
@@ -392,11 +393,11 @@ class TEST_STATEID4resok:
 
 def enc_TEST_STATEID4resok(w: _Writer, v: TEST_STATEID4resok) -> None:
     try:
-        _a749 = v.tsr_status_codes
-        _n = len(_a749)
+        _a675 = v.tsr_status_codes
+        _n = len(_a675)
         w += _S0.pack(_n)
-        for _x749 in _a749:
-            w += _S2.pack(_x749)
+        for _x675 in _a675:
+            w += _S2.pack(_x675)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode TEST_STATEID4resok: {_e}', len(w)) from None
 
@@ -410,12 +411,12 @@ def dec_TEST_STATEID4resok(r: _Reader, off: int) -> tuple[TEST_STATEID4resok, in
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_tsr_status_codes = []
-        _c750 = _n
-        for _ in range(_c750):
+        _c676 = _n
+        for _ in range(_c676):
             (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _x750 = _nfsstat4_MAP[_t0]
-            f_tsr_status_codes.append(_x750)
+            _x676 = _nfsstat4_MAP[_t0]
+            f_tsr_status_codes.append(_x676)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated TEST_STATEID4resok', o0) from None
     return TEST_STATEID4resok(f_tsr_status_codes), off
@@ -447,17 +448,17 @@ def _dec_any_TEST_STATEID4res(r: _Reader, off: int) -> tuple[TEST_STATEID4res, i
     buf = r.buf
     o0 = off
     try:
-        _v751: _Any
-        _f751: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d751,) = _S2.unpack_from(buf, off)
-        _a751 = _TEST_STATEID4res_ARMS.get(_d751)
-        if _a751 is None:
-            _d751 = _nfsstat4_MAP[(_d751,)[0]]
-            _f751 = _void_decode
+        _v677: _Any
+        _f677: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d677,) = _S2.unpack_from(buf, off)
+        _a677 = _TEST_STATEID4res_ARMS.get(_d677)
+        if _a677 is None:
+            _d677 = _nfsstat4_MAP[(_d677,)[0]]
+            _f677 = _void_decode
         else:
-            _d751, _f751 = _a751
-        _v751, off = _f751(r, off + 4)
-        _u = TEST_STATEID4res(_d751, _v751)
+            _d677, _f677 = _a677
+        _v677, off = _f677(r, off + 4)
+        _u = TEST_STATEID4res(_d677, _v677)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated TEST_STATEID4res', o0) from None
     return _u, off
@@ -465,19 +466,19 @@ def _dec_any_TEST_STATEID4res(r: _Reader, off: int) -> tuple[TEST_STATEID4res, i
 
 def enc_TEST_STATEID4res(w: _Writer, v: TEST_STATEID4res) -> None:
     try:
-        _u752 = v
-        _d752 = _u752.tsr_status
-        _w752: _Any
-        if _d752 == 0:
-            _w752 = _u752.value
-            _s753 = _w752
-            _a754 = _s753.tsr_status_codes
-            _n = len(_a754)
+        _u678 = v
+        _d678 = _u678.tsr_status
+        _w678: _Any
+        if _d678 == 0:
+            _w678 = _u678.value
+            _s679 = _w678
+            _a680 = _s679.tsr_status_codes
+            _n = len(_a680)
             w += _S23.pack(0, _n)
-            for _x754 in _a754:
-                w += _S2.pack(_x754)
+            for _x680 in _a680:
+                w += _S2.pack(_x680)
         else:
-            _enc_any_TEST_STATEID4res(w, _u752)
+            _enc_any_TEST_STATEID4res(w, _u678)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode TEST_STATEID4res: {_e!r}', len(w)) from None
 
@@ -486,23 +487,23 @@ def dec_TEST_STATEID4res(r: _Reader, off: int) -> tuple[TEST_STATEID4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v755: _Any
-        (_d755,) = _S2.unpack_from(buf, off)
+        _v681: _Any
+        (_d681,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d755 == 0:
+        if _d681 == 0:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i756_tsr_status_codes = []
-            _c757 = _n
-            for _ in range(_c757):
+            _i682_tsr_status_codes = []
+            _c683 = _n
+            for _ in range(_c683):
                 (_t0,) = _S2.unpack_from(buf, off)
                 off += 4
-                _x757 = _nfsstat4_MAP[_t0]
-                _i756_tsr_status_codes.append(_x757)
-            _v755 = TEST_STATEID4resok(_i756_tsr_status_codes)
-            _u = TEST_STATEID4res(NFS4_OK, _v755)
+                _x683 = _nfsstat4_MAP[_t0]
+                _i682_tsr_status_codes.append(_x683)
+            _v681 = TEST_STATEID4resok(_i682_tsr_status_codes)
+            _u = TEST_STATEID4res(NFS4_OK, _v681)
         else:
             _u, off = _dec_any_TEST_STATEID4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -538,16 +539,16 @@ def _dec_any_deleg_claim4(r: _Reader, off: int) -> tuple[deleg_claim4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v758: _Any
-        _f758: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d758,) = _S2.unpack_from(buf, off)
-        _a758 = _deleg_claim4_ARMS.get(_d758)
-        if _a758 is None:
-            raise _XdrError('%r is not a case of deleg_claim4' % (_d758,), off)
+        _v684: _Any
+        _f684: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d684,) = _S2.unpack_from(buf, off)
+        _a684 = _deleg_claim4_ARMS.get(_d684)
+        if _a684 is None:
+            raise _XdrError('%r is not a case of deleg_claim4' % (_d684,), off)
         else:
-            _d758, _f758 = _a758
-        _v758, off = _f758(r, off + 4)
-        _u = deleg_claim4(_d758, _v758)
+            _d684, _f684 = _a684
+        _v684, off = _f684(r, off + 4)
+        _u = deleg_claim4(_d684, _v684)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated deleg_claim4', o0) from None
     return _u, off
@@ -555,18 +556,18 @@ def _dec_any_deleg_claim4(r: _Reader, off: int) -> tuple[deleg_claim4, int]:
 
 def enc_deleg_claim4(w: _Writer, v: deleg_claim4) -> None:
     try:
-        _u759 = v
-        _d759 = _u759.dc_claim
-        _w759: _Any
-        if _d759 == 4:
+        _u685 = v
+        _d685 = _u685.dc_claim
+        _w685: _Any
+        if _d685 == 4:
             w += b'\x00\x00\x00\x04'
-        elif _d759 == 6:
+        elif _d685 == 6:
             w += b'\x00\x00\x00\x06'
-        elif _d759 == 1:
-            _w759 = _u759.value
-            w += _S34.pack(1, _w759)
+        elif _d685 == 1:
+            _w685 = _u685.value
+            w += _S34.pack(1, _w685)
         else:
-            _enc_any_deleg_claim4(w, _u759)
+            _enc_any_deleg_claim4(w, _u685)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode deleg_claim4: {_e!r}', len(w)) from None
 
@@ -575,18 +576,18 @@ def dec_deleg_claim4(r: _Reader, off: int) -> tuple[deleg_claim4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v760: _Any
-        (_d760,) = _S2.unpack_from(buf, off)
+        _v686: _Any
+        (_d686,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d760 == 4:
+        if _d686 == 4:
             _u = deleg_claim4(CLAIM_FH, None)
-        elif _d760 == 6:
+        elif _d686 == 6:
             _u = deleg_claim4(CLAIM_DELEG_PREV_FH, None)
-        elif _d760 == 1:
+        elif _d686 == 1:
             (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _v760 = _open_delegation_type4_MAP[_t0]
-            _u = deleg_claim4(CLAIM_PREVIOUS, _v760)
+            _v686 = _open_delegation_type4_MAP[_t0]
+            _u = deleg_claim4(CLAIM_PREVIOUS, _v686)
         else:
             _u, off = _dec_any_deleg_claim4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -603,18 +604,18 @@ class WANT_DELEGATION4args:
 def enc_WANT_DELEGATION4args(w: _Writer, v: WANT_DELEGATION4args) -> None:
     try:
         w += _S0.pack(v.wda_want)
-        _u761 = v.wda_claim
-        _d761 = _u761.dc_claim
-        _w761: _Any
-        if _d761 == 4:
+        _u687 = v.wda_claim
+        _d687 = _u687.dc_claim
+        _w687: _Any
+        if _d687 == 4:
             w += b'\x00\x00\x00\x04'
-        elif _d761 == 6:
+        elif _d687 == 6:
             w += b'\x00\x00\x00\x06'
-        elif _d761 == 1:
-            _w761 = _u761.value
-            w += _S34.pack(1, _w761)
+        elif _d687 == 1:
+            _w687 = _u687.value
+            w += _S34.pack(1, _w687)
         else:
-            _enc_any_deleg_claim4(w, _u761)
+            _enc_any_deleg_claim4(w, _u687)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode WANT_DELEGATION4args: {_e}', len(w)) from None
 
@@ -625,18 +626,18 @@ def dec_WANT_DELEGATION4args(r: _Reader, off: int) -> tuple[WANT_DELEGATION4args
     try:
         (f_wda_want,) = _S0.unpack_from(buf, off)
         off += 4
-        _v762: _Any
-        (_d762,) = _S2.unpack_from(buf, off)
+        _v688: _Any
+        (_d688,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d762 == 4:
+        if _d688 == 4:
             f_wda_claim = deleg_claim4(CLAIM_FH, None)
-        elif _d762 == 6:
+        elif _d688 == 6:
             f_wda_claim = deleg_claim4(CLAIM_DELEG_PREV_FH, None)
-        elif _d762 == 1:
+        elif _d688 == 1:
             (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _v762 = _open_delegation_type4_MAP[_t0]
-            f_wda_claim = deleg_claim4(CLAIM_PREVIOUS, _v762)
+            _v688 = _open_delegation_type4_MAP[_t0]
+            f_wda_claim = deleg_claim4(CLAIM_PREVIOUS, _v688)
         else:
             f_wda_claim, off = _dec_any_deleg_claim4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -670,17 +671,17 @@ def _dec_any_WANT_DELEGATION4res(r: _Reader, off: int) -> tuple[WANT_DELEGATION4
     buf = r.buf
     o0 = off
     try:
-        _v763: _Any
-        _f763: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d763,) = _S2.unpack_from(buf, off)
-        _a763 = _WANT_DELEGATION4res_ARMS.get(_d763)
-        if _a763 is None:
-            _d763 = _nfsstat4_MAP[(_d763,)[0]]
-            _f763 = _void_decode
+        _v689: _Any
+        _f689: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d689,) = _S2.unpack_from(buf, off)
+        _a689 = _WANT_DELEGATION4res_ARMS.get(_d689)
+        if _a689 is None:
+            _d689 = _nfsstat4_MAP[(_d689,)[0]]
+            _f689 = _void_decode
         else:
-            _d763, _f763 = _a763
-        _v763, off = _f763(r, off + 4)
-        _u = WANT_DELEGATION4res(_d763, _v763)
+            _d689, _f689 = _a689
+        _v689, off = _f689(r, off + 4)
+        _u = WANT_DELEGATION4res(_d689, _v689)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated WANT_DELEGATION4res', o0) from None
     return _u, off
@@ -688,48 +689,48 @@ def _dec_any_WANT_DELEGATION4res(r: _Reader, off: int) -> tuple[WANT_DELEGATION4
 
 def enc_WANT_DELEGATION4res(w: _Writer, v: WANT_DELEGATION4res) -> None:
     try:
-        _u764 = v
-        _d764 = _u764.wdr_status
-        _w764: _Any
-        if _d764 == 0:
-            _w764 = _u764.value
-            _u765 = _w764
-            _d765 = _u765.delegation_type
-            _w765: _Any
-            if _d765 == 0:
+        _u690 = v
+        _d690 = _u690.wdr_status
+        _w690: _Any
+        if _d690 == 0:
+            _w690 = _u690.value
+            _u691 = _w690
+            _d691 = _u691.delegation_type
+            _w691: _Any
+            if _d691 == 0:
                 w += b'\x00\x00\x00\x00\x00\x00\x00\x00'
-            elif _d765 == 1:
-                _w765 = _u765.value
-                _s766 = _w765
-                if len(_s766.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-                w += _S71.pack(0, 1, _s766.stateid.seqid, _s766.stateid.other, _s766.recall)
-                enc_nfsace4(w, _s766.permissions)
-            elif _d765 == 2:
-                _w765 = _u765.value
-                _s767 = _w765
-                if len(_s767.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-                w += _S71.pack(0, 2, _s767.stateid.seqid, _s767.stateid.other, _s767.recall)
-                enc_nfs_space_limit4(w, _s767.space_limit)
-                enc_nfsace4(w, _s767.permissions)
-            elif _d765 == 3:
-                _w765 = _u765.value
-                _u768 = _w765
-                _d768 = _u768.ond_why
-                _w768: _Any
-                if _d768 == 1:
-                    _w768 = _u768.value
-                    w += _S72.pack(0, 3, 1, _w768)
-                elif _d768 == 2:
-                    _w768 = _u768.value
-                    w += _S72.pack(0, 3, 2, _w768)
+            elif _d691 == 1:
+                _w691 = _u691.value
+                _s692 = _w691
+                if len(_s692.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+                w += _S71.pack(0, 1, _s692.stateid.seqid, _s692.stateid.other, _s692.recall)
+                enc_nfsace4(w, _s692.permissions)
+            elif _d691 == 2:
+                _w691 = _u691.value
+                _s693 = _w691
+                if len(_s693.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+                w += _S71.pack(0, 2, _s693.stateid.seqid, _s693.stateid.other, _s693.recall)
+                enc_nfs_space_limit4(w, _s693.space_limit)
+                enc_nfsace4(w, _s693.permissions)
+            elif _d691 == 3:
+                _w691 = _u691.value
+                _u694 = _w691
+                _d694 = _u694.ond_why
+                _w694: _Any
+                if _d694 == 1:
+                    _w694 = _u694.value
+                    w += _S72.pack(0, 3, 1, _w694)
+                elif _d694 == 2:
+                    _w694 = _u694.value
+                    w += _S72.pack(0, 3, 2, _w694)
                 else:
                     w += b'\x00\x00\x00\x00\x00\x00\x00\x03'
-                    _enc_any_open_none_delegation4(w, _u768)
+                    _enc_any_open_none_delegation4(w, _u694)
             else:
                 w += b'\x00\x00\x00\x00'
-                _enc_any_open_delegation4(w, _u765)
+                _enc_any_open_delegation4(w, _u691)
         else:
-            _enc_any_WANT_DELEGATION4res(w, _u764)
+            _enc_any_WANT_DELEGATION4res(w, _u690)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode WANT_DELEGATION4res: {_e!r}', len(w)) from None
 
@@ -738,52 +739,52 @@ def dec_WANT_DELEGATION4res(r: _Reader, off: int) -> tuple[WANT_DELEGATION4res, 
     buf = r.buf
     o0 = off
     try:
-        _v769: _Any
-        (_d769,) = _S2.unpack_from(buf, off)
+        _v695: _Any
+        (_d695,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d769 == 0:
-            _v770: _Any
-            (_d770,) = _S2.unpack_from(buf, off)
+        if _d695 == 0:
+            _v696: _Any
+            (_d696,) = _S2.unpack_from(buf, off)
             off += 4
-            if _d770 == 0:
-                _v769 = open_delegation4(OPEN_DELEGATE_NONE, None)
-            elif _d770 == 1:
+            if _d696 == 0:
+                _v695 = open_delegation4(OPEN_DELEGATE_NONE, None)
+            elif _d696 == 1:
                 _t0, _t1, _t2 = _S26.unpack_from(buf, off)
                 off += 20
-                _i771_stateid = stateid4(_t0, _t1)
-                _i771_recall = _BOOL[_t2]
-                _i771_permissions, off = dec_nfsace4(r, off)
-                _v770 = open_read_delegation4(_i771_stateid, _i771_recall, _i771_permissions)
-                _v769 = open_delegation4(OPEN_DELEGATE_READ, _v770)
-            elif _d770 == 2:
+                _i697_stateid = stateid4(_t0, _t1)
+                _i697_recall = _BOOL[_t2]
+                _i697_permissions, off = dec_nfsace4(r, off)
+                _v696 = open_read_delegation4(_i697_stateid, _i697_recall, _i697_permissions)
+                _v695 = open_delegation4(OPEN_DELEGATE_READ, _v696)
+            elif _d696 == 2:
                 _t0, _t1, _t2 = _S26.unpack_from(buf, off)
                 off += 20
-                _i772_stateid = stateid4(_t0, _t1)
-                _i772_recall = _BOOL[_t2]
-                _i772_space_limit, off = dec_nfs_space_limit4(r, off)
-                _i772_permissions, off = dec_nfsace4(r, off)
-                _v770 = open_write_delegation4(_i772_stateid, _i772_recall, _i772_space_limit, _i772_permissions)
-                _v769 = open_delegation4(OPEN_DELEGATE_WRITE, _v770)
-            elif _d770 == 3:
-                _v773: _Any
-                (_d773,) = _S2.unpack_from(buf, off)
+                _i698_stateid = stateid4(_t0, _t1)
+                _i698_recall = _BOOL[_t2]
+                _i698_space_limit, off = dec_nfs_space_limit4(r, off)
+                _i698_permissions, off = dec_nfsace4(r, off)
+                _v696 = open_write_delegation4(_i698_stateid, _i698_recall, _i698_space_limit, _i698_permissions)
+                _v695 = open_delegation4(OPEN_DELEGATE_WRITE, _v696)
+            elif _d696 == 3:
+                _v699: _Any
+                (_d699,) = _S2.unpack_from(buf, off)
                 off += 4
-                if _d773 == 1:
+                if _d699 == 1:
                     (_t0,) = _S0.unpack_from(buf, off)
                     off += 4
-                    _v773 = _BOOL[_t0]
-                    _v770 = open_none_delegation4(WND4_CONTENTION, _v773)
-                elif _d773 == 2:
+                    _v699 = _BOOL[_t0]
+                    _v696 = open_none_delegation4(WND4_CONTENTION, _v699)
+                elif _d699 == 2:
                     (_t0,) = _S0.unpack_from(buf, off)
                     off += 4
-                    _v773 = _BOOL[_t0]
-                    _v770 = open_none_delegation4(WND4_RESOURCE, _v773)
+                    _v699 = _BOOL[_t0]
+                    _v696 = open_none_delegation4(WND4_RESOURCE, _v699)
                 else:
-                    _v770, off = _dec_any_open_none_delegation4(r, off - 4)
-                _v769 = open_delegation4(OPEN_DELEGATE_NONE_EXT, _v770)
+                    _v696, off = _dec_any_open_none_delegation4(r, off - 4)
+                _v695 = open_delegation4(OPEN_DELEGATE_NONE_EXT, _v696)
             else:
-                _v769, off = _dec_any_open_delegation4(r, off - 4)
-            _u = WANT_DELEGATION4res(NFS4_OK, _v769)
+                _v695, off = _dec_any_open_delegation4(r, off - 4)
+            _u = WANT_DELEGATION4res(NFS4_OK, _v695)
         else:
             _u, off = _dec_any_WANT_DELEGATION4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -940,16 +941,16 @@ def _dec_any_netloc4(r: _Reader, off: int) -> tuple[netloc4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v774: _Any
-        _f774: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d774,) = _S2.unpack_from(buf, off)
-        _a774 = _netloc4_ARMS.get(_d774)
-        if _a774 is None:
-            raise _XdrError('%r is not a case of netloc4' % (_d774,), off)
+        _v700: _Any
+        _f700: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d700,) = _S2.unpack_from(buf, off)
+        _a700 = _netloc4_ARMS.get(_d700)
+        if _a700 is None:
+            raise _XdrError('%r is not a case of netloc4' % (_d700,), off)
         else:
-            _d774, _f774 = _a774
-        _v774, off = _f774(r, off + 4)
-        _u = netloc4(_d774, _v774)
+            _d700, _f700 = _a700
+        _v700, off = _f700(r, off + 4)
+        _u = netloc4(_d700, _v700)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated netloc4', o0) from None
     return _u, off
@@ -957,38 +958,38 @@ def _dec_any_netloc4(r: _Reader, off: int) -> tuple[netloc4, int]:
 
 def enc_netloc4(w: _Writer, v: netloc4) -> None:
     try:
-        _u775 = v
-        _d775 = _u775.nl_type
-        _w775: _Any
-        if _d775 == 1:
-            _w775 = _u775.value
-            _v = _w775
+        _u701 = v
+        _d701 = _u701.nl_type
+        _w701: _Any
+        if _d701 == 1:
+            _w701 = _u701.value
+            _v = _w701
             _n = len(_v)
             w += _S23.pack(1, _n)
             w += _v
             w += _PAD[_n & 3]
-        elif _d775 == 2:
-            _w775 = _u775.value
-            _v = _w775
+        elif _d701 == 2:
+            _w701 = _u701.value
+            _v = _w701
             _n = len(_v)
             w += _S23.pack(2, _n)
             w += _v
             w += _PAD[_n & 3]
-        elif _d775 == 3:
-            _w775 = _u775.value
-            _s776 = _w775
-            _v = _s776.na_r_netid.encode('utf-8', 'surrogateescape')
+        elif _d701 == 3:
+            _w701 = _u701.value
+            _s702 = _w701
+            _v = _s702.na_r_netid.encode('utf-8', 'surrogateescape')
             _n = len(_v)
             w += _S23.pack(3, _n)
             w += _v
             w += _PAD[_n & 3]
-            _v = _s776.na_r_addr.encode('utf-8', 'surrogateescape')
+            _v = _s702.na_r_addr.encode('utf-8', 'surrogateescape')
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
         else:
-            _enc_any_netloc4(w, _u775)
+            _enc_any_netloc4(w, _u701)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode netloc4: {_e!r}', len(w)) from None
 
@@ -997,44 +998,44 @@ def dec_netloc4(r: _Reader, off: int) -> tuple[netloc4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v777: _Any
-        (_d777,) = _S2.unpack_from(buf, off)
+        _v703: _Any
+        (_d703,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d777 == 1:
+        if _d703 == 1:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _v777 = bytes(buf[off:_e])
+            _v703 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _u = netloc4(NL4_NAME, _v777)
-        elif _d777 == 2:
+            _u = netloc4(NL4_NAME, _v703)
+        elif _d703 == 2:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _v777 = bytes(buf[off:_e])
+            _v703 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _u = netloc4(NL4_URL, _v777)
-        elif _d777 == 3:
+            _u = netloc4(NL4_URL, _v703)
+        elif _d703 == 3:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i778_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+            _i704_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
             off = _e + (-_n & 3)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i778_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+            _i704_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
             off = _e + (-_n & 3)
-            _v777 = netaddr4(_i778_na_r_netid, _i778_na_r_addr)
-            _u = netloc4(NL4_NETADDR, _v777)
+            _v703 = netaddr4(_i704_na_r_netid, _i704_na_r_addr)
+            _u = netloc4(NL4_NETADDR, _v703)
         else:
             _u, off = _dec_any_netloc4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1177,14 +1178,14 @@ class write_response4:
 
 def enc_write_response4(w: _Writer, v: write_response4) -> None:
     try:
-        _a779 = v.wr_callback_id
-        _n = len(_a779)
+        _a705 = v.wr_callback_id
+        _n = len(_a705)
         if _n > 1:
             raise _XdrError('wr_callback_id: length %d exceeds 1' % _n, len(w))
         w += _S0.pack(_n)
-        for _x779 in _a779:
-            if len(_x779.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S11.pack(_x779.seqid, _x779.other)
+        for _x705 in _a705:
+            if len(_x705.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S11.pack(_x705.seqid, _x705.other)
         if len(v.wr_writeverf) != 8: raise _XdrError('fixed opaque wr_writeverf must be 8 bytes', len(w))
         w += _S74.pack(v.wr_count, v.wr_committed, v.wr_writeverf)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1202,11 +1203,11 @@ def dec_write_response4(r: _Reader, off: int) -> tuple[write_response4, int]:
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_wr_callback_id = []
-        _c780 = _n
-        for _ in range(_c780):
-            _x780 = stateid4(*_S11.unpack_from(buf, off))
+        _c706 = _n
+        for _ in range(_c706):
+            _x706 = stateid4(*_S11.unpack_from(buf, off))
             off += 16
-            f_wr_callback_id.append(_x780)
+            f_wr_callback_id.append(_x706)
         f_wr_count, _t1, f_wr_writeverf = _S74.unpack_from(buf, off)
         off += 20
         f_wr_committed = _stable_how4_MAP[_t1]
@@ -1283,42 +1284,42 @@ def enc_COPY4args(w: _Writer, v: COPY4args) -> None:
         if len(v.ca_src_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         if len(v.ca_dst_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S76.pack(v.ca_src_stateid.seqid, v.ca_src_stateid.other, v.ca_dst_stateid.seqid, v.ca_dst_stateid.other, v.ca_src_offset, v.ca_dst_offset, v.ca_count, v.ca_consecutive, v.ca_synchronous)
-        _a781 = v.ca_source_server
-        _n = len(_a781)
+        _a707 = v.ca_source_server
+        _n = len(_a707)
         w += _S0.pack(_n)
-        for _x781 in _a781:
-            _u782 = _x781
-            _d782 = _u782.nl_type
-            _w782: _Any
-            if _d782 == 1:
-                _w782 = _u782.value
-                _v = _w782
+        for _x707 in _a707:
+            _u708 = _x707
+            _d708 = _u708.nl_type
+            _w708: _Any
+            if _d708 == 1:
+                _w708 = _u708.value
+                _v = _w708
                 _n = len(_v)
                 w += _S23.pack(1, _n)
                 w += _v
                 w += _PAD[_n & 3]
-            elif _d782 == 2:
-                _w782 = _u782.value
-                _v = _w782
+            elif _d708 == 2:
+                _w708 = _u708.value
+                _v = _w708
                 _n = len(_v)
                 w += _S23.pack(2, _n)
                 w += _v
                 w += _PAD[_n & 3]
-            elif _d782 == 3:
-                _w782 = _u782.value
-                _s783 = _w782
-                _v = _s783.na_r_netid.encode('utf-8', 'surrogateescape')
+            elif _d708 == 3:
+                _w708 = _u708.value
+                _s709 = _w708
+                _v = _s709.na_r_netid.encode('utf-8', 'surrogateescape')
                 _n = len(_v)
                 w += _S23.pack(3, _n)
                 w += _v
                 w += _PAD[_n & 3]
-                _v = _s783.na_r_addr.encode('utf-8', 'surrogateescape')
+                _v = _s709.na_r_addr.encode('utf-8', 'surrogateescape')
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
             else:
-                _enc_any_netloc4(w, _u782)
+                _enc_any_netloc4(w, _u708)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode COPY4args: {_e}', len(w)) from None
 
@@ -1338,49 +1339,49 @@ def dec_COPY4args(r: _Reader, off: int) -> tuple[COPY4args, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_ca_source_server = []
-        _c784 = _n
-        for _ in range(_c784):
-            _v785: _Any
-            (_d785,) = _S2.unpack_from(buf, off)
+        _c710 = _n
+        for _ in range(_c710):
+            _v711: _Any
+            (_d711,) = _S2.unpack_from(buf, off)
             off += 4
-            if _d785 == 1:
+            if _d711 == 1:
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _v785 = bytes(buf[off:_e])
+                _v711 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _x784 = netloc4(NL4_NAME, _v785)
-            elif _d785 == 2:
+                _x710 = netloc4(NL4_NAME, _v711)
+            elif _d711 == 2:
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _v785 = bytes(buf[off:_e])
+                _v711 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _x784 = netloc4(NL4_URL, _v785)
-            elif _d785 == 3:
+                _x710 = netloc4(NL4_URL, _v711)
+            elif _d711 == 3:
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _i786_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+                _i712_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
                 off = _e + (-_n & 3)
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _i786_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+                _i712_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
                 off = _e + (-_n & 3)
-                _v785 = netaddr4(_i786_na_r_netid, _i786_na_r_addr)
-                _x784 = netloc4(NL4_NETADDR, _v785)
+                _v711 = netaddr4(_i712_na_r_netid, _i712_na_r_addr)
+                _x710 = netloc4(NL4_NETADDR, _v711)
             else:
-                _x784, off = _dec_any_netloc4(r, off - 4)
-            f_ca_source_server.append(_x784)
+                _x710, off = _dec_any_netloc4(r, off - 4)
+            f_ca_source_server.append(_x710)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated COPY4args', o0) from None
     return COPY4args(f_ca_src_stateid, f_ca_dst_stateid, f_ca_src_offset, f_ca_dst_offset, f_ca_count, f_ca_consecutive, f_ca_synchronous, f_ca_source_server), off
@@ -1419,17 +1420,17 @@ class COPY4resok:
 
 def enc_COPY4resok(w: _Writer, v: COPY4resok) -> None:
     try:
-        _s787 = v.cr_response
-        _a788 = _s787.wr_callback_id
-        _n = len(_a788)
+        _s713 = v.cr_response
+        _a714 = _s713.wr_callback_id
+        _n = len(_a714)
         if _n > 1:
             raise _XdrError('wr_callback_id: length %d exceeds 1' % _n, len(w))
         w += _S0.pack(_n)
-        for _x788 in _a788:
-            if len(_x788.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S11.pack(_x788.seqid, _x788.other)
-        if len(_s787.wr_writeverf) != 8: raise _XdrError('fixed opaque wr_writeverf must be 8 bytes', len(w))
-        w += _S74.pack(_s787.wr_count, _s787.wr_committed, _s787.wr_writeverf)
+        for _x714 in _a714:
+            if len(_x714.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S11.pack(_x714.seqid, _x714.other)
+        if len(_s713.wr_writeverf) != 8: raise _XdrError('fixed opaque wr_writeverf must be 8 bytes', len(w))
+        w += _S74.pack(_s713.wr_count, _s713.wr_committed, _s713.wr_writeverf)
         w += _S1.pack(v.cr_requirements.cr_consecutive, v.cr_requirements.cr_synchronous)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode COPY4resok: {_e}', len(w)) from None
@@ -1445,16 +1446,16 @@ def dec_COPY4resok(r: _Reader, off: int) -> tuple[COPY4resok, int]:
         off += 4
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i789_wr_callback_id = []
-        _c790 = _n
-        for _ in range(_c790):
-            _x790 = stateid4(*_S11.unpack_from(buf, off))
+        _i715_wr_callback_id = []
+        _c716 = _n
+        for _ in range(_c716):
+            _x716 = stateid4(*_S11.unpack_from(buf, off))
             off += 16
-            _i789_wr_callback_id.append(_x790)
-        _i789_wr_count, _t1, _i789_wr_writeverf = _S74.unpack_from(buf, off)
+            _i715_wr_callback_id.append(_x716)
+        _i715_wr_count, _t1, _i715_wr_writeverf = _S74.unpack_from(buf, off)
         off += 20
-        _i789_wr_committed = _stable_how4_MAP[_t1]
-        f_cr_response = write_response4(_i789_wr_callback_id, _i789_wr_count, _i789_wr_committed, _i789_wr_writeverf)
+        _i715_wr_committed = _stable_how4_MAP[_t1]
+        f_cr_response = write_response4(_i715_wr_callback_id, _i715_wr_count, _i715_wr_committed, _i715_wr_writeverf)
         _t0, _t1 = _S1.unpack_from(buf, off)
         off += 8
         f_cr_requirements = copy_requirements4(_BOOL[_t0], _BOOL[_t1])
@@ -1489,17 +1490,17 @@ def _dec_any_COPY4res(r: _Reader, off: int) -> tuple[COPY4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v791: _Any
-        _f791: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d791,) = _S2.unpack_from(buf, off)
-        _a791 = _COPY4res_ARMS.get(_d791)
-        if _a791 is None:
-            _d791 = _nfsstat4_MAP[(_d791,)[0]]
-            _f791 = _void_decode
+        _v717: _Any
+        _f717: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d717,) = _S2.unpack_from(buf, off)
+        _a717 = _COPY4res_ARMS.get(_d717)
+        if _a717 is None:
+            _d717 = _nfsstat4_MAP[(_d717,)[0]]
+            _f717 = _void_decode
         else:
-            _d791, _f791 = _a791
-        _v791, off = _f791(r, off + 4)
-        _u = COPY4res(_d791, _v791)
+            _d717, _f717 = _a717
+        _v717, off = _f717(r, off + 4)
+        _u = COPY4res(_d717, _v717)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated COPY4res', o0) from None
     return _u, off
@@ -1507,29 +1508,29 @@ def _dec_any_COPY4res(r: _Reader, off: int) -> tuple[COPY4res, int]:
 
 def enc_COPY4res(w: _Writer, v: COPY4res) -> None:
     try:
-        _u792 = v
-        _d792 = _u792.cr_status
-        _w792: _Any
-        if _d792 == 0:
-            _w792 = _u792.value
-            _s793 = _w792
-            _s794 = _s793.cr_response
-            _a795 = _s794.wr_callback_id
-            _n = len(_a795)
+        _u718 = v
+        _d718 = _u718.cr_status
+        _w718: _Any
+        if _d718 == 0:
+            _w718 = _u718.value
+            _s719 = _w718
+            _s720 = _s719.cr_response
+            _a721 = _s720.wr_callback_id
+            _n = len(_a721)
             if _n > 1:
                 raise _XdrError('wr_callback_id: length %d exceeds 1' % _n, len(w))
             w += _S23.pack(0, _n)
-            for _x795 in _a795:
-                if len(_x795.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-                w += _S11.pack(_x795.seqid, _x795.other)
-            if len(_s794.wr_writeverf) != 8: raise _XdrError('fixed opaque wr_writeverf must be 8 bytes', len(w))
-            w += _S74.pack(_s794.wr_count, _s794.wr_committed, _s794.wr_writeverf)
-            w += _S1.pack(_s793.cr_requirements.cr_consecutive, _s793.cr_requirements.cr_synchronous)
-        elif _d792 == 10094:
-            _w792 = _u792.value
-            w += _S18.pack(10094, _w792.cr_consecutive, _w792.cr_synchronous)
+            for _x721 in _a721:
+                if len(_x721.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+                w += _S11.pack(_x721.seqid, _x721.other)
+            if len(_s720.wr_writeverf) != 8: raise _XdrError('fixed opaque wr_writeverf must be 8 bytes', len(w))
+            w += _S74.pack(_s720.wr_count, _s720.wr_committed, _s720.wr_writeverf)
+            w += _S1.pack(_s719.cr_requirements.cr_consecutive, _s719.cr_requirements.cr_synchronous)
+        elif _d718 == 10094:
+            _w718 = _u718.value
+            w += _S18.pack(10094, _w718.cr_consecutive, _w718.cr_synchronous)
         else:
-            _enc_any_COPY4res(w, _u792)
+            _enc_any_COPY4res(w, _u718)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode COPY4res: {_e!r}', len(w)) from None
 
@@ -1538,36 +1539,36 @@ def dec_COPY4res(r: _Reader, off: int) -> tuple[COPY4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v796: _Any
-        (_d796,) = _S2.unpack_from(buf, off)
+        _v722: _Any
+        (_d722,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d796 == 0:
+        if _d722 == 0:
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 1:
                 raise _XdrError('wr_callback_id: length %d exceeds 1' % _n, off)
             off += 4
             if _n * 16 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i798_wr_callback_id = []
-            _c799 = _n
-            for _ in range(_c799):
-                _x799 = stateid4(*_S11.unpack_from(buf, off))
+            _i724_wr_callback_id = []
+            _c725 = _n
+            for _ in range(_c725):
+                _x725 = stateid4(*_S11.unpack_from(buf, off))
                 off += 16
-                _i798_wr_callback_id.append(_x799)
-            _i798_wr_count, _t1, _i798_wr_writeverf = _S74.unpack_from(buf, off)
+                _i724_wr_callback_id.append(_x725)
+            _i724_wr_count, _t1, _i724_wr_writeverf = _S74.unpack_from(buf, off)
             off += 20
-            _i798_wr_committed = _stable_how4_MAP[_t1]
-            _i797_cr_response = write_response4(_i798_wr_callback_id, _i798_wr_count, _i798_wr_committed, _i798_wr_writeverf)
+            _i724_wr_committed = _stable_how4_MAP[_t1]
+            _i723_cr_response = write_response4(_i724_wr_callback_id, _i724_wr_count, _i724_wr_committed, _i724_wr_writeverf)
             _t0, _t1 = _S1.unpack_from(buf, off)
             off += 8
-            _i797_cr_requirements = copy_requirements4(_BOOL[_t0], _BOOL[_t1])
-            _v796 = COPY4resok(_i797_cr_response, _i797_cr_requirements)
-            _u = COPY4res(NFS4_OK, _v796)
-        elif _d796 == 10094:
+            _i723_cr_requirements = copy_requirements4(_BOOL[_t0], _BOOL[_t1])
+            _v722 = COPY4resok(_i723_cr_response, _i723_cr_requirements)
+            _u = COPY4res(NFS4_OK, _v722)
+        elif _d722 == 10094:
             _t0, _t1 = _S1.unpack_from(buf, off)
             off += 8
-            _v796 = copy_requirements4(_BOOL[_t0], _BOOL[_t1])
-            _u = COPY4res(NFS4ERR_OFFLOAD_NO_REQS, _v796)
+            _v722 = copy_requirements4(_BOOL[_t0], _BOOL[_t1])
+            _u = COPY4res(NFS4ERR_OFFLOAD_NO_REQS, _v722)
         else:
             _u, off = _dec_any_COPY4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1585,38 +1586,38 @@ def enc_COPY_NOTIFY4args(w: _Writer, v: COPY_NOTIFY4args) -> None:
     try:
         if len(v.cna_src_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S11.pack(v.cna_src_stateid.seqid, v.cna_src_stateid.other)
-        _u800 = v.cna_destination_server
-        _d800 = _u800.nl_type
-        _w800: _Any
-        if _d800 == 1:
-            _w800 = _u800.value
-            _v = _w800
+        _u726 = v.cna_destination_server
+        _d726 = _u726.nl_type
+        _w726: _Any
+        if _d726 == 1:
+            _w726 = _u726.value
+            _v = _w726
             _n = len(_v)
             w += _S23.pack(1, _n)
             w += _v
             w += _PAD[_n & 3]
-        elif _d800 == 2:
-            _w800 = _u800.value
-            _v = _w800
+        elif _d726 == 2:
+            _w726 = _u726.value
+            _v = _w726
             _n = len(_v)
             w += _S23.pack(2, _n)
             w += _v
             w += _PAD[_n & 3]
-        elif _d800 == 3:
-            _w800 = _u800.value
-            _s801 = _w800
-            _v = _s801.na_r_netid.encode('utf-8', 'surrogateescape')
+        elif _d726 == 3:
+            _w726 = _u726.value
+            _s727 = _w726
+            _v = _s727.na_r_netid.encode('utf-8', 'surrogateescape')
             _n = len(_v)
             w += _S23.pack(3, _n)
             w += _v
             w += _PAD[_n & 3]
-            _v = _s801.na_r_addr.encode('utf-8', 'surrogateescape')
+            _v = _s727.na_r_addr.encode('utf-8', 'surrogateescape')
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
         else:
-            _enc_any_netloc4(w, _u800)
+            _enc_any_netloc4(w, _u726)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode COPY_NOTIFY4args: {_e}', len(w)) from None
 
@@ -1627,44 +1628,44 @@ def dec_COPY_NOTIFY4args(r: _Reader, off: int) -> tuple[COPY_NOTIFY4args, int]:
     try:
         f_cna_src_stateid = stateid4(*_S11.unpack_from(buf, off))
         off += 16
-        _v802: _Any
-        (_d802,) = _S2.unpack_from(buf, off)
+        _v728: _Any
+        (_d728,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d802 == 1:
+        if _d728 == 1:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _v802 = bytes(buf[off:_e])
+            _v728 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_cna_destination_server = netloc4(NL4_NAME, _v802)
-        elif _d802 == 2:
+            f_cna_destination_server = netloc4(NL4_NAME, _v728)
+        elif _d728 == 2:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _v802 = bytes(buf[off:_e])
+            _v728 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_cna_destination_server = netloc4(NL4_URL, _v802)
-        elif _d802 == 3:
+            f_cna_destination_server = netloc4(NL4_URL, _v728)
+        elif _d728 == 3:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i803_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+            _i729_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
             off = _e + (-_n & 3)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i803_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+            _i729_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
             off = _e + (-_n & 3)
-            _v802 = netaddr4(_i803_na_r_netid, _i803_na_r_addr)
-            f_cna_destination_server = netloc4(NL4_NETADDR, _v802)
+            _v728 = netaddr4(_i729_na_r_netid, _i729_na_r_addr)
+            f_cna_destination_server = netloc4(NL4_NETADDR, _v728)
         else:
             f_cna_destination_server, off = _dec_any_netloc4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1683,42 +1684,42 @@ def enc_COPY_NOTIFY4resok(w: _Writer, v: COPY_NOTIFY4resok) -> None:
     try:
         if len(v.cnr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S77.pack(v.cnr_lease_time.seconds, v.cnr_lease_time.nseconds, v.cnr_stateid.seqid, v.cnr_stateid.other)
-        _a804 = v.cnr_source_server
-        _n = len(_a804)
+        _a730 = v.cnr_source_server
+        _n = len(_a730)
         w += _S0.pack(_n)
-        for _x804 in _a804:
-            _u805 = _x804
-            _d805 = _u805.nl_type
-            _w805: _Any
-            if _d805 == 1:
-                _w805 = _u805.value
-                _v = _w805
+        for _x730 in _a730:
+            _u731 = _x730
+            _d731 = _u731.nl_type
+            _w731: _Any
+            if _d731 == 1:
+                _w731 = _u731.value
+                _v = _w731
                 _n = len(_v)
                 w += _S23.pack(1, _n)
                 w += _v
                 w += _PAD[_n & 3]
-            elif _d805 == 2:
-                _w805 = _u805.value
-                _v = _w805
+            elif _d731 == 2:
+                _w731 = _u731.value
+                _v = _w731
                 _n = len(_v)
                 w += _S23.pack(2, _n)
                 w += _v
                 w += _PAD[_n & 3]
-            elif _d805 == 3:
-                _w805 = _u805.value
-                _s806 = _w805
-                _v = _s806.na_r_netid.encode('utf-8', 'surrogateescape')
+            elif _d731 == 3:
+                _w731 = _u731.value
+                _s732 = _w731
+                _v = _s732.na_r_netid.encode('utf-8', 'surrogateescape')
                 _n = len(_v)
                 w += _S23.pack(3, _n)
                 w += _v
                 w += _PAD[_n & 3]
-                _v = _s806.na_r_addr.encode('utf-8', 'surrogateescape')
+                _v = _s732.na_r_addr.encode('utf-8', 'surrogateescape')
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
             else:
-                _enc_any_netloc4(w, _u805)
+                _enc_any_netloc4(w, _u731)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode COPY_NOTIFY4resok: {_e}', len(w)) from None
 
@@ -1736,49 +1737,49 @@ def dec_COPY_NOTIFY4resok(r: _Reader, off: int) -> tuple[COPY_NOTIFY4resok, int]
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_cnr_source_server = []
-        _c807 = _n
-        for _ in range(_c807):
-            _v808: _Any
-            (_d808,) = _S2.unpack_from(buf, off)
+        _c733 = _n
+        for _ in range(_c733):
+            _v734: _Any
+            (_d734,) = _S2.unpack_from(buf, off)
             off += 4
-            if _d808 == 1:
+            if _d734 == 1:
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _v808 = bytes(buf[off:_e])
+                _v734 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _x807 = netloc4(NL4_NAME, _v808)
-            elif _d808 == 2:
+                _x733 = netloc4(NL4_NAME, _v734)
+            elif _d734 == 2:
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _v808 = bytes(buf[off:_e])
+                _v734 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _x807 = netloc4(NL4_URL, _v808)
-            elif _d808 == 3:
+                _x733 = netloc4(NL4_URL, _v734)
+            elif _d734 == 3:
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _i809_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
+                _i735_na_r_netid = str(buf[off:_e], 'utf-8', 'surrogateescape')
                 off = _e + (-_n & 3)
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _i809_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
+                _i735_na_r_addr = str(buf[off:_e], 'utf-8', 'surrogateescape')
                 off = _e + (-_n & 3)
-                _v808 = netaddr4(_i809_na_r_netid, _i809_na_r_addr)
-                _x807 = netloc4(NL4_NETADDR, _v808)
+                _v734 = netaddr4(_i735_na_r_netid, _i735_na_r_addr)
+                _x733 = netloc4(NL4_NETADDR, _v734)
             else:
-                _x807, off = _dec_any_netloc4(r, off - 4)
-            f_cnr_source_server.append(_x807)
+                _x733, off = _dec_any_netloc4(r, off - 4)
+            f_cnr_source_server.append(_x733)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated COPY_NOTIFY4resok', o0) from None
     return COPY_NOTIFY4resok(f_cnr_lease_time, f_cnr_stateid, f_cnr_source_server), off
@@ -1810,17 +1811,17 @@ def _dec_any_COPY_NOTIFY4res(r: _Reader, off: int) -> tuple[COPY_NOTIFY4res, int
     buf = r.buf
     o0 = off
     try:
-        _v810: _Any
-        _f810: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d810,) = _S2.unpack_from(buf, off)
-        _a810 = _COPY_NOTIFY4res_ARMS.get(_d810)
-        if _a810 is None:
-            _d810 = _nfsstat4_MAP[(_d810,)[0]]
-            _f810 = _void_decode
+        _v736: _Any
+        _f736: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d736,) = _S2.unpack_from(buf, off)
+        _a736 = _COPY_NOTIFY4res_ARMS.get(_d736)
+        if _a736 is None:
+            _d736 = _nfsstat4_MAP[(_d736,)[0]]
+            _f736 = _void_decode
         else:
-            _d810, _f810 = _a810
-        _v810, off = _f810(r, off + 4)
-        _u = COPY_NOTIFY4res(_d810, _v810)
+            _d736, _f736 = _a736
+        _v736, off = _f736(r, off + 4)
+        _u = COPY_NOTIFY4res(_d736, _v736)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated COPY_NOTIFY4res', o0) from None
     return _u, off
@@ -1828,21 +1829,21 @@ def _dec_any_COPY_NOTIFY4res(r: _Reader, off: int) -> tuple[COPY_NOTIFY4res, int
 
 def enc_COPY_NOTIFY4res(w: _Writer, v: COPY_NOTIFY4res) -> None:
     try:
-        _u811 = v
-        _d811 = _u811.cnr_status
-        _w811: _Any
-        if _d811 == 0:
-            _w811 = _u811.value
-            _s812 = _w811
-            if len(_s812.cnr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S78.pack(0, _s812.cnr_lease_time.seconds, _s812.cnr_lease_time.nseconds, _s812.cnr_stateid.seqid, _s812.cnr_stateid.other)
-            _a813 = _s812.cnr_source_server
-            _n = len(_a813)
+        _u737 = v
+        _d737 = _u737.cnr_status
+        _w737: _Any
+        if _d737 == 0:
+            _w737 = _u737.value
+            _s738 = _w737
+            if len(_s738.cnr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S78.pack(0, _s738.cnr_lease_time.seconds, _s738.cnr_lease_time.nseconds, _s738.cnr_stateid.seqid, _s738.cnr_stateid.other)
+            _a739 = _s738.cnr_source_server
+            _n = len(_a739)
             w += _S0.pack(_n)
-            for _x813 in _a813:
-                enc_netloc4(w, _x813)
+            for _x739 in _a739:
+                enc_netloc4(w, _x739)
         else:
-            _enc_any_COPY_NOTIFY4res(w, _u811)
+            _enc_any_COPY_NOTIFY4res(w, _u737)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode COPY_NOTIFY4res: {_e!r}', len(w)) from None
 
@@ -1851,25 +1852,25 @@ def dec_COPY_NOTIFY4res(r: _Reader, off: int) -> tuple[COPY_NOTIFY4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v814: _Any
-        (_d814,) = _S2.unpack_from(buf, off)
+        _v740: _Any
+        (_d740,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d814 == 0:
+        if _d740 == 0:
             _t0, _t1, _t2, _t3 = _S77.unpack_from(buf, off)
             off += 28
-            _i815_cnr_lease_time = nfstime4(_t0, _t1)
-            _i815_cnr_stateid = stateid4(_t2, _t3)
+            _i741_cnr_lease_time = nfstime4(_t0, _t1)
+            _i741_cnr_stateid = stateid4(_t2, _t3)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i815_cnr_source_server = []
-            _c816 = _n
-            for _ in range(_c816):
-                _x816, off = dec_netloc4(r, off)
-                _i815_cnr_source_server.append(_x816)
-            _v814 = COPY_NOTIFY4resok(_i815_cnr_lease_time, _i815_cnr_stateid, _i815_cnr_source_server)
-            _u = COPY_NOTIFY4res(NFS4_OK, _v814)
+            _i741_cnr_source_server = []
+            _c742 = _n
+            for _ in range(_c742):
+                _x742, off = dec_netloc4(r, off)
+                _i741_cnr_source_server.append(_x742)
+            _v740 = COPY_NOTIFY4resok(_i741_cnr_lease_time, _i741_cnr_stateid, _i741_cnr_source_server)
+            _u = COPY_NOTIFY4res(NFS4_OK, _v740)
         else:
             _u, off = _dec_any_COPY_NOTIFY4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1982,11 +1983,10 @@ def enc_IO_ADVISE4args(w: _Writer, v: IO_ADVISE4args) -> None:
     try:
         if len(v.iaa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S75.pack(v.iaa_stateid.seqid, v.iaa_stateid.other, v.iaa_offset, v.iaa_count)
-        _a817 = v.iaa_hints
-        _n = len(_a817)
+        _a743 = v.iaa_hints
+        _n = len(_a743)
         w += _S0.pack(_n)
-        for _x817 in _a817:
-            w += _S0.pack(_x817)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a743)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode IO_ADVISE4args: {_e}', len(w)) from None
 
@@ -2002,12 +2002,9 @@ def dec_IO_ADVISE4args(r: _Reader, off: int) -> tuple[IO_ADVISE4args, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_iaa_hints = []
-        _c818 = _n
-        for _ in range(_c818):
-            (_x818,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_iaa_hints.append(_x818)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_iaa_hints = list(_t)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated IO_ADVISE4args', o0) from None
     return IO_ADVISE4args(f_iaa_stateid, f_iaa_offset, f_iaa_count, f_iaa_hints), off
@@ -2020,11 +2017,10 @@ class IO_ADVISE4resok:
 
 def enc_IO_ADVISE4resok(w: _Writer, v: IO_ADVISE4resok) -> None:
     try:
-        _a819 = v.ior_hints
-        _n = len(_a819)
+        _a744 = v.ior_hints
+        _n = len(_a744)
         w += _S0.pack(_n)
-        for _x819 in _a819:
-            w += _S0.pack(_x819)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a744)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode IO_ADVISE4resok: {_e}', len(w)) from None
 
@@ -2037,12 +2033,9 @@ def dec_IO_ADVISE4resok(r: _Reader, off: int) -> tuple[IO_ADVISE4resok, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_ior_hints = []
-        _c820 = _n
-        for _ in range(_c820):
-            (_x820,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_ior_hints.append(_x820)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_ior_hints = list(_t)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated IO_ADVISE4resok', o0) from None
     return IO_ADVISE4resok(f_ior_hints), off
@@ -2074,17 +2067,17 @@ def _dec_any_IO_ADVISE4res(r: _Reader, off: int) -> tuple[IO_ADVISE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v821: _Any
-        _f821: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d821,) = _S2.unpack_from(buf, off)
-        _a821 = _IO_ADVISE4res_ARMS.get(_d821)
-        if _a821 is None:
-            _d821 = _nfsstat4_MAP[(_d821,)[0]]
-            _f821 = _void_decode
+        _v745: _Any
+        _f745: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d745,) = _S2.unpack_from(buf, off)
+        _a745 = _IO_ADVISE4res_ARMS.get(_d745)
+        if _a745 is None:
+            _d745 = _nfsstat4_MAP[(_d745,)[0]]
+            _f745 = _void_decode
         else:
-            _d821, _f821 = _a821
-        _v821, off = _f821(r, off + 4)
-        _u = IO_ADVISE4res(_d821, _v821)
+            _d745, _f745 = _a745
+        _v745, off = _f745(r, off + 4)
+        _u = IO_ADVISE4res(_d745, _v745)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated IO_ADVISE4res', o0) from None
     return _u, off
@@ -2092,19 +2085,18 @@ def _dec_any_IO_ADVISE4res(r: _Reader, off: int) -> tuple[IO_ADVISE4res, int]:
 
 def enc_IO_ADVISE4res(w: _Writer, v: IO_ADVISE4res) -> None:
     try:
-        _u822 = v
-        _d822 = _u822.ior_status
-        _w822: _Any
-        if _d822 == 0:
-            _w822 = _u822.value
-            _s823 = _w822
-            _a824 = _s823.ior_hints
-            _n = len(_a824)
+        _u746 = v
+        _d746 = _u746.ior_status
+        _w746: _Any
+        if _d746 == 0:
+            _w746 = _u746.value
+            _s747 = _w746
+            _a748 = _s747.ior_hints
+            _n = len(_a748)
             w += _S23.pack(0, _n)
-            for _x824 in _a824:
-                w += _S0.pack(_x824)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a748)
         else:
-            _enc_any_IO_ADVISE4res(w, _u822)
+            _enc_any_IO_ADVISE4res(w, _u746)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode IO_ADVISE4res: {_e!r}', len(w)) from None
 
@@ -2113,22 +2105,19 @@ def dec_IO_ADVISE4res(r: _Reader, off: int) -> tuple[IO_ADVISE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v825: _Any
-        (_d825,) = _S2.unpack_from(buf, off)
+        _v749: _Any
+        (_d749,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d825 == 0:
+        if _d749 == 0:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i826_ior_hints = []
-            _c827 = _n
-            for _ in range(_c827):
-                (_x827,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i826_ior_hints.append(_x827)
-            _v825 = IO_ADVISE4resok(_i826_ior_hints)
-            _u = IO_ADVISE4res(NFS4_OK, _v825)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i750_ior_hints = list(_t)
+            _v749 = IO_ADVISE4resok(_i750_ior_hints)
+            _u = IO_ADVISE4res(NFS4_OK, _v749)
         else:
             _u, off = _dec_any_IO_ADVISE4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2175,12 +2164,12 @@ def enc_LAYOUTERROR4args(w: _Writer, v: LAYOUTERROR4args) -> None:
     try:
         if len(v.lea_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S13.pack(v.lea_offset, v.lea_length, v.lea_stateid.seqid, v.lea_stateid.other)
-        _a828 = v.lea_errors
-        _n = len(_a828)
+        _a751 = v.lea_errors
+        _n = len(_a751)
         w += _S0.pack(_n)
-        for _x828 in _a828:
-            if len(_x828.de_deviceid) != 16: raise _XdrError('fixed opaque de_deviceid must be 16 bytes', len(w))
-            w += _S48.pack(_x828.de_deviceid, _x828.de_status, _x828.de_opnum)
+        for _x751 in _a751:
+            if len(_x751.de_deviceid) != 16: raise _XdrError('fixed opaque de_deviceid must be 16 bytes', len(w))
+            w += _S48.pack(_x751.de_deviceid, _x751.de_status, _x751.de_opnum)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode LAYOUTERROR4args: {_e}', len(w)) from None
 
@@ -2197,12 +2186,12 @@ def dec_LAYOUTERROR4args(r: _Reader, off: int) -> tuple[LAYOUTERROR4args, int]:
         if _n * 24 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_lea_errors = []
-        _c829 = _n
-        for _ in range(_c829):
+        _c752 = _n
+        for _ in range(_c752):
             _t0, _t1, _t2 = _S48.unpack_from(buf, off)
             off += 24
-            _x829 = device_error4(_t0, _nfsstat4_MAP[_t1], _t2)
-            f_lea_errors.append(_x829)
+            _x752 = device_error4(_t0, _nfsstat4_MAP[_t1], _t2)
+            f_lea_errors.append(_x752)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LAYOUTERROR4args', o0) from None
     return LAYOUTERROR4args(f_lea_offset, f_lea_length, f_lea_stateid, f_lea_errors), off
@@ -2272,9 +2261,9 @@ def enc_LAYOUTSTATS4args(w: _Writer, v: LAYOUTSTATS4args) -> None:
         if len(v.lsa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         if len(v.lsa_deviceid) != 16: raise _XdrError('fixed opaque lsa_deviceid must be 16 bytes', len(w))
         w += _S79.pack(v.lsa_offset, v.lsa_length, v.lsa_stateid.seqid, v.lsa_stateid.other, v.lsa_read.ii_count, v.lsa_read.ii_bytes, v.lsa_write.ii_count, v.lsa_write.ii_bytes, v.lsa_deviceid)
-        _s830 = v.lsa_layoutupdate
-        w += _S2.pack(_s830.lou_type)
-        _v = _s830.lou_body
+        _s753 = v.lsa_layoutupdate
+        w += _S2.pack(_s753.lou_type)
+        _v = _s753.lou_body
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -2294,15 +2283,15 @@ def dec_LAYOUTSTATS4args(r: _Reader, off: int) -> tuple[LAYOUTSTATS4args, int]:
         f_lsa_write = io_info4(_t6, _t7)
         (_t0,) = _S2.unpack_from(buf, off)
         off += 4
-        _i831_lou_type = _layouttype4_MAP[_t0]
+        _i754_lou_type = _layouttype4_MAP[_t0]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i831_lou_body = bytes(buf[off:_e])
+        _i754_lou_body = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_lsa_layoutupdate = layoutupdate4(_i831_lou_type, _i831_lou_body)
+        f_lsa_layoutupdate = layoutupdate4(_i754_lou_type, _i754_lou_body)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LAYOUTSTATS4args', o0) from None
     return LAYOUTSTATS4args(f_lsa_offset, f_lsa_length, f_lsa_stateid, f_lsa_read, f_lsa_write, f_lsa_deviceid, f_lsa_layoutupdate), off
@@ -2415,13 +2404,13 @@ class OFFLOAD_STATUS4resok:
 def enc_OFFLOAD_STATUS4resok(w: _Writer, v: OFFLOAD_STATUS4resok) -> None:
     try:
         w += _S4.pack(v.osr_count)
-        _a832 = v.osr_complete
-        _n = len(_a832)
+        _a755 = v.osr_complete
+        _n = len(_a755)
         if _n > 1:
             raise _XdrError('osr_complete: length %d exceeds 1' % _n, len(w))
         w += _S0.pack(_n)
-        for _x832 in _a832:
-            w += _S2.pack(_x832)
+        for _x755 in _a755:
+            w += _S2.pack(_x755)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode OFFLOAD_STATUS4resok: {_e}', len(w)) from None
 
@@ -2439,12 +2428,12 @@ def dec_OFFLOAD_STATUS4resok(r: _Reader, off: int) -> tuple[OFFLOAD_STATUS4resok
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_osr_complete = []
-        _c833 = _n
-        for _ in range(_c833):
+        _c756 = _n
+        for _ in range(_c756):
             (_t0,) = _S2.unpack_from(buf, off)
             off += 4
-            _x833 = _nfsstat4_MAP[_t0]
-            f_osr_complete.append(_x833)
+            _x756 = _nfsstat4_MAP[_t0]
+            f_osr_complete.append(_x756)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OFFLOAD_STATUS4resok', o0) from None
     return OFFLOAD_STATUS4resok(f_osr_count, f_osr_complete), off
@@ -2476,17 +2465,17 @@ def _dec_any_OFFLOAD_STATUS4res(r: _Reader, off: int) -> tuple[OFFLOAD_STATUS4re
     buf = r.buf
     o0 = off
     try:
-        _v834: _Any
-        _f834: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d834,) = _S2.unpack_from(buf, off)
-        _a834 = _OFFLOAD_STATUS4res_ARMS.get(_d834)
-        if _a834 is None:
-            _d834 = _nfsstat4_MAP[(_d834,)[0]]
-            _f834 = _void_decode
+        _v757: _Any
+        _f757: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d757,) = _S2.unpack_from(buf, off)
+        _a757 = _OFFLOAD_STATUS4res_ARMS.get(_d757)
+        if _a757 is None:
+            _d757 = _nfsstat4_MAP[(_d757,)[0]]
+            _f757 = _void_decode
         else:
-            _d834, _f834 = _a834
-        _v834, off = _f834(r, off + 4)
-        _u = OFFLOAD_STATUS4res(_d834, _v834)
+            _d757, _f757 = _a757
+        _v757, off = _f757(r, off + 4)
+        _u = OFFLOAD_STATUS4res(_d757, _v757)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated OFFLOAD_STATUS4res', o0) from None
     return _u, off
@@ -2494,22 +2483,22 @@ def _dec_any_OFFLOAD_STATUS4res(r: _Reader, off: int) -> tuple[OFFLOAD_STATUS4re
 
 def enc_OFFLOAD_STATUS4res(w: _Writer, v: OFFLOAD_STATUS4res) -> None:
     try:
-        _u835 = v
-        _d835 = _u835.osr_status
-        _w835: _Any
-        if _d835 == 0:
-            _w835 = _u835.value
-            _s836 = _w835
-            w += _S33.pack(0, _s836.osr_count)
-            _a837 = _s836.osr_complete
-            _n = len(_a837)
+        _u758 = v
+        _d758 = _u758.osr_status
+        _w758: _Any
+        if _d758 == 0:
+            _w758 = _u758.value
+            _s759 = _w758
+            w += _S33.pack(0, _s759.osr_count)
+            _a760 = _s759.osr_complete
+            _n = len(_a760)
             if _n > 1:
                 raise _XdrError('osr_complete: length %d exceeds 1' % _n, len(w))
             w += _S0.pack(_n)
-            for _x837 in _a837:
-                w += _S2.pack(_x837)
+            for _x760 in _a760:
+                w += _S2.pack(_x760)
         else:
-            _enc_any_OFFLOAD_STATUS4res(w, _u835)
+            _enc_any_OFFLOAD_STATUS4res(w, _u758)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode OFFLOAD_STATUS4res: {_e!r}', len(w)) from None
 
@@ -2518,11 +2507,11 @@ def dec_OFFLOAD_STATUS4res(r: _Reader, off: int) -> tuple[OFFLOAD_STATUS4res, in
     buf = r.buf
     o0 = off
     try:
-        _v838: _Any
-        (_d838,) = _S2.unpack_from(buf, off)
+        _v761: _Any
+        (_d761,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d838 == 0:
-            (_i839_osr_count,) = _S4.unpack_from(buf, off)
+        if _d761 == 0:
+            (_i762_osr_count,) = _S4.unpack_from(buf, off)
             off += 8
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 1:
@@ -2530,15 +2519,15 @@ def dec_OFFLOAD_STATUS4res(r: _Reader, off: int) -> tuple[OFFLOAD_STATUS4res, in
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i839_osr_complete = []
-            _c840 = _n
-            for _ in range(_c840):
+            _i762_osr_complete = []
+            _c763 = _n
+            for _ in range(_c763):
                 (_t0,) = _S2.unpack_from(buf, off)
                 off += 4
-                _x840 = _nfsstat4_MAP[_t0]
-                _i839_osr_complete.append(_x840)
-            _v838 = OFFLOAD_STATUS4resok(_i839_osr_count, _i839_osr_complete)
-            _u = OFFLOAD_STATUS4res(NFS4_OK, _v838)
+                _x763 = _nfsstat4_MAP[_t0]
+                _i762_osr_complete.append(_x763)
+            _v761 = OFFLOAD_STATUS4resok(_i762_osr_count, _i762_osr_complete)
+            _u = OFFLOAD_STATUS4res(NFS4_OK, _v761)
         else:
             _u, off = _dec_any_OFFLOAD_STATUS4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2599,17 +2588,17 @@ def _dec_any_read_plus_content(r: _Reader, off: int) -> tuple[read_plus_content,
     buf = r.buf
     o0 = off
     try:
-        _v841: _Any
-        _f841: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d841,) = _S2.unpack_from(buf, off)
-        _a841 = _read_plus_content_ARMS.get(_d841)
-        if _a841 is None:
-            _d841 = _data_content4_MAP[(_d841,)[0]]
-            _f841 = _void_decode
+        _v764: _Any
+        _f764: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d764,) = _S2.unpack_from(buf, off)
+        _a764 = _read_plus_content_ARMS.get(_d764)
+        if _a764 is None:
+            _d764 = _data_content4_MAP[(_d764,)[0]]
+            _f764 = _void_decode
         else:
-            _d841, _f841 = _a841
-        _v841, off = _f841(r, off + 4)
-        _u = read_plus_content(_d841, _v841)
+            _d764, _f764 = _a764
+        _v764, off = _f764(r, off + 4)
+        _u = read_plus_content(_d764, _v764)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated read_plus_content', o0) from None
     return _u, off
@@ -2617,23 +2606,23 @@ def _dec_any_read_plus_content(r: _Reader, off: int) -> tuple[read_plus_content,
 
 def enc_read_plus_content(w: _Writer, v: read_plus_content) -> None:
     try:
-        _u842 = v
-        _d842 = _u842.rpc_content
-        _w842: _Any
-        if _d842 == 0:
-            _w842 = _u842.value
-            _s843 = _w842
-            w += _S33.pack(0, _s843.d_offset)
-            _v = _s843.d_data
+        _u765 = v
+        _d765 = _u765.rpc_content
+        _w765: _Any
+        if _d765 == 0:
+            _w765 = _u765.value
+            _s766 = _w765
+            w += _S33.pack(0, _s766.d_offset)
+            _v = _s766.d_data
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        elif _d842 == 1:
-            _w842 = _u842.value
-            w += _S29.pack(1, _w842.di_offset, _w842.di_length)
+        elif _d765 == 1:
+            _w765 = _u765.value
+            w += _S29.pack(1, _w765.di_offset, _w765.di_length)
         else:
-            _enc_any_read_plus_content(w, _u842)
+            _enc_any_read_plus_content(w, _u765)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode read_plus_content: {_e!r}', len(w)) from None
 
@@ -2642,25 +2631,25 @@ def dec_read_plus_content(r: _Reader, off: int) -> tuple[read_plus_content, int]
     buf = r.buf
     o0 = off
     try:
-        _v844: _Any
-        (_d844,) = _S2.unpack_from(buf, off)
+        _v767: _Any
+        (_d767,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d844 == 0:
-            (_i845_d_offset,) = _S4.unpack_from(buf, off)
+        if _d767 == 0:
+            (_i768_d_offset,) = _S4.unpack_from(buf, off)
             off += 8
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i845_d_data = bytes(buf[off:_e])
+            _i768_d_data = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _v844 = data4(_i845_d_offset, _i845_d_data)
-            _u = read_plus_content(NFS4_CONTENT_DATA, _v844)
-        elif _d844 == 1:
-            _v844 = data_info4(*_S9.unpack_from(buf, off))
+            _v767 = data4(_i768_d_offset, _i768_d_data)
+            _u = read_plus_content(NFS4_CONTENT_DATA, _v767)
+        elif _d767 == 1:
+            _v767 = data_info4(*_S9.unpack_from(buf, off))
             off += 16
-            _u = read_plus_content(NFS4_CONTENT_HOLE, _v844)
+            _u = read_plus_content(NFS4_CONTENT_HOLE, _v767)
         else:
             _u, off = _dec_any_read_plus_content(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2677,27 +2666,27 @@ class read_plus_res4:
 def enc_read_plus_res4(w: _Writer, v: read_plus_res4) -> None:
     try:
         w += _S0.pack(v.rpr_eof)
-        _a846 = v.rpr_contents
-        _n = len(_a846)
+        _a769 = v.rpr_contents
+        _n = len(_a769)
         w += _S0.pack(_n)
-        for _x846 in _a846:
-            _u847 = _x846
-            _d847 = _u847.rpc_content
-            _w847: _Any
-            if _d847 == 0:
-                _w847 = _u847.value
-                _s848 = _w847
-                w += _S33.pack(0, _s848.d_offset)
-                _v = _s848.d_data
+        for _x769 in _a769:
+            _u770 = _x769
+            _d770 = _u770.rpc_content
+            _w770: _Any
+            if _d770 == 0:
+                _w770 = _u770.value
+                _s771 = _w770
+                w += _S33.pack(0, _s771.d_offset)
+                _v = _s771.d_data
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
-            elif _d847 == 1:
-                _w847 = _u847.value
-                w += _S29.pack(1, _w847.di_offset, _w847.di_length)
+            elif _d770 == 1:
+                _w770 = _u770.value
+                w += _S29.pack(1, _w770.di_offset, _w770.di_length)
             else:
-                _enc_any_read_plus_content(w, _u847)
+                _enc_any_read_plus_content(w, _u770)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode read_plus_res4: {_e}', len(w)) from None
 
@@ -2714,30 +2703,30 @@ def dec_read_plus_res4(r: _Reader, off: int) -> tuple[read_plus_res4, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_rpr_contents = []
-        _c849 = _n
-        for _ in range(_c849):
-            _v850: _Any
-            (_d850,) = _S2.unpack_from(buf, off)
+        _c772 = _n
+        for _ in range(_c772):
+            _v773: _Any
+            (_d773,) = _S2.unpack_from(buf, off)
             off += 4
-            if _d850 == 0:
-                (_i851_d_offset,) = _S4.unpack_from(buf, off)
+            if _d773 == 0:
+                (_i774_d_offset,) = _S4.unpack_from(buf, off)
                 off += 8
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _i851_d_data = bytes(buf[off:_e])
+                _i774_d_data = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _v850 = data4(_i851_d_offset, _i851_d_data)
-                _x849 = read_plus_content(NFS4_CONTENT_DATA, _v850)
-            elif _d850 == 1:
-                _v850 = data_info4(*_S9.unpack_from(buf, off))
+                _v773 = data4(_i774_d_offset, _i774_d_data)
+                _x772 = read_plus_content(NFS4_CONTENT_DATA, _v773)
+            elif _d773 == 1:
+                _v773 = data_info4(*_S9.unpack_from(buf, off))
                 off += 16
-                _x849 = read_plus_content(NFS4_CONTENT_HOLE, _v850)
+                _x772 = read_plus_content(NFS4_CONTENT_HOLE, _v773)
             else:
-                _x849, off = _dec_any_read_plus_content(r, off - 4)
-            f_rpr_contents.append(_x849)
+                _x772, off = _dec_any_read_plus_content(r, off - 4)
+            f_rpr_contents.append(_x772)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated read_plus_res4', o0) from None
     return read_plus_res4(f_rpr_eof, f_rpr_contents), off
@@ -2769,17 +2758,17 @@ def _dec_any_READ_PLUS4res(r: _Reader, off: int) -> tuple[READ_PLUS4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v852: _Any
-        _f852: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d852,) = _S2.unpack_from(buf, off)
-        _a852 = _READ_PLUS4res_ARMS.get(_d852)
-        if _a852 is None:
-            _d852 = _nfsstat4_MAP[(_d852,)[0]]
-            _f852 = _void_decode
+        _v775: _Any
+        _f775: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d775,) = _S2.unpack_from(buf, off)
+        _a775 = _READ_PLUS4res_ARMS.get(_d775)
+        if _a775 is None:
+            _d775 = _nfsstat4_MAP[(_d775,)[0]]
+            _f775 = _void_decode
         else:
-            _d852, _f852 = _a852
-        _v852, off = _f852(r, off + 4)
-        _u = READ_PLUS4res(_d852, _v852)
+            _d775, _f775 = _a775
+        _v775, off = _f775(r, off + 4)
+        _u = READ_PLUS4res(_d775, _v775)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated READ_PLUS4res', o0) from None
     return _u, off
@@ -2787,20 +2776,20 @@ def _dec_any_READ_PLUS4res(r: _Reader, off: int) -> tuple[READ_PLUS4res, int]:
 
 def enc_READ_PLUS4res(w: _Writer, v: READ_PLUS4res) -> None:
     try:
-        _u853 = v
-        _d853 = _u853.rp_status
-        _w853: _Any
-        if _d853 == 0:
-            _w853 = _u853.value
-            _s854 = _w853
-            w += _S23.pack(0, _s854.rpr_eof)
-            _a855 = _s854.rpr_contents
-            _n = len(_a855)
+        _u776 = v
+        _d776 = _u776.rp_status
+        _w776: _Any
+        if _d776 == 0:
+            _w776 = _u776.value
+            _s777 = _w776
+            w += _S23.pack(0, _s777.rpr_eof)
+            _a778 = _s777.rpr_contents
+            _n = len(_a778)
             w += _S0.pack(_n)
-            for _x855 in _a855:
-                enc_read_plus_content(w, _x855)
+            for _x778 in _a778:
+                enc_read_plus_content(w, _x778)
         else:
-            _enc_any_READ_PLUS4res(w, _u853)
+            _enc_any_READ_PLUS4res(w, _u776)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode READ_PLUS4res: {_e!r}', len(w)) from None
 
@@ -2809,24 +2798,24 @@ def dec_READ_PLUS4res(r: _Reader, off: int) -> tuple[READ_PLUS4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v856: _Any
-        (_d856,) = _S2.unpack_from(buf, off)
+        _v779: _Any
+        (_d779,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d856 == 0:
+        if _d779 == 0:
             (_t0,) = _S0.unpack_from(buf, off)
             off += 4
-            _i857_rpr_eof = _BOOL[_t0]
+            _i780_rpr_eof = _BOOL[_t0]
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i857_rpr_contents = []
-            _c858 = _n
-            for _ in range(_c858):
-                _x858, off = dec_read_plus_content(r, off)
-                _i857_rpr_contents.append(_x858)
-            _v856 = read_plus_res4(_i857_rpr_eof, _i857_rpr_contents)
-            _u = READ_PLUS4res(NFS4_OK, _v856)
+            _i780_rpr_contents = []
+            _c781 = _n
+            for _ in range(_c781):
+                _x781, off = dec_read_plus_content(r, off)
+                _i780_rpr_contents.append(_x781)
+            _v779 = read_plus_res4(_i780_rpr_eof, _i780_rpr_contents)
+            _u = READ_PLUS4res(NFS4_OK, _v779)
         else:
             _u, off = _dec_any_READ_PLUS4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2912,17 +2901,17 @@ def _dec_any_SEEK4res(r: _Reader, off: int) -> tuple[SEEK4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v859: _Any
-        _f859: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d859,) = _S2.unpack_from(buf, off)
-        _a859 = _SEEK4res_ARMS.get(_d859)
-        if _a859 is None:
-            _d859 = _nfsstat4_MAP[(_d859,)[0]]
-            _f859 = _void_decode
+        _v782: _Any
+        _f782: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d782,) = _S2.unpack_from(buf, off)
+        _a782 = _SEEK4res_ARMS.get(_d782)
+        if _a782 is None:
+            _d782 = _nfsstat4_MAP[(_d782,)[0]]
+            _f782 = _void_decode
         else:
-            _d859, _f859 = _a859
-        _v859, off = _f859(r, off + 4)
-        _u = SEEK4res(_d859, _v859)
+            _d782, _f782 = _a782
+        _v782, off = _f782(r, off + 4)
+        _u = SEEK4res(_d782, _v782)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SEEK4res', o0) from None
     return _u, off
@@ -2930,14 +2919,14 @@ def _dec_any_SEEK4res(r: _Reader, off: int) -> tuple[SEEK4res, int]:
 
 def enc_SEEK4res(w: _Writer, v: SEEK4res) -> None:
     try:
-        _u860 = v
-        _d860 = _u860.sa_status
-        _w860: _Any
-        if _d860 == 0:
-            _w860 = _u860.value
-            w += _S64.pack(0, _w860.sr_eof, _w860.sr_offset)
+        _u783 = v
+        _d783 = _u783.sa_status
+        _w783: _Any
+        if _d783 == 0:
+            _w783 = _u783.value
+            w += _S64.pack(0, _w783.sr_eof, _w783.sr_offset)
         else:
-            _enc_any_SEEK4res(w, _u860)
+            _enc_any_SEEK4res(w, _u783)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode SEEK4res: {_e!r}', len(w)) from None
 
@@ -2946,14 +2935,14 @@ def dec_SEEK4res(r: _Reader, off: int) -> tuple[SEEK4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v861: _Any
-        (_d861,) = _S2.unpack_from(buf, off)
+        _v784: _Any
+        (_d784,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d861 == 0:
+        if _d784 == 0:
             _t0, _t1 = _S62.unpack_from(buf, off)
             off += 12
-            _v861 = seek_res4(_BOOL[_t0], _t1)
-            _u = SEEK4res(NFS4_OK, _v861)
+            _v784 = seek_res4(_BOOL[_t0], _t1)
+            _u = SEEK4res(NFS4_OK, _v784)
         else:
             _u, off = _dec_any_SEEK4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2972,9 +2961,9 @@ def enc_WRITE_SAME4args(w: _Writer, v: WRITE_SAME4args) -> None:
     try:
         if len(v.wsa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S80.pack(v.wsa_stateid.seqid, v.wsa_stateid.other, v.wsa_stable)
-        _s862 = v.wsa_adb
-        w += _S73.pack(_s862.adb_offset, _s862.adb_block_size, _s862.adb_block_count, _s862.adb_reloff_blocknum, _s862.adb_block_num, _s862.adb_reloff_pattern)
-        _v = _s862.adb_pattern
+        _s785 = v.wsa_adb
+        w += _S73.pack(_s785.adb_offset, _s785.adb_block_size, _s785.adb_block_count, _s785.adb_reloff_blocknum, _s785.adb_block_num, _s785.adb_reloff_pattern)
+        _v = _s785.adb_pattern
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -2991,16 +2980,16 @@ def dec_WRITE_SAME4args(r: _Reader, off: int) -> tuple[WRITE_SAME4args, int]:
         off += 20
         f_wsa_stateid = stateid4(_t0, _t1)
         f_wsa_stable = _stable_how4_MAP[_t2]
-        _i863_adb_offset, _i863_adb_block_size, _i863_adb_block_count, _i863_adb_reloff_blocknum, _i863_adb_block_num, _i863_adb_reloff_pattern = _S73.unpack_from(buf, off)
+        _i786_adb_offset, _i786_adb_block_size, _i786_adb_block_count, _i786_adb_reloff_blocknum, _i786_adb_block_num, _i786_adb_reloff_pattern = _S73.unpack_from(buf, off)
         off += 44
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i863_adb_pattern = bytes(buf[off:_e])
+        _i786_adb_pattern = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_wsa_adb = app_data_block4(_i863_adb_offset, _i863_adb_block_size, _i863_adb_block_count, _i863_adb_reloff_blocknum, _i863_adb_block_num, _i863_adb_reloff_pattern, _i863_adb_pattern)
+        f_wsa_adb = app_data_block4(_i786_adb_offset, _i786_adb_block_size, _i786_adb_block_count, _i786_adb_reloff_blocknum, _i786_adb_block_num, _i786_adb_reloff_pattern, _i786_adb_pattern)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated WRITE_SAME4args', o0) from None
     return WRITE_SAME4args(f_wsa_stateid, f_wsa_stable, f_wsa_adb), off
@@ -3032,17 +3021,17 @@ def _dec_any_WRITE_SAME4res(r: _Reader, off: int) -> tuple[WRITE_SAME4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v864: _Any
-        _f864: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d864,) = _S2.unpack_from(buf, off)
-        _a864 = _WRITE_SAME4res_ARMS.get(_d864)
-        if _a864 is None:
-            _d864 = _nfsstat4_MAP[(_d864,)[0]]
-            _f864 = _void_decode
+        _v787: _Any
+        _f787: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d787,) = _S2.unpack_from(buf, off)
+        _a787 = _WRITE_SAME4res_ARMS.get(_d787)
+        if _a787 is None:
+            _d787 = _nfsstat4_MAP[(_d787,)[0]]
+            _f787 = _void_decode
         else:
-            _d864, _f864 = _a864
-        _v864, off = _f864(r, off + 4)
-        _u = WRITE_SAME4res(_d864, _v864)
+            _d787, _f787 = _a787
+        _v787, off = _f787(r, off + 4)
+        _u = WRITE_SAME4res(_d787, _v787)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated WRITE_SAME4res', o0) from None
     return _u, off
@@ -3050,24 +3039,24 @@ def _dec_any_WRITE_SAME4res(r: _Reader, off: int) -> tuple[WRITE_SAME4res, int]:
 
 def enc_WRITE_SAME4res(w: _Writer, v: WRITE_SAME4res) -> None:
     try:
-        _u865 = v
-        _d865 = _u865.wsr_status
-        _w865: _Any
-        if _d865 == 0:
-            _w865 = _u865.value
-            _s866 = _w865
-            _a867 = _s866.wr_callback_id
-            _n = len(_a867)
+        _u788 = v
+        _d788 = _u788.wsr_status
+        _w788: _Any
+        if _d788 == 0:
+            _w788 = _u788.value
+            _s789 = _w788
+            _a790 = _s789.wr_callback_id
+            _n = len(_a790)
             if _n > 1:
                 raise _XdrError('wr_callback_id: length %d exceeds 1' % _n, len(w))
             w += _S23.pack(0, _n)
-            for _x867 in _a867:
-                if len(_x867.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-                w += _S11.pack(_x867.seqid, _x867.other)
-            if len(_s866.wr_writeverf) != 8: raise _XdrError('fixed opaque wr_writeverf must be 8 bytes', len(w))
-            w += _S74.pack(_s866.wr_count, _s866.wr_committed, _s866.wr_writeverf)
+            for _x790 in _a790:
+                if len(_x790.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+                w += _S11.pack(_x790.seqid, _x790.other)
+            if len(_s789.wr_writeverf) != 8: raise _XdrError('fixed opaque wr_writeverf must be 8 bytes', len(w))
+            w += _S74.pack(_s789.wr_count, _s789.wr_committed, _s789.wr_writeverf)
         else:
-            _enc_any_WRITE_SAME4res(w, _u865)
+            _enc_any_WRITE_SAME4res(w, _u788)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode WRITE_SAME4res: {_e!r}', len(w)) from None
 
@@ -3076,27 +3065,27 @@ def dec_WRITE_SAME4res(r: _Reader, off: int) -> tuple[WRITE_SAME4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v868: _Any
-        (_d868,) = _S2.unpack_from(buf, off)
+        _v791: _Any
+        (_d791,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d868 == 0:
+        if _d791 == 0:
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 1:
                 raise _XdrError('wr_callback_id: length %d exceeds 1' % _n, off)
             off += 4
             if _n * 16 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i869_wr_callback_id = []
-            _c870 = _n
-            for _ in range(_c870):
-                _x870 = stateid4(*_S11.unpack_from(buf, off))
+            _i792_wr_callback_id = []
+            _c793 = _n
+            for _ in range(_c793):
+                _x793 = stateid4(*_S11.unpack_from(buf, off))
                 off += 16
-                _i869_wr_callback_id.append(_x870)
-            _i869_wr_count, _t1, _i869_wr_writeverf = _S74.unpack_from(buf, off)
+                _i792_wr_callback_id.append(_x793)
+            _i792_wr_count, _t1, _i792_wr_writeverf = _S74.unpack_from(buf, off)
             off += 20
-            _i869_wr_committed = _stable_how4_MAP[_t1]
-            _v868 = write_response4(_i869_wr_callback_id, _i869_wr_count, _i869_wr_committed, _i869_wr_writeverf)
-            _u = WRITE_SAME4res(NFS4_OK, _v868)
+            _i792_wr_committed = _stable_how4_MAP[_t1]
+            _v791 = write_response4(_i792_wr_callback_id, _i792_wr_count, _i792_wr_committed, _i792_wr_writeverf)
+            _u = WRITE_SAME4res(NFS4_OK, _v791)
         else:
             _u, off = _dec_any_WRITE_SAME4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -3276,17 +3265,17 @@ def _dec_any_GETXATTR4res(r: _Reader, off: int) -> tuple[GETXATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v871: _Any
-        _f871: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d871,) = _S2.unpack_from(buf, off)
-        _a871 = _GETXATTR4res_ARMS.get(_d871)
-        if _a871 is None:
-            _d871 = _nfsstat4_MAP[(_d871,)[0]]
-            _f871 = _void_decode
+        _v794: _Any
+        _f794: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d794,) = _S2.unpack_from(buf, off)
+        _a794 = _GETXATTR4res_ARMS.get(_d794)
+        if _a794 is None:
+            _d794 = _nfsstat4_MAP[(_d794,)[0]]
+            _f794 = _void_decode
         else:
-            _d871, _f871 = _a871
-        _v871, off = _f871(r, off + 4)
-        _u = GETXATTR4res(_d871, _v871)
+            _d794, _f794 = _a794
+        _v794, off = _f794(r, off + 4)
+        _u = GETXATTR4res(_d794, _v794)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated GETXATTR4res', o0) from None
     return _u, off
@@ -3294,18 +3283,18 @@ def _dec_any_GETXATTR4res(r: _Reader, off: int) -> tuple[GETXATTR4res, int]:
 
 def enc_GETXATTR4res(w: _Writer, v: GETXATTR4res) -> None:
     try:
-        _u872 = v
-        _d872 = _u872.gxr_status
-        _w872: _Any
-        if _d872 == 0:
-            _w872 = _u872.value
-            _v = _w872
+        _u795 = v
+        _d795 = _u795.gxr_status
+        _w795: _Any
+        if _d795 == 0:
+            _w795 = _u795.value
+            _v = _w795
             _n = len(_v)
             w += _S23.pack(0, _n)
             w += _v
             w += _PAD[_n & 3]
         else:
-            _enc_any_GETXATTR4res(w, _u872)
+            _enc_any_GETXATTR4res(w, _u795)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode GETXATTR4res: {_e!r}', len(w)) from None
 
@@ -3314,18 +3303,18 @@ def dec_GETXATTR4res(r: _Reader, off: int) -> tuple[GETXATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v873: _Any
-        (_d873,) = _S2.unpack_from(buf, off)
+        _v796: _Any
+        (_d796,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d873 == 0:
+        if _d796 == 0:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _v873 = bytes(buf[off:_e])
+            _v796 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _u = GETXATTR4res(NFS4_OK, _v873)
+            _u = GETXATTR4res(NFS4_OK, _v796)
         else:
             _u, off = _dec_any_GETXATTR4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):

@@ -21,6 +21,7 @@ from nfsrdma.xdr.runtime import (
     PAD as _PAD,
     TRUE as _TRUE,
     U32 as _U32,
+    U32_ARRAYS as _U32_ARRAYS,
     Operation as _Operation,
     Buffer as _Buffer,
     DdpItem as _DdpItem,
@@ -204,8 +205,8 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     BACKCHANNEL_CTL4res,
     BIND_CONN_TO_SESSION4args,
     BIND_CONN_TO_SESSION4res,
-    EXCHANGE_ID4args,
     ILLEGAL4res,
+    OPENATTR4args,
     OPENATTR4res,
     OPEN_CONFIRM4args,
     OPEN_CONFIRM4res,
@@ -258,8 +259,8 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     dec_BACKCHANNEL_CTL4res,
     dec_BIND_CONN_TO_SESSION4args,
     dec_BIND_CONN_TO_SESSION4res,
-    dec_EXCHANGE_ID4args,
     dec_ILLEGAL4res,
+    dec_OPENATTR4args,
     dec_OPENATTR4res,
     dec_OPEN_CONFIRM4args,
     dec_OPEN_CONFIRM4res,
@@ -300,8 +301,8 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     enc_BACKCHANNEL_CTL4res,
     enc_BIND_CONN_TO_SESSION4args,
     enc_BIND_CONN_TO_SESSION4res,
-    enc_EXCHANGE_ID4args,
     enc_ILLEGAL4res,
+    enc_OPENATTR4args,
     enc_OPENATTR4res,
     enc_OPEN_CONFIRM4args,
     enc_OPEN_CONFIRM4res,
@@ -369,7 +370,6 @@ from nfsrdma.xdr.gen._nfs4_3 import (
     NVERIFY4res,
     OPEN4args,
     OPEN4res,
-    OPENATTR4args,
     _enc_any_CREATE4res,
     _enc_any_GETATTR4res,
     _enc_any_GETFH4res,
@@ -406,7 +406,6 @@ from nfsrdma.xdr.gen._nfs4_3 import (
     dec_NVERIFY4res,
     dec_OPEN4args,
     dec_OPEN4res,
-    dec_OPENATTR4args,
     enc_CREATE4args,
     enc_CREATE4res,
     enc_DELEGPURGE4args,
@@ -431,7 +430,6 @@ from nfsrdma.xdr.gen._nfs4_3 import (
     enc_NVERIFY4res,
     enc_OPEN4args,
     enc_OPEN4res,
-    enc_OPENATTR4args,
     enc_createhow4,
     enc_open_claim4,
     enc_open_delegation4,
@@ -445,6 +443,7 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     CREATE_SESSION4res,
     DESTROY_SESSION4args,
     DESTROY_SESSION4res,
+    EXCHANGE_ID4args,
     EXCHANGE_ID4res,
     FREE_STATEID4args,
     FREE_STATEID4res,
@@ -479,6 +478,7 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     dec_CREATE_SESSION4res,
     dec_DESTROY_SESSION4args,
     dec_DESTROY_SESSION4res,
+    dec_EXCHANGE_ID4args,
     dec_EXCHANGE_ID4res,
     dec_FREE_STATEID4args,
     dec_FREE_STATEID4res,
@@ -501,6 +501,7 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     enc_CREATE_SESSION4res,
     enc_DESTROY_SESSION4args,
     enc_DESTROY_SESSION4res,
+    enc_EXCHANGE_ID4args,
     enc_EXCHANGE_ID4res,
     enc_FREE_STATEID4args,
     enc_FREE_STATEID4res,
@@ -639,17 +640,17 @@ def _dec_any_SETXATTR4res(r: _Reader, off: int) -> tuple[SETXATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v874: _Any
-        _f874: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d874,) = _S2.unpack_from(buf, off)
-        _a874 = _SETXATTR4res_ARMS.get(_d874)
-        if _a874 is None:
-            _d874 = _nfsstat4_MAP[(_d874,)[0]]
-            _f874 = _void_decode
+        _v797: _Any
+        _f797: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d797,) = _S2.unpack_from(buf, off)
+        _a797 = _SETXATTR4res_ARMS.get(_d797)
+        if _a797 is None:
+            _d797 = _nfsstat4_MAP[(_d797,)[0]]
+            _f797 = _void_decode
         else:
-            _d874, _f874 = _a874
-        _v874, off = _f874(r, off + 4)
-        _u = SETXATTR4res(_d874, _v874)
+            _d797, _f797 = _a797
+        _v797, off = _f797(r, off + 4)
+        _u = SETXATTR4res(_d797, _v797)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated SETXATTR4res', o0) from None
     return _u, off
@@ -657,14 +658,14 @@ def _dec_any_SETXATTR4res(r: _Reader, off: int) -> tuple[SETXATTR4res, int]:
 
 def enc_SETXATTR4res(w: _Writer, v: SETXATTR4res) -> None:
     try:
-        _u875 = v
-        _d875 = _u875.sxr_status
-        _w875: _Any
-        if _d875 == 0:
-            _w875 = _u875.value
-            w += _S24.pack(0, _w875.atomic, _w875.before, _w875.after)
+        _u798 = v
+        _d798 = _u798.sxr_status
+        _w798: _Any
+        if _d798 == 0:
+            _w798 = _u798.value
+            w += _S24.pack(0, _w798.atomic, _w798.before, _w798.after)
         else:
-            _enc_any_SETXATTR4res(w, _u875)
+            _enc_any_SETXATTR4res(w, _u798)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode SETXATTR4res: {_e!r}', len(w)) from None
 
@@ -673,14 +674,14 @@ def dec_SETXATTR4res(r: _Reader, off: int) -> tuple[SETXATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v876: _Any
-        (_d876,) = _S2.unpack_from(buf, off)
+        _v799: _Any
+        (_d799,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d876 == 0:
+        if _d799 == 0:
             _t0, _t1, _t2 = _S16.unpack_from(buf, off)
             off += 20
-            _v876 = change_info4(_BOOL[_t0], _t1, _t2)
-            _u = SETXATTR4res(NFS4_OK, _v876)
+            _v799 = change_info4(_BOOL[_t0], _t1, _t2)
+            _u = SETXATTR4res(NFS4_OK, _v799)
         else:
             _u, off = _dec_any_SETXATTR4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -722,11 +723,11 @@ class LISTXATTRS4resok:
 def enc_LISTXATTRS4resok(w: _Writer, v: LISTXATTRS4resok) -> None:
     try:
         w += _S4.pack(v.lxr_cookie)
-        _a877 = v.lxr_names
-        _n = len(_a877)
+        _a800 = v.lxr_names
+        _n = len(_a800)
         w += _S0.pack(_n)
-        for _x877 in _a877:
-            _v = _x877
+        for _x800 in _a800:
+            _v = _x800
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
@@ -747,16 +748,16 @@ def dec_LISTXATTRS4resok(r: _Reader, off: int) -> tuple[LISTXATTRS4resok, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_lxr_names = []
-        _c878 = _n
-        for _ in range(_c878):
+        _c801 = _n
+        for _ in range(_c801):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _x878 = bytes(buf[off:_e])
+            _x801 = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            f_lxr_names.append(_x878)
+            f_lxr_names.append(_x801)
         (_t0,) = _S0.unpack_from(buf, off)
         off += 4
         f_lxr_eof = _BOOL[_t0]
@@ -791,17 +792,17 @@ def _dec_any_LISTXATTRS4res(r: _Reader, off: int) -> tuple[LISTXATTRS4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v879: _Any
-        _f879: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d879,) = _S2.unpack_from(buf, off)
-        _a879 = _LISTXATTRS4res_ARMS.get(_d879)
-        if _a879 is None:
-            _d879 = _nfsstat4_MAP[(_d879,)[0]]
-            _f879 = _void_decode
+        _v802: _Any
+        _f802: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d802,) = _S2.unpack_from(buf, off)
+        _a802 = _LISTXATTRS4res_ARMS.get(_d802)
+        if _a802 is None:
+            _d802 = _nfsstat4_MAP[(_d802,)[0]]
+            _f802 = _void_decode
         else:
-            _d879, _f879 = _a879
-        _v879, off = _f879(r, off + 4)
-        _u = LISTXATTRS4res(_d879, _v879)
+            _d802, _f802 = _a802
+        _v802, off = _f802(r, off + 4)
+        _u = LISTXATTRS4res(_d802, _v802)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated LISTXATTRS4res', o0) from None
     return _u, off
@@ -809,25 +810,25 @@ def _dec_any_LISTXATTRS4res(r: _Reader, off: int) -> tuple[LISTXATTRS4res, int]:
 
 def enc_LISTXATTRS4res(w: _Writer, v: LISTXATTRS4res) -> None:
     try:
-        _u880 = v
-        _d880 = _u880.lxr_status
-        _w880: _Any
-        if _d880 == 0:
-            _w880 = _u880.value
-            _s881 = _w880
-            w += _S33.pack(0, _s881.lxr_cookie)
-            _a882 = _s881.lxr_names
-            _n = len(_a882)
+        _u803 = v
+        _d803 = _u803.lxr_status
+        _w803: _Any
+        if _d803 == 0:
+            _w803 = _u803.value
+            _s804 = _w803
+            w += _S33.pack(0, _s804.lxr_cookie)
+            _a805 = _s804.lxr_names
+            _n = len(_a805)
             w += _S0.pack(_n)
-            for _x882 in _a882:
-                _v = _x882
+            for _x805 in _a805:
+                _v = _x805
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
-            w += _S0.pack(_s881.lxr_eof)
+            w += _S0.pack(_s804.lxr_eof)
         else:
-            _enc_any_LISTXATTRS4res(w, _u880)
+            _enc_any_LISTXATTRS4res(w, _u803)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode LISTXATTRS4res: {_e!r}', len(w)) from None
 
@@ -836,32 +837,32 @@ def dec_LISTXATTRS4res(r: _Reader, off: int) -> tuple[LISTXATTRS4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v883: _Any
-        (_d883,) = _S2.unpack_from(buf, off)
+        _v806: _Any
+        (_d806,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d883 == 0:
-            (_i884_lxr_cookie,) = _S4.unpack_from(buf, off)
+        if _d806 == 0:
+            (_i807_lxr_cookie,) = _S4.unpack_from(buf, off)
             off += 8
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i884_lxr_names = []
-            _c885 = _n
-            for _ in range(_c885):
+            _i807_lxr_names = []
+            _c808 = _n
+            for _ in range(_c808):
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
                 _e = off + _n
-                _x885 = bytes(buf[off:_e])
+                _x808 = bytes(buf[off:_e])
                 off = _e + (-_n & 3)
-                _i884_lxr_names.append(_x885)
+                _i807_lxr_names.append(_x808)
             (_t0,) = _S0.unpack_from(buf, off)
             off += 4
-            _i884_lxr_eof = _BOOL[_t0]
-            _v883 = LISTXATTRS4resok(_i884_lxr_cookie, _i884_lxr_names, _i884_lxr_eof)
-            _u = LISTXATTRS4res(NFS4_OK, _v883)
+            _i807_lxr_eof = _BOOL[_t0]
+            _v806 = LISTXATTRS4resok(_i807_lxr_cookie, _i807_lxr_names, _i807_lxr_eof)
+            _u = LISTXATTRS4res(NFS4_OK, _v806)
         else:
             _u, off = _dec_any_LISTXATTRS4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -927,17 +928,17 @@ def _dec_any_REMOVEXATTR4res(r: _Reader, off: int) -> tuple[REMOVEXATTR4res, int
     buf = r.buf
     o0 = off
     try:
-        _v886: _Any
-        _f886: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d886,) = _S2.unpack_from(buf, off)
-        _a886 = _REMOVEXATTR4res_ARMS.get(_d886)
-        if _a886 is None:
-            _d886 = _nfsstat4_MAP[(_d886,)[0]]
-            _f886 = _void_decode
+        _v809: _Any
+        _f809: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d809,) = _S2.unpack_from(buf, off)
+        _a809 = _REMOVEXATTR4res_ARMS.get(_d809)
+        if _a809 is None:
+            _d809 = _nfsstat4_MAP[(_d809,)[0]]
+            _f809 = _void_decode
         else:
-            _d886, _f886 = _a886
-        _v886, off = _f886(r, off + 4)
-        _u = REMOVEXATTR4res(_d886, _v886)
+            _d809, _f809 = _a809
+        _v809, off = _f809(r, off + 4)
+        _u = REMOVEXATTR4res(_d809, _v809)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated REMOVEXATTR4res', o0) from None
     return _u, off
@@ -945,14 +946,14 @@ def _dec_any_REMOVEXATTR4res(r: _Reader, off: int) -> tuple[REMOVEXATTR4res, int
 
 def enc_REMOVEXATTR4res(w: _Writer, v: REMOVEXATTR4res) -> None:
     try:
-        _u887 = v
-        _d887 = _u887.rxr_status
-        _w887: _Any
-        if _d887 == 0:
-            _w887 = _u887.value
-            w += _S24.pack(0, _w887.atomic, _w887.before, _w887.after)
+        _u810 = v
+        _d810 = _u810.rxr_status
+        _w810: _Any
+        if _d810 == 0:
+            _w810 = _u810.value
+            w += _S24.pack(0, _w810.atomic, _w810.before, _w810.after)
         else:
-            _enc_any_REMOVEXATTR4res(w, _u887)
+            _enc_any_REMOVEXATTR4res(w, _u810)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode REMOVEXATTR4res: {_e!r}', len(w)) from None
 
@@ -961,14 +962,14 @@ def dec_REMOVEXATTR4res(r: _Reader, off: int) -> tuple[REMOVEXATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v888: _Any
-        (_d888,) = _S2.unpack_from(buf, off)
+        _v811: _Any
+        (_d811,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d888 == 0:
+        if _d811 == 0:
             _t0, _t1, _t2 = _S16.unpack_from(buf, off)
             off += 20
-            _v888 = change_info4(_BOOL[_t0], _t1, _t2)
-            _u = REMOVEXATTR4res(NFS4_OK, _v888)
+            _v811 = change_info4(_BOOL[_t0], _t1, _t2)
+            _u = REMOVEXATTR4res(NFS4_OK, _v811)
         else:
             _u, off = _dec_any_REMOVEXATTR4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1172,16 +1173,16 @@ def dec_nfs_argop4(r: _Reader, off: int) -> tuple[nfs_argop4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v889: _Any
-        _f889: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d889,) = _S2.unpack_from(buf, off)
-        _a889 = _nfs_argop4_ARMS.get(_d889)
-        if _a889 is None:
-            raise _XdrError('%r is not a case of nfs_argop4' % (_d889,), off)
+        _v812: _Any
+        _f812: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d812,) = _S2.unpack_from(buf, off)
+        _a812 = _nfs_argop4_ARMS.get(_d812)
+        if _a812 is None:
+            raise _XdrError('%r is not a case of nfs_argop4' % (_d812,), off)
         else:
-            _d889, _f889 = _a889
-        _v889, off = _f889(r, off + 4)
-        _u = nfs_argop4(_d889, _v889)
+            _d812, _f812 = _a812
+        _v812, off = _f812(r, off + 4)
+        _u = nfs_argop4(_d812, _v812)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfs_argop4', o0) from None
     return _u, off
@@ -1211,26 +1212,25 @@ def _enc_nfs_argop4_5(w: _Writer, v: COMMIT4args) -> None:
 
 def _enc_nfs_argop4_6(w: _Writer, v: CREATE4args) -> None:
     try:
-        _s890 = v
+        _s813 = v
         w += b'\x00\x00\x00\x06'
-        _u891 = _s890.objtype
-        _f891 = _createtype4_ENCX.get(_u891.type)
-        if _f891 is None:
-            enc_createtype4(w, _u891)
+        _u814 = _s813.objtype
+        _f814 = _createtype4_ENCX.get(_u814.type)
+        if _f814 is None:
+            enc_createtype4(w, _u814)
         else:
-            _f891(w, _u891.value)
-        _v = _s890.objname
+            _f814(w, _u814.value)
+        _v = _s813.objname
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _s892 = _s890.createattrs
-        _a893 = _s892.attrmask
-        _n = len(_a893)
+        _s815 = _s813.createattrs
+        _a816 = _s815.attrmask
+        _n = len(_a816)
         w += _S0.pack(_n)
-        for _x893 in _a893:
-            w += _S0.pack(_x893)
-        _v = _s892.attr_vals
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a816)
+        _v = _s815.attr_vals
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -1256,12 +1256,11 @@ def _enc_nfs_argop4_8(w: _Writer, v: DELEGRETURN4args) -> None:
 
 def _enc_nfs_argop4_9(w: _Writer, v: GETATTR4args) -> None:
     try:
-        _s894 = v
-        _a895 = _s894.attr_request
-        _n = len(_a895)
+        _s817 = v
+        _a818 = _s817.attr_request
+        _n = len(_a818)
         w += _S23.pack(9, _n)
-        for _x895 in _a895:
-            w += _S0.pack(_x895)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a818)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_argop4.opgetattr: {_e}', len(w)) from None
 
@@ -1275,8 +1274,8 @@ def _enc_nfs_argop4_10(w: _Writer, v: None) -> None:
 
 def _enc_nfs_argop4_11(w: _Writer, v: LINK4args) -> None:
     try:
-        _s896 = v
-        _v = _s896.newname
+        _s819 = v
+        _v = _s819.newname
         _n = len(_v)
         w += _S23.pack(11, _n)
         w += _v
@@ -1287,32 +1286,32 @@ def _enc_nfs_argop4_11(w: _Writer, v: LINK4args) -> None:
 
 def _enc_nfs_argop4_12(w: _Writer, v: LOCK4args) -> None:
     try:
-        _s897 = v
-        w += _S83.pack(12, _s897.locktype, _s897.reclaim, _s897.offset, _s897.length)
-        _u898 = _s897.locker
-        _d898 = _u898.new_lock_owner
-        _w898: _Any
-        if _d898 == 1:
-            _w898 = _u898.value
+        _s820 = v
+        w += _S83.pack(12, _s820.locktype, _s820.reclaim, _s820.offset, _s820.length)
+        _u821 = _s820.locker
+        _d821 = _u821.new_lock_owner
+        _w821: _Any
+        if _d821 == 1:
+            _w821 = _u821.value
             w += b'\x00\x00\x00\x01'
-            enc_open_to_lock_owner4(w, _w898)
-        elif _d898 == 0:
-            _w898 = _u898.value
-            if len(_w898.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S25.pack(0, _w898.lock_stateid.seqid, _w898.lock_stateid.other, _w898.lock_seqid)
+            enc_open_to_lock_owner4(w, _w821)
+        elif _d821 == 0:
+            _w821 = _u821.value
+            if len(_w821.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S25.pack(0, _w821.lock_stateid.seqid, _w821.lock_stateid.other, _w821.lock_seqid)
         else:
-            _enc_any_locker4(w, _u898)
+            _enc_any_locker4(w, _u821)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_argop4.oplock: {_e}', len(w)) from None
 
 
 def _enc_nfs_argop4_13(w: _Writer, v: LOCKT4args) -> None:
     try:
-        _s899 = v
-        w += _S84.pack(13, _s899.locktype, _s899.offset, _s899.length)
-        _s900 = _s899.owner
-        w += _S4.pack(_s900.clientid)
-        _v = _s900.owner
+        _s822 = v
+        w += _S84.pack(13, _s822.locktype, _s822.offset, _s822.length)
+        _s823 = _s822.owner
+        w += _S4.pack(_s823.clientid)
+        _v = _s823.owner
         _n = len(_v)
         if _n > 1024:
             raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
@@ -1333,8 +1332,8 @@ def _enc_nfs_argop4_14(w: _Writer, v: LOCKU4args) -> None:
 
 def _enc_nfs_argop4_15(w: _Writer, v: LOOKUP4args) -> None:
     try:
-        _s901 = v
-        _v = _s901.objname
+        _s824 = v
+        _v = _s824.objname
         _n = len(_v)
         w += _S23.pack(15, _n)
         w += _v
@@ -1352,14 +1351,13 @@ def _enc_nfs_argop4_16(w: _Writer, v: None) -> None:
 
 def _enc_nfs_argop4_17(w: _Writer, v: NVERIFY4args) -> None:
     try:
-        _s902 = v
-        _s903 = _s902.obj_attributes
-        _a904 = _s903.attrmask
-        _n = len(_a904)
+        _s825 = v
+        _s826 = _s825.obj_attributes
+        _a827 = _s826.attrmask
+        _n = len(_a827)
         w += _S23.pack(17, _n)
-        for _x904 in _a904:
-            w += _S0.pack(_x904)
-        _v = _s903.attr_vals
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a827)
+        _v = _s826.attr_vals
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -1370,32 +1368,32 @@ def _enc_nfs_argop4_17(w: _Writer, v: NVERIFY4args) -> None:
 
 def _enc_nfs_argop4_18(w: _Writer, v: OPEN4args) -> None:
     try:
-        _s905 = v
-        w += _S86.pack(18, _s905.seqid, _s905.share_access, _s905.share_deny)
-        _s906 = _s905.owner
-        w += _S4.pack(_s906.clientid)
-        _v = _s906.owner
+        _s828 = v
+        w += _S86.pack(18, _s828.seqid, _s828.share_access, _s828.share_deny)
+        _s829 = _s828.owner
+        w += _S4.pack(_s829.clientid)
+        _v = _s829.owner
         _n = len(_v)
         if _n > 1024:
             raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _u907 = _s905.openhow
-        _d907 = _u907.opentype
-        _w907: _Any
-        if _d907 == 1:
-            _w907 = _u907.value
+        _u830 = _s828.openhow
+        _d830 = _u830.opentype
+        _w830: _Any
+        if _d830 == 1:
+            _w830 = _u830.value
             w += b'\x00\x00\x00\x01'
-            enc_createhow4(w, _w907)
+            enc_createhow4(w, _w830)
         else:
-            _enc_any_openflag4(w, _u907)
-        _u908 = _s905.claim
-        _f908 = _open_claim4_ENCX.get(_u908.claim)
-        if _f908 is None:
-            enc_open_claim4(w, _u908)
+            _enc_any_openflag4(w, _u830)
+        _u831 = _s828.claim
+        _f831 = _open_claim4_ENCX.get(_u831.claim)
+        if _f831 is None:
+            enc_open_claim4(w, _u831)
         else:
-            _f908(w, _u908.value)
+            _f831(w, _u831.value)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_argop4.opopen: {_e}', len(w)) from None
 
@@ -1425,8 +1423,8 @@ def _enc_nfs_argop4_21(w: _Writer, v: OPEN_DOWNGRADE4args) -> None:
 
 def _enc_nfs_argop4_22(w: _Writer, v: PUTFH4args) -> None:
     try:
-        _s909 = v
-        _v = _s909.object
+        _s832 = v
+        _v = _s832.object
         _n = len(_v)
         if _n > 128:
             raise _XdrError('object: length %d exceeds 128' % _n, len(w))
@@ -1461,14 +1459,13 @@ def _enc_nfs_argop4_25(w: _Writer, v: READ4args) -> None:
 
 def _enc_nfs_argop4_26(w: _Writer, v: READDIR4args) -> None:
     try:
-        _s910 = v
-        if len(_s910.cookieverf) != 8: raise _XdrError('fixed opaque cookieverf must be 8 bytes', len(w))
-        w += _S89.pack(26, _s910.cookie, _s910.cookieverf, _s910.dircount, _s910.maxcount)
-        _a911 = _s910.attr_request
-        _n = len(_a911)
+        _s833 = v
+        if len(_s833.cookieverf) != 8: raise _XdrError('fixed opaque cookieverf must be 8 bytes', len(w))
+        w += _S89.pack(26, _s833.cookie, _s833.cookieverf, _s833.dircount, _s833.maxcount)
+        _a834 = _s833.attr_request
+        _n = len(_a834)
         w += _S0.pack(_n)
-        for _x911 in _a911:
-            w += _S0.pack(_x911)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a834)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_argop4.opreaddir: {_e}', len(w)) from None
 
@@ -1482,8 +1479,8 @@ def _enc_nfs_argop4_27(w: _Writer, v: None) -> None:
 
 def _enc_nfs_argop4_28(w: _Writer, v: REMOVE4args) -> None:
     try:
-        _s912 = v
-        _v = _s912.target
+        _s835 = v
+        _v = _s835.target
         _n = len(_v)
         w += _S23.pack(28, _n)
         w += _v
@@ -1494,13 +1491,13 @@ def _enc_nfs_argop4_28(w: _Writer, v: REMOVE4args) -> None:
 
 def _enc_nfs_argop4_29(w: _Writer, v: RENAME4args) -> None:
     try:
-        _s913 = v
-        _v = _s913.oldname
+        _s836 = v
+        _v = _s836.oldname
         _n = len(_v)
         w += _S23.pack(29, _n)
         w += _v
         w += _PAD[_n & 3]
-        _v = _s913.newname
+        _v = _s836.newname
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -1532,8 +1529,8 @@ def _enc_nfs_argop4_32(w: _Writer, v: None) -> None:
 
 def _enc_nfs_argop4_33(w: _Writer, v: SECINFO4args) -> None:
     try:
-        _s914 = v
-        _v = _s914.name
+        _s837 = v
+        _v = _s837.name
         _n = len(_v)
         w += _S23.pack(33, _n)
         w += _v
@@ -1544,16 +1541,15 @@ def _enc_nfs_argop4_33(w: _Writer, v: SECINFO4args) -> None:
 
 def _enc_nfs_argop4_34(w: _Writer, v: SETATTR4args) -> None:
     try:
-        _s915 = v
-        if len(_s915.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S20.pack(34, _s915.stateid.seqid, _s915.stateid.other)
-        _s916 = _s915.obj_attributes
-        _a917 = _s916.attrmask
-        _n = len(_a917)
+        _s838 = v
+        if len(_s838.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S20.pack(34, _s838.stateid.seqid, _s838.stateid.other)
+        _s839 = _s838.obj_attributes
+        _a840 = _s839.attrmask
+        _n = len(_a840)
         w += _S0.pack(_n)
-        for _x917 in _a917:
-            w += _S0.pack(_x917)
-        _v = _s916.attr_vals
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a840)
+        _v = _s839.attr_vals
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -1564,21 +1560,21 @@ def _enc_nfs_argop4_34(w: _Writer, v: SETATTR4args) -> None:
 
 def _enc_nfs_argop4_35(w: _Writer, v: SETCLIENTID4args) -> None:
     try:
-        _s918 = v
-        _s919 = _s918.client
-        if len(_s919.verifier) != 8: raise _XdrError('fixed opaque verifier must be 8 bytes', len(w))
-        w += _S22.pack(35, _s919.verifier)
-        _v = _s919.id
+        _s841 = v
+        _s842 = _s841.client
+        if len(_s842.verifier) != 8: raise _XdrError('fixed opaque verifier must be 8 bytes', len(w))
+        w += _S22.pack(35, _s842.verifier)
+        _v = _s842.id
         _n = len(_v)
         if _n > 1024:
             raise _XdrError('id: length %d exceeds 1024' % _n, len(w))
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _s920 = _s918.callback
-        w += _S0.pack(_s920.cb_program)
-        enc_netaddr4(w, _s920.cb_location)
-        w += _S0.pack(_s918.callback_ident)
+        _s843 = _s841.callback
+        w += _S0.pack(_s843.cb_program)
+        enc_netaddr4(w, _s843.cb_location)
+        w += _S0.pack(_s841.callback_ident)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_argop4.opsetclientid: {_e}', len(w)) from None
 
@@ -1593,14 +1589,13 @@ def _enc_nfs_argop4_36(w: _Writer, v: SETCLIENTID_CONFIRM4args) -> None:
 
 def _enc_nfs_argop4_37(w: _Writer, v: VERIFY4args) -> None:
     try:
-        _s921 = v
-        _s922 = _s921.obj_attributes
-        _a923 = _s922.attrmask
-        _n = len(_a923)
+        _s844 = v
+        _s845 = _s844.obj_attributes
+        _a846 = _s845.attrmask
+        _n = len(_a846)
         w += _S23.pack(37, _n)
-        for _x923 in _a923:
-            w += _S0.pack(_x923)
-        _v = _s922.attr_vals
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a846)
+        _v = _s845.attr_vals
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -1611,10 +1606,10 @@ def _enc_nfs_argop4_37(w: _Writer, v: VERIFY4args) -> None:
 
 def _enc_nfs_argop4_38(w: _Writer, v: WRITE4args) -> None:
     try:
-        _s924 = v
-        if len(_s924.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S90.pack(38, _s924.stateid.seqid, _s924.stateid.other, _s924.offset, _s924.stable)
-        _dv = _s924.data
+        _s847 = v
+        if len(_s847.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S90.pack(38, _s847.stateid.seqid, _s847.stateid.other, _s847.offset, _s847.stable)
+        _dv = _s847.data
         _n = len(_dv)
         w += _S0.pack(_n)
         w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
@@ -1624,10 +1619,10 @@ def _enc_nfs_argop4_38(w: _Writer, v: WRITE4args) -> None:
 
 def _enc_nfs_argop4_39(w: _Writer, v: RELEASE_LOCKOWNER4args) -> None:
     try:
-        _s925 = v
-        _s926 = _s925.lock_owner
-        w += _S33.pack(39, _s926.clientid)
-        _v = _s926.owner
+        _s848 = v
+        _s849 = _s848.lock_owner
+        w += _S33.pack(39, _s849.clientid)
+        _v = _s849.owner
         _n = len(_v)
         if _n > 1024:
             raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
@@ -1640,13 +1635,13 @@ def _enc_nfs_argop4_39(w: _Writer, v: RELEASE_LOCKOWNER4args) -> None:
 
 def _enc_nfs_argop4_40(w: _Writer, v: BACKCHANNEL_CTL4args) -> None:
     try:
-        _s927 = v
-        w += _S23.pack(40, _s927.bca_cb_program)
-        _a928 = _s927.bca_sec_parms
-        _n = len(_a928)
+        _s850 = v
+        w += _S23.pack(40, _s850.bca_cb_program)
+        _a851 = _s850.bca_sec_parms
+        _n = len(_a851)
         w += _S0.pack(_n)
-        for _x928 in _a928:
-            enc_callback_sec_parms4(w, _x928)
+        for _x851 in _a851:
+            enc_callback_sec_parms4(w, _x851)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_argop4.opbackchannel_ctl: {_e}', len(w)) from None
 
@@ -1661,72 +1656,70 @@ def _enc_nfs_argop4_41(w: _Writer, v: BIND_CONN_TO_SESSION4args) -> None:
 
 def _enc_nfs_argop4_42(w: _Writer, v: EXCHANGE_ID4args) -> None:
     try:
-        _s929 = v
-        _s930 = _s929.eia_clientowner
-        if len(_s930.co_verifier) != 8: raise _XdrError('fixed opaque co_verifier must be 8 bytes', len(w))
-        w += _S22.pack(42, _s930.co_verifier)
-        _v = _s930.co_ownerid
+        _s852 = v
+        _s853 = _s852.eia_clientowner
+        if len(_s853.co_verifier) != 8: raise _XdrError('fixed opaque co_verifier must be 8 bytes', len(w))
+        w += _S22.pack(42, _s853.co_verifier)
+        _v = _s853.co_ownerid
         _n = len(_v)
         if _n > 1024:
             raise _XdrError('co_ownerid: length %d exceeds 1024' % _n, len(w))
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        w += _S0.pack(_s929.eia_flags)
-        _u931 = _s929.eia_state_protect
-        _d931 = _u931.spa_how
-        _w931: _Any
-        if _d931 == 0:
+        w += _S0.pack(_s852.eia_flags)
+        _u854 = _s852.eia_state_protect
+        _d854 = _u854.spa_how
+        _w854: _Any
+        if _d854 == 0:
             w += b'\x00\x00\x00\x00'
-        elif _d931 == 1:
-            _w931 = _u931.value
+        elif _d854 == 1:
+            _w854 = _u854.value
             w += b'\x00\x00\x00\x01'
-            enc_state_protect_ops4(w, _w931)
-        elif _d931 == 2:
-            _w931 = _u931.value
+            enc_state_protect_ops4(w, _w854)
+        elif _d854 == 2:
+            _w854 = _u854.value
             w += b'\x00\x00\x00\x02'
-            enc_ssv_sp_parms4(w, _w931)
+            enc_ssv_sp_parms4(w, _w854)
         else:
-            _enc_any_state_protect4_a(w, _u931)
-        _a932 = _s929.eia_client_impl_id
-        _n = len(_a932)
+            _enc_any_state_protect4_a(w, _u854)
+        _a855 = _s852.eia_client_impl_id
+        _n = len(_a855)
         if _n > 1:
             raise _XdrError('eia_client_impl_id: length %d exceeds 1' % _n, len(w))
         w += _S0.pack(_n)
-        for _x932 in _a932:
-            enc_nfs_impl_id4(w, _x932)
+        for _x855 in _a855:
+            enc_nfs_impl_id4(w, _x855)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_argop4.opexchange_id: {_e}', len(w)) from None
 
 
 def _enc_nfs_argop4_43(w: _Writer, v: CREATE_SESSION4args) -> None:
     try:
-        _s933 = v
-        w += _S52.pack(43, _s933.csa_clientid, _s933.csa_sequence, _s933.csa_flags)
-        _s934 = _s933.csa_fore_chan_attrs
-        w += _S53.pack(_s934.ca_headerpadsize, _s934.ca_maxrequestsize, _s934.ca_maxresponsesize, _s934.ca_maxresponsesize_cached, _s934.ca_maxoperations, _s934.ca_maxrequests)
-        _a935 = _s934.ca_rdma_ird
-        _n = len(_a935)
+        _s856 = v
+        w += _S52.pack(43, _s856.csa_clientid, _s856.csa_sequence, _s856.csa_flags)
+        _s857 = _s856.csa_fore_chan_attrs
+        w += _S53.pack(_s857.ca_headerpadsize, _s857.ca_maxrequestsize, _s857.ca_maxresponsesize, _s857.ca_maxresponsesize_cached, _s857.ca_maxoperations, _s857.ca_maxrequests)
+        _a858 = _s857.ca_rdma_ird
+        _n = len(_a858)
         if _n > 1:
             raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, len(w))
         w += _S0.pack(_n)
-        for _x935 in _a935:
-            w += _S0.pack(_x935)
-        _s936 = _s933.csa_back_chan_attrs
-        w += _S53.pack(_s936.ca_headerpadsize, _s936.ca_maxrequestsize, _s936.ca_maxresponsesize, _s936.ca_maxresponsesize_cached, _s936.ca_maxoperations, _s936.ca_maxrequests)
-        _a937 = _s936.ca_rdma_ird
-        _n = len(_a937)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a858)
+        _s859 = _s856.csa_back_chan_attrs
+        w += _S53.pack(_s859.ca_headerpadsize, _s859.ca_maxrequestsize, _s859.ca_maxresponsesize, _s859.ca_maxresponsesize_cached, _s859.ca_maxoperations, _s859.ca_maxrequests)
+        _a860 = _s859.ca_rdma_ird
+        _n = len(_a860)
         if _n > 1:
             raise _XdrError('ca_rdma_ird: length %d exceeds 1' % _n, len(w))
         w += _S0.pack(_n)
-        for _x937 in _a937:
-            w += _S0.pack(_x937)
-        w += _S0.pack(_s933.csa_cb_program)
-        _a938 = _s933.csa_sec_parms
-        _n = len(_a938)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a860)
+        w += _S0.pack(_s856.csa_cb_program)
+        _a861 = _s856.csa_sec_parms
+        _n = len(_a861)
         w += _S0.pack(_n)
-        for _x938 in _a938:
-            enc_callback_sec_parms4(w, _x938)
+        for _x861 in _a861:
+            enc_callback_sec_parms4(w, _x861)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_argop4.opcreate_session: {_e}', len(w)) from None
 
@@ -1749,38 +1742,34 @@ def _enc_nfs_argop4_45(w: _Writer, v: FREE_STATEID4args) -> None:
 
 def _enc_nfs_argop4_46(w: _Writer, v: GET_DIR_DELEGATION4args) -> None:
     try:
-        _s939 = v
-        w += _S23.pack(46, _s939.gdda_signal_deleg_avail)
-        _a940 = _s939.gdda_notification_types
-        _n = len(_a940)
+        _s862 = v
+        w += _S23.pack(46, _s862.gdda_signal_deleg_avail)
+        _a863 = _s862.gdda_notification_types
+        _n = len(_a863)
         w += _S0.pack(_n)
-        for _x940 in _a940:
-            w += _S0.pack(_x940)
-        w += _S56.pack(_s939.gdda_child_attr_delay.seconds, _s939.gdda_child_attr_delay.nseconds, _s939.gdda_dir_attr_delay.seconds, _s939.gdda_dir_attr_delay.nseconds)
-        _a941 = _s939.gdda_child_attributes
-        _n = len(_a941)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a863)
+        w += _S56.pack(_s862.gdda_child_attr_delay.seconds, _s862.gdda_child_attr_delay.nseconds, _s862.gdda_dir_attr_delay.seconds, _s862.gdda_dir_attr_delay.nseconds)
+        _a864 = _s862.gdda_child_attributes
+        _n = len(_a864)
         w += _S0.pack(_n)
-        for _x941 in _a941:
-            w += _S0.pack(_x941)
-        _a942 = _s939.gdda_dir_attributes
-        _n = len(_a942)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a864)
+        _a865 = _s862.gdda_dir_attributes
+        _n = len(_a865)
         w += _S0.pack(_n)
-        for _x942 in _a942:
-            w += _S0.pack(_x942)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a865)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_argop4.opget_dir_delegation: {_e}', len(w)) from None
 
 
 def _enc_nfs_argop4_47(w: _Writer, v: GETDEVICEINFO4args) -> None:
     try:
-        _s943 = v
-        if len(_s943.gdia_device_id) != 16: raise _XdrError('fixed opaque gdia_device_id must be 16 bytes', len(w))
-        w += _S49.pack(47, _s943.gdia_device_id, _s943.gdia_layout_type, _s943.gdia_maxcount)
-        _a944 = _s943.gdia_notify_types
-        _n = len(_a944)
+        _s866 = v
+        if len(_s866.gdia_device_id) != 16: raise _XdrError('fixed opaque gdia_device_id must be 16 bytes', len(w))
+        w += _S49.pack(47, _s866.gdia_device_id, _s866.gdia_layout_type, _s866.gdia_maxcount)
+        _a867 = _s866.gdia_notify_types
+        _n = len(_a867)
         w += _S0.pack(_n)
-        for _x944 in _a944:
-            w += _S0.pack(_x944)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a867)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_argop4.opgetdeviceinfo: {_e}', len(w)) from None
 
@@ -1795,32 +1784,32 @@ def _enc_nfs_argop4_48(w: _Writer, v: GETDEVICELIST4args) -> None:
 
 def _enc_nfs_argop4_49(w: _Writer, v: LAYOUTCOMMIT4args) -> None:
     try:
-        _s945 = v
-        if len(_s945.loca_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S93.pack(49, _s945.loca_offset, _s945.loca_length, _s945.loca_reclaim, _s945.loca_stateid.seqid, _s945.loca_stateid.other)
-        _u946 = _s945.loca_last_write_offset
-        _d946 = _u946.no_newoffset
-        _w946: _Any
-        if _d946 == 1:
-            _w946 = _u946.value
-            w += _S62.pack(1, _w946)
-        elif _d946 == 0:
+        _s868 = v
+        if len(_s868.loca_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S93.pack(49, _s868.loca_offset, _s868.loca_length, _s868.loca_reclaim, _s868.loca_stateid.seqid, _s868.loca_stateid.other)
+        _u869 = _s868.loca_last_write_offset
+        _d869 = _u869.no_newoffset
+        _w869: _Any
+        if _d869 == 1:
+            _w869 = _u869.value
+            w += _S62.pack(1, _w869)
+        elif _d869 == 0:
             w += b'\x00\x00\x00\x00'
         else:
-            _enc_any_newoffset4(w, _u946)
-        _u947 = _s945.loca_time_modify
-        _d947 = _u947.nt_timechanged
-        _w947: _Any
-        if _d947 == 1:
-            _w947 = _u947.value
-            w += _S61.pack(1, _w947.seconds, _w947.nseconds)
-        elif _d947 == 0:
+            _enc_any_newoffset4(w, _u869)
+        _u870 = _s868.loca_time_modify
+        _d870 = _u870.nt_timechanged
+        _w870: _Any
+        if _d870 == 1:
+            _w870 = _u870.value
+            w += _S61.pack(1, _w870.seconds, _w870.nseconds)
+        elif _d870 == 0:
             w += b'\x00\x00\x00\x00'
         else:
-            _enc_any_newtime4(w, _u947)
-        _s948 = _s945.loca_layoutupdate
-        w += _S2.pack(_s948.lou_type)
-        _v = _s948.lou_body
+            _enc_any_newtime4(w, _u870)
+        _s871 = _s868.loca_layoutupdate
+        w += _S2.pack(_s871.lou_type)
+        _v = _s871.lou_body
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -1839,17 +1828,17 @@ def _enc_nfs_argop4_50(w: _Writer, v: LAYOUTGET4args) -> None:
 
 def _enc_nfs_argop4_51(w: _Writer, v: LAYOUTRETURN4args) -> None:
     try:
-        _s949 = v
-        w += _S95.pack(51, _s949.lora_reclaim, _s949.lora_layout_type, _s949.lora_iomode)
-        _u950 = _s949.lora_layoutreturn
-        _d950 = _u950.lr_returntype
-        _w950: _Any
-        if _d950 == 1:
-            _w950 = _u950.value
+        _s872 = v
+        w += _S95.pack(51, _s872.lora_reclaim, _s872.lora_layout_type, _s872.lora_iomode)
+        _u873 = _s872.lora_layoutreturn
+        _d873 = _u873.lr_returntype
+        _w873: _Any
+        if _d873 == 1:
+            _w873 = _u873.value
             w += b'\x00\x00\x00\x01'
-            enc_layoutreturn_file4(w, _w950)
+            enc_layoutreturn_file4(w, _w873)
         else:
-            _enc_any_layoutreturn4(w, _u950)
+            _enc_any_layoutreturn4(w, _u873)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_argop4.oplayoutreturn: {_e}', len(w)) from None
 
@@ -1871,13 +1860,13 @@ def _enc_nfs_argop4_53(w: _Writer, v: SEQUENCE4args) -> None:
 
 def _enc_nfs_argop4_54(w: _Writer, v: SET_SSV4args) -> None:
     try:
-        _s951 = v
-        _v = _s951.ssa_ssv
+        _s874 = v
+        _v = _s874.ssa_ssv
         _n = len(_v)
         w += _S23.pack(54, _n)
         w += _v
         w += _PAD[_n & 3]
-        _v = _s951.ssa_digest
+        _v = _s874.ssa_digest
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -1888,33 +1877,33 @@ def _enc_nfs_argop4_54(w: _Writer, v: SET_SSV4args) -> None:
 
 def _enc_nfs_argop4_55(w: _Writer, v: TEST_STATEID4args) -> None:
     try:
-        _s952 = v
-        _a953 = _s952.ts_stateids
-        _n = len(_a953)
+        _s875 = v
+        _a876 = _s875.ts_stateids
+        _n = len(_a876)
         w += _S23.pack(55, _n)
-        for _x953 in _a953:
-            if len(_x953.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S11.pack(_x953.seqid, _x953.other)
+        for _x876 in _a876:
+            if len(_x876.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S11.pack(_x876.seqid, _x876.other)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_argop4.optest_stateid: {_e}', len(w)) from None
 
 
 def _enc_nfs_argop4_56(w: _Writer, v: WANT_DELEGATION4args) -> None:
     try:
-        _s954 = v
-        w += _S23.pack(56, _s954.wda_want)
-        _u955 = _s954.wda_claim
-        _d955 = _u955.dc_claim
-        _w955: _Any
-        if _d955 == 4:
+        _s877 = v
+        w += _S23.pack(56, _s877.wda_want)
+        _u878 = _s877.wda_claim
+        _d878 = _u878.dc_claim
+        _w878: _Any
+        if _d878 == 4:
             w += b'\x00\x00\x00\x04'
-        elif _d955 == 6:
+        elif _d878 == 6:
             w += b'\x00\x00\x00\x06'
-        elif _d955 == 1:
-            _w955 = _u955.value
-            w += _S34.pack(1, _w955)
+        elif _d878 == 1:
+            _w878 = _u878.value
+            w += _S34.pack(1, _w878)
         else:
-            _enc_any_deleg_claim4(w, _u955)
+            _enc_any_deleg_claim4(w, _u878)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_argop4.opwant_delegation: {_e}', len(w)) from None
 
@@ -1943,47 +1932,47 @@ def _enc_nfs_argop4_59(w: _Writer, v: ALLOCATE4args) -> None:
 
 def _enc_nfs_argop4_60(w: _Writer, v: COPY4args) -> None:
     try:
-        _s956 = v
-        if len(_s956.ca_src_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        if len(_s956.ca_dst_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S98.pack(60, _s956.ca_src_stateid.seqid, _s956.ca_src_stateid.other, _s956.ca_dst_stateid.seqid, _s956.ca_dst_stateid.other, _s956.ca_src_offset, _s956.ca_dst_offset, _s956.ca_count, _s956.ca_consecutive, _s956.ca_synchronous)
-        _a957 = _s956.ca_source_server
-        _n = len(_a957)
+        _s879 = v
+        if len(_s879.ca_src_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        if len(_s879.ca_dst_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S98.pack(60, _s879.ca_src_stateid.seqid, _s879.ca_src_stateid.other, _s879.ca_dst_stateid.seqid, _s879.ca_dst_stateid.other, _s879.ca_src_offset, _s879.ca_dst_offset, _s879.ca_count, _s879.ca_consecutive, _s879.ca_synchronous)
+        _a880 = _s879.ca_source_server
+        _n = len(_a880)
         w += _S0.pack(_n)
-        for _x957 in _a957:
-            enc_netloc4(w, _x957)
+        for _x880 in _a880:
+            enc_netloc4(w, _x880)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_argop4.opcopy: {_e}', len(w)) from None
 
 
 def _enc_nfs_argop4_61(w: _Writer, v: COPY_NOTIFY4args) -> None:
     try:
-        _s958 = v
-        if len(_s958.cna_src_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S20.pack(61, _s958.cna_src_stateid.seqid, _s958.cna_src_stateid.other)
-        _u959 = _s958.cna_destination_server
-        _d959 = _u959.nl_type
-        _w959: _Any
-        if _d959 == 1:
-            _w959 = _u959.value
-            _v = _w959
+        _s881 = v
+        if len(_s881.cna_src_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S20.pack(61, _s881.cna_src_stateid.seqid, _s881.cna_src_stateid.other)
+        _u882 = _s881.cna_destination_server
+        _d882 = _u882.nl_type
+        _w882: _Any
+        if _d882 == 1:
+            _w882 = _u882.value
+            _v = _w882
             _n = len(_v)
             w += _S23.pack(1, _n)
             w += _v
             w += _PAD[_n & 3]
-        elif _d959 == 2:
-            _w959 = _u959.value
-            _v = _w959
+        elif _d882 == 2:
+            _w882 = _u882.value
+            _v = _w882
             _n = len(_v)
             w += _S23.pack(2, _n)
             w += _v
             w += _PAD[_n & 3]
-        elif _d959 == 3:
-            _w959 = _u959.value
+        elif _d882 == 3:
+            _w882 = _u882.value
             w += b'\x00\x00\x00\x03'
-            enc_netaddr4(w, _w959)
+            enc_netaddr4(w, _w882)
         else:
-            _enc_any_netloc4(w, _u959)
+            _enc_any_netloc4(w, _u882)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_argop4.opcopy_notify: {_e}', len(w)) from None
 
@@ -1998,42 +1987,41 @@ def _enc_nfs_argop4_62(w: _Writer, v: DEALLOCATE4args) -> None:
 
 def _enc_nfs_argop4_63(w: _Writer, v: IO_ADVISE4args) -> None:
     try:
-        _s960 = v
-        if len(_s960.iaa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S97.pack(63, _s960.iaa_stateid.seqid, _s960.iaa_stateid.other, _s960.iaa_offset, _s960.iaa_count)
-        _a961 = _s960.iaa_hints
-        _n = len(_a961)
+        _s883 = v
+        if len(_s883.iaa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S97.pack(63, _s883.iaa_stateid.seqid, _s883.iaa_stateid.other, _s883.iaa_offset, _s883.iaa_count)
+        _a884 = _s883.iaa_hints
+        _n = len(_a884)
         w += _S0.pack(_n)
-        for _x961 in _a961:
-            w += _S0.pack(_x961)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a884)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_argop4.opio_advise: {_e}', len(w)) from None
 
 
 def _enc_nfs_argop4_64(w: _Writer, v: LAYOUTERROR4args) -> None:
     try:
-        _s962 = v
-        if len(_s962.lea_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S14.pack(64, _s962.lea_offset, _s962.lea_length, _s962.lea_stateid.seqid, _s962.lea_stateid.other)
-        _a963 = _s962.lea_errors
-        _n = len(_a963)
+        _s885 = v
+        if len(_s885.lea_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S14.pack(64, _s885.lea_offset, _s885.lea_length, _s885.lea_stateid.seqid, _s885.lea_stateid.other)
+        _a886 = _s885.lea_errors
+        _n = len(_a886)
         w += _S0.pack(_n)
-        for _x963 in _a963:
-            if len(_x963.de_deviceid) != 16: raise _XdrError('fixed opaque de_deviceid must be 16 bytes', len(w))
-            w += _S48.pack(_x963.de_deviceid, _x963.de_status, _x963.de_opnum)
+        for _x886 in _a886:
+            if len(_x886.de_deviceid) != 16: raise _XdrError('fixed opaque de_deviceid must be 16 bytes', len(w))
+            w += _S48.pack(_x886.de_deviceid, _x886.de_status, _x886.de_opnum)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_argop4.oplayouterror: {_e}', len(w)) from None
 
 
 def _enc_nfs_argop4_65(w: _Writer, v: LAYOUTSTATS4args) -> None:
     try:
-        _s964 = v
-        if len(_s964.lsa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        if len(_s964.lsa_deviceid) != 16: raise _XdrError('fixed opaque lsa_deviceid must be 16 bytes', len(w))
-        w += _S99.pack(65, _s964.lsa_offset, _s964.lsa_length, _s964.lsa_stateid.seqid, _s964.lsa_stateid.other, _s964.lsa_read.ii_count, _s964.lsa_read.ii_bytes, _s964.lsa_write.ii_count, _s964.lsa_write.ii_bytes, _s964.lsa_deviceid)
-        _s965 = _s964.lsa_layoutupdate
-        w += _S2.pack(_s965.lou_type)
-        _v = _s965.lou_body
+        _s887 = v
+        if len(_s887.lsa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        if len(_s887.lsa_deviceid) != 16: raise _XdrError('fixed opaque lsa_deviceid must be 16 bytes', len(w))
+        w += _S99.pack(65, _s887.lsa_offset, _s887.lsa_length, _s887.lsa_stateid.seqid, _s887.lsa_stateid.other, _s887.lsa_read.ii_count, _s887.lsa_read.ii_bytes, _s887.lsa_write.ii_count, _s887.lsa_write.ii_bytes, _s887.lsa_deviceid)
+        _s888 = _s887.lsa_layoutupdate
+        w += _S2.pack(_s888.lou_type)
+        _v = _s888.lou_body
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -2076,12 +2064,12 @@ def _enc_nfs_argop4_69(w: _Writer, v: SEEK4args) -> None:
 
 def _enc_nfs_argop4_70(w: _Writer, v: WRITE_SAME4args) -> None:
     try:
-        _s966 = v
-        if len(_s966.wsa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S100.pack(70, _s966.wsa_stateid.seqid, _s966.wsa_stateid.other, _s966.wsa_stable)
-        _s967 = _s966.wsa_adb
-        w += _S73.pack(_s967.adb_offset, _s967.adb_block_size, _s967.adb_block_count, _s967.adb_reloff_blocknum, _s967.adb_block_num, _s967.adb_reloff_pattern)
-        _v = _s967.adb_pattern
+        _s889 = v
+        if len(_s889.wsa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S100.pack(70, _s889.wsa_stateid.seqid, _s889.wsa_stateid.other, _s889.wsa_stable)
+        _s890 = _s889.wsa_adb
+        w += _S73.pack(_s890.adb_offset, _s890.adb_block_size, _s890.adb_block_count, _s890.adb_reloff_blocknum, _s890.adb_block_num, _s890.adb_reloff_pattern)
+        _v = _s890.adb_pattern
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -2101,8 +2089,8 @@ def _enc_nfs_argop4_71(w: _Writer, v: CLONE4args) -> None:
 
 def _enc_nfs_argop4_72(w: _Writer, v: GETXATTR4args) -> None:
     try:
-        _s968 = v
-        _v = _s968.gxa_name
+        _s891 = v
+        _v = _s891.gxa_name
         _n = len(_v)
         w += _S23.pack(72, _n)
         w += _v
@@ -2113,14 +2101,14 @@ def _enc_nfs_argop4_72(w: _Writer, v: GETXATTR4args) -> None:
 
 def _enc_nfs_argop4_73(w: _Writer, v: SETXATTR4args) -> None:
     try:
-        _s969 = v
-        w += _S34.pack(73, _s969.sxa_option)
-        _v = _s969.sxa_key
+        _s892 = v
+        w += _S34.pack(73, _s892.sxa_option)
+        _v = _s892.sxa_key
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _v = _s969.sxa_value
+        _v = _s892.sxa_value
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -2138,8 +2126,8 @@ def _enc_nfs_argop4_74(w: _Writer, v: LISTXATTRS4args) -> None:
 
 def _enc_nfs_argop4_75(w: _Writer, v: REMOVEXATTR4args) -> None:
     try:
-        _s970 = v
-        _v = _s970.rxa_name
+        _s893 = v
+        _v = _s893.rxa_name
         _n = len(_v)
         w += _S23.pack(75, _n)
         w += _v
@@ -2197,16 +2185,16 @@ def dec_nfs_resop4(r: _Reader, off: int) -> tuple[nfs_resop4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v971: _Any
-        _f971: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d971,) = _S2.unpack_from(buf, off)
-        _a971 = _nfs_resop4_ARMS.get(_d971)
-        if _a971 is None:
-            raise _XdrError('%r is not a case of nfs_resop4' % (_d971,), off)
+        _v894: _Any
+        _f894: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d894,) = _S2.unpack_from(buf, off)
+        _a894 = _nfs_resop4_ARMS.get(_d894)
+        if _a894 is None:
+            raise _XdrError('%r is not a case of nfs_resop4' % (_d894,), off)
         else:
-            _d971, _f971 = _a971
-        _v971, off = _f971(r, off + 4)
-        _u = nfs_resop4(_d971, _v971)
+            _d894, _f894 = _a894
+        _v894, off = _f894(r, off + 4)
+        _u = nfs_resop4(_d894, _v894)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfs_resop4', o0) from None
     return _u, off
@@ -2214,68 +2202,67 @@ def dec_nfs_resop4(r: _Reader, off: int) -> tuple[nfs_resop4, int]:
 
 def _enc_nfs_resop4_3(w: _Writer, v: ACCESS4res) -> None:
     try:
-        _u972 = v
-        _d972 = _u972.status
-        _w972: _Any
-        if _d972 == 0:
-            _w972 = _u972.value
-            w += _S102.pack(3, 0, _w972.supported, _w972.access)
+        _u895 = v
+        _d895 = _u895.status
+        _w895: _Any
+        if _d895 == 0:
+            _w895 = _u895.value
+            w += _S102.pack(3, 0, _w895.supported, _w895.access)
         else:
             w += b'\x00\x00\x00\x03'
-            _enc_any_ACCESS4res(w, _u972)
+            _enc_any_ACCESS4res(w, _u895)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opaccess: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_4(w: _Writer, v: CLOSE4res) -> None:
     try:
-        _u973 = v
-        _d973 = _u973.status
-        _w973: _Any
-        if _d973 == 0:
-            _w973 = _u973.value
-            if len(_w973.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S103.pack(4, 0, _w973.seqid, _w973.other)
+        _u896 = v
+        _d896 = _u896.status
+        _w896: _Any
+        if _d896 == 0:
+            _w896 = _u896.value
+            if len(_w896.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S103.pack(4, 0, _w896.seqid, _w896.other)
         else:
             w += b'\x00\x00\x00\x04'
-            _enc_any_CLOSE4res(w, _u973)
+            _enc_any_CLOSE4res(w, _u896)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opclose: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_5(w: _Writer, v: COMMIT4res) -> None:
     try:
-        _u974 = v
-        _d974 = _u974.status
-        _w974: _Any
-        if _d974 == 0:
-            _w974 = _u974.value
-            if len(_w974.writeverf) != 8: raise _XdrError('fixed opaque writeverf must be 8 bytes', len(w))
-            w += _S32.pack(5, 0, _w974.writeverf)
+        _u897 = v
+        _d897 = _u897.status
+        _w897: _Any
+        if _d897 == 0:
+            _w897 = _u897.value
+            if len(_w897.writeverf) != 8: raise _XdrError('fixed opaque writeverf must be 8 bytes', len(w))
+            w += _S32.pack(5, 0, _w897.writeverf)
         else:
             w += b'\x00\x00\x00\x05'
-            _enc_any_COMMIT4res(w, _u974)
+            _enc_any_COMMIT4res(w, _u897)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opcommit: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_6(w: _Writer, v: CREATE4res) -> None:
     try:
-        _u975 = v
-        _d975 = _u975.status
-        _w975: _Any
-        if _d975 == 0:
-            _w975 = _u975.value
-            _s976 = _w975
-            w += _S83.pack(6, 0, _s976.cinfo.atomic, _s976.cinfo.before, _s976.cinfo.after)
-            _a977 = _s976.attrset
-            _n = len(_a977)
+        _u898 = v
+        _d898 = _u898.status
+        _w898: _Any
+        if _d898 == 0:
+            _w898 = _u898.value
+            _s899 = _w898
+            w += _S83.pack(6, 0, _s899.cinfo.atomic, _s899.cinfo.before, _s899.cinfo.after)
+            _a900 = _s899.attrset
+            _n = len(_a900)
             w += _S0.pack(_n)
-            for _x977 in _a977:
-                w += _S0.pack(_x977)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a900)
         else:
             w += b'\x00\x00\x00\x06'
-            _enc_any_CREATE4res(w, _u975)
+            _enc_any_CREATE4res(w, _u898)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opcreate: {_e}', len(w)) from None
 
@@ -2296,30 +2283,30 @@ def _enc_nfs_resop4_8(w: _Writer, v: DELEGRETURN4res) -> None:
 
 def _enc_nfs_resop4_9(w: _Writer, v: GETATTR4res) -> None:
     try:
-        _u978 = v
-        _d978 = _u978.status
-        _w978: _Any
-        if _d978 == 0:
-            _w978 = _u978.value
-            _s979 = _w978
+        _u901 = v
+        _d901 = _u901.status
+        _w901: _Any
+        if _d901 == 0:
+            _w901 = _u901.value
+            _s902 = _w901
             w += b'\x00\x00\x00\t\x00\x00\x00\x00'
-            enc_fattr4(w, _s979.obj_attributes)
+            enc_fattr4(w, _s902.obj_attributes)
         else:
             w += b'\x00\x00\x00\t'
-            _enc_any_GETATTR4res(w, _u978)
+            _enc_any_GETATTR4res(w, _u901)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opgetattr: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_10(w: _Writer, v: GETFH4res) -> None:
     try:
-        _u980 = v
-        _d980 = _u980.status
-        _w980: _Any
-        if _d980 == 0:
-            _w980 = _u980.value
-            _s981 = _w980
-            _v = _s981.object
+        _u903 = v
+        _d903 = _u903.status
+        _w903: _Any
+        if _d903 == 0:
+            _w903 = _u903.value
+            _s904 = _w903
+            _v = _s904.object
             _n = len(_v)
             if _n > 128:
                 raise _XdrError('object: length %d exceeds 128' % _n, len(w))
@@ -2328,78 +2315,78 @@ def _enc_nfs_resop4_10(w: _Writer, v: GETFH4res) -> None:
             w += _PAD[_n & 3]
         else:
             w += b'\x00\x00\x00\n'
-            _enc_any_GETFH4res(w, _u980)
+            _enc_any_GETFH4res(w, _u903)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opgetfh: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_11(w: _Writer, v: LINK4res) -> None:
     try:
-        _u982 = v
-        _d982 = _u982.status
-        _w982: _Any
-        if _d982 == 0:
-            _w982 = _u982.value
-            w += _S83.pack(11, 0, _w982.cinfo.atomic, _w982.cinfo.before, _w982.cinfo.after)
+        _u905 = v
+        _d905 = _u905.status
+        _w905: _Any
+        if _d905 == 0:
+            _w905 = _u905.value
+            w += _S83.pack(11, 0, _w905.cinfo.atomic, _w905.cinfo.before, _w905.cinfo.after)
         else:
             w += b'\x00\x00\x00\x0b'
-            _enc_any_LINK4res(w, _u982)
+            _enc_any_LINK4res(w, _u905)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.oplink: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_12(w: _Writer, v: LOCK4res) -> None:
     try:
-        _u983 = v
-        _d983 = _u983.status
-        _w983: _Any
-        if _d983 == 0:
-            _w983 = _u983.value
-            if len(_w983.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S103.pack(12, 0, _w983.lock_stateid.seqid, _w983.lock_stateid.other)
-        elif _d983 == 10010:
-            _w983 = _u983.value
-            _s984 = _w983
-            w += _S104.pack(12, 10010, _s984.offset, _s984.length, _s984.locktype)
-            enc_state_owner4(w, _s984.owner)
+        _u906 = v
+        _d906 = _u906.status
+        _w906: _Any
+        if _d906 == 0:
+            _w906 = _u906.value
+            if len(_w906.lock_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S103.pack(12, 0, _w906.lock_stateid.seqid, _w906.lock_stateid.other)
+        elif _d906 == 10010:
+            _w906 = _u906.value
+            _s907 = _w906
+            w += _S104.pack(12, 10010, _s907.offset, _s907.length, _s907.locktype)
+            enc_state_owner4(w, _s907.owner)
         else:
             w += b'\x00\x00\x00\x0c'
-            _enc_any_LOCK4res(w, _u983)
+            _enc_any_LOCK4res(w, _u906)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.oplock: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_13(w: _Writer, v: LOCKT4res) -> None:
     try:
-        _u985 = v
-        _d985 = _u985.status
-        _w985: _Any
-        if _d985 == 10010:
-            _w985 = _u985.value
-            _s986 = _w985
-            w += _S104.pack(13, 10010, _s986.offset, _s986.length, _s986.locktype)
-            enc_state_owner4(w, _s986.owner)
-        elif _d985 == 0:
+        _u908 = v
+        _d908 = _u908.status
+        _w908: _Any
+        if _d908 == 10010:
+            _w908 = _u908.value
+            _s909 = _w908
+            w += _S104.pack(13, 10010, _s909.offset, _s909.length, _s909.locktype)
+            enc_state_owner4(w, _s909.owner)
+        elif _d908 == 0:
             w += b'\x00\x00\x00\r\x00\x00\x00\x00'
         else:
             w += b'\x00\x00\x00\r'
-            _enc_any_LOCKT4res(w, _u985)
+            _enc_any_LOCKT4res(w, _u908)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.oplockt: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_14(w: _Writer, v: LOCKU4res) -> None:
     try:
-        _u987 = v
-        _d987 = _u987.status
-        _w987: _Any
-        if _d987 == 0:
-            _w987 = _u987.value
-            if len(_w987.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S103.pack(14, 0, _w987.seqid, _w987.other)
+        _u910 = v
+        _d910 = _u910.status
+        _w910: _Any
+        if _d910 == 0:
+            _w910 = _u910.value
+            if len(_w910.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S103.pack(14, 0, _w910.seqid, _w910.other)
         else:
             w += b'\x00\x00\x00\x0e'
-            _enc_any_LOCKU4res(w, _u987)
+            _enc_any_LOCKU4res(w, _u910)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.oplocku: {_e}', len(w)) from None
 
@@ -2427,23 +2414,22 @@ def _enc_nfs_resop4_17(w: _Writer, v: NVERIFY4res) -> None:
 
 def _enc_nfs_resop4_18(w: _Writer, v: OPEN4res) -> None:
     try:
-        _u988 = v
-        _d988 = _u988.status
-        _w988: _Any
-        if _d988 == 0:
-            _w988 = _u988.value
-            _s989 = _w988
-            if len(_s989.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S105.pack(18, 0, _s989.stateid.seqid, _s989.stateid.other, _s989.cinfo.atomic, _s989.cinfo.before, _s989.cinfo.after, _s989.rflags)
-            _a990 = _s989.attrset
-            _n = len(_a990)
+        _u911 = v
+        _d911 = _u911.status
+        _w911: _Any
+        if _d911 == 0:
+            _w911 = _u911.value
+            _s912 = _w911
+            if len(_s912.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S105.pack(18, 0, _s912.stateid.seqid, _s912.stateid.other, _s912.cinfo.atomic, _s912.cinfo.before, _s912.cinfo.after, _s912.rflags)
+            _a913 = _s912.attrset
+            _n = len(_a913)
             w += _S0.pack(_n)
-            for _x990 in _a990:
-                w += _S0.pack(_x990)
-            enc_open_delegation4(w, _s989.delegation)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a913)
+            enc_open_delegation4(w, _s912.delegation)
         else:
             w += b'\x00\x00\x00\x12'
-            _enc_any_OPEN4res(w, _u988)
+            _enc_any_OPEN4res(w, _u911)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opopen: {_e}', len(w)) from None
 
@@ -2457,32 +2443,32 @@ def _enc_nfs_resop4_19(w: _Writer, v: OPENATTR4res) -> None:
 
 def _enc_nfs_resop4_20(w: _Writer, v: OPEN_CONFIRM4res) -> None:
     try:
-        _u991 = v
-        _d991 = _u991.status
-        _w991: _Any
-        if _d991 == 0:
-            _w991 = _u991.value
-            if len(_w991.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S103.pack(20, 0, _w991.open_stateid.seqid, _w991.open_stateid.other)
+        _u914 = v
+        _d914 = _u914.status
+        _w914: _Any
+        if _d914 == 0:
+            _w914 = _u914.value
+            if len(_w914.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S103.pack(20, 0, _w914.open_stateid.seqid, _w914.open_stateid.other)
         else:
             w += b'\x00\x00\x00\x14'
-            _enc_any_OPEN_CONFIRM4res(w, _u991)
+            _enc_any_OPEN_CONFIRM4res(w, _u914)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opopen_confirm: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_21(w: _Writer, v: OPEN_DOWNGRADE4res) -> None:
     try:
-        _u992 = v
-        _d992 = _u992.status
-        _w992: _Any
-        if _d992 == 0:
-            _w992 = _u992.value
-            if len(_w992.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S103.pack(21, 0, _w992.open_stateid.seqid, _w992.open_stateid.other)
+        _u915 = v
+        _d915 = _u915.status
+        _w915: _Any
+        if _d915 == 0:
+            _w915 = _u915.value
+            if len(_w915.open_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S103.pack(21, 0, _w915.open_stateid.seqid, _w915.open_stateid.other)
         else:
             w += b'\x00\x00\x00\x15'
-            _enc_any_OPEN_DOWNGRADE4res(w, _u992)
+            _enc_any_OPEN_DOWNGRADE4res(w, _u915)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opopen_downgrade: {_e}', len(w)) from None
 
@@ -2510,87 +2496,87 @@ def _enc_nfs_resop4_24(w: _Writer, v: PUTROOTFH4res) -> None:
 
 def _enc_nfs_resop4_25(w: _Writer, v: READ4res) -> None:
     try:
-        _u993 = v
-        _d993 = _u993.status
-        _w993: _Any
-        if _d993 == 0:
-            _w993 = _u993.value
-            _s994 = _w993
-            w += _S31.pack(25, 0, _s994.eof)
-            _dv = _s994.data
+        _u916 = v
+        _d916 = _u916.status
+        _w916: _Any
+        if _d916 == 0:
+            _w916 = _u916.value
+            _s917 = _w916
+            w += _S31.pack(25, 0, _s917.eof)
+            _dv = _s917.data
             _n = len(_dv)
             w += _S0.pack(_n)
             w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
         else:
             w += b'\x00\x00\x00\x19'
-            _enc_any_READ4res(w, _u993)
+            _enc_any_READ4res(w, _u916)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opread: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_26(w: _Writer, v: READDIR4res) -> None:
     try:
-        _u995 = v
-        _d995 = _u995.status
-        _w995: _Any
-        if _d995 == 0:
-            _w995 = _u995.value
-            _s996 = _w995
-            if len(_s996.cookieverf) != 8: raise _XdrError('fixed opaque cookieverf must be 8 bytes', len(w))
-            w += _S32.pack(26, 0, _s996.cookieverf)
-            enc_dirlist4(w, _s996.reply)
+        _u918 = v
+        _d918 = _u918.status
+        _w918: _Any
+        if _d918 == 0:
+            _w918 = _u918.value
+            _s919 = _w918
+            if len(_s919.cookieverf) != 8: raise _XdrError('fixed opaque cookieverf must be 8 bytes', len(w))
+            w += _S32.pack(26, 0, _s919.cookieverf)
+            enc_dirlist4(w, _s919.reply)
         else:
             w += b'\x00\x00\x00\x1a'
-            _enc_any_READDIR4res(w, _u995)
+            _enc_any_READDIR4res(w, _u918)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opreaddir: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_27(w: _Writer, v: READLINK4res) -> None:
     try:
-        _u997 = v
-        _d997 = _u997.status
-        _w997: _Any
-        if _d997 == 0:
-            _w997 = _u997.value
-            _s998 = _w997
-            _dv = _s998.link
+        _u920 = v
+        _d920 = _u920.status
+        _w920: _Any
+        if _d920 == 0:
+            _w920 = _u920.value
+            _s921 = _w920
+            _dv = _s921.link
             _n = len(_dv)
             w += _S31.pack(27, 0, _n)
             w.ddp.append(_DdpItem(len(w), _dv, w.ddp_tag))
         else:
             w += b'\x00\x00\x00\x1b'
-            _enc_any_READLINK4res(w, _u997)
+            _enc_any_READLINK4res(w, _u920)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opreadlink: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_28(w: _Writer, v: REMOVE4res) -> None:
     try:
-        _u999 = v
-        _d999 = _u999.status
-        _w999: _Any
-        if _d999 == 0:
-            _w999 = _u999.value
-            w += _S83.pack(28, 0, _w999.cinfo.atomic, _w999.cinfo.before, _w999.cinfo.after)
+        _u922 = v
+        _d922 = _u922.status
+        _w922: _Any
+        if _d922 == 0:
+            _w922 = _u922.value
+            w += _S83.pack(28, 0, _w922.cinfo.atomic, _w922.cinfo.before, _w922.cinfo.after)
         else:
             w += b'\x00\x00\x00\x1c'
-            _enc_any_REMOVE4res(w, _u999)
+            _enc_any_REMOVE4res(w, _u922)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opremove: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_29(w: _Writer, v: RENAME4res) -> None:
     try:
-        _u1000 = v
-        _d1000 = _u1000.status
-        _w1000: _Any
-        if _d1000 == 0:
-            _w1000 = _u1000.value
-            w += _S106.pack(29, 0, _w1000.source_cinfo.atomic, _w1000.source_cinfo.before, _w1000.source_cinfo.after, _w1000.target_cinfo.atomic, _w1000.target_cinfo.before, _w1000.target_cinfo.after)
+        _u923 = v
+        _d923 = _u923.status
+        _w923: _Any
+        if _d923 == 0:
+            _w923 = _u923.value
+            w += _S106.pack(29, 0, _w923.source_cinfo.atomic, _w923.source_cinfo.before, _w923.source_cinfo.after, _w923.target_cinfo.atomic, _w923.target_cinfo.before, _w923.target_cinfo.after)
         else:
             w += b'\x00\x00\x00\x1d'
-            _enc_any_RENAME4res(w, _u1000)
+            _enc_any_RENAME4res(w, _u923)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.oprename: {_e}', len(w)) from None
 
@@ -2618,61 +2604,60 @@ def _enc_nfs_resop4_32(w: _Writer, v: SAVEFH4res) -> None:
 
 def _enc_nfs_resop4_33(w: _Writer, v: SECINFO4res) -> None:
     try:
-        _u1001 = v
-        _d1001 = _u1001.status
-        _w1001: _Any
-        if _d1001 == 0:
-            _w1001 = _u1001.value
-            _a1002 = _w1001
-            _n = len(_a1002)
+        _u924 = v
+        _d924 = _u924.status
+        _w924: _Any
+        if _d924 == 0:
+            _w924 = _u924.value
+            _a925 = _w924
+            _n = len(_a925)
             w += _S31.pack(33, 0, _n)
-            for _x1002 in _a1002:
-                enc_secinfo4(w, _x1002)
+            for _x925 in _a925:
+                enc_secinfo4(w, _x925)
         else:
             w += b'\x00\x00\x00!'
-            _enc_any_SECINFO4res(w, _u1001)
+            _enc_any_SECINFO4res(w, _u924)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opsecinfo: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_34(w: _Writer, v: SETATTR4res) -> None:
     try:
-        _s1003 = v
-        w += _S34.pack(34, _s1003.status)
-        _a1004 = _s1003.attrsset
-        _n = len(_a1004)
+        _s926 = v
+        w += _S34.pack(34, _s926.status)
+        _a927 = _s926.attrsset
+        _n = len(_a927)
         w += _S0.pack(_n)
-        for _x1004 in _a1004:
-            w += _S0.pack(_x1004)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a927)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opsetattr: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_35(w: _Writer, v: SETCLIENTID4res) -> None:
     try:
-        _u1005 = v
-        _d1005 = _u1005.status
-        _w1005: _Any
-        if _d1005 == 0:
-            _w1005 = _u1005.value
-            if len(_w1005.setclientid_confirm) != 8: raise _XdrError('fixed opaque setclientid_confirm must be 8 bytes', len(w))
-            w += _S107.pack(35, 0, _w1005.clientid, _w1005.setclientid_confirm)
-        elif _d1005 == 10017:
-            _w1005 = _u1005.value
-            _s1006 = _w1005
-            _v = _s1006.na_r_netid.encode('utf-8', 'surrogateescape')
+        _u928 = v
+        _d928 = _u928.status
+        _w928: _Any
+        if _d928 == 0:
+            _w928 = _u928.value
+            if len(_w928.setclientid_confirm) != 8: raise _XdrError('fixed opaque setclientid_confirm must be 8 bytes', len(w))
+            w += _S107.pack(35, 0, _w928.clientid, _w928.setclientid_confirm)
+        elif _d928 == 10017:
+            _w928 = _u928.value
+            _s929 = _w928
+            _v = _s929.na_r_netid.encode('utf-8', 'surrogateescape')
             _n = len(_v)
             w += _S31.pack(35, 10017, _n)
             w += _v
             w += _PAD[_n & 3]
-            _v = _s1006.na_r_addr.encode('utf-8', 'surrogateescape')
+            _v = _s929.na_r_addr.encode('utf-8', 'surrogateescape')
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
         else:
             w += b'\x00\x00\x00#'
-            _enc_any_SETCLIENTID4res(w, _u1005)
+            _enc_any_SETCLIENTID4res(w, _u928)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opsetclientid: {_e}', len(w)) from None
 
@@ -2693,16 +2678,16 @@ def _enc_nfs_resop4_37(w: _Writer, v: VERIFY4res) -> None:
 
 def _enc_nfs_resop4_38(w: _Writer, v: WRITE4res) -> None:
     try:
-        _u1007 = v
-        _d1007 = _u1007.status
-        _w1007: _Any
-        if _d1007 == 0:
-            _w1007 = _u1007.value
-            if len(_w1007.writeverf) != 8: raise _XdrError('fixed opaque writeverf must be 8 bytes', len(w))
-            w += _S108.pack(38, 0, _w1007.count, _w1007.committed, _w1007.writeverf)
+        _u930 = v
+        _d930 = _u930.status
+        _w930: _Any
+        if _d930 == 0:
+            _w930 = _u930.value
+            if len(_w930.writeverf) != 8: raise _XdrError('fixed opaque writeverf must be 8 bytes', len(w))
+            w += _S108.pack(38, 0, _w930.count, _w930.committed, _w930.writeverf)
         else:
             w += b'\x00\x00\x00&'
-            _enc_any_WRITE4res(w, _u1007)
+            _enc_any_WRITE4res(w, _u930)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opwrite: {_e}', len(w)) from None
 
@@ -2723,67 +2708,67 @@ def _enc_nfs_resop4_40(w: _Writer, v: BACKCHANNEL_CTL4res) -> None:
 
 def _enc_nfs_resop4_41(w: _Writer, v: BIND_CONN_TO_SESSION4res) -> None:
     try:
-        _u1008 = v
-        _d1008 = _u1008.bctsr_status
-        _w1008: _Any
-        if _d1008 == 0:
-            _w1008 = _u1008.value
-            if len(_w1008.bctsr_sessid) != 16: raise _XdrError('fixed opaque bctsr_sessid must be 16 bytes', len(w))
-            w += _S109.pack(41, 0, _w1008.bctsr_sessid, _w1008.bctsr_dir, _w1008.bctsr_use_conn_in_rdma_mode)
+        _u931 = v
+        _d931 = _u931.bctsr_status
+        _w931: _Any
+        if _d931 == 0:
+            _w931 = _u931.value
+            if len(_w931.bctsr_sessid) != 16: raise _XdrError('fixed opaque bctsr_sessid must be 16 bytes', len(w))
+            w += _S109.pack(41, 0, _w931.bctsr_sessid, _w931.bctsr_dir, _w931.bctsr_use_conn_in_rdma_mode)
         else:
             w += b'\x00\x00\x00)'
-            _enc_any_BIND_CONN_TO_SESSION4res(w, _u1008)
+            _enc_any_BIND_CONN_TO_SESSION4res(w, _u931)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opbind_conn_to_session: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_42(w: _Writer, v: EXCHANGE_ID4res) -> None:
     try:
-        _u1009 = v
-        _d1009 = _u1009.eir_status
-        _w1009: _Any
-        if _d1009 == 0:
-            _w1009 = _u1009.value
-            _s1010 = _w1009
-            w += _S110.pack(42, 0, _s1010.eir_clientid, _s1010.eir_sequenceid, _s1010.eir_flags)
-            enc_state_protect4_r(w, _s1010.eir_state_protect)
-            enc_server_owner4(w, _s1010.eir_server_owner)
-            _v = _s1010.eir_server_scope
+        _u932 = v
+        _d932 = _u932.eir_status
+        _w932: _Any
+        if _d932 == 0:
+            _w932 = _u932.value
+            _s933 = _w932
+            w += _S110.pack(42, 0, _s933.eir_clientid, _s933.eir_sequenceid, _s933.eir_flags)
+            enc_state_protect4_r(w, _s933.eir_state_protect)
+            enc_server_owner4(w, _s933.eir_server_owner)
+            _v = _s933.eir_server_scope
             _n = len(_v)
             if _n > 1024:
                 raise _XdrError('eir_server_scope: length %d exceeds 1024' % _n, len(w))
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-            _a1011 = _s1010.eir_server_impl_id
-            _n = len(_a1011)
+            _a934 = _s933.eir_server_impl_id
+            _n = len(_a934)
             if _n > 1:
                 raise _XdrError('eir_server_impl_id: length %d exceeds 1' % _n, len(w))
             w += _S0.pack(_n)
-            for _x1011 in _a1011:
-                enc_nfs_impl_id4(w, _x1011)
+            for _x934 in _a934:
+                enc_nfs_impl_id4(w, _x934)
         else:
             w += b'\x00\x00\x00*'
-            _enc_any_EXCHANGE_ID4res(w, _u1009)
+            _enc_any_EXCHANGE_ID4res(w, _u932)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opexchange_id: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_43(w: _Writer, v: CREATE_SESSION4res) -> None:
     try:
-        _u1012 = v
-        _d1012 = _u1012.csr_status
-        _w1012: _Any
-        if _d1012 == 0:
-            _w1012 = _u1012.value
-            _s1013 = _w1012
-            if len(_s1013.csr_sessionid) != 16: raise _XdrError('fixed opaque csr_sessionid must be 16 bytes', len(w))
-            w += _S111.pack(43, 0, _s1013.csr_sessionid, _s1013.csr_sequence, _s1013.csr_flags)
-            enc_channel_attrs4(w, _s1013.csr_fore_chan_attrs)
-            enc_channel_attrs4(w, _s1013.csr_back_chan_attrs)
+        _u935 = v
+        _d935 = _u935.csr_status
+        _w935: _Any
+        if _d935 == 0:
+            _w935 = _u935.value
+            _s936 = _w935
+            if len(_s936.csr_sessionid) != 16: raise _XdrError('fixed opaque csr_sessionid must be 16 bytes', len(w))
+            w += _S111.pack(43, 0, _s936.csr_sessionid, _s936.csr_sequence, _s936.csr_flags)
+            enc_channel_attrs4(w, _s936.csr_fore_chan_attrs)
+            enc_channel_attrs4(w, _s936.csr_back_chan_attrs)
         else:
             w += b'\x00\x00\x00+'
-            _enc_any_CREATE_SESSION4res(w, _u1012)
+            _enc_any_CREATE_SESSION4res(w, _u935)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opcreate_session: {_e}', len(w)) from None
 
@@ -2804,253 +2789,252 @@ def _enc_nfs_resop4_45(w: _Writer, v: FREE_STATEID4res) -> None:
 
 def _enc_nfs_resop4_46(w: _Writer, v: GET_DIR_DELEGATION4res) -> None:
     try:
-        _u1014 = v
-        _d1014 = _u1014.gddr_status
-        _w1014: _Any
-        if _d1014 == 0:
-            _w1014 = _u1014.value
-            _u1015 = _w1014
-            _d1015 = _u1015.gddrnf_status
-            _w1015: _Any
-            if _d1015 == 0:
-                _w1015 = _u1015.value
+        _u937 = v
+        _d937 = _u937.gddr_status
+        _w937: _Any
+        if _d937 == 0:
+            _w937 = _u937.value
+            _u938 = _w937
+            _d938 = _u938.gddrnf_status
+            _w938: _Any
+            if _d938 == 0:
+                _w938 = _u938.value
                 w += b'\x00\x00\x00.\x00\x00\x00\x00\x00\x00\x00\x00'
-                enc_GET_DIR_DELEGATION4resok(w, _w1015)
-            elif _d1015 == 1:
-                _w1015 = _u1015.value
-                w += _S72.pack(46, 0, 1, _w1015)
+                enc_GET_DIR_DELEGATION4resok(w, _w938)
+            elif _d938 == 1:
+                _w938 = _u938.value
+                w += _S72.pack(46, 0, 1, _w938)
             else:
                 w += b'\x00\x00\x00.\x00\x00\x00\x00'
-                _enc_any_GET_DIR_DELEGATION4res_non_fatal(w, _u1015)
+                _enc_any_GET_DIR_DELEGATION4res_non_fatal(w, _u938)
         else:
             w += b'\x00\x00\x00.'
-            _enc_any_GET_DIR_DELEGATION4res(w, _u1014)
+            _enc_any_GET_DIR_DELEGATION4res(w, _u937)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opget_dir_delegation: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_47(w: _Writer, v: GETDEVICEINFO4res) -> None:
     try:
-        _u1016 = v
-        _d1016 = _u1016.gdir_status
-        _w1016: _Any
-        if _d1016 == 0:
-            _w1016 = _u1016.value
-            _s1017 = _w1016
+        _u939 = v
+        _d939 = _u939.gdir_status
+        _w939: _Any
+        if _d939 == 0:
+            _w939 = _u939.value
+            _s940 = _w939
             w += b'\x00\x00\x00/\x00\x00\x00\x00'
-            enc_device_addr4(w, _s1017.gdir_device_addr)
-            _a1018 = _s1017.gdir_notification
-            _n = len(_a1018)
+            enc_device_addr4(w, _s940.gdir_device_addr)
+            _a941 = _s940.gdir_notification
+            _n = len(_a941)
             w += _S0.pack(_n)
-            for _x1018 in _a1018:
-                w += _S0.pack(_x1018)
-        elif _d1016 == 10005:
-            _w1016 = _u1016.value
-            w += _S31.pack(47, 10005, _w1016)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a941)
+        elif _d939 == 10005:
+            _w939 = _u939.value
+            w += _S31.pack(47, 10005, _w939)
         else:
             w += b'\x00\x00\x00/'
-            _enc_any_GETDEVICEINFO4res(w, _u1016)
+            _enc_any_GETDEVICEINFO4res(w, _u939)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opgetdeviceinfo: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_48(w: _Writer, v: GETDEVICELIST4res) -> None:
     try:
-        _u1019 = v
-        _d1019 = _u1019.gdlr_status
-        _w1019: _Any
-        if _d1019 == 0:
-            _w1019 = _u1019.value
-            _s1020 = _w1019
-            if len(_s1020.gdlr_cookieverf) != 8: raise _XdrError('fixed opaque gdlr_cookieverf must be 8 bytes', len(w))
-            w += _S107.pack(48, 0, _s1020.gdlr_cookie, _s1020.gdlr_cookieverf)
-            _a1021 = _s1020.gdlr_deviceid_list
-            _n = len(_a1021)
+        _u942 = v
+        _d942 = _u942.gdlr_status
+        _w942: _Any
+        if _d942 == 0:
+            _w942 = _u942.value
+            _s943 = _w942
+            if len(_s943.gdlr_cookieverf) != 8: raise _XdrError('fixed opaque gdlr_cookieverf must be 8 bytes', len(w))
+            w += _S107.pack(48, 0, _s943.gdlr_cookie, _s943.gdlr_cookieverf)
+            _a944 = _s943.gdlr_deviceid_list
+            _n = len(_a944)
             w += _S0.pack(_n)
-            for _x1021 in _a1021:
-                if len(_x1021) != 16: raise _XdrError('fixed opaque  must be 16 bytes', len(w))
-                w += _S5.pack(_x1021)
-            w += _S0.pack(_s1020.gdlr_eof)
+            for _x944 in _a944:
+                if len(_x944) != 16: raise _XdrError('fixed opaque  must be 16 bytes', len(w))
+                w += _S5.pack(_x944)
+            w += _S0.pack(_s943.gdlr_eof)
         else:
             w += b'\x00\x00\x000'
-            _enc_any_GETDEVICELIST4res(w, _u1019)
+            _enc_any_GETDEVICELIST4res(w, _u942)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opgetdevicelist: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_49(w: _Writer, v: LAYOUTCOMMIT4res) -> None:
     try:
-        _u1022 = v
-        _d1022 = _u1022.locr_status
-        _w1022: _Any
-        if _d1022 == 0:
-            _w1022 = _u1022.value
-            _s1023 = _w1022
+        _u945 = v
+        _d945 = _u945.locr_status
+        _w945: _Any
+        if _d945 == 0:
+            _w945 = _u945.value
+            _s946 = _w945
             w += b'\x00\x00\x001\x00\x00\x00\x00'
-            enc_newsize4(w, _s1023.locr_newsize)
+            enc_newsize4(w, _s946.locr_newsize)
         else:
             w += b'\x00\x00\x001'
-            _enc_any_LAYOUTCOMMIT4res(w, _u1022)
+            _enc_any_LAYOUTCOMMIT4res(w, _u945)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.oplayoutcommit: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_50(w: _Writer, v: LAYOUTGET4res) -> None:
     try:
-        _u1024 = v
-        _d1024 = _u1024.logr_status
-        _w1024: _Any
-        if _d1024 == 0:
-            _w1024 = _u1024.value
-            _s1025 = _w1024
-            if len(_s1025.logr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S112.pack(50, 0, _s1025.logr_return_on_close, _s1025.logr_stateid.seqid, _s1025.logr_stateid.other)
-            _a1026 = _s1025.logr_layout
-            _n = len(_a1026)
+        _u947 = v
+        _d947 = _u947.logr_status
+        _w947: _Any
+        if _d947 == 0:
+            _w947 = _u947.value
+            _s948 = _w947
+            if len(_s948.logr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S112.pack(50, 0, _s948.logr_return_on_close, _s948.logr_stateid.seqid, _s948.logr_stateid.other)
+            _a949 = _s948.logr_layout
+            _n = len(_a949)
             w += _S0.pack(_n)
-            for _x1026 in _a1026:
-                enc_layout4(w, _x1026)
-        elif _d1024 == 10058:
-            _w1024 = _u1024.value
-            w += _S31.pack(50, 10058, _w1024)
+            for _x949 in _a949:
+                enc_layout4(w, _x949)
+        elif _d947 == 10058:
+            _w947 = _u947.value
+            w += _S31.pack(50, 10058, _w947)
         else:
             w += b'\x00\x00\x002'
-            _enc_any_LAYOUTGET4res(w, _u1024)
+            _enc_any_LAYOUTGET4res(w, _u947)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.oplayoutget: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_51(w: _Writer, v: LAYOUTRETURN4res) -> None:
     try:
-        _u1027 = v
-        _d1027 = _u1027.lorr_status
-        _w1027: _Any
-        if _d1027 == 0:
-            _w1027 = _u1027.value
-            _u1028 = _w1027
-            _d1028 = _u1028.lrs_present
-            _w1028: _Any
-            if _d1028 == 1:
-                _w1028 = _u1028.value
-                if len(_w1028.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-                w += _S112.pack(51, 0, 1, _w1028.seqid, _w1028.other)
-            elif _d1028 == 0:
+        _u950 = v
+        _d950 = _u950.lorr_status
+        _w950: _Any
+        if _d950 == 0:
+            _w950 = _u950.value
+            _u951 = _w950
+            _d951 = _u951.lrs_present
+            _w951: _Any
+            if _d951 == 1:
+                _w951 = _u951.value
+                if len(_w951.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+                w += _S112.pack(51, 0, 1, _w951.seqid, _w951.other)
+            elif _d951 == 0:
                 w += b'\x00\x00\x003\x00\x00\x00\x00\x00\x00\x00\x00'
             else:
                 w += b'\x00\x00\x003\x00\x00\x00\x00'
-                _enc_any_layoutreturn_stateid(w, _u1028)
+                _enc_any_layoutreturn_stateid(w, _u951)
         else:
             w += b'\x00\x00\x003'
-            _enc_any_LAYOUTRETURN4res(w, _u1027)
+            _enc_any_LAYOUTRETURN4res(w, _u950)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.oplayoutreturn: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_52(w: _Writer, v: SECINFO4res) -> None:
     try:
-        _u1029 = v
-        _d1029 = _u1029.status
-        _w1029: _Any
-        if _d1029 == 0:
-            _w1029 = _u1029.value
-            _a1030 = _w1029
-            _n = len(_a1030)
+        _u952 = v
+        _d952 = _u952.status
+        _w952: _Any
+        if _d952 == 0:
+            _w952 = _u952.value
+            _a953 = _w952
+            _n = len(_a953)
             w += _S31.pack(52, 0, _n)
-            for _x1030 in _a1030:
-                enc_secinfo4(w, _x1030)
+            for _x953 in _a953:
+                enc_secinfo4(w, _x953)
         else:
             w += b'\x00\x00\x004'
-            _enc_any_SECINFO4res(w, _u1029)
+            _enc_any_SECINFO4res(w, _u952)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opsecinfo_no_name: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_53(w: _Writer, v: SEQUENCE4res) -> None:
     try:
-        _u1031 = v
-        _d1031 = _u1031.sr_status
-        _w1031: _Any
-        if _d1031 == 0:
-            _w1031 = _u1031.value
-            if len(_w1031.sr_sessionid) != 16: raise _XdrError('fixed opaque sr_sessionid must be 16 bytes', len(w))
-            w += _S113.pack(53, 0, _w1031.sr_sessionid, _w1031.sr_sequenceid, _w1031.sr_slotid, _w1031.sr_highest_slotid, _w1031.sr_target_highest_slotid, _w1031.sr_status_flags)
+        _u954 = v
+        _d954 = _u954.sr_status
+        _w954: _Any
+        if _d954 == 0:
+            _w954 = _u954.value
+            if len(_w954.sr_sessionid) != 16: raise _XdrError('fixed opaque sr_sessionid must be 16 bytes', len(w))
+            w += _S113.pack(53, 0, _w954.sr_sessionid, _w954.sr_sequenceid, _w954.sr_slotid, _w954.sr_highest_slotid, _w954.sr_target_highest_slotid, _w954.sr_status_flags)
         else:
             w += b'\x00\x00\x005'
-            _enc_any_SEQUENCE4res(w, _u1031)
+            _enc_any_SEQUENCE4res(w, _u954)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opsequence: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_54(w: _Writer, v: SET_SSV4res) -> None:
     try:
-        _u1032 = v
-        _d1032 = _u1032.ssr_status
-        _w1032: _Any
-        if _d1032 == 0:
-            _w1032 = _u1032.value
-            _s1033 = _w1032
-            _v = _s1033.ssr_digest
+        _u955 = v
+        _d955 = _u955.ssr_status
+        _w955: _Any
+        if _d955 == 0:
+            _w955 = _u955.value
+            _s956 = _w955
+            _v = _s956.ssr_digest
             _n = len(_v)
             w += _S31.pack(54, 0, _n)
             w += _v
             w += _PAD[_n & 3]
         else:
             w += b'\x00\x00\x006'
-            _enc_any_SET_SSV4res(w, _u1032)
+            _enc_any_SET_SSV4res(w, _u955)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opset_ssv: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_55(w: _Writer, v: TEST_STATEID4res) -> None:
     try:
-        _u1034 = v
-        _d1034 = _u1034.tsr_status
-        _w1034: _Any
-        if _d1034 == 0:
-            _w1034 = _u1034.value
-            _s1035 = _w1034
-            _a1036 = _s1035.tsr_status_codes
-            _n = len(_a1036)
+        _u957 = v
+        _d957 = _u957.tsr_status
+        _w957: _Any
+        if _d957 == 0:
+            _w957 = _u957.value
+            _s958 = _w957
+            _a959 = _s958.tsr_status_codes
+            _n = len(_a959)
             w += _S31.pack(55, 0, _n)
-            for _x1036 in _a1036:
-                w += _S2.pack(_x1036)
+            for _x959 in _a959:
+                w += _S2.pack(_x959)
         else:
             w += b'\x00\x00\x007'
-            _enc_any_TEST_STATEID4res(w, _u1034)
+            _enc_any_TEST_STATEID4res(w, _u957)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.optest_stateid: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_56(w: _Writer, v: WANT_DELEGATION4res) -> None:
     try:
-        _u1037 = v
-        _d1037 = _u1037.wdr_status
-        _w1037: _Any
-        if _d1037 == 0:
-            _w1037 = _u1037.value
-            _u1038 = _w1037
-            _d1038 = _u1038.delegation_type
-            _w1038: _Any
-            if _d1038 == 0:
+        _u960 = v
+        _d960 = _u960.wdr_status
+        _w960: _Any
+        if _d960 == 0:
+            _w960 = _u960.value
+            _u961 = _w960
+            _d961 = _u961.delegation_type
+            _w961: _Any
+            if _d961 == 0:
                 w += b'\x00\x00\x008\x00\x00\x00\x00\x00\x00\x00\x00'
-            elif _d1038 == 1:
-                _w1038 = _u1038.value
+            elif _d961 == 1:
+                _w961 = _u961.value
                 w += b'\x00\x00\x008\x00\x00\x00\x00\x00\x00\x00\x01'
-                enc_open_read_delegation4(w, _w1038)
-            elif _d1038 == 2:
-                _w1038 = _u1038.value
+                enc_open_read_delegation4(w, _w961)
+            elif _d961 == 2:
+                _w961 = _u961.value
                 w += b'\x00\x00\x008\x00\x00\x00\x00\x00\x00\x00\x02'
-                enc_open_write_delegation4(w, _w1038)
-            elif _d1038 == 3:
-                _w1038 = _u1038.value
+                enc_open_write_delegation4(w, _w961)
+            elif _d961 == 3:
+                _w961 = _u961.value
                 w += b'\x00\x00\x008\x00\x00\x00\x00\x00\x00\x00\x03'
-                enc_open_none_delegation4(w, _w1038)
+                enc_open_none_delegation4(w, _w961)
             else:
                 w += b'\x00\x00\x008\x00\x00\x00\x00'
-                _enc_any_open_delegation4(w, _u1038)
+                _enc_any_open_delegation4(w, _u961)
         else:
             w += b'\x00\x00\x008'
-            _enc_any_WANT_DELEGATION4res(w, _u1037)
+            _enc_any_WANT_DELEGATION4res(w, _u960)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opwant_delegation: {_e}', len(w)) from None
 
@@ -3078,43 +3062,43 @@ def _enc_nfs_resop4_59(w: _Writer, v: ALLOCATE4res) -> None:
 
 def _enc_nfs_resop4_60(w: _Writer, v: COPY4res) -> None:
     try:
-        _u1039 = v
-        _d1039 = _u1039.cr_status
-        _w1039: _Any
-        if _d1039 == 0:
-            _w1039 = _u1039.value
-            _s1040 = _w1039
+        _u962 = v
+        _d962 = _u962.cr_status
+        _w962: _Any
+        if _d962 == 0:
+            _w962 = _u962.value
+            _s963 = _w962
             w += b'\x00\x00\x00<\x00\x00\x00\x00'
-            enc_write_response4(w, _s1040.cr_response)
-            w += _S1.pack(_s1040.cr_requirements.cr_consecutive, _s1040.cr_requirements.cr_synchronous)
-        elif _d1039 == 10094:
-            _w1039 = _u1039.value
-            w += _S102.pack(60, 10094, _w1039.cr_consecutive, _w1039.cr_synchronous)
+            enc_write_response4(w, _s963.cr_response)
+            w += _S1.pack(_s963.cr_requirements.cr_consecutive, _s963.cr_requirements.cr_synchronous)
+        elif _d962 == 10094:
+            _w962 = _u962.value
+            w += _S102.pack(60, 10094, _w962.cr_consecutive, _w962.cr_synchronous)
         else:
             w += b'\x00\x00\x00<'
-            _enc_any_COPY4res(w, _u1039)
+            _enc_any_COPY4res(w, _u962)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opcopy: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_61(w: _Writer, v: COPY_NOTIFY4res) -> None:
     try:
-        _u1041 = v
-        _d1041 = _u1041.cnr_status
-        _w1041: _Any
-        if _d1041 == 0:
-            _w1041 = _u1041.value
-            _s1042 = _w1041
-            if len(_s1042.cnr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S114.pack(61, 0, _s1042.cnr_lease_time.seconds, _s1042.cnr_lease_time.nseconds, _s1042.cnr_stateid.seqid, _s1042.cnr_stateid.other)
-            _a1043 = _s1042.cnr_source_server
-            _n = len(_a1043)
+        _u964 = v
+        _d964 = _u964.cnr_status
+        _w964: _Any
+        if _d964 == 0:
+            _w964 = _u964.value
+            _s965 = _w964
+            if len(_s965.cnr_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S114.pack(61, 0, _s965.cnr_lease_time.seconds, _s965.cnr_lease_time.nseconds, _s965.cnr_stateid.seqid, _s965.cnr_stateid.other)
+            _a966 = _s965.cnr_source_server
+            _n = len(_a966)
             w += _S0.pack(_n)
-            for _x1043 in _a1043:
-                enc_netloc4(w, _x1043)
+            for _x966 in _a966:
+                enc_netloc4(w, _x966)
         else:
             w += b'\x00\x00\x00='
-            _enc_any_COPY_NOTIFY4res(w, _u1041)
+            _enc_any_COPY_NOTIFY4res(w, _u964)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opcopy_notify: {_e}', len(w)) from None
 
@@ -3128,20 +3112,19 @@ def _enc_nfs_resop4_62(w: _Writer, v: DEALLOCATE4res) -> None:
 
 def _enc_nfs_resop4_63(w: _Writer, v: IO_ADVISE4res) -> None:
     try:
-        _u1044 = v
-        _d1044 = _u1044.ior_status
-        _w1044: _Any
-        if _d1044 == 0:
-            _w1044 = _u1044.value
-            _s1045 = _w1044
-            _a1046 = _s1045.ior_hints
-            _n = len(_a1046)
+        _u967 = v
+        _d967 = _u967.ior_status
+        _w967: _Any
+        if _d967 == 0:
+            _w967 = _u967.value
+            _s968 = _w967
+            _a969 = _s968.ior_hints
+            _n = len(_a969)
             w += _S31.pack(63, 0, _n)
-            for _x1046 in _a1046:
-                w += _S0.pack(_x1046)
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a969)
         else:
             w += b'\x00\x00\x00?'
-            _enc_any_IO_ADVISE4res(w, _u1044)
+            _enc_any_IO_ADVISE4res(w, _u967)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opio_advise: {_e}', len(w)) from None
 
@@ -3169,84 +3152,84 @@ def _enc_nfs_resop4_66(w: _Writer, v: OFFLOAD_CANCEL4res) -> None:
 
 def _enc_nfs_resop4_67(w: _Writer, v: OFFLOAD_STATUS4res) -> None:
     try:
-        _u1047 = v
-        _d1047 = _u1047.osr_status
-        _w1047: _Any
-        if _d1047 == 0:
-            _w1047 = _u1047.value
-            _s1048 = _w1047
-            w += _S115.pack(67, 0, _s1048.osr_count)
-            _a1049 = _s1048.osr_complete
-            _n = len(_a1049)
+        _u970 = v
+        _d970 = _u970.osr_status
+        _w970: _Any
+        if _d970 == 0:
+            _w970 = _u970.value
+            _s971 = _w970
+            w += _S115.pack(67, 0, _s971.osr_count)
+            _a972 = _s971.osr_complete
+            _n = len(_a972)
             if _n > 1:
                 raise _XdrError('osr_complete: length %d exceeds 1' % _n, len(w))
             w += _S0.pack(_n)
-            for _x1049 in _a1049:
-                w += _S2.pack(_x1049)
+            for _x972 in _a972:
+                w += _S2.pack(_x972)
         else:
             w += b'\x00\x00\x00C'
-            _enc_any_OFFLOAD_STATUS4res(w, _u1047)
+            _enc_any_OFFLOAD_STATUS4res(w, _u970)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opoffload_status: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_68(w: _Writer, v: READ_PLUS4res) -> None:
     try:
-        _u1050 = v
-        _d1050 = _u1050.rp_status
-        _w1050: _Any
-        if _d1050 == 0:
-            _w1050 = _u1050.value
-            _s1051 = _w1050
-            w += _S31.pack(68, 0, _s1051.rpr_eof)
-            _a1052 = _s1051.rpr_contents
-            _n = len(_a1052)
+        _u973 = v
+        _d973 = _u973.rp_status
+        _w973: _Any
+        if _d973 == 0:
+            _w973 = _u973.value
+            _s974 = _w973
+            w += _S31.pack(68, 0, _s974.rpr_eof)
+            _a975 = _s974.rpr_contents
+            _n = len(_a975)
             w += _S0.pack(_n)
-            for _x1052 in _a1052:
-                enc_read_plus_content(w, _x1052)
+            for _x975 in _a975:
+                enc_read_plus_content(w, _x975)
         else:
             w += b'\x00\x00\x00D'
-            _enc_any_READ_PLUS4res(w, _u1050)
+            _enc_any_READ_PLUS4res(w, _u973)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opread_plus: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_69(w: _Writer, v: SEEK4res) -> None:
     try:
-        _u1053 = v
-        _d1053 = _u1053.sa_status
-        _w1053: _Any
-        if _d1053 == 0:
-            _w1053 = _u1053.value
-            w += _S116.pack(69, 0, _w1053.sr_eof, _w1053.sr_offset)
+        _u976 = v
+        _d976 = _u976.sa_status
+        _w976: _Any
+        if _d976 == 0:
+            _w976 = _u976.value
+            w += _S116.pack(69, 0, _w976.sr_eof, _w976.sr_offset)
         else:
             w += b'\x00\x00\x00E'
-            _enc_any_SEEK4res(w, _u1053)
+            _enc_any_SEEK4res(w, _u976)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opseek: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_70(w: _Writer, v: WRITE_SAME4res) -> None:
     try:
-        _u1054 = v
-        _d1054 = _u1054.wsr_status
-        _w1054: _Any
-        if _d1054 == 0:
-            _w1054 = _u1054.value
-            _s1055 = _w1054
-            _a1056 = _s1055.wr_callback_id
-            _n = len(_a1056)
+        _u977 = v
+        _d977 = _u977.wsr_status
+        _w977: _Any
+        if _d977 == 0:
+            _w977 = _u977.value
+            _s978 = _w977
+            _a979 = _s978.wr_callback_id
+            _n = len(_a979)
             if _n > 1:
                 raise _XdrError('wr_callback_id: length %d exceeds 1' % _n, len(w))
             w += _S31.pack(70, 0, _n)
-            for _x1056 in _a1056:
-                if len(_x1056.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-                w += _S11.pack(_x1056.seqid, _x1056.other)
-            if len(_s1055.wr_writeverf) != 8: raise _XdrError('fixed opaque wr_writeverf must be 8 bytes', len(w))
-            w += _S74.pack(_s1055.wr_count, _s1055.wr_committed, _s1055.wr_writeverf)
+            for _x979 in _a979:
+                if len(_x979.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+                w += _S11.pack(_x979.seqid, _x979.other)
+            if len(_s978.wr_writeverf) != 8: raise _XdrError('fixed opaque wr_writeverf must be 8 bytes', len(w))
+            w += _S74.pack(_s978.wr_count, _s978.wr_committed, _s978.wr_writeverf)
         else:
             w += b'\x00\x00\x00F'
-            _enc_any_WRITE_SAME4res(w, _u1054)
+            _enc_any_WRITE_SAME4res(w, _u977)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opwrite_same: {_e}', len(w)) from None
 
@@ -3260,75 +3243,75 @@ def _enc_nfs_resop4_71(w: _Writer, v: CLONE4res) -> None:
 
 def _enc_nfs_resop4_72(w: _Writer, v: GETXATTR4res) -> None:
     try:
-        _u1057 = v
-        _d1057 = _u1057.gxr_status
-        _w1057: _Any
-        if _d1057 == 0:
-            _w1057 = _u1057.value
-            _v = _w1057
+        _u980 = v
+        _d980 = _u980.gxr_status
+        _w980: _Any
+        if _d980 == 0:
+            _w980 = _u980.value
+            _v = _w980
             _n = len(_v)
             w += _S31.pack(72, 0, _n)
             w += _v
             w += _PAD[_n & 3]
         else:
             w += b'\x00\x00\x00H'
-            _enc_any_GETXATTR4res(w, _u1057)
+            _enc_any_GETXATTR4res(w, _u980)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opgetxattr: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_73(w: _Writer, v: SETXATTR4res) -> None:
     try:
-        _u1058 = v
-        _d1058 = _u1058.sxr_status
-        _w1058: _Any
-        if _d1058 == 0:
-            _w1058 = _u1058.value
-            w += _S83.pack(73, 0, _w1058.atomic, _w1058.before, _w1058.after)
+        _u981 = v
+        _d981 = _u981.sxr_status
+        _w981: _Any
+        if _d981 == 0:
+            _w981 = _u981.value
+            w += _S83.pack(73, 0, _w981.atomic, _w981.before, _w981.after)
         else:
             w += b'\x00\x00\x00I'
-            _enc_any_SETXATTR4res(w, _u1058)
+            _enc_any_SETXATTR4res(w, _u981)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opsetxattr: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_74(w: _Writer, v: LISTXATTRS4res) -> None:
     try:
-        _u1059 = v
-        _d1059 = _u1059.lxr_status
-        _w1059: _Any
-        if _d1059 == 0:
-            _w1059 = _u1059.value
-            _s1060 = _w1059
-            w += _S115.pack(74, 0, _s1060.lxr_cookie)
-            _a1061 = _s1060.lxr_names
-            _n = len(_a1061)
+        _u982 = v
+        _d982 = _u982.lxr_status
+        _w982: _Any
+        if _d982 == 0:
+            _w982 = _u982.value
+            _s983 = _w982
+            w += _S115.pack(74, 0, _s983.lxr_cookie)
+            _a984 = _s983.lxr_names
+            _n = len(_a984)
             w += _S0.pack(_n)
-            for _x1061 in _a1061:
-                _v = _x1061
+            for _x984 in _a984:
+                _v = _x984
                 _n = len(_v)
                 w += _S0.pack(_n)
                 w += _v
                 w += _PAD[_n & 3]
-            w += _S0.pack(_s1060.lxr_eof)
+            w += _S0.pack(_s983.lxr_eof)
         else:
             w += b'\x00\x00\x00J'
-            _enc_any_LISTXATTRS4res(w, _u1059)
+            _enc_any_LISTXATTRS4res(w, _u982)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.oplistxattrs: {_e}', len(w)) from None
 
 
 def _enc_nfs_resop4_75(w: _Writer, v: REMOVEXATTR4res) -> None:
     try:
-        _u1062 = v
-        _d1062 = _u1062.rxr_status
-        _w1062: _Any
-        if _d1062 == 0:
-            _w1062 = _u1062.value
-            w += _S83.pack(75, 0, _w1062.atomic, _w1062.before, _w1062.after)
+        _u985 = v
+        _d985 = _u985.rxr_status
+        _w985: _Any
+        if _d985 == 0:
+            _w985 = _u985.value
+            w += _S83.pack(75, 0, _w985.atomic, _w985.before, _w985.after)
         else:
             w += b'\x00\x00\x00K'
-            _enc_any_REMOVEXATTR4res(w, _u1062)
+            _enc_any_REMOVEXATTR4res(w, _u985)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_resop4.opremovexattr: {_e}', len(w)) from None
 
@@ -3369,16 +3352,16 @@ def enc_COMPOUND4args(w: _Writer, v: COMPOUND4args) -> None:
         w += _v
         w += _PAD[_n & 3]
         w += _S0.pack(v.minorversion)
-        _a1063 = v.argarray
-        _n = len(_a1063)
+        _a986 = v.argarray
+        _n = len(_a986)
         w += _S0.pack(_n)
-        for _x1063 in _a1063:
-            _u1064 = _x1063
-            _f1064 = _nfs_argop4_ENCX.get(_u1064.argop)
-            if _f1064 is None:
-                enc_nfs_argop4(w, _u1064)
+        for _x986 in _a986:
+            _u987 = _x986
+            _f987 = _nfs_argop4_ENCX.get(_u987.argop)
+            if _f987 is None:
+                enc_nfs_argop4(w, _u987)
             else:
-                _f1064(w, _u1064.value)
+                _f987(w, _u987.value)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode COMPOUND4args: {_e}', len(w)) from None
 
@@ -3401,19 +3384,19 @@ def dec_COMPOUND4args(r: _Reader, off: int) -> tuple[COMPOUND4args, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_argarray = []
-        _c1065 = _n
-        for _ in range(_c1065):
-            _v1066: _Any
-            _f1066: _Callable[[_Reader, int], tuple[_Any, int]]
-            (_d1066,) = _S2.unpack_from(buf, off)
-            _a1066 = _nfs_argop4_ARMS.get(_d1066)
-            if _a1066 is None:
-                raise _XdrError('%r is not a case of nfs_argop4' % (_d1066,), off)
+        _c988 = _n
+        for _ in range(_c988):
+            _v989: _Any
+            _f989: _Callable[[_Reader, int], tuple[_Any, int]]
+            (_d989,) = _S2.unpack_from(buf, off)
+            _a989 = _nfs_argop4_ARMS.get(_d989)
+            if _a989 is None:
+                raise _XdrError('%r is not a case of nfs_argop4' % (_d989,), off)
             else:
-                _d1066, _f1066 = _a1066
-            _v1066, off = _f1066(r, off + 4)
-            _x1065 = nfs_argop4(_d1066, _v1066)
-            f_argarray.append(_x1065)
+                _d989, _f989 = _a989
+            _v989, off = _f989(r, off + 4)
+            _x988 = nfs_argop4(_d989, _v989)
+            f_argarray.append(_x988)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated COMPOUND4args', o0) from None
     return COMPOUND4args(f_tag, f_minorversion, f_argarray), off
@@ -3434,16 +3417,16 @@ def enc_COMPOUND4res(w: _Writer, v: COMPOUND4res) -> None:
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _a1067 = v.resarray
-        _n = len(_a1067)
+        _a990 = v.resarray
+        _n = len(_a990)
         w += _S0.pack(_n)
-        for _x1067 in _a1067:
-            _u1068 = _x1067
-            _f1068 = _nfs_resop4_ENCX.get(_u1068.resop)
-            if _f1068 is None:
-                enc_nfs_resop4(w, _u1068)
+        for _x990 in _a990:
+            _u991 = _x990
+            _f991 = _nfs_resop4_ENCX.get(_u991.resop)
+            if _f991 is None:
+                enc_nfs_resop4(w, _u991)
             else:
-                _f1068(w, _u1068.value)
+                _f991(w, _u991.value)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode COMPOUND4res: {_e}', len(w)) from None
 
@@ -3467,19 +3450,19 @@ def dec_COMPOUND4res(r: _Reader, off: int) -> tuple[COMPOUND4res, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_resarray = []
-        _c1069 = _n
-        for _ in range(_c1069):
-            _v1070: _Any
-            _f1070: _Callable[[_Reader, int], tuple[_Any, int]]
-            (_d1070,) = _S2.unpack_from(buf, off)
-            _a1070 = _nfs_resop4_ARMS.get(_d1070)
-            if _a1070 is None:
-                raise _XdrError('%r is not a case of nfs_resop4' % (_d1070,), off)
+        _c992 = _n
+        for _ in range(_c992):
+            _v993: _Any
+            _f993: _Callable[[_Reader, int], tuple[_Any, int]]
+            (_d993,) = _S2.unpack_from(buf, off)
+            _a993 = _nfs_resop4_ARMS.get(_d993)
+            if _a993 is None:
+                raise _XdrError('%r is not a case of nfs_resop4' % (_d993,), off)
             else:
-                _d1070, _f1070 = _a1070
-            _v1070, off = _f1070(r, off + 4)
-            _x1069 = nfs_resop4(_d1070, _v1070)
-            f_resarray.append(_x1069)
+                _d993, _f993 = _a993
+            _v993, off = _f993(r, off + 4)
+            _x992 = nfs_resop4(_d993, _v993)
+            f_resarray.append(_x992)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated COMPOUND4res', o0) from None
     return COMPOUND4res(f_status, f_tag, f_resarray), off
@@ -3500,11 +3483,10 @@ def enc_CB_GETATTR4args(w: _Writer, v: CB_GETATTR4args) -> None:
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _a1071 = v.attr_request
-        _n = len(_a1071)
+        _a994 = v.attr_request
+        _n = len(_a994)
         w += _S0.pack(_n)
-        for _x1071 in _a1071:
-            w += _S0.pack(_x1071)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a994)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_GETATTR4args: {_e}', len(w)) from None
 
@@ -3526,12 +3508,9 @@ def dec_CB_GETATTR4args(r: _Reader, off: int) -> tuple[CB_GETATTR4args, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_attr_request = []
-        _c1072 = _n
-        for _ in range(_c1072):
-            (_x1072,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_attr_request.append(_x1072)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_attr_request = list(_t)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_GETATTR4args', o0) from None
     return CB_GETATTR4args(f_fh, f_attr_request), off
@@ -3544,13 +3523,12 @@ class CB_GETATTR4resok:
 
 def enc_CB_GETATTR4resok(w: _Writer, v: CB_GETATTR4resok) -> None:
     try:
-        _s1073 = v.obj_attributes
-        _a1074 = _s1073.attrmask
-        _n = len(_a1074)
+        _s995 = v.obj_attributes
+        _a996 = _s995.attrmask
+        _n = len(_a996)
         w += _S0.pack(_n)
-        for _x1074 in _a1074:
-            w += _S0.pack(_x1074)
-        _v = _s1073.attr_vals
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a996)
+        _v = _s995.attr_vals
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -3567,20 +3545,17 @@ def dec_CB_GETATTR4resok(r: _Reader, off: int) -> tuple[CB_GETATTR4resok, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i1075_attrmask = []
-        _c1076 = _n
-        for _ in range(_c1076):
-            (_x1076,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i1075_attrmask.append(_x1076)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i997_attrmask = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i1075_attr_vals = bytes(buf[off:_e])
+        _i997_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_obj_attributes = fattr4(_i1075_attrmask, _i1075_attr_vals)
+        f_obj_attributes = fattr4(_i997_attrmask, _i997_attr_vals)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_GETATTR4resok', o0) from None
     return CB_GETATTR4resok(f_obj_attributes), off
@@ -3612,17 +3587,17 @@ def _dec_any_CB_GETATTR4res(r: _Reader, off: int) -> tuple[CB_GETATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v1077: _Any
-        _f1077: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d1077,) = _S2.unpack_from(buf, off)
-        _a1077 = _CB_GETATTR4res_ARMS.get(_d1077)
-        if _a1077 is None:
-            _d1077 = _nfsstat4_MAP[(_d1077,)[0]]
-            _f1077 = _void_decode
+        _v998: _Any
+        _f998: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d998,) = _S2.unpack_from(buf, off)
+        _a998 = _CB_GETATTR4res_ARMS.get(_d998)
+        if _a998 is None:
+            _d998 = _nfsstat4_MAP[(_d998,)[0]]
+            _f998 = _void_decode
         else:
-            _d1077, _f1077 = _a1077
-        _v1077, off = _f1077(r, off + 4)
-        _u = CB_GETATTR4res(_d1077, _v1077)
+            _d998, _f998 = _a998
+        _v998, off = _f998(r, off + 4)
+        _u = CB_GETATTR4res(_d998, _v998)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_GETATTR4res', o0) from None
     return _u, off
@@ -3630,25 +3605,24 @@ def _dec_any_CB_GETATTR4res(r: _Reader, off: int) -> tuple[CB_GETATTR4res, int]:
 
 def enc_CB_GETATTR4res(w: _Writer, v: CB_GETATTR4res) -> None:
     try:
-        _u1078 = v
-        _d1078 = _u1078.status
-        _w1078: _Any
-        if _d1078 == 0:
-            _w1078 = _u1078.value
-            _s1079 = _w1078
-            _s1080 = _s1079.obj_attributes
-            _a1081 = _s1080.attrmask
-            _n = len(_a1081)
+        _u999 = v
+        _d999 = _u999.status
+        _w999: _Any
+        if _d999 == 0:
+            _w999 = _u999.value
+            _s1000 = _w999
+            _s1001 = _s1000.obj_attributes
+            _a1002 = _s1001.attrmask
+            _n = len(_a1002)
             w += _S23.pack(0, _n)
-            for _x1081 in _a1081:
-                w += _S0.pack(_x1081)
-            _v = _s1080.attr_vals
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a1002)
+            _v = _s1001.attr_vals
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
         else:
-            _enc_any_CB_GETATTR4res(w, _u1078)
+            _enc_any_CB_GETATTR4res(w, _u999)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_GETATTR4res: {_e!r}', len(w)) from None
 
@@ -3657,30 +3631,27 @@ def dec_CB_GETATTR4res(r: _Reader, off: int) -> tuple[CB_GETATTR4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v1082: _Any
-        (_d1082,) = _S2.unpack_from(buf, off)
+        _v1003: _Any
+        (_d1003,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d1082 == 0:
+        if _d1003 == 0:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i1084_attrmask = []
-            _c1085 = _n
-            for _ in range(_c1085):
-                (_x1085,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i1084_attrmask.append(_x1085)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i1005_attrmask = list(_t)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i1084_attr_vals = bytes(buf[off:_e])
+            _i1005_attr_vals = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i1083_obj_attributes = fattr4(_i1084_attrmask, _i1084_attr_vals)
-            _v1082 = CB_GETATTR4resok(_i1083_obj_attributes)
-            _u = CB_GETATTR4res(NFS4_OK, _v1082)
+            _i1004_obj_attributes = fattr4(_i1005_attrmask, _i1005_attr_vals)
+            _v1003 = CB_GETATTR4resok(_i1004_obj_attributes)
+            _u = CB_GETATTR4res(NFS4_OK, _v1003)
         else:
             _u, off = _dec_any_CB_GETATTR4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -3878,16 +3849,16 @@ def _dec_any_layoutrecall4(r: _Reader, off: int) -> tuple[layoutrecall4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v1086: _Any
-        _f1086: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d1086,) = _S2.unpack_from(buf, off)
-        _a1086 = _layoutrecall4_ARMS.get(_d1086)
-        if _a1086 is None:
-            raise _XdrError('%r is not a case of layoutrecall4' % (_d1086,), off)
+        _v1006: _Any
+        _f1006: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d1006,) = _S2.unpack_from(buf, off)
+        _a1006 = _layoutrecall4_ARMS.get(_d1006)
+        if _a1006 is None:
+            raise _XdrError('%r is not a case of layoutrecall4' % (_d1006,), off)
         else:
-            _d1086, _f1086 = _a1086
-        _v1086, off = _f1086(r, off + 4)
-        _u = layoutrecall4(_d1086, _v1086)
+            _d1006, _f1006 = _a1006
+        _v1006, off = _f1006(r, off + 4)
+        _u = layoutrecall4(_d1006, _v1006)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated layoutrecall4', o0) from None
     return _u, off
@@ -3895,28 +3866,28 @@ def _dec_any_layoutrecall4(r: _Reader, off: int) -> tuple[layoutrecall4, int]:
 
 def enc_layoutrecall4(w: _Writer, v: layoutrecall4) -> None:
     try:
-        _u1087 = v
-        _d1087 = _u1087.lor_recalltype
-        _w1087: _Any
-        if _d1087 == 1:
-            _w1087 = _u1087.value
-            _s1088 = _w1087
-            _v = _s1088.lor_fh
+        _u1007 = v
+        _d1007 = _u1007.lor_recalltype
+        _w1007: _Any
+        if _d1007 == 1:
+            _w1007 = _u1007.value
+            _s1008 = _w1007
+            _v = _s1008.lor_fh
             _n = len(_v)
             if _n > 128:
                 raise _XdrError('lor_fh: length %d exceeds 128' % _n, len(w))
             w += _S23.pack(1, _n)
             w += _v
             w += _PAD[_n & 3]
-            if len(_s1088.lor_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S13.pack(_s1088.lor_offset, _s1088.lor_length, _s1088.lor_stateid.seqid, _s1088.lor_stateid.other)
-        elif _d1087 == 2:
-            _w1087 = _u1087.value
-            w += _S29.pack(2, _w1087.major, _w1087.minor)
-        elif _d1087 == 3:
+            if len(_s1008.lor_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S13.pack(_s1008.lor_offset, _s1008.lor_length, _s1008.lor_stateid.seqid, _s1008.lor_stateid.other)
+        elif _d1007 == 2:
+            _w1007 = _u1007.value
+            w += _S29.pack(2, _w1007.major, _w1007.minor)
+        elif _d1007 == 3:
             w += b'\x00\x00\x00\x03'
         else:
-            _enc_any_layoutrecall4(w, _u1087)
+            _enc_any_layoutrecall4(w, _u1007)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode layoutrecall4: {_e!r}', len(w)) from None
 
@@ -3925,10 +3896,10 @@ def dec_layoutrecall4(r: _Reader, off: int) -> tuple[layoutrecall4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v1089: _Any
-        (_d1089,) = _S2.unpack_from(buf, off)
+        _v1009: _Any
+        (_d1009,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d1089 == 1:
+        if _d1009 == 1:
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 128:
                 raise _XdrError('lor_fh: length %d exceeds 128' % _n, off)
@@ -3936,18 +3907,18 @@ def dec_layoutrecall4(r: _Reader, off: int) -> tuple[layoutrecall4, int]:
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i1090_lor_fh = bytes(buf[off:_e])
+            _i1010_lor_fh = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i1090_lor_offset, _i1090_lor_length, _t2, _t3 = _S13.unpack_from(buf, off)
+            _i1010_lor_offset, _i1010_lor_length, _t2, _t3 = _S13.unpack_from(buf, off)
             off += 32
-            _i1090_lor_stateid = stateid4(_t2, _t3)
-            _v1089 = layoutrecall_file4(_i1090_lor_fh, _i1090_lor_offset, _i1090_lor_length, _i1090_lor_stateid)
-            _u = layoutrecall4(LAYOUTRECALL4_FILE, _v1089)
-        elif _d1089 == 2:
-            _v1089 = fsid4(*_S9.unpack_from(buf, off))
+            _i1010_lor_stateid = stateid4(_t2, _t3)
+            _v1009 = layoutrecall_file4(_i1010_lor_fh, _i1010_lor_offset, _i1010_lor_length, _i1010_lor_stateid)
+            _u = layoutrecall4(LAYOUTRECALL4_FILE, _v1009)
+        elif _d1009 == 2:
+            _v1009 = fsid4(*_S9.unpack_from(buf, off))
             off += 16
-            _u = layoutrecall4(LAYOUTRECALL4_FSID, _v1089)
-        elif _d1089 == 3:
+            _u = layoutrecall4(LAYOUTRECALL4_FSID, _v1009)
+        elif _d1009 == 3:
             _u = layoutrecall4(LAYOUTRECALL4_ALL, None)
         else:
             _u, off = _dec_any_layoutrecall4(r, off - 4)

@@ -21,6 +21,7 @@ from nfsrdma.xdr.runtime import (
     PAD as _PAD,
     TRUE as _TRUE,
     U32 as _U32,
+    U32_ARRAYS as _U32_ARRAYS,
     Operation as _Operation,
     Buffer as _Buffer,
     DdpItem as _DdpItem,
@@ -183,8 +184,8 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     BACKCHANNEL_CTL4res,
     BIND_CONN_TO_SESSION4args,
     BIND_CONN_TO_SESSION4res,
-    EXCHANGE_ID4args,
     ILLEGAL4res,
+    OPENATTR4args,
     OPENATTR4res,
     OPEN_CONFIRM4args,
     OPEN_CONFIRM4res,
@@ -226,8 +227,8 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     dec_BACKCHANNEL_CTL4res,
     dec_BIND_CONN_TO_SESSION4args,
     dec_BIND_CONN_TO_SESSION4res,
-    dec_EXCHANGE_ID4args,
     dec_ILLEGAL4res,
+    dec_OPENATTR4args,
     dec_OPENATTR4res,
     dec_OPEN_CONFIRM4args,
     dec_OPEN_CONFIRM4res,
@@ -268,8 +269,8 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     enc_BACKCHANNEL_CTL4res,
     enc_BIND_CONN_TO_SESSION4args,
     enc_BIND_CONN_TO_SESSION4res,
-    enc_EXCHANGE_ID4args,
     enc_ILLEGAL4res,
+    enc_OPENATTR4args,
     enc_OPENATTR4res,
     enc_OPEN_CONFIRM4args,
     enc_OPEN_CONFIRM4res,
@@ -451,7 +452,6 @@ from nfsrdma.xdr.gen._nfs4_3 import (
     NVERIFY4res,
     OPEN4args,
     OPEN4res,
-    OPENATTR4args,
     OPEN_DELEGATE_NONE,
     OPEN_DELEGATE_NONE_EXT,
     OPEN_DELEGATE_READ,
@@ -488,7 +488,6 @@ from nfsrdma.xdr.gen._nfs4_3 import (
     dec_NVERIFY4res,
     dec_OPEN4args,
     dec_OPEN4res,
-    dec_OPENATTR4args,
     enc_CREATE4args,
     enc_CREATE4res,
     enc_DELEGPURGE4args,
@@ -513,7 +512,6 @@ from nfsrdma.xdr.gen._nfs4_3 import (
     enc_NVERIFY4res,
     enc_OPEN4args,
     enc_OPEN4res,
-    enc_OPENATTR4args,
     enc_open_none_delegation4,
     enc_open_read_delegation4,
     enc_open_write_delegation4,
@@ -529,6 +527,7 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     CREATE_SESSION4res,
     DESTROY_SESSION4args,
     DESTROY_SESSION4res,
+    EXCHANGE_ID4args,
     EXCHANGE_ID4res,
     FREE_STATEID4args,
     FREE_STATEID4res,
@@ -550,6 +549,7 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     dec_CREATE_SESSION4res,
     dec_DESTROY_SESSION4args,
     dec_DESTROY_SESSION4res,
+    dec_EXCHANGE_ID4args,
     dec_EXCHANGE_ID4res,
     dec_FREE_STATEID4args,
     dec_FREE_STATEID4res,
@@ -572,6 +572,7 @@ from nfsrdma.xdr.gen._nfs4_5 import (
     enc_CREATE_SESSION4res,
     enc_DESTROY_SESSION4args,
     enc_DESTROY_SESSION4res,
+    enc_EXCHANGE_ID4args,
     enc_EXCHANGE_ID4res,
     enc_FREE_STATEID4args,
     enc_FREE_STATEID4res,
@@ -648,28 +649,28 @@ class CB_LAYOUTRECALL4args:
 def enc_CB_LAYOUTRECALL4args(w: _Writer, v: CB_LAYOUTRECALL4args) -> None:
     try:
         w += _S31.pack(v.clora_type, v.clora_iomode, v.clora_changed)
-        _u1091 = v.clora_recall
-        _d1091 = _u1091.lor_recalltype
-        _w1091: _Any
-        if _d1091 == 1:
-            _w1091 = _u1091.value
-            _s1092 = _w1091
-            _v = _s1092.lor_fh
+        _u1011 = v.clora_recall
+        _d1011 = _u1011.lor_recalltype
+        _w1011: _Any
+        if _d1011 == 1:
+            _w1011 = _u1011.value
+            _s1012 = _w1011
+            _v = _s1012.lor_fh
             _n = len(_v)
             if _n > 128:
                 raise _XdrError('lor_fh: length %d exceeds 128' % _n, len(w))
             w += _S23.pack(1, _n)
             w += _v
             w += _PAD[_n & 3]
-            if len(_s1092.lor_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S13.pack(_s1092.lor_offset, _s1092.lor_length, _s1092.lor_stateid.seqid, _s1092.lor_stateid.other)
-        elif _d1091 == 2:
-            _w1091 = _u1091.value
-            w += _S29.pack(2, _w1091.major, _w1091.minor)
-        elif _d1091 == 3:
+            if len(_s1012.lor_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S13.pack(_s1012.lor_offset, _s1012.lor_length, _s1012.lor_stateid.seqid, _s1012.lor_stateid.other)
+        elif _d1011 == 2:
+            _w1011 = _u1011.value
+            w += _S29.pack(2, _w1011.major, _w1011.minor)
+        elif _d1011 == 3:
             w += b'\x00\x00\x00\x03'
         else:
-            _enc_any_layoutrecall4(w, _u1091)
+            _enc_any_layoutrecall4(w, _u1011)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_LAYOUTRECALL4args: {_e}', len(w)) from None
 
@@ -683,10 +684,10 @@ def dec_CB_LAYOUTRECALL4args(r: _Reader, off: int) -> tuple[CB_LAYOUTRECALL4args
         f_clora_type = _layouttype4_MAP[_t0]
         f_clora_iomode = _layoutiomode4_MAP[_t1]
         f_clora_changed = _BOOL[_t2]
-        _v1093: _Any
-        (_d1093,) = _S2.unpack_from(buf, off)
+        _v1013: _Any
+        (_d1013,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d1093 == 1:
+        if _d1013 == 1:
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 128:
                 raise _XdrError('lor_fh: length %d exceeds 128' % _n, off)
@@ -694,18 +695,18 @@ def dec_CB_LAYOUTRECALL4args(r: _Reader, off: int) -> tuple[CB_LAYOUTRECALL4args
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i1094_lor_fh = bytes(buf[off:_e])
+            _i1014_lor_fh = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i1094_lor_offset, _i1094_lor_length, _t2, _t3 = _S13.unpack_from(buf, off)
+            _i1014_lor_offset, _i1014_lor_length, _t2, _t3 = _S13.unpack_from(buf, off)
             off += 32
-            _i1094_lor_stateid = stateid4(_t2, _t3)
-            _v1093 = layoutrecall_file4(_i1094_lor_fh, _i1094_lor_offset, _i1094_lor_length, _i1094_lor_stateid)
-            f_clora_recall = layoutrecall4(LAYOUTRECALL4_FILE, _v1093)
-        elif _d1093 == 2:
-            _v1093 = fsid4(*_S9.unpack_from(buf, off))
+            _i1014_lor_stateid = stateid4(_t2, _t3)
+            _v1013 = layoutrecall_file4(_i1014_lor_fh, _i1014_lor_offset, _i1014_lor_length, _i1014_lor_stateid)
+            f_clora_recall = layoutrecall4(LAYOUTRECALL4_FILE, _v1013)
+        elif _d1013 == 2:
+            _v1013 = fsid4(*_S9.unpack_from(buf, off))
             off += 16
-            f_clora_recall = layoutrecall4(LAYOUTRECALL4_FSID, _v1093)
-        elif _d1093 == 3:
+            f_clora_recall = layoutrecall4(LAYOUTRECALL4_FSID, _v1013)
+        elif _d1013 == 3:
             f_clora_recall = layoutrecall4(LAYOUTRECALL4_ALL, None)
         else:
             f_clora_recall, off = _dec_any_layoutrecall4(r, off - 4)
@@ -783,13 +784,12 @@ def enc_notify_entry4(w: _Writer, v: notify_entry4) -> None:
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _s1095 = v.ne_attrs
-        _a1096 = _s1095.attrmask
-        _n = len(_a1096)
+        _s1015 = v.ne_attrs
+        _a1016 = _s1015.attrmask
+        _n = len(_a1016)
         w += _S0.pack(_n)
-        for _x1096 in _a1096:
-            w += _S0.pack(_x1096)
-        _v = _s1095.attr_vals
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a1016)
+        _v = _s1015.attr_vals
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -813,20 +813,17 @@ def dec_notify_entry4(r: _Reader, off: int) -> tuple[notify_entry4, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i1097_attrmask = []
-        _c1098 = _n
-        for _ in range(_c1098):
-            (_x1098,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i1097_attrmask.append(_x1098)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i1017_attrmask = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i1097_attr_vals = bytes(buf[off:_e])
+        _i1017_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_ne_attrs = fattr4(_i1097_attrmask, _i1097_attr_vals)
+        f_ne_attrs = fattr4(_i1017_attrmask, _i1017_attr_vals)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated notify_entry4', o0) from None
     return notify_entry4(f_ne_file, f_ne_attrs), off
@@ -840,19 +837,18 @@ class prev_entry4:
 
 def enc_prev_entry4(w: _Writer, v: prev_entry4) -> None:
     try:
-        _s1099 = v.pe_prev_entry
-        _v = _s1099.ne_file
+        _s1018 = v.pe_prev_entry
+        _v = _s1018.ne_file
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _s1100 = _s1099.ne_attrs
-        _a1101 = _s1100.attrmask
-        _n = len(_a1101)
+        _s1019 = _s1018.ne_attrs
+        _a1020 = _s1019.attrmask
+        _n = len(_a1020)
         w += _S0.pack(_n)
-        for _x1101 in _a1101:
-            w += _S0.pack(_x1101)
-        _v = _s1100.attr_vals
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a1020)
+        _v = _s1019.attr_vals
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -871,27 +867,24 @@ def dec_prev_entry4(r: _Reader, off: int) -> tuple[prev_entry4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i1102_ne_file = bytes(buf[off:_e])
+        _i1021_ne_file = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i1103_attrmask = []
-        _c1104 = _n
-        for _ in range(_c1104):
-            (_x1104,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i1103_attrmask.append(_x1104)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i1022_attrmask = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i1103_attr_vals = bytes(buf[off:_e])
+        _i1022_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _i1102_ne_attrs = fattr4(_i1103_attrmask, _i1103_attr_vals)
-        f_pe_prev_entry = notify_entry4(_i1102_ne_file, _i1102_ne_attrs)
+        _i1021_ne_attrs = fattr4(_i1022_attrmask, _i1022_attr_vals)
+        f_pe_prev_entry = notify_entry4(_i1021_ne_file, _i1021_ne_attrs)
         (f_pe_prev_entry_cookie,) = _S4.unpack_from(buf, off)
         off += 8
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -907,19 +900,18 @@ class notify_remove4:
 
 def enc_notify_remove4(w: _Writer, v: notify_remove4) -> None:
     try:
-        _s1105 = v.nrm_old_entry
-        _v = _s1105.ne_file
+        _s1023 = v.nrm_old_entry
+        _v = _s1023.ne_file
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _s1106 = _s1105.ne_attrs
-        _a1107 = _s1106.attrmask
-        _n = len(_a1107)
+        _s1024 = _s1023.ne_attrs
+        _a1025 = _s1024.attrmask
+        _n = len(_a1025)
         w += _S0.pack(_n)
-        for _x1107 in _a1107:
-            w += _S0.pack(_x1107)
-        _v = _s1106.attr_vals
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a1025)
+        _v = _s1024.attr_vals
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -938,27 +930,24 @@ def dec_notify_remove4(r: _Reader, off: int) -> tuple[notify_remove4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i1108_ne_file = bytes(buf[off:_e])
+        _i1026_ne_file = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i1109_attrmask = []
-        _c1110 = _n
-        for _ in range(_c1110):
-            (_x1110,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i1109_attrmask.append(_x1110)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i1027_attrmask = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i1109_attr_vals = bytes(buf[off:_e])
+        _i1027_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _i1108_ne_attrs = fattr4(_i1109_attrmask, _i1109_attr_vals)
-        f_nrm_old_entry = notify_entry4(_i1108_ne_file, _i1108_ne_attrs)
+        _i1026_ne_attrs = fattr4(_i1027_attrmask, _i1027_attr_vals)
+        f_nrm_old_entry = notify_entry4(_i1026_ne_file, _i1026_ne_attrs)
         (f_nrm_old_entry_cookie,) = _S4.unpack_from(buf, off)
         off += 8
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -977,60 +966,58 @@ class notify_add4:
 
 def enc_notify_add4(w: _Writer, v: notify_add4) -> None:
     try:
-        _a1111 = v.nad_old_entry
-        _n = len(_a1111)
+        _a1028 = v.nad_old_entry
+        _n = len(_a1028)
         if _n > 1:
             raise _XdrError('nad_old_entry: length %d exceeds 1' % _n, len(w))
         w += _S0.pack(_n)
-        for _x1111 in _a1111:
-            _s1112 = _x1111
-            _s1113 = _s1112.nrm_old_entry
-            _v = _s1113.ne_file
+        for _x1028 in _a1028:
+            _s1029 = _x1028
+            _s1030 = _s1029.nrm_old_entry
+            _v = _s1030.ne_file
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-            enc_fattr4(w, _s1113.ne_attrs)
-            w += _S4.pack(_s1112.nrm_old_entry_cookie)
-        _s1114 = v.nad_new_entry
-        _v = _s1114.ne_file
+            enc_fattr4(w, _s1030.ne_attrs)
+            w += _S4.pack(_s1029.nrm_old_entry_cookie)
+        _s1031 = v.nad_new_entry
+        _v = _s1031.ne_file
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _s1115 = _s1114.ne_attrs
-        _a1116 = _s1115.attrmask
-        _n = len(_a1116)
+        _s1032 = _s1031.ne_attrs
+        _a1033 = _s1032.attrmask
+        _n = len(_a1033)
         w += _S0.pack(_n)
-        for _x1116 in _a1116:
-            w += _S0.pack(_x1116)
-        _v = _s1115.attr_vals
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a1033)
+        _v = _s1032.attr_vals
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _a1117 = v.nad_new_entry_cookie
-        _n = len(_a1117)
+        _a1034 = v.nad_new_entry_cookie
+        _n = len(_a1034)
         if _n > 1:
             raise _XdrError('nad_new_entry_cookie: length %d exceeds 1' % _n, len(w))
         w += _S0.pack(_n)
-        for _x1117 in _a1117:
-            w += _S4.pack(_x1117)
-        _a1118 = v.nad_prev_entry
-        _n = len(_a1118)
+        w += _struct.Struct('>%dQ' % _n).pack(*_a1034)
+        _a1035 = v.nad_prev_entry
+        _n = len(_a1035)
         if _n > 1:
             raise _XdrError('nad_prev_entry: length %d exceeds 1' % _n, len(w))
         w += _S0.pack(_n)
-        for _x1118 in _a1118:
-            _s1119 = _x1118
-            _s1120 = _s1119.pe_prev_entry
-            _v = _s1120.ne_file
+        for _x1035 in _a1035:
+            _s1036 = _x1035
+            _s1037 = _s1036.pe_prev_entry
+            _v = _s1037.ne_file
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-            enc_fattr4(w, _s1120.ne_attrs)
-            w += _S4.pack(_s1119.pe_prev_entry_cookie)
+            enc_fattr4(w, _s1037.ne_attrs)
+            w += _S4.pack(_s1036.pe_prev_entry_cookie)
         w += _S0.pack(v.nad_last_entry)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode notify_add4: {_e}', len(w)) from None
@@ -1047,59 +1034,53 @@ def dec_notify_add4(r: _Reader, off: int) -> tuple[notify_add4, int]:
         if _n * 20 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_nad_old_entry = []
-        _c1121 = _n
-        for _ in range(_c1121):
+        _c1038 = _n
+        for _ in range(_c1038):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i1123_ne_file = bytes(buf[off:_e])
+            _i1040_ne_file = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i1123_ne_attrs, off = dec_fattr4(r, off)
-            _i1122_nrm_old_entry = notify_entry4(_i1123_ne_file, _i1123_ne_attrs)
-            (_i1122_nrm_old_entry_cookie,) = _S4.unpack_from(buf, off)
+            _i1040_ne_attrs, off = dec_fattr4(r, off)
+            _i1039_nrm_old_entry = notify_entry4(_i1040_ne_file, _i1040_ne_attrs)
+            (_i1039_nrm_old_entry_cookie,) = _S4.unpack_from(buf, off)
             off += 8
-            _x1121 = notify_remove4(_i1122_nrm_old_entry, _i1122_nrm_old_entry_cookie)
-            f_nad_old_entry.append(_x1121)
+            _x1038 = notify_remove4(_i1039_nrm_old_entry, _i1039_nrm_old_entry_cookie)
+            f_nad_old_entry.append(_x1038)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i1124_ne_file = bytes(buf[off:_e])
+        _i1041_ne_file = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i1125_attrmask = []
-        _c1126 = _n
-        for _ in range(_c1126):
-            (_x1126,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i1125_attrmask.append(_x1126)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i1042_attrmask = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i1125_attr_vals = bytes(buf[off:_e])
+        _i1042_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _i1124_ne_attrs = fattr4(_i1125_attrmask, _i1125_attr_vals)
-        f_nad_new_entry = notify_entry4(_i1124_ne_file, _i1124_ne_attrs)
+        _i1041_ne_attrs = fattr4(_i1042_attrmask, _i1042_attr_vals)
+        f_nad_new_entry = notify_entry4(_i1041_ne_file, _i1041_ne_attrs)
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('nad_new_entry_cookie: length %d exceeds 1' % _n, off)
         off += 4
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_nad_new_entry_cookie = []
-        _c1127 = _n
-        for _ in range(_c1127):
-            (_x1127,) = _S4.unpack_from(buf, off)
-            off += 8
-            f_nad_new_entry_cookie.append(_x1127)
+        _t = _struct.Struct('>%dQ' % _n).unpack_from(buf, off)
+        off += 8 * _n
+        f_nad_new_entry_cookie = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('nad_prev_entry: length %d exceeds 1' % _n, off)
@@ -1107,21 +1088,21 @@ def dec_notify_add4(r: _Reader, off: int) -> tuple[notify_add4, int]:
         if _n * 20 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_nad_prev_entry = []
-        _c1128 = _n
-        for _ in range(_c1128):
+        _c1043 = _n
+        for _ in range(_c1043):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i1130_ne_file = bytes(buf[off:_e])
+            _i1045_ne_file = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i1130_ne_attrs, off = dec_fattr4(r, off)
-            _i1129_pe_prev_entry = notify_entry4(_i1130_ne_file, _i1130_ne_attrs)
-            (_i1129_pe_prev_entry_cookie,) = _S4.unpack_from(buf, off)
+            _i1045_ne_attrs, off = dec_fattr4(r, off)
+            _i1044_pe_prev_entry = notify_entry4(_i1045_ne_file, _i1045_ne_attrs)
+            (_i1044_pe_prev_entry_cookie,) = _S4.unpack_from(buf, off)
             off += 8
-            _x1128 = prev_entry4(_i1129_pe_prev_entry, _i1129_pe_prev_entry_cookie)
-            f_nad_prev_entry.append(_x1128)
+            _x1043 = prev_entry4(_i1044_pe_prev_entry, _i1044_pe_prev_entry_cookie)
+            f_nad_prev_entry.append(_x1043)
         (_t0,) = _S0.unpack_from(buf, off)
         off += 4
         f_nad_last_entry = _BOOL[_t0]
@@ -1137,19 +1118,18 @@ class notify_attr4:
 
 def enc_notify_attr4(w: _Writer, v: notify_attr4) -> None:
     try:
-        _s1131 = v.na_changed_entry
-        _v = _s1131.ne_file
+        _s1046 = v.na_changed_entry
+        _v = _s1046.ne_file
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _s1132 = _s1131.ne_attrs
-        _a1133 = _s1132.attrmask
-        _n = len(_a1133)
+        _s1047 = _s1046.ne_attrs
+        _a1048 = _s1047.attrmask
+        _n = len(_a1048)
         w += _S0.pack(_n)
-        for _x1133 in _a1133:
-            w += _S0.pack(_x1133)
-        _v = _s1132.attr_vals
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a1048)
+        _v = _s1047.attr_vals
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
@@ -1167,27 +1147,24 @@ def dec_notify_attr4(r: _Reader, off: int) -> tuple[notify_attr4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i1134_ne_file = bytes(buf[off:_e])
+        _i1049_ne_file = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i1135_attrmask = []
-        _c1136 = _n
-        for _ in range(_c1136):
-            (_x1136,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i1135_attrmask.append(_x1136)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i1050_attrmask = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i1135_attr_vals = bytes(buf[off:_e])
+        _i1050_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _i1134_ne_attrs = fattr4(_i1135_attrmask, _i1135_attr_vals)
-        f_na_changed_entry = notify_entry4(_i1134_ne_file, _i1134_ne_attrs)
+        _i1049_ne_attrs = fattr4(_i1050_attrmask, _i1050_attr_vals)
+        f_na_changed_entry = notify_entry4(_i1049_ne_file, _i1049_ne_attrs)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated notify_attr4', o0) from None
     return notify_attr4(f_na_changed_entry), off
@@ -1201,69 +1178,66 @@ class notify_rename4:
 
 def enc_notify_rename4(w: _Writer, v: notify_rename4) -> None:
     try:
-        _s1137 = v.nrn_old_entry
-        _s1138 = _s1137.nrm_old_entry
-        _v = _s1138.ne_file
+        _s1051 = v.nrn_old_entry
+        _s1052 = _s1051.nrm_old_entry
+        _v = _s1052.ne_file
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _s1139 = _s1138.ne_attrs
-        _a1140 = _s1139.attrmask
-        _n = len(_a1140)
+        _s1053 = _s1052.ne_attrs
+        _a1054 = _s1053.attrmask
+        _n = len(_a1054)
         w += _S0.pack(_n)
-        for _x1140 in _a1140:
-            w += _S0.pack(_x1140)
-        _v = _s1139.attr_vals
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a1054)
+        _v = _s1053.attr_vals
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        w += _S4.pack(_s1137.nrm_old_entry_cookie)
-        _s1141 = v.nrn_new_entry
-        _a1142 = _s1141.nad_old_entry
-        _n = len(_a1142)
+        w += _S4.pack(_s1051.nrm_old_entry_cookie)
+        _s1055 = v.nrn_new_entry
+        _a1056 = _s1055.nad_old_entry
+        _n = len(_a1056)
         if _n > 1:
             raise _XdrError('nad_old_entry: length %d exceeds 1' % _n, len(w))
         w += _S0.pack(_n)
-        for _x1142 in _a1142:
-            _s1143 = _x1142
-            enc_notify_entry4(w, _s1143.nrm_old_entry)
-            w += _S4.pack(_s1143.nrm_old_entry_cookie)
-        _s1144 = _s1141.nad_new_entry
-        _v = _s1144.ne_file
+        for _x1056 in _a1056:
+            _s1057 = _x1056
+            enc_notify_entry4(w, _s1057.nrm_old_entry)
+            w += _S4.pack(_s1057.nrm_old_entry_cookie)
+        _s1058 = _s1055.nad_new_entry
+        _v = _s1058.ne_file
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _s1145 = _s1144.ne_attrs
-        _a1146 = _s1145.attrmask
-        _n = len(_a1146)
+        _s1059 = _s1058.ne_attrs
+        _a1060 = _s1059.attrmask
+        _n = len(_a1060)
         w += _S0.pack(_n)
-        for _x1146 in _a1146:
-            w += _S0.pack(_x1146)
-        _v = _s1145.attr_vals
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a1060)
+        _v = _s1059.attr_vals
         _n = len(_v)
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _a1147 = _s1141.nad_new_entry_cookie
-        _n = len(_a1147)
+        _a1061 = _s1055.nad_new_entry_cookie
+        _n = len(_a1061)
         if _n > 1:
             raise _XdrError('nad_new_entry_cookie: length %d exceeds 1' % _n, len(w))
         w += _S0.pack(_n)
-        for _x1147 in _a1147:
-            w += _S4.pack(_x1147)
-        _a1148 = _s1141.nad_prev_entry
-        _n = len(_a1148)
+        w += _struct.Struct('>%dQ' % _n).pack(*_a1061)
+        _a1062 = _s1055.nad_prev_entry
+        _n = len(_a1062)
         if _n > 1:
             raise _XdrError('nad_prev_entry: length %d exceeds 1' % _n, len(w))
         w += _S0.pack(_n)
-        for _x1148 in _a1148:
-            _s1149 = _x1148
-            enc_notify_entry4(w, _s1149.pe_prev_entry)
-            w += _S4.pack(_s1149.pe_prev_entry_cookie)
-        w += _S0.pack(_s1141.nad_last_entry)
+        for _x1062 in _a1062:
+            _s1063 = _x1062
+            enc_notify_entry4(w, _s1063.pe_prev_entry)
+            w += _S4.pack(_s1063.pe_prev_entry_cookie)
+        w += _S0.pack(_s1055.nad_last_entry)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode notify_rename4: {_e}', len(w)) from None
 
@@ -1277,100 +1251,91 @@ def dec_notify_rename4(r: _Reader, off: int) -> tuple[notify_rename4, int]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i1151_ne_file = bytes(buf[off:_e])
+        _i1065_ne_file = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i1152_attrmask = []
-        _c1153 = _n
-        for _ in range(_c1153):
-            (_x1153,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i1152_attrmask.append(_x1153)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i1066_attrmask = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i1152_attr_vals = bytes(buf[off:_e])
+        _i1066_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _i1151_ne_attrs = fattr4(_i1152_attrmask, _i1152_attr_vals)
-        _i1150_nrm_old_entry = notify_entry4(_i1151_ne_file, _i1151_ne_attrs)
-        (_i1150_nrm_old_entry_cookie,) = _S4.unpack_from(buf, off)
+        _i1065_ne_attrs = fattr4(_i1066_attrmask, _i1066_attr_vals)
+        _i1064_nrm_old_entry = notify_entry4(_i1065_ne_file, _i1065_ne_attrs)
+        (_i1064_nrm_old_entry_cookie,) = _S4.unpack_from(buf, off)
         off += 8
-        f_nrn_old_entry = notify_remove4(_i1150_nrm_old_entry, _i1150_nrm_old_entry_cookie)
+        f_nrn_old_entry = notify_remove4(_i1064_nrm_old_entry, _i1064_nrm_old_entry_cookie)
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('nad_old_entry: length %d exceeds 1' % _n, off)
         off += 4
         if _n * 20 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i1154_nad_old_entry = []
-        _c1155 = _n
-        for _ in range(_c1155):
-            _i1156_nrm_old_entry, off = dec_notify_entry4(r, off)
-            (_i1156_nrm_old_entry_cookie,) = _S4.unpack_from(buf, off)
+        _i1067_nad_old_entry = []
+        _c1068 = _n
+        for _ in range(_c1068):
+            _i1069_nrm_old_entry, off = dec_notify_entry4(r, off)
+            (_i1069_nrm_old_entry_cookie,) = _S4.unpack_from(buf, off)
             off += 8
-            _x1155 = notify_remove4(_i1156_nrm_old_entry, _i1156_nrm_old_entry_cookie)
-            _i1154_nad_old_entry.append(_x1155)
+            _x1068 = notify_remove4(_i1069_nrm_old_entry, _i1069_nrm_old_entry_cookie)
+            _i1067_nad_old_entry.append(_x1068)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i1157_ne_file = bytes(buf[off:_e])
+        _i1070_ne_file = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i1158_attrmask = []
-        _c1159 = _n
-        for _ in range(_c1159):
-            (_x1159,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i1158_attrmask.append(_x1159)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i1071_attrmask = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i1158_attr_vals = bytes(buf[off:_e])
+        _i1071_attr_vals = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _i1157_ne_attrs = fattr4(_i1158_attrmask, _i1158_attr_vals)
-        _i1154_nad_new_entry = notify_entry4(_i1157_ne_file, _i1157_ne_attrs)
+        _i1070_ne_attrs = fattr4(_i1071_attrmask, _i1071_attr_vals)
+        _i1067_nad_new_entry = notify_entry4(_i1070_ne_file, _i1070_ne_attrs)
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('nad_new_entry_cookie: length %d exceeds 1' % _n, off)
         off += 4
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i1154_nad_new_entry_cookie = []
-        _c1160 = _n
-        for _ in range(_c1160):
-            (_x1160,) = _S4.unpack_from(buf, off)
-            off += 8
-            _i1154_nad_new_entry_cookie.append(_x1160)
+        _t = _struct.Struct('>%dQ' % _n).unpack_from(buf, off)
+        off += 8 * _n
+        _i1067_nad_new_entry_cookie = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1:
             raise _XdrError('nad_prev_entry: length %d exceeds 1' % _n, off)
         off += 4
         if _n * 20 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i1154_nad_prev_entry = []
-        _c1161 = _n
-        for _ in range(_c1161):
-            _i1162_pe_prev_entry, off = dec_notify_entry4(r, off)
-            (_i1162_pe_prev_entry_cookie,) = _S4.unpack_from(buf, off)
+        _i1067_nad_prev_entry = []
+        _c1072 = _n
+        for _ in range(_c1072):
+            _i1073_pe_prev_entry, off = dec_notify_entry4(r, off)
+            (_i1073_pe_prev_entry_cookie,) = _S4.unpack_from(buf, off)
             off += 8
-            _x1161 = prev_entry4(_i1162_pe_prev_entry, _i1162_pe_prev_entry_cookie)
-            _i1154_nad_prev_entry.append(_x1161)
+            _x1072 = prev_entry4(_i1073_pe_prev_entry, _i1073_pe_prev_entry_cookie)
+            _i1067_nad_prev_entry.append(_x1072)
         (_t0,) = _S0.unpack_from(buf, off)
         off += 4
-        _i1154_nad_last_entry = _BOOL[_t0]
-        f_nrn_new_entry = notify_add4(_i1154_nad_old_entry, _i1154_nad_new_entry, _i1154_nad_new_entry_cookie, _i1154_nad_prev_entry, _i1154_nad_last_entry)
+        _i1067_nad_last_entry = _BOOL[_t0]
+        f_nrn_new_entry = notify_add4(_i1067_nad_old_entry, _i1067_nad_new_entry, _i1067_nad_new_entry_cookie, _i1067_nad_prev_entry, _i1067_nad_last_entry)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated notify_rename4', o0) from None
     return notify_rename4(f_nrn_old_entry, f_nrn_new_entry), off
@@ -1440,11 +1405,10 @@ class notify4:
 
 def enc_notify4(w: _Writer, v: notify4) -> None:
     try:
-        _a1163 = v.notify_mask
-        _n = len(_a1163)
+        _a1074 = v.notify_mask
+        _n = len(_a1074)
         w += _S0.pack(_n)
-        for _x1163 in _a1163:
-            w += _S0.pack(_x1163)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a1074)
         _v = v.notify_vals
         _n = len(_v)
         w += _S0.pack(_n)
@@ -1462,12 +1426,9 @@ def dec_notify4(r: _Reader, off: int) -> tuple[notify4, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_notify_mask = []
-        _c1164 = _n
-        for _ in range(_c1164):
-            (_x1164,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_notify_mask.append(_x1164)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_notify_mask = list(_t)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
@@ -1498,17 +1459,16 @@ def enc_CB_NOTIFY4args(w: _Writer, v: CB_NOTIFY4args) -> None:
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _a1165 = v.cna_changes
-        _n = len(_a1165)
+        _a1075 = v.cna_changes
+        _n = len(_a1075)
         w += _S0.pack(_n)
-        for _x1165 in _a1165:
-            _s1166 = _x1165
-            _a1167 = _s1166.notify_mask
-            _n = len(_a1167)
+        for _x1075 in _a1075:
+            _s1076 = _x1075
+            _a1077 = _s1076.notify_mask
+            _n = len(_a1077)
             w += _S0.pack(_n)
-            for _x1167 in _a1167:
-                w += _S0.pack(_x1167)
-            _v = _s1166.notify_vals
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a1077)
+            _v = _s1076.notify_vals
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
@@ -1537,27 +1497,24 @@ def dec_CB_NOTIFY4args(r: _Reader, off: int) -> tuple[CB_NOTIFY4args, int]:
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_cna_changes = []
-        _c1168 = _n
-        for _ in range(_c1168):
+        _c1078 = _n
+        for _ in range(_c1078):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i1169_notify_mask = []
-            _c1170 = _n
-            for _ in range(_c1170):
-                (_x1170,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i1169_notify_mask.append(_x1170)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i1079_notify_mask = list(_t)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i1169_notify_vals = bytes(buf[off:_e])
+            _i1079_notify_vals = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _x1168 = notify4(_i1169_notify_mask, _i1169_notify_vals)
-            f_cna_changes.append(_x1168)
+            _x1078 = notify4(_i1079_notify_mask, _i1079_notify_vals)
+            f_cna_changes.append(_x1078)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_NOTIFY4args', o0) from None
     return CB_NOTIFY4args(f_cna_stateid, f_cna_fh, f_cna_changes), off
@@ -1602,62 +1559,62 @@ def enc_CB_PUSH_DELEG4args(w: _Writer, v: CB_PUSH_DELEG4args) -> None:
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _u1171 = v.cpda_delegation
-        _d1171 = _u1171.delegation_type
-        _w1171: _Any
-        if _d1171 == 0:
+        _u1080 = v.cpda_delegation
+        _d1080 = _u1080.delegation_type
+        _w1080: _Any
+        if _d1080 == 0:
             w += b'\x00\x00\x00\x00'
-        elif _d1171 == 1:
-            _w1171 = _u1171.value
-            _s1172 = _w1171
-            if len(_s1172.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S35.pack(1, _s1172.stateid.seqid, _s1172.stateid.other, _s1172.recall)
-            _s1173 = _s1172.permissions
-            w += _S10.pack(_s1173.type, _s1173.flag, _s1173.access_mask)
-            _v = _s1173.who
+        elif _d1080 == 1:
+            _w1080 = _u1080.value
+            _s1081 = _w1080
+            if len(_s1081.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S35.pack(1, _s1081.stateid.seqid, _s1081.stateid.other, _s1081.recall)
+            _s1082 = _s1081.permissions
+            w += _S10.pack(_s1082.type, _s1082.flag, _s1082.access_mask)
+            _v = _s1082.who
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        elif _d1171 == 2:
-            _w1171 = _u1171.value
-            _s1174 = _w1171
-            if len(_s1174.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-            w += _S35.pack(2, _s1174.stateid.seqid, _s1174.stateid.other, _s1174.recall)
-            _u1175 = _s1174.space_limit
-            _d1175 = _u1175.limitby
-            _w1175: _Any
-            if _d1175 == 1:
-                _w1175 = _u1175.value
-                w += _S33.pack(1, _w1175)
-            elif _d1175 == 2:
-                _w1175 = _u1175.value
-                w += _S18.pack(2, _w1175.num_blocks, _w1175.bytes_per_block)
+        elif _d1080 == 2:
+            _w1080 = _u1080.value
+            _s1083 = _w1080
+            if len(_s1083.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+            w += _S35.pack(2, _s1083.stateid.seqid, _s1083.stateid.other, _s1083.recall)
+            _u1084 = _s1083.space_limit
+            _d1084 = _u1084.limitby
+            _w1084: _Any
+            if _d1084 == 1:
+                _w1084 = _u1084.value
+                w += _S33.pack(1, _w1084)
+            elif _d1084 == 2:
+                _w1084 = _u1084.value
+                w += _S18.pack(2, _w1084.num_blocks, _w1084.bytes_per_block)
             else:
-                _enc_any_nfs_space_limit4(w, _u1175)
-            _s1176 = _s1174.permissions
-            w += _S10.pack(_s1176.type, _s1176.flag, _s1176.access_mask)
-            _v = _s1176.who
+                _enc_any_nfs_space_limit4(w, _u1084)
+            _s1085 = _s1083.permissions
+            w += _S10.pack(_s1085.type, _s1085.flag, _s1085.access_mask)
+            _v = _s1085.who
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
             w += _PAD[_n & 3]
-        elif _d1171 == 3:
-            _w1171 = _u1171.value
-            _u1177 = _w1171
-            _d1177 = _u1177.ond_why
-            _w1177: _Any
-            if _d1177 == 1:
-                _w1177 = _u1177.value
-                w += _S31.pack(3, 1, _w1177)
-            elif _d1177 == 2:
-                _w1177 = _u1177.value
-                w += _S31.pack(3, 2, _w1177)
+        elif _d1080 == 3:
+            _w1080 = _u1080.value
+            _u1086 = _w1080
+            _d1086 = _u1086.ond_why
+            _w1086: _Any
+            if _d1086 == 1:
+                _w1086 = _u1086.value
+                w += _S31.pack(3, 1, _w1086)
+            elif _d1086 == 2:
+                _w1086 = _u1086.value
+                w += _S31.pack(3, 2, _w1086)
             else:
                 w += b'\x00\x00\x00\x03'
-                _enc_any_open_none_delegation4(w, _u1177)
+                _enc_any_open_none_delegation4(w, _u1086)
         else:
-            _enc_any_open_delegation4(w, _u1171)
+            _enc_any_open_delegation4(w, _u1080)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_PUSH_DELEG4args: {_e}', len(w)) from None
 
@@ -1675,75 +1632,75 @@ def dec_CB_PUSH_DELEG4args(r: _Reader, off: int) -> tuple[CB_PUSH_DELEG4args, in
         _e = off + _n
         f_cpda_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _v1178: _Any
-        (_d1178,) = _S2.unpack_from(buf, off)
+        _v1087: _Any
+        (_d1087,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d1178 == 0:
+        if _d1087 == 0:
             f_cpda_delegation = open_delegation4(OPEN_DELEGATE_NONE, None)
-        elif _d1178 == 1:
+        elif _d1087 == 1:
             _t0, _t1, _t2 = _S26.unpack_from(buf, off)
             off += 20
-            _i1179_stateid = stateid4(_t0, _t1)
-            _i1179_recall = _BOOL[_t2]
-            _i1180_type, _i1180_flag, _i1180_access_mask = _S10.unpack_from(buf, off)
+            _i1088_stateid = stateid4(_t0, _t1)
+            _i1088_recall = _BOOL[_t2]
+            _i1089_type, _i1089_flag, _i1089_access_mask = _S10.unpack_from(buf, off)
             off += 12
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i1180_who = bytes(buf[off:_e])
+            _i1089_who = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i1179_permissions = nfsace4(_i1180_type, _i1180_flag, _i1180_access_mask, _i1180_who)
-            _v1178 = open_read_delegation4(_i1179_stateid, _i1179_recall, _i1179_permissions)
-            f_cpda_delegation = open_delegation4(OPEN_DELEGATE_READ, _v1178)
-        elif _d1178 == 2:
+            _i1088_permissions = nfsace4(_i1089_type, _i1089_flag, _i1089_access_mask, _i1089_who)
+            _v1087 = open_read_delegation4(_i1088_stateid, _i1088_recall, _i1088_permissions)
+            f_cpda_delegation = open_delegation4(OPEN_DELEGATE_READ, _v1087)
+        elif _d1087 == 2:
             _t0, _t1, _t2 = _S26.unpack_from(buf, off)
             off += 20
-            _i1181_stateid = stateid4(_t0, _t1)
-            _i1181_recall = _BOOL[_t2]
-            _v1182: _Any
-            (_d1182,) = _S2.unpack_from(buf, off)
+            _i1090_stateid = stateid4(_t0, _t1)
+            _i1090_recall = _BOOL[_t2]
+            _v1091: _Any
+            (_d1091,) = _S2.unpack_from(buf, off)
             off += 4
-            if _d1182 == 1:
-                (_v1182,) = _S4.unpack_from(buf, off)
+            if _d1091 == 1:
+                (_v1091,) = _S4.unpack_from(buf, off)
                 off += 8
-                _i1181_space_limit = nfs_space_limit4(NFS_LIMIT_SIZE, _v1182)
-            elif _d1182 == 2:
-                _v1182 = nfs_modified_limit4(*_S1.unpack_from(buf, off))
+                _i1090_space_limit = nfs_space_limit4(NFS_LIMIT_SIZE, _v1091)
+            elif _d1091 == 2:
+                _v1091 = nfs_modified_limit4(*_S1.unpack_from(buf, off))
                 off += 8
-                _i1181_space_limit = nfs_space_limit4(NFS_LIMIT_BLOCKS, _v1182)
+                _i1090_space_limit = nfs_space_limit4(NFS_LIMIT_BLOCKS, _v1091)
             else:
-                _i1181_space_limit, off = _dec_any_nfs_space_limit4(r, off - 4)
-            _i1183_type, _i1183_flag, _i1183_access_mask = _S10.unpack_from(buf, off)
+                _i1090_space_limit, off = _dec_any_nfs_space_limit4(r, off - 4)
+            _i1092_type, _i1092_flag, _i1092_access_mask = _S10.unpack_from(buf, off)
             off += 12
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i1183_who = bytes(buf[off:_e])
+            _i1092_who = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _i1181_permissions = nfsace4(_i1183_type, _i1183_flag, _i1183_access_mask, _i1183_who)
-            _v1178 = open_write_delegation4(_i1181_stateid, _i1181_recall, _i1181_space_limit, _i1181_permissions)
-            f_cpda_delegation = open_delegation4(OPEN_DELEGATE_WRITE, _v1178)
-        elif _d1178 == 3:
-            _v1184: _Any
-            (_d1184,) = _S2.unpack_from(buf, off)
+            _i1090_permissions = nfsace4(_i1092_type, _i1092_flag, _i1092_access_mask, _i1092_who)
+            _v1087 = open_write_delegation4(_i1090_stateid, _i1090_recall, _i1090_space_limit, _i1090_permissions)
+            f_cpda_delegation = open_delegation4(OPEN_DELEGATE_WRITE, _v1087)
+        elif _d1087 == 3:
+            _v1093: _Any
+            (_d1093,) = _S2.unpack_from(buf, off)
             off += 4
-            if _d1184 == 1:
+            if _d1093 == 1:
                 (_t0,) = _S0.unpack_from(buf, off)
                 off += 4
-                _v1184 = _BOOL[_t0]
-                _v1178 = open_none_delegation4(WND4_CONTENTION, _v1184)
-            elif _d1184 == 2:
+                _v1093 = _BOOL[_t0]
+                _v1087 = open_none_delegation4(WND4_CONTENTION, _v1093)
+            elif _d1093 == 2:
                 (_t0,) = _S0.unpack_from(buf, off)
                 off += 4
-                _v1184 = _BOOL[_t0]
-                _v1178 = open_none_delegation4(WND4_RESOURCE, _v1184)
+                _v1093 = _BOOL[_t0]
+                _v1087 = open_none_delegation4(WND4_RESOURCE, _v1093)
             else:
-                _v1178, off = _dec_any_open_none_delegation4(r, off - 4)
-            f_cpda_delegation = open_delegation4(OPEN_DELEGATE_NONE_EXT, _v1178)
+                _v1087, off = _dec_any_open_none_delegation4(r, off - 4)
+            f_cpda_delegation = open_delegation4(OPEN_DELEGATE_NONE_EXT, _v1087)
         else:
             f_cpda_delegation, off = _dec_any_open_delegation4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1784,11 +1741,10 @@ class CB_RECALL_ANY4args:
 def enc_CB_RECALL_ANY4args(w: _Writer, v: CB_RECALL_ANY4args) -> None:
     try:
         w += _S0.pack(v.craa_objects_to_keep)
-        _a1185 = v.craa_type_mask
-        _n = len(_a1185)
+        _a1094 = v.craa_type_mask
+        _n = len(_a1094)
         w += _S0.pack(_n)
-        for _x1185 in _a1185:
-            w += _S0.pack(_x1185)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a1094)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_RECALL_ANY4args: {_e}', len(w)) from None
 
@@ -1803,12 +1759,9 @@ def dec_CB_RECALL_ANY4args(r: _Reader, off: int) -> tuple[CB_RECALL_ANY4args, in
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_craa_type_mask = []
-        _c1186 = _n
-        for _ in range(_c1186):
-            (_x1186,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_craa_type_mask.append(_x1186)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_craa_type_mask = list(_t)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_RECALL_ANY4args', o0) from None
     return CB_RECALL_ANY4args(f_craa_objects_to_keep, f_craa_type_mask), off
@@ -1843,13 +1796,12 @@ CB_RECALLABLE_OBJ_AVAIL4args = CB_RECALL_ANY4args
 
 def enc_CB_RECALLABLE_OBJ_AVAIL4args(w: _Writer, v: CB_RECALLABLE_OBJ_AVAIL4args) -> None:
     try:
-        _s1187 = v
-        w += _S0.pack(_s1187.craa_objects_to_keep)
-        _a1188 = _s1187.craa_type_mask
-        _n = len(_a1188)
+        _s1095 = v
+        w += _S0.pack(_s1095.craa_objects_to_keep)
+        _a1096 = _s1095.craa_type_mask
+        _n = len(_a1096)
         w += _S0.pack(_n)
-        for _x1188 in _a1188:
-            w += _S0.pack(_x1188)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a1096)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_RECALLABLE_OBJ_AVAIL4args: {_e}', len(w)) from None
 
@@ -1858,19 +1810,16 @@ def dec_CB_RECALLABLE_OBJ_AVAIL4args(r: _Reader, off: int) -> tuple[CB_RECALLABL
     buf = r.buf
     o0 = off
     try:
-        (_i1189_craa_objects_to_keep,) = _S0.unpack_from(buf, off)
+        (_i1097_craa_objects_to_keep,) = _S0.unpack_from(buf, off)
         off += 4
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _i1189_craa_type_mask = []
-        _c1190 = _n
-        for _ in range(_c1190):
-            (_x1190,) = _S0.unpack_from(buf, off)
-            off += 4
-            _i1189_craa_type_mask.append(_x1190)
-        _v = CB_RECALL_ANY4args(_i1189_craa_objects_to_keep, _i1189_craa_type_mask)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        _i1097_craa_type_mask = list(_t)
+        _v = CB_RECALL_ANY4args(_i1097_craa_objects_to_keep, _i1097_craa_type_mask)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_RECALLABLE_OBJ_AVAIL4args', o0) from None
     return _v, off
@@ -1981,11 +1930,11 @@ def enc_referring_call_list4(w: _Writer, v: referring_call_list4) -> None:
     try:
         if len(v.rcl_sessionid) != 16: raise _XdrError('fixed opaque rcl_sessionid must be 16 bytes', len(w))
         w += _S5.pack(v.rcl_sessionid)
-        _a1191 = v.rcl_referring_calls
-        _n = len(_a1191)
+        _a1098 = v.rcl_referring_calls
+        _n = len(_a1098)
         w += _S0.pack(_n)
-        for _x1191 in _a1191:
-            w += _S1.pack(_x1191.rc_sequenceid, _x1191.rc_slotid)
+        for _x1098 in _a1098:
+            w += _S1.pack(_x1098.rc_sequenceid, _x1098.rc_slotid)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode referring_call_list4: {_e}', len(w)) from None
 
@@ -2001,11 +1950,11 @@ def dec_referring_call_list4(r: _Reader, off: int) -> tuple[referring_call_list4
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_rcl_referring_calls = []
-        _c1192 = _n
-        for _ in range(_c1192):
-            _x1192 = referring_call4(*_S1.unpack_from(buf, off))
+        _c1099 = _n
+        for _ in range(_c1099):
+            _x1099 = referring_call4(*_S1.unpack_from(buf, off))
             off += 8
-            f_rcl_referring_calls.append(_x1192)
+            f_rcl_referring_calls.append(_x1099)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated referring_call_list4', o0) from None
     return referring_call_list4(f_rcl_sessionid, f_rcl_referring_calls), off
@@ -2025,18 +1974,18 @@ def enc_CB_SEQUENCE4args(w: _Writer, v: CB_SEQUENCE4args) -> None:
     try:
         if len(v.csa_sessionid) != 16: raise _XdrError('fixed opaque csa_sessionid must be 16 bytes', len(w))
         w += _S68.pack(v.csa_sessionid, v.csa_sequenceid, v.csa_slotid, v.csa_highest_slotid, v.csa_cachethis)
-        _a1193 = v.csa_referring_call_lists
-        _n = len(_a1193)
+        _a1100 = v.csa_referring_call_lists
+        _n = len(_a1100)
         w += _S0.pack(_n)
-        for _x1193 in _a1193:
-            _s1194 = _x1193
-            if len(_s1194.rcl_sessionid) != 16: raise _XdrError('fixed opaque rcl_sessionid must be 16 bytes', len(w))
-            w += _S5.pack(_s1194.rcl_sessionid)
-            _a1195 = _s1194.rcl_referring_calls
-            _n = len(_a1195)
+        for _x1100 in _a1100:
+            _s1101 = _x1100
+            if len(_s1101.rcl_sessionid) != 16: raise _XdrError('fixed opaque rcl_sessionid must be 16 bytes', len(w))
+            w += _S5.pack(_s1101.rcl_sessionid)
+            _a1102 = _s1101.rcl_referring_calls
+            _n = len(_a1102)
             w += _S0.pack(_n)
-            for _x1195 in _a1195:
-                w += _S1.pack(_x1195.rc_sequenceid, _x1195.rc_slotid)
+            for _x1102 in _a1102:
+                w += _S1.pack(_x1102.rc_sequenceid, _x1102.rc_slotid)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_SEQUENCE4args: {_e}', len(w)) from None
 
@@ -2053,22 +2002,22 @@ def dec_CB_SEQUENCE4args(r: _Reader, off: int) -> tuple[CB_SEQUENCE4args, int]:
         if _n * 20 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_csa_referring_call_lists = []
-        _c1196 = _n
-        for _ in range(_c1196):
-            (_i1197_rcl_sessionid,) = _S5.unpack_from(buf, off)
+        _c1103 = _n
+        for _ in range(_c1103):
+            (_i1104_rcl_sessionid,) = _S5.unpack_from(buf, off)
             off += 16
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 8 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i1197_rcl_referring_calls = []
-            _c1198 = _n
-            for _ in range(_c1198):
-                _x1198 = referring_call4(*_S1.unpack_from(buf, off))
+            _i1104_rcl_referring_calls = []
+            _c1105 = _n
+            for _ in range(_c1105):
+                _x1105 = referring_call4(*_S1.unpack_from(buf, off))
                 off += 8
-                _i1197_rcl_referring_calls.append(_x1198)
-            _x1196 = referring_call_list4(_i1197_rcl_sessionid, _i1197_rcl_referring_calls)
-            f_csa_referring_call_lists.append(_x1196)
+                _i1104_rcl_referring_calls.append(_x1105)
+            _x1103 = referring_call_list4(_i1104_rcl_sessionid, _i1104_rcl_referring_calls)
+            f_csa_referring_call_lists.append(_x1103)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_SEQUENCE4args', o0) from None
     return CB_SEQUENCE4args(f_csa_sessionid, f_csa_sequenceid, f_csa_slotid, f_csa_highest_slotid, f_csa_cachethis, f_csa_referring_call_lists), off
@@ -2128,17 +2077,17 @@ def _dec_any_CB_SEQUENCE4res(r: _Reader, off: int) -> tuple[CB_SEQUENCE4res, int
     buf = r.buf
     o0 = off
     try:
-        _v1199: _Any
-        _f1199: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d1199,) = _S2.unpack_from(buf, off)
-        _a1199 = _CB_SEQUENCE4res_ARMS.get(_d1199)
-        if _a1199 is None:
-            _d1199 = _nfsstat4_MAP[(_d1199,)[0]]
-            _f1199 = _void_decode
+        _v1106: _Any
+        _f1106: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d1106,) = _S2.unpack_from(buf, off)
+        _a1106 = _CB_SEQUENCE4res_ARMS.get(_d1106)
+        if _a1106 is None:
+            _d1106 = _nfsstat4_MAP[(_d1106,)[0]]
+            _f1106 = _void_decode
         else:
-            _d1199, _f1199 = _a1199
-        _v1199, off = _f1199(r, off + 4)
-        _u = CB_SEQUENCE4res(_d1199, _v1199)
+            _d1106, _f1106 = _a1106
+        _v1106, off = _f1106(r, off + 4)
+        _u = CB_SEQUENCE4res(_d1106, _v1106)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_SEQUENCE4res', o0) from None
     return _u, off
@@ -2146,15 +2095,15 @@ def _dec_any_CB_SEQUENCE4res(r: _Reader, off: int) -> tuple[CB_SEQUENCE4res, int
 
 def enc_CB_SEQUENCE4res(w: _Writer, v: CB_SEQUENCE4res) -> None:
     try:
-        _u1200 = v
-        _d1200 = _u1200.csr_status
-        _w1200: _Any
-        if _d1200 == 0:
-            _w1200 = _u1200.value
-            if len(_w1200.csr_sessionid) != 16: raise _XdrError('fixed opaque csr_sessionid must be 16 bytes', len(w))
-            w += _S96.pack(0, _w1200.csr_sessionid, _w1200.csr_sequenceid, _w1200.csr_slotid, _w1200.csr_highest_slotid, _w1200.csr_target_highest_slotid)
+        _u1107 = v
+        _d1107 = _u1107.csr_status
+        _w1107: _Any
+        if _d1107 == 0:
+            _w1107 = _u1107.value
+            if len(_w1107.csr_sessionid) != 16: raise _XdrError('fixed opaque csr_sessionid must be 16 bytes', len(w))
+            w += _S96.pack(0, _w1107.csr_sessionid, _w1107.csr_sequenceid, _w1107.csr_slotid, _w1107.csr_highest_slotid, _w1107.csr_target_highest_slotid)
         else:
-            _enc_any_CB_SEQUENCE4res(w, _u1200)
+            _enc_any_CB_SEQUENCE4res(w, _u1107)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_SEQUENCE4res: {_e!r}', len(w)) from None
 
@@ -2163,13 +2112,13 @@ def dec_CB_SEQUENCE4res(r: _Reader, off: int) -> tuple[CB_SEQUENCE4res, int]:
     buf = r.buf
     o0 = off
     try:
-        _v1201: _Any
-        (_d1201,) = _S2.unpack_from(buf, off)
+        _v1108: _Any
+        (_d1108,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d1201 == 0:
-            _v1201 = CB_SEQUENCE4resok(*_S68.unpack_from(buf, off))
+        if _d1108 == 0:
+            _v1108 = CB_SEQUENCE4resok(*_S68.unpack_from(buf, off))
             off += 32
-            _u = CB_SEQUENCE4res(NFS4_OK, _v1201)
+            _u = CB_SEQUENCE4res(NFS4_OK, _v1108)
         else:
             _u, off = _dec_any_CB_SEQUENCE4res(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2241,9 +2190,9 @@ def enc_CB_NOTIFY_LOCK4args(w: _Writer, v: CB_NOTIFY_LOCK4args) -> None:
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _s1202 = v.cnla_lock_owner
-        w += _S4.pack(_s1202.clientid)
-        _v = _s1202.owner
+        _s1109 = v.cnla_lock_owner
+        w += _S4.pack(_s1109.clientid)
+        _v = _s1109.owner
         _n = len(_v)
         if _n > 1024:
             raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
@@ -2267,7 +2216,7 @@ def dec_CB_NOTIFY_LOCK4args(r: _Reader, off: int) -> tuple[CB_NOTIFY_LOCK4args, 
         _e = off + _n
         f_cnla_fh = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        (_i1203_clientid,) = _S4.unpack_from(buf, off)
+        (_i1110_clientid,) = _S4.unpack_from(buf, off)
         off += 8
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 1024:
@@ -2276,9 +2225,9 @@ def dec_CB_NOTIFY_LOCK4args(r: _Reader, off: int) -> tuple[CB_NOTIFY_LOCK4args, 
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        _i1203_owner = bytes(buf[off:_e])
+        _i1110_owner = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        f_cnla_lock_owner = state_owner4(_i1203_clientid, _i1203_owner)
+        f_cnla_lock_owner = state_owner4(_i1110_clientid, _i1110_owner)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_NOTIFY_LOCK4args', o0) from None
     return CB_NOTIFY_LOCK4args(f_cnla_fh, f_cnla_lock_owner), off
@@ -2392,17 +2341,16 @@ class CB_NOTIFY_DEVICEID4args:
 
 def enc_CB_NOTIFY_DEVICEID4args(w: _Writer, v: CB_NOTIFY_DEVICEID4args) -> None:
     try:
-        _a1204 = v.cnda_changes
-        _n = len(_a1204)
+        _a1111 = v.cnda_changes
+        _n = len(_a1111)
         w += _S0.pack(_n)
-        for _x1204 in _a1204:
-            _s1205 = _x1204
-            _a1206 = _s1205.notify_mask
-            _n = len(_a1206)
+        for _x1111 in _a1111:
+            _s1112 = _x1111
+            _a1113 = _s1112.notify_mask
+            _n = len(_a1113)
             w += _S0.pack(_n)
-            for _x1206 in _a1206:
-                w += _S0.pack(_x1206)
-            _v = _s1205.notify_vals
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a1113)
+            _v = _s1112.notify_vals
             _n = len(_v)
             w += _S0.pack(_n)
             w += _v
@@ -2420,27 +2368,24 @@ def dec_CB_NOTIFY_DEVICEID4args(r: _Reader, off: int) -> tuple[CB_NOTIFY_DEVICEI
         if _n * 8 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_cnda_changes = []
-        _c1207 = _n
-        for _ in range(_c1207):
+        _c1114 = _n
+        for _ in range(_c1114):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i1208_notify_mask = []
-            _c1209 = _n
-            for _ in range(_c1209):
-                (_x1209,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i1208_notify_mask.append(_x1209)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i1115_notify_mask = list(_t)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
             _e = off + _n
-            _i1208_notify_vals = bytes(buf[off:_e])
+            _i1115_notify_vals = bytes(buf[off:_e])
             off = _e + (-_n & 3)
-            _x1207 = notify4(_i1208_notify_mask, _i1208_notify_vals)
-            f_cnda_changes.append(_x1207)
+            _x1114 = notify4(_i1115_notify_mask, _i1115_notify_vals)
+            f_cnda_changes.append(_x1114)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_NOTIFY_DEVICEID4args', o0) from None
     return CB_NOTIFY_DEVICEID4args(f_cnda_changes), off
@@ -2496,17 +2441,17 @@ def _dec_any_offload_info4(r: _Reader, off: int) -> tuple[offload_info4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v1210: _Any
-        _f1210: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d1210,) = _S2.unpack_from(buf, off)
-        _a1210 = _offload_info4_ARMS.get(_d1210)
-        if _a1210 is None:
-            _d1210 = _nfsstat4_MAP[(_d1210,)[0]]
-            _f1210 = dec_length4
+        _v1116: _Any
+        _f1116: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d1116,) = _S2.unpack_from(buf, off)
+        _a1116 = _offload_info4_ARMS.get(_d1116)
+        if _a1116 is None:
+            _d1116 = _nfsstat4_MAP[(_d1116,)[0]]
+            _f1116 = dec_length4
         else:
-            _d1210, _f1210 = _a1210
-        _v1210, off = _f1210(r, off + 4)
-        _u = offload_info4(_d1210, _v1210)
+            _d1116, _f1116 = _a1116
+        _v1116, off = _f1116(r, off + 4)
+        _u = offload_info4(_d1116, _v1116)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated offload_info4', o0) from None
     return _u, off
@@ -2514,24 +2459,24 @@ def _dec_any_offload_info4(r: _Reader, off: int) -> tuple[offload_info4, int]:
 
 def enc_offload_info4(w: _Writer, v: offload_info4) -> None:
     try:
-        _u1211 = v
-        _d1211 = _u1211.coa_status
-        _w1211: _Any
-        if _d1211 == 0:
-            _w1211 = _u1211.value
-            _s1212 = _w1211
-            _a1213 = _s1212.wr_callback_id
-            _n = len(_a1213)
+        _u1117 = v
+        _d1117 = _u1117.coa_status
+        _w1117: _Any
+        if _d1117 == 0:
+            _w1117 = _u1117.value
+            _s1118 = _w1117
+            _a1119 = _s1118.wr_callback_id
+            _n = len(_a1119)
             if _n > 1:
                 raise _XdrError('wr_callback_id: length %d exceeds 1' % _n, len(w))
             w += _S23.pack(0, _n)
-            for _x1213 in _a1213:
-                if len(_x1213.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-                w += _S11.pack(_x1213.seqid, _x1213.other)
-            if len(_s1212.wr_writeverf) != 8: raise _XdrError('fixed opaque wr_writeverf must be 8 bytes', len(w))
-            w += _S74.pack(_s1212.wr_count, _s1212.wr_committed, _s1212.wr_writeverf)
+            for _x1119 in _a1119:
+                if len(_x1119.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+                w += _S11.pack(_x1119.seqid, _x1119.other)
+            if len(_s1118.wr_writeverf) != 8: raise _XdrError('fixed opaque wr_writeverf must be 8 bytes', len(w))
+            w += _S74.pack(_s1118.wr_count, _s1118.wr_committed, _s1118.wr_writeverf)
         else:
-            _enc_any_offload_info4(w, _u1211)
+            _enc_any_offload_info4(w, _u1117)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode offload_info4: {_e!r}', len(w)) from None
 
@@ -2540,27 +2485,27 @@ def dec_offload_info4(r: _Reader, off: int) -> tuple[offload_info4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v1214: _Any
-        (_d1214,) = _S2.unpack_from(buf, off)
+        _v1120: _Any
+        (_d1120,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d1214 == 0:
+        if _d1120 == 0:
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 1:
                 raise _XdrError('wr_callback_id: length %d exceeds 1' % _n, off)
             off += 4
             if _n * 16 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i1215_wr_callback_id = []
-            _c1216 = _n
-            for _ in range(_c1216):
-                _x1216 = stateid4(*_S11.unpack_from(buf, off))
+            _i1121_wr_callback_id = []
+            _c1122 = _n
+            for _ in range(_c1122):
+                _x1122 = stateid4(*_S11.unpack_from(buf, off))
                 off += 16
-                _i1215_wr_callback_id.append(_x1216)
-            _i1215_wr_count, _t1, _i1215_wr_writeverf = _S74.unpack_from(buf, off)
+                _i1121_wr_callback_id.append(_x1122)
+            _i1121_wr_count, _t1, _i1121_wr_writeverf = _S74.unpack_from(buf, off)
             off += 20
-            _i1215_wr_committed = _stable_how4_MAP[_t1]
-            _v1214 = write_response4(_i1215_wr_callback_id, _i1215_wr_count, _i1215_wr_committed, _i1215_wr_writeverf)
-            _u = offload_info4(NFS4_OK, _v1214)
+            _i1121_wr_committed = _stable_how4_MAP[_t1]
+            _v1120 = write_response4(_i1121_wr_callback_id, _i1121_wr_count, _i1121_wr_committed, _i1121_wr_writeverf)
+            _u = offload_info4(NFS4_OK, _v1120)
         else:
             _u, off = _dec_any_offload_info4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2586,24 +2531,24 @@ def enc_CB_OFFLOAD4args(w: _Writer, v: CB_OFFLOAD4args) -> None:
         w += _PAD[_n & 3]
         if len(v.coa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
         w += _S11.pack(v.coa_stateid.seqid, v.coa_stateid.other)
-        _u1217 = v.coa_offload_info
-        _d1217 = _u1217.coa_status
-        _w1217: _Any
-        if _d1217 == 0:
-            _w1217 = _u1217.value
-            _s1218 = _w1217
-            _a1219 = _s1218.wr_callback_id
-            _n = len(_a1219)
+        _u1123 = v.coa_offload_info
+        _d1123 = _u1123.coa_status
+        _w1123: _Any
+        if _d1123 == 0:
+            _w1123 = _u1123.value
+            _s1124 = _w1123
+            _a1125 = _s1124.wr_callback_id
+            _n = len(_a1125)
             if _n > 1:
                 raise _XdrError('wr_callback_id: length %d exceeds 1' % _n, len(w))
             w += _S23.pack(0, _n)
-            for _x1219 in _a1219:
-                if len(_x1219.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-                w += _S11.pack(_x1219.seqid, _x1219.other)
-            if len(_s1218.wr_writeverf) != 8: raise _XdrError('fixed opaque wr_writeverf must be 8 bytes', len(w))
-            w += _S74.pack(_s1218.wr_count, _s1218.wr_committed, _s1218.wr_writeverf)
+            for _x1125 in _a1125:
+                if len(_x1125.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+                w += _S11.pack(_x1125.seqid, _x1125.other)
+            if len(_s1124.wr_writeverf) != 8: raise _XdrError('fixed opaque wr_writeverf must be 8 bytes', len(w))
+            w += _S74.pack(_s1124.wr_count, _s1124.wr_committed, _s1124.wr_writeverf)
         else:
-            _enc_any_offload_info4(w, _u1217)
+            _enc_any_offload_info4(w, _u1123)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_OFFLOAD4args: {_e}', len(w)) from None
 
@@ -2623,27 +2568,27 @@ def dec_CB_OFFLOAD4args(r: _Reader, off: int) -> tuple[CB_OFFLOAD4args, int]:
         off = _e + (-_n & 3)
         f_coa_stateid = stateid4(*_S11.unpack_from(buf, off))
         off += 16
-        _v1220: _Any
-        (_d1220,) = _S2.unpack_from(buf, off)
+        _v1126: _Any
+        (_d1126,) = _S2.unpack_from(buf, off)
         off += 4
-        if _d1220 == 0:
+        if _d1126 == 0:
             (_n,) = _U32.unpack_from(buf, off)
             if _n > 1:
                 raise _XdrError('wr_callback_id: length %d exceeds 1' % _n, off)
             off += 4
             if _n * 16 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i1221_wr_callback_id = []
-            _c1222 = _n
-            for _ in range(_c1222):
-                _x1222 = stateid4(*_S11.unpack_from(buf, off))
+            _i1127_wr_callback_id = []
+            _c1128 = _n
+            for _ in range(_c1128):
+                _x1128 = stateid4(*_S11.unpack_from(buf, off))
                 off += 16
-                _i1221_wr_callback_id.append(_x1222)
-            _i1221_wr_count, _t1, _i1221_wr_writeverf = _S74.unpack_from(buf, off)
+                _i1127_wr_callback_id.append(_x1128)
+            _i1127_wr_count, _t1, _i1127_wr_writeverf = _S74.unpack_from(buf, off)
             off += 20
-            _i1221_wr_committed = _stable_how4_MAP[_t1]
-            _v1220 = write_response4(_i1221_wr_callback_id, _i1221_wr_count, _i1221_wr_committed, _i1221_wr_writeverf)
-            f_coa_offload_info = offload_info4(NFS4_OK, _v1220)
+            _i1127_wr_committed = _stable_how4_MAP[_t1]
+            _v1126 = write_response4(_i1127_wr_callback_id, _i1127_wr_count, _i1127_wr_committed, _i1127_wr_writeverf)
+            f_coa_offload_info = offload_info4(NFS4_OK, _v1126)
         else:
             f_coa_offload_info, off = _dec_any_offload_info4(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -2750,16 +2695,16 @@ def dec_nfs_cb_argop4(r: _Reader, off: int) -> tuple[nfs_cb_argop4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v1223: _Any
-        _f1223: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d1223,) = _S0.unpack_from(buf, off)
-        _a1223 = _nfs_cb_argop4_ARMS.get(_d1223)
-        if _a1223 is None:
-            raise _XdrError('%r is not a case of nfs_cb_argop4' % (_d1223,), off)
+        _v1129: _Any
+        _f1129: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d1129,) = _S0.unpack_from(buf, off)
+        _a1129 = _nfs_cb_argop4_ARMS.get(_d1129)
+        if _a1129 is None:
+            raise _XdrError('%r is not a case of nfs_cb_argop4' % (_d1129,), off)
         else:
-            _d1223, _f1223 = _a1223
-        _v1223, off = _f1223(r, off + 4)
-        _u = nfs_cb_argop4(_d1223, _v1223)
+            _d1129, _f1129 = _a1129
+        _v1129, off = _f1129(r, off + 4)
+        _u = nfs_cb_argop4(_d1129, _v1129)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfs_cb_argop4', o0) from None
     return _u, off
@@ -2767,29 +2712,28 @@ def dec_nfs_cb_argop4(r: _Reader, off: int) -> tuple[nfs_cb_argop4, int]:
 
 def _enc_nfs_cb_argop4_3(w: _Writer, v: CB_GETATTR4args) -> None:
     try:
-        _s1224 = v
-        _v = _s1224.fh
+        _s1130 = v
+        _v = _s1130.fh
         _n = len(_v)
         if _n > 128:
             raise _XdrError('fh: length %d exceeds 128' % _n, len(w))
         w += _S1.pack(3, _n)
         w += _v
         w += _PAD[_n & 3]
-        _a1225 = _s1224.attr_request
-        _n = len(_a1225)
+        _a1131 = _s1130.attr_request
+        _n = len(_a1131)
         w += _S0.pack(_n)
-        for _x1225 in _a1225:
-            w += _S0.pack(_x1225)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a1131)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_cb_argop4.opcbgetattr: {_e}', len(w)) from None
 
 
 def _enc_nfs_cb_argop4_4(w: _Writer, v: CB_RECALL4args) -> None:
     try:
-        _s1226 = v
-        if len(_s1226.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S25.pack(4, _s1226.stateid.seqid, _s1226.stateid.other, _s1226.truncate)
-        _v = _s1226.fh
+        _s1132 = v
+        if len(_s1132.stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S25.pack(4, _s1132.stateid.seqid, _s1132.stateid.other, _s1132.truncate)
+        _v = _s1132.fh
         _n = len(_v)
         if _n > 128:
             raise _XdrError('fh: length %d exceeds 128' % _n, len(w))
@@ -2802,102 +2746,100 @@ def _enc_nfs_cb_argop4_4(w: _Writer, v: CB_RECALL4args) -> None:
 
 def _enc_nfs_cb_argop4_5(w: _Writer, v: CB_LAYOUTRECALL4args) -> None:
     try:
-        _s1227 = v
-        w += _S119.pack(5, _s1227.clora_type, _s1227.clora_iomode, _s1227.clora_changed)
-        _u1228 = _s1227.clora_recall
-        _d1228 = _u1228.lor_recalltype
-        _w1228: _Any
-        if _d1228 == 1:
-            _w1228 = _u1228.value
+        _s1133 = v
+        w += _S119.pack(5, _s1133.clora_type, _s1133.clora_iomode, _s1133.clora_changed)
+        _u1134 = _s1133.clora_recall
+        _d1134 = _u1134.lor_recalltype
+        _w1134: _Any
+        if _d1134 == 1:
+            _w1134 = _u1134.value
             w += b'\x00\x00\x00\x01'
-            enc_layoutrecall_file4(w, _w1228)
-        elif _d1228 == 2:
-            _w1228 = _u1228.value
-            w += _S29.pack(2, _w1228.major, _w1228.minor)
-        elif _d1228 == 3:
+            enc_layoutrecall_file4(w, _w1134)
+        elif _d1134 == 2:
+            _w1134 = _u1134.value
+            w += _S29.pack(2, _w1134.major, _w1134.minor)
+        elif _d1134 == 3:
             w += b'\x00\x00\x00\x03'
         else:
-            _enc_any_layoutrecall4(w, _u1228)
+            _enc_any_layoutrecall4(w, _u1134)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_cb_argop4.opcblayoutrecall: {_e}', len(w)) from None
 
 
 def _enc_nfs_cb_argop4_6(w: _Writer, v: CB_NOTIFY4args) -> None:
     try:
-        _s1229 = v
-        if len(_s1229.cna_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S19.pack(6, _s1229.cna_stateid.seqid, _s1229.cna_stateid.other)
-        _v = _s1229.cna_fh
+        _s1135 = v
+        if len(_s1135.cna_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S19.pack(6, _s1135.cna_stateid.seqid, _s1135.cna_stateid.other)
+        _v = _s1135.cna_fh
         _n = len(_v)
         if _n > 128:
             raise _XdrError('cna_fh: length %d exceeds 128' % _n, len(w))
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _a1230 = _s1229.cna_changes
-        _n = len(_a1230)
+        _a1136 = _s1135.cna_changes
+        _n = len(_a1136)
         w += _S0.pack(_n)
-        for _x1230 in _a1230:
-            enc_notify4(w, _x1230)
+        for _x1136 in _a1136:
+            enc_notify4(w, _x1136)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_cb_argop4.opcbnotify: {_e}', len(w)) from None
 
 
 def _enc_nfs_cb_argop4_7(w: _Writer, v: CB_PUSH_DELEG4args) -> None:
     try:
-        _s1231 = v
-        _v = _s1231.cpda_fh
+        _s1137 = v
+        _v = _s1137.cpda_fh
         _n = len(_v)
         if _n > 128:
             raise _XdrError('cpda_fh: length %d exceeds 128' % _n, len(w))
         w += _S1.pack(7, _n)
         w += _v
         w += _PAD[_n & 3]
-        _u1232 = _s1231.cpda_delegation
-        _d1232 = _u1232.delegation_type
-        _w1232: _Any
-        if _d1232 == 0:
+        _u1138 = _s1137.cpda_delegation
+        _d1138 = _u1138.delegation_type
+        _w1138: _Any
+        if _d1138 == 0:
             w += b'\x00\x00\x00\x00'
-        elif _d1232 == 1:
-            _w1232 = _u1232.value
+        elif _d1138 == 1:
+            _w1138 = _u1138.value
             w += b'\x00\x00\x00\x01'
-            enc_open_read_delegation4(w, _w1232)
-        elif _d1232 == 2:
-            _w1232 = _u1232.value
+            enc_open_read_delegation4(w, _w1138)
+        elif _d1138 == 2:
+            _w1138 = _u1138.value
             w += b'\x00\x00\x00\x02'
-            enc_open_write_delegation4(w, _w1232)
-        elif _d1232 == 3:
-            _w1232 = _u1232.value
+            enc_open_write_delegation4(w, _w1138)
+        elif _d1138 == 3:
+            _w1138 = _u1138.value
             w += b'\x00\x00\x00\x03'
-            enc_open_none_delegation4(w, _w1232)
+            enc_open_none_delegation4(w, _w1138)
         else:
-            _enc_any_open_delegation4(w, _u1232)
+            _enc_any_open_delegation4(w, _u1138)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_cb_argop4.opcbpush_deleg: {_e}', len(w)) from None
 
 
 def _enc_nfs_cb_argop4_8(w: _Writer, v: CB_RECALL_ANY4args) -> None:
     try:
-        _s1233 = v
-        w += _S1.pack(8, _s1233.craa_objects_to_keep)
-        _a1234 = _s1233.craa_type_mask
-        _n = len(_a1234)
+        _s1139 = v
+        w += _S1.pack(8, _s1139.craa_objects_to_keep)
+        _a1140 = _s1139.craa_type_mask
+        _n = len(_a1140)
         w += _S0.pack(_n)
-        for _x1234 in _a1234:
-            w += _S0.pack(_x1234)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a1140)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_cb_argop4.opcbrecall_any: {_e}', len(w)) from None
 
 
 def _enc_nfs_cb_argop4_9(w: _Writer, v: CB_RECALL_ANY4args) -> None:
     try:
-        _s1235 = v
-        w += _S1.pack(9, _s1235.craa_objects_to_keep)
-        _a1236 = _s1235.craa_type_mask
-        _n = len(_a1236)
+        _s1141 = v
+        w += _S1.pack(9, _s1141.craa_objects_to_keep)
+        _a1142 = _s1141.craa_type_mask
+        _n = len(_a1142)
         w += _S0.pack(_n)
-        for _x1236 in _a1236:
-            w += _S0.pack(_x1236)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a1142)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_cb_argop4.opcbrecallable_obj_avail: {_e}', len(w)) from None
 
@@ -2911,14 +2853,14 @@ def _enc_nfs_cb_argop4_10(w: _Writer, v: CB_RECALL_SLOT4args) -> None:
 
 def _enc_nfs_cb_argop4_11(w: _Writer, v: CB_SEQUENCE4args) -> None:
     try:
-        _s1237 = v
-        if len(_s1237.csa_sessionid) != 16: raise _XdrError('fixed opaque csa_sessionid must be 16 bytes', len(w))
-        w += _S120.pack(11, _s1237.csa_sessionid, _s1237.csa_sequenceid, _s1237.csa_slotid, _s1237.csa_highest_slotid, _s1237.csa_cachethis)
-        _a1238 = _s1237.csa_referring_call_lists
-        _n = len(_a1238)
+        _s1143 = v
+        if len(_s1143.csa_sessionid) != 16: raise _XdrError('fixed opaque csa_sessionid must be 16 bytes', len(w))
+        w += _S120.pack(11, _s1143.csa_sessionid, _s1143.csa_sequenceid, _s1143.csa_slotid, _s1143.csa_highest_slotid, _s1143.csa_cachethis)
+        _a1144 = _s1143.csa_referring_call_lists
+        _n = len(_a1144)
         w += _S0.pack(_n)
-        for _x1238 in _a1238:
-            enc_referring_call_list4(w, _x1238)
+        for _x1144 in _a1144:
+            enc_referring_call_list4(w, _x1144)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_cb_argop4.opcbsequence: {_e}', len(w)) from None
 
@@ -2932,17 +2874,17 @@ def _enc_nfs_cb_argop4_12(w: _Writer, v: CB_WANTS_CANCELLED4args) -> None:
 
 def _enc_nfs_cb_argop4_13(w: _Writer, v: CB_NOTIFY_LOCK4args) -> None:
     try:
-        _s1239 = v
-        _v = _s1239.cnla_fh
+        _s1145 = v
+        _v = _s1145.cnla_fh
         _n = len(_v)
         if _n > 128:
             raise _XdrError('cnla_fh: length %d exceeds 128' % _n, len(w))
         w += _S1.pack(13, _n)
         w += _v
         w += _PAD[_n & 3]
-        _s1240 = _s1239.cnla_lock_owner
-        w += _S4.pack(_s1240.clientid)
-        _v = _s1240.owner
+        _s1146 = _s1145.cnla_lock_owner
+        w += _S4.pack(_s1146.clientid)
+        _v = _s1146.owner
         _n = len(_v)
         if _n > 1024:
             raise _XdrError('owner: length %d exceeds 1024' % _n, len(w))
@@ -2955,37 +2897,37 @@ def _enc_nfs_cb_argop4_13(w: _Writer, v: CB_NOTIFY_LOCK4args) -> None:
 
 def _enc_nfs_cb_argop4_14(w: _Writer, v: CB_NOTIFY_DEVICEID4args) -> None:
     try:
-        _s1241 = v
-        _a1242 = _s1241.cnda_changes
-        _n = len(_a1242)
+        _s1147 = v
+        _a1148 = _s1147.cnda_changes
+        _n = len(_a1148)
         w += _S1.pack(14, _n)
-        for _x1242 in _a1242:
-            enc_notify4(w, _x1242)
+        for _x1148 in _a1148:
+            enc_notify4(w, _x1148)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_cb_argop4.opcbnotify_deviceid: {_e}', len(w)) from None
 
 
 def _enc_nfs_cb_argop4_15(w: _Writer, v: CB_OFFLOAD4args) -> None:
     try:
-        _s1243 = v
-        _v = _s1243.coa_fh
+        _s1149 = v
+        _v = _s1149.coa_fh
         _n = len(_v)
         if _n > 128:
             raise _XdrError('coa_fh: length %d exceeds 128' % _n, len(w))
         w += _S1.pack(15, _n)
         w += _v
         w += _PAD[_n & 3]
-        if len(_s1243.coa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
-        w += _S11.pack(_s1243.coa_stateid.seqid, _s1243.coa_stateid.other)
-        _u1244 = _s1243.coa_offload_info
-        _d1244 = _u1244.coa_status
-        _w1244: _Any
-        if _d1244 == 0:
-            _w1244 = _u1244.value
+        if len(_s1149.coa_stateid.other) != 12: raise _XdrError('fixed opaque other must be 12 bytes', len(w))
+        w += _S11.pack(_s1149.coa_stateid.seqid, _s1149.coa_stateid.other)
+        _u1150 = _s1149.coa_offload_info
+        _d1150 = _u1150.coa_status
+        _w1150: _Any
+        if _d1150 == 0:
+            _w1150 = _u1150.value
             w += b'\x00\x00\x00\x00'
-            enc_write_response4(w, _w1244)
+            enc_write_response4(w, _w1150)
         else:
-            _enc_any_offload_info4(w, _u1244)
+            _enc_any_offload_info4(w, _u1150)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_cb_argop4.opcboffload: {_e}', len(w)) from None
 
@@ -3038,16 +2980,16 @@ def dec_nfs_cb_resop4(r: _Reader, off: int) -> tuple[nfs_cb_resop4, int]:
     buf = r.buf
     o0 = off
     try:
-        _v1245: _Any
-        _f1245: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d1245,) = _S0.unpack_from(buf, off)
-        _a1245 = _nfs_cb_resop4_ARMS.get(_d1245)
-        if _a1245 is None:
-            raise _XdrError('%r is not a case of nfs_cb_resop4' % (_d1245,), off)
+        _v1151: _Any
+        _f1151: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d1151,) = _S0.unpack_from(buf, off)
+        _a1151 = _nfs_cb_resop4_ARMS.get(_d1151)
+        if _a1151 is None:
+            raise _XdrError('%r is not a case of nfs_cb_resop4' % (_d1151,), off)
         else:
-            _d1245, _f1245 = _a1245
-        _v1245, off = _f1245(r, off + 4)
-        _u = nfs_cb_resop4(_d1245, _v1245)
+            _d1151, _f1151 = _a1151
+        _v1151, off = _f1151(r, off + 4)
+        _u = nfs_cb_resop4(_d1151, _v1151)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated nfs_cb_resop4', o0) from None
     return _u, off
@@ -3055,17 +2997,17 @@ def dec_nfs_cb_resop4(r: _Reader, off: int) -> tuple[nfs_cb_resop4, int]:
 
 def _enc_nfs_cb_resop4_3(w: _Writer, v: CB_GETATTR4res) -> None:
     try:
-        _u1246 = v
-        _d1246 = _u1246.status
-        _w1246: _Any
-        if _d1246 == 0:
-            _w1246 = _u1246.value
-            _s1247 = _w1246
+        _u1152 = v
+        _d1152 = _u1152.status
+        _w1152: _Any
+        if _d1152 == 0:
+            _w1152 = _u1152.value
+            _s1153 = _w1152
             w += b'\x00\x00\x00\x03\x00\x00\x00\x00'
-            enc_fattr4(w, _s1247.obj_attributes)
+            enc_fattr4(w, _s1153.obj_attributes)
         else:
             w += b'\x00\x00\x00\x03'
-            _enc_any_CB_GETATTR4res(w, _u1246)
+            _enc_any_CB_GETATTR4res(w, _u1152)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_cb_resop4.opcbgetattr: {_e}', len(w)) from None
 
@@ -3121,16 +3063,16 @@ def _enc_nfs_cb_resop4_10(w: _Writer, v: CB_RECALL_SLOT4res) -> None:
 
 def _enc_nfs_cb_resop4_11(w: _Writer, v: CB_SEQUENCE4res) -> None:
     try:
-        _u1248 = v
-        _d1248 = _u1248.csr_status
-        _w1248: _Any
-        if _d1248 == 0:
-            _w1248 = _u1248.value
-            if len(_w1248.csr_sessionid) != 16: raise _XdrError('fixed opaque csr_sessionid must be 16 bytes', len(w))
-            w += _S121.pack(11, 0, _w1248.csr_sessionid, _w1248.csr_sequenceid, _w1248.csr_slotid, _w1248.csr_highest_slotid, _w1248.csr_target_highest_slotid)
+        _u1154 = v
+        _d1154 = _u1154.csr_status
+        _w1154: _Any
+        if _d1154 == 0:
+            _w1154 = _u1154.value
+            if len(_w1154.csr_sessionid) != 16: raise _XdrError('fixed opaque csr_sessionid must be 16 bytes', len(w))
+            w += _S121.pack(11, 0, _w1154.csr_sessionid, _w1154.csr_sequenceid, _w1154.csr_slotid, _w1154.csr_highest_slotid, _w1154.csr_target_highest_slotid)
         else:
             w += b'\x00\x00\x00\x0b'
-            _enc_any_CB_SEQUENCE4res(w, _u1248)
+            _enc_any_CB_SEQUENCE4res(w, _u1154)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_cb_resop4.opcbsequence: {_e}', len(w)) from None
 
@@ -3200,16 +3142,16 @@ def enc_CB_COMPOUND4args(w: _Writer, v: CB_COMPOUND4args) -> None:
         w += _v
         w += _PAD[_n & 3]
         w += _S1.pack(v.minorversion, v.callback_ident)
-        _a1249 = v.argarray
-        _n = len(_a1249)
+        _a1155 = v.argarray
+        _n = len(_a1155)
         w += _S0.pack(_n)
-        for _x1249 in _a1249:
-            _u1250 = _x1249
-            _f1250 = _nfs_cb_argop4_ENCX.get(_u1250.argop)
-            if _f1250 is None:
-                enc_nfs_cb_argop4(w, _u1250)
+        for _x1155 in _a1155:
+            _u1156 = _x1155
+            _f1156 = _nfs_cb_argop4_ENCX.get(_u1156.argop)
+            if _f1156 is None:
+                enc_nfs_cb_argop4(w, _u1156)
             else:
-                _f1250(w, _u1250.value)
+                _f1156(w, _u1156.value)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_COMPOUND4args: {_e}', len(w)) from None
 
@@ -3232,19 +3174,19 @@ def dec_CB_COMPOUND4args(r: _Reader, off: int) -> tuple[CB_COMPOUND4args, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_argarray = []
-        _c1251 = _n
-        for _ in range(_c1251):
-            _v1252: _Any
-            _f1252: _Callable[[_Reader, int], tuple[_Any, int]]
-            (_d1252,) = _S0.unpack_from(buf, off)
-            _a1252 = _nfs_cb_argop4_ARMS.get(_d1252)
-            if _a1252 is None:
-                raise _XdrError('%r is not a case of nfs_cb_argop4' % (_d1252,), off)
+        _c1157 = _n
+        for _ in range(_c1157):
+            _v1158: _Any
+            _f1158: _Callable[[_Reader, int], tuple[_Any, int]]
+            (_d1158,) = _S0.unpack_from(buf, off)
+            _a1158 = _nfs_cb_argop4_ARMS.get(_d1158)
+            if _a1158 is None:
+                raise _XdrError('%r is not a case of nfs_cb_argop4' % (_d1158,), off)
             else:
-                _d1252, _f1252 = _a1252
-            _v1252, off = _f1252(r, off + 4)
-            _x1251 = nfs_cb_argop4(_d1252, _v1252)
-            f_argarray.append(_x1251)
+                _d1158, _f1158 = _a1158
+            _v1158, off = _f1158(r, off + 4)
+            _x1157 = nfs_cb_argop4(_d1158, _v1158)
+            f_argarray.append(_x1157)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_COMPOUND4args', o0) from None
     return CB_COMPOUND4args(f_tag, f_minorversion, f_callback_ident, f_argarray), off
@@ -3265,16 +3207,16 @@ def enc_CB_COMPOUND4res(w: _Writer, v: CB_COMPOUND4res) -> None:
         w += _S0.pack(_n)
         w += _v
         w += _PAD[_n & 3]
-        _a1253 = v.resarray
-        _n = len(_a1253)
+        _a1159 = v.resarray
+        _n = len(_a1159)
         w += _S0.pack(_n)
-        for _x1253 in _a1253:
-            _u1254 = _x1253
-            _f1254 = _nfs_cb_resop4_ENCX.get(_u1254.resop)
-            if _f1254 is None:
-                enc_nfs_cb_resop4(w, _u1254)
+        for _x1159 in _a1159:
+            _u1160 = _x1159
+            _f1160 = _nfs_cb_resop4_ENCX.get(_u1160.resop)
+            if _f1160 is None:
+                enc_nfs_cb_resop4(w, _u1160)
             else:
-                _f1254(w, _u1254.value)
+                _f1160(w, _u1160.value)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode CB_COMPOUND4res: {_e}', len(w)) from None
 
@@ -3298,19 +3240,19 @@ def dec_CB_COMPOUND4res(r: _Reader, off: int) -> tuple[CB_COMPOUND4res, int]:
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_resarray = []
-        _c1255 = _n
-        for _ in range(_c1255):
-            _v1256: _Any
-            _f1256: _Callable[[_Reader, int], tuple[_Any, int]]
-            (_d1256,) = _S0.unpack_from(buf, off)
-            _a1256 = _nfs_cb_resop4_ARMS.get(_d1256)
-            if _a1256 is None:
-                raise _XdrError('%r is not a case of nfs_cb_resop4' % (_d1256,), off)
+        _c1161 = _n
+        for _ in range(_c1161):
+            _v1162: _Any
+            _f1162: _Callable[[_Reader, int], tuple[_Any, int]]
+            (_d1162,) = _S0.unpack_from(buf, off)
+            _a1162 = _nfs_cb_resop4_ARMS.get(_d1162)
+            if _a1162 is None:
+                raise _XdrError('%r is not a case of nfs_cb_resop4' % (_d1162,), off)
             else:
-                _d1256, _f1256 = _a1256
-            _v1256, off = _f1256(r, off + 4)
-            _x1255 = nfs_cb_resop4(_d1256, _v1256)
-            f_resarray.append(_x1255)
+                _d1162, _f1162 = _a1162
+            _v1162, off = _f1162(r, off + 4)
+            _x1161 = nfs_cb_resop4(_d1162, _v1162)
+            f_resarray.append(_x1161)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated CB_COMPOUND4res', o0) from None
     return CB_COMPOUND4res(f_status, f_tag, f_resarray), off

@@ -21,6 +21,7 @@ from nfsrdma.xdr.runtime import (
     PAD as _PAD,
     TRUE as _TRUE,
     U32 as _U32,
+    U32_ARRAYS as _U32_ARRAYS,
     Operation as _Operation,
     Buffer as _Buffer,
     DdpItem as _DdpItem,
@@ -40,11 +41,13 @@ from nfsrdma.xdr.gen._nfs4_2 import (
     _change_attr_type4_MAP,
     dec_fattr4_change_attr_type,
     dec_fattr4_change_policy,
+    dec_fattr4_chown_restricted,
     dec_fattr4_clone_blksize,
     dec_fattr4_dacl,
     dec_fattr4_dir_notif_delay,
     dec_fattr4_dirent_notif_delay,
     dec_fattr4_filehandle,
+    dec_fattr4_fileid,
     dec_fattr4_files_avail,
     dec_fattr4_files_free,
     dec_fattr4_files_total,
@@ -102,11 +105,13 @@ from nfsrdma.xdr.gen._nfs4_2 import (
     dec_fattr4_xattr_support,
     enc_fattr4_change_attr_type,
     enc_fattr4_change_policy,
+    enc_fattr4_chown_restricted,
     enc_fattr4_clone_blksize,
     enc_fattr4_dacl,
     enc_fattr4_dir_notif_delay,
     enc_fattr4_dirent_notif_delay,
     enc_fattr4_filehandle,
+    enc_fattr4_fileid,
     enc_fattr4_files_avail,
     enc_fattr4_files_free,
     enc_fattr4_files_total,
@@ -176,9 +181,7 @@ from nfsrdma.xdr.gen._nfs4_1 import (
     dec_fattr4_case_insensitive,
     dec_fattr4_case_preserving,
     dec_fattr4_change,
-    dec_fattr4_chown_restricted,
     dec_fattr4_fh_expire_type,
-    dec_fattr4_fileid,
     dec_fattr4_fsid,
     dec_fattr4_lease_time,
     dec_fattr4_link_support,
@@ -196,9 +199,7 @@ from nfsrdma.xdr.gen._nfs4_1 import (
     enc_fattr4_case_insensitive,
     enc_fattr4_case_preserving,
     enc_fattr4_change,
-    enc_fattr4_chown_restricted,
     enc_fattr4_fh_expire_type,
-    enc_fattr4_fileid,
     enc_fattr4_fsid,
     enc_fattr4_lease_time,
     enc_fattr4_link_support,
@@ -4742,47 +4743,38 @@ SERVER_ATTRIBUTE_LAYERS: tuple[tuple[dict[int, tuple[int, int]], tuple[dict[int,
 
 
 def _fattr4_decode_linux_fattr(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S259_unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S259_unpack_from(buf, off)
         off += 52
-        out[1] = _nfs_ftype4_MAP[_t[0]]
-        out[3] = _t[1]
-        out[4] = _t[2]
-        out[8] = fsid4(_t[3], _t[4])
-        out[20] = _t[5]
-        out[33] = _t[6]
-        out[35] = _t[7]
+        _v1 = _nfs_ftype4_MAP[_t0]
+        _v8 = fsid4(_t3, _t4)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        out[36] = bytes(buf[off:_e])
+        _v36 = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        out[37] = bytes(buf[off:_e])
+        _v37 = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _fattr4_S214_unpack_from(buf, off)
+        _t8, _t9, _t10, _t11, _t12, _t13, _t14, _t15, _t16, _t17 = _fattr4_S214_unpack_from(buf, off)
         off += 60
-        out[41] = specdata4(_t[0], _t[1])
-        out[45] = _t[2]
-        out[47] = nfstime4(_t[3], _t[4])
-        out[52] = nfstime4(_t[5], _t[6])
-        out[53] = nfstime4(_t[7], _t[8])
-        out[55] = _t[9]
+        _v41 = specdata4(_t8, _t9)
+        _v47 = nfstime4(_t11, _t12)
+        _v52 = nfstime4(_t13, _t14)
+        _v53 = nfstime4(_t15, _t16)
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {1: _v1, 3: _t1, 4: _t2, 8: _v8, 20: _t5, 33: _t6, 35: _t7, 36: _v36, 37: _v37, 41: _v41, 45: _t10, 47: _v47, 52: _v52, 53: _v53, 55: _t17}
 
 
 def _fattr4_encode_linux_fattr(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4790,18 +4782,14 @@ def _fattr4_encode_linux_fattr(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int
 
 
 def _fattr4_decode_linux_readdir_plus(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S131_unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S131_unpack_from(buf, off)
         off += 40
-        out[1] = _nfs_ftype4_MAP[_t[0]]
-        out[3] = _t[1]
-        out[4] = _t[2]
-        out[8] = fsid4(_t[3], _t[4])
-        out[11] = _nfsstat4_MAP[_t[5]]
+        _v1 = _nfs_ftype4_MAP[_t0]
+        _v8 = fsid4(_t3, _t4)
+        _v11 = _nfsstat4_MAP[_t5]
         (_n,) = _U32.unpack_from(buf, off)
         if _n > 128:
             raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -4809,40 +4797,35 @@ def _fattr4_decode_linux_readdir_plus(data: _Buffer) -> dict[int, _Any]:
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        out[19] = bytes(buf[off:_e])
+        _v19 = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _fattr4_S51_unpack_from(buf, off)
+        _t6, _t7, _t8 = _fattr4_S51_unpack_from(buf, off)
         off += 16
-        out[20] = _t[0]
-        out[33] = _t[1]
-        out[35] = _t[2]
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        out[36] = bytes(buf[off:_e])
+        _v36 = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        out[37] = bytes(buf[off:_e])
+        _v37 = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _fattr4_S214_unpack_from(buf, off)
+        _t9, _t10, _t11, _t12, _t13, _t14, _t15, _t16, _t17, _t18 = _fattr4_S214_unpack_from(buf, off)
         off += 60
-        out[41] = specdata4(_t[0], _t[1])
-        out[45] = _t[2]
-        out[47] = nfstime4(_t[3], _t[4])
-        out[52] = nfstime4(_t[5], _t[6])
-        out[53] = nfstime4(_t[7], _t[8])
-        out[55] = _t[9]
+        _v41 = specdata4(_t9, _t10)
+        _v47 = nfstime4(_t12, _t13)
+        _v52 = nfstime4(_t14, _t15)
+        _v53 = nfstime4(_t16, _t17)
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {1: _v1, 3: _t1, 4: _t2, 8: _v8, 11: _v11, 19: _v19, 20: _t6, 33: _t7, 35: _t8, 36: _v36, 37: _v37, 41: _v41, 45: _t11, 47: _v47, 52: _v52, 53: _v53, 55: _t18}
 
 
 def _fattr4_encode_linux_readdir_plus(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4850,20 +4833,17 @@ def _fattr4_encode_linux_readdir_plus(a: _Any, fs: _Any, fh: bytes, cfg: _Any, e
 
 
 def _fattr4_decode_linux_readdir(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S33_unpack_from(buf, off)
+        _t0, _t1 = _fattr4_S33_unpack_from(buf, off)
         off += 12
-        out[11] = _nfsstat4_MAP[_t[0]]
-        out[55] = _t[1]
+        _v11 = _nfsstat4_MAP[_t0]
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {11: _v11, 55: _t1}
 
 
 def _fattr4_encode_linux_readdir(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4871,22 +4851,18 @@ def _fattr4_encode_linux_readdir(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: i
 
 
 def _fattr4_decode_linux_cache_consistency(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S243_unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S243_unpack_from(buf, off)
         off += 40
-        out[3] = _t[0]
-        out[4] = _t[1]
-        out[52] = nfstime4(_t[2], _t[3])
-        out[53] = nfstime4(_t[4], _t[5])
+        _v52 = nfstime4(_t2, _t3)
+        _v53 = nfstime4(_t4, _t5)
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {3: _t0, 4: _t1, 52: _v52, 53: _v53}
 
 
 def _fattr4_encode_linux_cache_consistency(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4894,20 +4870,17 @@ def _fattr4_encode_linux_cache_consistency(a: _Any, fs: _Any, fh: bytes, cfg: _A
 
 
 def _fattr4_decode_linux_open_noattr(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S33_unpack_from(buf, off)
+        _t0, _t1 = _fattr4_S33_unpack_from(buf, off)
         off += 12
-        out[1] = _nfs_ftype4_MAP[_t[0]]
-        out[20] = _t[1]
+        _v1 = _nfs_ftype4_MAP[_t0]
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {1: _v1, 20: _t1}
 
 
 def _fattr4_encode_linux_open_noattr(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4915,24 +4888,16 @@ def _fattr4_encode_linux_open_noattr(a: _Any, fs: _Any, fh: bytes, cfg: _Any, er
 
 
 def _fattr4_decode_linux_statfs(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S260_unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S260_unpack_from(buf, off)
         off += 48
-        out[21] = _t[0]
-        out[22] = _t[1]
-        out[23] = _t[2]
-        out[42] = _t[3]
-        out[43] = _t[4]
-        out[44] = _t[5]
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {21: _t0, 22: _t1, 23: _t2, 42: _t3, 43: _t4, 44: _t5}
 
 
 def _fattr4_encode_linux_statfs(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4940,20 +4905,16 @@ def _fattr4_encode_linux_statfs(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: in
 
 
 def _fattr4_decode_linux_pathconf(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S1_unpack_from(buf, off)
+        _t0, _t1 = _fattr4_S1_unpack_from(buf, off)
         off += 8
-        out[28] = _t[0]
-        out[29] = _t[1]
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {28: _t0, 29: _t1}
 
 
 def _fattr4_encode_linux_pathconf(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4961,23 +4922,17 @@ def _fattr4_encode_linux_pathconf(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: 
 
 
 def _fattr4_decode_linux_fsinfo(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S261_unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S261_unpack_from(buf, off)
         off += 40
-        out[10] = _t[0]
-        out[27] = _t[1]
-        out[30] = _t[2]
-        out[31] = _t[3]
-        out[51] = nfstime4(_t[4], _t[5])
+        _v51 = nfstime4(_t4, _t5)
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {10: _t0, 27: _t1, 30: _t2, 31: _t3, 51: _v51}
 
 
 def _fattr4_encode_linux_fsinfo(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -4988,23 +4943,20 @@ def _fattr4_decode_linux_server_caps(data: _Buffer) -> dict[int, _Any]:
     r = _Reader(data)
     buf = r.buf
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        out[0], off = dec_fattr4_supported_attrs(r, off)
-        _t = _fattr4_S53_unpack_from(buf, off)
+        _v0, off = dec_fattr4_supported_attrs(r, off)
+        _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S53_unpack_from(buf, off)
         off += 24
-        out[2] = _t[0]
-        out[5] = _BOOL[_t[1]]
-        out[6] = _BOOL[_t[2]]
-        out[13] = _t[3]
-        out[16] = _BOOL[_t[4]]
-        out[17] = _BOOL[_t[5]]
-        out[75], off = dec_fattr4_suppattr_exclcreat(r, off)
+        _v5 = _BOOL[_t1]
+        _v6 = _BOOL[_t2]
+        _v16 = _BOOL[_t4]
+        _v17 = _BOOL[_t5]
+        _v75, off = dec_fattr4_suppattr_exclcreat(r, off)
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {0: _v0, 2: _t0, 5: _v5, 6: _v6, 13: _t3, 16: _v16, 17: _v17, 75: _v75}
 
 
 def _fattr4_encode_linux_server_caps(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -5012,46 +4964,38 @@ def _fattr4_encode_linux_server_caps(a: _Any, fs: _Any, fh: bytes, cfg: _Any, er
 
 
 def _fattr4_decode_client_stat(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S259_unpack_from(buf, off)
+        _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S259_unpack_from(buf, off)
         off += 52
-        out[1] = _nfs_ftype4_MAP[_t[0]]
-        out[3] = _t[1]
-        out[4] = _t[2]
-        out[8] = fsid4(_t[3], _t[4])
-        out[20] = _t[5]
-        out[33] = _t[6]
-        out[35] = _t[7]
+        _v1 = _nfs_ftype4_MAP[_t0]
+        _v8 = fsid4(_t3, _t4)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        out[36] = bytes(buf[off:_e])
+        _v36 = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        out[37] = bytes(buf[off:_e])
+        _v37 = bytes(buf[off:_e])
         off = _e + (-_n & 3)
-        _t = _fattr4_S188_unpack_from(buf, off)
+        _t8, _t9, _t10, _t11, _t12, _t13, _t14, _t15, _t16 = _fattr4_S188_unpack_from(buf, off)
         off += 52
-        out[41] = specdata4(_t[0], _t[1])
-        out[45] = _t[2]
-        out[47] = nfstime4(_t[3], _t[4])
-        out[52] = nfstime4(_t[5], _t[6])
-        out[53] = nfstime4(_t[7], _t[8])
+        _v41 = specdata4(_t8, _t9)
+        _v47 = nfstime4(_t11, _t12)
+        _v52 = nfstime4(_t13, _t14)
+        _v53 = nfstime4(_t15, _t16)
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {1: _v1, 3: _t1, 4: _t2, 8: _v8, 20: _t5, 33: _t6, 35: _t7, 36: _v36, 37: _v37, 41: _v41, 45: _t10, 47: _v47, 52: _v52, 53: _v53}
 
 
 def _fattr4_encode_client_stat(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -5059,19 +5003,17 @@ def _fattr4_encode_client_stat(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int
 
 
 def _fattr4_decode_rdattr_error(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S2_unpack_from(buf, off)
+        (_t0,) = _fattr4_S2_unpack_from(buf, off)
         off += 4
-        out[11] = _nfsstat4_MAP[_t[0]]
+        _v11 = _nfsstat4_MAP[_t0]
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {11: _v11}
 
 
 def _fattr4_encode_rdattr_error(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -5079,19 +5021,16 @@ def _fattr4_encode_rdattr_error(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: in
 
 
 def _fattr4_decode_set_mode(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S0_unpack_from(buf, off)
+        (_t0,) = _fattr4_S0_unpack_from(buf, off)
         off += 4
-        out[33] = _t[0]
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {33: _t0}
 
 
 def _fattr4_encode_set_mode(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -5099,19 +5038,16 @@ def _fattr4_encode_set_mode(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -
 
 
 def _fattr4_decode_set_size(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        _t = _fattr4_S4_unpack_from(buf, off)
+        (_t0,) = _fattr4_S4_unpack_from(buf, off)
         off += 8
-        out[4] = _t[0]
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {4: _t0}
 
 
 def _fattr4_encode_set_size(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -5119,30 +5055,28 @@ def _fattr4_encode_set_size(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -
 
 
 def _fattr4_decode_set_owners(data: _Buffer) -> dict[int, _Any]:
-    r = _Reader(data)
-    buf = r.buf
+    buf = data if data.__class__ is bytes else memoryview(data)
     off = 0
-    out: dict[int, _Any] = {}
     try:
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        out[36] = bytes(buf[off:_e])
+        _v36 = bytes(buf[off:_e])
         off = _e + (-_n & 3)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _e = off + _n
-        out[37] = bytes(buf[off:_e])
+        _v37 = bytes(buf[off:_e])
         off = _e + (-_n & 3)
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {36: _v36, 37: _v37}
 
 
 def _fattr4_encode_set_owners(a: _Any, fs: _Any, fh: bytes, cfg: _Any, err: int) -> bytes:
@@ -5153,280 +5087,327 @@ def _fattr4_decode_set_times(data: _Buffer) -> dict[int, _Any]:
     r = _Reader(data)
     buf = r.buf
     off = 0
-    out: dict[int, _Any] = {}
     try:
-        out[48], off = dec_fattr4_time_access_set(r, off)
-        out[54], off = dec_fattr4_time_modify_set(r, off)
+        _v48, off = dec_fattr4_time_access_set(r, off)
+        _v54, off = dec_fattr4_time_modify_set(r, off)
     except (_struct.error, KeyError, IndexError):
         raise _XdrError('malformed attribute values', off) from None
     if off != len(buf):
         raise _XdrError('%d bytes after the attribute values' % (len(buf) - off), off)
-    return out
+    return {48: _v48, 54: _v54}
 
 
 def _fattr4_decode_l0g0_1(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S2_unpack_from(buf, off)
+    (_t0,) = _fattr4_S2_unpack_from(buf, off)
     off += 4
-    out[1] = _nfs_ftype4_MAP[_t[0]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    out[1] = _v1
     return off
 
 
 def _fattr4_decode_l0g0_2(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t0,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[3] = _t[0]
+    out[3] = _t0
     return off
 
 
 def _fattr4_decode_l0g0_3(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S33_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S33_unpack_from(buf, off)
     off += 12
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    out[1] = _v1
+    out[3] = _t1
     return off
 
 
 def _fattr4_decode_l0g0_4(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t0,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[4] = _t[0]
+    out[4] = _t0
     return off
 
 
 def _fattr4_decode_l0g0_5(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S33_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S33_unpack_from(buf, off)
     off += 12
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    out[1] = _v1
+    out[4] = _t1
     return off
 
 
 def _fattr4_decode_l0g0_6(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S9_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S9_unpack_from(buf, off)
     off += 16
-    out[3] = _t[0]
-    out[4] = _t[1]
+    out[3] = _t0
+    out[4] = _t1
     return off
 
 
 def _fattr4_decode_l0g0_7(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S29_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S29_unpack_from(buf, off)
     off += 20
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_8(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S9_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S9_unpack_from(buf, off)
     off += 16
-    out[8] = fsid4(_t[0], _t[1])
+    _v8 = fsid4(_t0, _t1)
+    out[8] = _v8
     return off
 
 
 def _fattr4_decode_l0g0_9(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S29_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S29_unpack_from(buf, off)
     off += 20
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[8] = fsid4(_t[1], _t[2])
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t1, _t2)
+    out[1] = _v1
+    out[8] = _v8
     return off
 
 
 def _fattr4_decode_l0g0_10(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S122_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S122_unpack_from(buf, off)
     off += 24
-    out[3] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
+    _v8 = fsid4(_t1, _t2)
+    out[3] = _t0
+    out[8] = _v8
     return off
 
 
 def _fattr4_decode_l0g0_11(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S123_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S123_unpack_from(buf, off)
     off += 28
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    out[1] = _v1
+    out[3] = _t1
+    out[8] = _v8
     return off
 
 
 def _fattr4_decode_l0g0_12(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S122_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S122_unpack_from(buf, off)
     off += 24
-    out[4] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
+    _v8 = fsid4(_t1, _t2)
+    out[4] = _t0
+    out[8] = _v8
     return off
 
 
 def _fattr4_decode_l0g0_13(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S123_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S123_unpack_from(buf, off)
     off += 28
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    out[1] = _v1
+    out[4] = _t1
+    out[8] = _v8
     return off
 
 
 def _fattr4_decode_l0g0_14(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S124_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S124_unpack_from(buf, off)
     off += 32
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
+    _v8 = fsid4(_t2, _t3)
+    out[3] = _t0
+    out[4] = _t1
+    out[8] = _v8
     return off
 
 
 def _fattr4_decode_l0g0_15(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S125_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S125_unpack_from(buf, off)
     off += 36
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[8] = fsid4(_t[3], _t[4])
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t3, _t4)
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[8] = _v8
     return off
 
 
 def _fattr4_decode_l0g0_16(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S2_unpack_from(buf, off)
+    (_t0,) = _fattr4_S2_unpack_from(buf, off)
     off += 4
-    out[11] = _nfsstat4_MAP[_t[0]]
+    _v11 = _nfsstat4_MAP[_t0]
+    out[11] = _v11
     return off
 
 
 def _fattr4_decode_l0g0_17(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S34_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S34_unpack_from(buf, off)
     off += 8
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[11] = _nfsstat4_MAP[_t[1]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t1]
+    out[1] = _v1
+    out[11] = _v11
     return off
 
 
 def _fattr4_decode_l0g0_18(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S126_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S126_unpack_from(buf, off)
     off += 12
-    out[3] = _t[0]
-    out[11] = _nfsstat4_MAP[_t[1]]
+    _v11 = _nfsstat4_MAP[_t1]
+    out[3] = _t0
+    out[11] = _v11
     return off
 
 
 def _fattr4_decode_l0g0_19(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S127_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S127_unpack_from(buf, off)
     off += 16
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t2]
+    out[1] = _v1
+    out[3] = _t1
+    out[11] = _v11
     return off
 
 
 def _fattr4_decode_l0g0_20(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S126_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S126_unpack_from(buf, off)
     off += 12
-    out[4] = _t[0]
-    out[11] = _nfsstat4_MAP[_t[1]]
+    _v11 = _nfsstat4_MAP[_t1]
+    out[4] = _t0
+    out[11] = _v11
     return off
 
 
 def _fattr4_decode_l0g0_21(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S127_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S127_unpack_from(buf, off)
     off += 16
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t2]
+    out[1] = _v1
+    out[4] = _t1
+    out[11] = _v11
     return off
 
 
 def _fattr4_decode_l0g0_22(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S12_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S12_unpack_from(buf, off)
     off += 20
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
+    _v11 = _nfsstat4_MAP[_t2]
+    out[3] = _t0
+    out[4] = _t1
+    out[11] = _v11
     return off
 
 
 def _fattr4_decode_l0g0_23(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S28_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S28_unpack_from(buf, off)
     off += 24
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[11] = _nfsstat4_MAP[_t[3]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t3]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[11] = _v11
     return off
 
 
 def _fattr4_decode_l0g0_24(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S12_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S12_unpack_from(buf, off)
     off += 20
-    out[8] = fsid4(_t[0], _t[1])
-    out[11] = _nfsstat4_MAP[_t[2]]
+    _v8 = fsid4(_t0, _t1)
+    _v11 = _nfsstat4_MAP[_t2]
+    out[8] = _v8
+    out[11] = _v11
     return off
 
 
 def _fattr4_decode_l0g0_25(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S28_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S28_unpack_from(buf, off)
     off += 24
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
+    out[1] = _v1
+    out[8] = _v8
+    out[11] = _v11
     return off
 
 
 def _fattr4_decode_l0g0_26(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S128_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S128_unpack_from(buf, off)
     off += 28
-    out[3] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
+    out[3] = _t0
+    out[8] = _v8
+    out[11] = _v11
     return off
 
 
 def _fattr4_decode_l0g0_27(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S129_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S129_unpack_from(buf, off)
     off += 32
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
+    out[1] = _v1
+    out[3] = _t1
+    out[8] = _v8
+    out[11] = _v11
     return off
 
 
 def _fattr4_decode_l0g0_28(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S128_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S128_unpack_from(buf, off)
     off += 28
-    out[4] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
+    out[4] = _t0
+    out[8] = _v8
+    out[11] = _v11
     return off
 
 
 def _fattr4_decode_l0g0_29(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S129_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S129_unpack_from(buf, off)
     off += 32
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
+    out[1] = _v1
+    out[4] = _t1
+    out[8] = _v8
+    out[11] = _v11
     return off
 
 
 def _fattr4_decode_l0g0_30(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S130_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S130_unpack_from(buf, off)
     off += 36
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
+    out[3] = _t0
+    out[4] = _t1
+    out[8] = _v8
+    out[11] = _v11
     return off
 
 
 def _fattr4_decode_l0g0_31(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S131_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S131_unpack_from(buf, off)
     off += 40
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[8] = fsid4(_t[3], _t[4])
-    out[11] = _nfsstat4_MAP[_t[5]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t3, _t4)
+    _v11 = _nfsstat4_MAP[_t5]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[8] = _v8
+    out[11] = _v11
     return off
 
 
@@ -5438,15 +5419,16 @@ def _fattr4_decode_l0g0_32(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_33(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S2_unpack_from(buf, off)
+    (_t0,) = _fattr4_S2_unpack_from(buf, off)
     off += 4
-    out[1] = _nfs_ftype4_MAP[_t[0]]
+    _v1 = _nfs_ftype4_MAP[_t0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5454,15 +5436,16 @@ def _fattr4_decode_l0g0_33(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[1] = _v1
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_34(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t0,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[3] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5470,16 +5453,17 @@ def _fattr4_decode_l0g0_34(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[3] = _t0
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_35(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S33_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S33_unpack_from(buf, off)
     off += 12
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
+    _v1 = _nfs_ftype4_MAP[_t0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5487,15 +5471,17 @@ def _fattr4_decode_l0g0_35(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[1] = _v1
+    out[3] = _t1
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_36(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t0,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[4] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5503,16 +5489,17 @@ def _fattr4_decode_l0g0_36(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[4] = _t0
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_37(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S33_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S33_unpack_from(buf, off)
     off += 12
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
+    _v1 = _nfs_ftype4_MAP[_t0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5520,16 +5507,17 @@ def _fattr4_decode_l0g0_37(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[1] = _v1
+    out[4] = _t1
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_38(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S9_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S9_unpack_from(buf, off)
     off += 16
-    out[3] = _t[0]
-    out[4] = _t[1]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5537,17 +5525,18 @@ def _fattr4_decode_l0g0_38(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[3] = _t0
+    out[4] = _t1
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_39(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S29_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S29_unpack_from(buf, off)
     off += 20
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
+    _v1 = _nfs_ftype4_MAP[_t0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5555,15 +5544,19 @@ def _fattr4_decode_l0g0_39(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_40(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S9_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S9_unpack_from(buf, off)
     off += 16
-    out[8] = fsid4(_t[0], _t[1])
+    _v8 = fsid4(_t0, _t1)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5571,16 +5564,18 @@ def _fattr4_decode_l0g0_40(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[8] = _v8
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_41(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S29_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S29_unpack_from(buf, off)
     off += 20
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[8] = fsid4(_t[1], _t[2])
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t1, _t2)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5588,16 +5583,18 @@ def _fattr4_decode_l0g0_41(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[1] = _v1
+    out[8] = _v8
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_42(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S122_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S122_unpack_from(buf, off)
     off += 24
-    out[3] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
+    _v8 = fsid4(_t1, _t2)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5605,17 +5602,19 @@ def _fattr4_decode_l0g0_42(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[3] = _t0
+    out[8] = _v8
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_43(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S123_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S123_unpack_from(buf, off)
     off += 28
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5623,16 +5622,19 @@ def _fattr4_decode_l0g0_43(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[1] = _v1
+    out[3] = _t1
+    out[8] = _v8
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_44(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S122_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S122_unpack_from(buf, off)
     off += 24
-    out[4] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
+    _v8 = fsid4(_t1, _t2)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5640,17 +5642,19 @@ def _fattr4_decode_l0g0_44(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[4] = _t0
+    out[8] = _v8
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_45(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S123_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S123_unpack_from(buf, off)
     off += 28
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5658,17 +5662,19 @@ def _fattr4_decode_l0g0_45(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[1] = _v1
+    out[4] = _t1
+    out[8] = _v8
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_46(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S124_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S124_unpack_from(buf, off)
     off += 32
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
+    _v8 = fsid4(_t2, _t3)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5676,18 +5682,20 @@ def _fattr4_decode_l0g0_46(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[3] = _t0
+    out[4] = _t1
+    out[8] = _v8
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_47(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S125_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S125_unpack_from(buf, off)
     off += 36
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[8] = fsid4(_t[3], _t[4])
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t3, _t4)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5695,15 +5703,20 @@ def _fattr4_decode_l0g0_47(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[8] = _v8
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_48(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S2_unpack_from(buf, off)
+    (_t0,) = _fattr4_S2_unpack_from(buf, off)
     off += 4
-    out[11] = _nfsstat4_MAP[_t[0]]
+    _v11 = _nfsstat4_MAP[_t0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5711,16 +5724,18 @@ def _fattr4_decode_l0g0_48(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[11] = _v11
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_49(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S34_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S34_unpack_from(buf, off)
     off += 8
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[11] = _nfsstat4_MAP[_t[1]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t1]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5728,16 +5743,18 @@ def _fattr4_decode_l0g0_49(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[1] = _v1
+    out[11] = _v11
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_50(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S126_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S126_unpack_from(buf, off)
     off += 12
-    out[3] = _t[0]
-    out[11] = _nfsstat4_MAP[_t[1]]
+    _v11 = _nfsstat4_MAP[_t1]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5745,17 +5762,19 @@ def _fattr4_decode_l0g0_50(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[3] = _t0
+    out[11] = _v11
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_51(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S127_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S127_unpack_from(buf, off)
     off += 16
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t2]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5763,16 +5782,19 @@ def _fattr4_decode_l0g0_51(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[1] = _v1
+    out[3] = _t1
+    out[11] = _v11
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_52(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S126_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S126_unpack_from(buf, off)
     off += 12
-    out[4] = _t[0]
-    out[11] = _nfsstat4_MAP[_t[1]]
+    _v11 = _nfsstat4_MAP[_t1]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5780,17 +5802,19 @@ def _fattr4_decode_l0g0_52(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[4] = _t0
+    out[11] = _v11
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_53(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S127_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S127_unpack_from(buf, off)
     off += 16
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t2]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5798,17 +5822,19 @@ def _fattr4_decode_l0g0_53(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[1] = _v1
+    out[4] = _t1
+    out[11] = _v11
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_54(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S12_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S12_unpack_from(buf, off)
     off += 20
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
+    _v11 = _nfsstat4_MAP[_t2]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5816,18 +5842,20 @@ def _fattr4_decode_l0g0_54(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[3] = _t0
+    out[4] = _t1
+    out[11] = _v11
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_55(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S28_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S28_unpack_from(buf, off)
     off += 24
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[11] = _nfsstat4_MAP[_t[3]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t3]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5835,16 +5863,21 @@ def _fattr4_decode_l0g0_55(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[11] = _v11
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_56(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S12_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S12_unpack_from(buf, off)
     off += 20
-    out[8] = fsid4(_t[0], _t[1])
-    out[11] = _nfsstat4_MAP[_t[2]]
+    _v8 = fsid4(_t0, _t1)
+    _v11 = _nfsstat4_MAP[_t2]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5852,17 +5885,20 @@ def _fattr4_decode_l0g0_56(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_57(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S28_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S28_unpack_from(buf, off)
     off += 24
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5870,17 +5906,20 @@ def _fattr4_decode_l0g0_57(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[1] = _v1
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_58(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S128_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S128_unpack_from(buf, off)
     off += 28
-    out[3] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5888,18 +5927,21 @@ def _fattr4_decode_l0g0_58(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[3] = _t0
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_59(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S129_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S129_unpack_from(buf, off)
     off += 32
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5907,17 +5949,21 @@ def _fattr4_decode_l0g0_59(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[1] = _v1
+    out[3] = _t1
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_60(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S128_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S128_unpack_from(buf, off)
     off += 28
-    out[4] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5925,18 +5971,21 @@ def _fattr4_decode_l0g0_60(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[4] = _t0
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_61(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S129_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S129_unpack_from(buf, off)
     off += 32
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5944,18 +5993,21 @@ def _fattr4_decode_l0g0_61(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[1] = _v1
+    out[4] = _t1
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_62(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S130_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S130_unpack_from(buf, off)
     off += 36
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5963,19 +6015,22 @@ def _fattr4_decode_l0g0_62(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[3] = _t0
+    out[4] = _t1
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_63(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S131_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S131_unpack_from(buf, off)
     off += 40
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[8] = fsid4(_t[3], _t[4])
-    out[11] = _nfsstat4_MAP[_t[5]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t3, _t4)
+    _v11 = _nfsstat4_MAP[_t5]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -5983,312 +6038,366 @@ def _fattr4_decode_l0g0_63(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
     return off
 
 
 def _fattr4_decode_l0g0_64(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t0,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[20] = _t0
     return off
 
 
 def _fattr4_decode_l0g0_65(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S33_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S33_unpack_from(buf, off)
     off += 12
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[20] = _t[1]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    out[1] = _v1
+    out[20] = _t1
     return off
 
 
 def _fattr4_decode_l0g0_66(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S9_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S9_unpack_from(buf, off)
     off += 16
-    out[3] = _t[0]
-    out[20] = _t[1]
+    out[3] = _t0
+    out[20] = _t1
     return off
 
 
 def _fattr4_decode_l0g0_67(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S29_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S29_unpack_from(buf, off)
     off += 20
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[20] = _t[2]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    out[1] = _v1
+    out[3] = _t1
+    out[20] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_68(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S9_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S9_unpack_from(buf, off)
     off += 16
-    out[4] = _t[0]
-    out[20] = _t[1]
+    out[4] = _t0
+    out[20] = _t1
     return off
 
 
 def _fattr4_decode_l0g0_69(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S29_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S29_unpack_from(buf, off)
     off += 20
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[20] = _t[2]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    out[1] = _v1
+    out[4] = _t1
+    out[20] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_70(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S122_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S122_unpack_from(buf, off)
     off += 24
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[20] = _t[2]
+    out[3] = _t0
+    out[4] = _t1
+    out[20] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_71(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S123_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S123_unpack_from(buf, off)
     off += 28
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[20] = _t[3]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[20] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_72(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S122_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S122_unpack_from(buf, off)
     off += 24
-    out[8] = fsid4(_t[0], _t[1])
-    out[20] = _t[2]
+    _v8 = fsid4(_t0, _t1)
+    out[8] = _v8
+    out[20] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_73(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S123_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S123_unpack_from(buf, off)
     off += 28
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[8] = fsid4(_t[1], _t[2])
-    out[20] = _t[3]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t1, _t2)
+    out[1] = _v1
+    out[8] = _v8
+    out[20] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_74(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S124_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S124_unpack_from(buf, off)
     off += 32
-    out[3] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
-    out[20] = _t[3]
+    _v8 = fsid4(_t1, _t2)
+    out[3] = _t0
+    out[8] = _v8
+    out[20] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_75(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S125_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S125_unpack_from(buf, off)
     off += 36
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[20] = _t[4]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    out[1] = _v1
+    out[3] = _t1
+    out[8] = _v8
+    out[20] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_76(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S124_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S124_unpack_from(buf, off)
     off += 32
-    out[4] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
-    out[20] = _t[3]
+    _v8 = fsid4(_t1, _t2)
+    out[4] = _t0
+    out[8] = _v8
+    out[20] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_77(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S125_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S125_unpack_from(buf, off)
     off += 36
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[20] = _t[4]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    out[1] = _v1
+    out[4] = _t1
+    out[8] = _v8
+    out[20] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_78(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S132_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S132_unpack_from(buf, off)
     off += 40
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[20] = _t[4]
+    _v8 = fsid4(_t2, _t3)
+    out[3] = _t0
+    out[4] = _t1
+    out[8] = _v8
+    out[20] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_79(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S133_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S133_unpack_from(buf, off)
     off += 44
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[8] = fsid4(_t[3], _t[4])
-    out[20] = _t[5]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t3, _t4)
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[8] = _v8
+    out[20] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_80(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S33_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S33_unpack_from(buf, off)
     off += 12
-    out[11] = _nfsstat4_MAP[_t[0]]
-    out[20] = _t[1]
+    _v11 = _nfsstat4_MAP[_t0]
+    out[11] = _v11
+    out[20] = _t1
     return off
 
 
 def _fattr4_decode_l0g0_81(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S115_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S115_unpack_from(buf, off)
     off += 16
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[11] = _nfsstat4_MAP[_t[1]]
-    out[20] = _t[2]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t1]
+    out[1] = _v1
+    out[11] = _v11
+    out[20] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_82(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S134_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S134_unpack_from(buf, off)
     off += 20
-    out[3] = _t[0]
-    out[11] = _nfsstat4_MAP[_t[1]]
-    out[20] = _t[2]
+    _v11 = _nfsstat4_MAP[_t1]
+    out[3] = _t0
+    out[11] = _v11
+    out[20] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_83(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S135_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S135_unpack_from(buf, off)
     off += 24
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
-    out[20] = _t[3]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t2]
+    out[1] = _v1
+    out[3] = _t1
+    out[11] = _v11
+    out[20] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_84(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S134_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S134_unpack_from(buf, off)
     off += 20
-    out[4] = _t[0]
-    out[11] = _nfsstat4_MAP[_t[1]]
-    out[20] = _t[2]
+    _v11 = _nfsstat4_MAP[_t1]
+    out[4] = _t0
+    out[11] = _v11
+    out[20] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_85(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S135_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S135_unpack_from(buf, off)
     off += 24
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
-    out[20] = _t[3]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t2]
+    out[1] = _v1
+    out[4] = _t1
+    out[11] = _v11
+    out[20] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_86(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S136_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S136_unpack_from(buf, off)
     off += 28
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
-    out[20] = _t[3]
+    _v11 = _nfsstat4_MAP[_t2]
+    out[3] = _t0
+    out[4] = _t1
+    out[11] = _v11
+    out[20] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_87(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S137_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S137_unpack_from(buf, off)
     off += 32
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[11] = _nfsstat4_MAP[_t[3]]
-    out[20] = _t[4]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t3]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[11] = _v11
+    out[20] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_88(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S136_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S136_unpack_from(buf, off)
     off += 28
-    out[8] = fsid4(_t[0], _t[1])
-    out[11] = _nfsstat4_MAP[_t[2]]
-    out[20] = _t[3]
+    _v8 = fsid4(_t0, _t1)
+    _v11 = _nfsstat4_MAP[_t2]
+    out[8] = _v8
+    out[11] = _v11
+    out[20] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_89(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S137_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S137_unpack_from(buf, off)
     off += 32
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
-    out[20] = _t[4]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
+    out[1] = _v1
+    out[8] = _v8
+    out[11] = _v11
+    out[20] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_90(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S138_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S138_unpack_from(buf, off)
     off += 36
-    out[3] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
-    out[20] = _t[4]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
+    out[3] = _t0
+    out[8] = _v8
+    out[11] = _v11
+    out[20] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_91(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S139_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S139_unpack_from(buf, off)
     off += 40
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
-    out[20] = _t[5]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
+    out[1] = _v1
+    out[3] = _t1
+    out[8] = _v8
+    out[11] = _v11
+    out[20] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_92(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S138_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S138_unpack_from(buf, off)
     off += 36
-    out[4] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
-    out[20] = _t[4]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
+    out[4] = _t0
+    out[8] = _v8
+    out[11] = _v11
+    out[20] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_93(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S139_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S139_unpack_from(buf, off)
     off += 40
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
-    out[20] = _t[5]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
+    out[1] = _v1
+    out[4] = _t1
+    out[8] = _v8
+    out[11] = _v11
+    out[20] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_94(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S140_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S140_unpack_from(buf, off)
     off += 44
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
-    out[20] = _t[5]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
+    out[3] = _t0
+    out[4] = _t1
+    out[8] = _v8
+    out[11] = _v11
+    out[20] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_95(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S141_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S141_unpack_from(buf, off)
     off += 48
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[8] = fsid4(_t[3], _t[4])
-    out[11] = _nfsstat4_MAP[_t[5]]
-    out[20] = _t[6]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t3, _t4)
+    _v11 = _nfsstat4_MAP[_t5]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[8] = _v8
+    out[11] = _v11
+    out[20] = _t6
     return off
 
 
@@ -6300,18 +6409,19 @@ def _fattr4_decode_l0g0_96(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t0,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[19] = _v19
+    out[20] = _t0
     return off
 
 
 def _fattr4_decode_l0g0_97(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S2_unpack_from(buf, off)
+    (_t0,) = _fattr4_S2_unpack_from(buf, off)
     off += 4
-    out[1] = _nfs_ftype4_MAP[_t[0]]
+    _v1 = _nfs_ftype4_MAP[_t0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6319,18 +6429,19 @@ def _fattr4_decode_l0g0_97(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t1,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[1] = _v1
+    out[19] = _v19
+    out[20] = _t1
     return off
 
 
 def _fattr4_decode_l0g0_98(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t0,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[3] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6338,19 +6449,20 @@ def _fattr4_decode_l0g0_98(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t1,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[3] = _t0
+    out[19] = _v19
+    out[20] = _t1
     return off
 
 
 def _fattr4_decode_l0g0_99(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S33_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S33_unpack_from(buf, off)
     off += 12
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
+    _v1 = _nfs_ftype4_MAP[_t0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6358,18 +6470,20 @@ def _fattr4_decode_l0g0_99(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t2,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[1] = _v1
+    out[3] = _t1
+    out[19] = _v19
+    out[20] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_100(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t0,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[4] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6377,19 +6491,20 @@ def _fattr4_decode_l0g0_100(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t1,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[4] = _t0
+    out[19] = _v19
+    out[20] = _t1
     return off
 
 
 def _fattr4_decode_l0g0_101(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S33_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S33_unpack_from(buf, off)
     off += 12
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
+    _v1 = _nfs_ftype4_MAP[_t0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6397,19 +6512,20 @@ def _fattr4_decode_l0g0_101(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t2,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[1] = _v1
+    out[4] = _t1
+    out[19] = _v19
+    out[20] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_102(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S9_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S9_unpack_from(buf, off)
     off += 16
-    out[3] = _t[0]
-    out[4] = _t[1]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6417,20 +6533,21 @@ def _fattr4_decode_l0g0_102(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t2,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[3] = _t0
+    out[4] = _t1
+    out[19] = _v19
+    out[20] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_103(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S29_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S29_unpack_from(buf, off)
     off += 20
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
+    _v1 = _nfs_ftype4_MAP[_t0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6438,18 +6555,22 @@ def _fattr4_decode_l0g0_103(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t3,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[19] = _v19
+    out[20] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_104(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S9_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S9_unpack_from(buf, off)
     off += 16
-    out[8] = fsid4(_t[0], _t[1])
+    _v8 = fsid4(_t0, _t1)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6457,19 +6578,21 @@ def _fattr4_decode_l0g0_104(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t2,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[8] = _v8
+    out[19] = _v19
+    out[20] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_105(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S29_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S29_unpack_from(buf, off)
     off += 20
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[8] = fsid4(_t[1], _t[2])
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t1, _t2)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6477,19 +6600,21 @@ def _fattr4_decode_l0g0_105(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t3,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[1] = _v1
+    out[8] = _v8
+    out[19] = _v19
+    out[20] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_106(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S122_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S122_unpack_from(buf, off)
     off += 24
-    out[3] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
+    _v8 = fsid4(_t1, _t2)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6497,20 +6622,22 @@ def _fattr4_decode_l0g0_106(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t3,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[3] = _t0
+    out[8] = _v8
+    out[19] = _v19
+    out[20] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_107(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S123_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S123_unpack_from(buf, off)
     off += 28
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6518,19 +6645,22 @@ def _fattr4_decode_l0g0_107(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t4,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[1] = _v1
+    out[3] = _t1
+    out[8] = _v8
+    out[19] = _v19
+    out[20] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_108(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S122_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S122_unpack_from(buf, off)
     off += 24
-    out[4] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
+    _v8 = fsid4(_t1, _t2)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6538,20 +6668,22 @@ def _fattr4_decode_l0g0_108(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t3,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[4] = _t0
+    out[8] = _v8
+    out[19] = _v19
+    out[20] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_109(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S123_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S123_unpack_from(buf, off)
     off += 28
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6559,20 +6691,22 @@ def _fattr4_decode_l0g0_109(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t4,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[1] = _v1
+    out[4] = _t1
+    out[8] = _v8
+    out[19] = _v19
+    out[20] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_110(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S124_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S124_unpack_from(buf, off)
     off += 32
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
+    _v8 = fsid4(_t2, _t3)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6580,21 +6714,23 @@ def _fattr4_decode_l0g0_110(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t4,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[3] = _t0
+    out[4] = _t1
+    out[8] = _v8
+    out[19] = _v19
+    out[20] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_111(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S125_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S125_unpack_from(buf, off)
     off += 36
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[8] = fsid4(_t[3], _t[4])
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t3, _t4)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6602,18 +6738,23 @@ def _fattr4_decode_l0g0_111(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t5,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[8] = _v8
+    out[19] = _v19
+    out[20] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_112(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S2_unpack_from(buf, off)
+    (_t0,) = _fattr4_S2_unpack_from(buf, off)
     off += 4
-    out[11] = _nfsstat4_MAP[_t[0]]
+    _v11 = _nfsstat4_MAP[_t0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6621,19 +6762,21 @@ def _fattr4_decode_l0g0_112(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t1,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t1
     return off
 
 
 def _fattr4_decode_l0g0_113(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S34_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S34_unpack_from(buf, off)
     off += 8
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[11] = _nfsstat4_MAP[_t[1]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t1]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6641,19 +6784,21 @@ def _fattr4_decode_l0g0_113(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t2,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[1] = _v1
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_114(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S126_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S126_unpack_from(buf, off)
     off += 12
-    out[3] = _t[0]
-    out[11] = _nfsstat4_MAP[_t[1]]
+    _v11 = _nfsstat4_MAP[_t1]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6661,20 +6806,22 @@ def _fattr4_decode_l0g0_114(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t2,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[3] = _t0
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_115(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S127_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S127_unpack_from(buf, off)
     off += 16
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t2]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6682,19 +6829,22 @@ def _fattr4_decode_l0g0_115(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t3,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[1] = _v1
+    out[3] = _t1
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_116(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S126_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S126_unpack_from(buf, off)
     off += 12
-    out[4] = _t[0]
-    out[11] = _nfsstat4_MAP[_t[1]]
+    _v11 = _nfsstat4_MAP[_t1]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6702,20 +6852,22 @@ def _fattr4_decode_l0g0_116(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t2,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[4] = _t0
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_117(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S127_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S127_unpack_from(buf, off)
     off += 16
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t2]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6723,20 +6875,22 @@ def _fattr4_decode_l0g0_117(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t3,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[1] = _v1
+    out[4] = _t1
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_118(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S12_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S12_unpack_from(buf, off)
     off += 20
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
+    _v11 = _nfsstat4_MAP[_t2]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6744,21 +6898,23 @@ def _fattr4_decode_l0g0_118(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t3,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[3] = _t0
+    out[4] = _t1
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_119(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S28_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S28_unpack_from(buf, off)
     off += 24
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[11] = _nfsstat4_MAP[_t[3]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t3]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6766,19 +6922,24 @@ def _fattr4_decode_l0g0_119(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t4,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_120(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S12_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S12_unpack_from(buf, off)
     off += 20
-    out[8] = fsid4(_t[0], _t[1])
-    out[11] = _nfsstat4_MAP[_t[2]]
+    _v8 = fsid4(_t0, _t1)
+    _v11 = _nfsstat4_MAP[_t2]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6786,20 +6947,23 @@ def _fattr4_decode_l0g0_120(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t3,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_121(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S28_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S28_unpack_from(buf, off)
     off += 24
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6807,20 +6971,23 @@ def _fattr4_decode_l0g0_121(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t4,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[1] = _v1
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_122(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S128_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S128_unpack_from(buf, off)
     off += 28
-    out[3] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6828,21 +6995,24 @@ def _fattr4_decode_l0g0_122(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t4,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[3] = _t0
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_123(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S129_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S129_unpack_from(buf, off)
     off += 32
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6850,20 +7020,24 @@ def _fattr4_decode_l0g0_123(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t5,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[1] = _v1
+    out[3] = _t1
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_124(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S128_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S128_unpack_from(buf, off)
     off += 28
-    out[4] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6871,21 +7045,24 @@ def _fattr4_decode_l0g0_124(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t4,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[4] = _t0
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_125(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S129_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S129_unpack_from(buf, off)
     off += 32
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6893,21 +7070,24 @@ def _fattr4_decode_l0g0_125(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t5,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[1] = _v1
+    out[4] = _t1
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_126(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S130_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S130_unpack_from(buf, off)
     off += 36
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6915,22 +7095,25 @@ def _fattr4_decode_l0g0_126(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t5,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[3] = _t0
+    out[4] = _t1
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_127(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S131_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S131_unpack_from(buf, off)
     off += 40
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[8] = fsid4(_t[3], _t[4])
-    out[11] = _nfsstat4_MAP[_t[5]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t3, _t4)
+    _v11 = _nfsstat4_MAP[_t5]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -6938,315 +7121,369 @@ def _fattr4_decode_l0g0_127(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t6,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[20] = _t[0]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t6
     return off
 
 
 def _fattr4_decode_l0g0_128(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[33] = _t0
     return off
 
 
 def _fattr4_decode_l0g0_129(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S23_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S23_unpack_from(buf, off)
     off += 8
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[33] = _t[1]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    out[1] = _v1
+    out[33] = _t1
     return off
 
 
 def _fattr4_decode_l0g0_130(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[3] = _t[0]
-    out[33] = _t[1]
+    out[3] = _t0
+    out[33] = _t1
     return off
 
 
 def _fattr4_decode_l0g0_131(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S82_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S82_unpack_from(buf, off)
     off += 16
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[33] = _t[2]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    out[1] = _v1
+    out[3] = _t1
+    out[33] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_132(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[4] = _t[0]
-    out[33] = _t[1]
+    out[4] = _t0
+    out[33] = _t1
     return off
 
 
 def _fattr4_decode_l0g0_133(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S82_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S82_unpack_from(buf, off)
     off += 16
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[33] = _t[2]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    out[1] = _v1
+    out[4] = _t1
+    out[33] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_134(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S142_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S142_unpack_from(buf, off)
     off += 20
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[33] = _t[2]
+    out[3] = _t0
+    out[4] = _t1
+    out[33] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_135(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S143_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S143_unpack_from(buf, off)
     off += 24
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[33] = _t[3]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_136(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S142_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S142_unpack_from(buf, off)
     off += 20
-    out[8] = fsid4(_t[0], _t[1])
-    out[33] = _t[2]
+    _v8 = fsid4(_t0, _t1)
+    out[8] = _v8
+    out[33] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_137(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S143_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S143_unpack_from(buf, off)
     off += 24
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[8] = fsid4(_t[1], _t[2])
-    out[33] = _t[3]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t1, _t2)
+    out[1] = _v1
+    out[8] = _v8
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_138(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S144_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S144_unpack_from(buf, off)
     off += 28
-    out[3] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
-    out[33] = _t[3]
+    _v8 = fsid4(_t1, _t2)
+    out[3] = _t0
+    out[8] = _v8
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_139(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S145_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S145_unpack_from(buf, off)
     off += 32
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[33] = _t[4]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    out[1] = _v1
+    out[3] = _t1
+    out[8] = _v8
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_140(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S144_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S144_unpack_from(buf, off)
     off += 28
-    out[4] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
-    out[33] = _t[3]
+    _v8 = fsid4(_t1, _t2)
+    out[4] = _t0
+    out[8] = _v8
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_141(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S145_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S145_unpack_from(buf, off)
     off += 32
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[33] = _t[4]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    out[1] = _v1
+    out[4] = _t1
+    out[8] = _v8
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_142(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S146_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S146_unpack_from(buf, off)
     off += 36
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[33] = _t[4]
+    _v8 = fsid4(_t2, _t3)
+    out[3] = _t0
+    out[4] = _t1
+    out[8] = _v8
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_143(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S147_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S147_unpack_from(buf, off)
     off += 40
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[8] = fsid4(_t[3], _t[4])
-    out[33] = _t[5]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t3, _t4)
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[8] = _v8
+    out[33] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_144(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S23_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S23_unpack_from(buf, off)
     off += 8
-    out[11] = _nfsstat4_MAP[_t[0]]
-    out[33] = _t[1]
+    _v11 = _nfsstat4_MAP[_t0]
+    out[11] = _v11
+    out[33] = _t1
     return off
 
 
 def _fattr4_decode_l0g0_145(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S31_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S31_unpack_from(buf, off)
     off += 12
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[11] = _nfsstat4_MAP[_t[1]]
-    out[33] = _t[2]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t1]
+    out[1] = _v1
+    out[11] = _v11
+    out[33] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_146(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S148_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S148_unpack_from(buf, off)
     off += 16
-    out[3] = _t[0]
-    out[11] = _nfsstat4_MAP[_t[1]]
-    out[33] = _t[2]
+    _v11 = _nfsstat4_MAP[_t1]
+    out[3] = _t0
+    out[11] = _v11
+    out[33] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_147(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S149_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S149_unpack_from(buf, off)
     off += 20
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
-    out[33] = _t[3]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t2]
+    out[1] = _v1
+    out[3] = _t1
+    out[11] = _v11
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_148(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S148_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S148_unpack_from(buf, off)
     off += 16
-    out[4] = _t[0]
-    out[11] = _nfsstat4_MAP[_t[1]]
-    out[33] = _t[2]
+    _v11 = _nfsstat4_MAP[_t1]
+    out[4] = _t0
+    out[11] = _v11
+    out[33] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_149(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S149_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S149_unpack_from(buf, off)
     off += 20
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
-    out[33] = _t[3]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t2]
+    out[1] = _v1
+    out[4] = _t1
+    out[11] = _v11
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_150(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S150_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S150_unpack_from(buf, off)
     off += 24
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
-    out[33] = _t[3]
+    _v11 = _nfsstat4_MAP[_t2]
+    out[3] = _t0
+    out[4] = _t1
+    out[11] = _v11
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_151(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S151_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S151_unpack_from(buf, off)
     off += 28
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[11] = _nfsstat4_MAP[_t[3]]
-    out[33] = _t[4]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t3]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[11] = _v11
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_152(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S150_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S150_unpack_from(buf, off)
     off += 24
-    out[8] = fsid4(_t[0], _t[1])
-    out[11] = _nfsstat4_MAP[_t[2]]
-    out[33] = _t[3]
+    _v8 = fsid4(_t0, _t1)
+    _v11 = _nfsstat4_MAP[_t2]
+    out[8] = _v8
+    out[11] = _v11
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_153(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S151_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S151_unpack_from(buf, off)
     off += 28
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
-    out[33] = _t[4]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
+    out[1] = _v1
+    out[8] = _v8
+    out[11] = _v11
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_154(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S152_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S152_unpack_from(buf, off)
     off += 32
-    out[3] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
-    out[33] = _t[4]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
+    out[3] = _t0
+    out[8] = _v8
+    out[11] = _v11
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_155(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S153_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S153_unpack_from(buf, off)
     off += 36
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
-    out[33] = _t[5]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
+    out[1] = _v1
+    out[3] = _t1
+    out[8] = _v8
+    out[11] = _v11
+    out[33] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_156(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S152_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S152_unpack_from(buf, off)
     off += 32
-    out[4] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
-    out[33] = _t[4]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
+    out[4] = _t0
+    out[8] = _v8
+    out[11] = _v11
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_157(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S153_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S153_unpack_from(buf, off)
     off += 36
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
-    out[33] = _t[5]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
+    out[1] = _v1
+    out[4] = _t1
+    out[8] = _v8
+    out[11] = _v11
+    out[33] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_158(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S154_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S154_unpack_from(buf, off)
     off += 40
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
-    out[33] = _t[5]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
+    out[3] = _t0
+    out[4] = _t1
+    out[8] = _v8
+    out[11] = _v11
+    out[33] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_159(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S155_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S155_unpack_from(buf, off)
     off += 44
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[8] = fsid4(_t[3], _t[4])
-    out[11] = _nfsstat4_MAP[_t[5]]
-    out[33] = _t[6]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t3, _t4)
+    _v11 = _nfsstat4_MAP[_t5]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[8] = _v8
+    out[11] = _v11
+    out[33] = _t6
     return off
 
 
@@ -7258,18 +7495,19 @@ def _fattr4_decode_l0g0_160(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[19] = _v19
+    out[33] = _t0
     return off
 
 
 def _fattr4_decode_l0g0_161(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S2_unpack_from(buf, off)
+    (_t0,) = _fattr4_S2_unpack_from(buf, off)
     off += 4
-    out[1] = _nfs_ftype4_MAP[_t[0]]
+    _v1 = _nfs_ftype4_MAP[_t0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7277,18 +7515,19 @@ def _fattr4_decode_l0g0_161(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t1,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[1] = _v1
+    out[19] = _v19
+    out[33] = _t1
     return off
 
 
 def _fattr4_decode_l0g0_162(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t0,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[3] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7296,19 +7535,20 @@ def _fattr4_decode_l0g0_162(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t1,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[3] = _t0
+    out[19] = _v19
+    out[33] = _t1
     return off
 
 
 def _fattr4_decode_l0g0_163(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S33_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S33_unpack_from(buf, off)
     off += 12
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
+    _v1 = _nfs_ftype4_MAP[_t0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7316,18 +7556,20 @@ def _fattr4_decode_l0g0_163(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t2,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[1] = _v1
+    out[3] = _t1
+    out[19] = _v19
+    out[33] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_164(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t0,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[4] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7335,19 +7577,20 @@ def _fattr4_decode_l0g0_164(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t1,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[4] = _t0
+    out[19] = _v19
+    out[33] = _t1
     return off
 
 
 def _fattr4_decode_l0g0_165(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S33_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S33_unpack_from(buf, off)
     off += 12
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
+    _v1 = _nfs_ftype4_MAP[_t0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7355,19 +7598,20 @@ def _fattr4_decode_l0g0_165(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t2,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[1] = _v1
+    out[4] = _t1
+    out[19] = _v19
+    out[33] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_166(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S9_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S9_unpack_from(buf, off)
     off += 16
-    out[3] = _t[0]
-    out[4] = _t[1]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7375,20 +7619,21 @@ def _fattr4_decode_l0g0_166(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t2,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[3] = _t0
+    out[4] = _t1
+    out[19] = _v19
+    out[33] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_167(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S29_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S29_unpack_from(buf, off)
     off += 20
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
+    _v1 = _nfs_ftype4_MAP[_t0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7396,18 +7641,22 @@ def _fattr4_decode_l0g0_167(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t3,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[19] = _v19
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_168(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S9_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S9_unpack_from(buf, off)
     off += 16
-    out[8] = fsid4(_t[0], _t[1])
+    _v8 = fsid4(_t0, _t1)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7415,19 +7664,21 @@ def _fattr4_decode_l0g0_168(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t2,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[8] = _v8
+    out[19] = _v19
+    out[33] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_169(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S29_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S29_unpack_from(buf, off)
     off += 20
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[8] = fsid4(_t[1], _t[2])
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t1, _t2)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7435,19 +7686,21 @@ def _fattr4_decode_l0g0_169(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t3,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[1] = _v1
+    out[8] = _v8
+    out[19] = _v19
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_170(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S122_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S122_unpack_from(buf, off)
     off += 24
-    out[3] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
+    _v8 = fsid4(_t1, _t2)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7455,20 +7708,22 @@ def _fattr4_decode_l0g0_170(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t3,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[3] = _t0
+    out[8] = _v8
+    out[19] = _v19
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_171(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S123_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S123_unpack_from(buf, off)
     off += 28
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7476,19 +7731,22 @@ def _fattr4_decode_l0g0_171(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t4,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[1] = _v1
+    out[3] = _t1
+    out[8] = _v8
+    out[19] = _v19
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_172(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S122_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S122_unpack_from(buf, off)
     off += 24
-    out[4] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
+    _v8 = fsid4(_t1, _t2)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7496,20 +7754,22 @@ def _fattr4_decode_l0g0_172(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t3,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[4] = _t0
+    out[8] = _v8
+    out[19] = _v19
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_173(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S123_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S123_unpack_from(buf, off)
     off += 28
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7517,20 +7777,22 @@ def _fattr4_decode_l0g0_173(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t4,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[1] = _v1
+    out[4] = _t1
+    out[8] = _v8
+    out[19] = _v19
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_174(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S124_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S124_unpack_from(buf, off)
     off += 32
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
+    _v8 = fsid4(_t2, _t3)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7538,21 +7800,23 @@ def _fattr4_decode_l0g0_174(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t4,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[3] = _t0
+    out[4] = _t1
+    out[8] = _v8
+    out[19] = _v19
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_175(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S125_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S125_unpack_from(buf, off)
     off += 36
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[8] = fsid4(_t[3], _t[4])
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t3, _t4)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7560,18 +7824,23 @@ def _fattr4_decode_l0g0_175(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t5,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[8] = _v8
+    out[19] = _v19
+    out[33] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_176(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S2_unpack_from(buf, off)
+    (_t0,) = _fattr4_S2_unpack_from(buf, off)
     off += 4
-    out[11] = _nfsstat4_MAP[_t[0]]
+    _v11 = _nfsstat4_MAP[_t0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7579,19 +7848,21 @@ def _fattr4_decode_l0g0_176(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t1,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[11] = _v11
+    out[19] = _v19
+    out[33] = _t1
     return off
 
 
 def _fattr4_decode_l0g0_177(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S34_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S34_unpack_from(buf, off)
     off += 8
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[11] = _nfsstat4_MAP[_t[1]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t1]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7599,19 +7870,21 @@ def _fattr4_decode_l0g0_177(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t2,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[1] = _v1
+    out[11] = _v11
+    out[19] = _v19
+    out[33] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_178(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S126_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S126_unpack_from(buf, off)
     off += 12
-    out[3] = _t[0]
-    out[11] = _nfsstat4_MAP[_t[1]]
+    _v11 = _nfsstat4_MAP[_t1]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7619,20 +7892,22 @@ def _fattr4_decode_l0g0_178(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t2,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[3] = _t0
+    out[11] = _v11
+    out[19] = _v19
+    out[33] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_179(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S127_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S127_unpack_from(buf, off)
     off += 16
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t2]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7640,19 +7915,22 @@ def _fattr4_decode_l0g0_179(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t3,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[1] = _v1
+    out[3] = _t1
+    out[11] = _v11
+    out[19] = _v19
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_180(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S126_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S126_unpack_from(buf, off)
     off += 12
-    out[4] = _t[0]
-    out[11] = _nfsstat4_MAP[_t[1]]
+    _v11 = _nfsstat4_MAP[_t1]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7660,20 +7938,22 @@ def _fattr4_decode_l0g0_180(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t2,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[4] = _t0
+    out[11] = _v11
+    out[19] = _v19
+    out[33] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_181(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S127_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S127_unpack_from(buf, off)
     off += 16
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t2]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7681,20 +7961,22 @@ def _fattr4_decode_l0g0_181(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t3,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[1] = _v1
+    out[4] = _t1
+    out[11] = _v11
+    out[19] = _v19
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_182(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S12_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S12_unpack_from(buf, off)
     off += 20
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
+    _v11 = _nfsstat4_MAP[_t2]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7702,21 +7984,23 @@ def _fattr4_decode_l0g0_182(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t3,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[3] = _t0
+    out[4] = _t1
+    out[11] = _v11
+    out[19] = _v19
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_183(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S28_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S28_unpack_from(buf, off)
     off += 24
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[11] = _nfsstat4_MAP[_t[3]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t3]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7724,19 +8008,24 @@ def _fattr4_decode_l0g0_183(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t4,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[11] = _v11
+    out[19] = _v19
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_184(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S12_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S12_unpack_from(buf, off)
     off += 20
-    out[8] = fsid4(_t[0], _t[1])
-    out[11] = _nfsstat4_MAP[_t[2]]
+    _v8 = fsid4(_t0, _t1)
+    _v11 = _nfsstat4_MAP[_t2]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7744,20 +8033,23 @@ def _fattr4_decode_l0g0_184(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t3,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_185(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S28_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S28_unpack_from(buf, off)
     off += 24
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7765,20 +8057,23 @@ def _fattr4_decode_l0g0_185(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t4,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[1] = _v1
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_186(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S128_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S128_unpack_from(buf, off)
     off += 28
-    out[3] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7786,21 +8081,24 @@ def _fattr4_decode_l0g0_186(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t4,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[3] = _t0
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_187(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S129_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S129_unpack_from(buf, off)
     off += 32
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7808,20 +8106,24 @@ def _fattr4_decode_l0g0_187(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t5,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[1] = _v1
+    out[3] = _t1
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[33] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_188(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S128_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S128_unpack_from(buf, off)
     off += 28
-    out[4] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7829,21 +8131,24 @@ def _fattr4_decode_l0g0_188(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t4,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[4] = _t0
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_189(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S129_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S129_unpack_from(buf, off)
     off += 32
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7851,21 +8156,24 @@ def _fattr4_decode_l0g0_189(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t5,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[1] = _v1
+    out[4] = _t1
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[33] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_190(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S130_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S130_unpack_from(buf, off)
     off += 36
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7873,22 +8181,25 @@ def _fattr4_decode_l0g0_190(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t5,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[3] = _t0
+    out[4] = _t1
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[33] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_191(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S131_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S131_unpack_from(buf, off)
     off += 40
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[8] = fsid4(_t[3], _t[4])
-    out[11] = _nfsstat4_MAP[_t[5]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t3, _t4)
+    _v11 = _nfsstat4_MAP[_t5]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -7896,347 +8207,401 @@ def _fattr4_decode_l0g0_191(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t6,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[33] = _t[0]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[33] = _t6
     return off
 
 
 def _fattr4_decode_l0g0_192(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[20] = _t0
+    out[33] = _t1
     return off
 
 
 def _fattr4_decode_l0g0_193(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S82_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S82_unpack_from(buf, off)
     off += 16
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[20] = _t[1]
-    out[33] = _t[2]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    out[1] = _v1
+    out[20] = _t1
+    out[33] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_194(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S142_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S142_unpack_from(buf, off)
     off += 20
-    out[3] = _t[0]
-    out[20] = _t[1]
-    out[33] = _t[2]
+    out[3] = _t0
+    out[20] = _t1
+    out[33] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_195(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S143_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S143_unpack_from(buf, off)
     off += 24
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[20] = _t[2]
-    out[33] = _t[3]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    out[1] = _v1
+    out[3] = _t1
+    out[20] = _t2
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_196(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S142_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S142_unpack_from(buf, off)
     off += 20
-    out[4] = _t[0]
-    out[20] = _t[1]
-    out[33] = _t[2]
+    out[4] = _t0
+    out[20] = _t1
+    out[33] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_197(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S143_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S143_unpack_from(buf, off)
     off += 24
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[20] = _t[2]
-    out[33] = _t[3]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    out[1] = _v1
+    out[4] = _t1
+    out[20] = _t2
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_198(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S144_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S144_unpack_from(buf, off)
     off += 28
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[20] = _t[2]
-    out[33] = _t[3]
+    out[3] = _t0
+    out[4] = _t1
+    out[20] = _t2
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_199(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S145_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S145_unpack_from(buf, off)
     off += 32
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[20] = _t[3]
-    out[33] = _t[4]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[20] = _t3
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_200(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S144_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S144_unpack_from(buf, off)
     off += 28
-    out[8] = fsid4(_t[0], _t[1])
-    out[20] = _t[2]
-    out[33] = _t[3]
+    _v8 = fsid4(_t0, _t1)
+    out[8] = _v8
+    out[20] = _t2
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_201(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S145_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S145_unpack_from(buf, off)
     off += 32
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[8] = fsid4(_t[1], _t[2])
-    out[20] = _t[3]
-    out[33] = _t[4]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t1, _t2)
+    out[1] = _v1
+    out[8] = _v8
+    out[20] = _t3
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_202(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S146_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S146_unpack_from(buf, off)
     off += 36
-    out[3] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
-    out[20] = _t[3]
-    out[33] = _t[4]
+    _v8 = fsid4(_t1, _t2)
+    out[3] = _t0
+    out[8] = _v8
+    out[20] = _t3
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_203(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S147_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S147_unpack_from(buf, off)
     off += 40
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[20] = _t[4]
-    out[33] = _t[5]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    out[1] = _v1
+    out[3] = _t1
+    out[8] = _v8
+    out[20] = _t4
+    out[33] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_204(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S146_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S146_unpack_from(buf, off)
     off += 36
-    out[4] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
-    out[20] = _t[3]
-    out[33] = _t[4]
+    _v8 = fsid4(_t1, _t2)
+    out[4] = _t0
+    out[8] = _v8
+    out[20] = _t3
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_205(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S147_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S147_unpack_from(buf, off)
     off += 40
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[20] = _t[4]
-    out[33] = _t[5]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    out[1] = _v1
+    out[4] = _t1
+    out[8] = _v8
+    out[20] = _t4
+    out[33] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_206(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S156_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S156_unpack_from(buf, off)
     off += 44
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[20] = _t[4]
-    out[33] = _t[5]
+    _v8 = fsid4(_t2, _t3)
+    out[3] = _t0
+    out[4] = _t1
+    out[8] = _v8
+    out[20] = _t4
+    out[33] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_207(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S157_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S157_unpack_from(buf, off)
     off += 48
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[8] = fsid4(_t[3], _t[4])
-    out[20] = _t[5]
-    out[33] = _t[6]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t3, _t4)
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[8] = _v8
+    out[20] = _t5
+    out[33] = _t6
     return off
 
 
 def _fattr4_decode_l0g0_208(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S82_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S82_unpack_from(buf, off)
     off += 16
-    out[11] = _nfsstat4_MAP[_t[0]]
-    out[20] = _t[1]
-    out[33] = _t[2]
+    _v11 = _nfsstat4_MAP[_t0]
+    out[11] = _v11
+    out[20] = _t1
+    out[33] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_209(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S158_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S158_unpack_from(buf, off)
     off += 20
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[11] = _nfsstat4_MAP[_t[1]]
-    out[20] = _t[2]
-    out[33] = _t[3]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t1]
+    out[1] = _v1
+    out[11] = _v11
+    out[20] = _t2
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_210(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S159_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S159_unpack_from(buf, off)
     off += 24
-    out[3] = _t[0]
-    out[11] = _nfsstat4_MAP[_t[1]]
-    out[20] = _t[2]
-    out[33] = _t[3]
+    _v11 = _nfsstat4_MAP[_t1]
+    out[3] = _t0
+    out[11] = _v11
+    out[20] = _t2
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_211(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S160_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S160_unpack_from(buf, off)
     off += 28
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
-    out[20] = _t[3]
-    out[33] = _t[4]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t2]
+    out[1] = _v1
+    out[3] = _t1
+    out[11] = _v11
+    out[20] = _t3
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_212(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S159_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S159_unpack_from(buf, off)
     off += 24
-    out[4] = _t[0]
-    out[11] = _nfsstat4_MAP[_t[1]]
-    out[20] = _t[2]
-    out[33] = _t[3]
+    _v11 = _nfsstat4_MAP[_t1]
+    out[4] = _t0
+    out[11] = _v11
+    out[20] = _t2
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_213(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S160_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S160_unpack_from(buf, off)
     off += 28
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
-    out[20] = _t[3]
-    out[33] = _t[4]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t2]
+    out[1] = _v1
+    out[4] = _t1
+    out[11] = _v11
+    out[20] = _t3
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_214(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S161_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S161_unpack_from(buf, off)
     off += 32
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
-    out[20] = _t[3]
-    out[33] = _t[4]
+    _v11 = _nfsstat4_MAP[_t2]
+    out[3] = _t0
+    out[4] = _t1
+    out[11] = _v11
+    out[20] = _t3
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_215(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S162_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S162_unpack_from(buf, off)
     off += 36
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[11] = _nfsstat4_MAP[_t[3]]
-    out[20] = _t[4]
-    out[33] = _t[5]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t3]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[11] = _v11
+    out[20] = _t4
+    out[33] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_216(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S161_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S161_unpack_from(buf, off)
     off += 32
-    out[8] = fsid4(_t[0], _t[1])
-    out[11] = _nfsstat4_MAP[_t[2]]
-    out[20] = _t[3]
-    out[33] = _t[4]
+    _v8 = fsid4(_t0, _t1)
+    _v11 = _nfsstat4_MAP[_t2]
+    out[8] = _v8
+    out[11] = _v11
+    out[20] = _t3
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_217(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S162_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S162_unpack_from(buf, off)
     off += 36
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
-    out[20] = _t[4]
-    out[33] = _t[5]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
+    out[1] = _v1
+    out[8] = _v8
+    out[11] = _v11
+    out[20] = _t4
+    out[33] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_218(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S163_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S163_unpack_from(buf, off)
     off += 40
-    out[3] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
-    out[20] = _t[4]
-    out[33] = _t[5]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
+    out[3] = _t0
+    out[8] = _v8
+    out[11] = _v11
+    out[20] = _t4
+    out[33] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_219(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S164_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S164_unpack_from(buf, off)
     off += 44
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
-    out[20] = _t[5]
-    out[33] = _t[6]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
+    out[1] = _v1
+    out[3] = _t1
+    out[8] = _v8
+    out[11] = _v11
+    out[20] = _t5
+    out[33] = _t6
     return off
 
 
 def _fattr4_decode_l0g0_220(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S163_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S163_unpack_from(buf, off)
     off += 40
-    out[4] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
-    out[20] = _t[4]
-    out[33] = _t[5]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
+    out[4] = _t0
+    out[8] = _v8
+    out[11] = _v11
+    out[20] = _t4
+    out[33] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_221(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S164_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S164_unpack_from(buf, off)
     off += 44
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
-    out[20] = _t[5]
-    out[33] = _t[6]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
+    out[1] = _v1
+    out[4] = _t1
+    out[8] = _v8
+    out[11] = _v11
+    out[20] = _t5
+    out[33] = _t6
     return off
 
 
 def _fattr4_decode_l0g0_222(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S165_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S165_unpack_from(buf, off)
     off += 48
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
-    out[20] = _t[5]
-    out[33] = _t[6]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
+    out[3] = _t0
+    out[4] = _t1
+    out[8] = _v8
+    out[11] = _v11
+    out[20] = _t5
+    out[33] = _t6
     return off
 
 
 def _fattr4_decode_l0g0_223(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S166_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S166_unpack_from(buf, off)
     off += 52
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[8] = fsid4(_t[3], _t[4])
-    out[11] = _nfsstat4_MAP[_t[5]]
-    out[20] = _t[6]
-    out[33] = _t[7]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t3, _t4)
+    _v11 = _nfsstat4_MAP[_t5]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[8] = _v8
+    out[11] = _v11
+    out[20] = _t6
+    out[33] = _t7
     return off
 
 
@@ -8248,19 +8613,20 @@ def _fattr4_decode_l0g0_224(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[19] = _v19
+    out[20] = _t0
+    out[33] = _t1
     return off
 
 
 def _fattr4_decode_l0g0_225(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S2_unpack_from(buf, off)
+    (_t0,) = _fattr4_S2_unpack_from(buf, off)
     off += 4
-    out[1] = _nfs_ftype4_MAP[_t[0]]
+    _v1 = _nfs_ftype4_MAP[_t0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8268,19 +8634,20 @@ def _fattr4_decode_l0g0_225(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t1, _t2 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[1] = _v1
+    out[19] = _v19
+    out[20] = _t1
+    out[33] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_226(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t0,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[3] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8288,20 +8655,21 @@ def _fattr4_decode_l0g0_226(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t1, _t2 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[3] = _t0
+    out[19] = _v19
+    out[20] = _t1
+    out[33] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_227(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S33_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S33_unpack_from(buf, off)
     off += 12
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
+    _v1 = _nfs_ftype4_MAP[_t0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8309,19 +8677,21 @@ def _fattr4_decode_l0g0_227(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t2, _t3 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[1] = _v1
+    out[3] = _t1
+    out[19] = _v19
+    out[20] = _t2
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_228(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t0,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[4] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8329,20 +8699,21 @@ def _fattr4_decode_l0g0_228(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t1, _t2 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[4] = _t0
+    out[19] = _v19
+    out[20] = _t1
+    out[33] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_229(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S33_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S33_unpack_from(buf, off)
     off += 12
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
+    _v1 = _nfs_ftype4_MAP[_t0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8350,20 +8721,21 @@ def _fattr4_decode_l0g0_229(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t2, _t3 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[1] = _v1
+    out[4] = _t1
+    out[19] = _v19
+    out[20] = _t2
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_230(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S9_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S9_unpack_from(buf, off)
     off += 16
-    out[3] = _t[0]
-    out[4] = _t[1]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8371,21 +8743,22 @@ def _fattr4_decode_l0g0_230(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t2, _t3 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[3] = _t0
+    out[4] = _t1
+    out[19] = _v19
+    out[20] = _t2
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_231(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S29_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S29_unpack_from(buf, off)
     off += 20
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
+    _v1 = _nfs_ftype4_MAP[_t0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8393,19 +8766,23 @@ def _fattr4_decode_l0g0_231(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t3, _t4 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[19] = _v19
+    out[20] = _t3
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_232(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S9_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S9_unpack_from(buf, off)
     off += 16
-    out[8] = fsid4(_t[0], _t[1])
+    _v8 = fsid4(_t0, _t1)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8413,20 +8790,22 @@ def _fattr4_decode_l0g0_232(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t2, _t3 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[8] = _v8
+    out[19] = _v19
+    out[20] = _t2
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_233(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S29_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S29_unpack_from(buf, off)
     off += 20
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[8] = fsid4(_t[1], _t[2])
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t1, _t2)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8434,20 +8813,22 @@ def _fattr4_decode_l0g0_233(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t3, _t4 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[1] = _v1
+    out[8] = _v8
+    out[19] = _v19
+    out[20] = _t3
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_234(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S122_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S122_unpack_from(buf, off)
     off += 24
-    out[3] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
+    _v8 = fsid4(_t1, _t2)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8455,21 +8836,23 @@ def _fattr4_decode_l0g0_234(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t3, _t4 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[3] = _t0
+    out[8] = _v8
+    out[19] = _v19
+    out[20] = _t3
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_235(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S123_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S123_unpack_from(buf, off)
     off += 28
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8477,20 +8860,23 @@ def _fattr4_decode_l0g0_235(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t4, _t5 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[1] = _v1
+    out[3] = _t1
+    out[8] = _v8
+    out[19] = _v19
+    out[20] = _t4
+    out[33] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_236(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S122_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S122_unpack_from(buf, off)
     off += 24
-    out[4] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
+    _v8 = fsid4(_t1, _t2)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8498,21 +8884,23 @@ def _fattr4_decode_l0g0_236(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t3, _t4 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[4] = _t0
+    out[8] = _v8
+    out[19] = _v19
+    out[20] = _t3
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_237(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S123_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S123_unpack_from(buf, off)
     off += 28
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8520,21 +8908,23 @@ def _fattr4_decode_l0g0_237(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t4, _t5 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[1] = _v1
+    out[4] = _t1
+    out[8] = _v8
+    out[19] = _v19
+    out[20] = _t4
+    out[33] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_238(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S124_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S124_unpack_from(buf, off)
     off += 32
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
+    _v8 = fsid4(_t2, _t3)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8542,22 +8932,24 @@ def _fattr4_decode_l0g0_238(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t4, _t5 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[3] = _t0
+    out[4] = _t1
+    out[8] = _v8
+    out[19] = _v19
+    out[20] = _t4
+    out[33] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_239(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S125_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S125_unpack_from(buf, off)
     off += 36
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[8] = fsid4(_t[3], _t[4])
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t3, _t4)
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8565,19 +8957,24 @@ def _fattr4_decode_l0g0_239(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t5, _t6 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[8] = _v8
+    out[19] = _v19
+    out[20] = _t5
+    out[33] = _t6
     return off
 
 
 def _fattr4_decode_l0g0_240(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S2_unpack_from(buf, off)
+    (_t0,) = _fattr4_S2_unpack_from(buf, off)
     off += 4
-    out[11] = _nfsstat4_MAP[_t[0]]
+    _v11 = _nfsstat4_MAP[_t0]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8585,20 +8982,22 @@ def _fattr4_decode_l0g0_240(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t1, _t2 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t1
+    out[33] = _t2
     return off
 
 
 def _fattr4_decode_l0g0_241(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S34_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S34_unpack_from(buf, off)
     off += 8
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[11] = _nfsstat4_MAP[_t[1]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t1]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8606,20 +9005,22 @@ def _fattr4_decode_l0g0_241(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t2, _t3 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[1] = _v1
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t2
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_242(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S126_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S126_unpack_from(buf, off)
     off += 12
-    out[3] = _t[0]
-    out[11] = _nfsstat4_MAP[_t[1]]
+    _v11 = _nfsstat4_MAP[_t1]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8627,21 +9028,23 @@ def _fattr4_decode_l0g0_242(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t2, _t3 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[3] = _t0
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t2
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_243(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S127_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S127_unpack_from(buf, off)
     off += 16
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t2]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8649,20 +9052,23 @@ def _fattr4_decode_l0g0_243(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t3, _t4 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[1] = _v1
+    out[3] = _t1
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t3
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_244(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S126_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S126_unpack_from(buf, off)
     off += 12
-    out[4] = _t[0]
-    out[11] = _nfsstat4_MAP[_t[1]]
+    _v11 = _nfsstat4_MAP[_t1]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8670,21 +9076,23 @@ def _fattr4_decode_l0g0_244(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t2, _t3 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[4] = _t0
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t2
+    out[33] = _t3
     return off
 
 
 def _fattr4_decode_l0g0_245(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S127_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S127_unpack_from(buf, off)
     off += 16
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t2]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8692,21 +9100,23 @@ def _fattr4_decode_l0g0_245(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t3, _t4 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[1] = _v1
+    out[4] = _t1
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t3
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_246(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S12_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S12_unpack_from(buf, off)
     off += 20
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[11] = _nfsstat4_MAP[_t[2]]
+    _v11 = _nfsstat4_MAP[_t2]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8714,22 +9124,24 @@ def _fattr4_decode_l0g0_246(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t3, _t4 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[3] = _t0
+    out[4] = _t1
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t3
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_247(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S28_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S28_unpack_from(buf, off)
     off += 24
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[11] = _nfsstat4_MAP[_t[3]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v11 = _nfsstat4_MAP[_t3]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8737,20 +9149,25 @@ def _fattr4_decode_l0g0_247(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t4, _t5 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t4
+    out[33] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_248(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S12_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S12_unpack_from(buf, off)
     off += 20
-    out[8] = fsid4(_t[0], _t[1])
-    out[11] = _nfsstat4_MAP[_t[2]]
+    _v8 = fsid4(_t0, _t1)
+    _v11 = _nfsstat4_MAP[_t2]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8758,21 +9175,24 @@ def _fattr4_decode_l0g0_248(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t3, _t4 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t3
+    out[33] = _t4
     return off
 
 
 def _fattr4_decode_l0g0_249(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S28_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S28_unpack_from(buf, off)
     off += 24
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8780,21 +9200,24 @@ def _fattr4_decode_l0g0_249(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t4, _t5 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[1] = _v1
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t4
+    out[33] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_250(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S128_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S128_unpack_from(buf, off)
     off += 28
-    out[3] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8802,22 +9225,25 @@ def _fattr4_decode_l0g0_250(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t4, _t5 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[3] = _t0
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t4
+    out[33] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_251(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S129_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S129_unpack_from(buf, off)
     off += 32
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8825,21 +9251,25 @@ def _fattr4_decode_l0g0_251(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t5, _t6 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[1] = _v1
+    out[3] = _t1
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t5
+    out[33] = _t6
     return off
 
 
 def _fattr4_decode_l0g0_252(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S128_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S128_unpack_from(buf, off)
     off += 28
-    out[4] = _t[0]
-    out[8] = fsid4(_t[1], _t[2])
-    out[11] = _nfsstat4_MAP[_t[3]]
+    _v8 = fsid4(_t1, _t2)
+    _v11 = _nfsstat4_MAP[_t3]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8847,22 +9277,25 @@ def _fattr4_decode_l0g0_252(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t4, _t5 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[4] = _t0
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t4
+    out[33] = _t5
     return off
 
 
 def _fattr4_decode_l0g0_253(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S129_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S129_unpack_from(buf, off)
     off += 32
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8870,22 +9303,25 @@ def _fattr4_decode_l0g0_253(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t5, _t6 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[1] = _v1
+    out[4] = _t1
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t5
+    out[33] = _t6
     return off
 
 
 def _fattr4_decode_l0g0_254(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S130_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S130_unpack_from(buf, off)
     off += 36
-    out[3] = _t[0]
-    out[4] = _t[1]
-    out[8] = fsid4(_t[2], _t[3])
-    out[11] = _nfsstat4_MAP[_t[4]]
+    _v8 = fsid4(_t2, _t3)
+    _v11 = _nfsstat4_MAP[_t4]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8893,23 +9329,26 @@ def _fattr4_decode_l0g0_254(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t5, _t6 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[3] = _t0
+    out[4] = _t1
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t5
+    out[33] = _t6
     return off
 
 
 def _fattr4_decode_l0g0_255(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S131_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S131_unpack_from(buf, off)
     off += 40
-    out[1] = _nfs_ftype4_MAP[_t[0]]
-    out[3] = _t[1]
-    out[4] = _t[2]
-    out[8] = fsid4(_t[3], _t[4])
-    out[11] = _nfsstat4_MAP[_t[5]]
+    _v1 = _nfs_ftype4_MAP[_t0]
+    _v8 = fsid4(_t3, _t4)
+    _v11 = _nfsstat4_MAP[_t5]
     (_n,) = _U32.unpack_from(buf, off)
     if _n > 128:
         raise _XdrError('fattr4_filehandle: length %d exceeds 128' % _n, off)
@@ -8917,19 +9356,25 @@ def _fattr4_decode_l0g0_255(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[19] = bytes(buf[off:_e])
+    _v19 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S21_unpack_from(buf, off)
+    _t6, _t7 = _fattr4_S21_unpack_from(buf, off)
     off += 12
-    out[20] = _t[0]
-    out[33] = _t[1]
+    out[1] = _v1
+    out[3] = _t1
+    out[4] = _t2
+    out[8] = _v8
+    out[11] = _v11
+    out[19] = _v19
+    out[20] = _t6
+    out[33] = _t7
     return off
 
 
 def _fattr4_decode_l0g1_1(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
+    out[35] = _t0
     return off
 
 
@@ -8939,22 +9384,24 @@ def _fattr4_decode_l0g1_2(r: _Reader, buf: _Any, off: int, out: dict[int, _Any])
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[36] = _v36
     return off
 
 
 def _fattr4_decode_l0g1_3(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[35] = _t0
+    out[36] = _v36
     return off
 
 
@@ -8964,22 +9411,24 @@ def _fattr4_decode_l0g1_4(r: _Reader, buf: _Any, off: int, out: dict[int, _Any])
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[37] = _v37
     return off
 
 
 def _fattr4_decode_l0g1_5(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[35] = _t0
+    out[37] = _v37
     return off
 
 
@@ -8989,51 +9438,57 @@ def _fattr4_decode_l0g1_6(r: _Reader, buf: _Any, off: int, out: dict[int, _Any])
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[36] = _v36
+    out[37] = _v37
     return off
 
 
 def _fattr4_decode_l0g1_7(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
     return off
 
 
 def _fattr4_decode_l0g1_8(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S1_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S1_unpack_from(buf, off)
     off += 8
-    out[41] = specdata4(_t[0], _t[1])
+    _v41 = specdata4(_t0, _t1)
+    out[41] = _v41
     return off
 
 
 def _fattr4_decode_l0g1_9(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S10_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S10_unpack_from(buf, off)
     off += 12
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
+    _v41 = specdata4(_t1, _t2)
+    out[35] = _t0
+    out[41] = _v41
     return off
 
 
@@ -9043,28 +9498,32 @@ def _fattr4_decode_l0g1_10(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S1_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S1_unpack_from(buf, off)
     off += 8
-    out[41] = specdata4(_t[0], _t[1])
+    _v41 = specdata4(_t0, _t1)
+    out[36] = _v36
+    out[41] = _v41
     return off
 
 
 def _fattr4_decode_l0g1_11(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S1_unpack_from(buf, off)
+    _t1, _t2 = _fattr4_S1_unpack_from(buf, off)
     off += 8
-    out[41] = specdata4(_t[0], _t[1])
+    _v41 = specdata4(_t1, _t2)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
     return off
 
 
@@ -9074,28 +9533,32 @@ def _fattr4_decode_l0g1_12(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S1_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S1_unpack_from(buf, off)
     off += 8
-    out[41] = specdata4(_t[0], _t[1])
+    _v41 = specdata4(_t0, _t1)
+    out[37] = _v37
+    out[41] = _v41
     return off
 
 
 def _fattr4_decode_l0g1_13(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S1_unpack_from(buf, off)
+    _t1, _t2 = _fattr4_S1_unpack_from(buf, off)
     off += 8
-    out[41] = specdata4(_t[0], _t[1])
+    _v41 = specdata4(_t1, _t2)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
     return off
 
 
@@ -9105,57 +9568,63 @@ def _fattr4_decode_l0g1_14(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S1_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S1_unpack_from(buf, off)
     off += 8
-    out[41] = specdata4(_t[0], _t[1])
+    _v41 = specdata4(_t0, _t1)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
     return off
 
 
 def _fattr4_decode_l0g1_15(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S1_unpack_from(buf, off)
+    _t1, _t2 = _fattr4_S1_unpack_from(buf, off)
     off += 8
-    out[41] = specdata4(_t[0], _t[1])
+    _v41 = specdata4(_t1, _t2)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
     return off
 
 
 def _fattr4_decode_l0g1_16(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t0,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[45] = _t[0]
+    out[45] = _t0
     return off
 
 
 def _fattr4_decode_l0g1_17(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S62_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S62_unpack_from(buf, off)
     off += 12
-    out[35] = _t[0]
-    out[45] = _t[1]
+    out[35] = _t0
+    out[45] = _t1
     return off
 
 
@@ -9165,28 +9634,30 @@ def _fattr4_decode_l0g1_18(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t0,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[45] = _t[0]
+    out[36] = _v36
+    out[45] = _t0
     return off
 
 
 def _fattr4_decode_l0g1_19(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t1,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[45] = _t[0]
+    out[35] = _t0
+    out[36] = _v36
+    out[45] = _t1
     return off
 
 
@@ -9196,28 +9667,30 @@ def _fattr4_decode_l0g1_20(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t0,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[45] = _t[0]
+    out[37] = _v37
+    out[45] = _t0
     return off
 
 
 def _fattr4_decode_l0g1_21(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t1,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[45] = _t[0]
+    out[35] = _t0
+    out[37] = _v37
+    out[45] = _t1
     return off
 
 
@@ -9227,59 +9700,65 @@ def _fattr4_decode_l0g1_22(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t0,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[45] = _t[0]
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t0
     return off
 
 
 def _fattr4_decode_l0g1_23(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t1,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[45] = _t[0]
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t1
     return off
 
 
 def _fattr4_decode_l0g1_24(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S167_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S167_unpack_from(buf, off)
     off += 16
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
+    _v41 = specdata4(_t0, _t1)
+    out[41] = _v41
+    out[45] = _t2
     return off
 
 
 def _fattr4_decode_l0g1_25(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S168_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S168_unpack_from(buf, off)
     off += 20
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[45] = _t[3]
+    _v41 = specdata4(_t1, _t2)
+    out[35] = _t0
+    out[41] = _v41
+    out[45] = _t3
     return off
 
 
@@ -9289,30 +9768,34 @@ def _fattr4_decode_l0g1_26(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S167_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S167_unpack_from(buf, off)
     off += 16
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
+    _v41 = specdata4(_t0, _t1)
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t2
     return off
 
 
 def _fattr4_decode_l0g1_27(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S167_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S167_unpack_from(buf, off)
     off += 16
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
+    _v41 = specdata4(_t1, _t2)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t3
     return off
 
 
@@ -9322,30 +9805,34 @@ def _fattr4_decode_l0g1_28(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S167_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S167_unpack_from(buf, off)
     off += 16
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
+    _v41 = specdata4(_t0, _t1)
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
     return off
 
 
 def _fattr4_decode_l0g1_29(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S167_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S167_unpack_from(buf, off)
     off += 16
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
+    _v41 = specdata4(_t1, _t2)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
     return off
 
 
@@ -9355,59 +9842,67 @@ def _fattr4_decode_l0g1_30(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S167_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S167_unpack_from(buf, off)
     off += 16
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
+    _v41 = specdata4(_t0, _t1)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
     return off
 
 
 def _fattr4_decode_l0g1_31(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S167_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S167_unpack_from(buf, off)
     off += 16
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
+    _v41 = specdata4(_t1, _t2)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
     return off
 
 
 def _fattr4_decode_l0g1_32(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S7_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S7_unpack_from(buf, off)
     off += 12
-    out[47] = nfstime4(_t[0], _t[1])
+    _v47 = nfstime4(_t0, _t1)
+    out[47] = _v47
     return off
 
 
 def _fattr4_decode_l0g1_33(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S61_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S61_unpack_from(buf, off)
     off += 16
-    out[35] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
+    _v47 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[47] = _v47
     return off
 
 
@@ -9417,28 +9912,32 @@ def _fattr4_decode_l0g1_34(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S7_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S7_unpack_from(buf, off)
     off += 12
-    out[47] = nfstime4(_t[0], _t[1])
+    _v47 = nfstime4(_t0, _t1)
+    out[36] = _v36
+    out[47] = _v47
     return off
 
 
 def _fattr4_decode_l0g1_35(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S7_unpack_from(buf, off)
+    _t1, _t2 = _fattr4_S7_unpack_from(buf, off)
     off += 12
-    out[47] = nfstime4(_t[0], _t[1])
+    _v47 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[36] = _v36
+    out[47] = _v47
     return off
 
 
@@ -9448,28 +9947,32 @@ def _fattr4_decode_l0g1_36(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S7_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S7_unpack_from(buf, off)
     off += 12
-    out[47] = nfstime4(_t[0], _t[1])
+    _v47 = nfstime4(_t0, _t1)
+    out[37] = _v37
+    out[47] = _v47
     return off
 
 
 def _fattr4_decode_l0g1_37(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S7_unpack_from(buf, off)
+    _t1, _t2 = _fattr4_S7_unpack_from(buf, off)
     off += 12
-    out[47] = nfstime4(_t[0], _t[1])
+    _v47 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[37] = _v37
+    out[47] = _v47
     return off
 
 
@@ -9479,59 +9982,69 @@ def _fattr4_decode_l0g1_38(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S7_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S7_unpack_from(buf, off)
     off += 12
-    out[47] = nfstime4(_t[0], _t[1])
+    _v47 = nfstime4(_t0, _t1)
+    out[36] = _v36
+    out[37] = _v37
+    out[47] = _v47
     return off
 
 
 def _fattr4_decode_l0g1_39(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S7_unpack_from(buf, off)
+    _t1, _t2 = _fattr4_S7_unpack_from(buf, off)
     off += 12
-    out[47] = nfstime4(_t[0], _t[1])
+    _v47 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[47] = _v47
     return off
 
 
 def _fattr4_decode_l0g1_40(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S169_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S169_unpack_from(buf, off)
     off += 20
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    out[41] = _v41
+    out[47] = _v47
     return off
 
 
 def _fattr4_decode_l0g1_41(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S170_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S170_unpack_from(buf, off)
     off += 24
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[47] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[41] = _v41
+    out[47] = _v47
     return off
 
 
@@ -9541,30 +10054,36 @@ def _fattr4_decode_l0g1_42(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S169_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S169_unpack_from(buf, off)
     off += 20
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[41] = _v41
+    out[47] = _v47
     return off
 
 
 def _fattr4_decode_l0g1_43(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S169_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S169_unpack_from(buf, off)
     off += 20
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[47] = _v47
     return off
 
 
@@ -9574,30 +10093,36 @@ def _fattr4_decode_l0g1_44(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S169_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S169_unpack_from(buf, off)
     off += 20
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
     return off
 
 
 def _fattr4_decode_l0g1_45(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S169_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S169_unpack_from(buf, off)
     off += 20
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
     return off
 
 
@@ -9607,61 +10132,71 @@ def _fattr4_decode_l0g1_46(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S169_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S169_unpack_from(buf, off)
     off += 20
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
     return off
 
 
 def _fattr4_decode_l0g1_47(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S169_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S169_unpack_from(buf, off)
     off += 20
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
     return off
 
 
 def _fattr4_decode_l0g1_48(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S171_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S171_unpack_from(buf, off)
     off += 20
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
+    _v47 = nfstime4(_t1, _t2)
+    out[45] = _t0
+    out[47] = _v47
     return off
 
 
 def _fattr4_decode_l0g1_49(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S172_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S172_unpack_from(buf, off)
     off += 24
-    out[35] = _t[0]
-    out[45] = _t[1]
-    out[47] = nfstime4(_t[2], _t[3])
+    _v47 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[45] = _t1
+    out[47] = _v47
     return off
 
 
@@ -9671,30 +10206,34 @@ def _fattr4_decode_l0g1_50(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S171_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S171_unpack_from(buf, off)
     off += 20
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
+    _v47 = nfstime4(_t1, _t2)
+    out[36] = _v36
+    out[45] = _t0
+    out[47] = _v47
     return off
 
 
 def _fattr4_decode_l0g1_51(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S171_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S171_unpack_from(buf, off)
     off += 20
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
+    _v47 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[36] = _v36
+    out[45] = _t1
+    out[47] = _v47
     return off
 
 
@@ -9704,30 +10243,34 @@ def _fattr4_decode_l0g1_52(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S171_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S171_unpack_from(buf, off)
     off += 20
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
+    _v47 = nfstime4(_t1, _t2)
+    out[37] = _v37
+    out[45] = _t0
+    out[47] = _v47
     return off
 
 
 def _fattr4_decode_l0g1_53(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S171_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S171_unpack_from(buf, off)
     off += 20
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
+    _v47 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[37] = _v37
+    out[45] = _t1
+    out[47] = _v47
     return off
 
 
@@ -9737,63 +10280,73 @@ def _fattr4_decode_l0g1_54(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S171_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S171_unpack_from(buf, off)
     off += 20
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
+    _v47 = nfstime4(_t1, _t2)
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t0
+    out[47] = _v47
     return off
 
 
 def _fattr4_decode_l0g1_55(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S171_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S171_unpack_from(buf, off)
     off += 20
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
+    _v47 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t1
+    out[47] = _v47
     return off
 
 
 def _fattr4_decode_l0g1_56(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S173_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S173_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
     return off
 
 
 def _fattr4_decode_l0g1_57(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S174_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S174_unpack_from(buf, off)
     off += 32
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[45] = _t[3]
-    out[47] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
     return off
 
 
@@ -9803,32 +10356,38 @@ def _fattr4_decode_l0g1_58(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S173_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S173_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
     return off
 
 
 def _fattr4_decode_l0g1_59(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S173_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S173_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
     return off
 
 
@@ -9838,32 +10397,38 @@ def _fattr4_decode_l0g1_60(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S173_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S173_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
     return off
 
 
 def _fattr4_decode_l0g1_61(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S173_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S173_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
     return off
 
 
@@ -9873,61 +10438,71 @@ def _fattr4_decode_l0g1_62(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S173_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S173_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
     return off
 
 
 def _fattr4_decode_l0g1_63(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S173_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S173_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
     return off
 
 
 def _fattr4_decode_l0g1_64(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S7_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S7_unpack_from(buf, off)
     off += 12
-    out[52] = nfstime4(_t[0], _t[1])
+    _v52 = nfstime4(_t0, _t1)
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_65(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S61_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S61_unpack_from(buf, off)
     off += 16
-    out[35] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
+    _v52 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[52] = _v52
     return off
 
 
@@ -9937,28 +10512,32 @@ def _fattr4_decode_l0g1_66(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S7_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S7_unpack_from(buf, off)
     off += 12
-    out[52] = nfstime4(_t[0], _t[1])
+    _v52 = nfstime4(_t0, _t1)
+    out[36] = _v36
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_67(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S7_unpack_from(buf, off)
+    _t1, _t2 = _fattr4_S7_unpack_from(buf, off)
     off += 12
-    out[52] = nfstime4(_t[0], _t[1])
+    _v52 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[36] = _v36
+    out[52] = _v52
     return off
 
 
@@ -9968,28 +10547,32 @@ def _fattr4_decode_l0g1_68(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S7_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S7_unpack_from(buf, off)
     off += 12
-    out[52] = nfstime4(_t[0], _t[1])
+    _v52 = nfstime4(_t0, _t1)
+    out[37] = _v37
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_69(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S7_unpack_from(buf, off)
+    _t1, _t2 = _fattr4_S7_unpack_from(buf, off)
     off += 12
-    out[52] = nfstime4(_t[0], _t[1])
+    _v52 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[37] = _v37
+    out[52] = _v52
     return off
 
 
@@ -9999,59 +10582,69 @@ def _fattr4_decode_l0g1_70(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S7_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S7_unpack_from(buf, off)
     off += 12
-    out[52] = nfstime4(_t[0], _t[1])
+    _v52 = nfstime4(_t0, _t1)
+    out[36] = _v36
+    out[37] = _v37
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_71(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S7_unpack_from(buf, off)
+    _t1, _t2 = _fattr4_S7_unpack_from(buf, off)
     off += 12
-    out[52] = nfstime4(_t[0], _t[1])
+    _v52 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_72(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S169_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S169_unpack_from(buf, off)
     off += 20
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    out[41] = _v41
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_73(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S170_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S170_unpack_from(buf, off)
     off += 24
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[41] = _v41
+    out[52] = _v52
     return off
 
 
@@ -10061,30 +10654,36 @@ def _fattr4_decode_l0g1_74(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S169_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S169_unpack_from(buf, off)
     off += 20
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[41] = _v41
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_75(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S169_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S169_unpack_from(buf, off)
     off += 20
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[52] = _v52
     return off
 
 
@@ -10094,30 +10693,36 @@ def _fattr4_decode_l0g1_76(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S169_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S169_unpack_from(buf, off)
     off += 20
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    out[37] = _v37
+    out[41] = _v41
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_77(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S169_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S169_unpack_from(buf, off)
     off += 20
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[52] = _v52
     return off
 
 
@@ -10127,61 +10732,71 @@ def _fattr4_decode_l0g1_78(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S169_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S169_unpack_from(buf, off)
     off += 20
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_79(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S169_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S169_unpack_from(buf, off)
     off += 20
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_80(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S171_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S171_unpack_from(buf, off)
     off += 20
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
+    _v52 = nfstime4(_t1, _t2)
+    out[45] = _t0
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_81(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S172_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S172_unpack_from(buf, off)
     off += 24
-    out[35] = _t[0]
-    out[45] = _t[1]
-    out[52] = nfstime4(_t[2], _t[3])
+    _v52 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[45] = _t1
+    out[52] = _v52
     return off
 
 
@@ -10191,30 +10806,34 @@ def _fattr4_decode_l0g1_82(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S171_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S171_unpack_from(buf, off)
     off += 20
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
+    _v52 = nfstime4(_t1, _t2)
+    out[36] = _v36
+    out[45] = _t0
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_83(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S171_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S171_unpack_from(buf, off)
     off += 20
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
+    _v52 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[36] = _v36
+    out[45] = _t1
+    out[52] = _v52
     return off
 
 
@@ -10224,30 +10843,34 @@ def _fattr4_decode_l0g1_84(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S171_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S171_unpack_from(buf, off)
     off += 20
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
+    _v52 = nfstime4(_t1, _t2)
+    out[37] = _v37
+    out[45] = _t0
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_85(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S171_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S171_unpack_from(buf, off)
     off += 20
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
+    _v52 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[37] = _v37
+    out[45] = _t1
+    out[52] = _v52
     return off
 
 
@@ -10257,63 +10880,73 @@ def _fattr4_decode_l0g1_86(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S171_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S171_unpack_from(buf, off)
     off += 20
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
+    _v52 = nfstime4(_t1, _t2)
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t0
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_87(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S171_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S171_unpack_from(buf, off)
     off += 20
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
+    _v52 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t1
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_88(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S173_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S173_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t3, _t4)
+    out[41] = _v41
+    out[45] = _t2
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_89(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S174_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S174_unpack_from(buf, off)
     off += 32
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[45] = _t[3]
-    out[52] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[41] = _v41
+    out[45] = _t3
+    out[52] = _v52
     return off
 
 
@@ -10323,32 +10956,38 @@ def _fattr4_decode_l0g1_90(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S173_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S173_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t2
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_91(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S173_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S173_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t3
+    out[52] = _v52
     return off
 
 
@@ -10358,32 +10997,38 @@ def _fattr4_decode_l0g1_92(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S173_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S173_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t3, _t4)
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_93(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S173_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S173_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[52] = _v52
     return off
 
 
@@ -10393,63 +11038,75 @@ def _fattr4_decode_l0g1_94(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S173_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S173_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_95(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S173_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S173_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_96(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S56_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S56_unpack_from(buf, off)
     off += 24
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
+    _v47 = nfstime4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_97(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S175_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S175_unpack_from(buf, off)
     off += 28
-    out[35] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
@@ -10459,30 +11116,36 @@ def _fattr4_decode_l0g1_98(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S56_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S56_unpack_from(buf, off)
     off += 24
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
+    _v47 = nfstime4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_99(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S56_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S56_unpack_from(buf, off)
     off += 24
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
@@ -10492,30 +11155,36 @@ def _fattr4_decode_l0g1_100(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S56_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S56_unpack_from(buf, off)
     off += 24
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
+    _v47 = nfstime4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    out[37] = _v37
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_101(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S56_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S56_unpack_from(buf, off)
     off += 24
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[37] = _v37
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
@@ -10525,63 +11194,77 @@ def _fattr4_decode_l0g1_102(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S56_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S56_unpack_from(buf, off)
     off += 24
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
+    _v47 = nfstime4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[37] = _v37
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_103(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S56_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S56_unpack_from(buf, off)
     off += 24
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_104(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S176_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S176_unpack_from(buf, off)
     off += 32
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_105(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S177_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S177_unpack_from(buf, off)
     off += 36
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
@@ -10591,32 +11274,40 @@ def _fattr4_decode_l0g1_106(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S176_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S176_unpack_from(buf, off)
     off += 32
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    out[36] = _v36
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_107(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S176_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S176_unpack_from(buf, off)
     off += 32
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
@@ -10626,32 +11317,40 @@ def _fattr4_decode_l0g1_108(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S176_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S176_unpack_from(buf, off)
     off += 32
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_109(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S176_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S176_unpack_from(buf, off)
     off += 32
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
@@ -10661,65 +11360,79 @@ def _fattr4_decode_l0g1_110(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S176_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S176_unpack_from(buf, off)
     off += 32
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_111(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S176_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S176_unpack_from(buf, off)
     off += 32
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_112(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S178_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S178_unpack_from(buf, off)
     off += 32
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[45] = _t0
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_113(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S179_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S179_unpack_from(buf, off)
     off += 36
-    out[35] = _t[0]
-    out[45] = _t[1]
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[45] = _t1
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
@@ -10729,32 +11442,38 @@ def _fattr4_decode_l0g1_114(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S178_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S178_unpack_from(buf, off)
     off += 32
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[45] = _t0
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_115(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S178_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S178_unpack_from(buf, off)
     off += 32
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[45] = _t1
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
@@ -10764,32 +11483,38 @@ def _fattr4_decode_l0g1_116(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S178_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S178_unpack_from(buf, off)
     off += 32
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[37] = _v37
+    out[45] = _t0
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_117(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S178_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S178_unpack_from(buf, off)
     off += 32
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[37] = _v37
+    out[45] = _t1
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
@@ -10799,67 +11524,81 @@ def _fattr4_decode_l0g1_118(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S178_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S178_unpack_from(buf, off)
     off += 32
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t0
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_119(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S178_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S178_unpack_from(buf, off)
     off += 32
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t1
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_120(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S180_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S180_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_121(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S181_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S181_unpack_from(buf, off)
     off += 44
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[45] = _t[3]
-    out[47] = nfstime4(_t[4], _t[5])
-    out[52] = nfstime4(_t[6], _t[7])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v52 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
@@ -10869,34 +11608,42 @@ def _fattr4_decode_l0g1_122(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S180_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S180_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_123(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S180_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S180_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v52 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
@@ -10906,34 +11653,42 @@ def _fattr4_decode_l0g1_124(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S180_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S180_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_125(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S180_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S180_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v52 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
@@ -10943,63 +11698,75 @@ def _fattr4_decode_l0g1_126(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S180_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S180_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_127(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S180_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S180_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v52 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[52] = _v52
     return off
 
 
 def _fattr4_decode_l0g1_128(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S7_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S7_unpack_from(buf, off)
     off += 12
-    out[53] = nfstime4(_t[0], _t[1])
+    _v53 = nfstime4(_t0, _t1)
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_129(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S61_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S61_unpack_from(buf, off)
     off += 16
-    out[35] = _t[0]
-    out[53] = nfstime4(_t[1], _t[2])
+    _v53 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[53] = _v53
     return off
 
 
@@ -11009,28 +11776,32 @@ def _fattr4_decode_l0g1_130(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S7_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S7_unpack_from(buf, off)
     off += 12
-    out[53] = nfstime4(_t[0], _t[1])
+    _v53 = nfstime4(_t0, _t1)
+    out[36] = _v36
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_131(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S7_unpack_from(buf, off)
+    _t1, _t2 = _fattr4_S7_unpack_from(buf, off)
     off += 12
-    out[53] = nfstime4(_t[0], _t[1])
+    _v53 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[36] = _v36
+    out[53] = _v53
     return off
 
 
@@ -11040,28 +11811,32 @@ def _fattr4_decode_l0g1_132(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S7_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S7_unpack_from(buf, off)
     off += 12
-    out[53] = nfstime4(_t[0], _t[1])
+    _v53 = nfstime4(_t0, _t1)
+    out[37] = _v37
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_133(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S7_unpack_from(buf, off)
+    _t1, _t2 = _fattr4_S7_unpack_from(buf, off)
     off += 12
-    out[53] = nfstime4(_t[0], _t[1])
+    _v53 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[37] = _v37
+    out[53] = _v53
     return off
 
 
@@ -11071,59 +11846,69 @@ def _fattr4_decode_l0g1_134(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S7_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S7_unpack_from(buf, off)
     off += 12
-    out[53] = nfstime4(_t[0], _t[1])
+    _v53 = nfstime4(_t0, _t1)
+    out[36] = _v36
+    out[37] = _v37
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_135(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S7_unpack_from(buf, off)
+    _t1, _t2 = _fattr4_S7_unpack_from(buf, off)
     off += 12
-    out[53] = nfstime4(_t[0], _t[1])
+    _v53 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_136(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S169_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S169_unpack_from(buf, off)
     off += 20
-    out[41] = specdata4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
+    _v41 = specdata4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[41] = _v41
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_137(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S170_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S170_unpack_from(buf, off)
     off += 24
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[41] = _v41
+    out[53] = _v53
     return off
 
 
@@ -11133,30 +11918,36 @@ def _fattr4_decode_l0g1_138(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S169_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S169_unpack_from(buf, off)
     off += 20
-    out[41] = specdata4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
+    _v41 = specdata4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[41] = _v41
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_139(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S169_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S169_unpack_from(buf, off)
     off += 20
-    out[41] = specdata4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
+    _v41 = specdata4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[53] = _v53
     return off
 
 
@@ -11166,30 +11957,36 @@ def _fattr4_decode_l0g1_140(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S169_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S169_unpack_from(buf, off)
     off += 20
-    out[41] = specdata4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
+    _v41 = specdata4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[37] = _v37
+    out[41] = _v41
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_141(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S169_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S169_unpack_from(buf, off)
     off += 20
-    out[41] = specdata4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
+    _v41 = specdata4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[53] = _v53
     return off
 
 
@@ -11199,61 +11996,71 @@ def _fattr4_decode_l0g1_142(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S169_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S169_unpack_from(buf, off)
     off += 20
-    out[41] = specdata4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
+    _v41 = specdata4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_143(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S169_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S169_unpack_from(buf, off)
     off += 20
-    out[41] = specdata4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
+    _v41 = specdata4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_144(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S171_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S171_unpack_from(buf, off)
     off += 20
-    out[45] = _t[0]
-    out[53] = nfstime4(_t[1], _t[2])
+    _v53 = nfstime4(_t1, _t2)
+    out[45] = _t0
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_145(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S172_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S172_unpack_from(buf, off)
     off += 24
-    out[35] = _t[0]
-    out[45] = _t[1]
-    out[53] = nfstime4(_t[2], _t[3])
+    _v53 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[45] = _t1
+    out[53] = _v53
     return off
 
 
@@ -11263,30 +12070,34 @@ def _fattr4_decode_l0g1_146(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S171_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S171_unpack_from(buf, off)
     off += 20
-    out[45] = _t[0]
-    out[53] = nfstime4(_t[1], _t[2])
+    _v53 = nfstime4(_t1, _t2)
+    out[36] = _v36
+    out[45] = _t0
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_147(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S171_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S171_unpack_from(buf, off)
     off += 20
-    out[45] = _t[0]
-    out[53] = nfstime4(_t[1], _t[2])
+    _v53 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[36] = _v36
+    out[45] = _t1
+    out[53] = _v53
     return off
 
 
@@ -11296,30 +12107,34 @@ def _fattr4_decode_l0g1_148(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S171_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S171_unpack_from(buf, off)
     off += 20
-    out[45] = _t[0]
-    out[53] = nfstime4(_t[1], _t[2])
+    _v53 = nfstime4(_t1, _t2)
+    out[37] = _v37
+    out[45] = _t0
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_149(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S171_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S171_unpack_from(buf, off)
     off += 20
-    out[45] = _t[0]
-    out[53] = nfstime4(_t[1], _t[2])
+    _v53 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[37] = _v37
+    out[45] = _t1
+    out[53] = _v53
     return off
 
 
@@ -11329,63 +12144,73 @@ def _fattr4_decode_l0g1_150(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S171_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S171_unpack_from(buf, off)
     off += 20
-    out[45] = _t[0]
-    out[53] = nfstime4(_t[1], _t[2])
+    _v53 = nfstime4(_t1, _t2)
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t0
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_151(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S171_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S171_unpack_from(buf, off)
     off += 20
-    out[45] = _t[0]
-    out[53] = nfstime4(_t[1], _t[2])
+    _v53 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t1
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_152(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S173_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S173_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[53] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t0, _t1)
+    _v53 = nfstime4(_t3, _t4)
+    out[41] = _v41
+    out[45] = _t2
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_153(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S174_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S174_unpack_from(buf, off)
     off += 32
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[45] = _t[3]
-    out[53] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t1, _t2)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[41] = _v41
+    out[45] = _t3
+    out[53] = _v53
     return off
 
 
@@ -11395,32 +12220,38 @@ def _fattr4_decode_l0g1_154(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S173_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S173_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[53] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t0, _t1)
+    _v53 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t2
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_155(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S173_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S173_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[53] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t1, _t2)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t3
+    out[53] = _v53
     return off
 
 
@@ -11430,32 +12261,38 @@ def _fattr4_decode_l0g1_156(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S173_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S173_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[53] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t0, _t1)
+    _v53 = nfstime4(_t3, _t4)
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_157(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S173_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S173_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[53] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t1, _t2)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[53] = _v53
     return off
 
 
@@ -11465,63 +12302,75 @@ def _fattr4_decode_l0g1_158(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S173_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S173_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[53] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t0, _t1)
+    _v53 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_159(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S173_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S173_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[53] = nfstime4(_t[3], _t[4])
+    _v41 = specdata4(_t1, _t2)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_160(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S56_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S56_unpack_from(buf, off)
     off += 24
-    out[47] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
+    _v47 = nfstime4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_161(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S175_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S175_unpack_from(buf, off)
     off += 28
-    out[35] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
+    _v47 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
@@ -11531,30 +12380,36 @@ def _fattr4_decode_l0g1_162(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S56_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S56_unpack_from(buf, off)
     off += 24
-    out[47] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
+    _v47 = nfstime4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_163(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S56_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S56_unpack_from(buf, off)
     off += 24
-    out[47] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
+    _v47 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
@@ -11564,30 +12419,36 @@ def _fattr4_decode_l0g1_164(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S56_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S56_unpack_from(buf, off)
     off += 24
-    out[47] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
+    _v47 = nfstime4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[37] = _v37
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_165(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S56_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S56_unpack_from(buf, off)
     off += 24
-    out[47] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
+    _v47 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[37] = _v37
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
@@ -11597,63 +12458,77 @@ def _fattr4_decode_l0g1_166(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S56_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S56_unpack_from(buf, off)
     off += 24
-    out[47] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
+    _v47 = nfstime4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[37] = _v37
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_167(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S56_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S56_unpack_from(buf, off)
     off += 24
-    out[47] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
+    _v47 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_168(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S176_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S176_unpack_from(buf, off)
     off += 32
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[41] = _v41
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_169(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S177_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S177_unpack_from(buf, off)
     off += 36
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[47] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[41] = _v41
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
@@ -11663,32 +12538,40 @@ def _fattr4_decode_l0g1_170(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S176_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S176_unpack_from(buf, off)
     off += 32
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[36] = _v36
+    out[41] = _v41
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_171(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S176_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S176_unpack_from(buf, off)
     off += 32
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
@@ -11698,32 +12581,40 @@ def _fattr4_decode_l0g1_172(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S176_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S176_unpack_from(buf, off)
     off += 32
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_173(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S176_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S176_unpack_from(buf, off)
     off += 32
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
@@ -11733,65 +12624,79 @@ def _fattr4_decode_l0g1_174(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S176_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S176_unpack_from(buf, off)
     off += 32
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_175(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S176_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S176_unpack_from(buf, off)
     off += 32
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_176(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S178_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S178_unpack_from(buf, off)
     off += 32
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
+    _v47 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[45] = _t0
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_177(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S179_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S179_unpack_from(buf, off)
     off += 36
-    out[35] = _t[0]
-    out[45] = _t[1]
-    out[47] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
+    _v47 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[45] = _t1
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
@@ -11801,32 +12706,38 @@ def _fattr4_decode_l0g1_178(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S178_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S178_unpack_from(buf, off)
     off += 32
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
+    _v47 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[45] = _t0
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_179(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S178_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S178_unpack_from(buf, off)
     off += 32
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
+    _v47 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[45] = _t1
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
@@ -11836,32 +12747,38 @@ def _fattr4_decode_l0g1_180(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S178_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S178_unpack_from(buf, off)
     off += 32
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
+    _v47 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[37] = _v37
+    out[45] = _t0
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_181(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S178_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S178_unpack_from(buf, off)
     off += 32
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
+    _v47 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[37] = _v37
+    out[45] = _t1
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
@@ -11871,67 +12788,81 @@ def _fattr4_decode_l0g1_182(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S178_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S178_unpack_from(buf, off)
     off += 32
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
+    _v47 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t0
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_183(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S178_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S178_unpack_from(buf, off)
     off += 32
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
+    _v47 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t1
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_184(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S180_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S180_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_185(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S181_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S181_unpack_from(buf, off)
     off += 44
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[45] = _t[3]
-    out[47] = nfstime4(_t[4], _t[5])
-    out[53] = nfstime4(_t[6], _t[7])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
@@ -11941,34 +12872,42 @@ def _fattr4_decode_l0g1_186(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S180_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S180_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_187(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S180_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S180_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
@@ -11978,34 +12917,42 @@ def _fattr4_decode_l0g1_188(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S180_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S180_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_189(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S180_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S180_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
@@ -12015,65 +12962,79 @@ def _fattr4_decode_l0g1_190(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S180_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S180_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_191(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S180_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S180_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_192(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S56_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S56_unpack_from(buf, off)
     off += 24
-    out[52] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
+    _v52 = nfstime4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_193(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S175_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S175_unpack_from(buf, off)
     off += 28
-    out[35] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
+    _v52 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -12083,30 +13044,36 @@ def _fattr4_decode_l0g1_194(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S56_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S56_unpack_from(buf, off)
     off += 24
-    out[52] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
+    _v52 = nfstime4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_195(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S56_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S56_unpack_from(buf, off)
     off += 24
-    out[52] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
+    _v52 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -12116,30 +13083,36 @@ def _fattr4_decode_l0g1_196(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S56_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S56_unpack_from(buf, off)
     off += 24
-    out[52] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
+    _v52 = nfstime4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[37] = _v37
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_197(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S56_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S56_unpack_from(buf, off)
     off += 24
-    out[52] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
+    _v52 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[37] = _v37
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -12149,63 +13122,77 @@ def _fattr4_decode_l0g1_198(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S56_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S56_unpack_from(buf, off)
     off += 24
-    out[52] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
+    _v52 = nfstime4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[37] = _v37
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_199(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S56_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S56_unpack_from(buf, off)
     off += 24
-    out[52] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
+    _v52 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_200(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S176_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S176_unpack_from(buf, off)
     off += 32
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[41] = _v41
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_201(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S177_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S177_unpack_from(buf, off)
     off += 36
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[41] = _v41
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -12215,32 +13202,40 @@ def _fattr4_decode_l0g1_202(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S176_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S176_unpack_from(buf, off)
     off += 32
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[36] = _v36
+    out[41] = _v41
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_203(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S176_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S176_unpack_from(buf, off)
     off += 32
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -12250,32 +13245,40 @@ def _fattr4_decode_l0g1_204(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S176_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S176_unpack_from(buf, off)
     off += 32
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[37] = _v37
+    out[41] = _v41
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_205(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S176_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S176_unpack_from(buf, off)
     off += 32
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -12285,65 +13288,79 @@ def _fattr4_decode_l0g1_206(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S176_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S176_unpack_from(buf, off)
     off += 32
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_207(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S176_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S176_unpack_from(buf, off)
     off += 32
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_208(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S178_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S178_unpack_from(buf, off)
     off += 32
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
+    _v52 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[45] = _t0
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_209(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S179_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S179_unpack_from(buf, off)
     off += 36
-    out[35] = _t[0]
-    out[45] = _t[1]
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[45] = _t1
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -12353,32 +13370,38 @@ def _fattr4_decode_l0g1_210(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S178_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S178_unpack_from(buf, off)
     off += 32
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
+    _v52 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[45] = _t0
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_211(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S178_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S178_unpack_from(buf, off)
     off += 32
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[45] = _t1
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -12388,32 +13411,38 @@ def _fattr4_decode_l0g1_212(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S178_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S178_unpack_from(buf, off)
     off += 32
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
+    _v52 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[37] = _v37
+    out[45] = _t0
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_213(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S178_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S178_unpack_from(buf, off)
     off += 32
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[37] = _v37
+    out[45] = _t1
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -12423,67 +13452,81 @@ def _fattr4_decode_l0g1_214(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S178_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S178_unpack_from(buf, off)
     off += 32
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
+    _v52 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t0
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_215(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S178_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S178_unpack_from(buf, off)
     off += 32
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t1
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_216(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S180_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S180_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[41] = _v41
+    out[45] = _t2
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_217(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S181_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S181_unpack_from(buf, off)
     off += 44
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[45] = _t[3]
-    out[52] = nfstime4(_t[4], _t[5])
-    out[53] = nfstime4(_t[6], _t[7])
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[41] = _v41
+    out[45] = _t3
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -12493,34 +13536,42 @@ def _fattr4_decode_l0g1_218(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S180_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S180_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t2
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_219(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S180_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S180_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t3
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -12530,34 +13581,42 @@ def _fattr4_decode_l0g1_220(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S180_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S180_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_221(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S180_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S180_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -12567,67 +13626,83 @@ def _fattr4_decode_l0g1_222(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S180_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S180_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_223(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S180_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S180_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_224(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S182_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S182_unpack_from(buf, off)
     off += 36
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
+    _v47 = nfstime4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_225(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S183_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S183_unpack_from(buf, off)
     off += 40
-    out[35] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -12637,32 +13712,40 @@ def _fattr4_decode_l0g1_226(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S182_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S182_unpack_from(buf, off)
     off += 36
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
+    _v47 = nfstime4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[36] = _v36
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_227(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S182_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S182_unpack_from(buf, off)
     off += 36
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[36] = _v36
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -12672,32 +13755,40 @@ def _fattr4_decode_l0g1_228(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S182_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S182_unpack_from(buf, off)
     off += 36
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
+    _v47 = nfstime4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[37] = _v37
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_229(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S182_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S182_unpack_from(buf, off)
     off += 36
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[37] = _v37
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -12707,67 +13798,85 @@ def _fattr4_decode_l0g1_230(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S182_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S182_unpack_from(buf, off)
     off += 36
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
+    _v47 = nfstime4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[36] = _v36
+    out[37] = _v37
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_231(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S182_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S182_unpack_from(buf, off)
     off += 36
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_232(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S184_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S184_unpack_from(buf, off)
     off += 44
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[53] = nfstime4(_t[6], _t[7])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_233(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S185_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S185_unpack_from(buf, off)
     off += 48
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[53] = nfstime4(_t[7], _t[8])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    _v53 = nfstime4(_t7, _t8)
+    out[35] = _t0
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -12777,34 +13886,44 @@ def _fattr4_decode_l0g1_234(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S184_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S184_unpack_from(buf, off)
     off += 44
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[53] = nfstime4(_t[6], _t[7])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[36] = _v36
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_235(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S184_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S184_unpack_from(buf, off)
     off += 44
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[53] = nfstime4(_t[6], _t[7])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    _v53 = nfstime4(_t7, _t8)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -12814,34 +13933,44 @@ def _fattr4_decode_l0g1_236(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S184_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S184_unpack_from(buf, off)
     off += 44
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[53] = nfstime4(_t[6], _t[7])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_237(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S184_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S184_unpack_from(buf, off)
     off += 44
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[53] = nfstime4(_t[6], _t[7])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    _v53 = nfstime4(_t7, _t8)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -12851,69 +13980,87 @@ def _fattr4_decode_l0g1_238(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S184_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S184_unpack_from(buf, off)
     off += 44
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[53] = nfstime4(_t[6], _t[7])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_239(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S184_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S184_unpack_from(buf, off)
     off += 44
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[53] = nfstime4(_t[6], _t[7])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    _v53 = nfstime4(_t7, _t8)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_240(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S186_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S186_unpack_from(buf, off)
     off += 44
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[45] = _t0
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_241(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S187_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S187_unpack_from(buf, off)
     off += 48
-    out[35] = _t[0]
-    out[45] = _t[1]
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[53] = nfstime4(_t[6], _t[7])
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[45] = _t1
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -12923,34 +14070,42 @@ def _fattr4_decode_l0g1_242(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S186_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S186_unpack_from(buf, off)
     off += 44
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[36] = _v36
+    out[45] = _t0
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_243(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S186_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S186_unpack_from(buf, off)
     off += 44
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[36] = _v36
+    out[45] = _t1
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -12960,34 +14115,42 @@ def _fattr4_decode_l0g1_244(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S186_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S186_unpack_from(buf, off)
     off += 44
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[37] = _v37
+    out[45] = _t0
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_245(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S186_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S186_unpack_from(buf, off)
     off += 44
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[37] = _v37
+    out[45] = _t1
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -12997,71 +14160,89 @@ def _fattr4_decode_l0g1_246(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S186_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S186_unpack_from(buf, off)
     off += 44
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t0
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_247(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S186_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S186_unpack_from(buf, off)
     off += 44
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t1
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_248(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S188_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S188_unpack_from(buf, off)
     off += 52
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[53] = nfstime4(_t[7], _t[8])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    _v53 = nfstime4(_t7, _t8)
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_249(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S189_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8, _t9 = _fattr4_S189_unpack_from(buf, off)
     off += 56
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[45] = _t[3]
-    out[47] = nfstime4(_t[4], _t[5])
-    out[52] = nfstime4(_t[6], _t[7])
-    out[53] = nfstime4(_t[8], _t[9])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v52 = nfstime4(_t6, _t7)
+    _v53 = nfstime4(_t8, _t9)
+    out[35] = _t0
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -13071,36 +14252,46 @@ def _fattr4_decode_l0g1_250(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S188_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S188_unpack_from(buf, off)
     off += 52
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[53] = nfstime4(_t[7], _t[8])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    _v53 = nfstime4(_t7, _t8)
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_251(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S188_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8, _t9 = _fattr4_S188_unpack_from(buf, off)
     off += 52
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[53] = nfstime4(_t[7], _t[8])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v52 = nfstime4(_t6, _t7)
+    _v53 = nfstime4(_t8, _t9)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -13110,36 +14301,46 @@ def _fattr4_decode_l0g1_252(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S188_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S188_unpack_from(buf, off)
     off += 52
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[53] = nfstime4(_t[7], _t[8])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    _v53 = nfstime4(_t7, _t8)
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_253(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S188_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8, _t9 = _fattr4_S188_unpack_from(buf, off)
     off += 52
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[53] = nfstime4(_t[7], _t[8])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v52 = nfstime4(_t6, _t7)
+    _v53 = nfstime4(_t8, _t9)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
@@ -13149,65 +14350,77 @@ def _fattr4_decode_l0g1_254(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S188_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S188_unpack_from(buf, off)
     off += 52
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[53] = nfstime4(_t[7], _t[8])
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    _v53 = nfstime4(_t7, _t8)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_255(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S188_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8, _t9 = _fattr4_S188_unpack_from(buf, off)
     off += 52
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[53] = nfstime4(_t[7], _t[8])
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v52 = nfstime4(_t6, _t7)
+    _v53 = nfstime4(_t8, _t9)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
     return off
 
 
 def _fattr4_decode_l0g1_256(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t0,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[55] = _t[0]
+    out[55] = _t0
     return off
 
 
 def _fattr4_decode_l0g1_257(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S62_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S62_unpack_from(buf, off)
     off += 12
-    out[35] = _t[0]
-    out[55] = _t[1]
+    out[35] = _t0
+    out[55] = _t1
     return off
 
 
@@ -13217,28 +14430,30 @@ def _fattr4_decode_l0g1_258(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t0,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[55] = _t[0]
+    out[36] = _v36
+    out[55] = _t0
     return off
 
 
 def _fattr4_decode_l0g1_259(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t1,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[55] = _t[0]
+    out[35] = _t0
+    out[36] = _v36
+    out[55] = _t1
     return off
 
 
@@ -13248,28 +14463,30 @@ def _fattr4_decode_l0g1_260(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t0,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[55] = _t[0]
+    out[37] = _v37
+    out[55] = _t0
     return off
 
 
 def _fattr4_decode_l0g1_261(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t1,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[55] = _t[0]
+    out[35] = _t0
+    out[37] = _v37
+    out[55] = _t1
     return off
 
 
@@ -13279,59 +14496,65 @@ def _fattr4_decode_l0g1_262(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t0,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[55] = _t[0]
+    out[36] = _v36
+    out[37] = _v37
+    out[55] = _t0
     return off
 
 
 def _fattr4_decode_l0g1_263(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S4_unpack_from(buf, off)
+    (_t1,) = _fattr4_S4_unpack_from(buf, off)
     off += 8
-    out[55] = _t[0]
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[55] = _t1
     return off
 
 
 def _fattr4_decode_l0g1_264(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S167_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S167_unpack_from(buf, off)
     off += 16
-    out[41] = specdata4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v41 = specdata4(_t0, _t1)
+    out[41] = _v41
+    out[55] = _t2
     return off
 
 
 def _fattr4_decode_l0g1_265(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S168_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S168_unpack_from(buf, off)
     off += 20
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v41 = specdata4(_t1, _t2)
+    out[35] = _t0
+    out[41] = _v41
+    out[55] = _t3
     return off
 
 
@@ -13341,30 +14564,34 @@ def _fattr4_decode_l0g1_266(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S167_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S167_unpack_from(buf, off)
     off += 16
-    out[41] = specdata4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v41 = specdata4(_t0, _t1)
+    out[36] = _v36
+    out[41] = _v41
+    out[55] = _t2
     return off
 
 
 def _fattr4_decode_l0g1_267(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S167_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S167_unpack_from(buf, off)
     off += 16
-    out[41] = specdata4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v41 = specdata4(_t1, _t2)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[55] = _t3
     return off
 
 
@@ -13374,30 +14601,34 @@ def _fattr4_decode_l0g1_268(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S167_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S167_unpack_from(buf, off)
     off += 16
-    out[41] = specdata4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v41 = specdata4(_t0, _t1)
+    out[37] = _v37
+    out[41] = _v41
+    out[55] = _t2
     return off
 
 
 def _fattr4_decode_l0g1_269(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S167_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S167_unpack_from(buf, off)
     off += 16
-    out[41] = specdata4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v41 = specdata4(_t1, _t2)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[55] = _t3
     return off
 
 
@@ -13407,61 +14638,67 @@ def _fattr4_decode_l0g1_270(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S167_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S167_unpack_from(buf, off)
     off += 16
-    out[41] = specdata4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v41 = specdata4(_t0, _t1)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[55] = _t2
     return off
 
 
 def _fattr4_decode_l0g1_271(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S167_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S167_unpack_from(buf, off)
     off += 16
-    out[41] = specdata4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v41 = specdata4(_t1, _t2)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[55] = _t3
     return off
 
 
 def _fattr4_decode_l0g1_272(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S9_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S9_unpack_from(buf, off)
     off += 16
-    out[45] = _t[0]
-    out[55] = _t[1]
+    out[45] = _t0
+    out[55] = _t1
     return off
 
 
 def _fattr4_decode_l0g1_273(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S16_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S16_unpack_from(buf, off)
     off += 20
-    out[35] = _t[0]
-    out[45] = _t[1]
-    out[55] = _t[2]
+    out[35] = _t0
+    out[45] = _t1
+    out[55] = _t2
     return off
 
 
@@ -13471,30 +14708,32 @@ def _fattr4_decode_l0g1_274(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S9_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S9_unpack_from(buf, off)
     off += 16
-    out[45] = _t[0]
-    out[55] = _t[1]
+    out[36] = _v36
+    out[45] = _t0
+    out[55] = _t1
     return off
 
 
 def _fattr4_decode_l0g1_275(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S9_unpack_from(buf, off)
+    _t1, _t2 = _fattr4_S9_unpack_from(buf, off)
     off += 16
-    out[45] = _t[0]
-    out[55] = _t[1]
+    out[35] = _t0
+    out[36] = _v36
+    out[45] = _t1
+    out[55] = _t2
     return off
 
 
@@ -13504,30 +14743,32 @@ def _fattr4_decode_l0g1_276(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S9_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S9_unpack_from(buf, off)
     off += 16
-    out[45] = _t[0]
-    out[55] = _t[1]
+    out[37] = _v37
+    out[45] = _t0
+    out[55] = _t1
     return off
 
 
 def _fattr4_decode_l0g1_277(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S9_unpack_from(buf, off)
+    _t1, _t2 = _fattr4_S9_unpack_from(buf, off)
     off += 16
-    out[45] = _t[0]
-    out[55] = _t[1]
+    out[35] = _t0
+    out[37] = _v37
+    out[45] = _t1
+    out[55] = _t2
     return off
 
 
@@ -13537,63 +14778,69 @@ def _fattr4_decode_l0g1_278(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S9_unpack_from(buf, off)
+    _t0, _t1 = _fattr4_S9_unpack_from(buf, off)
     off += 16
-    out[45] = _t[0]
-    out[55] = _t[1]
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t0
+    out[55] = _t1
     return off
 
 
 def _fattr4_decode_l0g1_279(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S9_unpack_from(buf, off)
+    _t1, _t2 = _fattr4_S9_unpack_from(buf, off)
     off += 16
-    out[45] = _t[0]
-    out[55] = _t[1]
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t1
+    out[55] = _t2
     return off
 
 
 def _fattr4_decode_l0g1_280(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S190_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S190_unpack_from(buf, off)
     off += 24
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[55] = _t[3]
+    _v41 = specdata4(_t0, _t1)
+    out[41] = _v41
+    out[45] = _t2
+    out[55] = _t3
     return off
 
 
 def _fattr4_decode_l0g1_281(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S191_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S191_unpack_from(buf, off)
     off += 28
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[45] = _t[3]
-    out[55] = _t[4]
+    _v41 = specdata4(_t1, _t2)
+    out[35] = _t0
+    out[41] = _v41
+    out[45] = _t3
+    out[55] = _t4
     return off
 
 
@@ -13603,32 +14850,36 @@ def _fattr4_decode_l0g1_282(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S190_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S190_unpack_from(buf, off)
     off += 24
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[55] = _t[3]
+    _v41 = specdata4(_t0, _t1)
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t2
+    out[55] = _t3
     return off
 
 
 def _fattr4_decode_l0g1_283(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S190_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S190_unpack_from(buf, off)
     off += 24
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[55] = _t[3]
+    _v41 = specdata4(_t1, _t2)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t3
+    out[55] = _t4
     return off
 
 
@@ -13638,32 +14889,36 @@ def _fattr4_decode_l0g1_284(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S190_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S190_unpack_from(buf, off)
     off += 24
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[55] = _t[3]
+    _v41 = specdata4(_t0, _t1)
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[55] = _t3
     return off
 
 
 def _fattr4_decode_l0g1_285(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S190_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S190_unpack_from(buf, off)
     off += 24
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[55] = _t[3]
+    _v41 = specdata4(_t1, _t2)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[55] = _t4
     return off
 
 
@@ -13673,63 +14928,71 @@ def _fattr4_decode_l0g1_286(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S190_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S190_unpack_from(buf, off)
     off += 24
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[55] = _t[3]
+    _v41 = specdata4(_t0, _t1)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[55] = _t3
     return off
 
 
 def _fattr4_decode_l0g1_287(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S190_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S190_unpack_from(buf, off)
     off += 24
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[55] = _t[3]
+    _v41 = specdata4(_t1, _t2)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_288(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S192_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S192_unpack_from(buf, off)
     off += 20
-    out[47] = nfstime4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v47 = nfstime4(_t0, _t1)
+    out[47] = _v47
+    out[55] = _t2
     return off
 
 
 def _fattr4_decode_l0g1_289(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S193_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S193_unpack_from(buf, off)
     off += 24
-    out[35] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v47 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[47] = _v47
+    out[55] = _t3
     return off
 
 
@@ -13739,30 +15002,34 @@ def _fattr4_decode_l0g1_290(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S192_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S192_unpack_from(buf, off)
     off += 20
-    out[47] = nfstime4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v47 = nfstime4(_t0, _t1)
+    out[36] = _v36
+    out[47] = _v47
+    out[55] = _t2
     return off
 
 
 def _fattr4_decode_l0g1_291(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S192_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S192_unpack_from(buf, off)
     off += 20
-    out[47] = nfstime4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v47 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[36] = _v36
+    out[47] = _v47
+    out[55] = _t3
     return off
 
 
@@ -13772,30 +15039,34 @@ def _fattr4_decode_l0g1_292(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S192_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S192_unpack_from(buf, off)
     off += 20
-    out[47] = nfstime4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v47 = nfstime4(_t0, _t1)
+    out[37] = _v37
+    out[47] = _v47
+    out[55] = _t2
     return off
 
 
 def _fattr4_decode_l0g1_293(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S192_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S192_unpack_from(buf, off)
     off += 20
-    out[47] = nfstime4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v47 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[37] = _v37
+    out[47] = _v47
+    out[55] = _t3
     return off
 
 
@@ -13805,63 +15076,73 @@ def _fattr4_decode_l0g1_294(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S192_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S192_unpack_from(buf, off)
     off += 20
-    out[47] = nfstime4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v47 = nfstime4(_t0, _t1)
+    out[36] = _v36
+    out[37] = _v37
+    out[47] = _v47
+    out[55] = _t2
     return off
 
 
 def _fattr4_decode_l0g1_295(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S192_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S192_unpack_from(buf, off)
     off += 20
-    out[47] = nfstime4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v47 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[47] = _v47
+    out[55] = _t3
     return off
 
 
 def _fattr4_decode_l0g1_296(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S194_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S194_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    out[41] = _v41
+    out[47] = _v47
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_297(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S195_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S195_unpack_from(buf, off)
     off += 32
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[47] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[41] = _v41
+    out[47] = _v47
+    out[55] = _t5
     return off
 
 
@@ -13871,32 +15152,38 @@ def _fattr4_decode_l0g1_298(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S194_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S194_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[41] = _v41
+    out[47] = _v47
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_299(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S194_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S194_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[47] = _v47
+    out[55] = _t5
     return off
 
 
@@ -13906,32 +15193,38 @@ def _fattr4_decode_l0g1_300(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S194_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S194_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_301(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S194_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S194_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[55] = _t5
     return off
 
 
@@ -13941,65 +15234,75 @@ def _fattr4_decode_l0g1_302(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S194_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S194_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_303(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S194_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S194_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_304(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S196_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S196_unpack_from(buf, off)
     off += 28
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v47 = nfstime4(_t1, _t2)
+    out[45] = _t0
+    out[47] = _v47
+    out[55] = _t3
     return off
 
 
 def _fattr4_decode_l0g1_305(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S197_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S197_unpack_from(buf, off)
     off += 32
-    out[35] = _t[0]
-    out[45] = _t[1]
-    out[47] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v47 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[45] = _t1
+    out[47] = _v47
+    out[55] = _t4
     return off
 
 
@@ -14009,32 +15312,36 @@ def _fattr4_decode_l0g1_306(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S196_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S196_unpack_from(buf, off)
     off += 28
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v47 = nfstime4(_t1, _t2)
+    out[36] = _v36
+    out[45] = _t0
+    out[47] = _v47
+    out[55] = _t3
     return off
 
 
 def _fattr4_decode_l0g1_307(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S196_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S196_unpack_from(buf, off)
     off += 28
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v47 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[36] = _v36
+    out[45] = _t1
+    out[47] = _v47
+    out[55] = _t4
     return off
 
 
@@ -14044,32 +15351,36 @@ def _fattr4_decode_l0g1_308(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S196_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S196_unpack_from(buf, off)
     off += 28
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v47 = nfstime4(_t1, _t2)
+    out[37] = _v37
+    out[45] = _t0
+    out[47] = _v47
+    out[55] = _t3
     return off
 
 
 def _fattr4_decode_l0g1_309(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S196_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S196_unpack_from(buf, off)
     off += 28
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v47 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[37] = _v37
+    out[45] = _t1
+    out[47] = _v47
+    out[55] = _t4
     return off
 
 
@@ -14079,67 +15390,77 @@ def _fattr4_decode_l0g1_310(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S196_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S196_unpack_from(buf, off)
     off += 28
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v47 = nfstime4(_t1, _t2)
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t0
+    out[47] = _v47
+    out[55] = _t3
     return off
 
 
 def _fattr4_decode_l0g1_311(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S196_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S196_unpack_from(buf, off)
     off += 28
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v47 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t1
+    out[47] = _v47
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_312(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S198_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S198_unpack_from(buf, off)
     off += 36
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_313(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S199_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S199_unpack_from(buf, off)
     off += 40
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[45] = _t[3]
-    out[47] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[55] = _t6
     return off
 
 
@@ -14149,34 +15470,40 @@ def _fattr4_decode_l0g1_314(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S198_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S198_unpack_from(buf, off)
     off += 36
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_315(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S198_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S198_unpack_from(buf, off)
     off += 36
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[55] = _t6
     return off
 
 
@@ -14186,34 +15513,40 @@ def _fattr4_decode_l0g1_316(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S198_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S198_unpack_from(buf, off)
     off += 36
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_317(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S198_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S198_unpack_from(buf, off)
     off += 36
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[55] = _t6
     return off
 
 
@@ -14223,65 +15556,75 @@ def _fattr4_decode_l0g1_318(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S198_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S198_unpack_from(buf, off)
     off += 36
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_319(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S198_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S198_unpack_from(buf, off)
     off += 36
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[55] = _t6
     return off
 
 
 def _fattr4_decode_l0g1_320(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S192_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S192_unpack_from(buf, off)
     off += 20
-    out[52] = nfstime4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v52 = nfstime4(_t0, _t1)
+    out[52] = _v52
+    out[55] = _t2
     return off
 
 
 def _fattr4_decode_l0g1_321(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S193_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S193_unpack_from(buf, off)
     off += 24
-    out[35] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v52 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[52] = _v52
+    out[55] = _t3
     return off
 
 
@@ -14291,30 +15634,34 @@ def _fattr4_decode_l0g1_322(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S192_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S192_unpack_from(buf, off)
     off += 20
-    out[52] = nfstime4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v52 = nfstime4(_t0, _t1)
+    out[36] = _v36
+    out[52] = _v52
+    out[55] = _t2
     return off
 
 
 def _fattr4_decode_l0g1_323(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S192_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S192_unpack_from(buf, off)
     off += 20
-    out[52] = nfstime4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v52 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[36] = _v36
+    out[52] = _v52
+    out[55] = _t3
     return off
 
 
@@ -14324,30 +15671,34 @@ def _fattr4_decode_l0g1_324(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S192_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S192_unpack_from(buf, off)
     off += 20
-    out[52] = nfstime4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v52 = nfstime4(_t0, _t1)
+    out[37] = _v37
+    out[52] = _v52
+    out[55] = _t2
     return off
 
 
 def _fattr4_decode_l0g1_325(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S192_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S192_unpack_from(buf, off)
     off += 20
-    out[52] = nfstime4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v52 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[37] = _v37
+    out[52] = _v52
+    out[55] = _t3
     return off
 
 
@@ -14357,63 +15708,73 @@ def _fattr4_decode_l0g1_326(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S192_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S192_unpack_from(buf, off)
     off += 20
-    out[52] = nfstime4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v52 = nfstime4(_t0, _t1)
+    out[36] = _v36
+    out[37] = _v37
+    out[52] = _v52
+    out[55] = _t2
     return off
 
 
 def _fattr4_decode_l0g1_327(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S192_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S192_unpack_from(buf, off)
     off += 20
-    out[52] = nfstime4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v52 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[52] = _v52
+    out[55] = _t3
     return off
 
 
 def _fattr4_decode_l0g1_328(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S194_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S194_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    out[41] = _v41
+    out[52] = _v52
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_329(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S195_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S195_unpack_from(buf, off)
     off += 32
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[41] = _v41
+    out[52] = _v52
+    out[55] = _t5
     return off
 
 
@@ -14423,32 +15784,38 @@ def _fattr4_decode_l0g1_330(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S194_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S194_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[41] = _v41
+    out[52] = _v52
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_331(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S194_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S194_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[52] = _v52
+    out[55] = _t5
     return off
 
 
@@ -14458,32 +15825,38 @@ def _fattr4_decode_l0g1_332(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S194_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S194_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    out[37] = _v37
+    out[41] = _v41
+    out[52] = _v52
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_333(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S194_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S194_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[52] = _v52
+    out[55] = _t5
     return off
 
 
@@ -14493,65 +15866,75 @@ def _fattr4_decode_l0g1_334(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S194_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S194_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[52] = _v52
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_335(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S194_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S194_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[52] = _v52
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_336(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S196_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S196_unpack_from(buf, off)
     off += 28
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v52 = nfstime4(_t1, _t2)
+    out[45] = _t0
+    out[52] = _v52
+    out[55] = _t3
     return off
 
 
 def _fattr4_decode_l0g1_337(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S197_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S197_unpack_from(buf, off)
     off += 32
-    out[35] = _t[0]
-    out[45] = _t[1]
-    out[52] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v52 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[45] = _t1
+    out[52] = _v52
+    out[55] = _t4
     return off
 
 
@@ -14561,32 +15944,36 @@ def _fattr4_decode_l0g1_338(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S196_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S196_unpack_from(buf, off)
     off += 28
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v52 = nfstime4(_t1, _t2)
+    out[36] = _v36
+    out[45] = _t0
+    out[52] = _v52
+    out[55] = _t3
     return off
 
 
 def _fattr4_decode_l0g1_339(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S196_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S196_unpack_from(buf, off)
     off += 28
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v52 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[36] = _v36
+    out[45] = _t1
+    out[52] = _v52
+    out[55] = _t4
     return off
 
 
@@ -14596,32 +15983,36 @@ def _fattr4_decode_l0g1_340(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S196_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S196_unpack_from(buf, off)
     off += 28
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v52 = nfstime4(_t1, _t2)
+    out[37] = _v37
+    out[45] = _t0
+    out[52] = _v52
+    out[55] = _t3
     return off
 
 
 def _fattr4_decode_l0g1_341(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S196_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S196_unpack_from(buf, off)
     off += 28
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v52 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[37] = _v37
+    out[45] = _t1
+    out[52] = _v52
+    out[55] = _t4
     return off
 
 
@@ -14631,67 +16022,77 @@ def _fattr4_decode_l0g1_342(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S196_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S196_unpack_from(buf, off)
     off += 28
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v52 = nfstime4(_t1, _t2)
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t0
+    out[52] = _v52
+    out[55] = _t3
     return off
 
 
 def _fattr4_decode_l0g1_343(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S196_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S196_unpack_from(buf, off)
     off += 28
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v52 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t1
+    out[52] = _v52
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_344(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S198_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S198_unpack_from(buf, off)
     off += 36
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t3, _t4)
+    out[41] = _v41
+    out[45] = _t2
+    out[52] = _v52
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_345(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S199_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S199_unpack_from(buf, off)
     off += 40
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[45] = _t[3]
-    out[52] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[41] = _v41
+    out[45] = _t3
+    out[52] = _v52
+    out[55] = _t6
     return off
 
 
@@ -14701,34 +16102,40 @@ def _fattr4_decode_l0g1_346(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S198_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S198_unpack_from(buf, off)
     off += 36
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t2
+    out[52] = _v52
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_347(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S198_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S198_unpack_from(buf, off)
     off += 36
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t3
+    out[52] = _v52
+    out[55] = _t6
     return off
 
 
@@ -14738,34 +16145,40 @@ def _fattr4_decode_l0g1_348(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S198_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S198_unpack_from(buf, off)
     off += 36
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t3, _t4)
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[52] = _v52
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_349(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S198_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S198_unpack_from(buf, off)
     off += 36
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[52] = _v52
+    out[55] = _t6
     return off
 
 
@@ -14775,67 +16188,79 @@ def _fattr4_decode_l0g1_350(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S198_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S198_unpack_from(buf, off)
     off += 36
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[52] = _v52
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_351(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S198_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S198_unpack_from(buf, off)
     off += 36
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[52] = _v52
+    out[55] = _t6
     return off
 
 
 def _fattr4_decode_l0g1_352(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S200_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S200_unpack_from(buf, off)
     off += 32
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v47 = nfstime4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_353(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S201_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S201_unpack_from(buf, off)
     off += 36
-    out[35] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t5
     return off
 
 
@@ -14845,32 +16270,38 @@ def _fattr4_decode_l0g1_354(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S200_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S200_unpack_from(buf, off)
     off += 32
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v47 = nfstime4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_355(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S200_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S200_unpack_from(buf, off)
     off += 32
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t5
     return off
 
 
@@ -14880,32 +16311,38 @@ def _fattr4_decode_l0g1_356(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S200_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S200_unpack_from(buf, off)
     off += 32
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v47 = nfstime4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    out[37] = _v37
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_357(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S200_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S200_unpack_from(buf, off)
     off += 32
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[37] = _v37
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t5
     return off
 
 
@@ -14915,67 +16352,81 @@ def _fattr4_decode_l0g1_358(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S200_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S200_unpack_from(buf, off)
     off += 32
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v47 = nfstime4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[37] = _v37
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_359(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S200_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S200_unpack_from(buf, off)
     off += 32
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_360(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S202_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S202_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t6
     return off
 
 
 def _fattr4_decode_l0g1_361(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S203_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S203_unpack_from(buf, off)
     off += 44
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t7
     return off
 
 
@@ -14985,34 +16436,42 @@ def _fattr4_decode_l0g1_362(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S202_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S202_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    out[36] = _v36
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t6
     return off
 
 
 def _fattr4_decode_l0g1_363(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S202_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S202_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t7
     return off
 
 
@@ -15022,34 +16481,42 @@ def _fattr4_decode_l0g1_364(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S202_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S202_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t6
     return off
 
 
 def _fattr4_decode_l0g1_365(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S202_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S202_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t7
     return off
 
 
@@ -15059,69 +16526,83 @@ def _fattr4_decode_l0g1_366(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S202_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S202_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t6
     return off
 
 
 def _fattr4_decode_l0g1_367(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S202_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S202_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t7
     return off
 
 
 def _fattr4_decode_l0g1_368(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S204_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S204_unpack_from(buf, off)
     off += 40
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[45] = _t0
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_369(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S205_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S205_unpack_from(buf, off)
     off += 44
-    out[35] = _t[0]
-    out[45] = _t[1]
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[45] = _t1
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t6
     return off
 
 
@@ -15131,34 +16612,40 @@ def _fattr4_decode_l0g1_370(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S204_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S204_unpack_from(buf, off)
     off += 40
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[45] = _t0
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_371(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S204_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S204_unpack_from(buf, off)
     off += 40
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[45] = _t1
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t6
     return off
 
 
@@ -15168,34 +16655,40 @@ def _fattr4_decode_l0g1_372(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S204_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S204_unpack_from(buf, off)
     off += 40
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[37] = _v37
+    out[45] = _t0
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_373(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S204_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S204_unpack_from(buf, off)
     off += 40
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[37] = _v37
+    out[45] = _t1
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t6
     return off
 
 
@@ -15205,71 +16698,85 @@ def _fattr4_decode_l0g1_374(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S204_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S204_unpack_from(buf, off)
     off += 40
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t0
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_375(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S204_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S204_unpack_from(buf, off)
     off += 40
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t1
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t6
     return off
 
 
 def _fattr4_decode_l0g1_376(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S206_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S206_unpack_from(buf, off)
     off += 48
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t7
     return off
 
 
 def _fattr4_decode_l0g1_377(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S207_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S207_unpack_from(buf, off)
     off += 52
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[45] = _t[3]
-    out[47] = nfstime4(_t[4], _t[5])
-    out[52] = nfstime4(_t[6], _t[7])
-    out[55] = _t[8]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v52 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t8
     return off
 
 
@@ -15279,36 +16786,44 @@ def _fattr4_decode_l0g1_378(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S206_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S206_unpack_from(buf, off)
     off += 48
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t7
     return off
 
 
 def _fattr4_decode_l0g1_379(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S206_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S206_unpack_from(buf, off)
     off += 48
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v52 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t8
     return off
 
 
@@ -15318,36 +16833,44 @@ def _fattr4_decode_l0g1_380(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S206_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S206_unpack_from(buf, off)
     off += 48
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t7
     return off
 
 
 def _fattr4_decode_l0g1_381(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S206_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S206_unpack_from(buf, off)
     off += 48
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v52 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t8
     return off
 
 
@@ -15357,67 +16880,79 @@ def _fattr4_decode_l0g1_382(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S206_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S206_unpack_from(buf, off)
     off += 48
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t7
     return off
 
 
 def _fattr4_decode_l0g1_383(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S206_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S206_unpack_from(buf, off)
     off += 48
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v52 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[52] = _v52
+    out[55] = _t8
     return off
 
 
 def _fattr4_decode_l0g1_384(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S192_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S192_unpack_from(buf, off)
     off += 20
-    out[53] = nfstime4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v53 = nfstime4(_t0, _t1)
+    out[53] = _v53
+    out[55] = _t2
     return off
 
 
 def _fattr4_decode_l0g1_385(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S193_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S193_unpack_from(buf, off)
     off += 24
-    out[35] = _t[0]
-    out[53] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v53 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[53] = _v53
+    out[55] = _t3
     return off
 
 
@@ -15427,30 +16962,34 @@ def _fattr4_decode_l0g1_386(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S192_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S192_unpack_from(buf, off)
     off += 20
-    out[53] = nfstime4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v53 = nfstime4(_t0, _t1)
+    out[36] = _v36
+    out[53] = _v53
+    out[55] = _t2
     return off
 
 
 def _fattr4_decode_l0g1_387(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S192_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S192_unpack_from(buf, off)
     off += 20
-    out[53] = nfstime4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v53 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[36] = _v36
+    out[53] = _v53
+    out[55] = _t3
     return off
 
 
@@ -15460,30 +16999,34 @@ def _fattr4_decode_l0g1_388(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S192_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S192_unpack_from(buf, off)
     off += 20
-    out[53] = nfstime4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v53 = nfstime4(_t0, _t1)
+    out[37] = _v37
+    out[53] = _v53
+    out[55] = _t2
     return off
 
 
 def _fattr4_decode_l0g1_389(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S192_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S192_unpack_from(buf, off)
     off += 20
-    out[53] = nfstime4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v53 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[37] = _v37
+    out[53] = _v53
+    out[55] = _t3
     return off
 
 
@@ -15493,63 +17036,73 @@ def _fattr4_decode_l0g1_390(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S192_unpack_from(buf, off)
+    _t0, _t1, _t2 = _fattr4_S192_unpack_from(buf, off)
     off += 20
-    out[53] = nfstime4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v53 = nfstime4(_t0, _t1)
+    out[36] = _v36
+    out[37] = _v37
+    out[53] = _v53
+    out[55] = _t2
     return off
 
 
 def _fattr4_decode_l0g1_391(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S192_unpack_from(buf, off)
+    _t1, _t2, _t3 = _fattr4_S192_unpack_from(buf, off)
     off += 20
-    out[53] = nfstime4(_t[0], _t[1])
-    out[55] = _t[2]
+    _v53 = nfstime4(_t1, _t2)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[53] = _v53
+    out[55] = _t3
     return off
 
 
 def _fattr4_decode_l0g1_392(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S194_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S194_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v41 = specdata4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[41] = _v41
+    out[53] = _v53
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_393(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S195_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S195_unpack_from(buf, off)
     off += 32
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[41] = _v41
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
@@ -15559,32 +17112,38 @@ def _fattr4_decode_l0g1_394(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S194_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S194_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v41 = specdata4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[41] = _v41
+    out[53] = _v53
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_395(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S194_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S194_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v41 = specdata4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
@@ -15594,32 +17153,38 @@ def _fattr4_decode_l0g1_396(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S194_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S194_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v41 = specdata4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[37] = _v37
+    out[41] = _v41
+    out[53] = _v53
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_397(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S194_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S194_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v41 = specdata4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
@@ -15629,65 +17194,75 @@ def _fattr4_decode_l0g1_398(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S194_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S194_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v41 = specdata4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[53] = _v53
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_399(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S194_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S194_unpack_from(buf, off)
     off += 28
-    out[41] = specdata4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v41 = specdata4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_400(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S196_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S196_unpack_from(buf, off)
     off += 28
-    out[45] = _t[0]
-    out[53] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v53 = nfstime4(_t1, _t2)
+    out[45] = _t0
+    out[53] = _v53
+    out[55] = _t3
     return off
 
 
 def _fattr4_decode_l0g1_401(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S197_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S197_unpack_from(buf, off)
     off += 32
-    out[35] = _t[0]
-    out[45] = _t[1]
-    out[53] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v53 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[45] = _t1
+    out[53] = _v53
+    out[55] = _t4
     return off
 
 
@@ -15697,32 +17272,36 @@ def _fattr4_decode_l0g1_402(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S196_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S196_unpack_from(buf, off)
     off += 28
-    out[45] = _t[0]
-    out[53] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v53 = nfstime4(_t1, _t2)
+    out[36] = _v36
+    out[45] = _t0
+    out[53] = _v53
+    out[55] = _t3
     return off
 
 
 def _fattr4_decode_l0g1_403(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S196_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S196_unpack_from(buf, off)
     off += 28
-    out[45] = _t[0]
-    out[53] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v53 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[36] = _v36
+    out[45] = _t1
+    out[53] = _v53
+    out[55] = _t4
     return off
 
 
@@ -15732,32 +17311,36 @@ def _fattr4_decode_l0g1_404(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S196_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S196_unpack_from(buf, off)
     off += 28
-    out[45] = _t[0]
-    out[53] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v53 = nfstime4(_t1, _t2)
+    out[37] = _v37
+    out[45] = _t0
+    out[53] = _v53
+    out[55] = _t3
     return off
 
 
 def _fattr4_decode_l0g1_405(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S196_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S196_unpack_from(buf, off)
     off += 28
-    out[45] = _t[0]
-    out[53] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v53 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[37] = _v37
+    out[45] = _t1
+    out[53] = _v53
+    out[55] = _t4
     return off
 
 
@@ -15767,67 +17350,77 @@ def _fattr4_decode_l0g1_406(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S196_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3 = _fattr4_S196_unpack_from(buf, off)
     off += 28
-    out[45] = _t[0]
-    out[53] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v53 = nfstime4(_t1, _t2)
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t0
+    out[53] = _v53
+    out[55] = _t3
     return off
 
 
 def _fattr4_decode_l0g1_407(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S196_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4 = _fattr4_S196_unpack_from(buf, off)
     off += 28
-    out[45] = _t[0]
-    out[53] = nfstime4(_t[1], _t[2])
-    out[55] = _t[3]
+    _v53 = nfstime4(_t2, _t3)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t1
+    out[53] = _v53
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_408(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S198_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S198_unpack_from(buf, off)
     off += 36
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t0, _t1)
+    _v53 = nfstime4(_t3, _t4)
+    out[41] = _v41
+    out[45] = _t2
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_409(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S199_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S199_unpack_from(buf, off)
     off += 40
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[45] = _t[3]
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t1, _t2)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[41] = _v41
+    out[45] = _t3
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
@@ -15837,34 +17430,40 @@ def _fattr4_decode_l0g1_410(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S198_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S198_unpack_from(buf, off)
     off += 36
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t0, _t1)
+    _v53 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t2
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_411(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S198_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S198_unpack_from(buf, off)
     off += 36
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t1, _t2)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t3
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
@@ -15874,34 +17473,40 @@ def _fattr4_decode_l0g1_412(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S198_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S198_unpack_from(buf, off)
     off += 36
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t0, _t1)
+    _v53 = nfstime4(_t3, _t4)
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_413(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S198_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S198_unpack_from(buf, off)
     off += 36
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t1, _t2)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
@@ -15911,67 +17516,79 @@ def _fattr4_decode_l0g1_414(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S198_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S198_unpack_from(buf, off)
     off += 36
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t0, _t1)
+    _v53 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_415(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S198_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S198_unpack_from(buf, off)
     off += 36
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v41 = specdata4(_t1, _t2)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
 def _fattr4_decode_l0g1_416(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S200_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S200_unpack_from(buf, off)
     off += 32
-    out[47] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v47 = nfstime4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_417(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S201_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S201_unpack_from(buf, off)
     off += 36
-    out[35] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v47 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
@@ -15981,32 +17598,38 @@ def _fattr4_decode_l0g1_418(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S200_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S200_unpack_from(buf, off)
     off += 32
-    out[47] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v47 = nfstime4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_419(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S200_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S200_unpack_from(buf, off)
     off += 32
-    out[47] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v47 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
@@ -16016,32 +17639,38 @@ def _fattr4_decode_l0g1_420(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S200_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S200_unpack_from(buf, off)
     off += 32
-    out[47] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v47 = nfstime4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[37] = _v37
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_421(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S200_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S200_unpack_from(buf, off)
     off += 32
-    out[47] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v47 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[37] = _v37
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
@@ -16051,67 +17680,81 @@ def _fattr4_decode_l0g1_422(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S200_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S200_unpack_from(buf, off)
     off += 32
-    out[47] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v47 = nfstime4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[37] = _v37
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_423(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S200_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S200_unpack_from(buf, off)
     off += 32
-    out[47] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v47 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_424(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S202_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S202_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[41] = _v41
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
 def _fattr4_decode_l0g1_425(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S203_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S203_unpack_from(buf, off)
     off += 44
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[47] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[41] = _v41
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
@@ -16121,34 +17764,42 @@ def _fattr4_decode_l0g1_426(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S202_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S202_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[36] = _v36
+    out[41] = _v41
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
 def _fattr4_decode_l0g1_427(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S202_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S202_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
@@ -16158,34 +17809,42 @@ def _fattr4_decode_l0g1_428(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S202_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S202_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
 def _fattr4_decode_l0g1_429(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S202_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S202_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
@@ -16195,69 +17854,83 @@ def _fattr4_decode_l0g1_430(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S202_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S202_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
 def _fattr4_decode_l0g1_431(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S202_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S202_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
 def _fattr4_decode_l0g1_432(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S204_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S204_unpack_from(buf, off)
     off += 40
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v47 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[45] = _t0
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_433(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S205_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S205_unpack_from(buf, off)
     off += 44
-    out[35] = _t[0]
-    out[45] = _t[1]
-    out[47] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v47 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[45] = _t1
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
@@ -16267,34 +17940,40 @@ def _fattr4_decode_l0g1_434(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S204_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S204_unpack_from(buf, off)
     off += 40
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v47 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[45] = _t0
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_435(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S204_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S204_unpack_from(buf, off)
     off += 40
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v47 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[45] = _t1
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
@@ -16304,34 +17983,40 @@ def _fattr4_decode_l0g1_436(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S204_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S204_unpack_from(buf, off)
     off += 40
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v47 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[37] = _v37
+    out[45] = _t0
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_437(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S204_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S204_unpack_from(buf, off)
     off += 40
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v47 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[37] = _v37
+    out[45] = _t1
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
@@ -16341,71 +18026,85 @@ def _fattr4_decode_l0g1_438(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S204_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S204_unpack_from(buf, off)
     off += 40
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v47 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t0
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_439(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S204_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S204_unpack_from(buf, off)
     off += 40
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v47 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t1
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
 def _fattr4_decode_l0g1_440(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S206_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S206_unpack_from(buf, off)
     off += 48
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
 def _fattr4_decode_l0g1_441(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S207_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S207_unpack_from(buf, off)
     off += 52
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[45] = _t[3]
-    out[47] = nfstime4(_t[4], _t[5])
-    out[53] = nfstime4(_t[6], _t[7])
-    out[55] = _t[8]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t8
     return off
 
 
@@ -16415,36 +18114,44 @@ def _fattr4_decode_l0g1_442(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S206_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S206_unpack_from(buf, off)
     off += 48
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
 def _fattr4_decode_l0g1_443(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S206_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S206_unpack_from(buf, off)
     off += 48
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t8
     return off
 
 
@@ -16454,36 +18161,44 @@ def _fattr4_decode_l0g1_444(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S206_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S206_unpack_from(buf, off)
     off += 48
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
 def _fattr4_decode_l0g1_445(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S206_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S206_unpack_from(buf, off)
     off += 48
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t8
     return off
 
 
@@ -16493,69 +18208,83 @@ def _fattr4_decode_l0g1_446(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S206_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S206_unpack_from(buf, off)
     off += 48
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
 def _fattr4_decode_l0g1_447(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S206_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S206_unpack_from(buf, off)
     off += 48
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[53] = _v53
+    out[55] = _t8
     return off
 
 
 def _fattr4_decode_l0g1_448(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S200_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S200_unpack_from(buf, off)
     off += 32
-    out[52] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v52 = nfstime4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_449(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S201_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S201_unpack_from(buf, off)
     off += 36
-    out[35] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v52 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
@@ -16565,32 +18294,38 @@ def _fattr4_decode_l0g1_450(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S200_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S200_unpack_from(buf, off)
     off += 32
-    out[52] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v52 = nfstime4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_451(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S200_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S200_unpack_from(buf, off)
     off += 32
-    out[52] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v52 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
@@ -16600,32 +18335,38 @@ def _fattr4_decode_l0g1_452(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S200_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S200_unpack_from(buf, off)
     off += 32
-    out[52] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v52 = nfstime4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[37] = _v37
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_453(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S200_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S200_unpack_from(buf, off)
     off += 32
-    out[52] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v52 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[37] = _v37
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
@@ -16635,67 +18376,81 @@ def _fattr4_decode_l0g1_454(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S200_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4 = _fattr4_S200_unpack_from(buf, off)
     off += 32
-    out[52] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v52 = nfstime4(_t0, _t1)
+    _v53 = nfstime4(_t2, _t3)
+    out[36] = _v36
+    out[37] = _v37
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t4
     return off
 
 
 def _fattr4_decode_l0g1_455(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S200_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5 = _fattr4_S200_unpack_from(buf, off)
     off += 32
-    out[52] = nfstime4(_t[0], _t[1])
-    out[53] = nfstime4(_t[2], _t[3])
-    out[55] = _t[4]
+    _v52 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_456(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S202_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S202_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[41] = _v41
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
 def _fattr4_decode_l0g1_457(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S203_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S203_unpack_from(buf, off)
     off += 44
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[41] = _v41
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
@@ -16705,34 +18460,42 @@ def _fattr4_decode_l0g1_458(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S202_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S202_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[36] = _v36
+    out[41] = _v41
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
 def _fattr4_decode_l0g1_459(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S202_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S202_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
@@ -16742,34 +18505,42 @@ def _fattr4_decode_l0g1_460(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S202_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S202_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[37] = _v37
+    out[41] = _v41
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
 def _fattr4_decode_l0g1_461(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S202_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S202_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
@@ -16779,69 +18550,83 @@ def _fattr4_decode_l0g1_462(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S202_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S202_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
 def _fattr4_decode_l0g1_463(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S202_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S202_unpack_from(buf, off)
     off += 40
-    out[41] = specdata4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
 def _fattr4_decode_l0g1_464(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S204_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S204_unpack_from(buf, off)
     off += 40
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v52 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[45] = _t0
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_465(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S205_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S205_unpack_from(buf, off)
     off += 44
-    out[35] = _t[0]
-    out[45] = _t[1]
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[45] = _t1
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
@@ -16851,34 +18636,40 @@ def _fattr4_decode_l0g1_466(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S204_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S204_unpack_from(buf, off)
     off += 40
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v52 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[45] = _t0
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_467(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S204_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S204_unpack_from(buf, off)
     off += 40
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[45] = _t1
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
@@ -16888,34 +18679,40 @@ def _fattr4_decode_l0g1_468(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S204_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S204_unpack_from(buf, off)
     off += 40
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v52 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[37] = _v37
+    out[45] = _t0
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_469(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S204_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S204_unpack_from(buf, off)
     off += 40
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[37] = _v37
+    out[45] = _t1
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
@@ -16925,71 +18722,85 @@ def _fattr4_decode_l0g1_470(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S204_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5 = _fattr4_S204_unpack_from(buf, off)
     off += 40
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v52 = nfstime4(_t1, _t2)
+    _v53 = nfstime4(_t3, _t4)
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t0
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t5
     return off
 
 
 def _fattr4_decode_l0g1_471(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S204_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S204_unpack_from(buf, off)
     off += 40
-    out[45] = _t[0]
-    out[52] = nfstime4(_t[1], _t[2])
-    out[53] = nfstime4(_t[3], _t[4])
-    out[55] = _t[5]
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t1
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
 def _fattr4_decode_l0g1_472(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S206_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S206_unpack_from(buf, off)
     off += 48
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[41] = _v41
+    out[45] = _t2
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
 def _fattr4_decode_l0g1_473(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S207_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S207_unpack_from(buf, off)
     off += 52
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[45] = _t[3]
-    out[52] = nfstime4(_t[4], _t[5])
-    out[53] = nfstime4(_t[6], _t[7])
-    out[55] = _t[8]
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[41] = _v41
+    out[45] = _t3
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t8
     return off
 
 
@@ -16999,36 +18810,44 @@ def _fattr4_decode_l0g1_474(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S206_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S206_unpack_from(buf, off)
     off += 48
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t2
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
 def _fattr4_decode_l0g1_475(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S206_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S206_unpack_from(buf, off)
     off += 48
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t3
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t8
     return off
 
 
@@ -17038,36 +18857,44 @@ def _fattr4_decode_l0g1_476(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S206_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S206_unpack_from(buf, off)
     off += 48
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
 def _fattr4_decode_l0g1_477(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S206_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S206_unpack_from(buf, off)
     off += 48
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t8
     return off
 
 
@@ -17077,71 +18904,87 @@ def _fattr4_decode_l0g1_478(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S206_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S206_unpack_from(buf, off)
     off += 48
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t0, _t1)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
 def _fattr4_decode_l0g1_479(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S206_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S206_unpack_from(buf, off)
     off += 48
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v41 = specdata4(_t1, _t2)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t8
     return off
 
 
 def _fattr4_decode_l0g1_480(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S208_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S208_unpack_from(buf, off)
     off += 44
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v47 = nfstime4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
 def _fattr4_decode_l0g1_481(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S209_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S209_unpack_from(buf, off)
     off += 48
-    out[35] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
@@ -17151,34 +18994,42 @@ def _fattr4_decode_l0g1_482(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S208_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S208_unpack_from(buf, off)
     off += 44
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v47 = nfstime4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[36] = _v36
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
 def _fattr4_decode_l0g1_483(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S208_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S208_unpack_from(buf, off)
     off += 44
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[36] = _v36
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
@@ -17188,34 +19039,42 @@ def _fattr4_decode_l0g1_484(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S208_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S208_unpack_from(buf, off)
     off += 44
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v47 = nfstime4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[37] = _v37
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
 def _fattr4_decode_l0g1_485(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S208_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S208_unpack_from(buf, off)
     off += 44
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[37] = _v37
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
@@ -17225,71 +19084,89 @@ def _fattr4_decode_l0g1_486(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S208_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6 = _fattr4_S208_unpack_from(buf, off)
     off += 44
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v47 = nfstime4(_t0, _t1)
+    _v52 = nfstime4(_t2, _t3)
+    _v53 = nfstime4(_t4, _t5)
+    out[36] = _v36
+    out[37] = _v37
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t6
     return off
 
 
 def _fattr4_decode_l0g1_487(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S208_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S208_unpack_from(buf, off)
     off += 44
-    out[47] = nfstime4(_t[0], _t[1])
-    out[52] = nfstime4(_t[2], _t[3])
-    out[53] = nfstime4(_t[4], _t[5])
-    out[55] = _t[6]
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
 def _fattr4_decode_l0g1_488(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S210_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S210_unpack_from(buf, off)
     off += 52
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[53] = nfstime4(_t[6], _t[7])
-    out[55] = _t[8]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t8
     return off
 
 
 def _fattr4_decode_l0g1_489(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S211_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8, _t9 = _fattr4_S211_unpack_from(buf, off)
     off += 56
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[53] = nfstime4(_t[7], _t[8])
-    out[55] = _t[9]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    _v53 = nfstime4(_t7, _t8)
+    out[35] = _t0
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t9
     return off
 
 
@@ -17299,36 +19176,46 @@ def _fattr4_decode_l0g1_490(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S210_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S210_unpack_from(buf, off)
     off += 52
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[53] = nfstime4(_t[6], _t[7])
-    out[55] = _t[8]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[36] = _v36
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t8
     return off
 
 
 def _fattr4_decode_l0g1_491(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S210_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8, _t9 = _fattr4_S210_unpack_from(buf, off)
     off += 52
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[53] = nfstime4(_t[6], _t[7])
-    out[55] = _t[8]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    _v53 = nfstime4(_t7, _t8)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t9
     return off
 
 
@@ -17338,36 +19225,46 @@ def _fattr4_decode_l0g1_492(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S210_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S210_unpack_from(buf, off)
     off += 52
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[53] = nfstime4(_t[6], _t[7])
-    out[55] = _t[8]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t8
     return off
 
 
 def _fattr4_decode_l0g1_493(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S210_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8, _t9 = _fattr4_S210_unpack_from(buf, off)
     off += 52
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[53] = nfstime4(_t[6], _t[7])
-    out[55] = _t[8]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    _v53 = nfstime4(_t7, _t8)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t9
     return off
 
 
@@ -17377,73 +19274,91 @@ def _fattr4_decode_l0g1_494(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S210_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S210_unpack_from(buf, off)
     off += 52
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[53] = nfstime4(_t[6], _t[7])
-    out[55] = _t[8]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t8
     return off
 
 
 def _fattr4_decode_l0g1_495(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S210_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8, _t9 = _fattr4_S210_unpack_from(buf, off)
     off += 52
-    out[41] = specdata4(_t[0], _t[1])
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[53] = nfstime4(_t[6], _t[7])
-    out[55] = _t[8]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    _v53 = nfstime4(_t7, _t8)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t9
     return off
 
 
 def _fattr4_decode_l0g1_496(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S212_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S212_unpack_from(buf, off)
     off += 52
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[45] = _t0
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
 def _fattr4_decode_l0g1_497(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S213_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S213_unpack_from(buf, off)
     off += 56
-    out[35] = _t[0]
-    out[45] = _t[1]
-    out[47] = nfstime4(_t[2], _t[3])
-    out[52] = nfstime4(_t[4], _t[5])
-    out[53] = nfstime4(_t[6], _t[7])
-    out[55] = _t[8]
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[45] = _t1
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t8
     return off
 
 
@@ -17453,36 +19368,44 @@ def _fattr4_decode_l0g1_498(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S212_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S212_unpack_from(buf, off)
     off += 52
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[36] = _v36
+    out[45] = _t0
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
 def _fattr4_decode_l0g1_499(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S212_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S212_unpack_from(buf, off)
     off += 52
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[36] = _v36
+    out[45] = _t1
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t8
     return off
 
 
@@ -17492,36 +19415,44 @@ def _fattr4_decode_l0g1_500(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S212_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S212_unpack_from(buf, off)
     off += 52
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[37] = _v37
+    out[45] = _t0
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
 def _fattr4_decode_l0g1_501(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S212_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S212_unpack_from(buf, off)
     off += 52
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[37] = _v37
+    out[45] = _t1
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t8
     return off
 
 
@@ -17531,75 +19462,93 @@ def _fattr4_decode_l0g1_502(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S212_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7 = _fattr4_S212_unpack_from(buf, off)
     off += 52
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v47 = nfstime4(_t1, _t2)
+    _v52 = nfstime4(_t3, _t4)
+    _v53 = nfstime4(_t5, _t6)
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t0
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t7
     return off
 
 
 def _fattr4_decode_l0g1_503(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S212_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = _fattr4_S212_unpack_from(buf, off)
     off += 52
-    out[45] = _t[0]
-    out[47] = nfstime4(_t[1], _t[2])
-    out[52] = nfstime4(_t[3], _t[4])
-    out[53] = nfstime4(_t[5], _t[6])
-    out[55] = _t[7]
+    _v47 = nfstime4(_t2, _t3)
+    _v52 = nfstime4(_t4, _t5)
+    _v53 = nfstime4(_t6, _t7)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[45] = _t1
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t8
     return off
 
 
 def _fattr4_decode_l0g1_504(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S214_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8, _t9 = _fattr4_S214_unpack_from(buf, off)
     off += 60
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[53] = nfstime4(_t[7], _t[8])
-    out[55] = _t[9]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    _v53 = nfstime4(_t7, _t8)
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t9
     return off
 
 
 def _fattr4_decode_l0g1_505(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S215_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8, _t9, _t10 = _fattr4_S215_unpack_from(buf, off)
     off += 64
-    out[35] = _t[0]
-    out[41] = specdata4(_t[1], _t[2])
-    out[45] = _t[3]
-    out[47] = nfstime4(_t[4], _t[5])
-    out[52] = nfstime4(_t[6], _t[7])
-    out[53] = nfstime4(_t[8], _t[9])
-    out[55] = _t[10]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v52 = nfstime4(_t6, _t7)
+    _v53 = nfstime4(_t8, _t9)
+    out[35] = _t0
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t10
     return off
 
 
@@ -17609,38 +19558,48 @@ def _fattr4_decode_l0g1_506(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S214_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8, _t9 = _fattr4_S214_unpack_from(buf, off)
     off += 60
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[53] = nfstime4(_t[7], _t[8])
-    out[55] = _t[9]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    _v53 = nfstime4(_t7, _t8)
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t9
     return off
 
 
 def _fattr4_decode_l0g1_507(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S214_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8, _t9, _t10 = _fattr4_S214_unpack_from(buf, off)
     off += 60
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[53] = nfstime4(_t[7], _t[8])
-    out[55] = _t[9]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v52 = nfstime4(_t6, _t7)
+    _v53 = nfstime4(_t8, _t9)
+    out[35] = _t0
+    out[36] = _v36
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t10
     return off
 
 
@@ -17650,38 +19609,48 @@ def _fattr4_decode_l0g1_508(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S214_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8, _t9 = _fattr4_S214_unpack_from(buf, off)
     off += 60
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[53] = nfstime4(_t[7], _t[8])
-    out[55] = _t[9]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    _v53 = nfstime4(_t7, _t8)
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t9
     return off
 
 
 def _fattr4_decode_l0g1_509(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S214_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8, _t9, _t10 = _fattr4_S214_unpack_from(buf, off)
     off += 60
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[53] = nfstime4(_t[7], _t[8])
-    out[55] = _t[9]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v52 = nfstime4(_t6, _t7)
+    _v53 = nfstime4(_t8, _t9)
+    out[35] = _t0
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t10
     return off
 
 
@@ -17691,52 +19660,64 @@ def _fattr4_decode_l0g1_510(r: _Reader, buf: _Any, off: int, out: dict[int, _Any
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S214_unpack_from(buf, off)
+    _t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8, _t9 = _fattr4_S214_unpack_from(buf, off)
     off += 60
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[53] = nfstime4(_t[7], _t[8])
-    out[55] = _t[9]
+    _v41 = specdata4(_t0, _t1)
+    _v47 = nfstime4(_t3, _t4)
+    _v52 = nfstime4(_t5, _t6)
+    _v53 = nfstime4(_t7, _t8)
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t2
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t9
     return off
 
 
 def _fattr4_decode_l0g1_511(r: _Reader, buf: _Any, off: int, out: dict[int, _Any]) -> int:
-    _t = _fattr4_S0_unpack_from(buf, off)
+    (_t0,) = _fattr4_S0_unpack_from(buf, off)
     off += 4
-    out[35] = _t[0]
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[36] = bytes(buf[off:_e])
+    _v36 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
     (_n,) = _U32.unpack_from(buf, off)
     off += 4
     if _n > len(buf) - off:
         raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
     _e = off + _n
-    out[37] = bytes(buf[off:_e])
+    _v37 = bytes(buf[off:_e])
     off = _e + (-_n & 3)
-    _t = _fattr4_S214_unpack_from(buf, off)
+    _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8, _t9, _t10 = _fattr4_S214_unpack_from(buf, off)
     off += 60
-    out[41] = specdata4(_t[0], _t[1])
-    out[45] = _t[2]
-    out[47] = nfstime4(_t[3], _t[4])
-    out[52] = nfstime4(_t[5], _t[6])
-    out[53] = nfstime4(_t[7], _t[8])
-    out[55] = _t[9]
+    _v41 = specdata4(_t1, _t2)
+    _v47 = nfstime4(_t4, _t5)
+    _v52 = nfstime4(_t6, _t7)
+    _v53 = nfstime4(_t8, _t9)
+    out[35] = _t0
+    out[36] = _v36
+    out[37] = _v37
+    out[41] = _v41
+    out[45] = _t3
+    out[47] = _v47
+    out[52] = _v52
+    out[53] = _v53
+    out[55] = _t10
     return off
 
 

@@ -714,14 +714,14 @@ from nfsrdma.xdr.gen._nfs4_1 import (
     fattr4_case_preserving as fattr4_case_preserving,
     enc_fattr4_case_preserving as enc_fattr4_case_preserving,
     dec_fattr4_case_preserving as dec_fattr4_case_preserving,
+)
+from nfsrdma.xdr.gen._nfs4_2 import (
     fattr4_chown_restricted as fattr4_chown_restricted,
     enc_fattr4_chown_restricted as enc_fattr4_chown_restricted,
     dec_fattr4_chown_restricted as dec_fattr4_chown_restricted,
     fattr4_fileid as fattr4_fileid,
     enc_fattr4_fileid as enc_fattr4_fileid,
     dec_fattr4_fileid as dec_fattr4_fileid,
-)
-from nfsrdma.xdr.gen._nfs4_2 import (
     fattr4_files_avail as fattr4_files_avail,
     enc_fattr4_files_avail as enc_fattr4_files_avail,
     dec_fattr4_files_avail as dec_fattr4_files_avail,
@@ -1337,11 +1337,11 @@ from nfsrdma.xdr.gen._nfs4_3 import (
     _dec_any_OPEN4res as _dec_any_OPEN4res,
     enc_OPEN4res as enc_OPEN4res,
     dec_OPEN4res as dec_OPEN4res,
+)
+from nfsrdma.xdr.gen._nfs4_4 import (
     OPENATTR4args as OPENATTR4args,
     enc_OPENATTR4args as enc_OPENATTR4args,
     dec_OPENATTR4args as dec_OPENATTR4args,
-)
-from nfsrdma.xdr.gen._nfs4_4 import (
     OPENATTR4res as OPENATTR4res,
     enc_OPENATTR4res as enc_OPENATTR4res,
     dec_OPENATTR4res as dec_OPENATTR4res,
@@ -1629,11 +1629,11 @@ from nfsrdma.xdr.gen._nfs4_4 import (
     _dec_any_state_protect4_a as _dec_any_state_protect4_a,
     enc_state_protect4_a as enc_state_protect4_a,
     dec_state_protect4_a as dec_state_protect4_a,
+)
+from nfsrdma.xdr.gen._nfs4_5 import (
     EXCHANGE_ID4args as EXCHANGE_ID4args,
     enc_EXCHANGE_ID4args as enc_EXCHANGE_ID4args,
     dec_EXCHANGE_ID4args as dec_EXCHANGE_ID4args,
-)
-from nfsrdma.xdr.gen._nfs4_5 import (
     ssv_prot_info4 as ssv_prot_info4,
     enc_ssv_prot_info4 as enc_ssv_prot_info4,
     dec_ssv_prot_info4 as dec_ssv_prot_info4,

@@ -21,6 +21,7 @@ from nfsrdma.xdr.runtime import (
     PAD as _PAD,
     TRUE as _TRUE,
     U32 as _U32,
+    U32_ARRAYS as _U32_ARRAYS,
     Operation as _Operation,
     Buffer as _Buffer,
     DdpItem as _DdpItem,
@@ -1076,7 +1077,7 @@ def enc_authsys_parms(w: _Writer, v: authsys_parms) -> None:
         if _n > 16:
             raise _XdrError('gids: length %d exceeds 16' % _n, len(w))
         w += _S0.pack(_n)
-        w += _struct.pack('>%dI' % _n, *_a55)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a55)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode authsys_parms: {_e}', len(w)) from None
 
@@ -1104,7 +1105,7 @@ def dec_authsys_parms(r: _Reader, off: int) -> tuple[authsys_parms, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        _t = _struct.unpack_from('>%dI' % _n, buf, off)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
         off += 4 * _n
         f_gids = list(_t)
     except (_struct.error, KeyError, IndexError, UnicodeError):

@@ -21,6 +21,7 @@ from nfsrdma.xdr.runtime import (
     PAD as _PAD,
     TRUE as _TRUE,
     U32 as _U32,
+    U32_ARRAYS as _U32_ARRAYS,
     Operation as _Operation,
     Buffer as _Buffer,
     DdpItem as _DdpItem,
@@ -955,8 +956,7 @@ def enc_xmdp_tbsnloc(w: _Writer, v: xmdp_tbsnloc) -> None:
         _a21 = v.xmdl_bsnum
         _n = len(_a21)
         w += _S0.pack(_n)
-        for _x21 in _a21:
-            w += _S0.pack(_x21)
+        w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a21)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode xmdp_tbsnloc: {_e}', len(w)) from None
 
@@ -971,12 +971,9 @@ def dec_xmdp_tbsnloc(r: _Reader, off: int) -> tuple[xmdp_tbsnloc, int]:
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-        f_xmdl_bsnum = []
-        _c22 = _n
-        for _ in range(_c22):
-            (_x22,) = _S0.unpack_from(buf, off)
-            off += 4
-            f_xmdl_bsnum.append(_x22)
+        _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+        off += 4 * _n
+        f_xmdl_bsnum = list(_t)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xmdp_tbsnloc', o0) from None
     return xmdp_tbsnloc(f_xmdl_offset, f_xmdl_bsnum), off
@@ -984,11 +981,11 @@ def dec_xmdp_tbsnloc(r: _Reader, off: int) -> tuple[xmdp_tbsnloc, int]:
 
 def enc_xmdp_loc_xmdl_ex(w: _Writer, v: list[xdr_rdma_segment]) -> None:
     try:
-        _a23 = v
-        _n = len(_a23)
+        _a22 = v
+        _n = len(_a22)
         w += _S0.pack(_n)
-        for _x23 in _a23:
-            w += _S2.pack(_x23.handle, _x23.length, _x23.offset)
+        for _x22 in _a22:
+            w += _S2.pack(_x22.handle, _x22.length, _x22.offset)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode xmdp_loc.xmdl_ex: {_e}', len(w)) from None
 
@@ -1002,11 +999,11 @@ def dec_xmdp_loc_xmdl_ex(r: _Reader, off: int) -> tuple[list[xdr_rdma_segment], 
         if _n * 16 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         _v = []
-        _c24 = _n
-        for _ in range(_c24):
-            _x24 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
+        _c23 = _n
+        for _ in range(_c23):
+            _x23 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
             off += 16
-            _v.append(_x24)
+            _v.append(_x23)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xmdp_loc.xmdl_ex', o0) from None
     return _v, off
@@ -1040,16 +1037,16 @@ def _dec_any_xmdp_loc(r: _Reader, off: int) -> tuple[xmdp_loc, int]:
     buf = r.buf
     o0 = off
     try:
-        _v25: _Any
-        _f25: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d25,) = _S5.unpack_from(buf, off)
-        _a25 = _xmdp_loc_ARMS.get(_d25)
-        if _a25 is None:
-            raise _XdrError('%r is not a case of xmdp_loc' % (_d25,), off)
+        _v24: _Any
+        _f24: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d24,) = _S5.unpack_from(buf, off)
+        _a24 = _xmdp_loc_ARMS.get(_d24)
+        if _a24 is None:
+            raise _XdrError('%r is not a case of xmdp_loc' % (_d24,), off)
         else:
-            _d25, _f25 = _a25
-        _v25, off = _f25(r, off + 4)
-        _u = xmdp_loc(_d25, _v25)
+            _d24, _f24 = _a24
+        _v24, off = _f24(r, off + 4)
+        _u = xmdp_loc(_d24, _v24)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated xmdp_loc', o0) from None
     return _u, off
@@ -1057,31 +1054,30 @@ def _dec_any_xmdp_loc(r: _Reader, off: int) -> tuple[xmdp_loc, int]:
 
 def enc_xmdp_loc(w: _Writer, v: xmdp_loc) -> None:
     try:
-        _u26 = v
-        _d26 = _u26.xmdl_type
-        _w26: _Any
-        if _d26 == 1:
-            _w26 = _u26.value
-            _a27 = _w26
-            _n = len(_a27)
+        _u25 = v
+        _d25 = _u25.xmdl_type
+        _w25: _Any
+        if _d25 == 1:
+            _w25 = _u25.value
+            _a26 = _w25
+            _n = len(_a26)
             w += _S10.pack(1, _n)
-            for _x27 in _a27:
-                w += _S2.pack(_x27.handle, _x27.length, _x27.offset)
-        elif _d26 == 2:
-            _w26 = _u26.value
-            _s28 = _w26
-            w += _S10.pack(2, _s28.xmdl_offset)
-            _a29 = _s28.xmdl_bsnum
-            _n = len(_a29)
+            for _x26 in _a26:
+                w += _S2.pack(_x26.handle, _x26.length, _x26.offset)
+        elif _d25 == 2:
+            _w25 = _u25.value
+            _s27 = _w25
+            w += _S10.pack(2, _s27.xmdl_offset)
+            _a28 = _s27.xmdl_bsnum
+            _n = len(_a28)
             w += _S0.pack(_n)
-            for _x29 in _a29:
-                w += _S0.pack(_x29)
-        elif _d26 == 5:
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a28)
+        elif _d25 == 5:
             w += b'\x00\x00\x00\x05'
-        elif _d26 == 6:
+        elif _d25 == 6:
             w += b'\x00\x00\x00\x06'
         else:
-            _enc_any_xmdp_loc(w, _u26)
+            _enc_any_xmdp_loc(w, _u25)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode xmdp_loc: {_e!r}', len(w)) from None
 
@@ -1090,38 +1086,35 @@ def dec_xmdp_loc(r: _Reader, off: int) -> tuple[xmdp_loc, int]:
     buf = r.buf
     o0 = off
     try:
-        _v30: _Any
-        (_d30,) = _S5.unpack_from(buf, off)
+        _v29: _Any
+        (_d29,) = _S5.unpack_from(buf, off)
         off += 4
-        if _d30 == 1:
+        if _d29 == 1:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 16 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _v30 = []
-            _c31 = _n
-            for _ in range(_c31):
-                _x31 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
+            _v29 = []
+            _c30 = _n
+            for _ in range(_c30):
+                _x30 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
                 off += 16
-                _v30.append(_x31)
-            _u = xmdp_loc(XMPTYPE_EXRW, _v30)
-        elif _d30 == 2:
-            (_i32_xmdl_offset,) = _S0.unpack_from(buf, off)
+                _v29.append(_x30)
+            _u = xmdp_loc(XMPTYPE_EXRW, _v29)
+        elif _d29 == 2:
+            (_i31_xmdl_offset,) = _S0.unpack_from(buf, off)
             off += 4
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i32_xmdl_bsnum = []
-            _c33 = _n
-            for _ in range(_c33):
-                (_x33,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i32_xmdl_bsnum.append(_x33)
-            _v30 = xmdp_tbsnloc(_i32_xmdl_offset, _i32_xmdl_bsnum)
-            _u = xmdp_loc(XMPTYPE_TBSN, _v30)
-        elif _d30 in (5, 6):
-            _u = xmdp_loc(_xmdp_type_MAP[(_d30,)[0]], None)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i31_xmdl_bsnum = list(_t)
+            _v29 = xmdp_tbsnloc(_i31_xmdl_offset, _i31_xmdl_bsnum)
+            _u = xmdp_loc(XMPTYPE_TBSN, _v29)
+        elif _d29 in (5, 6):
+            _u = xmdp_loc(_xmdp_type_MAP[(_d29,)[0]], None)
         else:
             _u, off = _dec_any_xmdp_loc(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1139,31 +1132,30 @@ class xmdp_mitem:
 def enc_xmdp_mitem(w: _Writer, v: xmdp_mitem) -> None:
     try:
         w += _S4.pack(v.xmdmi_disp, v.xmdmi_length)
-        _u34 = v.xmdmi_where
-        _d34 = _u34.xmdl_type
-        _w34: _Any
-        if _d34 == 1:
-            _w34 = _u34.value
-            _a35 = _w34
-            _n = len(_a35)
+        _u32 = v.xmdmi_where
+        _d32 = _u32.xmdl_type
+        _w32: _Any
+        if _d32 == 1:
+            _w32 = _u32.value
+            _a33 = _w32
+            _n = len(_a33)
             w += _S10.pack(1, _n)
-            for _x35 in _a35:
-                w += _S2.pack(_x35.handle, _x35.length, _x35.offset)
-        elif _d34 == 2:
-            _w34 = _u34.value
-            _s36 = _w34
-            w += _S10.pack(2, _s36.xmdl_offset)
-            _a37 = _s36.xmdl_bsnum
-            _n = len(_a37)
+            for _x33 in _a33:
+                w += _S2.pack(_x33.handle, _x33.length, _x33.offset)
+        elif _d32 == 2:
+            _w32 = _u32.value
+            _s34 = _w32
+            w += _S10.pack(2, _s34.xmdl_offset)
+            _a35 = _s34.xmdl_bsnum
+            _n = len(_a35)
             w += _S0.pack(_n)
-            for _x37 in _a37:
-                w += _S0.pack(_x37)
-        elif _d34 == 5:
+            w += (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).pack(*_a35)
+        elif _d32 == 5:
             w += b'\x00\x00\x00\x05'
-        elif _d34 == 6:
+        elif _d32 == 6:
             w += b'\x00\x00\x00\x06'
         else:
-            _enc_any_xmdp_loc(w, _u34)
+            _enc_any_xmdp_loc(w, _u32)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode xmdp_mitem: {_e}', len(w)) from None
 
@@ -1174,38 +1166,35 @@ def dec_xmdp_mitem(r: _Reader, off: int) -> tuple[xmdp_mitem, int]:
     try:
         f_xmdmi_disp, f_xmdmi_length = _S4.unpack_from(buf, off)
         off += 8
-        _v38: _Any
-        (_d38,) = _S5.unpack_from(buf, off)
+        _v36: _Any
+        (_d36,) = _S5.unpack_from(buf, off)
         off += 4
-        if _d38 == 1:
+        if _d36 == 1:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 16 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _v38 = []
-            _c39 = _n
-            for _ in range(_c39):
-                _x39 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
+            _v36 = []
+            _c37 = _n
+            for _ in range(_c37):
+                _x37 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
                 off += 16
-                _v38.append(_x39)
-            f_xmdmi_where = xmdp_loc(XMPTYPE_EXRW, _v38)
-        elif _d38 == 2:
-            (_i40_xmdl_offset,) = _S0.unpack_from(buf, off)
+                _v36.append(_x37)
+            f_xmdmi_where = xmdp_loc(XMPTYPE_EXRW, _v36)
+        elif _d36 == 2:
+            (_i38_xmdl_offset,) = _S0.unpack_from(buf, off)
             off += 4
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i40_xmdl_bsnum = []
-            _c41 = _n
-            for _ in range(_c41):
-                (_x41,) = _S0.unpack_from(buf, off)
-                off += 4
-                _i40_xmdl_bsnum.append(_x41)
-            _v38 = xmdp_tbsnloc(_i40_xmdl_offset, _i40_xmdl_bsnum)
-            f_xmdmi_where = xmdp_loc(XMPTYPE_TBSN, _v38)
-        elif _d38 in (5, 6):
-            f_xmdmi_where = xmdp_loc(_xmdp_type_MAP[(_d38,)[0]], None)
+            _t = (_U32_ARRAYS[_n] if _n < 9 else _struct.Struct('>%dI' % _n)).unpack_from(buf, off)
+            off += 4 * _n
+            _i38_xmdl_bsnum = list(_t)
+            _v36 = xmdp_tbsnloc(_i38_xmdl_offset, _i38_xmdl_bsnum)
+            f_xmdmi_where = xmdp_loc(XMPTYPE_TBSN, _v36)
+        elif _d36 in (5, 6):
+            f_xmdmi_where = xmdp_loc(_xmdp_type_MAP[(_d36,)[0]], None)
         else:
             f_xmdmi_where, off = _dec_any_xmdp_loc(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1225,42 +1214,42 @@ class optxmt_req:
 
 def enc_optxmt_req(w: _Writer, v: optxmt_req) -> None:
     try:
-        _a42 = v.optxrq_dp
-        _n = len(_a42)
+        _a39 = v.optxrq_dp
+        _n = len(_a39)
         w += _S0.pack(_n)
-        for _x42 in _a42:
-            _s43 = _x42
-            w += _S4.pack(_s43.xmdmi_disp, _s43.xmdmi_length)
-            _u44 = _s43.xmdmi_where
-            _d44 = _u44.xmdl_type
-            _w44: _Any
-            if _d44 == 1:
-                _w44 = _u44.value
-                _a45 = _w44
-                _n = len(_a45)
+        for _x39 in _a39:
+            _s40 = _x39
+            w += _S4.pack(_s40.xmdmi_disp, _s40.xmdmi_length)
+            _u41 = _s40.xmdmi_where
+            _d41 = _u41.xmdl_type
+            _w41: _Any
+            if _d41 == 1:
+                _w41 = _u41.value
+                _a42 = _w41
+                _n = len(_a42)
                 w += _S10.pack(1, _n)
-                for _x45 in _a45:
-                    w += _S2.pack(_x45.handle, _x45.length, _x45.offset)
-            elif _d44 == 2:
-                _w44 = _u44.value
+                for _x42 in _a42:
+                    w += _S2.pack(_x42.handle, _x42.length, _x42.offset)
+            elif _d41 == 2:
+                _w41 = _u41.value
                 w += b'\x00\x00\x00\x02'
-                enc_xmdp_tbsnloc(w, _w44)
-            elif _d44 == 5:
+                enc_xmdp_tbsnloc(w, _w41)
+            elif _d41 == 5:
                 w += b'\x00\x00\x00\x05'
-            elif _d44 == 6:
+            elif _d41 == 6:
                 w += b'\x00\x00\x00\x06'
             else:
-                _enc_any_xmdp_loc(w, _u44)
-        _a46 = v.optxrq_writes
-        _n = len(_a46)
+                _enc_any_xmdp_loc(w, _u41)
+        _a43 = v.optxrq_writes
+        _n = len(_a43)
         w += _S0.pack(_n)
-        for _x46 in _a46:
-            _s47 = _x46
-            _a48 = _s47.target
-            _n = len(_a48)
+        for _x43 in _a43:
+            _s44 = _x43
+            _a45 = _s44.target
+            _n = len(_a45)
             w += _S0.pack(_n)
-            for _x48 in _a48:
-                w += _S2.pack(_x48.handle, _x48.length, _x48.offset)
+            for _x45 in _a45:
+                w += _S2.pack(_x45.handle, _x45.length, _x45.offset)
         if v.optxrq_repch is None:
             w += _FALSE
         else:
@@ -1280,53 +1269,53 @@ def dec_optxmt_req(r: _Reader, off: int) -> tuple[optxmt_req, int]:
         if _n * 12 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_optxrq_dp = []
-        _c49 = _n
-        for _ in range(_c49):
-            _i50_xmdmi_disp, _i50_xmdmi_length = _S4.unpack_from(buf, off)
+        _c46 = _n
+        for _ in range(_c46):
+            _i47_xmdmi_disp, _i47_xmdmi_length = _S4.unpack_from(buf, off)
             off += 8
-            _v51: _Any
-            (_d51,) = _S5.unpack_from(buf, off)
+            _v48: _Any
+            (_d48,) = _S5.unpack_from(buf, off)
             off += 4
-            if _d51 == 1:
+            if _d48 == 1:
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n * 16 > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-                _v51 = []
-                _c52 = _n
-                for _ in range(_c52):
-                    _x52 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
+                _v48 = []
+                _c49 = _n
+                for _ in range(_c49):
+                    _x49 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
                     off += 16
-                    _v51.append(_x52)
-                _i50_xmdmi_where = xmdp_loc(XMPTYPE_EXRW, _v51)
-            elif _d51 == 2:
-                _v51, off = dec_xmdp_tbsnloc(r, off)
-                _i50_xmdmi_where = xmdp_loc(XMPTYPE_TBSN, _v51)
-            elif _d51 in (5, 6):
-                _i50_xmdmi_where = xmdp_loc(_xmdp_type_MAP[(_d51,)[0]], None)
+                    _v48.append(_x49)
+                _i47_xmdmi_where = xmdp_loc(XMPTYPE_EXRW, _v48)
+            elif _d48 == 2:
+                _v48, off = dec_xmdp_tbsnloc(r, off)
+                _i47_xmdmi_where = xmdp_loc(XMPTYPE_TBSN, _v48)
+            elif _d48 in (5, 6):
+                _i47_xmdmi_where = xmdp_loc(_xmdp_type_MAP[(_d48,)[0]], None)
             else:
-                _i50_xmdmi_where, off = _dec_any_xmdp_loc(r, off - 4)
-            _x49 = xmdp_mitem(_i50_xmdmi_disp, _i50_xmdmi_length, _i50_xmdmi_where)
-            f_optxrq_dp.append(_x49)
+                _i47_xmdmi_where, off = _dec_any_xmdp_loc(r, off - 4)
+            _x46 = xmdp_mitem(_i47_xmdmi_disp, _i47_xmdmi_length, _i47_xmdmi_where)
+            f_optxrq_dp.append(_x46)
         (_n,) = _U32.unpack_from(buf, off)
         off += 4
         if _n * 4 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_optxrq_writes = []
-        _c53 = _n
-        for _ in range(_c53):
+        _c50 = _n
+        for _ in range(_c50):
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 16 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i54_target = []
-            _c55 = _n
-            for _ in range(_c55):
-                _x55 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
+            _i51_target = []
+            _c52 = _n
+            for _ in range(_c52):
+                _x52 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
                 off += 16
-                _i54_target.append(_x55)
-            _x53 = xdr_write_chunk(_i54_target)
-            f_optxrq_writes.append(_x53)
+                _i51_target.append(_x52)
+            _x50 = xdr_write_chunk(_i51_target)
+            f_optxrq_writes.append(_x50)
         (_p,) = _U32.unpack_from(buf, off)
         off += 4
         if _p == 1:
@@ -1351,32 +1340,32 @@ class optxmt_resp:
 
 def enc_optxmt_resp(w: _Writer, v: optxmt_resp) -> None:
     try:
-        _a56 = v.optxrs_dp
-        _n = len(_a56)
+        _a53 = v.optxrs_dp
+        _n = len(_a53)
         w += _S0.pack(_n)
-        for _x56 in _a56:
-            _s57 = _x56
-            w += _S4.pack(_s57.xmdmi_disp, _s57.xmdmi_length)
-            _u58 = _s57.xmdmi_where
-            _d58 = _u58.xmdl_type
-            _w58: _Any
-            if _d58 == 1:
-                _w58 = _u58.value
-                _a59 = _w58
-                _n = len(_a59)
+        for _x53 in _a53:
+            _s54 = _x53
+            w += _S4.pack(_s54.xmdmi_disp, _s54.xmdmi_length)
+            _u55 = _s54.xmdmi_where
+            _d55 = _u55.xmdl_type
+            _w55: _Any
+            if _d55 == 1:
+                _w55 = _u55.value
+                _a56 = _w55
+                _n = len(_a56)
                 w += _S10.pack(1, _n)
-                for _x59 in _a59:
-                    w += _S2.pack(_x59.handle, _x59.length, _x59.offset)
-            elif _d58 == 2:
-                _w58 = _u58.value
+                for _x56 in _a56:
+                    w += _S2.pack(_x56.handle, _x56.length, _x56.offset)
+            elif _d55 == 2:
+                _w55 = _u55.value
                 w += b'\x00\x00\x00\x02'
-                enc_xmdp_tbsnloc(w, _w58)
-            elif _d58 == 5:
+                enc_xmdp_tbsnloc(w, _w55)
+            elif _d55 == 5:
                 w += b'\x00\x00\x00\x05'
-            elif _d58 == 6:
+            elif _d55 == 6:
                 w += b'\x00\x00\x00\x06'
             else:
-                _enc_any_xmdp_loc(w, _u58)
+                _enc_any_xmdp_loc(w, _u55)
         w += _S4.pack(v.optxrs_count, v.optxrs_pslen)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode optxmt_resp: {_e}', len(w)) from None
@@ -1391,34 +1380,34 @@ def dec_optxmt_resp(r: _Reader, off: int) -> tuple[optxmt_resp, int]:
         if _n * 12 > len(buf) - off:
             raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
         f_optxrs_dp = []
-        _c60 = _n
-        for _ in range(_c60):
-            _i61_xmdmi_disp, _i61_xmdmi_length = _S4.unpack_from(buf, off)
+        _c57 = _n
+        for _ in range(_c57):
+            _i58_xmdmi_disp, _i58_xmdmi_length = _S4.unpack_from(buf, off)
             off += 8
-            _v62: _Any
-            (_d62,) = _S5.unpack_from(buf, off)
+            _v59: _Any
+            (_d59,) = _S5.unpack_from(buf, off)
             off += 4
-            if _d62 == 1:
+            if _d59 == 1:
                 (_n,) = _U32.unpack_from(buf, off)
                 off += 4
                 if _n * 16 > len(buf) - off:
                     raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-                _v62 = []
-                _c63 = _n
-                for _ in range(_c63):
-                    _x63 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
+                _v59 = []
+                _c60 = _n
+                for _ in range(_c60):
+                    _x60 = xdr_rdma_segment(*_S2.unpack_from(buf, off))
                     off += 16
-                    _v62.append(_x63)
-                _i61_xmdmi_where = xmdp_loc(XMPTYPE_EXRW, _v62)
-            elif _d62 == 2:
-                _v62, off = dec_xmdp_tbsnloc(r, off)
-                _i61_xmdmi_where = xmdp_loc(XMPTYPE_TBSN, _v62)
-            elif _d62 in (5, 6):
-                _i61_xmdmi_where = xmdp_loc(_xmdp_type_MAP[(_d62,)[0]], None)
+                    _v59.append(_x60)
+                _i58_xmdmi_where = xmdp_loc(XMPTYPE_EXRW, _v59)
+            elif _d59 == 2:
+                _v59, off = dec_xmdp_tbsnloc(r, off)
+                _i58_xmdmi_where = xmdp_loc(XMPTYPE_TBSN, _v59)
+            elif _d59 in (5, 6):
+                _i58_xmdmi_where = xmdp_loc(_xmdp_type_MAP[(_d59,)[0]], None)
             else:
-                _i61_xmdmi_where, off = _dec_any_xmdp_loc(r, off - 4)
-            _x60 = xmdp_mitem(_i61_xmdmi_disp, _i61_xmdmi_length, _i61_xmdmi_where)
-            f_optxrs_dp.append(_x60)
+                _i58_xmdmi_where, off = _dec_any_xmdp_loc(r, off - 4)
+            _x57 = xmdp_mitem(_i58_xmdmi_disp, _i58_xmdmi_length, _i58_xmdmi_where)
+            f_optxrs_dp.append(_x57)
         f_optxrs_count, f_optxrs_pslen = _S4.unpack_from(buf, off)
         off += 8
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1564,16 +1553,16 @@ def dec_optr_info(r: _Reader, off: int) -> tuple[optr_info, int]:
     buf = r.buf
     o0 = off
     try:
-        _v64: _Any
-        _f64: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d64,) = _S5.unpack_from(buf, off)
-        _a64 = _optr_info_ARMS.get(_d64)
-        if _a64 is None:
-            raise _XdrError('%r is not a case of optr_info' % (_d64,), off)
+        _v61: _Any
+        _f61: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d61,) = _S5.unpack_from(buf, off)
+        _a61 = _optr_info_ARMS.get(_d61)
+        if _a61 is None:
+            raise _XdrError('%r is not a case of optr_info' % (_d61,), off)
         else:
-            _d64, _f64 = _a64
-        _v64, off = _f64(r, off + 4)
-        _u = optr_info(_d64, _v64)
+            _d61, _f61 = _a61
+        _v61, off = _f61(r, off + 4)
+        _u = optr_info(_d61, _v61)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated optr_info', o0) from None
     return _u, off
@@ -1664,12 +1653,12 @@ def enc_optrept_err(w: _Writer, v: optrept_err) -> None:
         else:
             w += _TRUE
             enc_xms_id(w, v.optre_lead)
-        _u65 = v.optre_info
-        _f65 = _optr_info_ENCX.get(_u65.optre_which)
-        if _f65 is None:
-            enc_optr_info(w, _u65)
+        _u62 = v.optre_info
+        _f62 = _optr_info_ENCX.get(_u62.optre_which)
+        if _f62 is None:
+            enc_optr_info(w, _u62)
         else:
-            _f65(w, _u65.value)
+            _f62(w, _u62.value)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode optrept_err: {_e}', len(w)) from None
 
@@ -1689,16 +1678,16 @@ def dec_optrept_err(r: _Reader, off: int) -> tuple[optrept_err, int]:
             f_optre_lead = None
         else:
             raise _XdrError('optional-data flag is not a bool', off - 4)
-        _v66: _Any
-        _f66: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d66,) = _S5.unpack_from(buf, off)
-        _a66 = _optr_info_ARMS.get(_d66)
-        if _a66 is None:
-            raise _XdrError('%r is not a case of optr_info' % (_d66,), off)
+        _v63: _Any
+        _f63: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d63,) = _S5.unpack_from(buf, off)
+        _a63 = _optr_info_ARMS.get(_d63)
+        if _a63 is None:
+            raise _XdrError('%r is not a case of optr_info' % (_d63,), off)
         else:
-            _d66, _f66 = _a66
-        _v66, off = _f66(r, off + 4)
-        f_optre_info = optr_info(_d66, _v66)
+            _d63, _f63 = _a63
+        _v63, off = _f63(r, off + 4)
+        f_optre_info = optr_info(_d63, _v63)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated optrept_err', o0) from None
     return optrept_err(f_optre_bad, f_optre_lead, f_optre_info), off
@@ -1760,16 +1749,16 @@ def _dec_any_rtr_body(r: _Reader, off: int) -> tuple[rtr_body, int]:
     buf = r.buf
     o0 = off
     try:
-        _v67: _Any
-        _f67: _Callable[[_Reader, int], tuple[_Any, int]]
-        (_d67,) = _S5.unpack_from(buf, off)
-        _a67 = _rtr_body_ARMS.get(_d67)
-        if _a67 is None:
-            raise _XdrError('%r is not a case of rtr_body' % (_d67,), off)
+        _v64: _Any
+        _f64: _Callable[[_Reader, int], tuple[_Any, int]]
+        (_d64,) = _S5.unpack_from(buf, off)
+        _a64 = _rtr_body_ARMS.get(_d64)
+        if _a64 is None:
+            raise _XdrError('%r is not a case of rtr_body' % (_d64,), off)
         else:
-            _d67, _f67 = _a67
-        _v67, off = _f67(r, off + 4)
-        _u = rtr_body(_d67, _v67)
+            _d64, _f64 = _a64
+        _v64, off = _f64(r, off + 4)
+        _u = rtr_body(_d64, _v64)
     except (_struct.error, KeyError, IndexError, UnicodeError):
         raise _XdrError('invalid or truncated rtr_body', o0) from None
     return _u, off
@@ -1777,57 +1766,57 @@ def _dec_any_rtr_body(r: _Reader, off: int) -> tuple[rtr_body, int]:
 
 def enc_rtr_body(w: _Writer, v: rtr_body) -> None:
     try:
-        _u68 = v
-        _d68 = _u68.ropt
-        _w68: _Any
-        if _d68 == 1:
-            _w68 = _u68.value
-            _s69 = _w68
-            _a70 = _s69.optxrq_dp
-            _n = len(_a70)
+        _u65 = v
+        _d65 = _u65.ropt
+        _w65: _Any
+        if _d65 == 1:
+            _w65 = _u65.value
+            _s66 = _w65
+            _a67 = _s66.optxrq_dp
+            _n = len(_a67)
             w += _S10.pack(1, _n)
+            for _x67 in _a67:
+                enc_xmdp_mitem(w, _x67)
+            _a68 = _s66.optxrq_writes
+            _n = len(_a68)
+            w += _S0.pack(_n)
+            for _x68 in _a68:
+                enc_xdr_write_chunk(w, _x68)
+            if _s66.optxrq_repch is None:
+                w += _FALSE
+            else:
+                w += _TRUE
+                enc_xdr_write_chunk(w, _s66.optxrq_repch)
+            w += _S8.pack(_s66.optxrq_count, _s66.optxrq_rsbuf, _s66.optxrq_pslen)
+        elif _d65 == 2:
+            _w65 = _u65.value
+            _s69 = _w65
+            _a70 = _s69.optxrs_dp
+            _n = len(_a70)
+            w += _S10.pack(2, _n)
             for _x70 in _a70:
                 enc_xmdp_mitem(w, _x70)
-            _a71 = _s69.optxrq_writes
-            _n = len(_a71)
-            w += _S0.pack(_n)
-            for _x71 in _a71:
-                enc_xdr_write_chunk(w, _x71)
-            if _s69.optxrq_repch is None:
+            w += _S4.pack(_s69.optxrs_count, _s69.optxrs_pslen)
+        elif _d65 == 3:
+            _w65 = _u65.value
+            w += _S11.pack(3, _w65.optxc_xnum, _w65.optxc_itype, _w65.optxc_pslen)
+        elif _d65 == 4:
+            _w65 = _u65.value
+            _s71 = _w65
+            w += _S12.pack(4, _s71.optre_bad.xmsi_xid, _s71.optre_bad.xmsi_dir, _s71.optre_bad.xmsi_seq)
+            if _s71.optre_lead is None:
                 w += _FALSE
             else:
                 w += _TRUE
-                enc_xdr_write_chunk(w, _s69.optxrq_repch)
-            w += _S8.pack(_s69.optxrq_count, _s69.optxrq_rsbuf, _s69.optxrq_pslen)
-        elif _d68 == 2:
-            _w68 = _u68.value
-            _s72 = _w68
-            _a73 = _s72.optxrs_dp
-            _n = len(_a73)
-            w += _S10.pack(2, _n)
-            for _x73 in _a73:
-                enc_xmdp_mitem(w, _x73)
-            w += _S4.pack(_s72.optxrs_count, _s72.optxrs_pslen)
-        elif _d68 == 3:
-            _w68 = _u68.value
-            w += _S11.pack(3, _w68.optxc_xnum, _w68.optxc_itype, _w68.optxc_pslen)
-        elif _d68 == 4:
-            _w68 = _u68.value
-            _s74 = _w68
-            w += _S12.pack(4, _s74.optre_bad.xmsi_xid, _s74.optre_bad.xmsi_dir, _s74.optre_bad.xmsi_seq)
-            if _s74.optre_lead is None:
-                w += _FALSE
+                enc_xms_id(w, _s71.optre_lead)
+            _u72 = _s71.optre_info
+            _f72 = _optr_info_ENCX.get(_u72.optre_which)
+            if _f72 is None:
+                enc_optr_info(w, _u72)
             else:
-                w += _TRUE
-                enc_xms_id(w, _s74.optre_lead)
-            _u75 = _s74.optre_info
-            _f75 = _optr_info_ENCX.get(_u75.optre_which)
-            if _f75 is None:
-                enc_optr_info(w, _u75)
-            else:
-                _f75(w, _u75.value)
+                _f72(w, _u72.value)
         else:
-            _enc_any_rtr_body(w, _u68)
+            _enc_any_rtr_body(w, _u65)
     except (_struct.error, TypeError, AttributeError, KeyError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode rtr_body: {_e!r}', len(w)) from None
 
@@ -1836,82 +1825,82 @@ def dec_rtr_body(r: _Reader, off: int) -> tuple[rtr_body, int]:
     buf = r.buf
     o0 = off
     try:
-        _v76: _Any
-        (_d76,) = _S5.unpack_from(buf, off)
+        _v73: _Any
+        (_d73,) = _S5.unpack_from(buf, off)
         off += 4
-        if _d76 == 1:
+        if _d73 == 1:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 12 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i77_optxrq_dp = []
-            _c78 = _n
-            for _ in range(_c78):
-                _x78, off = dec_xmdp_mitem(r, off)
-                _i77_optxrq_dp.append(_x78)
+            _i74_optxrq_dp = []
+            _c75 = _n
+            for _ in range(_c75):
+                _x75, off = dec_xmdp_mitem(r, off)
+                _i74_optxrq_dp.append(_x75)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i77_optxrq_writes = []
-            _c79 = _n
-            for _ in range(_c79):
-                _x79, off = dec_xdr_write_chunk(r, off)
-                _i77_optxrq_writes.append(_x79)
+            _i74_optxrq_writes = []
+            _c76 = _n
+            for _ in range(_c76):
+                _x76, off = dec_xdr_write_chunk(r, off)
+                _i74_optxrq_writes.append(_x76)
             (_p,) = _U32.unpack_from(buf, off)
             off += 4
             if _p == 1:
-                _i77_optxrq_repch, off = dec_xdr_write_chunk(r, off)
+                _i74_optxrq_repch, off = dec_xdr_write_chunk(r, off)
             elif _p == 0:
-                _i77_optxrq_repch = None
+                _i74_optxrq_repch = None
             else:
                 raise _XdrError('optional-data flag is not a bool', off - 4)
-            _i77_optxrq_count, _i77_optxrq_rsbuf, _i77_optxrq_pslen = _S8.unpack_from(buf, off)
+            _i74_optxrq_count, _i74_optxrq_rsbuf, _i74_optxrq_pslen = _S8.unpack_from(buf, off)
             off += 12
-            _v76 = optxmt_req(_i77_optxrq_dp, _i77_optxrq_writes, _i77_optxrq_repch, _i77_optxrq_count, _i77_optxrq_rsbuf, _i77_optxrq_pslen)
-            _u = rtr_body(ROPT_XMTREQ, _v76)
-        elif _d76 == 2:
+            _v73 = optxmt_req(_i74_optxrq_dp, _i74_optxrq_writes, _i74_optxrq_repch, _i74_optxrq_count, _i74_optxrq_rsbuf, _i74_optxrq_pslen)
+            _u = rtr_body(ROPT_XMTREQ, _v73)
+        elif _d73 == 2:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 12 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i80_optxrs_dp = []
-            _c81 = _n
-            for _ in range(_c81):
-                _x81, off = dec_xmdp_mitem(r, off)
-                _i80_optxrs_dp.append(_x81)
-            _i80_optxrs_count, _i80_optxrs_pslen = _S4.unpack_from(buf, off)
+            _i77_optxrs_dp = []
+            _c78 = _n
+            for _ in range(_c78):
+                _x78, off = dec_xmdp_mitem(r, off)
+                _i77_optxrs_dp.append(_x78)
+            _i77_optxrs_count, _i77_optxrs_pslen = _S4.unpack_from(buf, off)
             off += 8
-            _v76 = optxmt_resp(_i80_optxrs_dp, _i80_optxrs_count, _i80_optxrs_pslen)
-            _u = rtr_body(ROPT_XMTRESP, _v76)
-        elif _d76 == 3:
-            _v76 = optxmt_cont(*_S8.unpack_from(buf, off))
+            _v73 = optxmt_resp(_i77_optxrs_dp, _i77_optxrs_count, _i77_optxrs_pslen)
+            _u = rtr_body(ROPT_XMTRESP, _v73)
+        elif _d73 == 3:
+            _v73 = optxmt_cont(*_S8.unpack_from(buf, off))
             off += 12
-            _u = rtr_body(ROPT_XMTCONT, _v76)
-        elif _d76 == 4:
+            _u = rtr_body(ROPT_XMTCONT, _v73)
+        elif _d73 == 4:
             _t0, _t1, _t2 = _S9.unpack_from(buf, off)
             off += 12
-            _i82_optre_bad = xms_id(_t0, _xms_dir_MAP[_t1], _t2)
+            _i79_optre_bad = xms_id(_t0, _xms_dir_MAP[_t1], _t2)
             (_p,) = _U32.unpack_from(buf, off)
             off += 4
             if _p == 1:
-                _i82_optre_lead, off = dec_xms_id(r, off)
+                _i79_optre_lead, off = dec_xms_id(r, off)
             elif _p == 0:
-                _i82_optre_lead = None
+                _i79_optre_lead = None
             else:
                 raise _XdrError('optional-data flag is not a bool', off - 4)
-            _v83: _Any
-            _f83: _Callable[[_Reader, int], tuple[_Any, int]]
-            (_d83,) = _S5.unpack_from(buf, off)
-            _a83 = _optr_info_ARMS.get(_d83)
-            if _a83 is None:
-                raise _XdrError('%r is not a case of optr_info' % (_d83,), off)
+            _v80: _Any
+            _f80: _Callable[[_Reader, int], tuple[_Any, int]]
+            (_d80,) = _S5.unpack_from(buf, off)
+            _a80 = _optr_info_ARMS.get(_d80)
+            if _a80 is None:
+                raise _XdrError('%r is not a case of optr_info' % (_d80,), off)
             else:
-                _d83, _f83 = _a83
-            _v83, off = _f83(r, off + 4)
-            _i82_optre_info = optr_info(_d83, _v83)
-            _v76 = optrept_err(_i82_optre_bad, _i82_optre_lead, _i82_optre_info)
-            _u = rtr_body(ROPT_REPTERR, _v76)
+                _d80, _f80 = _a80
+            _v80, off = _f80(r, off + 4)
+            _i79_optre_info = optr_info(_d80, _v80)
+            _v73 = optrept_err(_i79_optre_bad, _i79_optre_lead, _i79_optre_info)
+            _u = rtr_body(ROPT_REPTERR, _v73)
         else:
             _u, off = _dec_any_rtr_body(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):
@@ -1931,57 +1920,57 @@ class rtr_msg:
 def enc_rtr_msg(w: _Writer, v: rtr_msg) -> None:
     try:
         w += _S13.pack(v.rtr_xid, v.rtr_vers, v.rtr_credit, v.rtr_proc)
-        _u84 = v.rtr_body
-        _d84 = _u84.ropt
-        _w84: _Any
-        if _d84 == 1:
-            _w84 = _u84.value
-            _s85 = _w84
-            _a86 = _s85.optxrq_dp
-            _n = len(_a86)
+        _u81 = v.rtr_body
+        _d81 = _u81.ropt
+        _w81: _Any
+        if _d81 == 1:
+            _w81 = _u81.value
+            _s82 = _w81
+            _a83 = _s82.optxrq_dp
+            _n = len(_a83)
             w += _S10.pack(1, _n)
+            for _x83 in _a83:
+                enc_xmdp_mitem(w, _x83)
+            _a84 = _s82.optxrq_writes
+            _n = len(_a84)
+            w += _S0.pack(_n)
+            for _x84 in _a84:
+                enc_xdr_write_chunk(w, _x84)
+            if _s82.optxrq_repch is None:
+                w += _FALSE
+            else:
+                w += _TRUE
+                enc_xdr_write_chunk(w, _s82.optxrq_repch)
+            w += _S8.pack(_s82.optxrq_count, _s82.optxrq_rsbuf, _s82.optxrq_pslen)
+        elif _d81 == 2:
+            _w81 = _u81.value
+            _s85 = _w81
+            _a86 = _s85.optxrs_dp
+            _n = len(_a86)
+            w += _S10.pack(2, _n)
             for _x86 in _a86:
                 enc_xmdp_mitem(w, _x86)
-            _a87 = _s85.optxrq_writes
-            _n = len(_a87)
-            w += _S0.pack(_n)
-            for _x87 in _a87:
-                enc_xdr_write_chunk(w, _x87)
-            if _s85.optxrq_repch is None:
+            w += _S4.pack(_s85.optxrs_count, _s85.optxrs_pslen)
+        elif _d81 == 3:
+            _w81 = _u81.value
+            w += _S11.pack(3, _w81.optxc_xnum, _w81.optxc_itype, _w81.optxc_pslen)
+        elif _d81 == 4:
+            _w81 = _u81.value
+            _s87 = _w81
+            w += _S12.pack(4, _s87.optre_bad.xmsi_xid, _s87.optre_bad.xmsi_dir, _s87.optre_bad.xmsi_seq)
+            if _s87.optre_lead is None:
                 w += _FALSE
             else:
                 w += _TRUE
-                enc_xdr_write_chunk(w, _s85.optxrq_repch)
-            w += _S8.pack(_s85.optxrq_count, _s85.optxrq_rsbuf, _s85.optxrq_pslen)
-        elif _d84 == 2:
-            _w84 = _u84.value
-            _s88 = _w84
-            _a89 = _s88.optxrs_dp
-            _n = len(_a89)
-            w += _S10.pack(2, _n)
-            for _x89 in _a89:
-                enc_xmdp_mitem(w, _x89)
-            w += _S4.pack(_s88.optxrs_count, _s88.optxrs_pslen)
-        elif _d84 == 3:
-            _w84 = _u84.value
-            w += _S11.pack(3, _w84.optxc_xnum, _w84.optxc_itype, _w84.optxc_pslen)
-        elif _d84 == 4:
-            _w84 = _u84.value
-            _s90 = _w84
-            w += _S12.pack(4, _s90.optre_bad.xmsi_xid, _s90.optre_bad.xmsi_dir, _s90.optre_bad.xmsi_seq)
-            if _s90.optre_lead is None:
-                w += _FALSE
+                enc_xms_id(w, _s87.optre_lead)
+            _u88 = _s87.optre_info
+            _f88 = _optr_info_ENCX.get(_u88.optre_which)
+            if _f88 is None:
+                enc_optr_info(w, _u88)
             else:
-                w += _TRUE
-                enc_xms_id(w, _s90.optre_lead)
-            _u91 = _s90.optre_info
-            _f91 = _optr_info_ENCX.get(_u91.optre_which)
-            if _f91 is None:
-                enc_optr_info(w, _u91)
-            else:
-                _f91(w, _u91.value)
+                _f88(w, _u88.value)
         else:
-            _enc_any_rtr_body(w, _u84)
+            _enc_any_rtr_body(w, _u81)
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode rtr_msg: {_e}', len(w)) from None
 
@@ -1992,82 +1981,82 @@ def dec_rtr_msg(r: _Reader, off: int) -> tuple[rtr_msg, int]:
     try:
         f_rtr_xid, f_rtr_vers, f_rtr_credit, f_rtr_proc = _S13.unpack_from(buf, off)
         off += 16
-        _v92: _Any
-        (_d92,) = _S5.unpack_from(buf, off)
+        _v89: _Any
+        (_d89,) = _S5.unpack_from(buf, off)
         off += 4
-        if _d92 == 1:
+        if _d89 == 1:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 12 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i93_optxrq_dp = []
-            _c94 = _n
-            for _ in range(_c94):
-                _x94, off = dec_xmdp_mitem(r, off)
-                _i93_optxrq_dp.append(_x94)
+            _i90_optxrq_dp = []
+            _c91 = _n
+            for _ in range(_c91):
+                _x91, off = dec_xmdp_mitem(r, off)
+                _i90_optxrq_dp.append(_x91)
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 4 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i93_optxrq_writes = []
-            _c95 = _n
-            for _ in range(_c95):
-                _x95, off = dec_xdr_write_chunk(r, off)
-                _i93_optxrq_writes.append(_x95)
+            _i90_optxrq_writes = []
+            _c92 = _n
+            for _ in range(_c92):
+                _x92, off = dec_xdr_write_chunk(r, off)
+                _i90_optxrq_writes.append(_x92)
             (_p,) = _U32.unpack_from(buf, off)
             off += 4
             if _p == 1:
-                _i93_optxrq_repch, off = dec_xdr_write_chunk(r, off)
+                _i90_optxrq_repch, off = dec_xdr_write_chunk(r, off)
             elif _p == 0:
-                _i93_optxrq_repch = None
+                _i90_optxrq_repch = None
             else:
                 raise _XdrError('optional-data flag is not a bool', off - 4)
-            _i93_optxrq_count, _i93_optxrq_rsbuf, _i93_optxrq_pslen = _S8.unpack_from(buf, off)
+            _i90_optxrq_count, _i90_optxrq_rsbuf, _i90_optxrq_pslen = _S8.unpack_from(buf, off)
             off += 12
-            _v92 = optxmt_req(_i93_optxrq_dp, _i93_optxrq_writes, _i93_optxrq_repch, _i93_optxrq_count, _i93_optxrq_rsbuf, _i93_optxrq_pslen)
-            f_rtr_body = rtr_body(ROPT_XMTREQ, _v92)
-        elif _d92 == 2:
+            _v89 = optxmt_req(_i90_optxrq_dp, _i90_optxrq_writes, _i90_optxrq_repch, _i90_optxrq_count, _i90_optxrq_rsbuf, _i90_optxrq_pslen)
+            f_rtr_body = rtr_body(ROPT_XMTREQ, _v89)
+        elif _d89 == 2:
             (_n,) = _U32.unpack_from(buf, off)
             off += 4
             if _n * 12 > len(buf) - off:
                 raise _XdrError('length %d exceeds the remaining input' % _n, off - 4)
-            _i96_optxrs_dp = []
-            _c97 = _n
-            for _ in range(_c97):
-                _x97, off = dec_xmdp_mitem(r, off)
-                _i96_optxrs_dp.append(_x97)
-            _i96_optxrs_count, _i96_optxrs_pslen = _S4.unpack_from(buf, off)
+            _i93_optxrs_dp = []
+            _c94 = _n
+            for _ in range(_c94):
+                _x94, off = dec_xmdp_mitem(r, off)
+                _i93_optxrs_dp.append(_x94)
+            _i93_optxrs_count, _i93_optxrs_pslen = _S4.unpack_from(buf, off)
             off += 8
-            _v92 = optxmt_resp(_i96_optxrs_dp, _i96_optxrs_count, _i96_optxrs_pslen)
-            f_rtr_body = rtr_body(ROPT_XMTRESP, _v92)
-        elif _d92 == 3:
-            _v92 = optxmt_cont(*_S8.unpack_from(buf, off))
+            _v89 = optxmt_resp(_i93_optxrs_dp, _i93_optxrs_count, _i93_optxrs_pslen)
+            f_rtr_body = rtr_body(ROPT_XMTRESP, _v89)
+        elif _d89 == 3:
+            _v89 = optxmt_cont(*_S8.unpack_from(buf, off))
             off += 12
-            f_rtr_body = rtr_body(ROPT_XMTCONT, _v92)
-        elif _d92 == 4:
+            f_rtr_body = rtr_body(ROPT_XMTCONT, _v89)
+        elif _d89 == 4:
             _t0, _t1, _t2 = _S9.unpack_from(buf, off)
             off += 12
-            _i98_optre_bad = xms_id(_t0, _xms_dir_MAP[_t1], _t2)
+            _i95_optre_bad = xms_id(_t0, _xms_dir_MAP[_t1], _t2)
             (_p,) = _U32.unpack_from(buf, off)
             off += 4
             if _p == 1:
-                _i98_optre_lead, off = dec_xms_id(r, off)
+                _i95_optre_lead, off = dec_xms_id(r, off)
             elif _p == 0:
-                _i98_optre_lead = None
+                _i95_optre_lead = None
             else:
                 raise _XdrError('optional-data flag is not a bool', off - 4)
-            _v99: _Any
-            _f99: _Callable[[_Reader, int], tuple[_Any, int]]
-            (_d99,) = _S5.unpack_from(buf, off)
-            _a99 = _optr_info_ARMS.get(_d99)
-            if _a99 is None:
-                raise _XdrError('%r is not a case of optr_info' % (_d99,), off)
+            _v96: _Any
+            _f96: _Callable[[_Reader, int], tuple[_Any, int]]
+            (_d96,) = _S5.unpack_from(buf, off)
+            _a96 = _optr_info_ARMS.get(_d96)
+            if _a96 is None:
+                raise _XdrError('%r is not a case of optr_info' % (_d96,), off)
             else:
-                _d99, _f99 = _a99
-            _v99, off = _f99(r, off + 4)
-            _i98_optre_info = optr_info(_d99, _v99)
-            _v92 = optrept_err(_i98_optre_bad, _i98_optre_lead, _i98_optre_info)
-            f_rtr_body = rtr_body(ROPT_REPTERR, _v92)
+                _d96, _f96 = _a96
+            _v96, off = _f96(r, off + 4)
+            _i95_optre_info = optr_info(_d96, _v96)
+            _v89 = optrept_err(_i95_optre_bad, _i95_optre_lead, _i95_optre_info)
+            f_rtr_body = rtr_body(ROPT_REPTERR, _v89)
         else:
             f_rtr_body, off = _dec_any_rtr_body(r, off - 4)
     except (_struct.error, KeyError, IndexError, UnicodeError):

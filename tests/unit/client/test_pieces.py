@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import errno
 import stat
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nfsrdma.client.attrs import (
     STAT_ATTRS,
+    FileStat,
     decode_attrs,
     decode_bitmap,
     encode_attrs,
@@ -193,3 +197,98 @@ def test_split_path_agrees_with_normalising_first() -> None:
         cases.append(rng.choice(["", "/", "//"]) + "/".join(parts) + rng.choice(["", "/"]))
     for path in cases:
         assert split_path(path) == reference(path), path
+
+
+_S_IFMT = {
+    nfs4.NF4REG: stat.S_IFREG,
+    nfs4.NF4DIR: stat.S_IFDIR,
+    nfs4.NF4BLK: stat.S_IFBLK,
+    nfs4.NF4CHR: stat.S_IFCHR,
+    nfs4.NF4LNK: stat.S_IFLNK,
+    nfs4.NF4SOCK: stat.S_IFSOCK,
+    nfs4.NF4FIFO: stat.S_IFIFO,
+}
+
+
+def _file_stat_reference(values: dict[int, Any]) -> tuple[Any, ...]:
+    """file_stat as first written: every value through ``dict.get`` and ``owner_to_id``."""
+    get = values.get
+
+    def ns(t: Any) -> int:
+        return 0 if t is None else t.seconds * 1_000_000_000 + t.nseconds
+
+    ftype = int(get(nfs4.FATTR4_TYPE, nfs4.NF4REG))
+    fsid, rawdev = get(nfs4.FATTR4_FSID), get(nfs4.FATTR4_RAWDEV)
+    owner = bytes(get(nfs4.FATTR4_OWNER, b""))
+    group = bytes(get(nfs4.FATTR4_OWNER_GROUP, b""))
+    return (
+        _S_IFMT.get(ftype, 0) | int(get(nfs4.FATTR4_MODE, 0)) & 0o7777,
+        int(get(nfs4.FATTR4_FILEID, 0)),
+        ((fsid.major & 0xFFFFFFFF) << 32 | (fsid.minor & 0xFFFFFFFF)) if fsid else 0,
+        int(get(nfs4.FATTR4_NUMLINKS, 1)),
+        owner_to_id(owner) if owner else 65534,
+        owner_to_id(group, group=True) if group else 65534,
+        int(get(nfs4.FATTR4_SIZE, 0)),
+        ns(get(nfs4.FATTR4_TIME_ACCESS)),
+        ns(get(nfs4.FATTR4_TIME_MODIFY)),
+        ns(get(nfs4.FATTR4_TIME_METADATA)),
+        (int(get(nfs4.FATTR4_SPACE_USED, 0)) + 511) // 512,
+        (rawdev.specdata1 << 8 | rawdev.specdata2) if rawdev else 0,
+        ftype,
+        int(get(nfs4.FATTR4_CHANGE, 0)),
+        owner.decode("utf-8", "replace"),
+        group.decode("utf-8", "replace"),
+    )
+
+
+_OWNERS = st.one_of(
+    st.sampled_from([b"", b"0", b"1000", b"0001000", b"4294967294", b"4294967295", b"99999999999"]),
+    st.sampled_from([b"00000000001", b"root@example.org", b"no-such-user-xyz@x", b"\xff\xfe"]),
+    st.binary(max_size=12),
+    st.integers(0, 2**40).map(lambda n: str(n).encode()),
+)
+_U64 = st.integers(0, 2**64 - 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    present=st.sets(st.sampled_from(sorted(STAT_ATTRS))),
+    ftype=st.sampled_from(list(nfs4.nfs_ftype4)),
+    owners=st.tuples(_OWNERS, _OWNERS),
+    numbers=st.tuples(_U64, _U64, _U64, _U64, st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)),
+    times=st.lists(
+        st.tuples(st.integers(-(2**63), 2**63 - 1), st.integers(0, 999_999_999)),
+        min_size=3,
+        max_size=3,
+    ),
+)
+def test_file_stat_agrees_with_the_reference(
+    present: set[int],
+    ftype: nfs4.nfs_ftype4,
+    owners: tuple[bytes, bytes],
+    numbers: tuple[int, ...],
+    times: list[tuple[int, int]],
+) -> None:
+    """file_stat (numeric owners parsed inline, the tuple made directly) gives, for any subset
+    of the attributes ``stat`` asks for, what the plain reading of every value gives."""
+    size, fileid, change, used, mode, nlink = numbers
+    every = {
+        nfs4.FATTR4_TYPE: ftype,
+        nfs4.FATTR4_CHANGE: change,
+        nfs4.FATTR4_SIZE: size,
+        nfs4.FATTR4_FSID: nfs4.fsid4(fileid, change),
+        nfs4.FATTR4_FILEID: fileid,
+        nfs4.FATTR4_MODE: mode,
+        nfs4.FATTR4_NUMLINKS: nlink,
+        nfs4.FATTR4_OWNER: owners[0],
+        nfs4.FATTR4_OWNER_GROUP: owners[1],
+        nfs4.FATTR4_RAWDEV: nfs4.specdata4(mode, nlink),
+        nfs4.FATTR4_SPACE_USED: used,
+        nfs4.FATTR4_TIME_ACCESS: nfs4.nfstime4(*times[0]),
+        nfs4.FATTR4_TIME_METADATA: nfs4.nfstime4(*times[1]),
+        nfs4.FATTR4_TIME_MODIFY: nfs4.nfstime4(*times[2]),
+    }
+    values = {n: v for n, v in every.items() if n in present}
+    got = file_stat(values)
+    assert type(got) is FileStat
+    assert tuple(got) == _file_stat_reference(values)

@@ -51,3 +51,37 @@ def test_reply_template_matches_the_codec(xid: int, results: bytes) -> None:
     message.encode_accepted(w, xid, rpc.PROC_UNAVAIL)
     header, off = message.decode_reply(Reader(bytes(w)))
     assert header.accepted is not None and header.accepted.reply_data.stat == rpc.PROC_UNAVAIL
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    flavor=st.integers(0, 2**32 - 1),
+    body=st.binary(max_size=400),
+    new_flavor=st.integers(0, 2**32 - 1),
+    new_body=st.binary(max_size=400),
+)
+def test_a_credential_changed_between_calls_is_encoded_as_it_is_now(
+    flavor: int, body: bytes, new_flavor: int, new_body: bytes
+) -> None:
+    """encode_call remembers the last credential it encoded: a credential object changed
+    since (its flavor, its body, a body changed in place) is encoded anew."""
+
+    def encoded(cred: rpc.opaque_auth) -> bytes:
+        w = Writer()
+        message.encode_call(w, 1, 100003, 4, 1, cred)
+        return bytes(w)
+
+    def reference(cred: rpc.opaque_auth) -> bytes:
+        call = rpc.call_body(2, 100003, 4, 1, cred, message.AUTH_NONE_VERF)
+        return pack(rpc.enc_rpc_msg, rpc.rpc_msg(1, rpc.rpc_msg_body(rpc.CALL, call)))
+
+    cred = rpc.opaque_auth(flavor, body)
+    assert encoded(cred) == encoded(cred) == reference(cred)
+    cred.flavor = new_flavor
+    assert encoded(cred) == reference(cred)
+    cred.body = new_body
+    assert encoded(cred) == reference(cred)
+    mutable = rpc.opaque_auth(flavor, bytearray(body))
+    assert encoded(mutable) == reference(rpc.opaque_auth(flavor, body))
+    mutable.body[:] = new_body
+    assert encoded(mutable) == reference(rpc.opaque_auth(flavor, new_body))

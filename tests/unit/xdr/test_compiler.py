@@ -172,6 +172,23 @@ def test_bounds_are_checked_before_allocation() -> None:
         pack(M.enc_verifier, b"short")
 
 
+def test_integer_arrays_of_every_length() -> None:
+    """Arrays of unsigned ints (bitmaps) use precompiled layouts up to runtime.U32_ARRAYS and
+    struct's otherwise: the same bytes and values either way, and the same errors."""
+    for n in (0, 1, 2, 7, 8, 9, 10, 40):
+        words = [(i * 2654435761) & 0xFFFFFFFF for i in range(n)]
+        data = struct.pack(f">I{n}I", n, *words)
+        assert pack(M.enc_bitmap, words) == data
+        assert unpack(M.dec_bitmap, data) == words
+        if n:
+            with pytest.raises(XdrError, match="remaining input"):
+                unpack(M.dec_bitmap, data[:-4])
+            with pytest.raises(XdrError):
+                pack(M.enc_bitmap, [*words[:-1], 1 << 32])
+            with pytest.raises(XdrError):
+                pack(M.enc_bitmap, [*words[:-1], None])
+
+
 def test_truncation_and_trailing_bytes() -> None:
     data = pack(M.enc_varied, M.varied(1, b"", "", [], [], None, 0, b"abc"))
     for cut in range(len(data)):
