@@ -57,14 +57,20 @@ def _sink(ctx: CompoundContext, count: int) -> memoryview | None:
 def op_read(ctx: CompoundContext, args: nfs4.READ4args) -> nfs4.READ4res | Awaitable[nfs4.READ4res]:
     """Small reads are answered at once; large ones (and anonymous reads, which open the
     file) continue in the thread pool, and the result is an awaitable."""
-    return read_file(ctx, args.stateid, args.offset, args.count)
+    got = read_data(ctx, args.stateid, args.offset, args.count)
+    if type(got) is tuple:
+        data, eof = got
+        return nfs4.READ4res(nfs4.NFS4_OK, nfs4.READ4resok(eof, data))
+    return got  # type: ignore[return-value]
 
 
-def read_file(
+def read_data(
     ctx: CompoundContext, stateid: nfs4.stateid4, offset: int, count: int
-) -> nfs4.READ4res | Awaitable[nfs4.READ4res]:
+) -> tuple[Buffer, bool] | nfs4.READ4res | Awaitable[nfs4.READ4res]:
     """READ's work, from READ4args's fields (the COMPOUND fast path reads them without
-    building the arguments)."""
+    building the arguments): a small read done at once as its data and EOF flag (READ4resok's
+    fields, which the fast path packs without building the result), else the result or an
+    awaitable of it."""
     # (ctx.fh(), ctx.resolve_stateid and ctx.clientid inlined: the usual READ, with an open,
     # lock or delegation stateid, only reads them)
     fh = ctx.current_fh
@@ -93,10 +99,8 @@ def read_file(
     if count >= config.large_io:
         return _read_result(_offload(ctx, lambda: _read_into(of, offset, count, sink)))
     if sink is not None:
-        view, eof = _read_into(of, offset, count, sink)
-        return nfs4.READ4res(nfs4.NFS4_OK, nfs4.READ4resok(eof, view))
-    data, eof = of.read(offset, count)
-    return nfs4.READ4res(nfs4.NFS4_OK, nfs4.READ4resok(eof, data))
+        return _read_into(of, offset, count, sink)
+    return of.read(offset, count)
 
 
 async def _read_result(pending: Awaitable[tuple[Buffer, bool]]) -> nfs4.READ4res:
