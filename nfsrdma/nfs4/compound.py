@@ -716,8 +716,9 @@ class _Run:
         stats, kind = ctx.server.stats, ctx.conn.conn.kind
         table = stats.tables.get(kind) or stats.table(kind)  # (ServerStats.table, inlined)
         table.record_run(ctx.now, self.recorded, self.replayed)
-        if not self.replayed:
-            _patch(w, head, self.count_at, self.status, self.done)
+        if not self.replayed:  # (_patch, inlined)
+            _STATUS_COUNT.pack_into(w, head, self.status)
+            _STATUS_COUNT.pack_into(w, self.count_at, self.done)
         if seq is not None and seq.session is not None and seq.replay is None:
             cached = None
             if ctx.cachethis and self.status != nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE:
