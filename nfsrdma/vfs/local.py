@@ -269,7 +269,9 @@ class LocalVfs(Vfs):
             changes = self._changes
             count = changes.get(pin.fileid)
             # ACCESS, LOOKUP or a create just before, in this COMPOUND, made the fstat
-            st = self._res.kept_stat(memo, pin, changes.generation) or self._res.stat(pin)
+            st = None if memo is None else self._res.kept_stat(memo, pin, changes.generation)
+            if st is None:
+                st = self._res.stat(pin)
             return attrs.from_stat(st, count)
         finally:
             pin.release()
