@@ -302,7 +302,7 @@ class LocalVfs(Vfs):
         # No fstat for the link count: a pinned descriptor is the root, an open file removed
         # through this server (served until closed), or was found linked inside the export
         # (resolver.py: by name, or by a kernel path without " (deleted)" or confirmed so).
-        self._res.pin(fh).release()
+        self._res.check(fh)
 
     @off_protected_threads
     def lookup(self, cred: Cred, dir_fh: bytes, name: bytes | str) -> bytes:
