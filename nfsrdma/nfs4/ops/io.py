@@ -84,7 +84,8 @@ def read_data(
     server, session = ctx.server, ctx.session
     if session is None:
         raise Nfs4Error(nfs4.NFS4ERR_OP_NOT_IN_SESSION)
-    of = server.state_manager.io_file(session.clientid, sid, fh, write=False)
+    # (session.clientid, inlined)
+    of = server.state_manager.io_file(session.client.clientid, sid, fh, write=False)
     if of is None:  # anonymous I/O: a write delegation of another client stands in the way
         check_conflicts(ctx, fh, write=False, local_open=True)
     config = server.config
