@@ -295,7 +295,13 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
             t.writelines(out)
 
     def send_reply(self, request: Inbound, msg: Writer) -> None:
-        t, pieces = self._framed(msg)
+        t = self.transport
+        if msg.ddp or self.tap is not None or t is None or t.is_closing():
+            t, pieces = self._framed(msg)
+        elif len(msg) <= self.max_fragment:  # (_framed's usual outcome, without its calls)
+            pieces = [_MARK.pack(LAST_FRAGMENT | len(msg)), msg]
+        else:
+            pieces = frame([msg], self.max_fragment)
         held = self._held
         if held is not None:
             held += pieces  # written with the other replies of this receive

@@ -95,8 +95,8 @@ def read_data(
     if of is None:
         cred, vfs = ctx.cred, server.vfs
         return _read_result(_offload(ctx, lambda: vfs.anonymous_read(cred, fh, offset, count)))
-    inbound = ctx.inbound  # (_sink inlined)
-    sink = None if inbound is None or count <= 0 else ctx.conn.conn.lend(inbound, count)
+    inbound, conn = ctx.inbound, ctx.conn.conn  # (_sink inlined)
+    sink = None if inbound is None or count <= 0 or not conn.lends else conn.lend(inbound, count)
     if count >= config.large_io:
         return _read_result(_offload(ctx, lambda: _read_into(of, offset, count, sink)))
     if sink is not None:
