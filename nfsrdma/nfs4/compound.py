@@ -29,14 +29,14 @@ from nfsrdma.nfs4.errors import status_of
 from nfsrdma.nfs4.ops import HANDLERS
 from nfsrdma.nfs4.ops.attributes import getattr_values
 from nfsrdma.nfs4.ops.filehandle import put_fh
-from nfsrdma.nfs4.ops.io import read_file
+from nfsrdma.nfs4.ops.io import read_data
 from nfsrdma.nfs4.ops.lookup import PUT_FH_OPS, flavour_asked, wrong_security
 from nfsrdma.rpc.auth import Credential, pseudoflavor_of
 from nfsrdma.session.errors import SessionError
 from nfsrdma.vfs.base import Cred, Origin
 from nfsrdma.vfs.confine import close_window, open_window
 from nfsrdma.xdr.gen import nfs4
-from nfsrdma.xdr.runtime import DdpItem, Operation, Reader, Writer, XdrError, pack
+from nfsrdma.xdr.runtime import Buffer, DdpItem, Operation, Reader, Writer, XdrError, pack
 
 if TYPE_CHECKING:
     from nfsrdma.nfs4.server_state import ServerState
@@ -150,6 +150,11 @@ _GETATTR_OK = tuple(struct.Struct(f">III{n}II") for n in range(5))
 _PAD = (b"", b"\0\0\0", b"\0\0", b"\0")  # XDR padding after n octets, by n % 4
 _READ = nfs4.OP_READ
 _READ_ARGS = struct.Struct(">I12sQI")  # READ4args: stateid (seqid, other), offset, count
+# READ's nfs_resop4 on success up to its data: operation, status, eof, the data's length
+# (RFC 8881 18.22); the data follows as a DDP item
+_READ_OK = struct.Struct(">IiII")
+_READ4res = nfs4.READ4res
+_READ4resok = nfs4.READ4resok
 _stateid4 = nfs4.stateid4
 _BITMAPS = tuple(struct.Struct(f">{n}I") for n in range(5))  # bitmap4's words, by count
 
@@ -444,7 +449,14 @@ class _Run:
             if number in self.flavour_asked and wrong_security(ctx, number, self._following):
                 outcome = op.error(nfs4.NFS4ERR_WRONGSEC)
             elif read:
-                outcome = read_file(ctx, _stateid4(seqid, other), offset, count)
+                outcome = read_data(ctx, _stateid4(seqid, other), offset, count)
+                if type(outcome) is tuple:  # the usual success: data and EOF flag
+                    data, eof = outcome
+                    if self._read_pack(data, eof):
+                        if self.i >= ctx.op_count:
+                            return None
+                        return self._advance()
+                    outcome = _READ4res(nfs4.NFS4_OK, _READ4resok(eof, data))
             else:
                 outcome = handler(ctx, args)
         except Exception as e:
@@ -529,6 +541,32 @@ class _Run:
         self.status = nfs4.NFS4_OK
         self.done += 1
         self.recorded.append((nfs4.OP_GETATTR, nfs4.NFS4_OK, time.monotonic()))
+        return True
+
+    def _read_pack(self, data: Buffer, eof: bool) -> bool:
+        """Record a successful READ as ``_record`` would (its head packed in one step, its
+        data the reply's next DDP item); False (nothing written) when the reply's limits or
+        DDP items not yet counted leave it to ``_record``."""
+        w, session = self.w, self.ctx.session
+        ddp, counted = w.ddp, self.ddp_items
+        if session is None or len(ddp) != counted:
+            return False
+        n = len(data)
+        padded = n + (-n & 3)
+        total = len(w) - self.head + _READ_OK.size + self.ddp_bytes + padded
+        fore = session.fore
+        if total > fore.ca_maxresponsesize_cached or total > fore.ca_maxresponsesize:
+            return False  # (the limits: as the generic path checks them)
+        tag = self.read_class
+        w.ddp_tag = tag
+        self.read_class = tag + 1
+        w += _READ_OK.pack(_READ, nfs4.NFS4_OK, eof, n)
+        ddp.append(DdpItem(len(w), data, tag))
+        self.ddp_items = counted + 1
+        self.ddp_bytes += padded
+        self.status = nfs4.NFS4_OK
+        self.done += 1
+        self.recorded.append((_READ, nfs4.NFS4_OK, time.monotonic()))
         return True
 
     def _undecodable(self, op: Operation[Any, Any], e: XdrError) -> None:
@@ -678,8 +716,9 @@ class _Run:
         stats, kind = ctx.server.stats, ctx.conn.conn.kind
         table = stats.tables.get(kind) or stats.table(kind)  # (ServerStats.table, inlined)
         table.record_run(ctx.now, self.recorded, self.replayed)
-        if not self.replayed:
-            _patch(w, head, self.count_at, self.status, self.done)
+        if not self.replayed:  # (_patch, inlined)
+            _STATUS_COUNT.pack_into(w, head, self.status)
+            _STATUS_COUNT.pack_into(w, self.count_at, self.done)
         if seq is not None and seq.session is not None and seq.replay is None:
             cached = None
             if ctx.cachethis and self.status != nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE:

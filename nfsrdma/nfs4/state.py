@@ -250,11 +250,12 @@ class StateManager:
         NFS4ERR_BAD_STATEID for special stateids, unknown ones, another client's, or another
         file's; NFS4ERR_STALE_STATEID for an earlier instance's; NFS4ERR_OLD_STATEID for an
         older seqid (section 8.2.2). Special stateids must be dealt with by the caller."""
-        if is_special(sid):
+        other = sid.other
+        if other in (_ZEROS, _ONES):  # (is_special, inlined: every READ asks)
             raise Nfs4Error(nfs4.NFS4ERR_BAD_STATEID)
-        state = self._states.get(sid.other)
+        state = self._states.get(other)
         if state is None:
-            if sid.other[:_INSTANCE_LEN] != self.instance:
+            if other[:_INSTANCE_LEN] != self.instance:
                 raise Nfs4Error(nfs4.NFS4ERR_STALE_STATEID)
             raise Nfs4Error(nfs4.NFS4ERR_BAD_STATEID)
         if state.clientid != clientid:
@@ -262,7 +263,9 @@ class StateManager:
         if fh is not None and state.file.fh != fh:
             raise Nfs4Error(nfs4.NFS4ERR_BAD_STATEID)
         if check_seqid:
-            check_seqid_of(sid.seqid, state.seqid)
+            seqid = sid.seqid
+            if seqid and seqid != state.seqid:  # (0 or the current one: check_seqid_of's yes)
+                check_seqid_of(seqid, state.seqid)
         return state
 
     def find_open(self, clientid: int, sid: nfs4.stateid4, fh: bytes | None) -> OpenState:
@@ -606,11 +609,12 @@ class StateManager:
         """The open file a READ or WRITE with ``sid`` goes through, or ``None`` for the
         special stateids (anonymous I/O with the caller's credential). NFS4ERR_OPENMODE when
         the open does not allow the access."""
-        if is_anonymous(sid) or is_bypass(sid):
+        other = sid.other
+        if other in (_ZEROS, _ONES) and (is_anonymous(sid) or is_bypass(sid)):
             if write or not is_bypass(sid):
                 self.check_special(fh, write)
             return None
-        deleg = self.delegations.get(sid.other)
+        deleg = self.delegations.get(other)
         if deleg is not None:
             return self._delegated_io(clientid, sid, fh, write)
         state = self.find(clientid, sid, fh)

@@ -110,10 +110,10 @@ class Dispatcher:
                     cred = ANONYMOUS
                 handler = self._procedures.get((prog, vers, proc))
                 if cred is not None and handler is not None:
-                    w = Writer()
-                    w += _REPLY_HEAD.pack(xid, _REPLY_OK_TAIL)
-                    call = RpcCall(xid, prog, vers, proc, cred, r, end + 8, conn, inbound)
-                    call.results_at = len(w)
+                    w = Writer(_REPLY_HEAD.pack(xid, _REPLY_OK_TAIL))
+                    call = RpcCall(  # (positional, the results after the reply head)
+                        xid, prog, vers, proc, cred, r, end + 8, conn, inbound, None, None, len(w)
+                    )
                     # ``_call`` and ``_send`` inlined (no verifier, no protection here)
                     try:
                         result = handler(call, w)

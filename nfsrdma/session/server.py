@@ -659,7 +659,8 @@ class ServerSessions:
         else:
             slot, disposition = slots.classify(slotid, seqid)
         client = session.client
-        if client.courteous:
+        mark = client.courtesy_mark  # (client.courteous, inlined)
+        if mark is not None and mark == client.last_renewed:
             log.info("client %#x is back, its state intact (courtesy)", session.clientid)
             client.courtesy_mark = None
         client.last_renewed = now

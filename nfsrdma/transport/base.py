@@ -47,6 +47,13 @@ class Connection(abc.ABC):
     carried the call (TR-22)."""
 
     kind: str = "?"  # "tcp" or "rdma"
+    # Whether ``lend`` can give memory at all: set for each class, by whether it overrides it
+    # (so that READ asks only transports that may lend: RPC-over-RDMA's).
+    lends: bool = False
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.lends = cls.lend is not Connection.lend
 
     def __init__(self, peer: str) -> None:
         self.id = next(_conn_ids)

@@ -280,14 +280,6 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
             self.tap(True, b"".join(bytes(p) for p in pieces))
         return t, pieces
 
-    def _send(self, msg: Writer) -> None:
-        t, pieces = self._framed(msg)
-        held = self._held
-        if held is not None:
-            held += pieces  # written with the other replies of this receive
-            return
-        t.writelines(pieces)
-
     def send_call(self, xid: int, msg: Writer, expect: ReplyExpectation | None) -> None:
         _, pieces = self._framed(msg)
         out = self._calls_out
@@ -303,7 +295,18 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
             t.writelines(out)
 
     def send_reply(self, request: Inbound, msg: Writer) -> None:
-        self._send(msg)
+        t = self.transport
+        if msg.ddp or self.tap is not None or t is None or t.is_closing():
+            t, pieces = self._framed(msg)
+        elif len(msg) <= self.max_fragment:  # (_framed's usual outcome, without its calls)
+            pieces = [_MARK.pack(LAST_FRAGMENT | len(msg)), msg]
+        else:
+            pieces = frame([msg], self.max_fragment)
+        held = self._held
+        if held is not None:
+            held += pieces  # written with the other replies of this receive
+            return
+        t.writelines(pieces)
 
     async def reserve(self, probe: bool = False) -> None:
         await self._writable.wait()

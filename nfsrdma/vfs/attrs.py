@@ -8,7 +8,7 @@ import stat
 from typing import Final
 
 from nfsrdma.vfs.base import Attributes, FileType
-from nfsrdma.vfs.changes import ChangeCounter
+from nfsrdma.vfs.changes import CHANGE_MASK
 
 FTYPE: Final[dict[int, FileType]] = {
     stat.S_IFREG: FileType.NF4REG,
@@ -42,6 +42,7 @@ def from_stat(st: os.stat_result, count: int) -> Attributes:
     ino = st.st_ino
     ctime = st.st_ctime_ns
     rdev = st.st_rdev
+    dev = st.st_dev
     return Attributes(
         FTYPE[mode & 0o170000],  # stat.S_IFMT
         mode & 0o7777,  # stat.S_IMODE
@@ -51,13 +52,13 @@ def from_stat(st: os.stat_result, count: int) -> Attributes:
         st.st_size,
         st.st_blocks * 512,
         _device(rdev) if rdev else (0, 0),
-        _device(st.st_dev),
+        _DEVICES.get(dev) or _device(dev),
         ino,
         ino,
         st.st_atime_ns,
         st.st_mtime_ns,
         ctime,
-        ChangeCounter.value(ctime, count),
+        (ctime + count) & CHANGE_MASK,  # (ChangeCounter.value, inlined)
     )
 
 

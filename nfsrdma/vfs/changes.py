@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import Final
+
+CHANGE_MASK: Final = 0xFFFF_FFFF_FFFF_FFFF  # the change attribute is a uint64 (changeid4)
 
 
 class ChangeCounter:
@@ -40,4 +43,4 @@ class ChangeCounter:
 
     @staticmethod
     def value(ctime_ns: int, count: int) -> int:
-        return (ctime_ns + count) & 0xFFFF_FFFF_FFFF_FFFF
+        return (ctime_ns + count) & CHANGE_MASK  # (vfs/attrs.py from_stat inlines it)

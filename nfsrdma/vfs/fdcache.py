@@ -77,6 +77,15 @@ class FdCache:
             pin.pins += 1
             return pin
 
+    def touch(self, key: bytes) -> bool:
+        """Whether ``key`` has an entry (made the most recently used, as ``acquire`` does),
+        without pinning it."""
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return True
+            return key in self._permanent
+
     def insert(self, key: bytes, fd: int, fileid: int) -> Pin:
         """Take ownership of ``fd`` and return it pinned (the existing entry wins a race)."""
         to_close: list[int] = []

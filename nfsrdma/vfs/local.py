@@ -269,7 +269,9 @@ class LocalVfs(Vfs):
             changes = self._changes
             count = changes.get(pin.fileid)
             # ACCESS, LOOKUP or a create just before, in this COMPOUND, made the fstat
-            st = self._res.kept_stat(memo, pin, changes.generation) or self._res.stat(pin)
+            st = None if memo is None else self._res.kept_stat(memo, pin, changes.generation)
+            if st is None:
+                st = self._res.stat(pin)
             return attrs.from_stat(st, count)
         finally:
             pin.release()
@@ -300,7 +302,7 @@ class LocalVfs(Vfs):
         # No fstat for the link count: a pinned descriptor is the root, an open file removed
         # through this server (served until closed), or was found linked inside the export
         # (resolver.py: by name, or by a kernel path without " (deleted)" or confirmed so).
-        self._res.pin(fh).release()
+        self._res.check(fh)
 
     @off_protected_threads
     def lookup(self, cred: Cred, dir_fh: bytes, name: bytes | str) -> bytes:

@@ -275,6 +275,24 @@ class Resolver:
             return self._walk(fh)  # a file's dentry outside or disconnected: its known name
         return self.fds.insert(fh, fd, st.st_ino)
 
+    def check(self, fh: bytes) -> None:
+        """``pin(fh).release()``: StaleHandle unless ``fh`` resolves inside the export (PUTFH's
+        check). Without the pin when ``_acquire_inside`` would trust its cached descriptor
+        without looking (in a check window, found inside while the move watch's epoch still
+        lasts) and the cache has one: nothing uses the descriptor."""
+        if (
+            self.watched
+            and type(fh) is bytes
+            and not self._orphans
+            and self._kept.get(fh) == MOVES.epoch
+            and not MOVES.lost
+            and getattr(WINDOW, "checked", None) is not None
+            and self.fds.touch(fh)
+        ):
+            self.stat_memo = None  # (as a pin drops it)
+            return
+        self.pin(fh).release()
+
     def _pin_orphan(self, fh: bytes) -> Pin | None:
         """The descriptor of ``fh`` if it is an open file removed through this server."""
         with self._loc_lock:

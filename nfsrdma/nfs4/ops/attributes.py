@@ -63,9 +63,10 @@ def getattr_values(
         raise Nfs4Error(nfs4.NFS4ERR_NOFILEHANDLE)
     minor = ctx.minorversion
     plan, for_minor = getattr_plan(bitmap, minor)  # (check_readable's errors)
-    if write_delegation_elsewhere(ctx, fh, bitmap):  # CB_GETATTR first (10.4.3)
-        return getattr_from_holder(ctx, fh, bitmap)
     server = ctx.server
+    # CB_GETATTR first (10.4.3); no delegation at all (the usual case) asked without a call
+    if server.state_manager.delegations and write_delegation_elsewhere(ctx, fh, bitmap):
+        return getattr_from_holder(ctx, fh, bitmap)
     vfs = server.vfs
     attributes = vfs.getattr(fh)
     if plan.needs_fs:

@@ -57,14 +57,20 @@ def _sink(ctx: CompoundContext, count: int) -> memoryview | None:
 def op_read(ctx: CompoundContext, args: nfs4.READ4args) -> nfs4.READ4res | Awaitable[nfs4.READ4res]:
     """Small reads are answered at once; large ones (and anonymous reads, which open the
     file) continue in the thread pool, and the result is an awaitable."""
-    return read_file(ctx, args.stateid, args.offset, args.count)
+    got = read_data(ctx, args.stateid, args.offset, args.count)
+    if type(got) is tuple:
+        data, eof = got
+        return nfs4.READ4res(nfs4.NFS4_OK, nfs4.READ4resok(eof, data))
+    return got  # type: ignore[return-value]
 
 
-def read_file(
+def read_data(
     ctx: CompoundContext, stateid: nfs4.stateid4, offset: int, count: int
-) -> nfs4.READ4res | Awaitable[nfs4.READ4res]:
+) -> tuple[Buffer, bool] | nfs4.READ4res | Awaitable[nfs4.READ4res]:
     """READ's work, from READ4args's fields (the COMPOUND fast path reads them without
-    building the arguments)."""
+    building the arguments): a small read done at once as its data and EOF flag (READ4resok's
+    fields, which the fast path packs without building the result), else the result or an
+    awaitable of it."""
     # (ctx.fh(), ctx.resolve_stateid and ctx.clientid inlined: the usual READ, with an open,
     # lock or delegation stateid, only reads them)
     fh = ctx.current_fh
@@ -78,7 +84,8 @@ def read_file(
     server, session = ctx.server, ctx.session
     if session is None:
         raise Nfs4Error(nfs4.NFS4ERR_OP_NOT_IN_SESSION)
-    of = server.state_manager.io_file(session.clientid, sid, fh, write=False)
+    # (session.clientid, inlined)
+    of = server.state_manager.io_file(session.client.clientid, sid, fh, write=False)
     if of is None:  # anonymous I/O: a write delegation of another client stands in the way
         check_conflicts(ctx, fh, write=False, local_open=True)
     config = server.config
@@ -88,15 +95,13 @@ def read_file(
     if of is None:
         cred, vfs = ctx.cred, server.vfs
         return _read_result(_offload(ctx, lambda: vfs.anonymous_read(cred, fh, offset, count)))
-    inbound = ctx.inbound  # (_sink inlined)
-    sink = None if inbound is None or count <= 0 else ctx.conn.conn.lend(inbound, count)
+    inbound, conn = ctx.inbound, ctx.conn.conn  # (_sink inlined)
+    sink = None if inbound is None or count <= 0 or not conn.lends else conn.lend(inbound, count)
     if count >= config.large_io:
         return _read_result(_offload(ctx, lambda: _read_into(of, offset, count, sink)))
     if sink is not None:
-        view, eof = _read_into(of, offset, count, sink)
-        return nfs4.READ4res(nfs4.NFS4_OK, nfs4.READ4resok(eof, view))
-    data, eof = of.read(offset, count)
-    return nfs4.READ4res(nfs4.NFS4_OK, nfs4.READ4resok(eof, data))
+        return _read_into(of, offset, count, sink)
+    return of.read(offset, count)
 
 
 async def _read_result(pending: Awaitable[tuple[Buffer, bool]]) -> nfs4.READ4res:

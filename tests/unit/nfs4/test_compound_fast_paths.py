@@ -67,16 +67,21 @@ class Server:
         if policy == "server sec=sys":
             self.state.security = (nfs4.AUTH_SYS,)
         self.driver = CompoundDriver(self.state, PEER)
+        # The last reply's DDP items, as (offset, length, tag): where their data goes, and
+        # which READ each belongs to (the transport places it by that), beside the bytes.
+        self.ddp: list[tuple[int, int, int]] = []
 
     async def send(self, data: bytes) -> bytes:
         saved = compound_module.FAST_PATHS
         compound_module.FAST_PATHS = self.fast
+        self.ddp = []
         try:
             out = await self.driver.send(data)
         except XdrError:
             return b"GARBAGE_ARGS"
         finally:
             compound_module.FAST_PATHS = saved
+        self.ddp = [(i.offset, len(i.data), i.tag) for i in out.ddp]
         return bytes(out.flatten())
 
     def close(self) -> None:
@@ -111,6 +116,7 @@ class Pair:
         fast = await self.fast.send(data)
         generic = await self.generic.send(data)
         assert fast == generic, _explain(data, fast, generic)
+        assert self.fast.ddp == self.generic.ddp, _explain(data, fast, generic)
         return fast
 
     async def ok(self, ops: list[nfs4.nfs_argop4]) -> nfs4.COMPOUND4res:
@@ -636,14 +642,15 @@ def _short(resop: nfs4.nfs_resop4) -> str:
     return "OK" if status == "NFS4_OK" else status.removeprefix("NFS4ERR_")
 
 
-@pytest.mark.parametrize("third", ["GETATTR", "GETFH"])
+@pytest.mark.parametrize("third", ["GETATTR", "GETFH", "READ"])
 def test_a_fast_getattr_is_written_without_the_generic_encoder(
     monkeypatch: pytest.MonkeyPatch, third: str
 ) -> None:
     """The property above compares something for GETATTR's result writer
     (``_Run._getattr_ok``): on the fast path a successful GETATTR (third, or after another
     operation, as GETFH) never reaches ``_record``; on the generic path it does, and both
-    replies are the same."""
+    replies are the same. Likewise READ's (``_Run._read_pack``), its data the same DDP
+    item."""
     recorded: list[int] = []
     generic_record = compound_module._Run._record
 
@@ -658,18 +665,18 @@ def test_a_fast_getattr_is_written_without_the_generic_encoder(
         try:
             await pair.setup()
             monkeypatch.setattr(compound_module._Run, "_record", spy)
-            c = _plain(
-                (third, "linux" if third == "GETATTR" else None),
-                extra="GETATTR" if third == "GETFH" else None,
-            )
+            args = {"GETATTR": "linux", "GETFH": None, "READ": ("open", 0, 100)}[third]
+            c = _plain((third, args), extra="GETATTR" if third == "GETFH" else None)
             reply = await pair.both(build(pair, c, b"", bytes(12)))
             assert unpack(nfs4.dec_COMPOUND4res, reply).status == OK
+            assert len(pair.fast.ddp) == (third == "READ")
         finally:
             pair.close()
 
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(scenario(Path(tmp)))
-    assert recorded.count(nfs4.OP_GETATTR) == 1  # the generic server's only
+    number = nfs4.OP_READ if third == "READ" else nfs4.OP_GETATTR
+    assert recorded.count(number) == 1  # the generic server's only
 
 
 @pytest.mark.parametrize("cachethis", [False, True])

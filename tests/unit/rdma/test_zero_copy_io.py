@@ -123,3 +123,17 @@ async def test_read_and_write_data_stay_in_registered_memory(
         # completion has covered yet (reused after the next signalled one).
         held = [c for k, c in conn._wr_ctx.values() if k == "write"]
         assert conn.data_pool.in_use == len(held) < conn.options.signal_every
+
+
+def test_only_transports_that_lend_are_asked() -> None:
+    """READ asks a transport for memory only if its class can lend (``Connection.lends``,
+    set by whether it overrides ``lend``): RPC-over-RDMA's can, TCP's cannot, and so can any
+    class that overrides it."""
+    from nfsrdma.transport.tcp import TcpConnection
+
+    class Lending(TcpConnection):
+        def lend(self, request: object, size: int) -> memoryview | None:  # type: ignore[override]
+            return None
+
+    assert RdmaConnection.lends and Lending.lends
+    assert not TcpConnection.lends and not Connection.lends

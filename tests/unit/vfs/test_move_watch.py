@@ -163,3 +163,37 @@ def test_a_watch_that_failed_trusts_nothing(
         assert readlinks.calls == before + 1
     finally:
         confine.MOVES.lost = False
+
+
+def test_a_trusted_check_pins_nothing_and_a_dropped_descriptor_is_resolved_again(
+    make_vfs: MakeVfs, export_dir: Path, monkeypatch: pytest.MonkeyPatch, readlinks: Any
+) -> None:
+    """PUTFH's check of a handle the watch still trusts (``Resolver.check``) takes no pin of
+    the descriptor cache (nothing uses the descriptor) but keeps the entry the most recently
+    used one; a descriptor dropped from the cache meanwhile is resolved and checked again."""
+    vfs = make_vfs(root_squash=False)
+    assert vfs._res.watched
+    (export_dir / "f").write_bytes(b"x")
+    (export_dir / "g").write_bytes(b"y")
+    fh = vfs.lookup(ROOT, vfs.root_handle(), "f")
+    other = vfs.lookup(ROOT, vfs.root_handle(), "g")
+    in_window(vfs, fh)  # checked (readlink) and kept
+    fds = vfs._res.fds
+    pins: list[bytes] = []
+    acquire = fds.acquire
+
+    def counted(key: bytes) -> Any:
+        pins.append(key)
+        return acquire(key)
+
+    monkeypatch.setattr(fds, "acquire", counted)
+    vfs.check(other)  # (outside a window: pinned and checked)
+    assert list(fds._entries)[-1] == other
+    before = readlinks.calls
+    in_window(vfs, fh)
+    assert pins == [other]  # no pin for fh
+    assert list(fds._entries)[-1] == fh  # ... but used most recently
+    assert readlinks.calls == before
+    fds.discard(fh)  # dropped (evicted, or its object gone)
+    in_window(vfs, fh)
+    assert pins[-1] == fh and fh in fds._entries  # resolved again through a pin
