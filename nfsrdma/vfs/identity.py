@@ -199,7 +199,7 @@ class FsIdentity:
     def apply(self, cred: Cred) -> None:
         """Make the calling thread act as ``cred`` (already squashed) for file-system access."""
         current = getattr(_thread, "current", None)
-        if not self.enabled or current == cred:
+        if current is cred or not self.enabled or current == cred:
             return
         if is_protected():
             if current is None and cred == self.server:

@@ -216,7 +216,8 @@ class LocalVfs(Vfs):
                 self._open_counts[fh] = left
                 return
             self._open_counts.pop(fh, None)
-            self._res.drop_orphan(fh)
+            if self._res.has_orphans():  # (only kept under this lock: see _after_unlink)
+                self._res.drop_orphan(fh)
 
     def _fix_mode(self, fd: int, st: os.stat_result, mode: int) -> bool:
         """Give a new object the bits the process umask stripped (knfsd creates with umask 0);
@@ -305,7 +306,28 @@ class LocalVfs(Vfs):
     @off_protected_threads
     def lookup(self, cred: Cred, dir_fh: bytes, name: bytes | str) -> bytes:
         bname = check_name(name)
+        return self._lookup(cred, self._res.pin(dir_fh), bname)[0]
+
+    @off_protected_threads
+    def open_lookup(self, cred: Cred, dir_fh: bytes, name: bytes) -> tuple[int, bytes, FileType]:
+        # One resolution of the directory for its change attribute, its type and the lookup
+        # (the base class's four calls pin it twice and the object twice).
+        bname = check_name(name)
         pin = self._res.pin(dir_fh)
+        try:
+            count = self._changes.get(pin.fileid)  # (before the fstat: see ChangeCounter)
+            st = self._res.stat(pin)
+            if not stat.S_ISDIR(st.st_mode):
+                raise NotADirectoryError(errno.ENOTDIR, "not a directory")
+        except BaseException:
+            pin.release()
+            raise
+        fh, fst = self._lookup(cred, pin, bname)
+        return ChangeCounter.value(st.st_ctime_ns, count), fh, attrs.FTYPE[fst.st_mode & 0o170000]
+
+    def _lookup(self, cred: Cred, pin: Pin, bname: bytes) -> tuple[bytes, os.stat_result]:
+        """LOOKUP of ``bname`` in the directory ``pin`` (released here): the handle, and the
+        stat of its object made on the way (kept for a GETATTR right after)."""
         try:
             self._ident.apply(self._cred(cred))
             generation = self._changes.generation
@@ -315,7 +337,7 @@ class LocalVfs(Vfs):
                 self._res.found_inside(known[0].key)
                 # the name's fstatat is the object's: for a GETATTR right after
                 self._res.keep_stat(known[0].key, generation, known[1])
-                return known[0].key
+                return known[0].key, known[1]
             try:
                 fd = open_component(pin.fd, bname)
             except FileNotFoundError:
@@ -332,7 +354,7 @@ class LocalVfs(Vfs):
         self._res.fds.put(fh, fd, st.st_ino)
         self._res.found_inside(fh)
         self._res.keep_stat(fh, generation, st)  # (make_handle's fstat of it)
-        return fh
+        return fh, st
 
     @off_protected_threads
     def lookupp(self, cred: Cred, fh: bytes) -> bytes:

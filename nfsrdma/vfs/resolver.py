@@ -304,6 +304,10 @@ class Resolver:
             os.close(orphan[0])
             self.forget(fh)
 
+    def has_orphans(self) -> bool:
+        """Whether any open file removed through this server is kept (``keep_orphan``)."""
+        return bool(self._orphans)
+
     def is_orphan(self, fh: bytes) -> bool:
         with self._loc_lock:
             return fh in self._orphans

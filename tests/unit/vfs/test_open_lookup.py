@@ -1,0 +1,110 @@
+"""``Vfs.open_lookup``: what OPEN by name without a create asks (the directory's change
+attribute, the name's handle and its object's type). The local backend answers it in one
+resolution of the directory; its answers and errors must be those of the base class's four calls
+(``change``, ``file_type``, ``lookup``, ``file_type``), in every handle and mount mode."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nfsrdma.vfs import FileType, LocalVfs, StaleHandle, Vfs
+from nfsrdma.vfs.resolver import Resolver
+
+from .conftest import ROOT, U1000, MakeVfs, needs_root
+
+pytestmark = needs_root
+
+MODES = [
+    pytest.param({}, id="auto"),
+    pytest.param({"handle_mode": "cache"}, id="cache"),
+    pytest.param({"clone_mount": False}, id="no-clone"),
+]
+
+
+def _tree(export: Path) -> None:
+    export.chmod(0o777)
+    (export / "file").write_bytes(b"data")
+    (export / "dir").mkdir()
+    os.symlink("file", export / "link")
+    os.mkfifo(export / "fifo")
+    (export / "private").mkdir(mode=0o700)
+    (export / "private" / "f").write_bytes(b"")
+
+
+def _both(vfs: LocalVfs, dir_fh: bytes, name: bytes, cred: Any = ROOT) -> tuple[Any, Any]:
+    """(LocalVfs's answer, the base class's) as values or exception types."""
+    out = []
+    for call in (vfs.open_lookup, lambda *a: Vfs.open_lookup(vfs, *a)):
+        try:
+            out.append(call(cred, dir_fh, name))
+        except Exception as e:
+            out.append(type(e))
+    vfs.release_identity()
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_answers_and_errors_are_the_four_calls(
+    make_vfs: MakeVfs, export_dir: Path, mode: dict[str, Any]
+) -> None:
+    _tree(export_dir)
+    vfs = make_vfs(root_squash=False, **mode)
+    root = vfs.root_handle()
+    want = {
+        b"file": FileType.NF4REG,
+        b"dir": FileType.NF4DIR,
+        b"link": FileType.NF4LNK,
+        b"fifo": FileType.NF4FIFO,
+    }
+    for name, ftype in want.items():
+        for _ in range(2):  # the name unknown, then known (its descriptor cached)
+            mine, base = _both(vfs, root, name)
+            assert mine == base
+            change, fh, got = mine
+            assert got == ftype
+            assert change == vfs.change(root)
+            assert fh == vfs.lookup(ROOT, root, name)
+    assert _both(vfs, root, b"missing") == (FileNotFoundError, FileNotFoundError)
+    file_fh = vfs.lookup(ROOT, root, b"file")
+    link_fh = vfs.lookup(ROOT, root, b"link")
+    assert _both(vfs, file_fh, b"x") == (NotADirectoryError, NotADirectoryError)
+    assert _both(vfs, link_fh, b"x") == (NotADirectoryError, NotADirectoryError)
+    # the caller's search permission is checked
+    private = vfs.lookup(ROOT, root, b"private")
+    mine, base = _both(vfs, private, b"f")
+    assert mine == base and mine[2] == FileType.NF4REG
+    assert _both(vfs, private, b"f", U1000) == (PermissionError, PermissionError)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_removed_directory_is_stale_before_its_name_is_asked(
+    make_vfs: MakeVfs, export_dir: Path, mode: dict[str, Any]
+) -> None:
+    _tree(export_dir)
+    vfs = make_vfs(root_squash=False, **mode)
+    d = vfs.lookup(ROOT, vfs.root_handle(), b"dir")
+    os.rmdir(export_dir / "dir")
+    assert _both(vfs, d, b"missing") == (StaleHandle, StaleHandle)
+
+
+def test_one_resolution_of_the_directory_and_none_of_the_object(
+    make_vfs: MakeVfs, export_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _tree(export_dir)
+    vfs = make_vfs(root_squash=False)
+    root = vfs.root_handle()
+    fh = vfs.lookup(ROOT, root, b"file")  # known: the fstatat path
+    pinned: list[bytes] = []
+    real = Resolver.pin
+
+    def pin(self: Resolver, key: bytes) -> Any:
+        pinned.append(key)
+        return real(self, key)
+
+    monkeypatch.setattr(Resolver, "pin", pin)
+    assert vfs.open_lookup(ROOT, root, b"file")[1:] == (fh, FileType.NF4REG)
+    assert pinned == [root]
