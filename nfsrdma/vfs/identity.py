@@ -157,7 +157,11 @@ def off_protected_threads(
     and wait for it; everywhere else, run it in place."""
 
     def call(self: V, cred: Cred, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        if self._ident.enabled and is_protected() and self._cred(cred) != self._ident.current():
+        if (
+            self._ident.enabled
+            and getattr(_thread, "protected", False) is True  # (is_protected, inlined)
+            and self._cred(cred) != self._ident.current()
+        ):
             return _in_identity_worker(lambda: fn(self, cred, *args, **kwargs))
         return fn(self, cred, *args, **kwargs)
 

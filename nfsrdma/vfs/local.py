@@ -634,7 +634,10 @@ class LocalVfs(Vfs):
             raise attrs.erofs()
         if not (read or write) or (truncate and not write):
             raise OSError(errno.EINVAL, "bad open mode")
+        memo = self._res.stat_memo  # (read before the pin, which drops it)
         pin = self._res.pin(fh)
+        if not truncate:  # an open that truncates nothing changes no attribute: what was
+            self._res.stat_memo = memo  # kept stays kept (OPEN's lookup, for ACCESS, GETATTR)
         try:
             # The type alone decides, and an inode's never changes: known for every handle
             # made with a kernel handle, no fstat then. (No link count either: a pinned
