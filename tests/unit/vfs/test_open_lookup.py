@@ -47,12 +47,16 @@ def _both(vfs: LocalVfs, dir_fh: bytes, name: bytes, cred: Any = ROOT) -> tuple[
     return out[0], out[1]
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_answers_and_errors_are_the_four_calls(
-    make_vfs: MakeVfs, export_dir: Path, mode: dict[str, Any]
-) -> None:
+@pytest.fixture(params=MODES)
+def tree_vfs(request: pytest.FixtureRequest, make_vfs: MakeVfs, export_dir: Path) -> LocalVfs:
+    """The tree of ``_tree`` served in each handle and mount mode."""
     _tree(export_dir)
-    vfs = make_vfs(root_squash=False, **mode)
+    vfs: LocalVfs = make_vfs(root_squash=False, **request.param)
+    return vfs
+
+
+def test_answers_and_errors_are_the_four_calls(tree_vfs: LocalVfs) -> None:
+    vfs = tree_vfs
     root = vfs.root_handle()
     want = {
         b"file": FileType.NF4REG,
@@ -80,12 +84,10 @@ def test_answers_and_errors_are_the_four_calls(
     assert _both(vfs, private, b"f", U1000) == (PermissionError, PermissionError)
 
 
-@pytest.mark.parametrize("mode", MODES)
 def test_a_removed_directory_is_stale_before_its_name_is_asked(
-    make_vfs: MakeVfs, export_dir: Path, mode: dict[str, Any]
+    tree_vfs: LocalVfs, export_dir: Path
 ) -> None:
-    _tree(export_dir)
-    vfs = make_vfs(root_squash=False, **mode)
+    vfs = tree_vfs
     d = vfs.lookup(ROOT, vfs.root_handle(), b"dir")
     os.rmdir(export_dir / "dir")
     assert _both(vfs, d, b"missing") == (StaleHandle, StaleHandle)
