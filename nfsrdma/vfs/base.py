@@ -494,6 +494,14 @@ class Vfs(abc.ABC):
     @abc.abstractmethod
     def remove(self, cred: Cred, dir_fh: bytes, name: bytes | str) -> None: ...
 
+    def remove_changed(self, cred: Cred, dir_fh: bytes, name: bytes) -> tuple[int, int]:
+        """REMOVE with its change_info (RFC 8881 section 18.25): ``remove`` between the
+        directory's change attribute before and after it (before first: a removed directory
+        is stale before anything else). Backends may read both in one resolution."""
+        before = self.change(dir_fh)
+        self.remove(cred, dir_fh, name)
+        return before, self.change(dir_fh)
+
     @abc.abstractmethod
     def rename(
         self,

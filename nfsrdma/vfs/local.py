@@ -280,10 +280,13 @@ class LocalVfs(Vfs):
         pin = self._res.pin(fh)
         self._res.stat_memo = memo
         try:
-            count = self._changes.get(pin.fileid)
-            return ChangeCounter.value(self._res.stat(pin).st_ctime_ns, count)
+            return self._change_of(pin)
         finally:
             pin.release()
+
+    def _change_of(self, pin: Pin) -> int:
+        count = self._changes.get(pin.fileid)  # (before the fstat: see ChangeCounter)
+        return ChangeCounter.value(self._res.stat(pin).st_ctime_ns, count)
 
     def file_type(self, fh: bytes) -> FileType:
         memo = self._res.stat_memo  # (a read-only query: what was kept stays kept)
@@ -942,42 +945,60 @@ class LocalVfs(Vfs):
         bname = check_name(name)
         pin = self._res.pin(dir_fh)
         try:
-            self._ident.apply(self._cred(cred))
-            for _ in range(4):
-                known = self._res.object_at_name(pin, bname)
-                if known is not None:  # the name's object is cached: no open, no handle to make
-                    kpin, kst = known
-                    try:
-                        token = self._unlink(pin, bname, stat.S_ISDIR(kst.st_mode))
-                        if token is None:
-                            continue  # replaced by another type meanwhile
-                        self._changes.bump(pin.fileid)
-                        # A directory has one name; a file with one link had one (a link made
-                        # meanwhile: its handle is resolved again, by the kernel's handle)
-                        one = stat.S_ISDIR(kst.st_mode) or kst.st_nlink == 1
-                        gone = kst.st_ino if one else -1
-                        fh = self._after_unlink(kpin.fd, pin.key, bname, kpin.key, gone)
-                        self._res.removed(token, fh, True)
-                        return
-                    finally:
-                        kpin.release()
+            self._remove(cred, pin, bname)
+        finally:
+            pin.release()
+
+    @off_protected_threads
+    def remove_changed(self, cred: Cred, dir_fh: bytes, name: bytes) -> tuple[int, int]:
+        # One resolution of the directory for the change attribute before, the removal and
+        # the change attribute after (the base class's three calls resolve it three times).
+        pin = self._res.pin(dir_fh)
+        try:
+            before = self._change_of(pin)
+            if self.export.read_only:
+                raise attrs.erofs()
+            self._remove(cred, pin, check_name(name))
+            return before, self._change_of(pin)
+        finally:
+            pin.release()
+
+    def _remove(self, cred: Cred, pin: Pin, bname: bytes) -> None:
+        """REMOVE of ``bname`` in the directory ``pin`` (the caller releases it)."""
+        self._ident.apply(self._cred(cred))
+        for _ in range(4):
+            known = self._res.object_at_name(pin, bname)
+            if known is not None:  # the name's object is cached: no open, no handle to make
+                kpin, kst = known
                 try:
-                    vfd = open_component(pin.fd, bname)
-                except FileNotFoundError:
-                    self._check_dir_alive(pin)
-                    raise
-                try:
-                    token = self._unlink(pin, bname, stat.S_ISDIR(os.fstat(vfd).st_mode))
+                    token = self._unlink(pin, bname, stat.S_ISDIR(kst.st_mode))
                     if token is None:
                         continue  # replaced by another type meanwhile
                     self._changes.bump(pin.fileid)
-                    self._res.removed(token, self._after_unlink(vfd, pin.key, bname), True)
+                    # A directory has one name; a file with one link had one (a link made
+                    # meanwhile: its handle is resolved again, by the kernel's handle)
+                    one = stat.S_ISDIR(kst.st_mode) or kst.st_nlink == 1
+                    gone = kst.st_ino if one else -1
+                    fh = self._after_unlink(kpin.fd, pin.key, bname, kpin.key, gone)
+                    self._res.removed(token, fh, True)
                     return
                 finally:
-                    os.close(vfd)
-            raise OSError(errno.EAGAIN, "name keeps changing type")
-        finally:
-            pin.release()
+                    kpin.release()
+            try:
+                vfd = open_component(pin.fd, bname)
+            except FileNotFoundError:
+                self._check_dir_alive(pin)
+                raise
+            try:
+                token = self._unlink(pin, bname, stat.S_ISDIR(os.fstat(vfd).st_mode))
+                if token is None:
+                    continue  # replaced by another type meanwhile
+                self._changes.bump(pin.fileid)
+                self._res.removed(token, self._after_unlink(vfd, pin.key, bname), True)
+                return
+            finally:
+                os.close(vfd)
+        raise OSError(errno.EAGAIN, "name keeps changing type")
 
     def _unlink(self, pin: Pin, name: bytes, is_dir: bool) -> int | None:
         """rmdir or unlink ``name`` in ``pin``, announced to the move watch (the caller calls
