@@ -106,16 +106,11 @@ def test_one_resolution_of_the_directory_and_none_of_the_object(
     vfs = make_vfs(root_squash=False)
     root = vfs.root_handle()
     fh = vfs.lookup(ROOT, root, b"file")  # known: the fstatat path
-    pinned: list[bytes] = []
-    real = Resolver.pin
-
-    def pin(self: Resolver, key: bytes) -> Any:
-        pinned.append(key)
-        return real(self, key)
-
-    monkeypatch.setattr(Resolver, "pin", pin)
+    pinned = _pins(monkeypatch)
     assert vfs.open_lookup(ROOT, root, b"file")[1:] == (fh, FileType.NF4REG)
     assert pinned == [root]
+    vfs.remove_changed(ROOT, root, b"file")
+    assert pinned == [root, root]
 
 
 def _remove_both(vfs: LocalVfs, dir_fh: bytes, name: bytes) -> tuple[Any, Any]:
@@ -185,13 +180,8 @@ def test_remove_changed_on_a_read_only_export(make_vfs: MakeVfs, export_dir: Pat
     assert (export_dir / "f").exists()
 
 
-def test_remove_changed_resolves_the_directory_once(
-    make_vfs: MakeVfs, export_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    _tree(export_dir)
-    vfs = make_vfs(root_squash=False)
-    root = vfs.root_handle()
-    vfs.lookup(ROOT, root, b"file")
+def _pins(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The handles resolved (``Resolver.pin``) from now on, in order."""
     pinned: list[bytes] = []
     real = Resolver.pin
 
@@ -200,5 +190,4 @@ def test_remove_changed_resolves_the_directory_once(
         return real(self, key)
 
     monkeypatch.setattr(Resolver, "pin", pin)
-    vfs.remove_changed(ROOT, root, b"file")
-    assert pinned == [root]
+    return pinned
