@@ -52,7 +52,7 @@ class _ThreadState(threading.local):
     """The calling thread's mark and the fs identity it acts as, shared by every FsIdentity
     (the credentials belong to the thread, not to an export). Class defaults, so that a thread
     that set neither reads them without a missing attribute's exception (``getattr`` with a
-    default costs about half a microsecond that way, on every VFS call)."""
+    default costs about 0.4 microseconds that way, against 0.05, on every VFS call)."""
 
     protected: bool = False
     current: Cred | None = None  # None: not known (never switched, or a switch failed)
