@@ -250,22 +250,18 @@ class StateManager:
         NFS4ERR_BAD_STATEID for special stateids, unknown ones, another client's, or another
         file's; NFS4ERR_STALE_STATEID for an earlier instance's; NFS4ERR_OLD_STATEID for an
         older seqid (section 8.2.2). Special stateids must be dealt with by the caller."""
-        other = sid.other
-        if other in (_ZEROS, _ONES):  # (is_special, inlined: every READ asks)
-            raise Nfs4Error(nfs4.NFS4ERR_BAD_STATEID)
-        state = self._states.get(other)
-        if state is None:
-            if other[:_INSTANCE_LEN] != self.instance:
-                raise Nfs4Error(nfs4.NFS4ERR_STALE_STATEID)
-            raise Nfs4Error(nfs4.NFS4ERR_BAD_STATEID)
+        state = self._states.get(sid.other)
+        if state is None:  # (a special stateid is never one of ours: see _new_other)
+            if is_special(sid) or sid.other[:_INSTANCE_LEN] == self.instance:
+                raise Nfs4Error(nfs4.NFS4ERR_BAD_STATEID)
+            raise Nfs4Error(nfs4.NFS4ERR_STALE_STATEID)
         if state.clientid != clientid:
             raise Nfs4Error(nfs4.NFS4ERR_BAD_STATEID)
         if fh is not None and state.file.fh != fh:
             raise Nfs4Error(nfs4.NFS4ERR_BAD_STATEID)
-        if check_seqid:
-            seqid = sid.seqid
-            if seqid and seqid != state.seqid:  # (0 or the current one: check_seqid_of's yes)
-                check_seqid_of(seqid, state.seqid)
+        seqid = sid.seqid
+        if check_seqid and seqid != state.seqid and seqid != 0:
+            check_seqid_of(seqid, state.seqid)
         return state
 
     def find_open(self, clientid: int, sid: nfs4.stateid4, fh: bytes | None) -> OpenState:
@@ -410,17 +406,17 @@ class StateManager:
         f = self._file(fh)
         key = (clientid, owner)
         assert key not in f.opens, "open exists: use upgrade_open"
-        state = OpenState(
-            other=self._new_other(),
-            seqid=1,
-            clientid=clientid,
-            owner=owner,
-            file=f,
-            access=access,
-            deny=deny,
-            openfile=openfile,
-            access_modes=1 << access,
-            deny_modes=1 << deny,
+        state = OpenState(  # (positional: cheaper than keywords)
+            self._new_other(),
+            1,  # seqid
+            clientid,
+            owner,
+            f,
+            access,
+            deny,
+            openfile,
+            1 << access,  # access_modes
+            1 << deny,  # deny_modes
         )
         f.opens[key] = state
         self._register(state)

@@ -412,6 +412,18 @@ class Vfs(abc.ABC):
         changes, so backends may know it without asking the file system."""
         return self.getattr(fh).type
 
+    def open_lookup(self, cred: Cred, dir_fh: bytes, name: bytes) -> tuple[int, bytes, FileType]:
+        """What OPEN by name without a create asks (CLAIM_NULL, RFC 8881 section 18.16): the
+        directory's change attribute (read first: a removed directory is stale before
+        anything else), then the handle ``name`` refers to in it and that object's type.
+        NotADirectoryError, nothing looked up, when ``dir_fh`` is not a directory. Backends
+        may answer it in one resolution of the directory."""
+        change = self.change(dir_fh)
+        if self.file_type(dir_fh) != FileType.NF4DIR:
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory")
+        fh = self.lookup(cred, dir_fh, name)
+        return change, fh, self.file_type(fh)
+
     @abc.abstractmethod
     def check(self, fh: bytes) -> None:
         """Raise BadHandle or StaleHandle unless ``fh`` names a live object (PUTFH)."""
@@ -481,6 +493,14 @@ class Vfs(abc.ABC):
 
     @abc.abstractmethod
     def remove(self, cred: Cred, dir_fh: bytes, name: bytes | str) -> None: ...
+
+    def remove_changed(self, cred: Cred, dir_fh: bytes, name: bytes) -> tuple[int, int]:
+        """REMOVE with its change_info (RFC 8881 section 18.25): ``remove`` between the
+        directory's change attribute before and after it (before first: a removed directory
+        is stale before anything else). Backends may read both in one resolution."""
+        before = self.change(dir_fh)
+        self.remove(cred, dir_fh, name)
+        return before, self.change(dir_fh)
 
     @abc.abstractmethod
     def rename(

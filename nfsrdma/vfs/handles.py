@@ -16,6 +16,7 @@ fit; ext4 uses 8, tmpfs 12, btrfs and xfs 20 or less.
 from __future__ import annotations
 
 import errno
+import hashlib
 import hmac
 import struct
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from nfsrdma.vfs.base import NFS4_FHSIZE, BadHandle
 
 VERSION: Final = 1
 MAC_SIZE: Final = 16
+_SHA256_BLOCK: Final = 64  # SHA-256's block size, B in RFC 2104
+_sha256 = hashlib.sha256
 NO_KERNEL_HANDLE: Final = -1
 _HEAD = struct.Struct(">BQiB")
 MIN_SIZE: Final = _HEAD.size + MAC_SIZE
@@ -44,12 +47,18 @@ class HandleCodec:
 
     def __init__(self, secret: bytes) -> None:
         self._key = hmac.digest(secret, b"nfsrdma file handle v1", "sha256")
+        # HMAC-SHA256 (RFC 2104) is H(K ^ opad || H(K ^ ipad || body)): the key's two padded
+        # blocks made once, each MAC is then two hashes (no HMAC object, no key schedule).
+        block = self._key.ljust(_SHA256_BLOCK, b"\0")
+        self._inner = bytes(b ^ 0x36 for b in block)
+        self._outer = bytes(b ^ 0x5C for b in block)
         # Handles made, by body: a handle is a pure function of its body, and LOOKUP/OPEN make
         # the same ones again and again (bounded: forgotten all at once when full).
         self._made: dict[bytes, bytes] = {}
 
     def _mac(self, body: bytes) -> bytes:
-        return hmac.digest(self._key, body, "sha256")[:MAC_SIZE]  # (one-shot: no HMAC object)
+        inner = _sha256(self._inner + body).digest()
+        return _sha256(self._outer + inner).digest()[:MAC_SIZE]  # = hmac.digest(key, body)
 
     def pack(self, fileid: int, ktype: int, khandle: bytes) -> bytes:
         if len(khandle) > MAX_KERNEL_HANDLE:

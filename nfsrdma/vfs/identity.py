@@ -46,9 +46,19 @@ log = logging.getLogger("nfsrdma.vfs")
 
 NGROUPS_MAX: Final = 65536
 _warned_unprivileged = False
-# What each thread's fs identity is, shared by every FsIdentity: the credentials belong to the
-# thread, not to an export.
-_thread = threading.local()
+
+
+class _ThreadState(threading.local):
+    """The calling thread's mark and the fs identity it acts as, shared by every FsIdentity
+    (the credentials belong to the thread, not to an export). Class defaults, so that a thread
+    that set neither reads them without a missing attribute's exception (``getattr`` with a
+    default costs about 0.4 microseconds that way, against 0.05, on every VFS call)."""
+
+    protected: bool = False
+    current: Cred | None = None  # None: not known (never switched, or a switch failed)
+
+
+_thread = _ThreadState()
 
 
 def protect_current_thread() -> None:
@@ -60,7 +70,7 @@ def protect_current_thread() -> None:
 
 def is_protected() -> bool:
     """Whether the calling thread is protected (:func:`protect_current_thread`)."""
-    return getattr(_thread, "protected", False) is True
+    return _thread.protected is True
 
 
 class _Handoff:
@@ -157,7 +167,11 @@ def off_protected_threads(
     and wait for it; everywhere else, run it in place."""
 
     def call(self: V, cred: Cred, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        if self._ident.enabled and is_protected() and self._cred(cred) != self._ident.current():
+        if (
+            self._ident.enabled
+            and _thread.protected is True  # (is_protected, inlined)
+            and self._cred(cred) != self._ident.current()
+        ):
             return _in_identity_worker(lambda: fn(self, cred, *args, **kwargs))
         return fn(self, cred, *args, **kwargs)
 
@@ -198,8 +212,8 @@ class FsIdentity:
 
     def apply(self, cred: Cred) -> None:
         """Make the calling thread act as ``cred`` (already squashed) for file-system access."""
-        current = getattr(_thread, "current", None)
-        if not self.enabled or current == cred:
+        current = _thread.current
+        if current is cred or not self.enabled or current == cred:
             return
         if is_protected():
             if current is None and cred == self.server:
@@ -228,7 +242,7 @@ class FsIdentity:
 
     def current(self) -> Cred:
         """The identity the calling thread acts as (the server's if unknown)."""
-        cur = getattr(_thread, "current", None)
+        cur = _thread.current
         return cur if isinstance(cur, Cred) else self.server
 
 

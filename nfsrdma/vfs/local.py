@@ -216,7 +216,8 @@ class LocalVfs(Vfs):
                 self._open_counts[fh] = left
                 return
             self._open_counts.pop(fh, None)
-            self._res.drop_orphan(fh)
+            if self._res.has_orphans():  # (only kept under this lock: see _after_unlink)
+                self._res.drop_orphan(fh)
 
     def _fix_mode(self, fd: int, st: os.stat_result, mode: int) -> bool:
         """Give a new object the bits the process umask stripped (knfsd creates with umask 0);
@@ -281,10 +282,13 @@ class LocalVfs(Vfs):
         pin = self._res.pin(fh)
         self._res.stat_memo = memo
         try:
-            count = self._changes.get(pin.fileid)
-            return ChangeCounter.value(self._res.stat(pin).st_ctime_ns, count)
+            return self._change_of(pin)
         finally:
             pin.release()
+
+    def _change_of(self, pin: Pin) -> int:
+        count = self._changes.get(pin.fileid)  # (before the fstat: see ChangeCounter)
+        return ChangeCounter.value(self._res.stat(pin).st_ctime_ns, count)
 
     def file_type(self, fh: bytes) -> FileType:
         memo = self._res.stat_memo  # (a read-only query: what was kept stays kept)
@@ -307,7 +311,28 @@ class LocalVfs(Vfs):
     @off_protected_threads
     def lookup(self, cred: Cred, dir_fh: bytes, name: bytes | str) -> bytes:
         bname = check_name(name)
+        return self._lookup(cred, self._res.pin(dir_fh), bname)[0]
+
+    @off_protected_threads
+    def open_lookup(self, cred: Cred, dir_fh: bytes, name: bytes) -> tuple[int, bytes, FileType]:
+        # One resolution of the directory for its change attribute, its type and the lookup
+        # (the base class's four calls pin it twice and the object twice).
+        bname = check_name(name)
         pin = self._res.pin(dir_fh)
+        try:
+            count = self._changes.get(pin.fileid)  # (before the fstat: see ChangeCounter)
+            st = self._res.stat(pin)
+            if not stat.S_ISDIR(st.st_mode):
+                raise NotADirectoryError(errno.ENOTDIR, "not a directory")
+        except BaseException:
+            pin.release()
+            raise
+        fh, fst = self._lookup(cred, pin, bname)
+        return ChangeCounter.value(st.st_ctime_ns, count), fh, attrs.FTYPE[fst.st_mode & 0o170000]
+
+    def _lookup(self, cred: Cred, pin: Pin, bname: bytes) -> tuple[bytes, os.stat_result]:
+        """LOOKUP of ``bname`` in the directory ``pin`` (released here): the handle, and the
+        stat of its object made on the way (kept for a GETATTR right after)."""
         try:
             self._ident.apply(self._cred(cred))
             generation = self._changes.generation
@@ -317,7 +342,7 @@ class LocalVfs(Vfs):
                 self._res.found_inside(known[0].key)
                 # the name's fstatat is the object's: for a GETATTR right after
                 self._res.keep_stat(known[0].key, generation, known[1])
-                return known[0].key
+                return known[0].key, known[1]
             try:
                 fd = open_component(pin.fd, bname)
             except FileNotFoundError:
@@ -334,7 +359,7 @@ class LocalVfs(Vfs):
         self._res.fds.put(fh, fd, st.st_ino)
         self._res.found_inside(fh)
         self._res.keep_stat(fh, generation, st)  # (make_handle's fstat of it)
-        return fh
+        return fh, st
 
     @off_protected_threads
     def lookupp(self, cred: Cred, fh: bytes) -> bytes:
@@ -614,7 +639,10 @@ class LocalVfs(Vfs):
             raise attrs.erofs()
         if not (read or write) or (truncate and not write):
             raise OSError(errno.EINVAL, "bad open mode")
+        memo = self._res.stat_memo  # (read before the pin, which drops it)
         pin = self._res.pin(fh)
+        if not truncate:  # an open that truncates nothing changes no attribute: what was
+            self._res.stat_memo = memo  # kept stays kept (OPEN's lookup, for ACCESS, GETATTR)
         try:
             # The type alone decides, and an inode's never changes: known for every handle
             # made with a kernel handle, no fstat then. (No link count either: a pinned
@@ -919,42 +947,60 @@ class LocalVfs(Vfs):
         bname = check_name(name)
         pin = self._res.pin(dir_fh)
         try:
-            self._ident.apply(self._cred(cred))
-            for _ in range(4):
-                known = self._res.object_at_name(pin, bname)
-                if known is not None:  # the name's object is cached: no open, no handle to make
-                    kpin, kst = known
-                    try:
-                        token = self._unlink(pin, bname, stat.S_ISDIR(kst.st_mode))
-                        if token is None:
-                            continue  # replaced by another type meanwhile
-                        self._changes.bump(pin.fileid)
-                        # A directory has one name; a file with one link had one (a link made
-                        # meanwhile: its handle is resolved again, by the kernel's handle)
-                        one = stat.S_ISDIR(kst.st_mode) or kst.st_nlink == 1
-                        gone = kst.st_ino if one else -1
-                        fh = self._after_unlink(kpin.fd, pin.key, bname, kpin.key, gone)
-                        self._res.removed(token, fh, True)
-                        return
-                    finally:
-                        kpin.release()
+            self._remove(cred, pin, bname)
+        finally:
+            pin.release()
+
+    @off_protected_threads
+    def remove_changed(self, cred: Cred, dir_fh: bytes, name: bytes) -> tuple[int, int]:
+        # One resolution of the directory for the change attribute before, the removal and
+        # the change attribute after (the base class's three calls resolve it three times).
+        pin = self._res.pin(dir_fh)
+        try:
+            before = self._change_of(pin)
+            if self.export.read_only:
+                raise attrs.erofs()
+            self._remove(cred, pin, check_name(name))
+            return before, self._change_of(pin)
+        finally:
+            pin.release()
+
+    def _remove(self, cred: Cred, pin: Pin, bname: bytes) -> None:
+        """REMOVE of ``bname`` in the directory ``pin`` (the caller releases it)."""
+        self._ident.apply(self._cred(cred))
+        for _ in range(4):
+            known = self._res.object_at_name(pin, bname)
+            if known is not None:  # the name's object is cached: no open, no handle to make
+                kpin, kst = known
                 try:
-                    vfd = open_component(pin.fd, bname)
-                except FileNotFoundError:
-                    self._check_dir_alive(pin)
-                    raise
-                try:
-                    token = self._unlink(pin, bname, stat.S_ISDIR(os.fstat(vfd).st_mode))
+                    token = self._unlink(pin, bname, stat.S_ISDIR(kst.st_mode))
                     if token is None:
                         continue  # replaced by another type meanwhile
                     self._changes.bump(pin.fileid)
-                    self._res.removed(token, self._after_unlink(vfd, pin.key, bname), True)
+                    # A directory has one name; a file with one link had one (a link made
+                    # meanwhile: its handle is resolved again, by the kernel's handle)
+                    one = stat.S_ISDIR(kst.st_mode) or kst.st_nlink == 1
+                    gone = kst.st_ino if one else -1
+                    fh = self._after_unlink(kpin.fd, pin.key, bname, kpin.key, gone)
+                    self._res.removed(token, fh, True)
                     return
                 finally:
-                    os.close(vfd)
-            raise OSError(errno.EAGAIN, "name keeps changing type")
-        finally:
-            pin.release()
+                    kpin.release()
+            try:
+                vfd = open_component(pin.fd, bname)
+            except FileNotFoundError:
+                self._check_dir_alive(pin)
+                raise
+            try:
+                token = self._unlink(pin, bname, stat.S_ISDIR(os.fstat(vfd).st_mode))
+                if token is None:
+                    continue  # replaced by another type meanwhile
+                self._changes.bump(pin.fileid)
+                self._res.removed(token, self._after_unlink(vfd, pin.key, bname), True)
+                return
+            finally:
+                os.close(vfd)
+        raise OSError(errno.EAGAIN, "name keeps changing type")
 
     def _unlink(self, pin: Pin, name: bytes, is_dir: bool) -> int | None:
         """rmdir or unlink ``name`` in ``pin``, announced to the move watch (the caller calls

@@ -260,13 +260,17 @@ class LocalOpenFile(OpenFile):
             self._close_descriptor()
 
     def close(self) -> None:
+        fd = -1
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            held = self._holds > 0
-        if not held:
-            self._close_descriptor()
+            if self._holds == 0 and not self._closing:  # (_close_descriptor, under one lock)
+                self._closing = True
+                if self._busy == 0:
+                    fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
         if self._on_close is not None:
             self._on_close(self.fh)
 

@@ -322,6 +322,10 @@ class Resolver:
             os.close(orphan[0])
             self.forget(fh)
 
+    def has_orphans(self) -> bool:
+        """Whether any open file removed through this server is kept (``keep_orphan``)."""
+        return bool(self._orphans)
+
     def is_orphan(self, fh: bytes) -> bool:
         with self._loc_lock:
             return fh in self._orphans
@@ -456,7 +460,8 @@ class Resolver:
         """The stat ``memo`` (``stat_memo`` read just *before* ``pin`` was made, which drops
         it) if it may stand for an fstat of ``pin`` now, else None: it was kept by the last
         VFS call before this resolution but the read-only queries of a type or a change
-        attribute (any other resolution in between, on any thread, dropped it), in this same
+        attribute and an open for I/O that truncates nothing (any other resolution in between,
+        on any thread, dropped it), in this same
         check window (the same thread, in one COMPOUND that has not waited
         since: the window closes before anything waits), of this object, and the server has
         made no modification of anything since before that stat (``generation``: every one

@@ -14,6 +14,7 @@ import fcntl
 import os
 import platform
 import struct
+import threading
 from typing import Final, Literal
 
 AT_FDCWD: Final = -100
@@ -84,9 +85,28 @@ def name_to_handle_at(dirfd: int, path: bytes, flags: int) -> tuple[int, bytes, 
     return htype, buf.raw[_FH_HEADER.size : _FH_HEADER.size + nbytes], mount_id.value
 
 
+class _HandleBuffers(threading.local):
+    """A thread's buffers for ``fd_handle`` (made once per thread, not per call)."""
+
+    def __init__(self) -> None:
+        self.buf = ctypes.create_string_buffer(_FH_HEADER.size + MAX_HANDLE_SZ)
+        self.mount_id = ctypes.c_int()
+        self.mount_id_ref = ctypes.byref(self.mount_id)
+
+
+_handle_buffers = _HandleBuffers()
+
+
 def fd_handle(fd: int) -> tuple[int, bytes, int]:
-    """name_to_handle_at of the object an (O_PATH) descriptor refers to."""
-    return name_to_handle_at(fd, b"", AT_EMPTY_PATH)
+    """name_to_handle_at of the object an (O_PATH) descriptor refers to (every new handle:
+    a create, a LOOKUP or READDIR entry not seen before), in the calling thread's buffers."""
+    t = _handle_buffers
+    buf = t.buf
+    _FH_HEADER.pack_into(buf, 0, MAX_HANDLE_SZ, 0)
+    if _name_to_handle_at(fd, b"", buf, t.mount_id_ref, AT_EMPTY_PATH) != 0:
+        _raise_errno("name_to_handle_at")
+    nbytes, htype = _FH_HEADER.unpack_from(buf, 0)
+    return htype, buf.raw[_FH_HEADER.size : _FH_HEADER.size + nbytes], t.mount_id.value
 
 
 _statx = getattr(_libc, "statx", None)

@@ -106,9 +106,7 @@ def remove(ctx: CompoundContext, args: nfs4.REMOVE4args) -> nfs4.REMOVE4res:
     dir_fh = ctx.fh()
     name = check_component(args.target)
     check_name(ctx, dir_fh, name)
-    before = _change(ctx, dir_fh)
-    ctx.server.vfs.remove(ctx.cred, dir_fh, name)
-    after = _change(ctx, dir_fh)
+    before, after = ctx.server.vfs.remove_changed(ctx.cred, dir_fh, name)
     return nfs4.REMOVE4res(_OK, nfs4.REMOVE4resok(nfs4.change_info4(True, before, after)))
 
 

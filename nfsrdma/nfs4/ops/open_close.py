@@ -86,10 +86,15 @@ def check_directory(ftype: int) -> None:
     raise Nfs4Error(nfs4.NFS4ERR_NOTDIR)
 
 
+# Results that never vary (encoded at once, never changed: shared by every reply)
+_NO_DELEGATION: Final = nfs4.open_delegation4(nfs4.OPEN_DELEGATE_NONE)
+_CLOSED: Final = nfs4.CLOSE4res(nfs4.NFS4_OK, INVALID_STATEID)
+
+
 def no_delegation(want: int) -> nfs4.open_delegation4:
     """We never delegate; say why when the client expressed a want (section 18.16.3)."""
     if want == nfs4.OPEN4_SHARE_ACCESS_WANT_NO_PREFERENCE:
-        return nfs4.open_delegation4(nfs4.OPEN_DELEGATE_NONE)
+        return _NO_DELEGATION
     if want == nfs4.OPEN4_SHARE_ACCESS_WANT_NO_DELEG:
         why = nfs4.open_none_delegation4(nfs4.WND4_NOT_WANTED)
     elif want == nfs4.OPEN4_SHARE_ACCESS_WANT_CANCEL:
@@ -184,18 +189,24 @@ def _resolve(ctx: CompoundContext, args: nfs4.OPEN4args, access: int) -> tuple[_
         dir_fh = ctx.fh()
         assert isinstance(claim.value, bytes)
         name = check_component(claim.value)
+        if not creating:
+            # The directory's change (a removed directory: stale, first), its type, the name's
+            # object and its type, in one VFS call (a removed file: stale at the open).
+            try:
+                before, fh, ftype = vfs.open_lookup(ctx.cred, dir_fh, name)
+            except NotADirectoryError:
+                check_directory(vfs.file_type(dir_fh))  # (NFS4ERR_SYMLINK for a symlink)
+                raise
+            check_regular(ftype)
+            return _Target(fh), before, before
         before = vfs.change(dir_fh)  # (a removed directory: stale, first)
         check_directory(vfs.file_type(dir_fh))
-        if creating:
-            assert isinstance(args.openhow.value, nfs4.createhow4)
-            # The create path opens an existing file at once.
-            check_name(ctx, dir_fh, name, local_write=bool(access & ACCESS_WRITE), local_open=True)
-            target = _create(ctx, dir_fh, name, args.openhow.value, access)
-            after = vfs.change(dir_fh) if target.created else before
-            return target, before, after
-        fh = vfs.lookup(ctx.cred, dir_fh, name)
-        check_regular(vfs.file_type(fh))  # (a removed file: stale at the open)
-        return _Target(fh), before, before
+        assert isinstance(args.openhow.value, nfs4.createhow4)
+        # The create path opens an existing file at once.
+        check_name(ctx, dir_fh, name, local_write=bool(access & ACCESS_WRITE), local_open=True)
+        target = _create(ctx, dir_fh, name, args.openhow.value, access)
+        after = vfs.change(dir_fh) if target.created else before
+        return target, before, after
     if claim.claim == nfs4.CLAIM_FH:
         fh = ctx.fh()
         if creating:
@@ -340,7 +351,7 @@ def op_close(ctx: CompoundContext, args: nfs4.CLOSE4args) -> nfs4.CLOSE4res:
     # The stateid CLOSE returns is useless to the client: NFSv4.1 servers return the
     # special invalid stateid (RFC 8881 section 18.2.4).
     ctx.current_stateid = INVALID_STATEID
-    return nfs4.CLOSE4res(nfs4.NFS4_OK, INVALID_STATEID)
+    return _CLOSED
 
 
 # ---------------------------------------------------------------- delegations

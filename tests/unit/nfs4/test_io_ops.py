@@ -395,8 +395,18 @@ async def test_open_claims_and_errors(tmp_path: Path) -> None:
         await c.expect(nfs4.NFS4ERR_INVAL, root, open_op(b"file", deny=4, how=NOCREATE))
         await c.expect(nfs4.NFS4ERR_NOFILEHANDLE, open_op(b"file", how=NOCREATE))
         fh, sid, _ = await c.open(b"file", READ, how=NOCREATE)
-        # CLAIM_NULL needs a directory
+        # CLAIM_NULL needs a directory (NFS4ERR_SYMLINK for a symbolic link)
         await c.on(fh, nfs4.NFS4ERR_NOTDIR, open_op(b"x", how=NOCREATE))
+        link_fh = (
+            (
+                await c.expect(
+                    OK, root, op(nfs4.OP_LOOKUP, nfs4.LOOKUP4args(b"link")), op(nfs4.OP_GETFH)
+                )
+            )
+            .resarray[2]
+            .value.value.object
+        )
+        await c.on(link_fh, nfs4.NFS4ERR_SYMLINK, open_op(b"x", how=NOCREATE))
         # CLAIM_FH: the current filehandle is the file (no create with it)
         fh_claim = nfs4.open_claim4(nfs4.CLAIM_FH)
         res = await c.on(fh, OK, open_op(None, READ, how=NOCREATE, owner=b"o2", claim=fh_claim))

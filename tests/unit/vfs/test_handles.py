@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hmac
 import os
 import stat
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nfsrdma.vfs import NFS4_FHSIZE, BadHandle, Export, FileType, LocalVfs, StaleHandle, handles
-from nfsrdma.vfs.handles import MAC_SIZE, MIN_SIZE, HandleCodec
+from nfsrdma.vfs.handles import MAC_SIZE, MAX_KERNEL_HANDLE, MIN_SIZE, HandleCodec
 from nfsrdma.vfs.secret import StateDirError, export_secret
 
 from .conftest import ROOT, MakeVfs, needs_root
@@ -38,6 +39,23 @@ def test_codec_round_trip_and_tamper_detection() -> None:
         codec.unpack(b"\0" * NFS4_FHSIZE)
     with pytest.raises(BadHandle):
         codec.unpack(b"\0" * (NFS4_FHSIZE + 1))
+
+
+def test_the_mac_is_hmac_sha256_of_the_body() -> None:
+    """Handles outlive the server (clients keep them across restarts and upgrades): the MAC
+    is HMAC-SHA256 under the key derived from the secret, truncated, whatever computes it."""
+    secret = bytes(range(32))
+    codec = HandleCodec(secret)
+    key = hmac.digest(secret, b"nfsrdma file handle v1", "sha256")
+    for fileid, khandle in (
+        (1, b""),
+        (2**64 - 1, b"\xff" * 8),
+        (7, bytes(range(MAX_KERNEL_HANDLE))),
+    ):
+        fh = codec.pack(fileid, 1, khandle)
+        body = fh[:-MAC_SIZE]
+        assert fh[-MAC_SIZE:] == hmac.digest(key, body, "sha256")[:MAC_SIZE]
+        assert codec.unpack(fh).khandle == khandle
 
 
 def test_handles_made_again_are_the_same_and_the_memory_stays_bounded() -> None:
@@ -341,3 +359,41 @@ def test_file_system_without_kernel_handles(
     vfs.remove(ROOT, d, b"f")
     with pytest.raises(StaleHandle):
         vfs.getattr(f)
+
+
+def test_fd_handle_is_name_to_handle_at_of_the_descriptor_in_every_thread(
+    export_dir: Path,
+) -> None:
+    """``fd_handle`` reuses its calling thread's buffers: the same answer as a call with its
+    own, for objects whose handles differ in length and type, in any thread; errors raise."""
+    import threading
+
+    from nfsrdma.vfs import syscalls
+
+    (export_dir / "f").write_bytes(b"x")
+    (export_dir / "d").mkdir()
+    fds = [os.open(export_dir / n, os.O_PATH) for n in ("f", "d")]
+    fds.append(os.open(export_dir, os.O_PATH))
+    try:
+        try:
+            want = [syscalls.name_to_handle_at(fd, b"", syscalls.AT_EMPTY_PATH) for fd in fds]
+        except OSError:
+            pytest.skip("no kernel file handles on the test file system")
+        got: list[list[tuple[int, bytes, int]]] = []
+
+        def run() -> None:
+            got.append([syscalls.fd_handle(fd) for fd in reversed(fds)][::-1])
+
+        run()
+        threads = [threading.Thread(target=run) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert got == [want] * 5
+        with pytest.raises(OSError) as e:
+            syscalls.fd_handle(-1)
+        assert e.value.errno == errno.EBADF
+    finally:
+        for fd in fds:
+            os.close(fd)

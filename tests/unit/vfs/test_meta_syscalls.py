@@ -586,6 +586,34 @@ def test_access_and_getattr_after_an_exclusive_create_take_its_fstat(
     assert got.mode & 0o7777 == 0o644
 
 
+def test_access_and_getattr_after_open_by_name_take_the_lookup_stat(
+    vfs: LocalVfs, export_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OPEN(no create)+GETFH+ACCESS+GETATTR, the Linux client's open(2) of a file: the name's
+    fstatat made by OPEN's lookup serves ACCESS and GETATTR, since opening the file for I/O
+    changes none of its attributes; an open that truncates does, and is asked again."""
+    fh = _created(vfs, b"f")
+    (export_dir / "f").write_bytes(b"12345")
+    root = vfs.root_handle()
+    calls = Calls(monkeypatch, (os, "fstat"), (os, "stat"))
+    confine.open_window()
+    try:
+        assert vfs.open_lookup(ROOT, root, b"f")[1] == fh  # the directory's fstat, fstatat
+        of = vfs.open(ROOT, fh, read=True, write=False)
+        assert vfs.access(ROOT, fh, ACCESS4_READ) == ACCESS4_READ
+        assert vfs.getattr(fh).size == 5
+        assert calls.counts == {"fstat": 1, "stat": 1}
+        of.close()
+        calls.reset()
+        vfs.open_lookup(ROOT, root, b"f")
+        of = vfs.open(ROOT, fh, read=False, write=True, truncate=True)
+        assert vfs.getattr(fh).size == 0
+        assert calls.counts == {"fstat": 2, "stat": 1}
+        of.close()
+    finally:
+        confine.close_window()
+
+
 def test_a_created_file_whose_mode_was_fixed_is_asked_again(
     vfs: LocalVfs, export_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
