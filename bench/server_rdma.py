@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from nfsbench import (
+    CpuSplit,
     ServerProbe,
     arguments,
     forwarded,
@@ -44,9 +45,16 @@ def in_guest(args: argparse.Namespace) -> int:
     ) as ours:
         name = "-".join(["ours-rdma", *([args.tag] if args.tag else [])])
         probe = ServerProbe(
-            ours.pid, ours.state_dir, name, profile=args.profile, strace=args.strace
+            ours.pid,
+            ours.state_dir,
+            name,
+            profile=args.profile,
+            strace=args.strace,
+            native=args.native,
         )
-        theirs, mine = measure_both(knfsd.server("rdma"), ours.server("rdma"), args, probe)
+        theirs, mine = measure_both(
+            knfsd.server("rdma"), ours.server("rdma"), args, probe, CpuSplit(ours.pid, name)
+        )
     print(f"rxe0 ceiling: ib_write_bw {write_bw:.1f} MB/s, ib_read_bw {read_bw:.1f} MB/s")
     table([("knfsd (RDMA 20049)", theirs), ("nfsrdma serve (RDMA 20050)", mine)])
     print(probe.line())

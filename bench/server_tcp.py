@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from nfsbench import (
+    CpuSplit,
     ServerProbe,
     arguments,
     forwarded,
@@ -30,9 +31,16 @@ def in_guest(args: argparse.Namespace) -> int:
     ) as ours:
         name = "-".join(["ours-tcp", *([args.tag] if args.tag else [])])
         probe = ServerProbe(
-            ours.pid, ours.state_dir, name, profile=args.profile, strace=args.strace
+            ours.pid,
+            ours.state_dir,
+            name,
+            profile=args.profile,
+            strace=args.strace,
+            native=args.native,
         )
-        theirs, mine = measure_both(knfsd.server("tcp"), ours.server("tcp"), args, probe)
+        theirs, mine = measure_both(
+            knfsd.server("tcp"), ours.server("tcp"), args, probe, CpuSplit(ours.pid, name)
+        )
     table([("knfsd (TCP 2049)", theirs), ("nfsrdma serve (TCP 2050)", mine)])
     print(probe.line())
     print(ratio_line(mine, theirs), flush=True)
