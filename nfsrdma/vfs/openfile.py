@@ -14,6 +14,8 @@ from nfsrdma.vfs.base import Attributes, OpenFile, Segment
 from nfsrdma.vfs.changes import ChangeCounter
 
 PROBE_MAX = 16 * 1024  # reads up to this size learn the end of file by reading one octet more
+# ``readinto``'s octet more lands here (its value is never read: threads may share it)
+_PROBE_OCTET = bytearray(1)
 
 
 class LocalOpenFile(OpenFile):
@@ -111,7 +113,7 @@ class LocalOpenFile(OpenFile):
         fd = self._enter()
         try:
             want = len(buf) if isinstance(buf, bytearray) else buf.nbytes
-            n = os.preadv(fd, [buf, bytearray(1)], offset)
+            n = os.preadv(fd, [buf, _PROBE_OCTET], offset)
         finally:
             self._exit()
         if n > want:
