@@ -37,6 +37,7 @@ from typing import Any
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from nfsrdma.testbed.helpers import NfsServer, artefact_dir, drop_caches, mount_nfs
+from nfsrdma.testbed.ours import OurServer
 
 CHUNK = 1 << 20
 MOUNT_ROOT = Path("/tmp/bench-mnt")
@@ -365,6 +366,25 @@ def measure_both(
         for n in names:
             (mounts[n] / "seq.bin").unlink()
     return _median(rounds["theirs"]), _median(rounds["mine"])
+
+
+def measure_ours(
+    theirs: NfsServer, ours: OurServer, proto: str, args: argparse.Namespace
+) -> tuple[Figures, Figures, ServerProbe]:
+    """``measure_both`` of knfsd and our server over ``proto``, our server probed (artefacts
+    in ``ours-<proto>[-<tag>]``): (theirs, mine, the probe)."""
+    name = "-".join([f"ours-{proto}", *([args.tag] if args.tag else [])])
+    probe = ServerProbe(
+        ours.pid,
+        ours.state_dir,
+        name,
+        profile=args.profile,
+        strace=args.strace,
+        native=args.native,
+    )
+    split = CpuSplit(ours.pid, name)
+    them, mine = measure_both(theirs, ours.server(proto), args, probe, split)
+    return them, mine, probe
 
 
 def _ops(label: str, args: argparse.Namespace, f: Figures) -> float:
