@@ -20,12 +20,11 @@ import asyncio
 import os
 import sys
 import time
-from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from client import _url, kernel_stat
+from client import _url, kernel_stat, stat_files
 from nfsbench import CpuSplit
 
 import nfsrdma.client as nc
@@ -55,12 +54,7 @@ def main() -> int:
         return 2
     addr = testbed_addr()
     knfsd = Knfsd(addr=addr, export=export_dir())
-    top = Path(knfsd.export) / "client-split"
-    top.mkdir(exist_ok=True)
-    names = []
-    for i in range(args.files):
-        (top / f"f{i:05d}").write_bytes(b"x")
-        names.append(f"client-split/f{i:05d}")
+    top, names = stat_files(knfsd, "client-split", args.files)
     split = CpuSplit(None, "client-split")
     protos: tuple[Proto, ...] = ("rdma", "tcp")
     for r in range(args.rounds):
