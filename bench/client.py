@@ -133,6 +133,18 @@ def kernel_stat(knfsd: Knfsd, proto: Proto, names: list[str]) -> float:
     return len(names) / secs
 
 
+def stat_files(knfsd: Knfsd, sub: str, count: int) -> tuple[Path, list[str]]:
+    """``count`` one-octet files made in ``sub`` of knfsd's export: (the directory, their
+    names relative to the export)."""
+    top = Path(knfsd.export) / sub
+    top.mkdir(exist_ok=True)
+    names = []
+    for i in range(count):
+        (top / f"f{i:04d}").write_bytes(b"x")
+        names.append(f"{sub}/f{i:04d}")
+    return top, names
+
+
 # -- the run -------------------------------------------------------------------------------------
 def in_guest(args: argparse.Namespace) -> int:
     addr = testbed_addr()
@@ -155,12 +167,7 @@ def in_guest(args: argparse.Namespace) -> int:
         ratios[f"{proto}_write"] = f"{ow / kw:.2f}"
 
     step(f"stat of {args.files} files")
-    meta_dir = Path(knfsd.export) / "bench-meta"
-    meta_dir.mkdir(exist_ok=True)
-    names = []
-    for i in range(args.files):
-        (meta_dir / f"f{i:04d}").write_bytes(b"x")
-        names.append(f"bench-meta/f{i:04d}")
+    meta_dir, names = stat_files(knfsd, "bench-meta", args.files)
     protos: tuple[Proto, ...] = ("rdma", "tcp")
     for proto in protos:
         if ratios[f"{proto}_read"] == "n/a":

@@ -37,6 +37,7 @@ from typing import Any
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from nfsrdma.testbed.helpers import NfsServer, artefact_dir, drop_caches, mount_nfs
+from nfsrdma.testbed.ours import OurServer
 
 CHUNK = 1 << 20
 MOUNT_ROOT = Path("/tmp/bench-mnt")
@@ -130,9 +131,17 @@ class ServerProbe:
         ``artefacts/<name>/``; ``cpu_ms`` holds the CPU milliseconds per COMPOUND of each phase."""
 
     def __init__(
-        self, pid: int, state_dir: str, name: str, *, profile: bool, strace: bool = False
+        self,
+        pid: int,
+        state_dir: str,
+        name: str,
+        *,
+        profile: bool,
+        strace: bool = False,
+        native: bool = False,
     ) -> None:
         self.pid = pid
+        self.native = native
         self.state_dir = state_dir
         self.dir = artefact_dir(name)
         self.cpu_ms: dict[str, float] = {}
@@ -150,7 +159,9 @@ class ServerProbe:
         if self.py_spy is not None:
             argv = [
                 self.py_spy, "record", "--pid", str(self.pid), "--rate", "97", "--idle",
-                "--threads", "--nonblocking", "--format", "raw",
+                "--threads", "--format", "raw",
+                # (py-spy cannot unwind native stacks without pausing the process)
+                *(["--native"] if self.native else ["--nonblocking"]),
                 "--output", str(self.dir / f"{label}.collapsed"),
             ]  # fmt: skip
             log = open(self.dir / f"{label}.py-spy.log", "wb")  # noqa: SIM115
@@ -221,6 +232,94 @@ class ServerProbe:
         )
 
 
+class CpuSplit:
+    """Where the guest's CPU went during each phase, for either server: every CPU's user,
+    system and softirq time (``/proc/stat``), our server's per thread (user and system,
+    ``/proc/<pid>/task/*/stat``), knfsd's ``nfsd`` threads, this process (the Linux client's
+    system calls run in it), and the other kernel threads (rxe, rpciod, kworkers, ksoftirqd),
+    in ms per operation of the phase; ``artefacts/<name>/cpu-split.jsonl``, one line a phase."""
+
+    def __init__(self, our_pid: int | None, name: str) -> None:
+        self.our_pid = our_pid
+        self.path = artefact_dir(name) / "cpu-split.jsonl"
+        self.tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def _stat(path: str) -> tuple[str, int, int, int] | None:
+        """(comm, ppid, utime, stime) of one /proc stat file."""
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError:
+            return None
+        head, _, rest = text.rpartition(")")
+        fields = rest.split()
+        return head.partition("(")[2], int(fields[1]), int(fields[11]), int(fields[12])
+
+    def snapshot(self) -> dict[str, Any]:
+        with open("/proc/stat") as f:
+            cpu = [int(x) for x in f.readline().split()[1:]]
+        snap: dict[str, Any] = {"cpu": cpu, "threads": {}, "nfsd": [0, 0], "kthreads": {}}
+        if self.our_pid is not None:
+            for tid in os.listdir(f"/proc/{self.our_pid}/task"):
+                got = self._stat(f"/proc/{self.our_pid}/task/{tid}/stat")
+                if got is not None:
+                    snap["threads"][f"{got[0]}:{tid}"] = [got[2], got[3]]
+        me = self._stat("/proc/self/stat")
+        snap["self"] = [me[2], me[3]] if me else [0, 0]
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            got = self._stat(f"/proc/{pid}/stat")
+            if got is None or got[1] != 2:  # kernel threads only (children of kthreadd)
+                continue
+            if got[0] == "nfsd":
+                snap["nfsd"][0] += got[2]
+                snap["nfsd"][1] += got[3]
+            else:
+                key = got[0].split("/")[0]
+                old = snap["kthreads"].get(key, [0, 0])
+                snap["kthreads"][key] = [old[0] + got[2], old[1] + got[3]]
+        return snap
+
+    def record(
+        self, label: str, who: str, before: dict[str, Any], after: dict[str, Any], ops: float
+    ) -> None:
+        ms = self.tick_ms
+        names = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+        cpu = {n: (b - a) * ms for n, a, b in zip(names, before["cpu"], after["cpu"], strict=False)}
+        threads = {
+            k: [(v[0] - before["threads"].get(k, [0, 0])[0]) * ms,
+                (v[1] - before["threads"].get(k, [0, 0])[1]) * ms]
+            for k, v in after["threads"].items()
+        }  # fmt: skip
+        kthreads = {
+            k: (sum(v) - sum(before["kthreads"].get(k, [0, 0]))) * ms
+            for k, v in after["kthreads"].items()
+        }
+        line = {
+            "phase": label,
+            "server": who,
+            "ops": ops,
+            "cpu_ms": cpu,
+            "threads_ms": {k: v for k, v in threads.items() if v[0] or v[1]},
+            "nfsd_ms": [(b - a) * ms for a, b in zip(before["nfsd"], after["nfsd"], strict=True)],
+            "self_ms": [(b - a) * ms for a, b in zip(before["self"], after["self"], strict=True)],
+            "kthreads_ms": {k: v for k, v in sorted(kthreads.items()) if v},
+        }
+        with open(self.path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+        busy = sum(v for k, v in cpu.items() if k not in ("idle", "iowait", "steal"))
+        ours = sum(a + b for a, b in threads.values())
+        step(
+            f"cpu {label} {who}: {ops:.0f} ops, guest busy {busy / max(ops, 1):.2f} ms/op "
+            f"(user {cpu['user'] / max(ops, 1):.2f}, sys {cpu['system'] / max(ops, 1):.2f}, "
+            f"softirq {cpu['softirq'] / max(ops, 1):.2f}), our server {ours / max(ops, 1):.2f}, "
+            f"nfsd {sum(line['nfsd_ms']) / max(ops, 1):.2f}, bench process "
+            f"{sum(line['self_ms']) / max(ops, 1):.2f} ms/op"
+        )
+
+
 PHASES = ("seq", "rand_read", "meta")
 
 
@@ -238,6 +337,7 @@ def measure_both(
     mine: NfsServer,
     args: argparse.Namespace,
     probe: ServerProbe | None = None,
+    split: CpuSplit | None = None,
 ) -> tuple[Figures, Figures]:
     """(theirs, mine): both mounted at once, each phase run on one then the other, ``--rounds``
     times (the order swapped each round: theirs first in round 1); medians of the rounds."""
@@ -254,13 +354,44 @@ def measure_both(
                 for n in names if r % 2 == 0 else names[::-1]:
                     step(f"round {r + 1}/{args.rounds}: {label} on {n}")
                     ctx = probe.phase(label) if probe is not None and n == "mine" else None
+                    before = split.snapshot() if split is not None else None
                     with ctx or contextlib.nullcontext():
                         run_phase(label, mounts[n], args, figures[n])
+                    if split is not None and before is not None:
+                        split.record(
+                            label, n, before, split.snapshot(), _ops(label, args, figures[n])
+                        )
             for n in names:
                 rounds[n].append(figures[n])
         for n in names:
             (mounts[n] / "seq.bin").unlink()
     return _median(rounds["theirs"]), _median(rounds["mine"])
+
+
+def measure_ours(
+    theirs: NfsServer, ours: OurServer, proto: str, args: argparse.Namespace
+) -> tuple[Figures, Figures, ServerProbe]:
+    """``measure_both`` of knfsd and our server over ``proto``, our server probed (artefacts
+    in ``ours-<proto>[-<tag>]``): (theirs, mine, the probe)."""
+    name = "-".join([f"ours-{proto}", *([args.tag] if args.tag else [])])
+    probe = ServerProbe(
+        ours.pid,
+        ours.state_dir,
+        name,
+        profile=args.profile,
+        strace=args.strace,
+        native=args.native,
+    )
+    split = CpuSplit(ours.pid, name)
+    them, mine = measure_both(theirs, ours.server(proto), args, probe, split)
+    return them, mine, probe
+
+
+def _ops(label: str, args: argparse.Namespace, f: Figures) -> float:
+    """Operations a phase made: MiB written and read (seq), 4 KiB reads, create/stat/remove."""
+    if label == "seq":
+        return 2.0 * args.size_mib
+    return f.rand_read * args.seconds if label == "rand_read" else 3.0 * args.files
 
 
 def _median(runs: list[Figures]) -> Figures:
@@ -323,6 +454,11 @@ def arguments(doc: str) -> argparse.ArgumentParser:
         ".strace, with <phase>.compounds; strace slows the server a lot: figures drop)",
     )
     p.add_argument(
+        "--native",
+        action="store_true",
+        help="with --profile: py-spy --native (C frames too; pauses the server to sample)",
+    )
+    p.add_argument(
         "--serve-arg",
         action="append",
         default=[],
@@ -360,6 +496,7 @@ def forwarded(args: argparse.Namespace) -> list[str]:
         "--files", str(args.files), "--rounds", str(args.rounds),
         *(["--profile"] if args.profile else []),
         *(["--strace"] if args.strace else []),
+        *(["--native"] if args.native else []),
         *(f"--serve-arg={a}" for a in args.serve_arg),
         *(["--root-squash"] if args.root_squash else []),
         *([f"--tag={args.tag}"] if args.tag else []),

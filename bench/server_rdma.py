@@ -12,10 +12,9 @@ import argparse
 import sys
 
 from nfsbench import (
-    ServerProbe,
     arguments,
     forwarded,
-    measure_both,
+    measure_ours,
     ratio_line,
     run_in_testbed,
     step,
@@ -42,11 +41,7 @@ def in_guest(args: argparse.Namespace) -> int:
     with our_server(
         "bench-rdma", extra=tuple(args.serve_arg), root_squash=args.root_squash
     ) as ours:
-        name = "-".join(["ours-rdma", *([args.tag] if args.tag else [])])
-        probe = ServerProbe(
-            ours.pid, ours.state_dir, name, profile=args.profile, strace=args.strace
-        )
-        theirs, mine = measure_both(knfsd.server("rdma"), ours.server("rdma"), args, probe)
+        theirs, mine, probe = measure_ours(knfsd.server("rdma"), ours, "rdma", args)
     print(f"rxe0 ceiling: ib_write_bw {write_bw:.1f} MB/s, ib_read_bw {read_bw:.1f} MB/s")
     table([("knfsd (RDMA 20049)", theirs), ("nfsrdma serve (RDMA 20050)", mine)])
     print(probe.line())

@@ -10,10 +10,9 @@ import argparse
 import sys
 
 from nfsbench import (
-    ServerProbe,
     arguments,
     forwarded,
-    measure_both,
+    measure_ours,
     ratio_line,
     run_in_testbed,
     table,
@@ -28,11 +27,7 @@ def in_guest(args: argparse.Namespace) -> int:
     with our_server(
         "bench-tcp", rdma=False, extra=tuple(args.serve_arg), root_squash=args.root_squash
     ) as ours:
-        name = "-".join(["ours-tcp", *([args.tag] if args.tag else [])])
-        probe = ServerProbe(
-            ours.pid, ours.state_dir, name, profile=args.profile, strace=args.strace
-        )
-        theirs, mine = measure_both(knfsd.server("tcp"), ours.server("tcp"), args, probe)
+        theirs, mine, probe = measure_ours(knfsd.server("tcp"), ours, "tcp", args)
     table([("knfsd (TCP 2049)", theirs), ("nfsrdma serve (TCP 2050)", mine)])
     print(probe.line())
     print(ratio_line(mine, theirs), flush=True)

@@ -63,6 +63,36 @@ def test_read_write_eof_and_readinto(vfs: LocalVfs) -> None:
     assert ei.value.errno == errno.EBADF
 
 
+def test_readinto_learns_the_end_of_file_without_fstat(
+    vfs: LocalVfs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """readinto (every READ over RPC-over-RDMA) tells the end of file by one octet more read
+    into a scratch vector, as ``read`` does, never by an fstat; the verdict is the size's."""
+    data = bytes(range(256)) * 40  # 10240 octets
+    fh = _mkfile(vfs, b"f", data)
+    of = vfs.open(ROOT, fh, read=True, write=False)
+    fstats = 0
+    real = os.fstat
+
+    def counting(fd: int) -> os.stat_result:
+        nonlocal fstats
+        fstats += 1
+        return real(fd)
+
+    monkeypatch.setattr(os, "fstat", counting)
+    size = len(data)
+    for offset in (0, 1, 4095, 6144, size - 4096, size - 4097, size - 1, size, size + 7):
+        for count in (0, 1, 4096, 8192, 20000):
+            buf = bytearray(count + 3)
+            got = of.readinto(offset, memoryview(buf)[:count])
+            want = data[offset : offset + count]
+            assert got == (len(want), offset + len(want) >= size), (offset, count)
+            assert bytes(buf[: len(want)]) == want
+            assert bytes(buf[len(want) :]) == bytes(len(buf) - len(want))  # nothing past it
+    assert fstats == 0
+    of.close()
+
+
 def test_open_modes_are_enforced(vfs: LocalVfs) -> None:
     fh = _mkfile(vfs, b"f", b"abc")
     ro = vfs.open(ROOT, fh, read=True, write=False)
