@@ -28,12 +28,21 @@ move_watch=on|off meta_us=… meta_handoffs=… protected=0|1`` (whether the exp
 confinement check is saved across COMPOUNDs: vfs/confine.py; ``--no-move-watch`` turns it
 off; ``--dir`` puts the temporary export elsewhere, e.g. on a file system of its own, where
 other processes' renames do not end the watch's epochs).
+``--back-channel`` runs every COMPOUND in a session made as the Linux client makes its own:
+EXCHANGE_ID, CREATE_SESSION with CREATE_SESSION4_FLAG_CONN_BACK_CHAN, a callback program and
+AUTH_SYS callback security, on the bench's one connection (which is then bound for both
+channels), and a CB_NULL probe the server sends on that connection's back channel and the
+bench's transport answers, as the client does. Without it, the session has no back channel
+(the in-process driver's mount: no flags, no callback security), and is not bound to the
+bench's connection until its first SEQUENCE binds it for the fore channel. The last line then
+ends ``back_channel=0|1``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import statistics
 import sys
@@ -50,11 +59,14 @@ from server_compound import Bench, _op, open_op
 
 import nfsrdma
 from nfsrdma.nfs4.attrs import bitmap_of
+from nfsrdma.nfs4.callback import Callbacks
 from nfsrdma.nfs4.compound import compound
+from nfsrdma.nfs4.inprocess import BACK_CHANNEL, FORE_CHANNEL, argop, resok
 from nfsrdma.nfs4.server_state import ServerState
 from nfsrdma.rpc.auth import auth_sys
 from nfsrdma.rpc.connection import RpcConnection
 from nfsrdma.rpc.server import Dispatcher, null_procedure
+from nfsrdma.session.records import BOTH
 from nfsrdma.transport.tcp import LAST_FRAGMENT, TcpConnection
 from nfsrdma.vfs import identity
 from nfsrdma.xdr.gen import nfs4
@@ -65,15 +77,32 @@ LINUX_BITMAP = linux_getattr_bitmap()
 NO_CREATE = nfs4.openflag4(nfs4.OPEN4_NOCREATE, None)
 
 
+CB_PROGRAM = 0x40000000  # the Linux client's callback program number
+# The Linux client's callback security: AUTH_SYS, root, its host name.
+CB_SEC = nfs4.callback_sec_parms4(1, nfs4.authsys_parms(0, "bench-host", 0, 0, []))
+_RPC_CALL = b"\x00\x00\x00\x00"
+# A reply's header after its xid: REPLY, MSG_ACCEPTED, AUTH_NONE verifier, SUCCESS
+_ACCEPTED = (1).to_bytes(4, "big") + bytes(16)
+
+
 class MemoryTransport:
     """The asyncio transport side of an in-process connection: replies are counted and
-    dropped (the last one is kept for checking)."""
+    dropped (the last one is kept for checking). A call the server sends on the back channel
+    (a CB_NULL probe) is answered, as the client would, through ``answer``."""
 
     def __init__(self) -> None:
         self.replies = 0
         self.last: list[bytes | bytearray | memoryview] = []
+        self.answer: Callable[[bytes], None] | None = None
+        self.calls = 0
 
     def writelines(self, pieces: list[bytes | bytearray | memoryview]) -> None:
+        record = b"".join(bytes(p) for p in pieces) if len(pieces) > 1 else bytes(pieces[0])
+        if record[8:12] == _RPC_CALL and self.answer is not None:  # the back channel
+            self.calls += 1
+            reply = record[4:8] + _ACCEPTED  # xid: CB_NULL's empty result
+            asyncio.get_running_loop().call_soon(self.answer, marked(reply))
+            return
         self.replies += 1
         self.last = pieces
 
@@ -107,6 +136,46 @@ class Served:
         self.conn = TcpConnection("bench:1")
         self.conn.connection_made(self.transport)  # type: ignore[arg-type]
         self.rpc = RpcConnection(self.conn, self.dispatcher)
+        self.transport.answer = self.conn.data_received
+
+    async def result(self, ops: list[nfs4.nfs_argop4], bench: Bench) -> nfs4.COMPOUND4res:
+        """``ops`` sent on this connection (``bench``'s caller); the reply, which must be
+        NFS4_OK."""
+        await self.send(marked(bench.request(ops)))
+        reply = b"".join(bytes(p) for p in self.transport.last)[4:]
+        res, _ = nfs4.dec_COMPOUND4res(Reader(reply), 24)
+        if res.status != OK:
+            raise RuntimeError(f"set-up COMPOUND: {nfs4.nfsstat4(res.status).name}")
+        return res
+
+    async def linux_mount(self, bench: Bench) -> bytes:
+        """A session as the Linux client makes it, on this connection (bound for both
+        channels), its back channel probed with CB_NULL (answered by this connection's
+        transport), RECLAIM_COMPLETE; ``bench`` then sends in it; the root's filehandle."""
+        owner4 = nfs4.client_owner4(b"boot0001", b"bench back channel")
+        eia = nfs4.EXCHANGE_ID4args(owner4, 0, nfs4.state_protect4_a(nfs4.SP4_NONE), [])
+        eir = resok(await self.result([argop(nfs4.OP_EXCHANGE_ID, eia)], bench), 0)
+        csa = nfs4.CREATE_SESSION4args(
+            eir.eir_clientid,
+            eir.eir_sequenceid,
+            nfs4.CREATE_SESSION4_FLAG_CONN_BACK_CHAN,
+            FORE_CHANNEL,
+            BACK_CHANNEL,
+            CB_PROGRAM,
+            [CB_SEC],
+        )
+        csr = resok(await self.result([argop(nfs4.OP_CREATE_SESSION, csa)], bench), 0)
+        bench.sessionid, bench.seqid = csr.csr_sessionid, 0
+        if not await Callbacks(bench.server.sessions).probe(eir.eir_clientid):
+            raise RuntimeError("CB_NULL on the back channel got no answer")
+        if self.transport.calls != 1:
+            raise RuntimeError(f"{self.transport.calls} back-channel calls, not 1")
+        reclaim = argop(nfs4.OP_RECLAIM_COMPLETE, nfs4.RECLAIM_COMPLETE4args(False))
+        await self.result([bench.sequence(), reclaim], bench)
+        ops = [bench.sequence(), argop(nfs4.OP_PUTROOTFH), argop(nfs4.OP_GETFH)]
+        root = await self.result(ops, bench)
+        fh: bytes = resok(root, 2).object
+        return fh
 
     async def send(self, record: bytes) -> None:
         before = self.transport.replies
@@ -259,6 +328,11 @@ def main() -> int:
         help="the AUTH_SYS credential, UID:GID:GID,GID,... (default 0:0: root, no groups)",
     )
     ap.add_argument("--root-squash", action="store_true", help="the export squashes root")
+    ap.add_argument(
+        "--back-channel",
+        action="store_true",
+        help="a session with a back channel on the bench's connection, as the Linux client's",
+    )
     return asyncio.run(measure(ap.parse_args()))
 
 
@@ -286,8 +360,13 @@ async def measure(args: argparse.Namespace) -> int:
 
 
 async def _measure(bench: Bench, args: argparse.Namespace) -> int:
-    root_fh = await bench.mount()
     served = Served(bench.server)
+    if args.back_channel:
+        root_fh = await served.linux_mount(bench)
+        # Every set-up COMPOUND on the same connection, as the Linux client's one.
+        bench.result = functools.partial(served.result, bench=bench)  # type: ignore[method-assign]
+    else:
+        root_fh = await bench.mount()
     fh, stateid = await bench.create_file(root_fh, data=bytes(4096))
 
     def rec(ops: list[nfs4.nfs_argop4]) -> bytes:
@@ -352,6 +431,15 @@ async def _measure(bench: Bench, args: argparse.Namespace) -> int:
         await served.send(make())
         if served.last_status() != OK:
             raise RuntimeError(f"{make.__name__}: {nfs4.nfsstat4(served.last_status()).name}")
+    if args.back_channel:
+        session = bench.server.sessions.session(bench.sessionid)
+        assert session is not None
+        if session.connections != {served.rpc: BOTH} or not session.back_path_up:
+            raise RuntimeError("the back channel is not bound as the Linux client's")
+        reply = b"".join(bytes(p) for p in served.transport.last)[4:]
+        flags = resok(nfs4.dec_COMPOUND4res(Reader(reply), 24)[0], 0).sr_status_flags
+        if flags:
+            raise RuntimeError(f"SEQUENCE's status flags {flags:#x} with the back channel up")
     await one_pair()
 
     async def pairs_per_compound(n: int) -> float:
@@ -462,7 +550,7 @@ async def _measure(bench: Bench, args: argparse.Namespace) -> int:
         " ".join(f"{k}={v:.2f}" for k, v in figures.items())
         + f" rss_kib={end} rss_growth_kib={end - start} build={build} move_watch={watched}"
         + "".join(f" {k}={v:.2f}" for k, v in tail.items())
-        + f" protected={int(args.protect)}"
+        + f" protected={int(args.protect)} back_channel={int(args.back_channel)}"
     )
     return 0
 

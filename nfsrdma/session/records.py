@@ -40,7 +40,8 @@ class Client:
     cs_reply: nfs4.CREATE_SESSION4resok | None = None  # ... and its result, for a replay
     sessions: dict[bytes, Session] = field(default_factory=dict)
     reclaim_complete: bool = False
-    status_flags: int = 0  # SEQ4_STATUS_* bits set by the state layer (revoked state...)
+    # SEQ4_STATUS_* bits set by the state layer (revoked state...): ``status_flags``
+    _status_flags: int = 0
     removed: bool = False
     source: str = ""  # the source address its EXCHANGE_ID came from (shares.source_of)
     # Courtesy (``ServerSessions.reap``): the ``last_renewed`` of when the lease ran out with
@@ -53,6 +54,33 @@ class Client:
     # operations only it may then send for this client (None: SP4_NONE)
     mach_cred: Hashable | None = None
     mach_ops: frozenset[int] = frozenset()
+
+    @property
+    def status_flags(self) -> int:
+        return self._status_flags
+
+    @status_flags.setter
+    def status_flags(self, flags: int) -> None:
+        self._status_flags = flags
+        self.back_changed()
+
+    def back_changed(self, session: Session | None = None) -> None:
+        """Something SEQUENCE's status flags depend on changed (this record's flags, its set
+        of sessions, or a session's back channel: ``session``, which may have left the
+        record): every one of its sessions computes them again at its next SEQUENCE (a
+        session's flags depend on the others': SEQ4_STATUS_CB_PATH_DOWN)."""
+        for s in self.sessions.values():
+            s.seq_status_flags = -1
+        if session is not None:
+            session.seq_status_flags = -1
+
+    def add_session(self, session: Session) -> None:
+        self.sessions[session.sessionid] = session
+        self.back_changed(session)
+
+    def drop_session(self, session: Session) -> None:
+        self.sessions.pop(session.sessionid, None)
+        self.back_changed(session)
 
     def lease_expired(self, now: float, lease_time: float) -> bool:
         return now - self.last_renewed > lease_time
@@ -76,7 +104,6 @@ class Session:
     back: nfs4.channel_attrs4
     flags: int  # csr_flags
     cb_program: int
-    cb_sec_parms: list[nfs4.callback_sec_parms4]
     slots: SlotTable
     backchannel: BackchannelSlots
     created: float
@@ -89,10 +116,61 @@ class Session:
     # with (sr_target_highest_slotid + 1, CB_RECALL_SLOT), and when that was last sent.
     slot_cap: int | None = None
     slot_recall_sent: float = 0.0
-    connections: dict[Hashable, int] = field(default_factory=dict)  # conn -> FORE|BACK bits
-    wants_back_channel: bool = False  # CONN_BACK_CHAN, a BACK binding or BACKCHANNEL_CTL seen
-    back_fault: bool = False  # a callback on the back channel failed; cleared by a new binding
+    # conn -> FORE|BACK bits; changed through ``bind``, ``unbind`` and ``unbind_all`` only
+    connections: dict[Hashable, int] = field(default_factory=dict)
     destroyed: bool = False
+    # sr_status_flags as ``ServerSessions._status_flags`` computes them, kept from one SEQUENCE
+    # to the next; -1: to be computed. Every change of what they depend on sets it back to -1
+    # (``Client.back_changed``): the properties below, ``bind``/``unbind``/``unbind_all``, the
+    # client record's ``status_flags`` and its sessions (``add_session``/``drop_session``).
+    seq_status_flags: int = -1
+    _cb_sec_parms: list[nfs4.callback_sec_parms4] = field(default_factory=list)
+    _wants_back_channel: bool = False  # CONN_BACK_CHAN, a BACK binding or BACKCHANNEL_CTL seen
+    _back_fault: bool = False  # a callback on the back channel failed; cleared by a new binding
+
+    @property
+    def cb_sec_parms(self) -> list[nfs4.callback_sec_parms4]:
+        """csa_sec_parms / bca_sec_parms (replaced, never changed in place)."""
+        return self._cb_sec_parms
+
+    @cb_sec_parms.setter
+    def cb_sec_parms(self, parms: list[nfs4.callback_sec_parms4]) -> None:
+        self._cb_sec_parms = parms
+        self.client.back_changed(self)
+
+    @property
+    def wants_back_channel(self) -> bool:
+        return self._wants_back_channel
+
+    @wants_back_channel.setter
+    def wants_back_channel(self, wants: bool) -> None:
+        self._wants_back_channel = wants
+        self.client.back_changed(self)
+
+    @property
+    def back_fault(self) -> bool:
+        return self._back_fault
+
+    @back_fault.setter
+    def back_fault(self, fault: bool) -> None:
+        self._back_fault = fault
+        self.client.back_changed(self)
+
+    def bind(self, conn: Hashable, dirs: int) -> None:
+        """``conn`` bound for the channels ``dirs`` (FORE|BACK bits)."""
+        if dirs & BACK and not self.connections.get(conn, 0) & BACK:
+            # Most recently bound last: callbacks go on the newest back connection.
+            self.connections.pop(conn, None)
+        self.connections[conn] = dirs
+        self.client.back_changed(self)
+
+    def unbind(self, conn: Hashable) -> None:
+        if self.connections.pop(conn, None) is not None:
+            self.client.back_changed(self)
+
+    def unbind_all(self) -> None:
+        self.connections.clear()
+        self.client.back_changed(self)
 
     @property
     def clientid(self) -> int:
@@ -112,8 +190,8 @@ class Session:
         """Bound for callbacks, none failed since, and a flavour we can call with (an empty
         csa_sec_parms / BACKCHANNEL_CTL list, or only RPCSEC_GSS, means no callbacks)."""
         return (
-            not self.back_fault
-            and usable_cb_sec(self.cb_sec_parms) is not None
+            not self._back_fault
+            and usable_cb_sec(self._cb_sec_parms) is not None
             and any(d & BACK for d in self.connections.values())
         )
 

@@ -529,7 +529,6 @@ class ServerSessions:
             back=back,
             flags=args.csa_flags & nfs4.CREATE_SESSION4_FLAG_CONN_BACK_CHAN,
             cb_program=args.csa_cb_program,
-            cb_sec_parms=sec,
             slots=SlotTable(fore.ca_maxrequests, fore.ca_maxresponsesize_cached),
             backchannel=BackchannelSlots(sessionid, min(back.ca_maxrequests, self.back_slots)),
             created=now,
@@ -538,7 +537,8 @@ class ServerSessions:
             drc_from_reserve=from_reserve,
             source=source,
             high_slots_used=now,
-            wants_back_channel=back_chan,
+            _cb_sec_parms=sec,
+            _wants_back_channel=back_chan,
         )
         if not client.confirmed:
             old = self.clients.confirm(client)
@@ -546,7 +546,7 @@ class ServerSessions:
                 self._expire(old, f"replaced by client {client.clientid:#x}")
             log.info("client %#x confirmed (%d client records)", client.clientid, len(self.clients))
         self.sessions[sessionid] = session
-        client.sessions[sessionid] = session
+        client.add_session(session)
         self._source_sessions.add(source, 1)
         self._bind(session, conn, BOTH if back_chan else FORE)
         resok = nfs4.CREATE_SESSION4resok(
@@ -664,6 +664,9 @@ class ServerSessions:
             log.info("client %#x is back, its state intact (courtesy)", session.clientid)
             client.courtesy_mark = None
         client.last_renewed = now
+        flags = session.seq_status_flags  # (_status_flags' answer, kept until it may change)
+        if flags < 0:
+            flags = session.seq_status_flags = self._status_flags(session)
         target = slots.target_highest_slotid
         if target < slots.count - 1 and highest <= target:
             slots.client_highest(highest)
@@ -683,9 +686,7 @@ class ServerSessions:
             slotid,
             slots.count - 1,
             slots.target_highest_slotid,
-            client.status_flags  # (_status_flags' first answer, inlined)
-            if session.wants_back_channel and session.back_path_up
-            else self._status_flags(session),
+            flags,
         )
         if disposition is Disposition.NEW:
             slots.begin(slot, seqid)
@@ -857,6 +858,9 @@ class ServerSessions:
             session.client.last_renewed = max(session.client.last_renewed, now)
 
     def _status_flags(self, session: Session) -> int:
+        """sr_status_flags computed in full (18.46.3): the client record's flags, and the back
+        channel's state. SEQUENCE keeps the answer in ``session.seq_status_flags`` until one
+        of the things read here changes (records.py: ``Client.back_changed``)."""
         client = session.client
         flags = client.status_flags
         if session.wants_back_channel:
@@ -915,13 +919,10 @@ class ServerSessions:
         for sessionid in self._conn_sessions.pop(conn, ()):
             session = self.sessions.get(sessionid)
             if session is not None:
-                session.connections.pop(conn, None)
+                session.unbind(conn)
 
     def _bind(self, session: Session, conn: Hashable, dirs: int) -> None:
-        if dirs & BACK and not session.connections.get(conn, 0) & BACK:
-            # Most recently bound last: callbacks go on the newest back connection.
-            session.connections.pop(conn, None)
-        session.connections[conn] = dirs
+        session.bind(conn, dirs)
         self._conn_sessions.setdefault(conn, set()).add(session.sessionid)
 
     def _unbind_all(self, session: Session) -> None:
@@ -931,7 +932,7 @@ class ServerSessions:
                 ids.discard(session.sessionid)
                 if not ids:
                     del self._conn_sessions[conn]
-        session.connections.clear()
+        session.unbind_all()
 
     # -- DESTROY_SESSION (18.37), DESTROY_CLIENTID (18.50) -----------------------------------
     def destroy_session(
@@ -969,7 +970,7 @@ class ServerSessions:
             return
         session.destroyed = True
         self.sessions.pop(session.sessionid, None)
-        session.client.sessions.pop(session.sessionid, None)
+        session.client.drop_session(session)
         self.drc.give_back_reserve(session.drc_from_reserve)
         self.drc.give_back(
             session.source, session.client.owner, session.drc_reserved - session.drc_from_reserve
