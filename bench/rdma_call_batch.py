@@ -18,66 +18,30 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
-SERVER, CLIENT, PORT = "10.9.3.1", "10.9.3.2", 20049
-FILES = 300
 
 
 async def measure(n: int) -> dict[str, float]:
-    """One arm in this process: the nfsrdma on ``sys.path``, the environment as given."""
-    import tempfile
-    import time
+    """One arm in this process: the nfsrdma first on ``sys.path``, the environment as given."""
+    from stat_rig import FILES, stat_rig  # bench/, this script's directory
 
-    from nfsrdma.client.fs import NfsClient, gather_limited
-    from nfsrdma.client.url import parse_url
-    from nfsrdma.server import NFSServer
-    from nfsrdma.session.client import ClientSession
-    from nfsrdma.session.client_setup import SessionOptions
-    from nfsrdma.transport.base import Connection
-    from nfsrdma.transport.rdma.endpoint import RdmaConnection, RdmaOptions, connect_rdma
-    from nfsrdma.transport.rdma.inproc import InprocFabric
+    from nfsrdma.client.fs import gather_limited
 
-    with tempfile.TemporaryDirectory(prefix="bench-callbatch-") as top:
-        export = Path(top) / "export"
-        export.mkdir()
-        for i in range(FILES):
-            (export / f"f{i:04d}").write_bytes(b"x")
-        fabric = InprocFabric()
-        sdev, cdev = fabric.device(SERVER), fabric.device(CLIENT)
-        server = NFSServer(
-            str(export), bind="127.0.0.1", tcp_port=0, rdma_port=PORT, rdma_device=sdev,
-            root_squash=False, state_dir=f"{top}/state",
-        )  # fmt: skip
-        await server.start()
-        conns: list[RdmaConnection] = []
-
-        async def connect() -> Connection:
-            conn = await connect_rdma(cdev, SERVER, PORT, RdmaOptions(rtrext=False))
-            conns.append(conn)
-            return conn
+    async with stat_rig(False) as (fs, conns):
 
         def counts() -> tuple[int, int]:
             qps = [getattr(c.qp, "counts", {}) for c in conns]
             return sum(q.get("doorbells", 0) for q in qps), sum(c.stats["sends"] for c in conns)
 
-        session = ClientSession(connect, SessionOptions(uid=0, gid=0))
-        try:
-            await session.start()
-            fs = NfsClient(session, parse_url(f"rdma://{SERVER}/"))
-            await fs.mount()
-            names = [f"f{i % FILES:04d}" for i in range(n)]
-            await gather_limited([fs.stat(x) for x in names[:FILES]], 32)  # handles cached
-            doorbells, sends = counts()
-            cpu = time.process_time()
-            await gather_limited([fs.stat(x) for x in names], 32)
-            cpu = time.process_time() - cpu
-            doorbells2, sends2 = counts()
-            await fs.aclose()
-        finally:
-            await session.close()
-            await server.close()
+        names = [f"f{i % FILES:04d}" for i in range(n)]
+        doorbells, sends = counts()
+        cpu = time.process_time()
+        await gather_limited([fs.stat(x) for x in names], 32)
+        cpu = time.process_time() - cpu
+        doorbells2, sends2 = counts()
     return {
         "us": cpu / n * 1e6,
         "doorbells": (doorbells2 - doorbells) / n,
