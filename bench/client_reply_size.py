@@ -16,64 +16,30 @@ import asyncio
 import logging
 import os
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from nfsrdma.client.fs import NfsClient, gather_limited
-from nfsrdma.client.url import parse_url
-from nfsrdma.server import NFSServer
-from nfsrdma.session.client import ClientSession
-from nfsrdma.session.client_setup import SessionOptions
-from nfsrdma.transport.base import Connection
-from nfsrdma.transport.rdma.endpoint import RdmaConnection, RdmaOptions, connect_rdma
-from nfsrdma.transport.rdma.inproc import InprocFabric
+from stat_rig import FILES, stat_rig  # bench/, this script's directory
 
-SERVER, CLIENT, PORT = "10.9.3.1", "10.9.3.2", 20049
-FILES = 300
+from nfsrdma.client.fs import gather_limited
+from nfsrdma.session.client import ClientSession
 
 
 async def run(n: int, *, rtrext: bool, fixed: bool) -> tuple[float, float]:
     """(CPU µs per stat, client and server together; Reply chunks offered per stat)."""
-    with tempfile.TemporaryDirectory(prefix="bench-replysize-") as top:
-        export = Path(top) / "export"
-        export.mkdir()
-        for i in range(FILES):
-            (export / f"f{i:04d}").write_bytes(b"x")
-        fabric = InprocFabric()
-        sdev, cdev = fabric.device(SERVER), fabric.device(CLIENT)
-        server = NFSServer(
-            str(export), bind="127.0.0.1", tcp_port=0, rdma_port=PORT, rdma_device=sdev,
-            root_squash=False, state_dir=f"{top}/state",
-        )  # fmt: skip
-        await server.start()
-        conns: list[RdmaConnection] = []
 
-        async def connect() -> Connection:
-            conn = await connect_rdma(cdev, SERVER, PORT, RdmaOptions(rtrext=rtrext))
-            conns.append(conn)
-            return conn
-
-        session = ClientSession(connect, SessionOptions(uid=0, gid=0))
+    def prepare(session: ClientSession) -> None:
         if fixed:
             session.reply_bound = lambda ops, tag, sinks: 8192  # type: ignore[method-assign]
-        try:
-            await session.start()
-            fs = NfsClient(session, parse_url(f"rdma://{SERVER}/"))
-            await fs.mount()
-            names = [f"f{i % FILES:04d}" for i in range(n)]
-            await gather_limited([fs.stat(x) for x in names[:FILES]], 32)  # handles cached
-            chunks = sum(c.stats["reply_chunks"] for c in conns)
-            cpu = time.process_time()
-            await gather_limited([fs.stat(x) for x in names], 32)
-            cpu = time.process_time() - cpu
-            chunks = sum(c.stats["reply_chunks"] for c in conns) - chunks
-            await fs.aclose()
-        finally:
-            await session.close()
-            await server.close()
+
+    async with stat_rig(rtrext, prepare) as (fs, conns):
+        names = [f"f{i % FILES:04d}" for i in range(n)]
+        chunks = sum(c.stats["reply_chunks"] for c in conns)
+        cpu = time.process_time()
+        await gather_limited([fs.stat(x) for x in names], 32)
+        cpu = time.process_time() - cpu
+        chunks = sum(c.stats["reply_chunks"] for c in conns) - chunks
     return cpu / n * 1e6, chunks / n
 
 

@@ -105,6 +105,9 @@ class RdmaOptions:
     # never signalled (``sendqueue``). 1, the default (``NFSRDMA_SIGNAL_EVERY``): every work
     # request signalled; selective signalling did not measure better with the Linux client.
     signal_every: int = field(default_factory=lambda: signal_every_default())
+    # Our calls of one loop turn posted together, one doorbell (``Requester.send_call``);
+    # ``NFSRDMA_CALL_BATCH=1``, off by default.
+    batch_calls: bool = field(default_factory=lambda: batch_calls_default())
 
 
 def signal_every_default() -> int:
@@ -113,6 +116,11 @@ def signal_every_default() -> int:
         return max(1, int(os.environ.get("NFSRDMA_SIGNAL_EVERY", "1")))
     except ValueError:
         return 1
+
+
+def batch_calls_default() -> bool:
+    """``NFSRDMA_CALL_BATCH`` (set and not ``0``: our calls of one loop turn in one post)."""
+    return os.environ.get("NFSRDMA_CALL_BATCH", "0") not in ("", "0")
 
 
 class RdmaConnectionBase(Connection):

@@ -99,6 +99,9 @@ class InprocConnection:
         self._state = _State.INIT
         self._peer: InprocConnection | None = None
         self._sq: deque[_WorkRequest] = deque()
+        # Work requests posted while held (``hold_sends``): rung together, one doorbell, at
+        # the end of the loop turn; they hold their send queue slots already.
+        self._held: list[_WorkRequest] | None = None
         # Send queue slots in use: work requests posted and not yet covered by a completion
         # (an unsignalled one is covered by the next signalled one's, as on hardware).
         self._unretired: deque[int] = deque()
@@ -279,19 +282,49 @@ class InprocConnection:
             raise ProviderError("queue pair not connected (EINVAL)")
         if len(wr.sges) > self._config.max_send_sge:
             raise ProviderError(f"{len(wr.sges)} SGEs exceed max_send_sge")
-        if len(self._unretired) >= self._config.max_send_wr:
+        if self._sq_used() >= self._config.max_send_wr:
             raise ProviderError("send queue full (ENOMEM)")
         counts = self.counts
-        counts["doorbells"] += doorbell
         counts["send_wrs"] += 1
         counts["signaled"] += wr.signaled
         self._outstanding.add(wr.wr_id)
+        held = self._held
+        if held is not None:
+            held.append(wr)
+            return
+        counts["doorbells"] += doorbell
         if self._state is _State.ERROR:
             self._emit(Completion(wr.wr_id, WcStatus.WR_FLUSH_ERR, wr.opcode))
             self._outstanding.discard(wr.wr_id)
             return
         self._sq.append(wr)
         self._unretired.append(wr.wr_id)
+        self._schedule()
+
+    def _sq_used(self) -> int:
+        held = self._held
+        return len(self._unretired) + (len(held) if held is not None else 0)
+
+    def hold_sends(self) -> None:
+        """Send queue work requests posted from now until the end of this loop turn go to the
+        queue pair together, in posting order, with one doorbell (one ``ibv_post_send`` of a
+        linked list on a device)."""
+        if self._held is None and self._state is _State.RTS:
+            self._held = []
+            self._loop.call_soon(self._ring_held)
+
+    def _ring_held(self) -> None:
+        held, self._held = self._held, None
+        if not held:
+            return
+        self.counts["doorbells"] += 1
+        for wr in held:
+            if self._state is _State.RTS:
+                self._sq.append(wr)
+                self._unretired.append(wr.wr_id)
+            else:  # broken (or closed) since: what a post to an errored queue pair gets
+                self._outstanding.discard(wr.wr_id)
+                self._emit(Completion(wr.wr_id, WcStatus.WR_FLUSH_ERR, wr.opcode))
         self._schedule()
 
     def _retire(self, wr_id: int) -> None:
@@ -315,7 +348,7 @@ class InprocConnection:
         signaled: bool = True,
     ) -> None:
         inline_data = None
-        if len(self._unretired) + len(writes) + 1 > self._config.max_send_wr:
+        if self._sq_used() + len(writes) + 1 > self._config.max_send_wr:
             raise ProviderError("send queue full (ENOMEM)")  # nothing of the chain posted
         for n, w in enumerate(writes):  # in order ahead of the Send, as a linked list would be
             wr = _WorkRequest(w.wr_id, WcOpcode.RDMA_WRITE, tuple(w.sges), w.remote_addr, w.rkey)
@@ -558,6 +591,9 @@ class InprocConnection:
             self._outstanding.discard(self._unretired.popleft())
         while self._sq:
             wr = self._sq.popleft()
+            self._complete(wr.wr_id, wr.opcode, WcStatus.WR_FLUSH_ERR)
+        held, self._held = self._held, None
+        for wr in held or ():  # held back, not yet rung: flushed after those posted before
             self._complete(wr.wr_id, wr.opcode, WcStatus.WR_FLUSH_ERR)
         while self._rq:
             wr_id, _ = self._rq.popleft()

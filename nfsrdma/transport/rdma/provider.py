@@ -311,6 +311,13 @@ class Connection(Protocol):
         in error."""
         ...
 
+    def hold_sends(self) -> None:
+        """Hold the send queue posts made from now until the end of this loop turn and post
+        them then as one list (one doorbell), in posting order. A post that fails then is
+        error completions of its work requests and a broken connection. May post at once
+        instead (a provider or post path without holding)."""
+        ...
+
     def post_rdma_write(
         self, wr_id: int, sges: Sequence[Sge], remote_addr: int, rkey: int
     ) -> None: ...

@@ -486,7 +486,7 @@ class PyverbsQueuePair:
         counts["completions"] += len(completions)
         failure: Completion | None = None
         hold = self._batch and self._poster is None and len(completions) > 1
-        if hold:
+        if hold and self._held is None:  # (else: held for this loop turn already)
             self._held = []
         try:
             for completion in completions:
@@ -687,9 +687,18 @@ class PyverbsQueuePair:
             self._outstanding.pop(wr_id, None)
             raise _post_failure(exc) from exc
 
-    # The pyverbs path: chains posted at once, or held while completions are dispatched and
-    # posted together after them (one ibv_post_send, one doorbell, for all the replies that
-    # the completions of one CQ event produced).
+    # The pyverbs path: chains posted at once, or held and posted together (one
+    # ibv_post_send, one doorbell): while completions are dispatched, the replies that the
+    # completions of one CQ event produced (``NFSRDMA_VERBS_BATCH``), and from ``hold_sends``
+    # to the end of the loop turn, the calls the requester sends in that turn.
+
+    def hold_sends(self) -> None:
+        """Send queue chains posted from now until the end of this loop turn (or of the
+        dispatch under way) go out together, in posting order, as one list. The direct and
+        thread post paths post at once (nothing to hold)."""
+        if self._held is None and self._poster is None and not self._closed:
+            self._held = []
+            self._loop.call_soon(self._ring_held)
 
     def _chain(self, chain: Chain) -> None:
         held = self._held

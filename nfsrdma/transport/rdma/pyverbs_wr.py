@@ -7,9 +7,10 @@ can go out again at once, whatever buffer they describe: a ``SendWR``'s ``sg_lis
 points the work request at the ``SGE``'s own ``struct ibv_sge`` (no copy), so rewriting that
 ``SGE``'s address, length and key rewrites the work request's scatter list. Kept per queue
 pair: one Send per opcode and flags combination, one lone RDMA Read/Write (never linked to
-another), and as many chained RDMA Writes as the longest chain so far; each object's ``next``
-is set before every post of a chain, and the Sends' and the lone one's never are (they always
-end their list).
+another), as many chained RDMA Writes as the longest chain so far, and as many linked Sends
+(a Send with another chain after it in a batch) as the longest batch so far; each chained or
+linked object's ``next`` is set before every post, and the list-ending Sends' and the lone
+one's never are (they always end their list).
 
 Only for the pyverbs post path, where the post happens before the next one is built (the
 ``thread`` path queues posts and builds ctypes structures of its own). Multi-element
@@ -90,6 +91,9 @@ class ReusedWrs:
         self._sends: dict[int, _Slot] = {}
         self._lone = _Slot(e.IBV_WR_RDMA_WRITE)
         self._links: list[_Slot] = []
+        # Sends followed by another chain in a batch (held calls or replies): like the links,
+        # their ``next`` is set before every post, so they never end a list.
+        self._linked_sends: list[_Slot] = []
         self.made = 2  # pyverbs objects made so far (two per slot, one per fresh SGE and WR)
         # Fresh objects of the list being built: a SendWR's ``next`` is a bare C pointer, so
         # nothing else holds them until the post (kept until the next batch).
@@ -167,19 +171,20 @@ class ReusedWrs:
 
     def batch(self, chains: Sequence[Chain]) -> SendWR:
         """``chains`` in order as one list (one ``ibv_post_send``). The last one ends the list
-        and uses the reusable objects; a Send or lone RDMA work request followed by another
-        chain is a fresh object (a reusable one's ``next`` could not be cleared again)."""
+        and uses the reusable objects that end lists; a Send followed by another chain uses
+        one of the linked Sends (reused likewise, by position), a lone RDMA work request so
+        followed a fresh object (a list-ending one's ``next`` could not be cleared again)."""
         self._fresh_wrs.clear()
         nxt: SendWR | None = None
         index = 0  # chained RDMA Writes so far, each with its own reusable object
+        sends = 0  # Sends linked to a chain after them so far, likewise
         for c in reversed(chains):
             if isinstance(c, SendChain):
                 if nxt is None:
                     wr = self.send(c.wr_id, c.sges, c.flags, c.invalidate_rkey)
                 else:
-                    opcode = e.IBV_WR_SEND if c.invalidate_rkey is None else e.IBV_WR_SEND_WITH_INV
-                    wr = self._fresh(c.wr_id, opcode, c.sges, c.flags, c.invalidate_rkey)
-                    wr.next_wr = nxt
+                    wr = self._linked_send(sends, c, nxt)
+                    sends += 1
                 for w in reversed(c.writes):
                     flags = e.IBV_SEND_SIGNALED if w.signaled else 0
                     wr = self.link(index, w.wr_id, w.sges, w.remote_addr, w.rkey, flags, wr)
@@ -194,6 +199,22 @@ class ReusedWrs:
         if nxt is None:
             raise ValueError("nothing to post")
         return nxt
+
+    def _linked_send(self, index: int, c: SendChain, next_wr: SendWR) -> SendWR:
+        """The ``index``-th Send of a batch that another chain follows, linked to it."""
+        opcode = e.IBV_WR_SEND if c.invalidate_rkey is None else e.IBV_WR_SEND_WITH_INV
+        if len(c.sges) != 1:
+            wr = self._fresh(c.wr_id, opcode, c.sges, c.flags, c.invalidate_rkey)
+        else:
+            slots = self._linked_sends
+            while len(slots) <= index:
+                slots.append(_Slot(e.IBV_WR_SEND))
+                self.made += 2
+            wr = slots[index].fill(c.wr_id, opcode, c.sges[0], c.flags)
+            if c.invalidate_rkey is not None:
+                wr.imm_data = c.invalidate_rkey  # shares the union with invalidate_rkey
+        wr.next_wr = next_wr
+        return wr
 
     def _fresh(
         self, wr_id: int, opcode: int, sges: Sequence[Sge], flags: int, imm: int | None

@@ -5,6 +5,10 @@ It registers per-RPC memory with the least access (remote read for Read chunks, 
 for Write and Reply chunks) and deregisters it on every path: reply, RDMA_ERROR, timeout,
 cancellation, disconnect (TR-20). Memory registered on one connection is never offered on
 another (TR-24). It sends only within the credits the responder granted (TR-14, UL-24).
+
+With ``RdmaOptions.batch_calls`` the Sends (and RDMA work) of the calls made in one loop turn
+leave in one post of the queue pair (``hold_sends``), in submission order, as TCP writes them
+together; each is within the credits and its memory registered as when posted alone.
 """
 
 from __future__ import annotations
@@ -132,6 +136,8 @@ class Requester(RdmaConnectionBase):
             reply = [Segment(out.reply_region.rkey, plan.reply_chunk, out.reply_region.addr)]
             self.stats["reply_chunks"] += 1
         self._out[xid] = out
+        if self.options.batch_calls:  # with the other calls of this loop turn, one post
+            self.qp.hold_sends()
         try:
             if cont is not None:
                 out.plain_retry = (msg, expect)

@@ -242,3 +242,68 @@ def test_a_failing_poll_breaks_the_connection(loop: asyncio.AbstractEventLoop) -
     loop.call_soon(after.set_result, None)
     loop.run_until_complete(after)
     assert isinstance(h.events[-1], Disconnected) and "poll_cq" in h.events[-1].reason
+
+
+def _call(qp: PyverbsQueuePair, n: int) -> None:
+    """A call's Send (a requester posts no RDMA work of its own)."""
+    qp.post_send(3000 + n, [Sge(0xA000 + n * 256, 90 + n, 5)], signaled=n % 2 == 0)
+
+
+def _call_expected(n: int) -> list[Posted]:
+    flags = e.IBV_SEND_SIGNALED if n % 2 == 0 else 0
+    return [(3000 + n, e.IBV_WR_SEND, flags, [(0xA000 + n * 256, 90 + n, 5)], (0, 0))]
+
+
+def _next_turn(loop: asyncio.AbstractEventLoop) -> None:
+    after: asyncio.Future[None] = loop.create_future()
+    loop.call_soon(after.set_result, None)  # runs after what the turn scheduled before it
+    loop.run_until_complete(after)
+
+
+def test_sends_held_for_a_loop_turn_leave_in_one_post(loop: asyncio.AbstractEventLoop) -> None:
+    qp, _ = _bare(False, loop)
+    fake: FakeQp = qp._qp  # type: ignore[assignment]
+    qp.hold_sends()
+    for n in range(3):
+        qp.hold_sends()  # again within the turn: one list still
+        _call(qp, n)
+    assert fake.posts == [] and qp.counts["doorbells"] == 0
+    _next_turn(loop)
+    assert fake.posts == [_call_expected(0) + _call_expected(1) + _call_expected(2)]
+    assert qp.counts["doorbells"] == 1 and qp.counts["send_wrs"] == 3
+    _call(qp, 3)  # not held: at once
+    assert fake.posts[-1] == _call_expected(3)
+
+
+def test_held_calls_and_a_dispatchs_replies_share_the_post(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """A dispatch under NFSRDMA_VERBS_BATCH while calls are held keeps them (ahead of the
+    replies, in one post), rather than starting a list of its own."""
+    qp, h = _bare(True, loop)
+    h.handler.append(lambda ev: _reply(qp, ev.wr_id))
+    fake: FakeQp = qp._qp  # type: ignore[assignment]
+    qp.hold_sends()
+    _call(qp, 0)
+    _track_recvs(qp, 1, 2)
+    _event(qp, 1, 2)
+    assert fake.posts == [_call_expected(0) + _expected(1) + _expected(2)]
+    _next_turn(loop)  # the turn's ring finds nothing left
+    assert len(fake.posts) == 1 and qp.counts["doorbells"] == 1
+
+
+def test_a_failed_held_post_fails_every_send_in_it(loop: asyncio.AbstractEventLoop) -> None:
+    qp, h = _bare(False, loop)
+    fake: FakeQp = qp._qp  # type: ignore[assignment]
+    fake.fail = True
+    qp.hold_sends()
+    for n in range(3):
+        _call(qp, n)
+    _next_turn(loop)
+    errors = [ev for ev in h.events if isinstance(ev, Completion) and not ev.ok]
+    assert [(ev.wr_id, ev.status) for ev in errors] == [
+        (3000 + n, WcStatus.LOC_QP_OP_ERR) for n in range(3)
+    ]
+    assert qp.broken and not qp._outstanding
+    _next_turn(loop)
+    assert isinstance(h.events[-1], Disconnected)

@@ -13,7 +13,7 @@ import pyverbs.enums as e
 from pyverbs.wr import SendWR
 
 from nfsrdma.transport.rdma.provider import Sge
-from nfsrdma.transport.rdma.pyverbs_wr import ReusedWrs
+from nfsrdma.transport.rdma.pyverbs_wr import ReusedWrs, SendChain
 from nfsrdma.transport.rdma.verbs_direct import IbvSendWr
 
 MARKER = 0x1122334455667788
@@ -108,3 +108,41 @@ def test_several_scatter_elements_get_their_own_objects() -> None:
     assert wrs.send(51, [Sge(0x1000, 10, 1)], 0, None) is not wr
     with pytest.raises(ValueError):
         wrs.send(52, [], 0, None)
+
+
+def test_a_batch_of_sends_reuses_its_linked_sends() -> None:
+    """Held calls (or replies) in one list: every Send but the last is a linked Send, made
+    once per position and rewritten for the next batch, its ``next`` the following Send."""
+    wrs = ReusedWrs()
+    SIG = e.IBV_SEND_SIGNALED
+
+    def batch(base: int, n: int) -> list[IbvSendWr]:
+        chains = [
+            SendChain(
+                base + i,
+                [Sge(0x8000 + 256 * i, 60 + i, 3)],
+                SIG * (i % 2),
+                0x99 if i == 1 else None,
+                (),
+            )
+            for i in range(n)
+        ]
+        node: IbvSendWr | None = _c_wr(wrs.batch(chains))
+        got = []
+        while node is not None:
+            got.append(node)
+            node = node.next.contents if node.next else None
+        return got
+
+    first = batch(100, 4)
+    assert [(c.wr_id, c.send_flags) for c in first] == [(100, 0), (101, SIG), (102, 0), (103, SIG)]
+    assert [_sges(c) for c in first] == [[(0x8000 + 256 * i, 60 + i, 3)] for i in range(4)]
+    assert (first[1].opcode, first[1].invalidate_rkey) == (e.IBV_WR_SEND_WITH_INV, 0x99)
+    assert [c.opcode for c in (first[0], first[2], first[3])] == [e.IBV_WR_SEND] * 3
+    made = wrs.made
+    again = batch(200, 4)
+    assert [c.wr_id for c in again] == [200, 201, 202, 203]
+    assert [ctypes.addressof(c) for c in again] == [ctypes.addressof(c) for c in first]
+    assert wrs.made == made  # no pyverbs object per batch once the longest one was seen
+    shorter = batch(300, 2)
+    assert [c.wr_id for c in shorter] == [300, 301] and not shorter[-1].next
