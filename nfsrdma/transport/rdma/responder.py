@@ -46,6 +46,9 @@ class Responder(RdmaConnectionBase):
             self.stats["credit_overruns"] += 1
             self.close()
             return
+        if not h.reads and not placed:
+            self._on_short_call(h, inline)
+            return
         zero = [c for c in h.reads if c.position == 0]
         msg_len = zero[0].length if zero else len(inline)
         try:
@@ -79,6 +82,23 @@ class Responder(RdmaConnectionBase):
             else:
                 call.chunks[chunk.position] = data
         self._assembling[id(call)] = call
+
+    def _on_short_call(self, h: Header, inline: memoryview) -> None:
+        """``_on_call`` for a call without Read chunks (nearly every call): nothing to pull,
+        so it goes up at once, without the assembly state of one that waits for RDMA Reads."""
+        try:
+            hdr.check_call(h, len(inline), self.options.limits)
+        except HeaderError as e:
+            self._inbound_calls -= 1
+            self._bad_header(e)
+            return
+        st = self.stats  # what this call brought and offered (nfsrdma.stats.collect)
+        st["calls_inline"] += 1
+        if h.writes:
+            st["write_chunks_offered"] += len(h.writes)
+        if h.reply is not None:
+            st["reply_chunks_offered"] += 1
+        self._deliver(Inbound(Reader(inline, None), CallContext(h, [])))
 
     def _on_continued_call(self, group: continuation.Group) -> None:
         """A call that came as an XMTREQ group: its EXRW items are Read chunks, its Write
@@ -243,7 +263,9 @@ class Responder(RdmaConnectionBase):
             )
             self.stats["rdma_writes"] += 1
         self.stats["replies_long" if plan.proc == hdr.RDMA_NOMSG else "replies_inline"] += 1
-        self.stats["write_chunks_filled"] += sum(1 for c in plan.write_list if c and c[0].length)
+        if plan.write_list:
+            filled = sum(1 for c in plan.write_list if c and c[0].length)
+            self.stats["write_chunks_filled"] += filled
         inline = plan.inline
         if lent:  # lent memory is taken back now: what the Send still holds of it is copied
             inline = [bytes(p) if _lent_for(p, lent) else p for p in inline]
@@ -281,6 +303,8 @@ class Responder(RdmaConnectionBase):
     def _invalidate_for(self, h: Header) -> int | None:
         """Send with Invalidate of one STag of this XID's chunks, when both peers set R and
         the device can (PD-15, PD-16, SEC-5)."""
+        if not h.writes and h.reply is None and not h.reads:
+            return None  # no STag to invalidate
         if not privdata.responder_may_send_with_invalidate(
             self.local_pd.remote_invalidate, self.peer_pd, self.device.caps.remote_invalidate
         ):
