@@ -375,13 +375,17 @@ class RdmaConnectionBase(Connection):
             self._teardown(ConnectionError(f"rdma connection lost: {ev.reason}"))
             return
         kind, ctx = self._wr_ctx.pop(ev.wr_id, ("?", None))
+        if kind == "recv":  # the most frequent completion: not on the send queue
+            if isinstance(ctx, PooledBuffer):
+                self._on_recv(ev, ctx)
+            if not ev.ok and not self.closed and ev.status is not WcStatus.WR_FLUSH_ERR:
+                log.warning("rdma %s: recv completion failed: %s", self.peer, ev.status.name)
+            return
         send_queue = kind in _SEND_QUEUE_KINDS
         if send_queue:  # unsignalled work requests before this one are done too
             for wr in self.sq.completed(ev.wr_id):
                 self._release(wr)
-        if kind == "recv" and isinstance(ctx, PooledBuffer):
-            self._on_recv(ev, ctx)
-        elif kind == "send" and isinstance(ctx, PooledBuffer):
+        if kind == "send" and isinstance(ctx, PooledBuffer):
             ctx.release()
         elif kind == "read" and isinstance(ctx, InCall):
             self._on_read_done(ev, ctx)
@@ -390,8 +394,10 @@ class RdmaConnectionBase(Connection):
         if not ev.ok and not self.closed and ev.status is not WcStatus.WR_FLUSH_ERR:
             log.warning("rdma %s: %s completion failed: %s", self.peer, kind, ev.status.name)
         if send_queue and not self.closed:  # room in the send queue: what waited for it
-            self._pump_reads()
-            self._flush()
+            if self._read_backlog:
+                self._pump_reads()
+            if self._send_backlog:
+                self._flush()
 
     def _release(self, wr: int) -> None:
         """An unsignalled send or RDMA Write is covered: its buffer may be reused."""
