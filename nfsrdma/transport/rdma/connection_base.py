@@ -67,6 +67,7 @@ log = logging.getLogger(__name__)
 WrContext: TypeAlias = PooledBuffer | InCall | Scratch | None
 
 _MSG_TYPE = struct.Struct(">I")
+_RTREXT_PROC = _MSG_TYPE.pack(rh.RDMA_RTREXT)  # the proc word of a message with an rtrext header
 CALL, REPLY = 0, 1
 _SEND_QUEUE_KINDS = frozenset(("send", "write", "read"))
 
@@ -419,7 +420,7 @@ class RdmaConnectionBase(Connection):
         if ev.invalidated_rkey is not None:
             self.stats["remote_invalidations"] += 1
             self._forget_rkey(ev.invalidated_rkey)
-        if self.rtr.enabled and rh.is_rtrext(data):
+        if data[12:16] == _RTREXT_PROC and self.rtr.enabled:  # rh.is_rtrext, inline
             self._on_rtr(data)
             return
         try:

@@ -239,33 +239,36 @@ class Responder(RdmaConnectionBase):
             self.stats["rdma_error_chunk_sent"] += 1
             self._send([hdr.encode_error(h.xid, self.policy.grant, hdr.ERR_CHUNK)])
             return
-        writes = []
-        for write in plan.writes:
-            n = len(write.data)
-            found = _lent_for(write.data, lent) if lent else None
-            if found is not None:
-                local, offset = found  # READ data already in registered memory: no copy
-                lent.remove(local)
-                self.stats["rdma_writes_in_place"] += 1
-            else:
-                local, offset = self._scratch(n), 0
-                local.view[:n] = write.data
-                self.stats["rdma_write_bytes_copied"] += n
-            seg = write.segment
-            writes.append(
-                RdmaWriteRequest(
-                    self._wr_id("write", local),  # released once a completion covers it
-                    [local.sge(offset, n)],
-                    seg.offset + write.segment_offset,
-                    seg.handle,
-                    signaled=self.options.signal_every <= 1,  # else the Send's covers it
+        st = self.stats
+        writes: list[RdmaWriteRequest] = []
+        if plan.writes:
+            signaled = self.options.signal_every <= 1  # else the Send's completion covers them
+            for write in plan.writes:
+                n = len(write.data)
+                found = _lent_for(write.data, lent) if lent else None
+                if found is not None:
+                    local, offset = found  # READ data already in registered memory: no copy
+                    lent.remove(local)
+                    st["rdma_writes_in_place"] += 1
+                else:
+                    local, offset = self._scratch(n), 0
+                    local.view[:n] = write.data
+                    st["rdma_write_bytes_copied"] += n
+                seg = write.segment
+                writes.append(
+                    RdmaWriteRequest(
+                        self._wr_id("write", local),  # released once a completion covers it
+                        [local.sge(offset, n)],
+                        seg.offset + write.segment_offset,
+                        seg.handle,
+                        signaled=signaled,
+                    )
                 )
-            )
-            self.stats["rdma_writes"] += 1
-        self.stats["replies_long" if plan.proc == hdr.RDMA_NOMSG else "replies_inline"] += 1
+            st["rdma_writes"] += len(writes)
+        st["replies_long" if plan.proc == hdr.RDMA_NOMSG else "replies_inline"] += 1
         if plan.write_list:
             filled = sum(1 for c in plan.write_list if c and c[0].length)
-            self.stats["write_chunks_filled"] += filled
+            st["write_chunks_filled"] += filled
         inline = plan.inline
         if lent:  # lent memory is taken back now: what the Send still holds of it is copied
             inline = [bytes(p) if _lent_for(p, lent) else p for p in inline]
