@@ -28,9 +28,9 @@ from nfsrdma.transport.rdma.header import (
     Segment,
     header_size,
 )
+from nfsrdma.xdr.runtime import Buffer, DdpItem, Writer
 
 PLAIN_HEADER_SIZE = header_size(0, [], None)  # RDMA_MSG with three empty chunk lists
-from nfsrdma.xdr.runtime import Buffer, DdpItem, Writer
 
 # -- requester ---------------------------------------------------------------------------
 
