@@ -48,7 +48,14 @@ class Responder(RdmaConnectionBase):
             return
         if not h.reads and not placed:
             self._on_short_call(h, inline)
-            return
+        else:
+            self._on_any_call(h, inline, placed)
+
+    def _on_any_call(
+        self, h: Header, inline: memoryview, placed: dict[int, Buffer] | None = None
+    ) -> None:
+        """A call within the credits: checked, its Read chunks pulled, then delivered (the
+        reference for ``_on_short_call``)."""
         zero = [c for c in h.reads if c.position == 0]
         msg_len = zero[0].length if zero else len(inline)
         try:
@@ -84,8 +91,8 @@ class Responder(RdmaConnectionBase):
         self._assembling[id(call)] = call
 
     def _on_short_call(self, h: Header, inline: memoryview) -> None:
-        """``_on_call`` for a call without Read chunks (nearly every call): nothing to pull,
-        so it goes up at once, without the assembly state of one that waits for RDMA Reads."""
+        """``_on_any_call`` for a call without Read chunks (nearly every call): nothing to
+        pull, so it goes up at once, without the assembly state of one waiting for RDMA Reads."""
         try:
             hdr.check_call(h, len(inline), self.options.limits)
         except HeaderError as e:
