@@ -12,6 +12,7 @@ from nfsrdma.transport.rdma.header import HeaderError, Segment
 from nfsrdma.transport.rdma.marshal import plan_call, plan_reply, plan_reply_generic
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Reader, Writer
+from tests.unit.rdma.helpers import SEGMENTS
 
 STATEID = nfs4.stateid4(1, b"s" * 12)
 
@@ -205,17 +206,13 @@ _RESULT = st.one_of(
     st.just((nfs4.OP_READ, nfs4.READ4res(nfs4.NFS4ERR_ISDIR))),
     st.just((nfs4.OP_GETATTR, nfs4.GETATTR4res(nfs4.NFS4ERR_STALE))),
 )
-_SEGMENTS = st.lists(
-    st.builds(Segment, st.integers(1, 2**32 - 1), st.integers(0, 6000), st.integers(0, 2**40)),
-    max_size=3,
-)
 
 
 @settings(max_examples=400, deadline=None)
 @given(
     results=st.lists(_RESULT, max_size=3),
-    writes=st.lists(_SEGMENTS, max_size=2),
-    reply=st.none() | _SEGMENTS,
+    writes=st.lists(SEGMENTS, max_size=2),
+    reply=st.none() | SEGMENTS,
     limit=st.sampled_from([1024, 2048, 4096, 8192]),
 )
 def test_plan_reply_fast_shapes_match_the_generic_plan(

@@ -19,6 +19,7 @@ from nfsrdma.transport.rdma.endpoint import RdmaConnection, RdmaOptions
 from nfsrdma.transport.rdma.header import ChunkLimits, Segment
 from nfsrdma.transport.rdma.inproc import InprocFabric
 from nfsrdma.transport.rdma.provider import QueuePairConfig, Sge
+from tests.unit.rdma.helpers import SEGMENTS
 
 
 class _Qp:
@@ -77,16 +78,10 @@ def _outcome(path: str, h: H.Header, message: bytes, limits: ChunkLimits) -> obj
     return delivered, qp.sent, +conn.stats, conn._inbound_calls, conn.closed
 
 
-_SEGMENTS = st.lists(
-    st.builds(Segment, st.integers(1, 2**32 - 1), st.integers(0, 6000), st.integers(0, 2**40)),
-    max_size=3,
-)
-
-
 @settings(max_examples=200, deadline=None)
 @given(
-    writes=st.lists(_SEGMENTS, max_size=3),
-    reply=st.none() | _SEGMENTS,
+    writes=st.lists(SEGMENTS, max_size=3),
+    reply=st.none() | SEGMENTS,
     proc=st.sampled_from([H.RDMA_MSG, H.RDMA_NOMSG]),
     message=st.binary(min_size=8, max_size=200),
     limits=st.builds(
