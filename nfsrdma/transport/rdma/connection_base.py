@@ -67,6 +67,7 @@ log = logging.getLogger(__name__)
 WrContext: TypeAlias = PooledBuffer | InCall | Scratch | None
 
 _MSG_TYPE = struct.Struct(">I")
+_RTREXT_PROC = _MSG_TYPE.pack(rh.RDMA_RTREXT)  # the proc word of a message with an rtrext header
 CALL, REPLY = 0, 1
 _SEND_QUEUE_KINDS = frozenset(("send", "write", "read"))
 
@@ -383,13 +384,17 @@ class RdmaConnectionBase(Connection):
             self._teardown(ConnectionError(f"rdma connection lost: {ev.reason}"))
             return
         kind, ctx = self._wr_ctx.pop(ev.wr_id, ("?", None))
+        if kind == "recv":  # the most frequent completion: not on the send queue
+            if isinstance(ctx, PooledBuffer):
+                self._on_recv(ev, ctx)
+            if not ev.ok and not self.closed and ev.status is not WcStatus.WR_FLUSH_ERR:
+                log.warning("rdma %s: recv completion failed: %s", self.peer, ev.status.name)
+            return
         send_queue = kind in _SEND_QUEUE_KINDS
         if send_queue:  # unsignalled work requests before this one are done too
             for wr in self.sq.completed(ev.wr_id):
                 self._release(wr)
-        if kind == "recv" and isinstance(ctx, PooledBuffer):
-            self._on_recv(ev, ctx)
-        elif kind == "send" and isinstance(ctx, PooledBuffer):
+        if kind == "send" and isinstance(ctx, PooledBuffer):
             ctx.release()
         elif kind == "read" and isinstance(ctx, InCall):
             self._on_read_done(ev, ctx)
@@ -398,8 +403,10 @@ class RdmaConnectionBase(Connection):
         if not ev.ok and not self.closed and ev.status is not WcStatus.WR_FLUSH_ERR:
             log.warning("rdma %s: %s completion failed: %s", self.peer, kind, ev.status.name)
         if send_queue and not self.closed:  # room in the send queue: what waited for it
-            self._pump_reads()
-            self._flush()
+            if self._read_backlog:
+                self._pump_reads()
+            if self._send_backlog:
+                self._flush()
 
     def _release(self, wr: int) -> None:
         """An unsignalled send or RDMA Write is covered: its buffer may be reused."""
@@ -421,7 +428,7 @@ class RdmaConnectionBase(Connection):
         if ev.invalidated_rkey is not None:
             self.stats["remote_invalidations"] += 1
             self._forget_rkey(ev.invalidated_rkey)
-        if self.rtr.enabled and rh.is_rtrext(data):
+        if data[12:16] == _RTREXT_PROC and self.rtr.enabled:  # rh.is_rtrext, inline
             self._on_rtr(data)
             return
         try:

@@ -189,6 +189,13 @@ def _check_chunk(h: Header, segs: list[Segment], limits: ChunkLimits) -> None:
         raise HeaderError(
             f"a chunk of {len(segs)} segments (limit {limits.max_segments})", h.xid, ERR_CHUNK
         )
+    if len(segs) == 1:  # a READ's Write chunk: the same checks without the generators
+        n = segs[0].length
+        if n > limits.max_segment_length:
+            raise HeaderError("a segment longer than the limit", h.xid, ERR_CHUNK)
+        if n > limits.max_chunk_bytes:
+            raise HeaderError("a chunk larger than the limit", h.xid, ERR_CHUNK)
+        return
     if any(s.length > limits.max_segment_length for s in segs):
         raise HeaderError("a segment longer than the limit", h.xid, ERR_CHUNK)
     if sum(s.length for s in segs) > limits.max_chunk_bytes:

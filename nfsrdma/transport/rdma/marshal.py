@@ -30,6 +30,8 @@ from nfsrdma.transport.rdma.header import (
 )
 from nfsrdma.xdr.runtime import Buffer, DdpItem, Writer
 
+PLAIN_HEADER_SIZE = header_size(0, [], None)  # RDMA_MSG with three empty chunk lists
+
 # -- requester ---------------------------------------------------------------------------
 
 
@@ -134,9 +136,41 @@ def _capacity(segments: list[Segment]) -> int:
     return sum(s.length for s in segments)
 
 
+# The header of an RDMA_MSG reply returning one Write chunk of one segment, no Reply chunk.
+_ONE_SEGMENT_REPLY_HEADER = header_size(0, [1], None)
+
+
 def plan_reply(msg: Writer, call: Header, send_limit: int) -> ReplyPlan:
     """Plan a reply to ``call`` (whose Write list and Reply chunk are the resources offered).
-    Raises HeaderError(ERR_CHUNK) for a reply resource overrun."""
+    Raises HeaderError(ERR_CHUNK) for a reply resource overrun.
+
+    The common shapes are decided directly: a reply with no DDP item to a call that offered
+    no chunks, and a READ's reply (one DDP item, the first operation's) to a call that
+    offered one Write chunk of one segment and no Reply chunk, when the rest fits inline.
+    Everything else, and any of those that does not fit, takes ``plan_reply_generic``, the
+    reference (tests compare the two)."""
+    writes = call.writes
+    if call.reply is None:
+        ddp = msg.ddp
+        if not writes and not ddp:
+            if PLAIN_HEADER_SIZE + len(msg) <= send_limit:
+                return ReplyPlan(RDMA_MSG, [], [], None, [msg])
+        elif len(writes) == 1 and len(ddp) == 1 and ddp[0].tag == 0:
+            chunk = writes[0]
+            if len(chunk) == 1 and _ONE_SEGMENT_REPLY_HEADER + len(msg) <= send_limit:
+                seg = chunk[0]
+                data = memoryview(ddp[0].data).cast("B")
+                n = len(data)
+                if n <= seg.length:
+                    returned = Segment(seg.handle, n, seg.offset)
+                    return ReplyPlan(
+                        RDMA_MSG, [RdmaWrite(data, seg, 0)] if n else [], [[returned]], None, [msg]
+                    )
+    return plan_reply_generic(msg, call, send_limit)
+
+
+def plan_reply_generic(msg: Writer, call: Header, send_limit: int) -> ReplyPlan:
+    """``plan_reply`` for any reply and any resources offered."""
     writes: list[RdmaWrite] = []
     write_list: list[list[Segment]] = []
     moved: set[int] = set()

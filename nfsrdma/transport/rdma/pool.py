@@ -36,26 +36,28 @@ class PooledBuffer:
     offset: int  # within the pool's region
     view: memoryview = field(repr=False)
     in_use: bool = False
+    # Where the buffer is and its key, fixed for the pool's life (one region, registered once):
+    # taken once here, not through the pool and region per work request.
+    addr: int = field(init=False, repr=False)
+    lkey: int = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        region = self.pool.region
+        self.addr = region.addr + self.offset
+        self.lkey = region.lkey
 
     @property
     def size(self) -> int:
         return len(self.view)
 
-    @property
-    def addr(self) -> int:
-        return self.pool.region.addr + self.offset
-
-    @property
-    def lkey(self) -> int:
-        return self.pool.region.lkey
-
     def sge(self, length: int | None = None, offset: int = 0) -> Sge:
         """The element for ``length`` bytes (default: the rest of the buffer) from ``offset``."""
+        size = len(self.view)
         if length is None:
-            length = len(self.view) - offset
-        if offset < 0 or length < 0 or offset + length > len(self.view):
-            raise ProviderError(f"{offset}+{length} outside a {len(self.view)}-byte buffer")
-        return Sge(self.addr + offset, length, self.pool.region.lkey)
+            length = size - offset
+        if offset < 0 or length < 0 or offset + length > size:
+            raise ProviderError(f"{offset}+{length} outside a {size}-byte buffer")
+        return Sge(self.addr + offset, length, self.lkey)
 
     def release(self) -> None:
         self.pool.put(self)

@@ -46,6 +46,16 @@ class Responder(RdmaConnectionBase):
             self.stats["credit_overruns"] += 1
             self.close()
             return
+        if not h.reads and not placed:
+            self._on_short_call(h, inline)
+        else:
+            self._on_any_call(h, inline, placed)
+
+    def _on_any_call(
+        self, h: Header, inline: memoryview, placed: dict[int, Buffer] | None = None
+    ) -> None:
+        """A call within the credits: checked, its Read chunks pulled, then delivered (the
+        reference for ``_on_short_call``)."""
         zero = [c for c in h.reads if c.position == 0]
         msg_len = zero[0].length if zero else len(inline)
         try:
@@ -79,6 +89,23 @@ class Responder(RdmaConnectionBase):
             else:
                 call.chunks[chunk.position] = data
         self._assembling[id(call)] = call
+
+    def _on_short_call(self, h: Header, inline: memoryview) -> None:
+        """``_on_any_call`` for a call without Read chunks (nearly every call): nothing to
+        pull, so it goes up at once, without the assembly state of one waiting for RDMA Reads."""
+        try:
+            hdr.check_call(h, len(inline), self.options.limits)
+        except HeaderError as e:
+            self._inbound_calls -= 1
+            self._bad_header(e)
+            return
+        st = self.stats  # what this call brought and offered (nfsrdma.stats.collect)
+        st["calls_inline"] += 1
+        if h.writes:
+            st["write_chunks_offered"] += len(h.writes)
+        if h.reply is not None:
+            st["reply_chunks_offered"] += 1
+        self._deliver(Inbound(Reader(inline, None), CallContext(h, [])))
 
     def _on_continued_call(self, group: continuation.Group) -> None:
         """A call that came as an XMTREQ group: its EXRW items are Read chunks, its Write
@@ -219,31 +246,36 @@ class Responder(RdmaConnectionBase):
             self.stats["rdma_error_chunk_sent"] += 1
             self._send([hdr.encode_error(h.xid, self.policy.grant, hdr.ERR_CHUNK)])
             return
-        writes = []
-        for write in plan.writes:
-            n = len(write.data)
-            found = _lent_for(write.data, lent) if lent else None
-            if found is not None:
-                local, offset = found  # READ data already in registered memory: no copy
-                lent.remove(local)
-                self.stats["rdma_writes_in_place"] += 1
-            else:
-                local, offset = self._scratch(n), 0
-                local.view[:n] = write.data
-                self.stats["rdma_write_bytes_copied"] += n
-            seg = write.segment
-            writes.append(
-                RdmaWriteRequest(
-                    self._wr_id("write", local),  # released once a completion covers it
-                    [local.sge(offset, n)],
-                    seg.offset + write.segment_offset,
-                    seg.handle,
-                    signaled=self.options.signal_every <= 1,  # else the Send's covers it
+        st = self.stats
+        writes: list[RdmaWriteRequest] = []
+        if plan.writes:
+            signaled = self.options.signal_every <= 1  # else the Send's completion covers them
+            for write in plan.writes:
+                n = len(write.data)
+                found = _lent_for(write.data, lent) if lent else None
+                if found is not None:
+                    local, offset = found  # READ data already in registered memory: no copy
+                    lent.remove(local)
+                    st["rdma_writes_in_place"] += 1
+                else:
+                    local, offset = self._scratch(n), 0
+                    local.view[:n] = write.data
+                    st["rdma_write_bytes_copied"] += n
+                seg = write.segment
+                writes.append(
+                    RdmaWriteRequest(
+                        self._wr_id("write", local),  # released once a completion covers it
+                        [local.sge(offset, n)],
+                        seg.offset + write.segment_offset,
+                        seg.handle,
+                        signaled=signaled,
+                    )
                 )
-            )
-            self.stats["rdma_writes"] += 1
-        self.stats["replies_long" if plan.proc == hdr.RDMA_NOMSG else "replies_inline"] += 1
-        self.stats["write_chunks_filled"] += sum(1 for c in plan.write_list if c and c[0].length)
+            st["rdma_writes"] += len(writes)
+        st["replies_long" if plan.proc == hdr.RDMA_NOMSG else "replies_inline"] += 1
+        if plan.write_list:
+            filled = sum(1 for c in plan.write_list if c and c[0].length)
+            st["write_chunks_filled"] += filled
         inline = plan.inline
         if lent:  # lent memory is taken back now: what the Send still holds of it is copied
             inline = [bytes(p) if _lent_for(p, lent) else p for p in inline]
@@ -281,6 +313,8 @@ class Responder(RdmaConnectionBase):
     def _invalidate_for(self, h: Header) -> int | None:
         """Send with Invalidate of one STag of this XID's chunks, when both peers set R and
         the device can (PD-15, PD-16, SEC-5)."""
+        if not h.writes and h.reply is None and not h.reads:
+            return None  # no STag to invalidate
         if not privdata.responder_may_send_with_invalidate(
             self.local_pd.remote_invalidate, self.peer_pd, self.device.caps.remote_invalidate
         ):

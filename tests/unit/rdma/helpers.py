@@ -10,6 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from hypothesis import strategies as st
+
+from nfsrdma.transport.rdma.header import Segment
 from nfsrdma.transport.rdma.inproc import InprocDevice, InprocFabric
 from nfsrdma.transport.rdma.inproc_qp import InprocConnection
 from nfsrdma.transport.rdma.provider import (
@@ -23,6 +26,11 @@ from nfsrdma.transport.rdma.provider import (
 PORT = 20049
 CONFIG = QueuePairConfig(max_send_wr=16, max_recv_wr=16, max_send_sge=4, max_inline_data=64)
 ALL = Access.LOCAL_WRITE | Access.REMOTE_READ | Access.REMOTE_WRITE
+# Up to three segments of a chunk list (hypothesis), for the planning and checking tests.
+SEGMENTS = st.lists(
+    st.builds(Segment, st.integers(1, 2**32 - 1), st.integers(0, 6000), st.integers(0, 2**40)),
+    max_size=3,
+)
 
 
 class Events:

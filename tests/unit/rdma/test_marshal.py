@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nfsrdma.transport.rdma import header as H
 from nfsrdma.transport.rdma.credits import CreditWindow
 from nfsrdma.transport.rdma.header import HeaderError, Segment
-from nfsrdma.transport.rdma.marshal import plan_call, plan_reply
+from nfsrdma.transport.rdma.marshal import plan_call, plan_reply, plan_reply_generic
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Reader, Writer
+from tests.unit.rdma.helpers import SEGMENTS
 
 STATEID = nfs4.stateid4(1, b"s" * 12)
 
@@ -180,3 +183,58 @@ def test_tr14_ul26_credit_window() -> None:
     c.in_flight = 4
     c.update(5)
     assert not c.may_send() and c.may_send(probe=True)  # the last credit is for the probe
+
+
+def _planned(msg: Writer, call: H.Header, limit: int, plan: object) -> object:
+    """A plan (or the error) as comparable values: the Send's bytes, not how they are cut."""
+    try:
+        p = plan(msg, call, limit)  # type: ignore[operator]
+    except HeaderError as e:
+        return ("error", e.err, e.xid, str(e))
+    return (
+        p.proc,
+        [(bytes(w.data), w.segment, w.segment_offset) for w in p.writes],
+        p.write_list,
+        p.reply,
+        b"".join(bytes(x) for x in p.inline),
+    )
+
+
+_RESULT = st.one_of(
+    st.binary(max_size=5000).map(ok_read),
+    st.binary(max_size=300).map(ok_readlink),
+    st.just((nfs4.OP_READ, nfs4.READ4res(nfs4.NFS4ERR_ISDIR))),
+    st.just((nfs4.OP_GETATTR, nfs4.GETATTR4res(nfs4.NFS4ERR_STALE))),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    results=st.lists(_RESULT, max_size=3),
+    writes=st.lists(SEGMENTS, max_size=2),
+    reply=st.none() | SEGMENTS,
+    limit=st.sampled_from([1024, 2048, 4096, 8192]),
+)
+def test_plan_reply_fast_shapes_match_the_generic_plan(
+    results: list[tuple[int, object]],
+    writes: list[list[Segment]],
+    reply: list[Segment] | None,
+    limit: int,
+) -> None:
+    """``plan_reply``'s direct plans for the common shapes (a plain reply to a call without
+    chunks; a READ's data into one single-segment Write chunk) are the generic plan's, down to
+    the byte, and so are its errors (TR-21)."""
+    msg = read_reply(results)
+    call = call_header(writes, reply)
+    assert _planned(msg, call, limit, plan_reply) == _planned(msg, call, limit, plan_reply_generic)
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097])
+def test_plan_reply_fast_shape_for_a_read(size: int) -> None:
+    """The READ shape: one segment of 4096 bytes, ``size`` bytes of data (more is ERR_CHUNK)."""
+    msg = read_reply([ok_read(b"r" * size)])
+    call = call_header([[seg(0xA, 4096)]])
+    assert _planned(msg, call, 1024, plan_reply) == _planned(msg, call, 1024, plan_reply_generic)
+    if size <= 4096:
+        plan = plan_reply(msg, call, 1024)
+        assert plan.write_list == [[seg(0xA, size)]] and len(plan.writes) == (1 if size else 0)
