@@ -530,8 +530,10 @@ class _Run:
         if session is None or w.ddp or self.ddp_items:
             return False
         fore = session.fore
-        if total > fore.ca_maxresponsesize_cached or total > fore.ca_maxresponsesize:
-            return False  # (the limits: as the generic path checks them)
+        if total > fore.ca_maxresponsesize or (
+            self.ctx.cachethis and total > fore.ca_maxresponsesize_cached
+        ):  # (the limits, as ``_over_limit`` applies them)
+            return False
         try:
             w += _GETATTR_OK[n].pack(nfs4.OP_GETATTR, nfs4.NFS4_OK, n, *mask, size)
         except struct.error:
@@ -555,8 +557,10 @@ class _Run:
         padded = n + (-n & 3)
         total = len(w) - self.head + _READ_OK.size + self.ddp_bytes + padded
         fore = session.fore
-        if total > fore.ca_maxresponsesize_cached or total > fore.ca_maxresponsesize:
-            return False  # (the limits: as the generic path checks them)
+        if total > fore.ca_maxresponsesize or (
+            self.ctx.cachethis and total > fore.ca_maxresponsesize_cached
+        ):  # (the limits, as ``_over_limit`` applies them: the cached one only when caching)
+            return False
         tag = self.read_class
         w.ddp_tag = tag
         self.read_class = tag + 1

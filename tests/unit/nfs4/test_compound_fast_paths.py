@@ -703,6 +703,40 @@ def test_a_fast_getattr_over_the_cached_reply_limit(cachethis: bool) -> None:
         asyncio.run(scenario(Path(tmp)))
 
 
+@pytest.mark.parametrize("cachethis", [False, True])
+def test_an_uncached_read_past_the_cached_limit_is_written_by_the_fast_path(
+    monkeypatch: pytest.MonkeyPatch, cachethis: bool
+) -> None:
+    """ca_maxresponsesize_cached (120 here) bounds only replies the client asked to be cached
+    (the Linux client's 4 KiB READs exceed its 3428 without asking): an uncached READ past it
+    is written by READ's writer (``_Run._read_pack``), never reaching ``_record``, with the
+    generic path's reply; a cached one is NFS4ERR_REP_TOO_BIG_TO_CACHE on both paths."""
+    recorded: list[int] = []
+    generic_record = compound_module._Run._record
+
+    def spy(run: compound_module._Run, op: object, res: object) -> bool:
+        recorded.append(op.number)  # type: ignore[attr-defined]
+        return generic_record(run, op, res)  # type: ignore[arg-type]
+
+    async def scenario(root: Path) -> None:
+        (root / "export").mkdir()
+        (root / "export" / "f").write_bytes(bytes(range(200)))
+        pair = Pair(Server(root, fast=True), Server(root, fast=False))
+        try:
+            await pair.setup(cached=120)
+            monkeypatch.setattr(compound_module._Run, "_record", spy)
+            c = _plain(("READ", ("open", 0, 150)), cachethis=cachethis)
+            res = unpack(nfs4.dec_COMPOUND4res, await pair.both(build(pair, c, b"", b"")))
+            assert res.status == (nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE if cachethis else OK)
+            assert [r.resop for r in res.resarray][-1] == nfs4.OP_READ
+        finally:
+            pair.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(scenario(Path(tmp)))
+    assert recorded.count(nfs4.OP_READ) == (2 if cachethis else 1)  # (1: the generic one's)
+
+
 @pytest.mark.parametrize("third", ["READ", "GETATTR", "ACCESS"])
 def test_a_fast_sequence_reads_its_arguments_in_place(
     monkeypatch: pytest.MonkeyPatch, third: str
