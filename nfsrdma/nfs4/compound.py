@@ -140,15 +140,15 @@ _SEQUENCE_OK = struct.Struct(">II16sIIIII")
 # SEQUENCE4args (RFC 8881 18.46): sessionid, sequenceid, slotid, highest_slotid, cachethis
 _SEQUENCE_ARGS = struct.Struct(">16sIIII")
 _SEQUENCE4res = nfs4.SEQUENCE4res
-_PUTFH = nfs4.OP_PUTFH
+_PUTFH = int(nfs4.nfs_opnum4.OP_PUTFH)  # (through the enum: mypyc, "The compiled build")
 _PUTFH_OK = _OPNUM_LEN.pack(_PUTFH, nfs4.NFS4_OK)  # PUTFH's nfs_resop4 on success
 # GETATTR's nfs_resop4 on success up to the attribute values: operation, status, the bitmap
 # (count and words), the values' length; by the bitmap's word count (RFC 8881 18.7)
-_GETATTR = nfs4.OP_GETATTR
+_GETATTR = int(nfs4.nfs_opnum4.OP_GETATTR)
 _GETATTR4res = nfs4.GETATTR4res
 _GETATTR_OK = tuple(struct.Struct(f">III{n}II") for n in range(5))
 _PAD = (b"", b"\0\0\0", b"\0\0", b"\0")  # XDR padding after n octets, by n % 4
-_READ = nfs4.OP_READ
+_READ = int(nfs4.nfs_opnum4.OP_READ)
 _READ_ARGS = struct.Struct(">I12sQI")  # READ4args: stateid (seqid, other), offset, count
 # READ's nfs_resop4 on success up to its data: operation, status, eof, the data's length
 # (RFC 8881 18.22); the data follows as a DDP item
@@ -530,8 +530,10 @@ class _Run:
         if session is None or w.ddp or self.ddp_items:
             return False
         fore = session.fore
-        if total > fore.ca_maxresponsesize_cached or total > fore.ca_maxresponsesize:
-            return False  # (the limits: as the generic path checks them)
+        if total > fore.ca_maxresponsesize or (
+            self.ctx.cachethis and total > fore.ca_maxresponsesize_cached
+        ):  # (the limits, as ``_over_limit`` applies them)
+            return False
         try:
             w += _GETATTR_OK[n].pack(nfs4.OP_GETATTR, nfs4.NFS4_OK, n, *mask, size)
         except struct.error:
@@ -555,8 +557,10 @@ class _Run:
         padded = n + (-n & 3)
         total = len(w) - self.head + _READ_OK.size + self.ddp_bytes + padded
         fore = session.fore
-        if total > fore.ca_maxresponsesize_cached or total > fore.ca_maxresponsesize:
-            return False  # (the limits: as the generic path checks them)
+        if total > fore.ca_maxresponsesize or (
+            self.ctx.cachethis and total > fore.ca_maxresponsesize_cached
+        ):  # (the limits, as ``_over_limit`` applies them: the cached one only when caching)
+            return False
         tag = self.read_class
         w.ddp_tag = tag
         self.read_class = tag + 1

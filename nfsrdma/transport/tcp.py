@@ -45,7 +45,7 @@ from nfsrdma.transport.tcp_receive import (
     RecordTooLarge,
     check_mark,
 )
-from nfsrdma.xdr.runtime import Reader, Writer
+from nfsrdma.xdr.runtime import PAD, Reader, Writer
 
 DEFAULT_MAX_RECORD = 4 << 20
 MAX_FRAGMENTS = 1024
@@ -296,12 +296,28 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
 
     def send_reply(self, request: Inbound, msg: Writer) -> None:
         t = self.transport
-        if msg.ddp or self.tap is not None or t is None or t.is_closing():
+        ddp = msg.ddp
+        if len(ddp) > 1 or self.tap is not None or t is None or t.is_closing():
             t, pieces = self._framed(msg)
-        elif len(msg) <= self.max_fragment:  # (_framed's usual outcome, without its calls)
-            pieces = [_MARK.pack(LAST_FRAGMENT | len(msg)), msg]
-        else:
-            pieces = frame([msg], self.max_fragment)
+        elif not ddp:
+            if len(msg) <= self.max_fragment:  # (_framed's usual outcome, without its calls)
+                pieces = [_MARK.pack(LAST_FRAGMENT | len(msg)), msg]
+            else:
+                pieces = frame([msg], self.max_fragment)
+        else:  # one DDP item (a READ's data): what Writer.pieces and frame would give
+            data = ddp[0].data
+            at, n = ddp[0].offset, len(data)
+            pad = PAD[n & 3]
+            total = len(msg) + n + len(pad)
+            if total > self.max_fragment:
+                pieces = frame(msg.pieces(), self.max_fragment)
+            else:
+                view = memoryview(msg)
+                mark = _MARK.pack(LAST_FRAGMENT | total)
+                if pad:
+                    pieces = [mark, view[:at], data, pad, view[at:]]
+                else:
+                    pieces = [mark, view[:at], data, view[at:]]
         held = self._held
         if held is not None:
             held += pieces  # written with the other replies of this receive

@@ -642,6 +642,19 @@ def _short(resop: nfs4.nfs_resop4) -> str:
     return "OK" if status == "NFS4_OK" else status.removeprefix("NFS4ERR_")
 
 
+def _record_spy() -> tuple[list[int], Any]:
+    """A stand-in for ``_Run._record`` that lists the operation numbers it records (to be
+    set with monkeypatch once the session is set up), and that list."""
+    recorded: list[int] = []
+    generic_record = compound_module._Run._record
+
+    def spy(run: compound_module._Run, op: object, res: object) -> bool:
+        recorded.append(op.number)  # type: ignore[attr-defined]
+        return generic_record(run, op, res)  # type: ignore[arg-type]
+
+    return recorded, spy
+
+
 @pytest.mark.parametrize("third", ["GETATTR", "GETFH", "READ"])
 def test_a_fast_getattr_is_written_without_the_generic_encoder(
     monkeypatch: pytest.MonkeyPatch, third: str
@@ -651,12 +664,7 @@ def test_a_fast_getattr_is_written_without_the_generic_encoder(
     operation, as GETFH) never reaches ``_record``; on the generic path it does, and both
     replies are the same. Likewise READ's (``_Run._read_pack``), its data the same DDP
     item."""
-    recorded: list[int] = []
-    generic_record = compound_module._Run._record
-
-    def spy(run: compound_module._Run, op: object, res: object) -> bool:
-        recorded.append(op.number)  # type: ignore[attr-defined]
-        return generic_record(run, op, res)  # type: ignore[arg-type]
+    recorded, spy = _record_spy()
 
     async def scenario(root: Path) -> None:
         (root / "export").mkdir()
@@ -680,27 +688,37 @@ def test_a_fast_getattr_is_written_without_the_generic_encoder(
 
 
 @pytest.mark.parametrize("cachethis", [False, True])
-def test_a_fast_getattr_over_the_cached_reply_limit(cachethis: bool) -> None:
-    """A GETATTR result that takes the reply past ca_maxresponsesize_cached (120 here):
-    NFS4ERR_REP_TOO_BIG_TO_CACHE when the client asked for it to be cached, as the generic path
-    answers; within the limit otherwise (GETATTR's own writer checks the limits too)."""
+@pytest.mark.parametrize("third", ["GETATTR", "READ"])
+def test_a_fast_result_over_the_cached_reply_limit(
+    monkeypatch: pytest.MonkeyPatch, third: str, cachethis: bool
+) -> None:
+    """A GETATTR or READ result that takes the reply past ca_maxresponsesize_cached (120
+    here): NFS4ERR_REP_TOO_BIG_TO_CACHE when the client asked for it to be cached, as the
+    generic path answers; within the limit otherwise, and then written by the operation's
+    own writer (``_Run._getattr_pack``, ``_read_pack``), never reaching ``_record``: the
+    cached limit bounds only replies to be cached (the Linux client's 4 KiB READs exceed its
+    3428 without asking)."""
+    recorded, spy = _record_spy()
 
     async def scenario(root: Path) -> None:
         (root / "export").mkdir()
-        (root / "export" / "f").write_bytes(b"data")
+        (root / "export" / "f").write_bytes(bytes(range(200)))
         pair = Pair(Server(root, fast=True), Server(root, fast=False))
         try:
             await pair.setup(cached=120)
-            c = _plain(("GETATTR", "linux"), cachethis=cachethis)
-            reply = await pair.both(build(pair, c, b"", bytes(12)))
-            res = unpack(nfs4.dec_COMPOUND4res, reply)
+            monkeypatch.setattr(compound_module._Run, "_record", spy)
+            args = "linux" if third == "GETATTR" else ("open", 0, 150)
+            c = _plain((third, args), cachethis=cachethis)
+            res = unpack(nfs4.dec_COMPOUND4res, await pair.both(build(pair, c, b"", bytes(12))))
             assert res.status == (nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE if cachethis else OK)
-            assert [r.resop for r in res.resarray][-1] == nfs4.OP_GETATTR
+            assert [r.resop for r in res.resarray][-1] == getattr(nfs4, f"OP_{third}")
         finally:
             pair.close()
 
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(scenario(Path(tmp)))
+    # the generic server's only, unless the limit sends the fast one to ``_record`` too
+    assert recorded.count(getattr(nfs4, f"OP_{third}")) == (2 if cachethis else 1)
 
 
 @pytest.mark.parametrize("third", ["READ", "GETATTR", "ACCESS"])
