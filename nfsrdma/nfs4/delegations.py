@@ -100,6 +100,7 @@ class DelegationTable:
         self._by_other: dict[bytes, Delegation] = {}
         self._by_file: dict[bytes, dict[int, Delegation]] = {}
         self._revoked: dict[int, dict[bytes, Delegation]] = {}  # revoked, not yet freed
+        self._filed = 0  # the delegations in _by_file (every OPEN asks: no sum over files)
         # Hooks set by the server: send CB_RECALL; (client, any revoked state left?);
         # release the kernel lease of a delegation that goes.
         self.recall: Callable[[Delegation], None] | None = None
@@ -112,7 +113,7 @@ class DelegationTable:
     # ------------------------------------------------------------------ lookups
 
     def __len__(self) -> int:
-        return sum(len(d) for d in self._by_file.values())
+        return self._filed  # (= sum(len(d) for d in self._by_file.values()))
 
     def __bool__(self) -> bool:  # (what len() > 0 says, without counting: no file is left empty)
         return bool(self._by_file)
@@ -206,6 +207,7 @@ class DelegationTable:
         d = Delegation(self._new_other(), clientid, fh, write, now, change=change, size=size)
         self._by_other[d.other] = d
         self._by_file.setdefault(fh, {})[clientid] = d
+        self._filed += 1
         self.granted += 1
         return d
 
@@ -317,6 +319,7 @@ class DelegationTable:
         held = self._by_file.get(d.fh)
         if held is not None and held.get(d.clientid) is d:
             del held[d.clientid]
+            self._filed -= 1
             if not held:
                 del self._by_file[d.fh]
         if d.lease is not None:
