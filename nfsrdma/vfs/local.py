@@ -677,6 +677,55 @@ class LocalVfs(Vfs):
         read: bool = True,
         write: bool = True,
     ) -> tuple[bytes, LocalOpenFile, bool]:
+        bname = self._create_checks(name, how, verifier, read, write)
+        ecred = self._cred(cred)
+        pin = self._res.pin(dir_fh)
+        try:
+            return self._create_in(ecred, pin, bname, mode, how, verifier, read, write)
+        finally:
+            pin.release()
+
+    @off_protected_threads
+    def create_changed(
+        self,
+        cred: Cred,
+        dir_fh: bytes,
+        name: bytes,
+        mode: int,
+        how: CreateMode = CreateMode.UNCHECKED,
+        verifier: bytes | None = None,
+        *,
+        read: bool = True,
+        write: bool = True,
+    ) -> tuple[int, bytes, LocalOpenFile, bool, int]:
+        # One resolution of the directory for its change attribute before (and its type, from
+        # the same fstat), the create and the change attribute after (the base class's four
+        # calls resolve it four times).
+        pin = self._res.pin(dir_fh)
+        try:
+            count = self._changes.get(pin.fileid)  # (before the fstat: see ChangeCounter)
+            st = self._res.stat(pin)
+            if not stat.S_ISDIR(st.st_mode):
+                raise NotADirectoryError(errno.ENOTDIR, "not a directory")
+            before = ChangeCounter.value(st.st_ctime_ns, count)
+            bname = self._create_checks(name, how, verifier, read, write)
+            ecred = self._cred(cred)
+            fh, of, created = self._create_in(ecred, pin, bname, mode, how, verifier, read, write)
+            if not created:
+                return before, fh, of, False, before
+            try:
+                after = self._change_of(pin)
+            except BaseException:
+                of.close()
+                raise
+            return before, fh, of, True, after
+        finally:
+            pin.release()
+
+    def _create_checks(
+        self, name: bytes | str, how: CreateMode, verifier: bytes | None, read: bool, write: bool
+    ) -> bytes:
+        """``create_file``'s checks of its arguments; the name as bytes."""
         if self.export.read_only:
             raise attrs.erofs()
         bname = check_name(name)
@@ -686,35 +735,43 @@ class LocalVfs(Vfs):
             raise OSError(errno.EINVAL, "exclusive create needs an 8-octet verifier")
         if not (read or write):
             raise OSError(errno.EINVAL, "bad open mode")
-        ecred = self._cred(cred)
-        pin = self._res.pin(dir_fh)
-        try:
-            self._ident.apply(ecred)
-            for _ in range(16):
-                try:
-                    fd = os.open(
-                        bname,
-                        os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
-                        mode & 0o7777,
-                        dir_fd=pin.fd,
-                    )
-                except FileExistsError:
-                    if how == CreateMode.GUARDED:
-                        raise
-                    try:
-                        path_fd = open_component(pin.fd, bname)
-                    except FileNotFoundError:
-                        continue  # removed meanwhile: try to create again
-                    return self._open_existing(
-                        pin, bname, path_fd, ecred, how, verifier, read, write
-                    )
-                except FileNotFoundError:
-                    self._check_dir_alive(pin)
+        return bname
+
+    def _create_in(
+        self,
+        ecred: Cred,
+        pin: Pin,
+        bname: bytes,
+        mode: int,
+        how: CreateMode,
+        verifier: bytes | None,
+        read: bool,
+        write: bool,
+    ) -> tuple[bytes, LocalOpenFile, bool]:
+        """``create_file`` of ``bname`` (checked) in the directory ``pin`` (the caller
+        releases it) for the effective identity ``ecred``."""
+        self._ident.apply(ecred)
+        for _ in range(16):
+            try:
+                fd = os.open(
+                    bname,
+                    os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    mode & 0o7777,
+                    dir_fd=pin.fd,
+                )
+            except FileExistsError:
+                if how == CreateMode.GUARDED:
                     raise
-                return self._created(pin, bname, fd, mode, how, verifier)
-            raise OSError(errno.EAGAIN, "name keeps appearing and disappearing")
-        finally:
-            pin.release()
+                try:
+                    path_fd = open_component(pin.fd, bname)
+                except FileNotFoundError:
+                    continue  # removed meanwhile: try to create again
+                return self._open_existing(pin, bname, path_fd, ecred, how, verifier, read, write)
+            except FileNotFoundError:
+                self._check_dir_alive(pin)
+                raise
+            return self._created(pin, bname, fd, mode, how, verifier)
+        raise OSError(errno.EAGAIN, "name keeps appearing and disappearing")
 
     def _created(
         self,
