@@ -17,6 +17,7 @@ from typing import Final
 
 from nfsrdma.nfs4 import grace
 from nfsrdma.nfs4.attrs import (
+    MODE_BITS,
     SUPPATTR_EXCLCREAT,
     Settable,
     attr_numbers,
@@ -122,11 +123,27 @@ def _covers(of: OpenFile, access: int) -> bool:
     return (not access & ACCESS_READ or of.readable) and (not access & ACCESS_WRITE or of.writable)
 
 
+_MODE_ONLY: Final = tuple(bitmap_of([nfs4.FATTR4_MODE]))
+assert nfs4.FATTR4_MODE in SUPPATTR_EXCLCREAT
+
+
+def createattrs(fattr: nfs4.fattr4) -> tuple[Settable, bool]:
+    """``decode_settable`` of OPEN's createattrs, and whether they are the mode alone (which
+    an exclusive create may set): the Linux client's createattrs, decoded in place, else by
+    ``decode_settable`` (the reference: ``tests/unit/nfs4/test_open_createattrs.py``)."""
+    vals = fattr.attr_vals
+    if len(vals) == 4 and tuple(fattr.attrmask) == _MODE_ONLY:
+        mode = int.from_bytes(vals, "big")
+        if not mode & ~MODE_BITS:
+            return Settable(mode=mode, attrset=list(_MODE_ONLY)), True
+    return decode_settable(fattr), False
+
+
 def _create_how(how: nfs4.createhow4) -> tuple[Settable, CreateMode, bytes | None]:
     """OPEN's createhow4: its createattrs, the VFS's create mode and the verifier."""
     if how.mode in (nfs4.UNCHECKED4, nfs4.GUARDED4):
         assert isinstance(how.value, nfs4.fattr4)
-        settable = decode_settable(how.value)
+        settable = createattrs(how.value)[0]
         return (
             settable,
             CreateMode.UNCHECKED if how.mode == nfs4.UNCHECKED4 else CreateMode.GUARDED,
@@ -134,8 +151,10 @@ def _create_how(how: nfs4.createhow4) -> tuple[Settable, CreateMode, bytes | Non
         )
     if how.mode == nfs4.EXCLUSIVE4_1:
         assert isinstance(how.value, nfs4.creatverfattr)
-        settable = decode_settable(how.value.cva_attrs)
-        if any(n not in SUPPATTR_EXCLCREAT for n in attr_numbers(settable.attrset)):
+        settable, mode_only = createattrs(how.value.cva_attrs)
+        if not mode_only and any(
+            n not in SUPPATTR_EXCLCREAT for n in attr_numbers(settable.attrset)
+        ):
             raise Nfs4Error(nfs4.NFS4ERR_INVAL)
         return settable, CreateMode.EXCLUSIVE, how.value.cva_verf
     # EXCLUSIVE4 is NFSv4.0's; a 4.1 client uses EXCLUSIVE4_1 (section 18.16.3)
