@@ -71,6 +71,38 @@ from nfsrdma.vfs.resolver import RESOURCE_ERRNOS, HandleMode, Resolver
 from nfsrdma.vfs.secret import export_secret
 
 _MODIFYING: Final = ACCESS4_MODIFY | ACCESS4_EXTEND | ACCESS4_DELETE
+# ACCESS's bits and the access(2) modes that answer them, for a directory and for the others
+_DIRECTORY_ACCESS: Final = (
+    (ACCESS4_READ, os.R_OK),
+    (ACCESS4_LOOKUP, os.X_OK),
+    (ACCESS4_MODIFY, os.W_OK | os.X_OK),
+    (ACCESS4_EXTEND, os.W_OK | os.X_OK),
+    (ACCESS4_DELETE, os.W_OK | os.X_OK),
+)
+_OTHER_ACCESS: Final = (
+    (ACCESS4_READ, os.R_OK),
+    (ACCESS4_MODIFY, os.W_OK),
+    (ACCESS4_EXTEND, os.W_OK),
+    (ACCESS4_EXECUTE, os.X_OK),
+)
+_AccessPlan = tuple[frozenset[int], tuple[tuple[int, int], ...]]
+# (directory?, mask) → the modes to ask and the (bit, mode) pairs asked: at most 2 x 64 plans
+_ACCESS_PLANS: dict[tuple[bool, int], _AccessPlan] = {}
+
+
+def _access_plan(directory: bool, mask: int) -> _AccessPlan:
+    """The access(2) modes that answer ACCESS's ``mask`` and which bit each answers."""
+    plan = _ACCESS_PLANS.get((directory, mask))
+    if plan is None:
+        pairs = tuple(
+            (bit, want)
+            for bit, want in (_DIRECTORY_ACCESS if directory else _OTHER_ACCESS)
+            if mask & bit
+        )
+        plan = (frozenset(want for _, want in pairs), pairs)
+        if len(_ACCESS_PLANS) < 256:
+            _ACCESS_PLANS[(directory, mask)] = plan
+    return plan
 
 
 def _process_umask() -> int:
@@ -238,7 +270,7 @@ class LocalVfs(Vfs):
         return _posix_access(st, cred if self._ident.enabled else self._ident.server, mode)
 
     def _access_results(
-        self, fd: int, st: os.stat_result, cred: Cred, wants: set[int]
+        self, fd: int, st: os.stat_result, cred: Cred, wants: frozenset[int]
     ) -> dict[int, bool]:
         """Whether the caller has each access mode (R_OK/W_OK/X_OK combinations) in ``wants``,
         in as few checks as the answers allow: execute of a regular file with no execute bit is
@@ -402,28 +434,13 @@ class LocalVfs(Vfs):
             ecred = self._cred(cred)
             self._ident.apply(ecred)
             self._res.keep_stat(pin.key, generation, st)  # for a GETATTR right after
-            if stat.S_ISDIR(st.st_mode):
-                table = {
-                    ACCESS4_READ: os.R_OK,
-                    ACCESS4_LOOKUP: os.X_OK,
-                    ACCESS4_MODIFY: os.W_OK | os.X_OK,
-                    ACCESS4_EXTEND: os.W_OK | os.X_OK,
-                    ACCESS4_DELETE: os.W_OK | os.X_OK,
-                }
-            else:
-                table = {
-                    ACCESS4_READ: os.R_OK,
-                    ACCESS4_MODIFY: os.W_OK,
-                    ACCESS4_EXTEND: os.W_OK,
-                    ACCESS4_EXECUTE: os.X_OK,
-                }
             if self.export.read_only:
                 mask &= ~_MODIFYING
-            wants = {want for bit, want in table.items() if mask & bit}
+            wants, pairs = _access_plan(stat.S_ISDIR(st.st_mode), mask)
             results = self._access_results(pin.fd, st, ecred, wants)
             allowed = 0
-            for bit, want in table.items():
-                if mask & bit and results[want]:
+            for bit, want in pairs:
+                if results[want]:
                     allowed |= bit
             return allowed
         finally:
