@@ -352,15 +352,20 @@ class LocalVfs(Vfs):
         bname = check_name(name)
         pin = self._res.pin(dir_fh)
         try:
-            count = self._changes.get(pin.fileid)  # (before the fstat: see ChangeCounter)
-            st = self._res.stat(pin)
-            if not stat.S_ISDIR(st.st_mode):
-                raise NotADirectoryError(errno.ENOTDIR, "not a directory")
+            change = self._directory_change(pin)
         except BaseException:
             pin.release()
             raise
         fh, fst = self._lookup(cred, pin, bname)
-        return ChangeCounter.value(st.st_ctime_ns, count), fh, attrs.FTYPE[fst.st_mode & 0o170000]
+        return change, fh, attrs.FTYPE[fst.st_mode & 0o170000]
+
+    def _directory_change(self, pin: Pin) -> int:
+        """The change attribute of ``pin``'s object; NotADirectoryError unless a directory."""
+        count = self._changes.get(pin.fileid)  # (before the fstat: see ChangeCounter)
+        st = self._res.stat(pin)
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory")
+        return ChangeCounter.value(st.st_ctime_ns, count)
 
     def _lookup(self, cred: Cred, pin: Pin, bname: bytes) -> tuple[bytes, os.stat_result]:
         """LOOKUP of ``bname`` in the directory ``pin`` (released here): the handle, and the
@@ -720,11 +725,7 @@ class LocalVfs(Vfs):
         # calls resolve it four times).
         pin = self._res.pin(dir_fh)
         try:
-            count = self._changes.get(pin.fileid)  # (before the fstat: see ChangeCounter)
-            st = self._res.stat(pin)
-            if not stat.S_ISDIR(st.st_mode):
-                raise NotADirectoryError(errno.ENOTDIR, "not a directory")
-            before = ChangeCounter.value(st.st_ctime_ns, count)
+            before = self._directory_change(pin)
             bname = self._create_checks(name, how, verifier, read, write)
             ecred = self._cred(cred)
             fh, of, created = self._create_in(ecred, pin, bname, mode, how, verifier, read, write)
