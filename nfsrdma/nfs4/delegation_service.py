@@ -401,6 +401,10 @@ def check_name(
     table = table_of(ctx)
     if not table:  # (no delegation at all: nothing to ask)
         return
+    session = ctx.session
+    others = session is None or table.held_by_others(session.clientid)
+    if not (others or local_write or local_open):
+        return  # (only another client's delegation could stand in the way: no lookup)
     try:
         fh = ctx.server.vfs.lookup(ctx.cred, dir_fh, name)
     except Exception:  # a missing name, a bad handle...: the operation itself will say so

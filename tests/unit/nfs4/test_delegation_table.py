@@ -144,7 +144,8 @@ _STEPS = st.lists(
 def test_the_count_is_the_delegations_on_files(steps: list[tuple[str, int, bytes, bool]]) -> None:
     """``len`` (kept as a count, asked by every OPEN and REMOVE) is the number of delegations
     standing on files through any sequence of grants, returns, revocations, frees, purges and
-    expiries; ``bool`` agrees with it."""
+    expiries; ``bool`` agrees with it, and ``held_by_others`` (kept as counts by client) with
+    the clients of the delegations on files."""
     t = table()
     for what, clientid, fh, write in steps:
         held = t.held(clientid, fh)
@@ -161,6 +162,9 @@ def test_the_count_is_the_delegations_on_files(steps: list[tuple[str, int, bytes
         elif what == "expire" and held is not None:
             t.start_recall(held, 0.0)
             t.expire(100.0, 10.0)
-        standing = sum(len(t.on_file(f)) for f in (b"f1", b"f2", b"f3"))
-        assert len(t) == standing
-        assert bool(t) == (standing > 0)
+        on_files = [d for f in (b"f1", b"f2", b"f3") for d in t.on_file(f)]
+        assert len(t) == len(on_files)
+        assert bool(t) == bool(on_files)
+        for client in (1, 2, 3):
+            others = any(d.clientid != client for d in on_files)
+            assert t.held_by_others(client) == others
