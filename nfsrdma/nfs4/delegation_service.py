@@ -359,7 +359,7 @@ def check_conflicts(
     delegation is recalled too and its lease let go first (the server would otherwise block
     on its own lease); the operation goes on."""
     table = table_of(ctx)
-    if not len(table):
+    if not table:  # (no delegation at all: nothing to ask)
         return
     clientid = ctx.clientid
     if local_write or local_open:
@@ -399,8 +399,12 @@ def check_name(
     """REMOVE / RENAME / LINK of ``dir_fh``/``name``: the object it names must not be under
     another client's delegation (NFS4ERR_DELAY while recalled); a missing name is fine."""
     table = table_of(ctx)
-    if not len(table):
+    if not table:  # (no delegation at all: nothing to ask)
         return
+    session = ctx.session
+    others = session is None or table.held_by_others(session.clientid)
+    if not (others or local_write or local_open):
+        return  # (only another client's delegation could stand in the way: no lookup)
     try:
         fh = ctx.server.vfs.lookup(ctx.cred, dir_fh, name)
     except Exception:  # a missing name, a bad handle...: the operation itself will say so

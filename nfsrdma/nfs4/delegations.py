@@ -100,6 +100,8 @@ class DelegationTable:
         self._by_other: dict[bytes, Delegation] = {}
         self._by_file: dict[bytes, dict[int, Delegation]] = {}
         self._revoked: dict[int, dict[bytes, Delegation]] = {}  # revoked, not yet freed
+        self._filed = 0  # the delegations in _by_file (every OPEN asks: no sum over files)
+        self._filed_of: dict[int, int] = {}  # the same, by client
         # Hooks set by the server: send CB_RECALL; (client, any revoked state left?);
         # release the kernel lease of a delegation that goes.
         self.recall: Callable[[Delegation], None] | None = None
@@ -112,10 +114,14 @@ class DelegationTable:
     # ------------------------------------------------------------------ lookups
 
     def __len__(self) -> int:
-        return sum(len(d) for d in self._by_file.values())
+        return self._filed  # (= sum(len(d) for d in self._by_file.values()))
 
     def __bool__(self) -> bool:  # (what len() > 0 says, without counting: no file is left empty)
         return bool(self._by_file)
+
+    def held_by_others(self, clientid: int) -> bool:
+        """Whether a client other than ``clientid`` holds a delegation on some file."""
+        return self._filed > self._filed_of.get(clientid, 0)
 
     def get(self, other: bytes) -> Delegation | None:
         return self._by_other.get(other)
@@ -206,6 +212,8 @@ class DelegationTable:
         d = Delegation(self._new_other(), clientid, fh, write, now, change=change, size=size)
         self._by_other[d.other] = d
         self._by_file.setdefault(fh, {})[clientid] = d
+        self._filed += 1
+        self._filed_of[clientid] = self._filed_of.get(clientid, 0) + 1
         self.granted += 1
         return d
 
@@ -317,6 +325,12 @@ class DelegationTable:
         held = self._by_file.get(d.fh)
         if held is not None and held.get(d.clientid) is d:
             del held[d.clientid]
+            self._filed -= 1
+            left = self._filed_of[d.clientid] - 1
+            if left:
+                self._filed_of[d.clientid] = left
+            else:
+                del self._filed_of[d.clientid]
             if not held:
                 del self._by_file[d.fh]
         if d.lease is not None:

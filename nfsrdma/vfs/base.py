@@ -464,6 +464,38 @@ class Vfs(abc.ABC):
         write: bool = True,
     ) -> tuple[bytes, OpenFile, bool]: ...
 
+    def create_changed(
+        self,
+        cred: Cred,
+        dir_fh: bytes,
+        name: bytes,
+        mode: int,
+        how: CreateMode = CreateMode.UNCHECKED,
+        verifier: bytes | None = None,
+        *,
+        read: bool = True,
+        write: bool = True,
+    ) -> tuple[int, bytes, OpenFile, bool, int]:
+        """What OPEN with a create asks (RFC 8881 section 18.16): the directory's change
+        attribute (read first: a removed directory is stale before anything else),
+        NotADirectoryError (nothing created) when ``dir_fh`` is not a directory, then
+        ``create_file`` and the change attribute after it (the one before when nothing was
+        created): ``(before, fh, openfile, created, after)``. Backends may answer it in one
+        resolution of the directory."""
+        before = self.change(dir_fh)
+        if self.file_type(dir_fh) != FileType.NF4DIR:
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory")
+        fh, of, created = self.create_file(
+            cred, dir_fh, name, mode, how, verifier, read=read, write=write
+        )
+        if not created:
+            return before, fh, of, False, before
+        try:
+            return before, fh, of, True, self.change(dir_fh)
+        except BaseException:
+            of.close()
+            raise
+
     @abc.abstractmethod
     def anonymous_read(
         self, cred: Cred, fh: bytes, offset: int, count: int

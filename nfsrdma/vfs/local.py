@@ -71,6 +71,38 @@ from nfsrdma.vfs.resolver import RESOURCE_ERRNOS, HandleMode, Resolver
 from nfsrdma.vfs.secret import export_secret
 
 _MODIFYING: Final = ACCESS4_MODIFY | ACCESS4_EXTEND | ACCESS4_DELETE
+# ACCESS's bits and the access(2) modes that answer them, for a directory and for the others
+_DIRECTORY_ACCESS: Final = (
+    (ACCESS4_READ, os.R_OK),
+    (ACCESS4_LOOKUP, os.X_OK),
+    (ACCESS4_MODIFY, os.W_OK | os.X_OK),
+    (ACCESS4_EXTEND, os.W_OK | os.X_OK),
+    (ACCESS4_DELETE, os.W_OK | os.X_OK),
+)
+_OTHER_ACCESS: Final = (
+    (ACCESS4_READ, os.R_OK),
+    (ACCESS4_MODIFY, os.W_OK),
+    (ACCESS4_EXTEND, os.W_OK),
+    (ACCESS4_EXECUTE, os.X_OK),
+)
+_AccessPlan = tuple[frozenset[int], tuple[tuple[int, int], ...]]
+# (directory?, mask) → the modes to ask and the (bit, mode) pairs asked: at most 2 x 64 plans
+_ACCESS_PLANS: dict[tuple[bool, int], _AccessPlan] = {}
+
+
+def _access_plan(directory: bool, mask: int) -> _AccessPlan:
+    """The access(2) modes that answer ACCESS's ``mask`` and which bit each answers."""
+    plan = _ACCESS_PLANS.get((directory, mask))
+    if plan is None:
+        pairs = tuple(
+            (bit, want)
+            for bit, want in (_DIRECTORY_ACCESS if directory else _OTHER_ACCESS)
+            if mask & bit
+        )
+        plan = (frozenset(want for _, want in pairs), pairs)
+        if len(_ACCESS_PLANS) < 256:
+            _ACCESS_PLANS[(directory, mask)] = plan
+    return plan
 
 
 def _process_umask() -> int:
@@ -238,7 +270,7 @@ class LocalVfs(Vfs):
         return _posix_access(st, cred if self._ident.enabled else self._ident.server, mode)
 
     def _access_results(
-        self, fd: int, st: os.stat_result, cred: Cred, wants: set[int]
+        self, fd: int, st: os.stat_result, cred: Cred, wants: frozenset[int]
     ) -> dict[int, bool]:
         """Whether the caller has each access mode (R_OK/W_OK/X_OK combinations) in ``wants``,
         in as few checks as the answers allow: execute of a regular file with no execute bit is
@@ -320,15 +352,20 @@ class LocalVfs(Vfs):
         bname = check_name(name)
         pin = self._res.pin(dir_fh)
         try:
-            count = self._changes.get(pin.fileid)  # (before the fstat: see ChangeCounter)
-            st = self._res.stat(pin)
-            if not stat.S_ISDIR(st.st_mode):
-                raise NotADirectoryError(errno.ENOTDIR, "not a directory")
+            change = self._directory_change(pin)
         except BaseException:
             pin.release()
             raise
         fh, fst = self._lookup(cred, pin, bname)
-        return ChangeCounter.value(st.st_ctime_ns, count), fh, attrs.FTYPE[fst.st_mode & 0o170000]
+        return change, fh, attrs.FTYPE[fst.st_mode & 0o170000]
+
+    def _directory_change(self, pin: Pin) -> int:
+        """The change attribute of ``pin``'s object; NotADirectoryError unless a directory."""
+        count = self._changes.get(pin.fileid)  # (before the fstat: see ChangeCounter)
+        st = self._res.stat(pin)
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory")
+        return ChangeCounter.value(st.st_ctime_ns, count)
 
     def _lookup(self, cred: Cred, pin: Pin, bname: bytes) -> tuple[bytes, os.stat_result]:
         """LOOKUP of ``bname`` in the directory ``pin`` (released here): the handle, and the
@@ -402,28 +439,13 @@ class LocalVfs(Vfs):
             ecred = self._cred(cred)
             self._ident.apply(ecred)
             self._res.keep_stat(pin.key, generation, st)  # for a GETATTR right after
-            if stat.S_ISDIR(st.st_mode):
-                table = {
-                    ACCESS4_READ: os.R_OK,
-                    ACCESS4_LOOKUP: os.X_OK,
-                    ACCESS4_MODIFY: os.W_OK | os.X_OK,
-                    ACCESS4_EXTEND: os.W_OK | os.X_OK,
-                    ACCESS4_DELETE: os.W_OK | os.X_OK,
-                }
-            else:
-                table = {
-                    ACCESS4_READ: os.R_OK,
-                    ACCESS4_MODIFY: os.W_OK,
-                    ACCESS4_EXTEND: os.W_OK,
-                    ACCESS4_EXECUTE: os.X_OK,
-                }
             if self.export.read_only:
                 mask &= ~_MODIFYING
-            wants = {want for bit, want in table.items() if mask & bit}
+            wants, pairs = _access_plan(stat.S_ISDIR(st.st_mode), mask)
             results = self._access_results(pin.fd, st, ecred, wants)
             allowed = 0
-            for bit, want in table.items():
-                if mask & bit and results[want]:
+            for bit, want in pairs:
+                if results[want]:
                     allowed |= bit
             return allowed
         finally:
@@ -677,6 +699,51 @@ class LocalVfs(Vfs):
         read: bool = True,
         write: bool = True,
     ) -> tuple[bytes, LocalOpenFile, bool]:
+        bname = self._create_checks(name, how, verifier, read, write)
+        ecred = self._cred(cred)
+        pin = self._res.pin(dir_fh)
+        try:
+            return self._create_in(ecred, pin, bname, mode, how, verifier, read, write)
+        finally:
+            pin.release()
+
+    @off_protected_threads
+    def create_changed(
+        self,
+        cred: Cred,
+        dir_fh: bytes,
+        name: bytes,
+        mode: int,
+        how: CreateMode = CreateMode.UNCHECKED,
+        verifier: bytes | None = None,
+        *,
+        read: bool = True,
+        write: bool = True,
+    ) -> tuple[int, bytes, LocalOpenFile, bool, int]:
+        # One resolution of the directory for its change attribute before (and its type, from
+        # the same fstat), the create and the change attribute after (the base class's four
+        # calls resolve it four times).
+        pin = self._res.pin(dir_fh)
+        try:
+            before = self._directory_change(pin)
+            bname = self._create_checks(name, how, verifier, read, write)
+            ecred = self._cred(cred)
+            fh, of, created = self._create_in(ecred, pin, bname, mode, how, verifier, read, write)
+            if not created:
+                return before, fh, of, False, before
+            try:
+                after = self._change_of(pin)
+            except BaseException:
+                of.close()
+                raise
+            return before, fh, of, True, after
+        finally:
+            pin.release()
+
+    def _create_checks(
+        self, name: bytes | str, how: CreateMode, verifier: bytes | None, read: bool, write: bool
+    ) -> bytes:
+        """``create_file``'s checks of its arguments; the name as bytes."""
         if self.export.read_only:
             raise attrs.erofs()
         bname = check_name(name)
@@ -686,35 +753,43 @@ class LocalVfs(Vfs):
             raise OSError(errno.EINVAL, "exclusive create needs an 8-octet verifier")
         if not (read or write):
             raise OSError(errno.EINVAL, "bad open mode")
-        ecred = self._cred(cred)
-        pin = self._res.pin(dir_fh)
-        try:
-            self._ident.apply(ecred)
-            for _ in range(16):
-                try:
-                    fd = os.open(
-                        bname,
-                        os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
-                        mode & 0o7777,
-                        dir_fd=pin.fd,
-                    )
-                except FileExistsError:
-                    if how == CreateMode.GUARDED:
-                        raise
-                    try:
-                        path_fd = open_component(pin.fd, bname)
-                    except FileNotFoundError:
-                        continue  # removed meanwhile: try to create again
-                    return self._open_existing(
-                        pin, bname, path_fd, ecred, how, verifier, read, write
-                    )
-                except FileNotFoundError:
-                    self._check_dir_alive(pin)
+        return bname
+
+    def _create_in(
+        self,
+        ecred: Cred,
+        pin: Pin,
+        bname: bytes,
+        mode: int,
+        how: CreateMode,
+        verifier: bytes | None,
+        read: bool,
+        write: bool,
+    ) -> tuple[bytes, LocalOpenFile, bool]:
+        """``create_file`` of ``bname`` (checked) in the directory ``pin`` (the caller
+        releases it) for the effective identity ``ecred``."""
+        self._ident.apply(ecred)
+        for _ in range(16):
+            try:
+                fd = os.open(
+                    bname,
+                    os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    mode & 0o7777,
+                    dir_fd=pin.fd,
+                )
+            except FileExistsError:
+                if how == CreateMode.GUARDED:
                     raise
-                return self._created(pin, bname, fd, mode, how, verifier)
-            raise OSError(errno.EAGAIN, "name keeps appearing and disappearing")
-        finally:
-            pin.release()
+                try:
+                    path_fd = open_component(pin.fd, bname)
+                except FileNotFoundError:
+                    continue  # removed meanwhile: try to create again
+                return self._open_existing(pin, bname, path_fd, ecred, how, verifier, read, write)
+            except FileNotFoundError:
+                self._check_dir_alive(pin)
+                raise
+            return self._created(pin, bname, fd, mode, how, verifier)
+        raise OSError(errno.EAGAIN, "name keeps appearing and disappearing")
 
     def _created(
         self,

@@ -17,6 +17,7 @@ from typing import Final
 
 from nfsrdma.nfs4 import grace
 from nfsrdma.nfs4.attrs import (
+    MODE_BITS,
     SUPPATTR_EXCLCREAT,
     Settable,
     attr_numbers,
@@ -122,35 +123,71 @@ def _covers(of: OpenFile, access: int) -> bool:
     return (not access & ACCESS_READ or of.readable) and (not access & ACCESS_WRITE or of.writable)
 
 
-def _create(
-    ctx: CompoundContext, dir_fh: bytes, name: bytes, how: nfs4.createhow4, access: int
-) -> _Target:
-    vfs = ctx.server.vfs
-    verifier: bytes | None = None
+_MODE_ONLY: Final = tuple(bitmap_of([nfs4.FATTR4_MODE]))
+assert nfs4.FATTR4_MODE in SUPPATTR_EXCLCREAT
+
+
+def createattrs(fattr: nfs4.fattr4) -> tuple[Settable, bool]:
+    """``decode_settable`` of OPEN's createattrs, and whether they are the mode alone (which
+    an exclusive create may set): the Linux client's createattrs, decoded in place, else by
+    ``decode_settable`` (the reference: ``tests/unit/nfs4/test_open_createattrs.py``)."""
+    vals = fattr.attr_vals
+    if len(vals) == 4 and tuple(fattr.attrmask) == _MODE_ONLY:
+        mode = int.from_bytes(vals, "big")
+        if not mode & ~MODE_BITS:
+            return Settable(mode=mode, attrset=list(_MODE_ONLY)), True
+    return decode_settable(fattr), False
+
+
+def _create_how(how: nfs4.createhow4) -> tuple[Settable, CreateMode, bytes | None]:
+    """OPEN's createhow4: its createattrs, the VFS's create mode and the verifier."""
     if how.mode in (nfs4.UNCHECKED4, nfs4.GUARDED4):
         assert isinstance(how.value, nfs4.fattr4)
-        settable = decode_settable(how.value)
-        mode = CreateMode.UNCHECKED if how.mode == nfs4.UNCHECKED4 else CreateMode.GUARDED
-    elif how.mode == nfs4.EXCLUSIVE4_1:
+        settable = createattrs(how.value)[0]
+        return (
+            settable,
+            CreateMode.UNCHECKED if how.mode == nfs4.UNCHECKED4 else CreateMode.GUARDED,
+            None,
+        )
+    if how.mode == nfs4.EXCLUSIVE4_1:
         assert isinstance(how.value, nfs4.creatverfattr)
-        settable = decode_settable(how.value.cva_attrs)
-        if any(n not in SUPPATTR_EXCLCREAT for n in attr_numbers(settable.attrset)):
+        settable, mode_only = createattrs(how.value.cva_attrs)
+        if not mode_only and any(
+            n not in SUPPATTR_EXCLCREAT for n in attr_numbers(settable.attrset)
+        ):
             raise Nfs4Error(nfs4.NFS4ERR_INVAL)
-        verifier = how.value.cva_verf
-        mode = CreateMode.EXCLUSIVE
-    else:  # EXCLUSIVE4 is NFSv4.0's; a 4.1 client uses EXCLUSIVE4_1 (section 18.16.3)
-        raise Nfs4Error(nfs4.NFS4ERR_INVAL)
+        return settable, CreateMode.EXCLUSIVE, how.value.cva_verf
+    # EXCLUSIVE4 is NFSv4.0's; a 4.1 client uses EXCLUSIVE4_1 (section 18.16.3)
+    raise Nfs4Error(nfs4.NFS4ERR_INVAL)
+
+
+def _create(
+    ctx: CompoundContext, dir_fh: bytes, name: bytes, how: nfs4.createhow4, access: int
+) -> tuple[_Target, int, int]:
+    """The create of a CLAIM_NULL OPEN, and the directory's change before and after it; the
+    directory's checks (stale, then not a directory) come before the createattrs'."""
+    vfs = ctx.server.vfs
+    try:
+        settable, mode, verifier = _create_how(how)
+    except Nfs4Error:
+        vfs.change(dir_fh)  # (a removed directory: stale, first)
+        check_directory(vfs.file_type(dir_fh))
+        raise
     perm = DEFAULT_CREATE_MODE if settable.mode is None else settable.mode
-    fh, of, created = vfs.create_file(
-        ctx.cred,
-        dir_fh,
-        name,
-        perm,
-        mode,
-        verifier,
-        read=bool(access & ACCESS_READ),
-        write=bool(access & ACCESS_WRITE),
-    )
+    try:
+        before, fh, of, created, after = vfs.create_changed(
+            ctx.cred,
+            dir_fh,
+            name,
+            perm,
+            mode,
+            verifier,
+            read=bool(access & ACCESS_READ),
+            write=bool(access & ACCESS_WRITE),
+        )
+    except NotADirectoryError:
+        check_directory(vfs.file_type(dir_fh))  # (NFS4ERR_SYMLINK for a symlink)
+        raise
     target = _Target(fh, of, created)
     if created:
         try:
@@ -161,7 +198,7 @@ def _create(
         target.attrset = list(settable.attrset)
     elif settable.size == 0:
         target.truncate = True
-    return target
+    return target, before, after
 
 
 def _apply_createattrs(ctx: CompoundContext, fh: bytes, s: Settable) -> None:
@@ -199,14 +236,11 @@ def _resolve(ctx: CompoundContext, args: nfs4.OPEN4args, access: int) -> tuple[_
                 raise
             check_regular(ftype)
             return _Target(fh), before, before
-        before = vfs.change(dir_fh)  # (a removed directory: stale, first)
-        check_directory(vfs.file_type(dir_fh))
         assert isinstance(args.openhow.value, nfs4.createhow4)
-        # The create path opens an existing file at once.
+        # The create path opens an existing file at once. (Before the directory's checks: a
+        # name it cannot look up, in a removed directory or a file, concerns no delegation.)
         check_name(ctx, dir_fh, name, local_write=bool(access & ACCESS_WRITE), local_open=True)
-        target = _create(ctx, dir_fh, name, args.openhow.value, access)
-        after = vfs.change(dir_fh) if target.created else before
-        return target, before, after
+        return _create(ctx, dir_fh, name, args.openhow.value, access)
     if claim.claim == nfs4.CLAIM_FH:
         fh = ctx.fh()
         if creating:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nfsrdma.nfs4.context import Nfs4Error
 from nfsrdma.nfs4.delegations import (
@@ -124,3 +126,45 @@ def test_return_free_and_purge() -> None:
     assert t.client_has(1)
     t.purge(1)
     assert not t.client_has(1) and t.get(e1.other) is None and t.get(e2.other) is None
+
+
+_STEPS = st.lists(
+    st.tuples(
+        st.sampled_from(["grant", "return", "revoke", "free", "purge", "expire"]),
+        st.integers(1, 3),  # client
+        st.sampled_from([b"f1", b"f2", b"f3"]),
+        st.booleans(),  # write
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_STEPS)
+def test_the_count_is_the_delegations_on_files(steps: list[tuple[str, int, bytes, bool]]) -> None:
+    """``len`` (kept as a count, asked by every OPEN and REMOVE) is the number of delegations
+    standing on files through any sequence of grants, returns, revocations, frees, purges and
+    expiries; ``bool`` agrees with it, and ``held_by_others`` (kept as counts by client) with
+    the clients of the delegations on files."""
+    t = table()
+    for what, clientid, fh, write in steps:
+        held = t.held(clientid, fh)
+        if what == "grant":
+            t.grant(clientid, fh, write, 0.0)
+        elif what == "return" and held is not None:
+            t.delegreturn(clientid, held.stateid, fh)
+        elif what == "revoke" and held is not None:
+            t.revoke(held)
+            if write:
+                t.free(clientid, held.stateid)
+        elif what == "purge":
+            t.purge(clientid)
+        elif what == "expire" and held is not None:
+            t.start_recall(held, 0.0)
+            t.expire(100.0, 10.0)
+        on_files = [d for f in (b"f1", b"f2", b"f3") for d in t.on_file(f)]
+        assert len(t) == len(on_files)
+        assert bool(t) == bool(on_files)
+        for client in (1, 2, 3):
+            others = any(d.clientid != client for d in on_files)
+            assert t.held_by_others(client) == others

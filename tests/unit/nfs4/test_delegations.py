@@ -362,7 +362,22 @@ async def test_the_holders_own_changes_do_not_recall(tmp_path: Path) -> None:
             OK,
             op(nfs4.OP_SETATTR, nfs4.SETATTR4args(nfs4.stateid4(0, bytes(12)), mode_attrs(0o600))),
         )
-        await a.expect(OK, op(nfs4.OP_PUTROOTFH), op(nfs4.OP_REMOVE, nfs4.REMOVE4args(b"f")))
+        # Only the holder's delegation stands: REMOVE's delegation check looks nothing up
+        assert server.state is not None
+        vfs = server.state.vfs
+        looked_up: list[bytes] = []
+        real_lookup = vfs.lookup
+
+        def lookup(cred: Any, dir_fh: bytes, name: bytes | str) -> bytes:
+            looked_up.append(bytes(name) if isinstance(name, bytes) else name.encode())
+            return real_lookup(cred, dir_fh, name)
+
+        vfs.lookup = lookup  # type: ignore[method-assign]
+        try:
+            await a.expect(OK, op(nfs4.OP_PUTROOTFH), op(nfs4.OP_REMOVE, nfs4.REMOVE4args(b"f")))
+        finally:
+            del vfs.lookup
+        assert looked_up == []
         assert recalls.sent == [] and a.s.stats.recalls == 0
 
 

@@ -439,6 +439,38 @@ async def test_open_claims_and_errors(tmp_path: Path) -> None:
         )
 
 
+async def test_open_create_errors_of_the_directory_come_first(tmp_path: Path) -> None:
+    """OPEN with a create (one VFS call for the directory's checks, the create and its
+    change_info): a file or symlink as the current filehandle is NFS4ERR_NOTDIR or
+    NFS4ERR_SYMLINK, before the createattrs' NFS4ERR_INVAL; nothing is created."""
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "file").write_bytes(b"content")
+    os.symlink("file", export / "link")
+    async with served(tmp_path) as (_, (c,)):
+        mtime = nfs4.fattr4(bitmap_of([nfs4.FATTR4_TIME_MODIFY_SET]), (0).to_bytes(4, "big"))
+        bad = nfs4.openflag4(
+            nfs4.OPEN4_CREATE,
+            nfs4.createhow4(nfs4.EXCLUSIVE4_1, nfs4.creatverfattr(b"verifier", mtime)),
+        )
+        excl = nfs4.openflag4(
+            nfs4.OPEN4_CREATE,
+            nfs4.createhow4(nfs4.EXCLUSIVE4_1, nfs4.creatverfattr(b"verifier", mode_attrs())),
+        )
+        for name, status in ((b"file", nfs4.NFS4ERR_NOTDIR), (b"link", nfs4.NFS4ERR_SYMLINK)):
+            lookup = op(nfs4.OP_LOOKUP, nfs4.LOOKUP4args(name))
+            res = await c.expect(OK, op(nfs4.OP_PUTROOTFH), lookup, op(nfs4.OP_GETFH))
+            fh = res.resarray[2].value.value.object
+            for how in (unchecked(), excl, bad):
+                await c.on(fh, status, open_op(b"x", how=how))
+        root = op(nfs4.OP_PUTROOTFH)
+        await c.expect(nfs4.NFS4ERR_INVAL, root, open_op(b"x", how=bad))
+        assert sorted(os.listdir(export)) == ["file", "link"]
+        res = await c.expect(OK, root, open_op(b"x", how=excl))
+        cinfo = res.resarray[1].value.value.cinfo
+        assert cinfo.before != cinfo.after and not cinfo.atomic
+
+
 async def test_delegation_wants_are_answered(tmp_path: Path) -> None:
     """RFC 8881 18.16.3: OPEN_DELEGATE_NONE_EXT says why when a want was expressed (a client
     without a back channel gets no delegation: WND4_RESOURCE)."""

@@ -312,6 +312,27 @@ def test_access_splits_when_not_everything_is_granted(vfs: LocalVfs, export_dir:
     assert vfs.access(U1000, fh, ALL) == 0
 
 
+def test_access_of_a_mask_is_the_union_of_its_bits(vfs: LocalVfs, export_dir: Path) -> None:
+    """Every mask (ACCESS's modes are asked by plans kept per type and mask) answers what its
+    bits answer one by one, for a file and a directory, granted or not."""
+    (export_dir / "r").write_bytes(b"r")
+    os.chmod(export_dir / "r", 0o645)
+    (export_dir / "d").mkdir(mode=0o753)
+    os.chmod(export_dir / "d", 0o753)
+    root = vfs.root_handle()
+    for name in (b"r", b"d"):
+        fh = vfs.lookup(ROOT, root, name)
+        for cred in (ROOT, U1000):
+            alone = {1 << k: vfs.access(cred, fh, 1 << k) for k in range(6)}
+            for mask in range(64):
+                union = 0
+                for bit, granted in alone.items():
+                    if mask & bit:
+                        union |= granted
+                assert vfs.access(cred, fh, mask) == union, (name, cred, mask)
+            vfs.release_identity()
+
+
 def test_remove_of_a_cached_name_with_another_link_inside_keeps_its_handle(
     vfs: LocalVfs, export_dir: Path
 ) -> None:

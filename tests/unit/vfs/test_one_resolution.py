@@ -5,7 +5,9 @@ mount mode:
 * ``Vfs.open_lookup``: what OPEN by name without a create asks (the directory's change
   attribute, the name's handle and its object's type: ``change``, ``file_type``, ``lookup``,
   ``file_type``);
-* ``Vfs.remove_changed``: REMOVE with its change_info (``change``, ``remove``, ``change``).
+* ``Vfs.remove_changed``: REMOVE with its change_info (``change``, ``remove``, ``change``);
+* ``Vfs.create_changed``: OPEN's create with its change_info (``change``, ``file_type``,
+  ``create_file``, ``change``).
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from typing import Any
 
 import pytest
 
-from nfsrdma.vfs import FileType, LocalVfs, StaleHandle, Vfs
+from nfsrdma.vfs import CreateMode, FileType, LocalVfs, StaleHandle, Vfs, confine
 from nfsrdma.vfs.resolver import Resolver
 
 from .conftest import ROOT, U1000, MakeVfs, needs_root
+from .test_meta_syscalls import Calls
 
 pytestmark = needs_root
 
@@ -191,3 +194,110 @@ def _pins(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
 
     monkeypatch.setattr(Resolver, "pin", pin)
     return pinned
+
+
+_VERIFIER = b"verifier"
+
+
+def _create_both(
+    vfs: LocalVfs, dir_fh: bytes, names: tuple[bytes, bytes], how: CreateMode, cred: Any = ROOT
+) -> tuple[Any, Any]:
+    """(LocalVfs's create_changed of ``names[0]``, the base class's of ``names[1]``): as
+    exception types, or (created, whether the change attributes are the directory's own read
+    just before and just after, whether the handle is the name's, the open file's modes)."""
+    out = []
+    calls = (vfs.create_changed, lambda *a, **k: Vfs.create_changed(vfs, *a, **k))
+    for call, name in zip(calls, names, strict=True):
+        try:
+            want_before = vfs.change(dir_fh)
+        except Exception:
+            want_before = None
+        try:
+            before, fh, of, created, after = call(
+                cred, dir_fh, name, 0o640, how, _VERIFIER, read=False, write=True
+            )
+        except Exception as e:
+            out.append(type(e))
+            continue
+        try:
+            changes = (before == want_before, after == vfs.change(dir_fh), after != before)
+            out.append(
+                (created, changes, fh == vfs.lookup(ROOT, dir_fh, name), of.readable, of.writable)
+            )
+        finally:
+            of.close()
+    vfs.release_identity()
+    return out[0], out[1]
+
+
+def test_create_changed_answers_and_errors_are_the_four_calls(
+    tree_vfs: LocalVfs, export_dir: Path
+) -> None:
+    vfs = tree_vfs
+    root = vfs.root_handle()
+    made = (True, (True, True, True), True, True, True)  # (a created file is opened for both)
+    for how in (CreateMode.UNCHECKED, CreateMode.GUARDED, CreateMode.EXCLUSIVE):
+        names = (b"mine-%d" % how.value, b"base-%d" % how.value)
+        assert _create_both(vfs, root, names, how) == (made, made)
+    # the names exist now: not created (UNCHECKED; EXCLUSIVE with the same verifier, a retry),
+    # FileExistsError (GUARDED); before == after when nothing was created
+    kept = (False, (True, True, False), True, False, True)
+    exclusive = (b"mine-%d" % CreateMode.EXCLUSIVE.value, b"base-%d" % CreateMode.EXCLUSIVE.value)
+    retried = (True, (True, True, False), True, True, True)  # (answered as the first attempt)
+    assert _create_both(vfs, root, exclusive, CreateMode.EXCLUSIVE) == (retried, retried)
+    unchecked = (b"mine-%d" % CreateMode.UNCHECKED.value, b"base-%d" % CreateMode.UNCHECKED.value)
+    assert _create_both(vfs, root, unchecked, CreateMode.UNCHECKED) == (kept, kept)
+    guarded = (FileExistsError, FileExistsError)
+    assert _create_both(vfs, root, unchecked, CreateMode.GUARDED) == guarded
+    assert _create_both(vfs, root, (b"dir", b"dir"), CreateMode.GUARDED) == guarded
+    # not a directory (a file, a symlink), no write permission, a bad name, a removed directory
+    for not_dir in (b"file", b"link"):
+        fh = vfs.lookup(ROOT, root, not_dir)
+        want = (NotADirectoryError, NotADirectoryError)
+        assert _create_both(vfs, fh, (b"x", b"y"), CreateMode.UNCHECKED) == want
+    private = vfs.lookup(ROOT, root, b"private")
+    denied = (PermissionError, PermissionError)
+    assert _create_both(vfs, private, (b"x", b"y"), CreateMode.UNCHECKED, U1000) == denied
+    assert _create_both(vfs, root, (b"a/b", b"a/b"), CreateMode.UNCHECKED) == (OSError, OSError)
+    d = vfs.lookup(ROOT, root, b"dir")
+    os.rmdir(export_dir / "dir")
+    assert _create_both(vfs, d, (b"x", b"y"), CreateMode.UNCHECKED) == (StaleHandle, StaleHandle)
+
+
+def test_create_changed_on_a_read_only_export(make_vfs: MakeVfs, export_dir: Path) -> None:
+    (export_dir / "f").write_bytes(b"")
+    vfs = make_vfs(root_squash=False, read_only=True)
+    root = vfs.root_handle()
+    assert _create_both(vfs, root, (b"x", b"y"), CreateMode.UNCHECKED) == (OSError, OSError)
+    file_fh = vfs.lookup(ROOT, root, b"f")  # (not a directory: said first)
+    want = (NotADirectoryError, NotADirectoryError)
+    assert _create_both(vfs, file_fh, (b"x", b"y"), CreateMode.UNCHECKED) == want
+    with pytest.raises(OSError) as e:
+        vfs.create_changed(ROOT, root, b"x", 0o644)
+    assert e.value.errno == errno.EROFS
+    assert not (export_dir / "x").exists()
+
+
+def test_create_changed_resolves_the_directory_once_and_keeps_the_new_stat(
+    make_vfs: MakeVfs, export_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One resolution of the directory for the four calls; the created file's fstat still
+    serves a GETATTR right after (the directory's second fstat does not drop it)."""
+    _tree(export_dir)
+    vfs = make_vfs(root_squash=False)
+    root = vfs.root_handle()
+    pinned = _pins(monkeypatch)
+    calls = Calls(monkeypatch, (os, "fstat"))
+    confine.open_window()
+    try:
+        before, fh, of, created, after = vfs.create_changed(
+            ROOT, root, b"new", 0o644, CreateMode.EXCLUSIVE, _VERIFIER
+        )
+        got = vfs.getattr(fh)
+    finally:
+        confine.close_window()
+    assert pinned == [root, fh] and created and before != after
+    # the directory before and after, the new file; none for the GETATTR
+    assert calls.counts == {"fstat": 3}
+    assert got == vfs.getattr(fh)
+    of.close()
