@@ -25,12 +25,11 @@ import re
 import statistics
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from nfsbench import CpuSplit, ServerProbe, step
+from nfsbench import CHUNK, CpuSplit, ServerProbe, step, write_seconds
 
 from nfsrdma.testbed.helpers import (
     Knfsd,
@@ -44,7 +43,6 @@ from nfsrdma.testbed.helpers import (
 )
 from nfsrdma.testbed.ours import our_server
 
-CHUNK = 1 << 20
 MOUNT_ROOT = Path("/tmp/seqw-mnt")
 TRACING = Path("/sys/kernel/tracing")
 EVENTS = (
@@ -166,17 +164,7 @@ def summarise(text: str) -> dict[str, Any]:
 
 def write_file(mnt: Path, size_mib: int) -> float:
     """MB/s of ``size_mib`` 1 MiB writes and an fsync."""
-    block = os.urandom(CHUNK)
-    path = mnt / "seqw.bin"
-    t = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for _ in range(size_mib):
-            os.write(fd, block)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return size_mib * CHUNK / (time.perf_counter() - t) / 1e6
+    return size_mib * CHUNK / write_seconds(mnt / "seqw.bin", size_mib) / 1e6
 
 
 def one_proto(proto: str, args: argparse.Namespace, trace: Trace) -> dict[str, list[float]]:
