@@ -1,7 +1,10 @@
 """What single calls the server makes per COMPOUND cost on this machine: an empty Python call,
 a clock read, an uncontended lock, a trivial system call, a ctypes call, ``fstat``, a
 non-waiting ``epoll_wait``, and a 4 KiB ``preadv``/``pread`` from a file in ``--dir`` (a tmpfs,
-as the test bed's exports are), with and without one octet more (the end-of-file probe).
+as the test bed's exports are), with and without one octet more (the end-of-file probe); then
+what a 1 MiB WRITE's data costs: a zero-filled ``bytearray`` of 1 MiB (what a large TCP record's
+buffer cost before it was reused), a 1 MiB copy in Python, and a 1 MiB ``pwritev`` over the
+file's first MiB.
 
 Run it on the host and inside the test bed to see which costs grow most there, e.g.:
 
@@ -34,6 +37,9 @@ def cases(path: str) -> dict[str, Callable[[], object]]:
     ready.register(r, select.EPOLLIN)
     lock = threading.Lock()
     getpid = ctypes.CDLL(None).getpid
+    wfd = os.open(path, os.O_WRONLY)
+    mib = bytearray(os.urandom(1 << 20))
+    sink = bytearray(1 << 20)
 
     def empty() -> None:
         pass
@@ -53,6 +59,9 @@ def cases(path: str) -> dict[str, Callable[[], object]]:
         "preadv 4 KiB": lambda: os.preadv(fd, [buf], 8192),
         "preadv 4 KiB + 1 octet (2 vectors)": lambda: os.preadv(fd, [buf, octet], 8192),
         "pread 4 KiB + 1 octet": lambda: os.pread(fd, 4097, 8192),
+        "bytearray(1 MiB) (zero-filled)": lambda: bytearray(1 << 20),
+        "copy of 1 MiB (slice assignment)": lambda: sink.__setitem__(slice(None), mib),
+        "pwritev 1 MiB (overwrite)": lambda: os.pwritev(wfd, [mib], 0),
     }
 
 

@@ -51,9 +51,9 @@ class Figures:
     meta: float = 0.0  # create/stat/remove operations/s
 
 
-def sequential(mnt: Path, size_mib: int) -> tuple[float, float]:
+def write_seconds(path: Path, size_mib: int) -> float:
+    """Seconds to write ``path`` afresh with ``size_mib`` 1 MiB ``write`` calls and ``fsync``."""
     block = os.urandom(CHUNK)
-    path = mnt / "seq.bin"
     t = time.perf_counter()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -62,7 +62,12 @@ def sequential(mnt: Path, size_mib: int) -> tuple[float, float]:
         os.fsync(fd)
     finally:
         os.close(fd)
-    write_s = time.perf_counter() - t
+    return time.perf_counter() - t
+
+
+def sequential(mnt: Path, size_mib: int) -> tuple[float, float]:
+    path = mnt / "seq.bin"
+    write_s = write_seconds(path, size_mib)
     drop_caches()
     t = time.perf_counter()
     got = 0

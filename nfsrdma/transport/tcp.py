@@ -40,6 +40,7 @@ from nfsrdma.transport.tcp_receive import (
     LAST_FRAGMENT,
     MARK_SIZE,
     MAX_FRAGMENT,
+    LargeBuffers,
     Record,
     RecordReceiver,
     RecordTooLarge,
@@ -166,9 +167,10 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
         max_fragment: int = MAX_FRAGMENT,
         max_fragments: int = MAX_FRAGMENTS,
         on_made: Callable[[TcpConnection], None] | None = None,
+        large: LargeBuffers | None = None,
     ) -> None:
         Connection.__init__(self, peer)
-        self.rx = RecordReceiver(max_record, max_fragments)
+        self.rx = RecordReceiver(max_record, max_fragments, large=large)
         # The event loop asks for a buffer before every receive: the receiver's own method.
         self.get_buffer = self.rx.get_buffer  # type: ignore[method-assign]
         self.max_fragment = max_fragment
@@ -375,9 +377,10 @@ async def listen_tcp(
     """Accept connections; ``on_connection`` runs for each (set its receiver there, or close
     the connection to refuse it)."""
     loop = asyncio.get_running_loop()
+    large = LargeBuffers()  # large records' buffers, reused across the listener's connections
     return await loop.create_server(
         lambda: TcpConnection(
-            max_record=max_record, max_fragments=max_fragments, on_made=on_connection
+            max_record=max_record, max_fragments=max_fragments, on_made=on_connection, large=large
         ),
         host,
         port,

@@ -17,17 +17,26 @@ fragment before its mark makes us hold more; never more than the record limit): 
 READ reply) is then handed on as that buffer (a ``bytearray`` never reused), and the decoded
 WRITE data is a view of it, written to the file with no copy in Python. Fragments of a
 record of several are gathered into one buffer, as ``RecordParser`` does.
+
+The buffers of large fragments are reused (``LargeBuffers``, which a listener shares between
+its connections): a fragment is received into a buffer of its size handed on before, once
+nothing else refers to it any more (the record and every view of it are gone:
+``sys.getrefcount``), instead of a new ``bytearray``, which Python fills with zeros first (as
+much work as the receive's own copy) and the allocator may have to fault in. Its old contents
+are overwritten by the fragment before anyone sees the buffer again.
 """
 
 from __future__ import annotations
 
 import struct
+import sys
 
 LAST_FRAGMENT = 0x80000000
 MAX_FRAGMENT = 0x7FFFFFFF
 MARK_SIZE = 4
 RECEIVE_BUFFER = 32 << 10  # the reused buffer for ordinary records (per connection)
 DIRECT_THRESHOLD = 8 << 10  # an incomplete fragment above this gets a buffer of its own
+LARGE_BUFFERS_KEPT = 32 << 20  # octets of large fragments' buffers kept for reuse
 _MARK = struct.Struct(">I")
 
 Record = bytes | bytearray
@@ -55,6 +64,41 @@ def check_mark(
     return n, cost
 
 
+class LargeBuffers:
+    """Buffers of large fragments handed on as records, for reuse once nothing else refers to
+    them. Used from one thread (an event loop's), possibly by several receivers."""
+
+    def __init__(self, keep_bytes: int = LARGE_BUFFERS_KEPT) -> None:
+        self.keep_bytes = keep_bytes
+        self._bufs: list[bytearray] = []  # handed on, oldest first
+        self._bytes = 0
+        self.reused = 0  # buffers taken again rather than made
+
+    def take(self, n: int) -> bytearray:
+        """A buffer of ``n`` octets: one handed on before that nothing else refers to any more
+        (the oldest such), else a new one. Its contents are to be overwritten."""
+        bufs = self._bufs
+        for i in range(len(bufs)):
+            buf = bufs[i]
+            # (references: the list's, ``buf`` and getrefcount's argument; a record, reader
+            # or view of it still held elsewhere adds one)
+            if len(buf) == n and sys.getrefcount(buf) <= _FREE_REFS:
+                del bufs[i]
+                self._bytes -= n
+                self.reused += 1
+                return buf
+        return bytearray(n)
+
+    def keep(self, buf: bytearray) -> None:
+        """``buf`` is being handed on (or was copied out of): remember it, within the limit
+        (the oldest are let go: whoever still uses one keeps it alive)."""
+        bufs = self._bufs
+        bufs.append(buf)
+        self._bytes += len(buf)
+        while self._bytes > self.keep_bytes:
+            self._bytes -= len(bufs.pop(0))
+
+
 class RecordReceiver:
     """Sans-IO record-marking decoder that owns the buffers bytes are received into."""
 
@@ -65,6 +109,7 @@ class RecordReceiver:
         *,
         buffer_size: int = RECEIVE_BUFFER,
         direct_threshold: int = DIRECT_THRESHOLD,
+        large: LargeBuffers | None = None,
     ) -> None:
         if max_fragments < 1:
             raise ValueError("a record needs at least one fragment")
@@ -86,6 +131,7 @@ class RecordReceiver:
         self._record = bytearray()  # the finished fragments of the record in progress
         self._cost = 0  # the record so far: payload, plus a mark for every fragment but the first
         self._fragments = 0  # finished fragments of the record in progress
+        self.large = large if large is not None else LargeBuffers()
 
     @property
     def buffered(self) -> int:
@@ -180,6 +226,7 @@ class RecordReceiver:
         self._direct = None
         self._direct_view = self._view
         self._filled = 0
+        self.large.keep(frag)
         if not self._direct_last:
             self._record += frag
             self._cost = self._direct_cost
@@ -213,7 +260,7 @@ class RecordReceiver:
                     # The shared buffer is full of the fragment (so its mark cannot make us
                     # hold more than the peer sent, times the buffer's share of the record
                     # limit): receive the rest straight into a buffer of the fragment's size.
-                    frag = bytearray(n)
+                    frag = self.large.take(n)
                     frag[:have] = view[start:end]
                     self._direct = frag
                     self._direct_view = memoryview(frag)
@@ -249,3 +296,17 @@ class RecordReceiver:
             pos = 0
         self._start, self._end = pos, end
         return records
+
+
+def _free_refs() -> int:
+    """``sys.getrefcount`` of a kept buffer that nothing else holds, as ``LargeBuffers.take``
+    sees it (measured the same way, so an interpreter that counts differently never reuses a
+    buffer too early)."""
+    bufs = [bytearray(1)]
+    for i in range(len(bufs)):
+        buf = bufs[i]
+        return sys.getrefcount(buf)
+    raise AssertionError("unreachable")
+
+
+_FREE_REFS = _free_refs()

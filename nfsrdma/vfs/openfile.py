@@ -125,7 +125,9 @@ class LocalOpenFile(OpenFile):
             raise OSError(errno.EBADF, "not open for writing")
         fd = self._enter()
         try:
-            n = os.pwritev(fd, [data], offset, os.RWF_DSYNC if stable else 0)
+            # A stable write is answered FILE_SYNC4, which promises the file's metadata on
+            # stable storage too (RFC 8881 section 18.32.3): RWF_SYNC (O_SYNC), not RWF_DSYNC.
+            n = os.pwritev(fd, [data], offset, os.RWF_SYNC if stable else 0)
         finally:
             self._exit()
         self._changes.bump(self.fileid)

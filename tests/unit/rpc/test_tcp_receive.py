@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nfsrdma.transport.tcp import RecordParser, RecordTooLarge, frame
-from nfsrdma.transport.tcp_receive import LAST_FRAGMENT, RecordReceiver
+from nfsrdma.transport.tcp_receive import LAST_FRAGMENT, LargeBuffers, RecordReceiver
 
 
 def _mark(n: int, last: bool = False) -> bytes:
@@ -237,3 +237,75 @@ def test_the_threshold_must_fit_the_buffer() -> None:
         RecordReceiver(1 << 20, 8, buffer_size=100, direct_threshold=97)
     with pytest.raises(ValueError):
         RecordReceiver(1 << 20, 0)
+
+
+def _large(rx: RecordReceiver, body: bytes) -> bytes | bytearray:
+    """Receive one record of ``body`` in 64 KiB receives; the record."""
+    got, failed = receive(rx, _mark(len(body), True) + body, [1 << 16])
+    assert not failed and len(got) == 1
+    return got[0]
+
+
+def test_a_large_record_buffer_is_reused_only_once_nothing_refers_to_it() -> None:
+    """A large record's buffer is received into again for a record of its size once the
+    record and every view of it are gone; never while anything still refers to it (the
+    record, a memoryview of it, a slice of that view), so nothing held is overwritten."""
+    size = 300_000
+    rx = RecordReceiver(4 << 20, 1024)
+    first = _large(rx, b"a" * size)
+    kept = id(first)
+    view = memoryview(first)[100:200]  # e.g. WRITE data still being written
+    del first
+    second = _large(rx, b"b" * size)
+    assert id(second) != kept and bytes(view) == b"a" * 100  # the view's octets untouched
+    third = _large(rx, b"c" * (size + 1))  # another size: never that buffer
+    assert bytes(view) == b"a" * 100 and bytes(third) == b"c" * (size + 1)
+    del view
+    fourth = _large(rx, b"d" * size)
+    assert id(fourth) == kept and fourth == b"d" * size  # the first record's buffer, reused
+    assert second == b"b" * size
+    assert rx.large.reused == 1
+
+
+def test_listener_connections_share_the_large_buffers() -> None:
+    """The receivers of one listener's connections share one LargeBuffers: a buffer one
+    connection's record used serves another connection's record of the same size later."""
+    shared = LargeBuffers()
+    a = RecordReceiver(4 << 20, 1024, large=shared)
+    b = RecordReceiver(4 << 20, 1024, large=shared)
+    rec = _large(a, b"x" * 100_000)
+    kept = id(rec)
+    del rec
+    assert id(_large(b, b"y" * 100_000)) == kept and shared.reused == 1
+
+
+def test_large_buffers_kept_within_their_limit() -> None:
+    large = LargeBuffers(keep_bytes=250_000)
+    rx = RecordReceiver(4 << 20, 1024, large=large)
+    records = [_large(rx, bytes([i]) * 100_000) for i in range(4)]
+    assert large._bytes == 200_000 and len(large._bufs) == 2  # the two newest
+    del records
+    assert _large(rx, b"z" * 100_000) == b"z" * 100_000 and large.reused == 1
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.tuples(st.sampled_from([9_000, 20_000, 20_001]), st.booleans()), max_size=12),
+    st.lists(st.integers(1, 9_000), min_size=1, max_size=6),
+)
+def test_reused_buffers_never_change_a_record_still_held(
+    plan: list[tuple[int, bool]], sizes: list[int]
+) -> None:
+    """Large records of a few sizes, each either held to the end or dropped at once, on any
+    split: every record delivered is what was sent, and those held are unchanged at the end
+    while later ones were received (some into reused buffers)."""
+    rx = RecordReceiver(1 << 20, 8, buffer_size=4096, direct_threshold=1024)
+    held: list[tuple[bytes | bytearray, bytes]] = []
+    for i, (size, hold) in enumerate(plan):
+        body = bytes([i % 251]) * size
+        got, failed = receive(rx, _mark(size, True) + body, sizes)
+        assert not failed and got == [body]
+        if hold:
+            held.append((got[0], body))
+        del got
+    assert all(rec == body for rec, body in held)

@@ -63,6 +63,27 @@ def test_read_write_eof_and_readinto(vfs: LocalVfs) -> None:
     assert ei.value.errno == errno.EBADF
 
 
+def test_stable_write_syncs_metadata_too(vfs: LocalVfs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stable write (answered FILE_SYNC4: data and all metadata on stable storage, RFC 8881
+    section 18.32.3) is written with RWF_SYNC, not RWF_DSYNC (data only); an unstable one with
+    no flag (COMMIT's fsync makes it durable)."""
+    flags: list[int] = []
+    real = os.pwritev
+
+    def pwritev(fd: int, buffers: list[memoryview], offset: int, flag: int = 0) -> int:
+        flags.append(flag)
+        return real(fd, buffers, offset, flag)
+
+    monkeypatch.setattr("nfsrdma.vfs.openfile.os.pwritev", pwritev)
+    fh = _mkfile(vfs, b"f")
+    of = vfs.open(ROOT, fh, read=True, write=True)
+    assert of.write(0, b"stable", stable=True) == 6
+    assert of.write(6, b"unstable") == 8
+    assert vfs.anonymous_write(ROOT, fh, 14, b"anon", stable=True) == 4
+    of.close()
+    assert flags == [os.RWF_SYNC, 0, os.RWF_SYNC]
+
+
 def test_readinto_learns_the_end_of_file_without_fstat(
     vfs: LocalVfs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
