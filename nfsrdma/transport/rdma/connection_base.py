@@ -319,26 +319,37 @@ class RdmaConnectionBase(Connection):
         invalidate: int | None,
         writes: list[RdmaWriteRequest] | None,
     ) -> None:
-        assert self.qp is not None
+        qp = self.qp
+        assert qp is not None
+        view = buf.view
         n = 0
         for p in pieces:
             m = len(p)
-            buf.view[n : n + m] = p
+            view[n : n + m] = p  # a piece beyond the buffer raises here
             n += m
         if self.tap is not None:
-            self.tap(True, bytes(buf.view[:n]))
-        writes = writes or []
+            self.tap(True, bytes(view[:n]))
         sq = self.sq
-        signaled = sq.should_signal(1 + len(writes), pressure=self._pressure(writes))
-        wr = self._wr_id("send", buf)
-        self.qp.post_send(
-            wr, [buf.sge(n)], invalidate_rkey=invalidate, writes=writes, signaled=signaled
-        )
-        sq.posted([*(w.wr_id for w in writes), wr], signaled)
-        self.stats["sends"] += 1
-        self.stats["sends_signaled" if signaled else "sends_unsignaled"] += 1
+        # Every Send is signalled unless selective signalling is on (``signal_every`` > 1),
+        # and only then is there a resource question to ask (``_pressure``).
+        if sq.signal_every <= 1:
+            signaled = True
+        else:
+            signaled = sq.should_signal(1 + len(writes or ()), pressure=self._pressure(writes))
+        wr = next(self._wr)
+        self._wr_ctx[wr] = ("send", buf)
+        sge = Sge(buf.addr, n, buf.lkey)  # within the buffer: the copy above checked
+        if writes:
+            qp.post_send(wr, [sge], invalidate_rkey=invalidate, writes=writes, signaled=signaled)
+            sq.posted([*(w.wr_id for w in writes), wr], signaled)
+        else:
+            qp.post_send(wr, [sge], invalidate_rkey=invalidate, signaled=signaled)
+            sq.posted([wr], signaled)
+        st = self.stats
+        st["sends"] += 1
+        st["sends_signaled" if signaled else "sends_unsignaled"] += 1
 
-    def _pressure(self, writes: list[RdmaWriteRequest]) -> bool:
+    def _pressure(self, writes: list[RdmaWriteRequest] | None) -> bool:
         """Whether the Send about to be posted must be signalled for its resources' sake:
         few send buffers (or Write sources) left, messages waiting for one, or a Write out of
         memory registered for this one use (deregistered only once covered)."""
