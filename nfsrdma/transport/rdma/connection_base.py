@@ -162,6 +162,7 @@ class RdmaConnectionBase(Connection):
             ),
         )
         self.peer_pd: privdata.PrivateData | None = None
+        self._may_invalidate: bool | None = None  # responder_may_send_with_invalidate, once
         self.peer_private_data = b""
         self.local_rtr = (
             rtrext.RtrBlock(
@@ -248,6 +249,7 @@ class RdmaConnectionBase(Connection):
         rtrext extension only if both sides sent its block (RT-X1)."""
         self.peer_private_data = bytes(peer)  # as received (the conformance harness reads it)
         self.peer_pd = privdata.decode(peer)
+        self._may_invalidate = None  # Send with Invalidate: decided again from these blocks
         self.rtr = rtrext.negotiate(
             self.local_rtr, rtrext.decode(peer), tbsn_send_room=self._tbsn_send_room
         )
@@ -282,7 +284,9 @@ class RdmaConnectionBase(Connection):
 
     def _post_recv(self, buf: PooledBuffer) -> None:
         assert self.qp is not None
-        self.qp.post_recv(self._wr_id("recv", buf), buf.sge())
+        wr = next(self._wr)
+        self._wr_ctx[wr] = ("recv", buf)
+        self.qp.post_recv(wr, buf.whole)
 
     def _send(
         self,

@@ -44,6 +44,7 @@ class PooledBuffer:
     # Where ``view``'s bytes are in this process (not the registered address, which a
     # provider may choose): the pool's once, not a ``ctypes`` look-up per use.
     memory: int | None = field(init=False, repr=False)
+    whole: Sge = field(init=False, repr=False)  # the element for all of it (a receive's)
 
     def __post_init__(self) -> None:
         pool = self.pool
@@ -51,6 +52,7 @@ class PooledBuffer:
         self.addr = region.addr + self.offset
         self.lkey = region.lkey
         self.memory = None if pool.memory is None else pool.memory + self.offset
+        self.whole = Sge(self.addr, len(self.view), self.lkey)
 
     @property
     def size(self) -> int:

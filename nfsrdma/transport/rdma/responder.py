@@ -276,7 +276,10 @@ class Responder(RdmaConnectionBase):
             st["rdma_writes"] += len(writes)
         st["replies_long" if plan.proc == hdr.RDMA_NOMSG else "replies_inline"] += 1
         if plan.write_list:
-            filled = sum(1 for c in plan.write_list if c and c[0].length)
+            filled = 0
+            for c in plan.write_list:
+                if c and c[0].length:
+                    filled += 1
             st["write_chunks_filled"] += filled
         inline = plan.inline
         if lent:  # lent memory is taken back now: what the Send still holds of it is copied
@@ -315,12 +318,18 @@ class Responder(RdmaConnectionBase):
     def _invalidate_for(self, h: Header) -> int | None:
         """Send with Invalidate of one STag of this XID's chunks, when both peers set R and
         the device can (PD-15, PD-16, SEC-5)."""
-        if not h.writes and h.reply is None and not h.reads:
+        writes = h.writes
+        if not writes and h.reply is None and not h.reads:
             return None  # no STag to invalidate
-        if not privdata.responder_may_send_with_invalidate(
-            self.local_pd.remote_invalidate, self.peer_pd, self.device.caps.remote_invalidate
-        ):
+        may = self._may_invalidate
+        if may is None:  # decided once both private data blocks are known
+            may = self._may_invalidate = privdata.responder_may_send_with_invalidate(
+                self.local_pd.remote_invalidate, self.peer_pd, self.device.caps.remote_invalidate
+            )
+        if not may:
             return None
+        if len(writes) == 1 and len(writes[0]) == 1 and h.reply is None and not h.reads:
+            return writes[0][0].handle  # a READ's one segment: its only STag
         keys = sorted(h.rkeys())
         return keys[0] if keys else None
 
