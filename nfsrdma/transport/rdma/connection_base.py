@@ -293,9 +293,12 @@ class RdmaConnectionBase(Connection):
         pieces: list[Buffer],
         invalidate: int | None = None,
         writes: list[RdmaWriteRequest] | None = None,
+        *,
+        in_turn: bool = False,
     ) -> None:
         """Copy a transport message into a send buffer and post it (or queue it until the
-        connection is established and a send buffer is free)."""
+        connection is established and a send buffer is free). ``in_turn``: the queue pair
+        holds this loop turn's posts (``hold_sends``), so the Send need not be signalled."""
         if self.closed or self.qp is None:
             raise ConnectionError(f"rdma connection to {self.peer} is closed")
         # Messages leave in the order given: behind anything already waiting.
@@ -307,7 +310,7 @@ class RdmaConnectionBase(Connection):
         if buf is None:
             self._send_backlog.append((pieces, invalidate, writes or []))
             return
-        self._post_send(buf, pieces, invalidate, writes)
+        self._post_send(buf, pieces, invalidate, writes, in_turn=in_turn)
 
     def _send_group(self, transmissions: list[list[Buffer]]) -> None:
         """The transmissions of one continued message, back to back (RT-6): posted here in
@@ -322,6 +325,8 @@ class RdmaConnectionBase(Connection):
         pieces: list[Buffer],
         invalidate: int | None,
         writes: list[RdmaWriteRequest] | None,
+        *,
+        in_turn: bool = False,
     ) -> None:
         qp = self.qp
         assert qp is not None
@@ -335,9 +340,12 @@ class RdmaConnectionBase(Connection):
             self.tap(True, bytes(view[:n]))
         sq = self.sq
         # Every Send is signalled unless selective signalling is on (``signal_every`` > 1),
-        # and only then is there a resource question to ask (``_pressure``).
+        # and only then is there a resource question to ask (``_pressure``); or unless it
+        # goes out in a held list (``in_turn``), whose last work request the queue pair
+        # signals at the end of the loop turn: that completion covers the list (an RC send
+        # queue completes in order), and until then nothing it holds is needed again.
         if sq.signal_every <= 1:
-            signaled = True
+            signaled = not in_turn
         else:
             signaled = sq.should_signal(1 + len(writes or ()), pressure=self._pressure(writes))
         wr = next(self._wr)

@@ -312,11 +312,13 @@ class Connection(Protocol):
         in error."""
         ...
 
-    def hold_sends(self) -> None:
+    def hold_sends(self) -> bool:
         """Hold the send queue posts made from now until the end of this loop turn and post
-        them then as one list (one doorbell), in posting order. A post that fails then is
-        error completions of its work requests and a broken connection. May post at once
-        instead (a provider or post path without holding)."""
+        them then as one list (one doorbell), in posting order; the list's last work request
+        goes out signalled whatever was asked for it, so a list posted unsignalled still
+        completes (and covers the rest). A post that fails then is error completions of its
+        work requests and a broken connection. May post at once instead (a provider or post
+        path without holding): returns whether posts are held now."""
         ...
 
     def post_rdma_write(
