@@ -513,9 +513,9 @@ class PyverbsQueuePair:
             opcode = wc_opcode(opcode_code)
         elif opcode is not WcOpcode.RECV:
             self._retire(wr_id)
-        status = WcStatus.of(status_code)
+        ok = status_code == 0  # IBV_WC_SUCCESS: no enum look-up for nearly every completion
+        status = WcStatus.SUCCESS if ok else WcStatus.of(status_code)
         invalidated = None
-        ok = status is WcStatus.SUCCESS
         if ok and opcode is WcOpcode.RECV and flags & self._device.with_inv_mask:
             invalidated = imm
         return Completion(wr_id, status, opcode, byte_len if ok else 0, invalidated)
@@ -637,7 +637,7 @@ class PyverbsQueuePair:
 
     def post_recv(self, wr_id: int, sge: Sge) -> None:
         self._track(wr_id, WcOpcode.RECV, sending=False)
-        key = (sge.addr, sge.length, sge.lkey)
+        key = sge  # a named tuple: (addr, length, lkey)
         try:
             wr = self._recv_wrs.get(key)
             if wr is None:
