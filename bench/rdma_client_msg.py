@@ -64,7 +64,9 @@ def run(calls: int, batch: int) -> float:
     from nfsrdma.xdr.runtime import Writer
 
     fabric = InprocFabric()
-    server = RdmaConnection(fabric.device("10.0.0.1"), RdmaOptions(), server=True)
+    # The Linux server (knfsd) offers no rtrext: plain RPC-over-RDMA v1, as in the test bed.
+    knfsd = RdmaOptions(rtrext=False)
+    server = RdmaConnection(fabric.device("10.0.0.1"), knfsd, server=True)
     conn = RdmaConnection(fabric.device("10.0.0.2"), RdmaOptions(), server=False, peer="bench")
     qp = HoldingQp(conn.qp_config())
     conn.attach(qp)  # type: ignore[arg-type]
