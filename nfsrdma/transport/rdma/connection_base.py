@@ -103,8 +103,9 @@ class RdmaOptions:
     rtrext_tbsn: bool = False
     rtr_plt_segments: int = 8
     # Selective signalling: at most this many Sends in a row without a completion, RDMA Writes
-    # never signalled (``sendqueue``). 1, the default (``NFSRDMA_SIGNAL_EVERY``): every work
-    # request signalled; selective signalling did not measure better with the Linux client.
+    # never signalled (``sendqueue``). 1, the default (``NFSRDMA_SIGNAL_EVERY``): every Send
+    # signalled (but those our requester holds for a loop turn, whose list the queue pair ends
+    # with a signalled one); selective signalling did not measure better with the Linux client.
     signal_every: int = field(default_factory=lambda: signal_every_default())
     # Our calls of one loop turn posted together, one doorbell (``Requester.send_call``);
     # ``NFSRDMA_CALL_BATCH=1``, off by default.

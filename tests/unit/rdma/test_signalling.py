@@ -262,7 +262,7 @@ def test_send_queue_accounting() -> None:
 
 def test_signalling_is_chosen_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NFSRDMA_SIGNAL_EVERY", raising=False)
-    assert RdmaOptions().signal_every == 1  # the default: every work request signalled
+    assert RdmaOptions().signal_every == 1  # the default: every Send signalled
     monkeypatch.setenv("NFSRDMA_SIGNAL_EVERY", "8")
     assert RdmaOptions().signal_every == 8
     for bad in ("0", "-3", "many"):
