@@ -12,7 +12,6 @@ from nfsrdma.transport.rdma.header import HeaderError, Segment
 from nfsrdma.transport.rdma.marshal import (
     CallPlan,
     plan_call,
-    plan_call_generic,
     plan_reply,
     plan_reply_generic,
 )
@@ -272,7 +271,7 @@ def test_plan_call_direct_shape_matches_the_generic_plan(
     draw: st.DataObject,
 ) -> None:
     """``plan_call``'s direct plan (no DDP item, no result buffer, inline) is the generic
-    plan, with or without a Reply chunk (TR-10, TR-13), at the thresholds too; other calls
+    plan (``direct=False``), with or without a Reply chunk (TR-10, TR-13), at the thresholds too; other calls
     take the generic one."""
     near = st.integers(-24, 24)  # around a threshold, where a header's size decides
     size = draw.draw(st.integers(0, 9000) | near.map(lambda d: max(0, send_limit - 28 + d)))
@@ -280,7 +279,7 @@ def test_plan_call_direct_shape_matches_the_generic_plan(
     msg = write_call(data, size) if data is not None else Writer(b"c" * size)
     kw = {"send_limit": send_limit, "recv_limit": recv_limit, "sinks": sinks}
     fast = plan_call(msg, max_reply=max_reply, **kw)  # type: ignore[arg-type]
-    generic = plan_call_generic(msg, max_reply=max_reply, **kw)  # type: ignore[arg-type]
+    generic = plan_call(msg, max_reply=max_reply, direct=False, **kw)  # type: ignore[arg-type]
     assert _call_planned(fast) == _call_planned(generic)
 
 
@@ -293,4 +292,4 @@ def test_plan_call_direct_shape_at_the_thresholds(limit: int) -> None:
             msg = Writer(b"c" * size)
             kw = {"send_limit": limit, "recv_limit": limit, "max_reply": max_reply}
             fast = plan_call(msg, **kw)  # type: ignore[arg-type]
-            assert _call_planned(fast) == _call_planned(plan_call_generic(msg, **kw))  # type: ignore[arg-type]
+            assert _call_planned(fast) == _call_planned(plan_call(msg, direct=False, **kw))  # type: ignore[arg-type]
